@@ -1,0 +1,36 @@
+//! The kube-dispatch wire API.
+//!
+//! Controller replicas talk to dispatchers through the [`v1::dispatcher_client::DispatcherClient`]
+//! generated from `proto/kubedispatch/v1/dispatcher.proto`; dispatchers implement
+//! [`v1::dispatcher_server::Dispatcher`]. The `.proto` files are the contract for clients in any
+//! language: every message and field is documented there.
+//!
+//! ```no_run
+//! use kube_dispatch_proto::v1::{OpenSessionRequest, dispatcher_client::DispatcherClient};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut client = DispatcherClient::connect("http://127.0.0.1:7070").await?;
+//! let session = client
+//!     .open_session(OpenSessionRequest {
+//!         group: "configmap-hasher".into(),
+//!         replica_id: "configmap-hasher-0".into(),
+//!         ..Default::default()
+//!     })
+//!     .await?
+//!     .into_inner();
+//! println!("session {} on {}", session.session_id, session.dispatcher_id);
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+/// Version 1 of the API, package `kubedispatch.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("kubedispatch.v1");
+
+    /// The encoded `FileDescriptorSet` of package `kubedispatch.v1`, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("kubedispatch_v1_descriptor");
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds kube-apiserver, kube-controller-manager, kubectl and etcd from the upstream Go modules
+# at the versions pinned in tests/cluster/go.mod, with the machine's Go toolchain.
+#
+# The binaries are cached in .cache/kubernetes/<kubernetes version>-etcd-<etcd version>/bin
+# (git-ignored); when all of them are there, nothing is built. Prints the bin folder.
+#
+# Usage: tests/cluster/build-binaries.sh [--print-dir]
+#   --print-dir   print the bin folder the pinned versions use, and build nothing
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/cluster/versions.sh
+source "$here/versions.sh"
+
+if [[ ${1:-} == --print-dir ]]; then
+  echo "$KD_BIN_DIR"
+  exit 0
+fi
+
+binaries=(kube-apiserver kube-controller-manager kubectl etcd)
+missing=()
+for b in "${binaries[@]}"; do
+  [[ -x $KD_BIN_DIR/$b ]] || missing+=("$b")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "$KD_BIN_DIR"
+  exit 0
+fi
+
+command -v go >/dev/null || {
+  echo "build-binaries: go is not installed; it is needed once to build ${missing[*]}" >&2
+  exit 1
+}
+
+echo "build-binaries: building ${missing[*]} (Kubernetes $KD_KUBERNETES_VERSION, etcd $KD_ETCD_VERSION) with $(go version | cut -d' ' -f3); the first build takes several minutes" >&2
+start=$(date +%s)
+mkdir -p "$(dirname "$KD_BIN_DIR")"
+staging=$(mktemp -d "${KD_BIN_DIR%/bin}.partial.XXXXXX")
+trap 'rm -rf "$staging"' EXIT
+(
+  cd "$here"
+  # -trimpath and stripped symbols keep the cache small; the build is reproducible from go.sum.
+  go build -trimpath -ldflags='-s -w' -o "$staging/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubectl
+  go build -trimpath -ldflags='-s -w' -o "$staging/etcd" go.etcd.io/etcd/server/v3
+)
+mkdir -p "$KD_BIN_DIR"
+for b in "${binaries[@]}"; do
+  mv -f "$staging/$b" "$KD_BIN_DIR/$b"
+done
+echo "build-binaries: built in $(($(date +%s) - start)) s into $KD_BIN_DIR ($(du -sh "$KD_BIN_DIR" | cut -f1))" >&2
+echo "$KD_BIN_DIR"

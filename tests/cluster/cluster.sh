@@ -1,0 +1,332 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback for kube-dispatch's tests, benchmarks and demo:
+# etcd, kube-apiserver and kube-controller-manager (for namespace deletion and garbage
+# collection), built from the pinned upstream modules by build-binaries.sh.
+#
+# Usage: tests/cluster/cluster.sh <command>
+#   up        start the control plane, or reuse the one already running; prints the kubeconfig
+#   down      stop it and remove its data; no process or port is left behind
+#   status    say whether it is running and ready (exit 0 if so)
+#   env       print shell assignments: KUBECONFIG, KD_KUBECTL, KD_API_URL, KD_ETCD_URL
+#   restart-apiserver [--graceful]
+#             kill kube-apiserver with SIGKILL, as a crash would (or stop it with SIGTERM), and
+#             start it again, keeping etcd and its data; its watch cache starts over, so watches
+#             resuming from an older resourceVersion get 410 Gone
+#
+# Everything lives in $KD_CLUSTER_DIR (default: <repo>/.cluster):
+#   kubeconfig       admin kubeconfig (user "admin", group system:masters)
+#   tokens.csv       static bearer tokens: admin, the controller manager, and test identities
+#                    kd-test-user-1..5 (no groups, so no permissions until a test grants some)
+#   pki/             CA, API server serving certificate, service-account signing key
+#   logs/            etcd.log, kube-apiserver.log, kube-controller-manager.log
+#   data/            etcd data; removed by `down`
+#   state.env        ports and process ids of the running control plane
+#
+# Environment:
+#   KD_CLUSTER_DIR       where the cluster lives (default <repo>/.cluster)
+#   KD_READY_TIMEOUT     seconds to wait for /readyz (default 120)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/cluster/versions.sh
+source "$here/versions.sh"
+
+dir=${KD_CLUSTER_DIR:-$KD_ROOT/.cluster}
+ready_timeout=${KD_READY_TIMEOUT:-120}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+state="$dir/state.env"
+logs="$dir/logs"
+pki="$dir/pki"
+
+log() { printf 'cluster: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+
+load_state() {
+  ETCD_PID= APISERVER_PID= KCM_PID= API_PORT= ETCD_PORT= ETCD_PEER_PORT=
+  # shellcheck disable=SC1090
+  [[ -f $state ]] && source "$state"
+  return 0
+}
+
+save_state() {
+  cat >"$state" <<EOF
+API_PORT=$API_PORT
+ETCD_PORT=$ETCD_PORT
+ETCD_PEER_PORT=$ETCD_PEER_PORT
+ETCD_PID=$ETCD_PID
+APISERVER_PID=$APISERVER_PID
+KCM_PID=$KCM_PID
+EOF
+}
+
+# Prints n distinct TCP ports on 127.0.0.1 that are free right now.
+free_ports() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+admin_token() { awk -F, '$2 == "admin" { print $1 }' "$dir/tokens.csv"; }
+
+readyz() {
+  curl -fsS --max-time 5 --cacert "$pki/ca.crt" -H "Authorization: Bearer $(admin_token)" \
+    "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null
+}
+
+is_ready() {
+  load_state
+  alive "$ETCD_PID" && alive "$APISERVER_PID" && alive "$KCM_PID" && [[ $(readyz) == ok ]]
+}
+
+# Stops a process: SIGTERM, then SIGKILL after a grace (in seconds, default 5), and waits until
+# it is gone. kube-apiserver sometimes lingers for a while after it stopped serving.
+stop_pid() {
+  local pid=$1 name=$2 grace=${3:-5}
+  alive "$pid" || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 $((grace * 10))); do
+    alive "$pid" || return 0
+    sleep 0.1
+  done
+  log "$name (pid $pid) still running ${grace} s after SIGTERM; killing it"
+  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    alive "$pid" || return 0
+    sleep 0.1
+  done
+  die "$name (pid $pid) is still running after SIGKILL"
+}
+
+make_pki() {
+  [[ -f $pki/ca.crt && -f $pki/apiserver.crt && -f $pki/sa.key ]] && return 0
+  mkdir -p "$pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kube-dispatch-test-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
+      -keyout apiserver.key -out apiserver.csr 2>/dev/null
+    printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+      "extendedKeyUsage=serverAuth" \
+      "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+      >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f apiserver.csr apiserver.ext ca.srl
+  )
+}
+
+make_tokens() {
+  [[ -f $dir/tokens.csv ]] && return 0
+  local t
+  t() { openssl rand -hex 24; }
+  {
+    echo "$(t),admin,kd-admin,\"system:masters\""
+    echo "$(t),system:kube-controller-manager,kd-kube-controller-manager,\"system:masters\""
+    for i in 1 2 3 4 5; do echo "$(t),kd-test-user-$i,kd-test-user-$i"; done
+  } >"$dir/tokens.csv"
+  chmod 600 "$dir/tokens.csv"
+}
+
+write_kubeconfig() { # file user token
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kube-dispatch-test
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    token: $3
+contexts:
+- name: kube-dispatch-test
+  context:
+    cluster: kube-dispatch-test
+    user: $2
+current-context: kube-dispatch-test
+EOF
+  chmod 600 "$1"
+}
+
+# The processes run in their own session (setsid), so an interrupt of the command that started
+# them (make, cargo test) does not stop the shared control plane, and they do not inherit the
+# lock's file descriptor (9).
+start_etcd() {
+  setsid "$KD_BIN_DIR/etcd" \
+    --name kube-dispatch-test \
+    --data-dir "$dir/data/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "kube-dispatch-test=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --quota-backend-bytes $((8 * 1024 * 1024 * 1024)) \
+    --unsafe-no-fsync \
+    --log-level warn \
+    >>"$logs/etcd.log" 2>&1 </dev/null 9>&- &
+  ETCD_PID=$!
+}
+
+start_apiserver() {
+  setsid "$KD_BIN_DIR/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 \
+    --advertise-address 127.0.0.1 \
+    --secure-port "$API_PORT" \
+    --cert-dir "$pki" \
+    --tls-cert-file "$pki/apiserver.crt" \
+    --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --token-auth-file "$dir/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --feature-gates ShardedListAndWatch=true \
+    --profiling=false \
+    --v 1 \
+    >>"$logs/kube-apiserver.log" 2>&1 </dev/null 9>&- &
+  APISERVER_PID=$!
+}
+
+start_controller_manager() {
+  setsid "$KD_BIN_DIR/kube-controller-manager" \
+    --kubeconfig "$dir/controller-manager.kubeconfig" \
+    --controllers namespace-controller,garbage-collector-controller,serviceaccount-controller \
+    --leader-elect=false \
+    --bind-address 127.0.0.1 \
+    --secure-port 0 \
+    --concurrent-gc-syncs 5 \
+    --v 1 \
+    >>"$logs/kube-controller-manager.log" 2>&1 </dev/null 9>&- &
+  KCM_PID=$!
+}
+
+wait_ready() {
+  local deadline=$((SECONDS + ready_timeout))
+  until [[ $(readyz) == ok ]]; do
+    alive "$ETCD_PID" || die "etcd exited; see $logs/etcd.log"
+    alive "$APISERVER_PID" || die "kube-apiserver exited; see $logs/kube-apiserver.log"
+    ((SECONDS < deadline)) || die "kube-apiserver not ready after ${ready_timeout}s; see $logs/kube-apiserver.log"
+    sleep 0.2
+  done
+}
+
+cmd_up() {
+  if is_ready; then
+    log "reusing the running control plane (kube-apiserver https://127.0.0.1:$API_PORT)"
+    echo "$dir/kubeconfig"
+    return 0
+  fi
+  load_state
+  if alive "$ETCD_PID" || alive "$APISERVER_PID" || alive "$KCM_PID"; then
+    log "a previous control plane is half running; stopping it first"
+    cmd_down >/dev/null
+  fi
+  "$here/build-binaries.sh" >/dev/null
+  command -v openssl >/dev/null || die "openssl is needed to create the test certificates"
+  command -v curl >/dev/null || die "curl is needed to probe /readyz"
+
+  mkdir -p "$logs" "$dir/data"
+  : >"$logs/etcd.log"
+  : >"$logs/kube-apiserver.log"
+  : >"$logs/kube-controller-manager.log"
+  make_pki
+  make_tokens
+  read -r API_PORT ETCD_PORT ETCD_PEER_PORT <<<"$(free_ports 3)"
+  write_kubeconfig "$dir/kubeconfig" admin "$(admin_token)"
+  write_kubeconfig "$dir/controller-manager.kubeconfig" system:kube-controller-manager \
+    "$(awk -F, '$2 == "system:kube-controller-manager" { print $1 }' "$dir/tokens.csv")"
+
+  local start=$SECONDS
+  KCM_PID=
+  start_etcd
+  start_apiserver
+  save_state
+  wait_ready
+  start_controller_manager
+  save_state
+  log "ready in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
+  log "try: $KD_BIN_DIR/kubectl --kubeconfig $dir/kubeconfig get --raw /readyz"
+  echo "$dir/kubeconfig"
+}
+
+cmd_down() {
+  load_state
+  stop_pid "$KCM_PID" kube-controller-manager
+  stop_pid "$APISERVER_PID" kube-apiserver
+  stop_pid "$ETCD_PID" etcd
+  for port in $API_PORT $ETCD_PORT $ETCD_PEER_PORT; do
+    if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+      die "port $port is still listening after stopping the control plane"
+    fi
+  done
+  rm -rf "$dir/data" "$state" "$dir/kubeconfig" "$dir/controller-manager.kubeconfig"
+  log "stopped; logs kept in $logs"
+}
+
+cmd_status() {
+  if is_ready; then
+    echo "running: kube-apiserver https://127.0.0.1:$API_PORT (pid $APISERVER_PID), etcd http://127.0.0.1:$ETCD_PORT (pid $ETCD_PID), kube-controller-manager (pid $KCM_PID); kubeconfig $dir/kubeconfig"
+  else
+    echo "not running"
+    return 1
+  fi
+}
+
+cmd_env() {
+  is_ready || die "the control plane is not running; start it with: make cluster-up"
+  echo "KUBECONFIG=$dir/kubeconfig"
+  echo "KD_KUBECTL=$KD_BIN_DIR/kubectl"
+  echo "KD_API_URL=https://127.0.0.1:$API_PORT"
+  echo "KD_ETCD_URL=http://127.0.0.1:$ETCD_PORT"
+}
+
+cmd_restart_apiserver() {
+  is_ready || die "the control plane is not running; start it with: make cluster-up"
+  if [[ ${1:-} == --graceful ]]; then
+    stop_pid "$APISERVER_PID" kube-apiserver 30
+  else
+    kill -KILL "$APISERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 200); do
+      alive "$APISERVER_PID" || break
+      sleep 0.05
+    done
+    alive "$APISERVER_PID" && die "kube-apiserver (pid $APISERVER_PID) survived SIGKILL"
+  fi
+  start_apiserver
+  save_state
+  wait_ready
+  log "kube-apiserver restarted (pid $APISERVER_PID)"
+}
+
+# One command at a time per cluster folder, so parallel test processes share one control plane.
+exec 9>"$dir/.lock"
+flock 9
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  restart-apiserver) cmd_restart_apiserver "${2:-}" ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

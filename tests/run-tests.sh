@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `make test`: what CI runs, in order. Builds what is missing (the pinned Kubernetes binaries;
+# protoc comes with the proto crate's build), checks formatting and lints, then runs every test,
+# including the ones against the real control plane. A control plane this script started is
+# stopped at the end; one that was already running is left running.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+cluster=tests/cluster/cluster.sh
+
+step "pinned versions"
+tests/cluster/check-versions.sh
+
+step "Kubernetes binaries"
+tests/cluster/build-binaries.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+started=
+if ! $cluster status >/dev/null 2>&1; then
+  step "control plane"
+  $cluster up >/dev/null
+  started=1
+fi
+stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
+trap stop_cluster EXIT
+
+step "cargo test"
+cargo test --workspace --locked

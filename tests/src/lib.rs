@@ -1,0 +1,267 @@
+//! Test fixture for kube-dispatch integration tests: a real kube-apiserver and etcd on loopback.
+//!
+//! [`Cluster::shared`] attaches to the control plane that `tests/cluster/cluster.sh` runs,
+//! starting it (once per test process) if it is not running; [`TestNamespace::create`] gives each
+//! test a namespace of its own that is deleted when the value is dropped, also when the test
+//! fails. Set `KD_KEEP_NAMESPACES=1` to keep them for a post-mortem.
+//!
+//! ```no_run
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, PostParams};
+//! use kube_dispatch_tests::TestNamespace;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let ns = TestNamespace::create("example").await?;
+//! let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+//! let mut cm = ConfigMap::default();
+//! cm.metadata.name = Some("demo".into());
+//! configmaps.create(&PostParams::default(), &cm).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Client, Config,
+    api::{Api, DeleteParams, ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+/// What can go wrong while setting up a test against the real control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    /// A cluster script could not be run or failed.
+    #[error("`{command}` failed: {detail}")]
+    Script {
+        /// The command line that was run.
+        command: String,
+        /// Its exit status and standard error, or why it could not start.
+        detail: String,
+    },
+    /// The kubeconfig the cluster script printed could not be loaded.
+    #[error("cannot load kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where the kubeconfig was expected.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A Kubernetes API call failed.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// The shared control plane of this test run.
+#[derive(Debug)]
+pub struct Cluster {
+    root: PathBuf,
+    kubeconfig: PathBuf,
+    bin_dir: PathBuf,
+}
+
+static SHARED: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+impl Cluster {
+    /// Attaches to the running control plane, starting it with `tests/cluster/cluster.sh up` the
+    /// first time this is called in a process if it is not running yet. It is left running when
+    /// the tests end; `make cluster-down` stops it.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the control plane cannot be started: no test against it could run.
+    pub fn shared() -> &'static Cluster {
+        let cluster = SHARED.get_or_init(|| {
+            let root = repo_root();
+            let kubeconfig = run_script(&root, &["up"]).map_err(|e| e.to_string())?;
+            let bin_dir = run_script_file(&root, "build-binaries.sh", &["--print-dir"])
+                .map_err(|e| e.to_string())?;
+            Ok(Cluster {
+                kubeconfig: PathBuf::from(kubeconfig.trim()),
+                bin_dir: PathBuf::from(bin_dir.trim()),
+                root,
+            })
+        });
+        match cluster {
+            Ok(cluster) => cluster,
+            Err(e) => panic!("the test control plane is not available: {e}"),
+        }
+    }
+
+    /// The admin kubeconfig (user `admin`, group `system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A new admin client. Create one per test: a client is tied to the runtime it was made on.
+    pub async fn client(&self) -> Result<Client, FixtureError> {
+        let kubeconfig =
+            Kubeconfig::read_from(&self.kubeconfig).map_err(|source| FixtureError::Kubeconfig {
+                path: self.kubeconfig.clone(),
+                source,
+            })?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|source| FixtureError::Kubeconfig {
+                path: self.kubeconfig.clone(),
+                source,
+            })?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A `kubectl` command, built from the pinned version, pointed at this cluster as admin.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
+    }
+
+    /// Restarts kube-apiserver (etcd keeps running and keeps its data) and waits until it is
+    /// ready again. Every open watch is cut. Other tests sharing the control plane see their
+    /// requests fail for a few seconds, so only tests that run alone should call this.
+    pub fn restart_apiserver(&self) -> Result<(), FixtureError> {
+        run_script(&self.root, &["restart-apiserver"]).map(drop)
+    }
+}
+
+fn repo_root() -> PathBuf {
+    // This crate lives in <root>/tests.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+fn run_script(root: &Path, args: &[&str]) -> Result<String, FixtureError> {
+    run_script_file(root, "cluster.sh", args)
+}
+
+fn run_script_file(root: &Path, script: &str, args: &[&str]) -> Result<String, FixtureError> {
+    let path = root.join("tests/cluster").join(script);
+    let command = format!("{} {}", path.display(), args.join(" "));
+    let out = Command::new(&path)
+        .args(args)
+        .output()
+        .map_err(|e| FixtureError::Script {
+            command: command.clone(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(FixtureError::Script {
+            command,
+            detail: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A namespace owned by one test, deleted (with everything in it) when dropped.
+pub struct TestNamespace {
+    name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates a namespace named `kd-<prefix>-<pid>-<n>` on the shared cluster, with an admin
+    /// client for it. `prefix` should name the test; it is cut to keep the name valid.
+    pub async fn create(prefix: &str) -> Result<Self, FixtureError> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let client = Cluster::shared().client().await?;
+        let prefix: String = prefix
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .take(40)
+            .collect();
+        let name = format!(
+            "kd-{}-{}-{}",
+            prefix.trim_matches('-'),
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("kube-dispatch.dev/test".to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces.create(&PostParams::default(), &ns).await?;
+        Ok(Self { name, client })
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// An admin client (cheap to clone).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+}
+
+impl std::fmt::Debug for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestNamespace")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var_os("KD_KEEP_NAMESPACES").is_some() {
+            eprintln!(
+                "keeping test namespace {} (KD_KEEP_NAMESPACES is set)",
+                self.name
+            );
+            return;
+        }
+        // Drop cannot await, and the test's runtime may be shutting down: delete from a thread
+        // with a runtime of its own, and wait for the request (not for the namespace controller
+        // to finish emptying it).
+        let name = std::mem::take(&mut self.name);
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let Ok(runtime) = runtime else { return };
+            runtime.block_on(async {
+                let Ok(client) = Cluster::shared().client().await else {
+                    return;
+                };
+                let namespaces: Api<Namespace> = Api::all(client);
+                let params = DeleteParams::background();
+                let delete = namespaces.delete(&name, &params);
+                if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), delete).await {
+                    eprintln!("could not delete test namespace {name}: {e}");
+                }
+            });
+        });
+        let _ = deleted.join();
+    }
+}
