@@ -2,8 +2,9 @@
 # Builds kube-apiserver, kube-controller-manager, kubectl and etcd from the upstream Go modules
 # at the versions pinned in tests/cluster/go.mod, with the machine's Go toolchain.
 #
-# The binaries are cached in .cache/kubernetes/<kubernetes version>-etcd-<etcd version>/bin
-# (git-ignored); when all of them are there, nothing is built. Prints the bin folder.
+# The binaries are cached in .cache/kubernetes/<kubernetes>-etcd-<etcd>-<recipe digest>/bin
+# (git-ignored; the digest covers go.mod, go.sum and this script); when all of them are there,
+# nothing is built. Prints the bin folder.
 #
 # Usage: tests/cluster/build-binaries.sh [--print-dir]
 #   --print-dir   print the bin folder the pinned versions use, and build nothing
@@ -38,10 +39,18 @@ start=$(date +%s)
 mkdir -p "$(dirname "$KD_BIN_DIR")"
 staging=$(mktemp -d "${KD_BIN_DIR%/bin}.partial.XXXXXX")
 trap 'rm -rf "$staging"' EXIT
+# Stamp the Kubernetes version as the upstream release build does (hack/lib/version.sh), so
+# `kubectl version` and the API server's /version report it.
+minor=${KD_KUBERNETES_MINOR#*_}
+ldflags="-s -w"
+for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+  ldflags+=" -X $pkg.gitVersion=$KD_KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean"
+done
 (
   cd "$here"
   # -trimpath and stripped symbols keep the cache small; the build is reproducible from go.sum.
-  go build -trimpath -ldflags='-s -w' -o "$staging/" \
+  go build -trimpath -ldflags="$ldflags" -o "$staging/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kubectl
@@ -50,6 +59,10 @@ trap 'rm -rf "$staging"' EXIT
 mkdir -p "$KD_BIN_DIR"
 for b in "${binaries[@]}"; do
   mv -f "$staging/$b" "$KD_BIN_DIR/$b"
+done
+# Drop binaries built by other recipes: they are never used again, and each set is ~300 MB.
+for old in "$(dirname "${KD_BIN_DIR%/bin}")"/*; do
+  [[ $old == "${KD_BIN_DIR%/bin}" ]] || rm -rf "$old"
 done
 echo "build-binaries: built in $(($(date +%s) - start)) s into $KD_BIN_DIR ($(du -sh "$KD_BIN_DIR" | cut -f1))" >&2
 echo "$KD_BIN_DIR"

@@ -4,7 +4,8 @@
 #   KD_KUBERNETES_VERSION   e.g. v1.36.3
 #   KD_KUBERNETES_MINOR     e.g. 1_36 (the k8s-openapi feature is v1_36)
 #   KD_ETCD_VERSION         e.g. v3.6.8
-#   KD_BIN_DIR              where the built binaries are cached
+#   KD_BIN_DIR              where the built binaries are cached: keyed by the versions and by a
+#                           digest of the build recipe, so a changed recipe builds afresh
 
 KD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 _kd_gomod="$KD_ROOT/tests/cluster/go.mod"
@@ -15,6 +16,7 @@ if [[ -z $KD_KUBERNETES_VERSION || -z $KD_ETCD_VERSION ]]; then
   exit 1
 fi
 KD_KUBERNETES_MINOR=$(echo "$KD_KUBERNETES_VERSION" | sed -E 's/^v([0-9]+)\.([0-9]+)\..*/\1_\2/')
-KD_BIN_DIR="${KD_CACHE_DIR:-$KD_ROOT/.cache}/kubernetes/$KD_KUBERNETES_VERSION-etcd-$KD_ETCD_VERSION/bin"
+_kd_recipe=$(cd "$KD_ROOT/tests/cluster" && cat go.mod go.sum build-binaries.sh | sha256sum | cut -c1-10)
+KD_BIN_DIR="${KD_CACHE_DIR:-$KD_ROOT/.cache}/kubernetes/$KD_KUBERNETES_VERSION-etcd-$KD_ETCD_VERSION-$_kd_recipe/bin"
 export KD_ROOT KD_KUBERNETES_VERSION KD_KUBERNETES_MINOR KD_ETCD_VERSION KD_BIN_DIR
-unset _kd_gomod
+unset _kd_gomod _kd_recipe
