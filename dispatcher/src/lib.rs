@@ -6,3 +6,12 @@
 //! `DESIGN` sections 2 to 6 for the delivery contract it implements.
 
 #![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod discovery;
+pub mod group;
+pub mod queue;
+pub mod serve;
+pub mod server;
+pub mod subscription;
+pub mod watch;

@@ -5,6 +5,9 @@
 //! [`v1::dispatcher_server::Dispatcher`]. The `.proto` files are the contract for clients in any
 //! language: every message and field is documented there.
 //!
+//! The request-key format ([`RequestKey`]), its hash and the ring that places keys on dispatchers
+//! ([`Ring`]) are part of the same contract, specified in `proto/kubedispatch/v1/keys.md`.
+//!
 //! ```no_run
 //! use kube_dispatch_proto::v1::{OpenSessionRequest, dispatcher_client::DispatcherClient};
 //!
@@ -24,6 +27,12 @@
 //! ```
 
 #![forbid(unsafe_code)]
+
+pub mod key;
+pub mod ring;
+
+pub use key::{KeyError, RequestKey};
+pub use ring::Ring;
 
 /// Version 1 of the API, package `kubedispatch.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -1,0 +1,715 @@
+//! The work queue of one controller group on one dispatcher: pure logic, no I/O, no clock.
+//!
+//! It implements the delivery contract of DESIGN section 3 for the keys this dispatcher owns:
+//!
+//! - **Coalescing.** A key is queued at most once; while it is in flight, further changes mark
+//!   it dirty, and it is queued once more when the in-flight delivery is acknowledged.
+//! - **Exclusivity.** A key in flight on one session is handed to no other session until it is
+//!   acknowledged, its delivery passes the maximum reconcile time, or its session ends.
+//! - **Retries.** A failure delays the key by per-key exponential [`Backoff`]; a requeue delays it
+//!   by the requested time; a success resets the failure count.
+//! - **Fairness.** Each session has a FIFO of ready keys, ordered by first enqueue. Keys are
+//!   assigned to sessions by consistent hashing over the live sessions' replica ids, so a
+//!   replica keeps the same keys while membership is stable.
+//! - **Bounds.** Memory is one [`Entry`] per known key plus one timer per delayed or in-flight
+//!   key. Object bodies are kept only for ready keys and only within `body_budget` bytes; past
+//!   it a key is delivered without its body. Nothing grows with the event rate.
+//!
+//! Time is passed in as `now`, so the logic is tested without a clock; the caller sleeps until
+//! [`GroupQueue::next_deadline`] and calls [`GroupQueue::advance`].
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use indexmap::IndexMap;
+use kube_dispatch_proto::{Ring, v1::Reason};
+
+use crate::backoff::Backoff;
+
+/// A request key as the queue stores it (shared, immutable).
+pub type Key = Arc<str>;
+/// Identifies a session within the dispatcher.
+pub type SessionId = u64;
+/// Identifies one delivery of a key to a session.
+pub type DeliveryId = u64;
+
+/// Settings of a group queue.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueConfig {
+    /// Delay of retries after failures.
+    pub backoff: Backoff,
+    /// A delivery not acknowledged within this time is treated as failed and retried.
+    pub max_reconcile_time: Duration,
+    /// Most bytes of object bodies held for ready keys; past it keys are delivered without body.
+    pub body_budget: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::default(),
+            max_reconcile_time: Duration::from_secs(60),
+            body_budget: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// A change to a key, as the watch saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Why the key should be reconciled.
+    pub reason: Reason,
+    /// The resourceVersion of the change; empty if unknown (resync).
+    pub resource_version: String,
+    /// The object's uid, if known.
+    pub uid: String,
+    /// The object in the subscription's payload mode, if the subscription carries one.
+    pub body: Option<Arc<[u8]>>,
+    /// Whether the object is gone.
+    pub deleted: bool,
+}
+
+/// One reconcile request handed to a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// Identifies this delivery in acknowledgements.
+    pub id: DeliveryId,
+    /// The request key.
+    pub key: Key,
+    /// Why it is delivered.
+    pub reason: Reason,
+    /// The last resourceVersion seen for the key.
+    pub resource_version: String,
+    /// The object's uid, if known.
+    pub uid: String,
+    /// The object body, if it was kept.
+    pub body: Option<Arc<[u8]>>,
+    /// Whether the object is gone.
+    pub deleted: bool,
+    /// Consecutive failures before this delivery.
+    pub attempt: u32,
+}
+
+/// The outcome of a reconcile, as acknowledged by the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; deliver again only on a change or resync.
+    Success,
+    /// Failed; retry with backoff.
+    Failure,
+    /// Done; deliver again after the delay.
+    Requeue(Duration),
+}
+
+/// What an acknowledgement did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckResult {
+    /// The delivery was in flight on that session and is now settled.
+    Settled,
+    /// The delivery was not in flight on that session (already settled, expired, or never
+    /// made); nothing changed.
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Nothing to do until a change.
+    Idle,
+    /// In a session's (or the unassigned) ready FIFO; `seq` orders by first enqueue.
+    Ready { seq: u64 },
+    /// Handed to a session.
+    InFlight {
+        session: SessionId,
+        delivery: DeliveryId,
+        /// A change arrived while in flight: queue once more when settled.
+        dirty: bool,
+    },
+    /// Waiting for a retry backoff or a requeue delay.
+    Delayed,
+}
+
+/// Everything the queue keeps about one key.
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    /// The timer of this key, if it has one: a delayed key's retry, an in-flight key's
+    /// reconcile deadline.
+    timer: Option<(Instant, u64)>,
+    reason: Reason,
+    resource_version: String,
+    uid: String,
+    body: Option<Arc<[u8]>>,
+    deleted: bool,
+    failures: u32,
+    /// The list epoch of the watch in which the object was last seen; see [`GroupQueue::sweep`].
+    seen: u32,
+}
+
+/// An object as a watch event or list shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// Its resourceVersion.
+    pub resource_version: String,
+    /// Its uid.
+    pub uid: String,
+    /// Its body in the subscription's payload mode, if any.
+    pub body: Option<Arc<[u8]>>,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    replica: String,
+    ready: VecDeque<(u64, Key)>,
+    in_flight: HashMap<DeliveryId, Key>,
+}
+
+/// The work queue of one group.
+#[derive(Debug)]
+pub struct GroupQueue {
+    config: QueueConfig,
+    /// Indexed, so resync can walk the keys with a cursor.
+    entries: IndexMap<Key, Entry>,
+    resync_cursor: usize,
+    sessions: BTreeMap<SessionId, Session>,
+    /// Replica id ring over the live sessions; keys are assigned to the session whose replica
+    /// owns them.
+    ring: Ring,
+    replica_sessions: HashMap<String, SessionId>,
+    /// Ready keys while the group has no session.
+    unassigned: VecDeque<(u64, Key)>,
+    timers: BTreeMap<(Instant, u64), Key>,
+    body_bytes: usize,
+    next_seq: u64,
+    next_delivery: DeliveryId,
+}
+
+impl GroupQueue {
+    /// An empty queue.
+    pub fn new(config: QueueConfig) -> Self {
+        Self {
+            config,
+            entries: IndexMap::new(),
+            resync_cursor: 0,
+            sessions: BTreeMap::new(),
+            ring: Ring::new(Vec::<String>::new()),
+            replica_sessions: HashMap::new(),
+            unassigned: VecDeque::new(),
+            timers: BTreeMap::new(),
+            body_bytes: 0,
+            next_seq: 0,
+            next_delivery: 1,
+        }
+    }
+
+    /// Number of keys the queue knows.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the queue knows no key.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Keys ready for delivery, over all sessions.
+    pub fn ready_len(&self) -> usize {
+        self.unassigned.len() + self.sessions.values().map(|s| s.ready.len()).sum::<usize>()
+    }
+
+    /// Bytes of object bodies held.
+    pub fn body_bytes(&self) -> usize {
+        self.body_bytes
+    }
+
+    /// Adds a session for `replica`. A replica has one session per group: an older session of
+    /// the same replica is removed first and its in-flight keys are released (the replica
+    /// reopens only after cancelling the reconciles of the session it lost). Returns the
+    /// sessions that now have ready keys.
+    pub fn add_session(&mut self, id: SessionId, replica: &str) -> Vec<SessionId> {
+        if let Some(old) = self.replica_sessions.get(replica).copied() {
+            self.remove_session_inner(old);
+        }
+        self.sessions.insert(
+            id,
+            Session {
+                replica: replica.to_owned(),
+                ..Session::default()
+            },
+        );
+        self.replica_sessions.insert(replica.to_owned(), id);
+        self.rebalance()
+    }
+
+    /// Removes a session (closed or expired). Its in-flight keys become ready again at once,
+    /// keeping their place by first enqueue. Returns the sessions that now have ready keys.
+    pub fn remove_session(&mut self, id: SessionId) -> Vec<SessionId> {
+        if self.remove_session_inner(id) {
+            self.rebalance()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn remove_session_inner(&mut self, id: SessionId) -> bool {
+        let Some(session) = self.sessions.remove(&id) else {
+            return false;
+        };
+        if self.replica_sessions.get(&session.replica) == Some(&id) {
+            self.replica_sessions.remove(&session.replica);
+        }
+        // Its ready keys go back to the pool; rebalance() hands them out again.
+        self.unassigned.extend(session.ready);
+        for key in session.in_flight.into_values() {
+            self.requeue_now(&key);
+        }
+        true
+    }
+
+    /// Whether the session exists.
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.sessions.contains_key(&id)
+    }
+
+    /// Records a change to `key`. Returns the sessions that now have ready keys.
+    pub fn change(&mut self, key: &str, change: Change) -> Vec<SessionId> {
+        let key: Key = match self.entries.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
+        let entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
+            state: State::Idle,
+            timer: None,
+            reason: change.reason,
+            resource_version: String::new(),
+            uid: String::new(),
+            body: None,
+            deleted: false,
+            failures: 0,
+            seen: 0,
+        });
+        entry.reason = merge_reason(entry.state, entry.reason, change.reason);
+        let owned = change.reason == Reason::Owned;
+        if !change.resource_version.is_empty() {
+            entry.resource_version = change.resource_version;
+        }
+        if !change.uid.is_empty() {
+            entry.uid = change.uid;
+        }
+        // A change of an owned object says nothing about the key's own object: its state and
+        // body stay as they were.
+        if !owned {
+            entry.deleted = change.deleted;
+            // Replace the body: the latest state is the one worth delivering.
+            if let Some(old) = entry.body.take() {
+                self.body_bytes -= old.len();
+            }
+            match change.body {
+                Some(body) if self.body_bytes + body.len() <= self.config.body_budget => {
+                    self.body_bytes += body.len();
+                    entry.body = Some(body);
+                }
+                _ => {}
+            }
+        }
+        match entry.state {
+            State::Ready { .. } => Vec::new(),
+            State::InFlight {
+                session, delivery, ..
+            } => {
+                entry.state = State::InFlight {
+                    session,
+                    delivery,
+                    dirty: true,
+                };
+                Vec::new()
+            }
+            State::Idle | State::Delayed => {
+                self.cancel_timer(&key);
+                self.enqueue(key)
+            }
+        }
+    }
+
+    /// Records that the object of `key` exists as `object`, seen in list epoch `epoch`: queued
+    /// as added if the key is new (or was deleted), as modified if its resourceVersion changed,
+    /// and not at all if this exact version was already seen (a re-list of an unchanged
+    /// object). Returns the sessions that now have ready keys.
+    pub fn observe(&mut self, key: &str, object: Observed, epoch: u32) -> Vec<SessionId> {
+        let reason = match self.entries.get_mut(key) {
+            Some(e) if !e.deleted && e.uid == object.uid => {
+                e.seen = epoch;
+                if e.resource_version == object.resource_version {
+                    return Vec::new();
+                }
+                Reason::Modified
+            }
+            _ => Reason::Added,
+        };
+        let wake = self.change(
+            key,
+            Change {
+                reason,
+                resource_version: object.resource_version,
+                uid: object.uid,
+                body: object.body,
+                deleted: false,
+            },
+        );
+        if let Some(e) = self.entries.get_mut(key) {
+            e.seen = epoch;
+        }
+        wake
+    }
+
+    /// Queues as deleted every live key accepted by `belongs` (the keys of one subscription)
+    /// that was not seen in list epoch `epoch`: the deletions that happened while the watch
+    /// was down. Call when a re-list ends. Returns the sessions that now have ready keys.
+    pub fn sweep(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) -> Vec<SessionId> {
+        let gone: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| !e.deleted && e.seen != epoch && belongs(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut wake = Vec::new();
+        for key in gone {
+            wake.extend(self.change(
+                &key,
+                Change {
+                    reason: Reason::Deleted,
+                    resource_version: String::new(),
+                    uid: String::new(),
+                    body: None,
+                    deleted: true,
+                },
+            ));
+        }
+        dedup(wake)
+    }
+
+    /// Queues `key` for a resync if it is idle: nothing is known to have changed, so a key
+    /// already queued, in flight or delayed is left alone, and no body is attached. Returns the
+    /// sessions that now have ready keys.
+    pub fn resync(&mut self, key: &str) -> Vec<SessionId> {
+        let Some((key, entry)) = self.entries.get_key_value(key) else {
+            return Vec::new();
+        };
+        if entry.state != State::Idle {
+            return Vec::new();
+        }
+        let key = key.clone();
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.reason = Reason::Resync;
+        }
+        self.enqueue(key)
+    }
+
+    /// Resyncs the next `n` keys in index order, wrapping around, so that calling this every
+    /// tick with `n = len * tick / interval` resyncs every key once per interval, evenly spread.
+    /// Returns the sessions that now have ready keys.
+    pub fn resync_batch(&mut self, n: usize) -> Vec<SessionId> {
+        let mut wake = Vec::new();
+        for _ in 0..n.min(self.entries.len()) {
+            if self.resync_cursor >= self.entries.len() {
+                self.resync_cursor = 0;
+            }
+            let Some((key, _)) = self.entries.get_index(self.resync_cursor) else {
+                break;
+            };
+            let key = key.clone();
+            self.resync_cursor += 1;
+            wake.extend(self.resync(&key));
+        }
+        dedup(wake)
+    }
+
+    /// Forgets every key for which `moved` is true (the ring moved them away). Keys in flight
+    /// are kept until they settle.
+    pub fn forget_where(&mut self, moved: impl Fn(&str) -> bool) {
+        let keys: HashSet<Key> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| !matches!(e.state, State::InFlight { .. }) && moved(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        for queue in self
+            .sessions
+            .values_mut()
+            .map(|s| &mut s.ready)
+            .chain(std::iter::once(&mut self.unassigned))
+        {
+            queue.retain(|(_, k)| !keys.contains(k));
+        }
+        for key in keys {
+            self.cancel_timer(&key);
+            self.remove_entry(&key);
+        }
+    }
+
+    /// Takes up to `max` ready keys of `session`, oldest first, and marks them in flight until
+    /// `now + max_reconcile_time`.
+    pub fn take(&mut self, session: SessionId, max: usize, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let deadline = now + self.config.max_reconcile_time;
+        while out.len() < max {
+            let Some((_, key)) = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.ready.pop_front())
+            else {
+                break;
+            };
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            let id = self.next_delivery;
+            self.next_delivery += 1;
+            entry.state = State::InFlight {
+                session,
+                delivery: id,
+                dirty: false,
+            };
+            let body = entry.body.take();
+            if let Some(b) = &body {
+                self.body_bytes -= b.len();
+            }
+            out.push(Delivery {
+                id,
+                key: key.clone(),
+                reason: entry.reason,
+                resource_version: entry.resource_version.clone(),
+                uid: entry.uid.clone(),
+                body,
+                deleted: entry.deleted,
+                attempt: entry.failures,
+            });
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.in_flight.insert(id, key.clone());
+            }
+            self.set_timer(key, deadline);
+        }
+        out
+    }
+
+    /// Settles a delivery. Returns whether it was in flight, and the sessions that now have
+    /// ready keys.
+    pub fn ack(
+        &mut self,
+        session: SessionId,
+        delivery: DeliveryId,
+        outcome: Outcome,
+        now: Instant,
+    ) -> (AckResult, Vec<SessionId>) {
+        let Some(key) = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.in_flight.remove(&delivery))
+        else {
+            return (AckResult::Unknown, Vec::new());
+        };
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return (AckResult::Unknown, Vec::new());
+        };
+        let State::InFlight { dirty, .. } = entry.state else {
+            return (AckResult::Unknown, Vec::new());
+        };
+        self.cancel_timer(&key);
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return (AckResult::Unknown, Vec::new());
+        };
+        let delay = match outcome {
+            Outcome::Success => {
+                entry.failures = 0;
+                None
+            }
+            Outcome::Failure => {
+                entry.failures = entry.failures.saturating_add(1);
+                Some((Reason::Retry, self.config.backoff.delay(entry.failures)))
+            }
+            Outcome::Requeue(after) => {
+                entry.failures = 0;
+                Some((Reason::Requeue, after))
+            }
+        };
+        entry.state = State::Idle;
+        let wake = match delay {
+            // A change arrived during the reconcile: it wins over any delay, and its reason
+            // (recorded by `change`) is the one delivered.
+            _ if dirty => self.enqueue(key),
+            Some((reason, delay)) => {
+                entry.reason = reason;
+                entry.state = State::Delayed;
+                self.set_timer(key, now + delay);
+                Vec::new()
+            }
+            None => {
+                if entry.deleted {
+                    self.remove_entry(&key);
+                }
+                Vec::new()
+            }
+        };
+        (AckResult::Settled, wake)
+    }
+
+    /// The earliest time at which [`Self::advance`] has work to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Fires every timer due at `now`: delayed keys become ready, and in-flight deliveries past
+    /// the maximum reconcile time are treated as failures. Returns the sessions that now have
+    /// ready keys.
+    pub fn advance(&mut self, now: Instant) -> Vec<SessionId> {
+        let mut wake = Vec::new();
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            let Some(e) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            e.timer = None;
+            match e.state {
+                State::Delayed => {
+                    e.state = State::Idle;
+                    wake.extend(self.enqueue(key));
+                }
+                State::InFlight {
+                    session, delivery, ..
+                } => {
+                    // Not acknowledged within the maximum reconcile time: a failure.
+                    wake.extend(self.ack(session, delivery, Outcome::Failure, now).1);
+                }
+                State::Idle | State::Ready { .. } => {}
+            }
+        }
+        dedup(wake)
+    }
+
+    /// Puts an in-flight key back at once (its session ended).
+    fn requeue_now(&mut self, key: &Key) {
+        self.cancel_timer(key);
+        if let Some(entry) = self.entries.get_mut(key) {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            entry.state = State::Ready { seq };
+            self.unassigned.push_back((seq, key.clone()));
+        }
+    }
+
+    fn remove_entry(&mut self, key: &str) {
+        // swap_remove moves the last key into the hole: a resync cycle may visit it twice or
+        // skip it once, which level-triggered resync tolerates.
+        if let Some(entry) = self.entries.swap_remove(key)
+            && let Some(body) = entry.body
+        {
+            self.body_bytes -= body.len();
+        }
+    }
+
+    /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.
+    fn enqueue(&mut self, key: Key) -> Vec<SessionId> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.state = State::Ready { seq };
+        }
+        match self.assign(&key) {
+            Some(id) => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.ready.push_back((seq, key));
+                }
+                vec![id]
+            }
+            None => {
+                self.unassigned.push_back((seq, key));
+                Vec::new()
+            }
+        }
+    }
+
+    fn assign(&self, key: &str) -> Option<SessionId> {
+        let replica = self
+            .ring
+            .owner_of_hash(kube_dispatch_proto::key::hash64(key.as_bytes()))?;
+        self.replica_sessions.get(replica).copied()
+    }
+
+    /// Rebuilds the replica ring and hands every ready key to the session that owns it now,
+    /// keeping first-enqueue order.
+    fn rebalance(&mut self) -> Vec<SessionId> {
+        self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
+        let mut ready: Vec<(u64, Key)> = std::mem::take(&mut self.unassigned).into();
+        for s in self.sessions.values_mut() {
+            ready.extend(s.ready.drain(..));
+        }
+        ready.sort_unstable_by_key(|(seq, _)| *seq);
+        let mut wake = Vec::new();
+        for (seq, key) in ready {
+            match self.assign(&key) {
+                Some(id) => {
+                    if let Some(s) = self.sessions.get_mut(&id) {
+                        s.ready.push_back((seq, key));
+                    }
+                    wake.push(id);
+                }
+                None => self.unassigned.push_back((seq, key)),
+            }
+        }
+        dedup(wake)
+    }
+
+    fn set_timer(&mut self, key: Key, at: Instant) {
+        self.cancel_timer(&key);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.timer = Some((at, seq));
+            self.timers.insert((at, seq), key);
+        }
+    }
+
+    fn cancel_timer(&mut self, key: &str) {
+        if let Some(entry) = self.entries.get_mut(key)
+            && let Some(slot) = entry.timer.take()
+        {
+            self.timers.remove(&slot);
+        }
+    }
+}
+
+/// The reason to deliver after a new change, given the reason of a change not yet delivered
+/// (`pending`, meaningful while the key is ready or dirty in flight): an addition stays an
+/// addition, and a change of the key's own object outranks a change of an owned object.
+fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
+    let undelivered = matches!(
+        state,
+        State::Ready { .. } | State::InFlight { dirty: true, .. }
+    );
+    match (pending, new) {
+        (Reason::Added, Reason::Modified | Reason::Owned)
+        | (Reason::Modified | Reason::Deleted, Reason::Owned)
+            if undelivered =>
+        {
+            pending
+        }
+        _ => new,
+    }
+}
+
+fn dedup(mut ids: Vec<SessionId>) -> Vec<SessionId> {
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,558 @@
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn queue() -> GroupQueue {
+    GroupQueue::new(QueueConfig {
+        backoff: Backoff {
+            base: 5 * MS,
+            cap: Duration::from_secs(1),
+        },
+        max_reconcile_time: Duration::from_secs(10),
+        body_budget: 100,
+    })
+}
+
+fn change(reason: Reason, rv: u32) -> Change {
+    Change {
+        reason,
+        resource_version: rv.to_string(),
+        uid: "uid-1".into(),
+        body: None,
+        deleted: reason == Reason::Deleted,
+    }
+}
+
+fn with_body(reason: Reason, rv: u32, len: usize) -> Change {
+    Change {
+        body: Some(vec![b'x'; len].into()),
+        ..change(reason, rv)
+    }
+}
+
+fn keys(deliveries: &[Delivery]) -> Vec<&str> {
+    deliveries.iter().map(|d| &*d.key).collect()
+}
+
+impl GroupQueue {
+    /// Checks the invariants that every operation must keep.
+    fn check(&self) {
+        let mut in_flight = HashSet::new();
+        for (id, s) in &self.sessions {
+            for (delivery, key) in &s.in_flight {
+                assert!(in_flight.insert(key.clone()), "{key} in flight twice");
+                let state = self.entries[key].state;
+                assert_eq!(
+                    state,
+                    State::InFlight {
+                        session: *id,
+                        delivery: *delivery,
+                        dirty: matches!(state, State::InFlight { dirty: true, .. })
+                    }
+                );
+            }
+        }
+        let mut ready = HashSet::new();
+        for (seq, key) in self
+            .sessions
+            .values()
+            .flat_map(|s| s.ready.iter())
+            .chain(self.unassigned.iter())
+        {
+            assert!(ready.insert(key.clone()), "{key} ready twice");
+            assert_eq!(self.entries[key].state, State::Ready { seq: *seq });
+        }
+        for (key, e) in &self.entries {
+            match e.state {
+                State::Ready { .. } => assert!(ready.contains(key)),
+                State::InFlight { .. } => assert!(in_flight.contains(key)),
+                State::Delayed => assert!(e.timer.is_some(), "{key} delayed without timer"),
+                State::Idle => assert!(e.timer.is_none(), "{key} idle with a timer"),
+            }
+            if let Some(slot) = e.timer {
+                assert_eq!(self.timers.get(&slot), Some(key));
+            }
+        }
+        assert_eq!(
+            self.timers.len(),
+            self.entries.values().filter(|e| e.timer.is_some()).count()
+        );
+        let bodies: usize = self
+            .entries
+            .values()
+            .filter_map(|e| e.body.as_ref())
+            .map(|b| b.len())
+            .sum();
+        assert_eq!(bodies, self.body_bytes);
+        assert!(self.body_bytes <= self.config.body_budget);
+    }
+}
+
+#[test]
+fn changes_to_a_queued_key_coalesce_into_one_delivery() {
+    let now = Instant::now();
+    let mut q = queue();
+    assert!(
+        q.change("k", change(Reason::Added, 1)).is_empty(),
+        "no session yet"
+    );
+    for rv in 2..=100 {
+        q.change("k", change(Reason::Modified, rv));
+    }
+    assert_eq!(q.add_session(1, "replica-a"), vec![1]);
+    let got = q.take(1, 10, now);
+    q.check();
+    assert_eq!(keys(&got), ["k"]);
+    assert_eq!(
+        got[0].reason,
+        Reason::Added,
+        "an undelivered addition stays an addition"
+    );
+    assert_eq!(
+        got[0].resource_version, "100",
+        "the latest change is delivered"
+    );
+    assert!(q.take(1, 10, now).is_empty());
+}
+
+#[test]
+fn changes_while_in_flight_yield_exactly_one_more_delivery() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    let first = q.take(1, 10, now);
+    for rv in 2..=101 {
+        assert!(q.change("k", change(Reason::Modified, rv)).is_empty());
+    }
+    assert!(q.take(1, 10, now).is_empty(), "never twice in flight");
+    let (result, wake) = q.ack(1, first[0].id, Outcome::Success, now);
+    assert_eq!((result, wake), (AckResult::Settled, vec![1]));
+    let second = q.take(1, 10, now);
+    assert_eq!(keys(&second), ["k"]);
+    assert_eq!(
+        (second[0].reason, second[0].resource_version.as_str()),
+        (Reason::Modified, "101")
+    );
+    q.ack(1, second[0].id, Outcome::Success, now);
+    assert!(q.take(1, 10, now).is_empty());
+    q.check();
+}
+
+#[test]
+fn a_key_in_flight_is_never_handed_to_another_session() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for i in 0..50 {
+        q.change(&format!("k{i}"), change(Reason::Added, 1));
+    }
+    let held = q.take(1, 50, now);
+    assert_eq!(held.len(), 50);
+    // A second replica joins and changes arrive for every key: all stay with session 1.
+    q.add_session(2, "b");
+    for i in 0..50 {
+        q.change(&format!("k{i}"), change(Reason::Modified, 2));
+    }
+    assert!(q.take(2, 100, now).is_empty());
+    assert!(q.take(1, 100, now).is_empty());
+    q.check();
+    // Session 1 ends: its keys go to the live session at once.
+    assert_eq!(q.remove_session(1), vec![2]);
+    assert_eq!(q.take(2, 100, now).len(), 50);
+    q.check();
+    // Acks from the ended session are ignored.
+    assert_eq!(
+        q.ack(1, held[0].id, Outcome::Success, now).0,
+        AckResult::Unknown
+    );
+}
+
+#[test]
+fn failures_back_off_exponentially_and_success_resets() {
+    let mut now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    for (attempt, delay) in [(0, 5), (1, 10), (2, 20), (3, 40)] {
+        let d = q.take(1, 1, now);
+        assert_eq!((d.len(), d[0].attempt), (1, attempt));
+        q.ack(1, d[0].id, Outcome::Failure, now);
+        assert_eq!(q.next_deadline(), Some(now + delay * MS));
+        assert!(
+            q.advance(now + delay * MS - MS).is_empty(),
+            "not before the backoff"
+        );
+        now += delay * MS;
+        assert_eq!(q.advance(now), vec![1]);
+        q.check();
+    }
+    let d = q.take(1, 1, now);
+    assert_eq!(d[0].reason, Reason::Retry);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.change("k", change(Reason::Modified, 2));
+    assert_eq!(q.take(1, 1, now)[0].attempt, 0);
+}
+
+#[test]
+fn requeue_after_is_honoured() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Requeue(Duration::from_secs(30)), now);
+    assert!(q.advance(now + Duration::from_secs(30) - MS).is_empty());
+    assert!(q.take(1, 1, now).is_empty());
+    assert_eq!(q.advance(now + Duration::from_secs(30)), vec![1]);
+    let d = q.take(1, 1, now);
+    assert_eq!((keys(&d), d[0].reason), (vec!["k"], Reason::Requeue));
+}
+
+#[test]
+fn a_change_cuts_a_backoff_short() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Requeue(Duration::from_secs(300)), now);
+    q.change("k", change(Reason::Modified, 2));
+    let d = q.take(1, 1, now);
+    assert_eq!((d.len(), d[0].reason), (1, Reason::Modified));
+    assert_eq!(
+        q.next_deadline(),
+        Some(now + Duration::from_secs(10)),
+        "only the reconcile deadline"
+    );
+    q.check();
+}
+
+#[test]
+fn an_unacknowledged_delivery_expires_after_the_max_reconcile_time() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    let d = q.take(1, 1, now);
+    let deadline = now + Duration::from_secs(10);
+    assert_eq!(q.next_deadline(), Some(deadline));
+    q.advance(deadline);
+    q.check();
+    // Treated as a failure: retried after the first backoff step, and the old id is void.
+    assert_eq!(
+        q.ack(1, d[0].id, Outcome::Success, deadline).0,
+        AckResult::Unknown
+    );
+    q.advance(deadline + 5 * MS);
+    let again = q.take(1, 1, deadline + 5 * MS);
+    assert_eq!((again[0].reason, again[0].attempt), (Reason::Retry, 1));
+}
+
+#[test]
+fn keys_are_served_in_order_of_first_enqueue() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for k in ["c", "a", "b", "d"] {
+        q.change(k, change(Reason::Added, 1));
+    }
+    q.change("a", change(Reason::Modified, 2)); // does not move "a" back
+    assert_eq!(keys(&q.take(1, 10, now)), ["c", "a", "b", "d"]);
+}
+
+#[test]
+fn sessions_keep_their_keys_while_membership_is_stable() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.add_session(2, "b");
+    // Which of `sessions` gets `key` when it changes.
+    let owner = |q: &mut GroupQueue, sessions: [u64; 2], key: &str| {
+        q.change(key, change(Reason::Modified, 1));
+        let mut got = None;
+        for s in sessions {
+            for d in q.take(s, 10, now) {
+                assert_eq!(got.replace(s), None, "{key} delivered twice");
+                q.ack(s, d.id, Outcome::Success, now);
+            }
+        }
+        got.expect("delivered to one of the sessions")
+    };
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let first: Vec<u64> = keys.iter().map(|k| owner(&mut q, [1, 2], k)).collect();
+    let second: Vec<u64> = keys.iter().map(|k| owner(&mut q, [1, 2], k)).collect();
+    assert_eq!(first, second);
+    assert!(
+        first.contains(&1) && first.contains(&2),
+        "both sessions get keys: {first:?}"
+    );
+    // The same replica reconnecting (new session id) gets the same keys back.
+    q.add_session(3, "a");
+    assert!(!q.has_session(1), "the replica's old session is replaced");
+    let third: Vec<u64> = keys.iter().map(|k| owner(&mut q, [3, 2], k)).collect();
+    let expected: Vec<u64> = first.iter().map(|&s| if s == 1 { 3 } else { 2 }).collect();
+    assert_eq!(third, expected);
+}
+
+#[test]
+fn bodies_are_kept_within_the_budget_and_released_on_delivery() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k1", with_body(Reason::Added, 1, 60));
+    q.change("k2", with_body(Reason::Added, 1, 60)); // over the 100-byte budget: no body
+    q.change("k1", with_body(Reason::Modified, 2, 30)); // replaces k1's body
+    assert_eq!(q.body_bytes(), 30);
+    q.check();
+    let d = q.take(1, 10, now);
+    assert_eq!(d[0].body.as_ref().map(|b| b.len()), Some(30));
+    assert_eq!(
+        d[1].body, None,
+        "delivered without body; the controller reads it fresh"
+    );
+    assert_eq!(q.body_bytes(), 0);
+}
+
+#[test]
+fn deleted_keys_are_forgotten_once_delivered() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", change(Reason::Added, 1));
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.change("k", change(Reason::Deleted, 2));
+    let d = q.take(1, 1, now);
+    assert!(d[0].deleted);
+    assert_eq!(q.len(), 1);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    assert_eq!(q.len(), 0, "memory follows live keys");
+}
+
+#[test]
+fn resync_queues_only_idle_keys_and_carries_no_body() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("idle", with_body(Reason::Added, 1, 10));
+    q.change("busy", change(Reason::Added, 1));
+    let d = q.take(1, 10, now);
+    q.ack(1, d[0].id, Outcome::Success, now); // "idle" settles; "busy" stays in flight
+    q.resync("idle");
+    q.resync("busy");
+    q.resync("unknown");
+    let d = q.take(1, 10, now);
+    assert_eq!(keys(&d), ["idle"]);
+    assert_eq!((d[0].reason, d[0].body.clone()), (Reason::Resync, None));
+}
+
+#[test]
+fn an_owned_change_keeps_the_pending_state_of_the_key_itself() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("owner", with_body(Reason::Added, 7, 10));
+    let owned = Change {
+        reason: Reason::Owned,
+        resource_version: String::new(),
+        uid: String::new(),
+        body: None,
+        deleted: false,
+    };
+    q.change("owner", owned.clone());
+    let d = q.take(1, 1, now);
+    assert_eq!(
+        (d[0].reason, d[0].resource_version.as_str()),
+        (Reason::Added, "7")
+    );
+    assert_eq!(d[0].body.as_ref().map(|b| b.len()), Some(10));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Settled: a child's change alone is delivered as such.
+    q.change("owner", owned);
+    assert_eq!(q.take(1, 1, now)[0].reason, Reason::Owned);
+}
+
+#[test]
+fn resync_batches_walk_every_key_once_per_cycle() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for i in 0..10 {
+        q.change(&format!("k{i}"), change(Reason::Added, 1));
+    }
+    for d in q.take(1, 100, now) {
+        q.ack(1, d.id, Outcome::Success, now);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        q.resync_batch(2);
+        for d in q.take(1, 100, now) {
+            assert_eq!(d.reason, Reason::Resync);
+            seen.push(d.key.to_string());
+            q.ack(1, d.id, Outcome::Success, now);
+        }
+    }
+    seen.sort();
+    let mut all: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    all.sort();
+    assert_eq!(seen, all);
+}
+
+fn observed(rv: u32) -> Observed {
+    Observed {
+        resource_version: rv.to_string(),
+        uid: "uid-1".into(),
+        body: None,
+    }
+}
+
+#[test]
+fn a_relist_delivers_only_what_changed_and_the_deletes_it_missed() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    // First list, epoch 1: everything is new.
+    for k in [
+        "/ConfigMap/ns/a",
+        "/ConfigMap/ns/b",
+        "/ConfigMap/ns/c",
+        "/Secret/ns/s",
+    ] {
+        q.observe(k, observed(1), 1);
+    }
+    let d = q.take(1, 10, now);
+    assert!(d.iter().all(|d| d.reason == Reason::Added));
+    for d in d {
+        q.ack(1, d.id, Outcome::Success, now);
+    }
+    // Re-list, epoch 2: a unchanged, b changed, c gone; Secrets belong to another watch.
+    q.observe("/ConfigMap/ns/a", observed(1), 2);
+    q.observe("/ConfigMap/ns/b", observed(2), 2);
+    q.sweep(2, |k| k.starts_with("/ConfigMap/"));
+    let d = q.take(1, 10, now);
+    let got: Vec<(&str, Reason)> = d.iter().map(|d| (&*d.key, d.reason)).collect();
+    assert_eq!(
+        got,
+        [
+            ("/ConfigMap/ns/b", Reason::Modified),
+            ("/ConfigMap/ns/c", Reason::Deleted)
+        ]
+    );
+    assert!(d[1].deleted);
+    for d in d {
+        q.ack(1, d.id, Outcome::Success, now);
+    }
+    assert_eq!(q.len(), 3, "the deleted key is forgotten");
+    // A re-created object (new uid) is an addition.
+    q.observe(
+        "/ConfigMap/ns/a",
+        Observed {
+            uid: "uid-2".into(),
+            ..observed(9)
+        },
+        3,
+    );
+    assert_eq!(q.take(1, 1, now)[0].reason, Reason::Added);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Change(u8, bool),
+    AddSession(u8),
+    RemoveSession(u8),
+    Take(u8, u8),
+    Ack(u8, u8),
+    Advance(u16),
+    Resync(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..12, any::<bool>()).prop_map(|(k, d)| Op::Change(k, d)),
+        1 => (0u8..4).prop_map(Op::AddSession),
+        1 => (0u8..4).prop_map(Op::RemoveSession),
+        3 => (0u8..4, 1u8..5).prop_map(|(s, n)| Op::Take(s, n)),
+        3 => (0u8..4, 0u8..3).prop_map(|(s, o)| Op::Ack(s, o)),
+        1 => (0u16..20_000).prop_map(Op::Advance),
+        1 => (0u8..12).prop_map(Op::Resync),
+    ]
+}
+
+proptest! {
+    /// Whatever happens, the invariants hold, and once every session works the queue dry,
+    /// every key changed after its last delivery began has been delivered again: nothing lost.
+    #[test]
+    fn nothing_is_lost_and_invariants_hold(ops in prop::collection::vec(op(), 1..200)) {
+        let mut now = Instant::now();
+        let mut q = queue();
+        let mut outstanding: HashMap<u64, Vec<DeliveryId>> = HashMap::new();
+        // Keys changed since their last delivery started.
+        let mut owed: HashSet<String> = HashSet::new();
+        for op in ops {
+            match op {
+                Op::Change(k, deleted) => {
+                    let reason = if deleted { Reason::Deleted } else { Reason::Modified };
+                    q.change(&format!("k{k}"), with_body(reason, 1, 20));
+                    owed.insert(format!("k{k}"));
+                }
+                Op::AddSession(s) => {
+                    q.add_session(u64::from(s), &format!("replica-{s}"));
+                }
+                Op::RemoveSession(s) => {
+                    q.remove_session(u64::from(s));
+                    outstanding.remove(&u64::from(s));
+                }
+                Op::Take(s, n) => {
+                    for d in q.take(u64::from(s), usize::from(n), now) {
+                        owed.remove(&*d.key);
+                        outstanding.entry(u64::from(s)).or_default().push(d.id);
+                    }
+                }
+                Op::Ack(s, o) => {
+                    if let Some(id) = outstanding.get_mut(&u64::from(s)).and_then(|v| v.pop()) {
+                        let outcome = match o {
+                            0 => Outcome::Success,
+                            1 => Outcome::Failure,
+                            _ => Outcome::Requeue(Duration::from_millis(50)),
+                        };
+                        q.ack(u64::from(s), id, outcome, now);
+                    }
+                }
+                Op::Advance(ms) => {
+                    now += Duration::from_millis(u64::from(ms));
+                    q.advance(now);
+                }
+                Op::Resync(k) => {
+                    q.resync(&format!("k{k}"));
+                }
+            }
+            q.check();
+        }
+        // Work the queue dry with one session; failures and requeues are retried, then done.
+        q.add_session(99, "drain");
+        for s in 0..4 {
+            q.remove_session(s);
+        }
+        for _ in 0..1000 {
+            now += Duration::from_secs(2);
+            q.advance(now);
+            let batch = q.take(99, 100, now);
+            for d in &batch {
+                owed.remove(&*d.key);
+                q.ack(99, d.id, Outcome::Success, now);
+            }
+            q.check();
+            if batch.is_empty() && q.next_deadline().is_none() {
+                break;
+            }
+        }
+        prop_assert!(owed.is_empty(), "changes never delivered: {:?}", owed);
+        prop_assert_eq!(q.ready_len(), 0);
+        prop_assert_eq!(q.body_bytes(), 0);
+    }
+}

@@ -1,0 +1,623 @@
+//! The gRPC edge: sessions, long-polls and acks, turned into calls on groups. Every error is
+//! converted to a `tonic::Status` here, with a message that tells the caller what to fix.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use kube_dispatch_proto::{
+    RequestKey,
+    v1::{
+        self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
+        OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
+        ack_item, dispatcher_server,
+    },
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{debug, info};
+
+use crate::{
+    discovery::{ResolveError, Resolver},
+    group::{Group, SessionSlot},
+    queue::{Delivery, DeliveryId, Outcome, QueueConfig, SessionId},
+    subscription::{
+        GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
+        validate_open,
+    },
+    watch::{Subscriber, WatchError, Watches},
+};
+
+/// Limits that protect the dispatcher from misbehaving clients.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most live sessions on this dispatcher.
+    pub max_sessions: usize,
+    /// Most live sessions per group.
+    pub max_sessions_per_group: usize,
+    /// Session ttl when the client asks for none.
+    pub default_ttl: Duration,
+    /// Bounds of a session ttl.
+    pub min_ttl: Duration,
+    /// Bounds of a session ttl.
+    pub max_ttl: Duration,
+    /// Longest a poll waits for work.
+    pub max_poll_wait: Duration,
+    /// Most requests one poll returns.
+    pub max_poll_items: usize,
+    /// Most acks in one request.
+    pub max_acks: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 10_000,
+            max_sessions_per_group: 1_000,
+            default_ttl: Duration::from_secs(10),
+            min_ttl: Duration::from_secs(1),
+            max_ttl: Duration::from_secs(300),
+            max_poll_wait: Duration::from_secs(30),
+            max_poll_items: 1_000,
+            max_acks: 10_000,
+        }
+    }
+}
+
+/// Settings of the dispatcher core.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This dispatcher's identity on the ring.
+    pub identity: String,
+    /// Client limits.
+    pub limits: Limits,
+    /// Queue behaviour of every group.
+    pub queue: QueueConfig,
+    /// Every key is resynced once per interval; zero disables resync.
+    pub resync_interval: Duration,
+    /// A group with no session is dropped (and its watches released) after this long.
+    pub idle_group_grace: Duration,
+}
+
+struct SessionRef {
+    group: Arc<Group>,
+    id: SessionId,
+    slot: Arc<SessionSlot>,
+}
+
+struct GroupEntry {
+    group: Arc<Group>,
+    cancel: CancellationToken,
+    empty_since: Option<Instant>,
+}
+
+/// Counters reported in logs and, later, metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Acks of deliveries that were not in flight.
+    pub unknown_acks: AtomicU64,
+    /// Sessions that expired.
+    pub expired_sessions: AtomicU64,
+}
+
+/// The dispatcher's shared state, behind the gRPC service.
+pub struct Core {
+    settings: Settings,
+    resolver: Resolver,
+    watches: Arc<Watches>,
+    groups: Mutex<HashMap<String, GroupEntry>>,
+    sessions: Mutex<HashMap<String, SessionRef>>,
+    next_session: AtomicU64,
+    /// Counters.
+    pub counters: Counters,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("identity", &self.settings.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// The core, with its housekeeping task (session expiry, resync, idle groups) running until
+    /// `shutdown`.
+    pub fn spawn(
+        settings: Settings,
+        resolver: Resolver,
+        watches: Arc<Watches>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        let core = Arc::new(Self {
+            settings,
+            resolver,
+            watches,
+            groups: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            counters: Counters::default(),
+            shutdown,
+        });
+        tokio::spawn(housekeeping(core.clone()));
+        core
+    }
+
+    fn groups(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupEntry>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionRef>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Closes every session, releasing in-flight keys; used when draining.
+    pub fn close_all(&self) {
+        let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.group.remove_session(s.id);
+        }
+    }
+
+    fn lookup(
+        &self,
+        session_id: &str,
+    ) -> Result<(Arc<Group>, SessionId, Arc<SessionSlot>), Status> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session_id) else {
+            return Err(Status::not_found(format!(
+                "session {session_id:?} is unknown or expired on dispatcher {}: open a new session",
+                self.settings.identity
+            )));
+        };
+        if !s.group.has_session(s.id) {
+            // Replaced by a newer session of the same replica.
+            sessions.remove(session_id);
+            return Err(Status::failed_precondition(format!(
+                "session {session_id:?} was replaced by a newer session of its replica: use that one or open a new session"
+            )));
+        }
+        Ok((s.group.clone(), s.id, s.slot.clone()))
+    }
+
+    async fn resolve_spec(&self, req: &OpenSessionRequest) -> Result<GroupSpec, Status> {
+        let mut subs = Vec::with_capacity(req.subscriptions.len());
+        for sub in &req.subscriptions {
+            let Some(r) = &sub.resource else {
+                return Err(Status::invalid_argument(
+                    "every subscription needs a resource",
+                ));
+            };
+            let resource = self.resolver.resolve(r).await.map_err(|e| match e {
+                ResolveError::NotFound(_) => Status::not_found(e.to_string()),
+                ResolveError::Discovery { .. } => Status::unavailable(e.to_string()),
+            })?;
+            let namespace = if resource.namespaced {
+                sub.namespace.clone()
+            } else {
+                String::new()
+            };
+            subs.push(SubscriptionSpec {
+                watch: WatchKey {
+                    resource,
+                    namespace,
+                    label_selector: sub.label_selector.clone(),
+                    field_selector: sub.field_selector.clone(),
+                },
+                payload: v1::PayloadMode::try_from(sub.payload)
+                    .unwrap_or(v1::PayloadMode::Full)
+                    .into(),
+                owner: sub.owner.as_ref().map(|o| OwnerKind {
+                    group: o.group.clone(),
+                    version: o.version.clone(),
+                    kind: o.kind.clone(),
+                }),
+            });
+        }
+        let spec = GroupSpec::new(subs);
+        // Deletions found by a re-list are matched to the subscription by kind: one primary
+        // subscription per kind keeps that unambiguous.
+        let mut kinds: Vec<(&str, &str)> = spec
+            .subscriptions
+            .iter()
+            .filter(|s| s.owner.is_none())
+            .map(|s| {
+                (
+                    s.watch.resource.group.as_str(),
+                    s.watch.resource.kind.as_str(),
+                )
+            })
+            .collect();
+        let before = kinds.len();
+        kinds.sort_unstable();
+        kinds.dedup();
+        if kinds.len() != before {
+            return Err(Status::invalid_argument(
+                "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// Finds or creates the group; returns it and whether it was created.
+    fn group_for(&self, name: &str, spec: &GroupSpec) -> Result<(Arc<Group>, bool), Status> {
+        let mut groups = self.groups();
+        if let Some(entry) = groups.get(name) {
+            if entry.group.spec == *spec {
+                if entry.group.session_count() >= self.settings.limits.max_sessions_per_group {
+                    return Err(Status::resource_exhausted(format!(
+                        "group {name:?} already has {} sessions on this dispatcher, the most allowed",
+                        self.settings.limits.max_sessions_per_group
+                    )));
+                }
+                return Ok((entry.group.clone(), false));
+            }
+            if entry.group.session_count() > 0 {
+                return Err(Status::failed_precondition(format!(
+                    "group {name:?} has live sessions with different subscriptions: every replica of a group must send the same subscriptions (or use another group name)"
+                )));
+            }
+            // No session left: the new subscriptions replace the old ones.
+            if let Some(old) = groups.remove(name) {
+                self.release(&old);
+            }
+        }
+        let cancel = self.shutdown.child_token();
+        let group = Group::spawn(
+            name.to_owned(),
+            spec.clone(),
+            self.settings.queue,
+            cancel.clone(),
+        );
+        groups.insert(
+            name.to_owned(),
+            GroupEntry {
+                group: group.clone(),
+                cancel,
+                empty_since: None,
+            },
+        );
+        Ok((group, true))
+    }
+
+    fn release(&self, entry: &GroupEntry) {
+        for sub in &entry.group.spec.subscriptions {
+            self.watches.unsubscribe(&sub.watch, &entry.group.name);
+        }
+        entry.cancel.cancel();
+    }
+
+    async fn subscribe_all(&self, group: &Arc<Group>) -> Result<(), Status> {
+        for sub in &group.spec.subscriptions {
+            let subscriber = Subscriber {
+                group: group.clone(),
+                payload: sub.payload,
+                owner: sub.owner.clone(),
+            };
+            if let Err(e) = self.watches.subscribe(&sub.watch, subscriber).await {
+                if let Some(entry) = self.groups().remove(&group.name) {
+                    self.release(&entry);
+                }
+                return Err(match &e {
+                    WatchError::Rejected {
+                        code: 400 | 422, ..
+                    } => Status::invalid_argument(e.to_string()),
+                    WatchError::Rejected {
+                        code: 401 | 403, ..
+                    } => Status::permission_denied(e.to_string()),
+                    WatchError::Rejected { code: 404, .. } => Status::not_found(e.to_string()),
+                    WatchError::Rejected { .. } => Status::failed_precondition(e.to_string()),
+                    WatchError::ShuttingDown => Status::unavailable(e.to_string()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
+        let key =
+            RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &*d.key));
+        let version = group
+            .spec
+            .version_of(&key.group, &key.kind)
+            .unwrap_or_default()
+            .to_owned();
+        ReconcileRequest {
+            delivery_id: d.id,
+            key: d.key.to_string(),
+            object: Some(v1::ObjectKey {
+                group: key.group,
+                version,
+                kind: key.kind,
+                namespace: key.namespace,
+                name: key.name,
+            }),
+            reason: d.reason as i32,
+            resource_version: d.resource_version,
+            uid: d.uid,
+            object_json: d.body.map(|b| b.to_vec()).unwrap_or_default(),
+            deleted: d.deleted,
+            attempt: d.attempt,
+        }
+    }
+
+    fn parse_acks(&self, acks: Vec<AckItem>) -> Result<Vec<(DeliveryId, Outcome)>, Status> {
+        if acks.len() > self.settings.limits.max_acks {
+            return Err(Status::resource_exhausted(format!(
+                "{} acks in one request; at most {} are accepted",
+                acks.len(),
+                self.settings.limits.max_acks
+            )));
+        }
+        acks.into_iter()
+            .map(|a| {
+                let outcome = match a.outcome {
+                    None => {
+                        return Err(Status::invalid_argument(format!(
+                            "ack of delivery {} has no outcome: set success, failure or requeue",
+                            a.delivery_id
+                        )));
+                    }
+                    Some(ack_item::Outcome::Success(_)) => Outcome::Success,
+                    Some(ack_item::Outcome::Failure(f)) => {
+                        debug!(delivery = a.delivery_id, message = %f.message, "reconcile failed");
+                        Outcome::Failure
+                    }
+                    Some(ack_item::Outcome::Requeue(r)) => {
+                        let after = r
+                            .after
+                            .as_ref()
+                            .ok_or_else(|| Status::invalid_argument("requeue.after must be set"))?;
+                        Outcome::Requeue(
+                            positive_duration("requeue.after", after).map_err(invalid)?,
+                        )
+                    }
+                };
+                Ok((a.delivery_id, outcome))
+            })
+            .collect()
+    }
+
+    fn renew(&self, slot: &SessionSlot, ttl: Duration) {
+        *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + ttl;
+    }
+}
+
+fn invalid(e: InvalidRequest) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// Expires sessions, resyncs keys and drops idle groups, once a second.
+async fn housekeeping(core: Arc<Core>) {
+    const TICK: Duration = Duration::from_secs(1);
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = core.shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let now = Instant::now();
+        let expired: Vec<(String, SessionRef)> = {
+            let mut sessions = core.sessions();
+            let ids: Vec<String> = sessions
+                .iter()
+                .filter(|(_, s)| {
+                    *s.slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| sessions.remove(&id).map(|s| (id, s)))
+                .collect()
+        };
+        for (id, s) in expired {
+            core.counters
+                .expired_sessions
+                .fetch_add(1, Ordering::Relaxed);
+            info!(session = %id, group = %s.group.name, replica = %s.slot.replica, "session expired: its in-flight keys go to other sessions");
+            s.group.remove_session(s.id);
+        }
+        let groups: Vec<Arc<Group>> = {
+            let mut groups = core.groups();
+            let grace = core.settings.idle_group_grace;
+            let mut idle = Vec::new();
+            for (name, entry) in groups.iter_mut() {
+                if entry.group.session_count() > 0 {
+                    entry.empty_since = None;
+                } else if let Some(since) = entry.empty_since {
+                    if now.duration_since(since) >= grace {
+                        idle.push(name.clone());
+                    }
+                } else {
+                    entry.empty_since = Some(now);
+                }
+            }
+            for name in idle {
+                if let Some(entry) = groups.remove(&name) {
+                    info!(group = %name, "dropping group: no session for {grace:?}");
+                    core.release(&entry);
+                }
+            }
+            groups.values().map(|e| e.group.clone()).collect()
+        };
+        let interval = core.settings.resync_interval;
+        if !interval.is_zero() {
+            for group in groups {
+                let (keys, _) = group.sizes();
+                // Spread evenly: keys * tick / interval per tick, rounded up.
+                let n = (keys as u128 * TICK.as_nanos()).div_ceil(interval.as_nanos().max(1));
+                group.resync_batch(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
+    }
+}
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct DispatcherService {
+    core: Arc<Core>,
+}
+
+impl DispatcherService {
+    /// A service over `core`.
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+}
+
+#[tonic::async_trait]
+impl dispatcher_server::Dispatcher for DispatcherService {
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> Result<Response<OpenSessionResponse>, Status> {
+        let core = &self.core;
+        if core.shutdown.is_cancelled() {
+            return Err(Status::unavailable(
+                "the dispatcher is draining: open the session on another dispatcher or retry",
+            ));
+        }
+        let req = request.into_inner();
+        validate_open(&req).map_err(invalid)?;
+        let limits = core.settings.limits;
+        if core.session_count() >= limits.max_sessions {
+            return Err(Status::resource_exhausted(format!(
+                "dispatcher {} already holds {} sessions, the most allowed",
+                core.settings.identity, limits.max_sessions
+            )));
+        }
+        let ttl = match &req.ttl {
+            Some(ttl) => positive_duration("ttl", ttl)
+                .map_err(invalid)?
+                .clamp(limits.min_ttl, limits.max_ttl),
+            None => limits.default_ttl,
+        };
+        let spec = core.resolve_spec(&req).await?;
+        let (group, created) = core.group_for(&req.group, &spec)?;
+        if created {
+            core.subscribe_all(&group).await?;
+        }
+        let id = core.next_session.fetch_add(1, Ordering::Relaxed);
+        let session_id = format!(
+            "{}-{id}-{:016x}",
+            core.settings.identity,
+            rand::random::<u64>()
+        );
+        let slot = group.add_session(id, &req.replica_id, ttl);
+        core.sessions().insert(
+            session_id.clone(),
+            SessionRef {
+                group: group.clone(),
+                id,
+                slot,
+            },
+        );
+        info!(session = %session_id, group = %req.group, replica = %req.replica_id, ?ttl, "session opened");
+        Ok(Response::new(OpenSessionResponse {
+            session_id,
+            ttl: prost_types::Duration::try_from(ttl).ok(),
+            dispatcher_id: core.settings.identity.clone(),
+            max_reconcile_time: prost_types::Duration::try_from(
+                core.settings.queue.max_reconcile_time,
+            )
+            .ok(),
+        }))
+    }
+
+    async fn poll(&self, request: Request<PollRequest>) -> Result<Response<PollResponse>, Status> {
+        let core = &self.core;
+        let req = request.into_inner();
+        let limits = core.settings.limits;
+        let wait = match &req.wait {
+            Some(w) => positive_duration("wait", w)
+                .map_err(invalid)?
+                .min(limits.max_poll_wait),
+            None => limits.max_poll_wait,
+        };
+        let max = match req.max_items {
+            0 => limits.max_poll_items,
+            n => usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(limits.max_poll_items),
+        };
+        let acks = core.parse_acks(req.acks)?;
+        let (group, id, slot) = core.lookup(&req.session_id)?;
+        let ttl = slot.ttl;
+        core.renew(&slot, ttl);
+        if !acks.is_empty() {
+            let unknown = group.ack(id, acks);
+            if unknown > 0 {
+                core.counters
+                    .unknown_acks
+                    .fetch_add(unknown as u64, Ordering::Relaxed);
+                debug!(session = %req.session_id, unknown, "acks of deliveries not in flight were ignored");
+            }
+        }
+        let deadline = Instant::now() + wait;
+        let mut requests = group.take(id, max);
+        while requests.is_empty() {
+            tokio::select! {
+                () = slot.notify.notified() => {}
+                () = tokio::time::sleep_until(deadline) => break,
+                () = core.shutdown.cancelled() => break,
+            }
+            if !group.has_session(id) {
+                return Err(Status::not_found(format!(
+                    "session {:?} ended while polling: open a new session",
+                    req.session_id
+                )));
+            }
+            requests = group.take(id, max);
+        }
+        core.renew(&slot, ttl);
+        let requests = requests
+            .into_iter()
+            .map(|d| Core::to_wire(&group, d))
+            .collect();
+        Ok(Response::new(PollResponse { requests }))
+    }
+
+    async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        let core = &self.core;
+        let req = request.into_inner();
+        let acks = core.parse_acks(req.acks)?;
+        let (group, id, slot) = core.lookup(&req.session_id)?;
+        core.renew(&slot, slot.ttl);
+        let unknown = group.ack(id, acks);
+        if unknown > 0 {
+            core.counters
+                .unknown_acks
+                .fetch_add(unknown as u64, Ordering::Relaxed);
+        }
+        Ok(Response::new(AckResponse {}))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let core = &self.core;
+        let id = request.into_inner().session_id;
+        let Some(s) = core.sessions().remove(&id) else {
+            return Err(Status::not_found(format!(
+                "session {id:?} is unknown or already closed"
+            )));
+        };
+        info!(session = %id, group = %s.group.name, "session closed: its in-flight keys are released");
+        s.group.remove_session(s.id);
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}

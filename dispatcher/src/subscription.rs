@@ -1,0 +1,334 @@
+//! What controller groups subscribe to, validated and resolved: the domain side of
+//! `OpenSessionRequest.subscriptions`.
+
+use std::time::Duration;
+
+use kube_dispatch_proto::v1::{self, PayloadMode};
+
+/// Most subscriptions one session may send.
+pub const MAX_SUBSCRIPTIONS: usize = 32;
+/// Longest group name, replica id, namespace or selector accepted (bytes).
+pub const MAX_FIELD_LEN: usize = 1024;
+
+/// A resource resolved by discovery.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceId {
+    /// API group; empty for core.
+    pub group: String,
+    /// Version served.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Plural resource name (the URL segment).
+    pub plural: String,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+}
+
+/// One watch against the API server; subscriptions with equal keys share it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WatchKey {
+    /// The resource.
+    pub resource: ResourceId,
+    /// One namespace, or empty for all.
+    pub namespace: String,
+    /// Label selector, possibly empty.
+    pub label_selector: String,
+    /// Field selector, possibly empty.
+    pub field_selector: String,
+}
+
+/// How much of the object a delivery carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Payload {
+    /// The whole object.
+    Full,
+    /// apiVersion, kind and metadata.
+    Metadata,
+    /// Nothing.
+    KeyOnly,
+}
+
+impl From<PayloadMode> for Payload {
+    fn from(mode: PayloadMode) -> Self {
+        match mode {
+            PayloadMode::Unspecified | PayloadMode::Full => Self::Full,
+            PayloadMode::Metadata => Self::Metadata,
+            PayloadMode::KeyOnly => Self::KeyOnly,
+        }
+    }
+}
+
+/// The kind that owned objects map to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerKind {
+    /// API group of the owner; empty for core.
+    pub group: String,
+    /// Version the controller uses for the owner (reported in deliveries).
+    pub version: String,
+    /// Kind of the owner.
+    pub kind: String,
+}
+
+/// One resolved subscription.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubscriptionSpec {
+    /// The watch that feeds it.
+    pub watch: WatchKey,
+    /// Payload of its deliveries.
+    pub payload: Payload,
+    /// When set, objects are keyed by their controlling owner of this kind.
+    pub owner: Option<OwnerKind>,
+}
+
+/// Everything a group subscribes to; every session of a group must send the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// Sorted, so two sessions listing the same subscriptions in another order agree.
+    pub subscriptions: Vec<SubscriptionSpec>,
+}
+
+impl GroupSpec {
+    /// A spec from resolved subscriptions, in canonical order.
+    pub fn new(mut subscriptions: Vec<SubscriptionSpec>) -> Self {
+        subscriptions.sort();
+        subscriptions.dedup();
+        Self { subscriptions }
+    }
+
+    /// The version to report for keys of `group`/`kind`: from the subscription of that kind,
+    /// or from an owner mapping to it.
+    pub fn version_of(&self, group: &str, kind: &str) -> Option<&str> {
+        self.subscriptions
+            .iter()
+            .find_map(|s| {
+                let r = &s.watch.resource;
+                (s.owner.is_none() && r.group == group && r.kind == kind)
+                    .then_some(r.version.as_str())
+            })
+            .or_else(|| {
+                self.subscriptions.iter().find_map(|s| {
+                    let o = s.owner.as_ref()?;
+                    (o.group == group && o.kind == kind).then_some(o.version.as_str())
+                })
+            })
+    }
+}
+
+/// Why an `OpenSessionRequest` is malformed; the message tells the caller what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    /// A required field is empty.
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+    /// A field is longer than [`MAX_FIELD_LEN`].
+    #[error("{0} is longer than {MAX_FIELD_LEN} bytes")]
+    TooLong(&'static str),
+    /// No subscription, or more than [`MAX_SUBSCRIPTIONS`].
+    #[error("a session needs between 1 and {MAX_SUBSCRIPTIONS} subscriptions, got {0}")]
+    SubscriptionCount(usize),
+    /// A resource names neither kind nor plural, or no version.
+    #[error("subscription {index}: resource must set version and one of kind or plural")]
+    Resource {
+        /// Position of the subscription in the request.
+        index: usize,
+    },
+    /// An owner names no kind or no version.
+    #[error("subscription {index}: owner must set version and kind")]
+    Owner {
+        /// Position of the subscription in the request.
+        index: usize,
+    },
+    /// A duration is zero, negative or out of range.
+    #[error("{0} must be a positive duration")]
+    Duration(&'static str),
+    /// An enum value this server does not know.
+    #[error("subscription {index}: unknown payload mode {value}")]
+    PayloadMode {
+        /// Position of the subscription in the request.
+        index: usize,
+        /// The value sent.
+        value: i32,
+    },
+}
+
+fn check_len(name: &'static str, value: &str) -> Result<(), InvalidRequest> {
+    if value.len() > MAX_FIELD_LEN {
+        return Err(InvalidRequest::TooLong(name));
+    }
+    Ok(())
+}
+
+/// Checks the parts of an `OpenSessionRequest` that need no API server.
+pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest> {
+    if req.group.is_empty() {
+        return Err(InvalidRequest::Empty("group"));
+    }
+    if req.replica_id.is_empty() {
+        return Err(InvalidRequest::Empty("replica_id"));
+    }
+    check_len("group", &req.group)?;
+    check_len("replica_id", &req.replica_id)?;
+    if req.subscriptions.is_empty() || req.subscriptions.len() > MAX_SUBSCRIPTIONS {
+        return Err(InvalidRequest::SubscriptionCount(req.subscriptions.len()));
+    }
+    if let Some(ttl) = &req.ttl {
+        positive_duration("ttl", ttl)?;
+    }
+    for (index, sub) in req.subscriptions.iter().enumerate() {
+        let r = sub
+            .resource
+            .as_ref()
+            .ok_or(InvalidRequest::Resource { index })?;
+        if r.version.is_empty() || (r.kind.is_empty() && r.plural.is_empty()) {
+            return Err(InvalidRequest::Resource { index });
+        }
+        if let Some(o) = &sub.owner
+            && (o.kind.is_empty() || o.version.is_empty())
+        {
+            return Err(InvalidRequest::Owner { index });
+        }
+        if PayloadMode::try_from(sub.payload).is_err() {
+            return Err(InvalidRequest::PayloadMode {
+                index,
+                value: sub.payload,
+            });
+        }
+        check_len("namespace", &sub.namespace)?;
+        check_len("label_selector", &sub.label_selector)?;
+        check_len("field_selector", &sub.field_selector)?;
+    }
+    Ok(())
+}
+
+/// Converts a protobuf duration that must be positive.
+pub fn positive_duration(
+    name: &'static str,
+    d: &prost_types::Duration,
+) -> Result<Duration, InvalidRequest> {
+    if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) {
+        return Err(InvalidRequest::Duration(name));
+    }
+    Duration::try_from(*d).map_err(|_| InvalidRequest::Duration(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> v1::OpenSessionRequest {
+        v1::OpenSessionRequest {
+            group: "g".into(),
+            replica_id: "r".into(),
+            subscriptions: vec![v1::Subscription {
+                resource: Some(v1::ResourceRef {
+                    version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ttl: None,
+        }
+    }
+
+    #[test]
+    fn accepts_a_minimal_request() {
+        assert_eq!(validate_open(&request()), Ok(()));
+    }
+
+    #[test]
+    fn rejects_each_malformed_field() {
+        type Mutation = fn(&mut v1::OpenSessionRequest);
+        let cases: Vec<(Mutation, InvalidRequest)> = vec![
+            (|r| r.group.clear(), InvalidRequest::Empty("group")),
+            (
+                |r| r.replica_id.clear(),
+                InvalidRequest::Empty("replica_id"),
+            ),
+            (
+                |r| r.group = "x".repeat(2000),
+                InvalidRequest::TooLong("group"),
+            ),
+            (
+                |r| r.subscriptions.clear(),
+                InvalidRequest::SubscriptionCount(0),
+            ),
+            (
+                |r| r.subscriptions[0].resource.as_mut().unwrap().kind.clear(),
+                InvalidRequest::Resource { index: 0 },
+            ),
+            (
+                |r| r.subscriptions[0].resource = None,
+                InvalidRequest::Resource { index: 0 },
+            ),
+            (
+                |r| {
+                    r.subscriptions[0].owner = Some(v1::ResourceRef {
+                        version: "v1".into(),
+                        ..Default::default()
+                    })
+                },
+                InvalidRequest::Owner { index: 0 },
+            ),
+            (
+                |r| {
+                    r.ttl = Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: 0,
+                    })
+                },
+                InvalidRequest::Duration("ttl"),
+            ),
+            (
+                |r| {
+                    r.ttl = Some(prost_types::Duration {
+                        seconds: -5,
+                        nanos: 0,
+                    })
+                },
+                InvalidRequest::Duration("ttl"),
+            ),
+            (
+                |r| r.subscriptions[0].payload = 99,
+                InvalidRequest::PayloadMode {
+                    index: 0,
+                    value: 99,
+                },
+            ),
+        ];
+        for (mutate, want) in cases {
+            let mut r = request();
+            mutate(&mut r);
+            assert_eq!(validate_open(&r), Err(want));
+        }
+    }
+
+    #[test]
+    fn subscription_order_does_not_change_a_spec() {
+        let sub = |kind: &str| SubscriptionSpec {
+            watch: WatchKey {
+                resource: ResourceId {
+                    group: String::new(),
+                    version: "v1".into(),
+                    kind: kind.into(),
+                    plural: format!("{}s", kind.to_lowercase()),
+                    namespaced: true,
+                },
+                namespace: String::new(),
+                label_selector: String::new(),
+                field_selector: String::new(),
+            },
+            payload: Payload::Full,
+            owner: None,
+        };
+        assert_eq!(
+            GroupSpec::new(vec![sub("A"), sub("B")]),
+            GroupSpec::new(vec![sub("B"), sub("A"), sub("B")])
+        );
+        assert_eq!(
+            GroupSpec::new(vec![sub("A")]).version_of("", "A"),
+            Some("v1")
+        );
+    }
+}

@@ -1,0 +1,531 @@
+//! Shared, non-caching watches against the API server.
+//!
+//! One watch runs per distinct [`WatchKey`] (resource, namespace, selectors), started by the
+//! first group that subscribes to it and stopped a grace period after the last one leaves. Each
+//! event is turned into request keys, one per subscribing group; only keys that fall on this
+//! dispatcher's slice of the ring go to the group's queue. No object is kept once it has been
+//! handed on: the groups' queues are the only index.
+//!
+//! Re-lists (the first list, a 410 Gone, an API-server restart) are numbered: every object of
+//! a re-list is observed with the list's epoch, and when it ends each group queues as deleted
+//! the keys of that subscription the list did not show.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube::{
+    Client, ResourceExt,
+    api::{Api, ApiResource, DynamicObject, TypeMeta},
+    runtime::{
+        WatchStreamExt,
+        watcher::{self, Event},
+    },
+};
+use kube_dispatch_proto::{RequestKey, Ring, v1::Reason};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    group::Group,
+    queue::{Change, Observed},
+    subscription::{OwnerKind, Payload, ResourceId, WatchKey},
+};
+
+/// A group's interest in a watch.
+#[derive(Clone, Debug)]
+pub struct Subscriber {
+    /// The group fed.
+    pub group: Arc<Group>,
+    /// Payload of the group's deliveries from this watch.
+    pub payload: Payload,
+    /// Owner mapping, for subscriptions to owned objects.
+    pub owner: Option<OwnerKind>,
+}
+
+/// Why a watch could not serve a subscription.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WatchError {
+    /// The API server rejected the list or watch (bad selector, no permission, ...).
+    #[error("the API server rejected the watch of {resource}: {message}")]
+    Rejected {
+        /// The HTTP status code of the rejection.
+        code: u16,
+        /// What it was watching.
+        resource: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// The dispatcher is shutting down.
+    #[error("the dispatcher is shutting down")]
+    ShuttingDown,
+}
+
+/// The state of a watch's first list.
+#[derive(Clone, Debug)]
+enum Readiness {
+    Starting,
+    Ready,
+    Failed(WatchError),
+}
+
+struct Running {
+    subscribers: Arc<RwLock<Vec<Subscriber>>>,
+    readiness: watch::Receiver<Readiness>,
+    /// Restarts the watcher (a re-list), e.g. when a group joins a running watch.
+    relist: Arc<tokio::sync::Notify>,
+    cancel: CancellationToken,
+    /// Cancels a pending stop when a subscriber comes back within the grace.
+    stopping: Option<CancellationToken>,
+}
+
+/// All watches of this dispatcher.
+pub struct Watches {
+    client: Client,
+    identity: String,
+    ring: watch::Receiver<Arc<Ring>>,
+    grace: Duration,
+    running: Mutex<HashMap<WatchKey, Running>>,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watches")
+            .field("identity", &self.identity)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watches {
+    /// Watches for dispatcher `identity`, whose slice is given by `ring`; a watch with no
+    /// subscriber is stopped after `grace`. Everything stops on `cancel`.
+    pub fn new(
+        client: Client,
+        identity: String,
+        ring: watch::Receiver<Arc<Ring>>,
+        grace: Duration,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            identity,
+            ring,
+            grace,
+            running: Mutex::new(HashMap::new()),
+            cancel,
+        })
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<WatchKey, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of running watches.
+    pub fn len(&self) -> usize {
+        self.running().len()
+    }
+
+    /// Whether no watch runs.
+    pub fn is_empty(&self) -> bool {
+        self.running().is_empty()
+    }
+
+    /// Adds a subscriber to the watch of `key`, starting it if needed, and waits until the
+    /// watch's first list has started to arrive or failed.
+    pub async fn subscribe(&self, key: &WatchKey, sub: Subscriber) -> Result<(), WatchError> {
+        let mut readiness = {
+            let mut running = self.running();
+            match running.get_mut(key) {
+                Some(r) => {
+                    if let Some(stop) = r.stopping.take() {
+                        stop.cancel();
+                    }
+                    let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
+                    subs.retain(|s| s.group.name != sub.group.name);
+                    subs.push(sub);
+                    // The new group has not seen the objects that exist: list them again. The
+                    // groups already subscribed see unchanged versions and deliver nothing.
+                    r.relist.notify_one();
+                    r.readiness.clone()
+                }
+                None => {
+                    let (tx, rx) = watch::channel(Readiness::Starting);
+                    let run = Running {
+                        subscribers: Arc::new(RwLock::new(vec![sub])),
+                        readiness: rx.clone(),
+                        relist: Arc::new(tokio::sync::Notify::new()),
+                        cancel: self.cancel.child_token(),
+                        stopping: None,
+                    };
+                    let task = WatchTask {
+                        client: self.client.clone(),
+                        key: key.clone(),
+                        identity: self.identity.clone(),
+                        ring: self.ring.clone(),
+                        subscribers: run.subscribers.clone(),
+                        relist: run.relist.clone(),
+                        readiness: tx,
+                    };
+                    tokio::spawn(task.run(run.cancel.clone()));
+                    info!(resource = %describe(key), "starting watch");
+                    running.insert(key.clone(), run);
+                    rx
+                }
+            }
+        };
+        loop {
+            let state = readiness.borrow_and_update().clone();
+            match state {
+                Readiness::Ready => return Ok(()),
+                Readiness::Failed(e) => {
+                    self.stop_now(key);
+                    return Err(e);
+                }
+                Readiness::Starting => {}
+            }
+            if readiness.changed().await.is_err() {
+                return Err(WatchError::ShuttingDown);
+            }
+        }
+    }
+
+    /// Removes `group`'s subscription to `key`; the watch stops after the grace if no
+    /// subscriber is left by then.
+    pub fn unsubscribe(self: &Arc<Self>, key: &WatchKey, group: &str) {
+        let mut running = self.running();
+        let Some(r) = running.get_mut(key) else {
+            return;
+        };
+        let empty = {
+            let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
+            subs.retain(|s| s.group.name != group);
+            subs.is_empty()
+        };
+        if !empty || r.stopping.is_some() {
+            return;
+        }
+        let stop = r.cancel.child_token();
+        r.stopping = Some(stop.clone());
+        let (this, key, grace) = (self.clone(), key.clone(), self.grace);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(grace) => this.stop_if_unused(&key),
+            }
+        });
+    }
+
+    fn stop_if_unused(&self, key: &WatchKey) {
+        let mut running = self.running();
+        let unused = running.get(key).is_some_and(|r| {
+            r.subscribers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        });
+        if unused && let Some(r) = running.remove(key) {
+            info!(resource = %describe(key), "stopping watch: no subscriber left");
+            r.cancel.cancel();
+        }
+    }
+
+    fn stop_now(&self, key: &WatchKey) {
+        if let Some(r) = self.running().remove(key) {
+            r.cancel.cancel();
+        }
+    }
+}
+
+fn describe(key: &WatchKey) -> String {
+    let mut s = resource_name(&key.resource);
+    if !key.namespace.is_empty() {
+        s.push_str(&format!(" in {}", key.namespace));
+    }
+    if !key.label_selector.is_empty() {
+        s.push_str(&format!(" labels {:?}", key.label_selector));
+    }
+    if !key.field_selector.is_empty() {
+        s.push_str(&format!(" fields {:?}", key.field_selector));
+    }
+    s
+}
+
+struct WatchTask {
+    client: Client,
+    key: WatchKey,
+    identity: String,
+    ring: watch::Receiver<Arc<Ring>>,
+    subscribers: Arc<RwLock<Vec<Subscriber>>>,
+    relist: Arc<tokio::sync::Notify>,
+    readiness: watch::Sender<Readiness>,
+}
+
+impl WatchTask {
+    async fn run(mut self, cancel: CancellationToken) {
+        let r = &self.key.resource;
+        let api_resource = ApiResource {
+            group: r.group.clone(),
+            version: r.version.clone(),
+            api_version: if r.group.is_empty() {
+                r.version.clone()
+            } else {
+                format!("{}/{}", r.group, r.version)
+            },
+            kind: r.kind.clone(),
+            plural: r.plural.clone(),
+        };
+        let api: Api<DynamicObject> = if self.key.namespace.is_empty() || !r.namespaced {
+            Api::all_with(self.client.clone(), &api_resource)
+        } else {
+            Api::namespaced_with(self.client.clone(), &self.key.namespace, &api_resource)
+        };
+        let mut config = watcher::Config::default();
+        if !self.key.label_selector.is_empty() {
+            config = config.labels(&self.key.label_selector);
+        }
+        if !self.key.field_selector.is_empty() {
+            config = config.fields(&self.key.field_selector);
+        }
+        let types = TypeMeta {
+            api_version: api_resource.api_version.clone(),
+            kind: api_resource.kind.clone(),
+        };
+        let mut epoch: u32 = 0;
+        let mut ring = self.ring.borrow_and_update().clone();
+        'restart: loop {
+            let mut events = watcher::watcher(api.clone(), config.clone())
+                .default_backoff()
+                .boxed();
+            loop {
+                let event = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = self.relist.notified() => {
+                        debug!(resource = %describe(&self.key), "re-listing for a new subscriber");
+                        continue 'restart;
+                    }
+                    changed = self.ring.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        ring = self.ring.borrow_and_update().clone();
+                        info!(resource = %describe(&self.key), members = ?ring.members(), "ring changed: re-listing");
+                        self.forget_foreign(&ring);
+                        continue 'restart;
+                    }
+                    event = events.next() => event,
+                };
+                let Some(event) = event else { return };
+                match event {
+                    Ok(Event::Init) => {
+                        epoch = epoch.wrapping_add(1);
+                        debug!(resource = %describe(&self.key), epoch, "list started");
+                    }
+                    Ok(Event::InitApply(mut obj)) => {
+                        self.readiness.send_if_modified(mark_ready);
+                        obj.types = Some(types.clone());
+                        self.apply(&ring, &obj, epoch, false);
+                    }
+                    Ok(Event::InitDone) => {
+                        self.readiness.send_if_modified(mark_ready);
+                        self.sweep(epoch);
+                        debug!(resource = %describe(&self.key), epoch, "list done");
+                    }
+                    Ok(Event::Apply(mut obj)) => {
+                        obj.types = Some(types.clone());
+                        self.apply(&ring, &obj, epoch, false);
+                    }
+                    Ok(Event::Delete(mut obj)) => {
+                        obj.types = Some(types.clone());
+                        self.apply(&ring, &obj, epoch, true);
+                    }
+                    Err(e) => {
+                        let rejected = rejection(&e);
+                        if let Some((code, message)) = rejected {
+                            let failed = WatchError::Rejected {
+                                code,
+                                resource: describe(&self.key),
+                                message,
+                            };
+                            let first = matches!(*self.readiness.borrow(), Readiness::Starting);
+                            if first {
+                                warn!(resource = %describe(&self.key), error = %failed, "watch rejected");
+                                let _ = self.readiness.send(Readiness::Failed(failed));
+                                return;
+                            }
+                        }
+                        warn!(resource = %describe(&self.key), error = %e, "watch error; retrying with backoff");
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&self, ring: &Ring, obj: &DynamicObject, epoch: u32, deleted: bool) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let r = &self.key.resource;
+        let namespace = obj.namespace().unwrap_or_default();
+        let mut bodies = Bodies::default();
+        for sub in subscribers.iter() {
+            match &sub.owner {
+                None => {
+                    let key = RequestKey::new(&r.group, &r.kind, &namespace, obj.name_any());
+                    if ring.owner(&key) != Some(self.identity.as_str()) {
+                        continue;
+                    }
+                    let key = key.to_string();
+                    let body = bodies.get(sub.payload, obj);
+                    let resource_version = obj.resource_version().unwrap_or_default();
+                    let uid = obj.uid().unwrap_or_default();
+                    if deleted {
+                        sub.group.change(
+                            &key,
+                            Change {
+                                reason: Reason::Deleted,
+                                resource_version,
+                                uid,
+                                body,
+                                deleted: true,
+                            },
+                        );
+                    } else {
+                        sub.group.observe(
+                            &key,
+                            Observed {
+                                resource_version,
+                                uid,
+                                body,
+                            },
+                            epoch,
+                        );
+                    }
+                }
+                Some(owner) => {
+                    let Some(key) = owner_key(obj, owner, &namespace) else {
+                        continue;
+                    };
+                    if ring.owner(&key) != Some(self.identity.as_str()) {
+                        continue;
+                    }
+                    sub.group.change(
+                        &key.to_string(),
+                        Change {
+                            reason: Reason::Owned,
+                            resource_version: String::new(),
+                            uid: String::new(),
+                            body: None,
+                            deleted: false,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// A list ended: queue the deletions it revealed in every group's primary subscription.
+    fn sweep(&self, epoch: u32) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let prefix = format!("{}/{}/", self.key.resource.group, self.key.resource.kind);
+        let namespace = self.key.namespace.clone();
+        for sub in subscribers.iter().filter(|s| s.owner.is_none()) {
+            sub.group.sweep(epoch, |key| {
+                key.strip_prefix(&prefix).is_some_and(|rest| {
+                    namespace.is_empty() || rest.split('/').next() == Some(namespace.as_str())
+                })
+            });
+        }
+    }
+
+    /// The ring changed: groups drop the keys of this subscription that moved away.
+    fn forget_foreign(&self, ring: &Ring) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        for sub in subscribers.iter() {
+            sub.group.forget_where(|key| {
+                ring.owner_of_hash(kube_dispatch_proto::key::hash64(key.as_bytes()))
+                    != Some(self.identity.as_str())
+            });
+        }
+    }
+}
+
+fn mark_ready(r: &mut Readiness) -> bool {
+    if matches!(r, Readiness::Starting) {
+        *r = Readiness::Ready;
+        true
+    } else {
+        false
+    }
+}
+
+/// The API server's refusal of a list or watch, if that is what the error is: a client error
+/// (4xx other than 410 Gone, which the watcher recovers from by re-listing).
+fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s,
+        watcher::Error::WatchError(s) => s,
+        _ => return None,
+    };
+    ((400..500).contains(&status.code) && status.code != 410)
+        .then(|| (status.code, status.message.clone()))
+}
+
+/// The request key of an owned object: its controlling owner of the subscribed kind.
+fn owner_key(obj: &DynamicObject, owner: &OwnerKind, namespace: &str) -> Option<RequestKey> {
+    let reference = obj
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))?;
+    let group = reference
+        .api_version
+        .rsplit_once('/')
+        .map_or("", |(group, _version)| group);
+    (group == owner.group && reference.kind == owner.kind)
+        .then(|| RequestKey::new(group, &reference.kind, namespace, &reference.name))
+}
+
+/// Serialized bodies of one object, made at most once per payload mode.
+#[derive(Default)]
+struct Bodies {
+    full: Option<Option<Arc<[u8]>>>,
+    metadata: Option<Option<Arc<[u8]>>>,
+}
+
+impl Bodies {
+    fn get(&mut self, payload: Payload, obj: &DynamicObject) -> Option<Arc<[u8]>> {
+        match payload {
+            Payload::KeyOnly => None,
+            Payload::Full => self
+                .full
+                .get_or_insert_with(|| serde_json::to_vec(obj).ok().map(Arc::from))
+                .clone(),
+            Payload::Metadata => self
+                .metadata
+                .get_or_insert_with(|| {
+                    let types = obj.types.clone().unwrap_or_default();
+                    let partial = serde_json::json!({
+                        "apiVersion": types.api_version,
+                        "kind": types.kind,
+                        "metadata": obj.metadata,
+                    });
+                    serde_json::to_vec(&partial).ok().map(Arc::from)
+                })
+                .clone(),
+        }
+    }
+}
+
+/// The resource a watch key names, for messages.
+pub fn resource_name(r: &ResourceId) -> String {
+    if r.group.is_empty() {
+        format!("{}/{}", r.version, r.plural)
+    } else {
+        format!("{}/{}/{}", r.group, r.version, r.plural)
+    }
+}
