@@ -133,6 +133,9 @@ pub async fn serve(
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let server = Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            too_large_is_resource_exhausted::<tonic::body::Body>,
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)
@@ -149,4 +152,53 @@ pub async fn serve(
     }
     info!("dispatcher stopped");
     Ok(())
+}
+
+/// tonic answers a request larger than the decoding limit with OUT_OF_RANGE; the gRPC status
+/// codes document RESOURCE_EXHAUSTED for it (as grpc-go and grpc-java answer), and our clients
+/// retry on neither. Rewrites that one answer so callers see the documented code.
+fn too_large_is_resource_exhausted<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == b"11");
+    let too_large = headers.get("grpc-message").is_some_and(|v| {
+        let m = v.as_bytes();
+        m.windows(b"too%20large".len()).any(|w| w == b"too%20large")
+            || m.windows(b"too large".len()).any(|w| w == b"too large")
+    });
+    if out_of_range && too_large {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("8"),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::codegen::http::{HeaderValue, Response};
+
+    use super::*;
+
+    #[test]
+    fn only_the_too_large_answer_is_rewritten() {
+        let answer = |status: &'static str, message: &'static str| {
+            let mut r = Response::new(());
+            r.headers_mut()
+                .insert("grpc-status", HeaderValue::from_static(status));
+            r.headers_mut()
+                .insert("grpc-message", HeaderValue::from_static(message));
+            too_large_is_resource_exhausted(r).headers()["grpc-status"].clone()
+        };
+        assert_eq!(
+            answer("11", "Error,%20decoded%20message%20length%20too%20large"),
+            "8"
+        );
+        assert_eq!(answer("11", "duration out of range"), "11");
+        assert_eq!(answer("3", "too large"), "3");
+    }
 }

@@ -22,6 +22,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dispatcher;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -131,8 +133,14 @@ impl Cluster {
     /// Restarts kube-apiserver (etcd keeps running and keeps its data) and waits until it is
     /// ready again. Every open watch is cut. Other tests sharing the control plane see their
     /// requests fail for a few seconds, so only tests that run alone should call this.
-    pub fn restart_apiserver(&self) -> Result<(), FixtureError> {
-        run_script(&self.root, &["restart-apiserver"]).map(drop)
+    pub async fn restart_apiserver(&self) -> Result<(), FixtureError> {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || run_script(&root, &["restart-apiserver"]).map(drop))
+            .await
+            .map_err(|e| FixtureError::Script {
+                command: "cluster.sh restart-apiserver".into(),
+                detail: e.to_string(),
+            })?
     }
 }
 
@@ -263,5 +271,52 @@ impl Drop for TestNamespace {
             });
         });
         let _ = deleted.join();
+    }
+}
+
+/// A test-only custom resource, `widgets.test.kube-dispatch.dev`.
+#[derive(
+    kube::CustomResource, serde::Serialize, serde::Deserialize, Clone, Debug, schemars::JsonSchema,
+)]
+#[kube(
+    group = "test.kube-dispatch.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced
+)]
+pub struct WidgetSpec {
+    /// Any number.
+    pub size: i64,
+}
+
+/// Applies the Widget CRD (idempotently: CRDs are cluster-scoped and shared by the whole run,
+/// so it is never deleted) and waits until it is established.
+pub async fn ensure_widget_crd(client: &Client) -> Result<(), FixtureError> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::{
+        CustomResourceExt, ResourceExt,
+        api::{Patch, PatchParams},
+        runtime::{conditions, wait::await_condition},
+    };
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = Widget::crd();
+    let name = crd.name_any();
+    crds.patch(
+        &name,
+        &PatchParams::apply("kube-dispatch-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    let established = await_condition(crds, &name, conditions::is_crd_established());
+    match tokio::time::timeout(Duration::from_secs(30), established).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(FixtureError::Script {
+            command: format!("wait for CRD {name}"),
+            detail: e.to_string(),
+        }),
+        Err(_) => Err(FixtureError::Script {
+            command: format!("wait for CRD {name}"),
+            detail: "not established within 30 s".into(),
+        }),
     }
 }

@@ -5,23 +5,14 @@
 use std::{collections::BTreeMap, fmt::Debug, time::Duration};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::{
-    api::core::v1::ConfigMap,
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    CustomResource, CustomResourceExt, Resource, ResourceExt,
+    Resource, ResourceExt,
     api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
     discovery,
-    runtime::{
-        conditions,
-        wait::await_condition,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
-use kube_dispatch_tests::TestNamespace;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use kube_dispatch_tests::{TestNamespace, ensure_widget_crd};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -116,38 +107,12 @@ async fn configmap_create_update_delete_reach_a_watcher_in_order() -> TestResult
     Ok(())
 }
 
-/// A test-only custom resource.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
-#[kube(
-    group = "test.kube-dispatch.dev",
-    version = "v1",
-    kind = "Widget",
-    namespaced
-)]
-struct WidgetSpec {
-    size: i64,
-}
-
 #[tokio::test]
 async fn custom_resource_works_through_dynamic_object() -> TestResult {
     let ns = TestNamespace::create("crd-dynamic").await?;
     let client = ns.client();
 
-    // CRDs are cluster-scoped and shared by the whole run: apply idempotently, never delete.
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = Widget::crd();
-    let crd_name = crd.name_any();
-    crds.patch(
-        &crd_name,
-        &PatchParams::apply("kube-dispatch-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    tokio::time::timeout(
-        EVENT_TIMEOUT,
-        await_condition(crds, &crd_name, conditions::is_crd_established()),
-    )
-    .await??;
+    ensure_widget_crd(&client).await?;
 
     let gvk = GroupVersionKind::gvk("test.kube-dispatch.dev", "v1", "Widget");
     let (resource, capabilities) = discovery::pinned_kind(&client, &gvk).await?;

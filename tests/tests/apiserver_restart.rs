@@ -60,7 +60,7 @@ async fn watcher_relists_after_410_gone_from_an_apiserver_restart()
     unseen.metadata.name = Some("unseen".into());
     secrets.create(&PostParams::default(), &unseen).await?;
 
-    Cluster::shared().restart_apiserver()?;
+    Cluster::shared().restart_apiserver().await?;
     // The restarted server answered /readyz, so this client reconnects at once.
     let client = Cluster::shared().client().await?;
     let fresh: Api<ConfigMap> = Api::namespaced(client, ns.name());

@@ -1,0 +1,239 @@
+//! In-process dispatchers for integration tests: served on `127.0.0.1:0` against the real API
+//! server, stopped when dropped, and a small session client that speaks the wire API.
+
+use std::{net::SocketAddr, time::Duration};
+
+use kube_dispatch_dispatcher::{
+    backoff::Backoff,
+    queue::QueueConfig,
+    serve::{Handles, ServeConfig, serve},
+    server::{Limits, Settings},
+};
+use kube_dispatch_proto::v1::{
+    AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,
+    Subscription, ack_item, dispatcher_client::DispatcherClient,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::{Cluster, FixtureError};
+
+/// Settings for test dispatchers: short ttl and waits so tests finish quickly, and a fast
+/// backoff so retries are observable.
+pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
+    ServeConfig {
+        settings: Settings {
+            identity: identity.to_owned(),
+            limits: Limits {
+                default_ttl: Duration::from_secs(3),
+                max_poll_wait: Duration::from_secs(2),
+                ..Limits::default()
+            },
+            queue: QueueConfig {
+                backoff: Backoff {
+                    base: Duration::from_millis(100),
+                    cap: Duration::from_secs(5),
+                },
+                max_reconcile_time: Duration::from_secs(30),
+                body_budget: 16 * 1024 * 1024,
+            },
+            resync_interval: Duration::ZERO,
+            idle_group_grace: Duration::from_secs(30),
+        },
+        members: members.iter().map(|m| (*m).to_owned()).collect(),
+        watch_grace: Duration::from_secs(5),
+        max_message_bytes: 4 * 1024 * 1024,
+        drain_timeout: Duration::from_secs(5),
+    }
+}
+
+/// A dispatcher running in this process.
+#[derive(Debug)]
+pub struct TestDispatcher {
+    /// Where it serves gRPC.
+    pub addr: SocketAddr,
+    /// Its core and ring.
+    pub handles: Handles,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestDispatcher {
+    /// Starts a dispatcher with `config` against the shared cluster.
+    pub async fn start(config: ServeConfig) -> Result<Self, FixtureError> {
+        let client = Cluster::shared().client().await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| FixtureError::Script {
+                command: "bind 127.0.0.1:0".into(),
+                detail: e.to_string(),
+            })?;
+        let addr = listener.local_addr().map_err(|e| FixtureError::Script {
+            command: "local_addr".into(),
+            detail: e.to_string(),
+        })?;
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = serve(config, client, listener, token, Some(tx)).await {
+                panic!("test dispatcher failed: {e}");
+            }
+        });
+        let handles = rx.await.map_err(|_| FixtureError::Script {
+            command: "start dispatcher".into(),
+            detail: "it stopped before serving".into(),
+        })?;
+        Ok(Self {
+            addr,
+            handles,
+            shutdown,
+            task: Some(task),
+        })
+    }
+
+    /// A gRPC client of this dispatcher.
+    pub async fn client(&self) -> DispatcherClient<Channel> {
+        DispatcherClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to the test dispatcher")
+    }
+
+    /// Drains and stops it, waiting until it has.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for TestDispatcher {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A subscription to a core-group resource by kind, in one namespace.
+pub fn subscription(version: &str, kind: &str, namespace: &str) -> Subscription {
+    Subscription {
+        resource: Some(ResourceRef {
+            version: version.into(),
+            kind: kind.into(),
+            ..ResourceRef::default()
+        }),
+        namespace: namespace.into(),
+        ..Subscription::default()
+    }
+}
+
+/// A session opened on a test dispatcher.
+#[derive(Debug, Clone)]
+pub struct TestSession {
+    /// The client it uses.
+    pub client: DispatcherClient<Channel>,
+    /// Its id.
+    pub id: String,
+}
+
+impl TestSession {
+    /// Opens a session of `replica` in `group` with `subscriptions`.
+    pub async fn open(
+        dispatcher: &TestDispatcher,
+        group: &str,
+        replica: &str,
+        subscriptions: Vec<Subscription>,
+    ) -> Result<Self, tonic::Status> {
+        let mut client = dispatcher.client().await;
+        let id = client
+            .open_session(OpenSessionRequest {
+                group: group.into(),
+                replica_id: replica.into(),
+                subscriptions,
+                ttl: None,
+            })
+            .await?
+            .into_inner()
+            .session_id;
+        Ok(Self { client, id })
+    }
+
+    /// Polls once, acknowledging `acks` as successes.
+    pub async fn poll_acking(
+        &mut self,
+        acks: &[u64],
+        wait: Duration,
+    ) -> Result<Vec<ReconcileRequest>, tonic::Status> {
+        let acks = acks
+            .iter()
+            .map(|id| AckItem {
+                delivery_id: *id,
+                outcome: Some(ack_item::Outcome::Success(Default::default())),
+            })
+            .collect();
+        self.poll_with(acks, wait).await
+    }
+
+    /// Polls once with arbitrary acks.
+    pub async fn poll_with(
+        &mut self,
+        acks: Vec<AckItem>,
+        wait: Duration,
+    ) -> Result<Vec<ReconcileRequest>, tonic::Status> {
+        Ok(self
+            .client
+            .poll(PollRequest {
+                session_id: self.id.clone(),
+                max_items: 0,
+                wait: prost_types::Duration::try_from(wait).ok(),
+                acks,
+            })
+            .await?
+            .into_inner()
+            .requests)
+    }
+
+    /// Polls, acknowledging everything as it arrives, until `done` holds for what was received
+    /// so far or `timeout` passes. Returns everything received.
+    pub async fn collect_until(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&[ReconcileRequest]) -> bool,
+    ) -> Vec<ReconcileRequest> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut got: Vec<ReconcileRequest> = Vec::new();
+        let mut acks: Vec<u64> = Vec::new();
+        while !done(&got) && tokio::time::Instant::now() < deadline {
+            let batch = self
+                .poll_acking(&acks, Duration::from_millis(500))
+                .await
+                .expect("poll");
+            acks = batch.iter().map(|r| r.delivery_id).collect();
+            got.extend(batch);
+        }
+        self.ack(&acks).await.expect("ack");
+        got
+    }
+
+    /// Acknowledges deliveries as successes without polling.
+    pub async fn ack(&mut self, ids: &[u64]) -> Result<(), tonic::Status> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let acks = ids
+            .iter()
+            .map(|id| AckItem {
+                delivery_id: *id,
+                outcome: Some(ack_item::Outcome::Success(Default::default())),
+            })
+            .collect();
+        self.client
+            .ack(AckRequest {
+                session_id: self.id.clone(),
+                acks,
+            })
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,645 @@
+//! The dispatcher against the real API server: what arrives, with which reason and key, to
+//! which session, and what the contract forbids (a key in flight twice, lost changes).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::Duration,
+};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use kube::{
+    ResourceExt,
+    api::{Api, DeleteParams, Patch, PatchParams, PostParams},
+};
+use kube_dispatch_proto::{
+    RequestKey, Ring,
+    v1::{
+        AckItem, Failure, OpenSessionRequest, PollRequest, Reason, ReconcileRequest, ResourceRef,
+        Subscription, ack_item,
+    },
+};
+use kube_dispatch_tests::{
+    TestNamespace, Widget, WidgetSpec,
+    dispatcher::{TestDispatcher, TestSession, subscription, test_config},
+    ensure_widget_crd,
+};
+use tonic::Code;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn configmap(name: &str, value: &str) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm.data = Some([("value".to_owned(), value.to_owned())].into());
+    cm
+}
+
+fn cm_key(ns: &str, name: &str) -> String {
+    format!("/ConfigMap/{ns}/{name}")
+}
+
+fn reason(r: &ReconcileRequest) -> Reason {
+    Reason::try_from(r.reason).unwrap_or(Reason::Unspecified)
+}
+
+#[tokio::test]
+async fn configmap_changes_arrive_with_reason_key_and_object() -> TestResult {
+    let ns = TestNamespace::create("dispatch-configmaps").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let mut s = TestSession::open(
+        &d,
+        "g",
+        "r1",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    let key = cm_key(ns.name(), "a");
+    let has = |reason_wanted: Reason, rv: String| {
+        let key = key.clone();
+        move |got: &[ReconcileRequest]| {
+            got.iter()
+                .any(|r| r.key == key && reason(r) == reason_wanted && r.resource_version == rv)
+        }
+    };
+
+    let created = api
+        .create(&PostParams::default(), &configmap("a", "1"))
+        .await?;
+    let got = s
+        .collect_until(
+            TIMEOUT,
+            has(Reason::Added, created.resource_version().unwrap()),
+        )
+        .await;
+    let added = got
+        .iter()
+        .find(|r| r.key == key)
+        .expect("the creation is delivered");
+    assert_eq!(reason(added), Reason::Added);
+    assert_eq!(added.uid, created.uid().unwrap());
+    let object = added.object.as_ref().expect("object key");
+    assert_eq!(
+        (
+            object.group.as_str(),
+            object.version.as_str(),
+            object.kind.as_str(),
+            object.namespace.as_str(),
+            object.name.as_str()
+        ),
+        ("", "v1", "ConfigMap", ns.name(), "a")
+    );
+    let body: ConfigMap = serde_json::from_slice(&added.object_json)?;
+    assert_eq!(body.data.unwrap()["value"], "1");
+
+    let patch = serde_json::json!({ "data": { "value": "2" } });
+    let updated = api
+        .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let got = s
+        .collect_until(
+            TIMEOUT,
+            has(Reason::Modified, updated.resource_version().unwrap()),
+        )
+        .await;
+    let modified = got
+        .iter()
+        .find(|r| r.key == key)
+        .expect("the update is delivered");
+    let body: ConfigMap = serde_json::from_slice(&modified.object_json)?;
+    assert_eq!(body.data.unwrap()["value"], "2");
+
+    api.delete("a", &DeleteParams::default()).await?;
+    let got = s
+        .collect_until(TIMEOUT, |got| {
+            got.iter()
+                .any(|r| r.key == key && reason(r) == Reason::Deleted)
+        })
+        .await;
+    let deleted = got
+        .iter()
+        .find(|r| reason(r) == Reason::Deleted)
+        .expect("the deletion is delivered");
+    assert!(deleted.deleted);
+    assert_eq!(deleted.uid, created.uid().unwrap());
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn custom_resources_and_their_owned_objects_arrive_as_the_owner_key() -> TestResult {
+    let ns = TestNamespace::create("dispatch-owned").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let widget_ref = ResourceRef {
+        group: "test.kube-dispatch.dev".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: String::new(),
+    };
+    let owned = Subscription {
+        owner: Some(widget_ref.clone()),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let primary = Subscription {
+        resource: Some(widget_ref),
+        namespace: ns.name().into(),
+        ..Subscription::default()
+    };
+    let mut s = TestSession::open(&d, "widgets", "r1", vec![primary, owned]).await?;
+
+    let widget = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("gear", WidgetSpec { size: 1 }),
+        )
+        .await?;
+    let key = format!("test.kube-dispatch.dev/Widget/{}/gear", ns.name());
+    let got = s
+        .collect_until(TIMEOUT, |g| g.iter().any(|r| r.key == key))
+        .await;
+    assert_eq!(reason(&got[0]), Reason::Added);
+    assert_eq!(got[0].object.as_ref().unwrap().version, "v1");
+
+    // A child with a controlling ownerReference triggers its owner, never itself.
+    let mut child = configmap("gear-child", "x");
+    child.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "test.kube-dispatch.dev/v1".into(),
+        kind: "Widget".into(),
+        name: "gear".into(),
+        uid: widget.uid().unwrap(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    }]);
+    configmaps.create(&PostParams::default(), &child).await?;
+    // An unowned ConfigMap triggers nothing.
+    configmaps
+        .create(&PostParams::default(), &configmap("loner", "x"))
+        .await?;
+    let got = s
+        .collect_until(TIMEOUT, |g| g.iter().any(|r| reason(r) == Reason::Owned))
+        .await;
+    let owned: Vec<(&str, Reason)> = got.iter().map(|r| (r.key.as_str(), reason(r))).collect();
+    assert_eq!(owned, [(key.as_str(), Reason::Owned)]);
+    assert!(
+        got[0].object_json.is_empty(),
+        "an owned trigger carries no body"
+    );
+    // Nothing for the unowned one, nor for the child as a key of its own.
+    let quiet = s
+        .collect_until(Duration::from_secs(2), |g| !g.is_empty())
+        .await;
+    assert!(quiet.is_empty(), "unexpected deliveries: {quiet:?}");
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn updates_while_in_flight_coalesce_into_one_more_delivery() -> TestResult {
+    let ns = TestNamespace::create("dispatch-coalesce").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s = TestSession::open(&d, "g", "r1", subs.clone()).await?;
+    // A second group on the same watch tells us when the dispatcher has seen the last update.
+    let mut observer = TestSession::open(&d, "observer", "o1", subs).await?;
+
+    api.create(&PostParams::default(), &configmap("hot", "0"))
+        .await?;
+    // Take the key and hold it in flight (no ack).
+    let mut held = Vec::new();
+    while held.is_empty() {
+        held = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    }
+    let mut last_rv = String::new();
+    for i in 0..100 {
+        let patch = serde_json::json!({ "data": { "value": i.to_string() } });
+        last_rv = api
+            .patch("hot", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?
+            .resource_version()
+            .unwrap();
+    }
+    let rv = last_rv.clone();
+    observer
+        .collect_until(TIMEOUT, move |g| g.iter().any(|r| r.resource_version == rv))
+        .await;
+    // In flight: the key is not delivered again, however many changes arrived.
+    assert!(
+        s.poll_acking(&[], Duration::from_millis(300))
+            .await?
+            .is_empty()
+    );
+    s.ack(&[held[0].delivery_id]).await?;
+    let again = s.collect_until(Duration::from_secs(3), |_| false).await;
+    assert_eq!(again.len(), 1, "exactly one more delivery: {again:?}");
+    assert_eq!(
+        (reason(&again[0]), again[0].resource_version.as_str()),
+        (Reason::Modified, last_rv.as_str())
+    );
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn failed_reconciles_are_retried_with_growing_delays() -> TestResult {
+    let ns = TestNamespace::create("dispatch-retry").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let mut s = TestSession::open(
+        &d,
+        "g",
+        "r1",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    api.create(&PostParams::default(), &configmap("flaky", "0"))
+        .await?;
+    let mut pending = Vec::new();
+    while pending.is_empty() {
+        pending = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    }
+    // Fail it four times; the test config's backoff is 100 ms doubling.
+    let mut gaps = Vec::new();
+    let mut attempts = Vec::new();
+    for _ in 0..4 {
+        let fail = vec![AckItem {
+            delivery_id: pending[0].delivery_id,
+            outcome: Some(ack_item::Outcome::Failure(Failure {
+                message: "boom".into(),
+            })),
+        }];
+        let failed_at = tokio::time::Instant::now();
+        pending = s.poll_with(fail, Duration::from_secs(2)).await?;
+        while pending.is_empty() {
+            pending = s.poll_acking(&[], Duration::from_secs(2)).await?;
+        }
+        gaps.push(failed_at.elapsed());
+        attempts.push((reason(&pending[0]), pending[0].attempt));
+    }
+    assert_eq!(
+        attempts,
+        [
+            (Reason::Retry, 1),
+            (Reason::Retry, 2),
+            (Reason::Retry, 3),
+            (Reason::Retry, 4)
+        ]
+    );
+    for (gap, expected_ms) in gaps.iter().zip([100u64, 200, 400, 800]) {
+        assert!(
+            *gap >= Duration::from_millis(expected_ms),
+            "retry came after {gap:?}, before its {expected_ms} ms backoff; all gaps: {gaps:?}"
+        );
+    }
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn requeue_after_is_honoured() -> TestResult {
+    let ns = TestNamespace::create("dispatch-requeue").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let mut s = TestSession::open(
+        &d,
+        "g",
+        "r1",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    api.create(&PostParams::default(), &configmap("periodic", "0"))
+        .await?;
+    let mut got = Vec::new();
+    while got.is_empty() {
+        got = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    }
+    let requeue = vec![AckItem {
+        delivery_id: got[0].delivery_id,
+        outcome: Some(ack_item::Outcome::Requeue(
+            kube_dispatch_proto::v1::Requeue {
+                after: prost_types::Duration::try_from(Duration::from_millis(1500)).ok(),
+            },
+        )),
+    }];
+    let acked_at = tokio::time::Instant::now();
+    let mut again = s.poll_with(requeue, Duration::from_secs(2)).await?;
+    while again.is_empty() {
+        again = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    }
+    let waited = acked_at.elapsed();
+    assert_eq!(reason(&again[0]), Reason::Requeue);
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_millis(1500 + 1000),
+        "requeued after {waited:?}, asked for 1.5 s"
+    );
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_silent_session_keeps_its_keys_until_its_ttl_then_another_gets_them() -> TestResult {
+    let ns = TestNamespace::create("dispatch-ttl").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut a = TestSession::open(&d, "g", "replica-a", subs.clone()).await?;
+    for i in 0..20 {
+        api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
+            .await?;
+    }
+    let mut held = Vec::new();
+    while held.len() < 20 {
+        held.extend(a.poll_acking(&[], Duration::from_secs(2)).await?);
+    }
+    let mut b = TestSession::open(&d, "g", "replica-b", subs).await?;
+    // While a is alive (it keeps polling, never acking), b gets none of a's keys.
+    for _ in 0..3 {
+        assert!(
+            a.poll_acking(&[], Duration::from_millis(500))
+                .await?
+                .is_empty()
+        );
+        let stolen = b.poll_acking(&[], Duration::from_millis(500)).await?;
+        assert!(stolen.is_empty(), "b got keys in flight on a: {stolen:?}");
+    }
+    // a falls silent: after its ttl (3 s), b gets every key, each once.
+    let silent_at = tokio::time::Instant::now();
+    let got = b.collect_until(TIMEOUT, |g| g.len() >= 20).await;
+    assert!(
+        silent_at.elapsed() >= Duration::from_secs(2),
+        "re-delivered before a's ttl ran out"
+    );
+    let keys: BTreeSet<&str> = got.iter().map(|r| r.key.as_str()).collect();
+    let held_keys: BTreeSet<&str> = held.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!((got.len(), &keys), (20, &held_keys));
+    // a's session is gone.
+    let err = a
+        .poll_acking(&[], Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResult {
+    let ns = TestNamespace::create("dispatch-split").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let members = ["dispatcher-0", "dispatcher-1"];
+    let d0 = TestDispatcher::start(test_config("dispatcher-0", &members)).await?;
+    let d1 = TestDispatcher::start(test_config("dispatcher-1", &members)).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&d0, "g", "r", subs.clone()).await?;
+    let mut s1 = TestSession::open(&d1, "g", "r", subs).await?;
+
+    const N: usize = 1000;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+
+    let mut by: HashMap<String, Vec<&str>> = HashMap::new();
+    let (mut got0, mut got1) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while got0.len() + got1.len() < N && tokio::time::Instant::now() < deadline {
+        let (a, b) = tokio::join!(
+            s0.collect_until(Duration::from_secs(1), |g| g.len() >= N),
+            s1.collect_until(Duration::from_secs(1), |g| g.len() >= N)
+        );
+        got0.extend(a);
+        got1.extend(b);
+    }
+    for (who, got) in [("dispatcher-0", &got0), ("dispatcher-1", &got1)] {
+        for r in got.iter() {
+            by.entry(r.key.clone()).or_default().push(who);
+        }
+    }
+    let ring = Ring::new(members);
+    let twice: Vec<_> = by.iter().filter(|(_, w)| w.len() > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    let expected: BTreeSet<String> = (0..N)
+        .map(|i| cm_key(ns.name(), &format!("cm-{i}")))
+        .collect();
+    let delivered: BTreeSet<String> = by.keys().cloned().collect();
+    assert_eq!(expected.difference(&delivered).count(), 0, "missing keys");
+    for (key, who) in &by {
+        let owner = ring.owner(&RequestKey::parse(key)?);
+        assert_eq!(
+            owner,
+            Some(who[0]),
+            "{key} delivered by the wrong dispatcher"
+        );
+    }
+    let split = (got0.len(), got1.len());
+    assert!(split.0 > N / 4 && split.1 > N / 4, "uneven split {split:?}");
+    d0.stop().await;
+    d1.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> TestResult {
+    let ns = TestNamespace::create("dispatch-bad-input").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let mut client = d.client().await;
+    let open = |subs: Vec<Subscription>| OpenSessionRequest {
+        group: "g".into(),
+        replica_id: "r".into(),
+        subscriptions: subs,
+        ttl: None,
+    };
+    fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
+        r.err().map_or(Code::Ok, |s| s.code())
+    }
+
+    let mut cases: BTreeMap<&str, (Code, Code)> = BTreeMap::new();
+    let unknown = subscription("v1", "NoSuchKind", ns.name());
+    cases.insert(
+        "unknown resource",
+        (
+            code(client.open_session(open(vec![unknown])).await),
+            Code::NotFound,
+        ),
+    );
+    let bad_selector = Subscription {
+        label_selector: "a in (".into(),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    cases.insert(
+        "malformed selector",
+        (
+            code(client.open_session(open(vec![bad_selector])).await),
+            Code::InvalidArgument,
+        ),
+    );
+    cases.insert(
+        "no subscription",
+        (
+            code(client.open_session(open(vec![])).await),
+            Code::InvalidArgument,
+        ),
+    );
+    let zero_ttl = OpenSessionRequest {
+        ttl: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 0,
+        }),
+        ..open(vec![subscription("v1", "ConfigMap", ns.name())])
+    };
+    cases.insert(
+        "zero ttl",
+        (
+            code(client.open_session(zero_ttl).await),
+            Code::InvalidArgument,
+        ),
+    );
+    let unknown_session = PollRequest {
+        session_id: "no-such-session".into(),
+        ..PollRequest::default()
+    };
+    cases.insert(
+        "unknown session",
+        (code(client.poll(unknown_session).await), Code::NotFound),
+    );
+
+    let mut s = TestSession::open(
+        &d,
+        "g",
+        "r",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    let negative_wait = PollRequest {
+        session_id: s.id.clone(),
+        wait: Some(prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        }),
+        ..PollRequest::default()
+    };
+    cases.insert(
+        "negative wait",
+        (
+            code(client.poll(negative_wait).await),
+            Code::InvalidArgument,
+        ),
+    );
+    let different =
+        TestSession::open(&d, "g", "r2", vec![subscription("v1", "Secret", ns.name())]).await;
+    cases.insert(
+        "other subscriptions in a group",
+        (
+            different.map(|_| ()).err().map_or(Code::Ok, |s| s.code()),
+            Code::FailedPrecondition,
+        ),
+    );
+    let huge = OpenSessionRequest {
+        group: "x".repeat(5 * 1024 * 1024),
+        ..open(vec![subscription("v1", "ConfigMap", ns.name())])
+    };
+    cases.insert(
+        "too large message",
+        (
+            code(client.open_session(huge).await),
+            Code::ResourceExhausted,
+        ),
+    );
+
+    let mismatched: Vec<_> = cases
+        .iter()
+        .filter(|(_, (got, want))| got != want)
+        .collect();
+    assert!(
+        mismatched.is_empty(),
+        "wrong statuses (got, want): {mismatched:?}"
+    );
+
+    // An ack of a delivery that is not in flight is ignored and counted; the session lives on.
+    let stray = vec![AckItem {
+        delivery_id: 987_654,
+        outcome: Some(ack_item::Outcome::Success(Default::default())),
+    }];
+    assert!(
+        s.poll_with(stray, Duration::from_millis(100))
+            .await?
+            .is_empty()
+    );
+    assert_eq!(
+        d.handles
+            .core
+            .counters
+            .unknown_acks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    api.create(&PostParams::default(), &configmap("still-served", "0"))
+        .await?;
+    let got = s.collect_until(TIMEOUT, |g| !g.is_empty()).await;
+    assert_eq!(got[0].key, cm_key(ns.name(), "still-served"));
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.addr))?
+        .connect()
+        .await?;
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "kubedispatch.v1.Dispatcher"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await?
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            ServingStatus::Serving as i32,
+            "health of {service:?}"
+        );
+    }
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(futures::stream::iter([request]))
+        .await?
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        responses.message().await?.and_then(|r| r.message_response)
+    else {
+        panic!("no service list")
+    };
+    let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains("kubedispatch.v1.Dispatcher"), "{names:?}");
+    assert!(names.contains("grpc.health.v1.Health"), "{names:?}");
+    d.stop().await;
+    Ok(())
+}
