@@ -20,6 +20,10 @@ demo: ## Run kube-dispatch on a local control plane (KEEP=1 leaves it running)
 test: ## Everything CI checks: versions, fmt, clippy, all tests against a real API server
 	@tests/run-tests.sh
 
+.PHONY: bench-core
+bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
+	$(CARGO) bench -p kube-dispatch-dispatcher --bench dispatch_core
+
 .PHONY: binaries
 binaries: ## Build (once) kube-apiserver, kube-controller-manager, kubectl and etcd
 	@tests/cluster/build-binaries.sh
