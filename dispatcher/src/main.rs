@@ -55,8 +55,9 @@ struct Args {
     #[arg(long, env = "KD_MAX_SESSION_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     max_session_ttl: Duration,
 
-    /// Longest a long-poll waits for work before returning empty.
-    #[arg(long, env = "KD_MAX_POLL_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// Longest a long-poll waits for work before returning empty; must be shorter than the
+    /// session ttl, since a waiting poll does not renew its session.
+    #[arg(long, env = "KD_MAX_POLL_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
     max_poll_wait: Duration,
 
     /// Most reconcile requests one poll returns.

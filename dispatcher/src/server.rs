@@ -63,7 +63,7 @@ impl Default for Limits {
             default_ttl: Duration::from_secs(10),
             min_ttl: Duration::from_secs(1),
             max_ttl: Duration::from_secs(300),
-            max_poll_wait: Duration::from_secs(30),
+            max_poll_wait: Duration::from_secs(5),
             max_poll_items: 1_000,
             max_acks: 10_000,
         }
@@ -399,9 +399,9 @@ fn invalid(e: InvalidRequest) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
-/// Expires sessions, resyncs keys and drops idle groups, once a second.
+/// Expires sessions, resyncs keys and drops idle groups, four times a second.
 async fn housekeeping(core: Arc<Core>) {
-    const TICK: Duration = Duration::from_secs(1);
+    const TICK: Duration = Duration::from_millis(250);
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -557,6 +557,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let (group, id, slot) = core.lookup(&req.session_id)?;
         let ttl = slot.ttl;
         core.renew(&slot, ttl);
+        // A waiting poll does not renew its session: never wait past half the ttl.
+        let wait = wait.min(ttl / 2);
         if !acks.is_empty() {
             let unknown = group.ack(id, acks);
             if unknown > 0 {

@@ -194,6 +194,21 @@ impl TestSession {
             .requests)
     }
 
+    /// Polls without acknowledging until something arrives, for at most `timeout`; the
+    /// deliveries stay in flight on this session.
+    pub async fn hold(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Vec<ReconcileRequest>, tonic::Status> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let got = self.poll_acking(&[], Duration::from_secs(2)).await?;
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+        }
+    }
+
     /// Polls, acknowledging everything as it arrives, until `done` holds for what was received
     /// so far or `timeout` passes. Returns everything received.
     pub async fn collect_until(

@@ -142,6 +142,23 @@ impl Cluster {
                 detail: e.to_string(),
             })?
     }
+
+    /// Restarts kube-apiserver so that every watch resuming afterwards gets 410 Gone, as in
+    /// production: first a write no watch of `ns`'s ConfigMaps sees (a Secret) moves etcd past
+    /// every resourceVersion they hold, then the restart starts the watch cache after it.
+    /// (Without a write in between, the cache would start exactly where a quiet watch is, and
+    /// the watch would resume without a 410.)
+    pub async fn restart_apiserver_expiring_watches(
+        &self,
+        ns: &TestNamespace,
+    ) -> Result<(), FixtureError> {
+        use k8s_openapi::api::core::v1::Secret;
+        let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
+        let mut unseen = Secret::default();
+        unseen.metadata.generate_name = Some("unseen-".into());
+        secrets.create(&PostParams::default(), &unseen).await?;
+        self.restart_apiserver().await
+    }
 }
 
 fn repo_root() -> PathBuf {

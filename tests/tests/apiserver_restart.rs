@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     ResourceExt,
     api::{Api, PostParams, WatchEvent, WatchParams},
@@ -52,15 +52,9 @@ async fn watcher_relists_after_410_gone_from_an_apiserver_restart()
         (1, ["before".to_owned()].as_slice())
     );
 
-    // A write this watcher does not see moves etcd past every resourceVersion it holds, so the
-    // restarted server's watch cache starts after them. (Without a write in between, the cache
-    // would start exactly where the watcher is, and its watch would resume without a 410.)
-    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
-    let mut unseen = Secret::default();
-    unseen.metadata.name = Some("unseen".into());
-    secrets.create(&PostParams::default(), &unseen).await?;
-
-    Cluster::shared().restart_apiserver().await?;
+    Cluster::shared()
+        .restart_apiserver_expiring_watches(&ns)
+        .await?;
     // The restarted server answered /readyz, so this client reconnects at once.
     let client = Cluster::shared().client().await?;
     let fresh: Api<ConfigMap> = Api::namespaced(client, ns.name());

@@ -41,22 +41,32 @@ fn cm_key(ns: &str, name: &str) -> String {
     format!("/ConfigMap/{ns}/{name}")
 }
 
-fn reason(r: &ReconcileRequest) -> Reason {
-    Reason::try_from(r.reason).unwrap_or(Reason::Unspecified)
-}
-
-#[tokio::test]
-async fn configmap_changes_arrive_with_reason_key_and_object() -> TestResult {
-    let ns = TestNamespace::create("dispatch-configmaps").await?;
+/// A namespace, its ConfigMaps API, one dispatcher and one session of group "g" subscribed to
+/// the namespace's ConfigMaps.
+async fn configmap_setup(
+    name: &str,
+) -> Result<(TestNamespace, Api<ConfigMap>, TestDispatcher, TestSession), Box<dyn std::error::Error>>
+{
+    let ns = TestNamespace::create(name).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let mut s = TestSession::open(
+    let s = TestSession::open(
         &d,
         "g",
         "r1",
         vec![subscription("v1", "ConfigMap", ns.name())],
     )
     .await?;
+    Ok((ns, api, d, s))
+}
+
+fn reason(r: &ReconcileRequest) -> Reason {
+    Reason::try_from(r.reason).unwrap_or(Reason::Unspecified)
+}
+
+#[tokio::test]
+async fn configmap_changes_arrive_with_reason_key_and_object() -> TestResult {
+    let (ns, api, d, mut s) = configmap_setup("dispatch-configmaps").await?;
     let key = cm_key(ns.name(), "a");
     let has = |reason_wanted: Reason, rv: String| {
         let key = key.clone();
@@ -212,10 +222,7 @@ async fn updates_while_in_flight_coalesce_into_one_more_delivery() -> TestResult
     api.create(&PostParams::default(), &configmap("hot", "0"))
         .await?;
     // Take the key and hold it in flight (no ack).
-    let mut held = Vec::new();
-    while held.is_empty() {
-        held = s.poll_acking(&[], Duration::from_secs(2)).await?;
-    }
+    let held = s.hold(TIMEOUT).await?;
     let mut last_rv = String::new();
     for i in 0..100 {
         let patch = serde_json::json!({ "data": { "value": i.to_string() } });
@@ -248,22 +255,10 @@ async fn updates_while_in_flight_coalesce_into_one_more_delivery() -> TestResult
 
 #[tokio::test]
 async fn failed_reconciles_are_retried_with_growing_delays() -> TestResult {
-    let ns = TestNamespace::create("dispatch-retry").await?;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let mut s = TestSession::open(
-        &d,
-        "g",
-        "r1",
-        vec![subscription("v1", "ConfigMap", ns.name())],
-    )
-    .await?;
+    let (_ns, api, d, mut s) = configmap_setup("dispatch-retry").await?;
     api.create(&PostParams::default(), &configmap("flaky", "0"))
         .await?;
-    let mut pending = Vec::new();
-    while pending.is_empty() {
-        pending = s.poll_acking(&[], Duration::from_secs(2)).await?;
-    }
+    let mut pending = s.hold(TIMEOUT).await?;
     // Fail it four times; the test config's backoff is 100 ms doubling.
     let mut gaps = Vec::new();
     let mut attempts = Vec::new();
@@ -276,8 +271,8 @@ async fn failed_reconciles_are_retried_with_growing_delays() -> TestResult {
         }];
         let failed_at = tokio::time::Instant::now();
         pending = s.poll_with(fail, Duration::from_secs(2)).await?;
-        while pending.is_empty() {
-            pending = s.poll_acking(&[], Duration::from_secs(2)).await?;
+        if pending.is_empty() {
+            pending = s.hold(TIMEOUT).await?;
         }
         gaps.push(failed_at.elapsed());
         attempts.push((reason(&pending[0]), pending[0].attempt));
@@ -303,22 +298,10 @@ async fn failed_reconciles_are_retried_with_growing_delays() -> TestResult {
 
 #[tokio::test]
 async fn requeue_after_is_honoured() -> TestResult {
-    let ns = TestNamespace::create("dispatch-requeue").await?;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let mut s = TestSession::open(
-        &d,
-        "g",
-        "r1",
-        vec![subscription("v1", "ConfigMap", ns.name())],
-    )
-    .await?;
+    let (_ns, api, d, mut s) = configmap_setup("dispatch-requeue").await?;
     api.create(&PostParams::default(), &configmap("periodic", "0"))
         .await?;
-    let mut got = Vec::new();
-    while got.is_empty() {
-        got = s.poll_acking(&[], Duration::from_secs(2)).await?;
-    }
+    let got = s.hold(TIMEOUT).await?;
     let requeue = vec![AckItem {
         delivery_id: got[0].delivery_id,
         outcome: Some(ack_item::Outcome::Requeue(
@@ -329,8 +312,8 @@ async fn requeue_after_is_honoured() -> TestResult {
     }];
     let acked_at = tokio::time::Instant::now();
     let mut again = s.poll_with(requeue, Duration::from_secs(2)).await?;
-    while again.is_empty() {
-        again = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    if again.is_empty() {
+        again = s.hold(TIMEOUT).await?;
     }
     let waited = acked_at.elapsed();
     assert_eq!(reason(&again[0]), Reason::Requeue);

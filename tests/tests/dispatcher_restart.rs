@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     ResourceExt,
     api::{Api, DeleteParams, Patch, PatchParams, PostParams},
@@ -43,12 +43,9 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
         .await;
     assert_eq!(first.len(), 3);
 
-    // Move etcd past the watch's resourceVersion, so its resume after the restart is a 410.
-    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
-    let mut unseen = Secret::default();
-    unseen.metadata.name = Some("unseen".into());
-    secrets.create(&PostParams::default(), &unseen).await?;
-    Cluster::shared().restart_apiserver().await?;
+    Cluster::shared()
+        .restart_apiserver_expiring_watches(&ns)
+        .await?;
 
     // Changes right after the restart, while the dispatcher is reconnecting and re-listing.
     let client = Cluster::shared().client().await?;

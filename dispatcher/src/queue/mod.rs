@@ -11,7 +11,8 @@
 //! - **Fairness.** Each session has a FIFO of ready keys, ordered by first enqueue. Keys are
 //!   assigned to sessions by consistent hashing over the live sessions' replica ids, so a
 //!   replica keeps the same keys while membership is stable.
-//! - **Bounds.** Memory is one [`Entry`] per known key plus one timer per delayed or in-flight
+//! - **Bounds.** Memory is one compact entry per known key (no allocation besides the key when
+//!   uid and resourceVersion have their usual forms) plus one timer per delayed or in-flight
 //!   key. Object bodies are kept only for ready keys and only within `body_budget` bytes; past
 //!   it a key is delivered without its body. Nothing grows with the event rate.
 //!
@@ -28,6 +29,9 @@ use indexmap::IndexMap;
 use kube_dispatch_proto::{Ring, v1::Reason};
 
 use crate::backoff::Backoff;
+
+mod compact;
+use compact::{Rv, Uid};
 
 /// A request key as the queue stores it (shared, immutable).
 pub type Key = Arc<str>;
@@ -135,13 +139,9 @@ enum State {
 #[derive(Debug)]
 struct Entry {
     state: State,
-    /// The timer of this key, if it has one: a delayed key's retry, an in-flight key's
-    /// reconcile deadline.
-    timer: Option<(Instant, u64)>,
     reason: Reason,
-    resource_version: String,
-    uid: String,
-    body: Option<Arc<[u8]>>,
+    resource_version: Rv,
+    uid: Uid,
     deleted: bool,
     failures: u32,
     /// The list epoch of the watch in which the object was last seen; see [`GroupQueue::sweep`].
@@ -181,6 +181,11 @@ pub struct GroupQueue {
     /// Ready keys while the group has no session.
     unassigned: VecDeque<(u64, Key)>,
     timers: BTreeMap<(Instant, u64), Key>,
+    /// The timer slot of each key that has one (a delayed key's retry, an in-flight key's
+    /// reconcile deadline); kept beside the entries so idle keys pay nothing for it.
+    timer_slots: HashMap<Key, (Instant, u64)>,
+    /// Bodies of queued keys, within the budget; beside the entries for the same reason.
+    bodies: HashMap<Key, Arc<[u8]>>,
     body_bytes: usize,
     next_seq: u64,
     next_delivery: DeliveryId,
@@ -198,6 +203,8 @@ impl GroupQueue {
             replica_sessions: HashMap::new(),
             unassigned: VecDeque::new(),
             timers: BTreeMap::new(),
+            timer_slots: HashMap::new(),
+            bodies: HashMap::new(),
             body_bytes: 0,
             next_seq: 0,
             next_delivery: 1,
@@ -281,11 +288,9 @@ impl GroupQueue {
         };
         let entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
             state: State::Idle,
-            timer: None,
             reason: change.reason,
-            resource_version: String::new(),
-            uid: String::new(),
-            body: None,
+            resource_version: Rv::Empty,
+            uid: Uid::Empty,
             deleted: false,
             failures: 0,
             seen: 0,
@@ -293,27 +298,30 @@ impl GroupQueue {
         entry.reason = merge_reason(entry.state, entry.reason, change.reason);
         let owned = change.reason == Reason::Owned;
         if !change.resource_version.is_empty() {
-            entry.resource_version = change.resource_version;
+            entry.resource_version = Rv::new(&change.resource_version);
         }
         if !change.uid.is_empty() {
-            entry.uid = change.uid;
+            entry.uid = Uid::new(&change.uid);
         }
         // A change of an owned object says nothing about the key's own object: its state and
         // body stay as they were.
         if !owned {
             entry.deleted = change.deleted;
             // Replace the body: the latest state is the one worth delivering.
-            if let Some(old) = entry.body.take() {
+            if let Some(old) = self.bodies.remove(&key) {
                 self.body_bytes -= old.len();
             }
             match change.body {
                 Some(body) if self.body_bytes + body.len() <= self.config.body_budget => {
                     self.body_bytes += body.len();
-                    entry.body = Some(body);
+                    self.bodies.insert(key.clone(), body);
                 }
                 _ => {}
             }
         }
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return Vec::new();
+        };
         match entry.state {
             State::Ready { .. } => Vec::new(),
             State::InFlight {
@@ -339,9 +347,9 @@ impl GroupQueue {
     /// object). Returns the sessions that now have ready keys.
     pub fn observe(&mut self, key: &str, object: Observed, epoch: u32) -> Vec<SessionId> {
         let reason = match self.entries.get_mut(key) {
-            Some(e) if !e.deleted && e.uid == object.uid => {
+            Some(e) if !e.deleted && e.uid == Uid::new(&object.uid) => {
                 e.seen = epoch;
-                if e.resource_version == object.resource_version {
+                if e.resource_version.matches(&object.resource_version) {
                     return Vec::new();
                 }
                 Reason::Modified
@@ -475,7 +483,7 @@ impl GroupQueue {
                 delivery: id,
                 dirty: false,
             };
-            let body = entry.body.take();
+            let body = self.bodies.remove(&key);
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
             }
@@ -483,8 +491,8 @@ impl GroupQueue {
                 id,
                 key: key.clone(),
                 reason: entry.reason,
-                resource_version: entry.resource_version.clone(),
-                uid: entry.uid.clone(),
+                resource_version: entry.resource_version.to_string(),
+                uid: entry.uid.to_string(),
                 body,
                 deleted: entry.deleted,
                 attempt: entry.failures,
@@ -573,10 +581,10 @@ impl GroupQueue {
                 break;
             }
             let key = entry.remove();
+            self.timer_slots.remove(&key);
             let Some(e) = self.entries.get_mut(&key) else {
                 continue;
             };
-            e.timer = None;
             match e.state {
                 State::Delayed => {
                     e.state = State::Idle;
@@ -608,9 +616,9 @@ impl GroupQueue {
     fn remove_entry(&mut self, key: &str) {
         // swap_remove moves the last key into the hole: a resync cycle may visit it twice or
         // skip it once, which level-triggered resync tolerates.
-        if let Some(entry) = self.entries.swap_remove(key)
-            && let Some(body) = entry.body
-        {
+        self.cancel_timer(key);
+        self.entries.swap_remove(key);
+        if let Some(body) = self.bodies.remove(key) {
             self.body_bytes -= body.len();
         }
     }
@@ -671,16 +679,14 @@ impl GroupQueue {
         self.cancel_timer(&key);
         let seq = self.next_seq;
         self.next_seq += 1;
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.timer = Some((at, seq));
+        if self.entries.contains_key(&key) {
+            self.timer_slots.insert(key.clone(), (at, seq));
             self.timers.insert((at, seq), key);
         }
     }
 
     fn cancel_timer(&mut self, key: &str) {
-        if let Some(entry) = self.entries.get_mut(key)
-            && let Some(slot) = entry.timer.take()
-        {
+        if let Some(slot) = self.timer_slots.remove(key) {
             self.timers.remove(&slot);
         }
     }

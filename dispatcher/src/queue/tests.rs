@@ -70,23 +70,27 @@ impl GroupQueue {
             match e.state {
                 State::Ready { .. } => assert!(ready.contains(key)),
                 State::InFlight { .. } => assert!(in_flight.contains(key)),
-                State::Delayed => assert!(e.timer.is_some(), "{key} delayed without timer"),
-                State::Idle => assert!(e.timer.is_none(), "{key} idle with a timer"),
+                State::Delayed => assert!(
+                    self.timer_slots.contains_key(key),
+                    "{key} delayed without timer"
+                ),
+                State::Idle => assert!(
+                    !self.timer_slots.contains_key(key),
+                    "{key} idle with a timer"
+                ),
             }
-            if let Some(slot) = e.timer {
-                assert_eq!(self.timers.get(&slot), Some(key));
+            if let Some(slot) = self.timer_slots.get(key) {
+                assert_eq!(self.timers.get(slot), Some(key));
             }
         }
-        assert_eq!(
-            self.timers.len(),
-            self.entries.values().filter(|e| e.timer.is_some()).count()
+        assert_eq!(self.timers.len(), self.timer_slots.len());
+        assert!(
+            self.timer_slots
+                .keys()
+                .all(|k| self.entries.contains_key(k))
         );
-        let bodies: usize = self
-            .entries
-            .values()
-            .filter_map(|e| e.body.as_ref())
-            .map(|b| b.len())
-            .sum();
+        assert!(self.bodies.keys().all(|k| self.entries.contains_key(k)));
+        let bodies: usize = self.bodies.values().map(|b| b.len()).sum();
         assert_eq!(bodies, self.body_bytes);
         assert!(self.body_bytes <= self.config.body_budget);
     }
