@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: runs kube-dispatch on an embedded default, a local control plane on loopback.
 #
-# So far the tier's own processes (dispatchers, load balancer, example controller) are not
-# built; until they are, the demo starts the control plane they will run against, builds the
-# workspace, shows the API server working, and says plainly what it did not run.
+# So far the dispatcher is built but the controller SDK, load balancer and example controller
+# are not, so there is nothing yet to drive the dispatchers with; until there is, the demo
+# starts the control plane, builds the workspace, shows the API server working, and says
+# plainly what it did not run.
 #
 # Environment:
 #   KEEP=1   leave the control plane running at the end (stop it with `make cluster-down`)
@@ -43,7 +44,8 @@ cat <<SUMMARY
   -------------------------------  ----------------------------------------------
   etcd + kube-apiserver + KCM      running on loopback ($kubeconfig)
   workspace build                  ok
-  dispatchers                      not built yet: nothing to run
+  dispatchers                      built (target/debug/kube-dispatch-dispatcher), not started:
+                                   no controller SDK yet to connect one (make test drives them)
   load balancer                    not built yet: nothing to run
   example controller               not built yet: nothing to run
 

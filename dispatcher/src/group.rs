@@ -226,3 +226,80 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
         group.wake(wake);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kube_dispatch_proto::v1::Reason;
+
+    use super::*;
+    use crate::{backoff::Backoff, subscription::GroupSpec};
+
+    fn group(cancel: &CancellationToken) -> Arc<Group> {
+        let config = QueueConfig {
+            backoff: Backoff {
+                base: Duration::from_secs(10),
+                cap: Duration::from_secs(60),
+            },
+            max_reconcile_time: Duration::from_secs(30),
+            body_budget: 0,
+        };
+        Group::spawn(
+            "g".into(),
+            GroupSpec::new(Vec::new()),
+            config,
+            cancel.clone(),
+        )
+    }
+
+    fn modified() -> Change {
+        Change {
+            reason: Reason::Modified,
+            resource_version: "1".into(),
+            uid: String::new(),
+            body: None,
+            deleted: false,
+        }
+    }
+
+    /// The driver fires a retry exactly when its backoff ends, and wakes the session's poll.
+    #[tokio::test(start_paused = true)]
+    async fn timers_fire_on_time_and_wake_the_session() {
+        let cancel = CancellationToken::new();
+        let g = group(&cancel);
+        let slot = g.add_session(1, "a", Duration::from_secs(60));
+        g.change("k", modified());
+        let d = g.take(1, 10);
+        assert_eq!(d.len(), 1);
+        let failed_at = Instant::now();
+        assert_eq!(g.ack(1, vec![(d[0].id, Outcome::Failure)]), 0);
+        // Consume the permit the first enqueue left, then wait for the retry's wake-up.
+        slot.notify.notified().await;
+        assert!(g.take(1, 10).is_empty(), "not before the backoff");
+        tokio::time::timeout(Duration::from_secs(60), slot.notify.notified())
+            .await
+            .expect("the retry wakes the session");
+        assert_eq!(failed_at.elapsed(), Duration::from_secs(10));
+        let retry = g.take(1, 10);
+        assert_eq!((retry[0].reason, retry[0].attempt), (Reason::Retry, 1));
+        cancel.cancel();
+    }
+
+    /// An unacknowledged delivery is void after the maximum reconcile time.
+    #[tokio::test(start_paused = true)]
+    async fn an_unacknowledged_delivery_expires_on_time() {
+        let cancel = CancellationToken::new();
+        let g = group(&cancel);
+        g.add_session(1, "a", Duration::from_secs(600));
+        g.change("k", modified());
+        let d = g.take(1, 10);
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert_eq!(g.ack(1, vec![]), 0);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            g.ack(1, vec![(d[0].id, Outcome::Success)]),
+            1,
+            "the delivery expired"
+        );
+        cancel.cancel();
+    }
+}
