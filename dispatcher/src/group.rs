@@ -31,6 +31,8 @@ pub struct SessionSlot {
     pub replica: String,
     /// How long the session lives without renewal.
     pub ttl: Duration,
+    /// The session id on the wire.
+    pub wire_id: String,
 }
 
 /// One controller group.
@@ -88,13 +90,21 @@ impl Group {
         }
     }
 
-    /// Adds a session; returns its slot.
-    pub fn add_session(&self, id: SessionId, replica: &str, ttl: Duration) -> Arc<SessionSlot> {
+    /// Adds a session; returns its slot and the slots of the sessions it replaced (an older
+    /// session of the same replica).
+    pub fn add_session(
+        &self,
+        id: SessionId,
+        wire_id: String,
+        replica: &str,
+        ttl: Duration,
+    ) -> (Arc<SessionSlot>, Vec<Arc<SessionSlot>>) {
         let slot = Arc::new(SessionSlot {
             notify: Notify::new(),
             expires_at: Mutex::new(Instant::now() + ttl),
             replica: replica.to_owned(),
             ttl,
+            wire_id,
         });
         let (wake, replaced) = {
             let mut queue = self.queue();
@@ -106,17 +116,19 @@ impl Group {
                 .collect();
             (wake, replaced)
         };
+        let mut replaced_slots = Vec::new();
         {
             let mut slots = self.slots();
             for old in replaced {
                 if let Some(old) = slots.remove(&old) {
                     old.notify.notify_one();
+                    replaced_slots.push(old);
                 }
             }
             slots.insert(id, slot.clone());
         }
         self.wake(wake);
-        slot
+        (slot, replaced_slots)
     }
 
     /// Removes a session (closed or expired); its in-flight keys are re-delivered at once.
@@ -131,6 +143,11 @@ impl Group {
     /// Whether the session is live in this group.
     pub fn has_session(&self, id: SessionId) -> bool {
         self.slots().contains_key(&id)
+    }
+
+    /// Whether `replica` holds a live session of the group.
+    pub fn has_replica(&self, replica: &str) -> bool {
+        self.slots().values().any(|s| s.replica == replica)
     }
 
     /// Number of live sessions.
@@ -266,7 +283,7 @@ mod tests {
     async fn timers_fire_on_time_and_wake_the_session() {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
-        let slot = g.add_session(1, "a", Duration::from_secs(60));
+        let (slot, _) = g.add_session(1, "s1".into(), "a", Duration::from_secs(60));
         g.change("k", modified());
         let d = g.take(1, 10);
         assert_eq!(d.len(), 1);
@@ -289,7 +306,7 @@ mod tests {
     async fn an_unacknowledged_delivery_expires_on_time() {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
-        g.add_session(1, "a", Duration::from_secs(600));
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
         g.change("k", modified());
         let d = g.take(1, 10);
         tokio::time::sleep(Duration::from_secs(29)).await;

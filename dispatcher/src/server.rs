@@ -251,12 +251,21 @@ impl Core {
         Ok(spec)
     }
 
-    /// Finds or creates the group; returns it and whether it was created.
-    fn group_for(&self, name: &str, spec: &GroupSpec) -> Result<(Arc<Group>, bool), Status> {
+    /// Finds or creates the group for a new session of `replica`; returns it and whether it
+    /// was created.
+    fn group_for(
+        &self,
+        name: &str,
+        replica: &str,
+        spec: &GroupSpec,
+    ) -> Result<(Arc<Group>, bool), Status> {
         let mut groups = self.groups();
         if let Some(entry) = groups.get(name) {
             if entry.group.spec == *spec {
-                if entry.group.session_count() >= self.settings.limits.max_sessions_per_group {
+                // A replica reopening replaces its session: it takes no new slot.
+                if !entry.group.has_replica(replica)
+                    && entry.group.session_count() >= self.settings.limits.max_sessions_per_group
+                {
                     return Err(Status::resource_exhausted(format!(
                         "group {name:?} already has {} sessions on this dispatcher, the most allowed",
                         self.settings.limits.max_sessions_per_group
@@ -493,7 +502,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let req = request.into_inner();
         validate_open(&req).map_err(invalid)?;
         let limits = core.settings.limits;
-        if core.session_count() >= limits.max_sessions {
+        let replacing = core
+            .groups()
+            .get(&req.group)
+            .is_some_and(|e| e.group.has_replica(&req.replica_id));
+        if !replacing && core.session_count() >= limits.max_sessions {
             return Err(Status::resource_exhausted(format!(
                 "dispatcher {} already holds {} sessions, the most allowed",
                 core.settings.identity, limits.max_sessions
@@ -506,7 +519,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             None => limits.default_ttl,
         };
         let spec = core.resolve_spec(&req).await?;
-        let (group, created) = core.group_for(&req.group, &spec)?;
+        let (group, created) = core.group_for(&req.group, &req.replica_id, &spec)?;
         if created {
             core.subscribe_all(&group).await?;
         }
@@ -516,8 +529,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             core.settings.identity,
             rand::random::<u64>()
         );
-        let slot = group.add_session(id, &req.replica_id, ttl);
-        core.sessions().insert(
+        let (slot, replaced) = group.add_session(id, session_id.clone(), &req.replica_id, ttl);
+        let mut sessions = core.sessions();
+        for old in replaced {
+            info!(session = %old.wire_id, replica = %req.replica_id, "session replaced by a newer one of its replica");
+            sessions.remove(&old.wire_id);
+        }
+        sessions.insert(
             session_id.clone(),
             SessionRef {
                 group: group.clone(),
@@ -525,6 +543,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 slot,
             },
         );
+        drop(sessions);
         info!(session = %session_id, group = %req.group, replica = %req.replica_id, ?ttl, "session opened");
         Ok(Response::new(OpenSessionResponse {
             session_id,

@@ -579,6 +579,28 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
 }
 
 #[tokio::test]
+async fn session_limits_answer_resource_exhausted() -> TestResult {
+    let ns = TestNamespace::create("dispatch-session-limits").await?;
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.settings.limits.max_sessions = 3;
+    config.settings.limits.max_sessions_per_group = 2;
+    let d = TestDispatcher::start(config).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    TestSession::open(&d, "a", "r1", subs()).await?;
+    TestSession::open(&d, "a", "r2", subs()).await?;
+    let per_group = TestSession::open(&d, "a", "r3", subs()).await.unwrap_err();
+    assert_eq!(per_group.code(), Code::ResourceExhausted, "{per_group}");
+    TestSession::open(&d, "b", "r1", subs()).await?;
+    let total = TestSession::open(&d, "c", "r1", subs()).await.unwrap_err();
+    assert_eq!(total.code(), Code::ResourceExhausted, "{total}");
+    // At both limits, a replica reopening still gets in: it replaces its old session.
+    TestSession::open(&d, "a", "r1", subs()).await?;
+    assert_eq!(d.handles.core.session_count(), 3);
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
