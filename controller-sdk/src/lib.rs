@@ -1,7 +1,23 @@
-//! The kube-dispatch controller SDK.
+//! The kube-dispatch controller SDK: stateless Kubernetes controllers that hold no cache and
+//! need no leader election.
 //!
-//! Controllers written against this crate receive reconcile requests from dispatchers over the
-//! [`kube_dispatch_proto::v1`] API instead of running informers: a replica holds no cache, needs
-//! no leader election, and can be killed and restarted at any time.
+//! A controller written against this crate looks like a kube-rs `Controller`: a reconcile
+//! function, an error policy and a context, started with [`Controller::run`]. Instead of
+//! running informers, each replica opens a session on each dispatcher it is given, long-polls
+//! it for reconcile requests, runs them with bounded concurrency, and acknowledges each
+//! outcome. Dispatchers make sure each key is reconciled by one replica of the group at a time,
+//! so replicas can be added, killed and restarted freely.
+//!
+//! Start at [`Controller`].
 
 #![forbid(unsafe_code)]
+
+mod action;
+mod controller;
+mod error;
+mod runtime;
+
+pub use action::Action;
+pub use controller::Controller;
+pub use error::Error;
+pub use kube_dispatch_proto::v1::PayloadMode;

@@ -1,0 +1,36 @@
+//! What a reconcile asks for next, as in kube-runtime.
+
+use std::time::Duration;
+
+/// The outcome of a successful reconcile, and of an error policy.
+///
+/// Same constructors as `kube::runtime::controller::Action`, so a kube-rs controller ports by
+/// changing the import. The difference is where it goes: a requeue is sent to the dispatcher,
+/// which delivers the key again after the delay, to whichever replica then owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    /// Reconcile again after `duration`, even if nothing changes.
+    #[must_use]
+    pub const fn requeue(duration: Duration) -> Self {
+        Self {
+            requeue_after: Some(duration),
+        }
+    }
+
+    /// Reconcile again only when something changes (or at the dispatcher's periodic resync).
+    #[must_use]
+    pub const fn await_change() -> Self {
+        Self {
+            requeue_after: None,
+        }
+    }
+
+    /// The requested delay, if any.
+    pub const fn requeue_after(&self) -> Option<Duration> {
+        self.requeue_after
+    }
+}

@@ -1,0 +1,242 @@
+//! The controller builder: what to reconcile, where the dispatchers are, how much at once.
+
+use std::{future::Future, marker::PhantomData, pin::Pin, sync::Arc, time::Duration};
+
+use futures::Stream;
+use kube::{Client, Resource, runtime::reflector::ObjectRef};
+use kube_dispatch_proto::v1::{PayloadMode, ResourceRef, Subscription};
+use serde::de::DeserializeOwned;
+
+use crate::{Action, Error, runtime};
+
+pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A controller of objects of type `K`, fed by kube-dispatch dispatchers instead of informers.
+///
+/// ```no_run
+/// use std::{sync::Arc, time::Duration};
+/// use futures::StreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_dispatch_controller::{Action, Controller};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("never fails")]
+/// struct Never;
+///
+/// async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, Never> {
+///     println!("reconciling {:?}", cm.metadata.name);
+///     Ok(Action::await_change())
+/// }
+///
+/// fn error_policy(_cm: Arc<ConfigMap>, _e: &Never, _ctx: Arc<()>) -> Action {
+///     Action::requeue(Duration::from_secs(5))
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = kube::Client::try_default().await?;
+/// Controller::<ConfigMap>::new(client, "configmap-hasher")
+///     .dispatchers(["http://dispatcher-0.dispatchers:7070"])
+///     .shutdown_on_signal()
+///     .run(reconcile, error_policy, Arc::new(()))
+///     .for_each(|result| async move {
+///         if let Err(e) = result {
+///             eprintln!("{e}");
+///         }
+///     })
+///     .await;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Controller<K> {
+    pub(crate) client: Client,
+    pub(crate) group: String,
+    pub(crate) replica_id: String,
+    pub(crate) primary: Subscription,
+    pub(crate) owned: Vec<Subscription>,
+    pub(crate) dispatchers: Vec<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) session_ttl: Duration,
+    pub(crate) shutdown: Option<ShutdownFuture>,
+    _kind: PhantomData<fn() -> K>,
+}
+
+fn resource_ref<K: Resource<DynamicType = ()>>() -> ResourceRef {
+    ResourceRef {
+        group: K::group(&()).into_owned(),
+        version: K::version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        plural: K::plural(&()).into_owned(),
+    }
+}
+
+impl<K> Controller<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// A controller in `group`: every replica of one controller uses the same group name, and
+    /// each key is reconciled by one replica of the group at a time. `client` is handed to
+    /// nothing but the objects' reads; reconcilers take their own from the context.
+    pub fn new(client: Client, group: impl Into<String>) -> Self {
+        let replica_id = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
+        Self {
+            client,
+            group: group.into(),
+            replica_id,
+            primary: Subscription {
+                resource: Some(resource_ref::<K>()),
+                payload: PayloadMode::Full as i32,
+                ..Subscription::default()
+            },
+            owned: Vec::new(),
+            dispatchers: Vec::new(),
+            concurrency: 16,
+            session_ttl: Duration::from_secs(10),
+            shutdown: None,
+            _kind: PhantomData,
+        }
+    }
+
+    /// Only objects in `namespace` (and their owned objects there).
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.primary.namespace = namespace.clone();
+        for o in &mut self.owned {
+            o.namespace = namespace.clone();
+        }
+        self
+    }
+
+    /// Only objects matching a label selector, e.g. `app=web`.
+    #[must_use]
+    pub fn labels(mut self, selector: impl Into<String>) -> Self {
+        self.primary.label_selector = selector.into();
+        self
+    }
+
+    /// Only objects matching a field selector, e.g. `metadata.name=config`.
+    #[must_use]
+    pub fn fields(mut self, selector: impl Into<String>) -> Self {
+        self.primary.field_selector = selector.into();
+        self
+    }
+
+    /// How much of the object each request carries. With [`PayloadMode::Metadata`] or
+    /// [`PayloadMode::KeyOnly`] the SDK reads the object fresh from the API server before
+    /// calling the reconciler.
+    #[must_use]
+    pub fn payload(mut self, mode: PayloadMode) -> Self {
+        self.primary.payload = mode as i32;
+        self
+    }
+
+    /// Reconcile the owner when an object of type `C` that it controls (an ownerReference with
+    /// `controller: true` to a `K`) changes, like controller-runtime's `Owns`.
+    #[must_use]
+    pub fn owns<C: Resource<DynamicType = ()>>(mut self) -> Self {
+        self.owned.push(Subscription {
+            resource: Some(resource_ref::<C>()),
+            namespace: self.primary.namespace.clone(),
+            payload: PayloadMode::KeyOnly as i32,
+            owner: Some(resource_ref::<K>()),
+            ..Subscription::default()
+        });
+        self
+    }
+
+    /// Most reconciles running at once in this replica (default 16).
+    #[must_use]
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// The dispatchers to poll, as `http://host:port`.
+    #[must_use]
+    pub fn dispatchers<I, S>(mut self, addresses: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.dispatchers = addresses.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// This replica's id (default: the `POD_NAME` environment variable, else host and pid).
+    #[must_use]
+    pub fn replica_id(mut self, id: impl Into<String>) -> Self {
+        self.replica_id = id.into();
+        self
+    }
+
+    /// Session ttl to ask the dispatchers for (default 10 s). A replica that cannot renew its
+    /// session within three quarters of it cancels the reconciles it holds.
+    #[must_use]
+    pub fn session_ttl(mut self, ttl: Duration) -> Self {
+        self.session_ttl = ttl;
+        self
+    }
+
+    /// Stop when `signal` completes: stop taking work, let running reconciles finish (within
+    /// the maximum reconcile time), acknowledge them, and close the sessions so the
+    /// dispatchers hand the replica's keys to other replicas at once.
+    #[must_use]
+    pub fn graceful_shutdown_on(
+        mut self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.shutdown = Some(Box::pin(signal));
+        self
+    }
+
+    /// [`Self::graceful_shutdown_on`] SIGTERM or SIGINT.
+    #[must_use]
+    pub fn shutdown_on_signal(self) -> Self {
+        self.graceful_shutdown_on(async {
+            let terminate = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+            }
+        })
+    }
+
+    /// Runs the controller: one session per dispatcher, long-polling for reconcile requests and
+    /// running `reconcile` on them. The stream yields each outcome; it ends after a graceful
+    /// shutdown. A reconciler error goes to `error_policy`: [`Action::requeue`] asks the
+    /// dispatcher to deliver the key again after that delay, [`Action::await_change`] lets the
+    /// dispatcher retry with its per-key exponential backoff.
+    pub fn run<Ctx, E, ReconcileFut>(
+        self,
+        reconcile: impl Fn(Arc<K>, Arc<Ctx>) -> ReconcileFut + Send + Sync + 'static,
+        error_policy: impl Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        context: Arc<Ctx>,
+    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), Error<E>>> + Send
+    where
+        Ctx: Send + Sync + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+        ReconcileFut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        runtime::run(self, Arc::new(reconcile), Arc::new(error_policy), context)
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "replica".to_owned())
+}

@@ -1,0 +1,492 @@
+//! The replica's runtime: one session loop per dispatcher, a shared bound on running
+//! reconciles, acks sent as reconciles finish, and fencing: a replica that cannot renew a
+//! session within three quarters of its ttl cancels the reconciles it holds from it, before the
+//! dispatcher lets another replica take those keys.
+
+use std::{
+    collections::HashSet,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::{Stream, StreamExt};
+use kube::{
+    Api, Resource,
+    api::{ApiResource, DynamicObject},
+    runtime::reflector::ObjectRef,
+};
+use kube_dispatch_proto::v1::{
+    AckItem, AckRequest, CloseSessionRequest, Failure, OpenSessionRequest, PollRequest, Reason,
+    ReconcileRequest, Requeue, Success, ack_item, dispatcher_client::DispatcherClient,
+};
+use serde::de::DeserializeOwned;
+use tokio::{
+    sync::{Semaphore, mpsc},
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{Action, Controller, Error};
+
+type Reconciler<K, Ctx, F> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync>;
+type ErrorPolicy<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
+type Outcome<K, E> = Result<(ObjectRef<K>, Action), Error<E>>;
+
+/// Longest a poll waits; well under any sane ttl.
+const POLL_WAIT: Duration = Duration::from_secs(5);
+
+struct Shared<K: Resource<DynamicType = ()>, Ctx, E: std::error::Error + 'static, F> {
+    client: kube::Client,
+    reconcile: Reconciler<K, Ctx, F>,
+    error_policy: ErrorPolicy<K, Ctx, E>,
+    context: Arc<Ctx>,
+    permits: Arc<Semaphore>,
+    /// Keys being reconciled in this replica: never two of one key at once.
+    running: Mutex<HashSet<String>>,
+    outcomes: mpsc::Sender<Outcome<K, E>>,
+    open: OpenSessionRequest,
+}
+
+pub(crate) fn run<K, Ctx, E, F, R, P>(
+    controller: Controller<K>,
+    reconcile: Arc<R>,
+    error_policy: Arc<P>,
+    context: Arc<Ctx>,
+) -> impl Stream<Item = Outcome<K, E>> + Send
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+    R: Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let Controller {
+        client,
+        group,
+        replica_id,
+        primary,
+        owned,
+        dispatchers,
+        concurrency,
+        session_ttl,
+        shutdown,
+        ..
+    } = controller;
+    // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
+    // replica down rather than growing memory.
+    let (tx, rx) = mpsc::channel(concurrency);
+    let mut subscriptions = vec![primary];
+    subscriptions.extend(owned);
+    let shared = Arc::new(Shared {
+        client,
+        reconcile: reconcile as Reconciler<K, Ctx, F>,
+        error_policy: error_policy as ErrorPolicy<K, Ctx, E>,
+        context,
+        permits: Arc::new(Semaphore::new(concurrency)),
+        running: Mutex::new(HashSet::new()),
+        outcomes: tx,
+        open: OpenSessionRequest {
+            group,
+            replica_id,
+            subscriptions,
+            ttl: prost_types::Duration::try_from(session_ttl).ok(),
+        },
+    });
+    let stop = CancellationToken::new();
+    if let Some(signal) = shutdown {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            signal.await;
+            info!("shutting down: finishing running reconciles, then closing sessions");
+            stop.cancel();
+        });
+    }
+    for address in dispatchers {
+        tokio::spawn(session_loop(address, shared.clone(), stop.clone()));
+    }
+    drop(shared);
+    // The stream ends when every session loop has finished and dropped its sender.
+    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// Keeps one session open on one dispatcher for as long as the controller runs.
+async fn session_loop<K, Ctx, E, F>(
+    address: String,
+    shared: Arc<Shared<K, Ctx, E, F>>,
+    stop: CancellationToken,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let mut backoff = reconnect_backoff();
+    while !stop.is_cancelled() {
+        match session(&address, &shared, &stop).await {
+            Ok(()) => return,
+            Err(status) => {
+                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
+                let _ = shared
+                    .outcomes
+                    .send(Err(Error::Dispatcher {
+                        address: address.clone(),
+                        status,
+                    }))
+                    .await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+fn reconnect_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
+
+/// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
+async fn session<K, Ctx, E, F>(
+    address: &str,
+    shared: &Arc<Shared<K, Ctx, E, F>>,
+    stop: &CancellationToken,
+) -> Result<(), tonic::Status>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let channel = Endpoint::from_shared(address.to_owned())
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad dispatcher address: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+    let mut client = DispatcherClient::new(channel);
+    let opened = client.open_session(shared.open.clone()).await?.into_inner();
+    let session_id = opened.session_id;
+    let ttl = opened
+        .ttl
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(10));
+    let max_reconcile = opened
+        .max_reconcile_time
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(60));
+    // Fencing: the session counts as lost once it has gone unrenewed this long, well before
+    // the dispatcher's ttl runs out; running reconciles are cancelled at that point.
+    let fence = ttl * 3 / 4;
+    // A reconcile is cancelled a little before the dispatcher gives up on it.
+    let reconcile_limit = max_reconcile.saturating_sub(max_reconcile / 10);
+    info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
+
+    let lost = CancellationToken::new();
+    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<AckItem>();
+    let mut tasks = JoinSet::new();
+    let mut renewed = Instant::now();
+    let result = loop {
+        let mut acks = Vec::new();
+        while let Ok(a) = ack_rx.try_recv() {
+            acks.push(a);
+        }
+        if stop.is_cancelled() {
+            break Ok(());
+        }
+        let free = shared.permits.available_permits();
+        let deadline = renewed + fence;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            break Err(tonic::Status::deadline_exceeded(
+                "session not renewed in time",
+            ));
+        }
+        let call = async {
+            if free == 0 {
+                // Saturated: renew (and ack) without taking work, then wait for a slot or an ack.
+                client
+                    .ack(AckRequest {
+                        session_id: session_id.clone(),
+                        acks,
+                    })
+                    .await?;
+                tokio::select! {
+                    Some(a) = ack_rx.recv() => {
+                        // Put it back for the next round.
+                        let _ = ack_tx.send(a);
+                    }
+                    () = tokio::time::sleep(POLL_WAIT.min(ttl / 4)) => {}
+                }
+                Ok(Vec::new())
+            } else {
+                let wait = POLL_WAIT.min(ttl / 4);
+                let response = client
+                    .poll(PollRequest {
+                        session_id: session_id.clone(),
+                        max_items: u32::try_from(free).unwrap_or(u32::MAX),
+                        wait: prost_types::Duration::try_from(wait).ok(),
+                        acks,
+                    })
+                    .await?;
+                Ok::<_, tonic::Status>(response.into_inner().requests)
+            }
+        };
+        let requests = tokio::select! {
+            r = tokio::time::timeout(remaining, call) => match r {
+                Ok(Ok(requests)) => requests,
+                Ok(Err(status)) => break Err(status),
+                Err(_) => break Err(tonic::Status::deadline_exceeded("session not renewed in time")),
+            },
+            () = stop.cancelled() => continue,
+        };
+        renewed = Instant::now();
+        for request in requests {
+            let Ok(permit) = shared.permits.clone().acquire_owned().await else {
+                break;
+            };
+            let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
+            let span = info_span!("reconcile", key = %request.key, reason = ?Reason::try_from(request.reason).unwrap_or(Reason::Unspecified), attempt = request.attempt);
+            tasks.spawn(
+                async move {
+                    let _permit = permit;
+                    let id = request.delivery_id;
+                    if let Some(outcome) =
+                        reconcile_one(&shared, request, reconcile_limit, &lost).await
+                    {
+                        let _ = ack_tx.send(AckItem {
+                            delivery_id: id,
+                            outcome: Some(outcome),
+                        });
+                    }
+                }
+                .instrument(span),
+            );
+        }
+        while tasks.try_join_next().is_some() {}
+    };
+    match result {
+        Ok(()) => {
+            // Graceful: let running reconciles finish, ack them, and close the session so the
+            // dispatcher hands this replica's keys to others at once.
+            let drain = async { while tasks.join_next().await.is_some() {} };
+            let _ = tokio::time::timeout(reconcile_limit, drain).await;
+            let mut acks = Vec::new();
+            while let Ok(a) = ack_rx.try_recv() {
+                acks.push(a);
+            }
+            if !acks.is_empty() {
+                let _ = client
+                    .ack(AckRequest {
+                        session_id: session_id.clone(),
+                        acks,
+                    })
+                    .await;
+            }
+            let _ = client
+                .close_session(CloseSessionRequest {
+                    session_id: session_id.clone(),
+                })
+                .await;
+            info!(dispatcher = %address, session = %session_id, "session closed");
+            Ok(())
+        }
+        Err(status) => {
+            // Lost: whatever this session handed us may now go to another replica. Cancel it.
+            lost.cancel();
+            tasks.shutdown().await;
+            Err(status)
+        }
+    }
+}
+
+/// Runs one reconcile; returns the ack to send, or `None` when the session was lost.
+async fn reconcile_one<K, Ctx, E, F>(
+    shared: &Shared<K, Ctx, E, F>,
+    request: ReconcileRequest,
+    limit: Duration,
+    lost: &CancellationToken,
+) -> Option<ack_item::Outcome>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let key = request.key.clone();
+    let fail = |message: String| Some(ack_item::Outcome::Failure(Failure { message }));
+    if !shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.clone())
+    {
+        return fail(format!("{key} is already being reconciled in this replica"));
+    }
+    struct Release<'a>(&'a Mutex<HashSet<String>>, String);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.1);
+        }
+    }
+    let _release = Release(&shared.running, key.clone());
+
+    let object = match load(shared, &request).await {
+        Ok(Some(object)) => Arc::new(object),
+        Ok(None) => {
+            debug!(
+                key,
+                "object gone and no last state to reconcile: nothing to do"
+            );
+            return Some(ack_item::Outcome::Success(Success {}));
+        }
+        Err(e) => {
+            let message = e.to_string();
+            let _ = shared.outcomes.send(Err(e)).await;
+            return fail(message);
+        }
+    };
+    let object_ref = ObjectRef::from_obj(&*object);
+    let run = (shared.reconcile)(object.clone(), shared.context.clone());
+    let result = tokio::select! {
+        r = tokio::time::timeout(limit, run) => r,
+        () = lost.cancelled() => return None,
+    };
+    let (outcome, report) = match result {
+        Ok(Ok(action)) => (ack_for(action, None), Ok((object_ref, action))),
+        Ok(Err(e)) => {
+            let action = (shared.error_policy)(object, &e, shared.context.clone());
+            (
+                ack_for(action, Some(e.to_string())),
+                Err(Error::ReconcilerFailed { key, source: e }),
+            )
+        }
+        Err(_) => (
+            ack_item::Outcome::Failure(Failure {
+                message: format!("timed out after {limit:?}"),
+            }),
+            Err(Error::Timeout { key, limit }),
+        ),
+    };
+    let _ = shared.outcomes.send(report).await;
+    Some(outcome)
+}
+
+fn ack_for(action: Action, error: Option<String>) -> ack_item::Outcome {
+    match (action.requeue_after(), error) {
+        (Some(after), _) => ack_item::Outcome::Requeue(Requeue {
+            after: prost_types::Duration::try_from(after.max(Duration::from_millis(1))).ok(),
+        }),
+        (None, Some(message)) => ack_item::Outcome::Failure(Failure { message }),
+        (None, None) => ack_item::Outcome::Success(Success {}),
+    }
+}
+
+/// The object to reconcile: the body the dispatcher sent, or a fresh read. For a deletion, the
+/// last known state marked with a deletion timestamp (so a finalizer-free controller can clean
+/// up), or `None` when the dispatcher no longer had it.
+async fn load<K, Ctx, E, F>(
+    shared: &Shared<K, Ctx, E, F>,
+    request: &ReconcileRequest,
+) -> Result<Option<K>, Error<E>>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    E: std::error::Error + 'static,
+{
+    let decode = |bytes: &[u8]| {
+        serde_json::from_slice::<K>(bytes).map_err(|source| Error::Decode {
+            key: request.key.clone(),
+            kind: K::kind(&()).into_owned(),
+            source,
+        })
+    };
+    let full = shared.open.subscriptions.first().is_some_and(|s| {
+        s.payload == kube_dispatch_proto::v1::PayloadMode::Full as i32
+            || s.payload == kube_dispatch_proto::v1::PayloadMode::Unspecified as i32
+    });
+    if request.deleted {
+        if request.object_json.is_empty() || !full {
+            return Ok(None);
+        }
+        let mut object = decode(&request.object_json)?;
+        let meta = object.meta_mut();
+        if meta.deletion_timestamp.is_none() {
+            meta.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        }
+        return Ok(Some(object));
+    }
+    if full && !request.object_json.is_empty() {
+        return decode(&request.object_json).map(Some);
+    }
+    let Some(key) = request.object.as_ref() else {
+        return Ok(None);
+    };
+    // Through the dynamic API, so one code path serves namespaced and cluster-scoped kinds.
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = if key.namespace.is_empty() {
+        Api::all_with(shared.client.clone(), &resource)
+    } else {
+        Api::namespaced_with(shared.client.clone(), &key.namespace, &resource)
+    };
+    let read = api
+        .get_opt(&key.name)
+        .await
+        .map_err(|source| Error::ObjectRead {
+            key: request.key.clone(),
+            source,
+        })?;
+    let Some(object) = read else { return Ok(None) };
+    let json = serde_json::to_vec(&object).map_err(|source| Error::Decode {
+        key: request.key.clone(),
+        kind: K::kind(&()).into_owned(),
+        source,
+    })?;
+    decode(&json).map(Some)
+}

@@ -1,0 +1,247 @@
+//! Controllers written with the SDK, against in-process dispatchers and the real API server.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use kube_dispatch_controller::{Action, Controller};
+use kube_dispatch_tests::{
+    TestNamespace,
+    dispatcher::{TestDispatcher, test_config},
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const ANNOTATION: &str = "kube-dispatch.dev/reconciled-by";
+
+/// Reconciles in progress across all replicas of a test, and the overlaps seen.
+#[derive(Clone, Default)]
+struct Tracker {
+    /// Names being reconciled right now: inserting one already there is an overlap.
+    running: Arc<Mutex<HashSet<String>>>,
+    overlaps: Arc<Mutex<Vec<String>>>,
+}
+
+impl Tracker {
+    fn overlaps(&self) -> Vec<String> {
+        self.overlaps.lock().expect("lock").clone()
+    }
+}
+
+/// What the test controller shares with the test.
+struct Ctx {
+    client: kube::Client,
+    replica: String,
+    tracker: Tracker,
+    done: mpsc::UnboundedSender<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReconcileError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// Annotates each ConfigMap with the replica that reconciled it.
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let name = cm.name_any();
+    if !ctx
+        .tracker
+        .running
+        .lock()
+        .expect("lock")
+        .insert(name.clone())
+    {
+        ctx.tracker
+            .overlaps
+            .lock()
+            .expect("lock")
+            .push(name.clone());
+    }
+    // Long enough for overlaps to show if exclusivity were broken.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let api: Api<ConfigMap> =
+        Api::namespaced(ctx.client.clone(), &cm.namespace().unwrap_or_default());
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: ctx.replica } } });
+    let result = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    ctx.tracker.running.lock().expect("lock").remove(&name);
+    result?;
+    let _ = ctx.done.send((name, ctx.replica.clone()));
+    Ok(Action::await_change())
+}
+
+fn error_policy(_cm: Arc<ConfigMap>, _e: &ReconcileError, _ctx: Arc<Ctx>) -> Action {
+    Action::requeue(Duration::from_millis(200))
+}
+
+struct Replica {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start_replica(
+    client: kube::Client,
+    ns: &str,
+    dispatcher: &TestDispatcher,
+    replica: &str,
+    ttl: Duration,
+    tracker: &Tracker,
+    done: mpsc::UnboundedSender<(String, String)>,
+) -> Replica {
+    let stop = CancellationToken::new();
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        replica: replica.into(),
+        tracker: tracker.clone(),
+        done,
+    });
+    let stream = Controller::<ConfigMap>::new(client, "annotator")
+        .namespace(ns)
+        .dispatchers([format!("http://{}", dispatcher.addr)])
+        .replica_id(replica)
+        .session_ttl(ttl)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx);
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    Replica { stop, task }
+}
+
+async fn create(
+    api: &Api<ConfigMap>,
+    names: impl Iterator<Item = String>,
+) -> Result<(), kube::Error> {
+    for name in names {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name);
+        api.create(&PostParams::default(), &cm).await?;
+    }
+    Ok(())
+}
+
+/// Waits until every name in `want` was reconciled; returns who reconciled each, last wins.
+async fn reconciled(
+    rx: &mut mpsc::UnboundedReceiver<(String, String)>,
+    want: &BTreeSet<String>,
+) -> BTreeMap<String, String> {
+    let mut by = BTreeMap::new();
+    while !want.iter().all(|n| by.contains_key(n)) {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some((name, replica))) => {
+                by.insert(name, replica);
+            }
+            _ => panic!(
+                "not all reconciled: missing {:?}",
+                want.iter()
+                    .filter(|n| !by.contains_key(*n))
+                    .collect::<Vec<_>>()
+            ),
+        }
+    }
+    by
+}
+
+#[tokio::test]
+async fn a_controller_reconciles_every_object_and_writes_through_its_client() -> TestResult {
+    let ns = TestNamespace::create("sdk-basic").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let tracker = Tracker::default();
+    let replica = start_replica(
+        ns.client(),
+        ns.name(),
+        &d,
+        "replica-a",
+        Duration::from_secs(3),
+        &tracker,
+        tx,
+    );
+
+    let names: BTreeSet<String> = (0..20).map(|i| format!("cm-{i}")).collect();
+    create(&api, names.iter().cloned()).await?;
+    let by = reconciled(&mut rx, &names).await;
+    assert!(by.values().all(|r| r == "replica-a"));
+    for name in &names {
+        let cm = api.get(name).await?;
+        assert_eq!(
+            cm.annotations().get(ANNOTATION).map(String::as_str),
+            Some("replica-a"),
+            "{name}"
+        );
+    }
+    assert!(tracker.overlaps().is_empty());
+    replica.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), replica.task).await??;
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_once() -> TestResult {
+    let ns = TestNamespace::create("sdk-two-replicas").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let tracker = Tracker::default();
+    // Sessions live 60 s: if the handover below waited for a ttl, it would not finish in the
+    // 30 s the test allows.
+    let ttl = Duration::from_secs(60);
+    let a = start_replica(
+        ns.client(),
+        ns.name(),
+        &d,
+        "replica-a",
+        ttl,
+        &tracker,
+        tx.clone(),
+    );
+    let b = start_replica(
+        ns.client(),
+        ns.name(),
+        &d,
+        "replica-b",
+        ttl,
+        &tracker,
+        tx.clone(),
+    );
+
+    let first: BTreeSet<String> = (0..60).map(|i| format!("first-{i}")).collect();
+    create(&api, first.iter().cloned()).await?;
+    let by = reconciled(&mut rx, &first).await;
+    let replicas: BTreeSet<&str> = by.values().map(String::as_str).collect();
+    assert_eq!(
+        replicas,
+        BTreeSet::from(["replica-a", "replica-b"]),
+        "both replicas work"
+    );
+    assert!(
+        tracker.overlaps().is_empty(),
+        "overlapping reconciles: {:?}",
+        tracker.overlaps()
+    );
+
+    // Stopping a replica closes its session: its keys go to b without waiting for a ttl.
+    a.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), a.task).await??;
+    let second: BTreeSet<String> = (0..30).map(|i| format!("second-{i}")).collect();
+    create(&api, second.iter().cloned()).await?;
+    let by = reconciled(&mut rx, &second).await;
+    assert!(second.iter().all(|n| by[n] == "replica-b"));
+    assert!(tracker.overlaps().is_empty());
+    b.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), b.task).await??;
+    d.stop().await;
+    Ok(())
+}
