@@ -44,6 +44,9 @@ struct Ctx {
     replica: String,
     tracker: Tracker,
     done: mpsc::UnboundedSender<(String, String)>,
+    /// Take keys and never finish them (a replica about to be killed): reports
+    /// `(name, "<replica>-held")` on `done` instead.
+    hang: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,10 @@ enum ReconcileError {
 /// Annotates each ConfigMap with the replica that reconciled it.
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let name = cm.name_any();
+    if ctx.hang {
+        let _ = ctx.done.send((name, format!("{}-held", ctx.replica)));
+        return std::future::pending().await;
+    }
     if !ctx
         .tracker
         .running
@@ -100,16 +107,40 @@ fn start_replica(
     tracker: &Tracker,
     done: mpsc::UnboundedSender<(String, String)>,
 ) -> Replica {
+    start_replica_at(
+        client,
+        ns,
+        &format!("http://{}", dispatcher.addr),
+        replica,
+        ttl,
+        tracker,
+        done,
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_replica_at(
+    client: kube::Client,
+    ns: &str,
+    dispatcher: &str,
+    replica: &str,
+    ttl: Duration,
+    tracker: &Tracker,
+    done: mpsc::UnboundedSender<(String, String)>,
+    hang: bool,
+) -> Replica {
     let stop = CancellationToken::new();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         replica: replica.into(),
         tracker: tracker.clone(),
         done,
+        hang,
     });
     let stream = Controller::<ConfigMap>::new(client, "annotator")
         .namespace(ns)
-        .dispatchers([format!("http://{}", dispatcher.addr)])
+        .dispatchers([dispatcher.to_owned()])
         .replica_id(replica)
         .session_ttl(ttl)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -239,6 +270,70 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
     create(&api, second.iter().cloned()).await?;
     let by = reconciled(&mut rx, &second).await;
     assert!(second.iter().all(|n| by[n] == "replica-b"));
+    assert!(tracker.overlaps().is_empty());
+    b.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), b.task).await??;
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -> TestResult {
+    let ns = TestNamespace::create("sdk-killed-replica").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let tracker = Tracker::default();
+    let ttl = Duration::from_secs(3);
+
+    // Replica a runs on a runtime of its own, so it can be killed: dropping the runtime ends
+    // its tasks and connections without closing its session, as a SIGKILL would.
+    let doomed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (address, namespace, a_tracker, a_tx) = (
+        format!("http://{}", d.addr),
+        ns.name().to_owned(),
+        Tracker::default(),
+        tx.clone(),
+    );
+    doomed.spawn(async move {
+        let client = kube_dispatch_tests::Cluster::shared()
+            .client()
+            .await
+            .expect("client");
+        let _a = start_replica_at(
+            client,
+            &namespace,
+            &address,
+            "replica-a",
+            ttl,
+            &a_tracker,
+            a_tx,
+            true,
+        );
+        std::future::pending::<()>().await;
+    });
+
+    // a is alone: it takes keys and holds them.
+    let names: BTreeSet<String> = (0..10).map(|i| format!("cm-{i}")).collect();
+    create(&api, names.iter().cloned()).await?;
+    let mut held = BTreeSet::new();
+    while held.len() < names.len() {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some((name, who))) if who == "replica-a-held" => {
+                held.insert(name);
+            }
+            other => panic!("expected a to hold every key, got {other:?}"),
+        }
+    }
+
+    let b = start_replica(ns.client(), ns.name(), &d, "replica-b", ttl, &tracker, tx);
+    doomed.shutdown_background();
+    // Everything a held is reconciled by b once a's session expires; nothing is lost.
+    let by = reconciled(&mut rx, &names).await;
+    assert!(names.iter().all(|n| by[n] == "replica-b"), "{by:?}");
     assert!(tracker.overlaps().is_empty());
     b.stop.cancel();
     tokio::time::timeout(Duration::from_secs(30), b.task).await??;
