@@ -1,0 +1,96 @@
+//! The smallest useful controller: keeps a content hash annotation on every ConfigMap.
+//!
+//! Against the local control plane (`make cluster-up`) and one dispatcher:
+//!
+//! ```sh
+//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 &
+//! KUBECONFIG=.cluster/kubeconfig cargo run -p kube-dispatch-controller --example configmap_hasher -- http://127.0.0.1:7070
+//! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configmap_hasher.yaml
+//! kubectl --kubeconfig .cluster/kubeconfig get configmap hasher-demo -o yaml   # see the annotation
+//! ```
+//!
+//! Run a second copy with another `POD_NAME` to see two replicas share the ConfigMaps.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use kube_dispatch_controller::{Action, Controller};
+use sha2::{Digest, Sha256};
+
+const ANNOTATION: &str = "example.kube-dispatch.dev/content-hash";
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("cannot annotate the ConfigMap: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+struct Context {
+    client: Client,
+}
+
+fn content_hash(cm: &ConfigMap) -> String {
+    let mut hasher = Sha256::new();
+    // BTreeMaps iterate in key order, so equal content gives an equal hash.
+    for (k, v) in cm.data.iter().flatten() {
+        hasher.update(k.as_bytes());
+        hasher.update([0]);
+        hasher.update(v.as_bytes());
+        hasher.update([0]);
+    }
+    format!("{:x}", hasher.finalize())
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if cm.metadata.deletion_timestamp.is_some() {
+        // Deleted: nothing of ours to clean up.
+        return Ok(Action::await_change());
+    }
+    let hash = content_hash(&cm);
+    if cm.annotations().get(ANNOTATION) == Some(&hash) {
+        return Ok(Action::await_change());
+    }
+    let api: Api<ConfigMap> =
+        Api::namespaced(ctx.client.clone(), &cm.namespace().unwrap_or_default());
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: hash } } });
+    api.patch(
+        &cm.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    tracing::info!(configmap = %cm.name_any(), "annotated");
+    Ok(Action::await_change())
+}
+
+fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<Context>) -> Action {
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().init();
+    let dispatchers: Vec<String> = std::env::args().skip(1).collect();
+    if dispatchers.is_empty() {
+        return Err(
+            "usage: configmap_hasher <dispatcher address>... (e.g. http://127.0.0.1:7070)".into(),
+        );
+    }
+    let client = Client::try_default().await?;
+    Controller::<ConfigMap>::new(client.clone(), "configmap-hasher")
+        .dispatchers(dispatchers)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+    Ok(())
+}
