@@ -213,20 +213,20 @@ where
     info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
 
     let lost = CancellationToken::new();
-    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<AckItem>();
+    // Acks go out as reconciles finish, on their own calls: carried on the next poll, they
+    // would wait for a long-poll to return, and a key changed while in flight would wait with
+    // them. The channel holds at most one ack per running reconcile.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
+    let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
     let mut tasks = JoinSet::new();
     let mut renewed = Instant::now();
+    let wait = POLL_WAIT.min(ttl / 4);
     let result = loop {
-        let mut acks = Vec::new();
-        while let Ok(a) = ack_rx.try_recv() {
-            acks.push(a);
-        }
         if stop.is_cancelled() {
             break Ok(());
         }
         let free = shared.permits.available_permits();
-        let deadline = renewed + fence;
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let remaining = (renewed + fence).saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             break Err(tonic::Status::deadline_exceeded(
                 "session not renewed in time",
@@ -234,29 +234,22 @@ where
         }
         let call = async {
             if free == 0 {
-                // Saturated: renew (and ack) without taking work, then wait for a slot or an ack.
+                // Saturated: renew without taking work, then wait for a free slot.
                 client
                     .ack(AckRequest {
                         session_id: session_id.clone(),
-                        acks,
+                        acks: Vec::new(),
                     })
                     .await?;
-                tokio::select! {
-                    Some(a) = ack_rx.recv() => {
-                        // Put it back for the next round.
-                        let _ = ack_tx.send(a);
-                    }
-                    () = tokio::time::sleep(POLL_WAIT.min(ttl / 4)) => {}
-                }
+                let _ = tokio::time::timeout(wait, shared.permits.acquire()).await;
                 Ok(Vec::new())
             } else {
-                let wait = POLL_WAIT.min(ttl / 4);
                 let response = client
                     .poll(PollRequest {
                         session_id: session_id.clone(),
                         max_items: u32::try_from(free).unwrap_or(u32::MAX),
                         wait: prost_types::Duration::try_from(wait).ok(),
-                        acks,
+                        acks: Vec::new(),
                     })
                     .await?;
                 Ok::<_, tonic::Status>(response.into_inner().requests)
@@ -301,18 +294,8 @@ where
             // dispatcher hands this replica's keys to others at once.
             let drain = async { while tasks.join_next().await.is_some() {} };
             let _ = tokio::time::timeout(reconcile_limit, drain).await;
-            let mut acks = Vec::new();
-            while let Ok(a) = ack_rx.try_recv() {
-                acks.push(a);
-            }
-            if !acks.is_empty() {
-                let _ = client
-                    .ack(AckRequest {
-                        session_id: session_id.clone(),
-                        acks,
-                    })
-                    .await;
-            }
+            drop(ack_tx);
+            let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
             let _ = client
                 .close_session(CloseSessionRequest {
                     session_id: session_id.clone(),
@@ -325,7 +308,34 @@ where
             // Lost: whatever this session handed us may now go to another replica. Cancel it.
             lost.cancel();
             tasks.shutdown().await;
+            acker.abort();
             Err(status)
+        }
+    }
+}
+
+/// Sends acks as they come, batching those that are already waiting, until every sender is
+/// gone. A failed ack is dropped: its delivery expires on the dispatcher and is retried.
+async fn send_acks(
+    mut client: DispatcherClient<tonic::transport::Channel>,
+    session_id: String,
+    mut acks: mpsc::UnboundedReceiver<AckItem>,
+) {
+    const BATCH: usize = 1000;
+    while let Some(first) = acks.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match acks.try_recv() {
+                Ok(a) => batch.push(a),
+                Err(_) => break,
+            }
+        }
+        let request = AckRequest {
+            session_id: session_id.clone(),
+            acks: batch,
+        };
+        if let Err(status) = client.ack(request).await {
+            debug!(session = %session_id, %status, "ack failed; the dispatcher will retry those keys");
         }
     }
 }
