@@ -1,0 +1,138 @@
+//! The ConfigSet controller: a custom resource that declares N ConfigMaps; the controller
+//! creates and updates them as its children, deletes the ones no longer declared, and reports
+//! how many are ready in the status. Deleting a ConfigSet needs no finalizer: its children
+//! carry a controller ownerReference, so the garbage collector removes them.
+//!
+//! Shared by the `configset` example and the SDK's integration tests, which both include this
+//! file as a module: its items are public to whichever crate includes it.
+
+#![allow(unreachable_pub, dead_code)]
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, CustomResource, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams},
+};
+use kube_dispatch_controller::Action;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Label every child carries, naming its ConfigSet.
+pub const OWNER_LABEL: &str = "example.kube-dispatch.dev/configset";
+const MANAGER: &str = "configset-controller";
+
+/// Declares `count` ConfigMaps named `<name>-<i>`, each holding `data`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "example.kube-dispatch.dev",
+    version = "v1",
+    kind = "ConfigSet",
+    namespaced,
+    status = "ConfigSetStatus",
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.ready"}"#
+)]
+pub struct ConfigSetSpec {
+    /// How many ConfigMaps.
+    pub count: u32,
+    /// What each of them holds.
+    #[serde(default)]
+    pub data: BTreeMap<String, String>,
+}
+
+/// What the controller last achieved.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ConfigSetStatus {
+    /// Children that exist with the declared content.
+    pub ready: u32,
+    /// The generation of the spec this status describes.
+    pub observed_generation: Option<i64>,
+}
+
+/// What a reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no namespace or uid (never true for objects read from the API server).
+    #[error("ConfigSet without namespace or uid")]
+    Incomplete,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// Client for writes.
+    pub client: Client,
+}
+
+fn child_name(set: &str, i: u32) -> String {
+    format!("{set}-{i}")
+}
+
+/// Brings the children and the status of one ConfigSet in line with its spec.
+pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if set.meta().deletion_timestamp.is_some() {
+        // The garbage collector removes the children; nothing else to clean up.
+        return Ok(Action::await_change());
+    }
+    let ns = set.namespace().ok_or(Error::Incomplete)?;
+    let name = set.name_any();
+    let owner = set.controller_owner_ref(&()).ok_or(Error::Incomplete)?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+
+    for i in 0..set.spec.count {
+        let child = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(child_name(&name, i)),
+                labels: Some([(OWNER_LABEL.to_owned(), name.clone())].into()),
+                owner_references: Some(vec![owner.clone()]),
+                ..ObjectMeta::default()
+            },
+            data: Some(set.spec.data.clone()),
+            ..ConfigMap::default()
+        };
+        configmaps
+            .patch(
+                &child_name(&name, i),
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&child),
+            )
+            .await?;
+    }
+    // Children beyond the declared count (it was lowered) go away.
+    let selector = format!("{OWNER_LABEL}={name}");
+    for cm in configmaps
+        .list(&ListParams::default().labels(&selector))
+        .await?
+    {
+        let index = cm
+            .name_any()
+            .strip_prefix(&format!("{name}-"))
+            .and_then(|i| i.parse::<u32>().ok());
+        if index.is_none_or(|i| i >= set.spec.count) {
+            configmaps
+                .delete(&cm.name_any(), &DeleteParams::default())
+                .await?;
+        }
+    }
+
+    let status = ConfigSetStatus {
+        ready: set.spec.count,
+        observed_generation: set.meta().generation,
+    };
+    if set.status.as_ref() != Some(&status) {
+        let sets: Api<ConfigSet> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({ "status": status });
+        sets.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    // Children changed by hand are noticed through `owns`; the requeue is a safety net.
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Retry failed reconciles soon.
+pub fn error_policy(_set: Arc<ConfigSet>, _error: &Error, _ctx: Arc<Context>) -> Action {
+    Action::requeue(Duration::from_secs(2))
+}

@@ -1,0 +1,52 @@
+//! A realistic controller on the SDK: `ConfigSet`, a custom resource owning N ConfigMaps.
+//! Shows `owns`, status updates and requeue.
+//!
+//! Against the local control plane (`make cluster-up`) and one dispatcher:
+//!
+//! ```sh
+//! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configset/crd.yaml
+//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 &
+//! KUBECONFIG=.cluster/kubeconfig cargo run -p kube-dispatch-controller --example configset -- http://127.0.0.1:7070
+//! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configset/configset.yaml
+//! kubectl --kubeconfig .cluster/kubeconfig get configsets,configmaps -l example.kube-dispatch.dev/configset
+//! ```
+//!
+//! `cargo run -p kube-dispatch-controller --example configset -- --crd` prints the CRD.
+
+mod controller;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Client, CustomResourceExt};
+use kube_dispatch_controller::Controller;
+
+use controller::{ConfigSet, Context, error_policy, reconcile};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--crd") {
+        println!("{}", serde_json::to_string_pretty(&ConfigSet::crd())?);
+        return Ok(());
+    }
+    if args.is_empty() {
+        return Err("usage: configset <dispatcher address>... | --crd".into());
+    }
+    tracing_subscriber::fmt().init();
+    let client = Client::try_default().await?;
+    Controller::<ConfigSet>::new(client.clone(), "configset")
+        .owns::<ConfigMap>()
+        .dispatchers(args)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .for_each(|result| async move {
+            match result {
+                Ok((set, _)) => tracing::info!(configset = %set.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+    Ok(())
+}
