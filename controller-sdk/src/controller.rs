@@ -7,7 +7,7 @@ use kube::{Client, Resource, runtime::reflector::ObjectRef};
 use kube_dispatch_proto::v1::{PayloadMode, ResourceRef, Subscription};
 use serde::de::DeserializeOwned;
 
-use crate::{Action, Error, runtime};
+use crate::{Action, Error, Health, runtime};
 
 pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -57,6 +57,7 @@ pub struct Controller<K> {
     pub(crate) concurrency: usize,
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
+    pub(crate) health: Health,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -99,6 +100,7 @@ where
             concurrency: 16,
             session_ttl: Duration::from_secs(10),
             shutdown: None,
+            health: Health::default(),
             _kind: PhantomData,
         }
     }
@@ -213,6 +215,11 @@ where
                 () = terminate => {}
             }
         })
+    }
+
+    /// A handle on the controller's readiness and liveness, for the replica's probes.
+    pub fn health(&self) -> Health {
+        self.health.clone()
     }
 
     /// Runs the controller: one session per dispatcher, long-polling for reconcile requests and

@@ -15,9 +15,11 @@
 mod action;
 mod controller;
 mod error;
+mod health;
 mod runtime;
 
 pub use action::Action;
 pub use controller::Controller;
 pub use error::Error;
+pub use health::Health;
 pub use kube_dispatch_proto::v1::PayloadMode;

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{Action, Controller, Error};
+use crate::{Action, Controller, Error, Health};
 
 type Reconciler<K, Ctx, F> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync>;
 type ErrorPolicy<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
@@ -50,6 +50,7 @@ struct Shared<K: Resource<DynamicType = ()>, Ctx, E: std::error::Error + 'static
     running: Mutex<HashSet<String>>,
     outcomes: mpsc::Sender<Outcome<K, E>>,
     open: OpenSessionRequest,
+    health: Health,
 }
 
 pub(crate) fn run<K, Ctx, E, F, R, P>(
@@ -82,6 +83,7 @@ where
         concurrency,
         session_ttl,
         shutdown,
+        health,
         ..
     } = controller;
     // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
@@ -103,6 +105,7 @@ where
             subscriptions,
             ttl: prost_types::Duration::try_from(session_ttl).ok(),
         },
+        health: health.clone(),
     });
     let stop = CancellationToken::new();
     if let Some(signal) = shutdown {
@@ -110,6 +113,7 @@ where
         tokio::spawn(async move {
             signal.await;
             info!("shutting down: finishing running reconciles, then closing sessions");
+            health.stopped();
             stop.cancel();
         });
     }
@@ -211,6 +215,7 @@ where
     // A reconcile is cancelled a little before the dispatcher gives up on it.
     let reconcile_limit = max_reconcile.saturating_sub(max_reconcile / 10);
     info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
+    let _open = shared.health.session_opened();
 
     let lost = CancellationToken::new();
     // Acks go out as reconciles finish, on their own calls: carried on the next poll, they

@@ -96,6 +96,7 @@ fn error_policy(_cm: Arc<ConfigMap>, _e: &ReconcileError, _ctx: Arc<Ctx>) -> Act
 struct Replica {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    health: kube_dispatch_controller::Health,
 }
 
 fn start_replica(
@@ -138,7 +139,9 @@ fn start_replica_at(
         done,
         hang,
     });
-    let stream = Controller::<ConfigMap>::new(client, "annotator")
+    let controller = Controller::<ConfigMap>::new(client, "annotator");
+    let health = controller.health();
+    let stream = controller
         .namespace(ns)
         .dispatchers([dispatcher.to_owned()])
         .replica_id(replica)
@@ -146,7 +149,7 @@ fn start_replica_at(
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx);
     let task = tokio::spawn(stream.for_each(|_| async {}));
-    Replica { stop, task }
+    Replica { stop, task, health }
 }
 
 async fn create(
@@ -213,8 +216,13 @@ async fn a_controller_reconciles_every_object_and_writes_through_its_client() ->
         );
     }
     assert!(tracker.overlaps().is_empty());
+    // It reconciled, so its session is open: ready and live.
+    assert!(replica.health.ready() && replica.health.live());
+    assert_eq!(replica.health.sessions(), 1);
     replica.stop.cancel();
     tokio::time::timeout(Duration::from_secs(30), replica.task).await??;
+    assert!(!replica.health.live() && !replica.health.ready());
+    assert_eq!(replica.health.sessions(), 0);
     d.stop().await;
     Ok(())
 }
