@@ -19,7 +19,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::{conditions, wait::await_condition},
 };
-use kube_dispatch_controller::Controller;
+use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestDispatcher, test_config},
@@ -162,4 +162,23 @@ async fn the_configset_controller_converges_and_heals() -> TestResult {
     assert!(failures.is_empty(), "reconcile errors: {failures:?}");
     d.stop().await;
     Ok(())
+}
+
+/// `crd.yaml` beside the example is what `kubectl apply` installs: it must match the type.
+#[test]
+fn the_example_crd_file_matches_the_type() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../controller-sdk/examples/configset/crd.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("crd.yaml");
+    let json: String = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let file: serde_json::Value =
+        serde_json::from_str(&json).expect("crd.yaml is JSON (valid YAML)");
+    let generated = serde_json::to_value(ConfigSet::crd()).expect("serialize");
+    assert_eq!(file, generated, "regenerate crd.yaml from ConfigSet::crd()");
 }

@@ -15,7 +15,9 @@ use kube::{
     Api, Client, CustomResource, Resource, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams},
 };
-use kube_dispatch_controller::Action;
+// `Action` comes from the including crate: kube_dispatch_controller::Action in the SDK version,
+// kube::runtime::controller::Action in the kube-rs version. Nothing else differs.
+use super::Action;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

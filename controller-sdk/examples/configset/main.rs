@@ -1,5 +1,6 @@
 //! A realistic controller on the SDK: `ConfigSet`, a custom resource owning N ConfigMaps.
-//! Shows `owns`, status updates and requeue.
+//! Shows `owns`, status updates and requeue. Ported from `kube_rs.rs`; `diff -u kube_rs.rs
+//! main.rs` is the porting guide in the SDK's README.
 //!
 //! Against the local control plane (`make cluster-up`) and one dispatcher:
 //!
@@ -11,7 +12,7 @@
 //! kubectl --kubeconfig .cluster/kubeconfig get configsets,configmaps -l example.kube-dispatch.dev/configset
 //! ```
 //!
-//! `cargo run -p kube-dispatch-controller --example configset -- --crd` prints the CRD.
+//! Any number of replicas may run; each holds no cache.
 
 mod controller;
 
@@ -19,26 +20,19 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Client, CustomResourceExt};
-use kube_dispatch_controller::Controller;
+use kube::Client;
+use kube_dispatch_controller::{Action, Controller};
 
 use controller::{ConfigSet, Context, error_policy, reconcile};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--crd") {
-        println!("{}", serde_json::to_string_pretty(&ConfigSet::crd())?);
-        return Ok(());
-    }
-    if args.is_empty() {
-        return Err("usage: configset <dispatcher address>... | --crd".into());
-    }
     tracing_subscriber::fmt().init();
     let client = Client::try_default().await?;
+    let dispatchers: Vec<String> = std::env::args().skip(1).collect();
     Controller::<ConfigSet>::new(client.clone(), "configset")
         .owns::<ConfigMap>()
-        .dispatchers(args)
+        .dispatchers(dispatchers)
         .shutdown_on_signal()
         .run(reconcile, error_policy, Arc::new(Context { client }))
         .for_each(|result| async move {
