@@ -1,29 +1,45 @@
 //! The realistic example controller (`controller-sdk/examples/configset`) converges against the
-//! real API server, through a real dispatcher: children created with the declared content,
-//! status set, a deleted child recreated, surplus children removed, the parent's deletion
-//! handled.
+//! real API server: children created with the declared content, status set, a deleted child
+//! recreated, surplus children removed, the parent's deletion handled. Twice: on the SDK through
+//! a real dispatcher, and on plain kube-rs (the baseline it is ported from and compared with).
 
-#[path = "../../controller-sdk/examples/configset/controller.rs"]
-mod configset;
+/// The controller as the SDK runs it.
+#[path = "../../controller-sdk/examples/configset"]
+mod sdk {
+    pub(crate) use kube_dispatch_controller::Action;
+    #[path = "controller.rs"]
+    pub(crate) mod configset;
+}
+
+/// The same controller, unchanged, as kube-rs runs it. Loading the file twice is the point:
+/// each copy returns its own crate's `Action`.
+#[path = "../../controller-sdk/examples/configset"]
+#[allow(clippy::duplicate_mod)]
+mod kube_rs {
+    pub(crate) use kube::runtime::controller::Action;
+    #[path = "controller.rs"]
+    pub(crate) mod configset;
+}
 
 use std::{sync::Arc, time::Duration};
 
-use configset::{ConfigSet, ConfigSetSpec, Context, OWNER_LABEL, error_policy, reconcile};
 use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::ConfigMap,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
-    Api, CustomResourceExt, ResourceExt,
+    Api, Client, CustomResourceExt, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
-    runtime::{conditions, wait::await_condition},
+    runtime::{conditions, wait::await_condition, watcher},
 };
-use kube_dispatch_controller::{Action, Controller};
+use kube_dispatch_controller::Controller;
 use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestDispatcher, test_config},
 };
+use sdk::configset::{ConfigSet, ConfigSetSpec, OWNER_LABEL};
+use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -39,10 +55,7 @@ async fn children(api: &Api<ConfigMap>, set: &str) -> Result<Vec<ConfigMap>, kub
     Ok(list)
 }
 
-#[tokio::test]
-async fn the_configset_controller_converges_and_heals() -> TestResult {
-    let ns = TestNamespace::create("sdk-configset").await?;
-    let client = ns.client();
+async fn install_crd(client: &Client) -> TestResult {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = ConfigSet::crd();
     crds.patch(
@@ -56,30 +69,84 @@ async fn the_configset_controller_converges_and_heals() -> TestResult {
         await_condition(crds, &crd.name_any(), conditions::is_crd_established()),
     )
     .await??;
+    Ok(())
+}
 
+/// A running controller: stopped by `stop`, done when `task` ends, its errors on `errors`.
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    errors: mpsc::UnboundedReceiver<String>,
+}
+
+#[tokio::test]
+async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
+    let ns = TestNamespace::create("sdk-configset").await?;
+    let client = ns.client();
+    install_crd(&client).await?;
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let stop = CancellationToken::new();
-    let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel();
-    let outcomes = Controller::<ConfigSet>::new(client.clone(), "configset")
+    let (tx, errors) = mpsc::unbounded_channel();
+    let outcomes = Controller::<sdk::configset::ConfigSet>::new(client.clone(), "configset")
         .namespace(ns.name())
         .owns::<ConfigMap>()
         .dispatchers([format!("http://{}", d.addr)])
         .replica_id("configset-0")
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
-            reconcile,
-            error_policy,
-            Arc::new(Context {
+            sdk::configset::reconcile,
+            sdk::configset::error_policy,
+            Arc::new(sdk::configset::Context {
                 client: client.clone(),
             }),
         );
-    let controller = tokio::spawn(outcomes.for_each(move |r| {
+    let task = tokio::spawn(outcomes.for_each(move |r| {
         if let Err(e) = r {
-            let _ = errors_tx.send(e.to_string());
+            let _ = tx.send(e.to_string());
         }
         async {}
     }));
+    converges_and_heals(&ns, Running { stop, task, errors }).await?;
+    d.stop().await;
+    Ok(())
+}
 
+#[tokio::test]
+async fn the_kube_rs_configset_controller_converges_and_heals() -> TestResult {
+    let ns = TestNamespace::create("kube-rs-configset").await?;
+    let client = ns.client();
+    install_crd(&client).await?;
+    let stop = CancellationToken::new();
+    let (tx, errors) = mpsc::unbounded_channel();
+    let sets: Api<kube_rs::configset::ConfigSet> = Api::namespaced(client.clone(), ns.name());
+    let children: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let outcomes = kube::runtime::Controller::new(sets, watcher::Config::default())
+        .owns(children, watcher::Config::default())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            kube_rs::configset::reconcile,
+            kube_rs::configset::error_policy,
+            Arc::new(kube_rs::configset::Context {
+                client: client.clone(),
+            }),
+        );
+    let task = tokio::spawn(outcomes.for_each(move |r| {
+        if let Err(e) = r {
+            let _ = tx.send(e.to_string());
+        }
+        async {}
+    }));
+    converges_and_heals(&ns, Running { stop, task, errors }).await
+}
+
+/// Drives a running ConfigSet controller through its life cycle in `ns` and checks each step.
+async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult {
+    let Running {
+        stop,
+        task,
+        mut errors,
+    } = running;
+    let client = ns.client();
     let sets: Api<ConfigSet> = Api::namespaced(client.clone(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
     let spec = ConfigSetSpec {
@@ -154,13 +221,12 @@ async fn the_configset_controller_converges_and_heals() -> TestResult {
     .await??;
 
     stop.cancel();
-    tokio::time::timeout(TIMEOUT, controller).await??;
+    tokio::time::timeout(TIMEOUT, task).await??;
     let mut failures = Vec::new();
     while let Ok(e) = errors.try_recv() {
         failures.push(e);
     }
     assert!(failures.is_empty(), "reconcile errors: {failures:?}");
-    d.stop().await;
     Ok(())
 }
 
