@@ -47,7 +47,8 @@ pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// # Ok(())
 /// # }
 /// ```
-pub struct Controller<K> {
+pub struct Controller<K: Resource> {
+    pub(crate) dyntype: K::DynamicType,
     pub(crate) client: Client,
     pub(crate) group: String,
     pub(crate) replica_id: String,
@@ -61,12 +62,12 @@ pub struct Controller<K> {
     _kind: PhantomData<fn() -> K>,
 }
 
-fn resource_ref<K: Resource<DynamicType = ()>>() -> ResourceRef {
+fn resource_ref<K: Resource>(dyntype: &K::DynamicType) -> ResourceRef {
     ResourceRef {
-        group: K::group(&()).into_owned(),
-        version: K::version(&()).into_owned(),
-        kind: K::kind(&()).into_owned(),
-        plural: K::plural(&()).into_owned(),
+        group: K::group(dyntype).into_owned(),
+        version: K::version(dyntype).into_owned(),
+        kind: K::kind(dyntype).into_owned(),
+        plural: K::plural(dyntype).into_owned(),
     }
 }
 
@@ -80,18 +81,40 @@ where
         + Sync
         + 'static,
 {
-    /// A controller in `group`: every replica of one controller uses the same group name, and
-    /// each key is reconciled by one replica of the group at a time. `client` is handed to
-    /// nothing but the objects' reads; reconcilers take their own from the context.
+    /// A controller of a statically typed resource (a k8s-openapi type or a
+    /// `#[derive(CustomResource)]` type) in `group`; see [`Controller::new_with`].
     pub fn new(client: Client, group: impl Into<String>) -> Self {
+        Self::new_with(client, group, ())
+    }
+
+    /// Reconcile the owner when an object of type `C` that it controls (an ownerReference with
+    /// `controller: true` to a `K`) changes, like controller-runtime's `Owns`.
+    #[must_use]
+    pub fn owns<C: Resource<DynamicType = ()>>(self) -> Self {
+        self.owns_with::<C>(&())
+    }
+}
+
+impl<K> Controller<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+{
+    /// A controller in `group`: every replica of one controller uses the same group name, and
+    /// each key is reconciled by one replica of the group at a time. `dyntype` describes the
+    /// resource: `()` for static types, an `ApiResource` for `DynamicObject`. `client` is used
+    /// for the SDK's own reads; reconcilers take theirs from the context.
+    pub fn new_with(client: Client, group: impl Into<String>, dyntype: K::DynamicType) -> Self {
         let replica_id = std::env::var("POD_NAME")
             .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
+        let resource = resource_ref::<K>(&dyntype);
         Self {
+            dyntype,
             client,
             group: group.into(),
             replica_id,
             primary: Subscription {
-                resource: Some(resource_ref::<K>()),
+                resource: Some(resource),
                 payload: PayloadMode::Full as i32,
                 ..Subscription::default()
             },
@@ -139,15 +162,14 @@ where
         self
     }
 
-    /// Reconcile the owner when an object of type `C` that it controls (an ownerReference with
-    /// `controller: true` to a `K`) changes, like controller-runtime's `Owns`.
+    /// [`Controller::owns`] for a child type described by `dyntype`.
     #[must_use]
-    pub fn owns<C: Resource<DynamicType = ()>>(mut self) -> Self {
+    pub fn owns_with<C: Resource>(mut self, dyntype: &C::DynamicType) -> Self {
         self.owned.push(Subscription {
-            resource: Some(resource_ref::<C>()),
+            resource: Some(resource_ref::<C>(dyntype)),
             namespace: self.primary.namespace.clone(),
             payload: PayloadMode::KeyOnly as i32,
-            owner: Some(resource_ref::<K>()),
+            owner: Some(resource_ref::<K>(&self.dyntype)),
             ..Subscription::default()
         });
         self

@@ -40,7 +40,8 @@ type Outcome<K, E> = Result<(ObjectRef<K>, Action), Error<E>>;
 /// Longest a poll waits; well under any sane ttl.
 const POLL_WAIT: Duration = Duration::from_secs(5);
 
-struct Shared<K: Resource<DynamicType = ()>, Ctx, E: std::error::Error + 'static, F> {
+struct Shared<K: Resource, Ctx, E: std::error::Error + 'static, F> {
+    dyntype: K::DynamicType,
     client: kube::Client,
     reconcile: Reconciler<K, Ctx, F>,
     error_policy: ErrorPolicy<K, Ctx, E>,
@@ -60,13 +61,8 @@ pub(crate) fn run<K, Ctx, E, F, R, P>(
     context: Arc<Ctx>,
 ) -> impl Stream<Item = Outcome<K, E>> + Send
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + Sync + 'static,
     F: Future<Output = Result<Action, E>> + Send + 'static,
@@ -74,6 +70,7 @@ where
     P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
 {
     let Controller {
+        dyntype,
         client,
         group,
         replica_id,
@@ -92,6 +89,7 @@ where
     let mut subscriptions = vec![primary];
     subscriptions.extend(owned);
     let shared = Arc::new(Shared {
+        dyntype,
         client,
         reconcile: reconcile as Reconciler<K, Ctx, F>,
         error_policy: error_policy as ErrorPolicy<K, Ctx, E>,
@@ -131,13 +129,8 @@ async fn session_loop<K, Ctx, E, F>(
     shared: Arc<Shared<K, Ctx, E, F>>,
     stop: CancellationToken,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + Sync + 'static,
     F: Future<Output = Result<Action, E>> + Send + 'static,
@@ -181,13 +174,8 @@ async fn session<K, Ctx, E, F>(
     stop: &CancellationToken,
 ) -> Result<(), tonic::Status>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + Sync + 'static,
     F: Future<Output = Result<Action, E>> + Send + 'static,
@@ -353,13 +341,8 @@ async fn reconcile_one<K, Ctx, E, F>(
     lost: &CancellationToken,
 ) -> Option<ack_item::Outcome>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + Sync + 'static,
     F: Future<Output = Result<Action, E>> + Send + 'static,
@@ -400,7 +383,7 @@ where
             return fail(message);
         }
     };
-    let object_ref = ObjectRef::from_obj(&*object);
+    let object_ref = ObjectRef::from_obj_with(&*object, shared.dyntype.clone());
     let run = (shared.reconcile)(object.clone(), shared.context.clone());
     let result = tokio::select! {
         r = tokio::time::timeout(limit, run) => r,
@@ -444,19 +427,14 @@ async fn load<K, Ctx, E, F>(
     request: &ReconcileRequest,
 ) -> Result<Option<K>, Error<E>>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
     E: std::error::Error + 'static,
 {
     let decode = |bytes: &[u8]| {
         serde_json::from_slice::<K>(bytes).map_err(|source| Error::Decode {
             key: request.key.clone(),
-            kind: K::kind(&()).into_owned(),
+            kind: K::kind(&shared.dyntype).into_owned(),
             source,
         })
     };
@@ -484,7 +462,7 @@ where
         return Ok(None);
     };
     // Through the dynamic API, so one code path serves namespaced and cluster-scoped kinds.
-    let resource = ApiResource::erase::<K>(&());
+    let resource = ApiResource::erase::<K>(&shared.dyntype);
     let api: Api<DynamicObject> = if key.namespace.is_empty() {
         Api::all_with(shared.client.clone(), &resource)
     } else {
@@ -500,7 +478,7 @@ where
     let Some(object) = read else { return Ok(None) };
     let json = serde_json::to_vec(&object).map_err(|source| Error::Decode {
         key: request.key.clone(),
-        kind: K::kind(&()).into_owned(),
+        kind: K::kind(&shared.dyntype).into_owned(),
         source,
     })?;
     decode(&json).map(Some)

@@ -348,3 +348,55 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
     d.stop().await;
     Ok(())
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("never happens")]
+struct Never;
+
+#[tokio::test]
+async fn a_controller_of_dynamic_objects_gets_them_with_their_content() -> TestResult {
+    use kube::api::{ApiResource, DynamicObject};
+    let ns = TestNamespace::create("sdk-dynamic").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let stop = CancellationToken::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
+    let resource = ApiResource::erase::<ConfigMap>(&());
+    let stream = Controller::<DynamicObject>::new_with(ns.client(), "dynamic", resource)
+        .namespace(ns.name())
+        .dispatchers([format!("http://{}", d.addr)])
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            |obj: Arc<DynamicObject>, tx: Arc<mpsc::UnboundedSender<(String, String)>>| async move {
+                let value = obj.data["data"]["value"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let _ = tx.send((obj.name_any(), value));
+                Ok::<_, Never>(Action::await_change())
+            },
+            |_, _: &Never, _| Action::await_change(),
+            Arc::new(tx),
+        );
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    let mut want = BTreeMap::new();
+    for i in 0..5 {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(format!("dyn-{i}"));
+        cm.data = Some([("value".to_owned(), format!("v{i}"))].into());
+        api.create(&PostParams::default(), &cm).await?;
+        want.insert(format!("dyn-{i}"), format!("v{i}"));
+    }
+    let mut got = BTreeMap::new();
+    while got.len() < want.len() {
+        let (name, value) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await?
+            .expect("the controller runs");
+        got.insert(name, value);
+    }
+    assert_eq!(got, want);
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await??;
+    d.stop().await;
+    Ok(())
+}
