@@ -60,15 +60,21 @@ pub struct TestDispatcher {
 }
 
 impl TestDispatcher {
-    /// Starts a dispatcher with `config` against the shared cluster.
+    /// Starts a dispatcher with `config` against the shared cluster, on a free loopback port.
     pub async fn start(config: ServeConfig) -> Result<Self, FixtureError> {
+        Self::start_at(config, "127.0.0.1:0").await
+    }
+
+    /// Starts a dispatcher on `address` (for example the address of one that was stopped).
+    pub async fn start_at(config: ServeConfig, address: &str) -> Result<Self, FixtureError> {
         let client = Cluster::shared().client().await?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| FixtureError::Script {
-                command: "bind 127.0.0.1:0".into(),
-                detail: e.to_string(),
-            })?;
+        let listener =
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| FixtureError::Script {
+                    command: format!("bind {address}"),
+                    detail: e.to_string(),
+                })?;
         let addr = listener.local_addr().map_err(|e| FixtureError::Script {
             command: "local_addr".into(),
             detail: e.to_string(),

@@ -400,3 +400,40 @@ async fn a_controller_of_dynamic_objects_gets_them_with_their_content() -> TestR
     d.stop().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_replica_reconnects_when_its_dispatcher_restarts() -> TestResult {
+    let ns = TestNamespace::create("sdk-reconnect").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let config = test_config("dispatcher-0", &["dispatcher-0"]);
+    let d = TestDispatcher::start(config.clone()).await?;
+    let address = d.addr.to_string();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let tracker = Tracker::default();
+    let replica = start_replica(
+        ns.client(),
+        ns.name(),
+        &d,
+        "replica-a",
+        Duration::from_secs(3),
+        &tracker,
+        tx,
+    );
+    create(&api, std::iter::once("before".to_owned())).await?;
+    reconciled(&mut rx, &BTreeSet::from(["before".to_owned()])).await;
+
+    // The dispatcher goes away (its sessions with it) and comes back on the same address.
+    d.stop().await;
+    let d = TestDispatcher::start_at(config, &address).await?;
+    create(&api, std::iter::once("after".to_owned())).await?;
+    reconciled(&mut rx, &BTreeSet::from(["after".to_owned()])).await;
+    assert_eq!(
+        replica.health.sessions(),
+        1,
+        "one session, on the new dispatcher"
+    );
+    replica.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), replica.task).await??;
+    d.stop().await;
+    Ok(())
+}
