@@ -99,6 +99,15 @@ struct Replica {
     health: kube_dispatch_controller::Health,
 }
 
+impl Replica {
+    /// Shuts the replica down gracefully and waits until it has.
+    async fn shut_down(self) -> TestResult {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await??;
+        Ok(())
+    }
+}
+
 fn start_replica(
     client: kube::Client,
     ns: &str,
@@ -219,10 +228,10 @@ async fn a_controller_reconciles_every_object_and_writes_through_its_client() ->
     // It reconciled, so its session is open: ready and live.
     assert!(replica.health.ready() && replica.health.live());
     assert_eq!(replica.health.sessions(), 1);
-    replica.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), replica.task).await??;
-    assert!(!replica.health.live() && !replica.health.ready());
-    assert_eq!(replica.health.sessions(), 0);
+    let health = replica.health.clone();
+    replica.shut_down().await?;
+    assert!(!health.live() && !health.ready());
+    assert_eq!(health.sessions(), 0);
     d.stop().await;
     Ok(())
 }
@@ -272,15 +281,13 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
     );
 
     // Stopping a replica closes its session: its keys go to b without waiting for a ttl.
-    a.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), a.task).await??;
+    a.shut_down().await?;
     let second: BTreeSet<String> = (0..30).map(|i| format!("second-{i}")).collect();
     create(&api, second.iter().cloned()).await?;
     let by = reconciled(&mut rx, &second).await;
     assert!(second.iter().all(|n| by[n] == "replica-b"));
     assert!(tracker.overlaps().is_empty());
-    b.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), b.task).await??;
+    b.shut_down().await?;
     d.stop().await;
     Ok(())
 }
@@ -343,8 +350,7 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
     let by = reconciled(&mut rx, &names).await;
     assert!(names.iter().all(|n| by[n] == "replica-b"), "{by:?}");
     assert!(tracker.overlaps().is_empty());
-    b.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), b.task).await??;
+    b.shut_down().await?;
     d.stop().await;
     Ok(())
 }
@@ -432,8 +438,7 @@ async fn a_replica_reconnects_when_its_dispatcher_restarts() -> TestResult {
         1,
         "one session, on the new dispatcher"
     );
-    replica.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), replica.task).await??;
+    replica.shut_down().await?;
     d.stop().await;
     Ok(())
 }
