@@ -163,6 +163,16 @@ impl Core {
         self.sessions().len()
     }
 
+    /// Number of controller groups known (with sessions, or idle within their grace).
+    pub fn group_count(&self) -> usize {
+        self.groups().len()
+    }
+
+    /// Number of running watches against the API server.
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
+    }
+
     /// Closes every session, releasing in-flight keys; used when draining.
     pub fn close_all(&self) {
         let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();

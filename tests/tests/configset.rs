@@ -157,7 +157,7 @@ async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult
         .await?;
 
     // Converges: status says 3, and the three children hold the declared data.
-    let ready = |n: u32| {
+    let ready = |n: i32| {
         move |s: Option<&ConfigSet>| {
             s.and_then(|s| s.status.as_ref())
                 .is_some_and(|st| st.ready == n)
@@ -231,12 +231,19 @@ async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult
 }
 
 /// `crd.yaml` beside the example is what `kubectl apply` installs: it must match the type.
+/// `KD_BLESS=1` rewrites it from the type instead of comparing.
 #[test]
 fn the_example_crd_file_matches_the_type() {
+    const HEADER: &str = "# The ConfigSet CRD, generated from ConfigSet::crd(); regenerate with\n# KD_BLESS=1 cargo test -p kube-dispatch-tests --test configset crd\n";
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../controller-sdk/examples/configset/crd.yaml"
     );
+    let generated = serde_json::to_value(ConfigSet::crd()).expect("serialize");
+    if std::env::var_os("KD_BLESS").is_some() {
+        let text = serde_json::to_string_pretty(&generated).expect("serialize");
+        std::fs::write(path, format!("{HEADER}{text}\n")).expect("write crd.yaml");
+    }
     let text = std::fs::read_to_string(path).expect("crd.yaml");
     let json: String = text
         .lines()
@@ -245,6 +252,8 @@ fn the_example_crd_file_matches_the_type() {
         .join("\n");
     let file: serde_json::Value =
         serde_json::from_str(&json).expect("crd.yaml is JSON (valid YAML)");
-    let generated = serde_json::to_value(ConfigSet::crd()).expect("serialize");
-    assert_eq!(file, generated, "regenerate crd.yaml from ConfigSet::crd()");
+    assert_eq!(
+        file, generated,
+        "crd.yaml is stale: regenerate it with KD_BLESS=1"
+    );
 }

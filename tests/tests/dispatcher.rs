@@ -601,6 +601,49 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
 }
 
 #[tokio::test]
+async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestResult {
+    let ns = TestNamespace::create("dispatch-idle").await?;
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.settings.idle_group_grace = Duration::from_millis(500);
+    config.watch_grace = Duration::from_millis(500);
+    let d = TestDispatcher::start(config).await?;
+    let core = d.handles.core.clone();
+    let mut s = TestSession::open(
+        &d,
+        "g",
+        "r",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    assert_eq!((core.group_count(), core.watch_count()), (1, 1));
+    s.client
+        .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await?;
+    // Nothing to await but the release itself: check until it happened, within a bound.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while (core.group_count(), core.watch_count()) != (0, 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "group or watch never released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A new session starts them again.
+    TestSession::open(
+        &d,
+        "g",
+        "r",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    assert_eq!((core.group_count(), core.watch_count()), (1, 1));
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,

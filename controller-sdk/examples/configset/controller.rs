@@ -37,7 +37,8 @@ const MANAGER: &str = "configset-controller";
 )]
 pub struct ConfigSetSpec {
     /// How many ConfigMaps.
-    pub count: u32,
+    #[schemars(range(min = 0))]
+    pub count: i32,
     /// What each of them holds.
     #[serde(default)]
     pub data: BTreeMap<String, String>,
@@ -47,7 +48,7 @@ pub struct ConfigSetSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct ConfigSetStatus {
     /// Children that exist with the declared content.
-    pub ready: u32,
+    pub ready: i32,
     /// The generation of the spec this status describes.
     pub observed_generation: Option<i64>,
 }
@@ -69,7 +70,7 @@ pub struct Context {
     pub client: Client,
 }
 
-fn child_name(set: &str, i: u32) -> String {
+fn child_name(set: &str, i: i32) -> String {
     format!("{set}-{i}")
 }
 
@@ -112,7 +113,7 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
         let index = cm
             .name_any()
             .strip_prefix(&format!("{name}-"))
-            .and_then(|i| i.parse::<u32>().ok());
+            .and_then(|i| i.parse::<i32>().ok());
         if index.is_none_or(|i| i >= set.spec.count) {
             configmaps
                 .delete(&cm.name_any(), &DeleteParams::default())
