@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: what CI runs, in order. Builds what is missing (the pinned Kubernetes binaries;
-# protoc comes with the proto crate's build), checks formatting and lints, then runs every test,
-# including the ones against the real control plane. A control plane this script started is
+# protoc comes with the proto crate's build), checks formatting, lints and docs, then runs every
+# test, including the ones against the real control plane. A control plane this script started is
 # stopped at the end; one that was already running is left running.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,6 +20,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 started=
 if ! $cluster status >/dev/null 2>&1; then
