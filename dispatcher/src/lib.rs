@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod discovery;
 pub mod group;
+pub mod membership;
 pub mod queue;
 pub mod serve;
 pub mod server;

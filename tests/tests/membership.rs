@@ -1,0 +1,71 @@
+//! Ring membership from Leases against the real API server: members appear when they hold a
+//! Lease, leave at once when they release it, and are dropped after the lease duration when
+//! they stop renewing without releasing (a crash).
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use kube_dispatch_dispatcher::membership::{self, LeaseConfig};
+use kube_dispatch_proto::Ring;
+use kube_dispatch_tests::TestNamespace;
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Member {
+    ring: watch::Receiver<Arc<Ring>>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+fn join(ns: &TestNamespace, identity: &str) -> Member {
+    let (tx, ring) = watch::channel(Arc::new(Ring::new(Vec::<String>::new())));
+    let cancel = CancellationToken::new();
+    let config = LeaseConfig {
+        namespace: ns.name().to_owned(),
+        identity: identity.to_owned(),
+        duration: Duration::from_secs(2),
+        renew_period: Duration::from_millis(500),
+        grace: Duration::from_millis(500),
+    };
+    let task = tokio::spawn(membership::run(ns.client(), config, tx, cancel.clone()));
+    Member { ring, cancel, task }
+}
+
+/// Waits for the ring seen by `member` to have exactly `want` as members.
+async fn members_become(member: &mut Member, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
+    let wait = member
+        .ring
+        .wait_for(|ring| ring.members().iter().cloned().collect::<BTreeSet<_>>() == want);
+    let reached = matches!(
+        tokio::time::timeout(Duration::from_secs(30), wait).await,
+        Ok(Ok(_))
+    );
+    let now = member.ring.borrow().members().to_vec();
+    assert!(reached, "ring never became {want:?}; it is {now:?}");
+}
+
+#[tokio::test]
+async fn members_join_leave_and_are_dropped_when_they_stop_renewing() -> TestResult {
+    let ns = TestNamespace::create("membership").await?;
+    let mut a = join(&ns, "dispatcher-0");
+    let b = join(&ns, "dispatcher-1");
+    members_become(&mut a, &["dispatcher-0", "dispatcher-1"]).await;
+
+    // A graceful leave releases the Lease: the others drop the member at once.
+    b.cancel.cancel();
+    b.task.await?;
+    members_become(&mut a, &["dispatcher-0"]).await;
+
+    // A crash (the task dies, the Lease stays): dropped once its Lease goes unrenewed.
+    let c = join(&ns, "dispatcher-2");
+    members_become(&mut a, &["dispatcher-0", "dispatcher-2"]).await;
+    c.task.abort();
+    members_become(&mut a, &["dispatcher-0"]).await;
+    drop(c.ring);
+
+    a.cancel.cancel();
+    a.task.await?;
+    Ok(())
+}
