@@ -293,6 +293,16 @@ impl Core {
                 self.release(&old);
             }
         }
+        // Groups without sessions linger for their grace; bound them with the sessions, so a
+        // client opening sessions under ever new group names cannot grow this map.
+        if groups.len() >= self.settings.limits.max_sessions {
+            return Err(Status::resource_exhausted(format!(
+                "dispatcher {} already holds {} controller groups (idle ones are kept for {:?}), the most allowed",
+                self.settings.identity,
+                groups.len(),
+                self.settings.idle_group_grace
+            )));
+        }
         let cancel = self.shutdown.child_token();
         let group = Group::spawn(
             name.to_owned(),

@@ -596,6 +596,24 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
     // At both limits, a replica reopening still gets in: it replaces its old session.
     TestSession::open(&d, "a", "r1", subs()).await?;
     assert_eq!(d.handles.core.session_count(), 3);
+    // Groups count too, idle ones included: groups b and c, their sessions closed, linger in
+    // their grace; with sessions to spare, a new group name is still refused.
+    for group in ["b", "c"] {
+        let s = TestSession::open(&d, group, "r1", subs()).await?;
+        let mut client = s.client.clone();
+        client
+            .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await?;
+    }
+    assert_eq!(
+        (d.handles.core.session_count(), d.handles.core.group_count()),
+        (2, 3)
+    );
+    let groups = TestSession::open(&d, "d", "r1", subs()).await.unwrap_err();
+    assert_eq!(groups.code(), Code::ResourceExhausted, "{groups}");
+    assert!(groups.message().contains("controller groups"), "{groups}");
     d.stop().await;
     Ok(())
 }
