@@ -18,8 +18,9 @@ use kube::{
     runtime::reflector::ObjectRef,
 };
 use kube_dispatch_proto::v1::{
-    AckItem, AckRequest, CloseSessionRequest, Failure, OpenSessionRequest, PollRequest, Reason,
-    ReconcileRequest, Requeue, Success, ack_item, dispatcher_client::DispatcherClient,
+    AckItem, AckRequest, CloseSessionRequest, Failure, OpenSessionRequest, PayloadMode,
+    PollRequest, Reason, ReconcileRequest, Requeue, Success, ack_item,
+    dispatcher_client::DispatcherClient,
 };
 use serde::de::DeserializeOwned;
 use tokio::{
@@ -52,6 +53,8 @@ struct Shared<K: Resource, Ctx, E: std::error::Error + 'static, F> {
     outcomes: mpsc::Sender<Outcome<K, E>>,
     open: OpenSessionRequest,
     health: Health,
+    /// The primary subscription carries whole objects: bodies can be decoded as `K`.
+    full_payload: bool,
 }
 
 pub(crate) fn run<K, Ctx, E, F, R, P>(
@@ -86,6 +89,10 @@ where
     // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
     // replica down rather than growing memory.
     let (tx, rx) = mpsc::channel(concurrency);
+    let full_payload = matches!(
+        PayloadMode::try_from(primary.payload),
+        Ok(PayloadMode::Full | PayloadMode::Unspecified)
+    );
     let mut subscriptions = vec![primary];
     subscriptions.extend(owned);
     let shared = Arc::new(Shared {
@@ -104,6 +111,7 @@ where
             ttl: prost_types::Duration::try_from(session_ttl).ok(),
         },
         health: health.clone(),
+        full_payload,
     });
     let stop = CancellationToken::new();
     if let Some(signal) = shutdown {
@@ -438,10 +446,7 @@ where
             source,
         })
     };
-    let full = shared.open.subscriptions.first().is_some_and(|s| {
-        s.payload == kube_dispatch_proto::v1::PayloadMode::Full as i32
-            || s.payload == kube_dispatch_proto::v1::PayloadMode::Unspecified as i32
-    });
+    let full = shared.full_payload;
     if request.deleted {
         if request.object_json.is_empty() || !full {
             return Ok(None);

@@ -419,8 +419,32 @@ impl Core {
             .collect()
     }
 
-    fn renew(&self, slot: &SessionSlot, ttl: Duration) {
-        *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + ttl;
+    /// Extends a session by its ttl.
+    fn renew(&self, slot: &SessionSlot) {
+        *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + slot.ttl;
+    }
+
+    /// Settles acks of a session; those not in flight are ignored, counted and logged.
+    fn settle(
+        &self,
+        group: &Group,
+        id: SessionId,
+        session: &str,
+        acks: Vec<(DeliveryId, Outcome)>,
+    ) {
+        if acks.is_empty() {
+            return;
+        }
+        let unknown = group.ack(id, acks);
+        if unknown > 0 {
+            self.counters
+                .unknown_acks
+                .fetch_add(unknown as u64, Ordering::Relaxed);
+            debug!(
+                session,
+                unknown, "acks of deliveries not in flight were ignored"
+            );
+        }
     }
 }
 
@@ -595,18 +619,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let acks = core.parse_acks(req.acks)?;
         let (group, id, slot) = core.lookup(&req.session_id)?;
         let ttl = slot.ttl;
-        core.renew(&slot, ttl);
+        core.renew(&slot);
         // A waiting poll does not renew its session: never wait past half the ttl.
         let wait = wait.min(ttl / 2);
-        if !acks.is_empty() {
-            let unknown = group.ack(id, acks);
-            if unknown > 0 {
-                core.counters
-                    .unknown_acks
-                    .fetch_add(unknown as u64, Ordering::Relaxed);
-                debug!(session = %req.session_id, unknown, "acks of deliveries not in flight were ignored");
-            }
-        }
+        core.settle(&group, id, &req.session_id, acks);
         let deadline = Instant::now() + wait;
         let mut requests = group.take(id, max);
         while requests.is_empty() {
@@ -623,7 +639,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             }
             requests = group.take(id, max);
         }
-        core.renew(&slot, ttl);
+        core.renew(&slot);
         let requests = requests
             .into_iter()
             .map(|d| Core::to_wire(&group, d))
@@ -636,13 +652,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let req = request.into_inner();
         let acks = core.parse_acks(req.acks)?;
         let (group, id, slot) = core.lookup(&req.session_id)?;
-        core.renew(&slot, slot.ttl);
-        let unknown = group.ack(id, acks);
-        if unknown > 0 {
-            core.counters
-                .unknown_acks
-                .fetch_add(unknown as u64, Ordering::Relaxed);
-        }
+        core.renew(&slot);
+        core.settle(&group, id, &req.session_id, acks);
         Ok(Response::new(AckResponse {}))
     }
 
