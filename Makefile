@@ -20,6 +20,16 @@ demo: ## Run kube-dispatch on a local control plane (KEEP=1 leaves it running)
 test: ## Everything CI checks: versions, fmt, clippy, all tests against a real API server
 	@tests/run-tests.sh
 
+.PHONY: chaos
+chaos: ## Long chaos run, then the fuzz targets: DURATION=seconds (600), SEED=n (the clock), FUZZ_SECONDS (60)
+	@tests/cluster/cluster.sh up >/dev/null
+	KD_CHAOS_SECONDS=$${DURATION:-600} KD_CHAOS_SEED=$${SEED:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --nocapture
+	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: image
+image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/README.md)
+	docker build -f deploy/Dockerfile -t kube-dispatch:dev .
+
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-dispatcher --bench dispatch_core
@@ -48,3 +58,10 @@ fmt: ## Format the Rust code
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: fuzz
+fuzz: ## Fuzz request decoding and the work queue: FUZZ_SECONDS per target (60); needs nightly
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
+	cd fuzz && for target in requests queue; do \
+	  $(CARGO) +nightly fuzz run $$target -- -max_total_time=$${FUZZ_SECONDS:-60} -rss_limit_mb=2048 || exit 1; \
+	done

@@ -15,7 +15,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file_descriptor_set_path(out_dir.join("kubedispatch_v1_descriptor.bin"))
         .compile_with_config(
             config,
-            &[PathBuf::from("kubedispatch/v1/dispatcher.proto")],
+            &[
+                PathBuf::from("kubedispatch/v1/dispatcher.proto"),
+                PathBuf::from("kubedispatch/v1/loadbalancer.proto"),
+            ],
             &[PathBuf::from("."), well_known],
         )?;
     Ok(())

@@ -74,13 +74,25 @@ fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<Context>) -> Acti
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().init();
-    let dispatchers: Vec<String> = std::env::args().skip(1).collect();
-    if dispatchers.is_empty() {
-        return Err(
-            "usage: configmap_hasher <dispatcher address>... (e.g. http://127.0.0.1:7070)".into(),
-        );
+    // KD_LOG_JSON=1: JSON lines, with a line when each reconcile span opens and closes (its
+    // key, resourceVersion and dispatcher), which `make demo` reads to check exclusivity.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if std::env::var_os("KD_LOG_JSON").is_some() {
+        tracing_subscriber::fmt()
+            .json()
+            .with_span_events(
+                tracing_subscriber::fmt::format::FmtSpan::NEW
+                    | tracing_subscriber::fmt::format::FmtSpan::CLOSE,
+            )
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    // Dispatcher addresses on the command line poll those; none asks the load balancer
+    // (KD_LOADBALANCER, else the in-cluster default).
+    let dispatchers: Vec<String> = std::env::args().skip(1).collect();
     let client = Client::try_default().await?;
     Controller::<ConfigMap>::new(client.clone(), "configmap-hasher")
         .dispatchers(dispatchers)

@@ -34,8 +34,9 @@ pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = kube::Client::try_default().await?;
+/// // The load balancer says which dispatchers to poll (KD_LOADBALANCER, else the in-cluster
+/// // default); `.dispatchers([...])` names them instead.
 /// Controller::<ConfigMap>::new(client, "configmap-hasher")
-///     .dispatchers(["http://dispatcher-0.dispatchers:7070"])
 ///     .shutdown_on_signal()
 ///     .run(reconcile, error_policy, Arc::new(()))
 ///     .for_each(|result| async move {
@@ -55,6 +56,7 @@ pub struct Controller<K: Resource> {
     pub(crate) primary: Subscription,
     pub(crate) owned: Vec<Subscription>,
     pub(crate) dispatchers: Vec<String>,
+    pub(crate) load_balancer: Option<String>,
     pub(crate) concurrency: usize,
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
@@ -120,6 +122,7 @@ where
             },
             owned: Vec::new(),
             dispatchers: Vec::new(),
+            load_balancer: None,
             concurrency: 16,
             session_ttl: Duration::from_secs(10),
             shutdown: None,
@@ -182,7 +185,8 @@ where
         self
     }
 
-    /// The dispatchers to poll, as `http://host:port`.
+    /// Poll exactly these dispatchers (`http://host:port`) instead of asking the load
+    /// balancer: every replica then polls every one of them.
     #[must_use]
     pub fn dispatchers<I, S>(mut self, addresses: I) -> Self
     where
@@ -190,6 +194,17 @@ where
         S: Into<String>,
     {
         self.dispatchers = addresses.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The load balancer to register with (`http://host:port`); it says which dispatchers this
+    /// replica polls, and changes that as dispatchers and replicas come and go. This is the
+    /// default: without this call or [`Self::dispatchers`], the address comes from the
+    /// `KD_LOADBALANCER` environment variable, else
+    /// [`DEFAULT_LOAD_BALANCER`](crate::DEFAULT_LOAD_BALANCER).
+    #[must_use]
+    pub fn load_balancer(mut self, address: impl Into<String>) -> Self {
+        self.load_balancer = Some(address.into());
         self
     }
 
@@ -244,8 +259,8 @@ where
         self.health.clone()
     }
 
-    /// Runs the controller: one session per dispatcher, long-polling for reconcile requests and
-    /// running `reconcile` on them. The stream yields each outcome; it ends after a graceful
+    /// Runs the controller: one session per dispatcher it is assigned, long-polling for
+    /// reconcile requests and running `reconcile` on them. The stream yields each outcome; it ends after a graceful
     /// shutdown. A reconciler error goes to `error_policy`: [`Action::requeue`] asks the
     /// dispatcher to deliver the key again after that delay, [`Action::await_change`] lets the
     /// dispatcher retry with its per-key exponential backoff.

@@ -3,7 +3,8 @@
 //!
 //! A controller written against this crate looks like a kube-rs `Controller`: a reconcile
 //! function, an error policy and a context, started with [`Controller::run`]. Instead of
-//! running informers, each replica opens a session on each dispatcher it is given, long-polls
+//! running informers, each replica registers with the load balancer, opens a session on each
+//! dispatcher the load balancer assigns it (or on each dispatcher it is given), long-polls
 //! it for reconcile requests, runs them with bounded concurrency, and acknowledges each
 //! outcome. Dispatchers make sure each key is reconciled by one replica of the group at a time,
 //! so replicas can be added, killed and restarted freely.
@@ -17,9 +18,11 @@ mod controller;
 mod error;
 mod health;
 mod runtime;
+mod targets;
 
 pub use action::Action;
 pub use controller::Controller;
 pub use error::Error;
 pub use health::Health;
 pub use kube_dispatch_proto::v1::PayloadMode;
+pub use targets::DEFAULT_LOAD_BALANCER;

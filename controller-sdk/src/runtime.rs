@@ -4,7 +4,7 @@
 //! dispatcher lets another replica take those keys.
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeSet, HashMap, HashSet},
     future::Future,
     sync::{Arc, Mutex},
     time::Duration,
@@ -19,12 +19,12 @@ use kube::{
 };
 use kube_dispatch_proto::v1::{
     AckItem, AckRequest, CloseSessionRequest, Failure, OpenSessionRequest, PayloadMode,
-    PollRequest, Reason, ReconcileRequest, Requeue, Success, ack_item,
+    PollRequest, Reason, ReconcileRequest, RegisterRequest, Requeue, Success, ack_item,
     dispatcher_client::DispatcherClient,
 };
 use serde::de::DeserializeOwned;
 use tokio::{
-    sync::{Semaphore, mpsc},
+    sync::{Semaphore, mpsc, watch},
     task::JoinSet,
     time::Instant,
 };
@@ -32,7 +32,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{Action, Controller, Error, Health};
+use crate::{
+    Action, Controller, Error, Health,
+    targets::{Source, follow_load_balancer},
+};
 
 type Reconciler<K, Ctx, F> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync>;
 type ErrorPolicy<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
@@ -80,6 +83,7 @@ where
         primary,
         owned,
         dispatchers,
+        load_balancer,
         concurrency,
         session_ttl,
         shutdown,
@@ -105,8 +109,8 @@ where
         running: Mutex::new(HashSet::new()),
         outcomes: tx,
         open: OpenSessionRequest {
-            group,
-            replica_id,
+            group: group.clone(),
+            replica_id: replica_id.clone(),
             subscriptions,
             ttl: prost_types::Duration::try_from(session_ttl).ok(),
         },
@@ -123,12 +127,68 @@ where
             stop.cancel();
         });
     }
-    for address in dispatchers {
-        tokio::spawn(session_loop(address, shared.clone(), stop.clone()));
+    let (targets_tx, targets) = watch::channel(BTreeSet::new());
+    match Source::new(dispatchers, load_balancer) {
+        Source::Fixed(addresses) => {
+            targets_tx.send_replace(addresses);
+        }
+        Source::LoadBalancer(address) => {
+            info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
+            tokio::spawn(follow_load_balancer(
+                address,
+                RegisterRequest { group, replica_id },
+                targets_tx,
+                stop.clone(),
+            ));
+        }
     }
-    drop(shared);
+    tokio::spawn(supervise(targets, shared, stop));
     // The stream ends when every session loop has finished and dropped its sender.
     tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// Runs one session loop per dispatcher in `targets`, starting and gracefully stopping loops
+/// as the set changes, until `stop`; then waits for every loop to finish.
+async fn supervise<K, Ctx, E, F>(
+    mut targets: watch::Receiver<BTreeSet<String>>,
+    shared: Arc<Shared<K, Ctx, E, F>>,
+    stop: CancellationToken,
+) where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let mut loops: HashMap<String, CancellationToken> = HashMap::new();
+    let mut running = JoinSet::new();
+    let mut source_open = true;
+    loop {
+        let want = targets.borrow_and_update().clone();
+        loops.retain(|address, token| {
+            let keep = want.contains(address);
+            if !keep {
+                info!(dispatcher = %address, "no longer assigned: finishing its reconciles and closing the session");
+                token.cancel();
+            }
+            keep
+        });
+        for address in want {
+            if !loops.contains_key(&address) {
+                let token = stop.child_token();
+                loops.insert(address.clone(), token.clone());
+                running.spawn(session_loop(address, shared.clone(), token));
+            }
+        }
+        while running.try_join_next().is_some() {}
+        tokio::select! {
+            () = stop.cancelled() => break,
+            changed = targets.changed(), if source_open => source_open = changed.is_ok(),
+            Some(_) = running.join_next() => {}
+        }
+    }
+    drop(shared);
+    while running.join_next().await.is_some() {}
 }
 
 /// Keeps one session open on one dispatcher for as long as the controller runs.
@@ -166,7 +226,7 @@ async fn session_loop<K, Ctx, E, F>(
     }
 }
 
-fn reconnect_backoff() -> impl Iterator<Item = Duration> {
+pub(crate) fn reconnect_backoff() -> impl Iterator<Item = Duration> + Send {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(100))
@@ -270,7 +330,14 @@ where
                 break;
             };
             let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
-            let span = info_span!("reconcile", key = %request.key, reason = ?Reason::try_from(request.reason).unwrap_or(Reason::Unspecified), attempt = request.attempt);
+            let span = info_span!(
+                "reconcile",
+                key = %request.key,
+                resource_version = %request.resource_version,
+                reason = ?Reason::try_from(request.reason).unwrap_or(Reason::Unspecified),
+                attempt = request.attempt,
+                dispatcher = %address,
+            );
             tasks.spawn(
                 async move {
                     let _permit = permit;
@@ -427,9 +494,44 @@ fn ack_for(action: Action, error: Option<String>) -> ack_item::Outcome {
     }
 }
 
+/// A deleted object as JSON from the request alone: type, name, namespace, uid,
+/// resourceVersion and a deletion timestamp.
+fn tombstone<K, Ctx, E, F>(
+    shared: &Shared<K, Ctx, E, F>,
+    request: &ReconcileRequest,
+) -> Option<Vec<u8>>
+where
+    K: Resource,
+    E: std::error::Error + 'static,
+{
+    let key = request.object.as_ref()?;
+    let mut metadata = serde_json::json!({
+        "name": key.name,
+        "deletionTimestamp": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ),
+    });
+    for (field, value) in [
+        ("namespace", &key.namespace),
+        ("uid", &request.uid),
+        ("resourceVersion", &request.resource_version),
+    ] {
+        if !value.is_empty() {
+            metadata[field] = value.clone().into();
+        }
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": K::api_version(&shared.dyntype),
+        "kind": K::kind(&shared.dyntype),
+        "metadata": metadata,
+    }))
+    .ok()
+}
+
 /// The object to reconcile: the body the dispatcher sent, or a fresh read. For a deletion, the
 /// last known state marked with a deletion timestamp (so a finalizer-free controller can clean
-/// up), or `None` when the dispatcher no longer had it.
+/// up), else a tombstone built from the request, or `None` when the type cannot be built from
+/// metadata alone.
 async fn load<K, Ctx, E, F>(
     shared: &Shared<K, Ctx, E, F>,
     request: &ReconcileRequest,
@@ -449,7 +551,10 @@ where
     let full = shared.full_payload;
     if request.deleted {
         if request.object_json.is_empty() || !full {
-            return Ok(None);
+            // No last state (a deletion found by a re-list, or a payload without bodies): a
+            // tombstone with what the request says, if the type can be built from metadata
+            // alone; otherwise there is nothing to hand over.
+            return Ok(tombstone(shared, request).and_then(|json| decode(&json).ok()));
         }
         let mut object = decode(&request.object_json)?;
         let meta = object.meta_mut();

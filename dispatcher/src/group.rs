@@ -4,15 +4,19 @@
 //! session has a [`Notify`] its long-poll waits on, and a driver task fires the queue's timers.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    handover::Slice,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
         SessionId,
@@ -43,24 +47,38 @@ pub struct Group {
     /// What every session of the group subscribes to.
     pub spec: GroupSpec,
     queue: Mutex<GroupQueue>,
+    /// The keys this dispatcher serves; checked under the queue lock on every change, so no key
+    /// outside it enters the queue once [`Group::apply_slice`] has run.
+    slice: watch::Receiver<Arc<Slice>>,
+    /// The slice the queue was last trimmed to (locked inside the queue lock).
+    applied: Mutex<Option<Arc<Slice>>>,
+    /// Keys that moved here whose objects were deleted while the handover held them: queued as
+    /// deleted once the handover completes (a re-list cannot show a deletion). At most one per
+    /// key of the slice; locked inside the queue lock.
+    held_deletions: Mutex<HashSet<String>>,
     sessions: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
 }
 
 impl Group {
-    /// A group with an empty queue; its timer driver runs until `cancel`, which must be
-    /// cancelled when the group is dropped from the dispatcher.
+    /// A group with an empty queue that takes only keys of `slice`; its timer driver runs
+    /// until `cancel`, which must be cancelled when the group is dropped from the dispatcher.
     pub fn spawn(
         name: String,
         spec: GroupSpec,
         config: QueueConfig,
+        slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
+        let applied = Mutex::new(Some(slice.borrow().clone()));
         let group = Arc::new(Self {
             name,
             spec,
             queue: Mutex::new(GroupQueue::new(config)),
+            slice,
+            applied,
+            held_deletions: Mutex::new(HashSet::new()),
             sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
         });
@@ -155,27 +173,111 @@ impl Group {
         self.slots().len()
     }
 
-    /// Records a change to a key this dispatcher owns.
+    /// Records a change to a key, if this dispatcher serves it. A deletion of a key that moved
+    /// here and is held by the handover is remembered and delivered once the handover ends.
     pub fn change(&self, key: &str, change: Change) {
-        let wake = self.queue().change(key, change);
+        let wake = {
+            let mut queue = self.queue();
+            if !self.serves_or_holds(key, change.deleted.then_some(true)) {
+                return;
+            }
+            queue.change(key, change)
+        };
         self.wake(wake);
     }
 
-    /// Records that an object exists; see [`GroupQueue::observe`].
+    /// Records that an object exists, if this dispatcher serves its key; see
+    /// [`GroupQueue::observe`].
     pub fn observe(&self, key: &str, object: Observed, epoch: u32) {
-        let wake = self.queue().observe(key, object, epoch);
+        let wake = {
+            let mut queue = self.queue();
+            if !self.serves_or_holds(key, Some(false)) {
+                return;
+            }
+            queue.observe(key, object, epoch)
+        };
         self.wake(wake);
+    }
+
+    /// Whether `key` is served now. For a key held by a handover, records whether its object
+    /// was deleted (`Some(true)`) or exists (`Some(false)`). Call under the queue lock.
+    fn serves_or_holds(&self, key: &str, deleted: Option<bool>) -> bool {
+        let slice = self.slice.borrow();
+        if slice.serves_str(key) {
+            return true;
+        }
+        if slice.owns_str(key) {
+            let mut held = self
+                .held_deletions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match deleted {
+                Some(true) => {
+                    held.insert(key.to_owned());
+                }
+                Some(false) => {
+                    held.remove(key);
+                }
+                None => {}
+            }
+        }
+        false
+    }
+
+    /// Trims the queue to the current slice if it changed: keys that moved away are forgotten
+    /// once what was queued for them here has been delivered and settled (right away when
+    /// nothing may be handed out); deletions held by a handover that completed are queued.
+    /// Returns whether a key this dispatcher no longer owns is still queued or in flight, which
+    /// holds back the release of the ring.
+    pub fn apply_slice(&self) -> bool {
+        let mut wake = Vec::new();
+        let pending = {
+            let mut queue = self.queue();
+            let slice = self.slice.borrow().clone();
+            let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+            if !applied.as_ref().is_some_and(|a| Arc::ptr_eq(a, &slice)) {
+                let drain = slice.settled.is_some();
+                queue.forget_where(|key| !slice.serves_str(key), drain);
+                *applied = Some(slice.clone());
+                let mut held = self
+                    .held_deletions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                held.retain(|key| slice.owns_str(key));
+                let released: Vec<String> = held
+                    .iter()
+                    .filter(|key| slice.serves_str(key))
+                    .cloned()
+                    .collect();
+                for key in released {
+                    held.remove(&key);
+                    wake.extend(queue.change(
+                        &key,
+                        Change {
+                            reason: kube_dispatch_proto::v1::Reason::Deleted,
+                            resource_version: String::new(),
+                            uid: String::new(),
+                            body: None,
+                            deleted: true,
+                        },
+                    ));
+                }
+            }
+            queue.any_leaving(|key| !slice.owns_str(key))
+        };
+        self.wake(wake);
+        pending
+    }
+
+    /// Number of deliveries in flight.
+    pub fn in_flight(&self) -> usize {
+        self.queue().in_flight_len()
     }
 
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let wake = self.queue().sweep(epoch, belongs);
         self.wake(wake);
-    }
-
-    /// Forgets the keys this dispatcher no longer owns.
-    pub fn forget_where(&self, moved: impl Fn(&str) -> bool) {
-        self.queue().forget_where(moved);
     }
 
     /// Resyncs up to `n` keys; see [`GroupQueue::resync_batch`].
@@ -260,10 +362,12 @@ mod tests {
             max_reconcile_time: Duration::from_secs(30),
             body_budget: 0,
         };
+        let slice = Slice::fixed("d0", kube_dispatch_proto::Ring::new(["d0"]));
         Group::spawn(
             "g".into(),
             GroupSpec::new(Vec::new()),
             config,
+            watch::channel(Arc::new(slice)).1,
             cancel.clone(),
         )
     }

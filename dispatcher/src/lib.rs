@@ -8,8 +8,10 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod cli;
 pub mod discovery;
 pub mod group;
+pub mod handover;
 pub mod membership;
 pub mod queue;
 pub mod serve;

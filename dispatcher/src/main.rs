@@ -6,12 +6,13 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_dispatcher::{
     backoff::Backoff,
+    cli,
+    membership::LeaseConfig,
     queue::QueueConfig,
-    serve::{ServeConfig, serve},
+    serve::{Membership, ServeConfig, serve},
     server::{Limits, Settings},
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 /// kube-dispatch dispatcher: holds one non-caching watch per subscribed resource, keeps the keys
 /// on its slice of the consistent-hash ring, and serves reconcile requests to controller
@@ -30,14 +31,47 @@ struct Args {
     #[arg(long, env = "POD_NAME", hide = true)]
     pod_name: Option<String>,
 
-    /// The ring members, comma-separated, this dispatcher among them (e.g.
-    /// dispatcher-0,dispatcher-1,dispatcher-2). Defaults to this dispatcher alone.
+    /// A fixed ring: the members, comma-separated, this dispatcher among them (e.g.
+    /// dispatcher-0,dispatcher-1,dispatcher-2). When unset (the default), the ring is made of
+    /// the dispatchers that hold a live Lease, and keys are handed over when it changes.
     #[arg(long, env = "KD_RING_MEMBERS", value_delimiter = ',')]
     members: Vec<String>,
+
+    /// Namespace of the dispatcher Leases. Defaults to POD_NAMESPACE, else the namespace of
+    /// the kubeconfig context or of the pod's service account.
+    #[arg(long, env = "KD_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+
+    /// Pod namespace (set from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", hide = true)]
+    pod_namespace: Option<String>,
+
+    /// Lease duration: a dispatcher whose Lease is not renewed for this long plus
+    /// --lease-grace is dropped from the ring; one that cannot renew its own for this long
+    /// stops handing out keys.
+    #[arg(long, env = "KD_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+
+    /// How often the Lease is renewed; well under --lease-duration.
+    #[arg(long, env = "KD_LEASE_RENEW_PERIOD", default_value = "3s", value_parser = humantime::parse_duration)]
+    lease_renew_period: Duration,
+
+    /// Extra time before a silent dispatcher is dropped from the ring.
+    #[arg(long, env = "KD_LEASE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    lease_grace: Duration,
 
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7070")]
     listen: std::net::SocketAddr,
+
+    /// Where controllers reach this dispatcher (host:port), published on its Lease for the load
+    /// balancer. Defaults to POD_IP with the --listen port, else the --listen address.
+    #[arg(long, env = "KD_ADVERTISE_ADDRESS")]
+    advertise_address: Option<String>,
+
+    /// Pod IP (set from the downward API).
+    #[arg(long, env = "POD_IP", hide = true)]
+    pod_ip: Option<std::net::IpAddr>,
 
     /// Kubeconfig to use; in a pod, the in-cluster configuration is used when unset.
     #[arg(long, env = "KUBECONFIG")]
@@ -51,8 +85,9 @@ struct Args {
     #[arg(long, env = "KD_SESSION_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     session_ttl: Duration,
 
-    /// Longest session ttl a client may ask for.
-    #[arg(long, env = "KD_MAX_SESSION_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
+    /// Longest session ttl a client may ask for. With --max-reconcile-time it bounds how long
+    /// the keys of a dispatcher that died are held before another takes them over.
+    #[arg(long, env = "KD_MAX_SESSION_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
     max_session_ttl: Duration,
 
     /// Longest a long-poll waits for work before returning empty; must be shorter than the
@@ -117,7 +152,14 @@ async fn main() -> anyhow::Result<()> {
         id,
         pod_name,
         members,
+        lease_namespace,
+        pod_namespace,
+        lease_duration,
+        lease_renew_period,
+        lease_grace,
         listen,
+        advertise_address,
+        pod_ip,
         kubeconfig,
         resync_interval,
         session_ttl,
@@ -136,16 +178,11 @@ async fn main() -> anyhow::Result<()> {
         drain_timeout,
         log_json,
     } = Args::parse();
-    init_logging(log_json);
+    cli::init_logging(log_json);
 
     let identity = id
         .or(pod_name)
         .context("no identity: set --id (KD_DISPATCHER_ID) or POD_NAME")?;
-    let members = if members.is_empty() {
-        vec![identity.clone()]
-    } else {
-        members
-    };
     for (name, d) in [
         ("--session-ttl", session_ttl),
         ("--max-session-ttl", max_session_ttl),
@@ -153,6 +190,8 @@ async fn main() -> anyhow::Result<()> {
         ("--backoff-base", backoff_base),
         ("--backoff-cap", backoff_cap),
         ("--max-reconcile-time", max_reconcile_time),
+        ("--lease-duration", lease_duration),
+        ("--lease-renew-period", lease_renew_period),
     ] {
         anyhow::ensure!(!d.is_zero(), "{name} must be greater than zero");
     }
@@ -161,11 +200,36 @@ async fn main() -> anyhow::Result<()> {
         "--max-poll-wait ({max_poll_wait:?}) must be shorter than --session-ttl ({session_ttl:?}), or idle sessions expire while polling"
     );
     anyhow::ensure!(
+        lease_renew_period < lease_duration,
+        "--lease-renew-period ({lease_renew_period:?}) must be shorter than --lease-duration ({lease_duration:?})"
+    );
+    anyhow::ensure!(
         backoff_base <= backoff_cap,
         "--backoff-base must not exceed --backoff-cap"
     );
 
-    let client = kube_client(kubeconfig.as_deref()).await?;
+    let client = cli::kube_client(kubeconfig.as_deref()).await?;
+    let max_ttl = max_session_ttl.max(session_ttl);
+    let membership = if members.is_empty() {
+        Membership::Leases(LeaseConfig {
+            namespace: lease_namespace
+                .or(pod_namespace)
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            identity: identity.clone(),
+            address: advertise_address.unwrap_or_else(|| match pod_ip {
+                Some(ip) => std::net::SocketAddr::new(ip, listen.port()).to_string(),
+                None => listen.to_string(),
+            }),
+            duration: lease_duration,
+            renew_period: lease_renew_period,
+            grace: lease_grace,
+            // A replica cancels what it holds from a session it could not renew within 3/4 of
+            // the ttl, and any reconcile at 90 % of the maximum reconcile time.
+            handover_bound: max_ttl.max(max_reconcile_time),
+        })
+    } else {
+        Membership::Fixed(members)
+    };
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -176,7 +240,7 @@ async fn main() -> anyhow::Result<()> {
             max_sessions_per_group,
             default_ttl: session_ttl,
             min_ttl: Duration::from_secs(1).min(session_ttl),
-            max_ttl: max_session_ttl.max(session_ttl),
+            max_ttl,
             max_poll_wait,
             max_poll_items: max_poll_items.max(1),
             ..Limits::default()
@@ -193,11 +257,11 @@ async fn main() -> anyhow::Result<()> {
         idle_group_grace,
     };
     let shutdown = CancellationToken::new();
-    tokio::spawn(signal_shutdown(shutdown.clone()));
+    tokio::spawn(cli::shutdown_on_signal(shutdown.clone()));
     serve(
         ServeConfig {
             settings,
-            members,
+            membership,
             watch_grace,
             max_message_bytes,
             drain_timeout,
@@ -209,53 +273,4 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     Ok(())
-}
-
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("invalid kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig given and no in-cluster configuration found")?,
-    };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn signal_shutdown(shutdown: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT: draining"),
-        () = terminate => info!("SIGTERM: draining"),
-    }
-    shutdown.cancel();
 }

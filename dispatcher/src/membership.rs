@@ -1,17 +1,22 @@
-//! Ring membership from coordination.k8s.io Leases: each dispatcher holds a Lease named after
-//! its identity and renews it; every dispatcher computes the ring from the Leases it sees
-//! renewed.
+//! Ring membership from coordination.k8s.io Leases, and the handover gate fed from them.
+//!
+//! Each dispatcher holds a Lease named after its identity and renews it, carrying the ring it
+//! has released ([`RELEASED_ANNOTATION`]); every dispatcher computes the ring from the Leases
+//! it sees renewed, and from the releases decides which keys it may hand out
+//! ([`crate::handover`], `HANDOVER.md`).
 //!
 //! A member is live while its Lease has changed within its duration plus a grace, judged by when
 //! *this* process last saw it change (as client-go's leader election does), never by comparing
-//! the renew time written by another machine's clock with ours.
-//!
-//! Not wired into the dispatcher yet: changing the ring safely needs the handover between old
-//! and new owners of a key, which comes next.
+//! the renew time written by another machine's clock with ours. A dispatcher that cannot renew
+//! its own Lease within the duration stops handing out keys (it is fenced) before the others
+//! can consider it gone.
 
 use std::{
-    collections::{BTreeSet, HashMap},
-    sync::Arc,
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -19,54 +24,91 @@ use futures::StreamExt;
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
     runtime::{
         WatchStreamExt,
         watcher::{self, Event},
     },
 };
-use kube_dispatch_proto::Ring;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::handover::{Handover, Peer, RELEASED_ANNOTATION, Slice};
+
 /// Label that marks a Lease as a kube-dispatch dispatcher's.
 pub const LEASE_LABEL: &str = "kube-dispatch.dev/dispatcher";
+
+/// Annotation on a dispatcher's Lease: the `host:port` its gRPC API is reached at.
+pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
+
+/// A Lease as this process last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    /// Holder identity; empty when released.
+    pub holder: String,
+    /// Renew time as written.
+    pub renew_time: String,
+    /// Lease duration.
+    pub duration: Duration,
+    /// The ring id the holder released.
+    pub released: Option<String>,
+    /// Where the holder serves.
+    pub address: Option<String>,
+    /// The Lease's resourceVersion as an integer (0 if not one).
+    pub resource_version: u128,
+}
+
+impl LeaseState {
+    /// The state of `lease`.
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Self {
+            holder: spec.holder_identity.unwrap_or_default(),
+            renew_time: spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default(),
+            duration: Duration::from_secs(
+                u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
+            ),
+            released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
+            address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
+            resource_version: lease
+                .resource_version()
+                .and_then(|rv| rv.parse().ok())
+                .unwrap_or(0),
+        }
+    }
+}
 
 /// What this process knows of the Leases it watches.
 #[derive(Debug, Default)]
 pub struct Observations {
     leases: HashMap<String, Seen>,
+    newest: u128,
 }
 
 #[derive(Debug)]
 struct Seen {
-    /// Holder and renew time as last seen; a change of either is a renewal.
-    marker: (String, String),
-    duration: Duration,
-    /// When this process saw the marker change.
+    state: LeaseState,
+    /// When this process saw the holder or renew time change.
     changed_at: Instant,
 }
 
 impl Observations {
     /// Records the state of Lease `name` as seen at `now`.
-    pub fn observe(
-        &mut self,
-        name: &str,
-        holder: &str,
-        renew_time: &str,
-        duration: Duration,
-        now: Instant,
-    ) {
-        let marker = (holder.to_owned(), renew_time.to_owned());
+    pub fn observe(&mut self, name: &str, state: LeaseState, now: Instant) {
+        self.newest = self.newest.max(state.resource_version);
         match self.leases.get_mut(name) {
-            Some(seen) if seen.marker == marker => seen.duration = duration,
+            Some(seen)
+                if seen.state.holder == state.holder
+                    && seen.state.renew_time == state.renew_time =>
+            {
+                seen.state = state;
+            }
             _ => {
                 self.leases.insert(
                     name.to_owned(),
                     Seen {
-                        marker,
-                        duration,
+                        state,
                         changed_at: now,
                     },
                 );
@@ -79,20 +121,106 @@ impl Observations {
         self.leases.remove(name);
     }
 
+    /// Whether Lease `name` is known (live or not).
+    pub fn knows(&self, name: &str) -> bool {
+        self.leases.contains_key(name)
+    }
+
+    /// Lease `name` as last seen.
+    pub fn state(&self, name: &str) -> Option<&LeaseState> {
+        self.leases.get(name).map(|s| &s.state)
+    }
+
     /// Keeps only the Leases for which `keep` is true (after a re-list).
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.leases.retain(|name, _| keep(name));
     }
 
+    /// The newest Lease resourceVersion seen.
+    pub fn newest(&self) -> u128 {
+        self.newest
+    }
+
     /// The members live at `now`: Leases with a holder that changed within their duration
     /// plus `grace`.
-    pub fn live(&self, now: Instant, grace: Duration) -> BTreeSet<String> {
+    pub fn live(&self, now: Instant, grace: Duration) -> BTreeMap<String, Peer> {
         self.leases
             .iter()
-            .filter(|(_, s)| !s.marker.0.is_empty())
-            .filter(|(_, s)| now.saturating_duration_since(s.changed_at) <= s.duration + grace)
-            .map(|(name, _)| name.clone())
+            .filter(|(_, s)| !s.state.holder.is_empty())
+            .filter(|(_, s)| {
+                now.saturating_duration_since(s.changed_at) <= s.state.duration + grace
+            })
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    Peer {
+                        released: s.state.released.clone(),
+                        resource_version: s.state.resource_version,
+                        address: s.state.address.clone(),
+                    },
+                )
+            })
             .collect()
+    }
+}
+
+/// A watch of the dispatcher Leases of one namespace, folded into [`Observations`].
+pub struct LeaseWatch {
+    events: futures::stream::BoxStream<'static, Result<Event<Lease>, watcher::Error>>,
+    /// Names listed by a re-list in progress: those not listed again are gone.
+    relisted: Option<BTreeSet<String>>,
+    /// What the watch has shown so far.
+    pub observations: Observations,
+}
+
+impl std::fmt::Debug for LeaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseWatch")
+            .field("observations", &self.observations)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseWatch {
+    /// Watches the dispatcher Leases (those labelled [`LEASE_LABEL`]) of `leases`.
+    pub fn new(leases: Api<Lease>) -> Self {
+        let selector = format!("{LEASE_LABEL}=true");
+        let events = watcher::watcher(leases, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        Self {
+            events,
+            relisted: None,
+            observations: Observations::default(),
+        }
+    }
+
+    /// Waits for the next event and records it; false once the watch has ended.
+    pub async fn next(&mut self) -> bool {
+        let now = Instant::now;
+        match self.events.next().await {
+            Some(Ok(Event::Init)) => self.relisted = Some(BTreeSet::new()),
+            Some(Ok(Event::InitApply(lease))) => {
+                if let Some(names) = self.relisted.as_mut() {
+                    names.insert(lease.name_any());
+                }
+                self.observations
+                    .observe(&lease.name_any(), LeaseState::of(&lease), now());
+            }
+            Some(Ok(Event::InitDone)) => {
+                if let Some(names) = self.relisted.take() {
+                    self.observations.retain(|name| names.contains(name));
+                }
+            }
+            Some(Ok(Event::Apply(lease))) => {
+                self.observations
+                    .observe(&lease.name_any(), LeaseState::of(&lease), now());
+            }
+            Some(Ok(Event::Delete(lease))) => self.observations.forget(&lease.name_any()),
+            Some(Err(e)) => warn!(error = %e, "watching dispatcher Leases failed; retrying"),
+            None => return false,
+        }
+        true
     }
 }
 
@@ -103,65 +231,138 @@ pub struct LeaseConfig {
     pub namespace: String,
     /// This dispatcher's identity, the name of its Lease.
     pub identity: String,
+    /// Where this dispatcher serves (`host:port`), published on its Lease.
+    pub address: String,
     /// Lease duration written into the Lease.
     pub duration: Duration,
     /// How often the Lease is renewed; well under the duration.
     pub renew_period: Duration,
     /// Extra time before a silent member is dropped.
     pub grace: Duration,
+    /// `T`: the longest a reconcile handed out by a dispatcher that died can still run.
+    pub handover_bound: Duration,
 }
 
-/// Holds this dispatcher's Lease and publishes the ring of live members on `ring` until
-/// `cancel`; then releases the Lease (deletes it) so the others drop this member at once.
+/// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
+/// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
+/// released (`released`) is written on the Lease. After `stop`, the Lease is deleted (so the
+/// others take over at once) only if `clean` is set, that is when nothing handed out is still in
+/// flight; otherwise it is left to expire and the others wait out the handover bound.
 pub async fn run(
     client: Client,
     config: LeaseConfig,
-    ring: watch::Sender<Arc<Ring>>,
-    cancel: CancellationToken,
+    slice: watch::Sender<Arc<Slice>>,
+    mut released: watch::Receiver<Option<String>>,
+    stop: CancellationToken,
+    clean: Arc<AtomicBool>,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
-    // Renewing in this task, not a spawned one, ties the Lease to this task's life: if it dies
-    // the Lease stops being renewed, as when the process dies.
+    let started = Instant::now();
+    // A Lease of ours that is still there was not released: the previous process died.
+    let predecessor_died = match leases.get_opt(&config.identity).await {
+        Ok(found) => found.is_some_and(|l| !LeaseState::of(&l).holder.is_empty()),
+        Err(e) => {
+            warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
+            true
+        }
+    };
+    if predecessor_died {
+        warn!(
+            lease = %config.identity,
+            wait = ?config.handover_bound,
+            "found this dispatcher's Lease unreleased: its previous process died; handing out nothing until reconciles it started are over"
+        );
+    }
+    let mut handover = Handover::new(
+        &config.identity,
+        config.handover_bound,
+        started,
+        predecessor_died,
+    );
     let mut renew_tick = tokio::time::interval(config.renew_period);
-    let selector = format!("{LEASE_LABEL}=true");
-    let mut events = watcher::watcher(leases.clone(), watcher::Config::default().labels(&selector))
-        .default_backoff()
-        .boxed();
-    // Names listed by a re-list in progress: those not listed again are gone.
-    let mut relisted: Option<BTreeSet<String>> = None;
-    let mut observations = Observations::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lease_watch = LeaseWatch::new(leases.clone());
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut members: BTreeSet<String> = BTreeSet::new();
+    // Members seen to die, when, and their Lease's resourceVersion then.
+    let mut dead: HashMap<String, (Instant, u128)> = HashMap::new();
+    // Start of the last renewal the API server accepted.
+    let mut renewed: Option<Instant> = None;
+    let mut waiting = None;
     loop {
-        tokio::select! {
-            () = cancel.cancelled() => break,
-            _ = renew_tick.tick() => renew(&leases, &config).await,
-            event = events.next() => match event {
-                Some(Ok(Event::Init)) => relisted = Some(BTreeSet::new()),
-                Some(Ok(Event::InitApply(lease))) => {
-                    if let Some(names) = relisted.as_mut() {
-                        names.insert(lease.name_any());
-                    }
-                    observe(&mut observations, &lease, Instant::now());
-                }
-                Some(Ok(Event::InitDone)) => {
-                    if let Some(names) = relisted.take() {
-                        observations.retain(|name| names.contains(name));
-                    }
-                }
-                Some(Ok(Event::Apply(lease))) => observe(&mut observations, &lease, Instant::now()),
-                Some(Ok(Event::Delete(lease))) => observations.forget(&lease.name_any()),
-                Some(Err(e)) => warn!(error = %e, "watching dispatcher Leases failed; retrying"),
-                None => break,
-            },
-            _ = tick.tick() => {}
+        // Renew on the period, and at once when the released ring changes.
+        let renew_due = tokio::select! {
+            () = stop.cancelled() => break,
+            _ = renew_tick.tick() => true,
+            Ok(()) = released.changed() => true,
+            more = lease_watch.next() => if more { false } else { break },
+            _ = tick.tick() => false,
+        };
+        if renew_due {
+            let at = Instant::now();
+            let id = released.borrow_and_update().clone();
+            // A request the API server never answers must not hold this loop, which is what
+            // fences this dispatcher when its Lease goes unrenewed.
+            let renewal =
+                tokio::time::timeout(config.renew_period, renew(&leases, &config, id.as_deref()));
+            if matches!(renewal.await, Ok(true)) {
+                renewed = Some(at);
+            }
         }
-        let live = observations.live(Instant::now(), config.grace);
-        if live != members {
-            info!(members = ?live, "ring membership changed");
-            members = live;
-            ring.send_replace(Arc::new(Ring::new(members.iter().cloned())));
+        let now = Instant::now();
+        let observations = &lease_watch.observations;
+        let live = observations.live(now, config.grace);
+        for gone in members.iter().filter(|m| !live.contains_key(*m)) {
+            if let Some(state) = observations.state(gone) {
+                warn!(member = %gone, "dispatcher stopped renewing its Lease: taking over its keys once reconciles it handed out are over");
+                handover.died(gone, now);
+                dead.insert(gone.clone(), (now, state.resource_version));
+            } else {
+                info!(member = %gone, "dispatcher released its Lease");
+            }
         }
+        members = live.keys().cloned().collect();
+        // A dead member's Lease stays behind; once the bound has passed, nothing it handed out
+        // can still run, so delete the Lease (if it is still the one seen dead): dispatchers
+        // that start later then need not wait the bound out for it again.
+        let collect: Vec<(String, u128)> = dead
+            .iter()
+            .filter(|(name, _)| !live.contains_key(*name))
+            .filter(|(_, (since, _))| now >= *since + config.handover_bound + config.grace)
+            .map(|(name, (_, rv))| (name.clone(), *rv))
+            .collect();
+        for (name, rv) in collect {
+            dead.remove(&name);
+            // Bounded for the same reason as the renewal; an unanswered delete is retried by
+            // nobody, and the Lease then merely costs later joiners the bound.
+            let _ =
+                tokio::time::timeout(config.renew_period, delete_dead_lease(&leases, &name, rv))
+                    .await;
+        }
+        dead.retain(|name, _| !live.contains_key(name));
+        let observations = &lease_watch.observations;
+        let fenced = renewed.is_none_or(|at| now >= at + config.duration);
+        let next = handover.update(&live, observations.newest(), fenced, now);
+        let why = handover.waiting_for(&live);
+        if why != waiting {
+            if let Some(why) = &why {
+                info!(waiting_for = %why, "handover pending: keys that moved here are held");
+            }
+            waiting = why;
+        }
+        slice.send_if_modified(|current| {
+            let same = current.ring.members() == next.ring.members()
+                && current.settled.as_ref().map(|s| s.members())
+                    == next.settled.as_ref().map(|s| s.members());
+            if !same {
+                *current = Arc::new(next);
+            }
+            !same
+        });
+    }
+    if !clean.load(Ordering::Acquire) {
+        warn!(lease = %config.identity, "leaving the Lease to expire: reconciles were still in flight");
+        return;
     }
     match leases
         .delete(&config.identity, &DeleteParams::default())
@@ -174,28 +375,42 @@ pub async fn run(
     }
 }
 
-fn observe(observations: &mut Observations, lease: &Lease, now: Instant) {
-    let spec = lease.spec.clone().unwrap_or_default();
-    let renew = spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default();
-    let duration =
-        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15));
-    observations.observe(
-        &lease.name_any(),
-        spec.holder_identity.as_deref().unwrap_or_default(),
-        &renew,
-        duration,
-        now,
-    );
+/// Deletes the Lease of a member that died, unless it changed since it was seen dead (the
+/// member came back).
+async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u128) {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: Some(resource_version.to_string()),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match leases.delete(name, &params).await {
+        Ok(_) => {
+            info!(lease = %name, "deleted the Lease of a dispatcher that died, now that the bound has passed")
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => {
+            warn!(lease = %name, error = %e, "could not delete the Lease of a dispatcher that died")
+        }
+    }
 }
 
-/// Writes this dispatcher's Lease with a fresh renew time (server-side apply).
-async fn renew(leases: &Api<Lease>, config: &LeaseConfig) {
+/// Writes this dispatcher's Lease with a fresh renew time and the ring it released
+/// (server-side apply). Returns whether the API server accepted it.
+async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>) -> bool {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
+    if let Some(id) = released {
+        annotations.insert(RELEASED_ANNOTATION.into(), id.into());
+    }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
             "name": config.identity,
             "labels": { LEASE_LABEL: "true" },
+            "annotations": annotations,
         },
         "spec": {
             "holderIdentity": config.identity,
@@ -204,11 +419,15 @@ async fn renew(leases: &Api<Lease>, config: &LeaseConfig) {
         },
     });
     let params = PatchParams::apply("kube-dispatch-dispatcher").force();
-    if let Err(e) = leases
+    match leases
         .patch(&config.identity, &params, &Patch::Apply(&lease))
         .await
     {
-        warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
+        Ok(_) => true,
+        Err(e) => {
+            warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
+            false
+        }
     }
 }
 
@@ -218,27 +437,52 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
+    fn lease(holder: &str, renew: &str, rv: u128) -> LeaseState {
+        LeaseState {
+            holder: holder.into(),
+            renew_time: renew.into(),
+            duration: 10 * SEC,
+            released: None,
+            address: None,
+            resource_version: rv,
+        }
+    }
+
     #[test]
     fn a_member_lives_while_its_lease_changes() {
         let t0 = Instant::now();
         let mut o = Observations::default();
-        o.observe("a", "a", "t1", 10 * SEC, t0);
-        o.observe("b", "b", "t1", 10 * SEC, t0);
+        o.observe("a", lease("a", "t1", 1), t0);
+        o.observe("b", lease("b", "t1", 2), t0);
         assert_eq!(o.live(t0 + 10 * SEC, SEC).len(), 2);
-        // a renews, b falls silent: seeing b's unchanged lease again does not renew it.
-        o.observe("a", "a", "t2", 10 * SEC, t0 + 8 * SEC);
-        o.observe("b", "b", "t1", 10 * SEC, t0 + 8 * SEC);
+        // a renews, b falls silent: seeing b's unchanged lease again does not renew it, though
+        // its release is taken.
+        o.observe("a", lease("a", "t2", 3), t0 + 8 * SEC);
+        o.observe(
+            "b",
+            LeaseState {
+                released: Some("r".into()),
+                ..lease("b", "t1", 4)
+            },
+            t0 + 8 * SEC,
+        );
+        assert_eq!(
+            o.live(t0 + 9 * SEC, SEC)["b"].released.as_deref(),
+            Some("r")
+        );
         let live = o.live(t0 + 12 * SEC, SEC);
-        assert_eq!(live.into_iter().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(live.into_keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(o.newest(), 4);
     }
 
     #[test]
     fn released_and_unheld_leases_are_not_members() {
         let t0 = Instant::now();
         let mut o = Observations::default();
-        o.observe("a", "", "t1", 10 * SEC, t0);
-        o.observe("b", "b", "t1", 10 * SEC, t0);
+        o.observe("a", lease("", "t1", 1), t0);
+        o.observe("b", lease("b", "t1", 2), t0);
         o.forget("b");
+        assert!(o.knows("a") && !o.knows("b"));
         assert!(o.live(t0, SEC).is_empty());
     }
 }

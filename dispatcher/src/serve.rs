@@ -1,7 +1,13 @@
 //! Runs a dispatcher: the watches, the core and the gRPC server (with grpc.health.v1 and server
 //! reflection on the same port), until shutdown, then drains.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use kube::Client;
 use kube_dispatch_proto::{
@@ -12,10 +18,12 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     discovery::Resolver,
+    handover::Slice,
+    membership::{self, LeaseConfig},
     server::{Core, DispatcherService, Settings},
     watch::Watches,
 };
@@ -25,14 +33,23 @@ use crate::{
 pub struct ServeConfig {
     /// Core settings (identity, limits, queue, resync).
     pub settings: Settings,
-    /// The ring members, this dispatcher among them.
-    pub members: Vec<String>,
+    /// Where the ring comes from.
+    pub membership: Membership,
     /// A watch with no subscriber is stopped after this long.
     pub watch_grace: Duration,
     /// Largest request message accepted, in bytes.
     pub max_message_bytes: usize,
     /// Longest the drain may take after shutdown begins.
     pub drain_timeout: Duration,
+}
+
+/// Where a dispatcher's ring comes from.
+#[derive(Clone, Debug)]
+pub enum Membership {
+    /// A fixed list of members, this dispatcher among them; it never changes.
+    Fixed(Vec<String>),
+    /// The live dispatcher Leases, with handover when they change.
+    Leases(LeaseConfig),
 }
 
 /// Why a dispatcher could not run.
@@ -59,13 +76,15 @@ pub enum ServeError {
 pub struct Handles {
     /// The core.
     pub core: Arc<Core>,
-    /// Changes the ring at run time.
-    pub ring: Arc<watch::Sender<Arc<Ring>>>,
+    /// What the dispatcher serves, as it changes.
+    pub slice: watch::Receiver<Arc<Slice>>,
 }
 
 /// Serves on `listener` until `shutdown` is cancelled, then drains: health turns NOT_SERVING,
-/// every session is closed (releasing its in-flight keys), long-polls return, and in-flight
-/// calls get up to `drain_timeout` to finish. `started` receives the handles once serving.
+/// nothing more is handed out, in-flight reconciles get up to `drain_timeout` to be
+/// acknowledged, the Lease is released (only if none is left in flight, so the others may take
+/// over at once), every session is closed and long-polls return. `started` receives the
+/// handles once serving.
 pub async fn serve(
     config: ServeConfig,
     client: Client,
@@ -74,33 +93,69 @@ pub async fn serve(
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), ServeError> {
     let identity = config.settings.identity.clone();
-    if !config.members.contains(&identity) {
-        return Err(ServeError::NotAMember {
-            id: identity,
-            members: config.members,
-        });
-    }
-    let (ring_tx, ring_rx) = watch::channel(Arc::new(Ring::new(config.members.clone())));
-    let ring_tx = Arc::new(ring_tx);
+    let initial = match &config.membership {
+        Membership::Fixed(members) => {
+            if !members.contains(&identity) {
+                return Err(ServeError::NotAMember {
+                    id: identity,
+                    members: members.clone(),
+                });
+            }
+            Slice::fixed(&identity, Ring::new(members.clone()))
+        }
+        // Nothing is served until the Leases have been read and the handover gate opens.
+        Membership::Leases(_) => Slice::fixed(&identity, Ring::new([identity.clone()])).closed(),
+    };
+    let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
+    let (released_tx, released_rx) = watch::channel(None);
+    // Stops the core and the watches, after the drain.
+    let stop = CancellationToken::new();
     let watches = Watches::new(
         client.clone(),
-        identity.clone(),
-        ring_rx,
+        slice_rx.clone(),
         config.watch_grace,
-        shutdown.child_token(),
+        stop.child_token(),
     );
     let core = Core::spawn(
         config.settings.clone(),
-        Resolver::new(client),
+        Resolver::new(client.clone()),
         watches,
-        shutdown.child_token(),
+        slice_rx.clone(),
+        released_tx,
+        stop.child_token(),
     );
+    let members_stop = CancellationToken::new();
+    let clean = Arc::new(AtomicBool::new(false));
+    // However serve() ends (an error included), the core, the watches and the membership task
+    // stop with it; the Lease is then left to expire unless the drain found nothing in flight.
+    let _stop_on_exit = (stop.clone().drop_guard(), members_stop.clone().drop_guard());
+    let membership_task = match config.membership.clone() {
+        Membership::Fixed(_) => {
+            drop(slice_tx);
+            None
+        }
+        Membership::Leases(lease) => Some(tokio::spawn(membership::run(
+            client,
+            lease,
+            slice_tx,
+            released_rx,
+            members_stop.clone(),
+            clean.clone(),
+        ))),
+    };
 
+    // grpc.health.v1: `kubedispatch.v1.Dispatcher` is SERVING until the drain (liveness);
+    // the overall status "" is SERVING only while every key this dispatcher owns is served, so
+    // a rolling update waits for each pod's handover before it moves on (readiness).
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<DispatcherServer<DispatcherService>>()
         .await;
-    health.set_service_status("", ServingStatus::Serving).await;
+    tokio::spawn(report_handover(
+        slice_rx.clone(),
+        health.clone(),
+        shutdown.clone(),
+    ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -109,26 +164,50 @@ pub async fn serve(
         .max_decoding_message_size(config.max_message_bytes);
 
     let local = listener.local_addr().ok();
-    info!(id = %identity, members = ?config.members, address = ?local, "dispatcher serving");
+    info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
     if let Some(started) = started {
         let _ = started.send(Handles {
             core: core.clone(),
-            ring: ring_tx,
+            slice: slice_rx,
         });
     }
 
+    let timeout = config.drain_timeout;
     let drain = {
-        let (core, health, shutdown) = (core.clone(), health.clone(), shutdown.clone());
+        let (core, health, shutdown, stop) =
+            (core.clone(), health.clone(), shutdown.clone(), stop.clone());
         async move {
             shutdown.cancelled().await;
-            info!("draining: health NOT_SERVING, closing sessions");
+            info!("draining: health NOT_SERVING, handing out nothing more");
             health
                 .set_not_serving::<DispatcherServer<DispatcherService>>()
                 .await;
             health
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
+            core.begin_drain();
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut left = core.in_flight();
+            while left > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                left = core.in_flight();
+            }
+            if left == 0 {
+                info!("drained: no reconcile in flight");
+            } else {
+                warn!(
+                    in_flight = left,
+                    ?timeout,
+                    "drain timed out with reconciles in flight"
+                );
+            }
+            clean.store(left == 0, Ordering::Release);
+            members_stop.cancel();
+            if let Some(task) = membership_task {
+                let _ = task.await;
+            }
             core.close_all();
+            stop.cancel();
         }
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -140,18 +219,49 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(dispatcher)
         .serve_with_incoming_shutdown(incoming, drain);
-    let timeout = config.drain_timeout;
+    // The drain takes up to its timeout, the Lease release a request: allow some slack before
+    // giving up on calls that are still open.
+    let slack = Duration::from_secs(5);
     tokio::select! {
         result = server => result?,
         () = async {
             shutdown.cancelled().await;
-            tokio::time::sleep(timeout).await;
+            tokio::time::sleep(timeout + slack).await;
         } => {
             info!(?timeout, "drain timed out; stopping with calls still open");
         }
     }
+    stop.cancel();
     info!("dispatcher stopped");
     Ok(())
+}
+
+/// Keeps the overall health status in step with the handover until `shutdown`.
+async fn report_handover(
+    mut slice: watch::Receiver<Arc<Slice>>,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let status = if slice.borrow_and_update().is_settled() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        // Once draining, the drain owns the status.
+        if shutdown.is_cancelled() {
+            return;
+        }
+        health.set_service_status("", status).await;
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = slice.changed() => if changed.is_err() {
+                // A fixed slice: it stays as it is.
+                shutdown.cancelled().await;
+                return;
+            },
+        }
+    }
 }
 
 /// tonic answers a request larger than the decoding limit with OUT_OF_RANGE; the gRPC status

@@ -18,7 +18,7 @@ use kube_dispatch_proto::{
         ack_item, dispatcher_server,
     },
 };
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
@@ -26,6 +26,7 @@ use tracing::{debug, info};
 use crate::{
     discovery::{ResolveError, Resolver},
     group::{Group, SessionSlot},
+    handover::{Slice, ring_id},
     queue::{Delivery, DeliveryId, Outcome, QueueConfig, SessionId},
     subscription::{
         GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
@@ -116,6 +117,13 @@ pub struct Core {
     next_session: AtomicU64,
     /// Counters.
     pub counters: Counters,
+    /// The keys this dispatcher serves, from the membership task (or fixed).
+    slice: watch::Receiver<Arc<Slice>>,
+    /// The ring id this dispatcher has released (nothing moved away is in flight), for the
+    /// membership task to publish.
+    released: watch::Sender<Option<String>>,
+    /// Set when draining begins: nothing more is handed out, acks are still taken.
+    draining: CancellationToken,
     shutdown: CancellationToken,
 }
 
@@ -128,12 +136,15 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    /// The core, with its housekeeping task (session expiry, resync, idle groups) running until
-    /// `shutdown`.
+    /// The core, with its housekeeping task (session expiry, handover, resync, idle groups)
+    /// running until `shutdown`. It serves the keys of `slice` and publishes on `released` the
+    /// ring it has released.
     pub fn spawn(
         settings: Settings,
         resolver: Resolver,
         watches: Arc<Watches>,
+        slice: watch::Receiver<Arc<Slice>>,
+        released: watch::Sender<Option<String>>,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         let core = Arc::new(Self {
@@ -144,6 +155,9 @@ impl Core {
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             counters: Counters::default(),
+            slice,
+            released,
+            draining: CancellationToken::new(),
             shutdown,
         });
         tokio::spawn(housekeeping(core.clone()));
@@ -171,6 +185,22 @@ impl Core {
     /// Number of running watches against the API server.
     pub fn watch_count(&self) -> usize {
         self.watches.len()
+    }
+
+    /// Stops handing out keys; acks are still taken, so in-flight reconciles can finish.
+    pub fn begin_drain(&self) {
+        self.draining.cancel();
+    }
+
+    /// Number of deliveries in flight over all groups.
+    pub fn in_flight(&self) -> usize {
+        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
+        groups.iter().map(|g| g.in_flight()).sum()
+    }
+
+    /// The keys this dispatcher serves now.
+    pub fn slice(&self) -> Arc<Slice> {
+        self.slice.borrow().clone()
     }
 
     /// Closes every session, releasing in-flight keys; used when draining.
@@ -308,6 +338,7 @@ impl Core {
             name.to_owned(),
             spec.clone(),
             self.settings.queue,
+            self.slice.clone(),
             cancel.clone(),
         );
         groups.insert(
@@ -452,15 +483,28 @@ fn invalid(e: InvalidRequest) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
-/// Expires sessions, resyncs keys and drops idle groups, four times a second.
+/// Expires sessions, trims queues to the slice and releases the ring, resyncs keys and drops
+/// idle groups, four times a second and whenever the slice changes.
 async fn housekeeping(core: Arc<Core>) {
     const TICK: Duration = Duration::from_millis(250);
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut slice_changes = Some(core.slice.clone());
     loop {
-        tokio::select! {
+        let changed = async {
+            match slice_changes.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let fixed = tokio::select! {
             () = core.shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
+            _ = ticker.tick() => false,
+            changed = changed => !changed,
+        };
+        if fixed {
+            // The slice's sender is gone (a fixed ring): ticks alone remain.
+            slice_changes = None;
         }
         let now = Instant::now();
         let expired: Vec<(String, SessionRef)> = {
@@ -506,6 +550,7 @@ async fn housekeeping(core: Arc<Core>) {
             }
             groups.values().map(|e| e.group.clone()).collect()
         };
+        release(&core, &groups);
         let interval = core.settings.resync_interval;
         if !interval.is_zero() {
             for group in groups {
@@ -516,6 +561,28 @@ async fn housekeeping(core: Arc<Core>) {
             }
         }
     }
+}
+
+/// Trims every group to the current slice and, once no key that moved away is in flight,
+/// publishes the ring as released.
+fn release(core: &Core, groups: &[Arc<Group>]) {
+    let slice = core.slice();
+    // Every group must be trimmed: no short-circuit.
+    let moving = groups
+        .iter()
+        .fold(false, |moving, g| g.apply_slice() | moving);
+    let released =
+        (!moving && slice.ring.contains(&core.settings.identity)).then(|| ring_id(&slice.ring));
+    core.released.send_if_modified(|current| {
+        if *current == released {
+            return false;
+        }
+        if let Some(id) = &released {
+            info!(ring = %id, "released the ring: nothing that moved away is queued or in flight");
+        }
+        *current = released;
+        true
+    });
 }
 
 /// The gRPC service.
@@ -624,7 +691,16 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let wait = wait.min(ttl / 2);
         core.settle(&group, id, &req.session_id, acks);
         let deadline = Instant::now() + wait;
-        let mut requests = group.take(id, max);
+        // While draining, nothing new is handed out; the poll waits as usual, so replicas do
+        // not spin, and their acks still settle what is in flight.
+        let take = || {
+            if core.draining.is_cancelled() {
+                Vec::new()
+            } else {
+                group.take(id, max)
+            }
+        };
+        let mut requests = take();
         while requests.is_empty() {
             tokio::select! {
                 () = slot.notify.notified() => {}
@@ -637,7 +713,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                     req.session_id
                 )));
             }
-            requests = group.take(id, max);
+            requests = take();
         }
         core.renew(&slot);
         let requests = requests

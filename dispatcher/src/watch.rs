@@ -25,13 +25,14 @@ use kube::{
         watcher::{self, Event},
     },
 };
-use kube_dispatch_proto::{RequestKey, Ring, v1::Reason};
+use kube_dispatch_proto::{RequestKey, v1::Reason};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
     group::Group,
+    handover::Slice,
     queue::{Change, Observed},
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},
 };
@@ -86,8 +87,7 @@ struct Running {
 /// All watches of this dispatcher.
 pub struct Watches {
     client: Client,
-    identity: String,
-    ring: watch::Receiver<Arc<Ring>>,
+    slice: watch::Receiver<Arc<Slice>>,
     grace: Duration,
     running: Mutex<HashMap<WatchKey, Running>>,
     cancel: CancellationToken,
@@ -96,26 +96,23 @@ pub struct Watches {
 impl std::fmt::Debug for Watches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watches")
-            .field("identity", &self.identity)
             .field("grace", &self.grace)
             .finish_non_exhaustive()
     }
 }
 
 impl Watches {
-    /// Watches for dispatcher `identity`, whose slice is given by `ring`; a watch with no
+    /// Watches that feed the keys of `slice`, re-listing when it changes; a watch with no
     /// subscriber is stopped after `grace`. Everything stops on `cancel`.
     pub fn new(
         client: Client,
-        identity: String,
-        ring: watch::Receiver<Arc<Ring>>,
+        slice: watch::Receiver<Arc<Slice>>,
         grace: Duration,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
-            identity,
-            ring,
+            slice,
             grace,
             running: Mutex::new(HashMap::new()),
             cancel,
@@ -166,8 +163,7 @@ impl Watches {
                     let task = WatchTask {
                         client: self.client.clone(),
                         key: key.clone(),
-                        identity: self.identity.clone(),
-                        ring: self.ring.clone(),
+                        slice: self.slice.clone(),
                         subscribers: run.subscribers.clone(),
                         relist: run.relist.clone(),
                         readiness: tx,
@@ -259,8 +255,7 @@ fn describe(key: &WatchKey) -> String {
 struct WatchTask {
     client: Client,
     key: WatchKey,
-    identity: String,
-    ring: watch::Receiver<Arc<Ring>>,
+    slice: watch::Receiver<Arc<Slice>>,
     subscribers: Arc<RwLock<Vec<Subscriber>>>,
     relist: Arc<tokio::sync::Notify>,
     readiness: watch::Sender<Readiness>,
@@ -297,7 +292,12 @@ impl WatchTask {
             kind: api_resource.kind.clone(),
         };
         let mut epoch: u32 = 0;
-        let mut ring = self.ring.borrow_and_update().clone();
+        // The served set grows only when a handover completes (the settled ring changes): only
+        // then can a re-list show keys this watch has not fed. A ring change alone shrinks it or
+        // adds keys that are held, and a re-list would open a window in which a deletion is seen
+        // by no one.
+        let settled_members = |s: &Slice| s.settled.as_ref().map(|r| r.members().to_vec());
+        let mut settled = settled_members(&self.slice.borrow_and_update());
         'restart: loop {
             let mut events = watcher::watcher(api.clone(), config.clone())
                 .default_backoff()
@@ -309,13 +309,19 @@ impl WatchTask {
                         debug!(resource = %describe(&self.key), "re-listing for a new subscriber");
                         continue 'restart;
                     }
-                    changed = self.ring.changed() => {
-                        if changed.is_err() {
-                            return;
+                    Ok(()) = self.slice.changed() => {
+                        let slice = self.slice.borrow_and_update().clone();
+                        let now = settled_members(&slice);
+                        if now == settled || now.is_none() {
+                            settled = now;
+                            continue;
                         }
-                        ring = self.ring.borrow_and_update().clone();
-                        info!(resource = %describe(&self.key), members = ?ring.members(), "ring changed: re-listing");
-                        self.forget_foreign(&ring);
+                        settled = now;
+                        info!(
+                            resource = %describe(&self.key),
+                            members = ?slice.ring.members(),
+                            "handover complete: re-listing for the keys that moved here"
+                        );
                         continue 'restart;
                     }
                     event = events.next() => event,
@@ -329,7 +335,7 @@ impl WatchTask {
                     Ok(Event::InitApply(mut obj)) => {
                         self.readiness.send_if_modified(mark_ready);
                         obj.types = Some(types.clone());
-                        self.apply(&ring, &obj, epoch, false);
+                        self.apply(&obj, epoch, false);
                     }
                     Ok(Event::InitDone) => {
                         self.readiness.send_if_modified(mark_ready);
@@ -338,11 +344,11 @@ impl WatchTask {
                     }
                     Ok(Event::Apply(mut obj)) => {
                         obj.types = Some(types.clone());
-                        self.apply(&ring, &obj, epoch, false);
+                        self.apply(&obj, epoch, false);
                     }
                     Ok(Event::Delete(mut obj)) => {
                         obj.types = Some(types.clone());
-                        self.apply(&ring, &obj, epoch, true);
+                        self.apply(&obj, epoch, true);
                     }
                     Err(e) => {
                         let rejected = rejection(&e);
@@ -366,7 +372,11 @@ impl WatchTask {
         }
     }
 
-    fn apply(&self, ring: &Ring, obj: &DynamicObject, epoch: u32, deleted: bool) {
+    fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
+        // A cheap early filter, so no body is made for keys owned elsewhere; the group checks
+        // again under its lock against the slice current then (and remembers deletions of keys
+        // a handover holds).
+        let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let r = &self.key.resource;
         let namespace = obj.namespace().unwrap_or_default();
@@ -375,7 +385,7 @@ impl WatchTask {
             match &sub.owner {
                 None => {
                     let key = RequestKey::new(&r.group, &r.kind, &namespace, obj.name_any());
-                    if ring.owner(&key) != Some(self.identity.as_str()) {
+                    if !slice.owns_hash(key.hash64()) {
                         continue;
                     }
                     let key = key.to_string();
@@ -409,7 +419,7 @@ impl WatchTask {
                     let Some(key) = owner_key(obj, owner, &namespace) else {
                         continue;
                     };
-                    if ring.owner(&key) != Some(self.identity.as_str()) {
+                    if !slice.serves(&key) {
                         continue;
                     }
                     sub.group.change(
@@ -437,17 +447,6 @@ impl WatchTask {
                 key.strip_prefix(&prefix).is_some_and(|rest| {
                     namespace.is_empty() || rest.split('/').next() == Some(namespace.as_str())
                 })
-            });
-        }
-    }
-
-    /// The ring changed: groups drop the keys of this subscription that moved away.
-    fn forget_foreign(&self, ring: &Ring) {
-        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        for sub in subscribers.iter() {
-            sub.group.forget_where(|key| {
-                ring.owner_of_hash(kube_dispatch_proto::key::hash64(key.as_bytes()))
-                    != Some(self.identity.as_str())
             });
         }
     }

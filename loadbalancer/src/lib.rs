@@ -1,11 +1,13 @@
 //! The kube-dispatch load balancer.
 //!
-//! A lookaside placement service: controller replicas register with it and learn which
-//! dispatchers to poll over the [`kube_dispatch_proto::v1`] API. It is never in the data path.
-//!
-//! So far it holds the placement rules ([`placement::place`]); the service around them comes
-//! with ring membership.
+//! A lookaside placement service: controller replicas register with it over the
+//! `kubedispatch.v1.LoadBalancer` API and learn which dispatchers to poll; it is never in the
+//! data path. The leader (elected through a Lease) learns the dispatchers from their Leases,
+//! places each group's replicas with [`placement::place`] and pushes every change; standbys
+//! redirect registrations to it. Entry point: [`service::serve`].
 
 #![forbid(unsafe_code)]
 
 pub mod placement;
+pub mod registry;
+pub mod service;

@@ -2,7 +2,9 @@
 //!
 //! Controller replicas talk to dispatchers through the [`v1::dispatcher_client::DispatcherClient`]
 //! generated from `proto/kubedispatch/v1/dispatcher.proto`; dispatchers implement
-//! [`v1::dispatcher_server::Dispatcher`]. The `.proto` files are the contract for clients in any
+//! [`v1::dispatcher_server::Dispatcher`]. Replicas learn which dispatchers to poll from the load
+//! balancer's [`v1::load_balancer_client::LoadBalancerClient`] (`loadbalancer.proto`). The
+//! `.proto` files are the contract for clients in any
 //! language: every message and field is documented there.
 //!
 //! The request-key format ([`RequestKey`]), its hash and the ring that places keys on dispatchers

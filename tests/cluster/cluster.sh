@@ -207,7 +207,7 @@ start_apiserver() {
 start_controller_manager() {
   setsid "$KD_BIN_DIR/kube-controller-manager" \
     --kubeconfig "$dir/controller-manager.kubeconfig" \
-    --controllers namespace-controller,garbage-collector-controller,serviceaccount-controller \
+    --controllers namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller \
     --leader-elect=false \
     --bind-address 127.0.0.1 \
     --secure-port 0 \

@@ -5,19 +5,21 @@ use std::{net::SocketAddr, time::Duration};
 
 use kube_dispatch_dispatcher::{
     backoff::Backoff,
+    membership::LeaseConfig,
     queue::QueueConfig,
-    serve::{Handles, ServeConfig, serve},
+    serve::{Handles, Membership, ServeConfig, serve},
     server::{Limits, Settings},
 };
 use kube_dispatch_proto::v1::{
     AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,
     Subscription, ack_item, dispatcher_client::DispatcherClient,
 };
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use crate::{Cluster, FixtureError};
+use crate::{
+    FixtureError,
+    isolated::{Isolated, bind, spawn_server},
+};
 
 /// Settings for test dispatchers: short ttl and waits so tests finish quickly, and a fast
 /// backoff so retries are observable.
@@ -41,22 +43,21 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
             resync_interval: Duration::ZERO,
             idle_group_grace: Duration::from_secs(30),
         },
-        members: members.iter().map(|m| (*m).to_owned()).collect(),
+        membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
         watch_grace: Duration::from_secs(5),
         max_message_bytes: 4 * 1024 * 1024,
         drain_timeout: Duration::from_secs(5),
     }
 }
 
-/// A dispatcher running in this process.
+/// A dispatcher running in this process, on a runtime of its own.
 #[derive(Debug)]
 pub struct TestDispatcher {
     /// Where it serves gRPC.
     pub addr: SocketAddr,
-    /// Its core and ring.
+    /// Its core and slice.
     pub handles: Handles,
-    shutdown: CancellationToken,
-    task: Option<JoinHandle<()>>,
+    runner: Isolated,
 }
 
 impl TestDispatcher {
@@ -67,35 +68,33 @@ impl TestDispatcher {
 
     /// Starts a dispatcher on `address` (for example the address of one that was stopped).
     pub async fn start_at(config: ServeConfig, address: &str) -> Result<Self, FixtureError> {
-        let client = Cluster::shared().client().await?;
-        let listener =
-            tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|e| FixtureError::Script {
-                    command: format!("bind {address}"),
-                    detail: e.to_string(),
-                })?;
-        let addr = listener.local_addr().map_err(|e| FixtureError::Script {
-            command: "local_addr".into(),
-            detail: e.to_string(),
-        })?;
-        let shutdown = CancellationToken::new();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move {
-            if let Err(e) = serve(config, client, listener, token, Some(tx)).await {
-                panic!("test dispatcher failed: {e}");
-            }
-        });
-        let handles = rx.await.map_err(|_| FixtureError::Script {
-            command: "start dispatcher".into(),
-            detail: "it stopped before serving".into(),
-        })?;
+        Self::start_with(config, address, None, None).await
+    }
+
+    /// Starts a dispatcher on `address` that reaches the API server through `api` (a fault
+    /// proxy) when given, and advertises `advertise` (e.g. a fault proxy in front of it) on its
+    /// Lease instead of its own address.
+    pub async fn start_with(
+        config: ServeConfig,
+        address: &str,
+        api: Option<std::net::SocketAddr>,
+        advertise: Option<String>,
+    ) -> Result<Self, FixtureError> {
+        let (listener, addr) = bind(address)?;
+        let mut config = config;
+        if let Membership::Leases(lease) = &mut config.membership {
+            lease.address = advertise.unwrap_or_else(|| addr.to_string());
+        }
+        let name = config.settings.identity.clone();
+        let (runner, handles) =
+            spawn_server(&name, listener, api, |client, listener, shutdown, tx| {
+                serve(config, client, listener, shutdown, Some(tx))
+            })
+            .await?;
         Ok(Self {
             addr,
             handles,
-            shutdown,
-            task: Some(task),
+            runner,
         })
     }
 
@@ -107,18 +106,34 @@ impl TestDispatcher {
     }
 
     /// Drains and stops it, waiting until it has.
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+    pub async fn stop(self) {
+        self.runner.stop().await;
+    }
+
+    /// Freezes it for `duration` as `SIGSTOP` would: connections stay open, nothing answers.
+    pub fn freeze(&self, duration: Duration) {
+        self.runner.freeze(duration);
+    }
+
+    /// Kills it as `kill -9` would: no drain, no Lease release.
+    pub fn kill(self) {
+        self.runner.kill();
     }
 }
 
-impl Drop for TestDispatcher {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+/// Lease membership for test dispatchers in `namespace`: short leases so membership changes
+/// show within seconds, and a handover bound of `bound`.
+pub fn lease_membership(namespace: &str, identity: &str, bound: Duration) -> Membership {
+    Membership::Leases(LeaseConfig {
+        namespace: namespace.to_owned(),
+        identity: identity.to_owned(),
+        // Filled in with the listener's address at start.
+        address: String::new(),
+        duration: Duration::from_secs(2),
+        renew_period: Duration::from_millis(400),
+        grace: Duration::from_millis(500),
+        handover_bound: bound,
+    })
 }
 
 /// A subscription to a core-group resource by kind, in one namespace.

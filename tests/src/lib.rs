@@ -22,7 +22,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod chaos;
 pub mod dispatcher;
+pub mod faultproxy;
+pub mod isolated;
+pub mod journal;
+pub mod loadbalancer;
 
 use std::{
     path::{Path, PathBuf},
@@ -107,20 +112,53 @@ impl Cluster {
         &self.kubeconfig
     }
 
-    /// A new admin client. Create one per test: a client is tied to the runtime it was made on.
-    pub async fn client(&self) -> Result<Client, FixtureError> {
+    /// The admin configuration from the kubeconfig.
+    async fn config(&self) -> Result<Config, FixtureError> {
         let kubeconfig =
             Kubeconfig::read_from(&self.kubeconfig).map_err(|source| FixtureError::Kubeconfig {
                 path: self.kubeconfig.clone(),
                 source,
             })?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|source| FixtureError::Kubeconfig {
                 path: self.kubeconfig.clone(),
                 source,
+            })
+    }
+
+    /// A new admin client. Create one per test: a client is tied to the runtime it was made on.
+    pub async fn client(&self) -> Result<Client, FixtureError> {
+        Ok(Client::try_from(self.config().await?)?)
+    }
+
+    /// A new admin client that reaches the API server through `proxy` (a [`faultproxy`] in
+    /// front of it): same TLS, another port.
+    pub async fn client_via(&self, proxy: std::net::SocketAddr) -> Result<Client, FixtureError> {
+        let mut config = self.config().await?;
+        config.cluster_url = format!("https://{proxy}")
+            .parse::<tonic::codegen::http::Uri>()
+            .map_err(|e| FixtureError::Script {
+                command: "proxy url".into(),
+                detail: e.to_string(),
             })?;
         Ok(Client::try_from(config)?)
+    }
+
+    /// The API server's address.
+    pub async fn apiserver_addr(&self) -> Result<std::net::SocketAddr, FixtureError> {
+        let config = self.config().await?;
+        let uri = &config.cluster_url;
+        format!(
+            "{}:{}",
+            uri.host().unwrap_or("127.0.0.1"),
+            uri.port_u16().unwrap_or(443)
+        )
+        .parse()
+        .map_err(|e: std::net::AddrParseError| FixtureError::Script {
+            command: "apiserver address".into(),
+            detail: e.to_string(),
+        })
     }
 
     /// A `kubectl` command, built from the pinned version, pointed at this cluster as admin.

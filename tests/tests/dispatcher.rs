@@ -378,11 +378,9 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
     let members = ["dispatcher-0", "dispatcher-1"];
     let d0 = TestDispatcher::start(test_config("dispatcher-0", &members)).await?;
     let d1 = TestDispatcher::start(test_config("dispatcher-1", &members)).await?;
-    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
-    let mut s0 = TestSession::open(&d0, "g", "r", subs.clone()).await?;
-    let mut s1 = TestSession::open(&d1, "g", "r", subs).await?;
-
     const N: usize = 1000;
+    // Created before the sessions open: a session idle for its 3 s ttl while a loaded machine
+    // creates a thousand objects would expire. The dispatchers' first list carries them.
     futures::stream::iter(0..N)
         .map(|i| {
             let api = api.clone();
@@ -394,6 +392,9 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()
         .await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&d0, "g", "r", subs.clone()).await?;
+    let mut s1 = TestSession::open(&d1, "g", "r", subs).await?;
 
     let mut by: HashMap<String, Vec<&str>> = HashMap::new();
     let (mut got0, mut got1) = (Vec::new(), Vec::new());

@@ -2,9 +2,16 @@
 //! Lease, leave at once when they release it, and are dropped after the lease duration when
 //! they stop renewing without releasing (a crash).
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
 
-use kube_dispatch_dispatcher::membership::{self, LeaseConfig};
+use kube_dispatch_dispatcher::{
+    handover::Slice,
+    membership::{self, LeaseConfig},
+};
 use kube_dispatch_proto::Ring;
 use kube_dispatch_tests::TestNamespace;
 use tokio::{sync::watch, task::JoinHandle};
@@ -13,22 +20,35 @@ use tokio_util::sync::CancellationToken;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 struct Member {
-    ring: watch::Receiver<Arc<Ring>>,
+    ring: watch::Receiver<Arc<Slice>>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
 
 fn join(ns: &TestNamespace, identity: &str) -> Member {
-    let (tx, ring) = watch::channel(Arc::new(Ring::new(Vec::<String>::new())));
+    let empty = Slice::fixed(identity, Ring::new(Vec::<String>::new()));
+    let (tx, ring) = watch::channel(Arc::new(empty));
+    // Nothing is ever in flight here: the release is clean.
+    let (_released, released) = watch::channel(None);
     let cancel = CancellationToken::new();
     let config = LeaseConfig {
         namespace: ns.name().to_owned(),
         identity: identity.to_owned(),
+        address: format!("{identity}.invalid:7070"),
         duration: Duration::from_secs(2),
         renew_period: Duration::from_millis(500),
         grace: Duration::from_millis(500),
+        handover_bound: Duration::from_secs(1),
     };
-    let task = tokio::spawn(membership::run(ns.client(), config, tx, cancel.clone()));
+    let clean = Arc::new(AtomicBool::new(true));
+    let task = tokio::spawn(membership::run(
+        ns.client(),
+        config,
+        tx,
+        released,
+        cancel.clone(),
+        clean,
+    ));
     Member { ring, cancel, task }
 }
 
@@ -37,12 +57,12 @@ async fn members_become(member: &mut Member, want: &[&str]) {
     let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
     let wait = member
         .ring
-        .wait_for(|ring| ring.members().iter().cloned().collect::<BTreeSet<_>>() == want);
+        .wait_for(|s| s.ring.members().iter().cloned().collect::<BTreeSet<_>>() == want);
     let reached = matches!(
         tokio::time::timeout(Duration::from_secs(30), wait).await,
         Ok(Ok(_))
     );
-    let now = member.ring.borrow().members().to_vec();
+    let now = member.ring.borrow().ring.members().to_vec();
     assert!(reached, "ring never became {want:?}; it is {now:?}");
 }
 

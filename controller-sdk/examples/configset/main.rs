@@ -29,6 +29,8 @@ use controller::{ConfigSet, Context, error_policy, reconcile};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let client = Client::try_default().await?;
+    // Dispatcher addresses on the command line poll those; none asks the load balancer
+    // (KD_LOADBALANCER, else the in-cluster default).
     let dispatchers: Vec<String> = std::env::args().skip(1).collect();
     Controller::<ConfigSet>::new(client.clone(), "configset")
         .owns::<ConfigMap>()

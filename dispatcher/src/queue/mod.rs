@@ -189,6 +189,9 @@ pub struct GroupQueue {
     body_bytes: usize,
     next_seq: u64,
     next_delivery: DeliveryId,
+    /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
+    /// At most the number of keys in flight.
+    leaving: HashSet<Key>,
 }
 
 impl GroupQueue {
@@ -208,6 +211,7 @@ impl GroupQueue {
             body_bytes: 0,
             next_seq: 0,
             next_delivery: 1,
+            leaving: HashSet::new(),
         }
     }
 
@@ -270,7 +274,11 @@ impl GroupQueue {
         // Its ready keys go back to the pool; rebalance() hands them out again.
         self.unassigned.extend(session.ready);
         for key in session.in_flight.into_values() {
-            self.requeue_now(&key);
+            if self.leaving.remove(&key) {
+                self.remove_entry(&key);
+            } else {
+                self.requeue_now(&key);
+            }
         }
         true
     }
@@ -435,12 +443,27 @@ impl GroupQueue {
     }
 
     /// Forgets every key for which `moved` is true (the ring moved them away). Keys in flight
-    /// are kept until they settle.
-    pub fn forget_where(&mut self, moved: impl Fn(&str) -> bool) {
+    /// are kept until they settle and then forgotten, whatever the outcome: their new owner
+    /// reconciles them next. With `drain`, keys ready for delivery are kept too and delivered
+    /// here first (this dispatcher still owns them until it releases the ring), so a change it
+    /// saw, a deletion above all, is not dropped in transit; then they are forgotten likewise.
+    /// Without it (nothing may be handed out), they are dropped. A key that moves back before
+    /// it settles is kept as usual.
+    pub fn forget_where(&mut self, moved: impl Fn(&str) -> bool, drain: bool) {
+        self.leaving = self
+            .entries
+            .iter()
+            .filter(|(k, e)| {
+                let pending = matches!(e.state, State::InFlight { .. })
+                    || drain && matches!(e.state, State::Ready { .. });
+                pending && moved(k)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
         let keys: HashSet<Key> = self
             .entries
             .iter()
-            .filter(|(k, e)| !matches!(e.state, State::InFlight { .. }) && moved(k))
+            .filter(|(k, _)| !self.leaving.contains(*k) && moved(k))
             .map(|(k, _)| k.clone())
             .collect();
         if keys.is_empty() {
@@ -458,6 +481,39 @@ impl GroupQueue {
             self.cancel_timer(&key);
             self.remove_entry(&key);
         }
+    }
+
+    /// Whether a key that moved away and is accepted by `pred` is still here, queued or in
+    /// flight. Only such keys can be: [`Self::forget_where`] removed every other moved key, and
+    /// a moved key is forgotten when its delivery settles. Cheap: it looks at those keys alone.
+    pub fn any_leaving(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.leaving.iter().any(|k| pred(k))
+    }
+
+    /// Whether any key accepted by `pred` is in flight or ready for delivery.
+    #[cfg(test)]
+    pub(crate) fn any_pending(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.any_in_flight(&pred)
+            || self
+                .sessions
+                .values()
+                .flat_map(|s| s.ready.iter())
+                .chain(self.unassigned.iter())
+                .any(|(_, k)| pred(k))
+    }
+
+    /// Whether any key accepted by `pred` is in flight.
+    #[cfg(test)]
+    pub(crate) fn any_in_flight(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.sessions
+            .values()
+            .flat_map(|s| s.in_flight.values())
+            .any(|k| pred(k))
+    }
+
+    /// Number of deliveries in flight.
+    pub fn in_flight_len(&self) -> usize {
+        self.sessions.values().map(|s| s.in_flight.len()).sum()
     }
 
     /// Takes up to `max` ready keys of `session`, oldest first, and marks them in flight until
@@ -528,6 +584,11 @@ impl GroupQueue {
             return (AckResult::Unknown, Vec::new());
         };
         self.cancel_timer(&key);
+        if self.leaving.remove(&key) {
+            // Moved to another dispatcher while in flight: that one reconciles it next.
+            self.remove_entry(&key);
+            return (AckResult::Settled, Vec::new());
+        }
         let Some(entry) = self.entries.get_mut(&key) else {
             return (AckResult::Unknown, Vec::new());
         };

@@ -1,0 +1,404 @@
+//! Which keys this dispatcher may hand out while the ring changes: the gate of `HANDOVER.md`,
+//! as pure logic over what the membership task observes (no I/O, time passed in).
+//!
+//! A dispatcher serves a key when it owns the key on its current ring *and* owned it on its
+//! settled ring, the ring of the last completed handover. A key that moved in is held until
+//! every other member has released the current ring (a Lease annotation written after this
+//! dispatcher adopted the ring, so a release left over from an earlier change never counts),
+//! every member that died has been gone for the bound `T`, and, when this dispatcher's own
+//! previous process died, `T` has passed since it started.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use kube_dispatch_proto::{RequestKey, Ring, key::hash64};
+use tracing::info;
+
+/// Annotation on a dispatcher's Lease: the id of the ring this dispatcher has released, i.e.
+/// under which it hands out, and has in flight, only keys it owns.
+pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
+
+/// The id of a ring: XXH64 of its sorted members joined with `,`, in hex.
+pub fn ring_id(ring: &Ring) -> String {
+    format!("{:016x}", hash64(ring.members().join(",").as_bytes()))
+}
+
+/// The keys a dispatcher serves.
+#[derive(Clone, Debug)]
+pub struct Slice {
+    identity: Arc<str>,
+    /// The ring as this dispatcher sees it.
+    pub ring: Arc<Ring>,
+    /// The ring of the last completed handover; `None` while nothing may be handed out
+    /// (starting, draining, or cut off from the API server).
+    pub settled: Option<Arc<Ring>>,
+}
+
+impl Slice {
+    /// A slice that never changes: `ring` is fixed and fully handed over.
+    pub fn fixed(identity: &str, ring: Ring) -> Self {
+        let ring = Arc::new(ring);
+        Self {
+            identity: identity.into(),
+            settled: Some(ring.clone()),
+            ring,
+        }
+    }
+
+    /// The same ring with nothing served, for draining.
+    pub fn closed(&self) -> Self {
+        Self {
+            settled: None,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this dispatcher owns the key hash on its current ring.
+    pub fn owns_hash(&self, hash: u64) -> bool {
+        self.ring.owner_of_hash(hash) == Some(&*self.identity)
+    }
+
+    /// Whether this dispatcher owns the key, given as its wire string, on its current ring.
+    pub fn owns_str(&self, key: &str) -> bool {
+        self.owns_hash(hash64(key.as_bytes()))
+    }
+
+    /// Whether this dispatcher serves the key hash now.
+    pub fn serves_hash(&self, hash: u64) -> bool {
+        self.owns_hash(hash)
+            && self
+                .settled
+                .as_ref()
+                .is_some_and(|s| s.owner_of_hash(hash) == Some(&*self.identity))
+    }
+
+    /// Whether this dispatcher serves the request key now.
+    pub fn serves(&self, key: &RequestKey) -> bool {
+        self.serves_hash(key.hash64())
+    }
+
+    /// Whether this dispatcher serves the key, given as its wire string.
+    pub fn serves_str(&self, key: &str) -> bool {
+        self.serves_hash(hash64(key.as_bytes()))
+    }
+
+    /// Whether every key this dispatcher owns is served (no handover pending).
+    pub fn is_settled(&self) -> bool {
+        self.settled
+            .as_ref()
+            .is_some_and(|s| s.members() == self.ring.members())
+    }
+}
+
+/// A live member as its Lease shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// The ring id it has released, if any.
+    pub released: Option<String>,
+    /// The resourceVersion of its Lease as last seen. Resource versions of one resource are
+    /// comparable integers (KEP-5504, stable since Kubernetes 1.35).
+    pub resource_version: u128,
+    /// Where it serves, if it says.
+    pub address: Option<String>,
+}
+
+/// The handover gate of one dispatcher.
+#[derive(Debug)]
+pub struct Handover {
+    identity: String,
+    bound: Duration,
+    ring: Arc<Ring>,
+    /// The newest Lease resourceVersion seen when the current ring was adopted: releases must
+    /// come from later writes.
+    adopted_at: u128,
+    settled: Option<Arc<Ring>>,
+    /// Members that stopped renewing without releasing, and when that was noticed.
+    died: HashMap<String, Instant>,
+    /// Nothing is handed out before this (the previous process of this dispatcher died).
+    hold_until: Option<Instant>,
+}
+
+impl Handover {
+    /// The gate of dispatcher `identity`, started at `now`; `bound` is `T`, the longest a
+    /// reconcile started from a lost dispatcher can still run. When `predecessor_died`, this
+    /// identity's Lease was found unreleased at start, so its previous process may have left
+    /// reconciles running: nothing is handed out until `bound` has passed.
+    pub fn new(identity: &str, bound: Duration, now: Instant, predecessor_died: bool) -> Self {
+        Self {
+            identity: identity.to_owned(),
+            bound,
+            ring: Arc::new(Ring::new(Vec::<String>::new())),
+            adopted_at: 0,
+            settled: None,
+            died: HashMap::new(),
+            hold_until: predecessor_died.then(|| now + bound),
+        }
+    }
+
+    /// Records that `member` stopped renewing its Lease without releasing it, noticed at `now`.
+    pub fn died(&mut self, member: &str, now: Instant) {
+        self.died.insert(member.to_owned(), now);
+    }
+
+    /// The slice to serve at `now`, given the live members, the newest Lease resourceVersion
+    /// seen, and whether this dispatcher is fenced (could not renew its own Lease in time).
+    pub fn update(
+        &mut self,
+        live: &BTreeMap<String, Peer>,
+        newest: u128,
+        fenced: bool,
+        now: Instant,
+    ) -> Slice {
+        if self.ring.members().iter().ne(live.keys()) {
+            self.ring = Arc::new(Ring::new(live.keys().cloned()));
+            self.adopted_at = newest;
+            info!(members = ?self.ring.members(), ring = %ring_id(&self.ring), "adopted a new ring");
+        }
+        self.died.retain(|_, at| now < *at + self.bound);
+        if self.hold_until.is_some_and(|until| now >= until) {
+            self.hold_until = None;
+        }
+        if fenced || !self.ring.contains(&self.identity) {
+            if self.settled.take().is_some() {
+                info!(
+                    fenced,
+                    "handing out nothing: this dispatcher is not on the ring it sees, or cannot renew its Lease"
+                );
+            }
+            // Releases seen so far may predate what the others did meanwhile.
+            self.adopted_at = self.adopted_at.max(newest);
+        } else if !self.is_settled() && self.gate_open(live) {
+            info!(ring = %ring_id(&self.ring), "handover complete: serving every key this dispatcher owns");
+            self.settled = Some(self.ring.clone());
+        }
+        Slice {
+            identity: self.identity.as_str().into(),
+            ring: self.ring.clone(),
+            settled: self.settled.clone(),
+        }
+    }
+
+    fn is_settled(&self) -> bool {
+        self.settled
+            .as_ref()
+            .is_some_and(|s| s.members() == self.ring.members())
+    }
+
+    fn gate_open(&self, live: &BTreeMap<String, Peer>) -> bool {
+        if self.hold_until.is_some() || !self.died.is_empty() {
+            return false;
+        }
+        let id = ring_id(&self.ring);
+        live.iter()
+            .filter(|(name, _)| **name != self.identity)
+            .all(|(_, peer)| {
+                peer.released.as_deref() == Some(id.as_str())
+                    && peer.resource_version > self.adopted_at
+            })
+    }
+
+    /// Why the gate is closed, for logs; `None` when every owned key is served.
+    pub fn waiting_for(&self, live: &BTreeMap<String, Peer>) -> Option<String> {
+        if self.is_settled() {
+            return None;
+        }
+        let id = ring_id(&self.ring);
+        let mut reasons = Vec::new();
+        if self.hold_until.is_some() {
+            reasons.push("this dispatcher's previous process to be over".to_owned());
+        }
+        for name in self.died.keys() {
+            reasons.push(format!("{name} (died) to be gone for {:?}", self.bound));
+        }
+        for (name, peer) in live {
+            if *name != self.identity
+                && (peer.released.as_deref() != Some(id.as_str())
+                    || peer.resource_version <= self.adopted_at)
+            {
+                reasons.push(format!("{name} to release ring {id}"));
+            }
+        }
+        Some(reasons.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+    const T: Duration = Duration::from_secs(30);
+
+    fn peers(entries: &[(&str, Option<&Ring>, u128)]) -> BTreeMap<String, Peer> {
+        entries
+            .iter()
+            .map(|(name, released, rv)| {
+                (
+                    (*name).to_owned(),
+                    Peer {
+                        released: released.map(ring_id),
+                        resource_version: *rv,
+                        address: None,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn ring(members: &[&str]) -> Ring {
+        Ring::new(members.iter().copied())
+    }
+
+    /// A key hash owned by `owner` on `a` and by `other` on `b`.
+    fn moved_key(a: &Ring, b: &Ring, owner: &str, other: &str) -> u64 {
+        (0u64..)
+            .map(|i| hash64(&i.to_le_bytes()))
+            .find(|h| a.owner_of_hash(*h) == Some(owner) && b.owner_of_hash(*h) == Some(other))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_lone_dispatcher_serves_at_once() {
+        let now = Instant::now();
+        let mut h = Handover::new("d0", T, now, false);
+        let s = h.update(&peers(&[("d0", None, 1)]), 1, false, now);
+        assert!(s.is_settled());
+        assert!(s.serves_hash(42));
+    }
+
+    #[test]
+    fn a_joining_member_waits_for_a_fresh_release_by_every_other() {
+        let now = Instant::now();
+        let (r1, r2) = (ring(&["d0"]), ring(&["d0", "d1"]));
+        let mut h = Handover::new("d1", T, now, false);
+        // d0 released the old ring, and even the new ring before d1 adopted it: not enough.
+        let s = h.update(
+            &peers(&[("d0", Some(&r2), 5), ("d1", None, 6)]),
+            6,
+            false,
+            now,
+        );
+        assert!(!s.is_settled());
+        let k = moved_key(&r1, &r2, "d0", "d1");
+        assert!(s.owns_hash(k) && !s.serves_hash(k));
+        let s = h.update(
+            &peers(&[("d0", Some(&r1), 7), ("d1", None, 6)]),
+            7,
+            false,
+            now,
+        );
+        assert!(
+            !s.serves_hash(k),
+            "a release of another ring does not count"
+        );
+        assert!(
+            h.waiting_for(&peers(&[("d0", Some(&r1), 7)]))
+                .unwrap()
+                .contains("d0")
+        );
+        let s = h.update(
+            &peers(&[("d0", Some(&r2), 8), ("d1", None, 6)]),
+            8,
+            false,
+            now,
+        );
+        assert!(s.serves_hash(k));
+        assert!(h.waiting_for(&peers(&[("d0", Some(&r2), 8)])).is_none());
+    }
+
+    #[test]
+    fn keys_owned_on_both_rings_are_served_during_the_handover() {
+        let now = Instant::now();
+        let (r2, r3) = (ring(&["d0", "d1"]), ring(&["d0", "d1", "d2"]));
+        let mut h = Handover::new("d0", T, now, false);
+        // Adopted when d1's Lease was seen (rv 2); d1's next renewal releases it.
+        let live2 = peers(&[("d0", None, 1), ("d1", Some(&r2), 2)]);
+        assert!(!h.update(&live2, 2, false, now).is_settled());
+        let live2 = peers(&[("d0", None, 1), ("d1", Some(&r2), 3)]);
+        assert!(h.update(&live2, 3, false, now).is_settled());
+        let s = h.update(
+            &peers(&[("d0", None, 1), ("d1", Some(&r2), 3), ("d2", None, 4)]),
+            4,
+            false,
+            now,
+        );
+        assert!(!s.is_settled());
+        let kept = moved_key(&r2, &r3, "d0", "d0");
+        let gone = moved_key(&r2, &r3, "d0", "d2");
+        assert!(s.serves_hash(kept));
+        assert!(!s.serves_hash(gone) && !s.owns_hash(gone));
+        // d1 gains nothing from d0 here, but the gate is for the whole ring: it waits on d1
+        // and d2 alike.
+        let s = h.update(
+            &peers(&[("d0", None, 1), ("d1", Some(&r3), 5), ("d2", Some(&r3), 6)]),
+            6,
+            false,
+            now,
+        );
+        assert!(s.is_settled());
+    }
+
+    #[test]
+    fn a_dead_member_is_waited_out_for_the_bound() {
+        let t0 = Instant::now();
+        let (r2, r1) = (ring(&["d0", "d1"]), ring(&["d0"]));
+        let mut h = Handover::new("d0", T, t0, false);
+        h.update(&peers(&[("d0", None, 1), ("d1", None, 2)]), 2, false, t0);
+        let live = peers(&[("d0", None, 1), ("d1", Some(&r2), 3)]);
+        assert!(h.update(&live, 3, false, t0).is_settled());
+        h.died("d1", t0 + SEC);
+        let k = moved_key(&r2, &r1, "d1", "d0");
+        let live = peers(&[("d0", None, 3)]);
+        assert!(!h.update(&live, 3, false, t0 + SEC).serves_hash(k));
+        assert!(!h.update(&live, 3, false, t0 + T).serves_hash(k));
+        assert!(h.waiting_for(&live).unwrap().contains("d1 (died)"));
+        assert!(h.update(&live, 3, false, t0 + SEC + T).serves_hash(k));
+    }
+
+    #[test]
+    fn a_restart_after_a_crash_waits_out_the_previous_process() {
+        let t0 = Instant::now();
+        let mut h = Handover::new("d0", T, t0, true);
+        let live = peers(&[("d0", None, 1)]);
+        assert!(!h.update(&live, 1, false, t0).is_settled());
+        assert!(!h.update(&live, 1, false, t0 + T - SEC).is_settled());
+        assert!(h.update(&live, 1, false, t0 + T).is_settled());
+    }
+
+    #[test]
+    fn a_fenced_dispatcher_serves_nothing_and_needs_fresh_releases_after() {
+        let now = Instant::now();
+        let r = ring(&["d0", "d1"]);
+        let mut h = Handover::new("d0", T, now, false);
+        h.update(&peers(&[("d0", None, 1), ("d1", None, 2)]), 2, false, now);
+        let live = peers(&[("d0", None, 1), ("d1", Some(&r), 3)]);
+        assert!(h.update(&live, 3, false, now).is_settled());
+        let s = h.update(&live, 9, true, now);
+        assert!(s.settled.is_none() && !s.serves_hash(1) && !s.serves_hash(2));
+        // Renewing again: d1's release from before the cut does not count.
+        assert!(h.update(&live, 9, false, now).settled.is_none());
+        let live = peers(&[("d0", None, 1), ("d1", Some(&r), 10)]);
+        assert!(h.update(&live, 10, false, now).is_settled());
+    }
+
+    #[test]
+    fn a_member_off_its_own_ring_serves_nothing() {
+        let now = Instant::now();
+        let mut h = Handover::new("d9", T, now, false);
+        let s = h.update(&peers(&[("d0", None, 1)]), 1, false, now);
+        assert!(s.settled.is_none());
+        assert!(!s.owns_hash(7));
+    }
+
+    #[test]
+    fn a_fixed_slice_serves_what_it_owns() {
+        let s = Slice::fixed("d0", ring(&["d0", "d1"]));
+        assert!(s.is_settled());
+        let k = moved_key(&s.ring, &s.ring, "d0", "d0");
+        assert!(s.serves_hash(k));
+        assert!(!s.closed().serves_hash(k));
+    }
+}

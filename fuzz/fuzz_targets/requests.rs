@@ -1,0 +1,41 @@
+//! Every request message of the wire API, decoded from arbitrary bytes and, where the
+//! dispatcher validates it before any I/O, validated: neither may panic, however malformed the
+//! input.
+
+#![no_main]
+
+use kube_dispatch_dispatcher::subscription::{positive_duration, validate_open};
+use kube_dispatch_proto::{
+    RequestKey,
+    v1::{AckRequest, CloseSessionRequest, OpenSessionRequest, PollRequest, RegisterRequest},
+};
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(open) = OpenSessionRequest::decode(data) {
+        let _ = validate_open(&open);
+        if let Some(ttl) = &open.ttl {
+            let _ = positive_duration("ttl", ttl);
+        }
+    }
+    if let Ok(poll) = PollRequest::decode(data) {
+        if let Some(wait) = &poll.wait {
+            let _ = positive_duration("wait", wait);
+        }
+        for ack in &poll.acks {
+            let _ = ack.encoded_len();
+        }
+    }
+    if let Ok(ack) = AckRequest::decode(data) {
+        let _ = ack.acks.len();
+    }
+    let _ = CloseSessionRequest::decode(data);
+    let _ = RegisterRequest::decode(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(key) = RequestKey::parse(text) {
+            // A parsed key prints back to what was parsed.
+            assert_eq!(key.to_string(), text);
+        }
+    }
+});

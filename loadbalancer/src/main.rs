@@ -1,0 +1,127 @@
+//! The `kube-dispatch-loadbalancer` binary: flags, logging, signals; the rest is the library.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kube_dispatch_loadbalancer::service::{Config, serve};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// kube-dispatch load balancer: tells every registered controller replica which dispatchers to
+/// poll, so that every dispatcher is polled by at least one replica of each controller group and
+/// the load is spread evenly. Run two or more; one leads (a Lease), the others redirect
+/// registrations to it and take over if it dies.
+///
+/// Every flag can also be set through the environment variable named in brackets. Durations
+/// take units: 500ms, 10s, 5m.
+#[derive(Debug, Parser)]
+#[command(name = "kube-dispatch-loadbalancer", version, about, long_about)]
+struct Args {
+    /// Address to serve gRPC on.
+    #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7071")]
+    listen: std::net::SocketAddr,
+
+    /// Where controllers reach this replica (host:port); also its identity in the leader
+    /// election. Defaults to POD_IP with the --listen port, else the --listen address.
+    #[arg(long, env = "KD_ADVERTISE_ADDRESS")]
+    advertise_address: Option<String>,
+
+    /// Pod IP (set from the downward API).
+    #[arg(long, env = "POD_IP", hide = true)]
+    pod_ip: Option<std::net::IpAddr>,
+
+    /// Namespace of the leader Lease and of the dispatcher Leases. Defaults to POD_NAMESPACE,
+    /// else the namespace of the kubeconfig context or of the pod's service account.
+    #[arg(long, env = "KD_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Pod namespace (set from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", hide = true)]
+    pod_namespace: Option<String>,
+
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "KD_LEASE_NAME",
+        default_value = "kube-dispatch-loadbalancer"
+    )]
+    lease_name: String,
+
+    /// Leader Lease duration (whole seconds): a standby takes over this long after the leader
+    /// stops renewing.
+    #[arg(long, env = "KD_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+
+    /// How long before its Lease expires the leader renews it (whole seconds); also the clock
+    /// skew between nodes that leader election tolerates.
+    #[arg(long, env = "KD_LEASE_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    lease_grace: Duration,
+
+    /// Extra time before a dispatcher whose Lease is not renewed is dropped; use the
+    /// dispatchers' --lease-grace.
+    #[arg(long, env = "KD_DISPATCHER_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    dispatcher_grace: Duration,
+
+    /// A replica whose registration stream ended keeps its place this long (a reconnect moves
+    /// nothing), then is removed and its dispatchers go to the others.
+    #[arg(long, env = "KD_REPLICA_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    replica_grace: Duration,
+
+    /// Most controller replicas registered at once, over all groups.
+    #[arg(long, env = "KD_MAX_REGISTRATIONS", default_value_t = 10_000)]
+    max_registrations: usize,
+
+    /// Kubeconfig to use; in a pod, the in-cluster configuration is used when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+
+    /// Log as JSON lines instead of text. The level comes from RUST_LOG (default info).
+    #[arg(long, env = "KD_LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    kube_dispatch_dispatcher::cli::init_logging(args.log_json);
+    anyhow::ensure!(
+        args.lease_duration.as_secs() >= 2,
+        "--lease-duration must be at least 2s"
+    );
+    anyhow::ensure!(
+        args.lease_grace.as_secs() >= 1 && args.lease_grace < args.lease_duration,
+        "--lease-grace must be at least 1s and shorter than --lease-duration"
+    );
+    let client = kube_dispatch_dispatcher::cli::kube_client(args.kubeconfig.as_deref()).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let advertise_address = args.advertise_address.unwrap_or_else(|| match args.pod_ip {
+        Some(ip) => std::net::SocketAddr::new(ip, args.listen.port()).to_string(),
+        None => args.listen.to_string(),
+    });
+    let config = Config {
+        advertise_address,
+        namespace: args
+            .namespace
+            .or(args.pod_namespace)
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        lease_name: args.lease_name,
+        lease_duration: args.lease_duration,
+        lease_grace: args.lease_grace,
+        dispatcher_grace: args.dispatcher_grace,
+        replica_grace: args.replica_grace,
+        max_registrations: args.max_registrations,
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(kube_dispatch_dispatcher::cli::shutdown_on_signal(
+        shutdown.clone(),
+    ));
+    info!(?config, "starting");
+    if let Err(e) = serve(config, client, listener, shutdown, None).await {
+        warn!(error = %e, "load balancer failed");
+        return Err(e.into());
+    }
+    Ok(())
+}

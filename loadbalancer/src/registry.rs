@@ -1,0 +1,323 @@
+//! The leader's state: live dispatchers, registered replicas per group, and the placement of
+//! each group, pushed to every replica's stream when it changes.
+//!
+//! Bounds: at most `max_registrations` replicas over all groups (registrations past it are
+//! refused); a replica whose streams have all ended is kept for the grace, then removed. Each
+//! replica holds one `watch` slot (its latest assignment), never a queue.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use kube_dispatch_proto::v1::Assignment;
+use tokio::sync::watch;
+use tracing::{debug, info};
+
+use crate::placement::{Placement, place};
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// The registry is full.
+    #[error("the load balancer holds {0} registrations, the most allowed")]
+    Full(usize),
+}
+
+#[derive(Debug)]
+struct Replica {
+    assignment: watch::Sender<Assignment>,
+    /// Open registration streams of this replica (a reconnect may overlap the old stream).
+    streams: usize,
+    /// When its last stream ended.
+    gone_since: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct GroupState {
+    replicas: BTreeMap<String, Replica>,
+    placement: Placement,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Dispatcher name to address.
+    dispatchers: BTreeMap<String, String>,
+    groups: BTreeMap<String, GroupState>,
+    registrations: usize,
+}
+
+/// The registry of one load balancer leader.
+#[derive(Debug)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+    max_registrations: usize,
+}
+
+/// Keeps a registration stream counted; dropping it starts the replica's grace.
+#[derive(Debug)]
+pub struct StreamGuard {
+    registry: Arc<Registry>,
+    group: String,
+    replica: String,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.registry
+            .stream_ended(&self.group, &self.replica, Instant::now());
+    }
+}
+
+impl Registry {
+    /// An empty registry that holds at most `max_registrations` replicas.
+    pub fn new(max_registrations: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            max_registrations,
+        })
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a stream of `replica` in `group`; the receiver holds its assignment, current
+    /// at once.
+    pub fn register(
+        self: &Arc<Self>,
+        group: &str,
+        replica: &str,
+    ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
+        let mut inner = self.inner();
+        let known = inner
+            .groups
+            .get(group)
+            .is_some_and(|g| g.replicas.contains_key(replica));
+        if !known && inner.registrations >= self.max_registrations {
+            return Err(RegisterError::Full(self.max_registrations));
+        }
+        let receiver = {
+            let state = inner.groups.entry(group.to_owned()).or_default();
+            let entry = state
+                .replicas
+                .entry(replica.to_owned())
+                .or_insert_with(|| Replica {
+                    assignment: watch::channel(Assignment::default()).0,
+                    streams: 0,
+                    gone_since: None,
+                });
+            entry.streams += 1;
+            entry.gone_since = None;
+            entry.assignment.subscribe()
+        };
+        if !known {
+            inner.registrations += 1;
+            info!(group, replica, "replica registered");
+            replace(&mut inner, group);
+        }
+        Ok((
+            receiver,
+            StreamGuard {
+                registry: self.clone(),
+                group: group.to_owned(),
+                replica: replica.to_owned(),
+            },
+        ))
+    }
+
+    fn stream_ended(&self, group: &str, replica: &str, now: Instant) {
+        let mut inner = self.inner();
+        if let Some(r) = inner
+            .groups
+            .get_mut(group)
+            .and_then(|g| g.replicas.get_mut(replica))
+        {
+            r.streams = r.streams.saturating_sub(1);
+            if r.streams == 0 {
+                debug!(
+                    group,
+                    replica, "registration stream ended; keeping the replica's place for the grace"
+                );
+                r.gone_since = Some(now);
+            }
+        }
+    }
+
+    /// Sets the live dispatchers (name to address) and re-places every group if they changed.
+    pub fn set_dispatchers(&self, dispatchers: BTreeMap<String, String>) {
+        let mut inner = self.inner();
+        if inner.dispatchers == dispatchers {
+            return;
+        }
+        info!(dispatchers = ?dispatchers.keys().collect::<Vec<_>>(), "dispatchers changed");
+        inner.dispatchers = dispatchers;
+        let groups: Vec<String> = inner.groups.keys().cloned().collect();
+        for group in groups {
+            replace(&mut inner, &group);
+        }
+    }
+
+    /// Removes the replicas whose streams ended `grace` or longer before `now`.
+    pub fn expire(&self, now: Instant, grace: Duration) {
+        let mut inner = self.inner();
+        let mut changed = Vec::new();
+        for (name, state) in &mut inner.groups {
+            let before = state.replicas.len();
+            state.replicas.retain(|replica, r| {
+                let keep = r
+                    .gone_since
+                    .is_none_or(|since| now.saturating_duration_since(since) < grace);
+                if !keep {
+                    info!(group = %name, replica, "replica removed: no registration stream for the grace");
+                }
+                keep
+            });
+            if state.replicas.len() != before {
+                changed.push((name.clone(), before - state.replicas.len()));
+            }
+        }
+        for (group, removed) in changed {
+            inner.registrations -= removed;
+            replace(&mut inner, &group);
+        }
+        inner.groups.retain(|_, g| !g.replicas.is_empty());
+    }
+
+    /// Drops every registration (this replica stopped leading): their streams end, and the
+    /// replicas register with the new leader.
+    pub fn clear(&self) {
+        let mut inner = self.inner();
+        inner.groups.clear();
+        inner.registrations = 0;
+    }
+
+    /// The placement of every group: replica to dispatcher names.
+    pub fn placements(&self) -> BTreeMap<String, Placement> {
+        self.inner()
+            .groups
+            .iter()
+            .map(|(name, g)| (name.clone(), g.placement.clone()))
+            .collect()
+    }
+
+    /// Number of registered replicas over all groups.
+    pub fn len(&self) -> usize {
+        self.inner().registrations
+    }
+
+    /// Whether no replica is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Recomputes the placement of `group` and pushes every changed assignment.
+fn replace(inner: &mut Inner, group: &str) {
+    let dispatchers: Vec<String> = inner.dispatchers.keys().cloned().collect();
+    let addresses = inner.dispatchers.clone();
+    let Some(state) = inner.groups.get_mut(group) else {
+        return;
+    };
+    let replicas: Vec<String> = state.replicas.keys().cloned().collect();
+    let placement = place(&dispatchers, &replicas, &state.placement);
+    if placement != state.placement {
+        debug!(group, ?placement, "placement changed");
+    }
+    state.placement = placement;
+    for (name, replica) in &state.replicas {
+        let assigned: BTreeSet<String> = state
+            .placement
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|d| addresses.get(d).cloned())
+            .collect();
+        let assigned: Vec<String> = assigned.into_iter().collect();
+        replica.assignment.send_if_modified(|a| {
+            if a.dispatchers == assigned && a.generation > 0 {
+                return false;
+            }
+            a.dispatchers = assigned;
+            a.generation += 1;
+            true
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dispatchers(n: usize) -> BTreeMap<String, String> {
+        (0..n)
+            .map(|i| (format!("d{i}"), format!("10.0.0.{i}:7070")))
+            .collect()
+    }
+
+    #[test]
+    fn replicas_are_told_their_dispatchers_and_every_change() {
+        let registry = Registry::new(10);
+        registry.set_dispatchers(dispatchers(3));
+        let (mut a, _ga) = registry.register("g", "a").unwrap();
+        assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
+        let (mut b, gb) = registry.register("g", "b").unwrap();
+        assert!(a.has_changed().unwrap(), "a gives up a dispatcher to b");
+        let (na, nb) = (
+            a.borrow_and_update().dispatchers.len(),
+            b.borrow_and_update().dispatchers.len(),
+        );
+        assert_eq!((na.min(nb), na.max(nb)), (1, 2));
+        // b's stream ends: b keeps its place for the grace, then a takes everything again.
+        drop(gb);
+        let now = Instant::now();
+        registry.expire(now, Duration::from_secs(5));
+        assert!(!a.has_changed().unwrap());
+        registry.expire(now + Duration::from_secs(5), Duration::from_secs(5));
+        assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
+        assert_eq!(registry.len(), 1);
+        assert!(b.has_changed().is_err(), "b's assignment is dropped");
+    }
+
+    #[test]
+    fn a_reconnect_within_the_grace_moves_nothing() {
+        let registry = Registry::new(10);
+        registry.set_dispatchers(dispatchers(2));
+        let (_a, ga) = registry.register("g", "a").unwrap();
+        let (_b, _gb) = registry.register("g", "b").unwrap();
+        let before = registry.placements();
+        drop(ga);
+        let (mut again, _ga) = registry.register("g", "a").unwrap();
+        registry.expire(
+            Instant::now() + Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
+        assert_eq!(registry.placements(), before);
+        assert_eq!(again.borrow_and_update().dispatchers.len(), 1);
+    }
+
+    #[test]
+    fn registrations_are_bounded() {
+        let registry = Registry::new(2);
+        let _a = registry.register("g", "a").unwrap();
+        let _b = registry.register("h", "b").unwrap();
+        assert_eq!(
+            registry.register("g", "c").unwrap_err(),
+            RegisterError::Full(2)
+        );
+        // Another stream of a known replica is not a new registration.
+        assert!(registry.register("g", "a").is_ok());
+    }
+
+    #[test]
+    fn with_no_dispatcher_the_assignment_is_empty() {
+        let registry = Registry::new(2);
+        let (mut a, _g) = registry.register("g", "a").unwrap();
+        let first = a.borrow_and_update().clone();
+        assert!(first.dispatchers.is_empty());
+        assert_eq!(first.generation, 1);
+        registry.set_dispatchers(dispatchers(1));
+        assert_eq!(a.borrow_and_update().dispatchers, ["10.0.0.0:7070"]);
+    }
+}

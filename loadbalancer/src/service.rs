@@ -1,0 +1,299 @@
+//! The load balancer: the gRPC service, leader election, and the tasks that feed the registry
+//! (dispatchers from their Leases, expiry of replicas that went away).
+
+use std::{
+    collections::BTreeMap,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_dispatch_dispatcher::membership::LeaseWatch;
+use kube_dispatch_proto::v1::{
+    Assignment, RegisterRequest,
+    load_balancer_server::{LoadBalancer, LoadBalancerServer},
+};
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::{net::TcpListener, sync::watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, transport::Server};
+use tonic_health::ServingStatus;
+use tracing::{info, warn};
+
+use crate::registry::{RegisterError, Registry};
+
+/// Longest group name or replica id accepted.
+const MAX_ID_LEN: usize = 253;
+
+/// Everything a load balancer needs besides its client and listener.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This replica's address (`host:port`) as controllers reach it; also its identity in the
+    /// leader election, so standbys can redirect to the leader.
+    pub advertise_address: String,
+    /// Namespace of the leader Lease and of the dispatcher Leases.
+    pub namespace: String,
+    /// Name of the leader Lease.
+    pub lease_name: String,
+    /// Leader Lease duration: a standby takes over this long after the leader stops renewing.
+    pub lease_duration: Duration,
+    /// How long before its Lease expires the leader renews it.
+    pub lease_grace: Duration,
+    /// Extra time before a silent dispatcher is dropped (as the dispatchers use).
+    pub dispatcher_grace: Duration,
+    /// A replica whose registration stream ended is removed after this long.
+    pub replica_grace: Duration,
+    /// Most replicas registered at once.
+    pub max_registrations: usize,
+}
+
+/// A running load balancer's handles, for in-process callers (tests).
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The registry (meaningful while leading).
+    pub registry: Arc<Registry>,
+    /// Whether this replica leads.
+    pub leading: watch::Receiver<bool>,
+}
+
+/// Why the load balancer could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Leader election could not start.
+    #[error("cannot set up leader election on Lease {lease}: {source}")]
+    Election {
+        /// The Lease.
+        lease: String,
+        /// The cause.
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+struct Service {
+    registry: Arc<Registry>,
+    leading: watch::Receiver<bool>,
+    leases: Api<Lease>,
+    lease_name: String,
+    identity: String,
+}
+
+type AssignmentStream = Pin<Box<dyn Stream<Item = Result<Assignment, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LoadBalancer for Service {
+    type RegisterStream = AssignmentStream;
+
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<Self::RegisterStream>, Status> {
+        let req = request.into_inner();
+        for (field, value) in [("group", &req.group), ("replica_id", &req.replica_id)] {
+            if value.is_empty() || value.len() > MAX_ID_LEN {
+                return Err(Status::invalid_argument(format!(
+                    "{field} must be 1 to {MAX_ID_LEN} characters long"
+                )));
+            }
+        }
+        if !*self.leading.borrow() {
+            let leader = self.leader().await?;
+            let redirect = Assignment {
+                leader,
+                ..Assignment::default()
+            };
+            return Ok(Response::new(
+                futures::stream::once(async { Ok(redirect) }).boxed(),
+            ));
+        }
+        let (assignment, guard) = self
+            .registry
+            .register(&req.group, &req.replica_id)
+            .map_err(|e| match e {
+                RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
+            })?;
+        let mut leading = self.leading.clone();
+        // The stream ends when this replica stops leading, or when the registration is dropped.
+        let stream = tokio_stream::wrappers::WatchStream::new(assignment)
+            .take_until(async move {
+                let _ = leading.wait_for(|l| !*l).await;
+            })
+            .map(move |a| {
+                let _registered = &guard;
+                Ok(a)
+            });
+        Ok(Response::new(stream.boxed()))
+    }
+}
+
+impl Service {
+    /// The leader's address, read from the leader Lease.
+    async fn leader(&self) -> Result<String, Status> {
+        let lease = self
+            .leases
+            .get_opt(&self.lease_name)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot read the leader Lease: {e}")))?;
+        let holder = lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty() && *h != self.identity);
+        holder.ok_or_else(|| {
+            Status::unavailable(
+                "no load balancer leads right now; keep polling the dispatchers you have and retry",
+            )
+        })
+    }
+}
+
+/// Serves on `listener` until `shutdown`: takes part in leader election, tracks the dispatchers
+/// and, while leading, places registered replicas. `started` receives the handles.
+pub async fn serve(
+    config: Config,
+    client: Client,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<Handles>>,
+) -> Result<(), ServeError> {
+    let registry = Registry::new(config.max_registrations);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.advertise_address)
+        .with_duration(config.lease_duration.as_secs().max(1))
+        .with_grace(config.lease_grace.as_secs().max(1))
+        .build()
+        .await
+        .map_err(|source| ServeError::Election {
+            lease: config.lease_name.clone(),
+            source,
+        })?;
+    let (elected, election) = manager.watch().await;
+    let (leading_tx, leading) = watch::channel(false);
+    let stop = CancellationToken::new();
+    tokio::spawn(follow_leadership(
+        elected,
+        leading_tx,
+        registry.clone(),
+        stop.clone(),
+    ));
+    tokio::spawn(track_dispatchers(
+        leases.clone(),
+        registry.clone(),
+        config.dispatcher_grace,
+        stop.clone(),
+    ));
+    tokio::spawn(expire_replicas(
+        registry.clone(),
+        config.replica_grace,
+        stop.clone(),
+    ));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<LoadBalancerServer<Service>>().await;
+    health.set_service_status("", ServingStatus::Serving).await;
+    let service = Service {
+        registry: registry.clone(),
+        leading: leading.clone(),
+        leases,
+        lease_name: config.lease_name.clone(),
+        identity: config.advertise_address.clone(),
+    };
+    info!(address = %config.advertise_address, lease = %config.lease_name, namespace = %config.namespace, "load balancer serving");
+    if let Some(started) = started {
+        let _ = started.send(Handles { registry, leading });
+    }
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let result = Server::builder()
+        .add_service(health_service)
+        .add_service(LoadBalancerServer::new(service))
+        .serve_with_incoming_shutdown(incoming, async {
+            shutdown.cancelled().await;
+            info!("shutting down: releasing leadership");
+            stop.cancel();
+        })
+        .await;
+    stop.cancel();
+    // The election task releases the Lease once its channel is gone, so a standby takes over
+    // at once.
+    match tokio::time::timeout(Duration::from_secs(5), election).await {
+        Ok(Ok(Ok(_))) => info!("leader Lease released"),
+        Ok(Ok(Err(e))) => {
+            warn!(error = %e, "could not release the leader Lease; it expires by itself")
+        }
+        Ok(Err(e)) => warn!(error = %e, "leader election task failed"),
+        Err(_) => warn!("releasing the leader Lease timed out; it expires by itself"),
+    }
+    result?;
+    Ok(())
+}
+
+/// Mirrors the election result; on losing leadership, drops every registration.
+async fn follow_leadership(
+    mut elected: watch::Receiver<bool>,
+    leading: watch::Sender<bool>,
+    registry: Arc<Registry>,
+    stop: CancellationToken,
+) {
+    loop {
+        let now = *elected.borrow_and_update();
+        if now != *leading.borrow() {
+            if now {
+                info!("leading: placing the replicas that register");
+            } else {
+                warn!(
+                    "not leading any more: dropping registrations, replicas re-register with the leader"
+                );
+                registry.clear();
+            }
+            leading.send_replace(now);
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            changed = elected.changed() => if changed.is_err() { break },
+        }
+    }
+    registry.clear();
+    leading.send_replace(false);
+    // Dropping `elected` closes the election channel: the election task releases the Lease.
+}
+
+/// Keeps the registry's dispatchers equal to those with a live Lease and an address.
+async fn track_dispatchers(
+    leases: Api<Lease>,
+    registry: Arc<Registry>,
+    grace: Duration,
+    stop: CancellationToken,
+) {
+    let mut watch = LeaseWatch::new(leases);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            more = watch.next() => if !more { return },
+            _ = tick.tick() => {}
+        }
+        let live: BTreeMap<String, String> = watch
+            .observations
+            .live(Instant::now(), grace)
+            .into_iter()
+            .filter_map(|(name, peer)| peer.address.map(|a| (name, a)))
+            .collect();
+        registry.set_dispatchers(live);
+    }
+}
+
+async fn expire_replicas(registry: Arc<Registry>, grace: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => registry.expire(Instant::now(), grace),
+        }
+    }
+}

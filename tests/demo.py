@@ -1,0 +1,382 @@
+"""`make demo`, driven from tests/demo.sh once the binaries and the control plane are ready.
+
+Runs the tier as local processes with the identities the StatefulSet and Deployments would give
+them: three dispatchers (dispatcher-0..2, ring from their Leases), the load balancer, and two
+replicas of the example controller `configmap_hasher` (configmap-hasher-0/1), which keeps a
+content-hash annotation on every ConfigMap. Then:
+
+1. creates the ConfigMaps and waits until every one carries the hash of its content;
+2. kills (SIGKILL) configmap-hasher-0 and dispatcher-1, changes every ConfigMap, and waits
+   again: the survivors take the work over;
+3. adds dispatcher-3, changes every ConfigMap once more, and waits again.
+
+It prints progress every second and a summary. "lost" counts ConfigMaps whose annotation does
+not match their final content; "concurrent" counts pairs of reconciles of one ConfigMap that
+overlapped in time across replicas, read from the replicas' JSON logs (a line when each
+reconcile span opens and closes). The demo exits non-zero unless both are 0.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from datetime import datetime
+
+KUBECONFIG, KUBECTL, BIN_DIR, LOGS = sys.argv[1:5]
+OBJECTS = int(os.environ.get("DEMO_OBJECTS", "2000"))
+KEEP = bool(os.environ.get("KEEP"))
+# A namespace per run: the previous run's may still be terminating.
+OBJECTS_NS = f"kd-demo-{os.getpid()}"
+# The Leases of the ring and of the load balancer live beside the objects, so the run leaves
+# nothing behind when its namespace goes.
+LEASE_NS = OBJECTS_NS
+ANNOTATION = "example.kube-dispatch.dev/content-hash"
+TIMEOUT = 300
+# Short Leases and bounds so failover shows within seconds; `T` = max(session ttl cap,
+# reconcile cap) = 10 s.
+DISPATCHER_ENV = {
+    "KD_LEASE_NAMESPACE": LEASE_NS,
+    "KD_LEASE_DURATION": "4s",
+    "KD_LEASE_RENEW_PERIOD": "1s",
+    "KD_LEASE_GRACE": "1s",
+    "KD_SESSION_TTL": "5s",
+    "KD_MAX_SESSION_TTL": "5s",
+    "KD_MAX_POLL_WAIT": "2s",
+    "KD_MAX_RECONCILE_TIME": "10s",
+    "KD_RESYNC_INTERVAL": "0s",
+}
+TTY = sys.stdout.isatty()
+T0 = time.monotonic()
+
+
+def say(message):
+    print(f"demo: {message}", flush=True)
+
+
+def kubectl(*args, stdin=None, check=True):
+    done = subprocess.run(
+        [KUBECTL, "--kubeconfig", KUBECONFIG, *args], input=stdin, capture_output=True, text=True
+    )
+    if check and done.returncode != 0:
+        say(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        raise SystemExit(1)
+    return done.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    def __init__(self, name, argv, env):
+        self.name = name
+        self.log = os.path.join(LOGS, f"{name}.log")
+        full = dict(os.environ, KUBECONFIG=KUBECONFIG, RUST_LOG="info", **env)
+        self.proc = subprocess.Popen(
+            argv, env=full, stdout=open(self.log, "w"), stderr=subprocess.STDOUT
+        )
+        self.killed_at = None
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.killed_at = datetime.now().timestamp()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self):
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+processes = {}
+
+
+def start(name, argv, env):
+    processes[name] = Process(name, argv, env)
+    return processes[name]
+
+
+def start_dispatcher(i):
+    port = free_port()
+    env = dict(DISPATCHER_ENV, KD_DISPATCHER_ID=f"dispatcher-{i}", KD_LISTEN=f"127.0.0.1:{port}")
+    return start(f"dispatcher-{i}", [os.path.join(BIN_DIR, "kube-dispatch-dispatcher")], env)
+
+
+def start_replica(i, lb_port):
+    env = {
+        "POD_NAME": f"configmap-hasher-{i}",
+        "KD_LOADBALANCER": f"http://127.0.0.1:{lb_port}",
+        "KD_LOG_JSON": "1",
+    }
+    return start(
+        f"configmap-hasher-{i}", [os.path.join(BIN_DIR, "examples", "configmap_hasher")], env
+    )
+
+
+def content_hash(data):
+    h = hashlib.sha256()
+    for k in sorted(data):
+        h.update(k.encode() + b"\0" + data[k].encode() + b"\0")
+    return h.hexdigest()
+
+
+def apply_objects(generation):
+    items = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"demo-{i:05d}", "namespace": OBJECTS_NS},
+            "data": {"index": str(i), "generation": str(generation)},
+        }
+        for i in range(OBJECTS)
+    ]
+    kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager", "kd-demo", "-f", "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+    )
+
+
+def matching():
+    """ConfigMaps whose annotation is the hash of their current content, and the total."""
+    items = json.loads(kubectl("-n", OBJECTS_NS, "get", "configmaps", "-o", "json"))["items"]
+    items = [i for i in items if i["metadata"]["name"].startswith("demo-")]
+    ok = sum(
+        1
+        for i in items
+        if i["metadata"].get("annotations", {}).get(ANNOTATION) == content_hash(i.get("data", {}))
+    )
+    return ok, len(items)
+
+
+def reconciles():
+    """Every reconcile span of the replicas: (replica, key, dispatcher, start, end or None)."""
+    runs = []
+    for name, p in processes.items():
+        if not name.startswith("configmap-hasher"):
+            continue
+        open_spans = {}
+        with open(p.log) as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                span = event.get("span") or {}
+                if span.get("name") != "reconcile":
+                    continue
+                message = event.get("fields", {}).get("message")
+                at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+                key = span.get("key")
+                if message == "new":
+                    open_spans[key] = (span.get("dispatcher", "?"), at)
+                elif message == "close" and key in open_spans:
+                    dispatcher, begun = open_spans.pop(key)
+                    runs.append((name, key, dispatcher, begun, at))
+        for key, (dispatcher, begun) in open_spans.items():
+            # Still running, or cut short by a kill.
+            runs.append((name, key, dispatcher, begun, p.killed_at))
+    return runs
+
+
+def concurrent(runs):
+    by_key = defaultdict(list)
+    for replica, key, _, begun, end in runs:
+        by_key[key].append((begun, end if end is not None else float("inf"), replica))
+    pairs = 0
+    for spans in by_key.values():
+        spans.sort()
+        for a, b in zip(spans, spans[1:]):
+            if a[1] > b[0] and a[2] != b[2]:
+                pairs += 1
+    return pairs
+
+
+def progress(label, since):
+    runs = reconciles()
+    per_replica = Counter(r[0] for r in runs)
+    per_dispatcher = Counter(dispatcher_names.get(r[2], r[2]) for r in runs if r[3] >= since)
+    ok, total = matching()
+    line = (
+        f"{time.monotonic() - T0:6.1f}s {label}: {ok}/{OBJECTS} reconciled to their content, "
+        f"{OBJECTS - ok} pending | replicas "
+        + ", ".join(f"{k.rsplit('-', 1)[1]}:{v}" for k, v in sorted(per_replica.items()))
+        + " | dispatchers (this phase) "
+        + ", ".join(f"{k}:{v}" for k, v in sorted(per_dispatcher.items()))
+    )
+    print(("\r" if TTY else "") + "demo: " + line, end="" if TTY else "\n", flush=True)
+    return ok, total
+
+
+def wait_converged(label, since):
+    begin = time.monotonic()
+    while True:
+        ok, total = progress(label, since)
+        if ok == OBJECTS and total == OBJECTS:
+            if TTY:
+                print()
+            return time.monotonic() - begin
+        if time.monotonic() - begin > TIMEOUT:
+            print()
+            say(f"not converged after {TIMEOUT} s: {ok} of {OBJECTS}")
+            raise SystemExit(1)
+        time.sleep(1)
+
+
+dispatcher_names = {}
+
+
+def main():
+    os.makedirs(LOGS, exist_ok=True)
+    kubectl("create", "namespace", OBJECTS_NS)
+
+    lb_port = free_port()
+    start(
+        "loadbalancer",
+        [os.path.join(BIN_DIR, "kube-dispatch-loadbalancer")],
+        {
+            "KD_LISTEN": f"127.0.0.1:{lb_port}",
+            "KD_NAMESPACE": LEASE_NS,
+            "KD_LEASE_DURATION": "4s",
+            "KD_LEASE_GRACE": "1s",
+            "KD_DISPATCHER_GRACE": "1s",
+            "KD_REPLICA_GRACE": "3s",
+        },
+    )
+    for i in range(3):
+        start_dispatcher(i)
+    for i in range(2):
+        start_replica(i, lb_port)
+    say(f"3 dispatchers, the load balancer on 127.0.0.1:{lb_port}, 2 controller replicas; logs in {LOGS}")
+    wait_for_addresses()
+
+    say(f"creating {OBJECTS} ConfigMaps in namespace {OBJECTS_NS}")
+    created = wait_after(lambda: apply_objects(1), "create")
+
+    say("killing configmap-hasher-0 and dispatcher-1 (SIGKILL), then changing every ConfigMap")
+    processes["configmap-hasher-0"].kill()
+    processes["dispatcher-1"].kill()
+    killed_at = processes["dispatcher-1"].killed_at
+    failover = wait_after(lambda: apply_objects(2), "failover")
+    dispatcher_takeover, replica_takeover = takeovers(killed_at)
+
+    say("adding dispatcher-3, then changing every ConfigMap")
+    start_dispatcher(3)
+    wait_for_addresses()
+    scaled = wait_after(lambda: apply_objects(3), "scale-up")
+    phase3 = Counter(
+        dispatcher_names.get(r[2], r[2]) for r in reconciles() if r[3] >= scaled_since[0]
+    )
+
+    runs = reconciles()
+    ok, total = matching()
+    lost = OBJECTS - ok
+    overlaps = concurrent(runs)
+    per_replica = Counter(r[0] for r in runs)
+    writes = 3 * OBJECTS
+    print(
+        f"""
+  kube-dispatch demo                          result
+  ------------------------------------------  ----------------------------------------
+  ConfigMaps                                  {OBJECTS}, each written 3 times ({writes} writes)
+  reconciles                                  {len(runs)} ({len(runs) / writes:.2f} per write); """
+        + ", ".join(f"{k} {v}" for k, v in sorted(per_replica.items()))
+        + f"""
+  dispatchers                                 dispatcher-0..2, then -1 killed, then -3 added
+  created and all reconciled in               {created:.1f} s
+  replica + dispatcher SIGKILL, all changes   {failover:.1f} s
+    reconciled in
+  dispatcher-1's keys served again            {dispatcher_takeover:.1f} s after the kill (its Lease, 4 s + 1 s,
+                                                and the bound T, 10 s)
+  configmap-hasher-0's keys served again      {replica_takeover:.1f} s after the kill (its sessions' 5 s ttl,
+                                                counted from its last poll)
+  dispatcher-3 added, all changes reconciled  {scaled:.1f} s; by dispatcher: """
+        + ", ".join(f"{k} {v}" for k, v in sorted(phase3.items()))
+        + f"""
+  lost (annotation not matching content)      {lost}
+  concurrent (overlapping reconciles of a     {overlaps}
+    key across replicas)
+""",
+        flush=True,
+    )
+    return 0 if lost == 0 and overlaps == 0 and total == OBJECTS else 1
+
+
+scaled_since = [0.0]
+
+
+def takeovers(killed_at):
+    """Seconds from the kill until the first reconcile after it of a key that dispatcher-1
+    delivered before it, and of a key that configmap-hasher-0 reconciled before it (keys of
+    dispatcher-1 left out, to see the replica's own failover)."""
+    runs = reconciles()
+    before = [r for r in runs if r[3] < killed_at]
+    by_dispatcher = {r[1] for r in before if dispatcher_names.get(r[2]) == "dispatcher-1"}
+    by_replica = {
+        r[1] for r in before if r[0] == "configmap-hasher-0" and r[1] not in by_dispatcher
+    }
+    after = [r for r in runs if r[3] >= killed_at]
+
+    def first(keys):
+        starts = [r[3] for r in after if r[1] in keys]
+        return min(starts) - killed_at if starts else float("nan")
+
+    return first(by_dispatcher), first(by_replica)
+
+
+def wait_after(write, label):
+    """Makes the writes, then waits until everything is reconciled; returns the seconds taken."""
+    begin = time.monotonic()
+    scaled_since[0] = datetime.now().timestamp()
+    write()
+    wait_converged(label, scaled_since[0])
+    return time.monotonic() - begin
+
+
+def wait_for_addresses():
+    """Learns each live dispatcher's address from its Lease, to name them in the progress."""
+    deadline = time.monotonic() + 60
+    want = {n for n, p in processes.items() if n.startswith("dispatcher") and p.killed_at is None}
+    while time.monotonic() < deadline:
+        leases = json.loads(kubectl("-n", LEASE_NS, "get", "leases", "-o", "json"))["items"]
+        for lease in leases:
+            address = lease["metadata"].get("annotations", {}).get("kube-dispatch.dev/address")
+            if address:
+                dispatcher_names[f"http://{address}"] = lease["metadata"]["name"]
+        if want <= set(dispatcher_names.values()):
+            return
+        time.sleep(0.5)
+    say(f"dispatchers never showed their Leases: {sorted(want - set(dispatcher_names.values()))}")
+    raise SystemExit(1)
+
+
+def cleanup():
+    if KEEP:
+        say(f"left running (KEEP=1); logs in {LOGS}. Stop with: kill "
+            + " ".join(str(p.proc.pid) for p in processes.values() if p.proc.poll() is None))
+        return
+    for p in processes.values():
+        p.stop()
+    for p in processes.values():
+        p.wait()
+    kubectl("delete", "namespace", OBJECTS_NS, "--wait=false", check=False)
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main()
+    finally:
+        cleanup()
+    sys.exit(code)

@@ -1,0 +1,147 @@
+//! Components run on runtimes of their own, so a test can stop one gracefully or kill it the
+//! way `kill -9` would: every task dropped at once, sockets closed, nothing cleaned up.
+
+use std::{fmt::Display, future::Future, net::SocketAddr};
+
+use kube::Client;
+use tokio::{runtime::Runtime, sync::oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Cluster, FixtureError};
+
+/// Binds a listener at `address` (loopback) for a component to serve on; returns it and its
+/// address.
+pub fn bind(address: &str) -> Result<(std::net::TcpListener, SocketAddr), FixtureError> {
+    let failed = |command: String| {
+        move |e: std::io::Error| FixtureError::Script {
+            command,
+            detail: e.to_string(),
+        }
+    };
+    let listener =
+        std::net::TcpListener::bind(address).map_err(failed(format!("bind {address}")))?;
+    let addr = listener.local_addr().map_err(failed("local_addr".into()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(failed("set_nonblocking".into()))?;
+    Ok((listener, addr))
+}
+
+/// Runs a serving component named `name` on its own runtime: `serve` gets an admin client
+/// (reaching the API server through `api` when given), `listener`, the shutdown token and a
+/// sender for its handles, which this returns once it serves.
+pub async fn spawn_server<H, E, F, Fut>(
+    name: &str,
+    listener: std::net::TcpListener,
+    api: Option<SocketAddr>,
+    serve: F,
+) -> Result<(Isolated, H), FixtureError>
+where
+    H: Send + 'static,
+    E: Display,
+    F: FnOnce(Client, tokio::net::TcpListener, CancellationToken, oneshot::Sender<H>) -> Fut
+        + Send
+        + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let label = name.to_owned();
+    let runner = Isolated::spawn(name, move |shutdown| async move {
+        let client = match api {
+            Some(proxy) => Cluster::shared().client_via(proxy).await,
+            None => Cluster::shared().client().await,
+        };
+        let client = match client {
+            Ok(c) => c,
+            Err(e) => panic!("test {label} has no client: {e}"),
+        };
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => panic!("test {label} cannot listen: {e}"),
+        };
+        if let Err(e) = serve(client, listener, shutdown, tx).await {
+            panic!("test {label} failed: {e}");
+        }
+    })?;
+    let handles = rx.await.map_err(|_| FixtureError::Script {
+        command: format!("start {name}"),
+        detail: "it stopped before serving".into(),
+    })?;
+    Ok((runner, handles))
+}
+
+/// A component running on its own runtime.
+#[derive(Debug)]
+pub struct Isolated {
+    runtime: Option<Runtime>,
+    shutdown: CancellationToken,
+    done: Option<oneshot::Receiver<()>>,
+}
+
+impl Isolated {
+    /// Runs `component(shutdown)` on a new one-thread runtime named `name`.
+    pub fn spawn<F, Fut>(name: &str, component: F) -> Result<Self, FixtureError>
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .map_err(|e| FixtureError::Script {
+                command: format!("runtime for {name}"),
+                detail: e.to_string(),
+            })?;
+        let shutdown = CancellationToken::new();
+        let (done_tx, done) = oneshot::channel();
+        let token = shutdown.clone();
+        runtime.spawn(async move {
+            component(token).await;
+            let _ = done_tx.send(());
+        });
+        Ok(Self {
+            runtime: Some(runtime),
+            shutdown,
+            done: Some(done),
+        })
+    }
+
+    /// The runtime, to run more on it.
+    pub fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.as_ref().map(|r| r.handle().clone())
+    }
+
+    /// Signals a graceful stop and waits until the component has finished.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(done) = self.done.take() {
+            let _ = done.await;
+        }
+    }
+
+    /// Freezes it for `duration`, as `SIGSTOP` would: its only worker thread is blocked, so
+    /// nothing of it runs, while its sockets stay open and peers see no error.
+    pub fn freeze(&self, duration: std::time::Duration) {
+        if let Some(runtime) = &self.runtime {
+            runtime.spawn(async move { std::thread::sleep(duration) });
+        }
+    }
+
+    /// Kills it: every task is dropped where it stands.
+    pub fn kill(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
