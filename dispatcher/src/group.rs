@@ -9,11 +9,13 @@ use std::{
     time::Duration,
 };
 
+use kube_dispatch_proto::{RequestKey, key::hash64};
 use tokio::{
     sync::{Notify, watch},
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::{
     handover::Slice,
@@ -21,6 +23,7 @@ use crate::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
         SessionId,
     },
+    recent_deletions::{RecentDeletions, RecentDeletionsConfig},
     subscription::GroupSpec,
 };
 
@@ -56,18 +59,24 @@ pub struct Group {
     /// deleted once the handover completes (a re-list cannot show a deletion). At most one per
     /// key of the slice; locked inside the queue lock.
     held_deletions: Mutex<HashSet<String>>,
+    /// Recent deletions of keys other dispatchers own: when the ring gives such a key to this
+    /// dispatcher, its deletion joins `held_deletions`, since it may have happened after the
+    /// old owner stopped delivering. Bounded by its config; locked inside the queue lock.
+    recent_deletions: Mutex<RecentDeletions>,
     sessions: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
 }
 
 impl Group {
-    /// A group with an empty queue that takes only keys of `slice`; its timer driver runs
-    /// until `cancel`, which must be cancelled when the group is dropped from the dispatcher.
+    /// A group with an empty queue that takes only keys of `slice` and remembers deletions of
+    /// other keys as `recent_deletions` says; its timer driver runs until `cancel`, which must be
+    /// cancelled when the group is dropped from the dispatcher.
     pub fn spawn(
         name: String,
         spec: GroupSpec,
         config: QueueConfig,
+        recent_deletions: RecentDeletionsConfig,
         slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
@@ -79,6 +88,7 @@ impl Group {
             slice,
             applied,
             held_deletions: Mutex::new(HashSet::new()),
+            recent_deletions: Mutex::new(RecentDeletions::new(recent_deletions)),
             sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
         });
@@ -174,7 +184,8 @@ impl Group {
     }
 
     /// Records a change to a key, if this dispatcher serves it. A deletion of a key that moved
-    /// here and is held by the handover is remembered and delivered once the handover ends.
+    /// here and is held by the handover is remembered and delivered once the handover ends; a
+    /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here.
     pub fn change(&self, key: &str, change: Change) {
         let wake = {
             let mut queue = self.queue();
@@ -199,29 +210,67 @@ impl Group {
         self.wake(wake);
     }
 
-    /// Whether `key` is served now. For a key held by a handover, records whether its object
-    /// was deleted (`Some(true)`) or exists (`Some(false)`). Call under the queue lock.
+    /// Whether `key` is served now. Otherwise records whether its object was deleted
+    /// (`Some(true)`) or exists (`Some(false)`): for a key held by a handover, in the held
+    /// deletions; for a key owned elsewhere, in the recent deletions. Call under the queue lock.
     fn serves_or_holds(&self, key: &str, deleted: Option<bool>) -> bool {
         let slice = self.slice.borrow();
-        if slice.serves_str(key) {
+        let hash = hash64(key.as_bytes());
+        if slice.serves_hash(hash) {
             return true;
         }
-        if slice.owns_str(key) {
+        let Some(deleted) = deleted else {
+            return false;
+        };
+        if slice.owns_hash(hash) {
             let mut held = self
                 .held_deletions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            match deleted {
-                Some(true) => {
-                    held.insert(key.to_owned());
-                }
-                Some(false) => {
-                    held.remove(key);
-                }
-                None => {}
+            if deleted {
+                held.insert(key.to_owned());
+            } else {
+                held.remove(key);
+                self.recent_deletions().exists(hash);
             }
+        } else if deleted {
+            let mut recent = self.recent_deletions();
+            if !recent.deleted(hash, key, Instant::now().into_std()) {
+                let missed = recent.overflowed();
+                if missed.is_power_of_two() {
+                    warn!(
+                        group = %self.name,
+                        remembered = recent.len(),
+                        missed,
+                        "too many recent deletions of keys owned elsewhere to remember: if such a key moves here, its deletion may not be delivered (raise --max-recent-deletions)"
+                    );
+                }
+            }
+        } else {
+            self.recent_deletions().exists(hash);
         }
         false
+    }
+
+    fn recent_deletions(&self) -> MutexGuard<'_, RecentDeletions> {
+        self.recent_deletions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that the object of `key`, which this dispatcher did not own when the watch
+    /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
+    /// since, a deletion held for it).
+    pub fn exists_elsewhere(&self, key: &RequestKey) {
+        let _queue = self.queue();
+        let hash = key.hash64();
+        if self.slice.borrow().owns_hash(hash) {
+            self.held_deletions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(key.to_string().as_str());
+        }
+        self.recent_deletions().exists(hash);
     }
 
     /// Trims the queue to the current slice if it changed: keys that moved away are forgotten
@@ -244,6 +293,12 @@ impl Group {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
                 held.retain(|key| slice.owns_str(key));
+                // Keys that moved here may have been deleted while in transit.
+                let now = Instant::now().into_std();
+                let moved_in = self
+                    .recent_deletions()
+                    .take_where(now, |hash| slice.owns_hash(hash));
+                held.extend(moved_in.iter().map(|key| key.to_string()));
                 let released: Vec<String> = held
                     .iter()
                     .filter(|key| slice.serves_str(key))
@@ -367,6 +422,7 @@ mod tests {
             "g".into(),
             GroupSpec::new(Vec::new()),
             config,
+            RecentDeletionsConfig::NONE,
             watch::channel(Arc::new(slice)).1,
             cancel.clone(),
         )
@@ -380,6 +436,70 @@ mod tests {
             body: None,
             deleted: false,
         }
+    }
+
+    /// A deletion of a key owned elsewhere is remembered; when the ring gives the key here it
+    /// is held, and delivered once the handover completes. A key whose object came back is not.
+    #[tokio::test(start_paused = true)]
+    async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
+        use kube_dispatch_proto::Ring;
+        let cancel = CancellationToken::new();
+        let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
+        let (tx, rx) = watch::channel(Arc::new(two.clone()));
+        let g = Group::spawn(
+            "g".into(),
+            GroupSpec::new(Vec::new()),
+            QueueConfig::default(),
+            RecentDeletionsConfig {
+                window: Duration::from_secs(60),
+                capacity: 16,
+            },
+            rx,
+            cancel.clone(),
+        );
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        // Two keys d1 owns on the ring of two.
+        let of_d1: Vec<String> = (0..100)
+            .map(|i| format!("/ConfigMap/ns/cm-{i}"))
+            .filter(|k| !two.owns_str(k))
+            .take(2)
+            .collect();
+        let [gone, back] = <[String; 2]>::try_from(of_d1).expect("d1 owns keys");
+        let deleted = || Change {
+            reason: Reason::Deleted,
+            deleted: true,
+            ..modified()
+        };
+        g.change(&gone, deleted());
+        g.change(&back, deleted());
+        // The object of `back` is created again.
+        let name = back.trim_start_matches("/ConfigMap/ns/");
+        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name));
+        assert!(
+            g.take(1, 10).is_empty(),
+            "nothing of d1's is delivered here"
+        );
+
+        // d1 dies: d0 owns its keys but holds them until the handover completes.
+        let mut held = two.clone();
+        held.ring = Arc::new(Ring::new(["d0"]));
+        tx.send_replace(Arc::new(held.clone()));
+        g.apply_slice();
+        assert!(
+            g.take(1, 10).is_empty(),
+            "held until the handover completes"
+        );
+
+        held.settled = Some(held.ring.clone());
+        tx.send_replace(Arc::new(held));
+        g.apply_slice();
+        let got: Vec<(String, bool)> = g
+            .take(1, 10)
+            .iter()
+            .map(|d| (d.key.to_string(), d.deleted))
+            .collect();
+        assert_eq!(got, vec![(gone, true)]);
+        cancel.cancel();
     }
 
     /// The driver fires a retry exactly when its backoff ends, and wakes the session's poll.

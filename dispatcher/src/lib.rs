@@ -14,6 +14,7 @@ pub mod group;
 pub mod handover;
 pub mod membership;
 pub mod queue;
+pub mod recent_deletions;
 pub mod serve;
 pub mod server;
 pub mod subscription;

@@ -137,6 +137,14 @@ struct Args {
     #[arg(long, env = "KD_IDLE_GROUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     idle_group_grace: Duration,
 
+    /// Most deletions of keys owned by other dispatchers that each controller group remembers
+    /// (about 100 bytes each), for the time a key can be in transit between owners (Lease
+    /// duration + grace + renew period + the handover bound). A key that moves here after its
+    /// object was deleted in transit then still gets its deletion delivered. Past it, such a
+    /// deletion may be missed; the dispatcher logs a warning when that happens.
+    #[arg(long, env = "KD_MAX_RECENT_DELETIONS", default_value_t = 65_536)]
+    max_recent_deletions: usize,
+
     /// Longest the drain may take after SIGTERM or SIGINT.
     #[arg(long, env = "KD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
@@ -175,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
         body_budget_bytes,
         watch_grace,
         idle_group_grace,
+        max_recent_deletions,
         drain_timeout,
         log_json,
     } = Args::parse();
@@ -255,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
         },
         resync_interval,
         idle_group_grace,
+        max_recent_deletions,
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(cli::shutdown_on_signal(shutdown.clone()));

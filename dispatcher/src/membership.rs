@@ -243,6 +243,16 @@ pub struct LeaseConfig {
     pub handover_bound: Duration,
 }
 
+impl LeaseConfig {
+    /// The longest a key can be in transit between owners unseen by either: a dead owner is
+    /// dropped a Lease duration plus grace after its last renewal (up to a renew period after
+    /// it died), and what it had handed out may have run for `T` before that. Deletions of
+    /// keys owned elsewhere are remembered this long (`crate::recent_deletions`).
+    pub fn transit_window(&self) -> Duration {
+        self.duration + self.grace + self.renew_period + self.handover_bound
+    }
+}
+
 /// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
 /// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
 /// released (`released`) is written on the Lease. After `stop`, the Lease is deleted (so the

@@ -24,6 +24,7 @@ use crate::{
     discovery::Resolver,
     handover::Slice,
     membership::{self, LeaseConfig},
+    recent_deletions::RecentDeletionsConfig,
     server::{Core, DispatcherService, Settings},
     watch::Watches,
 };
@@ -116,11 +117,20 @@ pub async fn serve(
         config.watch_grace,
         stop.child_token(),
     );
+    // Keys move only when the ring comes from Leases.
+    let recent_deletions = match &config.membership {
+        Membership::Fixed(_) => RecentDeletionsConfig::NONE,
+        Membership::Leases(lease) => RecentDeletionsConfig {
+            window: lease.transit_window(),
+            capacity: config.settings.max_recent_deletions,
+        },
+    };
     let core = Core::spawn(
         config.settings.clone(),
         Resolver::new(client.clone()),
         watches,
         slice_rx.clone(),
+        recent_deletions,
         released_tx,
         stop.child_token(),
     );

@@ -28,6 +28,7 @@ use crate::{
     group::{Group, SessionSlot},
     handover::{Slice, ring_id},
     queue::{Delivery, DeliveryId, Outcome, QueueConfig, SessionId},
+    recent_deletions::RecentDeletionsConfig,
     subscription::{
         GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
         validate_open,
@@ -84,6 +85,10 @@ pub struct Settings {
     pub resync_interval: Duration,
     /// A group with no session is dropped (and its watches released) after this long.
     pub idle_group_grace: Duration,
+    /// Most deletions of keys owned by other dispatchers each group remembers, so a key that
+    /// moves here is not lost if it was deleted in transit (`crate::recent_deletions`); about
+    /// 100 bytes each.
+    pub max_recent_deletions: usize,
 }
 
 struct SessionRef {
@@ -119,6 +124,8 @@ pub struct Core {
     pub counters: Counters,
     /// The keys this dispatcher serves, from the membership task (or fixed).
     slice: watch::Receiver<Arc<Slice>>,
+    /// What each group remembers of deletions of keys owned elsewhere.
+    recent_deletions: RecentDeletionsConfig,
     /// The ring id this dispatcher has released (nothing moved away is in flight), for the
     /// membership task to publish.
     released: watch::Sender<Option<String>>,
@@ -144,6 +151,7 @@ impl Core {
         resolver: Resolver,
         watches: Arc<Watches>,
         slice: watch::Receiver<Arc<Slice>>,
+        recent_deletions: RecentDeletionsConfig,
         released: watch::Sender<Option<String>>,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
@@ -156,6 +164,7 @@ impl Core {
             next_session: AtomicU64::new(1),
             counters: Counters::default(),
             slice,
+            recent_deletions,
             released,
             draining: CancellationToken::new(),
             shutdown,
@@ -338,6 +347,7 @@ impl Core {
             name.to_owned(),
             spec.clone(),
             self.settings.queue,
+            self.recent_deletions,
             self.slice.clone(),
             cancel.clone(),
         );

@@ -375,7 +375,7 @@ impl WatchTask {
     fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
         // A cheap early filter, so no body is made for keys owned elsewhere; the group checks
         // again under its lock against the slice current then (and remembers deletions of keys
-        // a handover holds).
+        // a handover holds, and recent deletions of keys owned elsewhere).
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let r = &self.key.resource;
@@ -386,6 +386,22 @@ impl WatchTask {
                 None => {
                     let key = RequestKey::new(&r.group, &r.kind, &namespace, obj.name_any());
                     if !slice.owns_hash(key.hash64()) {
+                        // Owned elsewhere: remembered in case the key moves here (the group
+                        // decides under its lock, against the slice current then).
+                        if deleted {
+                            sub.group.change(
+                                &key.to_string(),
+                                Change {
+                                    reason: Reason::Deleted,
+                                    resource_version: obj.resource_version().unwrap_or_default(),
+                                    uid: obj.uid().unwrap_or_default(),
+                                    body: None,
+                                    deleted: true,
+                                },
+                            );
+                        } else {
+                            sub.group.exists_elsewhere(&key);
+                        }
                         continue;
                     }
                     let key = key.to_string();

@@ -85,7 +85,8 @@ pub struct Report {
     /// Final states never followed by a reconcile.
     pub lost: Vec<String>,
     /// Of those, deletions of a key of a dispatcher that was killed around then: the known gap
-    /// of `dispatcher/HANDOVER.md` (a dispatcher's key index dies with it). Reported apart.
+    /// of `dispatcher/HANDOVER.md` (a dispatcher restarted before the others dropped it from the
+    /// ring starts with an empty key index). Reported apart.
     pub lost_in_crash_window: Vec<String>,
     /// Pairs of reconciles of one key that overlapped.
     pub concurrent: usize,

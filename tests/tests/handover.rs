@@ -579,3 +579,67 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
     stop_all([], ds, []).await;
     Ok(())
 }
+
+/// A deletion made while its key's dispatcher lies dead, before the survivors have noticed, is
+/// delivered by the key's new owner once it takes the slice over: the key was never in the new
+/// owner's index and a re-list cannot show a deletion, so only the deletions it remembered of
+/// keys owned elsewhere can tell it.
+#[tokio::test]
+async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner() -> TestResult {
+    let ns = TestNamespace::create("deleted-while-dead").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let journal = Journal::default();
+    write_round(&api, 30, 0, &journal).await?;
+    let three = Ring::new((0..3).map(name));
+    let two = Ring::new([name(0), name(2)]);
+    let owner = |ring: &Ring, n: &str| {
+        ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), n))
+            .map(str::to_owned)
+    };
+    // Keys of dispatcher-1 that go to dispatcher-0 when it dies.
+    let moving: Vec<String> = (0..30)
+        .map(|i| format!("cm-{i}"))
+        .filter(|n| {
+            owner(&three, n).as_deref() == Some("dispatcher-1")
+                && owner(&two, n).as_deref() == Some("dispatcher-0")
+        })
+        .collect();
+    assert!(
+        !moving.is_empty(),
+        "a key moves from dispatcher-1 to dispatcher-0"
+    );
+    let mut ds = start_settled(ns.name(), 3, BOUND).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let mine = (0..30)
+        .filter(|i| owner(&three, &format!("cm-{i}")).as_deref() == Some("dispatcher-0"))
+        .count();
+    let first = s0
+        .collect_until(Duration::from_secs(20), |got| got.len() >= mine)
+        .await;
+    assert_eq!(first.len(), mine, "dispatcher-0 delivers its own keys");
+
+    // kill -9, then delete at once: the survivors still see dispatcher-1's Lease as live.
+    let killed_at = Instant::now();
+    if let Some(d) = ds.remove(&1) {
+        d.kill();
+    }
+    api.delete(&moving[0], &DeleteParams::default()).await?;
+    let key = format!("/ConfigMap/{}/{}", ns.name(), moving[0]);
+    let got = s0
+        .collect_until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.key == key && r.deleted)
+        })
+        .await;
+    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
+    assert!(
+        seen.contains(&(key.as_str(), true)),
+        "the deletion of {key} made while dispatcher-1 was dead was never delivered; delivered (key, deleted): {seen:?}"
+    );
+    println!(
+        "deletion made right after dispatcher-1's kill delivered by dispatcher-0 {:?} after the kill (lease 2 s + grace 0.5 s + bound {BOUND:?})",
+        killed_at.elapsed()
+    );
+    stop_all([], ds, []).await;
+    Ok(())
+}
