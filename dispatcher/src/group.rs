@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_proto::{RequestKey, key::hash64};
+use kube_dispatch_proto::{RequestKey, Ring, key::hash64};
 use tokio::{
     sync::{Notify, watch},
     time::Instant,
@@ -203,6 +203,8 @@ impl Group {
         let wake = {
             let mut queue = self.queue();
             if !self.serves_or_holds(key, Some(false)) {
+                // A key kept while nothing may be handed out: its object still exists.
+                queue.mark_seen(key, &object.uid, epoch);
                 return;
             }
             queue.observe(key, object, epoch)
@@ -258,19 +260,51 @@ impl Group {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that the object of `key`, which this dispatcher did not own when the watch
-    /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
-    /// since, a deletion held for it).
-    pub fn exists_elsewhere(&self, key: &RequestKey) {
-        let _queue = self.queue();
+    /// Records that the object of `key` (with `uid`, listed in epoch `epoch` if listed), which
+    /// this dispatcher did not own when the watch looked, exists: a deletion remembered for it is
+    /// forgotten (or, if the key has moved here since, a deletion held for it). While this
+    /// dispatcher is off its own ring it keeps its index unchanged (`apply_slice`), so an indexed
+    /// key is marked seen, and the sweep of the list flags only objects really gone.
+    pub fn exists_elsewhere(&self, key: &RequestKey, uid: &str, epoch: u32) {
+        let mut queue = self.queue();
         let hash = key.hash64();
-        if self.slice.borrow().owns_hash(hash) {
+        let slice = self.slice.borrow();
+        if slice.owns_hash(hash) {
             self.held_deletions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(key.to_string().as_str());
+        } else if !slice.is_member() {
+            queue.mark_seen(&key.to_string(), uid, epoch);
         }
         self.recent_deletions().exists(hash);
+    }
+
+    /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
+    /// serving this group (`crate::peer`).
+    pub fn recent_deletions_owned_by(&self, ring: &Ring, identity: &str) -> Vec<Arc<str>> {
+        self.recent_deletions()
+            .keys_where(Instant::now().into_std(), |hash| {
+                ring.owner_of_hash(hash) == Some(identity)
+            })
+    }
+
+    /// Deletions that peers remembered (`crate::peer`): each is taken as if this dispatcher's
+    /// watch had seen it now: queued if the key is served, held if a handover holds it, else
+    /// remembered in turn.
+    pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
+        for key in keys {
+            self.change(
+                &key,
+                Change {
+                    reason: kube_dispatch_proto::v1::Reason::Deleted,
+                    resource_version: String::new(),
+                    uid: String::new(),
+                    body: None,
+                    deleted: true,
+                },
+            );
+        }
     }
 
     /// Trims the queue to the current slice if it changed: keys that moved away are forgotten
@@ -285,8 +319,20 @@ impl Group {
             let slice = self.slice.borrow().clone();
             let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
             if !applied.as_ref().is_some_and(|a| Arc::ptr_eq(a, &slice)) {
-                let drain = slice.settled.is_some();
-                queue.forget_where(|key| !slice.serves_str(key), drain);
+                // While nothing may be handed out (fenced, draining, starting, or not on the
+                // ring it sees, e.g. cut off from the API server; see `take`), the keys still
+                // owned stay indexed: once the gate opens again, a re-list shows which of them
+                // were deleted meanwhile, perhaps while the watch was down too.
+                if slice.settled.is_some() {
+                    // Keys that moved away are delivered here first only if this dispatcher was
+                    // serving them until now (not when it comes back from handing out nothing).
+                    let was_serving = applied.as_ref().is_some_and(|a| a.settled.is_some());
+                    queue.forget_where(|key| !slice.serves_str(key), was_serving);
+                } else if slice.is_member() {
+                    queue.forget_where(|key| !slice.owns_str(key), false);
+                }
+                // Not on its own ring: it owns nothing it could hand out or release, so the index
+                // stays as it was until it is back on a ring.
                 *applied = Some(slice.clone());
                 let mut held = self
                     .held_deletions
@@ -369,7 +415,14 @@ impl Group {
 
     /// Takes up to `max` ready keys for the session.
     pub fn take(&self, session: SessionId, max: usize) -> Vec<Delivery> {
-        let out = self.queue().take(session, max, Instant::now().into_std());
+        let out = {
+            let mut queue = self.queue();
+            // While nothing may be handed out, owned keys stay queued (`apply_slice`).
+            if self.slice.borrow().settled.is_none() {
+                return Vec::new();
+            }
+            queue.take(session, max, Instant::now().into_std())
+        };
         if !out.is_empty() {
             self.timers_changed.notify_one();
         }
@@ -442,7 +495,6 @@ mod tests {
     /// is held, and delivered once the handover completes. A key whose object came back is not.
     #[tokio::test(start_paused = true)]
     async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
-        use kube_dispatch_proto::Ring;
         let cancel = CancellationToken::new();
         let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
         let (tx, rx) = watch::channel(Arc::new(two.clone()));
@@ -474,7 +526,7 @@ mod tests {
         g.change(&back, deleted());
         // The object of `back` is created again.
         let name = back.trim_start_matches("/ConfigMap/ns/");
-        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name));
+        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name), "", 0);
         assert!(
             g.take(1, 10).is_empty(),
             "nothing of d1's is delivered here"

@@ -35,6 +35,8 @@ pub struct Slice {
     /// The ring of the last completed handover; `None` while nothing may be handed out
     /// (starting, draining, or cut off from the API server).
     pub settled: Option<Arc<Ring>>,
+    /// The other live members that say where they serve: identity to `host:port`.
+    pub peers: Arc<BTreeMap<String, String>>,
 }
 
 impl Slice {
@@ -43,6 +45,7 @@ impl Slice {
         let ring = Arc::new(ring);
         Self {
             identity: identity.into(),
+            peers: Arc::default(),
             settled: Some(ring.clone()),
             ring,
         }
@@ -83,6 +86,11 @@ impl Slice {
     /// Whether this dispatcher serves the key, given as its wire string.
     pub fn serves_str(&self, key: &str) -> bool {
         self.serves_hash(hash64(key.as_bytes()))
+    }
+
+    /// Whether this dispatcher is on the ring it sees.
+    pub fn is_member(&self) -> bool {
+        self.ring.contains(&self.identity)
     }
 
     /// Whether every key this dispatcher owns is served (no handover pending).
@@ -174,10 +182,16 @@ impl Handover {
             info!(ring = %ring_id(&self.ring), "handover complete: serving every key this dispatcher owns");
             self.settled = Some(self.ring.clone());
         }
+        let peers = live
+            .iter()
+            .filter(|(name, _)| **name != self.identity)
+            .filter_map(|(name, peer)| Some((name.clone(), peer.address.clone()?)))
+            .collect();
         Slice {
             identity: self.identity.as_str().into(),
             ring: self.ring.clone(),
             settled: self.settled.clone(),
+            peers: Arc::new(peers),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod group;
 pub mod handover;
 pub mod membership;
+pub mod peer;
 pub mod queue;
 pub mod recent_deletions;
 pub mod serve;

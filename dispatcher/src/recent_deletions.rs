@@ -96,6 +96,16 @@ impl RecentDeletions {
             .collect()
     }
 
+    /// The keys, deleted within the window, whose hash `want` accepts (they stay remembered).
+    pub fn keys_where(&mut self, now: Instant, want: impl Fn(u64) -> bool) -> Vec<Arc<str>> {
+        self.prune(now);
+        self.by_hash
+            .iter()
+            .filter(|(h, _)| want(**h))
+            .map(|(_, (key, _))| key.clone())
+            .collect()
+    }
+
     /// Number of deletions remembered.
     pub fn len(&self) -> usize {
         self.by_hash.len()
@@ -129,6 +139,10 @@ mod tests {
         let mut m = memory(10, 8);
         m.deleted(1, "/ConfigMap/ns/a", t0);
         m.deleted(2, "/ConfigMap/ns/b", t0);
+        assert_eq!(
+            m.keys_where(t0, |h| h == 2),
+            vec![Arc::<str>::from("/ConfigMap/ns/b")]
+        );
         let taken = m.take_where(t0 + Duration::from_secs(1), |h| h == 1);
         assert_eq!(taken, vec![Arc::<str>::from("/ConfigMap/ns/a")]);
         assert!(

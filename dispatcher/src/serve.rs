@@ -12,7 +12,7 @@ use std::{
 use kube::Client;
 use kube_dispatch_proto::{
     Ring,
-    v1::{FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer},
+    v1::{FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer, peer_server::PeerServer},
 };
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,7 @@ use crate::{
     discovery::Resolver,
     handover::Slice,
     membership::{self, LeaseConfig},
+    peer::PeerService,
     recent_deletions::RecentDeletionsConfig,
     server::{Core, DispatcherService, Settings},
     watch::Watches,
@@ -172,6 +173,8 @@ pub async fn serve(
         .build_v1()?;
     let dispatcher = DispatcherServer::new(DispatcherService::new(core.clone()))
         .max_decoding_message_size(config.max_message_bytes);
+    let peer = PeerServer::new(PeerService::new(core.clone()))
+        .max_decoding_message_size(config.max_message_bytes);
 
     let local = listener.local_addr().ok();
     info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
@@ -228,6 +231,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)
+        .add_service(peer)
         .serve_with_incoming_shutdown(incoming, drain);
     // The drain takes up to its timeout, the Lease release a request: allow some slack before
     // giving up on calls that are still open.

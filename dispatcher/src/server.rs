@@ -212,6 +212,26 @@ impl Core {
         self.slice.borrow().clone()
     }
 
+    /// The slice as it changes.
+    pub fn slices(&self) -> watch::Receiver<Arc<Slice>> {
+        self.slice.clone()
+    }
+
+    /// Cancelled when the dispatcher shuts down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// This dispatcher's identity on the ring.
+    pub fn identity(&self) -> &str {
+        &self.settings.identity
+    }
+
+    /// The controller group `name`, if known here.
+    pub fn group(&self, name: &str) -> Option<Arc<Group>> {
+        self.groups().get(name).map(|e| e.group.clone())
+    }
+
     /// Closes every session, releasing in-flight keys; used when draining.
     pub fn close_all(&self) {
         let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();
@@ -643,6 +663,14 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let (group, created) = core.group_for(&req.group, &req.replica_id, &spec)?;
         if created {
             core.subscribe_all(&group).await?;
+            // Keys can move here only on a ring from Leases: ask the peers what was deleted
+            // of them before this group was served here.
+            if core.recent_deletions.capacity > 0 {
+                tokio::spawn(crate::peer::fetch_recent_deletions(
+                    core.clone(),
+                    group.clone(),
+                ));
+            }
         }
         let id = core.next_session.fetch_add(1, Ordering::Relaxed);
         let session_id = format!(

@@ -400,7 +400,8 @@ impl WatchTask {
                                 },
                             );
                         } else {
-                            sub.group.exists_elsewhere(&key);
+                            sub.group
+                                .exists_elsewhere(&key, &obj.uid().unwrap_or_default(), epoch);
                         }
                         continue;
                     }

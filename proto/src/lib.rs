@@ -3,7 +3,9 @@
 //! Controller replicas talk to dispatchers through the [`v1::dispatcher_client::DispatcherClient`]
 //! generated from `proto/kubedispatch/v1/dispatcher.proto`; dispatchers implement
 //! [`v1::dispatcher_server::Dispatcher`]. Replicas learn which dispatchers to poll from the load
-//! balancer's [`v1::load_balancer_client::LoadBalancerClient`] (`loadbalancer.proto`). The
+//! balancer's [`v1::load_balancer_client::LoadBalancerClient`] (`loadbalancer.proto`); dispatchers
+//! ask each other for remembered deletions through [`v1::peer_client::PeerClient`]
+//! (`peer.proto`). The
 //! `.proto` files are the contract for clients in any
 //! language: every message and field is documented there.
 //!

@@ -84,9 +84,9 @@ pub struct Report {
     pub reconciles: usize,
     /// Final states never followed by a reconcile.
     pub lost: Vec<String>,
-    /// Of those, deletions of a key of a dispatcher that was killed around then: the known gap
-    /// of `dispatcher/HANDOVER.md` (a dispatcher restarted before the others dropped it from the
-    /// ring starts with an empty key index). Reported apart.
+    /// Of those, deletions of a key of a dispatcher that was killed around then, reported apart
+    /// to point at the path that lost them (the peers' memory of recent deletions,
+    /// `dispatcher/HANDOVER.md`).
     pub lost_in_crash_window: Vec<String>,
     /// Pairs of reconciles of one key that overlapped.
     pub concurrent: usize,

@@ -643,3 +643,68 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     stop_all([], ds, []).await;
     Ok(())
 }
+
+/// A dispatcher killed and restarted before the others drop it from the ring: no key moves, and
+/// its new process starts with an empty key index, so a deletion of one of its keys made while
+/// it was down reaches a controller only because its new process asks its peers for the
+/// deletions they remembered of its keys.
+#[tokio::test]
+async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_process() -> TestResult {
+    let ns = TestNamespace::create("deleted-while-restarting").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let journal = Journal::default();
+    write_round(&api, 30, 0, &journal).await?;
+    let three = Ring::new((0..3).map(name));
+    let of_victim: Vec<String> = (0..30)
+        .map(|i| format!("cm-{i}"))
+        .filter(|n| {
+            three.owner(&RequestKey::new("", "ConfigMap", ns.name(), n)) == Some("dispatcher-1")
+        })
+        .collect();
+    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let mut ds = start_settled(ns.name(), 3, BOUND).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    // The group exists on every dispatcher, so the peers remember deletions of keys they do not
+    // own (an idle group is kept 30 s).
+    let _s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let _s2 = TestSession::open(&ds[&2], GROUP, "replica-2", subs()).await?;
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let first = s1
+        .collect_until(Duration::from_secs(20), |got| got.len() >= of_victim.len())
+        .await;
+    assert_eq!(
+        first.len(),
+        of_victim.len(),
+        "dispatcher-1 delivers its keys"
+    );
+
+    let killed_at = Instant::now();
+    if let Some(d) = ds.remove(&1) {
+        d.kill();
+    }
+    api.delete(&of_victim[0], &DeleteParams::default()).await?;
+    ds.insert(1, start(ns.name(), 1).await?);
+    assert_eq!(
+        ds[&0].handles.slice.borrow().ring.members().len(),
+        3,
+        "restarted before dispatcher-0 dropped it from the ring"
+    );
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
+    let got = s1
+        .collect_until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.key == key && r.deleted)
+        })
+        .await;
+    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
+    assert!(
+        seen.contains(&(key.as_str(), true)),
+        "the deletion of {key} made while dispatcher-1 restarted was never delivered; delivered (key, deleted): {seen:?}"
+    );
+    println!(
+        "deletion made while dispatcher-1 restarted delivered by its new process {:?} after the kill (its predecessor's reconciles waited out: bound {BOUND:?})",
+        killed_at.elapsed()
+    );
+    stop_all([], ds, []).await;
+    Ok(())
+}

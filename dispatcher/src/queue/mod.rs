@@ -380,6 +380,18 @@ impl GroupQueue {
         wake
     }
 
+    /// Records that the object of `key` (with `uid`) was listed in epoch `epoch`, without
+    /// queueing anything: for keys kept while nothing may be handed out, so a sweep of that list
+    /// flags only the objects really gone. An object with another uid is not the one indexed.
+    pub fn mark_seen(&mut self, key: &str, uid: &str, epoch: u32) {
+        if let Some(e) = self.entries.get_mut(key)
+            && !e.deleted
+            && e.uid == Uid::new(uid)
+        {
+            e.seen = epoch;
+        }
+    }
+
     /// Queues as deleted every live key accepted by `belongs` (the keys of one subscription)
     /// that was not seen in list epoch `epoch`: the deletions that happened while the watch
     /// was down. Call when a re-list ends. Returns the sessions that now have ready keys.

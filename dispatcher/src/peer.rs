@@ -1,0 +1,128 @@
+//! The dispatcher-to-dispatcher API (`proto/kubedispatch/v1/peer.proto`): a dispatcher that
+//! starts serving a controller group asks its live peers for the deletions they remember of
+//! keys it owns (`crate::recent_deletions`), so a deletion made while it was down, or before
+//! the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in transit").
+
+use std::{sync::Arc, time::Duration};
+
+use kube_dispatch_proto::{
+    Ring,
+    v1::{
+        RecentDeletionsRequest, RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
+    },
+};
+use tonic::{Request, Response, Status, transport::Endpoint};
+use tracing::{info, warn};
+
+use crate::{group::Group, server::Core, subscription::MAX_FIELD_LEN};
+
+/// Most ring members a request may name.
+const MAX_RING_MEMBERS: usize = 1024;
+
+/// How long one peer may take to answer.
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest answer accepted: `--max-recent-deletions` keys of up to a few hundred bytes.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The gRPC service peers call.
+#[derive(Debug, Clone)]
+pub struct PeerService {
+    core: Arc<Core>,
+}
+
+impl PeerService {
+    /// A service over `core`.
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn recent_deletions(
+        &self,
+        request: Request<RecentDeletionsRequest>,
+    ) -> Result<Response<RecentDeletionsResponse>, Status> {
+        let req = request.into_inner();
+        for (field, value) in [("group", &req.group), ("identity", &req.identity)] {
+            if value.is_empty() || value.len() > MAX_FIELD_LEN {
+                return Err(Status::invalid_argument(format!(
+                    "{field} must be 1 to {MAX_FIELD_LEN} bytes long"
+                )));
+            }
+        }
+        if req.members.len() > MAX_RING_MEMBERS || !req.members.contains(&req.identity) {
+            return Err(Status::invalid_argument(format!(
+                "members must list at most {MAX_RING_MEMBERS} dispatchers, the identity {:?} among them",
+                req.identity
+            )));
+        }
+        let keys = match self.core.group(&req.group) {
+            Some(group) => {
+                let ring = Ring::new(req.members);
+                group
+                    .recent_deletions_owned_by(&ring, &req.identity)
+                    .iter()
+                    .map(|k| k.to_string())
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        Ok(Response::new(RecentDeletionsResponse { keys }))
+    }
+}
+
+/// Once this dispatcher serves keys (its peers are known from their Leases by then), asks every
+/// live peer for the deletions it remembers, in `group`, of keys this dispatcher owns, and hands
+/// them to the group. A peer that cannot be reached is logged and skipped: what it remembered
+/// is missed.
+pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
+    let mut slices = core.slices();
+    let shutdown = core.shutdown_token();
+    let slice = tokio::select! {
+        () = shutdown.cancelled() => return,
+        served = slices.wait_for(|s| s.settled.is_some()) => match served {
+            Ok(slice) => slice.clone(),
+            Err(_) => return,
+        },
+    };
+    let identity = core.identity().to_owned();
+    let members = slice.ring.members().to_vec();
+    let mut fetched = 0;
+    for (peer, address) in slice.peers.iter() {
+        let request = RecentDeletionsRequest {
+            group: group.name.clone(),
+            identity: identity.clone(),
+            members: members.clone(),
+        };
+        match ask(address, request).await {
+            Ok(keys) => {
+                fetched += keys.len();
+                group.deleted_in_transit(keys);
+            }
+            Err(e) => warn!(
+                group = %group.name,
+                %peer,
+                %address,
+                error = %e,
+                "cannot ask a peer for the deletions it remembers of this dispatcher's keys; a deletion made while this group was not served here may be missed"
+            ),
+        }
+    }
+    if fetched > 0 {
+        info!(group = %group.name, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
+    }
+}
+
+async fn ask(address: &str, request: RecentDeletionsRequest) -> Result<Vec<String>, Status> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| Status::invalid_argument(format!("bad peer address: {e}")))?
+        .connect_timeout(PEER_TIMEOUT)
+        .timeout(PEER_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let mut client = PeerClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES);
+    Ok(client.recent_deletions(request).await?.into_inner().keys)
+}

@@ -1,0 +1,86 @@
+//! A dispatcher cut off from the API server fences itself (it cannot renew its Lease) and hands
+//! nothing out, but keeps the index of the keys it owns: when it is back and its watch must
+//! re-list (the API server restarted meanwhile, so the watch cannot resume), the re-list shows
+//! which objects were deleted while it was away.
+//!
+//! This file holds one test on purpose: it restarts the shared API server, and cargo runs test
+//! binaries one after another, so no other test is running while it does.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, api::DeleteParams};
+use kube_dispatch_tests::{
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, TestSession, lease_membership, subscription, test_config},
+    faultproxy::{Fault, FaultProxy},
+    journal::{Journal, write_round},
+};
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test]
+async fn a_deletion_while_fenced_is_found_by_the_relist() -> TestResult {
+    let ns = TestNamespace::create("fenced").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    write_round(&api, 10, 0, &Journal::default()).await?;
+    let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    let mut config = test_config("dispatcher-0", &[]);
+    config.membership = lease_membership(ns.name(), "dispatcher-0", Duration::from_secs(3));
+    config.settings.limits.max_ttl = Duration::from_secs(3);
+    config.settings.queue.max_reconcile_time = Duration::from_secs(3);
+    let d = TestDispatcher::start_with(config, "127.0.0.1:0", Some(proxy.addr), None).await?;
+    let mut slice = d.handles.slice.clone();
+    tokio::time::timeout(Duration::from_secs(30), slice.wait_for(|s| s.is_settled())).await??;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut session = TestSession::open(&d, "fenced", "replica-0", subs).await?;
+    let all = session
+        .collect_until(Duration::from_secs(20), |got| got.len() >= 10)
+        .await;
+    assert_eq!(all.len(), 10);
+
+    // Cut the dispatcher off until it fences itself (its 2 s Lease lapses unrenewed). While it
+    // is away: a deletion, then an API-server restart, so its watch cannot resume and must
+    // re-list. The session is polled throughout (nothing is handed out while fenced).
+    let key = format!("/ConfigMap/{}/cm-3", ns.name());
+    let cut_at = Instant::now();
+    let away = async {
+        proxy.set(Fault::Cut);
+        let mut slice = d.handles.slice.clone();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            slice.wait_for(|s| s.settled.is_none()),
+        )
+        .await??;
+        api.delete("cm-3", &DeleteParams::default()).await?;
+        Cluster::shared()
+            .restart_apiserver_expiring_watches(&ns)
+            .await?;
+        proxy.set(Fault::None);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    };
+    let (got, away) = tokio::join!(
+        session.collect_until(Duration::from_secs(90), |got| {
+            got.iter().any(|r| r.key == key && r.deleted)
+        }),
+        away
+    );
+    away?;
+    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
+    let reasons: Vec<(&str, i32, &str)> = got
+        .iter()
+        .map(|r| (r.key.as_str(), r.reason, r.resource_version.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(key.as_str(), true)],
+        "exactly the deletion made while the dispatcher was fenced is delivered; (key, reason, resourceVersion): {reasons:?}"
+    );
+    println!(
+        "deletion made while fenced delivered {:?} after the cut, nothing else",
+        cut_at.elapsed()
+    );
+    d.stop().await;
+    Ok(())
+}
