@@ -338,9 +338,21 @@ impl Group {
                     .held_deletions
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                held.retain(|key| slice.owns_str(key));
-                // Keys that moved here may have been deleted while in transit.
+                // Held deletions of keys that moved away again are remembered as deletions of
+                // keys owned elsewhere: the key may come back here (after a flap, or once this
+                // dispatcher is back on its ring), and its new owner may not have seen it.
                 let now = Instant::now().into_std();
+                let away: Vec<String> = held
+                    .iter()
+                    .filter(|key| !slice.owns_str(key))
+                    .cloned()
+                    .collect();
+                for key in away {
+                    held.remove(&key);
+                    self.recent_deletions()
+                        .deleted(hash64(key.as_bytes()), &key, now);
+                }
+                // Keys that moved here may have been deleted while in transit.
                 let moved_in = self
                     .recent_deletions()
                     .take_where(now, |hash| slice.owns_hash(hash));
@@ -541,6 +553,17 @@ mod tests {
             g.take(1, 10).is_empty(),
             "held until the handover completes"
         );
+
+        // d1 flaps back before the handover completes: the key moves away again, its deletion
+        // is remembered as one owned elsewhere, and moves back with the key.
+        tx.send_replace(Arc::new(two.clone()));
+        g.apply_slice();
+        assert!(
+            g.take(1, 10).is_empty(),
+            "nothing of d1's is delivered here"
+        );
+        tx.send_replace(Arc::new(held.clone()));
+        g.apply_slice();
 
         held.settled = Some(held.ring.clone());
         tx.send_replace(Arc::new(held));

@@ -7,7 +7,10 @@
 use kube_dispatch_dispatcher::subscription::{positive_duration, validate_open};
 use kube_dispatch_proto::{
     RequestKey,
-    v1::{AckRequest, CloseSessionRequest, OpenSessionRequest, PollRequest, RegisterRequest},
+    v1::{
+        AckRequest, CloseSessionRequest, OpenSessionRequest, PollRequest, RecentDeletionsRequest,
+        RegisterRequest,
+    },
 };
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -32,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = CloseSessionRequest::decode(data);
     let _ = RegisterRequest::decode(data);
+    let _ = RecentDeletionsRequest::decode(data);
     if let Ok(text) = std::str::from_utf8(data) {
         if let Ok(key) = RequestKey::parse(text) {
             // A parsed key prints back to what was parsed.

@@ -1,7 +1,8 @@
-//! A dispatcher cut off from the API server fences itself (it cannot renew its Lease) and hands
-//! nothing out, but keeps the index of the keys it owns: when it is back and its watch must
-//! re-list (the API server restarted meanwhile, so the watch cannot resume), the re-list shows
-//! which objects were deleted while it was away.
+//! A dispatcher cut off from the API server fences itself (it cannot renew its Lease), then
+//! drops off its own ring (its Lease looks lapsed to it), and hands nothing out, but keeps its
+//! key index: when it is back and its watch must re-list (the API server restarted meanwhile,
+//! so the watch cannot resume), the re-list shows which objects were deleted while it was away,
+//! and nothing unchanged is delivered again.
 //!
 //! This file holds one test on purpose: it restarts the shared API server, and cargo runs test
 //! binaries one after another, so no other test is running while it does.
