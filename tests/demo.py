@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from datetime import datetime
@@ -49,6 +50,8 @@ DISPATCHER_ENV = {
     "KD_MAX_POLL_WAIT": "2s",
     "KD_MAX_RECONCILE_TIME": "10s",
     "KD_RESYNC_INTERVAL": "0s",
+    "KD_LOG_JSON": "true",
+    "KD_STATUS_INTERVAL": "1s",
 }
 TTY = sys.stdout.isatty()
 T0 = time.monotonic()
@@ -203,6 +206,30 @@ def concurrent(runs):
     return pairs
 
 
+def queue_depth():
+    """Per live dispatcher: keys ready for delivery or in flight, from the last `queue status`
+    line of each of its controller groups."""
+    depth = {}
+    for name, p in sorted(processes.items()):
+        if not name.startswith("dispatcher") or p.killed_at is not None:
+            continue
+        groups = {}
+        try:
+            with open(p.log) as f:
+                for line in f:
+                    if '"queue status"' not in line:
+                        continue
+                    try:
+                        fields = json.loads(line).get("fields", {})
+                    except ValueError:
+                        continue
+                    groups[fields.get("group")] = fields.get("ready", 0) + fields.get("in_flight", 0)
+        except OSError:
+            continue
+        depth[name] = sum(groups.values())
+    return depth
+
+
 def progress(label, since):
     runs = reconciles()
     per_replica = Counter(r[0] for r in runs)
@@ -214,16 +241,22 @@ def progress(label, since):
         + ", ".join(f"{k.rsplit('-', 1)[1]}:{v}" for k, v in sorted(per_replica.items()))
         + " | dispatchers (this phase) "
         + ", ".join(f"{k}:{v}" for k, v in sorted(per_dispatcher.items()))
+        + " | queued or in flight "
+        + ", ".join(f"{k}:{v}" for k, v in queue_depth().items())
     )
     print(("\r" if TTY else "") + "demo: " + line, end="" if TTY else "\n", flush=True)
     return ok, total
 
 
-def wait_converged(label, since):
+def wait_converged(label, since, writer, failed):
     begin = time.monotonic()
     while True:
+        if failed:
+            print()
+            say(f"writing the ConfigMaps failed: {failed[0]!r}")
+            raise SystemExit(1)
         ok, total = progress(label, since)
-        if ok == OBJECTS and total == OBJECTS:
+        if ok == OBJECTS and total == OBJECTS and not writer.is_alive():
             if TTY:
                 print()
             return time.monotonic() - begin
@@ -336,11 +369,22 @@ def takeovers(killed_at):
 
 
 def wait_after(write, label):
-    """Makes the writes, then waits until everything is reconciled; returns the seconds taken."""
+    """Makes the writes while showing progress, then waits until everything is reconciled;
+    returns the seconds taken."""
     begin = time.monotonic()
     scaled_since[0] = datetime.now().timestamp()
-    write()
-    wait_converged(label, scaled_since[0])
+    failed = []
+
+    def run():
+        try:
+            write()
+        except BaseException as e:  # kubectl failures end the demo: report them here
+            failed.append(e)
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    wait_converged(label, scaled_since[0], writer, failed)
+    writer.join()
     return time.monotonic() - begin
 
 

@@ -137,6 +137,11 @@ struct Args {
     #[arg(long, env = "KD_IDLE_GROUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     idle_group_grace: Duration,
 
+    /// Every this long, each controller group whose queue changed logs a `queue status` line:
+    /// keys known, ready for delivery, in flight, and sessions. 0s disables it.
+    #[arg(long, env = "KD_STATUS_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    status_interval: Duration,
+
     /// Most deletions of keys owned by other dispatchers that each controller group remembers
     /// (about 100 bytes each), for the time a key can be in transit between owners (Lease
     /// duration + grace + renew period + the handover bound). A key that moves here after its
@@ -184,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
         watch_grace,
         idle_group_grace,
         max_recent_deletions,
+        status_interval,
         drain_timeout,
         log_json,
     } = Args::parse();
@@ -264,6 +270,7 @@ async fn main() -> anyhow::Result<()> {
         },
         resync_interval,
         idle_group_grace,
+        status_interval,
         max_recent_deletions,
     };
     let shutdown = CancellationToken::new();

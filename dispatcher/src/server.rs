@@ -85,6 +85,9 @@ pub struct Settings {
     pub resync_interval: Duration,
     /// A group with no session is dropped (and its watches released) after this long.
     pub idle_group_grace: Duration,
+    /// Every this long, each controller group whose queue changed logs a `queue status` line
+    /// (keys known, ready, in flight, sessions); zero disables it.
+    pub status_interval: Duration,
     /// Most deletions of keys owned by other dispatchers each group remembers, so a key that
     /// moves here is not lost if it was deleted in transit (`crate::recent_deletions`); about
     /// 100 bytes each.
@@ -520,6 +523,7 @@ async fn housekeeping(core: Arc<Core>) {
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut slice_changes = Some(core.slice.clone());
+    let mut status = QueueStatus::default();
     loop {
         let changed = async {
             match slice_changes.as_mut() {
@@ -581,6 +585,7 @@ async fn housekeeping(core: Arc<Core>) {
             groups.values().map(|e| e.group.clone()).collect()
         };
         release(&core, &groups);
+        status.log(&groups, core.settings.status_interval, now);
         let interval = core.settings.resync_interval;
         if !interval.is_zero() {
             for group in groups {
@@ -588,6 +593,37 @@ async fn housekeeping(core: Arc<Core>) {
                 // Spread evenly: keys * tick / interval per tick, rounded up.
                 let n = (keys as u128 * TICK.as_nanos()).div_ceil(interval.as_nanos().max(1));
                 group.resync_batch(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
+    }
+}
+
+/// The periodic `queue status` log lines: one per group whose figures changed since its last.
+#[derive(Default)]
+struct QueueStatus {
+    last: Option<Instant>,
+    /// (keys, ready, in flight, sessions) as last logged, per group; groups are bounded.
+    logged: HashMap<String, (usize, usize, usize, usize)>,
+}
+
+impl QueueStatus {
+    fn log(&mut self, groups: &[Arc<Group>], interval: Duration, now: Instant) {
+        if interval.is_zero()
+            || self
+                .last
+                .is_some_and(|at| now.duration_since(at) < interval)
+        {
+            return;
+        }
+        self.last = Some(now);
+        self.logged
+            .retain(|name, _| groups.iter().any(|g| &g.name == name));
+        for group in groups {
+            let (keys, ready) = group.sizes();
+            let figures = (keys, ready, group.in_flight(), group.session_count());
+            if self.logged.insert(group.name.clone(), figures) != Some(figures) {
+                let (keys, ready, in_flight, sessions) = figures;
+                info!(group = %group.name, keys, ready, in_flight, sessions, "queue status");
             }
         }
     }

@@ -42,6 +42,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
             },
             resync_interval: Duration::ZERO,
             idle_group_grace: Duration::from_secs(30),
+            status_interval: Duration::ZERO,
             max_recent_deletions: 65_536,
         },
         membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
