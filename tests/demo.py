@@ -50,7 +50,7 @@ DISPATCHER_ENV = {
     "KD_MAX_POLL_WAIT": "2s",
     "KD_MAX_RECONCILE_TIME": "10s",
     "KD_RESYNC_INTERVAL": "0s",
-    "KD_LOG_JSON": "true",
+    "KD_LOG_JSON": "1",
     "KD_STATUS_INTERVAL": "1s",
 }
 TTY = sys.stdout.isatty()

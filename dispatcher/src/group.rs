@@ -294,16 +294,7 @@ impl Group {
     /// remembered in turn.
     pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
         for key in keys {
-            self.change(
-                &key,
-                Change {
-                    reason: kube_dispatch_proto::v1::Reason::Deleted,
-                    resource_version: String::new(),
-                    uid: String::new(),
-                    body: None,
-                    deleted: true,
-                },
-            );
+            self.change(&key, Change::deletion());
         }
     }
 
@@ -364,16 +355,7 @@ impl Group {
                     .collect();
                 for key in released {
                     held.remove(&key);
-                    wake.extend(queue.change(
-                        &key,
-                        Change {
-                            reason: kube_dispatch_proto::v1::Reason::Deleted,
-                            resource_version: String::new(),
-                            uid: String::new(),
-                            body: None,
-                            deleted: true,
-                        },
-                    ));
+                    wake.extend(queue.change(&key, Change::deletion()));
                 }
             }
             queue.any_leaving(|key| !slice.owns_str(key))

@@ -154,8 +154,9 @@ struct Args {
     #[arg(long, env = "KD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
 
-    /// Log as JSON lines instead of text. The level comes from RUST_LOG (default info).
-    #[arg(long, env = "KD_LOG_JSON")]
+    /// Log as JSON lines instead of text (KD_LOG_JSON takes true/false, 1/0, yes/no). The
+    /// level comes from RUST_LOG (default info).
+    #[arg(long, env = "KD_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     log_json: bool,
 }
 

@@ -76,8 +76,9 @@ struct Args {
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
 
-    /// Log as JSON lines instead of text. The level comes from RUST_LOG (default info).
-    #[arg(long, env = "KD_LOG_JSON")]
+    /// Log as JSON lines instead of text (KD_LOG_JSON takes true/false, 1/0, yes/no). The
+    /// level comes from RUST_LOG (default info).
+    #[arg(long, env = "KD_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     log_json: bool,
 }
 

@@ -195,6 +195,27 @@ fn assert_no_overlap(journal: &Journal) {
     );
 }
 
+/// Of ConfigMaps `cm-0..count` in `namespace`, the names `member` owns on `ring`.
+fn names_owned_by(ring: &Ring, namespace: &str, count: usize, member: &str) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("cm-{i}"))
+        .filter(|n| ring.owner(&RequestKey::new("", "ConfigMap", namespace, n)) == Some(member))
+        .collect()
+}
+
+/// Polls `session` until it is handed the deletion of `key` (made `when`); fails with what it
+/// was handed instead after `timeout`.
+async fn expect_deletion(session: &mut TestSession, key: &str, timeout: Duration, when: &str) {
+    let got = session
+        .collect_until(timeout, |got| got.iter().any(|r| r.key == key && r.deleted))
+        .await;
+    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
+    assert!(
+        seen.contains(&(key, true)),
+        "the deletion of {key} made {when} was never delivered; delivered (key, deleted): {seen:?}"
+    );
+}
+
 /// Scale 3 to 5 to 2 dispatchers while objects are written continuously: nothing is reconciled
 /// twice at once, every final state is reconciled; then one more join with no writes: exactly
 /// the keys that moved to the new dispatcher are reconciled again.
@@ -489,15 +510,7 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
     let journal = Journal::default();
     write_round(&api, 30, 0, &journal).await?;
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
-    let moving: Vec<String> = {
-        let two = Ring::new((0..2).map(name));
-        (0..30)
-            .map(|i| format!("cm-{i}"))
-            .filter(|n| {
-                two.owner(&RequestKey::new("", "ConfigMap", ns.name(), n)) == Some("dispatcher-1")
-            })
-            .collect()
-    };
+    let moving = names_owned_by(&Ring::new((0..2).map(name)), ns.name(), 30, "dispatcher-1");
     assert!(
         moving.len() >= 3,
         "enough keys move to dispatcher-1: {moving:?}"
@@ -592,17 +605,11 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     write_round(&api, 30, 0, &journal).await?;
     let three = Ring::new((0..3).map(name));
     let two = Ring::new([name(0), name(2)]);
-    let owner = |ring: &Ring, n: &str| {
-        ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), n))
-            .map(str::to_owned)
-    };
     // Keys of dispatcher-1 that go to dispatcher-0 when it dies.
-    let moving: Vec<String> = (0..30)
-        .map(|i| format!("cm-{i}"))
-        .filter(|n| {
-            owner(&three, n).as_deref() == Some("dispatcher-1")
-                && owner(&two, n).as_deref() == Some("dispatcher-0")
-        })
+    let to_zero = names_owned_by(&two, ns.name(), 30, "dispatcher-0");
+    let moving: Vec<String> = names_owned_by(&three, ns.name(), 30, "dispatcher-1")
+        .into_iter()
+        .filter(|n| to_zero.contains(n))
         .collect();
     assert!(
         !moving.is_empty(),
@@ -611,9 +618,7 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
-    let mine = (0..30)
-        .filter(|i| owner(&three, &format!("cm-{i}")).as_deref() == Some("dispatcher-0"))
-        .count();
+    let mine = names_owned_by(&three, ns.name(), 30, "dispatcher-0").len();
     let first = s0
         .collect_until(Duration::from_secs(20), |got| got.len() >= mine)
         .await;
@@ -626,16 +631,13 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     }
     api.delete(&moving[0], &DeleteParams::default()).await?;
     let key = format!("/ConfigMap/{}/{}", ns.name(), moving[0]);
-    let got = s0
-        .collect_until(Duration::from_secs(30), |got| {
-            got.iter().any(|r| r.key == key && r.deleted)
-        })
-        .await;
-    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
-    assert!(
-        seen.contains(&(key.as_str(), true)),
-        "the deletion of {key} made while dispatcher-1 was dead was never delivered; delivered (key, deleted): {seen:?}"
-    );
+    expect_deletion(
+        &mut s0,
+        &key,
+        Duration::from_secs(30),
+        "while dispatcher-1 was dead",
+    )
+    .await;
     println!(
         "deletion made right after dispatcher-1's kill delivered by dispatcher-0 {:?} after the kill (lease 2 s + grace 0.5 s + bound {BOUND:?})",
         killed_at.elapsed()
@@ -655,12 +657,7 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
     let journal = Journal::default();
     write_round(&api, 30, 0, &journal).await?;
     let three = Ring::new((0..3).map(name));
-    let of_victim: Vec<String> = (0..30)
-        .map(|i| format!("cm-{i}"))
-        .filter(|n| {
-            three.owner(&RequestKey::new("", "ConfigMap", ns.name(), n)) == Some("dispatcher-1")
-        })
-        .collect();
+    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
     assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
@@ -691,16 +688,13 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
     );
     let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
     let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
-    let got = s1
-        .collect_until(Duration::from_secs(30), |got| {
-            got.iter().any(|r| r.key == key && r.deleted)
-        })
-        .await;
-    let seen: Vec<(&str, bool)> = got.iter().map(|r| (r.key.as_str(), r.deleted)).collect();
-    assert!(
-        seen.contains(&(key.as_str(), true)),
-        "the deletion of {key} made while dispatcher-1 restarted was never delivered; delivered (key, deleted): {seen:?}"
-    );
+    expect_deletion(
+        &mut s1,
+        &key,
+        Duration::from_secs(30),
+        "while dispatcher-1 restarted",
+    )
+    .await;
     println!(
         "deletion made while dispatcher-1 restarted delivered by its new process {:?} after the kill (its predecessor's reconciles waited out: bound {BOUND:?})",
         killed_at.elapsed()

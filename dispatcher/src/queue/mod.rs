@@ -76,6 +76,20 @@ pub struct Change {
     pub deleted: bool,
 }
 
+impl Change {
+    /// A deletion known only by its key: found by a re-list, held through a handover, or
+    /// remembered by a peer.
+    pub fn deletion() -> Self {
+        Self {
+            reason: Reason::Deleted,
+            resource_version: String::new(),
+            uid: String::new(),
+            body: None,
+            deleted: true,
+        }
+    }
+}
+
 /// One reconcile request handed to a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
@@ -404,16 +418,7 @@ impl GroupQueue {
             .collect();
         let mut wake = Vec::new();
         for key in gone {
-            wake.extend(self.change(
-                &key,
-                Change {
-                    reason: Reason::Deleted,
-                    resource_version: String::new(),
-                    uid: String::new(),
-                    body: None,
-                    deleted: true,
-                },
-            ));
+            wake.extend(self.change(&key, Change::deletion()));
         }
         dedup(wake)
     }
