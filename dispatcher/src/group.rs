@@ -66,6 +66,8 @@ pub struct Group {
     sessions: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
+    /// Cancelled when the group is dropped from the dispatcher; ends the tasks that serve it.
+    dropped: CancellationToken,
 }
 
 impl Group {
@@ -91,9 +93,15 @@ impl Group {
             recent_deletions: Mutex::new(RecentDeletions::new(recent_deletions)),
             sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
+            dropped: cancel.clone(),
         });
         tokio::spawn(drive_timers(group.clone(), cancel));
         group
+    }
+
+    /// Resolves when the group is dropped from the dispatcher (or the dispatcher stops).
+    pub async fn dropped(&self) {
+        self.dropped.cancelled().await;
     }
 
     fn queue(&self) -> MutexGuard<'_, GroupQueue> {

@@ -78,9 +78,10 @@ impl Peer for PeerService {
 /// is missed.
 pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
     let mut slices = core.slices();
-    let shutdown = core.shutdown_token();
+    // A group dropped before this dispatcher serves anything ends the wait: one task per live
+    // group at most.
     let slice = tokio::select! {
-        () = shutdown.cancelled() => return,
+        () = group.dropped() => return,
         served = slices.wait_for(|s| s.settled.is_some()) => match served {
             Ok(slice) => slice.clone(),
             Err(_) => return,

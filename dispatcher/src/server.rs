@@ -220,11 +220,6 @@ impl Core {
         self.slice.clone()
     }
 
-    /// Cancelled when the dispatcher shuts down.
-    pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
-    }
-
     /// This dispatcher's identity on the ring.
     pub fn identity(&self) -> &str {
         &self.settings.identity

@@ -195,6 +195,17 @@ fn assert_no_overlap(journal: &Journal) {
     );
 }
 
+/// A namespace of its own holding ConfigMaps `cm-0..count`, and their API.
+async fn with_configmaps(
+    prefix: &str,
+    count: usize,
+) -> Result<(TestNamespace, Api<ConfigMap>), Box<dyn std::error::Error>> {
+    let ns = TestNamespace::create(prefix).await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    write_round(&api, count, 0, &Journal::default()).await?;
+    Ok((ns, api))
+}
+
 /// Of ConfigMaps `cm-0..count` in `namespace`, the names `member` owns on `ring`.
 fn names_owned_by(ring: &Ring, namespace: &str, count: usize, member: &str) -> Vec<String> {
     (0..count)
@@ -505,10 +516,7 @@ async fn replicas_come_and_go_and_the_load_balancer_fails_over() -> TestResult {
 /// it).
 #[tokio::test]
 async fn deletions_in_transit_are_delivered() -> TestResult {
-    let ns = TestNamespace::create("deletions-in-transit").await?;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let journal = Journal::default();
-    write_round(&api, 30, 0, &journal).await?;
+    let (ns, api) = with_configmaps("deletions-in-transit", 30).await?;
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
     let moving = names_owned_by(&Ring::new((0..2).map(name)), ns.name(), 30, "dispatcher-1");
     assert!(
@@ -599,10 +607,7 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
 /// keys owned elsewhere can tell it.
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner() -> TestResult {
-    let ns = TestNamespace::create("deleted-while-dead").await?;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let journal = Journal::default();
-    write_round(&api, 30, 0, &journal).await?;
+    let (ns, api) = with_configmaps("deleted-while-dead", 30).await?;
     let three = Ring::new((0..3).map(name));
     let two = Ring::new([name(0), name(2)]);
     // Keys of dispatcher-1 that go to dispatcher-0 when it dies.
@@ -652,10 +657,7 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
 /// deletions they remembered of its keys.
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_process() -> TestResult {
-    let ns = TestNamespace::create("deleted-while-restarting").await?;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let journal = Journal::default();
-    write_round(&api, 30, 0, &journal).await?;
+    let (ns, api) = with_configmaps("deleted-while-restarting", 30).await?;
     let three = Ring::new((0..3).map(name));
     let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
     assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
