@@ -1,0 +1,129 @@
+//! What the API server itself reports: its request counters (`/metrics`) and the CPU time of
+//! the kube-apiserver and etcd processes of the local control plane.
+
+use std::{collections::BTreeMap, path::Path};
+
+use anyhow::Context as _;
+use kube::Client;
+
+use super::process::cpu_seconds;
+
+/// `apiserver_request_total` summed by (resource, verb), status subresources left out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RequestCounts(BTreeMap<(String, String), f64>);
+
+impl RequestCounts {
+    /// Parses the Prometheus text format of `/metrics`.
+    pub(crate) fn parse(metrics: &str) -> Self {
+        let mut counts = BTreeMap::new();
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix("=\""))
+                    .map(|v| v.trim_end_matches('"').to_owned())
+                    .unwrap_or_default()
+            };
+            if !label("subresource").is_empty() {
+                continue;
+            }
+            *counts
+                .entry((label("resource"), label("verb")))
+                .or_insert(0.0) += value;
+        }
+        Self(counts)
+    }
+
+    /// Requests of `verb` on `resource` counted since `earlier`.
+    pub(crate) fn since(&self, earlier: &Self, resource: &str, verb: &str) -> u64 {
+        let key = (resource.to_owned(), verb.to_owned());
+        let now = self.0.get(&key).copied().unwrap_or(0.0);
+        let then = earlier.0.get(&key).copied().unwrap_or(0.0);
+        // Counters are whole numbers printed as floats.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let delta = (now - then).max(0.0).round() as u64;
+        delta
+    }
+}
+
+/// Reads the API server's request counters.
+pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("cannot build the /metrics request")?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("cannot read the API server's /metrics")?;
+    Ok(RequestCounts::parse(&text))
+}
+
+/// The kube-apiserver and etcd processes of the local control plane, from the state file the
+/// cluster script writes (`.cluster/state.env`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ControlPlane {
+    apiserver: u32,
+    etcd: u32,
+}
+
+impl ControlPlane {
+    pub(crate) fn from_state(root: &Path) -> anyhow::Result<Self> {
+        let path = root.join(".cluster/state.env");
+        let state = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let pid = |name: &str| -> anyhow::Result<u32> {
+            state
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.trim().parse().ok())
+                .with_context(|| format!("no {name} in {}", path.display()))
+        };
+        Ok(Self {
+            apiserver: pid("APISERVER_PID")?,
+            etcd: pid("ETCD_PID")?,
+        })
+    }
+
+    /// CPU seconds used so far by the kube-apiserver and by etcd.
+    pub(crate) fn cpu_seconds(&self) -> (f64, f64) {
+        (
+            cpu_seconds(self.apiserver).unwrap_or(f64::NAN),
+            cpu_seconds(self.etcd).unwrap_or(f64::NAN),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_summed_by_resource_and_verb_without_subresources() {
+        let before = RequestCounts::parse(
+            r#"# HELP apiserver_request_total x
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="namespace",subresource="",verb="LIST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+"#,
+        );
+        let after = RequestCounts::parse(
+            r#"apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="namespace",subresource="",verb="LIST",version="v1"} 10
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="cluster",subresource="",verb="LIST",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="bench.kube-dispatch.dev",resource="records",scope="namespace",subresource="status",verb="PATCH",version="v1"} 7
+apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resource="configmaps",scope="namespace",subresource="",verb="WATCH",version="v1"} 4
+"#,
+        );
+        assert_eq!(after.since(&before, "configmaps", "LIST"), 8);
+        assert_eq!(after.since(&before, "configmaps", "WATCH"), 4);
+        assert_eq!(after.since(&before, "records", "PATCH"), 0);
+        assert_eq!(after.since(&before, "configmaps", "GET"), 0);
+    }
+}

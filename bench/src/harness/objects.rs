@@ -1,0 +1,247 @@
+//! The objects a run reconciles: one namespace per kind and object count, filled once and
+//! reused by every variant and every later `make bench`.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Namespace},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, CustomResourceExt, ResourceExt,
+    api::{ListParams, ObjectMeta, Patch, PatchParams},
+    runtime::wait::{await_condition, conditions},
+};
+use kube_dispatch_bench::{ANNOTATION, Content, Record, RecordSpec, content_hash};
+
+const MANAGER: &str = "kube-dispatch-bench";
+
+/// The resource the objects are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// core/v1 ConfigMaps.
+    ConfigMap,
+    /// bench.kube-dispatch.dev/v1 Records, a custom resource.
+    Record,
+}
+
+impl Kind {
+    /// The `--kind` value of `bench-controller`.
+    pub(crate) fn flag(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "config-map",
+            Kind::Record => "record",
+        }
+    }
+
+    /// The resource name in the API server's metrics.
+    pub(crate) fn resource(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "configmaps",
+            Kind::Record => "records",
+        }
+    }
+
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "ConfigMaps",
+            Kind::Record => "Records (custom resource)",
+        }
+    }
+}
+
+/// Name of the `i`th object.
+pub(crate) fn object_name(i: usize) -> String {
+    format!("obj-{i:06}")
+}
+
+/// The data of the `i`th object: a `value` the writes change, and a `config.yaml` of about
+/// `bytes` bytes, the size of a small real configuration file.
+fn object_data(i: usize, bytes: usize) -> BTreeMap<String, String> {
+    let mut config = String::with_capacity(bytes + 64);
+    let mut line = 0usize;
+    while config.len() < bytes {
+        config.push_str(&format!(
+            "setting-{line:03}: value-{:016x}\n",
+            (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ line as u64
+        ));
+        line += 1;
+    }
+    [
+        ("value".to_owned(), "0".to_owned()),
+        ("config.yaml".to_owned(), config),
+    ]
+    .into()
+}
+
+/// Installs the Record CRD (server-side apply) and waits until it is served.
+pub(crate) async fn install_crd(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = Record::crd();
+    let name = crd.name_any();
+    crds.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("cannot install the Record CRD")?;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .context("the Record CRD was not established within 30 s")??;
+    Ok(())
+}
+
+/// Makes `namespace` hold exactly objects `0..count` of `kind`, each carrying the correct hash
+/// annotation, so a controller starting on it finds everything up to date. Objects already
+/// right are left alone; returns how many had to be written.
+pub(crate) async fn populate(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    count: usize,
+    bytes: usize,
+) -> anyhow::Result<usize> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .patch(namespace, &PatchParams::apply(MANAGER), &Patch::Apply(&ns))
+        .await
+        .with_context(|| format!("cannot create namespace {namespace}"))?;
+
+    let up_to_date = match kind {
+        Kind::ConfigMap => up_to_date::<ConfigMap>(client, namespace, count, bytes).await?,
+        Kind::Record => up_to_date::<Record>(client, namespace, count, bytes).await?,
+    };
+    let missing: Vec<usize> = (0..count).filter(|i| !up_to_date[*i]).collect();
+    futures::stream::iter(missing.iter().copied())
+        .map(|i| apply_object(client, kind, namespace, i, bytes))
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
+    Ok(missing.len())
+}
+
+/// Which of objects `0..count` exist with the content and annotation `populate` gives them.
+async fn up_to_date<K>(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    bytes: usize,
+) -> anyhow::Result<Vec<bool>>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Content
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let mut ok = vec![false; count];
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .with_context(|| format!("cannot list the objects of {namespace}"))?;
+        for object in &page.items {
+            let Some(i) = object
+                .name_any()
+                .strip_prefix("obj-")
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|i| *i < count)
+            else {
+                continue;
+            };
+            let config_len = object
+                .content()
+                .and_then(|d| d.get("config.yaml"))
+                .map_or(0, String::len);
+            ok[i] = object.annotations().get(ANNOTATION) == Some(&content_hash(object.content()))
+                && config_len == object_data(i, bytes)["config.yaml"].len();
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    Ok(ok)
+}
+
+async fn apply_object(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    i: usize,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    let data = object_data(i, bytes);
+    let metadata = ObjectMeta {
+        name: Some(object_name(i)),
+        namespace: Some(namespace.to_owned()),
+        annotations: Some([(ANNOTATION.to_owned(), content_hash(Some(&data)))].into()),
+        ..ObjectMeta::default()
+    };
+    let params = PatchParams::apply(MANAGER).force();
+    match kind {
+        Kind::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+            let object = ConfigMap {
+                metadata,
+                data: Some(data),
+                ..ConfigMap::default()
+            };
+            api.patch(&object_name(i), &params, &Patch::Apply(&object))
+                .await?;
+        }
+        Kind::Record => {
+            let api: Api<Record> = Api::namespaced(client.clone(), namespace);
+            let mut object = Record::new(&object_name(i), RecordSpec { data });
+            object.metadata = metadata;
+            api.patch(&object_name(i), &params, &Patch::Apply(&object))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Changes the `value` of object `i` (a merge patch, as a user's edit would be) and returns
+/// the resourceVersion the write produced.
+pub(crate) async fn change_value(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    i: usize,
+    value: &str,
+) -> anyhow::Result<u64> {
+    let params = PatchParams::default();
+    let rv = match kind {
+        Kind::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+            let patch = serde_json::json!({ "data": { "value": value } });
+            api.patch(&object_name(i), &params, &Patch::Merge(&patch))
+                .await?
+                .resource_version()
+        }
+        Kind::Record => {
+            let api: Api<Record> = Api::namespaced(client.clone(), namespace);
+            let patch = serde_json::json!({ "spec": { "data": { "value": value } } });
+            api.patch(&object_name(i), &params, &Patch::Merge(&patch))
+                .await?
+                .resource_version()
+        }
+    };
+    rv.and_then(|rv| rv.parse().ok())
+        .context("the write returned no numeric resourceVersion")
+}

@@ -1,0 +1,156 @@
+//! The processes a run starts, and what the kernel says they used (Linux `/proc`).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use kube_dispatch_bench::ReconcileStart;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+    sync::mpsc,
+};
+
+/// Memory and CPU of one process, read just before it is stopped.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Usage {
+    /// Peak resident set (VmHWM), bytes.
+    pub(crate) peak_rss: u64,
+    /// Resident set at the time of reading (VmRSS), bytes.
+    pub(crate) rss: u64,
+    /// User plus system CPU time since the process started, seconds.
+    pub(crate) cpu_seconds: f64,
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`, 100 on Linux).
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// CPU seconds (user + system) of a live process.
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields are counted after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 3 of proc(5) is fields[0]; utime and stime are fields 14 and 15.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks())
+}
+
+/// Peak and current RSS and CPU time of a live process.
+pub(crate) fn usage(pid: u32) -> Option<Usage> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line[field.len()..]
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+            .map(|k| k * 1024)
+    };
+    Some(Usage {
+        peak_rss: kib("VmHWM:")?,
+        rss: kib("VmRSS:")?,
+        cpu_seconds: cpu_seconds(pid)?,
+    })
+}
+
+/// One started process: a dispatcher, the load balancer or a controller replica.
+pub(crate) struct Component {
+    pub(crate) name: String,
+    child: Child,
+    pid: u32,
+    pub(crate) log: PathBuf,
+}
+
+impl Component {
+    /// Starts `program` with `args` and `env` added to the harness's environment. Its stderr
+    /// (and its stdout, unless `reconciles` is given) goes to `<log_dir>/<name>.log`. With
+    /// `reconciles`, every [`ReconcileStart`] line on its stdout is sent there.
+    pub(crate) fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log_dir: &Path,
+        reconciles: Option<mpsc::Sender<ReconcileStart>>,
+    ) -> anyhow::Result<Self> {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stderr(file.try_clone()?)
+            .kill_on_drop(true);
+        if reconciles.is_some() {
+            command.stdout(Stdio::piped());
+        } else {
+            command.stdout(file);
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let pid = child
+            .id()
+            .with_context(|| format!("{name} exited at once"))?;
+        if let (Some(tx), Some(stdout)) = (reconciles, child.stdout.take()) {
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(start) = line.parse::<ReconcileStart>()
+                        && tx.send(start).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            pid,
+            log,
+        })
+    }
+
+    /// Usage so far; fails if the process has exited (it should not have).
+    pub(crate) fn usage(&mut self) -> anyhow::Result<Usage> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            anyhow::bail!(
+                "{} exited early ({status}); see {}",
+                self.name,
+                self.log.display()
+            );
+        }
+        usage(self.pid).with_context(|| format!("cannot read /proc/{} of {}", self.pid, self.name))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub(crate) async fn stop(mut self, grace: Duration) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(component = %self.name, ?grace, "did not stop after SIGTERM; killing it");
+            let _ = self.child.kill().await;
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Medians over the repeated runs, the table with ratios, and its Markdown.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use super::{
+    objects::Kind,
+    run::{RunResult, VERBS, Variant},
+};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// One row of the table: how to read the figure from a run.
+pub(crate) struct Row {
+    pub(crate) label: &'static str,
+    decimals: usize,
+    read: Read,
+}
+
+enum Read {
+    /// The median over the runs of this figure (None where it does not apply).
+    Median(fn(&RunResult) -> Option<f64>),
+    /// A percentile of the write-to-reconcile latencies of all runs pooled, in ms.
+    LatencyPercentile(f64),
+}
+
+fn max_of(values: impl Iterator<Item = u64>) -> Option<f64> {
+    values.max().map(|v| v as f64 / MIB)
+}
+
+fn requests(verb: &'static str) -> fn(&RunResult) -> Option<f64> {
+    match verb {
+        "LIST" => |r| r.requests.get("LIST").map(|n| *n as f64),
+        "WATCH" => |r| r.requests.get("WATCH").map(|n| *n as f64),
+        "GET" => |r| r.requests.get("GET").map(|n| *n as f64),
+        _ => |r| r.requests.get("PATCH").map(|n| *n as f64),
+    }
+}
+
+/// The rows, in the order printed.
+pub(crate) fn rows() -> Vec<Row> {
+    let median = |label, decimals, read| Row {
+        label,
+        decimals,
+        read: Read::Median(read),
+    };
+    let mut rows = vec![
+        median(
+            "controller RSS, peak, largest replica (MiB)",
+            1,
+            |r: &RunResult| max_of(r.replicas.iter().map(|u| u.peak_rss)),
+        ),
+        median("controller RSS, steady, largest replica (MiB)", 1, |r| {
+            max_of(r.replicas.iter().map(|u| u.rss))
+        }),
+        median("dispatcher RSS, peak, largest of 3 (MiB)", 1, |r| {
+            max_of(r.dispatchers.iter().map(|u| u.peak_rss))
+        }),
+        median("dispatcher RSS, steady, largest of 3 (MiB)", 1, |r| {
+            max_of(r.dispatchers.iter().map(|u| u.rss))
+        }),
+        median("load balancer RSS, peak (MiB)", 1, |r| {
+            r.loadbalancer.map(|u| u.peak_rss as f64 / MIB)
+        }),
+        median("all processes RSS, steady, sum (MiB)", 1, |r| {
+            let all = r
+                .replicas
+                .iter()
+                .chain(&r.dispatchers)
+                .chain(&r.loadbalancer);
+            Some(all.map(|u| u.rss as f64).sum::<f64>() / MIB)
+        }),
+        median("start to first reconcile (ms)", 0, |r| {
+            Some(r.first_reconcile.as_secs_f64() * 1e3)
+        }),
+        median("start to all objects reconciled (ms)", 0, |r| {
+            Some(r.all_reconciled.as_secs_f64() * 1e3)
+        }),
+        Row {
+            label: "write to reconcile start, p50 (ms)",
+            decimals: 1,
+            read: Read::LatencyPercentile(0.50),
+        },
+        Row {
+            label: "write to reconcile start, p99 (ms)",
+            decimals: 1,
+            read: Read::LatencyPercentile(0.99),
+        },
+        median("CPU, controller replicas (s)", 2, |r| {
+            Some(r.replicas.iter().map(|u| u.cpu_seconds).sum())
+        }),
+        median("CPU, dispatchers and load balancer (s)", 2, |r| {
+            let tier: Vec<f64> = r
+                .dispatchers
+                .iter()
+                .chain(&r.loadbalancer)
+                .map(|u| u.cpu_seconds)
+                .collect();
+            (!tier.is_empty()).then(|| tier.iter().sum())
+        }),
+        median("CPU, kube-apiserver (s)", 2, |r| Some(r.apiserver_cpu)),
+        median("CPU, etcd (s)", 2, |r| Some(r.etcd_cpu)),
+    ];
+    for verb in VERBS {
+        rows.push(median(
+            match verb {
+                "LIST" => "API requests on the resource: LIST",
+                "WATCH" => "API requests on the resource: WATCH",
+                "GET" => "API requests on the resource: GET",
+                _ => "API requests on the resource: PATCH by controllers",
+            },
+            0,
+            requests(verb),
+        ));
+    }
+    rows.push(median("reconciles started", 0, |r| {
+        Some(r.reconciles as f64)
+    }));
+    rows
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        f64::midpoint(values[mid - 1], values[mid])
+    })
+}
+
+/// Nearest-rank percentile.
+fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1] as f64)
+}
+
+impl Row {
+    /// The figure over every run of one variant.
+    pub(crate) fn value(&self, runs: &[&RunResult]) -> Option<f64> {
+        match self.read {
+            Read::Median(read) => median(runs.iter().filter_map(|r| read(r)).collect()),
+            Read::LatencyPercentile(p) => {
+                let mut all: Vec<u64> = runs
+                    .iter()
+                    .flat_map(|r| r.latencies_us.iter().copied())
+                    .collect();
+                all.sort_unstable();
+                percentile(&all, p).map(|us| us / 1e3)
+            }
+        }
+    }
+}
+
+/// Every run of one kind and object count.
+pub(crate) struct Scenario {
+    pub(crate) kind: Kind,
+    pub(crate) objects: usize,
+    pub(crate) runs: Vec<RunResult>,
+}
+
+impl Scenario {
+    pub(crate) fn variants(&self) -> Vec<Variant> {
+        let mut v: Vec<Variant> = self.runs.iter().map(|r| r.variant).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    pub(crate) fn runs_of(&self, variant: Variant) -> Vec<&RunResult> {
+        self.runs.iter().filter(|r| r.variant == variant).collect()
+    }
+
+    /// A figure of one variant.
+    pub(crate) fn value(&self, row: &Row, variant: Variant) -> Option<f64> {
+        row.value(&self.runs_of(variant))
+    }
+
+    /// The Markdown table: one column per variant, then each kube-rs variant divided by
+    /// kube-dispatch with one replica.
+    pub(crate) fn table(&self) -> String {
+        let variants = self.variants();
+        let baseline = Variant::Dispatch(1);
+        let incumbents: Vec<Variant> = variants
+            .iter()
+            .copied()
+            .filter(|v| !matches!(v, Variant::Dispatch(_)))
+            .collect();
+        let ratios: Vec<Variant> = if variants.contains(&baseline) {
+            incumbents
+        } else {
+            Vec::new()
+        };
+        let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
+        let mut out = format!(
+            "#### {}, {} objects (median of {runs} runs; latency percentiles over all runs' writes)\n\n| figure |",
+            self.kind.title(),
+            self.objects
+        );
+        for v in &variants {
+            let _ = write!(out, " {v} |");
+        }
+        for v in &ratios {
+            let _ = write!(out, " {v} ÷ {baseline} |");
+        }
+        out.push_str("\n| --- |");
+        for _ in 0..variants.len() + ratios.len() {
+            out.push_str(" ---: |");
+        }
+        out.push('\n');
+        for row in rows() {
+            let _ = write!(out, "| {} |", row.label);
+            for v in &variants {
+                match self.value(&row, *v) {
+                    Some(x) => {
+                        let _ = write!(out, " {x:.*} |", row.decimals);
+                    }
+                    None => out.push_str(" – |"),
+                }
+            }
+            for v in &ratios {
+                match (self.value(&row, *v), self.value(&row, baseline)) {
+                    (Some(a), Some(b)) if b > 0.0 => {
+                        let _ = write!(out, " {:.2}× |", a / b);
+                    }
+                    _ => out.push_str(" – |"),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Per variant, the figure of a row at each object count of `kind` (for the plots).
+pub(crate) fn series(
+    scenarios: &[Scenario],
+    kind: Kind,
+    row: &Row,
+) -> BTreeMap<Variant, Vec<(usize, f64)>> {
+    let mut out: BTreeMap<Variant, Vec<(usize, f64)>> = BTreeMap::new();
+    for s in scenarios.iter().filter(|s| s.kind == kind) {
+        for v in s.variants() {
+            if let Some(x) = s.value(row, v) {
+                out.entry(v).or_default().push((s.objects, x));
+            }
+        }
+    }
+    for points in out.values_mut() {
+        points.sort_by_key(|(n, _)| *n);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_percentile() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+        let sorted: Vec<u64> = (1..=200).collect();
+        assert_eq!(percentile(&sorted, 0.5), Some(100.0));
+        assert_eq!(percentile(&sorted, 0.99), Some(198.0));
+        assert_eq!(percentile(&[7], 0.99), Some(7.0));
+    }
+}

@@ -1,0 +1,493 @@
+//! One run: one variant of the controller on one namespace of objects, from start to stop.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams},
+};
+use kube_dispatch_bench::{ReconcileStart, now_micros};
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    apiserver::{ControlPlane, request_counts},
+    objects::{Kind, change_value, object_name},
+    process::{Component, Usage},
+};
+
+/// How the controller runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Variant {
+    /// kube-rs `Controller`, reflector cache of whole objects.
+    KubeRs,
+    /// kube-rs `Controller`, metadata-only watch and cache, GET per reconcile.
+    KubeRsMetadata,
+    /// The SDK behind three dispatchers and the load balancer, with this many replicas.
+    Dispatch(usize),
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Variant::KubeRs => f.write_str("kube-rs"),
+            Variant::KubeRsMetadata => f.write_str("kube-rs-metadata"),
+            Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kube-rs" => Ok(Variant::KubeRs),
+            "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
+            _ => s
+                .strip_prefix("dispatch-")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| (1..=64).contains(n))
+                .map(Variant::Dispatch)
+                .ok_or_else(|| {
+                    format!(
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata or dispatch-<replicas 1..=64>"
+                    )
+                }),
+        }
+    }
+}
+
+/// Dispatchers in the tier of the `dispatch-*` variants.
+pub(crate) const DISPATCHERS: usize = 3;
+
+/// The built binaries a run starts.
+pub(crate) struct Binaries {
+    pub(crate) dispatcher: PathBuf,
+    pub(crate) loadbalancer: PathBuf,
+    pub(crate) controller: PathBuf,
+}
+
+/// What every run of one (kind, object count) shares.
+pub(crate) struct Setup<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) kubeconfig: &'a Path,
+    pub(crate) binaries: &'a Binaries,
+    pub(crate) control_plane: ControlPlane,
+    pub(crate) kind: Kind,
+    pub(crate) namespace: &'a str,
+    pub(crate) objects: usize,
+    pub(crate) writes: usize,
+    pub(crate) write_interval: Duration,
+    pub(crate) log_dir: &'a Path,
+    /// Unique to this invocation, so every write changes the object even across invocations.
+    pub(crate) nonce: u64,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub(crate) struct RunResult {
+    pub(crate) variant: Variant,
+    /// Each controller replica.
+    pub(crate) replicas: Vec<Usage>,
+    /// Each dispatcher (none for the kube-rs variants).
+    pub(crate) dispatchers: Vec<Usage>,
+    pub(crate) loadbalancer: Option<Usage>,
+    /// Replica process start to the first reconcile starting.
+    pub(crate) first_reconcile: Duration,
+    /// Replica process start to every object having been reconciled at least once.
+    pub(crate) all_reconciled: Duration,
+    /// Per write: from sending it to the start of the first reconcile that saw it, microseconds.
+    pub(crate) latencies_us: Vec<u64>,
+    /// API requests on the objects' resource during the run, by verb; PATCH excludes the
+    /// harness's own writes.
+    pub(crate) requests: HashMap<&'static str, u64>,
+    pub(crate) apiserver_cpu: f64,
+    pub(crate) etcd_cpu: f64,
+    /// Reconciles started, in all.
+    pub(crate) reconciles: u64,
+}
+
+/// What the replicas' reconcile lines have shown so far.
+#[derive(Default)]
+struct Observations {
+    first: Option<u64>,
+    seen: HashSet<String>,
+    all: Option<u64>,
+    total: u64,
+    /// Reconcile starts of the keys the latency phase writes: (when, resourceVersion).
+    written: HashMap<String, Vec<(u64, u64)>>,
+}
+
+pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
+
+impl Setup<'_> {
+    fn key(&self, i: usize) -> String {
+        format!("{}/{}", self.namespace, object_name(i))
+    }
+
+    /// The objects the latency phase writes, spread over the namespace.
+    fn written_objects(&self) -> Vec<usize> {
+        let n = self.writes.min(self.objects);
+        (0..n).map(|i| i * self.objects / n).collect()
+    }
+
+    /// Runs `variant` once; `run` numbers the runs so each writes values never written before.
+    pub(crate) async fn run(&self, variant: Variant, run: usize) -> anyhow::Result<RunResult> {
+        let log_dir = self.log_dir.join(format!(
+            "{}-{}-{variant}-{run}",
+            self.kind.flag(),
+            self.objects
+        ));
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("cannot create {}", log_dir.display()))?;
+        let requests_before = request_counts(self.client).await?;
+        let cpu_before = self.control_plane.cpu_seconds();
+
+        let mut tier = Vec::new();
+        let mut lb_port = 0;
+        if let Variant::Dispatch(_) = variant {
+            (tier, lb_port) = self.start_tier(&log_dir).await?;
+        }
+
+        let written = self.written_objects();
+        let (observed_tx, observed) = watch::channel(Observations {
+            written: written.iter().map(|i| (self.key(*i), Vec::new())).collect(),
+            ..Observations::default()
+        });
+        // Bounded: a replica that prints faster than this is read waits on its stdout pipe.
+        let (tx, mut rx) = mpsc::channel::<ReconcileStart>(4096);
+        let objects = self.objects;
+        let prefix = format!("{}/obj-", self.namespace);
+        let observer = tokio::spawn(async move {
+            while let Some(start) = rx.recv().await {
+                observed_tx.send_modify(|o| {
+                    o.total += 1;
+                    o.first.get_or_insert(start.at_micros);
+                    if let Some(starts) = o.written.get_mut(&start.key) {
+                        starts.push((start.at_micros, start.resource_version));
+                    }
+                    if o.all.is_none() && start.key.starts_with(&prefix) {
+                        o.seen.insert(start.key.clone());
+                        if o.seen.len() == objects {
+                            o.all = Some(start.at_micros);
+                            o.seen = HashSet::new();
+                        }
+                    }
+                });
+            }
+        });
+
+        let started = now_micros();
+        let replicas = self.start_replicas(variant, lb_port, &log_dir, &tx)?;
+        drop(tx);
+        let result = self
+            .measure(variant, run, started, &written, observed, replicas, tier)
+            .await;
+        observer.abort();
+        let mut result = result?;
+
+        // Watches are counted when they end: wait until the counters stop moving.
+        let mut requests_after = request_counts(self.client).await?;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let again = request_counts(self.client).await?;
+            if again == requests_after {
+                break;
+            }
+            requests_after = again;
+        }
+        let cpu_after = self.control_plane.cpu_seconds();
+        for verb in VERBS {
+            let mut n = requests_after.since(&requests_before, self.kind.resource(), verb);
+            if verb == "PATCH" {
+                n = n.saturating_sub(written.len() as u64);
+            }
+            result.requests.insert(verb, n);
+        }
+        result.apiserver_cpu = cpu_after.0 - cpu_before.0;
+        result.etcd_cpu = cpu_after.1 - cpu_before.1;
+        Ok(result)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn measure(
+        &self,
+        variant: Variant,
+        run: usize,
+        started: u64,
+        written: &[usize],
+        mut observed: watch::Receiver<Observations>,
+        mut replicas: Vec<Component>,
+        mut tier: Vec<Component>,
+    ) -> anyhow::Result<RunResult> {
+        let bound = Duration::from_secs(60) + Duration::from_millis(2 * self.objects as u64);
+        let waited = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some()))
+            .await
+            .map(|r| r.map(|o| (o.first.unwrap_or(started), o.all.unwrap_or(started))));
+        let (first, all) = match waited {
+            Ok(Ok(times)) => times,
+            Ok(Err(_)) => anyhow::bail!("{variant}: the reconcile observer stopped"),
+            Err(_) => anyhow::bail!(
+                "{variant}: only {} of {} objects reconciled within {bound:?}; logs in {}",
+                observed.borrow().seen.len(),
+                self.objects,
+                replicas
+                    .first()
+                    .map_or(Path::new(""), |r| r.log.as_path())
+                    .display()
+            ),
+        };
+
+        // The latency phase: the same objects, at the same pace, in every run.
+        let mut sent = Vec::with_capacity(written.len());
+        let mut ticks = tokio::time::interval(self.write_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for (n, i) in written.iter().enumerate() {
+            ticks.tick().await;
+            let at = now_micros();
+            let rv = change_value(
+                self.client,
+                self.kind,
+                self.namespace,
+                *i,
+                &format!("{}-{variant}-{run}-{n}", self.nonce),
+            )
+            .await
+            .with_context(|| format!("write {n} failed"))?;
+            sent.push((self.key(*i), at, rv));
+        }
+        let reconciled_after = |o: &Observations, key: &str, rv: u64| {
+            o.written.get(key).and_then(|starts| {
+                starts
+                    .iter()
+                    .filter(|(_, r)| *r >= rv)
+                    .map(|(at, _)| *at)
+                    .min()
+            })
+        };
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            observed.wait_for(|o| {
+                sent.iter()
+                    .all(|(key, _, rv)| reconciled_after(o, key, *rv).is_some())
+            }),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("{variant}: some writes were not reconciled within 60 s"))?
+        .context("the observer stopped")?;
+        let (latencies_us, reconciles) = {
+            let o = observed.borrow();
+            let latencies = sent
+                .iter()
+                .filter_map(|(key, at, rv)| {
+                    Some(reconciled_after(&o, key, *rv)?.saturating_sub(*at))
+                })
+                .collect();
+            (latencies, o.total)
+        };
+
+        let mut replica_usage = Vec::new();
+        for r in &mut replicas {
+            replica_usage.push(r.usage()?);
+        }
+        let mut dispatchers = Vec::new();
+        let mut loadbalancer = None;
+        for c in &mut tier {
+            let usage = c.usage()?;
+            if c.name == "loadbalancer" {
+                loadbalancer = Some(usage);
+            } else {
+                dispatchers.push(usage);
+            }
+        }
+        let grace = Duration::from_secs(15);
+        futures::future::join_all(replicas.into_iter().map(|r| r.stop(grace))).await;
+        futures::future::join_all(tier.into_iter().map(|c| c.stop(grace))).await;
+
+        Ok(RunResult {
+            variant,
+            replicas: replica_usage,
+            dispatchers,
+            loadbalancer,
+            first_reconcile: Duration::from_micros(first.saturating_sub(started)),
+            all_reconciled: Duration::from_micros(all.saturating_sub(started)),
+            latencies_us,
+            requests: HashMap::new(),
+            apiserver_cpu: 0.0,
+            etcd_cpu: 0.0,
+            reconciles,
+        })
+    }
+
+    fn start_replicas(
+        &self,
+        variant: Variant,
+        lb_port: u16,
+        log_dir: &Path,
+        tx: &mpsc::Sender<ReconcileStart>,
+    ) -> anyhow::Result<Vec<Component>> {
+        let (runtime, count) = match variant {
+            Variant::KubeRs => ("kube-rs", 1),
+            Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
+            Variant::Dispatch(n) => ("dispatch", n),
+        };
+        let args = [
+            "--runtime",
+            runtime,
+            "--kind",
+            self.kind.flag(),
+            "--namespace",
+            self.namespace,
+        ]
+        .map(str::to_owned);
+        (0..count)
+            .map(|i| {
+                let name = format!("bench-controller-{i}");
+                let env = [
+                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
+                    ("POD_NAME", name.clone()),
+                    ("KD_LOADBALANCER", format!("http://127.0.0.1:{lb_port}")),
+                ];
+                Component::spawn(
+                    &name,
+                    &self.binaries.controller,
+                    &args,
+                    &env,
+                    log_dir,
+                    Some(tx.clone()),
+                )
+            })
+            .collect()
+    }
+
+    /// Starts three dispatchers and the load balancer, and waits until the ring holds all
+    /// three, their handover is complete and the load balancer leads and knows them.
+    async fn start_tier(&self, log_dir: &Path) -> anyhow::Result<(Vec<Component>, u16)> {
+        // Leases a previous, interrupted run left would hold the new ring back.
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
+        leases
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("cannot clear the Leases of earlier runs")?;
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let mut tier = Vec::new();
+        let ids: Vec<String> = (0..DISPATCHERS)
+            .map(|i| format!("dispatcher-{i}"))
+            .collect();
+        for id in &ids {
+            let port = free_port()?;
+            let env = [
+                ("KUBECONFIG", kubeconfig.clone()),
+                ("KD_DISPATCHER_ID", id.clone()),
+                ("KD_LISTEN", format!("127.0.0.1:{port}")),
+                ("KD_LEASE_NAMESPACE", self.namespace.to_owned()),
+                // kube-rs controllers do not resync by default either: the same work.
+                ("KD_RESYNC_INTERVAL", "0s".to_owned()),
+                ("KD_LOG_JSON", "1".to_owned()),
+            ];
+            tier.push(Component::spawn(
+                id,
+                &self.binaries.dispatcher,
+                &[],
+                &env,
+                log_dir,
+                None,
+            )?);
+        }
+        let lb_port = free_port()?;
+        let env = [
+            ("KUBECONFIG", kubeconfig.clone()),
+            ("KD_LISTEN", format!("127.0.0.1:{lb_port}")),
+            ("KD_NAMESPACE", self.namespace.to_owned()),
+            ("KD_LOG_JSON", "1".to_owned()),
+        ];
+        tier.push(Component::spawn(
+            "loadbalancer",
+            &self.binaries.loadbalancer,
+            &[],
+            &env,
+            log_dir,
+            None,
+        )?);
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut ticks = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            ticks.tick().await;
+            let ready = tier.iter().all(|c| {
+                let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+                if c.name == "loadbalancer" {
+                    load_balancer_ready(&log, &ids)
+                } else {
+                    dispatcher_ready(&log, &ids)
+                }
+            });
+            if ready {
+                return Ok((tier, lb_port));
+            }
+            for c in &mut tier {
+                c.usage()?;
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "the dispatchers and the load balancer were not ready within 60 s; logs in {}",
+                    log_dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// The `message` and the other fields of each JSON log line.
+fn log_events(log: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|mut v| v["fields"].take())
+}
+
+/// The dispatcher's latest ring holds all `ids` and its handover has completed since.
+fn dispatcher_ready(log: &str, ids: &[String]) -> bool {
+    let mut full_ring = false;
+    let mut ready = false;
+    for fields in log_events(log) {
+        match fields["message"].as_str() {
+            Some("adopted a new ring") => {
+                let members = fields["members"].as_str().unwrap_or_default();
+                full_ring = ids.iter().all(|id| members.contains(&format!("\"{id}\"")));
+                ready = false;
+            }
+            Some(m) if m.starts_with("handover complete") => ready = full_ring,
+            _ => {}
+        }
+    }
+    ready
+}
+
+/// The load balancer leads and its latest view of the dispatchers holds all `ids`.
+fn load_balancer_ready(log: &str, ids: &[String]) -> bool {
+    let mut leading = false;
+    let mut knows_all = false;
+    for fields in log_events(log) {
+        match fields["message"].as_str() {
+            Some(m) if m.starts_with("leading") => leading = true,
+            Some("dispatchers changed") => {
+                let dispatchers = fields["dispatchers"].as_str().unwrap_or_default();
+                knows_all = ids.iter().all(|id| dispatchers.contains(id.as_str()));
+            }
+            _ => {}
+        }
+    }
+    leading && knows_all
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port")?;
+    Ok(listener.local_addr()?.port())
+}

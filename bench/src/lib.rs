@@ -1,0 +1,174 @@
+//! Benchmarks of kube-dispatch side by side with the incumbent, a kube-rs `Controller` with its
+//! reflector cache, on a real kube-apiserver and etcd on loopback.
+//!
+//! Two binaries:
+//!
+//! - `bench-controller` (`src/bin/bench-controller.rs`): one realistic controller that keeps a content-hash annotation on every object, runnable three
+//!   ways (`--runtime kube-rs`, `kube-rs-metadata` or `dispatch`). Every reconcile prints one
+//!   [`ReconcileStart`] line on stdout, which is how the harness sees what ran when.
+//! - `kube-dispatch-bench` (`main.rs`): the harness behind `make bench`. It creates the
+//!   objects, runs each variant in turn, measures memory, CPU, start-up, latency and API-server
+//!   requests, and prints the table that `BENCHMARKS.md` holds.
+//!
+//! This library holds what both binaries must agree on.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    str::FromStr,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The annotation the benchmark controller keeps equal to [`content_hash`] of the object's data.
+pub const ANNOTATION: &str = "bench.kube-dispatch.dev/content-hash";
+
+/// The custom resource of the benchmark: a namespaced object holding a string map, like a
+/// ConfigMap's `data` but under `spec`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "bench.kube-dispatch.dev",
+    version = "v1",
+    kind = "Record",
+    plural = "records",
+    namespaced
+)]
+pub struct RecordSpec {
+    /// What the record holds.
+    #[serde(default)]
+    pub data: BTreeMap<String, String>,
+}
+
+/// An object whose content the benchmark controller hashes.
+pub trait Content {
+    /// The string map the hash covers.
+    fn content(&self) -> Option<&BTreeMap<String, String>>;
+}
+
+impl Content for ConfigMap {
+    fn content(&self) -> Option<&BTreeMap<String, String>> {
+        self.data.as_ref()
+    }
+}
+
+impl Content for Record {
+    fn content(&self) -> Option<&BTreeMap<String, String>> {
+        Some(&self.spec.data)
+    }
+}
+
+/// SHA-256 of the map, in key order, as lowercase hex.
+#[must_use]
+pub fn content_hash(data: Option<&BTreeMap<String, String>>) -> String {
+    let mut hasher = Sha256::new();
+    for (k, v) in data.into_iter().flatten() {
+        hasher.update(k.as_bytes());
+        hasher.update([0]);
+        hasher.update(v.as_bytes());
+        hasher.update([0]);
+    }
+    format!("{:x}", hasher.finalize())
+}
+
+/// Microseconds since the Unix epoch: the clock both binaries stamp events with, so a write
+/// made by the harness and a reconcile started by another process compare directly.
+#[must_use]
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The line `bench-controller` prints when a reconcile starts:
+/// `reconcile <unix micros> <namespace>/<name> <resourceVersion>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcileStart {
+    /// When the reconcile function was entered ([`now_micros`]).
+    pub at_micros: u64,
+    /// `namespace/name`.
+    pub key: String,
+    /// The resourceVersion of the object the reconcile was given. On an etcd-backed API server
+    /// it is the etcd revision, so later writes have larger numbers; the harness relies on that
+    /// (and only the harness: nothing in kube-dispatch does).
+    pub resource_version: u64,
+}
+
+/// A line that is not a [`ReconcileStart`].
+#[derive(Debug, thiserror::Error)]
+#[error("not a reconcile line: {0:?}")]
+pub struct NotAReconcileLine(String);
+
+impl fmt::Display for ReconcileStart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "reconcile {} {} {}",
+            self.at_micros, self.key, self.resource_version
+        )
+    }
+}
+
+impl FromStr for ReconcileStart {
+    type Err = NotAReconcileLine;
+
+    fn from_str(line: &str) -> Result<Self, Self::Err> {
+        let bad = || NotAReconcileLine(line.to_owned());
+        let mut parts = line.split(' ');
+        if parts.next() != Some("reconcile") {
+            return Err(bad());
+        }
+        let at_micros = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let key = parts.next().filter(|k| k.contains('/')).ok_or_else(bad)?;
+        let resource_version = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self {
+            at_micros,
+            key: key.to_owned(),
+            resource_version,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconcile_lines_round_trip_and_reject_other_output() {
+        let start = ReconcileStart {
+            at_micros: 1_790_000_000_123_456,
+            key: "ns/obj-00001".to_owned(),
+            resource_version: 4242,
+        };
+        assert_eq!(
+            start.to_string().parse::<ReconcileStart>().ok(),
+            Some(start)
+        );
+        for line in [
+            "",
+            "reconcile",
+            "reconcile 1 ns/a",
+            "reconcile 1 nokey 3",
+            "reconcile x ns/a 3",
+            "reconcile 1 ns/a 3 extra",
+            "2026-11-22T00:00:00Z INFO something",
+        ] {
+            assert!(line.parse::<ReconcileStart>().is_err(), "{line:?} parsed");
+        }
+    }
+
+    #[test]
+    fn the_hash_covers_keys_and_values_in_order() {
+        let a: BTreeMap<_, _> = [("a".to_owned(), "bc".to_owned())].into();
+        let b: BTreeMap<_, _> = [("ab".to_owned(), "c".to_owned())].into();
+        assert_ne!(content_hash(Some(&a)), content_hash(Some(&b)));
+        assert_eq!(content_hash(None), content_hash(Some(&BTreeMap::new())));
+    }
+}

@@ -1,0 +1,408 @@
+//! `kube-dispatch-bench`: runs the same controller as a kube-rs `Controller` and on
+//! kube-dispatch, on the same objects of a real API server, and prints what each used. Run it
+//! through `make bench`, which builds the release binaries it starts and the control plane.
+
+mod harness;
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use harness::{
+    apiserver::ControlPlane,
+    objects::{Kind, install_crd, populate},
+    plot,
+    report::{Scenario, rows, series},
+    run::{Binaries, DISPATCHERS, Setup, Variant},
+};
+use kube_dispatch_bench::now_micros;
+use kube_dispatch_tests::Cluster;
+
+/// Benchmarks kube-dispatch against kube-rs `Controller` on a real kube-apiserver and etcd.
+///
+/// For each kind and object count it fills a namespace (once; later runs reuse it), then runs
+/// each variant of one controller in turn, `--repeats` times, rotating the order. Each run
+/// starts the controller (for dispatch-N: three fresh dispatchers and the load balancer first),
+/// waits until every object has been reconciled, then makes `--writes` changes at a steady pace
+/// and times each from the write to the reconcile that sees it. It prints a table per scenario
+/// and writes the results into `--out` between the markers `<!-- bench:results:begin -->` and
+/// `<!-- bench:results:end -->`, with plots into `--plots-dir`.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Object counts, comma-separated.
+    #[arg(
+        long,
+        env = "KD_BENCH_OBJECTS",
+        value_delimiter = ',',
+        default_value = "1000,10000"
+    )]
+    objects: Vec<usize>,
+
+    /// Kinds of object, comma-separated: config-map, record (a custom resource).
+    #[arg(
+        long,
+        env = "KD_BENCH_KINDS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "config-map,record"
+    )]
+    kinds: Vec<Kind>,
+
+    /// Variants, comma-separated: kube-rs, kube-rs-metadata, dispatch-<replicas>.
+    #[arg(
+        long,
+        env = "KD_BENCH_VARIANTS",
+        value_delimiter = ',',
+        default_value = "kube-rs,kube-rs-metadata,dispatch-1,dispatch-4"
+    )]
+    variants: Vec<Variant>,
+
+    /// Runs of each variant per scenario; tables show medians.
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3)]
+    repeats: usize,
+
+    /// Writes timed per run (to distinct objects, spread over the namespace).
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 200)]
+    writes: usize,
+
+    /// Pause between two timed writes.
+    #[arg(long, env = "KD_BENCH_WRITE_INTERVAL", value_parser = humantime::parse_duration, default_value = "20ms")]
+    write_interval: Duration,
+
+    /// Size of each object's `config.yaml`, bytes.
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    object_bytes: usize,
+
+    /// Directory of the release binaries: kube-dispatch-dispatcher, kube-dispatch-loadbalancer,
+    /// bench-controller.
+    #[arg(long, env = "KD_BENCH_BIN_DIR", default_value = "target/release")]
+    bin_dir: PathBuf,
+
+    /// Markdown file to write the results into (between the markers).
+    #[arg(long, env = "KD_BENCH_OUT", default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+
+    /// Directory for the PNG plots (linked from --out by a path relative to it).
+    #[arg(long, env = "KD_BENCH_PLOTS_DIR", default_value = "bench/results")]
+    plots_dir: PathBuf,
+
+    /// Output of the dispatch-core micro-benchmark to include (`make bench` passes it).
+    #[arg(long, env = "KD_BENCH_CORE_RESULTS")]
+    core_results: Option<PathBuf>,
+
+    /// TrueType font for the plots; default: the system's sans-serif (fc-match).
+    #[arg(long, env = "KD_BENCH_FONT")]
+    font: Option<PathBuf>,
+
+    /// Where each run's process logs go.
+    #[arg(long, env = "KD_BENCH_LOGS", default_value = "target/bench/logs")]
+    logs: PathBuf,
+
+    /// How this run was started, as written into --out.
+    #[arg(long, env = "KD_BENCH_COMMAND", default_value = "make bench")]
+    command: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
+    anyhow::ensure!(args.writes > 0, "--writes must be at least 1");
+    anyhow::ensure!(
+        !args.variants.is_empty(),
+        "--variants must name at least one"
+    );
+    anyhow::ensure!(!args.objects.contains(&0), "--objects must be positive");
+    let binaries = Binaries {
+        dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
+        loadbalancer: args.bin_dir.join("kube-dispatch-loadbalancer"),
+        controller: args.bin_dir.join("bench-controller"),
+    };
+    for b in [
+        &binaries.dispatcher,
+        &binaries.loadbalancer,
+        &binaries.controller,
+    ] {
+        anyhow::ensure!(
+            b.exists(),
+            "{} is missing: build with `make bench`",
+            b.display()
+        );
+    }
+
+    let cluster = Cluster::shared();
+    let client = cluster.client().await?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the bench crate has no parent directory")?;
+    let control_plane = ControlPlane::from_state(root)?;
+    if args.kinds.contains(&Kind::Record) {
+        install_crd(&client).await?;
+    }
+    let nonce = now_micros();
+
+    let mut scenarios = Vec::new();
+    for &kind in &args.kinds {
+        for &objects in &args.objects {
+            let namespace = format!("kd-bench-{}-{objects}", kind.flag());
+            let begun = Instant::now();
+            let written = populate(&client, kind, &namespace, objects, args.object_bytes).await?;
+            println!(
+                "bench: {objects} {} in {namespace}: {written} written in {:.1} s",
+                kind.title(),
+                begun.elapsed().as_secs_f64()
+            );
+            let setup = Setup {
+                client: &client,
+                kubeconfig: cluster.kubeconfig(),
+                binaries: &binaries,
+                control_plane,
+                kind,
+                namespace: &namespace,
+                objects,
+                writes: args.writes,
+                write_interval: args.write_interval,
+                log_dir: &args.logs,
+                nonce,
+            };
+            let mut runs = Vec::new();
+            for repeat in 0..args.repeats {
+                let mut order = args.variants.clone();
+                let turn = repeat % order.len();
+                order.rotate_left(turn);
+                for variant in order {
+                    let result = setup
+                        .run(variant, repeat)
+                        .await
+                        .with_context(|| format!("{namespace}: {variant}, run {}", repeat + 1))?;
+                    println!(
+                        "bench: {namespace} {variant:<17} run {}: first reconcile {:>7.0} ms, all {:>7.0} ms, replica peak {:>6.1} MiB",
+                        repeat + 1,
+                        result.first_reconcile.as_secs_f64() * 1e3,
+                        result.all_reconciled.as_secs_f64() * 1e3,
+                        result
+                            .replicas
+                            .iter()
+                            .map(|u| u.peak_rss)
+                            .max()
+                            .unwrap_or(0) as f64
+                            / 1024.0
+                            / 1024.0,
+                    );
+                    runs.push(result);
+                }
+            }
+            let scenario = Scenario {
+                kind,
+                objects,
+                runs,
+            };
+            println!("\n{}", scenario.table());
+            scenarios.push(scenario);
+        }
+    }
+
+    let plots = draw_plots(&args, &scenarios);
+    let section = results_section(&args, root, &scenarios, &plots)?;
+    write_section(&args.out, &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// Memory and start-up against object count, per kind; the paths drawn.
+fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
+    if let Err(e) = plot::register_font(args.font.as_deref()) {
+        eprintln!("bench: no plots: {e:#}");
+        return Vec::new();
+    }
+    if let Err(e) = std::fs::create_dir_all(&args.plots_dir) {
+        eprintln!(
+            "bench: no plots: cannot create {}: {e}",
+            args.plots_dir.display()
+        );
+        return Vec::new();
+    }
+    let rows = rows();
+    let row = |label: &str| rows.iter().find(|r| r.label.starts_with(label));
+    let mut drawn = Vec::new();
+    for &kind in &args.kinds {
+        let named = |s: BTreeMap<Variant, Vec<(usize, f64)>>, suffix: &str| {
+            s.into_iter()
+                .map(|(v, p)| (format!("{v}{suffix}"), p))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut memory = BTreeMap::new();
+        if let Some(r) = row("controller RSS, peak") {
+            memory.extend(named(series(scenarios, kind, r), " replica"));
+        }
+        if let Some(r) = row("dispatcher RSS, peak") {
+            memory.extend(named(series(scenarios, kind, r), " dispatcher (each)"));
+        }
+        let mut startup = BTreeMap::new();
+        if let Some(r) = row("start to first reconcile") {
+            startup.extend(named(series(scenarios, kind, r), ": first reconcile"));
+        }
+        if let Some(r) = row("start to all objects") {
+            startup.extend(named(series(scenarios, kind, r), ": all reconciled"));
+        }
+        for (what, title, y, data) in [
+            ("memory", "peak RSS per process", "MiB", memory),
+            ("startup", "process start to reconciles", "ms", startup),
+        ] {
+            let path = args.plots_dir.join(format!("{what}-{}.png", kind.flag()));
+            let title = format!("{}: {title}", kind.title());
+            match plot::draw(&path, &title, y, &data) {
+                Ok(()) => drawn.push((title, path)),
+                Err(e) => eprintln!("bench: cannot draw {}: {e:#}", path.display()),
+            }
+        }
+    }
+    drawn
+}
+
+fn command_output(program: &Path, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let kib: f64 = m.lines().next()?.split_whitespace().nth(1)?.parse().ok()?;
+            Some(format!("{:.0} GiB", kib / 1024.0 / 1024.0))
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpu}, {cores} cores available, {memory} memory, Linux {}",
+        kernel.trim()
+    )
+}
+
+fn crate_version(root: &Path, name: &str) -> String {
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
+    let header = format!("name = \"{name}\"\nversion = \"");
+    lock.find(&header)
+        .and_then(|at| {
+            lock[at + header.len()..]
+                .split('"')
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The Markdown written between the markers of --out.
+fn results_section(
+    args: &Args,
+    root: &Path,
+    scenarios: &[Scenario],
+    plots: &[(String, PathBuf)],
+) -> anyhow::Result<String> {
+    let bin_dir = std::process::Command::new(root.join("tests/cluster/build-binaries.sh"))
+        .arg("--print-dir")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| PathBuf::from(s.trim()))
+        .unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Produced by `{}` on {} ({} repeats of each variant, {} timed writes per run {} apart, objects of {} bytes of data; {} dispatchers).\n",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        args.repeats,
+        args.writes,
+        humantime::format_duration(args.write_interval),
+        args.object_bytes,
+        DISPATCHERS,
+    );
+    let _ = writeln!(out, "- Machine: {}", machine());
+    let _ = writeln!(
+        out,
+        "- Versions: {}; kube-apiserver {}; etcd {}; kube (kube-rs) {}; tonic {}",
+        command_output(Path::new("rustc"), &["--version"]),
+        command_output(&bin_dir.join("kube-apiserver"), &["--version"])
+            .trim_start_matches("Kubernetes "),
+        command_output(&bin_dir.join("etcd"), &["--version"]).trim_start_matches("etcd Version: "),
+        crate_version(root, "kube"),
+        crate_version(root, "tonic"),
+    );
+    let _ = writeln!(
+        out,
+        "- Binaries: release builds (`cargo build --release`)\n"
+    );
+    for s in scenarios {
+        let _ = writeln!(out, "{}", s.table());
+    }
+    if let Some(path) = &args.core_results {
+        let core = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let lines: Vec<&str> = core
+            .lines()
+            .filter(|l| l.starts_with("dispatch core") || l.starts_with("  "))
+            .collect();
+        let _ = writeln!(
+            out,
+            "#### Dispatch core, synthetic events (`make bench-core`)\n\n```\n{}\n```\n",
+            lines.join("\n")
+        );
+    }
+    let out_dir = args.out.parent().unwrap_or(Path::new(""));
+    for (title, path) in plots {
+        let relative = path.strip_prefix(out_dir).unwrap_or(path);
+        let _ = writeln!(out, "![{title}]({})\n", relative.display());
+    }
+    Ok(out)
+}
+
+const BEGIN: &str = "<!-- bench:results:begin -->";
+const END: &str = "<!-- bench:results:end -->";
+
+/// Replaces what lies between the markers of `path` (creating the file if it does not exist).
+fn write_section(path: &Path, section: &str) -> anyhow::Result<()> {
+    let current = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("{BEGIN}\n{END}\n"),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let (Some(begin), Some(end)) = (current.find(BEGIN), current.find(END)) else {
+        anyhow::bail!("{} has no {BEGIN} ... {END} markers", path.display());
+    };
+    anyhow::ensure!(
+        begin < end,
+        "{}: the markers are out of order",
+        path.display()
+    );
+    let updated = format!("{}{BEGIN}\n{section}{}", &current[..begin], &current[end..]);
+    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
+}
