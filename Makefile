@@ -30,6 +30,10 @@ chaos: ## Long chaos run, then the fuzz targets: DURATION=seconds (600), SEED=n 
 image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/README.md)
 	docker build -f deploy/Dockerfile -t kube-dispatch:dev .
 
+.PHONY: bench
+bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
+	@bench/run.sh
+
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-dispatcher --bench dispatch_core

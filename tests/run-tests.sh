@@ -33,5 +33,9 @@ fi
 stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
 trap stop_cluster EXIT
 
+step "cargo build --bins"
+# The benchmark smoke test starts the dispatcher and load-balancer binaries.
+cargo build --workspace --bins --locked --quiet
+
 step "cargo test"
 cargo test --workspace --locked

@@ -30,8 +30,8 @@ use kube_dispatch_tests::Cluster;
 /// starts the controller (for dispatch-N: three fresh dispatchers and the load balancer first),
 /// waits until every object has been reconciled, then makes `--writes` changes at a steady pace
 /// and times each from the write to the reconcile that sees it. It prints a table per scenario
-/// and writes the results into `--out` between the markers `<!-- bench:results:begin -->` and
-/// `<!-- bench:results:end -->`, with plots into `--plots-dir`.
+/// and writes the results into one section of `--out` (see `--section`), with plots into
+/// `--plots-dir`.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -104,9 +104,25 @@ struct Args {
     #[arg(long, env = "KD_BENCH_LOGS", default_value = "target/bench/logs")]
     logs: PathBuf,
 
+    /// Which section of --out to replace: the one between `<!-- bench:<section>:begin -->` and
+    /// `<!-- bench:<section>:end -->`. Plots of a section other than `default` carry its name.
+    #[arg(long, env = "KD_BENCH_SECTION", default_value = "default", value_parser = section_name)]
+    section: String,
+
     /// How this run was started, as written into --out.
     #[arg(long, env = "KD_BENCH_COMMAND", default_value = "make bench")]
     command: String,
+}
+
+fn section_name(s: &str) -> Result<String, String> {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Ok(s.to_owned())
+    } else {
+        Err("use lowercase letters, digits and '-'".to_owned())
+    }
 }
 
 #[tokio::main]
@@ -216,7 +232,7 @@ async fn main() -> anyhow::Result<()> {
 
     let plots = draw_plots(&args, &scenarios);
     let section = results_section(&args, root, &scenarios, &plots)?;
-    write_section(&args.out, &section)?;
+    write_section(&args.out, &args.section, &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }
@@ -261,7 +277,14 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
             ("memory", "peak RSS per process", "MiB", memory),
             ("startup", "process start to reconciles", "ms", startup),
         ] {
-            let path = args.plots_dir.join(format!("{what}-{}.png", kind.flag()));
+            let suffix = if args.section == "default" {
+                String::new()
+            } else {
+                format!("-{}", args.section)
+            };
+            let path = args
+                .plots_dir
+                .join(format!("{what}-{}{suffix}.png", kind.flag()));
             let title = format!("{}: {title}", kind.title());
             match plot::draw(&path, &title, y, &data) {
                 Ok(()) => drawn.push((title, path)),
@@ -385,24 +408,31 @@ fn results_section(
     Ok(out)
 }
 
-const BEGIN: &str = "<!-- bench:results:begin -->";
-const END: &str = "<!-- bench:results:end -->";
-
-/// Replaces what lies between the markers of `path` (creating the file if it does not exist).
-fn write_section(path: &Path, section: &str) -> anyhow::Result<()> {
-    let current = match std::fs::read_to_string(path) {
+/// Replaces what lies between the markers of `name` in `path` (creating the file if it does not
+/// exist, appending the section if the file lacks it).
+fn write_section(path: &Path, name: &str, section: &str) -> anyhow::Result<()> {
+    let begin_marker = format!("<!-- bench:{name}:begin -->");
+    let end_marker = format!("<!-- bench:{name}:end -->");
+    let mut current = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("{BEGIN}\n{END}\n"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    let (Some(begin), Some(end)) = (current.find(BEGIN), current.find(END)) else {
-        anyhow::bail!("{} has no {BEGIN} ... {END} markers", path.display());
+    if !current.contains(&begin_marker) {
+        current.push_str(&format!("\n{begin_marker}\n{end_marker}\n"));
+    }
+    let (Some(begin), Some(end)) = (current.find(&begin_marker), current.find(&end_marker)) else {
+        anyhow::bail!("{} has {begin_marker} but not {end_marker}", path.display());
     };
     anyhow::ensure!(
         begin < end,
-        "{}: the markers are out of order",
+        "{}: the markers of {name} are out of order",
         path.display()
     );
-    let updated = format!("{}{BEGIN}\n{section}{}", &current[..begin], &current[end..]);
+    let updated = format!(
+        "{}{begin_marker}\n{section}{}",
+        &current[..begin],
+        &current[end..]
+    );
     std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
 }

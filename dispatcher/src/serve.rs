@@ -223,7 +223,9 @@ pub async fn serve(
             stop.cancel();
         }
     };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
+    // without TCP_NODELAY every long-poll response stalled about 40 ms on loopback.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted::<tonic::body::Body>,

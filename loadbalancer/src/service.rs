@@ -208,7 +208,9 @@ pub async fn serve(
     if let Some(started) = started {
         let _ = started.send(Handles { registry, leading });
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
+    // without TCP_NODELAY every long-poll response stalled about 40 ms on loopback.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = Server::builder()
         .add_service(health_service)
         .add_service(LoadBalancerServer::new(service))

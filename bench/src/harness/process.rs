@@ -3,7 +3,6 @@
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
-    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -140,17 +139,10 @@ impl Component {
         usage(self.pid).with_context(|| format!("cannot read /proc/{} of {}", self.pid, self.name))
     }
 
-    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
-    pub(crate) async fn stop(mut self, grace: Duration) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status();
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(component = %self.name, ?grace, "did not stop after SIGTERM; killing it");
-            let _ = self.child.kill().await;
+    /// SIGKILL, and wait until it has exited.
+    pub(crate) async fn kill(mut self) {
+        if let Err(e) = self.child.kill().await {
+            tracing::warn!(component = %self.name, error = %e, "cannot kill");
         }
     }
 }

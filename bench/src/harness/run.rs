@@ -307,9 +307,9 @@ impl Setup<'_> {
                 dispatchers.push(usage);
             }
         }
-        let grace = Duration::from_secs(15);
-        futures::future::join_all(replicas.into_iter().map(|r| r.stop(grace))).await;
-        futures::future::join_all(tier.into_iter().map(|c| c.stop(grace))).await;
+        // Killed, not stopped: a graceful stop of the whole tier at once is a scale-down, in
+        // which each dispatcher re-lists as the others leave, and that is not what is measured.
+        futures::future::join_all(replicas.into_iter().chain(tier).map(Component::kill)).await;
 
         Ok(RunResult {
             variant,

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `make bench`: builds the release binaries, runs the dispatch-core micro-benchmark, starts (or
+# reuses) the local control plane, then runs the harness, which prints the tables and writes
+# them, with plots, into BENCHMARKS.md.
+#
+# Environment (all optional):
+#   OBJECTS=1000,10000     object counts          KINDS=config-map,record   kinds of object
+#   REPEATS=3              runs of each variant   WRITES=200                timed writes per run
+#   VARIANTS=kube-rs,kube-rs-metadata,dispatch-1,dispatch-4
+#   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
+#                          written to the long-mode section of BENCHMARKS.md
+# `kube-dispatch-bench --help` (target/release) describes every setting.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+say() { printf 'bench: %s\n' "$*"; }
+cluster=tests/cluster/cluster.sh
+
+# The command as given, for BENCHMARKS.md.
+command="make bench"
+for var in LONG OBJECTS KINDS REPEATS WRITES VARIANTS; do
+  if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
+done
+section=default
+if [[ -n ${LONG:-} ]]; then
+  section=long
+  : "${OBJECTS:=1000,10000,100000}" "${KINDS:=config-map}" "${REPEATS:=1}"
+fi
+
+say "building the release binaries"
+cargo build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+
+mkdir -p target/bench
+say "dispatch core micro-benchmark"
+cargo bench --locked --quiet -p kube-dispatch-dispatcher --bench dispatch_core | tee target/bench/core.txt
+
+started_cluster=
+if ! $cluster status >/dev/null 2>&1; then started_cluster=1; fi
+$cluster up >/dev/null
+finish() {
+  if [[ -n $started_cluster ]]; then
+    $cluster down >/dev/null 2>&1 || true
+    say "stopped the control plane it started"
+  fi
+}
+trap finish EXIT
+
+KD_BENCH_OBJECTS=${OBJECTS:-1000,10000} \
+KD_BENCH_KINDS=${KINDS:-config-map,record} \
+KD_BENCH_REPEATS=${REPEATS:-3} \
+KD_BENCH_WRITES=${WRITES:-200} \
+KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,dispatch-1,dispatch-4} \
+  target/release/kube-dispatch-bench --section "$section" --command "$command" \
+  --core-results target/bench/core.txt
