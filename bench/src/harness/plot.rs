@@ -27,8 +27,35 @@ pub(crate) fn register_font(path: Option<&Path>) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("{} is not a TrueType font", path.display()))
 }
 
+/// `1k`, `10k`, `100k`... for the object counts the benchmarks use; nothing in between, so the
+/// labels of a log axis do not crowd.
+fn power_of_ten(x: f64) -> Option<String> {
+    let exponent = x.log10().round();
+    if (x.log10() - exponent).abs() > 1e-9 || exponent < 0.0 {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    Some(match exponent as i32 {
+        e @ 0..=2 => format!("{}", 10_i32.pow(e.unsigned_abs())),
+        e @ 3..=5 => format!("{}k", 10_i32.pow((e - 3).unsigned_abs())),
+        e => format!("{}M", 10_i32.pow((e - 6).unsigned_abs())),
+    })
+}
+
 fn drawing_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("cannot draw the plot: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_powers_of_ten_are_labelled() {
+        assert_eq!(super::power_of_ten(1000.0).as_deref(), Some("1k"));
+        assert_eq!(super::power_of_ten(100_000.0).as_deref(), Some("100k"));
+        assert_eq!(super::power_of_ten(100.0).as_deref(), Some("100"));
+        assert_eq!(super::power_of_ten(2000.0), None);
+        assert_eq!(super::power_of_ten(9000.0), None);
+    }
 }
 
 /// Draws `series` (object count, value) to `path`.
@@ -69,8 +96,10 @@ pub(crate) fn draw(
         .configure_mesh()
         .x_desc("objects")
         .y_desc(y_label)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&|x| power_of_ten(*x).unwrap_or_default())
         .y_label_formatter(&|y| format!("{y}"))
+        .label_style(("sans-serif", 15))
+        .light_line_style(RGBColor(238, 238, 238))
         .draw()
         .map_err(drawing_error)?;
     for (i, (name, points)) in series.iter().enumerate() {
