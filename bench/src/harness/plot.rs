@@ -46,18 +46,6 @@ fn drawing_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("cannot draw the plot: {e}")
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_powers_of_ten_are_labelled() {
-        assert_eq!(super::power_of_ten(1000.0).as_deref(), Some("1k"));
-        assert_eq!(super::power_of_ten(100_000.0).as_deref(), Some("100k"));
-        assert_eq!(super::power_of_ten(100.0).as_deref(), Some("100"));
-        assert_eq!(super::power_of_ten(2000.0), None);
-        assert_eq!(super::power_of_ten(9000.0), None);
-    }
-}
-
 /// Draws `series` (object count, value) to `path`.
 pub(crate) fn draw(
     path: &Path,
@@ -130,4 +118,16 @@ pub(crate) fn draw(
         .map_err(drawing_error)?;
     root.present().map_err(drawing_error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_powers_of_ten_are_labelled() {
+        assert_eq!(super::power_of_ten(1000.0).as_deref(), Some("1k"));
+        assert_eq!(super::power_of_ten(100_000.0).as_deref(), Some("100k"));
+        assert_eq!(super::power_of_ten(100.0).as_deref(), Some("100"));
+        assert_eq!(super::power_of_ten(2000.0), None);
+        assert_eq!(super::power_of_ten(9000.0), None);
+    }
 }
