@@ -3,9 +3,10 @@
 //!
 //! Two binaries:
 //!
-//! - `bench-controller` (`src/bin/bench-controller.rs`): one realistic controller that keeps a content-hash annotation on every object, runnable three
-//!   ways (`--runtime kube-rs`, `kube-rs-metadata` or `dispatch`). Every reconcile prints one
-//!   [`ReconcileStart`] line on stdout, which is how the harness sees what ran when.
+//! - `bench-controller` (`src/bin/bench-controller.rs`): one realistic controller that keeps a
+//!   content-hash annotation on every object, runnable three ways (`--runtime kube-rs`,
+//!   `kube-rs-metadata` or `dispatch`). Every reconcile prints one [`ReconcileStart`] line on
+//!   stdout, which is how the harness sees what ran when.
 //! - `kube-dispatch-bench` (`main.rs`): the harness behind `make bench`. It creates the
 //!   objects, runs each variant in turn, measures memory, CPU, start-up, latency and API-server
 //!   requests, and prints the table that `BENCHMARKS.md` holds.

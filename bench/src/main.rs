@@ -360,7 +360,7 @@ fn results_section(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Produced by `{}` on {} ({} repeats of each variant, {} timed writes per run {} apart, objects of {} bytes of data; {} dispatchers).\n",
+        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}).\n",
         args.command,
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.repeats,

@@ -199,9 +199,14 @@ impl Scenario {
         };
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
-            "#### {}, {} objects (median of {runs} runs; latency percentiles over all runs' writes)\n\n| figure |",
+            "#### {}, {} objects ({}; latency percentiles over all runs' writes)\n\n| figure |",
             self.kind.title(),
-            self.objects
+            self.objects,
+            if runs == 1 {
+                "1 run".to_owned()
+            } else {
+                format!("median of {runs} runs")
+            }
         );
         for v in &variants {
             let _ = write!(out, " {v} |");
