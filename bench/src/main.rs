@@ -18,7 +18,7 @@ use harness::{
     objects::{Kind, install_crd, populate},
     plot,
     report::{Scenario, rows, series},
-    run::{Binaries, DISPATCHERS, Setup, Variant},
+    run::{Binaries, Setup, Variant},
 };
 use kube_dispatch_bench::now_micros;
 use kube_dispatch_tests::Cluster;
@@ -62,6 +62,10 @@ struct Args {
         default_value = "kube-rs,kube-rs-metadata,dispatch-1,dispatch-4"
     )]
     variants: Vec<Variant>,
+
+    /// Dispatchers in the tier of the dispatch-N variants.
+    #[arg(long, env = "KD_BENCH_DISPATCHERS", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    dispatchers: u16,
 
     /// Runs of each variant per scenario; tables show medians.
     #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3)]
@@ -188,6 +192,7 @@ async fn main() -> anyhow::Result<()> {
                 kind,
                 namespace: &namespace,
                 objects,
+                dispatchers: usize::from(args.dispatchers),
                 writes: args.writes,
                 write_interval: args.write_interval,
                 log_dir: &args.logs,
@@ -367,7 +372,7 @@ fn results_section(
         args.writes,
         humantime::format_duration(args.write_interval),
         args.object_bytes,
-        DISPATCHERS,
+        args.dispatchers,
     );
     let _ = writeln!(out, "- Machine: {}", machine());
     let _ = writeln!(

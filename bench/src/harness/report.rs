@@ -52,10 +52,10 @@ pub(crate) fn rows() -> Vec<Row> {
         median("controller RSS, steady, largest replica (MiB)", 1, |r| {
             max_of(r.replicas.iter().map(|u| u.rss))
         }),
-        median("dispatcher RSS, peak, largest of 3 (MiB)", 1, |r| {
+        median("dispatcher RSS, peak, largest (MiB)", 1, |r| {
             max_of(r.dispatchers.iter().map(|u| u.peak_rss))
         }),
-        median("dispatcher RSS, steady, largest of 3 (MiB)", 1, |r| {
+        median("dispatcher RSS, steady, largest (MiB)", 1, |r| {
             max_of(r.dispatchers.iter().map(|u| u.rss))
         }),
         median("load balancer RSS, peak (MiB)", 1, |r| {

@@ -29,7 +29,7 @@ pub(crate) enum Variant {
     KubeRs,
     /// kube-rs `Controller`, metadata-only watch and cache, GET per reconcile.
     KubeRsMetadata,
-    /// The SDK behind three dispatchers and the load balancer, with this many replicas.
+    /// The SDK behind the dispatchers and the load balancer, with this many replicas.
     Dispatch(usize),
 }
 
@@ -64,9 +64,6 @@ impl std::str::FromStr for Variant {
     }
 }
 
-/// Dispatchers in the tier of the `dispatch-*` variants.
-pub(crate) const DISPATCHERS: usize = 3;
-
 /// The built binaries a run starts.
 pub(crate) struct Binaries {
     pub(crate) dispatcher: PathBuf,
@@ -83,6 +80,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) kind: Kind,
     pub(crate) namespace: &'a str,
     pub(crate) objects: usize,
+    /// Dispatchers in the tier of the `dispatch-*` variants.
+    pub(crate) dispatchers: usize,
     pub(crate) writes: usize,
     pub(crate) write_interval: Duration,
     pub(crate) log_dir: &'a Path,
@@ -367,8 +366,8 @@ impl Setup<'_> {
             .collect()
     }
 
-    /// Starts three dispatchers and the load balancer, and waits until the ring holds all
-    /// three, their handover is complete and the load balancer leads and knows them.
+    /// Starts the dispatchers and the load balancer, and waits until the ring holds all the
+    /// dispatchers, their handover is complete and the load balancer leads and knows them.
     async fn start_tier(&self, log_dir: &Path) -> anyhow::Result<(Vec<Component>, u16)> {
         // Leases a previous, interrupted run left would hold the new ring back.
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
@@ -378,7 +377,7 @@ impl Setup<'_> {
             .context("cannot clear the Leases of earlier runs")?;
         let kubeconfig = self.kubeconfig.display().to_string();
         let mut tier = Vec::new();
-        let ids: Vec<String> = (0..DISPATCHERS)
+        let ids: Vec<String> = (0..self.dispatchers)
             .map(|i| format!("dispatcher-{i}"))
             .collect();
         for id in &ids {
