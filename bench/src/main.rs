@@ -25,9 +25,13 @@ use kube_dispatch_tests::Cluster;
 
 /// Benchmarks kube-dispatch against kube-rs `Controller` on a real kube-apiserver and etcd.
 ///
+/// It runs against the project's local control plane (`tests/cluster/cluster.sh`, started if it
+/// is not running), whose process ids it reads to measure the API server's and etcd's CPU.
+///
 /// For each kind and object count it fills a namespace (once; later runs reuse it), then runs
 /// each variant of one controller in turn, `--repeats` times, rotating the order. Each run
-/// starts the controller (for dispatch-N: three fresh dispatchers and the load balancer first),
+/// starts the controller (for dispatch-N: fresh dispatchers, see `--dispatchers`, and the load
+/// balancer first),
 /// waits until every object has been reconciled, then makes `--writes` changes at a steady pace
 /// and times each from the write to the reconcile that sees it. It prints a table per scenario
 /// and writes the results into one section of `--out` (see `--section`), with plots into

@@ -187,7 +187,9 @@ impl Setup<'_> {
         let replicas = self.start_replicas(variant, lb_port, &log_dir, &tx)?;
         drop(tx);
         let result = self
-            .measure(variant, run, started, &written, observed, replicas, tier)
+            .measure(
+                variant, run, started, &written, observed, replicas, tier, &log_dir,
+            )
             .await;
         observer.abort();
         let mut result = result?;
@@ -225,6 +227,7 @@ impl Setup<'_> {
         mut observed: watch::Receiver<Observations>,
         mut replicas: Vec<Component>,
         mut tier: Vec<Component>,
+        log_dir: &Path,
     ) -> anyhow::Result<RunResult> {
         let bound = Duration::from_secs(60) + Duration::from_millis(2 * self.objects as u64);
         let waited = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some()))
@@ -291,6 +294,15 @@ impl Setup<'_> {
                 .collect();
             (latencies, o.total)
         };
+        // Each write's latency, in the order written, for looking into a percentile.
+        let listing: String = sent
+            .iter()
+            .zip(&latencies_us)
+            .map(|((key, at, rv), us)| format!("{at} {key} {rv} {us}\n"))
+            .collect();
+        let path = log_dir.join("latencies.txt");
+        std::fs::write(&path, listing)
+            .with_context(|| format!("cannot write {}", path.display()))?;
 
         let mut replica_usage = Vec::new();
         for r in &mut replicas {
