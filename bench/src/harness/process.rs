@@ -3,6 +3,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
+    sync::OnceLock,
 };
 
 use anyhow::Context as _;
@@ -24,15 +25,19 @@ pub(crate) struct Usage {
     pub(crate) cpu_seconds: f64,
 }
 
-/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`, 100 on Linux).
+/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`, 100 on Linux), asked
+/// once.
 fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 /// CPU seconds (user + system) of a live process.
@@ -127,8 +132,8 @@ impl Component {
         })
     }
 
-    /// Usage so far; fails if the process has exited (it should not have).
-    pub(crate) fn usage(&mut self) -> anyhow::Result<Usage> {
+    /// Fails if the process has exited: none of them should before it is killed.
+    pub(crate) fn ensure_running(&mut self) -> anyhow::Result<()> {
         if let Ok(Some(status)) = self.child.try_wait() {
             anyhow::bail!(
                 "{} exited early ({status}); see {}",
@@ -136,6 +141,12 @@ impl Component {
                 self.log.display()
             );
         }
+        Ok(())
+    }
+
+    /// Usage so far; fails if the process has exited.
+    pub(crate) fn usage(&mut self) -> anyhow::Result<Usage> {
+        self.ensure_running()?;
         usage(self.pid).with_context(|| format!("cannot read /proc/{} of {}", self.pid, self.name))
     }
 

@@ -21,19 +21,12 @@ enum Read {
     Median(fn(&RunResult) -> Option<f64>),
     /// A percentile of the write-to-reconcile latencies of all runs pooled, in ms.
     LatencyPercentile(f64),
+    /// The median over the runs of the API requests of this verb.
+    Requests(&'static str),
 }
 
 fn max_of(values: impl Iterator<Item = u64>) -> Option<f64> {
     values.max().map(|v| v as f64 / MIB)
-}
-
-fn requests(verb: &'static str) -> fn(&RunResult) -> Option<f64> {
-    match verb {
-        "LIST" => |r| r.requests.get("LIST").map(|n| *n as f64),
-        "WATCH" => |r| r.requests.get("WATCH").map(|n| *n as f64),
-        "GET" => |r| r.requests.get("GET").map(|n| *n as f64),
-        _ => |r| r.requests.get("PATCH").map(|n| *n as f64),
-    }
 }
 
 /// The rows, in the order printed.
@@ -101,16 +94,16 @@ pub(crate) fn rows() -> Vec<Row> {
         median("CPU, etcd (s)", 2, |r| Some(r.etcd_cpu)),
     ];
     for verb in VERBS {
-        rows.push(median(
-            match verb {
+        rows.push(Row {
+            label: match verb {
                 "LIST" => "API requests on the resource: LIST",
                 "WATCH" => "API requests on the resource: WATCH",
                 "GET" => "API requests on the resource: GET",
                 _ => "API requests on the resource: PATCH by controllers",
             },
-            0,
-            requests(verb),
-        ));
+            decimals: 0,
+            read: Read::Requests(verb),
+        });
     }
     rows.push(median("reconciles started", 0, |r| {
         Some(r.reconciles as f64)
@@ -146,6 +139,11 @@ impl Row {
     pub(crate) fn value(&self, runs: &[&RunResult]) -> Option<f64> {
         match self.read {
             Read::Median(read) => median(runs.iter().filter_map(|r| read(r)).collect()),
+            Read::Requests(verb) => median(
+                runs.iter()
+                    .filter_map(|r| r.requests.get(verb).map(|n| *n as f64))
+                    .collect(),
+            ),
             Read::LatencyPercentile(p) => {
                 let mut all: Vec<u64> = runs
                     .iter()

@@ -286,12 +286,13 @@ impl Setup<'_> {
         .context("the observer stopped")?;
         let (latencies_us, reconciles) = {
             let o = observed.borrow();
-            let latencies = sent
+            let latencies: Vec<u64> = sent
                 .iter()
                 .filter_map(|(key, at, rv)| {
                     Some(reconciled_after(&o, key, *rv)?.saturating_sub(*at))
                 })
                 .collect();
+            anyhow::ensure!(latencies.len() == sent.len(), "a write lost its reconcile");
             (latencies, o.total)
         };
         // Each write's latency, in the order written, for looking into a percentile.
@@ -444,7 +445,7 @@ impl Setup<'_> {
                 return Ok((tier, lb_port));
             }
             for c in &mut tier {
-                c.usage()?;
+                c.ensure_running()?;
             }
             if tokio::time::Instant::now() > deadline {
                 anyhow::bail!(
