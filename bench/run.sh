@@ -9,7 +9,8 @@
 #   VARIANTS=kube-rs,kube-rs-metadata,dispatch-1,dispatch-4
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
 #                          written to the long-mode section of BENCHMARKS.md
-# `kube-dispatch-bench --help` (target/release) describes every setting.
+# `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
+# variables (e.g. KD_BENCH_DISPATCHERS=1) pass through from the environment.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf 'bench: %s\n' "$*"; }
