@@ -149,6 +149,9 @@ where
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let mut ok = vec![false; count];
+    // Every object's config.yaml has the same length (its lines are fixed-width): build one, not
+    // one per object listed.
+    let config_len_wanted = object_data(0, bytes)["config.yaml"].len();
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api
@@ -169,7 +172,7 @@ where
                 .and_then(|d| d.get("config.yaml"))
                 .map_or(0, String::len);
             ok[i] = object.annotations().get(ANNOTATION) == Some(&content_hash(object.content()))
-                && config_len == object_data(i, bytes)["config.yaml"].len();
+                && config_len == config_len_wanted;
         }
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
