@@ -128,8 +128,19 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
     if set.status.as_ref() != Some(&status) {
         let sets: Api<ConfigSet> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = serde_json::json!({ "status": status });
-        sets.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        match sets
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            // Deleted while this reconcile ran (a ConfigSet has no finalizer, so it goes at
+            // once): there is no status left to report, and its children go with it.
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(Action::await_change());
+            }
+            result => {
+                result?;
+            }
+        }
     }
     // Children changed by hand are noticed through `owns`; the requeue is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
