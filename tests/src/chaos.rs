@@ -90,6 +90,9 @@ pub struct Report {
     pub lost_in_crash_window: Vec<String>,
     /// Pairs of reconciles of one key that overlapped.
     pub concurrent: usize,
+    /// Each of those pairs: the key, both reconciles (replica, resourceVersion, start and end
+    /// since the run began) and the faults around them.
+    pub overlapping: Vec<String>,
     /// The faults, in order.
     pub faults: Vec<Injected>,
     /// From the end of the faults until every final state was reconciled.
@@ -115,6 +118,9 @@ impl fmt::Display for Report {
             self.lost_in_crash_window.len()
         )?;
         writeln!(f, "  {:<44} {}", "concurrent", self.concurrent)?;
+        for o in &self.overlapping {
+            writeln!(f, "    {o}")?;
+        }
         writeln!(
             f,
             "  {:<44} {:.1?}",
@@ -297,6 +303,7 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
         world.start_replica(&format!("replica-{j}"))?;
     }
 
+    let began = Instant::now();
     let stop = CancellationToken::new();
     let writer = Writer::new(&world, settings.seed, settings.objects);
     let state = writer.state.clone();
@@ -378,7 +385,38 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
         .partition(|(crash, _)| *crash);
     let strip = |v: Vec<(bool, String)>| v.into_iter().map(|(_, k)| k).collect::<Vec<_>>();
     let (lost_in_crash_window, lost) = (strip(lost_in_crash_window), strip(lost));
-    let concurrent = world.journal.overlaps().len();
+    // Each overlap with the replicas, times and faults around it, to point at the path.
+    let overlapping: Vec<String> = world
+        .journal
+        .overlaps()
+        .into_iter()
+        .map(|(a, b)| {
+            let span = |r: &crate::journal::Reconcile| {
+                format!(
+                    "{} rv {} from {:?} to {:?}",
+                    r.replica,
+                    r.resource_version,
+                    r.start.saturating_duration_since(began),
+                    r.end.map(|e| e.saturating_duration_since(began))
+                )
+            };
+            let near: Vec<&str> = faults
+                .iter()
+                .filter(|(_, from, to)| {
+                    *from <= b.start + Duration::from_secs(1)
+                        && *to + Duration::from_secs(15) >= a.start
+                })
+                .map(|(what, _, _)| what.as_str())
+                .collect();
+            format!(
+                "{}: {} and {}; faults around: {near:?}",
+                a.key,
+                span(&a),
+                span(&b)
+            )
+        })
+        .collect();
+    let concurrent = overlapping.len();
     let delays = world.journal.delays();
     let faults = faults
         .into_iter()
@@ -404,6 +442,7 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
         lost,
         lost_in_crash_window,
         concurrent,
+        overlapping,
         faults,
         settle,
     };
