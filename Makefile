@@ -23,8 +23,13 @@ test: ## Everything CI checks: versions, fmt, clippy, all tests against a real A
 .PHONY: chaos
 chaos: ## Long chaos run, then the fuzz targets: DURATION=seconds (600), SEED=n (the clock), FUZZ_SECONDS (60)
 	@tests/cluster/cluster.sh up >/dev/null
-	KD_CHAOS_SECONDS=$${DURATION:-600} KD_CHAOS_SEED=$${SEED:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --nocapture
+	KD_CHAOS_SECONDS=$${DURATION:-600} KD_CHAOS_SEED=$${SEED:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --exact long_chaos --nocapture
 	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: chaos-soak
+chaos-soak: ## The short chaos mode over many seeds, a line each and a total: SEEDS=n (10), SEED=first (the clock)
+	@tests/cluster/cluster.sh up >/dev/null
+	KD_CHAOS_SOAK_SEEDS=$${SEEDS:-10} KD_CHAOS_SEED=$${SEED:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --exact chaos_soak --nocapture
 
 .PHONY: image
 image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/README.md)

@@ -16,6 +16,7 @@
 mod action;
 mod controller;
 mod error;
+mod fence;
 mod health;
 mod runtime;
 mod targets;

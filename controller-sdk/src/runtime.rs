@@ -34,15 +34,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     Action, Controller, Error, Health,
+    fence::Fence,
     targets::{Source, follow_load_balancer},
 };
 
 type Reconciler<K, Ctx, F> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync>;
 type ErrorPolicy<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
 type Outcome<K, E> = Result<(ObjectRef<K>, Action), Error<E>>;
-
-/// Longest a poll waits; well under any sane ttl.
-const POLL_WAIT: Duration = Duration::from_secs(5);
 
 struct Shared<K: Resource, Ctx, E: std::error::Error + 'static, F> {
     dyntype: K::DynamicType,
@@ -236,6 +234,11 @@ pub(crate) fn reconnect_backoff() -> impl Iterator<Item = Duration> + Send {
 }
 
 /// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
+///
+/// Every deadline of the session (its fence, each reconcile's limit) counts from when the call
+/// that set it was sent (`crate::fence`). Deliveries are spawned at once and wait for a free
+/// slot in their own task, within their deadline, so the loop never stops renewing: at most
+/// `concurrency` deliveries per poll, and a poll asks for no more than the free slots.
 async fn session<K, Ctx, E, F>(
     address: &str,
     shared: &Arc<Shared<K, Ctx, E, F>>,
@@ -255,6 +258,7 @@ where
         .await
         .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
     let mut client = DispatcherClient::new(channel);
+    let sent = Instant::now();
     let opened = client.open_session(shared.open.clone()).await?.into_inner();
     let session_id = opened.session_id;
     let ttl = opened
@@ -265,11 +269,7 @@ where
         .max_reconcile_time
         .and_then(|d| Duration::try_from(d).ok())
         .unwrap_or(Duration::from_secs(60));
-    // Fencing: the session counts as lost once it has gone unrenewed this long, well before
-    // the dispatcher's ttl runs out; running reconciles are cancelled at that point.
-    let fence = ttl * 3 / 4;
-    // A reconcile is cancelled a little before the dispatcher gives up on it.
-    let reconcile_limit = max_reconcile.saturating_sub(max_reconcile / 10);
+    let mut fence = Fence::new(ttl, max_reconcile, sent);
     info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
     let _open = shared.health.session_opened();
 
@@ -280,30 +280,30 @@ where
     let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
     let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
     let mut tasks = JoinSet::new();
-    let mut renewed = Instant::now();
-    let wait = POLL_WAIT.min(ttl / 4);
+    // Of the last call, to size the next wait.
+    let mut round_trip = sent.elapsed();
     let result = loop {
         if stop.is_cancelled() {
             break Ok(());
         }
         let free = shared.permits.available_permits();
-        let remaining = (renewed + fence).saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            break Err(tonic::Status::deadline_exceeded(
-                "session not renewed in time",
-            ));
+        let lost_at = fence.lost_at();
+        let now = Instant::now();
+        if now >= lost_at {
+            break Err(not_renewed());
         }
+        let wait = fence.wait_at(now, round_trip);
+        let sent = Instant::now();
         let call = async {
             if free == 0 {
-                // Saturated: renew without taking work, then wait for a free slot.
+                // Saturated: renew without taking work; the dispatcher answers at once.
                 client
                     .ack(AckRequest {
                         session_id: session_id.clone(),
                         acks: Vec::new(),
                     })
                     .await?;
-                let _ = tokio::time::timeout(wait, shared.permits.acquire()).await;
-                Ok(Vec::new())
+                Ok((Vec::new(), Duration::ZERO))
             } else {
                 let response = client
                     .poll(PollRequest {
@@ -312,23 +312,34 @@ where
                         wait: prost_types::Duration::try_from(wait).ok(),
                         acks: Vec::new(),
                     })
-                    .await?;
-                Ok::<_, tonic::Status>(response.into_inner().requests)
+                    .await?
+                    .into_inner();
+                let held = response
+                    .held
+                    .and_then(|d| Duration::try_from(d).ok())
+                    .unwrap_or_default();
+                Ok::<_, tonic::Status>((response.requests, held))
             }
         };
-        let requests = tokio::select! {
-            r = tokio::time::timeout(remaining, call) => match r {
-                Ok(Ok(requests)) => requests,
+        let (requests, held) = tokio::select! {
+            r = tokio::time::timeout_at(lost_at, call) => match r {
+                Ok(Ok(answer)) => answer,
                 Ok(Err(status)) => break Err(status),
-                Err(_) => break Err(tonic::Status::deadline_exceeded("session not renewed in time")),
+                Err(_) => break Err(not_renewed()),
             },
             () = stop.cancelled() => continue,
         };
-        renewed = Instant::now();
+        let delivered = fence.renewed(sent, held);
+        round_trip = sent.elapsed().saturating_sub(held);
+        if free == 0 {
+            // Wait for a free slot, no longer than leaves time to renew before the fence.
+            let wait = fence.wait_at(Instant::now(), round_trip);
+            let _ = tokio::time::timeout(wait, shared.permits.acquire()).await;
+            continue;
+        }
+        let deadline = fence.reconcile_deadline(delivered);
+        let limit = fence.reconcile_limit();
         for request in requests {
-            let Ok(permit) = shared.permits.clone().acquire_owned().await else {
-                break;
-            };
             let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
             let span = info_span!(
                 "reconcile",
@@ -340,10 +351,9 @@ where
             );
             tasks.spawn(
                 async move {
-                    let _permit = permit;
                     let id = request.delivery_id;
                     if let Some(outcome) =
-                        reconcile_one(&shared, request, reconcile_limit, &lost).await
+                        reconcile_one(&shared, request, deadline, limit, &lost).await
                     {
                         let _ = ack_tx.send(AckItem {
                             delivery_id: id,
@@ -356,12 +366,16 @@ where
         }
         while tasks.try_join_next().is_some() {}
     };
+    let result = match result {
+        // Graceful: let running reconciles finish within their deadlines while renewing the
+        // session, so the dispatcher hands their keys to no one else meanwhile.
+        Ok(()) => drain(&mut client, &session_id, &mut fence, &mut tasks).await,
+        Err(status) => Err(status),
+    };
     match result {
         Ok(()) => {
-            // Graceful: let running reconciles finish, ack them, and close the session so the
+            // Every reconcile has ended: send their acks, and close the session so the
             // dispatcher hands this replica's keys to others at once.
-            let drain = async { while tasks.join_next().await.is_some() {} };
-            let _ = tokio::time::timeout(reconcile_limit, drain).await;
             drop(ack_tx);
             let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
             let _ = client
@@ -373,11 +387,59 @@ where
             Ok(())
         }
         Err(status) => {
-            // Lost: whatever this session handed us may now go to another replica. Cancel it.
+            // Lost: whatever this session handed us may now go to another replica. Cancel it,
+            // and wait until every reconcile has stopped before anything else.
             lost.cancel();
             tasks.shutdown().await;
             acker.abort();
             Err(status)
+        }
+    }
+}
+
+fn not_renewed() -> tonic::Status {
+    tonic::Status::deadline_exceeded("session not renewed in time")
+}
+
+/// Waits for the session's running reconciles to end, renewing the session every poll wait.
+/// Returns an error, for the caller to cancel what still runs, when a renewal fails or the
+/// fence passes first.
+async fn drain(
+    client: &mut DispatcherClient<tonic::transport::Channel>,
+    session_id: &str,
+    fence: &mut Fence,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), tonic::Status> {
+    let mut next_renewal = Instant::now();
+    loop {
+        let lost_at = fence.lost_at();
+        let renew = async {
+            tokio::time::sleep_until(next_renewal).await;
+            let sent = Instant::now();
+            let answer = tokio::time::timeout_at(
+                lost_at,
+                client.ack(AckRequest {
+                    session_id: session_id.to_owned(),
+                    acks: Vec::new(),
+                }),
+            )
+            .await;
+            (sent, answer)
+        };
+        tokio::select! {
+            joined = tasks.join_next() => {
+                if joined.is_none() {
+                    return Ok(());
+                }
+            }
+            (sent, answer) = renew => match answer {
+                Ok(Ok(_)) => {
+                    fence.renewed(sent, Duration::ZERO);
+                    next_renewal = Instant::now() + fence.poll_wait();
+                }
+                Ok(Err(status)) => return Err(status),
+                Err(_) => return Err(not_renewed()),
+            },
         }
     }
 }
@@ -408,10 +470,13 @@ async fn send_acks(
     }
 }
 
-/// Runs one reconcile; returns the ack to send, or `None` when the session was lost.
+/// Runs one delivery: waits for a free slot, loads the object and reconciles it, all by
+/// `deadline` (`limit` after the delivery); returns the ack to send, or `None` when the session
+/// was lost, in which case the reconcile has been stopped.
 async fn reconcile_one<K, Ctx, E, F>(
     shared: &Shared<K, Ctx, E, F>,
     request: ReconcileRequest,
+    deadline: Instant,
     limit: Duration,
     lost: &CancellationToken,
 ) -> Option<ack_item::Outcome>
@@ -423,14 +488,51 @@ where
     F: Future<Output = Result<Action, E>> + Send + 'static,
 {
     let key = request.key.clone();
-    let fail = |message: String| Some(ack_item::Outcome::Failure(Failure { message }));
+    let work = async {
+        // The semaphore is never closed.
+        let _permit = shared.permits.acquire().await.ok();
+        run_reconcile(shared, request).await
+    };
+    let (outcome, report) = tokio::select! {
+        r = tokio::time::timeout_at(deadline, work) => r.unwrap_or_else(|_| (
+            ack_item::Outcome::Failure(Failure {
+                message: format!("timed out after {limit:?}"),
+            }),
+            Some(Err(Error::Timeout { key, limit })),
+        )),
+        () = lost.cancelled() => return None,
+    };
+    if let Some(report) = report {
+        let _ = shared.outcomes.send(report).await;
+    }
+    Some(outcome)
+}
+
+/// Loads the object of `request` and reconciles it; returns the ack and what to report on the
+/// controller's stream.
+async fn run_reconcile<K, Ctx, E, F>(
+    shared: &Shared<K, Ctx, E, F>,
+    request: ReconcileRequest,
+) -> (ack_item::Outcome, Option<Outcome<K, E>>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let key = request.key.clone();
+    let fail = |message: String| ack_item::Outcome::Failure(Failure { message });
     if !shared
         .running
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key.clone())
     {
-        return fail(format!("{key} is already being reconciled in this replica"));
+        return (
+            fail(format!("{key} is already being reconciled in this replica")),
+            None,
+        );
     }
     struct Release<'a>(&'a Mutex<HashSet<String>>, String);
     impl Drop for Release<'_> {
@@ -450,38 +552,21 @@ where
                 key,
                 "object gone and no last state to reconcile: nothing to do"
             );
-            return Some(ack_item::Outcome::Success(Success {}));
+            return (ack_item::Outcome::Success(Success {}), None);
         }
-        Err(e) => {
-            let message = e.to_string();
-            let _ = shared.outcomes.send(Err(e)).await;
-            return fail(message);
-        }
+        Err(e) => return (fail(e.to_string()), Some(Err(e))),
     };
     let object_ref = ObjectRef::from_obj_with(&*object, shared.dyntype.clone());
-    let run = (shared.reconcile)(object.clone(), shared.context.clone());
-    let result = tokio::select! {
-        r = tokio::time::timeout(limit, run) => r,
-        () = lost.cancelled() => return None,
-    };
-    let (outcome, report) = match result {
-        Ok(Ok(action)) => (ack_for(action, None), Ok((object_ref, action))),
-        Ok(Err(e)) => {
+    match (shared.reconcile)(object.clone(), shared.context.clone()).await {
+        Ok(action) => (ack_for(action, None), Some(Ok((object_ref, action)))),
+        Err(e) => {
             let action = (shared.error_policy)(object, &e, shared.context.clone());
             (
                 ack_for(action, Some(e.to_string())),
-                Err(Error::ReconcilerFailed { key, source: e }),
+                Some(Err(Error::ReconcilerFailed { key, source: e })),
             )
         }
-        Err(_) => (
-            ack_item::Outcome::Failure(Failure {
-                message: format!("timed out after {limit:?}"),
-            }),
-            Err(Error::Timeout { key, limit }),
-        ),
-    };
-    let _ = shared.outcomes.send(report).await;
-    Some(outcome)
+    }
 }
 
 fn ack_for(action: Action, error: Option<String>) -> ack_item::Outcome {

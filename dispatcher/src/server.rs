@@ -755,13 +755,17 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let acks = core.parse_acks(req.acks)?;
         let (group, id, slot) = core.lookup(&req.session_id)?;
         let ttl = slot.ttl;
+        let received = Instant::now();
         core.renew(&slot);
         // A waiting poll does not renew its session: never wait past half the ttl.
         let wait = wait.min(ttl / 2);
         core.settle(&group, id, &req.session_id, acks);
-        let deadline = Instant::now() + wait;
+        let deadline = received + wait;
         // While draining, nothing new is handed out; the poll waits as usual, so replicas do
-        // not spin, and their acks still settle what is in flight.
+        // not spin, and their acks still settle what is in flight. `looked` is when the last
+        // look at the queue began: the requests' reconcile time and the renewal below both
+        // start no earlier.
+        let mut looked = received;
         let take = || {
             if core.draining.is_cancelled() {
                 Vec::new()
@@ -782,14 +786,24 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                     req.session_id
                 )));
             }
+            looked = Instant::now();
             requests = take();
         }
+        if requests.is_empty() {
+            looked = Instant::now();
+        }
+        // The replica counts its fencing deadline and the requests' deadlines from `held` after
+        // it sent the poll: never later than the dispatcher's own start of either.
+        let held = looked.duration_since(received);
         core.renew(&slot);
         let requests = requests
             .into_iter()
             .map(|d| Core::to_wire(&group, d))
             .collect();
-        Ok(Response::new(PollResponse { requests }))
+        Ok(Response::new(PollResponse {
+            requests,
+            held: prost_types::Duration::try_from(held).ok(),
+        }))
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {

@@ -59,6 +59,19 @@ pub struct Settings {
     pub write_period: Duration,
 }
 
+impl Settings {
+    /// The short mode: 40 s of faults over 12 objects per kind and namespace, a write every
+    /// 40 ms.
+    pub fn short(seed: u64) -> Self {
+        Self {
+            seed,
+            duration: Duration::from_secs(40),
+            objects: 12,
+            write_period: Duration::from_millis(40),
+        }
+    }
+}
+
 /// A fault as injected.
 #[derive(Clone, Debug)]
 pub struct Injected {
@@ -97,6 +110,79 @@ pub struct Report {
     pub faults: Vec<Injected>,
     /// From the end of the faults until every final state was reconciled.
     pub settle: Duration,
+}
+
+impl Report {
+    /// The column names of [`Report::line`].
+    pub const LINE_HEADER: &'static str =
+        "seed                   faults  writes  reconciles  lost  lost-in-crash  concurrent";
+
+    /// Whether nothing was lost and no reconciles overlapped.
+    pub fn clean(&self) -> bool {
+        self.lost.is_empty() && self.lost_in_crash_window.is_empty() && self.concurrent == 0
+    }
+
+    /// One line: seed, faults, writes, reconciles, lost, lost in a crash window, concurrent.
+    pub fn line(&self) -> String {
+        format!(
+            "{:<22} {:>6}  {:>6}  {:>10}  {:>4}  {:>13}  {:>10}",
+            self.seed,
+            self.faults.len(),
+            self.writes,
+            self.reconciles,
+            self.lost.len(),
+            self.lost_in_crash_window.len(),
+            self.concurrent
+        )
+    }
+}
+
+/// The sums of several runs' reports, for the soak mode.
+#[derive(Debug, Default)]
+pub struct Totals {
+    /// Runs added.
+    pub runs: usize,
+    /// Runs with anything lost or overlapping.
+    pub failed: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Writes made.
+    pub writes: usize,
+    /// Reconciles run.
+    pub reconciles: usize,
+    /// Final states never reconciled (lost in a crash window included).
+    pub lost: usize,
+    /// Overlapping pairs of reconciles of one key.
+    pub concurrent: usize,
+}
+
+impl Totals {
+    /// Adds one run.
+    pub fn add(&mut self, report: &Report) {
+        self.runs += 1;
+        self.failed += usize::from(!report.clean());
+        self.faults += report.faults.len();
+        self.writes += report.writes;
+        self.reconciles += report.reconciles;
+        self.lost += report.lost.len() + report.lost_in_crash_window.len();
+        self.concurrent += report.concurrent;
+    }
+}
+
+impl fmt::Display for Totals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "total: {} runs ({} failed), {} faults, {} writes, {} reconciles, lost {}, concurrent {}",
+            self.runs,
+            self.failed,
+            self.faults,
+            self.writes,
+            self.reconciles,
+            self.lost,
+            self.concurrent
+        )
+    }
 }
 
 impl fmt::Display for Report {

@@ -1,16 +1,21 @@
 //! The chaos suite (`tests/src/chaos.rs`): the tier under seeded random faults, checked by the
-//! journal. The short mode runs in `make test` with fixed seeds; `make chaos` runs the long
-//! mode (`KD_CHAOS_SECONDS`, `KD_CHAOS_SEED`).
+//! journal.
+//!
+//! - The short mode runs in `make test`: two fixed seeds and one fresh seed per run (printed, so
+//!   a red run can be replayed with `SEED=<seed> make chaos-soak SEEDS=1`), 40 s of faults each.
+//! - The soak mode, `make chaos-soak SEEDS=N`, runs the short mode over N consecutive seeds from
+//!   `SEED` (default: the clock), one after another, with a line per seed and a total.
+//! - The long mode, `make chaos`, runs `KD_CHAOS_SECONDS` of faults from `KD_CHAOS_SEED`.
 
 use std::time::Duration;
 
-use kube_dispatch_tests::chaos::{Settings, run};
+use kube_dispatch_tests::chaos::{Report, Settings, run};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// lost must be 0 and concurrent 0. Deletions lost around a dispatcher kill are counted apart,
 /// to point at the path that lost them, and must be 0 too.
-fn check(report: &kube_dispatch_tests::chaos::Report) {
+fn check(report: &Report) {
     assert!(
         report.lost_in_crash_window.is_empty(),
         "seed {}: deletions lost while their dispatcher was down: {:?}",
@@ -31,20 +36,65 @@ fn check(report: &kube_dispatch_tests::chaos::Report) {
     );
 }
 
-/// Short mode: a fixed list of seeds, 40 s of faults each.
+/// `KD_CHAOS_SEED` if set, else a seed from the clock.
+fn seed_from_env() -> u64 {
+    std::env::var("KD_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        })
+}
+
+/// Short mode: seeds 1 and 2, then a fresh one, 40 s of faults each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_faults_lose_nothing_and_never_overlap() -> TestResult {
-    for seed in [1, 2] {
-        let report = run(Settings {
-            seed,
-            duration: Duration::from_secs(40),
-            objects: 12,
-            write_period: Duration::from_millis(40),
-        })
-        .await?;
+    let fresh = seed_from_env();
+    println!(
+        "chaos: seeds 1, 2 and fresh seed {fresh} (replay with SEED={fresh} make chaos-soak SEEDS=1)"
+    );
+    for seed in [1, 2, fresh] {
+        let report = run(Settings::short(seed)).await?;
         println!("{report}");
         check(&report);
     }
+    Ok(())
+}
+
+/// Soak mode, `make chaos-soak`: the short mode over `KD_CHAOS_SOAK_SEEDS` seeds (default 10)
+/// from `KD_CHAOS_SEED` (default: the clock). Every seed runs even after a failing one; the
+/// full report of each failing seed is printed, then the totals, and the test fails at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "soak mode: run with make chaos-soak"]
+async fn chaos_soak() -> TestResult {
+    let seeds: u64 = std::env::var("KD_CHAOS_SOAK_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let first = seed_from_env();
+    println!(
+        "chaos soak: {seeds} seeds from {first}, 40 s of faults each (replay one with SEED=<seed> make chaos-soak SEEDS=1)"
+    );
+    println!("{}", Report::LINE_HEADER);
+    let mut totals = kube_dispatch_tests::chaos::Totals::default();
+    let mut failed = Vec::new();
+    for seed in (first..).take(usize::try_from(seeds)?) {
+        let report = run(Settings::short(seed)).await?;
+        println!("{}", report.line());
+        if !report.clean() {
+            println!("{report}");
+            failed.push(seed);
+        }
+        totals.add(&report);
+    }
+    println!("{totals}");
+    assert!(
+        failed.is_empty(),
+        "seeds with lost or concurrent reconciles: {failed:?}"
+    );
     Ok(())
 }
 
@@ -57,15 +107,7 @@ async fn long_chaos() -> TestResult {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let seed: u64 = std::env::var("KD_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
-        });
+    let seed = seed_from_env();
     println!("chaos: seed {seed}, {seconds} s of faults (replay with KD_CHAOS_SEED={seed})");
     let report = run(Settings {
         seed,

@@ -1,0 +1,247 @@
+//! Fencing (DESIGN section 3.3) on a slow path: a replica whose calls to its dispatcher are
+//! slow, then stop getting through, stops its reconciles before the dispatcher hands their keys
+//! to another replica.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube_dispatch_controller::{Action, Controller, Health};
+use kube_dispatch_tests::{
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, test_config},
+    faultproxy::{Fault, FaultProxy},
+    journal::{Journal, key_of, rv_of, write_round},
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const TTL: Duration = Duration::from_secs(4);
+
+#[derive(Debug, thiserror::Error)]
+#[error("never")]
+struct Never;
+
+struct Ctx {
+    journal: Journal,
+    replica: String,
+    /// How long each reconcile takes; `None`: until cancelled.
+    work: Option<Duration>,
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Never> {
+    let _running = ctx
+        .journal
+        .start_reconcile(key_of(&cm), rv_of(&cm), false, &ctx.replica);
+    match ctx.work {
+        Some(work) => tokio::time::sleep(work).await,
+        None => std::future::pending().await,
+    }
+    Ok(Action::await_change())
+}
+
+/// A replica of one reconcile at a time, polling `dispatcher`, each reconcile taking `work`;
+/// stops gracefully when the token is cancelled.
+fn replica(
+    client: kube::Client,
+    namespace: &str,
+    dispatcher: String,
+    name: &str,
+    journal: &Journal,
+    work: Option<Duration>,
+) -> (CancellationToken, Health) {
+    let stop = CancellationToken::new();
+    let ctx = Arc::new(Ctx {
+        journal: journal.clone(),
+        replica: name.to_owned(),
+        work,
+    });
+    let controller = Controller::<ConfigMap>::new(client, "fencing")
+        .namespace(namespace)
+        .dispatchers([dispatcher])
+        .replica_id(name)
+        .concurrency(1)
+        .session_ttl(TTL);
+    let health = controller.health();
+    let stream = controller
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, |_, _: &Never, _| Action::await_change(), ctx);
+    tokio::spawn(stream.for_each(|_| async {}));
+    (stop, health)
+}
+
+/// Whether `replica` has begun a reconcile of `key`.
+fn reconciled_by(journal: &Journal, key: &str, replica: &'static str) -> impl FnMut() -> bool {
+    let (journal, key) = (journal.clone(), key.to_owned());
+    move || {
+        journal
+            .reconciles()
+            .iter()
+            .any(|r| r.key == key && r.replica == replica)
+    }
+}
+
+/// Polls `condition` every 50 ms until it holds, for at most `timeout`.
+async fn until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// Replica A holds a key (its reconcile runs on, so A is saturated and renews with bare acks)
+/// when its path to the dispatcher slows to 400 ms each way, then stalls. The dispatcher renews
+/// A's session when each ack arrives, so it expires the session a ttl after the last one that
+/// got through and hands the key to replica B. A must have cancelled its reconcile by then.
+///
+/// A replica that counted its fence from when an answer arrived, plus the wait for a free slot
+/// that followed it, ran late by that transit and wait: A was still reconciling when B began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
+    let ns = TestNamespace::create("fencing-slow").await?;
+    let client = Cluster::shared().client().await?;
+    let mut config = test_config("d0", &["d0"]);
+    config.settings.queue.max_reconcile_time = Duration::from_secs(60);
+    let dispatcher = TestDispatcher::start(config).await?;
+    let proxy = FaultProxy::start(dispatcher.addr).await?;
+    let journal = Journal::default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    write_round(&api, 1, 0, &journal).await?;
+    let key = format!("{}/cm-0", ns.name());
+
+    let by = |replica: &'static str| reconciled_by(&journal, &key, replica);
+    let (stop_a, _) = replica(
+        client.clone(),
+        ns.name(),
+        format!("http://{}", proxy.addr),
+        "replica-a",
+        &journal,
+        None,
+    );
+    assert!(
+        until(Duration::from_secs(30), by("replica-a")).await,
+        "replica A never got the key"
+    );
+    let (stop_b, health_b) = replica(
+        client.clone(),
+        ns.name(),
+        format!("http://{}", dispatcher.addr),
+        "replica-b",
+        &journal,
+        Some(Duration::from_millis(20)),
+    );
+    assert!(
+        until(Duration::from_secs(30), || health_b.ready()).await,
+        "replica B opened no session"
+    );
+
+    // Slow, for long enough that every renewal A counts on went over the slow path (its fence
+    // is 3 s); then nothing gets through.
+    proxy.set(Fault::Latency(Duration::from_millis(400)));
+    tokio::time::sleep(TTL).await;
+    proxy.set(Fault::Stall);
+    assert!(
+        until(TTL * 4, by("replica-b")).await,
+        "the key never went to replica B"
+    );
+
+    let runs: Vec<_> = journal
+        .reconciles()
+        .into_iter()
+        .filter(|r| r.key == key)
+        .collect();
+    let a = runs
+        .iter()
+        .find(|r| r.replica == "replica-a")
+        .ok_or("A's reconcile is missing")?;
+    let b = runs
+        .iter()
+        .find(|r| r.replica == "replica-b")
+        .ok_or("B's reconcile is missing")?;
+    let a_end = a.end.ok_or("A was still reconciling when B began")?;
+    assert!(
+        a_end <= b.start,
+        "A's reconcile ended {:?} after B's began",
+        a_end - b.start
+    );
+    assert!(journal.overlaps().is_empty(), "{:?}", journal.overlaps());
+    stop_a.cancel();
+    stop_b.cancel();
+    Ok(())
+}
+
+/// Replica A is stopped gracefully while it reconciles a key for longer than its session's
+/// ttl. It keeps renewing the session until the reconcile ends, then closes it, and only then
+/// does the key go to replica B. A replica that stopped renewing while it drained let the
+/// session expire under its running reconcile, and B began while A was still at work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> TestResult {
+    let ns = TestNamespace::create("fencing-drain").await?;
+    let client = Cluster::shared().client().await?;
+    let mut config = test_config("d0", &["d0"]);
+    config.settings.queue.max_reconcile_time = Duration::from_secs(60);
+    let dispatcher = TestDispatcher::start(config).await?;
+    let address = format!("http://{}", dispatcher.addr);
+    let journal = Journal::default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    write_round(&api, 1, 0, &journal).await?;
+    let key = format!("{}/cm-0", ns.name());
+
+    let work = TTL * 2;
+    let (stop_a, _) = replica(
+        client.clone(),
+        ns.name(),
+        address.clone(),
+        "replica-a",
+        &journal,
+        Some(work),
+    );
+    assert!(
+        until(
+            Duration::from_secs(30),
+            reconciled_by(&journal, &key, "replica-a")
+        )
+        .await,
+        "replica A never got the key"
+    );
+    let (stop_b, health_b) = replica(
+        client.clone(),
+        ns.name(),
+        address,
+        "replica-b",
+        &journal,
+        Some(Duration::from_millis(20)),
+    );
+    assert!(
+        until(Duration::from_secs(30), || health_b.ready()).await,
+        "replica B opened no session"
+    );
+    // The key is in flight on A, so it stays with A; A is asked to stop.
+    stop_a.cancel();
+    // Touch the object, so that B has a change to reconcile once the key is free.
+    write_round(&api, 1, 1, &journal).await?;
+    assert!(
+        until(work * 2, reconciled_by(&journal, &key, "replica-b")).await,
+        "the key never went to replica B"
+    );
+    assert!(journal.overlaps().is_empty(), "{:?}", journal.overlaps());
+    let runs = journal.reconciles();
+    let a = runs
+        .iter()
+        .find(|r| r.key == key && r.replica == "replica-a")
+        .ok_or("A's reconcile is missing")?;
+    let a_took = a.end.ok_or("A's reconcile never ended")? - a.start;
+    assert!(
+        a_took >= work,
+        "A's reconcile was cut short after {a_took:?}, not run to its end"
+    );
+    stop_b.cancel();
+    Ok(())
+}
