@@ -15,11 +15,11 @@ use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
+use kube::{Api, Client, ResourceExt};
+use kube_dispatch_controller::{
+    Action, Controller,
+    precondition::{self, WriteError},
 };
-use kube_dispatch_controller::{Action, Controller};
 use sha2::{Digest, Sha256};
 
 const ANNOTATION: &str = "example.kube-dispatch.dev/content-hash";
@@ -27,7 +27,7 @@ const ANNOTATION: &str = "example.kube-dispatch.dev/content-hash";
 #[derive(Debug, thiserror::Error)]
 enum Error {
     #[error("cannot annotate the ConfigMap: {0}")]
-    Kube(#[from] kube::Error),
+    Write(#[from] WriteError),
 }
 
 struct Context {
@@ -58,12 +58,13 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Context>) -> Result<Action, Erro
     let api: Api<ConfigMap> =
         Api::namespaced(ctx.client.clone(), &cm.namespace().unwrap_or_default());
     let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: hash } } });
-    api.patch(
-        &cm.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
+    // Only if the ConfigMap is still as this reconcile was given it: a hash of older content
+    // must never land after a newer one.
+    match precondition::patch(&api, &cm, patch).await {
+        // Changed since: the change is delivered again, and that reconcile annotates.
+        Err(e) if e.is_stale() => return Ok(Action::await_change()),
+        result => result?,
+    };
     tracing::info!(configmap = %cm.name_any(), "annotated");
     Ok(Action::await_change())
 }

@@ -18,6 +18,7 @@ mod controller;
 mod error;
 mod fence;
 mod health;
+pub mod precondition;
 mod runtime;
 mod targets;
 

@@ -337,11 +337,19 @@ impl Drop for TestNamespace {
     group = "test.kube-dispatch.dev",
     version = "v1",
     kind = "Widget",
-    namespaced
+    namespaced,
+    status = "WidgetStatus"
 )]
 pub struct WidgetSpec {
     /// Any number.
     pub size: i64,
+}
+
+/// The status of a [`Widget`] (a subresource).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
+pub struct WidgetStatus {
+    /// The size last seen by a controller.
+    pub seen: i64,
 }
 
 /// Applies the Widget CRD (idempotently: CRDs are cluster-scoped and shared by the whole run,

@@ -18,6 +18,7 @@ use kube::{
 // `Action` comes from the including crate: kube_dispatch_controller::Action in the SDK version,
 // kube::runtime::controller::Action in the kube-rs version. Nothing else differs.
 use super::Action;
+use kube_dispatch_controller::precondition::{self, WriteError};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +60,9 @@ pub enum Error {
     /// An API call failed.
     #[error("API call failed: {0}")]
     Kube(#[from] kube::Error),
+    /// The status write failed.
+    #[error("status write failed: {0}")]
+    Write(#[from] WriteError),
     /// The object has no namespace or uid (never true for objects read from the API server).
     #[error("ConfigSet without namespace or uid")]
     Incomplete,
@@ -128,13 +132,14 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
     if set.status.as_ref() != Some(&status) {
         let sets: Api<ConfigSet> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = serde_json::json!({ "status": status });
-        match sets
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        // Only if the ConfigSet is still as this reconcile was given it: a reconcile cancelled
+        // with this write in flight must not overwrite what a newer one reported.
+        match precondition::patch_status(&sets, &set, patch).await {
+            // Changed since: the change is delivered again, and that reconcile reports.
+            Err(e) if e.is_stale() => return Ok(Action::await_change()),
             // Deleted while this reconcile ran (a ConfigSet has no finalizer, so it goes at
             // once): there is no status left to report, and its children go with it.
-            Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(WriteError::Api(kube::Error::Api(status))) if status.code == 404 => {
                 return Ok(Action::await_change());
             }
             result => {
