@@ -31,6 +31,10 @@ chaos-soak: ## The short chaos mode over many seeds, a line each and a total: SE
 	@tests/cluster/cluster.sh up >/dev/null
 	KD_CHAOS_SOAK_SEEDS=$${SEEDS:-10} KD_CHAOS_SEED=$${SEED:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --exact chaos_soak --nocapture
 
+.PHONY: model
+model: ## Deep check of the protocol model (model/): ARGS passes flags (see --help), e.g. ARGS="--dispatchers 2 --max-states 20000000"
+	$(CARGO) run --locked --release -p kube-dispatch-model -- $${ARGS:-}
+
 .PHONY: image
 image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/README.md)
 	docker build -f deploy/Dockerfile -t kube-dispatch:dev .

@@ -1,0 +1,1506 @@
+//! A model of kube-dispatch's delivery protocol, checked exhaustively with
+//! [stateright](https://docs.rs/stateright): dispatchers with their Leases, sessions and work
+//! queues, the handover gate, controller replicas with their fencing, and the network between
+//! them, under crashes, restarts, cuts, lost and reordered messages and drifting clocks.
+//!
+//! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
+//! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
+//! check (`tests` below); `make model` runs a deeper one (`src/main.rs`).
+//!
+//! # What is modelled
+//!
+//! Time advances in ticks ([`Action::Tick`]); every deadline is a countdown, so the state space
+//! is finite however long a run lasts. Between ticks any enabled action may happen, in any
+//! order, which models arbitrary delays of messages and of every process's steps.
+//!
+//! - **Leases** (`dispatcher/src/membership.rs`): a dispatcher renews its Lease (publishing the
+//!   ring it has released); it fences itself `lease` ticks after its last *answered* renewal;
+//!   the others drop it `lease + grace` ticks after the renewal they saw. A renewal may reach
+//!   the API server and its answer be lost. A dispatcher cut off from the API server neither
+//!   renews nor observes.
+//! - **The handover gate** (`dispatcher/src/handover.rs`): on a change of the live members a
+//!   dispatcher adopts the new ring, trims its queue (moved keys in flight, or ready while it was
+//!   serving, are delivered here first and then forgotten), releases the ring once none is left,
+//!   and serves moved-in keys only when every other member has released the ring in a Lease
+//!   write seen after the adoption, every member that died has been gone for `bound`, and, after
+//!   a crash, `bound` has passed since its restart. Then it re-lists.
+//! - **The queue** (`dispatcher/src/queue/`): a key is absent, idle, ready or in flight on one
+//!   session; a change while in flight marks it dirty; an ack settles it; an expired session or a
+//!   delivery past `max_reconcile` puts it back. Any session may take any ready key (a superset
+//!   of the consistent-hash assignment).
+//! - **Sessions**: a poll renews the session when it arrives and again when it is answered; an
+//!   ack renews it when it arrives; a session expires `ttl` ticks after its last renewal. A
+//!   reopening replica replaces its old session.
+//! - **Replicas** (`controller-sdk/src/fence.rs`): a replica polls one call at a time per
+//!   session, and counts its fence (`fence` ticks) and each delivery's limit (`limit` ticks) from
+//!   when it *sent* the poll, plus the time the dispatcher held it; when either runs out it
+//!   cancels at once (time does not pass until it has). A replica runs one reconcile of a key at
+//!   a time, reopens a session only after cancelling what the old one handed it, and may crash.
+//! - **The network**: messages in flight may be delivered in any order, or lost (within the
+//!   budget). A replica's clock may run slow by up to `drift` ticks over a run.
+//! - **Changes**: an object changes (within the budget); dispatchers that serve its key and hear
+//!   from the API server queue it; one cut off re-lists when it is back.
+//!
+//! Not modelled: deletions (the re-list cannot show them; `dispatcher/HANDOVER.md` covers them
+//! apart), graceful drains and CloseSession (both end in the same release of keys as a replaced
+//! session), the load balancer (placement only chooses which dispatchers a replica polls: here
+//! every replica may poll every dispatcher), body budgets and backoff delays.
+//!
+//! # Properties
+//!
+//! - `exclusive` (always): no two replicas run a reconcile of one key at once.
+//! - `settles` (always): from every reachable state, once faults stop, a fair schedule
+//!   reconciles every changed key: a reconcile of it starts after its last change.
+//! - Reachability (sometimes), so the check cannot pass vacuously: a key is reconciled, a
+//!   handover completes after a dispatcher crash, a session is fenced by a replica.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+use kube_dispatch_proto::{RequestKey, Ring};
+use stateright::{Model, Property};
+
+/// Delivery numbers are counted modulo this, so that an ack of an older delivery (still on its
+/// way) does not settle a newer one. Two suffice: the network keeps at most one ack per key
+/// and pair (see `send_ack`), so an ack two deliveries old cannot be in flight while a
+/// delivery with its number is... unless it was sent from another session; a wrong settle
+/// could only add behaviours (a false alarm), never hide an overlap.
+pub const DELIVERIES: u8 = 2;
+
+/// Durations of the model, in ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// A dispatcher expires a session this long after its last renewal.
+    pub ttl: u8,
+    /// A replica counts a session as lost this long after sending its last renewing call
+    /// (three quarters of the ttl in the SDK).
+    pub fence: u8,
+    /// A dispatcher voids a delivery not acknowledged this long after handing it out.
+    pub max_reconcile: u8,
+    /// A replica cancels a delivery this long after sending the poll that brought it (nine
+    /// tenths of the maximum reconcile time in the SDK, rounded down).
+    pub limit: u8,
+    /// A dispatcher fences itself this long after its last answered Lease renewal.
+    pub lease: u8,
+    /// The others drop a member this long after the lease duration.
+    pub grace: u8,
+    /// `T`: the larger of the session ttl and the maximum reconcile time.
+    pub bound: u8,
+}
+
+impl Timing {
+    /// One tick is a quarter of a session ttl.
+    pub const COARSE: Self = Self {
+        ttl: 4,
+        fence: 3,
+        max_reconcile: 4,
+        limit: 3,
+        lease: 4,
+        grace: 1,
+        bound: 4,
+    };
+    /// One tick is an eighth of a session ttl: room for a replica clock that drifts.
+    pub const FINE: Self = Self {
+        ttl: 8,
+        fence: 6,
+        max_reconcile: 8,
+        limit: 7,
+        lease: 8,
+        grace: 2,
+        bound: 8,
+    };
+}
+
+/// How many faults of each kind a run may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Budget {
+    /// Dispatcher crashes (kill -9; each may be followed by a restart).
+    pub dispatcher_crashes: u8,
+    /// Replica crashes.
+    pub replica_crashes: u8,
+    /// Cuts between a dispatcher and the API server (each healed at some point).
+    pub api_cuts: u8,
+    /// Lease renewals whose answer is lost.
+    pub lost_renewal_answers: u8,
+    /// Messages lost between replicas and dispatchers.
+    pub lost_messages: u8,
+    /// Object changes.
+    pub changes: u8,
+    /// Ticks a replica's clock may fall behind.
+    pub drift: u8,
+}
+
+/// Which replica behaviour the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// The SDK as it is: deadlines count from the send of the call (`fence.rs`).
+    SendTime,
+    /// Deadlines count from when the answer arrived, and a reconcile's limit from when it
+    /// started: the SDK before `fence.rs`. The check finds an overlap.
+    ArrivalTime,
+}
+
+/// What to check.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Dispatchers (2 or 3).
+    pub dispatchers: usize,
+    /// Replicas of the one controller group (1 or 2).
+    pub replicas: usize,
+    /// Keys (1 or 2).
+    pub keys: usize,
+    /// Durations.
+    pub timing: Timing,
+    /// Faults.
+    pub budget: Budget,
+    /// Replica behaviour.
+    pub variant: Variant,
+    /// Check `settles` too (a fair run from every state with a change pending: the costly part).
+    pub liveness: bool,
+}
+
+/// A key in a dispatcher's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// Not indexed.
+    Absent,
+    /// Indexed, nothing to do.
+    Idle,
+    /// Waiting for a session to take it; `leaving` when the ring moved it away (delivered here
+    /// once more, then forgotten).
+    Ready {
+        /// Moved away: forgotten once delivered and settled.
+        leaving: bool,
+    },
+    /// Handed to the session of `replica`.
+    InFlight {
+        /// The replica holding it.
+        replica: u8,
+        /// Ticks until the delivery is void.
+        deadline: u8,
+        /// Which delivery, so that an old ack never settles a newer one (modulo [`DELIVERIES`]).
+        delivery: u8,
+        /// Changed meanwhile: queue again when settled.
+        dirty: bool,
+        /// Moved away: forgotten once settled.
+        leaving: bool,
+    },
+}
+
+/// A dispatcher process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Dispatcher {
+    /// Running (false after a crash, until restarted).
+    pub up: bool,
+    /// Reaches the API server.
+    pub api: bool,
+    /// Ticks until it fences itself, from its last answered renewal.
+    pub own_lease: u8,
+    /// The live members as it last observed them (a bit per dispatcher).
+    pub ring: u8,
+    /// The ring of its last completed handover; `None` while it hands out nothing.
+    pub settled: Option<u8>,
+    /// Members whose release of `ring` it saw in a Lease write after adopting `ring`.
+    pub fresh: u8,
+    /// Members that wrote their Lease since it adopted `ring`.
+    pub written: u8,
+    /// Per member: ticks left of the wait for one that died (0: none).
+    pub died: Vec<u8>,
+    /// Ticks left before it may hand out anything after a crash of its previous process.
+    pub hold: u8,
+    /// Its queue, per key.
+    pub keys: Vec<Key>,
+    /// Per replica: ticks until its session expires, if it has one.
+    pub sessions: Vec<Option<u8>>,
+    /// Per replica: a poll held here, with the replica's countdown frozen while held.
+    pub held: Vec<Option<u8>>,
+    /// Next delivery number per key (modulo [`DELIVERIES`]).
+    pub next_delivery: Vec<u8>,
+}
+
+/// A dispatcher's Lease as the API server holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// Ticks until the others drop its holder (renewal seen plus lease plus grace).
+    pub seen: u8,
+    /// The ring its holder released, if any.
+    pub released: Option<u8>,
+}
+
+/// A replica's session on one dispatcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplicaSession {
+    /// Ticks until the replica counts the session as lost.
+    pub fence: u8,
+    /// A poll is out.
+    pub polling: bool,
+}
+
+/// A reconcile a replica runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Run {
+    /// The dispatcher that delivered it.
+    pub dispatcher: u8,
+    /// Which delivery.
+    pub delivery: u8,
+    /// Ticks until the replica cancels it.
+    pub deadline: u8,
+}
+
+/// A controller replica.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Replica {
+    /// Running.
+    pub up: bool,
+    /// Per dispatcher.
+    pub sessions: Vec<Option<ReplicaSession>>,
+    /// Per key.
+    pub running: Vec<Option<Run>>,
+}
+
+/// A message between a replica and a dispatcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Message {
+    /// A poll on its way; `countdown` is the replica's deadline counted from the send.
+    Poll {
+        /// From.
+        replica: u8,
+        /// To.
+        dispatcher: u8,
+        /// Ticks of the replica's fence left, counted from the send.
+        countdown: u8,
+    },
+    /// The answer to a poll: the keys handed out (a bit each) with their delivery numbers.
+    Answer {
+        /// To.
+        replica: u8,
+        /// From.
+        dispatcher: u8,
+        /// Keys handed out.
+        keys: u8,
+        /// Delivery number per key (2 bits each).
+        deliveries: u8,
+        /// The poll's countdown, frozen while the dispatcher held it.
+        countdown: u8,
+    },
+    /// An ack of one delivery.
+    Ack {
+        /// From.
+        replica: u8,
+        /// To.
+        dispatcher: u8,
+        /// The key.
+        key: u8,
+        /// Which delivery.
+        delivery: u8,
+    },
+}
+
+impl Message {
+    fn between(&self) -> (u8, u8) {
+        match *self {
+            Self::Poll {
+                replica,
+                dispatcher,
+                ..
+            }
+            | Self::Answer {
+                replica,
+                dispatcher,
+                ..
+            }
+            | Self::Ack {
+                replica,
+                dispatcher,
+                ..
+            } => (replica, dispatcher),
+        }
+    }
+}
+
+/// The whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// Dispatchers.
+    pub dispatchers: Vec<Dispatcher>,
+    /// Their Leases.
+    pub leases: Vec<Lease>,
+    /// Replicas.
+    pub replicas: Vec<Replica>,
+    /// Messages in flight, sorted.
+    pub messages: Vec<Message>,
+    /// Keys changed since their last reconcile began (a bit each).
+    pub pending: u8,
+    /// Faults left.
+    pub left: Budget,
+    /// What has happened, for the reachability properties: a bit per [`Seen`].
+    pub seen: u8,
+}
+
+/// Events the reachability properties look for.
+#[derive(Clone, Copy, Debug)]
+enum Seen {
+    Reconciled = 1,
+    HandoverAfterCrash = 2,
+    Fenced = 4,
+    Crashed = 8,
+}
+
+/// A step of the system or its environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Time passes by one tick; every dispatcher that reaches the API server observes the
+    /// Leases and renews its own (renewals come many times a lease duration, and the watch
+    /// shows changes at once; what matters is when they stop).
+    Tick,
+    /// Time passes by one tick, except on replica `r`'s clock.
+    Lag(u8),
+    /// Time passes by one tick, and the answer to dispatcher `d`'s Lease renewal is lost.
+    TickRenewalUnanswered(u8),
+    /// Dispatcher `d` loses the API server.
+    CutApi(u8),
+    /// Dispatcher `d` reaches the API server again (and re-lists).
+    HealApi(u8),
+    /// Dispatcher `d` is killed.
+    Crash(u8),
+    /// Dispatcher `d` starts again.
+    Restart(u8),
+    /// Replica `r` is killed.
+    CrashReplica(u8),
+    /// Replica `r` starts again.
+    RestartReplica(u8),
+    /// Replica `r` opens a session on dispatcher `d`.
+    Open(u8, u8),
+    /// Replica `r` sends a poll to dispatcher `d`.
+    Poll(u8, u8),
+    /// The poll of replica `r` reaches dispatcher `d`, which holds it.
+    Arrive(u8, u8),
+    /// Dispatcher `d` answers the held poll of replica `r`, handing out the keys in the mask.
+    Answer(u8, u8, u8),
+    /// The answer reaches replica `r`.
+    Receive(u8, u8),
+    /// Replica `r` finishes its reconcile of key `k`.
+    Finish(u8, u8),
+    /// An ack from replica `r` of key `k` reaches dispatcher `d`.
+    AckArrives(u8, u8, u8),
+    /// Message number `i` is lost.
+    Lose(u8),
+    /// Dispatcher `d` expires the session of replica `r`.
+    Expire(u8, u8),
+    /// Dispatcher `d` voids the delivery of key `k`.
+    Void(u8, u8),
+    /// The object of key `k` changes.
+    Change(u8),
+    /// Replica `r` counts its session on dispatcher `d` as lost and cancels what it handed out.
+    Fence(u8, u8),
+    /// Replica `r` cancels its reconcile of key `k` at its limit.
+    Cancel(u8, u8),
+}
+
+/// The model: a [`Config`] and the key ownership of every ring, computed with the real ring.
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    /// What it checks.
+    pub config: Config,
+    /// `owners[ring][key]`: the owner of each key on each ring (a bit mask of members).
+    owners: Vec<Vec<Option<u8>>>,
+}
+
+fn bit(i: impl Into<usize>) -> u8 {
+    1u8 << i.into()
+}
+
+fn has(mask: u8, i: impl Into<usize>) -> bool {
+    mask & bit(i) != 0
+}
+
+fn dispatcher_name(i: usize) -> String {
+    format!("dispatcher-{i}")
+}
+
+impl Protocol {
+    /// The model of `config`. Its keys are real request keys, chosen so that on the full ring
+    /// key `k` is owned by dispatcher `k` (modulo the dispatchers), and placed on every ring by
+    /// the real consistent-hash ring (`kube_dispatch_proto::Ring`).
+    pub fn new(config: Config) -> Self {
+        let n = config.dispatchers;
+        let full = Ring::new((0..n).map(dispatcher_name));
+        let keys: Vec<RequestKey> = (0..config.keys)
+            .map(|k| {
+                let want = dispatcher_name(k % n);
+                (0u32..)
+                    .map(|i| RequestKey::new("", "ConfigMap", "model", format!("cm-{i}")))
+                    .find(|key| full.owner(key) == Some(want.as_str()))
+                    .unwrap_or_else(|| RequestKey::new("", "ConfigMap", "model", "cm"))
+            })
+            .collect();
+        let owners = (0..1usize << n)
+            .map(|mask| {
+                let ring = Ring::new((0..n).filter(|d| mask & (1 << d) != 0).map(dispatcher_name));
+                keys.iter()
+                    .map(|key| {
+                        let owner = ring.owner(key)?;
+                        (0..n)
+                            .find(|d| dispatcher_name(*d) == owner)
+                            .and_then(|d| u8::try_from(d).ok())
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { config, owners }
+    }
+
+    fn owner(&self, ring: u8, key: usize) -> Option<u8> {
+        self.owners[usize::from(ring)][key]
+    }
+
+    fn owns(&self, ring: u8, key: usize, d: usize) -> bool {
+        self.owner(ring, key).map(usize::from) == Some(d)
+    }
+
+    /// Whether dispatcher `d` serves `key`: it owns it on its ring and on its settled ring.
+    fn serves(&self, disp: &Dispatcher, d: usize, key: usize) -> bool {
+        disp.settled
+            .is_some_and(|settled| self.owns(disp.ring, key, d) && self.owns(settled, key, d))
+    }
+
+    fn all(&self) -> u8 {
+        u8::try_from((1usize << self.config.dispatchers) - 1).unwrap_or(u8::MAX)
+    }
+
+    fn fresh_dispatcher(&self, up: bool) -> Dispatcher {
+        let (n, k, r) = (
+            self.config.dispatchers,
+            self.config.keys,
+            self.config.replicas,
+        );
+        Dispatcher {
+            up,
+            api: true,
+            own_lease: 0,
+            ring: 0,
+            settled: None,
+            fresh: 0,
+            written: 0,
+            died: vec![0; n],
+            hold: 0,
+            keys: vec![Key::Absent; k],
+            sessions: vec![None; r],
+            held: vec![None; r],
+            next_delivery: vec![0; k],
+        }
+    }
+
+    /// The ring `d` has released: its ring, once no key that moved away is queued or in flight.
+    fn release(&self, disp: &Dispatcher, d: usize) -> Option<u8> {
+        let moving = disp.keys.iter().enumerate().any(|(k, key)| {
+            let leaving = matches!(
+                key,
+                Key::Ready { leaving: true } | Key::InFlight { leaving: true, .. }
+            );
+            leaving && !self.owns(disp.ring, k, d)
+        });
+        (has(disp.ring, d) && !moving).then_some(disp.ring)
+    }
+
+    /// Trims `d`'s queue to what it serves now (`Group::apply_slice`).
+    fn apply_slice(&self, disp: &mut Dispatcher, d: usize, was_serving: bool) {
+        let member = has(disp.ring, d);
+        for k in 0..disp.keys.len() {
+            let served = self.serves(disp, d, k);
+            let owned = self.owns(disp.ring, k, d);
+            let key = &mut disp.keys[k];
+            if served {
+                *key = match *key {
+                    Key::Ready { .. } => Key::Ready { leaving: false },
+                    Key::InFlight {
+                        replica,
+                        deadline,
+                        delivery,
+                        dirty,
+                        ..
+                    } => Key::InFlight {
+                        replica,
+                        deadline,
+                        delivery,
+                        dirty,
+                        leaving: false,
+                    },
+                    other => other,
+                };
+            } else if disp.settled.is_some() || (member && !owned) {
+                let drain = disp.settled.is_some() && was_serving;
+                *key = match *key {
+                    Key::InFlight {
+                        replica,
+                        deadline,
+                        delivery,
+                        dirty,
+                        ..
+                    } => Key::InFlight {
+                        replica,
+                        deadline,
+                        delivery,
+                        dirty,
+                        leaving: true,
+                    },
+                    Key::Ready { .. } if drain => Key::Ready { leaving: true },
+                    _ => Key::Absent,
+                };
+            }
+        }
+    }
+
+    /// Queues a change of `key` at `d` (`GroupQueue::change`).
+    fn queue(key: &mut Key) {
+        *key = match *key {
+            Key::Absent | Key::Idle => Key::Ready { leaving: false },
+            Key::InFlight {
+                replica,
+                deadline,
+                delivery,
+                leaving,
+                ..
+            } => Key::InFlight {
+                replica,
+                deadline,
+                delivery,
+                dirty: true,
+                leaving,
+            },
+            ready => ready,
+        };
+    }
+
+    /// A re-list at `d`: every served key is queued.
+    fn relist(&self, disp: &mut Dispatcher, d: usize) {
+        for k in 0..disp.keys.len() {
+            if self.serves(disp, d, k) {
+                Self::queue(&mut disp.keys[k]);
+            }
+        }
+    }
+
+    /// Puts a key back after its delivery ended without an ack (session gone, void).
+    fn requeue(key: &mut Key) {
+        if let Key::InFlight { leaving, .. } = *key {
+            *key = if leaving {
+                Key::Absent
+            } else {
+                Key::Ready { leaving: false }
+            };
+        }
+    }
+
+    /// Replica `r`'s deadlines that have run out: it must act on them before time passes.
+    fn urgent(state: &State) -> bool {
+        state.replicas.iter().any(|rep| {
+            rep.up
+                && (rep.sessions.iter().flatten().any(|s| s.fence == 0)
+                    || rep.running.iter().flatten().any(|run| run.deadline == 0))
+        })
+    }
+
+    /// A tick: every countdown runs down (but replica `lagging`'s), then every dispatcher that
+    /// reaches the API server observes the Leases and renews its own (the answer to
+    /// `unanswered`'s renewal is lost).
+    fn tick(&self, state: &mut State, lagging: Option<usize>, unanswered: Option<usize>) {
+        for (r, rep) in state.replicas.iter_mut().enumerate() {
+            if !rep.up || lagging == Some(r) {
+                continue;
+            }
+            for s in rep.sessions.iter_mut().flatten() {
+                s.fence = s.fence.saturating_sub(1);
+            }
+            for run in rep.running.iter_mut().flatten() {
+                run.deadline = run.deadline.saturating_sub(1);
+            }
+        }
+        for m in &mut state.messages {
+            match m {
+                Message::Poll {
+                    replica, countdown, ..
+                }
+                | Message::Answer {
+                    replica, countdown, ..
+                } if lagging != Some(usize::from(*replica)) => {
+                    *countdown = countdown.saturating_sub(1);
+                }
+                _ => {}
+            }
+        }
+        state.messages.sort_unstable();
+        for lease in &mut state.leases {
+            lease.seen = lease.seen.saturating_sub(1);
+        }
+        for (d, disp) in state.dispatchers.iter_mut().enumerate() {
+            if !disp.up {
+                continue;
+            }
+            for s in disp.sessions.iter_mut().flatten() {
+                *s = s.saturating_sub(1);
+            }
+            for key in &mut disp.keys {
+                if let Key::InFlight { deadline, .. } = key {
+                    *deadline = deadline.saturating_sub(1);
+                }
+            }
+            for w in &mut disp.died {
+                *w = w.saturating_sub(1);
+            }
+            disp.hold = disp.hold.saturating_sub(1);
+            if disp.own_lease == 1 {
+                // Its Lease ran out unrenewed: it fences itself and hands out nothing.
+                disp.own_lease = 0;
+                let was = disp.settled.take().is_some();
+                self.apply_slice(disp, d, was);
+            } else {
+                disp.own_lease = disp.own_lease.saturating_sub(1);
+            }
+        }
+        for d in 0..state.dispatchers.len() {
+            if state.dispatchers[d].up && state.dispatchers[d].api {
+                self.observe(state, d);
+                self.renew(state, d, unanswered != Some(d));
+            }
+        }
+    }
+
+    fn observe(&self, state: &mut State, d: usize) {
+        let t = self.config.timing;
+        let live = state
+            .leases
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.seen > 0)
+            .fold(0u8, |m, (i, _)| m | bit(i));
+        let leases = state.leases.clone();
+        let disp = &mut state.dispatchers[d];
+        if disp.own_lease == 0 {
+            // Fenced: releases seen so far may predate what the others did meanwhile.
+            disp.fresh = 0;
+            disp.written = 0;
+        }
+        if live != disp.ring {
+            let gone = disp.ring & !live;
+            for x in 0..self.config.dispatchers {
+                if x != d && has(gone, x) {
+                    disp.died[x] = t.bound;
+                }
+            }
+            disp.ring = live;
+            disp.fresh = 0;
+            disp.written = 0;
+            let was = disp.settled.is_some();
+            self.apply_slice(disp, d, was);
+        }
+        for (p, lease) in leases.iter().enumerate() {
+            if p != d
+                && has(disp.ring, p)
+                && has(disp.written, p)
+                && lease.released == Some(disp.ring)
+            {
+                disp.fresh |= bit(p);
+            }
+        }
+        let others = disp.ring & !bit(d);
+        let open = disp.own_lease > 0
+            && has(disp.ring, d)
+            && disp.hold == 0
+            && disp.died.iter().all(|w| *w == 0)
+            && disp.settled != Some(disp.ring)
+            && disp.fresh & others == others;
+        if open {
+            let was = disp.settled.is_some();
+            disp.settled = Some(disp.ring);
+            self.apply_slice(disp, d, was);
+            self.relist(disp, d);
+            if state.seen & Seen::Crashed as u8 != 0 {
+                state.seen |= Seen::HandoverAfterCrash as u8;
+            }
+        }
+    }
+
+    fn renew(&self, state: &mut State, d: usize, answered: bool) {
+        let t = self.config.timing;
+        let released = self.release(&state.dispatchers[d], d);
+        state.leases[d] = Lease {
+            seen: t.lease + t.grace,
+            released,
+        };
+        if answered {
+            state.dispatchers[d].own_lease = t.lease;
+        }
+        for (o, disp) in state.dispatchers.iter_mut().enumerate() {
+            if o != d {
+                disp.written |= bit(d);
+            }
+        }
+    }
+
+    /// Whether a fair schedule with no more faults brings every changed key to a reconcile.
+    pub fn settles(&self, state: &State) -> bool {
+        let t = self.config.timing;
+        let rounds = 4 * (usize::from(t.lease + t.grace + t.bound + t.ttl + t.max_reconcile));
+        let mut s = state.clone();
+        s.left = Budget {
+            dispatcher_crashes: 0,
+            replica_crashes: 0,
+            api_cuts: 0,
+            lost_renewal_answers: 0,
+            lost_messages: 0,
+            changes: 0,
+            drift: 0,
+        };
+        for _ in 0..rounds {
+            if s.pending == 0 {
+                return true;
+            }
+            // The system's own steps (no faults) until none is left, bounded (a replica and
+            // a dispatcher could poll and answer each other forever), then Lease work and a tick.
+            for _ in 0..64 {
+                let mut actions = Vec::new();
+                self.actions(&s, &mut actions);
+                let next = actions
+                    .into_iter()
+                    .filter(|a| self.fair(&s, a))
+                    .find_map(|a| self.next_state(&s, a));
+                match next {
+                    Some(next) => s = next,
+                    None => break,
+                }
+            }
+            if let Some(next) = self.next_state(&s, Action::Tick) {
+                s = next;
+            }
+        }
+        s.pending == 0
+    }
+}
+
+/// Sends an ack. An older ack of the same key between the same pair, still on its way, would
+/// settle nothing the newer one does not (the dispatcher matches deliveries): it is dropped,
+/// which bounds the network to one ack per key and pair.
+fn send_ack(messages: &mut Vec<Message>, r: u8, d: u8, k: u8, delivery: u8) {
+    messages.retain(|m| {
+        !matches!(*m, Message::Ack { replica, dispatcher, key, .. } if (replica, dispatcher, key) == (r, d, k))
+    });
+    messages.push(Message::Ack {
+        replica: r,
+        dispatcher: d,
+        key: k,
+        delivery,
+    });
+}
+
+impl Protocol {
+    /// Whether the fair schedule of [`Protocol::settles`] takes `action` in `state`: every step
+    /// of the system and every recovery, no fault, and an answer hands out all that is ready.
+    fn fair(&self, state: &State, action: &Action) -> bool {
+        match *action {
+            Action::Restart(_)
+            | Action::HealApi(_)
+            | Action::RestartReplica(_)
+            | Action::Open(..)
+            | Action::Poll(..)
+            | Action::Arrive(..)
+            | Action::Receive(..)
+            | Action::Finish(..)
+            | Action::AckArrives(..)
+            | Action::Expire(..)
+            | Action::Void(..)
+            | Action::Fence(..)
+            | Action::Cancel(..) => true,
+            Action::Answer(_, d, keys) => {
+                let disp = &state.dispatchers[usize::from(d)];
+                let ready = disp
+                    .keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| matches!(k, Key::Ready { .. }))
+                    .fold(0u8, |m, (i, _)| m | bit(i));
+                disp.settled.is_none() || keys == ready
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let t = self.config.timing;
+        let all = self.all();
+        let dispatchers = (0..self.config.dispatchers)
+            .map(|d| {
+                let mut disp = self.fresh_dispatcher(true);
+                disp.own_lease = t.lease;
+                disp.ring = all;
+                disp.settled = Some(all);
+                disp.fresh = all & !bit(d);
+                // Every object has just been created: its key is ready at its owner.
+                for k in 0..self.config.keys {
+                    if self.owns(all, k, d) {
+                        disp.keys[k] = Key::Ready { leaving: false };
+                    }
+                }
+                disp
+            })
+            .collect();
+        vec![State {
+            dispatchers,
+            leases: vec![
+                Lease {
+                    seen: t.lease + t.grace,
+                    released: Some(all),
+                };
+                self.config.dispatchers
+            ],
+            replicas: vec![
+                Replica {
+                    up: true,
+                    sessions: vec![None; self.config.dispatchers],
+                    running: vec![None; self.config.keys],
+                };
+                self.config.replicas
+            ],
+            messages: Vec::new(),
+            pending: u8::try_from((1usize << self.config.keys) - 1).unwrap_or(u8::MAX),
+            left: self.config.budget,
+            seen: 0,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let n = |x: usize| u8::try_from(x).unwrap_or_default();
+        let urgent = Self::urgent(state);
+        if !urgent {
+            actions.push(Action::Tick);
+            if state.left.drift > 0 {
+                for r in 0..state.replicas.len() {
+                    if state.replicas[r].up {
+                        actions.push(Action::Lag(n(r)));
+                    }
+                }
+            }
+        }
+        for (d, disp) in state.dispatchers.iter().enumerate() {
+            let d8 = n(d);
+            if disp.up {
+                if disp.api {
+                    if state.left.lost_renewal_answers > 0 && !urgent {
+                        actions.push(Action::TickRenewalUnanswered(d8));
+                    }
+                    if state.left.api_cuts > 0 {
+                        actions.push(Action::CutApi(d8));
+                    }
+                } else {
+                    actions.push(Action::HealApi(d8));
+                }
+                if state.left.dispatcher_crashes > 0 {
+                    actions.push(Action::Crash(d8));
+                }
+                for (r, s) in disp.sessions.iter().enumerate() {
+                    if *s == Some(0) {
+                        actions.push(Action::Expire(d8, n(r)));
+                    }
+                    if disp.held[r].is_some() {
+                        let ready = disp
+                            .keys
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, k)| matches!(k, Key::Ready { .. }))
+                            .fold(0u8, |m, (i, _)| m | bit(i));
+                        let can_take = if disp.settled.is_some() { ready } else { 0 };
+                        // Every subset of the ready keys.
+                        let mut sub = can_take;
+                        loop {
+                            actions.push(Action::Answer(n(r), d8, sub));
+                            if sub == 0 {
+                                break;
+                            }
+                            sub = (sub - 1) & can_take;
+                        }
+                    }
+                }
+                for (k, key) in disp.keys.iter().enumerate() {
+                    if matches!(key, Key::InFlight { deadline: 0, .. }) {
+                        actions.push(Action::Void(d8, n(k)));
+                    }
+                }
+            } else {
+                actions.push(Action::Restart(d8));
+            }
+        }
+        for (r, rep) in state.replicas.iter().enumerate() {
+            let r8 = n(r);
+            if !rep.up {
+                actions.push(Action::RestartReplica(r8));
+                continue;
+            }
+            if state.left.replica_crashes > 0 {
+                actions.push(Action::CrashReplica(r8));
+            }
+            for (d, s) in rep.sessions.iter().enumerate() {
+                match s {
+                    None => {
+                        let clear = rep
+                            .running
+                            .iter()
+                            .flatten()
+                            .all(|run| usize::from(run.dispatcher) != d);
+                        if clear && state.dispatchers[d].up {
+                            actions.push(Action::Open(r8, n(d)));
+                        }
+                    }
+                    Some(s) if s.fence == 0 => actions.push(Action::Fence(r8, n(d))),
+                    Some(s) if !s.polling => actions.push(Action::Poll(r8, n(d))),
+                    Some(_) => {}
+                }
+            }
+            for (k, run) in rep.running.iter().enumerate() {
+                if let Some(run) = run {
+                    actions.push(if run.deadline == 0 {
+                        Action::Cancel(r8, n(k))
+                    } else {
+                        Action::Finish(r8, n(k))
+                    });
+                }
+            }
+        }
+        for (i, m) in state.messages.iter().enumerate() {
+            match *m {
+                Message::Poll {
+                    replica,
+                    dispatcher,
+                    ..
+                } => actions.push(Action::Arrive(replica, dispatcher)),
+                Message::Answer {
+                    replica,
+                    dispatcher,
+                    ..
+                } => actions.push(Action::Receive(replica, dispatcher)),
+                Message::Ack {
+                    replica,
+                    dispatcher,
+                    key,
+                    ..
+                } => actions.push(Action::AckArrives(replica, dispatcher, key)),
+            }
+            if state.left.lost_messages > 0 {
+                actions.push(Action::Lose(n(i)));
+            }
+        }
+        if state.left.changes > 0 {
+            for k in 0..self.config.keys {
+                actions.push(Action::Change(n(k)));
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_lines)]
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let t = self.config.timing;
+        let mut s = last.clone();
+        match action {
+            Action::Tick => {
+                if Self::urgent(&s) {
+                    return None;
+                }
+                self.tick(&mut s, None, None);
+            }
+            Action::Lag(r) => {
+                if Self::urgent(&s) {
+                    return None;
+                }
+                s.left.drift = s.left.drift.checked_sub(1)?;
+                self.tick(&mut s, Some(usize::from(r)), None);
+            }
+            Action::TickRenewalUnanswered(d) => {
+                if Self::urgent(&s) {
+                    return None;
+                }
+                s.left.lost_renewal_answers = s.left.lost_renewal_answers.checked_sub(1)?;
+                self.tick(&mut s, None, Some(usize::from(d)));
+            }
+            Action::CutApi(d) => {
+                s.left.api_cuts = s.left.api_cuts.checked_sub(1)?;
+                s.dispatchers[usize::from(d)].api = false;
+            }
+            Action::HealApi(d) => {
+                let disp = &mut s.dispatchers[usize::from(d)];
+                disp.api = true;
+                // Its watch re-lists when it is back.
+                self.relist(disp, usize::from(d));
+            }
+            Action::Crash(d) => {
+                s.left.dispatcher_crashes = s.left.dispatcher_crashes.checked_sub(1)?;
+                s.dispatchers[usize::from(d)] = self.fresh_dispatcher(false);
+                s.seen |= Seen::Crashed as u8;
+            }
+            Action::Restart(d) => {
+                let mut disp = self.fresh_dispatcher(true);
+                // Its Lease is still there, unreleased: its previous process may have left
+                // reconciles running.
+                disp.hold = t.bound;
+                s.dispatchers[usize::from(d)] = disp;
+            }
+            Action::CrashReplica(r) => {
+                s.left.replica_crashes = s.left.replica_crashes.checked_sub(1)?;
+                let rep = &mut s.replicas[usize::from(r)];
+                rep.up = false;
+                rep.sessions.iter_mut().for_each(|x| *x = None);
+                rep.running.iter_mut().for_each(|x| *x = None);
+                s.messages
+                    .retain(|m| !matches!(m, Message::Answer { replica, .. } if *replica == r));
+            }
+            Action::RestartReplica(r) => {
+                s.replicas[usize::from(r)].up = true;
+            }
+            Action::Open(r, d) => {
+                let (ri, di) = (usize::from(r), usize::from(d));
+                // Session ids: nothing of an earlier session between them counts any more.
+                s.messages.retain(|m| m.between() != (r, d));
+                let disp = &mut s.dispatchers[di];
+                if !disp.up {
+                    return None;
+                }
+                // A replica reopening replaces its old session: its keys go back.
+                for key in &mut disp.keys {
+                    if matches!(key, Key::InFlight { replica, .. } if *replica == r) {
+                        Self::requeue(key);
+                    }
+                }
+                disp.sessions[ri] = Some(t.ttl);
+                disp.held[ri] = None;
+                s.replicas[ri].sessions[di] = Some(ReplicaSession {
+                    fence: t.fence,
+                    polling: false,
+                });
+            }
+            Action::Poll(r, d) => {
+                let session = s.replicas[usize::from(r)].sessions[usize::from(d)].as_mut()?;
+                session.polling = true;
+                s.messages.push(Message::Poll {
+                    replica: r,
+                    dispatcher: d,
+                    countdown: t.fence,
+                });
+            }
+            Action::Arrive(r, d) => {
+                let i = s.messages.iter().position(
+                    |m| matches!(*m, Message::Poll { replica, dispatcher, .. } if (replica, dispatcher) == (r, d)),
+                )?;
+                let Message::Poll { countdown, .. } = s.messages.remove(i) else {
+                    return None;
+                };
+                let disp = &mut s.dispatchers[usize::from(d)];
+                if disp.up && disp.sessions[usize::from(r)].is_some() {
+                    disp.sessions[usize::from(r)] = Some(t.ttl);
+                    disp.held[usize::from(r)] = Some(countdown);
+                }
+            }
+            Action::Answer(r, d, take) => {
+                let disp = &mut s.dispatchers[usize::from(d)];
+                let countdown = disp.held[usize::from(r)].take()?;
+                // A session gone meanwhile takes nothing.
+                disp.sessions[usize::from(r)]?;
+                disp.sessions[usize::from(r)] = Some(t.ttl);
+                let mut deliveries = 0u8;
+                for k in 0..disp.keys.len() {
+                    if !has(take, k) {
+                        continue;
+                    }
+                    let Key::Ready { leaving } = disp.keys[k] else {
+                        return None;
+                    };
+                    // Nothing is handed out while the dispatcher serves nothing.
+                    disp.settled?;
+                    let delivery = disp.next_delivery[k];
+                    disp.next_delivery[k] = (delivery + 1) % DELIVERIES;
+                    disp.keys[k] = Key::InFlight {
+                        replica: r,
+                        deadline: t.max_reconcile,
+                        delivery,
+                        dirty: false,
+                        leaving,
+                    };
+                    deliveries |= delivery << (2 * k);
+                }
+                s.messages.push(Message::Answer {
+                    replica: r,
+                    dispatcher: d,
+                    keys: take,
+                    deliveries,
+                    countdown,
+                });
+            }
+            Action::Receive(r, d) => {
+                let i = s.messages.iter().position(
+                    |m| matches!(*m, Message::Answer { replica, dispatcher, .. } if (replica, dispatcher) == (r, d)),
+                )?;
+                let Message::Answer {
+                    keys,
+                    deliveries,
+                    countdown,
+                    ..
+                } = s.messages.remove(i)
+                else {
+                    return None;
+                };
+                let rep = &mut s.replicas[usize::from(r)];
+                let Some(session) = rep.sessions[usize::from(d)].as_mut() else {
+                    s.messages.sort_unstable();
+                    return Some(s);
+                };
+                if !session.polling {
+                    s.messages.sort_unstable();
+                    return Some(s);
+                }
+                session.polling = false;
+                let (fence, limit) = match self.config.variant {
+                    Variant::SendTime => (
+                        session.fence.max(countdown),
+                        countdown + (t.limit - t.fence),
+                    ),
+                    Variant::ArrivalTime => (t.fence, t.limit),
+                };
+                session.fence = fence;
+                for k in 0..rep.running.len() {
+                    if !has(keys, k) {
+                        continue;
+                    }
+                    let delivery = (deliveries >> (2 * k)) & 3;
+                    if rep.running[k].is_some() {
+                        // Already reconciling it (from another dispatcher): refused at once.
+                        send_ack(
+                            &mut s.messages,
+                            r,
+                            d,
+                            u8::try_from(k).unwrap_or_default(),
+                            delivery,
+                        );
+                        continue;
+                    }
+                    rep.running[k] = Some(Run {
+                        dispatcher: d,
+                        delivery,
+                        deadline: limit,
+                    });
+                    s.pending &= !bit(k);
+                    s.seen |= Seen::Reconciled as u8;
+                }
+            }
+            Action::Finish(r, k) => {
+                let run = s.replicas[usize::from(r)].running[usize::from(k)].take()?;
+                send_ack(&mut s.messages, r, run.dispatcher, k, run.delivery);
+            }
+            Action::AckArrives(r, d, k) => {
+                let i = s.messages.iter().position(|m| {
+                    matches!(*m, Message::Ack { replica, dispatcher, key, .. } if (replica, dispatcher, key) == (r, d, k))
+                })?;
+                let Message::Ack { delivery, .. } = s.messages.remove(i) else {
+                    return None;
+                };
+                let disp = &mut s.dispatchers[usize::from(d)];
+                if disp.up && disp.sessions[usize::from(r)].is_some() {
+                    disp.sessions[usize::from(r)] = Some(t.ttl);
+                    let key = &mut disp.keys[usize::from(k)];
+                    if let Key::InFlight {
+                        replica,
+                        delivery: current,
+                        dirty,
+                        leaving,
+                        ..
+                    } = *key
+                        && replica == r
+                        && current == delivery
+                    {
+                        *key = match (leaving, dirty) {
+                            (true, _) => Key::Absent,
+                            (false, true) => Key::Ready { leaving: false },
+                            (false, false) => Key::Idle,
+                        };
+                    }
+                }
+            }
+            Action::Lose(i) => {
+                s.left.lost_messages = s.left.lost_messages.checked_sub(1)?;
+                let i = usize::from(i);
+                if i >= s.messages.len() {
+                    return None;
+                }
+                // A lost poll or answer leaves its replica waiting until its fence.
+                s.messages.remove(i);
+            }
+            Action::Expire(d, r) => {
+                let disp = &mut s.dispatchers[usize::from(d)];
+                if disp.sessions[usize::from(r)] != Some(0) {
+                    return None;
+                }
+                disp.sessions[usize::from(r)] = None;
+                disp.held[usize::from(r)] = None;
+                for key in &mut disp.keys {
+                    if matches!(key, Key::InFlight { replica, .. } if *replica == r) {
+                        Self::requeue(key);
+                    }
+                }
+            }
+            Action::Void(d, k) => {
+                let key = &mut s.dispatchers[usize::from(d)].keys[usize::from(k)];
+                if !matches!(key, Key::InFlight { deadline: 0, .. }) {
+                    return None;
+                }
+                Self::requeue(key);
+            }
+            Action::Change(k) => {
+                s.left.changes = s.left.changes.checked_sub(1)?;
+                s.pending |= bit(k);
+                for (d, disp) in s.dispatchers.iter_mut().enumerate() {
+                    if disp.up && disp.api && self.serves(disp, d, usize::from(k)) {
+                        Self::queue(&mut disp.keys[usize::from(k)]);
+                    }
+                }
+            }
+            Action::Fence(r, d) => {
+                let rep = &mut s.replicas[usize::from(r)];
+                if rep.sessions[usize::from(d)]?.fence != 0 {
+                    return None;
+                }
+                rep.sessions[usize::from(d)] = None;
+                for run in &mut rep.running {
+                    if run.is_some_and(|x| x.dispatcher == d) {
+                        *run = None;
+                    }
+                }
+                s.messages.retain(|m| {
+                    !matches!(*m, Message::Answer { replica, dispatcher, .. } if (replica, dispatcher) == (r, d))
+                });
+                s.seen |= Seen::Fenced as u8;
+            }
+            Action::Cancel(r, k) => {
+                let run = &mut s.replicas[usize::from(r)].running[usize::from(k)];
+                if run.is_none_or(|x| x.deadline != 0) {
+                    return None;
+                }
+                *run = None;
+            }
+        }
+        s.messages.sort_unstable();
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("exclusive", |m: &Self, s: &State| {
+                (0..m.config.keys).all(|k| {
+                    s.replicas
+                        .iter()
+                        .filter(|r| r.up && r.running[k].is_some())
+                        .count()
+                        <= 1
+                })
+            }),
+            Property::always("settles", |m: &Self, s: &State| {
+                !m.config.liveness || s.pending == 0 || m.settles(s)
+            }),
+            Property::sometimes("a key is reconciled", |_, s: &State| {
+                s.seen & Seen::Reconciled as u8 != 0
+            }),
+            Property::sometimes("a handover completes after a crash", |_, s: &State| {
+                s.seen & Seen::HandoverAfterCrash as u8 != 0
+            }),
+            Property::sometimes("a replica fences a session", |_, s: &State| {
+                s.seen & Seen::Fenced as u8 != 0
+            }),
+        ]
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.budget;
+        write!(
+            f,
+            "{} dispatchers, {} replicas, {} keys, {:?} replica; timing {:?}; faults: {} dispatcher crashes, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift",
+            self.dispatchers,
+            self.replicas,
+            self.keys,
+            self.variant,
+            self.timing,
+            b.dispatcher_crashes,
+            b.replica_crashes,
+            b.api_cuts,
+            b.lost_renewal_answers,
+            b.lost_messages,
+            b.changes,
+            b.drift
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stateright::{Checker, HasDiscoveries};
+
+    use super::*;
+
+    fn config(dispatchers: usize, variant: Variant, budget: Budget) -> Config {
+        Config {
+            dispatchers,
+            replicas: 2,
+            keys: 1,
+            timing: Timing::COARSE,
+            budget,
+            variant,
+            liveness: true,
+        }
+    }
+
+    const NO_FAULTS: Budget = Budget {
+        dispatcher_crashes: 0,
+        replica_crashes: 0,
+        api_cuts: 0,
+        lost_renewal_answers: 0,
+        lost_messages: 0,
+        changes: 0,
+        drift: 0,
+    };
+
+    fn replay(model: &Protocol, path: &[Action]) -> State {
+        let mut s = model.init_states().remove(0);
+        for (i, a) in path.iter().enumerate() {
+            let mut enabled = Vec::new();
+            model.actions(&s, &mut enabled);
+            assert!(enabled.contains(a), "step {i}: {a:?} is not enabled");
+            s = model
+                .next_state(&s, *a)
+                .unwrap_or_else(|| panic!("step {i}: {a:?} changed nothing"));
+        }
+        s
+    }
+
+    fn running(s: &State) -> usize {
+        s.replicas.iter().filter(|r| r.running[0].is_some()).count()
+    }
+
+    /// Replica 0's answer takes two ticks to arrive; its next poll never does. Counting its
+    /// fence from the answer's arrival, replica 0 still runs when the dispatcher, a ttl after
+    /// answering, expires its session and hands the key to replica 1. Counting from the send,
+    /// replica 0 must cancel first: the same steps are not possible.
+    #[test]
+    fn a_fence_counted_from_the_answers_arrival_overlaps_one_counted_from_the_send_does_not() {
+        use Action::*;
+        let path = [
+            Open(0, 0),
+            Open(1, 0),
+            Poll(0, 0),
+            Arrive(0, 0),
+            Answer(0, 0, 1),
+            Tick,
+            Tick,
+            Receive(0, 0),
+            Poll(0, 0),
+            Poll(1, 0),
+            Tick,
+            Arrive(1, 0),
+            Answer(1, 0, 0),
+            Receive(1, 0),
+            Poll(1, 0),
+            Arrive(1, 0),
+            Tick,
+            Expire(0, 0),
+            Answer(1, 0, 1),
+            Receive(1, 0),
+        ];
+        let old = Protocol::new(config(1, Variant::ArrivalTime, NO_FAULTS));
+        assert_eq!(
+            running(&replay(&old, &path)),
+            2,
+            "both replicas run the key"
+        );
+        let new = Protocol::new(config(1, Variant::SendTime, NO_FAULTS));
+        let mut s = new.init_states().remove(0);
+        for a in path {
+            let mut enabled = Vec::new();
+            new.actions(&s, &mut enabled);
+            if !enabled.contains(&a) {
+                // Replica 0's fence ran out first: it must cancel before time passes.
+                assert_eq!(a, Tick);
+                assert!(enabled.contains(&Fence(0, 0)));
+                return;
+            }
+            s = new.next_state(&s, a).unwrap_or_else(|| panic!("{a:?}"));
+            assert!(running(&s) <= 1);
+        }
+        panic!("the fence counted from the send never ran out first");
+    }
+
+    /// The checker finds that overlap by itself in the old variant.
+    #[test]
+    fn the_checker_finds_the_overlap_of_the_old_fencing() {
+        let checker = Protocol::new(config(1, Variant::ArrivalTime, NO_FAULTS))
+            .checker()
+            .threads(2)
+            .finish_when(HasDiscoveries::AnyFailures)
+            .spawn_bfs()
+            .join();
+        let path = checker.discovery("exclusive").expect("an overlap is found");
+        assert!(running(path.last_state()) == 2);
+    }
+
+    /// Explores `config` breadth first for `states` states (revisits included); panics with the
+    /// path to any violation; returns the unique states and the depth reached.
+    fn check_bounded(config: Config, states: usize) -> (usize, usize) {
+        let checker = Protocol::new(config)
+            .checker()
+            .threads(2)
+            .target_state_count(states)
+            .spawn_bfs()
+            .join();
+        for property in ["exclusive", "settles"] {
+            if let Some(path) = checker.discovery(property) {
+                panic!(
+                    "{property} violated ({config}):\n{:#?}\nlast state: {:#?}",
+                    path.clone().into_actions(),
+                    path.last_state()
+                );
+            }
+        }
+        (checker.unique_state_count(), checker.max_depth())
+    }
+
+    /// The sessions, polls, acks and fencing of one dispatcher and two replicas, with a replica
+    /// crash, a dispatcher crash, a lost message and a change: bounded breadth-first.
+    #[test]
+    fn one_dispatcher_two_replicas_never_overlap_and_settle() {
+        let budget = Budget {
+            dispatcher_crashes: 1,
+            replica_crashes: 1,
+            lost_messages: 1,
+            changes: 1,
+            ..NO_FAULTS
+        };
+        let (states, depth) = check_bounded(config(1, Variant::SendTime, budget), 4_000_000);
+        println!("one dispatcher: {states} unique states, depth {depth}");
+        assert!(states >= 500_000, "only {states} states explored");
+    }
+
+    /// Two dispatchers with their Leases and the handover gate, a dispatcher crash, a cut from
+    /// the API server and a lost renewal answer: bounded breadth-first.
+    #[test]
+    fn two_dispatchers_never_overlap_and_settle() {
+        let budget = Budget {
+            dispatcher_crashes: 1,
+            api_cuts: 1,
+            lost_renewal_answers: 1,
+            ..NO_FAULTS
+        };
+        let (states, depth) = check_bounded(config(2, Variant::SendTime, budget), 3_000_000);
+        println!("two dispatchers: {states} unique states, depth {depth}");
+        assert!(states >= 500_000, "only {states} states explored");
+    }
+}

@@ -1,0 +1,174 @@
+//! `make model`: the deep check of the protocol model (`src/lib.rs`). Prints the configuration,
+//! the states explored and every property's verdict; exits non-zero on a violation, with the
+//! path that leads to it.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use kube_dispatch_model::{Budget, Config, Protocol, Timing, Variant};
+use stateright::{Checker, Model};
+
+/// Checks kube-dispatch's delivery protocol exhaustively within the given bounds.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Dispatchers (1 to 3).
+    #[arg(long, default_value_t = 3)]
+    dispatchers: usize,
+    /// Replicas of the controller group (1 or 2).
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// Keys (1 or 2).
+    #[arg(long, default_value_t = 2)]
+    keys: usize,
+    /// Ticks per session ttl: 4 (coarse) or 8 (fine, leaves room for drift).
+    #[arg(long, default_value_t = 8)]
+    resolution: u8,
+    /// Dispatcher crashes a run may have.
+    #[arg(long, default_value_t = 1)]
+    dispatcher_crashes: u8,
+    /// Replica crashes a run may have.
+    #[arg(long, default_value_t = 1)]
+    replica_crashes: u8,
+    /// Cuts between a dispatcher and the API server.
+    #[arg(long, default_value_t = 1)]
+    api_cuts: u8,
+    /// Lease renewals whose answer is lost.
+    #[arg(long, default_value_t = 1)]
+    lost_renewal_answers: u8,
+    /// Lost messages between replicas and dispatchers.
+    #[arg(long, default_value_t = 1)]
+    lost_messages: u8,
+    /// Object changes.
+    #[arg(long, default_value_t = 2)]
+    changes: u8,
+    /// Ticks a replica's clock may fall behind.
+    #[arg(long, default_value_t = 1)]
+    drift: u8,
+    /// Skip the liveness property (a fair run from every state with a change pending), which
+    /// costs most of the time.
+    #[arg(long)]
+    no_liveness: bool,
+    /// Check the SDK's old fencing (deadlines from the answer's arrival) instead.
+    #[arg(long)]
+    arrival_time: bool,
+    /// Stop after this many states (0: explore everything within the bounds).
+    #[arg(long, default_value_t = 0)]
+    max_states: usize,
+    /// Stop after this long, in seconds (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    timeout: u64,
+    /// Explore depth first (finds deep paths sooner; the default is breadth first, which
+    /// finds the shortest path to a violation).
+    #[arg(long)]
+    dfs: bool,
+    /// Explore no deeper than this many steps (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_depth: usize,
+    /// Checker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let timing = match args.resolution {
+        4 => Timing::COARSE,
+        8 => Timing::FINE,
+        other => anyhow::bail!("--resolution must be 4 or 8, not {other}"),
+    };
+    anyhow::ensure!(
+        (1..=3).contains(&args.dispatchers),
+        "--dispatchers must be 1, 2 or 3"
+    );
+    anyhow::ensure!(
+        (1..=2).contains(&args.replicas),
+        "--replicas must be 1 or 2"
+    );
+    anyhow::ensure!((1..=2).contains(&args.keys), "--keys must be 1 or 2");
+    let config = Config {
+        dispatchers: args.dispatchers,
+        replicas: args.replicas,
+        keys: args.keys,
+        timing,
+        budget: Budget {
+            dispatcher_crashes: args.dispatcher_crashes,
+            replica_crashes: args.replica_crashes,
+            api_cuts: args.api_cuts,
+            lost_renewal_answers: args.lost_renewal_answers,
+            lost_messages: args.lost_messages,
+            changes: args.changes,
+            drift: args.drift,
+        },
+        liveness: !args.no_liveness,
+        variant: if args.arrival_time {
+            Variant::ArrivalTime
+        } else {
+            Variant::SendTime
+        },
+    };
+    println!("model: {config}");
+    let started = Instant::now();
+    let mut builder = Protocol::new(config).checker().threads(args.threads);
+    if args.max_states > 0 {
+        builder = builder.target_state_count(args.max_states);
+    }
+    if args.timeout > 0 {
+        builder = builder.timeout(Duration::from_secs(args.timeout));
+    }
+    if args.max_depth > 0 {
+        builder = builder.target_max_depth(args.max_depth);
+    }
+    let limits = (args.max_states, args.timeout, started);
+    let violated = if args.dfs {
+        report(builder.spawn_dfs().join(), limits)
+    } else {
+        report(builder.spawn_bfs().join(), limits)
+    };
+    anyhow::ensure!(!violated, "the model check failed");
+    Ok(())
+}
+
+/// Prints what `checker` explored and each property's verdict; returns whether any failed.
+fn report(
+    checker: impl Checker<Protocol>,
+    (max_states, timeout, started): (usize, u64, Instant),
+) -> bool {
+    let complete = checker.is_done()
+        && (max_states == 0 || checker.state_count() < max_states)
+        && (timeout == 0 || started.elapsed() < Duration::from_secs(timeout));
+    println!(
+        "model: {} states ({} unique), depth {}, {:.1?}, {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed(),
+        if complete {
+            "the whole bounded space"
+        } else {
+            "stopped at the state or time limit"
+        }
+    );
+    let mut violated = false;
+    for property in checker.model().properties() {
+        let always = !matches!(property.expectation, stateright::Expectation::Sometimes);
+        let found = checker.discovery(property.name);
+        let verdict = match (always, &found) {
+            (false, Some(_)) => "reached",
+            (false, None) => "NEVER REACHED",
+            (true, None) => "holds",
+            (true, Some(_)) => "VIOLATED",
+        };
+        violated |= always == found.is_some();
+        println!("model: {:<40} {verdict}", property.name);
+        if let (true, Some(path)) = (always, found) {
+            println!("model: path to the violation of {}:", property.name);
+            let last = path.last_state().clone();
+            for action in path.into_actions() {
+                println!("    {action:?}");
+            }
+            println!("    last state: {last:#?}");
+        }
+    }
+    violated
+}
