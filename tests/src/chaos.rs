@@ -197,6 +197,9 @@ impl fmt::Display for Report {
             self.reconciles as f64 / self.writes.max(1) as f64
         )?;
         writeln!(f, "  {:<44} {}", "lost", self.lost.len())?;
+        for l in self.lost.iter().chain(&self.lost_in_crash_window) {
+            writeln!(f, "    {l}")?;
+        }
         writeln!(
             f,
             "  {:<44} {}",
