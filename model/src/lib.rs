@@ -334,7 +334,7 @@ pub struct State {
     pub pending: u8,
     /// Faults left.
     pub left: Budget,
-    /// What has happened, for the reachability properties: a bit per [`Seen`].
+    /// What has happened, for the reachability properties: a bit per event kind.
     pub seen: u8,
 }
 
