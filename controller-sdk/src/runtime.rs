@@ -369,7 +369,7 @@ where
     let result = match result {
         // Graceful: let running reconciles finish within their deadlines while renewing the
         // session, so the dispatcher hands their keys to no one else meanwhile.
-        Ok(()) => drain(&mut client, &session_id, &mut fence, &mut tasks).await,
+        Ok(()) => drain(&client, &session_id, &mut fence, &mut tasks).await,
         Err(status) => Err(status),
     };
     match result {
@@ -405,37 +405,38 @@ fn not_renewed() -> tonic::Status {
 /// Returns an error, for the caller to cancel what still runs, when a renewal fails or the
 /// fence passes first.
 async fn drain(
-    client: &mut DispatcherClient<tonic::transport::Channel>,
+    client: &DispatcherClient<tonic::transport::Channel>,
     session_id: &str,
     fence: &mut Fence,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), tonic::Status> {
-    let mut next_renewal = Instant::now();
-    loop {
-        let lost_at = fence.lost_at();
-        let renew = async {
-            tokio::time::sleep_until(next_renewal).await;
-            let sent = Instant::now();
-            let answer = tokio::time::timeout_at(
-                lost_at,
-                client.ack(AckRequest {
-                    session_id: session_id.to_owned(),
-                    acks: Vec::new(),
-                }),
-            )
-            .await;
-            (sent, answer)
+    // One renewal at a time, kept across the reconciles that end meanwhile (restarting it on
+    // each would never let one finish while reconciles end faster than a round trip).
+    let renew_at = |at: Instant, lost_at: Instant| {
+        let mut client = client.clone();
+        let request = AckRequest {
+            session_id: session_id.to_owned(),
+            acks: Vec::new(),
         };
+        Box::pin(async move {
+            tokio::time::sleep_until(at).await;
+            let sent = Instant::now();
+            let answer = tokio::time::timeout_at(lost_at, client.ack(request)).await;
+            (sent, answer)
+        })
+    };
+    let mut renewal = renew_at(Instant::now(), fence.lost_at());
+    loop {
         tokio::select! {
             joined = tasks.join_next() => {
                 if joined.is_none() {
                     return Ok(());
                 }
             }
-            (sent, answer) = renew => match answer {
+            (sent, answer) = &mut renewal => match answer {
                 Ok(Ok(_)) => {
                     fence.renewed(sent, Duration::ZERO);
-                    next_renewal = Instant::now() + fence.poll_wait();
+                    renewal = renew_at(Instant::now() + fence.poll_wait(), fence.lost_at());
                 }
                 Ok(Err(status)) => return Err(status),
                 Err(_) => return Err(not_renewed()),
