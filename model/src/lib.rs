@@ -131,6 +131,19 @@ pub struct Budget {
     pub drift: u8,
 }
 
+impl Budget {
+    /// No fault at all.
+    pub const NONE: Self = Self {
+        dispatcher_crashes: 0,
+        replica_crashes: 0,
+        api_cuts: 0,
+        lost_renewal_answers: 0,
+        lost_messages: 0,
+        changes: 0,
+        drift: 0,
+    };
+}
+
 /// Which replica behaviour the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
@@ -186,6 +199,29 @@ pub enum Key {
         /// Moved away: forgotten once settled.
         leaving: bool,
     },
+}
+
+impl Key {
+    /// The same key, marked as moved away or not (idle and absent keys have no mark).
+    fn leaving(self, leaving: bool) -> Self {
+        match self {
+            Self::Ready { .. } => Self::Ready { leaving },
+            Self::InFlight {
+                replica,
+                deadline,
+                delivery,
+                dirty,
+                ..
+            } => Self::InFlight {
+                replica,
+                deadline,
+                delivery,
+                dirty,
+                leaving,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A dispatcher process.
@@ -512,40 +548,12 @@ impl Protocol {
             let owned = self.owns(disp.ring, k, d);
             let key = &mut disp.keys[k];
             if served {
-                *key = match *key {
-                    Key::Ready { .. } => Key::Ready { leaving: false },
-                    Key::InFlight {
-                        replica,
-                        deadline,
-                        delivery,
-                        dirty,
-                        ..
-                    } => Key::InFlight {
-                        replica,
-                        deadline,
-                        delivery,
-                        dirty,
-                        leaving: false,
-                    },
-                    other => other,
-                };
+                *key = key.leaving(false);
             } else if disp.settled.is_some() || (member && !owned) {
                 let drain = disp.settled.is_some() && was_serving;
                 *key = match *key {
-                    Key::InFlight {
-                        replica,
-                        deadline,
-                        delivery,
-                        dirty,
-                        ..
-                    } => Key::InFlight {
-                        replica,
-                        deadline,
-                        delivery,
-                        dirty,
-                        leaving: true,
-                    },
-                    Key::Ready { .. } if drain => Key::Ready { leaving: true },
+                    Key::InFlight { .. } => key.leaving(true),
+                    Key::Ready { .. } if drain => key.leaving(true),
                     _ => Key::Absent,
                 };
             }
@@ -744,15 +752,7 @@ impl Protocol {
         let t = self.config.timing;
         let rounds = 4 * (usize::from(t.lease + t.grace + t.bound + t.ttl + t.max_reconcile));
         let mut s = state.clone();
-        s.left = Budget {
-            dispatcher_crashes: 0,
-            replica_crashes: 0,
-            api_cuts: 0,
-            lost_renewal_answers: 0,
-            lost_messages: 0,
-            changes: 0,
-            drift: 0,
-        };
+        s.left = Budget::NONE;
         for _ in 0..rounds {
             if s.pending == 0 {
                 return true;
@@ -1360,15 +1360,7 @@ mod tests {
         }
     }
 
-    const NO_FAULTS: Budget = Budget {
-        dispatcher_crashes: 0,
-        replica_crashes: 0,
-        api_cuts: 0,
-        lost_renewal_answers: 0,
-        lost_messages: 0,
-        changes: 0,
-        drift: 0,
-    };
+    const NO_FAULTS: Budget = Budget::NONE;
 
     fn replay(model: &Protocol, path: &[Action]) -> State {
         let mut s = model.init_states().remove(0);

@@ -73,6 +73,61 @@ fn replica(
     (stop, health)
 }
 
+/// A namespace with one ConfigMap, `cm-0`, and a dispatcher that lets a reconcile run for a
+/// minute.
+struct Setup {
+    ns: TestNamespace,
+    client: kube::Client,
+    dispatcher: TestDispatcher,
+    journal: Journal,
+    api: Api<ConfigMap>,
+    /// The ConfigMap's key in the journal.
+    key: String,
+}
+
+async fn setup(name: &str) -> Result<Setup, Box<dyn std::error::Error + Send + Sync>> {
+    let ns = TestNamespace::create(name).await?;
+    let client = Cluster::shared().client().await?;
+    let mut config = test_config("d0", &["d0"]);
+    config.settings.queue.max_reconcile_time = Duration::from_secs(60);
+    let dispatcher = TestDispatcher::start(config).await?;
+    let journal = Journal::default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    write_round(&api, 1, 0, &journal).await?;
+    let key = format!("{}/cm-0", ns.name());
+    Ok(Setup {
+        ns,
+        client,
+        dispatcher,
+        journal,
+        api,
+        key,
+    })
+}
+
+/// Starts replica B, whose reconciles take 20 ms, on `dispatcher`, and waits until its session
+/// is open.
+async fn replica_b(
+    client: &kube::Client,
+    ns: &TestNamespace,
+    dispatcher: String,
+    journal: &Journal,
+) -> CancellationToken {
+    let (stop, health) = replica(
+        client.clone(),
+        ns.name(),
+        dispatcher,
+        "replica-b",
+        journal,
+        Some(Duration::from_millis(20)),
+    );
+    assert!(
+        until(Duration::from_secs(30), || health.ready()).await,
+        "replica B opened no session"
+    );
+    stop
+}
+
 /// Whether `replica` has begun a reconcile of `key`.
 fn reconciled_by(journal: &Journal, key: &str, replica: &'static str) -> impl FnMut() -> bool {
     let (journal, key) = (journal.clone(), key.to_owned());
@@ -105,16 +160,15 @@ async fn until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
 /// that followed it, ran late by that transit and wait: A was still reconciling when B began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
-    let ns = TestNamespace::create("fencing-slow").await?;
-    let client = Cluster::shared().client().await?;
-    let mut config = test_config("d0", &["d0"]);
-    config.settings.queue.max_reconcile_time = Duration::from_secs(60);
-    let dispatcher = TestDispatcher::start(config).await?;
+    let Setup {
+        ns,
+        client,
+        dispatcher,
+        journal,
+        key,
+        ..
+    } = setup("fencing-slow").await?;
     let proxy = FaultProxy::start(dispatcher.addr).await?;
-    let journal = Journal::default();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
-    write_round(&api, 1, 0, &journal).await?;
-    let key = format!("{}/cm-0", ns.name());
 
     let by = |replica: &'static str| reconciled_by(&journal, &key, replica);
     let (stop_a, _) = replica(
@@ -129,18 +183,13 @@ async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
         until(Duration::from_secs(30), by("replica-a")).await,
         "replica A never got the key"
     );
-    let (stop_b, health_b) = replica(
-        client.clone(),
-        ns.name(),
+    let stop_b = replica_b(
+        &client,
+        &ns,
         format!("http://{}", dispatcher.addr),
-        "replica-b",
         &journal,
-        Some(Duration::from_millis(20)),
-    );
-    assert!(
-        until(Duration::from_secs(30), || health_b.ready()).await,
-        "replica B opened no session"
-    );
+    )
+    .await;
 
     // Slow, for long enough that every renewal A counts on went over the slow path (its fence
     // is 3 s); then nothing gets through.
@@ -183,16 +232,15 @@ async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
 /// session expire under its running reconcile, and B began while A was still at work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> TestResult {
-    let ns = TestNamespace::create("fencing-drain").await?;
-    let client = Cluster::shared().client().await?;
-    let mut config = test_config("d0", &["d0"]);
-    config.settings.queue.max_reconcile_time = Duration::from_secs(60);
-    let dispatcher = TestDispatcher::start(config).await?;
+    let Setup {
+        ns,
+        client,
+        dispatcher,
+        journal,
+        api,
+        key,
+    } = setup("fencing-drain").await?;
     let address = format!("http://{}", dispatcher.addr);
-    let journal = Journal::default();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
-    write_round(&api, 1, 0, &journal).await?;
-    let key = format!("{}/cm-0", ns.name());
 
     let work = TTL * 2;
     let (stop_a, _) = replica(
@@ -211,18 +259,7 @@ async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> Test
         .await,
         "replica A never got the key"
     );
-    let (stop_b, health_b) = replica(
-        client.clone(),
-        ns.name(),
-        address,
-        "replica-b",
-        &journal,
-        Some(Duration::from_millis(20)),
-    );
-    assert!(
-        until(Duration::from_secs(30), || health_b.ready()).await,
-        "replica B opened no session"
-    );
+    let stop_b = replica_b(&client, &ns, address, &journal).await;
     // The key is in flight on A, so it stays with A; A is asked to stop.
     stop_a.cancel();
     // Touch the object, so that B has a change to reconcile once the key is free.
