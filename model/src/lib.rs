@@ -1481,6 +1481,48 @@ mod tests {
         assert!(states >= 500_000, "only {states} states explored");
     }
 
+    /// Two dispatchers, every fault once, explored depth first to 80 steps: deep enough for a
+    /// crashed dispatcher's keys to be handed over and back, which breadth first does not reach
+    /// within the budget.
+    #[test]
+    fn two_dispatchers_on_deep_paths_never_overlap_and_settle() {
+        let budget = Budget {
+            dispatcher_crashes: 1,
+            replica_crashes: 1,
+            api_cuts: 1,
+            lost_renewal_answers: 1,
+            lost_messages: 1,
+            changes: 2,
+            drift: 0,
+        };
+        let config = config(2, Variant::SendTime, budget);
+        let checker = Protocol::new(config)
+            .checker()
+            .target_max_depth(80)
+            .target_state_count(3_000_000)
+            .spawn_dfs()
+            .join();
+        for property in ["exclusive", "settles"] {
+            if let Some(path) = checker.discovery(property) {
+                panic!(
+                    "{property} violated ({config}):\n{:#?}",
+                    path.into_actions()
+                );
+            }
+        }
+        assert!(
+            checker
+                .discovery("a handover completes after a crash")
+                .is_some(),
+            "no handover after a crash was reached"
+        );
+        println!(
+            "two dispatchers, depth first: {} unique states, depth {}",
+            checker.unique_state_count(),
+            checker.max_depth()
+        );
+    }
+
     /// Two dispatchers with their Leases and the handover gate, a dispatcher crash, a cut from
     /// the API server and a lost renewal answer: bounded breadth-first.
     #[test]
