@@ -6,12 +6,9 @@
 //! dispatcher's slice of the ring go to the group's queue. No object is kept once it has been
 //! handed on: the groups' queues are the only index.
 //!
-//! Lists are numbered: every object of a list, and every object the stream shows while it runs,
-//! is observed with the list's epoch, and when it ends each group queues as deleted the keys of
-//! that subscription that were neither listed nor seen since. The watcher lists by itself at
-//! start and when it cannot resume (410 Gone, an API-server restart). When a handover completes
-//! or a group joins, the watch lists again *beside* its stream, which goes on, so that nothing
-//! that happens meanwhile (a deletion of a key that just moved here) falls between the two.
+//! Re-lists (the first list, a 410 Gone, an API-server restart) are numbered: every object of
+//! a re-list is observed with the list's epoch, and when it ends each group queues as deleted
+//! the keys of that subscription the list did not show.
 
 use std::{
     collections::HashMap,
@@ -22,7 +19,7 @@ use std::{
 use futures::StreamExt;
 use kube::{
     Client, ResourceExt,
-    api::{Api, ApiResource, DynamicObject, ListParams, TypeMeta},
+    api::{Api, ApiResource, DynamicObject, TypeMeta},
     runtime::{
         WatchStreamExt,
         watcher::{self, Event},
@@ -296,43 +293,21 @@ impl WatchTask {
         };
         let mut epoch: u32 = 0;
         // The served set grows only when a handover completes (the settled ring changes): only
-        // then can a list show keys this watch has not fed. A ring change alone shrinks it or
-        // adds keys that are held.
+        // then can a re-list show keys this watch has not fed. A ring change alone shrinks it or
+        // adds keys that are held, and a re-list would open a window in which a deletion is seen
+        // by no one.
         let settled_members = |s: &Slice| s.settled.as_ref().map(|r| r.members().to_vec());
         let mut settled = settled_members(&self.slice.borrow_and_update());
-        // A list of its own (for keys that moved here, or a group that joined), run beside the
-        // stream, which goes on: a watch restarted to re-list would miss what happens between
-        // its last event and the new list's snapshot, a deletion above all. Pages of at most
-        // `LIST_PAGE` objects, one at a time.
-        let mut listing: Option<futures::stream::BoxStream<'static, ListPage>> = None;
-        let mut list_epoch = 0u32;
-        // A list is wanted; it starts once the watcher's own list (if one runs) has ended.
-        let mut want_list = false;
-        let mut watcher_listing = true;
         'restart: loop {
             let mut events = watcher::watcher(api.clone(), config.clone())
                 .default_backoff()
                 .boxed();
             loop {
-                if want_list && !watcher_listing {
-                    want_list = false;
-                    epoch = epoch.wrapping_add(1);
-                    list_epoch = epoch;
-                    listing = Some(list_pages(api.clone(), &config));
-                    debug!(resource = %describe(&self.key), epoch, "list of its own started");
-                }
-                let next_page = async {
-                    match listing.as_mut() {
-                        Some(pages) => pages.next().await,
-                        None => std::future::pending().await,
-                    }
-                };
                 let event = tokio::select! {
                     () = cancel.cancelled() => return,
                     () = self.relist.notified() => {
-                        debug!(resource = %describe(&self.key), "listing for a new subscriber");
-                        want_list = true;
-                        continue;
+                        debug!(resource = %describe(&self.key), "re-listing for a new subscriber");
+                        continue 'restart;
                     }
                     Ok(()) = self.slice.changed() => {
                         let slice = self.slice.borrow_and_update().clone();
@@ -345,36 +320,9 @@ impl WatchTask {
                         info!(
                             resource = %describe(&self.key),
                             members = ?slice.ring.members(),
-                            "handover complete: listing for the keys that moved here"
+                            "handover complete: re-listing for the keys that moved here"
                         );
-                        want_list = true;
-                        continue;
-                    }
-                    page = next_page => {
-                        match page {
-                            Some(Ok(objects)) => {
-                                for mut obj in objects {
-                                    obj.types = Some(types.clone());
-                                    self.apply(&obj, list_epoch, false);
-                                }
-                            }
-                            Some(Err(e)) => {
-                                warn!(resource = %describe(&self.key), error = %e, "list failed; restarting the watch");
-                                listing = None;
-                                watcher_listing = true;
-                                continue 'restart;
-                            }
-                            None => {
-                                listing = None;
-                                // Objects listed or changed on the stream since the list began
-                                // carry its epoch: the others are gone.
-                                if list_epoch == epoch {
-                                    self.sweep(list_epoch);
-                                }
-                                debug!(resource = %describe(&self.key), epoch = list_epoch, "list of its own done");
-                            }
-                        }
-                        continue;
+                        continue 'restart;
                     }
                     event = events.next() => event,
                 };
@@ -382,12 +330,6 @@ impl WatchTask {
                 match event {
                     Ok(Event::Init) => {
                         epoch = epoch.wrapping_add(1);
-                        watcher_listing = true;
-                        if listing.take().is_some() {
-                            // The watcher lists again itself (410 Gone, a restart); a list of
-                            // our own would sweep with an older epoch. Run it after.
-                            want_list = true;
-                        }
                         debug!(resource = %describe(&self.key), epoch, "list started");
                     }
                     Ok(Event::InitApply(mut obj)) => {
@@ -397,7 +339,6 @@ impl WatchTask {
                     }
                     Ok(Event::InitDone) => {
                         self.readiness.send_if_modified(mark_ready);
-                        watcher_listing = false;
                         self.sweep(epoch);
                         debug!(resource = %describe(&self.key), epoch, "list done");
                     }
@@ -526,46 +467,6 @@ impl WatchTask {
             });
         }
     }
-}
-
-/// Objects a watch lists per page.
-const LIST_PAGE: u32 = 500;
-
-/// One page of a list of its own.
-type ListPage = Result<Vec<DynamicObject>, kube::Error>;
-
-/// The objects `config` selects, listed page by page (at most [`LIST_PAGE`] each).
-fn list_pages(
-    api: Api<DynamicObject>,
-    config: &watcher::Config,
-) -> futures::stream::BoxStream<'static, ListPage> {
-    let mut params = ListParams::default().limit(LIST_PAGE);
-    if let Some(labels) = &config.label_selector {
-        params = params.labels(labels);
-    }
-    if let Some(fields) = &config.field_selector {
-        params = params.fields(fields);
-    }
-    // `Some(token)`: the next page to fetch; `None` once the last page was returned.
-    futures::stream::unfold(Some(String::new()), move |token| {
-        let (api, params) = (api.clone(), params.clone());
-        async move {
-            let token = token?;
-            let params = if token.is_empty() {
-                params
-            } else {
-                params.continue_token(&token)
-            };
-            match api.list(&params).await {
-                Ok(list) => {
-                    let next = list.metadata.continue_.filter(|t| !t.is_empty());
-                    Some((Ok(list.items), next))
-                }
-                Err(e) => Some((Err(e), None)),
-            }
-        }
-    })
-    .boxed()
 }
 
 fn mark_ready(r: &mut Readiness) -> bool {
