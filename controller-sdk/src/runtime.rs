@@ -6,7 +6,10 @@
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     future::Future,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -24,7 +27,7 @@ use kube_dispatch_proto::v1::{
 };
 use serde::de::DeserializeOwned;
 use tokio::{
-    sync::{Semaphore, mpsc, watch},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch},
     task::JoinSet,
     time::Instant,
 };
@@ -49,6 +52,9 @@ struct Shared<K: Resource, Ctx, E: std::error::Error + 'static, F> {
     error_policy: ErrorPolicy<K, Ctx, E>,
     context: Arc<Ctx>,
     permits: Arc<Semaphore>,
+    /// Deliveries waiting for a free slot (another session took the slots a poll counted on):
+    /// the next poll asks for that many fewer, so deliveries never pile up behind the slots.
+    waiting: AtomicUsize,
     /// Keys being reconciled in this replica: never two of one key at once.
     running: Mutex<HashSet<String>>,
     outcomes: mpsc::Sender<Outcome<K, E>>,
@@ -104,6 +110,7 @@ where
         error_policy: error_policy as ErrorPolicy<K, Ctx, E>,
         context,
         permits: Arc::new(Semaphore::new(concurrency)),
+        waiting: AtomicUsize::new(0),
         running: Mutex::new(HashSet::new()),
         outcomes: tx,
         open: OpenSessionRequest {
@@ -236,9 +243,10 @@ pub(crate) fn reconnect_backoff() -> impl Iterator<Item = Duration> + Send {
 /// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
 ///
 /// Every deadline of the session (its fence, each reconcile's limit) counts from when the call
-/// that set it was sent (`crate::fence`). Deliveries are spawned at once and wait for a free
-/// slot in their own task, within their deadline, so the loop never stops renewing: at most
-/// `concurrency` deliveries per poll, and a poll asks for no more than the free slots.
+/// that set it was sent (`crate::fence`). A poll asks for no more than the free slots (less
+/// deliveries still waiting for one), and each delivery takes its slot as it arrives; one whose
+/// slot another session took meanwhile waits in its own task, within its deadline, so the loop
+/// never stops renewing.
 async fn session<K, Ctx, E, F>(
     address: &str,
     shared: &Arc<Shared<K, Ctx, E, F>>,
@@ -286,7 +294,10 @@ where
         if stop.is_cancelled() {
             break Ok(());
         }
-        let free = shared.permits.available_permits();
+        let free = shared
+            .permits
+            .available_permits()
+            .saturating_sub(shared.waiting.load(Ordering::Relaxed));
         let lost_at = fence.lost_at();
         let now = Instant::now();
         if now >= lost_at {
@@ -340,6 +351,10 @@ where
         let deadline = fence.reconcile_deadline(delivered);
         let limit = fence.reconcile_limit();
         for request in requests {
+            // Slots are taken here, before the next poll counts them; a delivery finds none
+            // only if another session took them since this poll counted, and then waits in its
+            // task.
+            let permit = shared.permits.clone().try_acquire_owned().ok();
             let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
             let span = info_span!(
                 "reconcile",
@@ -353,7 +368,7 @@ where
                 async move {
                     let id = request.delivery_id;
                     if let Some(outcome) =
-                        reconcile_one(&shared, request, deadline, limit, &lost).await
+                        reconcile_one(&shared, request, permit, deadline, limit, &lost).await
                     {
                         let _ = ack_tx.send(AckItem {
                             delivery_id: id,
@@ -471,12 +486,13 @@ async fn send_acks(
     }
 }
 
-/// Runs one delivery: waits for a free slot, loads the object and reconciles it, all by
-/// `deadline` (`limit` after the delivery); returns the ack to send, or `None` when the session
-/// was lost, in which case the reconcile has been stopped.
+/// Runs one delivery: waits for a free slot unless it holds `permit`, loads the object and
+/// reconciles it, all by `deadline` (`limit` after the delivery); returns the ack to send, or
+/// `None` when the session was lost, in which case the reconcile has been stopped.
 async fn reconcile_one<K, Ctx, E, F>(
     shared: &Shared<K, Ctx, E, F>,
     request: ReconcileRequest,
+    permit: Option<OwnedSemaphorePermit>,
     deadline: Instant,
     limit: Duration,
     lost: &CancellationToken,
@@ -490,23 +506,48 @@ where
 {
     let key = request.key.clone();
     let work = async {
-        // The semaphore is never closed.
-        let _permit = shared.permits.acquire().await.ok();
-        run_reconcile(shared, request).await
+        let _permit = match permit {
+            Some(permit) => permit,
+            None => {
+                let _waiting = Waiting::new(&shared.waiting);
+                // The semaphore is never closed.
+                shared.permits.clone().acquire_owned().await.ok()?
+            }
+        };
+        Some(run_reconcile(shared, request).await)
     };
     let (outcome, report) = tokio::select! {
-        r = tokio::time::timeout_at(deadline, work) => r.unwrap_or_else(|_| (
-            ack_item::Outcome::Failure(Failure {
-                message: format!("timed out after {limit:?}"),
-            }),
-            Some(Err(Error::Timeout { key, limit })),
-        )),
+        r = tokio::time::timeout_at(deadline, work) => match r {
+            Ok(done) => done?,
+            Err(_) => (
+                ack_item::Outcome::Failure(Failure {
+                    message: format!("timed out after {limit:?}"),
+                }),
+                Some(Err(Error::Timeout { key, limit })),
+            ),
+        },
         () = lost.cancelled() => return None,
     };
     if let Some(report) = report {
         let _ = shared.outcomes.send(report).await;
     }
     Some(outcome)
+}
+
+/// Counts a delivery waiting for a free slot while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Loads the object of `request` and reconciles it; returns the ack and what to report on the
