@@ -61,7 +61,8 @@ impl Fence {
         at
     }
 
-    /// How long a reconcile delivered at `delivered` (see [`Fence::renewed`]) may take.
+    /// How long a delivery may take, counted from when it was delivered (see
+    /// [`Fence::renewed`]).
     pub(crate) fn reconcile_limit(&self) -> Duration {
         self.max_reconcile - self.max_reconcile / 10
     }

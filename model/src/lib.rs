@@ -62,10 +62,9 @@ use kube_dispatch_proto::{RequestKey, Ring};
 use stateright::{Model, Property};
 
 /// Delivery numbers are counted modulo this, so that an ack of an older delivery (still on its
-/// way) does not settle a newer one. Two suffice: the network keeps at most one ack per key
-/// and pair (see `send_ack`), so an ack two deliveries old cannot be in flight while a
-/// delivery with its number is... unless it was sent from another session; a wrong settle
-/// could only add behaviours (a false alarm), never hide an overlap.
+/// way) does not settle a newer one. The network keeps at most one ack per key and pair (see
+/// `send_ack`), so a wrongly matched ack is rare; it could only settle a key early, which adds
+/// behaviours (a possible false alarm) and never hides an overlap.
 pub const DELIVERIES: u8 = 2;
 
 /// Durations of the model, in ticks.

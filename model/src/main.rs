@@ -119,7 +119,12 @@ fn main() -> anyhow::Result<()> {
     if args.max_depth > 0 {
         builder = builder.target_max_depth(args.max_depth);
     }
-    let limits = (args.max_states, args.timeout, started);
+    let limits = Limits {
+        max_states: args.max_states,
+        max_depth: args.max_depth,
+        timeout: args.timeout,
+        started,
+    };
     let violated = if args.dfs {
         report(builder.spawn_dfs().join(), limits)
     } else {
@@ -129,25 +134,31 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bounds a run was given, to say what it covered.
+struct Limits {
+    max_states: usize,
+    max_depth: usize,
+    timeout: u64,
+    started: Instant,
+}
+
 /// Prints what `checker` explored and each property's verdict; returns whether any failed.
-fn report(
-    checker: impl Checker<Protocol>,
-    (max_states, timeout, started): (usize, u64, Instant),
-) -> bool {
-    let complete = checker.is_done()
-        && (max_states == 0 || checker.state_count() < max_states)
-        && (timeout == 0 || started.elapsed() < Duration::from_secs(timeout));
+fn report(checker: impl Checker<Protocol>, limits: Limits) -> bool {
+    let elapsed = limits.started.elapsed();
+    let cut_short = (limits.max_states > 0 && checker.state_count() >= limits.max_states)
+        || (limits.timeout > 0 && elapsed >= Duration::from_secs(limits.timeout));
+    let covered = if cut_short {
+        "stopped at the state or time limit".to_owned()
+    } else if limits.max_depth > 0 && checker.max_depth() >= limits.max_depth {
+        format!("every state within {} steps", limits.max_depth)
+    } else {
+        "the whole bounded space".to_owned()
+    };
     println!(
-        "model: {} states ({} unique), depth {}, {:.1?}, {}",
+        "model: {} states ({} unique), depth {}, {elapsed:.1?}, {covered}",
         checker.state_count(),
         checker.unique_state_count(),
         checker.max_depth(),
-        started.elapsed(),
-        if complete {
-            "the whole bounded space"
-        } else {
-            "stopped at the state or time limit"
-        }
     );
     let mut violated = false;
     for property in checker.model().properties() {
