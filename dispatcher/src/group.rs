@@ -206,16 +206,43 @@ impl Group {
     }
 
     /// Records that an object exists, if this dispatcher serves its key; see
-    /// [`GroupQueue::observe`].
+    /// [`GroupQueue::observe`]. While nothing may be handed out (`apply_slice`), a key kept in
+    /// the index is recorded and queued too, to be handed out once the gate opens if it is
+    /// still served then: no list shows it again.
     pub fn observe(&self, key: &str, object: Observed, epoch: u32) {
         let wake = {
             let mut queue = self.queue();
-            if !self.serves_or_holds(key, Some(false)) {
-                // A key kept while nothing may be handed out: its object still exists.
-                queue.mark_seen(key, &object.uid, epoch);
+            let kept = || self.slice.borrow().settled.is_none() && queue.contains(key);
+            if !self.serves_or_holds(key, Some(false)) && !kept() {
                 return;
             }
             queue.observe(key, object, epoch)
+        };
+        self.wake(wake);
+    }
+
+    /// Records that an object exists, as a list run beside the watch's stream showed it
+    /// (`crate::watch`): only if this dispatcher serves its key and does not know the key yet.
+    /// The stream is the authority on every key it has shown (the list may be older), and a
+    /// key not served is left alone, so that a list older than a remembered deletion never
+    /// cancels it.
+    pub fn fill(&self, key: &str, object: Observed, epoch: u32) {
+        self.fill_with(key, |queue| queue.observe(key, object, epoch));
+    }
+
+    /// Records a change of an owned object that a list run beside the watch's stream showed,
+    /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
+    pub fn fill_change(&self, key: &str, change: Change) {
+        self.fill_with(key, |queue| queue.change(key, change));
+    }
+
+    fn fill_with(&self, key: &str, apply: impl FnOnce(&mut GroupQueue) -> Vec<SessionId>) {
+        let wake = {
+            let mut queue = self.queue();
+            if queue.contains(key) || !self.slice.borrow().serves_str(key) {
+                return;
+            }
+            apply(&mut queue)
         };
         self.wake(wake);
     }
@@ -268,22 +295,17 @@ impl Group {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that the object of `key` (with `uid`, listed in epoch `epoch` if listed), which
-    /// this dispatcher did not own when the watch looked, exists: a deletion remembered for it is
-    /// forgotten (or, if the key has moved here since, a deletion held for it). While this
-    /// dispatcher is off its own ring it keeps its index unchanged (`apply_slice`), so an indexed
-    /// key is marked seen, and the sweep of the list flags only objects really gone.
-    pub fn exists_elsewhere(&self, key: &RequestKey, uid: &str, epoch: u32) {
-        let mut queue = self.queue();
+    /// Records that the object of `key`, which this dispatcher did not own when the watch
+    /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
+    /// since, a deletion held for it).
+    pub fn exists_elsewhere(&self, key: &RequestKey) {
+        let _queue = self.queue();
         let hash = key.hash64();
-        let slice = self.slice.borrow();
-        if slice.owns_hash(hash) {
+        if self.slice.borrow().owns_hash(hash) {
             self.held_deletions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(key.to_string().as_str());
-        } else if !slice.is_member() {
-            queue.mark_seen(&key.to_string(), uid, epoch);
         }
         self.recent_deletions().exists(hash);
     }
@@ -528,7 +550,7 @@ mod tests {
         g.change(&back, deleted());
         // The object of `back` is created again.
         let name = back.trim_start_matches("/ConfigMap/ns/");
-        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name), "", 0);
+        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name));
         assert!(
             g.take(1, 10).is_empty(),
             "nothing of d1's is delivered here"

@@ -27,6 +27,7 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, Preconditions},
     runtime::{
         WatchStreamExt,
+        utils::ResetTimerBackoff,
         watcher::{self, Event},
     },
 };
@@ -182,17 +183,32 @@ impl std::fmt::Debug for LeaseWatch {
 }
 
 impl LeaseWatch {
-    /// Watches the dispatcher Leases (those labelled [`LEASE_LABEL`]) of `leases`.
-    pub fn new(leases: Api<Lease>) -> Self {
+    /// Watches the dispatcher Leases (those labelled [`LEASE_LABEL`]) of `leases`, retrying
+    /// after a failure with a backoff from 100 ms doubling to `max_backoff`.
+    pub fn new(leases: Api<Lease>, max_backoff: Duration) -> Self {
         let selector = format!("{LEASE_LABEL}=true");
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(max_backoff)
+            .with_jitter()
+            .without_max_times();
         let events = watcher::watcher(leases, watcher::Config::default().labels(&selector))
-            .default_backoff()
+            .backoff(ResetTimerBackoff::new(
+                watcher::ExponentialBackoff::from(backoff),
+                Duration::from_secs(60),
+            ))
             .boxed();
         Self {
             events,
             relisted: None,
             observations: Observations::default(),
         }
+    }
+
+    /// Whether a list (the first, or a re-list after the watch could not resume) is under way:
+    /// the Leases it has not shown yet are missing or stale, so the view is not whole.
+    pub fn listing(&self) -> bool {
+        self.relisted.is_some()
     }
 
     /// Waits for the next event and records it; false once the watch has ended.
@@ -291,7 +307,10 @@ pub async fn run(
     );
     let mut renew_tick = tokio::time::interval(config.renew_period);
     renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut lease_watch = LeaseWatch::new(leases.clone());
+    // A dispatcher judges membership only on a current view of the Leases (below), so after a
+    // cut it serves nothing until this watch is back: retry it as often as the Lease is renewed
+    // (a watch of a few Leases), not with the watcher's default of up to 30 s.
+    let mut lease_watch = LeaseWatch::new(leases.clone(), config.renew_period);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut members: BTreeSet<String> = BTreeSet::new();
     // Members seen to die, when, and their Lease's resourceVersion then.
@@ -299,6 +318,12 @@ pub async fn run(
     // Start of the last renewal the API server accepted.
     let mut renewed: Option<Instant> = None;
     let mut waiting = None;
+    // The resourceVersion of this dispatcher's last renewal the API server accepted, and the
+    // last whole and current view of the live members (see below).
+    let mut written: u128 = 0;
+    let mut live: BTreeMap<String, Peer> = BTreeMap::new();
+    let mut behind_since: Option<Instant> = None;
+    let mut behind_warned = false;
     loop {
         // Renew on the period, and at once when the released ring changes.
         let renew_due = tokio::select! {
@@ -315,23 +340,51 @@ pub async fn run(
             // fences this dispatcher when its Lease goes unrenewed.
             let renewal =
                 tokio::time::timeout(config.renew_period, renew(&leases, &config, id.as_deref()));
-            if matches!(renewal.await, Ok(true)) {
-                renewed = Some(at);
+            match renewal.await {
+                Ok(Some(rv)) => {
+                    renewed = Some(at);
+                    written = written.max(rv);
+                }
+                Ok(None) => {}
+                Err(_) => warn!(
+                    lease = %config.identity,
+                    timeout = ?config.renew_period,
+                    "renewing the dispatcher Lease took longer than the renew period; abandoned"
+                ),
             }
         }
         let now = Instant::now();
         let observations = &lease_watch.observations;
-        let live = observations.live(now, config.grace);
-        for gone in members.iter().filter(|m| !live.contains_key(*m)) {
-            if let Some(state) = observations.state(gone) {
-                warn!(member = %gone, "dispatcher stopped renewing its Lease: taking over its keys once reconciles it handed out are over");
-                handover.died(gone, now);
-                dead.insert(gone.clone(), (now, state.resource_version));
-            } else {
-                info!(member = %gone, "dispatcher released its Lease");
+        // Members are judged only on a view of the Leases that is whole (no list under way)
+        // and current: it shows this dispatcher's last accepted renewal, and so every Lease
+        // write before it. A partial or lagging view makes live members look absent or silent
+        // (the first list shows one Lease at a time; a watch that reconnects after a cut
+        // replays late), and a dispatcher that took it for the truth could find itself alone
+        // and serve keys others still hand out. Meanwhile the last such view stands.
+        if lease_watch.listing() || observations.newest() < written {
+            let since = *behind_since.get_or_insert(now);
+            if !behind_warned && now >= since + config.duration {
+                behind_warned = true;
+                warn!(behind_for = ?(now - since), "the watch of dispatcher Leases lags this dispatcher's own renewals: membership changes wait until it catches up");
             }
+        } else {
+            if behind_warned {
+                info!("the watch of dispatcher Leases caught up");
+            }
+            behind_since = None;
+            behind_warned = false;
+            live = observations.live(now, config.grace);
+            for gone in members.iter().filter(|m| !live.contains_key(*m)) {
+                if let Some(state) = observations.state(gone) {
+                    warn!(member = %gone, "dispatcher stopped renewing its Lease: taking over its keys once reconciles it handed out are over");
+                    handover.died(gone, now);
+                    dead.insert(gone.clone(), (now, state.resource_version));
+                } else {
+                    info!(member = %gone, "dispatcher released its Lease");
+                }
+            }
+            members = live.keys().cloned().collect();
         }
-        members = live.keys().cloned().collect();
         // A dead member's Lease stays behind; once the bound has passed, nothing it handed out
         // can still run, so delete the Lease (if it is still the one seen dead): dispatchers
         // that start later then need not wait the bound out for it again.
@@ -407,8 +460,8 @@ async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u1
 }
 
 /// Writes this dispatcher's Lease with a fresh renew time and the ring it released
-/// (server-side apply). Returns whether the API server accepted it.
-async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>) -> bool {
+/// (server-side apply). Returns the resourceVersion of the write if the API server accepted it.
+async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>) -> Option<u128> {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
     if let Some(id) = released {
@@ -433,10 +486,10 @@ async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>
         .patch(&config.identity, &params, &Patch::Apply(&lease))
         .await
     {
-        Ok(_) => true,
+        Ok(lease) => Some(LeaseState::of(&lease).resource_version),
         Err(e) => {
             warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
-            false
+            None
         }
     }
 }

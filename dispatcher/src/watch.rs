@@ -6,9 +6,15 @@
 //! dispatcher's slice of the ring go to the group's queue. No object is kept once it has been
 //! handed on: the groups' queues are the only index.
 //!
-//! Re-lists (the first list, a 410 Gone, an API-server restart) are numbered: every object of
-//! a re-list is observed with the list's epoch, and when it ends each group queues as deleted
-//! the keys of that subscription the list did not show.
+//! Re-lists of the watch itself (the first list, a 410 Gone, an API-server restart) are
+//! numbered: every object of a re-list is observed with the list's epoch, and when it ends each
+//! group queues as deleted the keys of that subscription the list did not show.
+//!
+//! When the keys served here grow (a handover completes, a group joins the watch), the objects
+//! of the new keys are found by a list run *beside* the stream, which keeps running: every
+//! event, deletions above all, is still seen as it happens. The stream stays the authority: an
+//! object of the side list is taken only for a key the group does not know yet and that no
+//! deletion seen since the list began names (see [`SideList`]).
 
 use std::{
     collections::HashMap,
@@ -16,10 +22,10 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
+use futures::{StreamExt, stream::BoxStream};
 use kube::{
     Client, ResourceExt,
-    api::{Api, ApiResource, DynamicObject, TypeMeta},
+    api::{Api, ApiResource, DynamicObject, ListParams, TypeMeta},
     runtime::{
         WatchStreamExt,
         watcher::{self, Event},
@@ -31,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
+    backoff::Backoff,
     group::Group,
     handover::Slice,
     queue::{Change, Observed},
@@ -291,45 +298,68 @@ impl WatchTask {
             api_version: api_resource.api_version.clone(),
             kind: api_resource.kind.clone(),
         };
+        let mut list_params = ListParams::default().limit(SIDE_LIST_PAGE);
+        if !self.key.label_selector.is_empty() {
+            list_params = list_params.labels(&self.key.label_selector);
+        }
+        if !self.key.field_selector.is_empty() {
+            list_params = list_params.fields(&self.key.field_selector);
+        }
         let mut epoch: u32 = 0;
         // The served set grows only when a handover completes (the settled ring changes): only
-        // then can a re-list show keys this watch has not fed. A ring change alone shrinks it or
-        // adds keys that are held, and a re-list would open a window in which a deletion is seen
-        // by no one.
+        // then can a list show keys this watch has not fed. A ring change alone shrinks it or
+        // adds keys that are held.
         let settled_members = |s: &Slice| s.settled.as_ref().map(|r| r.members().to_vec());
         let mut settled = settled_members(&self.slice.borrow_and_update());
         'restart: loop {
             let mut events = watcher::watcher(api.clone(), config.clone())
                 .default_backoff()
                 .boxed();
+            let mut side: Option<SideList> = None;
             loop {
-                let event = tokio::select! {
+                let step = tokio::select! {
                     () = cancel.cancelled() => return,
-                    () = self.relist.notified() => {
-                        debug!(resource = %describe(&self.key), "re-listing for a new subscriber");
-                        continue 'restart;
-                    }
+                    () = self.relist.notified() => Step::ListBeside("a group joined the watch"),
                     Ok(()) = self.slice.changed() => {
-                        let slice = self.slice.borrow_and_update().clone();
-                        let now = settled_members(&slice);
+                        let now = settled_members(&self.slice.borrow_and_update());
                         if now == settled || now.is_none() {
                             settled = now;
                             continue;
                         }
                         settled = now;
-                        info!(
-                            resource = %describe(&self.key),
-                            members = ?slice.ring.members(),
-                            "handover complete: re-listing for the keys that moved here"
-                        );
-                        continue 'restart;
+                        Step::ListBeside("a handover completed")
                     }
-                    event = events.next() => event,
+                    page = next_page(&mut side) => Step::Page(page),
+                    event = events.next() => Step::Event(event),
                 };
-                let Some(event) = event else { return };
+                let event = match step {
+                    Step::ListBeside(why) => {
+                        info!(resource = %describe(&self.key), why, "listing beside the watch for the keys now served here");
+                        side = Some(SideList::start(api.clone(), list_params.clone()));
+                        continue;
+                    }
+                    Step::Page(Some(objects)) => {
+                        if let Some(list) = &side {
+                            for mut obj in objects {
+                                obj.types = Some(types.clone());
+                                self.fill(&obj, epoch, list);
+                            }
+                        }
+                        continue;
+                    }
+                    Step::Page(None) => {
+                        debug!(resource = %describe(&self.key), "list beside the watch done");
+                        side = None;
+                        continue;
+                    }
+                    Step::Event(None) => return,
+                    Step::Event(Some(event)) => event,
+                };
                 match event {
                     Ok(Event::Init) => {
                         epoch = epoch.wrapping_add(1);
+                        // The watch re-lists everything itself: a list beside it adds nothing.
+                        side = None;
                         debug!(resource = %describe(&self.key), epoch, "list started");
                     }
                     Ok(Event::InitApply(mut obj)) => {
@@ -348,6 +378,16 @@ impl WatchTask {
                     }
                     Ok(Event::Delete(mut obj)) => {
                         obj.types = Some(types.clone());
+                        if let Some(list) = &mut side
+                            && !list.deleted(self.object_key(&obj).hash64())
+                        {
+                            warn!(
+                                resource = %describe(&self.key),
+                                "too many deletions during the list beside the watch: re-listing instead"
+                            );
+                            self.apply(&obj, epoch, true);
+                            continue 'restart;
+                        }
                         self.apply(&obj, epoch, true);
                     }
                     Err(e) => {
@@ -372,6 +412,48 @@ impl WatchTask {
         }
     }
 
+    /// The request key of an object of this watch, for its primary subscribers.
+    fn object_key(&self, obj: &DynamicObject) -> RequestKey {
+        let r = &self.key.resource;
+        RequestKey::new(
+            &r.group,
+            &r.kind,
+            obj.namespace().unwrap_or_default(),
+            obj.name_any(),
+        )
+    }
+
+    /// Takes an object shown by a list beside the stream, for keys served here that a group
+    /// does not know yet ([`Group::fill`]), unless a deletion of it was seen since the list
+    /// began.
+    fn fill(&self, obj: &DynamicObject, epoch: u32, list: &SideList) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let namespace = obj.namespace().unwrap_or_default();
+        let key = self.object_key(obj);
+        let deleted_since = list.was_deleted(key.hash64());
+        let mut bodies = Bodies::default();
+        for sub in subscribers.iter() {
+            match &sub.owner {
+                None if !deleted_since => sub.group.fill(
+                    &key.to_string(),
+                    Observed {
+                        resource_version: obj.resource_version().unwrap_or_default(),
+                        uid: obj.uid().unwrap_or_default(),
+                        body: bodies.get(sub.payload, obj),
+                    },
+                    epoch,
+                ),
+                None => {}
+                Some(owner) => {
+                    if let Some(owner_key) = owner_key(obj, owner, &namespace) {
+                        sub.group
+                            .fill_change(&owner_key.to_string(), Change::owned());
+                    }
+                }
+            }
+        }
+    }
+
     fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
         // A cheap early filter, so no body is made for keys owned elsewhere; the group checks
         // again under its lock against the slice current then (and remembers deletions of keys
@@ -385,7 +467,9 @@ impl WatchTask {
             match &sub.owner {
                 None => {
                     let key = RequestKey::new(&r.group, &r.kind, &namespace, obj.name_any());
-                    if !slice.owns_hash(key.hash64()) {
+                    // Off its own ring, a dispatcher owns nothing but keeps its index: the
+                    // group records what its events show of the keys kept.
+                    if slice.is_member() && !slice.owns_hash(key.hash64()) {
                         // Owned elsewhere: remembered in case the key moves here (the group
                         // decides under its lock, against the slice current then).
                         if deleted {
@@ -400,8 +484,7 @@ impl WatchTask {
                                 },
                             );
                         } else {
-                            sub.group
-                                .exists_elsewhere(&key, &obj.uid().unwrap_or_default(), epoch);
+                            sub.group.exists_elsewhere(&key);
                         }
                         continue;
                     }
@@ -439,16 +522,7 @@ impl WatchTask {
                     if !slice.serves(&key) {
                         continue;
                     }
-                    sub.group.change(
-                        &key.to_string(),
-                        Change {
-                            reason: Reason::Owned,
-                            resource_version: String::new(),
-                            uid: String::new(),
-                            body: None,
-                            deleted: false,
-                        },
-                    );
+                    sub.group.change(&key.to_string(), Change::owned());
                 }
             }
         }
@@ -466,6 +540,103 @@ impl WatchTask {
                 })
             });
         }
+    }
+}
+
+/// Page size of a list beside the stream (the watcher's own lists use the same).
+const SIDE_LIST_PAGE: u32 = 500;
+
+/// Most deletions remembered during one list beside the stream; past it the watch re-lists
+/// instead (and the window that list beside the stream closes is open again for that once).
+/// 65 536 key hashes, about 1 MiB.
+const MAX_SIDE_LIST_DELETIONS: usize = 1 << 16;
+
+/// What woke the watch loop.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a value of the loop's stack, moved once; boxing would allocate per event"
+)]
+enum Step {
+    /// List beside the stream, for this reason.
+    ListBeside(&'static str),
+    /// A page of the list beside the stream, or its end.
+    Page(Option<Vec<DynamicObject>>),
+    /// An event of the stream, or its end.
+    Event(Option<watcher::Result<Event<DynamicObject>>>),
+}
+
+/// A paginated list run beside the watch's stream, and the keys whose deletion the stream
+/// showed since it began. The list may be older than events the stream has already shown: a
+/// deletion among them would be undone by the list, so objects whose key is here are skipped
+/// (the stream shows a re-creation after the deletion). A failed page starts the list again
+/// after a backoff; the deletions are kept.
+struct SideList {
+    pages: BoxStream<'static, Vec<DynamicObject>>,
+    deleted: std::collections::HashSet<u64>,
+}
+
+impl SideList {
+    fn start(api: Api<DynamicObject>, params: ListParams) -> Self {
+        let backoff = Backoff {
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(30),
+        };
+        let pages = futures::stream::unfold(
+            (Some(String::new()), 0u32),
+            move |(continue_token, failures)| {
+                let (api, params) = (api.clone(), params.clone());
+                async move {
+                    let mut token = continue_token?;
+                    let mut failures = failures;
+                    loop {
+                        let mut page_params = params.clone();
+                        if !token.is_empty() {
+                            page_params = page_params.continue_token(&token);
+                        }
+                        match api.list(&page_params).await {
+                            Ok(list) => {
+                                let next = list.metadata.continue_.filter(|c| !c.is_empty());
+                                return Some((list.items, (next, 0)));
+                            }
+                            Err(e) => {
+                                failures += 1;
+                                let delay = backoff.delay(failures);
+                                warn!(error = %e, ?delay, "list beside the watch failed; listing again");
+                                tokio::time::sleep(delay).await;
+                                // A continue token may have expired: start over (a newer snapshot).
+                                token.clear();
+                            }
+                        }
+                    }
+                }
+            },
+        )
+        .boxed();
+        Self {
+            pages,
+            deleted: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Notes a deletion the stream showed; false when too many are noted already.
+    fn deleted(&mut self, hash: u64) -> bool {
+        if self.deleted.len() >= MAX_SIDE_LIST_DELETIONS && !self.deleted.contains(&hash) {
+            return false;
+        }
+        self.deleted.insert(hash);
+        true
+    }
+
+    fn was_deleted(&self, hash: u64) -> bool {
+        self.deleted.contains(&hash)
+    }
+}
+
+/// The next page of the list beside the stream, if one runs (else never).
+async fn next_page(side: &mut Option<SideList>) -> Option<Vec<DynamicObject>> {
+    match side {
+        Some(list) => list.pages.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -272,7 +272,8 @@ async fn track_dispatchers(
     grace: Duration,
     stop: CancellationToken,
 ) {
-    let mut watch = LeaseWatch::new(leases);
+    // Retried within a dispatcher's default renew period, so placement follows soon after a cut.
+    let mut watch = LeaseWatch::new(leases, Duration::from_secs(3));
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {

@@ -138,6 +138,16 @@ pub fn lease_membership(namespace: &str, identity: &str, bound: Duration) -> Mem
     })
 }
 
+/// A test dispatcher `identity` with Lease membership in `namespace` ([`lease_membership`]) and
+/// handover bound `bound`: its longest session ttl and reconcile time.
+pub fn lease_config(namespace: &str, identity: &str, bound: Duration) -> ServeConfig {
+    let mut config = test_config(identity, &[]);
+    config.membership = lease_membership(namespace, identity, bound);
+    config.settings.limits.max_ttl = bound;
+    config.settings.queue.max_reconcile_time = bound;
+    config
+}
+
 /// A subscription to a core-group resource by kind, in one namespace.
 pub fn subscription(version: &str, kind: &str, namespace: &str) -> Subscription {
     Subscription {

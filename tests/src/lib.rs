@@ -383,3 +383,22 @@ pub async fn ensure_widget_crd(client: &Client) -> Result<(), FixtureError> {
         }),
     }
 }
+
+/// Sends the logs of the in-process components to the file `KD_TEST_LOG` names, if set (filter
+/// from `RUST_LOG`, default `info`; each line names its component's thread), for reading what
+/// led to a failure. Call at the start of a test; later calls in the same process do nothing.
+pub fn log_to_file_from_env() {
+    let Some(path) = std::env::var_os("KD_TEST_LOG") else {
+        return;
+    };
+    let file = std::fs::File::create(&path)
+        .unwrap_or_else(|e| panic!("KD_TEST_LOG={}: {e}", path.to_string_lossy()));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_thread_names(true)
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .try_init();
+}

@@ -6,6 +6,9 @@
 //! - The soak mode, `make chaos-soak SEEDS=N`, runs the short mode over N consecutive seeds from
 //!   `SEED` (default: the clock), one after another, with a line per seed and a total.
 //! - The long mode, `make chaos`, runs `KD_CHAOS_SECONDS` of faults from `KD_CHAOS_SEED`.
+//!
+//! With `KD_TEST_LOG=<file>`, the in-process components log there, for reading what led to a
+//! failure (see `kube_dispatch_tests::log_to_file_from_env`).
 
 use std::time::Duration;
 
@@ -52,6 +55,7 @@ fn seed_from_env() -> u64 {
 /// Short mode: seeds 1 and 2, then a fresh one, 40 s of faults each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_faults_lose_nothing_and_never_overlap() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
     let fresh = seed_from_env();
     println!(
         "chaos: seeds 1, 2 and fresh seed {fresh} (replay with SEED={fresh} make chaos-soak SEEDS=1)"
@@ -70,6 +74,7 @@ async fn seeded_faults_lose_nothing_and_never_overlap() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "soak mode: run with make chaos-soak"]
 async fn chaos_soak() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
     let seeds: u64 = std::env::var("KD_CHAOS_SOAK_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -103,6 +108,7 @@ async fn chaos_soak() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long mode: run with make chaos"]
 async fn long_chaos() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
     let seconds: u64 = std::env::var("KD_CHAOS_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, api::DeleteParams};
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
-    dispatcher::{TestDispatcher, TestSession, lease_membership, subscription, test_config},
+    dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
     faultproxy::{Fault, FaultProxy},
     journal::{Journal, write_round},
 };
@@ -27,10 +27,7 @@ async fn a_deletion_while_fenced_is_found_by_the_relist() -> TestResult {
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     write_round(&api, 10, 0, &Journal::default()).await?;
     let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
-    let mut config = test_config("dispatcher-0", &[]);
-    config.membership = lease_membership(ns.name(), "dispatcher-0", Duration::from_secs(3));
-    config.settings.limits.max_ttl = Duration::from_secs(3);
-    config.settings.queue.max_reconcile_time = Duration::from_secs(3);
+    let config = lease_config(ns.name(), "dispatcher-0", Duration::from_secs(3));
     let d = TestDispatcher::start_with(config, "127.0.0.1:0", Some(proxy.addr), None).await?;
     let mut slice = d.handles.slice.clone();
     tokio::time::timeout(Duration::from_secs(30), slice.wait_for(|s| s.is_settled())).await??;

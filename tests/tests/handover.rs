@@ -17,8 +17,9 @@ use kube_dispatch_dispatcher::serve::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
 use kube_dispatch_proto::{RequestKey, Ring};
 use kube_dispatch_tests::{
-    TestNamespace,
-    dispatcher::{TestDispatcher, TestSession, lease_membership, subscription, test_config},
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
+    faultproxy::{Fault, FaultProxy},
     isolated::Isolated,
     journal::{Journal, start_replica, write_configmaps, write_round},
     loadbalancer::TestLoadBalancer,
@@ -39,11 +40,7 @@ fn name(i: usize) -> String {
 }
 
 fn config(namespace: &str, i: usize, bound: Duration) -> ServeConfig {
-    let mut config = test_config(&name(i), &[]);
-    config.membership = lease_membership(namespace, &name(i), bound);
-    config.settings.limits.max_ttl = bound;
-    config.settings.queue.max_reconcile_time = bound;
-    config
+    lease_config(namespace, &name(i), bound)
 }
 
 async fn start(namespace: &str, i: usize) -> Result<TestDispatcher, Box<dyn std::error::Error>> {
@@ -700,6 +697,146 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
     println!(
         "deletion made while dispatcher-1 restarted delivered by its new process {:?} after the kill (its predecessor's reconciles waited out: bound {BOUND:?})",
         killed_at.elapsed()
+    );
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// A deletion made the instant a handover completes, of a key that moved to the joining
+/// dispatcher: its watch's stream must still be running then, since the list that finds the
+/// keys that moved is older than the deletion or newer, and shows neither way that it happened.
+/// The joining dispatcher reaches the API server over a slow path (60 ms a hop), so its
+/// list starts well after the deletion; a watch that restarted to list would never see it.
+#[tokio::test]
+async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
+    let (ns, api) = with_configmaps("deleted-at-handover", 30).await?;
+    let two = Ring::new([name(0), name(1)]);
+    let moving = names_owned_by(&two, ns.name(), 30, "dispatcher-1");
+    assert!(!moving.is_empty(), "a key moves to dispatcher-1");
+    let mut ds = start_settled(ns.name(), 1, BOUND).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let first = s0
+        .collect_until(Duration::from_secs(20), |got| got.len() >= 30)
+        .await;
+    assert_eq!(first.len(), 30, "dispatcher-0 delivers every key");
+
+    let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    proxy.set(Fault::Latency(Duration::from_millis(60)));
+    let joining = TestDispatcher::start_with(
+        config(ns.name(), 1, BOUND),
+        "127.0.0.1:0",
+        Some(proxy.addr),
+        None,
+    )
+    .await?;
+    // The group is served on dispatcher-1 before the handover completes (so it has asked its
+    // peers for their remembered deletions already, and will not again).
+    let mut s1 = TestSession::open(&joining, GROUP, "replica-1", subs()).await?;
+    let key = format!("/ConfigMap/{}/{}", ns.name(), moving[0]);
+    let delete_at_handover = async {
+        let mut slice = joining.handles.slice.clone();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            slice.wait_for(|s| s.settled.as_ref().is_some_and(|r| r.members().len() == 2)),
+        )
+        .await
+        .expect("dispatcher-1 completes its handover")
+        .expect("dispatcher-1 runs");
+        api.delete(&moving[0], &DeleteParams::default())
+            .await
+            .expect("the key is deleted");
+        Instant::now()
+    };
+    let ((), deleted_at) = tokio::join!(
+        expect_deletion(
+            &mut s1,
+            &key,
+            Duration::from_secs(30),
+            "as dispatcher-1's handover completed",
+        ),
+        delete_at_handover,
+    );
+    println!(
+        "deletion made as the handover completed delivered by dispatcher-1 {:?} later",
+        deleted_at.elapsed()
+    );
+    ds.insert(1, joining);
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// A dispatcher that starts while another has one of its keys in flight must wait for that
+/// dispatcher's release. Its Lease watch's first list shows one Lease at a time, its own first
+/// when its first renewal came before the list: judged on that partial view, it would find itself
+/// alone, settle on a ring of one, and then serve all its keys at once on the real ring. It is
+/// started several times, since which comes first, the renewal or the list, varies.
+#[tokio::test]
+async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases() -> TestResult {
+    const LONG: Duration = Duration::from_secs(20);
+    const ROUNDS: usize = 4;
+    let (ns, api) = with_configmaps("whole-view", 10).await?;
+    let two = Ring::new([name(0), name(1)]);
+    let moving = names_owned_by(&two, ns.name(), 10, "dispatcher-0");
+    assert!(!moving.is_empty(), "a key goes to dispatcher-0");
+    let key = format!("/ConfigMap/{}/{}", ns.name(), moving[0]);
+    let mut ds = BTreeMap::new();
+    ds.insert(1, TestDispatcher::start(config(ns.name(), 1, LONG)).await?);
+    settled(&ds, Duration::from_secs(30)).await;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let first = s1
+        .collect_until(Duration::from_secs(20), |got| got.len() >= 10)
+        .await;
+    assert_eq!(first.len(), 10, "dispatcher-1 delivers every key");
+    let patch = serde_json::json!({ "data": { "v": "2" } });
+    api.patch(&moving[0], &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let got = s1.hold(Duration::from_secs(10)).await?;
+    let held: Vec<u64> = got
+        .iter()
+        .filter(|r| r.key == key)
+        .map(|r| r.delivery_id)
+        .collect();
+    assert_eq!(held.len(), 1, "dispatcher-1 hands out the changed key");
+
+    for round in 0..ROUNDS {
+        let d0 = TestDispatcher::start(config(ns.name(), 0, LONG)).await?;
+        let mut s0 = TestSession::open(&d0, GROUP, "replica-0", subs()).await?;
+        let watching = Instant::now() + Duration::from_millis(1500);
+        let keep_alive = async {
+            while Instant::now() < watching {
+                s1.poll_acking(&[], Duration::from_millis(500)).await?;
+            }
+            Ok::<_, tonic::Status>(())
+        };
+        let (alive, during) = tokio::join!(
+            keep_alive,
+            s0.collect_until(Duration::from_millis(1500), |got| {
+                got.iter().any(|r| r.key == key)
+            })
+        );
+        alive?;
+        assert!(
+            !during.iter().any(|r| r.key == key),
+            "start {round}: dispatcher-0 handed out {key} while dispatcher-1's replica was still reconciling it"
+        );
+        d0.stop().await;
+    }
+
+    // Once dispatcher-1's reconcile ends, a starting dispatcher-0 takes the key over.
+    s1.ack(&held).await?;
+    ds.insert(0, TestDispatcher::start(config(ns.name(), 0, LONG)).await?);
+    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let after = s0
+        .collect_until(Duration::from_secs(20), |got| {
+            got.iter().any(|r| r.key == key)
+        })
+        .await;
+    assert!(
+        after.iter().any(|r| r.key == key),
+        "dispatcher-0 takes {key} over once dispatcher-1 let go"
     );
     stop_all([], ds, []).await;
     Ok(())

@@ -88,6 +88,17 @@ impl Change {
             deleted: true,
         }
     }
+
+    /// A change of an object owned by the key's object (an owned-object subscription).
+    pub fn owned() -> Self {
+        Self {
+            reason: Reason::Owned,
+            resource_version: String::new(),
+            uid: String::new(),
+            body: None,
+            deleted: false,
+        }
+    }
 }
 
 /// One reconcile request handed to a session.
@@ -232,6 +243,11 @@ impl GroupQueue {
     /// Number of keys the queue knows.
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Whether the queue knows `key` (live, deleted and not yet forgotten, queued or in flight).
+    pub fn contains(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
     }
 
     /// Whether the queue knows no key.
@@ -392,18 +408,6 @@ impl GroupQueue {
             e.seen = epoch;
         }
         wake
-    }
-
-    /// Records that the object of `key` (with `uid`) was listed in epoch `epoch`, without
-    /// queueing anything: for keys kept while nothing may be handed out, so a sweep of that list
-    /// flags only the objects really gone. An object with another uid is not the one indexed.
-    pub fn mark_seen(&mut self, key: &str, uid: &str, epoch: u32) {
-        if let Some(e) = self.entries.get_mut(key)
-            && !e.deleted
-            && e.uid == Uid::new(uid)
-        {
-            e.seen = epoch;
-        }
     }
 
     /// Queues as deleted every live key accepted by `belongs` (the keys of one subscription)
