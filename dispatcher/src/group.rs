@@ -222,27 +222,35 @@ impl Group {
     }
 
     /// Records that an object exists, as a list run beside the watch's stream showed it
-    /// (`crate::watch`): only if this dispatcher serves its key and does not know the key yet.
+    /// (`crate::watch`): only if this dispatcher serves its key and knows no version of it yet
+    /// (an owned object's change may have queued the key already).
     /// The stream is the authority on every key it has shown (the list may be older), and a
     /// key not served is left alone, so that a list older than a remembered deletion never
     /// cancels it.
     pub fn fill(&self, key: &str, object: Observed, epoch: u32) {
-        self.fill_with(key, |queue| queue.observe(key, object, epoch));
+        self.fill_with(key, |queue| {
+            (!queue.knows_object(key)).then(|| queue.observe(key, object, epoch))
+        });
     }
 
     /// Records a change of an owned object that a list run beside the watch's stream showed,
     /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
     pub fn fill_change(&self, key: &str, change: Change) {
-        self.fill_with(key, |queue| queue.change(key, change));
+        self.fill_with(key, |queue| {
+            (!queue.contains(key)).then(|| queue.change(key, change))
+        });
     }
 
-    fn fill_with(&self, key: &str, apply: impl FnOnce(&mut GroupQueue) -> Vec<SessionId>) {
+    fn fill_with(&self, key: &str, apply: impl FnOnce(&mut GroupQueue) -> Option<Vec<SessionId>>) {
         let wake = {
             let mut queue = self.queue();
-            if queue.contains(key) || !self.slice.borrow().serves_str(key) {
+            if !self.slice.borrow().serves_str(key) {
                 return;
             }
-            apply(&mut queue)
+            let Some(wake) = apply(&mut queue) else {
+                return;
+            };
+            wake
         };
         self.wake(wake);
     }
@@ -586,6 +594,114 @@ mod tests {
             .map(|d| (d.key.to_string(), d.deleted))
             .collect();
         assert_eq!(got, vec![(gone, true)]);
+        cancel.cancel();
+    }
+
+    fn observed(rv: &str) -> Observed {
+        Observed {
+            resource_version: rv.into(),
+            uid: "u".into(),
+            body: None,
+        }
+    }
+
+    /// Delivered (key, reason, resourceVersion), each acknowledged.
+    fn take_all(g: &Group) -> Vec<(String, Reason, String)> {
+        let got = g.take(1, 100);
+        let acks = got.iter().map(|d| (d.id, Outcome::Success)).collect();
+        g.ack(1, acks);
+        got.iter()
+            .map(|d| (d.key.to_string(), d.reason, d.resource_version.clone()))
+            .collect()
+    }
+
+    /// A list beside the watch's stream may be older than what the stream showed: it adds only
+    /// keys served here of which the group knows no version, and never undoes what it knows.
+    #[tokio::test(start_paused = true)]
+    async fn a_list_beside_the_stream_adds_only_keys_not_known() {
+        let cancel = CancellationToken::new();
+        let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
+        let g = Group::spawn(
+            "g".into(),
+            GroupSpec::new(Vec::new()),
+            QueueConfig::default(),
+            RecentDeletionsConfig::NONE,
+            watch::channel(Arc::new(two.clone())).1,
+            cancel.clone(),
+        );
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        let mine: Vec<String> = (0..100)
+            .map(|i| format!("/ConfigMap/ns/cm-{i}"))
+            .filter(|k| two.owns_str(k))
+            .take(4)
+            .collect();
+        let elsewhere = (0..100)
+            .map(|i| format!("/ConfigMap/ns/cm-{i}"))
+            .find(|k| !two.owns_str(k))
+            .expect("d1 owns a key");
+        let [seen, gone, owner, new] = <[String; 4]>::try_from(mine).expect("d0 owns keys");
+        g.observe(&seen, observed("5"), 1);
+        g.change(&gone, Change::deletion());
+        g.change(&owner, Change::owned());
+        assert_eq!(take_all(&g).len(), 3);
+
+        g.fill(&seen, observed("3"), 1);
+        g.fill(&elsewhere, observed("3"), 1);
+        g.fill(&owner, observed("4"), 1);
+        g.fill(&new, observed("6"), 1);
+        let mut got = take_all(&g);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (owner.clone(), Reason::Added, "4".into()),
+                (new.clone(), Reason::Added, "6".into()),
+            ],
+            "only the key never seen and the owner known only by an owned object's change"
+        );
+        // What the list added is known now: an older list adds nothing again.
+        g.fill(&new, observed("6"), 1);
+        assert!(take_all(&g).is_empty());
+        cancel.cancel();
+    }
+
+    /// While nothing may be handed out, a key kept in the index records the versions its
+    /// events show and is handed out once the gate opens: no list shows it again then.
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_key_records_new_versions_while_nothing_is_handed_out() {
+        let cancel = CancellationToken::new();
+        let settled = Slice::fixed("d0", Ring::new(["d0"]));
+        let (tx, rx) = watch::channel(Arc::new(settled.clone()));
+        let g = Group::spawn(
+            "g".into(),
+            GroupSpec::new(Vec::new()),
+            QueueConfig::default(),
+            RecentDeletionsConfig::NONE,
+            rx,
+            cancel.clone(),
+        );
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        g.observe("k", observed("1"), 1);
+        assert_eq!(take_all(&g).len(), 1);
+
+        let mut fenced = settled.clone();
+        fenced.settled = None;
+        tx.send_replace(Arc::new(fenced));
+        g.apply_slice();
+        g.observe("k", observed("2"), 1);
+        g.observe("unknown", observed("2"), 1);
+        assert!(
+            take_all(&g).is_empty(),
+            "nothing is handed out while fenced"
+        );
+
+        tx.send_replace(Arc::new(settled));
+        g.apply_slice();
+        assert_eq!(
+            take_all(&g),
+            vec![("k".to_owned(), Reason::Modified, "2".to_owned())],
+            "the kept key's new version, once the gate is open again"
+        );
         cancel.cancel();
     }
 

@@ -250,6 +250,14 @@ impl GroupQueue {
         self.entries.contains_key(key)
     }
 
+    /// Whether the queue knows the object of `key`: its deletion, or a version of it (not only
+    /// that an owned object of it changed).
+    pub fn knows_object(&self, key: &str) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.deleted || e.resource_version != Rv::Empty)
+    }
+
     /// Whether the queue knows no key.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
