@@ -221,6 +221,21 @@ impl Group {
         self.wake(wake);
     }
 
+    /// Records that an object owned by the object of `key` changed, if this dispatcher serves
+    /// the key, or keeps it while nothing may be handed out (like [`Group::observe`]).
+    pub fn owned_changed(&self, key: &str) {
+        let wake = {
+            let mut queue = self.queue();
+            let slice = self.slice.borrow();
+            let kept = slice.settled.is_none() && queue.contains(key);
+            if !slice.serves_str(key) && !kept {
+                return;
+            }
+            queue.change(key, Change::owned())
+        };
+        self.wake(wake);
+    }
+
     /// Records that an object exists, as a list run beside the watch's stream showed it
     /// (`crate::watch`): only if this dispatcher serves its key and knows no version of it yet
     /// (an owned object's change may have queued the key already).
@@ -666,7 +681,8 @@ mod tests {
     }
 
     /// While nothing may be handed out, a key kept in the index records the versions its
-    /// events show and is handed out once the gate opens: no list shows it again then.
+    /// events show, and the changes of objects it owns, and is handed out once the gate opens:
+    /// no list shows it again then.
     #[tokio::test(start_paused = true)]
     async fn a_kept_key_records_new_versions_while_nothing_is_handed_out() {
         let cancel = CancellationToken::new();
@@ -682,7 +698,8 @@ mod tests {
         );
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
         g.observe("k", observed("1"), 1);
-        assert_eq!(take_all(&g).len(), 1);
+        g.observe("owner", observed("1"), 1);
+        assert_eq!(take_all(&g).len(), 2);
 
         let mut fenced = settled.clone();
         fenced.settled = None;
@@ -690,6 +707,7 @@ mod tests {
         g.apply_slice();
         g.observe("k", observed("2"), 1);
         g.observe("unknown", observed("2"), 1);
+        g.owned_changed("owner");
         assert!(
             take_all(&g).is_empty(),
             "nothing is handed out while fenced"
@@ -697,10 +715,15 @@ mod tests {
 
         tx.send_replace(Arc::new(settled));
         g.apply_slice();
+        let mut got = take_all(&g);
+        got.sort();
         assert_eq!(
-            take_all(&g),
-            vec![("k".to_owned(), Reason::Modified, "2".to_owned())],
-            "the kept key's new version, once the gate is open again"
+            got,
+            vec![
+                ("k".to_owned(), Reason::Modified, "2".to_owned()),
+                ("owner".to_owned(), Reason::Owned, "1".to_owned()),
+            ],
+            "the kept keys' changes, once the gate is open again"
         );
         cancel.cancel();
     }

@@ -519,10 +519,7 @@ impl WatchTask {
                     let Some(key) = owner_key(obj, owner, &namespace) else {
                         continue;
                     };
-                    if !slice.serves(&key) {
-                        continue;
-                    }
-                    sub.group.change(&key.to_string(), Change::owned());
+                    sub.group.owned_changed(&key.to_string());
                 }
             }
         }
