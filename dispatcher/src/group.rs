@@ -206,14 +206,13 @@ impl Group {
     }
 
     /// Records that an object exists, if this dispatcher serves its key; see
-    /// [`GroupQueue::observe`]. While nothing may be handed out (`apply_slice`), a key kept in
-    /// the index is recorded and queued too, to be handed out once the gate opens if it is
-    /// still served then: no list shows it again.
+    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept ([`Group::keeps`])
+    /// is recorded and queued too, to be handed out once the gate opens if it is still served
+    /// then: no list shows it again.
     pub fn observe(&self, key: &str, object: Observed, epoch: u32) {
         let wake = {
             let mut queue = self.queue();
-            let kept = || self.slice.borrow().settled.is_none() && queue.contains(key);
-            if !self.serves_or_holds(key, Some(false)) && !kept() {
+            if !self.serves_or_holds(key, Some(false)) && !self.keeps(&queue, key) {
                 return;
             }
             queue.observe(key, object, epoch)
@@ -221,14 +220,21 @@ impl Group {
         self.wake(wake);
     }
 
+    /// Whether `key`, not served, is kept in the index while nothing may be handed out
+    /// (`apply_slice`): a key indexed already, or one this dispatcher owns on its ring (after a
+    /// start, its keys are held until the gate opens; indexed, a re-list of a watch that could
+    /// not resume meanwhile shows which of them were deleted). Call under the queue lock.
+    fn keeps(&self, queue: &GroupQueue, key: &str) -> bool {
+        let slice = self.slice.borrow();
+        slice.settled.is_none() && (queue.contains(key) || slice.owns_str(key))
+    }
+
     /// Records that an object owned by the object of `key` changed, if this dispatcher serves
     /// the key, or keeps it while nothing may be handed out (like [`Group::observe`]).
     pub fn owned_changed(&self, key: &str) {
         let wake = {
             let mut queue = self.queue();
-            let slice = self.slice.borrow();
-            let kept = slice.settled.is_none() && queue.contains(key);
-            if !slice.serves_str(key) && !kept {
+            if !self.slice.borrow().serves_str(key) && !self.keeps(&queue, key) {
                 return;
             }
             queue.change(key, Change::owned())
@@ -706,7 +712,7 @@ mod tests {
         tx.send_replace(Arc::new(fenced));
         g.apply_slice();
         g.observe("k", observed("2"), 1);
-        g.observe("unknown", observed("2"), 1);
+        g.observe("new", observed("2"), 1);
         g.owned_changed("owner");
         assert!(
             take_all(&g).is_empty(),
@@ -721,9 +727,10 @@ mod tests {
             got,
             vec![
                 ("k".to_owned(), Reason::Modified, "2".to_owned()),
+                ("new".to_owned(), Reason::Added, "2".to_owned()),
                 ("owner".to_owned(), Reason::Owned, "1".to_owned()),
             ],
-            "the kept keys' changes, once the gate is open again"
+            "the kept keys' changes, and a key it owns seen meanwhile, once the gate is open again"
         );
         cancel.cancel();
     }

@@ -774,6 +774,7 @@ async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
 /// started several times, since which comes first, the renewal or the list, varies.
 #[tokio::test]
 async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
     const LONG: Duration = Duration::from_secs(20);
     const ROUNDS: usize = 4;
     let (ns, api) = with_configmaps("whole-view", 10).await?;
@@ -825,15 +826,25 @@ async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases()
         d0.stop().await;
     }
 
-    // Once dispatcher-1's reconcile ends, a starting dispatcher-0 takes the key over.
+    // Once dispatcher-1's reconcile ends, a starting dispatcher-0 takes the key over. Its
+    // replica keeps polling (had its session expired meanwhile, the key would wait on
+    // dispatcher-1 for a session to finish it before the release).
     s1.ack(&held).await?;
     ds.insert(0, TestDispatcher::start(config(ns.name(), 0, LONG)).await?);
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
-    let after = s0
-        .collect_until(Duration::from_secs(20), |got| {
+    let keep_polling = async {
+        loop {
+            let _ = s1
+                .collect_until(Duration::from_millis(500), |_| false)
+                .await;
+        }
+    };
+    let after = tokio::select! {
+        after = s0.collect_until(Duration::from_secs(20), |got| {
             got.iter().any(|r| r.key == key)
-        })
-        .await;
+        }) => after,
+        () = keep_polling => unreachable!("polls until the other branch ends"),
+    };
     assert!(
         after.iter().any(|r| r.key == key),
         "dispatcher-0 takes {key} over once dispatcher-1 let go"
