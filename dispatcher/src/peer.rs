@@ -14,7 +14,7 @@ use kube_dispatch_proto::{
 use tonic::{Request, Response, Status, transport::Endpoint};
 use tracing::{info, warn};
 
-use crate::{group::Group, server::Core, subscription::MAX_FIELD_LEN};
+use crate::{backoff::Backoff, group::Group, server::Core, subscription::MAX_FIELD_LEN};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -74,8 +74,9 @@ impl Peer for PeerService {
 
 /// Once this dispatcher serves keys (its peers are known from their Leases by then), asks every
 /// live peer for the deletions it remembers, in `group`, of keys this dispatcher owns, and hands
-/// them to the group. A peer that cannot be reached is logged and skipped: what it remembered
-/// is missed.
+/// them to the group. A peer that cannot be reached (a network cut, a peer restarting) is asked
+/// again with a backoff for as long as peers remember deletions; what a peer still unreachable
+/// then remembered is missed, and logged.
 pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
     let mut slices = core.slices();
     // A group dropped before this dispatcher serves anything ends the wait: one task per live
@@ -89,31 +90,61 @@ pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
     };
     let identity = core.identity().to_owned();
     let members = slice.ring.members().to_vec();
+    let give_up = tokio::time::Instant::now() + core.recent_deletions_window();
+    let mut pending: Vec<(String, String)> = slice
+        .peers
+        .iter()
+        .map(|(peer, address)| (peer.clone(), address.clone()))
+        .collect();
     let mut fetched = 0;
-    for (peer, address) in slice.peers.iter() {
-        let request = RecentDeletionsRequest {
-            group: group.name.clone(),
-            identity: identity.clone(),
-            members: members.clone(),
-        };
-        match ask(address, request).await {
-            Ok(keys) => {
-                fetched += keys.len();
-                group.deleted_in_transit(keys);
+    let mut rounds = 0;
+    while !pending.is_empty() {
+        let mut unanswered = Vec::new();
+        for (peer, address) in pending {
+            let request = RecentDeletionsRequest {
+                group: group.name.clone(),
+                identity: identity.clone(),
+                members: members.clone(),
+            };
+            match ask(&address, request).await {
+                Ok(keys) => {
+                    fetched += keys.len();
+                    group.deleted_in_transit(keys);
+                }
+                Err(e) => {
+                    if rounds == 0 {
+                        warn!(group = %group.name, %peer, %address, error = %e, "cannot ask a peer for the deletions it remembers of this dispatcher's keys; asking again");
+                    }
+                    unanswered.push((peer, address));
+                }
             }
-            Err(e) => warn!(
-                group = %group.name,
-                %peer,
-                %address,
-                error = %e,
-                "cannot ask a peer for the deletions it remembers of this dispatcher's keys; a deletion made while this group was not served here may be missed"
-            ),
+        }
+        pending = unanswered;
+        if pending.is_empty() {
+            break;
+        }
+        rounds += 1;
+        let delay = RETRY.delay(rounds);
+        if tokio::time::Instant::now() + delay >= give_up {
+            let peers: Vec<&str> = pending.iter().map(|(p, _)| p.as_str()).collect();
+            warn!(group = %group.name, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
+            break;
+        }
+        tokio::select! {
+            () = group.dropped() => return,
+            () = tokio::time::sleep(delay) => {}
         }
     }
     if fetched > 0 {
         info!(group = %group.name, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
     }
 }
+
+/// Backoff between asks of peers that did not answer.
+const RETRY: Backoff = Backoff {
+    base: Duration::from_millis(200),
+    cap: Duration::from_secs(5),
+};
 
 async fn ask(address: &str, request: RecentDeletionsRequest) -> Result<Vec<String>, Status> {
     let endpoint = Endpoint::from_shared(format!("http://{address}"))

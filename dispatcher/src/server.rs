@@ -220,6 +220,12 @@ impl Core {
         self.slice.clone()
     }
 
+    /// How long peers remember deletions of keys they do not own
+    /// (`crate::recent_deletions`).
+    pub fn recent_deletions_window(&self) -> std::time::Duration {
+        self.recent_deletions.window
+    }
+
     /// This dispatcher's identity on the ring.
     pub fn identity(&self) -> &str {
         &self.settings.identity

@@ -856,3 +856,88 @@ async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases()
     stop_all([], ds, []).await;
     Ok(())
 }
+
+/// As above, but the peers cannot be reached when the restarted dispatcher first asks them (a
+/// network cut between dispatchers): it asks again until they answer, so the deletion is still
+/// delivered once the cut ends.
+#[tokio::test]
+async fn a_deletion_while_its_dispatcher_restarts_is_delivered_after_a_cut_between_peers()
+-> TestResult {
+    let (ns, api) = with_configmaps("deleted-while-peers-cut", 30).await?;
+    let three = Ring::new((0..3).map(name));
+    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
+    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    // Dispatchers 0 and 2 advertise a proxy in front of them: the path their peers take.
+    let mut proxies = BTreeMap::new();
+    let mut ds = BTreeMap::new();
+    for i in [0, 2] {
+        let proxy = FaultProxy::start("127.0.0.1:1".parse()?).await?;
+        let d = TestDispatcher::start_with(
+            config(ns.name(), i, BOUND),
+            "127.0.0.1:0",
+            None,
+            Some(proxy.addr.to_string()),
+        )
+        .await?;
+        proxy.retarget(d.addr);
+        proxies.insert(i, proxy);
+        ds.insert(i, d);
+    }
+    ds.insert(1, start(ns.name(), 1).await?);
+    settled(&ds, Duration::from_secs(30)).await;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let _s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let _s2 = TestSession::open(&ds[&2], GROUP, "replica-2", subs()).await?;
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let first = s1
+        .collect_until(Duration::from_secs(20), |got| got.len() >= of_victim.len())
+        .await;
+    assert_eq!(
+        first.len(),
+        of_victim.len(),
+        "dispatcher-1 delivers its keys"
+    );
+
+    for proxy in proxies.values() {
+        proxy.set(Fault::Cut);
+    }
+    if let Some(d) = ds.remove(&1) {
+        d.kill();
+    }
+    api.delete(&of_victim[0], &DeleteParams::default()).await?;
+    ds.insert(1, start(ns.name(), 1).await?);
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
+    // Its new process serves its keys again (after the bound for its predecessor's
+    // reconciles) while its peers are still unreachable: the deletion cannot be known yet.
+    let mut slice = ds[&1].handles.slice.clone();
+    tokio::time::timeout(Duration::from_secs(30), slice.wait_for(|s| s.is_settled())).await??;
+    // (Briefly: the peers remember a deletion only for the transit window, 5.9 s here, and
+    // most of it went by while the predecessor's reconciles were waited out.)
+    let meanwhile = s1
+        .collect_until(Duration::from_millis(500), |got| {
+            got.iter().any(|r| r.key == key)
+        })
+        .await;
+    assert!(
+        !meanwhile.iter().any(|r| r.key == key && r.deleted),
+        "the deletion is known only to the unreachable peers"
+    );
+    let healed_at = Instant::now();
+    for proxy in proxies.values() {
+        proxy.set(Fault::None);
+    }
+    expect_deletion(
+        &mut s1,
+        &key,
+        Duration::from_secs(30),
+        "while dispatcher-1 restarted, its peers cut off",
+    )
+    .await;
+    println!(
+        "deletion learnt from peers cut off at first delivered {:?} after the cut ended",
+        healed_at.elapsed()
+    );
+    stop_all([], ds, []).await;
+    Ok(())
+}
