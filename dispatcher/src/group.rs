@@ -206,7 +206,7 @@ impl Group {
     }
 
     /// Records that an object exists, if this dispatcher serves its key; see
-    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept ([`Group::keeps`])
+    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept (`Group::keeps`)
     /// is recorded and queued too, to be handed out once the gate opens if it is still served
     /// then: no list shows it again.
     pub fn observe(&self, key: &str, object: Observed, epoch: u32) {

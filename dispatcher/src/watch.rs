@@ -14,7 +14,7 @@
 //! of the new keys are found by a list run *beside* the stream, which keeps running: every
 //! event, deletions above all, is still seen as it happens. The stream stays the authority: an
 //! object of the side list is taken only for a key the group does not know yet and that no
-//! deletion seen since the list began names (see [`SideList`]).
+//! deletion seen since the list began names (see `SideList`).
 
 use std::{
     collections::HashMap,
