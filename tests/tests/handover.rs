@@ -211,6 +211,32 @@ fn names_owned_by(ring: &Ring, namespace: &str, count: usize, member: &str) -> V
         .collect()
 }
 
+/// Opens a session of the group on dispatchers 0, 1 and 2, so the group exists on every one
+/// and the peers remember deletions of keys they do not own (an idle group is kept 30 s), and
+/// waits until dispatcher-1 has delivered its keys `of_victim`.
+async fn sessions_of_three(
+    ds: &BTreeMap<usize, TestDispatcher>,
+    namespace: &str,
+    of_victim: &[String],
+) -> Result<Vec<TestSession>, Box<dyn std::error::Error>> {
+    let mut sessions = Vec::new();
+    for i in [0, 2, 1] {
+        let subs = vec![subscription("v1", "ConfigMap", namespace)];
+        sessions.push(TestSession::open(&ds[&i], GROUP, &format!("replica-{i}"), subs).await?);
+    }
+    if let Some(s1) = sessions.last_mut() {
+        let first = s1
+            .collect_until(Duration::from_secs(20), |got| got.len() >= of_victim.len())
+            .await;
+        assert_eq!(
+            first.len(),
+            of_victim.len(),
+            "dispatcher-1 delivers its keys"
+        );
+    }
+    Ok(sessions)
+}
+
 /// Polls `session` until it is handed the deletion of `key` (made `when`); fails with what it
 /// was handed instead after `timeout`.
 async fn expect_deletion(session: &mut TestSession, key: &str, timeout: Duration, when: &str) {
@@ -660,19 +686,7 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
     assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
-    // The group exists on every dispatcher, so the peers remember deletions of keys they do not
-    // own (an idle group is kept 30 s).
-    let _s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
-    let _s2 = TestSession::open(&ds[&2], GROUP, "replica-2", subs()).await?;
-    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
-    let first = s1
-        .collect_until(Duration::from_secs(20), |got| got.len() >= of_victim.len())
-        .await;
-    assert_eq!(
-        first.len(),
-        of_victim.len(),
-        "dispatcher-1 delivers its keys"
-    );
+    let _sessions = sessions_of_three(&ds, ns.name(), &of_victim).await?;
 
     let killed_at = Instant::now();
     if let Some(d) = ds.remove(&1) {
@@ -886,17 +900,7 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_after_a_cut_betwe
     ds.insert(1, start(ns.name(), 1).await?);
     settled(&ds, Duration::from_secs(30)).await;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
-    let _s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
-    let _s2 = TestSession::open(&ds[&2], GROUP, "replica-2", subs()).await?;
-    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
-    let first = s1
-        .collect_until(Duration::from_secs(20), |got| got.len() >= of_victim.len())
-        .await;
-    assert_eq!(
-        first.len(),
-        of_victim.len(),
-        "dispatcher-1 delivers its keys"
-    );
+    let _sessions = sessions_of_three(&ds, ns.name(), &of_victim).await?;
 
     for proxy in proxies.values() {
         proxy.set(Fault::Cut);
