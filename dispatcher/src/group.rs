@@ -249,29 +249,25 @@ impl Group {
     /// key not served is left alone, so that a list older than a remembered deletion never
     /// cancels it.
     pub fn fill(&self, key: &str, object: Observed, epoch: u32) {
-        self.fill_with(key, |queue| {
-            (!queue.knows_object(key)).then(|| queue.observe(key, object, epoch))
-        });
+        let wake = {
+            let mut queue = self.queue();
+            if !self.slice.borrow().serves_str(key) || queue.knows_object(key) {
+                return;
+            }
+            queue.observe(key, object, epoch)
+        };
+        self.wake(wake);
     }
 
     /// Records a change of an owned object that a list run beside the watch's stream showed,
     /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
-    pub fn fill_change(&self, key: &str, change: Change) {
-        self.fill_with(key, |queue| {
-            (!queue.contains(key)).then(|| queue.change(key, change))
-        });
-    }
-
-    fn fill_with(&self, key: &str, apply: impl FnOnce(&mut GroupQueue) -> Option<Vec<SessionId>>) {
+    pub fn fill_owned(&self, key: &str) {
         let wake = {
             let mut queue = self.queue();
-            if !self.slice.borrow().serves_str(key) {
+            if !self.slice.borrow().serves_str(key) || queue.contains(key) {
                 return;
             }
-            let Some(wake) = apply(&mut queue) else {
-                return;
-            };
-            wake
+            queue.change(key, Change::owned())
         };
         self.wake(wake);
     }
@@ -328,6 +324,7 @@ impl Group {
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
     pub fn exists_elsewhere(&self, key: &RequestKey) {
+        // Decided under the queue lock, like every decision against the slice.
         let _queue = self.queue();
         let hash = key.hash64();
         if self.slice.borrow().owns_hash(hash) {

@@ -446,8 +446,7 @@ impl WatchTask {
                 None => {}
                 Some(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner, &namespace) {
-                        sub.group
-                            .fill_change(&owner_key.to_string(), Change::owned());
+                        sub.group.fill_owned(&owner_key.to_string());
                     }
                 }
             }

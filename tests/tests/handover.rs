@@ -723,7 +723,6 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
 /// list starts well after the deletion; a watch that restarted to list would never see it.
 #[tokio::test]
 async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
-    kube_dispatch_tests::log_to_file_from_env();
     let (ns, api) = with_configmaps("deleted-at-handover", 30).await?;
     let two = Ring::new([name(0), name(1)]);
     let moving = names_owned_by(&two, ns.name(), 30, "dispatcher-1");
@@ -788,7 +787,6 @@ async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
 /// started several times, since which comes first, the renewal or the list, varies.
 #[tokio::test]
 async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases() -> TestResult {
-    kube_dispatch_tests::log_to_file_from_env();
     const LONG: Duration = Duration::from_secs(20);
     const ROUNDS: usize = 4;
     let (ns, api) = with_configmaps("whole-view", 10).await?;
