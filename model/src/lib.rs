@@ -17,7 +17,13 @@
 //!   ring it has released); it fences itself `lease` ticks after its last *answered* renewal;
 //!   the others drop it `lease + grace` ticks after the renewal they saw. A renewal may reach
 //!   the API server and its answer be lost. A dispatcher cut off from the API server neither
-//!   renews nor observes.
+//!   renews nor observes. A dispatcher judges membership only on a whole view of the Leases
+//!   that shows its own last renewal ([`Views::Whole`]); [`Views::Partial`] models the older
+//!   code that judged on every event of its Lease watch's first list, and shows its overlap.
+//! - **Restarts and graceful stops**: a restarted dispatcher renews its Lease before its Lease
+//!   watch has listed; it waits `bound` before serving unless its previous process deleted its
+//!   Lease on a graceful stop, which it makes only with nothing in flight (the others then
+//!   drop it at once).
 //! - **The handover gate** (`dispatcher/src/handover.rs`): on a change of the live members a
 //!   dispatcher adopts the new ring, trims its queue (moved keys in flight, or ready while it was
 //!   serving, are delivered here first and then forgotten), releases the ring once none is left,
@@ -42,8 +48,8 @@
 //!   from the API server queue it; one cut off re-lists when it is back.
 //!
 //! Not modelled: deletions (the re-list cannot show them; `dispatcher/HANDOVER.md` covers them
-//! apart), graceful drains and CloseSession (both end in the same release of keys as a replaced
-//! session), the load balancer (placement only chooses which dispatchers a replica polls: here
+//! apart), the drain that precedes a graceful stop and CloseSession (both end in the same
+//! release of keys as a replaced session), the load balancer (placement only chooses which dispatchers a replica polls: here
 //! every replica may poll every dispatcher), body budgets and backoff delays.
 //!
 //! # Properties
@@ -116,6 +122,9 @@ impl Timing {
 pub struct Budget {
     /// Dispatcher crashes (kill -9; each may be followed by a restart).
     pub dispatcher_crashes: u8,
+    /// Graceful stops of a dispatcher with nothing in flight, which delete its Lease (each may
+    /// be followed by a restart).
+    pub graceful_stops: u8,
     /// Replica crashes.
     pub replica_crashes: u8,
     /// Cuts between a dispatcher and the API server (each healed at some point).
@@ -134,6 +143,7 @@ impl Budget {
     /// No fault at all.
     pub const NONE: Self = Self {
         dispatcher_crashes: 0,
+        graceful_stops: 0,
         replica_crashes: 0,
         api_cuts: 0,
         lost_renewal_answers: 0,
@@ -153,6 +163,17 @@ pub enum Variant {
     ArrivalTime,
 }
 
+/// What a dispatcher judges membership on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Views {
+    /// The dispatcher as it is: only a whole view of the Leases that shows its own last
+    /// renewal (`membership.rs`).
+    Whole,
+    /// Every Lease event, including each one of the list its Lease watch starts with after a
+    /// restart or a cut: it may judge on a part of the Leases. The check finds an overlap.
+    Partial,
+}
+
 /// What to check.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
@@ -168,6 +189,8 @@ pub struct Config {
     pub budget: Budget,
     /// Replica behaviour.
     pub variant: Variant,
+    /// What dispatchers judge membership on.
+    pub views: Views,
     /// Check `settles` too (a fair run from every state with a change pending: the costly part).
     pub liveness: bool,
 }
@@ -230,6 +253,9 @@ pub struct Dispatcher {
     pub up: bool,
     /// Reaches the API server.
     pub api: bool,
+    /// Its Lease watch is listing (after a start or a cut) and has not yet shown its own
+    /// renewal.
+    pub listing: bool,
     /// Ticks until it fences itself, from its last answered renewal.
     pub own_lease: u8,
     /// The live members as it last observed them (a bit per dispatcher).
@@ -261,6 +287,8 @@ pub struct Lease {
     pub seen: u8,
     /// The ring its holder released, if any.
     pub released: Option<u8>,
+    /// Deleted by a graceful stop: its holder left nothing in flight.
+    pub deleted: bool,
 }
 
 /// A replica's session on one dispatcher.
@@ -399,8 +427,12 @@ pub enum Action {
     HealApi(u8),
     /// Dispatcher `d` is killed.
     Crash(u8),
-    /// Dispatcher `d` starts again.
+    /// Dispatcher `d` starts again, and renews its Lease before its Lease watch lists.
     Restart(u8),
+    /// Dispatcher `d` stops gracefully: it has nothing in flight, and deletes its Lease.
+    Stop(u8),
+    /// Dispatcher `d`, listing, has seen only the Leases in the mask (its own among them).
+    Glimpse(u8, u8),
     /// Replica `r` is killed.
     CrashReplica(u8),
     /// Replica `r` starts again.
@@ -513,6 +545,7 @@ impl Protocol {
         Dispatcher {
             up,
             api: true,
+            listing: up,
             own_lease: 0,
             ring: 0,
             settled: None,
@@ -674,14 +707,29 @@ impl Protocol {
         }
     }
 
-    fn observe(&self, state: &mut State, d: usize) {
-        let t = self.config.timing;
-        let live = state
+    /// The members whose Lease is live.
+    fn live(state: &State) -> u8 {
+        state
             .leases
             .iter()
             .enumerate()
             .filter(|(_, l)| l.seen > 0)
-            .fold(0u8, |m, (i, _)| m | bit(i));
+            .fold(0u8, |m, (i, _)| m | bit(i))
+    }
+
+    /// `d` observes every Lease: a whole and current view.
+    fn observe(&self, state: &mut State, d: usize) {
+        let live = Self::live(state);
+        if has(live, d) {
+            state.dispatchers[d].listing = false;
+        }
+        self.judge(state, d, live);
+    }
+
+    /// `d` judges membership on a view of the Leases in which the members `live` are live
+    /// (`membership::run` and `Handover::update`).
+    fn judge(&self, state: &mut State, d: usize, live: u8) {
+        let t = self.config.timing;
         let leases = state.leases.clone();
         let disp = &mut state.dispatchers[d];
         if disp.own_lease == 0 {
@@ -691,8 +739,9 @@ impl Protocol {
         }
         if live != disp.ring {
             let gone = disp.ring & !live;
-            for x in 0..self.config.dispatchers {
-                if x != d && has(gone, x) {
+            for (x, lease) in leases.iter().enumerate() {
+                // A deleted Lease was released: its holder left nothing in flight.
+                if x != d && has(gone, x) && !lease.deleted {
                     disp.died[x] = t.bound;
                 }
             }
@@ -735,6 +784,7 @@ impl Protocol {
         state.leases[d] = Lease {
             seen: t.lease + t.grace,
             released,
+            deleted: false,
         };
         if answered {
             state.dispatchers[d].own_lease = t.lease;
@@ -855,6 +905,7 @@ impl Model for Protocol {
                 Lease {
                     seen: t.lease + t.grace,
                     released: Some(all),
+                    deleted: false,
                 };
                 self.config.dispatchers
             ],
@@ -901,6 +952,27 @@ impl Model for Protocol {
                 }
                 if state.left.dispatcher_crashes > 0 {
                     actions.push(Action::Crash(d8));
+                }
+                if state.left.graceful_stops > 0
+                    && !disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. }))
+                {
+                    actions.push(Action::Stop(d8));
+                }
+                if self.config.views == Views::Partial && disp.listing && disp.api {
+                    // Every part of the live Leases that shows its own.
+                    let live = Self::live(state);
+                    if has(live, d) {
+                        let mut part = live;
+                        loop {
+                            if has(part, d) && part != live {
+                                actions.push(Action::Glimpse(d8, part));
+                            }
+                            if part == 0 {
+                                break;
+                            }
+                            part = (part - 1) & live;
+                        }
+                    }
                 }
                 for (r, s) in disp.sessions.iter().enumerate() {
                     if *s == Some(0) {
@@ -1032,6 +1104,7 @@ impl Model for Protocol {
             Action::HealApi(d) => {
                 let disp = &mut s.dispatchers[usize::from(d)];
                 disp.api = true;
+                disp.listing = true;
                 // Its watch re-lists when it is back.
                 self.relist(disp, usize::from(d));
             }
@@ -1041,11 +1114,36 @@ impl Model for Protocol {
                 s.seen |= Seen::Crashed as u8;
             }
             Action::Restart(d) => {
+                let d = usize::from(d);
                 let mut disp = self.fresh_dispatcher(true);
-                // Its Lease is still there, unreleased: its previous process may have left
+                // A Lease still there was not released: its previous process may have left
                 // reconciles running.
-                disp.hold = t.bound;
-                s.dispatchers[usize::from(d)] = disp;
+                if !s.leases[d].deleted {
+                    disp.hold = t.bound;
+                }
+                s.dispatchers[d] = disp;
+                self.renew(&mut s, d, true);
+            }
+            Action::Stop(d) => {
+                s.left.graceful_stops = s.left.graceful_stops.checked_sub(1)?;
+                let d = usize::from(d);
+                let disp = &s.dispatchers[d];
+                if !disp.up || disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. })) {
+                    return None;
+                }
+                s.dispatchers[d] = self.fresh_dispatcher(false);
+                s.leases[d] = Lease {
+                    seen: 0,
+                    released: None,
+                    deleted: true,
+                };
+            }
+            Action::Glimpse(d, part) => {
+                let d = usize::from(d);
+                if !s.dispatchers[d].listing {
+                    return None;
+                }
+                self.judge(&mut s, d, part);
             }
             Action::CrashReplica(r) => {
                 s.left.replica_crashes = s.left.replica_crashes.checked_sub(1)?;
@@ -1292,30 +1390,38 @@ impl Model for Protocol {
         Some(s)
     }
 
+    /// `settles` only when [`Config::liveness`] is set, and the handover after a crash only
+    /// when a crash and a second dispatcher make it possible.
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("exclusive", |m: &Self, s: &State| {
-                (0..m.config.keys).all(|k| {
-                    s.replicas
-                        .iter()
-                        .filter(|r| r.up && r.running[k].is_some())
-                        .count()
-                        <= 1
-                })
-            }),
-            Property::always("settles", |m: &Self, s: &State| {
-                !m.config.liveness || s.pending == 0 || m.settles(s)
-            }),
-            Property::sometimes("a key is reconciled", |_, s: &State| {
-                s.seen & Seen::Reconciled as u8 != 0
-            }),
-            Property::sometimes("a handover completes after a crash", |_, s: &State| {
-                s.seen & Seen::HandoverAfterCrash as u8 != 0
-            }),
-            Property::sometimes("a replica fences a session", |_, s: &State| {
-                s.seen & Seen::Fenced as u8 != 0
-            }),
-        ]
+        let mut properties = vec![Property::always("exclusive", |m: &Self, s: &State| {
+            (0..m.config.keys).all(|k| {
+                s.replicas
+                    .iter()
+                    .filter(|r| r.up && r.running[k].is_some())
+                    .count()
+                    <= 1
+            })
+        })];
+        if self.config.liveness {
+            properties.push(Property::always("settles", |m: &Self, s: &State| {
+                s.pending == 0 || m.settles(s)
+            }));
+        }
+        properties.push(Property::sometimes(
+            "a key is reconciled",
+            |_, s: &State| s.seen & Seen::Reconciled as u8 != 0,
+        ));
+        if self.config.dispatchers > 1 && self.config.budget.dispatcher_crashes > 0 {
+            properties.push(Property::sometimes(
+                "a handover completes after a crash",
+                |_, s: &State| s.seen & Seen::HandoverAfterCrash as u8 != 0,
+            ));
+        }
+        properties.push(Property::sometimes(
+            "a replica fences a session",
+            |_, s: &State| s.seen & Seen::Fenced as u8 != 0,
+        ));
+        properties
     }
 }
 
@@ -1324,13 +1430,15 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas, {} keys, {:?} replica; timing {:?}; faults: {} dispatcher crashes, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift",
+            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift",
             self.dispatchers,
             self.replicas,
             self.keys,
             self.variant,
+            self.views,
             self.timing,
             b.dispatcher_crashes,
+            b.graceful_stops,
             b.replica_crashes,
             b.api_cuts,
             b.lost_renewal_answers,
@@ -1355,6 +1463,7 @@ mod tests {
             timing: Timing::COARSE,
             budget,
             variant,
+            views: Views::Whole,
             liveness: true,
         }
     }
@@ -1443,6 +1552,105 @@ mod tests {
         assert!(running(path.last_state()) == 2);
     }
 
+    /// Dispatcher 0 stops gracefully and dispatcher 1 takes its key over; dispatcher 0 starts
+    /// again, renews, and its Lease watch lists. Judging membership on every Lease event (the
+    /// code before `membership.rs` waited for a whole view), it finds itself alone after its
+    /// own Lease, serves the key at once, and a replica takes it from each dispatcher. Judging
+    /// on whole views only, the same steps are not possible.
+    #[test]
+    fn membership_judged_on_a_partial_view_of_the_leases_overlaps_and_on_a_whole_view_does_not() {
+        use Action::*;
+        let budget = Budget {
+            graceful_stops: 1,
+            ..NO_FAULTS
+        };
+        let path = [
+            Stop(0),
+            Tick,
+            Open(0, 1),
+            Poll(0, 1),
+            Arrive(0, 1),
+            Answer(0, 1, 1),
+            Receive(0, 1),
+            Restart(0),
+            Glimpse(0, 0b01),
+            Open(1, 0),
+            Poll(1, 0),
+            Arrive(1, 0),
+            Answer(1, 0, 1),
+            Receive(1, 0),
+        ];
+        let partial = Protocol::new(Config {
+            views: Views::Partial,
+            ..config(2, Variant::SendTime, budget)
+        });
+        assert_eq!(
+            running(&replay(&partial, &path)),
+            2,
+            "both replicas run the key"
+        );
+        let whole = Protocol::new(config(2, Variant::SendTime, budget));
+        let glimpse = path.iter().position(|a| matches!(a, Glimpse(..))).unwrap();
+        let s = replay(&whole, &path[..glimpse]);
+        let mut enabled = Vec::new();
+        whole.actions(&s, &mut enabled);
+        assert!(!enabled.contains(&path[glimpse]));
+        // Without the partial view, dispatcher 0 cannot serve the key to replica 1.
+        assert!(
+            whole
+                .next_state(&s, Open(1, 0))
+                .and_then(|s| whole.next_state(&s, Poll(1, 0)))
+                .and_then(|s| whole.next_state(&s, Arrive(1, 0)))
+                .and_then(|s| whole.next_state(&s, Answer(1, 0, 1)))
+                .is_none(),
+            "dispatcher 0 serves the key before a whole view"
+        );
+    }
+
+    /// The checker finds that overlap by itself: with a graceful stop and no other fault, every
+    /// path of up to 16 steps, depth first. Judging on whole views, none of those paths
+    /// overlaps.
+    #[test]
+    fn the_checker_finds_the_overlap_of_partial_lease_views_and_none_with_whole_views() {
+        let explore = |views| {
+            let config = Config {
+                views,
+                liveness: false,
+                ..config(
+                    2,
+                    Variant::SendTime,
+                    Budget {
+                        graceful_stops: 1,
+                        ..NO_FAULTS
+                    },
+                )
+            };
+            Protocol::new(config)
+                .checker()
+                .target_max_depth(16)
+                .spawn_dfs()
+                .join()
+        };
+        let partial = explore(Views::Partial);
+        let path = partial.discovery("exclusive").expect("an overlap is found");
+        assert!(running(path.last_state()) == 2);
+        let actions = path.into_actions();
+        assert!(
+            actions.iter().any(|a| matches!(a, Action::Glimpse(..)))
+                && actions.iter().any(|a| matches!(a, Action::Stop(..))),
+            "the overlap follows a graceful stop and a partial view: {actions:#?}"
+        );
+        let whole = explore(Views::Whole);
+        assert!(whole.is_done());
+        if let Some(path) = whole.discovery("exclusive") {
+            panic!("whole views overlap: {:#?}", path.into_actions());
+        }
+        println!(
+            "a graceful stop, whole views: {} unique states within 16 steps",
+            whole.unique_state_count()
+        );
+    }
+
     /// Explores `config` breadth first for `states` states (revisits included); panics with the
     /// path to any violation; returns the unique states and the depth reached.
     fn check_bounded(config: Config, states: usize) -> (usize, usize) {
@@ -1487,6 +1695,7 @@ mod tests {
     fn two_dispatchers_on_deep_paths_never_overlap_and_settle() {
         let budget = Budget {
             dispatcher_crashes: 1,
+            graceful_stops: 1,
             replica_crashes: 1,
             api_cuts: 1,
             lost_renewal_answers: 1,

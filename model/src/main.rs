@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kube_dispatch_model::{Budget, Config, Protocol, Timing, Variant};
+use kube_dispatch_model::{Budget, Config, Protocol, Timing, Variant, Views};
 use stateright::{Checker, Model};
 
 /// Checks kube-dispatch's delivery protocol exhaustively within the given bounds.
@@ -27,6 +27,9 @@ struct Args {
     /// Dispatcher crashes a run may have.
     #[arg(long, default_value_t = 1)]
     dispatcher_crashes: u8,
+    /// Graceful dispatcher stops (nothing in flight, Lease deleted) a run may have.
+    #[arg(long, default_value_t = 1)]
+    graceful_stops: u8,
     /// Replica crashes a run may have.
     #[arg(long, default_value_t = 1)]
     replica_crashes: u8,
@@ -52,6 +55,10 @@ struct Args {
     /// Check the SDK's old fencing (deadlines from the answer's arrival) instead.
     #[arg(long)]
     arrival_time: bool,
+    /// Check the dispatcher's old membership (judged on every Lease event, including each one
+    /// of a first list) instead.
+    #[arg(long)]
+    partial_lease_views: bool,
     /// Stop after this many states (0: explore everything within the bounds).
     #[arg(long, default_value_t = 0)]
     max_states: usize,
@@ -93,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         timing,
         budget: Budget {
             dispatcher_crashes: args.dispatcher_crashes,
+            graceful_stops: args.graceful_stops,
             replica_crashes: args.replica_crashes,
             api_cuts: args.api_cuts,
             lost_renewal_answers: args.lost_renewal_answers,
@@ -105,6 +113,11 @@ fn main() -> anyhow::Result<()> {
             Variant::ArrivalTime
         } else {
             Variant::SendTime
+        },
+        views: if args.partial_lease_views {
+            Views::Partial
+        } else {
+            Views::Whole
         },
     };
     println!("model: {config}");
