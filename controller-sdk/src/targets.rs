@@ -52,9 +52,14 @@ enum Ended {
     Closed,
 }
 
+/// Most redirects followed one after another before backing off: a leader that has just stepped
+/// down may point back at a standby for a moment.
+const MAX_REDIRECTS: u32 = 3;
+
 /// Registers with the load balancer at `address` and publishes each assignment on `targets`,
-/// until `stop`. Follows redirects to the leader; when no load balancer can be reached, the
-/// last assignment stays in force (the replica keeps polling what it has) while it retries.
+/// until `stop`. Follows redirects to the leader (up to [`MAX_REDIRECTS`] in a row, then backs
+/// off and starts again from `address`); when no load balancer can be reached, the last
+/// assignment stays in force (the replica keeps polling what it has) while it retries.
 pub(crate) async fn follow_load_balancer(
     address: String,
     request: RegisterRequest,
@@ -66,7 +71,7 @@ pub(crate) async fn follow_load_balancer(
     let mut redirects = 0u32;
     while !stop.is_cancelled() {
         let delay = match register(&current, &request, &targets, &stop).await {
-            Ok((Ended::Redirect(leader), _)) if redirects < 3 => {
+            Ok((Ended::Redirect(leader), _)) if redirects < MAX_REDIRECTS => {
                 redirects += 1;
                 info!(load_balancer = %leader, "redirected to the leading load balancer");
                 current = with_scheme(&leader);
@@ -74,25 +79,26 @@ pub(crate) async fn follow_load_balancer(
             }
             Ok((Ended::Redirect(leader), _)) => {
                 warn!(load_balancer = %leader, "redirected again and again; backing off");
-                current = address.clone();
                 backoff.next()
             }
             Ok((Ended::Closed, assigned)) => {
-                current = address.clone();
                 if assigned {
                     backoff = reconnect_backoff();
-                    redirects = 0;
                 }
                 info!("load balancer ended the registration; registering again");
                 backoff.next()
             }
             Err(status) => {
-                current = address.clone();
                 let delay = backoff.next();
                 warn!(%status, ?delay, dispatchers = ?*targets.borrow(), "cannot register with the load balancer; polling the dispatchers assigned last");
                 delay
             }
         };
+        // After a pause, start again from the configured address, which names today's leader
+        // (a Service in front of every load balancer, or a standby that redirects), with a fresh
+        // count of redirects: a leader that could not be reached a moment ago may be up now.
+        current = address.clone();
+        redirects = 0;
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(delay.unwrap_or(Duration::from_secs(30))) => {}
@@ -141,5 +147,126 @@ async fn register(
             .collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
         targets.send_replace(set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        net::SocketAddr,
+        pin::Pin,
+        sync::{
+            Arc,
+            atomic::{AtomicU32, Ordering},
+        },
+    };
+
+    use futures::{Stream, StreamExt};
+    use kube_dispatch_proto::v1::{
+        Assignment,
+        load_balancer_server::{LoadBalancer, LoadBalancerServer},
+    };
+    use tokio_stream::wrappers::TcpListenerStream;
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+
+    /// A load balancer that refuses its first `refuse` registrations as unavailable, then
+    /// answers each with `answer` and keeps the stream open.
+    struct Fake {
+        refuse: u32,
+        calls: Arc<AtomicU32>,
+        answer: Assignment,
+    }
+
+    #[tonic::async_trait]
+    impl LoadBalancer for Fake {
+        type RegisterStream = Pin<Box<dyn Stream<Item = Result<Assignment, Status>> + Send>>;
+
+        async fn register(
+            &self,
+            _: Request<RegisterRequest>,
+        ) -> Result<Response<Self::RegisterStream>, Status> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.refuse {
+                return Err(Status::unavailable("starting"));
+            }
+            let answers = futures::stream::iter([Ok(self.answer.clone())]);
+            Ok(Response::new(Box::pin(
+                answers.chain(futures::stream::pending()),
+            )))
+        }
+    }
+
+    /// Serves `fake` on a loopback port until `stop`.
+    async fn serve(fake: Fake, stop: &CancellationToken) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let address = listener.local_addr().expect("local address");
+        let stop = stop.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(LoadBalancerServer::new(fake))
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener),
+                    stop.cancelled_owned(),
+                ),
+        );
+        address
+    }
+
+    /// The configured address is a standby that names the leader, and the leader refuses more
+    /// registrations than redirects are followed in a row (it is still starting). The replica
+    /// must keep coming back to it after each pause, and get its assignment once the leader
+    /// answers. It used to count redirects across pauses and, past the limit, never follow one
+    /// again: replicas stayed on their old dispatchers for good, and a dispatcher that joined
+    /// meanwhile got no session.
+    #[tokio::test]
+    async fn a_replica_reaches_a_leader_that_refused_it_at_first() {
+        let stop = CancellationToken::new();
+        let leader_calls = Arc::new(AtomicU32::new(0));
+        let leader = Fake {
+            refuse: MAX_REDIRECTS + 1,
+            calls: leader_calls.clone(),
+            answer: Assignment {
+                dispatchers: vec!["127.0.0.1:7070".into()],
+                generation: 1,
+                ..Default::default()
+            },
+        };
+        let leader = serve(leader, &stop).await;
+        let standby = Fake {
+            refuse: 0,
+            calls: Arc::default(),
+            answer: Assignment {
+                leader: leader.to_string(),
+                ..Default::default()
+            },
+        };
+        let standby = serve(standby, &stop).await;
+        let (targets, mut assigned) = watch::channel(BTreeSet::new());
+        let follow = tokio::spawn(follow_load_balancer(
+            format!("http://{standby}"),
+            RegisterRequest::default(),
+            targets,
+            stop.clone(),
+        ));
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            assigned.wait_for(|dispatchers| !dispatchers.is_empty()),
+        )
+        .await
+        .map(|got| got.map(|dispatchers| dispatchers.clone()));
+        let calls = leader_calls.load(Ordering::SeqCst);
+        let Ok(Ok(dispatchers)) = reached else {
+            panic!("no assignment within 30 s; the leader was asked {calls} times");
+        };
+        assert_eq!(
+            dispatchers,
+            BTreeSet::from(["http://127.0.0.1:7070".to_owned()])
+        );
+        assert_eq!(calls, MAX_REDIRECTS + 2);
+        stop.cancel();
+        follow.await.expect("the registration task ends on stop");
     }
 }
