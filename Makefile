@@ -45,7 +45,7 @@ bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): O
 
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
-	$(CARGO) bench -p kube-dispatch-dispatcher --bench dispatch_core
+	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core
 
 .PHONY: binaries
 binaries: ## Build (once) kube-apiserver, kube-controller-manager, kubectl and etcd

@@ -32,7 +32,7 @@ cargo build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispa
 
 mkdir -p target/bench
 say "dispatch core micro-benchmark"
-cargo bench --locked --quiet -p kube-dispatch-dispatcher --bench dispatch_core | tee target/bench/core.txt
+cargo bench --locked --quiet -p kube-dispatch-core --bench dispatch_core | tee target/bench/core.txt
 
 started_cluster=
 if ! $cluster status >/dev/null 2>&1; then started_cluster=1; fi

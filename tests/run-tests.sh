@@ -12,6 +12,9 @@ cluster=tests/cluster/cluster.sh
 step "pinned versions"
 tests/cluster/check-versions.sh
 
+step "crate layout"
+tests/check-layout.sh
+
 step "Kubernetes binaries"
 tests/cluster/build-binaries.sh
 

@@ -4,7 +4,7 @@
 //! Prints reconcile requests per second (one thread, so per core) and the memory each known key
 //! costs (resident set growth per key, so allocator overhead is included).
 //!
-//! Run: `make bench-core` (or `cargo bench -p kube-dispatch-dispatcher --bench dispatch_core`).
+//! Run: `make bench-core` (or `cargo bench -p kube-dispatch-core --bench dispatch_core`).
 //! Environment: `KD_BENCH_KEYS` (default 1000000) keys for the memory figure; `KD_BENCH_RUNS`
 //! (default 5) throughput runs, of which the median is reported.
 
@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_dispatcher::queue::{Change, GroupQueue, Observed, Outcome, QueueConfig};
+use kube_dispatch_core::queue::{Change, GroupQueue, Observed, Outcome, QueueConfig};
 use kube_dispatch_proto::v1::Reason;
 
 fn env_usize(name: &str, default: usize) -> usize {

@@ -14,17 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_proto::{RequestKey, Ring, key::hash64};
+use kube_dispatch_proto::{RequestKey, Ring, key::hash64, lease::ring_id};
 use tracing::info;
-
-/// Annotation on a dispatcher's Lease: the id of the ring this dispatcher has released, i.e.
-/// under which it hands out, and has in flight, only keys it owns.
-pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
-
-/// The id of a ring: XXH64 of its sorted members joined with `,`, in hex.
-pub fn ring_id(ring: &Ring) -> String {
-    format!("{:016x}", hash64(ring.members().join(",").as_bytes()))
-}
 
 /// The keys a dispatcher serves.
 #[derive(Clone, Debug)]

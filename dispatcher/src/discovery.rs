@@ -7,7 +7,7 @@ use kube::{Client, core::GroupVersion, discovery};
 use kube_dispatch_proto::v1::ResourceRef;
 use tokio::sync::Mutex;
 
-use crate::subscription::ResourceId;
+use kube_dispatch_core::subscription::ResourceId;
 
 /// Why a resource could not be resolved.
 #[derive(Debug, thiserror::Error)]

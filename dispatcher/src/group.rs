@@ -15,9 +15,9 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
-use crate::{
+use kube_dispatch_core::{
     handover::Slice,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
@@ -279,6 +279,9 @@ impl Group {
         let slice = self.slice.borrow();
         let hash = hash64(key.as_bytes());
         if slice.serves_hash(hash) {
+            if deleted == Some(true) {
+                debug!(group = %self.name, key, "deletion queued: the key is served here");
+            }
             return true;
         }
         let Some(deleted) = deleted else {
@@ -290,12 +293,14 @@ impl Group {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             if deleted {
+                debug!(group = %self.name, key, "deletion held: the key moved here and the handover holds it");
                 held.insert(key.to_owned());
             } else {
                 held.remove(key);
                 self.recent_deletions().exists(hash);
             }
         } else if deleted {
+            debug!(group = %self.name, key, "deletion remembered: the key is owned elsewhere");
             let mut recent = self.recent_deletions();
             if !recent.deleted(hash, key, Instant::now().into_std()) {
                 let missed = recent.overflowed();
@@ -395,6 +400,7 @@ impl Group {
                     .cloned()
                     .collect();
                 for key in away {
+                    debug!(group = %self.name, key, "held deletion remembered: the key moved away again");
                     held.remove(&key);
                     self.recent_deletions()
                         .deleted(hash64(key.as_bytes()), &key, now);
@@ -403,6 +409,9 @@ impl Group {
                 let moved_in = self
                     .recent_deletions()
                     .take_where(now, |hash| slice.owns_hash(hash));
+                for key in &moved_in {
+                    debug!(group = %self.name, key = &**key, "remembered deletion held: the key moved here");
+                }
                 held.extend(moved_in.iter().map(|key| key.to_string()));
                 let released: Vec<String> = held
                     .iter()
@@ -410,6 +419,7 @@ impl Group {
                     .cloned()
                     .collect();
                 for key in released {
+                    debug!(group = %self.name, key, "held deletion queued: the handover completed");
                     held.remove(&key);
                     wake.extend(queue.change(&key, Change::deletion()));
                 }
@@ -509,7 +519,7 @@ mod tests {
     use kube_dispatch_proto::v1::Reason;
 
     use super::*;
-    use crate::{backoff::Backoff, subscription::GroupSpec};
+    use kube_dispatch_core::{backoff::Backoff, subscription::GroupSpec};
 
     fn group(cancel: &CancellationToken) -> Arc<Group> {
         let config = QueueConfig {

@@ -7,16 +7,10 @@
 
 #![forbid(unsafe_code)]
 
-pub mod backoff;
-pub mod cli;
 pub mod discovery;
 pub mod group;
-pub mod handover;
 pub mod membership;
 pub mod peer;
-pub mod queue;
-pub mod recent_deletions;
 pub mod serve;
 pub mod server;
-pub mod subscription;
 pub mod watch;

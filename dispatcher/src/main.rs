@@ -4,14 +4,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    backoff::Backoff,
-    cli,
     membership::LeaseConfig,
-    queue::QueueConfig,
     serve::{Membership, ServeConfig, serve},
     server::{Limits, Settings},
 };
+use kube_dispatch_runtime::{client, logging, signal};
 use tokio_util::sync::CancellationToken;
 
 /// kube-dispatch dispatcher: holds one non-caching watch per subscribed resource, keeps the keys
@@ -194,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
         drain_timeout,
         log_json,
     } = Args::parse();
-    cli::init_logging(log_json);
+    logging::init(log_json);
 
     let identity = id
         .or(pod_name)
@@ -224,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
         "--backoff-base must not exceed --backoff-cap"
     );
 
-    let client = cli::kube_client(kubeconfig.as_deref()).await?;
+    let client = client::from_kubeconfig(kubeconfig.as_deref()).await?;
     let max_ttl = max_session_ttl.max(session_ttl);
     let membership = if members.is_empty() {
         Membership::Leases(LeaseConfig {
@@ -275,7 +274,7 @@ async fn main() -> anyhow::Result<()> {
         max_recent_deletions,
     };
     let shutdown = CancellationToken::new();
-    tokio::spawn(cli::shutdown_on_signal(shutdown.clone()));
+    tokio::spawn(signal::cancel_on_signal(shutdown.clone()));
     serve(
         ServeConfig {
             settings,

@@ -2,14 +2,11 @@
 //!
 //! Each dispatcher holds a Lease named after its identity and renews it, carrying the ring it
 //! has released ([`RELEASED_ANNOTATION`]); every dispatcher computes the ring from the Leases
-//! it sees renewed, and from the releases decides which keys it may hand out
-//! ([`crate::handover`], `HANDOVER.md`).
-//!
-//! A member is live while its Lease has changed within its duration plus a grace, judged by when
-//! *this* process last saw it change (as client-go's leader election does), never by comparing
-//! the renew time written by another machine's clock with ours. A dispatcher that cannot renew
-//! its own Lease within the duration stops handing out keys (it is fenced) before the others
-//! can consider it gone.
+//! it sees renewed ([`kube_dispatch_runtime::leases::LeaseWatch`], judged by
+//! [`kube_dispatch_core::leases`]), and from the releases decides which keys it may hand out
+//! ([`kube_dispatch_core::handover`], `HANDOVER.md`). A dispatcher that cannot renew its own
+//! Lease within the duration stops handing out keys (it is fenced) before the others can
+//! consider it gone.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -20,225 +17,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
-    runtime::{
-        WatchStreamExt,
-        utils::ResetTimerBackoff,
-        watcher::{self, Event},
-    },
 };
+use kube_dispatch_core::handover::{Handover, Peer, Slice};
+use kube_dispatch_proto::lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION};
+use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-use crate::handover::{Handover, Peer, RELEASED_ANNOTATION, Slice};
-
-/// Label that marks a Lease as a kube-dispatch dispatcher's.
-pub const LEASE_LABEL: &str = "kube-dispatch.dev/dispatcher";
-
-/// Annotation on a dispatcher's Lease: the `host:port` its gRPC API is reached at.
-pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
-
-/// A Lease as this process last saw it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LeaseState {
-    /// Holder identity; empty when released.
-    pub holder: String,
-    /// Renew time as written.
-    pub renew_time: String,
-    /// Lease duration.
-    pub duration: Duration,
-    /// The ring id the holder released.
-    pub released: Option<String>,
-    /// Where the holder serves.
-    pub address: Option<String>,
-    /// The Lease's resourceVersion as an integer (0 if not one).
-    pub resource_version: u128,
-}
-
-impl LeaseState {
-    /// The state of `lease`.
-    pub fn of(lease: &Lease) -> Self {
-        let spec = lease.spec.clone().unwrap_or_default();
-        Self {
-            holder: spec.holder_identity.unwrap_or_default(),
-            renew_time: spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default(),
-            duration: Duration::from_secs(
-                u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
-            ),
-            released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
-            address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
-            resource_version: lease
-                .resource_version()
-                .and_then(|rv| rv.parse().ok())
-                .unwrap_or(0),
-        }
-    }
-}
-
-/// What this process knows of the Leases it watches.
-#[derive(Debug, Default)]
-pub struct Observations {
-    leases: HashMap<String, Seen>,
-    newest: u128,
-}
-
-#[derive(Debug)]
-struct Seen {
-    state: LeaseState,
-    /// When this process saw the holder or renew time change.
-    changed_at: Instant,
-}
-
-impl Observations {
-    /// Records the state of Lease `name` as seen at `now`.
-    pub fn observe(&mut self, name: &str, state: LeaseState, now: Instant) {
-        self.newest = self.newest.max(state.resource_version);
-        match self.leases.get_mut(name) {
-            Some(seen)
-                if seen.state.holder == state.holder
-                    && seen.state.renew_time == state.renew_time =>
-            {
-                seen.state = state;
-            }
-            _ => {
-                self.leases.insert(
-                    name.to_owned(),
-                    Seen {
-                        state,
-                        changed_at: now,
-                    },
-                );
-            }
-        }
-    }
-
-    /// Records that Lease `name` is gone (released).
-    pub fn forget(&mut self, name: &str) {
-        self.leases.remove(name);
-    }
-
-    /// Whether Lease `name` is known (live or not).
-    pub fn knows(&self, name: &str) -> bool {
-        self.leases.contains_key(name)
-    }
-
-    /// Lease `name` as last seen.
-    pub fn state(&self, name: &str) -> Option<&LeaseState> {
-        self.leases.get(name).map(|s| &s.state)
-    }
-
-    /// Keeps only the Leases for which `keep` is true (after a re-list).
-    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.leases.retain(|name, _| keep(name));
-    }
-
-    /// The newest Lease resourceVersion seen.
-    pub fn newest(&self) -> u128 {
-        self.newest
-    }
-
-    /// The members live at `now`: Leases with a holder that changed within their duration
-    /// plus `grace`.
-    pub fn live(&self, now: Instant, grace: Duration) -> BTreeMap<String, Peer> {
-        self.leases
-            .iter()
-            .filter(|(_, s)| !s.state.holder.is_empty())
-            .filter(|(_, s)| {
-                now.saturating_duration_since(s.changed_at) <= s.state.duration + grace
-            })
-            .map(|(name, s)| {
-                (
-                    name.clone(),
-                    Peer {
-                        released: s.state.released.clone(),
-                        resource_version: s.state.resource_version,
-                        address: s.state.address.clone(),
-                    },
-                )
-            })
-            .collect()
-    }
-}
-
-/// A watch of the dispatcher Leases of one namespace, folded into [`Observations`].
-pub struct LeaseWatch {
-    events: futures::stream::BoxStream<'static, Result<Event<Lease>, watcher::Error>>,
-    /// Names listed by a re-list in progress: those not listed again are gone.
-    relisted: Option<BTreeSet<String>>,
-    /// What the watch has shown so far.
-    pub observations: Observations,
-}
-
-impl std::fmt::Debug for LeaseWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseWatch")
-            .field("observations", &self.observations)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LeaseWatch {
-    /// Watches the dispatcher Leases (those labelled [`LEASE_LABEL`]) of `leases`, retrying
-    /// after a failure with a backoff from 100 ms doubling to `max_backoff`.
-    pub fn new(leases: Api<Lease>, max_backoff: Duration) -> Self {
-        let selector = format!("{LEASE_LABEL}=true");
-        let backoff = backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(max_backoff)
-            .with_jitter()
-            .without_max_times();
-        let events = watcher::watcher(leases, watcher::Config::default().labels(&selector))
-            .backoff(ResetTimerBackoff::new(
-                watcher::ExponentialBackoff::from(backoff),
-                Duration::from_secs(60),
-            ))
-            .boxed();
-        Self {
-            events,
-            relisted: None,
-            observations: Observations::default(),
-        }
-    }
-
-    /// Whether a list (the first, or a re-list after the watch could not resume) is under way:
-    /// the Leases it has not shown yet are missing or stale, so the view is not whole.
-    pub fn listing(&self) -> bool {
-        self.relisted.is_some()
-    }
-
-    /// Waits for the next event and records it; false once the watch has ended.
-    pub async fn next(&mut self) -> bool {
-        let now = Instant::now;
-        match self.events.next().await {
-            Some(Ok(Event::Init)) => self.relisted = Some(BTreeSet::new()),
-            Some(Ok(Event::InitApply(lease))) => {
-                if let Some(names) = self.relisted.as_mut() {
-                    names.insert(lease.name_any());
-                }
-                self.observations
-                    .observe(&lease.name_any(), LeaseState::of(&lease), now());
-            }
-            Some(Ok(Event::InitDone)) => {
-                if let Some(names) = self.relisted.take() {
-                    self.observations.retain(|name| names.contains(name));
-                }
-            }
-            Some(Ok(Event::Apply(lease))) => {
-                self.observations
-                    .observe(&lease.name_any(), LeaseState::of(&lease), now());
-            }
-            Some(Ok(Event::Delete(lease))) => self.observations.forget(&lease.name_any()),
-            Some(Err(e)) => warn!(error = %e, "watching dispatcher Leases failed; retrying"),
-            None => return false,
-        }
-        true
-    }
-}
 
 /// How this dispatcher takes part in membership.
 #[derive(Clone, Debug)]
@@ -263,7 +52,7 @@ impl LeaseConfig {
     /// The longest a key can be in transit between owners unseen by either: a dead owner is
     /// dropped a Lease duration plus grace after its last renewal (up to a renew period after
     /// it died), and what it had handed out may have run for `T` before that. Deletions of
-    /// keys owned elsewhere are remembered this long (`crate::recent_deletions`).
+    /// keys owned elsewhere are remembered this long (`kube_dispatch_core::recent_deletions`).
     pub fn transit_window(&self) -> Duration {
         self.duration + self.grace + self.renew_period + self.handover_bound
     }
@@ -286,7 +75,7 @@ pub async fn run(
     let started = Instant::now();
     // A Lease of ours that is still there was not released: the previous process died.
     let predecessor_died = match leases.get_opt(&config.identity).await {
-        Ok(found) => found.is_some_and(|l| !LeaseState::of(&l).holder.is_empty()),
+        Ok(found) => found.is_some_and(|l| !lease_state(&l).holder.is_empty()),
         Err(e) => {
             warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
             true
@@ -486,66 +275,10 @@ async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>
         .patch(&config.identity, &params, &Patch::Apply(&lease))
         .await
     {
-        Ok(lease) => Some(LeaseState::of(&lease).resource_version),
+        Ok(lease) => Some(lease_state(&lease).resource_version),
         Err(e) => {
             warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SEC: Duration = Duration::from_secs(1);
-
-    fn lease(holder: &str, renew: &str, rv: u128) -> LeaseState {
-        LeaseState {
-            holder: holder.into(),
-            renew_time: renew.into(),
-            duration: 10 * SEC,
-            released: None,
-            address: None,
-            resource_version: rv,
-        }
-    }
-
-    #[test]
-    fn a_member_lives_while_its_lease_changes() {
-        let t0 = Instant::now();
-        let mut o = Observations::default();
-        o.observe("a", lease("a", "t1", 1), t0);
-        o.observe("b", lease("b", "t1", 2), t0);
-        assert_eq!(o.live(t0 + 10 * SEC, SEC).len(), 2);
-        // a renews, b falls silent: seeing b's unchanged lease again does not renew it, though
-        // its release is taken.
-        o.observe("a", lease("a", "t2", 3), t0 + 8 * SEC);
-        o.observe(
-            "b",
-            LeaseState {
-                released: Some("r".into()),
-                ..lease("b", "t1", 4)
-            },
-            t0 + 8 * SEC,
-        );
-        assert_eq!(
-            o.live(t0 + 9 * SEC, SEC)["b"].released.as_deref(),
-            Some("r")
-        );
-        let live = o.live(t0 + 12 * SEC, SEC);
-        assert_eq!(live.into_keys().collect::<Vec<_>>(), ["a"]);
-        assert_eq!(o.newest(), 4);
-    }
-
-    #[test]
-    fn released_and_unheld_leases_are_not_members() {
-        let t0 = Instant::now();
-        let mut o = Observations::default();
-        o.observe("a", lease("", "t1", 1), t0);
-        o.observe("b", lease("b", "t1", 2), t0);
-        o.forget("b");
-        assert!(o.knows("a") && !o.knows("b"));
-        assert!(o.live(t0, SEC).is_empty());
     }
 }

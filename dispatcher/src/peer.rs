@@ -1,6 +1,6 @@
 //! The dispatcher-to-dispatcher API (`proto/kubedispatch/v1/peer.proto`): a dispatcher that
 //! starts serving a controller group asks its live peers for the deletions they remember of
-//! keys it owns (`crate::recent_deletions`), so a deletion made while it was down, or before
+//! keys it owns (`kube_dispatch_core::recent_deletions`), so a deletion made while it was down, or before
 //! the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in transit").
 
 use std::{sync::Arc, time::Duration};
@@ -14,7 +14,8 @@ use kube_dispatch_proto::{
 use tonic::{Request, Response, Status, transport::Endpoint};
 use tracing::{info, warn};
 
-use crate::{backoff::Backoff, group::Group, server::Core, subscription::MAX_FIELD_LEN};
+use crate::{group::Group, server::Core};
+use kube_dispatch_core::{backoff::Backoff, subscription::MAX_FIELD_LEN};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;

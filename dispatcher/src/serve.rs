@@ -22,13 +22,12 @@ use tracing::{info, warn};
 
 use crate::{
     discovery::Resolver,
-    handover::Slice,
     membership::{self, LeaseConfig},
     peer::PeerService,
-    recent_deletions::RecentDeletionsConfig,
     server::{Core, DispatcherService, Settings},
     watch::Watches,
 };
+use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 
 /// Everything a dispatcher needs besides its API-server client and its listener.
 #[derive(Clone, Debug)]

@@ -12,6 +12,7 @@ use std::{
 
 use kube_dispatch_proto::{
     RequestKey,
+    lease::ring_id,
     v1::{
         self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
         OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
@@ -26,14 +27,16 @@ use tracing::{debug, info};
 use crate::{
     discovery::{ResolveError, Resolver},
     group::{Group, SessionSlot},
-    handover::{Slice, ring_id},
+    watch::{Subscriber, WatchError, Watches},
+};
+use kube_dispatch_core::{
+    handover::Slice,
     queue::{Delivery, DeliveryId, Outcome, QueueConfig, SessionId},
     recent_deletions::RecentDeletionsConfig,
     subscription::{
         GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
         validate_open,
     },
-    watch::{Subscriber, WatchError, Watches},
 };
 
 /// Limits that protect the dispatcher from misbehaving clients.
@@ -89,7 +92,7 @@ pub struct Settings {
     /// (keys known, ready, in flight, sessions); zero disables it.
     pub status_interval: Duration,
     /// Most deletions of keys owned by other dispatchers each group remembers, so a key that
-    /// moves here is not lost if it was deleted in transit (`crate::recent_deletions`); about
+    /// moves here is not lost if it was deleted in transit (`kube_dispatch_core::recent_deletions`); about
     /// 100 bytes each.
     pub max_recent_deletions: usize,
 }
@@ -221,7 +224,7 @@ impl Core {
     }
 
     /// How long peers remember deletions of keys they do not own
-    /// (`crate::recent_deletions`).
+    /// (`kube_dispatch_core::recent_deletions`).
     pub fn recent_deletions_window(&self) -> std::time::Duration {
         self.recent_deletions.window
     }

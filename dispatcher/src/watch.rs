@@ -36,9 +36,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{
+use crate::group::Group;
+use kube_dispatch_core::{
     backoff::Backoff,
-    group::Group,
     handover::Slice,
     queue::{Change, Observed},
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},

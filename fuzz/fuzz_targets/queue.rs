@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_dispatcher::{
+use kube_dispatch_core::{
     backoff::Backoff,
     queue::{Change, GroupQueue, Observed, Outcome, QueueConfig},
 };

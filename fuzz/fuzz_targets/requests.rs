@@ -4,7 +4,7 @@
 
 #![no_main]
 
-use kube_dispatch_dispatcher::subscription::{positive_duration, validate_open};
+use kube_dispatch_core::subscription::{positive_duration, validate_open};
 use kube_dispatch_proto::{
     RequestKey,
     v1::{

@@ -85,7 +85,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    kube_dispatch_dispatcher::cli::init_logging(args.log_json);
+    kube_dispatch_runtime::logging::init(args.log_json);
     anyhow::ensure!(
         args.lease_duration.as_secs() >= 2,
         "--lease-duration must be at least 2s"
@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         args.lease_grace.as_secs() >= 1 && args.lease_grace < args.lease_duration,
         "--lease-grace must be at least 1s and shorter than --lease-duration"
     );
-    let client = kube_dispatch_dispatcher::cli::kube_client(args.kubeconfig.as_deref()).await?;
+    let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -116,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
         max_registrations: args.max_registrations,
     };
     let shutdown = CancellationToken::new();
-    tokio::spawn(kube_dispatch_dispatcher::cli::shutdown_on_signal(
+    tokio::spawn(kube_dispatch_runtime::signal::cancel_on_signal(
         shutdown.clone(),
     ));
     info!(?config, "starting");

@@ -11,11 +11,11 @@ use std::{
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
-use kube_dispatch_dispatcher::membership::LeaseWatch;
 use kube_dispatch_proto::v1::{
     Assignment, RegisterRequest,
     load_balancer_server::{LoadBalancer, LoadBalancerServer},
 };
+use kube_dispatch_runtime::leases::LeaseWatch;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;

@@ -24,13 +24,13 @@
 //!   watch has listed; it waits `bound` before serving unless its previous process deleted its
 //!   Lease on a graceful stop, which it makes only with nothing in flight (the others then
 //!   drop it at once).
-//! - **The handover gate** (`dispatcher/src/handover.rs`): on a change of the live members a
+//! - **The handover gate** (`core/src/handover.rs`): on a change of the live members a
 //!   dispatcher adopts the new ring, trims its queue (moved keys in flight, or ready while it was
 //!   serving, are delivered here first and then forgotten), releases the ring once none is left,
 //!   and serves moved-in keys only when every other member has released the ring in a Lease
 //!   write seen after the adoption, every member that died has been gone for `bound`, and, after
 //!   a crash, `bound` has passed since its restart. Then it re-lists.
-//! - **The queue** (`dispatcher/src/queue/`): a key is absent, idle, ready or in flight on one
+//! - **The queue** (`core/src/queue/`): a key is absent, idle, ready or in flight on one
 //!   session; a change while in flight marks it dirty; an ack settles it; an expired session or a
 //!   delivery past `max_reconcile` puts it back. Any session may take any ready key (a superset
 //!   of the consistent-hash assignment).

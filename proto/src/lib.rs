@@ -10,7 +10,9 @@
 //! language: every message and field is documented there.
 //!
 //! The request-key format ([`RequestKey`]), its hash and the ring that places keys on dispatchers
-//! ([`Ring`]) are part of the same contract, specified in `proto/kubedispatch/v1/keys.md`.
+//! ([`Ring`]) are part of the same contract, specified in `proto/kubedispatch/v1/keys.md`; so
+//! are the dispatcher Leases that membership and placement read ([`lease`],
+//! `proto/kubedispatch/v1/leases.md`).
 //!
 //! ```no_run
 //! use kube_dispatch_proto::v1::{OpenSessionRequest, dispatcher_client::DispatcherClient};
@@ -33,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 pub mod key;
+pub mod lease;
 pub mod ring;
 
 pub use key::{KeyError, RequestKey};

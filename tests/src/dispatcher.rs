@@ -3,10 +3,9 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    backoff::Backoff,
     membership::LeaseConfig,
-    queue::QueueConfig,
     serve::{Handles, Membership, ServeConfig, serve},
     server::{Limits, Settings},
 };

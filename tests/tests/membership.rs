@@ -8,10 +8,8 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_dispatcher::{
-    handover::Slice,
-    membership::{self, LeaseConfig},
-};
+use kube_dispatch_core::handover::Slice;
+use kube_dispatch_dispatcher::membership::{self, LeaseConfig};
 use kube_dispatch_proto::Ring;
 use kube_dispatch_tests::TestNamespace;
 use tokio::{sync::watch, task::JoinHandle};

@@ -1,0 +1,24 @@
+//! The pure rules of kube-dispatch: what a dispatcher decides, with no I/O, no Kubernetes
+//! client and no gRPC server. Time is a parameter (an `Instant` passed in), so every rule is
+//! unit-tested without a clock, and the protocol model (`model/`) can check the same ideas.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`queue`] | one group's work queue: coalescing, per-key exclusivity, retries, fairness (start at [`queue::GroupQueue`]) |
+//! | [`handover`] | the handover gate: which keys a dispatcher may hand out while the ring changes ([`handover::Handover`], [`handover::Slice`]) |
+//! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
+//! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
+//! | [`backoff`] | per-key exponential backoff for failed reconciles |
+//! | [`subscription`] | what controller groups subscribe to, validated from the wire |
+//!
+//! The adapters live elsewhere: the dispatcher's watches, membership loop and gRPC services in
+//! `kube-dispatch-dispatcher`, the Lease watch and process plumbing in `kube-dispatch-runtime`.
+
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod handover;
+pub mod leases;
+pub mod queue;
+pub mod recent_deletions;
+pub mod subscription;

@@ -1,0 +1,41 @@
+//! The dispatcher Lease: how a dispatcher announces itself, where it serves and which ring it
+//! has released. The load balancer and every dispatcher read these Leases, so their label,
+//! annotations and ring ids are part of the contract, specified in
+//! `proto/kubedispatch/v1/leases.md`.
+
+use crate::{Ring, key::hash64};
+
+/// Label (value `true`) that marks a `coordination.k8s.io` Lease as a dispatcher's.
+pub const LEASE_LABEL: &str = "kube-dispatch.dev/dispatcher";
+
+/// Annotation on a dispatcher's Lease: the `host:port` its gRPC API is reached at.
+pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
+
+/// Annotation on a dispatcher's Lease: the [`ring_id`] of the ring this dispatcher has
+/// released, i.e. under which it hands out, and has in flight, only keys it owns.
+pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
+
+/// The id of a ring: XXH64 (seed 0) of its members, sorted and joined with `,`, as 16 lowercase
+/// hex digits.
+pub fn ring_id(ring: &Ring) -> String {
+    format!("{:016x}", hash64(ring.members().join(",").as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_id_does_not_depend_on_the_order_members_are_given_in() {
+        let a = Ring::new(["d1", "d0", "d2"]);
+        let b = Ring::new(["d2", "d1", "d0"]);
+        assert_eq!(ring_id(&a), ring_id(&b));
+        assert_eq!(ring_id(&a).len(), 16);
+        assert_ne!(ring_id(&a), ring_id(&Ring::new(["d0", "d1"])));
+        assert_eq!(
+            ring_id(&a),
+            format!("{:016x}", hash64(b"d0,d1,d2")),
+            "the members are sorted and joined with a comma"
+        );
+    }
+}

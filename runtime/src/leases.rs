@@ -1,0 +1,116 @@
+//! A watch of the dispatcher Leases of one namespace (those labelled
+//! [`kube_dispatch_proto::lease::LEASE_LABEL`]), folded into
+//! [`kube_dispatch_core::leases::Observations`]: what dispatchers judge membership on and what
+//! the load balancer places replicas by.
+
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        utils::ResetTimerBackoff,
+        watcher::{self, Event},
+    },
+};
+use kube_dispatch_core::leases::{LeaseState, Observations};
+use kube_dispatch_proto::lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION};
+use tracing::warn;
+
+/// A watch of the dispatcher Leases of one namespace, folded into [`Observations`].
+pub struct LeaseWatch {
+    events: futures::stream::BoxStream<'static, Result<Event<Lease>, watcher::Error>>,
+    /// Names listed by a re-list in progress: those not listed again are gone.
+    relisted: Option<BTreeSet<String>>,
+    /// What the watch has shown so far.
+    pub observations: Observations,
+}
+
+impl std::fmt::Debug for LeaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseWatch")
+            .field("observations", &self.observations)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseWatch {
+    /// Watches the dispatcher Leases (those labelled [`LEASE_LABEL`]) of `leases`, retrying
+    /// after a failure with a backoff from 100 ms doubling to `max_backoff`.
+    pub fn new(leases: Api<Lease>, max_backoff: Duration) -> Self {
+        let selector = format!("{LEASE_LABEL}=true");
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(max_backoff)
+            .with_jitter()
+            .without_max_times();
+        let events = watcher::watcher(leases, watcher::Config::default().labels(&selector))
+            .backoff(ResetTimerBackoff::new(
+                watcher::ExponentialBackoff::from(backoff),
+                Duration::from_secs(60),
+            ))
+            .boxed();
+        Self {
+            events,
+            relisted: None,
+            observations: Observations::default(),
+        }
+    }
+
+    /// Whether a list (the first, or a re-list after the watch could not resume) is under way:
+    /// the Leases it has not shown yet are missing or stale, so the view is not whole.
+    pub fn listing(&self) -> bool {
+        self.relisted.is_some()
+    }
+
+    /// Waits for the next event and records it; false once the watch has ended.
+    pub async fn next(&mut self) -> bool {
+        let now = Instant::now;
+        match self.events.next().await {
+            Some(Ok(Event::Init)) => self.relisted = Some(BTreeSet::new()),
+            Some(Ok(Event::InitApply(lease))) => {
+                if let Some(names) = self.relisted.as_mut() {
+                    names.insert(lease.name_any());
+                }
+                self.observations
+                    .observe(&lease.name_any(), lease_state(&lease), now());
+            }
+            Some(Ok(Event::InitDone)) => {
+                if let Some(names) = self.relisted.take() {
+                    self.observations.retain(|name| names.contains(name));
+                }
+            }
+            Some(Ok(Event::Apply(lease))) => {
+                self.observations
+                    .observe(&lease.name_any(), lease_state(&lease), now());
+            }
+            Some(Ok(Event::Delete(lease))) => self.observations.forget(&lease.name_any()),
+            Some(Err(e)) => warn!(error = %e, "watching dispatcher Leases failed; retrying"),
+            None => return false,
+        }
+        true
+    }
+}
+
+/// What `lease` says, as [`Observations`] records it.
+pub fn lease_state(lease: &Lease) -> LeaseState {
+    let spec = lease.spec.clone().unwrap_or_default();
+    LeaseState {
+        holder: spec.holder_identity.unwrap_or_default(),
+        renew_time: spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default(),
+        duration: Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
+        ),
+        released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
+        address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
+        resource_version: lease
+            .resource_version()
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0),
+    }
+}

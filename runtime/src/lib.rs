@@ -1,0 +1,32 @@
+//! What kube-dispatch's binaries share at run time: the adapters between the pure rules of
+//! [`kube_dispatch_core`] and the outside world.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`client`] | the Kubernetes client, from `--kubeconfig` or the environment |
+//! | [`logging`] | logs to stdout as text or JSON lines, filtered by `RUST_LOG` |
+//! | [`signal`] | SIGTERM and SIGINT cancel a token that starts the drain |
+//! | [`leases`] | the watch of dispatcher Leases, folded into [`kube_dispatch_core::leases::Observations`] |
+//!
+//! A binary's `main` starts with these:
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use kube_dispatch_runtime::{client, logging, signal};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! logging::init(false);
+//! let client = client::from_kubeconfig(None).await?;
+//! let shutdown = CancellationToken::new();
+//! tokio::spawn(signal::cancel_on_signal(shutdown.clone()));
+//! # drop(client);
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod leases;
+pub mod logging;
+pub mod signal;

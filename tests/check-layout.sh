@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Checks that the crates' dependencies point one way (README, "Layout"):
+#   proto -> core -> runtime -> dispatcher, loadbalancer;  proto -> controller-sdk
+# - kube-dispatch-core is pure: no async runtime, Kubernetes client or gRPC server of its own;
+# - the load balancer and the controller SDK never link the dispatcher;
+# - the dispatcher never links the SDK, and the runtime neither of them.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Crates `$1` depends on (normal dependencies), directly with `--depth 1`, else transitively.
+deps() {
+  cargo tree --locked -e normal --prefix none --format '{p}' -p "$@" | tail -n +2 | awk '{print $1}' | sort -u
+}
+
+failed=0
+check() { # crate, forbidden dependency, how (direct|any)
+  local crate=$1 forbidden=$2 how=$3 found
+  if [[ $how == direct ]]; then found=$(deps "$crate" --depth 1); else found=$(deps "$crate"); fi
+  if grep -qx -- "$forbidden" <<<"$found"; then
+    echo "check-layout: $crate must not depend on $forbidden ($how)" >&2
+    failed=1
+  fi
+}
+
+for forbidden in tokio tokio-util kube kube-runtime kube-client k8s-openapi tonic; do
+  check kube-dispatch-core "$forbidden" direct
+done
+check kube-dispatch-loadbalancer kube-dispatch-dispatcher any
+check kube-dispatch-controller kube-dispatch-dispatcher any
+check kube-dispatch-dispatcher kube-dispatch-controller any
+check kube-dispatch-runtime kube-dispatch-dispatcher any
+check kube-dispatch-runtime kube-dispatch-controller any
+
+if [[ $failed == 1 ]]; then exit 1; fi
+echo "check-layout: dependencies point one way"
