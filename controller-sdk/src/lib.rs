@@ -19,6 +19,7 @@ mod error;
 mod fence;
 mod health;
 pub mod precondition;
+mod reconnect;
 mod runtime;
 mod targets;
 

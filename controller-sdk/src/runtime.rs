@@ -13,7 +13,6 @@ use std::{
     time::Duration,
 };
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{Stream, StreamExt};
 use kube::{
     Api, Resource,
@@ -38,6 +37,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::{
     Action, Controller, Error, Health,
     fence::Fence,
+    reconnect::reconnect_backoff,
     targets::{Source, follow_load_balancer},
 };
 
@@ -229,15 +229,6 @@ async fn session_loop<K, Ctx, E, F>(
             }
         }
     }
-}
-
-pub(crate) fn reconnect_backoff() -> impl Iterator<Item = Duration> + Send {
-    ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(30))
-        .without_max_times()
-        .build()
 }
 
 /// One session: open, poll until the controller stops (Ok) or the session is lost (Err).

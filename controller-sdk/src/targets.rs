@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
-use crate::runtime::reconnect_backoff;
+use crate::reconnect::reconnect_backoff;
 
 /// The load balancer's address when none is configured: its Service as `deploy/` installs it.
 pub const DEFAULT_LOAD_BALANCER: &str = "http://kube-dispatch-loadbalancer.kube-dispatch.svc:7071";

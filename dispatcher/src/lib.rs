@@ -7,10 +7,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod discovery;
 pub mod group;
+pub mod groups;
+pub mod grpc;
+mod housekeeping;
 pub mod membership;
-pub mod peer;
 pub mod serve;
-pub mod server;
 pub mod watch;

@@ -6,9 +6,9 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
+    config::{Limits, Settings},
     membership::LeaseConfig,
     serve::{Membership, ServeConfig, serve},
-    server::{Limits, Settings},
 };
 use kube_dispatch_runtime::{client, logging, signal};
 use tokio_util::sync::CancellationToken;

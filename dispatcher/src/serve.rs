@@ -1,4 +1,4 @@
-//! Runs a dispatcher: the watches, the core and the gRPC server (with grpc.health.v1 and server
+//! Runs a dispatcher: the watches, the group and session table and the gRPC server (with grpc.health.v1 and server
 //! reflection on the same port), until shutdown, then drains.
 
 use std::{
@@ -21,10 +21,12 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::{
+    config::Settings,
     discovery::Resolver,
+    groups::Groups,
+    grpc::{dispatcher::DispatcherService, peer::PeerService},
+    housekeeping,
     membership::{self, LeaseConfig},
-    peer::PeerService,
-    server::{Core, DispatcherService, Settings},
     watch::Watches,
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
@@ -32,7 +34,7 @@ use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfi
 /// Everything a dispatcher needs besides its API-server client and its listener.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// Core settings (identity, limits, queue, resync).
+    /// Settings of the group and session table (identity, limits, queue, resync).
     pub settings: Settings,
     /// Where the ring comes from.
     pub membership: Membership,
@@ -75,8 +77,8 @@ pub enum ServeError {
 /// A running dispatcher's handles, for callers that drive it in-process (tests, benches).
 #[derive(Debug, Clone)]
 pub struct Handles {
-    /// The core.
-    pub core: Arc<Core>,
+    /// The group and session table.
+    pub groups: Arc<Groups>,
     /// What the dispatcher serves, as it changes.
     pub slice: watch::Receiver<Arc<Slice>>,
 }
@@ -109,7 +111,7 @@ pub async fn serve(
     };
     let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
     let (released_tx, released_rx) = watch::channel(None);
-    // Stops the core and the watches, after the drain.
+    // Stops the groups and the watches, after the drain.
     let stop = CancellationToken::new();
     let watches = Watches::new(
         client.clone(),
@@ -125,18 +127,19 @@ pub async fn serve(
             capacity: config.settings.max_recent_deletions,
         },
     };
-    let core = Core::spawn(
+    let resolver = Resolver::new(client.clone());
+    let groups = Groups::new(
         config.settings.clone(),
-        Resolver::new(client.clone()),
         watches,
         slice_rx.clone(),
         recent_deletions,
         released_tx,
         stop.child_token(),
     );
+    tokio::spawn(housekeeping::run(groups.clone()));
     let members_stop = CancellationToken::new();
     let clean = Arc::new(AtomicBool::new(false));
-    // However serve() ends (an error included), the core, the watches and the membership task
+    // However serve() ends (an error included), the groups, the watches and the membership task
     // stop with it; the Lease is then left to expire unless the drain found nothing in flight.
     let _stop_on_exit = (stop.clone().drop_guard(), members_stop.clone().drop_guard());
     let membership_task = match config.membership.clone() {
@@ -170,24 +173,28 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let dispatcher = DispatcherServer::new(DispatcherService::new(core.clone()))
+    let dispatcher = DispatcherServer::new(DispatcherService::new(groups.clone(), resolver))
         .max_decoding_message_size(config.max_message_bytes);
-    let peer = PeerServer::new(PeerService::new(core.clone()))
+    let peer = PeerServer::new(PeerService::new(groups.clone()))
         .max_decoding_message_size(config.max_message_bytes);
 
     let local = listener.local_addr().ok();
     info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
     if let Some(started) = started {
         let _ = started.send(Handles {
-            core: core.clone(),
+            groups: groups.clone(),
             slice: slice_rx,
         });
     }
 
     let timeout = config.drain_timeout;
     let drain = {
-        let (core, health, shutdown, stop) =
-            (core.clone(), health.clone(), shutdown.clone(), stop.clone());
+        let (groups, health, shutdown, stop) = (
+            groups.clone(),
+            health.clone(),
+            shutdown.clone(),
+            stop.clone(),
+        );
         async move {
             shutdown.cancelled().await;
             info!("draining: health NOT_SERVING, handing out nothing more");
@@ -197,12 +204,12 @@ pub async fn serve(
             health
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
-            core.begin_drain();
+            groups.begin_drain();
             let deadline = tokio::time::Instant::now() + timeout;
-            let mut left = core.in_flight();
+            let mut left = groups.in_flight();
             while left > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                left = core.in_flight();
+                left = groups.in_flight();
             }
             if left == 0 {
                 info!("drained: no reconcile in flight");
@@ -218,7 +225,7 @@ pub async fn serve(
             if let Some(task) = membership_task {
                 let _ = task.await;
             }
-            core.close_all();
+            groups.close_all();
             stop.cancel();
         }
     };

@@ -5,9 +5,9 @@ use std::{net::SocketAddr, time::Duration};
 
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
+    config::{Limits, Settings},
     membership::LeaseConfig,
     serve::{Handles, Membership, ServeConfig, serve},
-    server::{Limits, Settings},
 };
 use kube_dispatch_proto::v1::{
     AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,
@@ -28,6 +28,8 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
             identity: identity.to_owned(),
             limits: Limits {
                 default_ttl: Duration::from_secs(3),
+                // Some tests ask for long sessions, to show that a handover never waits for one.
+                max_ttl: Duration::from_secs(120),
                 max_poll_wait: Duration::from_secs(2),
                 ..Limits::default()
             },

@@ -564,7 +564,7 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
     );
     assert_eq!(
         d.handles
-            .core
+            .groups
             .counters
             .unknown_acks
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -596,7 +596,7 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
     assert_eq!(total.code(), Code::ResourceExhausted, "{total}");
     // At both limits, a replica reopening still gets in: it replaces its old session.
     TestSession::open(&d, "a", "r1", subs()).await?;
-    assert_eq!(d.handles.core.session_count(), 3);
+    assert_eq!(d.handles.groups.session_count(), 3);
     // Groups count too, idle ones included: groups b and c, their sessions closed, linger in
     // their grace; with sessions to spare, a new group name is still refused.
     for group in ["b", "c"] {
@@ -609,7 +609,10 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
             .await?;
     }
     assert_eq!(
-        (d.handles.core.session_count(), d.handles.core.group_count()),
+        (
+            d.handles.groups.session_count(),
+            d.handles.groups.group_count()
+        ),
         (2, 3)
     );
     let groups = TestSession::open(&d, "d", "r1", subs()).await.unwrap_err();
@@ -626,7 +629,7 @@ async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestR
     config.settings.idle_group_grace = Duration::from_millis(500);
     config.watch_grace = Duration::from_millis(500);
     let d = TestDispatcher::start(config).await?;
-    let core = d.handles.core.clone();
+    let core = d.handles.groups.clone();
     let mut s = TestSession::open(
         &d,
         "g",

@@ -1,7 +1,8 @@
 //! The dispatcher-to-dispatcher API (`proto/kubedispatch/v1/peer.proto`): a dispatcher that
 //! starts serving a controller group asks its live peers for the deletions they remember of
-//! keys it owns (`kube_dispatch_core::recent_deletions`), so a deletion made while it was down, or before
-//! the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in transit").
+//! keys it owns (`kube_dispatch_core::recent_deletions`), so a deletion made while it was down,
+//! or before the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in
+//! transit"). Both sides are here: the service peers call, and the asking.
 
 use std::{sync::Arc, time::Duration};
 
@@ -14,8 +15,9 @@ use kube_dispatch_proto::{
 use tonic::{Request, Response, Status, transport::Endpoint};
 use tracing::{info, warn};
 
-use crate::{group::Group, server::Core};
 use kube_dispatch_core::{backoff::Backoff, subscription::MAX_FIELD_LEN};
+
+use crate::{group::Group, groups::Groups};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -28,13 +30,13 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// The gRPC service peers call.
 #[derive(Debug, Clone)]
 pub struct PeerService {
-    core: Arc<Core>,
+    groups: Arc<Groups>,
 }
 
 impl PeerService {
-    /// A service over `core`.
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    /// A service over `groups`.
+    pub fn new(groups: Arc<Groups>) -> Self {
+        Self { groups }
     }
 }
 
@@ -58,7 +60,7 @@ impl Peer for PeerService {
                 req.identity
             )));
         }
-        let keys = match self.core.group(&req.group) {
+        let keys = match self.groups.group(&req.group) {
             Some(group) => {
                 let ring = Ring::new(req.members);
                 group
@@ -78,8 +80,8 @@ impl Peer for PeerService {
 /// them to the group. A peer that cannot be reached (a network cut, a peer restarting) is asked
 /// again with a backoff for as long as peers remember deletions; what a peer still unreachable
 /// then remembered is missed, and logged.
-pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
-    let mut slices = core.slices();
+pub async fn fetch_recent_deletions(groups: Arc<Groups>, group: Arc<Group>) {
+    let mut slices = groups.slices();
     // A group dropped before this dispatcher serves anything ends the wait: one task per live
     // group at most.
     let slice = tokio::select! {
@@ -89,9 +91,9 @@ pub async fn fetch_recent_deletions(core: Arc<Core>, group: Arc<Group>) {
             Err(_) => return,
         },
     };
-    let identity = core.identity().to_owned();
+    let identity = groups.identity().to_owned();
     let members = slice.ring.members().to_vec();
-    let give_up = tokio::time::Instant::now() + core.recent_deletions_window();
+    let give_up = tokio::time::Instant::now() + groups.recent_deletions().window;
     let mut pending: Vec<(String, String)> = slice
         .peers
         .iter()

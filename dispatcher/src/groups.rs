@@ -1,0 +1,631 @@
+//! The group and session table of a dispatcher: the controller groups known here, their
+//! sessions, and what a session asks for (open, poll, ack, close), in domain terms. The gRPC
+//! services (`crate::grpc`) turn the wire into these calls, and [`SessionError`] into a
+//! `tonic::Status`; the housekeeping task (`crate::housekeeping`) expires sessions, drops idle
+//! groups and releases the ring.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use kube_dispatch_core::{
+    handover::Slice,
+    queue::{Delivery, DeliveryId, Outcome, SessionId},
+    recent_deletions::RecentDeletionsConfig,
+    subscription::GroupSpec,
+};
+use kube_dispatch_proto::lease::ring_id;
+use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::{
+    config::Settings,
+    group::{Group, SessionSlot},
+    watch::{Subscriber, WatchError, Watches},
+};
+
+/// Why a session call was refused. Each message tells the caller what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The dispatcher is draining and opens no session.
+    #[error("the dispatcher is draining: open the session on another dispatcher or retry")]
+    Draining,
+    /// The dispatcher holds the most sessions allowed (`--max-sessions`).
+    #[error("dispatcher {identity} already holds {max} sessions, the most allowed")]
+    TooManySessions {
+        /// This dispatcher.
+        identity: String,
+        /// The limit.
+        max: usize,
+    },
+    /// The group holds the most sessions allowed here (`--max-sessions-per-group`).
+    #[error("group {group:?} already has {max} sessions on this dispatcher, the most allowed")]
+    TooManyGroupSessions {
+        /// The group.
+        group: String,
+        /// The limit.
+        max: usize,
+    },
+    /// The dispatcher holds as many groups as sessions are allowed (idle ones included).
+    #[error(
+        "dispatcher {identity} already holds {count} controller groups (idle ones are kept for {grace:?}), the most allowed"
+    )]
+    TooManyGroups {
+        /// This dispatcher.
+        identity: String,
+        /// Groups held.
+        count: usize,
+        /// How long an idle group is kept.
+        grace: Duration,
+    },
+    /// Another replica of the group subscribed to something else.
+    #[error(
+        "group {group:?} has live sessions with different subscriptions: every replica of a group must send the same subscriptions (or use another group name)"
+    )]
+    SubscriptionsDiffer {
+        /// The group.
+        group: String,
+    },
+    /// A watch the group needs could not be started.
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    /// The session is not (or no longer) known here.
+    #[error(
+        "session {session:?} is unknown or expired on dispatcher {identity}: open a new session"
+    )]
+    Unknown {
+        /// The session id given.
+        session: String,
+        /// This dispatcher.
+        identity: String,
+    },
+    /// The replica opened a newer session, which replaced this one.
+    #[error(
+        "session {session:?} was replaced by a newer session of its replica: use that one or open a new session"
+    )]
+    Replaced {
+        /// The session id given.
+        session: String,
+    },
+    /// The session expired or was replaced while its poll waited.
+    #[error("session {session:?} ended while polling: open a new session")]
+    EndedWhilePolling {
+        /// The session id given.
+        session: String,
+    },
+    /// A close of a session that is not open.
+    #[error("session {session:?} is unknown or already closed")]
+    NotOpen {
+        /// The session id given.
+        session: String,
+    },
+}
+
+/// A session just opened.
+#[derive(Debug)]
+pub struct Opened {
+    /// Its id on the wire.
+    pub session_id: String,
+    /// Its group.
+    pub group: Arc<Group>,
+    /// Whether the group was created for it (its watches were just started).
+    pub created: bool,
+}
+
+/// What a poll returns.
+#[derive(Debug)]
+pub struct Polled {
+    /// The session's group.
+    pub group: Arc<Group>,
+    /// The keys handed out.
+    pub deliveries: Vec<Delivery>,
+    /// How long the dispatcher held the poll before its last look at the queue: the replica
+    /// counts its deadlines from that long after it sent the poll (`controller-sdk` fencing).
+    pub held: Duration,
+}
+
+pub(crate) struct SessionRef {
+    pub(crate) group: Arc<Group>,
+    pub(crate) id: SessionId,
+    pub(crate) slot: Arc<SessionSlot>,
+}
+
+pub(crate) struct GroupEntry {
+    pub(crate) group: Arc<Group>,
+    cancel: CancellationToken,
+    empty_since: Option<Instant>,
+}
+
+/// Counters reported in logs and, later, metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Acks of deliveries that were not in flight.
+    pub unknown_acks: AtomicU64,
+    /// Sessions that expired.
+    pub expired_sessions: AtomicU64,
+}
+
+/// The dispatcher's groups and sessions, shared by the gRPC services and the housekeeping task.
+pub struct Groups {
+    settings: Settings,
+    watches: Arc<Watches>,
+    groups: Mutex<HashMap<String, GroupEntry>>,
+    sessions: Mutex<HashMap<String, SessionRef>>,
+    next_session: AtomicU64,
+    /// Counters.
+    pub counters: Counters,
+    /// The keys this dispatcher serves, from the membership task (or fixed).
+    slice: watch::Receiver<Arc<Slice>>,
+    /// What each group remembers of deletions of keys owned elsewhere.
+    recent_deletions: RecentDeletionsConfig,
+    /// The ring id this dispatcher has released (nothing moved away is in flight), for the
+    /// membership task to publish.
+    released: watch::Sender<Option<String>>,
+    /// Set when draining begins: nothing more is handed out, acks are still taken.
+    draining: CancellationToken,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Groups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Groups")
+            .field("identity", &self.settings.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Groups {
+    /// The table. It serves the keys of `slice`, publishes on `released` the ring it has
+    /// released, and stops with `shutdown`; `crate::housekeeping` must run beside it (session
+    /// expiry, handover, resync, idle groups).
+    pub fn new(
+        settings: Settings,
+        watches: Arc<Watches>,
+        slice: watch::Receiver<Arc<Slice>>,
+        recent_deletions: RecentDeletionsConfig,
+        released: watch::Sender<Option<String>>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
+            watches,
+            groups: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            counters: Counters::default(),
+            slice,
+            recent_deletions,
+            released,
+            draining: CancellationToken::new(),
+            shutdown,
+        })
+    }
+
+    fn groups(&self) -> MutexGuard<'_, HashMap<String, GroupEntry>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, SessionRef>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Number of controller groups known (with sessions, or idle within their grace).
+    pub fn group_count(&self) -> usize {
+        self.groups().len()
+    }
+
+    /// Number of running watches against the API server.
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// Stops handing out keys; acks are still taken, so in-flight reconciles can finish.
+    pub fn begin_drain(&self) {
+        self.draining.cancel();
+    }
+
+    /// Number of deliveries in flight over all groups.
+    pub fn in_flight(&self) -> usize {
+        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
+        groups.iter().map(|g| g.in_flight()).sum()
+    }
+
+    /// The keys this dispatcher serves now.
+    pub fn slice(&self) -> Arc<Slice> {
+        self.slice.borrow().clone()
+    }
+
+    /// The slice as it changes.
+    pub fn slices(&self) -> watch::Receiver<Arc<Slice>> {
+        self.slice.clone()
+    }
+
+    /// What groups remember of deletions of keys they do not own
+    /// (`kube_dispatch_core::recent_deletions`).
+    pub fn recent_deletions(&self) -> RecentDeletionsConfig {
+        self.recent_deletions
+    }
+
+    /// This dispatcher's identity on the ring.
+    pub fn identity(&self) -> &str {
+        &self.settings.identity
+    }
+
+    /// Cancelled when the dispatcher stops.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// The controller group `name`, if known here.
+    pub fn group(&self, name: &str) -> Option<Arc<Group>> {
+        self.groups().get(name).map(|e| e.group.clone())
+    }
+
+    /// Closes every session, releasing in-flight keys; used when draining.
+    pub fn close_all(&self) {
+        let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.group.remove_session(s.id);
+        }
+    }
+
+    /// Whether a new session of `replica` in `group` may be opened: not while draining, and
+    /// not past `--max-sessions` (a replica reopening replaces its session and takes no new
+    /// slot). Cheap: checked before the request's resources are resolved.
+    pub fn admits(&self, group: &str, replica: &str) -> Result<(), SessionError> {
+        if self.shutdown.is_cancelled() {
+            return Err(SessionError::Draining);
+        }
+        let replacing = self
+            .groups()
+            .get(group)
+            .is_some_and(|e| e.group.has_replica(replica));
+        let max = self.settings.limits.max_sessions;
+        if !replacing && self.session_count() >= max {
+            return Err(SessionError::TooManySessions {
+                identity: self.settings.identity.clone(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens a session of `replica` in `group`, which subscribes to `spec`, with `ttl`: joins
+    /// the group, or creates it and starts its watches (waiting for their first list). A
+    /// session the replica had in the group is replaced.
+    pub async fn open(
+        &self,
+        group: &str,
+        replica: &str,
+        spec: &GroupSpec,
+        ttl: Duration,
+    ) -> Result<Opened, SessionError> {
+        self.admits(group, replica)?;
+        let (group, created) = self.group_for(group, replica, spec)?;
+        if created {
+            self.subscribe_all(&group).await?;
+        }
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let session_id = format!(
+            "{}-{id}-{:016x}",
+            self.settings.identity,
+            rand::random::<u64>()
+        );
+        let (slot, replaced) = group.add_session(id, session_id.clone(), replica, ttl);
+        let mut sessions = self.sessions();
+        for old in replaced {
+            info!(session = %old.wire_id, %replica, "session replaced by a newer one of its replica");
+            sessions.remove(&old.wire_id);
+        }
+        sessions.insert(
+            session_id.clone(),
+            SessionRef {
+                group: group.clone(),
+                id,
+                slot,
+            },
+        );
+        drop(sessions);
+        info!(session = %session_id, group = %group.name, %replica, ?ttl, "session opened");
+        Ok(Opened {
+            session_id,
+            group,
+            created,
+        })
+    }
+
+    /// Settles `acks` of `session`, then hands it up to `max` ready keys, waiting up to `wait`
+    /// (never past half its ttl, since a waiting poll does not renew it) for one. While
+    /// draining, nothing new is handed out; the poll waits as usual, so replicas do not spin.
+    pub async fn poll(
+        &self,
+        session: &str,
+        acks: Vec<(DeliveryId, Outcome)>,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Polled, SessionError> {
+        let (group, id, slot) = self.lookup(session)?;
+        let received = Instant::now();
+        renew(&slot);
+        let wait = wait.min(slot.ttl / 2);
+        self.settle(&group, id, session, acks);
+        let deadline = received + wait;
+        // `looked` is when the last look at the queue began: the requests' reconcile time and
+        // the renewal below both start no earlier.
+        let mut looked = received;
+        let take = || {
+            if self.draining.is_cancelled() {
+                Vec::new()
+            } else {
+                group.take(id, max)
+            }
+        };
+        let mut deliveries = take();
+        while deliveries.is_empty() {
+            tokio::select! {
+                () = slot.notify.notified() => {}
+                () = tokio::time::sleep_until(deadline) => break,
+                () = self.shutdown.cancelled() => break,
+            }
+            if !group.has_session(id) {
+                return Err(SessionError::EndedWhilePolling {
+                    session: session.to_owned(),
+                });
+            }
+            looked = Instant::now();
+            deliveries = take();
+        }
+        if deliveries.is_empty() {
+            looked = Instant::now();
+        }
+        renew(&slot);
+        Ok(Polled {
+            group,
+            deliveries,
+            held: looked.duration_since(received),
+        })
+    }
+
+    /// Settles `acks` of `session`, which renews it.
+    pub fn ack(&self, session: &str, acks: Vec<(DeliveryId, Outcome)>) -> Result<(), SessionError> {
+        let (group, id, slot) = self.lookup(session)?;
+        renew(&slot);
+        self.settle(&group, id, session, acks);
+        Ok(())
+    }
+
+    /// Closes `session`: what it has in flight goes to the group's other sessions at once.
+    pub fn close(&self, session: &str) -> Result<(), SessionError> {
+        let Some(s) = self.sessions().remove(session) else {
+            return Err(SessionError::NotOpen {
+                session: session.to_owned(),
+            });
+        };
+        info!(%session, group = %s.group.name, "session closed: its in-flight keys are released");
+        s.group.remove_session(s.id);
+        Ok(())
+    }
+
+    fn lookup(
+        &self,
+        session: &str,
+    ) -> Result<(Arc<Group>, SessionId, Arc<SessionSlot>), SessionError> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session) else {
+            return Err(SessionError::Unknown {
+                session: session.to_owned(),
+                identity: self.settings.identity.clone(),
+            });
+        };
+        if !s.group.has_session(s.id) {
+            // Replaced by a newer session of the same replica.
+            sessions.remove(session);
+            return Err(SessionError::Replaced {
+                session: session.to_owned(),
+            });
+        }
+        Ok((s.group.clone(), s.id, s.slot.clone()))
+    }
+
+    /// Finds or creates the group for a new session of `replica`; returns it and whether it
+    /// was created.
+    fn group_for(
+        &self,
+        name: &str,
+        replica: &str,
+        spec: &GroupSpec,
+    ) -> Result<(Arc<Group>, bool), SessionError> {
+        let mut groups = self.groups();
+        if let Some(entry) = groups.get(name) {
+            if entry.group.spec == *spec {
+                // A replica reopening replaces its session: it takes no new slot.
+                let max = self.settings.limits.max_sessions_per_group;
+                if !entry.group.has_replica(replica) && entry.group.session_count() >= max {
+                    return Err(SessionError::TooManyGroupSessions {
+                        group: name.to_owned(),
+                        max,
+                    });
+                }
+                return Ok((entry.group.clone(), false));
+            }
+            if entry.group.session_count() > 0 {
+                return Err(SessionError::SubscriptionsDiffer {
+                    group: name.to_owned(),
+                });
+            }
+            // No session left: the new subscriptions replace the old ones.
+            if let Some(old) = groups.remove(name) {
+                self.release(&old);
+            }
+        }
+        // Groups without sessions linger for their grace; bound them with the sessions, so a
+        // client opening sessions under ever new group names cannot grow this map.
+        if groups.len() >= self.settings.limits.max_sessions {
+            return Err(SessionError::TooManyGroups {
+                identity: self.settings.identity.clone(),
+                count: groups.len(),
+                grace: self.settings.idle_group_grace,
+            });
+        }
+        let cancel = self.shutdown.child_token();
+        let group = Group::spawn(
+            name.to_owned(),
+            spec.clone(),
+            self.settings.queue,
+            self.recent_deletions,
+            self.slice.clone(),
+            cancel.clone(),
+        );
+        groups.insert(
+            name.to_owned(),
+            GroupEntry {
+                group: group.clone(),
+                cancel,
+                empty_since: None,
+            },
+        );
+        Ok((group, true))
+    }
+
+    /// Stops what `entry`'s group holds: its watch subscriptions and its timers.
+    fn release(&self, entry: &GroupEntry) {
+        for sub in &entry.group.spec.subscriptions {
+            self.watches.unsubscribe(&sub.watch, &entry.group.name);
+        }
+        entry.cancel.cancel();
+    }
+
+    async fn subscribe_all(&self, group: &Arc<Group>) -> Result<(), SessionError> {
+        for sub in &group.spec.subscriptions {
+            let subscriber = Subscriber {
+                group: group.clone(),
+                payload: sub.payload,
+                owner: sub.owner.clone(),
+            };
+            if let Err(e) = self.watches.subscribe(&sub.watch, subscriber).await {
+                if let Some(entry) = self.groups().remove(&group.name) {
+                    self.release(&entry);
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles acks of a session; those not in flight are ignored, counted and logged.
+    fn settle(
+        &self,
+        group: &Group,
+        id: SessionId,
+        session: &str,
+        acks: Vec<(DeliveryId, Outcome)>,
+    ) {
+        if acks.is_empty() {
+            return;
+        }
+        let unknown = group.ack(id, acks);
+        if unknown > 0 {
+            self.counters
+                .unknown_acks
+                .fetch_add(unknown as u64, Ordering::Relaxed);
+            debug!(
+                session,
+                unknown, "acks of deliveries not in flight were ignored"
+            );
+        }
+    }
+
+    /// Expires the sessions not renewed by `now`: their in-flight keys go to the group's other
+    /// sessions.
+    pub(crate) fn expire_sessions(&self, now: Instant) {
+        let expired: Vec<(String, SessionRef)> = {
+            let mut sessions = self.sessions();
+            let ids: Vec<String> = sessions
+                .iter()
+                .filter(|(_, s)| {
+                    *s.slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| sessions.remove(&id).map(|s| (id, s)))
+                .collect()
+        };
+        for (id, s) in expired {
+            self.counters
+                .expired_sessions
+                .fetch_add(1, Ordering::Relaxed);
+            info!(session = %id, group = %s.group.name, replica = %s.slot.replica, "session expired: its in-flight keys go to other sessions");
+            s.group.remove_session(s.id);
+        }
+    }
+
+    /// Drops the groups that have had no session for `--idle-group-grace` by `now`; returns
+    /// the groups left.
+    pub(crate) fn drop_idle_groups(&self, now: Instant) -> Vec<Arc<Group>> {
+        let mut groups = self.groups();
+        let grace = self.settings.idle_group_grace;
+        let mut idle = Vec::new();
+        for (name, entry) in groups.iter_mut() {
+            if entry.group.session_count() > 0 {
+                entry.empty_since = None;
+            } else if let Some(since) = entry.empty_since {
+                if now.duration_since(since) >= grace {
+                    idle.push(name.clone());
+                }
+            } else {
+                entry.empty_since = Some(now);
+            }
+        }
+        for name in idle {
+            if let Some(entry) = groups.remove(&name) {
+                info!(group = %name, "dropping group: no session for {grace:?}");
+                self.release(&entry);
+            }
+        }
+        groups.values().map(|e| e.group.clone()).collect()
+    }
+
+    /// Trims every group to the current slice and, once no key that moved away is queued or in
+    /// flight, publishes the ring as released.
+    pub(crate) fn release_ring(&self, groups: &[Arc<Group>]) {
+        let slice = self.slice();
+        // Every group must be trimmed: no short-circuit.
+        let moving = groups
+            .iter()
+            .fold(false, |moving, g| g.apply_slice() | moving);
+        let released =
+            (!moving && slice.ring.contains(&self.settings.identity)).then(|| ring_id(&slice.ring));
+        self.released.send_if_modified(|current| {
+            if *current == released {
+                return false;
+            }
+            if let Some(id) = &released {
+                info!(ring = %id, "released the ring: nothing that moved away is queued or in flight");
+            }
+            *current = released;
+            true
+        });
+    }
+}
+
+/// Extends a session by its ttl.
+fn renew(slot: &SessionSlot) {
+    *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + slot.ttl;
+}

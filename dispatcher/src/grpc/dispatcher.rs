@@ -1,0 +1,295 @@
+//! The controller-facing API (`proto/kubedispatch/v1/dispatcher.proto`): requests are validated
+//! and turned into calls on [`Groups`], and every error into a `tonic::Status` with a message
+//! that tells the caller what to fix.
+
+use std::sync::Arc;
+
+use kube_dispatch_core::{
+    queue::{Delivery, DeliveryId, Outcome},
+    subscription::{
+        GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
+        validate_open,
+    },
+};
+use kube_dispatch_proto::{
+    RequestKey,
+    v1::{
+        self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
+        OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
+        ack_item, dispatcher_server,
+    },
+};
+use tonic::{Request, Response, Status};
+use tracing::debug;
+
+use crate::{
+    discovery::{ResolveError, Resolver},
+    group::Group,
+    groups::{Groups, SessionError},
+    watch::WatchError,
+};
+
+/// The gRPC service controllers call.
+#[derive(Debug)]
+pub struct DispatcherService {
+    groups: Arc<Groups>,
+    resolver: Resolver,
+}
+
+impl DispatcherService {
+    /// A service over `groups`, resolving the resources sessions subscribe to with `resolver`.
+    pub fn new(groups: Arc<Groups>, resolver: Resolver) -> Self {
+        Self { groups, resolver }
+    }
+
+    /// The group's subscriptions, resolved by discovery.
+    async fn resolve_spec(&self, req: &OpenSessionRequest) -> Result<GroupSpec, Status> {
+        let mut subs = Vec::with_capacity(req.subscriptions.len());
+        for sub in &req.subscriptions {
+            let Some(r) = &sub.resource else {
+                return Err(Status::invalid_argument(
+                    "every subscription needs a resource",
+                ));
+            };
+            let resource = self.resolver.resolve(r).await.map_err(|e| match e {
+                ResolveError::NotFound(_) => Status::not_found(e.to_string()),
+                ResolveError::Discovery { .. } => Status::unavailable(e.to_string()),
+            })?;
+            let namespace = if resource.namespaced {
+                sub.namespace.clone()
+            } else {
+                String::new()
+            };
+            subs.push(SubscriptionSpec {
+                watch: WatchKey {
+                    resource,
+                    namespace,
+                    label_selector: sub.label_selector.clone(),
+                    field_selector: sub.field_selector.clone(),
+                },
+                payload: v1::PayloadMode::try_from(sub.payload)
+                    .unwrap_or(v1::PayloadMode::Full)
+                    .into(),
+                owner: sub.owner.as_ref().map(|o| OwnerKind {
+                    group: o.group.clone(),
+                    version: o.version.clone(),
+                    kind: o.kind.clone(),
+                }),
+            });
+        }
+        let spec = GroupSpec::new(subs);
+        // Deletions found by a re-list are matched to the subscription by kind: one primary
+        // subscription per kind keeps that unambiguous.
+        let mut kinds: Vec<(&str, &str)> = spec
+            .subscriptions
+            .iter()
+            .filter(|s| s.owner.is_none())
+            .map(|s| {
+                (
+                    s.watch.resource.group.as_str(),
+                    s.watch.resource.kind.as_str(),
+                )
+            })
+            .collect();
+        let before = kinds.len();
+        kinds.sort_unstable();
+        kinds.dedup();
+        if kinds.len() != before {
+            return Err(Status::invalid_argument(
+                "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
+            ));
+        }
+        Ok(spec)
+    }
+
+    fn parse_acks(&self, acks: Vec<AckItem>) -> Result<Vec<(DeliveryId, Outcome)>, Status> {
+        let max_acks = self.groups.settings().limits.max_acks;
+        if acks.len() > max_acks {
+            return Err(Status::resource_exhausted(format!(
+                "{} acks in one request; at most {max_acks} are accepted",
+                acks.len(),
+            )));
+        }
+        acks.into_iter()
+            .map(|a| {
+                let outcome = match a.outcome {
+                    None => {
+                        return Err(Status::invalid_argument(format!(
+                            "ack of delivery {} has no outcome: set success, failure or requeue",
+                            a.delivery_id
+                        )));
+                    }
+                    Some(ack_item::Outcome::Success(_)) => Outcome::Success,
+                    Some(ack_item::Outcome::Failure(f)) => {
+                        debug!(delivery = a.delivery_id, message = %f.message, "reconcile failed");
+                        Outcome::Failure
+                    }
+                    Some(ack_item::Outcome::Requeue(r)) => {
+                        let after = r
+                            .after
+                            .as_ref()
+                            .ok_or_else(|| Status::invalid_argument("requeue.after must be set"))?;
+                        Outcome::Requeue(
+                            positive_duration("requeue.after", after).map_err(invalid)?,
+                        )
+                    }
+                };
+                Ok((a.delivery_id, outcome))
+            })
+            .collect()
+    }
+}
+
+fn invalid(e: InvalidRequest) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// The status a refused session call gets.
+fn status(e: SessionError) -> Status {
+    let message = e.to_string();
+    match e {
+        SessionError::Draining => Status::unavailable(message),
+        SessionError::TooManySessions { .. }
+        | SessionError::TooManyGroupSessions { .. }
+        | SessionError::TooManyGroups { .. } => Status::resource_exhausted(message),
+        SessionError::SubscriptionsDiffer { .. } | SessionError::Replaced { .. } => {
+            Status::failed_precondition(message)
+        }
+        SessionError::Unknown { .. }
+        | SessionError::EndedWhilePolling { .. }
+        | SessionError::NotOpen { .. } => Status::not_found(message),
+        SessionError::Watch(e) => match e {
+            WatchError::Rejected {
+                code: 400 | 422, ..
+            } => Status::invalid_argument(message),
+            WatchError::Rejected {
+                code: 401 | 403, ..
+            } => Status::permission_denied(message),
+            WatchError::Rejected { code: 404, .. } => Status::not_found(message),
+            WatchError::Rejected { .. } => Status::failed_precondition(message),
+            WatchError::ShuttingDown => Status::unavailable(message),
+        },
+    }
+}
+
+/// A delivery as the wire carries it.
+fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
+    let key = RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &*d.key));
+    let version = group
+        .spec
+        .version_of(&key.group, &key.kind)
+        .unwrap_or_default()
+        .to_owned();
+    ReconcileRequest {
+        delivery_id: d.id,
+        key: d.key.to_string(),
+        object: Some(v1::ObjectKey {
+            group: key.group,
+            version,
+            kind: key.kind,
+            namespace: key.namespace,
+            name: key.name,
+        }),
+        reason: d.reason as i32,
+        resource_version: d.resource_version,
+        uid: d.uid,
+        object_json: d.body.map(|b| b.to_vec()).unwrap_or_default(),
+        deleted: d.deleted,
+        attempt: d.attempt,
+    }
+}
+
+#[tonic::async_trait]
+impl dispatcher_server::Dispatcher for DispatcherService {
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> Result<Response<OpenSessionResponse>, Status> {
+        let groups = &self.groups;
+        // A draining dispatcher says so first, whatever the request.
+        if groups.shutdown().is_cancelled() {
+            return Err(status(SessionError::Draining));
+        }
+        let req = request.into_inner();
+        validate_open(&req).map_err(invalid)?;
+        groups.admits(&req.group, &req.replica_id).map_err(status)?;
+        let limits = groups.settings().limits;
+        let ttl = match &req.ttl {
+            Some(ttl) => positive_duration("ttl", ttl)
+                .map_err(invalid)?
+                .clamp(limits.min_ttl, limits.max_ttl),
+            None => limits.default_ttl,
+        };
+        let spec = self.resolve_spec(&req).await?;
+        let opened = groups
+            .open(&req.group, &req.replica_id, &spec, ttl)
+            .await
+            .map_err(status)?;
+        // Keys can move here only on a ring from Leases: ask the peers what was deleted of
+        // them before this group was served here.
+        if opened.created && groups.recent_deletions().capacity > 0 {
+            tokio::spawn(super::peer::fetch_recent_deletions(
+                groups.clone(),
+                opened.group.clone(),
+            ));
+        }
+        Ok(Response::new(OpenSessionResponse {
+            session_id: opened.session_id,
+            ttl: prost_types::Duration::try_from(ttl).ok(),
+            dispatcher_id: groups.identity().to_owned(),
+            max_reconcile_time: prost_types::Duration::try_from(
+                groups.settings().queue.max_reconcile_time,
+            )
+            .ok(),
+        }))
+    }
+
+    async fn poll(&self, request: Request<PollRequest>) -> Result<Response<PollResponse>, Status> {
+        let req = request.into_inner();
+        let limits = self.groups.settings().limits;
+        let wait = match &req.wait {
+            Some(w) => positive_duration("wait", w)
+                .map_err(invalid)?
+                .min(limits.max_poll_wait),
+            None => limits.max_poll_wait,
+        };
+        let max = match req.max_items {
+            0 => limits.max_poll_items,
+            n => usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(limits.max_poll_items),
+        };
+        let acks = self.parse_acks(req.acks)?;
+        let polled = self
+            .groups
+            .poll(&req.session_id, acks, wait, max)
+            .await
+            .map_err(status)?;
+        let requests = polled
+            .deliveries
+            .into_iter()
+            .map(|d| to_wire(&polled.group, d))
+            .collect();
+        Ok(Response::new(PollResponse {
+            requests,
+            held: prost_types::Duration::try_from(polled.held).ok(),
+        }))
+    }
+
+    async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        let req = request.into_inner();
+        let acks = self.parse_acks(req.acks)?;
+        self.groups.ack(&req.session_id, acks).map_err(status)?;
+        Ok(Response::new(AckResponse {}))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        self.groups
+            .close(&request.into_inner().session_id)
+            .map_err(status)?;
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}

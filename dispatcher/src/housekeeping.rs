@@ -1,0 +1,82 @@
+//! The dispatcher's housekeeping: four times a second, and whenever the slice changes, it
+//! expires sessions, drops idle groups, trims queues to the slice and releases the ring, logs
+//! queue status and resyncs keys.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::{group::Group, groups::Groups};
+
+/// Runs until `groups` shuts down.
+pub(crate) async fn run(groups: Arc<Groups>) {
+    const TICK: Duration = Duration::from_millis(250);
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut slice_changes = Some(groups.slices());
+    let mut status = QueueStatus::default();
+    let settings = groups.settings().clone();
+    loop {
+        let changed = async {
+            match slice_changes.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let fixed = tokio::select! {
+            () = groups.shutdown().cancelled() => return,
+            _ = ticker.tick() => false,
+            changed = changed => !changed,
+        };
+        if fixed {
+            // The slice's sender is gone (a fixed ring): ticks alone remain.
+            slice_changes = None;
+        }
+        let now = Instant::now();
+        groups.expire_sessions(now);
+        let live = groups.drop_idle_groups(now);
+        groups.release_ring(&live);
+        status.log(&live, settings.status_interval, now);
+        let interval = settings.resync_interval;
+        if !interval.is_zero() {
+            for group in live {
+                let (keys, _) = group.sizes();
+                // Spread evenly: keys * tick / interval per tick, rounded up.
+                let n = (keys as u128 * TICK.as_nanos()).div_ceil(interval.as_nanos().max(1));
+                group.resync_batch(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
+    }
+}
+
+/// The periodic `queue status` log lines: one per group whose figures changed since its last.
+#[derive(Default)]
+struct QueueStatus {
+    last: Option<Instant>,
+    /// (keys, ready, in flight, sessions) as last logged, per group; groups are bounded.
+    logged: HashMap<String, (usize, usize, usize, usize)>,
+}
+
+impl QueueStatus {
+    fn log(&mut self, groups: &[Arc<Group>], interval: Duration, now: Instant) {
+        if interval.is_zero()
+            || self
+                .last
+                .is_some_and(|at| now.duration_since(at) < interval)
+        {
+            return;
+        }
+        self.last = Some(now);
+        self.logged
+            .retain(|name, _| groups.iter().any(|g| &g.name == name));
+        for group in groups {
+            let (keys, ready) = group.sizes();
+            let figures = (keys, ready, group.in_flight(), group.session_count());
+            if self.logged.insert(group.name.clone(), figures) != Some(figures) {
+                let (keys, ready, in_flight, sessions) = figures;
+                info!(group = %group.name, keys, ready, in_flight, sessions, "queue status");
+            }
+        }
+    }
+}
