@@ -2,8 +2,23 @@
 //!
 //! A dispatcher holds one non-caching watch per subscribed resource, keeps only the keys that
 //! fall on its slice of the consistent-hash ring, and hands reconcile requests to controller
-//! replicas that long-poll it over the [`kube_dispatch_proto::v1`] API. See the README and
-//! `DESIGN` sections 2 to 6 for the delivery contract it implements.
+//! replicas that long-poll it over the [`kube_dispatch_proto::v1`] API. The README and
+//! `HANDOVER.md` describe the delivery contract it implements; the pure rules (the queue, the
+//! handover gate) are in `kube_dispatch_core`.
+//!
+//! Start at [`serve::serve`], which wires these together:
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`config`] | client limits and the settings of the group and session table |
+//! | [`serve`] | wiring: watches, groups, membership and the gRPC server; the drain |
+//! | [`groups`] | the group and session table: open, poll, ack, close, in domain terms |
+//! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |
+//! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
+//! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
+//! | [`watch`] | the watches against the API server, and how their events become keys |
+//! | [`membership`] | the dispatcher's Lease, and the handover gate fed from all Leases |
+//! | [`discovery`] | resources named by subscriptions, resolved against the API server |
 
 #![forbid(unsafe_code)]
 

@@ -1,0 +1,131 @@
+//! The replica's runtime: one session loop per dispatcher, a shared bound on running
+//! reconciles, acks sent as reconciles finish, and fencing: a replica that cannot renew a
+//! session within three quarters of its ttl cancels the reconciles it holds from it, before the
+//! dispatcher lets another replica take those keys.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | this one | [`run`], the entry point |
+//! | `shared` | what every part shares: the controller's types and their bounds, the replica's state |
+//! | `supervise` | one session loop per assigned dispatcher, reconnecting with a backoff |
+//! | `session` | one session: open, poll within the fence, acks, drain, close |
+//! | `reconcile` | one delivery: a slot, the object, the reconcile, the ack |
+//! | `load` | the object of a delivery: its body, a fresh read, or a tombstone |
+
+mod load;
+mod reconcile;
+mod session;
+mod shared;
+mod supervise;
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    future::Future,
+    sync::{Arc, Mutex, atomic::AtomicUsize},
+};
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube_dispatch_proto::v1::{OpenSessionRequest, PayloadMode, RegisterRequest};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use self::shared::{Bound, ErrorPolicy, Outcome, Reconciler, Shared};
+use crate::{
+    Action, Controller,
+    targets::{Source, follow_load_balancer},
+};
+
+/// Runs the replica described by `controller`: registers with the load balancer (or takes its
+/// fixed dispatchers), keeps a session with each assigned dispatcher, and reconciles what they
+/// hand out with `reconcile` and `error_policy`. The stream yields every outcome, and ends once
+/// the controller's shutdown signal has drained every session.
+pub(crate) fn run<K, Ctx, E, F, R, P>(
+    controller: Controller<K>,
+    reconcile: Arc<R>,
+    error_policy: Arc<P>,
+    context: Arc<Ctx>,
+) -> impl Stream<Item = Outcome<Bound<K, Ctx, E, F>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+    R: Fn(Arc<K>, Arc<Ctx>) -> F + Send + Sync + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let Controller {
+        dyntype,
+        client,
+        group,
+        replica_id,
+        primary,
+        owned,
+        dispatchers,
+        load_balancer,
+        concurrency,
+        session_ttl,
+        shutdown,
+        health,
+        ..
+    } = controller;
+    // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
+    // replica down rather than growing memory.
+    let (tx, rx) = mpsc::channel(concurrency);
+    let full_payload = matches!(
+        PayloadMode::try_from(primary.payload),
+        Ok(PayloadMode::Full | PayloadMode::Unspecified)
+    );
+    let mut subscriptions = vec![primary];
+    subscriptions.extend(owned);
+    let shared = Arc::new(Shared::<Bound<K, Ctx, E, F>> {
+        dyntype,
+        client,
+        reconcile: reconcile as Reconciler<Bound<K, Ctx, E, F>>,
+        error_policy: error_policy as ErrorPolicy<Bound<K, Ctx, E, F>>,
+        context,
+        permits: Arc::new(Semaphore::new(concurrency)),
+        waiting: AtomicUsize::new(0),
+        running: Mutex::new(HashSet::new()),
+        outcomes: tx,
+        open: OpenSessionRequest {
+            group: group.clone(),
+            replica_id: replica_id.clone(),
+            subscriptions,
+            ttl: prost_types::Duration::try_from(session_ttl).ok(),
+        },
+        health: health.clone(),
+        full_payload,
+    });
+    let stop = CancellationToken::new();
+    if let Some(signal) = shutdown {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            signal.await;
+            info!("shutting down: finishing running reconciles, then closing sessions");
+            health.stopped();
+            stop.cancel();
+        });
+    }
+    let (targets_tx, targets) = watch::channel(BTreeSet::new());
+    match Source::new(dispatchers, load_balancer) {
+        Source::Fixed(addresses) => {
+            targets_tx.send_replace(addresses);
+        }
+        Source::LoadBalancer(address) => {
+            info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
+            tokio::spawn(follow_load_balancer(
+                address,
+                RegisterRequest { group, replica_id },
+                targets_tx,
+                stop.clone(),
+            ));
+        }
+    }
+    tokio::spawn(supervise::supervise(targets, shared, stop));
+    // The stream ends when every session loop has finished and dropped its sender.
+    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}

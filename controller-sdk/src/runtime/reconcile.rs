@@ -1,0 +1,144 @@
+//! One delivery: a free slot, the object, the reconcile, all within the delivery's deadline;
+//! then the ack to send.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use kube::runtime::reflector::ObjectRef;
+use kube_dispatch_proto::v1::{Failure, ReconcileRequest, Requeue, Success, ack_item};
+use tokio::{sync::OwnedSemaphorePermit, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::{
+    load::load,
+    shared::{Outcome, Shared, Types},
+};
+use crate::{Action, Error};
+
+/// Runs one delivery: waits for a free slot unless it holds `permit`, loads the object and
+/// reconciles it, all by `deadline` (`limit` after the delivery); returns the ack to send, or
+/// `None` when the session was lost, in which case the reconcile has been stopped.
+pub(super) async fn reconcile_one<T: Types>(
+    shared: &Shared<T>,
+    request: ReconcileRequest,
+    permit: Option<OwnedSemaphorePermit>,
+    deadline: Instant,
+    limit: Duration,
+    lost: &CancellationToken,
+) -> Option<ack_item::Outcome> {
+    let key = request.key.clone();
+    let work = async {
+        let _permit = match permit {
+            Some(permit) => permit,
+            None => {
+                let _waiting = Waiting::new(&shared.waiting);
+                // The semaphore is never closed.
+                shared.permits.clone().acquire_owned().await.ok()?
+            }
+        };
+        Some(run_reconcile(shared, request).await)
+    };
+    let (outcome, report) = tokio::select! {
+        r = tokio::time::timeout_at(deadline, work) => match r {
+            Ok(done) => done?,
+            Err(_) => (
+                ack_item::Outcome::Failure(Failure {
+                    message: format!("timed out after {limit:?}"),
+                }),
+                Some(Err(Error::Timeout { key, limit })),
+            ),
+        },
+        () = lost.cancelled() => return None,
+    };
+    if let Some(report) = report {
+        let _ = shared.outcomes.send(report).await;
+    }
+    Some(outcome)
+}
+
+/// Counts a delivery waiting for a free slot while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Loads the object of `request` and reconciles it; returns the ack and what to report on the
+/// controller's stream.
+async fn run_reconcile<T: Types>(
+    shared: &Shared<T>,
+    request: ReconcileRequest,
+) -> (ack_item::Outcome, Option<Outcome<T>>) {
+    let key = request.key.clone();
+    let fail = |message: String| ack_item::Outcome::Failure(Failure { message });
+    if !shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.clone())
+    {
+        return (
+            fail(format!("{key} is already being reconciled in this replica")),
+            None,
+        );
+    }
+    struct Release<'a>(&'a Mutex<HashSet<String>>, String);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.1);
+        }
+    }
+    let _release = Release(&shared.running, key.clone());
+
+    let object = match load(shared, &request).await {
+        Ok(Some(object)) => Arc::new(object),
+        Ok(None) => {
+            debug!(
+                key,
+                "object gone and no last state to reconcile: nothing to do"
+            );
+            return (ack_item::Outcome::Success(Success {}), None);
+        }
+        Err(e) => return (fail(e.to_string()), Some(Err(e))),
+    };
+    let object_ref = ObjectRef::from_obj_with(&*object, shared.dyntype.clone());
+    match (shared.reconcile)(object.clone(), shared.context.clone()).await {
+        Ok(action) => (ack_for(action, None), Some(Ok((object_ref, action)))),
+        Err(e) => {
+            let action = (shared.error_policy)(object, &e, shared.context.clone());
+            (
+                ack_for(action, Some(e.to_string())),
+                Some(Err(Error::ReconcilerFailed { key, source: e })),
+            )
+        }
+    }
+}
+
+fn ack_for(action: Action, error: Option<String>) -> ack_item::Outcome {
+    match (action.requeue_after(), error) {
+        (Some(after), _) => ack_item::Outcome::Requeue(Requeue {
+            after: prost_types::Duration::try_from(after.max(Duration::from_millis(1))).ok(),
+        }),
+        (None, Some(message)) => ack_item::Outcome::Failure(Failure { message }),
+        (None, None) => ack_item::Outcome::Success(Success {}),
+    }
+}

@@ -1,0 +1,259 @@
+//! One session with one dispatcher: open it, poll while renewing it within the fence, hand each
+//! delivery to its own task, send acks as reconciles end, and on a graceful stop drain before
+//! closing; when the session is lost, cancel everything it handed out.
+
+use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use kube_dispatch_proto::v1::{
+    AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason,
+    dispatcher_client::DispatcherClient,
+};
+use tokio::{sync::mpsc, task::JoinSet, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+use tracing::{Instrument, debug, info, info_span};
+
+use super::{
+    reconcile::reconcile_one,
+    shared::{Shared, Types},
+};
+use crate::fence::Fence;
+
+/// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
+///
+/// Every deadline of the session (its fence, each reconcile's limit) counts from when the call
+/// that set it was sent (`crate::fence`). A poll asks for no more than the free slots (less
+/// deliveries still waiting for one), and each delivery takes its slot as it arrives; one whose
+/// slot another session took meanwhile waits in its own task, within its deadline, so the loop
+/// never stops renewing.
+pub(super) async fn session<T: Types>(
+    address: &str,
+    shared: &Arc<Shared<T>>,
+    stop: &CancellationToken,
+) -> Result<(), tonic::Status> {
+    let channel = Endpoint::from_shared(address.to_owned())
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad dispatcher address: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+    let mut client = DispatcherClient::new(channel);
+    let sent = Instant::now();
+    let opened = client.open_session(shared.open.clone()).await?.into_inner();
+    let session_id = opened.session_id;
+    let ttl = opened
+        .ttl
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(10));
+    let max_reconcile = opened
+        .max_reconcile_time
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(60));
+    let mut fence = Fence::new(ttl, max_reconcile, sent);
+    info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
+    let _open = shared.health.session_opened();
+
+    let lost = CancellationToken::new();
+    // Acks go out as reconciles finish, on their own calls: carried on the next poll, they
+    // would wait for a long-poll to return, and a key changed while in flight would wait with
+    // them. The channel holds at most one ack per running reconcile.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
+    let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
+    let mut tasks = JoinSet::new();
+    // Of the last call, to size the next wait.
+    let mut round_trip = sent.elapsed();
+    let result = loop {
+        if stop.is_cancelled() {
+            break Ok(());
+        }
+        let free = shared
+            .permits
+            .available_permits()
+            .saturating_sub(shared.waiting.load(Ordering::Relaxed));
+        let lost_at = fence.lost_at();
+        let now = Instant::now();
+        if now >= lost_at {
+            break Err(not_renewed());
+        }
+        let wait = fence.wait_at(now, round_trip);
+        let sent = Instant::now();
+        let call = async {
+            if free == 0 {
+                // Saturated: renew without taking work; the dispatcher answers at once.
+                client
+                    .ack(AckRequest {
+                        session_id: session_id.clone(),
+                        acks: Vec::new(),
+                    })
+                    .await?;
+                Ok((Vec::new(), Duration::ZERO))
+            } else {
+                let response = client
+                    .poll(PollRequest {
+                        session_id: session_id.clone(),
+                        max_items: u32::try_from(free).unwrap_or(u32::MAX),
+                        wait: prost_types::Duration::try_from(wait).ok(),
+                        acks: Vec::new(),
+                    })
+                    .await?
+                    .into_inner();
+                let held = response
+                    .held
+                    .and_then(|d| Duration::try_from(d).ok())
+                    .unwrap_or_default();
+                Ok::<_, tonic::Status>((response.requests, held))
+            }
+        };
+        let (requests, held) = tokio::select! {
+            r = tokio::time::timeout_at(lost_at, call) => match r {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(status)) => break Err(status),
+                Err(_) => break Err(not_renewed()),
+            },
+            () = stop.cancelled() => continue,
+        };
+        let delivered = fence.renewed(sent, held);
+        round_trip = sent.elapsed().saturating_sub(held);
+        if free == 0 {
+            // Wait for a free slot, no longer than leaves time to renew before the fence.
+            let wait = fence.wait_at(Instant::now(), round_trip);
+            let _ = tokio::time::timeout(wait, shared.permits.acquire()).await;
+            continue;
+        }
+        let deadline = fence.reconcile_deadline(delivered);
+        let limit = fence.reconcile_limit();
+        for request in requests {
+            // Slots are taken here, before the next poll counts them; a delivery finds none
+            // only if another session took them since this poll counted, and then waits in its
+            // task.
+            let permit = shared.permits.clone().try_acquire_owned().ok();
+            let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
+            let span = info_span!(
+                "reconcile",
+                key = %request.key,
+                resource_version = %request.resource_version,
+                reason = ?Reason::try_from(request.reason).unwrap_or(Reason::Unspecified),
+                attempt = request.attempt,
+                dispatcher = %address,
+            );
+            tasks.spawn(
+                async move {
+                    let id = request.delivery_id;
+                    if let Some(outcome) =
+                        reconcile_one(&shared, request, permit, deadline, limit, &lost).await
+                    {
+                        let _ = ack_tx.send(AckItem {
+                            delivery_id: id,
+                            outcome: Some(outcome),
+                        });
+                    }
+                }
+                .instrument(span),
+            );
+        }
+        while tasks.try_join_next().is_some() {}
+    };
+    let result = match result {
+        // Graceful: let running reconciles finish within their deadlines while renewing the
+        // session, so the dispatcher hands their keys to no one else meanwhile.
+        Ok(()) => drain(&client, &session_id, &mut fence, &mut tasks).await,
+        Err(status) => Err(status),
+    };
+    match result {
+        Ok(()) => {
+            // Every reconcile has ended: send their acks, and close the session so the
+            // dispatcher hands this replica's keys to others at once.
+            drop(ack_tx);
+            let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
+            let _ = client
+                .close_session(CloseSessionRequest {
+                    session_id: session_id.clone(),
+                })
+                .await;
+            info!(dispatcher = %address, session = %session_id, "session closed");
+            Ok(())
+        }
+        Err(status) => {
+            // Lost: whatever this session handed us may now go to another replica. Cancel it,
+            // and wait until every reconcile has stopped before anything else.
+            lost.cancel();
+            tasks.shutdown().await;
+            acker.abort();
+            Err(status)
+        }
+    }
+}
+
+fn not_renewed() -> tonic::Status {
+    tonic::Status::deadline_exceeded("session not renewed in time")
+}
+
+/// Waits for the session's running reconciles to end, renewing the session every poll wait.
+/// Returns an error, for the caller to cancel what still runs, when a renewal fails or the
+/// fence passes first.
+async fn drain(
+    client: &DispatcherClient<tonic::transport::Channel>,
+    session_id: &str,
+    fence: &mut Fence,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), tonic::Status> {
+    // One renewal at a time, kept across the reconciles that end meanwhile (restarting it on
+    // each would never let one finish while reconciles end faster than a round trip).
+    let renew_at = |at: Instant, lost_at: Instant| {
+        let mut client = client.clone();
+        let request = AckRequest {
+            session_id: session_id.to_owned(),
+            acks: Vec::new(),
+        };
+        Box::pin(async move {
+            tokio::time::sleep_until(at).await;
+            let sent = Instant::now();
+            let answer = tokio::time::timeout_at(lost_at, client.ack(request)).await;
+            (sent, answer)
+        })
+    };
+    let mut renewal = renew_at(Instant::now(), fence.lost_at());
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => {
+                if joined.is_none() {
+                    return Ok(());
+                }
+            }
+            (sent, answer) = &mut renewal => match answer {
+                Ok(Ok(_)) => {
+                    fence.renewed(sent, Duration::ZERO);
+                    renewal = renew_at(Instant::now() + fence.poll_wait(), fence.lost_at());
+                }
+                Ok(Err(status)) => return Err(status),
+                Err(_) => return Err(not_renewed()),
+            },
+        }
+    }
+}
+
+/// Sends acks as they come, batching those that are already waiting, until every sender is
+/// gone. A failed ack is dropped: its delivery expires on the dispatcher and is retried.
+async fn send_acks(
+    mut client: DispatcherClient<tonic::transport::Channel>,
+    session_id: String,
+    mut acks: mpsc::UnboundedReceiver<AckItem>,
+) {
+    const BATCH: usize = 1000;
+    while let Some(first) = acks.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match acks.try_recv() {
+                Ok(a) => batch.push(a),
+                Err(_) => break,
+            }
+        }
+        let request = AckRequest {
+            session_id: session_id.clone(),
+            acks: batch,
+        };
+        if let Err(status) = client.ack(request).await {
+            debug!(session = %session_id, %status, "ack failed; the dispatcher will retry those keys");
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! What every part of the runtime shares: the controller's types with their bounds
+//! ([`Types`]), and the replica's state (`Shared`).
+
+use std::{
+    collections::HashSet,
+    future::Future,
+    marker::PhantomData,
+    sync::{Arc, Mutex, atomic::AtomicUsize},
+};
+
+use kube::{Resource, runtime::reflector::ObjectRef};
+use kube_dispatch_proto::v1::OpenSessionRequest;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::{Action, Error, Health};
+
+/// The types a controller is generic over, with the bounds every part of the runtime needs:
+/// stated once here, not on every function.
+pub(crate) trait Types: Send + Sync + 'static {
+    /// The object reconciled.
+    type K: Resource<DynamicType: Clone + Send + Sync + 'static>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+    /// What the reconciler is given besides the object.
+    type Ctx: Send + Sync + 'static;
+    /// The reconciler's error.
+    type E: std::error::Error + Send + Sync + 'static;
+    /// The reconciler's future.
+    type F: Future<Output = Result<Action, Self::E>> + Send + 'static;
+}
+
+/// [`Types`] for the type parameters of [`run`]. Only a marker: never built, and `Send` and
+/// `Sync` whatever its parameters.
+pub(crate) struct Bound<K, Ctx, E, F>(PhantomData<Params<K, Ctx, E, F>>);
+
+type Params<K, Ctx, E, F> = fn() -> (K, Ctx, E, F);
+
+impl<K, Ctx, E, F> Types for Bound<K, Ctx, E, F>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    type K = K;
+    type Ctx = Ctx;
+    type E = E;
+    type F = F;
+}
+
+pub(super) type Reconciler<T> =
+    Arc<dyn Fn(Arc<<T as Types>::K>, Arc<<T as Types>::Ctx>) -> <T as Types>::F + Send + Sync>;
+pub(super) type ErrorPolicy<T> = Arc<
+    dyn Fn(Arc<<T as Types>::K>, &<T as Types>::E, Arc<<T as Types>::Ctx>) -> Action + Send + Sync,
+>;
+/// What the controller's stream yields for each reconcile or failure.
+pub(super) type Outcome<T> = Result<(ObjectRef<<T as Types>::K>, Action), Error<<T as Types>::E>>;
+
+/// What every session and delivery of the replica shares.
+pub(super) struct Shared<T: Types> {
+    pub(super) dyntype: <T::K as Resource>::DynamicType,
+    pub(super) client: kube::Client,
+    pub(super) reconcile: Reconciler<T>,
+    pub(super) error_policy: ErrorPolicy<T>,
+    pub(super) context: Arc<T::Ctx>,
+    pub(super) permits: Arc<Semaphore>,
+    /// Deliveries waiting for a free slot (another session took the slots a poll counted on):
+    /// the next poll asks for that many fewer, so deliveries never pile up behind the slots.
+    pub(super) waiting: AtomicUsize,
+    /// Keys being reconciled in this replica: never two of one key at once.
+    pub(super) running: Mutex<HashSet<String>>,
+    pub(super) outcomes: mpsc::Sender<Outcome<T>>,
+    pub(super) open: OpenSessionRequest,
+    pub(super) health: Health,
+    /// The primary subscription carries whole objects: bodies can be decoded as `K`.
+    pub(super) full_payload: bool,
+}

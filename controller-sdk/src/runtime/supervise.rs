@@ -1,0 +1,81 @@
+//! Supervision: one session loop per assigned dispatcher, started and gracefully stopped as the
+//! assignment changes, each reconnecting with a backoff when its session is lost.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{sync::watch, task::JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{
+    session::session,
+    shared::{Shared, Types},
+};
+use crate::{Error, reconnect::reconnect_backoff};
+
+/// Runs one session loop per dispatcher in `targets`, starting and gracefully stopping loops
+/// as the set changes, until `stop`; then waits for every loop to finish.
+pub(super) async fn supervise<T: Types>(
+    mut targets: watch::Receiver<BTreeSet<String>>,
+    shared: Arc<Shared<T>>,
+    stop: CancellationToken,
+) {
+    let mut loops: HashMap<String, CancellationToken> = HashMap::new();
+    let mut running = JoinSet::new();
+    let mut source_open = true;
+    loop {
+        let want = targets.borrow_and_update().clone();
+        loops.retain(|address, token| {
+            let keep = want.contains(address);
+            if !keep {
+                info!(dispatcher = %address, "no longer assigned: finishing its reconciles and closing the session");
+                token.cancel();
+            }
+            keep
+        });
+        for address in want {
+            if !loops.contains_key(&address) {
+                let token = stop.child_token();
+                loops.insert(address.clone(), token.clone());
+                running.spawn(session_loop(address, shared.clone(), token));
+            }
+        }
+        while running.try_join_next().is_some() {}
+        tokio::select! {
+            () = stop.cancelled() => break,
+            changed = targets.changed(), if source_open => source_open = changed.is_ok(),
+            Some(_) = running.join_next() => {}
+        }
+    }
+    drop(shared);
+    while running.join_next().await.is_some() {}
+}
+
+/// Keeps one session open on one dispatcher for as long as the controller runs.
+async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: CancellationToken) {
+    let mut backoff = reconnect_backoff();
+    while !stop.is_cancelled() {
+        match session(&address, &shared, &stop).await {
+            Ok(()) => return,
+            Err(status) => {
+                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
+                let _ = shared
+                    .outcomes
+                    .send(Err(Error::Dispatcher {
+                        address: address.clone(),
+                        status,
+                    }))
+                    .await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
