@@ -243,7 +243,7 @@ impl Group {
     }
 
     /// Records that an object exists, as a list run beside the watch's stream showed it
-    /// (`crate::watch`): only if this dispatcher serves its key and knows no version of it yet
+    /// (`crate::k8s::watch`): only if this dispatcher serves its key and knows no version of it yet
     /// (an owned object's change may have queued the key already).
     /// The stream is the authority on every key it has shown (the list may be older), and a
     /// key not served is left alone, so that a list older than a remembered deletion never

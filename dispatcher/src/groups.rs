@@ -27,7 +27,7 @@ use tracing::{debug, info};
 use crate::{
     config::Settings,
     group::{Group, SessionSlot},
-    watch::{Subscriber, WatchError, Watches},
+    k8s::watch::{Subscriber, WatchError, Watches},
 };
 
 /// Why a session call was refused. Each message tells the caller what to do.

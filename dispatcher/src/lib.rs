@@ -16,18 +16,14 @@
 //! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
-//! | [`watch`] | the watches against the API server, and how their events become keys |
-//! | [`membership`] | the dispatcher's Lease, and the handover gate fed from all Leases |
-//! | [`discovery`] | resources named by subscriptions, resolved against the API server |
+//! | [`k8s`] | what faces the API server: watches and their routing rules, the Lease and membership, discovery |
 
 #![forbid(unsafe_code)]
 
 pub mod config;
-pub mod discovery;
 pub mod group;
 pub mod groups;
 pub mod grpc;
 mod housekeeping;
-pub mod membership;
+pub mod k8s;
 pub mod serve;
-pub mod watch;

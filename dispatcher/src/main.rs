@@ -7,7 +7,7 @@ use clap::Parser;
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
     config::{Limits, Settings},
-    membership::LeaseConfig,
+    k8s::membership::LeaseConfig,
     serve::{Membership, ServeConfig, serve},
 };
 use kube_dispatch_runtime::{client, logging, signal};

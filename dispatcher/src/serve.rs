@@ -22,12 +22,14 @@ use tracing::{info, warn};
 
 use crate::{
     config::Settings,
-    discovery::Resolver,
     groups::Groups,
     grpc::{dispatcher::DispatcherService, peer::PeerService},
     housekeeping,
-    membership::{self, LeaseConfig},
-    watch::Watches,
+    k8s::{
+        discovery::Resolver,
+        membership::{self, LeaseConfig},
+        watch::Watches,
+    },
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 

@@ -13,7 +13,7 @@
 //! is finite however long a run lasts. Between ticks any enabled action may happen, in any
 //! order, which models arbitrary delays of messages and of every process's steps.
 //!
-//! - **Leases** (`dispatcher/src/membership.rs`): a dispatcher renews its Lease (publishing the
+//! - **Leases** (`dispatcher/src/k8s/membership.rs`): a dispatcher renews its Lease (publishing the
 //!   ring it has released); it fences itself `lease` ticks after its last *answered* renewal;
 //!   the others drop it `lease + grace` ticks after the renewal they saw. A renewal may reach
 //!   the API server and its answer be lost. A dispatcher cut off from the API server neither
@@ -167,7 +167,7 @@ pub enum Variant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Views {
     /// The dispatcher as it is: only a whole view of the Leases that shows its own last
-    /// renewal (`membership.rs`).
+    /// renewal (`k8s/membership.rs`).
     Whole,
     /// Every Lease event, including each one of the list its Lease watch starts with after a
     /// restart or a cut: it may judge on a part of the Leases. The check finds an overlap.
@@ -1554,7 +1554,7 @@ mod tests {
 
     /// Dispatcher 0 stops gracefully and dispatcher 1 takes its key over; dispatcher 0 starts
     /// again, renews, and its Lease watch lists. Judging membership on every Lease event (the
-    /// code before `membership.rs` waited for a whole view), it finds itself alone after its
+    /// code before `k8s/membership.rs` waited for a whole view), it finds itself alone after its
     /// own Lease, serves the key at once, and a replica takes it from each dispatcher. Judging
     /// on whole views only, the same steps are not possible.
     #[test]

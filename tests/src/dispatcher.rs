@@ -6,7 +6,7 @@ use std::{net::SocketAddr, time::Duration};
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
     config::{Limits, Settings},
-    membership::LeaseConfig,
+    k8s::membership::LeaseConfig,
     serve::{Handles, Membership, ServeConfig, serve},
 };
 use kube_dispatch_proto::v1::{

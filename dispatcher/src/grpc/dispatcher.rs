@@ -23,10 +23,12 @@ use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use crate::{
-    discovery::{ResolveError, Resolver},
     group::Group,
     groups::{Groups, SessionError},
-    watch::WatchError,
+    k8s::{
+        discovery::{ResolveError, Resolver},
+        watch::WatchError,
+    },
 };
 
 /// The gRPC service controllers call.

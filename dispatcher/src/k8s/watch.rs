@@ -31,11 +31,12 @@ use kube::{
         watcher::{self, Event},
     },
 };
-use kube_dispatch_proto::{RequestKey, v1::Reason};
+use kube_dispatch_proto::v1::Reason;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::routing::{Bodies, Place, in_watch, object_key, owner_key, place};
 use crate::group::Group;
 use kube_dispatch_core::{
     backoff::Backoff,
@@ -379,7 +380,7 @@ impl WatchTask {
                     Ok(Event::Delete(mut obj)) => {
                         obj.types = Some(types.clone());
                         if let Some(list) = &mut side
-                            && !list.deleted(self.object_key(&obj).hash64())
+                            && !list.deleted(object_key(&self.key.resource, &obj).hash64())
                         {
                             warn!(
                                 resource = %describe(&self.key),
@@ -412,24 +413,12 @@ impl WatchTask {
         }
     }
 
-    /// The request key of an object of this watch, for its primary subscribers.
-    fn object_key(&self, obj: &DynamicObject) -> RequestKey {
-        let r = &self.key.resource;
-        RequestKey::new(
-            &r.group,
-            &r.kind,
-            obj.namespace().unwrap_or_default(),
-            obj.name_any(),
-        )
-    }
-
     /// Takes an object shown by a list beside the stream, for keys served here that a group
     /// does not know yet ([`Group::fill`]), unless a deletion of it was seen since the list
     /// began.
     fn fill(&self, obj: &DynamicObject, epoch: u32, list: &SideList) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let namespace = obj.namespace().unwrap_or_default();
-        let key = self.object_key(obj);
+        let key = object_key(&self.key.resource, obj);
         let deleted_since = list.was_deleted(key.hash64());
         let mut bodies = Bodies::default();
         for sub in subscribers.iter() {
@@ -445,7 +434,7 @@ impl WatchTask {
                 ),
                 None => {}
                 Some(owner) => {
-                    if let Some(owner_key) = owner_key(obj, owner, &namespace) {
+                    if let Some(owner_key) = owner_key(obj, owner) {
                         sub.group.fill_owned(&owner_key.to_string());
                     }
                 }
@@ -453,24 +442,20 @@ impl WatchTask {
         }
     }
 
+    /// Hands an event of the stream (or of the watch's own list) to every subscriber, by the
+    /// rules of [`super::routing`]. The group decides again under its lock, against the slice
+    /// current then (and remembers deletions of keys a handover holds, and recent deletions of
+    /// keys owned elsewhere).
     fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
-        // A cheap early filter, so no body is made for keys owned elsewhere; the group checks
-        // again under its lock against the slice current then (and remembers deletions of keys
-        // a handover holds, and recent deletions of keys owned elsewhere).
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let r = &self.key.resource;
-        let namespace = obj.namespace().unwrap_or_default();
+        let key = object_key(&self.key.resource, obj);
+        let place = place(&slice, key.hash64());
         let mut bodies = Bodies::default();
         for sub in subscribers.iter() {
             match &sub.owner {
                 None => {
-                    let key = RequestKey::new(&r.group, &r.kind, &namespace, obj.name_any());
-                    // Off its own ring, a dispatcher owns nothing but keeps its index: the
-                    // group records what its events show of the keys kept.
-                    if slice.is_member() && !slice.owns_hash(key.hash64()) {
-                        // Owned elsewhere: remembered in case the key moves here (the group
-                        // decides under its lock, against the slice current then).
+                    if place == Place::Elsewhere {
                         if deleted {
                             sub.group.change(
                                 &key.to_string(),
@@ -515,7 +500,7 @@ impl WatchTask {
                     }
                 }
                 Some(owner) => {
-                    let Some(key) = owner_key(obj, owner, &namespace) else {
+                    let Some(key) = owner_key(obj, owner) else {
                         continue;
                     };
                     sub.group.owned_changed(&key.to_string());
@@ -527,14 +512,8 @@ impl WatchTask {
     /// A list ended: queue the deletions it revealed in every group's primary subscription.
     fn sweep(&self, epoch: u32) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let prefix = format!("{}/{}/", self.key.resource.group, self.key.resource.kind);
-        let namespace = self.key.namespace.clone();
         for sub in subscribers.iter().filter(|s| s.owner.is_none()) {
-            sub.group.sweep(epoch, |key| {
-                key.strip_prefix(&prefix).is_some_and(|rest| {
-                    namespace.is_empty() || rest.split('/').next() == Some(namespace.as_str())
-                })
-            });
+            sub.group.sweep(epoch, |key| in_watch(&self.key, key));
         }
     }
 }
@@ -657,51 +636,6 @@ fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
     };
     ((400..500).contains(&status.code) && status.code != 410)
         .then(|| (status.code, status.message.clone()))
-}
-
-/// The request key of an owned object: its controlling owner of the subscribed kind.
-fn owner_key(obj: &DynamicObject, owner: &OwnerKind, namespace: &str) -> Option<RequestKey> {
-    let reference = obj
-        .owner_references()
-        .iter()
-        .find(|r| r.controller == Some(true))?;
-    let group = reference
-        .api_version
-        .rsplit_once('/')
-        .map_or("", |(group, _version)| group);
-    (group == owner.group && reference.kind == owner.kind)
-        .then(|| RequestKey::new(group, &reference.kind, namespace, &reference.name))
-}
-
-/// Serialized bodies of one object, made at most once per payload mode.
-#[derive(Default)]
-struct Bodies {
-    full: Option<Option<Arc<[u8]>>>,
-    metadata: Option<Option<Arc<[u8]>>>,
-}
-
-impl Bodies {
-    fn get(&mut self, payload: Payload, obj: &DynamicObject) -> Option<Arc<[u8]>> {
-        match payload {
-            Payload::KeyOnly => None,
-            Payload::Full => self
-                .full
-                .get_or_insert_with(|| serde_json::to_vec(obj).ok().map(Arc::from))
-                .clone(),
-            Payload::Metadata => self
-                .metadata
-                .get_or_insert_with(|| {
-                    let types = obj.types.clone().unwrap_or_default();
-                    let partial = serde_json::json!({
-                        "apiVersion": types.api_version,
-                        "kind": types.kind,
-                        "metadata": obj.metadata,
-                    });
-                    serde_json::to_vec(&partial).ok().map(Arc::from)
-                })
-                .clone(),
-        }
-    }
 }
 
 /// The resource a watch key names, for messages.

@@ -1,0 +1,12 @@
+//! What faces the Kubernetes API server: the watches and how their events become request keys,
+//! the dispatcher's Lease and the membership it judges from all Leases, and discovery.
+//!
+//! - [`watch`]: one shared, non-caching watch per subscribed resource and selector;
+//! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
+//! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
+//! - [`discovery`]: the resources subscriptions name, resolved and remembered.
+
+pub mod discovery;
+pub mod membership;
+pub mod routing;
+pub mod watch;

@@ -1,0 +1,269 @@
+//! How one watch event becomes request keys: the rules, apart from the watch loop
+//! ([`super::watch`]) that applies them, so each is unit-tested without an API server.
+//!
+//! - A primary subscription keys an object by itself ([`object_key`]); a subscription to owned
+//!   objects keys it by its controlling owner of the subscribed kind ([`owner_key`]).
+//! - A key owned elsewhere on the ring only has its deletion remembered, in case it moves here
+//!   ([`place`]); a dispatcher off its own ring owns nothing but keeps its index.
+//! - A body is serialized at most once per payload mode, whatever the number of groups
+//!   ([`Bodies`]).
+//! - The end of a re-list sweeps the keys of the watch's kind and namespace ([`in_watch`]).
+
+use std::sync::Arc;
+
+use kube::{ResourceExt, api::DynamicObject};
+use kube_dispatch_core::{
+    handover::Slice,
+    subscription::{OwnerKind, Payload, ResourceId, WatchKey},
+};
+use kube_dispatch_proto::RequestKey;
+
+/// The request key of an object of `resource`, for the watch's primary subscribers.
+pub fn object_key(resource: &ResourceId, obj: &DynamicObject) -> RequestKey {
+    RequestKey::new(
+        &resource.group,
+        &resource.kind,
+        obj.namespace().unwrap_or_default(),
+        obj.name_any(),
+    )
+}
+
+/// The request key of an owned object: its controlling owner, if that is of the `owner` kind
+/// (an object has at most one controlling owner; other owner references do not count).
+pub fn owner_key(obj: &DynamicObject, owner: &OwnerKind) -> Option<RequestKey> {
+    let reference = obj
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))?;
+    let group = reference
+        .api_version
+        .rsplit_once('/')
+        .map_or("", |(group, _version)| group);
+    (group == owner.group && reference.kind == owner.kind).then(|| {
+        RequestKey::new(
+            group,
+            &reference.kind,
+            obj.namespace().unwrap_or_default(),
+            &reference.name,
+        )
+    })
+}
+
+/// Where the event of a key goes on this dispatcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// To the group, which decides under its lock whether it serves the key, holds it for a
+    /// handover, or keeps it in its index.
+    Here,
+    /// Owned by another member: only a deletion matters, remembered in case the key moves here.
+    Elsewhere,
+}
+
+/// Where the event of the key with `hash` goes, given the slice this dispatcher serves. A
+/// cheap early filter, so no body is made for keys owned elsewhere; the group checks again
+/// against the slice current then.
+pub fn place(slice: &Slice, hash: u64) -> Place {
+    if slice.is_member() && !slice.owns_hash(hash) {
+        Place::Elsewhere
+    } else {
+        Place::Here
+    }
+}
+
+/// Whether `key`, a request key's text, is one the primary subscription of `watch` feeds: of its
+/// kind and, for a watch of one namespace, in it.
+pub fn in_watch(watch: &WatchKey, key: &str) -> bool {
+    let r = &watch.resource;
+    key.strip_prefix(r.group.as_str())
+        .and_then(|k| k.strip_prefix('/'))
+        .and_then(|k| k.strip_prefix(r.kind.as_str()))
+        .and_then(|k| k.strip_prefix('/'))
+        .is_some_and(|rest| {
+            watch.namespace.is_empty() || rest.split('/').next() == Some(watch.namespace.as_str())
+        })
+}
+
+/// Serialized bodies of one object, made at most once per payload mode.
+#[derive(Default)]
+pub struct Bodies {
+    full: Option<Option<Arc<[u8]>>>,
+    metadata: Option<Option<Arc<[u8]>>>,
+}
+
+impl Bodies {
+    /// The body of `obj` for a subscription with `payload`: none, the whole object, or its type
+    /// and metadata.
+    pub fn get(&mut self, payload: Payload, obj: &DynamicObject) -> Option<Arc<[u8]>> {
+        match payload {
+            Payload::KeyOnly => None,
+            Payload::Full => self
+                .full
+                .get_or_insert_with(|| serde_json::to_vec(obj).ok().map(Arc::from))
+                .clone(),
+            Payload::Metadata => self
+                .metadata
+                .get_or_insert_with(|| {
+                    let types = obj.types.clone().unwrap_or_default();
+                    let partial = serde_json::json!({
+                        "apiVersion": types.api_version,
+                        "kind": types.kind,
+                        "metadata": obj.metadata,
+                    });
+                    serde_json::to_vec(&partial).ok().map(Arc::from)
+                })
+                .clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::TypeMeta;
+    use kube_dispatch_proto::{Ring, key::hash64};
+
+    use super::*;
+
+    fn resource(group: &str, kind: &str) -> ResourceId {
+        ResourceId {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+            namespaced: true,
+        }
+    }
+
+    fn object(namespace: Option<&str>, name: &str) -> DynamicObject {
+        let mut obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": name, "resourceVersion": "7" },
+            "data": { "k": "v" },
+        }))
+        .expect("a valid object");
+        obj.metadata.namespace = namespace.map(str::to_owned);
+        obj
+    }
+
+    fn owned_by(api_version: &str, kind: &str, name: &str, controller: bool) -> DynamicObject {
+        let mut obj = object(Some("ns"), "child");
+        obj.metadata.owner_references = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": api_version,
+                "kind": kind,
+                "name": name,
+                "uid": "u-1",
+                "controller": controller,
+            }))
+            .expect("a valid owner reference"),
+        ]);
+        obj
+    }
+
+    fn owner(group: &str, kind: &str) -> OwnerKind {
+        OwnerKind {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+        }
+    }
+
+    #[test]
+    fn an_object_is_keyed_by_its_group_kind_namespace_and_name() {
+        let key = object_key(&resource("", "ConfigMap"), &object(Some("a"), "x"));
+        assert_eq!(key.to_string(), "/ConfigMap/a/x");
+        let key = object_key(&resource("", "Namespace"), &object(None, "kube-system"));
+        assert_eq!(key.to_string(), "/Namespace//kube-system");
+        let key = object_key(
+            &resource("apps", "Deployment"),
+            &object(Some("web"), "front"),
+        );
+        assert_eq!(key.to_string(), "apps/Deployment/web/front");
+    }
+
+    #[test]
+    fn an_owned_object_is_keyed_by_its_controlling_owner_of_the_subscribed_kind() {
+        let child = owned_by("apps/v1", "ReplicaSet", "rs-1", true);
+        assert_eq!(
+            owner_key(&child, &owner("apps", "ReplicaSet")).map(|k| k.to_string()),
+            Some("apps/ReplicaSet/ns/rs-1".into())
+        );
+        // A core-group owner has no group in its apiVersion.
+        let child = owned_by("v1", "Service", "svc", true);
+        assert_eq!(
+            owner_key(&child, &owner("", "Service")).map(|k| k.to_string()),
+            Some("/Service/ns/svc".into())
+        );
+        // Another kind or group, or an owner that is not the controller, keys nothing.
+        let child = owned_by("apps/v1", "ReplicaSet", "rs-1", true);
+        assert_eq!(owner_key(&child, &owner("apps", "Deployment")), None);
+        assert_eq!(owner_key(&child, &owner("", "ReplicaSet")), None);
+        let child = owned_by("apps/v1", "ReplicaSet", "rs-1", false);
+        assert_eq!(owner_key(&child, &owner("apps", "ReplicaSet")), None);
+        assert_eq!(
+            owner_key(&object(Some("ns"), "x"), &owner("apps", "ReplicaSet")),
+            None
+        );
+    }
+
+    #[test]
+    fn a_key_owned_elsewhere_is_placed_elsewhere_unless_this_dispatcher_is_off_its_ring() {
+        let ring = Ring::new(["d0", "d1"]);
+        let hash = (0..1000)
+            .map(|i| hash64(format!("/ConfigMap/a/x-{i}").as_bytes()))
+            .find(|h| ring.owner_of_hash(*h) == Some("d1"))
+            .expect("some of 1000 keys fall on d1");
+        let d0 = Slice::fixed("d0", ring.clone());
+        assert_eq!(place(&d0, hash), Place::Elsewhere);
+        let d1 = Slice::fixed("d1", ring.clone());
+        assert_eq!(place(&d1, hash), Place::Here);
+        // Off its own ring (cut off from the API server), a dispatcher keeps its index.
+        let off = Slice::fixed("d2", ring);
+        assert_eq!(place(&off, hash), Place::Here);
+    }
+
+    #[test]
+    fn a_sweep_covers_the_keys_of_the_watch_kind_and_namespace() {
+        let watch = WatchKey {
+            resource: resource("", "ConfigMap"),
+            namespace: "a".into(),
+            label_selector: String::new(),
+            field_selector: String::new(),
+        };
+        assert!(in_watch(&watch, "/ConfigMap/a/x"));
+        assert!(!in_watch(&watch, "/ConfigMap/ab/x"));
+        assert!(!in_watch(&watch, "/Secret/a/x"));
+        assert!(!in_watch(&watch, "apps/ConfigMap/a/x"));
+        assert!(!in_watch(&watch, "not a key"));
+        let everywhere = WatchKey {
+            namespace: String::new(),
+            ..watch
+        };
+        assert!(in_watch(&everywhere, "/ConfigMap/ab/x"));
+    }
+
+    #[test]
+    fn bodies_are_made_once_per_payload_mode() {
+        let mut obj = object(Some("a"), "x");
+        obj.types = Some(TypeMeta {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+        });
+        let mut bodies = Bodies::default();
+        assert_eq!(bodies.get(Payload::KeyOnly, &obj), None);
+        let full = bodies.get(Payload::Full, &obj).expect("a full body");
+        assert!(Arc::ptr_eq(
+            &full,
+            &bodies.get(Payload::Full, &obj).expect("a full body")
+        ));
+        let full: serde_json::Value = serde_json::from_slice(&full).expect("JSON");
+        assert_eq!(full["data"]["k"], "v");
+        let metadata = bodies
+            .get(Payload::Metadata, &obj)
+            .expect("a metadata body");
+        let metadata: serde_json::Value = serde_json::from_slice(&metadata).expect("JSON");
+        assert_eq!(metadata["kind"], "ConfigMap");
+        assert_eq!(metadata["metadata"]["name"], "x");
+        assert!(metadata.get("data").is_none(), "{metadata}");
+    }
+}
