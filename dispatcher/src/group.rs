@@ -1,10 +1,11 @@
 //! A controller group on this dispatcher: its subscriptions, its work queue and its sessions.
 //!
-//! The [`GroupQueue`] holds the logic; this module adds the clock and the wake-ups: each
-//! session has a [`Notify`] its long-poll waits on, and a driver task fires the queue's timers.
+//! The [`GroupQueue`] and its [`Partition`] hold the logic, under one lock; this module adds the
+//! slice, the clock and the wake-ups: each session has a [`Notify`] its long-poll waits on, and a
+//! driver task fires the queue's timers. Locks: the state, then the sessions, never the other way.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -15,15 +16,15 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
 
 use kube_dispatch_core::{
     handover::Slice,
+    partition::Partition,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
         SessionId,
     },
-    recent_deletions::{RecentDeletions, RecentDeletionsConfig},
+    recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
 };
 
@@ -42,6 +43,14 @@ pub struct SessionSlot {
     pub wire_id: String,
 }
 
+/// The queue and what the group knows besides it as the ring changes: every decision against
+/// the slice reads and changes both at once.
+#[derive(Debug)]
+struct State {
+    queue: GroupQueue,
+    partition: Partition,
+}
+
 /// One controller group.
 #[derive(Debug)]
 pub struct Group {
@@ -49,20 +58,10 @@ pub struct Group {
     pub name: String,
     /// What every session of the group subscribes to.
     pub spec: GroupSpec,
-    queue: Mutex<GroupQueue>,
-    /// The keys this dispatcher serves; checked under the queue lock on every change, so no key
+    state: Mutex<State>,
+    /// The keys this dispatcher serves; read under the state lock on every change, so no key
     /// outside it enters the queue once [`Group::apply_slice`] has run.
     slice: watch::Receiver<Arc<Slice>>,
-    /// The slice the queue was last trimmed to (locked inside the queue lock).
-    applied: Mutex<Option<Arc<Slice>>>,
-    /// Keys that moved here whose objects were deleted while the handover held them: queued as
-    /// deleted once the handover completes (a re-list cannot show a deletion). At most one per
-    /// key of the slice; locked inside the queue lock.
-    held_deletions: Mutex<HashSet<String>>,
-    /// Recent deletions of keys other dispatchers own: when the ring gives such a key to this
-    /// dispatcher, its deletion joins `held_deletions`, since it may have happened after the
-    /// old owner stopped delivering. Bounded by its config; locked inside the queue lock.
-    recent_deletions: Mutex<RecentDeletions>,
     sessions: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
@@ -82,15 +81,15 @@ impl Group {
         slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        let applied = Mutex::new(Some(slice.borrow().clone()));
+        let partition = Partition::new(&name, slice.borrow().clone(), recent_deletions);
         let group = Arc::new(Self {
             name,
             spec,
-            queue: Mutex::new(GroupQueue::new(config)),
+            state: Mutex::new(State {
+                queue: GroupQueue::new(config),
+                partition,
+            }),
             slice,
-            applied,
-            held_deletions: Mutex::new(HashSet::new()),
-            recent_deletions: Mutex::new(RecentDeletions::new(recent_deletions)),
             sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
@@ -104,10 +103,10 @@ impl Group {
         self.dropped.cancelled().await;
     }
 
-    fn queue(&self) -> MutexGuard<'_, GroupQueue> {
+    fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would leave the queue unusable: recover the data, the
         // queue's operations keep their invariants step by step.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<SessionSlot>>> {
@@ -143,7 +142,7 @@ impl Group {
             wire_id,
         });
         let (wake, replaced) = {
-            let mut queue = self.queue();
+            let queue = &mut self.state().queue;
             let before: Vec<SessionId> = self.slots().keys().copied().collect();
             let wake = queue.add_session(id, replica);
             let replaced: Vec<SessionId> = before
@@ -169,7 +168,7 @@ impl Group {
 
     /// Removes a session (closed or expired); its in-flight keys are re-delivered at once.
     pub fn remove_session(&self, id: SessionId) {
-        let wake = self.queue().remove_session(id);
+        let wake = self.state().queue.remove_session(id);
         if let Some(slot) = self.slots().remove(&id) {
             slot.notify.notify_one();
         }
@@ -196,65 +195,68 @@ impl Group {
     /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here.
     pub fn change(&self, key: &str, change: Change) {
         let wake = {
-            let mut queue = self.queue();
-            if !self.serves_or_holds(key, change.deleted.then_some(true)) {
+            let mut state = self.state();
+            let slice = self.slice.borrow();
+            let hash = hash64(key.as_bytes());
+            let deleted = change.deleted.then_some(true);
+            if !state
+                .partition
+                .admits(&slice, key, hash, deleted, Self::now())
+            {
                 return;
             }
-            queue.change(key, change)
+            state.queue.change(key, change)
         };
         self.wake(wake);
     }
 
     /// Records that an object exists, if this dispatcher serves its key; see
-    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept (`Group::keeps`)
-    /// is recorded and queued too, to be handed out once the gate opens if it is still served
-    /// then: no list shows it again.
+    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept
+    /// ([`Partition::keeps`]) is recorded and queued too, to be handed out once the gate opens
+    /// if it is still served then: no list shows it again.
     pub fn observe(&self, key: &str, object: Observed, epoch: u32) {
         let wake = {
-            let mut queue = self.queue();
-            if !self.serves_or_holds(key, Some(false)) && !self.keeps(&queue, key) {
+            let mut state = self.state();
+            let slice = self.slice.borrow();
+            let hash = hash64(key.as_bytes());
+            let State { queue, partition } = &mut *state;
+            if !partition.admits(&slice, key, hash, Some(false), Self::now())
+                && !Partition::keeps(&slice, queue, key)
+            {
                 return;
             }
             queue.observe(key, object, epoch)
         };
         self.wake(wake);
-    }
-
-    /// Whether `key`, not served, is kept in the index while nothing may be handed out
-    /// (`apply_slice`): a key indexed already, or one this dispatcher owns on its ring (after a
-    /// start, its keys are held until the gate opens; indexed, a re-list of a watch that could
-    /// not resume meanwhile shows which of them were deleted). Call under the queue lock.
-    fn keeps(&self, queue: &GroupQueue, key: &str) -> bool {
-        let slice = self.slice.borrow();
-        slice.settled.is_none() && (queue.contains(key) || slice.owns_str(key))
     }
 
     /// Records that an object owned by the object of `key` changed, if this dispatcher serves
     /// the key, or keeps it while nothing may be handed out (like [`Group::observe`]).
     pub fn owned_changed(&self, key: &str) {
         let wake = {
-            let mut queue = self.queue();
-            if !self.slice.borrow().serves_str(key) && !self.keeps(&queue, key) {
+            let mut state = self.state();
+            let slice = self.slice.borrow();
+            if !slice.serves_str(key) && !Partition::keeps(&slice, &state.queue, key) {
                 return;
             }
-            queue.change(key, Change::owned())
+            state.queue.change(key, Change::owned())
         };
         self.wake(wake);
     }
 
     /// Records that an object exists, as a list run beside the watch's stream showed it
-    /// (`crate::k8s::watch`): only if this dispatcher serves its key and knows no version of it yet
-    /// (an owned object's change may have queued the key already).
+    /// (`crate::k8s::watch`): only if this dispatcher serves its key and knows no version of it
+    /// yet (an owned object's change may have queued the key already).
     /// The stream is the authority on every key it has shown (the list may be older), and a
     /// key not served is left alone, so that a list older than a remembered deletion never
     /// cancels it.
     pub fn fill(&self, key: &str, object: Observed, epoch: u32) {
         let wake = {
-            let mut queue = self.queue();
-            if !self.slice.borrow().serves_str(key) || queue.knows_object(key) {
+            let mut state = self.state();
+            if !self.slice.borrow().serves_str(key) || state.queue.knows_object(key) {
                 return;
             }
-            queue.observe(key, object, epoch)
+            state.queue.observe(key, object, epoch)
         };
         self.wake(wake);
     }
@@ -263,193 +265,83 @@ impl Group {
     /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
     pub fn fill_owned(&self, key: &str) {
         let wake = {
-            let mut queue = self.queue();
-            if !self.slice.borrow().serves_str(key) || queue.contains(key) {
+            let mut state = self.state();
+            if !self.slice.borrow().serves_str(key) || state.queue.contains(key) {
                 return;
             }
-            queue.change(key, Change::owned())
+            state.queue.change(key, Change::owned())
         };
         self.wake(wake);
-    }
-
-    /// Whether `key` is served now. Otherwise records whether its object was deleted
-    /// (`Some(true)`) or exists (`Some(false)`): for a key held by a handover, in the held
-    /// deletions; for a key owned elsewhere, in the recent deletions. Call under the queue lock.
-    fn serves_or_holds(&self, key: &str, deleted: Option<bool>) -> bool {
-        let slice = self.slice.borrow();
-        let hash = hash64(key.as_bytes());
-        if slice.serves_hash(hash) {
-            if deleted == Some(true) {
-                debug!(group = %self.name, key, "deletion queued: the key is served here");
-            }
-            return true;
-        }
-        let Some(deleted) = deleted else {
-            return false;
-        };
-        if slice.owns_hash(hash) {
-            let mut held = self
-                .held_deletions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if deleted {
-                debug!(group = %self.name, key, "deletion held: the key moved here and the handover holds it");
-                held.insert(key.to_owned());
-            } else {
-                held.remove(key);
-                self.recent_deletions().exists(hash);
-            }
-        } else if deleted {
-            debug!(group = %self.name, key, "deletion remembered: the key is owned elsewhere");
-            let mut recent = self.recent_deletions();
-            if !recent.deleted(hash, key, Instant::now().into_std()) {
-                let missed = recent.overflowed();
-                if missed.is_power_of_two() {
-                    warn!(
-                        group = %self.name,
-                        remembered = recent.len(),
-                        missed,
-                        "too many recent deletions of keys owned elsewhere to remember: if such a key moves here, its deletion may not be delivered (raise --max-recent-deletions)"
-                    );
-                }
-            }
-        } else {
-            self.recent_deletions().exists(hash);
-        }
-        false
-    }
-
-    fn recent_deletions(&self) -> MutexGuard<'_, RecentDeletions> {
-        self.recent_deletions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
     pub fn exists_elsewhere(&self, key: &RequestKey) {
-        // Decided under the queue lock, like every decision against the slice.
-        let _queue = self.queue();
-        let hash = key.hash64();
-        if self.slice.borrow().owns_hash(hash) {
-            self.held_deletions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(key.to_string().as_str());
-        }
-        self.recent_deletions().exists(hash);
+        // Decided under the state lock, like every decision against the slice.
+        let mut state = self.state();
+        let slice = self.slice.borrow();
+        state
+            .partition
+            .exists_elsewhere(&slice, &key.to_string(), key.hash64());
     }
 
     /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
-    /// serving this group (`crate::peer`).
+    /// serving this group (`crate::grpc::peer`).
     pub fn recent_deletions_owned_by(&self, ring: &Ring, identity: &str) -> Vec<Arc<str>> {
-        self.recent_deletions()
-            .keys_where(Instant::now().into_std(), |hash| {
-                ring.owner_of_hash(hash) == Some(identity)
-            })
+        self.state()
+            .partition
+            .recent_deletions_owned_by(ring, identity, Self::now())
     }
 
-    /// Deletions that peers remembered (`crate::peer`): each is taken as if this dispatcher's
-    /// watch had seen it now: queued if the key is served, held if a handover holds it, else
-    /// remembered in turn.
+    /// Deletions that peers remembered (`crate::grpc::peer`): each is taken as if this
+    /// dispatcher's watch had seen it now: queued if the key is served, held if a handover
+    /// holds it, else remembered in turn.
     pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
         for key in keys {
             self.change(&key, Change::deletion());
         }
     }
 
-    /// Trims the queue to the current slice if it changed: keys that moved away are forgotten
-    /// once what was queued for them here has been delivered and settled (right away when
-    /// nothing may be handed out); deletions held by a handover that completed are queued.
-    /// Returns whether a key this dispatcher no longer owns is still queued or in flight, which
-    /// holds back the release of the ring.
+    /// Trims the queue to the current slice if it changed ([`Partition::apply`]). Returns
+    /// whether a key this dispatcher no longer owns is still queued or in flight, which holds
+    /// back the release of the ring.
     pub fn apply_slice(&self) -> bool {
-        let mut wake = Vec::new();
-        let pending = {
-            let mut queue = self.queue();
+        let (wake, pending) = {
+            let mut state = self.state();
             let slice = self.slice.borrow().clone();
-            let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-            if !applied.as_ref().is_some_and(|a| Arc::ptr_eq(a, &slice)) {
-                // While nothing may be handed out (fenced, draining, starting, or not on the
-                // ring it sees, e.g. cut off from the API server; see `take`), the keys still
-                // owned stay indexed: once the gate opens again, a re-list shows which of them
-                // were deleted meanwhile, perhaps while the watch was down too.
-                if slice.settled.is_some() {
-                    // Keys that moved away are delivered here first only if this dispatcher was
-                    // serving them until now (not when it comes back from handing out nothing).
-                    let was_serving = applied.as_ref().is_some_and(|a| a.settled.is_some());
-                    queue.forget_where(|key| !slice.serves_str(key), was_serving);
-                } else if slice.is_member() {
-                    queue.forget_where(|key| !slice.owns_str(key), false);
-                }
-                // Not on its own ring: it owns nothing it could hand out or release, so the index
-                // stays as it was until it is back on a ring.
-                *applied = Some(slice.clone());
-                let mut held = self
-                    .held_deletions
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                // Held deletions of keys that moved away again are remembered as deletions of
-                // keys owned elsewhere: the key may come back here (after a flap, or once this
-                // dispatcher is back on its ring), and its new owner may not have seen it.
-                let now = Instant::now().into_std();
-                let away: Vec<String> = held
-                    .iter()
-                    .filter(|key| !slice.owns_str(key))
-                    .cloned()
-                    .collect();
-                for key in away {
-                    debug!(group = %self.name, key, "held deletion remembered: the key moved away again");
-                    held.remove(&key);
-                    self.recent_deletions()
-                        .deleted(hash64(key.as_bytes()), &key, now);
-                }
-                // Keys that moved here may have been deleted while in transit.
-                let moved_in = self
-                    .recent_deletions()
-                    .take_where(now, |hash| slice.owns_hash(hash));
-                for key in &moved_in {
-                    debug!(group = %self.name, key = &**key, "remembered deletion held: the key moved here");
-                }
-                held.extend(moved_in.iter().map(|key| key.to_string()));
-                let released: Vec<String> = held
-                    .iter()
-                    .filter(|key| slice.serves_str(key))
-                    .cloned()
-                    .collect();
-                for key in released {
-                    debug!(group = %self.name, key, "held deletion queued: the handover completed");
-                    held.remove(&key);
-                    wake.extend(queue.change(&key, Change::deletion()));
-                }
-            }
-            queue.any_leaving(|key| !slice.owns_str(key))
+            let State { queue, partition } = &mut *state;
+            partition.apply(&slice, queue, Self::now())
         };
         self.wake(wake);
         pending
     }
 
+    /// The time the queue and partition count in: tokio's, so paused tests drive it.
+    fn now() -> std::time::Instant {
+        Instant::now().into_std()
+    }
+
     /// Number of deliveries in flight.
     pub fn in_flight(&self) -> usize {
-        self.queue().in_flight_len()
+        self.state().queue.in_flight_len()
     }
 
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
-        let wake = self.queue().sweep(epoch, belongs);
+        let wake = self.state().queue.sweep(epoch, belongs);
         self.wake(wake);
     }
 
     /// Resyncs up to `n` keys; see [`GroupQueue::resync_batch`].
     pub fn resync_batch(&self, n: usize) {
-        let wake = self.queue().resync_batch(n);
+        let wake = self.state().queue.resync_batch(n);
         self.wake(wake);
     }
 
     /// Number of keys known, and of keys ready.
     pub fn sizes(&self) -> (usize, usize) {
-        let q = self.queue();
+        let q = &self.state().queue;
         (q.len(), q.ready_len())
     }
 
@@ -459,7 +351,7 @@ impl Group {
         let mut unknown = 0;
         let mut wake = Vec::new();
         {
-            let mut queue = self.queue();
+            let queue = &mut self.state().queue;
             for (id, outcome) in acks {
                 let (result, w) = queue.ack(session, id, outcome, now);
                 if result == AckResult::Unknown {
@@ -476,7 +368,7 @@ impl Group {
     /// Takes up to `max` ready keys for the session.
     pub fn take(&self, session: SessionId, max: usize) -> Vec<Delivery> {
         let out = {
-            let mut queue = self.queue();
+            let queue = &mut self.state().queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`).
             if self.slice.borrow().settled.is_none() {
                 return Vec::new();
@@ -497,7 +389,7 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
         tokio::pin!(changed);
         // Register before reading the deadline, so a change made in between is not missed.
         changed.as_mut().enable();
-        let next = group.queue().next_deadline();
+        let next = group.state().queue.next_deadline();
         let sleep = async {
             match next {
                 Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
@@ -509,7 +401,7 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
             () = &mut changed => continue,
             () = sleep => {}
         }
-        let wake = group.queue().advance(Instant::now().into_std());
+        let wake = group.state().queue.advance(Instant::now().into_std());
         group.wake(wake);
     }
 }
