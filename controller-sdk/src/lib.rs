@@ -10,6 +10,16 @@
 //! so replicas can be added, killed and restarted freely.
 //!
 //! Start at [`Controller`].
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | `controller` | [`Controller`], its options and [`Controller::run`] |
+//! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
+//! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given |
+//! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
+//! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |
+//! | `fence` | when a replica must count a session as lost, from when its calls were sent |
+//! | `reconnect` | how reconnects are paced |
 
 #![forbid(unsafe_code)]
 

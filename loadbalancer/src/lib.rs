@@ -5,6 +5,12 @@
 //! data path. The leader (elected through a Lease) learns the dispatchers from their Leases,
 //! places each group's replicas with [`placement::place`] and pushes every change; standbys
 //! redirect registrations to it. Entry point: [`service::serve`].
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`service`] | the gRPC service, leader election, and the watch of dispatcher Leases |
+//! | [`registry`] | registered replicas and live dispatchers, and the assignments pushed to them |
+//! | [`placement`] | which dispatchers each replica of a group polls (pure) |
 
 #![forbid(unsafe_code)]
 
