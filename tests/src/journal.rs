@@ -14,7 +14,7 @@ use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
-use kube_dispatch_controller::{Action, Controller};
+use kube_dispatch_controller::{Action, Controller, Health};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -283,45 +283,149 @@ struct Never;
 struct Ctx {
     journal: Journal,
     replica: String,
-    work: Duration,
+    /// How long each reconcile takes; `None`: until it is cancelled.
+    work: Option<Duration>,
 }
 
-/// Starts a replica of the SDK ConfigMap controller `group` in `namespace`, registered with the
-/// load balancer at `load_balancer`, that records every reconcile in `journal` and takes `work`
-/// per reconcile, with sessions of `ttl`. It runs on a runtime of its own, so it can be killed.
-pub fn start_replica(
-    namespace: &str,
-    group: &str,
-    replica: &str,
-    load_balancer: std::net::SocketAddr,
-    journal: &Journal,
-    work: Duration,
+/// A replica of the journal controller: it reconciles the ConfigMaps of a namespace, records
+/// every reconcile in a [`Journal`], and takes a set time for each (or never finishes one, until
+/// its session is lost). The one replica the integration tests start:
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use kube_dispatch_tests::journal::{Journal, JournalReplica};
+/// # fn example(lb: std::net::SocketAddr) -> Result<(), kube_dispatch_tests::FixtureError> {
+/// let journal = Journal::default();
+/// let replica = JournalReplica::new("ns", "group", "replica-0", &journal)
+///     .load_balancer(lb)
+///     .work(Duration::from_millis(10))
+///     .isolated()?;
+/// replica.kill();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct JournalReplica {
+    namespace: String,
+    group: String,
+    name: String,
+    journal: Journal,
+    work: Option<Duration>,
     ttl: Duration,
-) -> Result<Isolated, FixtureError> {
-    let (namespace, group, replica) = (namespace.to_owned(), group.to_owned(), replica.to_owned());
-    let journal = journal.clone();
-    let name = replica.clone();
-    Isolated::spawn(&name, move |shutdown: CancellationToken| async move {
-        let client = match crate::Cluster::shared().client().await {
-            Ok(c) => c,
-            Err(e) => panic!("test replica has no client: {e}"),
-        };
+    concurrency: usize,
+    target: Target,
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    LoadBalancer(std::net::SocketAddr),
+    Dispatcher(String),
+}
+
+impl JournalReplica {
+    /// Replica `name` of controller group `group` in `namespace`, recording in `journal`;
+    /// by default instant reconciles, 4 at a time, 3 s sessions, and no dispatcher: set one with
+    /// [`JournalReplica::load_balancer`] or [`JournalReplica::dispatcher`].
+    pub fn new(namespace: &str, group: &str, name: &str, journal: &Journal) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            group: group.to_owned(),
+            name: name.to_owned(),
+            journal: journal.clone(),
+            work: Some(Duration::ZERO),
+            ttl: Duration::from_secs(3),
+            concurrency: 4,
+            target: Target::Dispatcher(String::new()),
+        }
+    }
+
+    /// Registers with the load balancer at `address`.
+    pub fn load_balancer(mut self, address: std::net::SocketAddr) -> Self {
+        self.target = Target::LoadBalancer(address);
+        self
+    }
+
+    /// Polls the dispatcher at `address` (`http://host:port`) only.
+    pub fn dispatcher(mut self, address: impl Into<String>) -> Self {
+        self.target = Target::Dispatcher(address.into());
+        self
+    }
+
+    /// Each reconcile takes `work`.
+    pub fn work(mut self, work: Duration) -> Self {
+        self.work = Some(work);
+        self
+    }
+
+    /// Reconciles never finish, until cancelled (the session is lost, or the replica stops).
+    pub fn hang(mut self) -> Self {
+        self.work = None;
+        self
+    }
+
+    /// Sessions of `ttl`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// At most `n` reconciles at a time.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// The replica's controller on `client`, and what its reconciles share.
+    fn controller(self, client: kube::Client) -> (Controller<ConfigMap>, Arc<Ctx>) {
         let ctx = Arc::new(Ctx {
-            journal,
-            replica: replica.clone(),
-            work,
+            journal: self.journal,
+            replica: self.name.clone(),
+            work: self.work,
         });
-        Controller::<ConfigMap>::new(client, group)
-            .namespace(namespace)
-            .load_balancer(format!("http://{load_balancer}"))
-            .replica_id(replica)
-            .concurrency(4)
-            .session_ttl(ttl)
-            .graceful_shutdown_on(shutdown.cancelled_owned())
-            .run(record, |_, _: &Never, _| Action::await_change(), ctx)
-            .for_each(|_| async {})
-            .await;
-    })
+        let controller = Controller::<ConfigMap>::new(client, self.group)
+            .namespace(self.namespace)
+            .replica_id(self.name)
+            .concurrency(self.concurrency)
+            .session_ttl(self.ttl);
+        let controller = match self.target {
+            Target::LoadBalancer(address) => controller.load_balancer(format!("http://{address}")),
+            Target::Dispatcher(address) => controller.dispatchers([address]),
+        };
+        (controller, ctx)
+    }
+
+    /// Starts the replica on a runtime of its own, so it can be killed as a crash would.
+    pub fn isolated(self) -> Result<Isolated, FixtureError> {
+        let name = self.name.clone();
+        Isolated::spawn(&name, move |shutdown: CancellationToken| async move {
+            let client = match crate::Cluster::shared().client().await {
+                Ok(c) => c,
+                Err(e) => panic!("test replica has no client: {e}"),
+            };
+            let (controller, ctx) = self.controller(client);
+            run(controller, ctx, shutdown).await;
+        })
+    }
+
+    /// Starts the replica on this runtime with `client`; it stops gracefully when the returned
+    /// token is cancelled. Also returns its health.
+    pub fn spawn(self, client: kube::Client) -> (CancellationToken, Health) {
+        let stop = CancellationToken::new();
+        let (controller, ctx) = self.controller(client);
+        let health = controller.health();
+        tokio::spawn(run(controller, ctx, stop.clone()));
+        (stop, health)
+    }
+}
+
+/// Runs `controller` until `stop` is cancelled, then stops gracefully.
+async fn run(controller: Controller<ConfigMap>, ctx: Arc<Ctx>, stop: CancellationToken) {
+    controller
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(record, |_, _: &Never, _| Action::await_change(), ctx)
+        .for_each(|_| async {})
+        .await;
 }
 
 /// Ends a reconcile's record when dropped, so a reconcile the SDK cancels (its session was
@@ -359,7 +463,10 @@ async fn record(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Never> {
     let _running = ctx
         .journal
         .start_reconcile(key_of(&cm), rv_of(&cm), false, &ctx.replica);
-    tokio::time::sleep(ctx.work).await;
+    match ctx.work {
+        Some(work) => tokio::time::sleep(work).await,
+        None => std::future::pending().await,
+    }
     Ok(Action::await_change())
 }
 

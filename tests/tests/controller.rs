@@ -1,8 +1,8 @@
 //! Controllers written with the SDK, against in-process dispatchers and the real API server.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::Duration,
 };
 
@@ -16,6 +16,7 @@ use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestDispatcher, test_config},
+    journal::{Journal, key_of, rv_of},
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -24,25 +25,12 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const ANNOTATION: &str = "kube-dispatch.dev/reconciled-by";
 
-/// Reconciles in progress across all replicas of a test, and the overlaps seen.
-#[derive(Clone, Default)]
-struct Tracker {
-    /// Names being reconciled right now: inserting one already there is an overlap.
-    running: Arc<Mutex<HashSet<String>>>,
-    overlaps: Arc<Mutex<Vec<String>>>,
-}
-
-impl Tracker {
-    fn overlaps(&self) -> Vec<String> {
-        self.overlaps.lock().expect("lock").clone()
-    }
-}
-
 /// What the test controller shares with the test.
 struct Ctx {
     client: kube::Client,
     replica: String,
-    tracker: Tracker,
+    /// Every reconcile, for the overlaps across replicas.
+    journal: Journal,
     done: mpsc::UnboundedSender<(String, String)>,
     /// Take keys and never finish them (a replica about to be killed): reports
     /// `(name, "<replica>-held")` on `done` instead.
@@ -62,19 +50,9 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Reconcil
         let _ = ctx.done.send((name, format!("{}-held", ctx.replica)));
         return std::future::pending().await;
     }
-    if !ctx
-        .tracker
-        .running
-        .lock()
-        .expect("lock")
-        .insert(name.clone())
-    {
-        ctx.tracker
-            .overlaps
-            .lock()
-            .expect("lock")
-            .push(name.clone());
-    }
+    let running = ctx
+        .journal
+        .start_reconcile(key_of(&cm), rv_of(&cm), false, &ctx.replica);
     // Long enough for overlaps to show if exclusivity were broken.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let api: Api<ConfigMap> =
@@ -83,7 +61,7 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Reconcil
     let result = api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await;
-    ctx.tracker.running.lock().expect("lock").remove(&name);
+    drop(running);
     result?;
     let _ = ctx.done.send((name, ctx.replica.clone()));
     Ok(Action::await_change())
@@ -114,7 +92,7 @@ fn start_replica(
     dispatcher: &TestDispatcher,
     replica: &str,
     ttl: Duration,
-    tracker: &Tracker,
+    journal: &Journal,
     done: mpsc::UnboundedSender<(String, String)>,
 ) -> Replica {
     start_replica_at(
@@ -123,7 +101,7 @@ fn start_replica(
         &format!("http://{}", dispatcher.addr),
         replica,
         ttl,
-        tracker,
+        journal,
         done,
         false,
     )
@@ -136,7 +114,7 @@ fn start_replica_at(
     dispatcher: &str,
     replica: &str,
     ttl: Duration,
-    tracker: &Tracker,
+    journal: &Journal,
     done: mpsc::UnboundedSender<(String, String)>,
     hang: bool,
 ) -> Replica {
@@ -144,7 +122,7 @@ fn start_replica_at(
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         replica: replica.into(),
-        tracker: tracker.clone(),
+        journal: journal.clone(),
         done,
         hang,
     });
@@ -201,14 +179,14 @@ async fn a_controller_reconciles_every_object_and_writes_through_its_client() ->
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let tracker = Tracker::default();
+    let journal = Journal::default();
     let replica = start_replica(
         ns.client(),
         ns.name(),
         &d,
         "replica-a",
         Duration::from_secs(3),
-        &tracker,
+        &journal,
         tx,
     );
 
@@ -224,7 +202,7 @@ async fn a_controller_reconciles_every_object_and_writes_through_its_client() ->
             "{name}"
         );
     }
-    assert!(tracker.overlaps().is_empty());
+    assert!(journal.overlaps().is_empty());
     // It reconciled, so its session is open: ready and live.
     assert!(replica.health.ready() && replica.health.live());
     assert_eq!(replica.health.sessions(), 1);
@@ -242,7 +220,7 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let tracker = Tracker::default();
+    let journal = Journal::default();
     // Sessions live 60 s: if the handover below waited for a ttl, it would not finish in the
     // 30 s the test allows.
     let ttl = Duration::from_secs(60);
@@ -252,7 +230,7 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
         &d,
         "replica-a",
         ttl,
-        &tracker,
+        &journal,
         tx.clone(),
     );
     let b = start_replica(
@@ -261,7 +239,7 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
         &d,
         "replica-b",
         ttl,
-        &tracker,
+        &journal,
         tx.clone(),
     );
 
@@ -275,9 +253,9 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
         "both replicas work"
     );
     assert!(
-        tracker.overlaps().is_empty(),
+        journal.overlaps().is_empty(),
         "overlapping reconciles: {:?}",
-        tracker.overlaps()
+        journal.overlaps()
     );
 
     // Stopping a replica closes its session: its keys go to b without waiting for a ttl.
@@ -286,7 +264,7 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
     create(&api, second.iter().cloned()).await?;
     let by = reconciled(&mut rx, &second).await;
     assert!(second.iter().all(|n| by[n] == "replica-b"));
-    assert!(tracker.overlaps().is_empty());
+    assert!(journal.overlaps().is_empty());
     b.shut_down().await?;
     d.stop().await;
     Ok(())
@@ -298,7 +276,7 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let tracker = Tracker::default();
+    let journal = Journal::default();
     let ttl = Duration::from_secs(3);
 
     // Replica a runs on a runtime of its own, so it can be killed: dropping the runtime ends
@@ -307,10 +285,10 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let (address, namespace, a_tracker, a_tx) = (
+    let (address, namespace, a_journal, a_tx) = (
         format!("http://{}", d.addr),
         ns.name().to_owned(),
-        Tracker::default(),
+        Journal::default(),
         tx.clone(),
     );
     doomed.spawn(async move {
@@ -324,7 +302,7 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
             &address,
             "replica-a",
             ttl,
-            &a_tracker,
+            &a_journal,
             a_tx,
             true,
         );
@@ -344,12 +322,12 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
         }
     }
 
-    let b = start_replica(ns.client(), ns.name(), &d, "replica-b", ttl, &tracker, tx);
+    let b = start_replica(ns.client(), ns.name(), &d, "replica-b", ttl, &journal, tx);
     doomed.shutdown_background();
     // Everything a held is reconciled by b once a's session expires; nothing is lost.
     let by = reconciled(&mut rx, &names).await;
     assert!(names.iter().all(|n| by[n] == "replica-b"), "{by:?}");
-    assert!(tracker.overlaps().is_empty());
+    assert!(journal.overlaps().is_empty());
     b.shut_down().await?;
     d.stop().await;
     Ok(())
@@ -415,14 +393,14 @@ async fn a_replica_reconnects_when_its_dispatcher_restarts() -> TestResult {
     let d = TestDispatcher::start(config.clone()).await?;
     let address = d.addr.to_string();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let tracker = Tracker::default();
+    let journal = Journal::default();
     let replica = start_replica(
         ns.client(),
         ns.name(),
         &d,
         "replica-a",
         Duration::from_secs(3),
-        &tracker,
+        &journal,
         tx,
     );
     create(&api, std::iter::once("before".to_owned())).await?;

@@ -2,17 +2,16 @@
 //! slow, then stop getting through, stops its reconciles before the dispatcher hands their keys
 //! to another replica.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube_dispatch_controller::{Action, Controller, Health};
+use kube_dispatch_controller::Health;
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, test_config},
     faultproxy::{Fault, FaultProxy},
-    journal::{Journal, key_of, rv_of, write_round},
+    journal::{Journal, JournalReplica, write_round},
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,30 +20,8 @@ type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 const TTL: Duration = Duration::from_secs(4);
 
-#[derive(Debug, thiserror::Error)]
-#[error("never")]
-struct Never;
-
-struct Ctx {
-    journal: Journal,
-    replica: String,
-    /// How long each reconcile takes; `None`: until cancelled.
-    work: Option<Duration>,
-}
-
-async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Never> {
-    let _running = ctx
-        .journal
-        .start_reconcile(key_of(&cm), rv_of(&cm), false, &ctx.replica);
-    match ctx.work {
-        Some(work) => tokio::time::sleep(work).await,
-        None => std::future::pending().await,
-    }
-    Ok(Action::await_change())
-}
-
-/// A replica of one reconcile at a time, polling `dispatcher`, each reconcile taking `work`;
-/// stops gracefully when the token is cancelled.
+/// A replica of one reconcile at a time, polling `dispatcher`, each reconcile taking `work`
+/// (`None`: until cancelled); stops gracefully when the token is cancelled.
 fn replica(
     client: kube::Client,
     namespace: &str,
@@ -53,24 +30,15 @@ fn replica(
     journal: &Journal,
     work: Option<Duration>,
 ) -> (CancellationToken, Health) {
-    let stop = CancellationToken::new();
-    let ctx = Arc::new(Ctx {
-        journal: journal.clone(),
-        replica: name.to_owned(),
-        work,
-    });
-    let controller = Controller::<ConfigMap>::new(client, "fencing")
-        .namespace(namespace)
-        .dispatchers([dispatcher])
-        .replica_id(name)
+    let replica = JournalReplica::new(namespace, "fencing", name, journal)
+        .dispatcher(dispatcher)
         .concurrency(1)
-        .session_ttl(TTL);
-    let health = controller.health();
-    let stream = controller
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, |_, _: &Never, _| Action::await_change(), ctx);
-    tokio::spawn(stream.for_each(|_| async {}));
-    (stop, health)
+        .ttl(TTL);
+    match work {
+        Some(work) => replica.work(work),
+        None => replica.hang(),
+    }
+    .spawn(client)
 }
 
 /// A namespace with one ConfigMap, `cm-0`, and a dispatcher that lets a reconcile run for a

@@ -21,7 +21,7 @@ use kube_dispatch_tests::{
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
     faultproxy::{Fault, FaultProxy},
     isolated::Isolated,
-    journal::{Journal, start_replica, write_configmaps, write_round},
+    journal::{Journal, JournalReplica, write_configmaps, write_round},
     loadbalancer::TestLoadBalancer,
 };
 use tokio::time::Instant;
@@ -99,7 +99,11 @@ fn start_replicas(
     (0..n)
         .map(|i| {
             let replica = format!("replica-{i}");
-            start_replica(namespace, GROUP, &replica, lb.addr, journal, work, ttl)
+            JournalReplica::new(namespace, GROUP, &replica, journal)
+                .load_balancer(lb.addr)
+                .work(work)
+                .ttl(ttl)
+                .isolated()
         })
         .collect()
 }
@@ -454,37 +458,25 @@ async fn replicas_come_and_go_and_the_load_balancer_fails_over() -> TestResult {
     let ds = start_settled(ns.name(), 3, BOUND).await?;
     // Replicas are pointed at the standby: it redirects them to the leader.
     let work = Duration::from_millis(10);
-    let r0 = start_replica(
-        ns.name(),
-        GROUP,
-        "replica-0",
-        second.addr,
-        &journal,
-        work,
-        TTL,
-    )?;
+    let r0 = JournalReplica::new(ns.name(), GROUP, "replica-0", &journal)
+        .load_balancer(second.addr)
+        .work(work)
+        .ttl(TTL)
+        .isolated()?;
     let (_, _) = placed(&first, 3, 1, Duration::from_secs(30)).await;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let (writer, stop) = start_writing(&api, 40, Duration::from_millis(50), &journal).await;
 
-    let r1 = start_replica(
-        ns.name(),
-        GROUP,
-        "replica-1",
-        second.addr,
-        &journal,
-        work,
-        TTL,
-    )?;
-    let r2 = start_replica(
-        ns.name(),
-        GROUP,
-        "replica-2",
-        second.addr,
-        &journal,
-        work,
-        TTL,
-    )?;
+    let r1 = JournalReplica::new(ns.name(), GROUP, "replica-1", &journal)
+        .load_balancer(second.addr)
+        .work(work)
+        .ttl(TTL)
+        .isolated()?;
+    let r2 = JournalReplica::new(ns.name(), GROUP, "replica-2", &journal)
+        .load_balancer(second.addr)
+        .work(work)
+        .ttl(TTL)
+        .isolated()?;
     let (_, joined) = placed(&first, 3, 3, Duration::from_secs(30)).await;
     r0.kill();
     journal.killed("replica-0");
