@@ -1,6 +1,6 @@
 //! Fencing: the deadlines a replica keeps for one session, on its own clock, so that it stops
 //! every reconcile of the session before the dispatcher could hand the key to another replica
-//! (DESIGN section 3.3).
+//! (`CONTRACT.md`, section 3.3).
 //!
 //! The dispatcher counts a session's ttl from each renewal and a delivery's maximum reconcile
 //! time from the moment it hands the key out, on its clock. The replica cannot read that clock,

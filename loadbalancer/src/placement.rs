@@ -1,6 +1,6 @@
 //! Placement of one controller group's replicas onto dispatchers: pure logic, no I/O.
 //!
-//! Rules (DESIGN section 2, issue 5):
+//! Rules:
 //! - every live dispatcher is polled by at least one replica of the group;
 //! - with at least as many replicas as dispatchers, each replica polls one dispatcher and the
 //!   replicas per dispatcher differ by at most one;

@@ -1,4 +1,4 @@
-//! Fencing (DESIGN section 3.3) on a slow path: a replica whose calls to its dispatcher are
+//! Fencing (`CONTRACT.md`, section 3.3) on a slow path: a replica whose calls to its dispatcher are
 //! slow, then stop getting through, stops its reconciles before the dispatcher hands their keys
 //! to another replica.
 

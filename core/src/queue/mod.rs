@@ -1,6 +1,6 @@
 //! The work queue of one controller group on one dispatcher: pure logic, no I/O, no clock.
 //!
-//! It implements the delivery contract of DESIGN section 3 for the keys this dispatcher owns:
+//! It implements the delivery contract (`CONTRACT.md`) for the keys this dispatcher owns:
 //!
 //! - **Coalescing.** A key is queued at most once; while it is in flight, further changes mark
 //!   it dirty, and it is queued once more when the in-flight delivery is acknowledged.
