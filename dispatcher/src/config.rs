@@ -6,7 +6,7 @@ use kube_dispatch_core::queue::QueueConfig;
 
 /// Limits that protect the dispatcher from misbehaving clients. The defaults are the flags'
 /// defaults (`kube-dispatch-dispatcher --help`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Most live sessions on this dispatcher.
     pub max_sessions: usize,

@@ -223,6 +223,18 @@ async fn main() -> anyhow::Result<()> {
         "--backoff-base must not exceed --backoff-cap"
     );
 
+    let limit_flags = LimitFlags {
+        session_ttl,
+        max_session_ttl,
+        max_poll_wait,
+        max_poll_items,
+        backoff_base,
+        backoff_cap,
+        max_reconcile_time,
+        max_sessions,
+        max_sessions_per_group,
+        body_budget_bytes,
+    };
     let client = client::from_kubeconfig(kubeconfig.as_deref()).await?;
     let max_ttl = max_session_ttl.max(session_ttl);
     let membership = if members.is_empty() {
@@ -250,24 +262,8 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     let settings = Settings {
         identity,
-        limits: Limits {
-            max_sessions,
-            max_sessions_per_group,
-            default_ttl: session_ttl,
-            min_ttl: Duration::from_secs(1).min(session_ttl),
-            max_ttl,
-            max_poll_wait,
-            max_poll_items: max_poll_items.max(1),
-            ..Limits::default()
-        },
-        queue: QueueConfig {
-            backoff: Backoff {
-                base: backoff_base,
-                cap: backoff_cap,
-            },
-            max_reconcile_time,
-            body_budget: body_budget_bytes,
-        },
+        limits: limits(&limit_flags),
+        queue: queue_config(&limit_flags),
         resync_interval,
         idle_group_grace,
         status_interval,
@@ -290,4 +286,81 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     Ok(())
+}
+
+/// The flags that set the client limits and the queue.
+struct LimitFlags {
+    session_ttl: Duration,
+    max_session_ttl: Duration,
+    max_poll_wait: Duration,
+    max_poll_items: usize,
+    backoff_base: Duration,
+    backoff_cap: Duration,
+    max_reconcile_time: Duration,
+    max_sessions: usize,
+    max_sessions_per_group: usize,
+    body_budget_bytes: usize,
+}
+
+/// The client limits the flags set.
+fn limits(f: &LimitFlags) -> Limits {
+    Limits {
+        max_sessions: f.max_sessions,
+        max_sessions_per_group: f.max_sessions_per_group,
+        default_ttl: f.session_ttl,
+        min_ttl: Duration::from_secs(1).min(f.session_ttl),
+        max_ttl: f.max_session_ttl.max(f.session_ttl),
+        max_poll_wait: f.max_poll_wait,
+        max_poll_items: f.max_poll_items.max(1),
+        ..Limits::default()
+    }
+}
+
+/// The queue settings the flags set.
+fn queue_config(f: &LimitFlags) -> QueueConfig {
+    QueueConfig {
+        backoff: Backoff {
+            base: f.backoff_base,
+            cap: f.backoff_cap,
+        },
+        max_reconcile_time: f.max_reconcile_time,
+        body_budget: f.body_budget_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library's defaults (used by tests and embedders) are the flags' defaults.
+    #[test]
+    fn the_flag_defaults_are_the_library_defaults() {
+        let Args {
+            session_ttl,
+            max_session_ttl,
+            max_poll_wait,
+            max_poll_items,
+            backoff_base,
+            backoff_cap,
+            max_reconcile_time,
+            max_sessions,
+            max_sessions_per_group,
+            body_budget_bytes,
+            ..
+        } = Args::parse_from(["kube-dispatch-dispatcher"]);
+        let flags = LimitFlags {
+            session_ttl,
+            max_session_ttl,
+            max_poll_wait,
+            max_poll_items,
+            backoff_base,
+            backoff_cap,
+            max_reconcile_time,
+            max_sessions,
+            max_sessions_per_group,
+            body_budget_bytes,
+        };
+        assert_eq!(limits(&flags), Limits::default());
+        assert_eq!(queue_config(&flags), QueueConfig::default());
+    }
 }

@@ -40,8 +40,8 @@ pub type SessionId = u64;
 /// Identifies one delivery of a key to a session.
 pub type DeliveryId = u64;
 
-/// Settings of a group queue.
-#[derive(Clone, Copy, Debug)]
+/// Settings of a group queue. The defaults are the dispatcher flags' defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueConfig {
     /// Delay of retries after failures.
     pub backoff: Backoff,
