@@ -1,5 +1,8 @@
 //! A controller group on this dispatcher: its subscriptions, its work queue and its sessions.
 //!
+//! One file past 600 lines: the second half is its tests, which drive the group with a paused
+//! clock.
+//!
 //! The [`GroupQueue`] and its [`Partition`] hold the logic, under one lock; this module adds the
 //! slice, the clock and the wake-ups: each session has a [`Notify`] its long-poll waits on, and a
 //! driver task fires the queue's timers. Locks: the state, then the sessions, never the other way.

@@ -3,6 +3,9 @@
 //! services (`crate::grpc`) turn the wire into these calls, and [`SessionError`] into a
 //! `tonic::Status`; the housekeeping task (`crate::housekeeping`) expires sessions, drops idle
 //! groups and releases the ring.
+//!
+//! One file past 600 lines, because the table is one idea: every call reads and changes the same
+//! two maps, and a third of the file documents the errors a caller can get.
 
 use std::{
     collections::HashMap,

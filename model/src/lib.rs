@@ -3,6 +3,9 @@
 //! queues, the handover gate, controller replicas with their fencing, and the network between
 //! them, under crashes, restarts, cuts, lost and reordered messages and drifting clocks.
 //!
+//! One file past 600 lines, because the model is one transition function over one state; its
+//! tests, a third of the file, replay paths through it.
+//!
 //! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
 //! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
 //! check (`tests` below); `make model` runs a deeper one (`src/main.rs`).

@@ -1,3 +1,7 @@
+//! The queue's unit and property tests: one per rule of the contract (`CONTRACT.md`) and per
+//! invariant the operations must keep. One file past 600 lines, beside the state machine it
+//! checks.
+
 use std::collections::HashSet;
 
 use proptest::prelude::*;

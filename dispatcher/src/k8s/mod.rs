@@ -3,10 +3,12 @@
 //!
 //! - [`watch`]: one shared, non-caching watch per subscribed resource and selector;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
+//! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
 pub mod discovery;
 pub mod membership;
 pub mod routing;
+mod side_list;
 pub mod watch;

@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::StreamExt;
 use kube::{
     Client, ResourceExt,
     api::{Api, ApiResource, DynamicObject, ListParams, TypeMeta},
@@ -36,10 +36,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::routing::{Bodies, Place, in_watch, object_key, owner_key, place};
+use super::{
+    routing::{Bodies, Place, in_watch, object_key, owner_key, place},
+    side_list::{SIDE_LIST_PAGE, SideList, next_page},
+};
 use crate::group::Group;
 use kube_dispatch_core::{
-    backoff::Backoff,
     handover::Slice,
     queue::{Change, Observed},
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},
@@ -518,14 +520,6 @@ impl WatchTask {
     }
 }
 
-/// Page size of a list beside the stream (the watcher's own lists use the same).
-const SIDE_LIST_PAGE: u32 = 500;
-
-/// Most deletions remembered during one list beside the stream; past it the watch re-lists
-/// instead (and the window that list beside the stream closes is open again for that once).
-/// 65 536 key hashes, about 1 MiB.
-const MAX_SIDE_LIST_DELETIONS: usize = 1 << 16;
-
 /// What woke the watch loop.
 #[expect(
     clippy::large_enum_variant,
@@ -538,81 +532,6 @@ enum Step {
     Page(Option<Vec<DynamicObject>>),
     /// An event of the stream, or its end.
     Event(Option<watcher::Result<Event<DynamicObject>>>),
-}
-
-/// A paginated list run beside the watch's stream, and the keys whose deletion the stream
-/// showed since it began. The list may be older than events the stream has already shown: a
-/// deletion among them would be undone by the list, so objects whose key is here are skipped
-/// (the stream shows a re-creation after the deletion). A failed page starts the list again
-/// after a backoff; the deletions are kept.
-struct SideList {
-    pages: BoxStream<'static, Vec<DynamicObject>>,
-    deleted: std::collections::HashSet<u64>,
-}
-
-impl SideList {
-    fn start(api: Api<DynamicObject>, params: ListParams) -> Self {
-        let backoff = Backoff {
-            base: Duration::from_millis(500),
-            cap: Duration::from_secs(30),
-        };
-        let pages = futures::stream::unfold(
-            (Some(String::new()), 0u32),
-            move |(continue_token, failures)| {
-                let (api, params) = (api.clone(), params.clone());
-                async move {
-                    let mut token = continue_token?;
-                    let mut failures = failures;
-                    loop {
-                        let mut page_params = params.clone();
-                        if !token.is_empty() {
-                            page_params = page_params.continue_token(&token);
-                        }
-                        match api.list(&page_params).await {
-                            Ok(list) => {
-                                let next = list.metadata.continue_.filter(|c| !c.is_empty());
-                                return Some((list.items, (next, 0)));
-                            }
-                            Err(e) => {
-                                failures += 1;
-                                let delay = backoff.delay(failures);
-                                warn!(error = %e, ?delay, "list beside the watch failed; listing again");
-                                tokio::time::sleep(delay).await;
-                                // A continue token may have expired: start over (a newer snapshot).
-                                token.clear();
-                            }
-                        }
-                    }
-                }
-            },
-        )
-        .boxed();
-        Self {
-            pages,
-            deleted: std::collections::HashSet::new(),
-        }
-    }
-
-    /// Notes a deletion the stream showed; false when too many are noted already.
-    fn deleted(&mut self, hash: u64) -> bool {
-        if self.deleted.len() >= MAX_SIDE_LIST_DELETIONS && !self.deleted.contains(&hash) {
-            return false;
-        }
-        self.deleted.insert(hash);
-        true
-    }
-
-    fn was_deleted(&self, hash: u64) -> bool {
-        self.deleted.contains(&hash)
-    }
-}
-
-/// The next page of the list beside the stream, if one runs (else never).
-async fn next_page(side: &mut Option<SideList>) -> Option<Vec<DynamicObject>> {
-    match side {
-        Some(list) => list.pages.next().await,
-        None => std::future::pending().await,
-    }
 }
 
 fn mark_ready(r: &mut Readiness) -> bool {
