@@ -3,7 +3,8 @@
 #   proto -> core -> runtime -> dispatcher, loadbalancer;  proto -> controller-sdk
 # - kube-dispatch-core is pure: no async runtime, Kubernetes client or gRPC server of its own;
 # - the load balancer and the controller SDK never link the dispatcher;
-# - the dispatcher never links the SDK, and the runtime neither of them.
+# - the dispatcher never links the SDK, and the runtime neither of them;
+# - within a crate, no module imports another that imports it back (tests/check-modules.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -31,5 +32,8 @@ check kube-dispatch-dispatcher kube-dispatch-controller any
 check kube-dispatch-runtime kube-dispatch-dispatcher any
 check kube-dispatch-runtime kube-dispatch-controller any
 
+python3 tests/check-modules.py proto/src core/src runtime/src dispatcher/src controller-sdk/src \
+  loadbalancer/src model/src tests/src bench/src || failed=1
+
 if [[ $failed == 1 ]]; then exit 1; fi
-echo "check-layout: dependencies point one way"
+echo "check-layout: dependencies point one way, between crates and between modules"
