@@ -1,4 +1,9 @@
-//! The dispatcher's settings: client limits and what the group and session table needs.
+//! Every setting of a dispatcher, in one place: what [`crate::serve::serve`] runs with
+//! ([`ServeConfig`]), where the ring comes from ([`Membership`], [`LeaseConfig`]), the group and
+//! session table's settings ([`Settings`]) and the client limits ([`Limits`]). The queue's own
+//! settings and what groups remember of deletions are the core's
+//! ([`QueueConfig`], [`kube_dispatch_core::recent_deletions::RecentDeletionsConfig`]). The
+//! binary's flags map onto these; their defaults are the flags' defaults.
 
 use std::time::Duration;
 
@@ -61,4 +66,57 @@ pub struct Settings {
     /// moves here is not lost if it was deleted in transit
     /// (`kube_dispatch_core::recent_deletions`); about 100 bytes each.
     pub max_recent_deletions: usize,
+}
+
+/// Everything a dispatcher needs besides its API-server client and its listener.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Settings of the group and session table (identity, limits, queue, resync).
+    pub settings: Settings,
+    /// Where the ring comes from.
+    pub membership: Membership,
+    /// A watch with no subscriber is stopped after this long.
+    pub watch_grace: Duration,
+    /// Largest request message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Longest the drain may take after shutdown begins.
+    pub drain_timeout: Duration,
+}
+
+/// Where a dispatcher's ring comes from.
+#[derive(Clone, Debug)]
+pub enum Membership {
+    /// A fixed list of members, this dispatcher among them; it never changes.
+    Fixed(Vec<String>),
+    /// The live dispatcher Leases, with handover when they change.
+    Leases(LeaseConfig),
+}
+
+/// How this dispatcher takes part in membership.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Namespace of the Leases.
+    pub namespace: String,
+    /// This dispatcher's identity, the name of its Lease.
+    pub identity: String,
+    /// Where this dispatcher serves (`host:port`), published on its Lease.
+    pub address: String,
+    /// Lease duration written into the Lease.
+    pub duration: Duration,
+    /// How often the Lease is renewed; well under the duration.
+    pub renew_period: Duration,
+    /// Extra time before a silent member is dropped.
+    pub grace: Duration,
+    /// `T`: the longest a reconcile handed out by a dispatcher that died can still run.
+    pub handover_bound: Duration,
+}
+
+impl LeaseConfig {
+    /// The longest a key can be in transit between owners unseen by either: a dead owner is
+    /// dropped a Lease duration plus grace after its last renewal (up to a renew period after
+    /// it died), and what it had handed out may have run for `T` before that. Deletions of
+    /// keys owned elsewhere are remembered this long (`kube_dispatch_core::recent_deletions`).
+    pub fn transit_window(&self) -> Duration {
+        self.duration + self.grace + self.renew_period + self.handover_bound
+    }
 }

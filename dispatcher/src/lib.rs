@@ -10,7 +10,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | [`config`] | client limits and the settings of the group and session table |
+//! | [`config`] | every setting: what `serve` runs with, membership and Leases, the table, client limits |
 //! | [`serve`] | wiring: watches, groups, membership and the gRPC server; the drain |
 //! | [`groups`] | the group and session table: open, poll, ack, close, in domain terms |
 //! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |

@@ -6,9 +6,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{Limits, Settings},
-    k8s::membership::LeaseConfig,
-    serve::{Membership, ServeConfig, serve},
+    config::{LeaseConfig, Limits, Membership, ServeConfig, Settings},
+    serve::serve,
 };
 use kube_dispatch_runtime::{client, logging, signal};
 use tokio_util::sync::CancellationToken;

@@ -21,41 +21,13 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::{
-    config::Settings,
+    config::{Membership, ServeConfig},
     groups::Groups,
     grpc::{dispatcher::DispatcherService, peer::PeerService},
     housekeeping,
-    k8s::{
-        discovery::Resolver,
-        membership::{self, LeaseConfig},
-        watch::Watches,
-    },
+    k8s::{discovery::Resolver, membership, watch::Watches},
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
-
-/// Everything a dispatcher needs besides its API-server client and its listener.
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    /// Settings of the group and session table (identity, limits, queue, resync).
-    pub settings: Settings,
-    /// Where the ring comes from.
-    pub membership: Membership,
-    /// A watch with no subscriber is stopped after this long.
-    pub watch_grace: Duration,
-    /// Largest request message accepted, in bytes.
-    pub max_message_bytes: usize,
-    /// Longest the drain may take after shutdown begins.
-    pub drain_timeout: Duration,
-}
-
-/// Where a dispatcher's ring comes from.
-#[derive(Clone, Debug)]
-pub enum Membership {
-    /// A fixed list of members, this dispatcher among them; it never changes.
-    Fixed(Vec<String>),
-    /// The live dispatcher Leases, with handover when they change.
-    Leases(LeaseConfig),
-}
 
 /// Why a dispatcher could not run.
 #[derive(Debug, thiserror::Error)]

@@ -25,7 +25,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use kube_dispatch_controller::{Action, Controller};
-use kube_dispatch_dispatcher::serve::ServeConfig;
+use kube_dispatch_dispatcher::config::ServeConfig;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::{sync::Mutex, time::Instant};
 use tokio_util::sync::CancellationToken;

@@ -5,9 +5,8 @@ use std::{net::SocketAddr, time::Duration};
 
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{Limits, Settings},
-    k8s::membership::LeaseConfig,
-    serve::{Handles, Membership, ServeConfig, serve},
+    config::{LeaseConfig, Limits, Membership, ServeConfig, Settings},
+    serve::{Handles, serve},
 };
 use kube_dispatch_proto::v1::{
     AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,

@@ -15,7 +15,7 @@ use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams},
 };
-use kube_dispatch_dispatcher::serve::ServeConfig;
+use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
 use kube_dispatch_proto::{RequestKey, Ring};
 use kube_dispatch_tests::{

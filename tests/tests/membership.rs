@@ -9,7 +9,7 @@ use std::{
 };
 
 use kube_dispatch_core::handover::Slice;
-use kube_dispatch_dispatcher::k8s::membership::{self, LeaseConfig};
+use kube_dispatch_dispatcher::{config::LeaseConfig, k8s::membership};
 use kube_dispatch_proto::Ring;
 use kube_dispatch_tests::TestNamespace;
 use tokio::{sync::watch, task::JoinHandle};

@@ -29,34 +29,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How this dispatcher takes part in membership.
-#[derive(Clone, Debug)]
-pub struct LeaseConfig {
-    /// Namespace of the Leases.
-    pub namespace: String,
-    /// This dispatcher's identity, the name of its Lease.
-    pub identity: String,
-    /// Where this dispatcher serves (`host:port`), published on its Lease.
-    pub address: String,
-    /// Lease duration written into the Lease.
-    pub duration: Duration,
-    /// How often the Lease is renewed; well under the duration.
-    pub renew_period: Duration,
-    /// Extra time before a silent member is dropped.
-    pub grace: Duration,
-    /// `T`: the longest a reconcile handed out by a dispatcher that died can still run.
-    pub handover_bound: Duration,
-}
-
-impl LeaseConfig {
-    /// The longest a key can be in transit between owners unseen by either: a dead owner is
-    /// dropped a Lease duration plus grace after its last renewal (up to a renew period after
-    /// it died), and what it had handed out may have run for `T` before that. Deletions of
-    /// keys owned elsewhere are remembered this long (`kube_dispatch_core::recent_deletions`).
-    pub fn transit_window(&self) -> Duration {
-        self.duration + self.grace + self.renew_period + self.handover_bound
-    }
-}
+use crate::config::LeaseConfig;
 
 /// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
 /// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
