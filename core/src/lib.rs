@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | [`queue`] | one group's work queue: coalescing, per-key exclusivity, retries, fairness (start at [`queue::GroupQueue`]) |
 //! | [`handover`] | the handover gate: which keys a dispatcher may hand out while the ring changes ([`handover::Handover`], [`handover::Slice`]) |
+//! | [`key`] | a request key with its hash, computed once |
 //! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
 //! | [`partition`] | what a group knows besides its queue as the ring changes: held and remembered deletions |
 //! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
@@ -19,6 +20,7 @@
 
 pub mod backoff;
 pub mod handover;
+pub mod key;
 pub mod leases;
 pub mod partition;
 pub mod queue;

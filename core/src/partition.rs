@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use crate::{
     handover::Slice,
+    key::KeyRef,
     queue::{Change, GroupQueue, SessionId},
     recent_deletions::{RecentDeletions, RecentDeletionsConfig},
 };
@@ -51,11 +52,11 @@ impl Partition {
     pub fn admits(
         &mut self,
         slice: &Slice,
-        key: &str,
-        hash: u64,
+        key: KeyRef<'_>,
         deleted: Option<bool>,
         now: Instant,
     ) -> bool {
+        let (hash, key) = (key.hash(), key.text());
         if slice.serves_hash(hash) {
             if deleted == Some(true) {
                 debug!(group = %self.group, key, "deletion queued: the key is served here");
@@ -96,18 +97,18 @@ impl Partition {
     /// indexed already, or one this dispatcher owns on its ring (after a start, its keys are
     /// held until the gate opens; indexed, a re-list of a watch that could not resume meanwhile
     /// shows which of them were deleted).
-    pub fn keeps(slice: &Slice, queue: &GroupQueue, key: &str) -> bool {
-        slice.settled.is_none() && (queue.contains(key) || slice.owns_str(key))
+    pub fn keeps(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
+        slice.settled.is_none() && (queue.contains(key.text()) || slice.owns_hash(key.hash()))
     }
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
-    pub fn exists_elsewhere(&mut self, slice: &Slice, key: &str, hash: u64) {
-        if slice.owns_hash(hash) {
-            self.held.remove(key);
+    pub fn exists_elsewhere(&mut self, slice: &Slice, key: KeyRef<'_>) {
+        if slice.owns_hash(key.hash()) {
+            self.held.remove(key.text());
         }
-        self.recent.exists(hash);
+        self.recent.exists(key.hash());
     }
 
     /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
@@ -250,11 +251,11 @@ mod tests {
     fn a_deletion_of_a_key_owned_elsewhere_is_delivered_once_the_key_moves_here() {
         let now = Instant::now();
         // d0 and d1; the key is d1's. d1 leaves: the key moves to d0.
-        let (key, hash) = key_of("d1", &["d0", "d1"]);
+        let (key, _) = key_of("d1", &["d0", "d1"]);
         let before = fixed("d0", &["d0", "d1"]);
         let mut queue = queue();
         let mut p = Partition::new("g", before.clone(), REMEMBER);
-        assert!(!p.admits(&before, &key, hash, Some(true), now));
+        assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
         assert_eq!(taken(&mut queue, now), []);
         // The ring changes; the handover holds the key, then completes.
         let during = moving("d0", &["d0"], &["d0", "d1"]);
@@ -273,13 +274,13 @@ mod tests {
     #[test]
     fn a_key_seen_to_exist_after_its_deletion_is_not_delivered_as_deleted() {
         let now = Instant::now();
-        let (key, hash) = key_of("d1", &["d0", "d1"]);
+        let (key, _) = key_of("d1", &["d0", "d1"]);
         let before = fixed("d0", &["d0", "d1"]);
         let mut queue = queue();
         let mut p = Partition::new("g", before.clone(), REMEMBER);
-        assert!(!p.admits(&before, &key, hash, Some(true), now));
+        assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
         // Re-created before the key moves here.
-        p.exists_elsewhere(&before, &key, hash);
+        p.exists_elsewhere(&before, KeyRef::new(&key));
         p.apply(&fixed("d0", &["d0"]), &mut queue, now);
         assert_eq!(taken(&mut queue, now), []);
     }
@@ -289,12 +290,12 @@ mod tests {
         let now = Instant::now();
         // d0 takes over d1's key; while the handover holds it, the key is deleted; the ring
         // flaps back before the handover completes.
-        let (key, hash) = key_of("d1", &["d0", "d1"]);
+        let (key, _) = key_of("d1", &["d0", "d1"]);
         let mut queue = queue();
         let during = moving("d0", &["d0"], &["d0", "d1"]);
         let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
         p.apply(&during, &mut queue, now);
-        assert!(!p.admits(&during, &key, hash, Some(true), now));
+        assert!(!p.admits(&during, KeyRef::new(&key), Some(true), now));
         let back = fixed("d0", &["d0", "d1"]);
         p.apply(&back, &mut queue, now);
         assert_eq!(taken(&mut queue, now), []);
@@ -309,17 +310,17 @@ mod tests {
     #[test]
     fn a_served_key_goes_to_the_queue_and_one_owned_while_nothing_is_served_is_kept() {
         let now = Instant::now();
-        let (key, hash) = key_of("d0", &["d0", "d1"]);
+        let (key, _) = key_of("d0", &["d0", "d1"]);
         let serving = fixed("d0", &["d0", "d1"]);
         let mut p = Partition::new("g", serving.clone(), REMEMBER);
-        assert!(p.admits(&serving, &key, hash, Some(false), now));
+        assert!(p.admits(&serving, KeyRef::new(&key), Some(false), now));
         let starting = Arc::new(serving.closed());
-        assert!(!p.admits(&starting, &key, hash, Some(false), now));
-        assert!(Partition::keeps(&starting, &queue(), &key));
+        assert!(!p.admits(&starting, KeyRef::new(&key), Some(false), now));
+        assert!(Partition::keeps(&starting, &queue(), KeyRef::new(&key)));
         let (other, _) = key_of("d1", &["d0", "d1"]);
-        assert!(!Partition::keeps(&starting, &queue(), &other));
+        assert!(!Partition::keeps(&starting, &queue(), KeyRef::new(&other)));
         assert!(
-            !Partition::keeps(&serving, &queue(), &key),
+            !Partition::keeps(&serving, &queue(), KeyRef::new(&key)),
             "served keys need no keeping"
         );
     }

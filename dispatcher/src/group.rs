@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_proto::{RequestKey, Ring, key::hash64};
+use kube_dispatch_proto::Ring;
 use tokio::{
     sync::{Notify, watch},
     time::Instant,
@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use kube_dispatch_core::{
     handover::Slice,
+    key::KeyRef,
     partition::Partition,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
@@ -196,19 +197,15 @@ impl Group {
     /// Records a change to a key, if this dispatcher serves it. A deletion of a key that moved
     /// here and is held by the handover is remembered and delivered once the handover ends; a
     /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here.
-    pub fn change(&self, key: &str, change: Change) {
+    pub fn change(&self, key: KeyRef<'_>, change: Change) {
         let wake = {
             let mut state = self.state();
             let slice = self.slice.borrow();
-            let hash = hash64(key.as_bytes());
             let deleted = change.deleted.then_some(true);
-            if !state
-                .partition
-                .admits(&slice, key, hash, deleted, Self::now())
-            {
+            if !state.partition.admits(&slice, key, deleted, Self::now()) {
                 return;
             }
-            state.queue.change(key, change)
+            state.queue.change(key.text(), change)
         };
         self.wake(wake);
     }
@@ -217,32 +214,31 @@ impl Group {
     /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept
     /// ([`Partition::keeps`]) is recorded and queued too, to be handed out once the gate opens
     /// if it is still served then: no list shows it again.
-    pub fn observe(&self, key: &str, object: Observed, epoch: u32) {
+    pub fn observe(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
             let mut state = self.state();
             let slice = self.slice.borrow();
-            let hash = hash64(key.as_bytes());
             let State { queue, partition } = &mut *state;
-            if !partition.admits(&slice, key, hash, Some(false), Self::now())
+            if !partition.admits(&slice, key, Some(false), Self::now())
                 && !Partition::keeps(&slice, queue, key)
             {
                 return;
             }
-            queue.observe(key, object, epoch)
+            queue.observe(key.text(), object, epoch)
         };
         self.wake(wake);
     }
 
     /// Records that an object owned by the object of `key` changed, if this dispatcher serves
     /// the key, or keeps it while nothing may be handed out (like [`Group::observe`]).
-    pub fn owned_changed(&self, key: &str) {
+    pub fn owned_changed(&self, key: KeyRef<'_>) {
         let wake = {
             let mut state = self.state();
             let slice = self.slice.borrow();
-            if !slice.serves_str(key) && !Partition::keeps(&slice, &state.queue, key) {
+            if !slice.serves_hash(key.hash()) && !Partition::keeps(&slice, &state.queue, key) {
                 return;
             }
-            state.queue.change(key, Change::owned())
+            state.queue.change(key.text(), Change::owned())
         };
         self.wake(wake);
     }
@@ -253,26 +249,27 @@ impl Group {
     /// The stream is the authority on every key it has shown (the list may be older), and a
     /// key not served is left alone, so that a list older than a remembered deletion never
     /// cancels it.
-    pub fn fill(&self, key: &str, object: Observed, epoch: u32) {
+    pub fn fill(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
             let mut state = self.state();
-            if !self.slice.borrow().serves_str(key) || state.queue.knows_object(key) {
+            if !self.slice.borrow().serves_hash(key.hash()) || state.queue.knows_object(key.text())
+            {
                 return;
             }
-            state.queue.observe(key, object, epoch)
+            state.queue.observe(key.text(), object, epoch)
         };
         self.wake(wake);
     }
 
     /// Records a change of an owned object that a list run beside the watch's stream showed,
     /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
-    pub fn fill_owned(&self, key: &str) {
+    pub fn fill_owned(&self, key: KeyRef<'_>) {
         let wake = {
             let mut state = self.state();
-            if !self.slice.borrow().serves_str(key) || state.queue.contains(key) {
+            if !self.slice.borrow().serves_hash(key.hash()) || state.queue.contains(key.text()) {
                 return;
             }
-            state.queue.change(key, Change::owned())
+            state.queue.change(key.text(), Change::owned())
         };
         self.wake(wake);
     }
@@ -280,13 +277,11 @@ impl Group {
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
-    pub fn exists_elsewhere(&self, key: &RequestKey) {
+    pub fn exists_elsewhere(&self, key: KeyRef<'_>) {
         // Decided under the state lock, like every decision against the slice.
         let mut state = self.state();
         let slice = self.slice.borrow();
-        state
-            .partition
-            .exists_elsewhere(&slice, &key.to_string(), key.hash64());
+        state.partition.exists_elsewhere(&slice, key);
     }
 
     /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
@@ -302,7 +297,7 @@ impl Group {
     /// holds it, else remembered in turn.
     pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
         for key in keys {
-            self.change(&key, Change::deletion());
+            self.change(KeyRef::new(&key), Change::deletion());
         }
     }
 
@@ -411,7 +406,7 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use kube_dispatch_proto::v1::Reason;
+    use kube_dispatch_proto::{RequestKey, v1::Reason};
 
     use super::*;
     use kube_dispatch_core::{backoff::Backoff, subscription::GroupSpec};
@@ -477,11 +472,13 @@ mod tests {
             deleted: true,
             ..modified()
         };
-        g.change(&gone, deleted());
-        g.change(&back, deleted());
+        g.change(KeyRef::from(&gone), deleted());
+        g.change(KeyRef::from(&back), deleted());
         // The object of `back` is created again.
         let name = back.trim_start_matches("/ConfigMap/ns/");
-        g.exists_elsewhere(&RequestKey::new("", "ConfigMap", "ns", name));
+        g.exists_elsewhere(KeyRef::from(
+            &RequestKey::new("", "ConfigMap", "ns", name).to_string(),
+        ));
         assert!(
             g.take(1, 10).is_empty(),
             "nothing of d1's is delivered here"
@@ -563,15 +560,15 @@ mod tests {
             .find(|k| !two.owns_str(k))
             .expect("d1 owns a key");
         let [seen, gone, owner, new] = <[String; 4]>::try_from(mine).expect("d0 owns keys");
-        g.observe(&seen, observed("5"), 1);
-        g.change(&gone, Change::deletion());
-        g.change(&owner, Change::owned());
+        g.observe(KeyRef::from(&seen), observed("5"), 1);
+        g.change(KeyRef::from(&gone), Change::deletion());
+        g.change(KeyRef::from(&owner), Change::owned());
         assert_eq!(take_all(&g).len(), 3);
 
-        g.fill(&seen, observed("3"), 1);
-        g.fill(&elsewhere, observed("3"), 1);
-        g.fill(&owner, observed("4"), 1);
-        g.fill(&new, observed("6"), 1);
+        g.fill(KeyRef::from(&seen), observed("3"), 1);
+        g.fill(KeyRef::from(&elsewhere), observed("3"), 1);
+        g.fill(KeyRef::from(&owner), observed("4"), 1);
+        g.fill(KeyRef::from(&new), observed("6"), 1);
         let mut got = take_all(&g);
         got.sort();
         assert_eq!(
@@ -583,7 +580,7 @@ mod tests {
             "only the key never seen and the owner known only by an owned object's change"
         );
         // What the list added is known now: an older list adds nothing again.
-        g.fill(&new, observed("6"), 1);
+        g.fill(KeyRef::from(&new), observed("6"), 1);
         assert!(take_all(&g).is_empty());
         cancel.cancel();
     }
@@ -605,17 +602,17 @@ mod tests {
             cancel.clone(),
         );
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
-        g.observe("k", observed("1"), 1);
-        g.observe("owner", observed("1"), 1);
+        g.observe(KeyRef::from("k"), observed("1"), 1);
+        g.observe(KeyRef::from("owner"), observed("1"), 1);
         assert_eq!(take_all(&g).len(), 2);
 
         let mut fenced = settled.clone();
         fenced.settled = None;
         tx.send_replace(Arc::new(fenced));
         g.apply_slice();
-        g.observe("k", observed("2"), 1);
-        g.observe("new", observed("2"), 1);
-        g.owned_changed("owner");
+        g.observe(KeyRef::from("k"), observed("2"), 1);
+        g.observe(KeyRef::from("new"), observed("2"), 1);
+        g.owned_changed(KeyRef::from("owner"));
         assert!(
             take_all(&g).is_empty(),
             "nothing is handed out while fenced"
@@ -643,7 +640,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
         let (slot, _) = g.add_session(1, "s1".into(), "a", Duration::from_secs(60));
-        g.change("k", modified());
+        g.change(KeyRef::from("k"), modified());
         let d = g.take(1, 10);
         assert_eq!(d.len(), 1);
         let failed_at = Instant::now();
@@ -666,7 +663,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
-        g.change("k", modified());
+        g.change(KeyRef::from("k"), modified());
         let d = g.take(1, 10);
         tokio::time::sleep(Duration::from_secs(29)).await;
         assert_eq!(g.ack(1, vec![]), 0);

@@ -43,6 +43,7 @@ use super::{
 use crate::group::Group;
 use kube_dispatch_core::{
     handover::Slice,
+    key::KeyRef,
     queue::{Change, Observed},
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},
 };
@@ -420,13 +421,14 @@ impl WatchTask {
     /// began.
     fn fill(&self, obj: &DynamicObject, epoch: u32, list: &SideList) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let key = object_key(&self.key.resource, obj);
-        let deleted_since = list.was_deleted(key.hash64());
+        let text = object_key(&self.key.resource, obj).to_string();
+        let key = KeyRef::new(&text);
+        let deleted_since = list.was_deleted(key.hash());
         let mut bodies = Bodies::default();
         for sub in subscribers.iter() {
             match &sub.owner {
                 None if !deleted_since => sub.group.fill(
-                    &key.to_string(),
+                    key,
                     Observed {
                         resource_version: obj.resource_version().unwrap_or_default(),
                         uid: obj.uid().unwrap_or_default(),
@@ -437,7 +439,7 @@ impl WatchTask {
                 None => {}
                 Some(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
-                        sub.group.fill_owned(&owner_key.to_string());
+                        sub.group.fill_owned(KeyRef::new(&owner_key.to_string()));
                     }
                 }
             }
@@ -451,8 +453,9 @@ impl WatchTask {
     fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let key = object_key(&self.key.resource, obj);
-        let place = place(&slice, key.hash64());
+        let text = object_key(&self.key.resource, obj).to_string();
+        let key = KeyRef::new(&text);
+        let place = place(&slice, key.hash());
         let mut bodies = Bodies::default();
         for sub in subscribers.iter() {
             match &sub.owner {
@@ -460,7 +463,7 @@ impl WatchTask {
                     if place == Place::Elsewhere {
                         if deleted {
                             sub.group.change(
-                                &key.to_string(),
+                                key,
                                 Change {
                                     reason: Reason::Deleted,
                                     resource_version: obj.resource_version().unwrap_or_default(),
@@ -470,17 +473,16 @@ impl WatchTask {
                                 },
                             );
                         } else {
-                            sub.group.exists_elsewhere(&key);
+                            sub.group.exists_elsewhere(key);
                         }
                         continue;
                     }
-                    let key = key.to_string();
                     let body = bodies.get(sub.payload, obj);
                     let resource_version = obj.resource_version().unwrap_or_default();
                     let uid = obj.uid().unwrap_or_default();
                     if deleted {
                         sub.group.change(
-                            &key,
+                            key,
                             Change {
                                 reason: Reason::Deleted,
                                 resource_version,
@@ -491,7 +493,7 @@ impl WatchTask {
                         );
                     } else {
                         sub.group.observe(
-                            &key,
+                            key,
                             Observed {
                                 resource_version,
                                 uid,
@@ -505,7 +507,7 @@ impl WatchTask {
                     let Some(key) = owner_key(obj, owner) else {
                         continue;
                     };
-                    sub.group.owned_changed(&key.to_string());
+                    sub.group.owned_changed(KeyRef::new(&key.to_string()));
                 }
             }
         }
