@@ -472,7 +472,11 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
                         && *at <= *to + Duration::from_secs(4)
                 })
             });
-            (crash, format!("{k}; faults around it: {near:?}"))
+            let history = world.journal.history(key, began, 8);
+            (
+                crash,
+                format!("{k}; faults around it: {near:?}; last events: {history}"),
+            )
         })
         .partition(|(crash, _)| *crash);
     let strip = |v: Vec<(bool, String)>| v.into_iter().map(|(_, k)| k).collect::<Vec<_>>();
@@ -854,6 +858,7 @@ impl Writer {
                     let mut s = self.state.lock().await;
                     s.live.remove(&k);
                     s.deleted.insert(k.clone(), before);
+                    self.journal.deleted(k.clone());
                     s.owned.remove(&k);
                     return Ok(());
                 }

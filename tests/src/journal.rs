@@ -53,6 +53,8 @@ pub struct Write {
 struct Entries {
     reconciles: Vec<Reconcile>,
     writes: Vec<Write>,
+    /// Deletions the writer made: key, and when the API server answered.
+    deletions: Vec<(String, Instant)>,
 }
 
 /// The shared record; cheap to clone.
@@ -125,6 +127,49 @@ impl Journal {
                 r.end = Some(now);
             }
         }
+    }
+
+    /// Records that the writer deleted `key` now.
+    pub fn deleted(&self, key: String) {
+        self.entries().deletions.push((key, Instant::now()));
+    }
+
+    /// What happened to `key`, oldest first, the last `most` events: each write (`w<rv>`),
+    /// deletion (`del`) and reconcile (`r<rv>` by its replica, `r-del` for a deleted object,
+    /// with its end), at seconds since `origin`. For a loss report: it shows whether the last
+    /// reconcile came before or after the last write, and what it saw.
+    pub fn history(&self, key: &str, origin: Instant, most: usize) -> String {
+        let entries = self.entries();
+        let at = |t: Instant| t.saturating_duration_since(origin).as_secs_f64();
+        let mut events: Vec<(Instant, String)> = Vec::new();
+        for w in entries.writes.iter().filter(|w| w.key == key) {
+            events.push((w.at, format!("{:.2}s w{}", at(w.at), w.resource_version)));
+        }
+        for (_, t) in entries.deletions.iter().filter(|(k, _)| k == key) {
+            events.push((*t, format!("{:.2}s del", at(*t))));
+        }
+        for r in entries.reconciles.iter().filter(|r| r.key == key) {
+            let seen = if r.deleted {
+                "r-del".to_owned()
+            } else {
+                format!("r{}", r.resource_version)
+            };
+            let end = r
+                .end
+                .map_or_else(|| "running".to_owned(), |e| format!("{:.2}s", at(e)));
+            events.push((
+                r.start,
+                format!("{:.2}s {seen} by {} to {end}", at(r.start), r.replica),
+            ));
+        }
+        events.sort_by_key(|(t, _)| *t);
+        let skip = events.len().saturating_sub(most);
+        events
+            .into_iter()
+            .skip(skip)
+            .map(|(_, e)| e)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Records a write.
@@ -526,4 +571,37 @@ pub async fn write_configmaps(
         }
     }
     Ok(writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loss report shows what happened to the key, oldest first: here the last reconcile saw
+    /// the object deleted before it was written again and deleted again.
+    #[tokio::test(start_paused = true)]
+    async fn the_history_of_a_key_lists_writes_deletions_and_reconciles_in_order() {
+        let origin = Instant::now();
+        let journal = Journal::default();
+        let step = || tokio::time::advance(Duration::from_millis(500));
+        journal.wrote("ns/a".into(), 10);
+        step().await;
+        let first = journal.begin("ns/a".into(), 10, "r0");
+        journal.end(first);
+        step().await;
+        journal.deleted("ns/a".into());
+        journal.wrote("ns/b".into(), 11);
+        step().await;
+        let gone = journal.begin_with("ns/a".into(), 10, true, "r1");
+        journal.end(gone);
+        step().await;
+        journal.wrote("ns/a".into(), 12);
+        step().await;
+        journal.deleted("ns/a".into());
+        assert_eq!(
+            journal.history("ns/a", origin, 8),
+            "0.00s w10, 0.50s r10 by r0 to 0.50s, 1.00s del, 1.50s r-del by r1 to 1.50s, 2.00s w12, 2.50s del"
+        );
+        assert_eq!(journal.history("ns/a", origin, 2), "2.00s w12, 2.50s del");
+    }
 }
