@@ -160,6 +160,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let limit_flags = LimitFlags::of(&args);
     let Args {
         id,
         pod_name,
@@ -177,21 +179,18 @@ async fn main() -> anyhow::Result<()> {
         session_ttl,
         max_session_ttl,
         max_poll_wait,
-        max_poll_items,
         backoff_base,
         backoff_cap,
         max_reconcile_time,
-        max_sessions,
-        max_sessions_per_group,
         max_message_bytes,
-        body_budget_bytes,
         watch_grace,
         idle_group_grace,
         max_recent_deletions,
         status_interval,
         drain_timeout,
         log_json,
-    } = Args::parse();
+        ..
+    } = args;
     logging::init(log_json);
 
     let identity = id
@@ -222,18 +221,6 @@ async fn main() -> anyhow::Result<()> {
         "--backoff-base must not exceed --backoff-cap"
     );
 
-    let limit_flags = LimitFlags {
-        session_ttl,
-        max_session_ttl,
-        max_poll_wait,
-        max_poll_items,
-        backoff_base,
-        backoff_cap,
-        max_reconcile_time,
-        max_sessions,
-        max_sessions_per_group,
-        body_budget_bytes,
-    };
     let client = client::from_kubeconfig(kubeconfig.as_deref()).await?;
     let max_ttl = max_session_ttl.max(session_ttl);
     let membership = if members.is_empty() {
@@ -288,6 +275,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The flags that set the client limits and the queue.
+#[derive(Clone, Copy)]
 struct LimitFlags {
     session_ttl: Duration,
     max_session_ttl: Duration,
@@ -299,6 +287,23 @@ struct LimitFlags {
     max_sessions: usize,
     max_sessions_per_group: usize,
     body_budget_bytes: usize,
+}
+
+impl LimitFlags {
+    fn of(args: &Args) -> Self {
+        Self {
+            session_ttl: args.session_ttl,
+            max_session_ttl: args.max_session_ttl,
+            max_poll_wait: args.max_poll_wait,
+            max_poll_items: args.max_poll_items,
+            backoff_base: args.backoff_base,
+            backoff_cap: args.backoff_cap,
+            max_reconcile_time: args.max_reconcile_time,
+            max_sessions: args.max_sessions,
+            max_sessions_per_group: args.max_sessions_per_group,
+            body_budget_bytes: args.body_budget_bytes,
+        }
+    }
 }
 
 /// The client limits the flags set.
@@ -334,31 +339,7 @@ mod tests {
     /// The library's defaults (used by tests and embedders) are the flags' defaults.
     #[test]
     fn the_flag_defaults_are_the_library_defaults() {
-        let Args {
-            session_ttl,
-            max_session_ttl,
-            max_poll_wait,
-            max_poll_items,
-            backoff_base,
-            backoff_cap,
-            max_reconcile_time,
-            max_sessions,
-            max_sessions_per_group,
-            body_budget_bytes,
-            ..
-        } = Args::parse_from(["kube-dispatch-dispatcher"]);
-        let flags = LimitFlags {
-            session_ttl,
-            max_session_ttl,
-            max_poll_wait,
-            max_poll_items,
-            backoff_base,
-            backoff_cap,
-            max_reconcile_time,
-            max_sessions,
-            max_sessions_per_group,
-            body_budget_bytes,
-        };
+        let flags = LimitFlags::of(&Args::parse_from(["kube-dispatch-dispatcher"]));
         assert_eq!(limits(&flags), Limits::default());
         assert_eq!(queue_config(&flags), QueueConfig::default());
     }
