@@ -129,6 +129,20 @@ impl Journal {
         }
     }
 
+    /// Whether the last reconcile of `key` was given a deleted object: the controllers' last
+    /// view of it is "gone". A deletion not followed by a reconcile still leaves them at its
+    /// final state when every version written since that reconcile went unseen: created and
+    /// deleted again while no watch of its dispatcher could show it, as any level-triggered
+    /// watcher (an informer's re-list too) may miss.
+    pub fn last_view_is_deleted(&self, key: &str) -> bool {
+        self.entries()
+            .reconciles
+            .iter()
+            .filter(|r| r.key == key)
+            .max_by_key(|r| r.start)
+            .is_some_and(|r| r.deleted)
+    }
+
     /// Records that the writer deleted `key` now.
     pub fn deleted(&self, key: String) {
         self.entries().deletions.push((key, Instant::now()));
@@ -603,5 +617,14 @@ mod tests {
             "0.00s w10, 0.50s r10 by r0 to 0.50s, 1.00s del, 1.50s r-del by r1 to 1.50s, 2.00s w12, 2.50s del"
         );
         assert_eq!(journal.history("ns/a", origin, 2), "2.00s w12, 2.50s del");
+        // Its last reconcile saw it gone, and none saw the re-creation: the controllers' last
+        // view is its final state.
+        assert!(journal.last_view_is_deleted("ns/a"));
+        // Had a reconcile seen the re-creation, the deletion after it would be a loss.
+        step().await;
+        let seen = journal.begin("ns/a".into(), 12, "r0");
+        journal.end(seen);
+        assert!(!journal.last_view_is_deleted("ns/a"));
+        assert!(!journal.last_view_is_deleted("ns/b"), "never reconciled");
     }
 }
