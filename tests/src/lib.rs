@@ -20,6 +20,17 @@
 //! # }
 //! ```
 
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | this one | the shared control plane ([`Cluster`]) and per-test namespaces ([`TestNamespace`]) |
+//! | [`dispatcher`] | in-process dispatchers and raw sessions for tests ([`dispatcher::TestDispatcher`]) |
+//! | [`loadbalancer`] | in-process load balancers |
+//! | [`journal`] | the record of writes and reconciles, its verdicts, and the journal replica |
+//! | [`chaos`] | the chaos suite: the whole tier under seeded faults, and its report |
+//! | [`faultproxy`] | a loopback TCP proxy that cuts, stalls and delays connections |
+//! | [`isolated`] | a component on a runtime of its own, so a test can kill it as a crash would |
+
 #![forbid(unsafe_code)]
 
 pub mod chaos;
