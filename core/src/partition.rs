@@ -212,15 +212,11 @@ mod tests {
     }
 
     /// A key that `owner` owns on a ring of `members`.
-    fn key_of(owner: &str, members: &[&str]) -> (String, u64) {
+    fn key_of(owner: &str, members: &[&str]) -> String {
         let ring = Ring::new(members.iter().copied());
         (0..1000)
             .map(|i| format!("/ConfigMap/ns/k-{i}"))
-            .map(|k| {
-                let hash = hash64(k.as_bytes());
-                (k, hash)
-            })
-            .find(|(_, hash)| ring.owner_of_hash(*hash) == Some(owner))
+            .find(|k| ring.owner_of_hash(hash64(k.as_bytes())) == Some(owner))
             .expect("one of 1000 keys falls on the owner")
     }
 
@@ -251,7 +247,7 @@ mod tests {
     fn a_deletion_of_a_key_owned_elsewhere_is_delivered_once_the_key_moves_here() {
         let now = Instant::now();
         // d0 and d1; the key is d1's. d1 leaves: the key moves to d0.
-        let (key, _) = key_of("d1", &["d0", "d1"]);
+        let key = key_of("d1", &["d0", "d1"]);
         let before = fixed("d0", &["d0", "d1"]);
         let mut queue = queue();
         let mut p = Partition::new("g", before.clone(), REMEMBER);
@@ -274,7 +270,7 @@ mod tests {
     #[test]
     fn a_key_seen_to_exist_after_its_deletion_is_not_delivered_as_deleted() {
         let now = Instant::now();
-        let (key, _) = key_of("d1", &["d0", "d1"]);
+        let key = key_of("d1", &["d0", "d1"]);
         let before = fixed("d0", &["d0", "d1"]);
         let mut queue = queue();
         let mut p = Partition::new("g", before.clone(), REMEMBER);
@@ -290,7 +286,7 @@ mod tests {
         let now = Instant::now();
         // d0 takes over d1's key; while the handover holds it, the key is deleted; the ring
         // flaps back before the handover completes.
-        let (key, _) = key_of("d1", &["d0", "d1"]);
+        let key = key_of("d1", &["d0", "d1"]);
         let mut queue = queue();
         let during = moving("d0", &["d0"], &["d0", "d1"]);
         let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
@@ -310,14 +306,14 @@ mod tests {
     #[test]
     fn a_served_key_goes_to_the_queue_and_one_owned_while_nothing_is_served_is_kept() {
         let now = Instant::now();
-        let (key, _) = key_of("d0", &["d0", "d1"]);
+        let key = key_of("d0", &["d0", "d1"]);
         let serving = fixed("d0", &["d0", "d1"]);
         let mut p = Partition::new("g", serving.clone(), REMEMBER);
         assert!(p.admits(&serving, KeyRef::new(&key), Some(false), now));
         let starting = Arc::new(serving.closed());
         assert!(!p.admits(&starting, KeyRef::new(&key), Some(false), now));
         assert!(Partition::keeps(&starting, &queue(), KeyRef::new(&key)));
-        let (other, _) = key_of("d1", &["d0", "d1"]);
+        let other = key_of("d1", &["d0", "d1"]);
         assert!(!Partition::keeps(&starting, &queue(), KeyRef::new(&other)));
         assert!(
             !Partition::keeps(&serving, &queue(), KeyRef::new(&key)),
@@ -328,7 +324,7 @@ mod tests {
     #[test]
     fn keys_that_moved_away_hold_back_the_release_until_delivered_and_settled() {
         let now = Instant::now();
-        let (key, _) = key_of("d1", &["d0", "d1"]);
+        let key = key_of("d1", &["d0", "d1"]);
         let mut queue = queue();
         let alone = fixed("d0", &["d0"]);
         let mut p = Partition::new("g", alone.clone(), REMEMBER);

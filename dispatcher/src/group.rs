@@ -345,7 +345,7 @@ impl Group {
 
     /// Settles deliveries; returns how many were not in flight on the session.
     pub fn ack(&self, session: SessionId, acks: Vec<(DeliveryId, Outcome)>) -> usize {
-        let now = Instant::now().into_std();
+        let now = Self::now();
         let mut unknown = 0;
         let mut wake = Vec::new();
         {
@@ -371,7 +371,7 @@ impl Group {
             if self.slice.borrow().settled.is_none() {
                 return Vec::new();
             }
-            queue.take(session, max, Instant::now().into_std())
+            queue.take(session, max, Self::now())
         };
         if !out.is_empty() {
             self.timers_changed.notify_one();
@@ -399,7 +399,7 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
             () = &mut changed => continue,
             () = sleep => {}
         }
-        let wake = group.state().queue.advance(Instant::now().into_std());
+        let wake = group.state().queue.advance(Group::now());
         group.wake(wake);
     }
 }

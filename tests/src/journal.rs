@@ -373,7 +373,7 @@ pub struct JournalReplica {
     work: Option<Duration>,
     ttl: Duration,
     concurrency: usize,
-    target: Target,
+    target: Option<Target>,
 }
 
 #[derive(Clone, Debug)]
@@ -395,19 +395,19 @@ impl JournalReplica {
             work: Some(Duration::ZERO),
             ttl: Duration::from_secs(3),
             concurrency: 4,
-            target: Target::Dispatcher(String::new()),
+            target: None,
         }
     }
 
     /// Registers with the load balancer at `address`.
     pub fn load_balancer(mut self, address: std::net::SocketAddr) -> Self {
-        self.target = Target::LoadBalancer(address);
+        self.target = Some(Target::LoadBalancer(address));
         self
     }
 
     /// Polls the dispatcher at `address` (`http://host:port`) only.
     pub fn dispatcher(mut self, address: impl Into<String>) -> Self {
-        self.target = Target::Dispatcher(address.into());
+        self.target = Some(Target::Dispatcher(address.into()));
         self
     }
 
@@ -448,8 +448,14 @@ impl JournalReplica {
             .concurrency(self.concurrency)
             .session_ttl(self.ttl);
         let controller = match self.target {
-            Target::LoadBalancer(address) => controller.load_balancer(format!("http://{address}")),
-            Target::Dispatcher(address) => controller.dispatchers([address]),
+            Some(Target::LoadBalancer(address)) => {
+                controller.load_balancer(format!("http://{address}"))
+            }
+            Some(Target::Dispatcher(address)) => controller.dispatchers([address]),
+            None => panic!(
+                "journal replica {:?} has nowhere to poll: call load_balancer() or dispatcher()",
+                ctx.replica
+            ),
         };
         (controller, ctx)
     }
