@@ -4,7 +4,10 @@ use std::{future::Future, marker::PhantomData, pin::Pin, sync::Arc, time::Durati
 
 use futures::Stream;
 use kube::{Client, Resource, runtime::reflector::ObjectRef};
-use kube_dispatch_proto::v1::{PayloadMode, ResourceRef, Subscription};
+use kube_dispatch_proto::{
+    credentials::Credentials,
+    v1::{PayloadMode, ResourceRef, Subscription},
+};
 use serde::de::DeserializeOwned;
 
 use crate::{Action, Error, Health, runtime};
@@ -57,6 +60,7 @@ pub struct Controller<K: Resource> {
     pub(crate) owned: Vec<Subscription>,
     pub(crate) dispatchers: Vec<String>,
     pub(crate) load_balancer: Option<String>,
+    pub(crate) credentials: Credentials,
     pub(crate) concurrency: usize,
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
@@ -123,6 +127,7 @@ where
             owned: Vec::new(),
             dispatchers: Vec::new(),
             load_balancer: None,
+            credentials: Credentials::from_env(),
             concurrency: 16,
             session_ttl: Duration::from_secs(10),
             shutdown: None,
@@ -185,7 +190,16 @@ where
         self
     }
 
-    /// Poll exactly these dispatchers (`http://host:port`) instead of asking the load
+    /// How the replica reaches the tier: TLS trust and its ServiceAccount token. Default:
+    /// [`Credentials::from_env`] (TLS against the CA bundle and with the projected token that
+    /// `deploy/` mounts under `/var/run/secrets/kube-dispatch/`).
+    #[must_use]
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// Poll exactly these dispatchers (`host:port`) instead of asking the load
     /// balancer: every replica then polls every one of them.
     #[must_use]
     pub fn dispatchers<I, S>(mut self, addresses: I) -> Self
@@ -197,7 +211,7 @@ where
         self
     }
 
-    /// The load balancer to register with (`http://host:port`); it says which dispatchers this
+    /// The load balancer to register with (`host:port`); it says which dispatchers this
     /// replica polls, and changes that as dispatchers and replicas come and go. This is the
     /// default: without this call or [`Self::dispatchers`], the address comes from the
     /// `KD_LOADBALANCER` environment variable, else

@@ -2,16 +2,18 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use kube_dispatch_proto::v1::{RegisterRequest, load_balancer_client::LoadBalancerClient};
+use kube_dispatch_proto::{
+    credentials::{AuthChannel, Credentials},
+    v1::{RegisterRequest, load_balancer_client::LoadBalancerClient},
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
 use crate::reconnect::reconnect_backoff;
 
 /// The load balancer's address when none is configured: its Service as `deploy/` installs it.
-pub const DEFAULT_LOAD_BALANCER: &str = "http://kube-dispatch-loadbalancer.kube-dispatch.svc:7071";
+pub const DEFAULT_LOAD_BALANCER: &str = "kube-dispatch-loadbalancer.kube-dispatch.svc:7071";
 
 /// Where a replica learns its dispatchers.
 #[derive(Clone, Debug)]
@@ -27,21 +29,12 @@ impl Source {
     /// named by `KD_LOADBALANCER`, else [`DEFAULT_LOAD_BALANCER`].
     pub(crate) fn new(dispatchers: Vec<String>, load_balancer: Option<String>) -> Self {
         if !dispatchers.is_empty() {
-            return Self::Fixed(dispatchers.into_iter().map(|a| with_scheme(&a)).collect());
+            return Self::Fixed(dispatchers.into_iter().collect());
         }
         let address = load_balancer
             .or_else(|| std::env::var("KD_LOADBALANCER").ok())
             .unwrap_or_else(|| DEFAULT_LOAD_BALANCER.to_owned());
-        Self::LoadBalancer(with_scheme(&address))
-    }
-}
-
-/// `http://` in front of a bare `host:port`.
-pub(crate) fn with_scheme(address: &str) -> String {
-    if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
+        Self::LoadBalancer(address)
     }
 }
 
@@ -62,6 +55,7 @@ const MAX_REDIRECTS: u32 = 3;
 /// assignment stays in force (the replica keeps polling what it has) while it retries.
 pub(crate) async fn follow_load_balancer(
     address: String,
+    credentials: Credentials,
     request: RegisterRequest,
     targets: watch::Sender<BTreeSet<String>>,
     stop: CancellationToken,
@@ -70,11 +64,11 @@ pub(crate) async fn follow_load_balancer(
     let mut current = address.clone();
     let mut redirects = 0u32;
     while !stop.is_cancelled() {
-        let delay = match register(&current, &request, &targets, &stop).await {
+        let delay = match register(&credentials, &current, &request, &targets, &stop).await {
             Ok((Ended::Redirect(leader), _)) if redirects < MAX_REDIRECTS => {
                 redirects += 1;
                 info!(load_balancer = %leader, "redirected to the leading load balancer");
-                current = with_scheme(&leader);
+                current = leader;
                 continue;
             }
             Ok((Ended::Redirect(leader), _)) => {
@@ -108,13 +102,15 @@ pub(crate) async fn follow_load_balancer(
 
 /// One registration stream. Returns how it ended and whether it delivered an assignment.
 async fn register(
+    credentials: &Credentials,
     address: &str,
     request: &RegisterRequest,
     targets: &watch::Sender<BTreeSet<String>>,
     stop: &CancellationToken,
 ) -> Result<(Ended, bool), tonic::Status> {
-    let channel = Endpoint::from_shared(address.to_owned())
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad load balancer address: {e}")))?
+    let channel = credentials
+        .endpoint(address)
+        .map_err(|e| tonic::Status::invalid_argument(format!("load balancer: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         // A leader that vanishes without closing the connection is noticed within seconds.
         .http2_keep_alive_interval(Duration::from_secs(5))
@@ -123,10 +119,9 @@ async fn register(
         .connect()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("cannot connect to {address}: {e}")))?;
-    let mut stream = LoadBalancerClient::new(channel)
-        .register(request.clone())
-        .await?
-        .into_inner();
+    let mut client: LoadBalancerClient<AuthChannel> =
+        LoadBalancerClient::with_interceptor(channel, credentials.bearer());
+    let mut stream = client.register(request.clone()).await?.into_inner();
     let mut assigned = false;
     loop {
         let message = tokio::select! {
@@ -140,11 +135,7 @@ async fn register(
             return Ok((Ended::Redirect(assignment.leader), assigned));
         }
         assigned = true;
-        let set: BTreeSet<String> = assignment
-            .dispatchers
-            .iter()
-            .map(|a| with_scheme(a))
-            .collect();
+        let set: BTreeSet<String> = assignment.dispatchers.iter().cloned().collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
         targets.send_replace(set);
     }
@@ -246,7 +237,8 @@ mod tests {
         let standby = serve(standby, &stop).await;
         let (targets, mut assigned) = watch::channel(BTreeSet::new());
         let follow = tokio::spawn(follow_load_balancer(
-            format!("http://{standby}"),
+            standby.to_string(),
+            Credentials::plaintext(),
             RegisterRequest::default(),
             targets,
             stop.clone(),
@@ -261,10 +253,7 @@ mod tests {
         let Ok(Ok(dispatchers)) = reached else {
             panic!("no assignment within 30 s; the leader was asked {calls} times");
         };
-        assert_eq!(
-            dispatchers,
-            BTreeSet::from(["http://127.0.0.1:7070".to_owned()])
-        );
+        assert_eq!(dispatchers, BTreeSet::from(["127.0.0.1:7070".to_owned()]));
         assert_eq!(calls, MAX_REDIRECTS + 2);
         stop.cancel();
         follow.await.expect("the registration task ends on stop");

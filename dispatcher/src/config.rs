@@ -1,6 +1,7 @@
 //! Every setting of a dispatcher, in one place: what [`crate::serve::serve`] runs with
 //! ([`ServeConfig`]), where the ring comes from ([`Membership`], [`LeaseConfig`]), the group and
-//! session table's settings ([`Settings`]) and the client limits ([`Limits`]). The queue's own
+//! session table's settings ([`Settings`]), the client limits ([`Limits`]) and security
+//! ([`SecurityConfig`]). The queue's own
 //! settings and what groups remember of deletions are the core's
 //! ([`QueueConfig`], [`kube_dispatch_core::recent_deletions::RecentDeletionsConfig`]). The
 //! binary's flags map onto these; their defaults are the flags' defaults.
@@ -8,6 +9,8 @@
 use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
+
+pub use crate::security::SecurityConfig;
 
 /// Limits that protect the dispatcher from misbehaving clients. The defaults are the flags'
 /// defaults (`kube-dispatch-dispatcher --help`).
@@ -81,6 +84,8 @@ pub struct ServeConfig {
     pub max_message_bytes: usize,
     /// Longest the drain may take after shutdown begins.
     pub drain_timeout: Duration,
+    /// TLS, authentication and authorization.
+    pub security: SecurityConfig,
 }
 
 /// Where a dispatcher's ring comes from.

@@ -23,6 +23,7 @@ use kube_dispatch_core::{
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::ring_id;
+use kube_dispatch_runtime::auth::{Caller, Identity};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -108,6 +109,26 @@ pub enum SessionError {
         /// The session id given.
         session: String,
     },
+    /// The group was created by another identity (`proto/kubedispatch/v1/security.md`).
+    #[error(
+        "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
+    )]
+    NotOwner {
+        /// The group.
+        group: String,
+        /// The identity that created it.
+        owner: String,
+        /// The caller.
+        caller: String,
+    },
+    /// The session was opened by another identity.
+    #[error("session {session:?} was not opened by {caller}")]
+    NotYours {
+        /// The session id given.
+        session: String,
+        /// The caller.
+        caller: String,
+    },
 }
 
 /// A session just opened.
@@ -137,12 +158,16 @@ pub(crate) struct SessionRef {
     pub(crate) group: Arc<Group>,
     pub(crate) id: SessionId,
     pub(crate) slot: Arc<SessionSlot>,
+    /// Who opened it; `None` when authentication is off.
+    caller: Option<Arc<Identity>>,
 }
 
 pub(crate) struct GroupEntry {
     pub(crate) group: Arc<Group>,
     cancel: CancellationToken,
     empty_since: Option<Instant>,
+    /// The user that created the group; `None` when authentication is off.
+    owner: Option<String>,
 }
 
 /// Counters reported in logs and, later, metrics.
@@ -318,9 +343,10 @@ impl Groups {
         replica: &str,
         spec: &GroupSpec,
         ttl: Duration,
+        caller: &Caller,
     ) -> Result<Opened, SessionError> {
         self.admits(group, replica)?;
-        let (group, created) = self.group_for(group, replica, spec)?;
+        let (group, created) = self.group_for(group, replica, spec, caller)?;
         if created {
             self.subscribe_all(&group).await?;
         }
@@ -342,6 +368,7 @@ impl Groups {
                 group: group.clone(),
                 id,
                 slot,
+                caller: caller.identity().cloned(),
             },
         );
         drop(sessions);
@@ -359,11 +386,12 @@ impl Groups {
     pub async fn poll(
         &self,
         session: &str,
+        caller: &Caller,
         acks: Vec<(DeliveryId, Outcome)>,
         wait: Duration,
         max: usize,
     ) -> Result<Polled, SessionError> {
-        let (group, id, slot) = self.lookup(session)?;
+        let (group, id, slot) = self.lookup(session, caller)?;
         let received = Instant::now();
         renew(&slot);
         let wait = wait.min(slot.ttl / 2);
@@ -406,28 +434,47 @@ impl Groups {
     }
 
     /// Settles `acks` of `session`, which renews it.
-    pub fn ack(&self, session: &str, acks: Vec<(DeliveryId, Outcome)>) -> Result<(), SessionError> {
-        let (group, id, slot) = self.lookup(session)?;
+    pub fn ack(
+        &self,
+        session: &str,
+        caller: &Caller,
+        acks: Vec<(DeliveryId, Outcome)>,
+    ) -> Result<(), SessionError> {
+        let (group, id, slot) = self.lookup(session, caller)?;
         renew(&slot);
         self.settle(&group, id, session, acks);
         Ok(())
     }
 
     /// Closes `session`: what it has in flight goes to the group's other sessions at once.
-    pub fn close(&self, session: &str) -> Result<(), SessionError> {
-        let Some(s) = self.sessions().remove(session) else {
+    pub fn close(&self, session: &str, caller: &Caller) -> Result<(), SessionError> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session) else {
             return Err(SessionError::NotOpen {
                 session: session.to_owned(),
             });
         };
+        check_opener(s, session, caller)?;
+        let Some(s) = sessions.remove(session) else {
+            return Err(SessionError::NotOpen {
+                session: session.to_owned(),
+            });
+        };
+        drop(sessions);
         info!(%session, group = %s.group.name, "session closed: its in-flight keys are released");
         s.group.remove_session(s.id);
         Ok(())
     }
 
+    /// The group spec of `session` if `caller` opened it, to check access before a poll.
+    pub fn spec_of(&self, session: &str, caller: &Caller) -> Result<Arc<Group>, SessionError> {
+        Ok(self.lookup(session, caller)?.0)
+    }
+
     fn lookup(
         &self,
         session: &str,
+        caller: &Caller,
     ) -> Result<(Arc<Group>, SessionId, Arc<SessionSlot>), SessionError> {
         let mut sessions = self.sessions();
         let Some(s) = sessions.get(session) else {
@@ -436,6 +483,7 @@ impl Groups {
                 identity: self.settings.identity.clone(),
             });
         };
+        check_opener(s, session, caller)?;
         if !s.group.has_session(s.id) {
             // Replaced by a newer session of the same replica.
             sessions.remove(session);
@@ -453,9 +501,21 @@ impl Groups {
         name: &str,
         replica: &str,
         spec: &GroupSpec,
+        caller: &Caller,
     ) -> Result<(Arc<Group>, bool), SessionError> {
         let mut groups = self.groups();
+        let user = caller.identity().map(|i| i.username.clone());
         if let Some(entry) = groups.get(name) {
+            // A group stays its creator's for as long as it exists here (idle included).
+            if let Some(owner) = &entry.owner
+                && user.as_ref() != Some(owner)
+            {
+                return Err(SessionError::NotOwner {
+                    group: name.to_owned(),
+                    owner: owner.clone(),
+                    caller: caller.name().to_owned(),
+                });
+            }
             if entry.group.spec == *spec {
                 // A replica reopening replaces its session: it takes no new slot.
                 let max = self.settings.limits.max_sessions_per_group;
@@ -501,6 +561,7 @@ impl Groups {
                 group: group.clone(),
                 cancel,
                 empty_since: None,
+                owner: user,
             },
         );
         Ok((group, true))
@@ -631,4 +692,16 @@ impl Groups {
 /// Extends a session by its ttl.
 fn renew(slot: &SessionSlot) {
     *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + slot.ttl;
+}
+
+/// Ok if `caller` opened `s` (or nobody is authenticated).
+fn check_opener(s: &SessionRef, session: &str, caller: &Caller) -> Result<(), SessionError> {
+    match (&s.caller, caller.identity()) {
+        (None, _) => Ok(()),
+        (Some(opener), Some(c)) if opener.username == c.username => Ok(()),
+        (Some(_), _) => Err(SessionError::NotYours {
+            session: session.to_owned(),
+            caller: caller.name().to_owned(),
+        }),
+    }
 }

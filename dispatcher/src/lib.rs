@@ -13,6 +13,7 @@
 //! | [`config`] | every setting: what `serve` runs with, membership and Leases, the table, client limits |
 //! | [`serve`] | wiring: watches, groups, membership and the gRPC server; the drain |
 //! | [`groups`] | the group and session table: open, poll, ack, close, in domain terms |
+//! | [`security`] | who may do what: TLS, authenticated callers, read access per group, Peer callers |
 //! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
@@ -26,4 +27,5 @@ pub mod groups;
 pub mod grpc;
 mod housekeeping;
 pub mod k8s;
+pub mod security;
 pub mod serve;

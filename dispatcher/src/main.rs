@@ -6,10 +6,14 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{LeaseConfig, Limits, Membership, ServeConfig, Settings},
+    config::{LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, Settings},
     serve::serve,
 };
-use kube_dispatch_runtime::{client, logging, signal};
+use kube_dispatch_runtime::{
+    client,
+    flags::{CallFlags, SecurityFlags},
+    logging, signal,
+};
 use tokio_util::sync::CancellationToken;
 
 /// kube-dispatch dispatcher: holds one non-caching watch per subscribed resource, keeps the keys
@@ -156,6 +160,23 @@ struct Args {
     /// level comes from RUST_LOG (default info).
     #[arg(long, env = "KD_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     log_json: bool,
+
+    /// Users allowed to call the Peer service (repeat for several). Default: this dispatcher's
+    /// own user as the API server names it, which every pod of the StatefulSet shares.
+    #[arg(long = "peer-user", env = "KD_PEER_USERS", value_delimiter = ',')]
+    peer_users: Vec<String>,
+
+    /// Longest a controller's read access is trusted before it is reviewed again
+    /// (SubjectAccessReview): a removed RoleBinding ends its sessions within this, plus one
+    /// poll.
+    #[arg(long, env = "KD_AUTHORIZATION_RECHECK", default_value = "2m", value_parser = humantime::parse_duration)]
+    authorization_recheck: Duration,
+
+    #[command(flatten)]
+    security: SecurityFlags,
+
+    #[command(flatten)]
+    calls: CallFlags,
 }
 
 #[tokio::main]
@@ -189,6 +210,10 @@ async fn main() -> anyhow::Result<()> {
         status_interval,
         drain_timeout,
         log_json,
+        peer_users,
+        authorization_recheck,
+        security,
+        calls,
         ..
     } = args;
     logging::init(log_json);
@@ -221,6 +246,13 @@ async fn main() -> anyhow::Result<()> {
         "--backoff-base must not exceed --backoff-cap"
     );
 
+    let security = SecurityConfig {
+        transport: security.transport()?,
+        authentication: security.authentication()?,
+        authorization: security.authorization(authorization_recheck)?,
+        peer_credentials: calls.credentials(&security)?,
+        peer_users: (!peer_users.is_empty()).then_some(peer_users),
+    };
     let client = client::from_kubeconfig(kubeconfig.as_deref()).await?;
     let max_ttl = max_session_ttl.max(session_ttl);
     let membership = if members.is_empty() {
@@ -264,6 +296,7 @@ async fn main() -> anyhow::Result<()> {
             watch_grace,
             max_message_bytes,
             drain_timeout,
+            security,
         },
         client,
         listener,

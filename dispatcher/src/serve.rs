@@ -14,6 +14,7 @@ use kube_dispatch_proto::{
     Ring,
     v1::{FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer, peer_server::PeerServer},
 };
+use kube_dispatch_runtime::auth::AuthLayer;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -26,6 +27,7 @@ use crate::{
     grpc::{dispatcher::DispatcherService, peer::PeerService},
     housekeeping,
     k8s::{discovery::Resolver, membership, watch::Watches},
+    security::Guard,
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 
@@ -46,6 +48,12 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The serving certificate could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] kube_dispatch_runtime::tls::TlsError),
+    /// This dispatcher's own identity could not be learned (SelfSubjectReview).
+    #[error("cannot learn this dispatcher's own identity (SelfSubjectReview): {0}")]
+    OwnIdentity(#[source] kube::Error),
 }
 
 /// A running dispatcher's handles, for callers that drive it in-process (tests, benches).
@@ -101,6 +109,15 @@ pub async fn serve(
             capacity: config.settings.max_recent_deletions,
         },
     };
+    let guard = Arc::new(
+        Guard::new(&config.security, &client)
+            .await
+            .map_err(ServeError::OwnIdentity)?,
+    );
+    kube_dispatch_runtime::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
+    guard.authentication().warn_if_anonymous("dispatcher");
+    let local = listener.local_addr().ok();
+    let incoming = kube_dispatch_runtime::tls::incoming(listener, &config.security.transport)?;
     let resolver = Resolver::new(client.clone());
     let groups = Groups::new(
         config.settings.clone(),
@@ -147,12 +164,15 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let dispatcher = DispatcherServer::new(DispatcherService::new(groups.clone(), resolver))
-        .max_decoding_message_size(config.max_message_bytes);
-    let peer = PeerServer::new(PeerService::new(groups.clone()))
+    let dispatcher = DispatcherServer::new(DispatcherService::new(
+        groups.clone(),
+        resolver,
+        guard.clone(),
+    ))
+    .max_decoding_message_size(config.max_message_bytes);
+    let peer = PeerServer::new(PeerService::new(groups.clone(), guard.clone()))
         .max_decoding_message_size(config.max_message_bytes);
 
-    let local = listener.local_addr().ok();
     info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
     if let Some(started) = started {
         let _ = started.send(Handles {
@@ -204,12 +224,13 @@ pub async fn serve(
         }
     };
     // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
-    // without TCP_NODELAY every long-poll response stalled about 40 ms on loopback.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // `incoming` sets TCP_NODELAY (without it every long-poll response stalled about 40 ms on
+    // loopback).
     let server = Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted::<tonic::body::Body>,
         ))
+        .layer(AuthLayer::new(guard.authentication().clone()))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)

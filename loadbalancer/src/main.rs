@@ -5,6 +5,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_loadbalancer::service::{Config, serve};
+use kube_dispatch_runtime::flags::SecurityFlags;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -80,6 +81,9 @@ struct Args {
     /// level comes from RUST_LOG (default info).
     #[arg(long, env = "KD_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     log_json: bool,
+
+    #[command(flatten)]
+    security: SecurityFlags,
 }
 
 #[tokio::main]
@@ -114,6 +118,8 @@ async fn main() -> anyhow::Result<()> {
         dispatcher_grace: args.dispatcher_grace,
         replica_grace: args.replica_grace,
         max_registrations: args.max_registrations,
+        transport: args.security.transport()?,
+        authentication: args.security.authentication()?,
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(kube_dispatch_runtime::signal::cancel_on_signal(

@@ -23,6 +23,18 @@ pub enum RegisterError {
     /// The registry is full.
     #[error("the load balancer holds {0} registrations, the most allowed")]
     Full(usize),
+    /// The group's replicas run as another identity.
+    #[error(
+        "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
+    )]
+    NotOwner {
+        /// The group.
+        group: String,
+        /// The user whose replicas registered it first.
+        owner: String,
+        /// The caller.
+        caller: String,
+    },
 }
 
 #[derive(Debug)]
@@ -38,6 +50,9 @@ struct Replica {
 struct GroupState {
     replicas: BTreeMap<String, Replica>,
     placement: Placement,
+    /// The user whose replica registered the group first; kept while any replica is
+    /// registered. `None` when the load balancer takes anonymous calls.
+    owner: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -89,8 +104,18 @@ impl Registry {
         self: &Arc<Self>,
         group: &str,
         replica: &str,
+        user: Option<&str>,
     ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
         let mut inner = self.inner();
+        if let Some(owner) = inner.groups.get(group).and_then(|g| g.owner.as_deref())
+            && Some(owner) != user
+        {
+            return Err(RegisterError::NotOwner {
+                group: group.to_owned(),
+                owner: owner.to_owned(),
+                caller: user.unwrap_or("anonymous").to_owned(),
+            });
+        }
         let known = inner
             .groups
             .get(group)
@@ -99,7 +124,13 @@ impl Registry {
             return Err(RegisterError::Full(self.max_registrations));
         }
         let receiver = {
-            let state = inner.groups.entry(group.to_owned()).or_default();
+            let state = inner
+                .groups
+                .entry(group.to_owned())
+                .or_insert_with(|| GroupState {
+                    owner: user.map(str::to_owned),
+                    ..GroupState::default()
+                });
             let entry = state
                 .replicas
                 .entry(replica.to_owned())
@@ -260,9 +291,9 @@ mod tests {
     fn replicas_are_told_their_dispatchers_and_every_change() {
         let registry = Registry::new(10);
         registry.set_dispatchers(dispatchers(3));
-        let (mut a, _ga) = registry.register("g", "a").unwrap();
+        let (mut a, _ga) = registry.register("g", "a", None).unwrap();
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
-        let (mut b, gb) = registry.register("g", "b").unwrap();
+        let (mut b, gb) = registry.register("g", "b", None).unwrap();
         assert!(a.has_changed().unwrap(), "a gives up a dispatcher to b");
         let (na, nb) = (
             a.borrow_and_update().dispatchers.len(),
@@ -284,11 +315,11 @@ mod tests {
     fn a_reconnect_within_the_grace_moves_nothing() {
         let registry = Registry::new(10);
         registry.set_dispatchers(dispatchers(2));
-        let (_a, ga) = registry.register("g", "a").unwrap();
-        let (_b, _gb) = registry.register("g", "b").unwrap();
+        let (_a, ga) = registry.register("g", "a", None).unwrap();
+        let (_b, _gb) = registry.register("g", "b", None).unwrap();
         let before = registry.placements();
         drop(ga);
-        let (mut again, _ga) = registry.register("g", "a").unwrap();
+        let (mut again, _ga) = registry.register("g", "a", None).unwrap();
         registry.expire(
             Instant::now() + Duration::from_secs(60),
             Duration::from_secs(5),
@@ -300,20 +331,36 @@ mod tests {
     #[test]
     fn registrations_are_bounded() {
         let registry = Registry::new(2);
-        let _a = registry.register("g", "a").unwrap();
-        let _b = registry.register("h", "b").unwrap();
+        let _a = registry.register("g", "a", None).unwrap();
+        let _b = registry.register("h", "b", None).unwrap();
         assert_eq!(
-            registry.register("g", "c").unwrap_err(),
+            registry.register("g", "c", None).unwrap_err(),
             RegisterError::Full(2)
         );
         // Another stream of a known replica is not a new registration.
-        assert!(registry.register("g", "a").is_ok());
+        assert!(registry.register("g", "a", None).is_ok());
+    }
+
+    #[test]
+    fn a_group_is_placed_only_for_the_user_that_registered_it() {
+        let registry = Registry::new(10);
+        let _a = registry.register("g", "a", Some("team-a")).unwrap();
+        let refused = registry.register("g", "b", Some("team-b")).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("group \"g\" belongs to team-a, not team-b"),
+            "{refused}"
+        );
+        assert!(registry.register("g", "b", None).is_err());
+        assert!(registry.register("g", "c", Some("team-a")).is_ok());
+        assert!(registry.register("h", "b", Some("team-b")).is_ok());
     }
 
     #[test]
     fn with_no_dispatcher_the_assignment_is_empty() {
         let registry = Registry::new(2);
-        let (mut a, _g) = registry.register("g", "a").unwrap();
+        let (mut a, _g) = registry.register("g", "a", None).unwrap();
         let first = a.borrow_and_update().clone();
         assert!(first.dispatchers.is_empty());
         assert_eq!(first.generation, 1);

@@ -15,7 +15,11 @@ use kube_dispatch_proto::v1::{
     Assignment, RegisterRequest,
     load_balancer_server::{LoadBalancer, LoadBalancerServer},
 };
-use kube_dispatch_runtime::leases::LeaseWatch;
+use kube_dispatch_runtime::{
+    auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller},
+    leases::LeaseWatch,
+    tls::Transport,
+};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
@@ -48,6 +52,11 @@ pub struct Config {
     pub replica_grace: Duration,
     /// Most replicas registered at once.
     pub max_registrations: usize,
+    /// TLS, or plaintext (`--insecure`).
+    pub transport: Transport,
+    /// How callers are authenticated; `None` takes anonymous registrations
+    /// (`--allow-anonymous`).
+    pub authentication: Option<AuthConfig>,
 }
 
 /// A running load balancer's handles, for in-process callers (tests).
@@ -73,6 +82,9 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The serving certificate could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] kube_dispatch_runtime::tls::TlsError),
 }
 
 struct Service {
@@ -93,6 +105,7 @@ impl LoadBalancer for Service {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         for (field, value) in [("group", &req.group), ("replica_id", &req.replica_id)] {
             if value.is_empty() || value.len() > MAX_ID_LEN {
@@ -113,9 +126,14 @@ impl LoadBalancer for Service {
         }
         let (assignment, guard) = self
             .registry
-            .register(&req.group, &req.replica_id)
+            .register(
+                &req.group,
+                &req.replica_id,
+                caller.identity().map(|i| i.username.as_str()),
+            )
             .map_err(|e| match e {
                 RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
+                RegisterError::NotOwner { .. } => Status::permission_denied(e.to_string()),
             })?;
         let mut leading = self.leading.clone();
         // The stream ends when this replica stops leading, or when the registration is dropped.
@@ -160,6 +178,16 @@ pub async fn serve(
     shutdown: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), ServeError> {
+    kube_dispatch_runtime::tls::warn_if_plaintext(&config.transport, "load balancer");
+    // TCP_NODELAY is set on every connection: small frames must not wait for a delayed ACK.
+    let incoming = kube_dispatch_runtime::tls::incoming(listener, &config.transport)?;
+    let authentication = match &config.authentication {
+        Some(auth) => {
+            Authentication::Required(Arc::new(Authenticator::new(client.clone(), auth.clone())))
+        }
+        None => Authentication::Anonymous,
+    };
+    authentication.warn_if_anonymous("load balancer");
     let registry = Registry::new(config.max_registrations);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
@@ -208,10 +236,8 @@ pub async fn serve(
     if let Some(started) = started {
         let _ = started.send(Handles { registry, leading });
     }
-    // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
-    // without TCP_NODELAY every long-poll response stalled about 40 ms on loopback.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = Server::builder()
+        .layer(AuthLayer::new(authentication))
         .add_service(health_service)
         .add_service(LoadBalancerServer::new(service))
         .serve_with_incoming_shutdown(incoming, async {

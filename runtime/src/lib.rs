@@ -7,6 +7,10 @@
 //! | [`logging`] | logs to stdout as text or JSON lines, filtered by `RUST_LOG` |
 //! | [`signal`] | SIGTERM and SIGINT cancel a token that starts the drain |
 //! | [`leases`] | the watch of dispatcher Leases, folded into [`kube_dispatch_core::leases::Observations`] |
+//! | [`tls`] | TLS for the servers: certificate files read again when they change |
+//! | [`auth`] | who is calling: bearer tokens verified by TokenReview, through a bounded cache |
+//! | [`authz`] | what the caller may read: SubjectAccessReviews for `list` and `watch`, cached |
+//! | [`flags`] | the security flags every server takes, and what they turn into |
 //!
 //! A binary's `main` starts with these:
 //!
@@ -26,7 +30,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
+pub mod authz;
 pub mod client;
+pub mod flags;
 pub mod leases;
 pub mod logging;
 pub mod signal;
+pub mod tls;

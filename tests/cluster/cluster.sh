@@ -17,7 +17,12 @@
 #   kubeconfig       admin kubeconfig (user "admin", group system:masters)
 #   tokens.csv       static bearer tokens: admin, the controller manager, and test identities
 #                    kd-test-user-1..5 (no groups, so no permissions until a test grants some)
-#   pki/             CA, API server serving certificate, service-account signing key
+#   pki/             CA, API server serving certificate, service-account signing key, and
+#                    kube-dispatch's serving certificates (kube-dispatch.crt and, to show a
+#                    rotation, kube-dispatch-next.crt), for 127.0.0.1, localhost and kube-dispatch
+#   tokens/          tester.token: a ServiceAccount token (audience kube-dispatch) of
+#                    kube-dispatch-tests/tester, bound to cluster-admin; renewed by `up` once an
+#                    hour old (it lives a day)
 #   logs/            etcd.log, kube-apiserver.log, kube-controller-manager.log
 #   data/            etcd data; removed by `down`
 #   state.env        ports and process ids of the running control plane
@@ -127,6 +132,52 @@ make_pki() {
   )
 }
 
+# kube-dispatch's serving certificates, signed by the cluster CA (which tests and the demo trust).
+make_dispatch_pki() {
+  local name
+  for name in kube-dispatch kube-dispatch-next; do
+    [[ -f $pki/$name.crt && -f $pki/$name.key ]] && continue
+    (
+      cd "$pki"
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout "$name.key" -out "$name.csr" 2>/dev/null
+      printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+        "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kube-dispatch" \
+        >"$name.ext"
+      openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$name.ext" -out "$name.crt" 2>/dev/null
+      rm -f "$name.csr" "$name.ext" ca.srl
+      chmod 600 "$name.key"
+    )
+  done
+}
+
+# The identity tests and the demo's tools call kube-dispatch with: a ServiceAccount bound to
+# cluster-admin, and a token for audience kube-dispatch.
+make_test_identity() {
+  local token=$dir/tokens/tester.token kubectl=("$KD_BIN_DIR/kubectl" --kubeconfig "$dir/kubeconfig")
+  mkdir -p "$dir/tokens"
+  if [[ -s $token ]] && [[ -z $(find "$token" -mmin +60) ]]; then return 0; fi
+  "${kubectl[@]}" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: kube-dispatch-tests}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: tester, namespace: kube-dispatch-tests}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: kube-dispatch-tester}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{kind: ServiceAccount, name: tester, namespace: kube-dispatch-tests}]
+EOF
+  "${kubectl[@]}" create token tester -n kube-dispatch-tests --audience kube-dispatch \
+    --duration 24h >"$token.new"
+  chmod 600 "$token.new"
+  mv "$token.new" "$token"
+}
+
 make_tokens() {
   [[ -f $dir/tokens.csv ]] && return 0
   local t
@@ -230,6 +281,8 @@ wait_ready() {
 cmd_up() {
   if is_ready; then
     log "reusing the running control plane (kube-apiserver https://127.0.0.1:$API_PORT)"
+    make_dispatch_pki
+    make_test_identity
     echo "$dir/kubeconfig"
     return 0
   fi
@@ -261,6 +314,8 @@ cmd_up() {
   wait_ready
   start_controller_manager
   save_state
+  make_dispatch_pki
+  make_test_identity
   log "ready in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
   log "try: $KD_BIN_DIR/kubectl --kubeconfig $dir/kubeconfig get --raw /readyz"
   echo "$dir/kubeconfig"

@@ -1005,10 +1005,11 @@ fn start_checker(
             journal,
             replica: replica.clone(),
         });
-        let lb = format!("http://{load_balancer}");
+        let lb = load_balancer.to_string();
         let configmaps = Controller::<ConfigMap>::new(client.clone(), "chaos-configmaps")
             .labels(label.clone())
             .load_balancer(lb.clone())
+            .credentials(crate::credentials())
             .replica_id(replica.clone())
             .concurrency(8)
             .session_ttl(TTL)
@@ -1023,6 +1024,7 @@ fn start_checker(
             .labels(label)
             .owns::<ConfigMap>()
             .load_balancer(lb)
+            .credentials(crate::credentials())
             .replica_id(replica)
             .concurrency(8)
             .session_ttl(TTL)

@@ -5,14 +5,17 @@ use std::{net::SocketAddr, time::Duration};
 
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{LeaseConfig, Limits, Membership, ServeConfig, Settings},
+    config::{LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, Settings},
     serve::{Handles, serve},
 };
-use kube_dispatch_proto::v1::{
-    AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,
-    Subscription, ack_item, dispatcher_client::DispatcherClient,
+use kube_dispatch_proto::{
+    credentials::{AuthChannel, Credentials},
+    v1::{
+        AckItem, AckRequest, OpenSessionRequest, PollRequest, ReconcileRequest, ResourceRef,
+        Subscription, ack_item, dispatcher_client::DispatcherClient,
+    },
 };
-use tonic::transport::Channel;
+use kube_dispatch_runtime::{auth::AuthConfig, authz::AuthzConfig, tls::Transport};
 
 use crate::{
     FixtureError,
@@ -49,6 +52,20 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         watch_grace: Duration::from_secs(5),
         max_message_bytes: 4 * 1024 * 1024,
         drain_timeout: Duration::from_secs(5),
+        security: test_security(),
+    }
+}
+
+/// Security as deployed: TLS with the test certificate, callers authenticated by TokenReview and
+/// authorized by SubjectAccessReview, and Peer open to the test identity (which the dispatchers
+/// use to call each other).
+pub fn test_security() -> SecurityConfig {
+    SecurityConfig {
+        transport: Transport::Tls(crate::serving_tls(false)),
+        authentication: Some(AuthConfig::default()),
+        authorization: AuthzConfig::default(),
+        peer_credentials: crate::credentials(),
+        peer_users: Some(vec![crate::TESTER.to_owned()]),
     }
 }
 
@@ -100,11 +117,20 @@ impl TestDispatcher {
         })
     }
 
-    /// A gRPC client of this dispatcher.
-    pub async fn client(&self) -> DispatcherClient<Channel> {
-        DispatcherClient::connect(format!("http://{}", self.addr))
+    /// A gRPC client of this dispatcher, as the test identity.
+    pub async fn client(&self) -> DispatcherClient<AuthChannel> {
+        self.client_as(&crate::credentials()).await
+    }
+
+    /// A gRPC client of this dispatcher with `credentials`.
+    pub async fn client_as(&self, credentials: &Credentials) -> DispatcherClient<AuthChannel> {
+        let channel = credentials
+            .endpoint(&self.addr.to_string())
+            .expect("the test dispatcher's address")
+            .connect()
             .await
-            .expect("connect to the test dispatcher")
+            .expect("connect to the test dispatcher");
+        DispatcherClient::with_interceptor(channel, credentials.bearer())
     }
 
     /// Drains and stops it, waiting until it has.
@@ -165,7 +191,7 @@ pub fn subscription(version: &str, kind: &str, namespace: &str) -> Subscription 
 #[derive(Debug, Clone)]
 pub struct TestSession {
     /// The client it uses.
-    pub client: DispatcherClient<Channel>,
+    pub client: DispatcherClient<AuthChannel>,
     /// Its id.
     pub id: String,
 }

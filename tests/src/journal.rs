@@ -405,7 +405,7 @@ impl JournalReplica {
         self
     }
 
-    /// Polls the dispatcher at `address` (`http://host:port`) only.
+    /// Polls the dispatcher at `address` (`host:port`) only.
     pub fn dispatcher(mut self, address: impl Into<String>) -> Self {
         self.target = Some(Target::Dispatcher(address.into()));
         self
@@ -446,11 +446,10 @@ impl JournalReplica {
             .namespace(self.namespace)
             .replica_id(self.name)
             .concurrency(self.concurrency)
-            .session_ttl(self.ttl);
+            .session_ttl(self.ttl)
+            .credentials(crate::credentials());
         let controller = match self.target {
-            Some(Target::LoadBalancer(address)) => {
-                controller.load_balancer(format!("http://{address}"))
-            }
+            Some(Target::LoadBalancer(address)) => controller.load_balancer(address.to_string()),
             Some(Target::Dispatcher(address)) => controller.dispatchers([address]),
             None => panic!(
                 "journal replica {:?} has nowhere to poll: call load_balancer() or dispatcher()",

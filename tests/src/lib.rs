@@ -22,7 +22,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | this one | the shared control plane ([`Cluster`]) and per-test namespaces ([`TestNamespace`]) |
+//! | this one | the shared control plane ([`Cluster`]), per-test namespaces ([`TestNamespace`]), the tier's TLS files and test identity ([`credentials`], [`serving_tls`]) |
 //! | [`dispatcher`] | in-process dispatchers and raw sessions for tests ([`dispatcher::TestDispatcher`]) |
 //! | [`loadbalancer`] | in-process load balancers |
 //! | [`journal`] | the record of writes and reconciles, its verdicts, and the journal replica |
@@ -81,6 +81,32 @@ pub enum FixtureError {
     Kube(#[from] kube::Error),
 }
 
+/// The user of the test identity (`tests/cluster/cluster.sh`): a ServiceAccount bound to
+/// cluster-admin, so it may read everything and may call Peer in test dispatchers.
+pub const TESTER: &str = "system:serviceaccount:kube-dispatch-tests:tester";
+
+/// How tests reach the tier: TLS against the cluster's CA, with the test identity's token.
+pub fn credentials() -> kube_dispatch_proto::credentials::Credentials {
+    let dir = Cluster::shared().dir();
+    kube_dispatch_proto::credentials::Credentials::tls(dir.join("pki/ca.crt"))
+        .with_token_file(dir.join("tokens/tester.token"))
+}
+
+/// The tier's serving certificate in tests (for 127.0.0.1 and localhost); `next` is a second
+/// one signed by the same CA, to show a rotation.
+pub fn serving_tls(next: bool) -> kube_dispatch_runtime::tls::ServerTls {
+    let pki = Cluster::shared().dir().join("pki");
+    let name = if next {
+        "kube-dispatch-next"
+    } else {
+        "kube-dispatch"
+    };
+    kube_dispatch_runtime::tls::ServerTls::new(
+        pki.join(format!("{name}.crt")),
+        pki.join(format!("{name}.key")),
+    )
+}
+
 /// The shared control plane of this test run.
 #[derive(Debug)]
 pub struct Cluster {
@@ -115,6 +141,11 @@ impl Cluster {
             Ok(cluster) => cluster,
             Err(e) => panic!("the test control plane is not available: {e}"),
         }
+    }
+
+    /// The folder the control plane lives in (`$KD_CLUSTER_DIR`, by default `.cluster`).
+    pub fn dir(&self) -> &Path {
+        self.kubeconfig.parent().unwrap_or(&self.root)
     }
 
     /// The admin kubeconfig (user `admin`, group `system:masters`).

@@ -33,6 +33,8 @@ impl TestLoadBalancer {
             dispatcher_grace: Duration::from_millis(500),
             replica_grace: Duration::from_secs(2),
             max_registrations: 100,
+            transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
+            authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
         };
         let (runner, handles) = spawn_server(
             "loadbalancer",

@@ -90,7 +90,8 @@ async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
     let outcomes = Controller::<sdk::configset::ConfigSet>::new(client.clone(), "configset")
         .namespace(ns.name())
         .owns::<ConfigMap>()
-        .dispatchers([format!("http://{}", d.addr)])
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
         .replica_id("configset-0")
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(

@@ -98,7 +98,7 @@ fn start_replica(
     start_replica_at(
         client,
         ns,
-        &format!("http://{}", dispatcher.addr),
+        &dispatcher.addr.to_string(),
         replica,
         ttl,
         journal,
@@ -131,6 +131,7 @@ fn start_replica_at(
     let stream = controller
         .namespace(ns)
         .dispatchers([dispatcher.to_owned()])
+        .credentials(kube_dispatch_tests::credentials())
         .replica_id(replica)
         .session_ttl(ttl)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -286,7 +287,7 @@ async fn a_killed_replica_loses_nothing_its_keys_go_to_another_after_the_ttl() -
         .enable_all()
         .build()?;
     let (address, namespace, a_journal, a_tx) = (
-        format!("http://{}", d.addr),
+        d.addr.to_string(),
         ns.name().to_owned(),
         Journal::default(),
         tx.clone(),
@@ -348,7 +349,8 @@ async fn a_controller_of_dynamic_objects_gets_them_with_their_content() -> TestR
     let resource = ApiResource::erase::<ConfigMap>(&());
     let stream = Controller::<DynamicObject>::new_with(ns.client(), "dynamic", resource)
         .namespace(ns.name())
-        .dispatchers([format!("http://{}", d.addr)])
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
             |obj: Arc<DynamicObject>, tx: Arc<mpsc::UnboundedSender<(String, String)>>| async move {

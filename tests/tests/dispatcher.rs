@@ -677,9 +677,9 @@ async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.addr))?
-        .connect()
-        .await?;
+    let credentials = kube_dispatch_tests::credentials();
+    let channel = credentials.endpoint(&d.addr.to_string())?.connect().await?;
+    // Health needs no credential: the kubelet's probes have none.
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "kubedispatch.v1.Dispatcher"] {
         let status = health
@@ -695,7 +695,7 @@ async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
             "health of {service:?}"
         );
     }
-    let mut reflection = ServerReflectionClient::new(channel);
+    let mut reflection = ServerReflectionClient::with_interceptor(channel, credentials.bearer());
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

@@ -142,7 +142,7 @@ async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
     let (stop_a, _) = replica(
         client.clone(),
         ns.name(),
-        format!("http://{}", proxy.addr),
+        proxy.addr.to_string(),
         "replica-a",
         &journal,
         None,
@@ -151,13 +151,7 @@ async fn a_replica_on_a_slow_path_stops_before_its_key_moves() -> TestResult {
         until(Duration::from_secs(30), by("replica-a")).await,
         "replica A never got the key"
     );
-    let stop_b = replica_b(
-        &client,
-        &ns,
-        format!("http://{}", dispatcher.addr),
-        &journal,
-    )
-    .await;
+    let stop_b = replica_b(&client, &ns, dispatcher.addr.to_string(), &journal).await;
 
     // Slow, for long enough that every renewal A counts on went over the slow path (its fence
     // is 3 s); then nothing gets through.
@@ -208,7 +202,7 @@ async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> Test
         api,
         key,
     } = setup("fencing-drain").await?;
-    let address = format!("http://{}", dispatcher.addr);
+    let address = dispatcher.addr.to_string();
 
     let work = TTL * 2;
     let (stop_a, _) = replica(

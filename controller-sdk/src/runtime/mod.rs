@@ -66,6 +66,7 @@ where
         owned,
         dispatchers,
         load_balancer,
+        credentials,
         concurrency,
         session_ttl,
         shutdown,
@@ -99,6 +100,7 @@ where
         },
         health: health.clone(),
         full_payload,
+        credentials: credentials.clone(),
     });
     let stop = CancellationToken::new();
     if let Some(signal) = shutdown {
@@ -119,6 +121,7 @@ where
             info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
             tokio::spawn(follow_load_balancer(
                 address,
+                credentials,
                 RegisterRequest { group, replica_id },
                 targets_tx,
                 stop.clone(),

@@ -4,13 +4,15 @@
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use kube_dispatch_proto::v1::{
-    AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason,
-    dispatcher_client::DispatcherClient,
+use kube_dispatch_proto::{
+    credentials::AuthChannel,
+    v1::{
+        AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason,
+        dispatcher_client::DispatcherClient,
+    },
 };
 use tokio::{sync::mpsc, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::{
@@ -31,13 +33,15 @@ pub(super) async fn session<T: Types>(
     shared: &Arc<Shared<T>>,
     stop: &CancellationToken,
 ) -> Result<(), tonic::Status> {
-    let channel = Endpoint::from_shared(address.to_owned())
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad dispatcher address: {e}")))?
+    let channel = shared
+        .credentials
+        .endpoint(address)
+        .map_err(|e| tonic::Status::invalid_argument(format!("dispatcher: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
-    let mut client = DispatcherClient::new(channel);
+    let mut client = DispatcherClient::with_interceptor(channel, shared.credentials.bearer());
     let sent = Instant::now();
     let opened = client.open_session(shared.open.clone()).await?.into_inner();
     let session_id = opened.session_id;
@@ -192,7 +196,7 @@ fn not_renewed() -> tonic::Status {
 /// Returns an error, for the caller to cancel what still runs, when a renewal fails or the
 /// fence passes first.
 async fn drain(
-    client: &DispatcherClient<tonic::transport::Channel>,
+    client: &DispatcherClient<AuthChannel>,
     session_id: &str,
     fence: &mut Fence,
     tasks: &mut JoinSet<()>,
@@ -235,7 +239,7 @@ async fn drain(
 /// Sends acks as they come, batching those that are already waiting, until every sender is
 /// gone. A failed ack is dropped: its delivery expires on the dispatcher and is retried.
 async fn send_acks(
-    mut client: DispatcherClient<tonic::transport::Channel>,
+    mut client: DispatcherClient<AuthChannel>,
     session_id: String,
     mut acks: mpsc::UnboundedReceiver<AckItem>,
 ) {

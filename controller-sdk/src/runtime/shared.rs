@@ -80,4 +80,6 @@ pub(super) struct Shared<T: Types> {
     pub(super) health: Health,
     /// The primary subscription carries whole objects: bodies can be decoded as `K`.
     pub(super) full_payload: bool,
+    /// How sessions reach the dispatchers.
+    pub(super) credentials: kube_dispatch_proto::credentials::Credentials,
 }

@@ -19,8 +19,9 @@ use kube_dispatch_proto::{
         ack_item, dispatcher_server,
     },
 };
+use kube_dispatch_runtime::auth::Caller;
 use tonic::{Request, Response, Status};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::{
     group::Group,
@@ -29,6 +30,7 @@ use crate::{
         discovery::{ResolveError, Resolver},
         watch::WatchError,
     },
+    security::Guard,
 };
 
 /// The gRPC service controllers call.
@@ -36,12 +38,33 @@ use crate::{
 pub struct DispatcherService {
     groups: Arc<Groups>,
     resolver: Resolver,
+    guard: Arc<Guard>,
 }
 
 impl DispatcherService {
-    /// A service over `groups`, resolving the resources sessions subscribe to with `resolver`.
-    pub fn new(groups: Arc<Groups>, resolver: Resolver) -> Self {
-        Self { groups, resolver }
+    /// A service over `groups`, resolving the resources sessions subscribe to with `resolver`
+    /// and checking callers with `guard`.
+    pub fn new(groups: Arc<Groups>, resolver: Resolver, guard: Arc<Guard>) -> Self {
+        Self {
+            groups,
+            resolver,
+            guard,
+        }
+    }
+
+    /// Ok while the caller of `session` may still read what its group subscribes to (a cached
+    /// decision, reviewed again once older than the recheck period); else the session is
+    /// closed, so its in-flight keys go to sessions that may.
+    async fn still_may_read(&self, session: &str, caller: &Caller) -> Result<(), Status> {
+        let group = self.groups.spec_of(session, caller).map_err(status)?;
+        if let Err(denied) = self.guard.may_read(caller, &group.spec).await {
+            if denied.code() == tonic::Code::PermissionDenied {
+                info!(%session, group = %group.name, user = caller.name(), reason = denied.message(), "access revoked: session closed");
+                let _ = self.groups.close(session, caller);
+            }
+            return Err(denied);
+        }
+        Ok(())
     }
 
     /// The group's subscriptions, resolved by discovery.
@@ -160,6 +183,9 @@ fn status(e: SessionError) -> Status {
         SessionError::Unknown { .. }
         | SessionError::EndedWhilePolling { .. }
         | SessionError::NotOpen { .. } => Status::not_found(message),
+        SessionError::NotOwner { .. } | SessionError::NotYours { .. } => {
+            Status::permission_denied(message)
+        }
         SessionError::Watch(e) => match e {
             WatchError::Rejected {
                 code: 400 | 422, ..
@@ -212,6 +238,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         if groups.shutdown().is_cancelled() {
             return Err(status(SessionError::Draining));
         }
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         validate_open(&req).map_err(invalid)?;
         groups.admits(&req.group, &req.replica_id).map_err(status)?;
@@ -223,8 +250,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             None => limits.default_ttl,
         };
         let spec = self.resolve_spec(&req).await?;
+        self.guard.may_read(&caller, &spec).await?;
         let opened = groups
-            .open(&req.group, &req.replica_id, &spec, ttl)
+            .open(&req.group, &req.replica_id, &spec, ttl, &caller)
             .await
             .map_err(status)?;
         // Keys can move here only on a ring from Leases: ask the peers what was deleted of
@@ -233,6 +261,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             tokio::spawn(super::peer::fetch_recent_deletions(
                 groups.clone(),
                 opened.group.clone(),
+                self.guard.peer_credentials.clone(),
             ));
         }
         Ok(Response::new(OpenSessionResponse {
@@ -247,7 +276,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     }
 
     async fn poll(&self, request: Request<PollRequest>) -> Result<Response<PollResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
+        self.still_may_read(&req.session_id, &caller).await?;
         let limits = self.groups.settings().limits;
         let wait = match &req.wait {
             Some(w) => positive_duration("wait", w)
@@ -264,7 +295,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let acks = self.parse_acks(req.acks)?;
         let polled = self
             .groups
-            .poll(&req.session_id, acks, wait, max)
+            .poll(&req.session_id, &caller, acks, wait, max)
             .await
             .map_err(status)?;
         let requests = polled
@@ -279,9 +310,12 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let acks = self.parse_acks(req.acks)?;
-        self.groups.ack(&req.session_id, acks).map_err(status)?;
+        self.groups
+            .ack(&req.session_id, &caller, acks)
+            .map_err(status)?;
         Ok(Response::new(AckResponse {}))
     }
 
@@ -289,8 +323,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
+        let caller = Caller::of(&request);
         self.groups
-            .close(&request.into_inner().session_id)
+            .close(&request.into_inner().session_id, &caller)
             .map_err(status)?;
         Ok(Response::new(CloseSessionResponse {}))
     }

@@ -8,16 +8,18 @@ use std::{sync::Arc, time::Duration};
 
 use kube_dispatch_proto::{
     Ring,
+    credentials::{AuthChannel, Credentials},
     v1::{
         RecentDeletionsRequest, RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
     },
 };
-use tonic::{Request, Response, Status, transport::Endpoint};
+use kube_dispatch_runtime::auth::Caller;
+use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use kube_dispatch_core::{backoff::Backoff, subscription::MAX_FIELD_LEN};
 
-use crate::{group::Group, groups::Groups};
+use crate::{group::Group, groups::Groups, security::Guard};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -31,12 +33,13 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct PeerService {
     groups: Arc<Groups>,
+    guard: Arc<Guard>,
 }
 
 impl PeerService {
-    /// A service over `groups`.
-    pub fn new(groups: Arc<Groups>) -> Self {
-        Self { groups }
+    /// A service over `groups`, for the callers `guard` admits.
+    pub fn new(groups: Arc<Groups>, guard: Arc<Guard>) -> Self {
+        Self { groups, guard }
     }
 }
 
@@ -46,6 +49,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RecentDeletionsRequest>,
     ) -> Result<Response<RecentDeletionsResponse>, Status> {
+        self.guard.may_call_peer(&Caller::of(&request))?;
         let req = request.into_inner();
         for (field, value) in [("group", &req.group), ("identity", &req.identity)] {
             if value.is_empty() || value.len() > MAX_FIELD_LEN {
@@ -80,7 +84,11 @@ impl Peer for PeerService {
 /// them to the group. A peer that cannot be reached (a network cut, a peer restarting) is asked
 /// again with a backoff for as long as peers remember deletions; what a peer still unreachable
 /// then remembered is missed, and logged.
-pub async fn fetch_recent_deletions(groups: Arc<Groups>, group: Arc<Group>) {
+pub async fn fetch_recent_deletions(
+    groups: Arc<Groups>,
+    group: Arc<Group>,
+    credentials: Credentials,
+) {
     let mut slices = groups.slices();
     // A group dropped before this dispatcher serves anything ends the wait: one task per live
     // group at most.
@@ -109,7 +117,7 @@ pub async fn fetch_recent_deletions(groups: Arc<Groups>, group: Arc<Group>) {
                 identity: identity.clone(),
                 members: members.clone(),
             };
-            match ask(&address, request).await {
+            match ask(&credentials, &address, request).await {
                 Ok(keys) => {
                     fetched += keys.len();
                     group.deleted_in_transit(keys);
@@ -149,8 +157,13 @@ const RETRY: Backoff = Backoff {
     cap: Duration::from_secs(5),
 };
 
-async fn ask(address: &str, request: RecentDeletionsRequest) -> Result<Vec<String>, Status> {
-    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+async fn ask(
+    credentials: &Credentials,
+    address: &str,
+    request: RecentDeletionsRequest,
+) -> Result<Vec<String>, Status> {
+    let endpoint = credentials
+        .endpoint(address)
         .map_err(|e| Status::invalid_argument(format!("bad peer address: {e}")))?
         .connect_timeout(PEER_TIMEOUT)
         .timeout(PEER_TIMEOUT);
@@ -158,6 +171,8 @@ async fn ask(address: &str, request: RecentDeletionsRequest) -> Result<Vec<Strin
         .connect()
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
-    let mut client = PeerClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES);
+    let mut client: PeerClient<AuthChannel> =
+        PeerClient::with_interceptor(channel, credentials.bearer())
+            .max_decoding_message_size(MAX_ANSWER_BYTES);
     Ok(client.recent_deletions(request).await?.into_inner().keys)
 }

@@ -1,0 +1,153 @@
+//! Who may do what on a dispatcher (`proto/kubedispatch/v1/security.md`):
+//!
+//! - every call but health checks is authenticated ([`kube_dispatch_runtime::auth`]);
+//! - a session gets a group's keys only while its caller may `list` and `watch` every resource
+//!   the group subscribes to (owned kinds included), checked at OpenSession and again on polls
+//!   once the decision is older than `--authorization-recheck`;
+//! - a group belongs to the identity that created it, and a session to the identity that opened
+//!   it (`crate::groups`);
+//! - only the dispatchers' own identity may call the Peer service.
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube_dispatch_core::subscription::GroupSpec;
+use kube_dispatch_proto::credentials::Credentials;
+use kube_dispatch_runtime::{
+    auth::{self, AuthConfig, Authentication, Authenticator, Caller},
+    authz::{Authorizer, AuthzConfig, ResourceAccess},
+    tls::Transport,
+};
+use tonic::Status;
+use tracing::info;
+
+/// The security settings of a dispatcher.
+#[derive(Clone, Debug)]
+pub struct SecurityConfig {
+    /// TLS, or plaintext (`--insecure`).
+    pub transport: Transport,
+    /// How callers are authenticated; `None` takes anonymous calls (`--allow-anonymous`), and
+    /// then nothing is authorized either.
+    pub authentication: Option<AuthConfig>,
+    /// How read access is checked and cached.
+    pub authorization: AuthzConfig,
+    /// How this dispatcher reaches its peers: TLS trust and its own token.
+    pub peer_credentials: Credentials,
+    /// The users allowed to call Peer; `None`: this dispatcher's own user, as the API server
+    /// names it (a SelfSubjectReview at start), which every replica of the StatefulSet shares.
+    pub peer_users: Option<Vec<String>>,
+}
+
+impl SecurityConfig {
+    /// Plaintext, anonymous, and peers called without credentials: for a dispatcher on a
+    /// trusted loopback only.
+    pub fn insecure() -> Self {
+        Self {
+            transport: Transport::Plaintext,
+            authentication: None,
+            authorization: AuthzConfig::default(),
+            peer_credentials: Credentials::plaintext(),
+            peer_users: None,
+        }
+    }
+}
+
+/// The security settings, put to work.
+#[derive(Debug)]
+pub struct Guard {
+    authentication: Authentication,
+    authorizer: Option<Authorizer>,
+    peer_users: Option<Vec<String>>,
+    /// How this dispatcher reaches its peers.
+    pub peer_credentials: Credentials,
+}
+
+impl Guard {
+    /// Builds the authenticator and the authorizer on `client`, and learns this dispatcher's
+    /// own user when Peer callers are not listed.
+    pub async fn new(config: &SecurityConfig, client: &Client) -> Result<Self, kube::Error> {
+        let Some(auth_config) = &config.authentication else {
+            return Ok(Self {
+                authentication: Authentication::Anonymous,
+                authorizer: None,
+                peer_users: None,
+                peer_credentials: config.peer_credentials.clone(),
+            });
+        };
+        let peer_users = match &config.peer_users {
+            Some(users) => users.clone(),
+            None => {
+                let own = auth::own_identity(client).await?;
+                info!(user = %own.username, "Peer calls are taken from this dispatcher's own user only");
+                vec![own.username]
+            }
+        };
+        Ok(Self {
+            authentication: Authentication::Required(Arc::new(Authenticator::new(
+                client.clone(),
+                auth_config.clone(),
+            ))),
+            authorizer: Some(Authorizer::new(
+                client.clone(),
+                config.authorization.clone(),
+            )),
+            peer_users: Some(peer_users),
+            peer_credentials: config.peer_credentials.clone(),
+        })
+    }
+
+    /// How the server authenticates.
+    pub fn authentication(&self) -> &Authentication {
+        &self.authentication
+    }
+
+    /// Ok if `caller` may read everything `spec` subscribes to. Anonymous callers are only
+    /// let through when authentication is off.
+    pub async fn may_read(&self, caller: &Caller, spec: &GroupSpec) -> Result<(), Status> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(());
+        };
+        let Some(identity) = caller.identity() else {
+            return Err(Status::unauthenticated(
+                "this dispatcher requires an authenticated caller",
+            ));
+        };
+        authorizer
+            .may_read(identity, &accesses(spec))
+            .await
+            .map_err(Status::from)
+    }
+
+    /// Ok if `caller` may call the Peer service.
+    pub fn may_call_peer(&self, caller: &Caller) -> Result<(), Status> {
+        let Some(users) = &self.peer_users else {
+            return Ok(());
+        };
+        match caller.identity() {
+            Some(identity) if users.contains(&identity.username) => Ok(()),
+            _ => Err(Status::permission_denied(format!(
+                "{} may not call the Peer service: only the dispatchers' own identity may",
+                caller.name()
+            ))),
+        }
+    }
+}
+
+/// What a caller must be able to read to be given `spec`'s keys: each subscription's
+/// resource, in its namespace or in every namespace, owned kinds included.
+pub fn accesses(spec: &GroupSpec) -> Vec<ResourceAccess> {
+    let mut accesses: Vec<ResourceAccess> = spec
+        .subscriptions
+        .iter()
+        .map(|s| ResourceAccess {
+            group: s.watch.resource.group.clone(),
+            resource: s.watch.resource.plural.clone(),
+            namespace: s.watch.namespace.clone(),
+        })
+        .collect();
+    accesses.sort_by(|a, b| {
+        (&a.group, &a.resource, &a.namespace).cmp(&(&b.group, &b.resource, &b.namespace))
+    });
+    accesses.dedup();
+    accesses
+}

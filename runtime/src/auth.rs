@@ -1,0 +1,557 @@
+//! Who is calling: every call to a kube-dispatch server carries a Kubernetes ServiceAccount
+//! token as `authorization: Bearer <token>`; [`Authenticator`] verifies it with a TokenReview for
+//! the expected audiences and [`AuthLayer`] puts the caller's [`Identity`] on the request (or
+//! answers UNAUTHENTICATED with a message that says what is wrong, never the token).
+//!
+//! Reviews are cached in a bounded map keyed by the token's SHA-256: a verdict is kept at most
+//! [`AuthConfig::cache_ttl`] (a refusal [`AuthConfig::refusal_ttl`]) and never past the token's own
+//! expiry, and one review per token is in flight at a time, so the API server sees a review
+//! per token and period, not per call.
+
+use std::{
+    collections::BTreeMap,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use base64::Engine as _;
+use k8s_openapi::api::authentication::v1::{
+    SelfSubjectReview, TokenReview, TokenReviewSpec, UserInfo,
+};
+use kube::{Api, Client, api::PostParams};
+use sha2::{Digest, Sha256};
+use tonic::{Status, body::Body};
+use tracing::warn;
+
+/// Paths no credential is asked for: the health service, which the kubelet's probes call.
+const UNAUTHENTICATED_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
+
+/// The authenticated caller of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The Kubernetes user name (`system:serviceaccount:<namespace>:<name>` for a
+    /// ServiceAccount).
+    pub username: String,
+    /// The user's uid, when the authenticator gives one.
+    pub uid: String,
+    /// The user's groups.
+    pub groups: Vec<String>,
+    /// Extra attributes (for ServiceAccount tokens: the pod and node bound to it), which
+    /// SubjectAccessReviews pass on.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl Identity {
+    fn from_user(user: UserInfo) -> Self {
+        Self {
+            username: user.username.unwrap_or_default(),
+            uid: user.uid.unwrap_or_default(),
+            groups: user.groups.unwrap_or_default(),
+            extra: user.extra.unwrap_or_default(),
+        }
+    }
+}
+
+/// Who is calling, as [`AuthLayer`] puts it on every request it lets through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// A verified identity.
+    Authenticated(Arc<Identity>),
+    /// Nobody checked: the server runs with authentication off (`--allow-anonymous`).
+    Anonymous,
+}
+
+impl Caller {
+    /// The caller of `request`; a request that did not pass through [`AuthLayer`] (a test that
+    /// calls a service directly) is anonymous.
+    pub fn of<T>(request: &tonic::Request<T>) -> Self {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or(Caller::Anonymous)
+    }
+
+    /// The identity, if authenticated.
+    pub fn identity(&self) -> Option<&Arc<Identity>> {
+        match self {
+            Caller::Authenticated(identity) => Some(identity),
+            Caller::Anonymous => None,
+        }
+    }
+
+    /// The user name for logs and errors: `anonymous` when nobody checked.
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Authenticated(identity) => &identity.username,
+            Caller::Anonymous => "anonymous",
+        }
+    }
+}
+
+/// Settings of the authenticator. The defaults are the binaries' flags' defaults.
+#[derive(Clone, Debug)]
+pub struct AuthConfig {
+    /// A token must be valid for one of these audiences.
+    pub audiences: Vec<String>,
+    /// Longest a verified token is trusted without a new review.
+    pub cache_ttl: Duration,
+    /// Longest a refused token is refused without a new review.
+    pub refusal_ttl: Duration,
+    /// Most tokens remembered at once; about 300 bytes each.
+    pub cache_capacity: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            audiences: vec![kube_dispatch_proto::credentials::DEFAULT_AUDIENCE.to_owned()],
+            cache_ttl: Duration::from_secs(120),
+            refusal_ttl: Duration::from_secs(10),
+            cache_capacity: 10_000,
+        }
+    }
+}
+
+/// Why a call was not authenticated; each says what is wrong and none holds the token.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unauthenticated {
+    /// No `authorization` header.
+    #[error(
+        "no credential: send `authorization: Bearer <token>` with a ServiceAccount token for audience {audiences}"
+    )]
+    Missing {
+        /// The audiences accepted.
+        audiences: String,
+    },
+    /// A header that is not `Bearer <token>`.
+    #[error("malformed credential: {0}")]
+    Malformed(&'static str),
+    /// The token's `exp` claim has passed.
+    #[error("token expired {0} s ago: the kubelet rotates projected tokens; read the file again")]
+    Expired(u64),
+    /// The token's `aud` claim names none of the accepted audiences.
+    #[error("token is for audiences {got:?}, not {want}: project it with `audience: {want}`")]
+    WrongAudience {
+        /// The token's audiences.
+        got: Vec<String>,
+        /// The audiences accepted.
+        want: String,
+    },
+    /// The API server did not authenticate the token.
+    #[error("token rejected by the API server: {0}")]
+    Rejected(String),
+    /// The review could not be made; the call may be retried.
+    #[error("cannot verify the token now: {0}")]
+    Unavailable(String),
+}
+
+impl From<Unauthenticated> for Status {
+    fn from(e: Unauthenticated) -> Self {
+        match e {
+            Unauthenticated::Unavailable(_) => Status::unavailable(e.to_string()),
+            _ => Status::unauthenticated(e.to_string()),
+        }
+    }
+}
+
+/// The claims of a JWT read without verifying it (the TokenReview verifies), to say early and
+/// precisely why a token cannot pass, and to keep a verdict no longer than the token lives.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Claims {
+    exp: Option<u64>,
+    #[serde(default, deserialize_with = "one_or_many")]
+    aud: Vec<String>,
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(
+        match <Option<OneOrMany> as serde::Deserialize>::deserialize(d)? {
+            None => Vec::new(),
+            Some(OneOrMany::One(a)) => vec![a],
+            Some(OneOrMany::Many(a)) => a,
+        },
+    )
+}
+
+/// The claims of `token` if it is a JWT (static and other opaque tokens have none).
+fn claims(token: &str) -> Option<Claims> {
+    let mut parts = token.split('.');
+    let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The token of an `authorization` header value.
+pub fn bearer_token(header: Option<&[u8]>) -> Result<&str, Unauthenticated> {
+    let Some(header) = header else {
+        return Err(Unauthenticated::Missing {
+            audiences: String::new(),
+        });
+    };
+    let text = std::str::from_utf8(header)
+        .map_err(|_| Unauthenticated::Malformed("the authorization header is not text"))?;
+    let (scheme, token) = text
+        .split_once(' ')
+        .ok_or(Unauthenticated::Malformed("expected `Bearer <token>`"))?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(Unauthenticated::Malformed(
+            "only the Bearer scheme is accepted",
+        ));
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(Unauthenticated::Malformed("the bearer token is empty"));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Unauthenticated::Malformed(
+            "the bearer token holds whitespace",
+        ));
+    }
+    Ok(token)
+}
+
+#[derive(Clone, Debug)]
+struct Verdict {
+    result: Result<Arc<Identity>, Unauthenticated>,
+    /// When the token itself expires, as Unix seconds.
+    token_expiry: Option<u64>,
+}
+
+struct VerdictExpiry {
+    ttl: Duration,
+    refusal_ttl: Duration,
+}
+
+impl moka::Expiry<[u8; 32], Verdict> for VerdictExpiry {
+    fn expire_after_create(&self, _: &[u8; 32], v: &Verdict, _: Instant) -> Option<Duration> {
+        let ttl = if v.result.is_ok() {
+            self.ttl
+        } else {
+            self.refusal_ttl
+        };
+        let lives = v
+            .token_expiry
+            .map(|exp| Duration::from_secs(exp.saturating_sub(unix_now())));
+        Some(lives.map_or(ttl, |lives| lives.min(ttl)))
+    }
+}
+
+/// Verifies bearer tokens with TokenReview, through a bounded cache.
+pub struct Authenticator {
+    client: Client,
+    config: AuthConfig,
+    audiences: String,
+    cache: moka::future::Cache<[u8; 32], Verdict>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("config", &self.config)
+            .field("cached", &self.cache.entry_count())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Reviews tokens through `client` (whose identity may create `tokenreviews`).
+    pub fn new(client: Client, config: AuthConfig) -> Self {
+        let cache = moka::future::Cache::builder()
+            .max_capacity(config.cache_capacity)
+            .expire_after(VerdictExpiry {
+                ttl: config.cache_ttl,
+                refusal_ttl: config.refusal_ttl,
+            })
+            .build();
+        Self {
+            client,
+            audiences: config.audiences.join(" or "),
+            config,
+            cache,
+        }
+    }
+
+    /// Tokens remembered now, about (for tests and metrics).
+    pub fn cached(&self) -> u64 {
+        self.cache.entry_count()
+    }
+
+    /// The caller who sent `header` (the `authorization` header's value).
+    pub async fn authenticate(
+        &self,
+        header: Option<&[u8]>,
+    ) -> Result<Arc<Identity>, Unauthenticated> {
+        let token = bearer_token(header).map_err(|e| match e {
+            Unauthenticated::Missing { .. } => Unauthenticated::Missing {
+                audiences: self.audiences.clone(),
+            },
+            e => e,
+        })?;
+        let claims = claims(token);
+        if let Some(claims) = &claims {
+            let now = unix_now();
+            if let Some(exp) = claims.exp
+                && exp <= now
+            {
+                return Err(Unauthenticated::Expired(now - exp));
+            }
+            if !claims.aud.is_empty()
+                && !claims.aud.iter().any(|a| self.config.audiences.contains(a))
+            {
+                return Err(Unauthenticated::WrongAudience {
+                    got: claims.aud.clone(),
+                    want: self.audiences.clone(),
+                });
+            }
+        }
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let token_expiry = claims.and_then(|c| c.exp);
+        let verdict = self
+            .cache
+            .try_get_with(key, async {
+                self.review(token).await.map(|result| Verdict {
+                    result,
+                    token_expiry,
+                })
+            })
+            .await
+            .map_err(|e: Arc<Unauthenticated>| (*e).clone())?;
+        verdict.result
+    }
+
+    /// One TokenReview; `Err` when it could not be made (not cached).
+    async fn review(
+        &self,
+        token: &str,
+    ) -> Result<Result<Arc<Identity>, Unauthenticated>, Unauthenticated> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_owned(),
+                audiences: Some(self.config.audiences.clone()),
+            },
+            ..TokenReview::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                warn!(error = %e, "TokenReview failed");
+                Unauthenticated::Unavailable(format!("TokenReview failed: {e}"))
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            let why = status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "not authenticated".into());
+            return Ok(Err(Unauthenticated::Rejected(why)));
+        }
+        if let Some(got) = status.audiences
+            && !got.is_empty()
+            && !got.iter().any(|a| self.config.audiences.contains(a))
+        {
+            return Ok(Err(Unauthenticated::WrongAudience {
+                got,
+                want: self.audiences.clone(),
+            }));
+        }
+        let Some(user) = status.user else {
+            return Ok(Err(Unauthenticated::Rejected(
+                "the review named no user".into(),
+            )));
+        };
+        Ok(Ok(Arc::new(Identity::from_user(user))))
+    }
+}
+
+/// This process's own identity as the API server sees it (a SelfSubjectReview), for servers
+/// that admit only their own kind as callers (the dispatchers' Peer service).
+pub async fn own_identity(client: &Client) -> Result<Identity, kube::Error> {
+    let reviewed = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    Ok(Identity::from_user(
+        reviewed
+            .status
+            .and_then(|s| s.user_info)
+            .unwrap_or_default(),
+    ))
+}
+
+/// How a server authenticates its callers.
+#[derive(Clone, Debug)]
+pub enum Authentication {
+    /// Every call but health checks needs a token that passes review.
+    Required(Arc<Authenticator>),
+    /// Nobody is checked and every caller is [`Caller::Anonymous`]: only behind an explicit
+    /// flag, which logs a warning at start.
+    Anonymous,
+}
+
+impl Authentication {
+    /// Logs, once at start, that a server takes anonymous calls.
+    pub fn warn_if_anonymous(&self, server: &str) {
+        if matches!(self, Authentication::Anonymous) {
+            warn!(
+                server,
+                "authentication OFF (--allow-anonymous): any caller that reaches this port reads every object the dispatchers can read and can act in any controller group"
+            );
+        }
+    }
+}
+
+/// A tower layer that authenticates every request but health checks and puts its [`Caller`]
+/// in the request's extensions.
+#[derive(Clone, Debug)]
+pub struct AuthLayer(Authentication);
+
+impl AuthLayer {
+    /// Authenticates as `authentication` says.
+    pub fn new(authentication: Authentication) -> Self {
+        Self(authentication)
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Authenticate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Authenticate {
+            inner,
+            authentication: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] makes.
+#[derive(Clone, Debug)]
+pub struct Authenticate<S> {
+    inner: S,
+    authentication: Authentication,
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S> tower::Service<http::Request<Body>> for Authenticate<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // The clone that was made ready is the one that serves this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let authentication = self.authentication.clone();
+        Box::pin(async move {
+            let path = request.uri().path();
+            let caller = match &authentication {
+                _ if UNAUTHENTICATED_PREFIXES.iter().any(|p| path.starts_with(p)) => {
+                    Caller::Anonymous
+                }
+                Authentication::Anonymous => Caller::Anonymous,
+                Authentication::Required(authenticator) => {
+                    let header = request
+                        .headers()
+                        .get(http::header::AUTHORIZATION)
+                        .map(|v| v.as_bytes());
+                    match authenticator.authenticate(header).await {
+                        Ok(identity) => Caller::Authenticated(identity),
+                        Err(e) => return Ok(Status::from(e).into_http()),
+                    }
+                }
+            };
+            request.extensions_mut().insert(caller);
+            inner.call(request).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwt(claims: &str) -> String {
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(claims))
+    }
+
+    #[test]
+    fn headers_are_parsed_or_refused_with_the_reason() {
+        assert_eq!(bearer_token(Some(b"Bearer abc")), Ok("abc"));
+        assert_eq!(bearer_token(Some(b"bearer  abc ")), Ok("abc"));
+        assert!(matches!(
+            bearer_token(None),
+            Err(Unauthenticated::Missing { .. })
+        ));
+        for (header, why) in [
+            (&b"Basic abc"[..], "only the Bearer scheme"),
+            (b"Bearer", "expected `Bearer <token>`"),
+            (b"Bearer ", "empty"),
+            (b"Bearer a b", "whitespace"),
+            (b"Bearer \xff", "not text"),
+        ] {
+            let e = bearer_token(Some(header)).unwrap_err();
+            assert!(e.to_string().contains(why), "{header:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn claims_are_read_from_jwts_only() {
+        let c = claims(&jwt(r#"{"exp":5,"aud":["a","b"]}"#)).unwrap();
+        assert_eq!((c.exp, c.aud), (Some(5), vec!["a".into(), "b".into()]));
+        let c = claims(&jwt(r#"{"aud":"a"}"#)).unwrap();
+        assert_eq!((c.exp, c.aud), (None, vec!["a".to_owned()]));
+        assert!(claims("opaque-static-token").is_none());
+        assert!(claims("a.b.c.d").is_none());
+        assert!(claims("a.!!!.c").is_none());
+    }
+
+    #[test]
+    fn messages_never_carry_the_token() {
+        let token = jwt(r#"{"exp":1,"aud":["other"]}"#);
+        let header = format!("Bearer {token}");
+        let e = bearer_token(Some(header.as_bytes())).map(|t| claims(t).unwrap());
+        let claims = e.unwrap();
+        let errors = [
+            Unauthenticated::Expired(unix_now() - claims.exp.unwrap()),
+            Unauthenticated::WrongAudience {
+                got: claims.aud,
+                want: "kube-dispatch".into(),
+            },
+        ];
+        for e in errors {
+            assert!(!e.to_string().contains(&token), "{e}");
+        }
+    }
+}

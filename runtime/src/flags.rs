@@ -1,0 +1,239 @@
+//! The security flags every kube-dispatch server takes, and what they turn into. Secure by
+//! default: a server without a certificate refuses to start unless `--insecure` says
+//! plaintext, and callers are authenticated unless `--allow-anonymous` says otherwise; both log
+//! a warning at start.
+
+use std::{path::PathBuf, time::Duration};
+
+use kube_dispatch_proto::credentials::{Credentials, DEFAULT_AUDIENCE, DEFAULT_TOKEN_FILE};
+
+use crate::{
+    auth::AuthConfig,
+    authz::AuthzConfig,
+    tls::{ServerTls, Transport},
+};
+
+/// How a server serves: TLS and authentication.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SecurityFlags {
+    /// PEM certificate chain this server presents (the mounted TLS Secret's tls.crt); read
+    /// again when it changes, without dropping open connections.
+    #[arg(long, env = "KD_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert-file (tls.key).
+    #[arg(long, env = "KD_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// Serve and call PLAINTEXT: anyone on the network path reads and alters every call,
+    /// tokens included. Logs a warning at start.
+    #[arg(long, env = "KD_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub insecure: bool,
+
+    /// Take calls without authentication, and so without authorization: any caller that
+    /// reaches the port reads every object this process can read. Logs a warning at start.
+    #[arg(long, env = "KD_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_anonymous: bool,
+
+    /// Audience a caller's token must be issued for (repeat for several).
+    #[arg(long = "token-audience", env = "KD_TOKEN_AUDIENCES", value_delimiter = ',', default_value = DEFAULT_AUDIENCE)]
+    pub token_audiences: Vec<String>,
+
+    /// Longest a verified token is trusted before it is reviewed again (TokenReview); never
+    /// past the token's own expiry.
+    #[arg(long, env = "KD_TOKEN_CACHE_TTL", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub token_cache_ttl: Duration,
+
+    /// Most verified tokens remembered, and most access decisions (SubjectAccessReview).
+    #[arg(long, env = "KD_AUTH_CACHE_SIZE", default_value_t = 10_000)]
+    pub auth_cache_size: u64,
+}
+
+/// How a server calls other kube-dispatch servers (a dispatcher its peers).
+#[derive(Clone, Debug, clap::Args)]
+pub struct CallFlags {
+    /// PEM CA bundle that the servers this process calls must chain to (ca.crt).
+    #[arg(long, env = "KD_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+
+    /// Name the called servers' certificates must carry, instead of the host of each address
+    /// (Leases publish pod IPs; certificates name the Service).
+    #[arg(long, env = "KD_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// ServiceAccount token this process sends when it calls another kube-dispatch server (a
+    /// projected token for the audience its callers expect), read again as the kubelet rotates
+    /// it.
+    #[arg(long, env = "KD_TOKEN_FILE", default_value = DEFAULT_TOKEN_FILE)]
+    pub token_file: PathBuf,
+}
+
+/// Flags that contradict each other or are missing.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    /// Neither a certificate nor --insecure.
+    #[error(
+        "no serving certificate: set --tls-cert-file and --tls-key-file (a mounted TLS Secret), or --insecure to serve plaintext"
+    )]
+    NoCertificate,
+    /// A certificate and --insecure at once.
+    #[error("--insecure contradicts --tls-cert-file/--tls-key-file: choose one")]
+    Contradiction,
+    /// Only one of certificate and key.
+    #[error("--tls-cert-file and --tls-key-file go together")]
+    HalfCertificate,
+    /// Calls to other servers over TLS need a CA bundle.
+    #[error(
+        "no CA bundle to verify the servers this process calls: set --tls-ca-file (or --insecure)"
+    )]
+    NoCa,
+    /// A zero duration or size.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+impl SecurityFlags {
+    /// How this process serves.
+    pub fn transport(&self) -> Result<Transport, FlagError> {
+        match (&self.tls_cert_file, &self.tls_key_file, self.insecure) {
+            (None, None, true) => Ok(Transport::Plaintext),
+            (Some(_), _, true) | (_, Some(_), true) => Err(FlagError::Contradiction),
+            (Some(cert), Some(key), false) => Ok(Transport::Tls(ServerTls::new(cert, key))),
+            (None, None, false) => Err(FlagError::NoCertificate),
+            _ => Err(FlagError::HalfCertificate),
+        }
+    }
+
+    /// How callers are authenticated; `None` with --allow-anonymous.
+    pub fn authentication(&self) -> Result<Option<AuthConfig>, FlagError> {
+        if self.allow_anonymous {
+            return Ok(None);
+        }
+        if self.token_cache_ttl.is_zero() {
+            return Err(FlagError::Zero("--token-cache-ttl"));
+        }
+        if self.auth_cache_size == 0 {
+            return Err(FlagError::Zero("--auth-cache-size"));
+        }
+        Ok(Some(AuthConfig {
+            audiences: self.token_audiences.clone(),
+            cache_ttl: self.token_cache_ttl,
+            cache_capacity: self.auth_cache_size,
+            ..AuthConfig::default()
+        }))
+    }
+
+    /// How read access is checked: decisions trusted for `recheck`.
+    pub fn authorization(&self, recheck: Duration) -> Result<AuthzConfig, FlagError> {
+        if recheck.is_zero() {
+            return Err(FlagError::Zero("--authorization-recheck"));
+        }
+        Ok(AuthzConfig {
+            recheck,
+            cache_capacity: self.auth_cache_size,
+            ..AuthzConfig::default()
+        })
+    }
+}
+
+impl CallFlags {
+    /// How this process calls other kube-dispatch servers, which serve as `serving` says: TLS
+    /// against --tls-ca-file with the token in --token-file, or plaintext with --insecure (the
+    /// token is still sent unless --allow-anonymous).
+    pub fn credentials(&self, serving: &SecurityFlags) -> Result<Credentials, FlagError> {
+        let credentials = if serving.insecure {
+            Credentials::plaintext()
+        } else {
+            let ca = self.tls_ca_file.as_ref().ok_or(FlagError::NoCa)?;
+            let mut c = Credentials::tls(ca);
+            if let Some(name) = &self.tls_server_name {
+                c = c.with_server_name(name);
+            }
+            c
+        };
+        Ok(if serving.allow_anonymous {
+            credentials
+        } else {
+            credentials.with_token_file(&self.token_file)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        security: SecurityFlags,
+        #[command(flatten)]
+        calls: CallFlags,
+    }
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::parse_from(std::iter::once("server").chain(args.iter().copied()))
+    }
+
+    fn flags(args: &[&str]) -> SecurityFlags {
+        cli(args).security
+    }
+
+    fn credentials(args: &[&str]) -> Result<Credentials, FlagError> {
+        let cli = cli(args);
+        cli.calls.credentials(&cli.security)
+    }
+
+    #[test]
+    fn secure_unless_told_otherwise() {
+        let none = flags(&[]);
+        assert!(matches!(none.transport(), Err(FlagError::NoCertificate)));
+        assert_eq!(
+            none.authentication().unwrap().unwrap().audiences,
+            ["kube-dispatch"]
+        );
+        assert!(matches!(
+            flags(&["--insecure"]).transport(),
+            Ok(Transport::Plaintext)
+        ));
+        assert!(matches!(
+            flags(&["--insecure", "--tls-cert-file", "c", "--tls-key-file", "k"]).transport(),
+            Err(FlagError::Contradiction)
+        ));
+        assert!(matches!(
+            flags(&["--tls-cert-file", "c"]).transport(),
+            Err(FlagError::HalfCertificate)
+        ));
+        assert!(matches!(
+            flags(&["--tls-cert-file", "c", "--tls-key-file", "k"]).transport(),
+            Ok(Transport::Tls(_))
+        ));
+        assert!(
+            flags(&["--allow-anonymous"])
+                .authentication()
+                .unwrap()
+                .is_none()
+        );
+        assert!(matches!(credentials(&[]), Err(FlagError::NoCa)));
+        assert!(credentials(&["--tls-ca-file", "ca"]).unwrap().is_tls());
+        assert!(!credentials(&["--insecure"]).unwrap().is_tls());
+    }
+
+    #[test]
+    fn the_defaults_are_the_libraries() {
+        let f = flags(&[]);
+        let (auth, authz) = (AuthConfig::default(), AuthzConfig::default());
+        let got = f.authentication().unwrap().unwrap();
+        assert_eq!(
+            (got.cache_ttl, got.cache_capacity, got.refusal_ttl),
+            (auth.cache_ttl, auth.cache_capacity, auth.refusal_ttl)
+        );
+        let got = f.authorization(authz.recheck).unwrap();
+        assert_eq!(
+            (got.recheck, got.cache_capacity),
+            (authz.recheck, authz.cache_capacity)
+        );
+    }
+}
