@@ -3,7 +3,10 @@
 Runs the tier as local processes with the identities the StatefulSet and Deployments would give
 them: three dispatchers (dispatcher-0..2, ring from their Leases), the load balancer, and two
 replicas of the example controller `configmap_hasher` (configmap-hasher-0/1), which keeps a
-content-hash annotation on every ConfigMap. Then:
+content-hash annotation on every ConfigMap. Secure as deployed: every server serves TLS (the
+control plane's test certificate), and every call carries a ServiceAccount token for audience
+kube-dispatch: the controller's ServiceAccount may list, watch, get and patch ConfigMaps in the
+demo's namespace only, and the dispatchers' own ServiceAccount is the only one Peer takes. Then:
 
 1. creates the ConfigMaps and waits until every one carries the hash of its content;
 2. kills (SIGKILL) configmap-hasher-0 and dispatcher-1, changes every ConfigMap, and waits
@@ -29,6 +32,7 @@ from collections import Counter, defaultdict
 from datetime import datetime
 
 KUBECONFIG, KUBECTL, BIN_DIR, LOGS = sys.argv[1:5]
+PKI = os.path.join(os.path.dirname(KUBECONFIG), "pki")
 OBJECTS = int(os.environ.get("DEMO_OBJECTS", "2000"))
 KEEP = bool(os.environ.get("KEEP"))
 # A namespace per run: the previous run's may still be terminating.
@@ -111,17 +115,65 @@ def start(name, argv, env):
     return processes[name]
 
 
+def identities():
+    """The demo's ServiceAccounts, their rights, and a token for each (audience kube-dispatch).
+    Returns the token files by account."""
+    kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: kube-dispatch-dispatcher, namespace: {OBJECTS_NS}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: configmap-hasher, namespace: {OBJECTS_NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: configmap-hasher, namespace: {OBJECTS_NS}}}
+rules:
+- {{apiGroups: [""], resources: [configmaps], verbs: [get, list, watch, patch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: configmap-hasher, namespace: {OBJECTS_NS}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: configmap-hasher}}
+subjects: [{{kind: ServiceAccount, name: configmap-hasher, namespace: {OBJECTS_NS}}}]
+""")
+    tokens = {}
+    for account in ["kube-dispatch-dispatcher", "configmap-hasher"]:
+        token = kubectl("create", "token", account, "-n", OBJECTS_NS, "--audience",
+                        "kube-dispatch", "--duration", "1h").strip()
+        path = os.path.join(LOGS, f"{account}.token")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(token)
+        tokens[account] = path
+    return tokens
+
+
+TOKENS = {}
+TLS_ENV = {
+    "KD_TLS_CERT_FILE": os.path.join(PKI, "kube-dispatch.crt"),
+    "KD_TLS_KEY_FILE": os.path.join(PKI, "kube-dispatch.key"),
+    "KD_TLS_CA_FILE": os.path.join(PKI, "ca.crt"),
+}
+
+
 def start_dispatcher(i):
     port = free_port()
-    env = dict(DISPATCHER_ENV, KD_DISPATCHER_ID=f"dispatcher-{i}", KD_LISTEN=f"127.0.0.1:{port}")
+    env = dict(DISPATCHER_ENV, **TLS_ENV, KD_DISPATCHER_ID=f"dispatcher-{i}",
+               KD_LISTEN=f"127.0.0.1:{port}", KD_TOKEN_FILE=TOKENS["kube-dispatch-dispatcher"],
+               KD_PEER_USERS=f"system:serviceaccount:{OBJECTS_NS}:kube-dispatch-dispatcher")
     return start(f"dispatcher-{i}", [os.path.join(BIN_DIR, "kube-dispatch-dispatcher")], env)
 
 
 def start_replica(i, lb_port):
     env = {
         "POD_NAME": f"configmap-hasher-{i}",
-        "KD_LOADBALANCER": f"http://127.0.0.1:{lb_port}",
+        "KD_LOADBALANCER": f"127.0.0.1:{lb_port}",
         "KD_LOG_JSON": "1",
+        "KD_TLS_CA_FILE": TLS_ENV["KD_TLS_CA_FILE"],
+        "KD_TOKEN_FILE": TOKENS["configmap-hasher"],
+        "KD_WATCH_NAMESPACE": OBJECTS_NS,
     }
     return start(
         f"configmap-hasher-{i}", [os.path.join(BIN_DIR, "examples", "configmap_hasher")], env
@@ -273,12 +325,14 @@ dispatcher_names = {}
 def main():
     os.makedirs(LOGS, exist_ok=True)
     kubectl("create", "namespace", OBJECTS_NS)
+    TOKENS.update(identities())
 
     lb_port = free_port()
     start(
         "loadbalancer",
         [os.path.join(BIN_DIR, "kube-dispatch-loadbalancer")],
         {
+            **{k: v for k, v in TLS_ENV.items() if k != "KD_TLS_CA_FILE"},
             "KD_LISTEN": f"127.0.0.1:{lb_port}",
             "KD_NAMESPACE": LEASE_NS,
             "KD_LEASE_DURATION": "4s",
@@ -291,7 +345,7 @@ def main():
         start_dispatcher(i)
     for i in range(2):
         start_replica(i, lb_port)
-    say(f"3 dispatchers, the load balancer on 127.0.0.1:{lb_port}, 2 controller replicas; logs in {LOGS}")
+    say(f"3 dispatchers, the load balancer on 127.0.0.1:{lb_port}, 2 controller replicas, all over TLS with ServiceAccount tokens; logs in {LOGS}")
     wait_for_addresses()
 
     say(f"creating {OBJECTS} ConfigMaps in namespace {OBJECTS_NS}")

@@ -1,15 +1,21 @@
 //! The smallest useful controller: keeps a content hash annotation on every ConfigMap.
 //!
-//! Against the local control plane (`make cluster-up`) and one dispatcher:
+//! Against the local control plane (`make cluster-up`, which also makes a serving certificate and
+//! a token of a test identity) and one dispatcher, over TLS:
 //!
 //! ```sh
-//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 &
-//! KUBECONFIG=.cluster/kubeconfig cargo run -p kube-dispatch-controller --example configmap_hasher -- http://127.0.0.1:7070
+//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 \
+//!   --tls-cert-file .cluster/pki/kube-dispatch.crt --tls-key-file .cluster/pki/kube-dispatch.key \
+//!   --tls-ca-file .cluster/pki/ca.crt --token-file .cluster/tokens/tester.token &
+//! KUBECONFIG=.cluster/kubeconfig KD_TLS_CA_FILE=.cluster/pki/ca.crt KD_TOKEN_FILE=.cluster/tokens/tester.token \
+//!   cargo run -p kube-dispatch-controller --example configmap_hasher -- 127.0.0.1:7070
 //! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configmap_hasher.yaml
 //! kubectl --kubeconfig .cluster/kubeconfig get configmap hasher-demo -o yaml   # see the annotation
 //! ```
 //!
-//! Run a second copy with another `POD_NAME` to see two replicas share the ConfigMaps.
+//! Run a second copy with another `POD_NAME` to see two replicas share the ConfigMaps. Set
+//! `KD_WATCH_NAMESPACE` to reconcile one namespace only: the tier then asks only that the
+//! replica's identity may `list` and `watch` ConfigMaps there.
 
 use std::{sync::Arc, time::Duration};
 
@@ -95,7 +101,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (KD_LOADBALANCER, else the in-cluster default).
     let dispatchers: Vec<String> = std::env::args().skip(1).collect();
     let client = Client::try_default().await?;
-    Controller::<ConfigMap>::new(client.clone(), "configmap-hasher")
+    let mut controller = Controller::<ConfigMap>::new(client.clone(), "configmap-hasher");
+    if let Some(namespace) = std::env::var("KD_WATCH_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
+        controller = controller.namespace(namespace);
+    }
+    controller
         .dispatchers(dispatchers)
         .shutdown_on_signal()
         .run(reconcile, error_policy, Arc::new(Context { client }))

@@ -1,0 +1,463 @@
+//! The tier gives a caller exactly what its own identity may read (`proto/kubedispatch/v1/security.md`):
+//! against the real API server, with ServiceAccounts of a test namespace, tokens from
+//! TokenRequest and the static test users.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::ServiceAccount,
+    rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube_dispatch_proto::{
+    credentials::Credentials,
+    v1::{
+        AckItem, AckRequest, OpenSessionRequest, PollRequest, RecentDeletionsRequest, ResourceRef,
+        Subscription, ack_item, peer_client::PeerClient,
+    },
+};
+use kube_dispatch_tests::{
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, subscription, test_config},
+};
+use tonic::Code;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A ServiceAccount `name` in `ns`, with a Role of `verbs` on ConfigMaps there when given.
+async fn account(ns: &TestNamespace, name: &str, verbs: &[&str]) -> Result<(), kube::Error> {
+    let client = ns.client();
+    let pp = PostParams::default();
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(ns.name().to_owned()),
+        ..ObjectMeta::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), ns.name())
+        .create(
+            &pp,
+            &ServiceAccount {
+                metadata: meta(name),
+                ..ServiceAccount::default()
+            },
+        )
+        .await?;
+    if verbs.is_empty() {
+        return Ok(());
+    }
+    Api::<Role>::namespaced(client.clone(), ns.name())
+        .create(
+            &pp,
+            &Role {
+                metadata: meta(name),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["configmaps".into()]),
+                    verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+                    ..PolicyRule::default()
+                }]),
+            },
+        )
+        .await?;
+    Api::<RoleBinding>::namespaced(client, ns.name())
+        .create(
+            &pp,
+            &RoleBinding {
+                metadata: meta(name),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: name.to_owned(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.to_owned(),
+                    namespace: Some(ns.name().to_owned()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// A token of ServiceAccount `name` in `ns` for `audience`.
+async fn token(ns: &TestNamespace, name: &str, audience: &str) -> Result<String, kube::Error> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.to_owned()]),
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let issued = Api::<ServiceAccount>::namespaced(ns.client(), ns.name())
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?;
+    Ok(issued.status.and_then(|s| s.token).unwrap_or_default())
+}
+
+fn ca() -> std::path::PathBuf {
+    Cluster::shared().dir().join("pki/ca.crt")
+}
+
+fn as_token(token: &str) -> Credentials {
+    Credentials::tls(ca()).with_token(token)
+}
+
+fn open(group: &str, subscriptions: Vec<Subscription>) -> OpenSessionRequest {
+    OpenSessionRequest {
+        group: group.into(),
+        replica_id: "replica-0".into(),
+        subscriptions,
+        ttl: None,
+    }
+}
+
+/// The code and message an OpenSession with `credentials` gets (`Ok` as code OK).
+async fn open_as(
+    d: &TestDispatcher,
+    credentials: &Credentials,
+    request: OpenSessionRequest,
+) -> (Code, String) {
+    match d.client_as(credentials).await.open_session(request).await {
+        Ok(opened) => (Code::Ok, opened.into_inner().session_id),
+        Err(status) => (status.code(), status.message().to_owned()),
+    }
+}
+
+/// Identity x subscription x expected status: exactly what the caller could list and watch
+/// itself is allowed.
+#[tokio::test]
+async fn each_identity_gets_what_it_may_list_and_watch_and_nothing_more() -> TestResult {
+    let ns = TestNamespace::create("security-table").await?;
+    account(&ns, "reader", &["list", "watch"]).await?;
+    account(&ns, "getter", &["get"]).await?;
+    let reader = token(&ns, "reader", "kube-dispatch").await?;
+    let getter = token(&ns, "getter", "kube-dispatch").await?;
+    let other_audience = token(&ns, "reader", "another-service").await?;
+    let static_user = std::fs::read_to_string(Cluster::shared().dir().join("tokens.csv"))?
+        .lines()
+        .find(|l| l.contains(",kd-test-user-1,"))
+        .and_then(|l| l.split(',').next().map(str::to_owned))
+        .ok_or("no static test user")?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let here = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let everywhere = || vec![subscription("v1", "ConfigMap", "")];
+    let with_owned_secrets = || {
+        let mut subs = here();
+        subs.push(Subscription {
+            resource: Some(ResourceRef {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "Secret".into(),
+                ..ResourceRef::default()
+            }),
+            namespace: ns.name().to_owned(),
+            owner: Some(ResourceRef {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                ..ResourceRef::default()
+            }),
+            ..Subscription::default()
+        });
+        subs
+    };
+    let n = ns.name();
+    let table: Vec<(&str, Credentials, Vec<Subscription>, Code, String)> = vec![
+        (
+            "reader, its namespace",
+            as_token(&reader),
+            here(),
+            Code::Ok,
+            String::new(),
+        ),
+        (
+            "reader, every namespace",
+            as_token(&reader),
+            everywhere(),
+            Code::PermissionDenied,
+            format!("system:serviceaccount:{n}:reader may not list configmaps in every namespace"),
+        ),
+        (
+            "reader, owned Secrets without rights on Secrets",
+            as_token(&reader),
+            with_owned_secrets(),
+            Code::PermissionDenied,
+            format!("system:serviceaccount:{n}:reader may not list secrets in namespace {n}"),
+        ),
+        (
+            "getter (get only), its namespace",
+            as_token(&getter),
+            here(),
+            Code::PermissionDenied,
+            format!("system:serviceaccount:{n}:getter may not list configmaps in namespace {n}"),
+        ),
+        (
+            "no token",
+            Credentials::tls(ca()),
+            here(),
+            Code::Unauthenticated,
+            "no credential: send `authorization: Bearer <token>`".into(),
+        ),
+        (
+            "a token for another audience",
+            as_token(&other_audience),
+            here(),
+            Code::Unauthenticated,
+            "token is for audiences [\"another-service\"], not kube-dispatch".into(),
+        ),
+        (
+            "a static token (no audience)",
+            as_token(&static_user),
+            here(),
+            Code::Unauthenticated,
+            "token rejected by the API server".into(),
+        ),
+        (
+            "not a token",
+            as_token("not-a-token"),
+            here(),
+            Code::Unauthenticated,
+            "token rejected by the API server".into(),
+        ),
+    ];
+    let mut failures = Vec::new();
+    println!("{:<50} {:<18} message", "identity, subscription", "status");
+    for (i, (row, credentials, subs, want, message)) in table.into_iter().enumerate() {
+        let (got, said) = open_as(&d, &credentials, open(&format!("table-{i}"), subs)).await;
+        println!(
+            "{row:<50} {:<18} {}",
+            format!("{got:?}"),
+            if got == Code::Ok { "" } else { &said }
+        );
+        assert!(
+            !said.contains(&reader) && !said.contains(&static_user),
+            "{row}: a token in a message: {said}"
+        );
+        if got != want || (want != Code::Ok && !said.contains(&message)) {
+            failures.push(format!(
+                "{row}: got {got:?} {said:?}, want {want:?} {message:?}"
+            ));
+        }
+    }
+    d.stop().await;
+    assert!(failures.is_empty(), "{failures:#?}");
+    Ok(())
+}
+
+/// A group belongs to the identity that opened it: another identity, with the same rights, can
+/// neither join it nor acknowledge its deliveries away with its session id.
+#[tokio::test]
+async fn a_second_identity_can_neither_join_nor_ack_in_another_group() -> TestResult {
+    let ns = TestNamespace::create("security-groups").await?;
+    account(&ns, "team-a", &["list", "watch"]).await?;
+    account(&ns, "team-b", &["list", "watch"]).await?;
+    let (a, b) = (
+        as_token(&token(&ns, "team-a", "kube-dispatch").await?),
+        as_token(&token(&ns, "team-b", "kube-dispatch").await?),
+    );
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(ns.client(), ns.name());
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "one"}}))?,
+        )
+        .await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut client_a = d.client_as(&a).await;
+    let session = client_a
+        .open_session(open("owned", subs()))
+        .await?
+        .into_inner()
+        .session_id;
+    let (code, said) = open_as(&d, &b, open("owned", subs())).await;
+    assert_eq!(code, Code::PermissionDenied, "{said}");
+    assert!(
+        said.contains(&format!(
+            "group \"owned\" belongs to system:serviceaccount:{0}:team-a, not system:serviceaccount:{0}:team-b",
+            ns.name()
+        )),
+        "{said}"
+    );
+    // A holds the key in flight; B tries to ack it away, and to poll and close A's session.
+    let held = client_a
+        .poll(PollRequest {
+            session_id: session.clone(),
+            wait: prost_types::Duration::try_from(Duration::from_secs(2)).ok(),
+            ..PollRequest::default()
+        })
+        .await?
+        .into_inner()
+        .requests;
+    assert_eq!(held.len(), 1, "A got the ConfigMap");
+    let mut client_b = d.client_as(&b).await;
+    let ack = client_b
+        .ack(AckRequest {
+            session_id: session.clone(),
+            acks: vec![AckItem {
+                delivery_id: held[0].delivery_id,
+                outcome: Some(ack_item::Outcome::Success(Default::default())),
+            }],
+        })
+        .await
+        .expect_err("B acks on A's session");
+    assert_eq!(ack.code(), Code::PermissionDenied, "{ack:?}");
+    assert!(ack.message().contains("was not opened by"), "{ack:?}");
+    let poll = client_b
+        .poll(PollRequest {
+            session_id: session.clone(),
+            ..PollRequest::default()
+        })
+        .await
+        .expect_err("B polls A's session");
+    assert_eq!(poll.code(), Code::PermissionDenied, "{poll:?}");
+    // The key is still A's to finish: its ack is taken.
+    client_a
+        .ack(AckRequest {
+            session_id: session,
+            acks: vec![AckItem {
+                delivery_id: held[0].delivery_id,
+                outcome: Some(ack_item::Outcome::Success(Default::default())),
+            }],
+        })
+        .await?;
+    d.stop().await;
+    Ok(())
+}
+
+/// Only the dispatchers' own identity may call Peer.
+#[tokio::test]
+async fn peer_refuses_unauthenticated_and_foreign_callers() -> TestResult {
+    let ns = TestNamespace::create("security-peer").await?;
+    account(&ns, "reader", &["list", "watch"]).await?;
+    let reader = as_token(&token(&ns, "reader", "kube-dispatch").await?);
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let request = || RecentDeletionsRequest {
+        group: "g".into(),
+        identity: "dispatcher-0".into(),
+        members: vec!["dispatcher-0".into()],
+    };
+    let ask = |credentials: Credentials| {
+        let address = d.addr.to_string();
+        let request = request();
+        async move {
+            let channel = credentials.endpoint(&address)?.connect().await?;
+            let answer = PeerClient::with_interceptor(channel, credentials.bearer())
+                .recent_deletions(request)
+                .await;
+            Ok::<_, Box<dyn std::error::Error>>(answer.map(|_| ()).map_err(|s| s.code()))
+        }
+    };
+    assert_eq!(
+        ask(Credentials::tls(ca())).await?,
+        Err(Code::Unauthenticated)
+    );
+    assert_eq!(ask(reader).await?, Err(Code::PermissionDenied));
+    assert_eq!(ask(kube_dispatch_tests::credentials()).await?, Ok(()));
+    d.stop().await;
+    Ok(())
+}
+
+/// A plaintext client gets nothing from a TLS server, not even an answer.
+#[tokio::test]
+async fn a_plaintext_client_is_refused_by_a_tls_server() -> TestResult {
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let tester = std::fs::read_to_string(Cluster::shared().dir().join("tokens/tester.token"))?;
+    let plaintext = Credentials::plaintext().with_token(tester.trim());
+    let answer = match plaintext.endpoint(&d.addr.to_string())?.connect().await {
+        Err(_) => None,
+        Ok(channel) => Some(
+            kube_dispatch_proto::v1::dispatcher_client::DispatcherClient::with_interceptor(
+                channel,
+                plaintext.bearer(),
+            )
+            .open_session(open("plain", vec![]))
+            .await,
+        ),
+    };
+    match answer {
+        None => {}
+        Some(Err(status)) => assert!(
+            matches!(
+                status.code(),
+                Code::Unavailable | Code::Unknown | Code::Internal
+            ),
+            "{status:?}"
+        ),
+        Some(Ok(_)) => panic!("a plaintext call was answered"),
+    }
+    d.stop().await;
+    Ok(())
+}
+
+/// A RoleBinding removed while a session is open ends the session within the recheck period
+/// plus one poll.
+#[tokio::test]
+async fn a_revoked_role_binding_ends_the_session_within_the_recheck() -> TestResult {
+    let ns = TestNamespace::create("security-revoke").await?;
+    account(&ns, "reader", &["list", "watch"]).await?;
+    let reader = as_token(&token(&ns, "reader", "kube-dispatch").await?);
+    let recheck = Duration::from_secs(2);
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.security.authorization.recheck = recheck;
+    let d = TestDispatcher::start(config).await?;
+    let mut client = d.client_as(&reader).await;
+    let session = client
+        .open_session(open(
+            "revoked",
+            vec![subscription("v1", "ConfigMap", ns.name())],
+        ))
+        .await?
+        .into_inner()
+        .session_id;
+    Api::<RoleBinding>::namespaced(ns.client(), ns.name())
+        .delete("reader", &DeleteParams::default())
+        .await?;
+    let revoked = tokio::time::Instant::now();
+    let poll_wait = Duration::from_millis(500);
+    let ended = loop {
+        let answer = client
+            .poll(PollRequest {
+                session_id: session.clone(),
+                wait: prost_types::Duration::try_from(poll_wait).ok(),
+                ..PollRequest::default()
+            })
+            .await;
+        if let Err(status) = answer {
+            break status;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(30),
+            "the session outlived its RoleBinding by 30 s"
+        );
+    };
+    let took = revoked.elapsed();
+    println!(
+        "session ended {took:?} after its RoleBinding was deleted (recheck {recheck:?}, poll wait {poll_wait:?})"
+    );
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    assert!(
+        ended.message().contains("may not list configmaps"),
+        "{ended:?}"
+    );
+    assert!(
+        took <= recheck + poll_wait + Duration::from_secs(2),
+        "ended {took:?} after the revocation, past the recheck bound"
+    );
+    // The session is gone: polling again says so.
+    let again = client
+        .poll(PollRequest {
+            session_id: session,
+            ..PollRequest::default()
+        })
+        .await
+        .expect_err("the session was closed");
+    assert_eq!(again.code(), Code::NotFound, "{again:?}");
+    d.stop().await;
+    Ok(())
+}
