@@ -23,7 +23,7 @@ use kube_dispatch_core::{
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::ring_id;
-use kube_dispatch_runtime::auth::{Caller, Identity};
+use kube_dispatch_runtime::auth::{Caller, Identity, NotOwner, check_owner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -110,17 +110,8 @@ pub enum SessionError {
         session: String,
     },
     /// The group was created by another identity (`proto/kubedispatch/v1/security.md`).
-    #[error(
-        "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
-    )]
-    NotOwner {
-        /// The group.
-        group: String,
-        /// The identity that created it.
-        owner: String,
-        /// The caller.
-        caller: String,
-    },
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
     /// The session was opened by another identity.
     #[error("session {session:?} was not opened by {caller}")]
     NotYours {
@@ -507,15 +498,7 @@ impl Groups {
         let user = caller.identity().map(|i| i.username.clone());
         if let Some(entry) = groups.get(name) {
             // A group stays its creator's for as long as it exists here (idle included).
-            if let Some(owner) = &entry.owner
-                && user.as_ref() != Some(owner)
-            {
-                return Err(SessionError::NotOwner {
-                    group: name.to_owned(),
-                    owner: owner.clone(),
-                    caller: caller.name().to_owned(),
-                });
-            }
+            check_owner(name, entry.owner.as_deref(), user.as_deref())?;
             if entry.group.spec == *spec {
                 // A replica reopening replaces its session: it takes no new slot.
                 let max = self.settings.limits.max_sessions_per_group;

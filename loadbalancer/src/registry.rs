@@ -12,6 +12,7 @@ use std::{
 };
 
 use kube_dispatch_proto::v1::Assignment;
+use kube_dispatch_runtime::auth::{NotOwner, check_owner};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
@@ -24,17 +25,8 @@ pub enum RegisterError {
     #[error("the load balancer holds {0} registrations, the most allowed")]
     Full(usize),
     /// The group's replicas run as another identity.
-    #[error(
-        "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
-    )]
-    NotOwner {
-        /// The group.
-        group: String,
-        /// The user whose replicas registered it first.
-        owner: String,
-        /// The caller.
-        caller: String,
-    },
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
 }
 
 #[derive(Debug)]
@@ -107,15 +99,11 @@ impl Registry {
         user: Option<&str>,
     ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
         let mut inner = self.inner();
-        if let Some(owner) = inner.groups.get(group).and_then(|g| g.owner.as_deref())
-            && Some(owner) != user
-        {
-            return Err(RegisterError::NotOwner {
-                group: group.to_owned(),
-                owner: owner.to_owned(),
-                caller: user.unwrap_or("anonymous").to_owned(),
-            });
-        }
+        check_owner(
+            group,
+            inner.groups.get(group).and_then(|g| g.owner.as_deref()),
+            user,
+        )?;
         let known = inner
             .groups
             .get(group)

@@ -133,7 +133,7 @@ impl LoadBalancer for Service {
             )
             .map_err(|e| match e {
                 RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
-                RegisterError::NotOwner { .. } => Status::permission_denied(e.to_string()),
+                RegisterError::NotOwner(_) => Status::permission_denied(e.to_string()),
             })?;
         let mut leading = self.leading.clone();
         // The stream ends when this replica stops leading, or when the registration is dropped.

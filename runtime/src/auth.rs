@@ -91,6 +91,33 @@ impl Caller {
     }
 }
 
+/// A controller group used by another user than the one it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
+)]
+pub struct NotOwner {
+    /// The group.
+    pub group: String,
+    /// The user it belongs to.
+    pub owner: String,
+    /// The caller.
+    pub caller: String,
+}
+
+/// Ok if `group`, which belongs to `owner` (`None`: to nobody, authentication being off), may be
+/// used by `caller` (`None`: anonymous).
+pub fn check_owner(group: &str, owner: Option<&str>, caller: Option<&str>) -> Result<(), NotOwner> {
+    match owner {
+        Some(owner) if Some(owner) != caller => Err(NotOwner {
+            group: group.to_owned(),
+            owner: owner.to_owned(),
+            caller: caller.unwrap_or("anonymous").to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Settings of the authenticator. The defaults are the binaries' flags' defaults.
 #[derive(Clone, Debug)]
 pub struct AuthConfig {

@@ -183,7 +183,7 @@ fn status(e: SessionError) -> Status {
         SessionError::Unknown { .. }
         | SessionError::EndedWhilePolling { .. }
         | SessionError::NotOpen { .. } => Status::not_found(message),
-        SessionError::NotOwner { .. } | SessionError::NotYours { .. } => {
+        SessionError::NotOwner(_) | SessionError::NotYours { .. } => {
             Status::permission_denied(message)
         }
         SessionError::Watch(e) => match e {
