@@ -7,6 +7,7 @@
 //! slice, the clock and the wake-ups: each session has a [`Notify`] its long-poll waits on, and a
 //! driver task fires the queue's timers. Locks: the state, then the sessions, never the other way.
 
+use kube_dispatch_runtime::authz::ResourceAccess;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
@@ -62,6 +63,8 @@ pub struct Group {
     pub name: String,
     /// What every session of the group subscribes to.
     pub spec: GroupSpec,
+    /// What a caller must be able to read to be given the group's keys (from `spec`, once).
+    pub accesses: Vec<ResourceAccess>,
     state: Mutex<State>,
     /// The keys this dispatcher serves; read under the state lock on every change, so no key
     /// outside it enters the queue once [`Group::apply_slice`] has run.
@@ -88,6 +91,7 @@ impl Group {
         let partition = Partition::new(&name, slice.borrow().clone(), recent_deletions);
         let group = Arc::new(Self {
             name,
+            accesses: crate::security::accesses(&spec),
             spec,
             state: Mutex::new(State {
                 queue: GroupQueue::new(config),

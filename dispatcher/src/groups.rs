@@ -457,8 +457,8 @@ impl Groups {
         Ok(())
     }
 
-    /// The group spec of `session` if `caller` opened it, to check access before a poll.
-    pub fn spec_of(&self, session: &str, caller: &Caller) -> Result<Arc<Group>, SessionError> {
+    /// The group of `session` if `caller` opened it, to check access before a poll.
+    pub fn group_of(&self, session: &str, caller: &Caller) -> Result<Arc<Group>, SessionError> {
         Ok(self.lookup(session, caller)?.0)
     }
 

@@ -101,9 +101,13 @@ impl Guard {
         &self.authentication
     }
 
-    /// Ok if `caller` may read everything `spec` subscribes to. Anonymous callers are only
-    /// let through when authentication is off.
-    pub async fn may_read(&self, caller: &Caller, spec: &GroupSpec) -> Result<(), Status> {
+    /// Ok if `caller` may read each of `accesses` (a group's, [`accesses`]). Anonymous callers
+    /// are only let through when authentication is off.
+    pub async fn may_read(
+        &self,
+        caller: &Caller,
+        accesses: &[ResourceAccess],
+    ) -> Result<(), Status> {
         let Some(authorizer) = &self.authorizer else {
             return Ok(());
         };
@@ -113,7 +117,7 @@ impl Guard {
             ));
         };
         authorizer
-            .may_read(identity, &accesses(spec))
+            .may_read(identity, accesses)
             .await
             .map_err(Status::from)
     }

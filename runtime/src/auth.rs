@@ -318,11 +318,6 @@ impl Authenticator {
         }
     }
 
-    /// Tokens remembered now, about (for tests and metrics).
-    pub fn cached(&self) -> u64 {
-        self.cache.entry_count()
-    }
-
     /// The caller who sent `header` (the `authorization` header's value).
     pub async fn authenticate(
         &self,

@@ -154,11 +154,6 @@ impl Authorizer {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &AuthzConfig {
-        &self.config
-    }
-
     /// Ok if `who` may `list` and `watch` every one of `accesses`.
     pub async fn may_read(
         &self,

@@ -56,8 +56,8 @@ impl DispatcherService {
     /// decision, reviewed again once older than the recheck period); else the session is
     /// closed, so its in-flight keys go to sessions that may.
     async fn still_may_read(&self, session: &str, caller: &Caller) -> Result<(), Status> {
-        let group = self.groups.spec_of(session, caller).map_err(status)?;
-        if let Err(denied) = self.guard.may_read(caller, &group.spec).await {
+        let group = self.groups.group_of(session, caller).map_err(status)?;
+        if let Err(denied) = self.guard.may_read(caller, &group.accesses).await {
             if denied.code() == tonic::Code::PermissionDenied {
                 info!(%session, group = %group.name, user = caller.name(), reason = denied.message(), "access revoked: session closed");
                 let _ = self.groups.close(session, caller);
@@ -250,7 +250,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             None => limits.default_ttl,
         };
         let spec = self.resolve_spec(&req).await?;
-        self.guard.may_read(&caller, &spec).await?;
+        self.guard
+            .may_read(&caller, &crate::security::accesses(&spec))
+            .await?;
         let opened = groups
             .open(&req.group, &req.replica_id, &spec, ttl, &caller)
             .await
