@@ -161,7 +161,8 @@ TLS_ENV = {
 def start_dispatcher(i):
     port = free_port()
     env = dict(DISPATCHER_ENV, **TLS_ENV, KD_DISPATCHER_ID=f"dispatcher-{i}",
-               KD_LISTEN=f"127.0.0.1:{port}", KD_TOKEN_FILE=TOKENS["kube-dispatch-dispatcher"],
+               KD_LISTEN=f"127.0.0.1:{port}", KD_ADMIN_LISTEN=f"127.0.0.1:{free_port()}",
+               KD_TOKEN_FILE=TOKENS["kube-dispatch-dispatcher"],
                KD_PEER_USERS=f"system:serviceaccount:{OBJECTS_NS}:kube-dispatch-dispatcher")
     return start(f"dispatcher-{i}", [os.path.join(BIN_DIR, "kube-dispatch-dispatcher")], env)
 
@@ -334,6 +335,7 @@ def main():
         {
             **{k: v for k, v in TLS_ENV.items() if k != "KD_TLS_CA_FILE"},
             "KD_LISTEN": f"127.0.0.1:{lb_port}",
+            "KD_ADMIN_LISTEN": f"127.0.0.1:{free_port()}",
             "KD_NAMESPACE": LEASE_NS,
             "KD_LEASE_DURATION": "4s",
             "KD_LEASE_GRACE": "1s",

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
+use kube_dispatch_runtime::admin::Readiness;
 
 pub use crate::security::SecurityConfig;
 
@@ -86,6 +87,9 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// TLS, authentication and authorization.
     pub security: SecurityConfig,
+    /// What the admin endpoint's `/readyz` answers: kept in step with the gRPC health status
+    /// (ready once every key this dispatcher owns is served, not ready from the drain on).
+    pub readiness: Readiness,
 }
 
 /// Where a dispatcher's ring comes from.

@@ -10,6 +10,7 @@ use kube_dispatch_dispatcher::{
     serve::serve,
 };
 use kube_dispatch_runtime::{
+    admin::{self, Readiness},
     client,
     flags::{CallFlags, SecurityFlags},
     logging, signal,
@@ -65,6 +66,13 @@ struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7070")]
     listen: std::net::SocketAddr,
+
+    /// Address of the admin endpoint: plaintext HTTP with /healthz (the process runs, drain
+    /// included) and /readyz (every key this dispatcher owns is served; 503 with the reason
+    /// while a handover is pending or once draining), for the kubelet's probes. It carries no
+    /// object, key or identity.
+    #[arg(long, env = "KD_ADMIN_LISTEN", default_value = "0.0.0.0:9070")]
+    admin_listen: std::net::SocketAddr,
 
     /// Where controllers reach this dispatcher (host:port), published on its Lease for the load
     /// balancer. Defaults to POD_IP with the --listen port, else the --listen address.
@@ -193,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
         lease_renew_period,
         lease_grace,
         listen,
+        admin_listen,
         advertise_address,
         pod_ip,
         kubeconfig,
@@ -287,9 +296,15 @@ async fn main() -> anyhow::Result<()> {
         status_interval,
         max_recent_deletions,
     };
+    let admin = tokio::net::TcpListener::bind(admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {admin_listen} (--admin-listen)"))?;
+    let readiness = Readiness::new("starting");
+    let admin_stop = CancellationToken::new();
+    tokio::spawn(admin::serve(admin, readiness.clone(), admin_stop.clone()));
     let shutdown = CancellationToken::new();
     tokio::spawn(signal::cancel_on_signal(shutdown.clone()));
-    serve(
+    let served = serve(
         ServeConfig {
             settings,
             membership,
@@ -297,13 +312,17 @@ async fn main() -> anyhow::Result<()> {
             max_message_bytes,
             drain_timeout,
             security,
+            readiness,
         },
         client,
         listener,
         shutdown,
         None,
     )
-    .await?;
+    .await;
+    // Liveness holds until the drain is over.
+    admin_stop.cancel();
+    served?;
     Ok(())
 }
 

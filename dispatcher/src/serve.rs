@@ -14,7 +14,7 @@ use kube_dispatch_proto::{
     Ring,
     v1::{FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer, peer_server::PeerServer},
 };
-use kube_dispatch_runtime::auth::AuthLayer;
+use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -158,6 +158,7 @@ pub async fn serve(
     tokio::spawn(report_handover(
         slice_rx.clone(),
         health.clone(),
+        config.readiness.clone(),
         shutdown.clone(),
     ));
     let reflection = tonic_reflection::server::Builder::configure()
@@ -183,15 +184,17 @@ pub async fn serve(
 
     let timeout = config.drain_timeout;
     let drain = {
-        let (groups, health, shutdown, stop) = (
+        let (groups, health, readiness, shutdown, stop) = (
             groups.clone(),
             health.clone(),
+            config.readiness.clone(),
             shutdown.clone(),
             stop.clone(),
         );
         async move {
             shutdown.cancelled().await;
             info!("draining: health NOT_SERVING, handing out nothing more");
+            readiness.not_ready("draining");
             health
                 .set_not_serving::<DispatcherServer<DispatcherService>>()
                 .await;
@@ -253,23 +256,29 @@ pub async fn serve(
     Ok(())
 }
 
-/// Keeps the overall health status in step with the handover until `shutdown`.
+/// Keeps the overall health status and the admin endpoint's readiness in step with the
+/// handover until `shutdown`.
 async fn report_handover(
     mut slice: watch::Receiver<Arc<Slice>>,
     health: tonic_health::server::HealthReporter,
+    readiness: Readiness,
     shutdown: CancellationToken,
 ) {
     loop {
-        let status = if slice.borrow_and_update().is_settled() {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
+        let settled = slice.borrow_and_update().is_settled();
         // Once draining, the drain owns the status.
         if shutdown.is_cancelled() {
             return;
         }
-        health.set_service_status("", status).await;
+        if settled {
+            readiness.ready();
+            health.set_service_status("", ServingStatus::Serving).await;
+        } else {
+            readiness.not_ready("handover pending: keys that moved here are held");
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = slice.changed() => if changed.is_err() {

@@ -5,7 +5,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_loadbalancer::service::{Config, serve};
-use kube_dispatch_runtime::flags::SecurityFlags;
+use kube_dispatch_runtime::{
+    admin::{self, Readiness},
+    flags::SecurityFlags,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -22,6 +25,11 @@ struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7071")]
     listen: std::net::SocketAddr,
+
+    /// Address of the admin endpoint: plaintext HTTP with /healthz and /readyz for the
+    /// kubelet's probes. It carries no registration, group or identity.
+    #[arg(long, env = "KD_ADMIN_LISTEN", default_value = "0.0.0.0:9071")]
+    admin_listen: std::net::SocketAddr,
 
     /// Where controllers reach this replica (host:port); also its identity in the leader
     /// election. Defaults to POD_IP with the --listen port, else the --listen address.
@@ -120,13 +128,25 @@ async fn main() -> anyhow::Result<()> {
         max_registrations: args.max_registrations,
         transport: args.security.transport()?,
         authentication: args.security.authentication()?,
+        readiness: Readiness::new("starting"),
     };
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--admin-listen)", args.admin_listen))?;
+    let admin_stop = CancellationToken::new();
+    tokio::spawn(admin::serve(
+        admin,
+        config.readiness.clone(),
+        admin_stop.clone(),
+    ));
     let shutdown = CancellationToken::new();
     tokio::spawn(kube_dispatch_runtime::signal::cancel_on_signal(
         shutdown.clone(),
     ));
     info!(?config, "starting");
-    if let Err(e) = serve(config, client, listener, shutdown, None).await {
+    let served = serve(config, client, listener, shutdown, None).await;
+    admin_stop.cancel();
+    if let Err(e) = served {
         warn!(error = %e, "load balancer failed");
         return Err(e.into());
     }

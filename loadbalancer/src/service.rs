@@ -16,6 +16,7 @@ use kube_dispatch_proto::v1::{
     load_balancer_server::{LoadBalancer, LoadBalancerServer},
 };
 use kube_dispatch_runtime::{
+    admin::Readiness,
     auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller},
     leases::LeaseWatch,
     tls::Transport,
@@ -57,6 +58,9 @@ pub struct Config {
     /// How callers are authenticated; `None` takes anonymous registrations
     /// (`--allow-anonymous`).
     pub authentication: Option<AuthConfig>,
+    /// What the admin endpoint's `/readyz` answers: ready once serving (a standby serves too:
+    /// it redirects to the leader), not ready from shutdown on.
+    pub readiness: Readiness,
 }
 
 /// A running load balancer's handles, for in-process callers (tests).
@@ -236,6 +240,7 @@ pub async fn serve(
     if let Some(started) = started {
         let _ = started.send(Handles { registry, leading });
     }
+    config.readiness.ready();
     let result = Server::builder()
         .layer(AuthLayer::new(authentication))
         .add_service(health_service)
@@ -243,6 +248,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, async {
             shutdown.cancelled().await;
             info!("shutting down: releasing leadership");
+            config.readiness.not_ready("shutting down");
             stop.cancel();
         })
         .await;

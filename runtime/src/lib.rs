@@ -11,6 +11,7 @@
 //! | [`auth`] | who is calling: bearer tokens verified by TokenReview, through a bounded cache |
 //! | [`authz`] | what the caller may read: SubjectAccessReviews for `list` and `watch`, cached |
 //! | [`flags`] | the security flags every server takes, and what they turn into |
+//! | [`admin`] | the admin endpoint: `/healthz` and `/readyz` over plaintext HTTP for probes |
 //!
 //! A binary's `main` starts with these:
 //!
@@ -30,6 +31,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod auth;
 pub mod authz;
 pub mod client;

@@ -53,6 +53,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         max_message_bytes: 4 * 1024 * 1024,
         drain_timeout: Duration::from_secs(5),
         security: test_security(),
+        readiness: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ impl TestLoadBalancer {
             max_registrations: 100,
             transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
             authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
+            readiness: Default::default(),
         };
         let (runner, handles) = spawn_server(
             "loadbalancer",

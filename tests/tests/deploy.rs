@@ -1,6 +1,7 @@
 //! The manifests in `deploy/` against the real API server: the base and every overlay pass a
 //! server-side dry run, and once applied, the RBAC they grant is least privilege, checked with
-//! `kubectl auth can-i` as each service account.
+//! `kubectl auth can-i` as each service account. `deploy/tls.sh` makes a Secret the tier
+//! serves with and that controllers verify; the cert-manager component issues the same names.
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -98,17 +99,31 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (DISPATCHER, "create", "leases", "kube-dispatch", true),
         (DISPATCHER, "delete", "leases", "kube-dispatch", true),
         (DISPATCHER, "create", "leases", "default", false),
+        // ... and verify callers: who they are, and whether they may list and watch.
+        (DISPATCHER, "create", "tokenreviews", "", true),
+        (DISPATCHER, "create", "subjectaccessreviews", "", true),
+        (
+            DISPATCHER,
+            "create",
+            "serviceaccounts/token",
+            "kube-dispatch",
+            false,
+        ),
         // Load balancer: Leases in its namespace, nothing else.
         (LOADBALANCER, "watch", "leases", "kube-dispatch", true),
         (LOADBALANCER, "patch", "leases", "kube-dispatch", true),
         (LOADBALANCER, "delete", "leases", "kube-dispatch", false),
         (LOADBALANCER, "get", "leases", "default", false),
         (LOADBALANCER, "list", "configmaps", "", false),
-        // The example controller: get and patch ConfigMaps; no list or watch (no cache).
+        (LOADBALANCER, "create", "tokenreviews", "", true),
+        (LOADBALANCER, "create", "subjectaccessreviews", "", false),
+        // The example controller: what it would need without the tier (list and watch
+        // ConfigMaps, which the dispatchers check), get and patch; nothing else.
         (CONTROLLER, "get", "configmaps", "default", true),
         (CONTROLLER, "patch", "configmaps", "default", true),
-        (CONTROLLER, "list", "configmaps", "", false),
-        (CONTROLLER, "watch", "configmaps", "", false),
+        (CONTROLLER, "list", "configmaps", "", true),
+        (CONTROLLER, "watch", "configmaps", "", true),
+        (CONTROLLER, "create", "tokenreviews", "", false),
         (CONTROLLER, "delete", "configmaps", "default", false),
         (CONTROLLER, "get", "secrets", "default", false),
         (CONTROLLER, "get", "leases", "kube-dispatch", false),
@@ -149,4 +164,134 @@ fn workloads_get_their_identity_from_the_downward_api() {
     }
     assert!(rendered.contains("image: kube-dispatch:dev"));
     assert!(!rendered.contains("KUBECONFIG"));
+}
+
+/// Every workload reaches the tier over TLS with a projected token for the tier's audience,
+/// verifying the one name the certificate carries, and is probed on its admin port over HTTP
+/// (the kubelet's gRPC probes speak neither TLS with our CA nor a token).
+#[test]
+fn workloads_speak_tls_with_projected_tokens() {
+    let rendered = ok(&["kustomize", &deploy("examples/configmap-hasher")]);
+    let audiences = rendered.matches("audience: kube-dispatch\n").count();
+    assert_eq!(
+        audiences, 2,
+        "dispatchers and controller mount a projected token"
+    );
+    assert_eq!(rendered.matches("secretName: kube-dispatch-tls").count(), 1);
+    assert_eq!(rendered.matches("name: kube-dispatch-tls\n").count(), 1);
+    assert!(rendered.contains("name: kube-dispatch-ca\n"));
+    for var in ["KD_TLS_CERT_FILE", "KD_TLS_KEY_FILE"] {
+        assert_eq!(rendered.matches(var).count(), 2, "{var} on both servers");
+    }
+    assert_eq!(
+        rendered
+            .matches("value: kube-dispatch-dispatcher.kube-dispatch.svc\n")
+            .count(),
+        2,
+        "the dispatchers (calling peers) and the controller verify the Service name"
+    );
+    assert!(!rendered.contains("KD_INSECURE") && !rendered.contains("KD_ALLOW_ANONYMOUS"));
+    assert!(!rendered.contains("http://"), "addresses carry no scheme");
+    assert!(
+        !rendered.contains("grpc:\n              port"),
+        "no gRPC probe"
+    );
+    assert_eq!(rendered.matches("path: /readyz").count(), 2);
+    assert_eq!(rendered.matches("path: /healthz").count(), 2);
+    for port in ["containerPort: 9070", "containerPort: 9071"] {
+        assert!(rendered.contains(port), "admin port {port}");
+    }
+    // The certificate cert-manager issues carries that name.
+    let issued = ok(&["kustomize", &deploy("examples/cert-manager")]);
+    assert!(issued.contains("kind: Certificate"));
+    assert!(issued.contains("- kube-dispatch-dispatcher.kube-dispatch.svc\n"));
+    assert!(issued.contains("secretName: kube-dispatch-tls\n"));
+    assert!(issued.matches("namespace: kube-dispatch\n").count() >= 4);
+}
+
+/// `deploy/tls.sh` makes the Secret the tier serves with and the CA controllers verify it by:
+/// a dispatcher serving it on 127.0.0.1 is verified under the Service name (pods are dialled
+/// by IP), not under another; running it again renews the certificate under the same CA.
+#[tokio::test]
+async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() -> TestResult {
+    use kube_dispatch_proto::credentials::Credentials;
+    use kube_dispatch_runtime::tls::{ServerTls, Transport};
+    use kube_dispatch_tests::{
+        TestNamespace,
+        dispatcher::{TestDispatcher, test_config},
+    };
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let tier = TestNamespace::create("tls-script").await?;
+    let controllers = TestNamespace::create("tls-script-controller").await?;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(tier.name());
+    let run = || {
+        let cluster = Cluster::shared();
+        let out = std::process::Command::new(deploy("tls.sh"))
+            .args(["--dir", &dir.display().to_string()])
+            .args(["--namespace", tier.name()])
+            .args(["--controller-namespace", controllers.name()])
+            .env("KUBECTL", cluster.kubectl().get_program())
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .output()
+            .expect("run deploy/tls.sh");
+        assert!(
+            out.status.success(),
+            "deploy/tls.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(dir.join("tls.crt")).expect("tls.crt")
+    };
+    let first = run();
+    let ca = std::fs::read(dir.join("ca.crt"))?;
+    let keys = ok(&[
+        "get",
+        "secret",
+        "kube-dispatch-tls",
+        "-n",
+        tier.name(),
+        "-o",
+        "go-template={{range $k, $v := .data}}{{$k}} {{end}}",
+    ]);
+    assert_eq!(keys.trim(), "ca.crt tls.crt tls.key");
+    let published = ok(&[
+        "get",
+        "configmap",
+        "kube-dispatch-ca",
+        "-n",
+        controllers.name(),
+        "-o",
+        "go-template={{index .data \"ca.crt\"}}",
+    ]);
+    assert_eq!(published.as_bytes(), ca.as_slice());
+
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.security.transport =
+        Transport::Tls(ServerTls::new(dir.join("tls.crt"), dir.join("tls.key")));
+    let d = TestDispatcher::start(config).await?;
+    let health = |name: String| {
+        let credentials = Credentials::tls(dir.join("ca.crt")).with_server_name(name);
+        let address = d.addr.to_string();
+        async move {
+            let channel = credentials.endpoint(&address)?.connect().await?;
+            HealthClient::new(channel)
+                .check(HealthCheckRequest::default())
+                .await?;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        }
+    };
+    health(format!("kube-dispatch-dispatcher.{}.svc", tier.name())).await?;
+    assert!(
+        health("kube-dispatch-dispatcher.elsewhere.svc".into())
+            .await
+            .is_err(),
+        "a name the certificate does not carry was accepted"
+    );
+    d.stop().await;
+
+    let second = run();
+    assert_ne!(first, second, "the serving certificate was renewed");
+    assert_eq!(std::fs::read(dir.join("ca.crt"))?, ca, "under the same CA");
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
 }

@@ -669,6 +669,7 @@ async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestR
 
 #[tokio::test]
 async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
+    use kube_dispatch_runtime::admin::Status;
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
@@ -676,7 +677,15 @@ async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let config = test_config("dispatcher-0", &["dispatcher-0"]);
+    let mut readiness = config.readiness.subscribe();
+    let d = TestDispatcher::start(config).await?;
+    // The admin endpoint's /readyz follows the handover (a fixed ring of one settles at once).
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        readiness.wait_for(|s| *s == Status::Ready),
+    )
+    .await??;
     let credentials = kube_dispatch_tests::credentials();
     let channel = credentials.endpoint(&d.addr.to_string())?.connect().await?;
     // Health needs no credential: the kubelet's probes have none.
@@ -713,5 +722,10 @@ async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
     assert!(names.contains("kubedispatch.v1.Dispatcher"), "{names:?}");
     assert!(names.contains("grpc.health.v1.Health"), "{names:?}");
     d.stop().await;
+    assert_eq!(
+        *readiness.borrow(),
+        Status::NotReady("draining".into()),
+        "not ready from the drain on"
+    );
     Ok(())
 }

@@ -406,6 +406,7 @@ impl Setup<'_> {
                 ("KUBECONFIG", kubeconfig.clone()),
                 ("KD_DISPATCHER_ID", id.clone()),
                 ("KD_LISTEN", format!("127.0.0.1:{port}")),
+                ("KD_ADMIN_LISTEN", format!("127.0.0.1:{}", free_port()?)),
                 ("KD_LEASE_NAMESPACE", self.namespace.to_owned()),
                 // kube-rs controllers do not resync by default either: the same work.
                 ("KD_RESYNC_INTERVAL", "0s".to_owned()),
@@ -426,6 +427,7 @@ impl Setup<'_> {
         let env = [
             ("KUBECONFIG", kubeconfig.clone()),
             ("KD_LISTEN", format!("127.0.0.1:{lb_port}")),
+            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{}", free_port()?)),
             ("KD_NAMESPACE", self.namespace.to_owned()),
             ("KD_LOG_JSON", "1".to_owned()),
             ("KD_INSECURE", SECURITY_OFF.to_owned()),

@@ -6,8 +6,11 @@
 //!
 //! ```sh
 //! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configset/crd.yaml
-//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 &
-//! KUBECONFIG=.cluster/kubeconfig cargo run -p kube-dispatch-controller --example configset -- http://127.0.0.1:7070
+//! cargo run -p kube-dispatch-dispatcher -- --id dispatcher-0 --kubeconfig .cluster/kubeconfig --listen 127.0.0.1:7070 \
+//!   --tls-cert-file .cluster/pki/kube-dispatch.crt --tls-key-file .cluster/pki/kube-dispatch.key \
+//!   --tls-ca-file .cluster/pki/ca.crt --token-file .cluster/tokens/tester.token &
+//! KUBECONFIG=.cluster/kubeconfig KD_TLS_CA_FILE=.cluster/pki/ca.crt KD_TOKEN_FILE=.cluster/tokens/tester.token \
+//!   cargo run -p kube-dispatch-controller --example configset -- 127.0.0.1:7070
 //! kubectl --kubeconfig .cluster/kubeconfig apply -f controller-sdk/examples/configset/configset.yaml
 //! kubectl --kubeconfig .cluster/kubeconfig get configsets,configmaps -l example.kube-dispatch.dev/configset
 //! ```

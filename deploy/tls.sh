@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The TLS Secret kube-dispatch serves with, for clusters without cert-manager (with it, use
+# deploy/components/cert-manager instead). Creates a CA and a serving certificate with openssl,
+# keeps them in a directory of yours, and applies:
+#   - Secret kube-dispatch-tls (tls.crt, tls.key, ca.crt) in the tier's namespace, which the
+#     dispatcher and load-balancer pods mount;
+#   - ConfigMap kube-dispatch-ca (ca.crt) in each controller namespace you name, which the
+#     controllers' pods mount to verify the tier.
+# Run it again to renew the serving certificate: the CA in the directory is reused, so
+# controllers keep trusting the tier; the pods pick the new files up without a restart.
+#
+# Usage: deploy/tls.sh [--dir DIR] [--namespace NS] [--days N] [--controller-namespace NS]...
+#   --dir DIR                   where the CA and keys are kept (default ./kube-dispatch-pki);
+#                               keep ca.key safe, it signs what controllers trust
+#   --namespace NS              the tier's namespace (default kube-dispatch)
+#   --days N                    validity of the serving certificate (default 365)
+#   --controller-namespace NS   publish the CA to NS (repeat for several)
+# Environment: KUBECTL (default kubectl) and its usual KUBECONFIG.
+set -euo pipefail
+
+dir=./kube-dispatch-pki
+namespace=kube-dispatch
+days=365
+controllers=()
+kubectl=${KUBECTL:-kubectl}
+
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+die() {
+  echo "tls.sh: $*" >&2
+  exit 1
+}
+
+while (($#)); do
+  case $1 in
+    --dir) dir=${2:?--dir needs a directory}; shift 2 ;;
+    --namespace) namespace=${2:?--namespace needs a name}; shift 2 ;;
+    --days) days=${2:?--days needs a number}; shift 2 ;;
+    --controller-namespace) controllers+=("${2:?--controller-namespace needs a name}"); shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+[[ $days =~ ^[1-9][0-9]*$ ]] || die "--days must be a positive number, not '$days'"
+command -v openssl >/dev/null || die "openssl is needed"
+
+mkdir -p "$dir"
+chmod 700 "$dir"
+cd "$dir"
+
+if [[ ! -f ca.crt || ! -f ca.key ]]; then
+  openssl req -x509 -newkey rsa:3072 -nodes -days 3650 -subj "/CN=kube-dispatch-ca" \
+    -keyout ca.key -out ca.crt 2>/dev/null
+  echo "tls.sh: new CA in $dir/ca.crt (valid 10 years)"
+fi
+chmod 600 ca.key
+
+# Pods are dialled by IP (the Leases publish pod IPs), so clients verify the name
+# kube-dispatch-dispatcher.<namespace>.svc (KD_TLS_SERVER_NAME in the manifests); the load
+# balancer's Service name is there for clients that dial it by name.
+names="DNS:kube-dispatch-dispatcher.$namespace.svc,DNS:kube-dispatch-loadbalancer.$namespace.svc"
+names="$names,DNS:kube-dispatch-loadbalancer.$namespace.svc.cluster.local"
+openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-dispatch" -keyout tls.key -out tls.csr 2>/dev/null
+printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+  "extendedKeyUsage=serverAuth" "subjectAltName=$names" >tls.ext
+openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" \
+  -extfile tls.ext -out tls.crt 2>/dev/null
+rm -f tls.csr tls.ext ca.srl
+chmod 600 tls.key
+echo "tls.sh: serving certificate for $names, valid $days days"
+
+ensure_namespace() {
+  "$kubectl" create namespace "$1" --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
+}
+ensure_namespace "$namespace"
+"$kubectl" create secret generic kube-dispatch-tls --namespace "$namespace" \
+  --type kubernetes.io/tls --from-file=tls.crt --from-file=tls.key --from-file=ca.crt \
+  --dry-run=client -o yaml | "$kubectl" apply -f -
+for ns in "${controllers[@]}"; do
+  ensure_namespace "$ns"
+  "$kubectl" create configmap kube-dispatch-ca --namespace "$ns" --from-file=ca.crt \
+    --dry-run=client -o yaml | "$kubectl" apply -f -
+done
