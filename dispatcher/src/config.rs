@@ -21,6 +21,10 @@ pub struct Limits {
     pub max_sessions: usize,
     /// Most live sessions per group.
     pub max_sessions_per_group: usize,
+    /// Most live sessions of one identity, over all its groups (with authentication).
+    pub max_sessions_per_identity: usize,
+    /// Most groups one identity holds here, idle ones included (with authentication).
+    pub max_groups_per_identity: usize,
     /// Session ttl when the client asks for none.
     pub default_ttl: Duration,
     /// Bounds of a session ttl.
@@ -40,6 +44,8 @@ impl Default for Limits {
         Self {
             max_sessions: 10_000,
             max_sessions_per_group: 1_000,
+            max_sessions_per_identity: 1_000,
+            max_groups_per_identity: 100,
             default_ttl: Duration::from_secs(10),
             min_ttl: Duration::from_secs(1),
             max_ttl: Duration::from_secs(30),

@@ -68,6 +68,21 @@ pub enum SessionError {
         /// How long an idle group is kept.
         grace: Duration,
     },
+    /// One identity holds the most sessions or groups it may hold here
+    /// (`--max-sessions-per-identity`, `--max-groups-per-identity`).
+    #[error(
+        "{user} already holds {max} {what} on dispatcher {identity}, the most one identity may hold"
+    )]
+    TooManyOfIdentity {
+        /// The caller.
+        user: String,
+        /// `sessions` or `controller groups (idle ones included)`.
+        what: &'static str,
+        /// The limit.
+        max: usize,
+        /// This dispatcher.
+        identity: String,
+    },
     /// Another replica of the group subscribed to something else.
     #[error(
         "group {group:?} has live sessions with different subscriptions: every replica of a group must send the same subscriptions (or use another group name)"
@@ -496,13 +511,21 @@ impl Groups {
     ) -> Result<(Arc<Group>, bool), SessionError> {
         let mut groups = self.groups();
         let user = caller.identity().map(|i| i.username.clone());
-        if let Some(entry) = groups.get(name) {
+        let existing = groups.get(name);
+        if let Some(entry) = existing {
             // A group stays its creator's for as long as it exists here (idle included).
             check_owner(name, entry.owner.as_deref(), user.as_deref())?;
+        }
+        // A replica reopening replaces its session: it takes no new slot.
+        let replacing = existing.is_some_and(|e| e.group.has_replica(replica));
+        if let Some(user) = &user {
+            // A group re-created with new subscriptions replaces one of the same owner.
+            self.check_identity_limits(&groups, user, existing.is_none(), replacing)?;
+        }
+        if let Some(entry) = existing {
             if entry.group.spec == *spec {
-                // A replica reopening replaces its session: it takes no new slot.
                 let max = self.settings.limits.max_sessions_per_group;
-                if !entry.group.has_replica(replica) && entry.group.session_count() >= max {
+                if !replacing && entry.group.session_count() >= max {
                     return Err(SessionError::TooManyGroupSessions {
                         group: name.to_owned(),
                         max,
@@ -548,6 +571,43 @@ impl Groups {
             },
         );
         Ok((group, true))
+    }
+
+    /// Whether `user` may take one more session (unless `replacing` its own), and one more
+    /// group when `creating` one. Counted over the groups `user` owns: at most
+    /// `--max-sessions` groups, so a scan costs microseconds, and no count can drift from the
+    /// table.
+    fn check_identity_limits(
+        &self,
+        groups: &HashMap<String, GroupEntry>,
+        user: &str,
+        creating: bool,
+        replacing: bool,
+    ) -> Result<(), SessionError> {
+        let limits = &self.settings.limits;
+        let (mut owned, mut sessions) = (0, 0);
+        for entry in groups.values() {
+            if entry.owner.as_deref() == Some(user) {
+                owned += 1;
+                sessions += entry.group.session_count();
+            }
+        }
+        let refuse = |what, max| SessionError::TooManyOfIdentity {
+            user: user.to_owned(),
+            what,
+            max,
+            identity: self.settings.identity.clone(),
+        };
+        if creating && owned >= limits.max_groups_per_identity {
+            return Err(refuse(
+                "controller groups (idle ones included)",
+                limits.max_groups_per_identity,
+            ));
+        }
+        if !replacing && sessions >= limits.max_sessions_per_identity {
+            return Err(refuse("sessions", limits.max_sessions_per_identity));
+        }
+        Ok(())
     }
 
     /// Stops what `entry`'s group holds: its watch subscriptions and its timers.

@@ -130,6 +130,16 @@ struct Args {
     #[arg(long, env = "KD_MAX_SESSIONS_PER_GROUP", default_value_t = 1_000)]
     max_sessions_per_group: usize,
 
+    /// Most live sessions of one identity (ServiceAccount) on this dispatcher, over all its
+    /// groups; past it, RESOURCE_EXHAUSTED for that identity only.
+    #[arg(long, env = "KD_MAX_SESSIONS_PER_IDENTITY", default_value_t = 1_000)]
+    max_sessions_per_identity: usize,
+
+    /// Most controller groups one identity holds on this dispatcher, idle ones included
+    /// (--idle-group-grace); past it, RESOURCE_EXHAUSTED for that identity only.
+    #[arg(long, env = "KD_MAX_GROUPS_PER_IDENTITY", default_value_t = 100)]
+    max_groups_per_identity: usize,
+
     /// Largest request message accepted, in bytes.
     #[arg(long, env = "KD_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
@@ -338,6 +348,8 @@ struct LimitFlags {
     max_reconcile_time: Duration,
     max_sessions: usize,
     max_sessions_per_group: usize,
+    max_sessions_per_identity: usize,
+    max_groups_per_identity: usize,
     body_budget_bytes: usize,
 }
 
@@ -353,6 +365,8 @@ impl LimitFlags {
             max_reconcile_time: args.max_reconcile_time,
             max_sessions: args.max_sessions,
             max_sessions_per_group: args.max_sessions_per_group,
+            max_sessions_per_identity: args.max_sessions_per_identity,
+            max_groups_per_identity: args.max_groups_per_identity,
             body_budget_bytes: args.body_budget_bytes,
         }
     }
@@ -363,6 +377,8 @@ fn limits(f: &LimitFlags) -> Limits {
     Limits {
         max_sessions: f.max_sessions,
         max_sessions_per_group: f.max_sessions_per_group,
+        max_sessions_per_identity: f.max_sessions_per_identity,
+        max_groups_per_identity: f.max_groups_per_identity,
         default_ttl: f.session_ttl,
         min_ttl: Duration::from_secs(1).min(f.session_ttl),
         max_ttl: f.max_session_ttl.max(f.session_ttl),

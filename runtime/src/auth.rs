@@ -25,6 +25,8 @@ use sha2::{Digest, Sha256};
 use tonic::{Status, body::Body};
 use tracing::warn;
 
+use crate::limits::{RateExceeded, RateLimits, RequestRate};
+
 /// Paths no credential is asked for: the health service, which the kubelet's probes call.
 const UNAUTHENTICATED_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
 
@@ -127,8 +129,11 @@ pub struct AuthConfig {
     pub cache_ttl: Duration,
     /// Longest a refused token is refused without a new review.
     pub refusal_ttl: Duration,
-    /// Most tokens remembered at once; about 300 bytes each.
+    /// Most tokens remembered at once; about 300 bytes each. Also the most identities whose
+    /// request rate is tracked.
     pub cache_capacity: u64,
+    /// How fast each identity may call this server.
+    pub rate: RequestRate,
 }
 
 impl Default for AuthConfig {
@@ -138,6 +143,7 @@ impl Default for AuthConfig {
             cache_ttl: Duration::from_secs(120),
             refusal_ttl: Duration::from_secs(10),
             cache_capacity: 10_000,
+            rate: RequestRate::default(),
         }
     }
 }
@@ -289,6 +295,7 @@ pub struct Authenticator {
     config: AuthConfig,
     audiences: String,
     cache: moka::future::Cache<[u8; 32], Verdict>,
+    rates: RateLimits,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -313,9 +320,15 @@ impl Authenticator {
         Self {
             client,
             audiences: config.audiences.join(" or "),
+            rates: RateLimits::new(config.rate, config.cache_capacity),
             config,
             cache,
         }
+    }
+
+    /// Counts one request of `identity` against its rate.
+    pub fn admit(&self, identity: &Identity) -> Result<(), RateExceeded> {
+        self.rates.check(&identity.username)
     }
 
     /// The caller who sent `header` (the `authorization` header's value).
@@ -442,8 +455,9 @@ impl Authentication {
     }
 }
 
-/// A tower layer that authenticates every request but health checks and puts its [`Caller`]
-/// in the request's extensions.
+/// A tower layer that authenticates every request but health checks, holds each identity to its
+/// request rate (RESOURCE_EXHAUSTED past it), and puts its [`Caller`] in the request's
+/// extensions.
 #[derive(Clone, Debug)]
 pub struct AuthLayer(Authentication);
 
@@ -507,10 +521,14 @@ where
                         .headers()
                         .get(http::header::AUTHORIZATION)
                         .map(|v| v.as_bytes());
-                    match authenticator.authenticate(header).await {
-                        Ok(identity) => Caller::Authenticated(identity),
+                    let identity = match authenticator.authenticate(header).await {
+                        Ok(identity) => identity,
                         Err(e) => return Ok(Status::from(e).into_http()),
+                    };
+                    if let Err(e) = authenticator.admit(&identity) {
+                        return Ok(Status::resource_exhausted(e.to_string()).into_http());
                     }
+                    Caller::Authenticated(identity)
                 }
             };
             request.extensions_mut().insert(caller);

@@ -3,13 +3,14 @@
 //! plaintext, and callers are authenticated unless `--allow-anonymous` says otherwise; both log
 //! a warning at start.
 
-use std::{path::PathBuf, time::Duration};
+use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 
 use kube_dispatch_proto::credentials::{Credentials, DEFAULT_AUDIENCE, DEFAULT_TOKEN_FILE};
 
 use crate::{
     auth::AuthConfig,
     authz::AuthzConfig,
+    limits::RequestRate,
     tls::{ServerTls, Transport},
 };
 
@@ -47,6 +48,15 @@ pub struct SecurityFlags {
     /// Most verified tokens remembered, and most access decisions (SubjectAccessReview).
     #[arg(long, env = "KD_AUTH_CACHE_SIZE", default_value_t = 10_000)]
     pub auth_cache_size: u64,
+
+    /// Requests per second one identity may send this server, sustained; past it (and the
+    /// burst) its calls get RESOURCE_EXHAUSTED while other identities are served as before.
+    #[arg(long, env = "KD_MAX_REQUEST_RATE", default_value_t = RequestRate::default().per_second)]
+    pub max_request_rate: NonZeroU32,
+
+    /// Requests one identity may send at once after a quiet spell.
+    #[arg(long, env = "KD_MAX_REQUEST_BURST", default_value_t = RequestRate::default().burst)]
+    pub max_request_burst: NonZeroU32,
 }
 
 /// How a server calls other kube-dispatch servers (a dispatcher its peers).
@@ -119,6 +129,10 @@ impl SecurityFlags {
             audiences: self.token_audiences.clone(),
             cache_ttl: self.token_cache_ttl,
             cache_capacity: self.auth_cache_size,
+            rate: RequestRate {
+                per_second: self.max_request_rate,
+                burst: self.max_request_burst,
+            },
             ..AuthConfig::default()
         }))
     }
@@ -227,8 +241,13 @@ mod tests {
         let (auth, authz) = (AuthConfig::default(), AuthzConfig::default());
         let got = f.authentication().unwrap().unwrap();
         assert_eq!(
-            (got.cache_ttl, got.cache_capacity, got.refusal_ttl),
-            (auth.cache_ttl, auth.cache_capacity, auth.refusal_ttl)
+            (got.cache_ttl, got.cache_capacity, got.refusal_ttl, got.rate),
+            (
+                auth.cache_ttl,
+                auth.cache_capacity,
+                auth.refusal_ttl,
+                auth.rate
+            )
         );
         let got = f.authorization(authz.recheck).unwrap();
         assert_eq!(

@@ -10,6 +10,7 @@
 //! | [`tls`] | TLS for the servers: certificate files read again when they change |
 //! | [`auth`] | who is calling: bearer tokens verified by TokenReview, through a bounded cache |
 //! | [`authz`] | what the caller may read: SubjectAccessReviews for `list` and `watch`, cached |
+//! | [`limits`] | the request rate of each identity, so one cannot starve the others |
 //! | [`flags`] | the security flags every server takes, and what they turn into |
 //! | [`admin`] | the admin endpoint: `/healthz` and `/readyz` over plaintext HTTP for probes |
 //!
@@ -37,6 +38,7 @@ pub mod authz;
 pub mod client;
 pub mod flags;
 pub mod leases;
+pub mod limits;
 pub mod logging;
 pub mod signal;
 pub mod tls;

@@ -461,3 +461,111 @@ async fn a_revoked_role_binding_ends_the_session_within_the_recheck() -> TestRes
     d.stop().await;
     Ok(())
 }
+
+/// One identity over its limits (groups, sessions, request rate) gets RESOURCE_EXHAUSTED
+/// naming the limit, and another identity on the same dispatcher is served as before.
+#[tokio::test]
+async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
+    use std::num::NonZeroU32;
+
+    use kube_dispatch_runtime::{auth::AuthConfig, limits::RequestRate};
+
+    let ns = TestNamespace::create("security-limits").await?;
+    account(&ns, "greedy", &["list", "watch"]).await?;
+    account(&ns, "modest", &["list", "watch"]).await?;
+    let greedy = as_token(&token(&ns, "greedy", "kube-dispatch").await?);
+    let modest = as_token(&token(&ns, "modest", "kube-dispatch").await?);
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.settings.limits.max_groups_per_identity = 2;
+    config.settings.limits.max_sessions_per_identity = 3;
+    let rate = NonZeroU32::new(20).ok_or("zero")?;
+    config.security.authentication = Some(AuthConfig {
+        rate: RequestRate {
+            per_second: rate,
+            burst: rate,
+        },
+        ..AuthConfig::default()
+    });
+    let d = TestDispatcher::start(config).await?;
+    let here = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let session = |group: &str, replica: &str| OpenSessionRequest {
+        replica_id: replica.into(),
+        ..open(group, here())
+    };
+
+    let mut seen = Vec::new();
+    for (who, credentials, group, replica) in [
+        ("greedy", &greedy, "greedy-0", "r0"),
+        ("greedy", &greedy, "greedy-1", "r0"),
+        ("greedy", &greedy, "greedy-2", "r0"),
+        ("greedy", &greedy, "greedy-0", "r1"),
+        ("greedy", &greedy, "greedy-0", "r2"),
+        ("greedy", &greedy, "greedy-0", "r1"),
+        ("modest", &modest, "modest-0", "r0"),
+    ] {
+        let (code, said) = open_as(&d, credentials, session(group, replica)).await;
+        println!("{who} opens {group}/{replica}: {code:?} {said}");
+        seen.push((code, said));
+    }
+    let codes: Vec<Code> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(
+        codes,
+        [
+            Code::Ok,
+            Code::Ok,
+            Code::ResourceExhausted, // a third group
+            Code::Ok,
+            Code::ResourceExhausted, // a fourth session
+            Code::Ok,                // a replica reopening takes no new slot
+            Code::Ok,                // the other identity
+        ]
+    );
+    let greedy_user = format!("system:serviceaccount:{}:greedy", ns.name());
+    assert!(
+        seen[2].1.contains(&format!(
+            "{greedy_user} already holds 2 controller groups (idle ones included)"
+        )),
+        "{}",
+        seen[2].1
+    );
+    assert!(
+        seen[4]
+            .1
+            .contains(&format!("{greedy_user} already holds 3 sessions")),
+        "{}",
+        seen[4].1
+    );
+
+    // Rate: the greedy identity polls as fast as it can; past its burst it is refused, and the
+    // modest one's next call is served.
+    let poll = |session_id: &str| PollRequest {
+        session_id: session_id.into(),
+        max_items: 1,
+        wait: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
+        acks: vec![],
+    };
+    let mut client = d.client_as(&greedy).await;
+    let mut refused = None;
+    for _ in 0..100 {
+        if let Err(status) = client.poll(poll(&seen[0].1)).await
+            && status.code() == Code::ResourceExhausted
+        {
+            refused = Some(status.message().to_owned());
+            break;
+        }
+    }
+    let refused = refused.ok_or("100 quick polls were never refused")?;
+    assert!(
+        refused.contains(&format!(
+            "{greedy_user} sent more than 20 requests per second (bursts of 20)"
+        )),
+        "{refused}"
+    );
+    let answer = d.client_as(&modest).await.poll(poll(&seen[6].1)).await;
+    assert!(
+        answer.is_ok(),
+        "the modest identity was refused: {answer:?}"
+    );
+    d.stop().await;
+    Ok(())
+}

@@ -176,7 +176,8 @@ fn status(e: SessionError) -> Status {
         SessionError::Draining => Status::unavailable(message),
         SessionError::TooManySessions { .. }
         | SessionError::TooManyGroupSessions { .. }
-        | SessionError::TooManyGroups { .. } => Status::resource_exhausted(message),
+        | SessionError::TooManyGroups { .. }
+        | SessionError::TooManyOfIdentity { .. } => Status::resource_exhausted(message),
         SessionError::SubscriptionsDiffer { .. } | SessionError::Replaced { .. } => {
             Status::failed_precondition(message)
         }
