@@ -594,4 +594,51 @@ mod tests {
             assert!(!e.to_string().contains(&token), "{e}");
         }
     }
+
+    mod fuzzed {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::jwt;
+
+        proptest! {
+            /// Any header value: no panic; a token taken is non-empty, free of whitespace,
+            /// read back the same from `Bearer <token>`; a refusal never repeats the header.
+            #[test]
+            fn any_header_is_parsed_or_refused(header in proptest::collection::vec(any::<u8>(), 0..200)) {
+                match bearer_token(Some(&header)) {
+                    Ok(token) => {
+                        prop_assert!(!token.is_empty());
+                        prop_assert!(!token.chars().any(|c| c.is_whitespace() || c.is_control()));
+                        let again = format!("Bearer {token}");
+                        prop_assert_eq!(bearer_token(Some(again.as_bytes())), Ok(token));
+                    }
+                    Err(e) => {
+                        let text = String::from_utf8_lossy(&header);
+                        let secret = text.split_once(' ').map_or(&*text, |(_, rest)| rest).trim();
+                        if secret.len() >= 4 {
+                            prop_assert!(!e.to_string().contains(secret), "{e}");
+                        }
+                    }
+                }
+            }
+
+            /// Any text as a token: reading claims never panics.
+            #[test]
+            fn any_token_is_read_or_skipped(token in "\\PC{0,300}") {
+                let _ = claims(&token);
+            }
+
+            /// The claims of any well-formed JWT are read back as written.
+            #[test]
+            fn jwt_claims_round_trip(
+                exp in proptest::option::of(any::<u64>()),
+                aud in proptest::collection::vec("[a-z0-9.:/-]{1,20}", 0..4),
+            ) {
+                let json = serde_json::json!({ "exp": exp, "aud": aud }).to_string();
+                let read = claims(&jwt(&json)).expect("claims of a JWT");
+                prop_assert_eq!((read.exp, read.aud), (exp, aud));
+            }
+        }
+    }
 }

@@ -569,3 +569,109 @@ async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
     d.stop().await;
     Ok(())
 }
+
+/// The certificate a TLS server at `address` presents to a new connection (its leaf, DER).
+async fn served_certificate(
+    address: std::net::SocketAddr,
+) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(ca())? {
+        roots.add(ca?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio::net::TcpStream::connect(address).await?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost")?, stream)
+        .await?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .ok_or("no certificate presented")?;
+    Ok(leaf.to_vec())
+}
+
+fn certificate_in(path: &std::path::Path) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    Ok(CertificateDer::from_pem_file(path)?.to_vec())
+}
+
+/// A certificate rotated on disk (as the kubelet updates a mounted Secret) is presented to new
+/// connections within the reload interval, while a session opened before it keeps polling on
+/// its connection and new sessions open under the new certificate.
+#[tokio::test]
+async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
+    use kube_dispatch_runtime::tls::{ServerTls, Transport};
+
+    let ns = TestNamespace::create("security-rotation").await?;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(ns.name());
+    std::fs::create_dir_all(&dir)?;
+    let (old, next) = (
+        kube_dispatch_tests::serving_tls(false),
+        kube_dispatch_tests::serving_tls(true),
+    );
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::copy(&old.cert_file, &cert)?;
+    std::fs::copy(&old.key_file, &key)?;
+    let mut tls = ServerTls::new(&cert, &key);
+    tls.reload_interval = Duration::from_millis(200);
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.security.transport = Transport::Tls(tls);
+    let d = TestDispatcher::start(config).await?;
+    assert_eq!(
+        served_certificate(d.addr).await?,
+        certificate_in(&old.cert_file)?
+    );
+
+    let mut client = d.client().await;
+    let here = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let session = client
+        .open_session(open("rotation", here()))
+        .await?
+        .into_inner()
+        .session_id;
+    let poll = || PollRequest {
+        session_id: session.clone(),
+        max_items: 10,
+        wait: prost_types::Duration::try_from(Duration::from_millis(50)).ok(),
+        acks: vec![],
+    };
+    client.poll(poll()).await?;
+
+    // Rotate as the kubelet does: the new files appear whole (written aside, then renamed).
+    for (from, to) in [(&next.key_file, &key), (&next.cert_file, &cert)] {
+        let aside = to.with_extension("new");
+        std::fs::copy(from, &aside)?;
+        std::fs::rename(&aside, to)?;
+    }
+    let want = certificate_in(&next.cert_file)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The server re-reads its files on a timer; nothing to await but a fresh handshake.
+    while served_certificate(d.addr).await? != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rotated certificate was not served within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The session opened before the rotation polls on, on its connection ...
+    client.poll(poll()).await?;
+    // ... and a new connection opens a session under the new certificate.
+    d.client()
+        .await
+        .open_session(OpenSessionRequest {
+            replica_id: "replica-1".into(),
+            ..open("rotation", here())
+        })
+        .await?;
+    d.stop().await;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
