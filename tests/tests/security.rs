@@ -675,3 +675,52 @@ async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+/// The load balancer places only authenticated callers, and a group only for the user that
+/// registered it first: a caller without a token, or another identity in that group, is refused.
+#[tokio::test]
+async fn register_refuses_unauthenticated_and_foreign_callers() -> TestResult {
+    use kube_dispatch_proto::v1::{RegisterRequest, load_balancer_client::LoadBalancerClient};
+    use kube_dispatch_tests::loadbalancer::TestLoadBalancer;
+
+    let ns = TestNamespace::create("security-register").await?;
+    account(&ns, "team-a", &[]).await?;
+    account(&ns, "team-b", &[]).await?;
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let register = |credentials: Credentials, replica: &str| {
+        let (address, replica) = (lb.addr.to_string(), replica.to_owned());
+        async move {
+            let channel = credentials.endpoint(&address)?.connect().await?;
+            let mut client = LoadBalancerClient::with_interceptor(channel, credentials.bearer());
+            let answer = client
+                .register(RegisterRequest {
+                    group: "placed".into(),
+                    replica_id: replica,
+                })
+                .await;
+            Ok::<_, Box<dyn std::error::Error>>(match answer {
+                Ok(mut stream) => {
+                    stream.get_mut().message().await?;
+                    (Code::Ok, String::new())
+                }
+                Err(status) => (status.code(), status.message().to_owned()),
+            })
+        }
+    };
+    let (a, b) = (
+        as_token(&token(&ns, "team-a", "kube-dispatch").await?),
+        as_token(&token(&ns, "team-b", "kube-dispatch").await?),
+    );
+    let (code, said) = register(Credentials::tls(ca()), "anonymous").await?;
+    assert_eq!(code, Code::Unauthenticated, "{said}");
+    assert_eq!(register(a.clone(), "a-0").await?.0, Code::Ok);
+    let (code, said) = register(b, "b-0").await?;
+    assert_eq!(code, Code::PermissionDenied, "{said}");
+    assert!(
+        said.contains(&format!("system:serviceaccount:{}:team-a", ns.name())),
+        "{said}"
+    );
+    assert_eq!(register(a, "a-1").await?.0, Code::Ok);
+    Ok(())
+}
