@@ -43,6 +43,12 @@ image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/
 bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
 	@bench/run.sh
 
+.PHONY: bench-security
+bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
+	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
+	@tests/cluster/cluster.sh up >/dev/null
+	target/release/kube-dispatch-bench --security --command "make bench-security"
+
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core

@@ -1,4 +1,4 @@
-//! The benchmark harness behind `make bench`.
+//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`]).
 
 pub(crate) mod apiserver;
 pub(crate) mod objects;
@@ -6,3 +6,4 @@ pub(crate) mod plot;
 pub(crate) mod process;
 pub(crate) mod report;
 pub(crate) mod run;
+pub(crate) mod security;

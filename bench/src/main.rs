@@ -120,6 +120,31 @@ struct Args {
     /// How this run was started, as written into --out.
     #[arg(long, env = "KD_BENCH_COMMAND", default_value = "make bench")]
     command: String,
+
+    /// Run the security benchmark instead (`make bench-security`): one in-process dispatcher
+    /// with security off and on, --repeats runs each of --writes timed writes and
+    /// --security-opens OpenSessions, then --security-sessions sessions polling for
+    /// --security-window while the API server counts TokenReviews and SubjectAccessReviews.
+    /// Written into the `security` section of --out.
+    #[arg(long)]
+    security: bool,
+
+    /// Sessions opened and timed per run (security benchmark).
+    #[arg(long, env = "KD_BENCH_SECURITY_OPENS", default_value_t = 50)]
+    security_opens: usize,
+
+    /// Sessions polling in the review window (security benchmark).
+    #[arg(long, env = "KD_BENCH_SECURITY_SESSIONS", default_value_t = 1_000)]
+    security_sessions: usize,
+
+    /// ServiceAccounts those sessions belong to (security benchmark).
+    #[arg(long, env = "KD_BENCH_SECURITY_IDENTITIES", default_value_t = 10)]
+    security_identities: usize,
+
+    /// How long the sessions poll; longer than the 2-minute review caches, so their renewal
+    /// is counted (security benchmark).
+    #[arg(long, env = "KD_BENCH_SECURITY_WINDOW", value_parser = humantime::parse_duration, default_value = "150s")]
+    security_window: Duration,
 }
 
 fn section_name(s: &str) -> Result<String, String> {
@@ -149,6 +174,9 @@ async fn main() -> anyhow::Result<()> {
         "--variants must name at least one"
     );
     anyhow::ensure!(!args.objects.contains(&0), "--objects must be positive");
+    if args.security {
+        return security_bench(&args).await;
+    }
     let binaries = Binaries {
         dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
         loadbalancer: args.bin_dir.join("kube-dispatch-loadbalancer"),
@@ -242,6 +270,35 @@ async fn main() -> anyhow::Result<()> {
     let plots = draw_plots(&args, &scenarios);
     let section = results_section(&args, root, &scenarios, &plots)?;
     write_section(&args.out, &args.section, &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--security`: the cost of TLS and reviews, written into the `security` section.
+async fn security_bench(args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.security_sessions > 0 && args.security_identities > 0,
+        "--security-sessions and --security-identities must be positive"
+    );
+    let table = harness::security::run(harness::security::Plan {
+        repeats: args.repeats,
+        writes: args.writes,
+        opens: args.security_opens,
+        sessions: args.security_sessions,
+        identities: args.security_identities,
+        window: args.security_window,
+    })
+    .await?;
+    println!("\n{table}");
+    let section = format!(
+        "Produced by `{}` on {} (one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        args.writes,
+        args.security_opens,
+        machine(),
+    );
+    write_section(&args.out, "security", &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }

@@ -25,6 +25,7 @@
 //! | this one | the shared control plane ([`Cluster`]), per-test namespaces ([`TestNamespace`]), the tier's TLS files and test identity ([`credentials`], [`serving_tls`]) |
 //! | [`dispatcher`] | in-process dispatchers and raw sessions for tests ([`dispatcher::TestDispatcher`]) |
 //! | [`loadbalancer`] | in-process load balancers |
+//! | [`identity`] | ServiceAccounts with a Role on ConfigMaps, and their tokens |
 //! | [`journal`] | the record of writes and reconciles, its verdicts, and the journal replica |
 //! | [`chaos`] | the chaos suite: the whole tier under seeded faults, and its report |
 //! | [`faultproxy`] | a loopback TCP proxy that cuts, stalls and delays connections |
@@ -35,6 +36,7 @@
 pub mod chaos;
 pub mod dispatcher;
 pub mod faultproxy;
+pub mod identity;
 pub mod isolated;
 pub mod journal;
 pub mod loadbalancer;

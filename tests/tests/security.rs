@@ -4,12 +4,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-    rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
-};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube_dispatch_proto::{
     credentials::Credentials,
     v1::{
@@ -20,83 +16,11 @@ use kube_dispatch_proto::{
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, subscription, test_config},
+    identity::{account, token},
 };
 use tonic::Code;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// A ServiceAccount `name` in `ns`, with a Role of `verbs` on ConfigMaps there when given.
-async fn account(ns: &TestNamespace, name: &str, verbs: &[&str]) -> Result<(), kube::Error> {
-    let client = ns.client();
-    let pp = PostParams::default();
-    let meta = |name: &str| ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some(ns.name().to_owned()),
-        ..ObjectMeta::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), ns.name())
-        .create(
-            &pp,
-            &ServiceAccount {
-                metadata: meta(name),
-                ..ServiceAccount::default()
-            },
-        )
-        .await?;
-    if verbs.is_empty() {
-        return Ok(());
-    }
-    Api::<Role>::namespaced(client.clone(), ns.name())
-        .create(
-            &pp,
-            &Role {
-                metadata: meta(name),
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![String::new()]),
-                    resources: Some(vec!["configmaps".into()]),
-                    verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-                    ..PolicyRule::default()
-                }]),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(client, ns.name())
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: meta(name),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: name.to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: name.to_owned(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await?;
-    Ok(())
-}
-
-/// A token of ServiceAccount `name` in `ns` for `audience`.
-async fn token(ns: &TestNamespace, name: &str, audience: &str) -> Result<String, kube::Error> {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_owned()]),
-            expiration_seconds: Some(600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let issued = Api::<ServiceAccount>::namespaced(ns.client(), ns.name())
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?;
-    Ok(issued.status.and_then(|s| s.token).unwrap_or_default())
-}
 
 fn ca() -> std::path::PathBuf {
     Cluster::shared().dir().join("pki/ca.crt")

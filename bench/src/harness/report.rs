@@ -111,7 +111,7 @@ pub(crate) fn rows() -> Vec<Row> {
     rows
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -125,7 +125,7 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 }
 
 /// Nearest-rank percentile.
-fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }

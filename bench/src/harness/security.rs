@@ -1,0 +1,351 @@
+//! `make bench-security`: what TLS, TokenReview and SubjectAccessReview cost.
+//!
+//! One dispatcher in this process (on a runtime of its own), against the local control plane,
+//! run with security off (plaintext, anonymous) and on (TLS, ServiceAccount tokens), in
+//! alternating order `--repeats` times each:
+//!
+//! - **OpenSession latency**: sessions opened one after another, each in a group of its own
+//!   (so each starts a watch, as a new controller does); with security on, the first one also
+//!   pays the first TokenReview and SubjectAccessReviews, shown apart.
+//! - **write to delivery**: a ConfigMap patched `--writes` times, one at a time; each time
+//!   from sending the patch to the poll that hands the change to the session.
+//! - **reviews under load** (security on): `--security-sessions` sessions of
+//!   `--security-identities` ServiceAccounts polling for `--security-window`; the TokenReviews
+//!   and SubjectAccessReviews the API server counted in that window (its `/metrics`), against
+//!   the polls made.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Client,
+    api::{Api, Patch, PatchParams, PostParams},
+};
+use kube_dispatch_proto::{
+    credentials::Credentials,
+    v1::{OpenSessionRequest, dispatcher_client::DispatcherClient},
+};
+use kube_dispatch_runtime::tls::Transport;
+use kube_dispatch_tests::{
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, TestSession, subscription, test_config},
+    identity::{account, token},
+};
+
+use super::{
+    apiserver::request_counts,
+    report::{median, percentile},
+};
+
+/// What to run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    /// Runs of each mode.
+    pub repeats: usize,
+    /// Timed writes per run.
+    pub writes: usize,
+    /// Sessions opened and timed per run.
+    pub opens: usize,
+    /// Sessions polling in the review window.
+    pub sessions: usize,
+    /// Identities they belong to.
+    pub identities: usize,
+    /// How long they poll.
+    pub window: Duration,
+}
+
+/// One run of one mode.
+#[derive(Debug, Default)]
+struct Run {
+    /// The first OpenSession of the run, ms.
+    first_open: f64,
+    /// The others, µs.
+    opens: Vec<u64>,
+    /// Write to delivery, µs.
+    deliveries: Vec<u64>,
+}
+
+/// Figures of the review window.
+#[derive(Debug)]
+struct Load {
+    polls: u64,
+    token_reviews: u64,
+    access_reviews: u64,
+    window: Duration,
+}
+
+/// Runs the plan and returns the Markdown of the results.
+pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
+    let cluster = Cluster::shared();
+    let client = cluster.client().await?;
+    let ns = TestNamespace::create("bench-security").await?;
+    let identities = plan.identities.max(1);
+    for i in 0..identities {
+        account(&ns, &format!("controller-{i}"), &["list", "watch"]).await?;
+    }
+    let mut tokens = Vec::new();
+    for i in 0..identities {
+        tokens.push(token(&ns, &format!("controller-{i}"), "kube-dispatch").await?);
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "probe"}}))?,
+        )
+        .await?;
+
+    let mut off = Vec::new();
+    let mut on = Vec::new();
+    for repeat in 0..plan.repeats {
+        // Alternate which mode goes first, so drift on a noisy machine falls on both.
+        let order = if repeat % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for secure in order {
+            let run = latency_run(&plan, &ns, &configmaps, secure, &tokens[0]).await?;
+            println!(
+                "bench-security: run {} security {:<3}: first OpenSession {:>6.1} ms, OpenSession p50 {:>6.1} ms, write to delivery p50 {:>6.2} ms p99 {:>6.2} ms",
+                repeat + 1,
+                if secure { "on" } else { "off" },
+                run.first_open,
+                percentile_ms(&run.opens, 0.5, 1e3),
+                percentile_ms(&run.deliveries, 0.5, 1e3),
+                percentile_ms(&run.deliveries, 0.99, 1e3),
+            );
+            if secure { &mut on } else { &mut off }.push(run);
+        }
+    }
+    let load = load_run(&plan, &client, &ns, &tokens).await?;
+    println!(
+        "bench-security: {} sessions of {} identities for {:?}: {} polls, {} TokenReviews, {} SubjectAccessReviews",
+        plan.sessions, identities, load.window, load.polls, load.token_reviews, load.access_reviews
+    );
+    Ok(report(&plan, &off, &on, &load))
+}
+
+fn percentile_ms(values: &[u64], p: f64, per_ms: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    percentile(&sorted, p).unwrap_or(f64::NAN) / per_ms
+}
+
+/// Starts a dispatcher with security on or off and the credentials to call it.
+async fn dispatcher(secure: bool, token: &str) -> anyhow::Result<(TestDispatcher, Credentials)> {
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    let credentials = if secure {
+        Credentials::tls(Cluster::shared().dir().join("pki/ca.crt")).with_token(token)
+    } else {
+        config.security.transport = Transport::Plaintext;
+        config.security.authentication = None;
+        Credentials::plaintext()
+    };
+    // Enough room for every session of the load run.
+    config.settings.limits.max_sessions_per_group = 100_000;
+    config.settings.limits.max_sessions_per_identity = 100_000;
+    config.settings.limits.max_groups_per_identity = 100_000;
+    let d = TestDispatcher::start(config).await?;
+    Ok((d, credentials))
+}
+
+async fn open(
+    client: &mut DispatcherClient<kube_dispatch_proto::credentials::AuthChannel>,
+    group: &str,
+    replica: &str,
+    ns: &str,
+) -> anyhow::Result<String> {
+    Ok(client
+        .open_session(OpenSessionRequest {
+            group: group.into(),
+            replica_id: replica.into(),
+            subscriptions: vec![subscription("v1", "ConfigMap", ns)],
+            ttl: None,
+        })
+        .await
+        .with_context(|| format!("OpenSession of {group}/{replica}"))?
+        .into_inner()
+        .session_id)
+}
+
+async fn latency_run(
+    plan: &Plan,
+    ns: &TestNamespace,
+    configmaps: &Api<ConfigMap>,
+    secure: bool,
+    token: &str,
+) -> anyhow::Result<Run> {
+    let (d, credentials) = dispatcher(secure, token).await?;
+    let mut client = d.client_as(&credentials).await;
+    let mut run = Run::default();
+    for i in 0..plan.opens.max(2) {
+        let begun = Instant::now();
+        open(&mut client, &format!("open-{i}"), "replica-0", ns.name()).await?;
+        let took = begun.elapsed();
+        if i == 0 {
+            run.first_open = took.as_secs_f64() * 1e3;
+        } else {
+            #[allow(clippy::cast_possible_truncation)]
+            run.opens.push(took.as_micros() as u64);
+        }
+    }
+    let id = open(&mut client, "latency", "replica-0", ns.name()).await?;
+    let mut session = TestSession { client, id };
+    // The key is delivered once when the session starts (its first list).
+    let mut acks: Vec<u64> = session
+        .hold(Duration::from_secs(30))
+        .await?
+        .iter()
+        .map(|r| r.delivery_id)
+        .collect();
+    for n in 0..plan.writes {
+        let begun = Instant::now();
+        configmaps
+            .patch(
+                "probe",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"data": {"n": n.to_string()}})),
+            )
+            .await?;
+        let deadline = begun + Duration::from_secs(30);
+        loop {
+            let got = session
+                .poll_acking(&acks, Duration::from_secs(5))
+                .await
+                .context("poll")?;
+            acks = got.iter().map(|r| r.delivery_id).collect();
+            if !got.is_empty() {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "write {n} was never delivered");
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        run.deliveries.push(begun.elapsed().as_micros() as u64);
+    }
+    session.ack(&acks).await?;
+    d.stop().await;
+    Ok(run)
+}
+
+async fn load_run(
+    plan: &Plan,
+    client: &Client,
+    ns: &TestNamespace,
+    tokens: &[String],
+) -> anyhow::Result<Load> {
+    let (d, _) = dispatcher(true, &tokens[0]).await?;
+    let polls = Arc::new(AtomicU64::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut tasks = Vec::new();
+    let per_identity = plan.sessions.div_ceil(tokens.len());
+    for (i, token) in tokens.iter().enumerate() {
+        let credentials =
+            Credentials::tls(Cluster::shared().dir().join("pki/ca.crt")).with_token(token);
+        // One connection per identity, as one replica process multiplexes its sessions.
+        let mut client = d.client_as(&credentials).await;
+        for r in 0..per_identity.min(plan.sessions - i * per_identity) {
+            let id = open(
+                &mut client,
+                &format!("load-{i}"),
+                &format!("replica-{r}"),
+                ns.name(),
+            )
+            .await?;
+            let mut session = TestSession {
+                client: client.clone(),
+                id,
+            };
+            let (polls, stop) = (polls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut acks: Vec<u64> = Vec::new();
+                while !stop.is_cancelled() {
+                    match session.poll_acking(&acks, Duration::from_secs(1)).await {
+                        Ok(got) => acks = got.iter().map(|r| r.delivery_id).collect(),
+                        Err(status) => return Err(status),
+                    }
+                    polls.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+    }
+    // Count from when every session polls: the reviews of opening are not the steady state.
+    let before = request_counts(client).await?;
+    let polls_before = polls.load(Ordering::Relaxed);
+    let begun = Instant::now();
+    tokio::time::sleep(plan.window).await;
+    let after = request_counts(client).await?;
+    let window = begun.elapsed();
+    let polled = polls.load(Ordering::Relaxed) - polls_before;
+    stop.cancel();
+    for task in tasks {
+        task.await?.context("a session's poll failed")?;
+    }
+    d.stop().await;
+    Ok(Load {
+        polls: polled,
+        token_reviews: after.since(&before, "tokenreviews", "POST"),
+        access_reviews: after.since(&before, "subjectaccessreviews", "POST"),
+        window,
+    })
+}
+
+fn report(plan: &Plan, off: &[Run], on: &[Run], load: &Load) -> String {
+    use std::fmt::Write as _;
+
+    type Figure<'a> = &'a dyn Fn(&Run) -> f64;
+    let per_run = |runs: &[Run], f: Figure<'_>| median(runs.iter().map(f).collect());
+    let rows: [(&str, Figure<'_>); 5] = [
+        ("write to delivery, p50 (ms)", &|r| {
+            percentile_ms(&r.deliveries, 0.5, 1e3)
+        }),
+        ("write to delivery, p99 (ms)", &|r| {
+            percentile_ms(&r.deliveries, 0.99, 1e3)
+        }),
+        ("OpenSession, p50 (ms)", &|r| {
+            percentile_ms(&r.opens, 0.5, 1e3)
+        }),
+        ("OpenSession, p99 (ms)", &|r| {
+            percentile_ms(&r.opens, 0.99, 1e3)
+        }),
+        ("first OpenSession of a run (ms)", &|r| r.first_open),
+    ];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| figure (median of {} runs each) | security off | security on | on - off | on / off |\n| --- | ---: | ---: | ---: | ---: |",
+        plan.repeats
+    );
+    for (label, f) in rows {
+        let (a, b) = (
+            per_run(off, f).unwrap_or(f64::NAN),
+            per_run(on, f).unwrap_or(f64::NAN),
+        );
+        let _ = writeln!(
+            out,
+            "| {label} | {a:.2} | {b:.2} | {:+.2} | {:.2}x |",
+            b - a,
+            b / a
+        );
+    }
+    let minutes = load.window.as_secs_f64() / 60.0;
+    let _ = writeln!(
+        out,
+        "\nReviews under load, security on: {} sessions of {} ServiceAccounts polling (1 s long polls) for {:.0} s:\n\n| per minute | count |\n| --- | ---: |\n| polls | {:.0} |\n| TokenReviews | {:.1} |\n| SubjectAccessReviews | {:.1} |\n",
+        plan.sessions,
+        plan.identities,
+        load.window.as_secs_f64(),
+        load.polls as f64 / minutes,
+        load.token_reviews as f64 / minutes,
+        load.access_reviews as f64 / minutes,
+    );
+    out
+}
