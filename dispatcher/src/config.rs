@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
-use kube_dispatch_runtime::admin::Readiness;
+use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners};
 
 pub use crate::security::SecurityConfig;
 
@@ -76,6 +76,8 @@ pub struct Settings {
     /// moves here is not lost if it was deleted in transit
     /// (`kube_dispatch_core::recent_deletions`); about 100 bytes each.
     pub max_recent_deletions: usize,
+    /// Who may use which controller group (`--group-owner`; by default its creator).
+    pub group_owners: GroupOwners,
 }
 
 /// Everything a dispatcher needs besides its API-server client and its listener.

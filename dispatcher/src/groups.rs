@@ -23,7 +23,7 @@ use kube_dispatch_core::{
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::ring_id;
-use kube_dispatch_runtime::auth::{Caller, Identity, NotOwner, check_owner};
+use kube_dispatch_runtime::auth::{Caller, Identity, NotOwner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -512,10 +512,13 @@ impl Groups {
         let mut groups = self.groups();
         let user = caller.identity().map(|i| i.username.clone());
         let existing = groups.get(name);
-        if let Some(entry) = existing {
-            // A group stays its creator's for as long as it exists here (idle included).
-            check_owner(name, entry.owner.as_deref(), user.as_deref())?;
-        }
+        // A group stays its creator's for as long as it exists here (idle included), unless
+        // its users are listed.
+        self.settings.group_owners.check(
+            name,
+            existing.and_then(|e| e.owner.as_deref()),
+            user.as_deref(),
+        )?;
         // A replica reopening replaces its session: it takes no new slot.
         let replacing = existing.is_some_and(|e| e.group.has_replica(replica));
         if let Some(user) = &user {

@@ -265,6 +265,7 @@ async fn main() -> anyhow::Result<()> {
         "--backoff-base must not exceed --backoff-cap"
     );
 
+    let group_owners = security.group_owners()?;
     let security = SecurityConfig {
         transport: security.transport()?,
         authentication: security.authentication()?,
@@ -305,6 +306,7 @@ async fn main() -> anyhow::Result<()> {
         idle_group_grace,
         status_interval,
         max_recent_deletions,
+        group_owners,
     };
     let admin = tokio::net::TcpListener::bind(admin_listen)
         .await

@@ -129,6 +129,7 @@ async fn main() -> anyhow::Result<()> {
         transport: args.security.transport()?,
         authentication: args.security.authentication()?,
         readiness: Readiness::new("starting"),
+        group_owners: args.security.group_owners()?,
     };
     let admin = tokio::net::TcpListener::bind(args.admin_listen)
         .await

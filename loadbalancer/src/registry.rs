@@ -12,7 +12,7 @@ use std::{
 };
 
 use kube_dispatch_proto::v1::Assignment;
-use kube_dispatch_runtime::auth::{NotOwner, check_owner};
+use kube_dispatch_runtime::auth::{GroupOwners, NotOwner};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
@@ -60,6 +60,7 @@ struct Inner {
 pub struct Registry {
     inner: Mutex<Inner>,
     max_registrations: usize,
+    owners: GroupOwners,
 }
 
 /// Keeps a registration stream counted; dropping it starts the replica's grace.
@@ -78,11 +79,13 @@ impl Drop for StreamGuard {
 }
 
 impl Registry {
-    /// An empty registry that holds at most `max_registrations` replicas.
-    pub fn new(max_registrations: usize) -> Arc<Self> {
+    /// An empty registry that holds at most `max_registrations` replicas, and places a
+    /// replica only in a group its user may use (`owners`).
+    pub fn new(max_registrations: usize, owners: GroupOwners) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner::default()),
             max_registrations,
+            owners,
         })
     }
 
@@ -99,7 +102,7 @@ impl Registry {
         user: Option<&str>,
     ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
         let mut inner = self.inner();
-        check_owner(
+        self.owners.check(
             group,
             inner.groups.get(group).and_then(|g| g.owner.as_deref()),
             user,
@@ -277,7 +280,7 @@ mod tests {
 
     #[test]
     fn replicas_are_told_their_dispatchers_and_every_change() {
-        let registry = Registry::new(10);
+        let registry = Registry::new(10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(3));
         let (mut a, _ga) = registry.register("g", "a", None).unwrap();
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
@@ -301,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_reconnect_within_the_grace_moves_nothing() {
-        let registry = Registry::new(10);
+        let registry = Registry::new(10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
         let (_a, ga) = registry.register("g", "a", None).unwrap();
         let (_b, _gb) = registry.register("g", "b", None).unwrap();
@@ -318,7 +321,7 @@ mod tests {
 
     #[test]
     fn registrations_are_bounded() {
-        let registry = Registry::new(2);
+        let registry = Registry::new(2, GroupOwners::default());
         let _a = registry.register("g", "a", None).unwrap();
         let _b = registry.register("h", "b", None).unwrap();
         assert_eq!(
@@ -330,8 +333,21 @@ mod tests {
     }
 
     #[test]
+    fn a_listed_group_is_placed_for_its_listed_users_only() {
+        let owners = GroupOwners::from_pairs([
+            ("g".to_owned(), "team-a".to_owned()),
+            ("g".to_owned(), "team-b".to_owned()),
+        ]);
+        let registry = Registry::new(10, owners);
+        assert!(registry.register("g", "c", Some("team-c")).is_err());
+        let _b = registry.register("g", "b", Some("team-b")).unwrap();
+        assert!(registry.register("g", "a", Some("team-a")).is_ok());
+        assert!(registry.register("g", "c", Some("team-c")).is_err());
+    }
+
+    #[test]
     fn a_group_is_placed_only_for_the_user_that_registered_it() {
-        let registry = Registry::new(10);
+        let registry = Registry::new(10, GroupOwners::default());
         let _a = registry.register("g", "a", Some("team-a")).unwrap();
         let refused = registry.register("g", "b", Some("team-b")).unwrap_err();
         assert!(
@@ -347,7 +363,7 @@ mod tests {
 
     #[test]
     fn with_no_dispatcher_the_assignment_is_empty() {
-        let registry = Registry::new(2);
+        let registry = Registry::new(2, GroupOwners::default());
         let (mut a, _g) = registry.register("g", "a", None).unwrap();
         let first = a.borrow_and_update().clone();
         assert!(first.dispatchers.is_empty());

@@ -17,7 +17,7 @@ use kube_dispatch_proto::v1::{
 };
 use kube_dispatch_runtime::{
     admin::Readiness,
-    auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller},
+    auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller, GroupOwners},
     leases::LeaseWatch,
     tls::Transport,
 };
@@ -61,6 +61,8 @@ pub struct Config {
     /// What the admin endpoint's `/readyz` answers: ready once serving (a standby serves too:
     /// it redirects to the leader), not ready from shutdown on.
     pub readiness: Readiness,
+    /// Who may use which controller group (`--group-owner`; by default its creator).
+    pub group_owners: GroupOwners,
 }
 
 /// A running load balancer's handles, for in-process callers (tests).
@@ -192,7 +194,7 @@ pub async fn serve(
         None => Authentication::Anonymous,
     };
     authentication.warn_if_anonymous("load balancer");
-    let registry = Registry::new(config.max_registrations);
+    let registry = Registry::new(config.max_registrations, config.group_owners.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
         .with_namespace(&config.namespace)

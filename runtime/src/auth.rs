@@ -9,7 +9,7 @@
 //! per token and period, not per call.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -96,27 +96,65 @@ impl Caller {
 /// A controller group used by another user than the one it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity; pick another group name"
+    "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity (or one listed with --group-owner); pick another group name"
 )]
 pub struct NotOwner {
     /// The group.
     pub group: String,
-    /// The user it belongs to.
+    /// The user it belongs to (or the users listed for it, joined by `or`).
     pub owner: String,
     /// The caller.
     pub caller: String,
 }
 
-/// Ok if `group`, which belongs to `owner` (`None`: to nobody, authentication being off), may be
-/// used by `caller` (`None`: anonymous).
-pub fn check_owner(group: &str, owner: Option<&str>, caller: Option<&str>) -> Result<(), NotOwner> {
-    match owner {
-        Some(owner) if Some(owner) != caller => Err(NotOwner {
+/// Who may use a controller group. By default the user whose call created it (recorded with
+/// the group); for groups an operator listed (`--group-owner GROUP=USER`, repeated), exactly
+/// the users listed, whoever came first: for a controller that runs under several
+/// ServiceAccounts, during a migration from one to another say.
+#[derive(Clone, Debug, Default)]
+pub struct GroupOwners(Arc<HashMap<String, Vec<String>>>);
+
+impl GroupOwners {
+    /// The users listed for each group, from `(group, user)` pairs.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        let mut owners: HashMap<String, Vec<String>> = HashMap::new();
+        for (group, user) in pairs {
+            let users = owners.entry(group).or_default();
+            if !users.contains(&user) {
+                users.push(user);
+            }
+        }
+        Self(Arc::new(owners))
+    }
+
+    /// Whether no group is listed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Ok if `caller` (`None`: anonymous) may use `group`, which belongs to `owner` (`None`: to
+    /// nobody, authentication being off) unless the group is listed.
+    pub fn check(
+        &self,
+        group: &str,
+        owner: Option<&str>,
+        caller: Option<&str>,
+    ) -> Result<(), NotOwner> {
+        let refuse = |owner: String| NotOwner {
             group: group.to_owned(),
-            owner: owner.to_owned(),
+            owner,
             caller: caller.unwrap_or("anonymous").to_owned(),
-        }),
-        _ => Ok(()),
+        };
+        if let Some(listed) = self.0.get(group) {
+            return match caller {
+                Some(caller) if listed.iter().any(|u| u == caller) => Ok(()),
+                _ => Err(refuse(listed.join(" or "))),
+            };
+        }
+        match owner {
+            Some(owner) if Some(owner) != caller => Err(refuse(owner.to_owned())),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -564,6 +602,31 @@ mod tests {
             let e = bearer_token(Some(header)).unwrap_err();
             assert!(e.to_string().contains(why), "{header:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_group_is_its_creators_unless_listed() {
+        let owners = GroupOwners::from_pairs([
+            ("shared".to_owned(), "old-sa".to_owned()),
+            ("shared".to_owned(), "new-sa".to_owned()),
+        ]);
+        // Unlisted: the recorded owner only; nobody recorded (authentication off): anyone.
+        assert!(owners.check("g", Some("a"), Some("a")).is_ok());
+        let e = owners.check("g", Some("a"), Some("b")).unwrap_err();
+        assert_eq!((e.owner.as_str(), e.caller.as_str()), ("a", "b"));
+        assert!(owners.check("g", None, None).is_ok());
+        // Listed: exactly the users listed, whoever created it.
+        assert!(
+            owners
+                .check("shared", Some("old-sa"), Some("new-sa"))
+                .is_ok()
+        );
+        assert!(owners.check("shared", None, Some("old-sa")).is_ok());
+        let e = owners
+            .check("shared", Some("old-sa"), Some("other"))
+            .unwrap_err();
+        assert_eq!(e.owner, "old-sa or new-sa");
+        assert!(owners.check("shared", None, None).is_err());
     }
 
     #[test]

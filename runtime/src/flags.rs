@@ -8,7 +8,7 @@ use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 use kube_dispatch_proto::credentials::{Credentials, DEFAULT_AUDIENCE, DEFAULT_TOKEN_FILE};
 
 use crate::{
-    auth::AuthConfig,
+    auth::{AuthConfig, GroupOwners},
     authz::AuthzConfig,
     limits::RequestRate,
     tls::{ServerTls, Transport},
@@ -57,6 +57,23 @@ pub struct SecurityFlags {
     /// Requests one identity may send at once after a quiet spell.
     #[arg(long, env = "KD_MAX_REQUEST_BURST", default_value_t = RequestRate::default().burst)]
     pub max_request_burst: NonZeroU32,
+
+    /// GROUP=USER: the controller group GROUP may be used by USER (repeat for several users
+    /// and groups), and by no one else, whoever created it. A group not listed belongs to the
+    /// user that created it. For a controller that runs under several ServiceAccounts.
+    #[arg(long = "group-owner", env = "KD_GROUP_OWNERS", value_delimiter = ',', value_parser = group_owner)]
+    pub group_owners: Vec<(String, String)>,
+}
+
+fn group_owner(pair: &str) -> Result<(String, String), String> {
+    match pair.split_once('=') {
+        Some((group, user)) if !group.trim().is_empty() && !user.trim().is_empty() => {
+            Ok((group.trim().to_owned(), user.trim().to_owned()))
+        }
+        _ => Err(format!(
+            "expected GROUP=USER, such as my-controller=system:serviceaccount:ns:name, not {pair:?}"
+        )),
+    }
 }
 
 /// How a server calls other kube-dispatch servers (a dispatcher its peers).
@@ -92,6 +109,9 @@ pub enum FlagError {
     /// Only one of certificate and key.
     #[error("--tls-cert-file and --tls-key-file go together")]
     HalfCertificate,
+    /// Group owners listed while nobody is identified.
+    #[error("--group-owner needs authentication: it contradicts --allow-anonymous")]
+    OwnersWithoutAuthentication,
     /// Calls to other servers over TLS need a CA bundle.
     #[error(
         "no CA bundle to verify the servers this process calls: set --tls-ca-file (or --insecure)"
@@ -135,6 +155,14 @@ impl SecurityFlags {
             },
             ..AuthConfig::default()
         }))
+    }
+
+    /// Who may use the groups listed with --group-owner.
+    pub fn group_owners(&self) -> Result<GroupOwners, FlagError> {
+        if self.allow_anonymous && !self.group_owners.is_empty() {
+            return Err(FlagError::OwnersWithoutAuthentication);
+        }
+        Ok(GroupOwners::from_pairs(self.group_owners.iter().cloned()))
     }
 
     /// How read access is checked: decisions trusted for `recheck`.
@@ -230,6 +258,20 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+        assert!(flags(&[]).group_owners().unwrap().is_empty());
+        let listed = flags(&["--group-owner", "g=u1", "--group-owner", "g=u2"]);
+        assert!(
+            listed
+                .group_owners()
+                .unwrap()
+                .check("g", None, Some("u2"))
+                .is_ok()
+        );
+        assert!(matches!(
+            flags(&["--group-owner", "g=u", "--allow-anonymous"]).group_owners(),
+            Err(FlagError::OwnersWithoutAuthentication)
+        ));
+        assert!(Cli::try_parse_from(["server", "--group-owner", "no-user"]).is_err());
         assert!(matches!(credentials(&[]), Err(FlagError::NoCa)));
         assert!(credentials(&["--tls-ca-file", "ca"]).unwrap().is_tls());
         assert!(!credentials(&["--insecure"]).unwrap().is_tls());

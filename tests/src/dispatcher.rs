@@ -47,6 +47,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
             idle_group_grace: Duration::from_secs(30),
             status_interval: Duration::ZERO,
             max_recent_deletions: 65_536,
+            group_owners: Default::default(),
         },
         membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
         watch_grace: Duration::from_secs(5),

@@ -36,6 +36,7 @@ impl TestLoadBalancer {
             transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
             authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
             readiness: Default::default(),
+            group_owners: Default::default(),
         };
         let (runner, handles) = spawn_server(
             "loadbalancer",

@@ -648,3 +648,50 @@ async fn register_refuses_unauthenticated_and_foreign_callers() -> TestResult {
     assert_eq!(register(a, "a-1").await?.0, Code::Ok);
     Ok(())
 }
+
+/// A group listed with `--group-owner` is open to exactly the users listed, whoever comes
+/// first: a controller running under two ServiceAccounts shares it, a third cannot take it.
+#[tokio::test]
+async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult {
+    use kube_dispatch_runtime::auth::GroupOwners;
+
+    let ns = TestNamespace::create("security-owners").await?;
+    for name in ["old-sa", "new-sa", "other"] {
+        account(&ns, name, &["list", "watch"]).await?;
+    }
+    let user = |name: &str| format!("system:serviceaccount:{}:{name}", ns.name());
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.settings.group_owners = GroupOwners::from_pairs([
+        ("migrating".to_owned(), user("old-sa")),
+        ("migrating".to_owned(), user("new-sa")),
+    ]);
+    let d = TestDispatcher::start(config).await?;
+    let here = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let session = |group: &str, replica: &str| OpenSessionRequest {
+        replica_id: replica.into(),
+        ..open(group, here())
+    };
+    let other = as_token(&token(&ns, "other", "kube-dispatch").await?);
+    let (code, said) = open_as(&d, &other, session("migrating", "r0")).await;
+    assert_eq!(code, Code::PermissionDenied, "{said}");
+    assert!(
+        said.contains(&format!(
+            "belongs to {} or {}",
+            user("old-sa"),
+            user("new-sa")
+        )),
+        "{said}"
+    );
+    for (name, replica) in [("new-sa", "r1"), ("old-sa", "r2")] {
+        let credentials = as_token(&token(&ns, name, "kube-dispatch").await?);
+        let (code, said) = open_as(&d, &credentials, session("migrating", replica)).await;
+        assert_eq!(code, Code::Ok, "{name}: {said}");
+    }
+    // Groups not listed keep the default: their creator's.
+    assert_eq!(
+        open_as(&d, &other, session("its-own", "r0")).await.0,
+        Code::Ok
+    );
+    d.stop().await;
+    Ok(())
+}
