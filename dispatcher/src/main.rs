@@ -13,7 +13,7 @@ use kube_dispatch_runtime::{
     admin::{self, Readiness},
     client,
     flags::{CallFlags, SecurityFlags},
-    logging, signal,
+    logging, metrics, signal,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -313,7 +313,13 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {admin_listen} (--admin-listen)"))?;
     let readiness = Readiness::new("starting");
     let admin_stop = CancellationToken::new();
-    tokio::spawn(admin::serve(admin, readiness.clone(), admin_stop.clone()));
+    let registry = std::sync::Arc::new(metrics::registry());
+    tokio::spawn(admin::serve(
+        admin,
+        readiness.clone(),
+        registry,
+        admin_stop.clone(),
+    ));
     let shutdown = CancellationToken::new();
     tokio::spawn(signal::cancel_on_signal(shutdown.clone()));
     let served = serve(

@@ -8,6 +8,7 @@ use kube_dispatch_loadbalancer::service::{Config, serve};
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
     flags::SecurityFlags,
+    metrics,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -138,6 +139,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(admin::serve(
         admin,
         config.readiness.clone(),
+        std::sync::Arc::new(metrics::registry()),
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();

@@ -5,9 +5,11 @@
 //! | --- | --- |
 //! | `/healthz` | 200 `ok` while the process runs, its drain included, so a pod handing its work back is not restarted (liveness) |
 //! | `/readyz` | 200 `ok` while the process does its job now, else 503 with the reason, such as `handover pending` (readiness) |
+//! | `/metrics` | the process's metrics, OpenMetrics text ([`crate::metrics`]) |
 //!
-//! It answers with nothing but these words: no object, key, group or identity, so it needs no
-//! token. Keep the port off any Service that controllers use.
+//! It answers with nothing but these: no object, key or identity (metric labels name groups,
+//! dispatchers, reasons and outcomes), so it needs no token. Keep the port off any Service
+//! that controllers use.
 //!
 //! Bounds: at most [`MAX_CONNECTIONS`] connections at once (more wait in the listen backlog),
 //! each closed after [`CONNECTION_LIFETIME`].
@@ -18,8 +20,9 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let readiness = Readiness::new("starting");
+//! let registry = std::sync::Arc::new(kube_dispatch_runtime::metrics::registry());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9070").await?;
-//! tokio::spawn(admin::serve(listener, readiness.clone(), CancellationToken::new()));
+//! tokio::spawn(admin::serve(listener, readiness.clone(), registry, CancellationToken::new()));
 //! // ... once the process does its job:
 //! readiness.ready();
 //! # Ok(())
@@ -28,7 +31,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use axum::{Router, extract::State, http::StatusCode, routing::get};
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    routing::get,
+};
 use hyper_util::{rt::TokioIo, service::TowerToHyperService};
 use tokio::{
     net::TcpListener,
@@ -36,6 +44,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+
+use crate::metrics::{self, SharedRegistry};
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -100,11 +110,23 @@ impl Default for Readiness {
 }
 
 /// The admin routes, for callers that serve them themselves.
-pub fn router(readiness: Readiness) -> Router {
+pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(readiness)
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+                        metrics::encode(&registry),
+                    )
+                }
+            }),
+        )
 }
 
 async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {
@@ -118,8 +140,13 @@ async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {
 }
 
 /// Serves the admin routes on `listener` until `stop`; the connections open then are closed.
-pub async fn serve(listener: TcpListener, readiness: Readiness, stop: CancellationToken) {
-    let service = TowerToHyperService::new(router(readiness));
+pub async fn serve(
+    listener: TcpListener,
+    readiness: Readiness,
+    registry: SharedRegistry,
+    stop: CancellationToken,
+) {
+    let service = TowerToHyperService::new(router(readiness, registry));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -189,7 +216,12 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let readiness = Readiness::new("handover pending");
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, readiness.clone(), stop.clone()));
+        let server = tokio::spawn(serve(
+            listener,
+            readiness.clone(),
+            Arc::new(metrics::registry()),
+            stop.clone(),
+        ));
 
         assert_eq!(get(address, "/healthz").await, (200, "ok\n".into()));
         assert_eq!(
@@ -205,6 +237,9 @@ mod tests {
         );
         assert_eq!(get(address, "/healthz").await.0, 200);
         assert_eq!(get(address, "/metrics/keys").await.0, 404);
+        let (status, text) = get(address, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(text.contains("process_resident_memory_bytes"), "{text}");
 
         stop.cancel();
         server.await.unwrap();

@@ -12,7 +12,8 @@
 //! | [`authz`] | what the caller may read: SubjectAccessReviews for `list` and `watch`, cached |
 //! | [`limits`] | the request rate of each identity, so one cannot starve the others |
 //! | [`flags`] | the security flags every server takes, and what they turn into |
-//! | [`admin`] | the admin endpoint: `/healthz` and `/readyz` over plaintext HTTP for probes |
+//! | [`admin`] | the admin endpoint: `/metrics`, `/healthz` and `/readyz` over plaintext HTTP for scrapes and probes |
+//! | [`metrics`] | the process's Prometheus registry, with the process metrics in it |
 //!
 //! A binary's `main` starts with these:
 //!
@@ -40,5 +41,6 @@ pub mod flags;
 pub mod leases;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod signal;
 pub mod tls;
