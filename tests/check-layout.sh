@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the crates' dependencies point one way (README, "Layout"):
-#   proto -> core -> runtime -> dispatcher, loadbalancer;  proto -> controller-sdk
+#   proto -> core -> runtime -> dispatcher, loadbalancer, controller-sdk
 # - kube-dispatch-core is pure: no async runtime, Kubernetes client or gRPC server of its own;
 # - the load balancer and the controller SDK never link the dispatcher;
 # - the dispatcher never links the SDK, and the runtime neither of them;

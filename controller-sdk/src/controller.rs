@@ -65,6 +65,7 @@ pub struct Controller<K: Resource> {
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
     pub(crate) health: Health,
+    pub(crate) admin_listen: Option<std::net::SocketAddr>,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -132,6 +133,7 @@ where
             session_ttl: Duration::from_secs(10),
             shutdown: None,
             health: Health::default(),
+            admin_listen: admin_listen_from_env(),
             _kind: PhantomData,
         }
     }
@@ -268,6 +270,17 @@ where
         })
     }
 
+    /// Serve the admin endpoint on `address` (plaintext HTTP): `/metrics` (the replica's
+    /// metrics, [`crate::metrics`], with controller-runtime's names), `/healthz` (live until
+    /// the drain ends) and `/readyz` (at least one dispatcher session open). Default: the
+    /// `KD_ADMIN_LISTEN` environment variable, else no admin endpoint. With several controllers
+    /// in one process, set it on one of them: the metrics registry is the process's.
+    #[must_use]
+    pub fn admin_listen(mut self, address: std::net::SocketAddr) -> Self {
+        self.admin_listen = Some(address);
+        self
+    }
+
     /// A handle on the controller's readiness and liveness, for the replica's probes.
     pub fn health(&self) -> Health {
         self.health.clone()
@@ -290,6 +303,20 @@ where
         ReconcileFut: Future<Output = Result<Action, E>> + Send + 'static,
     {
         runtime::run(self, Arc::new(reconcile), Arc::new(error_policy), context)
+    }
+}
+
+/// `KD_ADMIN_LISTEN`, when set; a value that is not an address is reported and ignored.
+fn admin_listen_from_env() -> Option<std::net::SocketAddr> {
+    let value = std::env::var("KD_ADMIN_LISTEN")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    match value.parse() {
+        Ok(address) => Some(address),
+        Err(e) => {
+            tracing::error!(%value, error = %e, "KD_ADMIN_LISTEN is not an address such as 0.0.0.0:9080; no admin endpoint");
+            None
+        }
     }
 }
 

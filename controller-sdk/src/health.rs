@@ -5,6 +5,8 @@ use std::sync::{
     atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
+use kube_dispatch_runtime::admin::Readiness;
+
 /// A handle on a controller's health; cheap to clone, readable from any thread (for example
 /// from the HTTP handler of a readiness probe).
 ///
@@ -17,7 +19,7 @@ use std::sync::{
 /// # async fn example(client: kube::Client) {
 /// let controller = Controller::<ConfigMap>::new(client, "configmap-hasher");
 /// let health = controller.health();
-/// // Serve it: 200 from /readyz when health.ready(), 200 from /livez when health.live().
+/// // Served at /readyz and /healthz with Controller::admin_listen; or serve it yourself.
 /// # let _ = (controller, health);
 /// # }
 /// ```
@@ -26,11 +28,25 @@ pub struct Health {
     inner: Arc<State>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     sessions: AtomicUsize,
     stopped: AtomicBool,
+    /// What the admin endpoint's `/readyz` answers, kept in step with the above.
+    readiness: Readiness,
 }
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            sessions: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+            readiness: Readiness::new(NO_SESSION),
+        }
+    }
+}
+
+const NO_SESSION: &str = "no dispatcher session open";
 
 impl Health {
     /// Whether at least one dispatcher session is open.
@@ -50,11 +66,29 @@ impl Health {
 
     pub(crate) fn session_opened(&self) -> SessionGuard {
         self.inner.sessions.fetch_add(1, Ordering::Relaxed);
+        self.update_readiness();
         SessionGuard(self.clone())
     }
 
     pub(crate) fn stopped(&self) {
         self.inner.stopped.store(true, Ordering::Relaxed);
+        self.update_readiness();
+    }
+
+    /// The readiness the admin endpoint serves.
+    pub(crate) fn readiness(&self) -> Readiness {
+        self.inner.readiness.clone()
+    }
+
+    fn update_readiness(&self) {
+        let readiness = &self.inner.readiness;
+        if !self.live() {
+            readiness.not_ready("shutting down");
+        } else if self.sessions() == 0 {
+            readiness.not_ready(NO_SESSION);
+        } else {
+            readiness.ready();
+        }
     }
 }
 
@@ -64,5 +98,6 @@ pub(crate) struct SessionGuard(Health);
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.0.inner.sessions.fetch_sub(1, Ordering::Relaxed);
+        self.0.update_readiness();
     }
 }

@@ -18,6 +18,7 @@
 //! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given |
 //! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
 //! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |
+//! | [`metrics`] | the replica's metrics, by controller-runtime's names, served with `/healthz` and `/readyz` on [`Controller::admin_listen`] |
 //! | `fence` | when a replica must count a session as lost, from when its calls were sent |
 //! | `reconnect` | how reconnects are paced |
 
@@ -28,6 +29,7 @@ mod controller;
 mod error;
 mod fence;
 mod health;
+pub mod metrics;
 pub mod precondition;
 mod reconnect;
 mod runtime;

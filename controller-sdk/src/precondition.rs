@@ -83,10 +83,13 @@ impl WriteError {
 
     fn from_kube<K: Resource>(seen: &K, resource_version: &str, error: kube::Error) -> Self {
         match error {
-            kube::Error::Api(status) if status.code == 409 => Self::Stale {
-                name: seen.name_any(),
-                resource_version: resource_version.to_owned(),
-            },
+            kube::Error::Api(status) if status.code == 409 => {
+                crate::metrics::stale_write();
+                Self::Stale {
+                    name: seen.name_any(),
+                    resource_version: resource_version.to_owned(),
+                }
+            }
             e => Self::Api(e),
         }
     }

@@ -313,11 +313,10 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {admin_listen} (--admin-listen)"))?;
     let readiness = Readiness::new("starting");
     let admin_stop = CancellationToken::new();
-    let registry = std::sync::Arc::new(metrics::registry());
     tokio::spawn(admin::serve(
         admin,
         readiness.clone(),
-        registry,
+        metrics::Metrics::default(),
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();

@@ -139,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(admin::serve(
         admin,
         config.readiness.clone(),
-        std::sync::Arc::new(metrics::registry()),
+        metrics::Metrics::default(),
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();

@@ -20,9 +20,9 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let readiness = Readiness::new("starting");
-//! let registry = std::sync::Arc::new(kube_dispatch_runtime::metrics::registry());
+//! let metrics = kube_dispatch_runtime::metrics::Metrics::default();
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9070").await?;
-//! tokio::spawn(admin::serve(listener, readiness.clone(), registry, CancellationToken::new()));
+//! tokio::spawn(admin::serve(listener, readiness.clone(), metrics, CancellationToken::new()));
 //! // ... once the process does its job:
 //! readiness.ready();
 //! # Ok(())
@@ -45,7 +45,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::metrics::{self, SharedRegistry};
+use crate::metrics::{self, Metrics};
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -110,7 +110,7 @@ impl Default for Readiness {
 }
 
 /// The admin routes, for callers that serve them themselves.
-pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
+pub fn router(readiness: Readiness, metrics: Metrics) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -118,11 +118,11 @@ pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
         .route(
             "/metrics",
             get(move || {
-                let registry = registry.clone();
+                let metrics = metrics.clone();
                 async move {
                     (
                         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-                        metrics::encode(&registry),
+                        metrics.encode(),
                     )
                 }
             }),
@@ -143,10 +143,10 @@ async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {
 pub async fn serve(
     listener: TcpListener,
     readiness: Readiness,
-    registry: SharedRegistry,
+    metrics: Metrics,
     stop: CancellationToken,
 ) {
-    let service = TowerToHyperService::new(router(readiness, registry));
+    let service = TowerToHyperService::new(router(readiness, metrics));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -219,7 +219,7 @@ mod tests {
         let server = tokio::spawn(serve(
             listener,
             readiness.clone(),
-            Arc::new(metrics::registry()),
+            Metrics::default(),
             stop.clone(),
         ));
 

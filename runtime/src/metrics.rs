@@ -1,5 +1,5 @@
-//! Prometheus metrics: one [`Registry`] per process, filled at start by each part of it and
-//! served in the OpenMetrics text format at `/metrics` on the admin endpoint
+//! Prometheus metrics: one [`Metrics`] registry per process, which each part of it registers
+//! its metrics in, served in the OpenMetrics text format at `/metrics` on the admin endpoint
 //! ([`crate::admin`]).
 //!
 //! Every process also exports the process metrics Prometheus' own clients export under the
@@ -10,35 +10,50 @@
 //! Label cardinality is bounded by design: labels name controller groups, dispatchers, reasons
 //! and outcomes, never a key, a uid or an object.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-pub use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
-/// A registry with the process metrics in it, ready for a process's own.
-pub fn registry() -> Registry {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(ProcessMetrics));
-    registry
-}
-
-/// Encodes `registry` in the OpenMetrics text format.
-pub fn encode(registry: &Registry) -> String {
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    text
-}
-
-/// The content type of [`encode`]'s output.
+/// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// A registry shared with the admin endpoint once every metric is registered.
-pub type SharedRegistry = Arc<Registry>;
+/// A process's metrics registry; cheap to clone, every clone is the same registry.
+#[derive(Clone, Debug)]
+pub struct Metrics(Arc<Mutex<Registry>>);
+
+impl Default for Metrics {
+    /// A registry with the process metrics in it.
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ProcessMetrics));
+        Self(Arc::new(Mutex::new(registry)))
+    }
+}
+
+impl Metrics {
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `metric` (a counter, gauge, histogram or a family of them) as `name`. A
+    /// counter's name takes `_total` when encoded.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry().register(name, help, metric);
+    }
+
+    /// The metrics now, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry());
+        text
+    }
+}
 
 /// The process metrics of Prometheus' client libraries, read from `/proc/self` at each scrape.
 /// A figure that cannot be read is left out of that scrape.
@@ -116,7 +131,7 @@ mod tests {
 
     #[test]
     fn the_process_metrics_have_the_client_libraries_names() {
-        let text = encode(&registry());
+        let text = Metrics::default().encode();
         for name in [
             "process_cpu_seconds_total ",
             "process_resident_memory_bytes ",

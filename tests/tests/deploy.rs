@@ -196,9 +196,13 @@ fn workloads_speak_tls_with_projected_tokens() {
         !rendered.contains("grpc:\n              port"),
         "no gRPC probe"
     );
-    assert_eq!(rendered.matches("path: /readyz").count(), 2);
-    assert_eq!(rendered.matches("path: /healthz").count(), 2);
-    for port in ["containerPort: 9070", "containerPort: 9071"] {
+    assert_eq!(rendered.matches("path: /readyz").count(), 3);
+    assert_eq!(rendered.matches("path: /healthz").count(), 3);
+    for port in [
+        "containerPort: 9070",
+        "containerPort: 9071",
+        "containerPort: 9080",
+    ] {
         assert!(rendered.contains(port), "admin port {port}");
     }
     // The certificate cert-manager issues carries that name.

@@ -21,6 +21,7 @@ mod supervise;
 use std::{
     collections::{BTreeSet, HashSet},
     future::Future,
+    net::SocketAddr,
     sync::{Arc, Mutex, atomic::AtomicUsize},
 };
 
@@ -30,11 +31,14 @@ use kube_dispatch_proto::v1::{OpenSessionRequest, PayloadMode, RegisterRequest};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{error, info};
+
+use kube_dispatch_runtime::admin;
 
 use self::shared::{Bound, ErrorPolicy, Outcome, Reconciler, Shared};
 use crate::{
-    Action, Controller,
+    Action, Controller, Health,
+    metrics::ControllerMetrics,
     targets::{Source, follow_load_balancer},
 };
 
@@ -71,6 +75,7 @@ where
         session_ttl,
         shutdown,
         health,
+        admin_listen,
         ..
     } = controller;
     // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
@@ -101,8 +106,12 @@ where
         health: health.clone(),
         full_payload,
         credentials: credentials.clone(),
+        metrics: ControllerMetrics::new(&group, concurrency),
     });
     let stop = CancellationToken::new();
+    if let Some(address) = admin_listen {
+        serve_admin(address, &health);
+    }
     if let Some(signal) = shutdown {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -131,4 +140,26 @@ where
     tokio::spawn(supervise::supervise(targets, shared, stop));
     // The stream ends when every session loop has finished and dropped its sender.
     tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `address` for as long as the process runs
+/// (liveness holds through the drain).
+fn serve_admin(address: SocketAddr, health: &Health) {
+    let listener = match std::net::TcpListener::bind(address)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+    {
+        Ok(listener) => listener,
+        Err(error) => {
+            error!(%address, %error, "cannot serve the admin endpoint (metrics and probes)");
+            return;
+        }
+    };
+    info!(%address, "admin endpoint: /metrics, /healthz, /readyz");
+    tokio::spawn(admin::serve(
+        listener,
+        health.readiness(),
+        crate::metrics::registry().clone(),
+        CancellationToken::new(),
+    ));
 }

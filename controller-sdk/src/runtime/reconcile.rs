@@ -20,20 +20,25 @@ use super::{
     load::load,
     shared::{Outcome, Shared, Types},
 };
-use crate::{Action, Error};
+use crate::{Action, Error, metrics::Ended};
 
-/// Runs one delivery: waits for a free slot unless it holds `permit`, loads the object and
-/// reconciles it, all by `deadline` (`limit` after the delivery); returns the ack to send, or
-/// `None` when the session was lost, in which case the reconcile has been stopped.
+/// Runs one delivery, which `arrived` then: waits for a free slot unless it holds `permit`,
+/// loads the object and reconciles it, all by `deadline` (`limit` after the delivery); returns
+/// the ack to send, or `None` when the session was lost, in which case the reconcile has been
+/// stopped.
 pub(super) async fn reconcile_one<T: Types>(
     shared: &Shared<T>,
     request: ReconcileRequest,
     permit: Option<OwnedSemaphorePermit>,
+    arrived: Instant,
     deadline: Instant,
     limit: Duration,
     lost: &CancellationToken,
 ) -> Option<ack_item::Outcome> {
     let key = request.key.clone();
+    let metrics = &shared.metrics;
+    // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
+    let mut started = None;
     let work = async {
         let _permit = match permit {
             Some(permit) => permit,
@@ -43,7 +48,14 @@ pub(super) async fn reconcile_one<T: Types>(
                 shared.permits.clone().acquire_owned().await.ok()?
             }
         };
-        Some(run_reconcile(shared, request).await)
+        let _active = metrics.started(arrived.elapsed());
+        started = Some(Instant::now());
+        let controller = shared.open.group.clone();
+        Some(
+            crate::metrics::CONTROLLER
+                .scope(controller, run_reconcile(shared, request))
+                .await,
+        )
     };
     let (outcome, report) = tokio::select! {
         r = tokio::time::timeout_at(deadline, work) => match r {
@@ -55,8 +67,22 @@ pub(super) async fn reconcile_one<T: Types>(
                 Some(Err(Error::Timeout { key, limit })),
             ),
         },
-        () = lost.cancelled() => return None,
+        () = lost.cancelled() => {
+            if started.is_some() {
+                metrics.fenced();
+            }
+            return None;
+        }
     };
+    if let Some(started) = started {
+        let ended = match (&outcome, &report) {
+            (_, Some(Err(Error::Timeout { .. }))) => Ended::TimedOut,
+            (_, Some(Err(_))) | (ack_item::Outcome::Failure(_), _) => Ended::Error,
+            (ack_item::Outcome::Requeue(_), _) => Ended::RequeueAfter,
+            (ack_item::Outcome::Success(_), _) => Ended::Success,
+        };
+        metrics.ended(ended, started.elapsed());
+    }
     if let Some(report) = report {
         let _ = shared.outcomes.send(report).await;
     }

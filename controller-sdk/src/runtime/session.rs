@@ -56,6 +56,7 @@ pub(super) async fn session<T: Types>(
     let mut fence = Fence::new(ttl, max_reconcile, sent);
     info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
     let _open = shared.health.session_opened();
+    let _counted = shared.metrics.session_opened(address);
 
     let lost = CancellationToken::new();
     // Acks go out as reconciles finish, on their own calls: carried on the next poll, they
@@ -126,7 +127,10 @@ pub(super) async fn session<T: Types>(
         }
         let deadline = fence.reconcile_deadline(delivered);
         let limit = fence.reconcile_limit();
+        let arrived = Instant::now();
         for request in requests {
+            let reason = Reason::try_from(request.reason).unwrap_or(Reason::Unspecified);
+            shared.metrics.delivered(reason);
             // Slots are taken here, before the next poll counts them; a delivery finds none
             // only if another session took them since this poll counted, and then waits in its
             // task.
@@ -136,7 +140,7 @@ pub(super) async fn session<T: Types>(
                 "reconcile",
                 key = %request.key,
                 resource_version = %request.resource_version,
-                reason = ?Reason::try_from(request.reason).unwrap_or(Reason::Unspecified),
+                ?reason,
                 attempt = request.attempt,
                 dispatcher = %address,
             );
@@ -144,7 +148,8 @@ pub(super) async fn session<T: Types>(
                 async move {
                     let id = request.delivery_id;
                     if let Some(outcome) =
-                        reconcile_one(&shared, request, permit, deadline, limit, &lost).await
+                        reconcile_one(&shared, request, permit, arrived, deadline, limit, &lost)
+                            .await
                     {
                         let _ = ack_tx.send(AckItem {
                             delivery_id: id,

@@ -13,7 +13,7 @@ use kube_dispatch_proto::v1::OpenSessionRequest;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::{Action, Error, Health};
+use crate::{Action, Error, Health, metrics::ControllerMetrics};
 
 /// The types a controller is generic over, with the bounds every part of the runtime needs:
 /// stated once here, not on every function.
@@ -82,4 +82,6 @@ pub(super) struct Shared<T: Types> {
     pub(super) full_payload: bool,
     /// How sessions reach the dispatchers.
     pub(super) credentials: kube_dispatch_proto::credentials::Credentials,
+    /// This controller's metrics.
+    pub(super) metrics: ControllerMetrics,
 }

@@ -64,6 +64,7 @@ async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: C
             Err(status) => {
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
                 warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
+                shared.metrics.reconnecting();
                 let _ = shared
                     .outcomes
                     .send(Err(Error::Dispatcher {

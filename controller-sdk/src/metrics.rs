@@ -1,0 +1,348 @@
+//! The replica's metrics, under controller-runtime's names and labels so that dashboards and
+//! alerts built for controller-runtime work unchanged, plus kube-dispatch's own.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `controller_runtime_reconcile_total` | counter | `controller`, `result` (`success`, `error`, `requeue`, `requeue_after`) |
+//! | `controller_runtime_reconcile_errors_total` | counter | `controller` |
+//! | `controller_runtime_reconcile_timeouts_total` | counter | `controller` |
+//! | `controller_runtime_reconcile_time_seconds` | histogram (controller-runtime's buckets) | `controller` |
+//! | `controller_runtime_active_workers` | gauge | `controller` |
+//! | `controller_runtime_max_concurrent_reconciles` | gauge | `controller` |
+//! | `kube_dispatch_sessions` | gauge: sessions open | `controller`, `dispatcher` |
+//! | `kube_dispatch_session_reconnects_total` | counter: sessions lost and opened again | `controller` |
+//! | `kube_dispatch_fenced_reconciles_total` | counter: reconciles cancelled because their session could not be renewed in time | `controller` |
+//! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`) |
+//! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
+//! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
+//!
+//! `controller` is the controller group's name, `dispatcher` a dispatcher's address: no label
+//! names a key or an object, so the series stay few however many objects there are.
+//!
+//! [`registry`] is the process's registry: register your own metrics there and they are
+//! served with these by [`Controller::admin_listen`](crate::Controller::admin_listen).
+
+use std::{sync::LazyLock, time::Duration};
+
+use kube_dispatch_proto::v1::Reason;
+use kube_dispatch_runtime::metrics::Metrics;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+};
+
+/// The process's metrics registry: the SDK's metrics and the process metrics are in it, and
+/// yours can join them.
+pub fn registry() -> &'static Metrics {
+    &FAMILIES.metrics
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    controller: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DispatcherLabels {
+    controller: String,
+    dispatcher: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    controller: String,
+    reason: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+struct Families {
+    metrics: Metrics,
+    reconciles: Family<ResultLabels, Counter>,
+    errors: Family<ControllerLabel, Counter>,
+    timeouts: Family<ControllerLabel, Counter>,
+    reconcile_time: Histograms<ControllerLabel>,
+    active: Family<ControllerLabel, Gauge>,
+    max_concurrent: Family<ControllerLabel, Gauge>,
+    sessions: Family<DispatcherLabels, Gauge>,
+    reconnects: Family<ControllerLabel, Counter>,
+    fenced: Family<ControllerLabel, Counter>,
+    deliveries: Family<ReasonLabels, Counter>,
+    stale_writes: Family<ControllerLabel, Counter>,
+    delivery_to_reconcile: Histograms<ControllerLabel>,
+}
+
+/// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`.
+const RECONCILE_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(RECONCILE_BUCKETS)
+}
+
+/// 100 µs to about 100 s, by factors of 2.
+fn wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-4, 2.0, 21))
+}
+
+static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
+    let f = Families {
+        metrics: Metrics::default(),
+        reconciles: Family::default(),
+        errors: Family::default(),
+        timeouts: Family::default(),
+        reconcile_time: Family::new_with_constructor(reconcile_histogram),
+        active: Family::default(),
+        max_concurrent: Family::default(),
+        sessions: Family::default(),
+        reconnects: Family::default(),
+        fenced: Family::default(),
+        deliveries: Family::default(),
+        stale_writes: Family::default(),
+        delivery_to_reconcile: Family::new_with_constructor(wait_histogram),
+    };
+    let m = &f.metrics;
+    m.register(
+        "controller_runtime_reconcile",
+        "Total number of reconciliations per controller",
+        f.reconciles.clone(),
+    );
+    m.register(
+        "controller_runtime_reconcile_errors",
+        "Total number of reconciliation errors per controller",
+        f.errors.clone(),
+    );
+    m.register(
+        "controller_runtime_reconcile_timeouts",
+        "Total number of reconciliation timeouts per controller",
+        f.timeouts.clone(),
+    );
+    m.register(
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+        f.reconcile_time.clone(),
+    );
+    m.register(
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+        f.active.clone(),
+    );
+    m.register(
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+        f.max_concurrent.clone(),
+    );
+    m.register(
+        "kube_dispatch_sessions",
+        "Dispatcher sessions open, per controller and dispatcher",
+        f.sessions.clone(),
+    );
+    m.register(
+        "kube_dispatch_session_reconnects",
+        "Dispatcher sessions lost and opened again",
+        f.reconnects.clone(),
+    );
+    m.register(
+        "kube_dispatch_fenced_reconciles",
+        "Reconciles cancelled because their session could not be renewed in time",
+        f.fenced.clone(),
+    );
+    m.register(
+        "kube_dispatch_deliveries",
+        "Reconcile requests received, by reason",
+        f.deliveries.clone(),
+    );
+    m.register(
+        "kube_dispatch_stale_writes",
+        "Conditional writes refused with 409 Conflict: the object had changed",
+        f.stale_writes.clone(),
+    );
+    m.register(
+        "kube_dispatch_delivery_to_reconcile_seconds",
+        "Time from a delivery's arrival to its reconcile's start",
+        f.delivery_to_reconcile.clone(),
+    );
+    f
+});
+
+/// How a reconcile ended, as controller-runtime's `result` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Success,
+    Error,
+    RequeueAfter,
+    TimedOut,
+}
+
+/// The metrics of one controller, labelled once.
+#[derive(Clone, Debug)]
+pub(crate) struct ControllerMetrics {
+    controller: String,
+    active: Gauge,
+    reconcile_time: Histogram,
+    delivery_to_reconcile: Histogram,
+}
+
+impl ControllerMetrics {
+    pub(crate) fn new(controller: &str, concurrency: usize) -> Self {
+        let f = &*FAMILIES;
+        let label = ControllerLabel {
+            controller: controller.to_owned(),
+        };
+        f.max_concurrent
+            .get_or_create(&label)
+            .set(i64::try_from(concurrency).unwrap_or(i64::MAX));
+        // Present from the start, as controller-runtime's are.
+        for result in ["success", "error", "requeue", "requeue_after"] {
+            let _ = f.reconciles.get_or_create(&ResultLabels {
+                controller: controller.to_owned(),
+                result,
+            });
+        }
+        let _ = f.errors.get_or_create(&label);
+        let _ = f.timeouts.get_or_create(&label);
+        let _ = f.fenced.get_or_create(&label);
+        let _ = f.stale_writes.get_or_create(&label);
+        let _ = f.reconnects.get_or_create(&label);
+        Self {
+            controller: controller.to_owned(),
+            active: f.active.get_or_create(&label).clone(),
+            reconcile_time: f.reconcile_time.get_or_create(&label).clone(),
+            delivery_to_reconcile: f.delivery_to_reconcile.get_or_create(&label).clone(),
+        }
+    }
+
+    fn label(&self) -> ControllerLabel {
+        ControllerLabel {
+            controller: self.controller.clone(),
+        }
+    }
+
+    /// A delivery arrived.
+    pub(crate) fn delivered(&self, reason: Reason) {
+        let reason = match reason {
+            Reason::Added => "added",
+            Reason::Modified => "modified",
+            Reason::Deleted => "deleted",
+            Reason::Resync => "resync",
+            Reason::Retry => "retry",
+            Reason::Requeue => "requeue",
+            Reason::Owned => "owned",
+            Reason::Unspecified => "unspecified",
+        };
+        FAMILIES
+            .deliveries
+            .get_or_create(&ReasonLabels {
+                controller: self.controller.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// A reconcile starts, `waited` after its delivery arrived; counts it active until the
+    /// guard drops.
+    pub(crate) fn started(&self, waited: Duration) -> Active<'_> {
+        self.delivery_to_reconcile.observe(waited.as_secs_f64());
+        self.active.inc();
+        Active(self)
+    }
+
+    /// A reconcile ended after `took`.
+    pub(crate) fn ended(&self, ended: Ended, took: Duration) {
+        let f = &*FAMILIES;
+        let result = match ended {
+            Ended::Success => "success",
+            Ended::RequeueAfter => "requeue_after",
+            Ended::Error | Ended::TimedOut => "error",
+        };
+        f.reconciles
+            .get_or_create(&ResultLabels {
+                controller: self.controller.clone(),
+                result,
+            })
+            .inc();
+        if ended == Ended::Error {
+            f.errors.get_or_create(&self.label()).inc();
+        }
+        if ended == Ended::TimedOut {
+            f.errors.get_or_create(&self.label()).inc();
+            f.timeouts.get_or_create(&self.label()).inc();
+        }
+        self.reconcile_time.observe(took.as_secs_f64());
+    }
+
+    /// A reconcile was cancelled because its session was lost.
+    pub(crate) fn fenced(&self) {
+        FAMILIES.fenced.get_or_create(&self.label()).inc();
+    }
+
+    /// A session with `dispatcher` opened; counted open until the guard drops, and its series
+    /// removed once no session with that dispatcher is open (dispatchers come and go).
+    pub(crate) fn session_opened(&self, dispatcher: &str) -> OpenSession {
+        let labels = DispatcherLabels {
+            controller: self.controller.clone(),
+            dispatcher: dispatcher.to_owned(),
+        };
+        let gauge = FAMILIES.sessions.get_or_create(&labels).clone();
+        gauge.inc();
+        OpenSession(gauge, labels)
+    }
+
+    /// A session was lost and is opened again.
+    pub(crate) fn reconnecting(&self) {
+        FAMILIES.reconnects.get_or_create(&self.label()).inc();
+    }
+}
+
+/// Counts a reconcile as active while it lives.
+pub(crate) struct Active<'a>(&'a ControllerMetrics);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.active.dec();
+    }
+}
+
+/// Counts a session as open while it lives.
+pub(crate) struct OpenSession(Gauge, DispatcherLabels);
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        // One session loop per dispatcher: the last one closing removes the series.
+        if self.0.dec() <= 1 {
+            FAMILIES.sessions.remove(&self.1);
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The controller whose reconcile runs in this task, for metrics counted by free functions
+    /// ([`crate::precondition`]).
+    pub(crate) static CONTROLLER: String;
+}
+
+/// A conditional write was refused as stale in the current reconcile.
+pub(crate) fn stale_write() {
+    let _ = CONTROLLER.try_with(|controller| {
+        FAMILIES
+            .stale_writes
+            .get_or_create(&ControllerLabel {
+                controller: controller.clone(),
+            })
+            .inc();
+    });
+}
