@@ -24,7 +24,8 @@ use super::{
 
 /// The tier runs plaintext and without authentication in these figures (`--insecure`,
 /// `--allow-anonymous`), as it did before TLS and token reviews existed, so they stay comparable
-/// with earlier runs. Figures with security on are not taken yet.
+/// with earlier runs. What security costs is measured on its own (`make bench-security`,
+/// BENCHMARKS.md "Security on and off"): within noise at p50.
 const SECURITY_OFF: &str = "true";
 
 /// How the controller runs.
