@@ -453,7 +453,7 @@ def wait_for_addresses():
         for lease in leases:
             address = lease["metadata"].get("annotations", {}).get("kube-dispatch.dev/address")
             if address:
-                dispatcher_names[f"http://{address}"] = lease["metadata"]["name"]
+                dispatcher_names[address] = lease["metadata"]["name"]
         if want <= set(dispatcher_names.values()):
             return
         time.sleep(0.5)
