@@ -139,8 +139,12 @@ pub enum Outcome {
 /// What an acknowledgement did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AckResult {
-    /// The delivery was in flight on that session and is now settled.
-    Settled,
+    /// The delivery was in flight on that session and is now settled, `worked` after it was
+    /// handed out.
+    Settled {
+        /// From the delivery to its acknowledgement.
+        worked: Duration,
+    },
     /// The delivery was not in flight on that session (already settled, expired, or never
     /// made); nothing changed.
     Unknown,
@@ -191,7 +195,53 @@ pub struct Observed {
 struct Session {
     replica: String,
     ready: VecDeque<(u64, Key)>,
-    in_flight: HashMap<DeliveryId, Key>,
+    /// Each delivery in flight: its key, and when it was handed out.
+    in_flight: HashMap<DeliveryId, (Key, Instant)>,
+}
+
+/// What a queue has done since it was made, for metrics: counters that only grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Keys made ready: by a change, a resync, a timer or a session that ended (the
+    /// `workqueue_adds_total` of controller-runtime).
+    pub adds: u64,
+    /// Deliveries that failed and wait for their backoff: failure acks and deliveries past the
+    /// maximum reconcile time (`workqueue_retries_total`).
+    pub retries: u64,
+    /// Deliveries handed out, by [`Reason`] (indexed by its number).
+    pub deliveries: [u64; 8],
+    /// Acknowledgements that settled a delivery as a success.
+    pub acks_success: u64,
+    /// ... as a failure.
+    pub acks_failure: u64,
+    /// ... as a requeue.
+    pub acks_requeue: u64,
+    /// Acknowledgements of deliveries not in flight on that session (late, or never made).
+    pub acks_unknown: u64,
+    /// Deliveries not acknowledged within the maximum reconcile time.
+    pub expired: u64,
+}
+
+/// A queue's figures at one instant, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    /// Keys known.
+    pub keys: usize,
+    /// Keys ready for delivery (`workqueue_depth`).
+    pub ready: usize,
+    /// Deliveries in flight.
+    pub in_flight: usize,
+    /// Keys waiting for a retry backoff or a requeue delay.
+    pub delayed: usize,
+    /// Bytes of object bodies held for ready keys.
+    pub body_bytes: usize,
+    /// Time the deliveries in flight have been out, summed (`workqueue_unfinished_work_seconds`).
+    pub unfinished: Duration,
+    /// The longest any delivery in flight has been out
+    /// (`workqueue_longest_running_processor_seconds`).
+    pub longest: Duration,
+    /// The counters.
+    pub counts: QueueCounts,
 }
 
 /// The work queue of one group.
@@ -220,6 +270,7 @@ pub struct GroupQueue {
     /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
     /// At most the number of keys in flight.
     leaving: HashSet<Key>,
+    counts: QueueCounts,
 }
 
 impl GroupQueue {
@@ -240,6 +291,32 @@ impl GroupQueue {
             next_seq: 0,
             next_delivery: 1,
             leaving: HashSet::new(),
+            counts: QueueCounts::default(),
+        }
+    }
+
+    /// The queue's figures at `now`: sizes, the age of deliveries in flight, and the counters.
+    /// Costs one pass over the deliveries in flight.
+    pub fn figures(&self, now: Instant) -> QueueFigures {
+        let mut unfinished = Duration::ZERO;
+        let mut longest = Duration::ZERO;
+        let mut in_flight = 0;
+        for (_, taken) in self.sessions.values().flat_map(|s| s.in_flight.values()) {
+            let out = now.saturating_duration_since(*taken);
+            unfinished += out;
+            longest = longest.max(out);
+            in_flight += 1;
+        }
+        QueueFigures {
+            keys: self.entries.len(),
+            ready: self.ready_len(),
+            in_flight,
+            // Every delayed key and every in-flight key has one timer.
+            delayed: self.timer_slots.len().saturating_sub(in_flight),
+            body_bytes: self.body_bytes,
+            unfinished,
+            longest,
+            counts: self.counts,
         }
     }
 
@@ -314,7 +391,7 @@ impl GroupQueue {
         }
         // Its ready keys go back to the pool; rebalance() hands them out again.
         self.unassigned.extend(session.ready);
-        for key in session.in_flight.into_values() {
+        for (key, _) in session.in_flight.into_values() {
             if self.leaving.remove(&key) {
                 self.remove_entry(&key);
             } else {
@@ -539,7 +616,7 @@ impl GroupQueue {
     pub(crate) fn any_in_flight(&self, pred: impl Fn(&str) -> bool) -> bool {
         self.sessions
             .values()
-            .flat_map(|s| s.in_flight.values())
+            .flat_map(|s| s.in_flight.values().map(|(key, _)| key))
             .any(|k| pred(k))
     }
 
@@ -575,6 +652,7 @@ impl GroupQueue {
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
             }
+            self.counts.deliveries[(entry.reason as usize).min(7)] += 1;
             out.push(Delivery {
                 id,
                 key: key.clone(),
@@ -586,15 +664,15 @@ impl GroupQueue {
                 attempt: entry.failures,
             });
             if let Some(s) = self.sessions.get_mut(&session) {
-                s.in_flight.insert(id, key.clone());
+                s.in_flight.insert(id, (key.clone(), now));
             }
             self.set_timer(key, deadline);
         }
         out
     }
 
-    /// Settles a delivery. Returns whether it was in flight, and the sessions that now have
-    /// ready keys.
+    /// Settles a delivery as acknowledged. Returns whether it was in flight, and the sessions
+    /// that now have ready keys.
     pub fn ack(
         &mut self,
         session: SessionId,
@@ -602,12 +680,36 @@ impl GroupQueue {
         outcome: Outcome,
         now: Instant,
     ) -> (AckResult, Vec<SessionId>) {
-        let Some(key) = self
+        let requeue = matches!(outcome, Outcome::Requeue(_));
+        let failure = outcome == Outcome::Failure;
+        let (result, wake) = self.settle(session, delivery, outcome, now);
+        let counter = match result {
+            AckResult::Unknown => &mut self.counts.acks_unknown,
+            AckResult::Settled { .. } if failure => &mut self.counts.acks_failure,
+            AckResult::Settled { .. } if requeue => &mut self.counts.acks_requeue,
+            AckResult::Settled { .. } => &mut self.counts.acks_success,
+        };
+        *counter += 1;
+        (result, wake)
+    }
+
+    /// Settles a delivery (acknowledged, or past its deadline).
+    fn settle(
+        &mut self,
+        session: SessionId,
+        delivery: DeliveryId,
+        outcome: Outcome,
+        now: Instant,
+    ) -> (AckResult, Vec<SessionId>) {
+        let Some((key, taken)) = self
             .sessions
             .get_mut(&session)
             .and_then(|s| s.in_flight.remove(&delivery))
         else {
             return (AckResult::Unknown, Vec::new());
+        };
+        let settled = AckResult::Settled {
+            worked: now.saturating_duration_since(taken),
         };
         let Some(entry) = self.entries.get_mut(&key) else {
             return (AckResult::Unknown, Vec::new());
@@ -619,7 +721,7 @@ impl GroupQueue {
         if self.leaving.remove(&key) {
             // Moved to another dispatcher while in flight: that one reconciles it next.
             self.remove_entry(&key);
-            return (AckResult::Settled, Vec::new());
+            return (settled, Vec::new());
         }
         let Some(entry) = self.entries.get_mut(&key) else {
             return (AckResult::Unknown, Vec::new());
@@ -630,6 +732,7 @@ impl GroupQueue {
                 None
             }
             Outcome::Failure => {
+                self.counts.retries += 1;
                 entry.failures = entry.failures.saturating_add(1);
                 Some((Reason::Retry, self.config.backoff.delay(entry.failures)))
             }
@@ -656,7 +759,7 @@ impl GroupQueue {
                 Vec::new()
             }
         };
-        (AckResult::Settled, wake)
+        (settled, wake)
     }
 
     /// The earliest time at which [`Self::advance`] has work to do.
@@ -686,8 +789,10 @@ impl GroupQueue {
                 State::InFlight {
                     session, delivery, ..
                 } => {
-                    // Not acknowledged within the maximum reconcile time: a failure.
-                    wake.extend(self.ack(session, delivery, Outcome::Failure, now).1);
+                    // Not acknowledged within the maximum reconcile time: a failure, counted
+                    // as expired rather than as an acknowledgement.
+                    self.counts.expired += 1;
+                    wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
                 }
                 State::Idle | State::Ready { .. } => {}
             }
@@ -703,6 +808,7 @@ impl GroupQueue {
             self.next_seq += 1;
             entry.state = State::Ready { seq };
             self.unassigned.push_back((seq, key.clone()));
+            self.counts.adds += 1;
         }
     }
 
@@ -718,6 +824,7 @@ impl GroupQueue {
 
     /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.
     fn enqueue(&mut self, key: Key) -> Vec<SessionId> {
+        self.counts.adds += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
         if let Some(entry) = self.entries.get_mut(&key) {

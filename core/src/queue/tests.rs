@@ -47,7 +47,7 @@ impl GroupQueue {
     fn check(&self) {
         let mut in_flight = HashSet::new();
         for (id, s) in &self.sessions {
-            for (delivery, key) in &s.in_flight {
+            for (delivery, (key, _)) in &s.in_flight {
                 assert!(in_flight.insert(key.clone()), "{key} in flight twice");
                 let state = self.entries[key].state;
                 assert_eq!(
@@ -139,7 +139,8 @@ fn changes_while_in_flight_yield_exactly_one_more_delivery() {
     }
     assert!(q.take(1, 10, now).is_empty(), "never twice in flight");
     let (result, wake) = q.ack(1, first[0].id, Outcome::Success, now);
-    assert_eq!((result, wake), (AckResult::Settled, vec![1]));
+    assert!(matches!(result, AckResult::Settled { .. }));
+    assert_eq!(wake, vec![1]);
     let second = q.take(1, 10, now);
     assert_eq!(keys(&second), ["k"]);
     assert_eq!(
@@ -209,15 +210,21 @@ fn keys_moved_away_in_flight_are_forgotten_when_they_settle_whatever_the_outcome
     // Whatever the outcome, a moved key is not requeued here.
     assert_eq!(
         q.ack(1, id("gone-ok"), Outcome::Success, now).0,
-        AckResult::Settled
+        AckResult::Settled {
+            worked: Duration::ZERO
+        }
     );
     assert_eq!(
         q.ack(1, id("gone-fail"), Outcome::Failure, now).0,
-        AckResult::Settled
+        AckResult::Settled {
+            worked: Duration::ZERO
+        }
     );
     assert_eq!(
         q.ack(1, id("gone-dirty"), Outcome::Success, now).0,
-        AckResult::Settled
+        AckResult::Settled {
+            worked: Duration::ZERO
+        }
     );
     // A lost session does not requeue it either.
     q.remove_session(1);
@@ -355,6 +362,72 @@ fn an_unacknowledged_delivery_expires_after_the_max_reconcile_time() {
     q.advance(deadline + 5 * MS);
     let again = q.take(1, 1, deadline + 5 * MS);
     assert_eq!((again[0].reason, again[0].attempt), (Reason::Retry, 1));
+}
+
+#[test]
+fn figures_and_counters_follow_what_the_queue_does() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for k in ["ok", "fail", "requeue", "slow"] {
+        q.change(k, change(Reason::Added, 1));
+    }
+    q.change("ok", change(Reason::Modified, 2));
+    let f = q.figures(now);
+    assert_eq!((f.keys, f.ready, f.in_flight, f.delayed), (4, 4, 0, 0));
+    assert_eq!(f.counts.adds, 4, "a change to a queued key is no add");
+
+    let d = q.take(1, 4, now);
+    let id = |k: &str| d.iter().find(|d| &*d.key == k).unwrap().id;
+    let at = now + Duration::from_secs(2);
+    let f = q.figures(at);
+    assert_eq!((f.ready, f.in_flight), (0, 4));
+    assert_eq!((f.unfinished, f.longest), (8 * 1000 * MS, 2000 * MS));
+    // A change to a key queued as added keeps it added.
+    assert_eq!(f.counts.deliveries[Reason::Added as usize], 4);
+
+    assert_eq!(
+        q.ack(1, id("ok"), Outcome::Success, at).0,
+        AckResult::Settled { worked: 2000 * MS }
+    );
+    q.ack(1, id("fail"), Outcome::Failure, at);
+    q.ack(
+        1,
+        id("requeue"),
+        Outcome::Requeue(Duration::from_secs(60)),
+        at,
+    );
+    assert_eq!(
+        q.ack(1, id("ok"), Outcome::Success, at).0,
+        AckResult::Unknown
+    );
+    // "slow" passes the maximum reconcile time (10 s).
+    let late = now + Duration::from_secs(10);
+    q.advance(late);
+    let f = q.figures(late);
+    assert_eq!(
+        (f.ready, f.in_flight, f.delayed),
+        (1, 0, 2),
+        "fail is ready again after its backoff; requeue and slow wait"
+    );
+    let c = f.counts;
+    assert_eq!(
+        (
+            c.acks_success,
+            c.acks_failure,
+            c.acks_requeue,
+            c.acks_unknown
+        ),
+        (1, 1, 1, 1)
+    );
+    assert_eq!((c.retries, c.expired), (2, 1), "a failure and an expiry");
+    q.advance(late + Duration::from_secs(60));
+    assert_eq!(
+        q.figures(late).counts.adds,
+        7,
+        "three timers made keys ready again"
+    );
+    q.check();
 }
 
 #[test]
