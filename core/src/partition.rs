@@ -93,6 +93,12 @@ impl Partition {
         false
     }
 
+    /// Deletions held for the end of a handover, and deletions of keys owned elsewhere
+    /// remembered, for metrics.
+    pub fn figures(&self) -> (usize, usize) {
+        (self.held.len(), self.recent.len())
+    }
+
     /// Whether `key`, not served, is kept in the index while nothing may be handed out: a key
     /// indexed already, or one this dispatcher owns on its ring (after a start, its keys are
     /// held until the gate opens; indexed, a re-list of a watch that could not resume meanwhile

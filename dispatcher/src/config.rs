@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
-use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners};
+use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
 
 pub use crate::security::SecurityConfig;
 
@@ -98,6 +98,8 @@ pub struct ServeConfig {
     /// What the admin endpoint's `/readyz` answers: kept in step with the gRPC health status
     /// (ready once every key this dispatcher owns is served, not ready from the drain on).
     pub readiness: Readiness,
+    /// The registry the dispatcher's metrics join (`crate::metrics`), served on `/metrics`.
+    pub metrics: Metrics,
 }
 
 /// Where a dispatcher's ring comes from.

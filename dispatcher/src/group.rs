@@ -15,6 +15,7 @@ use std::{
 };
 
 use kube_dispatch_proto::Ring;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::{
     sync::{Notify, watch},
     time::Instant,
@@ -27,7 +28,7 @@ use kube_dispatch_core::{
     partition::Partition,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
-        SessionId,
+        QueueFigures, SessionId,
     },
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
@@ -74,6 +75,23 @@ pub struct Group {
     timers_changed: Notify,
     /// Cancelled when the group is dropped from the dispatcher; ends the tasks that serve it.
     dropped: CancellationToken,
+    /// From each delivery to its acknowledgement (`workqueue_work_duration_seconds`).
+    pub work_duration: Histogram,
+    /// From a key becoming ready to its delivery (`workqueue_queue_duration_seconds`).
+    pub queue_duration: Histogram,
+}
+
+/// A group's figures at one instant, for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GroupFigures {
+    /// The queue's.
+    pub queue: QueueFigures,
+    /// Deletions held for the end of a handover.
+    pub held: usize,
+    /// Deletions of keys owned elsewhere remembered.
+    pub remembered: usize,
+    /// Live sessions.
+    pub sessions: usize,
 }
 
 impl Group {
@@ -101,6 +119,8 @@ impl Group {
             sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
+            work_duration: duration_histogram(),
+            queue_duration: duration_histogram(),
         });
         tokio::spawn(drive_timers(group.clone(), cancel));
         group
@@ -114,7 +134,10 @@ impl Group {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would leave the queue unusable: recover the data, the
         // queue's operations keep their invariants step by step.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Keys made ready under this lock became ready now (`workqueue_queue_duration_seconds`).
+        state.queue.at(Self::now());
+        state
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<SessionSlot>>> {
@@ -329,6 +352,20 @@ impl Group {
         self.state().queue.in_flight_len()
     }
 
+    /// The group's figures now.
+    pub fn figures(&self) -> GroupFigures {
+        let (queue, (held, remembered)) = {
+            let state = self.state();
+            (state.queue.figures(Self::now()), state.partition.figures())
+        };
+        GroupFigures {
+            queue,
+            held,
+            remembered,
+            sessions: self.session_count(),
+        }
+    }
+
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let wake = self.state().queue.sweep(epoch, belongs);
@@ -356,8 +393,11 @@ impl Group {
             let queue = &mut self.state().queue;
             for (id, outcome) in acks {
                 let (result, w) = queue.ack(session, id, outcome, now);
-                if result == AckResult::Unknown {
-                    unknown += 1;
+                match result {
+                    AckResult::Unknown => unknown += 1,
+                    AckResult::Settled { worked } => {
+                        self.work_duration.observe(worked.as_secs_f64());
+                    }
                 }
                 wake.extend(w);
             }
@@ -377,11 +417,22 @@ impl Group {
             }
             queue.take(session, max, Self::now())
         };
+        for queued in out.iter().filter_map(|d| d.queued) {
+            self.queue_duration.observe(queued.as_secs_f64());
+        }
         if !out.is_empty() {
             self.timers_changed.notify_one();
         }
         out
     }
+}
+
+/// The buckets of `workqueue_work_duration_seconds` and `workqueue_queue_duration_seconds`:
+/// 1 ms to about 17 min by factors of 2 (reconciles are bounded by `--max-reconcile-time`).
+fn duration_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 21,
+    ))
 }
 
 /// Fires the group's timers (retries, requeues, reconcile deadlines) on time, until `cancel`.

@@ -276,8 +276,17 @@ impl Groups {
 
     /// Number of deliveries in flight over all groups.
     pub fn in_flight(&self) -> usize {
-        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
-        groups.iter().map(|g| g.in_flight()).sum()
+        self.all().iter().map(|g| g.in_flight()).sum()
+    }
+
+    /// Each running watch's counters.
+    pub fn watch_figures(&self) -> Vec<crate::k8s::watch::WatchFigures> {
+        self.watches.figures()
+    }
+
+    /// Every group held here, idle ones included.
+    pub fn all(&self) -> Vec<Arc<Group>> {
+        self.groups().values().map(|e| e.group.clone()).collect()
     }
 
     /// The keys this dispatcher serves now.

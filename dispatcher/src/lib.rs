@@ -15,6 +15,7 @@
 //! | [`groups`] | the group and session table: open, poll, ack, close, in domain terms |
 //! | [`security`] | who may do what: TLS, authenticated callers, read access per group, Peer callers |
 //! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |
+//! | [`metrics`] | the groups' metrics at each scrape: controller-runtime's `workqueue_*` and kube-dispatch's own |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
 //! | [`k8s`] | what faces the API server: watches and their routing rules, the Lease and membership, discovery |
@@ -27,5 +28,6 @@ pub mod groups;
 pub mod grpc;
 mod housekeeping;
 pub mod k8s;
+pub mod metrics;
 pub mod security;
 pub mod serve;

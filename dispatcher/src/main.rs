@@ -313,10 +313,11 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {admin_listen} (--admin-listen)"))?;
     let readiness = Readiness::new("starting");
     let admin_stop = CancellationToken::new();
+    let registry = metrics::Metrics::default();
     tokio::spawn(admin::serve(
         admin,
         readiness.clone(),
-        metrics::Metrics::default(),
+        registry.clone(),
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();
@@ -330,6 +331,7 @@ async fn main() -> anyhow::Result<()> {
             drain_timeout,
             security,
             readiness,
+            metrics: registry,
         },
         client,
         listener,

@@ -27,6 +27,7 @@ use crate::{
     grpc::{dispatcher::DispatcherService, peer::PeerService},
     housekeeping,
     k8s::{discovery::Resolver, membership, watch::Watches},
+    metrics::{GroupsCollector, RingMetrics},
     security::Guard,
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
@@ -127,6 +128,9 @@ pub async fn serve(
         released_tx,
         stop.child_token(),
     );
+    config
+        .metrics
+        .register_collector(GroupsCollector::new(&groups));
     tokio::spawn(housekeeping::run(groups.clone()));
     let members_stop = CancellationToken::new();
     let clean = Arc::new(AtomicBool::new(false));
@@ -155,10 +159,12 @@ pub async fn serve(
     health
         .set_serving::<DispatcherServer<DispatcherService>>()
         .await;
+    let ring_metrics = RingMetrics::new(&config.metrics);
     tokio::spawn(report_handover(
         slice_rx.clone(),
         health.clone(),
         config.readiness.clone(),
+        ring_metrics.clone(),
         shutdown.clone(),
     ));
     let reflection = tonic_reflection::server::Builder::configure()
@@ -256,20 +262,24 @@ pub async fn serve(
     Ok(())
 }
 
-/// Keeps the overall health status and the admin endpoint's readiness in step with the
-/// handover until `shutdown`.
+/// Keeps the overall health status, the admin endpoint's readiness and the ring metrics in
+/// step with the handover until `shutdown`.
 async fn report_handover(
     mut slice: watch::Receiver<Arc<Slice>>,
     health: tonic_health::server::HealthReporter,
     readiness: Readiness,
+    ring: Arc<RingMetrics>,
     shutdown: CancellationToken,
 ) {
     loop {
-        let settled = slice.borrow_and_update().is_settled();
+        let current = slice.borrow_and_update().clone();
+        let settled = current.is_settled();
         // Once draining, the drain owns the status.
         if shutdown.is_cancelled() {
+            ring.closed();
             return;
         }
+        ring.observe(&current, std::time::Instant::now());
         if settled {
             readiness.ready();
             health.set_service_status("", ServingStatus::Serving).await;
@@ -280,10 +290,14 @@ async fn report_handover(
                 .await;
         }
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => {
+                ring.closed();
+                return;
+            }
             changed = slice.changed() => if changed.is_err() {
                 // A fixed slice: it stays as it is.
                 shutdown.cancelled().await;
+                ring.closed();
                 return;
             },
         }

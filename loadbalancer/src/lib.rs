@@ -11,9 +11,11 @@
 //! | [`service`] | the gRPC service, leader election, and the watch of dispatcher Leases |
 //! | [`registry`] | registered replicas and live dispatchers, and the assignments pushed to them |
 //! | [`placement`] | which dispatchers each replica of a group polls (pure) |
+//! | [`metrics`] | the registry and leadership, read at each scrape |
 
 #![forbid(unsafe_code)]
 
+pub mod metrics;
 pub mod placement;
 pub mod registry;
 pub mod service;

@@ -131,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         authentication: args.security.authentication()?,
         readiness: Readiness::new("starting"),
         group_owners: args.security.group_owners()?,
+        metrics: metrics::Metrics::default(),
     };
     let admin = tokio::net::TcpListener::bind(args.admin_listen)
         .await
@@ -139,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(admin::serve(
         admin,
         config.readiness.clone(),
-        metrics::Metrics::default(),
+        config.metrics.clone(),
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();

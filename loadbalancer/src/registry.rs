@@ -53,6 +53,24 @@ struct Inner {
     dispatchers: BTreeMap<String, String>,
     groups: BTreeMap<String, GroupState>,
     registrations: usize,
+    /// Assignments sent to replicas, and of those, changes to one already made.
+    assignments: u64,
+    moves: u64,
+}
+
+/// The registry's figures, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegistryFigures {
+    /// Replicas registered.
+    pub replicas: usize,
+    /// Controller groups with a replica registered.
+    pub groups: usize,
+    /// Live dispatchers known.
+    pub dispatchers: usize,
+    /// Assignments sent to replicas.
+    pub assignments: u64,
+    /// Of those, changes to an assignment already made (a replica's dispatchers moved).
+    pub moves: u64,
 }
 
 /// The registry of one load balancer leader.
@@ -87,6 +105,18 @@ impl Registry {
             max_registrations,
             owners,
         })
+    }
+
+    /// The registry's figures now.
+    pub fn figures(&self) -> RegistryFigures {
+        let inner = self.inner();
+        RegistryFigures {
+            replicas: inner.registrations,
+            groups: inner.groups.len(),
+            dispatchers: inner.dispatchers.len(),
+            assignments: inner.assignments,
+            moves: inner.moves,
+        }
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -242,6 +272,7 @@ fn replace(inner: &mut Inner, group: &str) {
     let Some(state) = inner.groups.get_mut(group) else {
         return;
     };
+    let (mut sent, mut moved) = (0, 0);
     let replicas: Vec<String> = state.replicas.keys().cloned().collect();
     let placement = place(&dispatchers, &replicas, &state.placement);
     if placement != state.placement {
@@ -261,11 +292,17 @@ fn replace(inner: &mut Inner, group: &str) {
             if a.dispatchers == assigned && a.generation > 0 {
                 return false;
             }
+            sent += 1;
+            if a.generation > 0 {
+                moved += 1;
+            }
             a.dispatchers = assigned;
             a.generation += 1;
             true
         });
     }
+    inner.assignments += sent;
+    inner.moves += moved;
 }
 
 #[cfg(test)]
@@ -300,6 +337,24 @@ mod tests {
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
         assert_eq!(registry.len(), 1);
         assert!(b.has_changed().is_err(), "b's assignment is dropped");
+    }
+
+    #[test]
+    fn figures_count_replicas_assignments_and_moves() {
+        let registry = Registry::new(10, GroupOwners::default());
+        registry.set_dispatchers(dispatchers(2));
+        let (_a, _ga) = registry.register("g", "a", None).unwrap();
+        let (_b, _gb) = registry.register("g", "b", None).unwrap();
+        let before = registry.figures();
+        assert_eq!(
+            (before.replicas, before.groups, before.dispatchers),
+            (2, 1, 2)
+        );
+        // A third dispatcher: someone's dispatchers change.
+        registry.set_dispatchers(dispatchers(3));
+        let after = registry.figures();
+        assert!(after.assignments > before.assignments);
+        assert!(after.moves > before.moves);
     }
 
     #[test]

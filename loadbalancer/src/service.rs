@@ -19,6 +19,7 @@ use kube_dispatch_runtime::{
     admin::Readiness,
     auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller, GroupOwners},
     leases::LeaseWatch,
+    metrics::Metrics,
     tls::Transport,
 };
 use kube_lease_manager::LeaseManagerBuilder;
@@ -28,7 +29,10 @@ use tonic::{Request, Response, Status, transport::Server};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-use crate::registry::{RegisterError, Registry};
+use crate::{
+    metrics::RegistryCollector,
+    registry::{RegisterError, Registry},
+};
 
 /// Longest group name or replica id accepted.
 const MAX_ID_LEN: usize = 253;
@@ -63,6 +67,8 @@ pub struct Config {
     pub readiness: Readiness,
     /// Who may use which controller group (`--group-owner`; by default its creator).
     pub group_owners: GroupOwners,
+    /// The registry the load balancer's metrics join (`crate::metrics`), served on `/metrics`.
+    pub metrics: Metrics,
 }
 
 /// A running load balancer's handles, for in-process callers (tests).
@@ -228,6 +234,9 @@ pub async fn serve(
         stop.clone(),
     ));
 
+    config
+        .metrics
+        .register_collector(RegistryCollector::new(registry.clone(), leading.clone()));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<LoadBalancerServer<Service>>().await;
     health.set_service_status("", ServingStatus::Serving).await;

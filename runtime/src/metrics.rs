@@ -12,11 +12,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::registry::{Metric, Registry};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::{Metric, Registry},
 };
 
 /// The content type of [`Metrics::encode`]'s output.
@@ -44,6 +44,11 @@ impl Metrics {
     /// counter's name takes `_total` when encoded.
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
         self.registry().register(name, help, metric);
+    }
+
+    /// Registers `collector`, asked for its metrics at each scrape.
+    pub fn register_collector(&self, collector: impl Collector) {
+        self.registry().register_collector(Box::new(collector));
     }
 
     /// The metrics now, in the OpenMetrics text format.

@@ -55,6 +55,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         drain_timeout: Duration::from_secs(5),
         security: test_security(),
         readiness: Default::default(),
+        metrics: Default::default(),
     }
 }
 

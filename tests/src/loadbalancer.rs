@@ -16,6 +16,8 @@ pub struct TestLoadBalancer {
     pub addr: SocketAddr,
     /// Its registry and leadership.
     pub handles: Handles,
+    /// Its metrics registry.
+    pub metrics: kube_dispatch_runtime::metrics::Metrics,
     runner: Isolated,
 }
 
@@ -37,7 +39,9 @@ impl TestLoadBalancer {
             authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
             readiness: Default::default(),
             group_owners: Default::default(),
+            metrics: Default::default(),
         };
+        let metrics = config.metrics.clone();
         let (runner, handles) = spawn_server(
             "loadbalancer",
             listener,
@@ -48,6 +52,7 @@ impl TestLoadBalancer {
         Ok(Self {
             addr,
             handles,
+            metrics,
             runner,
         })
     }

@@ -109,19 +109,6 @@ fn error_policy(_cm: Arc<ConfigMap>, _e: &Failed, _ctx: Arc<Ctx>) -> Action {
     Action::await_change()
 }
 
-/// The samples of `/metrics` text whose labels include `controller="<controller>"`: the series
-/// (name and labels as written) to its value.
-fn samples_of(text: &str, controller: &str) -> BTreeMap<String, f64> {
-    let needle = format!("controller=\"{controller}\"");
-    text.lines()
-        .filter(|l| !l.starts_with('#') && l.contains(&needle))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 async fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address).await?;
@@ -215,7 +202,7 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
         assert_eq!(got, labels, "labels of {name}");
     }
 
-    let s = samples_of(&text, &group);
+    let s = samples(&text, &group);
     let get = |series: &str| {
         s.get(&series.replace("G", &group))
             .copied()
@@ -286,7 +273,7 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(30), task).await??;
     let (_, text) = http_get(admin, "/metrics").await?;
-    let s = samples_of(&text, &group);
+    let s = samples(&text, &group);
     assert_eq!(
         s.get(&format!(
             r#"controller_runtime_active_workers{{controller="{group}"}}"#
@@ -300,5 +287,280 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
     let (status, body) = http_get(admin, "/readyz").await?;
     assert_eq!((status, body.as_str()), (503, "not ready: shutting down\n"));
     d.stop().await;
+    Ok(())
+}
+
+/// The dispatcher's per-group metrics move with what its queue does: adds, deliveries by
+/// reason, acks by outcome, retries, work duration, and the figures of keys in flight and
+/// delayed, with controller-runtime's `workqueue_*` names and labels.
+#[tokio::test]
+async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
+    use kube_dispatch_proto::v1::{AckItem, Requeue, ack_item};
+    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_tests::dispatcher::{TestSession, subscription};
+
+    let ns = TestNamespace::create("dispatcher-metrics").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let metrics = Metrics::default();
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.metrics = metrics.clone();
+    let d = TestDispatcher::start(config).await?;
+    let group = format!("dm-{}", ns.name());
+    let mut s = TestSession::open(
+        &d,
+        &group,
+        "replica-0",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    for name in ["ok", "fail", "requeue", "held"] {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        api.create(&PostParams::default(), &cm).await?;
+    }
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        got.extend(s.hold(Duration::from_secs(30)).await?);
+    }
+    let id = |name: &str| {
+        got.iter()
+            .find(|r| r.key.ends_with(&format!("/{name}")))
+            .map(|r| r.delivery_id)
+            .unwrap_or_else(|| panic!("{name} not delivered: {got:?}"))
+    };
+    let (ok, fail, requeue) = (id("ok"), id("fail"), id("requeue"));
+    let outcome = |delivery_id, outcome| AckItem {
+        delivery_id,
+        outcome: Some(outcome),
+    };
+    s.poll_with(
+        vec![
+            outcome(ok, ack_item::Outcome::Success(Default::default())),
+            outcome(
+                fail,
+                ack_item::Outcome::Failure(kube_dispatch_proto::v1::Failure {
+                    message: "no".into(),
+                }),
+            ),
+            outcome(
+                requeue,
+                ack_item::Outcome::Requeue(Requeue {
+                    after: prost_types::Duration::try_from(Duration::from_secs(3600)).ok(),
+                }),
+            ),
+            // Acknowledged twice: the second is unknown.
+            outcome(ok, ack_item::Outcome::Success(Default::default())),
+        ],
+        Duration::from_millis(1),
+    )
+    .await?;
+
+    let text = metrics.encode();
+    let s_ = samples(&text, &group);
+    let get = |series: &str| {
+        s_.get(&series.replace("G", &group))
+            .copied()
+            .unwrap_or_else(|| panic!("no series {series} in {s_:#?}"))
+    };
+    // Four keys were added and delivered; "held" is still out.
+    assert_eq!(get(r#"workqueue_adds_total{name="G",controller="G"}"#), 4.0);
+    assert_eq!(
+        get(r#"workqueue_retries_total{name="G",controller="G"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(r#"workqueue_work_duration_seconds_count{name="G",controller="G"}"#),
+        3.0
+    );
+    assert_eq!(
+        get(r#"workqueue_queue_duration_seconds_count{name="G",controller="G"}"#),
+        4.0
+    );
+    assert!(get(r#"workqueue_longest_running_processor_seconds{name="G",controller="G"}"#) > 0.0);
+    assert!(get(r#"workqueue_unfinished_work_seconds{name="G",controller="G"}"#) > 0.0);
+    assert_eq!(get(r#"kube_dispatch_group_keys{group="G"}"#), 4.0);
+    assert_eq!(get(r#"kube_dispatch_group_in_flight{group="G"}"#), 1.0);
+    // "requeue" waits an hour; "fail" waits for its backoff unless it is ready again already.
+    let delayed = get(r#"kube_dispatch_group_delayed{group="G"}"#);
+    let ready = get(r#"workqueue_depth{name="G",controller="G"}"#);
+    assert_eq!(delayed + ready, 2.0, "delayed {delayed}, ready {ready}");
+    assert!(delayed >= 1.0);
+    assert_eq!(get(r#"kube_dispatch_group_sessions{group="G"}"#), 1.0);
+    assert_eq!(
+        get(r#"kube_dispatch_group_deliveries_total{group="G",reason="added"}"#),
+        4.0
+    );
+    for (outcome, count) in [
+        ("success", 1.0),
+        ("failure", 1.0),
+        ("requeue", 1.0),
+        ("unknown", 1.0),
+    ] {
+        assert_eq!(
+            get(&format!(
+                r#"kube_dispatch_group_acks_total{{group="G",outcome="{outcome}"}}"#
+            )),
+            count,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        get(r#"kube_dispatch_group_expired_deliveries_total{group="G"}"#),
+        0.0
+    );
+    // The watch behind the group: its first list, and the four objects it saw.
+    let w = samples(&text, ns.name());
+    let watch = |series: String| {
+        w.get(&series)
+            .copied()
+            .unwrap_or_else(|| panic!("no series {series} in {w:#?}"))
+    };
+    let labels = format!(
+        "resource=\"v1/configmaps\",namespace=\"{}\",selector=\"\"",
+        ns.name()
+    );
+    assert_eq!(
+        watch(format!(
+            "kube_dispatch_watch_events_total{{{labels},type=\"applied\"}}"
+        )),
+        4.0
+    );
+    assert_eq!(
+        watch(format!("kube_dispatch_watch_relists_total{{{labels}}}")),
+        1.0
+    );
+    assert_eq!(
+        watch(format!("kube_dispatch_watch_gone_total{{{labels}}}")),
+        0.0
+    );
+    d.stop().await;
+    Ok(())
+}
+
+/// The samples of `/metrics` text whose labels name `group` (as `group`, `name` or
+/// `controller`): the series as written to its value.
+fn samples(text: &str, group: &str) -> BTreeMap<String, f64> {
+    let quoted = format!("\"{group}\"");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&quoted))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The ring's metrics follow a handover: a second dispatcher joins, the first adopts the new
+/// ring, serves nothing moved until it settles, and records how long that took; a session that
+/// stops polling shows as expired.
+#[tokio::test]
+async fn ring_and_session_metrics_follow_a_handover_and_an_expiry() -> TestResult {
+    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_tests::dispatcher::{TestSession, lease_config, subscription};
+
+    kube_dispatch_tests::log_to_file_from_env();
+    let ns = TestNamespace::create("ring-metrics").await?;
+    let bound = Duration::from_secs(2);
+    let metrics = Metrics::default();
+    let mut config = lease_config(ns.name(), "dispatcher-0", bound);
+    config.metrics = metrics.clone();
+    let d0 = TestDispatcher::start(config).await?;
+    let mut slice = d0.handles.slice.clone();
+    let settled_on = |n: usize| {
+        move |s: &Arc<kube_dispatch_core::handover::Slice>| {
+            s.is_settled() && s.ring.members().len() == n
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), slice.wait_for(settled_on(1))).await??;
+    let d1 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-1", bound)).await?;
+    tokio::time::timeout(Duration::from_secs(30), slice.wait_for(settled_on(2))).await??;
+
+    // A session that never polls expires after its ttl (3 s in tests).
+    let _idle = TestSession::open(
+        &d0,
+        "idle",
+        "replica-0",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    let value = |text: &str, series: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    // Expiry is found by the housekeeping task's timer: nothing to await but the figure.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = metrics.encode();
+        if value(&text, "kube_dispatch_expired_sessions_total") == Some(1.0) {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle session never expired:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("{text}");
+    assert_eq!(value(&text, "kube_dispatch_ring_members"), Some(2.0));
+    assert_eq!(value(&text, "kube_dispatch_ring_changes_total"), Some(1.0));
+    assert_eq!(value(&text, "kube_dispatch_ring_serving"), Some(1.0));
+    // Two handovers settled: the first ring, and the one with dispatcher-1.
+    assert_eq!(
+        value(&text, "kube_dispatch_handover_seconds_count"),
+        Some(2.0)
+    );
+    assert!(value(&text, "kube_dispatch_handover_seconds_sum").is_some_and(|s| s > 0.0));
+    assert_eq!(value(&text, "kube_dispatch_groups"), Some(1.0));
+    assert_eq!(value(&text, "kube_dispatch_sessions"), Some(0.0));
+    d1.stop().await;
+    d0.stop().await;
+    Ok(())
+}
+
+/// The load balancer's metrics: leadership, and the replica it places.
+#[tokio::test]
+async fn load_balancer_metrics_show_leadership_and_placements() -> TestResult {
+    use kube_dispatch_proto::v1::{RegisterRequest, load_balancer_client::LoadBalancerClient};
+    use kube_dispatch_tests::loadbalancer::TestLoadBalancer;
+
+    let ns = TestNamespace::create("lb-metrics").await?;
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let credentials = kube_dispatch_tests::credentials();
+    let channel = credentials
+        .endpoint(&lb.addr.to_string())?
+        .connect()
+        .await?;
+    let mut client = LoadBalancerClient::with_interceptor(channel, credentials.bearer());
+    let mut stream = client
+        .register(RegisterRequest {
+            group: "placed".into(),
+            replica_id: "replica-0".into(),
+        })
+        .await?
+        .into_inner();
+    stream.message().await?;
+    let text = lb.metrics.encode();
+    let value = |series: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    assert_eq!(value("kube_dispatch_lb_leader"), Some(1.0), "{text}");
+    assert_eq!(value("kube_dispatch_lb_replicas"), Some(1.0), "{text}");
+    assert_eq!(value("kube_dispatch_lb_groups"), Some(1.0), "{text}");
+    assert_eq!(
+        value("kube_dispatch_lb_assignments_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(value("kube_dispatch_lb_moves_total"), Some(0.0), "{text}");
     Ok(())
 }

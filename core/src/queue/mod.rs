@@ -107,6 +107,9 @@ impl Change {
 /// One reconcile request handed to a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
+    /// How long the key waited ready for delivery (`workqueue_queue_duration_seconds`), when
+    /// the caller said what time it was as it became ready ([`GroupQueue::at`]).
+    pub queued: Option<Duration>,
     /// Identifies this delivery in acknowledgements.
     pub id: DeliveryId,
     /// The request key.
@@ -191,10 +194,20 @@ pub struct Observed {
     pub body: Option<Arc<[u8]>>,
 }
 
+/// A key in a ready FIFO.
+#[derive(Debug)]
+struct Queued {
+    /// Orders keys by first enqueue.
+    seq: u64,
+    /// When it became ready, if the caller said what time it is ([`GroupQueue::at`]).
+    since: Option<Instant>,
+    key: Key,
+}
+
 #[derive(Debug, Default)]
 struct Session {
     replica: String,
-    ready: VecDeque<(u64, Key)>,
+    ready: VecDeque<Queued>,
     /// Each delivery in flight: its key, and when it was handed out.
     in_flight: HashMap<DeliveryId, (Key, Instant)>,
 }
@@ -257,7 +270,7 @@ pub struct GroupQueue {
     ring: Ring,
     replica_sessions: HashMap<String, SessionId>,
     /// Ready keys while the group has no session.
-    unassigned: VecDeque<(u64, Key)>,
+    unassigned: VecDeque<Queued>,
     timers: BTreeMap<(Instant, u64), Key>,
     /// The timer slot of each key that has one (a delayed key's retry, an in-flight key's
     /// reconcile deadline); kept beside the entries so idle keys pay nothing for it.
@@ -271,6 +284,9 @@ pub struct GroupQueue {
     /// At most the number of keys in flight.
     leaving: HashSet<Key>,
     counts: QueueCounts,
+    /// The time of the current operation, as the caller last said ([`GroupQueue::at`]): when
+    /// keys it makes ready became ready.
+    now: Option<Instant>,
 }
 
 impl GroupQueue {
@@ -292,7 +308,15 @@ impl GroupQueue {
             next_delivery: 1,
             leaving: HashSet::new(),
             counts: QueueCounts::default(),
+            now: None,
         }
+    }
+
+    /// Says that the operations that follow happen at `now`, for the time keys wait ready
+    /// ([`Delivery::queued`]); the queue reads no clock of its own.
+    pub fn at(&mut self, now: Instant) -> &mut Self {
+        self.now = Some(now);
+        self
     }
 
     /// The queue's figures at `now`: sizes, the age of deliveries in flight, and the counters.
@@ -584,7 +608,7 @@ impl GroupQueue {
             .map(|s| &mut s.ready)
             .chain(std::iter::once(&mut self.unassigned))
         {
-            queue.retain(|(_, k)| !keys.contains(k));
+            queue.retain(|q| !keys.contains(&q.key));
         }
         for key in keys {
             self.cancel_timer(&key);
@@ -608,7 +632,7 @@ impl GroupQueue {
                 .values()
                 .flat_map(|s| s.ready.iter())
                 .chain(self.unassigned.iter())
-                .any(|(_, k)| pred(k))
+                .any(|q| pred(&q.key))
     }
 
     /// Whether any key accepted by `pred` is in flight.
@@ -631,7 +655,7 @@ impl GroupQueue {
         let mut out = Vec::new();
         let deadline = now + self.config.max_reconcile_time;
         while out.len() < max {
-            let Some((_, key)) = self
+            let Some(Queued { since, key, .. }) = self
                 .sessions
                 .get_mut(&session)
                 .and_then(|s| s.ready.pop_front())
@@ -654,6 +678,7 @@ impl GroupQueue {
             }
             self.counts.deliveries[(entry.reason as usize).min(7)] += 1;
             out.push(Delivery {
+                queued: since.map(|since| now.saturating_duration_since(since)),
                 id,
                 key: key.clone(),
                 reason: entry.reason,
@@ -807,7 +832,11 @@ impl GroupQueue {
             let seq = self.next_seq;
             self.next_seq += 1;
             entry.state = State::Ready { seq };
-            self.unassigned.push_back((seq, key.clone()));
+            self.unassigned.push_back(Queued {
+                seq,
+                since: self.now,
+                key: key.clone(),
+            });
             self.counts.adds += 1;
         }
     }
@@ -830,15 +859,20 @@ impl GroupQueue {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.state = State::Ready { seq };
         }
-        match self.assign(&key) {
+        let queued = Queued {
+            seq,
+            since: self.now,
+            key,
+        };
+        match self.assign(&queued.key) {
             Some(id) => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.ready.push_back((seq, key));
+                    s.ready.push_back(queued);
                 }
                 vec![id]
             }
             None => {
-                self.unassigned.push_back((seq, key));
+                self.unassigned.push_back(queued);
                 Vec::new()
             }
         }
@@ -855,21 +889,21 @@ impl GroupQueue {
     /// keeping first-enqueue order.
     fn rebalance(&mut self) -> Vec<SessionId> {
         self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
-        let mut ready: Vec<(u64, Key)> = std::mem::take(&mut self.unassigned).into();
+        let mut ready: Vec<Queued> = std::mem::take(&mut self.unassigned).into();
         for s in self.sessions.values_mut() {
             ready.extend(s.ready.drain(..));
         }
-        ready.sort_unstable_by_key(|(seq, _)| *seq);
+        ready.sort_unstable_by_key(|q| q.seq);
         let mut wake = Vec::new();
-        for (seq, key) in ready {
-            match self.assign(&key) {
+        for queued in ready {
+            match self.assign(&queued.key) {
                 Some(id) => {
                     if let Some(s) = self.sessions.get_mut(&id) {
-                        s.ready.push_back((seq, key));
+                        s.ready.push_back(queued);
                     }
                     wake.push(id);
                 }
-                None => self.unassigned.push_back((seq, key)),
+                None => self.unassigned.push_back(queued),
             }
         }
         dedup(wake)

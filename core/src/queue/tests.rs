@@ -61,7 +61,7 @@ impl GroupQueue {
             }
         }
         let mut ready = HashSet::new();
-        for (seq, key) in self
+        for Queued { seq, key, .. } in self
             .sessions
             .values()
             .flat_map(|s| s.ready.iter())
@@ -378,6 +378,10 @@ fn figures_and_counters_follow_what_the_queue_does() {
     assert_eq!(f.counts.adds, 4, "a change to a queued key is no add");
 
     let d = q.take(1, 4, now);
+    assert!(
+        d.iter().all(|d| d.queued.is_none()),
+        "no time said as they became ready"
+    );
     let id = |k: &str| d.iter().find(|d| &*d.key == k).unwrap().id;
     let at = now + Duration::from_secs(2);
     let f = q.figures(at);
@@ -421,12 +425,20 @@ fn figures_and_counters_follow_what_the_queue_does() {
         (1, 1, 1, 1)
     );
     assert_eq!((c.retries, c.expired), (2, 1), "a failure and an expiry");
-    q.advance(late + Duration::from_secs(60));
+    let later = late + Duration::from_secs(60);
+    q.at(later).advance(later);
     assert_eq!(
         q.figures(late).counts.adds,
         7,
         "three timers made keys ready again"
     );
+    let d = q.take(1, 4, later + 3 * MS);
+    assert_eq!(d.len(), 3);
+    // "fail" became ready before the time was said; the others as the timers fired.
+    let waited: Vec<_> = d.iter().map(|d| (&*d.key, d.queued)).collect();
+    assert!(waited.contains(&("requeue", Some(3 * MS))), "{waited:?}");
+    assert!(waited.contains(&("slow", Some(3 * MS))), "{waited:?}");
+    assert!(waited.contains(&("fail", None)), "{waited:?}");
     q.check();
 }
 

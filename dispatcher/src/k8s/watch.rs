@@ -18,7 +18,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, RwLock},
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -85,7 +88,39 @@ enum Readiness {
     Failed(WatchError),
 }
 
+/// What one watch has done since it started, for metrics.
+#[derive(Debug, Default)]
+pub struct WatchCounts {
+    /// Objects added or changed, listed or watched.
+    pub applied: AtomicU64,
+    /// Objects deleted.
+    pub deleted: AtomicU64,
+    /// Lists of the whole resource by the watch itself: its first, and each one after an
+    /// expired resourceVersion (410 Gone) or an API-server restart.
+    pub relists: AtomicU64,
+    /// Lists beside the watch, for keys newly served here.
+    pub side_lists: AtomicU64,
+    /// Errors the watch recovered from (with backoff).
+    pub errors: AtomicU64,
+    /// Of those, 410 Gone: the resourceVersion it resumed from had expired.
+    pub gone: AtomicU64,
+}
+
+/// One watch's counters, with what it watches, for metrics.
+#[derive(Debug)]
+pub struct WatchFigures {
+    /// The resource (`group/version/plural`).
+    pub resource: String,
+    /// The namespace, empty for all.
+    pub namespace: String,
+    /// Label and field selectors, joined by `;`, empty for none.
+    pub selector: String,
+    /// Its counters.
+    pub counts: Arc<WatchCounts>,
+}
+
 struct Running {
+    counts: Arc<WatchCounts>,
     subscribers: Arc<RwLock<Vec<Subscriber>>>,
     readiness: watch::Receiver<Readiness>,
     /// Restarts the watcher (a re-list), e.g. when a group joins a running watch.
@@ -130,6 +165,23 @@ impl Watches {
         })
     }
 
+    /// Each running watch's counters.
+    pub fn figures(&self) -> Vec<WatchFigures> {
+        self.running()
+            .iter()
+            .map(|(key, run)| WatchFigures {
+                resource: resource_name(&key.resource),
+                namespace: key.namespace.clone(),
+                selector: if key.field_selector.is_empty() {
+                    key.label_selector.clone()
+                } else {
+                    format!("{};{}", key.label_selector, key.field_selector)
+                },
+                counts: run.counts.clone(),
+            })
+            .collect()
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<WatchKey, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -165,6 +217,7 @@ impl Watches {
                 None => {
                     let (tx, rx) = watch::channel(Readiness::Starting);
                     let run = Running {
+                        counts: Arc::default(),
                         subscribers: Arc::new(RwLock::new(vec![sub])),
                         readiness: rx.clone(),
                         relist: Arc::new(tokio::sync::Notify::new()),
@@ -172,6 +225,7 @@ impl Watches {
                         stopping: None,
                     };
                     let task = WatchTask {
+                        counts: run.counts.clone(),
                         client: self.client.clone(),
                         key: key.clone(),
                         slice: self.slice.clone(),
@@ -264,6 +318,7 @@ fn describe(key: &WatchKey) -> String {
 }
 
 struct WatchTask {
+    counts: Arc<WatchCounts>,
     client: Client,
     key: WatchKey,
     slice: watch::Receiver<Arc<Slice>>,
@@ -338,6 +393,7 @@ impl WatchTask {
                 };
                 let event = match step {
                     Step::ListBeside(why) => {
+                        self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
                         info!(resource = %describe(&self.key), why, "listing beside the watch for the keys now served here");
                         side = Some(SideList::start(api.clone(), list_params.clone()));
                         continue;
@@ -361,6 +417,7 @@ impl WatchTask {
                 };
                 match event {
                     Ok(Event::Init) => {
+                        self.counts.relists.fetch_add(1, Ordering::Relaxed);
                         epoch = epoch.wrapping_add(1);
                         // The watch re-lists everything itself: a list beside it adds nothing.
                         side = None;
@@ -395,6 +452,10 @@ impl WatchTask {
                         self.apply(&obj, epoch, true);
                     }
                     Err(e) => {
+                        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                        if status_code(&e) == Some(410) {
+                            self.counts.gone.fetch_add(1, Ordering::Relaxed);
+                        }
                         let rejected = rejection(&e);
                         if let Some((code, message)) = rejected {
                             let failed = WatchError::Rejected {
@@ -451,6 +512,12 @@ impl WatchTask {
     /// current then (and remembers deletions of keys a handover holds, and recent deletions of
     /// keys owned elsewhere).
     fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
+        let counter = if deleted {
+            &self.counts.deleted
+        } else {
+            &self.counts.applied
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let text = object_key(&self.key.resource, obj).to_string();
@@ -548,15 +615,25 @@ fn mark_ready(r: &mut Readiness) -> bool {
 /// The API server's refusal of a list or watch, if that is what the error is: a client error
 /// (4xx other than 410 Gone, which the watcher recovers from by re-listing).
 fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
-    let status = match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s,
-        watcher::Error::WatchError(s) => s,
-        _ => return None,
-    };
+    let status = api_status(e)?;
     ((400..500).contains(&status.code) && status.code != 410)
         .then(|| (status.code, status.message.clone()))
+}
+
+/// The API server's status in a watch error, if it answered one.
+fn api_status(e: &watcher::Error) -> Option<&kube::core::Status> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s),
+        watcher::Error::WatchError(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// The HTTP status code of a watch error the API server answered.
+fn status_code(e: &watcher::Error) -> Option<u16> {
+    api_status(e).map(|s| s.code)
 }
 
 /// The resource a watch key names, for messages.

@@ -1,0 +1,521 @@
+//! The dispatcher's metrics, read from its groups at each scrape and served at `/metrics` on its
+//! admin endpoint.
+//!
+//! Per controller group, the `workqueue_*` family under controller-runtime's names and meanings
+//! (labels `name` and `controller`, both the group's name, as controller-runtime sets them), so
+//! dashboards built for controller-runtime's work queues read the tier's:
+//!
+//! | metric | type | what |
+//! | --- | --- | --- |
+//! | `workqueue_depth` | gauge | keys ready for delivery |
+//! | `workqueue_adds_total` | counter | keys made ready (a change, a resync, a timer, a session that ended) |
+//! | `workqueue_queue_duration_seconds` | histogram | from a key becoming ready to its delivery |
+//! | `workqueue_retries_total` | counter | deliveries that failed (failure acks and deliveries past the maximum reconcile time) |
+//! | `workqueue_work_duration_seconds` | histogram | from a delivery to its acknowledgement |
+//! | `workqueue_unfinished_work_seconds` | gauge | time the deliveries in flight have been out, summed |
+//! | `workqueue_longest_running_processor_seconds` | gauge | the longest any delivery in flight has been out |
+//!
+//! and kube-dispatch's own, label `group`:
+//!
+//! | metric | type | what |
+//! | --- | --- | --- |
+//! | `kube_dispatch_group_keys` | gauge | keys indexed |
+//! | `kube_dispatch_group_in_flight` | gauge | deliveries in flight |
+//! | `kube_dispatch_group_delayed` | gauge | keys backing off or waiting for a requeue |
+//! | `kube_dispatch_group_held_deletions` | gauge | deletions held until a handover completes |
+//! | `kube_dispatch_group_remembered_deletions` | gauge | deletions of keys owned elsewhere, remembered for a handover |
+//! | `kube_dispatch_group_sessions` | gauge | live sessions |
+//! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys |
+//! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |
+//! | `kube_dispatch_group_acks_total` | counter | acknowledgements, by `outcome` (`success`, `failure`, `requeue`, `unknown`) |
+//! | `kube_dispatch_group_expired_deliveries_total` | counter | deliveries not acknowledged within the maximum reconcile time |
+//!
+//! A group's series go when the group is dropped (after `--idle-group-grace` without sessions)
+//! and its counters start again from zero if it comes back. No label names a key or an object.
+//!
+//! The dispatcher as a whole ([`RingMetrics`], and [`GroupsCollector`] for the table):
+//!
+//! | metric | type | what |
+//! | --- | --- | --- |
+//! | `kube_dispatch_ring_members` | gauge | members of the ring this dispatcher sees |
+//! | `kube_dispatch_ring_changes_total` | counter | rings adopted |
+//! | `kube_dispatch_ring_serving` | gauge | 1 while every key this dispatcher owns is served; 0 during a handover, when fenced (cut off from the API server) and when draining |
+//! | `kube_dispatch_handover_seconds` | histogram | from adopting a ring to serving all of it |
+//! | `kube_dispatch_groups` | gauge | controller groups held, idle ones included |
+//! | `kube_dispatch_sessions` | gauge | live sessions |
+//! | `kube_dispatch_expired_sessions_total` | counter | sessions that expired (their replica stopped polling) |
+//! | `kube_dispatch_unknown_acks_total` | counter | acks of deliveries not in flight |
+//!
+//! Per watch (labels `resource`, `namespace` and `selector`, bounded by the subscriptions):
+//!
+//! | metric | type | what |
+//! | --- | --- | --- |
+//! | `kube_dispatch_watch_events_total` | counter | objects seen, by `type` (`applied`, `deleted`) |
+//! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
+//! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
+//! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from with backoff |
+//! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
+
+use std::{
+    fmt,
+    sync::{
+        Arc, Mutex, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use kube_dispatch_core::{handover::Slice, queue::QueueCounts};
+use kube_dispatch_runtime::metrics::Metrics;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        gauge::{ConstGauge, Gauge},
+        histogram::{Histogram, exponential_buckets},
+    },
+};
+
+use crate::{
+    group::GroupFigures,
+    groups::Groups,
+    k8s::watch::{WatchCounts, WatchFigures},
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    name: String,
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabel {
+    group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    group: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    group: String,
+    outcome: &'static str,
+}
+
+/// Reads every group's figures at each scrape. Holds the groups weakly: a registry outliving
+/// its dispatcher (tests) encodes nothing.
+#[derive(Debug)]
+pub struct GroupsCollector(Weak<Groups>);
+
+impl GroupsCollector {
+    /// A collector of `groups`' metrics.
+    pub fn new(groups: &Arc<Groups>) -> Self {
+        Self(Arc::downgrade(groups))
+    }
+}
+
+/// A metric's name, help and how to read its value.
+type Described<F> = (&'static str, &'static str, F);
+type FigureOf<T> = fn(&GroupFigures) -> T;
+type CountOf = fn(&QueueCounts) -> u64;
+type WatchCounter = fn(&WatchCounts) -> &AtomicU64;
+
+struct Snapshot {
+    name: String,
+    figures: GroupFigures,
+    work: Histogram,
+    queued: Histogram,
+}
+
+const REASONS: [(usize, &str); 7] = [
+    (1, "added"),
+    (2, "modified"),
+    (3, "deleted"),
+    (4, "resync"),
+    (5, "retry"),
+    (6, "requeue"),
+    (7, "owned"),
+];
+
+impl Collector for GroupsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let Some(groups) = self.0.upgrade() else {
+            return Ok(());
+        };
+        let snapshots: Vec<Snapshot> = groups
+            .all()
+            .iter()
+            .map(|g| Snapshot {
+                name: g.name.clone(),
+                figures: g.figures(),
+                work: g.work_duration.clone(),
+                queued: g.queue_duration.clone(),
+            })
+            .collect();
+        let watches = groups.watch_figures();
+        let table = [
+            (
+                "kube_dispatch_groups",
+                "Controller groups held, idle ones included",
+                MetricType::Gauge,
+                groups.group_count() as u64,
+            ),
+            (
+                "kube_dispatch_sessions",
+                "Live sessions",
+                MetricType::Gauge,
+                groups.session_count() as u64,
+            ),
+            (
+                "kube_dispatch_expired_sessions",
+                "Sessions that expired: their replica stopped polling",
+                MetricType::Counter,
+                groups.counters.expired_sessions.load(Ordering::Relaxed),
+            ),
+            (
+                "kube_dispatch_unknown_acks",
+                "Acks of deliveries not in flight",
+                MetricType::Counter,
+                groups.counters.unknown_acks.load(Ordering::Relaxed),
+            ),
+        ];
+        drop(groups);
+        for (name, help, kind, value) in table {
+            let metric = encoder.encode_descriptor(name, help, None, kind)?;
+            if kind == MetricType::Counter {
+                ConstCounter::new(value).encode(metric)?;
+            } else {
+                ConstGauge::new(value).encode(metric)?;
+            }
+        }
+        encode_watches(&mut encoder, &watches)?;
+
+        // The workqueue family.
+        let queue_gauges: [Described<FigureOf<f64>>; 3] = [
+            ("workqueue_depth", "Current depth of workqueue", |f| {
+                f.queue.ready as f64
+            }),
+            (
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+                |f| f.queue.unfinished.as_secs_f64(),
+            ),
+            (
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running",
+                |f| f.queue.longest.as_secs_f64(),
+            ),
+        ];
+        for (name, help, value) in queue_gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for s in &snapshots {
+                let labels = queue_labels(&s.name);
+                ConstGauge::new(value(&s.figures)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let queue_counters: [Described<CountOf>; 2] = [
+            (
+                "workqueue_adds",
+                "Total number of adds handled by workqueue",
+                |c| c.adds,
+            ),
+            (
+                "workqueue_retries",
+                "Total number of retries handled by workqueue",
+                |c| c.retries,
+            ),
+        ];
+        for (name, help, value) in queue_counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for s in &snapshots {
+                let labels = queue_labels(&s.name);
+                ConstCounter::new(value(&s.figures.queue.counts))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes: from a delivery to its acknowledgement",
+                None,
+                MetricType::Histogram,
+            )?;
+            for s in &snapshots {
+                s.work
+                    .encode(family.encode_family(&queue_labels(&s.name))?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested: from a key becoming ready to its delivery",
+                None,
+                MetricType::Histogram,
+            )?;
+            for s in &snapshots {
+                s.queued
+                    .encode(family.encode_family(&queue_labels(&s.name))?)?;
+            }
+        }
+
+        // kube-dispatch's own.
+        let group_gauges: [Described<FigureOf<usize>>; 7] = [
+            ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
+            (
+                "kube_dispatch_group_in_flight",
+                "Deliveries in flight",
+                |f| f.queue.in_flight,
+            ),
+            (
+                "kube_dispatch_group_delayed",
+                "Keys backing off or waiting for a requeue",
+                |f| f.queue.delayed,
+            ),
+            (
+                "kube_dispatch_group_held_deletions",
+                "Deletions held until a handover completes",
+                |f| f.held,
+            ),
+            (
+                "kube_dispatch_group_remembered_deletions",
+                "Deletions of keys owned elsewhere, remembered for a handover",
+                |f| f.remembered,
+            ),
+            ("kube_dispatch_group_sessions", "Live sessions", |f| {
+                f.sessions
+            }),
+            (
+                "kube_dispatch_group_body_bytes",
+                "Bytes of object bodies held for ready keys",
+                |f| f.queue.body_bytes,
+            ),
+        ];
+        for (name, help, value) in group_gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for s in &snapshots {
+                let labels = GroupLabel {
+                    group: s.name.clone(),
+                };
+                ConstGauge::new(value(&s.figures)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "kube_dispatch_group_deliveries",
+                "Deliveries handed out, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for s in &snapshots {
+                for (index, reason) in REASONS {
+                    let labels = ReasonLabels {
+                        group: s.name.clone(),
+                        reason,
+                    };
+                    ConstCounter::new(s.figures.queue.counts.deliveries[index])
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "kube_dispatch_group_acks",
+                "Acknowledgements, by outcome",
+                None,
+                MetricType::Counter,
+            )?;
+            for s in &snapshots {
+                let c = &s.figures.queue.counts;
+                for (outcome, value) in [
+                    ("success", c.acks_success),
+                    ("failure", c.acks_failure),
+                    ("requeue", c.acks_requeue),
+                    ("unknown", c.acks_unknown),
+                ] {
+                    let labels = OutcomeLabels {
+                        group: s.name.clone(),
+                        outcome,
+                    };
+                    ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "kube_dispatch_group_expired_deliveries",
+                "Deliveries not acknowledged within the maximum reconcile time",
+                None,
+                MetricType::Counter,
+            )?;
+            for s in &snapshots {
+                let labels = GroupLabel {
+                    group: s.name.clone(),
+                };
+                ConstCounter::new(s.figures.queue.counts.expired)
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabels {
+    resource: String,
+    namespace: String,
+    selector: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchEventLabels {
+    resource: String,
+    namespace: String,
+    selector: String,
+    r#type: &'static str,
+}
+
+fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures]) -> fmt::Result {
+    let labels = |w: &WatchFigures| WatchLabels {
+        resource: w.resource.clone(),
+        namespace: w.namespace.clone(),
+        selector: w.selector.clone(),
+    };
+    {
+        let mut family = encoder.encode_descriptor(
+            "kube_dispatch_watch_events",
+            "Objects the watch saw, by type",
+            None,
+            MetricType::Counter,
+        )?;
+        for w in watches {
+            for (kind, value) in [
+                ("applied", &w.counts.applied),
+                ("deleted", &w.counts.deleted),
+            ] {
+                let labels = WatchEventLabels {
+                    resource: w.resource.clone(),
+                    namespace: w.namespace.clone(),
+                    selector: w.selector.clone(),
+                    r#type: kind,
+                };
+                ConstCounter::new(value.load(Ordering::Relaxed))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let counters: [Described<WatchCounter>; 4] = [
+        (
+            "kube_dispatch_watch_relists",
+            "Lists of the whole resource by the watch: its first, and after a 410 or an API-server restart",
+            |c| &c.relists,
+        ),
+        (
+            "kube_dispatch_watch_side_lists",
+            "Lists beside the watch for keys newly served here",
+            |c| &c.side_lists,
+        ),
+        (
+            "kube_dispatch_watch_errors",
+            "Errors the watch recovered from with backoff",
+            |c| &c.errors,
+        ),
+        (
+            "kube_dispatch_watch_gone",
+            "Watch errors that were 410 Gone: the resourceVersion it resumed from had expired",
+            |c| &c.gone,
+        ),
+    ];
+    for (name, help, counter) in counters {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for w in watches {
+            ConstCounter::new(counter(&w.counts).load(Ordering::Relaxed))
+                .encode(family.encode_family(&labels(w))?)?;
+        }
+    }
+    Ok(())
+}
+
+fn queue_labels(name: &str) -> QueueLabels {
+    QueueLabels {
+        name: name.to_owned(),
+        controller: name.to_owned(),
+    }
+}
+
+/// The ring as this dispatcher lives it: members, changes, how long each handover took to
+/// settle, and whether it serves.
+#[derive(Debug)]
+pub struct RingMetrics {
+    members: Gauge,
+    changes: Counter,
+    serving: Gauge,
+    handover: Histogram,
+    /// The ring last seen (its members) and when it was adopted, while its handover is pending.
+    pending: Mutex<(Vec<String>, Option<Instant>)>,
+}
+
+impl RingMetrics {
+    /// Ring metrics registered in `metrics`.
+    pub fn new(metrics: &Metrics) -> Arc<Self> {
+        let ring = Arc::new(Self {
+            members: Gauge::default(),
+            changes: Counter::default(),
+            serving: Gauge::default(),
+            handover: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            pending: Mutex::default(),
+        });
+        metrics.register(
+            "kube_dispatch_ring_members",
+            "Members of the ring this dispatcher sees",
+            ring.members.clone(),
+        );
+        metrics.register(
+            "kube_dispatch_ring_changes",
+            "Rings adopted",
+            ring.changes.clone(),
+        );
+        metrics.register(
+            "kube_dispatch_ring_serving",
+            "1 while every key this dispatcher owns is served; 0 during a handover, when fenced and when draining",
+            ring.serving.clone(),
+        );
+        metrics.register(
+            "kube_dispatch_handover_seconds",
+            "From adopting a ring to serving all of it",
+            ring.handover.clone(),
+        );
+        ring
+    }
+
+    /// Records the slice as it is `now`.
+    pub fn observe(&self, slice: &Slice, now: Instant) {
+        let members = slice.ring.members();
+        self.members
+            .set(i64::try_from(members.len()).unwrap_or(i64::MAX));
+        self.serving.set(i64::from(slice.is_settled()));
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // An empty ring is none at all (no Lease seen yet): not a ring adopted.
+        if !members.is_empty() && pending.0 != members {
+            if !pending.0.is_empty() {
+                self.changes.inc();
+            }
+            *pending = (members.to_vec(), Some(now));
+        }
+        if slice.is_settled()
+            && let Some(adopted) = pending.1.take()
+        {
+            self.handover
+                .observe(now.saturating_duration_since(adopted).as_secs_f64());
+        }
+    }
+
+    /// Serves nothing from now on (draining).
+    pub fn closed(&self) {
+        self.serving.set(0);
+    }
+}
