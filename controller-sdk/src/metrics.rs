@@ -188,10 +188,26 @@ pub(crate) enum Ended {
     TimedOut,
 }
 
-/// The metrics of one controller, labelled once.
+/// The reasons a delivery names (`Reason` numbers 1 to 7), as the `reason` label says them.
+const REASONS: [&str; 7] = [
+    "added", "modified", "deleted", "resync", "retry", "requeue", "owned",
+];
+
+/// The metrics of one controller, labelled once: counting a delivery or a reconcile takes no
+/// lookup and no allocation.
 #[derive(Clone, Debug)]
 pub(crate) struct ControllerMetrics {
     controller: String,
+    /// `controller_runtime_reconcile_total` by result: success, error, requeue_after.
+    success: Counter,
+    error: Counter,
+    requeue_after: Counter,
+    errors: Counter,
+    timeouts: Counter,
+    fenced: Counter,
+    reconnects: Counter,
+    /// By [`REASONS`].
+    deliveries: [Counter; 7],
     active: Gauge,
     reconcile_time: Histogram,
     delivery_to_reconcile: Histogram,
@@ -206,51 +222,50 @@ impl ControllerMetrics {
         f.max_concurrent
             .get_or_create(&label)
             .set(i64::try_from(concurrency).unwrap_or(i64::MAX));
-        // Present from the start, as controller-runtime's are.
-        for result in ["success", "error", "requeue", "requeue_after"] {
-            let _ = f.reconciles.get_or_create(&ResultLabels {
-                controller: controller.to_owned(),
-                result,
-            });
-        }
-        let _ = f.errors.get_or_create(&label);
-        let _ = f.timeouts.get_or_create(&label);
-        let _ = f.fenced.get_or_create(&label);
+        let result = |result| {
+            f.reconciles
+                .get_or_create(&ResultLabels {
+                    controller: controller.to_owned(),
+                    result,
+                })
+                .clone()
+        };
+        // Present from the start, as controller-runtime's are; this SDK never requeues at
+        // once, so `requeue` stays at zero.
+        let _ = result("requeue");
+        // Present from the start too: a dashboard sees a zero rather than nothing.
         let _ = f.stale_writes.get_or_create(&label);
-        let _ = f.reconnects.get_or_create(&label);
         Self {
             controller: controller.to_owned(),
+            success: result("success"),
+            error: result("error"),
+            requeue_after: result("requeue_after"),
+            errors: f.errors.get_or_create(&label).clone(),
+            timeouts: f.timeouts.get_or_create(&label).clone(),
+            fenced: f.fenced.get_or_create(&label).clone(),
+            reconnects: f.reconnects.get_or_create(&label).clone(),
+            deliveries: REASONS.map(|reason| {
+                f.deliveries
+                    .get_or_create(&ReasonLabels {
+                        controller: controller.to_owned(),
+                        reason,
+                    })
+                    .clone()
+            }),
             active: f.active.get_or_create(&label).clone(),
             reconcile_time: f.reconcile_time.get_or_create(&label).clone(),
             delivery_to_reconcile: f.delivery_to_reconcile.get_or_create(&label).clone(),
         }
     }
 
-    fn label(&self) -> ControllerLabel {
-        ControllerLabel {
-            controller: self.controller.clone(),
-        }
-    }
-
-    /// A delivery arrived.
+    /// A delivery arrived (a reason never sent is not counted).
     pub(crate) fn delivered(&self, reason: Reason) {
-        let reason = match reason {
-            Reason::Added => "added",
-            Reason::Modified => "modified",
-            Reason::Deleted => "deleted",
-            Reason::Resync => "resync",
-            Reason::Retry => "retry",
-            Reason::Requeue => "requeue",
-            Reason::Owned => "owned",
-            Reason::Unspecified => "unspecified",
-        };
-        FAMILIES
-            .deliveries
-            .get_or_create(&ReasonLabels {
-                controller: self.controller.clone(),
-                reason,
-            })
-            .inc();
+        if let Some(counter) = (reason as usize)
+            .checked_sub(1)
+            .and_then(|i| self.deliveries.get(i))
+        {
+            counter.inc();
+        }
     }
 
     /// A reconcile starts, `waited` after its delivery arrived; counts it active until the
@@ -263,31 +278,25 @@ impl ControllerMetrics {
 
     /// A reconcile ended after `took`.
     pub(crate) fn ended(&self, ended: Ended, took: Duration) {
-        let f = &*FAMILIES;
-        let result = match ended {
-            Ended::Success => "success",
-            Ended::RequeueAfter => "requeue_after",
-            Ended::Error | Ended::TimedOut => "error",
+        match ended {
+            Ended::Success => self.success.inc(),
+            Ended::RequeueAfter => self.requeue_after.inc(),
+            Ended::Error => {
+                self.error.inc();
+                self.errors.inc()
+            }
+            Ended::TimedOut => {
+                self.error.inc();
+                self.errors.inc();
+                self.timeouts.inc()
+            }
         };
-        f.reconciles
-            .get_or_create(&ResultLabels {
-                controller: self.controller.clone(),
-                result,
-            })
-            .inc();
-        if ended == Ended::Error {
-            f.errors.get_or_create(&self.label()).inc();
-        }
-        if ended == Ended::TimedOut {
-            f.errors.get_or_create(&self.label()).inc();
-            f.timeouts.get_or_create(&self.label()).inc();
-        }
         self.reconcile_time.observe(took.as_secs_f64());
     }
 
     /// A reconcile was cancelled because its session was lost.
     pub(crate) fn fenced(&self) {
-        FAMILIES.fenced.get_or_create(&self.label()).inc();
+        self.fenced.inc();
     }
 
     /// A session with `dispatcher` opened; counted open until the guard drops, and its series
@@ -304,7 +313,7 @@ impl ControllerMetrics {
 
     /// A session was lost and is opened again.
     pub(crate) fn reconnecting(&self) {
-        FAMILIES.reconnects.get_or_create(&self.label()).inc();
+        self.reconnects.inc();
     }
 }
 

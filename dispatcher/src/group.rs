@@ -378,10 +378,9 @@ impl Group {
         self.wake(wake);
     }
 
-    /// Number of keys known, and of keys ready.
-    pub fn sizes(&self) -> (usize, usize) {
-        let q = &self.state().queue;
-        (q.len(), q.ready_len())
+    /// Number of keys known.
+    pub fn key_count(&self) -> usize {
+        self.state().queue.len()
     }
 
     /// Settles deliveries; returns how many were not in flight on the session.

@@ -176,7 +176,9 @@ pub(crate) struct GroupEntry {
     owner: Option<String>,
 }
 
-/// Counters reported in logs and, later, metrics.
+/// Counters of the whole table, kept past the groups they happened in: `expired_sessions` is
+/// exported as `kube_dispatch_expired_sessions_total`; unknown acks are exported per group, by
+/// the queue (`kube_dispatch_group_acks_total{outcome="unknown"}`).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Acks of deliveries that were not in flight.

@@ -41,7 +41,7 @@ pub(crate) async fn run(groups: Arc<Groups>) {
         let interval = settings.resync_interval;
         if !interval.is_zero() {
             for group in live {
-                let (keys, _) = group.sizes();
+                let keys = group.key_count();
                 // Spread evenly: keys * tick / interval per tick, rounded up.
                 let n = (keys as u128 * TICK.as_nanos()).div_ceil(interval.as_nanos().max(1));
                 group.resync_batch(usize::try_from(n).unwrap_or(usize::MAX));
@@ -71,8 +71,8 @@ impl QueueStatus {
         self.logged
             .retain(|name, _| groups.iter().any(|g| &g.name == name));
         for group in groups {
-            let (keys, ready) = group.sizes();
-            let figures = (keys, ready, group.in_flight(), group.session_count());
+            let f = group.figures();
+            let figures = (f.queue.keys, f.queue.ready, f.queue.in_flight, f.sessions);
             if self.logged.insert(group.name.clone(), figures) != Some(figures) {
                 let (keys, ready, in_flight, sessions) = figures;
                 info!(group = %group.name, keys, ready, in_flight, sessions, "queue status");

@@ -44,7 +44,6 @@
 //! | `kube_dispatch_groups` | gauge | controller groups held, idle ones included |
 //! | `kube_dispatch_sessions` | gauge | live sessions |
 //! | `kube_dispatch_expired_sessions_total` | counter | sessions that expired (their replica stopped polling) |
-//! | `kube_dispatch_unknown_acks_total` | counter | acks of deliveries not in flight |
 //!
 //! Per watch (labels `resource`, `namespace` and `selector`, bounded by the subscriptions):
 //!
@@ -59,7 +58,7 @@
 use std::{
     fmt,
     sync::{
-        Arc, Mutex, Weak,
+        Arc, Weak,
         atomic::{AtomicU64, Ordering},
     },
     time::Instant,
@@ -176,12 +175,6 @@ impl Collector for GroupsCollector {
                 "Sessions that expired: their replica stopped polling",
                 MetricType::Counter,
                 groups.counters.expired_sessions.load(Ordering::Relaxed),
-            ),
-            (
-                "kube_dispatch_unknown_acks",
-                "Acks of deliveries not in flight",
-                MetricType::Counter,
-                groups.counters.unknown_acks.load(Ordering::Relaxed),
             ),
         ];
         drop(groups);
@@ -448,27 +441,30 @@ fn queue_labels(name: &str) -> QueueLabels {
 }
 
 /// The ring as this dispatcher lives it: members, changes, how long each handover took to
-/// settle, and whether it serves.
+/// settle, and whether it serves. Kept by the one task that follows the slice.
 #[derive(Debug)]
 pub struct RingMetrics {
     members: Gauge,
     changes: Counter,
     serving: Gauge,
     handover: Histogram,
-    /// The ring last seen (its members) and when it was adopted, while its handover is pending.
-    pending: Mutex<(Vec<String>, Option<Instant>)>,
+    /// The members of the ring last adopted.
+    ring: Vec<String>,
+    /// When it was adopted, while its handover is pending.
+    adopted: Option<Instant>,
 }
 
 impl RingMetrics {
     /// Ring metrics registered in `metrics`.
-    pub fn new(metrics: &Metrics) -> Arc<Self> {
-        let ring = Arc::new(Self {
+    pub fn new(metrics: &Metrics) -> Self {
+        let ring = Self {
             members: Gauge::default(),
             changes: Counter::default(),
             serving: Gauge::default(),
             handover: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
-            pending: Mutex::default(),
-        });
+            ring: Vec::new(),
+            adopted: None,
+        };
         metrics.register(
             "kube_dispatch_ring_members",
             "Members of the ring this dispatcher sees",
@@ -493,21 +489,21 @@ impl RingMetrics {
     }
 
     /// Records the slice as it is `now`.
-    pub fn observe(&self, slice: &Slice, now: Instant) {
+    pub fn observe(&mut self, slice: &Slice, now: Instant) {
         let members = slice.ring.members();
         self.members
             .set(i64::try_from(members.len()).unwrap_or(i64::MAX));
         self.serving.set(i64::from(slice.is_settled()));
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         // An empty ring is none at all (no Lease seen yet): not a ring adopted.
-        if !members.is_empty() && pending.0 != members {
-            if !pending.0.is_empty() {
+        if !members.is_empty() && self.ring != members {
+            if !self.ring.is_empty() {
                 self.changes.inc();
             }
-            *pending = (members.to_vec(), Some(now));
+            self.ring = members.to_vec();
+            self.adopted = Some(now);
         }
         if slice.is_settled()
-            && let Some(adopted) = pending.1.take()
+            && let Some(adopted) = self.adopted.take()
         {
             self.handover
                 .observe(now.saturating_duration_since(adopted).as_secs_f64());

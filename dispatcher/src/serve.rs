@@ -164,7 +164,7 @@ pub async fn serve(
         slice_rx.clone(),
         health.clone(),
         config.readiness.clone(),
-        ring_metrics.clone(),
+        ring_metrics,
         shutdown.clone(),
     ));
     let reflection = tonic_reflection::server::Builder::configure()
@@ -268,7 +268,7 @@ async fn report_handover(
     mut slice: watch::Receiver<Arc<Slice>>,
     health: tonic_health::server::HealthReporter,
     readiness: Readiness,
-    ring: Arc<RingMetrics>,
+    mut ring: RingMetrics,
     shutdown: CancellationToken,
 ) {
     loop {

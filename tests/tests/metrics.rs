@@ -458,7 +458,6 @@ async fn ring_and_session_metrics_follow_a_handover_and_an_expiry() -> TestResul
     use kube_dispatch_runtime::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, lease_config, subscription};
 
-    kube_dispatch_tests::log_to_file_from_env();
     let ns = TestNamespace::create("ring-metrics").await?;
     let bound = Duration::from_secs(2);
     let metrics = Metrics::default();
