@@ -19,6 +19,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 PathBuf::from("kubedispatch/v1/dispatcher.proto"),
                 PathBuf::from("kubedispatch/v1/loadbalancer.proto"),
                 PathBuf::from("kubedispatch/v1/peer.proto"),
+                PathBuf::from("kubedispatch/v1/operator.proto"),
             ],
             &[PathBuf::from("."), well_known],
         )?;

@@ -31,9 +31,11 @@ check kube-dispatch-controller kube-dispatch-dispatcher any
 check kube-dispatch-dispatcher kube-dispatch-controller any
 check kube-dispatch-runtime kube-dispatch-dispatcher any
 check kube-dispatch-runtime kube-dispatch-controller any
+check kube-dispatch-kdctl kube-dispatch-dispatcher any
+check kube-dispatch-kdctl kube-dispatch-controller any
 
 python3 tests/check-modules.py proto/src core/src runtime/src dispatcher/src controller-sdk/src \
-  loadbalancer/src model/src tests/src bench/src || failed=1
+  loadbalancer/src kdctl/src model/src tests/src bench/src || failed=1
 
 if [[ $failed == 1 ]]; then exit 1; fi
 echo "check-layout: dependencies point one way, between crates and between modules"

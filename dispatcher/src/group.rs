@@ -27,8 +27,8 @@ use kube_dispatch_core::{
     key::KeyRef,
     partition::Partition,
     queue::{
-        AckResult, Change, Delivery, DeliveryId, GroupQueue, Observed, Outcome, QueueConfig,
-        QueueFigures, SessionId,
+        AckResult, Change, Delivery, DeliveryId, GroupQueue, KeyStatus, Observed, Outcome,
+        QueueConfig, QueueFigures, SessionId,
     },
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
@@ -376,6 +376,18 @@ impl Group {
     pub fn resync_batch(&self, n: usize) {
         let wake = self.state().queue.resync_batch(n);
         self.wake(wake);
+    }
+
+    /// What the queue knows of `key` now; see [`GroupQueue::key_status`].
+    pub fn key_status(&self, key: &str) -> Option<KeyStatus> {
+        self.state().queue.key_status(key, Self::now())
+    }
+
+    /// The replicas holding live sessions, sorted.
+    pub fn replicas(&self) -> Vec<String> {
+        let mut replicas: Vec<String> = self.slots().values().map(|s| s.replica.clone()).collect();
+        replicas.sort();
+        replicas
     }
 
     /// Number of keys known.

@@ -6,7 +6,9 @@
 //!   once the decision is older than `--authorization-recheck`;
 //! - a group belongs to the identity that created it, and a session to the identity that opened
 //!   it (`crate::groups`);
-//! - only the dispatchers' own identity may call the Peer service.
+//! - only the dispatchers' own identity may call the Peer service;
+//! - the operator API asks a SubjectAccessReview on a non-resource path
+//!   ([`STATUS_PATH`], [`DRAIN_PATH`]).
 
 use std::sync::Arc;
 
@@ -15,11 +17,16 @@ use kube_dispatch_core::subscription::GroupSpec;
 use kube_dispatch_proto::credentials::Credentials;
 use kube_dispatch_runtime::{
     auth::{self, AuthConfig, Authentication, Authenticator, Caller},
-    authz::{Authorizer, AuthzConfig, ResourceAccess},
+    authz::{Access, Authorizer, AuthzConfig, ResourceAccess},
     tls::Transport,
 };
 use tonic::Status;
 use tracing::info;
+
+/// The non-resource path whose `get` lets a caller read the operator API (Status, Key).
+pub const STATUS_PATH: &str = "/kube-dispatch/status";
+/// The non-resource path whose `post` lets a caller drain a dispatcher.
+pub const DRAIN_PATH: &str = "/kube-dispatch/drain";
 
 /// The security settings of a dispatcher.
 #[derive(Clone, Debug)]
@@ -118,6 +125,28 @@ impl Guard {
         };
         authorizer
             .may_read(identity, accesses)
+            .await
+            .map_err(Status::from)
+    }
+
+    /// Ok if `caller` may `verb` the operator API's non-resource `path`. Anonymous callers
+    /// are only let through when authentication is off.
+    pub async fn may_operate(
+        &self,
+        caller: &Caller,
+        verb: &'static str,
+        path: &'static str,
+    ) -> Result<(), Status> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(());
+        };
+        let Some(identity) = caller.identity() else {
+            return Err(Status::unauthenticated(
+                "this dispatcher requires an authenticated caller",
+            ));
+        };
+        authorizer
+            .may(identity, verb, Access::Path(path))
             .await
             .map_err(Status::from)
     }

@@ -12,7 +12,10 @@ use std::{
 use kube::Client;
 use kube_dispatch_proto::{
     Ring,
-    v1::{FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer, peer_server::PeerServer},
+    v1::{
+        FILE_DESCRIPTOR_SET, dispatcher_server::DispatcherServer, operator_server::OperatorServer,
+        peer_server::PeerServer,
+    },
 };
 use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer};
 use tokio::{net::TcpListener, sync::watch};
@@ -24,7 +27,11 @@ use tracing::{info, warn};
 use crate::{
     config::{Membership, ServeConfig},
     groups::Groups,
-    grpc::{dispatcher::DispatcherService, peer::PeerService},
+    grpc::{
+        dispatcher::DispatcherService,
+        operator::{DrainHandle, DrainState, Drained, OperatorService},
+        peer::PeerService,
+    },
     housekeeping,
     k8s::{discovery::Resolver, membership, watch::Watches},
     metrics::{GroupsCollector, RingMetrics},
@@ -69,8 +76,10 @@ pub struct Handles {
 /// Serves on `listener` until `shutdown` is cancelled, then drains: health turns NOT_SERVING,
 /// nothing more is handed out, in-flight reconciles get up to `drain_timeout` to be
 /// acknowledged, the Lease is released (only if none is left in flight, so the others may take
-/// over at once), every session is closed and long-polls return. `started` receives the
-/// handles once serving.
+/// over at once), every session is closed and long-polls return. The same drain runs earlier
+/// when an operator asks for it (`kubedispatch.v1.Operator/Drain`); the server then keeps
+/// serving health and the operator API, out of the ring, until `shutdown`. `started` receives
+/// the handles once serving.
 pub async fn serve(
     config: ServeConfig,
     client: Client,
@@ -159,13 +168,16 @@ pub async fn serve(
     health
         .set_serving::<DispatcherServer<DispatcherService>>()
         .await;
+    // The drain begins on shutdown, or earlier when asked through the operator API.
+    let leave = shutdown.child_token();
+    let (drain_state, drain_rx) = watch::channel(DrainState::Serving);
     let ring_metrics = RingMetrics::new(&config.metrics);
     tokio::spawn(report_handover(
         slice_rx.clone(),
         health.clone(),
         config.readiness.clone(),
         ring_metrics,
-        shutdown.clone(),
+        leave.clone(),
     ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -179,6 +191,15 @@ pub async fn serve(
     .max_decoding_message_size(config.max_message_bytes);
     let peer = PeerServer::new(PeerService::new(groups.clone(), guard.clone()))
         .max_decoding_message_size(config.max_message_bytes);
+    let operator = OperatorServer::new(OperatorService::new(
+        groups.clone(),
+        guard.clone(),
+        DrainHandle {
+            start: leave.clone(),
+            state: drain_rx.clone(),
+            leases: matches!(config.membership, Membership::Leases(_)),
+        },
+    ));
 
     info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
     if let Some(started) = started {
@@ -189,16 +210,22 @@ pub async fn serve(
     }
 
     let timeout = config.drain_timeout;
-    let drain = {
-        let (groups, health, readiness, shutdown, stop) = (
+    let leave = {
+        let (groups, health, readiness, leave, stop) = (
             groups.clone(),
             health.clone(),
             config.readiness.clone(),
-            shutdown.clone(),
+            leave.clone(),
             stop.clone(),
         );
         async move {
-            shutdown.cancelled().await;
+            tokio::select! {
+                () = leave.cancelled() => {}
+                // serve() ended before any drain (an error): nothing to hand over.
+                () = stop.cancelled() => return,
+            }
+            let began = tokio::time::Instant::now();
+            drain_state.send_replace(DrainState::Draining);
             info!("draining: health NOT_SERVING, handing out nothing more");
             readiness.not_ready("draining");
             health
@@ -230,6 +257,23 @@ pub async fn serve(
             }
             groups.close_all();
             stop.cancel();
+            info!(took = ?began.elapsed(), "drained: out of the ring, serving nothing");
+            drain_state.send_replace(DrainState::Drained(Drained {
+                in_flight_left: left,
+                took: began.elapsed(),
+            }));
+        }
+    };
+    tokio::spawn(leave);
+    // The server stops once shut down and drained (a drain asked through the operator API
+    // leaves it serving the operator API and health until then).
+    let drained = {
+        let (shutdown, mut state) = (shutdown.clone(), drain_rx.clone());
+        async move {
+            shutdown.cancelled().await;
+            let _ = state
+                .wait_for(|s| matches!(s, DrainState::Drained(_)))
+                .await;
         }
     };
     // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
@@ -244,7 +288,8 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(dispatcher)
         .add_service(peer)
-        .serve_with_incoming_shutdown(incoming, drain);
+        .add_service(operator)
+        .serve_with_incoming_shutdown(incoming, drained);
     // The drain takes up to its timeout, the Lease release a request: allow some slack before
     // giving up on calls that are still open.
     let slack = Duration::from_secs(5);
@@ -263,7 +308,7 @@ pub async fn serve(
 }
 
 /// Keeps the overall health status, the admin endpoint's readiness and the ring metrics in
-/// step with the handover until `shutdown`.
+/// step with the handover until `shutdown` (the drain, which then owns them).
 async fn report_handover(
     mut slice: watch::Receiver<Arc<Slice>>,
     health: tonic_health::server::HealthReporter,

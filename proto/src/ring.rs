@@ -53,6 +53,13 @@ impl Ring {
         let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
         members.sort();
         members.dedup();
+        let mut ring = HashRing::with_hasher(BuildNoHashHasher::default());
+        ring.batch_add(Self::virtual_nodes(&members));
+        Self { members, ring }
+    }
+
+    /// The points of sorted, distinct `members`.
+    fn virtual_nodes(members: &[String]) -> Vec<VirtualNode> {
         let mut taken = std::collections::HashSet::new();
         let mut nodes = Vec::with_capacity(members.len() * Self::VIRTUAL_NODES as usize);
         for (index, member) in members.iter().enumerate() {
@@ -68,9 +75,7 @@ impl Ring {
                 }
             }
         }
-        let mut ring = HashRing::with_hasher(BuildNoHashHasher::default());
-        ring.batch_add(nodes);
-        Self { members, ring }
+        nodes
     }
 
     /// The members, sorted.
@@ -95,6 +100,34 @@ impl Ring {
     pub fn owner(&self, key: &RequestKey) -> Option<&str> {
         self.owner_of_hash(key.hash64())
     }
+
+    /// The share of the key-hash space `member` owns, from 0 to 1: the arcs that end at its
+    /// points, each running from the point before. 0 for a member not on the ring.
+    pub fn share(&self, member: &str) -> f64 {
+        let Ok(index) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
+            return 0.0;
+        };
+        let mut points = Self::virtual_nodes(&self.members);
+        points.sort_unstable_by_key(|n| n.point);
+        let Some(last) = points.last().map(|n| n.point) else {
+            return 0.0;
+        };
+        if points.len() == 1 {
+            return 1.0;
+        }
+        // A key belongs to the first point at or after its hash: each point owns the arc from
+        // the point before it, and the first point the arc that wraps around from the last.
+        let mut previous = last;
+        let mut owned: u128 = 0;
+        for node in &points {
+            if node.member == index {
+                owned += u128::from(node.point.wrapping_sub(previous));
+            }
+            previous = node.point;
+        }
+        // The arcs sum to 2^64.
+        owned as f64 / 18_446_744_073_709_551_616.0
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +137,33 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn shares_cover_the_hash_space_once() {
+        let ring = Ring::new(["dispatcher-0", "dispatcher-1", "dispatcher-2"]);
+        let shares: Vec<f64> = ring.members().iter().map(|m| ring.share(m)).collect();
+        let total: f64 = shares.iter().sum();
+        assert!((total - 1.0).abs() < 1e-9, "{shares:?}");
+        // 128 points each: every share is near a third.
+        assert!(shares.iter().all(|s| (0.2..0.46).contains(s)), "{shares:?}");
+        // A sample of key hashes lands on each member in about its share.
+        let mut counts: HashMap<&str, u32> = HashMap::new();
+        for i in 0..30_000u32 {
+            *counts
+                .entry(ring.owner_of_hash(hash64(&i.to_le_bytes())).unwrap())
+                .or_default() += 1;
+        }
+        for (member, share) in ring.members().iter().zip(&shares) {
+            let sampled = f64::from(counts[member.as_str()]) / 30_000.0;
+            assert!(
+                (sampled - share).abs() < 0.02,
+                "{member}: {sampled} vs {share}"
+            );
+        }
+        assert_eq!(Ring::new(["only"]).share("only"), 1.0);
+        assert_eq!(ring.share("dispatcher-9"), 0.0);
+        assert_eq!(Ring::new(Vec::<String>::new()).share("x"), 0.0);
+    }
 
     #[derive(serde::Deserialize)]
     struct Vectors {

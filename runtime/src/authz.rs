@@ -3,12 +3,13 @@
 //! keeps each decision in a bounded cache for [`AuthzConfig::recheck`] (a denial for
 //! [`AuthzConfig::denial_ttl`], so a new RoleBinding takes effect quickly), with one review per
 //! question in flight: review traffic grows with identities and resources, never with the rate
-//! of calls.
+//! of calls. The same reviews guard the operator API, on non-resource paths
+//! ([`Authorizer::may`] with [`Access::Path`]).
 
 use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::{Api, Client, api::PostParams};
 use tonic::Status;
@@ -46,6 +47,25 @@ impl std::fmt::Display for ResourceAccess {
     }
 }
 
+/// What a caller asks to do something to: a resource, or a non-resource path (as a
+/// ClusterRole's `nonResourceURLs` grants it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// A resource, in a namespace or in every namespace.
+    Resource(ResourceAccess),
+    /// A non-resource path, for example `/kube-dispatch/status`.
+    Path(&'static str),
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Resource(r) => r.fmt(f),
+            Self::Path(path) => f.write_str(path),
+        }
+    }
+}
+
 /// Settings of the authorizer. The defaults are the binaries' flags' defaults.
 #[derive(Clone, Debug)]
 pub struct AuthzConfig {
@@ -72,22 +92,30 @@ impl Default for AuthzConfig {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     /// The API server said no.
-    #[error(
-        "{user} may not {verb} {access}{reason}: grant it with a Role or ClusterRole, as its own informer would need"
-    )]
+    #[error("{user} may not {verb} {access}{reason}: {}", grant_hint(access))]
     Denied {
         /// The caller.
         user: String,
         /// The verb refused.
         verb: &'static str,
         /// What was asked.
-        access: ResourceAccess,
+        access: Access,
         /// The authorizer's reason, if it gave one (with a leading separator).
         reason: String,
     },
     /// The review could not be made; the call may be retried.
     #[error("cannot check access now: {0}")]
     Unavailable(String),
+}
+
+/// How to grant what was refused.
+fn grant_hint(access: &Access) -> &'static str {
+    match access {
+        Access::Resource(_) => {
+            "grant it with a Role or ClusterRole, as its own informer would need"
+        }
+        Access::Path(_) => "grant it with a ClusterRole's nonResourceURLs",
+    }
 }
 
 impl From<Refused> for Status {
@@ -99,7 +127,7 @@ impl From<Refused> for Status {
     }
 }
 
-type Question = (Arc<Identity>, &'static str, ResourceAccess);
+type Question = (Arc<Identity>, &'static str, Access);
 
 #[derive(Clone, Debug)]
 struct Decision {
@@ -162,49 +190,74 @@ impl Authorizer {
     ) -> Result<(), Refused> {
         for access in accesses {
             for verb in READ_VERBS {
-                let question = (who.clone(), verb, access.clone());
-                let decision = self
-                    .cache
-                    .try_get_with(question, self.review(who, verb, access))
-                    .await
-                    .map_err(|e: Arc<Refused>| (*e).clone())?;
-                if !decision.allowed {
-                    return Err(Refused::Denied {
-                        user: who.username.clone(),
-                        verb,
-                        access: access.clone(),
-                        reason: if decision.reason.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", decision.reason)
-                        },
-                    });
-                }
+                self.may(who, verb, Access::Resource(access.clone()))
+                    .await?;
             }
         }
         Ok(())
+    }
+
+    /// Ok if `who` may `verb` `access`.
+    pub async fn may(
+        &self,
+        who: &Arc<Identity>,
+        verb: &'static str,
+        access: Access,
+    ) -> Result<(), Refused> {
+        let question = (who.clone(), verb, access.clone());
+        let decision = self
+            .cache
+            .try_get_with(question, self.review(who, verb, &access))
+            .await
+            .map_err(|e: Arc<Refused>| (*e).clone())?;
+        if decision.allowed {
+            return Ok(());
+        }
+        Err(Refused::Denied {
+            user: who.username.clone(),
+            verb,
+            access,
+            reason: if decision.reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", decision.reason)
+            },
+        })
     }
 
     async fn review(
         &self,
         who: &Identity,
         verb: &str,
-        access: &ResourceAccess,
+        access: &Access,
     ) -> Result<Decision, Refused> {
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(who.username.clone()),
-                uid: (!who.uid.is_empty()).then(|| who.uid.clone()),
-                groups: Some(who.groups.clone()),
-                extra: (!who.extra.is_empty()).then(|| who.extra.clone()),
-                resource_attributes: Some(ResourceAttributes {
+        let (resource_attributes, non_resource_attributes) = match access {
+            Access::Resource(access) => (
+                Some(ResourceAttributes {
                     verb: Some(verb.to_owned()),
                     group: Some(access.group.clone()),
                     resource: Some(access.resource.clone()),
                     namespace: (!access.namespace.is_empty()).then(|| access.namespace.clone()),
                     ..ResourceAttributes::default()
                 }),
-                ..SubjectAccessReviewSpec::default()
+                None,
+            ),
+            Access::Path(path) => (
+                None,
+                Some(NonResourceAttributes {
+                    verb: Some(verb.to_owned()),
+                    path: Some((*path).to_owned()),
+                }),
+            ),
+        };
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(who.username.clone()),
+                uid: (!who.uid.is_empty()).then(|| who.uid.clone()),
+                groups: Some(who.groups.clone()),
+                extra: (!who.extra.is_empty()).then(|| who.extra.clone()),
+                resource_attributes,
+                non_resource_attributes,
             },
             ..SubjectAccessReview::default()
         };
@@ -232,11 +285,11 @@ mod tests {
         let e = Refused::Denied {
             user: "system:serviceaccount:team:hasher".into(),
             verb: "watch",
-            access: ResourceAccess {
+            access: Access::Resource(ResourceAccess {
                 group: "apps".into(),
                 resource: "deployments".into(),
                 namespace: "team".into(),
-            },
+            }),
             reason: String::new(),
         };
         let status = Status::from(e);
@@ -254,5 +307,15 @@ mod tests {
             namespace: String::new(),
         };
         assert_eq!(everywhere.to_string(), "configmaps in every namespace");
+        let path = Refused::Denied {
+            user: "alice".into(),
+            verb: "post",
+            access: Access::Path("/kube-dispatch/drain"),
+            reason: String::new(),
+        };
+        assert_eq!(
+            path.to_string(),
+            "alice may not post /kube-dispatch/drain: grant it with a ClusterRole's nonResourceURLs"
+        );
     }
 }

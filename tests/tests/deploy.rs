@@ -53,6 +53,7 @@ fn can(subject: &str, verb: &str, resource: &str, namespace: &str) -> bool {
 const DISPATCHER: &str = "kube-dispatch:kube-dispatch-dispatcher";
 const LOADBALANCER: &str = "kube-dispatch:kube-dispatch-loadbalancer";
 const CONTROLLER: &str = "configmap-hasher:configmap-hasher";
+const KDCTL: &str = "kube-dispatch:kdctl";
 
 #[tokio::test]
 async fn manifests_apply_and_grant_least_privilege() -> TestResult {
@@ -127,6 +128,14 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (CONTROLLER, "delete", "configmaps", "default", false),
         (CONTROLLER, "get", "secrets", "default", false),
         (CONTROLLER, "get", "leases", "kube-dispatch", false),
+        // kdctl's account: the operator API, nothing else; controllers may not drain.
+        (KDCTL, "get", "/kube-dispatch/status", "", true),
+        (KDCTL, "post", "/kube-dispatch/drain", "", true),
+        (KDCTL, "get", "/kube-dispatch/drain", "", false),
+        (KDCTL, "list", "configmaps", "", false),
+        (KDCTL, "list", "leases", "kube-dispatch", false),
+        (CONTROLLER, "post", "/kube-dispatch/drain", "", false),
+        (DISPATCHER, "post", "/kube-dispatch/drain", "", false),
     ];
     let wrong: Vec<String> = expectations
         .iter()

@@ -257,6 +257,44 @@ pub struct QueueFigures {
     pub counts: QueueCounts,
 }
 
+/// Where a key stands in a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// Known; nothing to do until a change or a resync.
+    Idle,
+    /// Ready for delivery.
+    Queued,
+    /// Handed to a session and not yet acknowledged.
+    InFlight,
+    /// Failed; waiting for its backoff.
+    BackingOff,
+    /// Acknowledged with a requeue-after; waiting for the delay.
+    RequeueAfter,
+}
+
+/// What a queue knows of one key at one instant, for operators ([`GroupQueue::key_status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyStatus {
+    /// Where it stands.
+    pub state: KeyState,
+    /// Queued: the replica whose session it is assigned to (none while the group has no
+    /// session); in flight: the replica reconciling it.
+    pub replica: Option<String>,
+    /// In flight: how long it has been out; queued: how long it has waited, when known;
+    /// backing off or requeued: how long until it is ready again.
+    pub wait: Option<Duration>,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// In flight, with a change since: it is queued once more when acknowledged.
+    pub changed_in_flight: bool,
+    /// In flight, and the ring moved it away: forgotten here when acknowledged.
+    pub leaving: bool,
+    /// Whether the object was last seen deleted.
+    pub deleted: bool,
+    /// The last resourceVersion seen.
+    pub resource_version: String,
+}
+
 /// The work queue of one group.
 #[derive(Debug)]
 pub struct GroupQueue {
@@ -342,6 +380,71 @@ impl GroupQueue {
             longest,
             counts: self.counts,
         }
+    }
+
+    /// What the queue knows of `key` at `now`; `None` for a key it does not know. A queued
+    /// key's waiting time costs a pass over its session's ready keys.
+    pub fn key_status(&self, key: &str, now: Instant) -> Option<KeyStatus> {
+        let entry = self.entries.get(key)?;
+        let timer = || {
+            self.timer_slots
+                .get(key)
+                .map(|(at, _)| at.saturating_duration_since(now))
+        };
+        let mut status = KeyStatus {
+            state: KeyState::Idle,
+            replica: None,
+            wait: None,
+            failures: entry.failures,
+            changed_in_flight: false,
+            leaving: false,
+            deleted: entry.deleted,
+            resource_version: entry.resource_version.to_string(),
+        };
+        match entry.state {
+            State::Idle => {}
+            State::Ready { .. } => {
+                status.state = KeyState::Queued;
+                let assigned = self.assign(key);
+                let ready = match assigned.and_then(|id| self.sessions.get(&id)) {
+                    Some(session) => {
+                        status.replica = Some(session.replica.clone());
+                        &session.ready
+                    }
+                    None => &self.unassigned,
+                };
+                status.wait = ready
+                    .iter()
+                    .find(|q| &*q.key == key)
+                    .and_then(|q| q.since)
+                    .map(|since| now.saturating_duration_since(since));
+            }
+            State::InFlight {
+                session,
+                delivery,
+                dirty,
+            } => {
+                status.state = KeyState::InFlight;
+                status.changed_in_flight = dirty;
+                status.leaving = self.leaving.contains(key);
+                if let Some(s) = self.sessions.get(&session) {
+                    status.replica = Some(s.replica.clone());
+                    status.wait = s
+                        .in_flight
+                        .get(&delivery)
+                        .map(|(_, taken)| now.saturating_duration_since(*taken));
+                }
+            }
+            State::Delayed => {
+                status.state = if entry.reason == Reason::Retry {
+                    KeyState::BackingOff
+                } else {
+                    KeyState::RequeueAfter
+                };
+                status.wait = timer();
+            }
+        }
+        Some(status)
     }
 
     /// Number of keys the queue knows.

@@ -745,3 +745,63 @@ proptest! {
         prop_assert_eq!(q.body_bytes(), 0);
     }
 }
+
+#[test]
+fn key_status_follows_a_key_through_every_state() {
+    let t0 = Instant::now();
+    let mut q = queue();
+    assert_eq!(q.key_status("k", t0), None);
+    // Queued with no session: no replica, waiting since it was made ready.
+    q.at(t0).change("k", change(Reason::Added, 1));
+    let s = q.key_status("k", t0 + 3 * MS).unwrap();
+    assert_eq!(
+        (s.state, s.replica, s.wait, s.resource_version.as_str()),
+        (KeyState::Queued, None, Some(3 * MS), "1")
+    );
+    // Assigned to replica a once it has a session.
+    q.add_session(1, "a");
+    let s = q.key_status("k", t0 + 4 * MS).unwrap();
+    assert_eq!(
+        (s.state, s.replica.as_deref()),
+        (KeyState::Queued, Some("a"))
+    );
+    // In flight on a; a change meanwhile is shown.
+    let d = q.take(1, 1, t0 + 5 * MS);
+    q.change("k", change(Reason::Modified, 2));
+    let s = q.key_status("k", t0 + 9 * MS).unwrap();
+    assert_eq!(
+        (s.state, s.replica.as_deref(), s.wait, s.changed_in_flight),
+        (KeyState::InFlight, Some("a"), Some(4 * MS), true)
+    );
+    // The change is delivered after the ack; its failure backs the key off.
+    q.ack(1, d[0].id, Outcome::Success, t0 + 10 * MS);
+    let d = q.take(1, 1, t0 + 10 * MS);
+    q.ack(1, d[0].id, Outcome::Failure, t0 + 11 * MS);
+    let s = q.key_status("k", t0 + 12 * MS).unwrap();
+    assert_eq!(
+        (s.state, s.failures, s.wait),
+        (KeyState::BackingOff, 1, Some(4 * MS)),
+        "the first backoff is 5 ms, 1 ms of it gone"
+    );
+    // Delivered again and requeued: waiting for the requeue-after, failures reset.
+    q.advance(t0 + 16 * MS);
+    let d = q.take(1, 1, t0 + 16 * MS);
+    q.ack(
+        1,
+        d[0].id,
+        Outcome::Requeue(Duration::from_secs(30)),
+        t0 + 17 * MS,
+    );
+    let s = q.key_status("k", t0 + 17 * MS).unwrap();
+    assert_eq!(
+        (s.state, s.failures, s.wait),
+        (KeyState::RequeueAfter, 0, Some(Duration::from_secs(30)))
+    );
+    // Delivered and settled: idle.
+    q.advance(t0 + Duration::from_secs(31));
+    let d = q.take(1, 1, t0 + Duration::from_secs(31));
+    q.ack(1, d[0].id, Outcome::Success, t0 + Duration::from_secs(31));
+    let s = q.key_status("k", t0 + Duration::from_secs(31)).unwrap();
+    assert_eq!((s.state, s.wait, s.deleted), (KeyState::Idle, None, false));
+    q.check();
+}

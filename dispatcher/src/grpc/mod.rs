@@ -2,7 +2,9 @@
 //! `tonic::Status`, nothing else.
 //!
 //! - [`dispatcher`]: the API controllers call (sessions, long-polls, acks);
-//! - [`peer`]: the API dispatchers call on each other (remembered deletions), and the asking.
+//! - [`peer`]: the API dispatchers call on each other (remembered deletions), and the asking;
+//! - [`operator`]: the API operators call (status, where a key stands, drain).
 
 pub mod dispatcher;
+pub mod operator;
 pub mod peer;

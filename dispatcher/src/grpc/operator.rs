@@ -1,0 +1,221 @@
+//! The operator API (`proto/kubedispatch/v1/operator.proto`), which `kdctl` calls: what this
+//! dispatcher serves and holds, where one key stands, and the drain that hands its slice over
+//! before maintenance. Each call is authorized by a SubjectAccessReview on a non-resource path
+//! ([`crate::security::STATUS_PATH`], [`crate::security::DRAIN_PATH`]).
+
+use std::{sync::Arc, time::Duration};
+
+use kube_dispatch_core::queue::{KeyState as QueueKeyState, KeyStatus};
+use kube_dispatch_proto::{
+    RequestKey,
+    v1::{
+        DispatcherState, DrainRequest, DrainResponse, GroupStatus, KeyInGroup, KeyRequest,
+        KeyResponse, KeyState, StatusRequest, StatusResponse, operator_server,
+    },
+};
+use kube_dispatch_runtime::auth::Caller;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::info;
+
+use crate::{
+    groups::Groups,
+    security::{DRAIN_PATH, Guard, STATUS_PATH},
+};
+
+/// Where this dispatcher's drain stands: set by the drain in `crate::serve`, read by the
+/// operator API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainState {
+    /// Not draining.
+    Serving,
+    /// Handing nothing more out; waiting for deliveries in flight.
+    Draining,
+    /// Out of the ring, serving nothing.
+    Drained(Drained),
+}
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    /// Deliveries still in flight when the drain timeout ran out (0: the Lease was released).
+    pub in_flight_left: usize,
+    /// How long it took.
+    pub took: Duration,
+}
+
+/// The drain as the operator API sees it: the token that starts it and its state.
+#[derive(Clone, Debug)]
+pub struct DrainHandle {
+    /// Cancelled to start the drain (also by the dispatcher's shutdown).
+    pub start: CancellationToken,
+    /// Where it stands.
+    pub state: watch::Receiver<DrainState>,
+    /// Whether the ring comes from Leases (a fixed ring has nobody to hand over to).
+    pub leases: bool,
+}
+
+/// The gRPC service operators call.
+#[derive(Debug)]
+pub struct OperatorService {
+    groups: Arc<Groups>,
+    guard: Arc<Guard>,
+    drain: DrainHandle,
+}
+
+impl OperatorService {
+    /// A service over `groups` and `drain`, for the callers `guard` admits.
+    pub fn new(groups: Arc<Groups>, guard: Arc<Guard>, drain: DrainHandle) -> Self {
+        Self {
+            groups,
+            guard,
+            drain,
+        }
+    }
+
+    fn state(&self) -> DispatcherState {
+        match *self.drain.state.borrow() {
+            DrainState::Draining => DispatcherState::Draining,
+            DrainState::Drained(_) => DispatcherState::Drained,
+            DrainState::Serving if self.groups.slice().is_settled() => DispatcherState::Serving,
+            DrainState::Serving => DispatcherState::Handover,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl operator_server::Operator for OperatorService {
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        self.guard
+            .may_operate(&Caller::of(&request), "get", STATUS_PATH)
+            .await?;
+        let slice = self.groups.slice();
+        let identity = self.groups.identity();
+        let mut groups: Vec<GroupStatus> = self
+            .groups
+            .all()
+            .iter()
+            .map(|group| {
+                let figures = group.figures();
+                let replicas = group.replicas();
+                GroupStatus {
+                    group: group.name.clone(),
+                    sessions: u32::try_from(replicas.len()).unwrap_or(u32::MAX),
+                    replicas,
+                    keys: figures.queue.keys as u64,
+                    ready: figures.queue.ready as u64,
+                    in_flight: figures.queue.in_flight as u64,
+                    delayed: figures.queue.delayed as u64,
+                    held_deletions: figures.held as u64,
+                    longest_in_flight: Some(duration(figures.queue.longest)),
+                }
+            })
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        let state = self.state();
+        Ok(Response::new(StatusResponse {
+            dispatcher_id: identity.to_owned(),
+            state: state as i32,
+            members: slice.ring.members().to_vec(),
+            settled_members: slice
+                .settled
+                .as_ref()
+                .map(|r| r.members().to_vec())
+                .unwrap_or_default(),
+            slice_share: if state == DispatcherState::Drained {
+                0.0
+            } else {
+                slice.ring.share(identity)
+            },
+            in_flight: groups.iter().map(|g| g.in_flight).sum(),
+            groups,
+        }))
+    }
+
+    async fn key(&self, request: Request<KeyRequest>) -> Result<Response<KeyResponse>, Status> {
+        self.guard
+            .may_operate(&Caller::of(&request), "get", STATUS_PATH)
+            .await?;
+        let text = request.into_inner().key;
+        let key = RequestKey::parse(&text).map_err(|e| {
+            Status::invalid_argument(format!(
+                "{text:?} is not a request key (<api-group>/<Kind>/<namespace>/<name>): {e}"
+            ))
+        })?;
+        let slice = self.groups.slice();
+        let mut groups: Vec<KeyInGroup> = self
+            .groups
+            .all()
+            .iter()
+            .filter_map(|group| Some(key_in_group(&group.name, group.key_status(&text)?)))
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(Response::new(KeyResponse {
+            dispatcher_id: self.groups.identity().to_owned(),
+            ring_owner: slice.ring.owner(&key).unwrap_or_default().to_owned(),
+            served: slice.serves(&key) && matches!(*self.drain.state.borrow(), DrainState::Serving),
+            groups,
+            state: self.state() as i32,
+        }))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<DrainRequest>,
+    ) -> Result<Response<DrainResponse>, Status> {
+        let caller = Caller::of(&request);
+        self.guard.may_operate(&caller, "post", DRAIN_PATH).await?;
+        if !self.drain.leases {
+            return Err(Status::failed_precondition(
+                "this dispatcher's ring is fixed (--members): there is no other member to hand its keys to; stop it instead",
+            ));
+        }
+        if !self.drain.start.is_cancelled() {
+            info!(caller = %caller.name(), "drain requested through the operator API");
+            self.drain.start.cancel();
+        }
+        let mut state = self.drain.state.clone();
+        let drained = state
+            .wait_for(|s| matches!(s, DrainState::Drained(_)))
+            .await
+            .map_err(|_| Status::unavailable("the dispatcher stopped while draining"))?;
+        let DrainState::Drained(drained) = *drained else {
+            unreachable!("waited for Drained");
+        };
+        Ok(Response::new(DrainResponse {
+            dispatcher_id: self.groups.identity().to_owned(),
+            clean: drained.in_flight_left == 0,
+            in_flight_left: drained.in_flight_left as u64,
+            took: Some(duration(drained.took)),
+        }))
+    }
+}
+
+/// A key's status in `group`, on the wire.
+fn key_in_group(group: &str, status: KeyStatus) -> KeyInGroup {
+    KeyInGroup {
+        group: group.to_owned(),
+        state: match status.state {
+            QueueKeyState::Idle => KeyState::Idle,
+            QueueKeyState::Queued => KeyState::Queued,
+            QueueKeyState::InFlight => KeyState::InFlight,
+            QueueKeyState::BackingOff => KeyState::BackingOff,
+            QueueKeyState::RequeueAfter => KeyState::RequeueAfter,
+        } as i32,
+        replica: status.replica.unwrap_or_default(),
+        wait: status.wait.map(duration),
+        failures: status.failures,
+        changed_in_flight: status.changed_in_flight,
+        deleted: status.deleted,
+        resource_version: status.resource_version,
+        leaving: status.leaving,
+    }
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration::try_from(d).unwrap_or_default()
+}

@@ -1,0 +1,201 @@
+//! How kdctl finds the dispatchers and what it shows them: the dispatcher Leases name each
+//! member and its address, and every call carries TLS and a ServiceAccount token like any other
+//! client of the tier (`proto/kubedispatch/v1/security.md`).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    coordination::v1::Lease,
+    core::v1::ServiceAccount,
+};
+use kube::{Api, Client, ResourceExt, api::ListParams};
+use kube_dispatch_proto::{
+    credentials::{AuthChannel, Credentials},
+    lease::{ADDRESS_ANNOTATION, LEASE_LABEL},
+    v1::operator_client::OperatorClient,
+};
+
+/// Where kdctl's token comes from.
+#[derive(Clone, Debug)]
+pub enum TokenSource {
+    /// A file holding a token for the tier's audience.
+    File(PathBuf),
+    /// A short-lived token minted with TokenRequest for this ServiceAccount
+    /// (`namespace`, `name`), as `kubectl create token` does.
+    ServiceAccount {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// No token: for dispatchers run with `--allow-anonymous`.
+    None,
+}
+
+/// How to reach the dispatchers.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Namespace of the dispatcher Leases.
+    pub namespace: String,
+    /// Dispatchers to ask, as `name=host:port` or `host:port`; empty: every Lease holder.
+    pub dispatchers: Vec<String>,
+    /// TLS (CA bundle, server name) or plaintext.
+    pub credentials: Credentials,
+    /// Where the token comes from.
+    pub token: TokenSource,
+    /// The audience minted tokens are for.
+    pub audience: String,
+    /// The longest one call may take (a drain waits longer: its own timeout).
+    pub timeout: Duration,
+}
+
+/// One dispatcher: its name and address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Its identity (the Lease name), or its address when given without one.
+    pub name: String,
+    /// `host:port`.
+    pub address: String,
+}
+
+/// A connected kdctl: the Kubernetes client and the credentials every call carries.
+#[derive(Clone)]
+pub struct Connection {
+    client: Client,
+    target: Target,
+    credentials: Credentials,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An Operator client with kdctl's credentials.
+pub type Operator = OperatorClient<AuthChannel>;
+
+impl Connection {
+    /// Readies the credentials: mints a token when asked to.
+    pub async fn new(client: Client, target: Target) -> anyhow::Result<Self> {
+        let credentials = match &target.token {
+            TokenSource::File(path) => target.credentials.clone().with_token_file(path),
+            TokenSource::ServiceAccount { namespace, name } => {
+                let token = mint_token(&client, namespace, name, &target.audience).await?;
+                target.credentials.clone().with_token(token)
+            }
+            TokenSource::None => target.credentials.clone(),
+        };
+        Ok(Self {
+            client,
+            target,
+            credentials,
+        })
+    }
+
+    /// The Kubernetes client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The longest one call may take.
+    pub fn timeout(&self) -> Duration {
+        self.target.timeout
+    }
+
+    /// The dispatchers to ask, sorted by name: those given, else every dispatcher Lease in the
+    /// namespace that names an address.
+    pub async fn members(&self) -> anyhow::Result<Vec<Member>> {
+        if !self.target.dispatchers.is_empty() {
+            let mut members: Vec<Member> = self
+                .target
+                .dispatchers
+                .iter()
+                .map(|d| match d.split_once('=') {
+                    Some((name, address)) => Member {
+                        name: name.to_owned(),
+                        address: address.to_owned(),
+                    },
+                    None => Member {
+                        name: d.clone(),
+                        address: d.clone(),
+                    },
+                })
+                .collect();
+            members.sort_by(|a, b| a.name.cmp(&b.name));
+            return Ok(members);
+        }
+        let namespace = &self.target.namespace;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let list = leases
+            .list(&ListParams::default().labels(&format!("{LEASE_LABEL}=true")))
+            .await
+            .with_context(|| {
+                format!("cannot list the dispatcher Leases in namespace {namespace}")
+            })?;
+        let mut members: Vec<Member> = list
+            .items
+            .iter()
+            .filter_map(|lease| {
+                Some(Member {
+                    name: lease.name_any(),
+                    address: lease.annotations().get(ADDRESS_ANNOTATION)?.clone(),
+                })
+            })
+            .collect();
+        if members.is_empty() {
+            bail!(
+                "no dispatcher Lease (label {LEASE_LABEL}=true, with an address) in namespace {namespace}: are the dispatchers running there? (--namespace, or --dispatcher ADDRESS)"
+            );
+        }
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(members)
+    }
+
+    /// An Operator client for `member`.
+    pub fn operator(&self, member: &Member) -> anyhow::Result<Operator> {
+        let endpoint = self
+            .credentials
+            .endpoint(&member.address)
+            .with_context(|| format!("bad address {:?} for {}", member.address, member.name))?
+            .connect_timeout(self.target.timeout);
+        Ok(OperatorClient::with_interceptor(
+            endpoint.connect_lazy(),
+            self.credentials.bearer(),
+        ))
+    }
+}
+
+/// A token for `namespace/name` with `audience`, valid for 10 minutes.
+async fn mint_token(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    audience: &str,
+) -> anyhow::Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.to_owned()]),
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let minted = accounts
+        .create_token_request(name, &Default::default(), &request)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot create a token for ServiceAccount {namespace}/{name} (audience {audience}): it must exist and you must be allowed to create serviceaccounts/token there (--service-account, or --token-file)"
+            )
+        })?;
+    minted
+        .status
+        .and_then(|s| s.token)
+        .context("the API server answered the TokenRequest without a token")
+}

@@ -1,0 +1,248 @@
+//! The `kdctl` binary: flags, output and exit codes; the rest is the library.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use kdctl::{
+    command,
+    connect::{Connection, Target, TokenSource},
+    view::Render,
+};
+use kube_dispatch_proto::credentials::Credentials;
+
+/// Exit status when the command did what was asked and everything it saw is healthy.
+const OK: u8 = 0;
+/// Exit status when the command could not do what was asked (nothing found, refused, a drain
+/// that did not complete cleanly). Usage errors exit with 2.
+const FAILED: u8 = 1;
+/// Exit status when the answer is complete but shows a problem: a dispatcher that did not
+/// answer, a handover under way, dispatchers that disagree on the ring.
+const DEGRADED: u8 = 3;
+
+/// kdctl: see inside a kube-dispatch tier and operate it.
+///
+/// Finds the dispatchers through their Leases (label kube-dispatch.dev/dispatcher=true in
+/// --namespace, read with your kubeconfig) and calls each one's operator API over TLS with a
+/// ServiceAccount token, as every client of the tier does. By default the token is minted for
+/// the ServiceAccount --service-account (you need the right to create serviceaccounts/token
+/// there); that account needs a ClusterRole granting `get` on the non-resource URL
+/// /kube-dispatch/status (status, owner) and `post` on /kube-dispatch/drain (drain), as
+/// deploy/base/kdctl.yaml defines.
+///
+/// Exit status: 0 done and healthy; 1 could not do what was asked; 2 bad usage; 3 answered,
+/// with a problem shown (a dispatcher unreachable, a handover under way, rings that differ).
+///
+/// Every flag can also be set through the environment variable named in brackets. Durations
+/// take units: 500ms, 10s, 5m.
+#[derive(Debug, Parser)]
+#[command(name = "kdctl", version, about, long_about)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Output: a table for people, or JSON for scripts (the same fields).
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+
+    /// Path to the kubeconfig; defaults to KUBECONFIG, ~/.kube/config or the in-cluster
+    /// configuration.
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    /// Namespace of the dispatcher Leases (the dispatchers' namespace).
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "KD_LEASE_NAMESPACE",
+        default_value = "kube-dispatch"
+    )]
+    namespace: String,
+
+    /// Ask this dispatcher instead of those the Leases name: [NAME=]HOST:PORT, repeated (for
+    /// example through `kubectl port-forward`).
+    #[arg(long = "dispatcher", global = true, value_name = "[NAME=]HOST:PORT")]
+    dispatchers: Vec<String>,
+
+    /// CA bundle (PEM) the dispatchers' certificates chain to. Required unless --insecure.
+    #[arg(long, global = true, env = "KD_TLS_CA_FILE")]
+    tls_ca_file: Option<PathBuf>,
+
+    /// The name the dispatchers' certificates carry, checked instead of the address's host
+    /// (the Leases give pod IPs), for example kube-dispatch.kube-dispatch.svc.
+    #[arg(long, global = true, env = "KD_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+
+    /// Plaintext, for dispatchers run with --insecure only: anyone on the path reads the calls
+    /// and the token.
+    #[arg(long, global = true, env = "KD_INSECURE")]
+    insecure: bool,
+
+    /// A file holding a token for the tier's audience, instead of minting one.
+    #[arg(
+        long,
+        global = true,
+        env = "KD_TOKEN_FILE",
+        conflicts_with = "allow_anonymous"
+    )]
+    token_file: Option<PathBuf>,
+
+    /// The ServiceAccount (NAMESPACE/NAME) a token is minted for, valid 10 minutes.
+    #[arg(
+        long,
+        global = true,
+        env = "KD_SERVICE_ACCOUNT",
+        default_value = "kube-dispatch/kdctl",
+        value_name = "NAMESPACE/NAME"
+    )]
+    service_account: String,
+
+    /// The audience of a minted token: the dispatchers' --token-audience.
+    #[arg(
+        long,
+        global = true,
+        env = "KD_TOKEN_AUDIENCE",
+        default_value = "kube-dispatch"
+    )]
+    token_audience: String,
+
+    /// Send no token, for dispatchers run with --allow-anonymous.
+    #[arg(long, global = true, env = "KD_ALLOW_ANONYMOUS")]
+    allow_anonymous: bool,
+
+    /// The longest one call to a dispatcher may take.
+    #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Each dispatcher's state, ring and slice share, and each group's queue on each
+    /// dispatcher: keys, ready, in flight, backing off, held, sessions and their replicas.
+    Status,
+    /// Which dispatcher owns a key, and where it stands in each group there: idle, queued for
+    /// which replica, in flight on which replica and for how long, backing off until when.
+    Owner {
+        /// The kind: a Kind or plural, optionally with its API group (ConfigMap, configmaps,
+        /// deployments.apps).
+        resource: String,
+        /// NAMESPACE/NAME, or NAME for a cluster-scoped kind.
+        name: String,
+    },
+    /// Hands a dispatcher's slice over to the others before maintenance: it hands nothing more
+    /// out, waits for its reconciles in flight, releases its Lease and closes its sessions;
+    /// kdctl then waits until every other dispatcher serves the ring without it, and says so.
+    /// The dispatcher stays out of the ring until it restarts.
+    Drain {
+        /// The dispatcher, by name (for example dispatcher-2).
+        dispatcher: String,
+        /// The longest to wait for the drain and for the others to settle.
+        #[arg(long = "drain-timeout", default_value = "5m", value_parser = humantime::parse_duration)]
+        drain_timeout: Duration,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("kdctl: {e:#}");
+            ExitCode::from(FAILED)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<u8> {
+    let credentials = if args.insecure {
+        Credentials::plaintext()
+    } else {
+        let Some(ca) = &args.tls_ca_file else {
+            bail!(
+                "--tls-ca-file is required: the CA bundle the dispatchers' certificates chain to (or --insecure for plaintext dispatchers)"
+            );
+        };
+        let credentials = Credentials::tls(ca);
+        match &args.tls_server_name {
+            Some(name) => credentials.with_server_name(name),
+            None => credentials,
+        }
+    };
+    let token = match (&args.token_file, args.allow_anonymous) {
+        (Some(path), _) => TokenSource::File(path.clone()),
+        (None, true) => TokenSource::None,
+        (None, false) => {
+            let Some((namespace, name)) = args.service_account.split_once('/') else {
+                bail!(
+                    "--service-account must be NAMESPACE/NAME, not {:?}",
+                    args.service_account
+                );
+            };
+            TokenSource::ServiceAccount {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }
+        }
+    };
+    let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
+    let connection = Connection::new(
+        client,
+        Target {
+            namespace: args.namespace,
+            dispatchers: args.dispatchers,
+            credentials,
+            token,
+            audience: args.token_audience,
+            timeout: args.timeout,
+        },
+    )
+    .await?;
+    let json = args.output == Output::Json;
+    match args.command {
+        Command::Status => {
+            let view = command::status(&connection).await?;
+            print(&view, json)?;
+            Ok(if view.healthy { OK } else { DEGRADED })
+        }
+        Command::Owner { resource, name } => {
+            let key = command::request_key(&connection, &resource, &name).await?;
+            let view = command::owner(&connection, &key).await?;
+            print(&view, json)?;
+            Ok(
+                if view.owner.is_empty() || view.answers.iter().any(|a| a.error.is_some()) {
+                    DEGRADED
+                } else {
+                    OK
+                },
+            )
+        }
+        Command::Drain {
+            dispatcher,
+            drain_timeout,
+        } => {
+            let view = command::drain(&connection, &dispatcher, drain_timeout).await?;
+            print(&view, json)?;
+            Ok(if view.problems.is_empty() { OK } else { FAILED })
+        }
+    }
+}
+
+fn print<V: Render + serde::Serialize>(view: &V, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(view).context("cannot write the answer as JSON")?
+        );
+    } else {
+        print!("{}", view.table());
+    }
+    Ok(())
+}

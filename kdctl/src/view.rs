@@ -1,0 +1,398 @@
+//! What kdctl answers, as data: printed as tables for people ([`Render::table`]) or as JSON
+//! for scripts (`-o json`, the same fields).
+
+use comfy_table::{Table, presets::NOTHING};
+use serde::Serialize;
+
+/// Prints an answer for people.
+pub trait Render {
+    /// The answer as text, ending with a newline.
+    fn table(&self) -> String;
+}
+
+/// `kdctl status`: every dispatcher's view.
+#[derive(Clone, Debug, Serialize)]
+pub struct StatusView {
+    /// Each dispatcher asked, by name.
+    pub dispatchers: Vec<DispatcherView>,
+    /// Each group on each dispatcher that answered.
+    pub groups: Vec<GroupView>,
+    /// Whether every dispatcher answered, serves, and sees the same settled ring.
+    pub healthy: bool,
+    /// What is not, in words.
+    pub problems: Vec<String>,
+}
+
+/// One dispatcher in `kdctl status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DispatcherView {
+    /// Its name.
+    pub name: String,
+    /// Its address.
+    pub address: String,
+    /// `serving`, `handover`, `draining`, `drained`, or `unreachable`.
+    pub state: String,
+    /// Why it could not be asked, when unreachable.
+    pub error: Option<String>,
+    /// The ring it sees.
+    pub members: Vec<String>,
+    /// The ring whose handover completed there.
+    pub settled_members: Vec<String>,
+    /// Its share of the key-hash space (0 to 1).
+    pub slice_share: f64,
+    /// Controller groups held.
+    pub groups: usize,
+    /// Live sessions over its groups.
+    pub sessions: u64,
+    /// Keys indexed.
+    pub keys: u64,
+    /// Keys ready for delivery.
+    pub ready: u64,
+    /// Deliveries in flight.
+    pub in_flight: u64,
+    /// Keys backing off or waiting for a requeue-after.
+    pub delayed: u64,
+}
+
+/// One group on one dispatcher in `kdctl status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupView {
+    /// The controller group.
+    pub group: String,
+    /// The dispatcher.
+    pub dispatcher: String,
+    /// Replicas with a live session there.
+    pub replicas: Vec<String>,
+    /// Keys indexed.
+    pub keys: u64,
+    /// Keys ready for delivery (`workqueue_depth`).
+    pub ready: u64,
+    /// Deliveries in flight.
+    pub in_flight: u64,
+    /// Keys backing off or waiting for a requeue-after.
+    pub delayed: u64,
+    /// Deletions held for a handover.
+    pub held_deletions: u64,
+    /// The longest a delivery in flight has been out, in seconds.
+    pub longest_in_flight_seconds: f64,
+}
+
+impl Render for StatusView {
+    fn table(&self) -> String {
+        let mut out = table(
+            [
+                "DISPATCHER",
+                "ADDRESS",
+                "STATE",
+                "SHARE",
+                "GROUPS",
+                "SESSIONS",
+                "KEYS",
+                "READY",
+                "IN FLIGHT",
+                "DELAYED",
+            ],
+            self.dispatchers.iter().map(|d| {
+                vec![
+                    d.name.clone(),
+                    d.address.clone(),
+                    d.state.clone(),
+                    format!("{:.1}%", d.slice_share * 100.0),
+                    d.groups.to_string(),
+                    d.sessions.to_string(),
+                    d.keys.to_string(),
+                    d.ready.to_string(),
+                    d.in_flight.to_string(),
+                    d.delayed.to_string(),
+                ]
+            }),
+        );
+        if !self.groups.is_empty() {
+            out.push('\n');
+            out += &table(
+                [
+                    "GROUP",
+                    "DISPATCHER",
+                    "REPLICAS",
+                    "KEYS",
+                    "READY",
+                    "IN FLIGHT",
+                    "DELAYED",
+                    "HELD",
+                    "LONGEST",
+                ],
+                self.groups.iter().map(|g| {
+                    vec![
+                        g.group.clone(),
+                        g.dispatcher.clone(),
+                        if g.replicas.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            g.replicas.join(",")
+                        },
+                        g.keys.to_string(),
+                        g.ready.to_string(),
+                        g.in_flight.to_string(),
+                        g.delayed.to_string(),
+                        g.held_deletions.to_string(),
+                        seconds(g.longest_in_flight_seconds),
+                    ]
+                }),
+            );
+        }
+        out.push('\n');
+        if self.healthy {
+            let ring = self
+                .dispatchers
+                .first()
+                .map(|d| d.members.join(", "))
+                .unwrap_or_default();
+            out += &format!("ring: {ring}: every member serves, no handover pending\n");
+        }
+        for problem in &self.problems {
+            out += &format!("problem: {problem}\n");
+        }
+        out
+    }
+}
+
+/// `kdctl owner`: who owns a key and where it stands.
+#[derive(Clone, Debug, Serialize)]
+pub struct OwnerView {
+    /// The request key.
+    pub key: String,
+    /// The member that owns it on the ring, as the dispatchers that answered agree; empty when
+    /// they disagree (a ring change under way) or none answered.
+    pub owner: String,
+    /// Each dispatcher's answer.
+    pub answers: Vec<KeyAnswer>,
+    /// Where the key stands in each group, on each dispatcher that holds it.
+    pub places: Vec<KeyPlace>,
+}
+
+/// One dispatcher's answer in `kdctl owner`.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyAnswer {
+    /// The dispatcher.
+    pub dispatcher: String,
+    /// The owner on its ring.
+    pub ring_owner: String,
+    /// Whether it hands the key out now.
+    pub served: bool,
+    /// Where the dispatcher stands: `serving`, `handover`, `draining`, `drained`.
+    pub state: String,
+    /// Why it could not be asked.
+    pub error: Option<String>,
+}
+
+/// A key in one group on one dispatcher.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyPlace {
+    /// The dispatcher.
+    pub dispatcher: String,
+    /// The controller group.
+    pub group: String,
+    /// `idle`, `queued`, `in-flight`, `backing-off` or `requeue-after`.
+    pub state: String,
+    /// Queued: the replica it waits for; in flight: the replica reconciling it.
+    pub replica: String,
+    /// In flight: seconds out; queued: seconds waiting; backing off or requeued: seconds until
+    /// it is delivered again.
+    pub wait_seconds: Option<f64>,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// In flight with a change since: delivered once more after the ack.
+    pub changed_in_flight: bool,
+    /// In flight on a dispatcher the ring moved it away from.
+    pub leaving: bool,
+    /// Last seen deleted.
+    pub deleted: bool,
+    /// The last resourceVersion seen.
+    pub resource_version: String,
+}
+
+impl Render for OwnerView {
+    fn table(&self) -> String {
+        let mut out = format!("key:   {}\n", self.key);
+        let served_by: Vec<&str> = self
+            .answers
+            .iter()
+            .filter(|a| a.served)
+            .map(|a| a.dispatcher.as_str())
+            .collect();
+        out += &match (self.owner.as_str(), served_by.as_slice()) {
+            ("", _) => "owner: unknown: the dispatchers disagree (a ring change under way) or none answered\n".to_owned(),
+            (owner, [served]) if *served == owner => format!("owner: {owner} (serving it)\n"),
+            (owner, _) => match self.answers.iter().find(|a| a.dispatcher == owner) {
+                Some(a) if a.state == "draining" || a.state == "drained" => format!(
+                    "owner: {owner} ({}: it hands nothing out; the key moves once its Lease is gone)\n",
+                    a.state
+                ),
+                _ => format!(
+                    "owner: {owner} (held there: the handover of the key is not complete)\n"
+                ),
+            },
+        };
+        for answer in &self.answers {
+            if let Some(error) = &answer.error {
+                out += &format!("problem: {} did not answer: {error}\n", answer.dispatcher);
+            }
+        }
+        if self.places.is_empty() {
+            out += "no group holds the key: no subscription matches it, or nothing has happened to it since its owner started\n";
+            return out;
+        }
+        out.push('\n');
+        out += &table(
+            [
+                "DISPATCHER",
+                "GROUP",
+                "STATE",
+                "REPLICA",
+                "WAIT",
+                "FAILURES",
+                "RESOURCE VERSION",
+                "NOTE",
+            ],
+            self.places.iter().map(|p| {
+                let mut notes = Vec::new();
+                if p.changed_in_flight {
+                    notes.push("changed since delivered");
+                }
+                if p.leaving {
+                    notes.push("moved away, forgotten here once acked");
+                }
+                if p.deleted {
+                    notes.push("deleted");
+                }
+                vec![
+                    p.dispatcher.clone(),
+                    p.group.clone(),
+                    p.state.clone(),
+                    if p.replica.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        p.replica.clone()
+                    },
+                    p.wait_seconds.map_or_else(|| "-".to_owned(), seconds),
+                    p.failures.to_string(),
+                    p.resource_version.clone(),
+                    notes.join("; "),
+                ]
+            }),
+        );
+        out
+    }
+}
+
+/// `kdctl drain`: how the drain went.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainView {
+    /// The dispatcher drained.
+    pub dispatcher: String,
+    /// Whether everything in flight was acknowledged, so its Lease was released.
+    pub clean: bool,
+    /// Deliveries in flight when the drain timeout ran out.
+    pub in_flight_left: u64,
+    /// Seconds the dispatcher took to drain.
+    pub drain_seconds: f64,
+    /// Seconds until every other member served the ring without it (from the start).
+    pub settled_seconds: Option<f64>,
+    /// The ring the others settled on.
+    pub ring: Vec<String>,
+    /// What did not go as it should.
+    pub problems: Vec<String>,
+}
+
+impl Render for DrainView {
+    fn table(&self) -> String {
+        let mut out = if self.clean {
+            format!(
+                "{} drained in {}: nothing left in flight, its Lease released\n",
+                self.dispatcher,
+                seconds(self.drain_seconds)
+            )
+        } else {
+            format!(
+                "{} drained in {} with {} deliveries in flight: its Lease is left to expire, so its keys move once the bound T has passed\n",
+                self.dispatcher,
+                seconds(self.drain_seconds),
+                self.in_flight_left
+            )
+        };
+        if let Some(settled) = self.settled_seconds {
+            out += &format!(
+                "the others serve every key after {}: ring {}\n",
+                seconds(settled),
+                self.ring.join(", ")
+            );
+        }
+        for problem in &self.problems {
+            out += &format!("problem: {problem}\n");
+        }
+        if self.problems.is_empty() {
+            out += &format!(
+                "done: {} may be stopped; it rejoins the ring when it starts again\n",
+                self.dispatcher
+            );
+        }
+        out
+    }
+}
+
+/// A table without borders, as kubectl prints.
+fn table<const N: usize>(header: [&str; N], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header(header);
+    for row in rows {
+        table.add_row(row);
+    }
+    let mut text: String = table
+        .lines()
+        .map(|line| line.trim_end().trim_start_matches(' ').to_owned() + "\n")
+        .collect();
+    if text.is_empty() {
+        text.push('\n');
+    }
+    text
+}
+
+/// Seconds, for people: `850ms`, `12.3s`, `4m10s`.
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0}ms", s * 1000.0)
+    } else if s < 60.0 {
+        format!("{s:.1}s")
+    } else {
+        format!("{}m{:02}s", (s / 60.0).floor(), (s % 60.0).floor())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_read_as_people_write_them() {
+        assert_eq!(seconds(0.0123), "12ms");
+        assert_eq!(seconds(12.34), "12.3s");
+        assert_eq!(seconds(250.0), "4m10s");
+    }
+
+    #[test]
+    fn a_table_has_a_header_and_aligned_columns() {
+        let text = table(
+            ["NAME", "KEYS"],
+            [
+                vec!["dispatcher-0".to_owned(), "5".to_owned()],
+                vec!["d1".to_owned(), "12345".to_owned()],
+            ],
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("NAME"), "{text}");
+        let column = lines[0].find("KEYS").unwrap();
+        assert_eq!(lines[1].find('5'), Some(column), "{text}");
+        assert_eq!(lines[2].find("12345"), Some(column), "{text}");
+    }
+}

@@ -1,0 +1,52 @@
+//! The `kdctl` binary's contract with scripts: its help, its exit codes and its messages for
+//! bad input, before it reaches any server.
+
+use std::process::{Command, Output};
+
+fn kdctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kdctl"))
+        .args(args)
+        .env_remove("KD_TLS_CA_FILE")
+        .env_remove("KD_INSECURE")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .expect("run kdctl")
+}
+
+#[test]
+fn help_names_every_command_and_the_exit_codes() {
+    let out = kdctl(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "status",
+        "owner",
+        "drain",
+        "Exit status: 0",
+        "/kube-dispatch/status",
+        "--output",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+}
+
+#[test]
+fn bad_usage_exits_2_and_a_missing_ca_exits_1_with_what_to_pass() {
+    let out = kdctl(&["owner", "configmaps"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = kdctl(&["status", "-o", "yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let out = kdctl(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("kdctl: --tls-ca-file is required"), "{err}");
+
+    let out = kdctl(&["--insecure", "--service-account", "kdctl", "status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--service-account must be NAMESPACE/NAME"),
+        "{err}"
+    );
+}

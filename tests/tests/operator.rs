@@ -1,0 +1,331 @@
+//! The operator API and `kdctl` against two dispatchers on the real API server: `status`
+//! shows the ring, each slice and each group's queue; `owner` says where a key stands (queued
+//! for a replica, in flight on it, backing off, requeued) and who owns it, during a drain too;
+//! `drain` hands a dispatcher's keys over with nothing lost or reconciled twice at once; a
+//! caller without the operator role is refused.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kdctl::{
+    command,
+    connect::{Connection, Target, TokenSource},
+    view::{OwnerView, Render as _},
+};
+use kube::{Api, api::PostParams};
+use kube_dispatch_proto::{
+    RequestKey,
+    v1::{AckItem, ack_item},
+};
+use kube_dispatch_tests::{
+    Cluster, TestNamespace,
+    dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
+    identity,
+};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const BOUND: Duration = Duration::from_secs(3);
+const GROUP: &str = "operated";
+const COUNT: usize = 12;
+
+fn target(ns: &TestNamespace, token: TokenSource) -> Target {
+    Target {
+        namespace: ns.name().to_owned(),
+        dispatchers: Vec::new(),
+        credentials: kube_dispatch_proto::credentials::Credentials::tls(
+            Cluster::shared().dir().join("pki/ca.crt"),
+        ),
+        token,
+        audience: "kube-dispatch".into(),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn tester() -> TokenSource {
+    TokenSource::File(Cluster::shared().dir().join("tokens/tester.token"))
+}
+
+async fn create(api: &Api<ConfigMap>, name: &str) -> Result<(), kube::Error> {
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &cm).await.map(drop)
+}
+
+/// The one place `view` shows for its key, with its owner.
+fn place(view: &OwnerView) -> (&str, &str, &str, u32) {
+    assert_eq!(view.places.len(), 1, "{}", view.table());
+    let p = &view.places[0];
+    (
+        p.dispatcher.as_str(),
+        p.state.as_str(),
+        p.replica.as_str(),
+        p.failures,
+    )
+}
+
+fn ack(id: u64, outcome: ack_item::Outcome) -> AckItem {
+    AckItem {
+        delivery_id: id,
+        outcome: Some(outcome),
+    }
+}
+
+#[tokio::test]
+async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResult {
+    let ns = TestNamespace::create("kd-operator").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d0 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
+    let d1 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-1", BOUND)).await?;
+    for d in [&d0, &d1] {
+        let mut slice = d.handles.slice.clone();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            slice.wait_for(|s| s.ring.members().len() == 2 && s.is_settled()),
+        )
+        .await??;
+    }
+    let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&d0, GROUP, "replica-a", sub()).await?;
+    let mut s1 = TestSession::open(&d1, GROUP, "replica-b", sub()).await?;
+    for i in 0..COUNT {
+        create(&api, &format!("cm-{i}")).await?;
+    }
+    let names: Vec<String> = (0..COUNT).map(|i| format!("cm-{i}")).collect();
+    let ring = kube_dispatch_proto::Ring::new(["dispatcher-0", "dispatcher-1"]);
+    let owned_by = |owner: &str| -> Vec<String> {
+        names
+            .iter()
+            .filter(|n| {
+                ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), n.as_str())) == Some(owner)
+            })
+            .cloned()
+            .collect()
+    };
+    let (on0, on1) = (owned_by("dispatcher-0"), owned_by("dispatcher-1"));
+    assert!(
+        on1.len() >= 2,
+        "the test needs two keys on dispatcher-1: {on1:?}"
+    );
+    // Each dispatcher delivers its own keys; take them all, acknowledging.
+    let got0 = s0
+        .collect_until(Duration::from_secs(10), |got| got.len() >= on0.len())
+        .await;
+    let got1 = s1
+        .collect_until(Duration::from_secs(10), |got| got.len() >= on1.len())
+        .await;
+    assert_eq!((got0.len(), got1.len()), (on0.len(), on1.len()));
+
+    let kdctl = Connection::new(ns.client(), target(&ns, tester())).await?;
+
+    // status: both serving one ring, shares that cover the hash space, the group on each.
+    let status = command::status(&kdctl).await?;
+    println!("{}", status.table());
+    assert!(status.healthy, "{:?}", status.problems);
+    let names_seen: Vec<&str> = status.dispatchers.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names_seen, ["dispatcher-0", "dispatcher-1"]);
+    let share: f64 = status.dispatchers.iter().map(|d| d.slice_share).sum();
+    assert!((share - 1.0).abs() < 1e-6, "shares sum to {share}");
+    assert!(
+        status
+            .dispatchers
+            .iter()
+            .all(|d| d.state == "serving" && d.sessions == 1)
+    );
+    let keys: u64 = status.groups.iter().map(|g| g.keys).sum();
+    assert_eq!(keys, COUNT as u64);
+    let replicas: Vec<(&str, &str)> = status
+        .groups
+        .iter()
+        .map(|g| (g.dispatcher.as_str(), g.replicas[0].as_str()))
+        .collect();
+    assert_eq!(
+        replicas,
+        [("dispatcher-0", "replica-a"), ("dispatcher-1", "replica-b")]
+    );
+
+    // owner: a key owned by dispatcher-1, through each state.
+    let name = on1[0].clone();
+    let key = command::request_key(&kdctl, "configmaps", &format!("{}/{name}", ns.name())).await?;
+    assert_eq!(key, RequestKey::new("", "ConfigMap", ns.name(), &name));
+    assert_eq!(
+        command::request_key(&kdctl, "ConfigMap", &name)
+            .await
+            .map_err(|e| e.to_string())
+            .unwrap_err(),
+        "ConfigMap is namespaced: give <namespace>/<name>"
+    );
+    let view = command::owner(&kdctl, &key).await?;
+    println!("{}", view.table());
+    assert_eq!(view.owner, "dispatcher-1");
+    assert_eq!(place(&view), ("dispatcher-1", "idle", "", 0));
+
+    // Queued for replica-b: a change while nobody polls.
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"data": {"v": "1"}})),
+    )
+    .await?;
+    let view = loop {
+        let view = command::owner(&kdctl, &key).await?;
+        if view.places.first().is_some_and(|p| p.state == "queued") {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(place(&view), ("dispatcher-1", "queued", "replica-b", 0));
+
+    // In flight on replica-b, then backing off after a failure, then requeued.
+    let held = s1.hold(Duration::from_secs(5)).await?;
+    assert_eq!(held.len(), 1);
+    let view = command::owner(&kdctl, &key).await?;
+    println!("{}", view.table());
+    assert_eq!(place(&view), ("dispatcher-1", "in-flight", "replica-b", 0));
+    s1.poll_with(
+        vec![ack(
+            held[0].delivery_id,
+            ack_item::Outcome::Failure(Default::default()),
+        )],
+        Duration::from_millis(10),
+    )
+    .await?;
+    let view = command::owner(&kdctl, &key).await?;
+    assert_eq!(place(&view), ("dispatcher-1", "backing-off", "", 1));
+    let retried = s1.hold(Duration::from_secs(10)).await?;
+    s1.poll_with(
+        vec![ack(
+            retried[0].delivery_id,
+            ack_item::Outcome::Requeue(kube_dispatch_proto::v1::Requeue {
+                after: Some(prost_types::Duration {
+                    seconds: 300,
+                    nanos: 0,
+                }),
+            }),
+        )],
+        Duration::from_millis(10),
+    )
+    .await?;
+    let view = command::owner(&kdctl, &key).await?;
+    assert_eq!(place(&view), ("dispatcher-1", "requeue-after", "", 0));
+    let wait = view.places[0].wait_seconds.unwrap_or_default();
+    assert!((290.0..=300.0).contains(&wait), "requeued for {wait} s");
+
+    // A caller without the operator role is refused, by name.
+    identity::account(&ns, "nobody", &[]).await?;
+    let token = identity::token(&ns, "nobody", "kube-dispatch").await?;
+    let path = Cluster::shared()
+        .dir()
+        .join(format!("tokens/{}-nobody.token", ns.name()));
+    std::fs::write(&path, token)?;
+    let refused = command::status(
+        &Connection::new(ns.client(), target(&ns, TokenSource::File(path.clone()))).await?,
+    )
+    .await?;
+    let _ = std::fs::remove_file(&path);
+    assert!(!refused.healthy);
+    let error = refused.dispatchers[0].error.clone().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "system:serviceaccount:{}:nobody may not get /kube-dispatch/status",
+            ns.name()
+        )),
+        "{error}"
+    );
+
+    // drain dispatcher-1 with one of its keys in flight: it waits for the ack, and
+    // dispatcher-0 takes that key only after it.
+    let in_flight_name = on1[1].clone();
+    api.patch(
+        &in_flight_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+    )
+    .await?;
+    let held = s1.hold(Duration::from_secs(5)).await?;
+    assert_eq!(held.len(), 1);
+    let drain = {
+        let kdctl = kdctl.clone();
+        tokio::spawn(async move {
+            command::drain(&kdctl, "dispatcher-1", Duration::from_secs(60)).await
+        })
+    };
+    // While it drains: dispatcher-1 no longer serves the key, which is still in flight there
+    // and nowhere else (dispatcher-0 does not hold it, not even queued).
+    let in_flight_key = RequestKey::new("", "ConfigMap", ns.name(), &in_flight_name);
+    let during = loop {
+        let view = command::owner(&kdctl, &in_flight_key).await?;
+        if view.answers.iter().all(|a| !a.served) {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("during the drain:\n{}", during.table());
+    assert_eq!(
+        place(&during),
+        ("dispatcher-1", "in-flight", "replica-b", 0)
+    );
+    assert!(
+        during.table().contains("owner: dispatcher-1 (draining"),
+        "{}",
+        during.table()
+    );
+    let status = command::status(&kdctl).await?;
+    assert!(!status.healthy);
+    assert_eq!(
+        status.dispatchers[1].state,
+        "draining",
+        "{}",
+        status.table()
+    );
+    assert!(
+        !drain.is_finished(),
+        "the drain waits for the delivery in flight"
+    );
+    s1.ack(&[held[0].delivery_id]).await?;
+    let drained = drain.await??;
+    println!("{}", drained.table());
+    assert!(
+        drained.clean && drained.problems.is_empty(),
+        "{}",
+        drained.table()
+    );
+    assert_eq!(drained.ring, ["dispatcher-0"]);
+
+    // dispatcher-0 serves every key now; dispatcher-1's Lease is gone.
+    let status = command::status(&kdctl).await?;
+    println!("{}", status.table());
+    assert!(status.healthy, "{:?}", status.problems);
+    assert_eq!(status.dispatchers.len(), 1);
+    assert!((status.dispatchers[0].slice_share - 1.0).abs() < 1e-9);
+    let view = command::owner(&kdctl, &in_flight_key).await?;
+    assert_eq!(view.owner, "dispatcher-0");
+    assert!(view.answers[0].served);
+    // A change of the moved key reaches replica-a on dispatcher-0, after the ack on
+    // dispatcher-1: never two reconciles of it at once.
+    api.patch(
+        &in_flight_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"data": {"v": "3"}})),
+    )
+    .await?;
+    let got = s0
+        .collect_until(Duration::from_secs(10), |got| {
+            got.iter()
+                .any(|r| r.key.ends_with(&format!("/{in_flight_name}")))
+        })
+        .await;
+    assert!(
+        got.iter()
+            .any(|r| r.key.ends_with(&format!("/{in_flight_name}"))),
+        "{got:?}"
+    );
+    d0.stop().await;
+    d1.stop().await;
+    Ok(())
+}
