@@ -22,16 +22,20 @@ reconcile span opens and closes). The demo exits non-zero unless both are 0.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections import Counter, defaultdict
 from datetime import datetime
 
-KUBECONFIG, KUBECTL, BIN_DIR, LOGS = sys.argv[1:5]
+KUBECONFIG, KUBECTL, BIN_DIR, LOGS, PROMETHEUS_BIN = sys.argv[1:6]
+LOGS = os.path.abspath(LOGS)
 PKI = os.path.join(os.path.dirname(KUBECONFIG), "pki")
 OBJECTS = int(os.environ.get("DEMO_OBJECTS", "2000"))
 KEEP = bool(os.environ.get("KEEP"))
@@ -110,9 +114,128 @@ class Process:
 processes = {}
 
 
+# Each process's admin endpoint (/metrics), which Prometheus scrapes: name -> port.
+admin_ports = {}
+
+
 def start(name, argv, env):
+    if "KD_ADMIN_LISTEN" in env:
+        admin_ports[name] = int(env["KD_ADMIN_LISTEN"].rsplit(":", 1)[1])
+        write_scrape_targets()
     processes[name] = Process(name, argv, env)
     return processes[name]
+
+
+def write_scrape_targets():
+    """The file Prometheus discovers its targets in (re-read when it changes)."""
+    targets = [
+        {"targets": [f"127.0.0.1:{port}"],
+         "labels": {"process": name, "role": name.rsplit("-", 1)[0]}}
+        for name, port in sorted(admin_ports.items())
+    ]
+    path = os.path.join(LOGS, "prometheus-targets.json")
+    with open(path + ".new", "w") as f:
+        json.dump(targets, f)
+    os.replace(path + ".new", path)
+
+
+PROMETHEUS = {}
+
+
+def start_prometheus():
+    """Prometheus on loopback, scraping every process's admin endpoint each second."""
+    port = free_port()
+    config = os.path.join(LOGS, "prometheus.yml")
+    with open(config, "w") as f:
+        f.write(f"""global: {{scrape_interval: 1s, scrape_timeout: 1s}}
+scrape_configs:
+  - job_name: kube-dispatch
+    file_sd_configs: [{{files: ["{os.path.join(LOGS, 'prometheus-targets.json')}"], refresh_interval: 1s}}]
+""")
+    write_scrape_targets()
+    # A fresh store: series of an earlier run would count as this one's.
+    shutil.rmtree(os.path.join(LOGS, "prometheus-data"), ignore_errors=True)
+    start("prometheus", [
+        os.path.join(PROMETHEUS_BIN, "prometheus"), f"--config.file={config}",
+        f"--storage.tsdb.path={os.path.join(LOGS, 'prometheus-data')}",
+        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+    ], {})
+    PROMETHEUS["url"] = f"http://127.0.0.1:{port}"
+    wait_targets()
+
+
+def wait_targets():
+    """Waits until Prometheus scrapes every live process (a new target takes up to 5 s to be
+    discovered), so that what happens next is on record."""
+    live = [n for n in admin_ports if processes[n].killed_at is None]
+    deadline = time.monotonic() + 60
+    up = None
+    while time.monotonic() < deadline:
+        try:
+            up = promql("count(up == 1)")
+            if up and int(up[0]["value"][1]) == len(live):
+                say(f"Prometheus on {PROMETHEUS['url']} scrapes all {len(live)} processes")
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    say(f"Prometheus did not scrape all {len(live)} processes within 60 s (count(up == 1): "
+        f"{up}); see its log")
+    raise SystemExit(1)
+
+
+def promql(query, **params):
+    """The result of a PromQL query (instant, or a range with start/end/step)."""
+    path = "/api/v1/query_range" if "step" in params else "/api/v1/query"
+    url = PROMETHEUS["url"] + path + "?" + urllib.parse.urlencode(dict(query=query, **params))
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise RuntimeError(f"PromQL {query!r} failed: {body}")
+    return body["data"]["result"]
+
+
+def wait_scraped():
+    """Waits until Prometheus has scraped every live process after now."""
+    now = time.time()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        # timestamp() of a selector is the scrape time (of an expression, the query time).
+        seen = promql("min(timestamp(up) and up == 1)")
+        if seen and float(seen[0]["value"][1]) >= now:
+            return
+        time.sleep(0.1)
+
+
+def prometheus_figures(since):
+    """Figures read back through Prometheus's query API, once it has scraped every live process
+    after the last change."""
+    wait_scraped()
+    per_replica = {
+        r["metric"]["process"]: int(float(r["value"][1]))
+        for r in promql('sum by (process) (max_over_time(controller_runtime_reconcile_total[1h]))')
+    }
+    depth = promql('sum(workqueue_depth)', start=since, end=time.time(), step="1s")
+    points = [(float(t) - since, float(v)) for t, v in depth[0]["values"]] if depth else []
+    peak = max(points, key=lambda p: p[1], default=(0.0, 0.0))
+    p99 = promql('histogram_quantile(0.99, sum by (le) '
+                 '(max_over_time(controller_runtime_reconcile_time_seconds_bucket[1h])))')
+    deliveries = {
+        r["metric"]["process"]: int(float(r["value"][1]))
+        for r in promql('sum by (process) (max_over_time(kube_dispatch_group_deliveries_total[1h]))')
+    }
+    return per_replica, points, peak, (float(p99[0]["value"][1]) if p99 else float("nan")), deliveries
+
+
+def sparkline(points, width=60):
+    """The queue depth over time as one line of block characters."""
+    if not points:
+        return ""
+    blocks = " ▁▂▃▄▅▆▇█"
+    top = max(v for _, v in points) or 1
+    step = max(1, len(points) // width)
+    sampled = [max(v for _, v in points[i:i + step]) for i in range(0, len(points), step)]
+    return "".join(blocks[min(8, round(v / top * 8))] for v in sampled)
 
 
 def identities():
@@ -138,6 +261,23 @@ kind: RoleBinding
 metadata: {{name: configmap-hasher, namespace: {OBJECTS_NS}}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: configmap-hasher}}
 subjects: [{{kind: ServiceAccount, name: configmap-hasher, namespace: {OBJECTS_NS}}}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: kdctl, namespace: {OBJECTS_NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: kube-dispatch-kdctl}}
+rules:
+- {{nonResourceURLs: [/kube-dispatch/status], verbs: [get]}}
+- {{nonResourceURLs: [/kube-dispatch/drain], verbs: [post]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {OBJECTS_NS}-kdctl}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: kube-dispatch-kdctl}}
+subjects: [{{kind: ServiceAccount, name: kdctl, namespace: {OBJECTS_NS}}}]
 """)
     tokens = {}
     for account in ["kube-dispatch-dispatcher", "configmap-hasher"]:
@@ -175,6 +315,7 @@ def start_replica(i, lb_port):
         "KD_TLS_CA_FILE": TLS_ENV["KD_TLS_CA_FILE"],
         "KD_TOKEN_FILE": TOKENS["configmap-hasher"],
         "KD_WATCH_NAMESPACE": OBJECTS_NS,
+        "KD_ADMIN_LISTEN": f"127.0.0.1:{free_port()}",
     }
     return start(
         f"configmap-hasher-{i}", [os.path.join(BIN_DIR, "examples", "configmap_hasher")], env
@@ -349,10 +490,14 @@ def main():
         start_replica(i, lb_port)
     say(f"3 dispatchers, the load balancer on 127.0.0.1:{lb_port}, 2 controller replicas, all over TLS with ServiceAccount tokens; logs in {LOGS}")
     wait_for_addresses()
+    start_prometheus()
+    demo_began = time.time()
 
     say(f"creating {OBJECTS} ConfigMaps in namespace {OBJECTS_NS}")
     created = wait_after(lambda: apply_objects(1), "create")
 
+    # So that Prometheus holds what the two processes did before they die.
+    wait_scraped()
     say("killing configmap-hasher-0 and dispatcher-1 (SIGKILL), then changing every ConfigMap")
     processes["configmap-hasher-0"].kill()
     processes["dispatcher-1"].kill()
@@ -363,6 +508,7 @@ def main():
     say("adding dispatcher-3, then changing every ConfigMap")
     start_dispatcher(3)
     wait_for_addresses()
+    wait_targets()
     scaled = wait_after(lambda: apply_objects(3), "scale-up")
     phase3 = Counter(
         dispatcher_names.get(r[2], r[2]) for r in reconciles() if r[3] >= scaled_since[0]
@@ -399,7 +545,38 @@ def main():
 """,
         flush=True,
     )
+    per_replica_prom, depth, peak, p99, deliveries = prometheus_figures(demo_began)
+    print(f"""  read back through Prometheus ({PROMETHEUS['url']}, every process scraped each second)
+  ------------------------------------------  ----------------------------------------
+  reconciles by replica                       """
+          + ", ".join(f"{k} {v}" for k, v in sorted(per_replica_prom.items()))
+          + """
+    sum by (process) (max_over_time(controller_runtime_reconcile_total[1h]))
+  deliveries by dispatcher                    """
+          + ", ".join(f"{k} {v}" for k, v in sorted(deliveries.items()))
+          + f"""
+    sum by (process) (max_over_time(kube_dispatch_group_deliveries_total[1h]))
+  reconcile time p99                          {p99 * 1000:.1f} ms
+    histogram_quantile(0.99, sum by (le) (max_over_time(controller_runtime_reconcile_time_seconds_bucket[1h])))
+  queue depth over the run, summed            peak {peak[1]:.0f} at +{peak[0]:.0f} s, {depth[-1][1] if depth else 0:.0f} at the end
+    sum(workqueue_depth), 1 s steps           {sparkline(depth)}
+""", flush=True)
+    kdctl("status")
+    kdctl("owner", "configmap", f"{OBJECTS_NS}/demo-00000")
     return 0 if lost == 0 and overlaps == 0 and total == OBJECTS else 1
+
+
+def kdctl(*args):
+    """Runs kdctl as an operator would (a token minted for the kdctl ServiceAccount, TLS
+    against the control plane's CA) and prints what it says."""
+    argv = [os.path.join(BIN_DIR, "kdctl"), "--kubeconfig", KUBECONFIG, "-n", LEASE_NS,
+            "--tls-ca-file", TLS_ENV["KD_TLS_CA_FILE"], "--service-account",
+            f"{OBJECTS_NS}/kdctl", *args]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    print(f"  $ kdctl {' '.join(args)}   (exit {done.returncode})")
+    for line in (done.stdout + done.stderr).rstrip().splitlines():
+        print(f"    {line}")
+    print(flush=True)
 
 
 scaled_since = [0.0]
@@ -470,6 +647,8 @@ def cleanup():
         p.stop()
     for p in processes.values():
         p.wait()
+    kubectl("delete", "clusterrolebinding", f"{OBJECTS_NS}-kdctl", "--ignore-not-found",
+            check=False)
     kubectl("delete", "namespace", OBJECTS_NS, "--wait=false", check=False)
 
 

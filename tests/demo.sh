@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: runs kube-dispatch on an embedded default, on one machine. Builds what it needs,
 # starts (or reuses) the local control plane on loopback, then tests/demo.py runs three
-# dispatchers, the load balancer and two replicas of the example controller as local processes,
+# dispatchers, the load balancer, two replicas of the example controller and Prometheus (the
+# distribution's package, unpacked by tests/cluster/prometheus.sh) as local processes,
 # creates ConfigMaps, kills a replica and a dispatcher, adds a dispatcher, and prints a summary
 # ending with lost = 0 and concurrent = 0 (exit status 0 only then).
 #
@@ -25,9 +26,12 @@ finish() {
 }
 trap finish EXIT
 
-say "building the dispatcher, the load balancer and the example controller"
-cargo build --quiet --locked -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer --bins
+say "building the dispatcher, the load balancer, kdctl and the example controller"
+cargo build --quiet --locked -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer \
+  -p kube-dispatch-kdctl --bins
 cargo build --quiet --locked -p kube-dispatch-controller --example configmap_hasher
 
+prometheus=$(tests/cluster/prometheus.sh)
+
 python3 tests/demo.py "$kubeconfig" "$(tests/cluster/build-binaries.sh --print-dir)/kubectl" \
-  target/debug .cluster/logs/demo
+  target/debug .cluster/logs/demo "$prometheus"
