@@ -42,3 +42,7 @@ cargo build --workspace --bins --locked --quiet
 
 step "cargo test"
 cargo test --workspace --locked
+
+step "Grafana dashboard"
+# The schema, the PromQL, and the metric names the tests saw each process export.
+KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/grafana/check-dashboard.sh

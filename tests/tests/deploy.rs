@@ -308,3 +308,40 @@ async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() 
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+#[test]
+fn the_monitoring_component_scrapes_every_process_on_its_admin_port() {
+    let rendered = ok(&["kustomize", &deploy("examples/monitoring")]);
+    let docs: Vec<&str> = rendered.split("\n---\n").collect();
+    let kind = |doc: &str, kind: &str| doc.lines().any(|l| l == format!("kind: {kind}"));
+    let monitors: Vec<&&str> = docs.iter().filter(|d| kind(d, "PodMonitor")).collect();
+    assert_eq!(monitors.len(), 1, "{rendered}");
+    let monitor = monitors[0];
+    for needle in [
+        "kube-dispatch.dev/scrape: \"true\"",
+        "port: admin",
+        "path: /metrics",
+        "any: true",
+    ] {
+        assert!(
+            monitor.contains(needle),
+            "PodMonitor lacks {needle}:\n{monitor}"
+        );
+    }
+    // Every workload's pods carry the label and name their admin port, so each is scraped.
+    let workloads: Vec<&&str> = docs
+        .iter()
+        .filter(|d| kind(d, "StatefulSet") || kind(d, "Deployment"))
+        .collect();
+    assert_eq!(
+        workloads.len(),
+        3,
+        "dispatchers, load balancer, example controller"
+    );
+    for w in workloads {
+        assert!(
+            w.contains("kube-dispatch.dev/scrape: \"true\"") && w.contains("name: admin"),
+            "not scraped:\n{w}"
+        );
+    }
+}

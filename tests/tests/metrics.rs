@@ -273,6 +273,7 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(30), task).await??;
     let (_, text) = http_get(admin, "/metrics").await?;
+    record_exported("controller", &text)?;
     let s = samples(&text, &group);
     assert_eq!(
         s.get(&format!(
@@ -356,6 +357,7 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     .await?;
 
     let text = metrics.encode();
+    record_exported("dispatcher", &text)?;
     let s_ = samples(&text, &group);
     let get = |series: &str| {
         s_.get(&series.replace("G", &group))
@@ -435,6 +437,27 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     );
     d.stop().await;
     Ok(())
+}
+
+/// Writes the metric names `text` shows (as sampled: `_total` kept, histogram suffixes dropped)
+/// to `exported-metrics-<process>.txt` under the test scratch folder, where the dashboard check
+/// of `make test` (`tests/grafana/check-dashboard.sh`) reads what the tier exports.
+fn record_exported(process: &str, text: &str) -> std::io::Result<()> {
+    let names: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|n| {
+            ["_bucket", "_sum", "_count", "_created"]
+                .iter()
+                .find_map(|suffix| n.strip_suffix(suffix))
+                .unwrap_or(n)
+        })
+        .collect();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(dir)?;
+    let list: String = names.iter().map(|n| format!("{n}\n")).collect();
+    std::fs::write(dir.join(format!("exported-metrics-{process}.txt")), list)
 }
 
 /// The samples of `/metrics` text whose labels name `group` (as `group`, `name` or
@@ -544,6 +567,7 @@ async fn load_balancer_metrics_show_leadership_and_placements() -> TestResult {
         .into_inner();
     stream.message().await?;
     let text = lb.metrics.encode();
+    record_exported("loadbalancer", &text)?;
     let value = |series: &str| {
         text.lines().find_map(|l| {
             l.strip_prefix(series)?
