@@ -25,6 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use kube_dispatch_controller::{
     Action, Controller,
     precondition::{self, WriteError},
+    traces,
 };
 use sha2::{Digest, Sha256};
 
@@ -83,20 +84,34 @@ fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<Context>) -> Acti
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // KD_LOG_JSON=1: JSON lines, with a line when each reconcile span opens and closes (its
     // key, resourceVersion and dispatcher), which `make demo` reads to check exclusivity.
+    // OTEL_EXPORTER_OTLP_ENDPOINT: export spans over OTLP; each reconcile span continues the
+    // trace of the dispatcher's span for the change that caused it.
+    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if std::env::var_os("KD_LOG_JSON").is_some() {
-        tracing_subscriber::fmt()
+    let fmt = if std::env::var_os("KD_LOG_JSON").is_some() {
+        tracing_subscriber::fmt::layer()
             .json()
             .with_span_events(
                 tracing_subscriber::fmt::format::FmtSpan::NEW
                     | tracing_subscriber::fmt::format::FmtSpan::CLOSE,
             )
-            .with_env_filter(filter)
-            .init();
+            .boxed()
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+        tracing_subscriber::fmt::layer().boxed()
+    };
+    let (otlp, _traces) = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Ok(endpoint) if !endpoint.is_empty() => {
+            let (layer, traces) = traces::otlp_layer(&endpoint, "configmap-hasher")?;
+            (Some(layer), traces)
+        }
+        _ => (None, traces::Traces::default()),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otlp)
+        .init();
     // Dispatcher addresses on the command line poll those; none asks the load balancer
     // (KD_LOADBALANCER, else the in-cluster default).
     let dispatchers: Vec<String> = std::env::args().skip(1).collect();

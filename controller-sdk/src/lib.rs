@@ -21,6 +21,7 @@
 //! | [`metrics`] | the replica's metrics, by controller-runtime's names, served with `/healthz` and `/readyz` on [`Controller::admin_listen`] |
 //! | `fence` | when a replica must count a session as lost, from when its calls were sent |
 //! | `reconnect` | how reconnects are paced |
+//! | [`traces`] | OpenTelemetry export: each reconcile span is a child of the dispatcher's span for the change that caused it |
 
 #![forbid(unsafe_code)]
 
@@ -41,3 +42,13 @@ pub use error::Error;
 pub use health::Health;
 pub use kube_dispatch_proto::v1::PayloadMode;
 pub use targets::DEFAULT_LOAD_BALANCER;
+
+/// Traces across the hop. Each reconcile runs in a `reconcile` span; when the dispatcher
+/// exports traces, the delivery carries the W3C context of its span for the change, and the
+/// reconcile span becomes its child. Add [`traces::otlp_layer`] to your subscriber (beside its
+/// fmt layer) to export the replica's spans too, and keep the [`traces::Traces`] it returns
+/// until the end of `main`; the example `configmap_hasher` does so when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+pub mod traces {
+    pub use kube_dispatch_runtime::logging::{OtlpLayer, Traces, TracesError, otlp_layer};
+}

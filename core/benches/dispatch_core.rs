@@ -53,6 +53,7 @@ fn index_bytes_per_key(keys: usize) -> Option<f64> {
                 resource_version: (1_000_000 + i).to_string(),
                 uid: uid(i),
                 body: None,
+                trace: None,
             },
             1,
         );
@@ -94,6 +95,7 @@ fn throughput(keys: usize, sessions: u64, budget: Duration) -> f64 {
                         uid: String::new(),
                         body: None,
                         deleted: false,
+                        trace: None,
                     },
                 );
             }

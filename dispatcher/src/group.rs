@@ -504,6 +504,7 @@ mod tests {
             uid: String::new(),
             body: None,
             deleted: false,
+            trace: None,
         }
     }
 
@@ -588,6 +589,7 @@ mod tests {
             resource_version: rv.into(),
             uid: "u".into(),
             body: None,
+            trace: None,
         }
     }
 

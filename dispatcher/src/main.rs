@@ -179,6 +179,13 @@ struct Args {
     #[arg(long, env = "KD_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     log_json: bool,
 
+    /// Export traces to this OpenTelemetry collector over OTLP/gRPC (for example
+    /// http://otel-collector:4317). Off when unset. Each watched change gets a span, and the
+    /// deliveries it causes carry its W3C trace context, so a replica's reconcile span is its
+    /// child.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+
     /// Users allowed to call the Peer service (repeat for several). Default: this dispatcher's
     /// own user as the API server names it, which every pod of the StatefulSet shares.
     #[arg(long = "peer-user", env = "KD_PEER_USERS", value_delimiter = ',')]
@@ -229,13 +236,18 @@ async fn main() -> anyhow::Result<()> {
         status_interval,
         drain_timeout,
         log_json,
+        otlp_endpoint,
         peer_users,
         authorization_recheck,
         security,
         calls,
         ..
     } = args;
-    logging::init(log_json);
+    let _traces = logging::init_with_traces(
+        log_json,
+        otlp_endpoint.as_deref(),
+        "kube-dispatch-dispatcher",
+    )?;
 
     let identity = id
         .or(pod_name)

@@ -144,6 +144,8 @@ pub(super) async fn session<T: Types>(
                 attempt = request.attempt,
                 dispatcher = %address,
             );
+            // A child of the dispatcher's span for the change, when both export traces.
+            kube_dispatch_runtime::logging::set_parent(&span, &request.traceparent);
             tasks.spawn(
                 async move {
                     let id = request.delivery_id;

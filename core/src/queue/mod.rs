@@ -77,6 +77,9 @@ pub struct Change {
     pub body: Option<Arc<[u8]>>,
     /// Whether the object is gone.
     pub deleted: bool,
+    /// The trace context of the span that saw the change (a W3C `traceparent`), when traces
+    /// are exported.
+    pub trace: Option<Arc<str>>,
 }
 
 impl Change {
@@ -89,6 +92,7 @@ impl Change {
             uid: String::new(),
             body: None,
             deleted: true,
+            trace: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl Change {
             uid: String::new(),
             body: None,
             deleted: false,
+            trace: None,
         }
     }
 }
@@ -126,6 +131,8 @@ pub struct Delivery {
     pub deleted: bool,
     /// Consecutive failures before this delivery.
     pub attempt: u32,
+    /// The trace context of the first change that queued the key since its last delivery.
+    pub trace: Option<Arc<str>>,
 }
 
 /// The outcome of a reconcile, as acknowledged by the session.
@@ -192,6 +199,8 @@ pub struct Observed {
     pub uid: String,
     /// Its body in the subscription's payload mode, if any.
     pub body: Option<Arc<[u8]>>,
+    /// The trace context of the span that saw it, when traces are exported.
+    pub trace: Option<Arc<str>>,
 }
 
 /// A key in a ready FIFO.
@@ -315,6 +324,9 @@ pub struct GroupQueue {
     timer_slots: HashMap<Key, (Instant, u64)>,
     /// Bodies of queued keys, within the budget; beside the entries for the same reason.
     bodies: HashMap<Key, Arc<[u8]>>,
+    /// The trace context of the first traced change of each key since its last delivery; empty
+    /// unless traces are exported. At most one per key.
+    traces: HashMap<Key, Arc<str>>,
     body_bytes: usize,
     next_seq: u64,
     next_delivery: DeliveryId,
@@ -341,6 +353,7 @@ impl GroupQueue {
             timers: BTreeMap::new(),
             timer_slots: HashMap::new(),
             bodies: HashMap::new(),
+            traces: HashMap::new(),
             body_bytes: 0,
             next_seq: 0,
             next_delivery: 1,
@@ -549,6 +562,10 @@ impl GroupQueue {
             seen: 0,
         });
         entry.reason = merge_reason(entry.state, entry.reason, change.reason);
+        if let Some(trace) = change.trace {
+            // The first change since the last delivery is the one the wait began with.
+            self.traces.entry(key.clone()).or_insert(trace);
+        }
         let owned = change.reason == Reason::Owned;
         if !change.resource_version.is_empty() {
             entry.resource_version = Rv::new(&change.resource_version);
@@ -617,6 +634,7 @@ impl GroupQueue {
                 uid: object.uid,
                 body: object.body,
                 deleted: false,
+                trace: object.trace,
             },
         );
         if let Some(e) = self.entries.get_mut(key) {
@@ -779,6 +797,7 @@ impl GroupQueue {
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
             }
+            let trace = self.traces.remove(&key);
             self.counts.deliveries[(entry.reason as usize).min(7)] += 1;
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
@@ -790,6 +809,7 @@ impl GroupQueue {
                 body,
                 deleted: entry.deleted,
                 attempt: entry.failures,
+                trace,
             });
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.in_flight.insert(id, (key.clone(), now));
@@ -952,6 +972,7 @@ impl GroupQueue {
         if let Some(body) = self.bodies.remove(key) {
             self.body_bytes -= body.len();
         }
+        self.traces.remove(key);
     }
 
     /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.

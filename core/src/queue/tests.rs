@@ -28,6 +28,7 @@ fn change(reason: Reason, rv: u32) -> Change {
         uid: "uid-1".into(),
         body: None,
         deleted: reason == Reason::Deleted,
+        trace: None,
     }
 }
 
@@ -552,6 +553,7 @@ fn an_owned_change_keeps_the_pending_state_of_the_key_itself() {
         uid: String::new(),
         body: None,
         deleted: false,
+        trace: None,
     };
     q.change("owner", owned.clone());
     let d = q.take(1, 1, now);
@@ -597,6 +599,7 @@ fn observed(rv: u32) -> Observed {
         resource_version: rv.to_string(),
         uid: "uid-1".into(),
         body: None,
+        trace: None,
     }
 }
 
@@ -803,5 +806,36 @@ fn key_status_follows_a_key_through_every_state() {
     q.ack(1, d[0].id, Outcome::Success, t0 + Duration::from_secs(31));
     let s = q.key_status("k", t0 + Duration::from_secs(31)).unwrap();
     assert_eq!((s.state, s.wait, s.deleted), (KeyState::Idle, None, false));
+    q.check();
+}
+
+#[test]
+fn a_delivery_carries_the_trace_of_the_first_change_since_the_last_one() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    let traced = |rv: u32, trace: &str| Change {
+        trace: Some(trace.into()),
+        ..change(Reason::Modified, rv)
+    };
+    // Two changes coalesce: the first one's trace, the wait having begun with it.
+    q.change("k", traced(1, "first"));
+    q.change("k", traced(2, "second"));
+    let d = q.take(1, 1, now);
+    assert_eq!(d[0].trace.as_deref(), Some("first"));
+    // A change while in flight is delivered after the ack, with its own trace.
+    q.change("k", traced(3, "during"));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    let d = q.take(1, 1, now);
+    assert_eq!(d[0].trace.as_deref(), Some("during"));
+    // A retry of it carries none: no change caused it.
+    q.ack(1, d[0].id, Outcome::Failure, now);
+    q.advance(now + Duration::from_secs(2));
+    let d = q.take(1, 1, now + Duration::from_secs(2));
+    assert_eq!((d[0].reason, d[0].trace.as_deref()), (Reason::Retry, None));
+    // A deleted key leaves nothing behind.
+    q.change("gone", traced(4, "gone"));
+    q.forget_where(|k| k == "gone", false);
+    assert!(q.traces.is_empty(), "{:?}", q.traces);
     q.check();
 }

@@ -225,6 +225,7 @@ fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
         object_json: d.body.map(|b| b.to_vec()).unwrap_or_default(),
         deleted: d.deleted,
         attempt: d.attempt,
+        traceparent: d.trace.map(|t| t.to_string()).unwrap_or_default(),
     }
 }
 

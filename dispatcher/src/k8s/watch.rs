@@ -35,6 +35,7 @@ use kube::{
     },
 };
 use kube_dispatch_proto::v1::Reason;
+use kube_dispatch_runtime::logging;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -494,6 +495,7 @@ impl WatchTask {
                         resource_version: obj.resource_version().unwrap_or_default(),
                         uid: obj.uid().unwrap_or_default(),
                         body: bodies.get(sub.payload, obj),
+                        trace: None,
                     },
                     epoch,
                 ),
@@ -524,6 +526,17 @@ impl WatchTask {
         let key = KeyRef::new(&text);
         let place = place(&slice, key.hash());
         let mut bodies = Bodies::default();
+        // With traces exported, the span of this change, whose context the deliveries it
+        // causes carry to the replicas (their reconcile spans are its children).
+        let span = (place != Place::Elsewhere && logging::traces_enabled()).then(|| {
+            tracing::info_span!(
+                "change",
+                key = %text,
+                resource_version = obj.resource_version().unwrap_or_default(),
+                deleted
+            )
+        });
+        let trace: Option<Arc<str>> = span.as_ref().and_then(logging::traceparent).map(Arc::from);
         for sub in subscribers.iter() {
             match &sub.owner {
                 None => {
@@ -537,6 +550,7 @@ impl WatchTask {
                                     uid: obj.uid().unwrap_or_default(),
                                     body: None,
                                     deleted: true,
+                                    trace: None,
                                 },
                             );
                         } else {
@@ -556,6 +570,7 @@ impl WatchTask {
                                 uid,
                                 body,
                                 deleted: true,
+                                trace: trace.clone(),
                             },
                         );
                     } else {
@@ -565,6 +580,7 @@ impl WatchTask {
                                 resource_version,
                                 uid,
                                 body,
+                                trace: trace.clone(),
                             },
                             epoch,
                         );
