@@ -587,3 +587,80 @@ async fn load_balancer_metrics_show_leadership_and_placements() -> TestResult {
     assert_eq!(value("kube_dispatch_lb_moves_total"), Some(0.0), "{text}");
     Ok(())
 }
+
+/// The number of series a scrape shows.
+fn series(text: &str) -> usize {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .count()
+}
+
+/// A dispatcher's series do not grow with keys or replicas: the same count with 10 keys and one
+/// session as with 10 000 keys, 100 sessions and deliveries in flight on each.
+#[tokio::test]
+async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
+    use kube_dispatch_core::{key::KeyRef, queue::Change};
+    use kube_dispatch_proto::v1::Reason;
+    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_tests::dispatcher::{TestSession, subscription};
+
+    let ns = TestNamespace::create("cardinality").await?;
+    let metrics = Metrics::default();
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.metrics = metrics.clone();
+    let d = TestDispatcher::start(config).await?;
+    let group = "cardinality";
+    let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut sessions = vec![TestSession::open(&d, group, "replica-0", sub()).await?];
+    let g = d.handles.groups.group(group).ok_or("no group")?;
+    let change = |i: usize| {
+        let key = format!("/ConfigMap/{}/cm-{i}", ns.name());
+        g.change(
+            KeyRef::new(&key),
+            Change {
+                reason: Reason::Added,
+                resource_version: i.to_string(),
+                uid: String::new(),
+                body: None,
+                deleted: false,
+                trace: None,
+            },
+        );
+    };
+    (0..10).for_each(change);
+    sessions[0].hold(Duration::from_secs(10)).await?;
+    let small = metrics.encode();
+
+    for r in 1..100 {
+        sessions.push(TestSession::open(&d, group, &format!("replica-{r}"), sub()).await?);
+    }
+    (10..10_000).for_each(change);
+    // Deliveries in flight on many sessions, the rest of the keys queued.
+    for s in sessions.iter_mut().take(20) {
+        s.hold(Duration::from_secs(10)).await?;
+    }
+    let large = metrics.encode();
+    assert_eq!(g.key_count(), 10_000);
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    let sessions_series = format!("kube_dispatch_group_sessions{{group=\"{group}\"}}");
+    assert_eq!(value(&large, &sessions_series), 100.0, "{large}");
+    assert_eq!(
+        value(
+            &large,
+            &format!("kube_dispatch_group_keys{{group=\"{group}\"}}")
+        ),
+        10_000.0
+    );
+    println!(
+        "series: {} with 10 keys and 1 replica, {} with 10000 keys and 100 replicas",
+        series(&small),
+        series(&large)
+    );
+    assert_eq!(series(&small), series(&large), "{large}");
+    d.stop().await;
+    Ok(())
+}
