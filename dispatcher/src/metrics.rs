@@ -257,7 +257,7 @@ impl Collector for GroupsCollector {
         }
 
         // kube-dispatch's own.
-        let group_gauges: [Described<FigureOf<usize>>; 7] = [
+        let group_gauges: [Described<FigureOf<usize>>; 8] = [
             ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
             (
                 "kube_dispatch_group_in_flight",
@@ -268,6 +268,11 @@ impl Collector for GroupsCollector {
                 "kube_dispatch_group_delayed",
                 "Keys backing off or waiting for a requeue",
                 |f| f.queue.delayed,
+            ),
+            (
+                "kube_dispatch_group_backing_off",
+                "Keys backing off after a failed reconcile",
+                |f| f.queue.backing_off,
             ),
             (
                 "kube_dispatch_group_held_deletions",

@@ -84,6 +84,7 @@ pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
                 ready: g.ready,
                 in_flight: g.in_flight,
                 delayed: g.delayed,
+                backing_off: g.backing_off,
                 held_deletions: g.held_deletions,
                 longest_in_flight_seconds: g.longest_in_flight.map_or(0.0, seconds),
             }));

@@ -71,6 +71,8 @@ pub struct GroupView {
     pub in_flight: u64,
     /// Keys backing off or waiting for a requeue-after.
     pub delayed: u64,
+    /// Of those, the keys backing off after a failure.
+    pub backing_off: u64,
     /// Deletions held for a handover.
     pub held_deletions: u64,
     /// The longest a delivery in flight has been out, in seconds.
@@ -118,6 +120,7 @@ impl Render for StatusView {
                     "READY",
                     "IN FLIGHT",
                     "DELAYED",
+                    "BACKING OFF",
                     "HELD",
                     "LONGEST",
                 ],
@@ -134,6 +137,7 @@ impl Render for StatusView {
                         g.ready.to_string(),
                         g.in_flight.to_string(),
                         g.delayed.to_string(),
+                        g.backing_off.to_string(),
                         g.held_deletions.to_string(),
                         seconds(g.longest_in_flight_seconds),
                     ]

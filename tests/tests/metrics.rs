@@ -387,6 +387,9 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     let ready = get(r#"workqueue_depth{name="G",controller="G"}"#);
     assert_eq!(delayed + ready, 2.0, "delayed {delayed}, ready {ready}");
     assert!(delayed >= 1.0);
+    // Of the delayed keys, "fail" backs off (if its 100 ms backoff has not run out yet).
+    let backing_off = get(r#"kube_dispatch_group_backing_off{group="G"}"#);
+    assert_eq!(backing_off, delayed - 1.0, "delayed {delayed}");
     assert_eq!(get(r#"kube_dispatch_group_sessions{group="G"}"#), 1.0);
     assert_eq!(
         get(r#"kube_dispatch_group_deliveries_total{group="G",reason="added"}"#),

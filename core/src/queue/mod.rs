@@ -255,6 +255,8 @@ pub struct QueueFigures {
     pub in_flight: usize,
     /// Keys waiting for a retry backoff or a requeue delay.
     pub delayed: usize,
+    /// Of those, the keys backing off after a failure (the rest wait for a requeue-after).
+    pub backing_off: usize,
     /// Bytes of object bodies held for ready keys.
     pub body_bytes: usize,
     /// Time the deliveries in flight have been out, summed (`workqueue_unfinished_work_seconds`).
@@ -371,7 +373,7 @@ impl GroupQueue {
     }
 
     /// The queue's figures at `now`: sizes, the age of deliveries in flight, and the counters.
-    /// Costs one pass over the deliveries in flight.
+    /// Costs one pass over the deliveries in flight and one over the keys with a timer.
     pub fn figures(&self, now: Instant) -> QueueFigures {
         let mut unfinished = Duration::ZERO;
         let mut longest = Duration::ZERO;
@@ -382,12 +384,19 @@ impl GroupQueue {
             longest = longest.max(out);
             in_flight += 1;
         }
+        let backing_off = self
+            .timer_slots
+            .keys()
+            .filter_map(|key| self.entries.get(key))
+            .filter(|e| e.state == State::Delayed && e.reason == Reason::Retry)
+            .count();
         QueueFigures {
             keys: self.entries.len(),
             ready: self.ready_len(),
             in_flight,
             // Every delayed key and every in-flight key has one timer.
             delayed: self.timer_slots.len().saturating_sub(in_flight),
+            backing_off,
             body_bytes: self.body_bytes,
             unfinished,
             longest,

@@ -786,6 +786,8 @@ fn key_status_follows_a_key_through_every_state() {
         (KeyState::BackingOff, 1, Some(4 * MS)),
         "the first backoff is 5 ms, 1 ms of it gone"
     );
+    let f = q.figures(t0 + 12 * MS);
+    assert_eq!((f.delayed, f.backing_off), (1, 1));
     // Delivered again and requeued: waiting for the requeue-after, failures reset.
     q.advance(t0 + 16 * MS);
     let d = q.take(1, 1, t0 + 16 * MS);
@@ -800,6 +802,8 @@ fn key_status_follows_a_key_through_every_state() {
         (s.state, s.failures, s.wait),
         (KeyState::RequeueAfter, 0, Some(Duration::from_secs(30)))
     );
+    let f = q.figures(t0 + 17 * MS);
+    assert_eq!((f.delayed, f.backing_off), (1, 0));
     // Delivered and settled: idle.
     q.advance(t0 + Duration::from_secs(31));
     let d = q.take(1, 1, t0 + Duration::from_secs(31));

@@ -110,6 +110,7 @@ impl operator_server::Operator for OperatorService {
                     ready: figures.queue.ready as u64,
                     in_flight: figures.queue.in_flight as u64,
                     delayed: figures.queue.delayed as u64,
+                    backing_off: figures.queue.backing_off as u64,
                     held_deletions: figures.held as u64,
                     longest_in_flight: Some(duration(figures.queue.longest)),
                 }
