@@ -1,6 +1,8 @@
-//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`]).
+//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`], and
+//! `make bench-metrics`, [`metrics`]).
 
 pub(crate) mod apiserver;
+pub(crate) mod metrics;
 pub(crate) mod objects;
 pub(crate) mod plot;
 pub(crate) mod process;

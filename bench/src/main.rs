@@ -129,6 +129,13 @@ struct Args {
     #[arg(long)]
     security: bool,
 
+    /// Run the metrics benchmark instead (`make bench-metrics`): one in-process dispatcher and
+    /// controller, --repeats runs each with the controller's metrics off and on (and scraped
+    /// every 100 ms), each patching the first of --objects ConfigMaps at once. Written into the
+    /// `metrics` section of --out.
+    #[arg(long, conflicts_with = "security")]
+    metrics: bool,
+
     /// Sessions opened and timed per run (security benchmark).
     #[arg(long, env = "KD_BENCH_SECURITY_OPENS", default_value_t = 50)]
     security_opens: usize,
@@ -176,6 +183,9 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(!args.objects.contains(&0), "--objects must be positive");
     if args.security {
         return security_bench(&args).await;
+    }
+    if args.metrics {
+        return metrics_bench(&args).await;
     }
     let binaries = Binaries {
         dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
@@ -299,6 +309,26 @@ async fn security_bench(args: &Args) -> anyhow::Result<()> {
         machine(),
     );
     write_section(&args.out, "security", &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--metrics`: what metrics cost a reconcile, written into the `metrics` section.
+async fn metrics_bench(args: &Args) -> anyhow::Result<()> {
+    let objects = args.objects.first().copied().unwrap_or(1000);
+    let table = harness::metrics::run(harness::metrics::Plan {
+        repeats: args.repeats,
+        objects,
+    })
+    .await?;
+    println!("\n{table}");
+    let section = format!(
+        "Produced by `{}` on {} (one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        machine(),
+    );
+    write_section(&args.out, "metrics", &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }

@@ -62,6 +62,7 @@ pub struct Controller<K: Resource> {
     pub(crate) load_balancer: Option<String>,
     pub(crate) credentials: Credentials,
     pub(crate) concurrency: usize,
+    pub(crate) metrics: bool,
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
     pub(crate) health: Health,
@@ -130,6 +131,7 @@ where
             load_balancer: None,
             credentials: Credentials::from_env(),
             concurrency: 16,
+            metrics: true,
             session_ttl: Duration::from_secs(10),
             shutdown: None,
             health: Health::default(),
@@ -268,6 +270,15 @@ where
                 () = terminate => {}
             }
         })
+    }
+
+    /// Whether to record this controller's metrics ([`crate::metrics`]); default true. With
+    /// false, its reconciles, deliveries and sessions are not counted (a controller that keeps
+    /// metrics of its own); the process figures are still served on the admin endpoint.
+    #[must_use]
+    pub fn metrics(mut self, record: bool) -> Self {
+        self.metrics = record;
+        self
     }
 
     /// Serve the admin endpoint on `address` (plaintext HTTP): `/metrics` (the replica's

@@ -194,9 +194,12 @@ const REASONS: [&str; 7] = [
 ];
 
 /// The metrics of one controller, labelled once: counting a delivery or a reconcile takes no
-/// lookup and no allocation.
+/// lookup and no allocation. Records nothing when made [`ControllerMetrics::off`].
 #[derive(Clone, Debug)]
-pub(crate) struct ControllerMetrics {
+pub(crate) struct ControllerMetrics(Option<Labelled>);
+
+#[derive(Clone, Debug)]
+struct Labelled {
     controller: String,
     /// `controller_runtime_reconcile_total` by result: success, error, requeue_after.
     success: Counter,
@@ -235,7 +238,7 @@ impl ControllerMetrics {
         let _ = result("requeue");
         // Present from the start too: a dashboard sees a zero rather than nothing.
         let _ = f.stale_writes.get_or_create(&label);
-        Self {
+        Self(Some(Labelled {
             controller: controller.to_owned(),
             success: result("success"),
             error: result("error"),
@@ -255,15 +258,26 @@ impl ControllerMetrics {
             active: f.active.get_or_create(&label).clone(),
             reconcile_time: f.reconcile_time.get_or_create(&label).clone(),
             delivery_to_reconcile: f.delivery_to_reconcile.get_or_create(&label).clone(),
-        }
+        }))
+    }
+
+    /// Metrics that record nothing ([`crate::Controller::metrics`]).
+    pub(crate) fn off() -> Self {
+        Self(None)
+    }
+
+    /// Whether they record.
+    pub(crate) fn is_on(&self) -> bool {
+        self.0.is_some()
     }
 
     /// A delivery arrived (a reason never sent is not counted).
     pub(crate) fn delivered(&self, reason: Reason) {
-        if let Some(counter) = (reason as usize)
-            .checked_sub(1)
-            .and_then(|i| self.deliveries.get(i))
-        {
+        if let Some(counter) = self.0.as_ref().and_then(|m| {
+            (reason as usize)
+                .checked_sub(1)
+                .and_then(|i| m.deliveries.get(i))
+        }) {
             counter.inc();
         }
     }
@@ -271,69 +285,85 @@ impl ControllerMetrics {
     /// A reconcile starts, `waited` after its delivery arrived; counts it active until the
     /// guard drops.
     pub(crate) fn started(&self, waited: Duration) -> Active<'_> {
-        self.delivery_to_reconcile.observe(waited.as_secs_f64());
-        self.active.inc();
-        Active(self)
+        if let Some(m) = &self.0 {
+            m.delivery_to_reconcile.observe(waited.as_secs_f64());
+            m.active.inc();
+        }
+        Active(self.0.as_ref().map(|m| &m.active))
     }
 
     /// A reconcile ended after `took`.
     pub(crate) fn ended(&self, ended: Ended, took: Duration) {
+        let Some(m) = &self.0 else {
+            return;
+        };
         match ended {
-            Ended::Success => self.success.inc(),
-            Ended::RequeueAfter => self.requeue_after.inc(),
+            Ended::Success => m.success.inc(),
+            Ended::RequeueAfter => m.requeue_after.inc(),
             Ended::Error => {
-                self.error.inc();
-                self.errors.inc()
+                m.error.inc();
+                m.errors.inc()
             }
             Ended::TimedOut => {
-                self.error.inc();
-                self.errors.inc();
-                self.timeouts.inc()
+                m.error.inc();
+                m.errors.inc();
+                m.timeouts.inc()
             }
         };
-        self.reconcile_time.observe(took.as_secs_f64());
+        m.reconcile_time.observe(took.as_secs_f64());
     }
 
     /// A reconcile was cancelled because its session was lost.
     pub(crate) fn fenced(&self) {
-        self.fenced.inc();
+        if let Some(m) = &self.0 {
+            m.fenced.inc();
+        }
     }
 
     /// A session with `dispatcher` opened; counted open until the guard drops, and its series
     /// removed once no session with that dispatcher is open (dispatchers come and go).
     pub(crate) fn session_opened(&self, dispatcher: &str) -> OpenSession {
+        let Some(m) = &self.0 else {
+            return OpenSession(None);
+        };
         let labels = DispatcherLabels {
-            controller: self.controller.clone(),
+            controller: m.controller.clone(),
             dispatcher: dispatcher.to_owned(),
         };
         let gauge = FAMILIES.sessions.get_or_create(&labels).clone();
         gauge.inc();
-        OpenSession(gauge, labels)
+        OpenSession(Some((gauge, labels)))
     }
 
     /// A session was lost and is opened again.
     pub(crate) fn reconnecting(&self) {
-        self.reconnects.inc();
+        if let Some(m) = &self.0 {
+            m.reconnects.inc();
+        }
     }
 }
 
 /// Counts a reconcile as active while it lives.
-pub(crate) struct Active<'a>(&'a ControllerMetrics);
+pub(crate) struct Active<'a>(Option<&'a Gauge>);
 
 impl Drop for Active<'_> {
     fn drop(&mut self) {
-        self.0.active.dec();
+        if let Some(active) = self.0 {
+            active.dec();
+        }
     }
 }
 
 /// Counts a session as open while it lives.
-pub(crate) struct OpenSession(Gauge, DispatcherLabels);
+pub(crate) struct OpenSession(Option<(Gauge, DispatcherLabels)>);
 
 impl Drop for OpenSession {
     fn drop(&mut self) {
         // One session loop per dispatcher: the last one closing removes the series.
-        if self.0.dec() <= 1 {
-            FAMILIES.sessions.remove(&self.1);
+        if let Some((gauge, labels)) = &self.0
+            && gauge.dec() <= 1
+        {
+            FAMILIES.sessions.remove(labels);
         }
     }
 }
@@ -347,6 +377,10 @@ tokio::task_local! {
 /// A conditional write was refused as stale in the current reconcile.
 pub(crate) fn stale_write() {
     let _ = CONTROLLER.try_with(|controller| {
+        // Empty: the controller records no metrics.
+        if controller.is_empty() {
+            return;
+        }
         FAMILIES
             .stale_writes
             .get_or_create(&ControllerLabel {
@@ -354,4 +388,42 @@ pub(crate) fn stale_write() {
             })
             .inc();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_switched_off_record_nothing() {
+        let reconcile = |m: &ControllerMetrics| {
+            m.delivered(Reason::Added);
+            let session = m.session_opened("dispatcher-0");
+            let active = m.started(Duration::from_millis(1));
+            m.ended(Ended::Success, Duration::from_millis(2));
+            m.fenced();
+            m.reconnecting();
+            drop((active, session));
+        };
+        // The controllers' series (not the process figures, which move by themselves).
+        let series = || -> Vec<String> {
+            registry()
+                .encode()
+                .lines()
+                .filter(|l| l.contains("controller=\""))
+                .map(str::to_owned)
+                .collect()
+        };
+        let before = series();
+        reconcile(&ControllerMetrics::off());
+        assert_eq!(series(), before, "switched off, nothing is recorded");
+        reconcile(&ControllerMetrics::new("switched-on", 4));
+        let text = series().join("\n");
+        assert!(
+            text.contains(
+                r#"controller_runtime_reconcile_total{controller="switched-on",result="success"} 1"#
+            ),
+            "{text}"
+        );
+    }
 }

@@ -72,6 +72,7 @@ where
         load_balancer,
         credentials,
         concurrency,
+        metrics,
         session_ttl,
         shutdown,
         health,
@@ -106,7 +107,11 @@ where
         health: health.clone(),
         full_payload,
         credentials: credentials.clone(),
-        metrics: ControllerMetrics::new(&group, concurrency),
+        metrics: if metrics {
+            ControllerMetrics::new(&group, concurrency)
+        } else {
+            ControllerMetrics::off()
+        },
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {
