@@ -16,7 +16,7 @@ use kube::Client;
 use kube_dispatch_core::subscription::GroupSpec;
 use kube_dispatch_proto::credentials::Credentials;
 use kube_dispatch_runtime::{
-    auth::{self, AuthConfig, Authentication, Authenticator, Caller},
+    auth::{self, AuthConfig, Authentication, Authenticator, Caller, Identity},
     authz::{Access, Authorizer, AuthzConfig, ResourceAccess},
     tls::Transport,
 };
@@ -115,13 +115,8 @@ impl Guard {
         caller: &Caller,
         accesses: &[ResourceAccess],
     ) -> Result<(), Status> {
-        let Some(authorizer) = &self.authorizer else {
+        let Some((authorizer, identity)) = self.authorizing(caller)? else {
             return Ok(());
-        };
-        let Some(identity) = caller.identity() else {
-            return Err(Status::unauthenticated(
-                "this dispatcher requires an authenticated caller",
-            ));
         };
         authorizer
             .may_read(identity, accesses)
@@ -137,18 +132,30 @@ impl Guard {
         verb: &'static str,
         path: &'static str,
     ) -> Result<(), Status> {
-        let Some(authorizer) = &self.authorizer else {
+        let Some((authorizer, identity)) = self.authorizing(caller)? else {
             return Ok(());
-        };
-        let Some(identity) = caller.identity() else {
-            return Err(Status::unauthenticated(
-                "this dispatcher requires an authenticated caller",
-            ));
         };
         authorizer
             .may(identity, verb, Access::Path(path))
             .await
             .map_err(Status::from)
+    }
+
+    /// The authorizer and `caller`'s identity; `None` when authorization is off (anonymous
+    /// dispatchers), and UNAUTHENTICATED for an anonymous caller when it is on.
+    fn authorizing<'a>(
+        &'a self,
+        caller: &'a Caller,
+    ) -> Result<Option<(&'a Authorizer, &'a Arc<Identity>)>, Status> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(None);
+        };
+        match caller.identity() {
+            Some(identity) => Ok(Some((authorizer, identity))),
+            None => Err(Status::unauthenticated(
+                "this dispatcher requires an authenticated caller",
+            )),
+        }
     }
 
     /// Ok if `caller` may call the Peer service.

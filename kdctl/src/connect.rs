@@ -170,8 +170,9 @@ impl Connection {
     }
 }
 
-/// A token for `namespace/name` with `audience`, valid for 10 minutes.
-async fn mint_token(
+/// A token for the ServiceAccount `namespace/name` with `audience`, valid for 10 minutes (what
+/// `kubectl create token` does).
+pub async fn mint_token(
     client: &Client,
     namespace: &str,
     name: &str,

@@ -2,7 +2,6 @@
 //! ConfigMaps, and their tokens from TokenRequest.
 
 use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::ServiceAccount,
     rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
 };
@@ -67,18 +66,7 @@ pub async fn account(ns: &TestNamespace, name: &str, verbs: &[&str]) -> Result<(
     Ok(())
 }
 
-/// A token of ServiceAccount `name` in `ns` for `audience`.
-pub async fn token(ns: &TestNamespace, name: &str, audience: &str) -> Result<String, kube::Error> {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_owned()]),
-            expiration_seconds: Some(600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let issued = Api::<ServiceAccount>::namespaced(ns.client(), ns.name())
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?;
-    Ok(issued.status.and_then(|s| s.token).unwrap_or_default())
+/// A token of ServiceAccount `name` in `ns` for `audience`, as kdctl mints its own.
+pub async fn token(ns: &TestNamespace, name: &str, audience: &str) -> anyhow::Result<String> {
+    kdctl::connect::mint_token(&ns.client(), ns.name(), name, audience).await
 }

@@ -38,7 +38,7 @@ use kube_dispatch_tests::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::report::{median, percentile};
+use super::report::{alternate, median, percentile};
 
 /// What to run.
 #[derive(Clone, Copy, Debug)]
@@ -102,13 +102,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
     let mut off = Vec::new();
     let mut on = Vec::new();
     for repeat in 0..plan.repeats {
-        // Alternate which mode goes first, so drift on a noisy machine falls on both.
-        let order = if repeat % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for metrics in order {
+        for metrics in alternate(repeat) {
             let group = format!(
                 "bench-metrics-{repeat}-{}",
                 if metrics { "on" } else { "off" }

@@ -124,6 +124,16 @@ pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// The order of the two modes (off, on) in run `repeat` of an A/B benchmark: alternated, so
+/// drift on a noisy machine falls on both.
+pub(crate) fn alternate(repeat: usize) -> [bool; 2] {
+    if repeat.is_multiple_of(2) {
+        [false, true]
+    } else {
+        [true, false]
+    }
+}
+
 /// Nearest-rank percentile.
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
     if sorted.is_empty() {

@@ -41,7 +41,7 @@ use kube_dispatch_tests::{
 
 use super::{
     apiserver::request_counts,
-    report::{median, percentile},
+    report::{alternate, median, percentile},
 };
 
 /// What to run.
@@ -105,13 +105,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
     let mut off = Vec::new();
     let mut on = Vec::new();
     for repeat in 0..plan.repeats {
-        // Alternate which mode goes first, so drift on a noisy machine falls on both.
-        let order = if repeat % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for secure in order {
+        for secure in alternate(repeat) {
             let run = latency_run(&plan, &ns, &configmaps, secure, &tokens[0]).await?;
             println!(
                 "bench-security: run {} security {:<3}: first OpenSession {:>6.1} ms, OpenSession p50 {:>6.1} ms, write to delivery p50 {:>6.2} ms p99 {:>6.2} ms",
