@@ -81,6 +81,9 @@ pub enum FixtureError {
     /// A Kubernetes API call failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// The cluster did not reach the state a fixture waits for.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 /// The user of the test identity (`tests/cluster/cluster.sh`): a ServiceAccount bound to
@@ -328,6 +331,37 @@ impl TestNamespace {
     pub fn client(&self) -> Client {
         self.client.clone()
     }
+
+    /// Deletes the namespace and waits, up to `timeout`, until the namespace controller has
+    /// emptied and removed it: its requests (a LIST of every resource in it) are then over,
+    /// and cannot fall into what a benchmark counts next.
+    pub async fn delete_and_wait(mut self, timeout: Duration) -> Result<(), FixtureError> {
+        let name = std::mem::take(&mut self.name);
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let uid = namespaces
+            .get(&name)
+            .await?
+            .metadata
+            .uid
+            .unwrap_or_default();
+        namespaces
+            .delete(&name, &DeleteParams::background())
+            .await?;
+        let gone = kube::runtime::wait::await_condition(
+            namespaces,
+            &name,
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        );
+        match tokio::time::timeout(timeout, gone).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(FixtureError::Timeout(format!(
+                "waiting for namespace {name} to go: {e}"
+            ))),
+            Err(_) => Err(FixtureError::Timeout(format!(
+                "namespace {name} still there after {timeout:?}"
+            ))),
+        }
+    }
 }
 
 impl std::fmt::Debug for TestNamespace {
@@ -345,6 +379,10 @@ impl Drop for TestNamespace {
                 "keeping test namespace {} (KD_KEEP_NAMESPACES is set)",
                 self.name
             );
+            return;
+        }
+        // Deleted already (delete_and_wait).
+        if self.name.is_empty() {
             return;
         }
         // Drop cannot await, and the test's runtime may be shutting down: delete from a thread

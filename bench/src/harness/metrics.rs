@@ -123,6 +123,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
         }
     }
     d.stop().await;
+    ns.delete_and_wait(Duration::from_secs(120)).await?;
     Ok(table(&plan, &off, &on))
 }
 
