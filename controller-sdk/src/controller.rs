@@ -96,7 +96,10 @@ where
     }
 
     /// Reconcile the owner when an object of type `C` that it controls (an ownerReference with
-    /// `controller: true` to a `K`) changes, like controller-runtime's `Owns`.
+    /// `controller: true` to a `K`) changes, like controller-runtime's `Owns`. One level: in
+    /// Deployment -> ReplicaSet -> Pod, a Deployment controller that owns ReplicaSets is not
+    /// triggered by their Pods (`proto/kubedispatch/v1/keys.md`, "What a subscription
+    /// delivers").
     #[must_use]
     pub fn owns<C: Resource<DynamicType = ()>>(self) -> Self {
         self.owns_with::<C>(&())

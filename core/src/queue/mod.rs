@@ -329,6 +329,10 @@ pub struct GroupQueue {
     /// The trace context of the first traced change of each key since its last delivery; empty
     /// unless traces are exported. At most one per key.
     traces: HashMap<Key, Arc<str>>,
+    /// The uid and resourceVersion of an object whose deletion was not delivered yet when an
+    /// object of another uid took its name: delivered first, as a deletion, before the new
+    /// object. At most one per key.
+    tombstones: HashMap<Key, (Uid, Rv)>,
     body_bytes: usize,
     next_seq: u64,
     next_delivery: DeliveryId,
@@ -356,6 +360,7 @@ impl GroupQueue {
             timer_slots: HashMap::new(),
             bodies: HashMap::new(),
             traces: HashMap::new(),
+            tombstones: HashMap::new(),
             body_bytes: 0,
             next_seq: 0,
             next_delivery: 1,
@@ -570,6 +575,26 @@ impl GroupQueue {
             failures: 0,
             seen: 0,
         });
+        // The name re-used before the earlier object's deletion was delivered (or while it is
+        // backing off): that deletion goes first, with its own uid, so the reconciler can tell
+        // the two objects apart and nothing is lost.
+        let deletion_pending = entry.deleted
+            && match entry.state {
+                State::Ready { .. } | State::Delayed => true,
+                // In flight, the deletion came after the delivery when the key is dirty.
+                State::InFlight { dirty, .. } => dirty,
+                State::Idle => false,
+            };
+        if deletion_pending
+            && !change.deleted
+            && !change.uid.is_empty()
+            && entry.uid != Uid::Empty
+            && entry.uid != Uid::new(&change.uid)
+        {
+            self.tombstones
+                .entry(key.clone())
+                .or_insert_with(|| (entry.uid.clone(), entry.resource_version.clone()));
+        }
         entry.reason = merge_reason(entry.state, entry.reason, change.reason);
         if let Some(trace) = change.trace {
             // The first change since the last delivery is the one the wait began with.
@@ -797,6 +822,32 @@ impl GroupQueue {
             };
             let id = self.next_delivery;
             self.next_delivery += 1;
+            if let Some((uid, rv)) = self.tombstones.remove(&key) {
+                // The earlier object's deletion; the new object goes once it is acknowledged.
+                entry.state = State::InFlight {
+                    session,
+                    delivery: id,
+                    dirty: true,
+                };
+                self.counts.deliveries[Reason::Deleted as usize] += 1;
+                out.push(Delivery {
+                    queued: since.map(|since| now.saturating_duration_since(since)),
+                    id,
+                    key: key.clone(),
+                    reason: Reason::Deleted,
+                    resource_version: rv.to_string(),
+                    uid: uid.to_string(),
+                    body: None,
+                    deleted: true,
+                    attempt: 0,
+                    trace: None,
+                });
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.in_flight.insert(id, (key.clone(), now));
+                }
+                self.set_timer(key, deadline);
+                continue;
+            }
             entry.state = State::InFlight {
                 session,
                 delivery: id,
@@ -982,6 +1033,7 @@ impl GroupQueue {
             self.body_bytes -= body.len();
         }
         self.traces.remove(key);
+        self.tombstones.remove(key);
     }
 
     /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.

@@ -95,6 +95,7 @@ impl GroupQueue {
                 .all(|k| self.entries.contains_key(k))
         );
         assert!(self.bodies.keys().all(|k| self.entries.contains_key(k)));
+        assert!(self.tombstones.keys().all(|k| self.entries.contains_key(k)));
         let bodies: usize = self.bodies.values().map(|b| b.len()).sum();
         assert_eq!(bodies, self.body_bytes);
         assert!(self.body_bytes <= self.config.body_budget);
@@ -841,5 +842,96 @@ fn a_delivery_carries_the_trace_of_the_first_change_since_the_last_one() {
     q.change("gone", traced(4, "gone"));
     q.forget_where(|k| k == "gone", false);
     assert!(q.traces.is_empty(), "{:?}", q.traces);
+    q.check();
+}
+
+fn object(reason: Reason, rv: u32, uid: &str) -> Change {
+    Change {
+        uid: uid.into(),
+        ..change(reason, rv)
+    }
+}
+
+#[test]
+fn a_name_deleted_and_created_again_between_polls_is_delivered_as_both() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", object(Reason::Added, 1, "uid-a"));
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Deleted, then created again under a new uid, both before the next poll.
+    q.change("k", object(Reason::Deleted, 2, "uid-a"));
+    q.change("k", object(Reason::Added, 3, "uid-b"));
+    q.check();
+    // The deletion of the first object comes first, on its own: the key stays exclusive.
+    let d = q.take(1, 10, now);
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (
+            d[0].reason,
+            d[0].uid.as_str(),
+            d[0].deleted,
+            d[0].resource_version.as_str()
+        ),
+        (Reason::Deleted, "uid-a", true, "2")
+    );
+    assert!(
+        q.take(1, 10, now).is_empty(),
+        "nothing more while it is in flight"
+    );
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Then the new object.
+    let d = q.take(1, 10, now);
+    assert_eq!(
+        (
+            d[0].reason,
+            d[0].uid.as_str(),
+            d[0].deleted,
+            d[0].resource_version.as_str()
+        ),
+        (Reason::Added, "uid-b", false, "3")
+    );
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.check();
+}
+
+#[test]
+fn a_name_re_used_while_in_flight_delivers_the_deletion_after_the_ack() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", object(Reason::Added, 1, "uid-a"));
+    let first = q.take(1, 1, now);
+    // While uid-a is reconciled: deleted, and a new object under the name.
+    q.change("k", object(Reason::Deleted, 2, "uid-a"));
+    q.change("k", object(Reason::Added, 3, "uid-b"));
+    assert!(q.take(1, 10, now).is_empty());
+    q.ack(1, first[0].id, Outcome::Success, now);
+    let d = q.take(1, 10, now);
+    assert_eq!((d[0].uid.as_str(), d[0].deleted), ("uid-a", true));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    let d = q.take(1, 10, now);
+    assert_eq!((d[0].uid.as_str(), d[0].deleted), ("uid-b", false));
+    q.check();
+}
+
+#[test]
+fn a_deletion_delivered_before_the_name_is_re_used_is_not_delivered_twice() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("k", object(Reason::Added, 1, "uid-a"));
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.change("k", object(Reason::Deleted, 2, "uid-a"));
+    // The deletion is being reconciled when the new object appears.
+    let deletion = q.take(1, 1, now);
+    assert!(deletion[0].deleted);
+    q.change("k", object(Reason::Added, 3, "uid-b"));
+    q.ack(1, deletion[0].id, Outcome::Success, now);
+    let d = q.take(1, 10, now);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].uid.as_str(), d[0].deleted), ("uid-b", false));
     q.check();
 }

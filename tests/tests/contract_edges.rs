@@ -1,0 +1,265 @@
+//! Contract edges a controller author meets (keys.md, "What a subscription delivers"), against
+//! the real API server: an object that leaves a subscription's selector is delivered as gone and,
+//! back in it, as added; a name deleted and created again before the next poll is delivered as
+//! the old object's deletion, then the new object, one at a time; a grandchild's change does not
+//! reach the top of an ownership chain (one level, like controller-runtime's `Owns`).
+
+use std::time::Duration;
+
+use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use kube::{
+    Api, ResourceExt as _,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use kube_dispatch_proto::v1::{Reason, ReconcileRequest, ResourceRef, Subscription};
+use kube_dispatch_tests::{
+    TestNamespace, Widget, WidgetSpec,
+    dispatcher::{TestDispatcher, TestSession, subscription, test_config},
+    ensure_widget_crd,
+};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn reason(r: &ReconcileRequest) -> Reason {
+    Reason::try_from(r.reason).unwrap_or(Reason::Unspecified)
+}
+
+/// What a controller receives, as the closing note of the issue shows it.
+fn seen(r: &ReconcileRequest) -> (Reason, String, String, bool) {
+    (reason(r), r.key.clone(), r.uid.clone(), r.deleted)
+}
+
+fn labelled(name: &str, tier: &str) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm.metadata.labels = Some([("tier".to_owned(), tier.to_owned())].into());
+    cm
+}
+
+/// Polls, acknowledging each delivery, until one arrives; returns it.
+async fn next(s: &mut TestSession) -> Result<ReconcileRequest, Box<dyn std::error::Error>> {
+    let got = s.hold(TIMEOUT).await?;
+    let [one] = <[ReconcileRequest; 1]>::try_from(got)
+        .map_err(|got| format!("expected one delivery, got {got:?}"))?;
+    s.ack(&[one.delivery_id]).await?;
+    Ok(one)
+}
+
+#[tokio::test]
+async fn an_object_that_leaves_a_selector_is_delivered_as_gone_and_back_as_added() -> TestResult {
+    let ns = TestNamespace::create("edges-selector").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let web = Subscription {
+        label_selector: "tier=web".into(),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut s = TestSession::open(&d, "web", "r1", vec![web]).await?;
+    let created = api
+        .create(&PostParams::default(), &labelled("page", "web"))
+        .await?;
+    let uid = created.uid().unwrap_or_default();
+    let key = format!("/ConfigMap/{}/page", ns.name());
+    let relabel = |tier: &'static str| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "page",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {"tier": tier}}})),
+            )
+            .await
+        }
+    };
+
+    let mut order = vec![seen(&next(&mut s).await?)];
+    relabel("db").await?;
+    let left = next(&mut s).await?;
+    order.push(seen(&left));
+    relabel("web").await?;
+    order.push(seen(&next(&mut s).await?));
+    println!("a relabelled object, as the controller receives it: {order:#?}");
+    assert_eq!(
+        order,
+        [
+            (Reason::Added, key.clone(), uid.clone(), false),
+            (Reason::Deleted, key.clone(), uid.clone(), true),
+            (Reason::Added, key.clone(), uid.clone(), false),
+        ]
+    );
+    // The last state it was seen in, when the payload carries bodies.
+    let body: ConfigMap = serde_json::from_slice(&left.object_json)?;
+    assert_eq!(body.uid().as_deref(), Some(uid.as_str()));
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_name_deleted_and_created_again_before_a_poll_arrives_as_both_one_at_a_time() -> TestResult
+{
+    let ns = TestNamespace::create("edges-recreate").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s = TestSession::open(&d, "g", "r1", subs.clone()).await?;
+    // A second group on the same watch tells us when the dispatcher has seen both events.
+    let mut observer = TestSession::open(&d, "observer", "o1", subs).await?;
+    let key = format!("/ConfigMap/{}/reused", ns.name());
+
+    let first = api
+        .create(&PostParams::default(), &labelled("reused", "a"))
+        .await?;
+    let created = next(&mut s).await?;
+    next(&mut observer).await?;
+    // Deleted and created again while the controller does not poll.
+    api.delete("reused", &DeleteParams::default()).await?;
+    let second = api
+        .create(&PostParams::default(), &labelled("reused", "b"))
+        .await?;
+    let second_rv = second.resource_version().unwrap_or_default();
+    let mut watched = Vec::new();
+    while !watched
+        .iter()
+        .any(|r: &ReconcileRequest| r.resource_version == second_rv)
+    {
+        let got = observer.hold(TIMEOUT).await?;
+        observer
+            .ack(&got.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+            .await?;
+        watched.extend(got);
+    }
+
+    // One key, one delivery at a time: first the old object's deletion...
+    let got = s.poll_acking(&[], Duration::from_secs(2)).await?;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let gone = &got[0];
+    let more = s.poll_acking(&[], Duration::from_millis(200)).await?;
+    assert!(more.is_empty(), "the key is in flight: {more:?}");
+    s.ack(&[gone.delivery_id]).await?;
+    // ... then the new one.
+    let new = next(&mut s).await?;
+    let order = [seen(&created), seen(gone), seen(&new)];
+    println!("a name re-used between two polls, as the controller receives it: {order:#?}");
+    let (uid_a, uid_b) = (
+        first.uid().unwrap_or_default(),
+        second.uid().unwrap_or_default(),
+    );
+    assert_ne!(uid_a, uid_b);
+    assert_eq!(
+        order,
+        [
+            (Reason::Added, key.clone(), uid_a.clone(), false),
+            (Reason::Deleted, key.clone(), uid_a, true),
+            (Reason::Added, key.clone(), uid_b, false),
+        ]
+    );
+    assert_eq!(new.resource_version, second_rv);
+    d.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_grandchild_does_not_reach_the_top_of_an_ownership_chain() -> TestResult {
+    let ns = TestNamespace::create("edges-chain").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let widget_ref = ResourceRef {
+        group: "test.kube-dispatch.dev".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: String::new(),
+    };
+    let primary = Subscription {
+        resource: Some(widget_ref.clone()),
+        namespace: ns.name().into(),
+        ..Subscription::default()
+    };
+    let owned = Subscription {
+        owner: Some(widget_ref),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut s = TestSession::open(&d, "widgets", "r1", vec![primary, owned]).await?;
+    let owner_ref = |api_version: &str, kind: &str, name: &str, uid: String| OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid,
+        controller: Some(true),
+        ..OwnerReference::default()
+    };
+    let owned_by = |name: &str, owner: OwnerReference| {
+        let mut cm = labelled(name, "x");
+        cm.metadata.owner_references = Some(vec![owner]);
+        cm
+    };
+    // Two widgets; "top" owns ConfigMap "mid", which owns ConfigMap "leaf".
+    let mut uids = Vec::new();
+    for name in ["top", "other"] {
+        let w = widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new(name, WidgetSpec { size: 1 }),
+            )
+            .await?;
+        uids.push(w.uid().unwrap_or_default());
+    }
+    let widget_key = |name: &str| format!("test.kube-dispatch.dev/Widget/{}/{name}", ns.name());
+    let got = s.collect_until(TIMEOUT, |g| g.len() >= 2).await;
+    assert_eq!(got.len(), 2);
+    let mid = configmaps
+        .create(
+            &PostParams::default(),
+            &owned_by(
+                "mid",
+                owner_ref(
+                    "test.kube-dispatch.dev/v1",
+                    "Widget",
+                    "top",
+                    uids[0].clone(),
+                ),
+            ),
+        )
+        .await?;
+    // The child reaches its owner.
+    let child = next(&mut s).await?;
+    assert_eq!(
+        (reason(&child), child.key.as_str()),
+        (Reason::Owned, widget_key("top").as_str())
+    );
+    // The grandchild is owned by a ConfigMap, not a Widget: it reaches nothing. A child of the
+    // other widget, created after it on the same watch, shows it has been seen.
+    configmaps
+        .create(
+            &PostParams::default(),
+            &owned_by(
+                "leaf",
+                owner_ref("v1", "ConfigMap", "mid", mid.uid().unwrap_or_default()),
+            ),
+        )
+        .await?;
+    configmaps
+        .create(
+            &PostParams::default(),
+            &owned_by(
+                "marker",
+                owner_ref(
+                    "test.kube-dispatch.dev/v1",
+                    "Widget",
+                    "other",
+                    uids[1].clone(),
+                ),
+            ),
+        )
+        .await?;
+    let got = s
+        .collect_until(TIMEOUT, |g| g.iter().any(|r| r.key == widget_key("other")))
+        .await;
+    let keys: Vec<(Reason, &str)> = got.iter().map(|r| (reason(r), r.key.as_str())).collect();
+    assert_eq!(keys, [(Reason::Owned, widget_key("other").as_str())]);
+    d.stop().await;
+    Ok(())
+}
