@@ -1,5 +1,6 @@
 //! An API-server restart expires the dispatcher's watch (410 Gone on resume): the re-list must
-//! lose no update and no delete, and must not re-deliver what did not change.
+//! lose no update and no delete, must not re-deliver what did not change, and must show an
+//! object that left a subscription's selector meanwhile as gone from it.
 //!
 //! One test in this file on purpose: it restarts the shared API server, and cargo runs test
 //! binaries one after another.
@@ -11,7 +12,7 @@ use kube::{
     ResourceExt,
     api::{Api, DeleteParams, Patch, PatchParams, PostParams},
 };
-use kube_dispatch_proto::v1::Reason;
+use kube_dispatch_proto::v1::{Reason, Subscription};
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
@@ -42,6 +43,20 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
         .collect_until(Duration::from_secs(30), |g| g.len() >= 3)
         .await;
     assert_eq!(first.len(), 3);
+    // A group that sees only ConfigMaps labelled tier=web, and one such object.
+    let web = Subscription {
+        label_selector: "tier=web".into(),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut selected = TestSession::open(&d, "web", "r", vec![web]).await?;
+    let mut w = ConfigMap::default();
+    w.metadata.name = Some("w".into());
+    w.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    let w = api.create(&PostParams::default(), &w).await?;
+    let got = selected
+        .collect_until(Duration::from_secs(30), |g| !g.is_empty())
+        .await;
+    assert_eq!(got.len(), 1);
 
     Cluster::shared()
         .restart_apiserver_expiring_watches(&ns)
@@ -55,6 +70,10 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
         .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     api.delete("b", &DeleteParams::default()).await?;
+    // "w" leaves the selection while the watches are re-listing.
+    let relabel = serde_json::json!({ "metadata": { "labels": { "tier": "db" } } });
+    api.patch("w", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await?;
 
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
     let a_rv = updated.resource_version().unwrap();
@@ -88,6 +107,24 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
     assert!(
         c.is_empty(),
         "unchanged object re-delivered after the re-list: {c:?}"
+    );
+    // The selector's group is told "w" is gone from it, with its uid.
+    let kw = key("w");
+    let left = selected
+        .collect_until(Duration::from_secs(60), |g| g.iter().any(|r| r.key == kw))
+        .await;
+    let gone: Vec<_> = left
+        .iter()
+        .filter(|r| r.key == kw)
+        .map(|r| (Reason::try_from(r.reason), r.deleted, r.uid.as_str()))
+        .collect();
+    assert_eq!(
+        gone,
+        [(
+            Ok(Reason::Deleted),
+            true,
+            w.uid().unwrap_or_default().as_str()
+        )]
     );
     d.stop().await;
     Ok(())
