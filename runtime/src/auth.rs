@@ -172,6 +172,11 @@ pub struct AuthConfig {
     pub cache_capacity: u64,
     /// How fast each identity may call this server.
     pub rate: RequestRate,
+    /// How many tokens not in the cache may be reviewed per second (TokenReview), over all
+    /// callers: a caller sending a new garbage token on every call cannot make this server
+    /// flood the API server with reviews. Past it, calls with new tokens get UNAVAILABLE
+    /// (retry); tokens already verified are served from the cache as before.
+    pub review_rate: RequestRate,
 }
 
 impl Default for AuthConfig {
@@ -182,6 +187,10 @@ impl Default for AuthConfig {
             refusal_ttl: Duration::from_secs(10),
             cache_capacity: 10_000,
             rate: RequestRate::default(),
+            review_rate: RequestRate {
+                per_second: std::num::NonZeroU32::new(50).expect("non-zero"),
+                burst: std::num::NonZeroU32::new(100).expect("non-zero"),
+            },
         }
     }
 }
@@ -334,6 +343,8 @@ pub struct Authenticator {
     audiences: String,
     cache: moka::future::Cache<[u8; 32], Verdict>,
     rates: RateLimits,
+    /// Reviews of tokens not in the cache, over all callers.
+    reviews: governor::DefaultDirectRateLimiter,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -359,6 +370,10 @@ impl Authenticator {
             client,
             audiences: config.audiences.join(" or "),
             rates: RateLimits::new(config.rate, config.cache_capacity),
+            reviews: governor::RateLimiter::direct(
+                governor::Quota::per_second(config.review_rate.per_second)
+                    .allow_burst(config.review_rate.burst),
+            ),
             config,
             cache,
         }
@@ -402,6 +417,13 @@ impl Authenticator {
         let verdict = self
             .cache
             .try_get_with(key, async {
+                if self.reviews.check().is_err() {
+                    let rate = self.config.review_rate;
+                    return Err(Unauthenticated::Unavailable(format!(
+                        "this server reviews at most {} new tokens per second (bursts of {}) and is at that rate: retry",
+                        rate.per_second, rate.burst
+                    )));
+                }
                 self.review(token).await.map(|result| Verdict {
                     result,
                     token_expiry,
@@ -582,6 +604,47 @@ mod tests {
     fn jwt(claims: &str) -> String {
         let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
         format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(claims))
+    }
+
+    /// New tokens past the review rate are refused as UNAVAILABLE without asking the API
+    /// server (here, one that does not answer at all).
+    #[tokio::test]
+    async fn new_tokens_past_the_review_rate_are_not_reviewed() {
+        let nowhere = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = Client::try_from(nowhere).expect("a client");
+        let one = std::num::NonZeroU32::new(1).expect("non-zero");
+        let authenticator = Authenticator::new(
+            client,
+            AuthConfig {
+                review_rate: RequestRate {
+                    per_second: one,
+                    burst: one,
+                },
+                ..AuthConfig::default()
+            },
+        );
+        let first = authenticator
+            .authenticate(Some(b"Bearer garbage-1"))
+            .await
+            .expect_err("nobody reviews it");
+        assert!(
+            first.to_string().contains("TokenReview failed"),
+            "the first is sent for review: {first}"
+        );
+        let second = authenticator
+            .authenticate(Some(b"Bearer garbage-2"))
+            .await
+            .expect_err("over the rate");
+        assert_eq!(
+            Status::from(second.clone()).code(),
+            tonic::Code::Unavailable
+        );
+        assert!(
+            second
+                .to_string()
+                .contains("reviews at most 1 new tokens per second"),
+            "{second}"
+        );
     }
 
     #[test]

@@ -58,6 +58,12 @@ pub struct SecurityFlags {
     #[arg(long, env = "KD_MAX_REQUEST_BURST", default_value_t = RequestRate::default().burst)]
     pub max_request_burst: NonZeroU32,
 
+    /// Tokens not seen before that this server reviews per second (TokenReview), over all
+    /// callers, in bursts of twice as many; past it, calls with new tokens get UNAVAILABLE
+    /// (retry). Bounds what garbage tokens can make this server ask of the API server.
+    #[arg(long, env = "KD_MAX_TOKEN_REVIEW_RATE", default_value_t = AuthConfig::default().review_rate.per_second)]
+    pub max_token_review_rate: NonZeroU32,
+
     /// GROUP=USER: the controller group GROUP may be used by USER (repeat for several users
     /// and groups), and by no one else, whoever created it. A group not listed belongs to the
     /// user that created it. For a controller that runs under several ServiceAccounts.
@@ -152,6 +158,12 @@ impl SecurityFlags {
             rate: RequestRate {
                 per_second: self.max_request_rate,
                 burst: self.max_request_burst,
+            },
+            review_rate: RequestRate {
+                per_second: self.max_token_review_rate,
+                burst: self
+                    .max_token_review_rate
+                    .saturating_mul(NonZeroU32::new(2).expect("non-zero")),
             },
             ..AuthConfig::default()
         }))
