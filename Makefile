@@ -10,7 +10,7 @@ CARGO ?= cargo
 
 .PHONY: help
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  make %-14s %s\n", $$1, $$2 }'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  make %-14s %s\n", $$1, $$2 }'
 
 .PHONY: demo
 demo: ## Run kube-dispatch on a local control plane (KEEP=1 leaves it running)
@@ -36,8 +36,20 @@ model: ## Deep check of the protocol model (model/): ARGS passes flags (see --he
 	$(CARGO) run --locked --release -p kube-dispatch-model -- $${ARGS:-}
 
 .PHONY: image
-image: ## Build the container image kube-dispatch:dev (needs docker; see deploy/README.md)
-	docker build -f deploy/Dockerfile -t kube-dispatch:dev .
+image: ## Build the image kube-dispatch:dev without a registry (buildah, FROM scratch): BUILDER=docker for docker
+	@deploy/image.sh --builder $${BUILDER:-buildah}
+
+.PHONY: node-up
+node-up: ## Start (or reuse) one real node: kubelet, containerd, runc, kube-scheduler, kube-proxy (needs root)
+	@tests/node/node.sh up
+
+.PHONY: node-down
+node-down: ## Stop the node and put the machine back (processes, mounts, cgroups, iptables, sysctls)
+	@tests/node/node.sh down
+
+.PHONY: e2e
+e2e: ## deploy/ on the real node: rolling update, pod deletion, evictions, scaling, with a writer (~5 min)
+	@tests/e2e.sh
 
 .PHONY: bench
 bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
@@ -60,7 +72,7 @@ bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes 
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core
 
 .PHONY: binaries
-binaries: ## Build (once) kube-apiserver, kube-controller-manager, kubectl and etcd
+binaries: ## Build (once) kube-apiserver, kube-controller-manager, kubectl, etcd, kubelet, kube-scheduler, kube-proxy
 	@tests/cluster/build-binaries.sh
 
 .PHONY: cluster-up

@@ -19,7 +19,6 @@ overlapped in time across replicas, read from the replicas' JSON logs (a line wh
 reconcile span opens and closes). The demo exits non-zero unless both are 0.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,8 +30,11 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections import Counter, defaultdict
+from collections import Counter
 from datetime import datetime
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reconciles import annotated, concurrent, spans  # noqa: E402
 
 KUBECONFIG, KUBECTL, BIN_DIR, LOGS, PROMETHEUS_BIN = sys.argv[1:6]
 LOGS = os.path.abspath(LOGS)
@@ -44,7 +46,6 @@ OBJECTS_NS = f"kd-demo-{os.getpid()}"
 # The Leases of the ring and of the load balancer live beside the objects, so the run leaves
 # nothing behind when its namespace goes.
 LEASE_NS = OBJECTS_NS
-ANNOTATION = "example.kube-dispatch.dev/content-hash"
 TIMEOUT = 300
 # Short Leases and bounds so failover shows within seconds; `T` = max(session ttl cap,
 # reconcile cap) = 10 s.
@@ -322,13 +323,6 @@ def start_replica(i, lb_port):
     )
 
 
-def content_hash(data):
-    h = hashlib.sha256()
-    for k in sorted(data):
-        h.update(k.encode() + b"\0" + data[k].encode() + b"\0")
-    return h.hexdigest()
-
-
 def apply_objects(generation):
     items = [
         {
@@ -349,11 +343,7 @@ def matching():
     """ConfigMaps whose annotation is the hash of their current content, and the total."""
     items = json.loads(kubectl("-n", OBJECTS_NS, "get", "configmaps", "-o", "json"))["items"]
     items = [i for i in items if i["metadata"]["name"].startswith("demo-")]
-    ok = sum(
-        1
-        for i in items
-        if i["metadata"].get("annotations", {}).get(ANNOTATION) == content_hash(i.get("data", {}))
-    )
+    ok = sum(1 for i in items if annotated(i))
     return ok, len(items)
 
 
@@ -363,41 +353,11 @@ def reconciles():
     for name, p in processes.items():
         if not name.startswith("configmap-hasher"):
             continue
-        open_spans = {}
         with open(p.log) as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                span = event.get("span") or {}
-                if span.get("name") != "reconcile":
-                    continue
-                message = event.get("fields", {}).get("message")
-                at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
-                key = span.get("key")
-                if message == "new":
-                    open_spans[key] = (span.get("dispatcher", "?"), at)
-                elif message == "close" and key in open_spans:
-                    dispatcher, begun = open_spans.pop(key)
-                    runs.append((name, key, dispatcher, begun, at))
-        for key, (dispatcher, begun) in open_spans.items():
-            # Still running, or cut short by a kill.
-            runs.append((name, key, dispatcher, begun, p.killed_at))
+            # A span still open is still running, or was cut short by a kill.
+            for key, dispatcher, begun, end in spans(f, cut_at=p.killed_at):
+                runs.append((name, key, dispatcher, begun, end))
     return runs
-
-
-def concurrent(runs):
-    by_key = defaultdict(list)
-    for replica, key, _, begun, end in runs:
-        by_key[key].append((begun, end if end is not None else float("inf"), replica))
-    pairs = 0
-    for spans in by_key.values():
-        spans.sort()
-        for a, b in zip(spans, spans[1:]):
-            if a[1] > b[0] and a[2] != b[2]:
-                pairs += 1
-    return pairs
 
 
 def queue_depth():
@@ -517,7 +477,7 @@ def main():
     runs = reconciles()
     ok, total = matching()
     lost = OBJECTS - ok
-    overlaps = concurrent(runs)
+    overlaps = concurrent([(replica, key, begun, end) for replica, key, _, begun, end in runs])
     per_replica = Counter(r[0] for r in runs)
     writes = 3 * OBJECTS
     print(

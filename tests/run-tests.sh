@@ -46,3 +46,10 @@ cargo test --workspace --locked
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.
 KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/grafana/check-dashboard.sh
+
+step "deploy/ on a real node (make e2e, short form)"
+# The image built without a registry, the node started (and taken down again), the example
+# overlay applied with kustomize, then a rolling update of the dispatchers and the controller
+# scaled 2 -> 1 with a writer all along: lost 0 and concurrent 0, or this fails. `make e2e`
+# adds a pod deletion, evictions against the PodDisruptionBudget and scaling 2 -> 4 -> 1.
+E2E_SHORT=1 tests/e2e.sh

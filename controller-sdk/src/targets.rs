@@ -4,7 +4,7 @@ use std::{collections::BTreeSet, time::Duration};
 
 use kube_dispatch_proto::{
     credentials::{AuthChannel, Credentials},
-    v1::{RegisterRequest, load_balancer_client::LoadBalancerClient},
+    v1::{LeaveRequest, RegisterRequest, load_balancer_client::LoadBalancerClient},
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -64,7 +64,11 @@ pub(crate) async fn follow_load_balancer(
     let mut current = address.clone();
     let mut redirects = 0u32;
     while !stop.is_cancelled() {
-        let delay = match register(&credentials, &current, &request, &targets, &stop).await {
+        let ended = register(&credentials, &current, &request, &targets, &stop).await;
+        if stop.is_cancelled() {
+            return;
+        }
+        let delay = match ended {
             Ok((Ended::Redirect(leader), _)) if redirects < MAX_REDIRECTS => {
                 redirects += 1;
                 info!(load_balancer = %leader, "redirected to the leading load balancer");
@@ -108,24 +112,33 @@ async fn register(
     targets: &watch::Sender<BTreeSet<String>>,
     stop: &CancellationToken,
 ) -> Result<(Ended, bool), tonic::Status> {
-    let channel = credentials
+    let endpoint = credentials
         .endpoint(address)
         .map_err(|e| tonic::Status::invalid_argument(format!("load balancer: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         // A leader that vanishes without closing the connection is noticed within seconds.
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("cannot connect to {address}: {e}")))?;
+        .keep_alive_while_idle(true);
+    let connect = endpoint.connect();
+    // Not registered yet: nothing to take leave of when stopped meanwhile.
+    let channel = tokio::select! {
+        () = stop.cancelled() => return Ok((Ended::Closed, false)),
+        c = connect => c.map_err(|e| tonic::Status::unavailable(format!("cannot connect to {address}: {e}")))?,
+    };
     let mut client: LoadBalancerClient<AuthChannel> =
         LoadBalancerClient::with_interceptor(channel, credentials.bearer());
-    let mut stream = client.register(request.clone()).await?.into_inner();
+    let mut stream = tokio::select! {
+        () = stop.cancelled() => return Ok((Ended::Closed, false)),
+        s = client.register(request.clone()) => s?.into_inner(),
+    };
     let mut assigned = false;
     loop {
         let message = tokio::select! {
-            () = stop.cancelled() => return Ok((Ended::Closed, assigned)),
+            () = stop.cancelled() => {
+                leave(&mut client, request).await;
+                return Ok((Ended::Closed, assigned));
+            }
             m = stream.message() => m?,
         };
         let Some(assignment) = message else {
@@ -138,6 +151,28 @@ async fn register(
         let set: BTreeSet<String> = assignment.dispatchers.iter().cloned().collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
         targets.send_replace(set);
+    }
+}
+
+/// How long a replica that shuts down waits for the load balancer to take its leave.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tells the load balancer this replica is shutting down, so its dispatchers go to the other
+/// replicas now rather than after the load balancer's grace. Best effort: without an answer
+/// the grace still applies.
+async fn leave(client: &mut LoadBalancerClient<AuthChannel>, request: &RegisterRequest) {
+    let leave = LeaveRequest {
+        group: request.group.clone(),
+        replica_id: request.replica_id.clone(),
+    };
+    match tokio::time::timeout(LEAVE_TIMEOUT, client.leave(leave)).await {
+        Ok(Ok(_)) => info!("left the load balancer: its dispatchers go to the other replicas"),
+        Ok(Err(status)) => {
+            warn!(%status, "the load balancer did not take the leave; it frees this replica's dispatchers after its grace");
+        }
+        Err(_) => {
+            warn!(timeout = ?LEAVE_TIMEOUT, "the load balancer did not answer the leave; it frees this replica's dispatchers after its grace");
+        }
     }
 }
 
@@ -154,7 +189,7 @@ mod tests {
 
     use futures::{Stream, StreamExt};
     use kube_dispatch_proto::v1::{
-        Assignment,
+        Assignment, LeaveResponse,
         load_balancer_server::{LoadBalancer, LoadBalancerServer},
     };
     use tokio_stream::wrappers::TcpListenerStream;
@@ -168,6 +203,8 @@ mod tests {
         refuse: u32,
         calls: Arc<AtomicU32>,
         answer: Assignment,
+        /// The replica ids that left.
+        left: Arc<std::sync::Mutex<Vec<String>>>,
     }
 
     #[tonic::async_trait]
@@ -185,6 +222,15 @@ mod tests {
             Ok(Response::new(Box::pin(
                 answers.chain(futures::stream::pending()),
             )))
+        }
+
+        async fn leave(
+            &self,
+            request: Request<LeaveRequest>,
+        ) -> Result<Response<LeaveResponse>, Status> {
+            let mut left = self.left.lock().expect("not poisoned");
+            left.push(request.into_inner().replica_id);
+            Ok(Response::new(LeaveResponse { removed: true }))
         }
     }
 
@@ -216,9 +262,11 @@ mod tests {
     async fn a_replica_reaches_a_leader_that_refused_it_at_first() {
         let stop = CancellationToken::new();
         let leader_calls = Arc::new(AtomicU32::new(0));
+        let left: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         let leader = Fake {
             refuse: MAX_REDIRECTS + 1,
             calls: leader_calls.clone(),
+            left: left.clone(),
             answer: Assignment {
                 dispatchers: vec!["127.0.0.1:7070".into()],
                 generation: 1,
@@ -226,9 +274,11 @@ mod tests {
             },
         };
         let leader = serve(leader, &stop).await;
+        let standby_left: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         let standby = Fake {
             refuse: 0,
             calls: Arc::default(),
+            left: standby_left.clone(),
             answer: Assignment {
                 leader: leader.to_string(),
                 ..Default::default()
@@ -239,7 +289,10 @@ mod tests {
         let follow = tokio::spawn(follow_load_balancer(
             standby.to_string(),
             Credentials::plaintext(),
-            RegisterRequest::default(),
+            RegisterRequest {
+                group: "g".into(),
+                replica_id: "r1".into(),
+            },
             targets,
             stop.clone(),
         ));
@@ -257,5 +310,8 @@ mod tests {
         assert_eq!(calls, MAX_REDIRECTS + 2);
         stop.cancel();
         follow.await.expect("the registration task ends on stop");
+        // Shutting down, the replica took its leave of the leader it was registered with.
+        assert_eq!(*left.lock().unwrap(), ["r1"]);
+        assert!(standby_left.lock().unwrap().is_empty());
     }
 }

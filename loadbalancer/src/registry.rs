@@ -237,6 +237,24 @@ impl Registry {
         inner.groups.retain(|_, g| !g.replicas.is_empty());
     }
 
+    /// Removes `replica` from `group` now (it is shutting down), without the grace, and
+    /// re-places the group; `Ok(false)` when it was not registered.
+    pub fn leave(&self, group: &str, replica: &str, user: Option<&str>) -> Result<bool, NotOwner> {
+        let mut inner = self.inner();
+        let Some(state) = inner.groups.get_mut(group) else {
+            return Ok(false);
+        };
+        self.owners.check(group, state.owner.as_deref(), user)?;
+        if state.replicas.remove(replica).is_none() {
+            return Ok(false);
+        }
+        info!(group, replica, "replica left");
+        inner.registrations -= 1;
+        replace(&mut inner, group);
+        inner.groups.retain(|_, g| !g.replicas.is_empty());
+        Ok(true)
+    }
+
     /// Drops every registration (this replica stopped leading): their streams end, and the
     /// replicas register with the new leader.
     pub fn clear(&self) {
@@ -337,6 +355,36 @@ mod tests {
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
         assert_eq!(registry.len(), 1);
         assert!(b.has_changed().is_err(), "b's assignment is dropped");
+    }
+
+    #[test]
+    fn a_replica_that_leaves_hands_its_dispatchers_over_at_once() {
+        let registry = Registry::new(10, GroupOwners::default());
+        registry.set_dispatchers(dispatchers(3));
+        let (mut a, _ga) = registry.register("g", "a", None).unwrap();
+        let (b, gb) = registry.register("g", "b", None).unwrap();
+        a.borrow_and_update();
+        assert!(registry.leave("g", "b", None).unwrap());
+        // No grace: a polls all three dispatchers now, while b's stream is still open.
+        assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
+        assert!(
+            b.has_changed().is_err(),
+            "b's assignment is dropped, so its stream ends"
+        );
+        assert_eq!(registry.len(), 1);
+        assert!(!registry.leave("g", "b", None).unwrap(), "gone already");
+        assert!(
+            !registry.leave("other", "b", None).unwrap(),
+            "no such group"
+        );
+        // Its stream ending afterwards changes nothing.
+        drop(gb);
+        registry.expire(
+            Instant::now() + Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
+        assert_eq!(registry.len(), 1);
+        assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use kube_dispatch_proto::v1::{
-    Assignment, RegisterRequest,
+    Assignment, LeaveRequest, LeaveResponse, RegisterRequest,
     load_balancer_server::{LoadBalancer, LoadBalancerServer},
 };
 use kube_dispatch_runtime::{
@@ -119,13 +119,7 @@ impl LoadBalancer for Service {
     ) -> Result<Response<Self::RegisterStream>, Status> {
         let caller = Caller::of(&request);
         let req = request.into_inner();
-        for (field, value) in [("group", &req.group), ("replica_id", &req.replica_id)] {
-            if value.is_empty() || value.len() > MAX_ID_LEN {
-                return Err(Status::invalid_argument(format!(
-                    "{field} must be 1 to {MAX_ID_LEN} characters long"
-                )));
-            }
-        }
+        check_ids(&req.group, &req.replica_id)?;
         if !*self.leading.borrow() {
             let leader = self.leader().await?;
             let redirect = Assignment {
@@ -159,6 +153,41 @@ impl LoadBalancer for Service {
             });
         Ok(Response::new(stream.boxed()))
     }
+
+    async fn leave(
+        &self,
+        request: Request<LeaveRequest>,
+    ) -> Result<Response<LeaveResponse>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        check_ids(&req.group, &req.replica_id)?;
+        if !*self.leading.borrow() {
+            return Err(Status::failed_precondition(
+                "this load balancer does not lead; the leader forgets the replica after its grace",
+            ));
+        }
+        let removed = self
+            .registry
+            .leave(
+                &req.group,
+                &req.replica_id,
+                caller.identity().map(|i| i.username.as_str()),
+            )
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
+        Ok(Response::new(LeaveResponse { removed }))
+    }
+}
+
+/// INVALID_ARGUMENT unless the group and the replica id are 1 to [`MAX_ID_LEN`] characters.
+fn check_ids(group: &str, replica_id: &str) -> Result<(), Status> {
+    for (field, value) in [("group", group), ("replica_id", replica_id)] {
+        if value.is_empty() || value.len() > MAX_ID_LEN {
+            return Err(Status::invalid_argument(format!(
+                "{field} must be 1 to {MAX_ID_LEN} characters long"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Service {

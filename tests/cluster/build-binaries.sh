@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kubectl and etcd from the upstream Go modules
-# at the versions pinned in tests/cluster/go.mod, with the machine's Go toolchain.
+# Builds kube-apiserver, kube-controller-manager, kubectl and etcd (the control plane), and
+# kubelet, kube-scheduler and kube-proxy (the local node, tests/node/node.sh), from the upstream
+# Go modules at the versions pinned in tests/cluster/go.mod, with the machine's Go toolchain.
 #
 # The binaries are cached in .cache/kubernetes/<kubernetes>-etcd-<etcd>-<recipe digest>/bin
 # (git-ignored; the digest covers go.mod, go.sum and this script); when all of them are there,
@@ -19,7 +20,7 @@ if [[ ${1:-} == --print-dir ]]; then
   exit 0
 fi
 
-binaries=(kube-apiserver kube-controller-manager kubectl etcd)
+binaries=(kube-apiserver kube-controller-manager kubectl etcd kubelet kube-scheduler kube-proxy)
 missing=()
 for b in "${binaries[@]}"; do
   [[ -x $KD_BIN_DIR/$b ]] || missing+=("$b")
@@ -53,7 +54,10 @@ done
   go build -trimpath -ldflags="$ldflags" -o "$staging/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-proxy
   go build -trimpath -ldflags='-s -w' -o "$staging/etcd" go.etcd.io/etcd/server/v3
 )
 mkdir -p "$KD_BIN_DIR"

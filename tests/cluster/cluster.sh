@@ -30,6 +30,11 @@
 # Environment:
 #   KD_CLUSTER_DIR       where the cluster lives (default <repo>/.cluster)
 #   KD_READY_TIMEOUT     seconds to wait for /readyz (default 120)
+#   KD_APISERVER_ADDRESS the address kube-apiserver binds and advertises (default 127.0.0.1);
+#                        the local node (tests/node/node.sh) uses its bridge's address, which
+#                        its pods can reach
+#   KD_KCM_CONTROLLERS   the controllers kube-controller-manager runs (default: namespace,
+#                        garbage collector, service account, ClusterRole aggregation)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,6 +43,8 @@ source "$here/versions.sh"
 
 dir=${KD_CLUSTER_DIR:-$KD_ROOT/.cluster}
 ready_timeout=${KD_READY_TIMEOUT:-120}
+address=${KD_APISERVER_ADDRESS:-127.0.0.1}
+kcm_controllers=${KD_KCM_CONTROLLERS:-namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 state="$dir/state.env"
@@ -84,7 +91,7 @@ admin_token() { awk -F, '$2 == "admin" { print $1 }' "$dir/tokens.csv"; }
 
 readyz() {
   curl -fsS --max-time 5 --cacert "$pki/ca.crt" -H "Authorization: Bearer $(admin_token)" \
-    "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null
+    "https://$address:$API_PORT/readyz" 2>/dev/null
 }
 
 is_ready() {
@@ -122,13 +129,29 @@ make_pki() {
       -keyout apiserver.key -out apiserver.csr 2>/dev/null
     printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
       "extendedKeyUsage=serverAuth" \
-      "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+      "subjectAltName=IP:127.0.0.1,IP:$address,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
       >apiserver.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile apiserver.ext -out apiserver.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f apiserver.csr apiserver.ext ca.srl
+  )
+}
+
+# The API server's client certificate for kubelets (logs, exec), in group system:masters.
+make_kubelet_client_cert() {
+  [[ -f $pki/apiserver-kubelet-client.crt ]] && return 0
+  (
+    cd "$pki"
+    openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+      -keyout apiserver-kubelet-client.key -out apiserver-kubelet-client.csr 2>/dev/null
+    printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+      "extendedKeyUsage=clientAuth" >apiserver-kubelet-client.ext
+    openssl x509 -req -in apiserver-kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -days 3650 -extfile apiserver-kubelet-client.ext -out apiserver-kubelet-client.crt 2>/dev/null
+    rm -f apiserver-kubelet-client.csr apiserver-kubelet-client.ext ca.srl
+    chmod 600 apiserver-kubelet-client.key
   )
 }
 
@@ -186,6 +209,10 @@ make_tokens() {
     echo "$(t),admin,kd-admin,\"system:masters\""
     echo "$(t),system:kube-controller-manager,kd-kube-controller-manager,\"system:masters\""
     for i in 1 2 3 4 5; do echo "$(t),kd-test-user-$i,kd-test-user-$i"; done
+    # The local node's components (tests/node/node.sh), written before the API server starts.
+    echo "$(t),system:node:kd-node,kd-node,\"system:nodes\""
+    echo "$(t),system:kube-scheduler,kd-kube-scheduler"
+    echo "$(t),system:kube-proxy,kd-kube-proxy"
   } >"$dir/tokens.csv"
   chmod 600 "$dir/tokens.csv"
 }
@@ -197,7 +224,7 @@ kind: Config
 clusters:
 - name: kube-dispatch-test
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$address:$API_PORT
     certificate-authority: $pki/ca.crt
 users:
 - name: $2
@@ -235,13 +262,16 @@ start_etcd() {
 start_apiserver() {
   setsid "$KD_BIN_DIR/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 \
-    --advertise-address 127.0.0.1 \
+    --bind-address "$address" \
+    --advertise-address "$address" \
     --secure-port "$API_PORT" \
     --cert-dir "$pki" \
     --tls-cert-file "$pki/apiserver.crt" \
     --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
     --token-auth-file "$dir/tokens.csv" \
     --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
@@ -258,7 +288,8 @@ start_apiserver() {
 start_controller_manager() {
   setsid "$KD_BIN_DIR/kube-controller-manager" \
     --kubeconfig "$dir/controller-manager.kubeconfig" \
-    --controllers namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller \
+    --controllers "$kcm_controllers" \
+    --root-ca-file "$pki/ca.crt" \
     --leader-elect=false \
     --bind-address 127.0.0.1 \
     --secure-port 0 \
@@ -280,7 +311,7 @@ wait_ready() {
 
 cmd_up() {
   if is_ready; then
-    log "reusing the running control plane (kube-apiserver https://127.0.0.1:$API_PORT)"
+    log "reusing the running control plane (kube-apiserver https://$address:$API_PORT)"
     make_dispatch_pki
     make_test_identity
     echo "$dir/kubeconfig"
@@ -300,6 +331,7 @@ cmd_up() {
   : >"$logs/kube-apiserver.log"
   : >"$logs/kube-controller-manager.log"
   make_pki
+  make_kubelet_client_cert
   make_tokens
   read -r API_PORT ETCD_PORT ETCD_PEER_PORT <<<"$(free_ports 3)"
   write_kubeconfig "$dir/kubeconfig" admin "$(admin_token)"
@@ -316,7 +348,7 @@ cmd_up() {
   save_state
   make_dispatch_pki
   make_test_identity
-  log "ready in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
+  log "ready in $((SECONDS - start)) s: kube-apiserver https://$address:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
   log "try: $KD_BIN_DIR/kubectl --kubeconfig $dir/kubeconfig get --raw /readyz"
   echo "$dir/kubeconfig"
 }
@@ -337,7 +369,7 @@ cmd_down() {
 
 cmd_status() {
   if is_ready; then
-    echo "running: kube-apiserver https://127.0.0.1:$API_PORT (pid $APISERVER_PID), etcd http://127.0.0.1:$ETCD_PORT (pid $ETCD_PID), kube-controller-manager (pid $KCM_PID); kubeconfig $dir/kubeconfig"
+    echo "running: kube-apiserver https://$address:$API_PORT (pid $APISERVER_PID), etcd http://127.0.0.1:$ETCD_PORT (pid $ETCD_PID), kube-controller-manager (pid $KCM_PID); kubeconfig $dir/kubeconfig"
   else
     echo "not running"
     return 1
@@ -348,7 +380,7 @@ cmd_env() {
   is_ready || die "the control plane is not running; start it with: make cluster-up"
   echo "KUBECONFIG=$dir/kubeconfig"
   echo "KD_KUBECTL=$KD_BIN_DIR/kubectl"
-  echo "KD_API_URL=https://127.0.0.1:$API_PORT"
+  echo "KD_API_URL=https://$address:$API_PORT"
   echo "KD_ETCD_URL=http://127.0.0.1:$ETCD_PORT"
 }
 

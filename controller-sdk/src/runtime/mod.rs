@@ -133,13 +133,21 @@ where
         }
         Source::LoadBalancer(address) => {
             info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
-            tokio::spawn(follow_load_balancer(
+            // The stream of outcomes stays open until the registration has ended too, so a
+            // replica that shuts down exits only once it has taken its leave of the load
+            // balancer (its dispatchers go to the other replicas at once).
+            let hold = shared.outcomes.clone();
+            let follow = follow_load_balancer(
                 address,
                 credentials,
                 RegisterRequest { group, replica_id },
                 targets_tx,
                 stop.clone(),
-            ));
+            );
+            tokio::spawn(async move {
+                follow.await;
+                drop(hold);
+            });
         }
     }
     tokio::spawn(supervise::supervise(targets, shared, stop));

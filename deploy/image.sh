@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds the kube-dispatch image without a registry and without pulling a base image: static
+# (musl) release binaries of the dispatcher, the load balancer, kdctl and the example controller
+# configmap-hasher in a root filesystem of their own, built from deploy/Dockerfile (FROM
+# scratch, user 65532, nothing else in it) by buildah from the distribution's packages, or by
+# docker. The same Dockerfile and context serve both, so both give the same layout:
+#
+#   /usr/local/bin/kube-dispatch-dispatcher   (the entrypoint)
+#   /usr/local/bin/kube-dispatch-loadbalancer
+#   /usr/local/bin/kdctl
+#   /usr/local/bin/configmap-hasher
+#   /etc/passwd, /etc/group                   (nonroot, 65532)
+#
+# Usage: deploy/image.sh [--tag NAME:TAG] [--output ARCHIVE] [--builder buildah|docker]
+#   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
+#   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar);
+#              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
+#   --builder  buildah (default; installed from the distribution's packages when missing and
+#              run as root) or docker (tags the image in the local engine; no archive)
+# Also, for other images built the same way (tests/node/node.sh's pause image):
+#   deploy/image.sh --build-only --context DIR --file DOCKERFILE --tag NAME:TAG --output ARCHIVE
+#
+# The binaries are linked statically against musl: the rustup target x86_64-unknown-linux-musl
+# and musl-gcc (Debian's musl-tools) are installed when missing.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tag=kube-dispatch:dev
+output=
+builder=buildah
+build_only=false
+context=
+file=$root/deploy/Dockerfile
+target=x86_64-unknown-linux-musl
+
+log() { printf 'image: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --tag) tag=${2:?--tag needs a value}; shift 2 ;;
+    --output) output=${2:?--output needs a value}; shift 2 ;;
+    --builder) builder=${2:?--builder needs a value}; shift 2 ;;
+    --build-only) build_only=true; shift ;;
+    --context) context=${2:?--context needs a value}; shift 2 ;;
+    --file) file=${2:?--file needs a value}; shift 2 ;;
+    -h | --help) usage ;;
+    *) log "unknown argument: $1"; usage ;;
+  esac
+done
+[[ $builder == buildah || $builder == docker ]] || die "--builder is buildah or docker, not $builder"
+
+# A bare name means Docker Hub's library, as containerd and the kubelet read it.
+if [[ $tag != */* ]]; then
+  full_tag=docker.io/library/$tag
+elif [[ ${tag%%/*} == *.* || ${tag%%/*} == *:* || ${tag%%/*} == localhost ]]; then
+  full_tag=$tag
+else
+  full_tag=docker.io/$tag
+fi
+
+install_packages() {
+  [[ $# -eq 0 ]] && return 0
+  command -v apt-get >/dev/null && [[ $(id -u) == 0 ]] ||
+    die "$* missing: install them with your package manager (Debian: apt-get install $*)"
+  log "installing $* from the distribution's packages"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >/dev/null ||
+    die "apt-get install $* failed"
+}
+
+# The static binaries and the root filesystem, in target/image/context.
+make_context() {
+  local want=()
+  command -v musl-gcc >/dev/null || want+=(musl-tools)
+  install_packages "${want[@]}"
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+    log "adding the rustup target $target"
+    rustup target add "$target" >/dev/null
+  fi
+  log "building the static release binaries (cargo --target $target)"
+  (
+    cd "$root"
+    cargo build --release --locked --quiet --target "$target" \
+      -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-kdctl --bins
+    cargo build --release --locked --quiet --target "$target" \
+      -p kube-dispatch-controller --example configmap_hasher
+  )
+  local out=$root/target/$target/release
+  context=$root/target/image/context
+  rm -rf "$context"
+  mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
+  install -m 0755 "$out/kube-dispatch-dispatcher" "$out/kube-dispatch-loadbalancer" "$out/kdctl" \
+    "$context/rootfs/usr/local/bin/"
+  install -m 0755 "$out/examples/configmap_hasher" "$context/rootfs/usr/local/bin/configmap-hasher"
+  # Symbols off (backtraces keep function names only where panics print them): a third the size.
+  strip "$context"/rootfs/usr/local/bin/*
+  printf '%s\n' 'root:x:0:0:root:/:/sbin/nologin' 'nonroot:x:65532:65532:nonroot:/:/sbin/nologin' \
+    >"$context/rootfs/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$context/rootfs/etc/group"
+  chmod 0644 "$context/rootfs/etc/passwd" "$context/rootfs/etc/group"
+  local bin
+  for bin in "$context"/rootfs/usr/local/bin/*; do
+    # A static binary has no interpreter; one that needs ld.so would not start from scratch.
+    if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+      die "$bin is dynamically linked"
+    fi
+  done
+}
+
+if [[ $build_only == false ]]; then
+  make_context
+  : "${output:=$root/target/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"
+fi
+[[ -n $context && -d $context ]] || die "--build-only needs --context DIR"
+[[ -n $output || $builder == docker ]] || die "--build-only needs --output ARCHIVE"
+
+case $builder in
+  docker)
+    docker build -f "$file" -t "$tag" "$context"
+    log "built $tag with docker"
+    ;;
+  buildah)
+    command -v buildah >/dev/null || install_packages buildah
+    # A storage of our own (vfs: no overlay mounts, nothing system-wide), emptied afterwards.
+    store=$(mktemp -d "${TMPDIR:-/tmp}/kube-dispatch-image.XXXXXX")
+    trap 'buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm --all >/dev/null 2>&1 || true; rm -rf "$store"' EXIT
+    b=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
+    # --timestamp 0: the same binaries give the same image digest.
+    "${b[@]}" bud --quiet --timestamp 0 --layers=false -f "$file" -t "$full_tag" "$context" >/dev/null
+    mkdir -p "$(dirname "$output")"
+    rm -f "$output"
+    "${b[@]}" push --quiet "$full_tag" "oci-archive:$output:$full_tag" >/dev/null
+    log "built $full_tag into $output ($(du -h "$output" | cut -f1))"
+    echo "$output"
+    ;;
+esac

@@ -1,0 +1,490 @@
+"""`make e2e`, driven from tests/e2e.sh once the node is up and the image imported.
+
+Applies tests/e2e (the example overlay deploy/examples/configmap-hasher, plus a host alias for
+the load balancer's Service, as this node has no cluster DNS) with kubectl's kustomize, as a
+user would; makes the TLS Secret with deploy/tls.sh; waits for the dispatcher StatefulSet, the
+load balancer and the controller Deployment to be Ready; then, with a writer changing the
+ConfigMaps of namespace e2e-objects all along:
+
+1. baseline: every ConfigMap written once;
+2. rolling update: the StatefulSet's image changes tag (kube-dispatch:dev -> dev-2, the same
+   image under a second name), so every dispatcher pod is replaced, highest ordinal first;
+3. pod deleted: `kubectl delete pod kube-dispatch-dispatcher-1` (SIGTERM, drain, restart);
+4. eviction: dispatcher-0 evicted through the Eviction API, then dispatcher-2 at once: the
+   PodDisruptionBudget (maxUnavailable 1) must refuse the second;
+5. the controller Deployment scaled 2 -> 4, then 4 -> 1.
+
+E2E_SHORT=1 (what `make test` runs): 1, 2, and the controller scaled 2 -> 1.
+
+Each phase ends when every ConfigMap carries the hash of its content again, and prints: writes,
+lost (ConfigMaps whose annotation does not match their content once the phase has settled),
+concurrent (pairs of reconciles of one ConfigMap that overlapped in time on different
+replicas, from every controller pod's JSON log), the longest write-to-reconcile delay (from a
+write until a watch sees the annotation of that content), and per dispatcher pod replaced: how
+long it drained (SIGTERM to gone, and its exit code) and how long the new pod took to be Ready
+(its handover). Exits non-zero unless lost and concurrent are 0 in every phase and the
+PodDisruptionBudget refused the second eviction.
+"""
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reconciles import annotated, concurrent, content_hash, spans  # noqa: E402
+
+KUBECONFIG, KUBECTL, NODE_DIR, ROOT = sys.argv[1:5]
+OBJECTS = int(os.environ.get("E2E_OBJECTS", "200"))
+# Writes per second while a phase runs.
+RATE = float(os.environ.get("E2E_WRITE_RATE", "20"))
+SHORT = bool(os.environ.get("E2E_SHORT"))
+# Seconds the writer goes on after each phase's action is done.
+TAIL = float(os.environ.get("E2E_TAIL", "10"))
+OBJECTS_NS = "e2e-objects"
+TIER_NS = "kube-dispatch"
+CONTROLLER_NS = "configmap-hasher"
+LOGS = os.path.join(NODE_DIR, "logs", "e2e")
+SETTLE_TIMEOUT = 300
+T0 = time.monotonic()
+
+
+def say(message):
+    print(f"e2e: {time.monotonic() - T0:6.1f}s {message}", flush=True)
+
+
+def kubectl(*args, stdin=None, check=True):
+    done = subprocess.run(
+        [KUBECTL, "--kubeconfig", KUBECONFIG, *args], input=stdin, capture_output=True, text=True
+    )
+    if check and done.returncode != 0:
+        raise SystemExit(f"e2e: kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+class Api:
+    """The API server, called directly for the writes and the evictions (a kubectl process per
+    write would cost more CPU than the tier under test)."""
+
+    def __init__(self):
+        config = json.loads(kubectl("config", "view", "--raw", "-o", "json"))
+        cluster = config["clusters"][0]["cluster"]
+        self.server = cluster["server"]
+        self.token = config["users"][0]["user"]["token"]
+        self.tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+
+    def call(self, method, path, body=None, content_type="application/json"):
+        request = urllib.request.Request(
+            self.server + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type},
+        )
+        try:
+            with urllib.request.urlopen(request, context=self.tls, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+
+API = None
+
+
+class Watch(threading.Thread):
+    """`kubectl get -w` of one resource, calling `on_event(type, object, seconds)` for each
+    event."""
+
+    def __init__(self, on_event, *args):
+        super().__init__(daemon=True)
+        self.on_event = on_event
+        self.proc = subprocess.Popen(
+            [KUBECTL, "--kubeconfig", KUBECONFIG, "get", *args, "--watch",
+             "--output-watch-events", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+
+    def run(self):
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            # An event per line (kubectl's -o json while watching), or one spread over several.
+            buffer += line
+            try:
+                event, _ = decoder.raw_decode(buffer.strip())
+            except ValueError:
+                continue
+            buffer = ""
+            self.on_event(event["type"], event["object"], time.time())
+
+    def stop(self):
+        self.proc.terminate()
+
+
+class Objects:
+    """The ConfigMaps the writer changes, and the delay from each write until the watch sees
+    its content's hash in the annotation."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pending = {}  # name -> (hash written, when)
+        self.delays = []  # (seconds, name)
+        self.writes = 0
+        self.generation = 0
+
+    def written(self, name, data, at):
+        with self.lock:
+            self.pending[name] = (content_hash(data), at)
+            self.writes += 1
+
+    def on_event(self, kind, cm, at):
+        if kind not in ("ADDED", "MODIFIED") or not annotated(cm):
+            return
+        name = cm["metadata"]["name"]
+        with self.lock:
+            want = self.pending.get(name)
+            if want and want[0] == content_hash(cm.get("data") or {}):
+                del self.pending[name]
+                self.delays.append((at - want[1], name))
+
+    def take(self):
+        with self.lock:
+            delays, writes = self.delays, self.writes
+            self.delays, self.writes = [], 0
+            return delays, writes
+
+
+OBJECTS_SEEN = Objects()
+
+
+def write(name, generation):
+    data = {"index": name, "generation": str(generation)}
+    at = time.time()
+    status, body = API.call(
+        "PATCH", f"/api/v1/namespaces/{OBJECTS_NS}/configmaps/{name}",
+        {"data": data}, content_type="application/merge-patch+json",
+    )
+    if status == 404:
+        status, body = API.call(
+            "POST", f"/api/v1/namespaces/{OBJECTS_NS}/configmaps",
+            {"metadata": {"name": name, "namespace": OBJECTS_NS}, "data": data},
+        )
+    if status >= 300:
+        raise SystemExit(f"e2e: writing {name} failed: {status} {body.get('message')}")
+    OBJECTS_SEEN.written(name, data, at)
+
+
+class Writer(threading.Thread):
+    """Changes the ConfigMaps one after another at RATE writes per second until stopped."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.done = threading.Event()
+        self.failed = None
+
+    def run(self):
+        try:
+            i = 0
+            while not self.done.is_set():
+                if i % OBJECTS == 0:
+                    OBJECTS_SEEN.generation += 1
+                write(f"cm-{i % OBJECTS:04d}", OBJECTS_SEEN.generation)
+                i += 1
+                self.done.wait(1 / RATE)
+        except BaseException as e:  # reported by the phase
+            self.failed = e
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        if self.failed:
+            raise SystemExit(f"e2e: the writer failed: {self.failed}")
+
+
+class Pods:
+    """The dispatcher pods' lives from a watch: when each was told to stop (deletionTimestamp),
+    when it was gone and with what exit code, and when each pod became Ready."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.terminating = {}  # uid -> (name, when the deletion was seen)
+        self.drains = []  # (name, seconds from SIGTERM to gone, exit code)
+        self.ready = {}  # uid -> (name, when Ready, when created)
+        self.stopped_at = {}  # name -> when its last pod was told to stop
+
+    def on_event(self, kind, pod, at):
+        meta = pod["metadata"]
+        uid, name = meta["uid"], meta["name"]
+        with self.lock:
+            if meta.get("deletionTimestamp") and uid not in self.terminating:
+                self.terminating[uid] = (name, at)
+                self.stopped_at[name] = at
+            if kind == "DELETED":
+                _, since = self.terminating.get(uid, (name, at))
+                codes = [
+                    (s.get("state", {}).get("terminated")
+                     or s.get("lastState", {}).get("terminated") or {}).get("exitCode")
+                    for s in pod.get("status", {}).get("containerStatuses", [])
+                ]
+                self.drains.append((name, at - since, codes[0] if codes else None))
+                return
+            conditions = pod.get("status", {}).get("conditions", [])
+            is_ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            if is_ready and uid not in self.ready and not meta.get("deletionTimestamp"):
+                self.ready[uid] = (name, at, self.stopped_at.get(name))
+
+    def take(self):
+        with self.lock:
+            drains, self.drains = self.drains, []
+            ready = [v for v in self.ready.values() if v[2] is not None]
+            for uid in [u for u, v in self.ready.items() if v[2] is not None]:
+                self.ready[uid] = (self.ready[uid][0], self.ready[uid][1], None)
+            return drains, ready
+
+
+PODS = Pods()
+
+
+class ControllerLogs(threading.Thread):
+    """Follows the log of every controller pod into LOGS/<pod>.log (`kubectl logs -f`), so
+    reconciles of pods scaled away still count."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.followed = {}
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.5):
+            listed = json.loads(kubectl("-n", CONTROLLER_NS, "get", "pods", "-o", "json",
+                                        check=False) or '{"items": []}')
+            for pod in listed["items"]:
+                name = pod["metadata"]["name"]
+                statuses = pod.get("status", {}).get("containerStatuses", [])
+                started = any("running" in s.get("state", {}) or "terminated" in s.get("state", {})
+                              for s in statuses)
+                if name in self.followed or not started:
+                    continue
+                out = open(os.path.join(LOGS, f"{name}.log"), "w")
+                self.followed[name] = subprocess.Popen(
+                    [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", CONTROLLER_NS, "logs", "-f",
+                     name], stdout=out, stderr=subprocess.DEVNULL,
+                )
+
+    def runs(self):
+        found = []
+        for name in self.followed:
+            with open(os.path.join(LOGS, f"{name}.log")) as f:
+                for key, _, begun, end in spans(f):
+                    found.append((name, key, begun, end))
+        return found
+
+    def stop(self):
+        self.done.set()
+        for proc in self.followed.values():
+            proc.terminate()
+
+
+LOG_FOLLOWER = ControllerLogs()
+
+
+def unsettled():
+    items = json.loads(kubectl("-n", OBJECTS_NS, "get", "configmaps", "-o", "json"))["items"]
+    mine = [i for i in items if i["metadata"]["name"].startswith("cm-")]
+    return sum(1 for i in mine if not annotated(i)) + (OBJECTS - len(mine))
+
+
+def settle():
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        left = unsettled()
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
+def wait_rollouts():
+    for kind, name, ns in (("statefulset", "kube-dispatch-dispatcher", TIER_NS),
+                           ("deployment", "kube-dispatch-loadbalancer", TIER_NS),
+                           ("deployment", "configmap-hasher", CONTROLLER_NS)):
+        kubectl("-n", ns, "rollout", "status", f"{kind}/{name}", "--timeout", "300s")
+
+
+def wait_pod_replaced(name, old_uid, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = json.loads(kubectl("-n", TIER_NS, "get", "pod", name, "-o", "json", check=False)
+                         or "{}")
+        if pod and pod["metadata"]["uid"] != old_uid:
+            conditions = pod.get("status", {}).get("conditions", [])
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"e2e: {name} did not come back Ready within {timeout} s")
+
+
+def uid_of(name):
+    return kubectl("-n", TIER_NS, "get", "pod", name, "-o", "jsonpath={.metadata.uid}")
+
+
+results = []
+
+
+def phase(label, action, writing=True):
+    """Runs `action` while the writer changes the ConfigMaps (unless `writing` is False: the
+    action writes them itself), waits until they settle, and reports."""
+    say(f"{label}: starting")
+    begin_wall = time.time()
+    OBJECTS_SEEN.take()
+    PODS.take()
+    writer = Writer()
+    if writing:
+        writer.start()
+    started = time.monotonic()
+    note = action() or ""
+    took = time.monotonic() - started
+    if writing:
+        # Writes go on a while after the action is done, through whatever it set moving.
+        time.sleep(TAIL)
+        writer.stop()
+    left = settle()
+    delays, writes = OBJECTS_SEEN.take()
+    drains, ready = PODS.take()
+    runs = [r for r in LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
+    overlaps = concurrent(runs)
+    worst = max(delays, default=(0.0, "-"))
+    result = {
+        "phase": label, "seconds": took, "writes": writes, "lost": left,
+        "concurrent": overlaps, "reconciles": len(runs), "worst": worst,
+        "drains": sorted(drains), "handovers": sorted((n, r - s) for n, r, s in ready),
+        "note": note,
+    }
+    results.append(result)
+    say(f"{label}: {took:.1f} s, {writes} writes, {len(runs)} reconciles, lost {left}, "
+        f"concurrent {overlaps}, longest write to reconcile {worst[0] * 1000:.0f} ms ({worst[1]})")
+    for name, seconds, code in result["drains"]:
+        say(f"  {name} drained in {seconds:.1f} s (exit code {code})")
+    for name, seconds in result["handovers"]:
+        say(f"  {name} back and Ready {seconds:.1f} s after it was told to stop")
+    if note:
+        say(f"  {note}")
+
+
+def baseline():
+    for i in range(OBJECTS):
+        write(f"cm-{i:04d}", 0)
+
+
+def rolling_update():
+    kubectl("-n", TIER_NS, "set", "image", "statefulset/kube-dispatch-dispatcher",
+            "dispatcher=kube-dispatch:dev-2")
+    kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
+            "--timeout", "600s")
+
+
+def delete_pod():
+    old = uid_of("kube-dispatch-dispatcher-1")
+    kubectl("-n", TIER_NS, "delete", "pod", "kube-dispatch-dispatcher-1", "--wait=false")
+    wait_pod_replaced("kube-dispatch-dispatcher-1", old)
+
+
+def evict(name):
+    return API.call("POST", f"/api/v1/namespaces/{TIER_NS}/pods/{name}/eviction", {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": TIER_NS},
+    })
+
+
+PDB_REFUSED = []
+
+
+def evictions():
+    old = uid_of("kube-dispatch-dispatcher-0")
+    status, body = evict("kube-dispatch-dispatcher-0")
+    if status >= 300:
+        raise SystemExit(f"e2e: evicting dispatcher-0 failed: {status} {body.get('message')}")
+    status, body = evict("kube-dispatch-dispatcher-2")
+    refused = status == 429
+    PDB_REFUSED.append(refused)
+    wait_pod_replaced("kube-dispatch-dispatcher-0", old)
+    return (f"second eviction (dispatcher-2 while dispatcher-0 was down): {status} "
+            f"{body.get('message', '')}")
+
+
+def scale(replicas):
+    """Scales the controller and waits until exactly `replicas` pods exist, all Ready (the
+    pods scaled away have finished their reconciles and exited)."""
+
+    def run():
+        kubectl("-n", CONTROLLER_NS, "scale", "deployment/configmap-hasher",
+                f"--replicas={replicas}")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            pods = json.loads(kubectl("-n", CONTROLLER_NS, "get", "pods", "-o", "json"))["items"]
+            ready = [p for p in pods if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", []))]
+            if len(pods) == replicas and len(ready) == replicas:
+                return f"{replicas} controller pods, all Ready"
+            time.sleep(0.5)
+        raise SystemExit(f"e2e: the controller did not settle at {replicas} pods within 300 s")
+    return run
+
+
+def main():
+    global API
+    os.makedirs(LOGS, exist_ok=True)
+    say("applying tests/e2e (deploy/examples/configmap-hasher for this node) with kustomize")
+    kubectl("apply", "-k", os.path.join(ROOT, "tests", "e2e"))
+    subprocess.run(
+        [os.path.join(ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
+         "--controller-namespace", CONTROLLER_NS],
+        env={**os.environ, "KUBECTL": KUBECTL, "KUBECONFIG": KUBECONFIG}, check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    kubectl("create", "namespace", OBJECTS_NS, check=False)
+    API = Api()
+    pods = Watch(PODS.on_event, "pods", "-n", TIER_NS)
+    objects = Watch(OBJECTS_SEEN.on_event, "configmaps", "-n", OBJECTS_NS)
+    pods.start()
+    objects.start()
+    wait_rollouts()
+    say("the dispatcher StatefulSet, the load balancer and the controller are Ready")
+    LOG_FOLLOWER.start()
+    phase("baseline", baseline, writing=False)
+    phase("rolling update", rolling_update)
+    if SHORT:
+        phase("scale 2 -> 1", scale(1))
+    else:
+        phase("pod deleted", delete_pod)
+        phase("eviction", evictions)
+        phase("scale 2 -> 4", scale(4))
+        phase("scale 4 -> 1", scale(1))
+    LOG_FOLLOWER.stop()
+    pods.stop()
+    objects.stop()
+
+    print("\ne2e summary")
+    print(f"  {'phase':<16}{'seconds':>8}{'writes':>8}{'reconciles':>11}{'lost':>6}"
+          f"{'concurrent':>11}{'longest write to reconcile':>28}")
+    for r in results:
+        print(f"  {r['phase']:<16}{r['seconds']:>8.1f}{r['writes']:>8}{r['reconciles']:>11}"
+              f"{r['lost']:>6}{r['concurrent']:>11}{r['worst'][0] * 1000:>25.0f} ms")
+    for r in results:
+        for name, seconds, code in r["drains"]:
+            print(f"  {r['phase']}: {name} drained in {seconds:.1f} s, exit code {code}")
+        for name, seconds in r["handovers"]:
+            print(f"  {r['phase']}: {name} Ready again {seconds:.1f} s after it was told to stop")
+    ok = all(r["lost"] == 0 and r["concurrent"] == 0 for r in results)
+    if not SHORT:
+        ok = ok and PDB_REFUSED == [True]
+        print(f"  PodDisruptionBudget refused the second eviction: {PDB_REFUSED == [True]}")
+    print(flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make e2e`: deploy/ on a real node. Starts (or reuses) the local node (tests/node/node.sh:
+# kubelet, containerd, runc, kube-scheduler, kube-proxy and a control plane of its own), builds
+# the image without a registry (deploy/image.sh) and imports it into the node's containerd as
+# kube-dispatch:dev and kube-dispatch:dev-2, then tests/e2e.py applies the example overlay,
+# writes ConfigMaps all along, and runs a rolling update of the StatefulSet, a pod deletion,
+# two evictions against the PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a
+# summary per phase (exit status 0 only with lost 0 and concurrent 0 everywhere).
+#
+# Environment:
+#   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
+#   E2E_WRITE_RATE=N   writes per second during each phase (default 20)
+#   E2E_SHORT=1        baseline, rolling update, controller scaled 2 -> 1 (what `make test` runs)
+#   KEEP=1             leave the node and the workloads running afterwards
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+say() { printf 'e2e: %s\n' "$*"; }
+node=tests/node/node.sh
+
+started_node=
+if ! $node status >/dev/null 2>&1; then started_node=1; fi
+kubeconfig=$($node up)
+eval "$($node env)"
+finish() {
+  local code=$?
+  if [[ -n ${KEEP:-} ]]; then
+    say "left running (KEEP=1): KUBECONFIG=$kubeconfig; stop with: make node-down"
+  elif [[ -n $started_node ]]; then
+    $node down >/dev/null 2>&1 || true
+    say "took down the node it started"
+  else
+    # A node that was already running goes on; the workloads go.
+    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete -k tests/e2e --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-objects --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  fi
+  exit $code
+}
+trap finish EXIT
+
+say "building the image (static binaries, FROM scratch) and importing it into the node"
+archive=$(deploy/image.sh)
+$node import "$archive" docker.io/library/kube-dispatch:dev-2
+say "image $(du -h "$archive" | cut -f1) as an archive; $(tar -xOf "$archive" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')"
+
+python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"
