@@ -93,6 +93,14 @@ class Api:
 
 
 API = None
+# Every kubectl that runs in the background (watches, log followers): stopped on the way out.
+BACKGROUND = []
+
+
+def background(argv, **kwargs):
+    proc = subprocess.Popen(argv, **kwargs)
+    BACKGROUND.append(proc)
+    return proc
 
 
 class Watch(threading.Thread):
@@ -102,7 +110,7 @@ class Watch(threading.Thread):
     def __init__(self, on_event, *args):
         super().__init__(daemon=True)
         self.on_event = on_event
-        self.proc = subprocess.Popen(
+        self.proc = background(
             [KUBECTL, "--kubeconfig", KUBECONFIG, "get", *args, "--watch",
              "--output-watch-events", "-o", "json"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -269,7 +277,7 @@ class ControllerLogs(threading.Thread):
                 if name in self.followed or not started:
                     continue
                 out = open(os.path.join(LOGS, f"{name}.log"), "w")
-                self.followed[name] = subprocess.Popen(
+                self.followed[name] = background(
                     [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", CONTROLLER_NS, "logs", "-f",
                      name], stdout=out, stderr=subprocess.DEVNULL,
                 )
@@ -487,4 +495,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        for proc in BACKGROUND:
+            proc.terminate()
+        for proc in BACKGROUND:
+            proc.wait()
+    sys.exit(code)

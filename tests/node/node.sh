@@ -529,11 +529,32 @@ cmd_down() {
   if ip link show "$bridge" >/dev/null 2>&1; then
     ip link delete "$bridge"
   fi
+  # libcni's cache of the pods' network results (its place is fixed: /var/lib/cni).
+  rm -f /var/lib/cni/results/kd-pods-*
+  rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true
   restore_sysctls
   "${cluster[@]}" down >/dev/null 2>&1 || true
   rm -rf "$run_dir" "$node_dir/containerd" "$node_dir/kubelet" "$node_dir/cni" "$state" \
     "$node_dir"/*.kubeconfig "$node_dir/kube-proxy.yaml"
-  log "stopped; logs kept in $logs"
+  verify_clean
+  log "stopped; nothing of the node is left (processes, mounts, cgroups, iptables, bridge); logs kept in $logs"
+}
+
+# Fails, naming each, if anything of the node is still there after `down`.
+verify_clean() {
+  local left=() pids mounts
+  pids=$(pgrep -f -- "$node_dir/|$sock" | grep -vx "$$" || true)
+  [[ -n $pids ]] && left+=("processes: $(ps -o pid=,args= -p "${pids//$'\n'/,}" | cut -c1-100 | tr '\n' ';')")
+  mounts=$(awk -v a="$node_dir/" -v b="$run_dir" 'index($2, a) == 1 || index($2, b) == 1 { print $2 }' /proc/self/mounts)
+  [[ -n $mounts ]] && left+=("mounts: ${mounts//$'\n'/ }")
+  compgen -G '/sys/fs/cgroup/*/kubepods' >/dev/null && left+=("cgroups: $(echo /sys/fs/cgroup/*/kubepods)")
+  [[ -d /sys/fs/cgroup/kubepods ]] && left+=("cgroups: /sys/fs/cgroup/kubepods")
+  iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables chains: $(iptables-save | grep -o '^:KUBE-[A-Z-]*' | tr '\n' ' ')")
+  ip link show "$bridge" >/dev/null 2>&1 && left+=("the bridge $bridge")
+  compgen -G '/var/lib/cni/results/kd-pods-*' >/dev/null && left+=("CNI results in /var/lib/cni/results")
+  [[ ${#left[@]} -eq 0 ]] && return 0
+  printf 'node: left behind: %s\n' "${left[@]}" >&2
+  die "the node was not cleaned up completely"
 }
 
 cmd_status() {
