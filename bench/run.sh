@@ -6,7 +6,7 @@
 # Environment (all optional):
 #   OBJECTS=1000,10000     object counts          KINDS=config-map,record   kinds of object
 #   REPEATS=3              runs of each variant   WRITES=200                timed writes per run
-#   VARIANTS=kube-rs,kube-rs-metadata,dispatch-1,dispatch-4
+#   VARIANTS=kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
 #                          written to the long-mode section of BENCHMARKS.md
 # `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
@@ -30,6 +30,9 @@ fi
 say "building the release binaries"
 cargo build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 
+say "building the controller-runtime incumbent"
+controller_runtime=$(bench/controller-runtime/build.sh)
+
 mkdir -p target/bench
 say "dispatch core micro-benchmark"
 cargo bench --locked --quiet -p kube-dispatch-core --bench dispatch_core | tee target/bench/core.txt
@@ -49,6 +52,7 @@ KD_BENCH_OBJECTS=${OBJECTS:-1000,10000} \
 KD_BENCH_KINDS=${KINDS:-config-map,record} \
 KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
-KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,dispatch-1,dispatch-4} \
+KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4} \
+KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
   target/release/kube-dispatch-bench --section "$section" --command "$command" \
   --core-results target/bench/core.txt

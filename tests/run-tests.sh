@@ -21,6 +21,11 @@ tests/cluster/build-binaries.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "gofmt and go vet (the controller-runtime incumbent)"
+unformatted=$(gofmt -l bench/controller-runtime)
+[[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
+(cd bench/controller-runtime && go vet ./...)
+
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

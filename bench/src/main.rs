@@ -58,7 +58,8 @@ struct Args {
     )]
     kinds: Vec<Kind>,
 
-    /// Variants, comma-separated: kube-rs, kube-rs-metadata, dispatch-<replicas>.
+    /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
+    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>.
     #[arg(
         long,
         env = "KD_BENCH_VARIANTS",
@@ -91,6 +92,11 @@ struct Args {
     /// bench-controller.
     #[arg(long, env = "KD_BENCH_BIN_DIR", default_value = "target/release")]
     bin_dir: PathBuf,
+
+    /// The benchmark controller on controller-runtime (Go), for the controller-runtime
+    /// variants; `bench/controller-runtime/build.sh` builds it and prints its path.
+    #[arg(long, env = "KD_BENCH_CONTROLLER_RUNTIME")]
+    controller_runtime: Option<PathBuf>,
 
     /// Markdown file to write the results into (between the markers).
     #[arg(long, env = "KD_BENCH_OUT", default_value = "BENCHMARKS.md")]
@@ -191,7 +197,25 @@ async fn main() -> anyhow::Result<()> {
         dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
         loadbalancer: args.bin_dir.join("kube-dispatch-loadbalancer"),
         controller: args.bin_dir.join("bench-controller"),
+        controller_runtime: args.controller_runtime.clone(),
     };
+    let wants_controller_runtime = args.variants.iter().any(|v| {
+        matches!(
+            v,
+            Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata
+        )
+    });
+    match &binaries.controller_runtime {
+        Some(path) => anyhow::ensure!(
+            path.is_file(),
+            "{} does not exist: build it with bench/controller-runtime/build.sh",
+            path.display()
+        ),
+        None => anyhow::ensure!(
+            !wants_controller_runtime,
+            "the controller-runtime variants need --controller-runtime PATH (bench/controller-runtime/build.sh prints it)"
+        ),
+    }
     for b in [
         &binaries.dispatcher,
         &binaries.loadbalancer,

@@ -7,6 +7,15 @@ use std::{path::Path, process::Command};
 
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
+/// Every variant: both incumbents, each with and without a metadata-only cache, and the tier.
+const VARIANTS: [&str; 6] = [
+    "kube-rs",
+    "kube-rs-metadata",
+    "controller-runtime",
+    "controller-runtime-metadata",
+    "dispatch-1",
+    "dispatch-4",
+];
 
 /// The figures of one row of a results table, by column header.
 fn row(table: &str, label: &str) -> Vec<(String, String)> {
@@ -52,6 +61,16 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
     }
     let out = std::env::temp_dir().join(format!("kd-bench-smoke-{}", std::process::id()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The second incumbent, built with the machine's Go as `make bench` builds it.
+    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
+        .output()
+        .expect("the controller-runtime build script runs");
+    assert!(
+        built.status.success(),
+        "building the controller-runtime incumbent failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let controller_runtime = String::from_utf8(built.stdout).expect("a path");
     let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
         .current_dir(&root)
         .env("KUBECONFIG", cluster.kubeconfig())
@@ -71,6 +90,8 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         ])
         .arg("--bin-dir")
         .arg(bin_dir)
+        .args(["--variants", &VARIANTS.join(",")])
+        .args(["--controller-runtime", controller_runtime.trim()])
         .arg("--out")
         .arg(out.join("BENCHMARKS.md"))
         .arg("--plots-dir")
@@ -94,7 +115,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             .split("#### ")
             .find(|t| t.starts_with(&format!("{kind}, {OBJECTS} objects")))
             .unwrap_or_else(|| panic!("no table for {kind} in:\n{results}"));
-        for variant in ["kube-rs", "kube-rs-metadata", "dispatch-1", "dispatch-4"] {
+        for variant in VARIANTS {
             // Every object once at start-up, and every timed write at least once.
             assert!(
                 figure(table, "reconciles started", variant) >= (OBJECTS + WRITES) as f64,
@@ -103,38 +124,51 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             assert!(figure(table, "start to first reconcile (ms)", variant) > 0.0);
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
-        // three dispatchers whatever the number of replicas.
-        for (variant, watchers) in [
-            ("kube-rs", 1.0),
-            ("kube-rs-metadata", 1.0),
-            ("dispatch-1", 3.0),
-            ("dispatch-4", 3.0),
+        // three dispatchers whatever the number of replicas. controller-runtime (client-go
+        // 1.36, WatchListClient on by default) lists by streaming: one WATCH with
+        // sendInitialEvents and no LIST.
+        for (variant, lists, watches) in [
+            ("kube-rs", 1.0, 1.0),
+            ("kube-rs-metadata", 1.0, 1.0),
+            ("controller-runtime", 0.0, 1.0),
+            ("controller-runtime-metadata", 0.0, 1.0),
+            ("dispatch-1", 3.0, 3.0),
+            ("dispatch-4", 3.0, 3.0),
         ] {
             assert_eq!(
                 figure(table, "API requests on the resource: LIST", variant),
-                watchers
+                lists,
+                "{kind} {variant}"
             );
             assert_eq!(
                 figure(table, "API requests on the resource: WATCH", variant),
-                watchers
+                watches,
+                "{kind} {variant}"
             );
         }
-        // Only the metadata-only cache must read objects one by one.
-        assert_eq!(
-            figure(table, "API requests on the resource: GET", "kube-rs"),
-            0.0
-        );
-        assert!(
-            figure(
-                table,
-                "API requests on the resource: GET",
-                "kube-rs-metadata"
-            ) >= (OBJECTS + WRITES) as f64
-        );
+        // Only the metadata-only caches must read objects one by one.
+        for (full, metadata) in [
+            ("kube-rs", "kube-rs-metadata"),
+            ("controller-runtime", "controller-runtime-metadata"),
+        ] {
+            assert_eq!(
+                figure(table, "API requests on the resource: GET", full),
+                0.0
+            );
+            assert!(
+                figure(table, "API requests on the resource: GET", metadata)
+                    >= (OBJECTS + WRITES) as f64
+            );
+        }
         assert!(
             row(table, "controller RSS, peak, largest replica (MiB)")
                 .iter()
                 .any(|(column, _)| column == "kube-rs ÷ dispatch-1")
+        );
+        assert!(
+            row(table, "controller RSS, peak, largest replica (MiB)")
+                .iter()
+                .any(|(column, _)| column == "controller-runtime ÷ dispatch-1")
         );
     }
     for plot in [

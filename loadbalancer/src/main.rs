@@ -74,7 +74,8 @@ struct Args {
     dispatcher_grace: Duration,
 
     /// A replica whose registration stream ended keeps its place this long (a reconnect moves
-    /// nothing), then is removed and its dispatchers go to the others.
+    /// nothing), then is removed and its dispatchers go to the others. A replica that shuts
+    /// down gracefully says so (Leave) and is removed at once.
     #[arg(long, env = "KD_REPLICA_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     replica_grace: Duration,
 

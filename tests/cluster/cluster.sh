@@ -363,7 +363,8 @@ cmd_down() {
       die "port $port is still listening after stopping the control plane"
     fi
   done
-  rm -rf "$dir/data" "$state" "$dir/kubeconfig" "$dir/controller-manager.kubeconfig"
+  # The test identity's token names a ServiceAccount that goes with the data.
+  rm -rf "$dir/data" "$state" "$dir/kubeconfig" "$dir/controller-manager.kubeconfig" "$dir/tokens/tester.token"
   log "stopped; logs kept in $logs"
 }
 

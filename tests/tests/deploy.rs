@@ -171,7 +171,15 @@ fn workloads_get_their_identity_from_the_downward_api() {
             "{env} should come from {field}"
         );
     }
-    assert!(rendered.contains("image: kube-dispatch:dev"));
+    // Every container names the tag (an overlay's own workloads are outside the base's
+    // `images:`; untagged, the kubelet would pull :latest) and uses an image already there.
+    let images: Vec<&str> = rendered
+        .lines()
+        .filter(|l| l.trim_start().starts_with("image:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(images, ["image: kube-dispatch:dev"; 3], "{images:?}");
+    assert_eq!(rendered.matches("imagePullPolicy: IfNotPresent").count(), 3);
     assert!(!rendered.contains("KUBECONFIG"));
 }
 

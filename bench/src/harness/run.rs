@@ -35,6 +35,10 @@ pub(crate) enum Variant {
     KubeRs,
     /// kube-rs `Controller`, metadata-only watch and cache, GET per reconcile.
     KubeRsMetadata,
+    /// controller-runtime (Go), its default cache of whole objects.
+    ControllerRuntime,
+    /// controller-runtime (Go), `builder.OnlyMetadata`: metadata-only cache, GET per reconcile.
+    ControllerRuntimeMetadata,
     /// The SDK behind the dispatchers and the load balancer, with this many replicas.
     Dispatch(usize),
 }
@@ -44,6 +48,8 @@ impl fmt::Display for Variant {
         match self {
             Variant::KubeRs => f.write_str("kube-rs"),
             Variant::KubeRsMetadata => f.write_str("kube-rs-metadata"),
+            Variant::ControllerRuntime => f.write_str("controller-runtime"),
+            Variant::ControllerRuntimeMetadata => f.write_str("controller-runtime-metadata"),
             Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
         }
     }
@@ -56,6 +62,8 @@ impl std::str::FromStr for Variant {
         match s {
             "kube-rs" => Ok(Variant::KubeRs),
             "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
+            "controller-runtime" => Ok(Variant::ControllerRuntime),
+            "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
             _ => s
                 .strip_prefix("dispatch-")
                 .and_then(|n| n.parse().ok())
@@ -63,7 +71,7 @@ impl std::str::FromStr for Variant {
                 .map(Variant::Dispatch)
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata or dispatch-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata or dispatch-<replicas 1..=64>"
                     )
                 }),
         }
@@ -75,6 +83,8 @@ pub(crate) struct Binaries {
     pub(crate) dispatcher: PathBuf,
     pub(crate) loadbalancer: PathBuf,
     pub(crate) controller: PathBuf,
+    /// The controller on controller-runtime (bench/controller-runtime), for its variants.
+    pub(crate) controller_runtime: Option<PathBuf>,
 }
 
 /// What every run of one (kind, object count) shares.
@@ -351,20 +361,29 @@ impl Setup<'_> {
         log_dir: &Path,
         tx: &mpsc::Sender<ReconcileStart>,
     ) -> anyhow::Result<Vec<Component>> {
-        let (runtime, count) = match variant {
-            Variant::KubeRs => ("kube-rs", 1),
-            Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
-            Variant::Dispatch(n) => ("dispatch", n),
+        let mut args: Vec<String> = ["--kind", self.kind.flag(), "--namespace", self.namespace]
+            .map(str::to_owned)
+            .into();
+        let (program, count) = match variant {
+            Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata => {
+                if variant == Variant::ControllerRuntimeMetadata {
+                    args.push("--metadata".to_owned());
+                }
+                let program = self.binaries.controller_runtime.as_ref().context(
+                    "the controller-runtime variants need --controller-runtime (bench/controller-runtime/build.sh builds it)",
+                )?;
+                (program, 1)
+            }
+            Variant::KubeRs | Variant::KubeRsMetadata | Variant::Dispatch(_) => {
+                let (runtime, count) = match variant {
+                    Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
+                    Variant::Dispatch(n) => ("dispatch", n),
+                    _ => ("kube-rs", 1),
+                };
+                args.extend(["--runtime".to_owned(), runtime.to_owned()]);
+                (&self.binaries.controller, count)
+            }
         };
-        let args = [
-            "--runtime",
-            runtime,
-            "--kind",
-            self.kind.flag(),
-            "--namespace",
-            self.namespace,
-        ]
-        .map(str::to_owned);
         (0..count)
             .map(|i| {
                 let name = format!("bench-controller-{i}");
@@ -375,14 +394,7 @@ impl Setup<'_> {
                     ("KD_INSECURE", SECURITY_OFF.to_owned()),
                     ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
                 ];
-                Component::spawn(
-                    &name,
-                    &self.binaries.controller,
-                    &args,
-                    &env,
-                    log_dir,
-                    Some(tx.clone()),
-                )
+                Component::spawn(&name, program, &args, &env, log_dir, Some(tx.clone()))
             })
             .collect()
     }
