@@ -13,7 +13,8 @@
 #
 # Usage: deploy/image.sh [--tag NAME:TAG] [--output ARCHIVE] [--builder buildah|docker]
 #   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
-#   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar);
+#   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
+#              under CARGO_TARGET_DIR when set);
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
 #   --builder  buildah (default; installed from the distribution's packages when missing and
 #              run as root) or docker (tags the image in the local engine; no archive)
@@ -32,6 +33,8 @@ build_only=false
 context=
 file=$root/deploy/Dockerfile
 target=x86_64-unknown-linux-musl
+# Where cargo builds (CARGO_TARGET_DIR, as cargo reads it), and where the image goes.
+target_dir=${CARGO_TARGET_DIR:-$root/target}
 
 log() { printf 'image: %s\n' "$*" >&2; }
 die() {
@@ -92,8 +95,8 @@ make_context() {
     cargo build --release --locked --quiet --target "$target" \
       -p kube-dispatch-controller --example configmap_hasher
   )
-  local out=$root/target/$target/release
-  context=$root/target/image/context
+  local out=$target_dir/$target/release
+  context=$target_dir/image/context
   rm -rf "$context"
   mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
   install -m 0755 "$out/kube-dispatch-dispatcher" "$out/kube-dispatch-loadbalancer" "$out/kdctl" \
@@ -116,7 +119,7 @@ make_context() {
 
 if [[ $build_only == false ]]; then
   make_context
-  : "${output:=$root/target/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"
+  : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"
 fi
 [[ -n $context && -d $context ]] || die "--build-only needs --context DIR"
 [[ -n $output || $builder == docker ]] || die "--build-only needs --output ARCHIVE"
