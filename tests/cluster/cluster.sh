@@ -51,10 +51,9 @@ state="$dir/state.env"
 logs="$dir/logs"
 pki="$dir/pki"
 
-log() { printf 'cluster: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+KD_LOG_PREFIX=cluster
+# shellcheck source=tests/cluster/common.sh
+source "$here/common.sh"
 
 load_state() {
   ETCD_PID= APISERVER_PID= KCM_PID= API_PORT= ETCD_PORT= ETCD_PEER_PORT=
@@ -97,25 +96,6 @@ readyz() {
 is_ready() {
   load_state
   alive "$ETCD_PID" && alive "$APISERVER_PID" && alive "$KCM_PID" && [[ $(readyz) == ok ]]
-}
-
-# Stops a process: SIGTERM, then SIGKILL after a grace (in seconds, default 5), and waits until
-# it is gone. kube-apiserver sometimes lingers for a while after it stopped serving.
-stop_pid() {
-  local pid=$1 name=$2 grace=${3:-5}
-  alive "$pid" || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 $((grace * 10))); do
-    alive "$pid" || return 0
-    sleep 0.1
-  done
-  log "$name (pid $pid) still running ${grace} s after SIGTERM; killing it"
-  kill -KILL "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do
-    alive "$pid" || return 0
-    sleep 0.1
-  done
-  die "$name (pid $pid) is still running after SIGKILL"
 }
 
 make_pki() {

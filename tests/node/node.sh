@@ -58,12 +58,9 @@ sysctls=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
   net.bridge.bridge-nf-call-iptables net.ipv4.conf.all.route_localnet)
 
-log() { printf 'node: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
-alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+KD_LOG_PREFIX=node
+# shellcheck source=tests/cluster/common.sh
+source "$here/../cluster/common.sh"
 
 load_state() {
   CONTAINERD_PID= KUBELET_PID= SCHEDULER_PID= PROXY_PID=
@@ -83,23 +80,6 @@ EOF
 
 kubectl() { "$KD_BIN_DIR/kubectl" --kubeconfig "$KD_CLUSTER_DIR/kubeconfig" "$@"; }
 ctr() { command ctr --address "$sock" --namespace k8s.io "$@"; }
-
-stop_pid() { # pid name [grace seconds]
-  local pid=$1 name=$2 grace=${3:-10}
-  alive "$pid" || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 $((grace * 10))); do
-    alive "$pid" || return 0
-    sleep 0.1
-  done
-  log "$name (pid $pid) still running ${grace} s after SIGTERM; killing it"
-  kill -KILL "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do
-    alive "$pid" || return 0
-    sleep 0.1
-  done
-  die "$name (pid $pid) is still running after SIGKILL"
-}
 
 node_ready() {
   load_state
@@ -517,11 +497,11 @@ remove_iptables() {
 
 cmd_down() {
   load_state
-  stop_pid "$KUBELET_PID" kubelet
+  stop_pid "$KUBELET_PID" kubelet 10
   stop_pid "$SCHEDULER_PID" kube-scheduler
   stop_pid "$PROXY_PID" kube-proxy
   remove_containers
-  stop_pid "$CONTAINERD_PID" containerd
+  stop_pid "$CONTAINERD_PID" containerd 10
   kill_leftovers
   unmount_all
   remove_cgroups
