@@ -11,6 +11,8 @@ use std::time::Duration;
 use kube_dispatch_core::queue::QueueConfig;
 use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
 
+pub use crate::k8s::watch::ListMode;
+
 pub use crate::security::SecurityConfig;
 
 /// Limits that protect the dispatcher from misbehaving clients. The defaults are the flags'
@@ -89,6 +91,8 @@ pub struct ServeConfig {
     pub membership: Membership,
     /// A watch with no subscriber is stopped after this long.
     pub watch_grace: Duration,
+    /// How a watch lists what exists: streamed through the watch, or in pages.
+    pub list_mode: ListMode,
     /// Largest request message accepted, in bytes.
     pub max_message_bytes: usize,
     /// Longest the drain may take after shutdown begins.

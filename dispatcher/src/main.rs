@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, Settings},
+    config::{LeaseConfig, Limits, ListMode, Membership, SecurityConfig, ServeConfig, Settings},
     serve::serve,
 };
 use kube_dispatch_runtime::{
@@ -153,6 +153,14 @@ struct Args {
     #[arg(long, env = "KD_WATCH_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     watch_grace: Duration,
 
+    /// How each watch lists what exists when it starts and after it expires: "paged" (LIST in
+    /// pages of 500, then WATCH) or "stream" (one WATCH with sendInitialEvents, served from the
+    /// API server's watch cache; Kubernetes 1.34 and later, and a server that refuses it is
+    /// listed in pages instead). Streaming holds about 40 % less memory per dispatcher while
+    /// listing, but costs the API server more CPU and lists more slowly (BENCHMARKS.md).
+    #[arg(long, env = "KD_LIST_MODE", default_value = "paged", value_parser = parse_list_mode)]
+    list_mode: ListMode,
+
     /// A group with no session left is dropped after this long (its keys are forgotten).
     #[arg(long, env = "KD_IDLE_GROUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     idle_group_grace: Duration,
@@ -231,6 +239,7 @@ async fn main() -> anyhow::Result<()> {
         max_reconcile_time,
         max_message_bytes,
         watch_grace,
+        list_mode,
         idle_group_grace,
         max_recent_deletions,
         status_interval,
@@ -339,6 +348,7 @@ async fn main() -> anyhow::Result<()> {
             settings,
             membership,
             watch_grace,
+            list_mode,
             max_message_bytes,
             drain_timeout,
             security,
@@ -410,6 +420,14 @@ fn limits(f: &LimitFlags) -> Limits {
 }
 
 /// The queue settings the flags set.
+fn parse_list_mode(s: &str) -> Result<ListMode, String> {
+    match s {
+        "stream" => Ok(ListMode::Stream),
+        "paged" => Ok(ListMode::Paged),
+        other => Err(format!("{other:?}: expected stream or paged")),
+    }
+}
+
 fn queue_config(f: &LimitFlags) -> QueueConfig {
     QueueConfig {
         backoff: Backoff {

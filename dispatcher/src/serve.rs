@@ -109,6 +109,7 @@ pub async fn serve(
         client.clone(),
         slice_rx.clone(),
         config.watch_grace,
+        config.list_mode,
         stop.child_token(),
     );
     // Keys move only when the ring comes from Leases.

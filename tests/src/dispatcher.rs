@@ -51,6 +51,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         },
         membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
         watch_grace: Duration::from_secs(5),
+        list_mode: Default::default(),
         max_message_bytes: 4 * 1024 * 1024,
         drain_timeout: Duration::from_secs(5),
         security: test_security(),

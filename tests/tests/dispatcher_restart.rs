@@ -12,6 +12,7 @@ use kube::{
     ResourceExt,
     api::{Api, DeleteParams, Patch, PatchParams, PostParams},
 };
+use kube_dispatch_dispatcher::config::ListMode;
 use kube_dispatch_proto::v1::{Reason, Subscription};
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
@@ -26,6 +27,9 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
     // The session is not polled while the test waits for the restart: give it a long ttl.
     let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
     config.settings.limits.default_ttl = Duration::from_secs(60);
+    // Every other test lists in pages (the default); this one lists by streaming, and again
+    // after the watch expires, so both ways are shown to lose nothing.
+    config.list_mode = ListMode::Stream;
     let d = TestDispatcher::start(config).await?;
     let mut s = TestSession::open(
         &d,
