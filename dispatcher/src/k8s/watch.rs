@@ -44,7 +44,7 @@ use super::{
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     side_list::{SIDE_LIST_PAGE, SideList, next_page},
 };
-use crate::group::Group;
+use crate::{config::ListMode, group::Group};
 use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
@@ -655,22 +655,6 @@ fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
     let status = api_status(e)?;
     ((400..500).contains(&status.code) && status.code != 410)
         .then(|| (status.code, status.message.clone()))
-}
-
-/// How a watch lists what exists when it starts and after it expires.
-///
-/// Measured at 10k ConfigMaps with 3 dispatchers (BENCHMARKS.md, "Streaming lists"): streaming
-/// lowers each dispatcher's peak memory by about 40 % but costs the API server more CPU and
-/// reconciles everything more slowly after a cold start, so paging is the default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ListMode {
-    /// LIST in pages of 500, then WATCH from the list's resourceVersion.
-    #[default]
-    Paged,
-    /// One WATCH with `sendInitialEvents` (streaming lists; the WatchList feature, on by
-    /// default from Kubernetes 1.34), served from the API server's watch cache; a server that
-    /// refuses it is listed in pages instead.
-    Stream,
 }
 
 /// The API server's status in a watch error, if it answered one.
