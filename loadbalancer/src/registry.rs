@@ -36,6 +36,9 @@ struct Replica {
     streams: usize,
     /// When its last stream ended.
     gone_since: Option<Instant>,
+    /// Which registration this entry is: a replica that left (or a leadership that was lost)
+    /// and registered again gets a new one, and the streams of the old one no longer count.
+    epoch: u64,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +56,8 @@ struct Inner {
     dispatchers: BTreeMap<String, String>,
     groups: BTreeMap<String, GroupState>,
     registrations: usize,
+    /// The next [`Replica::epoch`].
+    next_epoch: u64,
     /// Assignments sent to replicas, and of those, changes to one already made.
     assignments: u64,
     moves: u64,
@@ -87,12 +92,13 @@ pub struct StreamGuard {
     registry: Arc<Registry>,
     group: String,
     replica: String,
+    epoch: u64,
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         self.registry
-            .stream_ended(&self.group, &self.replica, Instant::now());
+            .stream_ended(&self.group, &self.replica, self.epoch, Instant::now());
     }
 }
 
@@ -144,7 +150,9 @@ impl Registry {
         if !known && inner.registrations >= self.max_registrations {
             return Err(RegisterError::Full(self.max_registrations));
         }
-        let receiver = {
+        let fresh = inner.next_epoch;
+        inner.next_epoch += 1;
+        let (receiver, epoch) = {
             let state = inner
                 .groups
                 .entry(group.to_owned())
@@ -159,10 +167,11 @@ impl Registry {
                     assignment: watch::channel(Assignment::default()).0,
                     streams: 0,
                     gone_since: None,
+                    epoch: fresh,
                 });
             entry.streams += 1;
             entry.gone_since = None;
-            entry.assignment.subscribe()
+            (entry.assignment.subscribe(), entry.epoch)
         };
         if !known {
             inner.registrations += 1;
@@ -175,16 +184,18 @@ impl Registry {
                 registry: self.clone(),
                 group: group.to_owned(),
                 replica: replica.to_owned(),
+                epoch,
             },
         ))
     }
 
-    fn stream_ended(&self, group: &str, replica: &str, now: Instant) {
+    fn stream_ended(&self, group: &str, replica: &str, epoch: u64, now: Instant) {
         let mut inner = self.inner();
         if let Some(r) = inner
             .groups
             .get_mut(group)
             .and_then(|g| g.replicas.get_mut(replica))
+            .filter(|r| r.epoch == epoch)
         {
             r.streams = r.streams.saturating_sub(1);
             if r.streams == 0 {
@@ -377,14 +388,16 @@ mod tests {
             !registry.leave("other", "b", None).unwrap(),
             "no such group"
         );
-        // Its stream ending afterwards changes nothing.
+        // Back under the same id (a restarted pod) before its old stream is seen to end: the
+        // old stream ending must not count against the new registration.
+        let (_b2, _gb2) = registry.register("g", "b", None).unwrap();
         drop(gb);
         registry.expire(
             Instant::now() + Duration::from_secs(60),
             Duration::from_secs(5),
         );
-        assert_eq!(registry.len(), 1);
-        assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
+        assert_eq!(registry.len(), 2, "b's new registration stays");
+        assert_eq!(a.borrow_and_update().dispatchers.len(), 2);
     }
 
     #[test]
