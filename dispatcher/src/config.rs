@@ -147,7 +147,7 @@ impl LeaseConfig {
 /// Measured at 10k ConfigMaps with 3 dispatchers (BENCHMARKS.md, "Streaming lists"): streaming
 /// lowers each dispatcher's peak memory by about 40 % but costs the API server more CPU and
 /// reconciles everything more slowly after a cold start, so paging is the default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ListMode {
     /// LIST in pages of 500, then WATCH from the list's resourceVersion.
     #[default]

@@ -158,7 +158,7 @@ struct Args {
     /// API server's watch cache; Kubernetes 1.34 and later, and a server that refuses it is
     /// listed in pages instead). Streaming holds about 40 % less memory per dispatcher while
     /// listing, but costs the API server more CPU and lists more slowly (BENCHMARKS.md).
-    #[arg(long, env = "KD_LIST_MODE", default_value = "paged", value_parser = parse_list_mode)]
+    #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Paged)]
     list_mode: ListMode,
 
     /// A group with no session left is dropped after this long (its keys are forgotten).
@@ -420,14 +420,6 @@ fn limits(f: &LimitFlags) -> Limits {
 }
 
 /// The queue settings the flags set.
-fn parse_list_mode(s: &str) -> Result<ListMode, String> {
-    match s {
-        "stream" => Ok(ListMode::Stream),
-        "paged" => Ok(ListMode::Paged),
-        other => Err(format!("{other:?}: expected stream or paged")),
-    }
-}
-
 fn queue_config(f: &LimitFlags) -> QueueConfig {
     QueueConfig {
         backoff: Backoff {

@@ -471,11 +471,11 @@ impl WatchTask {
                         // default in Kubernetes 1.33 and missing before 1.27) refuses
                         // `sendInitialEvents`: list in pages from then on.
                         if let Some((422 | 400, message)) = &rejected
-                            && self.list_mode == ListMode::Stream
+                            && config.initial_list_strategy
+                                == watcher::InitialListStrategy::StreamingList
                             && message.contains("sendInitialEvents")
                         {
                             warn!(resource = %describe(&self.key), %message, "the API server does not stream lists; listing in pages instead");
-                            self.list_mode = ListMode::Paged;
                             config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
                             continue 'restart;
                         }
