@@ -624,12 +624,15 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
 /// keys owned elsewhere can tell it.
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner() -> TestResult {
-    let (ns, api) = with_configmaps("deleted-while-dead", 30).await?;
+    // Enough objects that, whatever the namespace's random name, some key of dispatcher-1
+    // moves to dispatcher-0 (with 30 it happened that none did).
+    const OBJECTS: usize = 60;
+    let (ns, api) = with_configmaps("deleted-while-dead", OBJECTS).await?;
     let three = Ring::new((0..3).map(name));
     let two = Ring::new([name(0), name(2)]);
     // Keys of dispatcher-1 that go to dispatcher-0 when it dies.
-    let to_zero = names_owned_by(&two, ns.name(), 30, "dispatcher-0");
-    let moving: Vec<String> = names_owned_by(&three, ns.name(), 30, "dispatcher-1")
+    let to_zero = names_owned_by(&two, ns.name(), OBJECTS, "dispatcher-0");
+    let moving: Vec<String> = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-1")
         .into_iter()
         .filter(|n| to_zero.contains(n))
         .collect();
@@ -640,7 +643,7 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
-    let mine = names_owned_by(&three, ns.name(), 30, "dispatcher-0").len();
+    let mine = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-0").len();
     let first = s0
         .collect_until(Duration::from_secs(20), |got| got.len() >= mine)
         .await;
