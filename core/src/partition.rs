@@ -245,7 +245,7 @@ mod tests {
         queue
             .take(1, 100, now)
             .into_iter()
-            .map(|d| (d.key.to_string(), d.deleted))
+            .map(|d| (d.key, d.deleted))
             .collect()
     }
 

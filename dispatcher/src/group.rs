@@ -578,7 +578,7 @@ mod tests {
         let got: Vec<(String, bool)> = g
             .take(1, 10)
             .iter()
-            .map(|d| (d.key.to_string(), d.deleted))
+            .map(|d| (d.key.clone(), d.deleted))
             .collect();
         assert_eq!(got, vec![(gone, true)]);
         cancel.cancel();
@@ -599,7 +599,7 @@ mod tests {
         let acks = got.iter().map(|d| (d.id, Outcome::Success)).collect();
         g.ack(1, acks);
         got.iter()
-            .map(|d| (d.key.to_string(), d.reason, d.resource_version.clone()))
+            .map(|d| (d.key.clone(), d.reason, d.resource_version.clone()))
             .collect()
     }
 

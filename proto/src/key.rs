@@ -84,9 +84,30 @@ pub fn hash64(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh64::xxh64(bytes, 0)
 }
 
+/// [`hash64`] of the concatenation of `parts`, without building it.
+pub fn hash64_parts(parts: &[&[u8]]) -> u64 {
+    let mut hasher = xxhash_rust::xxh64::Xxh64::new(0);
+    for part in parts {
+        hasher.update(part);
+    }
+    hasher.digest()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hash_of_parts_is_the_hash_of_their_concatenation() {
+        let whole = "apps/Deployment/web/front";
+        for cut in 0..=whole.len() {
+            let (a, b) = whole.split_at(cut);
+            assert_eq!(
+                hash64_parts(&[a.as_bytes(), b.as_bytes()]),
+                hash64(whole.as_bytes())
+            );
+        }
+    }
 
     #[test]
     fn formats_and_parses_every_shape() {

@@ -14,16 +14,18 @@
 //! - **Fairness.** Each session has a FIFO of ready keys, ordered by first enqueue. Keys are
 //!   assigned to sessions by consistent hashing over the live sessions' replica ids, so a
 //!   replica keeps the same keys while membership is stable.
-//! - **Bounds.** Memory is one compact entry per known key (no allocation besides the key when
-//!   uid and resourceVersion have their usual forms) plus one timer per delayed or in-flight
-//!   key. Object bodies are kept only for ready keys and only within `body_budget` bytes; past
-//!   it a key is delivered without its body. Nothing grows with the event rate.
+//! - **Bounds.** Memory is one compact entry per known key: 96 bytes with its key and no
+//!   allocation when the uid and resourceVersion have their usual forms and the name is at most
+//!   23 bytes (the key's `group/kind/namespace/` prefix is interned once per queue, see
+//!   `keys.rs`), plus one timer and one flight record per delayed or in-flight key. Object
+//!   bodies are kept only for ready keys and only within `body_budget` bytes; past it a key is
+//!   delivered without its body. Nothing grows with the event rate.
 //!
 //! Time is passed in as `now`, so the logic is tested without a clock; the caller sleeps until
 //! [`GroupQueue::next_deadline`] and calls [`GroupQueue::advance`].
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -34,10 +36,10 @@ use kube_dispatch_proto::{Ring, v1::Reason};
 use crate::backoff::Backoff;
 
 mod compact;
+mod keys;
 use compact::{Rv, Uid};
+use keys::{HashMap, HashSet, Key, Prefixes};
 
-/// A request key as the queue stores it (shared, immutable).
-pub type Key = Arc<str>;
 /// Identifies a session within the dispatcher.
 pub type SessionId = u64;
 /// Identifies one delivery of a key to a session.
@@ -118,7 +120,7 @@ pub struct Delivery {
     /// Identifies this delivery in acknowledgements.
     pub id: DeliveryId,
     /// The request key.
-    pub key: Key,
+    pub key: String,
     /// Why it is delivered.
     pub reason: Reason,
     /// The last resourceVersion seen for the key.
@@ -164,12 +166,10 @@ pub enum AckResult {
 enum State {
     /// Nothing to do until a change.
     Idle,
-    /// In a session's (or the unassigned) ready FIFO; `seq` orders by first enqueue.
-    Ready { seq: u64 },
-    /// Handed to a session.
+    /// In a session's (or the unassigned) ready FIFO.
+    Ready,
+    /// Handed to a session (which one: [`GroupQueue::flights`]).
     InFlight {
-        session: SessionId,
-        delivery: DeliveryId,
         /// A change arrived while in flight: queue once more when settled.
         dirty: bool,
     },
@@ -177,7 +177,8 @@ enum State {
     Delayed,
 }
 
-/// Everything the queue keeps about one key.
+/// Everything the queue keeps about an idle key: 56 bytes, with the key's 32 and the map's
+/// own 8 per entry (the core's `stays_small` test holds them to it).
 #[derive(Debug)]
 struct Entry {
     state: State,
@@ -311,7 +312,11 @@ pub struct KeyStatus {
 pub struct GroupQueue {
     config: QueueConfig,
     /// Indexed, so resync can walk the keys with a cursor.
-    entries: IndexMap<Key, Entry>,
+    entries: IndexMap<Key, Entry, foldhash::fast::RandomState>,
+    /// The prefixes of the keys in `entries`.
+    prefixes: Prefixes,
+    /// The session and delivery of each key in flight.
+    flights: HashMap<Key, (SessionId, DeliveryId)>,
     resync_cursor: usize,
     sessions: BTreeMap<SessionId, Session>,
     /// Replica id ring over the live sessions; keys are assigned to the session whose replica
@@ -350,21 +355,23 @@ impl GroupQueue {
     pub fn new(config: QueueConfig) -> Self {
         Self {
             config,
-            entries: IndexMap::new(),
+            entries: IndexMap::default(),
+            prefixes: Prefixes::default(),
+            flights: HashMap::default(),
             resync_cursor: 0,
             sessions: BTreeMap::new(),
             ring: Ring::new(Vec::<String>::new()),
-            replica_sessions: HashMap::new(),
+            replica_sessions: HashMap::default(),
             unassigned: VecDeque::new(),
             timers: BTreeMap::new(),
-            timer_slots: HashMap::new(),
-            bodies: HashMap::new(),
-            traces: HashMap::new(),
-            tombstones: HashMap::new(),
+            timer_slots: HashMap::default(),
+            bodies: HashMap::default(),
+            traces: HashMap::default(),
+            tombstones: HashMap::default(),
             body_bytes: 0,
             next_seq: 0,
             next_delivery: 1,
-            leaving: HashSet::new(),
+            leaving: HashSet::default(),
             counts: QueueCounts::default(),
             now: None,
         }
@@ -412,6 +419,8 @@ impl GroupQueue {
     /// What the queue knows of `key` at `now`; `None` for a key it does not know. A queued
     /// key's waiting time costs a pass over its session's ready keys.
     pub fn key_status(&self, key: &str, now: Instant) -> Option<KeyStatus> {
+        let key = self.prefixes.find(key)?;
+        let key = &key;
         let entry = self.entries.get(key)?;
         let timer = || {
             self.timer_slots
@@ -430,7 +439,7 @@ impl GroupQueue {
         };
         match entry.state {
             State::Idle => {}
-            State::Ready { .. } => {
+            State::Ready => {
                 status.state = KeyState::Queued;
                 let assigned = self.assign(key);
                 let ready = match assigned.and_then(|id| self.sessions.get(&id)) {
@@ -442,23 +451,23 @@ impl GroupQueue {
                 };
                 status.wait = ready
                     .iter()
-                    .find(|q| &*q.key == key)
+                    .find(|q| &q.key == key)
                     .and_then(|q| q.since)
                     .map(|since| now.saturating_duration_since(since));
             }
-            State::InFlight {
-                session,
-                delivery,
-                dirty,
-            } => {
+            State::InFlight { dirty } => {
                 status.state = KeyState::InFlight;
                 status.changed_in_flight = dirty;
                 status.leaving = self.leaving.contains(key);
-                if let Some(s) = self.sessions.get(&session) {
+                if let Some((s, delivery)) = self
+                    .flights
+                    .get(key)
+                    .and_then(|(session, delivery)| Some((self.sessions.get(session)?, delivery)))
+                {
                     status.replica = Some(s.replica.clone());
                     status.wait = s
                         .in_flight
-                        .get(&delivery)
+                        .get(delivery)
                         .map(|(_, taken)| now.saturating_duration_since(*taken));
                 }
             }
@@ -481,14 +490,17 @@ impl GroupQueue {
 
     /// Whether the queue knows `key` (live, deleted and not yet forgotten, queued or in flight).
     pub fn contains(&self, key: &str) -> bool {
-        self.entries.contains_key(key)
+        self.prefixes
+            .find(key)
+            .is_some_and(|key| self.entries.contains_key(&key))
     }
 
     /// Whether the queue knows the object of `key`: its deletion, or a version of it (not only
     /// that an owned object of it changed).
     pub fn knows_object(&self, key: &str) -> bool {
-        self.entries
-            .get(key)
+        self.prefixes
+            .find(key)
+            .and_then(|key| self.entries.get(&key))
             .is_some_and(|e| e.deleted || e.resource_version != Rv::Empty)
     }
 
@@ -562,25 +574,38 @@ impl GroupQueue {
 
     /// Records a change to `key`. Returns the sessions that now have ready keys.
     pub fn change(&mut self, key: &str, change: Change) -> Vec<SessionId> {
-        let key: Key = match self.entries.get_key_value(key) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(key),
+        let key = match self.prefixes.find(key) {
+            Some(k) if self.entries.contains_key(&k) => k,
+            _ => {
+                let k = self.prefixes.retain(key);
+                self.entries.insert(
+                    k.clone(),
+                    Entry {
+                        state: State::Idle,
+                        reason: change.reason,
+                        resource_version: Rv::Empty,
+                        uid: Uid::Empty,
+                        deleted: false,
+                        failures: 0,
+                        seen: 0,
+                    },
+                );
+                k
+            }
         };
-        let entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
-            state: State::Idle,
-            reason: change.reason,
-            resource_version: Rv::Empty,
-            uid: Uid::Empty,
-            deleted: false,
-            failures: 0,
-            seen: 0,
-        });
+        self.change_key(key, change)
+    }
+
+    fn change_key(&mut self, key: Key, change: Change) -> Vec<SessionId> {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return Vec::new();
+        };
         // The name re-used before the earlier object's deletion was delivered (or while it is
         // backing off): that deletion goes first, with its own uid, so the reconciler can tell
         // the two objects apart and nothing is lost.
         let deletion_pending = entry.deleted
             && match entry.state {
-                State::Ready { .. } | State::Delayed => true,
+                State::Ready | State::Delayed => true,
                 // In flight, the deletion came after the delivery when the key is dirty.
                 State::InFlight { dirty, .. } => dirty,
                 State::Idle => false,
@@ -627,15 +652,9 @@ impl GroupQueue {
             return Vec::new();
         };
         match entry.state {
-            State::Ready { .. } => Vec::new(),
-            State::InFlight {
-                session, delivery, ..
-            } => {
-                entry.state = State::InFlight {
-                    session,
-                    delivery,
-                    dirty: true,
-                };
+            State::Ready => Vec::new(),
+            State::InFlight { .. } => {
+                entry.state = State::InFlight { dirty: true };
                 Vec::new()
             }
             State::Idle | State::Delayed => {
@@ -650,7 +669,8 @@ impl GroupQueue {
     /// and not at all if this exact version was already seen (a re-list of an unchanged
     /// object). Returns the sessions that now have ready keys.
     pub fn observe(&mut self, key: &str, object: Observed, epoch: u32) -> Vec<SessionId> {
-        let reason = match self.entries.get_mut(key) {
+        let known = self.prefixes.find(key);
+        let reason = match known.as_ref().and_then(|k| self.entries.get_mut(k)) {
             Some(e) if !e.deleted && e.uid == Uid::new(&object.uid) => {
                 e.seen = epoch;
                 if e.resource_version.matches(&object.resource_version) {
@@ -671,7 +691,11 @@ impl GroupQueue {
                 trace: object.trace,
             },
         );
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self
+            .prefixes
+            .find(key)
+            .and_then(|k| self.entries.get_mut(&k))
+        {
             e.seen = epoch;
         }
         wake
@@ -681,15 +705,18 @@ impl GroupQueue {
     /// that was not seen in list epoch `epoch`: the deletions that happened while the watch
     /// was down. Call when a re-list ends. Returns the sessions that now have ready keys.
     pub fn sweep(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) -> Vec<SessionId> {
+        let mut text = String::new();
         let gone: Vec<Key> = self
             .entries
             .iter()
-            .filter(|(k, e)| !e.deleted && e.seen != epoch && belongs(k))
+            .filter(|(k, e)| {
+                !e.deleted && e.seen != epoch && belongs(self.prefixes.spell(k, &mut text))
+            })
             .map(|(k, _)| k.clone())
             .collect();
         let mut wake = Vec::new();
         for key in gone {
-            wake.extend(self.change(&key, Change::deletion()));
+            wake.extend(self.change_key(key, Change::deletion()));
         }
         dedup(wake)
     }
@@ -698,16 +725,20 @@ impl GroupQueue {
     /// already queued, in flight or delayed is left alone, and no body is attached. Returns the
     /// sessions that now have ready keys.
     pub fn resync(&mut self, key: &str) -> Vec<SessionId> {
-        let Some((key, entry)) = self.entries.get_key_value(key) else {
+        match self.prefixes.find(key) {
+            Some(key) => self.resync_key(key),
+            None => Vec::new(),
+        }
+    }
+
+    fn resync_key(&mut self, key: Key) -> Vec<SessionId> {
+        let Some(entry) = self.entries.get_mut(&key) else {
             return Vec::new();
         };
         if entry.state != State::Idle {
             return Vec::new();
         }
-        let key = key.clone();
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.reason = Reason::Resync;
-        }
+        entry.reason = Reason::Resync;
         self.enqueue(key)
     }
 
@@ -725,7 +756,7 @@ impl GroupQueue {
             };
             let key = key.clone();
             self.resync_cursor += 1;
-            wake.extend(self.resync(&key));
+            wake.extend(self.resync_key(key));
         }
         dedup(wake)
     }
@@ -738,22 +769,22 @@ impl GroupQueue {
     /// Without it (nothing may be handed out), they are dropped. A key that moves back before
     /// it settles is kept as usual.
     pub fn forget_where(&mut self, moved: impl Fn(&str) -> bool, drain: bool) {
-        self.leaving = self
-            .entries
-            .iter()
-            .filter(|(k, e)| {
-                let pending = matches!(e.state, State::InFlight { .. })
-                    || drain && matches!(e.state, State::Ready { .. });
-                pending && moved(k)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        let keys: HashSet<Key> = self
-            .entries
-            .iter()
-            .filter(|(k, _)| !self.leaving.contains(*k) && moved(k))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut text = String::new();
+        let mut leaving = HashSet::default();
+        let mut keys = HashSet::default();
+        for (k, e) in &self.entries {
+            if !moved(self.prefixes.spell(k, &mut text)) {
+                continue;
+            }
+            let pending = matches!(e.state, State::InFlight { .. })
+                || drain && matches!(e.state, State::Ready);
+            if pending {
+                leaving.insert(k.clone());
+            } else {
+                keys.insert(k.clone());
+            }
+        }
+        self.leaving = leaving;
         if keys.is_empty() {
             return;
         }
@@ -775,7 +806,10 @@ impl GroupQueue {
     /// flight. Only such keys can be: [`Self::forget_where`] removed every other moved key, and
     /// a moved key is forgotten when its delivery settles. Cheap: it looks at those keys alone.
     pub fn any_leaving(&self, pred: impl Fn(&str) -> bool) -> bool {
-        self.leaving.iter().any(|k| pred(k))
+        let mut text = String::new();
+        self.leaving
+            .iter()
+            .any(|k| pred(self.prefixes.spell(k, &mut text)))
     }
 
     /// Whether any key accepted by `pred` is in flight or ready for delivery.
@@ -787,7 +821,7 @@ impl GroupQueue {
                 .values()
                 .flat_map(|s| s.ready.iter())
                 .chain(self.unassigned.iter())
-                .any(|q| pred(&q.key))
+                .any(|q| pred(&self.prefixes.text(&q.key)))
     }
 
     /// Whether any key accepted by `pred` is in flight.
@@ -796,7 +830,7 @@ impl GroupQueue {
         self.sessions
             .values()
             .flat_map(|s| s.in_flight.values().map(|(key, _)| key))
-            .any(|k| pred(k))
+            .any(|k| pred(&self.prefixes.text(k)))
     }
 
     /// Number of deliveries in flight.
@@ -822,18 +856,15 @@ impl GroupQueue {
             };
             let id = self.next_delivery;
             self.next_delivery += 1;
+            self.flights.insert(key.clone(), (session, id));
             if let Some((uid, rv)) = self.tombstones.remove(&key) {
                 // The earlier object's deletion; the new object goes once it is acknowledged.
-                entry.state = State::InFlight {
-                    session,
-                    delivery: id,
-                    dirty: true,
-                };
+                entry.state = State::InFlight { dirty: true };
                 self.counts.deliveries[Reason::Deleted as usize] += 1;
                 out.push(Delivery {
                     queued: since.map(|since| now.saturating_duration_since(since)),
                     id,
-                    key: key.clone(),
+                    key: self.prefixes.text(&key),
                     reason: Reason::Deleted,
                     resource_version: rv.to_string(),
                     uid: uid.to_string(),
@@ -848,11 +879,7 @@ impl GroupQueue {
                 self.set_timer(key, deadline);
                 continue;
             }
-            entry.state = State::InFlight {
-                session,
-                delivery: id,
-                dirty: false,
-            };
+            entry.state = State::InFlight { dirty: false };
             let body = self.bodies.remove(&key);
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
@@ -862,7 +889,7 @@ impl GroupQueue {
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
                 id,
-                key: key.clone(),
+                key: self.prefixes.text(&key),
                 reason: entry.reason,
                 resource_version: entry.resource_version.to_string(),
                 uid: entry.uid.to_string(),
@@ -922,9 +949,10 @@ impl GroupQueue {
         let Some(entry) = self.entries.get_mut(&key) else {
             return (AckResult::Unknown, Vec::new());
         };
-        let State::InFlight { dirty, .. } = entry.state else {
+        let State::InFlight { dirty } = entry.state else {
             return (AckResult::Unknown, Vec::new());
         };
+        self.flights.remove(&key);
         self.cancel_timer(&key);
         if self.leaving.remove(&key) {
             // Moved to another dispatcher while in flight: that one reconciles it next.
@@ -994,15 +1022,15 @@ impl GroupQueue {
                     e.state = State::Idle;
                     wake.extend(self.enqueue(key));
                 }
-                State::InFlight {
-                    session, delivery, ..
-                } => {
+                State::InFlight { .. } => {
                     // Not acknowledged within the maximum reconcile time: a failure, counted
                     // as expired rather than as an acknowledgement.
-                    self.counts.expired += 1;
-                    wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
+                    if let Some(&(session, delivery)) = self.flights.get(&key) {
+                        self.counts.expired += 1;
+                        wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
+                    }
                 }
-                State::Idle | State::Ready { .. } => {}
+                State::Idle | State::Ready => {}
             }
         }
         dedup(wake)
@@ -1011,10 +1039,11 @@ impl GroupQueue {
     /// Puts an in-flight key back at once (its session ended).
     fn requeue_now(&mut self, key: &Key) {
         self.cancel_timer(key);
+        self.flights.remove(key);
         if let Some(entry) = self.entries.get_mut(key) {
             let seq = self.next_seq;
             self.next_seq += 1;
-            entry.state = State::Ready { seq };
+            entry.state = State::Ready;
             self.unassigned.push_back(Queued {
                 seq,
                 since: self.now,
@@ -1024,11 +1053,14 @@ impl GroupQueue {
         }
     }
 
-    fn remove_entry(&mut self, key: &str) {
+    fn remove_entry(&mut self, key: &Key) {
         // swap_remove moves the last key into the hole: a resync cycle may visit it twice or
         // skip it once, which level-triggered resync tolerates.
         self.cancel_timer(key);
-        self.entries.swap_remove(key);
+        self.flights.remove(key);
+        if self.entries.swap_remove(key).is_some() {
+            self.prefixes.release(key);
+        }
         if let Some(body) = self.bodies.remove(key) {
             self.body_bytes -= body.len();
         }
@@ -1042,7 +1074,7 @@ impl GroupQueue {
         let seq = self.next_seq;
         self.next_seq += 1;
         if let Some(entry) = self.entries.get_mut(&key) {
-            entry.state = State::Ready { seq };
+            entry.state = State::Ready;
         }
         let queued = Queued {
             seq,
@@ -1063,10 +1095,8 @@ impl GroupQueue {
         }
     }
 
-    fn assign(&self, key: &str) -> Option<SessionId> {
-        let replica = self
-            .ring
-            .owner_of_hash(kube_dispatch_proto::key::hash64(key.as_bytes()))?;
+    fn assign(&self, key: &Key) -> Option<SessionId> {
+        let replica = self.ring.owner_of_hash(self.prefixes.hash64(key))?;
         self.replica_sessions.get(replica).copied()
     }
 
@@ -1104,7 +1134,7 @@ impl GroupQueue {
         }
     }
 
-    fn cancel_timer(&mut self, key: &str) {
+    fn cancel_timer(&mut self, key: &Key) {
         if let Some(slot) = self.timer_slots.remove(key) {
             self.timers.remove(&slot);
         }
@@ -1115,10 +1145,7 @@ impl GroupQueue {
 /// (`pending`, meaningful while the key is ready or dirty in flight): an addition stays an
 /// addition, and a change of the key's own object outranks a change of an owned object.
 fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
-    let undelivered = matches!(
-        state,
-        State::Ready { .. } | State::InFlight { dirty: true, .. }
-    );
+    let undelivered = matches!(state, State::Ready | State::InFlight { dirty: true });
     match (pending, new) {
         (Reason::Added, Reason::Modified | Reason::Owned)
         | (Reason::Modified | Reason::Deleted, Reason::Owned)

@@ -49,39 +49,53 @@ impl GroupQueue {
         let mut in_flight = HashSet::new();
         for (id, s) in &self.sessions {
             for (delivery, (key, _)) in &s.in_flight {
-                assert!(in_flight.insert(key.clone()), "{key} in flight twice");
-                let state = self.entries[key].state;
-                assert_eq!(
-                    state,
-                    State::InFlight {
-                        session: *id,
-                        delivery: *delivery,
-                        dirty: matches!(state, State::InFlight { dirty: true, .. })
-                    }
-                );
+                assert!(in_flight.insert(key.clone()), "{key:?} in flight twice");
+                assert!(matches!(self.entries[key].state, State::InFlight { .. }));
+                assert_eq!(self.flights.get(key), Some(&(*id, *delivery)));
             }
         }
+        assert_eq!(self.flights.len(), in_flight.len());
+        let prefixes: HashSet<String> = self
+            .entries
+            .keys()
+            .map(|k| {
+                let mut text = self.prefixes.text(k);
+                text.truncate(text.rfind('/').map_or(0, |slash| slash + 1));
+                text
+            })
+            .collect();
+        assert_eq!(
+            self.prefixes.len(),
+            prefixes.len(),
+            "a prefix outlived its keys"
+        );
         let mut ready = HashSet::new();
-        for Queued { seq, key, .. } in self
+        for Queued { key, .. } in self
             .sessions
             .values()
             .flat_map(|s| s.ready.iter())
             .chain(self.unassigned.iter())
         {
-            assert!(ready.insert(key.clone()), "{key} ready twice");
-            assert_eq!(self.entries[key].state, State::Ready { seq: *seq });
+            assert!(ready.insert(key.clone()), "{key:?} ready twice");
+            assert_eq!(self.entries[key].state, State::Ready);
         }
         for (key, e) in &self.entries {
+            let text = self.prefixes.text(key);
+            assert_eq!(
+                self.prefixes.find(&text).as_ref(),
+                Some(key),
+                "{text}'s prefix"
+            );
             match e.state {
-                State::Ready { .. } => assert!(ready.contains(key)),
+                State::Ready => assert!(ready.contains(key)),
                 State::InFlight { .. } => assert!(in_flight.contains(key)),
                 State::Delayed => assert!(
                     self.timer_slots.contains_key(key),
-                    "{key} delayed without timer"
+                    "{key:?} delayed without timer"
                 ),
                 State::Idle => assert!(
                     !self.timer_slots.contains_key(key),
-                    "{key} idle with a timer"
+                    "{key:?} idle with a timer"
                 ),
             }
             if let Some(slot) = self.timer_slots.get(key) {
@@ -100,6 +114,13 @@ impl GroupQueue {
         assert_eq!(bodies, self.body_bytes);
         assert!(self.body_bytes <= self.config.body_budget);
     }
+}
+
+#[test]
+fn an_idle_key_stays_small() {
+    // With the map's hash and the key, 96 bytes a key before the hash table's own slots.
+    assert_eq!(std::mem::size_of::<Entry>(), 56);
+    assert_eq!(std::mem::size_of::<Key>(), 32);
 }
 
 #[test]
@@ -206,7 +227,7 @@ fn keys_moved_away_in_flight_are_forgotten_when_they_settle_whatever_the_outcome
     q.check();
     assert!(q.any_in_flight(|k| k.starts_with("gone")));
     assert!(
-        !q.entries.contains_key("gone-queued"),
+        !q.contains("gone-queued"),
         "a queued key is dropped at once"
     );
     // Whatever the outcome, a moved key is not requeued here.
@@ -676,6 +697,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Key `k` of the property test: three namespaces, so prefixes come and go with their keys.
+fn prop_key(k: u8) -> String {
+    format!("/ConfigMap/ns-{}/k{k}", k % 3)
+}
+
 proptest! {
     /// Whatever happens, the invariants hold, and once every session works the queue dry,
     /// every key changed after its last delivery began has been delivered again: nothing lost.
@@ -683,15 +709,15 @@ proptest! {
     fn nothing_is_lost_and_invariants_hold(ops in prop::collection::vec(op(), 1..200)) {
         let mut now = Instant::now();
         let mut q = queue();
-        let mut outstanding: HashMap<u64, Vec<DeliveryId>> = HashMap::new();
+        let mut outstanding: HashMap<u64, Vec<DeliveryId>> = HashMap::default();
         // Keys changed since their last delivery started.
         let mut owed: HashSet<String> = HashSet::new();
         for op in ops {
             match op {
                 Op::Change(k, deleted) => {
                     let reason = if deleted { Reason::Deleted } else { Reason::Modified };
-                    q.change(&format!("k{k}"), with_body(reason, 1, 20));
-                    owed.insert(format!("k{k}"));
+                    q.change(&prop_key(k), with_body(reason, 1, 20));
+                    owed.insert(prop_key(k));
                 }
                 Op::AddSession(s) => {
                     q.add_session(u64::from(s), &format!("replica-{s}"));
@@ -721,7 +747,7 @@ proptest! {
                     q.advance(now);
                 }
                 Op::Resync(k) => {
-                    q.resync(&format!("k{k}"));
+                    q.resync(&prop_key(k));
                 }
             }
             q.check();

@@ -203,7 +203,7 @@ fn status(e: SessionError) -> Status {
 
 /// A delivery as the wire carries it.
 fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
-    let key = RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &*d.key));
+    let key = RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &d.key));
     let version = group
         .spec
         .version_of(&key.group, &key.kind)
@@ -211,7 +211,7 @@ fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
         .to_owned();
     ReconcileRequest {
         delivery_id: d.id,
-        key: d.key.to_string(),
+        key: d.key,
         object: Some(v1::ObjectKey {
             group: key.group,
             version,
