@@ -67,6 +67,12 @@ bench-metrics: ## What metrics cost a reconcile: throughput and write-to-reconci
 	@tests/cluster/cluster.sh up >/dev/null
 	target/release/kube-dispatch-bench --metrics --objects $${OBJECTS:-2000} --repeats $${REPEATS:-5} --command "make bench-metrics"
 
+.PHONY: bench-ceiling
+bench-ceiling: ## Scale ceiling: watch events one dispatcher absorbs per core, writes at rising RATES (~2 min), into BENCHMARKS.md
+	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+	@tests/cluster/cluster.sh up >/dev/null
+	target/release/kube-dispatch-bench --ceiling --objects $${OBJECTS:-2000} $${RATES:+--ceiling-rates $$RATES} --command "make bench-ceiling$${OBJECTS:+ OBJECTS=$$OBJECTS}$${RATES:+ RATES=$$RATES}"
+
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core

@@ -1,7 +1,8 @@
-//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`], and
-//! `make bench-metrics`, [`metrics`]).
+//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`],
+//! `make bench-metrics`, [`metrics`], and `make bench-ceiling`, [`ceiling`]).
 
 pub(crate) mod apiserver;
+pub(crate) mod ceiling;
 pub(crate) mod metrics;
 pub(crate) mod objects;
 pub(crate) mod plot;

@@ -142,6 +142,26 @@ struct Args {
     #[arg(long, conflicts_with = "security")]
     metrics: bool,
 
+    /// Run the scale-ceiling benchmark instead (`make bench-ceiling`): one dispatcher, the load
+    /// balancer and one SDK replica on the first of --objects ConfigMaps, written at each of
+    /// --ceiling-rates for --ceiling-window; prints the watch events the dispatcher absorbed
+    /// per CPU-second and whether it kept up. Written into the `ceiling` section of --out.
+    #[arg(long, conflicts_with_all = ["security", "metrics"])]
+    ceiling: bool,
+
+    /// Target write rates of the ceiling benchmark, writes per second, comma-separated.
+    #[arg(
+        long,
+        env = "KD_BENCH_CEILING_RATES",
+        value_delimiter = ',',
+        default_value = "100,250,500,1000,2000"
+    )]
+    ceiling_rates: Vec<u32>,
+
+    /// How long the ceiling benchmark holds each rate.
+    #[arg(long, env = "KD_BENCH_CEILING_WINDOW", value_parser = humantime::parse_duration, default_value = "10s")]
+    ceiling_window: Duration,
+
     /// Sessions opened and timed per run (security benchmark).
     #[arg(long, env = "KD_BENCH_SECURITY_OPENS", default_value_t = 50)]
     security_opens: usize,
@@ -193,6 +213,10 @@ async fn main() -> anyhow::Result<()> {
     if args.metrics {
         return metrics_bench(&args).await;
     }
+    anyhow::ensure!(
+        !args.ceiling_rates.contains(&0),
+        "--ceiling-rates must be positive"
+    );
     let binaries = Binaries {
         dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
         loadbalancer: args.bin_dir.join("kube-dispatch-loadbalancer"),
@@ -238,6 +262,17 @@ async fn main() -> anyhow::Result<()> {
         install_crd(&client).await?;
     }
     let nonce = now_micros();
+    if args.ceiling {
+        return ceiling_bench(
+            &args,
+            &client,
+            cluster.kubeconfig(),
+            &binaries,
+            control_plane,
+            nonce,
+        )
+        .await;
+    }
 
     let mut scenarios = Vec::new();
     for &kind in &args.kinds {
@@ -304,6 +339,56 @@ async fn main() -> anyhow::Result<()> {
     let plots = draw_plots(&args, &scenarios);
     let section = results_section(&args, root, &scenarios, &plots)?;
     write_section(&args.out, &args.section, &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--ceiling`: the watch events one dispatcher absorbs per core, written into the `ceiling`
+/// section.
+async fn ceiling_bench(
+    args: &Args,
+    client: &kube::Client,
+    kubeconfig: &Path,
+    binaries: &Binaries,
+    control_plane: ControlPlane,
+    nonce: u64,
+) -> anyhow::Result<()> {
+    let objects = args.objects[0];
+    let kind = Kind::ConfigMap;
+    let namespace = format!("kd-bench-{}-{objects}", kind.flag());
+    populate(client, kind, &namespace, objects, args.object_bytes).await?;
+    let setup = Setup {
+        client,
+        kubeconfig,
+        binaries,
+        control_plane,
+        kind,
+        namespace: &namespace,
+        objects,
+        dispatchers: 1,
+        writes: 0,
+        write_interval: args.write_interval,
+        log_dir: &args.logs,
+        nonce,
+    };
+    let steps = setup
+        .ceiling(&harness::ceiling::Plan {
+            rates: args.ceiling_rates.clone(),
+            window: args.ceiling_window,
+        })
+        .await?;
+    let table = harness::ceiling::table(&steps);
+    println!("\n{table}");
+    let section = format!(
+        "Produced by `{}` on {} ({objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        args.object_bytes,
+        humantime::format_duration(args.ceiling_window),
+        harness::ceiling::WRITERS,
+        machine(),
+    );
+    write_section(&args.out, "ceiling", &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }

@@ -274,14 +274,16 @@ async fn wait_for(seen: &Seen, want: &[(String, String)], timeout: Duration) -> 
 }
 
 /// GET /metrics from `admin`, read to the end.
-async fn scrape(admin: std::net::SocketAddr) -> std::io::Result<usize> {
+/// The whole HTTP response of `GET /metrics` on `admin`.
+pub(crate) async fn scrape(admin: std::net::SocketAddr) -> std::io::Result<Vec<u8>> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(admin).await?;
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         .await?;
     let mut body = Vec::new();
-    stream.read_to_end(&mut body).await
+    stream.read_to_end(&mut body).await?;
+    Ok(body)
 }
 
 /// The results as Markdown: medians over the runs, and on against off.

@@ -105,6 +105,15 @@ pub(crate) struct Setup<'a> {
     pub(crate) nonce: u64,
 }
 
+/// A started tier: the dispatchers, then the load balancer.
+pub(crate) struct Tier {
+    pub(crate) components: Vec<Component>,
+    /// The load balancer's port.
+    pub(crate) lb_port: u16,
+    /// Each dispatcher's admin port (`/metrics`), in the order of `components`.
+    pub(crate) dispatcher_admin: Vec<u16>,
+}
+
 /// What one run measured.
 #[derive(Clone, Debug)]
 pub(crate) struct RunResult {
@@ -143,7 +152,7 @@ struct Observations {
 pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
 
 impl Setup<'_> {
-    fn key(&self, i: usize) -> String {
+    pub(crate) fn key(&self, i: usize) -> String {
         format!("{}/{}", self.namespace, object_name(i))
     }
 
@@ -168,7 +177,8 @@ impl Setup<'_> {
         let mut tier = Vec::new();
         let mut lb_port = 0;
         if let Variant::Dispatch(_) = variant {
-            (tier, lb_port) = self.start_tier(&log_dir).await?;
+            let started = self.start_tier(&log_dir).await?;
+            (tier, lb_port) = (started.components, started.lb_port);
         }
 
         let written = self.written_objects();
@@ -354,7 +364,7 @@ impl Setup<'_> {
         })
     }
 
-    fn start_replicas(
+    pub(crate) fn start_replicas(
         &self,
         variant: Variant,
         lb_port: u16,
@@ -401,7 +411,7 @@ impl Setup<'_> {
 
     /// Starts the dispatchers and the load balancer, and waits until the ring holds all the
     /// dispatchers, their handover is complete and the load balancer leads and knows them.
-    async fn start_tier(&self, log_dir: &Path) -> anyhow::Result<(Vec<Component>, u16)> {
+    pub(crate) async fn start_tier(&self, log_dir: &Path) -> anyhow::Result<Tier> {
         // Leases a previous, interrupted run left would hold the new ring back.
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
         leases
@@ -413,13 +423,16 @@ impl Setup<'_> {
         let ids: Vec<String> = (0..self.dispatchers)
             .map(|i| format!("dispatcher-{i}"))
             .collect();
+        let mut dispatcher_admin = Vec::new();
         for id in &ids {
             let port = free_port()?;
+            let admin = free_port()?;
+            dispatcher_admin.push(admin);
             let env = [
                 ("KUBECONFIG", kubeconfig.clone()),
                 ("KD_DISPATCHER_ID", id.clone()),
                 ("KD_LISTEN", format!("127.0.0.1:{port}")),
-                ("KD_ADMIN_LISTEN", format!("127.0.0.1:{}", free_port()?)),
+                ("KD_ADMIN_LISTEN", format!("127.0.0.1:{admin}")),
                 ("KD_LEASE_NAMESPACE", self.namespace.to_owned()),
                 // kube-rs controllers do not resync by default either: the same work.
                 ("KD_RESYNC_INTERVAL", "0s".to_owned()),
@@ -468,7 +481,11 @@ impl Setup<'_> {
                 }
             });
             if ready {
-                return Ok((tier, lb_port));
+                return Ok(Tier {
+                    components: tier,
+                    lb_port,
+                    dispatcher_admin,
+                });
             }
             for c in &mut tier {
                 c.ensure_running()?;
