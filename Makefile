@@ -55,6 +55,10 @@ e2e: ## deploy/ on the real node: rolling update, pod deletion, evictions, scali
 bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
 	@bench/run.sh
 
+.PHONY: bench-groups
+bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS
+	@CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
+
 .PHONY: bench-security
 bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
 	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench

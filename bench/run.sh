@@ -9,6 +9,11 @@
 #   VARIANTS=kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
 #                          written to the long-mode section of BENCHMARKS.md
+#   CONTROLLERS=1,5,10     many controllers (`make bench-groups`): K distinct controllers per
+#                          scenario, K processes of each incumbent against K groups on one tier;
+#                          defaults then OBJECTS=10000, KINDS=config-map, REPEATS=1,
+#                          VARIANTS=kube-rs,controller-runtime,dispatch-1, written to the
+#                          groups section of BENCHMARKS.md
 # `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
 # variables (e.g. KD_BENCH_DISPATCHERS=1) pass through from the environment.
 set -euo pipefail
@@ -18,13 +23,23 @@ cluster=tests/cluster/cluster.sh
 
 # The command as given, for BENCHMARKS.md.
 command="make bench"
-for var in LONG OBJECTS KINDS REPEATS WRITES VARIANTS; do
+vars="LONG OBJECTS KINDS REPEATS WRITES VARIANTS"
+if [[ -n ${CONTROLLERS:-} ]]; then
+  command="make bench-groups"
+  vars="CONTROLLERS OBJECTS KINDS REPEATS WRITES VARIANTS"
+fi
+for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
 done
 section=default
 if [[ -n ${LONG:-} ]]; then
   section=long
   : "${OBJECTS:=1000,10000,100000}" "${KINDS:=config-map}" "${REPEATS:=1}"
+fi
+if [[ -n ${CONTROLLERS:-} ]]; then
+  section=groups
+  : "${OBJECTS:=10000}" "${KINDS:=config-map}" "${REPEATS:=1}"
+  : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1}"
 fi
 
 say "building the release binaries"
@@ -53,6 +68,7 @@ KD_BENCH_KINDS=${KINDS:-config-map,record} \
 KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
 KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4} \
+KD_BENCH_GROUPS=${CONTROLLERS:-1} \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
   target/release/kube-dispatch-bench --section "$section" --command "$command" \
   --core-results target/bench/core.txt

@@ -17,7 +17,7 @@ use harness::{
     apiserver::ControlPlane,
     objects::{Kind, install_crd, populate},
     plot,
-    report::{Scenario, rows, series},
+    report::{Axis, Scenario, rows, series},
     run::{Binaries, Setup, Variant},
 };
 use kube_dispatch_bench::now_micros;
@@ -47,6 +47,18 @@ struct Args {
         default_value = "1000,10000"
     )]
     objects: Vec<usize>,
+
+    /// Distinct controllers reconciling every object, comma-separated: each count is a
+    /// scenario of its own, with K processes of an incumbent against K controller groups on one
+    /// tier (`make bench-groups`). They keep the same annotation, so only the first to see a
+    /// change writes it.
+    #[arg(
+        long,
+        env = "KD_BENCH_GROUPS",
+        value_delimiter = ',',
+        default_value = "1"
+    )]
+    groups: Vec<usize>,
 
     /// Kinds of object, comma-separated: config-map, record (a custom resource).
     #[arg(
@@ -207,6 +219,10 @@ async fn main() -> anyhow::Result<()> {
         "--variants must name at least one"
     );
     anyhow::ensure!(!args.objects.contains(&0), "--objects must be positive");
+    anyhow::ensure!(
+        !args.groups.is_empty() && !args.groups.contains(&0),
+        "--groups must be positive"
+    );
     if args.security {
         return security_bench(&args).await;
     }
@@ -285,54 +301,57 @@ async fn main() -> anyhow::Result<()> {
                 kind.title(),
                 begun.elapsed().as_secs_f64()
             );
-            let setup = Setup {
-                client: &client,
-                kubeconfig: cluster.kubeconfig(),
-                binaries: &binaries,
-                control_plane,
-                kind,
-                namespace: &namespace,
-                objects,
-                dispatchers: usize::from(args.dispatchers),
-                writes: args.writes,
-                write_interval: args.write_interval,
-                log_dir: &args.logs,
-                nonce,
-            };
-            let mut runs = Vec::new();
-            for repeat in 0..args.repeats {
-                let mut order = args.variants.clone();
-                let turn = repeat % order.len();
-                order.rotate_left(turn);
-                for variant in order {
-                    let result = setup
-                        .run(variant, repeat)
-                        .await
-                        .with_context(|| format!("{namespace}: {variant}, run {}", repeat + 1))?;
-                    println!(
-                        "bench: {namespace} {variant:<17} run {}: first reconcile {:>7.0} ms, all {:>7.0} ms, replica peak {:>6.1} MiB",
-                        repeat + 1,
-                        result.first_reconcile.as_secs_f64() * 1e3,
-                        result.all_reconciled.as_secs_f64() * 1e3,
-                        result
-                            .replicas
-                            .iter()
-                            .map(|u| u.peak_rss)
-                            .max()
-                            .unwrap_or(0) as f64
-                            / 1024.0
-                            / 1024.0,
-                    );
-                    runs.push(result);
+            for &groups in &args.groups {
+                let setup = Setup {
+                    client: &client,
+                    kubeconfig: cluster.kubeconfig(),
+                    binaries: &binaries,
+                    control_plane,
+                    kind,
+                    namespace: &namespace,
+                    objects,
+                    groups,
+                    dispatchers: usize::from(args.dispatchers),
+                    writes: args.writes,
+                    write_interval: args.write_interval,
+                    log_dir: &args.logs,
+                    nonce,
+                };
+                let mut runs = Vec::new();
+                for repeat in 0..args.repeats {
+                    let mut order = args.variants.clone();
+                    let turn = repeat % order.len();
+                    order.rotate_left(turn);
+                    for variant in order {
+                        let result = setup.run(variant, repeat).await.with_context(|| {
+                            format!("{namespace}: {variant}, run {}", repeat + 1)
+                        })?;
+                        println!(
+                            "bench: {namespace} {variant:<17} run {}: first reconcile {:>7.0} ms, all {:>7.0} ms, replica peak {:>6.1} MiB",
+                            repeat + 1,
+                            result.first_reconcile.as_secs_f64() * 1e3,
+                            result.all_reconciled.as_secs_f64() * 1e3,
+                            result
+                                .replicas
+                                .iter()
+                                .map(|u| u.peak_rss)
+                                .max()
+                                .unwrap_or(0) as f64
+                                / 1024.0
+                                / 1024.0,
+                        );
+                        runs.push(result);
+                    }
                 }
+                let scenario = Scenario {
+                    kind,
+                    objects,
+                    groups,
+                    runs,
+                };
+                println!("\n{}", scenario.table());
+                scenarios.push(scenario);
             }
-            let scenario = Scenario {
-                kind,
-                objects,
-                runs,
-            };
-            println!("\n{}", scenario.table());
-            scenarios.push(scenario);
         }
     }
 
@@ -365,6 +384,7 @@ async fn ceiling_bench(
         kind,
         namespace: &namespace,
         objects,
+        groups: 1,
         dispatchers: 1,
         writes: 0,
         write_interval: args.write_interval,
@@ -458,42 +478,81 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
     let rows = rows();
     let row = |label: &str| rows.iter().find(|r| r.label.starts_with(label));
     let mut drawn = Vec::new();
+    let suffix = if args.section == "default" {
+        String::new()
+    } else {
+        format!("-{}", args.section)
+    };
+    let named = |s: BTreeMap<Variant, Vec<(usize, f64)>>, suffix: &str| {
+        s.into_iter()
+            .map(|(v, p)| (format!("{v}{suffix}"), p))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let mut draw = |file: String, title: String, x: &str, y: &str, data| {
+        let path = args.plots_dir.join(file);
+        match plot::draw(&path, &title, x, y, &data) {
+            Ok(()) => drawn.push((title, path)),
+            Err(e) => eprintln!("bench: cannot draw {}: {e:#}", path.display()),
+        }
+    };
     for &kind in &args.kinds {
-        let named = |s: BTreeMap<Variant, Vec<(usize, f64)>>, suffix: &str| {
-            s.into_iter()
-                .map(|(v, p)| (format!("{v}{suffix}"), p))
-                .collect::<BTreeMap<_, _>>()
-        };
+        let axis = Axis::Objects;
         let mut memory = BTreeMap::new();
         if let Some(r) = row("controller RSS, peak") {
-            memory.extend(named(series(scenarios, kind, r), " replica"));
+            memory.extend(named(series(scenarios, kind, axis, r), " replica"));
         }
         if let Some(r) = row("dispatcher RSS, peak") {
-            memory.extend(named(series(scenarios, kind, r), " dispatcher (each)"));
+            memory.extend(named(
+                series(scenarios, kind, axis, r),
+                " dispatcher (each)",
+            ));
         }
         let mut startup = BTreeMap::new();
         if let Some(r) = row("start to first reconcile") {
-            startup.extend(named(series(scenarios, kind, r), ": first reconcile"));
+            startup.extend(named(series(scenarios, kind, axis, r), ": first reconcile"));
         }
         if let Some(r) = row("start to all objects") {
-            startup.extend(named(series(scenarios, kind, r), ": all reconciled"));
+            startup.extend(named(series(scenarios, kind, axis, r), ": all reconciled"));
         }
         for (what, title, y, data) in [
             ("memory", "peak RSS per process", "MiB", memory),
             ("startup", "process start to reconciles", "ms", startup),
         ] {
-            let suffix = if args.section == "default" {
-                String::new()
-            } else {
-                format!("-{}", args.section)
-            };
-            let path = args
-                .plots_dir
-                .join(format!("{what}-{}{suffix}.png", kind.flag()));
-            let title = format!("{}: {title}", kind.title());
-            match plot::draw(&path, &title, y, &data) {
-                Ok(()) => drawn.push((title, path)),
-                Err(e) => eprintln!("bench: cannot draw {}: {e:#}", path.display()),
+            draw(
+                format!("{what}-{}{suffix}.png", kind.flag()),
+                format!("{}: {title}", kind.title()),
+                "objects",
+                y,
+                data,
+            );
+        }
+        // Many controllers: what the whole cluster pays, against the number of controllers.
+        if args.groups.len() > 1 {
+            for &objects in &args.objects {
+                let axis = Axis::Groups(objects);
+                for (what, label, title, y) in [
+                    (
+                        "total-memory",
+                        "all processes RSS",
+                        "RSS of every process",
+                        "MiB",
+                    ),
+                    (
+                        "apiserver-cpu",
+                        "CPU, kube-apiserver",
+                        "kube-apiserver CPU",
+                        "s",
+                    ),
+                ] {
+                    let Some(r) = row(label) else { continue };
+                    draw(
+                        format!("{what}-{}-{objects}{suffix}.png", kind.flag()),
+                        format!("{}, {objects} objects: {title}", kind.title()),
+                        "controllers",
+                        y,
+                        named(series(scenarios, kind, axis, r), ""),
+                    );
+                }
             }
         }
     }

@@ -43,6 +43,11 @@ struct Args {
     #[arg(long, env = "KD_BENCH_NAMESPACE")]
     namespace: String,
 
+    /// The controller group's name (the SDK runtime): distinct names make distinct controllers
+    /// on one tier, each with its own queue of every object.
+    #[arg(long, env = "KD_BENCH_NAME", default_value = "bench-controller")]
+    name: String,
+
     /// Most reconciles running at once (the SDK's default; kube-rs is set to the same).
     #[arg(long, env = "KD_BENCH_CONCURRENCY", default_value_t = 16)]
     concurrency: usize,
@@ -174,14 +179,14 @@ async fn run_kube_rs_metadata<K: Object>(client: Client, namespace: &str, concur
     drain(results).await;
 }
 
-async fn run_dispatch<K: Object>(client: Client, namespace: &str, concurrency: usize) {
+async fn run_dispatch<K: Object>(client: Client, name: &str, namespace: &str, concurrency: usize) {
     let api = Api::<K>::namespaced(client.clone(), namespace);
     let reconcile = |object: Arc<K>, api: Arc<Api<K>>| async move {
         started(object.meta());
         ensure_hash(object.as_ref(), &api).await?;
         Ok::<_, Error>(kube_dispatch_controller::Action::await_change())
     };
-    let results = kube_dispatch_controller::Controller::<K>::new(client, "bench-controller")
+    let results = kube_dispatch_controller::Controller::<K>::new(client, name)
         .namespace(namespace)
         .concurrency(concurrency)
         .shutdown_on_signal()
@@ -207,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
         runtime,
         kind,
         namespace,
+        name,
         concurrency,
     } = Args::parse();
     tracing_subscriber::fmt()
@@ -230,9 +236,11 @@ async fn main() -> anyhow::Result<()> {
             run_kube_rs_metadata::<Record>(client, ns, concurrency).await;
         }
         (Runtime::Dispatch, Kind::ConfigMap) => {
-            run_dispatch::<ConfigMap>(client, ns, concurrency).await
+            run_dispatch::<ConfigMap>(client, &name, ns, concurrency).await
         }
-        (Runtime::Dispatch, Kind::Record) => run_dispatch::<Record>(client, ns, concurrency).await,
+        (Runtime::Dispatch, Kind::Record) => {
+            run_dispatch::<Record>(client, &name, ns, concurrency).await
+        }
     }
     Ok(())
 }

@@ -111,17 +111,17 @@ impl Setup<'_> {
     /// Runs the plan on a tier of one dispatcher.
     pub(crate) async fn ceiling(&self, plan: &Plan) -> anyhow::Result<Vec<Step>> {
         anyhow::ensure!(
-            self.kind == Kind::ConfigMap && self.dispatchers == 1,
-            "the ceiling runs on ConfigMaps with one dispatcher"
+            self.kind == Kind::ConfigMap && self.dispatchers == 1 && self.groups == 1,
+            "the ceiling runs on ConfigMaps with one dispatcher and one controller"
         );
         let log_dir = self.log_dir.join(format!("ceiling-{}", self.objects));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
         let tier = self.start_tier(&log_dir).await?;
         let (starts_tx, mut starts) = watch::channel(Starts::new());
-        let (tx, mut rx) = mpsc::channel::<ReconcileStart>(4096);
+        let (tx, mut rx) = mpsc::channel::<(usize, ReconcileStart)>(4096);
         let observer = tokio::spawn(async move {
-            while let Some(start) = rx.recv().await {
+            while let Some((_, start)) = rx.recv().await {
                 starts_tx.send_modify(|s| {
                     s.entry(start.key)
                         .or_default()

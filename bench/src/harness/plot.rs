@@ -46,10 +46,12 @@ fn drawing_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("cannot draw the plot: {e}")
 }
 
-/// Draws `series` (object count, value) to `path`.
+/// Draws `series` (x, value) to `path`: x is the object count, or with `x_label` "controllers"
+/// the number of controllers.
 pub(crate) fn draw(
     path: &Path,
     title: &str,
+    x_label: &str,
     y_label: &str,
     series: &BTreeMap<String, Vec<(usize, f64)>>,
 ) -> anyhow::Result<()> {
@@ -82,9 +84,17 @@ pub(crate) fn draw(
         .map_err(drawing_error)?;
     chart
         .configure_mesh()
-        .x_desc("objects")
+        .x_desc(x_label)
         .y_desc(y_label)
-        .x_label_formatter(&|x| power_of_ten(*x).unwrap_or_default())
+        .x_label_formatter(&|x| {
+            if x_label == "objects" {
+                power_of_ten(*x).unwrap_or_default()
+            } else if (x - x.round()).abs() < 0.05 {
+                format!("{}", x.round())
+            } else {
+                String::new()
+            }
+        })
         .y_label_formatter(&|y| format!("{y}"))
         .label_style(("sans-serif", 15))
         .light_line_style(RGBColor(238, 238, 238))

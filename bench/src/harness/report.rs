@@ -23,6 +23,8 @@ enum Read {
     LatencyPercentile(f64),
     /// The median over the runs of the API requests of this verb.
     Requests(&'static str),
+    /// The slowest write of all runs, in ms.
+    Worst,
 }
 
 fn max_of(values: impl Iterator<Item = u64>) -> Option<f64> {
@@ -77,6 +79,20 @@ pub(crate) fn rows() -> Vec<Row> {
             label: "write to reconcile start, p99 (ms)",
             decimals: 1,
             read: Read::LatencyPercentile(0.99),
+        },
+        median(
+            "write to reconcile start, p99 of each run, median (ms)",
+            1,
+            |r| {
+                let mut sorted = r.latencies_us.clone();
+                sorted.sort_unstable();
+                percentile(&sorted, 0.99).map(|us| us / 1e3)
+            },
+        ),
+        Row {
+            label: "write to reconcile start, worst write of all runs (ms)",
+            decimals: 1,
+            read: Read::Worst,
         },
         median("CPU, controller replicas (s)", 2, |r| {
             Some(r.replicas.iter().map(|u| u.cpu_seconds).sum())
@@ -154,6 +170,11 @@ impl Row {
                     .filter_map(|r| r.requests.get(verb).map(|n| *n as f64))
                     .collect(),
             ),
+            Read::Worst => runs
+                .iter()
+                .flat_map(|r| r.latencies_us.iter().copied())
+                .max()
+                .map(|us| us as f64 / 1e3),
             Read::LatencyPercentile(p) => {
                 let mut all: Vec<u64> = runs
                     .iter()
@@ -170,6 +191,8 @@ impl Row {
 pub(crate) struct Scenario {
     pub(crate) kind: Kind,
     pub(crate) objects: usize,
+    /// Distinct controllers, each reconciling every object.
+    pub(crate) groups: usize,
     pub(crate) runs: Vec<RunResult>,
 }
 
@@ -207,9 +230,14 @@ impl Scenario {
         };
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
-            "#### {}, {} objects ({}; latency percentiles over all runs' writes)\n\n| figure |",
+            "#### {}, {} objects{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
             self.kind.title(),
             self.objects,
+            if self.groups == 1 {
+                String::new()
+            } else {
+                format!(", {} controllers", self.groups)
+            },
             if runs == 1 {
                 "1 run".to_owned()
             } else {
@@ -251,17 +279,32 @@ impl Scenario {
     }
 }
 
-/// Per variant, the figure of a row at each object count of `kind` (for the plots).
+/// What the plots put on their x axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Axis {
+    /// The object count, with one controller.
+    Objects,
+    /// The number of controllers, at this object count.
+    Groups(usize),
+}
+
+/// Per variant, the figure of a row at each point of `axis`, for `kind` (for the plots).
 pub(crate) fn series(
     scenarios: &[Scenario],
     kind: Kind,
+    axis: Axis,
     row: &Row,
 ) -> BTreeMap<Variant, Vec<(usize, f64)>> {
     let mut out: BTreeMap<Variant, Vec<(usize, f64)>> = BTreeMap::new();
     for s in scenarios.iter().filter(|s| s.kind == kind) {
+        let x = match axis {
+            Axis::Objects if s.groups == 1 => s.objects,
+            Axis::Groups(objects) if s.objects == objects => s.groups,
+            _ => continue,
+        };
         for v in s.variants() {
-            if let Some(x) = s.value(row, v) {
-                out.entry(v).or_default().push((s.objects, x));
+            if let Some(y) = s.value(row, v) {
+                out.entry(v).or_default().push((x, y));
             }
         }
     }

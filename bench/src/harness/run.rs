@@ -96,6 +96,9 @@ pub(crate) struct Setup<'a> {
     pub(crate) kind: Kind,
     pub(crate) namespace: &'a str,
     pub(crate) objects: usize,
+    /// Distinct controllers (controller groups), each reconciling every object: K processes
+    /// of an incumbent, or K groups on one tier.
+    pub(crate) groups: usize,
     /// Dispatchers in the tier of the `dispatch-*` variants.
     pub(crate) dispatchers: usize,
     pub(crate) writes: usize,
@@ -142,11 +145,35 @@ pub(crate) struct RunResult {
 #[derive(Default)]
 struct Observations {
     first: Option<u64>,
-    seen: HashSet<String>,
+    /// Per controller group, the objects it has reconciled, until it has reconciled them all.
+    seen: Vec<HashSet<String>>,
+    /// Per group, whether it has reconciled every object.
+    complete: Vec<bool>,
+    /// Groups that have reconciled every object.
+    done: usize,
+    /// When the last group had reconciled every object.
     all: Option<u64>,
     total: u64,
-    /// Reconcile starts of the keys the latency phase writes: (when, resourceVersion).
-    written: HashMap<String, Vec<(u64, u64)>>,
+    /// Per group, the reconcile starts of the keys the latency phase writes: (when,
+    /// resourceVersion).
+    written: Vec<HashMap<String, Vec<(u64, u64)>>>,
+}
+
+impl Observations {
+    /// When every group had started a reconcile of `key` that saw `rv` or later.
+    fn reconciled_after(&self, key: &str, rv: u64) -> Option<u64> {
+        self.written
+            .iter()
+            .map(|group| {
+                group
+                    .get(key)?
+                    .iter()
+                    .filter(|(_, r)| *r >= rv)
+                    .map(|(at, _)| *at)
+                    .min()
+            })
+            .try_fold(0, |latest, at| Some(latest.max(at?)))
+    }
 }
 
 pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
@@ -165,9 +192,10 @@ impl Setup<'_> {
     /// Runs `variant` once; `run` numbers the runs so each writes values never written before.
     pub(crate) async fn run(&self, variant: Variant, run: usize) -> anyhow::Result<RunResult> {
         let log_dir = self.log_dir.join(format!(
-            "{}-{}-{variant}-{run}",
+            "{}-{}-{}-{variant}-{run}",
             self.kind.flag(),
-            self.objects
+            self.objects,
+            self.groups
         ));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
@@ -182,27 +210,34 @@ impl Setup<'_> {
         }
 
         let written = self.written_objects();
+        let groups = self.groups;
         let (observed_tx, observed) = watch::channel(Observations {
-            written: written.iter().map(|i| (self.key(*i), Vec::new())).collect(),
+            seen: vec![HashSet::new(); groups],
+            complete: vec![false; groups],
+            written: vec![written.iter().map(|i| (self.key(*i), Vec::new())).collect(); groups],
             ..Observations::default()
         });
         // Bounded: a replica that prints faster than this is read waits on its stdout pipe.
-        let (tx, mut rx) = mpsc::channel::<ReconcileStart>(4096);
+        let (tx, mut rx) = mpsc::channel::<(usize, ReconcileStart)>(4096);
         let objects = self.objects;
         let prefix = format!("{}/obj-", self.namespace);
         let observer = tokio::spawn(async move {
-            while let Some(start) = rx.recv().await {
+            while let Some((group, start)) = rx.recv().await {
                 observed_tx.send_modify(|o| {
                     o.total += 1;
                     o.first.get_or_insert(start.at_micros);
-                    if let Some(starts) = o.written.get_mut(&start.key) {
+                    if let Some(starts) = o.written[group].get_mut(&start.key) {
                         starts.push((start.at_micros, start.resource_version));
                     }
-                    if o.all.is_none() && start.key.starts_with(&prefix) {
-                        o.seen.insert(start.key.clone());
-                        if o.seen.len() == objects {
-                            o.all = Some(start.at_micros);
-                            o.seen = HashSet::new();
+                    if !o.complete[group] && start.key.starts_with(&prefix) {
+                        o.seen[group].insert(start.key.clone());
+                        if o.seen[group].len() == objects {
+                            o.complete[group] = true;
+                            o.seen[group] = HashSet::new();
+                            o.done += 1;
+                            if o.done == groups {
+                                o.all = Some(start.at_micros);
+                            }
                         }
                     }
                 });
@@ -255,7 +290,8 @@ impl Setup<'_> {
         mut tier: Vec<Component>,
         log_dir: &Path,
     ) -> anyhow::Result<RunResult> {
-        let bound = Duration::from_secs(60) + Duration::from_millis(2 * self.objects as u64);
+        let bound = Duration::from_secs(60)
+            + Duration::from_millis(2 * (self.objects * self.groups) as u64);
         let waited = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some()))
             .await
             .map(|r| r.map(|o| (o.first.unwrap_or(started), o.all.unwrap_or(started))));
@@ -263,9 +299,17 @@ impl Setup<'_> {
             Ok(Ok(times)) => times,
             Ok(Err(_)) => anyhow::bail!("{variant}: the reconcile observer stopped"),
             Err(_) => anyhow::bail!(
-                "{variant}: only {} of {} objects reconciled within {bound:?}; logs in {}",
-                observed.borrow().seen.len(),
+                "{variant}: {} of {} controllers reconciled all {} objects within {bound:?} (the others: {:?}); logs in {}",
+                observed.borrow().done,
+                self.groups,
                 self.objects,
+                observed
+                    .borrow()
+                    .seen
+                    .iter()
+                    .map(HashSet::len)
+                    .filter(|n| *n > 0)
+                    .collect::<Vec<_>>(),
                 replicas
                     .first()
                     .map_or(Path::new(""), |r| r.log.as_path())
@@ -291,15 +335,7 @@ impl Setup<'_> {
             .with_context(|| format!("write {n} failed"))?;
             sent.push((self.key(*i), at, rv));
         }
-        let reconciled_after = |o: &Observations, key: &str, rv: u64| {
-            o.written.get(key).and_then(|starts| {
-                starts
-                    .iter()
-                    .filter(|(_, r)| *r >= rv)
-                    .map(|(at, _)| *at)
-                    .min()
-            })
-        };
+        let reconciled_after = |o: &Observations, key: &str, rv: u64| o.reconciled_after(key, rv);
         tokio::time::timeout(
             Duration::from_secs(60),
             observed.wait_for(|o| {
@@ -369,7 +405,7 @@ impl Setup<'_> {
         variant: Variant,
         lb_port: u16,
         log_dir: &Path,
-        tx: &mpsc::Sender<ReconcileStart>,
+        tx: &mpsc::Sender<(usize, ReconcileStart)>,
     ) -> anyhow::Result<Vec<Component>> {
         let mut args: Vec<String> = ["--kind", self.kind.flag(), "--namespace", self.namespace]
             .map(str::to_owned)
@@ -394,19 +430,43 @@ impl Setup<'_> {
                 (&self.binaries.controller, count)
             }
         };
-        (0..count)
-            .map(|i| {
-                let name = format!("bench-controller-{i}");
+        let mut replicas = Vec::new();
+        for group in 0..self.groups {
+            // Each group's reconcile lines, tagged with the group.
+            let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(start) = group_rx.recv().await {
+                    if tx.send((group, start)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            for i in 0..count {
+                let name = if self.groups == 1 {
+                    format!("bench-controller-{i}")
+                } else {
+                    format!("bench-controller-{group}-{i}")
+                };
                 let env = [
                     ("KUBECONFIG", self.kubeconfig.display().to_string()),
                     ("POD_NAME", name.clone()),
+                    ("KD_BENCH_NAME", group_name(group)),
                     ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
                     ("KD_INSECURE", SECURITY_OFF.to_owned()),
                     ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
                 ];
-                Component::spawn(&name, program, &args, &env, log_dir, Some(tx.clone()))
-            })
-            .collect()
+                replicas.push(Component::spawn(
+                    &name,
+                    program,
+                    &args,
+                    &env,
+                    log_dir,
+                    Some(group_tx.clone()),
+                )?);
+            }
+        }
+        Ok(replicas)
     }
 
     /// Starts the dispatchers and the load balancer, and waits until the ring holds all the
@@ -540,6 +600,16 @@ fn load_balancer_ready(log: &str, ids: &[String]) -> bool {
         }
     }
     leading && knows_all
+}
+
+/// The controller group name of group `group`: the one group of a single-controller run keeps
+/// the name it always had.
+fn group_name(group: usize) -> String {
+    if group == 0 {
+        "bench-controller".to_owned()
+    } else {
+        format!("bench-controller-{group}")
+    }
 }
 
 fn free_port() -> anyhow::Result<u16> {
