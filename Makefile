@@ -77,6 +77,12 @@ bench-ceiling: ## Scale ceiling: watch events one dispatcher absorbs per core, w
 	@tests/cluster/cluster.sh up >/dev/null
 	target/release/kube-dispatch-bench --ceiling --objects $${OBJECTS:-2000} $${RATES:+--ceiling-rates $$RATES} --command "make bench-ceiling$${OBJECTS:+ OBJECTS=$$OBJECTS}$${RATES:+ RATES=$$RATES}"
 
+.PHONY: bench-shards
+bench-shards: ## Server-side sharding: the ring keyed by namespace against the ring keyed by name on NAMESPACES namespaces of OBJECTS ConfigMaps (default 1000 x 100, ~15 min), into BENCHMARKS.md
+	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+	@tests/cluster/cluster.sh up >/dev/null
+	target/release/kube-dispatch-bench --shards --shard-namespaces $${NAMESPACES:-1000} --objects $${OBJECTS:-100} --writes $${WRITES:-1000} --write-interval 10ms --command "make bench-shards$${NAMESPACES:+ NAMESPACES=$$NAMESPACES}$${OBJECTS:+ OBJECTS=$$OBJECTS}$${WRITES:+ WRITES=$$WRITES}"
+
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core

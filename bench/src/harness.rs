@@ -10,3 +10,4 @@ pub(crate) mod process;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod security;
+pub(crate) mod shards;

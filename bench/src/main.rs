@@ -161,6 +161,18 @@ struct Args {
     #[arg(long, conflicts_with_all = ["security", "metrics"])]
     ceiling: bool,
 
+    /// Run the server-side sharding benchmark instead (`make bench-shards`): --shard-namespaces
+    /// namespaces of the first of --objects labelled ConfigMaps, a tier of --dispatchers with
+    /// the ring keyed by name, then by namespace, each with one SDK replica over every namespace:
+    /// the cold start, then --writes spread over the namespaces; per dispatcher, CPU, bytes
+    /// read and objects decoded. Written into the `shards` section of --out.
+    #[arg(long, conflicts_with_all = ["security", "metrics", "ceiling"])]
+    shards: bool,
+
+    /// Namespaces of the sharding benchmark.
+    #[arg(long, env = "KD_BENCH_SHARD_NAMESPACES", default_value_t = 1000)]
+    shard_namespaces: usize,
+
     /// Target write rates of the ceiling benchmark, writes per second, comma-separated.
     #[arg(
         long,
@@ -278,6 +290,17 @@ async fn main() -> anyhow::Result<()> {
         install_crd(&client).await?;
     }
     let nonce = now_micros();
+    if args.shards {
+        return shards_bench(
+            &args,
+            &client,
+            cluster.kubeconfig(),
+            &binaries,
+            control_plane,
+            nonce,
+        )
+        .await;
+    }
     if args.ceiling {
         return ceiling_bench(
             &args,
@@ -315,6 +338,7 @@ async fn main() -> anyhow::Result<()> {
                     writes: args.writes,
                     write_interval: args.write_interval,
                     log_dir: &args.logs,
+                    ring_key: None,
                     nonce,
                 };
                 let mut runs = Vec::new();
@@ -389,6 +413,7 @@ async fn ceiling_bench(
         writes: 0,
         write_interval: args.write_interval,
         log_dir: &args.logs,
+        ring_key: None,
         nonce,
     };
     let steps = setup
@@ -409,6 +434,97 @@ async fn ceiling_bench(
         machine(),
     );
     write_section(&args.out, "ceiling", &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--shards`: the ring keyed by namespace with server-side sharding against the ring keyed by
+/// name, written into the `shards` section.
+async fn shards_bench(
+    args: &Args,
+    client: &kube::Client,
+    kubeconfig: &Path,
+    binaries: &Binaries,
+    control_plane: ControlPlane,
+    nonce: u64,
+) -> anyhow::Result<()> {
+    use harness::shards;
+    let objects = args.objects[0];
+    let namespaces = args.shard_namespaces;
+    anyhow::ensure!(namespaces > 0, "--shard-namespaces must be positive");
+    let begun = Instant::now();
+    let mut written = 0;
+    for i in 0..namespaces {
+        written += harness::objects::populate_labelled(
+            client,
+            Kind::ConfigMap,
+            &shards::namespace(i),
+            objects,
+            args.object_bytes,
+            Some(shards::LABEL),
+        )
+        .await?;
+    }
+    println!(
+        "bench-shards: {namespaces} namespaces of {objects} ConfigMaps: {written} written in {:.1} s",
+        begun.elapsed().as_secs_f64()
+    );
+    // The tier's Leases live beside the other benchmarks' objects.
+    let lease_namespace = format!("kd-bench-{}-shards", Kind::ConfigMap.flag());
+    populate(
+        client,
+        Kind::ConfigMap,
+        &lease_namespace,
+        0,
+        args.object_bytes,
+    )
+    .await?;
+    let mut outcomes = Vec::new();
+    for variant in [
+        shards::Variant::KubeRs,
+        shards::Variant::Tier("name"),
+        shards::Variant::Tier("namespace"),
+    ] {
+        let ring_key = match variant {
+            shards::Variant::Tier(key) => Some(key),
+            shards::Variant::KubeRs => None,
+        };
+        let setup = Setup {
+            client,
+            kubeconfig,
+            binaries,
+            control_plane,
+            kind: Kind::ConfigMap,
+            namespace: &lease_namespace,
+            objects,
+            groups: 1,
+            dispatchers: usize::from(args.dispatchers),
+            writes: args.writes,
+            write_interval: args.write_interval,
+            log_dir: &args.logs,
+            ring_key,
+            nonce,
+        };
+        outcomes.push(
+            setup
+                .shards(variant, namespaces)
+                .await
+                .with_context(|| format!("{variant}"))?,
+        );
+    }
+    let table = shards::table(&outcomes);
+    println!("\n{table}");
+    let section = format!(
+        "Produced by `{}` on {} ({namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        args.object_bytes,
+        args.dispatchers,
+        args.writes,
+        humantime::format_duration(args.write_interval),
+        machine(),
+    );
+    write_section(&args.out, "shards", &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }
@@ -514,10 +630,17 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
         if let Some(r) = row("start to all objects") {
             startup.extend(named(series(scenarios, kind, axis, r), ": all reconciled"));
         }
-        for (what, title, y, data) in [
-            ("memory", "peak RSS per process", "MiB", memory),
-            ("startup", "process start to reconciles", "ms", startup),
-        ] {
+        // Against the object count; with many controllers, only when there are several counts
+        // (the plots against the number of controllers below show the rest).
+        let by_objects = if args.groups.len() == 1 || args.objects.len() > 1 {
+            vec![
+                ("memory", "peak RSS per process", "MiB", memory),
+                ("startup", "process start to reconciles", "ms", startup),
+            ]
+        } else {
+            Vec::new()
+        };
+        for (what, title, y, data) in by_objects {
             draw(
                 format!("{what}-{}{suffix}.png", kind.flag()),
                 format!("{}: {title}", kind.title()),
@@ -542,6 +665,12 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
                         "CPU, kube-apiserver",
                         "kube-apiserver CPU",
                         "s",
+                    ),
+                    (
+                        "all-reconciled",
+                        "start to all objects",
+                        "start to every object reconciled by every controller",
+                        "ms",
                     ),
                 ] {
                     let Some(r) = row(label) else { continue };

@@ -14,7 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_proto::{RequestKey, Ring, key::hash64, lease::ring_id};
+use kube_dispatch_proto::{RequestKey, Ring, RingKey, lease::ring_id};
+
+use crate::key::KeyRef;
 use tracing::info;
 
 /// The keys a dispatcher serves.
@@ -50,33 +52,54 @@ impl Slice {
         }
     }
 
-    /// Whether this dispatcher owns the key hash on its current ring.
-    pub fn owns_hash(&self, hash: u64) -> bool {
-        self.ring.owner_of_hash(hash) == Some(&*self.identity)
+    /// Whether this dispatcher owns the placement hash ([`Ring::place`]) on its current ring.
+    pub fn owns_hash(&self, placement: u64) -> bool {
+        self.ring.owner_of_hash(placement) == Some(&*self.identity)
     }
 
     /// Whether this dispatcher owns the key, given as its wire string, on its current ring.
     pub fn owns_str(&self, key: &str) -> bool {
-        self.owns_hash(hash64(key.as_bytes()))
+        self.owns_hash(self.ring.place(key))
     }
 
-    /// Whether this dispatcher serves the key hash now.
-    pub fn serves_hash(&self, hash: u64) -> bool {
-        self.owns_hash(hash)
+    /// Whether this dispatcher owns the key on its current ring.
+    pub fn owns_key(&self, key: KeyRef<'_>) -> bool {
+        self.owns_hash(self.placement(key))
+    }
+
+    /// Whether this dispatcher serves the placement hash now.
+    pub fn serves_hash(&self, placement: u64) -> bool {
+        self.owns_hash(placement)
             && self
                 .settled
                 .as_ref()
-                .is_some_and(|s| s.owner_of_hash(hash) == Some(&*self.identity))
+                .is_some_and(|s| s.owner_of_hash(placement) == Some(&*self.identity))
     }
 
     /// Whether this dispatcher serves the request key now.
     pub fn serves(&self, key: &RequestKey) -> bool {
-        self.serves_hash(key.hash64())
+        self.serves_hash(self.ring.key().place_key(key))
     }
 
     /// Whether this dispatcher serves the key, given as its wire string.
     pub fn serves_str(&self, key: &str) -> bool {
-        self.serves_hash(hash64(key.as_bytes()))
+        self.serves_hash(self.ring.place(key))
+    }
+
+    /// Whether this dispatcher serves the key now.
+    pub fn serves_key(&self, key: KeyRef<'_>) -> bool {
+        self.serves_hash(self.placement(key))
+    }
+
+    /// Where the key sits on this slice's ring.
+    pub fn placement(&self, key: KeyRef<'_>) -> u64 {
+        self.ring.key().place_hashed(key.text(), key.hash())
+    }
+
+    /// The API server's `shardSelector` for the keys this dispatcher owns on its current ring:
+    /// `None` on a ring keyed by name, or when it owns all or none of them.
+    pub fn shard_selector(&self) -> Option<String> {
+        self.ring.shard_selector(&self.identity)
     }
 
     /// Whether this dispatcher is on the ring it sees.
@@ -109,6 +132,7 @@ pub struct Peer {
 pub struct Handover {
     identity: String,
     bound: Duration,
+    ring_key: RingKey,
     ring: Arc<Ring>,
     /// The newest Lease resourceVersion seen when the current ring was adopted: releases must
     /// come from later writes.
@@ -129,12 +153,20 @@ impl Handover {
         Self {
             identity: identity.to_owned(),
             bound,
+            ring_key: RingKey::Name,
             ring: Arc::new(Ring::new(Vec::<String>::new())),
             adopted_at: 0,
             settled: None,
             died: HashMap::new(),
             hold_until: predecessor_died.then(|| now + bound),
         }
+    }
+
+    /// The same gate over rings that place keys by `key`.
+    pub fn with_ring_key(mut self, key: RingKey) -> Self {
+        self.ring_key = key;
+        self.ring = Arc::new(Ring::with_key(Vec::<String>::new(), key));
+        self
     }
 
     /// Records that `member` stopped renewing its Lease without releasing it, noticed at `now`.
@@ -152,7 +184,7 @@ impl Handover {
         now: Instant,
     ) -> Slice {
         if self.ring.members().iter().ne(live.keys()) {
-            self.ring = Arc::new(Ring::new(live.keys().cloned()));
+            self.ring = Arc::new(Ring::with_key(live.keys().cloned(), self.ring_key));
             self.adopted_at = newest;
             info!(members = ?self.ring.members(), ring = %ring_id(&self.ring), "adopted a new ring");
         }
@@ -232,6 +264,8 @@ impl Handover {
 
 #[cfg(test)]
 mod tests {
+    use kube_dispatch_proto::key::hash64;
+
     use super::*;
 
     const SEC: Duration = Duration::from_secs(1);

@@ -56,8 +56,9 @@ impl Partition {
         deleted: Option<bool>,
         now: Instant,
     ) -> bool {
+        let placement = slice.placement(key);
         let (hash, key) = (key.hash(), key.text());
-        if slice.serves_hash(hash) {
+        if slice.serves_hash(placement) {
             if deleted == Some(true) {
                 debug!(group = %self.group, key, "deletion queued: the key is served here");
             }
@@ -66,7 +67,7 @@ impl Partition {
         let Some(deleted) = deleted else {
             return false;
         };
-        if slice.owns_hash(hash) {
+        if slice.owns_hash(placement) {
             if deleted {
                 debug!(group = %self.group, key, "deletion held: the key moved here and the handover holds it");
                 self.held.insert(key.to_owned());
@@ -104,14 +105,14 @@ impl Partition {
     /// held until the gate opens; indexed, a re-list of a watch that could not resume meanwhile
     /// shows which of them were deleted).
     pub fn keeps(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
-        slice.settled.is_none() && (queue.contains(key.text()) || slice.owns_hash(key.hash()))
+        slice.settled.is_none() && (queue.contains(key.text()) || slice.owns_key(key))
     }
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
     pub fn exists_elsewhere(&mut self, slice: &Slice, key: KeyRef<'_>) {
-        if slice.owns_hash(key.hash()) {
+        if slice.owns_key(key) {
             self.held.remove(key.text());
         }
         self.recent.exists(key.hash());
@@ -125,8 +126,9 @@ impl Partition {
         identity: &str,
         now: Instant,
     ) -> Vec<Arc<str>> {
-        self.recent
-            .keys_where(now, |hash| ring.owner_of_hash(hash) == Some(identity))
+        self.recent.keys_where(now, |_, key| {
+            ring.owner_of_hash(ring.place(key)) == Some(identity)
+        })
     }
 
     /// Trims `queue` to `slice` if it changed since the last call: keys that moved away are
@@ -172,7 +174,7 @@ impl Partition {
                 self.recent.deleted(hash64(key.as_bytes()), &key, now);
             }
             // Keys that moved here may have been deleted while in transit.
-            let moved_in = self.recent.take_where(now, |hash| slice.owns_hash(hash));
+            let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
             for key in &moved_in {
                 debug!(group = %self.group, key = &**key, "remembered deletion held: the key moved here");
             }

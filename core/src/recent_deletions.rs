@@ -86,22 +86,29 @@ impl RecentDeletions {
             .retain(|_, (_, at)| now.saturating_duration_since(*at) <= window);
     }
 
-    /// Removes and returns the keys, deleted within the window, whose hash `take` accepts.
-    pub fn take_where(&mut self, now: Instant, take: impl Fn(u64) -> bool) -> Vec<Arc<str>> {
+    /// Removes and returns the keys, deleted within the window, that `take` accepts (given
+    /// each key's hash and text).
+    pub fn take_where(&mut self, now: Instant, take: impl Fn(u64, &str) -> bool) -> Vec<Arc<str>> {
         self.prune(now);
-        let hashes: Vec<u64> = self.by_hash.keys().copied().filter(|h| take(*h)).collect();
+        let hashes: Vec<u64> = self
+            .by_hash
+            .iter()
+            .filter(|(h, (key, _))| take(**h, key))
+            .map(|(h, _)| *h)
+            .collect();
         hashes
             .into_iter()
             .filter_map(|h| self.by_hash.remove(&h).map(|(key, _)| key))
             .collect()
     }
 
-    /// The keys, deleted within the window, whose hash `want` accepts (they stay remembered).
-    pub fn keys_where(&mut self, now: Instant, want: impl Fn(u64) -> bool) -> Vec<Arc<str>> {
+    /// The keys, deleted within the window, that `want` accepts (given each key's hash and
+    /// text); they stay remembered.
+    pub fn keys_where(&mut self, now: Instant, want: impl Fn(u64, &str) -> bool) -> Vec<Arc<str>> {
         self.prune(now);
         self.by_hash
             .iter()
-            .filter(|(h, _)| want(**h))
+            .filter(|(h, (key, _))| want(**h, key))
             .map(|(_, (key, _))| key.clone())
             .collect()
     }
@@ -140,13 +147,13 @@ mod tests {
         m.deleted(1, "/ConfigMap/ns/a", t0);
         m.deleted(2, "/ConfigMap/ns/b", t0);
         assert_eq!(
-            m.keys_where(t0, |h| h == 2),
+            m.keys_where(t0, |h, _| h == 2),
             vec![Arc::<str>::from("/ConfigMap/ns/b")]
         );
-        let taken = m.take_where(t0 + Duration::from_secs(1), |h| h == 1);
+        let taken = m.take_where(t0 + Duration::from_secs(1), |h, _| h == 1);
         assert_eq!(taken, vec![Arc::<str>::from("/ConfigMap/ns/a")]);
         assert!(
-            m.take_where(t0 + Duration::from_secs(1), |h| h == 1)
+            m.take_where(t0 + Duration::from_secs(1), |h, _| h == 1)
                 .is_empty()
         );
         assert_eq!(m.len(), 1);
@@ -158,7 +165,7 @@ mod tests {
         let mut m = memory(10, 8);
         m.deleted(1, "/ConfigMap/ns/a", t0);
         m.exists(1);
-        assert!(m.take_where(t0, |_| true).is_empty());
+        assert!(m.take_where(t0, |_, _| true).is_empty());
     }
 
     #[test]
@@ -167,7 +174,7 @@ mod tests {
         let mut m = memory(10, 8);
         m.deleted(1, "/ConfigMap/ns/a", t0);
         m.deleted(2, "/ConfigMap/ns/b", t0 + Duration::from_secs(5));
-        let taken = m.take_where(t0 + Duration::from_secs(12), |_| true);
+        let taken = m.take_where(t0 + Duration::from_secs(12), |_, _| true);
         assert_eq!(taken, vec![Arc::<str>::from("/ConfigMap/ns/b")]);
     }
 

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
+use kube_dispatch_proto::RingKey;
 use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
 
 pub use crate::security::SecurityConfig;
@@ -87,6 +88,8 @@ pub struct ServeConfig {
     pub settings: Settings,
     /// Where the ring comes from.
     pub membership: Membership,
+    /// What places a key on the ring (`--ring-key`); the same on every dispatcher of a tier.
+    pub ring_key: RingKey,
     /// A watch with no subscriber is stopped after this long.
     pub watch_grace: Duration,
     /// How a watch lists what exists: streamed through the watch, or in pages.

@@ -262,7 +262,7 @@ impl Group {
         let wake = {
             let mut state = self.state();
             let slice = self.slice.borrow();
-            if !slice.serves_hash(key.hash()) && !Partition::keeps(&slice, &state.queue, key) {
+            if !slice.serves_key(key) && !Partition::keeps(&slice, &state.queue, key) {
                 return;
             }
             state.queue.change(key.text(), Change::owned())
@@ -279,8 +279,7 @@ impl Group {
     pub fn fill(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
             let mut state = self.state();
-            if !self.slice.borrow().serves_hash(key.hash()) || state.queue.knows_object(key.text())
-            {
+            if !self.slice.borrow().serves_key(key) || state.queue.knows_object(key.text()) {
                 return;
             }
             state.queue.observe(key.text(), object, epoch)
@@ -293,7 +292,7 @@ impl Group {
     pub fn fill_owned(&self, key: KeyRef<'_>) {
         let wake = {
             let mut state = self.state();
-            if !self.slice.borrow().serves_hash(key.hash()) || state.queue.contains(key.text()) {
+            if !self.slice.borrow().serves_key(key) || state.queue.contains(key.text()) {
                 return;
             }
             state.queue.change(key.text(), Change::owned())

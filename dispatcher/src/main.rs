@@ -9,6 +9,7 @@ use kube_dispatch_dispatcher::{
     config::{LeaseConfig, Limits, ListMode, Membership, SecurityConfig, ServeConfig, Settings},
     serve::serve,
 };
+use kube_dispatch_proto::RingKey;
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
     client,
@@ -161,6 +162,21 @@ struct Args {
     #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Paged)]
     list_mode: ListMode,
 
+    /// What places a key on the ring; every dispatcher of the tier must use the same (the ring
+    /// id differs, so a mixed tier hands nothing over). "name": the whole key, which spreads
+    /// keys evenly whatever the namespaces, and every dispatcher receives every event of its
+    /// watches. "namespace": the namespace alone, so a namespace's objects, owners and children
+    /// stay on one dispatcher, which asks the API server for its own namespaces only
+    /// (shardSelector; Kubernetes 1.36 with the ShardedListAndWatch feature gate, otherwise it
+    /// filters what it receives itself). Choose it for many namespaces of similar size: one
+    /// large namespace lands on one dispatcher, and so may namespaces whose names differ only in
+    /// their last characters (team-1, team-2, ...: FNV-1a, the API server's shard hash, leaves
+    /// them close together). With it, a deletion that a dispatcher had not
+    /// delivered when it died is not delivered by the next owner (which did not watch that
+    /// namespace); use finalizers where a deletion must be seen.
+    #[arg(long, env = "KD_RING_KEY", value_enum, default_value_t = RingKeyArg::Name)]
+    ring_key: RingKeyArg,
+
     /// A group with no session left is dropped after this long (its keys are forgotten).
     #[arg(long, env = "KD_IDLE_GROUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     idle_group_grace: Duration,
@@ -240,6 +256,7 @@ async fn main() -> anyhow::Result<()> {
         max_message_bytes,
         watch_grace,
         list_mode,
+        ring_key,
         idle_group_grace,
         max_recent_deletions,
         status_interval,
@@ -347,6 +364,7 @@ async fn main() -> anyhow::Result<()> {
         ServeConfig {
             settings,
             membership,
+            ring_key: ring_key.into(),
             watch_grace,
             list_mode,
             max_message_bytes,
@@ -441,5 +459,23 @@ mod tests {
         let flags = LimitFlags::of(&Args::parse_from(["kube-dispatch-dispatcher"]));
         assert_eq!(limits(&flags), Limits::default());
         assert_eq!(queue_config(&flags), QueueConfig::default());
+    }
+}
+
+/// `--ring-key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RingKeyArg {
+    /// The whole key.
+    Name,
+    /// The namespace.
+    Namespace,
+}
+
+impl From<RingKeyArg> for RingKey {
+    fn from(arg: RingKeyArg) -> Self {
+        match arg {
+            RingKeyArg::Name => RingKey::Name,
+            RingKeyArg::Namespace => RingKey::Namespace,
+        }
     }
 }

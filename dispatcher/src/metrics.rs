@@ -54,6 +54,8 @@
 //! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
 //! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from with backoff |
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
+//! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
+//! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
 
 use std::{
     fmt,
@@ -406,7 +408,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
             }
         }
     }
-    let counters: [Described<WatchCounter>; 4] = [
+    let counters: [Described<WatchCounter>; 6] = [
         (
             "kube_dispatch_watch_relists",
             "Lists of the whole resource by the watch: its first, and after a 410 or an API-server restart",
@@ -426,6 +428,16 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
             "kube_dispatch_watch_gone",
             "Watch errors that were 410 Gone: the resourceVersion it resumed from had expired",
             |c| &c.gone,
+        ),
+        (
+            "kube_dispatch_watch_elsewhere",
+            "Objects seen whose keys other dispatchers own",
+            |c| &c.elsewhere,
+        ),
+        (
+            "kube_dispatch_watch_reshards",
+            "Restarts of the watch because the namespaces this dispatcher owns changed",
+            |c| &c.reshards,
         ),
     ];
     for (name, help, counter) in counters {

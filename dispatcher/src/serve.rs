@@ -96,10 +96,14 @@ pub async fn serve(
                     members: members.clone(),
                 });
             }
-            Slice::fixed(&identity, Ring::new(members.clone()))
+            Slice::fixed(&identity, Ring::with_key(members.clone(), config.ring_key))
         }
         // Nothing is served until the Leases have been read and the handover gate opens.
-        Membership::Leases(_) => Slice::fixed(&identity, Ring::new([identity.clone()])).closed(),
+        Membership::Leases(_) => Slice::fixed(
+            &identity,
+            Ring::with_key([identity.clone()], config.ring_key),
+        )
+        .closed(),
     };
     let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
     let (released_tx, released_rx) = watch::channel(None);
@@ -155,6 +159,7 @@ pub async fn serve(
         Membership::Leases(lease) => Some(tokio::spawn(membership::run(
             client,
             lease,
+            config.ring_key,
             slice_tx,
             released_rx,
             members_stop.clone(),

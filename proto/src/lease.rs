@@ -3,7 +3,7 @@
 //! annotations and ring ids are part of the contract, specified in
 //! `proto/kubedispatch/v1/leases.md`.
 
-use crate::{Ring, key::hash64};
+use crate::{Ring, RingKey, key::hash64};
 
 /// Label (value `true`) that marks a `coordination.k8s.io` Lease as a dispatcher's.
 pub const LEASE_LABEL: &str = "kube-dispatch.dev/dispatcher";
@@ -16,9 +16,15 @@ pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
 pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
 
 /// The id of a ring: XXH64 (seed 0) of its members, sorted and joined with `,`, as 16 lowercase
-/// hex digits.
+/// hex digits; on a ring keyed by namespace, of the same string after `namespace:`, so that
+/// dispatchers placing keys differently never release the same ring.
 pub fn ring_id(ring: &Ring) -> String {
-    format!("{:016x}", hash64(ring.members().join(",").as_bytes()))
+    let members = ring.members().join(",");
+    let text = match ring.key() {
+        RingKey::Name => members,
+        RingKey::Namespace => format!("namespace:{members}"),
+    };
+    format!("{:016x}", hash64(text.as_bytes()))
 }
 
 #[cfg(test)]
@@ -36,6 +42,11 @@ mod tests {
             ring_id(&a),
             format!("{:016x}", hash64(b"d0,d1,d2")),
             "the members are sorted and joined with a comma"
+        );
+        let by_namespace = Ring::with_key(["d0", "d1", "d2"], RingKey::Namespace);
+        assert_eq!(
+            ring_id(&by_namespace),
+            format!("{:016x}", hash64(b"namespace:d0,d1,d2"))
         );
     }
 }

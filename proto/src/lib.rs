@@ -40,7 +40,7 @@ pub mod lease;
 pub mod ring;
 
 pub use key::{KeyError, RequestKey};
-pub use ring::Ring;
+pub use ring::{Ring, RingKey};
 
 /// Version 1 of the API, package `kubedispatch.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

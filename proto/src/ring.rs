@@ -2,9 +2,16 @@
 //!
 //! The placement rules are part of the wire contract (`proto/kubedispatch/v1/keys.md`): every
 //! member has [`Ring::VIRTUAL_NODES`] points at `XXH64("<member>#<i>")`, and a key belongs to the
-//! first point at or after its hash, wrapping around.
+//! first point at or after its placement hash, wrapping around. The placement hash is the key's
+//! own hash on a ring keyed by name ([`RingKey::Name`], the default), or FNV-1a 64 of its
+//! namespace on a ring keyed by namespace ([`RingKey::Namespace`]), the hash the API server's
+//! `shardSelector` filters on, so a dispatcher can ask it for its own ranges only
+//! ([`Ring::shard_selector`]).
 
-use std::hash::{Hash, Hasher};
+use std::{
+    fmt::Write as _,
+    hash::{Hash, Hasher},
+};
 
 use hashring::HashRing;
 use nohash_hasher::BuildNoHashHasher;
@@ -25,10 +32,60 @@ impl Hash for VirtualNode {
     }
 }
 
+/// What places a key on the ring. Every dispatcher of a tier must use the same; the ring id
+/// (`lease::ring_id`) differs between the two, so dispatchers that disagree never complete a
+/// handover together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RingKey {
+    /// The whole key, `XXH64("group/kind/namespace/name")`: keys spread evenly whatever the
+    /// namespaces, and every dispatcher receives every event of its watches.
+    #[default]
+    Name,
+    /// The namespace alone, FNV-1a 64 of its UTF-8 bytes (cluster-scoped keys: of the empty
+    /// string): a namespace's keys stay on one dispatcher, which can ask the API server for its
+    /// own namespaces only (`shardSelector` on `object.metadata.namespace`).
+    Namespace,
+}
+
+impl RingKey {
+    /// The placement hash of a request key given as its wire string, `group/kind/namespace/name`.
+    pub fn place(self, key: &str) -> u64 {
+        match self {
+            Self::Name => hash64(key.as_bytes()),
+            Self::Namespace => namespace_hash(key.split('/').nth(2).unwrap_or_default()),
+        }
+    }
+
+    /// The placement hash of a request key whose [`hash64`] is already known.
+    pub fn place_hashed(self, key: &str, key_hash: u64) -> u64 {
+        match self {
+            Self::Name => key_hash,
+            Self::Namespace => self.place(key),
+        }
+    }
+
+    /// The placement hash of a request key.
+    pub fn place_key(self, key: &RequestKey) -> u64 {
+        match self {
+            Self::Name => key.hash64(),
+            Self::Namespace => namespace_hash(&key.namespace),
+        }
+    }
+}
+
+/// FNV-1a 64 of a namespace's UTF-8 bytes: the hash of `object.metadata.namespace` that the API
+/// server's shard selector compares with its ranges.
+pub fn namespace_hash(namespace: &str) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(namespace.as_bytes());
+    hasher.finish()
+}
+
 /// An immutable ring over a set of members. Build a new one when membership changes.
 #[derive(Clone)]
 pub struct Ring {
     members: Vec<String>,
+    key: RingKey,
     ring: HashRing<VirtualNode, BuildNoHashHasher<u64>>,
 }
 
@@ -36,6 +93,7 @@ impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
             .field("members", &self.members)
+            .field("key", &self.key)
             .finish()
     }
 }
@@ -44,8 +102,17 @@ impl Ring {
     /// Virtual nodes per member.
     pub const VIRTUAL_NODES: u32 = 128;
 
-    /// A ring over `members`; order and duplicates do not matter.
+    /// A ring keyed by name over `members`; order and duplicates do not matter.
     pub fn new<I, S>(members: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_key(members, RingKey::Name)
+    }
+
+    /// A ring over `members` that places keys by `key`.
+    pub fn with_key<I, S>(members: I, key: RingKey) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -55,7 +122,17 @@ impl Ring {
         members.dedup();
         let mut ring = HashRing::with_hasher(BuildNoHashHasher::default());
         ring.batch_add(Self::virtual_nodes(&members));
-        Self { members, ring }
+        Self { members, key, ring }
+    }
+
+    /// What places keys on this ring.
+    pub fn key(&self) -> RingKey {
+        self.key
+    }
+
+    /// The placement hash of a key given as its wire string.
+    pub fn place(&self, key: &str) -> u64 {
+        self.key.place(key)
     }
 
     /// The points of sorted, distinct `members`.
@@ -90,15 +167,88 @@ impl Ring {
             .is_ok()
     }
 
-    /// The member that owns a key hash; `None` when the ring is empty.
-    pub fn owner_of_hash(&self, key_hash: u64) -> Option<&str> {
-        let node = self.ring.get(&key_hash)?;
+    /// The member that owns a placement hash ([`Ring::place`]); `None` when the ring is empty.
+    pub fn owner_of_hash(&self, placement: u64) -> Option<&str> {
+        let node = self.ring.get(&placement)?;
         Some(self.members[node.member].as_str())
     }
 
     /// The member that owns a request key; `None` when the ring is empty.
     pub fn owner(&self, key: &RequestKey) -> Option<&str> {
-        self.owner_of_hash(key.hash64())
+        self.owner_of_hash(self.key.place_key(key))
+    }
+
+    /// The ranges of placement hashes `member` owns, sorted, adjacent ones merged: each from
+    /// its start (inclusive) to its end (exclusive, up to 2^64). Empty for a member not on the
+    /// ring.
+    pub fn ranges(&self, member: &str) -> Vec<(u64, u128)> {
+        let Ok(index) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
+            return Vec::new();
+        };
+        let mut points = Self::virtual_nodes(&self.members);
+        points.sort_unstable_by_key(|n| n.point);
+        if points.iter().all(|n| n.member == index) {
+            return vec![(0, 1 << 64)];
+        }
+        // A point owns the hashes after the point before it, up to and including itself.
+        let mut ranges: Vec<(u64, u128)> = Vec::new();
+        let mut take = |start: u128, end: u128| {
+            if start >= end {
+                return;
+            }
+            match ranges.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => ranges.push((start as u64, end)),
+            }
+        };
+        let first = points[0];
+        if first.member == index {
+            let last = points[points.len() - 1].point;
+            // The arc that wraps: from after the last point, and from 0 up to the first.
+            take(0, u128::from(first.point) + 1);
+            take(u128::from(last) + 1, 1 << 64);
+        }
+        for pair in points.windows(2) {
+            if pair[1].member == index {
+                take(u128::from(pair[0].point) + 1, u128::from(pair[1].point) + 1);
+            }
+        }
+        ranges.sort_unstable();
+        // The wrapping arc's upper part sorts last; merge it with a range ending at 2^64.
+        ranges.dedup_by(|b, a| {
+            if a.1 == u128::from(b.0) {
+                a.1 = b.1;
+                true
+            } else {
+                false
+            }
+        });
+        ranges
+    }
+
+    /// The API server's `shardSelector` for the namespaces `member` owns on a ring keyed by
+    /// namespace (`shardRange(object.metadata.namespace, '0x…', '0x…') || …`); `None` on a ring
+    /// keyed by name (the API server cannot shard by it), or when `member` owns everything or
+    /// nothing.
+    pub fn shard_selector(&self, member: &str) -> Option<String> {
+        if self.key != RingKey::Namespace {
+            return None;
+        }
+        let ranges = self.ranges(member);
+        if ranges.is_empty() || ranges == [(0, 1 << 64)] {
+            return None;
+        }
+        let mut selector = String::with_capacity(ranges.len() * 80);
+        for (start, end) in ranges {
+            if !selector.is_empty() {
+                selector.push_str(" || ");
+            }
+            let _ = write!(
+                selector,
+                "shardRange(object.metadata.namespace, '0x{start:016x}', '0x{end:016x}')"
+            );
+        }
+        Some(selector)
     }
 
     /// The share of the key-hash space `member` owns, from 0 to 1: the arcs that end at its
@@ -201,6 +351,56 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_ring_places_by_the_fnv_1a_hash_of_the_namespace() {
+        // FNV-1a 64 reference values.
+        assert_eq!(namespace_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(namespace_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(namespace_hash("foobar"), 0x8594_4171_f739_67e8);
+        let by = RingKey::Namespace;
+        assert_eq!(by.place("/ConfigMap/web/a"), namespace_hash("web"));
+        assert_eq!(by.place("apps/Deployment/web/b"), namespace_hash("web"));
+        assert_eq!(by.place("/Namespace//kube-system"), namespace_hash(""));
+        assert_eq!(
+            by.place_key(&RequestKey::new("", "ConfigMap", "web", "a")),
+            namespace_hash("web")
+        );
+        assert_eq!(
+            RingKey::Name.place("/ConfigMap/web/a"),
+            hash64(b"/ConfigMap/web/a")
+        );
+        let ring = Ring::with_key(["d0", "d1", "d2"], RingKey::Namespace);
+        for ns in ["web", "db", "kube-system", ""] {
+            let owners: std::collections::HashSet<_> = (0..20)
+                .map(|i| ring.owner(&RequestKey::new("", "ConfigMap", ns, format!("o-{i}"))))
+                .collect();
+            assert_eq!(owners.len(), 1, "the keys of {ns:?} are on one member");
+        }
+    }
+
+    #[test]
+    fn the_shard_selector_lists_the_members_ranges() {
+        assert_eq!(Ring::new(["d0", "d1"]).shard_selector("d0"), None);
+        let one = Ring::with_key(["d0"], RingKey::Namespace);
+        assert_eq!(one.ranges("d0"), [(0, 1 << 64)]);
+        assert_eq!(one.shard_selector("d0"), None, "all of it: no selector");
+        let two = Ring::with_key(["d0", "d1"], RingKey::Namespace);
+        assert_eq!(two.shard_selector("d9"), None);
+        let selector = two.shard_selector("d0").unwrap();
+        let ranges = two.ranges("d0");
+        assert_eq!(selector.matches(" || ").count(), ranges.len() - 1);
+        let (start, end) = ranges[0];
+        assert!(selector.starts_with(&format!(
+            "shardRange(object.metadata.namespace, '0x{start:016x}', '0x{end:016x}')"
+        )));
+        // Adjacent arcs of one member are merged: fewer ranges than points.
+        assert!(
+            ranges.len() < Ring::VIRTUAL_NODES as usize,
+            "{}",
+            ranges.len()
+        );
+    }
+
+    #[test]
     fn empty_ring_owns_nothing() {
         assert_eq!(Ring::new(Vec::<String>::new()).owner_of_hash(42), None);
     }
@@ -231,6 +431,31 @@ mod tests {
             let forward = Ring::new(members.clone());
             let backward = Ring::new(members.iter().rev().cloned());
             prop_assert_eq!(forward.owner_of_hash(key), backward.owner_of_hash(key));
+        }
+
+        /// A member's ranges hold exactly the hashes it owns, and the members' ranges together
+        /// cover the hash space once.
+        #[test]
+        fn ranges_hold_what_a_member_owns(n in 1usize..5, hashes in prop::collection::vec(any::<u64>(), 1..200)) {
+            let ring = Ring::with_key((0..n).map(|i| format!("d{i}")), RingKey::Namespace);
+            let all: Vec<(String, Vec<(u64, u128)>)> = ring
+                .members()
+                .iter()
+                .map(|m| (m.clone(), ring.ranges(m)))
+                .collect();
+            let total: u128 = all.iter().flat_map(|(_, r)| r).map(|(s, e)| e - u128::from(*s)).sum();
+            prop_assert_eq!(total, 1u128 << 64);
+            for (_, ranges) in &all {
+                prop_assert!(ranges.windows(2).all(|w| w[0].1 < u128::from(w[1].0)), "sorted, disjoint, merged");
+            }
+            let points: Vec<u64> = all.iter().flat_map(|(_, r)| r).flat_map(|(s, e)| [*s, (*e - 1) as u64]).collect();
+            for h in hashes.into_iter().chain(points).chain([0, u64::MAX]) {
+                let owner = ring.owner_of_hash(h).unwrap();
+                for (member, ranges) in &all {
+                    let inside = ranges.iter().any(|(s, e)| *s <= h && u128::from(h) < *e);
+                    prop_assert_eq!(inside, member == owner, "hash {:#x}: owner {}, {} has it: {}", h, owner, member, inside);
+                }
+            }
         }
 
         /// Adding a member moves keys only onto the new member, never between old ones.

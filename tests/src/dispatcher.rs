@@ -50,6 +50,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
             group_owners: Default::default(),
         },
         membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
+        ring_key: Default::default(),
         watch_grace: Duration::from_secs(5),
         list_mode: Default::default(),
         max_message_bytes: 4 * 1024 * 1024,

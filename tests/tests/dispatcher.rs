@@ -432,6 +432,25 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
     }
     let split = (got0.len(), got1.len());
     assert!(split.0 > N / 4 && split.1 > N / 4, "uneven split {split:?}");
+    // On a ring keyed by name, each dispatcher receives the other's objects too, and drops them.
+    for (d, got) in [(&d0, &got0), (&d1, &got1)] {
+        let elsewhere: u64 = d
+            .handles
+            .groups
+            .watch_figures()
+            .iter()
+            .map(|w| {
+                w.counts
+                    .elsewhere
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum();
+        assert!(
+            elsewhere as usize >= N - got.len(),
+            "{elsewhere} objects dropped as owned elsewhere; the other dispatcher delivered {}",
+            N - got.len()
+        );
+    }
     d0.stop().await;
     d1.stop().await;
     Ok(())

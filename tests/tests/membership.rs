@@ -42,6 +42,7 @@ fn join(ns: &TestNamespace, identity: &str) -> Member {
     let task = tokio::spawn(membership::run(
         ns.client(),
         config,
+        Default::default(),
         tx,
         released,
         cancel.clone(),

@@ -39,9 +39,13 @@ struct Args {
     #[arg(long, value_enum, env = "KD_BENCH_KIND", default_value = "config-map")]
     kind: Kind,
 
-    /// Namespace of the objects.
+    /// Namespace of the objects; empty for every namespace (not with kube-rs-metadata).
     #[arg(long, env = "KD_BENCH_NAMESPACE")]
     namespace: String,
+
+    /// Only objects matching this label selector (not with kube-rs-metadata); empty for all.
+    #[arg(long, env = "KD_BENCH_SELECTOR", default_value = "")]
+    selector: String,
 
     /// The controller group's name (the SDK runtime): distinct names make distinct controllers
     /// on one tier, each with its own queue of every object.
@@ -146,17 +150,39 @@ fn kube_rs_config(concurrency: usize) -> controller::Config {
     controller::Config::default().concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX))
 }
 
-async fn run_kube_rs<K: Object>(client: Client, namespace: &str, concurrency: usize) {
-    let api = Api::<K>::namespaced(client, namespace);
-    let reconcile = |object: Arc<K>, api: Arc<Api<K>>| async move {
+/// The object's API, in its own namespace (a controller over every namespace patches each
+/// object where it lives).
+fn api_of<K: Object>(client: &Client, object: &K) -> Api<K> {
+    Api::namespaced(
+        client.clone(),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+    )
+}
+
+async fn run_kube_rs<K: Object>(
+    client: Client,
+    namespace: &str,
+    selector: &str,
+    concurrency: usize,
+) {
+    let api = if namespace.is_empty() {
+        Api::<K>::all(client.clone())
+    } else {
+        Api::<K>::namespaced(client.clone(), namespace)
+    };
+    let mut config = watcher::Config::default();
+    if !selector.is_empty() {
+        config = config.labels(selector);
+    }
+    let reconcile = |object: Arc<K>, client: Arc<Client>| async move {
         started(object.meta());
-        ensure_hash(object.as_ref(), &api).await?;
+        ensure_hash(object.as_ref(), &api_of(&client, object.as_ref())).await?;
         Ok::<_, Error>(controller::Action::await_change())
     };
-    let results = controller::Controller::new(api.clone(), watcher::Config::default())
+    let results = controller::Controller::new(api, config)
         .with_config(kube_rs_config(concurrency))
         .shutdown_on_signal()
-        .run(reconcile, error_policy_kube_rs, Arc::new(api));
+        .run(reconcile, error_policy_kube_rs, Arc::new(client));
     drain(results).await;
 }
 
@@ -179,18 +205,24 @@ async fn run_kube_rs_metadata<K: Object>(client: Client, namespace: &str, concur
     drain(results).await;
 }
 
-async fn run_dispatch<K: Object>(client: Client, name: &str, namespace: &str, concurrency: usize) {
-    let api = Api::<K>::namespaced(client.clone(), namespace);
-    let reconcile = |object: Arc<K>, api: Arc<Api<K>>| async move {
+async fn run_dispatch<K: Object>(
+    client: Client,
+    name: &str,
+    namespace: &str,
+    selector: &str,
+    concurrency: usize,
+) {
+    let reconcile = |object: Arc<K>, client: Arc<Client>| async move {
         started(object.meta());
-        ensure_hash(object.as_ref(), &api).await?;
+        ensure_hash(object.as_ref(), &api_of(&client, object.as_ref())).await?;
         Ok::<_, Error>(kube_dispatch_controller::Action::await_change())
     };
-    let results = kube_dispatch_controller::Controller::<K>::new(client, name)
+    let results = kube_dispatch_controller::Controller::<K>::new(client.clone(), name)
         .namespace(namespace)
+        .labels(selector)
         .concurrency(concurrency)
         .shutdown_on_signal()
-        .run(reconcile, error_policy_dispatch, Arc::new(api));
+        .run(reconcile, error_policy_dispatch, Arc::new(client));
     drain(results).await;
 }
 
@@ -212,9 +244,16 @@ async fn main() -> anyhow::Result<()> {
         runtime,
         kind,
         namespace,
+        selector,
         name,
         concurrency,
     } = Args::parse();
+    if matches!(runtime, Runtime::KubeRsMetadata) {
+        anyhow::ensure!(
+            !namespace.is_empty() && selector.is_empty(),
+            "the kube-rs-metadata runtime needs --namespace and takes no --selector"
+        );
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -226,9 +265,11 @@ async fn main() -> anyhow::Result<()> {
     let ns = namespace.as_str();
     match (runtime, kind) {
         (Runtime::KubeRs, Kind::ConfigMap) => {
-            run_kube_rs::<ConfigMap>(client, ns, concurrency).await
+            run_kube_rs::<ConfigMap>(client, ns, &selector, concurrency).await
         }
-        (Runtime::KubeRs, Kind::Record) => run_kube_rs::<Record>(client, ns, concurrency).await,
+        (Runtime::KubeRs, Kind::Record) => {
+            run_kube_rs::<Record>(client, ns, &selector, concurrency).await
+        }
         (Runtime::KubeRsMetadata, Kind::ConfigMap) => {
             run_kube_rs_metadata::<ConfigMap>(client, ns, concurrency).await;
         }
@@ -236,10 +277,10 @@ async fn main() -> anyhow::Result<()> {
             run_kube_rs_metadata::<Record>(client, ns, concurrency).await;
         }
         (Runtime::Dispatch, Kind::ConfigMap) => {
-            run_dispatch::<ConfigMap>(client, &name, ns, concurrency).await
+            run_dispatch::<ConfigMap>(client, &name, ns, &selector, concurrency).await
         }
         (Runtime::Dispatch, Kind::Record) => {
-            run_dispatch::<Record>(client, &name, ns, concurrency).await
+            run_dispatch::<Record>(client, &name, ns, &selector, concurrency).await
         }
     }
     Ok(())

@@ -86,7 +86,7 @@ impl Step {
 type Starts = HashMap<String, Vec<(u64, u64)>>;
 
 /// The sum of a counter's samples in a Prometheus text exposition.
-fn counter_sum(exposition: &str, name: &str) -> f64 {
+pub(crate) fn counter_sum(exposition: &str, name: &str) -> f64 {
     exposition
         .lines()
         .filter(|line| {

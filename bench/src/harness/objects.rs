@@ -107,6 +107,18 @@ pub(crate) async fn populate(
     count: usize,
     bytes: usize,
 ) -> anyhow::Result<usize> {
+    populate_labelled(client, kind, namespace, count, bytes, None).await
+}
+
+/// [`populate`], each object labelled `label` (key, value) when given.
+pub(crate) async fn populate_labelled(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    count: usize,
+    bytes: usize,
+    label: Option<(&str, &str)>,
+) -> anyhow::Result<usize> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
         metadata: ObjectMeta {
@@ -121,12 +133,12 @@ pub(crate) async fn populate(
         .with_context(|| format!("cannot create namespace {namespace}"))?;
 
     let up_to_date = match kind {
-        Kind::ConfigMap => up_to_date::<ConfigMap>(client, namespace, count, bytes).await?,
-        Kind::Record => up_to_date::<Record>(client, namespace, count, bytes).await?,
+        Kind::ConfigMap => up_to_date::<ConfigMap>(client, namespace, count, bytes, label).await?,
+        Kind::Record => up_to_date::<Record>(client, namespace, count, bytes, label).await?,
     };
     let missing: Vec<usize> = (0..count).filter(|i| !up_to_date[*i]).collect();
     futures::stream::iter(missing.iter().copied())
-        .map(|i| apply_object(client, kind, namespace, i, bytes))
+        .map(|i| apply_object(client, kind, namespace, i, bytes, label))
         .buffer_unordered(16)
         .try_collect::<()>()
         .await?;
@@ -139,6 +151,7 @@ async fn up_to_date<K>(
     namespace: &str,
     count: usize,
     bytes: usize,
+    label: Option<(&str, &str)>,
 ) -> anyhow::Result<Vec<bool>>
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -172,7 +185,8 @@ where
                 .and_then(|d| d.get("config.yaml"))
                 .map_or(0, String::len);
             ok[i] = object.annotations().get(ANNOTATION) == Some(&content_hash(object.content()))
-                && config_len == config_len_wanted;
+                && config_len == config_len_wanted
+                && label.is_none_or(|(k, v)| object.labels().get(k).map(String::as_str) == Some(v));
         }
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
@@ -188,11 +202,13 @@ async fn apply_object(
     namespace: &str,
     i: usize,
     bytes: usize,
+    label: Option<(&str, &str)>,
 ) -> anyhow::Result<()> {
     let data = object_data(i, bytes);
     let metadata = ObjectMeta {
         name: Some(object_name(i)),
         namespace: Some(namespace.to_owned()),
+        labels: label.map(|(k, v)| [(k.to_owned(), v.to_owned())].into()),
         annotations: Some([(ANNOTATION.to_owned(), content_hash(Some(&data)))].into()),
         ..ObjectMeta::default()
     };

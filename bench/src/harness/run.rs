@@ -26,7 +26,7 @@ use super::{
 /// `--allow-anonymous`), as it did before TLS and token reviews existed, so they stay comparable
 /// with earlier runs. What security costs is measured on its own (`make bench-security`,
 /// BENCHMARKS.md "Security on and off"): within noise at p50.
-const SECURITY_OFF: &str = "true";
+pub(crate) const SECURITY_OFF: &str = "true";
 
 /// How the controller runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,6 +104,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) writes: usize,
     pub(crate) write_interval: Duration,
     pub(crate) log_dir: &'a Path,
+    /// The dispatchers' `--ring-key`, when not their default.
+    pub(crate) ring_key: Option<&'a str>,
     /// Unique to this invocation, so every write changes the object even across invocations.
     pub(crate) nonce: u64,
 }
@@ -488,7 +490,7 @@ impl Setup<'_> {
             let port = free_port()?;
             let admin = free_port()?;
             dispatcher_admin.push(admin);
-            let env = [
+            let mut env = vec![
                 ("KUBECONFIG", kubeconfig.clone()),
                 ("KD_DISPATCHER_ID", id.clone()),
                 ("KD_LISTEN", format!("127.0.0.1:{port}")),
@@ -500,6 +502,9 @@ impl Setup<'_> {
                 ("KD_INSECURE", SECURITY_OFF.to_owned()),
                 ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
             ];
+            if let Some(ring_key) = self.ring_key {
+                env.push(("KD_RING_KEY", ring_key.to_owned()));
+            }
             tier.push(Component::spawn(
                 id,
                 &self.binaries.dispatcher,

@@ -66,7 +66,10 @@ impl Peer for PeerService {
         }
         let keys = match self.groups.group(&req.group) {
             Some(group) => {
-                let ring = Ring::new(req.members);
+                // Placed the way this dispatcher places keys: a peer that places them
+                // otherwise never completes a handover with it (the ring ids differ).
+                let ring_key = self.groups.slices().borrow().ring.key();
+                let ring = Ring::with_key(req.members, ring_key);
                 group
                     .recent_deletions_owned_by(&ring, &req.identity)
                     .iter()

@@ -23,7 +23,10 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
 use kube_dispatch_core::handover::{Handover, Peer, Slice};
-use kube_dispatch_proto::lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION};
+use kube_dispatch_proto::{
+    RingKey,
+    lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION},
+};
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +42,7 @@ use crate::config::LeaseConfig;
 pub async fn run(
     client: Client,
     config: LeaseConfig,
+    ring_key: RingKey,
     slice: watch::Sender<Arc<Slice>>,
     mut released: watch::Receiver<Option<String>>,
     stop: CancellationToken,
@@ -66,7 +70,8 @@ pub async fn run(
         config.handover_bound,
         started,
         predecessor_died,
-    );
+    )
+    .with_ring_key(ring_key);
     let mut renew_tick = tokio::time::interval(config.renew_period);
     renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A dispatcher judges membership only on a current view of the Leases (below), so after a

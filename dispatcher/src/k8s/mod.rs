@@ -4,11 +4,13 @@
 //! - [`watch`]: one shared, non-caching watch per subscribed resource and selector;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
+//! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
 pub mod discovery;
 pub mod membership;
 pub mod routing;
+mod shard;
 mod side_list;
 pub mod watch;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use kube::{ResourceExt, api::DynamicObject};
 use kube_dispatch_core::{
     handover::Slice,
+    key::KeyRef,
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},
 };
 use kube_dispatch_proto::RequestKey;
@@ -59,11 +60,11 @@ pub enum Place {
     Elsewhere,
 }
 
-/// Where the event of the key with `hash` goes, given the slice this dispatcher serves. A
-/// cheap early filter, so no body is made for keys owned elsewhere; the group checks again
-/// against the slice current then.
-pub fn place(slice: &Slice, hash: u64) -> Place {
-    if slice.is_member() && !slice.owns_hash(hash) {
+/// Where the event of `key` goes, given the slice this dispatcher serves. A cheap early filter,
+/// so no body is made for keys owned elsewhere; the group checks again against the slice current
+/// then.
+pub fn place(slice: &Slice, key: KeyRef<'_>) -> Place {
+    if slice.is_member() && !slice.owns_key(key) {
         Place::Elsewhere
     } else {
         Place::Here
@@ -119,7 +120,7 @@ impl Bodies {
 #[cfg(test)]
 mod tests {
     use kube::api::TypeMeta;
-    use kube_dispatch_proto::{Ring, key::hash64};
+    use kube_dispatch_proto::{Ring, RingKey};
 
     use super::*;
 
@@ -208,18 +209,21 @@ mod tests {
 
     #[test]
     fn a_key_owned_elsewhere_is_placed_elsewhere_unless_this_dispatcher_is_off_its_ring() {
-        let ring = Ring::new(["d0", "d1"]);
-        let hash = (0..1000)
-            .map(|i| hash64(format!("/ConfigMap/a/x-{i}").as_bytes()))
-            .find(|h| ring.owner_of_hash(*h) == Some("d1"))
-            .expect("some of 1000 keys fall on d1");
-        let d0 = Slice::fixed("d0", ring.clone());
-        assert_eq!(place(&d0, hash), Place::Elsewhere);
-        let d1 = Slice::fixed("d1", ring.clone());
-        assert_eq!(place(&d1, hash), Place::Here);
-        // Off its own ring (cut off from the API server), a dispatcher keeps its index.
-        let off = Slice::fixed("d2", ring);
-        assert_eq!(place(&off, hash), Place::Here);
+        for ring_key in [RingKey::Name, RingKey::Namespace] {
+            let ring = Ring::with_key(["d0", "d1"], ring_key);
+            let text = (0..1000)
+                .map(|i| format!("/ConfigMap/ns-{i}/x-{i}"))
+                .find(|k| ring.owner_of_hash(ring.place(k)) == Some("d1"))
+                .expect("some of 1000 keys fall on d1");
+            let key = KeyRef::new(&text);
+            let d0 = Slice::fixed("d0", ring.clone());
+            assert_eq!(place(&d0, key), Place::Elsewhere);
+            let d1 = Slice::fixed("d1", ring.clone());
+            assert_eq!(place(&d1, key), Place::Here);
+            // Off its own ring (cut off from the API server), a dispatcher keeps its index.
+            let off = Slice::fixed("d2", ring);
+            assert_eq!(place(&off, key), Place::Here);
+        }
     }
 
     #[test]

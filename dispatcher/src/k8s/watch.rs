@@ -20,7 +20,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex, RwLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -34,7 +34,7 @@ use kube::{
         watcher::{self, Event},
     },
 };
-use kube_dispatch_proto::v1::Reason;
+use kube_dispatch_proto::{RingKey, v1::Reason};
 use kube_dispatch_runtime::logging;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -42,6 +42,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
+    shard::sharded_client,
     side_list::{SIDE_LIST_PAGE, SideList, next_page},
 };
 use crate::{config::ListMode, group::Group};
@@ -105,6 +106,10 @@ pub struct WatchCounts {
     pub errors: AtomicU64,
     /// Of those, 410 Gone: the resourceVersion it resumed from had expired.
     pub gone: AtomicU64,
+    /// Objects seen whose keys other dispatchers own (decoded for a deletion's memory only).
+    pub elsewhere: AtomicU64,
+    /// Restarts because the namespaces this dispatcher owns changed (ring keyed by namespace).
+    pub reshards: AtomicU64,
 }
 
 /// One watch's counters, with what it watches, for metrics.
@@ -238,6 +243,8 @@ impl Watches {
                         subscribers: run.subscribers.clone(),
                         relist: run.relist.clone(),
                         readiness: tx,
+                        shard: None,
+                        unsharded: AtomicBool::new(false),
                     };
                     tokio::spawn(task.run(run.cancel.clone()));
                     info!(resource = %describe(key), "starting watch");
@@ -332,6 +339,11 @@ struct WatchTask {
     subscribers: Arc<RwLock<Vec<Subscriber>>>,
     relist: Arc<tokio::sync::Notify>,
     readiness: watch::Sender<Readiness>,
+    /// The `shardSelector` the watch asked for when it last (re)started, if any.
+    shard: Option<String>,
+    /// Whether an object of another dispatcher's namespaces arrived although the watch asked
+    /// for this dispatcher's only (the API server ignores the selector), since that start.
+    unsharded: AtomicBool,
 }
 
 impl WatchTask {
@@ -348,10 +360,16 @@ impl WatchTask {
             kind: r.kind.clone(),
             plural: r.plural.clone(),
         };
-        let api: Api<DynamicObject> = if self.key.namespace.is_empty() || !r.namespaced {
-            Api::all_with(self.client.clone(), &api_resource)
+        // On a ring keyed by namespace, ask the API server for this dispatcher's namespaces only.
+        let client = if self.slice.borrow().ring.key() == RingKey::Namespace {
+            sharded_client(self.client.clone(), self.slice.clone())
         } else {
-            Api::namespaced_with(self.client.clone(), &self.key.namespace, &api_resource)
+            self.client.clone()
+        };
+        let api: Api<DynamicObject> = if self.key.namespace.is_empty() || !r.namespaced {
+            Api::all_with(client, &api_resource)
+        } else {
+            Api::namespaced_with(client, &self.key.namespace, &api_resource)
         };
         let mut config = watcher::Config::default();
         if self.list_mode == ListMode::Stream {
@@ -381,6 +399,13 @@ impl WatchTask {
         let settled_members = |s: &Slice| s.settled.as_ref().map(|r| r.members().to_vec());
         let mut settled = settled_members(&self.slice.borrow_and_update());
         'restart: loop {
+            // The shard the watch asks for from here on; a ring change that changes it
+            // restarts the watch (a re-list of the namespaces owned then).
+            self.shard = self.slice.borrow().shard_selector();
+            if self.shard.is_some() {
+                debug!(resource = %describe(&self.key), "watching the namespaces this dispatcher owns only (shardSelector)");
+            }
+            self.unsharded.store(false, Ordering::Relaxed);
             let mut events = watcher::watcher(api.clone(), config.clone())
                 .default_backoff()
                 .boxed();
@@ -390,7 +415,15 @@ impl WatchTask {
                     () = cancel.cancelled() => return,
                     () = self.relist.notified() => Step::ListBeside("a group joined the watch"),
                     Ok(()) = self.slice.changed() => {
-                        let now = settled_members(&self.slice.borrow_and_update());
+                        let slice = self.slice.borrow_and_update().clone();
+                        let now_shard = slice.shard_selector();
+                        if now_shard != self.shard {
+                            self.counts.reshards.fetch_add(1, Ordering::Relaxed);
+                            info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
+                            settled = settled_members(&slice);
+                            continue 'restart;
+                        }
+                        let now = settled_members(&slice);
                         if now == settled || now.is_none() {
                             settled = now;
                             continue;
@@ -545,7 +578,20 @@ impl WatchTask {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let text = object_key(&self.key.resource, obj).to_string();
         let key = KeyRef::new(&text);
-        let place = place(&slice, key.hash());
+        let place = place(&slice, key);
+        if place == Place::Elsewhere {
+            self.counts.elsewhere.fetch_add(1, Ordering::Relaxed);
+            if self.shard.is_some()
+                && !self.unsharded.swap(true, Ordering::Relaxed)
+                && slice.shard_selector() == self.shard
+            {
+                warn!(
+                    resource = %describe(&self.key),
+                    key = %text,
+                    "the API server sent an object of a namespace another dispatcher owns: it ignores shardSelector (Kubernetes before 1.36, or the ShardedListAndWatch feature gate off); every dispatcher receives every object and filters it itself"
+                );
+            }
+        }
         let mut bodies = Bodies::default();
         // With traces exported, the span of this change, whose context the deliveries it
         // causes carry to the replicas (their reconcile spans are its children).

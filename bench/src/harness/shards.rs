@@ -1,0 +1,485 @@
+//! `make bench-shards`: the ring keyed by namespace, which asks the API server for each
+//! dispatcher's own namespaces only (`shardSelector`), against the ring keyed by name, on many
+//! namespaces of few objects.
+//!
+//! `--shard-namespaces` namespaces (`kd-<i>-bench-shard`) of `--objects` labelled ConfigMaps
+//! each. For each ring key, a tier of `--dispatchers` dispatchers and the load balancer, and one
+//! SDK replica subscribed to every namespace with the label selector:
+//!
+//! 1. **cold start**: from the replica's start until every object has been reconciled;
+//! 2. **writes**: `--writes` patches spread over the namespaces, `--write-interval` apart,
+//!    until each has been reconciled.
+//!
+//! For each phase and each dispatcher: CPU seconds, bytes read (`rchar` of `/proc/<pid>/io`:
+//! what the API server sent it), objects its watches decoded and how many of them another
+//! dispatcher owns (`kube_dispatch_watch_events_total`, `kube_dispatch_watch_elsewhere_total`);
+//! and the API server's and etcd's CPU and LIST and WATCH requests.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use kube_dispatch_bench::{ReconcileStart, now_micros};
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    apiserver::request_counts,
+    ceiling::counter_sum,
+    metrics::scrape,
+    objects::{Kind, change_value, object_name},
+    process::Component,
+    report::percentile,
+    run::{SECURITY_OFF, Setup},
+};
+
+/// The label the objects carry, and the replica selects.
+pub(crate) const LABEL: (&str, &str) = ("kube-dispatch.dev/bench-set", "shards");
+
+/// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
+/// leaves names that differ only in their last characters close together on the ring
+/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher).
+pub(crate) fn namespace(i: usize) -> String {
+    format!("kd-{i}-bench-shard")
+}
+
+/// What one process did in one phase.
+#[derive(Clone, Copy, Debug, Default)]
+struct Process {
+    cpu_seconds: f64,
+    bytes_read: u64,
+    /// Objects its watches decoded (applied and deleted); dispatchers only.
+    events: f64,
+    /// Of those, objects whose keys another dispatcher owns; dispatchers only.
+    elsewhere: f64,
+}
+
+impl std::ops::Sub for Process {
+    type Output = Self;
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            cpu_seconds: self.cpu_seconds - earlier.cpu_seconds,
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            events: self.events - earlier.events,
+            elsewhere: self.elsewhere - earlier.elsewhere,
+        }
+    }
+}
+
+/// One phase of one variant.
+#[derive(Clone, Debug, Default)]
+struct Phase {
+    took: Duration,
+    dispatchers: Vec<Process>,
+    controller: Process,
+    apiserver_cpu: f64,
+    etcd_cpu: f64,
+    /// LIST requests on ConfigMaps (a WATCH is counted only when it ends, after the run).
+    lists: u64,
+    /// Write to reconcile start, ms (writes only).
+    p50: f64,
+    p99: f64,
+}
+
+/// What runs the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Variant {
+    /// A kube-rs `Controller` over every namespace, with the label selector.
+    KubeRs,
+    /// One SDK replica on a tier whose ring is keyed by `name` or `namespace`.
+    Tier(&'static str),
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::KubeRs => f.write_str("kube-rs"),
+            Self::Tier(key) => write!(f, "ring keyed by {key}"),
+        }
+    }
+}
+
+/// Both phases of one variant.
+#[derive(Clone, Debug)]
+pub(crate) struct Outcome {
+    variant: Variant,
+    cold: Phase,
+    writes: Phase,
+}
+
+/// Reconcile starts seen, per key: (when, resourceVersion).
+type Starts = HashMap<String, Vec<(u64, u64)>>;
+
+/// What the processes and the control plane had used at one moment.
+struct Snapshot {
+    dispatchers: Vec<Process>,
+    controller: Process,
+    plane: (f64, f64),
+    requests: super::apiserver::RequestCounts,
+    at: Instant,
+}
+
+impl Setup<'_> {
+    /// Runs both phases of `variant` on `namespaces` namespaces of `self.objects` objects (the
+    /// tier's ring key is the setup's).
+    pub(crate) async fn shards(
+        &self,
+        variant: Variant,
+        namespaces: usize,
+    ) -> anyhow::Result<Outcome> {
+        let log_dir = self.log_dir.join(match variant {
+            Variant::KubeRs => "shards-kube-rs".to_owned(),
+            Variant::Tier(key) => format!("shards-{key}"),
+        });
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("cannot create {}", log_dir.display()))?;
+        let (mut components, admins, lb_port) = match variant {
+            Variant::KubeRs => (Vec::new(), Vec::new(), None),
+            Variant::Tier(_) => {
+                let tier = self.start_tier(&log_dir).await?;
+                (tier.components, tier.dispatcher_admin, Some(tier.lb_port))
+            }
+        };
+        let (starts_tx, mut starts) = watch::channel(Starts::new());
+        let (tx, mut rx) = mpsc::channel::<ReconcileStart>(4096);
+        let observer = tokio::spawn(async move {
+            while let Some(start) = rx.recv().await {
+                starts_tx.send_modify(|s| {
+                    s.entry(start.key)
+                        .or_default()
+                        .push((start.at_micros, start.resource_version));
+                });
+            }
+        });
+        let result =
+            async {
+                let before = self.snapshot(&mut components, &admins, None).await?;
+                let selector = format!("{}={}", LABEL.0, LABEL.1);
+                let runtime = if lb_port.is_some() {
+                    "dispatch"
+                } else {
+                    "kube-rs"
+                };
+                let args: Vec<String> = [
+                    "--kind",
+                    "config-map",
+                    "--runtime",
+                    runtime,
+                    "--namespace",
+                    "",
+                    "--selector",
+                    &selector,
+                ]
+                .map(str::to_owned)
+                .into();
+                let mut env = vec![
+                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
+                    ("POD_NAME", "bench-controller-0".to_owned()),
+                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
+                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+                ];
+                if let Some(port) = lb_port {
+                    env.push(("KD_LOADBALANCER", format!("127.0.0.1:{port}")));
+                }
+                let mut replica = Component::spawn(
+                    "bench-controller-0",
+                    &self.binaries.controller,
+                    &args,
+                    &env,
+                    &log_dir,
+                    Some(tx),
+                )?;
+                let total = namespaces * self.objects;
+                let waited = tokio::time::timeout(
+                    Duration::from_secs(600),
+                    starts.wait_for(|s| s.len() >= total),
+                )
+                .await
+                .map(|seen| seen.map(drop));
+                let phases = async {
+                waited
+                    .context("not every object was reconciled within 600 s of the start")??;
+                let dispatchers = &mut components[..admins.len()];
+                let cold_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
+                let cold = phase(&before, &cold_end);
+                println!(
+                    "bench-shards: {variant}: {total} objects reconciled {:.0} ms after the start",
+                    cold.took.as_secs_f64() * 1e3
+                );
+                let latencies = self.shard_writes(variant, namespaces, &mut starts).await?;
+                let writes_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
+                let mut writes = phase(&cold_end, &writes_end);
+                writes.p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
+                writes.p99 = percentile(&latencies, 0.99).unwrap_or(0.0) / 1e3;
+                println!(
+                    "bench-shards: {variant}: {} writes, p50 {:.1} ms, p99 {:.1} ms",
+                    latencies.len(),
+                    writes.p50,
+                    writes.p99
+                );
+                anyhow::Ok(Outcome {
+                    variant,
+                    cold,
+                    writes,
+                })
+            }
+            .await;
+                replica.kill().await;
+                phases
+            }
+            .await;
+        observer.abort();
+        futures::future::join_all(components.into_iter().map(Component::kill)).await;
+        result
+    }
+
+    /// Writes `self.writes` changes spread over the namespaces, `self.write_interval` apart,
+    /// and waits until each has been reconciled. Returns each one's write-to-reconcile latency,
+    /// sorted, in microseconds.
+    async fn shard_writes(
+        &self,
+        variant: Variant,
+        namespaces: usize,
+        starts: &mut watch::Receiver<Starts>,
+    ) -> anyhow::Result<Vec<u64>> {
+        let mut sent = Vec::with_capacity(self.writes);
+        let mut ticks = tokio::time::interval(self.write_interval);
+        let tag = variant.to_string().replace(' ', "-");
+        for w in 0..self.writes {
+            ticks.tick().await;
+            let ns = namespace(w % namespaces);
+            let i = (w / namespaces) % self.objects;
+            let at = now_micros();
+            let rv = change_value(
+                self.client,
+                Kind::ConfigMap,
+                &ns,
+                i,
+                &format!("{}-shards-{tag}-{w}", self.nonce),
+            )
+            .await?;
+            sent.push((format!("{ns}/{}", object_name(i)), at, rv));
+        }
+        let reconciled = |s: &Starts, key: &str, rv: u64| {
+            s.get(key)?
+                .iter()
+                .filter(|(_, r)| *r >= rv)
+                .map(|(at, _)| *at)
+                .min()
+        };
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            starts.wait_for(|s| {
+                sent.iter()
+                    .all(|(key, _, rv)| reconciled(s, key, *rv).is_some())
+            }),
+        )
+        .await
+        .context("some writes were not reconciled within 60 s")??;
+        let mut latencies: Vec<u64> = {
+            let s = starts.borrow();
+            sent.iter()
+                .filter_map(|(key, at, rv)| Some(reconciled(&s, key, *rv)?.saturating_sub(*at)))
+                .collect()
+        };
+        latencies.sort_unstable();
+        Ok(latencies)
+    }
+
+    /// Figures of the dispatchers (`tier`, one admin port each), the controller (once it runs)
+    /// and the control plane.
+    async fn snapshot(
+        &self,
+        tier: &mut [Component],
+        admins: &[u16],
+        controller: Option<&mut Component>,
+    ) -> anyhow::Result<Snapshot> {
+        let mut dispatchers = Vec::new();
+        for (component, admin) in tier.iter_mut().zip(admins) {
+            let body = scrape(([127, 0, 0, 1], *admin).into())
+                .await
+                .context("cannot scrape a dispatcher's /metrics")?;
+            let text = String::from_utf8_lossy(&body);
+            dispatchers.push(Process {
+                cpu_seconds: component.usage()?.cpu_seconds,
+                bytes_read: component.bytes_read()?,
+                events: counter_sum(&text, "kube_dispatch_watch_events_total"),
+                elsewhere: counter_sum(&text, "kube_dispatch_watch_elsewhere_total"),
+            });
+        }
+        let controller = match controller {
+            Some(c) => Process {
+                cpu_seconds: c.usage()?.cpu_seconds,
+                bytes_read: c.bytes_read()?,
+                ..Process::default()
+            },
+            None => Process::default(),
+        };
+        Ok(Snapshot {
+            dispatchers,
+            controller,
+            plane: self.control_plane.cpu_seconds(),
+            requests: request_counts(self.client).await?,
+            at: Instant::now(),
+        })
+    }
+}
+
+fn phase(before: &Snapshot, after: &Snapshot) -> Phase {
+    Phase {
+        took: after.at - before.at,
+        dispatchers: after
+            .dispatchers
+            .iter()
+            .zip(&before.dispatchers)
+            .map(|(a, b)| *a - *b)
+            .collect(),
+        controller: after.controller - before.controller,
+        apiserver_cpu: after.plane.0 - before.plane.0,
+        etcd_cpu: after.plane.1 - before.plane.1,
+        lists: after.requests.since(&before.requests, "configmaps", "LIST"),
+        p50: 0.0,
+        p99: 0.0,
+    }
+}
+
+/// A figure of a phase; `None` where it does not apply (dispatchers of kube-rs).
+type Figure = fn(&Phase) -> Option<f64>;
+
+/// The largest of a dispatcher figure over the dispatchers.
+fn most(p: &Phase, f: fn(&Process) -> f64) -> Option<f64> {
+    p.dispatchers.iter().map(f).reduce(f64::max)
+}
+
+/// The sum of a dispatcher figure over the dispatchers.
+fn all(p: &Phase, f: fn(&Process) -> f64) -> Option<f64> {
+    (!p.dispatchers.is_empty()).then(|| p.dispatchers.iter().map(f).sum())
+}
+
+const MIB: f64 = 1_048_576.0;
+
+/// The rows of each phase.
+const ROWS: [(&str, Figure, usize); 13] = [
+    (
+        "until every object reconciled (ms)",
+        |p| Some(p.took.as_secs_f64() * 1e3),
+        0,
+    ),
+    ("controller CPU (s)", |p| Some(p.controller.cpu_seconds), 2),
+    (
+        "bytes read by the controller (MiB)",
+        |p| Some(p.controller.bytes_read as f64 / MIB),
+        1,
+    ),
+    (
+        "dispatcher CPU, busiest (s)",
+        |p| most(p, |d| d.cpu_seconds),
+        2,
+    ),
+    ("dispatcher CPU, all (s)", |p| all(p, |d| d.cpu_seconds), 2),
+    (
+        "bytes read by a dispatcher, most (MiB)",
+        |p| Some(most(p, |d| d.bytes_read as f64)? / MIB),
+        1,
+    ),
+    (
+        "bytes read by all dispatchers (MiB)",
+        |p| Some(all(p, |d| d.bytes_read as f64)? / MIB),
+        1,
+    ),
+    (
+        "objects decoded by all dispatchers",
+        |p| all(p, |d| d.events),
+        0,
+    ),
+    (
+        "objects decoded by a dispatcher, most",
+        |p| most(p, |d| d.events),
+        0,
+    ),
+    (
+        "of them owned by another dispatcher",
+        |p| all(p, |d| d.elsewhere),
+        0,
+    ),
+    ("CPU, kube-apiserver (s)", |p| Some(p.apiserver_cpu), 2),
+    ("CPU, etcd (s)", |p| Some(p.etcd_cpu), 2),
+    ("API requests: LIST", |p| Some(p.lists as f64), 0),
+];
+
+/// The results as Markdown: a row per figure, a column per variant, and each variant's figure
+/// divided by the last one's (the ring keyed by namespace).
+pub(crate) fn table(outcomes: &[Outcome]) -> String {
+    let Some(last) = outcomes.last() else {
+        return String::new();
+    };
+    let mut out = String::from("| figure |");
+    let mut rule = String::from("| --- |");
+    for o in outcomes {
+        out.push_str(&format!(" {} |", o.variant));
+        rule.push_str(" ---: |");
+    }
+    for o in &outcomes[..outcomes.len() - 1] {
+        out.push_str(&format!(" {} ÷ {} |", o.variant, last.variant));
+        rule.push_str(" ---: |");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    let mut line = |label: String, values: Vec<Option<f64>>, digits: usize| {
+        out.push_str(&format!("| {label} |"));
+        for v in &values {
+            match v {
+                Some(v) => out.push_str(&format!(" {v:.digits$} |")),
+                None => out.push_str(" – |"),
+            }
+        }
+        let reference = values.last().copied().flatten();
+        for v in &values[..values.len() - 1] {
+            match (v, reference) {
+                (Some(v), Some(r)) if r > 0.0 => out.push_str(&format!(" {:.2}× |", v / r)),
+                _ => out.push_str(" – |"),
+            }
+        }
+        out.push('\n');
+    };
+    let phases = [("cold start", false), ("writes", true)];
+    for (name, writes) in phases {
+        let pick = |o: &Outcome| {
+            if writes {
+                o.writes.clone()
+            } else {
+                o.cold.clone()
+            }
+        };
+        for (label, figure, digits) in ROWS {
+            let label = if name == "writes" && label.starts_with("until") {
+                "until every write reconciled (ms)"
+            } else {
+                label
+            };
+            line(
+                format!("{name}: {label}"),
+                outcomes.iter().map(|o| figure(&pick(o))).collect(),
+                digits,
+            );
+        }
+    }
+    let latencies: [(&str, Figure); 2] = [
+        ("writes: write to reconcile start, p50 (ms)", |p| {
+            Some(p.p50)
+        }),
+        ("writes: write to reconcile start, p99 (ms)", |p| {
+            Some(p.p99)
+        }),
+    ];
+    for (label, figure) in latencies {
+        line(
+            label.to_owned(),
+            outcomes.iter().map(|o| figure(&o.writes)).collect(),
+            1,
+        );
+    }
+    out
+}
