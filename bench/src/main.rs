@@ -454,14 +454,15 @@ async fn shards_bench(
     anyhow::ensure!(namespaces > 0, "--shard-namespaces must be positive");
     let begun = Instant::now();
     let mut written = 0;
+    let label = shards::label_value(namespaces, objects);
     for i in 0..namespaces {
         written += harness::objects::populate_labelled(
             client,
             Kind::ConfigMap,
-            &shards::namespace(i),
+            &shards::namespace(i, objects),
             objects,
             args.object_bytes,
-            Some(shards::LABEL),
+            Some((shards::LABEL, &label)),
         )
         .await?;
     }

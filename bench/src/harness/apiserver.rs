@@ -57,14 +57,29 @@ impl RequestCounts {
 
 /// Reads the API server's request counters.
 pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
+    Ok(RequestCounts::parse(&metrics_text(client).await?))
+}
+
+/// The API server's `/metrics`, as text.
+pub(crate) async fn metrics_text(client: &Client) -> anyhow::Result<String> {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .context("cannot build the /metrics request")?;
-    let text = client
+    client
         .request_text(request)
         .await
-        .context("cannot read the API server's /metrics")?;
-    Ok(RequestCounts::parse(&text))
+        .context("cannot read the API server's /metrics")
+}
+
+/// The sum of the samples of `name` whose labels include every one of `labels` (`key="value"`).
+pub(crate) fn sum_where(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|rest| rest.rsplit_once("} "))
+        .filter(|(found, _)| labels.iter().all(|l| found.split(',').any(|f| f == *l)))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
 }
 
 /// The kube-apiserver and etcd processes of the local control plane, from the state file the
@@ -104,6 +119,14 @@ impl ControlPlane {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sum_where_adds_the_series_with_every_label() {
+        let text = "x_sum{resource=\"configmaps\",scope=\"cluster\",verb=\"LIST\"} 10\nx_sum{resource=\"configmaps\",scope=\"namespace\",verb=\"LIST\"} 5\nx_sum{resource=\"configmaps\",verb=\"WATCH\"} 7\nx_sumx{resource=\"configmaps\",verb=\"LIST\"} 99\n";
+        let list = ["resource=\"configmaps\"", "verb=\"LIST\""];
+        assert_eq!(super::sum_where(text, "x_sum", &list), 15.0);
+        assert_eq!(super::sum_where(text, "x_sum", &[]), 22.0);
+    }
+
     use super::*;
 
     #[test]

@@ -150,18 +150,6 @@ impl Component {
         usage(self.pid).with_context(|| format!("cannot read /proc/{} of {}", self.pid, self.name))
     }
 
-    /// Bytes the process has read so far from files and sockets (`rchar` of `/proc/<pid>/io`):
-    /// for a dispatcher, mostly what the API server sent it.
-    pub(crate) fn bytes_read(&mut self) -> anyhow::Result<u64> {
-        self.ensure_running()?;
-        let io = std::fs::read_to_string(format!("/proc/{}/io", self.pid))
-            .with_context(|| format!("cannot read /proc/{}/io of {}", self.pid, self.name))?;
-        io.lines()
-            .find_map(|l| l.strip_prefix("rchar:"))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no rchar in /proc/{}/io", self.pid))
-    }
-
     /// SIGKILL, and wait until it has exited.
     pub(crate) async fn kill(mut self) {
         if let Err(e) = self.child.kill().await {

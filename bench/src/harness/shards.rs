@@ -2,7 +2,7 @@
 //! dispatcher's own namespaces only (`shardSelector`), against the ring keyed by name, on many
 //! namespaces of few objects.
 //!
-//! `--shard-namespaces` namespaces (`kd-<i>-bench-shard`) of `--objects` labelled ConfigMaps
+//! `--shard-namespaces` namespaces (`kd-<i>-bench-shard-<objects>`) of `--objects` labelled ConfigMaps
 //! each. For each ring key, a tier of `--dispatchers` dispatchers and the load balancer, and one
 //! SDK replica subscribed to every namespace with the label selector:
 //!
@@ -10,10 +10,11 @@
 //! 2. **writes**: `--writes` patches spread over the namespaces, `--write-interval` apart,
 //!    until each has been reconciled.
 //!
-//! For each phase and each dispatcher: CPU seconds, bytes read (`rchar` of `/proc/<pid>/io`:
-//! what the API server sent it), objects its watches decoded and how many of them another
-//! dispatcher owns (`kube_dispatch_watch_events_total`, `kube_dispatch_watch_elsewhere_total`);
-//! and the API server's and etcd's CPU and LIST and WATCH requests.
+//! For each phase and each dispatcher: CPU seconds, objects its watches decoded and how many of
+//! them another dispatcher owns (`kube_dispatch_watch_events_total`,
+//! `kube_dispatch_watch_elsewhere_total`); the controller's CPU; the API server's and etcd's CPU,
+//! its LIST requests, and the bytes it sent in LIST responses and watch events
+//! (`apiserver_response_sizes_sum`, `apiserver_watch_events_sizes_sum`, ConfigMaps).
 
 use std::{
     collections::HashMap,
@@ -25,7 +26,7 @@ use kube_dispatch_bench::{ReconcileStart, now_micros};
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    apiserver::request_counts,
+    apiserver::{RequestCounts, metrics_text, sum_where},
     ceiling::counter_sum,
     metrics::scrape,
     objects::{Kind, change_value, object_name},
@@ -34,21 +35,27 @@ use super::{
     run::{SECURITY_OFF, Setup},
 };
 
-/// The label the objects carry, and the replica selects.
-pub(crate) const LABEL: (&str, &str) = ("kube-dispatch.dev/bench-set", "shards");
+/// The key of the label the objects carry, and the replica selects.
+pub(crate) const LABEL: &str = "kube-dispatch.dev/bench-set";
+
+/// The value of [`LABEL`] for a run of `namespaces` namespaces of `objects` objects: runs of
+/// other sizes (the smoke test's) select none of these objects.
+pub(crate) fn label_value(namespaces: usize, objects: usize) -> String {
+    format!("shards-{namespaces}x{objects}")
+}
 
 /// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
 /// leaves names that differ only in their last characters close together on the ring
-/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher).
-pub(crate) fn namespace(i: usize) -> String {
-    format!("kd-{i}-bench-shard")
+/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher). Runs with other object counts
+/// use other namespaces.
+pub(crate) fn namespace(i: usize, objects: usize) -> String {
+    format!("kd-{i}-bench-shard-{objects}")
 }
 
 /// What one process did in one phase.
 #[derive(Clone, Copy, Debug, Default)]
 struct Process {
     cpu_seconds: f64,
-    bytes_read: u64,
     /// Objects its watches decoded (applied and deleted); dispatchers only.
     events: f64,
     /// Of those, objects whose keys another dispatcher owns; dispatchers only.
@@ -60,7 +67,6 @@ impl std::ops::Sub for Process {
     fn sub(self, earlier: Self) -> Self {
         Self {
             cpu_seconds: self.cpu_seconds - earlier.cpu_seconds,
-            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
             events: self.events - earlier.events,
             elsewhere: self.elsewhere - earlier.elsewhere,
         }
@@ -75,6 +81,9 @@ struct Phase {
     controller: Process,
     apiserver_cpu: f64,
     etcd_cpu: f64,
+    /// Bytes of LIST responses and of watch events the API server sent.
+    list_bytes: f64,
+    watch_bytes: f64,
     /// LIST requests on ConfigMaps (a WATCH is counted only when it ends, after the run).
     lists: u64,
     /// Write to reconcile start, ms (writes only).
@@ -117,6 +126,8 @@ struct Snapshot {
     controller: Process,
     plane: (f64, f64),
     requests: super::apiserver::RequestCounts,
+    /// Bytes the API server sent in LIST responses and in watch events, for ConfigMaps.
+    sent: (f64, f64),
     at: Instant,
 }
 
@@ -155,7 +166,7 @@ impl Setup<'_> {
         let result =
             async {
                 let before = self.snapshot(&mut components, &admins, None).await?;
-                let selector = format!("{}={}", LABEL.0, LABEL.1);
+                let selector = format!("{LABEL}={}", label_value(namespaces, self.objects));
                 let runtime = if lb_port.is_some() {
                     "dispatch"
                 } else {
@@ -248,7 +259,7 @@ impl Setup<'_> {
         let tag = variant.to_string().replace(' ', "-");
         for w in 0..self.writes {
             ticks.tick().await;
-            let ns = namespace(w % namespaces);
+            let ns = namespace(w % namespaces, self.objects);
             let i = (w / namespaces) % self.objects;
             let at = now_micros();
             let rv = change_value(
@@ -303,7 +314,6 @@ impl Setup<'_> {
             let text = String::from_utf8_lossy(&body);
             dispatchers.push(Process {
                 cpu_seconds: component.usage()?.cpu_seconds,
-                bytes_read: component.bytes_read()?,
                 events: counter_sum(&text, "kube_dispatch_watch_events_total"),
                 elsewhere: counter_sum(&text, "kube_dispatch_watch_elsewhere_total"),
             });
@@ -311,16 +321,24 @@ impl Setup<'_> {
         let controller = match controller {
             Some(c) => Process {
                 cpu_seconds: c.usage()?.cpu_seconds,
-                bytes_read: c.bytes_read()?,
                 ..Process::default()
             },
             None => Process::default(),
         };
+        let metrics = metrics_text(self.client).await?;
         Ok(Snapshot {
             dispatchers,
             controller,
             plane: self.control_plane.cpu_seconds(),
-            requests: request_counts(self.client).await?,
+            requests: RequestCounts::parse(&metrics),
+            sent: (
+                sum_where(
+                    &metrics,
+                    "apiserver_response_sizes_sum",
+                    &[CONFIGMAPS, "verb=\"LIST\""],
+                ),
+                sum_where(&metrics, "apiserver_watch_events_sizes_sum", &[CONFIGMAPS]),
+            ),
             at: Instant::now(),
         })
     }
@@ -338,6 +356,8 @@ fn phase(before: &Snapshot, after: &Snapshot) -> Phase {
         controller: after.controller - before.controller,
         apiserver_cpu: after.plane.0 - before.plane.0,
         etcd_cpu: after.plane.1 - before.plane.1,
+        list_bytes: after.sent.0 - before.sent.0,
+        watch_bytes: after.sent.1 - before.sent.1,
         lists: after.requests.since(&before.requests, "configmaps", "LIST"),
         p50: 0.0,
         p99: 0.0,
@@ -359,8 +379,11 @@ fn all(p: &Phase, f: fn(&Process) -> f64) -> Option<f64> {
 
 const MIB: f64 = 1_048_576.0;
 
+/// The label of the API server's ConfigMap series.
+const CONFIGMAPS: &str = "resource=\"configmaps\"";
+
 /// The rows of each phase.
-const ROWS: [(&str, Figure, usize); 13] = [
+const ROWS: [(&str, Figure, usize); 12] = [
     (
         "until every object reconciled (ms)",
         |p| Some(p.took.as_secs_f64() * 1e3),
@@ -368,24 +391,19 @@ const ROWS: [(&str, Figure, usize); 13] = [
     ),
     ("controller CPU (s)", |p| Some(p.controller.cpu_seconds), 2),
     (
-        "bytes read by the controller (MiB)",
-        |p| Some(p.controller.bytes_read as f64 / MIB),
-        1,
-    ),
-    (
         "dispatcher CPU, busiest (s)",
         |p| most(p, |d| d.cpu_seconds),
         2,
     ),
     ("dispatcher CPU, all (s)", |p| all(p, |d| d.cpu_seconds), 2),
     (
-        "bytes read by a dispatcher, most (MiB)",
-        |p| Some(most(p, |d| d.bytes_read as f64)? / MIB),
+        "bytes the API server sent in LIST responses (MiB)",
+        |p| Some(p.list_bytes / MIB),
         1,
     ),
     (
-        "bytes read by all dispatchers (MiB)",
-        |p| Some(all(p, |d| d.bytes_read as f64)? / MIB),
+        "bytes the API server sent in watch events (MiB)",
+        |p| Some(p.watch_bytes / MIB),
         1,
     ),
     (
