@@ -25,6 +25,8 @@ pub struct LeaseState {
     pub released: Option<String>,
     /// Where the holder serves.
     pub address: Option<String>,
+    /// What the holder places keys by (`name` or `namespace`), if it says.
+    pub ring_key: Option<String>,
     /// The Lease's resourceVersion as an integer (0 if not one).
     pub resource_version: u128,
 }
@@ -127,6 +129,7 @@ mod tests {
             duration: 10 * SEC,
             released: None,
             address: None,
+            ring_key: None,
             resource_version: rv,
         }
     }

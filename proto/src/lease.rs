@@ -15,6 +15,9 @@ pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
 /// released, i.e. under which it hands out, and has in flight, only keys it owns.
 pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
 
+/// Annotation on a dispatcher's Lease: what it places keys by ([`RingKey::as_str`]).
+pub const RING_KEY_ANNOTATION: &str = "kube-dispatch.dev/ring-key";
+
 /// The id of a ring: XXH64 (seed 0) of its members, sorted and joined with `,`, as 16 lowercase
 /// hex digits; on a ring keyed by namespace, of the same string after `namespace:`, so that
 /// dispatchers placing keys differently never release the same ring.

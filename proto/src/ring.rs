@@ -48,6 +48,13 @@ pub enum RingKey {
 }
 
 impl RingKey {
+    /// `name` or `namespace`, as the dispatcher's flag and Lease spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Name => "name",
+            Self::Namespace => "namespace",
+        }
+    }
     /// The placement hash of a request key given as its wire string, `group/kind/namespace/name`.
     pub fn place(self, key: &str) -> u64 {
         match self {

@@ -19,7 +19,9 @@ use kube::{
     },
 };
 use kube_dispatch_core::leases::{LeaseState, Observations};
-use kube_dispatch_proto::lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION};
+use kube_dispatch_proto::lease::{
+    ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+};
 use tracing::warn;
 
 /// A watch of the dispatcher Leases of one namespace, folded into [`Observations`].
@@ -108,6 +110,7 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
         ),
         released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
         address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
+        ring_key: lease.annotations().get(RING_KEY_ANNOTATION).cloned(),
         resource_version: lease
             .resource_version()
             .and_then(|rv| rv.parse().ok())

@@ -25,12 +25,12 @@ use kube::{
 use kube_dispatch_core::handover::{Handover, Peer, Slice};
 use kube_dispatch_proto::{
     RingKey,
-    lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION},
+    lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION},
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::LeaseConfig;
 
@@ -91,6 +91,8 @@ pub async fn run(
     let mut live: BTreeMap<String, Peer> = BTreeMap::new();
     let mut behind_since: Option<Instant> = None;
     let mut behind_warned = false;
+    // Live members already reported for placing keys by another ring key.
+    let mut mismatched: BTreeSet<String> = BTreeSet::new();
     loop {
         // Renew on the period, and at once when the released ring changes.
         let renew_due = tokio::select! {
@@ -105,8 +107,10 @@ pub async fn run(
             let id = released.borrow_and_update().clone();
             // A request the API server never answers must not hold this loop, which is what
             // fences this dispatcher when its Lease goes unrenewed.
-            let renewal =
-                tokio::time::timeout(config.renew_period, renew(&leases, &config, id.as_deref()));
+            let renewal = tokio::time::timeout(
+                config.renew_period,
+                renew(&leases, &config, ring_key, id.as_deref()),
+            );
             match renewal.await {
                 Ok(Some(rv)) => {
                     renewed = Some(at);
@@ -151,6 +155,23 @@ pub async fn run(
                 }
             }
             members = live.keys().cloned().collect();
+            for member in &members {
+                let theirs = observations
+                    .state(member)
+                    .and_then(|s| s.ring_key.as_deref());
+                if let Some(theirs) = theirs
+                    && theirs != ring_key.as_str()
+                    && mismatched.insert(member.clone())
+                {
+                    error!(
+                        member = %member,
+                        theirs,
+                        ours = ring_key.as_str(),
+                        "a live dispatcher places keys by another ring key (--ring-key): no handover with it can complete, and keys that move stay held; give every dispatcher of the tier the same"
+                    );
+                }
+            }
+            mismatched.retain(|m| members.contains(m));
         }
         // A dead member's Lease stays behind; once the bound has passed, nothing it handed out
         // can still run, so delete the Lease (if it is still the one seen dead): dispatchers
@@ -226,11 +247,17 @@ async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u1
     }
 }
 
-/// Writes this dispatcher's Lease with a fresh renew time and the ring it released
+/// Writes this dispatcher's Lease with a fresh renew time, its ring key and the ring it released
 /// (server-side apply). Returns the resourceVersion of the write if the API server accepted it.
-async fn renew(leases: &Api<Lease>, config: &LeaseConfig, released: Option<&str>) -> Option<u128> {
+async fn renew(
+    leases: &Api<Lease>,
+    config: &LeaseConfig,
+    ring_key: RingKey,
+    released: Option<&str>,
+) -> Option<u128> {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
+    annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
     if let Some(id) = released {
         annotations.insert(RELEASED_ANNOTATION.into(), id.into());
     }
