@@ -2,30 +2,25 @@
 //! the results are written. A test binary of its own: the API server's request counts that
 //! `smoke.rs` checks are global, and this run's LISTs would fall into them.
 
-use std::{path::Path, process::Command};
+mod common;
+
+use common::run_harness;
 
 #[test]
 fn the_metrics_benchmark_runs_both_modes_and_writes_its_section() {
-    let cluster = kube_dispatch_tests::Cluster::shared();
-    let out = std::env::temp_dir().join(format!("kd-bench-metrics-{}", std::process::id()));
-    std::fs::create_dir_all(&out).expect("a scratch folder");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
-        .current_dir(&root)
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .args(["--metrics", "--objects", "40", "--repeats", "1"])
-        .arg("--out")
-        .arg(out.join("BENCHMARKS.md"))
-        .args(["--command", "metrics smoke test"])
-        .output()
-        .expect("the harness runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the harness failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let run = run_harness(
+        "metrics",
+        &[
+            "--metrics",
+            "--objects",
+            "40",
+            "--repeats",
+            "1",
+            "--command",
+            "metrics smoke test",
+        ],
     );
-    let results = std::fs::read_to_string(out.join("BENCHMARKS.md")).expect("results written");
+    let (results, stdout) = (&run.results, &run.stdout);
     assert!(results.contains("<!-- bench:metrics:begin -->\nProduced by `metrics smoke test`"));
     let throughput = |mode: &str| -> f64 {
         let row = results
@@ -46,5 +41,4 @@ fn the_metrics_benchmark_runs_both_modes_and_writes_its_section() {
         .find(|l| l.contains("metrics on "))
         .unwrap_or_else(|| panic!("no run with metrics on:\n{stdout}"));
     assert!(!on.ends_with(" 0 scrapes"), "{on}");
-    let _ = std::fs::remove_dir_all(out);
 }

@@ -3,7 +3,11 @@
 //! written. The figures themselves are not asserted (they are measurements); what each variant
 //! asked of the API server is, since it follows from how each one works.
 
+mod common;
+
 use std::{path::Path, process::Command};
+
+use common::{bin_dir, figure, row, run_harness};
 
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
@@ -17,41 +21,9 @@ const VARIANTS: [&str; 6] = [
     "dispatch-4",
 ];
 
-/// The figures of one row of a results table, by column header.
-fn row(table: &str, label: &str) -> Vec<(String, String)> {
-    let cells = |line: &str| -> Vec<String> {
-        line.trim()
-            .trim_matches('|')
-            .split('|')
-            .map(|c| c.trim().to_owned())
-            .collect()
-    };
-    let header = table
-        .lines()
-        .find(|l| l.starts_with("| figure |"))
-        .map(cells)
-        .unwrap_or_default();
-    let values = table
-        .lines()
-        .find(|l| l.starts_with(&format!("| {label} |")))
-        .map(cells)
-        .unwrap_or_default();
-    header.into_iter().zip(values).skip(1).collect()
-}
-
-fn figure(table: &str, label: &str, variant: &str) -> f64 {
-    row(table, label)
-        .into_iter()
-        .find(|(column, _)| column == variant)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("no figure {label:?} for {variant} in:\n{table}"))
-}
-
 #[test]
 fn every_variant_reconciles_everything_and_the_results_are_written() {
-    let cluster = kube_dispatch_tests::Cluster::shared();
-    let controller = Path::new(env!("CARGO_BIN_EXE_bench-controller"));
-    let bin_dir = controller.parent().expect("binaries live in a directory");
+    let bin_dir = bin_dir();
     for binary in ["kube-dispatch-dispatcher", "kube-dispatch-loadbalancer"] {
         assert!(
             bin_dir.join(binary).exists(),
@@ -59,7 +31,6 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             bin_dir.join(binary).display()
         );
     }
-    let out = std::env::temp_dir().join(format!("kd-bench-smoke-{}", std::process::id()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // The second incumbent, built with the machine's Go as `make bench` builds it.
     let built = Command::new(root.join("bench/controller-runtime/build.sh"))
@@ -71,44 +42,30 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         String::from_utf8_lossy(&built.stderr)
     );
     let controller_runtime = String::from_utf8(built.stdout).expect("a path");
-    let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
-        .current_dir(&root)
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .args([
+    let (objects, writes) = (OBJECTS.to_string(), WRITES.to_string());
+    let variants = VARIANTS.join(",");
+    let run = run_harness(
+        "smoke",
+        &[
             "--objects",
-            &OBJECTS.to_string(),
+            &objects,
             "--kinds",
             "config-map,record",
-        ])
-        .args([
             "--repeats",
             "1",
             "--writes",
-            &WRITES.to_string(),
+            &writes,
             "--write-interval",
             "10ms",
-        ])
-        .arg("--bin-dir")
-        .arg(bin_dir)
-        .args(["--variants", &VARIANTS.join(",")])
-        .args(["--controller-runtime", controller_runtime.trim()])
-        .arg("--out")
-        .arg(out.join("BENCHMARKS.md"))
-        .arg("--plots-dir")
-        .arg(out.join("plots"))
-        .arg("--logs")
-        .arg(out.join("logs"))
-        .args(["--command", "smoke test"])
-        .output()
-        .expect("the harness runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the harness failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+            "--variants",
+            &variants,
+            "--controller-runtime",
+            controller_runtime.trim(),
+            "--command",
+            "smoke test",
+        ],
     );
-
-    let results = std::fs::read_to_string(out.join("BENCHMARKS.md")).expect("results written");
+    let results = &run.results;
     assert!(results.contains("<!-- bench:default:begin -->\nProduced by `smoke test`"));
     for kind in ["ConfigMaps", "Records (custom resource)"] {
         let table = results
@@ -177,8 +134,8 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         "memory-record",
         "startup-record",
     ] {
-        let png = std::fs::read(out.join("plots").join(format!("{plot}.png"))).expect("plot drawn");
+        let png =
+            std::fs::read(run.out.join("plots").join(format!("{plot}.png"))).expect("plot drawn");
         assert!(png.starts_with(b"\x89PNG"), "{plot} is not a PNG");
     }
-    let _ = std::fs::remove_dir_all(&out);
 }

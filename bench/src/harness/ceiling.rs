@@ -83,7 +83,39 @@ impl Step {
 }
 
 /// Reconcile starts seen, per key: (when, resourceVersion).
-type Starts = HashMap<String, Vec<(u64, u64)>>;
+pub(crate) type Starts = HashMap<String, Vec<(u64, u64)>>;
+
+/// Waits, for at most 60 s, until every write of `sent` (key, when it was sent, the
+/// resourceVersion it made) has been seen by a reconcile start; returns each write's latency
+/// from sending to that start, sorted, in microseconds.
+pub(crate) async fn await_reconciled(
+    starts: &mut watch::Receiver<Starts>,
+    sent: &[(String, u64, u64)],
+) -> anyhow::Result<Vec<u64>> {
+    let reconciled = |s: &Starts, key: &str, rv: u64| {
+        s.get(key)?
+            .iter()
+            .filter(|(_, r)| *r >= rv)
+            .map(|(at, _)| *at)
+            .min()
+    };
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        starts.wait_for(|s| {
+            sent.iter()
+                .all(|(key, _, rv)| reconciled(s, key, *rv).is_some())
+        }),
+    )
+    .await
+    .context("some writes were not reconciled within 60 s")??;
+    let s = starts.borrow();
+    let mut latencies: Vec<u64> = sent
+        .iter()
+        .filter_map(|(key, at, rv)| Some(reconciled(&s, key, *rv)?.saturating_sub(*at)))
+        .collect();
+    latencies.sort_unstable();
+    Ok(latencies)
+}
 
 /// The sum of a counter's samples in a Prometheus text exposition.
 pub(crate) fn counter_sum(exposition: &str, name: &str) -> f64 {
@@ -265,30 +297,10 @@ impl Setup<'_> {
         .into_iter()
         .map(|(i, at, rv)| (self.key(i), at, rv))
         .collect();
-        let reconciled = |s: &Starts, key: &str, rv: u64| {
-            s.get(key)?
-                .iter()
-                .filter(|(_, r)| *r >= rv)
-                .map(|(at, _)| *at)
-                .min()
-        };
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            starts.wait_for(|s| {
-                sent.iter()
-                    .all(|(key, _, rv)| reconciled(s, key, *rv).is_some())
-            }),
-        )
-        .await
-        .context("some writes were not reconciled within 60 s of the writer stopping")??;
+        let latencies = await_reconciled(starts, &sent)
+            .await
+            .context("after the writer stopped")?;
         let caught_up = stopped.elapsed();
-        let mut latencies: Vec<u64> = {
-            let s = starts.borrow();
-            sent.iter()
-                .filter_map(|(key, at, rv)| Some(reconciled(&s, key, *rv)?.saturating_sub(*at)))
-                .collect()
-        };
-        latencies.sort_unstable();
         let ms = |p: f64| percentile(&latencies, p).unwrap_or(0.0) / 1e3;
         Ok(Step {
             target: rate,

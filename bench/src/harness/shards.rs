@@ -16,10 +16,7 @@
 //! its LIST requests, and the bytes it sent in LIST responses and watch events
 //! (`apiserver_response_sizes_sum`, `apiserver_watch_events_sizes_sum`, ConfigMaps).
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kube_dispatch_bench::{ReconcileStart, now_micros};
@@ -27,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     apiserver::{RequestCounts, metrics_text, sum_where},
-    ceiling::counter_sum,
+    ceiling::{Starts, await_reconciled, counter_sum},
     metrics::scrape,
     objects::{Kind, change_value, object_name},
     process::Component,
@@ -116,9 +113,6 @@ pub(crate) struct Outcome {
     cold: Phase,
     writes: Phase,
 }
-
-/// Reconcile starts seen, per key: (when, resourceVersion).
-type Starts = HashMap<String, Vec<(u64, u64)>>;
 
 /// What the processes and the control plane had used at one moment.
 struct Snapshot {
@@ -272,30 +266,7 @@ impl Setup<'_> {
             .await?;
             sent.push((format!("{ns}/{}", object_name(i)), at, rv));
         }
-        let reconciled = |s: &Starts, key: &str, rv: u64| {
-            s.get(key)?
-                .iter()
-                .filter(|(_, r)| *r >= rv)
-                .map(|(at, _)| *at)
-                .min()
-        };
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            starts.wait_for(|s| {
-                sent.iter()
-                    .all(|(key, _, rv)| reconciled(s, key, *rv).is_some())
-            }),
-        )
-        .await
-        .context("some writes were not reconciled within 60 s")??;
-        let mut latencies: Vec<u64> = {
-            let s = starts.borrow();
-            sent.iter()
-                .filter_map(|(key, at, rv)| Some(reconciled(&s, key, *rv)?.saturating_sub(*at)))
-                .collect()
-        };
-        latencies.sort_unstable();
-        Ok(latencies)
+        await_reconciled(starts, &sent).await
     }
 
     /// Figures of the dispatchers (`tier`, one admin port each), the controller (once it runs)

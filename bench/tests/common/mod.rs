@@ -1,0 +1,102 @@
+//! What the benchmark smoke tests share: running the harness against the shared control plane,
+//! and reading the tables it writes. Each smoke test is a binary of its own (the API server's
+//! request counts are global), so not every one uses every helper.
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// A finished harness run.
+pub(crate) struct Run {
+    /// Its scratch folder (`BENCHMARKS.md`, `plots/`, `logs/`).
+    pub(crate) out: PathBuf,
+    /// What it wrote into `BENCHMARKS.md`.
+    pub(crate) results: String,
+    /// What it printed.
+    pub(crate) stdout: String,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
+/// The folder of the test build's binaries (the dispatcher, the load balancer, the benchmark
+/// controller).
+pub(crate) fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_bench-controller"))
+        .parent()
+        .expect("binaries live in a directory")
+        .to_owned()
+}
+
+/// Runs `kube-dispatch-bench` with `args` against the shared control plane, with the test
+/// build's binaries and a scratch folder named after `name` for its results, plots and logs;
+/// panics with its output if it fails.
+pub(crate) fn run_harness(name: &str, args: &[&str]) -> Run {
+    let cluster = kube_dispatch_tests::Cluster::shared();
+    let out = std::env::temp_dir().join(format!("kd-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&out).expect("a scratch folder");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
+        .current_dir(&root)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .args(args)
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .arg("--out")
+        .arg(out.join("BENCHMARKS.md"))
+        .arg("--plots-dir")
+        .arg(out.join("plots"))
+        .arg("--logs")
+        .arg(out.join("logs"))
+        .output()
+        .expect("the harness runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "the harness failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = std::fs::read_to_string(out.join("BENCHMARKS.md")).expect("results written");
+    Run {
+        out,
+        results,
+        stdout,
+    }
+}
+
+/// The cells of the row labelled `label` of the first table in `table` that has one, by column
+/// header (the first column, the label, left out).
+pub(crate) fn row(table: &str, label: &str) -> Vec<(String, String)> {
+    let cells = |line: &str| -> Vec<String> {
+        line.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_owned())
+            .collect()
+    };
+    let header = table
+        .lines()
+        .find(|l| l.starts_with("| figure |"))
+        .map(cells)
+        .unwrap_or_default();
+    let values = table
+        .lines()
+        .find(|l| l.starts_with(&format!("| {label} |")))
+        .map(cells)
+        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
+    header.into_iter().zip(values).skip(1).collect()
+}
+
+/// The number in column `column` of the row labelled `label`.
+pub(crate) fn figure(table: &str, label: &str, column: &str) -> f64 {
+    row(table, label)
+        .into_iter()
+        .find(|(c, _)| c == column)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no figure {label:?} for {column} in:\n{table}"))
+}
