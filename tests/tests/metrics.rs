@@ -611,6 +611,9 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
     let metrics = Metrics::default();
     let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
     config.metrics = metrics.clone();
+    // Opening 100 sessions and queueing 10k keys can take longer than the tests' 3 s session
+    // ttl on a loaded machine; the first session must outlive it.
+    config.settings.limits.default_ttl = Duration::from_secs(60);
     let d = TestDispatcher::start(config).await?;
     let group = "cardinality";
     let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
