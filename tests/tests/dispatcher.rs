@@ -456,6 +456,87 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
     Ok(())
 }
 
+/// Groups that join a running watch get every object: those that join while the watch still
+/// lists get the rest of its list from the watch and list beside it only as far as it had got;
+/// one that joins once the list is done lists everything beside the watch.
+#[tokio::test]
+async fn groups_joining_a_running_watch_get_every_object() -> TestResult {
+    let ns = TestNamespace::create("dispatch-join").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    // Four pages of the watch's list.
+    const N: usize = 2000;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let expected: BTreeSet<String> = (0..N)
+        .map(|i| cm_key(ns.name(), &format!("cm-{i}")))
+        .collect();
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+
+    /// Collects on every session until each has received every key (or a minute passed).
+    async fn every_key(
+        sessions: &mut [TestSession],
+        expected: &BTreeSet<String>,
+    ) -> Vec<BTreeSet<String>> {
+        let mut got = vec![BTreeSet::new(); sessions.len()];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while got.iter().any(|g| g.len() < expected.len()) && tokio::time::Instant::now() < deadline
+        {
+            let batches = futures::future::join_all(
+                sessions
+                    .iter_mut()
+                    .map(|s| s.collect_until(Duration::from_millis(500), |_| false)),
+            )
+            .await;
+            for (keys, batch) in got.iter_mut().zip(batches) {
+                keys.extend(batch.into_iter().map(|r| r.key));
+            }
+        }
+        got
+    }
+
+    // The first group starts the watch (its session opens once the list has begun to
+    // arrive); two more join at once, while the watch is listing.
+    let first = TestSession::open(&d, "g0", "r", subs.clone()).await?;
+    let (g1, g2) = tokio::join!(
+        TestSession::open(&d, "g1", "r", subs.clone()),
+        TestSession::open(&d, "g2", "r", subs.clone())
+    );
+    let mut sessions = vec![first, g1?, g2?];
+    for (i, got) in every_key(&mut sessions, &expected).await.iter().enumerate() {
+        let missing: Vec<_> = expected.difference(got).take(5).collect();
+        assert!(missing.is_empty(), "group g{i} missed {missing:?}");
+        assert!(got.is_subset(&expected), "group g{i} got foreign keys");
+    }
+    // A group that joins after the list: it lists beside the watch, everything.
+    let mut late = vec![TestSession::open(&d, "g3", "r", subs).await?];
+    let got = every_key(&mut late, &expected).await;
+    assert_eq!(got[0], expected, "the late group's keys");
+    let side_lists: u64 = d
+        .handles
+        .groups
+        .watch_figures()
+        .iter()
+        .map(|w| {
+            w.counts
+                .side_lists
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    assert!(side_lists >= 1, "the late group listed beside the watch");
+    d.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> TestResult {
     let ns = TestNamespace::create("dispatch-bad-input").await?;

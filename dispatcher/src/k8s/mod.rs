@@ -2,6 +2,8 @@
 //! the dispatcher's Lease and the membership it judges from all Leases, and discovery.
 //!
 //! - [`watch`]: one shared, non-caching watch per subscribed resource and selector;
+//! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
+//!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
@@ -10,6 +12,7 @@
 
 pub mod discovery;
 pub mod membership;
+pub mod object;
 pub mod routing;
 mod shard;
 mod side_list;

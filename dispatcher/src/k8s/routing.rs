@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use kube::{ResourceExt, api::DynamicObject};
+use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
@@ -19,8 +19,10 @@ use kube_dispatch_core::{
 };
 use kube_dispatch_proto::RequestKey;
 
+use super::object::WatchedObject;
+
 /// The request key of an object of `resource`, for the watch's primary subscribers.
-pub fn object_key(resource: &ResourceId, obj: &DynamicObject) -> RequestKey {
+pub fn object_key(resource: &ResourceId, obj: &WatchedObject) -> RequestKey {
     RequestKey::new(
         &resource.group,
         &resource.kind,
@@ -31,7 +33,7 @@ pub fn object_key(resource: &ResourceId, obj: &DynamicObject) -> RequestKey {
 
 /// The request key of an owned object: its controlling owner, if that is of the `owner` kind
 /// (an object has at most one controlling owner; other owner references do not count).
-pub fn owner_key(obj: &DynamicObject, owner: &OwnerKind) -> Option<RequestKey> {
+pub fn owner_key(obj: &WatchedObject, owner: &OwnerKind) -> Option<RequestKey> {
     let reference = obj
         .owner_references()
         .iter()
@@ -84,35 +86,40 @@ pub fn in_watch(watch: &WatchKey, key: &str) -> bool {
         })
 }
 
-/// Serialized bodies of one object, made at most once per payload mode.
-#[derive(Default)]
-pub struct Bodies {
-    full: Option<Option<Arc<[u8]>>>,
-    metadata: Option<Option<Arc<[u8]>>>,
+/// The bodies of one object, made at most once per payload mode, whatever the number of groups.
+pub struct Bodies<'a> {
+    types: &'a TypeMeta,
+    full: Option<Arc<[u8]>>,
+    metadata: Option<Arc<[u8]>>,
 }
 
-impl Bodies {
+impl<'a> Bodies<'a> {
+    /// The bodies of an object of the watched type `types` (filled in where the API server left
+    /// it out, as in the items of a list).
+    pub fn new(types: &'a TypeMeta) -> Self {
+        Self {
+            types,
+            full: None,
+            metadata: None,
+        }
+    }
+
     /// The body of `obj` for a subscription with `payload`: none, the whole object, or its type
     /// and metadata.
-    pub fn get(&mut self, payload: Payload, obj: &DynamicObject) -> Option<Arc<[u8]>> {
+    pub fn get(&mut self, payload: Payload, obj: &WatchedObject) -> Option<Arc<[u8]>> {
+        let types = self.types;
         match payload {
             Payload::KeyOnly => None,
-            Payload::Full => self
-                .full
-                .get_or_insert_with(|| serde_json::to_vec(obj).ok().map(Arc::from))
-                .clone(),
-            Payload::Metadata => self
-                .metadata
-                .get_or_insert_with(|| {
-                    let types = obj.types.clone().unwrap_or_default();
-                    let partial = serde_json::json!({
-                        "apiVersion": types.api_version,
-                        "kind": types.kind,
-                        "metadata": obj.metadata,
-                    });
-                    serde_json::to_vec(&partial).ok().map(Arc::from)
-                })
-                .clone(),
+            Payload::Full => Some(
+                self.full
+                    .get_or_insert_with(|| obj.full_body(types))
+                    .clone(),
+            ),
+            Payload::Metadata => Some(
+                self.metadata
+                    .get_or_insert_with(|| obj.metadata_body(types))
+                    .clone(),
+            ),
         }
     }
 }
@@ -134,31 +141,34 @@ mod tests {
         }
     }
 
-    fn object(namespace: Option<&str>, name: &str) -> DynamicObject {
-        let mut obj: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": { "name": name, "resourceVersion": "7" },
+    fn object_with(
+        namespace: Option<&str>,
+        name: &str,
+        owners: serde_json::Value,
+    ) -> WatchedObject {
+        let mut value = serde_json::json!({
+            "metadata": { "name": name, "resourceVersion": "7", "ownerReferences": owners },
             "data": { "k": "v" },
-        }))
-        .expect("a valid object");
-        obj.metadata.namespace = namespace.map(str::to_owned);
-        obj
+        });
+        if let Some(namespace) = namespace {
+            value["metadata"]["namespace"] = namespace.into();
+        }
+        serde_json::from_str(&value.to_string()).expect("a valid object")
     }
 
-    fn owned_by(api_version: &str, kind: &str, name: &str, controller: bool) -> DynamicObject {
-        let mut obj = object(Some("ns"), "child");
-        obj.metadata.owner_references = Some(vec![
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": api_version,
-                "kind": kind,
-                "name": name,
-                "uid": "u-1",
-                "controller": controller,
-            }))
-            .expect("a valid owner reference"),
-        ]);
-        obj
+    fn object(namespace: Option<&str>, name: &str) -> WatchedObject {
+        object_with(namespace, name, serde_json::json!([]))
+    }
+
+    fn owned_by(api_version: &str, kind: &str, name: &str, controller: bool) -> WatchedObject {
+        let owner = serde_json::json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": "u-1",
+            "controller": controller,
+        });
+        object_with(Some("ns"), "child", serde_json::json!([owner]))
     }
 
     fn owner(group: &str, kind: &str) -> OwnerKind {
@@ -248,12 +258,12 @@ mod tests {
 
     #[test]
     fn bodies_are_made_once_per_payload_mode() {
-        let mut obj = object(Some("a"), "x");
-        obj.types = Some(TypeMeta {
+        let obj = object(Some("a"), "x");
+        let types = TypeMeta {
             api_version: "v1".into(),
             kind: "ConfigMap".into(),
-        });
-        let mut bodies = Bodies::default();
+        };
+        let mut bodies = Bodies::new(&types);
         assert_eq!(bodies.get(Payload::KeyOnly, &obj), None);
         let full = bodies.get(Payload::Full, &obj).expect("a full body");
         assert!(Arc::ptr_eq(
@@ -262,6 +272,7 @@ mod tests {
         ));
         let full: serde_json::Value = serde_json::from_slice(&full).expect("JSON");
         assert_eq!(full["data"]["k"], "v");
+        assert_eq!(full["kind"], "ConfigMap");
         let metadata = bodies
             .get(Payload::Metadata, &obj)
             .expect("a metadata body");

@@ -4,9 +4,11 @@
 use std::{collections::HashSet, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use kube_dispatch_core::backoff::Backoff;
 use tracing::warn;
+
+use super::object::WatchedObject;
 
 /// Page size of a list beside the stream (the watcher's own lists use the same).
 pub(super) const SIDE_LIST_PAGE: u32 = 500;
@@ -22,12 +24,20 @@ const MAX_SIDE_LIST_DELETIONS: usize = 1 << 16;
 /// (the stream shows a re-creation after the deletion). A failed page starts the list again
 /// after a backoff; the deletions are kept.
 pub(super) struct SideList {
-    pages: BoxStream<'static, Vec<DynamicObject>>,
+    pages: BoxStream<'static, Vec<WatchedObject>>,
     deleted: HashSet<u64>,
+    /// The greatest request key the list must reach (the watch stops it at the page past it),
+    /// or `None` to list everything.
+    until: Option<String>,
 }
 
 impl SideList {
-    pub(super) fn start(api: Api<DynamicObject>, params: ListParams) -> Self {
+    /// Starts listing, in pages, up to the request key `until` (`None`: to the end).
+    pub(super) fn start(
+        api: Api<WatchedObject>,
+        params: ListParams,
+        until: Option<String>,
+    ) -> Self {
         let backoff = Backoff {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(30),
@@ -66,7 +76,13 @@ impl SideList {
         Self {
             pages,
             deleted: HashSet::new(),
+            until,
         }
+    }
+
+    /// The greatest request key this list must reach, if it need not list everything.
+    pub(super) fn until(&self) -> Option<&str> {
+        self.until.as_deref()
     }
 
     /// Notes a deletion the stream showed; false when too many are noted already.
@@ -84,7 +100,7 @@ impl SideList {
 }
 
 /// The next page of the list beside the stream, if one runs (else never).
-pub(super) async fn next_page(side: &mut Option<SideList>) -> Option<Vec<DynamicObject>> {
+pub(super) async fn next_page(side: &mut Option<SideList>) -> Option<Vec<WatchedObject>> {
     match side {
         Some(list) => list.pages.next().await,
         None => std::future::pending().await,

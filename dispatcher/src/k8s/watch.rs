@@ -14,7 +14,13 @@
 //! of the new keys are found by a list run *beside* the stream, which keeps running: every
 //! event, deletions above all, is still seen as it happens. The stream stays the authority: an
 //! object of the side list is taken only for a key the group does not know yet and that no
-//! deletion seen since the list began names (see `SideList`).
+//! deletion seen since the list began names (see `SideList`). A group that joins while the
+//! watch is still listing gets the rest of that list from the watch itself, so the list beside
+//! it stops once past the greatest key the watch had shown (lists come in key order); none is
+//! made if the watch had shown nothing yet.
+//!
+//! Objects are kept as the JSON text the API server sent, with only routing's fields decoded
+//! ([`super::object::WatchedObject`]).
 
 use std::{
     collections::HashMap,
@@ -28,7 +34,7 @@ use std::{
 use futures::StreamExt;
 use kube::{
     Client, ResourceExt,
-    api::{Api, ApiResource, DynamicObject, ListParams, TypeMeta},
+    api::{Api, ApiResource, ListParams, TypeMeta},
     runtime::{
         WatchStreamExt,
         watcher::{self, Event},
@@ -41,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
+    object::WatchedObject,
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     shard::sharded_client,
     side_list::{SIDE_LIST_PAGE, SideList, next_page},
@@ -366,7 +373,7 @@ impl WatchTask {
         } else {
             self.client.clone()
         };
-        let api: Api<DynamicObject> = if self.key.namespace.is_empty() || !r.namespaced {
+        let api: Api<WatchedObject> = if self.key.namespace.is_empty() || !r.namespaced {
             Api::all_with(client, &api_resource)
         } else {
             Api::namespaced_with(client, &self.key.namespace, &api_resource)
@@ -410,10 +417,14 @@ impl WatchTask {
                 .default_backoff()
                 .boxed();
             let mut side: Option<SideList> = None;
+            // How far the watch's own list has got: `None` while it is not listing, then the
+            // greatest key it has shown (request keys of one watch sort as the API server lists
+            // objects: by namespace and name, after a prefix they share).
+            let mut listed: Option<Option<String>> = None;
             loop {
                 let step = tokio::select! {
                     () = cancel.cancelled() => return,
-                    () = self.relist.notified() => Step::ListBeside("a group joined the watch"),
+                    () = self.relist.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
                     Ok(()) = self.slice.changed() => {
                         let slice = self.slice.borrow_and_update().clone();
                         let now_shard = slice.shard_selector();
@@ -429,23 +440,49 @@ impl WatchTask {
                             continue;
                         }
                         settled = now;
-                        Step::ListBeside("a handover completed")
+                        Step::ListBeside { why: "a handover completed", joined: false }
                     }
                     page = next_page(&mut side) => Step::Page(page),
                     event = events.next() => Step::Event(event),
                 };
                 let event = match step {
-                    Step::ListBeside(why) => {
+                    Step::ListBeside { why, joined } => {
+                        // A group that joins during the watch's own list gets the rest of that
+                        // list from the watch: a list beside it need only reach as far as the
+                        // watch's list had got (lists come in key order), and none is needed
+                        // before its first object.
+                        let until = match (&listed, joined) {
+                            (Some(None), true) => {
+                                debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
+                                continue;
+                            }
+                            (Some(Some(last)), true) => Some(last.clone()),
+                            _ => None,
+                        };
+                        // A list already running covers what it set out to; the new one covers
+                        // both.
+                        let until = match &side {
+                            Some(running) => running
+                                .until()
+                                .zip(until)
+                                .map(|(a, b)| if a > b.as_str() { a.to_owned() } else { b }),
+                            None => until,
+                        };
                         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
-                        info!(resource = %describe(&self.key), why, "listing beside the watch for the keys now served here");
-                        side = Some(SideList::start(api.clone(), list_params.clone()));
+                        info!(resource = %describe(&self.key), why, until = until.as_deref().unwrap_or("the end"), "listing beside the watch for the keys now served here");
+                        side = Some(SideList::start(api.clone(), list_params.clone(), until));
                         continue;
                     }
                     Step::Page(Some(objects)) => {
                         if let Some(list) = &side {
-                            for mut obj in objects {
-                                obj.types = Some(types.clone());
-                                self.fill(&obj, epoch, list);
+                            let mut past = false;
+                            for obj in objects {
+                                let key = self.fill(&obj, &types, epoch, list);
+                                past |= list.until().is_some_and(|until| key.as_str() > until);
+                            }
+                            if past {
+                                debug!(resource = %describe(&self.key), "list beside the watch done: it reached where the watch's own list was");
+                                side = None;
                             }
                         }
                         continue;
@@ -464,24 +501,28 @@ impl WatchTask {
                         epoch = epoch.wrapping_add(1);
                         // The watch re-lists everything itself: a list beside it adds nothing.
                         side = None;
+                        listed = Some(None);
                         debug!(resource = %describe(&self.key), epoch, "list started");
                     }
-                    Ok(Event::InitApply(mut obj)) => {
+                    Ok(Event::InitApply(obj)) => {
                         self.readiness.send_if_modified(mark_ready);
-                        obj.types = Some(types.clone());
-                        self.apply(&obj, epoch, false);
+                        let key = self.apply(&obj, &types, epoch, false);
+                        if let Some(last) = &mut listed
+                            && last.as_ref().is_none_or(|last| key > *last)
+                        {
+                            *last = Some(key);
+                        }
                     }
                     Ok(Event::InitDone) => {
                         self.readiness.send_if_modified(mark_ready);
+                        listed = None;
                         self.sweep(epoch);
                         debug!(resource = %describe(&self.key), epoch, "list done");
                     }
-                    Ok(Event::Apply(mut obj)) => {
-                        obj.types = Some(types.clone());
-                        self.apply(&obj, epoch, false);
+                    Ok(Event::Apply(obj)) => {
+                        self.apply(&obj, &types, epoch, false);
                     }
-                    Ok(Event::Delete(mut obj)) => {
-                        obj.types = Some(types.clone());
+                    Ok(Event::Delete(obj)) => {
                         if let Some(list) = &mut side
                             && !list.deleted(object_key(&self.key.resource, &obj).hash64())
                         {
@@ -489,10 +530,10 @@ impl WatchTask {
                                 resource = %describe(&self.key),
                                 "too many deletions during the list beside the watch: re-listing instead"
                             );
-                            self.apply(&obj, epoch, true);
+                            self.apply(&obj, &types, epoch, true);
                             continue 'restart;
                         }
-                        self.apply(&obj, epoch, true);
+                        self.apply(&obj, &types, epoch, true);
                     }
                     Err(e) => {
                         self.counts.errors.fetch_add(1, Ordering::Relaxed);
@@ -534,13 +575,13 @@ impl WatchTask {
 
     /// Takes an object shown by a list beside the stream, for keys served here that a group
     /// does not know yet ([`Group::fill`]), unless a deletion of it was seen since the list
-    /// began.
-    fn fill(&self, obj: &DynamicObject, epoch: u32, list: &SideList) {
+    /// began. Returns the object's request key.
+    fn fill(&self, obj: &WatchedObject, types: &TypeMeta, epoch: u32, list: &SideList) -> String {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let text = object_key(&self.key.resource, obj).to_string();
         let key = KeyRef::new(&text);
         let deleted_since = list.was_deleted(key.hash());
-        let mut bodies = Bodies::default();
+        let mut bodies = Bodies::new(types);
         for sub in subscribers.iter() {
             match &sub.owner {
                 None if !deleted_since => sub.group.fill(
@@ -561,13 +602,14 @@ impl WatchTask {
                 }
             }
         }
+        text
     }
 
     /// Hands an event of the stream (or of the watch's own list) to every subscriber, by the
     /// rules of [`super::routing`]. The group decides again under its lock, against the slice
     /// current then (and remembers deletions of keys a handover holds, and recent deletions of
-    /// keys owned elsewhere).
-    fn apply(&self, obj: &DynamicObject, epoch: u32, deleted: bool) {
+    /// keys owned elsewhere). Returns the object's request key.
+    fn apply(&self, obj: &WatchedObject, types: &TypeMeta, epoch: u32, deleted: bool) -> String {
         let counter = if deleted {
             &self.counts.deleted
         } else {
@@ -592,7 +634,7 @@ impl WatchTask {
                 );
             }
         }
-        let mut bodies = Bodies::default();
+        let mut bodies = Bodies::new(types);
         // With traces exported, the span of this change, whose context the deliveries it
         // causes carry to the replicas (their reconcile spans are its children).
         let span = (place != Place::Elsewhere && logging::traces_enabled()).then(|| {
@@ -661,6 +703,7 @@ impl WatchTask {
                 }
             }
         }
+        text
     }
 
     /// A list ended: queue the deletions it revealed in every group's primary subscription.
@@ -678,12 +721,12 @@ impl WatchTask {
     reason = "a value of the loop's stack, moved once; boxing would allocate per event"
 )]
 enum Step {
-    /// List beside the stream, for this reason.
-    ListBeside(&'static str),
+    /// List beside the stream, for this reason; `joined` when a group joined the watch.
+    ListBeside { why: &'static str, joined: bool },
     /// A page of the list beside the stream, or its end.
-    Page(Option<Vec<DynamicObject>>),
+    Page(Option<Vec<WatchedObject>>),
     /// An event of the stream, or its end.
-    Event(Option<watcher::Result<Event<DynamicObject>>>),
+    Event(Option<watcher::Result<Event<WatchedObject>>>),
 }
 
 fn mark_ready(r: &mut Readiness) -> bool {
