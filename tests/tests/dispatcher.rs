@@ -43,6 +43,19 @@ fn cm_key(ns: &str, name: &str) -> String {
     format!("/ConfigMap/{ns}/{name}")
 }
 
+/// Creates ConfigMaps `cm-0` to `cm-{n-1}`, 16 at a time.
+async fn create_configmaps(api: &Api<ConfigMap>, n: usize) -> Result<(), kube::Error> {
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
+                .await
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
 /// A namespace, its ConfigMaps API, one dispatcher and one session of group "g" subscribed to
 /// the namespace's ConfigMaps.
 async fn configmap_setup(
@@ -383,17 +396,7 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
     const N: usize = 1000;
     // Created before the sessions open: a session idle for its 3 s ttl while a loaded machine
     // creates a thousand objects would expire. The dispatchers' first list carries them.
-    futures::stream::iter(0..N)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
-                    .await
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
+    create_configmaps(&api, N).await?;
     let subs = vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&d0, "g", "r", subs.clone()).await?;
     let mut s1 = TestSession::open(&d1, "g", "r", subs).await?;
@@ -465,17 +468,7 @@ async fn groups_joining_a_running_watch_get_every_object() -> TestResult {
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     // Four pages of the watch's list.
     const N: usize = 2000;
-    futures::stream::iter(0..N)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &configmap(&format!("cm-{i}"), "0"))
-                    .await
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
+    create_configmaps(&api, N).await?;
     let expected: BTreeSet<String> = (0..N)
         .map(|i| cm_key(ns.name(), &format!("cm-{i}")))
         .collect();
