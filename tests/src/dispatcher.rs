@@ -1,11 +1,16 @@
 //! In-process dispatchers for integration tests: served on `127.0.0.1:0` against the real API
 //! server, stopped when dropped, and a small session client that speaks the wire API.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
     config::{LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, Settings},
+    k8s::watch::WatchCounts,
     serve::{Handles, serve},
 };
 use kube_dispatch_proto::{
@@ -85,6 +90,16 @@ pub struct TestDispatcher {
 }
 
 impl TestDispatcher {
+    /// A counter of its watches, summed over them all: e.g. `|c| &c.side_lists`.
+    pub fn watch_total(&self, counter: impl Fn(&WatchCounts) -> &AtomicU64) -> u64 {
+        self.handles
+            .groups
+            .watch_figures()
+            .iter()
+            .map(|w| counter(&w.counts).load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Starts a dispatcher with `config` against the shared cluster, on a free loopback port.
     pub async fn start(config: ServeConfig) -> Result<Self, FixtureError> {
         Self::start_at(config, "127.0.0.1:0").await

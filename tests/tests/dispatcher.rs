@@ -437,17 +437,7 @@ async fn two_dispatchers_split_objects_with_no_overlap_and_no_gap() -> TestResul
     assert!(split.0 > N / 4 && split.1 > N / 4, "uneven split {split:?}");
     // On a ring keyed by name, each dispatcher receives the other's objects too, and drops them.
     for (d, got) in [(&d0, &got0), (&d1, &got1)] {
-        let elsewhere: u64 = d
-            .handles
-            .groups
-            .watch_figures()
-            .iter()
-            .map(|w| {
-                w.counts
-                    .elsewhere
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            })
-            .sum();
+        let elsewhere = d.watch_total(|c| &c.elsewhere);
         assert!(
             elsewhere as usize >= N - got.len(),
             "{elsewhere} objects dropped as owned elsewhere; the other dispatcher delivered {}",
@@ -514,17 +504,7 @@ async fn groups_joining_a_running_watch_get_every_object() -> TestResult {
     let mut late = vec![TestSession::open(&d, "g3", "r", subs).await?];
     let got = every_key(&mut late, &expected).await;
     assert_eq!(got[0], expected, "the late group's keys");
-    let side_lists: u64 = d
-        .handles
-        .groups
-        .watch_figures()
-        .iter()
-        .map(|w| {
-            w.counts
-                .side_lists
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
+    let side_lists = d.watch_total(|c| &c.side_lists);
     assert!(side_lists >= 1, "the late group listed beside the watch");
     d.stop().await;
     Ok(())

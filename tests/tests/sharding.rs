@@ -5,7 +5,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::atomic::Ordering,
     time::Duration,
 };
 
@@ -27,16 +26,10 @@ const PER_NAMESPACE: usize = 5;
 
 /// Objects seen by the dispatcher's watches, and those of them owned by another dispatcher.
 fn seen(d: &TestDispatcher) -> (u64, u64) {
-    d.handles
-        .groups
-        .watch_figures()
-        .iter()
-        .fold((0, 0), |(applied, elsewhere), w| {
-            (
-                applied + w.counts.applied.load(Ordering::Relaxed),
-                elsewhere + w.counts.elsewhere.load(Ordering::Relaxed),
-            )
-        })
+    (
+        d.watch_total(|c| &c.applied),
+        d.watch_total(|c| &c.elsewhere),
+    )
 }
 
 #[tokio::test]

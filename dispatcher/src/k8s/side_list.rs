@@ -26,18 +26,53 @@ const MAX_SIDE_LIST_DELETIONS: usize = 1 << 16;
 pub(super) struct SideList {
     pages: BoxStream<'static, Vec<WatchedObject>>,
     deleted: HashSet<u64>,
-    /// The greatest request key the list must reach (the watch stops it at the page past it),
-    /// or `None` to list everything.
-    until: Option<String>,
+    /// How far it must reach (the watch stops it at the page past that).
+    reach: Reach,
+}
+
+/// How far a list beside the watch must reach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// Up to this request key: the watch's own list shows the group what comes after it.
+    UpTo(String),
+    /// Every object.
+    All,
+}
+
+impl Reach {
+    /// What a list beside the watch must cover when one is asked for, or `None` if none is
+    /// needed. `listed` is how far the watch's own list has got: `None` when it is not listing,
+    /// else the greatest request key it has shown, if any (lists come in key order). `joined`
+    /// says a group joined the watch (else the keys served here grew by a handover), and
+    /// `running` is the reach of the list beside the watch already running, if one is: the new
+    /// list covers both.
+    pub(super) fn of(
+        listed: Option<Option<&str>>,
+        joined: bool,
+        running: Option<&Reach>,
+    ) -> Option<Reach> {
+        let needed = match (listed, joined) {
+            // The group joined before the watch's list showed anything: it sees all of it.
+            (Some(None), true) => return None,
+            (Some(Some(last)), true) => Reach::UpTo(last.to_owned()),
+            _ => Reach::All,
+        };
+        Some(match (running, needed) {
+            (Some(Reach::All), _) | (_, Reach::All) => Reach::All,
+            (Some(Reach::UpTo(a)), Reach::UpTo(b)) => Reach::UpTo(b.max(a.clone())),
+            (None, needed) => needed,
+        })
+    }
+
+    /// Whether a list with this reach is done once it has shown `key`.
+    pub(super) fn passed(&self, key: &str) -> bool {
+        matches!(self, Reach::UpTo(last) if key > last.as_str())
+    }
 }
 
 impl SideList {
-    /// Starts listing, in pages, up to the request key `until` (`None`: to the end).
-    pub(super) fn start(
-        api: Api<WatchedObject>,
-        params: ListParams,
-        until: Option<String>,
-    ) -> Self {
+    /// Starts listing, in pages, as far as `reach`.
+    pub(super) fn start(api: Api<WatchedObject>, params: ListParams, reach: Reach) -> Self {
         let backoff = Backoff {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(30),
@@ -76,13 +111,13 @@ impl SideList {
         Self {
             pages,
             deleted: HashSet::new(),
-            until,
+            reach,
         }
     }
 
-    /// The greatest request key this list must reach, if it need not list everything.
-    pub(super) fn until(&self) -> Option<&str> {
-        self.until.as_deref()
+    /// How far this list must reach.
+    pub(super) fn reach(&self) -> &Reach {
+        &self.reach
     }
 
     /// Notes a deletion the stream showed; false when too many are noted already.
@@ -104,5 +139,48 @@ pub(super) async fn next_page(side: &mut Option<SideList>) -> Option<Vec<Watched
     match side {
         Some(list) => list.pages.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reach::{self, All, UpTo};
+
+    fn up_to(key: &str) -> Reach {
+        UpTo(key.to_owned())
+    }
+
+    #[test]
+    fn a_group_joining_the_watch_list_lists_beside_it_as_far_as_that_list_got() {
+        // Joined before the watch's list showed anything: no list beside it.
+        assert_eq!(Reach::of(Some(None), true, None), None);
+        assert_eq!(Reach::of(Some(None), true, Some(&up_to("/a/b"))), None);
+        // Joined during the list: up to the greatest key it had shown.
+        assert_eq!(
+            Reach::of(Some(Some("/a/m")), true, None),
+            Some(up_to("/a/m"))
+        );
+        // Joined once the list is done, or a handover: everything.
+        assert_eq!(Reach::of(None, true, None), Some(All));
+        assert_eq!(Reach::of(Some(Some("/a/m")), false, None), Some(All));
+        assert_eq!(Reach::of(Some(None), false, None), Some(All));
+    }
+
+    #[test]
+    fn a_new_list_beside_the_watch_covers_the_one_it_replaces() {
+        let joined_at =
+            |last: &str, running: &Reach| Reach::of(Some(Some(last)), true, Some(running));
+        assert_eq!(joined_at("/a/c", &up_to("/a/m")), Some(up_to("/a/m")));
+        assert_eq!(joined_at("/a/x", &up_to("/a/m")), Some(up_to("/a/x")));
+        assert_eq!(joined_at("/a/x", &All), Some(All));
+        assert_eq!(Reach::of(None, true, Some(&up_to("/a/m"))), Some(All));
+    }
+
+    #[test]
+    fn a_list_is_done_once_past_its_reach() {
+        assert!(!up_to("/a/m").passed("/a/l"));
+        assert!(!up_to("/a/m").passed("/a/m"));
+        assert!(up_to("/a/m").passed("/a/n"));
+        assert!(!All.passed("/z/z"));
     }
 }

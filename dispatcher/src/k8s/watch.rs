@@ -50,7 +50,7 @@ use super::{
     object::WatchedObject,
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     shard::sharded_client,
-    side_list::{SIDE_LIST_PAGE, SideList, next_page},
+    side_list::{Reach, SIDE_LIST_PAGE, SideList, next_page},
 };
 use crate::{config::ListMode, group::Group};
 use kube_dispatch_core::{
@@ -447,30 +447,16 @@ impl WatchTask {
                 };
                 let event = match step {
                     Step::ListBeside { why, joined } => {
-                        // A group that joins during the watch's own list gets the rest of that
-                        // list from the watch: a list beside it need only reach as far as the
-                        // watch's list had got (lists come in key order), and none is needed
-                        // before its first object.
-                        let until = match (&listed, joined) {
-                            (Some(None), true) => {
-                                debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
-                                continue;
-                            }
-                            (Some(Some(last)), true) => Some(last.clone()),
-                            _ => None,
-                        };
-                        // A list already running covers what it set out to; the new one covers
-                        // both.
-                        let until = match &side {
-                            Some(running) => running
-                                .until()
-                                .zip(until)
-                                .map(|(a, b)| if a > b.as_str() { a.to_owned() } else { b }),
-                            None => until,
+                        let listed = listed.as_ref().map(Option::as_deref);
+                        let Some(reach) =
+                            Reach::of(listed, joined, side.as_ref().map(SideList::reach))
+                        else {
+                            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
+                            continue;
                         };
                         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
-                        info!(resource = %describe(&self.key), why, until = until.as_deref().unwrap_or("the end"), "listing beside the watch for the keys now served here");
-                        side = Some(SideList::start(api.clone(), list_params.clone(), until));
+                        info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
+                        side = Some(SideList::start(api.clone(), list_params.clone(), reach));
                         continue;
                     }
                     Step::Page(Some(objects)) => {
@@ -478,7 +464,7 @@ impl WatchTask {
                             let mut past = false;
                             for obj in objects {
                                 let key = self.fill(&obj, &types, epoch, list);
-                                past |= list.until().is_some_and(|until| key.as_str() > until);
+                                past |= list.reach().passed(&key);
                             }
                             if past {
                                 debug!(resource = %describe(&self.key), "list beside the watch done: it reached where the watch's own list was");
