@@ -56,7 +56,7 @@ bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): O
 	@bench/run.sh
 
 .PHONY: bench-groups
-bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS
+bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace)
 	@CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
 
 .PHONY: bench-security

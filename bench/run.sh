@@ -14,6 +14,11 @@
 #                          defaults then OBJECTS=10000, KINDS=config-map, REPEATS=1,
 #                          VARIANTS=kube-rs,controller-runtime,dispatch-1, written to the
 #                          groups section of BENCHMARKS.md
+#   NAMESPACES=1000        spread each scenario's objects over this many namespaces, labelled;
+#                          every controller watches all namespaces with the label selector
+#                          (not with kube-rs-metadata); with CONTROLLERS, written to the
+#                          groups-namespaces section of BENCHMARKS.md
+#   RING_KEY=namespace     the dispatchers' ring key (default: theirs, name)
 # `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
 # variables (e.g. KD_BENCH_DISPATCHERS=1) pass through from the environment.
 set -euo pipefail
@@ -23,10 +28,10 @@ cluster=tests/cluster/cluster.sh
 
 # The command as given, for BENCHMARKS.md.
 command="make bench"
-vars="LONG OBJECTS KINDS REPEATS WRITES VARIANTS"
+vars="LONG NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 if [[ -n ${CONTROLLERS:-} ]]; then
   command="make bench-groups"
-  vars="CONTROLLERS OBJECTS KINDS REPEATS WRITES VARIANTS"
+  vars="CONTROLLERS NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 fi
 for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
@@ -40,6 +45,7 @@ if [[ -n ${CONTROLLERS:-} ]]; then
   section=groups
   : "${OBJECTS:=10000}" "${KINDS:=config-map}" "${REPEATS:=1}"
   : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1}"
+  if [[ ${NAMESPACES:-1} != 1 ]]; then section=groups-namespaces; fi
 fi
 
 say "building the release binaries"
@@ -69,6 +75,8 @@ KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
 KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4} \
 KD_BENCH_GROUPS=${CONTROLLERS:-1} \
+KD_BENCH_NAMESPACES=${NAMESPACES:-1} \
+KD_BENCH_RING_KEY=${RING_KEY:-name} \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
   target/release/kube-dispatch-bench --section "$section" --command "$command" \
   --core-results target/bench/core.txt

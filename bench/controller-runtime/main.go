@@ -1,6 +1,7 @@
 // The benchmark controller on controller-runtime, the incumbent most Kubernetes controllers are
 // written with: the same reconcile as bench-controller (src/bin/bench-controller.rs) keeps the
-// content-hash annotation on every object of one namespace, and prints the same
+// content-hash annotation on every object of one namespace (or of every namespace, selected by
+// label), and prints the same
 // "reconcile <micros> <namespace>/<name> <resourceVersion>" line on stdout when a reconcile
 // starts, which is how the harness sees what ran when.
 //
@@ -24,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -125,13 +127,29 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 func main() {
 	kind := flag.String("kind", "config-map", "which resource to reconcile: config-map or record")
-	namespace := flag.String("namespace", "", "namespace of the objects (required)")
+	namespace := flag.String("namespace", "", "namespace of the objects; empty for every namespace")
+	selector := flag.String("selector", "", "only objects matching this label selector; empty for all")
 	metadata := flag.Bool("metadata", false, "metadata-only cache; reconciles GET the object")
 	concurrency := flag.Int("concurrency", 16, "most reconciles running at once (MaxConcurrentReconciles)")
 	flag.Parse()
-	if *namespace == "" || (*kind != "config-map" && *kind != "record") {
-		fmt.Fprintln(os.Stderr, "usage: bench-controller-runtime --namespace NS [--kind config-map|record] [--metadata] [--concurrency N]")
+	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N]"
+	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") {
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
+	}
+	// The cache lists and watches what the controller reconciles: one namespace or all, and
+	// only the selected objects.
+	cacheOptions := cache.Options{}
+	if *namespace != "" {
+		cacheOptions.DefaultNamespaces = map[string]cache.Config{*namespace: {}}
+	}
+	if *selector != "" {
+		parsed, err := labels.Parse(*selector)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "--selector %q: %v\n%s\n", *selector, err, usage)
+			os.Exit(2)
+		}
+		cacheOptions.DefaultLabelSelector = parsed
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	config := ctrl.GetConfigOrDie()
@@ -139,7 +157,7 @@ func main() {
 	// burst 30) would make the figures about the limiter, not the controller.
 	config.QPS = -1
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{*namespace: {}}},
+		Cache: cacheOptions,
 		// Records are read as unstructured objects (no Go type here); a controller with a typed
 		// CRD reads them from the cache, so this one does too (controller-runtime reads
 		// unstructured objects from the API server unless told).

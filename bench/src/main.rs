@@ -60,6 +60,20 @@ struct Args {
     )]
     groups: Vec<usize>,
 
+    /// Namespaces each scenario's objects are spread over. With 1, one namespace per kind and
+    /// count holds them all; with more, each of them holds `objects / namespaces` objects
+    /// (every count must divide evenly), labelled, and every controller (and every group on the
+    /// tier) watches all namespaces with that label selector. Not with kube-rs-metadata, which
+    /// watches one namespace. With `--ring-key namespace` the tier then lists and watches once
+    /// in all (`make bench-groups NAMESPACES=1000`).
+    #[arg(long, env = "KD_BENCH_NAMESPACES", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    namespaces: u64,
+
+    /// The dispatchers' ring key (`--ring-key` of kube-dispatch-dispatcher): name or
+    /// namespace; default: the dispatcher's own default (name).
+    #[arg(long, env = "KD_BENCH_RING_KEY", value_parser = ["name", "namespace"])]
+    ring_key: Option<String>,
+
     /// Kinds of object, comma-separated: config-map, record (a custom resource).
     #[arg(
         long,
@@ -235,6 +249,14 @@ async fn main() -> anyhow::Result<()> {
         !args.groups.is_empty() && !args.groups.contains(&0),
         "--groups must be positive"
     );
+    let namespaces = usize::try_from(args.namespaces).context("--namespaces is too large")?;
+    if let Some(objects) = args.objects.iter().find(|o| *o % namespaces != 0) {
+        anyhow::bail!("--objects {objects} do not divide evenly over --namespaces {namespaces}");
+    }
+    anyhow::ensure!(
+        namespaces == 1 || !args.variants.contains(&Variant::KubeRsMetadata),
+        "kube-rs-metadata watches one namespace: leave it out of --variants with --namespaces {namespaces}"
+    );
     if args.security {
         return security_bench(&args).await;
     }
@@ -316,12 +338,30 @@ async fn main() -> anyhow::Result<()> {
     let mut scenarios = Vec::new();
     for &kind in &args.kinds {
         for &objects in &args.objects {
-            let namespace = format!("kd-bench-{}-{objects}", kind.flag());
             let begun = Instant::now();
-            let written = populate(&client, kind, &namespace, objects, args.object_bytes).await?;
+            let (namespace, written) = if namespaces == 1 {
+                let namespace = format!("kd-bench-{}-{objects}", kind.flag());
+                let written =
+                    populate(&client, kind, &namespace, objects, args.object_bytes).await?;
+                (namespace, written)
+            } else {
+                harness::objects::populate_spread(
+                    &client,
+                    kind,
+                    objects,
+                    namespaces,
+                    args.object_bytes,
+                )
+                .await?
+            };
             println!(
-                "bench: {objects} {} in {namespace}: {written} written in {:.1} s",
+                "bench: {objects} {} in {}: {written} written in {:.1} s",
                 kind.title(),
+                if namespaces == 1 {
+                    namespace.clone()
+                } else {
+                    format!("{namespaces} namespaces")
+                },
                 begun.elapsed().as_secs_f64()
             );
             for &groups in &args.groups {
@@ -333,12 +373,13 @@ async fn main() -> anyhow::Result<()> {
                     kind,
                     namespace: &namespace,
                     objects,
+                    namespaces,
                     groups,
                     dispatchers: usize::from(args.dispatchers),
                     writes: args.writes,
                     write_interval: args.write_interval,
                     log_dir: &args.logs,
-                    ring_key: None,
+                    ring_key: args.ring_key.as_deref(),
                     nonce,
                 };
                 let mut runs = Vec::new();
@@ -370,6 +411,7 @@ async fn main() -> anyhow::Result<()> {
                 let scenario = Scenario {
                     kind,
                     objects,
+                    namespaces,
                     groups,
                     runs,
                 };
@@ -408,6 +450,7 @@ async fn ceiling_bench(
         kind,
         namespace: &namespace,
         objects,
+        namespaces: 1,
         groups: 1,
         dispatchers: 1,
         writes: 0,
@@ -453,33 +496,18 @@ async fn shards_bench(
     let namespaces = args.shard_namespaces;
     anyhow::ensure!(namespaces > 0, "--shard-namespaces must be positive");
     let begun = Instant::now();
-    let mut written = 0;
-    let label = shards::label_value(namespaces, objects);
-    for i in 0..namespaces {
-        written += harness::objects::populate_labelled(
-            client,
-            Kind::ConfigMap,
-            &shards::namespace(i, objects),
-            objects,
-            args.object_bytes,
-            Some((shards::LABEL, &label)),
-        )
-        .await?;
-    }
+    let (lease_namespace, written) = harness::objects::populate_spread(
+        client,
+        Kind::ConfigMap,
+        namespaces * objects,
+        namespaces,
+        args.object_bytes,
+    )
+    .await?;
     println!(
         "bench-shards: {namespaces} namespaces of {objects} ConfigMaps: {written} written in {:.1} s",
         begun.elapsed().as_secs_f64()
     );
-    // The tier's Leases live beside the other benchmarks' objects.
-    let lease_namespace = format!("kd-bench-{}-shards", Kind::ConfigMap.flag());
-    populate(
-        client,
-        Kind::ConfigMap,
-        &lease_namespace,
-        0,
-        args.object_bytes,
-    )
-    .await?;
     let mut outcomes = Vec::new();
     for variant in [
         shards::Variant::KubeRs,
@@ -497,7 +525,8 @@ async fn shards_bench(
             control_plane,
             kind: Kind::ConfigMap,
             namespace: &lease_namespace,
-            objects,
+            objects: namespaces * objects,
+            namespaces,
             groups: 1,
             dispatchers: usize::from(args.dispatchers),
             writes: args.writes,
@@ -508,7 +537,7 @@ async fn shards_bench(
         };
         outcomes.push(
             setup
-                .shards(variant, namespaces)
+                .shards(variant)
                 .await
                 .with_context(|| format!("{variant}"))?,
         );
@@ -754,7 +783,7 @@ fn results_section(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}).\n",
+        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}, ring keyed by {}{}).\n",
         args.command,
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.repeats,
@@ -762,6 +791,15 @@ fn results_section(
         humantime::format_duration(args.write_interval),
         args.object_bytes,
         args.dispatchers,
+        args.ring_key.as_deref().unwrap_or("name"),
+        if args.namespaces == 1 {
+            String::new()
+        } else {
+            format!(
+                "; objects spread over {} namespaces, every controller over all namespaces with a label selector",
+                args.namespaces
+            )
+        },
     );
     let _ = writeln!(out, "- Machine: {}", machine());
     let _ = writeln!(

@@ -1,5 +1,6 @@
-//! The objects a run reconciles: one namespace per kind and object count, filled once and
-//! reused by every variant and every later `make bench`.
+//! The objects a run reconciles: one namespace per kind and object count (or many namespaces of
+//! labelled objects, see [`populate_spread`]), filled once and reused by every variant and every
+//! later `make bench`.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -263,4 +264,51 @@ pub(crate) async fn change_value(
     };
     rv.and_then(|rv| rv.parse().ok())
         .context("the write returned no numeric resourceVersion")
+}
+
+/// The key of the label the objects carry, and the replica selects.
+pub(crate) const LABEL: &str = "kube-dispatch.dev/bench-set";
+
+/// The value of [`LABEL`] for a run of `namespaces` namespaces of `objects` objects: runs of
+/// other sizes (the smoke test's) select none of these objects.
+pub(crate) fn label_value(namespaces: usize, objects: usize) -> String {
+    format!("shards-{namespaces}x{objects}")
+}
+
+/// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
+/// leaves names that differ only in their last characters close together on the ring
+/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher). Runs with other object counts
+/// use other namespaces.
+pub(crate) fn namespace(i: usize, objects: usize) -> String {
+    format!("kd-{i}-bench-shard-{objects}")
+}
+
+/// Fills `namespaces` namespaces (see [`namespace`]) with `total / namespaces` objects of `kind`
+/// each, labelled for a run of that shape ([`LABEL`], [`label_value`]), and makes the namespace
+/// the tier's Leases live in, beside the other benchmarks' objects. Returns that namespace and
+/// the objects written (those already up to date are kept).
+pub(crate) async fn populate_spread(
+    client: &Client,
+    kind: Kind,
+    total: usize,
+    namespaces: usize,
+    bytes: usize,
+) -> anyhow::Result<(String, usize)> {
+    let per = total / namespaces;
+    let label = label_value(namespaces, per);
+    let mut written = 0;
+    for i in 0..namespaces {
+        written += populate_labelled(
+            client,
+            kind,
+            &namespace(i, per),
+            per,
+            bytes,
+            Some((LABEL, &label)),
+        )
+        .await?;
+    }
+    let leases = format!("kd-bench-{}-shards", kind.flag());
+    populate_labelled(client, kind, &leases, 0, bytes, None).await?;
+    Ok((leases, written))
 }

@@ -191,6 +191,8 @@ impl Row {
 pub(crate) struct Scenario {
     pub(crate) kind: Kind,
     pub(crate) objects: usize,
+    /// Namespaces the objects are spread over (1: all in one).
+    pub(crate) namespaces: usize,
     /// Distinct controllers, each reconciling every object.
     pub(crate) groups: usize,
     pub(crate) runs: Vec<RunResult>,
@@ -230,9 +232,14 @@ impl Scenario {
         };
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
-            "#### {}, {} objects{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
+            "#### {}, {} objects{}{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
             self.kind.title(),
             self.objects,
+            if self.namespaces == 1 {
+                String::new()
+            } else {
+                format!(" in {} namespaces", self.namespaces)
+            },
             if self.groups == 1 {
                 String::new()
             } else {

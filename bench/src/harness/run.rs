@@ -1,4 +1,5 @@
-//! One run: one variant of the controller on one namespace of objects, from start to stop.
+//! One run: one variant of the controller on one scenario's objects (in one namespace, or
+//! spread over many), from start to stop.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -18,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     apiserver::{ControlPlane, request_counts},
-    objects::{Kind, change_value, object_name},
+    objects::{self, Kind, change_value, object_name},
     process::{Component, Usage},
 };
 
@@ -94,8 +95,13 @@ pub(crate) struct Setup<'a> {
     pub(crate) binaries: &'a Binaries,
     pub(crate) control_plane: ControlPlane,
     pub(crate) kind: Kind,
+    /// The namespace of the objects when they are in one, and of the tier's Leases.
     pub(crate) namespace: &'a str,
     pub(crate) objects: usize,
+    /// Namespaces the objects are spread over. With 1 they are all in `namespace`; with more,
+    /// each of [`objects::namespace`]'s namespaces holds `objects / namespaces` of them, labelled,
+    /// and every controller watches all namespaces with that label selector.
+    pub(crate) namespaces: usize,
     /// Distinct controllers (controller groups), each reconciling every object: K processes
     /// of an incumbent, or K groups on one tier.
     pub(crate) groups: usize,
@@ -181,8 +187,30 @@ impl Observations {
 pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
 
 impl Setup<'_> {
+    /// The namespace of the `i`th object and its index there.
+    pub(crate) fn place(&self, i: usize) -> (String, usize) {
+        if self.namespaces <= 1 {
+            return (self.namespace.to_owned(), i);
+        }
+        let per = self.objects / self.namespaces;
+        (objects::namespace(i / per, per), i % per)
+    }
+
     pub(crate) fn key(&self, i: usize) -> String {
-        format!("{}/{}", self.namespace, object_name(i))
+        let (namespace, i) = self.place(i);
+        format!("{namespace}/{}", object_name(i))
+    }
+
+    /// The label selector of a scenario spread over namespaces.
+    pub(crate) fn selector(&self) -> Option<String> {
+        (self.namespaces > 1).then(|| {
+            let per = self.objects / self.namespaces;
+            format!(
+                "{}={}",
+                objects::LABEL,
+                objects::label_value(self.namespaces, per)
+            )
+        })
     }
 
     /// The objects the latency phase writes, spread over the namespace.
@@ -194,9 +222,10 @@ impl Setup<'_> {
     /// Runs `variant` once; `run` numbers the runs so each writes values never written before.
     pub(crate) async fn run(&self, variant: Variant, run: usize) -> anyhow::Result<RunResult> {
         let log_dir = self.log_dir.join(format!(
-            "{}-{}-{}-{variant}-{run}",
+            "{}-{}x{}-{}-{variant}-{run}",
             self.kind.flag(),
             self.objects,
+            self.namespaces,
             self.groups
         ));
         std::fs::create_dir_all(&log_dir)
@@ -222,7 +251,12 @@ impl Setup<'_> {
         // Bounded: a replica that prints faster than this is read waits on its stdout pipe.
         let (tx, mut rx) = mpsc::channel::<(usize, ReconcileStart)>(4096);
         let objects = self.objects;
-        let prefix = format!("{}/obj-", self.namespace);
+        // In one namespace, only its objects count; spread over many, the label selector
+        // already keeps the controllers to the scenario's objects.
+        let prefix = match self.namespaces {
+            1 => format!("{}/obj-", self.namespace),
+            _ => String::new(),
+        };
         let observer = tokio::spawn(async move {
             while let Some((group, start)) = rx.recv().await {
                 observed_tx.send_modify(|o| {
@@ -325,12 +359,13 @@ impl Setup<'_> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for (n, i) in written.iter().enumerate() {
             ticks.tick().await;
+            let (namespace, index) = self.place(*i);
             let at = now_micros();
             let rv = change_value(
                 self.client,
                 self.kind,
-                self.namespace,
-                *i,
+                &namespace,
+                index,
                 &format!("{}-{variant}-{run}-{n}", self.nonce),
             )
             .await
@@ -409,9 +444,16 @@ impl Setup<'_> {
         log_dir: &Path,
         tx: &mpsc::Sender<(usize, ReconcileStart)>,
     ) -> anyhow::Result<Vec<Component>> {
-        let mut args: Vec<String> = ["--kind", self.kind.flag(), "--namespace", self.namespace]
-            .map(str::to_owned)
-            .into();
+        let mut args: Vec<String> = vec!["--kind".to_owned(), self.kind.flag().to_owned()];
+        match self.selector() {
+            None => args.extend(["--namespace".to_owned(), self.namespace.to_owned()]),
+            Some(selector) => args.extend([
+                "--namespace".to_owned(),
+                String::new(),
+                "--selector".to_owned(),
+                selector,
+            ]),
+        }
         let (program, count) = match variant {
             Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata => {
                 if variant == Variant::ControllerRuntimeMetadata {

@@ -26,28 +26,11 @@ use super::{
     apiserver::{RequestCounts, metrics_text, sum_where},
     ceiling::{Starts, await_reconciled, counter_sum},
     metrics::scrape,
-    objects::{Kind, change_value, object_name},
+    objects::{Kind, change_value, namespace, object_name},
     process::Component,
     report::percentile,
     run::{SECURITY_OFF, Setup},
 };
-
-/// The key of the label the objects carry, and the replica selects.
-pub(crate) const LABEL: &str = "kube-dispatch.dev/bench-set";
-
-/// The value of [`LABEL`] for a run of `namespaces` namespaces of `objects` objects: runs of
-/// other sizes (the smoke test's) select none of these objects.
-pub(crate) fn label_value(namespaces: usize, objects: usize) -> String {
-    format!("shards-{namespaces}x{objects}")
-}
-
-/// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
-/// leaves names that differ only in their last characters close together on the ring
-/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher). Runs with other object counts
-/// use other namespaces.
-pub(crate) fn namespace(i: usize, objects: usize) -> String {
-    format!("kd-{i}-bench-shard-{objects}")
-}
 
 /// What one process did in one phase.
 #[derive(Clone, Copy, Debug, Default)]
@@ -126,13 +109,9 @@ struct Snapshot {
 }
 
 impl Setup<'_> {
-    /// Runs both phases of `variant` on `namespaces` namespaces of `self.objects` objects (the
+    /// Runs both phases of `variant` on the setup's objects, spread over its namespaces (the
     /// tier's ring key is the setup's).
-    pub(crate) async fn shards(
-        &self,
-        variant: Variant,
-        namespaces: usize,
-    ) -> anyhow::Result<Outcome> {
+    pub(crate) async fn shards(&self, variant: Variant) -> anyhow::Result<Outcome> {
         let log_dir = self.log_dir.join(match variant {
             Variant::KubeRs => "shards-kube-rs".to_owned(),
             Variant::Tier(key) => format!("shards-{key}"),
@@ -160,7 +139,9 @@ impl Setup<'_> {
         let result =
             async {
                 let before = self.snapshot(&mut components, &admins, None).await?;
-                let selector = format!("{LABEL}={}", label_value(namespaces, self.objects));
+                let selector = self
+                    .selector()
+                    .context("the sharding benchmark spreads its objects over namespaces")?;
                 let runtime = if lb_port.is_some() {
                     "dispatch"
                 } else {
@@ -195,7 +176,7 @@ impl Setup<'_> {
                     &log_dir,
                     Some(tx),
                 )?;
-                let total = namespaces * self.objects;
+                let total = self.objects;
                 let waited = tokio::time::timeout(
                     Duration::from_secs(600),
                     starts.wait_for(|s| s.len() >= total),
@@ -212,7 +193,7 @@ impl Setup<'_> {
                     "bench-shards: {variant}: {total} objects reconciled {:.0} ms after the start",
                     cold.took.as_secs_f64() * 1e3
                 );
-                let latencies = self.shard_writes(variant, namespaces, &mut starts).await?;
+                let latencies = self.shard_writes(variant, &mut starts).await?;
                 let writes_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
                 let mut writes = phase(&cold_end, &writes_end);
                 writes.p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
@@ -245,7 +226,6 @@ impl Setup<'_> {
     async fn shard_writes(
         &self,
         variant: Variant,
-        namespaces: usize,
         starts: &mut watch::Receiver<Starts>,
     ) -> anyhow::Result<Vec<u64>> {
         let mut sent = Vec::with_capacity(self.writes);
@@ -253,8 +233,9 @@ impl Setup<'_> {
         let tag = variant.to_string().replace(' ', "-");
         for w in 0..self.writes {
             ticks.tick().await;
-            let ns = namespace(w % namespaces, self.objects);
-            let i = (w / namespaces) % self.objects;
+            let (namespaces, per) = (self.namespaces, self.objects / self.namespaces);
+            let ns = namespace(w % namespaces, per);
+            let i = (w / namespaces) % per;
             let at = now_micros();
             let rv = change_value(
                 self.client,

@@ -1,0 +1,90 @@
+//! `make bench-groups NAMESPACES=… RING_KEY=namespace` at a tiny scale against the real control
+//! plane: the objects spread over several namespaces, two controllers over every namespace with
+//! the label selector, as two kube-rs processes and as two groups on a tier keyed by namespace;
+//! each controller reconciles every object in every namespace. A test binary of its own, as
+//! `groups_smoke.rs` is: the API server's request counts are global.
+
+mod common;
+
+use std::process::Command;
+
+use common::{figure, run_harness};
+
+const OBJECTS: usize = 24;
+const NAMESPACES: usize = 6;
+
+#[test]
+fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_namespace() {
+    let objects = OBJECTS.to_string();
+    let namespaces = NAMESPACES.to_string();
+    let run = run_harness(
+        "groups-namespaces",
+        &[
+            "--objects",
+            &objects,
+            "--namespaces",
+            &namespaces,
+            "--ring-key",
+            "namespace",
+            "--kinds",
+            "config-map",
+            "--groups",
+            "2",
+            "--variants",
+            "kube-rs,dispatch-1",
+            "--repeats",
+            "1",
+            "--writes",
+            "6",
+            "--write-interval",
+            "10ms",
+            "--section",
+            "groups-namespaces",
+            "--command",
+            "groups over namespaces smoke test",
+        ],
+    );
+    let results = &run.results;
+    assert!(
+        results.contains("ring keyed by namespace; objects spread over 6 namespaces"),
+        "{results}"
+    );
+    assert!(
+        results.contains(&format!(
+            "#### ConfigMaps, {OBJECTS} objects in {NAMESPACES} namespaces, 2 controllers"
+        )),
+        "{results}"
+    );
+    // A run ends only once each controller has reconciled every one of the objects, which
+    // lie in six namespaces: a controller that saw one namespace alone would never finish.
+    for variant in ["kube-rs", "dispatch-1"] {
+        let reconciles = figure(results, "reconciles started", variant);
+        assert!(
+            reconciles >= (2 * OBJECTS) as f64,
+            "{variant}: {reconciles} reconciles for 2 controllers of {OBJECTS} objects"
+        );
+    }
+    // One watch per kube-rs controller; one per dispatcher on the tier, for both groups.
+    assert_eq!(
+        figure(results, "API requests on the resource: WATCH", "kube-rs"),
+        2.0
+    );
+    assert_eq!(
+        figure(results, "API requests on the resource: WATCH", "dispatch-1"),
+        3.0
+    );
+}
+
+#[test]
+fn objects_that_do_not_divide_over_the_namespaces_are_refused_before_anything_runs() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
+        .args(["--objects", "10", "--namespaces", "4"])
+        .output()
+        .expect("the harness runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--objects 10 do not divide evenly over --namespaces 4"),
+        "{stderr}"
+    );
+}
