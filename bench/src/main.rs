@@ -634,7 +634,12 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
             .map(|(v, p)| (format!("{v}{suffix}"), p))
             .collect::<BTreeMap<_, _>>()
     };
-    let mut draw = |file: String, title: String, x: &str, y: &str, data| {
+    let mut draw = |file: String, title: String, x: &str, y: &str, data: BTreeMap<_, Vec<_>>| {
+        // No scenario of this run has a point on this plot (one count of objects with
+        // several controllers, say): no file, and so no link to one.
+        if data.values().all(Vec::is_empty) {
+            return;
+        }
         let path = args.plots_dir.join(file);
         match plot::draw(&path, &title, x, y, &data) {
             Ok(()) => drawn.push((title, path)),

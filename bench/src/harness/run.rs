@@ -18,7 +18,7 @@ use kube_dispatch_bench::{ReconcileStart, now_micros};
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    apiserver::{ControlPlane, request_counts},
+    apiserver::{ControlPlane, RequestCounts, request_counts},
     objects::{self, Kind, change_value, object_name},
     process::{Component, Usage},
 };
@@ -230,7 +230,9 @@ impl Setup<'_> {
         ));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
-        let requests_before = request_counts(self.client).await?;
+        // Watches of processes an earlier run (or test) stopped are counted only once the API
+        // server sees them end: let those land before this run's count starts.
+        let requests_before = settled_request_counts(self.client).await?;
         let cpu_before = self.control_plane.cpu_seconds();
 
         let mut tier = Vec::new();
@@ -291,16 +293,7 @@ impl Setup<'_> {
         observer.abort();
         let mut result = result?;
 
-        // Watches are counted when they end: wait until the counters stop moving.
-        let mut requests_after = request_counts(self.client).await?;
-        for _ in 0..10 {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let again = request_counts(self.client).await?;
-            if again == requests_after {
-                break;
-            }
-            requests_after = again;
-        }
+        let requests_after = settled_request_counts(self.client).await?;
         let cpu_after = self.control_plane.cpu_seconds();
         for verb in VERBS {
             let mut n = requests_after.since(&requests_before, self.kind.resource(), verb);
@@ -605,6 +598,21 @@ impl Setup<'_> {
             }
         }
     }
+}
+
+/// The API server's request counts once they stop moving (for at most 3 s): a watch is counted
+/// when it ends, some time after its process was killed.
+async fn settled_request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
+    let mut counts = request_counts(client).await?;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let again = request_counts(client).await?;
+        if again == counts {
+            break;
+        }
+        counts = again;
+    }
+    Ok(counts)
 }
 
 /// The `message` and the other fields of each JSON log line.
