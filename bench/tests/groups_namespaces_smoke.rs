@@ -8,7 +8,9 @@ mod common;
 
 use std::process::Command;
 
-use common::{figure, run_harness};
+use common::{
+    TWO_CONTROLLERS, assert_two_controllers_reconciled_and_the_tier_watched_once, run_harness,
+};
 
 const OBJECTS: usize = 24;
 const NAMESPACES: usize = 6;
@@ -20,29 +22,20 @@ fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_
     let run = run_harness(
         "groups-namespaces",
         &[
-            "--objects",
-            &objects,
-            "--namespaces",
-            &namespaces,
-            "--ring-key",
-            "namespace",
-            "--kinds",
-            "config-map",
-            "--groups",
-            "2",
-            "--variants",
-            "kube-rs,dispatch-1",
-            "--repeats",
-            "1",
-            "--writes",
-            "6",
-            "--write-interval",
-            "10ms",
-            "--section",
-            "groups-namespaces",
-            "--command",
-            "groups over namespaces smoke test",
-        ],
+            [
+                "--objects",
+                &objects,
+                "--namespaces",
+                &namespaces,
+                "--ring-key",
+                "namespace",
+                "--section",
+                "groups-namespaces",
+            ]
+            .as_slice(),
+            &TWO_CONTROLLERS,
+        ]
+        .concat(),
     );
     let results = &run.results;
     assert!(
@@ -55,24 +48,8 @@ fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_
         )),
         "{results}"
     );
-    // A run ends only once each controller has reconciled every one of the objects, which
-    // lie in six namespaces: a controller that saw one namespace alone would never finish.
-    for variant in ["kube-rs", "dispatch-1"] {
-        let reconciles = figure(results, "reconciles started", variant);
-        assert!(
-            reconciles >= (2 * OBJECTS) as f64,
-            "{variant}: {reconciles} reconciles for 2 controllers of {OBJECTS} objects"
-        );
-    }
-    // One watch per kube-rs controller; one per dispatcher on the tier, for both groups.
-    assert_eq!(
-        figure(results, "API requests on the resource: WATCH", "kube-rs"),
-        2.0
-    );
-    assert_eq!(
-        figure(results, "API requests on the resource: WATCH", "dispatch-1"),
-        3.0
-    );
+    // A run ends only once each controller has reconciled every object (in every namespace).
+    assert_two_controllers_reconciled_and_the_tier_watched_once(results, OBJECTS);
 }
 
 #[test]

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{figure, run_harness};
+use common::{
+    TWO_CONTROLLERS, assert_two_controllers_reconciled_and_the_tier_watched_once, run_harness,
+};
 
 const OBJECTS: usize = 20;
 
@@ -15,25 +17,10 @@ fn two_controllers_reconcile_everything_and_the_tier_watches_once() {
     let run = run_harness(
         "groups",
         &[
-            "--objects",
-            &objects,
-            "--kinds",
-            "config-map",
-            "--groups",
-            "2",
-            "--variants",
-            "kube-rs,dispatch-1",
-            "--repeats",
-            "1",
-            "--writes",
-            "5",
-            "--write-interval",
-            "10ms",
-            "--section",
-            "groups",
-            "--command",
-            "groups smoke test",
-        ],
+            ["--objects", &objects, "--section", "groups"].as_slice(),
+            &TWO_CONTROLLERS,
+        ]
+        .concat(),
     );
     let results = &run.results;
     assert!(results.contains("<!-- bench:groups:begin -->"));
@@ -43,22 +30,6 @@ fn two_controllers_reconcile_everything_and_the_tier_watches_once() {
         )),
         "{results}"
     );
-    for variant in ["kube-rs", "dispatch-1"] {
-        // Each controller reconciled every object at least once.
-        let reconciles = figure(results, "reconciles started", variant);
-        assert!(
-            reconciles >= (2 * OBJECTS) as f64,
-            "{variant}: {reconciles} reconciles for 2 controllers of {OBJECTS} objects"
-        );
-    }
-    // Two kube-rs controllers watch twice; the tier watches once per dispatcher, whatever
-    // the number of controllers (3 dispatchers).
-    assert_eq!(
-        figure(results, "API requests on the resource: WATCH", "kube-rs"),
-        2.0
-    );
-    assert_eq!(
-        figure(results, "API requests on the resource: WATCH", "dispatch-1"),
-        3.0
-    );
+    // A run ends only once each controller has reconciled every object (in every namespace).
+    assert_two_controllers_reconciled_and_the_tier_watched_once(results, OBJECTS);
 }

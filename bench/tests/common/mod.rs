@@ -100,3 +100,42 @@ pub(crate) fn figure(table: &str, label: &str, column: &str) -> f64 {
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or_else(|| panic!("no figure {label:?} for {column} in:\n{table}"))
 }
+
+/// The harness arguments of a run of two controllers as two kube-rs processes and as two groups
+/// on one tier, one run each with 6 timed writes (`--objects` and `--section` left to add).
+pub(crate) const TWO_CONTROLLERS: [&str; 14] = [
+    "--kinds",
+    "config-map",
+    "--groups",
+    "2",
+    "--variants",
+    "kube-rs,dispatch-1",
+    "--repeats",
+    "1",
+    "--writes",
+    "6",
+    "--write-interval",
+    "10ms",
+    "--command",
+    "groups smoke test",
+];
+
+/// What a run of two controllers ([`TWO_CONTROLLERS`] --variants kube-rs,dispatch-1`) on a tier of 3
+/// dispatchers must show: both variants reconciled each of the `objects` objects once per
+/// controller at least, two kube-rs controllers watched twice, and the tier watched once per
+/// dispatcher, whatever the number of controllers.
+pub(crate) fn assert_two_controllers_reconciled_and_the_tier_watched_once(
+    results: &str,
+    objects: usize,
+) {
+    for variant in ["kube-rs", "dispatch-1"] {
+        let reconciles = figure(results, "reconciles started", variant);
+        assert!(
+            reconciles >= (2 * objects) as f64,
+            "{variant}: {reconciles} reconciles for 2 controllers of {objects} objects"
+        );
+    }
+    let watches = |variant| figure(results, "API requests on the resource: WATCH", variant);
+    assert_eq!(watches("kube-rs"), 2.0, "{results}");
+    assert_eq!(watches("dispatch-1"), 3.0, "{results}");
+}
