@@ -107,6 +107,11 @@ pub(crate) fn rows() -> Vec<Row> {
             (!tier.is_empty()).then(|| tier.iter().sum())
         }),
         median("CPU, kube-apiserver (s)", 2, |r| Some(r.apiserver_cpu)),
+        median(
+            "CPU, kube-apiserver, until every object reconciled (s)",
+            2,
+            |r| Some(r.apiserver_cpu_cold),
+        ),
         median("CPU, etcd (s)", 2, |r| Some(r.etcd_cpu)),
     ];
     for verb in VERBS {
