@@ -532,10 +532,13 @@ impl Setup<'_> {
         let ids: Vec<String> = (0..self.dispatchers)
             .map(|i| format!("dispatcher-{i}"))
             .collect();
+        // Every port at once, so no two are the same: one picked and released could be picked
+        // again before the process it was meant for binds it.
+        let mut ports = free_ports(2 * ids.len() + 2)?.into_iter();
+        let mut next_port = || ports.next().context("fewer free ports than asked for");
         let mut dispatcher_admin = Vec::new();
         for id in &ids {
-            let port = free_port()?;
-            let admin = free_port()?;
+            let (port, admin) = (next_port()?, next_port()?);
             dispatcher_admin.push(admin);
             let mut env = vec![
                 ("KUBECONFIG", kubeconfig.clone()),
@@ -561,11 +564,11 @@ impl Setup<'_> {
                 None,
             )?);
         }
-        let lb_port = free_port()?;
+        let (lb_port, lb_admin) = (next_port()?, next_port()?);
         let env = [
             ("KUBECONFIG", kubeconfig.clone()),
             ("KD_LISTEN", format!("127.0.0.1:{lb_port}")),
-            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{}", free_port()?)),
+            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{lb_admin}")),
             ("KD_NAMESPACE", self.namespace.to_owned()),
             ("KD_LOG_JSON", "1".to_owned()),
             ("KD_INSECURE", SECURITY_OFF.to_owned()),
@@ -679,7 +682,13 @@ fn group_name(group: usize) -> String {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port")?;
-    Ok(listener.local_addr()?.port())
+/// `n` distinct free loopback ports: all held open until all are picked.
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").context("no free loopback port"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
