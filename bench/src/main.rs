@@ -634,15 +634,13 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
             .map(|(v, p)| (format!("{v}{suffix}"), p))
             .collect::<BTreeMap<_, _>>()
     };
-    let mut draw = |file: String, title: String, x: &str, y: &str, data: BTreeMap<_, Vec<_>>| {
-        // No scenario of this run has a point on this plot (one count of objects with
-        // several controllers, say): no file, and so no link to one.
-        if data.values().all(Vec::is_empty) {
-            return;
-        }
+    let mut draw = |file: String, title: String, x: &str, y: &str, data| {
         let path = args.plots_dir.join(file);
+        // Nothing to draw (one count of objects with several controllers, say): no file, and
+        // so no link to one.
         match plot::draw(&path, &title, x, y, &data) {
-            Ok(()) => drawn.push((title, path)),
+            Ok(true) => drawn.push((title, path)),
+            Ok(false) => {}
             Err(e) => eprintln!("bench: cannot draw {}: {e:#}", path.display()),
         }
     };

@@ -47,20 +47,21 @@ fn drawing_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
 }
 
 /// Draws `series` (x, value) to `path`: x is the object count, or with `x_label` "controllers"
-/// the number of controllers.
+/// the number of controllers. Returns false, and writes no file, when there is nothing to draw
+/// (no point, or none above zero on the log scale).
 pub(crate) fn draw(
     path: &Path,
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &BTreeMap<String, Vec<(usize, f64)>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let points = || series.values().flatten();
     let (Some(x_min), Some(x_max)) = (
         points().map(|(n, _)| *n as f64).reduce(f64::min),
         points().map(|(n, _)| *n as f64).reduce(f64::max),
     ) else {
-        return Ok(());
+        return Ok(false);
     };
     let y_min = points()
         .map(|(_, y)| *y)
@@ -68,7 +69,7 @@ pub(crate) fn draw(
         .fold(f64::INFINITY, f64::min);
     let y_max = points().map(|(_, y)| *y).fold(0.0, f64::max);
     if !y_min.is_finite() {
-        return Ok(());
+        return Ok(false);
     }
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(drawing_error)?;
@@ -127,7 +128,7 @@ pub(crate) fn draw(
         .draw()
         .map_err(drawing_error)?;
     root.present().map_err(drawing_error)?;
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -258,9 +258,9 @@ impl Setup<'_> {
         let objects = self.objects;
         // In one namespace, only its objects count; spread over many, the label selector
         // already keeps the controllers to the scenario's objects.
-        let prefix = match self.namespaces {
-            1 => format!("{}/obj-", self.namespace),
-            _ => String::new(),
+        let prefix = match self.selector() {
+            None => format!("{}/obj-", self.namespace),
+            Some(_) => String::new(),
         };
         let observer = tokio::spawn(async move {
             while let Some((group, start)) = rx.recv().await {

@@ -26,7 +26,7 @@ use super::{
     apiserver::{RequestCounts, metrics_text, sum_where},
     ceiling::{Starts, await_reconciled, counter_sum},
     metrics::scrape,
-    objects::{Kind, change_value, namespace, object_name},
+    objects::{Kind, change_value},
     process::Component,
     report::percentile,
     run::{SECURITY_OFF, Setup},
@@ -233,9 +233,10 @@ impl Setup<'_> {
         let tag = variant.to_string().replace(' ', "-");
         for w in 0..self.writes {
             ticks.tick().await;
+            // Round the namespaces: the first object of each, then the second, and so on.
             let (namespaces, per) = (self.namespaces, self.objects / self.namespaces);
-            let ns = namespace(w % namespaces, per);
-            let i = (w / namespaces) % per;
+            let object = (w % namespaces) * per + (w / namespaces) % per;
+            let (ns, i) = self.place(object);
             let at = now_micros();
             let rv = change_value(
                 self.client,
@@ -245,7 +246,7 @@ impl Setup<'_> {
                 &format!("{}-shards-{tag}-{w}", self.nonce),
             )
             .await?;
-            sent.push((format!("{ns}/{}", object_name(i)), at, rv));
+            sent.push((self.key(object), at, rv));
         }
         await_reconciled(starts, &sent).await
     }
