@@ -56,8 +56,8 @@ bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): O
 	@bench/run.sh
 
 .PHONY: bench-groups
-bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace)
-	@CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
+bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace), MIX=1 (a mix of resources: the controllers spread over ConfigMaps and Records; K = 2, 5, 10)
+	@CONTROLLERS=$${CONTROLLERS:-$${MIX:+2,5,10}} CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
 
 .PHONY: bench-security
 bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md

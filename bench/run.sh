@@ -19,6 +19,9 @@
 #                          (not with kube-rs-metadata); with CONTROLLERS, written to the
 #                          groups-namespaces section of BENCHMARKS.md
 #   RING_KEY=namespace     the dispatchers' ring key (default: theirs, name)
+#   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
+#                          KINDS in turn (defaults then KINDS=config-map,record), written to the
+#                          groups-mixed section of BENCHMARKS.md
 # `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
 # variables (e.g. KD_BENCH_DISPATCHERS=1) pass through from the environment.
 set -euo pipefail
@@ -31,7 +34,7 @@ command="make bench"
 vars="LONG NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 if [[ -n ${CONTROLLERS:-} ]]; then
   command="make bench-groups"
-  vars="CONTROLLERS NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
+  vars="CONTROLLERS MIX NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 fi
 for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
@@ -43,9 +46,14 @@ if [[ -n ${LONG:-} ]]; then
 fi
 if [[ -n ${CONTROLLERS:-} ]]; then
   section=groups
+  if [[ -n ${MIX:-} ]]; then : "${KINDS:=config-map,record}"; fi
   : "${OBJECTS:=10000}" "${KINDS:=config-map}" "${REPEATS:=1}"
   : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1}"
   if [[ ${NAMESPACES:-1} != 1 ]]; then section=groups-namespaces; fi
+  if [[ -n ${MIX:-} ]]; then section=groups-mixed; fi
+elif [[ -n ${MIX:-} ]]; then
+  say "MIX needs CONTROLLERS: use make bench-groups MIX=1"
+  exit 2
 fi
 
 say "building the release binaries"
@@ -77,6 +85,7 @@ KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,contro
 KD_BENCH_GROUPS=${CONTROLLERS:-1} \
 KD_BENCH_NAMESPACES=${NAMESPACES:-1} \
 KD_BENCH_RING_KEY=${RING_KEY:-name} \
+KD_BENCH_MIX=$([[ -n ${MIX:-} ]] && echo true || echo false) \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
   target/release/kube-dispatch-bench --section "$section" --command "$command" \
   --core-results target/bench/core.txt

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use harness::{
     apiserver::ControlPlane,
-    objects::{Kind, install_crd, populate},
+    objects::{self, Kind, install_crd, populate},
     plot,
     report::{Axis, Scenario, rows, series},
     run::{Binaries, Setup, Variant},
@@ -83,6 +83,15 @@ struct Args {
         default_value = "config-map,record"
     )]
     kinds: Vec<Kind>,
+
+    /// Mix the resources: the K controllers of each scenario are spread over the kinds of
+    /// --kinds in turn (controller g reconciles every object of the (g mod kinds)th kind), each
+    /// kind with the same objects in the same namespaces, and the timed writes go to the kinds
+    /// in turn; the tier then watches each resource once for all its controllers. Without it,
+    /// each kind is a scenario of its own. Needs two kinds or more, and every count of
+    /// --groups at least the number of kinds (`make bench-groups MIX=1`).
+    #[arg(long, env = "KD_BENCH_MIX")]
+    mix: bool,
 
     /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
     /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>.
@@ -253,6 +262,21 @@ async fn main() -> anyhow::Result<()> {
     if let Some(objects) = args.objects.iter().find(|o| *o % namespaces != 0) {
         anyhow::bail!("--objects {objects} do not divide evenly over --namespaces {namespaces}");
     }
+    if args.mix {
+        let mut kinds = args.kinds.clone();
+        kinds.sort();
+        kinds.dedup();
+        anyhow::ensure!(
+            kinds.len() >= 2 && kinds.len() == args.kinds.len(),
+            "--mix spreads the controllers over the kinds: give two distinct kinds or more in --kinds"
+        );
+        if let Some(groups) = args.groups.iter().find(|g| **g < kinds.len()) {
+            anyhow::bail!(
+                "--groups {groups} cannot cover the {} kinds of --mix: give each kind a controller at least",
+                kinds.len()
+            );
+        }
+    }
     anyhow::ensure!(
         namespaces == 1 || !args.variants.contains(&Variant::KubeRsMetadata),
         "kube-rs-metadata watches one namespace: leave it out of --variants with --namespaces {namespaces}"
@@ -336,27 +360,35 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let mut scenarios = Vec::new();
-    for &kind in &args.kinds {
+    for kinds in kind_sets(&args) {
         for &objects in &args.objects {
             let begun = Instant::now();
-            let (namespace, written) = if namespaces == 1 {
-                let namespace = format!("kd-bench-{}-{objects}", kind.flag());
-                let written =
-                    populate(&client, kind, &namespace, objects, args.object_bytes).await?;
-                (namespace, written)
-            } else {
-                harness::objects::populate_spread(
-                    &client,
-                    kind,
-                    objects,
-                    namespaces,
-                    args.object_bytes,
-                )
-                .await?
-            };
+            let mut namespace = String::new();
+            let mut written = 0;
+            for &kind in &kinds {
+                if namespaces == 1 {
+                    namespace = format!("kd-bench-{}-{objects}", objects::flags(&kinds));
+                    written +=
+                        populate(&client, kind, &namespace, objects, args.object_bytes).await?;
+                } else {
+                    let (leases, n) = objects::populate_spread(
+                        &client,
+                        kind,
+                        objects,
+                        namespaces,
+                        args.object_bytes,
+                    )
+                    .await?;
+                    // The tier's Leases go beside the first kind's.
+                    if namespace.is_empty() {
+                        namespace = leases;
+                    }
+                    written += n;
+                }
+            }
             println!(
                 "bench: {objects} {} in {}: {written} written in {:.1} s",
-                kind.title(),
+                objects::titles(&kinds),
                 if namespaces == 1 {
                     namespace.clone()
                 } else {
@@ -370,7 +402,7 @@ async fn main() -> anyhow::Result<()> {
                     kubeconfig: cluster.kubeconfig(),
                     binaries: &binaries,
                     control_plane,
-                    kind,
+                    kinds: &kinds,
                     namespace: &namespace,
                     objects,
                     namespaces,
@@ -409,7 +441,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
                 let scenario = Scenario {
-                    kind,
+                    kinds: kinds.clone(),
                     objects,
                     namespaces,
                     groups,
@@ -447,7 +479,7 @@ async fn ceiling_bench(
         kubeconfig,
         binaries,
         control_plane,
-        kind,
+        kinds: &[kind],
         namespace: &namespace,
         objects,
         namespaces: 1,
@@ -523,7 +555,7 @@ async fn shards_bench(
             kubeconfig,
             binaries,
             control_plane,
-            kind: Kind::ConfigMap,
+            kinds: &[Kind::ConfigMap],
             namespace: &lease_namespace,
             objects: namespaces * objects,
             namespaces,
@@ -608,7 +640,16 @@ async fn metrics_bench(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Memory and start-up against object count, per kind; the paths drawn.
+/// The kinds of each scenario: all of --kinds together with --mix, else each on its own.
+fn kind_sets(args: &Args) -> Vec<Vec<Kind>> {
+    if args.mix {
+        vec![args.kinds.clone()]
+    } else {
+        args.kinds.iter().map(|k| vec![*k]).collect()
+    }
+}
+
+/// Memory and start-up against object count, per scenario's kinds; the paths drawn.
 fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
     if let Err(e) = plot::register_font(args.font.as_deref()) {
         eprintln!("bench: no plots: {e:#}");
@@ -644,24 +685,28 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
             Err(e) => eprintln!("bench: cannot draw {}: {e:#}", path.display()),
         }
     };
-    for &kind in &args.kinds {
+    for kinds in kind_sets(args) {
+        let kinds = kinds.as_slice();
         let axis = Axis::Objects;
         let mut memory = BTreeMap::new();
         if let Some(r) = row("controller RSS, peak") {
-            memory.extend(named(series(scenarios, kind, axis, r), " replica"));
+            memory.extend(named(series(scenarios, kinds, axis, r), " replica"));
         }
         if let Some(r) = row("dispatcher RSS, peak") {
             memory.extend(named(
-                series(scenarios, kind, axis, r),
+                series(scenarios, kinds, axis, r),
                 " dispatcher (each)",
             ));
         }
         let mut startup = BTreeMap::new();
         if let Some(r) = row("start to first reconcile") {
-            startup.extend(named(series(scenarios, kind, axis, r), ": first reconcile"));
+            startup.extend(named(
+                series(scenarios, kinds, axis, r),
+                ": first reconcile",
+            ));
         }
         if let Some(r) = row("start to all objects") {
-            startup.extend(named(series(scenarios, kind, axis, r), ": all reconciled"));
+            startup.extend(named(series(scenarios, kinds, axis, r), ": all reconciled"));
         }
         // Against the object count; with many controllers, only when there are several counts
         // (the plots against the number of controllers below show the rest).
@@ -675,8 +720,8 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
         };
         for (what, title, y, data) in by_objects {
             draw(
-                format!("{what}-{}{suffix}.png", kind.flag()),
-                format!("{}: {title}", kind.title()),
+                format!("{what}-{}{suffix}.png", objects::flags(kinds)),
+                format!("{}: {title}", objects::titles(kinds)),
                 "objects",
                 y,
                 data,
@@ -708,11 +753,11 @@ fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
                 ] {
                     let Some(r) = row(label) else { continue };
                     draw(
-                        format!("{what}-{}-{objects}{suffix}.png", kind.flag()),
-                        format!("{}, {objects} objects: {title}", kind.title()),
+                        format!("{what}-{}-{objects}{suffix}.png", objects::flags(kinds)),
+                        format!("{}, {objects} objects: {title}", objects::titles(kinds)),
                         "controllers",
                         y,
-                        named(series(scenarios, kind, axis, r), ""),
+                        named(series(scenarios, kinds, axis, r), ""),
                     );
                 }
             }
@@ -786,7 +831,7 @@ fn results_section(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}, ring keyed by {}{}).\n",
+        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}, ring keyed by {}{}{}).\n",
         args.command,
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.repeats,
@@ -802,6 +847,15 @@ fn results_section(
                 "; objects spread over {} namespaces, every controller over all namespaces with a label selector",
                 args.namespaces
             )
+        },
+        if args.mix {
+            format!(
+                "; a mix of resources: controller g reconciles every object of the (g mod {})th of {}, the timed writes go to them in turn, and the API requests are summed over their resources",
+                args.kinds.len(),
+                objects::titles(&args.kinds)
+            )
+        } else {
+            String::new()
         },
     );
     let _ = writeln!(out, "- Machine: {}", machine());

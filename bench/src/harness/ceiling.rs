@@ -143,7 +143,7 @@ impl Setup<'_> {
     /// Runs the plan on a tier of one dispatcher.
     pub(crate) async fn ceiling(&self, plan: &Plan) -> anyhow::Result<Vec<Step>> {
         anyhow::ensure!(
-            self.kind == Kind::ConfigMap && self.dispatchers == 1 && self.groups == 1,
+            self.kinds == [Kind::ConfigMap] && self.dispatchers == 1 && self.groups == 1,
             "the ceiling runs on ConfigMaps with one dispatcher and one controller"
         );
         let log_dir = self.log_dir.join(format!("ceiling-{}", self.objects));

@@ -53,6 +53,24 @@ impl Kind {
     }
 }
 
+/// The `--kind` flags of `kinds`, joined: a name for namespaces, files and logs.
+pub(crate) fn flags(kinds: &[Kind]) -> String {
+    kinds
+        .iter()
+        .map(|k| k.flag())
+        .collect::<Vec<_>>()
+        .join("-and-")
+}
+
+/// The titles of `kinds`, joined, for headings.
+pub(crate) fn titles(kinds: &[Kind]) -> String {
+    kinds
+        .iter()
+        .map(|k| k.title())
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
 /// Name of the `i`th object.
 pub(crate) fn object_name(i: usize) -> String {
     format!("obj-{i:06}")

@@ -3,7 +3,7 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
-    objects::Kind,
+    objects::{self, Kind},
     run::{RunResult, VERBS, Variant},
 };
 
@@ -192,9 +192,11 @@ impl Row {
     }
 }
 
-/// Every run of one kind and object count.
+/// Every run of one scenario: kinds, object count, namespaces, controllers.
 pub(crate) struct Scenario {
-    pub(crate) kind: Kind,
+    /// The kinds of object; several when the controllers are spread over them (`--mix`).
+    pub(crate) kinds: Vec<Kind>,
+    /// Objects of each kind.
     pub(crate) objects: usize,
     /// Namespaces the objects are spread over (1: all in one).
     pub(crate) namespaces: usize,
@@ -237,9 +239,14 @@ impl Scenario {
         };
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
-            "#### {}, {} objects{}{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
-            self.kind.title(),
+            "#### {}, {} objects{}{}{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
+            objects::titles(&self.kinds),
             self.objects,
+            if self.kinds.len() == 1 {
+                ""
+            } else {
+                " of each kind"
+            },
             if self.namespaces == 1 {
                 String::new()
             } else {
@@ -300,15 +307,16 @@ pub(crate) enum Axis {
     Groups(usize),
 }
 
-/// Per variant, the figure of a row at each point of `axis`, for `kind` (for the plots).
+/// Per variant, the figure of a row at each point of `axis`, for the scenarios of `kinds` (for
+/// the plots).
 pub(crate) fn series(
     scenarios: &[Scenario],
-    kind: Kind,
+    kinds: &[Kind],
     axis: Axis,
     row: &Row,
 ) -> BTreeMap<Variant, Vec<(usize, f64)>> {
     let mut out: BTreeMap<Variant, Vec<(usize, f64)>> = BTreeMap::new();
-    for s in scenarios.iter().filter(|s| s.kind == kind) {
+    for s in scenarios.iter().filter(|s| s.kinds == kinds) {
         let x = match axis {
             Axis::Objects if s.groups == 1 => s.objects,
             Axis::Groups(objects) if s.objects == objects => s.groups,

@@ -1,5 +1,6 @@
 //! One run: one variant of the controller on one scenario's objects (in one namespace, or
-//! spread over many), from start to stop.
+//! spread over many; of one kind, or of several with the controllers spread over them), from
+//! start to stop.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -88,13 +89,17 @@ pub(crate) struct Binaries {
     pub(crate) controller_runtime: Option<PathBuf>,
 }
 
-/// What every run of one (kind, object count) shares.
+/// What every run of one scenario (kinds, object count, controllers) shares.
 pub(crate) struct Setup<'a> {
     pub(crate) client: &'a Client,
     pub(crate) kubeconfig: &'a Path,
     pub(crate) binaries: &'a Binaries,
     pub(crate) control_plane: ControlPlane,
-    pub(crate) kind: Kind,
+    /// The kinds of object, each with the same `objects` objects in the same namespaces.
+    /// Controller group `g` reconciles every object of `kinds[g % kinds.len()]` (one kind, or a
+    /// mix of resources: `--mix`), and the timed writes go to the kinds in turn, so there must
+    /// be at least as many groups as kinds.
+    pub(crate) kinds: &'a [Kind],
     /// The namespace of the objects when they are in one, and of the tier's Leases.
     pub(crate) namespace: &'a str,
     pub(crate) objects: usize,
@@ -165,19 +170,21 @@ struct Observations {
     /// When the last group had reconciled every object.
     all: Option<u64>,
     total: u64,
-    /// Per group, the reconcile starts of the keys the latency phase writes: (when,
-    /// resourceVersion).
+    /// Per group, the reconcile starts of the keys the latency phase writes in the group's
+    /// kind: (when, resourceVersion).
     written: Vec<HashMap<String, Vec<(u64, u64)>>>,
 }
 
 impl Observations {
-    /// When every group had started a reconcile of `key` that saw `rv` or later.
+    /// When every group that reconciles `key`'s kind had started a reconcile of `key` that saw
+    /// `rv` or later; None until then, and if no group follows `key`.
     fn reconciled_after(&self, key: &str, rv: u64) -> Option<u64> {
-        self.written
-            .iter()
-            .map(|group| {
-                group
-                    .get(key)?
+        let mut followers = self.written.iter().filter_map(|group| group.get(key));
+        let first = followers.next()?;
+        std::iter::once(first)
+            .chain(followers)
+            .map(|starts| {
+                starts
                     .iter()
                     .filter(|(_, r)| *r >= rv)
                     .map(|(at, _)| *at)
@@ -190,6 +197,21 @@ impl Observations {
 pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
 
 impl Setup<'_> {
+    /// The kind controller group `group` reconciles.
+    pub(crate) fn group_kind(&self, group: usize) -> Kind {
+        self.kinds[group % self.kinds.len()]
+    }
+
+    /// The kind the `n`th timed write changes: the kinds in turn.
+    fn write_kind(&self, n: usize) -> Kind {
+        self.kinds[n % self.kinds.len()]
+    }
+
+    /// The kinds' `--kind` flags, joined: a name for logs and files.
+    pub(crate) fn kinds_flag(&self) -> String {
+        objects::flags(self.kinds)
+    }
+
     /// The namespace of the `i`th object and its index there.
     pub(crate) fn place(&self, i: usize) -> (String, usize) {
         if self.namespaces <= 1 {
@@ -224,9 +246,15 @@ impl Setup<'_> {
 
     /// Runs `variant` once; `run` numbers the runs so each writes values never written before.
     pub(crate) async fn run(&self, variant: Variant, run: usize) -> anyhow::Result<RunResult> {
+        anyhow::ensure!(
+            !self.kinds.is_empty() && self.groups >= self.kinds.len(),
+            "{} controllers cannot cover {} kinds",
+            self.groups,
+            self.kinds.len()
+        );
         let log_dir = self.log_dir.join(format!(
             "{}-{}x{}-{}-{variant}-{run}",
-            self.kind.flag(),
+            self.kinds_flag(),
             self.objects,
             self.namespaces,
             self.groups
@@ -250,7 +278,17 @@ impl Setup<'_> {
         let (observed_tx, observed) = watch::channel(Observations {
             seen: vec![HashSet::new(); groups],
             complete: vec![false; groups],
-            written: vec![written.iter().map(|i| (self.key(*i), Vec::new())).collect(); groups],
+            // Each group follows the writes to its kind.
+            written: (0..groups)
+                .map(|g| {
+                    written
+                        .iter()
+                        .enumerate()
+                        .filter(|(n, _)| self.write_kind(*n) == self.group_kind(g))
+                        .map(|(_, i)| (self.key(*i), Vec::new()))
+                        .collect()
+                })
+                .collect(),
             ..Observations::default()
         });
         // Bounded: a replica that prints faster than this is read waits on its stdout pipe.
@@ -305,8 +343,14 @@ impl Setup<'_> {
 
         let requests_after = settled_request_counts(self.client).await?;
         let cpu_after = self.control_plane.cpu_seconds();
+        let mut resources: Vec<&str> = self.kinds.iter().map(|k| k.resource()).collect();
+        resources.sort_unstable();
+        resources.dedup();
         for verb in VERBS {
-            let mut n = requests_after.since(&requests_before, self.kind.resource(), verb);
+            let mut n: u64 = resources
+                .iter()
+                .map(|resource| requests_after.since(&requests_before, resource, verb))
+                .sum();
             if verb == "PATCH" {
                 n = n.saturating_sub(written.len() as u64);
             }
@@ -367,7 +411,7 @@ impl Setup<'_> {
             let at = now_micros();
             let rv = change_value(
                 self.client,
-                self.kind,
+                self.write_kind(n),
                 &namespace,
                 index,
                 &format!("{}-{variant}-{run}-{n}", self.nonce),
@@ -449,7 +493,7 @@ impl Setup<'_> {
         log_dir: &Path,
         tx: &mpsc::Sender<(usize, ReconcileStart)>,
     ) -> anyhow::Result<Vec<Component>> {
-        let mut args: Vec<String> = vec!["--kind".to_owned(), self.kind.flag().to_owned()];
+        let mut args: Vec<String> = Vec::new();
         match self.selector() {
             None => args.extend(["--namespace".to_owned(), self.namespace.to_owned()]),
             Some(selector) => args.extend([
@@ -491,6 +535,13 @@ impl Setup<'_> {
                     }
                 }
             });
+            let args = [
+                ["--kind", self.group_kind(group).flag()]
+                    .map(str::to_owned)
+                    .as_slice(),
+                &args,
+            ]
+            .concat();
             for i in 0..count {
                 let name = if self.groups == 1 {
                     format!("bench-controller-{i}")
@@ -691,4 +742,48 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two groups over two kinds: each follows the writes to its own kind.
+    fn mixed(starts: [Vec<(u64, u64)>; 2]) -> Observations {
+        let [config_maps, records] = starts;
+        Observations {
+            written: vec![
+                [("ns/obj-000000".to_owned(), config_maps)].into(),
+                [("ns/obj-000001".to_owned(), records)].into(),
+            ],
+            ..Observations::default()
+        }
+    }
+
+    #[test]
+    fn a_write_waits_only_for_the_groups_of_its_kind() {
+        // The ConfigMap group saw the write (rv 7) at 30; the Record group never reconciled
+        // the Record written.
+        let o = mixed([vec![(10, 5), (30, 7), (40, 8)], Vec::new()]);
+        assert_eq!(o.reconciled_after("ns/obj-000000", 7), Some(30));
+        assert_eq!(o.reconciled_after("ns/obj-000001", 7), None);
+        // A reconcile of an older version does not count.
+        assert_eq!(o.reconciled_after("ns/obj-000000", 9), None);
+        // A key no group follows is never reconciled.
+        assert_eq!(o.reconciled_after("ns/obj-000002", 1), None);
+    }
+
+    #[test]
+    fn a_write_waits_for_the_last_group_of_its_kind() {
+        let o = Observations {
+            written: vec![
+                [("ns/a".to_owned(), vec![(20, 3)])].into(),
+                [("ns/a".to_owned(), vec![(50, 3)])].into(),
+                [("ns/b".to_owned(), vec![(5, 1)])].into(),
+            ],
+            ..Observations::default()
+        };
+        assert_eq!(o.reconciled_after("ns/a", 3), Some(50));
+        assert_eq!(o.reconciled_after("ns/b", 1), Some(5));
+    }
 }
