@@ -144,6 +144,18 @@ impl Component {
         Ok(())
     }
 
+    /// Waits until the process exits, which none should before it is killed, and says so.
+    pub(crate) async fn exited(&mut self) -> anyhow::Error {
+        match self.child.wait().await {
+            Ok(status) => anyhow::anyhow!(
+                "{} exited early ({status}); see {}",
+                self.name,
+                self.log.display()
+            ),
+            Err(e) => anyhow::anyhow!("cannot wait for {}: {e}", self.name),
+        }
+    }
+
     /// Usage so far; fails if the process has exited.
     pub(crate) fn usage(&mut self) -> anyhow::Result<Usage> {
         self.ensure_running()?;
@@ -155,5 +167,25 @@ impl Component {
         if let Err(e) = self.child.kill().await {
             tracing::warn!(component = %self.name, error = %e, "cannot kill");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_process_that_exits_is_reported_with_its_log() {
+        let dir = std::env::temp_dir().join(format!("kd-bench-exited-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut component =
+            Component::spawn("quitter", Path::new("false"), &[], &[], &dir, None).unwrap();
+        let error = component.exited().await.to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            error.starts_with("quitter exited early (exit status: 1)"),
+            "{error}"
+        );
+        assert!(error.contains("quitter.log"), "{error}");
     }
 }

@@ -375,9 +375,24 @@ impl Setup<'_> {
     ) -> anyhow::Result<RunResult> {
         let bound = Duration::from_secs(60)
             + Duration::from_millis(2 * (self.objects * self.groups) as u64);
-        let waited = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some()))
-            .await
-            .map(|r| r.map(|o| (o.first.unwrap_or(started), o.all.unwrap_or(started))));
+        // A process that exits meanwhile (an incumbent giving up on its cache sync, say) fails
+        // the run at once rather than at the bound.
+        let waited = {
+            let exited = futures::future::select_all(
+                replicas
+                    .iter_mut()
+                    .chain(tier.iter_mut())
+                    .map(|c| Box::pin(c.exited())),
+            );
+            tokio::select! {
+                r = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some())) => {
+                    r.map(|r| r.map(|o| (o.first.unwrap_or(started), o.all.unwrap_or(started))))
+                }
+                (error, ..) = exited => {
+                    return Err(error.context(format!("{variant}: before every object was reconciled")));
+                }
+            }
+        };
         let (first, all) = match waited {
             Ok(Ok(times)) => times,
             Ok(Err(_)) => anyhow::bail!("{variant}: the reconcile observer stopped"),
