@@ -50,8 +50,8 @@ struct Args {
 
     /// Distinct controllers reconciling every object, comma-separated: each count is a
     /// scenario of its own, with K processes of an incumbent against K controller groups on one
-    /// tier (`make bench-groups`). They keep the same annotation, so only the first to see a
-    /// change writes it.
+    /// tier (`make bench-groups`). They keep the same annotation; each sees a change before
+    /// the others' patches reach it, so each writes it.
     #[arg(
         long,
         env = "KD_BENCH_GROUPS",
