@@ -9,7 +9,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{figure, run_harness};
+use common::{TWO_CONTROLLERS, figure, run_harness};
 
 const OBJECTS: usize = 12;
 const NAMESPACES: usize = 3;
@@ -21,30 +21,23 @@ fn two_controllers_over_two_resources_each_reconcile_every_object_of_theirs() {
     let run = run_harness(
         "groups-mixed",
         &[
-            "--objects",
-            &objects,
-            "--namespaces",
-            &namespaces,
-            "--ring-key",
-            "namespace",
-            "--kinds",
-            "config-map,record",
-            "--mix",
-            "--groups",
-            "2",
-            "--variants",
-            "kube-rs,dispatch-1",
-            "--repeats",
-            "1",
-            "--writes",
-            "6",
-            "--write-interval",
-            "10ms",
-            "--section",
-            "groups-mixed",
-            "--command",
-            "groups mixed smoke test",
-        ],
+            [
+                "--kinds",
+                "config-map,record",
+                "--mix",
+                "--objects",
+                &objects,
+                "--namespaces",
+                &namespaces,
+                "--ring-key",
+                "namespace",
+                "--section",
+                "groups-mixed",
+            ]
+            .as_slice(),
+            &TWO_CONTROLLERS,
+        ]
+        .concat(),
     );
     let results = &run.results;
     assert!(

@@ -23,6 +23,8 @@ fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_
         "groups-namespaces",
         &[
             [
+                "--kinds",
+                "config-map",
                 "--objects",
                 &objects,
                 "--namespaces",

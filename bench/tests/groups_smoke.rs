@@ -17,7 +17,15 @@ fn two_controllers_reconcile_everything_and_the_tier_watches_once() {
     let run = run_harness(
         "groups",
         &[
-            ["--objects", &objects, "--section", "groups"].as_slice(),
+            [
+                "--kinds",
+                "config-map",
+                "--objects",
+                &objects,
+                "--section",
+                "groups",
+            ]
+            .as_slice(),
             &TWO_CONTROLLERS,
         ]
         .concat(),

@@ -55,20 +55,20 @@ impl Kind {
 
 /// The `--kind` flags of `kinds`, joined: a name for namespaces, files and logs.
 pub(crate) fn flags(kinds: &[Kind]) -> String {
-    kinds
-        .iter()
-        .map(|k| k.flag())
-        .collect::<Vec<_>>()
-        .join("-and-")
+    joined(kinds, Kind::flag, "-and-")
 }
 
 /// The titles of `kinds`, joined, for headings.
 pub(crate) fn titles(kinds: &[Kind]) -> String {
+    joined(kinds, Kind::title, " and ")
+}
+
+fn joined(kinds: &[Kind], part: fn(Kind) -> &'static str, separator: &str) -> String {
     kinds
         .iter()
-        .map(|k| k.title())
+        .map(|k| part(*k))
         .collect::<Vec<_>>()
-        .join(" and ")
+        .join(separator)
 }
 
 /// Name of the `i`th object.

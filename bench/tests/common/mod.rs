@@ -102,10 +102,9 @@ pub(crate) fn figure(table: &str, label: &str, column: &str) -> f64 {
 }
 
 /// The harness arguments of a run of two controllers as two kube-rs processes and as two groups
-/// on one tier, one run each with 6 timed writes (`--objects` and `--section` left to add).
-pub(crate) const TWO_CONTROLLERS: [&str; 14] = [
-    "--kinds",
-    "config-map",
+/// on one tier, one run each with 6 timed writes (`--kinds`, `--objects` and `--section` left
+/// to add).
+pub(crate) const TWO_CONTROLLERS: [&str; 12] = [
     "--groups",
     "2",
     "--variants",
