@@ -9,35 +9,18 @@ mod common;
 
 use std::process::Command;
 
-use common::{TWO_CONTROLLERS, figure, run_harness};
+use common::{figure, run_two_controllers_over_namespaces};
 
 const OBJECTS: usize = 12;
 const NAMESPACES: usize = 3;
 
 #[test]
 fn two_controllers_over_two_resources_each_reconcile_every_object_of_theirs() {
-    let objects = OBJECTS.to_string();
-    let namespaces = NAMESPACES.to_string();
-    let run = run_harness(
+    let run = run_two_controllers_over_namespaces(
         "groups-mixed",
-        &[
-            [
-                "--kinds",
-                "config-map,record",
-                "--mix",
-                "--objects",
-                &objects,
-                "--namespaces",
-                &namespaces,
-                "--ring-key",
-                "namespace",
-                "--section",
-                "groups-mixed",
-            ]
-            .as_slice(),
-            &TWO_CONTROLLERS,
-        ]
-        .concat(),
+        &["--kinds", "config-map,record", "--mix"],
+        OBJECTS,
+        NAMESPACES,
     );
     let results = &run.results;
     assert!(

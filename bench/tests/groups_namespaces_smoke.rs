@@ -9,7 +9,8 @@ mod common;
 use std::process::Command;
 
 use common::{
-    TWO_CONTROLLERS, assert_two_controllers_reconciled_and_the_tier_watched_once, run_harness,
+    assert_two_controllers_reconciled_and_the_tier_watched_once,
+    run_two_controllers_over_namespaces,
 };
 
 const OBJECTS: usize = 24;
@@ -17,27 +18,11 @@ const NAMESPACES: usize = 6;
 
 #[test]
 fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_namespace() {
-    let objects = OBJECTS.to_string();
-    let namespaces = NAMESPACES.to_string();
-    let run = run_harness(
+    let run = run_two_controllers_over_namespaces(
         "groups-namespaces",
-        &[
-            [
-                "--kinds",
-                "config-map",
-                "--objects",
-                &objects,
-                "--namespaces",
-                &namespaces,
-                "--ring-key",
-                "namespace",
-                "--section",
-                "groups-namespaces",
-            ]
-            .as_slice(),
-            &TWO_CONTROLLERS,
-        ]
-        .concat(),
+        &["--kinds", "config-map"],
+        OBJECTS,
+        NAMESPACES,
     );
     let results = &run.results;
     assert!(

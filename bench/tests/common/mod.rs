@@ -138,3 +138,26 @@ pub(crate) fn assert_two_controllers_reconciled_and_the_tier_watched_once(
     assert_eq!(watches("kube-rs"), 2.0, "{results}");
     assert_eq!(watches("dispatch-1"), 3.0, "{results}");
 }
+
+/// Runs [`TWO_CONTROLLERS`] on `objects` objects spread over `namespaces` namespaces, with the
+/// ring keyed by namespace, into the section `section`; `kinds` are the `--kinds` arguments
+/// (and `--mix` if wanted).
+pub(crate) fn run_two_controllers_over_namespaces(
+    section: &str,
+    kinds: &[&str],
+    objects: usize,
+    namespaces: usize,
+) -> Run {
+    let (objects, namespaces) = (objects.to_string(), namespaces.to_string());
+    let spread = [
+        "--objects",
+        &objects,
+        "--namespaces",
+        &namespaces,
+        "--ring-key",
+        "namespace",
+        "--section",
+        section,
+    ];
+    run_harness(section, &[kinds, &spread, &TWO_CONTROLLERS].concat())
+}
