@@ -363,11 +363,16 @@ async fn main() -> anyhow::Result<()> {
     for kinds in kind_sets(&args) {
         for &objects in &args.objects {
             let begun = Instant::now();
-            let mut namespace = String::new();
+            // In one namespace, every kind's objects share it; spread over many, the tier's
+            // Leases go beside the first kind's.
+            let mut namespace = if namespaces == 1 {
+                format!("kd-bench-{}-{objects}", objects::flags(&kinds))
+            } else {
+                String::new()
+            };
             let mut written = 0;
             for &kind in &kinds {
                 if namespaces == 1 {
-                    namespace = format!("kd-bench-{}-{objects}", objects::flags(&kinds));
                     written +=
                         populate(&client, kind, &namespace, objects, args.object_bytes).await?;
                 } else {
@@ -379,7 +384,6 @@ async fn main() -> anyhow::Result<()> {
                         args.object_bytes,
                     )
                     .await?;
-                    // The tier's Leases go beside the first kind's.
                     if namespace.is_empty() {
                         namespace = leases;
                     }

@@ -179,18 +179,16 @@ impl Observations {
     /// When every group that reconciles `key`'s kind had started a reconcile of `key` that saw
     /// `rv` or later; None until then, and if no group follows `key`.
     fn reconciled_after(&self, key: &str, rv: u64) -> Option<u64> {
-        let mut followers = self.written.iter().filter_map(|group| group.get(key));
-        let first = followers.next()?;
-        std::iter::once(first)
-            .chain(followers)
-            .map(|starts| {
-                starts
-                    .iter()
-                    .filter(|(_, r)| *r >= rv)
-                    .map(|(at, _)| *at)
-                    .min()
-            })
-            .try_fold(0, |latest, at| Some(latest.max(at?)))
+        let mut latest = None;
+        for starts in self.written.iter().filter_map(|group| group.get(key)) {
+            let at = starts
+                .iter()
+                .filter(|(_, r)| *r >= rv)
+                .map(|(at, _)| *at)
+                .min()?;
+            latest = Some(latest.map_or(at, |l: u64| l.max(at)));
+        }
+        latest
     }
 }
 
@@ -376,7 +374,8 @@ impl Setup<'_> {
         let bound = Duration::from_secs(60)
             + Duration::from_millis(2 * (self.objects * self.groups) as u64);
         // A process that exits meanwhile (an incumbent giving up on its cache sync, say) fails
-        // the run at once rather than at the bound.
+        // the run at once rather than at the bound. (Never an empty set: a run starts one
+        // replica at least.)
         let waited = {
             let exited = futures::future::select_all(
                 replicas
