@@ -81,7 +81,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             assert!(figure(table, "start to first reconcile (ms)", variant) > 0.0);
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
-        // three dispatchers whatever the number of replicas (--list-mode paged, the default).
+        // three dispatchers whatever the number of replicas (--list-mode whole, the default).
         // controller-runtime (client-go 1.36, WatchListClient on by default) lists by
         // streaming: one WATCH with sendInitialEvents and no LIST.
         for (variant, lists, watches) in [

@@ -154,12 +154,16 @@ struct Args {
     #[arg(long, env = "KD_WATCH_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     watch_grace: Duration,
 
-    /// How each watch lists what exists when it starts and after it expires: "paged" (LIST in
-    /// pages of 500, then WATCH) or "stream" (one WATCH with sendInitialEvents, served from the
-    /// API server's watch cache; Kubernetes 1.34 and later, and a server that refuses it is
-    /// listed in pages instead). Streaming holds about 40 % less memory per dispatcher while
-    /// listing, but costs the API server more CPU and lists more slowly (BENCHMARKS.md).
-    #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Paged)]
+    /// How each watch lists what exists when it starts and after it expires. "whole": one LIST
+    /// without pages, which the API server serves from its watch cache and encodes an object
+    /// at a time (Kubernetes 1.34 and later), read an object at a time, then WATCH; a list cut
+    /// short or timed out is made in pages from then on. "paged": LIST in pages of 500, then
+    /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
+    /// so at 100k objects paging cost it 3× the CPU of whole lists (BENCHMARKS.md), but it is
+    /// the way for API servers before 1.33. "stream": one WATCH with sendInitialEvents, the
+    /// least memory while listing, more API-server CPU than paging (a server that refuses it
+    /// is listed in pages instead).
+    #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Whole)]
     list_mode: ListMode,
 
     /// What places a key on the ring; every dispatcher of the tier must use the same (the ring

@@ -1,6 +1,7 @@
 //! An API-server restart expires the dispatcher's watch (410 Gone on resume): the re-list must
 //! lose no update and no delete, must not re-deliver what did not change, and must show an
-//! object that left a subscription's selector meanwhile as gone from it.
+//! object that left a subscription's selector meanwhile as gone from it; listing in pages, by
+//! streaming and whole alike.
 //!
 //! One test in this file on purpose: it restarts the shared API server, and cargo runs test
 //! binaries one after another.
@@ -19,54 +20,83 @@ use kube_dispatch_tests::{
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
 };
 
+/// One dispatcher per way of listing, each the only member of its ring, all watching the same
+/// namespace through the same restart.
+const LIST_MODES: [ListMode; 3] = [ListMode::Paged, ListMode::Stream, ListMode::Whole];
+
+/// A dispatcher and the sessions of its two groups: `all` sees every ConfigMap, `selected`
+/// those labelled tier=web.
+struct Watching {
+    mode: ListMode,
+    dispatcher: TestDispatcher,
+    all: TestSession,
+    selected: TestSession,
+}
+
 #[tokio::test]
 async fn an_apiserver_restart_loses_no_update_and_no_delete()
 -> Result<(), Box<dyn std::error::Error>> {
     let ns = TestNamespace::create("dispatch-apiserver-restart").await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    // The session is not polled while the test waits for the restart: give it a long ttl.
-    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
-    config.settings.limits.default_ttl = Duration::from_secs(60);
-    // Every other test lists in pages (the default); this one lists by streaming, and again
-    // after the watch expires, so both ways are shown to lose nothing.
-    config.list_mode = ListMode::Stream;
-    let d = TestDispatcher::start(config).await?;
-    let mut s = TestSession::open(
-        &d,
-        "g",
-        "r",
-        vec![subscription("v1", "ConfigMap", ns.name())],
-    )
-    .await?;
+    let web = Subscription {
+        label_selector: "tier=web".into(),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut watching = Vec::new();
+    for mode in LIST_MODES {
+        let identity = format!("dispatcher-{mode:?}").to_lowercase();
+        let mut config = test_config(&identity, &[identity.as_str()]);
+        // The sessions are not polled while the test waits for the restart: give them a long
+        // ttl.
+        config.settings.limits.default_ttl = Duration::from_secs(60);
+        config.list_mode = mode;
+        let dispatcher = TestDispatcher::start(config).await?;
+        let all = TestSession::open(
+            &dispatcher,
+            "g",
+            "r",
+            vec![subscription("v1", "ConfigMap", ns.name())],
+        )
+        .await?;
+        let selected = TestSession::open(&dispatcher, "web", "r", vec![web.clone()]).await?;
+        watching.push(Watching {
+            mode,
+            dispatcher,
+            all,
+            selected,
+        });
+    }
     for name in ["a", "b", "c"] {
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some(name.into());
         api.create(&PostParams::default(), &cm).await?;
     }
-    let first = s
-        .collect_until(Duration::from_secs(30), |g| g.len() >= 3)
-        .await;
-    assert_eq!(first.len(), 3);
-    // A group that sees only ConfigMaps labelled tier=web, and one such object.
-    let web = Subscription {
-        label_selector: "tier=web".into(),
-        ..subscription("v1", "ConfigMap", ns.name())
-    };
-    let mut selected = TestSession::open(&d, "web", "r", vec![web]).await?;
     let mut w = ConfigMap::default();
     w.metadata.name = Some("w".into());
     w.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
     let w = api.create(&PostParams::default(), &w).await?;
-    let got = selected
-        .collect_until(Duration::from_secs(30), |g| !g.is_empty())
-        .await;
-    assert_eq!(got.len(), 1);
+    for Watching {
+        mode,
+        all,
+        selected,
+        ..
+    } in &mut watching
+    {
+        let first = all
+            .collect_until(Duration::from_secs(30), |g| g.len() >= 4)
+            .await;
+        assert_eq!(first.len(), 4, "{mode:?}: {first:?}");
+        let got = selected
+            .collect_until(Duration::from_secs(30), |g| !g.is_empty())
+            .await;
+        assert_eq!(got.len(), 1, "{mode:?}: {got:?}");
+    }
 
     Cluster::shared()
         .restart_apiserver_expiring_watches(&ns)
         .await?;
 
-    // Changes right after the restart, while the dispatcher is reconnecting and re-listing.
+    // Changes right after the restart, while the dispatchers are reconnecting and re-listing.
     let client = Cluster::shared().client().await?;
     let api: Api<ConfigMap> = Api::namespaced(client, ns.name());
     let patch = serde_json::json!({ "data": { "v": "2" } });
@@ -81,55 +111,60 @@ async fn an_apiserver_restart_loses_no_update_and_no_delete()
 
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
     let a_rv = updated.resource_version().unwrap();
-    let (ka, kb) = (key("a"), key("b"));
-    let got = s
-        .collect_until(Duration::from_secs(60), |g| {
-            g.iter().any(|r| r.key == ka && r.resource_version == a_rv)
-                && g.iter().any(|r| r.key == kb && r.deleted)
-        })
-        .await;
-    let a = got
-        .iter()
-        .find(|r| r.key == key("a"))
-        .expect("the update after the restart");
-    assert_eq!(
-        (Reason::try_from(a.reason)?, a.resource_version.as_str()),
-        (Reason::Modified, a_rv.as_str())
-    );
-    let b = got
-        .iter()
-        .find(|r| r.key == key("b"))
-        .expect("the delete after the restart");
-    assert_eq!(Reason::try_from(b.reason)?, Reason::Deleted);
-    // The re-list saw c unchanged: no delivery for it.
-    let rest = s.collect_until(Duration::from_secs(2), |_| false).await;
-    let c: Vec<_> = got
-        .iter()
-        .chain(&rest)
-        .filter(|r| r.key == key("c"))
-        .collect();
-    assert!(
-        c.is_empty(),
-        "unchanged object re-delivered after the re-list: {c:?}"
-    );
-    // The selector's group is told "w" is gone from it, with its uid.
-    let kw = key("w");
-    let left = selected
-        .collect_until(Duration::from_secs(60), |g| g.iter().any(|r| r.key == kw))
-        .await;
-    let gone: Vec<_> = left
-        .iter()
-        .filter(|r| r.key == kw)
-        .map(|r| (Reason::try_from(r.reason), r.deleted, r.uid.as_str()))
-        .collect();
-    assert_eq!(
-        gone,
-        [(
-            Ok(Reason::Deleted),
-            true,
-            w.uid().unwrap_or_default().as_str()
-        )]
-    );
-    d.stop().await;
+    let (ka, kb, kc, kw) = (key("a"), key("b"), key("c"), key("w"));
+    for Watching {
+        mode,
+        dispatcher,
+        mut all,
+        mut selected,
+    } in watching
+    {
+        let got = all
+            .collect_until(Duration::from_secs(60), |g| {
+                g.iter().any(|r| r.key == ka && r.resource_version == a_rv)
+                    && g.iter().any(|r| r.key == kb && r.deleted)
+            })
+            .await;
+        let a = got
+            .iter()
+            .find(|r| r.key == ka)
+            .unwrap_or_else(|| panic!("{mode:?}: the update after the restart"));
+        assert_eq!(
+            (Reason::try_from(a.reason)?, a.resource_version.as_str()),
+            (Reason::Modified, a_rv.as_str()),
+            "{mode:?}"
+        );
+        let b = got
+            .iter()
+            .find(|r| r.key == kb)
+            .unwrap_or_else(|| panic!("{mode:?}: the delete after the restart"));
+        assert_eq!(Reason::try_from(b.reason)?, Reason::Deleted, "{mode:?}");
+        // The re-list saw c unchanged: no delivery for it.
+        let rest = all.collect_until(Duration::from_secs(2), |_| false).await;
+        let c: Vec<_> = got.iter().chain(&rest).filter(|r| r.key == kc).collect();
+        assert!(
+            c.is_empty(),
+            "{mode:?}: unchanged object re-delivered after the re-list: {c:?}"
+        );
+        // The selector's group is told "w" is gone from it, with its uid.
+        let left = selected
+            .collect_until(Duration::from_secs(60), |g| g.iter().any(|r| r.key == kw))
+            .await;
+        let gone: Vec<_> = left
+            .iter()
+            .filter(|r| r.key == kw)
+            .map(|r| (Reason::try_from(r.reason), r.deleted, r.uid.as_str()))
+            .collect();
+        assert_eq!(
+            gone,
+            [(
+                Ok(Reason::Deleted),
+                true,
+                w.uid().unwrap_or_default().as_str()
+            )],
+            "{mode:?}"
+        );
+        dispatcher.stop().await;
+    }
     Ok(())
 }

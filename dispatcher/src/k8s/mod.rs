@@ -6,14 +6,18 @@
 //!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
+//! - `whole_list` and `list_reader`: a watch that lists in one response, read an object at a
+//!   time (`--list-mode whole`);
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
 pub mod discovery;
+mod list_reader;
 pub mod membership;
 pub mod object;
 pub mod routing;
 mod shard;
 mod side_list;
 pub mod watch;
+mod whole_list;

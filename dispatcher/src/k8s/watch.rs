@@ -51,6 +51,7 @@ use super::{
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     shard::sharded_client,
     side_list::{Reach, SIDE_LIST_PAGE, SideList, next_page},
+    whole_list,
 };
 use crate::{config::ListMode, group::Group};
 use kube_dispatch_core::{
@@ -374,9 +375,9 @@ impl WatchTask {
             self.client.clone()
         };
         let api: Api<WatchedObject> = if self.key.namespace.is_empty() || !r.namespaced {
-            Api::all_with(client, &api_resource)
+            Api::all_with(client.clone(), &api_resource)
         } else {
-            Api::namespaced_with(client, &self.key.namespace, &api_resource)
+            Api::namespaced_with(client.clone(), &self.key.namespace, &api_resource)
         };
         let mut config = watcher::Config::default();
         if self.list_mode == ListMode::Stream {
@@ -413,9 +414,19 @@ impl WatchTask {
                 debug!(resource = %describe(&self.key), "watching the namespaces this dispatcher owns only (shardSelector)");
             }
             self.unsharded.store(false, Ordering::Relaxed);
-            let mut events = watcher::watcher(api.clone(), config.clone())
+            let mut events = match self.list_mode {
+                ListMode::Whole => whole_list::watcher(
+                    api.clone(),
+                    client.clone(),
+                    &self.key.label_selector,
+                    &self.key.field_selector,
+                )
                 .default_backoff()
-                .boxed();
+                .boxed(),
+                ListMode::Paged | ListMode::Stream => watcher::watcher(api.clone(), config.clone())
+                    .default_backoff()
+                    .boxed(),
+            };
             let mut side: Option<SideList> = None;
             // How far the watch's own list has got: `None` while it is not listing, then the
             // greatest key it has shown (request keys of one watch sort as the API server lists
@@ -537,6 +548,14 @@ impl WatchTask {
                         {
                             warn!(resource = %describe(&self.key), %message, "the API server does not stream lists; listing in pages instead");
                             config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                            continue 'restart;
+                        }
+                        // A whole list that was cut short or timed out (a resource too large
+                        // to list in one response within the API server's request timeout)
+                        // is listed in pages from then on.
+                        if self.list_mode == ListMode::Whole && whole_list::cut_short(&e) {
+                            warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole; listing in pages instead");
+                            self.list_mode = ListMode::Paged;
                             continue 'restart;
                         }
                         if let Some((code, message)) = rejected {

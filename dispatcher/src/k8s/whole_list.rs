@@ -1,0 +1,260 @@
+//! A watch whose lists are whole (`--list-mode whole`): one LIST without pages, read an object
+//! at a time ([`super::list_reader`]), then a WATCH from the list's resourceVersion.
+//!
+//! Why not pages: the API server serves a paged LIST from its watch cache by collecting, for
+//! each page, every object from the page's start to the end of the resource and then cutting
+//! the page from it, so listing N objects in pages of P costs it about N²/2P object visits
+//! (41 % of its CPU in a cold start of 100k ConfigMaps, BENCHMARKS.md). A LIST without a limit
+//! visits each object once, is encoded an item at a time (Kubernetes 1.34 and later), and is as
+//! consistent as a paged one: no resourceVersion is sent, so it is a consistent read.
+//!
+//! The events are kube-runtime's [`watcher::Event`]s with its errors, so the watch loop treats
+//! both kinds of watch alike: `Init`, an `InitApply` per object as it arrives, `InitDone`, then
+//! `Apply` and `Delete`; a 410 Gone (or a watch that cannot be resumed) lists again from the
+//! start, any other error is retried from where it was, after the caller's backoff.
+
+use std::{pin::Pin, time::Duration};
+
+use futures::{AsyncBufRead, Stream, StreamExt, stream::BoxStream};
+use kube::{
+    Client, ResourceExt,
+    api::{Api, ListParams, WatchEvent, WatchParams},
+    runtime::watcher::{Error, Event, Result},
+};
+use tracing::debug;
+
+use super::{list_reader::ListReader, object::WatchedObject};
+
+/// How long a watch request may run before the API server ends it (kube-runtime's default).
+const WATCH_TIMEOUT_SECONDS: u32 = 290;
+
+/// A watch that has gone quiet this much longer than its timeout is taken for a dead connection.
+const IDLE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The body of a list response, read as it arrives.
+type Body = Pin<Box<dyn AsyncBufRead + Send>>;
+
+enum State {
+    /// Nothing listed yet, or the last list or watch can no longer be resumed.
+    Empty,
+    /// Reading the objects of a list.
+    Listing(ListReader<Body>),
+    /// Listed (or watched) up to this resourceVersion; no watch open.
+    Listed { resource_version: String },
+    /// Watching from `resource_version` on.
+    Watching {
+        resource_version: String,
+        events: BoxStream<'static, kube::Result<WatchEvent<WatchedObject>>>,
+    },
+}
+
+/// What a whole-list watch reads, and with which client.
+struct Source {
+    api: Api<WatchedObject>,
+    client: Client,
+    list: ListParams,
+    watch: WatchParams,
+}
+
+/// Watches the objects of `api` that the selectors match, listing them whole (see the module
+/// docs); `client` is the one `api` was made with. Like kube-runtime's `watcher`, the stream
+/// never ends: after an error the next poll recovers, so poll it with a backoff.
+pub(super) fn watcher(
+    api: Api<WatchedObject>,
+    client: Client,
+    label_selector: &str,
+    field_selector: &str,
+) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
+    let mut list = ListParams::default();
+    // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
+    let mut watch = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
+    if !label_selector.is_empty() {
+        list = list.labels(label_selector);
+        watch = watch.labels(label_selector);
+    }
+    if !field_selector.is_empty() {
+        list = list.fields(field_selector);
+        watch = watch.fields(field_selector);
+    }
+    let source = Source {
+        api,
+        client,
+        list,
+        watch,
+    };
+    futures::stream::unfold((source, State::Empty), |(source, mut state)| async move {
+        loop {
+            let (event, next) = step(&source, state).await;
+            state = next;
+            if let Some(event) = event {
+                return Some((event, (source, state)));
+            }
+        }
+    })
+}
+
+/// One step: the event it yields, if any, and the state after it.
+async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
+    match state {
+        State::Empty => match list(source).await {
+            Ok(reader) => (Some(Ok(Event::Init)), State::Listing(reader)),
+            Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
+        },
+        State::Listing(mut reader) => match reader.next().await {
+            Ok(Some(text)) => match WatchedObject::from_json(text) {
+                Ok(object) => (Some(Ok(Event::InitApply(object))), State::Listing(reader)),
+                Err(e) => (
+                    Some(Err(Error::InitialListFailed(kube::Error::SerdeError(e)))),
+                    State::Empty,
+                ),
+            },
+            Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
+                Some(rv) => (
+                    Some(Ok(Event::InitDone)),
+                    State::Listed {
+                        resource_version: rv.to_owned(),
+                    },
+                ),
+                None => (Some(Err(Error::NoResourceVersion)), State::Empty),
+            },
+            Err(e) => (
+                Some(Err(Error::InitialListFailed(kube::Error::ReadEvents(e)))),
+                State::Empty,
+            ),
+        },
+        State::Listed { resource_version } => {
+            match source.api.watch(&source.watch, &resource_version).await {
+                Ok(events) => (
+                    None,
+                    State::Watching {
+                        resource_version,
+                        events: events.boxed(),
+                    },
+                ),
+                Err(e) => {
+                    // A resourceVersion too old to watch from is answered with 410 Gone here.
+                    let gone = matches!(&e, kube::Error::Api(s) if s.code == 410);
+                    let next = if gone {
+                        State::Empty
+                    } else {
+                        State::Listed { resource_version }
+                    };
+                    (Some(Err(Error::WatchStartFailed(e))), next)
+                }
+            }
+        }
+        State::Watching {
+            resource_version,
+            mut events,
+        } => {
+            let idle = Duration::from_secs(WATCH_TIMEOUT_SECONDS.into()) + IDLE_MARGIN;
+            let event = match tokio::time::timeout(idle, events.next()).await {
+                Ok(event) => event,
+                Err(_) => {
+                    debug!("watch quiet past its timeout: watching again");
+                    None
+                }
+            };
+            match event {
+                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
+                    seen(object, events, Event::Apply)
+                }
+                Some(Ok(WatchEvent::Deleted(object))) => seen(object, events, Event::Delete),
+                Some(Ok(WatchEvent::Bookmark(bookmark))) => (
+                    None,
+                    State::Watching {
+                        resource_version: bookmark.metadata.resource_version,
+                        events,
+                    },
+                ),
+                Some(Ok(WatchEvent::Error(status))) => {
+                    // 410 Gone: the resourceVersion has expired; only a new list recovers.
+                    let next = if status.code == 410 {
+                        State::Empty
+                    } else {
+                        State::Watching {
+                            resource_version,
+                            events,
+                        }
+                    };
+                    (Some(Err(Error::WatchError(status.boxed()))), next)
+                }
+                Some(Err(e)) => (
+                    Some(Err(Error::WatchFailed(e))),
+                    State::Watching {
+                        resource_version,
+                        events,
+                    },
+                ),
+                None => (None, State::Listed { resource_version }),
+            }
+        }
+    }
+}
+
+/// An object the watch showed: the event, and the watch going on from its resourceVersion.
+fn seen(
+    object: WatchedObject,
+    events: BoxStream<'static, kube::Result<WatchEvent<WatchedObject>>>,
+    event: fn(WatchedObject) -> Event<WatchedObject>,
+) -> (Option<Result<Event<WatchedObject>>>, State) {
+    match object.resource_version().filter(|rv| !rv.is_empty()) {
+        Some(resource_version) => (
+            Some(Ok(event(object))),
+            State::Watching {
+                resource_version,
+                events,
+            },
+        ),
+        None => (Some(Err(Error::NoResourceVersion)), State::Empty),
+    }
+}
+
+/// Whether `error` says a whole list failed part-way or ran out of time: its response was cut
+/// short or unreadable, or the API server answered that the request timed out (504, or a
+/// `Timeout` status). Errors before any response (the API server unreachable, say) are not.
+pub(super) fn cut_short(error: &Error) -> bool {
+    match error {
+        Error::InitialListFailed(kube::Error::ReadEvents(_)) => true,
+        Error::InitialListFailed(kube::Error::Api(status)) => {
+            status.code == 504 || status.reason == "Timeout"
+        }
+        _ => false,
+    }
+}
+
+/// Starts the list: its response's objects are read as they arrive.
+async fn list(source: &Source) -> kube::Result<ListReader<Body>> {
+    let request = kube::core::Request::new(source.api.resource_url())
+        .list(&source.list)
+        .map_err(kube::Error::BuildRequest)?;
+    let body = source.client.request_stream(request).await?;
+    Ok(ListReader::new(Box::pin(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Status::failure("refused", reason).with_code(code).boxed())
+    }
+
+    #[test]
+    fn only_a_list_cut_short_or_timed_out_is_listed_in_pages_instead() {
+        let cut = || kube::Error::ReadEvents(std::io::Error::other("connection reset"));
+        assert!(cut_short(&Error::InitialListFailed(cut())));
+        assert!(cut_short(&Error::InitialListFailed(api(504, ""))));
+        assert!(cut_short(&Error::InitialListFailed(api(500, "Timeout"))));
+        // Refusals, and failures of the watch rather than of its list, are not.
+        assert!(!cut_short(&Error::InitialListFailed(api(403, "Forbidden"))));
+        assert!(!cut_short(&Error::InitialListFailed(api(
+            500,
+            "InternalError"
+        ))));
+        assert!(!cut_short(&Error::WatchFailed(cut())));
+        assert!(!cut_short(&Error::NoResourceVersion));
+    }
+}
