@@ -85,6 +85,10 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
     /// The next object's JSON text, or `None` when the list has ended. An error is final: the
     /// response was cut short, is not a list, or holds an object over [`MAX_OBJECT_BYTES`].
     pub(super) async fn next(&mut self) -> io::Result<Option<Arc<str>>> {
+        // A list's objects are often all buffered already, so reading them never waits: count
+        // each against the task's budget, so that a long list lets the dispatcher's other tasks
+        // (its Lease renewal, the sessions) run.
+        tokio::task::coop::consume_budget().await;
         loop {
             match self.step()? {
                 Step::Object(text) => {

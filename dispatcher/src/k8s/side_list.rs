@@ -1,24 +1,27 @@
-//! A paginated list run beside a watch's stream, when the keys served here grow (a handover
-//! completes, a group joins the watch), and the deletions the stream shows meanwhile.
+//! A list run beside a watch's stream, when the keys served here grow (a handover completes, a
+//! group joins the watch), and the deletions the stream shows meanwhile.
 
 use std::{collections::HashSet, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
-use kube::api::{Api, ListParams};
+use kube::{
+    Client,
+    api::{Api, ListParams},
+};
 use kube_dispatch_core::backoff::Backoff;
 use tracing::warn;
 
-use super::object::WatchedObject;
+use super::{list_reader::ListReader, object::WatchedObject, whole_list};
 
 /// Page size of a list beside the stream (the watcher's own lists use the same).
-pub(super) const SIDE_LIST_PAGE: u32 = 500;
+const SIDE_LIST_PAGE: u32 = 500;
 
 /// Most deletions remembered during one list beside the stream; past it the watch re-lists
 /// instead (and the window that list beside the stream closes is open again for that once).
 /// 65 536 key hashes, about 1 MiB.
 const MAX_SIDE_LIST_DELETIONS: usize = 1 << 16;
 
-/// A paginated list run beside the watch's stream, and the keys whose deletion the stream
+/// A list run beside the watch's stream, and the keys whose deletion the stream
 /// showed since it began. The list may be older than events the stream has already shown: a
 /// deletion among them would be undone by the list, so objects whose key is here are skipped
 /// (the stream shows a re-creation after the deletion). A failed page starts the list again
@@ -71,43 +74,18 @@ impl Reach {
 }
 
 impl SideList {
-    /// Starts listing, in pages, as far as `reach`.
-    pub(super) fn start(api: Api<WatchedObject>, params: ListParams, reach: Reach) -> Self {
-        let backoff = Backoff {
-            base: Duration::from_millis(500),
-            cap: Duration::from_secs(30),
+    /// Starts listing as far as `reach`: in pages, or with `whole` (the client `api` was made
+    /// with) in one response read an object at a time, as the watch's own lists are made.
+    pub(super) fn start(
+        api: Api<WatchedObject>,
+        params: ListParams,
+        reach: Reach,
+        whole: Option<Client>,
+    ) -> Self {
+        let pages = match whole {
+            None => paged(api, params),
+            Some(client) => listed_whole(api, client, params),
         };
-        let pages = futures::stream::unfold(
-            (Some(String::new()), 0u32),
-            move |(continue_token, failures)| {
-                let (api, params) = (api.clone(), params.clone());
-                async move {
-                    let mut token = continue_token?;
-                    let mut failures = failures;
-                    loop {
-                        let mut page_params = params.clone();
-                        if !token.is_empty() {
-                            page_params = page_params.continue_token(&token);
-                        }
-                        match api.list(&page_params).await {
-                            Ok(list) => {
-                                let next = list.metadata.continue_.filter(|c| !c.is_empty());
-                                return Some((list.items, (next, 0)));
-                            }
-                            Err(e) => {
-                                failures += 1;
-                                let delay = backoff.delay(failures);
-                                warn!(error = %e, ?delay, "list beside the watch failed; listing again");
-                                tokio::time::sleep(delay).await;
-                                // A continue token may have expired: start over (a newer snapshot).
-                                token.clear();
-                            }
-                        }
-                    }
-                }
-            },
-        )
-        .boxed();
         Self {
             pages,
             deleted: HashSet::new(),
@@ -132,6 +110,92 @@ impl SideList {
     pub(super) fn was_deleted(&self, hash: u64) -> bool {
         self.deleted.contains(&hash)
     }
+}
+
+/// How long a failed list beside the stream waits before it starts again.
+const RETRY: Backoff = Backoff {
+    base: Duration::from_millis(500),
+    cap: Duration::from_secs(30),
+};
+
+/// A list in pages of [`SIDE_LIST_PAGE`]; a failed page starts it again after a backoff.
+fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<WatchedObject>> {
+    futures::stream::unfold(
+        (Some(String::new()), 0u32),
+        move |(continue_token, failures)| {
+            let (api, params) = (api.clone(), params.clone());
+            async move {
+                let mut token = continue_token?;
+                let mut failures = failures;
+                loop {
+                    let mut page_params = params.clone().limit(SIDE_LIST_PAGE);
+                    if !token.is_empty() {
+                        page_params = page_params.continue_token(&token);
+                    }
+                    match api.list(&page_params).await {
+                        Ok(list) => {
+                            let next = list.metadata.continue_.filter(|c| !c.is_empty());
+                            return Some((list.items, (next, 0)));
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            let delay = RETRY.delay(failures);
+                            warn!(error = %e, ?delay, "list beside the watch failed; listing again");
+                            tokio::time::sleep(delay).await;
+                            // A continue token may have expired: start over (a newer snapshot).
+                            token.clear();
+                        }
+                    }
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+/// A list in one response, its objects handed on one at a time as they arrive; a failure
+/// starts it again after a backoff. Dropping it ends the response.
+fn listed_whole(
+    api: Api<WatchedObject>,
+    client: Client,
+    params: ListParams,
+) -> BoxStream<'static, Vec<WatchedObject>> {
+    futures::stream::unfold((None, 0u32), move |(reader, failures)| {
+        let (api, client, params) = (api.clone(), client.clone(), params.clone());
+        async move {
+            let mut reader: Option<ListReader<whole_list::Body>> = reader;
+            let mut failures = failures;
+            loop {
+                let result = match reader.as_mut() {
+                    Some(reader) => match reader.next().await {
+                        Ok(Some(text)) => WatchedObject::from_json(text)
+                            .map(Some)
+                            .map_err(kube::Error::SerdeError),
+                        Ok(None) => return None,
+                        Err(e) => Err(kube::Error::ReadEvents(e)),
+                    },
+                    None => whole_list::list(&api, &client, &params)
+                        .await
+                        .map(|started| {
+                            reader = Some(started);
+                            None
+                        }),
+                };
+                match result {
+                    Ok(Some(object)) => return Some((vec![object], (reader, 0))),
+                    Ok(None) => {}
+                    Err(e) => {
+                        failures += 1;
+                        let delay = RETRY.delay(failures);
+                        warn!(error = %e, ?delay, "list beside the watch failed; listing again");
+                        tokio::time::sleep(delay).await;
+                        reader = None;
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
 }
 
 /// The next page of the list beside the stream, if one runs (else never).

@@ -50,7 +50,7 @@ use super::{
     object::WatchedObject,
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     shard::sharded_client,
-    side_list::{Reach, SIDE_LIST_PAGE, SideList, next_page},
+    side_list::{Reach, SideList, next_page},
     whole_list,
 };
 use crate::{config::ListMode, group::Group};
@@ -393,7 +393,7 @@ impl WatchTask {
             api_version: api_resource.api_version.clone(),
             kind: api_resource.kind.clone(),
         };
-        let mut list_params = ListParams::default().limit(SIDE_LIST_PAGE);
+        let mut list_params = ListParams::default();
         if !self.key.label_selector.is_empty() {
             list_params = list_params.labels(&self.key.label_selector);
         }
@@ -430,8 +430,11 @@ impl WatchTask {
             let mut side: Option<SideList> = None;
             // How far the watch's own list has got: `None` while it is not listing, then the
             // greatest key it has shown (request keys of one watch sort as the API server lists
-            // objects: by namespace and name, after a prefix they share).
-            let mut listed: Option<Option<String>> = None;
+            // objects: by namespace and name, after a prefix they share). A watch (re)started
+            // lists first, so until its list begins it counts as listing and having shown
+            // nothing: a group that joins meanwhile is shown everything by that list, with no
+            // list beside it.
+            let mut listed: Option<Option<String>> = Some(None);
             loop {
                 let step = tokio::select! {
                     () = cancel.cancelled() => return,
@@ -467,7 +470,13 @@ impl WatchTask {
                         };
                         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
                         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-                        side = Some(SideList::start(api.clone(), list_params.clone(), reach));
+                        let whole = (self.list_mode == ListMode::Whole).then(|| client.clone());
+                        side = Some(SideList::start(
+                            api.clone(),
+                            list_params.clone(),
+                            reach,
+                            whole,
+                        ));
                         continue;
                     }
                     Step::Page(Some(objects)) => {

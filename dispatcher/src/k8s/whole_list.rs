@@ -32,7 +32,7 @@ const WATCH_TIMEOUT_SECONDS: u32 = 290;
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
 
 /// The body of a list response, read as it arrives.
-type Body = Pin<Box<dyn AsyncBufRead + Send>>;
+pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
 
 enum State {
     /// Nothing listed yet, or the last list or watch can no longer be resumed.
@@ -96,7 +96,7 @@ pub(super) fn watcher(
 /// One step: the event it yields, if any, and the state after it.
 async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
     match state {
-        State::Empty => match list(source).await {
+        State::Empty => match list_of(source).await {
             Ok(reader) => (Some(Ok(Event::Init)), State::Listing(reader)),
             Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
@@ -224,11 +224,26 @@ pub(super) fn cut_short(error: &Error) -> bool {
 }
 
 /// Starts the list: its response's objects are read as they arrive.
-async fn list(source: &Source) -> kube::Result<ListReader<Body>> {
-    let request = kube::core::Request::new(source.api.resource_url())
-        .list(&source.list)
+async fn list_of(source: &Source) -> kube::Result<ListReader<Body>> {
+    list(&source.api, &source.client, &source.list).await
+}
+
+/// Starts a list of `api` without pages (whatever `params` says of a limit); `client` is the
+/// one `api` was made with. Its response's objects are read as they arrive.
+pub(super) async fn list(
+    api: &Api<WatchedObject>,
+    client: &Client,
+    params: &ListParams,
+) -> kube::Result<ListReader<Body>> {
+    let params = ListParams {
+        limit: None,
+        continue_token: None,
+        ..params.clone()
+    };
+    let request = kube::core::Request::new(api.resource_url())
+        .list(&params)
         .map_err(kube::Error::BuildRequest)?;
-    let body = source.client.request_stream(request).await?;
+    let body = client.request_stream(request).await?;
     Ok(ListReader::new(Box::pin(body)))
 }
 
