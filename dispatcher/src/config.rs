@@ -163,10 +163,10 @@ pub enum ListMode {
     /// refuses it is listed in pages instead.
     Stream,
     /// One LIST without pages, which the API server serves from its watch cache and encodes
-    /// an object at a time (Kubernetes 1.34 and later), read an object at a time, then WATCH
-    /// from its resourceVersion. Spares the API server the walk of its cache that each page
-    /// costs; the dispatcher holds one object of the response at a time. A list that is cut
-    /// short or times out is made in pages from then on.
+    /// an object at a time (on by default from Kubernetes 1.33), read an object at a time,
+    /// then WATCH from its resourceVersion. Spares the API server the walk of its cache that
+    /// each page costs; the dispatcher holds one object of the response at a time. A list that
+    /// is cut short or times out is made in pages from then on.
     #[default]
     Whole,
 }

@@ -156,8 +156,8 @@ struct Args {
 
     /// How each watch lists what exists when it starts and after it expires. "whole": one LIST
     /// without pages, which the API server serves from its watch cache and encodes an object
-    /// at a time (Kubernetes 1.34 and later), read an object at a time, then WATCH; a list cut
-    /// short or timed out is made in pages from then on. "paged": LIST in pages of 500, then
+    /// at a time (on by default from Kubernetes 1.33), read an object at a time, then WATCH; a
+    /// list cut short or timed out is made in pages from then on. "paged": LIST in pages of 500, then
     /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
     /// so at 100k objects paging cost it 3× the CPU of whole lists (BENCHMARKS.md), but it is
     /// the way for API servers before 1.33. "stream": one WATCH with sendInitialEvents, the

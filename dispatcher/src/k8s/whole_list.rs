@@ -5,8 +5,8 @@
 //! each page, every object from the page's start to the end of the resource and then cutting
 //! the page from it, so listing N objects in pages of P costs it about N²/2P object visits
 //! (41 % of its CPU in a cold start of 100k ConfigMaps, BENCHMARKS.md). A LIST without a limit
-//! visits each object once, is encoded an item at a time (Kubernetes 1.34 and later), and is as
-//! consistent as a paged one: no resourceVersion is sent, so it is a consistent read.
+//! visits each object once, is encoded an item at a time (on by default from Kubernetes 1.33),
+//! and is as consistent as a paged one: no resourceVersion is sent, so it is a consistent read.
 //!
 //! The events are kube-runtime's [`watcher::Event`]s with its errors, so the watch loop treats
 //! both kinds of watch alike: `Init`, an `InitApply` per object as it arrives, `InitDone`, then
