@@ -4,10 +4,7 @@
 use std::{collections::HashSet, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
-use kube::{
-    Client,
-    api::{Api, ListParams},
-};
+use kube::api::{Api, ListParams};
 use kube_dispatch_core::backoff::Backoff;
 use tracing::warn;
 
@@ -74,17 +71,18 @@ impl Reach {
 }
 
 impl SideList {
-    /// Starts listing as far as `reach`: in pages, or with `whole` (the client `api` was made
-    /// with) in one response read an object at a time, as the watch's own lists are made.
+    /// Starts listing as far as `reach`: in pages, or if `whole` in one response read an object
+    /// at a time, as the watch's own lists are made.
     pub(super) fn start(
         api: Api<WatchedObject>,
         params: ListParams,
         reach: Reach,
-        whole: Option<Client>,
+        whole: bool,
     ) -> Self {
-        let pages = match whole {
-            None => paged(api, params),
-            Some(client) => listed_whole(api, client, params),
+        let pages = if whole {
+            listed_whole(api, params)
+        } else {
+            paged(api, params)
         };
         Self {
             pages,
@@ -157,11 +155,10 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
 /// starts it again after a backoff. Dropping it ends the response.
 fn listed_whole(
     api: Api<WatchedObject>,
-    client: Client,
     params: ListParams,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
     futures::stream::unfold((None, 0u32), move |(reader, failures)| {
-        let (api, client, params) = (api.clone(), client.clone(), params.clone());
+        let (api, params) = (api.clone(), params.clone());
         async move {
             let mut reader: Option<ListReader<whole_list::Body>> = reader;
             let mut failures = failures;
@@ -174,12 +171,10 @@ fn listed_whole(
                         Ok(None) => return None,
                         Err(e) => Err(kube::Error::ReadEvents(e)),
                     },
-                    None => whole_list::list(&api, &client, &params)
-                        .await
-                        .map(|started| {
-                            reader = Some(started);
-                            None
-                        }),
+                    None => whole_list::list(&api, &params).await.map(|started| {
+                        reader = Some(started);
+                        None
+                    }),
                 };
                 match result {
                     Ok(Some(object)) => return Some((vec![object], (reader, 0))),

@@ -375,9 +375,9 @@ impl WatchTask {
             self.client.clone()
         };
         let api: Api<WatchedObject> = if self.key.namespace.is_empty() || !r.namespaced {
-            Api::all_with(client.clone(), &api_resource)
+            Api::all_with(client, &api_resource)
         } else {
-            Api::namespaced_with(client.clone(), &self.key.namespace, &api_resource)
+            Api::namespaced_with(client, &self.key.namespace, &api_resource)
         };
         let mut config = watcher::Config::default();
         if self.list_mode == ListMode::Stream {
@@ -415,14 +415,9 @@ impl WatchTask {
             }
             self.unsharded.store(false, Ordering::Relaxed);
             let mut events = match self.list_mode {
-                ListMode::Whole => whole_list::watcher(
-                    api.clone(),
-                    client.clone(),
-                    &self.key.label_selector,
-                    &self.key.field_selector,
-                )
-                .default_backoff()
-                .boxed(),
+                ListMode::Whole => whole_list::watcher(api.clone(), list_params.clone())
+                    .default_backoff()
+                    .boxed(),
                 ListMode::Paged | ListMode::Stream => watcher::watcher(api.clone(), config.clone())
                     .default_backoff()
                     .boxed(),
@@ -470,7 +465,7 @@ impl WatchTask {
                         };
                         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
                         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-                        let whole = (self.list_mode == ListMode::Whole).then(|| client.clone());
+                        let whole = self.list_mode == ListMode::Whole;
                         side = Some(SideList::start(
                             api.clone(),
                             list_params.clone(),

@@ -17,7 +17,7 @@ use std::{pin::Pin, time::Duration};
 
 use futures::{AsyncBufRead, Stream, StreamExt, stream::BoxStream};
 use kube::{
-    Client, ResourceExt,
+    ResourceExt,
     api::{Api, ListParams, WatchEvent, WatchParams},
     runtime::watcher::{Error, Event, Result},
 };
@@ -48,40 +48,27 @@ enum State {
     },
 }
 
-/// What a whole-list watch reads, and with which client.
+/// What a whole-list watch reads.
 struct Source {
     api: Api<WatchedObject>,
-    client: Client,
     list: ListParams,
     watch: WatchParams,
 }
 
-/// Watches the objects of `api` that the selectors match, listing them whole (see the module
-/// docs); `client` is the one `api` was made with. Like kube-runtime's `watcher`, the stream
-/// never ends: after an error the next poll recovers, so poll it with a backoff.
+/// Watches the objects of `api` that the selectors of `list` match, listing them whole (see
+/// the module docs). Like kube-runtime's `watcher`, the stream never ends: after an error the
+/// next poll recovers, so poll it with a backoff.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
-    client: Client,
-    label_selector: &str,
-    field_selector: &str,
+    list: ListParams,
 ) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
-    let mut list = ListParams::default();
     // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
-    let mut watch = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
-    if !label_selector.is_empty() {
-        list = list.labels(label_selector);
-        watch = watch.labels(label_selector);
-    }
-    if !field_selector.is_empty() {
-        list = list.fields(field_selector);
-        watch = watch.fields(field_selector);
-    }
-    let source = Source {
-        api,
-        client,
-        list,
-        watch,
+    let watch = WatchParams {
+        label_selector: list.label_selector.clone(),
+        field_selector: list.field_selector.clone(),
+        ..WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS)
     };
+    let source = Source { api, list, watch };
     futures::stream::unfold((source, State::Empty), |(source, mut state)| async move {
         loop {
             let (event, next) = step(&source, state).await;
@@ -96,7 +83,7 @@ pub(super) fn watcher(
 /// One step: the event it yields, if any, and the state after it.
 async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
     match state {
-        State::Empty => match list_of(source).await {
+        State::Empty => match list(&source.api, &source.list).await {
             Ok(reader) => (Some(Ok(Event::Init)), State::Listing(reader)),
             Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
@@ -223,16 +210,10 @@ pub(super) fn cut_short(error: &Error) -> bool {
     }
 }
 
-/// Starts the list: its response's objects are read as they arrive.
-async fn list_of(source: &Source) -> kube::Result<ListReader<Body>> {
-    list(&source.api, &source.client, &source.list).await
-}
-
-/// Starts a list of `api` without pages (whatever `params` says of a limit); `client` is the
-/// one `api` was made with. Its response's objects are read as they arrive.
+/// Starts a list of `api` without pages (whatever `params` says of a limit), through the client
+/// `api` was made with. Its response's objects are read as they arrive.
 pub(super) async fn list(
     api: &Api<WatchedObject>,
-    client: &Client,
     params: &ListParams,
 ) -> kube::Result<ListReader<Body>> {
     let params = ListParams {
@@ -243,7 +224,7 @@ pub(super) async fn list(
     let request = kube::core::Request::new(api.resource_url())
         .list(&params)
         .map_err(kube::Error::BuildRequest)?;
-    let body = client.request_stream(request).await?;
+    let body = api.clone().into_client().request_stream(request).await?;
     Ok(ListReader::new(Box::pin(body)))
 }
 
