@@ -12,6 +12,7 @@
 //! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
 //! | [`backoff`] | per-key exponential backoff for failed reconciles |
 //! | [`subscription`] | what controller groups subscribe to, validated from the wire |
+//! | [`request`] | acknowledgements from the wire, checked and bounded before the queue acts on them |
 //!
 //! The adapters live elsewhere: the dispatcher's watches, membership loop and gRPC services in
 //! `kube-dispatch-dispatcher`, the Lease watch and process plumbing in `kube-dispatch-runtime`.
@@ -25,4 +26,5 @@ pub mod leases;
 pub mod partition;
 pub mod queue;
 pub mod recent_deletions;
+pub mod request;
 pub mod subscription;

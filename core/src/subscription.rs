@@ -142,6 +142,25 @@ pub enum InvalidRequest {
     /// A duration is zero, negative or out of range.
     #[error("{0} must be a positive duration")]
     Duration(&'static str),
+    /// A duration longer than this server accepts.
+    #[error("{name} must be at most {}s (a week); acknowledge success to wait for the next change", max.as_secs())]
+    DurationTooLong {
+        /// The field.
+        name: &'static str,
+        /// The longest accepted.
+        max: Duration,
+    },
+    /// An acknowledgement with no outcome.
+    #[error("ack of delivery {0} has no outcome: set success, failure or requeue")]
+    NoOutcome(u64),
+    /// More acknowledgements in one request than accepted.
+    #[error("{got} acks in one request; at most {max} are accepted")]
+    TooManyAcks {
+        /// How many were sent.
+        got: usize,
+        /// The most accepted.
+        max: usize,
+    },
     /// An enum value this server does not know.
     #[error("subscription {index}: unknown payload mode {value}")]
     PayloadMode {
@@ -193,6 +212,23 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
                 index,
                 value: sub.payload,
             });
+        }
+        for (name, value) in [
+            ("resource.group", &r.group),
+            ("resource.version", &r.version),
+            ("resource.kind", &r.kind),
+            ("resource.plural", &r.plural),
+        ] {
+            check_len(name, value)?;
+        }
+        if let Some(o) = &sub.owner {
+            for (name, value) in [
+                ("owner.group", &o.group),
+                ("owner.version", &o.version),
+                ("owner.kind", &o.kind),
+            ] {
+                check_len(name, value)?;
+            }
         }
         check_len("namespace", &sub.namespace)?;
         check_len("label_selector", &sub.label_selector)?;

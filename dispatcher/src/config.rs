@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use kube_dispatch_core::queue::QueueConfig;
 use kube_dispatch_proto::RingKey;
+pub use kube_dispatch_runtime::bounds::ServerLimits;
 use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
 
 pub use crate::security::SecurityConfig;
@@ -36,6 +37,9 @@ pub struct Limits {
     pub max_poll_wait: Duration,
     /// Most requests one poll returns.
     pub max_poll_items: usize,
+    /// Most bytes of requests one poll returns, whatever the client accepts
+    /// (`PollRequest.max_bytes` lowers it).
+    pub max_poll_bytes: usize,
     /// Most acks in one request.
     pub max_acks: usize,
 }
@@ -52,6 +56,7 @@ impl Default for Limits {
             max_ttl: Duration::from_secs(30),
             max_poll_wait: Duration::from_secs(5),
             max_poll_items: 1_000,
+            max_poll_bytes: 16 * 1024 * 1024,
             max_acks: 10_000,
         }
     }
@@ -96,6 +101,8 @@ pub struct ServeConfig {
     pub list_mode: ListMode,
     /// Largest request message accepted, in bytes.
     pub max_message_bytes: usize,
+    /// Connections, streams, calls without a credential and deadlines, held at the transport.
+    pub server: ServerLimits,
     /// Longest the drain may take after shutdown begins.
     pub drain_timeout: Duration,
     /// TLS, authentication and authorization.

@@ -417,15 +417,16 @@ impl Group {
         unknown
     }
 
-    /// Takes up to `max` ready keys for the session.
-    pub fn take(&self, session: SessionId, max: usize) -> Vec<Delivery> {
+    /// Takes up to `max` ready keys for the session, within `max_bytes`
+    /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]).
+    pub fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
         let out = {
             let queue = &mut self.state().queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`).
             if self.slice.borrow().settled.is_none() {
                 return Vec::new();
             }
-            queue.take(session, max, Self::now())
+            queue.take_within(session, max, max_bytes, Self::now())
         };
         for queued in out.iter().filter_map(|d| d.queued) {
             self.queue_duration.observe(queued.as_secs_f64());
@@ -546,7 +547,7 @@ mod tests {
             &RequestKey::new("", "ConfigMap", "ns", name).to_string(),
         ));
         assert!(
-            g.take(1, 10).is_empty(),
+            g.take(1, 10, usize::MAX).is_empty(),
             "nothing of d1's is delivered here"
         );
 
@@ -556,7 +557,7 @@ mod tests {
         tx.send_replace(Arc::new(held.clone()));
         g.apply_slice();
         assert!(
-            g.take(1, 10).is_empty(),
+            g.take(1, 10, usize::MAX).is_empty(),
             "held until the handover completes"
         );
 
@@ -565,7 +566,7 @@ mod tests {
         tx.send_replace(Arc::new(two.clone()));
         g.apply_slice();
         assert!(
-            g.take(1, 10).is_empty(),
+            g.take(1, 10, usize::MAX).is_empty(),
             "nothing of d1's is delivered here"
         );
         tx.send_replace(Arc::new(held.clone()));
@@ -575,7 +576,7 @@ mod tests {
         tx.send_replace(Arc::new(held));
         g.apply_slice();
         let got: Vec<(String, bool)> = g
-            .take(1, 10)
+            .take(1, 10, usize::MAX)
             .iter()
             .map(|d| (d.key.clone(), d.deleted))
             .collect();
@@ -594,7 +595,7 @@ mod tests {
 
     /// Delivered (key, reason, resourceVersion), each acknowledged.
     fn take_all(g: &Group) -> Vec<(String, Reason, String)> {
-        let got = g.take(1, 100);
+        let got = g.take(1, 100, usize::MAX);
         let acks = got.iter().map(|d| (d.id, Outcome::Success)).collect();
         g.ack(1, acks);
         got.iter()
@@ -708,18 +709,21 @@ mod tests {
         let g = group(&cancel);
         let (slot, _) = g.add_session(1, "s1".into(), "a", Duration::from_secs(60));
         g.change(KeyRef::from("k"), modified());
-        let d = g.take(1, 10);
+        let d = g.take(1, 10, usize::MAX);
         assert_eq!(d.len(), 1);
         let failed_at = Instant::now();
         assert_eq!(g.ack(1, vec![(d[0].id, Outcome::Failure)]), 0);
         // Consume the permit the first enqueue left, then wait for the retry's wake-up.
         slot.notify.notified().await;
-        assert!(g.take(1, 10).is_empty(), "not before the backoff");
+        assert!(
+            g.take(1, 10, usize::MAX).is_empty(),
+            "not before the backoff"
+        );
         tokio::time::timeout(Duration::from_secs(60), slot.notify.notified())
             .await
             .expect("the retry wakes the session");
         assert_eq!(failed_at.elapsed(), Duration::from_secs(10));
-        let retry = g.take(1, 10);
+        let retry = g.take(1, 10, usize::MAX);
         assert_eq!((retry[0].reason, retry[0].attempt), (Reason::Retry, 1));
         cancel.cancel();
     }
@@ -731,7 +735,7 @@ mod tests {
         let g = group(&cancel);
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
         g.change(KeyRef::from("k"), modified());
-        let d = g.take(1, 10);
+        let d = g.take(1, 10, usize::MAX);
         tokio::time::sleep(Duration::from_secs(29)).await;
         assert_eq!(g.ack(1, vec![]), 0);
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -407,6 +407,7 @@ impl Groups {
         acks: Vec<(DeliveryId, Outcome)>,
         wait: Duration,
         max: usize,
+        max_bytes: usize,
     ) -> Result<Polled, SessionError> {
         let (group, id, slot) = self.lookup(session, caller)?;
         let received = Instant::now();
@@ -421,7 +422,7 @@ impl Groups {
             if self.draining.is_cancelled() {
                 Vec::new()
             } else {
-                group.take(id, max)
+                group.take(id, max, max_bytes)
             }
         };
         let mut deliveries = take();

@@ -12,6 +12,7 @@ use kube_dispatch_dispatcher::{
 use kube_dispatch_proto::RingKey;
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
+    bounds::ServerFlags,
     client,
     flags::{CallFlags, SecurityFlags},
     logging, metrics, signal,
@@ -109,6 +110,13 @@ struct Args {
     /// Most reconcile requests one poll returns.
     #[arg(long, env = "KD_MAX_POLL_ITEMS", default_value_t = 1000)]
     max_poll_items: usize,
+
+    /// Most bytes of reconcile requests one poll returns, however much the client accepts
+    /// (a client that accepts less, as its poll says, gets less; one that names nothing gets at
+    /// most 4 MiB, gRPC's default limit). An object larger than the answer may hold is
+    /// delivered without its body and read fresh by the controller.
+    #[arg(long, env = "KD_MAX_POLL_BYTES", default_value_t = 16 * 1024 * 1024)]
+    max_poll_bytes: usize,
 
     /// Delay of the first retry after a failed reconcile; doubles per failure.
     #[arg(long, env = "KD_BACKOFF_BASE", default_value = "5ms", value_parser = humantime::parse_duration)]
@@ -230,6 +238,9 @@ struct Args {
 
     #[command(flatten)]
     calls: CallFlags,
+
+    #[command(flatten)]
+    server: ServerFlags,
 }
 
 #[tokio::main]
@@ -271,6 +282,7 @@ async fn main() -> anyhow::Result<()> {
         authorization_recheck,
         security,
         calls,
+        server,
         ..
     } = args;
     let _traces = logging::init_with_traces(
@@ -372,6 +384,7 @@ async fn main() -> anyhow::Result<()> {
             watch_grace,
             list_mode,
             max_message_bytes,
+            server: server.limits()?,
             drain_timeout,
             security,
             readiness,
@@ -396,6 +409,7 @@ struct LimitFlags {
     max_session_ttl: Duration,
     max_poll_wait: Duration,
     max_poll_items: usize,
+    max_poll_bytes: usize,
     backoff_base: Duration,
     backoff_cap: Duration,
     max_reconcile_time: Duration,
@@ -413,6 +427,7 @@ impl LimitFlags {
             max_session_ttl: args.max_session_ttl,
             max_poll_wait: args.max_poll_wait,
             max_poll_items: args.max_poll_items,
+            max_poll_bytes: args.max_poll_bytes,
             backoff_base: args.backoff_base,
             backoff_cap: args.backoff_cap,
             max_reconcile_time: args.max_reconcile_time,
@@ -437,6 +452,7 @@ fn limits(f: &LimitFlags) -> Limits {
         max_ttl: f.max_session_ttl.max(f.session_ttl),
         max_poll_wait: f.max_poll_wait,
         max_poll_items: f.max_poll_items.max(1),
+        max_poll_bytes: f.max_poll_bytes.max(1),
         ..Limits::default()
     }
 }

@@ -17,10 +17,9 @@ use kube_dispatch_proto::{
         peer_server::PeerServer,
     },
 };
-use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer};
+use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer, bounds::Connections};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -132,7 +131,12 @@ pub async fn serve(
     kube_dispatch_runtime::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
     guard.authentication().warn_if_anonymous("dispatcher");
     let local = listener.local_addr().ok();
-    let incoming = kube_dispatch_runtime::tls::incoming(listener, &config.security.transport)?;
+    let refusals = config.metrics.refusals();
+    let incoming = kube_dispatch_runtime::tls::incoming(
+        listener,
+        &config.security.transport,
+        Connections::new(config.server, refusals.clone()),
+    )?;
     let resolver = Resolver::new(client.clone());
     let groups = Groups::new(
         config.settings.clone(),
@@ -285,11 +289,17 @@ pub async fn serve(
     // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
     // `incoming` sets TCP_NODELAY (without it every long-poll response stalled about 40 ms on
     // loopback).
-    let server = Server::builder()
+    let server = config
+        .server
+        .server()
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted::<tonic::body::Body>,
         ))
-        .layer(AuthLayer::new(guard.authentication().clone()))
+        .layer(AuthLayer::new(
+            guard.authentication().clone(),
+            &config.server,
+            refusals,
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)

@@ -4,7 +4,10 @@
 
 #![no_main]
 
-use kube_dispatch_core::subscription::{positive_duration, validate_open};
+use kube_dispatch_core::{
+    request::ack_outcomes,
+    subscription::{positive_duration, validate_open},
+};
 use kube_dispatch_proto::{
     RequestKey,
     v1::{
@@ -26,12 +29,10 @@ fuzz_target!(|data: &[u8]| {
         if let Some(wait) = &poll.wait {
             let _ = positive_duration("wait", wait);
         }
-        for ack in &poll.acks {
-            let _ = ack.encoded_len();
-        }
+        let _ = ack_outcomes(&poll.acks, usize::MAX);
     }
     if let Ok(ack) = AckRequest::decode(data) {
-        let _ = ack.acks.len();
+        let _ = ack_outcomes(&ack.acks, usize::MAX);
     }
     let _ = CloseSessionRequest::decode(data);
     let _ = RegisterRequest::decode(data);

@@ -7,6 +7,7 @@ use clap::Parser;
 use kube_dispatch_loadbalancer::service::{Config, serve};
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
+    bounds::ServerFlags,
     flags::SecurityFlags,
     metrics,
 };
@@ -94,6 +95,9 @@ struct Args {
 
     #[command(flatten)]
     security: SecurityFlags,
+
+    #[command(flatten)]
+    server: ServerFlags,
 }
 
 #[tokio::main]
@@ -129,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
         replica_grace: args.replica_grace,
         max_registrations: args.max_registrations,
         transport: args.security.transport()?,
+        server: args.server.limits()?,
         authentication: args.security.authentication()?,
         readiness: Readiness::new("starting"),
         group_owners: args.security.group_owners()?,

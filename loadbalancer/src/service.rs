@@ -18,6 +18,7 @@ use kube_dispatch_proto::v1::{
 use kube_dispatch_runtime::{
     admin::Readiness,
     auth::{AuthConfig, AuthLayer, Authentication, Authenticator, Caller, GroupOwners},
+    bounds::{Connections, ServerLimits},
     leases::LeaseWatch,
     metrics::Metrics,
     tls::Transport,
@@ -25,7 +26,7 @@ use kube_dispatch_runtime::{
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, transport::Server};
+use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -59,6 +60,8 @@ pub struct Config {
     pub max_registrations: usize,
     /// TLS, or plaintext (`--insecure`).
     pub transport: Transport,
+    /// Connections, streams, calls without a credential and deadlines, held at the transport.
+    pub server: ServerLimits,
     /// How callers are authenticated; `None` takes anonymous registrations
     /// (`--allow-anonymous`).
     pub authentication: Option<AuthConfig>,
@@ -221,7 +224,12 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     kube_dispatch_runtime::tls::warn_if_plaintext(&config.transport, "load balancer");
     // TCP_NODELAY is set on every connection: small frames must not wait for a delayed ACK.
-    let incoming = kube_dispatch_runtime::tls::incoming(listener, &config.transport)?;
+    let refusals = config.metrics.refusals();
+    let incoming = kube_dispatch_runtime::tls::incoming(
+        listener,
+        &config.transport,
+        Connections::new(config.server, refusals.clone()),
+    )?;
     let authentication = match &config.authentication {
         Some(auth) => {
             Authentication::Required(Arc::new(Authenticator::new(client.clone(), auth.clone())))
@@ -281,8 +289,10 @@ pub async fn serve(
         let _ = started.send(Handles { registry, leading });
     }
     config.readiness.ready();
-    let result = Server::builder()
-        .layer(AuthLayer::new(authentication))
+    let result = config
+        .server
+        .server()
+        .layer(AuthLayer::new(authentication, &config.server, refusals))
         .add_service(health_service)
         .add_service(LoadBalancerServer::new(service))
         .serve_with_incoming_shutdown(incoming, async {

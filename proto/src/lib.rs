@@ -42,6 +42,25 @@ pub mod ring;
 pub use key::{KeyError, RequestKey};
 pub use ring::{Ring, RingKey};
 
+/// The largest answer a client accepts when its poll names none (`PollRequest.max_bytes` 0):
+/// 4 MiB, the default decoding limit of gRPC clients.
+pub const DEFAULT_MAX_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
+
+/// Bytes a dispatcher leaves free under a client's `max_bytes` for the answer's own framing.
+pub const ANSWER_HEADROOM: u32 = 4 * 1024;
+
+/// The bytes of reconcile requests a dispatcher puts in an answer to a poll that accepts
+/// `max_bytes` (0: [`DEFAULT_MAX_ANSWER_BYTES`]), under its own bound `dispatcher_max`.
+pub fn answer_budget(max_bytes: u32, dispatcher_max: usize) -> usize {
+    let accepted = match max_bytes {
+        0 => DEFAULT_MAX_ANSWER_BYTES,
+        n => n,
+    };
+    usize::try_from(accepted.saturating_sub(ANSWER_HEADROOM))
+        .unwrap_or(usize::MAX)
+        .min(dispatcher_max)
+}
+
 /// Version 1 of the API, package `kubedispatch.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod v1 {

@@ -11,8 +11,18 @@
 //! dispatchers, reasons and outcomes), so it needs no token. Keep the port off any Service
 //! that controllers use.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (more wait in the listen backlog),
-//! each closed after [`CONNECTION_LIFETIME`].
+//! Probes answer under any load of idle or slow connections:
+//!
+//! - every connection is accepted at once, and one that has not sent its request head within
+//!   [`HEAD_TIMEOUT`] is closed;
+//! - at most [`MAX_CONNECTIONS`] are open at once; a new one past it closes the oldest (a probe
+//!   sends its head within a millisecond of connecting, so only a flood of
+//!   [`MAX_CONNECTIONS`] connections within that millisecond could push it out);
+//! - each connection is closed after [`CONNECTION_LIFETIME`];
+//! - scrapes encode the metrics one at a time off the async workers, so probes never wait
+//!   behind them.
+//!
+//! Connections closed early count in `kube_dispatch_refused_total{bound="admin_connections"}`.
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
@@ -29,7 +39,11 @@
 //! # }
 //! ```
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use axum::{
     Router,
@@ -37,7 +51,10 @@ use axum::{
     http::{StatusCode, header},
     routing::get,
 };
-use hyper_util::{rt::TokioIo, service::TowerToHyperService};
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
 use tokio::{
     net::TcpListener,
     sync::{Semaphore, watch},
@@ -47,8 +64,11 @@ use tracing::{debug, warn};
 
 use crate::metrics::{self, Metrics};
 
-/// Most admin connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Most admin connections open at once; a new one past it closes the oldest.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Longest a connection may take to send its request head (each request's, kept-alive ones
+/// included).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest an admin connection stays open (probes and scrapes take milliseconds).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 
@@ -111,6 +131,7 @@ impl Default for Readiness {
 
 /// The admin routes, for callers that serve them themselves.
 pub fn router(readiness: Readiness, metrics: Metrics) -> Router {
+    let scrapes = Arc::new(Semaphore::new(1));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -118,12 +139,17 @@ pub fn router(readiness: Readiness, metrics: Metrics) -> Router {
         .route(
             "/metrics",
             get(move || {
-                let metrics = metrics.clone();
+                let (metrics, scrapes) = (metrics.clone(), scrapes.clone());
                 async move {
-                    (
-                        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-                        metrics.encode(),
-                    )
+                    // One scrape encodes at a time, on a blocking thread: a slow or repeated
+                    // scrape never holds up a probe.
+                    let Ok(_turn) = scrapes.acquire_owned().await else {
+                        return Err(StatusCode::SERVICE_UNAVAILABLE);
+                    };
+                    let text = tokio::task::spawn_blocking(move || metrics.encode())
+                        .await
+                        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text))
                 }
             }),
         )
@@ -146,16 +172,12 @@ pub async fn serve(
     metrics: Metrics,
     stop: CancellationToken,
 ) {
+    let refusals = metrics.refusals();
     let service = TowerToHyperService::new(router(readiness, metrics));
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // The open connections, oldest first, each with the token that closes it.
+    let open: Arc<Mutex<VecDeque<(u64, CancellationToken)>>> = Arc::default();
+    let mut next_id = 0u64;
     loop {
-        let permit = tokio::select! {
-            () = stop.cancelled() => return,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-        };
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -169,19 +191,41 @@ pub async fn serve(
                 }
             },
         };
-        let (service, stop) = (service.clone(), stop.clone());
+        let id = next_id;
+        next_id += 1;
+        let close = stop.child_token();
+        {
+            let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+            if open.len() >= MAX_CONNECTIONS
+                && let Some((_, oldest)) = open.pop_front()
+            {
+                oldest.cancel();
+                refusals.refused(
+                    "admin_connections",
+                    &peer.ip().to_string(),
+                    "the admin endpoint is at its connection bound: the oldest was closed",
+                );
+            }
+            open.push_back((id, close.clone()));
+        }
+        let (service, open) = (service.clone(), open.clone());
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
-                () = stop.cancelled() => {}
+                () = close.cancelled() => {}
                 served = tokio::time::timeout(CONNECTION_LIFETIME, connection) => {
                     if let Ok(Err(error)) = served {
                         debug!(%peer, %error, "admin connection failed");
                     }
                 }
             }
-            drop(permit);
+            let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(at) = open.iter().position(|(i, _)| *i == id) {
+                open.remove(at);
+            }
         });
     }
 }
@@ -241,6 +285,61 @@ mod tests {
         assert_eq!(status, 200);
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
 
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    /// Idle connections, slow ones that never finish their request head, and more of them than
+    /// the endpoint holds: the probe still answers at once.
+    #[tokio::test]
+    async fn probes_answer_under_idle_and_slow_connections() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let metrics = Metrics::default();
+        let server = tokio::spawn(serve(
+            listener,
+            Readiness::default(),
+            metrics.clone(),
+            stop.clone(),
+        ));
+        let mut held = Vec::new();
+        for i in 0..MAX_CONNECTIONS + 100 {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            if i % 2 == 0 {
+                // Slow: part of a head, never finished.
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost")
+                    .await
+                    .unwrap();
+            }
+            held.push(stream);
+        }
+        let asked = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(1), get(address, "/healthz")).await;
+        assert_eq!(
+            answer.expect("the probe answers within 1 s"),
+            (200, "ok\n".into()),
+            "after {:?}",
+            asked.elapsed()
+        );
+        assert!(
+            metrics.refusals().count("admin_connections") >= 100,
+            "the oldest connections were closed past the bound"
+        );
+        // Idle connections are closed once their head is late.
+        let mut first = held.swap_remove(held.len() - 1);
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(
+            HEAD_TIMEOUT + Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(&mut first, &mut byte),
+        )
+        .await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "an idle connection outlived the head timeout: {closed:?}"
+        );
         stop.cancel();
         server.await.unwrap();
     }

@@ -4,9 +4,20 @@
 //! answers UNAUTHENTICATED with a message that says what is wrong, never the token).
 //!
 //! Reviews are cached in a bounded map keyed by the token's SHA-256: a verdict is kept at most
-//! [`AuthConfig::cache_ttl`] (a refusal [`AuthConfig::refusal_ttl`]) and never past the token's own
-//! expiry, and one review per token is in flight at a time, so the API server sees a review
-//! per token and period, not per call.
+//! [`AuthConfig::cache_ttl`] (a refusal [`AuthConfig::refusal_ttl`], in a map of its own so
+//! refusals never push out verdicts) and never past the token's own expiry, and one review per
+//! token is in flight at a time, so the API server sees a review per token and period, not per
+//! call.
+//!
+//! Reviews cannot be starved by a flood of bad tokens:
+//!
+//! - a token that cannot pass is refused without a review: not a JWT (every ServiceAccount token
+//!   is one), expired, or for none of the accepted audiences;
+//! - a token verified before is reviewed again, when its verdict ages out, ahead of the budget
+//!   of new tokens ([`AuthConfig::review_rate`]), which only tokens never verified spend;
+//! - a peer address whose tokens failed review is held to
+//!   [`AuthConfig::failures_per_peer`] further reviews of new tokens, while other peers are
+//!   reviewed as before.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -25,7 +36,14 @@ use sha2::{Digest, Sha256};
 use tonic::{Status, body::Body};
 use tracing::warn;
 
-use crate::limits::{RateExceeded, RateLimits, RequestRate};
+use http_body_util::BodyExt as _;
+use tokio::sync::Semaphore;
+use tonic::transport::server::TcpConnectInfo;
+
+use crate::{
+    bounds::{Refusals, ServerLimits},
+    limits::{RateExceeded, RateLimits, RequestRate},
+};
 
 /// Paths no credential is asked for: the health service, which the kubelet's probes call.
 const UNAUTHENTICATED_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
@@ -172,11 +190,13 @@ pub struct AuthConfig {
     pub cache_capacity: u64,
     /// How fast each identity may call this server.
     pub rate: RequestRate,
-    /// How many tokens not in the cache may be reviewed per second (TokenReview), over all
+    /// How many tokens never verified may be reviewed per second (TokenReview), over all
     /// callers: a caller sending a new garbage token on every call cannot make this server
     /// flood the API server with reviews. Past it, calls with new tokens get UNAVAILABLE
-    /// (retry); tokens already verified are served from the cache as before.
+    /// (retry); tokens verified before are reviewed again outside this budget.
     pub review_rate: RequestRate,
+    /// Reviews of new tokens one peer address may ask for once a token of it failed review.
+    pub failures_per_peer: RequestRate,
 }
 
 impl Default for AuthConfig {
@@ -190,6 +210,10 @@ impl Default for AuthConfig {
             review_rate: RequestRate {
                 per_second: std::num::NonZeroU32::new(50).expect("non-zero"),
                 burst: std::num::NonZeroU32::new(100).expect("non-zero"),
+            },
+            failures_per_peer: RequestRate {
+                per_second: std::num::NonZeroU32::new(1).expect("non-zero"),
+                burst: std::num::NonZeroU32::new(10).expect("non-zero"),
             },
         }
     }
@@ -209,6 +233,25 @@ pub enum Unauthenticated {
     /// A header that is not `Bearer <token>`.
     #[error("malformed credential: {0}")]
     Malformed(&'static str),
+    /// A token that is not a JWT, as every ServiceAccount token is.
+    #[error(
+        "the bearer token is not a JWT: send a projected ServiceAccount token for audience {0}"
+    )]
+    NotAJwt(String),
+    /// A peer whose tokens failed review, over its budget of further reviews.
+    #[error(
+        "too many failed authentications from {peer}: new tokens from it are reviewed at most {per_second} per second (bursts of {burst}); retry in {retry_after:?}"
+    )]
+    FailingPeer {
+        /// The peer address.
+        peer: String,
+        /// Reviews per second allowed.
+        per_second: u32,
+        /// Reviews at once allowed.
+        burst: u32,
+        /// When the next review would be made.
+        retry_after: Duration,
+    },
     /// The token's `exp` claim has passed.
     #[error("token expired {0} s ago: the kubelet rotates projected tokens; read the file again")]
     Expired(u64),
@@ -232,6 +275,7 @@ impl From<Unauthenticated> for Status {
     fn from(e: Unauthenticated) -> Self {
         match e {
             Unauthenticated::Unavailable(_) => Status::unavailable(e.to_string()),
+            Unauthenticated::FailingPeer { .. } => Status::resource_exhausted(e.to_string()),
             _ => Status::unauthenticated(e.to_string()),
         }
     }
@@ -310,25 +354,21 @@ pub fn bearer_token(header: Option<&[u8]>) -> Result<&str, Unauthenticated> {
     Ok(token)
 }
 
+/// A token that passed review.
 #[derive(Clone, Debug)]
 struct Verdict {
-    result: Result<Arc<Identity>, Unauthenticated>,
+    identity: Arc<Identity>,
     /// When the token itself expires, as Unix seconds.
     token_expiry: Option<u64>,
 }
 
 struct VerdictExpiry {
     ttl: Duration,
-    refusal_ttl: Duration,
 }
 
 impl moka::Expiry<[u8; 32], Verdict> for VerdictExpiry {
     fn expire_after_create(&self, _: &[u8; 32], v: &Verdict, _: Instant) -> Option<Duration> {
-        let ttl = if v.result.is_ok() {
-            self.ttl
-        } else {
-            self.refusal_ttl
-        };
+        let ttl = self.ttl;
         let lives = v
             .token_expiry
             .map(|exp| Duration::from_secs(exp.saturating_sub(unix_now())));
@@ -341,10 +381,33 @@ pub struct Authenticator {
     client: Client,
     config: AuthConfig,
     audiences: String,
+    /// Verdicts of tokens that passed, within the cache ttl.
     cache: moka::future::Cache<[u8; 32], Verdict>,
+    /// Refusals, within the refusal ttl: apart, so a flood of bad tokens never pushes out a
+    /// verified one.
+    refused: moka::sync::Cache<[u8; 32], Unauthenticated>,
+    /// Tokens that passed a review, until they expire: reviewed again outside the budget of
+    /// new tokens.
+    known: moka::sync::Cache<[u8; 32], Option<u64>>,
     rates: RateLimits,
-    /// Reviews of tokens not in the cache, over all callers.
+    /// Reviews of tokens never verified, over all callers.
     reviews: governor::DefaultDirectRateLimiter,
+    /// Reviews of new tokens from peers whose tokens failed.
+    failing_peers: RateLimits,
+}
+
+/// Longest a verified token counts as known without a `exp` claim.
+const KNOWN_AT_MOST: Duration = Duration::from_secs(24 * 3600);
+
+/// A known token is forgotten when it expires (its `exp`, as Unix seconds).
+struct UntilTokenExpiry;
+
+impl moka::Expiry<[u8; 32], Option<u64>> for UntilTokenExpiry {
+    fn expire_after_create(&self, _: &[u8; 32], exp: &Option<u64>, _: Instant) -> Option<Duration> {
+        Some(exp.map_or(KNOWN_AT_MOST, |exp| {
+            Duration::from_secs(exp.saturating_sub(unix_now())).min(KNOWN_AT_MOST)
+        }))
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -363,7 +426,6 @@ impl Authenticator {
             .max_capacity(config.cache_capacity)
             .expire_after(VerdictExpiry {
                 ttl: config.cache_ttl,
-                refusal_ttl: config.refusal_ttl,
             })
             .build();
         Self {
@@ -374,6 +436,15 @@ impl Authenticator {
                 governor::Quota::per_second(config.review_rate.per_second)
                     .allow_burst(config.review_rate.burst),
             ),
+            refused: moka::sync::Cache::builder()
+                .max_capacity(config.cache_capacity)
+                .time_to_live(config.refusal_ttl)
+                .build(),
+            known: moka::sync::Cache::builder()
+                .max_capacity(config.cache_capacity)
+                .expire_after(UntilTokenExpiry)
+                .build(),
+            failing_peers: RateLimits::new(config.failures_per_peer, config.cache_capacity),
             config,
             cache,
         }
@@ -384,10 +455,11 @@ impl Authenticator {
         self.rates.check(&identity.username)
     }
 
-    /// The caller who sent `header` (the `authorization` header's value).
+    /// The caller who sent `header` (the `authorization` header's value) from `peer`.
     pub async fn authenticate(
         &self,
         header: Option<&[u8]>,
+        peer: Option<std::net::IpAddr>,
     ) -> Result<Arc<Identity>, Unauthenticated> {
         let token = bearer_token(header).map_err(|e| match e {
             Unauthenticated::Missing { .. } => Unauthenticated::Missing {
@@ -395,43 +467,68 @@ impl Authenticator {
             },
             e => e,
         })?;
-        let claims = claims(token);
-        if let Some(claims) = &claims {
-            let now = unix_now();
-            if let Some(exp) = claims.exp
-                && exp <= now
-            {
-                return Err(Unauthenticated::Expired(now - exp));
-            }
-            if !claims.aud.is_empty()
-                && !claims.aud.iter().any(|a| self.config.audiences.contains(a))
-            {
-                return Err(Unauthenticated::WrongAudience {
-                    got: claims.aud.clone(),
-                    want: self.audiences.clone(),
-                });
-            }
+        // Refused without a review: nothing the API server says could make it pass.
+        let Some(claims) = claims(token) else {
+            return Err(Unauthenticated::NotAJwt(self.audiences.clone()));
+        };
+        let now = unix_now();
+        if let Some(exp) = claims.exp
+            && exp <= now
+        {
+            return Err(Unauthenticated::Expired(now - exp));
+        }
+        if !claims.aud.iter().any(|a| self.config.audiences.contains(a)) {
+            return Err(Unauthenticated::WrongAudience {
+                got: claims.aud.clone(),
+                want: self.audiences.clone(),
+            });
         }
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let token_expiry = claims.and_then(|c| c.exp);
+        if let Some(refusal) = self.refused.get(&key) {
+            return Err(refusal);
+        }
+        let token_expiry = claims.exp;
+        let peer_name = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
         let verdict = self
             .cache
             .try_get_with(key, async {
-                if self.reviews.check().is_err() {
-                    let rate = self.config.review_rate;
-                    return Err(Unauthenticated::Unavailable(format!(
-                        "this server reviews at most {} new tokens per second (bursts of {}) and is at that rate: retry",
-                        rate.per_second, rate.burst
-                    )));
+                // A token verified before is reviewed again ahead of new ones.
+                if !self.known.contains_key(&key) {
+                    if let Err(e) = self.failing_peers.check_if_known(&peer_name) {
+                        return Err(Unauthenticated::FailingPeer {
+                            peer: peer_name.clone(),
+                            per_second: e.per_second,
+                            burst: e.burst,
+                            retry_after: e.retry_after,
+                        });
+                    }
+                    if self.reviews.check().is_err() {
+                        let rate = self.config.review_rate;
+                        return Err(Unauthenticated::Unavailable(format!(
+                            "this server reviews at most {} new tokens per second (bursts of {}) and is at that rate: retry",
+                            rate.per_second, rate.burst
+                        )));
+                    }
                 }
-                self.review(token).await.map(|result| Verdict {
-                    result,
-                    token_expiry,
-                })
+                match self.review(token).await? {
+                    Ok(identity) => {
+                        self.known.insert(key, token_expiry);
+                        Ok(Verdict {
+                            identity,
+                            token_expiry,
+                        })
+                    }
+                    Err(refusal) => {
+                        // Counted against the peer; remembered apart from the verdicts.
+                        let _ = self.failing_peers.check(&peer_name);
+                        self.refused.insert(key, refusal.clone());
+                        Err(refusal)
+                    }
+                }
             })
             .await
             .map_err(|e: Arc<Unauthenticated>| (*e).clone())?;
-        verdict.result
+        Ok(verdict.identity)
     }
 
     /// One TokenReview; `Err` when it could not be made (not cached).
@@ -461,10 +558,10 @@ impl Authenticator {
                 .unwrap_or_else(|| "not authenticated".into());
             return Ok(Err(Unauthenticated::Rejected(why)));
         }
-        if let Some(got) = status.audiences
-            && !got.is_empty()
-            && !got.iter().any(|a| self.config.audiences.contains(a))
-        {
+        // The API server answers the audiences of ours the token is valid for; none (an
+        // authenticator that does not check audiences) is not a pass.
+        let got = status.audiences.unwrap_or_default();
+        if !got.iter().any(|a| self.config.audiences.contains(a)) {
             return Ok(Err(Unauthenticated::WrongAudience {
                 got,
                 want: self.audiences.clone(),
@@ -517,14 +614,23 @@ impl Authentication {
 
 /// A tower layer that authenticates every request but health checks, holds each identity to its
 /// request rate (RESOURCE_EXHAUSTED past it), and puts its [`Caller`] in the request's
-/// extensions.
+/// extensions. Health checks, which carry no credential, share a budget of their own
+/// ([`ServerLimits::max_unauthenticated_calls`]) held until their answer ends, streams included.
 #[derive(Clone, Debug)]
-pub struct AuthLayer(Authentication);
+pub struct AuthLayer {
+    authentication: Authentication,
+    unauthenticated: Arc<Semaphore>,
+    refusals: Refusals,
+}
 
 impl AuthLayer {
-    /// Authenticates as `authentication` says.
-    pub fn new(authentication: Authentication) -> Self {
-        Self(authentication)
+    /// Authenticates as `authentication` says, within `limits`; refusals counted in `refusals`.
+    pub fn new(authentication: Authentication, limits: &ServerLimits, refusals: Refusals) -> Self {
+        Self {
+            authentication,
+            unauthenticated: Arc::new(Semaphore::new(limits.max_unauthenticated_calls)),
+            refusals,
+        }
     }
 }
 
@@ -534,7 +640,7 @@ impl<S> tower::Layer<S> for AuthLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Authenticate {
             inner,
-            authentication: self.0.clone(),
+            layer: self.clone(),
         }
     }
 }
@@ -543,7 +649,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone, Debug)]
 pub struct Authenticate<S> {
     inner: S,
-    authentication: Authentication,
+    layer: AuthLayer,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -568,24 +674,61 @@ where
         // The clone that was made ready is the one that serves this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let authentication = self.authentication.clone();
+        let layer = self.layer.clone();
         Box::pin(async move {
+            let peer = request
+                .extensions()
+                .get::<TcpConnectInfo>()
+                .and_then(TcpConnectInfo::remote_addr)
+                .map(|a| a.ip());
             let path = request.uri().path();
-            let caller = match &authentication {
-                _ if UNAUTHENTICATED_PREFIXES.iter().any(|p| path.starts_with(p)) => {
-                    Caller::Anonymous
-                }
+            if UNAUTHENTICATED_PREFIXES.iter().any(|p| path.starts_with(p)) {
+                let Ok(permit) = layer.unauthenticated.clone().try_acquire_owned() else {
+                    let who = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+                    layer.refusals.refused(
+                        "unauthenticated_calls",
+                        &who,
+                        "calls without a credential (health) are at their bound",
+                    );
+                    return Ok(Status::resource_exhausted(
+                        "this server takes only so many calls without a credential (health checks) at once; retry",
+                    )
+                    .into_http());
+                };
+                request.extensions_mut().insert(Caller::Anonymous);
+                let response = inner.call(request).await?;
+                // Held until the answer ends: a Health/Watch stream keeps its place.
+                return Ok(response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _held = &permit;
+                        frame
+                    }))
+                }));
+            }
+            let caller = match &layer.authentication {
                 Authentication::Anonymous => Caller::Anonymous,
                 Authentication::Required(authenticator) => {
                     let header = request
                         .headers()
                         .get(http::header::AUTHORIZATION)
                         .map(|v| v.as_bytes());
-                    let identity = match authenticator.authenticate(header).await {
+                    let identity = match authenticator.authenticate(header, peer).await {
                         Ok(identity) => identity,
-                        Err(e) => return Ok(Status::from(e).into_http()),
+                        Err(e) => {
+                            if let Unauthenticated::FailingPeer { peer, .. } = &e {
+                                layer.refusals.refused(
+                                    "failed_authentications_per_peer",
+                                    peer,
+                                    &e.to_string(),
+                                );
+                            }
+                            return Ok(Status::from(e).into_http());
+                        }
                     };
                     if let Err(e) = authenticator.admit(&identity) {
+                        layer
+                            .refusals
+                            .refused("request_rate", &identity.username, &e.to_string());
                         return Ok(Status::resource_exhausted(e.to_string()).into_http());
                     }
                     Caller::Authenticated(identity)
@@ -606,33 +749,100 @@ mod tests {
         format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(claims))
     }
 
-    /// New tokens past the review rate are refused as UNAVAILABLE without asking the API
-    /// server (here, one that does not answer at all).
-    #[tokio::test]
-    async fn new_tokens_past_the_review_rate_are_not_reviewed() {
-        let nowhere = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = Client::try_from(nowhere).expect("a client");
+    fn valid_jwt(n: u32) -> String {
+        jwt(&format!(
+            r#"{{"aud":["kube-dispatch"],"exp":{},"n":{n}}}"#,
+            unix_now() + 3600
+        ))
+    }
+
+    /// An authenticator whose API server answers every TokenReview with `review` (JSON), and
+    /// the number of reviews it was asked for.
+    fn reviewed_by(
+        review: &'static str,
+        config: AuthConfig,
+    ) -> (Authenticator, Arc<std::sync::atomic::AtomicUsize>) {
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::<
+                    bytes::Bytes,
+                >::from(
+                    review
+                )))
+            }
+        });
+        let client = Client::new(service, "default");
+        (Authenticator::new(client, config), asked)
+    }
+
+    const PASS: &str = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{},"status":{"authenticated":true,"audiences":["kube-dispatch"],"user":{"username":"system:serviceaccount:ns:good"}}}"#;
+    const FAIL: &str = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{},"status":{"authenticated":false,"error":"invalid bearer token"}}"#;
+    const NO_AUDIENCES: &str = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{},"status":{"authenticated":true,"user":{"username":"legacy"}}}"#;
+
+    fn one() -> RequestRate {
         let one = std::num::NonZeroU32::new(1).expect("non-zero");
-        let authenticator = Authenticator::new(
-            client,
-            AuthConfig {
-                review_rate: RequestRate {
-                    per_second: one,
-                    burst: one,
-                },
-                ..AuthConfig::default()
-            },
-        );
-        let first = authenticator
-            .authenticate(Some(b"Bearer garbage-1"))
+        RequestRate {
+            per_second: one,
+            burst: one,
+        }
+    }
+
+    /// Tokens that cannot pass are refused without a review: not a JWT, expired, for another
+    /// audience or none.
+    #[tokio::test]
+    async fn hopeless_tokens_are_refused_without_a_review() {
+        let (authenticator, asked) = reviewed_by(PASS, AuthConfig::default());
+        for (token, why) in [
+            ("opaque-garbage".to_owned(), "not a JWT"),
+            (jwt(r#"{"aud":["kube-dispatch"],"exp":1}"#), "expired"),
+            (jwt(r#"{"aud":["other"]}"#), "audiences"),
+            (jwt(r#"{"exp":99999999999}"#), "audiences"),
+        ] {
+            let header = format!("Bearer {token}");
+            let e = authenticator
+                .authenticate(Some(header.as_bytes()), None)
+                .await
+                .expect_err(why);
+            assert!(e.to_string().contains(why), "{why}: {e}");
+        }
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    /// A review that names none of our audiences (an authenticator that ignores them) is no
+    /// pass.
+    #[tokio::test]
+    async fn a_review_without_audiences_does_not_pass() {
+        let (authenticator, _) = reviewed_by(NO_AUDIENCES, AuthConfig::default());
+        let header = format!("Bearer {}", valid_jwt(1));
+        let e = authenticator
+            .authenticate(Some(header.as_bytes()), None)
             .await
-            .expect_err("nobody reviews it");
-        assert!(
-            first.to_string().contains("TokenReview failed"),
-            "the first is sent for review: {first}"
-        );
+            .expect_err("no audience");
+        assert!(matches!(e, Unauthenticated::WrongAudience { .. }), "{e}");
+    }
+
+    /// New tokens past the review rate are refused as UNAVAILABLE without asking the API
+    /// server, while a token verified before is reviewed again outside that budget.
+    #[tokio::test]
+    async fn verified_tokens_are_reviewed_again_ahead_of_new_ones() {
+        let config = AuthConfig {
+            review_rate: one(),
+            cache_ttl: Duration::from_millis(1),
+            ..AuthConfig::default()
+        };
+        let (authenticator, asked) = reviewed_by(PASS, config);
+        let good = format!("Bearer {}", valid_jwt(0));
+        let identity = authenticator
+            .authenticate(Some(good.as_bytes()), None)
+            .await
+            .expect("the first new token is reviewed");
+        assert_eq!(identity.username, "system:serviceaccount:ns:good");
+        let new = format!("Bearer {}", valid_jwt(1));
         let second = authenticator
-            .authenticate(Some(b"Bearer garbage-2"))
+            .authenticate(Some(new.as_bytes()), None)
             .await
             .expect_err("over the rate");
         assert_eq!(
@@ -645,6 +855,54 @@ mod tests {
                 .contains("reviews at most 1 new tokens per second"),
             "{second}"
         );
+        // The verdict aged out (1 ms): the known token is reviewed again at once.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        authenticator.cache.run_pending_tasks().await;
+        authenticator
+            .authenticate(Some(good.as_bytes()), None)
+            .await
+            .expect("a known token is not held to the budget of new ones");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A peer whose tokens fail review is held to its own budget of further reviews; another
+    /// peer is reviewed as before.
+    #[tokio::test]
+    async fn a_failing_peer_is_held_to_its_budget() {
+        let config = AuthConfig {
+            failures_per_peer: one(),
+            ..AuthConfig::default()
+        };
+        let (authenticator, asked) = reviewed_by(FAIL, config);
+        let (bad, other): (std::net::IpAddr, std::net::IpAddr) = (
+            "10.0.0.66".parse().expect("an address"),
+            "10.0.0.7".parse().expect("an address"),
+        );
+        let attempt = |n: u32, peer| {
+            let header = format!("Bearer {}", valid_jwt(n));
+            let authenticator = &authenticator;
+            async move {
+                authenticator
+                    .authenticate(Some(header.as_bytes()), Some(peer))
+                    .await
+                    .expect_err("every token fails")
+            }
+        };
+        assert!(matches!(
+            attempt(1, bad).await,
+            Unauthenticated::Rejected(_)
+        ));
+        let held = attempt(2, bad).await;
+        assert!(
+            matches!(held, Unauthenticated::FailingPeer { .. }),
+            "{held}"
+        );
+        assert_eq!(Status::from(held).code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(
+            attempt(3, other).await,
+            Unauthenticated::Rejected(_)
+        ));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]

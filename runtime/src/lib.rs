@@ -10,6 +10,7 @@
 //! | [`tls`] | TLS for the servers: certificate files read again when they change |
 //! | [`auth`] | who is calling: bearer tokens verified by TokenReview, through a bounded cache |
 //! | [`authz`] | what the caller may read: SubjectAccessReviews for `list` and `watch`, cached |
+//! | [`bounds`] | the transport bounds of every gRPC server (connections, streams, calls without a credential, deadlines), and the count and log of their refusals |
 //! | [`limits`] | the request rate of each identity, so one cannot starve the others |
 //! | [`flags`] | the security flags every server takes, and what they turn into |
 //! | [`admin`] | the admin endpoint: `/metrics`, `/healthz` and `/readyz` over plaintext HTTP for scrapes and probes |
@@ -36,6 +37,7 @@
 pub mod admin;
 pub mod auth;
 pub mod authz;
+pub mod bounds;
 pub mod client;
 pub mod flags;
 pub mod leases;

@@ -88,6 +88,16 @@ impl RateLimits {
         }
     }
 
+    /// Counts one request of `user` if `user` was counted lately (it has a limiter); refused
+    /// when it is over its rate. One not seen lately passes and is not remembered.
+    pub fn check_if_known(&self, user: &str) -> Result<(), RateExceeded> {
+        if self.limiters.contains_key(user) {
+            self.check(user)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Counts one request of `user`; refused when `user` is over its rate.
     pub fn check(&self, user: &str) -> Result<(), RateExceeded> {
         let limiter = self

@@ -10,7 +10,7 @@
 //! Label cardinality is bounded by design: labels name controller groups, dispatchers, reasons
 //! and outcomes, never a key, a uid or an object.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus_client::{
     collector::Collector,
@@ -24,20 +24,39 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// A process's metrics registry; cheap to clone, every clone is the same registry.
 #[derive(Clone, Debug)]
-pub struct Metrics(Arc<Mutex<Registry>>);
+pub struct Metrics(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    registry: Mutex<Registry>,
+    /// The one count of refused calls and connections, made when first asked for.
+    refusals: OnceLock<crate::bounds::Refusals>,
+}
 
 impl Default for Metrics {
     /// A registry with the process metrics in it.
     fn default() -> Self {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ProcessMetrics));
-        Self(Arc::new(Mutex::new(registry)))
+        Self(Arc::new(Inner {
+            registry: Mutex::new(registry),
+            refusals: OnceLock::new(),
+        }))
     }
 }
 
 impl Metrics {
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The process's count of refusals by its bounds (`kube_dispatch_refused_total`),
+    /// registered here when first asked for; every server of the process shares it.
+    pub fn refusals(&self) -> crate::bounds::Refusals {
+        self.0
+            .refusals
+            .get_or_init(|| crate::bounds::Refusals::register(self))
+            .clone()
     }
 
     /// Registers `metric` (a counter, gauge, histogram or a family of them) as `name`. A

@@ -5,9 +5,11 @@
 //! [`incoming`] turns a listener into the connection stream a tonic server serves: plaintext
 //! only when the operator asked for it ([`Transport::Plaintext`], the binaries' `--insecure`).
 //!
-//! Bounds: at most [`MAX_HANDSHAKES`] handshakes at once (further connections are closed at once,
-//! as a full backlog would refuse them), each within [`HANDSHAKE_TIMEOUT`]; at most
-//! [`ACCEPTED_BACKLOG`] accepted connections wait for the server to take them.
+//! Bounds: connections in all and per peer address ([`crate::bounds::Connections`]: past them a
+//! new connection is closed at once); at most [`MAX_HANDSHAKES`] handshakes at once (further
+//! connections are closed at once, as a full backlog would refuse them), each within
+//! [`HANDSHAKE_TIMEOUT`]; at most [`ACCEPTED_BACKLOG`] accepted connections wait for the server
+//! to take them.
 
 use std::{
     io,
@@ -33,6 +35,8 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, info, warn};
+
+use crate::bounds::{ConnectionPermit, Connections};
 
 /// Most TLS handshakes in progress at once on one listener.
 pub const MAX_HANDSHAKES: usize = 256;
@@ -229,12 +233,14 @@ async fn reload(
 }
 
 /// The connections a server accepts on `listener`, over TLS unless `transport` is plaintext,
-/// with TCP_NODELAY set (small gRPC frames such as a poll's answer must not wait for a delayed
-/// ACK). The first certificate is loaded before this returns, so a bad file fails at start;
-/// the stream ends (and the listener closes) when the server drops it.
+/// within `connections`' bounds, with TCP_NODELAY set (small gRPC frames such as a poll's
+/// answer must not wait for a delayed ACK). The first certificate is loaded before this
+/// returns, so a bad file fails at start; the stream ends (and the listener closes) when the
+/// server drops it.
 pub fn incoming(
     listener: TcpListener,
     transport: &Transport,
+    connections: Arc<Connections>,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, TlsError> {
     let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
     let acceptor = match transport {
@@ -258,13 +264,14 @@ pub fn incoming(
             Some(TlsAcceptor::from(Arc::new(config)))
         }
     };
-    tokio::spawn(accept(listener, acceptor, tx));
+    tokio::spawn(accept(listener, acceptor, connections, tx));
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 async fn accept(
     listener: TcpListener,
     acceptor: Option<TlsAcceptor>,
+    connections: Arc<Connections>,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
@@ -281,26 +288,36 @@ async fn accept(
                 }
             },
         };
+        // Closed at once (dropped) when this server or this peer is at its bound.
+        let Some(permit) = connections.admit(peer.ip()) else {
+            continue;
+        };
         if let Err(e) = tcp.set_nodelay(true) {
             debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         let Some(acceptor) = &acceptor else {
-            if tx.send(Ok(Conn(Inner::Plain(tcp)))).await.is_err() {
+            if tx
+                .send(Ok(Conn::new(Inner::Plain(tcp), permit)))
+                .await
+                .is_err()
+            {
                 return;
             }
             continue;
         };
-        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+        let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
             debug!(%peer, limit = MAX_HANDSHAKES, "too many TLS handshakes in progress; connection closed");
             continue;
         };
         let (acceptor, tx) = (acceptor.clone(), tx.clone());
         tokio::spawn(async move {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-            drop(permit);
-            match handshake {
+            let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            drop(handshake);
+            match shaken {
                 Ok(Ok(tls)) => {
-                    let _ = tx.send(Ok(Conn(Inner::Tls(Box::new(tls))))).await;
+                    let _ = tx
+                        .send(Ok(Conn::new(Inner::Tls(Box::new(tls)), permit)))
+                        .await;
                 }
                 // A plaintext client, a client that does not trust our CA, a port scan: the
                 // client sees the failure; here it is only worth a debug line.
@@ -311,9 +328,14 @@ async fn accept(
     }
 }
 
-/// An accepted connection, over TLS or plaintext.
+/// An accepted connection, over TLS or plaintext, holding its place within the server's
+/// connection bounds until it closes.
 #[derive(Debug)]
-pub struct Conn(Inner);
+pub struct Conn {
+    inner: Inner,
+    /// Frees this connection's place when it closes.
+    _permit: ConnectionPermit,
+}
 
 #[derive(Debug)]
 enum Inner {
@@ -322,8 +344,15 @@ enum Inner {
 }
 
 impl Conn {
+    fn new(inner: Inner, permit: ConnectionPermit) -> Self {
+        Self {
+            inner,
+            _permit: permit,
+        }
+    }
+
     fn tcp(&self) -> &TcpStream {
-        match &self.0 {
+        match &self.inner {
             Inner::Plain(tcp) => tcp,
             Inner::Tls(tls) => tls.get_ref().0,
         }
@@ -344,7 +373,7 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().inner {
             Inner::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Inner::Tls(s) => Pin::new(s).poll_read(cx, buf),
         }
@@ -357,7 +386,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().inner {
             Inner::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Inner::Tls(s) => Pin::new(s).poll_write(cx, buf),
         }
@@ -368,28 +397,28 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().inner {
             Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Inner::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.0 {
+        match &self.inner {
             Inner::Plain(s) => s.is_write_vectored(),
             Inner::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().inner {
             Inner::Plain(s) => Pin::new(s).poll_flush(cx),
             Inner::Tls(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().inner {
             Inner::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Inner::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }

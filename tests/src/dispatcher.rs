@@ -59,6 +59,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         watch_grace: Duration::from_secs(5),
         list_mode: Default::default(),
         max_message_bytes: 4 * 1024 * 1024,
+        server: Default::default(),
         drain_timeout: Duration::from_secs(5),
         security: test_security(),
         readiness: Default::default(),
@@ -267,6 +268,7 @@ impl TestSession {
                 max_items: 0,
                 wait: prost_types::Duration::try_from(wait).ok(),
                 acks,
+                max_bytes: 0,
             })
             .await?
             .into_inner()

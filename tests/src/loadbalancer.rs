@@ -36,6 +36,7 @@ impl TestLoadBalancer {
             replica_grace: Duration::from_secs(2),
             max_registrations: 100,
             transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
+            server: Default::default(),
             authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
             readiness: Default::default(),
             group_owners: Default::default(),

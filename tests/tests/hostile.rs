@@ -116,6 +116,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
                                 nanos: 0,
                             }),
                             acks: vec![],
+                            max_bytes: 0,
                         })
                         .await;
                 }

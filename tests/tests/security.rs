@@ -467,6 +467,7 @@ async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
         max_items: 1,
         wait: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
         acks: vec![],
+        max_bytes: 0,
     };
     let mut client = d.client_as(&greedy).await;
     let mut refused = None;
@@ -566,6 +567,7 @@ async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
         max_items: 10,
         wait: prost_types::Duration::try_from(Duration::from_millis(50)).ok(),
         acks: vec![],
+        max_bytes: 0,
     };
     client.poll(poll()).await?;
 

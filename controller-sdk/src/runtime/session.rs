@@ -21,6 +21,11 @@ use super::{
 };
 use crate::fence::Fence;
 
+/// The largest answer to a poll this SDK accepts (its gRPC decoding limit), and says it
+/// accepts (`PollRequest.max_bytes`): the dispatcher keeps every answer within it and delivers
+/// an object too large for it without its body, which the reconciler's fresh read then fetches.
+pub(super) const MAX_ANSWER_BYTES: u32 = 16 * 1024 * 1024;
+
 /// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
 ///
 /// Every deadline of the session (its fence, each reconcile's limit) counts from when the call
@@ -41,7 +46,8 @@ pub(super) async fn session<T: Types>(
         .connect()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
-    let mut client = DispatcherClient::with_interceptor(channel, shared.credentials.bearer());
+    let mut client = DispatcherClient::with_interceptor(channel, shared.credentials.bearer())
+        .max_decoding_message_size(MAX_ANSWER_BYTES as usize);
     let sent = Instant::now();
     let opened = client.open_session(shared.open.clone()).await?.into_inner();
     let session_id = opened.session_id;
@@ -99,6 +105,7 @@ pub(super) async fn session<T: Types>(
                         max_items: u32::try_from(free).unwrap_or(u32::MAX),
                         wait: prost_types::Duration::try_from(wait).ok(),
                         acks: Vec::new(),
+                        max_bytes: MAX_ANSWER_BYTES,
                     })
                     .await?
                     .into_inner();

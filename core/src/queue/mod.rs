@@ -137,6 +137,31 @@ pub struct Delivery {
     pub trace: Option<Arc<str>>,
 }
 
+impl Delivery {
+    /// What the wire adds to a delivery beyond its key (sent twice: as text and as its parts)
+    /// and its body: resourceVersion, uid and trace context (under 64 bytes each from a
+    /// Kubernetes API server), the kind's version and the fields' tags.
+    pub const METADATA_BOUND: usize = 256;
+
+    /// An upper bound of the bytes this delivery takes in a poll's answer.
+    pub fn size_bound(&self) -> usize {
+        Self::size_bound_of(&self.key, self.body.as_ref().map_or(0, |b| b.len()))
+    }
+
+    fn size_bound_of(key: &str, body: usize) -> usize {
+        body.saturating_add(2 * key.len() + Self::METADATA_BOUND)
+    }
+}
+
+/// `now + delay`, or the farthest instant this platform holds: a delay from the network cannot
+/// overflow a timer.
+pub fn later(now: Instant, delay: Duration) -> Instant {
+    now.checked_add(delay).unwrap_or_else(|| {
+        // About 30 years: later than any process lives.
+        now.checked_add(Duration::from_secs(1 << 30)).unwrap_or(now)
+    })
+}
+
 /// The outcome of a reconcile, as acknowledged by the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -841,19 +866,56 @@ impl GroupQueue {
     /// Takes up to `max` ready keys of `session`, oldest first, and marks them in flight until
     /// `now + max_reconcile_time`.
     pub fn take(&mut self, session: SessionId, max: usize, now: Instant) -> Vec<Delivery> {
+        self.take_within(session, max, usize::MAX, now)
+    }
+
+    /// As [`Self::take`], keeping the deliveries' [`Delivery::size_bound`]s within `max_bytes`
+    /// in all: taking stops before a key that would pass it, and the first key, if its body
+    /// alone would, is delivered without its body (the controller reads the object fresh).
+    /// So however large the objects, one answer never passes what the client accepts.
+    pub fn take_within(
+        &mut self,
+        session: SessionId,
+        max: usize,
+        max_bytes: usize,
+        now: Instant,
+    ) -> Vec<Delivery> {
         let mut out = Vec::new();
-        let deadline = now + self.config.max_reconcile_time;
+        let mut bytes = 0usize;
+        let deadline = later(now, self.config.max_reconcile_time);
         while out.len() < max {
-            let Some(Queued { since, key, .. }) = self
+            let Some(queued) = self
                 .sessions
                 .get_mut(&session)
                 .and_then(|s| s.ready.pop_front())
             else {
                 break;
             };
-            let Some(entry) = self.entries.get_mut(&key) else {
+            let Some(entry) = self.entries.get_mut(&queued.key) else {
                 continue;
             };
+            let text = self.prefixes.text(&queued.key);
+            let tombstone = self.tombstones.contains_key(&queued.key);
+            let body_len = match self.bodies.get(&queued.key) {
+                Some(b) if !tombstone => b.len(),
+                _ => 0,
+            };
+            let size = Delivery::size_bound_of(&text, body_len);
+            if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
+                // Over the answer's bound: the next answer takes it, first.
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.ready.push_front(queued);
+                }
+                break;
+            }
+            let Queued { since, key, .. } = queued;
+            // Alone past the bound: delivered without its body, which the controller reads.
+            let keep_body = size <= max_bytes;
+            bytes = bytes.saturating_add(if keep_body {
+                size
+            } else {
+                Delivery::size_bound_of(&text, 0)
+            });
             let id = self.next_delivery;
             self.next_delivery += 1;
             self.flights.insert(key.clone(), (session, id));
@@ -864,7 +926,7 @@ impl GroupQueue {
                 out.push(Delivery {
                     queued: since.map(|since| now.saturating_duration_since(since)),
                     id,
-                    key: self.prefixes.text(&key),
+                    key: text,
                     reason: Reason::Deleted,
                     resource_version: rv.to_string(),
                     uid: uid.to_string(),
@@ -884,12 +946,13 @@ impl GroupQueue {
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
             }
+            let body = body.filter(|_| keep_body);
             let trace = self.traces.remove(&key);
             self.counts.deliveries[(entry.reason as usize).min(7)] += 1;
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
                 id,
-                key: self.prefixes.text(&key),
+                key: text,
                 reason: entry.reason,
                 resource_version: entry.resource_version.to_string(),
                 uid: entry.uid.to_string(),
@@ -985,7 +1048,7 @@ impl GroupQueue {
             Some((reason, delay)) => {
                 entry.reason = reason;
                 entry.state = State::Delayed;
-                self.set_timer(key, now + delay);
+                self.set_timer(key, later(now, delay));
                 Vec::new()
             }
             None => {

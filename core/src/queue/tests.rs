@@ -961,3 +961,55 @@ fn a_deletion_delivered_before_the_name_is_re_used_is_not_delivered_twice() {
     assert_eq!((d[0].uid.as_str(), d[0].deleted), ("uid-b", false));
     q.check();
 }
+
+/// However large the objects, one answer stays within the bytes the client accepts: taking
+/// stops before a key that would pass it (the next answer takes it first), and an object too
+/// large for any answer goes without its body.
+#[test]
+fn an_answer_stays_within_its_bytes() {
+    const MIB: usize = 1024 * 1024;
+    let mut q = GroupQueue::new(QueueConfig {
+        body_budget: 64 * MIB,
+        ..QueueConfig::default()
+    });
+    let now = Instant::now();
+    q.add_session(1, "r");
+    for i in 0..6 {
+        q.change(
+            &format!("/ConfigMap/ns/big-{i}"),
+            with_body(Reason::Added, 1, MIB),
+        );
+    }
+    q.change("/ConfigMap/ns/huge", with_body(Reason::Added, 1, 5 * MIB));
+    let limit = 4 * MIB;
+    let mut answers = Vec::new();
+    loop {
+        let got = q.take_within(1, 16, limit, now);
+        if got.is_empty() {
+            break;
+        }
+        let bytes: usize = got.iter().map(Delivery::size_bound).sum();
+        assert!(bytes <= limit, "{bytes} bytes in one answer");
+        answers.push(got);
+        q.check();
+    }
+    let sizes: Vec<Vec<(String, usize)>> = answers
+        .iter()
+        .map(|a| {
+            a.iter()
+                .map(|d| (d.key.clone(), d.body.as_ref().map_or(0, |b| b.len())))
+                .collect()
+        })
+        .collect();
+    let big = |i: usize| (format!("/ConfigMap/ns/big-{i}"), MIB);
+    assert_eq!(
+        sizes,
+        [
+            vec![big(0), big(1), big(2)],
+            vec![big(3), big(4), big(5)],
+            vec![("/ConfigMap/ns/huge".to_owned(), 0)],
+        ],
+        "in order of first enqueue, three to an answer, the huge one without its body"
+    );
+    assert_eq!(q.body_bytes(), 0, "the dropped body left the budget");
+}

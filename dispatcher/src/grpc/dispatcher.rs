@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use kube_dispatch_core::{
     queue::{Delivery, DeliveryId, Outcome},
+    request::ack_outcomes,
     subscription::{
         GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
         validate_open,
@@ -127,41 +128,16 @@ impl DispatcherService {
         Ok(spec)
     }
 
-    fn parse_acks(&self, acks: Vec<AckItem>) -> Result<Vec<(DeliveryId, Outcome)>, Status> {
-        let max_acks = self.groups.settings().limits.max_acks;
-        if acks.len() > max_acks {
-            return Err(Status::resource_exhausted(format!(
-                "{} acks in one request; at most {max_acks} are accepted",
-                acks.len(),
-            )));
+    fn parse_acks(&self, acks: &[AckItem]) -> Result<Vec<(DeliveryId, Outcome)>, Status> {
+        for a in acks {
+            if let Some(ack_item::Outcome::Failure(f)) = &a.outcome {
+                debug!(delivery = a.delivery_id, message = %f.message, "reconcile failed");
+            }
         }
-        acks.into_iter()
-            .map(|a| {
-                let outcome = match a.outcome {
-                    None => {
-                        return Err(Status::invalid_argument(format!(
-                            "ack of delivery {} has no outcome: set success, failure or requeue",
-                            a.delivery_id
-                        )));
-                    }
-                    Some(ack_item::Outcome::Success(_)) => Outcome::Success,
-                    Some(ack_item::Outcome::Failure(f)) => {
-                        debug!(delivery = a.delivery_id, message = %f.message, "reconcile failed");
-                        Outcome::Failure
-                    }
-                    Some(ack_item::Outcome::Requeue(r)) => {
-                        let after = r
-                            .after
-                            .as_ref()
-                            .ok_or_else(|| Status::invalid_argument("requeue.after must be set"))?;
-                        Outcome::Requeue(
-                            positive_duration("requeue.after", after).map_err(invalid)?,
-                        )
-                    }
-                };
-                Ok((a.delivery_id, outcome))
-            })
-            .collect()
+        ack_outcomes(acks, self.groups.settings().limits.max_acks).map_err(|e| match e {
+            InvalidRequest::TooManyAcks { .. } => Status::resource_exhausted(e.to_string()),
+            e => invalid(e),
+        })
     }
 }
 
@@ -296,10 +272,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .unwrap_or(usize::MAX)
                 .min(limits.max_poll_items),
         };
-        let acks = self.parse_acks(req.acks)?;
+        let max_bytes = kube_dispatch_proto::answer_budget(req.max_bytes, limits.max_poll_bytes);
+        let acks = self.parse_acks(&req.acks)?;
         let polled = self
             .groups
-            .poll(&req.session_id, &caller, acks, wait, max)
+            .poll(&req.session_id, &caller, acks, wait, max, max_bytes)
             .await
             .map_err(status)?;
         let requests = polled
@@ -316,7 +293,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
         let caller = Caller::of(&request);
         let req = request.into_inner();
-        let acks = self.parse_acks(req.acks)?;
+        // An ack renews the session as a poll does, so it passes the same recheck: a replica
+        // that only acks cannot keep a session its identity may no longer read.
+        self.still_may_read(&req.session_id, &caller).await?;
+        let acks = self.parse_acks(&req.acks)?;
         self.groups
             .ack(&req.session_id, &caller, acks)
             .map_err(status)?;
