@@ -483,3 +483,43 @@ pub fn log_to_file_from_env() {
         .with_writer(std::sync::Mutex::new(file))
         .try_init();
 }
+
+/// Resident memory of this process, in KiB (in-process dispatchers run in it); 0 where
+/// `/proc` cannot be read.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until `condition` holds, asking every 50 ms, for at most `timeout`; `Err` says what
+/// was waited for.
+pub async fn wait_for<F, Fut>(
+    timeout: Duration,
+    what: &str,
+    mut condition: F,
+) -> Result<(), FixtureError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(FixtureError::Script {
+                command: format!("wait for {what}"),
+                detail: format!("not within {timeout:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -22,19 +22,6 @@ use tokio_util::sync::CancellationToken;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Resident memory of this process, in KiB (the dispatcher runs in it).
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestResult {
     let ns = TestNamespace::create("hostile").await?;
@@ -72,7 +59,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
         .collect_until(Duration::from_secs(20), |got| got.len() >= 20)
         .await;
     assert_eq!(first.len(), 20);
-    let before = rss_kib();
+    let before = kube_dispatch_tests::rss_kib();
 
     let stop = CancellationToken::new();
     let mut hostile = tokio::task::JoinSet::new();
@@ -193,7 +180,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
     }
     stop.cancel();
     while hostile.join_next().await.is_some() {}
-    let after = rss_kib();
+    let after = kube_dispatch_tests::rss_kib();
     let grown = after.saturating_sub(before);
     println!(
         "hostile clients: {refused} of 200 looped sessions refused; 5 rounds of 20 changes each reached the well-behaved session within {worst:?}; RSS {before} KiB before, {after} KiB after (+{grown} KiB)"
