@@ -1,7 +1,7 @@
 //! Resolves the resources that subscriptions name, by API discovery, so any built-in or custom
 //! resource works.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Duration};
 
 use kube::{Client, core::GroupVersion, discovery};
 use kube_dispatch_proto::v1::ResourceRef;
@@ -26,11 +26,22 @@ pub enum ResolveError {
     },
 }
 
-/// Resolves and remembers resources. The cache holds one entry per distinct resource named by
-/// some subscription, so it is bounded by what controllers subscribe to.
+/// How long a resource the API server does not serve is answered NOT_FOUND without asking it
+/// again: a caller naming made-up group/versions cannot turn OpenSession into a discovery call
+/// each. A resource installed since (a new CRD) is found at most this long after its miss.
+pub const MISS_TTL: Duration = Duration::from_secs(10);
+/// Most resources remembered as not served.
+pub const MAX_MISSES: u64 = 1024;
+
+type CacheKey = (String, String, String, String);
+
+/// Resolves and remembers resources. The cache holds one entry per distinct resource the API
+/// server serves and some subscription named, so it is bounded by the API server's resources;
+/// misses are remembered apart, at most [`MAX_MISSES`] for [`MISS_TTL`].
 pub struct Resolver {
     client: Client,
-    cache: Mutex<HashMap<(String, String, String, String), ResourceId>>,
+    cache: Mutex<HashMap<CacheKey, ResourceId>>,
+    misses: moka::sync::Cache<CacheKey, ()>,
 }
 
 impl std::fmt::Debug for Resolver {
@@ -45,6 +56,10 @@ impl Resolver {
         Self {
             client,
             cache: Mutex::new(HashMap::new()),
+            misses: moka::sync::Cache::builder()
+                .max_capacity(MAX_MISSES)
+                .time_to_live(MISS_TTL)
+                .build(),
         }
     }
 
@@ -60,10 +75,17 @@ impl Resolver {
             return Ok(hit.clone());
         }
         let name = describe(r);
+        if self.misses.contains_key(&cache_key) {
+            return Err(ResolveError::NotFound(name));
+        }
+        let missed = |name| {
+            self.misses.insert(cache_key.clone(), ());
+            ResolveError::NotFound(name)
+        };
         let gv = GroupVersion::gv(&r.group, &r.version);
         let group = match discovery::pinned_group(&self.client, &gv).await {
             Ok(group) => group,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Err(ResolveError::NotFound(name)),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Err(missed(name)),
             Err(source) => {
                 return Err(ResolveError::Discovery {
                     resource: name,
@@ -80,7 +102,7 @@ impl Resolver {
                     && (r.kind.is_empty() || ar.kind == r.kind)
                     && (r.plural.is_empty() || ar.plural == r.plural)
             })
-            .ok_or_else(|| ResolveError::NotFound(name))?;
+            .ok_or_else(|| missed(name))?;
         let (ar, caps) = found;
         let id = ResourceId {
             group: ar.group,
