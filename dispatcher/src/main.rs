@@ -12,9 +12,8 @@ use kube_dispatch_dispatcher::{
 use kube_dispatch_proto::RingKey;
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
-    bounds::ServerFlags,
     client,
-    flags::{CallFlags, SecurityFlags},
+    flags::{CallFlags, SecurityFlags, ServerFlags},
     logging, metrics, signal,
 };
 use tokio_util::sync::CancellationToken;

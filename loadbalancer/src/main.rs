@@ -7,8 +7,7 @@ use clap::Parser;
 use kube_dispatch_loadbalancer::service::{Config, serve};
 use kube_dispatch_runtime::{
     admin::{self, Readiness},
-    bounds::ServerFlags,
-    flags::SecurityFlags,
+    flags::{SecurityFlags, ServerFlags},
     metrics,
 };
 use tokio_util::sync::CancellationToken;

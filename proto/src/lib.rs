@@ -56,7 +56,9 @@ pub fn answer_budget(max_bytes: u32, dispatcher_max: usize) -> usize {
         0 => DEFAULT_MAX_ANSWER_BYTES,
         n => n,
     };
-    usize::try_from(accepted.saturating_sub(ANSWER_HEADROOM))
+    // A client that accepts less than the headroom twice over gets half of what it accepts.
+    let budget = accepted.saturating_sub(ANSWER_HEADROOM).max(accepted / 2);
+    usize::try_from(budget)
         .unwrap_or(usize::MAX)
         .min(dispatcher_max)
 }

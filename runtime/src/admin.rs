@@ -41,6 +41,7 @@
 
 use std::{
     collections::VecDeque,
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -66,6 +67,9 @@ use crate::metrics::{self, Metrics};
 
 /// Most admin connections open at once; a new one past it closes the oldest.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Most admin connections open at once from one peer address; a new one past it closes that
+/// peer's oldest, so one peer cannot push out the kubelet's probes or the scrapes.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
 /// Longest a connection may take to send its request head (each request's, kept-alive ones
 /// included).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -143,12 +147,17 @@ pub fn router(readiness: Readiness, metrics: Metrics) -> Router {
                 async move {
                     // One scrape encodes at a time, on a blocking thread: a slow or repeated
                     // scrape never holds up a probe.
-                    let Ok(_turn) = scrapes.acquire_owned().await else {
+                    let Ok(turn) = scrapes.acquire_owned().await else {
                         return Err(StatusCode::SERVICE_UNAVAILABLE);
                     };
-                    let text = tokio::task::spawn_blocking(move || metrics.encode())
-                        .await
-                        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                    // The turn ends with the encoding, even when the connection is closed
+                    // under it.
+                    let text = tokio::task::spawn_blocking(move || {
+                        let _turn = turn;
+                        metrics.encode()
+                    })
+                    .await
+                    .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
                     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text))
                 }
             }),
@@ -174,8 +183,8 @@ pub async fn serve(
 ) {
     let refusals = metrics.refusals();
     let service = TowerToHyperService::new(router(readiness, metrics));
-    // The open connections, oldest first, each with the token that closes it.
-    let open: Arc<Mutex<VecDeque<(u64, CancellationToken)>>> = Arc::default();
+    // The open connections, oldest first, each with its peer and the token that closes it.
+    let open: Arc<Mutex<VecDeque<(u64, IpAddr, CancellationToken)>>> = Arc::default();
     let mut next_id = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
@@ -196,9 +205,15 @@ pub async fn serve(
         let close = stop.child_token();
         {
             let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
-            if open.len() >= MAX_CONNECTIONS
-                && let Some((_, oldest)) = open.pop_front()
-            {
+            let of_peer = open.iter().filter(|(_, p, _)| *p == peer.ip()).count();
+            let evict = if of_peer >= MAX_CONNECTIONS_PER_PEER {
+                open.iter().position(|(_, p, _)| *p == peer.ip())
+            } else if open.len() >= MAX_CONNECTIONS {
+                Some(0)
+            } else {
+                None
+            };
+            if let Some((_, _, oldest)) = evict.and_then(|at| open.remove(at)) {
                 oldest.cancel();
                 refusals.refused(
                     "admin_connections",
@@ -206,7 +221,7 @@ pub async fn serve(
                     "the admin endpoint is at its connection bound: the oldest was closed",
                 );
             }
-            open.push_back((id, close.clone()));
+            open.push_back((id, peer.ip(), close.clone()));
         }
         let (service, open) = (service.clone(), open.clone());
         tokio::spawn(async move {
@@ -223,7 +238,7 @@ pub async fn serve(
                 }
             }
             let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(at) = open.iter().position(|(i, _)| *i == id) {
+            if let Some(at) = open.iter().position(|(i, _, _)| *i == id) {
                 open.remove(at);
             }
         });

@@ -9,13 +9,13 @@
 //! | calls at once on one connection ([`ServerLimits::max_streams_per_connection`]) | 128 | HTTP/2 refuses the stream (REFUSED_STREAM) |
 //! | calls at once that need no credential, over all peers ([`ServerLimits::max_unauthenticated_calls`]) | 64 | RESOURCE_EXHAUSTED |
 //! | a call's time to its answer ([`ServerLimits::request_timeout`]) | 2 min | the call ends CANCELLED |
-//! | a connection's age ([`ServerLimits::max_connection_age`]) | 30 min, then 5 min of grace | GOAWAY: calls finish, the client reconnects |
+//! | a connection's age ([`ServerLimits::max_connection_age`]) | 30 min | GOAWAY: calls finish, new ones go on a new connection |
 //! | a silent peer (HTTP/2 keepalive) | ping after 30 s, answer within 10 s | the connection is closed |
 //! | request headers | 16 KiB | the stream is refused |
 //!
 //! Each refusal counts in `kube_dispatch_refused_total{bound}` and is logged once per bound and
-//! peer (or identity) every [`LOG_EVERY`], never once per request: a flood cannot flood the
-//! logs too.
+//! peer (or identity) every [`crate::metrics::LOG_EVERY`], never once per request: a flood
+//! cannot flood the logs too ([`Refusals`]). The flags are [`crate::flags::ServerFlags`].
 
 use std::{
     collections::HashMap,
@@ -24,20 +24,11 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::{
-    encoding::EncodeLabelSet, metrics::counter::Counter, metrics::family::Family,
-};
 use tonic::transport::server::Server;
-use tracing::warn;
 
-use crate::metrics::Metrics;
+pub use crate::metrics::Refusals;
 
-/// Longest a refusal of one bound for one peer or identity stays unlogged after the first.
-pub const LOG_EVERY: Duration = Duration::from_secs(600);
-/// Most peers and identities whose last refusal log is remembered.
-const LOG_MEMORY: u64 = 4096;
-
-/// The transport bounds of one server, set by [`ServerFlags`]. The defaults are the flags'.
+/// The transport bounds of one server, set by [`crate::flags::ServerFlags`]. The defaults are the flags'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerLimits {
     /// Most connections open at once, from all peers.
@@ -50,10 +41,9 @@ pub struct ServerLimits {
     pub max_unauthenticated_calls: usize,
     /// Longest a call may take to its answer (a long-poll's wait is far shorter).
     pub request_timeout: Duration,
-    /// A connection older than this is asked to go away (GOAWAY); its calls finish.
+    /// A connection older than this is asked to go away (GOAWAY): its calls finish, and new
+    /// ones go on a new connection.
     pub max_connection_age: Duration,
-    /// How long calls on a connection past its age may take before it is closed.
-    pub max_connection_age_grace: Duration,
     /// An idle connection is pinged after this long, and closed if the ping is not answered
     /// within [`Self::keepalive_timeout`].
     pub keepalive_interval: Duration,
@@ -72,7 +62,6 @@ impl Default for ServerLimits {
             max_unauthenticated_calls: 64,
             request_timeout: Duration::from_secs(120),
             max_connection_age: Duration::from_secs(30 * 60),
-            max_connection_age_grace: Duration::from_secs(5 * 60),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
@@ -86,159 +75,16 @@ impl ServerLimits {
         Server::builder()
             .max_concurrent_streams(self.max_streams_per_connection)
             .timeout(self.request_timeout)
+            // Without a grace, tonic asks the connection to go away (GOAWAY) at its age and
+            // lets its calls finish; with one it closes it at age + grace without a GOAWAY,
+            // cutting the calls in flight.
             .max_connection_age(self.max_connection_age)
-            .max_connection_age_grace(self.max_connection_age_grace)
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
             .http2_max_header_list_size(self.max_header_bytes)
             // Streams a peer opens and resets before they are answered (the "rapid reset"
             // attack) count against this, then the connection is closed.
             .http2_max_pending_accept_reset_streams(Some(64))
-    }
-}
-
-/// The transport bounds' flags, the same on every gRPC server.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ServerFlags {
-    /// Most connections this server holds open at once, from all peers; past it a new
-    /// connection is closed at once.
-    #[arg(long, env = "KD_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections)]
-    pub max_connections: usize,
-
-    /// Most connections open at once from one peer address; past it that peer's new
-    /// connections are closed at once, while other peers connect as before. A controller
-    /// replica holds one per dispatcher.
-    #[arg(long, env = "KD_MAX_CONNECTIONS_PER_PEER", default_value_t = ServerLimits::default().max_connections_per_peer)]
-    pub max_connections_per_peer: usize,
-
-    /// Most calls at once on one connection (HTTP/2 streams); past it the stream is refused.
-    #[arg(long, env = "KD_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection)]
-    pub max_streams_per_connection: u32,
-
-    /// Most calls at once that carry no credential (grpc.health.v1, for probes), over all
-    /// peers; past it RESOURCE_EXHAUSTED. Authenticated calls never wait for these.
-    #[arg(long, env = "KD_MAX_UNAUTHENTICATED_CALLS", default_value_t = ServerLimits::default().max_unauthenticated_calls)]
-    pub max_unauthenticated_calls: usize,
-
-    /// Longest a call may take to its answer; a long-poll waits far less (--max-poll-wait).
-    #[arg(long, env = "KD_REQUEST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
-    pub request_timeout: Duration,
-
-    /// A connection older than this is asked to go away (GOAWAY): its calls finish and the
-    /// client reconnects, so no connection lives for ever and load spreads again.
-    #[arg(long, env = "KD_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
-    pub max_connection_age: Duration,
-
-    /// How long calls on a connection past --max-connection-age may take before it is closed
-    /// (a placement stream from the load balancer is then opened again).
-    #[arg(long, env = "KD_MAX_CONNECTION_AGE_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub max_connection_age_grace: Duration,
-
-    /// An idle connection is pinged after this long (HTTP/2 keepalive) and closed when the
-    /// ping is not answered within 10 s: a peer that vanished holds nothing for long.
-    #[arg(long, env = "KD_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub keepalive_interval: Duration,
-}
-
-impl ServerFlags {
-    /// The bounds these flags set; a zero count or duration is an error.
-    pub fn limits(&self) -> Result<ServerLimits, crate::flags::FlagError> {
-        use crate::flags::FlagError::Zero;
-        if self.max_connections == 0 {
-            return Err(Zero("--max-connections"));
-        }
-        if self.max_connections_per_peer == 0 {
-            return Err(Zero("--max-connections-per-peer"));
-        }
-        if self.max_streams_per_connection == 0 {
-            return Err(Zero("--max-streams-per-connection"));
-        }
-        if self.max_unauthenticated_calls == 0 {
-            return Err(Zero("--max-unauthenticated-calls"));
-        }
-        for (name, d) in [
-            ("--request-timeout", self.request_timeout),
-            ("--max-connection-age", self.max_connection_age),
-            ("--keepalive-interval", self.keepalive_interval),
-        ] {
-            if d.is_zero() {
-                return Err(Zero(name));
-            }
-        }
-        Ok(ServerLimits {
-            max_connections: self.max_connections,
-            max_connections_per_peer: self.max_connections_per_peer,
-            max_streams_per_connection: self.max_streams_per_connection,
-            max_unauthenticated_calls: self.max_unauthenticated_calls,
-            request_timeout: self.request_timeout,
-            max_connection_age: self.max_connection_age,
-            max_connection_age_grace: self.max_connection_age_grace,
-            keepalive_interval: self.keepalive_interval,
-            ..ServerLimits::default()
-        })
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BoundLabel {
-    bound: &'static str,
-}
-
-/// Counts and logs the refusals of a process's bounds: `kube_dispatch_refused_total{bound}`,
-/// and a warning once per bound and peer (or identity) every [`LOG_EVERY`]. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Refusals {
-    counts: Family<BoundLabel, Counter>,
-    logged: moka::sync::Cache<(&'static str, String), ()>,
-}
-
-impl Refusals {
-    /// Refusals counted in `metrics`; [`Metrics::refusals`] makes the one of a process.
-    pub(crate) fn register(metrics: &Metrics) -> Self {
-        let counts = Family::<BoundLabel, Counter>::default();
-        metrics.register(
-            "kube_dispatch_refused",
-            "Calls and connections refused because a bound was reached, by bound",
-            counts.clone(),
-        );
-        Self::with(counts)
-    }
-
-    /// Refusals counted nowhere (tests, and servers built without a registry).
-    pub fn unregistered() -> Self {
-        Self::with(Family::default())
-    }
-
-    fn with(counts: Family<BoundLabel, Counter>) -> Self {
-        Self {
-            counts,
-            logged: moka::sync::Cache::builder()
-                .max_capacity(LOG_MEMORY)
-                .time_to_live(LOG_EVERY)
-                .build(),
-        }
-    }
-
-    /// Counts one refusal by `bound` of `who` (a peer address or an identity), and logs it
-    /// with `detail` unless it was logged lately.
-    pub fn refused(&self, bound: &'static str, who: &str, detail: &str) {
-        self.counts.get_or_create(&BoundLabel { bound }).inc();
-        let key = (bound, who.to_owned());
-        if self.logged.contains_key(&key) {
-            return;
-        }
-        self.logged.insert(key, ());
-        warn!(
-            bound,
-            who,
-            detail,
-            "refused: a bound was reached (logged once per {LOG_EVERY:?} for this bound and peer)"
-        );
-    }
-
-    /// How many refusals `bound` has counted.
-    pub fn count(&self, bound: &'static str) -> u64 {
-        self.counts.get_or_create(&BoundLabel { bound }).get()
     }
 }
 
@@ -326,8 +172,6 @@ impl Drop for ConnectionPermit {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
     #[test]
@@ -366,19 +210,5 @@ mod tests {
         }
         assert_eq!(connections.open(), 0);
         assert!(connections.open.lock().unwrap().1.is_empty());
-    }
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        server: ServerFlags,
-    }
-
-    #[test]
-    fn the_flag_defaults_are_the_library_defaults() {
-        let flags = Cli::parse_from(["server"]).server;
-        assert_eq!(flags.limits().unwrap(), ServerLimits::default());
-        let zero = Cli::parse_from(["server", "--max-connections-per-peer", "0"]).server;
-        assert!(zero.limits().is_err());
     }
 }

@@ -10,6 +10,7 @@ use kube_dispatch_proto::credentials::{Credentials, DEFAULT_AUDIENCE, DEFAULT_TO
 use crate::{
     auth::{AuthConfig, GroupOwners},
     authz::AuthzConfig,
+    bounds::ServerLimits,
     limits::RequestRate,
     tls::{ServerTls, Transport},
 };
@@ -99,6 +100,82 @@ pub struct CallFlags {
     /// it.
     #[arg(long, env = "KD_TOKEN_FILE", default_value = DEFAULT_TOKEN_FILE)]
     pub token_file: PathBuf,
+}
+
+/// The transport bounds' flags, the same on every gRPC server.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServerFlags {
+    /// Most connections this server holds open at once, from all peers; past it a new
+    /// connection is closed at once.
+    #[arg(long, env = "KD_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections)]
+    pub max_connections: usize,
+
+    /// Most connections open at once from one peer address; past it that peer's new
+    /// connections are closed at once, while other peers connect as before. A controller
+    /// replica holds one per dispatcher.
+    #[arg(long, env = "KD_MAX_CONNECTIONS_PER_PEER", default_value_t = ServerLimits::default().max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
+
+    /// Most calls at once on one connection (HTTP/2 streams); past it the stream is refused.
+    #[arg(long, env = "KD_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection)]
+    pub max_streams_per_connection: u32,
+
+    /// Most calls at once that carry no credential (grpc.health.v1, for probes), over all
+    /// peers; past it RESOURCE_EXHAUSTED. Authenticated calls never wait for these.
+    #[arg(long, env = "KD_MAX_UNAUTHENTICATED_CALLS", default_value_t = ServerLimits::default().max_unauthenticated_calls)]
+    pub max_unauthenticated_calls: usize,
+
+    /// Longest a call may take to its answer; a long-poll waits far less (--max-poll-wait).
+    #[arg(long, env = "KD_REQUEST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// A connection older than this is asked to go away (GOAWAY): its calls finish and new
+    /// ones go on a new connection, so no connection lives for ever and load spreads again.
+    #[arg(long, env = "KD_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Duration,
+
+    /// An idle connection is pinged after this long (HTTP/2 keepalive) and closed when the
+    /// ping is not answered within 10 s: a peer that vanished holds nothing for long.
+    #[arg(long, env = "KD_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub keepalive_interval: Duration,
+}
+
+impl ServerFlags {
+    /// The bounds these flags set; a zero count or duration is an error.
+    pub fn limits(&self) -> Result<ServerLimits, FlagError> {
+        use FlagError::Zero;
+        if self.max_connections == 0 {
+            return Err(Zero("--max-connections"));
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err(Zero("--max-connections-per-peer"));
+        }
+        if self.max_streams_per_connection == 0 {
+            return Err(Zero("--max-streams-per-connection"));
+        }
+        if self.max_unauthenticated_calls == 0 {
+            return Err(Zero("--max-unauthenticated-calls"));
+        }
+        for (name, d) in [
+            ("--request-timeout", self.request_timeout),
+            ("--max-connection-age", self.max_connection_age),
+            ("--keepalive-interval", self.keepalive_interval),
+        ] {
+            if d.is_zero() {
+                return Err(Zero(name));
+            }
+        }
+        Ok(ServerLimits {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            max_streams_per_connection: self.max_streams_per_connection,
+            max_unauthenticated_calls: self.max_unauthenticated_calls,
+            request_timeout: self.request_timeout,
+            max_connection_age: self.max_connection_age,
+            keepalive_interval: self.keepalive_interval,
+            ..ServerLimits::default()
+        })
+    }
 }
 
 /// Flags that contradict each other or are missing.
@@ -308,5 +385,19 @@ mod tests {
             (got.recheck, got.cache_capacity),
             (authz.recheck, authz.cache_capacity)
         );
+    }
+
+    #[derive(Parser)]
+    struct ServerCli {
+        #[command(flatten)]
+        server: ServerFlags,
+    }
+
+    #[test]
+    fn the_server_flag_defaults_are_the_library_defaults() {
+        let flags = ServerCli::parse_from(["server"]).server;
+        assert_eq!(flags.limits().unwrap(), ServerLimits::default());
+        let zero = ServerCli::parse_from(["server", "--max-connections-per-peer", "0"]).server;
+        assert!(zero.limits().is_err());
     }
 }

@@ -12,10 +12,14 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tracing::warn;
+
 use prometheus_client::{
     collector::Collector,
+    encoding::EncodeLabelSet,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
+    metrics::{counter::Counter, family::Family},
     registry::{Metric, Registry},
 };
 
@@ -30,7 +34,7 @@ pub struct Metrics(Arc<Inner>);
 struct Inner {
     registry: Mutex<Registry>,
     /// The one count of refused calls and connections, made when first asked for.
-    refusals: OnceLock<crate::bounds::Refusals>,
+    refusals: OnceLock<Refusals>,
 }
 
 impl Default for Metrics {
@@ -52,10 +56,10 @@ impl Metrics {
 
     /// The process's count of refusals by its bounds (`kube_dispatch_refused_total`),
     /// registered here when first asked for; every server of the process shares it.
-    pub fn refusals(&self) -> crate::bounds::Refusals {
+    pub fn refusals(&self) -> Refusals {
         self.0
             .refusals
-            .get_or_init(|| crate::bounds::Refusals::register(self))
+            .get_or_init(|| Refusals::register(self))
             .clone()
     }
 
@@ -76,6 +80,74 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry());
         text
+    }
+}
+
+/// Longest a refusal of one bound for one peer or identity stays unlogged after the first.
+pub const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// Most peers and identities whose last refusal log is remembered.
+const LOG_MEMORY: u64 = 4096;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabel {
+    bound: &'static str,
+}
+
+/// Counts and logs the refusals of a process's bounds: `kube_dispatch_refused_total{bound}`,
+/// and a warning once per bound and peer (or identity) every [`LOG_EVERY`]. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Refusals {
+    counts: Family<BoundLabel, Counter>,
+    logged: moka::sync::Cache<(&'static str, String), ()>,
+}
+
+impl Refusals {
+    /// Refusals counted in `metrics`; [`Metrics::refusals`] makes the one of a process.
+    fn register(metrics: &Metrics) -> Self {
+        let counts = Family::<BoundLabel, Counter>::default();
+        metrics.register(
+            "kube_dispatch_refused",
+            "Calls and connections refused because a bound was reached, by bound",
+            counts.clone(),
+        );
+        Self::with(counts)
+    }
+
+    /// Refusals counted nowhere (tests, and servers built without a registry).
+    pub fn unregistered() -> Self {
+        Self::with(Family::default())
+    }
+
+    fn with(counts: Family<BoundLabel, Counter>) -> Self {
+        Self {
+            counts,
+            logged: moka::sync::Cache::builder()
+                .max_capacity(LOG_MEMORY)
+                .time_to_live(LOG_EVERY)
+                .build(),
+        }
+    }
+
+    /// Counts one refusal by `bound` of `who` (a peer address or an identity), and logs it
+    /// with `detail` unless it was logged lately.
+    pub fn refused(&self, bound: &'static str, who: &str, detail: &str) {
+        self.counts.get_or_create(&BoundLabel { bound }).inc();
+        let key = (bound, who.to_owned());
+        if self.logged.contains_key(&key) {
+            return;
+        }
+        self.logged.insert(key, ());
+        warn!(
+            bound,
+            who,
+            detail,
+            "refused: a bound was reached (logged once per {LOG_EVERY:?} for this bound and peer)"
+        );
+    }
+
+    /// How many refusals `bound` has counted.
+    pub fn count(&self, bound: &'static str) -> u64 {
+        self.counts.get_or_create(&BoundLabel { bound }).get()
     }
 }
 

@@ -12,6 +12,7 @@
 //! to take them.
 
 use std::{
+    future::Future as _,
     io,
     path::{Path, PathBuf},
     pin::Pin,
@@ -44,6 +45,10 @@ pub const MAX_HANDSHAKES: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most accepted connections waiting for the server to take them.
 pub const ACCEPTED_BACKLOG: usize = 64;
+/// Longest a connection may stay silent after it is accepted (after its TLS handshake): one
+/// that has sent nothing by then is closed, so silent connections cannot hold the server's
+/// places until HTTP/2 keepalive (which starts only once the client has spoken) would notice.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a server speaks to its clients.
 #[derive(Clone, Debug)]
@@ -335,6 +340,8 @@ pub struct Conn {
     inner: Inner,
     /// Frees this connection's place when it closes.
     _permit: ConnectionPermit,
+    /// Until the client has sent something: when it must have.
+    silent_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 #[derive(Debug)]
@@ -348,6 +355,7 @@ impl Conn {
         Self {
             inner,
             _permit: permit,
+            silent_until: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_TIMEOUT))),
         }
     }
 
@@ -373,9 +381,31 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = match &mut this.inner {
             Inner::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Inner::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.silent_until = None;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let silent_too_long = this
+                    .silent_until
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if silent_too_long {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the client sent nothing within {FIRST_BYTES_TIMEOUT:?}"),
+                    )));
+                }
+                Poll::Pending
+            }
+            other => other,
         }
     }
 }

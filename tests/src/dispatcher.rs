@@ -9,7 +9,9 @@ use std::{
 
 use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
 use kube_dispatch_dispatcher::{
-    config::{LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, Settings},
+    config::{
+        LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, ServerLimits, Settings,
+    },
     k8s::watch::WatchCounts,
     serve::{Handles, serve},
 };
@@ -59,7 +61,11 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
         watch_grace: Duration::from_secs(5),
         list_mode: Default::default(),
         max_message_bytes: 4 * 1024 * 1024,
-        server: Default::default(),
+        // Every test client connects from loopback, some a connection per session.
+        server: ServerLimits {
+            max_connections_per_peer: 1024,
+            ..ServerLimits::default()
+        },
         drain_timeout: Duration::from_secs(5),
         security: test_security(),
         readiness: Default::default(),
