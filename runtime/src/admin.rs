@@ -343,8 +343,8 @@ mod tests {
             metrics.refusals().count("admin_connections") >= 100,
             "the oldest connections were closed past the bound"
         );
-        // Idle connections are closed once their head is late.
-        let mut first = held.swap_remove(held.len() - 1);
+        // Idle connections are closed once their head is late: the newest one is idle.
+        let mut first = held.pop().expect("connections were opened");
         let mut byte = [0u8; 1];
         let closed = tokio::time::timeout(
             HEAD_TIMEOUT + Duration::from_secs(2),

@@ -488,10 +488,11 @@ impl Authenticator {
             return Err(refusal);
         }
         let token_expiry = claims.exp;
-        let peer_name = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
         let verdict = self
             .cache
             .try_get_with(key, async {
+                // Only a review names the peer: a cached verdict costs no allocation.
+                let peer_name = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
                 // A token verified before is reviewed again ahead of new ones.
                 if !self.known.contains_key(&key) {
                     if let Err(e) = self.failing_peers.check_if_known(&peer_name) {
