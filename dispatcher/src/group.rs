@@ -7,7 +7,7 @@
 //! slice, the clock and the wake-ups: each session has a [`Notify`] its long-poll waits on, and a
 //! driver task fires the queue's timers. Locks: the state, then the sessions, never the other way.
 
-use kube_dispatch_runtime::authz::ResourceAccess;
+use kube_dispatch_runtime::{auth::GroupId, authz::ResourceAccess};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
@@ -60,8 +60,8 @@ struct State {
 /// One controller group.
 #[derive(Debug)]
 pub struct Group {
-    /// The group's name.
-    pub name: String,
+    /// The group's name and owner.
+    pub id: GroupId,
     /// What every session of the group subscribes to.
     pub spec: GroupSpec,
     /// What a caller must be able to read to be given the group's keys (from `spec`, once).
@@ -99,16 +99,16 @@ impl Group {
     /// other keys as `recent_deletions` says; its timer driver runs until `cancel`, which must be
     /// cancelled when the group is dropped from the dispatcher.
     pub fn spawn(
-        name: String,
+        id: GroupId,
         spec: GroupSpec,
         config: QueueConfig,
         recent_deletions: RecentDeletionsConfig,
         slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        let partition = Partition::new(&name, slice.borrow().clone(), recent_deletions);
+        let partition = Partition::new(&id.to_string(), slice.borrow().clone(), recent_deletions);
         let group = Arc::new(Self {
-            name,
+            id,
             accesses: crate::security::accesses(&spec),
             spec,
             state: Mutex::new(State {
@@ -488,7 +488,7 @@ mod tests {
         };
         let slice = Slice::fixed("d0", kube_dispatch_proto::Ring::new(["d0"]));
         Group::spawn(
-            "g".into(),
+            GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             config,
             RecentDeletionsConfig::NONE,
@@ -516,7 +516,7 @@ mod tests {
         let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
         let (tx, rx) = watch::channel(Arc::new(two.clone()));
         let g = Group::spawn(
-            "g".into(),
+            GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
             RecentDeletionsConfig {
@@ -610,7 +610,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
         let g = Group::spawn(
-            "g".into(),
+            GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
             RecentDeletionsConfig::NONE,
@@ -662,7 +662,7 @@ mod tests {
         let settled = Slice::fixed("d0", Ring::new(["d0"]));
         let (tx, rx) = watch::channel(Arc::new(settled.clone()));
         let g = Group::spawn(
-            "g".into(),
+            GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
             RecentDeletionsConfig::NONE,

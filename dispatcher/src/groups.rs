@@ -23,7 +23,7 @@ use kube_dispatch_core::{
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::ring_id;
-use kube_dispatch_runtime::auth::{Caller, Identity, NotOwner};
+use kube_dispatch_runtime::auth::{Caller, GroupId, Identity, NotOwner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -124,9 +124,25 @@ pub enum SessionError {
         /// The session id given.
         session: String,
     },
-    /// The group was created by another identity (`proto/kubedispatch/v1/security.md`).
+    /// The group is listed with `--group-owner` for other users
+    /// (`proto/kubedispatch/v1/security.md`).
     #[error(transparent)]
     NotOwner(#[from] NotOwner),
+    /// In a group shared by several users (`--group-owner`), a replica id whose live session
+    /// another user opened.
+    #[error(
+        "replica {replica:?} of group {group:?} has a live session opened by {holder}, not {caller}: give each replica an id of its own"
+    )]
+    ReplicaOfAnother {
+        /// The group.
+        group: String,
+        /// The replica id.
+        replica: String,
+        /// The user whose session holds it.
+        holder: String,
+        /// The caller.
+        caller: String,
+    },
     /// The session was opened by another identity.
     #[error("session {session:?} was not opened by {caller}")]
     NotYours {
@@ -172,8 +188,9 @@ pub(crate) struct GroupEntry {
     pub(crate) group: Arc<Group>,
     cancel: CancellationToken,
     empty_since: Option<Instant>,
-    /// The user that created the group; `None` when authentication is off.
-    owner: Option<String>,
+    /// The user that created the group, whose limits it counts against; `None` when
+    /// authentication is off.
+    creator: Option<String>,
 }
 
 /// Counters of the whole table, kept past the groups they happened in: `expired_sessions` is
@@ -191,7 +208,7 @@ pub struct Counters {
 pub struct Groups {
     settings: Settings,
     watches: Arc<Watches>,
-    groups: Mutex<HashMap<String, GroupEntry>>,
+    groups: Mutex<HashMap<GroupId, GroupEntry>>,
     sessions: Mutex<HashMap<String, SessionRef>>,
     next_session: AtomicU64,
     /// Counters.
@@ -243,7 +260,7 @@ impl Groups {
         })
     }
 
-    fn groups(&self) -> MutexGuard<'_, HashMap<String, GroupEntry>> {
+    fn groups(&self) -> MutexGuard<'_, HashMap<GroupId, GroupEntry>> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -317,9 +334,18 @@ impl Groups {
         &self.shutdown
     }
 
-    /// The controller group `name`, if known here.
-    pub fn group(&self, name: &str) -> Option<Arc<Group>> {
-        self.groups().get(name).map(|e| e.group.clone())
+    /// The controller group `id`, if known here.
+    pub fn group(&self, id: &GroupId) -> Option<Arc<Group>> {
+        self.groups().get(id).map(|e| e.group.clone())
+    }
+
+    /// The group `caller` means by `name` (its own, or one listed with `--group-owner` for it);
+    /// PERMISSION_DENIED for a listed group `caller` is not listed for.
+    pub fn group_id(&self, name: &str, caller: &Caller) -> Result<GroupId, SessionError> {
+        Ok(self
+            .settings
+            .group_owners
+            .group_id(name, caller.identity().map(|i| i.username.as_str()))?)
     }
 
     /// Closes every session, releasing in-flight keys; used when draining.
@@ -333,7 +359,7 @@ impl Groups {
     /// Whether a new session of `replica` in `group` may be opened: not while draining, and
     /// not past `--max-sessions` (a replica reopening replaces its session and takes no new
     /// slot). Cheap: checked before the request's resources are resolved.
-    pub fn admits(&self, group: &str, replica: &str) -> Result<(), SessionError> {
+    pub fn admits(&self, group: &GroupId, replica: &str) -> Result<(), SessionError> {
         if self.shutdown.is_cancelled() {
             return Err(SessionError::Draining);
         }
@@ -356,7 +382,7 @@ impl Groups {
     /// session the replica had in the group is replaced.
     pub async fn open(
         &self,
-        group: &str,
+        group: &GroupId,
         replica: &str,
         spec: &GroupSpec,
         ttl: Duration,
@@ -364,6 +390,7 @@ impl Groups {
     ) -> Result<Opened, SessionError> {
         self.admits(group, replica)?;
         let (group, created) = self.group_for(group, replica, spec, caller)?;
+        self.check_replica_holder(&group, replica, caller)?;
         if created {
             self.subscribe_all(&group).await?;
         }
@@ -389,7 +416,7 @@ impl Groups {
             },
         );
         drop(sessions);
-        info!(session = %session_id, group = %group.name, %replica, ?ttl, "session opened");
+        info!(session = %session_id, group = %group.id, %replica, ?ttl, "session opened");
         Ok(Opened {
             session_id,
             group,
@@ -479,7 +506,7 @@ impl Groups {
             });
         };
         drop(sessions);
-        info!(%session, group = %s.group.name, "session closed: its in-flight keys are released");
+        info!(%session, group = %s.group.id, "session closed: its in-flight keys are released");
         s.group.remove_session(s.id);
         Ok(())
     }
@@ -512,25 +539,52 @@ impl Groups {
         Ok((s.group.clone(), s.id, s.slot.clone()))
     }
 
+    /// In a group shared by several users, refuses `caller` a replica id whose live session
+    /// another user opened: no user of a shared group can take over another's replica (and
+    /// the keys it holds in flight).
+    fn check_replica_holder(
+        &self,
+        group: &Arc<Group>,
+        replica: &str,
+        caller: &Caller,
+    ) -> Result<(), SessionError> {
+        let Some(user) = caller.identity() else {
+            return Ok(());
+        };
+        if group.id.owner.is_some() || !group.has_replica(replica) {
+            return Ok(());
+        }
+        let sessions = self.sessions();
+        let holder = sessions.values().find_map(|s| {
+            let opener = s.caller.as_ref()?;
+            (Arc::ptr_eq(&s.group, group)
+                && s.slot.replica == replica
+                && opener.username != user.username)
+                .then(|| opener.username.clone())
+        });
+        match holder {
+            Some(holder) => Err(SessionError::ReplicaOfAnother {
+                group: group.id.name.clone(),
+                replica: replica.to_owned(),
+                holder,
+                caller: user.username.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Finds or creates the group for a new session of `replica`; returns it and whether it
     /// was created.
     fn group_for(
         &self,
-        name: &str,
+        id: &GroupId,
         replica: &str,
         spec: &GroupSpec,
         caller: &Caller,
     ) -> Result<(Arc<Group>, bool), SessionError> {
         let mut groups = self.groups();
         let user = caller.identity().map(|i| i.username.clone());
-        let existing = groups.get(name);
-        // A group stays its creator's for as long as it exists here (idle included), unless
-        // its users are listed.
-        self.settings.group_owners.check(
-            name,
-            existing.and_then(|e| e.owner.as_deref()),
-            user.as_deref(),
-        )?;
+        let existing = groups.get(id);
         // A replica reopening replaces its session: it takes no new slot.
         let replacing = existing.is_some_and(|e| e.group.has_replica(replica));
         if let Some(user) = &user {
@@ -542,7 +596,7 @@ impl Groups {
                 let max = self.settings.limits.max_sessions_per_group;
                 if !replacing && entry.group.session_count() >= max {
                     return Err(SessionError::TooManyGroupSessions {
-                        group: name.to_owned(),
+                        group: id.name.clone(),
                         max,
                     });
                 }
@@ -550,11 +604,11 @@ impl Groups {
             }
             if entry.group.session_count() > 0 {
                 return Err(SessionError::SubscriptionsDiffer {
-                    group: name.to_owned(),
+                    group: id.name.clone(),
                 });
             }
             // No session left: the new subscriptions replace the old ones.
-            if let Some(old) = groups.remove(name) {
+            if let Some(old) = groups.remove(id) {
                 self.release(&old);
             }
         }
@@ -569,7 +623,7 @@ impl Groups {
         }
         let cancel = self.shutdown.child_token();
         let group = Group::spawn(
-            name.to_owned(),
+            id.clone(),
             spec.clone(),
             self.settings.queue,
             self.recent_deletions,
@@ -577,12 +631,12 @@ impl Groups {
             cancel.clone(),
         );
         groups.insert(
-            name.to_owned(),
+            id.clone(),
             GroupEntry {
                 group: group.clone(),
                 cancel,
                 empty_since: None,
-                owner: user,
+                creator: user,
             },
         );
         Ok((group, true))
@@ -594,7 +648,7 @@ impl Groups {
     /// table.
     fn check_identity_limits(
         &self,
-        groups: &HashMap<String, GroupEntry>,
+        groups: &HashMap<GroupId, GroupEntry>,
         user: &str,
         creating: bool,
         replacing: bool,
@@ -602,7 +656,7 @@ impl Groups {
         let limits = &self.settings.limits;
         let (mut owned, mut sessions) = (0, 0);
         for entry in groups.values() {
-            if entry.owner.as_deref() == Some(user) {
+            if entry.creator.as_deref() == Some(user) {
                 owned += 1;
                 sessions += entry.group.session_count();
             }
@@ -628,7 +682,7 @@ impl Groups {
     /// Stops what `entry`'s group holds: its watch subscriptions and its timers.
     fn release(&self, entry: &GroupEntry) {
         for sub in &entry.group.spec.subscriptions {
-            self.watches.unsubscribe(&sub.watch, &entry.group.name);
+            self.watches.unsubscribe(&sub.watch, &entry.group.id);
         }
         entry.cancel.cancel();
     }
@@ -641,7 +695,7 @@ impl Groups {
                 owner: sub.owner.clone(),
             };
             if let Err(e) = self.watches.subscribe(&sub.watch, subscriber).await {
-                if let Some(entry) = self.groups().remove(&group.name) {
+                if let Some(entry) = self.groups().remove(&group.id) {
                     self.release(&entry);
                 }
                 return Err(e.into());
@@ -693,7 +747,7 @@ impl Groups {
             self.counters
                 .expired_sessions
                 .fetch_add(1, Ordering::Relaxed);
-            info!(session = %id, group = %s.group.name, replica = %s.slot.replica, "session expired: its in-flight keys go to other sessions");
+            info!(session = %id, group = %s.group.id, replica = %s.slot.replica, "session expired: its in-flight keys go to other sessions");
             s.group.remove_session(s.id);
         }
     }
@@ -704,20 +758,20 @@ impl Groups {
         let mut groups = self.groups();
         let grace = self.settings.idle_group_grace;
         let mut idle = Vec::new();
-        for (name, entry) in groups.iter_mut() {
+        for (id, entry) in groups.iter_mut() {
             if entry.group.session_count() > 0 {
                 entry.empty_since = None;
             } else if let Some(since) = entry.empty_since {
                 if now.duration_since(since) >= grace {
-                    idle.push(name.clone());
+                    idle.push(id.clone());
                 }
             } else {
                 entry.empty_since = Some(now);
             }
         }
-        for name in idle {
-            if let Some(entry) = groups.remove(&name) {
-                info!(group = %name, "dropping group: no session for {grace:?}");
+        for id in idle {
+            if let Some(entry) = groups.remove(&id) {
+                info!(group = %id, "dropping group: no session for {grace:?}");
                 self.release(&entry);
             }
         }

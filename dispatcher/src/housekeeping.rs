@@ -4,6 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use kube_dispatch_runtime::auth::GroupId;
 use tokio::time::Instant;
 use tracing::info;
 
@@ -55,7 +56,7 @@ pub(crate) async fn run(groups: Arc<Groups>) {
 struct QueueStatus {
     last: Option<Instant>,
     /// (keys, ready, in flight, sessions) as last logged, per group; groups are bounded.
-    logged: HashMap<String, (usize, usize, usize, usize)>,
+    logged: HashMap<GroupId, (usize, usize, usize, usize)>,
 }
 
 impl QueueStatus {
@@ -69,13 +70,13 @@ impl QueueStatus {
         }
         self.last = Some(now);
         self.logged
-            .retain(|name, _| groups.iter().any(|g| &g.name == name));
+            .retain(|id, _| groups.iter().any(|g| &g.id == id));
         for group in groups {
             let f = group.figures();
             let figures = (f.queue.keys, f.queue.ready, f.queue.in_flight, f.sessions);
-            if self.logged.insert(group.name.clone(), figures) != Some(figures) {
+            if self.logged.insert(group.id.clone(), figures) != Some(figures) {
                 let (keys, ready, in_flight, sessions) = figures;
-                info!(group = %group.name, keys, ready, in_flight, sessions, "queue status");
+                info!(group = %group.id, keys, ready, in_flight, sessions, "queue status");
             }
         }
     }

@@ -2,8 +2,10 @@
 //! admin endpoint.
 //!
 //! Per controller group, the `workqueue_*` family under controller-runtime's names and meanings
-//! (labels `name` and `controller`, both the group's name, as controller-runtime sets them), so
-//! dashboards built for controller-runtime's work queues read the tier's:
+//! (labels `name` and `controller`, both the group's name, as controller-runtime sets them,
+//! and `owner`, the user the group belongs to: groups are scoped by identity, so two users'
+//! groups of one name are two series), so dashboards built for controller-runtime's work
+//! queues read the tier's:
 //!
 //! | metric | type | what |
 //! | --- | --- | --- |
@@ -15,7 +17,7 @@
 //! | `workqueue_unfinished_work_seconds` | gauge | time the deliveries in flight have been out, summed |
 //! | `workqueue_longest_running_processor_seconds` | gauge | the longest any delivery in flight has been out |
 //!
-//! and kube-dispatch's own, label `group`:
+//! and kube-dispatch's own, labels `group` and `owner`:
 //!
 //! | metric | type | what |
 //! | --- | --- | --- |
@@ -45,7 +47,10 @@
 //! | `kube_dispatch_sessions` | gauge | live sessions |
 //! | `kube_dispatch_expired_sessions_total` | counter | sessions that expired (their replica stopped polling) |
 //!
-//! Per watch (labels `resource`, `namespace` and `selector`, bounded by the subscriptions):
+//! Per watch (labels `resource` and `watch`, bounded by the subscriptions; `watch` is an opaque
+//! id of the namespace and selectors, which a caller chooses and which may name an object, so
+//! they stay off this unauthenticated endpoint: the log line `starting watch` maps one to the
+//! other):
 //!
 //! | metric | type | what |
 //! | --- | --- | --- |
@@ -67,7 +72,7 @@ use std::{
 };
 
 use kube_dispatch_core::{handover::Slice, queue::QueueCounts};
-use kube_dispatch_runtime::metrics::Metrics;
+use kube_dispatch_runtime::{auth::GroupId, metrics::Metrics};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -89,22 +94,26 @@ use crate::{
 struct QueueLabels {
     name: String,
     controller: String,
+    owner: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupLabel {
     group: String,
+    owner: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
-    group: String,
+    #[prometheus(flatten)]
+    group: GroupLabel,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
-    group: String,
+    #[prometheus(flatten)]
+    group: GroupLabel,
     outcome: &'static str,
 }
 
@@ -127,7 +136,7 @@ type CountOf = fn(&QueueCounts) -> u64;
 type WatchCounter = fn(&WatchCounts) -> &AtomicU64;
 
 struct Snapshot {
-    name: String,
+    id: GroupId,
     figures: GroupFigures,
     work: Histogram,
     queued: Histogram,
@@ -152,7 +161,7 @@ impl Collector for GroupsCollector {
             .all()
             .iter()
             .map(|g| Snapshot {
-                name: g.name.clone(),
+                id: g.id.clone(),
                 figures: g.figures(),
                 work: g.work_duration.clone(),
                 queued: g.queue_duration.clone(),
@@ -209,7 +218,7 @@ impl Collector for GroupsCollector {
         for (name, help, value) in queue_gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for s in &snapshots {
-                let labels = queue_labels(&s.name);
+                let labels = queue_labels(&s.id);
                 ConstGauge::new(value(&s.figures)).encode(family.encode_family(&labels)?)?;
             }
         }
@@ -228,7 +237,7 @@ impl Collector for GroupsCollector {
         for (name, help, value) in queue_counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for s in &snapshots {
-                let labels = queue_labels(&s.name);
+                let labels = queue_labels(&s.id);
                 ConstCounter::new(value(&s.figures.queue.counts))
                     .encode(family.encode_family(&labels)?)?;
             }
@@ -241,8 +250,7 @@ impl Collector for GroupsCollector {
                 MetricType::Histogram,
             )?;
             for s in &snapshots {
-                s.work
-                    .encode(family.encode_family(&queue_labels(&s.name))?)?;
+                s.work.encode(family.encode_family(&queue_labels(&s.id))?)?;
             }
         }
         {
@@ -254,7 +262,7 @@ impl Collector for GroupsCollector {
             )?;
             for s in &snapshots {
                 s.queued
-                    .encode(family.encode_family(&queue_labels(&s.name))?)?;
+                    .encode(family.encode_family(&queue_labels(&s.id))?)?;
             }
         }
 
@@ -298,9 +306,7 @@ impl Collector for GroupsCollector {
         for (name, help, value) in group_gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for s in &snapshots {
-                let labels = GroupLabel {
-                    group: s.name.clone(),
-                };
+                let labels = group_label(&s.id);
                 ConstGauge::new(value(&s.figures)).encode(family.encode_family(&labels)?)?;
             }
         }
@@ -314,7 +320,7 @@ impl Collector for GroupsCollector {
             for s in &snapshots {
                 for (index, reason) in REASONS {
                     let labels = ReasonLabels {
-                        group: s.name.clone(),
+                        group: group_label(&s.id),
                         reason,
                     };
                     ConstCounter::new(s.figures.queue.counts.deliveries[index])
@@ -338,7 +344,7 @@ impl Collector for GroupsCollector {
                     ("unknown", c.acks_unknown),
                 ] {
                     let labels = OutcomeLabels {
-                        group: s.name.clone(),
+                        group: group_label(&s.id),
                         outcome,
                     };
                     ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
@@ -353,9 +359,7 @@ impl Collector for GroupsCollector {
                 MetricType::Counter,
             )?;
             for s in &snapshots {
-                let labels = GroupLabel {
-                    group: s.name.clone(),
-                };
+                let labels = group_label(&s.id);
                 ConstCounter::new(s.figures.queue.counts.expired)
                     .encode(family.encode_family(&labels)?)?;
             }
@@ -367,23 +371,20 @@ impl Collector for GroupsCollector {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchLabels {
     resource: String,
-    namespace: String,
-    selector: String,
+    watch: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchEventLabels {
-    resource: String,
-    namespace: String,
-    selector: String,
+    #[prometheus(flatten)]
+    watch: WatchLabels,
     r#type: &'static str,
 }
 
 fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures]) -> fmt::Result {
     let labels = |w: &WatchFigures| WatchLabels {
         resource: w.resource.clone(),
-        namespace: w.namespace.clone(),
-        selector: w.selector.clone(),
+        watch: w.id.clone(),
     };
     {
         let mut family = encoder.encode_descriptor(
@@ -398,9 +399,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
                 ("deleted", &w.counts.deleted),
             ] {
                 let labels = WatchEventLabels {
-                    resource: w.resource.clone(),
-                    namespace: w.namespace.clone(),
-                    selector: w.selector.clone(),
+                    watch: labels(w),
                     r#type: kind,
                 };
                 ConstCounter::new(value.load(Ordering::Relaxed))
@@ -450,10 +449,18 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
     Ok(())
 }
 
-fn queue_labels(name: &str) -> QueueLabels {
+fn queue_labels(id: &GroupId) -> QueueLabels {
     QueueLabels {
-        name: name.to_owned(),
-        controller: name.to_owned(),
+        name: id.name.clone(),
+        controller: id.name.clone(),
+        owner: id.owner.clone().unwrap_or_default(),
+    }
+}
+
+fn group_label(id: &GroupId) -> GroupLabel {
+    GroupLabel {
+        group: id.name.clone(),
+        owner: id.owner.clone().unwrap_or_default(),
     }
 }
 

@@ -4,8 +4,10 @@
 //! - a session gets a group's keys only while its caller may `list` and `watch` every resource
 //!   the group subscribes to (owned kinds included), checked at OpenSession and again on polls
 //!   once the decision is older than `--authorization-recheck`;
-//! - a group belongs to the identity that created it, and a session to the identity that opened
-//!   it (`crate::groups`);
+//! - groups are scoped by identity (`kube_dispatch_runtime::auth::GroupId`), and a session
+//!   belongs to the identity that opened it (`crate::groups`);
+//! - `Operator/Key` answers for a group only when the caller may `get` its resources
+//!   ([`Guard::may_get_in`]);
 //! - only the dispatchers' own identity may call the Peer service;
 //! - the operator API asks a SubjectAccessReview on a non-resource path
 //!   ([`STATUS_PATH`], [`DRAIN_PATH`]).
@@ -17,7 +19,7 @@ use kube_dispatch_core::subscription::GroupSpec;
 use kube_dispatch_proto::credentials::Credentials;
 use kube_dispatch_runtime::{
     auth::{self, AuthConfig, Authentication, Authenticator, Caller, Identity},
-    authz::{Access, Authorizer, AuthzConfig, ResourceAccess},
+    authz::{Access, Authorizer, AuthzConfig, Refused, ResourceAccess},
     tls::Transport,
 };
 use tonic::Status;
@@ -122,6 +124,40 @@ impl Guard {
             .may_read(identity, accesses)
             .await
             .map_err(Status::from)
+    }
+
+    /// Whether `caller` may `get` the object of a key in `namespace` (empty: cluster-scoped)
+    /// through every one of `accesses` (a group's watched resources): what a group knows of a
+    /// key comes from those objects, so an operator who may not read them learns nothing of
+    /// the key from that group. UNAVAILABLE when a review cannot be made.
+    pub async fn may_get_in(
+        &self,
+        caller: &Caller,
+        accesses: &[ResourceAccess],
+        namespace: &str,
+    ) -> Result<bool, Status> {
+        let Some((authorizer, identity)) = self.authorizing(caller)? else {
+            return Ok(true);
+        };
+        for access in accesses {
+            let access = ResourceAccess {
+                namespace: if access.namespace.is_empty() {
+                    namespace.to_owned()
+                } else {
+                    access.namespace.clone()
+                },
+                ..access.clone()
+            };
+            match authorizer
+                .may(identity, "get", Access::Resource(access))
+                .await
+            {
+                Ok(()) => {}
+                Err(Refused::Denied { .. }) => return Ok(false),
+                Err(e @ Refused::Unavailable(_)) => return Err(e.into()),
+            }
+        }
+        Ok(true)
     }
 
     /// Ok if `caller` may `verb` the operator API's non-resource `path`. Anonymous callers

@@ -77,7 +77,7 @@ pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
             .push(dispatcher_view(member, &status, state));
         view.groups
             .extend(status.groups.into_iter().map(|g| GroupView {
-                group: g.group,
+                group: group_label(g.group, &g.owner),
                 dispatcher: member.name.clone(),
                 replicas: g.replicas,
                 keys: g.keys,
@@ -123,6 +123,16 @@ fn dispatcher_view(member: &Member, status: &StatusResponse, state: &str) -> Dis
         ready: sum(|g| g.ready),
         in_flight: sum(|g| g.in_flight),
         delayed: sum(|g| g.delayed),
+    }
+}
+
+/// A group as `kdctl` shows it: its name, and the user it belongs to when it has one (groups
+/// are scoped by identity, so two users' groups may share a name).
+fn group_label(name: String, owner: &str) -> String {
+    if owner.is_empty() {
+        name
+    } else {
+        format!("{name} (of {owner})")
     }
 }
 
@@ -203,7 +213,7 @@ pub async fn owner(connection: &Connection, key: &RequestKey) -> anyhow::Result<
                     view.places.push(KeyPlace {
                         dispatcher: answer.dispatcher_id.clone(),
                         state: key_state_name(g.state()).to_owned(),
-                        group: g.group,
+                        group: group_label(g.group, &g.owner),
                         replica: g.replica,
                         wait_seconds: g.wait.map(seconds),
                         failures: g.failures,

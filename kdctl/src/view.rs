@@ -243,7 +243,7 @@ impl Render for OwnerView {
             }
         }
         if self.places.is_empty() {
-            out += "no group holds the key: no subscription matches it, or nothing has happened to it since its owner started\n";
+            out += "no group holds the key: no subscription matches it, nothing has happened to it since its owner started, or you may not get the objects its groups watch\n";
             return out;
         }
         out.push('\n');

@@ -83,6 +83,12 @@ struct Args {
     #[arg(long, env = "KD_MAX_REGISTRATIONS", default_value_t = 10_000)]
     max_registrations: usize,
 
+    /// Most controller replicas one identity (user) may have registered at once, over all
+    /// its groups: one tenant cannot take the registrations of all the others. Past it,
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KD_MAX_REGISTRATIONS_PER_IDENTITY", default_value_t = 256)]
+    max_registrations_per_identity: usize,
+
     /// Kubeconfig to use; in a pod, the in-cluster configuration is used when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -131,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
         dispatcher_grace: args.dispatcher_grace,
         replica_grace: args.replica_grace,
         max_registrations: args.max_registrations,
+        max_registrations_per_identity: args.max_registrations_per_identity,
         transport: args.security.transport()?,
         server: args.server.limits()?,
         authentication: args.security.authentication()?,

@@ -1,18 +1,23 @@
 //! The leader's state: live dispatchers, registered replicas per group, and the placement of
 //! each group, pushed to every replica's stream when it changes.
 //!
-//! Bounds: at most `max_registrations` replicas over all groups (registrations past it are
-//! refused); a replica whose streams have all ended is kept for the grace, then removed. Each
-//! replica holds one `watch` slot (its latest assignment), never a queue.
+//! Groups are keyed by [`GroupId`]: one name used by two users is two groups, so no user can
+//! join, squat or move another's group, and nothing about ownership is lost when leadership
+//! moves (the new leader learns each group's owner from the registrations themselves).
+//!
+//! Bounds: at most `max_registrations` replicas over all groups, and `max_per_identity` per
+//! user (registrations past either are refused); a replica whose streams have all ended is
+//! kept for the grace, then removed. Each replica holds one `watch` slot (its latest
+//! assignment), never a queue.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
 use kube_dispatch_proto::v1::Assignment;
-use kube_dispatch_runtime::auth::{GroupOwners, NotOwner};
+use kube_dispatch_runtime::auth::{GroupId, GroupOwners, NotOwner};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
@@ -24,9 +29,33 @@ pub enum RegisterError {
     /// The registry is full.
     #[error("the load balancer holds {0} registrations, the most allowed")]
     Full(usize),
-    /// The group's replicas run as another identity.
+    /// The caller's identity holds as many registrations as one may.
+    #[error(
+        "{user} holds {max} registrations on this load balancer, the most one identity may (--max-registrations-per-identity)"
+    )]
+    FullForIdentity {
+        /// The caller.
+        user: String,
+        /// The bound.
+        max: usize,
+    },
+    /// The group is listed with `--group-owner` for other users.
     #[error(transparent)]
     NotOwner(#[from] NotOwner),
+    /// In a group shared by several users, a replica id another user registered.
+    #[error(
+        "replica {replica:?} of group {group:?} is registered by {holder}, not {caller}: give each replica an id of its own"
+    )]
+    ReplicaOfAnother {
+        /// The group.
+        group: String,
+        /// The replica id.
+        replica: String,
+        /// The user that registered it.
+        holder: String,
+        /// The caller.
+        caller: String,
+    },
 }
 
 #[derive(Debug)]
@@ -39,23 +68,24 @@ struct Replica {
     /// Which registration this entry is: a replica that left (or a leadership that was lost)
     /// and registered again gets a new one, and the streams of the old one no longer count.
     epoch: u64,
+    /// The user that registered it; `None` when the load balancer takes anonymous calls.
+    user: Option<String>,
 }
 
 #[derive(Debug, Default)]
 struct GroupState {
     replicas: BTreeMap<String, Replica>,
     placement: Placement,
-    /// The user whose replica registered the group first; kept while any replica is
-    /// registered. `None` when the load balancer takes anonymous calls.
-    owner: Option<String>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     /// Dispatcher name to address.
     dispatchers: BTreeMap<String, String>,
-    groups: BTreeMap<String, GroupState>,
+    groups: BTreeMap<GroupId, GroupState>,
     registrations: usize,
+    /// Registrations per user (authenticated callers only); a user with none has no entry.
+    per_user: HashMap<String, usize>,
     /// The next [`Replica::epoch`].
     next_epoch: u64,
     /// Assignments sent to replicas, and of those, changes to one already made.
@@ -83,6 +113,7 @@ pub struct RegistryFigures {
 pub struct Registry {
     inner: Mutex<Inner>,
     max_registrations: usize,
+    max_per_identity: usize,
     owners: GroupOwners,
 }
 
@@ -90,7 +121,7 @@ pub struct Registry {
 #[derive(Debug)]
 pub struct StreamGuard {
     registry: Arc<Registry>,
-    group: String,
+    group: GroupId,
     replica: String,
     epoch: u64,
 }
@@ -103,12 +134,17 @@ impl Drop for StreamGuard {
 }
 
 impl Registry {
-    /// An empty registry that holds at most `max_registrations` replicas, and places a
-    /// replica only in a group its user may use (`owners`).
-    pub fn new(max_registrations: usize, owners: GroupOwners) -> Arc<Self> {
+    /// An empty registry that holds at most `max_registrations` replicas, `max_per_identity`
+    /// of them per user, and places a replica only in a group its user may use (`owners`).
+    pub fn new(
+        max_registrations: usize,
+        max_per_identity: usize,
+        owners: GroupOwners,
+    ) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner::default()),
             max_registrations,
+            max_per_identity,
             owners,
         })
     }
@@ -137,29 +173,41 @@ impl Registry {
         replica: &str,
         user: Option<&str>,
     ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
+        let id = self.owners.group_id(group, user)?;
         let mut inner = self.inner();
-        self.owners.check(
-            group,
-            inner.groups.get(group).and_then(|g| g.owner.as_deref()),
-            user,
-        )?;
-        let known = inner
+        let holder = inner
             .groups
-            .get(group)
-            .is_some_and(|g| g.replicas.contains_key(replica));
-        if !known && inner.registrations >= self.max_registrations {
-            return Err(RegisterError::Full(self.max_registrations));
+            .get(&id)
+            .and_then(|g| g.replicas.get(replica))
+            .map(|r| r.user.as_deref());
+        if let (Some(Some(holder)), Some(caller)) = (holder, user)
+            && holder != caller
+        {
+            return Err(RegisterError::ReplicaOfAnother {
+                group: group.to_owned(),
+                replica: replica.to_owned(),
+                holder: holder.to_owned(),
+                caller: caller.to_owned(),
+            });
+        }
+        let known = holder.is_some();
+        if !known {
+            if inner.registrations >= self.max_registrations {
+                return Err(RegisterError::Full(self.max_registrations));
+            }
+            if let Some(user) = user
+                && inner.per_user.get(user).copied().unwrap_or(0) >= self.max_per_identity
+            {
+                return Err(RegisterError::FullForIdentity {
+                    user: user.to_owned(),
+                    max: self.max_per_identity,
+                });
+            }
         }
         let fresh = inner.next_epoch;
         inner.next_epoch += 1;
         let (receiver, epoch) = {
-            let state = inner
-                .groups
-                .entry(group.to_owned())
-                .or_insert_with(|| GroupState {
-                    owner: user.map(str::to_owned),
-                    ..GroupState::default()
-                });
+            let state = inner.groups.entry(id.clone()).or_default();
             let entry = state
                 .replicas
                 .entry(replica.to_owned())
@@ -168,6 +216,7 @@ impl Registry {
                     streams: 0,
                     gone_since: None,
                     epoch: fresh,
+                    user: user.map(str::to_owned),
                 });
             entry.streams += 1;
             entry.gone_since = None;
@@ -175,21 +224,24 @@ impl Registry {
         };
         if !known {
             inner.registrations += 1;
-            info!(group, replica, "replica registered");
-            replace(&mut inner, group);
+            if let Some(user) = user {
+                *inner.per_user.entry(user.to_owned()).or_default() += 1;
+            }
+            info!(group = %id, replica, "replica registered");
+            replace(&mut inner, &id);
         }
         Ok((
             receiver,
             StreamGuard {
                 registry: self.clone(),
-                group: group.to_owned(),
+                group: id,
                 replica: replica.to_owned(),
                 epoch,
             },
         ))
     }
 
-    fn stream_ended(&self, group: &str, replica: &str, epoch: u64, now: Instant) {
+    fn stream_ended(&self, group: &GroupId, replica: &str, epoch: u64, now: Instant) {
         let mut inner = self.inner();
         if let Some(r) = inner
             .groups
@@ -200,7 +252,7 @@ impl Registry {
             r.streams = r.streams.saturating_sub(1);
             if r.streams == 0 {
                 debug!(
-                    group,
+                    group = %group,
                     replica, "registration stream ended; keeping the replica's place for the grace"
                 );
                 r.gone_since = Some(now);
@@ -216,7 +268,7 @@ impl Registry {
         }
         info!(dispatchers = ?dispatchers.keys().collect::<Vec<_>>(), "dispatchers changed");
         inner.dispatchers = dispatchers;
-        let groups: Vec<String> = inner.groups.keys().cloned().collect();
+        let groups: Vec<GroupId> = inner.groups.keys().cloned().collect();
         for group in groups {
             replace(&mut inner, &group);
         }
@@ -226,6 +278,7 @@ impl Registry {
     pub fn expire(&self, now: Instant, grace: Duration) {
         let mut inner = self.inner();
         let mut changed = Vec::new();
+        let mut users = Vec::new();
         for (name, state) in &mut inner.groups {
             let before = state.replicas.len();
             state.replicas.retain(|replica, r| {
@@ -234,15 +287,18 @@ impl Registry {
                     .is_none_or(|since| now.saturating_duration_since(since) < grace);
                 if !keep {
                     info!(group = %name, replica, "replica removed: no registration stream for the grace");
+                    users.push(r.user.take());
                 }
                 keep
             });
             if state.replicas.len() != before {
-                changed.push((name.clone(), before - state.replicas.len()));
+                changed.push(name.clone());
             }
         }
-        for (group, removed) in changed {
-            inner.registrations -= removed;
+        for user in users {
+            forget(&mut inner, user);
+        }
+        for group in changed {
             replace(&mut inner, &group);
         }
         inner.groups.retain(|_, g| !g.replicas.is_empty());
@@ -251,17 +307,25 @@ impl Registry {
     /// Removes `replica` from `group` now (it is shutting down), without the grace, and
     /// re-places the group; `Ok(false)` when it was not registered.
     pub fn leave(&self, group: &str, replica: &str, user: Option<&str>) -> Result<bool, NotOwner> {
+        let id = self.owners.group_id(group, user)?;
         let mut inner = self.inner();
-        let Some(state) = inner.groups.get_mut(group) else {
+        let Some(state) = inner.groups.get_mut(&id) else {
             return Ok(false);
         };
-        self.owners.check(group, state.owner.as_deref(), user)?;
-        if state.replicas.remove(replica).is_none() {
+        // In a shared group, only the user that registered a replica takes it out.
+        let theirs = state
+            .replicas
+            .get(replica)
+            .is_some_and(|r| user.is_none() || r.user.as_deref() == user);
+        if !theirs {
             return Ok(false);
         }
-        info!(group, replica, "replica left");
-        inner.registrations -= 1;
-        replace(&mut inner, group);
+        let Some(left) = state.replicas.remove(replica) else {
+            return Ok(false);
+        };
+        info!(group = %id, replica, "replica left");
+        forget(&mut inner, left.user);
+        replace(&mut inner, &id);
         inner.groups.retain(|_, g| !g.replicas.is_empty());
         Ok(true)
     }
@@ -272,10 +336,11 @@ impl Registry {
         let mut inner = self.inner();
         inner.groups.clear();
         inner.registrations = 0;
+        inner.per_user.clear();
     }
 
     /// The placement of every group: replica to dispatcher names.
-    pub fn placements(&self) -> BTreeMap<String, Placement> {
+    pub fn placements(&self) -> BTreeMap<GroupId, Placement> {
         self.inner()
             .groups
             .iter()
@@ -294,8 +359,21 @@ impl Registry {
     }
 }
 
+/// Counts one registration of `user` less.
+fn forget(inner: &mut Inner, user: Option<String>) {
+    inner.registrations -= 1;
+    if let Some(user) = user
+        && let std::collections::hash_map::Entry::Occupied(mut count) = inner.per_user.entry(user)
+    {
+        *count.get_mut() -= 1;
+        if *count.get() == 0 {
+            count.remove();
+        }
+    }
+}
+
 /// Recomputes the placement of `group` and pushes every changed assignment.
-fn replace(inner: &mut Inner, group: &str) {
+fn replace(inner: &mut Inner, group: &GroupId) {
     let dispatchers: Vec<String> = inner.dispatchers.keys().cloned().collect();
     let addresses = inner.dispatchers.clone();
     let Some(state) = inner.groups.get_mut(group) else {
@@ -305,7 +383,7 @@ fn replace(inner: &mut Inner, group: &str) {
     let replicas: Vec<String> = state.replicas.keys().cloned().collect();
     let placement = place(&dispatchers, &replicas, &state.placement);
     if placement != state.placement {
-        debug!(group, ?placement, "placement changed");
+        debug!(group = %group, ?placement, "placement changed");
     }
     state.placement = placement;
     for (name, replica) in &state.replicas {
@@ -346,7 +424,7 @@ mod tests {
 
     #[test]
     fn replicas_are_told_their_dispatchers_and_every_change() {
-        let registry = Registry::new(10, GroupOwners::default());
+        let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(3));
         let (mut a, _ga) = registry.register("g", "a", None).unwrap();
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
@@ -370,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_replica_that_leaves_hands_its_dispatchers_over_at_once() {
-        let registry = Registry::new(10, GroupOwners::default());
+        let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(3));
         let (mut a, _ga) = registry.register("g", "a", None).unwrap();
         let (b, gb) = registry.register("g", "b", None).unwrap();
@@ -402,7 +480,7 @@ mod tests {
 
     #[test]
     fn figures_count_replicas_assignments_and_moves() {
-        let registry = Registry::new(10, GroupOwners::default());
+        let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
         let (_a, _ga) = registry.register("g", "a", None).unwrap();
         let (_b, _gb) = registry.register("g", "b", None).unwrap();
@@ -420,7 +498,7 @@ mod tests {
 
     #[test]
     fn a_reconnect_within_the_grace_moves_nothing() {
-        let registry = Registry::new(10, GroupOwners::default());
+        let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
         let (_a, ga) = registry.register("g", "a", None).unwrap();
         let (_b, _gb) = registry.register("g", "b", None).unwrap();
@@ -437,7 +515,7 @@ mod tests {
 
     #[test]
     fn registrations_are_bounded() {
-        let registry = Registry::new(2, GroupOwners::default());
+        let registry = Registry::new(2, 2, GroupOwners::default());
         let _a = registry.register("g", "a", None).unwrap();
         let _b = registry.register("h", "b", None).unwrap();
         assert_eq!(
@@ -454,7 +532,7 @@ mod tests {
             ("g".to_owned(), "team-a".to_owned()),
             ("g".to_owned(), "team-b".to_owned()),
         ]);
-        let registry = Registry::new(10, owners);
+        let registry = Registry::new(10, 10, owners);
         assert!(registry.register("g", "c", Some("team-c")).is_err());
         let _b = registry.register("g", "b", Some("team-b")).unwrap();
         assert!(registry.register("g", "a", Some("team-a")).is_ok());
@@ -462,24 +540,65 @@ mod tests {
     }
 
     #[test]
-    fn a_group_is_placed_only_for_the_user_that_registered_it() {
-        let registry = Registry::new(10, GroupOwners::default());
+    fn each_user_has_groups_of_its_own() {
+        let registry = Registry::new(10, 10, GroupOwners::default());
+        registry.set_dispatchers(dispatchers(2));
+        let (a, _ga) = registry.register("g", "r", Some("team-a")).unwrap();
+        // Team B's "g" is another group: its replica of the same id moves nothing of A's.
+        let (b, _gb) = registry.register("g", "r", Some("team-b")).unwrap();
+        assert_eq!(registry.placements().len(), 2);
+        assert_eq!(a.borrow().dispatchers.len(), 2);
+        assert_eq!(b.borrow().dispatchers.len(), 2);
+        // Nor can B make A's replica leave.
+        assert!(!registry.leave("g", "x", Some("team-b")).unwrap());
+        assert!(registry.leave("g", "r", Some("team-b")).unwrap());
+        assert_eq!(a.borrow().generation, 1, "A's assignment never changed");
+    }
+
+    #[test]
+    fn registrations_are_bounded_per_identity() {
+        let registry = Registry::new(10, 2, GroupOwners::default());
         let _a = registry.register("g", "a", Some("team-a")).unwrap();
-        let refused = registry.register("g", "b", Some("team-b")).unwrap_err();
-        assert!(
-            refused
-                .to_string()
-                .starts_with("group \"g\" belongs to team-a, not team-b"),
-            "{refused}"
+        let (_b, gb) = registry.register("h", "b", Some("team-a")).unwrap();
+        assert_eq!(
+            registry.register("g", "c", Some("team-a")).unwrap_err(),
+            RegisterError::FullForIdentity {
+                user: "team-a".into(),
+                max: 2
+            }
         );
-        assert!(registry.register("g", "b", None).is_err());
+        assert!(
+            registry.register("g", "c", Some("team-b")).is_ok(),
+            "others are not held"
+        );
+        // A replica that goes frees its place.
+        drop(gb);
+        registry.expire(
+            Instant::now() + Duration::from_secs(60),
+            Duration::from_secs(1),
+        );
         assert!(registry.register("g", "c", Some("team-a")).is_ok());
-        assert!(registry.register("h", "b", Some("team-b")).is_ok());
+    }
+
+    #[test]
+    fn in_a_listed_group_a_replica_id_stays_its_registrants() {
+        let owners = GroupOwners::from_pairs([
+            ("g".to_owned(), "team-a".to_owned()),
+            ("g".to_owned(), "team-b".to_owned()),
+        ]);
+        let registry = Registry::new(10, 10, owners);
+        let _a = registry.register("g", "r", Some("team-a")).unwrap();
+        assert!(matches!(
+            registry.register("g", "r", Some("team-b")).unwrap_err(),
+            RegisterError::ReplicaOfAnother { .. }
+        ));
+        assert!(!registry.leave("g", "r", Some("team-b")).unwrap());
+        assert!(registry.leave("g", "r", Some("team-a")).unwrap());
     }
 
     #[test]
     fn with_no_dispatcher_the_assignment_is_empty() {
-        let registry = Registry::new(2, GroupOwners::default());
+        let registry = Registry::new(2, 2, GroupOwners::default());
         let (mut a, _g) = registry.register("g", "a", None).unwrap();
         let first = a.borrow_and_update().clone();
         assert!(first.dispatchers.is_empty());

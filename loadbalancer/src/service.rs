@@ -58,6 +58,8 @@ pub struct Config {
     pub replica_grace: Duration,
     /// Most replicas registered at once.
     pub max_registrations: usize,
+    /// Most replicas one identity may have registered at once.
+    pub max_registrations_per_identity: usize,
     /// TLS, or plaintext (`--insecure`).
     pub transport: Transport,
     /// Connections, streams, calls without a credential and deadlines, held at the transport.
@@ -68,7 +70,8 @@ pub struct Config {
     /// What the admin endpoint's `/readyz` answers: ready once serving (a standby serves too:
     /// it redirects to the leader), not ready from shutdown on.
     pub readiness: Readiness,
-    /// Who may use which controller group (`--group-owner`; by default its creator).
+    /// Which groups are shared by several users (`--group-owner`); every other group is its
+    /// user's own.
     pub group_owners: GroupOwners,
     /// The registry the load balancer's metrics join (`crate::metrics`), served on `/metrics`.
     pub metrics: Metrics,
@@ -108,7 +111,13 @@ struct Service {
     leases: Api<Lease>,
     lease_name: String,
     identity: String,
+    /// The leader as last read, and when: a standby reads the leader Lease at most once per
+    /// [`LEADER_TTL`], however many replicas register with it (one read at a time).
+    leader: tokio::sync::Mutex<Option<(String, Instant)>>,
 }
+
+/// How long a standby trusts the leader it read from the Lease.
+const LEADER_TTL: Duration = Duration::from_secs(1);
 
 type AssignmentStream = Pin<Box<dyn Stream<Item = Result<Assignment, Status>> + Send>>;
 
@@ -141,8 +150,12 @@ impl LoadBalancer for Service {
                 caller.identity().map(|i| i.username.as_str()),
             )
             .map_err(|e| match e {
-                RegisterError::Full(_) => Status::resource_exhausted(e.to_string()),
-                RegisterError::NotOwner(_) => Status::permission_denied(e.to_string()),
+                RegisterError::Full(_) | RegisterError::FullForIdentity { .. } => {
+                    Status::resource_exhausted(e.to_string())
+                }
+                RegisterError::NotOwner(_) | RegisterError::ReplicaOfAnother { .. } => {
+                    Status::permission_denied(e.to_string())
+                }
             })?;
         let mut leading = self.leading.clone();
         // The stream ends when this replica stops leading, or when the registration is dropped.
@@ -194,8 +207,21 @@ fn check_ids(group: &str, replica_id: &str) -> Result<(), Status> {
 }
 
 impl Service {
-    /// The leader's address, read from the leader Lease.
+    /// The leader's address, read from the leader Lease at most once per [`LEADER_TTL`].
     async fn leader(&self) -> Result<String, Status> {
+        let mut cached = self.leader.lock().await;
+        if let Some((leader, at)) = &*cached
+            && at.elapsed() < LEADER_TTL
+        {
+            return Ok(leader.clone());
+        }
+        let leader = self.read_leader().await?;
+        *cached = Some((leader.clone(), Instant::now()));
+        Ok(leader)
+    }
+
+    /// The leader's address, read from the leader Lease.
+    async fn read_leader(&self) -> Result<String, Status> {
         let lease = self
             .leases
             .get_opt(&self.lease_name)
@@ -237,7 +263,11 @@ pub async fn serve(
         None => Authentication::Anonymous,
     };
     authentication.warn_if_anonymous("load balancer");
-    let registry = Registry::new(config.max_registrations, config.group_owners.clone());
+    let registry = Registry::new(
+        config.max_registrations,
+        config.max_registrations_per_identity,
+        config.group_owners.clone(),
+    );
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
         .with_namespace(&config.namespace)
@@ -283,6 +313,7 @@ pub async fn serve(
         leases,
         lease_name: config.lease_name.clone(),
         identity: config.advertise_address.clone(),
+        leader: tokio::sync::Mutex::new(None),
     };
     info!(address = %config.advertise_address, lease = %config.lease_name, namespace = %config.namespace, "load balancer serving");
     if let Some(started) = started {

@@ -111,23 +111,55 @@ impl Caller {
     }
 }
 
-/// A controller group used by another user than the one it belongs to.
+/// A controller group used by a user not listed for it (`--group-owner`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "group {group:?} belongs to {owner}, not {caller}: every replica of a controller runs as one identity (or one listed with --group-owner); pick another group name"
+    "group {group:?} is listed with --group-owner for {owner}, not {caller}: run the controller as one of them, or pick another group name"
 )]
 pub struct NotOwner {
     /// The group.
     pub group: String,
-    /// The user it belongs to (or the users listed for it, joined by `or`).
+    /// The users listed for it, joined by `or`.
     pub owner: String,
     /// The caller.
     pub caller: String,
 }
 
-/// Who may use a controller group. By default the user whose call created it (recorded with
-/// the group); for groups an operator listed (`--group-owner GROUP=USER`, repeated), exactly
-/// the users listed, whoever came first: for a controller that runs under several
+/// A controller group as the tier keys it: its name and the user it belongs to. Groups are
+/// scoped by identity: one name used by two users is two groups, so no user can take, join or
+/// squat another's group, on any dispatcher or load balancer, before or after a restart or a
+/// failover, and nothing about ownership needs remembering.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId {
+    /// The name every replica of the controller sends.
+    pub name: String,
+    /// The user the group belongs to; `None` for a group listed with `--group-owner` (shared
+    /// by the users listed) and when nobody is authenticated.
+    pub owner: Option<String>,
+}
+
+impl GroupId {
+    /// A group nobody owns: listed with `--group-owner`, or authentication off.
+    pub fn shared(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            owner: None,
+        }
+    }
+}
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.owner {
+            Some(owner) => write!(f, "{} (of {owner})", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Who may use a controller group. By default each user has groups of its own
+/// ([`GroupId`]); a group an operator listed (`--group-owner GROUP=USER`, repeated) is one
+/// group shared by exactly the users listed: for a controller that runs under several
 /// ServiceAccounts, during a migration from one to another say.
 #[derive(Clone, Debug, Default)]
 pub struct GroupOwners(Arc<HashMap<String, Vec<String>>>);
@@ -150,29 +182,23 @@ impl GroupOwners {
         self.0.is_empty()
     }
 
-    /// Ok if `caller` (`None`: anonymous) may use `group`, which belongs to `owner` (`None`: to
-    /// nobody, authentication being off) unless the group is listed.
-    pub fn check(
-        &self,
-        group: &str,
-        owner: Option<&str>,
-        caller: Option<&str>,
-    ) -> Result<(), NotOwner> {
-        let refuse = |owner: String| NotOwner {
-            group: group.to_owned(),
-            owner,
-            caller: caller.unwrap_or("anonymous").to_owned(),
-        };
+    /// The group `caller` (`None`: anonymous) means by `group`: its own, unless the name is
+    /// listed, and then the shared one if `caller` is listed for it.
+    pub fn group_id(&self, group: &str, caller: Option<&str>) -> Result<GroupId, NotOwner> {
         if let Some(listed) = self.0.get(group) {
             return match caller {
-                Some(caller) if listed.iter().any(|u| u == caller) => Ok(()),
-                _ => Err(refuse(listed.join(" or "))),
+                Some(caller) if listed.iter().any(|u| u == caller) => Ok(GroupId::shared(group)),
+                _ => Err(NotOwner {
+                    group: group.to_owned(),
+                    owner: listed.join(" or "),
+                    caller: caller.unwrap_or("anonymous").to_owned(),
+                }),
             };
         }
-        match owner {
-            Some(owner) if Some(owner) != caller => Err(refuse(owner.to_owned())),
-            _ => Ok(()),
-        }
+        Ok(GroupId {
+            name: group.to_owned(),
+            owner: caller.map(str::to_owned),
+        })
     }
 }
 
@@ -927,28 +953,29 @@ mod tests {
     }
 
     #[test]
-    fn a_group_is_its_creators_unless_listed() {
+    fn a_group_is_its_users_unless_listed() {
         let owners = GroupOwners::from_pairs([
             ("shared".to_owned(), "old-sa".to_owned()),
             ("shared".to_owned(), "new-sa".to_owned()),
         ]);
-        // Unlisted: the recorded owner only; nobody recorded (authentication off): anyone.
-        assert!(owners.check("g", Some("a"), Some("a")).is_ok());
-        let e = owners.check("g", Some("a"), Some("b")).unwrap_err();
-        assert_eq!((e.owner.as_str(), e.caller.as_str()), ("a", "b"));
-        assert!(owners.check("g", None, None).is_ok());
-        // Listed: exactly the users listed, whoever created it.
-        assert!(
-            owners
-                .check("shared", Some("old-sa"), Some("new-sa"))
-                .is_ok()
+        // Unlisted: one group per user, whoever came first; authentication off: one group.
+        let (a, b) = (
+            owners.group_id("g", Some("a")).unwrap(),
+            owners.group_id("g", Some("b")).unwrap(),
         );
-        assert!(owners.check("shared", None, Some("old-sa")).is_ok());
-        let e = owners
-            .check("shared", Some("old-sa"), Some("other"))
-            .unwrap_err();
+        assert_ne!(a, b);
+        assert_eq!(a.to_string(), "g (of a)");
+        assert_eq!(owners.group_id("g", None).unwrap(), GroupId::shared("g"));
+        // Listed: one group, exactly the users listed.
+        for user in ["old-sa", "new-sa"] {
+            assert_eq!(
+                owners.group_id("shared", Some(user)).unwrap(),
+                GroupId::shared("shared")
+            );
+        }
+        let e = owners.group_id("shared", Some("other")).unwrap_err();
         assert_eq!(e.owner, "old-sa or new-sa");
-        assert!(owners.check("shared", None, None).is_err());
+        assert!(owners.group_id("shared", None).is_err());
     }
 
     #[test]

@@ -353,8 +353,8 @@ mod tests {
             listed
                 .group_owners()
                 .unwrap()
-                .check("g", None, Some("u2"))
-                .is_ok()
+                .group_id("g", Some("u2"))
+                .is_ok_and(|id| id.owner.is_none())
         );
         assert!(matches!(
             flags(&["--group-owner", "g=u", "--allow-anonymous"]).group_owners(),

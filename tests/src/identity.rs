@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::{
     core::v1::ServiceAccount,
-    rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
 };
 use kube::api::{Api, ObjectMeta, PostParams};
 
@@ -53,6 +53,57 @@ pub async fn account(ns: &TestNamespace, name: &str, verbs: &[&str]) -> Result<(
                     api_group: Some("rbac.authorization.k8s.io".into()),
                     kind: "Role".into(),
                     name: name.to_owned(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.to_owned(),
+                    namespace: Some(ns.name().to_owned()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// Grants ServiceAccount `name` of `ns` `verb` on the non-resource `path` (the operator API's
+/// authorization), with a ClusterRole and binding named after both.
+pub async fn grant_path(
+    ns: &TestNamespace,
+    name: &str,
+    verb: &str,
+    path: &str,
+) -> Result<(), kube::Error> {
+    let client = ns.client();
+    let pp = PostParams::default();
+    let role = format!("{}-{name}-{verb}", ns.name());
+    let meta = ObjectMeta {
+        name: Some(role.clone()),
+        ..ObjectMeta::default()
+    };
+    Api::<ClusterRole>::all(client.clone())
+        .create(
+            &pp,
+            &ClusterRole {
+                metadata: meta.clone(),
+                rules: Some(vec![PolicyRule {
+                    non_resource_urls: Some(vec![path.to_owned()]),
+                    verbs: vec![verb.to_owned()],
+                    ..PolicyRule::default()
+                }]),
+                ..ClusterRole::default()
+            },
+        )
+        .await?;
+    Api::<ClusterRoleBinding>::all(client)
+        .create(
+            &pp,
+            &ClusterRoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: role,
                 },
                 subjects: Some(vec![Subject {
                     kind: "ServiceAccount".into(),

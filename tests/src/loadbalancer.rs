@@ -35,6 +35,7 @@ impl TestLoadBalancer {
             dispatcher_grace: Duration::from_millis(500),
             replica_grace: Duration::from_secs(2),
             max_registrations: 100,
+            max_registrations_per_identity: 100,
             transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
             server: Default::default(),
             authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),

@@ -171,7 +171,8 @@ async fn placed(
             .handles
             .registry
             .placements()
-            .remove(GROUP)
+            .into_iter()
+            .find_map(|(id, placement)| (id.name == GROUP).then_some(placement))
             .unwrap_or_default();
         let covered: BTreeSet<&String> = placement.values().flatten().collect();
         if placement.len() == replicas

@@ -359,8 +359,15 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     let text = metrics.encode();
     record_exported("dispatcher", &text)?;
     let s_ = samples(&text, &group);
+    // Groups are scoped by identity: every group series names the user it belongs to.
+    let owner = owner_of(&d, &group)?;
     let get = |series: &str| {
-        s_.get(&series.replace("G", &group))
+        let series = series
+            .replace(r#"controller="G""#, r#"controller="G",owner="O""#)
+            .replace(r#"group="G""#, r#"group="G",owner="O""#)
+            .replace("\"G\"", &format!("\"{group}\""))
+            .replace("\"O\"", &format!("\"{owner}\""));
+        s_.get(&series)
             .copied()
             .unwrap_or_else(|| panic!("no series {series} in {s_:#?}"))
     };
@@ -413,17 +420,22 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
         get(r#"kube_dispatch_group_expired_deliveries_total{group="G"}"#),
         0.0
     );
-    // The watch behind the group: its first list, and the four objects it saw.
-    let w = samples(&text, ns.name());
+    // The watch behind the group: its first list, and the four objects it saw, under an
+    // opaque id: no namespace or selector is served without authentication.
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("kube_dispatch_watch") && l.contains(ns.name())),
+        "{text}"
+    );
+    let id = kube_dispatch_dispatcher::k8s::watch::watch_id(ns.name(), "", "");
+    let w = samples(&text, &id);
     let watch = |series: String| {
         w.get(&series)
             .copied()
             .unwrap_or_else(|| panic!("no series {series} in {w:#?}"))
     };
-    let labels = format!(
-        "resource=\"v1/configmaps\",namespace=\"{}\",selector=\"\"",
-        ns.name()
-    );
+    let labels = format!("resource=\"v1/configmaps\",watch=\"{id}\"");
     assert_eq!(
         watch(format!(
             "kube_dispatch_watch_events_total{{{labels},type=\"applied\"}}"
@@ -465,6 +477,17 @@ fn record_exported(process: &str, text: &str) -> std::io::Result<()> {
 
 /// The samples of `/metrics` text whose labels name `group` (as `group`, `name` or
 /// `controller`): the series as written to its value.
+/// The user `group` on `d` belongs to, as its metrics label it.
+fn owner_of(d: &TestDispatcher, group: &str) -> Result<String, &'static str> {
+    d.handles
+        .groups
+        .all()
+        .into_iter()
+        .find(|g| g.id.name == group)
+        .map(|g| g.id.owner.clone().unwrap_or_default())
+        .ok_or("no group")
+}
+
 fn samples(text: &str, group: &str) -> BTreeMap<String, f64> {
     let quoted = format!("\"{group}\"");
     text.lines()
@@ -618,7 +641,14 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
     let group = "cardinality";
     let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut sessions = vec![TestSession::open(&d, group, "replica-0", sub()).await?];
-    let g = d.handles.groups.group(group).ok_or("no group")?;
+    let g = d
+        .handles
+        .groups
+        .all()
+        .into_iter()
+        .find(|g| g.id.name == group)
+        .ok_or("no group")?;
+    let owner = owner_of(&d, group)?;
     let change = |i: usize| {
         let key = format!("/ConfigMap/{}/cm-{i}", ns.name());
         g.change(
@@ -652,12 +682,13 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
             .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
             .unwrap_or(-1.0)
     };
-    let sessions_series = format!("kube_dispatch_group_sessions{{group=\"{group}\"}}");
+    let sessions_series =
+        format!("kube_dispatch_group_sessions{{group=\"{group}\",owner=\"{owner}\"}}");
     assert_eq!(value(&large, &sessions_series), 100.0, "{large}");
     assert_eq!(
         value(
             &large,
-            &format!("kube_dispatch_group_keys{{group=\"{group}\"}}")
+            &format!("kube_dispatch_group_keys{{group=\"{group}\",owner=\"{owner}\"}}")
         ),
         10_000.0
     );

@@ -173,10 +173,11 @@ async fn each_identity_gets_what_it_may_list_and_watch_and_nothing_more() -> Tes
     Ok(())
 }
 
-/// A group belongs to the identity that opened it: another identity, with the same rights, can
-/// neither join it nor acknowledge its deliveries away with its session id.
+/// Groups are scoped by identity: another identity, with the same rights, that takes a
+/// controller's group name first (squatting it) gets a group of its own, and can neither take
+/// the controller's keys nor acknowledge its deliveries away with its session id.
 #[tokio::test]
-async fn a_second_identity_can_neither_join_nor_ack_in_another_group() -> TestResult {
+async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> TestResult {
     let ns = TestNamespace::create("security-groups").await?;
     account(&ns, "team-a", &["list", "watch"]).await?;
     account(&ns, "team-b", &["list", "watch"]).await?;
@@ -194,33 +195,30 @@ async fn a_second_identity_can_neither_join_nor_ack_in_another_group() -> TestRe
         .await?;
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let poll = |session: &str| PollRequest {
+        session_id: session.to_owned(),
+        wait: prost_types::Duration::try_from(Duration::from_secs(2)).ok(),
+        ..PollRequest::default()
+    };
+    // B takes the name first: the group it gets is its own.
+    let mut client_b = d.client_as(&b).await;
+    let squatter = client_b
+        .open_session(open("owned", subs()))
+        .await?
+        .into_inner()
+        .session_id;
     let mut client_a = d.client_as(&a).await;
     let session = client_a
         .open_session(open("owned", subs()))
         .await?
         .into_inner()
         .session_id;
-    let (code, said) = open_as(&d, &b, open("owned", subs())).await;
-    assert_eq!(code, Code::PermissionDenied, "{said}");
-    assert!(
-        said.contains(&format!(
-            "group \"owned\" belongs to system:serviceaccount:{0}:team-a, not system:serviceaccount:{0}:team-b",
-            ns.name()
-        )),
-        "{said}"
-    );
-    // A holds the key in flight; B tries to ack it away, and to poll and close A's session.
-    let held = client_a
-        .poll(PollRequest {
-            session_id: session.clone(),
-            wait: prost_types::Duration::try_from(Duration::from_secs(2)).ok(),
-            ..PollRequest::default()
-        })
-        .await?
-        .into_inner()
-        .requests;
+    // A holds the key in flight, and B's group has the key too, for B alone.
+    let held = client_a.poll(poll(&session)).await?.into_inner().requests;
     assert_eq!(held.len(), 1, "A got the ConfigMap");
-    let mut client_b = d.client_as(&b).await;
+    let its_own = client_b.poll(poll(&squatter)).await?.into_inner().requests;
+    assert_eq!(its_own.len(), 1, "B's group has its own queue");
+    // B tries to ack A's delivery away, and to poll and close A's session.
     let ack = client_b
         .ack(AckRequest {
             session_id: session.clone(),
@@ -266,6 +264,7 @@ async fn peer_refuses_unauthenticated_and_foreign_callers() -> TestResult {
         group: "g".into(),
         identity: "dispatcher-0".into(),
         members: vec!["dispatcher-0".into()],
+        ..RecentDeletionsRequest::default()
     };
     let ask = |credentials: Credentials| {
         let address = d.addr.to_string();
@@ -603,10 +602,11 @@ async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
     Ok(())
 }
 
-/// The load balancer places only authenticated callers, and a group only for the user that
-/// registered it first: a caller without a token, or another identity in that group, is refused.
+/// The load balancer places only authenticated callers, each user in groups of its own: a
+/// caller without a token is refused, and another identity registering under a group's name
+/// gets a group of its own, whichever registered first.
 #[tokio::test]
-async fn register_refuses_unauthenticated_and_foreign_callers() -> TestResult {
+async fn register_refuses_unauthenticated_callers_and_scopes_groups() -> TestResult {
     use kube_dispatch_proto::v1::{RegisterRequest, load_balancer_client::LoadBalancerClient};
     use kube_dispatch_tests::loadbalancer::TestLoadBalancer;
 
@@ -626,12 +626,13 @@ async fn register_refuses_unauthenticated_and_foreign_callers() -> TestResult {
                     replica_id: replica,
                 })
                 .await;
+            // A registration lasts as long as its stream: the stream is kept.
             Ok::<_, Box<dyn std::error::Error>>(match answer {
                 Ok(mut stream) => {
                     stream.get_mut().message().await?;
-                    (Code::Ok, String::new())
+                    (Code::Ok, String::new(), Some(stream))
                 }
-                Err(status) => (status.code(), status.message().to_owned()),
+                Err(status) => (status.code(), status.message().to_owned(), None),
             })
         }
     };
@@ -639,16 +640,29 @@ async fn register_refuses_unauthenticated_and_foreign_callers() -> TestResult {
         as_token(&token(&ns, "team-a", "kube-dispatch").await?),
         as_token(&token(&ns, "team-b", "kube-dispatch").await?),
     );
-    let (code, said) = register(Credentials::tls(ca()), "anonymous").await?;
+    let (code, said, _) = register(Credentials::tls(ca()), "anonymous").await?;
     assert_eq!(code, Code::Unauthenticated, "{said}");
-    assert_eq!(register(a.clone(), "a-0").await?.0, Code::Ok);
-    let (code, said) = register(b, "b-0").await?;
-    assert_eq!(code, Code::PermissionDenied, "{said}");
-    assert!(
-        said.contains(&format!("system:serviceaccount:{}:team-a", ns.name())),
-        "{said}"
+    let mut streams = Vec::new();
+    for (credentials, replica) in [(a.clone(), "a-0"), (b, "b-0"), (a, "a-1")] {
+        let (code, said, stream) = register(credentials, replica).await?;
+        assert_eq!(code, Code::Ok, "{replica}: {said}");
+        streams.push(stream);
+    }
+    let user = |name: &str| Some(format!("system:serviceaccount:{}:{name}", ns.name()));
+    let groups: Vec<(Option<String>, Vec<String>)> = lb
+        .handles
+        .registry
+        .placements()
+        .into_iter()
+        .map(|(id, placement)| (id.owner, placement.keys().cloned().collect()))
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            (user("team-a"), vec!["a-0".to_owned(), "a-1".to_owned()]),
+            (user("team-b"), vec!["b-0".to_owned()]),
+        ]
     );
-    assert_eq!(register(a, "a-1").await?.0, Code::Ok);
     Ok(())
 }
 
@@ -679,7 +693,7 @@ async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult 
     assert_eq!(code, Code::PermissionDenied, "{said}");
     assert!(
         said.contains(&format!(
-            "belongs to {} or {}",
+            "is listed with --group-owner for {} or {}",
             user("old-sa"),
             user("new-sa")
         )),
@@ -690,6 +704,14 @@ async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult 
         let (code, said) = open_as(&d, &credentials, session("migrating", replica)).await;
         assert_eq!(code, Code::Ok, "{name}: {said}");
     }
+    // One listed identity cannot take over a replica id (and its keys) another one holds.
+    let old = as_token(&token(&ns, "old-sa", "kube-dispatch").await?);
+    let (code, said) = open_as(&d, &old, session("migrating", "r1")).await;
+    assert_eq!(code, Code::PermissionDenied, "{said}");
+    assert!(
+        said.contains(&format!("has a live session opened by {}", user("new-sa"))),
+        "{said}"
+    );
     // Groups not listed keep the default: their creator's.
     assert_eq!(
         open_as(&d, &other, session("its-own", "r0")).await.0,

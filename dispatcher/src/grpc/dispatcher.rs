@@ -60,7 +60,7 @@ impl DispatcherService {
         let group = self.groups.group_of(session, caller).map_err(status)?;
         if let Err(denied) = self.guard.may_read(caller, &group.accesses).await {
             if denied.code() == tonic::Code::PermissionDenied {
-                info!(%session, group = %group.name, user = caller.name(), reason = denied.message(), "access revoked: session closed");
+                info!(%session, group = %group.id, user = caller.name(), reason = denied.message(), "access revoked: session closed");
                 let _ = self.groups.close(session, caller);
             }
             return Err(denied);
@@ -160,9 +160,9 @@ fn status(e: SessionError) -> Status {
         SessionError::Unknown { .. }
         | SessionError::EndedWhilePolling { .. }
         | SessionError::NotOpen { .. } => Status::not_found(message),
-        SessionError::NotOwner(_) | SessionError::NotYours { .. } => {
-            Status::permission_denied(message)
-        }
+        SessionError::NotOwner(_)
+        | SessionError::NotYours { .. }
+        | SessionError::ReplicaOfAnother { .. } => Status::permission_denied(message),
         SessionError::Watch(e) => match e {
             WatchError::Rejected {
                 code: 400 | 422, ..
@@ -219,7 +219,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         validate_open(&req).map_err(invalid)?;
-        groups.admits(&req.group, &req.replica_id).map_err(status)?;
+        // Groups are scoped by identity: a listed group is refused to others before anything
+        // is resolved or reviewed.
+        let id = groups.group_id(&req.group, &caller).map_err(status)?;
+        groups.admits(&id, &req.replica_id).map_err(status)?;
         let limits = groups.settings().limits;
         let ttl = match &req.ttl {
             Some(ttl) => positive_duration("ttl", ttl)
@@ -232,7 +235,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .may_read(&caller, &crate::security::accesses(&spec))
             .await?;
         let opened = groups
-            .open(&req.group, &req.replica_id, &spec, ttl, &caller)
+            .open(&id, &req.replica_id, &spec, ttl, &caller)
             .await
             .map_err(status)?;
         // Keys can move here only on a ring from Leases: ask the peers what was deleted of

@@ -13,7 +13,7 @@ use kube_dispatch_proto::{
         KeyResponse, KeyState, StatusRequest, StatusResponse, operator_server,
     },
 };
-use kube_dispatch_runtime::auth::Caller;
+use kube_dispatch_runtime::auth::{Caller, GroupId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -103,7 +103,8 @@ impl operator_server::Operator for OperatorService {
                 let figures = group.figures();
                 let replicas = group.replicas();
                 GroupStatus {
-                    group: group.name.clone(),
+                    group: group.id.name.clone(),
+                    owner: group.id.owner.clone().unwrap_or_default(),
                     sessions: u32::try_from(replicas.len()).unwrap_or(u32::MAX),
                     replicas,
                     keys: figures.queue.keys as u64,
@@ -116,7 +117,7 @@ impl operator_server::Operator for OperatorService {
                 }
             })
             .collect();
-        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        groups.sort_by(|a, b| (&a.group, &a.owner).cmp(&(&b.group, &b.owner)));
         let state = self.state();
         Ok(Response::new(StatusResponse {
             dispatcher_id: identity.to_owned(),
@@ -138,9 +139,8 @@ impl operator_server::Operator for OperatorService {
     }
 
     async fn key(&self, request: Request<KeyRequest>) -> Result<Response<KeyResponse>, Status> {
-        self.guard
-            .may_operate(&Caller::of(&request), "get", STATUS_PATH)
-            .await?;
+        let caller = Caller::of(&request);
+        self.guard.may_operate(&caller, "get", STATUS_PATH).await?;
         let text = request.into_inner().key;
         let key = RequestKey::parse(&text).map_err(|e| {
             Status::invalid_argument(format!(
@@ -148,13 +148,20 @@ impl operator_server::Operator for OperatorService {
             ))
         })?;
         let slice = self.groups.slice();
-        let mut groups: Vec<KeyInGroup> = self
-            .groups
-            .all()
-            .iter()
-            .filter_map(|group| Some(key_in_group(&group.name, group.key_status(&text)?)))
-            .collect();
-        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        let mut groups: Vec<KeyInGroup> = Vec::new();
+        for group in self.groups.all() {
+            let Some(status) = group.key_status(&text) else {
+                continue;
+            };
+            if self
+                .guard
+                .may_get_in(&caller, &group.accesses, &key.namespace)
+                .await?
+            {
+                groups.push(key_in_group(&group.id, status));
+            }
+        }
+        groups.sort_by(|a, b| (&a.group, &a.owner).cmp(&(&b.group, &b.owner)));
         Ok(Response::new(KeyResponse {
             dispatcher_id: self.groups.identity().to_owned(),
             ring_owner: slice.ring.owner(&key).unwrap_or_default().to_owned(),
@@ -197,9 +204,10 @@ impl operator_server::Operator for OperatorService {
 }
 
 /// A key's status in `group`, on the wire.
-fn key_in_group(group: &str, status: KeyStatus) -> KeyInGroup {
+fn key_in_group(group: &GroupId, status: KeyStatus) -> KeyInGroup {
     KeyInGroup {
-        group: group.to_owned(),
+        group: group.name.clone(),
+        owner: group.owner.clone().unwrap_or_default(),
         state: match status.state {
             QueueKeyState::Idle => KeyState::Idle,
             QueueKeyState::Queued => KeyState::Queued,

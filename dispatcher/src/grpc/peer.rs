@@ -13,7 +13,7 @@ use kube_dispatch_proto::{
         RecentDeletionsRequest, RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
     },
 };
-use kube_dispatch_runtime::auth::Caller;
+use kube_dispatch_runtime::auth::{Caller, GroupId};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
@@ -64,7 +64,16 @@ impl Peer for PeerService {
                 req.identity
             )));
         }
-        let keys = match self.groups.group(&req.group) {
+        if req.group_owner.len() > MAX_FIELD_LEN {
+            return Err(Status::invalid_argument(format!(
+                "group_owner must be at most {MAX_FIELD_LEN} bytes long"
+            )));
+        }
+        let id = GroupId {
+            name: req.group,
+            owner: Some(req.group_owner).filter(|o| !o.is_empty()),
+        };
+        let keys = match self.groups.group(&id) {
             Some(group) => {
                 // Placed the way this dispatcher places keys: a peer that places them
                 // otherwise never completes a handover with it (the ring ids differ).
@@ -116,7 +125,8 @@ pub async fn fetch_recent_deletions(
         let mut unanswered = Vec::new();
         for (peer, address) in pending {
             let request = RecentDeletionsRequest {
-                group: group.name.clone(),
+                group: group.id.name.clone(),
+                group_owner: group.id.owner.clone().unwrap_or_default(),
                 identity: identity.clone(),
                 members: members.clone(),
             };
@@ -127,7 +137,7 @@ pub async fn fetch_recent_deletions(
                 }
                 Err(e) => {
                     if rounds == 0 {
-                        warn!(group = %group.name, %peer, %address, error = %e, "cannot ask a peer for the deletions it remembers of this dispatcher's keys; asking again");
+                        warn!(group = %group.id, %peer, %address, error = %e, "cannot ask a peer for the deletions it remembers of this dispatcher's keys; asking again");
                     }
                     unanswered.push((peer, address));
                 }
@@ -141,7 +151,7 @@ pub async fn fetch_recent_deletions(
         let delay = RETRY.delay(rounds);
         if tokio::time::Instant::now() + delay >= give_up {
             let peers: Vec<&str> = pending.iter().map(|(p, _)| p.as_str()).collect();
-            warn!(group = %group.name, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
+            warn!(group = %group.id, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
             break;
         }
         tokio::select! {
@@ -150,7 +160,7 @@ pub async fn fetch_recent_deletions(
         }
     }
     if fetched > 0 {
-        info!(group = %group.name, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
+        info!(group = %group.id, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
     }
 }
 

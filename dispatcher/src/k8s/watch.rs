@@ -41,7 +41,7 @@ use kube::{
     },
 };
 use kube_dispatch_proto::{RingKey, v1::Reason};
-use kube_dispatch_runtime::logging;
+use kube_dispatch_runtime::{auth::GroupId, logging};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -125,10 +125,10 @@ pub struct WatchCounts {
 pub struct WatchFigures {
     /// The resource (`group/version/plural`).
     pub resource: String,
-    /// The namespace, empty for all.
-    pub namespace: String,
-    /// Label and field selectors, joined by `;`, empty for none.
-    pub selector: String,
+    /// An opaque id of the namespace and selectors ([`watch_id`]): metrics are served without
+    /// authentication, and a namespace or a field selector chosen by a caller may name an
+    /// object. The log line that starts the watch gives both.
+    pub id: String,
     /// Its counters.
     pub counts: Arc<WatchCounts>,
 }
@@ -189,12 +189,7 @@ impl Watches {
             .iter()
             .map(|(key, run)| WatchFigures {
                 resource: resource_name(&key.resource),
-                namespace: key.namespace.clone(),
-                selector: if key.field_selector.is_empty() {
-                    key.label_selector.clone()
-                } else {
-                    format!("{};{}", key.label_selector, key.field_selector)
-                },
+                id: id_of(key),
                 counts: run.counts.clone(),
             })
             .collect()
@@ -225,7 +220,7 @@ impl Watches {
                         stop.cancel();
                     }
                     let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
-                    subs.retain(|s| s.group.name != sub.group.name);
+                    subs.retain(|s| s.group.id != sub.group.id);
                     subs.push(sub);
                     // The new group has not seen the objects that exist: list them again. The
                     // groups already subscribed see unchanged versions and deliver nothing.
@@ -255,7 +250,7 @@ impl Watches {
                         unsharded: AtomicBool::new(false),
                     };
                     tokio::spawn(task.run(run.cancel.clone()));
-                    info!(resource = %describe(key), "starting watch");
+                    info!(resource = %describe(key), watch = %id_of(key), "starting watch");
                     running.insert(key.clone(), run);
                     rx
                 }
@@ -279,14 +274,14 @@ impl Watches {
 
     /// Removes `group`'s subscription to `key`; the watch stops after the grace if no
     /// subscriber is left by then.
-    pub fn unsubscribe(self: &Arc<Self>, key: &WatchKey, group: &str) {
+    pub fn unsubscribe(self: &Arc<Self>, key: &WatchKey, group: &GroupId) {
         let mut running = self.running();
         let Some(r) = running.get_mut(key) else {
             return;
         };
         let empty = {
             let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
-            subs.retain(|s| s.group.name != group);
+            subs.retain(|s| s.group.id != *group);
             subs.is_empty()
         };
         if !empty || r.stopping.is_some() {
@@ -322,6 +317,23 @@ impl Watches {
             r.cancel.cancel();
         }
     }
+}
+
+/// The id of a watch's namespace and selectors in metrics (label `watch`): 8 hex digits of
+/// their stable hash, the same on every dispatcher and across restarts.
+pub fn watch_id(namespace: &str, label_selector: &str, field_selector: &str) -> String {
+    let hash = kube_dispatch_proto::key::hash64_parts(&[
+        namespace.as_bytes(),
+        b"\0",
+        label_selector.as_bytes(),
+        b"\0",
+        field_selector.as_bytes(),
+    ]);
+    format!("{:08x}", hash >> 32)
+}
+
+fn id_of(key: &WatchKey) -> String {
+    watch_id(&key.namespace, &key.label_selector, &key.field_selector)
 }
 
 fn describe(key: &WatchKey) -> String {
