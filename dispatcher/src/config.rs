@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use kube_dispatch_core::queue::QueueConfig;
+use kube_dispatch_core::queue::{QueueConfig, pool::BodyPool};
 use kube_dispatch_proto::RingKey;
 pub use kube_dispatch_runtime::bounds::ServerLimits;
 use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
@@ -71,6 +71,10 @@ pub struct Settings {
     pub limits: Limits,
     /// Queue behaviour of every group.
     pub queue: QueueConfig,
+    /// The bytes of object bodies all groups together may hold (`--max-body-bytes`): each
+    /// group within `queue.body_budget`, and all of them within this pool, shared out evenly
+    /// when it runs short.
+    pub bodies: BodyPool,
     /// Every key is resynced once per interval; zero disables resync.
     pub resync_interval: Duration,
     /// A group with no session is dropped (and its watches released) after this long.
@@ -82,7 +86,8 @@ pub struct Settings {
     /// moves here is not lost if it was deleted in transit
     /// (`kube_dispatch_core::recent_deletions`); about 100 bytes each.
     pub max_recent_deletions: usize,
-    /// Who may use which controller group (`--group-owner`; by default its creator).
+    /// Which groups are shared by several users (`--group-owner`); every other group is its
+    /// user's own.
     pub group_owners: GroupOwners,
 }
 

@@ -28,7 +28,7 @@ use kube_dispatch_core::{
     partition::Partition,
     queue::{
         AckResult, Change, Delivery, DeliveryId, GroupQueue, KeyStatus, Observed, Outcome,
-        QueueConfig, QueueFigures, SessionId,
+        QueueConfig, QueueFigures, SessionId, pool::BodyPool,
     },
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
@@ -102,6 +102,7 @@ impl Group {
         id: GroupId,
         spec: GroupSpec,
         config: QueueConfig,
+        bodies: BodyPool,
         recent_deletions: RecentDeletionsConfig,
         slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
@@ -112,7 +113,7 @@ impl Group {
             accesses: crate::security::accesses(&spec),
             spec,
             state: Mutex::new(State {
-                queue: GroupQueue::new(config),
+                queue: GroupQueue::with_pool(config, bodies),
                 partition,
             }),
             slice,
@@ -365,6 +366,16 @@ impl Group {
         }
     }
 
+    /// Bytes of bodies held for ready keys.
+    pub fn body_bytes(&self) -> usize {
+        self.state().queue.body_bytes()
+    }
+
+    /// Drops bodies until at most `keep` bytes are held; see [`GroupQueue::shed_bodies`].
+    pub fn shed_bodies(&self, keep: usize) -> usize {
+        self.state().queue.shed_bodies(keep)
+    }
+
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let wake = self.state().queue.sweep(epoch, belongs);
@@ -491,6 +502,7 @@ mod tests {
             GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             config,
+            BodyPool::unbounded(),
             RecentDeletionsConfig::NONE,
             watch::channel(Arc::new(slice)).1,
             cancel.clone(),
@@ -519,6 +531,7 @@ mod tests {
             GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
+            BodyPool::unbounded(),
             RecentDeletionsConfig {
                 window: Duration::from_secs(60),
                 capacity: 16,
@@ -613,6 +626,7 @@ mod tests {
             GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
+            BodyPool::unbounded(),
             RecentDeletionsConfig::NONE,
             watch::channel(Arc::new(two.clone())).1,
             cancel.clone(),
@@ -665,6 +679,7 @@ mod tests {
             GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
+            BodyPool::unbounded(),
             RecentDeletionsConfig::NONE,
             rx,
             cancel.clone(),

@@ -26,7 +26,7 @@ use kube_dispatch_proto::lease::ring_id;
 use kube_dispatch_runtime::auth::{Caller, GroupId, Identity, NotOwner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::{
     config::Settings,
@@ -202,6 +202,11 @@ pub struct Counters {
     pub unknown_acks: AtomicU64,
     /// Sessions that expired.
     pub expired_sessions: AtomicU64,
+    /// Bytes of bodies dropped to share the body pool out.
+    pub shed_body_bytes: AtomicU64,
+    /// Whether the body pool was short at the last look (its warning is logged once per
+    /// spell).
+    bodies_short: std::sync::atomic::AtomicBool,
 }
 
 /// The dispatcher's groups and sessions, shared by the gRPC services and the housekeeping task.
@@ -626,6 +631,7 @@ impl Groups {
             id.clone(),
             spec.clone(),
             self.settings.queue,
+            self.settings.bodies.clone(),
             self.recent_deletions,
             self.slice.clone(),
             cancel.clone(),
@@ -776,6 +782,45 @@ impl Groups {
             }
         }
         groups.values().map(|e| e.group.clone()).collect()
+    }
+
+    /// Shares the process's body pool out again once it runs short: evenly over the users that
+    /// have groups here, and a user's share evenly over its groups; each group holding more
+    /// than its share drops bodies down to it. No group, and no identity however many groups
+    /// it opens, can keep the others' bodies out. Keys whose bodies are dropped are delivered
+    /// without them (their controllers read the objects).
+    pub(crate) fn share_bodies(&self, groups: &[Arc<Group>]) {
+        let pool = &self.settings.bodies;
+        if !pool.is_short() {
+            self.counters.bodies_short.store(false, Ordering::Relaxed);
+            return;
+        }
+        let mut per_user: HashMap<Option<&str>, usize> = HashMap::new();
+        for g in groups {
+            *per_user.entry(g.id.owner.as_deref()).or_default() += 1;
+        }
+        let user_share = pool.capacity() / per_user.len().max(1);
+        let mut freed = 0;
+        for group in groups {
+            let share = user_share / per_user[&group.id.owner.as_deref()];
+            let shed = group.shed_bodies(share);
+            if shed > 0 {
+                debug!(group = %group.id, shed, share, "bodies dropped: the body pool is short and this group held more than its share");
+                freed += shed;
+            }
+        }
+        self.counters
+            .shed_body_bytes
+            .fetch_add(freed as u64, Ordering::Relaxed);
+        if !self.counters.bodies_short.swap(true, Ordering::Relaxed) {
+            warn!(
+                used = pool.used(),
+                capacity = pool.capacity(),
+                users = per_user.len(),
+                freed,
+                "the body pool (--max-body-bytes) is nearly spent: groups over an even share drop bodies, and their keys go without (controllers read the objects)"
+            );
+        }
     }
 
     /// Trims every group to the current slice and, once no key that moved away is queued or in

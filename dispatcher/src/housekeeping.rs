@@ -1,6 +1,6 @@
 //! The dispatcher's housekeeping: four times a second, and whenever the slice changes, it
-//! expires sessions, drops idle groups, trims queues to the slice and releases the ring, logs
-//! queue status and resyncs keys.
+//! expires sessions, drops idle groups, trims queues to the slice and releases the ring, shares
+//! the body pool out, logs queue status and resyncs keys.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -38,6 +38,7 @@ pub(crate) async fn run(groups: Arc<Groups>) {
         groups.expire_sessions(now);
         let live = groups.drop_idle_groups(now);
         groups.release_ring(&live);
+        groups.share_bodies(&live);
         status.log(&live, settings.status_interval, now);
         let interval = settings.resync_interval;
         if !interval.is_zero() {

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
+use kube_dispatch_core::{
+    backoff::Backoff,
+    queue::{QueueConfig, pool::BodyPool},
+};
 use kube_dispatch_dispatcher::{
     config::{LeaseConfig, Limits, ListMode, Membership, SecurityConfig, ServeConfig, Settings},
     serve::serve,
@@ -156,6 +159,14 @@ struct Args {
     /// without body and the controller reads the object fresh.
     #[arg(long, env = "KD_BODY_BUDGET_BYTES", default_value_t = 64 * 1024 * 1024)]
     body_budget_bytes: usize,
+
+    /// Bytes of object bodies all groups together may hold, whoever they belong to: the bound
+    /// that keeps bodies within the pod's memory limit (deploy/ sets that limit from it). When
+    /// less than a tenth is left, each group holding more than an even share drops bodies down
+    /// to it; keys without a body are delivered all the same, and their controllers read the
+    /// objects.
+    #[arg(long, env = "KD_MAX_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
+    max_body_bytes: usize,
 
     /// A watch with no subscriber left is stopped after this long.
     #[arg(long, env = "KD_WATCH_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -355,6 +366,7 @@ async fn main() -> anyhow::Result<()> {
         identity,
         limits: limits(&limit_flags),
         queue: queue_config(&limit_flags),
+        bodies: BodyPool::new(args.max_body_bytes),
         resync_interval,
         idle_group_grace,
         status_interval,

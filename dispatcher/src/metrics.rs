@@ -44,6 +44,9 @@
 //! | `kube_dispatch_ring_serving` | gauge | 1 while every key this dispatcher owns is served; 0 during a handover, when fenced (cut off from the API server) and when draining |
 //! | `kube_dispatch_handover_seconds` | histogram | from adopting a ring to serving all of it |
 //! | `kube_dispatch_groups` | gauge | controller groups held, idle ones included |
+//! | `kube_dispatch_body_bytes` | gauge | bytes of object bodies held over all groups |
+//! | `kube_dispatch_body_capacity_bytes` | gauge | the most they may hold (`--max-body-bytes`) |
+//! | `kube_dispatch_bodies_shed_bytes_total` | counter | bytes of bodies dropped from groups over an even share of a short pool |
 //! | `kube_dispatch_sessions` | gauge | live sessions |
 //! | `kube_dispatch_expired_sessions_total` | counter | sessions that expired (their replica stopped polling) |
 //!
@@ -174,6 +177,24 @@ impl Collector for GroupsCollector {
                 "Controller groups held, idle ones included",
                 MetricType::Gauge,
                 groups.group_count() as u64,
+            ),
+            (
+                "kube_dispatch_body_bytes",
+                "Bytes of object bodies held over all groups (the body pool)",
+                MetricType::Gauge,
+                groups.settings().bodies.used() as u64,
+            ),
+            (
+                "kube_dispatch_body_capacity_bytes",
+                "Most bytes of object bodies all groups together may hold (--max-body-bytes)",
+                MetricType::Gauge,
+                groups.settings().bodies.capacity() as u64,
+            ),
+            (
+                "kube_dispatch_bodies_shed_bytes",
+                "Bytes of bodies dropped from groups over an even share of a short body pool",
+                MetricType::Counter,
+                groups.counters.shed_body_bytes.load(Ordering::Relaxed),
             ),
             (
                 "kube_dispatch_sessions",

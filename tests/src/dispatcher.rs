@@ -7,7 +7,10 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_core::{backoff::Backoff, queue::QueueConfig};
+use kube_dispatch_core::{
+    backoff::Backoff,
+    queue::{QueueConfig, pool::BodyPool},
+};
 use kube_dispatch_dispatcher::{
     config::{
         LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, ServerLimits, Settings,
@@ -50,6 +53,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
                 max_reconcile_time: Duration::from_secs(30),
                 body_budget: 16 * 1024 * 1024,
             },
+            bodies: BodyPool::new(256 * 1024 * 1024),
             resync_interval: Duration::ZERO,
             idle_group_grace: Duration::from_secs(30),
             status_interval: Duration::ZERO,

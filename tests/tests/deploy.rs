@@ -98,7 +98,27 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (DISPATCHER, "list", "secrets", "", false),
         (DISPATCHER, "list", "pods", "", false),
         (DISPATCHER, "create", "leases", "kube-dispatch", true),
-        (DISPATCHER, "delete", "leases", "kube-dispatch", true),
+        (
+            DISPATCHER,
+            "delete",
+            "leases/kube-dispatch-dispatcher-2",
+            "kube-dispatch",
+            true,
+        ),
+        (
+            DISPATCHER,
+            "update",
+            "leases/kube-dispatch-dispatcher-0",
+            "kube-dispatch",
+            true,
+        ),
+        (
+            DISPATCHER,
+            "patch",
+            "leases/kube-dispatch-loadbalancer",
+            "kube-dispatch",
+            false,
+        ),
         (DISPATCHER, "create", "leases", "default", false),
         // ... and verify callers: who they are, and whether they may list and watch.
         (DISPATCHER, "create", "tokenreviews", "", true),
@@ -112,7 +132,21 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         ),
         // Load balancer: Leases in its namespace, nothing else.
         (LOADBALANCER, "watch", "leases", "kube-dispatch", true),
-        (LOADBALANCER, "patch", "leases", "kube-dispatch", true),
+        (
+            LOADBALANCER,
+            "patch",
+            "leases/kube-dispatch-loadbalancer",
+            "kube-dispatch",
+            true,
+        ),
+        (
+            LOADBALANCER,
+            "patch",
+            "leases/kube-dispatch-dispatcher-0",
+            "kube-dispatch",
+            false,
+        ),
+        (LOADBALANCER, "create", "leases", "kube-dispatch", true),
         (LOADBALANCER, "delete", "leases", "kube-dispatch", false),
         (LOADBALANCER, "get", "leases", "default", false),
         (LOADBALANCER, "list", "configmaps", "", false),
@@ -315,6 +349,53 @@ async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() 
     assert_eq!(std::fs::read(dir.join("ca.crt"))?, ca, "under the same CA");
     std::fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// Each server has a NetworkPolicy: its gRPC port open to the cluster's pods, its admin port to
+/// labelled namespaces only; the dispatchers' Lease names cover the StatefulSet's replicas;
+/// the body pool is half the dispatcher's memory limit.
+#[test]
+fn network_policies_lease_names_and_memory_match_the_workloads() {
+    let rendered = ok(&["kustomize", &deploy("base")]);
+    let docs: Vec<&str> = rendered.split("\n---\n").collect();
+    let policies: Vec<&&str> = docs
+        .iter()
+        .filter(|d| d.lines().any(|l| l == "kind: NetworkPolicy"))
+        .collect();
+    assert_eq!(policies.len(), 2, "{rendered}");
+    for component in ["kube-dispatch-dispatcher", "kube-dispatch-loadbalancer"] {
+        let policy = policies
+            .iter()
+            .find(|p| p.contains(&format!("app.kubernetes.io/name: {component}\n")))
+            .unwrap_or_else(|| panic!("no NetworkPolicy selects {component}"));
+        for needle in [
+            "port: grpc",
+            "port: admin",
+            "namespaceSelector: {}",
+            "kube-dispatch.dev/metrics: \"true\"",
+        ] {
+            assert!(policy.contains(needle), "{component}: {needle}\n{policy}");
+        }
+    }
+    let replicas: usize = docs
+        .iter()
+        .find(|d| d.contains("kind: StatefulSet"))
+        .and_then(|d| d.lines().find_map(|l| l.trim().strip_prefix("replicas: ")))
+        .and_then(|r| r.parse().ok())
+        .expect("the StatefulSet's replicas");
+    for i in 0..replicas {
+        assert!(
+            rendered.contains(&format!("- kube-dispatch-dispatcher-{i}\n")),
+            "the Role does not name dispatcher {i}'s Lease"
+        );
+    }
+    let body_pool = rendered
+        .split("name: KD_MAX_BODY_BYTES\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .map(str::trim);
+    assert_eq!(body_pool, Some("value: \"268435456\""));
+    assert!(rendered.contains("memory: 512Mi"));
 }
 
 #[test]

@@ -19,10 +19,15 @@ use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
     identity::{account, token},
+    wait_for,
 };
 use tonic::Code;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Held by the tests that measure this process's memory and by those that fill it with large
+/// objects, so no measurement counts another test's objects.
+static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn ca() -> std::path::PathBuf {
     Cluster::shared().dir().join("pki/ca.crt")
@@ -167,6 +172,7 @@ async fn a_token_flood_never_refuses_a_valid_controller() -> TestResult {
 /// served all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_health_stream_flood_is_refused_past_its_bound() -> TestResult {
+    let _memory = MEMORY.lock().await;
     let ns = TestNamespace::create("hostile-streams").await?;
     let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
     config.server.max_unauthenticated_calls = 32;
@@ -232,7 +238,7 @@ async fn a_health_stream_flood_is_refused_past_its_bound() -> TestResult {
             .connect()
             .await?,
     );
-    kube_dispatch_tests::wait_for(Duration::from_secs(10), "a health check's place", || {
+    wait_for(Duration::from_secs(10), "a health check's place", || {
         let mut health = health.clone();
         async move {
             health
@@ -304,6 +310,7 @@ async fn poll_heavy(
 /// bodies, to read fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_objects_never_break_a_session() -> TestResult {
+    let _memory = MEMORY.lock().await;
     let ns = TestNamespace::create("hostile-heavy").await?;
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
@@ -384,6 +391,69 @@ async fn an_absurd_requeue_is_refused_and_the_key_kept() -> TestResult {
             .collect::<Vec<_>>(),
         ["other"]
     );
+    d.stop().await;
+    Ok(())
+}
+
+/// A tenant whose group fills the process's body pool and never polls cannot keep bodies from
+/// the others: every group shares one pool (`--max-body-bytes`), and once it runs short each
+/// user gets an even share. A 4 MiB pool here: eight 1000 KiB ConfigMaps of a group that never
+/// polls fill it; once a second group exists the first is held to half, the pool never holds
+/// more than its capacity, and the second group's objects arrive with their bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_filling_the_body_pool_leaves_the_others_their_share() -> TestResult {
+    let _memory = MEMORY.lock().await;
+    use kube_dispatch_core::queue::pool::BodyPool;
+
+    let (hog_ns, fair_ns) = (
+        TestNamespace::create("hostile-pool-hog").await?,
+        TestNamespace::create("hostile-pool-fair").await?,
+    );
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    let pool = BodyPool::new(4 * 1024 * 1024);
+    config.settings.bodies = pool.clone();
+    let d = TestDispatcher::start(config).await?;
+    let hog_subs = vec![subscription("v1", "ConfigMap", hog_ns.name())];
+    let _hog_session = TestSession::open(&d, "hog", "hog-0", hog_subs).await?;
+    let hog = d
+        .handles
+        .groups
+        .all()
+        .into_iter()
+        .find(|g| g.id.name == "hog")
+        .ok_or("no hog group")?;
+    let hog_api: Api<ConfigMap> = Api::namespaced(hog_ns.client(), hog_ns.name());
+    let kib1000 = "x".repeat(1000 * 1024);
+    for i in 0..8 {
+        write_configmap(&hog_api, &format!("big-{i}"), &kib1000).await?;
+    }
+    wait_for(
+        Duration::from_secs(30),
+        "the hog's bodies fill the pool",
+        || std::future::ready(pool.is_short()),
+    )
+    .await?;
+    assert!(pool.used() <= pool.capacity(), "{} bytes", pool.used());
+    let fair_subs = vec![subscription("v1", "ConfigMap", fair_ns.name())];
+    let mut fair = TestSession::open(&d, "fair", "fair-0", fair_subs).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "the hog is held to its share",
+        || std::future::ready(hog.body_bytes() <= pool.capacity() / 2),
+    )
+    .await?;
+    let fair_api: Api<ConfigMap> = Api::namespaced(fair_ns.client(), fair_ns.name());
+    let kib100 = "y".repeat(100 * 1024);
+    for i in 0..4 {
+        write_configmap(&fair_api, &format!("cm-{i}"), &kib100).await?;
+    }
+    let (_, got) = poll_heavy(&mut fair, 0, 4).await?;
+    let expected: Vec<(String, bool)> = (0..4).map(|i| (format!("cm-{i}"), true)).collect();
+    assert_eq!(
+        got, expected,
+        "the second group's objects come with their bodies"
+    );
+    assert!(pool.used() <= pool.capacity(), "{} bytes", pool.used());
     d.stop().await;
     Ok(())
 }

@@ -37,8 +37,10 @@ use crate::backoff::Backoff;
 
 mod compact;
 mod keys;
+pub mod pool;
 use compact::{Rv, Uid};
 use keys::{HashMap, HashSet, Key, Prefixes};
+use pool::BodyPool;
 
 /// Identifies a session within the dispatcher.
 pub type SessionId = u64;
@@ -364,6 +366,8 @@ pub struct GroupQueue {
     /// object. At most one per key.
     tombstones: HashMap<Key, (Uid, Rv)>,
     body_bytes: usize,
+    /// The process's bytes of bodies, which `body_bytes` are part of.
+    pool: BodyPool,
     next_seq: u64,
     next_delivery: DeliveryId,
     /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
@@ -376,8 +380,13 @@ pub struct GroupQueue {
 }
 
 impl GroupQueue {
-    /// An empty queue.
+    /// An empty queue whose bodies are bounded by its own budget only.
     pub fn new(config: QueueConfig) -> Self {
+        Self::with_pool(config, BodyPool::unbounded())
+    }
+
+    /// An empty queue whose bodies count against `pool` too, shared with other groups.
+    pub fn with_pool(config: QueueConfig, pool: BodyPool) -> Self {
         Self {
             config,
             entries: IndexMap::default(),
@@ -394,6 +403,7 @@ impl GroupQueue {
             traces: HashMap::default(),
             tombstones: HashMap::default(),
             body_bytes: 0,
+            pool,
             next_seq: 0,
             next_delivery: 1,
             leaving: HashSet::default(),
@@ -544,6 +554,35 @@ impl GroupQueue {
         self.body_bytes
     }
 
+    /// Drops bodies of ready keys until at most `keep` bytes are held (those keys are then
+    /// delivered without body, and their controllers read the objects fresh); returns the
+    /// bytes given back to the pool.
+    pub fn shed_bodies(&mut self, keep: usize) -> usize {
+        let mut freed = 0;
+        if self.body_bytes <= keep {
+            return 0;
+        }
+        let over = self.body_bytes - keep;
+        self.bodies.retain(|_, body| {
+            if freed >= over {
+                return true;
+            }
+            freed += body.len();
+            false
+        });
+        self.body_bytes -= freed;
+        self.pool.give_back(freed);
+        freed
+    }
+
+    /// Removes `key`'s body, giving its bytes back.
+    fn drop_body(&mut self, key: &Key) -> Option<Arc<[u8]>> {
+        let body = self.bodies.remove(key)?;
+        self.body_bytes -= body.len();
+        self.pool.give_back(body.len());
+        Some(body)
+    }
+
     /// Adds a session for `replica`. A replica has one session per group: an older session of
     /// the same replica is removed first and its in-flight keys are released (the replica
     /// reopens only after cancelling the reconciles of the session it lost). Returns the
@@ -662,15 +701,13 @@ impl GroupQueue {
         if !owned {
             entry.deleted = change.deleted;
             // Replace the body: the latest state is the one worth delivering.
-            if let Some(old) = self.bodies.remove(&key) {
-                self.body_bytes -= old.len();
-            }
-            match change.body {
-                Some(body) if self.body_bytes + body.len() <= self.config.body_budget => {
-                    self.body_bytes += body.len();
-                    self.bodies.insert(key.clone(), body);
-                }
-                _ => {}
+            self.drop_body(&key);
+            if let Some(body) = change.body
+                && self.body_bytes + body.len() <= self.config.body_budget
+                && self.pool.take(body.len())
+            {
+                self.body_bytes += body.len();
+                self.bodies.insert(key.clone(), body);
             }
         }
         let Some(entry) = self.entries.get_mut(&key) else {
@@ -945,6 +982,7 @@ impl GroupQueue {
             let body = self.bodies.remove(&key);
             if let Some(b) = &body {
                 self.body_bytes -= b.len();
+                self.pool.give_back(b.len());
             }
             let body = body.filter(|_| keep_body);
             let trace = self.traces.remove(&key);
@@ -1124,9 +1162,7 @@ impl GroupQueue {
         if self.entries.swap_remove(key).is_some() {
             self.prefixes.release(key);
         }
-        if let Some(body) = self.bodies.remove(key) {
-            self.body_bytes -= body.len();
-        }
+        self.drop_body(key);
         self.traces.remove(key);
         self.tombstones.remove(key);
     }
@@ -1224,6 +1260,12 @@ fn dedup(mut ids: Vec<SessionId>) -> Vec<SessionId> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+impl Drop for GroupQueue {
+    fn drop(&mut self) {
+        self.pool.give_back(self.body_bytes);
+    }
 }
 
 #[cfg(test)]

@@ -546,6 +546,41 @@ fn deleted_keys_are_forgotten_once_delivered() {
     assert_eq!(q.len(), 0, "memory follows live keys");
 }
 
+/// Groups sharing a pool hold no more than its capacity between them; a group over its share
+/// sheds bodies (its keys then go without), and a group dropped gives everything back.
+#[test]
+fn a_pool_bounds_the_bodies_of_every_group_and_is_shared_out() {
+    let now = Instant::now();
+    let pool = BodyPool::new(150);
+    let config = queue().config;
+    let (mut hog, mut other) = (
+        GroupQueue::with_pool(config, pool.clone()),
+        GroupQueue::with_pool(config, pool.clone()),
+    );
+    hog.change("a", with_body(Reason::Added, 1, 50));
+    hog.change("b", with_body(Reason::Added, 1, 50));
+    other.change("c", with_body(Reason::Added, 1, 40));
+    other.change("d", with_body(Reason::Added, 1, 40)); // 180 > 150: no body
+    assert_eq!(
+        (pool.used(), hog.body_bytes(), other.body_bytes()),
+        (140, 100, 40)
+    );
+    // An even share is 75 each: the hog gives back what it holds past it.
+    assert_eq!(hog.shed_bodies(75), 50);
+    other.change("d", with_body(Reason::Modified, 2, 40));
+    assert_eq!((pool.used(), other.body_bytes()), (130, 80));
+    hog.add_session(1, "r");
+    let bodies = hog
+        .take(1, 10, now)
+        .iter()
+        .filter(|d| d.body.is_some())
+        .count();
+    assert_eq!(bodies, 1, "the shed key goes without its body");
+    assert_eq!(pool.used(), 80, "delivered bodies leave the pool");
+    drop(other);
+    assert_eq!(pool.used(), 0, "a dropped group gives its bodies back");
+}
+
 #[test]
 fn resync_queues_only_idle_keys_and_carries_no_body() {
     let now = Instant::now();

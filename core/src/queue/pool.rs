@@ -1,0 +1,89 @@
+//! The bytes of object bodies every group of a process may hold between them.
+//!
+//! Each group keeps bodies within its own budget ([`super::QueueConfig::body_budget`]); the
+//! pool bounds their sum, so a process holds at most its capacity in bodies however many groups
+//! and identities it serves. A body that does not fit is not kept: its key is delivered without
+//! body and the controller reads the object fresh. The pool is shared fairly by
+//! [`super::GroupQueue::shed_bodies`]: once it runs short, the groups holding more than an even
+//! share give bodies back (see the dispatcher's housekeeping).
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+/// A shared count of body bytes against a capacity. Cheap to clone: clones share the count.
+#[derive(Clone, Debug)]
+pub struct BodyPool(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    capacity: usize,
+    used: AtomicUsize,
+}
+
+impl BodyPool {
+    /// A pool of `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        Self(Arc::new(Inner {
+            capacity,
+            used: AtomicUsize::new(0),
+        }))
+    }
+
+    /// A pool that bounds nothing (each group's own budget still does).
+    pub fn unbounded() -> Self {
+        Self::new(usize::MAX)
+    }
+
+    /// Its capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.0.capacity
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.0.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether less than a tenth of the capacity is left: time to share it out again.
+    pub fn is_short(&self) -> bool {
+        self.capacity() - self.used().min(self.capacity()) < self.capacity() / 10
+    }
+
+    /// Takes `bytes` if they fit; false (and nothing taken) if not.
+    pub(crate) fn take(&self, bytes: usize) -> bool {
+        let capacity = self.0.capacity;
+        self.0
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&total| total <= capacity)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` taken before.
+    pub(crate) fn give_back(&self, bytes: usize) {
+        self.0.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_only_what_fits_and_clones_share_the_count() {
+        let pool = BodyPool::new(100);
+        let other = pool.clone();
+        assert!(pool.take(60));
+        assert!(!other.take(41), "60 + 41 > 100");
+        assert!(other.take(40));
+        assert_eq!(pool.used(), 100);
+        assert!(pool.is_short());
+        pool.give_back(60);
+        assert_eq!(other.used(), 40);
+        assert!(!pool.is_short());
+        assert!(BodyPool::unbounded().take(usize::MAX));
+    }
+}
