@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The TLS Secret kube-dispatch serves with, for clusters without cert-manager (with it, use
-# deploy/components/cert-manager instead). Creates a CA and a serving certificate with openssl,
-# keeps them in a directory of yours, and applies:
-#   - Secret kube-dispatch-tls (tls.crt, tls.key, ca.crt) in the tier's namespace, which the
-#     dispatcher and load-balancer pods mount;
+# The TLS Secrets kube-dispatch serves with, for clusters without cert-manager (with it, use
+# deploy/components/cert-manager instead). Creates a CA and a serving certificate per server
+# role with openssl, keeps them in a directory of yours, and applies:
+#   - Secret kube-dispatch-dispatcher-tls (tls.crt, tls.key, ca.crt) in the tier's namespace,
+#     which the dispatcher pods mount, for the name kube-dispatch-dispatcher.<namespace>.svc;
+#   - Secret kube-dispatch-loadbalancer-tls, the same for the load-balancer pods and the name
+#     kube-dispatch-loadbalancer.<namespace>.svc: a load balancer cannot pose as a dispatcher;
 #   - ConfigMap kube-dispatch-ca (ca.crt) in each controller namespace you name, which the
 #     controllers' pods mount to verify the tier.
-# Run it again to renew the serving certificate: the CA in the directory is reused, so
+# Run it again to renew the serving certificates: the CA in the directory is reused, so
 # controllers keep trusting the tier; the pods pick the new files up without a restart.
 #
 # Usage: deploy/tls.sh [--dir DIR] [--namespace NS] [--days N] [--controller-namespace NS]...
 #   --dir DIR                   where the CA and keys are kept (default ./kube-dispatch-pki);
 #                               keep ca.key safe, it signs what controllers trust
 #   --namespace NS              the tier's namespace (default kube-dispatch)
-#   --days N                    validity of the serving certificate (default 365)
+#   --days N                    validity of the serving certificates (default 365)
 #   --controller-namespace NS   publish the CA to NS (repeat for several)
 # Environment: KUBECTL (default kubectl) and its usual KUBECONFIG.
 set -euo pipefail
@@ -24,7 +26,7 @@ days=365
 controllers=()
 kubectl=${KUBECTL:-kubectl}
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "tls.sh: $*" >&2
   exit 1
@@ -54,27 +56,33 @@ if [[ ! -f ca.crt || ! -f ca.key ]]; then
 fi
 chmod 600 ca.key
 
-# Pods are dialled by IP (the Leases publish pod IPs), so clients verify the name
-# kube-dispatch-dispatcher.<namespace>.svc (KD_TLS_SERVER_NAME in the manifests); the load
-# balancer's Service name is there for clients that dial it by name.
-names="DNS:kube-dispatch-dispatcher.$namespace.svc,DNS:kube-dispatch-loadbalancer.$namespace.svc"
-names="$names,DNS:kube-dispatch-loadbalancer.$namespace.svc.cluster.local"
-openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-dispatch" -keyout tls.key -out tls.csr 2>/dev/null
-printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
-  "extendedKeyUsage=serverAuth" "subjectAltName=$names" >tls.ext
-openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" \
-  -extfile tls.ext -out tls.crt 2>/dev/null
-rm -f tls.csr tls.ext ca.srl
-chmod 600 tls.key
-echo "tls.sh: serving certificate for $names, valid $days days"
+# One certificate per server role. Pods are dialled by IP (the Leases publish pod IPs), so
+# clients verify dispatchers under kube-dispatch-dispatcher.<namespace>.svc
+# (KD_TLS_SERVER_NAME in the manifests), and the load balancer under the name they dial it by
+# (its Service), on its leader too.
+serving_certificate() { # role, names
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth" "subjectAltName=$2" >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" \
+    -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+  rm -f "$1.csr" "$1.ext" ca.srl
+  chmod 600 "$1.key"
+  echo "tls.sh: $1 certificate for $2, valid $days days"
+}
+serving_certificate dispatcher "DNS:kube-dispatch-dispatcher.$namespace.svc"
+serving_certificate loadbalancer \
+  "DNS:kube-dispatch-loadbalancer.$namespace.svc,DNS:kube-dispatch-loadbalancer.$namespace.svc.cluster.local"
 
 ensure_namespace() {
   "$kubectl" create namespace "$1" --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
 }
 ensure_namespace "$namespace"
-"$kubectl" create secret generic kube-dispatch-tls --namespace "$namespace" \
-  --type kubernetes.io/tls --from-file=tls.crt --from-file=tls.key --from-file=ca.crt \
-  --dry-run=client -o yaml | "$kubectl" apply -f -
+for role in dispatcher loadbalancer; do
+  "$kubectl" create secret generic "kube-dispatch-$role-tls" --namespace "$namespace" \
+    --type kubernetes.io/tls --from-file=tls.crt="$role.crt" --from-file=tls.key="$role.key" \
+    --from-file=ca.crt --dry-run=client -o yaml | "$kubectl" apply -f -
+done
 for ns in "${controllers[@]}"; do
   ensure_namespace "$ns"
   "$kubectl" create configmap kube-dispatch-ca --namespace "$ns" --from-file=ca.crt \

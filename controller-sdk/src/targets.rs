@@ -60,6 +60,9 @@ pub(crate) async fn follow_load_balancer(
     targets: watch::Sender<BTreeSet<String>>,
     stop: CancellationToken,
 ) {
+    // The load balancer's certificate is its own, verified under the name it is dialled by,
+    // on its leader too.
+    let credentials = credentials.for_load_balancer(&address);
     let mut backoff = reconnect_backoff();
     let mut current = address.clone();
     let mut redirects = 0u32;

@@ -47,6 +47,8 @@ pub struct SessionSlot {
     pub ttl: Duration,
     /// The session id on the wire.
     pub wire_id: String,
+    /// The user that opened it; `None` when authentication is off.
+    pub opener: Option<String>,
 }
 
 /// The queue and what the group knows besides it as the ring changes: every decision against
@@ -157,45 +159,54 @@ impl Group {
         }
     }
 
-    /// Adds a session; returns its slot and the slots of the sessions it replaced (an older
-    /// session of the same replica).
+    /// Adds a session of `replica` opened by `opener`; returns its slot and the slots of the
+    /// sessions it replaced (an older session of the same replica). In a group shared by
+    /// several users, a replica whose live session another user opened is not replaced:
+    /// `Err` names that user. Checked and added under the group's lock, so two users racing
+    /// for one replica id cannot both win.
     pub fn add_session(
         &self,
         id: SessionId,
         wire_id: String,
         replica: &str,
         ttl: Duration,
-    ) -> (Arc<SessionSlot>, Vec<Arc<SessionSlot>>) {
+        opener: Option<&str>,
+    ) -> Result<(Arc<SessionSlot>, Vec<Arc<SessionSlot>>), String> {
         let slot = Arc::new(SessionSlot {
             notify: Notify::new(),
             expires_at: Mutex::new(Instant::now() + ttl),
             replica: replica.to_owned(),
             ttl,
             wire_id,
+            opener: opener.map(str::to_owned),
         });
         let (wake, replaced) = {
+            // The state's lock, then the slots': the order every path takes.
             let queue = &mut self.state().queue;
-            let before: Vec<SessionId> = self.slots().keys().copied().collect();
-            let wake = queue.add_session(id, replica);
-            let replaced: Vec<SessionId> = before
-                .into_iter()
-                .filter(|s| !queue.has_session(*s))
-                .collect();
-            (wake, replaced)
-        };
-        let mut replaced_slots = Vec::new();
-        {
             let mut slots = self.slots();
-            for old in replaced {
-                if let Some(old) = slots.remove(&old) {
+            if let Some(holder) = slots.values().find_map(|s| {
+                let theirs = s.opener.as_deref()?;
+                (s.replica == replica && opener.is_some_and(|o| o != theirs))
+                    .then(|| theirs.to_owned())
+            }) {
+                return Err(holder);
+            }
+            let before: Vec<SessionId> = slots.keys().copied().collect();
+            let wake = queue.add_session(id, replica);
+            let mut replaced = Vec::new();
+            for old in before {
+                if !queue.has_session(old)
+                    && let Some(old) = slots.remove(&old)
+                {
                     old.notify.notify_one();
-                    replaced_slots.push(old);
+                    replaced.push(old);
                 }
             }
             slots.insert(id, slot.clone());
-        }
+            (wake, replaced)
+        };
         self.wake(wake);
-        (slot, replaced_slots)
+        Ok((slot, replaced))
     }
 
     /// Removes a session (closed or expired); its in-flight keys are re-delivered at once.
@@ -371,9 +382,9 @@ impl Group {
         self.state().queue.body_bytes()
     }
 
-    /// Drops bodies until at most `keep` bytes are held; see [`GroupQueue::shed_bodies`].
-    pub fn shed_bodies(&self, keep: usize) -> usize {
-        self.state().queue.shed_bodies(keep)
+    /// Holds the group to `share` bytes of bodies; see [`GroupQueue::hold_bodies_to`].
+    pub fn hold_bodies_to(&self, share: Option<usize>) -> usize {
+        self.state().queue.hold_bodies_to(share)
     }
 
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
@@ -539,7 +550,8 @@ mod tests {
             rx,
             cancel.clone(),
         );
-        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
         // Two keys d1 owns on the ring of two.
         let of_d1: Vec<String> = (0..100)
             .map(|i| format!("/ConfigMap/ns/cm-{i}"))
@@ -631,7 +643,8 @@ mod tests {
             watch::channel(Arc::new(two.clone())).1,
             cancel.clone(),
         );
-        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
         let mine: Vec<String> = (0..100)
             .map(|i| format!("/ConfigMap/ns/cm-{i}"))
             .filter(|k| two.owns_str(k))
@@ -684,7 +697,8 @@ mod tests {
             rx,
             cancel.clone(),
         );
-        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
         g.observe(KeyRef::from("k"), observed("1"), 1);
         g.observe(KeyRef::from("owner"), observed("1"), 1);
         assert_eq!(take_all(&g).len(), 2);
@@ -722,7 +736,9 @@ mod tests {
     async fn timers_fire_on_time_and_wake_the_session() {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
-        let (slot, _) = g.add_session(1, "s1".into(), "a", Duration::from_secs(60));
+        let (slot, _) = g
+            .add_session(1, "s1".into(), "a", Duration::from_secs(60), None)
+            .unwrap();
         g.change(KeyRef::from("k"), modified());
         let d = g.take(1, 10, usize::MAX);
         assert_eq!(d.len(), 1);
@@ -748,7 +764,8 @@ mod tests {
     async fn an_unacknowledged_delivery_expires_on_time() {
         let cancel = CancellationToken::new();
         let g = group(&cancel);
-        g.add_session(1, "s1".into(), "a", Duration::from_secs(600));
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
         g.change(KeyRef::from("k"), modified());
         let d = g.take(1, 10, usize::MAX);
         tokio::time::sleep(Duration::from_secs(29)).await;

@@ -204,9 +204,6 @@ pub struct Counters {
     pub expired_sessions: AtomicU64,
     /// Bytes of bodies dropped to share the body pool out.
     pub shed_body_bytes: AtomicU64,
-    /// Whether the body pool was short at the last look (its warning is logged once per
-    /// spell).
-    bodies_short: std::sync::atomic::AtomicBool,
 }
 
 /// The dispatcher's groups and sessions, shared by the gRPC services and the housekeeping task.
@@ -225,6 +222,8 @@ pub struct Groups {
     /// The ring id this dispatcher has released (nothing moved away is in flight), for the
     /// membership task to publish.
     released: watch::Sender<Option<String>>,
+    /// While the body pool is held in shares: until when (extended each time it is short).
+    bodies_held_until: Mutex<Option<Instant>>,
     /// Set when draining begins: nothing more is handed out, acks are still taken.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -260,6 +259,7 @@ impl Groups {
             slice,
             recent_deletions,
             released,
+            bodies_held_until: Mutex::new(None),
             draining: CancellationToken::new(),
             shutdown,
         })
@@ -344,6 +344,15 @@ impl Groups {
         self.groups().get(id).map(|e| e.group.clone())
     }
 
+    /// Every group named `name`, whoever it belongs to.
+    pub fn named(&self, name: &str) -> Vec<Arc<Group>> {
+        self.groups()
+            .iter()
+            .filter(|(id, _)| id.name == name)
+            .map(|(_, e)| e.group.clone())
+            .collect()
+    }
+
     /// The group `caller` means by `name` (its own, or one listed with `--group-owner` for it);
     /// PERMISSION_DENIED for a listed group `caller` is not listed for.
     pub fn group_id(&self, name: &str, caller: &Caller) -> Result<GroupId, SessionError> {
@@ -395,7 +404,6 @@ impl Groups {
     ) -> Result<Opened, SessionError> {
         self.admits(group, replica)?;
         let (group, created) = self.group_for(group, replica, spec, caller)?;
-        self.check_replica_holder(&group, replica, caller)?;
         if created {
             self.subscribe_all(&group).await?;
         }
@@ -405,7 +413,15 @@ impl Groups {
             self.settings.identity,
             rand::random::<u64>()
         );
-        let (slot, replaced) = group.add_session(id, session_id.clone(), replica, ttl);
+        let user = caller.identity().map(|i| i.username.as_str());
+        let (slot, replaced) = group
+            .add_session(id, session_id.clone(), replica, ttl, user)
+            .map_err(|holder| SessionError::ReplicaOfAnother {
+                group: group.id.name.clone(),
+                replica: replica.to_owned(),
+                holder,
+                caller: caller.name().to_owned(),
+            })?;
         let mut sessions = self.sessions();
         for old in replaced {
             info!(session = %old.wire_id, %replica, "session replaced by a newer one of its replica");
@@ -544,40 +560,6 @@ impl Groups {
         Ok((s.group.clone(), s.id, s.slot.clone()))
     }
 
-    /// In a group shared by several users, refuses `caller` a replica id whose live session
-    /// another user opened: no user of a shared group can take over another's replica (and
-    /// the keys it holds in flight).
-    fn check_replica_holder(
-        &self,
-        group: &Arc<Group>,
-        replica: &str,
-        caller: &Caller,
-    ) -> Result<(), SessionError> {
-        let Some(user) = caller.identity() else {
-            return Ok(());
-        };
-        if group.id.owner.is_some() || !group.has_replica(replica) {
-            return Ok(());
-        }
-        let sessions = self.sessions();
-        let holder = sessions.values().find_map(|s| {
-            let opener = s.caller.as_ref()?;
-            (Arc::ptr_eq(&s.group, group)
-                && s.slot.replica == replica
-                && opener.username != user.username)
-                .then(|| opener.username.clone())
-        });
-        match holder {
-            Some(holder) => Err(SessionError::ReplicaOfAnother {
-                group: group.id.name.clone(),
-                replica: replica.to_owned(),
-                holder,
-                caller: user.username.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// Finds or creates the group for a new session of `replica`; returns it and whether it
     /// was created.
     fn group_for(
@@ -688,9 +670,18 @@ impl Groups {
     /// Stops what `entry`'s group holds: its watch subscriptions and its timers.
     fn release(&self, entry: &GroupEntry) {
         for sub in &entry.group.spec.subscriptions {
-            self.watches.unsubscribe(&sub.watch, &entry.group.id);
+            self.watches.unsubscribe(&sub.watch, &entry.group);
         }
         entry.cancel.cancel();
+    }
+
+    /// Whether `group` is still the one the table holds under its id: a group replaced while
+    /// it was starting its watches (another session of its id, with other subscriptions, found
+    /// it without sessions) is not.
+    fn is_current(&self, group: &Arc<Group>) -> bool {
+        self.groups()
+            .get(&group.id)
+            .is_some_and(|e| Arc::ptr_eq(&e.group, group))
     }
 
     async fn subscribe_all(&self, group: &Arc<Group>) -> Result<(), SessionError> {
@@ -700,11 +691,31 @@ impl Groups {
                 payload: sub.payload,
                 owner: sub.owner.clone(),
             };
-            if let Err(e) = self.watches.subscribe(&sub.watch, subscriber).await {
-                if let Some(entry) = self.groups().remove(&group.id) {
-                    self.release(&entry);
+            let subscribed = self.watches.subscribe(&sub.watch, subscriber).await;
+            // Replaced meanwhile: nothing may keep feeding (and holding bodies for) a group
+            // the table no longer knows.
+            let replaced = !self.is_current(group);
+            if subscribed.is_err() || replaced {
+                let entry = {
+                    let mut groups = self.groups();
+                    match groups.get(&group.id) {
+                        Some(e) if Arc::ptr_eq(&e.group, group) => groups.remove(&group.id),
+                        _ => None,
+                    }
+                };
+                match entry {
+                    Some(entry) => self.release(&entry),
+                    // Released when it was replaced; what it subscribed to since goes too.
+                    None => {
+                        for sub in &group.spec.subscriptions {
+                            self.watches.unsubscribe(&sub.watch, group);
+                        }
+                    }
                 }
-                return Err(e.into());
+                subscribed?;
+                return Err(SessionError::SubscriptionsDiffer {
+                    group: group.id.name.clone(),
+                });
             }
         }
         Ok(())
@@ -784,17 +795,37 @@ impl Groups {
         groups.values().map(|e| e.group.clone()).collect()
     }
 
-    /// Shares the process's body pool out again once it runs short: evenly over the users that
-    /// have groups here, and a user's share evenly over its groups; each group holding more
-    /// than its share drops bodies down to it. No group, and no identity however many groups
-    /// it opens, can keep the others' bodies out. Keys whose bodies are dropped are delivered
+    /// Shares the process's body pool out once it runs short: evenly over the users that have
+    /// groups here, and a user's share evenly over its groups. Each group holding more than
+    /// its share drops bodies down to it, and takes no more than its share until the pool has
+    /// not been short for [`BODY_HOLD`]: no group, and no identity however many groups it
+    /// opens, can keep the others' bodies out. Keys whose bodies are dropped are delivered
     /// without them (their controllers read the objects).
-    pub(crate) fn share_bodies(&self, groups: &[Arc<Group>]) {
+    pub(crate) fn share_bodies(&self, groups: &[Arc<Group>], now: Instant) {
         let pool = &self.settings.bodies;
-        if !pool.is_short() {
-            self.counters.bodies_short.store(false, Ordering::Relaxed);
-            return;
-        }
+        let mut held_until = self
+            .bodies_held_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let spell_began = if pool.is_short() {
+            held_until.replace(now + BODY_HOLD).is_none()
+        } else {
+            match *held_until {
+                Some(until) if now >= until => {
+                    *held_until = None;
+                    for group in groups {
+                        group.hold_bodies_to(None);
+                    }
+                    info!(
+                        "the body pool has had room for {BODY_HOLD:?}: groups take bodies up to their own budget again"
+                    );
+                    return;
+                }
+                Some(_) => false,
+                None => return,
+            }
+        };
+        drop(held_until);
         let mut per_user: HashMap<Option<&str>, usize> = HashMap::new();
         for g in groups {
             *per_user.entry(g.id.owner.as_deref()).or_default() += 1;
@@ -803,7 +834,7 @@ impl Groups {
         let mut freed = 0;
         for group in groups {
             let share = user_share / per_user[&group.id.owner.as_deref()];
-            let shed = group.shed_bodies(share);
+            let shed = group.hold_bodies_to(Some(share));
             if shed > 0 {
                 debug!(group = %group.id, shed, share, "bodies dropped: the body pool is short and this group held more than its share");
                 freed += shed;
@@ -812,13 +843,13 @@ impl Groups {
         self.counters
             .shed_body_bytes
             .fetch_add(freed as u64, Ordering::Relaxed);
-        if !self.counters.bodies_short.swap(true, Ordering::Relaxed) {
+        if spell_began {
             warn!(
                 used = pool.used(),
                 capacity = pool.capacity(),
                 users = per_user.len(),
                 freed,
-                "the body pool (--max-body-bytes) is nearly spent: groups over an even share drop bodies, and their keys go without (controllers read the objects)"
+                "the body pool (--max-body-bytes) is nearly spent: each user gets an even share, groups over theirs drop bodies and their keys go without (controllers read the objects)"
             );
         }
     }
@@ -845,6 +876,10 @@ impl Groups {
         });
     }
 }
+
+/// How long groups stay held to their shares of the body pool after it was last short: long
+/// enough that a group refilling what it dropped does not make the pool swing every tick.
+const BODY_HOLD: Duration = Duration::from_secs(60);
 
 /// Extends a session by its ttl.
 fn renew(slot: &SessionSlot) {

@@ -38,7 +38,7 @@ pub(crate) async fn run(groups: Arc<Groups>) {
         groups.expire_sessions(now);
         let live = groups.drop_idle_groups(now);
         groups.release_ring(&live);
-        groups.share_bodies(&live);
+        groups.share_bodies(&live, now);
         status.log(&live, settings.status_interval, now);
         let interval = settings.resync_interval;
         if !interval.is_zero() {

@@ -96,6 +96,8 @@ pub struct Credentials {
 struct ClientTls {
     ca_file: PathBuf,
     server_name: Option<String>,
+    /// The name on the load balancer's certificate, when set apart from the address's host.
+    load_balancer_server_name: Option<String>,
 }
 
 impl Credentials {
@@ -106,6 +108,7 @@ impl Credentials {
             tls: Some(ClientTls {
                 ca_file: ca_file.into(),
                 server_name: None,
+                load_balancer_server_name: None,
             }),
             token: Bearer::none(),
         }
@@ -120,14 +123,42 @@ impl Credentials {
         }
     }
 
-    /// The name every server's certificate must carry, instead of the host of each address
+    /// The name the dispatchers' certificate must carry, instead of the host of each address
     /// (dispatchers publish pod IPs on their Leases; their certificate names the Service).
+    /// The load balancer has a certificate of its own: see [`Credentials::for_load_balancer`].
     #[must_use]
     pub fn with_server_name(mut self, name: impl Into<String>) -> Self {
         if let Some(tls) = &mut self.tls {
             tls.server_name = Some(name.into());
         }
         self
+    }
+
+    /// The name the load balancer's certificate must carry, when it is not the host of the
+    /// load balancer's address (which is dialled by a name; a leader it redirects to, by pod
+    /// IP, is verified under that same name).
+    #[must_use]
+    pub fn with_load_balancer_server_name(mut self, name: impl Into<String>) -> Self {
+        if let Some(tls) = &mut self.tls {
+            tls.load_balancer_server_name = Some(name.into());
+        }
+        self
+    }
+
+    /// These credentials as they reach the load balancer first dialled at `address`. The load
+    /// balancer serves a certificate of its own, not the dispatchers' (a compromised load
+    /// balancer cannot pose as a dispatcher): it is verified under the name set with
+    /// [`Credentials::with_load_balancer_server_name`], else under the host of `address`
+    /// when that is a name, else under each address's own host.
+    pub fn for_load_balancer(&self, address: &str) -> Self {
+        let mut lb = self.clone();
+        if let Some(tls) = &mut lb.tls {
+            tls.server_name = tls
+                .load_balancer_server_name
+                .clone()
+                .or_else(|| host_name(address));
+        }
+        lb
     }
 
     /// Sends the token in `path` (a projected ServiceAccount token), read again as the kubelet
@@ -151,7 +182,8 @@ impl Credentials {
     /// | --- | --- | --- |
     /// | `KD_INSECURE` | plaintext (`true`/`1`/`yes`) | TLS |
     /// | `KD_TLS_CA_FILE` | CA bundle the servers chain to | [`DEFAULT_CA_FILE`] |
-    /// | `KD_TLS_SERVER_NAME` | name on the servers' certificates | the host of each address |
+    /// | `KD_TLS_SERVER_NAME` | name on the dispatchers' certificate | the host of each address |
+    /// | `KD_LOADBALANCER_TLS_SERVER_NAME` | name on the load balancer's certificate | the host of its address |
     /// | `KD_ALLOW_ANONYMOUS` | send no token (`true`/`1`/`yes`) | send one |
     /// | `KD_TOKEN_FILE` | the projected token | [`DEFAULT_TOKEN_FILE`] |
     pub fn from_env() -> Self {
@@ -168,6 +200,9 @@ impl Credentials {
         };
         if let Some(name) = var("KD_TLS_SERVER_NAME") {
             credentials = credentials.with_server_name(name);
+        }
+        if let Some(name) = var("KD_LOADBALANCER_TLS_SERVER_NAME") {
+            credentials = credentials.with_load_balancer_server_name(name);
         }
         if !flag("KD_ALLOW_ANONYMOUS") {
             credentials = credentials.with_token_file(
@@ -351,9 +386,48 @@ impl Interceptor for Bearer {
     }
 }
 
+/// The host of `address` (`host:port`, with or without a scheme) when it is a name, not an IP.
+fn host_name(address: &str) -> Option<String> {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    if authority.starts_with('[') {
+        return None;
+    }
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host);
+    (!host.is_empty() && host.parse::<std::net::IpAddr>().is_err()).then(|| host.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_load_balancer_is_verified_under_its_own_name() {
+        let name = |c: &Credentials| c.tls.as_ref().and_then(|t| t.server_name.clone());
+        let base = Credentials::tls("ca.crt").with_server_name("dispatchers.svc");
+        let lb = base.for_load_balancer("lb.ns.svc:7071");
+        assert_eq!(name(&lb).as_deref(), Some("lb.ns.svc"));
+        assert_eq!(name(&base).as_deref(), Some("dispatchers.svc"), "unchanged");
+        assert_eq!(
+            name(&base.for_load_balancer("https://lb.ns.svc:7071")).as_deref(),
+            Some("lb.ns.svc")
+        );
+        assert_eq!(name(&base.for_load_balancer("10.0.0.1:7071")), None);
+        assert_eq!(name(&base.for_load_balancer("[::1]:7071")), None);
+        let set = base.with_load_balancer_server_name("lb.example");
+        assert_eq!(
+            name(&set.for_load_balancer("10.0.0.1:7071")).as_deref(),
+            Some("lb.example")
+        );
+        assert!(
+            Credentials::plaintext()
+                .for_load_balancer("x:1")
+                .tls
+                .is_none()
+        );
+    }
 
     #[test]
     fn addresses_take_the_transports_scheme() {

@@ -90,8 +90,8 @@ pub struct CallFlags {
     #[arg(long, env = "KD_TLS_CA_FILE")]
     pub tls_ca_file: Option<PathBuf>,
 
-    /// Name the called servers' certificates must carry, instead of the host of each address
-    /// (Leases publish pod IPs; certificates name the Service).
+    /// Name the called dispatchers' certificate must carry, instead of the host of each address
+    /// (Leases publish pod IPs; the certificate names the dispatchers' Service).
     #[arg(long, env = "KD_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
 

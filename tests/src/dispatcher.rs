@@ -235,7 +235,25 @@ impl TestSession {
         replica: &str,
         subscriptions: Vec<Subscription>,
     ) -> Result<Self, tonic::Status> {
-        let mut client = dispatcher.client().await;
+        Self::open_as(
+            dispatcher,
+            &crate::credentials(),
+            group,
+            replica,
+            subscriptions,
+        )
+        .await
+    }
+
+    /// Opens a session as the identity `credentials` carry.
+    pub async fn open_as(
+        dispatcher: &TestDispatcher,
+        credentials: &Credentials,
+        group: &str,
+        replica: &str,
+        subscriptions: Vec<Subscription>,
+    ) -> Result<Self, tonic::Status> {
+        let mut client = dispatcher.client_as(credentials).await;
         let id = client
             .open_session(OpenSessionRequest {
                 group: group.into(),

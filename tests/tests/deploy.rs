@@ -1,7 +1,7 @@
 //! The manifests in `deploy/` against the real API server: the base and every overlay pass a
 //! server-side dry run, and once applied, the RBAC they grant is least privilege, checked with
-//! `kubectl auth can-i` as each service account. `deploy/tls.sh` makes a Secret the tier
-//! serves with and that controllers verify; the cert-manager component issues the same names.
+//! `kubectl auth can-i` as each service account. `deploy/tls.sh` makes a Secret per server
+//! role that controllers verify; the cert-manager component issues the same names.
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -82,10 +82,11 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
     // The example grants the dispatchers ConfigMaps through aggregation, which the controller
     // manager fills in.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !can(DISPATCHER, "watch", "configmaps", "") {
+    while !can(DISPATCHER, "watch", "configmaps", "") || !can(KDCTL, "get", "configmaps", "default")
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the dispatchers' ClusterRole never aggregated the ConfigMap rules"
+            "the dispatchers' or kdctl's ClusterRole never aggregated the ConfigMap rules"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -167,6 +168,9 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (KDCTL, "post", "/kube-dispatch/drain", "", true),
         (KDCTL, "get", "/kube-dispatch/drain", "", false),
         (KDCTL, "list", "configmaps", "", false),
+        // ... and get what the example controller's groups watch, so `kdctl owner` shows them.
+        (KDCTL, "get", "configmaps", "default", true),
+        (KDCTL, "watch", "configmaps", "", false),
         (KDCTL, "list", "leases", "kube-dispatch", false),
         (CONTROLLER, "post", "/kube-dispatch/drain", "", false),
         (DISPATCHER, "post", "/kube-dispatch/drain", "", false),
@@ -228,8 +232,20 @@ fn workloads_speak_tls_with_projected_tokens() {
         audiences, 2,
         "dispatchers and controller mount a projected token"
     );
-    assert_eq!(rendered.matches("secretName: kube-dispatch-tls").count(), 1);
-    assert_eq!(rendered.matches("name: kube-dispatch-tls\n").count(), 1);
+    // A certificate per server role.
+    assert_eq!(
+        rendered
+            .matches("secretName: kube-dispatch-loadbalancer-tls")
+            .count(),
+        1
+    );
+    assert_eq!(
+        rendered
+            .matches("name: kube-dispatch-dispatcher-tls\n")
+            .count(),
+        1
+    );
+    assert!(!rendered.contains("kube-dispatch-tls"), "no shared Secret");
     assert!(rendered.contains("name: kube-dispatch-ca\n"));
     for var in ["KD_TLS_CERT_FILE", "KD_TLS_KEY_FILE"] {
         assert_eq!(rendered.matches(var).count(), 2, "{var} on both servers");
@@ -260,15 +276,31 @@ fn workloads_speak_tls_with_projected_tokens() {
     let issued = ok(&["kustomize", &deploy("examples/cert-manager")]);
     assert!(issued.contains("kind: Certificate"));
     assert!(issued.contains("- kube-dispatch-dispatcher.kube-dispatch.svc\n"));
-    assert!(issued.contains("secretName: kube-dispatch-tls\n"));
+    for role in ["dispatcher", "loadbalancer"] {
+        assert!(issued.contains(&format!("secretName: kube-dispatch-{role}-tls\n")));
+    }
+    let dispatchers = issued
+        .split("\n---\n")
+        .find(|doc| {
+            doc.contains("kind: Certificate\n")
+                && doc.contains("secretName: kube-dispatch-dispatcher-tls\n")
+        })
+        .unwrap_or_default();
+    assert!(
+        dispatchers.contains("- kube-dispatch-dispatcher.kube-dispatch.svc\n")
+            && !dispatchers.contains("loadbalancer"),
+        "the dispatchers' certificate names them only: {dispatchers}"
+    );
     assert!(issued.matches("namespace: kube-dispatch\n").count() >= 4);
 }
 
-/// `deploy/tls.sh` makes the Secret the tier serves with and the CA controllers verify it by:
-/// a dispatcher serving it on 127.0.0.1 is verified under the Service name (pods are dialled
-/// by IP), not under another; running it again renews the certificate under the same CA.
+/// `deploy/tls.sh` makes a Secret per server role and the CA controllers verify them by: a
+/// dispatcher serving its certificate on 127.0.0.1 is verified under the dispatchers' Service
+/// name (pods are dialled by IP), not under another; a server with the load balancer's
+/// certificate is verified under the load balancer's name and refused under the dispatchers'
+/// (it cannot pose as one); running the script again renews under the same CA.
 #[tokio::test]
-async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() -> TestResult {
+async fn the_tls_script_makes_a_secret_per_role_that_clients_verify() -> TestResult {
     use kube_dispatch_proto::credentials::Credentials;
     use kube_dispatch_runtime::tls::{ServerTls, Transport};
     use kube_dispatch_tests::{
@@ -295,20 +327,22 @@ async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() 
             "deploy/tls.sh failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::read(dir.join("tls.crt")).expect("tls.crt")
+        std::fs::read(dir.join("dispatcher.crt")).expect("dispatcher.crt")
     };
     let first = run();
     let ca = std::fs::read(dir.join("ca.crt"))?;
-    let keys = ok(&[
-        "get",
-        "secret",
-        "kube-dispatch-tls",
-        "-n",
-        tier.name(),
-        "-o",
-        "go-template={{range $k, $v := .data}}{{$k}} {{end}}",
-    ]);
-    assert_eq!(keys.trim(), "ca.crt tls.crt tls.key");
+    for role in ["dispatcher", "loadbalancer"] {
+        let keys = ok(&[
+            "get",
+            "secret",
+            &format!("kube-dispatch-{role}-tls"),
+            "-n",
+            tier.name(),
+            "-o",
+            "go-template={{range $k, $v := .data}}{{$k}} {{end}}",
+        ]);
+        assert_eq!(keys.trim(), "ca.crt tls.crt tls.key", "{role}");
+    }
     let published = ok(&[
         "get",
         "configmap",
@@ -320,11 +354,15 @@ async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() 
     ]);
     assert_eq!(published.as_bytes(), ca.as_slice());
 
-    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
-    config.security.transport =
-        Transport::Tls(ServerTls::new(dir.join("tls.crt"), dir.join("tls.key")));
-    let d = TestDispatcher::start(config).await?;
-    let health = |name: String| {
+    let serve = |role: &str| {
+        let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+        config.security.transport = Transport::Tls(ServerTls::new(
+            dir.join(format!("{role}.crt")),
+            dir.join(format!("{role}.key")),
+        ));
+        TestDispatcher::start(config)
+    };
+    let health = |d: &TestDispatcher, name: String| {
         let credentials = Credentials::tls(dir.join("ca.crt")).with_server_name(name);
         let address = d.addr.to_string();
         async move {
@@ -335,14 +373,26 @@ async fn the_tls_script_makes_a_secret_the_tier_serves_and_controllers_verify() 
             Ok::<_, Box<dyn std::error::Error>>(())
         }
     };
-    health(format!("kube-dispatch-dispatcher.{}.svc", tier.name())).await?;
-    assert!(
-        health("kube-dispatch-dispatcher.elsewhere.svc".into())
-            .await
-            .is_err(),
-        "a name the certificate does not carry was accepted"
+    let (dispatchers, load_balancer) = (
+        format!("kube-dispatch-dispatcher.{}.svc", tier.name()),
+        format!("kube-dispatch-loadbalancer.{}.svc", tier.name()),
     );
+    let d = serve("dispatcher").await?;
+    health(&d, dispatchers.clone()).await?;
+    for other in ["kube-dispatch-dispatcher.elsewhere.svc", &load_balancer] {
+        assert!(
+            health(&d, other.to_owned()).await.is_err(),
+            "a name the certificate does not carry was accepted: {other}"
+        );
+    }
     d.stop().await;
+    let lb = serve("loadbalancer").await?;
+    health(&lb, load_balancer).await?;
+    assert!(
+        health(&lb, dispatchers).await.is_err(),
+        "the load balancer's certificate passed as the dispatchers'"
+    );
+    lb.stop().await;
 
     let second = run();
     assert_ne!(first, second, "the serving certificate was renewed");

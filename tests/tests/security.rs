@@ -684,8 +684,10 @@ async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult 
     ]);
     let d = TestDispatcher::start(config).await?;
     let here = || vec![subscription("v1", "ConfigMap", ns.name())];
+    // Sessions outlive the test's token mints and reviews on a loaded machine.
     let session = |group: &str, replica: &str| OpenSessionRequest {
         replica_id: replica.into(),
+        ttl: prost_types::Duration::try_from(Duration::from_secs(60)).ok(),
         ..open(group, here())
     };
     let other = as_token(&token(&ns, "other", "kube-dispatch").await?);
@@ -712,7 +714,7 @@ async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult 
         said.contains(&format!("has a live session opened by {}", user("new-sa"))),
         "{said}"
     );
-    // Groups not listed keep the default: their creator's.
+    // Groups not listed keep the default: each user's own.
     assert_eq!(
         open_as(&d, &other, session("its-own", "r0")).await.0,
         Code::Ok

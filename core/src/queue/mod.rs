@@ -368,6 +368,9 @@ pub struct GroupQueue {
     body_bytes: usize,
     /// The process's bytes of bodies, which `body_bytes` are part of.
     pool: BodyPool,
+    /// The most bytes of bodies this group may take while the pool is short (its share, set
+    /// by [`GroupQueue::hold_bodies_to`]); `usize::MAX` otherwise.
+    body_share: usize,
     next_seq: u64,
     next_delivery: DeliveryId,
     /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
@@ -404,6 +407,7 @@ impl GroupQueue {
             tombstones: HashMap::default(),
             body_bytes: 0,
             pool,
+            body_share: usize::MAX,
             next_seq: 0,
             next_delivery: 1,
             leaving: HashSet::default(),
@@ -552,6 +556,14 @@ impl GroupQueue {
     /// Bytes of object bodies held.
     pub fn body_bytes(&self) -> usize {
         self.body_bytes
+    }
+
+    /// Holds this group to `share` bytes of bodies while the pool is short (`None`: no longer
+    /// short): drops bodies down to it and takes no more past it, so a group that keeps
+    /// changing cannot take back what it gave; returns the bytes given back to the pool.
+    pub fn hold_bodies_to(&mut self, share: Option<usize>) -> usize {
+        self.body_share = share.unwrap_or(usize::MAX);
+        share.map_or(0, |share| self.shed_bodies(share))
     }
 
     /// Drops bodies of ready keys until at most `keep` bytes are held (those keys are then
@@ -703,7 +715,7 @@ impl GroupQueue {
             // Replace the body: the latest state is the one worth delivering.
             self.drop_body(&key);
             if let Some(body) = change.body
-                && self.body_bytes + body.len() <= self.config.body_budget
+                && self.body_bytes + body.len() <= self.config.body_budget.min(self.body_share)
                 && self.pool.take(body.len())
             {
                 self.body_bytes += body.len();

@@ -565,17 +565,24 @@ fn a_pool_bounds_the_bodies_of_every_group_and_is_shared_out() {
         (pool.used(), hog.body_bytes(), other.body_bytes()),
         (140, 100, 40)
     );
-    // An even share is 75 each: the hog gives back what it holds past it.
-    assert_eq!(hog.shed_bodies(75), 50);
+    // An even share is 75 each: the hog gives back what it holds past it, and while the pool
+    // is short takes no more than its share.
+    assert_eq!(hog.hold_bodies_to(Some(75)), 50);
+    hog.change("e", with_body(Reason::Added, 1, 30));
+    assert_eq!(hog.body_bytes(), 50, "75 is the hog's share");
     other.change("d", with_body(Reason::Modified, 2, 40));
     assert_eq!((pool.used(), other.body_bytes()), (130, 80));
+    assert_eq!(hog.hold_bodies_to(None), 0);
     hog.add_session(1, "r");
     let bodies = hog
         .take(1, 10, now)
         .iter()
         .filter(|d| d.body.is_some())
         .count();
-    assert_eq!(bodies, 1, "the shed key goes without its body");
+    assert_eq!(
+        bodies, 1,
+        "the shed key, and the one past the share, go without"
+    );
     assert_eq!(pool.used(), 80, "delivered bodies leave the pool");
     drop(other);
     assert_eq!(pool.used(), 0, "a dropped group gives its bodies back");

@@ -73,20 +73,25 @@ impl Peer for PeerService {
             name: req.group,
             owner: Some(req.group_owner).filter(|o| !o.is_empty()),
         };
-        let keys = match self.groups.group(&id) {
-            Some(group) => {
-                // Placed the way this dispatcher places keys: a peer that places them
-                // otherwise never completes a handover with it (the ring ids differ).
-                let ring_key = self.groups.slices().borrow().ring.key();
-                let ring = Ring::with_key(req.members, ring_key);
-                group
-                    .recent_deletions_owned_by(&ring, &req.identity)
-                    .iter()
-                    .map(|k| k.to_string())
-                    .collect()
-            }
+        // A peer older than group owners names none: it hears from every group of that name
+        // (a deletion delivered twice is harmless; one missed is lost).
+        let groups = match self.groups.group(&id) {
+            Some(group) => vec![group],
+            None if id.owner.is_none() => self.groups.named(&id.name),
             None => Vec::new(),
         };
+        // Placed the way this dispatcher places keys: a peer that places them otherwise never
+        // completes a handover with it (the ring ids differ).
+        let ring_key = self.groups.slices().borrow().ring.key();
+        let ring = Ring::with_key(req.members, ring_key);
+        let mut keys: Vec<String> = groups
+            .iter()
+            .flat_map(|g| g.recent_deletions_owned_by(&ring, &req.identity))
+            .map(|k| k.to_string())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.truncate(self.groups.recent_deletions().capacity);
         Ok(Response::new(RecentDeletionsResponse { keys }))
     }
 }

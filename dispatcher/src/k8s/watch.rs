@@ -41,7 +41,7 @@ use kube::{
     },
 };
 use kube_dispatch_proto::{RingKey, v1::Reason};
-use kube_dispatch_runtime::{auth::GroupId, logging};
+use kube_dispatch_runtime::logging;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -220,7 +220,7 @@ impl Watches {
                         stop.cancel();
                     }
                     let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
-                    subs.retain(|s| s.group.id != sub.group.id);
+                    subs.retain(|s| !Arc::ptr_eq(&s.group, &sub.group));
                     subs.push(sub);
                     // The new group has not seen the objects that exist: list them again. The
                     // groups already subscribed see unchanged versions and deliver nothing.
@@ -274,14 +274,14 @@ impl Watches {
 
     /// Removes `group`'s subscription to `key`; the watch stops after the grace if no
     /// subscriber is left by then.
-    pub fn unsubscribe(self: &Arc<Self>, key: &WatchKey, group: &GroupId) {
+    pub fn unsubscribe(self: &Arc<Self>, key: &WatchKey, group: &Arc<Group>) {
         let mut running = self.running();
         let Some(r) = running.get_mut(key) else {
             return;
         };
         let empty = {
             let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
-            subs.retain(|s| s.group.id != *group);
+            subs.retain(|s| !Arc::ptr_eq(&s.group, group));
             subs.is_empty()
         };
         if !empty || r.stopping.is_some() {
@@ -319,17 +319,17 @@ impl Watches {
     }
 }
 
-/// The id of a watch's namespace and selectors in metrics (label `watch`): 8 hex digits of
-/// their stable hash, the same on every dispatcher and across restarts.
+/// The id of a watch's namespace and selectors in metrics (label `watch`): 16 hex digits of
+/// their hash under a key drawn when the process starts, so the same on every scrape of this
+/// process and not to be reversed by hashing guessed namespaces.
 pub fn watch_id(namespace: &str, label_selector: &str, field_selector: &str) -> String {
-    let hash = kube_dispatch_proto::key::hash64_parts(&[
-        namespace.as_bytes(),
-        b"\0",
-        label_selector.as_bytes(),
-        b"\0",
-        field_selector.as_bytes(),
-    ]);
-    format!("{:08x}", hash >> 32)
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(std::hash::RandomState::new);
+    format!(
+        "{:016x}",
+        key.hash_one((namespace, label_selector, field_selector))
+    )
 }
 
 fn id_of(key: &WatchKey) -> String {
