@@ -3,6 +3,7 @@
 
 pub(crate) mod apiserver;
 pub(crate) mod ceiling;
+pub(crate) mod hostile;
 pub(crate) mod metrics;
 pub(crate) mod objects;
 pub(crate) mod plot;

@@ -170,6 +170,14 @@ struct Args {
     #[arg(long)]
     security: bool,
 
+    /// Run the hostile-tenant benchmark instead (`make bench-hostile`): a dispatcher binary with
+    /// security on and a legitimate controller timing --writes writes to reconcile, alone and
+    /// while each attack of the threat table runs at its bound (idle admin connections, health
+    /// streams, junk tokens, a connection flood, a body hog), --repeats times each; with the
+    /// dispatcher's peak RSS. Written into the `hostile` section of --out.
+    #[arg(long, conflicts_with_all = ["security", "metrics", "ceiling", "shards"])]
+    hostile: bool,
+
     /// Run the metrics benchmark instead (`make bench-metrics`): one in-process dispatcher and
     /// controller, --repeats runs each with the controller's metrics off and on (and scraped
     /// every 100 ms), each patching the first of --objects ConfigMaps at once. Written into the
@@ -283,6 +291,9 @@ async fn main() -> anyhow::Result<()> {
     );
     if args.security {
         return security_bench(&args).await;
+    }
+    if args.hostile {
+        return hostile_bench(&args).await;
     }
     if args.metrics {
         return metrics_bench(&args).await;
@@ -620,6 +631,32 @@ async fn security_bench(args: &Args) -> anyhow::Result<()> {
         machine(),
     );
     write_section(&args.out, "security", &section)?;
+    println!("bench: results written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--hostile`: what each attack costs a legitimate controller, written into the `hostile`
+/// section.
+async fn hostile_bench(args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.repeats > 0 && args.writes > 0,
+        "--repeats and --writes must be positive"
+    );
+    let table = harness::hostile::run(harness::hostile::Plan {
+        repeats: args.repeats,
+        writes: args.writes,
+        dispatcher: harness::hostile::dispatcher_binary(&args.bin_dir),
+        logs: args.logs.join("hostile"),
+    })
+    .await?;
+    println!("\n{table}");
+    let section = format!(
+        "Produced by `{}` on {} (one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        args.command,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        machine(),
+    );
+    write_section(&args.out, "hostile", &section)?;
     println!("bench: results written to {}", args.out.display());
     Ok(())
 }

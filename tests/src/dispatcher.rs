@@ -253,7 +253,17 @@ impl TestSession {
         replica: &str,
         subscriptions: Vec<Subscription>,
     ) -> Result<Self, tonic::Status> {
-        let mut client = dispatcher.client_as(credentials).await;
+        let client = dispatcher.client_as(credentials).await;
+        Self::open_with(client, group, replica, subscriptions).await
+    }
+
+    /// Opens a session through `client` (of any dispatcher, a process of its own included).
+    pub async fn open_with(
+        mut client: DispatcherClient<AuthChannel>,
+        group: &str,
+        replica: &str,
+        subscriptions: Vec<Subscription>,
+    ) -> Result<Self, tonic::Status> {
         let id = client
             .open_session(OpenSessionRequest {
                 group: group.into(),
