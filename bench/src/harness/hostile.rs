@@ -245,6 +245,12 @@ async fn start_dispatcher(
             pki.join("kube-dispatch.key").display().to_string(),
         ),
         ("KD_MAX_BODY_BYTES", BODY_POOL.to_string()),
+        // What it would verify and send when calling peers (a ring of one has none).
+        ("KD_TLS_CA_FILE", pki.join("ca.crt").display().to_string()),
+        (
+            "KD_TOKEN_FILE",
+            cluster.dir().join("tokens/tester.token").display().to_string(),
+        ),
     ];
     let mut process = Component::spawn(name, &plan.dispatcher, &[], &env, &plan.logs, None)?;
     let deadline = Instant::now() + Duration::from_secs(30);
