@@ -49,17 +49,8 @@ pub async fn account(ns: &TestNamespace, name: &str, verbs: &[&str]) -> Result<(
             &pp,
             &RoleBinding {
                 metadata: meta(name),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: name.to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: name.to_owned(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
+                role_ref: role_ref("Role", name),
+                subjects: Some(service_account(ns, name)),
             },
         )
         .await?;
@@ -100,21 +91,30 @@ pub async fn grant_path(
             &pp,
             &ClusterRoleBinding {
                 metadata: meta,
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "ClusterRole".into(),
-                    name: role,
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: name.to_owned(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
+                role_ref: role_ref("ClusterRole", &role),
+                subjects: Some(service_account(ns, name)),
             },
         )
         .await?;
     Ok(())
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: kind.into(),
+        name: name.to_owned(),
+    }
+}
+
+/// The subjects naming ServiceAccount `name` of `ns`.
+fn service_account(ns: &TestNamespace, name: &str) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: name.to_owned(),
+        namespace: Some(ns.name().to_owned()),
+        ..Subject::default()
+    }]
 }
 
 /// A token of ServiceAccount `name` in `ns` for `audience`, as kdctl mints its own.

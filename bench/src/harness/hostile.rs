@@ -34,7 +34,7 @@ use std::{
 use anyhow::Context as _;
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube_dispatch_proto::{
     credentials::Credentials,
     v1::{PollRequest, dispatcher_client::DispatcherClient},
@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     process::Component,
     report::{median, percentile},
+    security::{first_list, timed_write},
 };
 
 /// The body pool the benchmark's dispatcher runs with: small enough that the body hog fills it.
@@ -154,12 +155,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
     let legit = Credentials::tls(&ca).with_token(token(&legit_ns, "legit", "kube-dispatch").await?);
     let hog = Credentials::tls(&ca).with_token(token(&hog_ns, "hog", "kube-dispatch").await?);
     let configmaps: Api<ConfigMap> = Api::namespaced(legit_ns.client(), legit_ns.name());
-    configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": "probe"}}))?,
-        )
-        .await?;
+    super::objects::create_probe(&configmaps, "probe").await?;
     let fixture = Fixture {
         legit_ns,
         hog_ns,
@@ -249,7 +245,11 @@ async fn start_dispatcher(
         ("KD_TLS_CA_FILE", pki.join("ca.crt").display().to_string()),
         (
             "KD_TOKEN_FILE",
-            cluster.dir().join("tokens/tester.token").display().to_string(),
+            cluster
+                .dir()
+                .join("tokens/tester.token")
+                .display()
+                .to_string(),
         ),
     ];
     let mut process = Component::spawn(name, &plan.dispatcher, &[], &env, &plan.logs, None)?;
@@ -306,13 +306,7 @@ async fn one_run(
     )
     .await
     .context("the legitimate controller's OpenSession")?;
-    // The key is handed over once when the session starts (its first list).
-    let mut acks: Vec<u64> = session
-        .hold(Duration::from_secs(30))
-        .await?
-        .iter()
-        .map(|r| r.delivery_id)
-        .collect();
+    let mut acks = first_list(&mut session).await?;
 
     let stop = CancellationToken::new();
     let attempts = Arc::new(AtomicU64::new(0));
@@ -371,28 +365,13 @@ async fn one_run(
         Api::namespaced(fixture.legit_ns.client(), fixture.legit_ns.name());
     let mut run = Run::default();
     for n in 0..plan.writes {
-        let begun = Instant::now();
-        configmaps
-            .patch(
-                "probe",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"data": {"n": format!("{repeat}-{n}")}})),
-            )
-            .await?;
-        loop {
-            let got = session
-                .poll_acking(&acks, Duration::from_secs(1))
-                .await
-                .context("the legitimate controller's poll")?;
-            acks = got.iter().map(|r| r.delivery_id).collect();
-            if !got.is_empty() {
-                run.deliveries.push(micros(begun.elapsed()));
-                break;
-            }
-            if begun.elapsed() >= LOST_AFTER {
-                run.lost += 1;
-                break;
-            }
+        let value = format!("{repeat}-{n}");
+        match timed_write(&configmaps, &mut session, &mut acks, &value, LOST_AFTER)
+            .await
+            .context("the legitimate controller")?
+        {
+            Some(took) => run.deliveries.push(micros(took)),
+            None => run.lost += 1,
         }
     }
     session.ack(&acks).await?;

@@ -53,6 +53,20 @@ impl Kind {
     }
 }
 
+/// Creates the empty ConfigMap `name` through `api`: the object a latency run patches.
+pub(crate) async fn create_probe(
+    api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: &str,
+) -> anyhow::Result<()> {
+    api.create(
+        &kube::api::PostParams::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?,
+    )
+    .await
+    .with_context(|| format!("cannot create ConfigMap {name}"))?;
+    Ok(())
+}
+
 /// The `--kind` flags of `kinds`, joined: a name for namespaces, files and logs.
 pub(crate) fn flags(kinds: &[Kind]) -> String {
     joined(kinds, Kind::flag, "-and-")

@@ -26,7 +26,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Client,
-    api::{Api, Patch, PatchParams, PostParams},
+    api::{Api, Patch, PatchParams},
 };
 use kube_dispatch_proto::{
     credentials::Credentials,
@@ -95,12 +95,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
         tokens.push(token(&ns, &format!("controller-{i}"), "kube-dispatch").await?);
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
-    configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": "probe"}}))?,
-        )
-        .await?;
+    super::objects::create_probe(&configmaps, "probe").await?;
 
     let mut off = Vec::new();
     let mut on = Vec::new();
@@ -193,40 +188,66 @@ async fn latency_run(
     }
     let id = open(&mut client, "latency", "replica-0", ns.name()).await?;
     let mut session = TestSession { client, id };
-    // The key is delivered once when the session starts (its first list).
-    let mut acks: Vec<u64> = session
-        .hold(Duration::from_secs(30))
-        .await?
-        .iter()
-        .map(|r| r.delivery_id)
-        .collect();
+    let mut acks = first_list(&mut session).await?;
     for n in 0..plan.writes {
-        let begun = Instant::now();
-        configmaps
-            .patch(
-                "probe",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"data": {"n": n.to_string()}})),
-            )
-            .await?;
-        let deadline = begun + Duration::from_secs(30);
-        loop {
-            let got = session
-                .poll_acking(&acks, Duration::from_secs(5))
-                .await
-                .context("poll")?;
-            acks = got.iter().map(|r| r.delivery_id).collect();
-            if !got.is_empty() {
-                break;
-            }
-            anyhow::ensure!(Instant::now() < deadline, "write {n} was never delivered");
-        }
+        let delivered = timed_write(
+            configmaps,
+            &mut session,
+            &mut acks,
+            &n.to_string(),
+            Duration::from_secs(30),
+        )
+        .await?;
+        let took = delivered.with_context(|| format!("write {n} was never delivered"))?;
         #[allow(clippy::cast_possible_truncation)]
-        run.deliveries.push(begun.elapsed().as_micros() as u64);
+        run.deliveries.push(took.as_micros() as u64);
     }
     session.ack(&acks).await?;
     d.stop().await;
     Ok(run)
+}
+
+/// Takes what a new session is handed for its first list (the probe, once): the acks to send.
+pub(crate) async fn first_list(session: &mut TestSession) -> anyhow::Result<Vec<u64>> {
+    Ok(session
+        .hold(Duration::from_secs(30))
+        .await?
+        .iter()
+        .map(|r| r.delivery_id)
+        .collect())
+}
+
+/// Patches the ConfigMap `probe` to `value` and polls `session` (acknowledging `acks`, which it
+/// leaves holding the last deliveries) until the change is handed over: how long that took, or
+/// `None` when it was not handed over within `give_up`.
+pub(crate) async fn timed_write(
+    configmaps: &Api<ConfigMap>,
+    session: &mut TestSession,
+    acks: &mut Vec<u64>,
+    value: &str,
+    give_up: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let begun = Instant::now();
+    configmaps
+        .patch(
+            "probe",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"n": value}})),
+        )
+        .await?;
+    loop {
+        let got = session
+            .poll_acking(acks, Duration::from_secs(1).min(give_up))
+            .await
+            .context("poll")?;
+        *acks = got.iter().map(|r| r.delivery_id).collect();
+        if !got.is_empty() {
+            return Ok(Some(begun.elapsed()));
+        }
+        if begun.elapsed() >= give_up {
+            return Ok(None);
+        }
+    }
 }
 
 async fn load_run(
