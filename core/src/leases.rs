@@ -4,6 +4,12 @@
 //! *this* process last saw it change (as client-go's leader election does), never by comparing
 //! the renew time written by another machine's clock with ours. Time is a parameter: the caller
 //! passes the `Instant` of each observation and of each question.
+//!
+//! A Lease that disappears is a release only when its holder marked it drained before deleting
+//! it (nothing it handed out is still running). Deleted otherwise (by hand, a cleanup job, a
+//! bug), or missing from a re-list, it is a member that died: it is kept, no longer live, as a
+//! tombstone for [`TOMBSTONE_TTL`], so the dispatchers wait out its reconciles as for one whose
+//! Lease expired.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -29,7 +35,14 @@ pub struct LeaseState {
     pub ring_key: Option<String>,
     /// The Lease's resourceVersion as an integer (0 if not one).
     pub resource_version: u128,
+    /// Whether the holder marked the Lease drained: it stopped with nothing in flight and
+    /// deletes the Lease next.
+    pub drained: bool,
 }
+
+/// How long a Lease deleted without being drained is remembered (as a member that died). Longer
+/// than any handover bound a dispatcher runs with; bounded so that names come and go freely.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 
 /// What this process knows of the Leases it watches.
 #[derive(Debug, Default)]
@@ -43,6 +56,9 @@ struct Seen {
     state: LeaseState,
     /// When this process saw the holder or renew time change.
     changed_at: Instant,
+    /// When this process saw the Lease deleted (or missing from a re-list) without having been
+    /// drained: a member that died, not live any more.
+    deleted_at: Option<Instant>,
 }
 
 impl Observations {
@@ -55,6 +71,8 @@ impl Observations {
                     && seen.state.renew_time == state.renew_time =>
             {
                 seen.state = state;
+                // There, whatever a re-list made of it.
+                seen.deleted_at = None;
             }
             _ => {
                 self.leases.insert(
@@ -62,15 +80,42 @@ impl Observations {
                     Seen {
                         state,
                         changed_at: now,
+                        deleted_at: None,
                     },
                 );
             }
         }
     }
 
-    /// Records that Lease `name` is gone (released).
+    /// Records that Lease `name` was deleted, `last` being its final state when the deletion
+    /// says (a watch's delete event): forgotten if it was drained (a clean release), else kept
+    /// as a member that died.
+    pub fn deleted(&mut self, name: &str, last: Option<LeaseState>, now: Instant) {
+        let Some(seen) = self.leases.get_mut(name) else {
+            // Never seen live here: nothing of it to wait for.
+            return;
+        };
+        if let Some(last) = last {
+            seen.state.drained |= last.drained;
+        }
+        if seen.state.drained {
+            self.leases.remove(name);
+        } else {
+            seen.deleted_at.get_or_insert(now);
+        }
+    }
+
+    /// Forgets Lease `name` altogether (a dead member whose bound has passed).
     pub fn forget(&mut self, name: &str) {
         self.leases.remove(name);
+    }
+
+    /// Forgets the tombstones older than [`TOMBSTONE_TTL`] at `now`.
+    pub fn prune(&mut self, now: Instant) {
+        self.leases.retain(|_, s| {
+            s.deleted_at
+                .is_none_or(|at| now.saturating_duration_since(at) < TOMBSTONE_TTL)
+        });
     }
 
     /// Whether Lease `name` is known (live or not).
@@ -83,9 +128,18 @@ impl Observations {
         self.leases.get(name).map(|s| &s.state)
     }
 
-    /// Keeps only the Leases for which `keep` is true (after a re-list).
-    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.leases.retain(|name, _| keep(name));
+    /// After a re-list: the Leases for which `listed` is false were deleted while the watch
+    /// was away ([`Observations::deleted`], without their final state).
+    pub fn relisted(&mut self, listed: impl Fn(&str) -> bool, now: Instant) {
+        let gone: Vec<String> = self
+            .leases
+            .keys()
+            .filter(|name| !listed(name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.deleted(&name, None, now);
+        }
     }
 
     /// The newest Lease resourceVersion seen.
@@ -98,7 +152,7 @@ impl Observations {
     pub fn live(&self, now: Instant, grace: Duration) -> BTreeMap<String, Peer> {
         self.leases
             .iter()
-            .filter(|(_, s)| !s.state.holder.is_empty())
+            .filter(|(_, s)| !s.state.holder.is_empty() && s.deleted_at.is_none())
             .filter(|(_, s)| {
                 now.saturating_duration_since(s.changed_at) <= s.state.duration + grace
             })
@@ -131,6 +185,7 @@ mod tests {
             address: None,
             ring_key: None,
             resource_version: rv,
+            drained: false,
         }
     }
 
@@ -162,13 +217,42 @@ mod tests {
     }
 
     #[test]
-    fn released_and_unheld_leases_are_not_members() {
+    fn drained_and_unheld_leases_are_not_members() {
         let t0 = Instant::now();
         let mut o = Observations::default();
         o.observe("a", lease("", "t1", 1), t0);
         o.observe("b", lease("b", "t1", 2), t0);
-        o.forget("b");
-        assert!(o.knows("a") && !o.knows("b"));
+        let drained = LeaseState {
+            drained: true,
+            ..lease("b", "t1", 3)
+        };
+        o.deleted("b", Some(drained), t0);
+        assert!(o.knows("a") && !o.knows("b"), "a drained Lease is released");
         assert!(o.live(t0, SEC).is_empty());
+    }
+
+    /// A Lease deleted without being drained, or missing from a re-list, is a member that died:
+    /// not live, still known (so its reconciles are waited out), forgotten after the tombstone's
+    /// time.
+    #[test]
+    fn a_lease_deleted_undrained_is_a_member_that_died() {
+        let t0 = Instant::now();
+        let mut o = Observations::default();
+        for (name, rv) in [("a", 1), ("b", 2), ("c", 3)] {
+            o.observe(name, lease(name, "t1", rv), t0);
+        }
+        o.deleted("b", Some(lease("b", "t1", 4)), t0 + SEC);
+        o.relisted(|name| name != "c", t0 + SEC);
+        assert_eq!(o.live(t0 + SEC, SEC).into_keys().collect::<Vec<_>>(), ["a"]);
+        assert!(o.knows("b") && o.knows("c"));
+        assert_eq!(o.state("b").map(|s| s.resource_version), Some(2));
+        // Seen again (recreated by its holder): live again.
+        o.observe("c", lease("c", "t2", 5), t0 + 2 * SEC);
+        assert!(o.live(t0 + 2 * SEC, SEC).contains_key("c"));
+        o.prune(t0 + SEC + TOMBSTONE_TTL);
+        assert!(!o.knows("b") && o.knows("c"));
+        // A deletion of a Lease never seen is nothing to wait for.
+        o.deleted("z", None, t0);
+        assert!(!o.knows("z"));
     }
 }

@@ -15,6 +15,11 @@ pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
 /// released, i.e. under which it hands out, and has in flight, only keys it owns.
 pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
 
+/// Annotation on a dispatcher's Lease (value `true`): its holder drained, nothing it handed out
+/// runs any more, and it deletes the Lease next. Only a Lease deleted with this mark is a
+/// release; one deleted without it is a member that died, whose reconciles are waited out.
+pub const DRAINED_ANNOTATION: &str = "kube-dispatch.dev/drained";
+
 /// Annotation on a dispatcher's Lease: what it places keys by ([`RingKey::as_str`]).
 pub const RING_KEY_ANNOTATION: &str = "kube-dispatch.dev/ring-key";
 

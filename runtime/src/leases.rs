@@ -20,7 +20,7 @@ use kube::{
 };
 use kube_dispatch_core::leases::{LeaseState, Observations};
 use kube_dispatch_proto::lease::{
-    ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+    ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
 };
 use tracing::warn;
 
@@ -84,17 +84,22 @@ impl LeaseWatch {
             }
             Some(Ok(Event::InitDone)) => {
                 if let Some(names) = self.relisted.take() {
-                    self.observations.retain(|name| names.contains(name));
+                    self.observations
+                        .relisted(|name| names.contains(name), now());
                 }
             }
             Some(Ok(Event::Apply(lease))) => {
                 self.observations
                     .observe(&lease.name_any(), lease_state(&lease), now());
             }
-            Some(Ok(Event::Delete(lease))) => self.observations.forget(&lease.name_any()),
+            Some(Ok(Event::Delete(lease))) => {
+                self.observations
+                    .deleted(&lease.name_any(), Some(lease_state(&lease)), now());
+            }
             Some(Err(e)) => warn!(error = %e, "watching dispatcher Leases failed; retrying"),
             None => return false,
         }
+        self.observations.prune(now());
         true
     }
 }
@@ -111,6 +116,10 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
         released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
         address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
         ring_key: lease.annotations().get(RING_KEY_ANNOTATION).cloned(),
+        drained: lease
+            .annotations()
+            .get(DRAINED_ANNOTATION)
+            .is_some_and(|v| v == "true"),
         resource_version: lease
             .resource_version()
             .and_then(|rv| rv.parse().ok())

@@ -2,7 +2,8 @@
 //! the real API server: an object that leaves a subscription's selector is delivered as gone and,
 //! back in it, as added; a name deleted and created again before the next poll is delivered as
 //! the old object's deletion, then the new object, one at a time; a grandchild's change does not
-//! reach the top of an ownership chain (one level, like controller-runtime's `Owns`).
+//! reach the top of an ownership chain (one level, like controller-runtime's `Owns`); an owner
+//! that loses a child to another owner, or to none, hears of it.
 
 use std::time::Duration;
 
@@ -260,6 +261,88 @@ async fn a_grandchild_does_not_reach_the_top_of_an_ownership_chain() -> TestResu
         .await;
     let keys: Vec<(Reason, &str)> = got.iter().map(|r| (reason(r), r.key.as_str())).collect();
     assert_eq!(keys, [(Reason::Owned, widget_key("other").as_str())]);
+    d.stop().await;
+    Ok(())
+}
+
+/// A child whose controlling owner changes is delivered to both owners: the new one, and the
+/// one that lost it (which the child no longer names, so only the dispatcher's memory of it can
+/// tell); a child that loses its owner tells the owner it had.
+#[tokio::test]
+async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
+    let ns = TestNamespace::create("edges-adoption").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let widget_ref = ResourceRef {
+        group: "test.kube-dispatch.dev".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: String::new(),
+    };
+    let owned = Subscription {
+        owner: Some(widget_ref),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut s = TestSession::open(&d, "adoption", "r1", vec![owned]).await?;
+    let mut refs = Vec::new();
+    for name in ["first", "second"] {
+        let w = widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new(name, WidgetSpec { size: 1 }),
+            )
+            .await?;
+        refs.push(OwnerReference {
+            api_version: "test.kube-dispatch.dev/v1".into(),
+            kind: "Widget".into(),
+            name: name.into(),
+            uid: w.uid().unwrap_or_default(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        });
+    }
+    let widget_key = |name: &str| format!("test.kube-dispatch.dev/Widget/{}/{name}", ns.name());
+    let mut child = labelled("child", "x");
+    child.metadata.owner_references = Some(vec![refs[0].clone()]);
+    configmaps.create(&PostParams::default(), &child).await?;
+    let got = next(&mut s).await?;
+    assert_eq!(
+        (reason(&got), got.key.as_str()),
+        (Reason::Owned, widget_key("first").as_str())
+    );
+    // Adopted by the second widget: both widgets hear of it.
+    configmaps
+        .patch(
+            "child",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"ownerReferences": [refs[1]]}})),
+        )
+        .await?;
+    let mut got = s.collect_until(TIMEOUT, |g| g.len() >= 2).await;
+    got.sort_by(|a, b| a.key.cmp(&b.key));
+    let keys: Vec<(Reason, &str)> = got.iter().map(|r| (reason(r), r.key.as_str())).collect();
+    assert_eq!(
+        keys,
+        [
+            (Reason::Owned, widget_key("first").as_str()),
+            (Reason::Owned, widget_key("second").as_str()),
+        ]
+    );
+    // Orphaned: the second widget, which lost it, hears of it.
+    configmaps
+        .patch(
+            "child",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"ownerReferences": null}})),
+        )
+        .await?;
+    let got = next(&mut s).await?;
+    assert_eq!(
+        (reason(&got), got.key.as_str()),
+        (Reason::Owned, widget_key("second").as_str())
+    );
     d.stop().await;
     Ok(())
 }

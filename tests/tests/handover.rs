@@ -448,6 +448,86 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
     Ok(())
 }
 
+/// A dispatcher stops answering (a partitioned node) while reconciles it handed out run, with
+/// sessions that outlive its Lease, and then its Lease is deleted by hand (`kubectl delete
+/// lease`, a cleanup job): a Lease deleted without its holder's drained mark is a member that
+/// died, so the survivors take its keys over only once the handover bound has passed, never at
+/// once (they did within 160 ms, taking it for a clean release); no reconcile it started
+/// overlaps one of theirs, nothing is lost.
+#[tokio::test]
+async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
+    const LONG: Duration = Duration::from_secs(6);
+    let ns = TestNamespace::create("deleted-lease").await?;
+    let journal = Journal::default();
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let mut ds = start_settled(ns.name(), 3, LONG).await?;
+    let replicas = start_replicas(ns.name(), 3, &lb, &journal, Duration::from_secs(4), LONG)?;
+    placed(&lb, 3, 3, Duration::from_secs(30)).await;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    write_round(&api, 9, 0, &journal).await?;
+    let ring = Ring::new((0..3).map(name));
+    let owner = |key: &str| {
+        let (namespace, object) = key.split_once('/').unwrap_or_default();
+        ring.owner(&RequestKey::new("", "ConfigMap", namespace, object))
+            .map(str::to_owned)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let victim_name = loop {
+        if let Some(owner) = journal.running().iter().find_map(|r| owner(&r.key)) {
+            break owner;
+        }
+        assert!(Instant::now() < deadline, "no reconcile ever ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let victim_index = (0..3)
+        .find(|i| name(*i) == victim_name)
+        .ok_or("the victim is on the ring")?;
+    let victim = ds.remove(&victim_index);
+    if let Some(d) = &victim {
+        d.freeze(Duration::from_secs(20));
+    }
+    let running = journal
+        .running()
+        .into_iter()
+        .filter(|r| owner(&r.key).as_deref() == Some(victim_name.as_str()))
+        .count();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ns.client(), ns.name());
+    leases
+        .delete(&victim_name, &DeleteParams::default())
+        .await?;
+    let deleted_at = Instant::now();
+    write_round(&api, 9, 1, &journal).await?;
+    settled(&ds, Duration::from_secs(30)).await;
+    let took = deleted_at.elapsed();
+    if let Some(d) = victim {
+        d.kill();
+    }
+    let finals = Journal::finals(&api).await?;
+    let missing = journal
+        .await_reconciled(&finals, Duration::from_secs(60))
+        .await;
+    assert!(
+        missing.is_empty(),
+        "final states never reconciled: {missing:?}"
+    );
+    assert_no_overlap(&journal);
+    assert!(
+        took >= LONG - Duration::from_millis(400),
+        "taken over {took:?} after the Lease was deleted, before the bound {LONG:?}"
+    );
+    assert!(
+        took <= LONG + Duration::from_secs(10),
+        "takeover took {took:?}"
+    );
+    println!(
+        "{victim_name} stalled with {running} reconciles of its keys running, its Lease deleted: survivors took its slice over {took:?} after the deletion (bound {LONG:?}); no overlap; all final states reconciled"
+    );
+    stop_all(replicas, ds, [lb]).await;
+    Ok(())
+}
+
 /// Replicas join and leave (one is killed), then the load-balancer leader is killed: placement
 /// converges each time, a standby takes over, and reconciles never stop.
 #[tokio::test]

@@ -25,7 +25,10 @@ use kube::{
 use kube_dispatch_core::handover::{Handover, Peer, Slice};
 use kube_dispatch_proto::{
     RingKey,
-    lease::{ADDRESS_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION},
+    lease::{
+        ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION,
+        RING_KEY_ANNOTATION,
+    },
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
@@ -52,7 +55,10 @@ pub async fn run(
     let started = Instant::now();
     // A Lease of ours that is still there was not released: the previous process died.
     let predecessor_died = match leases.get_opt(&config.identity).await {
-        Ok(found) => found.is_some_and(|l| !lease_state(&l).holder.is_empty()),
+        Ok(found) => found.is_some_and(|l| {
+            let state = lease_state(&l);
+            !state.holder.is_empty() && !state.drained
+        }),
         Err(e) => {
             warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
             true
@@ -151,7 +157,7 @@ pub async fn run(
                     handover.died(gone, now);
                     dead.insert(gone.clone(), (now, state.resource_version));
                 } else {
-                    info!(member = %gone, "dispatcher released its Lease");
+                    info!(member = %gone, "dispatcher drained and released its Lease");
                 }
             }
             members = live.keys().cloned().collect();
@@ -215,11 +221,24 @@ pub async fn run(
         warn!(lease = %config.identity, "leaving the Lease to expire: reconciles were still in flight");
         return;
     }
+    // Only a Lease deleted with the drained mark is a release (leases.md); deleted without it,
+    // the others would wait out the bound, which is safe but slow.
+    let drained = serde_json::json!({"metadata": {"annotations": {DRAINED_ANNOTATION: "true"}}});
+    if let Err(e) = leases
+        .patch(
+            &config.identity,
+            &PatchParams::default(),
+            &Patch::Merge(&drained),
+        )
+        .await
+    {
+        warn!(lease = %config.identity, error = %e, "could not mark the dispatcher Lease drained: the others wait out the handover bound");
+    }
     match leases
         .delete(&config.identity, &DeleteParams::default())
         .await
     {
-        Ok(_) => info!(lease = %config.identity, "released the dispatcher Lease"),
+        Ok(_) => info!(lease = %config.identity, "drained: released the dispatcher Lease"),
         Err(e) => {
             warn!(lease = %config.identity, error = %e, "could not release the dispatcher Lease; it expires by itself")
         }

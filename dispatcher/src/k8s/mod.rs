@@ -5,6 +5,8 @@
 //! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
 //!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
+//! - `children`: the owner each owned object was last seen with, so an owner that loses a
+//!   child (adopted by another, or deleted in a watch gap) is told;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - `whole_list` and `list_reader`: a watch that lists in one response, read an object at a
 //!   time (`--list-mode whole`);
@@ -12,6 +14,7 @@
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
+mod children;
 pub mod discovery;
 mod list_reader;
 pub mod membership;

@@ -4,7 +4,8 @@
 //! first group that subscribes to it and stopped a grace period after the last one leaves. Each
 //! event is turned into request keys, one per subscribing group; only keys that fall on this
 //! dispatcher's slice of the ring go to the group's queue. No object is kept once it has been
-//! handed on: the groups' queues are the only index.
+//! handed on: the groups' queues are the only index, but for the owner each owned object was
+//! last seen with (`super::children`), which tells an owner of a child it lost.
 //!
 //! Re-lists of the watch itself (the first list, a 410 Gone, an API-server restart) are
 //! numbered: every object of a re-list is observed with the list's epoch, and when it ends each
@@ -47,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
+    children::Children,
     object::WatchedObject,
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     shard::sharded_client,
@@ -248,6 +250,7 @@ impl Watches {
                         readiness: tx,
                         shard: None,
                         unsharded: AtomicBool::new(false),
+                        children: Mutex::default(),
                     };
                     tokio::spawn(task.run(run.cancel.clone()));
                     info!(resource = %describe(key), watch = %id_of(key), "starting watch");
@@ -364,6 +367,8 @@ struct WatchTask {
     /// Whether an object of another dispatcher's namespaces arrived although the watch asked
     /// for this dispatcher's only (the API server ignores the selector), since that start.
     unsharded: AtomicBool,
+    /// The owner each owned object was last seen with, for the owned subscriptions.
+    children: Mutex<Children>,
 }
 
 impl WatchTask {
@@ -618,7 +623,10 @@ impl WatchTask {
                 None => {}
                 Some(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
-                        sub.group.fill_owned(KeyRef::new(&owner_key.to_string()));
+                        let owner_key = owner_key.to_string();
+                        self.children()
+                            .seen(owner, &text, Some(owner_key.clone()), epoch, false);
+                        sub.group.fill_owned(KeyRef::new(&owner_key));
                     }
                 }
             }
@@ -667,6 +675,17 @@ impl WatchTask {
             )
         });
         let trace: Option<Arc<str>> = span.as_ref().and_then(logging::traceparent).map(Arc::from);
+        // The owners to tell, once per owner kind however many groups subscribe with it: the
+        // child's controlling owner now, and the one it had before if that was another.
+        let mut owners: Vec<(&OwnerKind, Vec<String>)> = Vec::new();
+        for kind in subscribers.iter().filter_map(|s| s.owner.as_ref()) {
+            if owners.iter().any(|(k, _)| *k == kind) {
+                continue;
+            }
+            let now = owner_key(obj, kind).map(|k| k.to_string());
+            let tell = self.children().seen(kind, &text, now, epoch, deleted);
+            owners.push((kind, tell));
+        }
         for sub in subscribers.iter() {
             match &sub.owner {
                 None => {
@@ -717,22 +736,37 @@ impl WatchTask {
                     }
                 }
                 Some(owner) => {
-                    let Some(key) = owner_key(obj, owner) else {
-                        continue;
-                    };
-                    sub.group.owned_changed(KeyRef::new(&key.to_string()));
+                    let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
+                    for key in tell.into_iter().flatten() {
+                        sub.group.owned_changed(KeyRef::new(key));
+                    }
                 }
             }
         }
         text
     }
 
-    /// A list ended: queue the deletions it revealed in every group's primary subscription.
+    /// A list ended: queue the deletions it revealed in every group's primary subscription,
+    /// and tell the owners of the owned objects it did not show.
     fn sweep(&self, epoch: u32) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        for sub in subscribers.iter().filter(|s| s.owner.is_none()) {
-            sub.group.sweep(epoch, |key| in_watch(&self.key, key));
+        let lost = self.children().swept(epoch, |kind| {
+            subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
+        });
+        for sub in subscribers.iter() {
+            match &sub.owner {
+                None => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
+                Some(kind) => {
+                    for owner in lost.get(kind).into_iter().flatten() {
+                        sub.group.owned_changed(KeyRef::new(owner));
+                    }
+                }
+            }
         }
+    }
+
+    fn children(&self) -> std::sync::MutexGuard<'_, Children> {
+        self.children.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
