@@ -192,7 +192,15 @@ impl Group {
                 return Err(holder);
             }
             let before: Vec<SessionId> = slots.keys().copied().collect();
-            let wake = queue.add_session(id, replica);
+            // The replica's older session: whoever holds it (the replica before a restart, a
+            // second process with its id) may still run what it was handed, so those keys stay
+            // in flight until it would have expired.
+            let mut wake = Vec::new();
+            for (old, slot) in slots.iter().filter(|(_, s)| s.replica == replica) {
+                let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
+                wake.extend(queue.remove_session_holding(*old, until.into_std()));
+            }
+            wake.extend(queue.add_session(id, replica));
             let mut replaced = Vec::new();
             for old in before {
                 if !queue.has_session(old)
@@ -205,11 +213,36 @@ impl Group {
             slots.insert(id, slot.clone());
             (wake, replaced)
         };
+        self.timers_changed.notify_one();
         self.wake(wake);
         Ok((slot, replaced))
     }
 
-    /// Removes a session (closed or expired); its in-flight keys are re-delivered at once.
+    /// Removes a session whose client may still run what it was handed (closed by its
+    /// client, or replaced by a newer session of its replica): its in-flight keys stay in flight
+    /// until it would have expired, by when its client has fenced itself; see
+    /// [`GroupQueue::remove_session_holding`].
+    pub fn close_session(&self, id: SessionId) {
+        let until = self
+            .slots()
+            .get(&id)
+            .map(|slot| *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(until) = until else {
+            return;
+        };
+        let wake = self
+            .state()
+            .queue
+            .remove_session_holding(id, until.into_std());
+        if let Some(slot) = self.slots().remove(&id) {
+            slot.notify.notify_one();
+        }
+        self.timers_changed.notify_one();
+        self.wake(wake);
+    }
+
+    /// Removes a session that expired (or every session, when draining): its in-flight keys
+    /// are re-delivered at once.
     pub fn remove_session(&self, id: SessionId) {
         let wake = self.state().queue.remove_session(id);
         if let Some(slot) = self.slots().remove(&id) {

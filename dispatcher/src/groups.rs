@@ -527,8 +527,8 @@ impl Groups {
             });
         };
         drop(sessions);
-        info!(%session, group = %s.group.id, "session closed: its in-flight keys are released");
-        s.group.remove_session(s.id);
+        info!(%session, group = %s.group.id, "session closed: its queued keys go to the others now, what it has in flight once it would have expired");
+        s.group.close_session(s.id);
         Ok(())
     }
 

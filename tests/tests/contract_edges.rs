@@ -346,3 +346,59 @@ async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
     d.stop().await;
     Ok(())
 }
+
+/// A client that closes its session (or reopens one for its replica) without acknowledging what
+/// it was handed, as a client other than the SDK may: the dispatcher cannot know its reconciles
+/// stopped, so those keys go to another session only once the closed one would have expired,
+/// never at once, and no two sessions hold one key. What was only queued for it goes at once.
+#[tokio::test]
+async fn keys_in_flight_on_a_closed_or_replaced_session_wait_for_its_fence() -> TestResult {
+    use kube_dispatch_proto::v1::CloseSessionRequest;
+    use tokio::time::Instant;
+
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let ttl = d.handles.groups.settings().limits.default_ttl;
+    for (round, name) in ["closed", "replaced"].into_iter().enumerate() {
+        // A namespace each, so the group's first list shows nothing.
+        let ns = TestNamespace::create(&format!("edges-{name}")).await?;
+        let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+        let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+        let group = format!("fence-{name}");
+        let mut first = TestSession::open(&d, &group, "replica-a", subs()).await?;
+        let cm = labelled(&format!("cm-{round}"), "x");
+        api.create(&PostParams::default(), &cm).await?;
+        let held = first.hold(TIMEOUT).await?;
+        let renewed = Instant::now();
+        assert_eq!(held.len(), 1, "{name}: the first session holds the key");
+        let mut other = if name == "closed" {
+            let other = TestSession::open(&d, &group, "replica-b", subs()).await?;
+            first
+                .client
+                .close_session(CloseSessionRequest {
+                    session_id: first.id.clone(),
+                })
+                .await?;
+            other
+        } else {
+            // The same replica id opens a new session: the old one is replaced.
+            TestSession::open(&d, &group, "replica-a", subs()).await?
+        };
+        let after = Instant::now();
+        let got = other
+            .collect_until(ttl + Duration::from_secs(10), |g| !g.is_empty())
+            .await;
+        let waited = renewed.elapsed();
+        assert_eq!(got.len(), 1, "{name}: the key is delivered again");
+        assert!(
+            waited >= ttl - Duration::from_millis(200),
+            "{name}: delivered again {waited:?} after its session's last renewal, {:?} after it was {name}, before the ttl {ttl:?}",
+            after.elapsed()
+        );
+        println!(
+            "{name} with a key in flight: delivered to another session {:?} after the session's last renewal (ttl {ttl:?})",
+            waited
+        );
+    }
+    d.stop().await;
+    Ok(())
+}

@@ -376,6 +376,11 @@ pub struct GroupQueue {
     /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
     /// At most the number of keys in flight.
     leaving: HashSet<Key>,
+    /// In-flight keys of sessions closed or replaced before they were acknowledged: still in
+    /// flight (their reconciles may run, if the client did not stop them) until their timer,
+    /// the time their session would have expired (or their delivery deadline, if sooner).
+    /// At most the number of keys in flight.
+    held: HashSet<Key>,
     counts: QueueCounts,
     /// The time of the current operation, as the caller last said ([`GroupQueue::at`]): when
     /// keys it makes ready became ready.
@@ -411,6 +416,7 @@ impl GroupQueue {
             next_seq: 0,
             next_delivery: 1,
             leaving: HashSet::default(),
+            held: HashSet::default(),
             counts: QueueCounts::default(),
             now: None,
         }
@@ -596,12 +602,12 @@ impl GroupQueue {
     }
 
     /// Adds a session for `replica`. A replica has one session per group: an older session of
-    /// the same replica is removed first and its in-flight keys are released (the replica
-    /// reopens only after cancelling the reconciles of the session it lost). Returns the
-    /// sessions that now have ready keys.
+    /// the same replica still here is removed first and its in-flight keys are released at once
+    /// (a caller that cannot trust the replica to have stopped them removes it first with
+    /// [`GroupQueue::remove_session_holding`]). Returns the sessions that now have ready keys.
     pub fn add_session(&mut self, id: SessionId, replica: &str) -> Vec<SessionId> {
         if let Some(old) = self.replica_sessions.get(replica).copied() {
-            self.remove_session_inner(old);
+            self.remove_session_inner(old, None);
         }
         self.sessions.insert(
             id,
@@ -617,14 +623,27 @@ impl GroupQueue {
     /// Removes a session (closed or expired). Its in-flight keys become ready again at once,
     /// keeping their place by first enqueue. Returns the sessions that now have ready keys.
     pub fn remove_session(&mut self, id: SessionId) -> Vec<SessionId> {
-        if self.remove_session_inner(id) {
+        if self.remove_session_inner(id, None) {
             self.rebalance()
         } else {
             Vec::new()
         }
     }
 
-    fn remove_session_inner(&mut self, id: SessionId) -> bool {
+    /// Removes a session whose client may not have stopped its reconciles (it closed the
+    /// session, or opened a new one for its replica): its ready keys go to the others at once,
+    /// its in-flight keys stay in flight until `until` (when it would have expired, so its
+    /// client has fenced itself by then) or their delivery deadline, whichever comes first.
+    /// Returns the sessions that now have ready keys.
+    pub fn remove_session_holding(&mut self, id: SessionId, until: Instant) -> Vec<SessionId> {
+        if self.remove_session_inner(id, Some(until)) {
+            self.rebalance()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn remove_session_inner(&mut self, id: SessionId, hold_until: Option<Instant>) -> bool {
         let Some(session) = self.sessions.remove(&id) else {
             return false;
         };
@@ -634,13 +653,26 @@ impl GroupQueue {
         // Its ready keys go back to the pool; rebalance() hands them out again.
         self.unassigned.extend(session.ready);
         for (key, _) in session.in_flight.into_values() {
-            if self.leaving.remove(&key) {
-                self.remove_entry(&key);
+            if let Some(until) = hold_until {
+                let deadline = self.timer_slots.get(&key).map_or(until, |(at, _)| *at);
+                self.flights.remove(&key);
+                self.set_timer(key.clone(), deadline.min(until));
+                self.held.insert(key);
             } else {
-                self.requeue_now(&key);
+                self.release(&key);
             }
         }
         true
+    }
+
+    /// An in-flight key whose session is gone: forgotten if the ring moved it away, else
+    /// ready again.
+    fn release(&mut self, key: &Key) {
+        if self.leaving.remove(key) {
+            self.remove_entry(key);
+        } else {
+            self.requeue_now(key);
+        }
     }
 
     /// Whether the session exists.
@@ -909,7 +941,11 @@ impl GroupQueue {
 
     /// Number of deliveries in flight.
     pub fn in_flight_len(&self) -> usize {
-        self.sessions.values().map(|s| s.in_flight.len()).sum()
+        self.sessions
+            .values()
+            .map(|s| s.in_flight.len())
+            .sum::<usize>()
+            + self.held.len()
     }
 
     /// Takes up to `max` ready keys of `session`, oldest first, and marks them in flight until
@@ -1121,6 +1157,7 @@ impl GroupQueue {
     /// ready keys.
     pub fn advance(&mut self, now: Instant) -> Vec<SessionId> {
         let mut wake = Vec::new();
+        let mut released = false;
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;
@@ -1136,15 +1173,23 @@ impl GroupQueue {
                     wake.extend(self.enqueue(key));
                 }
                 State::InFlight { .. } => {
+                    // Held since its session was closed or replaced: its client has fenced
+                    // itself by now.
+                    if self.held.remove(&key) {
+                        self.release(&key);
+                        released = true;
                     // Not acknowledged within the maximum reconcile time: a failure, counted
                     // as expired rather than as an acknowledgement.
-                    if let Some(&(session, delivery)) = self.flights.get(&key) {
+                    } else if let Some(&(session, delivery)) = self.flights.get(&key) {
                         self.counts.expired += 1;
                         wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
                     }
                 }
                 State::Idle | State::Ready => {}
             }
+        }
+        if released {
+            wake.extend(self.rebalance());
         }
         dedup(wake)
     }
@@ -1171,6 +1216,7 @@ impl GroupQueue {
         // skip it once, which level-triggered resync tolerates.
         self.cancel_timer(key);
         self.flights.remove(key);
+        self.held.remove(key);
         if self.entries.swap_remove(key).is_some() {
             self.prefixes.release(key);
         }

@@ -55,6 +55,10 @@ impl GroupQueue {
             }
         }
         assert_eq!(self.flights.len(), in_flight.len());
+        assert!(
+            self.held.iter().all(|k| !in_flight.contains(k)),
+            "held and in flight"
+        );
         let prefixes: HashSet<String> = self
             .entries
             .keys()
@@ -88,7 +92,11 @@ impl GroupQueue {
             );
             match e.state {
                 State::Ready => assert!(ready.contains(key)),
-                State::InFlight { .. } => assert!(in_flight.contains(key)),
+                State::InFlight { .. } => assert!(
+                    in_flight.contains(key)
+                        || self.held.contains(key) && self.timer_slots.contains_key(key),
+                    "{key:?} in flight nowhere"
+                ),
                 State::Delayed => assert!(
                     self.timer_slots.contains_key(key),
                     "{key:?} delayed without timer"
@@ -588,6 +596,50 @@ fn a_pool_bounds_the_bodies_of_every_group_and_is_shared_out() {
     assert_eq!(pool.used(), 0, "a dropped group gives its bodies back");
 }
 
+/// A session closed (or replaced) with deliveries in flight: its client may not have stopped
+/// them, so they stay in flight until the session would have expired (or their deadline,
+/// sooner), and only then go to another session; what it had acknowledged and what was only
+/// queued for it go at once.
+#[test]
+fn a_closed_sessions_keys_in_flight_wait_for_its_fence() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.add_session(2, "b");
+    for key in ["k1", "k2", "k3", "k4"] {
+        q.change(key, change(Reason::Added, 1));
+    }
+    let mut taken = q.take(1, 10, now);
+    taken.extend(q.take(2, 10, now));
+    let of_a: Vec<&str> = taken.iter().filter(|_| true).map(|d| &*d.key).collect();
+    assert_eq!(of_a.len(), 4);
+    let a_keys: Vec<String> = q.sessions[&1]
+        .in_flight
+        .values()
+        .map(|(k, _)| q.prefixes.text(k))
+        .collect();
+    assert!(!a_keys.is_empty(), "a holds keys: {taken:?}");
+    let until = now + Duration::from_secs(3);
+    q.remove_session_holding(1, until);
+    q.check();
+    assert_eq!(q.in_flight_len(), 4, "a's keys are still in flight");
+    // A change meanwhile is kept for after.
+    q.change(&a_keys[0], change(Reason::Modified, 2));
+    assert!(q.take(2, 10, now + Duration::from_secs(2)).is_empty());
+    // Its fence has passed: b gets a's keys.
+    q.advance(until);
+    q.check();
+    let mut again: Vec<String> = q
+        .take(2, 10, until)
+        .iter()
+        .map(|d| d.key.to_string())
+        .collect();
+    again.sort();
+    let mut expected = a_keys.clone();
+    expected.sort();
+    assert_eq!(again, expected);
+}
+
 #[test]
 fn resync_queues_only_idle_keys_and_carries_no_body() {
     let now = Instant::now();
@@ -721,6 +773,7 @@ enum Op {
     Change(u8, bool),
     AddSession(u8),
     RemoveSession(u8),
+    CloseSession(u8, u16),
     Take(u8, u8),
     Ack(u8, u8),
     Advance(u16),
@@ -732,6 +785,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..12, any::<bool>()).prop_map(|(k, d)| Op::Change(k, d)),
         1 => (0u8..4).prop_map(Op::AddSession),
         1 => (0u8..4).prop_map(Op::RemoveSession),
+        1 => (0u8..4, 0u16..5_000).prop_map(|(s, ms)| Op::CloseSession(s, ms)),
         3 => (0u8..4, 1u8..5).prop_map(|(s, n)| Op::Take(s, n)),
         3 => (0u8..4, 0u8..3).prop_map(|(s, o)| Op::Ack(s, o)),
         1 => (0u16..20_000).prop_map(Op::Advance),
@@ -766,6 +820,10 @@ proptest! {
                 }
                 Op::RemoveSession(s) => {
                     q.remove_session(u64::from(s));
+                    outstanding.remove(&u64::from(s));
+                }
+                Op::CloseSession(s, ms) => {
+                    q.remove_session_holding(u64::from(s), now + Duration::from_millis(u64::from(ms)));
                     outstanding.remove(&u64::from(s));
                 }
                 Op::Take(s, n) => {
