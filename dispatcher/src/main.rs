@@ -199,7 +199,10 @@ struct Args {
     #[arg(long, env = "KD_RING_KEY", value_enum, default_value_t = RingKeyArg::Name)]
     ring_key: RingKeyArg,
 
-    /// A group with no session left is dropped after this long (its keys are forgotten).
+    /// A group with no session left is dropped after this long: its keys, and the changes and
+    /// deletions it kept for replicas that were away, are forgotten. A controller back within
+    /// it is handed what changed, deletions too; back later, every object that exists, but not
+    /// the deletions made meanwhile (proto/kubedispatch/v1/keys.md).
     #[arg(long, env = "KD_IDLE_GROUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     idle_group_grace: Duration,
 

@@ -3,7 +3,9 @@
 //! back in it, as added; a name deleted and created again before the next poll is delivered as
 //! the old object's deletion, then the new object, one at a time; a grandchild's change does not
 //! reach the top of an ownership chain (one level, like controller-runtime's `Owns`); an owner
-//! that loses a child to another owner, or to none, hears of it.
+//! that loses a child to another owner, or to none, hears of it; keys in flight on a session a
+//! client closes or replaces without acknowledging wait for its fence; a controller back after
+//! the idle grace starts from what exists.
 
 use std::time::Duration;
 
@@ -400,5 +402,79 @@ async fn keys_in_flight_on_a_closed_or_replaced_session_wait_for_its_fence() -> 
         );
     }
     d.stop().await;
+    Ok(())
+}
+
+/// A controller away for longer than `--idle-group-grace` (every replica stopped) comes back to
+/// a new group: it is handed every object that exists, as a controller-runtime controller that
+/// restarts lists them, and not the deletions made while it was away, which no group was left
+/// to remember (keys.md, "A controller that comes back"). Within the grace, its group and what
+/// it remembers are kept: the deletion is delivered.
+#[tokio::test]
+async fn a_controller_back_after_the_idle_grace_starts_from_what_exists() -> TestResult {
+    use kube_dispatch_tests::wait_for;
+
+    for (away_longer, name) in [(false, "within"), (true, "past")] {
+        // A grace the test stays well within, or one it waits out.
+        let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+        config.settings.idle_group_grace = if away_longer {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(60)
+        };
+        let d = TestDispatcher::start(config).await?;
+        let ns = TestNamespace::create(&format!("edges-idle-{name}")).await?;
+        let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+        for object in ["kept", "gone"] {
+            api.create(&PostParams::default(), &labelled(object, "x"))
+                .await?;
+        }
+        let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+        let group = format!("idle-{name}");
+        let mut s = TestSession::open(&d, &group, "r1", subs()).await?;
+        let first = s.collect_until(TIMEOUT, |g| g.len() >= 2).await;
+        assert_eq!(first.len(), 2);
+        s.client
+            .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await?;
+        let groups = d.handles.groups.clone();
+        let group_of = |group: &str| groups.all().iter().any(|g| g.id.name == group);
+        if away_longer {
+            wait_for(TIMEOUT, "the idle group to be dropped", || {
+                std::future::ready(!group_of(&group))
+            })
+            .await?;
+        }
+        api.delete("gone", &DeleteParams::default()).await?;
+        let key = |object: &str| format!("/ConfigMap/{}/{object}", ns.name());
+        // Let the watch see the deletion before the controller comes back.
+        wait_for(TIMEOUT, "the deletion to be seen", || {
+            let seen = groups
+                .all()
+                .iter()
+                .find(|g| g.id.name == group)
+                .is_none_or(|g| g.key_status(&key("gone")).is_none_or(|k| k.deleted));
+            std::future::ready(seen)
+        })
+        .await?;
+        let mut back = TestSession::open(&d, &group, "r1", subs()).await?;
+        let got = back
+            .collect_until(Duration::from_secs(3), |g| g.len() >= 2)
+            .await;
+        let mut seen: Vec<(Reason, String, bool)> = got
+            .iter()
+            .map(|r| (reason(r), r.key.clone(), r.deleted))
+            .collect();
+        seen.sort();
+        let expected = if away_longer {
+            vec![(Reason::Added, key("kept"), false)]
+        } else {
+            vec![(Reason::Deleted, key("gone"), true)]
+        };
+        assert_eq!(seen, expected, "back {name} the grace");
+        d.stop().await;
+    }
     Ok(())
 }
