@@ -19,8 +19,48 @@ pub(crate) struct Run {
 }
 
 impl Drop for Run {
+    /// Removes the scratch folder, unless the test failed: then it is kept, and what the
+    /// processes logged about their watches and rings is printed, so a failure seen once in CI
+    /// (a request count off by one, say) can be explained from its output alone.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("smoke run failed: its folder is kept at {}", self.out.display());
+            print_watch_logs(&self.out.join("logs"));
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
+/// Prints the log lines of every process under `dir` that speak of watches, lists and rings
+/// (at most 80 a process).
+fn print_watch_logs(dir: &Path) {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        eprintln!("--- {}", file.display());
+        let about = ["watch", "list", "ring", "namespaces owned", "handover"];
+        for line in text
+            .lines()
+            .filter(|l| about.iter().any(|a| l.contains(a)))
+            .take(80)
+        {
+            eprintln!("{line}");
+        }
     }
 }
 
