@@ -19,7 +19,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
@@ -605,7 +605,7 @@ async fn inject(world: &mut World, rng: &mut StdRng) -> Result<String, Failure> 
     let i = rng.random_range(0..DISPATCHERS);
     let j = rng.random_range(0..REPLICAS);
     let replica = format!("replica-{j}");
-    let kind = rng.random_range(0..15u32);
+    let kind = rng.random_range(0..17u32);
     let what = match kind {
         0 => {
             if let Some(d) = world.dispatchers.get_mut(&i).and_then(|s| s.running.take()) {
@@ -675,6 +675,34 @@ async fn inject(world: &mut World, rng: &mut StdRng) -> Result<String, Failure> 
                 .restart_apiserver_expiring_watches(&world.namespaces[0])
                 .await?;
             "gone-410 (API server restart past the watchers' resourceVersion)".into()
+        }
+        15 | 16 => {
+            // Someone deletes a dispatcher's Lease (kubectl delete lease, a cleanup job): of a
+            // live one, which writes it again at its next renewal, or of one stalled as on a
+            // partitioned node, which comes back after the hold.
+            let stalled = kind == 16;
+            let Some(d) = world.dispatchers.get(&i).and_then(|s| s.running.as_ref()) else {
+                return Ok("delete-lease (no such dispatcher: skipped)".into());
+            };
+            if stalled {
+                d.freeze(hold);
+            }
+            let leases: Api<Lease> =
+                Api::namespaced(Cluster::shared().client().await?, &world.lease_namespace());
+            match leases
+                .delete(&format!("dispatcher-{i}"), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+            tokio::time::sleep(hold).await;
+            if stalled {
+                format!("delete-lease dispatcher-{i} (stalled, as on a partitioned node)")
+            } else {
+                format!("delete-lease dispatcher-{i} (live)")
+            }
         }
         _ => {
             let (path, fault, name) = match kind {

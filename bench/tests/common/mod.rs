@@ -24,7 +24,10 @@ impl Drop for Run {
     /// (a request count off by one, say) can be explained from its output alone.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("smoke run failed: its folder is kept at {}", self.out.display());
+            eprintln!(
+                "smoke run failed: its folder is kept at {}",
+                self.out.display()
+            );
             print_watch_logs(&self.out.join("logs"));
             return;
         }
