@@ -112,6 +112,14 @@ pub enum SessionError {
         /// The session id given.
         session: String,
     },
+    /// New subscriptions for a group whose last session ended with deliveries in flight.
+    #[error(
+        "group {group:?} still has deliveries in flight from a session that ended without acknowledging them: its subscriptions can change once they settle (within that session's ttl); retry then"
+    )]
+    HeldInFlight {
+        /// The group.
+        group: String,
+    },
     /// The session expired or was replaced while its poll waited.
     #[error("session {session:?} ended while polling: open a new session")]
     EndedWhilePolling {
@@ -594,6 +602,13 @@ impl Groups {
                     group: id.name.clone(),
                 });
             }
+            // Deliveries of a session that was closed or replaced may still run: a group
+            // made anew would hand their keys out again at once.
+            if entry.group.in_flight() > 0 {
+                return Err(SessionError::HeldInFlight {
+                    group: id.name.clone(),
+                });
+            }
             // No session left: the new subscriptions replace the old ones.
             if let Some(old) = groups.remove(id) {
                 self.release(&old);
@@ -776,7 +791,9 @@ impl Groups {
         let grace = self.settings.idle_group_grace;
         let mut idle = Vec::new();
         for (id, entry) in groups.iter_mut() {
-            if entry.group.session_count() > 0 {
+            // Deliveries held after their session closed keep it too: dropped, the group
+            // would forget them, and a new one hand their keys out again at once.
+            if entry.group.session_count() > 0 || entry.group.in_flight() > 0 {
                 entry.empty_since = None;
             } else if let Some(since) = entry.empty_since {
                 if now.duration_since(since) >= grace {

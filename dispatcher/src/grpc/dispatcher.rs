@@ -154,9 +154,9 @@ fn status(e: SessionError) -> Status {
         | SessionError::TooManyGroupSessions { .. }
         | SessionError::TooManyGroups { .. }
         | SessionError::TooManyOfIdentity { .. } => Status::resource_exhausted(message),
-        SessionError::SubscriptionsDiffer { .. } | SessionError::Replaced { .. } => {
-            Status::failed_precondition(message)
-        }
+        SessionError::SubscriptionsDiffer { .. }
+        | SessionError::HeldInFlight { .. }
+        | SessionError::Replaced { .. } => Status::failed_precondition(message),
         SessionError::Unknown { .. }
         | SessionError::EndedWhilePolling { .. }
         | SessionError::NotOpen { .. } => Status::not_found(message),

@@ -49,6 +49,17 @@ impl Children {
         tell
     }
 
+    /// Records `child`, shown by a list beside the watch with `owner`, unless the watch knows it
+    /// already: the watch's stream is the authority on what it has shown (the list may be
+    /// older).
+    pub(super) fn listed(&mut self, kind: &OwnerKind, child: &str, owner: String, epoch: u32) {
+        self.by_kind
+            .entry(kind.clone())
+            .or_default()
+            .entry(child.to_owned())
+            .or_insert((owner, epoch));
+    }
+
     /// A re-list of `epoch` ended: the children it did not show were deleted while the watch
     /// was away. Forgets them and the kinds no longer subscribed (`subscribed`); returns their
     /// owners, per kind, each once.
@@ -106,6 +117,19 @@ mod tests {
         assert_eq!(c.seen(&k, "rs-1", None, 1, false), ["b"]);
         assert!(c.seen(&k, "rs-1", None, 1, true).is_empty());
         assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn a_list_beside_the_watch_never_overrides_it() {
+        let mut c = Children::default();
+        let k = kind();
+        c.seen(&k, "rs-1", Some("b".into()), 1, false);
+        c.listed(&k, "rs-1", "a".into(), 1);
+        // Deleted: b, which the watch knew, is told, not the list's a.
+        assert_eq!(c.seen(&k, "rs-1", Some("b".into()), 1, true), ["b"]);
+        c.seen(&k, "rs-2", Some("b".into()), 1, false);
+        c.listed(&k, "rs-2", "a".into(), 1);
+        assert_eq!(c.seen(&k, "rs-2", None, 1, false), ["b"]);
     }
 
     #[test]

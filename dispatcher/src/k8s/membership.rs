@@ -108,6 +108,21 @@ pub async fn run(
             more = lease_watch.next() => if more { false } else { break },
             _ = tick.tick() => false,
         };
+        // A loop that did not run for a Lease's duration (the process was paused, its node
+        // frozen) was fenced all that time, and the others may have taken its keys over: say
+        // so before a renewal can make it look current, so it serves nothing until a fresh
+        // handover completes.
+        let resumed = Instant::now();
+        if renewed.is_some_and(|at| resumed >= at + config.duration) {
+            let next = handover.update(&live, lease_watch.observations.newest(), true, resumed);
+            slice.send_if_modified(|current| {
+                let changed = current.settled.is_some();
+                if changed {
+                    *current = Arc::new(next);
+                }
+                changed
+            });
+        }
         if renew_due {
             let at = Instant::now();
             let id = released.borrow_and_update().clone();
@@ -115,7 +130,7 @@ pub async fn run(
             // fences this dispatcher when its Lease goes unrenewed.
             let renewal = tokio::time::timeout(
                 config.renew_period,
-                renew(&leases, &config, ring_key, id.as_deref()),
+                renew(&leases, &config, ring_key, id.as_deref(), false),
             );
             match renewal.await {
                 Ok(Some(rv)) => {
@@ -222,17 +237,15 @@ pub async fn run(
         return;
     }
     // Only a Lease deleted with the drained mark is a release (leases.md); deleted without it,
-    // the others would wait out the bound, which is safe but slow.
-    let drained = serde_json::json!({"metadata": {"annotations": {DRAINED_ANNOTATION: "true"}}});
-    if let Err(e) = leases
-        .patch(
-            &config.identity,
-            &PatchParams::default(),
-            &Patch::Merge(&drained),
-        )
+    // the others would wait out the bound, which is safe but slow. The mark is written by the
+    // same apply as every renewal, so if the delete fails, the next process's first renewal
+    // takes it off again: it never outlives the drain it stands for.
+    let id = released.borrow().clone();
+    if renew(&leases, &config, ring_key, id.as_deref(), true)
         .await
+        .is_none()
     {
-        warn!(lease = %config.identity, error = %e, "could not mark the dispatcher Lease drained: the others wait out the handover bound");
+        warn!(lease = %config.identity, "could not mark the dispatcher Lease drained: the others wait out the handover bound");
     }
     match leases
         .delete(&config.identity, &DeleteParams::default())
@@ -266,17 +279,22 @@ async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u1
     }
 }
 
-/// Writes this dispatcher's Lease with a fresh renew time, its ring key and the ring it released
-/// (server-side apply). Returns the resourceVersion of the write if the API server accepted it.
+/// Writes this dispatcher's Lease with a fresh renew time, its ring key, the ring it released
+/// and, when `drained`, the drained mark (server-side apply). Returns the resourceVersion of the
+/// write if the API server accepted it.
 async fn renew(
     leases: &Api<Lease>,
     config: &LeaseConfig,
     ring_key: RingKey,
     released: Option<&str>,
+    drained: bool,
 ) -> Option<u128> {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
     annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
+    if drained {
+        annotations.insert(DRAINED_ANNOTATION.into(), "true".into());
+    }
     if let Some(id) = released {
         annotations.insert(RELEASED_ANNOTATION.into(), id.into());
     }

@@ -624,8 +624,10 @@ impl WatchTask {
                 Some(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
-                        self.children()
-                            .seen(owner, &text, Some(owner_key.clone()), epoch, false);
+                        if !deleted_since {
+                            self.children()
+                                .listed(owner, &text, owner_key.clone(), epoch);
+                        }
                         sub.group.fill_owned(KeyRef::new(&owner_key));
                     }
                 }
