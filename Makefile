@@ -66,7 +66,7 @@ bench-security: ## What TLS and token reviews cost: latency with security off an
 	target/release/kube-dispatch-bench --security --command "make bench-security"
 
 .PHONY: bench-hostile
-bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~4 min), into BENCHMARKS.md: REPEATS, WRITES
+bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into BENCHMARKS.md: REPEATS, WRITES
 	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
 	target/release/kube-dispatch-bench --hostile --repeats $${REPEATS:-3} --writes $${WRITES:-100} --command "make bench-hostile$${REPEATS:+ REPEATS=$$REPEATS}$${WRITES:+ WRITES=$$WRITES}"
