@@ -433,6 +433,17 @@ pub struct WidgetStatus {
     pub seen: i64,
 }
 
+/// How a subscription names the [`Widget`] kind (as a resource, or as the owner of owned
+/// objects).
+pub fn widget_ref() -> kube_dispatch_proto::v1::ResourceRef {
+    kube_dispatch_proto::v1::ResourceRef {
+        group: "test.kube-dispatch.dev".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: String::new(),
+    }
+}
+
 /// Applies the Widget CRD (idempotently: CRDs are cluster-scoped and shared by the whole run,
 /// so it is never deleted) and waits until it is established.
 pub async fn ensure_widget_crd(client: &Client) -> Result<(), FixtureError> {

@@ -14,7 +14,7 @@ use kube::{
     Api, ResourceExt as _,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
-use kube_dispatch_proto::v1::{Reason, ReconcileRequest, ResourceRef, Subscription};
+use kube_dispatch_proto::v1::{Reason, ReconcileRequest, Subscription};
 use kube_dispatch_tests::{
     TestNamespace, Widget, WidgetSpec,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
@@ -170,12 +170,7 @@ async fn a_grandchild_does_not_reach_the_top_of_an_ownership_chain() -> TestResu
     let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let widget_ref = ResourceRef {
-        group: "test.kube-dispatch.dev".into(),
-        version: "v1".into(),
-        kind: "Widget".into(),
-        plural: String::new(),
-    };
+    let widget_ref = kube_dispatch_tests::widget_ref();
     let primary = Subscription {
         resource: Some(widget_ref.clone()),
         namespace: ns.name().into(),
@@ -277,12 +272,7 @@ async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
     let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let widget_ref = ResourceRef {
-        group: "test.kube-dispatch.dev".into(),
-        version: "v1".into(),
-        kind: "Widget".into(),
-        plural: String::new(),
-    };
+    let widget_ref = kube_dispatch_tests::widget_ref();
     let owned = Subscription {
         owner: Some(widget_ref),
         ..subscription("v1", "ConfigMap", ns.name())

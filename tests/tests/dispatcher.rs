@@ -17,8 +17,8 @@ use kube::{
 use kube_dispatch_proto::{
     RequestKey, Ring,
     v1::{
-        AckItem, Failure, OpenSessionRequest, PollRequest, Reason, ReconcileRequest, ResourceRef,
-        Subscription, ack_item,
+        AckItem, Failure, OpenSessionRequest, PollRequest, Reason, ReconcileRequest, Subscription,
+        ack_item,
     },
 };
 use kube_dispatch_tests::{
@@ -161,12 +161,7 @@ async fn custom_resources_and_their_owned_objects_arrive_as_the_owner_key() -> T
     let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let widget_ref = ResourceRef {
-        group: "test.kube-dispatch.dev".into(),
-        version: "v1".into(),
-        kind: "Widget".into(),
-        plural: String::new(),
-    };
+    let widget_ref = kube_dispatch_tests::widget_ref();
     let owned = Subscription {
         owner: Some(widget_ref.clone()),
         ..subscription("v1", "ConfigMap", ns.name())

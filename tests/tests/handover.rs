@@ -357,6 +357,65 @@ async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss
     Ok(())
 }
 
+/// With the victim stalled: changes every object, waits until the survivors serve every key,
+/// kills the victim, and checks that every final state was reconciled with no overlap. Returns
+/// how long after `since` the survivors took over.
+async fn taken_over(
+    api: &Api<ConfigMap>,
+    ds: &BTreeMap<usize, TestDispatcher>,
+    journal: &Journal,
+    victim: Option<TestDispatcher>,
+    since: Instant,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    write_round(api, 9, 1, journal).await?;
+    settled(ds, Duration::from_secs(30)).await;
+    let took = since.elapsed();
+    if let Some(d) = victim {
+        d.kill();
+    }
+    let finals = Journal::finals(api).await?;
+    let missing = journal
+        .await_reconciled(&finals, Duration::from_secs(60))
+        .await;
+    assert!(
+        missing.is_empty(),
+        "final states never reconciled: {missing:?}"
+    );
+    assert_no_overlap(journal);
+    Ok(took)
+}
+
+/// The owner of ConfigMap key `namespace/object` on the ring of the three test dispatchers.
+fn owner_of_three(key: &str) -> Option<String> {
+    let (namespace, object) = key.split_once('/').unwrap_or_default();
+    Ring::new((0..3).map(name))
+        .owner(&RequestKey::new("", "ConfigMap", namespace, object))
+        .map(str::to_owned)
+}
+
+/// The dispatcher (index and name) owning a key being reconciled now: which dispatcher owns
+/// which key depends on the namespace's name, and any one of them may own none.
+async fn owner_of_a_running_key(
+    journal: &Journal,
+) -> Result<(usize, String), Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let victim = loop {
+        if let Some(owner) = journal
+            .running()
+            .iter()
+            .find_map(|r| owner_of_three(&r.key))
+        {
+            break owner;
+        }
+        assert!(Instant::now() < deadline, "no reconcile ever ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let index = (0..3)
+        .find(|i| name(*i) == victim)
+        .ok_or("the victim is on the ring")?;
+    Ok((index, victim))
+}
+
 /// A dispatcher stalls (as under SIGSTOP: its connections stay open, nothing answers) while
 /// reconciles it handed out run, with sessions that outlive its Lease, and is then killed with
 /// kill -9: its keys are taken over only once its Lease has expired and the handover bound has
@@ -384,23 +443,8 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
     // Stall a dispatcher while reconciles of its keys run, then change every object. The
     // victim is the owner of a key in flight: which dispatcher owns which of the nine keys
     // depends on the namespace's name, and any one of them may own none.
-    let ring = Ring::new((0..3).map(name));
-    let owner = |key: &str| {
-        let (namespace, object) = key.split_once('/').unwrap_or_default();
-        ring.owner(&RequestKey::new("", "ConfigMap", namespace, object))
-            .map(str::to_owned)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let victim_name = loop {
-        if let Some(owner) = journal.running().iter().find_map(|r| owner(&r.key)) {
-            break owner;
-        }
-        assert!(Instant::now() < deadline, "no reconcile ever ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let victim_index = (0..3)
-        .find(|i| name(*i) == victim_name)
-        .ok_or("the victim is on the ring")?;
+    let owner = owner_of_three;
+    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
     let owned_by_victim = |key: &str| owner(key).as_deref() == Some(victim_name.as_str());
     // The replicas see no error: their polls hang until they fence the session themselves.
     let killed_at = Instant::now();
@@ -413,21 +457,7 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
         .into_iter()
         .filter(|r| owned_by_victim(&r.key))
         .count();
-    write_round(&api, 9, 1, &journal).await?;
-    settled(&ds, Duration::from_secs(30)).await;
-    let took = killed_at.elapsed();
-    if let Some(d) = victim {
-        d.kill();
-    }
-    let finals = Journal::finals(&api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(60))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(&journal);
+    let took = taken_over(&api, &ds, &journal, victim, killed_at).await?;
     // The slice moves after the Lease expires (2 s + 0.5 s grace) and the bound; allow for a
     // loaded machine.
     let floor = Duration::from_millis(2500) + LONG;
@@ -466,23 +496,8 @@ async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
     placed(&lb, 3, 3, Duration::from_secs(30)).await;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     write_round(&api, 9, 0, &journal).await?;
-    let ring = Ring::new((0..3).map(name));
-    let owner = |key: &str| {
-        let (namespace, object) = key.split_once('/').unwrap_or_default();
-        ring.owner(&RequestKey::new("", "ConfigMap", namespace, object))
-            .map(str::to_owned)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let victim_name = loop {
-        if let Some(owner) = journal.running().iter().find_map(|r| owner(&r.key)) {
-            break owner;
-        }
-        assert!(Instant::now() < deadline, "no reconcile ever ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let victim_index = (0..3)
-        .find(|i| name(*i) == victim_name)
-        .ok_or("the victim is on the ring")?;
+    let owner = owner_of_three;
+    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
     let victim = ds.remove(&victim_index);
     if let Some(d) = &victim {
         d.freeze(Duration::from_secs(20));
@@ -498,21 +513,7 @@ async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
         .delete(&victim_name, &DeleteParams::default())
         .await?;
     let deleted_at = Instant::now();
-    write_round(&api, 9, 1, &journal).await?;
-    settled(&ds, Duration::from_secs(30)).await;
-    let took = deleted_at.elapsed();
-    if let Some(d) = victim {
-        d.kill();
-    }
-    let finals = Journal::finals(&api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(60))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(&journal);
+    let took = taken_over(&api, &ds, &journal, victim, deleted_at).await?;
     assert!(
         took >= LONG - Duration::from_millis(400),
         "taken over {took:?} after the Lease was deleted, before the bound {LONG:?}"
