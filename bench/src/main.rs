@@ -645,7 +645,7 @@ async fn hostile_bench(args: &Args) -> anyhow::Result<()> {
     let table = harness::hostile::run(harness::hostile::Plan {
         repeats: args.repeats,
         writes: args.writes,
-        dispatcher: harness::hostile::dispatcher_binary(&args.bin_dir),
+        dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
         logs: args.logs.join("hostile"),
     })
     .await?;

@@ -105,11 +105,6 @@ impl Observations {
         }
     }
 
-    /// Forgets Lease `name` altogether (a dead member whose bound has passed).
-    pub fn forget(&mut self, name: &str) {
-        self.leases.remove(name);
-    }
-
     /// Forgets the tombstones older than [`TOMBSTONE_TTL`] at `now`.
     pub fn prune(&mut self, now: Instant) {
         self.leases.retain(|_, s| {

@@ -23,7 +23,7 @@
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -667,9 +667,4 @@ fn report(plan: &Plan, runs: &[(Attack, Run)]) -> String {
         "\n`lost` sums every run; the pod limit in `deploy/` is 512 MiB (this dispatcher's body pool is 32 MiB instead of 256 MiB, so the hog fills it within a run)."
     );
     out
-}
-
-/// The dispatcher binary next to this one.
-pub(crate) fn dispatcher_binary(bin_dir: &Path) -> PathBuf {
-    bin_dir.join("kube-dispatch-dispatcher")
 }

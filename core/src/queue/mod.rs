@@ -575,7 +575,7 @@ impl GroupQueue {
     /// Drops bodies of ready keys until at most `keep` bytes are held (those keys are then
     /// delivered without body, and their controllers read the objects fresh); returns the
     /// bytes given back to the pool.
-    pub fn shed_bodies(&mut self, keep: usize) -> usize {
+    fn shed_bodies(&mut self, keep: usize) -> usize {
         let mut freed = 0;
         if self.body_bytes <= keep {
             return 0;

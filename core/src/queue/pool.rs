@@ -4,7 +4,7 @@
 //! pool bounds their sum, so a process holds at most its capacity in bodies however many groups
 //! and identities it serves. A body that does not fit is not kept: its key is delivered without
 //! body and the controller reads the object fresh. The pool is shared fairly by
-//! [`super::GroupQueue::shed_bodies`]: once it runs short, the groups holding more than an even
+//! [`super::GroupQueue::hold_bodies_to`]: once it runs short, the groups holding more than an even
 //! share give bodies back (see the dispatcher's housekeeping).
 
 use std::sync::{
