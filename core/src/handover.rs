@@ -10,7 +10,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -30,6 +33,59 @@ pub struct Slice {
     pub settled: Option<Arc<Ring>>,
     /// The other live members that say where they serve: identity to `host:port`.
     pub peers: Arc<BTreeMap<String, String>>,
+    /// Until when this dispatcher's own Lease lets it hand out keys, moved forward by each
+    /// renewal without publishing a new slice.
+    pub lease: Arc<LeaseDeadline>,
+}
+
+/// Until when a dispatcher may hand out keys: its last renewal the API server accepted (counted
+/// from when the request was sent) plus the Lease's duration. Past it, the others may count the
+/// dispatcher gone and take its keys over once its reconciles are over, so it hands out nothing,
+/// whatever slice it last published.
+///
+/// The membership loop also fences the dispatcher when the deadline passes, but only when it
+/// runs: a process paused longer than its Lease (a frozen node, a stopped container, a long
+/// stall) resumes with every task ready at once, and a poll may be answered before that loop
+/// has looked at the clock. Checked where keys are handed out, the deadline closes that gap.
+/// Shared between threads; one atomic load to check.
+#[derive(Debug)]
+pub struct LeaseDeadline {
+    origin: Instant,
+    /// Nanoseconds after `origin`; [`u64::MAX`] when there is no Lease (a fixed ring).
+    until: AtomicU64,
+}
+
+impl LeaseDeadline {
+    /// No Lease: keys may be handed out at any time.
+    pub fn unlimited() -> Self {
+        Self {
+            origin: Instant::now(),
+            until: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// A Lease not renewed yet: nothing may be handed out until [`LeaseDeadline::extend_to`].
+    pub fn expired(origin: Instant) -> Self {
+        Self {
+            origin,
+            until: AtomicU64::new(0),
+        }
+    }
+
+    /// A renewal was accepted: keys may be handed out until `until` (never moved back).
+    pub fn extend_to(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.origin).as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1).max(1);
+        self.until.fetch_max(nanos, Ordering::Release);
+    }
+
+    /// Whether keys may be handed out at `now`.
+    pub fn allows(&self, now: Instant) -> bool {
+        let until = self.until.load(Ordering::Acquire);
+        until == u64::MAX
+            || u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
+                .is_ok_and(|at| at < until)
+    }
 }
 
 impl Slice {
@@ -41,7 +97,14 @@ impl Slice {
             peers: Arc::default(),
             settled: Some(ring.clone()),
             ring,
+            lease: Arc::new(LeaseDeadline::unlimited()),
         }
+    }
+
+    /// Whether keys may be handed out at `now`: the handover of the ring completed (a
+    /// settled ring) and this dispatcher's Lease is current ([`LeaseDeadline`]).
+    pub fn hands_out(&self, now: Instant) -> bool {
+        self.settled.is_some() && self.lease.allows(now)
     }
 
     /// The same ring with nothing served, for draining.
@@ -142,6 +205,8 @@ pub struct Handover {
     died: HashMap<String, Instant>,
     /// Nothing is handed out before this (the previous process of this dispatcher died).
     hold_until: Option<Instant>,
+    /// Until when this dispatcher's Lease is current, shared with every slice it publishes.
+    lease: Arc<LeaseDeadline>,
 }
 
 impl Handover {
@@ -159,7 +224,14 @@ impl Handover {
             settled: None,
             died: HashMap::new(),
             hold_until: predecessor_died.then(|| now + bound),
+            lease: Arc::new(LeaseDeadline::expired(now)),
         }
+    }
+
+    /// A renewal of this dispatcher's Lease was accepted: its slices hand out keys until
+    /// `until` (the renewal's send time plus the Lease duration) at most.
+    pub fn renewed(&self, until: Instant) {
+        self.lease.extend_to(until);
     }
 
     /// The same gate over rings that place keys by `key`.
@@ -215,6 +287,7 @@ impl Handover {
             ring: self.ring.clone(),
             settled: self.settled.clone(),
             peers: Arc::new(peers),
+            lease: self.lease.clone(),
         }
     }
 
@@ -430,6 +503,28 @@ mod tests {
         let s = h.update(&peers(&[("d0", None, 1)]), 1, false, now);
         assert!(s.settled.is_none());
         assert!(!s.owns_hash(7));
+    }
+
+    /// A slice hands out keys only while the Lease renewal behind it is current, whenever
+    /// the gate last looked: a process paused past its Lease resumes fenced.
+    #[test]
+    fn a_settled_slice_hands_out_nothing_once_its_lease_has_run_out() {
+        let t0 = Instant::now();
+        let h = &mut Handover::new("d0", T, t0, false);
+        let s = h.update(&peers(&[("d0", None, 1)]), 1, false, t0);
+        assert!(s.is_settled());
+        assert!(!s.hands_out(t0), "no renewal accepted yet");
+        h.renewed(t0 + 10 * SEC);
+        assert!(s.hands_out(t0 + 9 * SEC));
+        assert!(!s.hands_out(t0 + 10 * SEC), "the Lease ran out");
+        // An older renewal's answer arriving late never moves the deadline back.
+        h.renewed(t0 + 5 * SEC);
+        assert!(s.hands_out(t0 + 9 * SEC));
+        assert!(
+            !s.closed().hands_out(t0),
+            "a closed slice hands out nothing"
+        );
+        assert!(Slice::fixed("d0", ring(&["d0"])).hands_out(t0 + T * 1000));
     }
 
     #[test]

@@ -477,8 +477,9 @@ impl Group {
     pub fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
         let out = {
             let queue = &mut self.state().queue;
-            // While nothing may be handed out, owned keys stay queued (`apply_slice`).
-            if self.slice.borrow().settled.is_none() {
+            // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
+            // Lease deadline is kept in real time, as the membership loop keeps it.
+            if !self.slice.borrow().hands_out(std::time::Instant::now()) {
                 return Vec::new();
             }
             queue.take_within(session, max, max_bytes, Self::now())
@@ -530,7 +531,7 @@ mod tests {
     use kube_dispatch_proto::{RequestKey, v1::Reason};
 
     use super::*;
-    use kube_dispatch_core::{backoff::Backoff, subscription::GroupSpec};
+    use kube_dispatch_core::{backoff::Backoff, handover::LeaseDeadline, subscription::GroupSpec};
 
     fn group(cancel: &CancellationToken) -> Arc<Group> {
         let config = QueueConfig {
@@ -710,6 +711,34 @@ mod tests {
         // What the list added is known now: an older list adds nothing again.
         g.fill(KeyRef::from(&new), observed("6"), 1);
         assert!(take_all(&g).is_empty());
+        cancel.cancel();
+    }
+
+    /// A settled slice whose Lease deadline has passed hands out nothing: a process paused
+    /// past its Lease answers no poll from its old slice before its membership loop has run.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_handed_out_past_the_lease_deadline() {
+        let cancel = CancellationToken::new();
+        let now = std::time::Instant::now();
+        let lease = Arc::new(LeaseDeadline::expired(now));
+        let mut slice = Slice::fixed("d0", Ring::new(["d0"]));
+        slice.lease = lease.clone();
+        let (_tx, rx) = watch::channel(Arc::new(slice));
+        let g = Group::spawn(
+            GroupId::shared("g"),
+            GroupSpec::new(Vec::new()),
+            QueueConfig::default(),
+            BodyPool::unbounded(),
+            RecentDeletionsConfig::NONE,
+            rx,
+            cancel.clone(),
+        );
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
+        g.observe(KeyRef::from("k"), observed("1"), 1);
+        assert!(take_all(&g).is_empty(), "the Lease was never renewed");
+        lease.extend_to(now + Duration::from_secs(3600));
+        assert_eq!(take_all(&g).len(), 1, "a current Lease hands the key out");
         cancel.cancel();
     }
 

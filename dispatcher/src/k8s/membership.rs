@@ -135,6 +135,7 @@ pub async fn run(
             match renewal.await {
                 Ok(Some(rv)) => {
                     renewed = Some(at);
+                    handover.renewed(at + config.duration);
                     written = written.max(rv);
                 }
                 Ok(None) => {}
