@@ -246,6 +246,14 @@ impl Handover {
         self.died.insert(member.to_owned(), now);
     }
 
+    /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
+    /// must release no ring: a dispatcher that joins meanwhile (a new member, or one restarted
+    /// with a drained Lease) never saw the dead member (its Lease may be deleted) and waits only
+    /// for the others' releases, so theirs must wait for the bound.
+    pub fn waits_on_dead(&self, now: Instant) -> bool {
+        self.died.values().any(|at| now < *at + self.bound)
+    }
+
     /// The slice to serve at `now`, given the live members, the newest Lease resourceVersion
     /// seen, and whether this dispatcher is fenced (could not renew its own Lease in time).
     pub fn update(
@@ -525,6 +533,19 @@ mod tests {
             "a closed slice hands out nothing"
         );
         assert!(Slice::fixed("d0", ring(&["d0"])).hands_out(t0 + T * 1000));
+    }
+
+    /// A member that died is waited out for the bound from when it was noticed, and no
+    /// longer.
+    #[test]
+    fn a_member_that_died_is_waited_out_for_the_bound() {
+        let t0 = Instant::now();
+        let mut h = Handover::new("d0", T, t0, false);
+        assert!(!h.waits_on_dead(t0));
+        h.died("d1", t0 + SEC);
+        assert!(h.waits_on_dead(t0 + SEC));
+        assert!(h.waits_on_dead(t0 + SEC + T - SEC));
+        assert!(!h.waits_on_dead(t0 + SEC + T));
     }
 
     #[test]

@@ -529,6 +529,59 @@ async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
     Ok(())
 }
 
+/// As above, and a dispatcher joins while the survivors wait the dead member out (a new
+/// member, as a scale-up or a survivor restarted with a drained Lease would be). It never saw
+/// the dead member, whose Lease is gone: only the survivors, which release no ring while they
+/// wait, keep it from serving the dead member's keys at once. It settles only after the bound;
+/// no reconcile overlaps, nothing is lost.
+#[tokio::test]
+async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() -> TestResult {
+    const LONG: Duration = Duration::from_secs(6);
+    let ns = TestNamespace::create("deleted-lease-join").await?;
+    let journal = Journal::default();
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let mut ds = start_settled(ns.name(), 3, LONG).await?;
+    let replicas = start_replicas(ns.name(), 3, &lb, &journal, Duration::from_secs(4), LONG)?;
+    placed(&lb, 3, 3, Duration::from_secs(30)).await;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    write_round(&api, 9, 0, &journal).await?;
+    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
+    let victim = ds.remove(&victim_index);
+    if let Some(d) = &victim {
+        d.freeze(Duration::from_secs(20));
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ns.client(), ns.name());
+    leases
+        .delete(&victim_name, &DeleteParams::default())
+        .await?;
+    let deleted_at = Instant::now();
+    let joiner = TestDispatcher::start(config(ns.name(), 3, LONG)).await?;
+    let want: Vec<String> = ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
+    let mut slice = joiner.handles.slice.clone();
+    // The Ref `wait_for` returns holds the slice's lock: drop it at once.
+    let settled_in_time = tokio::time::timeout(
+        Duration::from_secs(30),
+        slice.wait_for(|s| s.ring.members() == want.as_slice() && s.is_settled()),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    assert!(settled_in_time, "the joiner never settled");
+    let joined = deleted_at.elapsed();
+    assert!(
+        joined >= LONG - Duration::from_millis(400),
+        "the joiner served the dead member's keys {joined:?} after its Lease was deleted, before the bound {LONG:?}"
+    );
+    ds.insert(3, joiner);
+    let took = taken_over(&api, &ds, &journal, victim, deleted_at).await?;
+    println!(
+        "{victim_name} stalled, its Lease deleted, dispatcher-3 joined at once: it settled {joined:?} after the deletion, every survivor {took:?} after (bound {LONG:?}); no overlap; all final states reconciled"
+    );
+    stop_all(replicas, ds, [lb]).await;
+    Ok(())
+}
+
 /// Replicas join and leave (one is killed), then the load-balancer leader is killed: placement
 /// converges each time, a standby takes over, and reconciles never stop.
 #[tokio::test]

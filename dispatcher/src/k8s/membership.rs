@@ -97,6 +97,8 @@ pub async fn run(
     let mut live: BTreeMap<String, Peer> = BTreeMap::new();
     let mut behind_since: Option<Instant> = None;
     let mut behind_warned = false;
+    // The last renewal withheld the released ring (a member that died is being waited out).
+    let mut withheld = false;
     // Live members already reported for placing keys by another ring key.
     let mut mismatched: BTreeSet<String> = BTreeSet::new();
     loop {
@@ -126,6 +128,12 @@ pub async fn run(
         if renew_due {
             let at = Instant::now();
             let id = released.borrow_and_update().clone();
+            // While it waits out a member that died, this dispatcher releases no ring: a
+            // dispatcher that joins meanwhile may never have seen the dead member (a Lease
+            // deleted without the drained mark leaves nothing to see), and would otherwise
+            // hand out its keys as soon as the others released.
+            withheld = handover.waits_on_dead(at);
+            let id = id.filter(|_| !withheld);
             // A request the API server never answers must not hold this loop, which is what
             // fences this dispatcher when its Lease goes unrenewed.
             let renewal = tokio::time::timeout(
@@ -216,6 +224,11 @@ pub async fn run(
         let observations = &lease_watch.observations;
         let fenced = renewed.is_none_or(|at| now >= at + config.duration);
         let next = handover.update(&live, observations.newest(), fenced, now);
+        if withheld && !handover.waits_on_dead(now) {
+            // The wait is over: write the release now rather than at the next period.
+            withheld = false;
+            renew_tick.reset_immediately();
+        }
         let why = handover.waiting_for(&live);
         if why != waiting {
             if let Some(why) = &why {
