@@ -19,7 +19,7 @@ use std::{
 
 use kube_dispatch_proto::{RequestKey, Ring, RingKey, lease::ring_id};
 
-use crate::key::KeyRef;
+use crate::{key::KeyRef, leases::Observations};
 use tracing::info;
 
 /// The keys a dispatcher serves.
@@ -244,6 +244,42 @@ impl Handover {
     /// Records that `member` stopped renewing its Lease without releasing it, noticed at `now`.
     pub fn died(&mut self, member: &str, now: Instant) {
         self.died.insert(member.to_owned(), now);
+    }
+
+    /// Judges membership on a whole and current view of the Leases (`observations` at `now`;
+    /// a member is live while its Lease changed within its duration plus `grace`). Returns the
+    /// live members, and each member of the ring adopted so far that is live no more, with
+    /// whether it died: its Lease is still known (expired, or deleted without the drained mark),
+    /// so the reconciles it handed out are waited out ([`Handover::died`]). One that is not
+    /// known drained and deleted its Lease: a clean release. A member whose Lease was deleted
+    /// without the drained mark since the last judgement died too, even if live again (a new
+    /// process of it renews): the reconciles of the old one are waited out all the same.
+    pub fn judge(
+        &mut self,
+        observations: &mut Observations,
+        grace: Duration,
+        now: Instant,
+    ) -> (BTreeMap<String, Peer>, Vec<(String, bool)>) {
+        for member in observations.take_deaths() {
+            if observations.live(now, grace).contains_key(&member) {
+                info!(%member, "a dispatcher's Lease was deleted without the drained mark and written again: waiting out the reconciles of its previous process");
+            }
+            self.died(&member, now);
+        }
+        let live = observations.live(now, grace);
+        let gone: Vec<(String, bool)> = self
+            .ring
+            .members()
+            .iter()
+            .filter(|m| !live.contains_key(*m))
+            .map(|m| (m.clone(), observations.knows(m)))
+            .collect();
+        for (member, died) in &gone {
+            if *died {
+                self.died(member, now);
+            }
+        }
+        (live, gone)
     }
 
     /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
@@ -533,6 +569,46 @@ mod tests {
             "a closed slice hands out nothing"
         );
         assert!(Slice::fixed("d0", ring(&["d0"])).hands_out(t0 + T * 1000));
+    }
+
+    /// Judged on the Leases: a member whose Lease expired, or was deleted without the drained
+    /// mark even if written again since, died and is waited out; one that drained and deleted
+    /// its Lease released.
+    #[test]
+    fn judged_members_that_died_are_waited_out_and_drained_ones_are_not() {
+        use crate::leases::{LeaseState, Observations};
+        let t0 = Instant::now();
+        let state = |holder: &str, renew: &str, rv: u128, drained: bool| LeaseState {
+            holder: holder.into(),
+            renew_time: renew.into(),
+            duration: 10 * SEC,
+            resource_version: rv,
+            drained,
+            ..LeaseState::default()
+        };
+        let mut o = Observations::default();
+        for (name, rv) in [("d0", 1), ("d1", 2), ("d2", 3)] {
+            o.observe(name, state(name, "t1", rv, false), t0);
+        }
+        let mut h = Handover::new("d0", T, t0, false);
+        let (live, gone) = h.judge(&mut o, SEC, t0);
+        h.update(&live, o.newest(), false, t0);
+        assert_eq!(live.len(), 3);
+        assert!(gone.is_empty() && !h.waits_on_dead(t0));
+        // d1 drains and deletes its Lease: released.
+        o.deleted("d1", Some(state("d1", "t1", 4, true)), t0 + SEC);
+        let (live, gone) = h.judge(&mut o, SEC, t0 + SEC);
+        h.update(&live, o.newest(), false, t0 + SEC);
+        assert_eq!(gone, [("d1".to_owned(), false)]);
+        assert!(!h.waits_on_dead(t0 + SEC));
+        // d2 is killed, its Lease deleted, and a new process writes it again before the next
+        // judgement: never seen gone, yet the old process's reconciles are waited out.
+        o.deleted("d2", None, t0 + 2 * SEC);
+        o.observe("d2", state("d2", "t2", 5, false), t0 + 2 * SEC);
+        let (live, gone) = h.judge(&mut o, SEC, t0 + 2 * SEC);
+        assert!(live.contains_key("d2") && gone.is_empty());
+        assert!(h.waits_on_dead(t0 + 2 * SEC));
+        assert!(!h.waits_on_dead(t0 + 2 * SEC + T));
     }
 
     /// A member that died is waited out for the bound from when it was noticed, and no

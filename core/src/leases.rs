@@ -12,7 +12,7 @@
 //! Lease expired.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
@@ -49,6 +49,11 @@ pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 pub struct Observations {
     leases: HashMap<String, Seen>,
     newest: u128,
+    /// Leases deleted without the drained mark since the last [`Observations::take_deaths`],
+    /// even if written again since: a holder killed, its Lease deleted and a new process
+    /// started between two judgements never looks gone, yet its reconciles may still run. At
+    /// most one entry per Lease known.
+    deaths: BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -102,7 +107,13 @@ impl Observations {
             self.leases.remove(name);
         } else {
             seen.deleted_at.get_or_insert(now);
+            self.deaths.insert(name.to_owned());
         }
+    }
+
+    /// The Leases deleted without the drained mark since the last call, live again or not.
+    pub fn take_deaths(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.deaths)
     }
 
     /// Forgets the tombstones older than [`TOMBSTONE_TTL`] at `now`.
@@ -111,6 +122,8 @@ impl Observations {
             s.deleted_at
                 .is_none_or(|at| now.saturating_duration_since(at) < TOMBSTONE_TTL)
         });
+        let leases = &self.leases;
+        self.deaths.retain(|name| leases.contains_key(name));
     }
 
     /// Whether Lease `name` is known (live or not).
@@ -249,5 +262,26 @@ mod tests {
         // A deletion of a Lease never seen is nothing to wait for.
         o.deleted("z", None, t0);
         assert!(!o.knows("z"));
+    }
+
+    /// A Lease deleted without the drained mark and written again before anyone judged (a
+    /// holder killed, its Lease deleted, a new process started) is a death all the same, taken
+    /// once; a drained one is not.
+    #[test]
+    fn a_lease_deleted_undrained_and_written_again_is_a_death_taken_once() {
+        let t0 = Instant::now();
+        let mut o = Observations::default();
+        o.observe("a", lease("a", "t1", 1), t0);
+        o.observe("b", lease("b", "t1", 2), t0);
+        o.deleted("a", None, t0 + SEC);
+        o.observe("a", lease("a", "t2", 3), t0 + SEC);
+        let drained = LeaseState {
+            drained: true,
+            ..lease("b", "t1", 4)
+        };
+        o.deleted("b", Some(drained), t0 + SEC);
+        assert!(o.live(t0 + SEC, SEC).contains_key("a"));
+        assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["a"]);
+        assert!(o.take_deaths().is_empty());
     }
 }

@@ -24,9 +24,17 @@
 //!   that shows its own last renewal ([`Views::Whole`]); [`Views::Partial`] models the older
 //!   code that judged on every event of its Lease watch's first list, and shows its overlap.
 //! - **Restarts and graceful stops**: a restarted dispatcher renews its Lease before its Lease
-//!   watch has listed; it waits `bound` before serving unless its previous process deleted its
-//!   Lease on a graceful stop, which it makes only with nothing in flight (the others then
-//!   drop it at once).
+//!   watch has listed; it waits `bound` before serving if it finds its Lease still there. A
+//!   graceful stop, made only with nothing in flight, deletes the Lease with the drained mark
+//!   (the others then drop it at once).
+//! - **Lease deletions** (`core/src/leases.rs`): a Lease deleted without the drained mark (by
+//!   hand, a cleanup job), of a live, cut-off or dead dispatcher, is a member that died: the
+//!   others wait out `bound`, even if its holder writes it again before they judge, and release
+//!   no ring meanwhile (`Handover::waits_on_dead`), so a dispatcher that joins or restarts and
+//!   never saw the death waits too. A dispatcher off its own ring serves nothing.
+//! - **CloseSession**: a client may close a session while its reconciles still run (the SDK
+//!   does not); the dispatcher takes no more calls on it and holds its keys in flight until
+//!   the session would have expired. The replica reopens only once that has happened.
 //! - **The handover gate** (`core/src/handover.rs`): on a change of the live members a
 //!   dispatcher adopts the new ring, trims its queue (moved keys in flight, or ready while it was
 //!   serving, are delivered here first and then forgotten), releases the ring once none is left,
@@ -50,14 +58,17 @@
 //! - **Changes**: an object changes (within the budget); dispatchers that serve its key and hear
 //!   from the API server queue it; one cut off re-lists when it is back.
 //!
-//! Not modelled: deletions (the re-list cannot show them; `dispatcher/HANDOVER.md` covers them
-//! apart), the drain that precedes a graceful stop and CloseSession (both end in the same
-//! release of keys as a replaced session), the load balancer (placement only chooses which dispatchers a replica polls: here
+//! Not modelled: object deletions (the re-list cannot show them; `dispatcher/HANDOVER.md`
+//! covers them apart), owned objects, more than one controller group, the drain that precedes a
+//! graceful stop, a session replaced while the old one's keys are held (a reopening replica
+//! here requeues at once, which only an SDK that had not cancelled could tell apart), the load balancer (placement only chooses which dispatchers a replica polls: here
 //! every replica may poll every dispatcher), body budgets and backoff delays.
 //!
 //! # Properties
 //!
-//! - `exclusive` (always): no two replicas run a reconcile of one key at once.
+//! - `exclusive` (always): no two replicas run a reconcile of one key at once. Each fix it
+//!   depends on has a variant that reverts it ([`Variant`], [`Views`], [`Deletions`],
+//!   `Config::withhold`, [`Closes`]) and a test with the path that then overlaps.
 //! - `settles` (always): from every reachable state, once faults stop, a fair schedule
 //!   reconciles every changed key: a reconcile of it starts after its last change.
 //! - Reachability (sometimes), so the check cannot pass vacuously: a key is reconciled, a
@@ -140,6 +151,12 @@ pub struct Budget {
     pub changes: u8,
     /// Ticks a replica's clock may fall behind.
     pub drift: u8,
+    /// Lease deletions without the drained mark (`kubectl delete lease`, a cleanup job), of a
+    /// live, stalled or dead dispatcher.
+    pub lease_deletions: u8,
+    /// CloseSession calls sent while reconciles of the session still run: a client that breaks
+    /// the contract (the SDK closes only once they have ended).
+    pub closes: u8,
 }
 
 impl Budget {
@@ -153,6 +170,8 @@ impl Budget {
         lost_messages: 0,
         changes: 0,
         drift: 0,
+        lease_deletions: 0,
+        closes: 0,
     };
 }
 
@@ -177,6 +196,28 @@ pub enum Views {
     Partial,
 }
 
+/// What the others make of a Lease that disappears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletions {
+    /// The dispatcher as it is: only a Lease deleted with its holder's drained mark is a
+    /// release; otherwise its holder died (`core/src/leases.rs`).
+    Died,
+    /// Every deleted Lease is a release: the code before the drained mark. The check finds an
+    /// overlap.
+    Released,
+}
+
+/// What a dispatcher does with the keys in flight on a session closed by CloseSession.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closes {
+    /// The dispatcher as it is: they stay held until the session would have expired
+    /// (`GroupQueue::remove_session_holding`).
+    Hold,
+    /// They go back to the queue at once, trusting the client to have stopped: the code before.
+    /// The check finds an overlap with a client that closes while it still reconciles.
+    Release,
+}
+
 /// What to check.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
@@ -194,6 +235,14 @@ pub struct Config {
     pub variant: Variant,
     /// What dispatchers judge membership on.
     pub views: Views,
+    /// What a deleted Lease means.
+    pub deletions: Deletions,
+    /// Whether a dispatcher releases no ring while it waits out a member that died (the
+    /// dispatcher as it is); without, a dispatcher that joins meanwhile and never saw the dead
+    /// member overlaps.
+    pub withhold: bool,
+    /// What CloseSession does with keys in flight.
+    pub closes: Closes,
     /// Check `settles` too (a fair run from every state with a change pending: the costly part).
     pub liveness: bool,
 }
@@ -271,6 +320,9 @@ pub struct Dispatcher {
     pub written: u8,
     /// Per member: ticks left of the wait for one that died (0: none).
     pub died: Vec<u8>,
+    /// Members whose Lease it saw deleted without the drained mark since it last judged
+    /// (`Observations::take_deaths`): they died, even if renewed again meanwhile.
+    pub deaths: u8,
     /// Ticks left before it may hand out anything after a crash of its previous process.
     pub hold: u8,
     /// Its queue, per key.
@@ -279,6 +331,9 @@ pub struct Dispatcher {
     pub sessions: Vec<Option<u8>>,
     /// Per replica: a poll held here, with the replica's countdown frozen while held.
     pub held: Vec<Option<u8>>,
+    /// Per replica: its session was closed by CloseSession; it takes no call, and its keys in
+    /// flight are held until it expires.
+    pub closed: Vec<bool>,
     /// Next delivery number per key (modulo [`DELIVERIES`]).
     pub next_delivery: Vec<u8>,
 }
@@ -290,8 +345,11 @@ pub struct Lease {
     pub seen: u8,
     /// The ring its holder released, if any.
     pub released: Option<u8>,
-    /// Deleted by a graceful stop: its holder left nothing in flight.
-    pub deleted: bool,
+    /// It exists on the API server (a Lease deleted, cleanly or not, does not until its holder
+    /// renews it again).
+    pub exists: bool,
+    /// Deleted by a graceful stop with the drained mark: its holder left nothing in flight.
+    pub drained: bool,
 }
 
 /// A replica's session on one dispatcher.
@@ -350,6 +408,13 @@ pub enum Message {
         /// The poll's countdown, frozen while the dispatcher held it.
         countdown: u8,
     },
+    /// CloseSession.
+    Close {
+        /// From.
+        replica: u8,
+        /// To.
+        dispatcher: u8,
+    },
     /// An ack of one delivery.
     Ack {
         /// From.
@@ -380,6 +445,10 @@ impl Message {
                 replica,
                 dispatcher,
                 ..
+            }
+            | Self::Close {
+                replica,
+                dispatcher,
             } => (replica, dispatcher),
         }
     }
@@ -411,6 +480,8 @@ enum Seen {
     HandoverAfterCrash = 2,
     Fenced = 4,
     Crashed = 8,
+    LeaseDeleted = 16,
+    HandoverAfterDeletion = 32,
 }
 
 /// A step of the system or its environment.
@@ -466,6 +537,13 @@ pub enum Action {
     Fence(u8, u8),
     /// Replica `r` cancels its reconcile of key `k` at its limit.
     Cancel(u8, u8),
+    /// Dispatcher `d`'s Lease is deleted without the drained mark.
+    DeleteLease(u8),
+    /// Replica `r` closes its session on dispatcher `d` (CloseSession) while its reconciles
+    /// from it may still run.
+    Close(u8, u8),
+    /// The CloseSession of replica `r` reaches dispatcher `d`.
+    CloseArrives(u8, u8),
 }
 
 /// The model: a [`Config`] and the key ownership of every ring, computed with the real ring.
@@ -555,16 +633,22 @@ impl Protocol {
             fresh: 0,
             written: 0,
             died: vec![0; n],
+            deaths: 0,
             hold: 0,
             keys: vec![Key::Absent; k],
             sessions: vec![None; r],
             held: vec![None; r],
+            closed: vec![false; r],
             next_delivery: vec![0; k],
         }
     }
 
-    /// The ring `d` has released: its ring, once no key that moved away is queued or in flight.
+    /// The ring `d` has released: its ring, once no key that moved away is queued or in flight,
+    /// and while it waits out no member that died (`Handover::waits_on_dead`).
     fn release(&self, disp: &Dispatcher, d: usize) -> Option<u8> {
+        if self.config.withhold && disp.died.iter().any(|w| *w > 0) {
+            return None;
+        }
         let moving = disp.keys.iter().enumerate().any(|(k, key)| {
             let leaving = matches!(
                 key,
@@ -740,11 +824,22 @@ impl Protocol {
             disp.fresh = 0;
             disp.written = 0;
         }
+        for x in 0..leases.len() {
+            if has(disp.deaths, x) {
+                disp.died[x] = t.bound;
+            }
+        }
+        disp.deaths = 0;
         if live != disp.ring {
             let gone = disp.ring & !live;
             for (x, lease) in leases.iter().enumerate() {
-                // A deleted Lease was released: its holder left nothing in flight.
-                if x != d && has(gone, x) && !lease.deleted {
+                // Only a Lease deleted with the drained mark was released: its holder left
+                // nothing in flight. Expired, or deleted without the mark, its holder died.
+                let died = match self.config.deletions {
+                    Deletions::Died => !lease.drained,
+                    Deletions::Released => lease.exists,
+                };
+                if has(gone, x) && died {
                     disp.died[x] = t.bound;
                 }
             }
@@ -752,6 +847,14 @@ impl Protocol {
             disp.fresh = 0;
             disp.written = 0;
             let was = disp.settled.is_some();
+            self.apply_slice(disp, d, was);
+        }
+        if !has(disp.ring, d) {
+            // Off its own ring (its Lease gone from the view): it hands out nothing, and
+            // releases seen so far may predate what the others did meanwhile.
+            disp.fresh = 0;
+            disp.written = 0;
+            let was = disp.settled.take().is_some();
             self.apply_slice(disp, d, was);
         }
         for (p, lease) in leases.iter().enumerate() {
@@ -778,6 +881,9 @@ impl Protocol {
             if state.seen & Seen::Crashed as u8 != 0 {
                 state.seen |= Seen::HandoverAfterCrash as u8;
             }
+            if state.seen & Seen::LeaseDeleted as u8 != 0 {
+                state.seen |= Seen::HandoverAfterDeletion as u8;
+            }
         }
     }
 
@@ -787,7 +893,8 @@ impl Protocol {
         state.leases[d] = Lease {
             seen: t.lease + t.grace,
             released,
-            deleted: false,
+            exists: true,
+            drained: false,
         };
         if answered {
             state.dispatchers[d].own_lease = t.lease;
@@ -863,7 +970,8 @@ impl Protocol {
             | Action::Expire(..)
             | Action::Void(..)
             | Action::Fence(..)
-            | Action::Cancel(..) => true,
+            | Action::Cancel(..)
+            | Action::CloseArrives(..) => true,
             Action::Answer(_, d, keys) => {
                 let disp = &state.dispatchers[usize::from(d)];
                 let ready = disp
@@ -889,6 +997,8 @@ impl Model for Protocol {
         let dispatchers = (0..self.config.dispatchers)
             .map(|d| {
                 let mut disp = self.fresh_dispatcher(true);
+                // Settled: its Lease watch has listed.
+                disp.listing = false;
                 disp.own_lease = t.lease;
                 disp.ring = all;
                 disp.settled = Some(all);
@@ -908,7 +1018,8 @@ impl Model for Protocol {
                 Lease {
                     seen: t.lease + t.grace,
                     released: Some(all),
-                    deleted: false,
+                    exists: true,
+                    drained: false,
                 };
                 self.config.dispatchers
             ],
@@ -1026,13 +1137,20 @@ impl Model for Protocol {
                             .iter()
                             .flatten()
                             .all(|run| usize::from(run.dispatcher) != d);
-                        if clear && state.dispatchers[d].up {
+                        let disp = &state.dispatchers[d];
+                        if clear && disp.up && !disp.closed[r] {
                             actions.push(Action::Open(r8, n(d)));
                         }
                     }
                     Some(s) if s.fence == 0 => actions.push(Action::Fence(r8, n(d))),
-                    Some(s) if !s.polling => actions.push(Action::Poll(r8, n(d))),
-                    Some(_) => {}
+                    Some(s) => {
+                        if !s.polling {
+                            actions.push(Action::Poll(r8, n(d)));
+                        }
+                        if state.left.closes > 0 {
+                            actions.push(Action::Close(r8, n(d)));
+                        }
+                    }
                 }
             }
             for (k, run) in rep.running.iter().enumerate() {
@@ -1063,6 +1181,10 @@ impl Model for Protocol {
                     key,
                     ..
                 } => actions.push(Action::AckArrives(replica, dispatcher, key)),
+                Message::Close {
+                    replica,
+                    dispatcher,
+                } => actions.push(Action::CloseArrives(replica, dispatcher)),
             }
             if state.left.lost_messages > 0 {
                 actions.push(Action::Lose(n(i)));
@@ -1071,6 +1193,13 @@ impl Model for Protocol {
         if state.left.changes > 0 {
             for k in 0..self.config.keys {
                 actions.push(Action::Change(n(k)));
+            }
+        }
+        if state.left.lease_deletions > 0 {
+            for (d, lease) in state.leases.iter().enumerate() {
+                if lease.exists {
+                    actions.push(Action::DeleteLease(n(d)));
+                }
             }
         }
     }
@@ -1120,8 +1249,9 @@ impl Model for Protocol {
                 let d = usize::from(d);
                 let mut disp = self.fresh_dispatcher(true);
                 // A Lease still there was not released: its previous process may have left
-                // reconciles running.
-                if !s.leases[d].deleted {
+                // reconciles running. None there, it sees nothing to wait for (drained, or
+                // deleted by hand: then the others wait, and withhold their releases).
+                if s.leases[d].exists {
                     disp.hold = t.bound;
                 }
                 s.dispatchers[d] = disp;
@@ -1138,7 +1268,8 @@ impl Model for Protocol {
                 s.leases[d] = Lease {
                     seen: 0,
                     released: None,
-                    deleted: true,
+                    exists: false,
+                    drained: true,
                 };
             }
             Action::Glimpse(d, part) => {
@@ -1165,7 +1296,8 @@ impl Model for Protocol {
                 // Session ids: nothing of an earlier session between them counts any more.
                 s.messages.retain(|m| m.between() != (r, d));
                 let disp = &mut s.dispatchers[di];
-                if !disp.up {
+                // The replica waits until its closed session has expired here.
+                if !disp.up || disp.closed[ri] {
                     return None;
                 }
                 // A replica reopening replaces its old session: its keys go back.
@@ -1198,7 +1330,10 @@ impl Model for Protocol {
                     return None;
                 };
                 let disp = &mut s.dispatchers[usize::from(d)];
-                if disp.up && disp.sessions[usize::from(r)].is_some() {
+                if disp.up
+                    && disp.sessions[usize::from(r)].is_some()
+                    && !disp.closed[usize::from(r)]
+                {
                     disp.sessions[usize::from(r)] = Some(t.ttl);
                     disp.held[usize::from(r)] = Some(countdown);
                 }
@@ -1306,7 +1441,10 @@ impl Model for Protocol {
                     return None;
                 };
                 let disp = &mut s.dispatchers[usize::from(d)];
-                if disp.up && disp.sessions[usize::from(r)].is_some() {
+                if disp.up
+                    && disp.sessions[usize::from(r)].is_some()
+                    && !disp.closed[usize::from(r)]
+                {
                     disp.sessions[usize::from(r)] = Some(t.ttl);
                     let key = &mut disp.keys[usize::from(k)];
                     if let Key::InFlight {
@@ -1343,6 +1481,7 @@ impl Model for Protocol {
                 }
                 disp.sessions[usize::from(r)] = None;
                 disp.held[usize::from(r)] = None;
+                disp.closed[usize::from(r)] = false;
                 for key in &mut disp.keys {
                     if matches!(key, Key::InFlight { replica, .. } if *replica == r) {
                         Self::requeue(key);
@@ -1380,6 +1519,63 @@ impl Model for Protocol {
                     !matches!(*m, Message::Answer { replica, dispatcher, .. } if (replica, dispatcher) == (r, d))
                 });
                 s.seen |= Seen::Fenced as u8;
+            }
+            Action::DeleteLease(d) => {
+                s.left.lease_deletions = s.left.lease_deletions.checked_sub(1)?;
+                let lease = &mut s.leases[usize::from(d)];
+                if !lease.exists {
+                    return None;
+                }
+                *lease = Lease {
+                    seen: 0,
+                    released: None,
+                    exists: false,
+                    drained: false,
+                };
+                // Every dispatcher whose Lease watch runs sees the deletion.
+                if self.config.deletions == Deletions::Died {
+                    for disp in &mut s.dispatchers {
+                        if disp.up && disp.api && !disp.listing {
+                            disp.deaths |= bit(d);
+                        }
+                    }
+                }
+                s.seen |= Seen::LeaseDeleted as u8;
+            }
+            Action::Close(r, d) => {
+                s.left.closes = s.left.closes.checked_sub(1)?;
+                let (ri, di) = (usize::from(r), usize::from(d));
+                // The replica forgets the session, though its reconciles from it run on.
+                s.replicas[ri].sessions[di].take()?;
+                s.messages.retain(|m| {
+                    !matches!(*m, Message::Poll { replica, dispatcher, .. } if (replica, dispatcher) == (r, d))
+                });
+                s.messages.push(Message::Close {
+                    replica: r,
+                    dispatcher: d,
+                });
+            }
+            Action::CloseArrives(r, d) => {
+                let i = s.messages.iter().position(
+                    |m| matches!(*m, Message::Close { replica, dispatcher } if (replica, dispatcher) == (r, d)),
+                )?;
+                s.messages.remove(i);
+                let (ri, di) = (usize::from(r), usize::from(d));
+                let disp = &mut s.dispatchers[di];
+                if disp.up && disp.sessions[ri].is_some() && !disp.closed[ri] {
+                    disp.held[ri] = None;
+                    match self.config.closes {
+                        Closes::Hold => disp.closed[ri] = true,
+                        Closes::Release => {
+                            disp.sessions[ri] = None;
+                            for key in &mut disp.keys {
+                                if matches!(key, Key::InFlight { replica, .. } if *replica == r) {
+                                    Self::requeue(key);
+                                }
+                            }
+                        }
+                    }
+                }
             }
             Action::Cancel(r, k) => {
                 let run = &mut s.replicas[usize::from(r)].running[usize::from(k)];
@@ -1420,6 +1616,12 @@ impl Model for Protocol {
                 |_, s: &State| s.seen & Seen::HandoverAfterCrash as u8 != 0,
             ));
         }
+        if self.config.dispatchers > 1 && self.config.budget.lease_deletions > 0 {
+            properties.push(Property::sometimes(
+                "a handover completes after a Lease deletion",
+                |_, s: &State| s.seen & Seen::HandoverAfterDeletion as u8 != 0,
+            ));
+        }
         properties.push(Property::sometimes(
             "a replica fences a session",
             |_, s: &State| s.seen & Seen::Fenced as u8 != 0,
@@ -1433,12 +1635,15 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift",
+            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions",
             self.dispatchers,
             self.replicas,
             self.keys,
             self.variant,
             self.views,
+            self.deletions,
+            self.withhold,
+            self.closes,
             self.timing,
             b.dispatcher_crashes,
             b.graceful_stops,
@@ -1447,7 +1652,9 @@ impl fmt::Display for Config {
             b.lost_renewal_answers,
             b.lost_messages,
             b.changes,
-            b.drift
+            b.drift,
+            b.lease_deletions,
+            b.closes
         )
     }
 }
@@ -1467,6 +1674,9 @@ mod tests {
             budget,
             variant,
             views: Views::Whole,
+            deletions: Deletions::Died,
+            withhold: true,
+            closes: Closes::Hold,
             liveness: true,
         }
     }
@@ -1654,6 +1864,136 @@ mod tests {
         );
     }
 
+    /// `path` ends with two replicas running one key in `bad`; in `good`, the same steps are
+    /// not possible, and none of those that are overlaps.
+    fn overlaps_only_in(bad: Config, good: Config, path: &[Action]) {
+        assert_eq!(
+            running(&replay(&Protocol::new(bad), path)),
+            2,
+            "both replicas run the key ({bad})"
+        );
+        let model = Protocol::new(good);
+        let mut s = model.init_states().remove(0);
+        for a in path {
+            let mut enabled = Vec::new();
+            model.actions(&s, &mut enabled);
+            let Some(next) = enabled
+                .contains(a)
+                .then(|| model.next_state(&s, *a))
+                .flatten()
+            else {
+                return;
+            };
+            s = next;
+            assert!(running(&s) <= 1, "{a:?} overlaps ({good})");
+        }
+        panic!("the steps that overlap in {bad} are all possible in {good}");
+    }
+
+    /// A dispatcher cut off from the API server (a partitioned node) has its Lease deleted by
+    /// hand while its replica reconciles: taken for a release (the code before the drained
+    /// mark), the other dispatcher hands the key out at the next tick; taken for a death, it
+    /// waits the reconcile out.
+    #[test]
+    fn a_deleted_lease_taken_for_a_release_overlaps_and_taken_for_a_death_does_not() {
+        use Action::*;
+        let budget = Budget {
+            api_cuts: 1,
+            lease_deletions: 1,
+            ..NO_FAULTS
+        };
+        let good = config(2, Variant::SendTime, budget);
+        let bad = Config {
+            deletions: Deletions::Released,
+            ..good
+        };
+        let path = [
+            Open(0, 0),
+            Poll(0, 0),
+            Arrive(0, 0),
+            Answer(0, 0, 1),
+            Receive(0, 0),
+            CutApi(0),
+            DeleteLease(0),
+            Tick,
+            Open(1, 1),
+            Poll(1, 1),
+            Arrive(1, 1),
+            Answer(1, 1, 1),
+            Receive(1, 1),
+        ];
+        overlaps_only_in(bad, good, &path);
+    }
+
+    /// A dispatcher is killed while its replica reconciles and its Lease is deleted by hand;
+    /// it restarts at once, finds no Lease, so no wait of its own. Only the other dispatcher,
+    /// which saw the deletion and releases no ring while it waits, keeps it from serving the
+    /// key again before the killed process's reconcile is over.
+    #[test]
+    fn a_dispatcher_restarted_after_its_lease_was_deleted_waits_for_the_others_withheld_release() {
+        use Action::*;
+        let budget = Budget {
+            dispatcher_crashes: 1,
+            lease_deletions: 1,
+            ..NO_FAULTS
+        };
+        let good = config(2, Variant::SendTime, budget);
+        let bad = Config {
+            withhold: false,
+            ..good
+        };
+        let path = [
+            Open(0, 0),
+            Poll(0, 0),
+            Arrive(0, 0),
+            Answer(0, 0, 1),
+            Receive(0, 0),
+            Crash(0),
+            DeleteLease(0),
+            Restart(0),
+            Tick,
+            Tick,
+            Open(1, 0),
+            Poll(1, 0),
+            Arrive(1, 0),
+            Answer(1, 0, 1),
+            Receive(1, 0),
+        ];
+        overlaps_only_in(bad, good, &path);
+    }
+
+    /// A client closes its session while it still reconciles (the SDK never does): released
+    /// at once, the key goes to the other replica; held until the session would have expired,
+    /// it does not.
+    #[test]
+    fn an_early_close_session_released_at_once_overlaps_and_held_does_not() {
+        use Action::*;
+        let budget = Budget {
+            closes: 1,
+            ..NO_FAULTS
+        };
+        let good = config(1, Variant::SendTime, budget);
+        let bad = Config {
+            closes: Closes::Release,
+            ..good
+        };
+        let path = [
+            Open(0, 0),
+            Poll(0, 0),
+            Arrive(0, 0),
+            Answer(0, 0, 1),
+            Receive(0, 0),
+            Close(0, 0),
+            CloseArrives(0, 0),
+            Open(1, 0),
+            Poll(1, 0),
+            Arrive(1, 0),
+            Answer(1, 0, 1),
+            Receive(1, 0),
+        ];
+        overlaps_only_in(bad, good, &path);
+    }
+
     /// Explores `config` breadth first for `states` states (revisits included); panics with the
     /// path to any violation; returns the unique states and the depth reached.
     fn check_bounded(config: Config, states: usize) -> (usize, usize) {
@@ -1684,6 +2024,7 @@ mod tests {
             replica_crashes: 1,
             lost_messages: 1,
             changes: 1,
+            closes: 1,
             ..NO_FAULTS
         };
         let (states, depth) = check_bounded(config(1, Variant::SendTime, budget), 4_000_000);
@@ -1705,6 +2046,8 @@ mod tests {
             lost_messages: 1,
             changes: 2,
             drift: 0,
+            lease_deletions: 1,
+            closes: 1,
         };
         let config = config(2, Variant::SendTime, budget);
         let checker = Protocol::new(config)
@@ -1742,6 +2085,7 @@ mod tests {
             dispatcher_crashes: 1,
             api_cuts: 1,
             lost_renewal_answers: 1,
+            lease_deletions: 1,
             ..NO_FAULTS
         };
         let (states, depth) = check_bounded(config(2, Variant::SendTime, budget), 3_000_000);

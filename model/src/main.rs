@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kube_dispatch_model::{Budget, Config, Protocol, Timing, Variant, Views};
+use kube_dispatch_model::{Budget, Closes, Config, Deletions, Protocol, Timing, Variant, Views};
 use stateright::{Checker, Model};
 
 /// Checks kube-dispatch's delivery protocol exhaustively within the given bounds.
@@ -48,6 +48,13 @@ struct Args {
     /// Ticks a replica's clock may fall behind.
     #[arg(long, default_value_t = 1)]
     drift: u8,
+    /// Lease deletions without the drained mark (by hand, a cleanup job).
+    #[arg(long, default_value_t = 1)]
+    lease_deletions: u8,
+    /// CloseSession calls sent while the session's reconciles still run (a client breaking
+    /// the contract).
+    #[arg(long, default_value_t = 1)]
+    early_closes: u8,
     /// Skip the liveness property (a fair run from every state with a change pending), which
     /// costs most of the time.
     #[arg(long)]
@@ -59,6 +66,15 @@ struct Args {
     /// of a first list) instead.
     #[arg(long)]
     partial_lease_views: bool,
+    /// Check the old reading of a deleted Lease (always a release) instead.
+    #[arg(long)]
+    deleted_lease_released: bool,
+    /// Check dispatchers that release their ring while they wait out a member that died.
+    #[arg(long)]
+    release_while_waiting: bool,
+    /// Check the old CloseSession (keys in flight go back to the queue at once) instead.
+    #[arg(long)]
+    close_releases: bool,
     /// Stop after this many states (0: explore everything within the bounds).
     #[arg(long, default_value_t = 0)]
     max_states: usize,
@@ -107,6 +123,8 @@ fn main() -> anyhow::Result<()> {
             lost_messages: args.lost_messages,
             changes: args.changes,
             drift: args.drift,
+            lease_deletions: args.lease_deletions,
+            closes: args.early_closes,
         },
         liveness: !args.no_liveness,
         variant: if args.arrival_time {
@@ -118,6 +136,17 @@ fn main() -> anyhow::Result<()> {
             Views::Partial
         } else {
             Views::Whole
+        },
+        deletions: if args.deleted_lease_released {
+            Deletions::Released
+        } else {
+            Deletions::Died
+        },
+        withhold: !args.release_while_waiting,
+        closes: if args.close_releases {
+            Closes::Release
+        } else {
+            Closes::Hold
         },
     };
     println!("model: {config}");

@@ -85,7 +85,6 @@ pub async fn run(
     // (a watch of a few Leases), not with the watcher's default of up to 30 s.
     let mut lease_watch = LeaseWatch::new(leases.clone(), config.renew_period);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let mut members: BTreeSet<String> = BTreeSet::new();
     // Members seen to die, when, and their Lease's resourceVersion then.
     let mut dead: HashMap<String, (Instant, u128)> = HashMap::new();
     // Start of the last renewal the API server accepted.
@@ -155,14 +154,15 @@ pub async fn run(
             }
         }
         let now = Instant::now();
-        let observations = &lease_watch.observations;
+        let listing = lease_watch.listing();
+        let observations = &mut lease_watch.observations;
         // Members are judged only on a view of the Leases that is whole (no list under way)
         // and current: it shows this dispatcher's last accepted renewal, and so every Lease
         // write before it. A partial or lagging view makes live members look absent or silent
         // (the first list shows one Lease at a time; a watch that reconnects after a cut
         // replays late), and a dispatcher that took it for the truth could find itself alone
         // and serve keys others still hand out. Meanwhile the last such view stands.
-        if lease_watch.listing() || observations.newest() < written {
+        if listing || observations.newest() < written {
             let since = *behind_since.get_or_insert(now);
             if !behind_warned && now >= since + config.duration {
                 behind_warned = true;
@@ -174,18 +174,18 @@ pub async fn run(
             }
             behind_since = None;
             behind_warned = false;
-            live = observations.live(now, config.grace);
-            for gone in members.iter().filter(|m| !live.contains_key(*m)) {
-                if let Some(state) = observations.state(gone) {
+            let gone;
+            (live, gone) = handover.judge(observations, config.grace, now);
+            for (gone, died) in gone {
+                if died {
                     warn!(member = %gone, "dispatcher stopped renewing its Lease: taking over its keys once reconciles it handed out are over");
-                    handover.died(gone, now);
-                    dead.insert(gone.clone(), (now, state.resource_version));
+                    let rv = observations.state(&gone).map_or(0, |s| s.resource_version);
+                    dead.insert(gone, (now, rv));
                 } else {
                     info!(member = %gone, "dispatcher drained and released its Lease");
                 }
             }
-            members = live.keys().cloned().collect();
-            for member in &members {
+            for member in live.keys() {
                 let theirs = observations
                     .state(member)
                     .and_then(|s| s.ring_key.as_deref());
@@ -201,7 +201,7 @@ pub async fn run(
                     );
                 }
             }
-            mismatched.retain(|m| members.contains(m));
+            mismatched.retain(|m| live.contains_key(m));
         }
         // A dead member's Lease stays behind; once the bound has passed, nothing it handed out
         // can still run, so delete the Lease (if it is still the one seen dead): dispatchers
