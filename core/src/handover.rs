@@ -19,7 +19,10 @@ use std::{
 
 use kube_dispatch_proto::{RequestKey, Ring, RingKey, lease::ring_id};
 
-use crate::{key::KeyRef, leases::Observations};
+use crate::{
+    key::KeyRef,
+    leases::{Observations, Peer},
+};
 use tracing::info;
 
 /// The keys a dispatcher serves.
@@ -176,18 +179,6 @@ impl Slice {
             .as_ref()
             .is_some_and(|s| s.members() == self.ring.members())
     }
-}
-
-/// A live member as its Lease shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Peer {
-    /// The ring id it has released, if any.
-    pub released: Option<String>,
-    /// The resourceVersion of its Lease as last seen. Resource versions of one resource are
-    /// comparable integers (KEP-5504, stable since Kubernetes 1.35).
-    pub resource_version: u128,
-    /// Where it serves, if it says.
-    pub address: Option<String>,
 }
 
 /// The handover gate of one dispatcher.

@@ -16,7 +16,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::handover::Peer;
+/// A live member as its Lease shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// The ring id it has released, if any.
+    pub released: Option<String>,
+    /// The resourceVersion of its Lease as last seen. Resource versions of one resource are
+    /// comparable integers (KEP-5504, stable since Kubernetes 1.35).
+    pub resource_version: u128,
+    /// Where it serves, if it says.
+    pub address: Option<String>,
+}
 
 /// A Lease as this process last saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -22,7 +22,10 @@ use kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
-use kube_dispatch_core::handover::{Handover, Peer, Slice};
+use kube_dispatch_core::{
+    handover::{Handover, Slice},
+    leases::Peer,
+};
 use kube_dispatch_proto::{
     RingKey,
     lease::{
