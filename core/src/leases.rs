@@ -115,8 +115,9 @@ impl Observations {
         }
         if seen.state.drained {
             self.leases.remove(name);
-        } else {
-            seen.deleted_at.get_or_insert(now);
+        } else if seen.deleted_at.is_none() {
+            // A death once: a re-list that misses a Lease already mourned is no new one.
+            seen.deleted_at = Some(now);
             self.deaths.insert(name.to_owned());
         }
     }
@@ -293,5 +294,10 @@ mod tests {
         assert!(o.live(t0 + SEC, SEC).contains_key("a"));
         assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["a"]);
         assert!(o.take_deaths().is_empty());
+        // Deleted again and missed by later re-lists: one death, not one per re-list.
+        o.deleted("a", None, t0 + 2 * SEC);
+        o.relisted(|name| name != "a", t0 + 3 * SEC);
+        o.relisted(|name| name != "a", t0 + 4 * SEC);
+        assert_eq!(o.take_deaths().len(), 1);
     }
 }

@@ -76,6 +76,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod real;
+
 use std::fmt;
 
 use kube_dispatch_proto::{RequestKey, Ring};
@@ -320,6 +322,12 @@ pub struct Dispatcher {
     pub written: u8,
     /// Per member: ticks left of the wait for one that died (0: none).
     pub died: Vec<u8>,
+    /// Per member: ticks left of its Lease's liveness as this dispatcher saw it, from when it
+    /// saw it written (`Observations::live`: a Lease first seen on a list counts from then).
+    pub view: Vec<u8>,
+    /// Leases written or deleted while it was cut off from the API server: re-listed when it is
+    /// back.
+    pub missed: u8,
     /// Members whose Lease it saw deleted without the drained mark since it last judged
     /// (`Observations::take_deaths`): they died, even if renewed again meanwhile.
     pub deaths: u8,
@@ -341,8 +349,6 @@ pub struct Dispatcher {
 /// A dispatcher's Lease as the API server holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lease {
-    /// Ticks until the others drop its holder (renewal seen plus lease plus grace).
-    pub seen: u8,
     /// The ring its holder released, if any.
     pub released: Option<u8>,
     /// It exists on the API server (a Lease deleted, cleanly or not, does not until its holder
@@ -633,6 +639,8 @@ impl Protocol {
             fresh: 0,
             written: 0,
             died: vec![0; n],
+            view: vec![0; n],
+            missed: 0,
             deaths: 0,
             hold: 0,
             keys: vec![Key::Absent; k],
@@ -649,6 +657,12 @@ impl Protocol {
         if self.config.withhold && disp.died.iter().any(|w| *w > 0) {
             return None;
         }
+        self.queue_release(disp, d)
+    }
+
+    /// The ring `d`'s queue lets it release: its ring, once no key that moved away is queued
+    /// or in flight.
+    fn queue_release(&self, disp: &Dispatcher, d: usize) -> Option<u8> {
         let moving = disp.keys.iter().enumerate().any(|(k, key)| {
             let leaving = matches!(
                 key,
@@ -758,9 +772,6 @@ impl Protocol {
             }
         }
         state.messages.sort_unstable();
-        for lease in &mut state.leases {
-            lease.seen = lease.seen.saturating_sub(1);
-        }
         for (d, disp) in state.dispatchers.iter_mut().enumerate() {
             if !disp.up {
                 continue;
@@ -773,7 +784,7 @@ impl Protocol {
                     *deadline = deadline.saturating_sub(1);
                 }
             }
-            for w in &mut disp.died {
+            for w in disp.died.iter_mut().chain(&mut disp.view) {
                 *w = w.saturating_sub(1);
             }
             disp.hold = disp.hold.saturating_sub(1);
@@ -794,19 +805,34 @@ impl Protocol {
         }
     }
 
-    /// The members whose Lease is live.
-    fn live(state: &State) -> u8 {
-        state
-            .leases
+    /// The members whose Lease is live as `disp` saw them.
+    fn live(disp: &Dispatcher) -> u8 {
+        disp.view
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.seen > 0)
+            .filter(|(_, w)| **w > 0)
             .fold(0u8, |m, (i, _)| m | bit(i))
+    }
+
+    /// Every dispatcher whose Lease watch runs sees Lease `x` written (`written`) or deleted;
+    /// one cut off will re-list it when it is back.
+    fn show_lease(&self, state: &mut State, x: usize, written: bool) {
+        let t = self.config.timing;
+        for disp in &mut state.dispatchers {
+            if !disp.up {
+                continue;
+            }
+            if disp.api {
+                disp.view[x] = if written { t.lease + t.grace } else { 0 };
+            } else {
+                disp.missed |= bit(x);
+            }
+        }
     }
 
     /// `d` observes every Lease: a whole and current view.
     fn observe(&self, state: &mut State, d: usize) {
-        let live = Self::live(state);
+        let live = Self::live(&state.dispatchers[d]);
         if has(live, d) {
             state.dispatchers[d].listing = false;
         }
@@ -857,6 +883,9 @@ impl Protocol {
             let was = disp.settled.take().is_some();
             self.apply_slice(disp, d, was);
         }
+        // As the gate reads the Leases now: a release a member has since withdrawn (a new
+        // process of it writes none yet) counts no more.
+        disp.fresh = 0;
         for (p, lease) in leases.iter().enumerate() {
             if p != d
                 && has(disp.ring, p)
@@ -891,7 +920,6 @@ impl Protocol {
         let t = self.config.timing;
         let released = self.release(&state.dispatchers[d], d);
         state.leases[d] = Lease {
-            seen: t.lease + t.grace,
             released,
             exists: true,
             drained: false,
@@ -904,6 +932,7 @@ impl Protocol {
                 disp.written |= bit(d);
             }
         }
+        self.show_lease(state, d, true);
     }
 
     /// Whether a fair schedule with no more faults brings every changed key to a reconcile.
@@ -999,6 +1028,7 @@ impl Model for Protocol {
                 let mut disp = self.fresh_dispatcher(true);
                 // Settled: its Lease watch has listed.
                 disp.listing = false;
+                disp.view = vec![t.lease + t.grace; self.config.dispatchers];
                 disp.own_lease = t.lease;
                 disp.ring = all;
                 disp.settled = Some(all);
@@ -1016,7 +1046,6 @@ impl Model for Protocol {
             dispatchers,
             leases: vec![
                 Lease {
-                    seen: t.lease + t.grace,
                     released: Some(all),
                     exists: true,
                     drained: false,
@@ -1074,7 +1103,7 @@ impl Model for Protocol {
                 }
                 if self.config.views == Views::Partial && disp.listing && disp.api {
                     // Every part of the live Leases that shows its own.
-                    let live = Self::live(state);
+                    let live = Self::live(disp);
                     if has(live, d) {
                         let mut part = live;
                         loop {
@@ -1237,6 +1266,22 @@ impl Model for Protocol {
                 let disp = &mut s.dispatchers[usize::from(d)];
                 disp.api = true;
                 disp.listing = true;
+                // The re-list shows what changed meanwhile: a Lease written counts as live from
+                // now; one gone, if known, was deleted without a final state, so not drained.
+                for (x, lease) in s.leases.iter().enumerate() {
+                    if !has(disp.missed, x) {
+                        continue;
+                    }
+                    if lease.exists {
+                        disp.view[x] = t.lease + t.grace;
+                    } else {
+                        if disp.view[x] > 0 || has(disp.ring, x) {
+                            disp.deaths |= bit(x);
+                        }
+                        disp.view[x] = 0;
+                    }
+                }
+                disp.missed = 0;
                 // Its watch re-lists when it is back.
                 self.relist(disp, usize::from(d));
             }
@@ -1248,6 +1293,12 @@ impl Model for Protocol {
             Action::Restart(d) => {
                 let d = usize::from(d);
                 let mut disp = self.fresh_dispatcher(true);
+                // Its Lease watch's first list: every Lease there counts as live from now.
+                for (x, lease) in s.leases.iter().enumerate() {
+                    if lease.exists {
+                        disp.view[x] = t.lease + t.grace;
+                    }
+                }
                 // A Lease still there was not released: its previous process may have left
                 // reconciles running. None there, it sees nothing to wait for (drained, or
                 // deleted by hand: then the others wait, and withhold their releases).
@@ -1266,11 +1317,11 @@ impl Model for Protocol {
                 }
                 s.dispatchers[d] = self.fresh_dispatcher(false);
                 s.leases[d] = Lease {
-                    seen: 0,
                     released: None,
                     exists: false,
                     drained: true,
                 };
+                self.show_lease(&mut s, d, false);
             }
             Action::Glimpse(d, part) => {
                 let d = usize::from(d);
@@ -1527,15 +1578,15 @@ impl Model for Protocol {
                     return None;
                 }
                 *lease = Lease {
-                    seen: 0,
                     released: None,
                     exists: false,
                     drained: false,
                 };
+                self.show_lease(&mut s, usize::from(d), false);
                 // Every dispatcher whose Lease watch runs sees the deletion.
                 if self.config.deletions == Deletions::Died {
                     for disp in &mut s.dispatchers {
-                        if disp.up && disp.api && !disp.listing {
+                        if disp.up && disp.api {
                             disp.deaths |= bit(d);
                         }
                     }
@@ -1992,6 +2043,44 @@ mod tests {
             Receive(1, 0),
         ];
         overlaps_only_in(bad, good, &path);
+    }
+
+    /// The real membership code (`core::leases`, `core::handover`) steps in lock-step with the
+    /// model on random walks with Lease deletions of live and dead dispatchers, crashes,
+    /// graceful stops and lost renewal answers (not API cuts: see `real`).
+    #[test]
+    fn the_real_membership_code_steps_in_lock_step_with_the_model() {
+        for dispatchers in [2, 3] {
+            let budget = Budget {
+                dispatcher_crashes: 2,
+                graceful_stops: 1,
+                replica_crashes: 1,
+                lost_renewal_answers: 2,
+                lease_deletions: 3,
+                changes: 2,
+                ..NO_FAULTS
+            };
+            let model = Protocol::new(Config {
+                liveness: false,
+                ..config(dispatchers, Variant::SendTime, budget)
+            });
+            let mut total = real::Walked::default();
+            for seed in 0..2000 {
+                match real::walk(&model, seed, 120) {
+                    Ok(w) => {
+                        total.steps += w.steps;
+                        total.deletions += w.deletions;
+                        total.handovers += w.handovers;
+                    }
+                    Err(d) => panic!("{dispatchers} dispatchers, seed {seed}: {d}"),
+                }
+            }
+            println!(
+                "{dispatchers} dispatchers: 2000 walks, {} steps, {} Lease deletions, {} handovers, in lock-step",
+                total.steps, total.deletions, total.handovers
+            );
+            assert!(total.deletions > 1000 && total.handovers > 1000);
+        }
     }
 
     /// Explores `config` breadth first for `states` states (revisits included); panics with the
