@@ -78,7 +78,7 @@ impl LeaseDeadline {
     /// A renewal was accepted: keys may be handed out until `until` (never moved back).
     pub fn extend_to(&self, until: Instant) {
         let nanos = until.saturating_duration_since(self.origin).as_nanos();
-        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1).max(1);
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1);
         self.until.fetch_max(nanos, Ordering::Release);
     }
 
@@ -251,13 +251,16 @@ impl Handover {
         grace: Duration,
         now: Instant,
     ) -> (BTreeMap<String, Peer>, Vec<(String, bool)>) {
-        for member in observations.take_deaths() {
-            if observations.live(now, grace).contains_key(&member) {
-                info!(%member, "a dispatcher's Lease was deleted without the drained mark and written again: waiting out the reconciles of its previous process");
-            }
-            self.died(&member, now);
-        }
+        let deaths = observations.take_deaths();
         let live = observations.live(now, grace);
+        for member in deaths {
+            // Still gone, it is counted below as it leaves the ring, or was when its Lease
+            // expired (a dead member's Lease deleted by the collector is no new death).
+            if live.contains_key(&member) {
+                info!(%member, "a dispatcher's Lease was deleted without the drained mark and written again: waiting out the reconciles of its previous process");
+                self.died(&member, now);
+            }
+        }
         let gone: Vec<(String, bool)> = self
             .ring
             .members()
@@ -271,6 +274,12 @@ impl Handover {
             }
         }
         (live, gone)
+    }
+
+    /// What this dispatcher may write as its release at `now`: the ring its queues released
+    /// (`queued`), unless it waits out a member that died ([`Handover::waits_on_dead`]).
+    pub fn releasable(&self, queued: Option<String>, now: Instant) -> Option<String> {
+        queued.filter(|_| !self.waits_on_dead(now))
     }
 
     /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
@@ -339,10 +348,15 @@ impl Handover {
         let id = ring_id(&self.ring);
         live.iter()
             .filter(|(name, _)| **name != self.identity)
-            .all(|(_, peer)| {
-                peer.released.as_deref() == Some(id.as_str())
-                    && peer.resource_version > self.adopted_at
-            })
+            .all(|(_, peer)| self.counts(peer, &id))
+    }
+
+    /// Whether `peer`'s release counts for the ring `id`: written after this dispatcher
+    /// adopted the ring, by a holder that had seen every Lease write this dispatcher had then.
+    fn counts(&self, peer: &Peer, id: &str) -> bool {
+        peer.released.as_deref() == Some(id)
+            && peer.resource_version > self.adopted_at
+            && peer.released_after >= self.adopted_at
     }
 
     /// Why the gate is closed, for logs; `None` when every owned key is served.
@@ -359,10 +373,7 @@ impl Handover {
             reasons.push(format!("{name} (died) to be gone for {:?}", self.bound));
         }
         for (name, peer) in live {
-            if *name != self.identity
-                && (peer.released.as_deref() != Some(id.as_str())
-                    || peer.resource_version <= self.adopted_at)
-            {
+            if *name != self.identity && !self.counts(peer, &id) {
                 reasons.push(format!("{name} to release ring {id}"));
             }
         }
@@ -387,6 +398,7 @@ mod tests {
                     (*name).to_owned(),
                     Peer {
                         released: released.map(ring_id),
+                        released_after: u128::MAX,
                         resource_version: *rv,
                         address: None,
                     },
@@ -600,6 +612,42 @@ mod tests {
         assert!(live.contains_key("d2") && gone.is_empty());
         assert!(h.waits_on_dead(t0 + 2 * SEC));
         assert!(!h.waits_on_dead(t0 + 2 * SEC + T));
+        // d2 stops renewing: it dies once, when its Lease expires; the collector deleting the
+        // expired Lease later is no second death.
+        let expired = t0 + 2 * SEC + 12 * SEC;
+        o.observe("d0", state("d0", "t3", 6, false), expired);
+        let (live, gone) = h.judge(&mut o, SEC, expired);
+        h.update(&live, o.newest(), false, expired);
+        assert_eq!(gone, [("d2".to_owned(), true)]);
+        o.deleted("d2", None, expired + T);
+        o.observe("d0", state("d0", "t4", 7, false), expired + T);
+        let (live, _) = h.judge(&mut o, SEC, expired + T);
+        h.update(&live, o.newest(), false, expired + T);
+        assert!(!h.waits_on_dead(expired + T));
+    }
+
+    /// A release counts only from a holder that had seen every Lease write this dispatcher had
+    /// seen when it adopted the ring: one whose watch lags may not know of a member that died.
+    #[test]
+    fn a_release_written_behind_this_dispatchers_view_does_not_count() {
+        let now = Instant::now();
+        let r = ring(&["d0", "d1"]);
+        let mut h = Handover::new("d1", T, now, false);
+        let behind = |rv, after| {
+            let mut p = peers(&[("d0", Some(&r), rv), ("d1", None, 6)]);
+            if let Some(d0) = p.get_mut("d0") {
+                d0.released_after = after;
+            }
+            p
+        };
+        // Adopted at resourceVersion 6; d0 writes its release at 7, having seen only 5.
+        assert!(!h.update(&behind(5, 5), 6, false, now).is_settled());
+        assert!(!h.update(&behind(7, 5), 7, false, now).is_settled());
+        assert!(
+            h.waiting_for(&behind(7, 5))
+                .is_some_and(|w| w.contains("d0 to release"))
+        );
+        assert!(h.update(&behind(8, 7), 8, false, now).is_settled());
     }
 
     /// A member that died is waited out for the bound from when it was noticed, and no

@@ -21,6 +21,9 @@ use std::{
 pub struct Peer {
     /// The ring id it has released, if any.
     pub released: Option<String>,
+    /// The newest Lease resourceVersion its holder had seen when it wrote the release
+    /// ([`u128::MAX`] when it does not say: a dispatcher older than the rule).
+    pub released_after: u128,
     /// The resourceVersion of its Lease as last seen. Resource versions of one resource are
     /// comparable integers (KEP-5504, stable since Kubernetes 1.35).
     pub resource_version: u128,
@@ -39,6 +42,8 @@ pub struct LeaseState {
     pub duration: Duration,
     /// The ring id the holder released.
     pub released: Option<String>,
+    /// The newest Lease resourceVersion the holder had seen when it wrote the release.
+    pub released_after: Option<u128>,
     /// Where the holder serves.
     pub address: Option<String>,
     /// What the holder places keys by (`name` or `namespace`), if it says.
@@ -60,9 +65,10 @@ pub struct Observations {
     leases: HashMap<String, Seen>,
     newest: u128,
     /// Leases deleted without the drained mark since the last [`Observations::take_deaths`],
-    /// even if written again since: a holder killed, its Lease deleted and a new process
-    /// started between two judgements never looks gone, yet its reconciles may still run. At
-    /// most one entry per Lease known.
+    /// even if written again (or drained and deleted) since: a holder killed, its Lease
+    /// deleted and a new process started between two judgements never looks gone, yet its
+    /// reconciles may still run. At most one entry per Lease name seen; emptied by each
+    /// judgement.
     deaths: BTreeSet<String>,
 }
 
@@ -133,8 +139,6 @@ impl Observations {
             s.deleted_at
                 .is_none_or(|at| now.saturating_duration_since(at) < TOMBSTONE_TTL)
         });
-        let leases = &self.leases;
-        self.deaths.retain(|name| leases.contains_key(name));
     }
 
     /// Whether Lease `name` is known (live or not).
@@ -180,6 +184,7 @@ impl Observations {
                     name.clone(),
                     Peer {
                         released: s.state.released.clone(),
+                        released_after: s.state.released_after.unwrap_or(u128::MAX),
                         resource_version: s.state.resource_version,
                         address: s.state.address.clone(),
                     },
@@ -201,6 +206,7 @@ mod tests {
             renew_time: renew.into(),
             duration: 10 * SEC,
             released: None,
+            released_after: None,
             address: None,
             ring_key: None,
             resource_version: rv,

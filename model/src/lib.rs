@@ -850,8 +850,10 @@ impl Protocol {
             disp.fresh = 0;
             disp.written = 0;
         }
+        // A death seen of a member live again (a new process of it): its old one's reconciles
+        // are waited out. One still gone is counted as it leaves the ring, or was already.
         for x in 0..leases.len() {
-            if has(disp.deaths, x) {
+            if has(disp.deaths, x) && has(live, x) {
                 disp.died[x] = t.bound;
             }
         }

@@ -3,9 +3,10 @@
 //! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), fed the
 //! Lease writes and deletions of the model's run on a virtual clock, one second a tick.
 //!
-//! After every step, each dispatcher's ring, settled ring and whether it waits out a member
-//! that died must be the model's; the ring it releases is the model's queue's, withheld while
-//! the real gate waits. A change to the code that the model does not make (a Lease deletion
+//! After every step, every Lease's release, and each dispatcher's ring, settled ring, whether
+//! it waits out a member that died and whether it hands out keys now ([`Slice::hands_out`])
+//! must be the model's. The ring it offers to release is the model's queue's; the code decides
+//! whether to write it ([`Handover::releasable`]). A change to the code that the model does not make (a Lease deletion
 //! taken for a release, a death missed, a release not withheld) shows as a divergence with the
 //! path that leads to it, and the properties the checker proves of the model then say nothing
 //! of the code.
@@ -150,12 +151,17 @@ impl Real {
     fn write_marked(&mut self, d: usize, released: Option<u8>, answered: bool, drained: bool) {
         let n = self.processes.len();
         let now = self.now();
+        // What the writer had seen (`membership::run` writes it beside the release).
+        let seen = self.processes[d]
+            .as_ref()
+            .map_or(self.rv, |p| p.observations.newest());
         self.rv += 1;
         let state = LeaseState {
             holder: dispatcher_name(d),
             renew_time: self.rv.to_string(),
             duration: self.duration,
             released: released.map(|m| ring_id(&ring_of(m, n))),
+            released_after: released.map(|_| seen),
             resource_version: self.rv,
             drained,
             ..LeaseState::default()
@@ -236,13 +242,19 @@ impl Real {
                         continue;
                     }
                     let now = self.now();
-                    let waits = self.processes[d]
-                        .as_ref()
-                        .is_some_and(|p| p.handover.waits_on_dead(now));
-                    // The model's queue as it was when this dispatcher renewed: its state
-                    // after the tick, when no later step of the tick changed it.
-                    let queue = model.queue_release(&after.dispatchers[d], d);
-                    let released = queue.filter(|_| !model.config.withhold || !waits);
+                    // The model's queue as it was when this dispatcher renewed (its state after
+                    // the tick: no later step of the tick changes it), filtered by the gate.
+                    let queued = model.queue_release(&after.dispatchers[d], d);
+                    let n = self.processes.len();
+                    let released = self.processes[d].as_ref().and_then(|p| {
+                        let id = queued.map(|m| ring_id(&ring_of(m, n)));
+                        let id = if model.config.withhold {
+                            p.handover.releasable(id, now)
+                        } else {
+                            id
+                        };
+                        id.and(queued)
+                    });
                     self.write(d, released, unanswered != Some(d));
                 }
             }
@@ -276,12 +288,11 @@ impl Real {
                 self.api[d] = true;
                 // A Lease of its own still there was not released: its previous process died.
                 let predecessor_died = self.leases[d].is_some();
+                // Its Lease watch's first list.
                 let mut observations = Observations::default();
-                if self.api[d] {
-                    for (x, lease) in self.leases.iter().enumerate() {
-                        if let Some(state) = lease {
-                            observations.observe(&dispatcher_name(x), state.clone(), now);
-                        }
+                for (x, lease) in self.leases.iter().enumerate() {
+                    if let Some(state) = lease {
+                        observations.observe(&dispatcher_name(x), state.clone(), now);
                     }
                 }
                 self.processes[d] = Some(Process {
@@ -313,9 +324,22 @@ impl Real {
         self.compare(after)
     }
 
-    /// Whether every dispatcher's ring, settled ring and wait for the dead are the model's.
+    /// Whether every Lease, and every dispatcher's ring, settled ring, wait for the dead and
+    /// whether it hands out keys now, are the model's.
     fn compare(&self, state: &State) -> Result<(), String> {
         let now = self.now();
+        let n = self.processes.len();
+        for (d, lease) in state.leases.iter().enumerate() {
+            let real = self.leases[d].as_ref().map(|l| l.released.clone());
+            let modelled = lease
+                .exists
+                .then(|| lease.released.map(|m| ring_id(&ring_of(m, n))));
+            if real != modelled {
+                return Err(format!(
+                    "Lease dispatcher-{d}: (exists, released) {modelled:?} in the model, {real:?} in the code"
+                ));
+            }
+        }
         for (d, disp) in state.dispatchers.iter().enumerate() {
             let process = self.processes[d].as_ref();
             if process.is_some() != disp.up {
@@ -337,12 +361,17 @@ impl Real {
                 mask(slice.ring.members()),
                 slice.settled.as_ref().map(|r| mask(r.members())),
                 p.handover.waits_on_dead(now),
+                slice.hands_out(now),
             );
-            let modelled = (disp.ring, disp.settled, disp.died.iter().any(|w| *w > 0));
-            // A dispatcher that has not judged since it started sees no ring in the model.
-            if real != modelled && !(disp.listing && disp.ring == 0) {
+            let modelled = (
+                disp.ring,
+                disp.settled,
+                disp.died.iter().any(|w| *w > 0),
+                disp.settled.is_some() && disp.own_lease > 0,
+            );
+            if real != modelled {
                 return Err(format!(
-                    "dispatcher-{d}: (ring, settled, waits on the dead) {modelled:?} in the model, {real:?} in the code"
+                    "dispatcher-{d}: (ring, settled, waits on the dead, hands out) {modelled:?} in the model, {real:?} in the code"
                 ));
             }
         }

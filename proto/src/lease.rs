@@ -15,6 +15,13 @@ pub const ADDRESS_ANNOTATION: &str = "kube-dispatch.dev/address";
 /// released, i.e. under which it hands out, and has in flight, only keys it owns.
 pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
 
+/// Annotation on a dispatcher's Lease, beside [`RELEASED_ANNOTATION`]: the newest Lease
+/// resourceVersion its holder had seen when it wrote the release. A release counts for a
+/// dispatcher only if its holder had seen every Lease write that dispatcher had seen when it
+/// adopted the ring: a holder whose watch lags may not know yet of a member that died, and
+/// would release a ring it must not. Absent (older dispatchers), the release counts as before.
+pub const RELEASED_AFTER_ANNOTATION: &str = "kube-dispatch.dev/released-after";
+
 /// Annotation on a dispatcher's Lease (value `true`): its holder drained, nothing it handed out
 /// runs any more, and it deletes the Lease next. Only a Lease deleted with this mark is a
 /// release; one deleted without it is a member that died, whose reconciles are waited out.

@@ -20,7 +20,8 @@ use kube::{
 };
 use kube_dispatch_core::leases::{LeaseState, Observations};
 use kube_dispatch_proto::lease::{
-    ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+    ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_AFTER_ANNOTATION,
+    RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
 };
 use tracing::warn;
 
@@ -114,6 +115,10 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
         ),
         released: lease.annotations().get(RELEASED_ANNOTATION).cloned(),
+        released_after: lease
+            .annotations()
+            .get(RELEASED_AFTER_ANNOTATION)
+            .and_then(|rv| rv.parse().ok()),
         address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
         ring_key: lease.annotations().get(RING_KEY_ANNOTATION).cloned(),
         drained: lease

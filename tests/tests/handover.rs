@@ -12,12 +12,12 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
 };
 use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
-use kube_dispatch_proto::{RequestKey, Ring};
+use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION};
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
@@ -557,6 +557,22 @@ async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() ->
         .delete(&victim_name, &DeleteParams::default())
         .await?;
     let deleted_at = Instant::now();
+    // The survivors release no ring while they wait the dead member out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for i in ds.keys() {
+        loop {
+            let lease = leases.get(&name(*i)).await?;
+            if !lease.annotations().contains_key(RELEASED_ANNOTATION) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still releases its ring while it waits out {victim_name}",
+                name(*i)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let joiner = TestDispatcher::start(config(ns.name(), 3, LONG)).await?;
     let want: Vec<String> = ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
     let mut slice = joiner.handles.slice.clone();

@@ -29,8 +29,8 @@ use kube_dispatch_core::{
 use kube_dispatch_proto::{
     RingKey,
     lease::{
-        ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION,
-        RING_KEY_ANNOTATION,
+        ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_AFTER_ANNOTATION,
+        RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
     },
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
@@ -135,12 +135,19 @@ pub async fn run(
             // deleted without the drained mark leaves nothing to see), and would otherwise
             // hand out its keys as soon as the others released.
             withheld = handover.waits_on_dead(at);
-            let id = id.filter(|_| !withheld);
+            let id = handover.releasable(id, at);
+            let seen = lease_watch.observations.newest();
             // A request the API server never answers must not hold this loop, which is what
             // fences this dispatcher when its Lease goes unrenewed.
             let renewal = tokio::time::timeout(
                 config.renew_period,
-                renew(&leases, &config, ring_key, id.as_deref(), false),
+                renew(
+                    &leases,
+                    &config,
+                    ring_key,
+                    id.as_deref().map(|id| (id, seen)),
+                    false,
+                ),
             );
             match renewal.await {
                 Ok(Some(rv)) => {
@@ -257,10 +264,17 @@ pub async fn run(
     // the others would wait out the bound, which is safe but slow. The mark is written by the
     // same apply as every renewal, so if the delete fails, the next process's first renewal
     // takes it off again: it never outlives the drain it stands for.
-    let id = released.borrow().clone();
-    if renew(&leases, &config, ring_key, id.as_deref(), true)
-        .await
-        .is_none()
+    let id = handover.releasable(released.borrow().clone(), Instant::now());
+    let seen = lease_watch.observations.newest();
+    if renew(
+        &leases,
+        &config,
+        ring_key,
+        id.as_deref().map(|id| (id, seen)),
+        true,
+    )
+    .await
+    .is_none()
     {
         warn!(lease = %config.identity, "could not mark the dispatcher Lease drained: the others wait out the handover bound");
     }
@@ -297,13 +311,14 @@ async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u1
 }
 
 /// Writes this dispatcher's Lease with a fresh renew time, its ring key, the ring it released
-/// and, when `drained`, the drained mark (server-side apply). Returns the resourceVersion of the
+/// with the newest Lease resourceVersion it had seen then, and, when `drained`, the drained mark
+/// (server-side apply). Returns the resourceVersion of the
 /// write if the API server accepted it.
 async fn renew(
     leases: &Api<Lease>,
     config: &LeaseConfig,
     ring_key: RingKey,
-    released: Option<&str>,
+    released: Option<(&str, u128)>,
     drained: bool,
 ) -> Option<u128> {
     let mut annotations = serde_json::Map::new();
@@ -312,8 +327,9 @@ async fn renew(
     if drained {
         annotations.insert(DRAINED_ANNOTATION.into(), "true".into());
     }
-    if let Some(id) = released {
+    if let Some((id, seen)) = released {
         annotations.insert(RELEASED_ANNOTATION.into(), id.into());
+        annotations.insert(RELEASED_AFTER_ANNOTATION.into(), seen.to_string().into());
     }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
