@@ -714,16 +714,11 @@ mod tests {
         cancel.cancel();
     }
 
-    /// A settled slice whose Lease deadline has passed hands out nothing: a process paused
-    /// past its Lease answers no poll from its old slice before its membership loop has run.
-    #[tokio::test(start_paused = true)]
-    async fn nothing_is_handed_out_past_the_lease_deadline() {
-        let cancel = CancellationToken::new();
-        let now = std::time::Instant::now();
-        let lease = Arc::new(LeaseDeadline::expired(now));
-        let mut slice = Slice::fixed("d0", Ring::new(["d0"]));
-        slice.lease = lease.clone();
-        let (_tx, rx) = watch::channel(Arc::new(slice));
+    /// A group of no subscription on the slices `rx` sends, with one session (replica `a`).
+    fn one_session_group(
+        rx: watch::Receiver<Arc<Slice>>,
+        cancel: &CancellationToken,
+    ) -> Arc<Group> {
         let g = Group::spawn(
             GroupId::shared("g"),
             GroupSpec::new(Vec::new()),
@@ -735,6 +730,20 @@ mod tests {
         );
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
             .unwrap();
+        g
+    }
+
+    /// A settled slice whose Lease deadline has passed hands out nothing: a process paused
+    /// past its Lease answers no poll from its old slice before its membership loop has run.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_handed_out_past_the_lease_deadline() {
+        let cancel = CancellationToken::new();
+        let now = std::time::Instant::now();
+        let lease = Arc::new(LeaseDeadline::expired(now));
+        let mut slice = Slice::fixed("d0", Ring::new(["d0"]));
+        slice.lease = lease.clone();
+        let (_tx, rx) = watch::channel(Arc::new(slice));
+        let g = one_session_group(rx, &cancel);
         g.observe(KeyRef::from("k"), observed("1"), 1);
         assert!(take_all(&g).is_empty(), "the Lease was never renewed");
         lease.extend_to(now + Duration::from_secs(3600));
@@ -750,17 +759,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let settled = Slice::fixed("d0", Ring::new(["d0"]));
         let (tx, rx) = watch::channel(Arc::new(settled.clone()));
-        let g = Group::spawn(
-            GroupId::shared("g"),
-            GroupSpec::new(Vec::new()),
-            QueueConfig::default(),
-            BodyPool::unbounded(),
-            RecentDeletionsConfig::NONE,
-            rx,
-            cancel.clone(),
-        );
-        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
-            .unwrap();
+        let g = one_session_group(rx, &cancel);
         g.observe(KeyRef::from("k"), observed("1"), 1);
         g.observe(KeyRef::from("owner"), observed("1"), 1);
         assert_eq!(take_all(&g).len(), 2);

@@ -1917,6 +1917,18 @@ mod tests {
         );
     }
 
+    /// Replica `r` opens a session on dispatcher `d`, polls, and starts reconciling key 0.
+    fn takes(r: u8, d: u8) -> [Action; 5] {
+        use Action::*;
+        [
+            Open(r, d),
+            Poll(r, d),
+            Arrive(r, d),
+            Answer(r, d, 1),
+            Receive(r, d),
+        ]
+    }
+
     /// `path` ends with two replicas running one key in `bad`; in `good`, the same steps are
     /// not possible, and none of those that are overlaps.
     fn overlaps_only_in(bad: Config, good: Config, path: &[Action]) {
@@ -1961,20 +1973,11 @@ mod tests {
             ..good
         };
         let path = [
-            Open(0, 0),
-            Poll(0, 0),
-            Arrive(0, 0),
-            Answer(0, 0, 1),
-            Receive(0, 0),
-            CutApi(0),
-            DeleteLease(0),
-            Tick,
-            Open(1, 1),
-            Poll(1, 1),
-            Arrive(1, 1),
-            Answer(1, 1, 1),
-            Receive(1, 1),
-        ];
+            takes(0, 0).as_slice(),
+            &[CutApi(0), DeleteLease(0), Tick],
+            &takes(1, 1),
+        ]
+        .concat();
         overlaps_only_in(bad, good, &path);
     }
 
@@ -1996,22 +1999,11 @@ mod tests {
             ..good
         };
         let path = [
-            Open(0, 0),
-            Poll(0, 0),
-            Arrive(0, 0),
-            Answer(0, 0, 1),
-            Receive(0, 0),
-            Crash(0),
-            DeleteLease(0),
-            Restart(0),
-            Tick,
-            Tick,
-            Open(1, 0),
-            Poll(1, 0),
-            Arrive(1, 0),
-            Answer(1, 0, 1),
-            Receive(1, 0),
-        ];
+            takes(0, 0).as_slice(),
+            &[Crash(0), DeleteLease(0), Restart(0), Tick, Tick],
+            &takes(1, 0),
+        ]
+        .concat();
         overlaps_only_in(bad, good, &path);
     }
 
@@ -2031,19 +2023,11 @@ mod tests {
             ..good
         };
         let path = [
-            Open(0, 0),
-            Poll(0, 0),
-            Arrive(0, 0),
-            Answer(0, 0, 1),
-            Receive(0, 0),
-            Close(0, 0),
-            CloseArrives(0, 0),
-            Open(1, 0),
-            Poll(1, 0),
-            Arrive(1, 0),
-            Answer(1, 0, 1),
-            Receive(1, 0),
-        ];
+            takes(0, 0).as_slice(),
+            &[Close(0, 0), CloseArrives(0, 0)],
+            &takes(1, 0),
+        ]
+        .concat();
         overlaps_only_in(bad, good, &path);
     }
 

@@ -478,54 +478,100 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
     Ok(())
 }
 
-/// A dispatcher stops answering (a partitioned node) while reconciles it handed out run, with
-/// sessions that outlive its Lease, and then its Lease is deleted by hand (`kubectl delete
-/// lease`, a cleanup job): a Lease deleted without its holder's drained mark is a member that
+/// Three dispatchers with handover bound [`DeletedLease::BOUND`], three replicas whose
+/// sessions outlive the Leases, reconciles of 4 s running; then the dispatcher owning one of
+/// them stops answering (a partitioned node) and its Lease is deleted by hand (`kubectl delete
+/// lease`, a cleanup job).
+struct DeletedLease {
+    ns: TestNamespace,
+    journal: Journal,
+    lb: TestLoadBalancer,
+    /// The survivors.
+    ds: BTreeMap<usize, TestDispatcher>,
+    replicas: Vec<Isolated>,
+    api: Api<ConfigMap>,
+    leases: Api<k8s_openapi::api::coordination::v1::Lease>,
+    victim: Option<TestDispatcher>,
+    victim_name: String,
+    /// Reconciles of the victim's keys running when it stalled.
+    running: usize,
+    deleted_at: Instant,
+}
+
+impl DeletedLease {
+    const BOUND: Duration = Duration::from_secs(6);
+
+    async fn start(label: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let ns = TestNamespace::create(label).await?;
+        let journal = Journal::default();
+        let mut lb = TestLoadBalancer::start(ns.name()).await?;
+        assert!(lb.leads_within(Duration::from_secs(15)).await);
+        let mut ds = start_settled(ns.name(), 3, Self::BOUND).await?;
+        let replicas = start_replicas(
+            ns.name(),
+            3,
+            &lb,
+            &journal,
+            Duration::from_secs(4),
+            Self::BOUND,
+        )?;
+        placed(&lb, 3, 3, Duration::from_secs(30)).await;
+        let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+        write_round(&api, 9, 0, &journal).await?;
+        let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
+        let victim = ds.remove(&victim_index);
+        if let Some(d) = &victim {
+            d.freeze(Duration::from_secs(20));
+        }
+        let running = journal
+            .running()
+            .into_iter()
+            .filter(|r| owner_of_three(&r.key).as_deref() == Some(victim_name.as_str()))
+            .count();
+        let leases = Api::namespaced(ns.client(), ns.name());
+        leases
+            .delete(&victim_name, &DeleteParams::default())
+            .await?;
+        Ok(Self {
+            ns,
+            journal,
+            lb,
+            ds,
+            replicas,
+            api,
+            leases,
+            victim,
+            victim_name,
+            running,
+            deleted_at: Instant::now(),
+        })
+    }
+}
+
+/// A dispatcher stops answering while reconciles it handed out run, and its Lease is deleted by
+/// hand ([`DeletedLease`]): a Lease deleted without its holder's drained mark is a member that
 /// died, so the survivors take its keys over only once the handover bound has passed, never at
 /// once (they did within 160 ms, taking it for a clean release); no reconcile it started
 /// overlaps one of theirs, nothing is lost.
 #[tokio::test]
 async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
-    const LONG: Duration = Duration::from_secs(6);
-    let ns = TestNamespace::create("deleted-lease").await?;
-    let journal = Journal::default();
-    let mut lb = TestLoadBalancer::start(ns.name()).await?;
-    assert!(lb.leads_within(Duration::from_secs(15)).await);
-    let mut ds = start_settled(ns.name(), 3, LONG).await?;
-    let replicas = start_replicas(ns.name(), 3, &lb, &journal, Duration::from_secs(4), LONG)?;
-    placed(&lb, 3, 3, Duration::from_secs(30)).await;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    write_round(&api, 9, 0, &journal).await?;
-    let owner = owner_of_three;
-    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
-    let victim = ds.remove(&victim_index);
-    if let Some(d) = &victim {
-        d.freeze(Duration::from_secs(20));
-    }
-    let running = journal
-        .running()
-        .into_iter()
-        .filter(|r| owner(&r.key).as_deref() == Some(victim_name.as_str()))
-        .count();
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(ns.client(), ns.name());
-    leases
-        .delete(&victim_name, &DeleteParams::default())
-        .await?;
-    let deleted_at = Instant::now();
-    let took = taken_over(&api, &ds, &journal, victim, deleted_at).await?;
+    let mut t = DeletedLease::start("deleted-lease").await?;
+    let took = taken_over(&t.api, &t.ds, &t.journal, t.victim.take(), t.deleted_at).await?;
+    let bound = DeletedLease::BOUND;
     assert!(
-        took >= LONG - Duration::from_millis(400),
-        "taken over {took:?} after the Lease was deleted, before the bound {LONG:?}"
+        took >= bound - Duration::from_millis(400),
+        "taken over {took:?} after the Lease was deleted, before the bound {bound:?}"
     );
     assert!(
-        took <= LONG + Duration::from_secs(10),
+        took <= bound + Duration::from_secs(10),
         "takeover took {took:?}"
     );
     println!(
-        "{victim_name} stalled with {running} reconciles of its keys running, its Lease deleted: survivors took its slice over {took:?} after the deletion (bound {LONG:?}); no overlap; all final states reconciled"
+        "{} stalled with {} reconciles of its keys running, its Lease deleted: survivors took its slice over {took:?} after the deletion (bound {bound:?}); no overlap; all final states reconciled",
+        t.victim_name, t.running
     );
-    stop_all(replicas, ds, [lb]).await;
+    stop_all(t.replicas, t.ds, [t.lb]).await;
+    drop(t.ns);
     Ok(())
 }
 
@@ -536,45 +582,27 @@ async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
 /// no reconcile overlaps, nothing is lost.
 #[tokio::test]
 async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() -> TestResult {
-    const LONG: Duration = Duration::from_secs(6);
-    let ns = TestNamespace::create("deleted-lease-join").await?;
-    let journal = Journal::default();
-    let mut lb = TestLoadBalancer::start(ns.name()).await?;
-    assert!(lb.leads_within(Duration::from_secs(15)).await);
-    let mut ds = start_settled(ns.name(), 3, LONG).await?;
-    let replicas = start_replicas(ns.name(), 3, &lb, &journal, Duration::from_secs(4), LONG)?;
-    placed(&lb, 3, 3, Duration::from_secs(30)).await;
-    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    write_round(&api, 9, 0, &journal).await?;
-    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
-    let victim = ds.remove(&victim_index);
-    if let Some(d) = &victim {
-        d.freeze(Duration::from_secs(20));
-    }
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(ns.client(), ns.name());
-    leases
-        .delete(&victim_name, &DeleteParams::default())
-        .await?;
-    let deleted_at = Instant::now();
+    let mut t = DeletedLease::start("deleted-lease-join").await?;
+    let bound = DeletedLease::BOUND;
     // The survivors release no ring while they wait the dead member out.
     let deadline = Instant::now() + Duration::from_secs(5);
-    for i in ds.keys() {
+    for i in t.ds.keys() {
         loop {
-            let lease = leases.get(&name(*i)).await?;
+            let lease = t.leases.get(&name(*i)).await?;
             if !lease.annotations().contains_key(RELEASED_ANNOTATION) {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "{} still releases its ring while it waits out {victim_name}",
-                name(*i)
+                "{} still releases its ring while it waits out {}",
+                name(*i),
+                t.victim_name
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let joiner = TestDispatcher::start(config(ns.name(), 3, LONG)).await?;
-    let want: Vec<String> = ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
+    let joiner = TestDispatcher::start(config(t.ns.name(), 3, bound)).await?;
+    let want: Vec<String> = t.ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
     let mut slice = joiner.handles.slice.clone();
     // The Ref `wait_for` returns holds the slice's lock: drop it at once.
     let settled_in_time = tokio::time::timeout(
@@ -584,17 +612,19 @@ async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() ->
     .await
     .is_ok_and(|r| r.is_ok());
     assert!(settled_in_time, "the joiner never settled");
-    let joined = deleted_at.elapsed();
+    let joined = t.deleted_at.elapsed();
     assert!(
-        joined >= LONG - Duration::from_millis(400),
-        "the joiner served the dead member's keys {joined:?} after its Lease was deleted, before the bound {LONG:?}"
+        joined >= bound - Duration::from_millis(400),
+        "the joiner served the dead member's keys {joined:?} after its Lease was deleted, before the bound {bound:?}"
     );
-    ds.insert(3, joiner);
-    let took = taken_over(&api, &ds, &journal, victim, deleted_at).await?;
+    t.ds.insert(3, joiner);
+    let took = taken_over(&t.api, &t.ds, &t.journal, t.victim.take(), t.deleted_at).await?;
     println!(
-        "{victim_name} stalled, its Lease deleted, dispatcher-3 joined at once: it settled {joined:?} after the deletion, every survivor {took:?} after (bound {LONG:?}); no overlap; all final states reconciled"
+        "{} stalled, its Lease deleted, dispatcher-3 joined at once: it settled {joined:?} after the deletion, every survivor {took:?} after (bound {bound:?}); no overlap; all final states reconciled",
+        t.victim_name
     );
-    stop_all(replicas, ds, [lb]).await;
+    stop_all(t.replicas, t.ds, [t.lb]).await;
+    drop(t.ns);
     Ok(())
 }
 
