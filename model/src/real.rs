@@ -64,6 +64,8 @@ pub struct Real {
     duration: Duration,
     grace: Duration,
     bound: Duration,
+    /// The ring id of every set of members (a bit each), computed once.
+    ids: Vec<String>,
 }
 
 /// Where the real code and the model part.
@@ -109,6 +111,7 @@ impl Real {
             // countdown: the code's bound is inclusive.
             grace: TICK * u32::from(t.grace) - Duration::from_nanos(1),
             bound: TICK * u32::from(t.bound),
+            ids: (0..1u8 << n).map(|m| ring_id(&ring_of(m, n))).collect(),
         };
         let now = real.now();
         for d in 0..n {
@@ -137,6 +140,10 @@ impl Real {
         real
     }
 
+    fn id(&self, members: u8) -> String {
+        self.ids[usize::from(members)].clone()
+    }
+
     fn now(&self) -> Instant {
         self.base + TICK * self.ticks
     }
@@ -149,7 +156,6 @@ impl Real {
 
     /// As [`Real::write`], with the drained mark when `drained`.
     fn write_marked(&mut self, d: usize, released: Option<u8>, answered: bool, drained: bool) {
-        let n = self.processes.len();
         let now = self.now();
         // What the writer had seen (`membership::run` writes it beside the release).
         let seen = self.processes[d]
@@ -160,7 +166,7 @@ impl Real {
             holder: dispatcher_name(d),
             renew_time: self.rv.to_string(),
             duration: self.duration,
-            released: released.map(|m| ring_id(&ring_of(m, n))),
+            released: released.map(|m| self.id(m)),
             released_after: released.map(|_| seen),
             resource_version: self.rv,
             drained,
@@ -245,9 +251,8 @@ impl Real {
                     // The model's queue as it was when this dispatcher renewed (its state after
                     // the tick: no later step of the tick changes it), filtered by the gate.
                     let queued = model.queue_release(&after.dispatchers[d], d);
-                    let n = self.processes.len();
                     let released = self.processes[d].as_ref().and_then(|p| {
-                        let id = queued.map(|m| ring_id(&ring_of(m, n)));
+                        let id = queued.map(|m| self.id(m));
                         let id = if model.config.withhold {
                             p.handover.releasable(id, now)
                         } else {
@@ -310,8 +315,7 @@ impl Real {
                 let d = usize::from(d);
                 let released = self.leases[d].as_ref().and_then(|l| l.released.clone());
                 let released = released.and_then(|id| {
-                    (0..1u8 << self.processes.len())
-                        .find(|m| ring_id(&ring_of(*m, self.processes.len())) == id)
+                    (0..1u8 << self.processes.len()).find(|m| self.ids[usize::from(*m)] == id)
                 });
                 self.write_marked(d, released, false, true);
                 self.processes[d] = None;
@@ -328,12 +332,9 @@ impl Real {
     /// whether it hands out keys now, are the model's.
     fn compare(&self, state: &State) -> Result<(), String> {
         let now = self.now();
-        let n = self.processes.len();
         for (d, lease) in state.leases.iter().enumerate() {
             let real = self.leases[d].as_ref().map(|l| l.released.clone());
-            let modelled = lease
-                .exists
-                .then(|| lease.released.map(|m| ring_id(&ring_of(m, n))));
+            let modelled = lease.exists.then(|| lease.released.map(|m| self.id(m)));
             if real != modelled {
                 return Err(format!(
                     "Lease dispatcher-{d}: (exists, released) {modelled:?} in the model, {real:?} in the code"
