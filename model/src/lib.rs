@@ -8,7 +8,9 @@
 //!
 //! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
 //! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
-//! check (`tests` below); `make model` runs a deeper one (`src/main.rs`).
+//! check (`tests` below); `make model` runs a deeper one (`src/main.rs`). [`real::walk`] steps
+//! the real membership code (`kube_dispatch_core::leases`, `::handover`) in lock-step with the
+//! model, so what the checker proves of the model's Leases and gate holds of the code's.
 //!
 //! # What is modelled
 //!
