@@ -48,6 +48,10 @@ const BOUND: Duration = Duration::from_secs(3);
 const TTL: Duration = Duration::from_secs(3);
 const REPLICAS: usize = 3;
 const DISPATCHERS: usize = 3;
+/// `--idle-group-grace` of the chaos dispatchers: longer than a controller's sessions can be
+/// away in any fault but the one that keeps every replica away past it (a cut of up to 3.5 s,
+/// then reconnect backoff of up to about 6 s).
+const IDLE_GRACE: Duration = Duration::from_secs(12);
 
 /// What a chaos run does.
 #[derive(Clone, Debug)]
@@ -60,7 +64,13 @@ pub struct Settings {
     pub objects: usize,
     /// One write every this long.
     pub write_period: Duration,
+    /// The fault kinds to draw from (numbers below [`FAULT_KINDS`], as `inject` lists them);
+    /// empty for all of them.
+    pub faults: Vec<u32>,
 }
+
+/// How many kinds of fault `inject` knows.
+pub const FAULT_KINDS: u32 = 19;
 
 impl Settings {
     /// The short mode: 40 s of faults over 12 objects per kind and namespace, a write every
@@ -71,6 +81,7 @@ impl Settings {
             duration: Duration::from_secs(40),
             objects: 12,
             write_period: Duration::from_millis(40),
+            faults: Vec::new(),
         }
     }
 }
@@ -284,6 +295,8 @@ struct World {
     service: FaultProxy,
     replicas: BTreeMap<String, Option<Isolated>>,
     apiserver: std::net::SocketAddr,
+    /// Objects per kind and namespace ([`Settings::objects`]).
+    objects: usize,
 }
 
 impl World {
@@ -298,6 +311,7 @@ impl World {
         config.settings.limits.max_ttl = BOUND;
         config.settings.queue.max_reconcile_time = BOUND;
         config.drain_timeout = Duration::from_secs(5);
+        config.settings.idle_group_grace = IDLE_GRACE;
         config
     }
 
@@ -404,6 +418,7 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
         replicas: BTreeMap::new(),
         apiserver,
         namespaces,
+        objects: settings.objects,
     };
     for i in 0..DISPATCHERS {
         world.start_dispatcher(i).await?;
@@ -438,7 +453,7 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
     let mut faults = Vec::new();
     while Instant::now() < deadline {
         let from = Instant::now();
-        let what = inject(&mut world, &mut rng).await?;
+        let what = inject(&mut world, &state, &settings.faults, &mut rng).await?;
         let to = Instant::now();
         faults.push((what, from, to));
         let gap = Duration::from_millis(rng.random_range(500..2500));
@@ -599,13 +614,28 @@ fn killed_owner(what: &str, key: &str) -> bool {
     })
 }
 
-/// Injects one fault chosen by `rng`, holds it, heals it; returns its description.
-async fn inject(world: &mut World, rng: &mut StdRng) -> Result<String, Failure> {
+/// Injects one fault chosen by `rng` among `kinds` (all when empty), holds it, heals it;
+/// returns its description. The kinds: 0 and 1 kill -9 and restart gracefully a dispatcher,
+/// 2 and 3 a replica; 4 kill -9 of the load-balancer leader; 5 dispatcher scale up or down;
+/// 6 an API-server restart, 7 one past the watchers' resourceVersion (410); 8 to 10 a cut, a
+/// stall and latency between controllers and a dispatcher, 11 to 13 between a dispatcher and
+/// the API server (14 a cut again); 15 and 16 deletion of a live or a stalled dispatcher's
+/// Lease; 17 owners changing in a watch gap; 18 every replica away past the idle grace.
+async fn inject(
+    world: &mut World,
+    state: &Mutex<WriterState>,
+    kinds: &[u32],
+    rng: &mut StdRng,
+) -> Result<String, Failure> {
     let hold = Duration::from_millis(rng.random_range(1000..3500));
     let i = rng.random_range(0..DISPATCHERS);
     let j = rng.random_range(0..REPLICAS);
     let replica = format!("replica-{j}");
-    let kind = rng.random_range(0..17u32);
+    let kind = if kinds.is_empty() {
+        rng.random_range(0..FAULT_KINDS)
+    } else {
+        kinds[rng.random_range(0..kinds.len())]
+    };
     let what = match kind {
         0 => {
             if let Some(d) = world.dispatchers.get_mut(&i).and_then(|s| s.running.take()) {
@@ -712,6 +742,36 @@ async fn inject(world: &mut World, rng: &mut StdRng) -> Result<String, Failure> 
                 format!("delete-lease dispatcher-{i} (live)")
             }
         }
+        17 => owners_change_in_a_watch_gap(world, state, rng).await?,
+        18 => {
+            // Every replica away past the idle grace: the groups are dropped, and the
+            // controller comes back to what exists (CONTRACT.md, keys.md "A controller that
+            // comes back"). Killed replicas' sessions first live out their ttl.
+            let kill = rng.random_bool(0.5);
+            for (name, slot) in &mut world.replicas {
+                if let Some(r) = slot.take() {
+                    if kill {
+                        r.kill();
+                        world.journal.killed(name);
+                    } else {
+                        r.stop().await;
+                    }
+                }
+            }
+            tokio::time::sleep(TTL + IDLE_GRACE + Duration::from_secs(1)).await;
+            let back = Instant::now();
+            let names: Vec<String> = world.replicas.keys().cloned().collect();
+            for name in names {
+                world.start_replica(&name)?;
+            }
+            let forgiven = back_from_what_exists(world, state, back).await;
+            format!(
+                "controllers-away {} replicas past the idle grace ({}), {forgiven} deletions \
+                 made before they were back not expected",
+                world.replicas.len(),
+                if kill { "kill -9" } else { "graceful" }
+            )
+        }
         _ => {
             let (path, fault, name) = match kind {
                 8 => ("front", Fault::Cut, "cut"),
@@ -745,6 +805,135 @@ async fn inject(world: &mut World, rng: &mut StdRng) -> Result<String, Failure> 
         }
     };
     Ok(what)
+}
+
+/// Fault 17: in one namespace, a child moves from one Widget to another and another Widget's
+/// child is deleted while no dispatcher can reach the API server, whose watches then expire
+/// (410) so that the changes are found only by the re-list. All three owners must be told.
+async fn owners_change_in_a_watch_gap(
+    world: &mut World,
+    state: &Mutex<WriterState>,
+    rng: &mut StdRng,
+) -> Result<String, Failure> {
+    let objects = world.objects;
+    let ns = world.namespaces[rng.random_range(0..world.namespaces.len())]
+        .name()
+        .to_owned();
+    let mut picked = BTreeSet::new();
+    while picked.len() < 3 {
+        picked.insert(rng.random_range(0..objects));
+    }
+    let names: Vec<String> = picked.iter().map(|i| format!("obj-{i}")).collect();
+    let (from, to, bereaved) = (&names[0], &names[1], &names[2]);
+    let client = Cluster::shared().client().await?;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let mut uids = BTreeMap::new();
+    for name in &names {
+        match widgets.get_opt(name).await? {
+            Some(w) => uids.insert(name.clone(), w.uid().unwrap_or_default()),
+            None => {
+                return Ok(format!(
+                    "owners-change in a watch gap ({name} absent: skipped)"
+                ));
+            }
+        };
+    }
+    let (label_key, label_value) = world.label.split_once('=').unwrap_or_default();
+    let child = |name: &str, owner: &str| {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "labels": { label_key: label_value },
+                "ownerReferences": [{
+                    "apiVersion": "test.kube-dispatch.dev/v1",
+                    "kind": "Widget",
+                    "name": owner,
+                    "uid": uids[owner],
+                    "controller": true,
+                }],
+            },
+        })
+    };
+    // Children of their own, which the writer never touches.
+    let moving = format!("{from}-moving");
+    let doomed = format!("{bereaved}-doomed");
+    let params = PatchParams::apply("kube-dispatch-chaos-owners").force();
+    let made = Instant::now();
+    cms.patch(&moving, &params, &Patch::Apply(child(&moving, from)))
+        .await?;
+    cms.patch(&doomed, &params, &Patch::Apply(child(&doomed, bereaved)))
+        .await?;
+    // Once both owners were told of their new child, the dispatchers know who owns it.
+    let told: BTreeMap<String, Instant> = [from, bereaved]
+        .iter()
+        .map(|n| (format!("Widget/{ns}/{n}"), made))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !world.journal.unreconciled_since(&told, false).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for slot in world.dispatchers.values() {
+        slot.api.set(Fault::Cut);
+    }
+    let before = Instant::now();
+    let changed: Result<(), Failure> = async {
+        cms.patch(&moving, &params, &Patch::Apply(child(&moving, to)))
+            .await?;
+        cms.delete(&doomed, &DeleteParams::default()).await?;
+        Ok(())
+    }
+    .await;
+    // Resuming from before the gap must answer 410, so that only a re-list finds the changes.
+    let restarted = Cluster::shared()
+        .restart_apiserver_expiring_watches(&world.namespaces[0])
+        .await;
+    for slot in world.dispatchers.values() {
+        slot.api.set(Fault::None);
+    }
+    changed?;
+    restarted?;
+    let mut s = state.lock().await;
+    for name in [from, to, bereaved] {
+        s.owned.insert(format!("Widget/{ns}/{name}"), before);
+    }
+    Ok(format!(
+        "owners-change in a watch gap ({ns}: {moving} from {from} to {to}, {doomed} deleted; 410)"
+    ))
+}
+
+/// After fault 18: waits until every object that existed when the replicas came `back` at
+/// `back` was handed to them again (so every dispatcher has its group again), then forgets the
+/// writer's deletions made before then that no reconcile saw; returns how many. The contract
+/// does not deliver those once the groups are dropped.
+async fn back_from_what_exists(world: &World, state: &Mutex<WriterState>, back: Instant) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live: BTreeMap<String, Instant> = state
+            .lock()
+            .await
+            .live
+            .iter()
+            .map(|k| (k.clone(), back))
+            .collect();
+        if world.journal.unreconciled_since(&live, false).is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = Instant::now();
+    let mut s = state.lock().await;
+    let unseen: BTreeSet<String> = world
+        .journal
+        .unreconciled_since(&s.deleted, true)
+        .into_iter()
+        .collect();
+    let before = s.deleted.len();
+    s.deleted
+        .retain(|k, at| !(unseen.contains(k) && *at < ready));
+    before - s.deleted.len()
 }
 
 /// The writer's knowledge of what it wrote, for the final check.

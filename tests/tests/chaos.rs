@@ -7,12 +7,15 @@
 //!   `SEED` (default: the clock), one after another, with a line per seed and a total.
 //! - The long mode, `make chaos`, runs `KD_CHAOS_SECONDS` of faults from `KD_CHAOS_SEED`.
 //!
+//! `KD_CHAOS_FAULTS=17,18` (`FAULTS=` of the make targets) draws only those kinds of fault
+//! (numbered as `inject` in `tests/src/chaos.rs` lists them), to work on one path.
+//!
 //! With `KD_TEST_LOG=<file>`, the in-process components log there, for reading what led to a
 //! failure (see `kube_dispatch_tests::log_to_file_from_env`).
 
 use std::time::Duration;
 
-use kube_dispatch_tests::chaos::{Report, Settings, run};
+use kube_dispatch_tests::chaos::{FAULT_KINDS, Report, Settings, run};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -52,6 +55,34 @@ fn seed_from_env() -> u64 {
         })
 }
 
+/// The short mode of `seed`, with the fault kinds of `KD_CHAOS_FAULTS` if set.
+fn short(seed: u64) -> Result<Settings, Box<dyn std::error::Error + Send + Sync>> {
+    let mut settings = Settings::short(seed);
+    settings.faults = faults_from_env()?;
+    Ok(settings)
+}
+
+/// `KD_CHAOS_FAULTS`: fault kinds separated by commas; none if unset or empty.
+fn faults_from_env() -> Result<Vec<u32>, Box<dyn std::error::Error + Send + Sync>> {
+    let Ok(list) = std::env::var("KD_CHAOS_FAULTS") else {
+        return Ok(Vec::new());
+    };
+    let mut kinds = Vec::new();
+    for k in list.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        match k.parse::<u32>() {
+            Ok(n) if n < FAULT_KINDS => kinds.push(n),
+            _ => {
+                return Err(format!(
+                    "KD_CHAOS_FAULTS: {k:?} is not a fault kind (0 to {})",
+                    FAULT_KINDS - 1
+                )
+                .into());
+            }
+        }
+    }
+    Ok(kinds)
+}
+
 /// Short mode: seeds 1 and 2, then a fresh one, 40 s of faults each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_faults_lose_nothing_and_never_overlap() -> TestResult {
@@ -61,7 +92,7 @@ async fn seeded_faults_lose_nothing_and_never_overlap() -> TestResult {
         "chaos: seeds 1, 2 and fresh seed {fresh} (replay with SEED={fresh} make chaos-soak SEEDS=1)"
     );
     for seed in [1, 2, fresh] {
-        let report = run(Settings::short(seed)).await?;
+        let report = run(short(seed)?).await?;
         println!("{report}");
         check(&report);
     }
@@ -87,7 +118,7 @@ async fn chaos_soak() -> TestResult {
     let mut totals = kube_dispatch_tests::chaos::Totals::default();
     let mut failed = Vec::new();
     for seed in (first..).take(usize::try_from(seeds)?) {
-        let report = run(Settings::short(seed)).await?;
+        let report = run(short(seed)?).await?;
         println!("{}", report.line());
         if !report.clean() {
             println!("{report}");
@@ -120,6 +151,7 @@ async fn long_chaos() -> TestResult {
         duration: Duration::from_secs(seconds),
         objects: 25,
         write_period: Duration::from_millis(30),
+        faults: faults_from_env()?,
     })
     .await?;
     println!("{report}");
