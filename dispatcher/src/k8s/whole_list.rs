@@ -21,7 +21,7 @@ use kube::{
     api::{Api, ListParams, WatchEvent, WatchParams},
     runtime::watcher::{Error, Event, Result},
 };
-use tracing::debug;
+use tracing::{debug, info};
 
 use super::{list_reader::ListReader, object::WatchedObject};
 
@@ -173,7 +173,12 @@ async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObje
                         events,
                     },
                 ),
-                None => (None, State::Listed { resource_version }),
+                None => {
+                    // Its timeout, or the API server closed it (a watcher too slow for its
+                    // cache, a restart): resumed from where it was, without a list.
+                    info!(%resource_version, "the API server ended the watch: watching again");
+                    (None, State::Listed { resource_version })
+                }
             }
         }
     }
