@@ -283,7 +283,7 @@ impl Setup<'_> {
             dispatchers,
             controller,
             plane: self.control_plane.cpu_seconds(),
-            requests: RequestCounts::parse(&metrics),
+            requests: RequestCounts::parse(&metrics).without_control_plane()?,
             sent: (
                 sum_where(
                     &metrics,
