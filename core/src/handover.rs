@@ -173,6 +173,29 @@ impl Slice {
         self.ring.contains(&self.identity)
     }
 
+    /// Whether this slice may serve keys `earlier` did not, so that only a list can show
+    /// what changed in them meanwhile: a handover completed since (its settled ring differs),
+    /// or, settled on the same ring, its ring lost a member. The second is a member that joined
+    /// and left again before a handover completed (a dispatcher crashing as it starts, a
+    /// scale-up undone): the keys it took on the ring come back here without a handover, and
+    /// changes made to them meanwhile reached no queue (deletions are remembered apart, see
+    /// `Partition`).
+    pub fn may_serve_more_than(&self, earlier: &Slice) -> bool {
+        let Some(settled) = &self.settled else {
+            return false;
+        };
+        let same_settled = earlier
+            .settled
+            .as_ref()
+            .is_some_and(|e| e.members() == settled.members());
+        !same_settled
+            || earlier
+                .ring
+                .members()
+                .iter()
+                .any(|m| !self.ring.members().contains(m))
+    }
+
     /// Whether every key this dispatcher owns is served (no handover pending).
     pub fn is_settled(&self) -> bool {
         self.settled
@@ -417,6 +440,35 @@ mod tests {
             .map(|i| hash64(&i.to_le_bytes()))
             .find(|h| a.owner_of_hash(*h) == Some(owner) && b.owner_of_hash(*h) == Some(other))
             .unwrap()
+    }
+
+    /// d0 serves alone; d1 joins and leaves again before any handover completes: d0 serves
+    /// the keys d1 took on the ring again without a handover, so only a list shows what
+    /// changed in them meanwhile. A member joining never does, and a completed handover does.
+    #[test]
+    fn keys_that_come_back_without_a_handover_may_be_served_anew() {
+        let now = Instant::now();
+        let (alone, both) = (ring(&["d0"]), ring(&["d0", "d1"]));
+        let mut h = Handover::new("d0", T, now, false);
+        let serving = h.update(&peers(&[("d0", None, 1)]), 1, false, now);
+        let joined = h.update(&peers(&[("d0", None, 1), ("d1", None, 2)]), 2, false, now);
+        let k = moved_key(&alone, &both, "d0", "d1");
+        assert!(serving.serves_hash(k) && !joined.serves_hash(k));
+        assert!(!joined.may_serve_more_than(&serving), "a member joined");
+        let left = h.update(&peers(&[("d0", None, 3)]), 3, false, now);
+        assert!(left.serves_hash(k));
+        assert_eq!(
+            left.settled.as_ref().map(|r| r.members()),
+            serving.settled.as_ref().map(|r| r.members()),
+            "no handover between"
+        );
+        assert!(left.may_serve_more_than(&joined), "d1 left the ring");
+        assert!(!left.may_serve_more_than(&left));
+        assert!(
+            !left.closed().may_serve_more_than(&joined),
+            "nothing served"
+        );
+        assert!(left.may_serve_more_than(&left.closed()), "served again");
     }
 
     #[test]

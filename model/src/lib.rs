@@ -247,6 +247,11 @@ pub struct Config {
     pub withhold: bool,
     /// What CloseSession does with keys in flight.
     pub closes: Closes,
+    /// Whether a dispatcher lists the keys that come back to it without a handover (a member
+    /// left its ring before a handover to the larger ring completed) as it does after a
+    /// handover: the dispatcher as it is (`Slice::may_serve_more_than`). Without, a change
+    /// made while such a member came and went is never delivered.
+    pub relist_returning: bool,
     /// Check `settles` too (a fair run from every state with a change pending: the costly part).
     pub liveness: bool,
 }
@@ -862,6 +867,7 @@ impl Protocol {
         disp.deaths = 0;
         if live != disp.ring {
             let gone = disp.ring & !live;
+            let settled_before = disp.settled;
             for (x, lease) in leases.iter().enumerate() {
                 // Only a Lease deleted with the drained mark was released: its holder left
                 // nothing in flight. Expired, or deleted without the mark, its holder died.
@@ -878,6 +884,15 @@ impl Protocol {
             disp.written = 0;
             let was = disp.settled.is_some();
             self.apply_slice(disp, d, was);
+            // Keys of members that left come back here without a handover: only a list shows
+            // what changed in them meanwhile.
+            if self.config.relist_returning
+                && gone != 0
+                && disp.settled.is_some()
+                && disp.settled == settled_before
+            {
+                self.relist(disp, d);
+            }
         }
         if !has(disp.ring, d) {
             // Off its own ring (its Lease gone from the view): it hands out nothing, and
@@ -991,8 +1006,13 @@ impl Protocol {
     /// of the system and every recovery, no fault, and an answer hands out all that is ready.
     fn fair(&self, state: &State, action: &Action) -> bool {
         match *action {
-            Action::Restart(_)
-            | Action::HealApi(_)
+            // A dispatcher scaled down (stopped with its Lease drained) stays down while
+            // another runs: the others must serve its keys.
+            Action::Restart(d) => {
+                let lease = state.leases[usize::from(d)];
+                !(lease.drained && !lease.exists && state.dispatchers.iter().any(|x| x.up))
+            }
+            Action::HealApi(_)
             | Action::RestartReplica(_)
             | Action::Open(..)
             | Action::Poll(..)
@@ -1690,7 +1710,7 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions",
+            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions",
             self.dispatchers,
             self.replicas,
             self.keys,
@@ -1699,6 +1719,7 @@ impl fmt::Display for Config {
             self.deletions,
             self.withhold,
             self.closes,
+            self.relist_returning,
             self.timing,
             b.dispatcher_crashes,
             b.graceful_stops,
@@ -1732,6 +1753,7 @@ mod tests {
             deletions: Deletions::Died,
             withhold: true,
             closes: Closes::Hold,
+            relist_returning: true,
             liveness: true,
         }
     }
@@ -2031,6 +2053,56 @@ mod tests {
         ]
         .concat();
         overlaps_only_in(bad, good, &path);
+    }
+
+    /// Dispatcher `j` is scaled down and up again, and down once more before a handover to the
+    /// ring of two completes; meanwhile a key `j` would own changes. The other dispatcher, still
+    /// settled on the ring of one, serves the key again without a handover: unless it lists it,
+    /// the change is never delivered (the scaled-down dispatcher does not come back).
+    #[test]
+    fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered_only_if_listed() {
+        use Action::*;
+        let budget = Budget {
+            graceful_stops: 2,
+            changes: 1,
+            ..NO_FAULTS
+        };
+        let good = Config {
+            keys: 2,
+            ..config(2, Variant::SendTime, budget)
+        };
+        let bad = Config {
+            relist_returning: false,
+            ..good
+        };
+        let model = Protocol::new(good);
+        // The joiner must judge first in a tick (dispatcher 0), so that the other adopts the
+        // ring of two after the joiner's release and completes no handover to it.
+        let k = (0..2u8)
+            .find(|k| model.owner(model.all(), usize::from(*k)) == Some(0))
+            .expect("a key dispatcher-0 owns on the ring of two");
+        let path = [
+            // Dispatcher 0 goes; dispatcher 1 takes over every key and reconciles k.
+            &[Stop(0), Tick][..],
+            &[Open(0, 1), Poll(0, 1), Arrive(0, 1), Answer(0, 1, bit(k))],
+            &[Receive(0, 1), Finish(0, k), AckArrives(0, 1, k)],
+            // Dispatcher 0 comes back; dispatcher 1 sees it and lets k go; k changes; 0 goes.
+            &[Restart(0), Tick, Change(k), Stop(0), Tick],
+        ]
+        .concat();
+        let s = replay(&model, &path);
+        assert_eq!(
+            s.dispatchers[1].settled,
+            Some(bit(1usize)),
+            "no handover between"
+        );
+        assert!(model.settles(&s), "listed, the change is delivered");
+        let bad_model = Protocol::new(bad);
+        let s = replay(&bad_model, &path);
+        assert!(
+            !bad_model.settles(&s),
+            "unlisted, the change is never delivered"
+        );
     }
 
     /// The real membership code (`core::leases`, `core::handover`) steps in lock-step with the

@@ -75,6 +75,11 @@ struct Args {
     /// Check the old CloseSession (keys in flight go back to the queue at once) instead.
     #[arg(long)]
     close_releases: bool,
+    /// Check the old dispatcher, which listed only after a handover, instead: keys that come
+    /// back to a dispatcher without one (a member left the ring before its handover completed)
+    /// are not listed, and a change made meanwhile is never delivered.
+    #[arg(long)]
+    returning_unlisted: bool,
     /// Stop after this many states (0: explore everything within the bounds).
     #[arg(long, default_value_t = 0)]
     max_states: usize,
@@ -148,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             Closes::Hold
         },
+        relist_returning: !args.returning_unlisted,
     };
     println!("model: {config}");
     let started = Instant::now();

@@ -15,6 +15,7 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
 };
+use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
 use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION};
@@ -954,6 +955,94 @@ async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
         deleted_at.elapsed()
     );
     ds.insert(1, joining);
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// dispatcher-1 joins and dies before any handover to the ring of two completes (it crashes as
+/// it starts; stalled here, then killed), while a key that would move to it changes:
+/// dispatcher-0, still settled on the ring of one, serves that key again without a handover, so
+/// it must list to learn of the change. Before, only a completed handover made it list, and the
+/// change waited for the next resync (never, here: resync is off).
+#[tokio::test]
+async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> TestResult {
+    const COUNT: usize = 30;
+    let (ns, api) = with_configmaps("flap", COUNT).await?;
+    let two = Ring::new([name(0), name(1)]);
+    let moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
+    assert!(!moving.is_empty(), "a key moves to dispatcher-1");
+    let changed = &moving[0];
+    let ds = start_settled(ns.name(), 1, BOUND).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs).await?;
+    let first = s0
+        .collect_until(Duration::from_secs(20), |got| got.len() >= COUNT)
+        .await;
+    assert_eq!(first.len(), COUNT, "dispatcher-0 delivers every key");
+
+    // dispatcher-1 stalls as soon as dispatcher-0 has seen its first Lease, which releases no
+    // ring: neither completes a handover to the ring of two.
+    let joining = start(ns.name(), 1).await?;
+    let mut ring0 = ds[&0].handles.slice.clone();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        ring0.wait_for(|s| s.ring.members().len() == 2),
+    )
+    .await??;
+    joining.freeze(Duration::from_secs(60));
+    let seen = ds[&0].watch_total(|c| &c.applied);
+    let patch = Patch::Merge(serde_json::json!({ "data": { "round": "1" } }));
+    let written = api.patch(changed, &PatchParams::default(), &patch).await?;
+    let rv: u64 = written.resource_version().unwrap_or_default().parse()?;
+    // Once dispatcher-0's watch has shown the change (to no queue: the key is not served here
+    // now, nor on dispatcher-1), dispatcher-1 dies.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ds[&0].watch_total(|c| &c.applied) == seen {
+        assert!(
+            Instant::now() < deadline,
+            "dispatcher-0's watch never showed the change"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let settled_on = |s: &Slice| s.settled.as_ref().map(|r| r.members().len());
+    assert_eq!(
+        settled_on(&ds[&0].handles.slice.borrow()),
+        Some(1),
+        "dispatcher-0 must still be settled on the ring of one"
+    );
+    joining.kill();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        ring0.wait_for(|s| s.ring.members().len() == 1),
+    )
+    .await??;
+    assert_eq!(
+        settled_on(&ds[&0].handles.slice.borrow()),
+        Some(1),
+        "no handover came between"
+    );
+
+    let came_back = Instant::now();
+    let key = format!("/ConfigMap/{}/{changed}", ns.name());
+    let delivered = |got: &[kube_dispatch_proto::v1::ReconcileRequest]| {
+        got.iter()
+            .any(|r| r.key == key && r.resource_version.parse().unwrap_or(0) >= rv)
+    };
+    let got = s0
+        .collect_until(Duration::from_secs(15), |got| delivered(got))
+        .await;
+    assert!(
+        delivered(&got),
+        "the change of {changed} (rv {rv}) made while dispatcher-1 came and went was never \
+         delivered; delivered: {:?}",
+        got.iter()
+            .map(|r| (&r.key, &r.resource_version))
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "the change made while dispatcher-1 came and went was delivered {:?} after the key came back",
+        came_back.elapsed()
+    );
     stop_all([], ds, []).await;
     Ok(())
 }

@@ -418,11 +418,9 @@ impl WatchTask {
             list_params = list_params.fields(&self.key.field_selector);
         }
         let mut epoch: u32 = 0;
-        // The served set grows only when a handover completes (the settled ring changes): only
-        // then can a list show keys this watch has not fed. A ring change alone shrinks it or
-        // adds keys that are held.
-        let settled_members = |s: &Slice| s.settled.as_ref().map(|r| r.members().to_vec());
-        let mut settled = settled_members(&self.slice.borrow_and_update());
+        // The slice the watch last fed: a list beside it is needed only when the served set may
+        // grow ([`Slice::may_serve_more_than`]).
+        let mut fed = self.slice.borrow_and_update().clone();
         'restart: loop {
             // The shard the watch asks for from here on; a ring change that changes it
             // restarts the watch (a re-list of the namespaces owned then).
@@ -457,16 +455,22 @@ impl WatchTask {
                         if now_shard != self.shard {
                             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
                             info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
-                            settled = settled_members(&slice);
+                            fed = slice;
                             continue 'restart;
                         }
-                        let now = settled_members(&slice);
-                        if now == settled || now.is_none() {
-                            settled = now;
+                        let grows = slice.may_serve_more_than(&fed);
+                        let handover = grows && slice.settled.as_ref().map(|r| r.members())
+                            != fed.settled.as_ref().map(|r| r.members());
+                        fed = slice;
+                        if !grows {
                             continue;
                         }
-                        settled = now;
-                        Step::ListBeside { why: "a handover completed", joined: false }
+                        let why = if handover {
+                            "a handover completed"
+                        } else {
+                            "keys came back to this dispatcher without a handover (a member left the ring before its handover completed)"
+                        };
+                        Step::ListBeside { why, joined: false }
                     }
                     page = next_page(&mut side) => Step::Page(page),
                     event = events.next() => Step::Event(event),
