@@ -285,7 +285,9 @@ impl Group {
     /// Records that an object exists, if this dispatcher serves its key; see
     /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept
     /// ([`Partition::keeps`]) is recorded and queued too, to be handed out once the gate opens
-    /// if it is still served then: no list shows it again.
+    /// if it is still served then: no list shows it again. So is a key that moved away and is
+    /// still here, queued or in flight ([`GroupQueue::is_leaving`]): if the ring brings it back
+    /// before it settles, the change is delivered (a list that follows skips keys known here).
     pub fn observe(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
             let mut state = self.state();
@@ -293,6 +295,7 @@ impl Group {
             let State { queue, partition } = &mut *state;
             if !partition.admits(&slice, key, Some(false), Self::now())
                 && !Partition::keeps(&slice, queue, key)
+                && !queue.is_leaving(key.text())
             {
                 return;
             }
@@ -307,7 +310,10 @@ impl Group {
         let wake = {
             let mut state = self.state();
             let slice = self.slice.borrow();
-            if !slice.serves_key(key) && !Partition::keeps(&slice, &state.queue, key) {
+            if !slice.serves_key(key)
+                && !Partition::keeps(&slice, &state.queue, key)
+                && !state.queue.is_leaving(key.text())
+            {
                 return;
             }
             state.queue.change(key.text(), Change::owned())
@@ -347,12 +353,21 @@ impl Group {
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
-    /// since, a deletion held for it).
-    pub fn exists_elsewhere(&self, key: KeyRef<'_>) {
-        // Decided under the state lock, like every decision against the slice.
-        let mut state = self.state();
-        let slice = self.slice.borrow();
-        state.partition.exists_elsewhere(&slice, key);
+    /// since, a deletion held for it). A key that moved away and is still here, queued or in
+    /// flight, records the change as [`Group::observe`] does, in case the ring brings it back.
+    pub fn exists_elsewhere(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
+        let wake = {
+            // Decided under the state lock, like every decision against the slice.
+            let mut state = self.state();
+            let slice = self.slice.borrow();
+            let State { queue, partition } = &mut *state;
+            partition.exists_elsewhere(&slice, key);
+            if !queue.is_leaving(key.text()) {
+                return;
+            }
+            queue.observe(key.text(), object, epoch)
+        };
+        self.wake(wake);
     }
 
     /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
@@ -602,9 +617,16 @@ mod tests {
         g.change(KeyRef::from(&back), deleted());
         // The object of `back` is created again.
         let name = back.trim_start_matches("/ConfigMap/ns/");
-        g.exists_elsewhere(KeyRef::from(
-            &RequestKey::new("", "ConfigMap", "ns", name).to_string(),
-        ));
+        g.exists_elsewhere(
+            KeyRef::from(&RequestKey::new("", "ConfigMap", "ns", name).to_string()),
+            Observed {
+                resource_version: "9".into(),
+                uid: "u9".into(),
+                body: None,
+                trace: None,
+            },
+            0,
+        );
         assert!(
             g.take(1, 10, usize::MAX).is_empty(),
             "nothing of d1's is delivered here"

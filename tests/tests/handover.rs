@@ -960,18 +960,19 @@ async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
 }
 
 /// dispatcher-1 joins and dies before any handover to the ring of two completes (it crashes as
-/// it starts; stalled here, then killed), while a key that would move to it changes:
-/// dispatcher-0, still settled on the ring of one, serves that key again without a handover, so
-/// it must list to learn of the change. Before, only a completed handover made it list, and the
-/// change waited for the next resync (never, here: resync is off).
+/// it starts; stalled here, then killed), while two keys that would move to it change, one idle
+/// on dispatcher-0 and one in flight there. dispatcher-0, still settled on the ring of one,
+/// serves both again without a handover. Before, it listed only after a handover, so the idle
+/// key's change waited for the next resync (never, here: resync is off); and the watch dropped
+/// the change of the key in flight (owned elsewhere then), which a list would skip as known.
 #[tokio::test]
 async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> TestResult {
     const COUNT: usize = 30;
     let (ns, api) = with_configmaps("flap", COUNT).await?;
     let two = Ring::new([name(0), name(1)]);
     let moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
-    assert!(!moving.is_empty(), "a key moves to dispatcher-1");
-    let changed = &moving[0];
+    assert!(moving.len() >= 2, "two keys move to dispatcher-1");
+    let (idle, flying) = (&moving[0], &moving[1]);
     let ds = start_settled(ns.name(), 1, BOUND).await?;
     let subs = vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs).await?;
@@ -979,6 +980,17 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
         .collect_until(Duration::from_secs(20), |got| got.len() >= COUNT)
         .await;
     assert_eq!(first.len(), COUNT, "dispatcher-0 delivers every key");
+    let patch =
+        |round: u32| Patch::Merge(serde_json::json!({ "data": { "round": round.to_string() } }));
+    let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
+    api.patch(flying, &PatchParams::default(), &patch(1))
+        .await?;
+    let in_flight = s0.hold(Duration::from_secs(10)).await?;
+    assert_eq!(
+        in_flight.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+        [key(flying)],
+        "dispatcher-0 hands out the change of {flying}, which stays in flight"
+    );
 
     // dispatcher-1 stalls as soon as dispatcher-0 has seen its first Lease, which releases no
     // ring: neither completes a handover to the ring of two.
@@ -991,16 +1003,19 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
     .await??;
     joining.freeze(Duration::from_secs(60));
     let seen = ds[&0].watch_total(|c| &c.applied);
-    let patch = Patch::Merge(serde_json::json!({ "data": { "round": "1" } }));
-    let written = api.patch(changed, &PatchParams::default(), &patch).await?;
-    let rv: u64 = written.resource_version().unwrap_or_default().parse()?;
-    // Once dispatcher-0's watch has shown the change (to no queue: the key is not served here
-    // now, nor on dispatcher-1), dispatcher-1 dies.
+    let mut rvs = BTreeMap::new();
+    for name in [idle, flying] {
+        let written = api.patch(name, &PatchParams::default(), &patch(2)).await?;
+        let rv: u64 = written.resource_version().unwrap_or_default().parse()?;
+        rvs.insert(key(name), rv);
+    }
+    // Once dispatcher-0's watch has shown both changes (while the keys are owned by
+    // dispatcher-1 on the ring, which serves nothing yet), dispatcher-1 dies.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ds[&0].watch_total(|c| &c.applied) == seen {
+    while ds[&0].watch_total(|c| &c.applied) < seen + 2 {
         assert!(
             Instant::now() < deadline,
-            "dispatcher-0's watch never showed the change"
+            "dispatcher-0's watch never showed the changes"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1023,24 +1038,30 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
     );
 
     let came_back = Instant::now();
-    let key = format!("/ConfigMap/{}/{changed}", ns.name());
-    let delivered = |got: &[kube_dispatch_proto::v1::ReconcileRequest]| {
-        got.iter()
-            .any(|r| r.key == key && r.resource_version.parse().unwrap_or(0) >= rv)
+    s0.ack(&in_flight.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+        .await?;
+    let missing = |got: &[kube_dispatch_proto::v1::ReconcileRequest]| -> Vec<String> {
+        rvs.iter()
+            .filter(|(k, rv)| {
+                !got.iter()
+                    .any(|r| &&r.key == k && r.resource_version.parse().unwrap_or(0) >= **rv)
+            })
+            .map(|(k, rv)| format!("{k} (rv {rv})"))
+            .collect()
     };
     let got = s0
-        .collect_until(Duration::from_secs(15), |got| delivered(got))
+        .collect_until(Duration::from_secs(15), |got| missing(got).is_empty())
         .await;
     assert!(
-        delivered(&got),
-        "the change of {changed} (rv {rv}) made while dispatcher-1 came and went was never \
-         delivered; delivered: {:?}",
+        missing(&got).is_empty(),
+        "changes made while dispatcher-1 came and went never delivered: {:?}; delivered: {:?}",
+        missing(&got),
         got.iter()
             .map(|r| (&r.key, &r.resource_version))
             .collect::<Vec<_>>()
     );
     println!(
-        "the change made while dispatcher-1 came and went was delivered {:?} after the key came back",
+        "the changes made while dispatcher-1 came and went were delivered {:?} after the keys came back",
         came_back.elapsed()
     );
     stop_all([], ds, []).await;

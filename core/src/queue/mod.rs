@@ -918,6 +918,13 @@ impl GroupQueue {
             .any(|k| pred(self.prefixes.spell(k, &mut text)))
     }
 
+    /// Whether `key` moved away and is still here, queued or in flight ([`Self::forget_where`]).
+    pub fn is_leaving(&self, key: &str) -> bool {
+        self.prefixes
+            .find(key)
+            .is_some_and(|key| self.leaving.contains(&key))
+    }
+
     /// Whether any key accepted by `pred` is in flight or ready for delivery.
     #[cfg(test)]
     pub(crate) fn any_pending(&self, pred: impl Fn(&str) -> bool) -> bool {

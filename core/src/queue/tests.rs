@@ -238,6 +238,7 @@ fn keys_moved_away_in_flight_are_forgotten_when_they_settle_whatever_the_outcome
         !q.contains("gone-queued"),
         "a queued key is dropped at once"
     );
+    assert!(q.is_leaving("gone-ok") && !q.is_leaving("gone-queued"));
     // Whatever the outcome, a moved key is not requeued here.
     assert_eq!(
         q.ack(1, id("gone-ok"), Outcome::Success, now).0,
@@ -258,6 +259,7 @@ fn keys_moved_away_in_flight_are_forgotten_when_they_settle_whatever_the_outcome
         }
     );
     // A lost session does not requeue it either.
+    assert!(!q.is_leaving("gone-ok"), "forgotten once settled");
     q.remove_session(1);
     q.add_session(2, "b");
     assert!(!q.any_in_flight(|k| k.starts_with("gone")));

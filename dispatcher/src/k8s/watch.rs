@@ -709,7 +709,18 @@ impl WatchTask {
                                 },
                             );
                         } else {
-                            sub.group.exists_elsewhere(key);
+                            // No body: a key owned elsewhere is recorded here only if it is
+                            // still on its way out, and then delivered without one.
+                            sub.group.exists_elsewhere(
+                                key,
+                                Observed {
+                                    resource_version: obj.resource_version().unwrap_or_default(),
+                                    uid: obj.uid().unwrap_or_default(),
+                                    body: None,
+                                    trace: None,
+                                },
+                                epoch,
+                            );
                         }
                         continue;
                     }
