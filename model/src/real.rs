@@ -1,40 +1,64 @@
-//! The real membership code stepped in lock-step with the model: what each dispatcher of a run
-//! makes of the Leases ([`kube_dispatch_core::leases::Observations`]) and its handover gate
-//! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), fed the
-//! Lease writes and deletions of the model's run on a virtual clock, one second a tick.
+//! The real code stepped in lock-step with the model: what each dispatcher of a run makes of
+//! the Leases ([`kube_dispatch_core::leases::Observations`]), its handover gate
+//! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), and its
+//! group's queue and partition ([`GroupQueue`], [`Partition`]: sessions opened, replaced,
+//! closed and expired, keys handed out, acknowledged and run out, changes recorded, the queue
+//! trimmed to each slice and filled by the list a growing slice brings), fed the Lease writes
+//! and deletions, object changes and calls of the model's run on a virtual clock, one second a
+//! tick.
 //!
-//! After every step, every Lease's release, and each dispatcher's ring, settled ring, whether
-//! it waits out a member that died and whether it hands out keys now ([`Slice::hands_out`])
-//! must be the model's. The ring it offers to release is the model's queue's; the code decides
-//! whether to write it ([`Handover::releasable`]). A change to the code that the model does not make (a Lease deletion
-//! taken for a release, a death missed, a release not withheld) shows as a divergence with the
-//! path that leads to it, and the properties the checker proves of the model then say nothing
-//! of the code.
+//! After every step, every Lease's release, each dispatcher's ring, settled ring, whether it
+//! waits out a member that died, whether it hands out keys now ([`Slice::hands_out`]), the ring
+//! its queue lets it release, and where every key stands in its queue (absent, idle, ready,
+//! in flight to which replica, changed meanwhile, on its way out) must be the model's. Where
+//! the model leaves a choice the code makes, the walk follows the code: an answer hands out what
+//! the real queue hands out (a key waiting for a backoff counts as ready in the model, which
+//! may hand it out sooner), and timeouts fire at the tick they are due. A change to the code
+//! that the model does not make shows as a divergence with the path that leads to it, and the
+//! properties the checker proves of the model then say nothing of the code.
 //!
-//! What is not stepped: the queue (the model's own), the membership loop's I/O around `judge`
-//! (the Lease watch's list, the renewals' requests), partial views, and API cuts. Cut off, the
-//! code goes on judging the Leases as it last saw them (each ageing out of its view), while the
-//! model's dispatcher judges nothing until it is back and then reads the Leases as they are:
-//! stepping cuts would need the model to keep each dispatcher's own copy of every Lease.
-//! Walks with cuts did find one difference worth fixing before they were set aside: a re-list
-//! counted a Lease already mourned as a new death, and restarted the wait.
+//! What is mirrored rather than called: the few lines of the dispatcher's `Group` and watch
+//! that decide which calls reach the queue (`Group::observe`'s rule, `Group::fill`, a
+//! renewal's release), since they live with the I/O in the dispatcher crate.
+//!
+//! What is not stepped: the membership loop's I/O around `judge` (the Lease watch's list, the
+//! renewals' requests), partial views, and API cuts. Cut off, the code goes on judging the
+//! Leases as it last saw them (each ageing out of its view), while the model's dispatcher
+//! judges nothing until it is back and then reads the Leases as they are: stepping cuts would
+//! need the model to keep each dispatcher's own copy of every Lease. Walks with cuts did find
+//! one difference worth fixing before they were set aside: a re-list counted a Lease already
+//! mourned as a new death, and restarted the wait.
+//!
+//! `KD_MODEL_TRACE=1` prints every step of a walk with each dispatcher's keys in the model and
+//! in the code, to read a divergence.
 
 use std::{
     collections::BTreeMap,
     fmt,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use kube_dispatch_core::{
     handover::{Handover, Slice},
+    key::KeyRef,
     leases::{LeaseState, Observations, Peer},
+    partition::Partition,
+    queue::{DeliveryId, GroupQueue, KeyState, Observed, Outcome, QueueConfig, SessionId},
+    recent_deletions::RecentDeletionsConfig,
 };
 use kube_dispatch_proto::{Ring, lease::ring_id};
 
-use crate::{Action, Protocol, State, bit, dispatcher_name, has};
+use crate::{Action, Key, Message, Protocol, State, bit, dispatcher_name, has};
 
 /// A tick of the model on the real code's clock.
 pub const TICK: Duration = Duration::from_secs(1);
+
+/// What a group remembers of deletions of keys owned elsewhere (the model deletes nothing).
+const RECENT: RecentDeletionsConfig = RecentDeletionsConfig {
+    window: Duration::from_secs(60),
+    capacity: 64,
+};
 
 /// One dispatcher process as the real code holds it.
 #[derive(Debug)]
@@ -45,7 +69,33 @@ struct Process {
     renewed: Option<Instant>,
     /// The live members of its last judged view.
     live: BTreeMap<String, Peer>,
-    slice: Option<Slice>,
+    slice: Option<Arc<Slice>>,
+    /// The group's queue and partition (the one group of the model, there from the start).
+    queue: GroupQueue,
+    partition: Option<Partition>,
+    /// Per replica: its session here.
+    sessions: Vec<Option<SessionId>>,
+    /// The real delivery of each (key, model delivery number) handed out here.
+    deliveries: BTreeMap<(usize, u8), DeliveryId>,
+    /// Keys the last [`Real::answer`] handed out, with their deliveries.
+    answered: Vec<(usize, DeliveryId)>,
+}
+
+impl Process {
+    fn new(identity: &str, bound: Duration, now: Instant, died: bool, queue: QueueConfig) -> Self {
+        Self {
+            observations: Observations::default(),
+            handover: Handover::new(identity, bound, now, died),
+            renewed: None,
+            live: BTreeMap::new(),
+            slice: None,
+            queue: GroupQueue::new(queue),
+            partition: None,
+            sessions: Vec::new(),
+            deliveries: BTreeMap::new(),
+            answered: Vec::new(),
+        }
+    }
 }
 
 /// The real code of every dispatcher of a run, and the Leases on the API server.
@@ -64,6 +114,12 @@ pub struct Real {
     bound: Duration,
     /// The ring id of every set of members (a bit each), computed once.
     ids: Vec<String>,
+    /// The objects' request keys and versions (each change makes a new one).
+    keys: Vec<String>,
+    versions: Vec<u64>,
+    queue: QueueConfig,
+    next_session: SessionId,
+    replicas: usize,
 }
 
 /// Where the real code and the model part.
@@ -109,16 +165,18 @@ impl Real {
             grace: TICK * u32::from(t.grace) - Duration::from_nanos(1),
             bound: TICK * u32::from(t.bound),
             ids: (0..1u8 << n).map(|m| ring_id(&ring_of(m, n))).collect(),
+            keys: model.keys.clone(),
+            versions: vec![1; model.keys.len()],
+            queue: QueueConfig {
+                max_reconcile_time: TICK * u32::from(t.max_reconcile),
+                ..QueueConfig::default()
+            },
+            next_session: 1,
+            replicas: model.config.replicas,
         };
         let now = real.now();
         for d in 0..n {
-            real.processes[d] = Some(Process {
-                observations: Observations::default(),
-                handover: Handover::new(&dispatcher_name(d), real.bound, now, false),
-                renewed: None,
-                live: BTreeMap::new(),
-                slice: None,
-            });
+            real.processes[d] = Some(real.process(d, now, false));
         }
         // Every Lease written, the full ring adopted, then written again with the ring
         // released: the gate opens on a ring whose every other member released it since.
@@ -135,6 +193,25 @@ impl Real {
             real.judge(d);
         }
         real
+    }
+
+    fn process(&self, d: usize, now: Instant, died: bool) -> Process {
+        let mut p = Process::new(&dispatcher_name(d), self.bound, now, died, self.queue);
+        p.sessions = vec![None; self.replicas()];
+        p
+    }
+
+    fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    fn observed(&self, k: usize) -> Observed {
+        Observed {
+            resource_version: self.versions[k].to_string(),
+            uid: format!("uid-{k}"),
+            body: None,
+            trace: None,
+        }
     }
 
     fn id(&self, members: u8) -> String {
@@ -197,19 +274,117 @@ impl Real {
     /// each round).
     fn judge(&mut self, d: usize) {
         let (now, grace, duration) = (self.now(), self.grace, self.duration);
+        let objects = self.objects();
         let Some(p) = &mut self.processes[d] else {
             return;
         };
         p.live = p.handover.judge(&mut p.observations, grace, now).0;
         let fenced = p.renewed.is_none_or(|at| now >= at + duration);
-        p.slice = Some(
+        let slice = Arc::new(
             p.handover
                 .update(&p.live, p.observations.newest(), fenced, now),
         );
+        let before = p.slice.replace(slice.clone());
+        // The group's partition trims its queue to the slice (`Group::apply_slice`).
+        let partition = p
+            .partition
+            .get_or_insert_with(|| Partition::new("model", slice.clone(), RECENT));
+        partition.apply(&slice, &mut p.queue, now);
+        // Its watch lists beside its stream when the keys served may have grown, and the list
+        // shows the group the served keys it does not know (`WatchTask`, `Group::fill`).
+        let grows = before.map_or(slice.settled.is_some(), |b| slice.may_serve_more_than(&b));
+        if grows {
+            for (key, object) in objects {
+                if slice.serves_str(&key) && !p.queue.knows_object(&key) {
+                    p.queue.observe(&key, object, 0);
+                }
+            }
+        }
     }
 
-    /// Takes the model's step `action`, which led to `after`, then compares.
-    pub fn step(&mut self, model: &Protocol, action: Action, after: &State) -> Result<(), String> {
+    /// Every object as a list shows it now.
+    fn objects(&self) -> Vec<(String, Observed)> {
+        (0..self.keys.len())
+            .map(|k| (self.keys[k].clone(), self.observed(k)))
+            .collect()
+    }
+
+    /// An object changes: every dispatcher that reaches the API server sees it on its watch, and
+    /// records it in its group's queue by the rules of `WatchTask::apply` and `Group::observe`
+    /// (a key owned elsewhere: `Group::exists_elsewhere`).
+    fn change(&mut self, k: usize, model: &State) {
+        let now = self.now();
+        self.versions[k] += 1;
+        let object = self.observed(k);
+        let key = self.keys[k].clone();
+        for (d, p) in self.processes.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            let (Some(slice), Some(partition)) = (&p.slice, &mut p.partition) else {
+                continue;
+            };
+            if !model.dispatchers[d].api {
+                continue;
+            }
+            let key_ref = KeyRef::new(&key);
+            let records = if slice.is_member() && !slice.owns_key(key_ref) {
+                partition.exists_elsewhere(slice, key_ref);
+                p.queue.is_leaving(&key)
+            } else {
+                partition.admits(slice, key_ref, Some(false), now)
+                    || Partition::keeps(slice, &p.queue, key_ref)
+                    || p.queue.is_leaving(&key)
+            };
+            if records {
+                p.queue.observe(&key, object.clone(), 0);
+            }
+        }
+    }
+
+    /// Dispatcher `d` answers the held poll of replica `r`: the keys its queue hands out, if it
+    /// hands out anything now (`Group::take`), as the mask of the model's `Answer`.
+    pub fn answer(&mut self, d: usize, r: usize) -> u8 {
+        let now = self.now();
+        let keys = self.keys.clone();
+        let Some(p) = &mut self.processes[d] else {
+            return 0;
+        };
+        p.answered.clear();
+        let (Some(slice), Some(session)) = (&p.slice, p.sessions[r]) else {
+            return 0;
+        };
+        if !slice.hands_out(now) {
+            return 0;
+        }
+        let mut mask = 0;
+        for delivery in p.queue.take(session, keys.len(), now) {
+            if let Some(k) = keys.iter().position(|key| *key == delivery.key) {
+                mask |= bit(k);
+                p.answered.push((k, delivery.id));
+            }
+        }
+        mask
+    }
+
+    /// Takes the model's step `action`, which led from `before` to `after`, then compares.
+    pub fn step(
+        &mut self,
+        model: &Protocol,
+        action: Action,
+        before: &State,
+        after: &State,
+    ) -> Result<(), String> {
+        self.apply(model, action, before, after)?;
+        self.compare(after)
+    }
+
+    /// Takes the model's step `action`, which led from `before` to `after`.
+    fn apply(
+        &mut self,
+        model: &Protocol,
+        action: Action,
+        before: &State,
+        after: &State,
+    ) -> Result<(), String> {
         match action {
             Action::Tick | Action::Lag(_) | Action::TickRenewalUnanswered(_) => {
                 self.ticks += 1;
@@ -225,9 +400,19 @@ impl Real {
                     }
                     self.judge(d);
                     let now = self.now();
-                    // The model's queue as it was when this dispatcher renewed (its state after
-                    // the tick: no later step of the tick changes it), filtered by the gate.
-                    let queued = model.queue_release(&after.dispatchers[d], d);
+                    // What its queue lets it release (`Groups::release_ring`): its ring, once
+                    // no key that moved away is queued or in flight; the model's must agree.
+                    let queued = self.processes[d].as_ref().and_then(|p| {
+                        let slice = p.slice.as_ref()?;
+                        let moving = p.queue.any_leaving(|key| !slice.owns_str(key));
+                        (!moving && slice.is_member()).then(|| mask(slice.ring.members()))
+                    });
+                    let modelled = model.queue_release(&after.dispatchers[d], d);
+                    if queued != modelled {
+                        return Err(format!(
+                            "dispatcher-{d}'s queue releases {queued:?} in the code, {modelled:?} in the model"
+                        ));
+                    }
                     let released = self.processes[d].as_ref().and_then(|p| {
                         let id = queued.map(|m| self.id(m));
                         let id = if model.config.withhold {
@@ -246,20 +431,16 @@ impl Real {
                 let now = self.now();
                 // A Lease of its own still there was not released: its previous process died.
                 let predecessor_died = self.leases[d].is_some();
+                let mut process = self.process(d, now, predecessor_died);
                 // Its Lease watch's first list.
-                let mut observations = Observations::default();
                 for (x, lease) in self.leases.iter().enumerate() {
                     if let Some(state) = lease {
-                        observations.observe(&dispatcher_name(x), state.clone(), now);
+                        process
+                            .observations
+                            .observe(&dispatcher_name(x), state.clone(), now);
                     }
                 }
-                self.processes[d] = Some(Process {
-                    observations,
-                    handover: Handover::new(&dispatcher_name(d), self.bound, now, predecessor_died),
-                    renewed: None,
-                    live: BTreeMap::new(),
-                    slice: None,
-                });
+                self.processes[d] = Some(process);
                 self.write(d, None, true);
             }
             Action::Stop(d) => {
@@ -275,13 +456,142 @@ impl Real {
                 self.delete(d, true);
             }
             Action::DeleteLease(d) => self.delete(usize::from(d), false),
+            Action::Change(k) => self.change(usize::from(k), after),
+            Action::Open(r, d) => self.open(usize::from(r), usize::from(d), before, after),
+            Action::Answer(r, d, _) => self.answered(usize::from(r), usize::from(d), after)?,
+            Action::AckArrives(r, d, k) => self.ack(usize::from(r), usize::from(d), k, before),
+            Action::CloseArrives(r, d) => {
+                self.close(usize::from(r), usize::from(d), model, before);
+            }
+            Action::Expire(d, r) => self.expire(usize::from(r), usize::from(d), before),
+            Action::Void(d, _) => {
+                let now = self.now();
+                if let Some(p) = &mut self.processes[usize::from(d)] {
+                    p.queue.advance(now);
+                }
+            }
             Action::Glimpse(..) => return Err("partial views are not stepped".into()),
             Action::CutApi(_) | Action::HealApi(_) => {
                 return Err("API cuts are not stepped".into());
             }
             _ => {}
         }
-        self.compare(after)
+        Ok(())
+    }
+
+    /// Replica `r` opens a session on dispatcher `d`, replacing the one it had there, whose
+    /// keys in flight are held until it would have expired (`Group::add_session`).
+    fn open(&mut self, r: usize, d: usize, before: &State, after: &State) {
+        if after.dispatchers[d].sessions[r].is_none() {
+            return;
+        }
+        let now = self.now();
+        let id = self.next_session;
+        self.next_session += 1;
+        let Some(p) = &mut self.processes[d] else {
+            return;
+        };
+        if let (Some(old), Some(left)) = (p.sessions[r], before.dispatchers[d].sessions[r]) {
+            p.queue
+                .remove_session_holding(old, now + TICK * u32::from(left));
+        }
+        p.queue.add_session(id, &replica_name(r));
+        p.sessions[r] = Some(id);
+    }
+
+    /// Records which real delivery each key of the model's answer is.
+    fn answered(&mut self, r: usize, d: usize, after: &State) -> Result<(), String> {
+        let Some(p) = &mut self.processes[d] else {
+            return Ok(());
+        };
+        for (k, id) in std::mem::take(&mut p.answered) {
+            let Key::InFlight {
+                replica, delivery, ..
+            } = after.dispatchers[d].keys[k]
+            else {
+                return Err(format!(
+                    "dispatcher-{d} handed key {k} out to replica-{r}, which the model did not"
+                ));
+            };
+            debug_assert_eq!(usize::from(replica), r);
+            p.deliveries.insert((k, delivery), id);
+        }
+        Ok(())
+    }
+
+    /// An ack of replica `r` reaches dispatcher `d`, if the model's dispatcher takes calls of
+    /// that session.
+    fn ack(&mut self, r: usize, d: usize, k: u8, before: &State) {
+        let disp = &before.dispatchers[d];
+        if !disp.up || disp.sessions[r].is_none() || disp.closed[r] {
+            return;
+        }
+        let delivery = before.messages.iter().find_map(|m| match *m {
+            Message::Ack {
+                replica,
+                dispatcher,
+                key,
+                delivery,
+            } if (usize::from(replica), usize::from(dispatcher), key) == (r, d, k) => {
+                Some(delivery)
+            }
+            _ => None,
+        });
+        let now = self.now();
+        let Some(p) = &mut self.processes[d] else {
+            return;
+        };
+        let (Some(session), Some(delivery)) = (p.sessions[r], delivery) else {
+            return;
+        };
+        let id = p
+            .deliveries
+            .get(&(usize::from(k), delivery))
+            .copied()
+            .unwrap_or(0);
+        p.queue.ack(session, id, Outcome::Success, now);
+    }
+
+    /// CloseSession of replica `r` reaches dispatcher `d`: its keys in flight are held until
+    /// the session would have expired (`Group::close_session`), or go back at once in the
+    /// model's old variant.
+    fn close(&mut self, r: usize, d: usize, model: &Protocol, before: &State) {
+        let disp = &before.dispatchers[d];
+        let Some(left) = disp.sessions[r] else { return };
+        if !disp.up || disp.closed[r] {
+            return;
+        }
+        let now = self.now();
+        let Some(p) = &mut self.processes[d] else {
+            return;
+        };
+        let Some(session) = p.sessions[r] else { return };
+        match model.config.closes {
+            crate::Closes::Hold => {
+                p.queue
+                    .remove_session_holding(session, now + TICK * u32::from(left));
+            }
+            crate::Closes::Release => {
+                p.queue.remove_session(session);
+                p.sessions[r] = None;
+            }
+        }
+    }
+
+    /// Dispatcher `d` expires the session of replica `r` (a closed one's held keys go back at
+    /// their timer).
+    fn expire(&mut self, r: usize, d: usize, before: &State) {
+        let now = self.now();
+        let closed = before.dispatchers[d].closed[r];
+        let Some(p) = &mut self.processes[d] else {
+            return;
+        };
+        if let Some(session) = p.sessions[r].take()
+            && !closed
+        {
+            p.queue.remove_session(session);
+        }
+        p.queue.advance(now);
     }
 
     /// Whether every Lease, and every dispatcher's ring, settled ring, wait for the dead and
@@ -331,8 +641,87 @@ impl Real {
                     "dispatcher-{d}: (ring, settled, waits on the dead, hands out) {modelled:?} in the model, {real:?} in the code"
                 ));
             }
+            for (k, modelled) in disp.keys.iter().enumerate() {
+                let real = self.key(p, k, now);
+                if !real.matches(*modelled) {
+                    return Err(format!(
+                        "dispatcher-{d}, key {k}: {modelled:?} in the model, {real:?} in the code"
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Where key `k` stands in `p`'s queue.
+    fn key(&self, p: &Process, k: usize, now: Instant) -> RealKey {
+        let key = &self.keys[k];
+        let Some(status) = p.queue.key_status(key, now) else {
+            return RealKey::Absent;
+        };
+        match status.state {
+            KeyState::Idle => RealKey::Idle,
+            KeyState::Queued | KeyState::BackingOff | KeyState::RequeueAfter => RealKey::Ready {
+                leaving: p.queue.is_leaving(key),
+            },
+            KeyState::InFlight => RealKey::InFlight {
+                replica: status.replica,
+                dirty: status.changed_in_flight,
+                leaving: status.leaving,
+            },
+        }
+    }
+}
+
+fn replica_name(r: usize) -> String {
+    format!("replica-{r}")
+}
+
+/// A key as the real queue holds it, in the model's terms.
+#[derive(Debug)]
+enum RealKey {
+    Absent,
+    Idle,
+    /// Ready, or waiting for a backoff (the model hands out ready keys at any time, so it may
+    /// hand out one the code still holds back: the code's choice is one of the model's).
+    Ready {
+        leaving: bool,
+    },
+    /// In flight on the session of `replica`; `None` when held after its session was closed or
+    /// replaced.
+    InFlight {
+        replica: Option<String>,
+        dirty: bool,
+        leaving: bool,
+    },
+}
+
+impl RealKey {
+    fn matches(&self, modelled: Key) -> bool {
+        match (self, modelled) {
+            (Self::Absent, Key::Absent) | (Self::Idle, Key::Idle) => true,
+            (Self::Ready { leaving }, Key::Ready { leaving: m }) => *leaving == m,
+            (
+                Self::InFlight {
+                    replica,
+                    dirty,
+                    leaving,
+                },
+                Key::InFlight {
+                    replica: r,
+                    dirty: md,
+                    leaving: ml,
+                    ..
+                },
+            ) => {
+                replica
+                    .as_ref()
+                    .is_none_or(|name| *name == replica_name(usize::from(r)))
+                    && *dirty == md
+                    && *leaving == ml
+            }
+            _ => false,
+        }
     }
 }
 
@@ -357,11 +746,16 @@ pub struct Walked {
     pub deletions: usize,
     /// Handovers completed (a dispatcher's settled ring changed to a ring it had not settled).
     pub handovers: usize,
+    /// Answers that handed out keys.
+    pub deliveries: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
 /// real code alongside and comparing after each. Partial Lease views are not taken; API cuts
-/// are not stepped, so a budget with cuts fails the walk.
+/// are not stepped, so a budget with cuts fails the walk. Where the model leaves a choice the
+/// code makes, the walk follows the code: an answer hands out what the real queue hands out,
+/// and sessions expire and deliveries run out at the tick they are due (the queue's timers),
+/// not some steps later.
 pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Divergence> {
     use stateright::Model;
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -372,32 +766,131 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
     if let Err(what) = real.compare(&state) {
         return Err(Divergence { path, what });
     }
-    for _ in 0..steps {
+    while walked.steps < steps {
         let mut actions = Vec::new();
         model.actions(&state, &mut actions);
-        actions.retain(|a| !matches!(a, Action::Glimpse(..)));
+        actions.retain(|a| {
+            !matches!(
+                a,
+                Action::Glimpse(..) | Action::Void(..) | Action::Expire(..)
+            )
+        });
+        // One answer per held poll: its keys are the code's.
+        actions.dedup_by(|a, b| match (*a, *b) {
+            (Action::Answer(r, d, _), Action::Answer(s, e, _)) => (r, d) == (s, e),
+            _ => false,
+        });
         if actions.is_empty() {
             break;
         }
-        let action = actions[rng.below(actions.len())];
-        let Some(next) = model.next_state(&state, action) else {
+        let mut action = actions[rng.below(actions.len())];
+        if let Action::Answer(r, d, _) = action {
+            action = Action::Answer(r, d, real.answer(usize::from(d), usize::from(r)));
+        }
+        let mut taken = vec![action];
+        let Some(mut next) = model.next_state(&state, action) else {
+            if matches!(action, Action::Answer(..)) {
+                path.push(action);
+                return Err(Divergence {
+                    path,
+                    what: "the code hands out keys the model does not let it".into(),
+                });
+            }
             continue;
         };
-        path.push(action);
-        walked.steps += 1;
-        if matches!(action, Action::DeleteLease(_)) {
-            walked.deletions += 1;
+        if matches!(
+            action,
+            Action::Tick | Action::Lag(_) | Action::TickRenewalUnanswered(_)
+        ) {
+            taken.extend(due(&next));
         }
-        walked.handovers += state
-            .dispatchers
-            .iter()
-            .zip(&next.dispatchers)
-            .filter(|(a, b)| b.settled.is_some() && a.settled != b.settled)
-            .count();
-        if let Err(what) = real.step(model, action, &next) {
-            return Err(Divergence { path, what });
+        let mut before = state.clone();
+        let batch = taken.len();
+        for (i, action) in taken.into_iter().enumerate() {
+            if i > 0 {
+                before = next.clone();
+                match model.next_state(&next, action) {
+                    Some(after) => next = after,
+                    None if i + 1 == batch => {
+                        if let Err(what) = real.compare(&next) {
+                            return Err(Divergence { path, what });
+                        }
+                        continue;
+                    }
+                    None => continue,
+                }
+            }
+            path.push(action);
+            walked.steps += 1;
+            if matches!(action, Action::DeleteLease(_)) {
+                walked.deletions += 1;
+            }
+            if matches!(action, Action::Answer(_, _, keys) if keys != 0) {
+                walked.deliveries += 1;
+            }
+            walked.handovers += before
+                .dispatchers
+                .iter()
+                .zip(&next.dispatchers)
+                .filter(|(a, b)| b.settled.is_some() && a.settled != b.settled)
+                .count();
+            // Timeouts due at one tick fire together in the code: compared once all are taken.
+            let last = i + 1 == batch;
+            let result = if last {
+                real.step(model, action, &before, &next)
+            } else {
+                real.apply(model, action, &before, &next)
+            };
+            if std::env::var_os("KD_MODEL_TRACE").is_some() {
+                let now = real.now();
+                for (d, disp) in next.dispatchers.iter().enumerate() {
+                    let keys: Vec<String> = (0..disp.keys.len())
+                        .map(|k| {
+                            let r = real.processes[d].as_ref().map(|p| real.key(p, k, now));
+                            format!("{:?} / {:?}", disp.keys[k], r)
+                        })
+                        .collect();
+                    eprintln!(
+                        "{action:?} d{d}: ring {:b} settled {:?} real {:?}: {keys:?}",
+                        disp.ring,
+                        disp.settled,
+                        real.processes[d]
+                            .as_ref()
+                            .and_then(|p| p.slice.as_ref())
+                            .map(|s| (
+                                s.ring.members().to_vec(),
+                                s.settled.as_ref().map(|r| r.members().to_vec())
+                            ))
+                    );
+                }
+            }
+            if let Err(what) = result {
+                return Err(Divergence { path, what });
+            }
         }
         state = next;
     }
     Ok(walked)
+}
+
+/// The timeouts due in `state`, as the code's timers fire them at the tick: deliveries past
+/// their deadline first, then sessions past their ttl.
+fn due(state: &State) -> Vec<Action> {
+    let n = |x: usize| u8::try_from(x).unwrap_or_default();
+    let mut due = Vec::new();
+    for (d, disp) in state.dispatchers.iter().enumerate() {
+        for (k, key) in disp.keys.iter().enumerate() {
+            if matches!(key, Key::InFlight { deadline: 0, .. }) {
+                due.push(Action::Void(n(d), n(k)));
+            }
+        }
+    }
+    for (d, disp) in state.dispatchers.iter().enumerate() {
+        for (r, session) in disp.sessions.iter().enumerate() {
+            if *session == Some(0) {
+                due.push(Action::Expire(n(d), n(r)));
+            }
+        }
+    }
+    due
 }
