@@ -43,14 +43,18 @@
 //!   serving, are delivered here first and then forgotten), releases the ring once none is left,
 //!   and serves moved-in keys only when every other member has released the ring in a Lease
 //!   write seen after the adoption, every member that died has been gone for `bound`, and, after
-//!   a crash, `bound` has passed since its restart. Then it re-lists.
+//!   a crash, `bound` has passed since its restart. Then a list beside its watch queues the
+//!   served keys it does not know; so does a member leaving a ring no handover completed to
+//!   (`Slice::may_serve_more_than`).
 //! - **The queue** (`core/src/queue/`): a key is absent, idle, ready or in flight on one
 //!   session; a change while in flight marks it dirty; an ack settles it; an expired session or a
 //!   delivery past `max_reconcile` puts it back. Any session may take any ready key (a superset
-//!   of the consistent-hash assignment).
+//!   of the consistent-hash assignment). A queue records a change of a key it serves, keeps
+//!   while it hands out nothing, or holds on its way out (`Group::observe`).
 //! - **Sessions**: a poll renews the session when it arrives and again when it is answered; an
 //!   ack renews it when it arrives; a session expires `ttl` ticks after its last renewal. A
-//!   reopening replica replaces its old session.
+//!   reopening replica replaces its old session, whose keys in flight stay held until it would
+//!   have expired.
 //! - **Replicas** (`controller-sdk/src/fence.rs`): a replica polls one call at a time per
 //!   session, and counts its fence (`fence` ticks) and each delivery's limit (`limit` ticks) from
 //!   when it *sent* the poll, plus the time the dispatcher held it; when either runs out it
@@ -58,14 +62,18 @@
 //!   a time, reopens a session only after cancelling what the old one handed it, and may crash.
 //! - **The network**: messages in flight may be delivered in any order, or lost (within the
 //!   budget). A replica's clock may run slow by up to `drift` ticks over a run.
-//! - **Changes**: an object changes (within the budget); dispatchers that serve its key and hear
-//!   from the API server queue it; one cut off re-lists when it is back.
+//! - **Changes**: an object changes (within the budget); dispatchers that record its key queue
+//!   it; one cut off re-lists when it is back (the keys it missed, and a sweep of the deleted).
+//! - **Deletions** (`core/src/partition.rs`): an object is deleted (within the budget, for
+//!   good); a dispatcher serving its key queues the deletion (forgotten once acknowledged),
+//!   one owning it without serving it yet holds it for the end of the handover, and any other
+//!   remembers it in case the key moves there; a restarted dispatcher asks its live peers for
+//!   what they remember of its keys once it serves.
 //!
-//! Not modelled: object deletions (the re-list cannot show them; `dispatcher/HANDOVER.md`
-//! covers them apart), owned objects, more than one controller group, the drain that precedes a
-//! graceful stop, a session replaced while the old one's keys are held (a reopening replica
-//! here requeues at once, which only an SDK that had not cancelled could tell apart), the load balancer (placement only chooses which dispatchers a replica polls: here
-//! every replica may poll every dispatcher), body budgets and backoff delays.
+//! Not modelled: an object deleted and created again (tombstones), owned objects, more than one
+//! controller group, the drain that precedes a graceful stop, the load balancer (placement only
+//! chooses which dispatchers a replica polls: here every replica may poll every dispatcher),
+//! the bounds of the deletions remembered (here for ever), body budgets and backoff delays.
 //!
 //! # Properties
 //!
@@ -162,6 +170,8 @@ pub struct Budget {
     /// CloseSession calls sent while reconciles of the session still run: a client that breaks
     /// the contract (the SDK closes only once they have ended).
     pub closes: u8,
+    /// Object deletions (a deleted object is not created again).
+    pub deletions: u8,
 }
 
 impl Budget {
@@ -177,6 +187,7 @@ impl Budget {
         drift: 0,
         lease_deletions: 0,
         closes: 0,
+        deletions: 0,
     };
 }
 
@@ -344,6 +355,18 @@ pub struct Dispatcher {
     /// Keys whose change it missed while cut off from the API server (a bit each): its queue
     /// holds an older version of them, which the re-list when it is back replaces.
     pub stale: u8,
+    /// Keys whose queue entry records the object's deletion (a bit each): forgotten once that
+    /// delivery is acknowledged.
+    pub gone: u8,
+    /// Deletions its partition holds for keys it owns on its ring but does not serve yet,
+    /// queued once it does (`Partition`'s held deletions).
+    pub held_deletions: u8,
+    /// Deletions of keys owned elsewhere it remembers, in case they move here (`Partition`'s
+    /// recent deletions; the model remembers them for ever).
+    pub recent: u8,
+    /// Its group has asked its peers for the deletions they remember of its keys (once, when
+    /// it first serves: `peer::fetch_recent_deletions`).
+    pub asked: bool,
     /// Its queue, per key.
     pub keys: Vec<Key>,
     /// Per replica: ticks until its session expires, if it has one.
@@ -484,6 +507,8 @@ pub struct State {
     pub messages: Vec<Message>,
     /// Keys changed since their last reconcile began (a bit each).
     pub pending: u8,
+    /// Keys whose object exists (a bit each).
+    pub objects: u8,
     /// Faults left.
     pub left: Budget,
     /// What has happened, for the reachability properties: a bit per event kind.
@@ -550,6 +575,8 @@ pub enum Action {
     Void(u8, u8),
     /// The object of key `k` changes.
     Change(u8),
+    /// The object of key `k` is deleted (for good).
+    Delete(u8),
     /// Replica `r` counts its session on dispatcher `d` as lost and cancels what it handed out.
     Fence(u8, u8),
     /// Replica `r` cancels its reconcile of key `k` at its limit.
@@ -662,6 +689,10 @@ impl Protocol {
             deaths: 0,
             hold: 0,
             stale: 0,
+            gone: 0,
+            held_deletions: 0,
+            recent: 0,
+            asked: false,
             keys: vec![Key::Absent; k],
             sessions: vec![None; r],
             held: vec![None; r],
@@ -698,23 +729,40 @@ impl Protocol {
     /// settles and is then forgotten; any other moved key is forgotten at once; a key that did
     /// not move is no longer on its way out. Off its own ring it keeps its index as it is.
     fn apply_slice(&self, disp: &mut Dispatcher, d: usize, was_serving: bool) {
-        if disp.settled.is_none() && !has(disp.ring, d) {
-            return;
+        if disp.settled.is_some() || has(disp.ring, d) {
+            let drain = disp.settled.is_some() && was_serving;
+            for k in 0..disp.keys.len() {
+                let moved = if disp.settled.is_some() {
+                    !self.serves(disp, d, k)
+                } else {
+                    !self.owns(disp.ring, k, d)
+                };
+                let key = &mut disp.keys[k];
+                *key = match *key {
+                    _ if !moved => key.leaving(false),
+                    Key::InFlight { .. } => key.leaving(true),
+                    Key::Ready { .. } if drain => key.leaving(true),
+                    _ => Key::Absent,
+                };
+            }
         }
-        let drain = disp.settled.is_some() && was_serving;
+        // The partition's deletions: held ones of keys that moved away again are remembered as
+        // owned elsewhere; remembered ones of keys that moved here are held; held ones of keys
+        // now served are queued.
+        let owned = (0..disp.keys.len())
+            .filter(|k| self.owns(disp.ring, *k, d))
+            .fold(0u8, |m, k| m | bit(k));
+        let away = disp.held_deletions & !owned;
+        disp.held_deletions &= !away;
+        disp.recent |= away;
+        let moved_in = disp.recent & owned;
+        disp.recent &= !moved_in;
+        disp.held_deletions |= moved_in;
         for k in 0..disp.keys.len() {
-            let moved = if disp.settled.is_some() {
-                !self.serves(disp, d, k)
-            } else {
-                !self.owns(disp.ring, k, d)
-            };
-            let key = &mut disp.keys[k];
-            *key = match *key {
-                _ if !moved => key.leaving(false),
-                Key::InFlight { .. } => key.leaving(true),
-                Key::Ready { .. } if drain => key.leaving(true),
-                _ => Key::Absent,
-            };
+            if has(disp.held_deletions, k) && self.serves(disp, d, k) {
+                disp.held_deletions &= !bit(k);
+                Self::queue_deletion(disp, k);
+            }
         }
     }
 
@@ -755,20 +803,47 @@ impl Protocol {
 
     /// The list beside the watch when the keys `d` serves may have grown (`Group::fill`):
     /// every served key it does not know is queued; keys it knows it has kept up with.
-    fn fill(&self, disp: &mut Dispatcher, d: usize) {
+    fn fill(&self, disp: &mut Dispatcher, d: usize, objects: u8) {
         for k in 0..disp.keys.len() {
-            if self.serves(disp, d, k) && disp.keys[k] == Key::Absent {
+            if self.serves(disp, d, k) && has(objects, k) && disp.keys[k] == Key::Absent {
                 Self::queue(&mut disp.keys[k]);
             }
+        }
+    }
+
+    /// Queues the deletion of `key` at `d` (`GroupQueue::change` of a deletion).
+    fn queue_deletion(disp: &mut Dispatcher, key: usize) {
+        Self::queue(&mut disp.keys[key]);
+        disp.gone |= bit(key);
+    }
+
+    /// A deletion `d`'s watch shows (`Group::change`, `Partition::admits`): queued if it serves
+    /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
+    /// owned elsewhere.
+    fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize) {
+        if self.serves(disp, d, key) {
+            Self::queue_deletion(disp, key);
+        } else if self.owns(disp.ring, key, d) {
+            disp.held_deletions |= bit(key);
+        } else {
+            disp.recent |= bit(key);
         }
     }
 
     /// The re-list of `d`'s watch once it reaches the API server again (`Group::observe` of
     /// each object): every key it records that it did not know, or whose change it missed, is
     /// queued.
-    fn relist(&self, disp: &mut Dispatcher, d: usize) {
+    fn relist(&self, disp: &mut Dispatcher, d: usize, objects: u8) {
         for k in 0..disp.keys.len() {
-            if self.records(disp, d, k) && (disp.keys[k] == Key::Absent || has(disp.stale, k)) {
+            if !has(objects, k) {
+                // The sweep at the end of the list: a key known here, live as far as it knows,
+                // whose object the list did not show was deleted meanwhile (`GroupQueue::sweep`).
+                if disp.keys[k] != Key::Absent && !has(disp.gone, k) {
+                    Self::queue_deletion(disp, k);
+                }
+            } else if self.records(disp, d, k)
+                && (disp.keys[k] == Key::Absent || has(disp.stale, k))
+            {
                 Self::queue(&mut disp.keys[k]);
             }
         }
@@ -896,6 +971,13 @@ impl Protocol {
     fn judge(&self, state: &mut State, d: usize, live: u8) {
         let t = self.config.timing;
         let leases = state.leases.clone();
+        let objects = state.objects;
+        // What each other running dispatcher remembers of deletions of keys it does not own.
+        let peers: Vec<Option<u8>> = state
+            .dispatchers
+            .iter()
+            .map(|x| x.up.then_some(x.recent))
+            .collect();
         let disp = &mut state.dispatchers[d];
         if disp.own_lease == 0 {
             // Fenced: releases seen so far may predate what the others did meanwhile.
@@ -940,7 +1022,7 @@ impl Protocol {
                 && disp.settled.is_some()
                 && disp.settled == settled_before
             {
-                self.fill(disp, d);
+                self.fill(disp, d, objects);
             }
         }
         if !has(disp.ring, d) {
@@ -974,7 +1056,22 @@ impl Protocol {
             let was = disp.settled.is_some();
             disp.settled = Some(disp.ring);
             self.apply_slice(disp, d, was);
-            self.fill(disp, d);
+            self.fill(disp, d, objects);
+            if !disp.asked {
+                // Its group asks its live peers for the deletions they remember of keys it owns.
+                disp.asked = true;
+                let ring = disp.ring;
+                let remembered = peers
+                    .iter()
+                    .enumerate()
+                    .filter(|(p, _)| *p != d && has(ring, *p))
+                    .fold(0u8, |m, (_, recent)| m | recent.unwrap_or(0));
+                for k in 0..disp.keys.len() {
+                    if has(remembered, k) && self.owns(ring, k, d) {
+                        self.deleted(disp, d, k);
+                    }
+                }
+            }
             if state.seen & Seen::Crashed as u8 != 0 {
                 state.seen |= Seen::HandoverAfterCrash as u8;
             }
@@ -1106,6 +1203,7 @@ impl Model for Protocol {
                 disp.ring = all;
                 disp.settled = Some(all);
                 disp.fresh = all & !bit(d);
+                disp.asked = true;
                 // Every object has just been created: its key is ready at its owner.
                 for k in 0..self.config.keys {
                     if self.owns(all, k, d) {
@@ -1135,6 +1233,7 @@ impl Model for Protocol {
             ],
             messages: Vec::new(),
             pending: u8::try_from((1usize << self.config.keys) - 1).unwrap_or(u8::MAX),
+            objects: u8::try_from((1usize << self.config.keys) - 1).unwrap_or(u8::MAX),
             left: self.config.budget,
             seen: 0,
         }]
@@ -1294,7 +1393,16 @@ impl Model for Protocol {
         }
         if state.left.changes > 0 {
             for k in 0..self.config.keys {
-                actions.push(Action::Change(n(k)));
+                if has(state.objects, k) {
+                    actions.push(Action::Change(n(k)));
+                }
+            }
+        }
+        if state.left.deletions > 0 {
+            for k in 0..self.config.keys {
+                if has(state.objects, k) {
+                    actions.push(Action::Delete(n(k)));
+                }
             }
         }
         if state.left.lease_deletions > 0 {
@@ -1356,7 +1464,7 @@ impl Model for Protocol {
                 }
                 disp.missed = 0;
                 // Its watch re-lists when it is back.
-                self.relist(disp, usize::from(d));
+                self.relist(disp, usize::from(d), s.objects);
             }
             Action::Crash(d) => {
                 s.left.dispatcher_crashes = s.left.dispatcher_crashes.checked_sub(1)?;
@@ -1380,6 +1488,8 @@ impl Model for Protocol {
                 }
                 s.dispatchers[d] = disp;
                 self.renew(&mut s, d, true);
+                // Its first renewal comes before it has judged anything: it releases no ring.
+                s.leases[d].released = None;
             }
             Action::Stop(d) => {
                 s.left.graceful_stops = s.left.graceful_stops.checked_sub(1)?;
@@ -1590,9 +1700,12 @@ impl Model for Protocol {
                         && replica == r
                         && current == delivery
                     {
+                        // A delivery of a deletion, acknowledged, forgets the key.
+                        let gone = has(disp.gone, k);
                         *key = match (leaving, dirty) {
                             (true, _) => Key::Absent,
                             (false, true) => Key::Ready { leaving: false },
+                            (false, false) if gone => Key::Absent,
                             (false, false) => Key::Idle,
                         };
                     }
@@ -1629,6 +1742,9 @@ impl Model for Protocol {
                 Self::requeue(key);
             }
             Action::Change(k) => {
+                if !has(s.objects, k) {
+                    return None;
+                }
                 s.left.changes = s.left.changes.checked_sub(1)?;
                 s.pending |= bit(k);
                 for (d, disp) in s.dispatchers.iter_mut().enumerate() {
@@ -1639,6 +1755,24 @@ impl Model for Protocol {
                         disp.stale |= bit(k);
                     } else if self.records(disp, d, usize::from(k)) {
                         Self::queue(&mut disp.keys[usize::from(k)]);
+                    }
+                }
+            }
+            Action::Delete(k) => {
+                if !has(s.objects, k) {
+                    return None;
+                }
+                s.left.deletions = s.left.deletions.checked_sub(1)?;
+                s.objects &= !bit(k);
+                s.pending |= bit(k);
+                for (d, disp) in s.dispatchers.iter_mut().enumerate() {
+                    if !disp.up {
+                        continue;
+                    }
+                    if disp.api {
+                        self.deleted(disp, d, usize::from(k));
+                    } else {
+                        disp.stale |= bit(k);
                     }
                 }
             }
@@ -1724,6 +1858,17 @@ impl Model for Protocol {
             }
         }
         s.messages.sort_unstable();
+        // What a queue records of a key it forgot goes with it.
+        for disp in &mut s.dispatchers {
+            let known = disp
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| **k != Key::Absent)
+                .fold(0u8, |m, (k, _)| m | bit(k));
+            disp.gone &= known;
+            disp.stale &= known;
+        }
         Some(s)
     }
 
@@ -1773,7 +1918,7 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions",
+            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions",
             self.dispatchers,
             self.replicas,
             self.keys,
@@ -1793,7 +1938,8 @@ impl fmt::Display for Config {
             b.changes,
             b.drift,
             b.lease_deletions,
-            b.closes
+            b.closes,
+            b.deletions
         )
     }
 }
@@ -2186,6 +2332,7 @@ mod tests {
                 lease_deletions: 3,
                 changes: 3,
                 closes: 2,
+                deletions: 1,
                 ..NO_FAULTS
             };
             let model = Protocol::new(Config {
@@ -2201,15 +2348,23 @@ mod tests {
                         total.deletions += w.deletions;
                         total.handovers += w.handovers;
                         total.deliveries += w.deliveries;
+                        total.object_deletions += w.object_deletions;
+                        total.deletions_in_transit += w.deletions_in_transit;
                     }
                     Err(d) => panic!("{dispatchers} dispatchers, seed {seed}: {d}"),
                 }
             }
             println!(
-                "{dispatchers} dispatchers: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, in lock-step",
-                total.steps, total.deletions, total.handovers, total.deliveries
+                "{dispatchers} dispatchers: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a partition's memory, in lock-step",
+                total.steps,
+                total.deletions,
+                total.handovers,
+                total.deliveries,
+                total.object_deletions,
+                total.deletions_in_transit
             );
             assert!(total.deletions > 1000 && total.handovers > 1000 && total.deliveries > 1000);
+            assert!(total.object_deletions > 1000 && total.deletions_in_transit > 100);
         }
     }
 
@@ -2267,6 +2422,7 @@ mod tests {
             drift: 0,
             lease_deletions: 1,
             closes: 1,
+            deletions: 1,
         };
         let config = config(2, Variant::SendTime, budget);
         let checker = Protocol::new(config)

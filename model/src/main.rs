@@ -55,6 +55,9 @@ struct Args {
     /// the contract).
     #[arg(long, default_value_t = 1)]
     early_closes: u8,
+    /// Object deletions (a deleted object is not created again).
+    #[arg(long, default_value_t = 1)]
+    deletions: u8,
     /// Skip the liveness property (a fair run from every state with a change pending), which
     /// costs most of the time.
     #[arg(long)]
@@ -130,6 +133,7 @@ fn main() -> anyhow::Result<()> {
             drift: args.drift,
             lease_deletions: args.lease_deletions,
             closes: args.early_closes,
+            deletions: args.deletions,
         },
         liveness: !args.no_liveness,
         variant: if args.arrival_time {

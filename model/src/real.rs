@@ -44,10 +44,10 @@ use kube_dispatch_core::{
     key::KeyRef,
     leases::{LeaseState, Observations, Peer},
     partition::Partition,
-    queue::{DeliveryId, GroupQueue, KeyState, Observed, Outcome, QueueConfig, SessionId},
+    queue::{Change, DeliveryId, GroupQueue, KeyState, Observed, Outcome, QueueConfig, SessionId},
     recent_deletions::RecentDeletionsConfig,
 };
-use kube_dispatch_proto::{Ring, lease::ring_id};
+use kube_dispatch_proto::{Ring, lease::ring_id, v1::Reason};
 
 use crate::{Action, Key, Message, Protocol, State, bit, dispatcher_name, has};
 
@@ -79,9 +79,22 @@ struct Process {
     deliveries: BTreeMap<(usize, u8), DeliveryId>,
     /// Keys the last [`Real::answer`] handed out, with their deliveries.
     answered: Vec<(usize, DeliveryId)>,
+    /// Its group has asked its peers for the deletions they remember of its keys.
+    asked: bool,
 }
 
 impl Process {
+    /// Records a deletion as `Group::change` does: queued if the key is served here, else left
+    /// to the partition (held for a handover, or remembered as owned elsewhere).
+    fn record_deletion(&mut self, key: &str, change: Change, now: Instant) {
+        let (Some(slice), Some(partition)) = (&self.slice, &mut self.partition) else {
+            return;
+        };
+        if partition.admits(slice, KeyRef::new(key), Some(true), now) {
+            self.queue.change(key, change);
+        }
+    }
+
     fn new(identity: &str, bound: Duration, now: Instant, died: bool, queue: QueueConfig) -> Self {
         Self {
             observations: Observations::default(),
@@ -94,6 +107,7 @@ impl Process {
             sessions: Vec::new(),
             deliveries: BTreeMap::new(),
             answered: Vec::new(),
+            asked: false,
         }
     }
 }
@@ -117,6 +131,7 @@ pub struct Real {
     /// The objects' request keys and versions (each change makes a new one).
     keys: Vec<String>,
     versions: Vec<u64>,
+    exists: Vec<bool>,
     queue: QueueConfig,
     next_session: SessionId,
     replicas: usize,
@@ -167,6 +182,7 @@ impl Real {
             ids: (0..1u8 << n).map(|m| ring_id(&ring_of(m, n))).collect(),
             keys: model.keys.clone(),
             versions: vec![1; model.keys.len()],
+            exists: vec![true; model.keys.len()],
             queue: QueueConfig {
                 max_reconcile_time: TICK * u32::from(t.max_reconcile),
                 ..QueueConfig::default()
@@ -198,6 +214,14 @@ impl Real {
     fn process(&self, d: usize, now: Instant, died: bool) -> Process {
         let mut p = Process::new(&dispatcher_name(d), self.bound, now, died, self.queue);
         p.sessions = vec![None; self.replicas()];
+        // Before its first judgement, a slice with no ring and nothing served, as the model's
+        // fresh dispatcher has. (The dispatcher publishes a ring of itself alone, `serve.rs`:
+        // until its first judgement, a few milliseconds, it records changes and deletions of
+        // keys others own as its own, and that judgement moves them where they would be.)
+        let slice =
+            Arc::new(Slice::fixed(&dispatcher_name(d), Ring::new(Vec::<String>::new())).closed());
+        p.partition = Some(Partition::new("model", slice.clone(), RECENT));
+        p.slice = Some(slice);
         p
     }
 
@@ -295,18 +319,74 @@ impl Real {
         let grows = before.map_or(slice.settled.is_some(), |b| slice.may_serve_more_than(&b));
         if grows {
             for (key, object) in objects {
-                if slice.serves_str(&key) && !p.queue.knows_object(&key) {
+                if let Some(object) = object
+                    && slice.serves_str(&key)
+                    && !p.queue.knows_object(&key)
+                {
                     p.queue.observe(&key, object, 0);
                 }
             }
         }
+        // Once its group serves, it asks its live peers for the deletions they remember of its
+        // keys (`peer::fetch_recent_deletions`), and records each as its watch would.
+        if p.asked || slice.settled.is_none() {
+            return;
+        }
+        p.asked = true;
+        let identity = dispatcher_name(d);
+        let peers: Vec<String> = p.live.keys().filter(|m| **m != identity).cloned().collect();
+        let mut remembered = Vec::new();
+        for (x, q) in self.processes.iter_mut().enumerate() {
+            if let Some(q) = q
+                && peers.contains(&dispatcher_name(x))
+                && let Some(partition) = &mut q.partition
+            {
+                remembered.extend(partition.recent_deletions_owned_by(&slice.ring, &identity, now));
+            }
+        }
+        remembered.sort_unstable();
+        remembered.dedup();
+        if let Some(p) = &mut self.processes[d] {
+            for key in remembered {
+                p.record_deletion(&key, Change::deletion(), now);
+            }
+        }
     }
 
-    /// Every object as a list shows it now.
-    fn objects(&self) -> Vec<(String, Observed)> {
+    /// Every key with its object as a list shows it now (`None` once deleted).
+    fn objects(&self) -> Vec<(String, Option<Observed>)> {
         (0..self.keys.len())
-            .map(|k| (self.keys[k].clone(), self.observed(k)))
+            .map(|k| {
+                (
+                    self.keys[k].clone(),
+                    self.exists[k].then(|| self.observed(k)),
+                )
+            })
             .collect()
+    }
+
+    /// An object is deleted: every dispatcher that reaches the API server records the deletion
+    /// as `Group::change` does.
+    fn delete_object(&mut self, k: usize, model: &State) {
+        let now = self.now();
+        self.versions[k] += 1;
+        self.exists[k] = false;
+        let change = Change {
+            reason: Reason::Deleted,
+            resource_version: self.versions[k].to_string(),
+            uid: format!("uid-{k}"),
+            body: None,
+            deleted: true,
+            trace: None,
+        };
+        let key = self.keys[k].clone();
+        for (d, p) in self.processes.iter_mut().enumerate() {
+            if let Some(p) = p
+                && model.dispatchers[d].api
+            {
+                p.record_deletion(&key, change.clone(), now);
+            }
+        }
     }
 
     /// An object changes: every dispatcher that reaches the API server sees it on its watch, and
@@ -457,6 +537,7 @@ impl Real {
             }
             Action::DeleteLease(d) => self.delete(usize::from(d), false),
             Action::Change(k) => self.change(usize::from(k), after),
+            Action::Delete(k) => self.delete_object(usize::from(k), after),
             Action::Open(r, d) => self.open(usize::from(r), usize::from(d), before, after),
             Action::Answer(r, d, _) => self.answered(usize::from(r), usize::from(d), after)?,
             Action::AckArrives(r, d, k) => self.ack(usize::from(r), usize::from(d), k, before),
@@ -648,6 +729,26 @@ impl Real {
                         "dispatcher-{d}, key {k}: {modelled:?} in the model, {real:?} in the code"
                     ));
                 }
+                let deleted = p
+                    .queue
+                    .key_status(&self.keys[k], now)
+                    .is_some_and(|s| s.deleted);
+                if deleted != has(disp.gone, k) {
+                    return Err(format!(
+                        "dispatcher-{d}, key {k}: deletion recorded {} in the model, {deleted} in the code",
+                        has(disp.gone, k)
+                    ));
+                }
+            }
+            let figures = p.partition.as_ref().map_or((0, 0), Partition::figures);
+            let modelled = (
+                disp.held_deletions.count_ones() as usize,
+                disp.recent.count_ones() as usize,
+            );
+            if figures != modelled {
+                return Err(format!(
+                    "dispatcher-{d}: deletions (held, remembered) {modelled:?} in the model, {figures:?} in the code"
+                ));
             }
         }
         Ok(())
@@ -748,6 +849,11 @@ pub struct Walked {
     pub handovers: usize,
     /// Answers that handed out keys.
     pub deliveries: usize,
+    /// Objects deleted.
+    pub object_deletions: usize,
+    /// Deletions queued from a partition's memory (held through a handover, or remembered as
+    /// owned elsewhere until the key moved here).
+    pub deletions_in_transit: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
@@ -828,6 +934,17 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
             if matches!(action, Action::Answer(_, _, keys) if keys != 0) {
                 walked.deliveries += 1;
             }
+            if matches!(action, Action::Delete(_)) {
+                walked.object_deletions += 1;
+            }
+            walked.deletions_in_transit += before
+                .dispatchers
+                .iter()
+                .zip(&next.dispatchers)
+                .filter(|(a, b)| {
+                    (a.held_deletions | a.recent) & !(b.held_deletions | b.recent) & b.gone != 0
+                })
+                .count();
             walked.handovers += before
                 .dispatchers
                 .iter()
