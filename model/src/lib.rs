@@ -64,14 +64,14 @@
 //!   budget). A replica's clock may run slow by up to `drift` ticks over a run.
 //! - **Changes**: an object changes (within the budget); dispatchers that record its key queue
 //!   it; one cut off re-lists when it is back (the keys it missed, and a sweep of the deleted).
-//! - **Deletions** (`core/src/partition.rs`): an object is deleted (within the budget, for
-//!   good); a dispatcher serving its key queues the deletion (forgotten once acknowledged),
+//! - **Deletions** (`core/src/partition.rs`): an object is deleted (within the budget), and may
+//!   be created again; a dispatcher serving its key queues the deletion (forgotten once
+//!   acknowledged; a deletion not yet delivered when the name is re-used goes first),
 //!   one owning it without serving it yet holds it for the end of the handover, and any other
 //!   remembers it in case the key moves there; a restarted dispatcher asks its live peers for
 //!   what they remember of its keys once it serves.
 //!
-//! Not modelled: an object deleted and created again (tombstones), owned objects, more than one
-//! controller group, the drain that precedes a graceful stop, the load balancer (placement only
+//! Not modelled: owned objects, more than one controller group, the drain that precedes a graceful stop, the load balancer (placement only
 //! chooses which dispatchers a replica polls: here every replica may poll every dispatcher),
 //! the bounds of the deletions remembered (here for ever), body budgets and backoff delays.
 //!
@@ -170,7 +170,7 @@ pub struct Budget {
     /// CloseSession calls sent while reconciles of the session still run: a client that breaks
     /// the contract (the SDK closes only once they have ended).
     pub closes: u8,
-    /// Object deletions (a deleted object is not created again).
+    /// Object deletions (a change of a deleted object creates it again, under a new uid).
     pub deletions: u8,
 }
 
@@ -358,6 +358,13 @@ pub struct Dispatcher {
     /// Keys whose queue entry records the object's deletion (a bit each): forgotten once that
     /// delivery is acknowledged.
     pub gone: u8,
+    /// Keys whose object was created again before the deletion of the earlier one was
+    /// delivered (a bit each): that deletion goes first (`GroupQueue`'s tombstones).
+    pub tomb: u8,
+    /// Keys whose queue entry knows no uid (a bit each): made by a deletion known by its key
+    /// alone (held through a handover, or asked of a peer). Created again, such a key has no
+    /// tombstone: the earlier object cannot be told apart, and the new one is delivered.
+    pub nameless: u8,
     /// Deletions its partition holds for keys it owns on its ring but does not serve yet,
     /// queued once it does (`Partition`'s held deletions).
     pub held_deletions: u8,
@@ -573,9 +580,9 @@ pub enum Action {
     Expire(u8, u8),
     /// Dispatcher `d` voids the delivery of key `k`.
     Void(u8, u8),
-    /// The object of key `k` changes.
+    /// The object of key `k` changes, or is created again if it was deleted.
     Change(u8),
-    /// The object of key `k` is deleted (for good).
+    /// The object of key `k` is deleted.
     Delete(u8),
     /// Replica `r` counts its session on dispatcher `d` as lost and cancels what it handed out.
     Fence(u8, u8),
@@ -690,6 +697,8 @@ impl Protocol {
             hold: 0,
             stale: 0,
             gone: 0,
+            tomb: 0,
+            nameless: 0,
             held_deletions: 0,
             recent: 0,
             asked: false,
@@ -761,7 +770,7 @@ impl Protocol {
         for k in 0..disp.keys.len() {
             if has(disp.held_deletions, k) && self.serves(disp, d, k) {
                 disp.held_deletions &= !bit(k);
-                Self::queue_deletion(disp, k);
+                Self::queue_deletion(disp, k, false);
             }
         }
     }
@@ -811,8 +820,45 @@ impl Protocol {
         }
     }
 
+    /// `d`'s watch shows the object of `key`, `created` again after a deletion or changed
+    /// (`Group::observe`, `Partition::admits`, `Group::exists_elsewhere`): a deletion held or
+    /// remembered for it is forgotten unless the key is served; the queue records it if it
+    /// records the key ([`Protocol::records`]), a deletion of the earlier object not yet
+    /// delivered going first.
+    fn exists(&self, disp: &mut Dispatcher, d: usize, key: usize, created: bool) {
+        if !self.serves(disp, d, key) {
+            if self.owns(disp.ring, key, d) {
+                disp.held_deletions &= !bit(key);
+            }
+            disp.recent &= !bit(key);
+        }
+        if !self.records(disp, d, key) {
+            return;
+        }
+        if created && has(disp.gone, key) {
+            let pending = match disp.keys[key] {
+                Key::Ready { .. } => true,
+                Key::InFlight { dirty, .. } => dirty,
+                _ => false,
+            };
+            if pending && !has(disp.nameless, key) {
+                disp.tomb |= bit(key);
+            }
+            disp.gone &= !bit(key);
+        }
+        disp.nameless &= !bit(key);
+        Self::queue(&mut disp.keys[key]);
+    }
+
     /// Queues the deletion of `key` at `d` (`GroupQueue::change` of a deletion).
-    fn queue_deletion(disp: &mut Dispatcher, key: usize) {
+    /// `named`: the deletion carries the object's uid (seen on the watch); otherwise it is
+    /// known by its key alone.
+    fn queue_deletion(disp: &mut Dispatcher, key: usize, named: bool) {
+        if named {
+            disp.nameless &= !bit(key);
+        } else if disp.keys[key] == Key::Absent {
+            disp.nameless |= bit(key);
+        }
         Self::queue(&mut disp.keys[key]);
         disp.gone |= bit(key);
     }
@@ -820,9 +866,9 @@ impl Protocol {
     /// A deletion `d`'s watch shows (`Group::change`, `Partition::admits`): queued if it serves
     /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
     /// owned elsewhere.
-    fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize) {
+    fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize, named: bool) {
         if self.serves(disp, d, key) {
-            Self::queue_deletion(disp, key);
+            Self::queue_deletion(disp, key, named);
         } else if self.owns(disp.ring, key, d) {
             disp.held_deletions |= bit(key);
         } else {
@@ -839,12 +885,12 @@ impl Protocol {
                 // The sweep at the end of the list: a key known here, live as far as it knows,
                 // whose object the list did not show was deleted meanwhile (`GroupQueue::sweep`).
                 if disp.keys[k] != Key::Absent && !has(disp.gone, k) {
-                    Self::queue_deletion(disp, k);
+                    Self::queue_deletion(disp, k, false);
                 }
-            } else if self.records(disp, d, k)
-                && (disp.keys[k] == Key::Absent || has(disp.stale, k))
-            {
-                Self::queue(&mut disp.keys[k]);
+            } else if disp.keys[k] == Key::Absent || has(disp.stale, k) {
+                // Its version here is older: shown as a change (as created again, if the queue
+                // recorded its deletion).
+                self.exists(disp, d, k, true);
             }
         }
         disp.stale = 0;
@@ -1068,7 +1114,7 @@ impl Protocol {
                     .fold(0u8, |m, (_, recent)| m | recent.unwrap_or(0));
                 for k in 0..disp.keys.len() {
                     if has(remembered, k) && self.owns(ring, k, d) {
-                        self.deleted(disp, d, k);
+                        self.deleted(disp, d, k, false);
                     }
                 }
             }
@@ -1393,9 +1439,7 @@ impl Model for Protocol {
         }
         if state.left.changes > 0 {
             for k in 0..self.config.keys {
-                if has(state.objects, k) {
-                    actions.push(Action::Change(n(k)));
-                }
+                actions.push(Action::Change(n(k)));
             }
         }
         if state.left.deletions > 0 {
@@ -1599,11 +1643,15 @@ impl Model for Protocol {
                     disp.settled?;
                     let delivery = disp.next_delivery[k];
                     disp.next_delivery[k] = (delivery + 1) % DELIVERIES;
+                    // The earlier object's deletion first, if the name was re-used before it was
+                    // delivered: the new object goes once it is acknowledged.
+                    let tomb = has(disp.tomb, k);
+                    disp.tomb &= !bit(k);
                     disp.keys[k] = Key::InFlight {
                         replica: r,
                         deadline: t.max_reconcile,
                         delivery,
-                        dirty: false,
+                        dirty: tomb,
                         leaving,
                     };
                     deliveries |= delivery << (2 * k);
@@ -1742,10 +1790,10 @@ impl Model for Protocol {
                 Self::requeue(key);
             }
             Action::Change(k) => {
-                if !has(s.objects, k) {
-                    return None;
-                }
                 s.left.changes = s.left.changes.checked_sub(1)?;
+                // A deleted object is created again under its name (a new uid).
+                let created = !has(s.objects, k);
+                s.objects |= bit(k);
                 s.pending |= bit(k);
                 for (d, disp) in s.dispatchers.iter_mut().enumerate() {
                     if !disp.up {
@@ -1753,8 +1801,8 @@ impl Model for Protocol {
                     }
                     if !disp.api {
                         disp.stale |= bit(k);
-                    } else if self.records(disp, d, usize::from(k)) {
-                        Self::queue(&mut disp.keys[usize::from(k)]);
+                    } else {
+                        self.exists(disp, d, usize::from(k), created);
                     }
                 }
             }
@@ -1770,7 +1818,7 @@ impl Model for Protocol {
                         continue;
                     }
                     if disp.api {
-                        self.deleted(disp, d, usize::from(k));
+                        self.deleted(disp, d, usize::from(k), true);
                     } else {
                         disp.stale |= bit(k);
                     }
@@ -1867,6 +1915,8 @@ impl Model for Protocol {
                 .filter(|(_, k)| **k != Key::Absent)
                 .fold(0u8, |m, (k, _)| m | bit(k));
             disp.gone &= known;
+            disp.tomb &= known;
+            disp.nameless &= known;
             disp.stale &= known;
         }
         Some(s)
@@ -2350,21 +2400,24 @@ mod tests {
                         total.deliveries += w.deliveries;
                         total.object_deletions += w.object_deletions;
                         total.deletions_in_transit += w.deletions_in_transit;
+                        total.tombstones += w.tombstones;
                     }
                     Err(d) => panic!("{dispatchers} dispatchers, seed {seed}: {d}"),
                 }
             }
             println!(
-                "{dispatchers} dispatchers: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a partition's memory, in lock-step",
+                "{dispatchers} dispatchers: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a partition's memory, {} tombstones handed out, in lock-step",
                 total.steps,
                 total.deletions,
                 total.handovers,
                 total.deliveries,
                 total.object_deletions,
-                total.deletions_in_transit
+                total.deletions_in_transit,
+                total.tombstones
             );
             assert!(total.deletions > 1000 && total.handovers > 1000 && total.deliveries > 1000);
             assert!(total.object_deletions > 1000 && total.deletions_in_transit > 100);
+            assert!(total.tombstones > 20);
         }
     }
 

@@ -55,7 +55,7 @@ struct Args {
     /// the contract).
     #[arg(long, default_value_t = 1)]
     early_closes: u8,
-    /// Object deletions (a deleted object is not created again).
+    /// Object deletions (a change of a deleted object creates it again).
     #[arg(long, default_value_t = 1)]
     deletions: u8,
     /// Skip the liveness property (a fair run from every state with a change pending), which

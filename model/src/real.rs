@@ -132,6 +132,8 @@ pub struct Real {
     keys: Vec<String>,
     versions: Vec<u64>,
     exists: Vec<bool>,
+    /// Per key: how many times its object was created (its uid).
+    generations: Vec<u32>,
     queue: QueueConfig,
     next_session: SessionId,
     replicas: usize,
@@ -183,6 +185,7 @@ impl Real {
             keys: model.keys.clone(),
             versions: vec![1; model.keys.len()],
             exists: vec![true; model.keys.len()],
+            generations: vec![0; model.keys.len()],
             queue: QueueConfig {
                 max_reconcile_time: TICK * u32::from(t.max_reconcile),
                 ..QueueConfig::default()
@@ -232,10 +235,14 @@ impl Real {
     fn observed(&self, k: usize) -> Observed {
         Observed {
             resource_version: self.versions[k].to_string(),
-            uid: format!("uid-{k}"),
+            uid: self.uid(k),
             body: None,
             trace: None,
         }
+    }
+
+    fn uid(&self, k: usize) -> String {
+        format!("uid-{k}-{}", self.generations[k])
     }
 
     fn id(&self, members: u8) -> String {
@@ -374,7 +381,7 @@ impl Real {
         let change = Change {
             reason: Reason::Deleted,
             resource_version: self.versions[k].to_string(),
-            uid: format!("uid-{k}"),
+            uid: self.uid(k),
             body: None,
             deleted: true,
             trace: None,
@@ -395,6 +402,11 @@ impl Real {
     fn change(&mut self, k: usize, model: &State) {
         let now = self.now();
         self.versions[k] += 1;
+        if !self.exists[k] {
+            // Created again, under a new uid.
+            self.exists[k] = true;
+            self.generations[k] += 1;
+        }
         let object = self.observed(k);
         let key = self.keys[k].clone();
         for (d, p) in self.processes.iter_mut().enumerate() {
@@ -854,6 +866,9 @@ pub struct Walked {
     /// Deletions queued from a partition's memory (held through a handover, or remembered as
     /// owned elsewhere until the key moved here).
     pub deletions_in_transit: usize,
+    /// Deletions of an earlier object handed out before the object created again under its
+    /// name (tombstones).
+    pub tombstones: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
@@ -936,6 +951,10 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
             }
             if matches!(action, Action::Delete(_)) {
                 walked.object_deletions += 1;
+            }
+            if let Action::Answer(_, d, keys) = action {
+                walked.tombstones +=
+                    usize::from(before.dispatchers[usize::from(d)].tomb & keys != 0);
             }
             walked.deletions_in_transit += before
                 .dispatchers
