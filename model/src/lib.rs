@@ -71,7 +71,13 @@
 //!   remembers it in case the key moves there; a restarted dispatcher asks its live peers for
 //!   what they remember of its keys once it serves.
 //!
-//! Not modelled: owned objects, more than one controller group, the drain that precedes a graceful stop, the load balancer (placement only
+//! - **Owned objects**: an object a key's object owns changes (within the budget); every
+//!   dispatcher that records the key queues it without touching what it knows of the key's own
+//!   object (`Group::owned_changed`), and one cut off re-lists. Which owner a child names, and
+//!   the children index that tells old and new owners (`dispatcher/src/k8s/children.rs`), are
+//!   left to the tests against the API server.
+//!
+//! Not modelled: more than one controller group, the drain that precedes a graceful stop, the load balancer (placement only
 //! chooses which dispatchers a replica polls: here every replica may poll every dispatcher),
 //! the bounds of the deletions remembered (here for ever), body budgets and backoff delays.
 //!
@@ -172,6 +178,8 @@ pub struct Budget {
     pub closes: u8,
     /// Object deletions (a change of a deleted object creates it again, under a new uid).
     pub deletions: u8,
+    /// Changes of an owned object, which its owner's key must be reconciled for.
+    pub owned_changes: u8,
 }
 
 impl Budget {
@@ -188,6 +196,7 @@ impl Budget {
         lease_deletions: 0,
         closes: 0,
         deletions: 0,
+        owned_changes: 0,
     };
 }
 
@@ -365,6 +374,9 @@ pub struct Dispatcher {
     /// alone (held through a handover, or asked of a peer). Created again, such a key has no
     /// tombstone: the earlier object cannot be told apart, and the new one is delivered.
     pub nameless: u8,
+    /// Keys whose queue entry was made by a change of an owned object alone and knows no
+    /// version of the key's own object (a bit each): a list still shows it that object.
+    pub objectless: u8,
     /// Deletions its partition holds for keys it owns on its ring but does not serve yet,
     /// queued once it does (`Partition`'s held deletions).
     pub held_deletions: u8,
@@ -584,6 +596,8 @@ pub enum Action {
     Change(u8),
     /// The object of key `k` is deleted.
     Delete(u8),
+    /// An object owned by the object of key `k` changes.
+    OwnedChange(u8),
     /// Replica `r` counts its session on dispatcher `d` as lost and cancels what it handed out.
     Fence(u8, u8),
     /// Replica `r` cancels its reconcile of key `k` at its limit.
@@ -699,6 +713,7 @@ impl Protocol {
             gone: 0,
             tomb: 0,
             nameless: 0,
+            objectless: 0,
             held_deletions: 0,
             recent: 0,
             asked: false,
@@ -814,7 +829,10 @@ impl Protocol {
     /// every served key it does not know is queued; keys it knows it has kept up with.
     fn fill(&self, disp: &mut Dispatcher, d: usize, objects: u8) {
         for k in 0..disp.keys.len() {
-            if self.serves(disp, d, k) && has(objects, k) && disp.keys[k] == Key::Absent {
+            let unknown = disp.keys[k] == Key::Absent || has(disp.objectless, k);
+            if self.serves(disp, d, k) && has(objects, k) && unknown {
+                disp.objectless &= !bit(k);
+                disp.nameless &= !bit(k);
                 Self::queue(&mut disp.keys[k]);
             }
         }
@@ -847,6 +865,7 @@ impl Protocol {
             disp.gone &= !bit(key);
         }
         disp.nameless &= !bit(key);
+        disp.objectless &= !bit(key);
         Self::queue(&mut disp.keys[key]);
     }
 
@@ -861,6 +880,7 @@ impl Protocol {
         }
         Self::queue(&mut disp.keys[key]);
         disp.gone |= bit(key);
+        disp.objectless &= !bit(key);
     }
 
     /// A deletion `d`'s watch shows (`Group::change`, `Partition::admits`): queued if it serves
@@ -1442,6 +1462,11 @@ impl Model for Protocol {
                 actions.push(Action::Change(n(k)));
             }
         }
+        if state.left.owned_changes > 0 {
+            for k in 0..self.config.keys {
+                actions.push(Action::OwnedChange(n(k)));
+            }
+        }
         if state.left.deletions > 0 {
             for k in 0..self.config.keys {
                 if has(state.objects, k) {
@@ -1806,6 +1831,26 @@ impl Model for Protocol {
                     }
                 }
             }
+            Action::OwnedChange(k) => {
+                s.left.owned_changes = s.left.owned_changes.checked_sub(1)?;
+                s.pending |= bit(k);
+                for (d, disp) in s.dispatchers.iter_mut().enumerate() {
+                    if !disp.up {
+                        continue;
+                    }
+                    let k = usize::from(k);
+                    if !disp.api {
+                        disp.stale |= bit(k);
+                    } else if self.records(disp, d, k) {
+                        // `Group::owned_changed`: the key's own object is not touched.
+                        if disp.keys[k] == Key::Absent {
+                            disp.nameless |= bit(k);
+                            disp.objectless |= bit(k);
+                        }
+                        Self::queue(&mut disp.keys[k]);
+                    }
+                }
+            }
             Action::Delete(k) => {
                 if !has(s.objects, k) {
                     return None;
@@ -1917,6 +1962,7 @@ impl Model for Protocol {
             disp.gone &= known;
             disp.tomb &= known;
             disp.nameless &= known;
+            disp.objectless &= known;
             disp.stale &= known;
         }
         Some(s)
@@ -1968,7 +2014,7 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions",
+            "{} dispatchers, {} replicas, {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions, {} owned changes",
             self.dispatchers,
             self.replicas,
             self.keys,
@@ -1989,7 +2035,8 @@ impl fmt::Display for Config {
             b.drift,
             b.lease_deletions,
             b.closes,
-            b.deletions
+            b.deletions,
+            b.owned_changes
         )
     }
 }
@@ -2383,6 +2430,7 @@ mod tests {
                 changes: 3,
                 closes: 2,
                 deletions: 1,
+                owned_changes: 2,
                 ..NO_FAULTS
             };
             let model = Protocol::new(Config {
@@ -2476,6 +2524,7 @@ mod tests {
             lease_deletions: 1,
             closes: 1,
             deletions: 1,
+            owned_changes: 1,
         };
         let config = config(2, Variant::SendTime, budget);
         let checker = Protocol::new(config)

@@ -58,6 +58,9 @@ struct Args {
     /// Object deletions (a change of a deleted object creates it again).
     #[arg(long, default_value_t = 1)]
     deletions: u8,
+    /// Changes of owned objects (their owner's key must be reconciled).
+    #[arg(long, default_value_t = 1)]
+    owned_changes: u8,
     /// Skip the liveness property (a fair run from every state with a change pending), which
     /// costs most of the time.
     #[arg(long)]
@@ -134,6 +137,7 @@ fn main() -> anyhow::Result<()> {
             lease_deletions: args.lease_deletions,
             closes: args.early_closes,
             deletions: args.deletions,
+            owned_changes: args.owned_changes,
         },
         liveness: !args.no_liveness,
         variant: if args.arrival_time {

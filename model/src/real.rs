@@ -432,6 +432,26 @@ impl Real {
         }
     }
 
+    /// An object owned by the object of key `k` changes: every dispatcher that reaches the API
+    /// server tells the owner's key as `Group::owned_changed` does.
+    fn owned_change(&mut self, k: usize, model: &State) {
+        let key = self.keys[k].clone();
+        for (d, p) in self.processes.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            let Some(slice) = &p.slice else { continue };
+            if !model.dispatchers[d].api {
+                continue;
+            }
+            let key_ref = KeyRef::new(&key);
+            if slice.serves_key(key_ref)
+                || Partition::keeps(slice, &p.queue, key_ref)
+                || p.queue.is_leaving(&key)
+            {
+                p.queue.change(&key, Change::owned());
+            }
+        }
+    }
+
     /// Dispatcher `d` answers the held poll of replica `r`: the keys its queue hands out, if it
     /// hands out anything now (`Group::take`), as the mask of the model's `Answer`.
     pub fn answer(&mut self, d: usize, r: usize) -> u8 {
@@ -550,6 +570,7 @@ impl Real {
             Action::DeleteLease(d) => self.delete(usize::from(d), false),
             Action::Change(k) => self.change(usize::from(k), after),
             Action::Delete(k) => self.delete_object(usize::from(k), after),
+            Action::OwnedChange(k) => self.owned_change(usize::from(k), after),
             Action::Open(r, d) => self.open(usize::from(r), usize::from(d), before, after),
             Action::Answer(r, d, _) => self.answered(usize::from(r), usize::from(d), after)?,
             Action::AckArrives(r, d, k) => self.ack(usize::from(r), usize::from(d), k, before),
