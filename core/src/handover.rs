@@ -174,26 +174,30 @@ impl Slice {
     }
 
     /// Whether this slice may serve keys `earlier` did not, so that only a list can show
-    /// what changed in them meanwhile: a handover completed since (its settled ring differs),
-    /// or, settled on the same ring, its ring lost a member. The second is a member that joined
-    /// and left again before a handover completed (a dispatcher crashing as it starts, a
-    /// scale-up undone): the keys it took on the ring come back here without a handover, and
-    /// changes made to them meanwhile reached no queue (deletions are remembered apart, see
-    /// `Partition`).
+    /// what changed in them meanwhile. A dispatcher serves the keys it owns on its ring and on
+    /// its settled ring, which are the keys it owns on the union of both (a key is owned by the
+    /// member nearest to it, and one nearest among two sets of members is nearest among both).
+    /// So the served set grows only when this dispatcher starts serving, or when a member drops
+    /// out of that union: a handover that completes after a member left, or a member that
+    /// joined and left again before any handover to it completed (a dispatcher crashing as it
+    /// starts, a scale-up undone), whose keys come back here without a handover and whose
+    /// changes meanwhile reached no queue (deletions are remembered apart, see `Partition`).
+    /// A member joining, dying or leaving while the handover is pending, or a join completing,
+    /// lists nothing.
     pub fn may_serve_more_than(&self, earlier: &Slice) -> bool {
         let Some(settled) = &self.settled else {
             return false;
         };
-        let same_settled = earlier
-            .settled
-            .as_ref()
-            .is_some_and(|e| e.members() == settled.members());
-        !same_settled
-            || earlier
-                .ring
-                .members()
-                .iter()
-                .any(|m| !self.ring.members().contains(m))
+        let Some(before) = earlier.settled.as_ref().filter(|_| earlier.is_member()) else {
+            return self.is_member();
+        };
+        let now = |m: &String| self.ring.members().contains(m) || settled.members().contains(m);
+        earlier
+            .ring
+            .members()
+            .iter()
+            .chain(before.members())
+            .any(|m| !now(m))
     }
 
     /// Whether every key this dispatcher owns is served (no handover pending).
@@ -469,6 +473,49 @@ mod tests {
             "nothing served"
         );
         assert!(left.may_serve_more_than(&left.closed()), "served again");
+    }
+
+    /// The served set is what d0 owns on its ring and on its settled ring together: it grows
+    /// only when a member drops out of both, never on a death or a join alone.
+    #[test]
+    fn only_a_member_dropping_out_of_ring_and_settled_ring_lets_more_be_served() {
+        let slice = |ring_of: &[&str], settled: &[&str]| Slice {
+            settled: Some(Arc::new(ring(settled))),
+            ..Slice::fixed("d0", ring(ring_of))
+        };
+        let three = slice(&["d0", "d1", "d2"], &["d0", "d1", "d2"]);
+        let d2_died = slice(&["d0", "d1"], &["d0", "d1", "d2"]);
+        let taken_over = slice(&["d0", "d1"], &["d0", "d1"]);
+        let d3_joins = slice(&["d0", "d1", "d3"], &["d0", "d1"]);
+        let d3_joined = slice(&["d0", "d1", "d3"], &["d0", "d1", "d3"]);
+        assert!(
+            !d2_died.may_serve_more_than(&three),
+            "held until the handover"
+        );
+        assert!(
+            taken_over.may_serve_more_than(&d2_died),
+            "d2's keys served here now"
+        );
+        assert!(!d3_joins.may_serve_more_than(&taken_over));
+        assert!(
+            !d3_joined.may_serve_more_than(&d3_joins),
+            "a join only gives keys away"
+        );
+        assert!(
+            taken_over.may_serve_more_than(&d3_joins),
+            "d3 left before its handover"
+        );
+        // For every key, served on the later slice and not on the earlier implies the rule
+        // said so.
+        let slices = [&three, &d2_died, &taken_over, &d3_joins, &d3_joined];
+        for a in slices {
+            for b in slices {
+                let grew = (0u64..2000)
+                    .map(|i| hash64(&i.to_le_bytes()))
+                    .any(|h| b.serves_hash(h) && !a.serves_hash(h));
+                assert!(!grew || b.may_serve_more_than(a), "{a:?} to {b:?}");
+            }
+        }
     }
 
     #[test]

@@ -266,57 +266,75 @@ impl Group {
         self.slots().len()
     }
 
+    /// The state, with the queue trimmed to the slice current now ([`Partition::apply`], which
+    /// does nothing when that slice was applied already), and that slice; and the sessions the
+    /// trim woke. Every decision against the slice is taken on a queue trimmed to it, under the
+    /// state lock: a key the ring just moved away is already known to be on its way out.
+    fn current(&self) -> (MutexGuard<'_, State>, Arc<Slice>, Vec<SessionId>) {
+        let mut state = self.state();
+        let slice = self.slice.borrow().clone();
+        let State { queue, partition } = &mut *state;
+        let (wake, _) = partition.apply(&slice, queue, Self::now());
+        (state, slice, wake)
+    }
+
+    /// Whether the queue records an event of `key` it does not serve: kept while nothing may
+    /// be handed out ([`Partition::keeps`]), or moved away and still here, queued or in flight
+    /// ([`GroupQueue::is_leaving`]), so that if the ring brings it back before it settles, the
+    /// change is delivered (a list that follows skips keys known here).
+    fn records_unserved(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
+        Partition::keeps(slice, queue, key) || queue.is_leaving(key.text())
+    }
+
     /// Records a change to a key, if this dispatcher serves it. A deletion of a key that moved
     /// here and is held by the handover is remembered and delivered once the handover ends; a
-    /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here.
+    /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here
+    /// (and recorded too if the key is still here on its way out, so that its earlier object's
+    /// deletion goes first if it is created again).
     pub fn change(&self, key: KeyRef<'_>, change: Change) {
         let wake = {
-            let mut state = self.state();
-            let slice = self.slice.borrow();
+            let (mut state, slice, mut wake) = self.current();
+            let State { queue, partition } = &mut *state;
             let deleted = change.deleted.then_some(true);
-            if !state.partition.admits(&slice, key, deleted, Self::now()) {
-                return;
+            if partition.admits(&slice, key, deleted, Self::now())
+                || change.deleted && queue.is_leaving(key.text())
+            {
+                wake.extend(queue.change(key.text(), change));
             }
-            state.queue.change(key.text(), change)
+            wake
         };
         self.wake(wake);
     }
 
-    /// Records that an object exists, if this dispatcher serves its key; see
-    /// [`GroupQueue::observe`]. While nothing may be handed out, a key kept
-    /// ([`Partition::keeps`]) is recorded and queued too, to be handed out once the gate opens
-    /// if it is still served then: no list shows it again. So is a key that moved away and is
-    /// still here, queued or in flight ([`GroupQueue::is_leaving`]): if the ring brings it back
-    /// before it settles, the change is delivered (a list that follows skips keys known here).
+    /// Records that an object exists, if this dispatcher serves its key, keeps it while nothing
+    /// may be handed out ([`Partition::keeps`]), or holds it on its way out
+    /// ([`GroupQueue::is_leaving`]); see [`GroupQueue::observe`]. A key kept is queued, to be
+    /// handed out once the gate opens if it is still served then: no list shows it again. A
+    /// key on its way out keeps up with its object, in case the ring brings it back before it
+    /// settles (a list that follows skips keys known here).
     pub fn observe(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
-            let mut state = self.state();
-            let slice = self.slice.borrow();
+            let (mut state, slice, mut wake) = self.current();
             let State { queue, partition } = &mut *state;
-            if !partition.admits(&slice, key, Some(false), Self::now())
-                && !Partition::keeps(&slice, queue, key)
-                && !queue.is_leaving(key.text())
+            if partition.admits(&slice, key, Some(false), Self::now())
+                || Self::records_unserved(&slice, queue, key)
             {
-                return;
+                wake.extend(queue.observe(key.text(), object, epoch));
             }
-            queue.observe(key.text(), object, epoch)
+            wake
         };
         self.wake(wake);
     }
 
-    /// Records that an object owned by the object of `key` changed, if this dispatcher serves
-    /// the key, or keeps it while nothing may be handed out (like [`Group::observe`]).
+    /// Records that an object owned by the object of `key` changed, on the terms of
+    /// [`Group::observe`].
     pub fn owned_changed(&self, key: KeyRef<'_>) {
         let wake = {
-            let mut state = self.state();
-            let slice = self.slice.borrow();
-            if !slice.serves_key(key)
-                && !Partition::keeps(&slice, &state.queue, key)
-                && !state.queue.is_leaving(key.text())
-            {
-                return;
+            let (mut state, slice, mut wake) = self.current();
+            if slice.serves_key(key) || Self::records_unserved(&slice, &state.queue, key) {
+                wake.extend(state.queue.change(key.text(), Change::owned()));
             }
-            state.queue.change(key.text(), Change::owned())
+            wake
         };
         self.wake(wake);
     }
@@ -329,11 +347,11 @@ impl Group {
     /// cancels it.
     pub fn fill(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
-            let mut state = self.state();
-            if !self.slice.borrow().serves_key(key) || state.queue.knows_object(key.text()) {
-                return;
+            let (mut state, slice, mut wake) = self.current();
+            if slice.serves_key(key) && !state.queue.knows_object(key.text()) {
+                wake.extend(state.queue.observe(key.text(), object, epoch));
             }
-            state.queue.observe(key.text(), object, epoch)
+            wake
         };
         self.wake(wake);
     }
@@ -342,30 +360,29 @@ impl Group {
     /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
     pub fn fill_owned(&self, key: KeyRef<'_>) {
         let wake = {
-            let mut state = self.state();
-            if !self.slice.borrow().serves_key(key) || state.queue.contains(key.text()) {
-                return;
+            let (mut state, slice, mut wake) = self.current();
+            if slice.serves_key(key) && !state.queue.contains(key.text()) {
+                wake.extend(state.queue.change(key.text(), Change::owned()));
             }
-            state.queue.change(key.text(), Change::owned())
+            wake
         };
         self.wake(wake);
     }
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
-    /// since, a deletion held for it). A key that moved away and is still here, queued or in
-    /// flight, records the change as [`Group::observe`] does, in case the ring brings it back.
+    /// since, a deletion held for it). The change is recorded on the terms of
+    /// [`Group::observe`], against the slice current now: the ring may have given the key back
+    /// since the watch looked, or the key may still be here on its way out.
     pub fn exists_elsewhere(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
         let wake = {
-            // Decided under the state lock, like every decision against the slice.
-            let mut state = self.state();
-            let slice = self.slice.borrow();
+            let (mut state, slice, mut wake) = self.current();
             let State { queue, partition } = &mut *state;
             partition.exists_elsewhere(&slice, key);
-            if !queue.is_leaving(key.text()) {
-                return;
+            if slice.serves_key(key) || Self::records_unserved(&slice, queue, key) {
+                wake.extend(queue.observe(key.text(), object, epoch));
             }
-            queue.observe(key.text(), object, epoch)
+            wake
         };
         self.wake(wake);
     }

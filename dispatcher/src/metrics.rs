@@ -64,6 +64,7 @@
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
 //! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
+//! | `kube_dispatch_watch_children` | gauge | owned objects the watch indexes by their controlling owner, to tell an owner that loses a child (about 150 bytes each) |
 
 use std::{
     fmt,
@@ -466,6 +467,16 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
             ConstCounter::new(counter(&w.counts).load(Ordering::Relaxed))
                 .encode(family.encode_family(&labels(w))?)?;
         }
+    }
+    let mut family = encoder.encode_descriptor(
+        "kube_dispatch_watch_children",
+        "Owned objects the watch indexes by their controlling owner (about 150 bytes each)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for w in watches {
+        let children = i64::try_from(w.counts.children.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        ConstGauge::new(children).encode(family.encode_family(&labels(w))?)?;
     }
     Ok(())
 }

@@ -885,14 +885,24 @@ impl Protocol {
 
     /// A deletion `d`'s watch shows (`Group::change`, `Partition::admits`): queued if it serves
     /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
-    /// owned elsewhere.
+    /// owned elsewhere (and queued too if the key is on its way out).
     fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize, named: bool) {
         if self.serves(disp, d, key) {
             Self::queue_deletion(disp, key, named);
-        } else if self.owns(disp.ring, key, d) {
+            return;
+        }
+        if self.owns(disp.ring, key, d) {
             disp.held_deletions |= bit(key);
         } else {
             disp.recent |= bit(key);
+        }
+        // Still here on its way out: recorded too, so that if its object is created again,
+        // the earlier object's deletion goes first.
+        if matches!(
+            disp.keys[key],
+            Key::Ready { leaving: true } | Key::InFlight { leaving: true, .. }
+        ) {
+            Self::queue_deletion(disp, key, named);
         }
     }
 
@@ -1045,6 +1055,7 @@ impl Protocol {
             .map(|x| x.up.then_some(x.recent))
             .collect();
         let disp = &mut state.dispatchers[d];
+        let (ring_before, settled_before) = (disp.ring, disp.settled);
         if disp.own_lease == 0 {
             // Fenced: releases seen so far may predate what the others did meanwhile.
             disp.fresh = 0;
@@ -1060,7 +1071,6 @@ impl Protocol {
         disp.deaths = 0;
         if live != disp.ring {
             let gone = disp.ring & !live;
-            let settled_before = disp.settled;
             for (x, lease) in leases.iter().enumerate() {
                 // Only a Lease deleted with the drained mark was released: its holder left
                 // nothing in flight. Expired, or deleted without the mark, its holder died.
@@ -1081,15 +1091,6 @@ impl Protocol {
                 disp.settled = None;
             }
             self.apply_slice(disp, d, was);
-            // Keys of members that left come back here without a handover: only a list shows
-            // what changed in them meanwhile.
-            if self.config.relist_returning
-                && gone != 0
-                && disp.settled.is_some()
-                && disp.settled == settled_before
-            {
-                self.fill(disp, d, objects);
-            }
         }
         if !has(disp.ring, d) {
             // Off its own ring (its Lease gone from the view): it hands out nothing, and
@@ -1122,7 +1123,26 @@ impl Protocol {
             let was = disp.settled.is_some();
             disp.settled = Some(disp.ring);
             self.apply_slice(disp, d, was);
+        }
+        // A list beside its watch shows it the served keys it does not know when the keys it
+        // serves may have grown (`Slice::may_serve_more_than`): it serves what it owns on its
+        // ring and its settled ring together, so only when it starts serving or a member drops
+        // out of both. The old dispatcher listed only when its settled ring changed.
+        let grows = match (settled_before, disp.settled) {
+            (_, None) => false,
+            (Some(before), Some(now)) if has(ring_before, d) => {
+                if self.config.relist_returning {
+                    (ring_before | before) & !(disp.ring | now) != 0
+                } else {
+                    before != now
+                }
+            }
+            (_, Some(_)) => has(disp.ring, d),
+        };
+        if grows {
             self.fill(disp, d, objects);
+        }
+        if open {
             if !disp.asked {
                 // Its group asks its live peers for the deletions they remember of keys it owns.
                 disp.asked = true;

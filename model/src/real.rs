@@ -90,7 +90,8 @@ impl Process {
         let (Some(slice), Some(partition)) = (&self.slice, &mut self.partition) else {
             return;
         };
-        if partition.admits(slice, KeyRef::new(key), Some(true), now) {
+        if partition.admits(slice, KeyRef::new(key), Some(true), now) || self.queue.is_leaving(key)
+        {
             self.queue.change(key, change);
         }
     }
@@ -420,7 +421,9 @@ impl Real {
             let key_ref = KeyRef::new(&key);
             let records = if slice.is_member() && !slice.owns_key(key_ref) {
                 partition.exists_elsewhere(slice, key_ref);
-                p.queue.is_leaving(&key)
+                slice.serves_key(key_ref)
+                    || Partition::keeps(slice, &p.queue, key_ref)
+                    || p.queue.is_leaving(&key)
             } else {
                 partition.admits(slice, key_ref, Some(false), now)
                     || Partition::keeps(slice, &p.queue, key_ref)

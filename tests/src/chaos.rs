@@ -748,6 +748,10 @@ async fn inject(
             // controller comes back to what exists (CONTRACT.md, keys.md "A controller that
             // comes back"). Killed replicas' sessions first live out their ttl.
             let kill = rng.random_bool(0.5);
+            // No deletions from here until the controllers are back: which of those the
+            // contract delivers depends on when each group is made again.
+            state.lock().await.pause_deletions = true;
+            let stopped = Instant::now();
             for (name, slot) in &mut world.replicas {
                 if let Some(r) = slot.take() {
                     if kill {
@@ -764,10 +768,10 @@ async fn inject(
             for name in names {
                 world.start_replica(&name)?;
             }
-            let forgiven = back_from_what_exists(world, state, back).await;
+            let forgiven = back_from_what_exists(world, state, stopped, back).await;
             format!(
                 "controllers-away {} replicas past the idle grace ({}), {forgiven} deletions \
-                 made before they were back not expected",
+                 undelivered when they went not expected",
                 world.replicas.len(),
                 if kill { "kill -9" } else { "graceful" }
             )
@@ -861,18 +865,44 @@ async fn owners_change_in_a_watch_gap(
     let moving = format!("{from}-moving");
     let doomed = format!("{bereaved}-doomed");
     let params = PatchParams::apply("kube-dispatch-chaos-owners").force();
+    let children_before: Vec<u64> = world
+        .dispatchers
+        .values()
+        .filter_map(|slot| slot.running.as_ref())
+        .map(|d| d.watch_total(|c| &c.children))
+        .collect();
     let made = Instant::now();
     cms.patch(&moving, &params, &Patch::Apply(child(&moving, from)))
         .await?;
     cms.patch(&doomed, &params, &Patch::Apply(child(&doomed, bereaved)))
         .await?;
-    // Once both owners were told of their new child, the dispatchers know who owns it.
+    // Once every running dispatcher has indexed the two children (its children gauge grew by
+    // two) and both owners were reconciled since, the dispatchers know who owns them.
     let told: BTreeMap<String, Instant> = [from, bereaved]
         .iter()
         .map(|n| (format!("Widget/{ns}/{n}"), made))
         .collect();
+    let indexed = |world: &World| -> Vec<u64> {
+        world
+            .dispatchers
+            .values()
+            .filter_map(|slot| slot.running.as_ref())
+            .map(|d| d.watch_total(|c| &c.children))
+            .collect()
+    };
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !world.journal.unreconciled_since(&told, false).is_empty() && Instant::now() < deadline {
+    loop {
+        let now = indexed(world);
+        let all_indexed = now.len() == children_before.len()
+            && now.iter().zip(&children_before).all(|(n, b)| *n >= b + 2);
+        if all_indexed && world.journal.unreconciled_since(&told, false).is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Ok(format!(
+                "owners-change in a watch gap ({ns}: children not indexed by every dispatcher within 15 s: skipped)"
+            ));
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for slot in world.dispatchers.values() {
@@ -897,18 +927,28 @@ async fn owners_change_in_a_watch_gap(
     restarted?;
     let mut s = state.lock().await;
     for name in [from, to, bereaved] {
-        s.owned.insert(format!("Widget/{ns}/{name}"), before);
+        s.owned_changed(format!("Widget/{ns}/{name}"), before);
     }
     Ok(format!(
         "owners-change in a watch gap ({ns}: {moving} from {from} to {to}, {doomed} deleted; 410)"
     ))
 }
 
-/// After fault 18: waits until every object that existed when the replicas came `back` at
-/// `back` was handed to them again (so every dispatcher has its group again), then forgets the
-/// writer's deletions made before then that no reconcile saw; returns how many. The contract
-/// does not deliver those once the groups are dropped.
-async fn back_from_what_exists(world: &World, state: &Mutex<WriterState>, back: Instant) -> usize {
+/// How long before the controllers went away a deletion may still have been waiting in a
+/// group that fault 18 then drops: the longest a fault before it delays delivery.
+const AWAY_REACH: Duration = Duration::from_secs(20);
+
+/// After fault 18: waits until every object that exists was handed to the controllers again
+/// since they came `back` (so every dispatcher has its group again), lets the writer delete
+/// again, and forgets the writer's deletions made from `AWAY_REACH` before they `stopped` that
+/// no reconcile saw: the dropped groups held them, and the contract does not deliver them.
+/// Returns how many.
+async fn back_from_what_exists(
+    world: &World,
+    state: &Mutex<WriterState>,
+    stopped: Instant,
+    back: Instant,
+) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let live: BTreeMap<String, Instant> = state
@@ -918,21 +958,23 @@ async fn back_from_what_exists(world: &World, state: &Mutex<WriterState>, back: 
             .iter()
             .map(|k| (k.clone(), back))
             .collect();
+        // Not within the deadline: the final check reports the objects never handed back.
         if world.journal.unreconciled_since(&live, false).is_empty() || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let ready = Instant::now();
     let mut s = state.lock().await;
+    s.pause_deletions = false;
     let unseen: BTreeSet<String> = world
         .journal
         .unreconciled_since(&s.deleted, true)
         .into_iter()
         .collect();
     let before = s.deleted.len();
+    let from = stopped.checked_sub(AWAY_REACH).unwrap_or(stopped);
     s.deleted
-        .retain(|k, at| !(unseen.contains(k) && *at < ready));
+        .retain(|k, at| !(unseen.contains(k) && *at >= from && *at <= stopped));
     before - s.deleted.len()
 }
 
@@ -945,6 +987,8 @@ struct WriterState {
     owned: BTreeMap<String, Instant>,
     /// Keys that exist as far as the writer knows.
     live: BTreeSet<String>,
+    /// Deletions are held back (fault 18, while the controllers are away and coming back).
+    pause_deletions: bool,
 }
 
 /// What the journal must show at the end.
@@ -975,6 +1019,14 @@ impl Expected {
 }
 
 impl WriterState {
+    /// Expects a reconcile of `key` started after `at`, unless a later write already does.
+    fn owned_changed(&mut self, key: String, at: Instant) {
+        let later = self.owned.get(&key).is_some_and(|t| *t > at);
+        if !later {
+            self.owned.insert(key, at);
+        }
+    }
+
     /// The final states, read from the API server.
     async fn expectations(&self, world: &World) -> Result<Expected, Failure> {
         let client = Cluster::shared().client().await?;
@@ -1098,14 +1150,17 @@ impl Writer {
             let name = format!("obj-{i}");
             let kind = if widget { "Widget" } else { "ConfigMap" };
             let k = format!("{kind}/{namespace}/{name}");
-            let exists = self.state.lock().await.live.contains(&k);
+            let (exists, may_delete) = {
+                let s = self.state.lock().await;
+                (s.live.contains(&k), !s.pause_deletions)
+            };
             let before = Instant::now();
             let labels = serde_json::json!({ label_key.clone(): label_value.clone() });
             let outcome: Result<(), kube::Error> = async {
                 // ConfigMaps are deleted too. Widgets are not: a deletion found by a re-list
                 // reaches the reconciler as a tombstone only for types that can be built from
                 // metadata alone, and a Widget's spec is required.
-                if exists && op < 2 && !widget {
+                if exists && may_delete && op < 2 && !widget {
                     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
                     api.delete(&name, &DeleteParams::default()).await?;
                     let mut s = self.state.lock().await;
@@ -1139,7 +1194,7 @@ impl Writer {
                         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
                         cms.patch(&format!("{name}-child"), &params, &Patch::Apply(&child))
                             .await?;
-                        self.state.lock().await.owned.insert(k.clone(), before);
+                        self.state.lock().await.owned_changed(k.clone(), before);
                         return Ok(());
                     }
                     let w = serde_json::json!({

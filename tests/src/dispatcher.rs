@@ -245,6 +245,29 @@ impl TestSession {
         .await
     }
 
+    /// Opens a session of `replica` in `group` with `subscriptions` that lives `ttl` past each
+    /// call (within the dispatcher's maximum).
+    pub async fn open_for(
+        dispatcher: &TestDispatcher,
+        group: &str,
+        replica: &str,
+        subscriptions: Vec<Subscription>,
+        ttl: Duration,
+    ) -> Result<Self, tonic::Status> {
+        let mut client = dispatcher.client_as(&crate::credentials()).await;
+        let id = client
+            .open_session(OpenSessionRequest {
+                group: group.into(),
+                replica_id: replica.into(),
+                subscriptions,
+                ttl: prost_types::Duration::try_from(ttl).ok(),
+            })
+            .await?
+            .into_inner()
+            .session_id;
+        Ok(Self { client, id })
+    }
+
     /// Opens a session as the identity `credentials` carry.
     pub async fn open_as(
         dispatcher: &TestDispatcher,

@@ -15,7 +15,7 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
 };
-use kube_dispatch_core::handover::Slice;
+use kube_dispatch_core::{handover::Slice, queue::KeyState};
 use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
 use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION};
@@ -973,9 +973,12 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
     let moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
     assert!(moving.len() >= 2, "two keys move to dispatcher-1");
     let (idle, flying) = (&moving[0], &moving[1]);
-    let ds = start_settled(ns.name(), 1, BOUND).await?;
+    // A session and reconcile time longer than the test, so that the key held in flight stays
+    // in flight however slow the machine: the bound only delays handovers, and none completes.
+    let long = Duration::from_secs(60);
+    let ds = start_settled(ns.name(), 1, long).await?;
     let subs = vec![subscription("v1", "ConfigMap", ns.name())];
-    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs).await?;
+    let mut s0 = TestSession::open_for(&ds[&0], GROUP, "replica-0", subs, long).await?;
     let first = s0
         .collect_until(Duration::from_secs(20), |got| got.len() >= COUNT)
         .await;
@@ -1035,6 +1038,17 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
         settled_on(&ds[&0].handles.slice.borrow()),
         Some(1),
         "no handover came between"
+    );
+    let group = ds[&0]
+        .handles
+        .groups
+        .named(GROUP)
+        .pop()
+        .ok_or("dispatcher-0 has the group")?;
+    assert_eq!(
+        group.key_status(&key(flying)).map(|k| k.state),
+        Some(KeyState::InFlight),
+        "{flying} is still in flight as it comes back"
     );
 
     let came_back = Instant::now();

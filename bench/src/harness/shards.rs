@@ -278,12 +278,16 @@ impl Setup<'_> {
             },
             None => Process::default(),
         };
+        let own = super::apiserver::control_plane_requests()?;
         let metrics = metrics_text(self.client).await?;
         Ok(Snapshot {
             dispatchers,
             controller,
             plane: self.control_plane.cpu_seconds(),
-            requests: RequestCounts::parse(&metrics).without_control_plane()?,
+            requests: match own {
+                Some(own) => RequestCounts::parse(&metrics).less(&own),
+                None => RequestCounts::parse(&metrics),
+            },
             sent: (
                 sum_where(
                     &metrics,

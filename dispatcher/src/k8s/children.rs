@@ -22,6 +22,11 @@ pub(super) struct Children {
 }
 
 impl Children {
+    /// Owned objects indexed, over every owner kind.
+    pub(super) fn len(&self) -> usize {
+        self.by_kind.values().map(HashMap::len).sum()
+    }
+
     /// Records `child` as seen in `epoch` with `owner` (its controlling owner of `kind` now, if
     /// any), or deleted; returns the owners to tell: the current one, and the one it had
     /// before if that was another.
@@ -84,12 +89,6 @@ impl Children {
             owners.dedup();
         }
         tell
-    }
-
-    /// Children known, over every kind.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.by_kind.values().map(HashMap::len).sum()
     }
 }
 

@@ -120,6 +120,9 @@ pub struct WatchCounts {
     pub elsewhere: AtomicU64,
     /// Restarts because the namespaces this dispatcher owns changed (ring keyed by namespace).
     pub reshards: AtomicU64,
+    /// Owned objects indexed by their controlling owner now (about 150 bytes each: one per
+    /// owned object the watch shows, for owned subscriptions only).
+    pub children: AtomicU64,
 }
 
 /// One watch's counters, with what it watches, for metrics.
@@ -629,8 +632,9 @@ impl WatchTask {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
                         if !deleted_since {
-                            self.children()
-                                .listed(owner, &text, owner_key.clone(), epoch);
+                            self.index_children(|c| {
+                                c.listed(owner, &text, owner_key.clone(), epoch);
+                            });
                         }
                         sub.group.fill_owned(KeyRef::new(&owner_key));
                     }
@@ -689,7 +693,7 @@ impl WatchTask {
                 continue;
             }
             let now = owner_key(obj, kind).map(|k| k.to_string());
-            let tell = self.children().seen(kind, &text, now, epoch, deleted);
+            let tell = self.index_children(|c| c.seen(kind, &text, now, epoch, deleted));
             owners.push((kind, tell));
         }
         for sub in subscribers.iter() {
@@ -767,8 +771,10 @@ impl WatchTask {
     /// and tell the owners of the owned objects it did not show.
     fn sweep(&self, epoch: u32) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let lost = self.children().swept(epoch, |kind| {
-            subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
+        let lost = self.index_children(|c| {
+            c.swept(epoch, |kind| {
+                subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
+            })
         });
         for sub in subscribers.iter() {
             match &sub.owner {
@@ -782,8 +788,14 @@ impl WatchTask {
         }
     }
 
-    fn children(&self) -> std::sync::MutexGuard<'_, Children> {
-        self.children.lock().unwrap_or_else(|e| e.into_inner())
+    /// Changes the children index with `f`, keeping its size in the watch's figures.
+    fn index_children<R>(&self, f: impl FnOnce(&mut Children) -> R) -> R {
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let out = f(&mut children);
+        self.counts
+            .children
+            .store(children.len() as u64, Ordering::Relaxed);
+        out
     }
 }
 
