@@ -217,7 +217,7 @@ impl Real {
 
     fn process(&self, d: usize, now: Instant, died: bool) -> Process {
         let mut p = Process::new(&dispatcher_name(d), self.bound, now, died, self.queue);
-        p.sessions = vec![None; self.replicas()];
+        p.sessions = vec![None; self.replicas];
         // Before its first judgement, a slice with no ring and nothing served, as the model's
         // fresh dispatcher has. (The dispatcher publishes a ring of itself alone, `serve.rs`:
         // until its first judgement, a few milliseconds, it records changes and deletions of
@@ -227,10 +227,6 @@ impl Real {
         p.partition = Some(Partition::new("model", slice.clone(), RECENT));
         p.slice = Some(slice);
         p
-    }
-
-    fn replicas(&self) -> usize {
-        self.replicas
     }
 
     fn observed(&self, k: usize) -> Observed {

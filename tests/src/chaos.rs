@@ -865,12 +865,16 @@ async fn owners_change_in_a_watch_gap(
     let moving = format!("{from}-moving");
     let doomed = format!("{bereaved}-doomed");
     let params = PatchParams::apply("kube-dispatch-chaos-owners").force();
-    let children_before: Vec<u64> = world
-        .dispatchers
-        .values()
-        .filter_map(|slot| slot.running.as_ref())
-        .map(|d| d.watch_total(|c| &c.children))
-        .collect();
+    // Children indexed by each running dispatcher.
+    let indexed = |world: &World| -> Vec<u64> {
+        world
+            .dispatchers
+            .values()
+            .filter_map(|slot| slot.running.as_ref())
+            .map(|d| d.watch_total(|c| &c.children))
+            .collect()
+    };
+    let children_before = indexed(world);
     let made = Instant::now();
     cms.patch(&moving, &params, &Patch::Apply(child(&moving, from)))
         .await?;
@@ -882,14 +886,6 @@ async fn owners_change_in_a_watch_gap(
         .iter()
         .map(|n| (format!("Widget/{ns}/{n}"), made))
         .collect();
-    let indexed = |world: &World| -> Vec<u64> {
-        world
-            .dispatchers
-            .values()
-            .filter_map(|slot| slot.running.as_ref())
-            .map(|d| d.watch_total(|c| &c.children))
-            .collect()
-    };
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let now = indexed(world);

@@ -70,9 +70,9 @@ impl RequestCounts {
         Self(counts)
     }
 
-    /// These counts less `other`'s.
-    pub(crate) fn less(mut self, other: &Self) -> Self {
-        for (key, value) in &other.0 {
+    /// These counts less `other`'s, if any.
+    pub(crate) fn less(mut self, other: Option<&Self>) -> Self {
+        for (key, value) in other.iter().flat_map(|o| &o.0) {
             if let Some(count) = self.0.get_mut(key) {
                 *count -= value;
             }
@@ -105,10 +105,7 @@ impl RequestCounts {
 pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
     let own = control_plane_requests()?;
     let counts = RequestCounts::parse(&metrics_text(client).await?);
-    Ok(match own {
-        Some(own) => counts.less(&own),
-        None => counts,
-    })
+    Ok(counts.less(own.as_ref()))
 }
 
 /// The control plane's own list and watch requests, from its audit log (see
@@ -249,7 +246,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
 {"kind":"Event","stage":"ResponseComplete","verb":"watch","user":{"username":"system:kube-controller-manager"},"objectRef":{"resource":"pods","subresource":"status","apiVersion":"v1"}}
 not json
 "#;
-        let without = metrics.less(&RequestCounts::audited(audit));
+        let without = metrics.less(Some(&RequestCounts::audited(audit)));
         let none = RequestCounts::default();
         assert_eq!(without.since(&none, "configmaps", "WATCH"), 3);
         assert_eq!(without.since(&none, "configmaps", "LIST"), 3);

@@ -284,10 +284,7 @@ impl Setup<'_> {
             dispatchers,
             controller,
             plane: self.control_plane.cpu_seconds(),
-            requests: match own {
-                Some(own) => RequestCounts::parse(&metrics).less(&own),
-                None => RequestCounts::parse(&metrics),
-            },
+            requests: RequestCounts::parse(&metrics).less(own.as_ref()),
             sent: (
                 sum_where(
                     &metrics,
