@@ -200,6 +200,16 @@ impl Slice {
             .any(|m| !now(m))
     }
 
+    /// The ring this dispatcher's queues let it publish as released: its ring, when it is on
+    /// it and no controller group still holds a key that moved away, queued or in flight.
+    /// `moving` answers that per group (`Partition::apply`, which first trims the group's
+    /// queue to this slice); every group is asked, even once one says yes, so that each is
+    /// trimmed. The handover gate may still withhold it ([`Handover::releasable`]).
+    pub fn released(&self, moving: impl IntoIterator<Item = bool>) -> Option<String> {
+        let moving = moving.into_iter().fold(false, |any, group| any | group);
+        (!moving && self.is_member()).then(|| ring_id(&self.ring))
+    }
+
     /// Whether every key this dispatcher owns is served (no handover pending).
     pub fn is_settled(&self) -> bool {
         self.settled
@@ -769,5 +779,37 @@ mod tests {
         let k = moved_key(&s.ring, &s.ring, "d0", "d0");
         assert!(s.serves_hash(k));
         assert!(!s.closed().serves_hash(k));
+    }
+
+    #[test]
+    fn a_ring_is_released_only_once_every_group_has_handed_over_and_every_group_is_asked() {
+        let on = Slice::fixed("d0", ring(&["d0", "d1"]));
+        let asked = std::cell::Cell::new(0);
+        let groups = |moving: &'static [bool]| {
+            moving.iter().map(|m| {
+                asked.set(asked.get() + 1);
+                *m
+            })
+        };
+        assert_eq!(
+            on.released(groups(&[false, false])),
+            Some(ring_id(&on.ring))
+        );
+        // One group still delivering a key that moved away holds the release back, and the
+        // groups after it are still asked (each answer trims its group).
+        asked.set(0);
+        assert_eq!(on.released(groups(&[true, false, false])), None);
+        assert_eq!(asked.get(), 3);
+        assert_eq!(on.released(groups(&[false, false, true])), None);
+        // No groups: nothing moving.
+        assert_eq!(on.released(groups(&[])), Some(ring_id(&on.ring)));
+        // Off its own ring, it releases nothing, even with every group handed over; handing
+        // out nothing does not hold the release back.
+        let off = Slice::fixed("d2", ring(&["d0", "d1"]));
+        assert_eq!(off.released(groups(&[false])), None);
+        assert_eq!(
+            on.closed().released(groups(&[false])),
+            Some(ring_id(&on.ring))
+        );
     }
 }

@@ -22,7 +22,6 @@ use kube_dispatch_core::{
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
 };
-use kube_dispatch_proto::lease::ring_id;
 use kube_dispatch_runtime::auth::{Caller, GroupId, Identity, NotOwner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -875,12 +874,7 @@ impl Groups {
     /// flight, publishes the ring as released.
     pub(crate) fn release_ring(&self, groups: &[Arc<Group>]) {
         let slice = self.slice();
-        // Every group must be trimmed: no short-circuit.
-        let moving = groups
-            .iter()
-            .fold(false, |moving, g| g.apply_slice() | moving);
-        let released =
-            (!moving && slice.ring.contains(&self.settings.identity)).then(|| ring_id(&slice.ring));
+        let released = slice.released(groups.iter().map(|g| g.apply_slice()));
         self.released.send_if_modified(|current| {
             if *current == released {
                 return false;

@@ -15,9 +15,13 @@ struct Args {
     /// Dispatchers (1 to 3).
     #[arg(long, default_value_t = 3)]
     dispatchers: usize,
-    /// Replicas of the controller group (1 or 2).
+    /// Controller replicas (1 to 3); replica r belongs to group r % groups.
     #[arg(long, default_value_t = 2)]
     replicas: usize,
+    /// Controller groups subscribed to the same keys (1 or 2), each with a queue of its own at
+    /// every dispatcher; at most the replicas.
+    #[arg(long, default_value_t = 1)]
+    groups: usize,
     /// Keys (1 or 2).
     #[arg(long, default_value_t = 2)]
     keys: usize,
@@ -116,13 +120,18 @@ fn main() -> anyhow::Result<()> {
         "--dispatchers must be 1, 2 or 3"
     );
     anyhow::ensure!(
-        (1..=2).contains(&args.replicas),
-        "--replicas must be 1 or 2"
+        (1..=3).contains(&args.replicas),
+        "--replicas must be 1, 2 or 3"
+    );
+    anyhow::ensure!(
+        (1..=2).contains(&args.groups) && args.groups <= args.replicas,
+        "--groups must be 1 or 2, and at most --replicas"
     );
     anyhow::ensure!((1..=2).contains(&args.keys), "--keys must be 1 or 2");
     let config = Config {
         dispatchers: args.dispatchers,
         replicas: args.replicas,
+        groups: args.groups,
         keys: args.keys,
         timing,
         budget: Budget {

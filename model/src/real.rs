@@ -1,10 +1,11 @@
 //! The real code stepped in lock-step with the model: what each dispatcher of a run makes of
 //! the Leases ([`kube_dispatch_core::leases::Observations`]), its handover gate
-//! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), and its
-//! group's queue and partition ([`GroupQueue`], [`Partition`]: sessions opened, replaced,
-//! closed and expired, keys handed out, acknowledged and run out, changes recorded, the queue
-//! trimmed to each slice and filled by the list a growing slice brings), fed the Lease writes
-//! and deletions, object changes and calls of the model's run on a virtual clock, one second a
+//! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), and each
+//! controller group's queue and partition there ([`GroupQueue`], [`Partition`]: sessions
+//! opened, replaced, closed and expired, keys handed out, acknowledged and run out, changes
+//! recorded, the queue trimmed to each slice and filled by the list a growing slice brings),
+//! and the ring its groups let it release ([`Slice::released`]), fed the Lease writes and
+//! deletions, object changes and calls of the model's run on a virtual clock, one second a
 //! tick.
 //!
 //! After every step, every Lease's release, each dispatcher's ring, settled ring, whether it
@@ -18,8 +19,9 @@
 //! properties the checker proves of the model then say nothing of the code.
 //!
 //! What is mirrored rather than called: the few lines of the dispatcher's `Group` and watch
-//! that decide which calls reach the queue (`Group::observe`'s rule, `Group::fill`, a
-//! renewal's release), since they live with the I/O in the dispatcher crate.
+//! that decide which calls reach the queue (`Group::observe`'s rule, `Group::fill`), and the
+//! loop of `Groups::release_ring` that asks each group, since they live with the I/O in the
+//! dispatcher crate.
 //!
 //! What is not stepped: the membership loop's I/O around `judge` (the Lease watch's list, the
 //! renewals' requests), partial views, and API cuts. Cut off, the code goes on judging the
@@ -70,41 +72,48 @@ struct Process {
     /// The live members of its last judged view.
     live: BTreeMap<String, Peer>,
     slice: Option<Arc<Slice>>,
-    /// The group's queue and partition (the one group of the model, there from the start).
-    queue: GroupQueue,
-    partition: Option<Partition>,
-    /// Per replica: its session here.
+    /// Per controller group of the model: its queue and partition, there from the start.
+    groups: Vec<GroupState>,
+    /// Per replica: its session here (in its group's queue).
     sessions: Vec<Option<SessionId>>,
-    /// The real delivery of each (key, model delivery number) handed out here.
+    /// The real delivery of each (queue entry, model delivery number) handed out here.
     deliveries: BTreeMap<(usize, u8), DeliveryId>,
-    /// Keys the last [`Real::answer`] handed out, with their deliveries.
+    /// Entries the last [`Real::answer`] handed out, with their deliveries.
     answered: Vec<(usize, DeliveryId)>,
-    /// Its group has asked its peers for the deletions they remember of its keys.
+    /// Its groups have asked their peers for the deletions they remember of their keys.
     asked: bool,
 }
 
-impl Process {
+/// One controller group's state at a dispatcher (`Group`'s): its queue and its partition.
+#[derive(Debug)]
+struct GroupState {
+    queue: GroupQueue,
+    partition: Partition,
+}
+
+impl GroupState {
     /// Records a deletion as `Group::change` does: queued if the key is served here, else left
     /// to the partition (held for a handover, or remembered as owned elsewhere).
-    fn record_deletion(&mut self, key: &str, change: Change, now: Instant) {
-        let (Some(slice), Some(partition)) = (&self.slice, &mut self.partition) else {
-            return;
-        };
-        if partition.admits(slice, KeyRef::new(key), Some(true), now) || self.queue.is_leaving(key)
+    fn record_deletion(&mut self, slice: &Slice, key: &str, change: Change, now: Instant) {
+        if self
+            .partition
+            .admits(slice, KeyRef::new(key), Some(true), now)
+            || self.queue.is_leaving(key)
         {
             self.queue.change(key, change);
         }
     }
+}
 
-    fn new(identity: &str, bound: Duration, now: Instant, died: bool, queue: QueueConfig) -> Self {
+impl Process {
+    fn new(identity: &str, bound: Duration, now: Instant, died: bool) -> Self {
         Self {
             observations: Observations::default(),
             handover: Handover::new(identity, bound, now, died),
             renewed: None,
             live: BTreeMap::new(),
             slice: None,
-            queue: GroupQueue::new(queue),
-            partition: None,
+            groups: Vec::new(),
             sessions: Vec::new(),
             deliveries: BTreeMap::new(),
             answered: Vec::new(),
@@ -131,6 +140,9 @@ pub struct Real {
     ids: Vec<String>,
     /// The objects' request keys and versions (each change makes a new one).
     keys: Vec<String>,
+    /// Controller groups, each with a queue and partition at every dispatcher; the model's
+    /// queue entry `e` is key `e % keys` in group `e / keys`.
+    groups: usize,
     versions: Vec<u64>,
     exists: Vec<bool>,
     /// Per key: how many times its object was created (its uid).
@@ -184,6 +196,7 @@ impl Real {
             bound: TICK * u32::from(t.bound),
             ids: (0..1u8 << n).map(|m| ring_id(&ring_of(m, n))).collect(),
             keys: model.keys.clone(),
+            groups: model.config.groups,
             versions: vec![1; model.keys.len()],
             exists: vec![true; model.keys.len()],
             generations: vec![0; model.keys.len()],
@@ -216,7 +229,7 @@ impl Real {
     }
 
     fn process(&self, d: usize, now: Instant, died: bool) -> Process {
-        let mut p = Process::new(&dispatcher_name(d), self.bound, now, died, self.queue);
+        let mut p = Process::new(&dispatcher_name(d), self.bound, now, died);
         p.sessions = vec![None; self.replicas];
         // Before its first judgement, a slice with no ring and nothing served, as the model's
         // fresh dispatcher has. (The dispatcher publishes a ring of itself alone, `serve.rs`:
@@ -224,9 +237,24 @@ impl Real {
         // keys others own as its own, and that judgement moves them where they would be.)
         let slice =
             Arc::new(Slice::fixed(&dispatcher_name(d), Ring::new(Vec::<String>::new())).closed());
-        p.partition = Some(Partition::new("model", slice.clone(), RECENT));
+        p.groups = (0..self.groups)
+            .map(|_| GroupState {
+                queue: GroupQueue::new(self.queue),
+                partition: Partition::new("model", slice.clone(), RECENT),
+            })
+            .collect();
         p.slice = Some(slice);
         p
+    }
+
+    /// The group and the request key of the model's queue entry `e`.
+    fn entry(&self, e: usize) -> (usize, &str) {
+        (e / self.keys.len(), &self.keys[e % self.keys.len()])
+    }
+
+    /// The group of replica `r` (as the model's `Protocol::group_of`).
+    fn group_of(&self, r: usize) -> usize {
+        r % self.groups
     }
 
     fn observed(&self, k: usize) -> Observed {
@@ -313,46 +341,53 @@ impl Real {
                 .update(&p.live, p.observations.newest(), fenced, now),
         );
         let before = p.slice.replace(slice.clone());
-        // The group's partition trims its queue to the slice (`Group::apply_slice`).
-        let partition = p
-            .partition
-            .get_or_insert_with(|| Partition::new("model", slice.clone(), RECENT));
-        partition.apply(&slice, &mut p.queue, now);
+        // Each group's partition trims its queue to the slice (`Group::apply_slice`).
+        for group in &mut p.groups {
+            group.partition.apply(&slice, &mut group.queue, now);
+        }
         // Its watch lists beside its stream when the keys served may have grown, and the list
-        // shows the group the served keys it does not know (`WatchTask`, `Group::fill`).
+        // shows each group the served keys it does not know (`WatchTask`, `Group::fill`).
         let grows = before.map_or(slice.settled.is_some(), |b| slice.may_serve_more_than(&b));
         if grows {
-            for (key, object) in objects {
-                if let Some(object) = object
-                    && slice.serves_str(&key)
-                    && !p.queue.knows_object(&key)
-                {
-                    p.queue.observe(&key, object, 0);
+            for group in &mut p.groups {
+                for (key, object) in &objects {
+                    if let Some(object) = object
+                        && slice.serves_str(key)
+                        && !group.queue.knows_object(key)
+                    {
+                        group.queue.observe(key, object.clone(), 0);
+                    }
                 }
             }
         }
-        // Once its group serves, it asks its live peers for the deletions they remember of its
-        // keys (`peer::fetch_recent_deletions`), and records each as its watch would.
+        // Once its groups serve, each asks its live peers for the deletions they remember of
+        // its keys (`peer::fetch_recent_deletions`, per group), and records each as its watch
+        // would.
         if p.asked || slice.settled.is_none() {
             return;
         }
         p.asked = true;
         let identity = dispatcher_name(d);
         let peers: Vec<String> = p.live.keys().filter(|m| **m != identity).cloned().collect();
-        let mut remembered = Vec::new();
-        for (x, q) in self.processes.iter_mut().enumerate() {
-            if let Some(q) = q
-                && peers.contains(&dispatcher_name(x))
-                && let Some(partition) = &mut q.partition
-            {
-                remembered.extend(partition.recent_deletions_owned_by(&slice.ring, &identity, now));
+        for g in 0..self.groups {
+            let mut remembered = Vec::new();
+            for (x, q) in self.processes.iter_mut().enumerate() {
+                if let Some(q) = q
+                    && peers.contains(&dispatcher_name(x))
+                {
+                    remembered.extend(q.groups[g].partition.recent_deletions_owned_by(
+                        &slice.ring,
+                        &identity,
+                        now,
+                    ));
+                }
             }
-        }
-        remembered.sort_unstable();
-        remembered.dedup();
-        if let Some(p) = &mut self.processes[d] {
-            for key in remembered {
-                p.record_deletion(&key, Change::deletion(), now);
+            remembered.sort_unstable();
+            remembered.dedup();
+            if let Some(p) = &mut self.processes[d] {
+                for key in remembered {
+                    p.groups[g].record_deletion(&slice, &key, Change::deletion(), now);
+                }
             }
         }
     }
@@ -387,8 +422,11 @@ impl Real {
         for (d, p) in self.processes.iter_mut().enumerate() {
             if let Some(p) = p
                 && model.dispatchers[d].api
+                && let Some(slice) = &p.slice
             {
-                p.record_deletion(&key, change.clone(), now);
+                for group in &mut p.groups {
+                    group.record_deletion(slice, &key, change.clone(), now);
+                }
             }
         }
     }
@@ -408,25 +446,25 @@ impl Real {
         let key = self.keys[k].clone();
         for (d, p) in self.processes.iter_mut().enumerate() {
             let Some(p) = p else { continue };
-            let (Some(slice), Some(partition)) = (&p.slice, &mut p.partition) else {
-                continue;
-            };
+            let Some(slice) = &p.slice else { continue };
             if !model.dispatchers[d].api {
                 continue;
             }
             let key_ref = KeyRef::new(&key);
-            let records = if slice.is_member() && !slice.owns_key(key_ref) {
-                partition.exists_elsewhere(slice, key_ref);
-                slice.serves_key(key_ref)
-                    || Partition::keeps(slice, &p.queue, key_ref)
-                    || p.queue.is_leaving(&key)
-            } else {
-                partition.admits(slice, key_ref, Some(false), now)
-                    || Partition::keeps(slice, &p.queue, key_ref)
-                    || p.queue.is_leaving(&key)
-            };
-            if records {
-                p.queue.observe(&key, object.clone(), 0);
+            for GroupState { queue, partition } in &mut p.groups {
+                let records = if slice.is_member() && !slice.owns_key(key_ref) {
+                    partition.exists_elsewhere(slice, key_ref);
+                    slice.serves_key(key_ref)
+                        || Partition::keeps(slice, queue, key_ref)
+                        || queue.is_leaving(&key)
+                } else {
+                    partition.admits(slice, key_ref, Some(false), now)
+                        || Partition::keeps(slice, queue, key_ref)
+                        || queue.is_leaving(&key)
+                };
+                if records {
+                    queue.observe(&key, object.clone(), 0);
+                }
             }
         }
     }
@@ -442,20 +480,23 @@ impl Real {
                 continue;
             }
             let key_ref = KeyRef::new(&key);
-            if slice.serves_key(key_ref)
-                || Partition::keeps(slice, &p.queue, key_ref)
-                || p.queue.is_leaving(&key)
-            {
-                p.queue.change(&key, Change::owned());
+            for GroupState { queue, .. } in &mut p.groups {
+                if slice.serves_key(key_ref)
+                    || Partition::keeps(slice, queue, key_ref)
+                    || queue.is_leaving(&key)
+                {
+                    queue.change(&key, Change::owned());
+                }
             }
         }
     }
 
-    /// Dispatcher `d` answers the held poll of replica `r`: the keys its queue hands out, if it
-    /// hands out anything now (`Group::take`), as the mask of the model's `Answer`.
+    /// Dispatcher `d` answers the held poll of replica `r`: the keys its group's queue hands
+    /// out, if it hands out anything now (`Group::take`), as the mask of the model's `Answer`.
     pub fn answer(&mut self, d: usize, r: usize) -> u8 {
         let now = self.now();
         let keys = self.keys.clone();
+        let g = self.group_of(r);
         let Some(p) = &mut self.processes[d] else {
             return 0;
         };
@@ -467,10 +508,11 @@ impl Real {
             return 0;
         }
         let mut mask = 0;
-        for delivery in p.queue.take(session, keys.len(), now) {
+        for delivery in p.groups[g].queue.take(session, keys.len(), now) {
             if let Some(k) = keys.iter().position(|key| *key == delivery.key) {
-                mask |= bit(k);
-                p.answered.push((k, delivery.id));
+                let e = g * keys.len() + k;
+                mask |= bit(e);
+                p.answered.push((e, delivery.id));
             }
         }
         mask
@@ -511,12 +553,19 @@ impl Real {
                     }
                     self.judge(d);
                     let now = self.now();
-                    // What its queue lets it release (`Groups::release_ring`): its ring, once
-                    // no key that moved away is queued or in flight; the model's must agree.
-                    let queued = self.processes[d].as_ref().and_then(|p| {
-                        let slice = p.slice.as_ref()?;
-                        let moving = p.queue.any_leaving(|key| !slice.owns_str(key));
-                        (!moving && slice.is_member()).then(|| mask(slice.ring.members()))
+                    // What its queues let it release (`Groups::release_ring`): each group
+                    // trimmed to the slice and asked whether a key that moved away is queued
+                    // or in flight there; the model's must agree.
+                    let queued = self.processes[d].as_mut().and_then(|p| {
+                        let slice = p.slice.clone()?;
+                        let released = slice.released(
+                            p.groups
+                                .iter_mut()
+                                .map(|g| g.partition.apply(&slice, &mut g.queue, now).1),
+                        );
+                        let id = released?;
+                        let m = (0..self.ids.len()).find(|m| self.ids[*m] == id);
+                        m.and_then(|m| u8::try_from(m).ok())
                     });
                     let modelled = model.queue_release(&after.dispatchers[d], d);
                     if queued != modelled {
@@ -577,10 +626,11 @@ impl Real {
                 self.close(usize::from(r), usize::from(d), model, before);
             }
             Action::Expire(d, r) => self.expire(usize::from(r), usize::from(d), before),
-            Action::Void(d, _) => {
+            Action::Void(d, e) => {
                 let now = self.now();
+                let (g, _) = self.entry(usize::from(e));
                 if let Some(p) = &mut self.processes[usize::from(d)] {
-                    p.queue.advance(now);
+                    p.groups[g].queue.advance(now);
                 }
             }
             Action::Glimpse(..) => return Err("partial views are not stepped".into()),
@@ -601,14 +651,15 @@ impl Real {
         let now = self.now();
         let id = self.next_session;
         self.next_session += 1;
+        let g = self.group_of(r);
         let Some(p) = &mut self.processes[d] else {
             return;
         };
+        let queue = &mut p.groups[g].queue;
         if let (Some(old), Some(left)) = (p.sessions[r], before.dispatchers[d].sessions[r]) {
-            p.queue
-                .remove_session_holding(old, now + TICK * u32::from(left));
+            queue.remove_session_holding(old, now + TICK * u32::from(left));
         }
-        p.queue.add_session(id, &replica_name(r));
+        queue.add_session(id, &replica_name(r));
         p.sessions[r] = Some(id);
     }
 
@@ -651,6 +702,7 @@ impl Real {
             _ => None,
         });
         let now = self.now();
+        let (g, _) = self.entry(usize::from(k));
         let Some(p) = &mut self.processes[d] else {
             return;
         };
@@ -662,7 +714,7 @@ impl Real {
             .get(&(usize::from(k), delivery))
             .copied()
             .unwrap_or(0);
-        p.queue.ack(session, id, Outcome::Success, now);
+        p.groups[g].queue.ack(session, id, Outcome::Success, now);
     }
 
     /// CloseSession of replica `r` reaches dispatcher `d`: its keys in flight are held until
@@ -675,17 +727,18 @@ impl Real {
             return;
         }
         let now = self.now();
+        let g = self.group_of(r);
         let Some(p) = &mut self.processes[d] else {
             return;
         };
         let Some(session) = p.sessions[r] else { return };
+        let queue = &mut p.groups[g].queue;
         match model.config.closes {
             crate::Closes::Hold => {
-                p.queue
-                    .remove_session_holding(session, now + TICK * u32::from(left));
+                queue.remove_session_holding(session, now + TICK * u32::from(left));
             }
             crate::Closes::Release => {
-                p.queue.remove_session(session);
+                queue.remove_session(session);
                 p.sessions[r] = None;
             }
         }
@@ -696,15 +749,17 @@ impl Real {
     fn expire(&mut self, r: usize, d: usize, before: &State) {
         let now = self.now();
         let closed = before.dispatchers[d].closed[r];
+        let g = self.group_of(r);
         let Some(p) = &mut self.processes[d] else {
             return;
         };
+        let queue = &mut p.groups[g].queue;
         if let Some(session) = p.sessions[r].take()
             && !closed
         {
-            p.queue.remove_session(session);
+            queue.remove_session(session);
         }
-        p.queue.advance(now);
+        queue.advance(now);
     }
 
     /// Whether every Lease, and every dispatcher's ring, settled ring, wait for the dead and
@@ -761,9 +816,10 @@ impl Real {
                         "dispatcher-{d}, key {k}: {modelled:?} in the model, {real:?} in the code"
                     ));
                 }
-                let deleted = p
+                let (g, key) = self.entry(k);
+                let deleted = p.groups[g]
                     .queue
-                    .key_status(&self.keys[k], now)
+                    .key_status(key, now)
                     .is_some_and(|s| s.deleted);
                 if deleted != has(disp.gone, k) {
                     return Err(format!(
@@ -772,30 +828,35 @@ impl Real {
                     ));
                 }
             }
-            let figures = p.partition.as_ref().map_or((0, 0), Partition::figures);
-            let modelled = (
-                disp.held_deletions.count_ones() as usize,
-                disp.recent.count_ones() as usize,
-            );
-            if figures != modelled {
-                return Err(format!(
-                    "dispatcher-{d}: deletions (held, remembered) {modelled:?} in the model, {figures:?} in the code"
-                ));
+            for (g, group) in p.groups.iter().enumerate() {
+                let figures = group.partition.figures();
+                let of_group =
+                    (0..self.keys.len()).fold(0u8, |m, k| m | bit(g * self.keys.len() + k));
+                let modelled = (
+                    (disp.held_deletions & of_group).count_ones() as usize,
+                    (disp.recent & of_group).count_ones() as usize,
+                );
+                if figures != modelled {
+                    return Err(format!(
+                        "dispatcher-{d}, group {g}: deletions (held, remembered) {modelled:?} in the model, {figures:?} in the code"
+                    ));
+                }
             }
         }
         Ok(())
     }
 
-    /// Where key `k` stands in `p`'s queue.
-    fn key(&self, p: &Process, k: usize, now: Instant) -> RealKey {
-        let key = &self.keys[k];
-        let Some(status) = p.queue.key_status(key, now) else {
+    /// Where the model's queue entry `e` stands in its group's queue at `p`.
+    fn key(&self, p: &Process, e: usize, now: Instant) -> RealKey {
+        let (g, key) = self.entry(e);
+        let queue = &p.groups[g].queue;
+        let Some(status) = queue.key_status(key, now) else {
             return RealKey::Absent;
         };
         match status.state {
             KeyState::Idle => RealKey::Idle,
             KeyState::Queued | KeyState::BackingOff | KeyState::RequeueAfter => RealKey::Ready {
-                leaving: p.queue.is_leaving(key),
+                leaving: queue.is_leaving(key),
             },
             KeyState::InFlight => RealKey::InFlight {
                 replica: status.replica,
@@ -889,6 +950,9 @@ pub struct Walked {
     /// Deletions of an earlier object handed out before the object created again under its
     /// name (tombstones).
     pub tombstones: usize,
+    /// Lease renewals that released no ring because one group's queue still held a key that
+    /// moved away while another group's had handed over.
+    pub waits_for_group: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
@@ -984,6 +1048,21 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
                     (a.held_deletions | a.recent) & !(b.held_deletions | b.recent) & b.gone != 0
                 })
                 .count();
+            if matches!(
+                action,
+                Action::Tick | Action::Lag(_) | Action::TickRenewalUnanswered(_)
+            ) {
+                let groups = u32::try_from(model.config.groups).unwrap_or(1);
+                walked.waits_for_group += next
+                    .dispatchers
+                    .iter()
+                    .enumerate()
+                    .filter(|(d, disp)| {
+                        let moving = model.moving(disp, *d);
+                        disp.up && moving != 0 && moving.count_ones() < groups
+                    })
+                    .count();
+            }
             walked.handovers += before
                 .dispatchers
                 .iter()
