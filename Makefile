@@ -35,6 +35,11 @@ chaos-soak: ## The short chaos mode over many seeds, a line each and a total: SE
 model: ## Deep check of the protocol model (model/): ARGS passes flags (see --help), e.g. ARGS="--dispatchers 2 --max-states 20000000"
 	$(CARGO) run --locked --release -p kube-dispatch-model -- $${ARGS:-}
 
+.PHONY: model-replay
+model-replay: ## A chaos run's faults through the model: REPORT=file (a failing seed's report as make chaos-soak prints it), ARGS as for make model
+	@test -n "$(REPORT)" || { echo "model-replay: give REPORT=<file with a chaos report>" >&2; exit 2; }
+	$(CARGO) run --locked --release -p kube-dispatch-model -- --replay "$(REPORT)" $${ARGS:---dfs --max-depth 40 --timeout 600}
+
 .PHONY: image
 image: ## Build the image kube-dispatch:dev without a registry (buildah, FROM scratch): BUILDER=docker for docker
 	@deploy/image.sh --builder $${BUILDER:-buildah}

@@ -100,6 +100,7 @@
 #![forbid(unsafe_code)]
 
 pub mod real;
+pub mod replay;
 
 use std::fmt;
 
@@ -1249,6 +1250,18 @@ impl Protocol {
         self.show_lease(state, d, true);
     }
 
+    /// Whether no two replicas run a reconcile of one key (of one group) at once.
+    pub fn exclusive(&self, state: &State) -> bool {
+        (0..self.entries()).all(|k| {
+            state
+                .replicas
+                .iter()
+                .filter(|r| r.up && r.running[k].is_some())
+                .count()
+                <= 1
+        })
+    }
+
     /// Whether a fair schedule with no more faults brings every changed key to a reconcile.
     pub fn settles(&self, state: &State) -> bool {
         let t = self.config.timing;
@@ -2078,13 +2091,7 @@ impl Model for Protocol {
     /// when a crash and a second dispatcher make it possible.
     fn properties(&self) -> Vec<Property<Self>> {
         let mut properties = vec![Property::always("exclusive", |m: &Self, s: &State| {
-            (0..m.entries()).all(|k| {
-                s.replicas
-                    .iter()
-                    .filter(|r| r.up && r.running[k].is_some())
-                    .count()
-                    <= 1
-            })
+            m.exclusive(s)
         })];
         if self.config.liveness {
             properties.push(Property::always("settles", |m: &Self, s: &State| {

@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kube_dispatch_model::{Budget, Closes, Config, Deletions, Protocol, Timing, Variant, Views};
+use kube_dispatch_model::{
+    Budget, Closes, Config, Deletions, Protocol, Timing, Variant, Views,
+    replay::{Replay, Script, faults_of_report},
+};
 use stateright::{Checker, Model};
 
 /// Checks kube-dispatch's delivery protocol exhaustively within the given bounds.
@@ -106,6 +109,13 @@ struct Args {
     /// Checker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Replay a chaos run instead (`make model-replay REPORT=file`): read its report (as
+    /// `make chaos` or `make chaos-soak` prints it for a failing seed; `-` for stdin), take the
+    /// faults around its first violation (else all of them, in order) as the only faults, in
+    /// that order, and look for a violation among every interleaving of the model's own steps
+    /// with them. The fault budget flags are then ignored.
+    #[arg(long, value_name = "REPORT")]
+    replay: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -172,6 +182,9 @@ fn main() -> anyhow::Result<()> {
         },
         relist_returning: !args.returning_unlisted,
     };
+    if let Some(report) = &args.replay {
+        return replay(&args, config, report);
+    }
     println!("model: {config}");
     let started = Instant::now();
     let mut builder = Protocol::new(config).checker().threads(args.threads);
@@ -190,12 +203,81 @@ fn main() -> anyhow::Result<()> {
         timeout: args.timeout,
         started,
     };
-    let violated = if args.dfs {
+    let verdict = if args.dfs {
         report(builder.spawn_dfs().join(), limits)
     } else {
         report(builder.spawn_bfs().join(), limits)
     };
-    anyhow::ensure!(!violated, "the model check failed");
+    anyhow::ensure!(!verdict.failed(), "the model check failed");
+    Ok(())
+}
+
+/// `--replay`: the faults of a chaos report through the model.
+fn replay(args: &Args, mut config: Config, path: &std::path::Path) -> anyhow::Result<()> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the chaos report {}: {e}", path.display()))?
+    };
+    let faults = faults_of_report(&text);
+    anyhow::ensure!(
+        !faults.is_empty(),
+        "{} names no fault: give a chaos report as `make chaos` or `make chaos-soak` prints it (a violation with its \"faults around\", or the \"faults (N)\" list)",
+        path.display()
+    );
+    let script = Script::new(&faults, config.dispatchers, config.replicas);
+    config.budget = script.budget();
+    println!("replay: {} faults from {}", faults.len(), path.display());
+    for t in &script.faults {
+        println!("replay:   {t}");
+    }
+    anyhow::ensure!(
+        !script.steps.is_empty(),
+        "none of these faults is modelled: nothing to replay"
+    );
+    println!("model: {config}");
+    let started = Instant::now();
+    let model = Replay {
+        protocol: Protocol::new(config),
+        steps: script.steps,
+    };
+    let mut builder = model.checker().threads(args.threads);
+    if args.max_states > 0 {
+        builder = builder.target_state_count(args.max_states);
+    }
+    if args.timeout > 0 {
+        builder = builder.timeout(Duration::from_secs(args.timeout));
+    }
+    if args.max_depth > 0 {
+        builder = builder.target_max_depth(args.max_depth);
+    }
+    let limits = Limits {
+        max_states: args.max_states,
+        max_depth: args.max_depth,
+        timeout: args.timeout,
+        started,
+    };
+    let verdict = if args.dfs {
+        report(builder.spawn_dfs().join(), limits)
+    } else {
+        report(builder.spawn_bfs().join(), limits)
+    };
+    if verdict.violated {
+        println!(
+            "replay: a counterexample: the path above, with the run's faults in that order, breaks the contract in the model"
+        );
+        anyhow::bail!("the model breaks the contract under this run's faults");
+    }
+    if verdict.unreached.is_empty() {
+        println!(
+            "replay: no violation within these bounds, and the run's faults were all taken: if the run broke the contract, the code does something the model does not (or a fault the model leaves out, above, is the cause)"
+        );
+    } else {
+        println!(
+            "replay: inconclusive: no path within these bounds takes all of the run's faults; give more (--max-depth, --timeout, --resolution 4)"
+        );
+    }
     Ok(())
 }
 
@@ -207,8 +289,26 @@ struct Limits {
     started: Instant,
 }
 
-/// Prints what `checker` explored and each property's verdict; returns whether any failed.
-fn report(checker: impl Checker<Protocol>, limits: Limits) -> bool {
+/// What a check found.
+struct Verdict {
+    /// An `always` property was violated.
+    violated: bool,
+    /// The `sometimes` properties never reached.
+    unreached: Vec<&'static str>,
+}
+
+impl Verdict {
+    fn failed(&self) -> bool {
+        self.violated || !self.unreached.is_empty()
+    }
+}
+
+/// Prints what `checker` explored and each property's verdict.
+fn report<M: Model>(checker: impl Checker<M>, limits: Limits) -> Verdict
+where
+    M::State: std::fmt::Debug + Clone + PartialEq,
+    M::Action: std::fmt::Debug + Clone + PartialEq,
+{
     let elapsed = limits.started.elapsed();
     let cut_short = (limits.max_states > 0 && checker.state_count() >= limits.max_states)
         || (limits.timeout > 0 && elapsed >= Duration::from_secs(limits.timeout));
@@ -225,18 +325,24 @@ fn report(checker: impl Checker<Protocol>, limits: Limits) -> bool {
         checker.unique_state_count(),
         checker.max_depth(),
     );
-    let mut violated = false;
+    let mut verdict = Verdict {
+        violated: false,
+        unreached: Vec::new(),
+    };
     for property in checker.model().properties() {
         let always = !matches!(property.expectation, stateright::Expectation::Sometimes);
         let found = checker.discovery(property.name);
-        let verdict = match (always, &found) {
+        let said = match (always, &found) {
             (false, Some(_)) => "reached",
             (false, None) => "NEVER REACHED",
             (true, None) => "holds",
             (true, Some(_)) => "VIOLATED",
         };
-        violated |= always == found.is_some();
-        println!("model: {:<40} {verdict}", property.name);
+        verdict.violated |= always && found.is_some();
+        if !always && found.is_none() {
+            verdict.unreached.push(property.name);
+        }
+        println!("model: {:<40} {said}", property.name);
         if let (true, Some(path)) = (always, found) {
             println!("model: path to the violation of {}:", property.name);
             let last = path.last_state().clone();
@@ -246,5 +352,5 @@ fn report(checker: impl Checker<Protocol>, limits: Limits) -> bool {
             println!("    last state: {last:#?}");
         }
     }
-    violated
+    verdict
 }
