@@ -2600,6 +2600,26 @@ mod tests {
         }
     }
 
+    /// Explores `config` depth first to `depth` steps for `states` states (revisits included);
+    /// panics with the path to any violation.
+    fn check_deep(config: Config, depth: usize, states: usize) -> impl Checker<Protocol> {
+        let checker = Protocol::new(config)
+            .checker()
+            .target_max_depth(depth)
+            .target_state_count(states)
+            .spawn_dfs()
+            .join();
+        for property in ["exclusive", "settles"] {
+            if let Some(path) = checker.discovery(property) {
+                panic!(
+                    "{property} violated ({config}):\n{:#?}",
+                    path.into_actions()
+                );
+            }
+        }
+        checker
+    }
+
     /// Explores `config` breadth first for `states` states (revisits included); panics with the
     /// path to any violation; returns the unique states and the depth reached.
     fn check_bounded(config: Config, states: usize) -> (usize, usize) {
@@ -2657,21 +2677,7 @@ mod tests {
             deletions: 1,
             owned_changes: 1,
         };
-        let config = config(2, Variant::SendTime, budget);
-        let checker = Protocol::new(config)
-            .checker()
-            .target_max_depth(80)
-            .target_state_count(3_000_000)
-            .spawn_dfs()
-            .join();
-        for property in ["exclusive", "settles"] {
-            if let Some(path) = checker.discovery(property) {
-                panic!(
-                    "{property} violated ({config}):\n{:#?}",
-                    path.into_actions()
-                );
-            }
-        }
+        let checker = check_deep(config(2, Variant::SendTime, budget), 80, 3_000_000);
         assert!(
             checker
                 .discovery("a handover completes after a crash")
@@ -2765,20 +2771,7 @@ mod tests {
             keys: 2,
             ..config(2, Variant::SendTime, budget)
         };
-        let checker = Protocol::new(config)
-            .checker()
-            .target_max_depth(60)
-            .target_state_count(3_000_000)
-            .spawn_dfs()
-            .join();
-        for property in ["exclusive", "settles"] {
-            if let Some(path) = checker.discovery(property) {
-                panic!(
-                    "{property} violated ({config}):\n{:#?}",
-                    path.into_actions()
-                );
-            }
-        }
+        let checker = check_deep(config, 60, 3_000_000);
         println!(
             "two groups, depth first: {} unique states, depth {}",
             checker.unique_state_count(),

@@ -186,8 +186,20 @@ fn main() -> anyhow::Result<()> {
         return replay(&args, config, report);
     }
     println!("model: {config}");
+    let verdict = explore(Protocol::new(config), &args);
+    anyhow::ensure!(!verdict.failed(), "the model check failed");
+    Ok(())
+}
+
+/// Explores `model` within the bounds of `args` and prints what it found.
+fn explore<M>(model: M, args: &Args) -> Verdict
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::fmt::Debug + Clone + PartialEq + std::hash::Hash + Send + Sync,
+    M::Action: std::fmt::Debug + Clone + PartialEq + Send + Sync,
+{
     let started = Instant::now();
-    let mut builder = Protocol::new(config).checker().threads(args.threads);
+    let mut builder = model.checker().threads(args.threads);
     if args.max_states > 0 {
         builder = builder.target_state_count(args.max_states);
     }
@@ -203,13 +215,11 @@ fn main() -> anyhow::Result<()> {
         timeout: args.timeout,
         started,
     };
-    let verdict = if args.dfs {
+    if args.dfs {
         report(builder.spawn_dfs().join(), limits)
     } else {
         report(builder.spawn_bfs().join(), limits)
-    };
-    anyhow::ensure!(!verdict.failed(), "the model check failed");
-    Ok(())
+    }
 }
 
 /// `--replay`: the faults of a chaos report through the model.
@@ -237,32 +247,11 @@ fn replay(args: &Args, mut config: Config, path: &std::path::Path) -> anyhow::Re
         "none of these faults is modelled: nothing to replay"
     );
     println!("model: {config}");
-    let started = Instant::now();
     let model = Replay {
         protocol: Protocol::new(config),
         steps: script.steps,
     };
-    let mut builder = model.checker().threads(args.threads);
-    if args.max_states > 0 {
-        builder = builder.target_state_count(args.max_states);
-    }
-    if args.timeout > 0 {
-        builder = builder.timeout(Duration::from_secs(args.timeout));
-    }
-    if args.max_depth > 0 {
-        builder = builder.target_max_depth(args.max_depth);
-    }
-    let limits = Limits {
-        max_states: args.max_states,
-        max_depth: args.max_depth,
-        timeout: args.timeout,
-        started,
-    };
-    let verdict = if args.dfs {
-        report(builder.spawn_dfs().join(), limits)
-    } else {
-        report(builder.spawn_bfs().join(), limits)
-    };
+    let verdict = explore(model, args);
     if verdict.violated {
         println!(
             "replay: a counterexample: the path above, with the run's faults in that order, breaks the contract in the model"
