@@ -25,6 +25,11 @@ struct Args {
     /// every dispatcher; at most the replicas.
     #[arg(long, default_value_t = 1)]
     groups: usize,
+    /// Make each group at a dispatcher only at the first session one of its replicas opens
+    /// there since the dispatcher started (as the dispatcher does), rather than at every
+    /// dispatcher from the start.
+    #[arg(long)]
+    lazy_groups: bool,
     /// Keys (1 or 2).
     #[arg(long, default_value_t = 2)]
     keys: usize,
@@ -142,6 +147,7 @@ fn main() -> anyhow::Result<()> {
         dispatchers: args.dispatchers,
         replicas: args.replicas,
         groups: args.groups,
+        lazy_groups: args.lazy_groups,
         keys: args.keys,
         timing,
         budget: Budget {

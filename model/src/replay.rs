@@ -474,6 +474,7 @@ mod tests {
             replicas: 2,
             groups: 1,
             keys: 1,
+            lazy_groups: false,
             timing: Timing::COARSE,
             budget: Budget::NONE,
             variant: Variant::SendTime,
