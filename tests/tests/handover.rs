@@ -18,7 +18,7 @@ use kube::{
 use kube_dispatch_core::{handover::Slice, queue::KeyState};
 use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
-use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION};
+use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION, v1::Subscription};
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
@@ -891,6 +891,75 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
         "deletion made while dispatcher-1 restarted delivered by its new process {:?} after the kill (its predecessor's reconciles waited out: bound {BOUND:?})",
         killed_at.elapsed()
     );
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// As above, but the first OpenSession to the restarted dispatcher gives up (a replica killed,
+/// a client deadline) while the group it made waits for its watch's first list, which a stalled
+/// path to the API server holds back. The call that makes a group is the one that has it ask
+/// the peers for the deletions they remember; it must finish that even when its caller is gone,
+/// or the group (made, and found by the next session) never asks and the deletion is lost.
+#[tokio::test]
+async fn a_deletion_while_its_dispatcher_restarts_is_delivered_even_if_the_first_open_gives_up()
+-> TestResult {
+    let (ns, api) = with_configmaps("deleted-first-open-gone", 30).await?;
+    let three = Ring::new((0..3).map(name));
+    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
+    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let mut ds = start_settled(ns.name(), 3, BOUND).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let _sessions = sessions_of_three(&ds, ns.name(), &of_victim).await?;
+
+    if let Some(d) = ds.remove(&1) {
+        d.kill();
+    }
+    api.delete(&of_victim[0], &DeleteParams::default()).await?;
+    // Its new process reaches the API server through a proxy, stalled once it has started.
+    let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    ds.insert(
+        1,
+        TestDispatcher::start_with(
+            config(ns.name(), 1, BOUND),
+            "127.0.0.1:0",
+            Some(proxy.addr),
+            None,
+        )
+        .await?,
+    );
+    // Another group, watching the same ConfigMaps through a selector (a watch of its own),
+    // has the new process resolve the resource first: the open below then waits only for its
+    // own watch's list.
+    let warm = Subscription {
+        label_selector: "kube-dispatch.dev/warm-up=1".into(),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let _warm = TestSession::open(&ds[&1], "warm-up", "replica-w", vec![warm]).await?;
+    proxy.set(Fault::Stall);
+    let first = tokio::time::timeout(
+        Duration::from_millis(500),
+        TestSession::open(&ds[&1], GROUP, "replica-1", subs()),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "the first open must give up while the group's watch lists"
+    );
+    proxy.set(Fault::None);
+    assert_eq!(
+        ds[&0].handles.slice.borrow().ring.members().len(),
+        3,
+        "restarted, and stalled, before dispatcher-0 dropped it from the ring"
+    );
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1b", subs()).await?;
+    let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
+    expect_deletion(
+        &mut s1,
+        &key,
+        Duration::from_secs(30),
+        "while dispatcher-1 restarted, its first session abandoned",
+    )
+    .await;
     stop_all([], ds, []).await;
     Ok(())
 }

@@ -234,19 +234,42 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         self.guard
             .may_read(&caller, &crate::security::accesses(&spec))
             .await?;
-        let opened = groups
-            .open(&id, &req.replica_id, &spec, ttl, &caller)
+        // Opened apart from this request: the call that makes a group subscribes it (waiting
+        // for its watches' first lists) and then has it ask the peers for the deletions they
+        // remember, and only that call does. A caller that gives up meanwhile (killed, timed
+        // out, cut off) must not leave a group that never asks, which would lose every deletion
+        // only the peers know of. The session of a caller that gave up is closed.
+        let wanted = tokio_util::sync::CancellationToken::new();
+        let gave_up = wanted.clone().drop_guard();
+        let opening = tokio::spawn({
+            let groups = groups.clone();
+            let credentials = self.guard.peer_credentials.clone();
+            let replica = req.replica_id.clone();
+            let (id, caller) = (id.clone(), caller.clone());
+            async move {
+                let opened = groups.open(&id, &replica, &spec, ttl, &caller).await?;
+                // Keys can move here only on a ring from Leases: ask the peers what was deleted
+                // of them before this group was served here.
+                if opened.created && groups.recent_deletions().capacity > 0 {
+                    tokio::spawn(super::peer::fetch_recent_deletions(
+                        groups.clone(),
+                        opened.group.clone(),
+                        credentials,
+                    ));
+                }
+                if wanted.is_cancelled() {
+                    debug!(group = %id, replica, "the caller gave up while its session was opened: closed");
+                    // Nothing was handed out on it: closing holds nothing back.
+                    let _ = groups.close(&opened.session_id, &caller);
+                }
+                Ok::<_, SessionError>(opened)
+            }
+        });
+        let opened = opening
             .await
+            .map_err(|e| Status::internal(format!("opening the session failed: {e}")))?
             .map_err(status)?;
-        // Keys can move here only on a ring from Leases: ask the peers what was deleted of
-        // them before this group was served here.
-        if opened.created && groups.recent_deletions().capacity > 0 {
-            tokio::spawn(super::peer::fetch_recent_deletions(
-                groups.clone(),
-                opened.group.clone(),
-                self.guard.peer_credentials.clone(),
-            ));
-        }
+        gave_up.disarm();
         Ok(Response::new(OpenSessionResponse {
             session_id: opened.session_id,
             ttl: prost_types::Duration::try_from(ttl).ok(),
