@@ -242,6 +242,10 @@ fn replay(args: &Args, mut config: Config, path: &std::path::Path) -> anyhow::Re
         "{} names no fault: give a chaos report as `make chaos` or `make chaos-soak` prints it (a violation with its \"faults around\", or the \"faults (N)\" list)",
         path.display()
     );
+    anyhow::ensure!(
+        config.keys == 2,
+        "a replay needs --keys 2: the faults are placed on the owner of one key and not of the other"
+    );
     let script = Script::new(&faults, config.dispatchers, config.replicas);
     config.budget = script.budget();
     println!("replay: {} faults from {}", faults.len(), path.display());
@@ -265,8 +269,13 @@ fn replay(args: &Args, mut config: Config, path: &std::path::Path) -> anyhow::Re
         anyhow::bail!("the model breaks the contract under this run's faults");
     }
     if verdict.unreached.is_empty() {
+        let bounds = if verdict.cut_short {
+            "the states explored before the limit stopped the search"
+        } else {
+            "these bounds"
+        };
         println!(
-            "replay: no violation within these bounds, and the run's faults were all taken: if the run broke the contract, the code does something the model does not (or a fault the model leaves out, above, is the cause)"
+            "replay: no violation within {bounds}, and the run's faults were all taken: if the run broke the contract, the model may be missing what the code did, or a fault it leaves out or approximates (above) may be the cause"
         );
     } else {
         println!(
@@ -290,6 +299,8 @@ struct Verdict {
     violated: bool,
     /// The `sometimes` properties never reached.
     unreached: Vec<&'static str>,
+    /// The search stopped at the state or time limit.
+    cut_short: bool,
 }
 
 impl Verdict {
@@ -323,6 +334,7 @@ where
     let mut verdict = Verdict {
         violated: false,
         unreached: Vec::new(),
+        cut_short,
     };
     for property in checker.model().properties() {
         let always = !matches!(property.expectation, stateright::Expectation::Sometimes);

@@ -950,8 +950,8 @@ pub struct Walked {
     /// Deletions of an earlier object handed out before the object created again under its
     /// name (tombstones).
     pub tombstones: usize,
-    /// Lease renewals that released no ring because one group's queue still held a key that
-    /// moved away while another group's had handed over.
+    /// Lease renewals that released no ring because a group after the first still held a key
+    /// that moved away while the first group had handed over.
     pub waits_for_group: usize,
 }
 
@@ -1052,15 +1052,11 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
                 action,
                 Action::Tick | Action::Lag(_) | Action::TickRenewalUnanswered(_)
             ) {
-                let groups = u32::try_from(model.config.groups).unwrap_or(1);
                 walked.waits_for_group += next
                     .dispatchers
                     .iter()
                     .enumerate()
-                    .filter(|(d, disp)| {
-                        let moving = model.moving(disp, *d);
-                        disp.up && moving != 0 && moving.count_ones() < groups
-                    })
+                    .filter(|(d, disp)| model.waits_for_a_later_group(disp, *d))
                     .count();
             }
             walked.handovers += before

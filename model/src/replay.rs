@@ -8,10 +8,11 @@
 //! the code does something the model does not (the lock-step, `real.rs`, is where to look
 //! next), or the run's fault lies outside what the model describes (listed as "not modelled").
 //!
-//! Which faults: those around the report's first violation (its "faults around" list), else
-//! every fault of the run in order. Key and replica names are not carried over: the model's
-//! keys are owned by dispatchers 0 and 1 on the full ring, so a fault on a dispatcher hits the
-//! owner of one key and not of the other, and the checker tries both.
+//! Which faults: those around the report's first violation with any (its "faults around"
+//! list), else every fault of the run in order. Names are not carried over: the model's two
+//! keys are owned by dispatchers 0 and 1 on the full ring, so the dispatchers the faults name
+//! are renamed in order of first mention (the first becomes dispatcher 0, the owner of key 0,
+//! the next dispatcher 1), and each fault hits the owner of one key and not of the other.
 
 use std::fmt;
 
@@ -50,9 +51,14 @@ impl Script {
     /// The script of `faults` (as a chaos report names them) for a model of `dispatchers`
     /// dispatchers and `replicas` replicas.
     pub fn new(faults: &[String], dispatchers: usize, replicas: usize) -> Self {
+        let renamed = renamed(faults, dispatchers);
         let faults: Vec<Translated> = faults
             .iter()
-            .map(|f| translate(f, dispatchers, replicas))
+            .zip(&renamed)
+            .map(|(f, r)| Translated {
+                fault: f.clone(),
+                ..translate(r, dispatchers, replicas)
+            })
             .collect();
         let steps = faults.iter().flat_map(|t| t.steps.clone()).collect();
         Self { faults, steps }
@@ -99,6 +105,47 @@ impl fmt::Display for Translated {
         }
         Ok(())
     }
+}
+
+/// The faults with the dispatchers they name renamed in order of first mention by a fault the
+/// model takes steps for (the first named becomes `dispatcher-0`), then by the others, among
+/// the model's `dispatchers`; one beyond those gets a name the model does not have.
+fn renamed(faults: &[String], dispatchers: usize) -> Vec<String> {
+    let mut order: Vec<String> = Vec::new();
+    let name_at = |fault: &str, at: usize| -> String {
+        fault[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect()
+    };
+    let stepped = |fault: &&String| !translate(fault, usize::from(u8::MAX), 1).steps.is_empty();
+    let (first, rest): (Vec<&String>, Vec<&String>) = faults.iter().partition(stepped);
+    for fault in first.into_iter().chain(rest) {
+        for (at, _) in fault.match_indices("dispatcher-") {
+            let name = name_at(fault, at);
+            if !order.contains(&name) {
+                order.push(name);
+            }
+        }
+    }
+    faults
+        .iter()
+        .map(|fault| {
+            let mut out = String::new();
+            let mut rest = fault.as_str();
+            while let Some(at) = rest.find("dispatcher-") {
+                let name = name_at(rest, at);
+                out.push_str(&rest[..at]);
+                match order.iter().position(|n| *n == name) {
+                    Some(i) if i < dispatchers => out.push_str(&format!("dispatcher-{i}")),
+                    _ => out.push_str(&format!("dispatcher-{}", dispatchers + 1)),
+                }
+                rest = &rest[at + name.len()..];
+            }
+            out.push_str(rest);
+            out
+        })
+        .collect()
 }
 
 /// The number after `prefix` in the fault's text (`dispatcher-2` gives 2), if below `below`.
@@ -200,9 +247,9 @@ pub fn translate(fault: &str, dispatchers: usize, replicas: usize) -> Translated
     t
 }
 
-/// The faults a chaos report names: those around its first violation (a lost final state or
-/// an overlap, each printed with `faults around: [...]`), else every fault of the run in order
-/// (the lines under `faults (N)`).
+/// The faults a chaos report names: those around its first violation that has any (a lost
+/// final state or an overlap, each printed with `faults around: [...]`; a lost update lists
+/// none), else every fault of the run in order (the lines under `faults (N)`).
 pub fn faults_of_report(report: &str) -> Vec<String> {
     for line in report.lines() {
         let Some(at) = line.find("faults around") else {
@@ -212,7 +259,10 @@ pub fn faults_of_report(report: &str) -> Vec<String> {
         let (Some(open), Some(close)) = (rest.find('['), rest.find(']')) else {
             continue;
         };
-        return quoted(&rest[open + 1..close]);
+        let around = quoted(&rest[open + 1..close]);
+        if !around.is_empty() {
+            return around;
+        }
     }
     let mut faults = Vec::new();
     let mut listing = false;
@@ -399,6 +449,30 @@ mod tests {
             ]
         );
         assert!(faults_of_report("no report here").is_empty());
+        // A loss with no fault around it (a lost update) falls back to the whole list.
+        let empty = REPORT.replace(
+            r#"faults around: ["net-latency"#,
+            r#"faults around: [], was ["net-latency"#,
+        );
+        assert_eq!(faults_of_report(&empty).len(), 3);
+    }
+
+    #[test]
+    fn the_dispatchers_a_report_names_become_the_owners_of_the_models_keys_in_order() {
+        let faults = [
+            "net-cut dispatcher-2<->apiserver".to_owned(),
+            "kill-dispatcher dispatcher-2 (kill -9, restart)".to_owned(),
+            "delete-lease dispatcher-0 (live)".to_owned(),
+            "scale-dispatchers 3 to 4".to_owned(),
+            "kill-dispatcher dispatcher-3 (kill -9, restart)".to_owned(),
+        ];
+        let script = Script::new(&faults, 2, 2);
+        use Action::*;
+        assert_eq!(script.faults[0].steps, [vec![CutApi(0)], vec![HealApi(0)]]);
+        assert_eq!(script.faults[1].steps, [vec![Crash(0)], vec![Restart(0)]]);
+        assert_eq!(script.faults[2].steps, [vec![DeleteLease(1)]]);
+        assert!(script.faults[4].steps.is_empty() && script.faults[4].note.is_some());
+        assert_eq!(script.faults[2].fault, "delete-lease dispatcher-0 (live)");
     }
 
     #[test]
