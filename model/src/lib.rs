@@ -2805,23 +2805,12 @@ mod tests {
         };
         // Key 0 is reconciled first, so the deletion is of an object the controllers saw.
         let path = [
-            Open(0, 0),
-            Poll(0, 0),
-            Arrive(0, 0),
-            Answer(0, 0, 1),
-            Receive(0, 0),
-            Finish(0, 0),
-            AckArrives(0, 0, 0),
-            Crash(0),
-            Restart(0),
-            Change(0),
-            Delete(0),
-            DeleteLease(1),
-            Stop(1),
-            Restart(1),
-            Open(1, 1),
-            Poll(1, 1),
-        ];
+            takes(0, 0).as_slice(),
+            &[Finish(0, 0), AckArrives(0, 0, 0)],
+            &[Crash(0), Restart(0), Change(0), Delete(0)],
+            &[DeleteLease(1), Stop(1), Restart(1), Open(1, 1), Poll(1, 1)],
+        ]
+        .concat();
         let model = Protocol::new(lazy);
         let s = replay(&model, &path);
         assert!(!model.settles(&s), "the deletion is delivered after all");
@@ -2851,12 +2840,12 @@ mod tests {
         // Entries: group 0's keys 0 and 1, then group 1's; replica r is in group r.
         let (g0_k1, g1_k1) = (1u8, 3u8);
         assert_eq!(model.owner(model.all(), 1), Some(1));
-        let takes = |r: u8, e: u8| [Open(r, 0), Poll(r, 0), Arrive(r, 0), Answer(r, 0, bit(e))];
+        let take = |r: u8, e: u8| [Open(r, 0), Poll(r, 0), Arrive(r, 0), Answer(r, 0, bit(e))];
         let path = [
             &[Stop(1), Tick][..],
-            &takes(1, g1_k1),
+            &take(1, g1_k1),
             &[Receive(1, 0)],
-            &takes(0, g0_k1),
+            &take(0, g0_k1),
             &[Receive(0, 0), Finish(0, g0_k1), AckArrives(0, 0, g0_k1)],
             &[Restart(1), Tick],
         ]

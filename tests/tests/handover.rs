@@ -211,6 +211,18 @@ async fn with_configmaps(
     Ok((ns, api))
 }
 
+/// A namespace of its own holding ConfigMaps `cm-0..30`, their API, and the names of those
+/// dispatcher-1 owns on the ring of three (at least one).
+async fn victim_of_three(
+    prefix: &str,
+) -> Result<(TestNamespace, Api<ConfigMap>, Vec<String>), Box<dyn std::error::Error>> {
+    let (ns, api) = with_configmaps(prefix, 30).await?;
+    let three = Ring::new((0..3).map(name));
+    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
+    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    Ok((ns, api, of_victim))
+}
+
 /// Of ConfigMaps `cm-0..count` in `namespace`, the names `member` owns on `ring`.
 fn names_owned_by(ring: &Ring, namespace: &str, count: usize, member: &str) -> Vec<String> {
     (0..count)
@@ -256,6 +268,27 @@ async fn expect_deletion(session: &mut TestSession, key: &str, timeout: Duration
         seen.contains(&(key, true)),
         "the deletion of {key} made {when} was never delivered; delivered (key, deleted): {seen:?}"
     );
+}
+
+/// Dispatcher-1, restarted before dispatcher-0 dropped it from the ring, delivers the deletion
+/// of ConfigMap `name` (made `when`) to a session of `replica` opened on it now.
+async fn restarted_delivers(
+    ds: &BTreeMap<usize, TestDispatcher>,
+    namespace: &str,
+    name: &str,
+    replica: &str,
+    when: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    assert_eq!(
+        ds[&0].handles.slice.borrow().ring.members().len(),
+        3,
+        "restarted before dispatcher-0 dropped it from the ring"
+    );
+    let subs = vec![subscription("v1", "ConfigMap", namespace)];
+    let mut s1 = TestSession::open(&ds[&1], GROUP, replica, subs).await?;
+    let key = format!("/ConfigMap/{namespace}/{name}");
+    expect_deletion(&mut s1, &key, Duration::from_secs(30), when).await;
+    Ok(())
 }
 
 /// Scale 3 to 5 to 2 dispatchers while objects are written continuously: nothing is reconciled
@@ -859,12 +892,8 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
 /// deletions they remembered of its keys.
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_process() -> TestResult {
-    let (ns, api) = with_configmaps("deleted-while-restarting", 30).await?;
-    let three = Ring::new((0..3).map(name));
-    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
-    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let (ns, api, of_victim) = victim_of_three("deleted-while-restarting").await?;
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
-    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let _sessions = sessions_of_three(&ds, ns.name(), &of_victim).await?;
 
     let killed_at = Instant::now();
@@ -873,20 +902,14 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
     }
     api.delete(&of_victim[0], &DeleteParams::default()).await?;
     ds.insert(1, start(ns.name(), 1).await?);
-    assert_eq!(
-        ds[&0].handles.slice.borrow().ring.members().len(),
-        3,
-        "restarted before dispatcher-0 dropped it from the ring"
-    );
-    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
-    let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
-    expect_deletion(
-        &mut s1,
-        &key,
-        Duration::from_secs(30),
+    restarted_delivers(
+        &ds,
+        ns.name(),
+        &of_victim[0],
+        "replica-1",
         "while dispatcher-1 restarted",
     )
-    .await;
+    .await?;
     println!(
         "deletion made while dispatcher-1 restarted delivered by its new process {:?} after the kill (its predecessor's reconciles waited out: bound {BOUND:?})",
         killed_at.elapsed()
@@ -903,10 +926,7 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_by_its_new_proces
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_restarts_is_delivered_even_if_the_first_open_gives_up()
 -> TestResult {
-    let (ns, api) = with_configmaps("deleted-first-open-gone", 30).await?;
-    let three = Ring::new((0..3).map(name));
-    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
-    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let (ns, api, of_victim) = victim_of_three("deleted-first-open-gone").await?;
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let _sessions = sessions_of_three(&ds, ns.name(), &of_victim).await?;
@@ -946,20 +966,14 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_even_if_the_first
         "the first open must give up while the group's watch lists"
     );
     proxy.set(Fault::None);
-    assert_eq!(
-        ds[&0].handles.slice.borrow().ring.members().len(),
-        3,
-        "restarted, and stalled, before dispatcher-0 dropped it from the ring"
-    );
-    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1b", subs()).await?;
-    let key = format!("/ConfigMap/{}/{}", ns.name(), of_victim[0]);
-    expect_deletion(
-        &mut s1,
-        &key,
-        Duration::from_secs(30),
+    restarted_delivers(
+        &ds,
+        ns.name(),
+        &of_victim[0],
+        "replica-1b",
         "while dispatcher-1 restarted, its first session abandoned",
     )
-    .await;
+    .await?;
     stop_all([], ds, []).await;
     Ok(())
 }
@@ -1246,10 +1260,7 @@ async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases()
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_restarts_is_delivered_after_a_cut_between_peers()
 -> TestResult {
-    let (ns, api) = with_configmaps("deleted-while-peers-cut", 30).await?;
-    let three = Ring::new((0..3).map(name));
-    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
-    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let (ns, api, of_victim) = victim_of_three("deleted-while-peers-cut").await?;
     // Dispatchers 0 and 2 advertise a proxy in front of them: the path their peers take.
     let mut proxies = BTreeMap::new();
     let mut ds = BTreeMap::new();
