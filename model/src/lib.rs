@@ -743,7 +743,7 @@ impl Protocol {
     }
 
     /// The entries of group `g` (a bit each).
-    fn of_group(&self, g: usize) -> u8 {
+    pub(crate) fn of_group(&self, g: usize) -> u8 {
         (0..self.config.keys).fold(0, |m, k| m | bit(g * self.config.keys + k))
     }
 
@@ -757,6 +757,16 @@ impl Protocol {
         (0..self.config.groups)
             .filter(|g| has(disp.groups, *g))
             .fold(0, |m, g| m | self.of_group(g))
+    }
+
+    /// What each dispatcher remembers of deletions of keys it does not own (a bit per queue
+    /// entry), if it is up: what its peers answer when asked.
+    fn remembered(state: &State) -> Vec<Option<u8>> {
+        state
+            .dispatchers
+            .iter()
+            .map(|x| x.up.then_some(x.recent))
+            .collect()
     }
 
     /// Group `g` at `d` asks its live peers for the deletions they remember of keys `d` owns
@@ -1175,12 +1185,7 @@ impl Protocol {
         let t = self.config.timing;
         let leases = state.leases.clone();
         let objects = state.objects;
-        // What each other running dispatcher remembers of deletions of keys it does not own.
-        let peers: Vec<Option<u8>> = state
-            .dispatchers
-            .iter()
-            .map(|x| x.up.then_some(x.recent))
-            .collect();
+        let peers = Self::remembered(state);
         let disp = &mut state.dispatchers[d];
         let (ring_before, settled_before) = (disp.ring, disp.settled);
         if disp.own_lease == 0 {
@@ -1801,11 +1806,7 @@ impl Model for Protocol {
                         }
                     }
                     if disp.settled.is_some() {
-                        let peers: Vec<Option<u8>> = s
-                            .dispatchers
-                            .iter()
-                            .map(|x| x.up.then_some(x.recent))
-                            .collect();
+                        let peers = Self::remembered(&s);
                         let disp = &mut s.dispatchers[di];
                         self.ask_peers(disp, di, g, &peers);
                     }

@@ -140,9 +140,8 @@ pub struct Real {
     ids: Vec<String>,
     /// The objects' request keys and versions (each change makes a new one).
     keys: Vec<String>,
-    /// Controller groups, each with a queue and partition at every dispatcher; the model's
-    /// queue entry `e` is key `e % keys` in group `e / keys`.
-    groups: usize,
+    /// The model, for its placement of queue entries in groups and of replicas in groups.
+    model: Protocol,
     versions: Vec<u64>,
     exists: Vec<bool>,
     /// Per key: how many times its object was created (its uid).
@@ -196,7 +195,7 @@ impl Real {
             bound: TICK * u32::from(t.bound),
             ids: (0..1u8 << n).map(|m| ring_id(&ring_of(m, n))).collect(),
             keys: model.keys.clone(),
-            groups: model.config.groups,
+            model: model.clone(),
             versions: vec![1; model.keys.len()],
             exists: vec![true; model.keys.len()],
             generations: vec![0; model.keys.len()],
@@ -237,7 +236,7 @@ impl Real {
         // keys others own as its own, and that judgement moves them where they would be.)
         let slice =
             Arc::new(Slice::fixed(&dispatcher_name(d), Ring::new(Vec::<String>::new())).closed());
-        p.groups = (0..self.groups)
+        p.groups = (0..self.model.config.groups)
             .map(|_| GroupState {
                 queue: GroupQueue::new(self.queue),
                 partition: Partition::new("model", slice.clone(), RECENT),
@@ -249,12 +248,12 @@ impl Real {
 
     /// The group and the request key of the model's queue entry `e`.
     fn entry(&self, e: usize) -> (usize, &str) {
-        (e / self.keys.len(), &self.keys[e % self.keys.len()])
+        (self.model.group(e), &self.keys[self.model.object(e)])
     }
 
-    /// The group of replica `r` (as the model's `Protocol::group_of`).
+    /// The group of replica `r`.
     fn group_of(&self, r: usize) -> usize {
-        r % self.groups
+        self.model.group_of(r)
     }
 
     fn observed(&self, k: usize) -> Observed {
@@ -369,7 +368,7 @@ impl Real {
         p.asked = true;
         let identity = dispatcher_name(d);
         let peers: Vec<String> = p.live.keys().filter(|m| **m != identity).cloned().collect();
-        for g in 0..self.groups {
+        for g in 0..self.model.config.groups {
             let mut remembered = Vec::new();
             for (x, q) in self.processes.iter_mut().enumerate() {
                 if let Some(q) = q
@@ -830,8 +829,7 @@ impl Real {
             }
             for (g, group) in p.groups.iter().enumerate() {
                 let figures = group.partition.figures();
-                let of_group =
-                    (0..self.keys.len()).fold(0u8, |m, k| m | bit(g * self.keys.len() + k));
+                let of_group = self.model.of_group(g);
                 let modelled = (
                     (disp.held_deletions & of_group).count_ones() as usize,
                     (disp.recent & of_group).count_ones() as usize,
