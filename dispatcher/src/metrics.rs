@@ -60,7 +60,7 @@
 //! | `kube_dispatch_watch_events_total` | counter | objects seen, by `type` (`applied`, `deleted`) |
 //! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
 //! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
-//! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from with backoff |
+//! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from (by retrying; a 410 Gone by listing again at once) |
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
 //! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
@@ -442,7 +442,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
         ),
         (
             "kube_dispatch_watch_errors",
-            "Errors the watch recovered from with backoff",
+            "Errors the watch recovered from, by retrying or, after a 410 Gone, by listing again",
             |c| &c.errors,
         ),
         (

@@ -36,10 +36,7 @@ use futures::StreamExt;
 use kube::{
     Client, ResourceExt,
     api::{Api, ApiResource, ListParams, TypeMeta},
-    runtime::{
-        WatchStreamExt,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
 use kube_dispatch_proto::{RingKey, v1::Reason};
 use kube_dispatch_runtime::logging;
@@ -57,6 +54,7 @@ use super::{
 };
 use crate::{config::ListMode, group::Group};
 use kube_dispatch_core::{
+    backoff::WatchRetry,
     handover::Slice,
     key::KeyRef,
     queue::{Change, Observed},
@@ -112,7 +110,7 @@ pub struct WatchCounts {
     pub relists: AtomicU64,
     /// Lists beside the watch, for keys newly served here.
     pub side_lists: AtomicU64,
-    /// Errors the watch recovered from (with backoff).
+    /// Errors the watch recovered from (by retrying, or by listing again at once after a 410 Gone).
     pub errors: AtomicU64,
     /// Of those, 410 Gone: the resourceVersion it resumed from had expired.
     pub gone: AtomicU64,
@@ -424,6 +422,7 @@ impl WatchTask {
         // The slice the watch last fed: a list beside it is needed only when the served set may
         // grow ([`Slice::may_serve_more_than`]).
         let mut fed = self.slice.borrow_and_update().clone();
+        let mut retry = WatchRetry::default();
         'restart: loop {
             // The shard the watch asks for from here on; a ring change that changes it
             // restarts the watch (a re-list of the namespaces owned then).
@@ -432,14 +431,15 @@ impl WatchTask {
                 debug!(resource = %describe(&self.key), "watching the namespaces this dispatcher owns only (shardSelector)");
             }
             self.unsharded.store(false, Ordering::Relaxed);
+            // Polled again after an error once `retry` allows ([`WatchRetry`]): a 410 Gone
+            // lists again at once.
             let mut events = match self.list_mode {
-                ListMode::Whole => whole_list::watcher(api.clone(), list_params.clone())
-                    .default_backoff()
-                    .boxed(),
-                ListMode::Paged | ListMode::Stream => watcher::watcher(api.clone(), config.clone())
-                    .default_backoff()
-                    .boxed(),
+                ListMode::Whole => whole_list::watcher(api.clone(), list_params.clone()).boxed(),
+                ListMode::Paged | ListMode::Stream => {
+                    watcher::watcher(api.clone(), config.clone()).boxed()
+                }
             };
+            let mut paused: Option<tokio::time::Instant> = None;
             let mut side: Option<SideList> = None;
             // How far the watch's own list has got: `None` while it is not listing, then the
             // greatest key it has shown (request keys of one watch sort as the API server lists
@@ -476,8 +476,16 @@ impl WatchTask {
                         Step::ListBeside { why, joined: false }
                     }
                     page = next_page(&mut side) => Step::Page(page),
-                    event = events.next() => Step::Event(event),
+                    () = tokio::time::sleep_until(paused.unwrap_or_else(tokio::time::Instant::now)),
+                        if paused.is_some() => {
+                        paused = None;
+                        continue;
+                    }
+                    event = events.next(), if paused.is_none() => Step::Event(event),
                 };
+                if let Step::Event(Some(Ok(shown))) = &step {
+                    retry.succeeded(matches!(shown, Event::InitDone));
+                }
                 let event = match step {
                     Step::ListBeside { why, joined } => {
                         let listed = listed.as_ref().map(Option::as_deref);
@@ -562,7 +570,8 @@ impl WatchTask {
                     }
                     Err(e) => {
                         self.counts.errors.fetch_add(1, Ordering::Relaxed);
-                        if status_code(&e) == Some(410) {
+                        let gone = status_code(&e) == Some(410);
+                        if gone {
                             self.counts.gone.fetch_add(1, Ordering::Relaxed);
                         }
                         let rejected = rejection(&e);
@@ -599,7 +608,15 @@ impl WatchTask {
                                 return;
                             }
                         }
-                        warn!(resource = %describe(&self.key), error = %e, "watch error; retrying with backoff");
+                        let wait = retry.failed(gone);
+                        if wait.is_zero() {
+                            info!(resource = %describe(&self.key), error = %e, "watch expired (410 Gone): listing again at once");
+                        } else {
+                            // Jittered, so the dispatchers do not retry in step.
+                            let wait = wait.mul_f64(rand::random_range(0.5..=1.0));
+                            warn!(resource = %describe(&self.key), error = %e, retry_in = ?wait, "watch error; retrying");
+                            paused = Some(tokio::time::Instant::now() + wait);
+                        }
                     }
                 }
             }
