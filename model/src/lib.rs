@@ -2820,6 +2820,46 @@ mod tests {
         assert!(model.settles(&s));
     }
 
+    /// Every dispatcher's watch is broken when key 0's object is deleted (an API-server restart
+    /// expires them all at once): no watch sees the deletion, so no peer remembers it, and only
+    /// the owner's re-list finds it, by its sweep. If the owner dies before delivering it, the
+    /// deletion is lost (`dispatcher/HANDOVER.md`, "Known gaps"; the dispatcher narrows the
+    /// window by retrying its watch within 2 s and listing at once on 410 Gone). With the peer's
+    /// watch running, the peer remembers the deletion and the restarted owner delivers it.
+    #[test]
+    fn a_deletion_while_every_watch_is_broken_is_lost_if_its_owner_dies_before_delivering_it() {
+        use Action::*;
+        let budget = Budget {
+            dispatcher_crashes: 1,
+            api_cuts: 2,
+            changes: 1,
+            deletions: 1,
+            ..NO_FAULTS
+        };
+        let model = Protocol::new(config(2, Variant::SendTime, budget));
+        assert_eq!(model.owner(model.all(), 0), Some(0));
+        let reconciled = [takes(0, 0).as_slice(), &[Finish(0, 0), AckArrives(0, 0, 0)]].concat();
+        let every_watch_broken = [
+            reconciled.as_slice(),
+            &[CutApi(0), CutApi(1), Delete(0), HealApi(0), HealApi(1)],
+            &[Crash(0), Restart(0)],
+        ]
+        .concat();
+        let s = replay(&model, &every_watch_broken);
+        assert!(
+            !model.settles(&s),
+            "the deletion is delivered after all: the model no longer shows the gap"
+        );
+        let owner_broken = [
+            reconciled.as_slice(),
+            &[CutApi(0), Delete(0), HealApi(0)],
+            &[Crash(0), Restart(0)],
+        ]
+        .concat();
+        let s = replay(&model, &owner_broken);
+        assert!(model.settles(&s));
+    }
+
     /// Two controller groups: dispatcher 1 stops, dispatcher 0 takes key 1 and hands it to a
     /// replica of each group; group 0's reconcile ends, group 1's still runs when dispatcher 1
     /// comes back. Dispatcher 0 releases the ring of two only once group 1's delivery is
