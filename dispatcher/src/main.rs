@@ -177,10 +177,10 @@ struct Args {
     /// at a time (on by default from Kubernetes 1.33), read an object at a time, then WATCH; a
     /// list cut short or timed out is made in pages from then on. "paged": LIST in pages of 500, then
     /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
-    /// so at 100k objects paging cost it 3× the CPU of whole lists (BENCHMARKS.md), but it is
-    /// the way for API servers before 1.33. "stream": one WATCH with sendInitialEvents, the
-    /// least memory while listing, more API-server CPU than paging (a server that refuses it
-    /// is listed in pages instead).
+    /// so at 100k objects paging cost it 3× the CPU of whole lists (bench/HISTORY.md, "Lists
+    /// whole"), but it is the way for API servers before 1.33. "stream": one WATCH with
+    /// sendInitialEvents, the least memory while listing, more API-server CPU than paging (a
+    /// server that refuses it is listed in pages instead).
     #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Whole)]
     list_mode: ListMode,
 
