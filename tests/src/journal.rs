@@ -210,11 +210,19 @@ impl Journal {
         self.entries().writes.len()
     }
 
-    /// Waits until `n` more writes than `since` were made.
-    pub async fn await_writes(&self, since: usize, n: usize) {
-        while self.writes_len() < since + n {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// Waits until `n` more writes than `since` were made, for at most `within`.
+    pub async fn await_writes(
+        &self,
+        since: usize,
+        n: usize,
+        within: Duration,
+    ) -> Result<(), crate::FixtureError> {
+        crate::eventually(
+            within,
+            format!("{n} writes after the first {since}"),
+            || std::future::ready((self.writes_len() >= since + n).then_some(())),
+        )
+        .await
     }
 
     /// The reconciles running now.

@@ -86,6 +86,13 @@ pub enum FixtureError {
     Timeout(String),
 }
 
+/// Any error of a test: it fails the test with its message. Sendable, so that the errors of
+/// spawned tasks pass through `?` too.
+pub type TestError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a test (or a step of one) returns.
+pub type TestResult<T = ()> = Result<T, TestError>;
+
 /// The user of the test identity (`tests/cluster/cluster.sh`): a ServiceAccount bound to
 /// cluster-admin, so it may read everything and may call Peer in test dispatchers.
 pub const TESTER: &str = "system:serviceaccount:kube-dispatch-tests:tester";
@@ -509,8 +516,39 @@ pub fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until `condition` holds, asking every 50 ms, for at most `timeout`; `Err` says what
-/// was waited for.
+/// How often [`eventually`] asks.
+const ASK_EVERY: Duration = Duration::from_millis(50);
+
+/// Asks `probe` every 50 ms until it answers `Some`, for at most `within`, and returns that
+/// answer. An ask still running at the deadline is cut off. `Err` says what was awaited and for
+/// how long: every wait of a test for a state it cannot cause itself goes through here, so that
+/// a regression fails the test within its deadline rather than hanging the suite.
+pub async fn eventually<T, F, Fut>(
+    within: Duration,
+    what: impl std::fmt::Display,
+    mut probe: F,
+) -> Result<T, FixtureError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while let Ok(answer) = tokio::time::timeout_at(deadline, probe()).await {
+        if let Some(t) = answer {
+            return Ok(t);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(ASK_EVERY.min(deadline - now)).await;
+    }
+    Err(FixtureError::Timeout(format!(
+        "{what}: not within {within:?}"
+    )))
+}
+
+/// Waits until `condition` holds; see [`eventually`].
 pub async fn wait_for<F, Fut>(
     timeout: Duration,
     what: &str,
@@ -520,17 +558,9 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(FixtureError::Script {
-                command: format!("wait for {what}"),
-                detail: format!("not within {timeout:?}"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(timeout, what, || {
+        let holds = condition();
+        async move { holds.await.then_some(()) }
+    })
+    .await
 }

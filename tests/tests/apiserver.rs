@@ -12,9 +12,7 @@ use kube::{
     discovery,
     runtime::watcher::{self, Event},
 };
-use kube_dispatch_tests::{TestNamespace, ensure_widget_crd};
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use kube_dispatch_tests::{TestNamespace, TestResult, ensure_widget_crd};
 
 /// Upper bound for any single expected event; the tests wait on events, never on the clock.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -23,7 +23,7 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn watcher_relists_after_410_gone_from_an_apiserver_restart()
--> Result<(), Box<dyn std::error::Error>> {
+-> kube_dispatch_tests::TestResult {
     let ns = TestNamespace::create("apiserver-restart").await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let mut before = ConfigMap::default();

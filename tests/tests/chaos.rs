@@ -15,9 +15,10 @@
 
 use std::time::Duration;
 
-use kube_dispatch_tests::chaos::{FAULT_KINDS, Report, Settings, run};
-
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+use kube_dispatch_tests::{
+    TestResult,
+    chaos::{FAULT_KINDS, Report, Settings, run},
+};
 
 /// lost must be 0 and concurrent 0. Deletions lost around a dispatcher kill are counted apart,
 /// to point at the path that lost them, and must be 0 too.

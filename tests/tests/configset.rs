@@ -35,14 +35,12 @@ use kube::{
 };
 use kube_dispatch_controller::Controller;
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
 };
 use sdk::configset::{ConfigSet, ConfigSetSpec, OWNER_LABEL};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -16,12 +16,10 @@ use kube::{
 };
 use kube_dispatch_proto::v1::{Reason, ReconcileRequest, Subscription};
 use kube_dispatch_tests::{
-    TestNamespace, Widget, WidgetSpec,
+    TestNamespace, TestResult, Widget, WidgetSpec,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
     ensure_widget_crd,
 };
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -42,7 +40,7 @@ fn labelled(name: &str, tier: &str) -> ConfigMap {
 }
 
 /// Polls, acknowledging each delivery, until one arrives; returns it.
-async fn next(s: &mut TestSession) -> Result<ReconcileRequest, Box<dyn std::error::Error>> {
+async fn next(s: &mut TestSession) -> TestResult<ReconcileRequest> {
     let got = s.hold(TIMEOUT).await?;
     let [one] = <[ReconcileRequest; 1]>::try_from(got)
         .map_err(|got| format!("expected one delivery, got {got:?}"))?;
@@ -122,17 +120,15 @@ async fn a_name_deleted_and_created_again_before_a_poll_arrives_as_both_one_at_a
         .create(&PostParams::default(), &labelled("reused", "b"))
         .await?;
     let second_rv = second.resource_version().unwrap_or_default();
-    let mut watched = Vec::new();
-    while !watched
-        .iter()
-        .any(|r: &ReconcileRequest| r.resource_version == second_rv)
-    {
-        let got = observer.hold(TIMEOUT).await?;
-        observer
-            .ack(&got.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
-            .await?;
-        watched.extend(got);
-    }
+    let watched = observer
+        .collect_until(TIMEOUT, |got| {
+            got.iter().any(|r| r.resource_version == second_rv)
+        })
+        .await;
+    assert!(
+        watched.iter().any(|r| r.resource_version == second_rv),
+        "the observer never saw the second object: {watched:?}"
+    );
 
     // One key, one delivery at a time: first the old object's deletion...
     let got = s.poll_acking(&[], Duration::from_secs(2)).await?;

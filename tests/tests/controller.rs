@@ -14,14 +14,12 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
     journal::{Journal, key_of, rv_of},
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const ANNOTATION: &str = "kube-dispatch.dev/reconciled-by";
 

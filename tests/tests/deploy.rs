@@ -5,9 +5,7 @@
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
-use kube_dispatch_tests::Cluster;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use kube_dispatch_tests::{Cluster, TestResult};
 
 fn deploy(path: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -370,7 +368,7 @@ async fn the_tls_script_makes_a_secret_per_role_that_clients_verify() -> TestRes
             HealthClient::new(channel)
                 .check(HealthCheckRequest::default())
                 .await?;
-            Ok::<_, Box<dyn std::error::Error>>(())
+            Ok::<_, kube_dispatch_tests::TestError>(())
         }
     };
     let (dispatchers, load_balancer) = (

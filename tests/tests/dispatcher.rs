@@ -22,13 +22,11 @@ use kube_dispatch_proto::{
     },
 };
 use kube_dispatch_tests::{
-    TestNamespace, Widget, WidgetSpec,
+    TestNamespace, TestResult, Widget, WidgetSpec,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
     ensure_widget_crd,
 };
 use tonic::Code;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -60,8 +58,7 @@ async fn create_configmaps(api: &Api<ConfigMap>, n: usize) -> Result<(), kube::E
 /// the namespace's ConfigMaps.
 async fn configmap_setup(
     name: &str,
-) -> Result<(TestNamespace, Api<ConfigMap>, TestDispatcher, TestSession), Box<dyn std::error::Error>>
-{
+) -> TestResult<(TestNamespace, Api<ConfigMap>, TestDispatcher, TestSession)> {
     let ns = TestNamespace::create(name).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
@@ -347,7 +344,13 @@ async fn a_silent_session_keeps_its_keys_until_its_ttl_then_another_gets_them() 
             .await?;
     }
     let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while held.len() < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replica-a holds {} keys of 20 after 30 s",
+            held.len()
+        );
         held.extend(a.poll_acking(&[], Duration::from_secs(2)).await?);
     }
     let mut b = TestSession::open(&d, "g", "replica-b", subs).await?;

@@ -42,8 +42,7 @@ struct Watching {
 }
 
 #[tokio::test]
-async fn an_apiserver_restart_loses_no_update_and_no_delete()
--> Result<(), Box<dyn std::error::Error>> {
+async fn an_apiserver_restart_loses_no_update_and_no_delete() -> kube_dispatch_tests::TestResult {
     kube_dispatch_tests::log_to_file_from_env();
     let ns = TestNamespace::create("dispatch-apiserver-restart").await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());

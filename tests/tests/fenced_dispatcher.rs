@@ -17,14 +17,12 @@ use kube::{
 };
 use kube_dispatch_proto::v1::{ResourceRef, Subscription};
 use kube_dispatch_tests::{
-    Cluster, TestNamespace,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
     faultproxy::{Fault, FaultProxy},
     journal::{Journal, write_round},
 };
 use tokio::time::Instant;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
 async fn a_deletion_while_fenced_is_found_by_the_relist() -> TestResult {
@@ -100,7 +98,7 @@ async fn a_deletion_while_fenced_is_found_by_the_relist() -> TestResult {
             .restart_apiserver_expiring_watches(&ns)
             .await?;
         proxy.set(Fault::None);
-        Ok::<_, Box<dyn std::error::Error>>(())
+        Ok::<_, kube_dispatch_tests::TestError>(())
     };
     let (got, told, away) = tokio::join!(
         session.collect_until(Duration::from_secs(90), |got| {

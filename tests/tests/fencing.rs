@@ -8,15 +8,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube_dispatch_controller::Health;
 use kube_dispatch_tests::{
-    Cluster, TestNamespace,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
+    eventually,
     faultproxy::{Fault, FaultProxy},
     journal::{Journal, JournalReplica, write_round},
 };
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 const TTL: Duration = Duration::from_secs(4);
 
@@ -107,16 +105,13 @@ fn reconciled_by(journal: &Journal, key: &str, replica: &'static str) -> impl Fn
     }
 }
 
-/// Polls `condition` every 50 ms until it holds, for at most `timeout`.
+/// Whether `condition` holds within `timeout` ([`eventually`]).
 async fn until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while !condition() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    true
+    eventually(timeout, "condition", || {
+        std::future::ready(condition().then_some(()))
+    })
+    .await
+    .is_ok()
 }
 
 /// Replica A holds a key (its reconcile runs on, so A is saturated and renews with bare acks)

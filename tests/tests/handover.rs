@@ -20,8 +20,9 @@ use kube_dispatch_dispatcher::config::ServeConfig;
 use kube_dispatch_loadbalancer::placement::Placement;
 use kube_dispatch_proto::{RequestKey, Ring, lease::RELEASED_ANNOTATION, v1::Subscription};
 use kube_dispatch_tests::{
-    Cluster, TestNamespace,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
+    eventually,
     faultproxy::{Fault, FaultProxy},
     isolated::Isolated,
     journal::{Journal, JournalReplica, write_configmaps, write_round},
@@ -29,8 +30,6 @@ use kube_dispatch_tests::{
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// `T` of the test dispatchers: their longest session ttl and reconcile time.
 const BOUND: Duration = Duration::from_secs(3);
@@ -46,7 +45,7 @@ fn config(namespace: &str, i: usize, bound: Duration) -> ServeConfig {
     lease_config(namespace, &name(i), bound)
 }
 
-async fn start(namespace: &str, i: usize) -> Result<TestDispatcher, Box<dyn std::error::Error>> {
+async fn start(namespace: &str, i: usize) -> TestResult<TestDispatcher> {
     Ok(TestDispatcher::start(config(namespace, i, BOUND)).await?)
 }
 
@@ -55,7 +54,7 @@ async fn start_settled(
     namespace: &str,
     n: usize,
     bound: Duration,
-) -> Result<BTreeMap<usize, TestDispatcher>, Box<dyn std::error::Error>> {
+) -> TestResult<BTreeMap<usize, TestDispatcher>> {
     let mut ds = BTreeMap::new();
     for i in 0..n {
         ds.insert(i, TestDispatcher::start(config(namespace, i, bound)).await?);
@@ -72,10 +71,13 @@ async fn start_writing(
     count: usize,
     period: Duration,
     journal: &Journal,
-) -> (
-    tokio::task::JoinHandle<Result<usize, kube_dispatch_tests::FixtureError>>,
-    CancellationToken,
-) {
+) -> Result<
+    (
+        tokio::task::JoinHandle<Result<usize, kube_dispatch_tests::FixtureError>>,
+        CancellationToken,
+    ),
+    kube_dispatch_tests::FixtureError,
+> {
     let stop = CancellationToken::new();
     let writer = tokio::spawn(write_configmaps(
         api.clone(),
@@ -84,10 +86,13 @@ async fn start_writing(
         journal.clone(),
         stop.clone(),
     ));
-    while journal.len() < count {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (writer, stop)
+    kube_dispatch_tests::eventually(
+        Duration::from_secs(60),
+        format!("{count} creations reconciled"),
+        || std::future::ready((journal.len() >= count).then_some(())),
+    )
+    .await?;
+    Ok((writer, stop))
 }
 
 /// Starts replicas `replica-0..n` of the journal controller, registered with `lb`.
@@ -204,7 +209,7 @@ fn assert_no_overlap(journal: &Journal) {
 async fn with_configmaps(
     prefix: &str,
     count: usize,
-) -> Result<(TestNamespace, Api<ConfigMap>), Box<dyn std::error::Error>> {
+) -> TestResult<(TestNamespace, Api<ConfigMap>)> {
     let ns = TestNamespace::create(prefix).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     write_round(&api, count, 0, &Journal::default()).await?;
@@ -213,9 +218,7 @@ async fn with_configmaps(
 
 /// A namespace of its own holding ConfigMaps `cm-0..30`, their API, and the names of those
 /// dispatcher-1 owns on the ring of three (at least one).
-async fn victim_of_three(
-    prefix: &str,
-) -> Result<(TestNamespace, Api<ConfigMap>, Vec<String>), Box<dyn std::error::Error>> {
+async fn victim_of_three(prefix: &str) -> TestResult<(TestNamespace, Api<ConfigMap>, Vec<String>)> {
     let (ns, api) = with_configmaps(prefix, 30).await?;
     let three = Ring::new((0..3).map(name));
     let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
@@ -238,7 +241,7 @@ async fn sessions_of_three(
     ds: &BTreeMap<usize, TestDispatcher>,
     namespace: &str,
     of_victim: &[String],
-) -> Result<Vec<TestSession>, Box<dyn std::error::Error>> {
+) -> TestResult<Vec<TestSession>> {
     let mut sessions = Vec::new();
     for i in [0, 2, 1] {
         let subs = vec![subscription("v1", "ConfigMap", namespace)];
@@ -278,7 +281,7 @@ async fn restarted_delivers(
     name: &str,
     replica: &str,
     when: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> kube_dispatch_tests::TestResult {
     assert_eq!(
         ds[&0].handles.slice.borrow().ring.members().len(),
         3,
@@ -307,7 +310,7 @@ async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss
     let (mut placement, _) = placed(&lb, 3, 2, Duration::from_secs(30)).await;
 
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let (writer, stop) = start_writing(&api, 120, Duration::from_millis(25), &journal).await;
+    let (writer, stop) = start_writing(&api, 120, Duration::from_millis(25), &journal).await?;
 
     let mut moved = Vec::new();
     let mut step = |ds: &BTreeMap<usize, TestDispatcher>, next: Placement, took: Duration| {
@@ -317,14 +320,18 @@ async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss
         placement = next;
     };
     for i in 3..5 {
-        journal.await_writes(journal.writes_len(), 40).await;
+        journal
+            .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+            .await?;
         ds.insert(i, start(ns.name(), i).await?);
         let took = settled(&ds, Duration::from_secs(30)).await;
         let (next, _) = placed(&lb, ds.len(), 2, Duration::from_secs(30)).await;
         step(&ds, next, took);
     }
     for i in [4, 3, 2] {
-        journal.await_writes(journal.writes_len(), 40).await;
+        journal
+            .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+            .await?;
         if let Some(d) = ds.remove(&i) {
             d.stop().await;
         }
@@ -332,7 +339,9 @@ async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss
         let (next, _) = placed(&lb, ds.len(), 2, Duration::from_secs(30)).await;
         step(&ds, next, took);
     }
-    journal.await_writes(journal.writes_len(), 40).await;
+    journal
+        .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+        .await?;
     stop.cancel();
     let writes = writer.await??;
     let finals = Journal::finals(&api).await?;
@@ -400,7 +409,7 @@ async fn taken_over(
     journal: &Journal,
     victim: Option<TestDispatcher>,
     since: Instant,
-) -> Result<Duration, Box<dyn std::error::Error>> {
+) -> TestResult<Duration> {
     write_round(api, 9, 1, journal).await?;
     settled(ds, Duration::from_secs(30)).await;
     let took = since.elapsed();
@@ -429,21 +438,16 @@ fn owner_of_three(key: &str) -> Option<String> {
 
 /// The dispatcher (index and name) owning a key being reconciled now: which dispatcher owns
 /// which key depends on the namespace's name, and any one of them may own none.
-async fn owner_of_a_running_key(
-    journal: &Journal,
-) -> Result<(usize, String), Box<dyn std::error::Error>> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let victim = loop {
-        if let Some(owner) = journal
-            .running()
-            .iter()
-            .find_map(|r| owner_of_three(&r.key))
-        {
-            break owner;
-        }
-        assert!(Instant::now() < deadline, "no reconcile ever ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+async fn owner_of_a_running_key(journal: &Journal) -> TestResult<(usize, String)> {
+    let victim = eventually(Duration::from_secs(30), "a reconcile running", || {
+        std::future::ready(
+            journal
+                .running()
+                .iter()
+                .find_map(|r| owner_of_three(&r.key)),
+        )
+    })
+    .await?;
     let index = (0..3)
         .find(|i| name(*i) == victim)
         .ok_or("the victim is on the ring")?;
@@ -535,7 +539,7 @@ struct DeletedLease {
 impl DeletedLease {
     const BOUND: Duration = Duration::from_secs(6);
 
-    async fn start(label: &str) -> Result<Self, Box<dyn std::error::Error>> {
+    async fn start(label: &str) -> TestResult<Self> {
         let ns = TestNamespace::create(label).await?;
         let journal = Journal::default();
         let mut lb = TestLoadBalancer::start(ns.name()).await?;
@@ -621,19 +625,20 @@ async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() ->
     // The survivors release no ring while they wait the dead member out.
     let deadline = Instant::now() + Duration::from_secs(5);
     for i in t.ds.keys() {
-        loop {
-            let lease = t.leases.get(&name(*i)).await?;
-            if !lease.annotations().contains_key(RELEASED_ANNOTATION) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} still releases its ring while it waits out {}",
+        let leases = &t.leases;
+        eventually(
+            deadline.saturating_duration_since(Instant::now()),
+            format!(
+                "{} releasing no ring while it waits out {}",
                 name(*i),
                 t.victim_name
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            ),
+            || async move {
+                let lease = leases.get(&name(*i)).await.ok()?;
+                (!lease.annotations().contains_key(RELEASED_ANNOTATION)).then_some(())
+            },
+        )
+        .await?;
     }
     let joiner = TestDispatcher::start(config(t.ns.name(), 3, bound)).await?;
     let want: Vec<String> = t.ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
@@ -682,7 +687,7 @@ async fn replicas_come_and_go_and_the_load_balancer_fails_over() -> TestResult {
         .isolated()?;
     let (_, _) = placed(&first, 3, 1, Duration::from_secs(30)).await;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let (writer, stop) = start_writing(&api, 40, Duration::from_millis(50), &journal).await;
+    let (writer, stop) = start_writing(&api, 40, Duration::from_millis(50), &journal).await?;
 
     let r1 = JournalReplica::new(ns.name(), GROUP, "replica-1", &journal)
         .load_balancer(second.addr)

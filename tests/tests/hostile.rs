@@ -15,12 +15,10 @@ use kube::{
 };
 use kube_dispatch_proto::v1::{OpenSessionRequest, PollRequest};
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
 };
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestResult {

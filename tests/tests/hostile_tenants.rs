@@ -16,14 +16,12 @@ use kube_dispatch_proto::{
 };
 use kube_dispatch_runtime::auth::AuthConfig;
 use kube_dispatch_tests::{
-    Cluster, TestNamespace,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
     identity::{account, token},
     wait_for,
 };
 use tonic::Code;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Held by the tests that measure this process's memory and by those that fill it with large
 /// objects, so no measurement counts another test's objects.

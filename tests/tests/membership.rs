@@ -2,6 +2,7 @@
 //! Lease, leave at once when they release it, and are dropped after the lease duration when
 //! they stop renewing without releasing (a crash).
 
+use kube_dispatch_tests::{TestNamespace, TestResult};
 use std::{
     collections::BTreeSet,
     sync::{Arc, atomic::AtomicBool},
@@ -11,11 +12,8 @@ use std::{
 use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::{config::LeaseConfig, k8s::membership};
 use kube_dispatch_proto::Ring;
-use kube_dispatch_tests::TestNamespace;
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 struct Member {
     ring: watch::Receiver<Arc<Slice>>,

@@ -16,13 +16,12 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller, precondition};
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
+    eventually,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// controller-runtime's controller metrics (`pkg/internal/controller/metrics`): name as
 /// scraped, type, and label names; the SDK must export each under the same name and labels.
@@ -320,8 +319,14 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
         api.create(&PostParams::default(), &cm).await?;
     }
     let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while got.len() < 4 {
-        got.extend(s.hold(Duration::from_secs(30)).await?);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} deliveries of 4 after 30 s",
+            got.len()
+        );
+        got.extend(s.hold(Duration::from_secs(10)).await?);
     }
     let id = |name: &str| {
         got.iter()
@@ -540,18 +545,13 @@ async fn ring_and_session_metrics_follow_a_handover_and_an_expiry() -> TestResul
         })
     };
     // Expiry is found by the housekeeping task's timer: nothing to await but the figure.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let text = loop {
+    let text = eventually(Duration::from_secs(15), "the idle session expired", || {
         let text = metrics.encode();
-        if value(&text, "kube_dispatch_expired_sessions_total") == Some(1.0) {
-            break text;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the idle session never expired:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        std::future::ready(
+            (value(&text, "kube_dispatch_expired_sessions_total") == Some(1.0)).then_some(text),
+        )
+    })
+    .await?;
     println!("{text}");
     assert_eq!(value(&text, "kube_dispatch_ring_members"), Some(2.0));
     assert_eq!(value(&text, "kube_dispatch_ring_changes_total"), Some(1.0));

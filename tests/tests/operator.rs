@@ -18,12 +18,10 @@ use kube_dispatch_proto::{
     v1::{AckItem, ack_item},
 };
 use kube_dispatch_tests::{
-    Cluster, TestNamespace,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
-    identity,
+    eventually, identity,
 };
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const BOUND: Duration = Duration::from_secs(3);
 const GROUP: &str = "operated";
@@ -172,13 +170,13 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
         &kube::api::Patch::Merge(serde_json::json!({"data": {"v": "1"}})),
     )
     .await?;
-    let view = loop {
-        let view = command::owner(&kdctl, &key).await?;
-        if view.places.first().is_some_and(|p| p.state == "queued") {
-            break view;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let view = eventually(Duration::from_secs(30), "the key queued", || async {
+        command::owner(&kdctl, &key)
+            .await
+            .ok()
+            .filter(|view| view.places.first().is_some_and(|p| p.state == "queued"))
+    })
+    .await?;
     assert_eq!(place(&view), ("dispatcher-1", "queued", "replica-b", 0));
 
     // In flight on replica-b, then backing off after a failure, then requeued.
@@ -279,13 +277,17 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
     // While it drains: dispatcher-1 no longer serves the key, which is still in flight there
     // and nowhere else (dispatcher-0 does not hold it, not even queued).
     let in_flight_key = RequestKey::new("", "ConfigMap", ns.name(), &in_flight_name);
-    let during = loop {
-        let view = command::owner(&kdctl, &in_flight_key).await?;
-        if view.answers.iter().all(|a| !a.served) {
-            break view;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let during = eventually(
+        Duration::from_secs(30),
+        "no dispatcher serving the key",
+        || async {
+            command::owner(&kdctl, &in_flight_key)
+                .await
+                .ok()
+                .filter(|view| view.answers.iter().all(|a| !a.served))
+        },
+    )
+    .await?;
     println!("during the drain:\n{}", during.table());
     assert_eq!(
         place(&during),

@@ -8,9 +8,9 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use kube_dispatch_controller::precondition::{self, WriteError};
-use kube_dispatch_tests::{Cluster, TestNamespace, Widget, WidgetSpec, ensure_widget_crd};
-
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+use kube_dispatch_tests::{
+    Cluster, TestNamespace, TestResult, Widget, WidgetSpec, ensure_widget_crd,
+};
 
 fn label(value: &str) -> serde_json::Value {
     serde_json::json!({ "metadata": { "labels": { "round": value } } })

@@ -13,11 +13,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube_dispatch_proto::{RequestKey, Ring, RingKey, v1::Subscription};
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
 };
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Namespaces: with 16 well-spread names, the chance that all fall on one of two dispatchers
 /// is 2^-15.

@@ -13,7 +13,7 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_tests::{
-    TestNamespace,
+    TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
 };
 use opentelemetry_proto::tonic::{
@@ -26,8 +26,6 @@ use opentelemetry_proto::tonic::{
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// An OTLP trace receiver: every span exported to it, as it arrives.
 struct Receiver(mpsc::UnboundedSender<Span>);
