@@ -173,6 +173,13 @@ impl Slice {
         self.ring.contains(&self.identity)
     }
 
+    /// Whether another member owns `key`: of its events, only a deletion matters here, kept in
+    /// case the key moves to this dispatcher ([`crate::partition::GroupEvent::ExistsElsewhere`]).
+    /// A dispatcher off its own ring owns nothing but keeps its index, so this is false there.
+    pub fn owned_elsewhere(&self, key: KeyRef<'_>) -> bool {
+        self.is_member() && !self.owns_key(key)
+    }
+
     /// Whether this slice may serve keys `earlier` did not, so that only a list can show
     /// what changed in them meanwhile. A dispatcher serves the keys it owns on its ring and on
     /// its settled ring, which are the keys it owns on the union of both (a key is owned by the

@@ -12,9 +12,66 @@ use tracing::{debug, warn};
 use crate::{
     handover::Slice,
     key::KeyRef,
-    queue::{Change, GroupQueue, SessionId},
+    queue::{Change, GroupQueue, Observed, SessionId},
     recent_deletions::{RecentDeletions, RecentDeletionsConfig},
 };
+
+/// What a watch, a list beside it or a peer tells a group of one key: the group's one entry for
+/// events ([`Partition::record`]). Besides these, a group takes the end of a re-list
+/// ([`GroupQueue::sweep`]) and a ring change ([`Partition::apply`]).
+#[derive(Debug)]
+pub enum GroupEvent<'a> {
+    /// The watch shows the object of a key it placed on this dispatcher (its stream, or its
+    /// own list with that list's `epoch`).
+    Exists {
+        /// The object's request key.
+        key: KeyRef<'a>,
+        /// The object as the group keeps it.
+        object: Observed,
+        /// The list that showed it, or the list the stream follows.
+        epoch: u32,
+    },
+    /// The watch shows the object of a key another dispatcher owned when it looked: no body.
+    /// A deletion remembered for it is forgotten.
+    ExistsElsewhere {
+        /// The object's request key.
+        key: KeyRef<'a>,
+        /// The object, without a body.
+        object: Observed,
+        /// As for [`GroupEvent::Exists`].
+        epoch: u32,
+    },
+    /// The object of a key was deleted: seen by the watch, wherever the key is placed, or
+    /// remembered by a peer (`change.deleted` is set).
+    Deleted {
+        /// The object's request key.
+        key: KeyRef<'a>,
+        /// The deletion.
+        change: Change,
+    },
+    /// An object the key's object owns changed or went away.
+    OwnedChanged {
+        /// The owner's request key.
+        key: KeyRef<'a>,
+    },
+    /// A list run beside the watch's stream shows the object, for keys newly served here. The
+    /// stream is the authority on every key it has shown (the list may be older), so this
+    /// fills only a key the queue knows no version of.
+    Listed {
+        /// The object's request key.
+        key: KeyRef<'a>,
+        /// The object as the group keeps it.
+        object: Observed,
+        /// The watch's list epoch.
+        epoch: u32,
+    },
+    /// A list run beside the watch's stream shows an owned object, on the terms of
+    /// [`GroupEvent::Listed`]: only for an owner key the queue does not hold.
+    ListedOwned {
+        /// The owner's request key.
+        key: KeyRef<'a>,
+    },
+}
 
 /// The partition bookkeeping of one group. Every method takes the slice current at the call:
 /// the one the group's caller read under the same lock as the queue.
@@ -45,11 +102,66 @@ impl Partition {
         }
     }
 
+    /// What `event` means for the group under `slice`: recorded in `queue` if the key is
+    /// served here, or kept while nothing may be handed out (`Partition::keeps`), or on its
+    /// way out ([`GroupQueue::is_leaving`]; if the ring brings it back before it settles, the
+    /// change is delivered, and a list that follows skips keys known here); otherwise left to
+    /// the partition: a deletion held for a handover, or remembered for a key owned elsewhere.
+    /// Call with `queue` trimmed to `slice` ([`Partition::apply`]). Returns the sessions to wake.
+    pub fn record(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        event: GroupEvent<'_>,
+        now: Instant,
+    ) -> Vec<SessionId> {
+        let unserved = |queue: &GroupQueue, key: KeyRef<'_>| {
+            Self::keeps(slice, queue, key) || queue.is_leaving(key.text())
+        };
+        match event {
+            GroupEvent::Exists { key, object, epoch } => {
+                if self.admits(slice, key, Some(false), now) || unserved(queue, key) {
+                    return queue.observe(key.text(), object, epoch);
+                }
+            }
+            GroupEvent::ExistsElsewhere { key, object, epoch } => {
+                self.exists_elsewhere(slice, key);
+                if slice.serves_key(key) || unserved(queue, key) {
+                    return queue.observe(key.text(), object, epoch);
+                }
+            }
+            GroupEvent::Deleted { key, change } => {
+                debug_assert!(change.deleted, "a deletion: {change:?}");
+                // Recorded too if the key is still here on its way out, so that its earlier
+                // object's deletion goes first if it is created again.
+                if self.admits(slice, key, Some(true), now) || queue.is_leaving(key.text()) {
+                    return queue.change(key.text(), change);
+                }
+            }
+            GroupEvent::OwnedChanged { key } => {
+                if slice.serves_key(key) || unserved(queue, key) {
+                    return queue.change(key.text(), Change::owned());
+                }
+            }
+            GroupEvent::Listed { key, object, epoch } => {
+                if slice.serves_key(key) && !queue.knows_object(key.text()) {
+                    return queue.observe(key.text(), object, epoch);
+                }
+            }
+            GroupEvent::ListedOwned { key } => {
+                if slice.serves_key(key) && !queue.contains(key.text()) {
+                    return queue.change(key.text(), Change::owned());
+                }
+            }
+        }
+        Vec::new()
+    }
+
     /// Whether `key` (with `hash`) is served under `slice`, so its event goes to the queue.
     /// Otherwise records whether its object was deleted (`Some(true)`) or exists
     /// (`Some(false)`): for a key held by a handover, in the held deletions; for a key owned
     /// elsewhere, in the recent deletions.
-    pub fn admits(
+    fn admits(
         &mut self,
         slice: &Slice,
         key: KeyRef<'_>,
@@ -104,14 +216,14 @@ impl Partition {
     /// indexed already, or one this dispatcher owns on its ring (after a start, its keys are
     /// held until the gate opens; indexed, a re-list of a watch that could not resume meanwhile
     /// shows which of them were deleted).
-    pub fn keeps(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
+    fn keeps(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
         slice.settled.is_none() && (queue.contains(key.text()) || slice.owns_key(key))
     }
 
     /// Records that the object of `key`, which this dispatcher did not own when the watch
     /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
     /// since, a deletion held for it).
-    pub fn exists_elsewhere(&mut self, slice: &Slice, key: KeyRef<'_>) {
+    fn exists_elsewhere(&mut self, slice: &Slice, key: KeyRef<'_>) {
         if slice.owns_key(key) {
             self.held.remove(key.text());
         }

@@ -25,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
-    partition::Partition,
+    partition::{GroupEvent, Partition},
     queue::{
-        AckResult, Change, Delivery, DeliveryId, GroupQueue, KeyStatus, Observed, Outcome,
-        QueueConfig, QueueFigures, SessionId, pool::BodyPool,
+        AckResult, Change, Delivery, DeliveryId, GroupQueue, KeyStatus, Outcome, QueueConfig,
+        QueueFigures, SessionId, pool::BodyPool,
     },
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
@@ -278,110 +278,15 @@ impl Group {
         (state, slice, wake)
     }
 
-    /// Whether the queue records an event of `key` it does not serve: kept while nothing may
-    /// be handed out ([`Partition::keeps`]), or moved away and still here, queued or in flight
-    /// ([`GroupQueue::is_leaving`]), so that if the ring brings it back before it settles, the
-    /// change is delivered (a list that follows skips keys known here).
-    fn records_unserved(slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>) -> bool {
-        Partition::keeps(slice, queue, key) || queue.is_leaving(key.text())
-    }
-
-    /// Records a change to a key, if this dispatcher serves it. A deletion of a key that moved
-    /// here and is held by the handover is remembered and delivered once the handover ends; a
-    /// deletion of a key owned elsewhere is remembered for a while, in case the key moves here
-    /// (and recorded too if the key is still here on its way out, so that its earlier object's
-    /// deletion goes first if it is created again).
-    pub fn change(&self, key: KeyRef<'_>, change: Change) {
+    /// Takes one event of a key, from a watch, a list beside it or a peer: the group's one
+    /// entry for events. What it means for the group is decided in core
+    /// ([`Partition::record`]), against the slice current now, on a queue trimmed to it, under
+    /// the state lock.
+    pub fn apply(&self, event: GroupEvent<'_>) {
         let wake = {
             let (mut state, slice, mut wake) = self.current();
             let State { queue, partition } = &mut *state;
-            let deleted = change.deleted.then_some(true);
-            if partition.admits(&slice, key, deleted, Self::now())
-                || change.deleted && queue.is_leaving(key.text())
-            {
-                wake.extend(queue.change(key.text(), change));
-            }
-            wake
-        };
-        self.wake(wake);
-    }
-
-    /// Records that an object exists, if this dispatcher serves its key, keeps it while nothing
-    /// may be handed out ([`Partition::keeps`]), or holds it on its way out
-    /// ([`GroupQueue::is_leaving`]); see [`GroupQueue::observe`]. A key kept is queued, to be
-    /// handed out once the gate opens if it is still served then: no list shows it again. A
-    /// key on its way out keeps up with its object, in case the ring brings it back before it
-    /// settles (a list that follows skips keys known here).
-    pub fn observe(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            let State { queue, partition } = &mut *state;
-            if partition.admits(&slice, key, Some(false), Self::now())
-                || Self::records_unserved(&slice, queue, key)
-            {
-                wake.extend(queue.observe(key.text(), object, epoch));
-            }
-            wake
-        };
-        self.wake(wake);
-    }
-
-    /// Records that an object owned by the object of `key` changed, on the terms of
-    /// [`Group::observe`].
-    pub fn owned_changed(&self, key: KeyRef<'_>) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            if slice.serves_key(key) || Self::records_unserved(&slice, &state.queue, key) {
-                wake.extend(state.queue.change(key.text(), Change::owned()));
-            }
-            wake
-        };
-        self.wake(wake);
-    }
-
-    /// Records that an object exists, as a list run beside the watch's stream showed it
-    /// (`crate::k8s::watch`): only if this dispatcher serves its key and knows no version of it
-    /// yet (an owned object's change may have queued the key already).
-    /// The stream is the authority on every key it has shown (the list may be older), and a
-    /// key not served is left alone, so that a list older than a remembered deletion never
-    /// cancels it.
-    pub fn fill(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            if slice.serves_key(key) && !state.queue.knows_object(key.text()) {
-                wake.extend(state.queue.observe(key.text(), object, epoch));
-            }
-            wake
-        };
-        self.wake(wake);
-    }
-
-    /// Records a change of an owned object that a list run beside the watch's stream showed,
-    /// on the same terms as [`Group::fill`]: only for an owner key served and not known yet.
-    pub fn fill_owned(&self, key: KeyRef<'_>) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            if slice.serves_key(key) && !state.queue.contains(key.text()) {
-                wake.extend(state.queue.change(key.text(), Change::owned()));
-            }
-            wake
-        };
-        self.wake(wake);
-    }
-
-    /// Records that the object of `key`, which this dispatcher did not own when the watch
-    /// looked, exists: a deletion remembered for it is forgotten (or, if the key has moved here
-    /// since, a deletion held for it). The change is recorded on the terms of
-    /// [`Group::observe`], against the slice current now: the ring may have given the key back
-    /// since the watch looked, or the key may still be here on its way out.
-    pub fn exists_elsewhere(&self, key: KeyRef<'_>, object: Observed, epoch: u32) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            let State { queue, partition } = &mut *state;
-            partition.exists_elsewhere(&slice, key);
-            if slice.serves_key(key) || Self::records_unserved(&slice, queue, key) {
-                wake.extend(queue.observe(key.text(), object, epoch));
-            }
+            wake.extend(partition.record(&slice, queue, event, Self::now()));
             wake
         };
         self.wake(wake);
@@ -400,7 +305,10 @@ impl Group {
     /// holds it, else remembered in turn.
     pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
         for key in keys {
-            self.change(KeyRef::new(&key), Change::deletion());
+            self.apply(GroupEvent::Deleted {
+                key: KeyRef::new(&key),
+                change: Change::deletion(),
+            });
         }
     }
 
@@ -563,7 +471,9 @@ mod tests {
     use kube_dispatch_proto::{RequestKey, v1::Reason};
 
     use super::*;
-    use kube_dispatch_core::{backoff::Backoff, handover::LeaseDeadline, subscription::GroupSpec};
+    use kube_dispatch_core::{
+        backoff::Backoff, handover::LeaseDeadline, queue::Observed, subscription::GroupSpec,
+    };
 
     fn group(cancel: &CancellationToken) -> Arc<Group> {
         let config = QueueConfig {
@@ -630,20 +540,24 @@ mod tests {
             deleted: true,
             ..modified()
         };
-        g.change(KeyRef::from(&gone), deleted());
-        g.change(KeyRef::from(&back), deleted());
+        for key in [&gone, &back] {
+            g.apply(GroupEvent::Deleted {
+                key: KeyRef::from(key),
+                change: deleted(),
+            });
+        }
         // The object of `back` is created again.
         let name = back.trim_start_matches("/ConfigMap/ns/");
-        g.exists_elsewhere(
-            KeyRef::from(&RequestKey::new("", "ConfigMap", "ns", name).to_string()),
-            Observed {
+        g.apply(GroupEvent::ExistsElsewhere {
+            key: KeyRef::from(&RequestKey::new("", "ConfigMap", "ns", name).to_string()),
+            object: Observed {
                 resource_version: "9".into(),
                 uid: "u9".into(),
                 body: None,
                 trace: None,
             },
-            0,
-        );
+            epoch: 0,
+        });
         assert!(
             g.take(1, 10, usize::MAX).is_empty(),
             "nothing of d1's is delivered here"
@@ -728,15 +642,40 @@ mod tests {
             .find(|k| !two.owns_str(k))
             .expect("d1 owns a key");
         let [seen, gone, owner, new] = <[String; 4]>::try_from(mine).expect("d0 owns keys");
-        g.observe(KeyRef::from(&seen), observed("5"), 1);
-        g.change(KeyRef::from(&gone), Change::deletion());
-        g.change(KeyRef::from(&owner), Change::owned());
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from(&seen),
+            object: observed("5"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Deleted {
+            key: KeyRef::from(&gone),
+            change: Change::deletion(),
+        });
+        g.apply(GroupEvent::OwnedChanged {
+            key: KeyRef::from(&owner),
+        });
         assert_eq!(take_all(&g).len(), 3);
 
-        g.fill(KeyRef::from(&seen), observed("3"), 1);
-        g.fill(KeyRef::from(&elsewhere), observed("3"), 1);
-        g.fill(KeyRef::from(&owner), observed("4"), 1);
-        g.fill(KeyRef::from(&new), observed("6"), 1);
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(&seen),
+            object: observed("3"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(&elsewhere),
+            object: observed("3"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(&owner),
+            object: observed("4"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(&new),
+            object: observed("6"),
+            epoch: 1,
+        });
         let mut got = take_all(&g);
         got.sort();
         assert_eq!(
@@ -748,7 +687,11 @@ mod tests {
             "only the key never seen and the owner known only by an owned object's change"
         );
         // What the list added is known now: an older list adds nothing again.
-        g.fill(KeyRef::from(&new), observed("6"), 1);
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(&new),
+            object: observed("6"),
+            epoch: 1,
+        });
         assert!(take_all(&g).is_empty());
         cancel.cancel();
     }
@@ -783,7 +726,11 @@ mod tests {
         slice.lease = lease.clone();
         let (_tx, rx) = watch::channel(Arc::new(slice));
         let g = one_session_group(rx, &cancel);
-        g.observe(KeyRef::from("k"), observed("1"), 1);
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("k"),
+            object: observed("1"),
+            epoch: 1,
+        });
         assert!(take_all(&g).is_empty(), "the Lease was never renewed");
         lease.extend_to(now + Duration::from_secs(3600));
         assert_eq!(take_all(&g).len(), 1, "a current Lease hands the key out");
@@ -799,17 +746,35 @@ mod tests {
         let settled = Slice::fixed("d0", Ring::new(["d0"]));
         let (tx, rx) = watch::channel(Arc::new(settled.clone()));
         let g = one_session_group(rx, &cancel);
-        g.observe(KeyRef::from("k"), observed("1"), 1);
-        g.observe(KeyRef::from("owner"), observed("1"), 1);
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("k"),
+            object: observed("1"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("owner"),
+            object: observed("1"),
+            epoch: 1,
+        });
         assert_eq!(take_all(&g).len(), 2);
 
         let mut fenced = settled.clone();
         fenced.settled = None;
         tx.send_replace(Arc::new(fenced));
         g.apply_slice();
-        g.observe(KeyRef::from("k"), observed("2"), 1);
-        g.observe(KeyRef::from("new"), observed("2"), 1);
-        g.owned_changed(KeyRef::from("owner"));
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("k"),
+            object: observed("2"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("new"),
+            object: observed("2"),
+            epoch: 1,
+        });
+        g.apply(GroupEvent::OwnedChanged {
+            key: KeyRef::from("owner"),
+        });
         assert!(
             take_all(&g).is_empty(),
             "nothing is handed out while fenced"
@@ -839,7 +804,11 @@ mod tests {
         let (slot, _) = g
             .add_session(1, "s1".into(), "a", Duration::from_secs(60), None)
             .unwrap();
-        g.change(KeyRef::from("k"), modified());
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("k"),
+            object: observed("1"),
+            epoch: 1,
+        });
         let d = g.take(1, 10, usize::MAX);
         assert_eq!(d.len(), 1);
         let failed_at = Instant::now();
@@ -866,7 +835,11 @@ mod tests {
         let g = group(&cancel);
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
             .unwrap();
-        g.change(KeyRef::from("k"), modified());
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from("k"),
+            object: observed("1"),
+            epoch: 1,
+        });
         let d = g.take(1, 10, usize::MAX);
         tokio::time::sleep(Duration::from_secs(29)).await;
         assert_eq!(g.ack(1, vec![]), 0);

@@ -50,7 +50,7 @@
 //!   session; a change while in flight marks it dirty; an ack settles it; an expired session or a
 //!   delivery past `max_reconcile` puts it back. Any session may take any ready key (a superset
 //!   of the consistent-hash assignment). A queue records a change of a key it serves, keeps
-//!   while it hands out nothing, or holds on its way out (`Group::observe`).
+//!   while it hands out nothing, or holds on its way out (`GroupEvent::Exists`).
 //! - **Sessions**: a poll renews the session when it arrives and again when it is answered; an
 //!   ack renews it when it arrives; a session expires `ttl` ticks after its last renewal. A
 //!   reopening replica replaces its old session, whose keys in flight stay held until it would
@@ -73,7 +73,7 @@
 //!
 //! - **Owned objects**: an object a key's object owns changes (within the budget); every
 //!   dispatcher that records the key queues it without touching what it knows of the key's own
-//!   object (`Group::owned_changed`), and one cut off re-lists. Which owner a child names, and
+//!   object (`GroupEvent::OwnedChanged`), and one cut off re-lists. Which owner a child names, and
 //!   the children index that tells old and new owners (`dispatcher/src/k8s/children.rs`), are
 //!   left to the tests against the API server.
 //!
@@ -946,7 +946,7 @@ impl Protocol {
         };
     }
 
-    /// Whether `d` records a change of `key` in its queue (`Group::observe`): it serves the
+    /// Whether `d` records a change of `key` in its queue (`GroupEvent::Exists`): it serves the
     /// key; or, while it hands out nothing, it knows the key or owns it on its ring
     /// (`Partition::keeps`); or the key moved away and is still here, queued or in flight
     /// (`GroupQueue::is_leaving`).
@@ -960,7 +960,7 @@ impl Protocol {
         self.serves(disp, d, key) || keeps || leaving
     }
 
-    /// The list beside the watch when the keys `d` serves may have grown (`Group::fill`):
+    /// The list beside the watch when the keys `d` serves may have grown (`GroupEvent::Listed`):
     /// every served key it does not know is queued; keys it knows it has kept up with.
     fn fill(&self, disp: &mut Dispatcher, d: usize, objects: u8) {
         let present = self.present(disp);
@@ -975,7 +975,7 @@ impl Protocol {
     }
 
     /// `d`'s watch shows the object of `key`, `created` again after a deletion or changed
-    /// (`Group::observe`, `Partition::admits`, `Group::exists_elsewhere`): a deletion held or
+    /// (`Partition::record` of `GroupEvent::Exists` and `ExistsElsewhere`): a deletion held or
     /// remembered for it is forgotten unless the key is served; the queue records it if it
     /// records the key ([`Protocol::records`]), a deletion of the earlier object not yet
     /// delivered going first.
@@ -1019,7 +1019,7 @@ impl Protocol {
         disp.objectless &= !bit(key);
     }
 
-    /// A deletion `d`'s watch shows (`Group::change`, `Partition::admits`): queued if it serves
+    /// A deletion `d`'s watch shows (`Partition::record` of `GroupEvent::Deleted`): queued if it serves
     /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
     /// owned elsewhere (and queued too if the key is on its way out).
     fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize, named: bool) {
@@ -1042,7 +1042,7 @@ impl Protocol {
         }
     }
 
-    /// The re-list of `d`'s watch once it reaches the API server again (`Group::observe` of
+    /// The re-list of `d`'s watch once it reaches the API server again (`GroupEvent::Exists` of
     /// each object): every key it records that it did not know, or whose change it missed, is
     /// queued.
     fn relist(&self, disp: &mut Dispatcher, d: usize, objects: u8) {
@@ -2044,7 +2044,7 @@ impl Model for Protocol {
                     }
                     for k in (0..self.entries()).filter(|e| has(entries, *e)) {
                         if self.records(disp, d, k) {
-                            // `Group::owned_changed`: the key's own object is not touched.
+                            // `GroupEvent::OwnedChanged`: the key's own object is not touched.
                             if disp.keys[k] == Key::Absent {
                                 disp.nameless |= bit(k);
                                 disp.objectless |= bit(k);

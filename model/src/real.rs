@@ -19,7 +19,7 @@
 //! properties the checker proves of the model then say nothing of the code.
 //!
 //! What is mirrored rather than called: the few lines of the dispatcher's `Group` and watch
-//! that decide which calls reach the queue (`Group::observe`'s rule, `Group::fill`), and the
+//! that decide which calls reach the queue (`Partition::record` of `GroupEvent::Exists` and `GroupEvent::Listed`), and the
 //! loop of `Groups::release_ring` that asks each group, since they live with the I/O in the
 //! dispatcher crate.
 //!
@@ -45,7 +45,7 @@ use kube_dispatch_core::{
     handover::{Handover, Slice},
     key::KeyRef,
     leases::{LeaseState, Observations, Peer},
-    partition::Partition,
+    partition::{GroupEvent, Partition},
     queue::{Change, DeliveryId, GroupQueue, KeyState, Observed, Outcome, QueueConfig, SessionId},
     recent_deletions::RecentDeletionsConfig,
 };
@@ -92,16 +92,9 @@ struct GroupState {
 }
 
 impl GroupState {
-    /// Records a deletion as `Group::change` does: queued if the key is served here, else left
-    /// to the partition (held for a handover, or remembered as owned elsewhere).
-    fn record_deletion(&mut self, slice: &Slice, key: &str, change: Change, now: Instant) {
-        if self
-            .partition
-            .admits(slice, KeyRef::new(key), Some(true), now)
-            || self.queue.is_leaving(key)
-        {
-            self.queue.change(key, change);
-        }
+    /// Records an event as `Group::apply` does ([`Partition::record`]).
+    fn record(&mut self, slice: &Slice, event: GroupEvent<'_>, now: Instant) {
+        self.partition.record(slice, &mut self.queue, event, now);
     }
 }
 
@@ -345,7 +338,7 @@ impl Real {
             group.partition.apply(&slice, &mut group.queue, now);
         }
         // Its watch lists beside its stream when the keys served may have grown, and the list
-        // shows each group the served keys it does not know (`WatchTask`, `Group::fill`).
+        // shows each group the served keys it does not know (`WatchTask`, `GroupEvent::Listed`).
         let grows = before.map_or(slice.settled.is_some(), |b| slice.may_serve_more_than(&b));
         if grows {
             for group in &mut p.groups {
@@ -385,7 +378,8 @@ impl Real {
             remembered.dedup();
             if let Some(p) = &mut self.processes[d] {
                 for key in remembered {
-                    p.groups[g].record_deletion(&slice, &key, Change::deletion(), now);
+                    let (key, change) = (KeyRef::new(&key), Change::deletion());
+                    p.groups[g].record(&slice, GroupEvent::Deleted { key, change }, now);
                 }
             }
         }
@@ -404,7 +398,7 @@ impl Real {
     }
 
     /// An object is deleted: every dispatcher that reaches the API server records the deletion
-    /// as `Group::change` does.
+    /// as `Group::apply` does (`GroupEvent::Deleted`).
     fn delete_object(&mut self, k: usize, model: &State) {
         let now = self.now();
         self.versions[k] += 1;
@@ -424,15 +418,17 @@ impl Real {
                 && let Some(slice) = &p.slice
             {
                 for group in &mut p.groups {
-                    group.record_deletion(slice, &key, change.clone(), now);
+                    let key = KeyRef::new(&key);
+                    let change = change.clone();
+                    group.record(slice, GroupEvent::Deleted { key, change }, now);
                 }
             }
         }
     }
 
     /// An object changes: every dispatcher that reaches the API server sees it on its watch, and
-    /// records it in its group's queue by the rules of `WatchTask::apply` and `Group::observe`
-    /// (a key owned elsewhere: `Group::exists_elsewhere`).
+    /// records it in its group's queue by the rules of `WatchTask::apply` and `Partition::record`
+    /// (`GroupEvent::Exists`; a key owned elsewhere: `GroupEvent::ExistsElsewhere`).
     fn change(&mut self, k: usize, model: &State) {
         let now = self.now();
         self.versions[k] += 1;
@@ -449,28 +445,23 @@ impl Real {
             if !model.dispatchers[d].api {
                 continue;
             }
-            let key_ref = KeyRef::new(&key);
-            for GroupState { queue, partition } in &mut p.groups {
-                let records = if slice.is_member() && !slice.owns_key(key_ref) {
-                    partition.exists_elsewhere(slice, key_ref);
-                    slice.serves_key(key_ref)
-                        || Partition::keeps(slice, queue, key_ref)
-                        || queue.is_leaving(&key)
+            let key = KeyRef::new(&key);
+            for group in &mut p.groups {
+                let (object, epoch) = (object.clone(), 0);
+                let event = if slice.owned_elsewhere(key) {
+                    GroupEvent::ExistsElsewhere { key, object, epoch }
                 } else {
-                    partition.admits(slice, key_ref, Some(false), now)
-                        || Partition::keeps(slice, queue, key_ref)
-                        || queue.is_leaving(&key)
+                    GroupEvent::Exists { key, object, epoch }
                 };
-                if records {
-                    queue.observe(&key, object.clone(), 0);
-                }
+                group.record(slice, event, now);
             }
         }
     }
 
     /// An object owned by the object of key `k` changes: every dispatcher that reaches the API
-    /// server tells the owner's key as `Group::owned_changed` does.
+    /// server tells the owner's key as `Partition::record` does (`GroupEvent::OwnedChanged`).
     fn owned_change(&mut self, k: usize, model: &State) {
+        let now = self.now();
         let key = self.keys[k].clone();
         for (d, p) in self.processes.iter_mut().enumerate() {
             let Some(p) = p else { continue };
@@ -478,14 +469,9 @@ impl Real {
             if !model.dispatchers[d].api {
                 continue;
             }
-            let key_ref = KeyRef::new(&key);
-            for GroupState { queue, .. } in &mut p.groups {
-                if slice.serves_key(key_ref)
-                    || Partition::keeps(slice, queue, key_ref)
-                    || queue.is_leaving(&key)
-                {
-                    queue.change(&key, Change::owned());
-                }
+            let key = KeyRef::new(&key);
+            for group in &mut p.groups {
+                group.record(slice, GroupEvent::OwnedChanged { key }, now);
             }
         }
     }

@@ -625,8 +625,7 @@ fn series(text: &str) -> usize {
 /// session as with 10 000 keys, 100 sessions and deliveries in flight on each.
 #[tokio::test]
 async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
-    use kube_dispatch_core::{key::KeyRef, queue::Change};
-    use kube_dispatch_proto::v1::Reason;
+    use kube_dispatch_core::{key::KeyRef, partition::GroupEvent, queue::Observed};
     use kube_dispatch_runtime::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 
@@ -651,17 +650,16 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
     let owner = owner_of(&d, group)?;
     let change = |i: usize| {
         let key = format!("/ConfigMap/{}/cm-{i}", ns.name());
-        g.change(
-            KeyRef::new(&key),
-            Change {
-                reason: Reason::Added,
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::new(&key),
+            object: Observed {
                 resource_version: i.to_string(),
                 uid: String::new(),
                 body: None,
-                deleted: false,
                 trace: None,
             },
-        );
+            epoch: 1,
+        });
     };
     (0..10).for_each(change);
     sessions[0].hold(Duration::from_secs(10)).await?;

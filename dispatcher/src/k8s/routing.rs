@@ -66,7 +66,7 @@ pub enum Place {
 /// so no body is made for keys owned elsewhere; the group checks again against the slice current
 /// then.
 pub fn place(slice: &Slice, key: KeyRef<'_>) -> Place {
-    if slice.is_member() && !slice.owns_key(key) {
+    if slice.owned_elsewhere(key) {
         Place::Elsewhere
     } else {
         Place::Here

@@ -57,6 +57,7 @@ use kube_dispatch_core::{
     backoff::WatchRetry,
     handover::Slice,
     key::KeyRef,
+    partition::GroupEvent,
     queue::{Change, Observed},
     subscription::{OwnerKind, Payload, ResourceId, WatchKey},
 };
@@ -624,7 +625,7 @@ impl WatchTask {
     }
 
     /// Takes an object shown by a list beside the stream, for keys served here that a group
-    /// does not know yet ([`Group::fill`]), unless a deletion of it was seen since the list
+    /// does not know yet ([`GroupEvent::Listed`]), unless a deletion of it was seen since the list
     /// began. Returns the object's request key.
     fn fill(&self, obj: &WatchedObject, types: &TypeMeta, epoch: u32, list: &SideList) -> String {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
@@ -634,16 +635,16 @@ impl WatchTask {
         let mut bodies = Bodies::new(types);
         for sub in subscribers.iter() {
             match &sub.owner {
-                None if !deleted_since => sub.group.fill(
+                None if !deleted_since => sub.group.apply(GroupEvent::Listed {
                     key,
-                    Observed {
+                    object: Observed {
                         resource_version: obj.resource_version().unwrap_or_default(),
                         uid: obj.uid().unwrap_or_default(),
                         body: bodies.get(sub.payload, obj),
                         trace: None,
                     },
                     epoch,
-                ),
+                }),
                 None => {}
                 Some(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
@@ -653,7 +654,9 @@ impl WatchTask {
                                 c.listed(owner, &text, owner_key.clone(), epoch);
                             });
                         }
-                        sub.group.fill_owned(KeyRef::new(&owner_key));
+                        sub.group.apply(GroupEvent::ListedOwned {
+                            key: KeyRef::new(&owner_key),
+                        });
                     }
                 }
             }
@@ -718,9 +721,9 @@ impl WatchTask {
                 None => {
                     if place == Place::Elsewhere {
                         if deleted {
-                            sub.group.change(
+                            sub.group.apply(GroupEvent::Deleted {
                                 key,
-                                Change {
+                                change: Change {
                                     reason: Reason::Deleted,
                                     resource_version: obj.resource_version().unwrap_or_default(),
                                     uid: obj.uid().unwrap_or_default(),
@@ -728,20 +731,20 @@ impl WatchTask {
                                     deleted: true,
                                     trace: None,
                                 },
-                            );
+                            });
                         } else {
                             // No body: a key owned elsewhere is recorded here only if it is
                             // still on its way out, and then delivered without one.
-                            sub.group.exists_elsewhere(
+                            sub.group.apply(GroupEvent::ExistsElsewhere {
                                 key,
-                                Observed {
+                                object: Observed {
                                     resource_version: obj.resource_version().unwrap_or_default(),
                                     uid: obj.uid().unwrap_or_default(),
                                     body: None,
                                     trace: None,
                                 },
                                 epoch,
-                            );
+                            });
                         }
                         continue;
                     }
@@ -749,9 +752,9 @@ impl WatchTask {
                     let resource_version = obj.resource_version().unwrap_or_default();
                     let uid = obj.uid().unwrap_or_default();
                     if deleted {
-                        sub.group.change(
+                        sub.group.apply(GroupEvent::Deleted {
                             key,
-                            Change {
+                            change: Change {
                                 reason: Reason::Deleted,
                                 resource_version,
                                 uid,
@@ -759,24 +762,26 @@ impl WatchTask {
                                 deleted: true,
                                 trace: trace.clone(),
                             },
-                        );
+                        });
                     } else {
-                        sub.group.observe(
+                        sub.group.apply(GroupEvent::Exists {
                             key,
-                            Observed {
+                            object: Observed {
                                 resource_version,
                                 uid,
                                 body,
                                 trace: trace.clone(),
                             },
                             epoch,
-                        );
+                        });
                     }
                 }
                 Some(owner) => {
                     let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
                     for key in tell.into_iter().flatten() {
-                        sub.group.owned_changed(KeyRef::new(key));
+                        sub.group.apply(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(key),
+                        });
                     }
                 }
             }
@@ -798,7 +803,9 @@ impl WatchTask {
                 None => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
                 Some(kind) => {
                     for owner in lost.get(kind).into_iter().flatten() {
-                        sub.group.owned_changed(KeyRef::new(owner));
+                        sub.group.apply(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(owner),
+                        });
                     }
                 }
             }
