@@ -31,56 +31,101 @@ impl Backoff {
     }
 }
 
-/// When a broken watch of the API server tries again.
+/// What broke a watch, as its recovery policy ([`WatchRetry::recover`]) sees it: the caller
+/// reads it off the client's error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchFailure {
+    /// The API server's status code, if it answered one.
+    pub code: Option<u16>,
+    /// The watch lists by streaming (`sendInitialEvents`) and the server refused it (a server
+    /// without the WatchList feature: off by default in Kubernetes 1.33, missing before 1.27).
+    pub streaming_refused: bool,
+    /// The watch lists whole and the list was cut short or timed out (a resource too large to
+    /// list in one response within the API server's request timeout).
+    pub whole_list_cut_short: bool,
+    /// The watch has shown nothing yet: it is starting.
+    pub starting: bool,
+}
+
+/// What a broken watch does next ([`WatchRetry::recover`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// List again at once: the server answered, only the resourceVersion is too old (410
+    /// Gone).
+    ListAgain,
+    /// List in pages from now on, at once (streaming refused, or a whole list cut short).
+    ListInPages,
+    /// Try again after this long.
+    RetryIn(Duration),
+    /// Give up: the request itself is refused (a 4xx other than 410: a bad selector, a
+    /// missing permission) before the watch ever started, which the caller reports.
+    Fail,
+}
+
+/// The recovery policy of a watch of the API server: what it does when it breaks.
 ///
 /// A watch's view is stale from the moment it breaks until it resumes or lists again: a change
 /// made meanwhile is seen late, and a deletion is found only by the list's sweep, by this
-/// process. So the wait is short and bounded ([`WatchRetry::BACKOFF`]: 250 ms doubling to 2 s;
-/// a dispatcher holds a handful of watches, so even at the cap they cost the API server a few
-/// requests a second while it is down), and a **410 Gone** is answered by listing again at
-/// once: the server answered, only the resourceVersion is too old, and waiting would add
-/// nothing but staleness (kube-runtime's default backoff waits up to 30 s here, and after an
-/// API-server restart its connection errors have already grown it to several seconds).
-///
-/// A second 410 before a list completed waits like any error, so a server that answers every
-/// list with a resourceVersion it then refuses is not listed in a loop.
-#[derive(Clone, Debug)]
+/// process. So the wait is short and bounded: 125 ms doubling to 1 s, each with a random
+/// jitter of up to as much again, so at most 2 s (a dispatcher holds a handful of watches, so
+/// even at the cap they cost the API server a few requests a second while it is down). A
+/// **410 Gone** is answered by listing again at once: the server answered, and waiting would
+/// add nothing but staleness (kube-runtime's default backoff waits up to 30 s there, and after
+/// an API-server restart its connection errors have already grown it to seconds). A second
+/// 410 before a list completed waits like any error, so a server that answers every list with
+/// a resourceVersion it then refuses is not listed in a loop.
+#[derive(Debug)]
 pub struct WatchRetry {
-    failures: u32,
+    delays: backon::ExponentialBackoff,
     listed_since_gone: bool,
 }
 
 impl Default for WatchRetry {
     fn default() -> Self {
         Self {
-            failures: 0,
+            delays: Self::delays(),
             listed_since_gone: true,
         }
     }
 }
 
 impl WatchRetry {
-    /// The delays between failed tries, before jitter.
-    pub const BACKOFF: Backoff = Backoff {
-        base: Duration::from_millis(250),
-        cap: Duration::from_secs(2),
-    };
+    /// The longest wait between tries, jitter included.
+    pub const MAX_WAIT: Duration = Duration::from_secs(2);
+
+    fn delays() -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(125))
+            .with_max_delay(Self::MAX_WAIT / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
 
     /// The watch showed something (an object, a list's start or end): it works again.
     /// `list_done` when a list completed.
     pub fn succeeded(&mut self, list_done: bool) {
-        self.failures = 0;
+        self.delays = Self::delays();
         self.listed_since_gone |= list_done;
     }
 
-    /// The watch failed; `gone` for a 410 Gone. Returns how long to wait before trying again:
-    /// zero for a 410 Gone after a completed list.
-    pub fn failed(&mut self, gone: bool) -> Duration {
-        if gone && std::mem::replace(&mut self.listed_since_gone, false) {
-            return Duration::ZERO;
+    /// What to do about `failure`.
+    pub fn recover(&mut self, failure: &WatchFailure) -> Recovery {
+        if failure.streaming_refused || failure.whole_list_cut_short {
+            return Recovery::ListInPages;
         }
-        self.failures = self.failures.saturating_add(1);
-        Self::BACKOFF.delay(self.failures)
+        match failure.code {
+            Some(410) if std::mem::replace(&mut self.listed_since_gone, false) => {
+                return Recovery::ListAgain;
+            }
+            Some(400..=499) if failure.code != Some(410) && failure.starting => {
+                return Recovery::Fail;
+            }
+            _ => {}
+        }
+        Recovery::RetryIn(self.delays.next().unwrap_or(Self::MAX_WAIT))
     }
 }
 
@@ -101,27 +146,90 @@ mod tests {
         assert_eq!(b.delay(u32::MAX), b.cap);
     }
 
+    fn waits(r: &mut WatchRetry, failure: &WatchFailure) -> Duration {
+        match r.recover(failure) {
+            Recovery::RetryIn(d) => d,
+            other => panic!("expected a wait, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_watch_lists_again_at_once_after_a_gone_but_not_twice_in_a_row() {
         let mut r = WatchRetry::default();
-        // Connection errors while the API server is down back off, up to the cap.
-        let waits: Vec<_> = (0..5).map(|_| r.failed(false)).collect();
-        assert_eq!(
-            waits,
-            [250, 500, 1000, 2000, 2000].map(Duration::from_millis)
-        );
+        let down = WatchFailure::default();
+        let gone = WatchFailure {
+            code: Some(410),
+            ..down
+        };
+        // Connection errors while the API server is down wait longer each time, jittered
+        // within [d, 2d), up to 2 s.
+        let mins = [125, 250, 500, 1000, 1000, 1000].map(Duration::from_millis);
+        for min in mins {
+            let wait = waits(&mut r, &down);
+            assert!(min <= wait && wait < min * 2, "{wait:?} for {min:?}");
+            assert!(wait <= WatchRetry::MAX_WAIT);
+        }
         // It answers again, with 410 Gone: list at once.
-        assert_eq!(r.failed(true), Duration::ZERO);
+        assert_eq!(r.recover(&gone), Recovery::ListAgain);
         // The list fails with 410 again before it completes: wait, without starting over.
-        assert_eq!(r.failed(true), Duration::from_millis(2000));
-        // The list starts (something was shown): the backoff starts over; a 410 before the
-        // list completes still waits.
+        assert!(waits(&mut r, &gone) >= Duration::from_secs(1));
+        // The list starts (something was shown): the waits start over; a 410 before the list
+        // completes still waits.
         r.succeeded(false);
-        assert_eq!(r.failed(true), Duration::from_millis(250));
+        assert!(waits(&mut r, &gone) < Duration::from_millis(250));
         // Once a list completed, the next 410 lists at once again.
         r.succeeded(true);
-        assert_eq!(r.failed(true), Duration::ZERO);
-        assert_eq!(r.failed(false), Duration::from_millis(250));
+        assert_eq!(r.recover(&gone), Recovery::ListAgain);
+    }
+
+    #[test]
+    fn a_refused_request_fails_a_starting_watch_and_is_retried_by_a_running_one() {
+        let forbidden = WatchFailure {
+            code: Some(403),
+            starting: true,
+            ..WatchFailure::default()
+        };
+        assert_eq!(WatchRetry::default().recover(&forbidden), Recovery::Fail);
+        let running = WatchFailure {
+            starting: false,
+            ..forbidden
+        };
+        assert!(matches!(
+            WatchRetry::default().recover(&running),
+            Recovery::RetryIn(_)
+        ));
+        // A server error is retried even while starting.
+        let unavailable = WatchFailure {
+            code: Some(503),
+            ..forbidden
+        };
+        assert!(matches!(
+            WatchRetry::default().recover(&unavailable),
+            Recovery::RetryIn(_)
+        ));
+    }
+
+    #[test]
+    fn a_refused_stream_or_a_whole_list_cut_short_lists_in_pages_at_once() {
+        for failure in [
+            WatchFailure {
+                code: Some(422),
+                streaming_refused: true,
+                starting: true,
+                ..WatchFailure::default()
+            },
+            WatchFailure {
+                code: Some(504),
+                whole_list_cut_short: true,
+                ..WatchFailure::default()
+            },
+        ] {
+            assert_eq!(
+                WatchRetry::default().recover(&failure),
+                Recovery::ListInPages,
+                "{failure:?}"
+            );
+        }
     }
 
     proptest! {

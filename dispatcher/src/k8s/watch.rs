@@ -54,7 +54,7 @@ use super::{
 };
 use crate::{config::ListMode, group::Group};
 use kube_dispatch_core::{
-    backoff::WatchRetry,
+    backoff::{Recovery, WatchFailure, WatchRetry},
     handover::Slice,
     key::KeyRef,
     partition::GroupEvent,
@@ -575,48 +575,45 @@ impl WatchTask {
                         if gone {
                             self.counts.gone.fetch_add(1, Ordering::Relaxed);
                         }
-                        let rejected = rejection(&e);
-                        // A server without streaming lists (the WatchList feature, off by
-                        // default in Kubernetes 1.33 and missing before 1.27) refuses
-                        // `sendInitialEvents`: list in pages from then on.
-                        if let Some((422 | 400, message)) = &rejected
-                            && config.initial_list_strategy
-                                == watcher::InitialListStrategy::StreamingList
-                            && message.contains("sendInitialEvents")
-                        {
-                            warn!(resource = %describe(&self.key), %message, "the API server does not stream lists; listing in pages instead");
-                            config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
-                            continue 'restart;
-                        }
-                        // A whole list that was cut short or timed out (a resource too large
-                        // to list in one response within the API server's request timeout)
-                        // is listed in pages from then on.
-                        if self.list_mode == ListMode::Whole && whole_list::cut_short(&e) {
-                            warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole; listing in pages instead");
-                            self.list_mode = ListMode::Paged;
-                            continue 'restart;
-                        }
-                        if let Some((code, message)) = rejected {
-                            let failed = WatchError::Rejected {
-                                code,
-                                resource: describe(&self.key),
-                                message,
-                            };
-                            let first = matches!(*self.readiness.borrow(), Readiness::Starting);
-                            if first {
+                        let streaming = config.initial_list_strategy
+                            == watcher::InitialListStrategy::StreamingList;
+                        let failure = WatchFailure {
+                            code: status_code(&e),
+                            streaming_refused: streaming && refuses_streaming(&e),
+                            whole_list_cut_short: self.list_mode == ListMode::Whole
+                                && whole_list::cut_short(&e),
+                            starting: matches!(*self.readiness.borrow(), Readiness::Starting),
+                        };
+                        match retry.recover(&failure) {
+                            Recovery::ListInPages if failure.streaming_refused => {
+                                warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
+                                config.initial_list_strategy =
+                                    watcher::InitialListStrategy::ListWatch;
+                                continue 'restart;
+                            }
+                            Recovery::ListInPages => {
+                                warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole; listing in pages instead");
+                                self.list_mode = ListMode::Paged;
+                                continue 'restart;
+                            }
+                            Recovery::Fail => {
+                                let (code, message) = rejection(&e).unwrap_or_default();
+                                let failed = WatchError::Rejected {
+                                    code,
+                                    resource: describe(&self.key),
+                                    message,
+                                };
                                 warn!(resource = %describe(&self.key), error = %failed, "watch rejected");
                                 let _ = self.readiness.send(Readiness::Failed(failed));
                                 return;
                             }
-                        }
-                        let wait = retry.failed(gone);
-                        if wait.is_zero() {
-                            info!(resource = %describe(&self.key), error = %e, "watch expired (410 Gone): listing again at once");
-                        } else {
-                            // Jittered, so the dispatchers do not retry in step.
-                            let wait = wait.mul_f64(rand::random_range(0.5..=1.0));
-                            warn!(resource = %describe(&self.key), error = %e, retry_in = ?wait, "watch error; retrying");
-                            paused = Some(tokio::time::Instant::now() + wait);
+                            Recovery::ListAgain => {
+                                info!(resource = %describe(&self.key), error = %e, "watch expired (410 Gone): listing again at once");
+                            }
+                            Recovery::RetryIn(wait) => {
+                                warn!(resource = %describe(&self.key), error = %e, retry_in = ?wait, "watch error; retrying");
+                                paused = Some(tokio::time::Instant::now() + wait);
+                            }
                         }
                     }
                 }
@@ -852,6 +849,14 @@ fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
     let status = api_status(e)?;
     ((400..500).contains(&status.code) && status.code != 410)
         .then(|| (status.code, status.message.clone()))
+}
+
+/// Whether the API server refused a streaming list (`sendInitialEvents`), as one without the
+/// WatchList feature does.
+fn refuses_streaming(e: &watcher::Error) -> bool {
+    rejection(e).is_some_and(|(code, message)| {
+        matches!(code, 400 | 422) && message.contains("sendInitialEvents")
+    })
 }
 
 /// The API server's status in a watch error, if it answered one.
