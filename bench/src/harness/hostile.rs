@@ -44,14 +44,11 @@ use kube_dispatch_tests::{
     dispatcher::{TestSession, subscription},
     identity::{account, token},
 };
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-    task::JoinSet,
-};
+use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    metrics::http_status,
     process::Component,
     report::{median, percentile},
     security::{first_list, timed_write},
@@ -268,21 +265,6 @@ async fn start_dispatcher(
         grpc,
         admin,
     })
-}
-
-/// The status code `GET path` answers on `addr` within `timeout`.
-async fn http_status(addr: SocketAddr, path: &str, timeout: Duration) -> Option<u16> {
-    tokio::time::timeout(timeout, async {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head).await.ok()?;
-        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
-    })
-    .await
-    .ok()
-    .flatten()
 }
 
 async fn one_run(

@@ -273,7 +273,6 @@ async fn wait_for(seen: &Seen, want: &[(String, String)], timeout: Duration) -> 
     }
 }
 
-/// GET /metrics from `admin`, read to the end.
 /// The whole HTTP response of `GET /metrics` on `admin`.
 pub(crate) async fn scrape(admin: std::net::SocketAddr) -> std::io::Result<Vec<u8>> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -284,6 +283,26 @@ pub(crate) async fn scrape(admin: std::net::SocketAddr) -> std::io::Result<Vec<u
     let mut body = Vec::new();
     stream.read_to_end(&mut body).await?;
     Ok(body)
+}
+
+/// The status code `GET path` answers on `addr` within `timeout`.
+pub(crate) async fn http_status(
+    addr: std::net::SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Option<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    tokio::time::timeout(timeout, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.ok()?;
+        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// The results as Markdown: medians over the runs, and on against off.

@@ -20,6 +20,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     apiserver::{ControlPlane, RequestCounts, request_counts},
+    ceiling::counter_sum,
+    metrics::{http_status, scrape},
     objects::{self, Kind, change_value, object_name},
     process::{Component, Usage},
 };
@@ -652,14 +654,10 @@ impl Setup<'_> {
         let mut ticks = tokio::time::interval(Duration::from_millis(50));
         loop {
             ticks.tick().await;
-            let ready = tier.iter().all(|c| {
-                let log = std::fs::read_to_string(&c.log).unwrap_or_default();
-                if c.name == "loadbalancer" {
-                    load_balancer_ready(&log, &ids)
-                } else {
-                    dispatcher_ready(&log, &ids)
-                }
-            });
+            let mut ready = load_balancer_ready(lb_admin, ids.len()).await;
+            for admin in &dispatcher_admin {
+                ready = ready && dispatcher_ready(*admin, ids.len()).await;
+            }
             if ready {
                 return Ok(Tier {
                     components: tier,
@@ -695,46 +693,31 @@ async fn settled_request_counts(client: &Client) -> anyhow::Result<RequestCounts
     Ok(counts)
 }
 
-/// The `message` and the other fields of each JSON log line.
-fn log_events(log: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|mut v| v["fields"].take())
+/// The sum of the samples of `name` on the admin endpoint at `admin`, if it answers.
+async fn admin_figure(admin: u16, name: &str) -> Option<f64> {
+    let body = scrape(([127, 0, 0, 1], admin).into()).await.ok()?;
+    Some(counter_sum(&String::from_utf8_lossy(&body), name))
 }
 
-/// The dispatcher's latest ring holds all `ids` and its handover has completed since.
-fn dispatcher_ready(log: &str, ids: &[String]) -> bool {
-    let mut full_ring = false;
-    let mut ready = false;
-    for fields in log_events(log) {
-        match fields["message"].as_str() {
-            Some("adopted a new ring") => {
-                let members = fields["members"].as_str().unwrap_or_default();
-                full_ring = ids.iter().all(|id| members.contains(&format!("\"{id}\"")));
-                ready = false;
-            }
-            Some(m) if m.starts_with("handover complete") => ready = full_ring,
-            _ => {}
-        }
-    }
-    ready
+/// The dispatcher on `admin` sees a ring of `members` and serves every key it owns on it: its
+/// figures say so, and then its `/readyz` (asked after them, so a ring adopted between the two
+/// answers shows as a handover pending).
+async fn dispatcher_ready(admin: u16, members: usize) -> bool {
+    admin_figure(admin, "kube_dispatch_ring_members").await == Some(members as f64)
+        && admin_figure(admin, "kube_dispatch_ring_serving").await == Some(1.0)
+        && http_status(
+            ([127, 0, 0, 1], admin).into(),
+            "/readyz",
+            Duration::from_secs(1),
+        )
+        .await
+            == Some(200)
 }
 
-/// The load balancer leads and its latest view of the dispatchers holds all `ids`.
-fn load_balancer_ready(log: &str, ids: &[String]) -> bool {
-    let mut leading = false;
-    let mut knows_all = false;
-    for fields in log_events(log) {
-        match fields["message"].as_str() {
-            Some(m) if m.starts_with("leading") => leading = true,
-            Some("dispatchers changed") => {
-                let dispatchers = fields["dispatchers"].as_str().unwrap_or_default();
-                knows_all = ids.iter().all(|id| dispatchers.contains(id.as_str()));
-            }
-            _ => {}
-        }
-    }
-    leading && knows_all
+/// The load balancer on `admin` leads and knows all `members` dispatchers.
+async fn load_balancer_ready(admin: u16, members: usize) -> bool {
+    admin_figure(admin, "kube_dispatch_lb_leader").await == Some(1.0)
+        && admin_figure(admin, "kube_dispatch_lb_dispatchers").await == Some(members as f64)
 }
 
 /// The controller group name of group `group`: the one group of a single-controller run keeps
