@@ -45,8 +45,18 @@ step "cargo build --bins"
 # The benchmark smoke test starts the dispatcher and load-balancer binaries.
 cargo build --workspace --bins --locked --quiet
 
-step "cargo test"
-cargo test --workspace --locked
+step "cargo test --doc"
+cargo test --workspace --doc --locked --quiet
+
+step "cargo nextest: every test, each under its deadline (.config/nextest.toml)"
+PATH="$(tests/nextest.sh):$PATH"
+# Tests that restart the shared API server, count its requests or load the machine on purpose
+# run after the others, one at a time: each needs the control plane to itself.
+alone='binary_id(kube-dispatch-tests::apiserver_restart) | binary_id(kube-dispatch-tests::dispatcher_restart)'
+alone+=' | binary_id(kube-dispatch-tests::fenced_dispatcher) | binary_id(kube-dispatch-tests::chaos)'
+alone+=' | (package(kube-dispatch-bench) & kind(test))'
+cargo nextest run --workspace --locked --no-tests=warn -E "not ($alone)"
+cargo nextest run --workspace --locked --no-tests=warn -E "$alone" --test-threads 1
 
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.
