@@ -596,6 +596,24 @@ mod tests {
         cancel.cancel();
     }
 
+    /// The watch shows `key`'s object at `rv`.
+    fn exists(g: &Group, key: &str, rv: &str) {
+        g.apply(GroupEvent::Exists {
+            key: KeyRef::from(key),
+            object: observed(rv),
+            epoch: 1,
+        });
+    }
+
+    /// A list beside the watch shows `key`'s object at `rv`.
+    fn listed(g: &Group, key: &str, rv: &str) {
+        g.apply(GroupEvent::Listed {
+            key: KeyRef::from(key),
+            object: observed(rv),
+            epoch: 1,
+        });
+    }
+
     fn observed(rv: &str) -> Observed {
         Observed {
             resource_version: rv.into(),
@@ -642,11 +660,7 @@ mod tests {
             .find(|k| !two.owns_str(k))
             .expect("d1 owns a key");
         let [seen, gone, owner, new] = <[String; 4]>::try_from(mine).expect("d0 owns keys");
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from(&seen),
-            object: observed("5"),
-            epoch: 1,
-        });
+        exists(&g, &seen, "5");
         g.apply(GroupEvent::Deleted {
             key: KeyRef::from(&gone),
             change: Change::deletion(),
@@ -656,26 +670,10 @@ mod tests {
         });
         assert_eq!(take_all(&g).len(), 3);
 
-        g.apply(GroupEvent::Listed {
-            key: KeyRef::from(&seen),
-            object: observed("3"),
-            epoch: 1,
-        });
-        g.apply(GroupEvent::Listed {
-            key: KeyRef::from(&elsewhere),
-            object: observed("3"),
-            epoch: 1,
-        });
-        g.apply(GroupEvent::Listed {
-            key: KeyRef::from(&owner),
-            object: observed("4"),
-            epoch: 1,
-        });
-        g.apply(GroupEvent::Listed {
-            key: KeyRef::from(&new),
-            object: observed("6"),
-            epoch: 1,
-        });
+        listed(&g, &seen, "3");
+        listed(&g, &elsewhere, "3");
+        listed(&g, &owner, "4");
+        listed(&g, &new, "6");
         let mut got = take_all(&g);
         got.sort();
         assert_eq!(
@@ -687,11 +685,7 @@ mod tests {
             "only the key never seen and the owner known only by an owned object's change"
         );
         // What the list added is known now: an older list adds nothing again.
-        g.apply(GroupEvent::Listed {
-            key: KeyRef::from(&new),
-            object: observed("6"),
-            epoch: 1,
-        });
+        listed(&g, &new, "6");
         assert!(take_all(&g).is_empty());
         cancel.cancel();
     }
@@ -726,11 +720,7 @@ mod tests {
         slice.lease = lease.clone();
         let (_tx, rx) = watch::channel(Arc::new(slice));
         let g = one_session_group(rx, &cancel);
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("k"),
-            object: observed("1"),
-            epoch: 1,
-        });
+        exists(&g, "k", "1");
         assert!(take_all(&g).is_empty(), "the Lease was never renewed");
         lease.extend_to(now + Duration::from_secs(3600));
         assert_eq!(take_all(&g).len(), 1, "a current Lease hands the key out");
@@ -746,32 +736,16 @@ mod tests {
         let settled = Slice::fixed("d0", Ring::new(["d0"]));
         let (tx, rx) = watch::channel(Arc::new(settled.clone()));
         let g = one_session_group(rx, &cancel);
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("k"),
-            object: observed("1"),
-            epoch: 1,
-        });
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("owner"),
-            object: observed("1"),
-            epoch: 1,
-        });
+        exists(&g, "k", "1");
+        exists(&g, "owner", "1");
         assert_eq!(take_all(&g).len(), 2);
 
         let mut fenced = settled.clone();
         fenced.settled = None;
         tx.send_replace(Arc::new(fenced));
         g.apply_slice();
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("k"),
-            object: observed("2"),
-            epoch: 1,
-        });
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("new"),
-            object: observed("2"),
-            epoch: 1,
-        });
+        exists(&g, "k", "2");
+        exists(&g, "new", "2");
         g.apply(GroupEvent::OwnedChanged {
             key: KeyRef::from("owner"),
         });
@@ -804,11 +778,7 @@ mod tests {
         let (slot, _) = g
             .add_session(1, "s1".into(), "a", Duration::from_secs(60), None)
             .unwrap();
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("k"),
-            object: observed("1"),
-            epoch: 1,
-        });
+        exists(&g, "k", "1");
         let d = g.take(1, 10, usize::MAX);
         assert_eq!(d.len(), 1);
         let failed_at = Instant::now();
@@ -835,11 +805,7 @@ mod tests {
         let g = group(&cancel);
         g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
             .unwrap();
-        g.apply(GroupEvent::Exists {
-            key: KeyRef::from("k"),
-            object: observed("1"),
-            epoch: 1,
-        });
+        exists(&g, "k", "1");
         let d = g.take(1, 10, usize::MAX);
         tokio::time::sleep(Duration::from_secs(29)).await;
         assert_eq!(g.ack(1, vec![]), 0);
