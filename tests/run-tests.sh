@@ -56,7 +56,7 @@ alone='binary_id(kube-dispatch-tests::apiserver_restart) | binary_id(kube-dispat
 alone+=' | binary_id(kube-dispatch-tests::fenced_dispatcher) | binary_id(kube-dispatch-tests::chaos)'
 alone+=' | (package(kube-dispatch-bench) & kind(test))'
 cargo nextest run --workspace --locked --no-tests=warn -E "not ($alone)"
-cargo nextest run --workspace --locked --no-tests=warn -E "$alone" --test-threads 1
+cargo nextest run --workspace --locked --no-tests=fail -E "$alone" --test-threads 1
 
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.

@@ -1,6 +1,6 @@
 //! Exponential backoff: per key for failed reconciles, and per watch for its retries.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Exponential backoff: `base * 2^(failures - 1)`, capped at `cap`. client-go's default for
 /// controllers is 5 ms doubling to 1000 s, which is also ours.
@@ -77,14 +77,20 @@ pub enum Recovery {
 #[derive(Debug)]
 pub struct WatchRetry {
     delays: backon::ExponentialBackoff,
+    /// Whether the waits have grown since they last started over.
+    waited: bool,
     listed_since_gone: bool,
+    /// When a 410 Gone was last answered by listing at once.
+    listed_at_once: Option<Instant>,
 }
 
 impl Default for WatchRetry {
     fn default() -> Self {
         Self {
             delays: Self::delays(),
+            waited: false,
             listed_since_gone: true,
+            listed_at_once: None,
         }
     }
 }
@@ -92,6 +98,10 @@ impl Default for WatchRetry {
 impl WatchRetry {
     /// The longest wait between tries, jitter included.
     pub const MAX_WAIT: Duration = Duration::from_secs(2);
+
+    /// At most one 410 Gone in this long is answered by listing at once: a server that
+    /// completes every list and then refuses to watch from it is not listed in a loop.
+    pub const LIST_AT_ONCE_EVERY: Duration = Duration::from_secs(10);
 
     fn delays() -> backon::ExponentialBackoff {
         use backon::BackoffBuilder;
@@ -104,20 +114,27 @@ impl WatchRetry {
             .build()
     }
 
-    /// The watch showed something (an object, a list's start or end): it works again.
-    /// `list_done` when a list completed.
+    /// The API server showed an object, or the end of a list: the watch works again. (Not the
+    /// start of a list, which a paged list announces before asking anything.) `list_done` when
+    /// a list completed.
     pub fn succeeded(&mut self, list_done: bool) {
-        self.delays = Self::delays();
+        if std::mem::take(&mut self.waited) {
+            self.delays = Self::delays();
+        }
         self.listed_since_gone |= list_done;
     }
 
-    /// What to do about `failure`.
-    pub fn recover(&mut self, failure: &WatchFailure) -> Recovery {
+    /// What to do about `failure`, at `now`.
+    pub fn recover(&mut self, failure: &WatchFailure, now: Instant) -> Recovery {
         if failure.streaming_refused || failure.whole_list_cut_short {
             return Recovery::ListInPages;
         }
+        let at_once_allowed = self
+            .listed_at_once
+            .is_none_or(|at| now.saturating_duration_since(at) >= Self::LIST_AT_ONCE_EVERY);
         match failure.code {
-            Some(410) if std::mem::replace(&mut self.listed_since_gone, false) => {
+            Some(410) if at_once_allowed && std::mem::take(&mut self.listed_since_gone) => {
+                self.listed_at_once = Some(now);
                 return Recovery::ListAgain;
             }
             Some(400..=499) if failure.code != Some(410) && failure.starting => {
@@ -125,6 +142,7 @@ impl WatchRetry {
             }
             _ => {}
         }
+        self.waited = true;
         Recovery::RetryIn(self.delays.next().unwrap_or(Self::MAX_WAIT))
     }
 }
@@ -147,7 +165,7 @@ mod tests {
     }
 
     fn waits(r: &mut WatchRetry, failure: &WatchFailure) -> Duration {
-        match r.recover(failure) {
+        match r.recover(failure, Instant::now()) {
             Recovery::RetryIn(d) => d,
             other => panic!("expected a wait, got {other:?}"),
         }
@@ -156,6 +174,7 @@ mod tests {
     #[test]
     fn a_watch_lists_again_at_once_after_a_gone_but_not_twice_in_a_row() {
         let mut r = WatchRetry::default();
+        let now = Instant::now();
         let down = WatchFailure::default();
         let gone = WatchFailure {
             code: Some(410),
@@ -170,16 +189,44 @@ mod tests {
             assert!(wait <= WatchRetry::MAX_WAIT);
         }
         // It answers again, with 410 Gone: list at once.
-        assert_eq!(r.recover(&gone), Recovery::ListAgain);
+        assert_eq!(r.recover(&gone, now), Recovery::ListAgain);
         // The list fails with 410 again before it completes: wait, without starting over.
         assert!(waits(&mut r, &gone) >= Duration::from_secs(1));
-        // The list starts (something was shown): the waits start over; a 410 before the list
-        // completes still waits.
+        // The start of a list (announced before anything is asked) does not start the waits
+        // over; an object shown does, and a 410 before the list completes still waits.
         r.succeeded(false);
         assert!(waits(&mut r, &gone) < Duration::from_millis(250));
-        // Once a list completed, the next 410 lists at once again.
+        // A list completed, but a 410 came within 10 s of the last list at once: wait.
         r.succeeded(true);
-        assert_eq!(r.recover(&gone), Recovery::ListAgain);
+        let soon = now + Duration::from_secs(5);
+        assert!(matches!(r.recover(&gone, soon), Recovery::RetryIn(_)));
+        // Later, a 410 after a completed list lists at once again.
+        let later = now + WatchRetry::LIST_AT_ONCE_EVERY;
+        assert_eq!(r.recover(&gone, later), Recovery::ListAgain);
+    }
+
+    /// A server that completes every list and then refuses to watch from it is listed at most
+    /// once in 10 s without a wait.
+    #[test]
+    fn a_server_refusing_every_watch_after_its_list_is_not_listed_in_a_loop() {
+        let mut r = WatchRetry::default();
+        let start = Instant::now();
+        let gone = WatchFailure {
+            code: Some(410),
+            ..WatchFailure::default()
+        };
+        let mut at = start;
+        let mut at_once = 0;
+        while at < start + Duration::from_secs(60) {
+            r.succeeded(true);
+            match r.recover(&gone, at) {
+                Recovery::ListAgain => at_once += 1,
+                Recovery::RetryIn(wait) => at += wait,
+                other => panic!("{other:?}"),
+            }
+            at += Duration::from_millis(10);
+        }
+        assert!(at_once <= 7, "{at_once} lists at once in a minute");
     }
 
     #[test]
@@ -189,13 +236,16 @@ mod tests {
             starting: true,
             ..WatchFailure::default()
         };
-        assert_eq!(WatchRetry::default().recover(&forbidden), Recovery::Fail);
+        assert_eq!(
+            WatchRetry::default().recover(&forbidden, Instant::now()),
+            Recovery::Fail
+        );
         let running = WatchFailure {
             starting: false,
             ..forbidden
         };
         assert!(matches!(
-            WatchRetry::default().recover(&running),
+            WatchRetry::default().recover(&running, Instant::now()),
             Recovery::RetryIn(_)
         ));
         // A server error is retried even while starting.
@@ -204,7 +254,7 @@ mod tests {
             ..forbidden
         };
         assert!(matches!(
-            WatchRetry::default().recover(&unavailable),
+            WatchRetry::default().recover(&unavailable, Instant::now()),
             Recovery::RetryIn(_)
         ));
     }
@@ -225,7 +275,7 @@ mod tests {
             },
         ] {
             assert_eq!(
-                WatchRetry::default().recover(&failure),
+                WatchRetry::default().recover(&failure, Instant::now()),
                 Recovery::ListInPages,
                 "{failure:?}"
             );

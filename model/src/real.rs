@@ -18,10 +18,11 @@
 //! that the model does not make shows as a divergence with the path that leads to it, and the
 //! properties the checker proves of the model then say nothing of the code.
 //!
-//! What is mirrored rather than called: the few lines of the dispatcher's `Group` and watch
-//! that decide which calls reach the queue (`Partition::record` of `GroupEvent::Exists` and `GroupEvent::Listed`), and the
-//! loop of `Groups::release_ring` that asks each group, since they live with the I/O in the
-//! dispatcher crate.
+//! What is mirrored rather than called: which event the dispatcher's watch makes of an object
+//! (`WatchTask::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
+//! what the event then means is `Partition::record`, called), and the loop of
+//! `Groups::release_ring` that asks each group, since they live with the I/O in the dispatcher
+//! crate.
 //!
 //! What is not stepped: the membership loop's I/O around `judge` (the Lease watch's list, the
 //! renewals' requests), partial views, and API cuts. Cut off, the code goes on judging the
@@ -343,11 +344,9 @@ impl Real {
         if grows {
             for group in &mut p.groups {
                 for (key, object) in &objects {
-                    if let Some(object) = object
-                        && slice.serves_str(key)
-                        && !group.queue.knows_object(key)
-                    {
-                        group.queue.observe(key, object.clone(), 0);
+                    if let Some(object) = object {
+                        let (key, object, epoch) = (KeyRef::new(key), object.clone(), 0);
+                        group.record(&slice, GroupEvent::Listed { key, object, epoch }, now);
                     }
                 }
             }

@@ -315,14 +315,17 @@ wait_ready() {
 }
 
 cmd_up() {
-  if is_ready; then
+  load_state
+  # Running: reused once it answers /readyz. A slow answer (a machine busy with tests that each
+  # call `up`) is waited for, never taken for a broken control plane and torn down.
+  if alive "$ETCD_PID" && alive "$APISERVER_PID" && alive "$KCM_PID"; then
+    wait_ready
     log "reusing the running control plane (kube-apiserver https://$address:$API_PORT)"
     make_dispatch_pki
     make_test_identity
     echo "$dir/kubeconfig"
     return 0
   fi
-  load_state
   if alive "$ETCD_PID" || alive "$APISERVER_PID" || alive "$KCM_PID"; then
     log "a previous control plane is half running; stopping it first"
     cmd_down >/dev/null

@@ -519,10 +519,15 @@ pub fn rss_kib() -> u64 {
 /// How often [`eventually`] asks.
 const ASK_EVERY: Duration = Duration::from_millis(50);
 
+/// How long the last ask of [`eventually`], at its deadline, may take.
+const LAST_ASK: Duration = Duration::from_secs(1);
+
 /// Asks `probe` every 50 ms until it answers `Some`, for at most `within`, and returns that
-/// answer. An ask still running at the deadline is cut off. `Err` says what was awaited and for
-/// how long: every wait of a test for a state it cannot cause itself goes through here, so that
-/// a regression fails the test within its deadline rather than hanging the suite.
+/// answer. An ask still running at the deadline is cut off, but the last one gets a second
+/// however late it starts. `Err` says what was awaited and for how long: every wait of a test
+/// for a state it cannot cause itself goes through here, so that a regression fails the test
+/// within its deadline rather than hanging the suite. A probe that must not retry an error
+/// answers `Some(Err(..))`.
 pub async fn eventually<T, F, Fut>(
     within: Duration,
     what: impl std::fmt::Display,
@@ -533,9 +538,12 @@ where
     Fut: std::future::Future<Output = Option<T>>,
 {
     let deadline = tokio::time::Instant::now() + within;
-    while let Ok(answer) = tokio::time::timeout_at(deadline, probe()).await {
-        if let Some(t) = answer {
-            return Ok(t);
+    loop {
+        let limit = deadline.max(tokio::time::Instant::now() + LAST_ASK);
+        match tokio::time::timeout_at(limit, probe()).await {
+            Ok(Some(t)) => return Ok(t),
+            Ok(None) => {}
+            Err(_) => break,
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {

@@ -634,11 +634,13 @@ async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() ->
                 t.victim_name
             ),
             || async move {
-                let lease = leases.get(&name(*i)).await.ok()?;
-                (!lease.annotations().contains_key(RELEASED_ANNOTATION)).then_some(())
+                match leases.get(&name(*i)).await {
+                    Ok(lease) if lease.annotations().contains_key(RELEASED_ANNOTATION) => None,
+                    answer => Some(answer),
+                }
             },
         )
-        .await?;
+        .await??;
     }
     let joiner = TestDispatcher::start(config(t.ns.name(), 3, bound)).await?;
     let want: Vec<String> = t.ds.keys().map(|i| name(*i)).chain([name(3)]).collect();

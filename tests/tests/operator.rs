@@ -170,13 +170,14 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
         &kube::api::Patch::Merge(serde_json::json!({"data": {"v": "1"}})),
     )
     .await?;
+    // An error of kdctl ends the wait and fails the test.
     let view = eventually(Duration::from_secs(30), "the key queued", || async {
-        command::owner(&kdctl, &key)
-            .await
-            .ok()
-            .filter(|view| view.places.first().is_some_and(|p| p.state == "queued"))
+        match command::owner(&kdctl, &key).await {
+            Ok(view) if view.places.first().is_none_or(|p| p.state != "queued") => None,
+            answer => Some(answer),
+        }
     })
-    .await?;
+    .await??;
     assert_eq!(place(&view), ("dispatcher-1", "queued", "replica-b", 0));
 
     // In flight on replica-b, then backing off after a failure, then requeued.
@@ -281,13 +282,13 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
         Duration::from_secs(30),
         "no dispatcher serving the key",
         || async {
-            command::owner(&kdctl, &in_flight_key)
-                .await
-                .ok()
-                .filter(|view| view.answers.iter().all(|a| !a.served))
+            match command::owner(&kdctl, &in_flight_key).await {
+                Ok(view) if view.answers.iter().any(|a| a.served) => None,
+                answer => Some(answer),
+            }
         },
     )
-    .await?;
+    .await??;
     println!("during the drain:\n{}", during.table());
     assert_eq!(
         place(&during),

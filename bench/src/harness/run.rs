@@ -693,18 +693,25 @@ async fn settled_request_counts(client: &Client) -> anyhow::Result<RequestCounts
     Ok(counts)
 }
 
-/// The sum of the samples of `name` on the admin endpoint at `admin`, if it answers.
-async fn admin_figure(admin: u16, name: &str) -> Option<f64> {
-    let body = scrape(([127, 0, 0, 1], admin).into()).await.ok()?;
-    Some(counter_sum(&String::from_utf8_lossy(&body), name))
+/// The figures the admin endpoint at `admin` shows now, if it answers within a second.
+async fn admin_figures(admin: u16) -> Option<String> {
+    let scraped = tokio::time::timeout(
+        Duration::from_secs(1),
+        scrape(([127, 0, 0, 1], admin).into()),
+    );
+    let body = scraped.await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// The dispatcher on `admin` sees a ring of `members` and serves every key it owns on it: its
-/// figures say so, and then its `/readyz` (asked after them, so a ring adopted between the two
-/// answers shows as a handover pending).
+/// figures say so (both from one scrape), and then its `/readyz` (asked after them, so a ring
+/// adopted in between shows as a handover pending).
 async fn dispatcher_ready(admin: u16, members: usize) -> bool {
-    admin_figure(admin, "kube_dispatch_ring_members").await == Some(members as f64)
-        && admin_figure(admin, "kube_dispatch_ring_serving").await == Some(1.0)
+    let Some(figures) = admin_figures(admin).await else {
+        return false;
+    };
+    counter_sum(&figures, "kube_dispatch_ring_members") == members as f64
+        && counter_sum(&figures, "kube_dispatch_ring_serving") == 1.0
         && http_status(
             ([127, 0, 0, 1], admin).into(),
             "/readyz",
@@ -716,8 +723,10 @@ async fn dispatcher_ready(admin: u16, members: usize) -> bool {
 
 /// The load balancer on `admin` leads and knows all `members` dispatchers.
 async fn load_balancer_ready(admin: u16, members: usize) -> bool {
-    admin_figure(admin, "kube_dispatch_lb_leader").await == Some(1.0)
-        && admin_figure(admin, "kube_dispatch_lb_dispatchers").await == Some(members as f64)
+    admin_figures(admin).await.is_some_and(|figures| {
+        counter_sum(&figures, "kube_dispatch_lb_leader") == 1.0
+            && counter_sum(&figures, "kube_dispatch_lb_dispatchers") == members as f64
+    })
 }
 
 /// The controller group name of group `group`: the one group of a single-controller run keeps

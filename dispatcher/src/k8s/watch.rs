@@ -484,7 +484,9 @@ impl WatchTask {
                     }
                     event = events.next(), if paused.is_none() => Step::Event(event),
                 };
-                if let Step::Event(Some(Ok(shown))) = &step {
+                if let Step::Event(Some(Ok(shown))) = &step
+                    && !matches!(shown, Event::Init)
+                {
                     retry.succeeded(matches!(shown, Event::InitDone));
                 }
                 let event = match step {
@@ -584,7 +586,7 @@ impl WatchTask {
                                 && whole_list::cut_short(&e),
                             starting: matches!(*self.readiness.borrow(), Readiness::Starting),
                         };
-                        match retry.recover(&failure) {
+                        match retry.recover(&failure, tokio::time::Instant::now().into_std()) {
                             Recovery::ListInPages if failure.streaming_refused => {
                                 warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
                                 config.initial_list_strategy =
