@@ -1,6 +1,7 @@
 //! The benchmark harness behind `make bench` (and `make bench-security`, [`security`],
 //! `make bench-metrics`, [`metrics`], and `make bench-ceiling`, [`ceiling`]).
 
+pub(crate) mod admin;
 pub(crate) mod apiserver;
 pub(crate) mod ceiling;
 pub(crate) mod hostile;

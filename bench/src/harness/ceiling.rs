@@ -27,8 +27,8 @@ use kube_dispatch_bench::{ReconcileStart, now_micros};
 use tokio::sync::{mpsc, watch};
 
 use super::{
+    admin::{counter_sum, scrape},
     apiserver::request_counts,
-    metrics::scrape,
     objects::{Kind, change_value},
     process::Component,
     report::percentile,
@@ -115,18 +115,6 @@ pub(crate) async fn await_reconciled(
         .collect();
     latencies.sort_unstable();
     Ok(latencies)
-}
-
-/// The sum of a counter's samples in a Prometheus text exposition.
-pub(crate) fn counter_sum(exposition: &str, name: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 async fn watch_events(admin: u16) -> anyhow::Result<f64> {
@@ -360,15 +348,4 @@ pub(crate) fn table(steps: &[Step]) -> String {
         ));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counter_sums_every_series_of_the_name_only() {
-        let text = "# TYPE kube_dispatch_watch_events_total counter\nkube_dispatch_watch_events_total{resource=\"configmaps\",type=\"applied\"} 12\nkube_dispatch_watch_events_total{resource=\"configmaps\",type=\"deleted\"} 3\nkube_dispatch_watch_events_totally 99\n";
-        assert_eq!(counter_sum(text, "kube_dispatch_watch_events_total"), 15.0);
-    }
 }

@@ -48,7 +48,7 @@ use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    metrics::http_status,
+    admin::http_status,
     process::Component,
     report::{median, percentile},
     security::{first_list, timed_write},

@@ -38,7 +38,10 @@ use kube_dispatch_tests::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::report::{alternate, median, percentile};
+use super::{
+    admin::scrape,
+    report::{alternate, median, percentile},
+};
 
 /// What to run.
 #[derive(Clone, Copy, Debug)]
@@ -271,38 +274,6 @@ async fn wait_for(seen: &Seen, want: &[(String, String)], timeout: Duration) -> 
             anyhow::bail!("{missing} changes were not reconciled within {timeout:?}");
         }
     }
-}
-
-/// The whole HTTP response of `GET /metrics` on `admin`.
-pub(crate) async fn scrape(admin: std::net::SocketAddr) -> std::io::Result<Vec<u8>> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(admin).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = Vec::new();
-    stream.read_to_end(&mut body).await?;
-    Ok(body)
-}
-
-/// The status code `GET path` answers on `addr` within `timeout`.
-pub(crate) async fn http_status(
-    addr: std::net::SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> Option<u16> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    tokio::time::timeout(timeout, async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head).await.ok()?;
-        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
-    })
-    .await
-    .ok()
-    .flatten()
 }
 
 /// The results as Markdown: medians over the runs, and on against off.

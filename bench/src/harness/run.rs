@@ -19,9 +19,8 @@ use kube_dispatch_bench::{ReconcileStart, now_micros};
 use tokio::sync::{mpsc, watch};
 
 use super::{
+    admin::{counter_sum, http_status, scrape},
     apiserver::{ControlPlane, RequestCounts, request_counts},
-    ceiling::counter_sum,
-    metrics::{http_status, scrape},
     objects::{self, Kind, change_value, object_name},
     process::{Component, Usage},
 };

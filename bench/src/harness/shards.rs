@@ -23,9 +23,9 @@ use kube_dispatch_bench::{ReconcileStart, now_micros};
 use tokio::sync::{mpsc, watch};
 
 use super::{
+    admin::{counter_sum, scrape},
     apiserver::{RequestCounts, metrics_text, sum_where},
-    ceiling::{Starts, await_reconciled, counter_sum},
-    metrics::scrape,
+    ceiling::{Starts, await_reconciled},
     objects::{Kind, change_value},
     process::Component,
     report::percentile,
