@@ -524,10 +524,10 @@ const LAST_ASK: Duration = Duration::from_secs(1);
 
 /// Asks `probe` every 50 ms until it answers `Some`, for at most `within`, and returns that
 /// answer. An ask still running at the deadline is cut off, but the last one gets a second
-/// however late it starts. `Err` says what was awaited and for how long: every wait of a test
-/// for a state it cannot cause itself goes through here, so that a regression fails the test
-/// within its deadline rather than hanging the suite. A probe that must not retry an error
-/// answers `Some(Err(..))`.
+/// however late it starts. `Err` says what was awaited and for how long, so that a regression
+/// fails the test within its deadline, saying what did not happen, rather than hanging the
+/// suite. New waits of a test for a state it cannot cause itself belong here (a few older loops
+/// keep deadlines of their own). A probe that must not retry an error answers `Some(Err(..))`.
 pub async fn eventually<T, F, Fut>(
     within: Duration,
     what: impl std::fmt::Display,
