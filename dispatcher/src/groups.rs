@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 use crate::{
     config::Settings,
     group::{Group, SessionSlot},
-    k8s::watch::{Subscriber, WatchError, Watches},
+    k8s::watches::{Subscriber, WatchError, Watches},
 };
 
 /// Why a session call was refused. Each message tells the caller what to do.
@@ -311,7 +311,7 @@ impl Groups {
     }
 
     /// Each running watch's counters.
-    pub fn watch_figures(&self) -> Vec<crate::k8s::watch::WatchFigures> {
+    pub fn watch_figures(&self) -> Vec<crate::k8s::watches::WatchFigures> {
         self.watches.figures()
     }
 

@@ -91,7 +91,7 @@ use prometheus_client::{
 use crate::{
     group::GroupFigures,
     groups::Groups,
-    k8s::watch::{WatchCounts, WatchFigures},
+    k8s::watches::{WatchCounts, WatchFigures},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -32,7 +32,7 @@ use crate::{
         peer::PeerService,
     },
     housekeeping,
-    k8s::{discovery::Resolver, membership, watch::Watches},
+    k8s::{discovery::Resolver, membership, watches::Watches},
     metrics::{GroupsCollector, RingMetrics},
     security::Guard,
 };

@@ -19,7 +19,7 @@
 //! properties the checker proves of the model then say nothing of the code.
 //!
 //! What is mirrored rather than called: which event the dispatcher's watch makes of an object
-//! (`WatchTask::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
+//! (`FanOut::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
 //! what the event then means is `Partition::record`, called), and the loop of
 //! `Groups::release_ring` that asks each group, since they live with the I/O in the dispatcher
 //! crate.
@@ -426,7 +426,7 @@ impl Real {
     }
 
     /// An object changes: every dispatcher that reaches the API server sees it on its watch, and
-    /// records it in its group's queue by the rules of `WatchTask::apply` and `Partition::record`
+    /// records it in its group's queue by the rules of `FanOut::apply` and `Partition::record`
     /// (`GroupEvent::Exists`; a key owned elsewhere: `GroupEvent::ExistsElsewhere`).
     fn change(&mut self, k: usize, model: &State) {
         let now = self.now();

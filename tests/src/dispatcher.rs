@@ -15,7 +15,7 @@ use kube_dispatch_dispatcher::{
     config::{
         LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, ServerLimits, Settings,
     },
-    k8s::watch::WatchCounts,
+    k8s::watches::WatchCounts,
     serve::{Handles, serve},
 };
 use kube_dispatch_proto::{

@@ -29,7 +29,7 @@ use crate::{
     groups::{Groups, SessionError},
     k8s::{
         discovery::{ResolveError, Resolver},
-        watch::WatchError,
+        watches::WatchError,
     },
     security::Guard,
 };

@@ -1,7 +1,10 @@
 //! What faces the Kubernetes API server: the watches and how their events become request keys,
 //! the dispatcher's Lease and the membership it judges from all Leases, and discovery.
 //!
-//! - [`watch`]: one shared, non-caching watch per subscribed resource and selector;
+//! - [`watches`]: the registry of the shared, non-caching watches, one per subscribed resource
+//!   and selector;
+//! - `watch_task`: one watch's loop, its lists beside the stream and its recovery when broken;
+//! - `fan_out`: one watch's events handed to the groups subscribed to it;
 //! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
 //!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
@@ -16,11 +19,13 @@
 
 mod children;
 pub mod discovery;
+mod fan_out;
 mod list_reader;
 pub mod membership;
 pub mod object;
 pub mod routing;
 mod shard;
 mod side_list;
-pub mod watch;
+mod watch_task;
+pub mod watches;
 mod whole_list;

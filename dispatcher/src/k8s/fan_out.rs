@@ -1,0 +1,337 @@
+//! The fan-out of one watch: each event it shows, handed to every group subscribed to it as one
+//! [`GroupEvent`], by the rules of [`super::routing`].
+//!
+//! The watch loop ([`super::watch_task`]) decides when an event happened and what list it
+//! belongs to; this decides whom it concerns: the request key of the object (or of its
+//! controlling owner, for a subscription to owned objects), one body per payload mode, and, for
+//! owned subscriptions, the owners to tell ([`super::children`]: an owner that lost a child is
+//! told although the child no longer names it). The group decides, under its lock, what the
+//! event means for its queue ([`crate::group::Group::apply`]).
+
+use std::sync::{
+    Arc, RwLock,
+    atomic::{AtomicU64, Ordering},
+};
+
+use kube::{ResourceExt, api::TypeMeta};
+use kube_dispatch_core::{
+    handover::Slice,
+    key::KeyRef,
+    partition::GroupEvent,
+    queue::{Change, Observed},
+    subscription::{OwnerKind, Payload, ResourceId, WatchKey},
+};
+use kube_dispatch_proto::v1::Reason;
+use kube_dispatch_runtime::logging;
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::{
+    children::Children,
+    object::WatchedObject,
+    routing::{Bodies, Place, in_watch, object_key, owner_key, place},
+    side_list::SideList,
+};
+use crate::group::Group;
+
+/// A group's interest in a watch.
+#[derive(Clone, Debug)]
+pub struct Subscriber {
+    /// The group fed.
+    pub group: Arc<Group>,
+    /// Payload of the group's deliveries from this watch.
+    pub payload: Payload,
+    /// Owner mapping, for subscriptions to owned objects.
+    pub owner: Option<OwnerKind>,
+}
+
+/// The groups subscribed to one watch, shared by the registry (which adds and removes them) and
+/// the watch's task (which feeds them).
+pub(super) type Subscribers = Arc<RwLock<Vec<Subscriber>>>;
+
+/// What one watch has done since it started, for metrics.
+#[derive(Debug, Default)]
+pub struct WatchCounts {
+    /// Objects added or changed, listed or watched.
+    pub applied: AtomicU64,
+    /// Objects deleted.
+    pub deleted: AtomicU64,
+    /// Lists of the whole resource by the watch itself: its first, and each one after an
+    /// expired resourceVersion (410 Gone) or an API-server restart.
+    pub relists: AtomicU64,
+    /// Lists beside the watch, for keys newly served here.
+    pub side_lists: AtomicU64,
+    /// Errors the watch recovered from (by retrying, or by listing again at once after a 410 Gone).
+    pub errors: AtomicU64,
+    /// Of those, 410 Gone: the resourceVersion it resumed from had expired.
+    pub gone: AtomicU64,
+    /// Objects seen whose keys other dispatchers own (decoded for a deletion's memory only).
+    pub elsewhere: AtomicU64,
+    /// Restarts because the namespaces this dispatcher owns changed (ring keyed by namespace).
+    pub reshards: AtomicU64,
+    /// Owned objects indexed by their controlling owner now (about 150 bytes each: one per
+    /// owned object the watch shows, for owned subscriptions only).
+    pub children: AtomicU64,
+}
+
+/// The fan-out of one watch: its subscribers, and what it must remember to tell them.
+pub(super) struct FanOut {
+    key: WatchKey,
+    types: TypeMeta,
+    counts: Arc<WatchCounts>,
+    slice: watch::Receiver<Arc<Slice>>,
+    subscribers: Subscribers,
+    /// The `shardSelector` the watch asked for when it last (re)started, if any.
+    shard: Option<String>,
+    /// Whether an object of another dispatcher's namespaces arrived although the watch asked
+    /// for this dispatcher's only (the API server ignores the selector), since that start.
+    unsharded: bool,
+    /// The owner each owned object was last seen with, for the owned subscriptions.
+    children: Children,
+}
+
+impl FanOut {
+    /// The fan-out of the watch of `key`, whose objects are of `types`, to `subscribers`, placing
+    /// keys on the slice current when each event arrives.
+    pub(super) fn new(
+        key: WatchKey,
+        types: TypeMeta,
+        counts: Arc<WatchCounts>,
+        slice: watch::Receiver<Arc<Slice>>,
+        subscribers: Subscribers,
+    ) -> Self {
+        Self {
+            key,
+            types,
+            counts,
+            slice,
+            subscribers,
+            shard: None,
+            unsharded: false,
+            children: Children::default(),
+        }
+    }
+
+    /// The watch (re)started asking for the namespaces of `shard` only, if any.
+    pub(super) fn restarted(&mut self, shard: Option<String>) {
+        self.shard = shard;
+        self.unsharded = false;
+    }
+
+    /// Hands an event of the stream (or of the watch's own list) to every subscriber, by the
+    /// rules of [`super::routing`]. The group decides again under its lock, against the slice
+    /// current then (and remembers deletions of keys a handover holds, and recent deletions of
+    /// keys owned elsewhere). Returns the object's request key.
+    pub(super) fn apply(&mut self, obj: &WatchedObject, epoch: u32, deleted: bool) -> String {
+        let counter = if deleted {
+            &self.counts.deleted
+        } else {
+            &self.counts.applied
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let slice = self.slice.borrow().clone();
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let text = object_key(&self.key.resource, obj).to_string();
+        let key = KeyRef::new(&text);
+        let place = place(&slice, key);
+        if place == Place::Elsewhere {
+            self.counts.elsewhere.fetch_add(1, Ordering::Relaxed);
+            if self.shard.is_some() && !self.unsharded && slice.shard_selector() == self.shard {
+                self.unsharded = true;
+                warn!(
+                    resource = %describe(&self.key),
+                    key = %text,
+                    "the API server sent an object of a namespace another dispatcher owns: it ignores shardSelector (Kubernetes before 1.36, or the ShardedListAndWatch feature gate off); every dispatcher receives every object and filters it itself"
+                );
+            }
+        }
+        let mut bodies = Bodies::new(&self.types);
+        // With traces exported, the span of this change, whose context the deliveries it
+        // causes carry to the replicas (their reconcile spans are its children).
+        let span = (place != Place::Elsewhere && logging::traces_enabled()).then(|| {
+            tracing::info_span!(
+                "change",
+                key = %text,
+                resource_version = obj.resource_version().unwrap_or_default(),
+                deleted
+            )
+        });
+        let trace: Option<Arc<str>> = span.as_ref().and_then(logging::traceparent).map(Arc::from);
+        // The owners to tell, once per owner kind however many groups subscribe with it: the
+        // child's controlling owner now, and the one it had before if that was another.
+        let mut owners: Vec<(&OwnerKind, Vec<String>)> = Vec::new();
+        for kind in subscribers.iter().filter_map(|s| s.owner.as_ref()) {
+            if owners.iter().any(|(k, _)| *k == kind) {
+                continue;
+            }
+            let now = owner_key(obj, kind).map(|k| k.to_string());
+            let tell = self.children.seen(kind, &text, now, epoch, deleted);
+            owners.push((kind, tell));
+        }
+        for sub in subscribers.iter() {
+            let Some(owner) = &sub.owner else {
+                sub.group
+                    .apply(primary_event(obj, key, epoch, deleted, place, || {
+                        (bodies.get(sub.payload, obj), trace.clone())
+                    }));
+                continue;
+            };
+            let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
+            for key in tell.into_iter().flatten() {
+                sub.group.apply(GroupEvent::OwnedChanged {
+                    key: KeyRef::new(key),
+                });
+            }
+        }
+        drop(subscribers);
+        self.count_children();
+        text
+    }
+
+    /// Takes an object shown by a list beside the stream, for keys served here that a group
+    /// does not know yet ([`GroupEvent::Listed`]), unless a deletion of it was seen since the list
+    /// began. Returns the object's request key.
+    pub(super) fn fill(&mut self, obj: &WatchedObject, epoch: u32, list: &SideList) -> String {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let text = object_key(&self.key.resource, obj).to_string();
+        let key = KeyRef::new(&text);
+        let deleted_since = list.was_deleted(key.hash());
+        let mut bodies = Bodies::new(&self.types);
+        for sub in subscribers.iter() {
+            match &sub.owner {
+                None if !deleted_since => sub.group.apply(GroupEvent::Listed {
+                    key,
+                    object: Observed {
+                        resource_version: obj.resource_version().unwrap_or_default(),
+                        uid: obj.uid().unwrap_or_default(),
+                        body: bodies.get(sub.payload, obj),
+                        trace: None,
+                    },
+                    epoch,
+                }),
+                None => {}
+                Some(owner) => {
+                    if let Some(owner_key) = owner_key(obj, owner) {
+                        let owner_key = owner_key.to_string();
+                        if !deleted_since {
+                            self.children.listed(owner, &text, owner_key.clone(), epoch);
+                        }
+                        sub.group.apply(GroupEvent::ListedOwned {
+                            key: KeyRef::new(&owner_key),
+                        });
+                    }
+                }
+            }
+        }
+        drop(subscribers);
+        self.count_children();
+        text
+    }
+
+    /// The watch's own list of `epoch` ended: queue the deletions it revealed in every group's
+    /// primary subscription, and tell the owners of the owned objects it did not show.
+    pub(super) fn sweep(&mut self, epoch: u32) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let lost = self.children.swept(epoch, |kind| {
+            subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
+        });
+        for sub in subscribers.iter() {
+            match &sub.owner {
+                None => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
+                Some(kind) => {
+                    for owner in lost.get(kind).into_iter().flatten() {
+                        sub.group.apply(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(owner),
+                        });
+                    }
+                }
+            }
+        }
+        drop(subscribers);
+        self.count_children();
+    }
+
+    fn count_children(&self) {
+        self.counts
+            .children
+            .store(self.children.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The event a subscription to the objects themselves (not their owners) gets for `obj`, placed
+/// at `place`: `content` gives its body and trace context, asked for only if the key is served
+/// here (a key owned elsewhere is recorded only if it is still on its way out, and then
+/// delivered without a body).
+fn primary_event<'k>(
+    obj: &WatchedObject,
+    key: KeyRef<'k>,
+    epoch: u32,
+    deleted: bool,
+    place: Place,
+    content: impl FnOnce() -> (Option<Arc<[u8]>>, Option<Arc<str>>),
+) -> GroupEvent<'k> {
+    let resource_version = obj.resource_version().unwrap_or_default();
+    let uid = obj.uid().unwrap_or_default();
+    let (body, trace) = if place == Place::Elsewhere {
+        (None, None)
+    } else {
+        content()
+    };
+    match (deleted, place) {
+        (true, _) => GroupEvent::Deleted {
+            key,
+            change: Change {
+                reason: Reason::Deleted,
+                resource_version,
+                uid,
+                body,
+                deleted: true,
+                trace,
+            },
+        },
+        (false, Place::Elsewhere) => GroupEvent::ExistsElsewhere {
+            key,
+            object: Observed {
+                resource_version,
+                uid,
+                body,
+                trace,
+            },
+            epoch,
+        },
+        (false, _) => GroupEvent::Exists {
+            key,
+            object: Observed {
+                resource_version,
+                uid,
+                body,
+                trace,
+            },
+            epoch,
+        },
+    }
+}
+
+/// A watch, for log lines: its resource, namespace and selectors.
+pub(super) fn describe(key: &WatchKey) -> String {
+    let mut s = resource_name(&key.resource);
+    if !key.namespace.is_empty() {
+        s.push_str(&format!(" in {}", key.namespace));
+    }
+    if !key.label_selector.is_empty() {
+        s.push_str(&format!(" labels {:?}", key.label_selector));
+    }
+    if !key.field_selector.is_empty() {
+        s.push_str(&format!(" fields {:?}", key.field_selector));
+    }
+    s
+}
+
+/// The resource a watch key names, for messages.
+pub fn resource_name(r: &ResourceId) -> String {
+    if r.group.is_empty() {
+        format!("{}/{}", r.version, r.plural)
+    } else {
+        format!("{}/{}/{}", r.group, r.version, r.plural)
+    }
+}

@@ -1,0 +1,494 @@
+//! The task of one watch: its stream of events from the API server, the lists run beside it,
+//! and what it does when it breaks.
+//!
+//! One pass ([`WatchTask::pass`]) starts the stream (kube-runtime's `watcher`, or
+//! [`super::whole_list`]) and reads it until it must start again: a 410 Gone or an API-server
+//! restart makes the stream list again by itself, while a change of the namespaces owned here
+//! (ring keyed by namespace), a refused way of listing, or too many deletions during a list
+//! beside the stream start a new pass. What a broken watch does is decided by
+//! [`WatchRetry::recover`] in `core/`, from the error as [`WatchFailure`] describes it; the
+//! events go to the subscribers through [`FanOut`].
+//!
+//! Re-lists of the watch itself (the first list, a 410 Gone, an API-server restart) are
+//! numbered: every object of a re-list is recorded with the list's epoch, and when it ends each
+//! group queues as deleted the keys of that subscription the list did not show.
+//!
+//! When the keys served here grow (a handover completes, a group joins the watch), the objects
+//! of the new keys are found by a list run *beside* the stream, which keeps running: every
+//! event, deletions above all, is still seen as it happens. The stream stays the authority: an
+//! object of the side list is taken only for a key the group does not know yet and that no
+//! deletion seen since the list began names (see `SideList`). A group that joins while the
+//! watch is still listing gets the rest of that list from the watch itself, so the list beside
+//! it stops once past the greatest key the watch had shown (lists come in key order); none is
+//! made if the watch had shown nothing yet.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use futures::{StreamExt, stream::BoxStream};
+use kube::{
+    Client,
+    api::{Api, ApiResource, ListParams, TypeMeta},
+    runtime::watcher::{self, Event},
+};
+use kube_dispatch_core::{
+    backoff::{Recovery, WatchFailure, WatchRetry},
+    handover::Slice,
+    subscription::WatchKey,
+};
+use kube_dispatch_proto::RingKey;
+use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    fan_out::{FanOut, Subscribers, WatchCounts, describe},
+    object::WatchedObject,
+    routing::object_key,
+    shard::sharded_client,
+    side_list::{Reach, SideList, next_page},
+    whole_list,
+};
+use crate::config::ListMode;
+
+/// Why a watch could not serve a subscription.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WatchError {
+    /// The API server rejected the list or watch (bad selector, no permission, ...).
+    #[error("the API server rejected the watch of {resource}: {message}")]
+    Rejected {
+        /// The HTTP status code of the rejection.
+        code: u16,
+        /// What it was watching.
+        resource: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// The dispatcher is shutting down.
+    #[error("the dispatcher is shutting down")]
+    ShuttingDown,
+}
+
+/// The state of a watch's first list.
+#[derive(Clone, Debug)]
+pub(super) enum Readiness {
+    Starting,
+    Ready,
+    Failed(WatchError),
+}
+
+/// How a watch task is told things by the registry.
+pub(super) struct Controls {
+    /// Its counters.
+    pub counts: Arc<WatchCounts>,
+    /// The groups it feeds.
+    pub subscribers: Subscribers,
+    /// Notified when a group joins the running watch: it lists beside the stream for it.
+    pub joined: Arc<tokio::sync::Notify>,
+    /// Where it says how its first list went.
+    pub readiness: watch::Sender<Readiness>,
+}
+
+/// The task of the watch of one [`WatchKey`].
+pub(super) struct WatchTask {
+    key: WatchKey,
+    list_mode: ListMode,
+    api: Api<WatchedObject>,
+    config: watcher::Config,
+    list_params: ListParams,
+    slice: watch::Receiver<Arc<Slice>>,
+    /// The slice the watch last fed: a list beside it is needed only when the served set may
+    /// grow ([`Slice::may_serve_more_than`]).
+    fed: Arc<Slice>,
+    counts: Arc<WatchCounts>,
+    joined: Arc<tokio::sync::Notify>,
+    readiness: watch::Sender<Readiness>,
+    retry: WatchRetry,
+    /// The number of the watch's current (or last) own list.
+    epoch: u32,
+    fan_out: FanOut,
+}
+
+/// What ends a pass of the watch.
+enum End {
+    /// The watch is cancelled, or failed for good (its readiness says why).
+    Stop,
+    /// Start the stream again (a new pass), at once.
+    Restart,
+}
+
+/// One pass: a stream started, and what it has done so far.
+struct Pass {
+    events: BoxStream<'static, watcher::Result<Event<WatchedObject>>>,
+    /// Until when the stream is not polled, after an error ([`WatchRetry`]).
+    paused: Option<Instant>,
+    /// The list beside the stream, if one runs.
+    side: Option<SideList>,
+    /// How far the watch's own list has got: `None` while it is not listing, then the greatest
+    /// key it has shown (request keys of one watch sort as the API server lists objects: by
+    /// namespace and name, after a prefix they share). A pass lists first, so until its list
+    /// begins it counts as listing and having shown nothing: a group that joins meanwhile is
+    /// shown everything by that list, with no list beside it.
+    listed: Option<Option<String>>,
+}
+
+/// What woke the watch loop.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a value of the loop's stack, moved once; boxing would allocate per event"
+)]
+enum Step {
+    /// List beside the stream, for this reason; `joined` when a group joined the watch.
+    ListBeside { why: &'static str, joined: bool },
+    /// A page of the list beside the stream, or its end.
+    Page(Option<Vec<WatchedObject>>),
+    /// An event of the stream, or its end.
+    Event(Option<watcher::Result<Event<WatchedObject>>>),
+    /// The namespaces owned here changed: watch them anew.
+    Reshard,
+    /// Nothing to do (a pause ended, a slice change that serves no more keys).
+    Nothing,
+}
+
+impl WatchTask {
+    /// The task of the watch of `key` through `client`, listing the `list_mode` way and
+    /// feeding the keys of `slice`.
+    pub(super) fn new(
+        client: Client,
+        key: WatchKey,
+        list_mode: ListMode,
+        mut slice: watch::Receiver<Arc<Slice>>,
+        controls: Controls,
+    ) -> Self {
+        let r = &key.resource;
+        let api_resource = ApiResource {
+            group: r.group.clone(),
+            version: r.version.clone(),
+            api_version: if r.group.is_empty() {
+                r.version.clone()
+            } else {
+                format!("{}/{}", r.group, r.version)
+            },
+            kind: r.kind.clone(),
+            plural: r.plural.clone(),
+        };
+        // On a ring keyed by namespace, ask the API server for this dispatcher's namespaces only.
+        let client = if slice.borrow().ring.key() == RingKey::Namespace {
+            sharded_client(client, slice.clone())
+        } else {
+            client
+        };
+        let api: Api<WatchedObject> = if key.namespace.is_empty() || !r.namespaced {
+            Api::all_with(client, &api_resource)
+        } else {
+            Api::namespaced_with(client, &key.namespace, &api_resource)
+        };
+        let mut config = watcher::Config::default();
+        let mut list_params = ListParams::default();
+        if list_mode == ListMode::Stream {
+            config = config.streaming_lists();
+        }
+        if !key.label_selector.is_empty() {
+            config = config.labels(&key.label_selector);
+            list_params = list_params.labels(&key.label_selector);
+        }
+        if !key.field_selector.is_empty() {
+            config = config.fields(&key.field_selector);
+            list_params = list_params.fields(&key.field_selector);
+        }
+        let types = TypeMeta {
+            api_version: api_resource.api_version.clone(),
+            kind: api_resource.kind.clone(),
+        };
+        let fed = slice.borrow_and_update().clone();
+        let fan_out = FanOut::new(
+            key.clone(),
+            types,
+            controls.counts.clone(),
+            slice.clone(),
+            controls.subscribers,
+        );
+        Self {
+            key,
+            list_mode,
+            api,
+            config,
+            list_params,
+            slice,
+            fed,
+            counts: controls.counts,
+            joined: controls.joined,
+            readiness: controls.readiness,
+            retry: WatchRetry::default(),
+            epoch: 0,
+            fan_out,
+        }
+    }
+
+    /// Runs the watch until `cancel`, or until the API server refuses it before it started.
+    pub(super) async fn run(mut self, cancel: CancellationToken) {
+        while let End::Restart = self.pass(&cancel).await {}
+    }
+
+    /// Starts the stream and reads it, with the lists beside it, until it must start again.
+    async fn pass(&mut self, cancel: &CancellationToken) -> End {
+        // The shard the watch asks for from here on; a ring change that changes it starts a
+        // new pass (a re-list of the namespaces owned then).
+        let shard = self.slice.borrow().shard_selector();
+        if shard.is_some() {
+            debug!(resource = %describe(&self.key), "watching the namespaces this dispatcher owns only (shardSelector)");
+        }
+        self.fan_out.restarted(shard);
+        let mut pass = Pass {
+            events: match self.list_mode {
+                ListMode::Whole => {
+                    whole_list::watcher(self.api.clone(), self.list_params.clone()).boxed()
+                }
+                ListMode::Paged | ListMode::Stream => {
+                    watcher::watcher(self.api.clone(), self.config.clone()).boxed()
+                }
+            },
+            paused: None,
+            side: None,
+            listed: Some(None),
+        };
+        loop {
+            let step = tokio::select! {
+                () = cancel.cancelled() => return End::Stop,
+                () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
+                Ok(()) = self.slice.changed() => self.slice_changed(),
+                page = next_page(&mut pass.side) => Step::Page(page),
+                () = tokio::time::sleep_until(pass.paused.unwrap_or_else(Instant::now)),
+                    if pass.paused.is_some() => {
+                    pass.paused = None;
+                    Step::Nothing
+                }
+                event = pass.events.next(), if pass.paused.is_none() => Step::Event(event),
+            };
+            match step {
+                Step::Nothing => {}
+                Step::Reshard => return End::Restart,
+                Step::ListBeside { why, joined } => self.list_beside(&mut pass, why, joined),
+                Step::Page(Some(objects)) => self.side_page(&mut pass, &objects),
+                Step::Page(None) => {
+                    debug!(resource = %describe(&self.key), "list beside the watch done");
+                    pass.side = None;
+                }
+                Step::Event(None) => return End::Stop,
+                Step::Event(Some(Ok(event))) => {
+                    if let Some(end) = self.event(&mut pass, event) {
+                        return end;
+                    }
+                }
+                Step::Event(Some(Err(e))) => {
+                    if let Some(end) = self.broken(&mut pass, &e) {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The slice changed: a new pass if the namespaces owned here changed, a list beside the
+    /// stream if the keys served here may have grown.
+    fn slice_changed(&mut self) -> Step {
+        let slice = self.slice.borrow_and_update().clone();
+        let fed = std::mem::replace(&mut self.fed, slice.clone());
+        if slice.shard_selector() != fed.shard_selector() {
+            self.counts.reshards.fetch_add(1, Ordering::Relaxed);
+            info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
+            return Step::Reshard;
+        }
+        if !slice.may_serve_more_than(&fed) {
+            return Step::Nothing;
+        }
+        let handover = slice.settled.as_ref().map(|r| r.members())
+            != fed.settled.as_ref().map(|r| r.members());
+        let why = if handover {
+            "a handover completed"
+        } else {
+            "keys came back to this dispatcher without a handover (a member left the ring before its handover completed)"
+        };
+        Step::ListBeside { why, joined: false }
+    }
+
+    /// Starts a list beside the stream, unless the watch's own list will show what it would.
+    fn list_beside(&mut self, pass: &mut Pass, why: &'static str, joined: bool) {
+        let listed = pass.listed.as_ref().map(Option::as_deref);
+        let Some(reach) = Reach::of(listed, joined, pass.side.as_ref().map(SideList::reach)) else {
+            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
+            return;
+        };
+        self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
+        info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
+        pass.side = Some(SideList::start(
+            self.api.clone(),
+            self.list_params.clone(),
+            reach,
+            self.list_mode == ListMode::Whole,
+        ));
+    }
+
+    /// A page of the list beside the stream: its objects filled in, and the list stopped once
+    /// past where it must reach.
+    fn side_page(&mut self, pass: &mut Pass, objects: &[WatchedObject]) {
+        let Some(list) = &pass.side else {
+            return;
+        };
+        let mut past = false;
+        for obj in objects {
+            let key = self.fan_out.fill(obj, self.epoch, list);
+            past |= list.reach().passed(&key);
+        }
+        if past {
+            debug!(resource = %describe(&self.key), "list beside the watch done: it reached where the watch's own list was");
+            pass.side = None;
+        }
+    }
+
+    /// An event of the stream; `Some` when it ends the pass.
+    fn event(&mut self, pass: &mut Pass, event: Event<WatchedObject>) -> Option<End> {
+        // kube-runtime announces a list before asking anything: only what the server showed
+        // counts as a success.
+        if !matches!(event, Event::Init) {
+            self.retry.succeeded(matches!(event, Event::InitDone));
+        }
+        match event {
+            Event::Init => {
+                self.counts.relists.fetch_add(1, Ordering::Relaxed);
+                self.epoch = self.epoch.wrapping_add(1);
+                // The watch re-lists everything itself: a list beside it adds nothing.
+                pass.side = None;
+                pass.listed = Some(None);
+                debug!(resource = %describe(&self.key), epoch = self.epoch, "list started");
+            }
+            Event::InitApply(obj) => {
+                self.readiness.send_if_modified(mark_ready);
+                let key = self.fan_out.apply(&obj, self.epoch, false);
+                if let Some(last) = &mut pass.listed
+                    && last.as_ref().is_none_or(|last| key > *last)
+                {
+                    *last = Some(key);
+                }
+            }
+            Event::InitDone => {
+                self.readiness.send_if_modified(mark_ready);
+                pass.listed = None;
+                self.fan_out.sweep(self.epoch);
+                debug!(resource = %describe(&self.key), epoch = self.epoch, "list done");
+            }
+            Event::Apply(obj) => {
+                self.fan_out.apply(&obj, self.epoch, false);
+            }
+            Event::Delete(obj) => {
+                let remembered = pass
+                    .side
+                    .as_mut()
+                    .is_none_or(|list| list.deleted(object_key(&self.key.resource, &obj).hash64()));
+                self.fan_out.apply(&obj, self.epoch, true);
+                if !remembered {
+                    warn!(
+                        resource = %describe(&self.key),
+                        "too many deletions during the list beside the watch: re-listing instead"
+                    );
+                    return Some(End::Restart);
+                }
+            }
+        }
+        None
+    }
+
+    /// The stream broke with `e`: what [`WatchRetry::recover`] decides; `Some` when it ends the
+    /// pass.
+    fn broken(&mut self, pass: &mut Pass, e: &watcher::Error) -> Option<End> {
+        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        if status_code(e) == Some(410) {
+            self.counts.gone.fetch_add(1, Ordering::Relaxed);
+        }
+        let failure = self.failure(e);
+        match self.retry.recover(&failure, Instant::now().into_std()) {
+            Recovery::ListInPages if failure.streaming_refused => {
+                warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
+                self.config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                Some(End::Restart)
+            }
+            Recovery::ListInPages => {
+                warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole; listing in pages instead");
+                self.list_mode = ListMode::Paged;
+                Some(End::Restart)
+            }
+            Recovery::Fail => {
+                let (code, message) = rejection(e).unwrap_or_default();
+                let failed = WatchError::Rejected {
+                    code,
+                    resource: describe(&self.key),
+                    message,
+                };
+                warn!(resource = %describe(&self.key), error = %failed, "watch rejected");
+                let _ = self.readiness.send(Readiness::Failed(failed));
+                Some(End::Stop)
+            }
+            Recovery::ListAgain => {
+                info!(resource = %describe(&self.key), error = %e, "watch expired (410 Gone): listing again at once");
+                None
+            }
+            Recovery::RetryIn(wait) => {
+                warn!(resource = %describe(&self.key), error = %e, retry_in = ?wait, "watch error; retrying");
+                pass.paused = Some(Instant::now() + wait);
+                None
+            }
+        }
+    }
+
+    /// `e` as the recovery policy sees it.
+    fn failure(&self, e: &watcher::Error) -> WatchFailure {
+        let streaming =
+            self.config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
+        WatchFailure {
+            code: status_code(e),
+            streaming_refused: streaming && refuses_streaming(e),
+            whole_list_cut_short: self.list_mode == ListMode::Whole && whole_list::cut_short(e),
+            starting: matches!(*self.readiness.borrow(), Readiness::Starting),
+        }
+    }
+}
+
+fn mark_ready(r: &mut Readiness) -> bool {
+    if matches!(r, Readiness::Starting) {
+        *r = Readiness::Ready;
+        true
+    } else {
+        false
+    }
+}
+
+/// The API server's refusal of a list or watch, if that is what the error is: a client error
+/// (4xx other than 410 Gone, which the watcher recovers from by re-listing).
+fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
+    let status = api_status(e)?;
+    ((400..500).contains(&status.code) && status.code != 410)
+        .then(|| (status.code, status.message.clone()))
+}
+
+/// Whether the API server refused a streaming list (`sendInitialEvents`), as one without the
+/// WatchList feature does.
+fn refuses_streaming(e: &watcher::Error) -> bool {
+    rejection(e).is_some_and(|(code, message)| {
+        matches!(code, 400 | 422) && message.contains("sendInitialEvents")
+    })
+}
+
+/// The API server's status in a watch error, if it answered one.
+fn api_status(e: &watcher::Error) -> Option<&kube::core::Status> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s),
+        watcher::Error::WatchError(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// The HTTP status code of a watch error the API server answered.
+fn status_code(e: &watcher::Error) -> Option<u16> {
+    api_status(e).map(|s| s.code)
+}
