@@ -24,6 +24,8 @@ mod list_reader;
 pub mod membership;
 pub mod object;
 pub mod routing;
+#[cfg(test)]
+mod scripted_api;
 mod shard;
 mod side_list;
 mod watch_task;

@@ -452,6 +452,9 @@ impl WatchTask {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 fn mark_ready(r: &mut Readiness) -> bool {
     if matches!(r, Readiness::Starting) {
         *r = Readiness::Ready;

@@ -245,3 +245,145 @@ pub fn watch_id(namespace: &str, label_selector: &str, field_selector: &str) -> 
 fn id_of(key: &WatchKey) -> String {
     watch_id(&key.namespace, &key.label_selector, &key.field_selector)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The registry against a scripted API server ([`crate::k8s::scripted_api`]) and a paused
+    //! clock: which watches it starts, shares and stops, and what a joining group is shown.
+
+    use kube_dispatch_core::subscription::Payload;
+
+    use super::*;
+    use crate::k8s::scripted_api::{ApiServer, Member, alone, config_maps, named, within};
+
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn subscriber(member: &Member) -> Subscriber {
+        Subscriber {
+            group: member.group.clone(),
+            payload: Payload::KeyOnly,
+            owner: None,
+        }
+    }
+
+    /// Subscribes `member` in a task of its own: a first subscription waits for the list.
+    fn subscribe(
+        watches: &Arc<Watches>,
+        member: &Member,
+    ) -> tokio::task::JoinHandle<Result<(), WatchError>> {
+        let (watches, sub) = (watches.clone(), subscriber(member));
+        tokio::spawn(async move { watches.subscribe(&config_maps(), sub).await })
+    }
+
+    /// A second group shares the running watch: the watch lists beside its stream, which keeps
+    /// running, and only the new group is shown what exists.
+    #[tokio::test(start_paused = true)]
+    async fn a_group_that_joins_a_running_watch_is_shown_what_exists_by_a_list_beside_it() {
+        let cancel = CancellationToken::new();
+        let (client, mut api) = ApiServer::start();
+        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let first = Member::join("first", alone(), &cancel);
+        let subscribed = subscribe(&watches, &first);
+        api.next().await.list(10, &[("a", 5), ("b", 6)]);
+        let stream = api.next().await.open();
+        within("the subscription ended", subscribed)
+            .await
+            .expect("joined")
+            .expect("subscribed");
+        assert_eq!(first.delivered(), named(&[("a", false), ("b", false)]));
+
+        let second = Member::join("second", alone(), &cancel);
+        within(
+            "a running watch took the group",
+            watches.subscribe(&config_maps(), subscriber(&second)),
+        )
+        .await
+        .expect("a running watch is ready at once");
+        let beside = api.next().await;
+        assert!(
+            beside.is_paged_list(),
+            "a list beside the stream: {:?}",
+            beside.query
+        );
+        beside.list(11, &[("a", 5), ("b", 6)]);
+        second.woken().await;
+        assert_eq!(second.delivered(), named(&[("a", false), ("b", false)]));
+        assert_eq!(
+            first.delivered(),
+            named(&[]),
+            "the first group knew them already"
+        );
+        assert!(stream.is_open(), "the stream kept running");
+        assert_eq!(watches.len(), 1, "one watch for both");
+        cancel.cancel();
+    }
+
+    /// A watch with no subscriber left stops after the grace, not before; a group that comes
+    /// back within it keeps the running watch.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_stops_a_grace_after_its_last_group_leaves() {
+        let cancel = CancellationToken::new();
+        let (client, mut api) = ApiServer::start();
+        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let member = Member::join("g", alone(), &cancel);
+        let subscribed = subscribe(&watches, &member);
+        api.next().await.list(10, &[("a", 5)]);
+        let stream = api.next().await.open();
+        within("the subscription ended", subscribed)
+            .await
+            .expect("joined")
+            .expect("subscribed");
+
+        watches.unsubscribe(&config_maps(), &member.group);
+        tokio::time::sleep(GRACE / 2).await;
+        within(
+            "the running watch took the group back",
+            watches.subscribe(&config_maps(), subscriber(&member)),
+        )
+        .await
+        .expect("back within the grace");
+        api.next().await.list(11, &[("a", 5)]);
+        tokio::time::sleep(GRACE).await;
+        assert!(stream.is_open(), "the watch outlived the first grace");
+        assert_eq!(watches.len(), 1);
+
+        watches.unsubscribe(&config_maps(), &member.group);
+        tokio::time::sleep(GRACE / 2).await;
+        assert!(stream.is_open(), "kept within the grace");
+        stream.closed().await;
+        assert!(watches.is_empty());
+        cancel.cancel();
+    }
+
+    /// A watch the API server refuses fails the subscription with the server's reason and is
+    /// forgotten: the next subscription starts a new one.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_watch_fails_the_subscription_and_is_forgotten() {
+        let cancel = CancellationToken::new();
+        let (client, mut api) = ApiServer::start();
+        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let member = Member::join("g", alone(), &cancel);
+        let subscribed = subscribe(&watches, &member);
+        api.next()
+            .await
+            .refuse(403, "Forbidden", "configmaps is forbidden");
+        let refused = within("the subscription ended", subscribed)
+            .await
+            .expect("joined");
+        assert!(
+            matches!(&refused, Err(WatchError::Rejected { code: 403, message, .. }) if message.contains("forbidden")),
+            "{refused:?}"
+        );
+        assert!(watches.is_empty());
+        let again = subscribe(&watches, &member);
+        let list = api.next().await;
+        assert!(list.is_paged_list(), "a new watch lists: {:?}", list.query);
+        list.list(10, &[]);
+        api.next().await.open();
+        within("the subscription ended", again)
+            .await
+            .expect("joined")
+            .expect("subscribed");
+        cancel.cancel();
+    }
+}

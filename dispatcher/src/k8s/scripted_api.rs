@@ -1,0 +1,304 @@
+//! A scripted API server for the watches' unit tests: `tower_test`'s mock service behind a
+//! real `kube::Client`. A test answers the requests of the code under test one by one (a list,
+//! an error, a watch stream it writes events to) and checks what it asks next, and when, on a
+//! paused clock.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
+use kube::client::Body;
+use kube_dispatch_core::{
+    handover::Slice,
+    queue::{Delivery, Outcome, QueueConfig, SessionId, pool::BodyPool},
+    recent_deletions::RecentDeletionsConfig,
+    subscription::{GroupSpec, ResourceId, WatchKey},
+};
+use kube_dispatch_proto::Ring;
+use kube_dispatch_runtime::auth::GroupId;
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tower_test::mock;
+
+use crate::group::{Group, SessionSlot};
+
+type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Longest a test waits (in the paused clock) for the next request.
+pub(super) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A request, as the API server reads it.
+#[derive(Debug)]
+pub(super) struct Asked {
+    /// Whether it is a watch (else a list).
+    pub watch: bool,
+    /// Its query parameters.
+    pub query: Vec<(String, String)>,
+    respond: mock::SendResponse<Response<ResponseBody>>,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+impl Asked {
+    pub(super) fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(super) fn is_paged_list(&self) -> bool {
+        !self.watch && self.param("limit").is_some()
+    }
+
+    pub(super) fn is_whole_list(&self) -> bool {
+        !self.watch && self.param("limit").is_none()
+    }
+
+    pub(super) fn streams_list(&self) -> bool {
+        self.watch && self.param("sendInitialEvents") == Some("true")
+    }
+
+    /// Answers a list of `objects` at `resource_version`.
+    pub(super) fn list(self, resource_version: u64, objects: &[(&str, u64)]) {
+        let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
+        let body = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
+            items.join(",")
+        );
+        self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
+    /// Answers with an error status.
+    pub(super) fn refuse(self, code: u16, reason: &str, message: &str) {
+        let status = StatusCode::from_u16(code).expect("a status code");
+        self.respond
+            .send_response(answer(status, status_json(code, reason, message)));
+    }
+
+    /// Answers with a body that ends before its JSON does.
+    pub(super) fn cut_short(self, objects: &[(&str, u64)]) {
+        let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
+        let body = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"9"}},"items":[{},"#,
+            items.join(",")
+        );
+        self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
+    /// Opens a watch stream; its events are sent through the returned sender, and dropping the
+    /// sender ends it.
+    pub(super) fn open(self) -> Stream {
+        let (tx, rx) = mpsc::unbounded_channel::<Result<Frame<Bytes>, Infallible>>();
+        let frames = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|frame| (frame, rx))
+        });
+        let body = StreamBody::new(frames).boxed_unsync();
+        self.respond.send_response(
+            Response::builder()
+                .status(StatusCode::OK)
+                .body(body)
+                .expect("a response"),
+        );
+        Stream(tx)
+    }
+}
+
+/// An open watch stream.
+pub(super) struct Stream(mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>);
+
+impl Stream {
+    pub(super) fn send(&self, kind: &str, object: String) {
+        let line = format!(r#"{{"type":"{kind}","object":{object}}}"#) + "\n";
+        self.0
+            .send(Ok(Frame::data(Bytes::from(line))))
+            .expect("the watch is still read");
+    }
+
+    /// Whether the client still reads the stream.
+    pub(super) fn is_open(&self) -> bool {
+        !self.0.is_closed()
+    }
+
+    /// Waits until the client stops reading the stream.
+    pub(super) async fn closed(&self) {
+        tokio::time::timeout(PATIENCE, self.0.closed())
+            .await
+            .expect("the watch was dropped within a minute");
+    }
+
+    pub(super) fn gone(&self) {
+        self.send(
+            "ERROR",
+            status_json(410, "Expired", "too old resource version"),
+        );
+    }
+}
+
+fn answer(status: StatusCode, body: String) -> Response<ResponseBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            http_body_util::Full::new(Bytes::from(body))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
+        .expect("a response")
+}
+
+/// A ConfigMap `name` of namespace `ns` at `resource_version`, as the API server sends it.
+pub(super) fn object(name: &str, resource_version: u64) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}"}},"data":{{"k":"v"}}}}"#
+    )
+}
+
+fn status_json(code: u16, reason: &str, message: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"Status","metadata":{{}},"status":"Failure","message":"{message}","reason":"{reason}","code":{code}}}"#
+    )
+}
+
+/// The scripted API server: the requests of the client [`ApiServer::start`] gives.
+pub(super) struct ApiServer(mock::Handle<Request<Body>, Response<ResponseBody>>);
+
+impl ApiServer {
+    /// A client whose requests this server answers.
+    pub(super) fn start() -> (kube::Client, Self) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<ResponseBody>>();
+        (kube::Client::new(service, "default"), Self(handle))
+    }
+
+    /// The next request; fails the test if none comes within [`PATIENCE`].
+    pub(super) async fn next(&mut self) -> Asked {
+        let (request, respond) = tokio::time::timeout(PATIENCE, self.0.next_request())
+            .await
+            .expect("the API server was asked something within a minute")
+            .expect("the client is alive");
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/configmaps",
+            "the watch asks for its resource"
+        );
+        let query = request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k.to_owned(), v.to_owned())
+            })
+            .collect::<Vec<_>>();
+        Asked {
+            watch: query.iter().any(|(k, v)| k == "watch" && v == "true"),
+            query,
+            respond,
+            at: Instant::now(),
+        }
+    }
+
+    /// Whether nothing more is asked within [`PATIENCE`] (the client may be gone).
+    pub(super) async fn asks_nothing_more(&mut self) -> bool {
+        tokio::time::timeout(PATIENCE, self.0.next_request())
+            .await
+            .map_or(true, |r| r.is_none())
+    }
+}
+
+/// The watch of ConfigMaps in every namespace.
+pub(super) fn config_maps() -> WatchKey {
+    WatchKey {
+        resource: ResourceId {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        },
+        namespace: String::new(),
+        label_selector: String::new(),
+        field_selector: String::new(),
+    }
+}
+
+/// The slice of the only dispatcher of a ring: every key is served here.
+pub(super) fn alone() -> watch::Receiver<Arc<Slice>> {
+    watch::channel(Arc::new(Slice::fixed("d0", Ring::new(["d0"])))).1
+}
+
+/// The session of the groups [`Member::join`] makes.
+pub(super) const SESSION: SessionId = 1;
+
+/// A group with one session ([`SESSION`]), as a replica sees it.
+pub(super) struct Member {
+    /// The group.
+    pub group: Arc<Group>,
+    slot: Arc<SessionSlot>,
+}
+
+impl Member {
+    /// A group `name` on `slice`, with one session.
+    pub(super) fn join(
+        name: &str,
+        slice: watch::Receiver<Arc<Slice>>,
+        cancel: &CancellationToken,
+    ) -> Self {
+        let group = Group::spawn(
+            GroupId::shared(name),
+            GroupSpec::new(Vec::new()),
+            QueueConfig::default(),
+            BodyPool::unbounded(),
+            RecentDeletionsConfig::NONE,
+            slice,
+            cancel.clone(),
+        );
+        let (slot, _) = group
+            .add_session(SESSION, "s1".into(), "r1", Duration::from_secs(3600), None)
+            .expect("a session");
+        Self { group, slot }
+    }
+
+    /// Waits until the session is woken: keys became ready for it.
+    pub(super) async fn woken(&self) {
+        tokio::time::timeout(PATIENCE, self.slot.notify.notified())
+            .await
+            .expect("keys became ready within a minute");
+    }
+
+    /// Everything ready for the session, each acknowledged: `(name, deleted)` in key order.
+    pub(super) fn delivered(&self) -> Vec<(String, bool)> {
+        let taken: Vec<Delivery> = self.group.take(SESSION, 1000, usize::MAX);
+        let acks = taken.iter().map(|d| (d.id, Outcome::Success)).collect();
+        self.group.ack(SESSION, acks);
+        let mut out: Vec<(String, bool)> = taken
+            .into_iter()
+            .map(|d| {
+                let name = d.key.rsplit('/').next().unwrap_or_default().to_owned();
+                (name, d.deleted)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// `(name, deleted)` pairs, as [`Member::delivered`] gives them.
+pub(super) fn named(names: &[(&str, bool)]) -> Vec<(String, bool)> {
+    names.iter().map(|(n, d)| ((*n).to_owned(), *d)).collect()
+}
+
+/// `future`'s output, failing the test with `what` if it takes longer than [`PATIENCE`] (on a
+/// paused clock, a wait that nothing will end fails at once instead of hanging).
+pub(super) async fn within<F: std::future::Future>(what: &str, future: F) -> F::Output {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within a minute"))
+}

@@ -1,0 +1,239 @@
+//! The watch task against a scripted API server ([`crate::k8s::scripted_api`]) and a paused
+//! clock: what it asks after each answer, when, and what its group was given.
+
+use std::sync::Arc;
+
+use kube_dispatch_core::subscription::Payload;
+use std::time::Duration;
+use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{Controls, Readiness, WatchError, WatchTask};
+use crate::{
+    config::ListMode,
+    k8s::{
+        fan_out::Subscriber,
+        scripted_api::{ApiServer, Member, alone, config_maps, named, object},
+    },
+};
+
+/// The task of a watch of ConfigMaps in every namespace, listing the `mode` way, with one group
+/// subscribed, against a scripted API server.
+struct Scripted {
+    api: ApiServer,
+    member: Member,
+    readiness: watch::Receiver<Readiness>,
+    cancel: CancellationToken,
+}
+
+impl Scripted {
+    fn start(mode: ListMode) -> Self {
+        let (client, api) = ApiServer::start();
+        let cancel = CancellationToken::new();
+        let slice = alone();
+        let member = Member::join("g", slice.clone(), &cancel);
+        let (readiness_tx, readiness) = watch::channel(Readiness::Starting);
+        let task = WatchTask::new(
+            client,
+            config_maps(),
+            mode,
+            slice,
+            Controls {
+                counts: Arc::default(),
+                subscribers: Arc::new(std::sync::RwLock::new(vec![Subscriber {
+                    group: member.group.clone(),
+                    payload: Payload::KeyOnly,
+                    owner: None,
+                }])),
+                joined: Arc::default(),
+                readiness: readiness_tx,
+            },
+        );
+        tokio::spawn(task.run(cancel.clone()));
+        Self {
+            api,
+            member,
+            readiness,
+            cancel,
+        }
+    }
+
+    async fn next(&mut self) -> crate::k8s::scripted_api::Asked {
+        self.api.next().await
+    }
+
+    fn delivered(&self) -> Vec<(String, bool)> {
+        self.member.delivered()
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// A watch that expires (410 Gone) lists again at once, and the list's sweep delivers the
+/// deletion made while it was away; the unchanged object is not delivered again, and the watch
+/// resumes from the new list.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_expires_lists_again_at_once_and_delivers_what_was_deleted_meanwhile() {
+    let mut api = Scripted::start(ListMode::Paged);
+    let list = api.next().await;
+    assert!(list.is_paged_list(), "a paged list first: {:?}", list.query);
+    list.list(10, &[("a", 5), ("b", 6)]);
+    let watch = api.next().await;
+    assert!(watch.watch);
+    assert_eq!(watch.param("resourceVersion"), Some("10"));
+    assert!(matches!(*api.readiness.borrow(), Readiness::Ready));
+    assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
+    let stream = watch.open();
+    let expired = Instant::now();
+    stream.gone();
+    let again = api.next().await;
+    assert!(again.is_paged_list(), "listed again: {:?}", again.query);
+    assert_eq!(
+        again.at - expired,
+        Duration::ZERO,
+        "a 410 Gone lists again without waiting"
+    );
+    // b was deleted while the watch was away.
+    again.list(20, &[("a", 5)]);
+    let resumed = api.next().await;
+    assert!(resumed.watch);
+    assert_eq!(resumed.param("resourceVersion"), Some("20"));
+    assert_eq!(api.delivered(), named(&[("b", true)]));
+}
+
+/// A server that refuses streaming lists (no WatchList feature) is listed in pages instead, at
+/// once, and the watch becomes ready.
+#[tokio::test(start_paused = true)]
+async fn a_refused_streaming_list_is_made_in_pages_at_once() {
+    let mut api = Scripted::start(ListMode::Stream);
+    let first = api.next().await;
+    assert!(
+        first.streams_list(),
+        "a streaming list first: {:?}",
+        first.query
+    );
+    let refused = Instant::now();
+    first.refuse(
+        422,
+        "Invalid",
+        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+    );
+    let list = api.next().await;
+    assert!(list.is_paged_list(), "then a paged list: {:?}", list.query);
+    assert_eq!(list.at - refused, Duration::ZERO);
+    list.list(10, &[("a", 5)]);
+    let watch = api.next().await;
+    assert!(watch.watch && !watch.streams_list());
+    assert!(matches!(*api.readiness.borrow(), Readiness::Ready));
+    assert_eq!(api.delivered(), named(&[("a", false)]));
+}
+
+/// A whole list cut short (a resource too large to list in one response in time) is made in
+/// pages instead, at once; what arrived before the cut is not lost.
+#[tokio::test(start_paused = true)]
+async fn a_whole_list_cut_short_is_made_in_pages_at_once() {
+    let mut api = Scripted::start(ListMode::Whole);
+    let first = api.next().await;
+    assert!(
+        first.is_whole_list(),
+        "a whole list first: {:?}",
+        first.query
+    );
+    let cut = Instant::now();
+    first.cut_short(&[("a", 5)]);
+    let list = api.next().await;
+    assert!(list.is_paged_list(), "then a paged list: {:?}", list.query);
+    assert_eq!(list.at - cut, Duration::ZERO);
+    list.list(10, &[("a", 5), ("b", 6)]);
+    let watch = api.next().await;
+    assert!(watch.watch);
+    assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
+}
+
+/// A watch the API server ends (its timeout) is resumed from the last resourceVersion it
+/// showed, with no list; the change it showed before it ended is delivered.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_ends_resumes_from_where_it_was_without_listing() {
+    let mut api = Scripted::start(ListMode::Paged);
+    api.next().await.list(10, &[("a", 5)]);
+    let watch = api.next().await;
+    assert_eq!(api.delivered(), named(&[("a", false)]));
+    let stream = watch.open();
+    stream.send("MODIFIED", object("a", 11));
+    drop(stream);
+    let resumed = api.next().await;
+    assert!(resumed.watch, "no list: {:?}", resumed.query);
+    assert_eq!(resumed.param("resourceVersion"), Some("11"));
+    assert_eq!(api.delivered(), named(&[("a", false)]));
+}
+
+/// Other errors wait before the watch tries again, 125 ms at first, longer each time but never
+/// over 2 s.
+#[tokio::test(start_paused = true)]
+async fn a_failing_watch_waits_longer_each_time_within_two_seconds() {
+    let mut api = Scripted::start(ListMode::Paged);
+    api.next().await.list(10, &[("a", 5)]);
+    let mut waits = Vec::new();
+    let mut failed = None;
+    for _ in 0..7 {
+        let watch = api.next().await;
+        assert!(
+            watch.watch,
+            "the watch is tried again, with no list: {:?}",
+            watch.query
+        );
+        if let Some(failed) = failed {
+            waits.push(watch.at - failed);
+        }
+        failed = Some(Instant::now());
+        watch.refuse(500, "InternalError", "etcd is unavailable");
+    }
+    assert!(
+        waits.iter().all(|w| *w >= Duration::from_millis(125)),
+        "every error waits: {waits:?}"
+    );
+    assert!(
+        waits.iter().all(|w| *w <= Duration::from_secs(2)),
+        "no wait is over 2 s: {waits:?}"
+    );
+    assert!(
+        waits[0] < Duration::from_millis(500),
+        "the first is short: {waits:?}"
+    );
+}
+
+/// A watch the API server refuses before it started (a 403: no permission) fails its first
+/// list with the server's reason, and the task stops asking.
+#[tokio::test(start_paused = true)]
+async fn a_refused_watch_fails_with_the_reason_and_stops() {
+    let mut api = Scripted::start(ListMode::Paged);
+    api.next().await.refuse(
+        403,
+        "Forbidden",
+        "configmaps is forbidden: User cannot list resource",
+    );
+    let failed = tokio::time::timeout(
+        crate::k8s::scripted_api::PATIENCE,
+        api.readiness
+            .wait_for(|r| !matches!(r, Readiness::Starting)),
+    )
+    .await
+    .expect("the watch gave up within a minute")
+    .expect("the task said why")
+    .clone();
+    match failed {
+        Readiness::Failed(WatchError::Rejected { code, message, .. }) => {
+            assert_eq!(code, 403);
+            assert!(message.contains("forbidden"), "{message}");
+        }
+        other => panic!("the watch failed with the server's reason, not {other:?}"),
+    }
+    assert!(
+        api.api.asks_nothing_more().await,
+        "the task asks nothing more"
+    );
+}
