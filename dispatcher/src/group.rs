@@ -57,6 +57,21 @@ pub struct SessionSlot {
 struct State {
     queue: GroupQueue,
     partition: Partition,
+    /// The live sessions: how each is woken and when it expires. The queue keeps, under the
+    /// same ids, what each is handed (its ready keys, its keys in flight); both change together
+    /// under the state lock, so no session is in one and not the other.
+    sessions: HashMap<SessionId, Arc<SessionSlot>>,
+}
+
+impl State {
+    /// Wakes `sessions` (they have ready keys, or ended).
+    fn wake(&self, sessions: Vec<SessionId>) {
+        for id in sessions {
+            if let Some(slot) = self.sessions.get(&id) {
+                slot.notify.notify_one();
+            }
+        }
+    }
 }
 
 /// One controller group.
@@ -72,7 +87,6 @@ pub struct Group {
     /// The keys this dispatcher serves; read under the state lock on every change, so no key
     /// outside it enters the queue once [`Group::apply_slice`] has run.
     slice: watch::Receiver<Arc<Slice>>,
-    sessions: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
     /// Cancelled when the group is dropped from the dispatcher; ends the tasks that serve it.
@@ -117,9 +131,9 @@ impl Group {
             state: Mutex::new(State {
                 queue: GroupQueue::with_pool(config, bodies),
                 partition,
+                sessions: HashMap::new(),
             }),
             slice,
-            sessions: Mutex::new(HashMap::new()),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
             work_duration: duration_histogram(),
@@ -134,29 +148,19 @@ impl Group {
         self.dropped.cancelled().await;
     }
 
+    /// The state, to read it.
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would leave the queue unusable: recover the data, the
         // queue's operations keep their invariants step by step.
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // Keys made ready under this lock became ready now (`workqueue_queue_duration_seconds`).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, to change it now: keys the change makes ready became ready now
+    /// (`workqueue_queue_duration_seconds`).
+    fn state_now(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state();
         state.queue.at(Self::now());
         state
-    }
-
-    fn slots(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<SessionSlot>>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn wake(&self, sessions: Vec<SessionId>) {
-        if sessions.is_empty() {
-            return;
-        }
-        let slots = self.slots();
-        for id in sessions {
-            if let Some(slot) = slots.get(&id) {
-                slot.notify.notify_one();
-            }
-        }
     }
 
     /// Adds a session of `replica` opened by `opener`; returns its slot and the slots of the
@@ -180,23 +184,24 @@ impl Group {
             wire_id,
             opener: opener.map(str::to_owned),
         });
-        let (wake, replaced) = {
-            // The state's lock, then the slots': the order every path takes.
-            let queue = &mut self.state().queue;
-            let mut slots = self.slots();
-            if let Some(holder) = slots.values().find_map(|s| {
+        let replaced = {
+            let mut state = self.state_now();
+            let State {
+                queue, sessions, ..
+            } = &mut *state;
+            if let Some(holder) = sessions.values().find_map(|s| {
                 let theirs = s.opener.as_deref()?;
                 (s.replica == replica && opener.is_some_and(|o| o != theirs))
                     .then(|| theirs.to_owned())
             }) {
                 return Err(holder);
             }
-            let before: Vec<SessionId> = slots.keys().copied().collect();
+            let before: Vec<SessionId> = sessions.keys().copied().collect();
             // The replica's older session: whoever holds it (the replica before a restart, a
             // second process with its id) may still run what it was handed, so those keys stay
             // in flight until it would have expired.
             let mut wake = Vec::new();
-            for (old, slot) in slots.iter().filter(|(_, s)| s.replica == replica) {
+            for (old, slot) in sessions.iter().filter(|(_, s)| s.replica == replica) {
                 let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
                 wake.extend(queue.remove_session_holding(*old, until.into_std()));
             }
@@ -204,17 +209,17 @@ impl Group {
             let mut replaced = Vec::new();
             for old in before {
                 if !queue.has_session(old)
-                    && let Some(old) = slots.remove(&old)
+                    && let Some(old) = sessions.remove(&old)
                 {
                     old.notify.notify_one();
                     replaced.push(old);
                 }
             }
-            slots.insert(id, slot.clone());
-            (wake, replaced)
+            sessions.insert(id, slot.clone());
+            state.wake(wake);
+            replaced
         };
         self.timers_changed.notify_one();
-        self.wake(wake);
         Ok((slot, replaced))
     }
 
@@ -223,47 +228,70 @@ impl Group {
     /// until it would have expired, by when its client has fenced itself; see
     /// [`GroupQueue::remove_session_holding`].
     pub fn close_session(&self, id: SessionId) {
-        let until = self
-            .slots()
-            .get(&id)
-            .map(|slot| *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()));
-        let Some(until) = until else {
-            return;
-        };
-        let wake = self
-            .state()
-            .queue
-            .remove_session_holding(id, until.into_std());
-        if let Some(slot) = self.slots().remove(&id) {
+        {
+            let mut state = self.state_now();
+            let Some(slot) = state.sessions.remove(&id) else {
+                return;
+            };
+            let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
+            let wake = state.queue.remove_session_holding(id, until.into_std());
             slot.notify.notify_one();
+            state.wake(wake);
         }
         self.timers_changed.notify_one();
-        self.wake(wake);
     }
 
     /// Removes a session that expired (or every session, when draining): its in-flight keys
     /// are re-delivered at once.
     pub fn remove_session(&self, id: SessionId) {
-        let wake = self.state().queue.remove_session(id);
-        if let Some(slot) = self.slots().remove(&id) {
+        let mut state = self.state_now();
+        let wake = state.queue.remove_session(id);
+        if let Some(slot) = state.sessions.remove(&id) {
             slot.notify.notify_one();
         }
-        self.wake(wake);
+        state.wake(wake);
+    }
+
+    /// Removes the sessions not renewed by `now`, as [`Group::remove_session`] does; returns
+    /// them.
+    pub fn expire_sessions(&self, now: Instant) -> Vec<Arc<SessionSlot>> {
+        let mut state = self.state_now();
+        let expired: Vec<SessionId> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| *s.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut slots = Vec::with_capacity(expired.len());
+        for id in expired {
+            let wake = state.queue.remove_session(id);
+            if let Some(slot) = state.sessions.remove(&id) {
+                slot.notify.notify_one();
+                slots.push(slot);
+            }
+            state.wake(wake);
+        }
+        slots
+    }
+
+    /// The live session `id`, if it still is (a newer session of its replica replaces it).
+    pub fn session(&self, id: SessionId) -> Option<Arc<SessionSlot>> {
+        self.state().sessions.get(&id).cloned()
     }
 
     /// Whether the session is live in this group.
     pub fn has_session(&self, id: SessionId) -> bool {
-        self.slots().contains_key(&id)
+        self.state().sessions.contains_key(&id)
     }
 
     /// Whether `replica` holds a live session of the group.
     pub fn has_replica(&self, replica: &str) -> bool {
-        self.slots().values().any(|s| s.replica == replica)
+        self.state().sessions.values().any(|s| s.replica == replica)
     }
 
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
-        self.slots().len()
+        self.state().sessions.len()
     }
 
     /// The state, with the queue trimmed to the slice current now ([`Partition::apply`], which
@@ -271,9 +299,11 @@ impl Group {
     /// trim woke. Every decision against the slice is taken on a queue trimmed to it, under the
     /// state lock: a key the ring just moved away is already known to be on its way out.
     fn current(&self) -> (MutexGuard<'_, State>, Arc<Slice>, Vec<SessionId>) {
-        let mut state = self.state();
+        let mut state = self.state_now();
         let slice = self.slice.borrow().clone();
-        let State { queue, partition } = &mut *state;
+        let State {
+            queue, partition, ..
+        } = &mut *state;
         let (wake, _) = partition.apply(&slice, queue, Self::now());
         (state, slice, wake)
     }
@@ -283,13 +313,12 @@ impl Group {
     /// ([`Partition::record`]), against the slice current now, on a queue trimmed to it, under
     /// the state lock.
     pub fn apply(&self, event: GroupEvent<'_>) {
-        let wake = {
-            let (mut state, slice, mut wake) = self.current();
-            let State { queue, partition } = &mut *state;
-            wake.extend(partition.record(&slice, queue, event, Self::now()));
-            wake
-        };
-        self.wake(wake);
+        let (mut state, slice, mut wake) = self.current();
+        let State {
+            queue, partition, ..
+        } = &mut *state;
+        wake.extend(partition.record(&slice, queue, event, Self::now()));
+        state.wake(wake);
     }
 
     /// The remembered deletions of keys `identity` owns on `ring`, for a peer that starts
@@ -316,13 +345,13 @@ impl Group {
     /// whether a key this dispatcher no longer owns is still queued or in flight, which holds
     /// back the release of the ring.
     pub fn apply_slice(&self) -> bool {
-        let (wake, pending) = {
-            let mut state = self.state();
-            let slice = self.slice.borrow().clone();
-            let State { queue, partition } = &mut *state;
-            partition.apply(&slice, queue, Self::now())
-        };
-        self.wake(wake);
+        let mut state = self.state_now();
+        let slice = self.slice.borrow().clone();
+        let State {
+            queue, partition, ..
+        } = &mut *state;
+        let (wake, pending) = partition.apply(&slice, queue, Self::now());
+        state.wake(wake);
         pending
     }
 
@@ -338,15 +367,13 @@ impl Group {
 
     /// The group's figures now.
     pub fn figures(&self) -> GroupFigures {
-        let (queue, (held, remembered)) = {
-            let state = self.state();
-            (state.queue.figures(Self::now()), state.partition.figures())
-        };
+        let state = self.state();
+        let (held, remembered) = state.partition.figures();
         GroupFigures {
-            queue,
+            queue: state.queue.figures(Self::now()),
             held,
             remembered,
-            sessions: self.session_count(),
+            sessions: state.sessions.len(),
         }
     }
 
@@ -362,14 +389,16 @@ impl Group {
 
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
-        let wake = self.state().queue.sweep(epoch, belongs);
-        self.wake(wake);
+        let mut state = self.state_now();
+        let wake = state.queue.sweep(epoch, belongs);
+        state.wake(wake);
     }
 
     /// Resyncs up to `n` keys; see [`GroupQueue::resync_batch`].
     pub fn resync_batch(&self, n: usize) {
-        let wake = self.state().queue.resync_batch(n);
-        self.wake(wake);
+        let mut state = self.state_now();
+        let wake = state.queue.resync_batch(n);
+        state.wake(wake);
     }
 
     /// What the queue knows of `key` now; see [`GroupQueue::key_status`].
@@ -379,7 +408,12 @@ impl Group {
 
     /// The replicas holding live sessions, sorted.
     pub fn replicas(&self) -> Vec<String> {
-        let mut replicas: Vec<String> = self.slots().values().map(|s| s.replica.clone()).collect();
+        let mut replicas: Vec<String> = self
+            .state()
+            .sessions
+            .values()
+            .map(|s| s.replica.clone())
+            .collect();
         replicas.sort();
         replicas
     }
@@ -393,11 +427,11 @@ impl Group {
     pub fn ack(&self, session: SessionId, acks: Vec<(DeliveryId, Outcome)>) -> usize {
         let now = Self::now();
         let mut unknown = 0;
-        let mut wake = Vec::new();
         {
-            let queue = &mut self.state().queue;
+            let mut state = self.state_now();
+            let mut wake = Vec::new();
             for (id, outcome) in acks {
-                let (result, w) = queue.ack(session, id, outcome, now);
+                let (result, w) = state.queue.ack(session, id, outcome, now);
                 match result {
                     AckResult::Unknown => unknown += 1,
                     AckResult::Settled { worked } => {
@@ -406,9 +440,9 @@ impl Group {
                 }
                 wake.extend(w);
             }
+            state.wake(wake);
         }
         self.timers_changed.notify_one();
-        self.wake(wake);
         unknown
     }
 
@@ -416,7 +450,7 @@ impl Group {
     /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]).
     pub fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
         let out = {
-            let queue = &mut self.state().queue;
+            let queue = &mut self.state_now().queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
             // Lease deadline is kept in real time, as the membership loop keeps it.
             if !self.slice.borrow().hands_out(std::time::Instant::now()) {
@@ -461,8 +495,9 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
             () = &mut changed => continue,
             () = sleep => {}
         }
-        let wake = group.state().queue.advance(Group::now());
-        group.wake(wake);
+        let mut state = group.state_now();
+        let wake = state.queue.advance(Group::now());
+        state.wake(wake);
     }
 }
 

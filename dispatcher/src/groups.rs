@@ -22,7 +22,7 @@ use kube_dispatch_core::{
     recent_deletions::RecentDeletionsConfig,
     subscription::GroupSpec,
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId, Identity, NotOwner};
+use kube_dispatch_runtime::auth::{Caller, GroupId, NotOwner};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -183,12 +183,11 @@ pub struct Polled {
     pub held: Duration,
 }
 
+/// Where a session id of the wire leads: its group, and its id there. The group holds the
+/// session itself ([`Group::session`]).
 pub(crate) struct SessionRef {
     pub(crate) group: Arc<Group>,
     pub(crate) id: SessionId,
-    pub(crate) slot: Arc<SessionSlot>,
-    /// Who opened it; `None` when authentication is off.
-    caller: Option<Arc<Identity>>,
 }
 
 pub(crate) struct GroupEntry {
@@ -421,7 +420,7 @@ impl Groups {
             rand::random::<u64>()
         );
         let user = caller.identity().map(|i| i.username.as_str());
-        let (slot, replaced) = group
+        let (_, replaced) = group
             .add_session(id, session_id.clone(), replica, ttl, user)
             .map_err(|holder| SessionError::ReplicaOfAnother {
                 group: group.id.name.clone(),
@@ -439,8 +438,6 @@ impl Groups {
             SessionRef {
                 group: group.clone(),
                 id,
-                slot,
-                caller: caller.identity().cloned(),
             },
         );
         drop(sessions);
@@ -527,7 +524,9 @@ impl Groups {
                 session: session.to_owned(),
             });
         };
-        check_opener(s, session, caller)?;
+        if let Some(slot) = s.group.session(s.id) {
+            check_opener(&slot, session, caller)?;
+        }
         let Some(s) = sessions.remove(session) else {
             return Err(SessionError::NotOpen {
                 session: session.to_owned(),
@@ -556,15 +555,15 @@ impl Groups {
                 identity: self.settings.identity.clone(),
             });
         };
-        check_opener(s, session, caller)?;
-        if !s.group.has_session(s.id) {
+        let Some(slot) = s.group.session(s.id) else {
             // Replaced by a newer session of the same replica.
             sessions.remove(session);
             return Err(SessionError::Replaced {
                 session: session.to_owned(),
             });
-        }
-        Ok((s.group.clone(), s.id, s.slot.clone()))
+        };
+        check_opener(&slot, session, caller)?;
+        Ok((s.group.clone(), s.id, slot))
     }
 
     /// Finds or creates the group for a new session of `replica`; returns it and whether it
@@ -761,25 +760,15 @@ impl Groups {
     /// Expires the sessions not renewed by `now`: their in-flight keys go to the group's other
     /// sessions.
     pub(crate) fn expire_sessions(&self, now: Instant) {
-        let expired: Vec<(String, SessionRef)> = {
-            let mut sessions = self.sessions();
-            let ids: Vec<String> = sessions
-                .iter()
-                .filter(|(_, s)| {
-                    *s.slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now
-                })
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| sessions.remove(&id).map(|s| (id, s)))
-                .collect()
-        };
-        for (id, s) in expired {
-            self.counters
-                .expired_sessions
-                .fetch_add(1, Ordering::Relaxed);
-            info!(session = %id, group = %s.group.id, replica = %s.slot.replica, "session expired: its in-flight keys go to other sessions");
-            s.group.remove_session(s.id);
+        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
+        for group in groups {
+            for slot in group.expire_sessions(now) {
+                self.sessions().remove(&slot.wire_id);
+                self.counters
+                    .expired_sessions
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(session = %slot.wire_id, group = %group.id, replica = %slot.replica, "session expired: its in-flight keys go to other sessions");
+            }
         }
     }
 
@@ -897,11 +886,11 @@ fn renew(slot: &SessionSlot) {
     *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + slot.ttl;
 }
 
-/// Ok if `caller` opened `s` (or nobody is authenticated).
-fn check_opener(s: &SessionRef, session: &str, caller: &Caller) -> Result<(), SessionError> {
-    match (&s.caller, caller.identity()) {
+/// Ok if `caller` opened `session` (or nobody is authenticated).
+fn check_opener(slot: &SessionSlot, session: &str, caller: &Caller) -> Result<(), SessionError> {
+    match (&slot.opener, caller.identity()) {
         (None, _) => Ok(()),
-        (Some(opener), Some(c)) if opener.username == c.username => Ok(()),
+        (Some(opener), Some(c)) if *opener == c.username => Ok(()),
         (Some(_), _) => Err(SessionError::NotYours {
             session: session.to_owned(),
             caller: caller.name().to_owned(),
