@@ -10,7 +10,8 @@
 //! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
 //! | [`partition`] | what a group knows besides its queue as the ring changes: held and remembered deletions |
 //! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
-//! | [`backoff`] | per-key exponential backoff for failed reconciles |
+//! | [`backoff`] | per-key exponential backoff for failed reconciles, and a watch's recovery when it breaks ([`backoff::WatchRetry`]) |
+//! | [`quota`] | how many sessions and groups a tenant may hold, and the body pool's shares when it runs short |
 //! | [`subscription`] | what controller groups subscribe to, validated from the wire |
 //! | [`request`] | acknowledgements from the wire, checked and bounded before the queue acts on them |
 //!
@@ -25,6 +26,7 @@ pub mod key;
 pub mod leases;
 pub mod partition;
 pub mod queue;
+pub mod quota;
 pub mod recent_deletions;
 pub mod request;
 pub mod subscription;

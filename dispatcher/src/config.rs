@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use kube_dispatch_core::queue::{QueueConfig, pool::BodyPool};
+use kube_dispatch_core::{
+    queue::{QueueConfig, pool::BodyPool},
+    quota::Quotas,
+};
 use kube_dispatch_proto::RingKey;
 pub use kube_dispatch_runtime::bounds::ServerLimits;
 use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
@@ -42,6 +45,18 @@ pub struct Limits {
     pub max_poll_bytes: usize,
     /// Most acks in one request.
     pub max_acks: usize,
+}
+
+impl Limits {
+    /// The limits on sessions and groups, as the table's rules take them.
+    pub fn quotas(&self) -> Quotas {
+        Quotas {
+            max_sessions: self.max_sessions,
+            max_sessions_per_group: self.max_sessions_per_group,
+            max_sessions_per_identity: self.max_sessions_per_identity,
+            max_groups_per_identity: self.max_groups_per_identity,
+        }
+    }
 }
 
 impl Default for Limits {

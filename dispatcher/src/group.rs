@@ -1,11 +1,11 @@
 //! A controller group on this dispatcher: its subscriptions, its work queue and its sessions.
 //!
-//! One file past 600 lines: the second half is its tests, which drive the group with a paused
-//! clock.
-//!
-//! The [`GroupQueue`] and its [`Partition`] hold the logic, under one lock; this module adds the
-//! slice, the clock and the wake-ups: each session has a [`Notify`] its long-poll waits on, and a
-//! driver task fires the queue's timers. Locks: the state, then the sessions, never the other way.
+//! The [`GroupQueue`] and its [`Partition`] hold the logic; this module adds the slice, the
+//! clock and the wake-ups. The queue, the partition and the live sessions are one state under
+//! one lock: each session is a [`SessionSlot`] (the [`Notify`] its long poll waits on, its
+//! expiry) beside the queue's half of it (its ready keys, its keys in flight), and both change
+//! together. A driver task fires the queue's timers. The tests at the end drive a group on a
+//! paused clock.
 
 use kube_dispatch_runtime::{auth::GroupId, authz::ResourceAccess};
 use std::{

@@ -8,10 +8,10 @@ use kube_dispatch_runtime::auth::GroupId;
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::{group::Group, groups::Groups};
+use crate::{group::Group, table::GroupTable};
 
 /// Runs until `groups` shuts down.
-pub(crate) async fn run(groups: Arc<Groups>) {
+pub(crate) async fn run(groups: Arc<GroupTable>) {
     const TICK: Duration = Duration::from_millis(250);
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -12,9 +12,9 @@
 //! | --- | --- |
 //! | [`config`] | every setting: what `serve` runs with, membership and Leases, the table, client limits |
 //! | [`serve`] | wiring: watches, groups, membership and the gRPC server; the drain |
-//! | [`groups`] | the group and session table: open, poll, ack, close, in domain terms |
+//! | [`table`] | the group table: groups made and dropped, sessions found by their wire id; open, poll, ack, close, in domain terms |
 //! | [`security`] | who may do what: TLS, authenticated callers, read access per group, Peer callers |
-//! | [`group`] | one controller group: its queue and partition under one lock, wake-ups, timers |
+//! | [`group`] | one controller group: its queue, partition and sessions under one lock, wake-ups, timers |
 //! | [`metrics`] | the groups' metrics at each scrape: controller-runtime's `workqueue_*` and kube-dispatch's own |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
@@ -24,10 +24,10 @@
 
 pub mod config;
 pub mod group;
-pub mod groups;
 pub mod grpc;
 mod housekeeping;
 pub mod k8s;
 pub mod metrics;
 pub mod security;
 pub mod serve;
+pub mod table;

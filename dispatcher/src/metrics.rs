@@ -35,7 +35,7 @@
 //! A group's series go when the group is dropped (after `--idle-group-grace` without sessions)
 //! and its counters start again from zero if it comes back. No label names a key or an object.
 //!
-//! The dispatcher as a whole ([`RingMetrics`], and [`GroupsCollector`] for the table):
+//! The dispatcher as a whole ([`RingMetrics`], and [`GroupTableCollector`] for the table):
 //!
 //! | metric | type | what |
 //! | --- | --- | --- |
@@ -90,8 +90,8 @@ use prometheus_client::{
 
 use crate::{
     group::GroupFigures,
-    groups::Groups,
     k8s::watches::{WatchCounts, WatchFigures},
+    table::GroupTable,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,11 +124,11 @@ struct OutcomeLabels {
 /// Reads every group's figures at each scrape. Holds the groups weakly: a registry outliving
 /// its dispatcher (tests) encodes nothing.
 #[derive(Debug)]
-pub struct GroupsCollector(Weak<Groups>);
+pub struct GroupTableCollector(Weak<GroupTable>);
 
-impl GroupsCollector {
+impl GroupTableCollector {
     /// A collector of `groups`' metrics.
-    pub fn new(groups: &Arc<Groups>) -> Self {
+    pub fn new(groups: &Arc<GroupTable>) -> Self {
         Self(Arc::downgrade(groups))
     }
 }
@@ -156,7 +156,7 @@ const REASONS: [(usize, &str); 7] = [
     (7, "owned"),
 ];
 
-impl Collector for GroupsCollector {
+impl Collector for GroupTableCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         let Some(groups) = self.0.upgrade() else {
             return Ok(());

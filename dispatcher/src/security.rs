@@ -5,7 +5,7 @@
 //!   the group subscribes to (owned kinds included), checked at OpenSession and again on polls
 //!   once the decision is older than `--authorization-recheck`;
 //! - groups are scoped by identity (`kube_dispatch_runtime::auth::GroupId`), and a session
-//!   belongs to the identity that opened it (`crate::groups`);
+//!   belongs to the identity that opened it (`crate::table`);
 //! - `Operator/Key` answers for a group only when the caller may `get` its resources
 //!   ([`Guard::may_get_in`]);
 //! - only the dispatchers' own identity may call the Peer service;

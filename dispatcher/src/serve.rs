@@ -25,7 +25,6 @@ use tracing::{info, warn};
 
 use crate::{
     config::{Membership, ServeConfig},
-    groups::Groups,
     grpc::{
         dispatcher::DispatcherService,
         operator::{DrainHandle, DrainState, Drained, OperatorService},
@@ -33,8 +32,9 @@ use crate::{
     },
     housekeeping,
     k8s::{discovery::Resolver, membership, watches::Watches},
-    metrics::{GroupsCollector, RingMetrics},
+    metrics::{GroupTableCollector, RingMetrics},
     security::Guard,
+    table::GroupTable,
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 
@@ -67,7 +67,7 @@ pub enum ServeError {
 #[derive(Debug, Clone)]
 pub struct Handles {
     /// The group and session table.
-    pub groups: Arc<Groups>,
+    pub groups: Arc<GroupTable>,
     /// What the dispatcher serves, as it changes.
     pub slice: watch::Receiver<Arc<Slice>>,
 }
@@ -138,7 +138,7 @@ pub async fn serve(
         Connections::new(config.server, refusals.clone()),
     )?;
     let resolver = Resolver::new(client.clone());
-    let groups = Groups::new(
+    let groups = GroupTable::new(
         config.settings.clone(),
         watches,
         slice_rx.clone(),
@@ -148,7 +148,7 @@ pub async fn serve(
     );
     config
         .metrics
-        .register_collector(GroupsCollector::new(&groups));
+        .register_collector(GroupTableCollector::new(&groups));
     tokio::spawn(housekeeping::run(groups.clone()));
     let members_stop = CancellationToken::new();
     let clean = Arc::new(AtomicBool::new(false));

@@ -3,8 +3,8 @@
 //! queues, the handover gate, controller replicas with their fencing, and the network between
 //! them, under crashes, restarts, cuts, lost and reordered messages and drifting clocks.
 //!
-//! One file past 600 lines, because the model is one transition function over one state; its
-//! tests, a third of the file, replay paths through it.
+//! The model is one transition function over one state; the tests at the end replay paths
+//! through it.
 //!
 //! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
 //! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
@@ -81,11 +81,11 @@
 //!   each has a queue and a partition of its own at every dispatcher (a key of the model's
 //!   dispatchers and replicas is an entry per group and object), a replica takes only its
 //!   group's keys, and a dispatcher releases its ring only once every group's queue has handed
-//!   over (`Slice::released`, asked of each group by `Groups::release_ring`).
+//!   over (`Slice::released`, asked of each group by `GroupTable::release_ring`).
 //!
 //! - **Groups made lazily** (`Config::lazy_groups`): a group exists at a dispatcher only from
 //!   the first session one of its replicas opens there since the dispatcher started, as
-//!   `Groups::open` makes it; it is then shown what exists and asks the peers for the
+//!   `GroupTable::open` makes it; it is then shown what exists and asks the peers for the
 //!   deletions they remember. The checker finds a deletion lost this way when the only peer
 //!   that remembers it restarts too (a known gap, `dispatcher/HANDOVER.md`), so the other
 //!   checks make every group at start. The model makes, lists and asks in one step, where the
@@ -268,12 +268,12 @@ pub struct Config {
     pub replicas: usize,
     /// Controller groups subscribed to the same objects (1 or 2). Each has a queue and a
     /// partition of its own at every dispatcher, and a dispatcher releases its ring only once
-    /// every group's queue has handed over (`Groups::release_ring`).
+    /// every group's queue has handed over (`GroupTable::release_ring`).
     pub groups: usize,
     /// Keys (1 or 2): objects, each queued once per group.
     pub keys: usize,
     /// Whether a controller group exists at a dispatcher only once one of its replicas opened
-    /// a session there since the dispatcher started (as `Groups::open` makes it; its watch's
+    /// a session there since the dispatcher started (as `GroupTable::open` makes it; its watch's
     /// list then shows it what exists, and it asks the peers for the deletions they remember),
     /// rather than at every dispatcher from the start. Groups are never dropped.
     pub lazy_groups: bool,
@@ -410,7 +410,7 @@ pub struct Dispatcher {
     pub recent: u8,
     /// The controller groups that exist here (a bit each): every group from the start, or,
     /// with [`Config::lazy_groups`], those a replica opened a session of since it started
-    /// (`Groups::open`). A group that does not exist records nothing.
+    /// (`GroupTable::open`). A group that does not exist records nothing.
     pub groups: u8,
     /// The groups that have asked its peers for the deletions they remember of their keys
     /// (once each, when the group exists and the dispatcher serves:
@@ -1793,7 +1793,7 @@ impl Model for Protocol {
                 disp.held[ri] = None;
                 let g = self.group_of(ri);
                 if !has(disp.groups, g) {
-                    // The group's first session here makes it (`Groups::open`): its watch's
+                    // The group's first session here makes it (`GroupTable::open`): its watch's
                     // list shows it the objects that exist, and if this dispatcher serves, it
                     // asks its peers for the deletions they remember at once.
                     disp.groups |= bit(g);

@@ -21,7 +21,7 @@
 //! What is mirrored rather than called: which event the dispatcher's watch makes of an object
 //! (`FanOut::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
 //! what the event then means is `Partition::record`, called), and the loop of
-//! `Groups::release_ring` that asks each group, since they live with the I/O in the dispatcher
+//! `GroupTable::release_ring` that asks each group, since they live with the I/O in the dispatcher
 //! crate.
 //!
 //! What is not stepped: the membership loop's I/O around `judge` (the Lease watch's list, the
@@ -537,7 +537,7 @@ impl Real {
                     }
                     self.judge(d);
                     let now = self.now();
-                    // What its queues let it release (`Groups::release_ring`): each group
+                    // What its queues let it release (`GroupTable::release_ring`): each group
                     // trimmed to the slice and asked whether a key that moved away is queued
                     // or in flight there; the model's must agree.
                     let queued = self.processes[d].as_mut().and_then(|p| {

@@ -4,8 +4,8 @@
 //! at random from a seed. The journal then proves the delivery contract: nothing lost, no key
 //! reconciled by two replicas at once.
 //!
-//! One file past 600 lines: the world, its faults and their schedule change together; the
-//! journal (`journal.rs`) and the fault proxy (`faultproxy.rs`) are apart.
+//! Here: the world, its faults and their schedule; the journal (`journal.rs`) and the fault
+//! proxy (`faultproxy.rs`) are apart.
 //!
 //! Every network path a fault can hit goes through a [`FaultProxy`]: controllers reach each
 //! dispatcher through one (its Lease advertises the proxy), each dispatcher reaches the API

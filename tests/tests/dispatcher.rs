@@ -1,7 +1,7 @@
 //! The dispatcher against the real API server: what arrives, with which reason and key, to
 //! which session, and what the contract forbids (a key in flight twice, lost changes).
 //!
-//! One file past 600 lines: one test per rule of the contract, sharing one set of fixtures.
+//! One test per rule of the contract, sharing one set of fixtures.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},

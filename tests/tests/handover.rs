@@ -3,7 +3,7 @@
 //! what matters: no key reconciled by two replicas at once, every final state reconciled, and
 //! keys that moved reconciled again by their new owner.
 //!
-//! One file past 600 lines: every handover path shares its ring fixtures and journal checks.
+//! Every handover path, sharing the ring fixtures and journal checks.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

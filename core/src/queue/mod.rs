@@ -1,7 +1,7 @@
 //! The work queue of one controller group on one dispatcher: pure logic, no I/O, no clock.
 //!
-//! One file past 600 lines, because the queue is one state machine: each operation moves a key
-//! between the same states and must keep the same invariants (`tests.rs` beside it checks them).
+//! The queue is one state machine: each operation moves a key between the same states and
+//! keeps the same invariants (`tests.rs` beside it checks them).
 //!
 //! It implements the delivery contract (`CONTRACT.md`) for the keys this dispatcher owns:
 //!

@@ -1,6 +1,5 @@
 //! The queue's unit and property tests: one per rule of the contract (`CONTRACT.md`) and per
-//! invariant the operations must keep. One file past 600 lines, beside the state machine it
-//! checks.
+//! invariant the operations must keep.
 
 use std::collections::HashSet;
 

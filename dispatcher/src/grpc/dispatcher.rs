@@ -1,5 +1,5 @@
 //! The controller-facing API (`proto/kubedispatch/v1/dispatcher.proto`): requests are validated
-//! and turned into calls on [`Groups`], and every error into a `tonic::Status` with a message
+//! and turned into calls on [`GroupTable`], and every error into a `tonic::Status` with a message
 //! that tells the caller what to fix.
 
 use std::sync::Arc;
@@ -26,18 +26,18 @@ use tracing::{debug, info};
 
 use crate::{
     group::Group,
-    groups::{Groups, SessionError},
     k8s::{
         discovery::{ResolveError, Resolver},
         watches::WatchError,
     },
     security::Guard,
+    table::{GroupTable, SessionError},
 };
 
 /// The gRPC service controllers call.
 #[derive(Debug)]
 pub struct DispatcherService {
-    groups: Arc<Groups>,
+    groups: Arc<GroupTable>,
     resolver: Resolver,
     guard: Arc<Guard>,
 }
@@ -45,7 +45,7 @@ pub struct DispatcherService {
 impl DispatcherService {
     /// A service over `groups`, resolving the resources sessions subscribe to with `resolver`
     /// and checking callers with `guard`.
-    pub fn new(groups: Arc<Groups>, resolver: Resolver, guard: Arc<Guard>) -> Self {
+    pub fn new(groups: Arc<GroupTable>, resolver: Resolver, guard: Arc<Guard>) -> Self {
         Self {
             groups,
             resolver,

@@ -20,8 +20,8 @@ use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::{
-    groups::Groups,
     security::{DRAIN_PATH, Guard, STATUS_PATH},
+    table::GroupTable,
 };
 
 /// Where this dispatcher's drain stands: set by the drain in `crate::serve`, read by the
@@ -59,14 +59,14 @@ pub struct DrainHandle {
 /// The gRPC service operators call.
 #[derive(Debug)]
 pub struct OperatorService {
-    groups: Arc<Groups>,
+    groups: Arc<GroupTable>,
     guard: Arc<Guard>,
     drain: DrainHandle,
 }
 
 impl OperatorService {
     /// A service over `groups` and `drain`, for the callers `guard` admits.
-    pub fn new(groups: Arc<Groups>, guard: Arc<Guard>, drain: DrainHandle) -> Self {
+    pub fn new(groups: Arc<GroupTable>, guard: Arc<Guard>, drain: DrainHandle) -> Self {
         Self {
             groups,
             guard,

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use kube_dispatch_core::{backoff::Backoff, subscription::MAX_FIELD_LEN};
 
-use crate::{group::Group, groups::Groups, security::Guard};
+use crate::{group::Group, security::Guard, table::GroupTable};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -32,13 +32,13 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// The gRPC service peers call.
 #[derive(Debug, Clone)]
 pub struct PeerService {
-    groups: Arc<Groups>,
+    groups: Arc<GroupTable>,
     guard: Arc<Guard>,
 }
 
 impl PeerService {
     /// A service over `groups`, for the callers `guard` admits.
-    pub fn new(groups: Arc<Groups>, guard: Arc<Guard>) -> Self {
+    pub fn new(groups: Arc<GroupTable>, guard: Arc<Guard>) -> Self {
         Self { groups, guard }
     }
 }
@@ -102,7 +102,7 @@ impl Peer for PeerService {
 /// again with a backoff for as long as peers remember deletions; what a peer still unreachable
 /// then remembered is missed, and logged.
 pub async fn fetch_recent_deletions(
-    groups: Arc<Groups>,
+    groups: Arc<GroupTable>,
     group: Arc<Group>,
     credentials: Credentials,
 ) {

@@ -1,5 +1,5 @@
 //! How one watch event becomes request keys: the rules, apart from the watch loop
-//! ([`super::watch`]) that applies them, so each is unit-tested without an API server.
+//! (`super::fan_out`) that applies them, so each is unit-tested without an API server.
 //!
 //! - A primary subscription keys an object by itself ([`object_key`]); a subscription to owned
 //!   objects keys it by its controlling owner of the subscribed kind ([`owner_key`]).

@@ -2,8 +2,8 @@
 //! watch per distinct [`WatchKey`] (resource, namespace, selectors), started by the first group
 //! that subscribes to it and stopped a grace period after the last one leaves.
 //!
-//! Each watch runs as a task of its own ([`super::watch_task`]), which hands its events to the
-//! subscribed groups ([`super::fan_out`]). No object is kept once it has been handed on: the
+//! Each watch runs as a task of its own (`super::watch_task`), which hands its events to the
+//! subscribed groups (`super::fan_out`). No object is kept once it has been handed on: the
 //! groups' queues are the only index, but for the owner each owned object was last seen with
 //! (`super::children`), which tells an owner of a child it lost. Objects are kept as the JSON
 //! text the API server sent, with only routing's fields decoded

@@ -1,0 +1,294 @@
+//! A session's calls, from open to close, and its expiry. A session lives in its group
+//! ([`Group::session`], beside the queue's half of it); the table only finds the group from the
+//! id the wire gives.
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use kube_dispatch_core::{
+    queue::{Delivery, DeliveryId, Outcome, SessionId},
+    subscription::GroupSpec,
+};
+use kube_dispatch_runtime::auth::{Caller, GroupId};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::{GroupTable, SessionError, SessionRef};
+use crate::group::{Group, SessionSlot};
+
+/// A session just opened.
+#[derive(Debug)]
+pub struct Opened {
+    /// Its id on the wire.
+    pub session_id: String,
+    /// Its group.
+    pub group: Arc<Group>,
+    /// Whether the group was created for it (its watches were just started).
+    pub created: bool,
+}
+
+/// What a poll returns.
+#[derive(Debug)]
+pub struct Polled {
+    /// The session's group.
+    pub group: Arc<Group>,
+    /// The keys handed out.
+    pub deliveries: Vec<Delivery>,
+    /// How long the dispatcher held the poll before its last look at the queue: the replica
+    /// counts its deadlines from that long after it sent the poll (`controller-sdk` fencing).
+    pub held: Duration,
+}
+
+impl GroupTable {
+    /// Closes every session, releasing in-flight keys; used when draining.
+    pub fn close_all(&self) {
+        let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.group.remove_session(s.id);
+        }
+    }
+
+    /// Whether a new session of `replica` in `group` may be opened: not while draining, and
+    /// not past `--max-sessions` (a replica reopening replaces its session and takes no new
+    /// slot). Cheap: checked before the request's resources are resolved.
+    pub fn admits(&self, group: &GroupId, replica: &str) -> Result<(), SessionError> {
+        if self.shutdown.is_cancelled() {
+            return Err(SessionError::Draining);
+        }
+        let replacing = self
+            .groups()
+            .get(group)
+            .is_some_and(|e| e.group.has_replica(replica));
+        self.settings
+            .limits
+            .quotas()
+            .session(self.session_count(), replacing)
+            .map_err(|e| self.refusal(e, group, None))
+    }
+
+    /// Opens a session of `replica` in `group`, which subscribes to `spec`, with `ttl`: joins
+    /// the group, or creates it and starts its watches (waiting for their first list). A
+    /// session the replica had in the group is replaced.
+    pub async fn open(
+        &self,
+        group: &GroupId,
+        replica: &str,
+        spec: &GroupSpec,
+        ttl: Duration,
+        caller: &Caller,
+    ) -> Result<Opened, SessionError> {
+        self.admits(group, replica)?;
+        let (group, created) = self.group_for(group, replica, spec, caller)?;
+        if created {
+            self.subscribe_all(&group).await?;
+        }
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let session_id = format!(
+            "{}-{id}-{:016x}",
+            self.settings.identity,
+            rand::random::<u64>()
+        );
+        let user = caller.identity().map(|i| i.username.as_str());
+        let (_, replaced) = group
+            .add_session(id, session_id.clone(), replica, ttl, user)
+            .map_err(|holder| SessionError::ReplicaOfAnother {
+                group: group.id.name.clone(),
+                replica: replica.to_owned(),
+                holder,
+                caller: caller.name().to_owned(),
+            })?;
+        let mut sessions = self.sessions();
+        for old in replaced {
+            info!(session = %old.wire_id, %replica, "session replaced by a newer one of its replica");
+            sessions.remove(&old.wire_id);
+        }
+        sessions.insert(
+            session_id.clone(),
+            SessionRef {
+                group: group.clone(),
+                id,
+            },
+        );
+        drop(sessions);
+        info!(session = %session_id, group = %group.id, %replica, ?ttl, "session opened");
+        Ok(Opened {
+            session_id,
+            group,
+            created,
+        })
+    }
+
+    /// Settles `acks` of `session`, then hands it up to `max` ready keys, waiting up to `wait`
+    /// (never past half its ttl, since a waiting poll does not renew it) for one. While
+    /// draining, nothing new is handed out; the poll waits as usual, so replicas do not spin.
+    pub async fn poll(
+        &self,
+        session: &str,
+        caller: &Caller,
+        acks: Vec<(DeliveryId, Outcome)>,
+        wait: Duration,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Polled, SessionError> {
+        let (group, id, slot) = self.lookup(session, caller)?;
+        let received = Instant::now();
+        renew(&slot);
+        let wait = wait.min(slot.ttl / 2);
+        self.settle(&group, id, session, acks);
+        let deadline = received + wait;
+        // `looked` is when the last look at the queue began: the requests' reconcile time and
+        // the renewal below both start no earlier.
+        let mut looked = received;
+        let take = || {
+            if self.draining.is_cancelled() {
+                Vec::new()
+            } else {
+                group.take(id, max, max_bytes)
+            }
+        };
+        let mut deliveries = take();
+        while deliveries.is_empty() {
+            tokio::select! {
+                () = slot.notify.notified() => {}
+                () = tokio::time::sleep_until(deadline) => break,
+                () = self.shutdown.cancelled() => break,
+            }
+            if !group.has_session(id) {
+                return Err(SessionError::EndedWhilePolling {
+                    session: session.to_owned(),
+                });
+            }
+            looked = Instant::now();
+            deliveries = take();
+        }
+        if deliveries.is_empty() {
+            looked = Instant::now();
+        }
+        renew(&slot);
+        Ok(Polled {
+            group,
+            deliveries,
+            held: looked.duration_since(received),
+        })
+    }
+
+    /// Settles `acks` of `session`, which renews it.
+    pub fn ack(
+        &self,
+        session: &str,
+        caller: &Caller,
+        acks: Vec<(DeliveryId, Outcome)>,
+    ) -> Result<(), SessionError> {
+        let (group, id, slot) = self.lookup(session, caller)?;
+        renew(&slot);
+        self.settle(&group, id, session, acks);
+        Ok(())
+    }
+
+    /// Closes `session`: what it has in flight goes to the group's other sessions at once.
+    pub fn close(&self, session: &str, caller: &Caller) -> Result<(), SessionError> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session) else {
+            return Err(SessionError::NotOpen {
+                session: session.to_owned(),
+            });
+        };
+        if let Some(slot) = s.group.session(s.id) {
+            check_opener(&slot, session, caller)?;
+        }
+        let Some(s) = sessions.remove(session) else {
+            return Err(SessionError::NotOpen {
+                session: session.to_owned(),
+            });
+        };
+        drop(sessions);
+        info!(%session, group = %s.group.id, "session closed: its queued keys go to the others now, what it has in flight once it would have expired");
+        s.group.close_session(s.id);
+        Ok(())
+    }
+
+    /// The group of `session` if `caller` opened it, to check access before a poll.
+    pub fn group_of(&self, session: &str, caller: &Caller) -> Result<Arc<Group>, SessionError> {
+        Ok(self.lookup(session, caller)?.0)
+    }
+
+    fn lookup(
+        &self,
+        session: &str,
+        caller: &Caller,
+    ) -> Result<(Arc<Group>, SessionId, Arc<SessionSlot>), SessionError> {
+        let mut sessions = self.sessions();
+        let Some(s) = sessions.get(session) else {
+            return Err(SessionError::Unknown {
+                session: session.to_owned(),
+                identity: self.settings.identity.clone(),
+            });
+        };
+        let Some(slot) = s.group.session(s.id) else {
+            // Replaced by a newer session of the same replica.
+            sessions.remove(session);
+            return Err(SessionError::Replaced {
+                session: session.to_owned(),
+            });
+        };
+        check_opener(&slot, session, caller)?;
+        Ok((s.group.clone(), s.id, slot))
+    }
+
+    /// Settles acks of a session; those not in flight are ignored, counted and logged.
+    fn settle(
+        &self,
+        group: &Group,
+        id: SessionId,
+        session: &str,
+        acks: Vec<(DeliveryId, Outcome)>,
+    ) {
+        if acks.is_empty() {
+            return;
+        }
+        let unknown = group.ack(id, acks);
+        if unknown > 0 {
+            self.counters
+                .unknown_acks
+                .fetch_add(unknown as u64, Ordering::Relaxed);
+            debug!(
+                session,
+                unknown, "acks of deliveries not in flight were ignored"
+            );
+        }
+    }
+
+    /// Expires the sessions not renewed by `now`: their in-flight keys go to the group's other
+    /// sessions.
+    pub(crate) fn expire_sessions(&self, now: Instant) {
+        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
+        for group in groups {
+            for slot in group.expire_sessions(now) {
+                self.sessions().remove(&slot.wire_id);
+                self.counters
+                    .expired_sessions
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(session = %slot.wire_id, group = %group.id, replica = %slot.replica, "session expired: its in-flight keys go to other sessions");
+            }
+        }
+    }
+}
+
+/// Extends a session by its ttl.
+fn renew(slot: &SessionSlot) {
+    *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + slot.ttl;
+}
+
+/// Ok if `caller` opened `session` (or nobody is authenticated).
+fn check_opener(slot: &SessionSlot, session: &str, caller: &Caller) -> Result<(), SessionError> {
+    match (&slot.opener, caller.identity()) {
+        (None, _) => Ok(()),
+        (Some(opener), Some(c)) if *opener == c.username => Ok(()),
+        (Some(_), _) => Err(SessionError::NotYours {
+            session: session.to_owned(),
+            caller: caller.name().to_owned(),
+        }),
+    }
+}
