@@ -1,4 +1,4 @@
-//! How one watch event becomes request keys: the rules, apart from the watch loop
+//! How one watch event becomes request keys: the rules, apart from the fan-out
 //! (`super::fan_out`) that applies them, so each is unit-tested without an API server.
 //!
 //! - A primary subscription keys an object by itself ([`object_key`]); a subscription to owned
