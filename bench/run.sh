@@ -22,8 +22,9 @@
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
 #                          groups-mixed section of BENCHMARKS.md
-# `kube-dispatch-bench --help` (target/release) describes every setting; its other KD_BENCH_*
-# variables (e.g. KD_BENCH_DISPATCHERS=1) pass through from the environment.
+# `kube-dispatch-bench compare --help` (target/release) describes every setting; its other
+# KD_BENCH_* variables (e.g. KD_BENCH_DISPATCHERS=1, KD_BENCH_JSON=target/bench/results.json)
+# pass through from the environment.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf 'bench: %s\n' "$*"; }
@@ -87,5 +88,5 @@ KD_BENCH_NAMESPACES=${NAMESPACES:-1} \
 KD_BENCH_RING_KEY=${RING_KEY:-name} \
 KD_BENCH_MIX=$([[ -n ${MIX:-} ]] && echo true || echo false) \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
-  target/release/kube-dispatch-bench --section "$section" --command "$command" \
+  target/release/kube-dispatch-bench compare --section "$section" --command "$command" \
   --core-results target/bench/core.txt

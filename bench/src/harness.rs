@@ -1,5 +1,8 @@
-//! The benchmark harness behind `make bench` (and `make bench-security`, [`security`],
-//! `make bench-metrics`, [`metrics`], and `make bench-ceiling`, [`ceiling`]).
+//! The benchmark harness behind `make bench` (`kube-dispatch-bench compare`: [`run`] and
+//! [`report`]) and the other subcommands: `make bench-security` ([`security`]),
+//! `make bench-hostile` ([`hostile`]), `make bench-metrics` ([`metrics`]), `make bench-ceiling`
+//! ([`ceiling`]) and `make bench-shards` ([`shards`]). Each returns what it measured, which
+//! renders as the Markdown tables and serializes as the JSON of `--json`.
 
 pub(crate) mod admin;
 pub(crate) mod apiserver;

@@ -1,6 +1,8 @@
 //! `kube-dispatch-bench`: runs the same controller as a kube-rs `Controller` and on
-//! kube-dispatch, on the same objects of a real API server, and prints what each used. Run it
-//! through `make bench`, which builds the release binaries it starts and the control plane.
+//! kube-dispatch, on the same objects of a real API server, and prints what each used. Each
+//! benchmark is a subcommand (`compare`, `security`, `hostile`, `metrics`, `ceiling`,
+//! `shards`); run them through `make bench` and the `make bench-*` targets, which build the
+//! release binaries they start and the control plane.
 
 mod harness;
 
@@ -12,39 +14,203 @@ use std::{
 };
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Parser, Subcommand, builder::RangedU64ValueParser};
 use harness::{
     apiserver::ControlPlane,
     objects::{self, Kind, install_crd, populate},
     plot,
-    report::{Axis, Scenario, rows, series},
+    report::{self, Axis, Scenario, rows, series},
     run::{Binaries, Setup, Variant},
 };
 use kube_dispatch_bench::now_micros;
 use kube_dispatch_tests::Cluster;
+use serde::Serialize;
 
-/// Benchmarks kube-dispatch against kube-rs `Controller` on a real kube-apiserver and etcd.
+/// Benchmarks kube-dispatch against the incumbents (a kube-rs `Controller`, and a
+/// controller-runtime controller in Go) on a real kube-apiserver and etcd.
 ///
-/// It runs against the project's local control plane (`tests/cluster/cluster.sh`, started if it
-/// is not running), whose process ids it reads to measure the API server's and etcd's CPU.
-///
-/// For each kind and object count it fills a namespace (once; later runs reuse it), then runs
-/// each variant of one controller in turn, `--repeats` times, rotating the order. Each run
-/// starts the controller (for dispatch-N: fresh dispatchers, see `--dispatchers`, and the load
-/// balancer first),
-/// waits until every object has been reconciled, then makes `--writes` changes at a steady pace
-/// and times each from the write to the reconcile that sees it. It prints a table per scenario
-/// and writes the results into one section of `--out` (see `--section`), with plots into
-/// `--plots-dir`.
+/// Each subcommand is one benchmark, with a `make` target of its own. Every one runs against
+/// the project's local control plane (`tests/cluster/cluster.sh`, started if it is not
+/// running), prints its tables, and writes them into one section of `--out`: the lines between
+/// `<!-- bench:<section>:begin -->` and `<!-- bench:<section>:end -->`. With `--json` it also
+/// writes its figures as JSON, at full precision and under stable keys, for scripts and tests.
+/// `kube-dispatch-bench <subcommand> --help` lists each one's settings.
 #[derive(Parser, Debug)]
 #[command(version)]
-struct Args {
+struct Cli {
+    /// The benchmark to run.
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+/// The benchmarks, one per subcommand.
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// One controller on kube-dispatch against the incumbents: memory, CPU, start-up,
+    /// write-to-reconcile latency and API requests (`make bench`, `make bench-groups`).
+    ///
+    /// Compares the controller on the SDK with N replicas behind a tier of `--dispatchers`
+    /// dispatchers and the load balancer (dispatch-N) against the same controller as a kube-rs
+    /// `Controller` with its reflector cache (kube-rs; kube-rs-metadata: a metadata-only cache
+    /// and a GET per reconcile) and on controller-runtime in Go (controller-runtime,
+    /// controller-runtime-metadata; they need `--controller-runtime`). The process ids of the
+    /// control plane give the API server's and etcd's CPU.
+    ///
+    /// For each kind and object count it fills a namespace (once; later runs reuse it), then
+    /// runs each variant of one controller in turn, `--repeats` times, rotating the order. Each
+    /// run starts the controller (for dispatch-N: fresh dispatchers, see `--dispatchers`, and
+    /// the load balancer first), waits until every object has been reconciled, then makes
+    /// `--writes` changes at a steady pace and times each from the write to the reconcile that
+    /// sees it. It prints a table per scenario and writes the results into one section of
+    /// `--out` (see `--section`), with plots into `--plots-dir`.
+    // Boxed: it has many more flags than the others.
+    Compare(Box<CompareArgs>),
+
+    /// What TLS, TokenReview and SubjectAccessReview cost (`make bench-security`).
+    ///
+    /// Compares one dispatcher in the benchmark's process with security off (plaintext,
+    /// anonymous) against the same with security on (TLS, ServiceAccount tokens), alternating,
+    /// `--repeats` runs each: `--opens` OpenSessions timed, and `--writes` writes timed from the
+    /// patch to the poll that delivers it. Then, security on, `--sessions` sessions of
+    /// `--identities` ServiceAccounts poll for `--window` while the API server counts the
+    /// TokenReviews and SubjectAccessReviews. Written into the `security` section of `--out`.
+    Security(SecurityArgs),
+
+    /// What each attack of the threat table costs a legitimate controller
+    /// (`make bench-hostile`).
+    ///
+    /// A dispatcher process with security on and a legitimate controller timing `--writes`
+    /// writes from the patch to the poll that hands it over: alone (the baseline), against the
+    /// same while each attack runs at its bound (idle admin connections, health streams, junk
+    /// tokens, a connection flood, a body hog), `--repeats` times each; with the lost writes,
+    /// the `/healthz` answer time and the dispatcher's peak RSS. Written into the `hostile`
+    /// section of `--out`.
+    Hostile(HostileArgs),
+
+    /// What metrics cost a reconcile: throughput and write-to-reconcile latency
+    /// (`make bench-metrics`).
+    ///
+    /// One dispatcher and one controller in the benchmark's process, with the controller's
+    /// metrics off, against the same with metrics on and both processes' `/metrics` scraped
+    /// every 100 ms; alternating, `--repeats` runs each, each patching all of `--objects`
+    /// ConfigMaps at once. Written into the `metrics` section of `--out`.
+    Metrics(MetricsArgs),
+
+    /// The scale ceiling: how many watch events one dispatcher absorbs per CPU-second
+    /// (`make bench-ceiling`).
+    ///
+    /// One dispatcher, the load balancer and one SDK replica on `--objects` ConfigMaps, written
+    /// at each of `--rates` for `--window`; per rate, the rate achieved against the target, the
+    /// watch events the dispatcher absorbed per CPU-second, each process's CPU, and whether it
+    /// kept up (write-to-reconcile latency, and how long after the writer stopped every write
+    /// had been reconciled). Written into the `ceiling` section of `--out`.
+    Ceiling(CeilingArgs),
+
+    /// Server-side sharding: the ring keyed by namespace against the ring keyed by name and a
+    /// kube-rs controller (`make bench-shards`).
+    ///
+    /// `--namespaces` namespaces of `--objects` labelled ConfigMaps each. A kube-rs controller
+    /// over every namespace (the incumbent), then a tier of `--dispatchers` with the ring keyed
+    /// by name, then by namespace (each dispatcher asking the API server for its own namespaces
+    /// only), each with one SDK replica over every namespace: the cold start, then `--writes`
+    /// writes spread over the namespaces, `--write-interval` apart. Per phase and dispatcher:
+    /// CPU, objects decoded and how many of them another dispatcher owns; the API server's and
+    /// etcd's CPU, its LIST requests and the bytes it sent. Written into the `shards` section
+    /// of `--out`.
+    Shards(ShardsArgs),
+}
+
+/// Where a benchmark writes its results.
+#[derive(clap::Args, Debug)]
+struct Output {
+    /// Markdown file to write the results into, between the benchmark's markers (created if it
+    /// does not exist, the section appended if the file lacks it).
+    #[arg(long, env = "KD_BENCH_OUT", default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+
+    /// How this run was started, as written into --out; default: the benchmark's make target
+    /// (`make bench`, `make bench-security`, ...).
+    #[arg(long, env = "KD_BENCH_COMMAND")]
+    command: Option<String>,
+
+    /// Also write the figures into this JSON file (replaced): those of the tables, at full
+    /// precision, each under a stable snake_case key; `null` where a table shows none.
+    #[arg(long, env = "KD_BENCH_JSON", value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+impl Output {
+    /// --command, or the benchmark's make target.
+    fn command<'a>(&'a self, make_target: &'a str) -> &'a str {
+        self.command.as_deref().unwrap_or(make_target)
+    }
+
+    /// Writes `section` between the markers of `name` in --out, then `figures` into --json if
+    /// asked for.
+    fn write(&self, name: &str, section: &str, figures: &impl Serialize) -> anyhow::Result<()> {
+        write_section(&self.out, name, section)?;
+        println!("bench: results written to {}", self.out.display());
+        if let Some(path) = &self.json {
+            write_json(path, figures)?;
+            println!("bench: figures written to {}", path.display());
+        }
+        Ok(())
+    }
+}
+
+/// The processes a benchmark starts: where their binaries are, and where they log.
+#[derive(clap::Args, Debug)]
+struct Processes {
+    /// Directory of the release binaries: kube-dispatch-dispatcher, kube-dispatch-loadbalancer,
+    /// bench-controller.
+    #[arg(long, env = "KD_BENCH_BIN_DIR", default_value = "target/release")]
+    bin_dir: PathBuf,
+
+    /// Where each run's process logs go.
+    #[arg(long, env = "KD_BENCH_LOGS", default_value = "target/bench/logs")]
+    logs: PathBuf,
+}
+
+impl Processes {
+    /// The dispatcher, the load balancer and the benchmark controller in --bin-dir, each
+    /// checked to exist, with the controller-runtime incumbent if given.
+    fn binaries(&self, controller_runtime: Option<PathBuf>) -> anyhow::Result<Binaries> {
+        let binaries = Binaries {
+            dispatcher: self.bin_dir.join("kube-dispatch-dispatcher"),
+            loadbalancer: self.bin_dir.join("kube-dispatch-loadbalancer"),
+            controller: self.bin_dir.join("bench-controller"),
+            controller_runtime,
+        };
+        for b in [
+            &binaries.dispatcher,
+            &binaries.loadbalancer,
+            &binaries.controller,
+        ] {
+            anyhow::ensure!(
+                b.exists(),
+                "{} is missing: build with `make bench`",
+                b.display()
+            );
+        }
+        Ok(binaries)
+    }
+}
+
+/// A count of one or more.
+fn positive() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+/// The flags of `compare`.
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
     /// Object counts, comma-separated.
     #[arg(
         long,
         env = "KD_BENCH_OBJECTS",
         value_delimiter = ',',
-        default_value = "1000,10000"
+        default_value = "1000,10000",
+        value_parser = positive()
     )]
     objects: Vec<usize>,
 
@@ -56,7 +222,8 @@ struct Args {
         long,
         env = "KD_BENCH_GROUPS",
         value_delimiter = ',',
-        default_value = "1"
+        default_value = "1",
+        value_parser = positive()
     )]
     groups: Vec<usize>,
 
@@ -66,8 +233,8 @@ struct Args {
     /// tier) watches all namespaces with that label selector. Not with kube-rs-metadata, which
     /// watches one namespace. With `--ring-key namespace` the tier then lists and watches once
     /// in all (`make bench-groups NAMESPACES=1000`).
-    #[arg(long, env = "KD_BENCH_NAMESPACES", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    namespaces: u64,
+    #[arg(long, env = "KD_BENCH_NAMESPACES", default_value_t = 1, value_parser = positive())]
+    namespaces: usize,
 
     /// The dispatchers' ring key (`--ring-key` of kube-dispatch-dispatcher): name or
     /// namespace; default: the dispatcher's own default (name).
@@ -108,11 +275,11 @@ struct Args {
     dispatchers: u16,
 
     /// Runs of each variant per scenario; tables show medians.
-    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3)]
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3, value_parser = positive())]
     repeats: usize,
 
     /// Writes timed per run (to distinct objects, spread over the namespace).
-    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 200)]
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 200, value_parser = positive())]
     writes: usize,
 
     /// Pause between two timed writes.
@@ -123,19 +290,10 @@ struct Args {
     #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
     object_bytes: usize,
 
-    /// Directory of the release binaries: kube-dispatch-dispatcher, kube-dispatch-loadbalancer,
-    /// bench-controller.
-    #[arg(long, env = "KD_BENCH_BIN_DIR", default_value = "target/release")]
-    bin_dir: PathBuf,
-
     /// The benchmark controller on controller-runtime (Go), for the controller-runtime
     /// variants; `bench/controller-runtime/build.sh` builds it and prints its path.
     #[arg(long, env = "KD_BENCH_CONTROLLER_RUNTIME")]
     controller_runtime: Option<PathBuf>,
-
-    /// Markdown file to write the results into (between the markers).
-    #[arg(long, env = "KD_BENCH_OUT", default_value = "BENCHMARKS.md")]
-    out: PathBuf,
 
     /// Directory for the PNG plots (linked from --out by a path relative to it).
     #[arg(long, env = "KD_BENCH_PLOTS_DIR", default_value = "bench/results")]
@@ -149,90 +307,215 @@ struct Args {
     #[arg(long, env = "KD_BENCH_FONT")]
     font: Option<PathBuf>,
 
-    /// Where each run's process logs go.
-    #[arg(long, env = "KD_BENCH_LOGS", default_value = "target/bench/logs")]
-    logs: PathBuf,
-
     /// Which section of --out to replace: the one between `<!-- bench:<section>:begin -->` and
     /// `<!-- bench:<section>:end -->`. Plots of a section other than `default` carry its name.
     #[arg(long, env = "KD_BENCH_SECTION", default_value = "default", value_parser = section_name)]
     section: String,
 
-    /// How this run was started, as written into --out.
-    #[arg(long, env = "KD_BENCH_COMMAND", default_value = "make bench")]
-    command: String,
+    /// Where the processes' binaries are, and where they log.
+    #[command(flatten)]
+    processes: Processes,
 
-    /// Run the security benchmark instead (`make bench-security`): one in-process dispatcher
-    /// with security off and on, --repeats runs each of --writes timed writes and
-    /// --security-opens OpenSessions, then --security-sessions sessions polling for
-    /// --security-window while the API server counts TokenReviews and SubjectAccessReviews.
-    /// Written into the `security` section of --out.
-    #[arg(long)]
-    security: bool,
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
+}
 
-    /// Run the hostile-tenant benchmark instead (`make bench-hostile`): a dispatcher binary with
-    /// security on and a legitimate controller timing --writes writes to reconcile, alone and
-    /// while each attack of the threat table runs at its bound (idle admin connections, health
-    /// streams, junk tokens, a connection flood, a body hog), --repeats times each; with the
-    /// dispatcher's peak RSS. Written into the `hostile` section of --out.
-    #[arg(long, conflicts_with_all = ["security", "metrics", "ceiling", "shards"])]
-    hostile: bool,
+impl CompareArgs {
+    /// What no value parser can check alone: the flags against each other.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.variants.is_empty(),
+            "--variants must name at least one"
+        );
+        anyhow::ensure!(
+            !self.groups.is_empty(),
+            "--groups must name at least one count"
+        );
+        let namespaces = self.namespaces;
+        if let Some(objects) = self.objects.iter().find(|o| *o % namespaces != 0) {
+            anyhow::bail!(
+                "--objects {objects} do not divide evenly over --namespaces {namespaces}"
+            );
+        }
+        if self.mix {
+            let mut kinds = self.kinds.clone();
+            kinds.sort();
+            kinds.dedup();
+            anyhow::ensure!(
+                kinds.len() >= 2 && kinds.len() == self.kinds.len(),
+                "--mix spreads the controllers over the kinds: give two distinct kinds or more in --kinds"
+            );
+            if let Some(groups) = self.groups.iter().find(|g| **g < kinds.len()) {
+                anyhow::bail!(
+                    "--groups {groups} cannot cover the {} kinds of --mix: give each kind a controller at least",
+                    kinds.len()
+                );
+            }
+        }
+        anyhow::ensure!(
+            namespaces == 1 || !self.variants.contains(&Variant::KubeRsMetadata),
+            "kube-rs-metadata watches one namespace: leave it out of --variants with --namespaces {namespaces}"
+        );
+        let wants_controller_runtime = self.variants.iter().any(|v| {
+            matches!(
+                v,
+                Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata
+            )
+        });
+        match &self.controller_runtime {
+            Some(path) => anyhow::ensure!(
+                path.is_file(),
+                "{} does not exist: build it with bench/controller-runtime/build.sh",
+                path.display()
+            ),
+            None => anyhow::ensure!(
+                !wants_controller_runtime,
+                "the controller-runtime variants need --controller-runtime PATH (bench/controller-runtime/build.sh prints it)"
+            ),
+        }
+        Ok(())
+    }
+}
 
-    /// Run the metrics benchmark instead (`make bench-metrics`): one in-process dispatcher and
-    /// controller, --repeats runs each with the controller's metrics off and on (and scraped
-    /// every 100 ms), each patching the first of --objects ConfigMaps at once. Written into the
-    /// `metrics` section of --out.
-    #[arg(long, conflicts_with = "security")]
-    metrics: bool,
+/// The flags of `security`.
+#[derive(clap::Args, Debug)]
+struct SecurityArgs {
+    /// Runs of each mode (security off, on), alternating; tables show medians.
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3, value_parser = positive())]
+    repeats: usize,
 
-    /// Run the scale-ceiling benchmark instead (`make bench-ceiling`): one dispatcher, the load
-    /// balancer and one SDK replica on the first of --objects ConfigMaps, written at each of
-    /// --ceiling-rates for --ceiling-window; prints the watch events the dispatcher absorbed
-    /// per CPU-second and whether it kept up. Written into the `ceiling` section of --out.
-    #[arg(long, conflicts_with_all = ["security", "metrics"])]
-    ceiling: bool,
+    /// Writes timed per run, one at a time.
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 200, value_parser = positive())]
+    writes: usize,
 
-    /// Run the server-side sharding benchmark instead (`make bench-shards`): --shard-namespaces
-    /// namespaces of the first of --objects labelled ConfigMaps, a tier of --dispatchers with
-    /// the ring keyed by name, then by namespace, each with one SDK replica over every namespace:
-    /// the cold start, then --writes spread over the namespaces; per dispatcher, CPU, bytes
-    /// read and objects decoded. Written into the `shards` section of --out.
-    #[arg(long, conflicts_with_all = ["security", "metrics", "ceiling"])]
-    shards: bool,
+    /// Sessions opened and timed per run, each in a group of its own (at least 2: the first
+    /// is shown apart).
+    #[arg(long, env = "KD_BENCH_SECURITY_OPENS", default_value_t = 50)]
+    opens: usize,
 
-    /// Namespaces of the sharding benchmark.
-    #[arg(long, env = "KD_BENCH_SHARD_NAMESPACES", default_value_t = 1000)]
-    shard_namespaces: usize,
+    /// Sessions polling in the review window.
+    #[arg(long, env = "KD_BENCH_SECURITY_SESSIONS", default_value_t = 1_000, value_parser = positive())]
+    sessions: usize,
 
-    /// Target write rates of the ceiling benchmark, writes per second, comma-separated.
+    /// ServiceAccounts those sessions belong to.
+    #[arg(long, env = "KD_BENCH_SECURITY_IDENTITIES", default_value_t = 10, value_parser = positive())]
+    identities: usize,
+
+    /// How long the sessions poll; longer than the 2-minute review caches, so their renewal
+    /// is counted.
+    #[arg(long, env = "KD_BENCH_SECURITY_WINDOW", value_parser = humantime::parse_duration, default_value = "150s")]
+    window: Duration,
+
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
+}
+
+/// The flags of `hostile`.
+#[derive(clap::Args, Debug)]
+struct HostileArgs {
+    /// Runs of each attack (and of the baseline), in rotating order; tables show medians.
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3, value_parser = positive())]
+    repeats: usize,
+
+    /// Writes the legitimate controller times per run, one at a time.
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 100, value_parser = positive())]
+    writes: usize,
+
+    /// Where the dispatcher's binary is (--bin-dir), and where it logs.
+    #[command(flatten)]
+    processes: Processes,
+
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
+}
+
+/// The flags of `metrics`.
+#[derive(clap::Args, Debug)]
+struct MetricsArgs {
+    /// ConfigMaps, each patched once per run, all at once (one count).
+    #[arg(long, default_value_t = 2000, value_parser = positive())]
+    objects: usize,
+
+    /// Runs of each mode (metrics off, on), alternating; tables show medians.
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 5, value_parser = positive())]
+    repeats: usize,
+
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
+}
+
+/// The flags of `ceiling`.
+#[derive(clap::Args, Debug)]
+struct CeilingArgs {
+    /// ConfigMaps the writer patches in turn (one count).
+    #[arg(long, default_value_t = 2000, value_parser = positive())]
+    objects: usize,
+
+    /// Size of each object's `config.yaml`, bytes.
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    object_bytes: usize,
+
+    /// Target write rates, writes per second, comma-separated, in the order run.
     #[arg(
         long,
         env = "KD_BENCH_CEILING_RATES",
         value_delimiter = ',',
-        default_value = "100,250,500,1000,2000"
+        default_value = "100,250,500,1000,2000",
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
-    ceiling_rates: Vec<u32>,
+    rates: Vec<u32>,
 
-    /// How long the ceiling benchmark holds each rate.
+    /// How long each rate is held.
     #[arg(long, env = "KD_BENCH_CEILING_WINDOW", value_parser = humantime::parse_duration, default_value = "10s")]
-    ceiling_window: Duration,
+    window: Duration,
 
-    /// Sessions opened and timed per run (security benchmark).
-    #[arg(long, env = "KD_BENCH_SECURITY_OPENS", default_value_t = 50)]
-    security_opens: usize,
+    /// Where the processes' binaries are, and where they log.
+    #[command(flatten)]
+    processes: Processes,
 
-    /// Sessions polling in the review window (security benchmark).
-    #[arg(long, env = "KD_BENCH_SECURITY_SESSIONS", default_value_t = 1_000)]
-    security_sessions: usize,
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
+}
 
-    /// ServiceAccounts those sessions belong to (security benchmark).
-    #[arg(long, env = "KD_BENCH_SECURITY_IDENTITIES", default_value_t = 10)]
-    security_identities: usize,
+/// The flags of `shards`.
+#[derive(clap::Args, Debug)]
+struct ShardsArgs {
+    /// Namespaces the objects are spread over (`kd-<i>-bench-shard-<objects>`).
+    #[arg(long, env = "KD_BENCH_SHARD_NAMESPACES", default_value_t = 1000, value_parser = positive())]
+    namespaces: usize,
 
-    /// How long the sessions poll; longer than the 2-minute review caches, so their renewal
-    /// is counted (security benchmark).
-    #[arg(long, env = "KD_BENCH_SECURITY_WINDOW", value_parser = humantime::parse_duration, default_value = "150s")]
-    security_window: Duration,
+    /// Labelled ConfigMaps in each namespace (one count).
+    #[arg(long, default_value_t = 100, value_parser = positive())]
+    objects: usize,
+
+    /// Size of each object's `config.yaml`, bytes.
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    object_bytes: usize,
+
+    /// Dispatchers in the tier of each ring key.
+    #[arg(long, env = "KD_BENCH_DISPATCHERS", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    dispatchers: u16,
+
+    /// Writes timed after the cold start, spread over the namespaces.
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 1000, value_parser = positive())]
+    writes: usize,
+
+    /// Pause between two timed writes.
+    #[arg(long, env = "KD_BENCH_WRITE_INTERVAL", value_parser = humantime::parse_duration, default_value = "10ms")]
+    write_interval: Duration,
+
+    /// Where the processes' binaries are, and where they log.
+    #[command(flatten)]
+    processes: Processes,
+
+    /// Where the results go.
+    #[command(flatten)]
+    output: Output,
 }
 
 fn section_name(s: &str) -> Result<String, String> {
@@ -254,121 +537,54 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let args = Args::parse();
-    anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
-    anyhow::ensure!(args.writes > 0, "--writes must be at least 1");
-    anyhow::ensure!(
-        !args.variants.is_empty(),
-        "--variants must name at least one"
-    );
-    anyhow::ensure!(!args.objects.contains(&0), "--objects must be positive");
-    anyhow::ensure!(
-        !args.groups.is_empty() && !args.groups.contains(&0),
-        "--groups must be positive"
-    );
-    let namespaces = usize::try_from(args.namespaces).context("--namespaces is too large")?;
-    if let Some(objects) = args.objects.iter().find(|o| *o % namespaces != 0) {
-        anyhow::bail!("--objects {objects} do not divide evenly over --namespaces {namespaces}");
+    match Cli::parse().bench {
+        Bench::Compare(args) => compare(*args).await,
+        Bench::Security(args) => security(args).await,
+        Bench::Hostile(args) => hostile(args).await,
+        Bench::Metrics(args) => metrics(args).await,
+        Bench::Ceiling(args) => ceiling(args).await,
+        Bench::Shards(args) => shards(args).await,
     }
-    if args.mix {
-        let mut kinds = args.kinds.clone();
-        kinds.sort();
-        kinds.dedup();
-        anyhow::ensure!(
-            kinds.len() >= 2 && kinds.len() == args.kinds.len(),
-            "--mix spreads the controllers over the kinds: give two distinct kinds or more in --kinds"
-        );
-        if let Some(groups) = args.groups.iter().find(|g| **g < kinds.len()) {
-            anyhow::bail!(
-                "--groups {groups} cannot cover the {} kinds of --mix: give each kind a controller at least",
-                kinds.len()
-            );
-        }
-    }
-    anyhow::ensure!(
-        namespaces == 1 || !args.variants.contains(&Variant::KubeRsMetadata),
-        "kube-rs-metadata watches one namespace: leave it out of --variants with --namespaces {namespaces}"
-    );
-    if args.security {
-        return security_bench(&args).await;
-    }
-    if args.hostile {
-        return hostile_bench(&args).await;
-    }
-    if args.metrics {
-        return metrics_bench(&args).await;
-    }
-    anyhow::ensure!(
-        !args.ceiling_rates.contains(&0),
-        "--ceiling-rates must be positive"
-    );
-    let binaries = Binaries {
-        dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
-        loadbalancer: args.bin_dir.join("kube-dispatch-loadbalancer"),
-        controller: args.bin_dir.join("bench-controller"),
-        controller_runtime: args.controller_runtime.clone(),
-    };
-    let wants_controller_runtime = args.variants.iter().any(|v| {
-        matches!(
-            v,
-            Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata
-        )
-    });
-    match &binaries.controller_runtime {
-        Some(path) => anyhow::ensure!(
-            path.is_file(),
-            "{} does not exist: build it with bench/controller-runtime/build.sh",
-            path.display()
-        ),
-        None => anyhow::ensure!(
-            !wants_controller_runtime,
-            "the controller-runtime variants need --controller-runtime PATH (bench/controller-runtime/build.sh prints it)"
-        ),
-    }
-    for b in [
-        &binaries.dispatcher,
-        &binaries.loadbalancer,
-        &binaries.controller,
-    ] {
-        anyhow::ensure!(
-            b.exists(),
-            "{} is missing: build with `make bench`",
-            b.display()
-        );
-    }
+}
 
-    let cluster = Cluster::shared();
-    let client = cluster.client().await?;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("the bench crate has no parent directory")?;
-    let control_plane = ControlPlane::from_state(root)?;
+/// The local control plane the benchmarks that start processes run against.
+struct Plane {
+    client: kube::Client,
+    kubeconfig: &'static Path,
+    control_plane: ControlPlane,
+    /// The workspace, whose `Cargo.lock` and control-plane state it reads.
+    root: &'static Path,
+}
+
+impl Plane {
+    /// Connects to the shared control plane (starting it if it is not running).
+    async fn connect() -> anyhow::Result<Self> {
+        let cluster = Cluster::shared();
+        let client = cluster.client().await?;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("the bench crate has no parent directory")?;
+        let control_plane = ControlPlane::from_state(root)?;
+        Ok(Self {
+            client,
+            kubeconfig: cluster.kubeconfig(),
+            control_plane,
+            root,
+        })
+    }
+}
+
+/// `compare`: every variant on every scenario, written into the section --section.
+async fn compare(args: CompareArgs) -> anyhow::Result<()> {
+    args.check()?;
+    let binaries = args.processes.binaries(args.controller_runtime.clone())?;
+    let plane = Plane::connect().await?;
+    let client = &plane.client;
     if args.kinds.contains(&Kind::Record) {
-        install_crd(&client).await?;
+        install_crd(client).await?;
     }
     let nonce = now_micros();
-    if args.shards {
-        return shards_bench(
-            &args,
-            &client,
-            cluster.kubeconfig(),
-            &binaries,
-            control_plane,
-            nonce,
-        )
-        .await;
-    }
-    if args.ceiling {
-        return ceiling_bench(
-            &args,
-            &client,
-            cluster.kubeconfig(),
-            &binaries,
-            control_plane,
-            nonce,
-        )
-        .await;
-    }
+    let namespaces = args.namespaces;
 
     let mut scenarios = Vec::new();
     for kinds in kind_sets(&args) {
@@ -385,10 +601,10 @@ async fn main() -> anyhow::Result<()> {
             for &kind in &kinds {
                 if namespaces == 1 {
                     written +=
-                        populate(&client, kind, &namespace, objects, args.object_bytes).await?;
+                        populate(client, kind, &namespace, objects, args.object_bytes).await?;
                 } else {
                     let (leases, n) = objects::populate_spread(
-                        &client,
+                        client,
                         kind,
                         objects,
                         namespaces,
@@ -413,10 +629,10 @@ async fn main() -> anyhow::Result<()> {
             );
             for &groups in &args.groups {
                 let setup = Setup {
-                    client: &client,
-                    kubeconfig: cluster.kubeconfig(),
+                    client,
+                    kubeconfig: plane.kubeconfig,
                     binaries: &binaries,
-                    control_plane,
+                    control_plane: plane.control_plane,
                     kinds: &kinds,
                     namespace: &namespace,
                     objects,
@@ -425,7 +641,7 @@ async fn main() -> anyhow::Result<()> {
                     dispatchers: usize::from(args.dispatchers),
                     writes: args.writes,
                     write_interval: args.write_interval,
-                    log_dir: &args.logs,
+                    log_dir: &args.processes.logs,
                     ring_key: args.ring_key.as_deref(),
                     nonce,
                 };
@@ -469,31 +685,26 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let plots = draw_plots(&args, &scenarios);
-    let section = results_section(&args, root, &scenarios, &plots)?;
-    write_section(&args.out, &args.section, &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    let section = results_section(&args, plane.root, &scenarios, &plots)?;
+    args.output
+        .write(&args.section, &section, &report::Figures::of(&scenarios))
 }
 
-/// `--ceiling`: the watch events one dispatcher absorbs per core, written into the `ceiling`
+/// `ceiling`: the watch events one dispatcher absorbs per core, written into the `ceiling`
 /// section.
-async fn ceiling_bench(
-    args: &Args,
-    client: &kube::Client,
-    kubeconfig: &Path,
-    binaries: &Binaries,
-    control_plane: ControlPlane,
-    nonce: u64,
-) -> anyhow::Result<()> {
-    let objects = args.objects[0];
+async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
+    let binaries = args.processes.binaries(None)?;
+    let plane = Plane::connect().await?;
+    let nonce = now_micros();
+    let objects = args.objects;
     let kind = Kind::ConfigMap;
     let namespace = format!("kd-bench-{}-{objects}", kind.flag());
-    populate(client, kind, &namespace, objects, args.object_bytes).await?;
+    populate(&plane.client, kind, &namespace, objects, args.object_bytes).await?;
     let setup = Setup {
-        client,
-        kubeconfig,
-        binaries,
-        control_plane,
+        client: &plane.client,
+        kubeconfig: plane.kubeconfig,
+        binaries: &binaries,
+        control_plane: plane.control_plane,
         kinds: &[kind],
         namespace: &namespace,
         objects,
@@ -501,50 +712,47 @@ async fn ceiling_bench(
         groups: 1,
         dispatchers: 1,
         writes: 0,
-        write_interval: args.write_interval,
-        log_dir: &args.logs,
+        // Not used: the ceiling paces its writes by each rate of the plan.
+        write_interval: Duration::ZERO,
+        log_dir: &args.processes.logs,
         ring_key: None,
         nonce,
     };
     let steps = setup
         .ceiling(&harness::ceiling::Plan {
-            rates: args.ceiling_rates.clone(),
-            window: args.ceiling_window,
+            rates: args.rates.clone(),
+            window: args.window,
         })
         .await?;
     let table = harness::ceiling::table(&steps);
     println!("\n{table}");
     let section = format!(
         "Produced by `{}` on {} ({objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
-        args.command,
+        args.output.command("make bench-ceiling"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.object_bytes,
-        humantime::format_duration(args.ceiling_window),
+        humantime::format_duration(args.window),
         harness::ceiling::WRITERS,
         machine(),
     );
-    write_section(&args.out, "ceiling", &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    args.output.write(
+        "ceiling",
+        &section,
+        &harness::ceiling::Figures { steps: &steps },
+    )
 }
 
-/// `--shards`: the ring keyed by namespace with server-side sharding against the ring keyed by
+/// `shards`: the ring keyed by namespace with server-side sharding against the ring keyed by
 /// name, written into the `shards` section.
-async fn shards_bench(
-    args: &Args,
-    client: &kube::Client,
-    kubeconfig: &Path,
-    binaries: &Binaries,
-    control_plane: ControlPlane,
-    nonce: u64,
-) -> anyhow::Result<()> {
+async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
     use harness::shards;
-    let objects = args.objects[0];
-    let namespaces = args.shard_namespaces;
-    anyhow::ensure!(namespaces > 0, "--shard-namespaces must be positive");
+    let binaries = args.processes.binaries(None)?;
+    let plane = Plane::connect().await?;
+    let nonce = now_micros();
+    let (objects, namespaces) = (args.objects, args.namespaces);
     let begun = Instant::now();
     let (lease_namespace, written) = harness::objects::populate_spread(
-        client,
+        &plane.client,
         Kind::ConfigMap,
         namespaces * objects,
         namespaces,
@@ -566,10 +774,10 @@ async fn shards_bench(
             shards::Variant::KubeRs => None,
         };
         let setup = Setup {
-            client,
-            kubeconfig,
-            binaries,
-            control_plane,
+            client: &plane.client,
+            kubeconfig: plane.kubeconfig,
+            binaries: &binaries,
+            control_plane: plane.control_plane,
             kinds: &[Kind::ConfigMap],
             namespace: &lease_namespace,
             objects: namespaces * objects,
@@ -578,7 +786,7 @@ async fn shards_bench(
             dispatchers: usize::from(args.dispatchers),
             writes: args.writes,
             write_interval: args.write_interval,
-            log_dir: &args.logs,
+            log_dir: &args.processes.logs,
             ring_key,
             nonce,
         };
@@ -593,7 +801,7 @@ async fn shards_bench(
     println!("\n{table}");
     let section = format!(
         "Produced by `{}` on {} ({namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
-        args.command,
+        args.output.command("make bench-shards"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.object_bytes,
         args.dispatchers,
@@ -601,88 +809,91 @@ async fn shards_bench(
         humantime::format_duration(args.write_interval),
         machine(),
     );
-    write_section(&args.out, "shards", &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    args.output.write(
+        "shards",
+        &section,
+        &shards::Figures {
+            outcomes: &outcomes,
+        },
+    )
 }
 
-/// `--security`: the cost of TLS and reviews, written into the `security` section.
-async fn security_bench(args: &Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.security_sessions > 0 && args.security_identities > 0,
-        "--security-sessions and --security-identities must be positive"
-    );
-    let table = harness::security::run(harness::security::Plan {
+/// `security`: the cost of TLS and reviews, written into the `security` section.
+async fn security(args: SecurityArgs) -> anyhow::Result<()> {
+    let results = harness::security::run(harness::security::Plan {
         repeats: args.repeats,
         writes: args.writes,
-        opens: args.security_opens,
-        sessions: args.security_sessions,
-        identities: args.security_identities,
-        window: args.security_window,
+        opens: args.opens,
+        sessions: args.sessions,
+        identities: args.identities,
+        window: args.window,
     })
     .await?;
+    let table = results.table();
     println!("\n{table}");
     let section = format!(
         "Produced by `{}` on {} (one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
-        args.command,
+        args.output.command("make bench-security"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.writes,
-        args.security_opens,
+        args.opens,
         machine(),
     );
-    write_section(&args.out, "security", &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    args.output.write("security", &section, &results.figures())
 }
 
-/// `--hostile`: what each attack costs a legitimate controller, written into the `hostile`
+/// `hostile`: what each attack costs a legitimate controller, written into the `hostile`
 /// section.
-async fn hostile_bench(args: &Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.repeats > 0 && args.writes > 0,
-        "--repeats and --writes must be positive"
-    );
-    let table = harness::hostile::run(harness::hostile::Plan {
+async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
+    let results = harness::hostile::run(harness::hostile::Plan {
         repeats: args.repeats,
         writes: args.writes,
-        dispatcher: args.bin_dir.join("kube-dispatch-dispatcher"),
-        logs: args.logs.join("hostile"),
+        dispatcher: args.processes.bin_dir.join("kube-dispatch-dispatcher"),
+        logs: args.processes.logs.join("hostile"),
     })
     .await?;
+    let table = results.table();
     println!("\n{table}");
     let section = format!(
         "Produced by `{}` on {} (one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
-        args.command,
+        args.output.command("make bench-hostile"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
     );
-    write_section(&args.out, "hostile", &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    args.output.write("hostile", &section, &results)
 }
 
-/// `--metrics`: what metrics cost a reconcile, written into the `metrics` section.
-async fn metrics_bench(args: &Args) -> anyhow::Result<()> {
-    let objects = args.objects.first().copied().unwrap_or(1000);
-    let table = harness::metrics::run(harness::metrics::Plan {
+/// `metrics`: what metrics cost a reconcile, written into the `metrics` section.
+async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
+    let results = harness::metrics::run(harness::metrics::Plan {
         repeats: args.repeats,
-        objects,
+        objects: args.objects,
     })
     .await?;
+    let table = results.table();
     println!("\n{table}");
     let section = format!(
         "Produced by `{}` on {} (one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
-        args.command,
+        args.output.command("make bench-metrics"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
     );
-    write_section(&args.out, "metrics", &section)?;
-    println!("bench: results written to {}", args.out.display());
-    Ok(())
+    args.output.write("metrics", &section, &results)
+}
+
+/// Writes `figures` into `path` as JSON (creating its directory).
+fn write_json(path: &Path, figures: &impl Serialize) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut json =
+        serde_json::to_string_pretty(figures).context("cannot encode the figures as JSON")?;
+    json.push('\n');
+    std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The kinds of each scenario: all of --kinds together with --mix, else each on its own.
-fn kind_sets(args: &Args) -> Vec<Vec<Kind>> {
+fn kind_sets(args: &CompareArgs) -> Vec<Vec<Kind>> {
     if args.mix {
         vec![args.kinds.clone()]
     } else {
@@ -691,7 +902,7 @@ fn kind_sets(args: &Args) -> Vec<Vec<Kind>> {
 }
 
 /// Memory and start-up against object count, per scenario's kinds; the paths drawn.
-fn draw_plots(args: &Args, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
+fn draw_plots(args: &CompareArgs, scenarios: &[Scenario]) -> Vec<(String, PathBuf)> {
     if let Err(e) = plot::register_font(args.font.as_deref()) {
         eprintln!("bench: no plots: {e:#}");
         return Vec::new();
@@ -857,7 +1068,7 @@ fn crate_version(root: &Path, name: &str) -> String {
 
 /// The Markdown written between the markers of --out.
 fn results_section(
-    args: &Args,
+    args: &CompareArgs,
     root: &Path,
     scenarios: &[Scenario],
     plots: &[(String, PathBuf)],
@@ -873,7 +1084,7 @@ fn results_section(
     let _ = writeln!(
         out,
         "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}, ring keyed by {}{}{}).\n",
-        args.command,
+        args.output.command("make bench"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.repeats,
         args.writes,
@@ -930,7 +1141,7 @@ fn results_section(
             lines.join("\n")
         );
     }
-    let out_dir = args.out.parent().unwrap_or(Path::new(""));
+    let out_dir = args.output.out.parent().unwrap_or(Path::new(""));
     for (title, path) in plots {
         let relative = path.strip_prefix(out_dir).unwrap_or(path);
         let _ = writeln!(out, "![{title}]({})\n", relative.display());
@@ -965,4 +1176,93 @@ fn write_section(path: &Path, name: &str, section: &str) -> anyhow::Result<()> {
         &current[end..]
     );
     std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Bench, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kube-dispatch-bench").chain(args.iter().copied()))
+            .map(|cli| cli.bench)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_benchmark_is_a_subcommand_and_one_is_needed() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["--security"]).is_err());
+        for name in [
+            "compare", "security", "hostile", "metrics", "ceiling", "shards",
+        ] {
+            assert!(parse(&[name]).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_defaults_the_make_targets_relied_on_are_the_subcommands_own() {
+        let Ok(Bench::Shards(shards)) = parse(&["shards"]) else {
+            panic!("shards parses");
+        };
+        assert_eq!(
+            (shards.namespaces, shards.objects, shards.writes),
+            (1000, 100, 1000)
+        );
+        assert_eq!(shards.write_interval, Duration::from_millis(10));
+        let Ok(Bench::Ceiling(ceiling)) = parse(&["ceiling", "--rates", "20,40", "--window", "1s"])
+        else {
+            panic!("ceiling parses");
+        };
+        assert_eq!(
+            (ceiling.objects, ceiling.rates, ceiling.window),
+            (2000, vec![20, 40], Duration::from_secs(1))
+        );
+        let Ok(Bench::Metrics(metrics)) = parse(&["metrics"]) else {
+            panic!("metrics parses");
+        };
+        assert_eq!((metrics.objects, metrics.repeats), (2000, 5));
+        let Ok(Bench::Hostile(hostile)) = parse(&["hostile"]) else {
+            panic!("hostile parses");
+        };
+        assert_eq!((hostile.repeats, hostile.writes), (3, 100));
+        let Ok(Bench::Security(security)) = parse(&["security"]) else {
+            panic!("security parses");
+        };
+        assert_eq!(
+            (security.repeats, security.writes, security.opens),
+            (3, 200, 50)
+        );
+        assert_eq!(
+            security.output.command("make bench-security"),
+            "make bench-security"
+        );
+    }
+
+    #[test]
+    fn counts_must_be_positive_and_flags_belong_to_their_subcommand() {
+        for args in [
+            &["compare", "--objects", "10,0"][..],
+            &["compare", "--repeats", "0"],
+            &["compare", "--namespaces", "0"],
+            &["compare", "--dispatchers", "17"],
+            &["metrics", "--objects", "0"],
+            &["ceiling", "--rates", "100,0"],
+            &["shards", "--namespaces", "0"],
+            &["security", "--sessions", "0"],
+            &["security", "--identities", "0"],
+            &["hostile", "--writes", "0"],
+            // Each subcommand has only the flags it uses.
+            &["metrics", "--bin-dir", "x"],
+            &["security", "--plots-dir", "x"],
+            &["ceiling", "--variants", "kube-rs"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} parsed");
+        }
+    }
 }

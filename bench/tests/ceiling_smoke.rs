@@ -5,19 +5,19 @@
 
 mod common;
 
-use common::run_harness;
+use common::{Mode, number, run_harness};
 
 #[test]
 fn the_ceiling_benchmark_counts_the_events_of_its_writes_and_writes_its_section() {
     let run = run_harness(
         "ceiling",
+        Mode::Ceiling,
         &[
-            "--ceiling",
             "--objects",
             "30",
-            "--ceiling-rates",
+            "--rates",
             "20,40",
-            "--ceiling-window",
+            "--window",
             "1s",
             "--command",
             "ceiling smoke test",
@@ -25,16 +25,20 @@ fn the_ceiling_benchmark_counts_the_events_of_its_writes_and_writes_its_section(
     );
     let results = &run.results;
     assert!(results.contains("<!-- bench:ceiling:begin -->\nProduced by `ceiling smoke test`"));
-    for rate in ["20", "40"] {
-        let cells: Vec<f64> = results
-            .lines()
-            .find(|l| l.starts_with(&format!("| {rate} |")))
-            .unwrap_or_else(|| panic!("no row for {rate} writes/s in:\n{results}"))
-            .split('|')
-            .map(str::trim)
-            .filter_map(|c| c.parse().ok())
-            .collect();
-        let (achieved, patches, events) = (cells[1], cells[2], cells[3]);
+    for rate in [20_u64, 40] {
+        let step = run.json["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["target"] == rate)
+            .unwrap_or_else(|| panic!("no step at {rate} writes/s in:\n{:#}", run.json));
+        // Whole numbers, as the table shows them and as these bounds were set against.
+        let per_s = |key: &str| number(step, &format!("/{key}")).round();
+        let (achieved, patches, events) = (
+            per_s("achieved"),
+            per_s("patches_per_s"),
+            per_s("events_per_s"),
+        );
         assert!(achieved > 0.0, "{rate}: no write made it");
         // Every write and every reconcile's own write is a change the watch shows: the
         // dispatcher counts as many events as the API server counts patches (a no-op patch, a

@@ -32,23 +32,31 @@ fn two_controllers_over_two_resources_each_reconcile_every_object_of_theirs() {
     assert!(results.contains("a mix of resources"), "{results}");
     // A run ends only once each controller has reconciled every object of its kind, and each
     // write once the controller of its kind has seen it: 12 of each at start-up, 6 writes.
+    let scenario = &run.json["scenarios"][0];
     for variant in ["kube-rs", "dispatch-1"] {
-        let reconciles = figure(results, "reconciles started", variant);
+        let reconciles = figure(scenario, variant, "reconciles");
         assert!(
             reconciles >= (2 * OBJECTS + 6) as f64,
             "{variant}: {reconciles} reconciles for 2 controllers of {OBJECTS} objects each"
         );
     }
     // One watch per controller for kube-rs; one per resource and dispatcher for the tier.
-    let watches = |variant| figure(results, "API requests on the resource: WATCH", variant);
-    assert_eq!(watches("kube-rs"), 2.0, "{results}");
-    assert_eq!(watches("dispatch-1"), 6.0, "{results}");
+    let watches = |variant| figure(scenario, variant, "requests_watch");
+    assert_eq!(watches("kube-rs"), 2.0, "{:#}", run.json);
+    assert_eq!(watches("dispatch-1"), 6.0, "{:#}", run.json);
 }
 
 #[test]
 fn a_mix_with_fewer_controllers_than_kinds_is_refused_before_anything_runs() {
     let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
-        .args(["--kinds", "config-map,record", "--mix", "--groups", "1,2"])
+        .args([
+            "compare",
+            "--kinds",
+            "config-map,record",
+            "--mix",
+            "--groups",
+            "1,2",
+        ])
         .output()
         .expect("the harness runs");
     assert!(!output.status.success());

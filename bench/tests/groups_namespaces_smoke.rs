@@ -36,13 +36,13 @@ fn two_controllers_over_every_namespace_reconcile_everything_on_a_ring_keyed_by_
         "{results}"
     );
     // A run ends only once each controller has reconciled every object (in every namespace).
-    assert_two_controllers_reconciled_and_the_tier_watched_once(results, OBJECTS);
+    assert_two_controllers_reconciled_and_the_tier_watched_once(&run, OBJECTS);
 }
 
 #[test]
 fn objects_that_do_not_divide_over_the_namespaces_are_refused_before_anything_runs() {
     let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
-        .args(["--objects", "10", "--namespaces", "4"])
+        .args(["compare", "--objects", "10", "--namespaces", "4"])
         .output()
         .expect("the harness runs");
     assert!(!output.status.success());

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{
-    TWO_CONTROLLERS, assert_two_controllers_reconciled_and_the_tier_watched_once, run_harness,
+    Mode, TWO_CONTROLLERS, assert_two_controllers_reconciled_and_the_tier_watched_once, run_harness,
 };
 
 const OBJECTS: usize = 20;
@@ -16,6 +16,7 @@ fn two_controllers_reconcile_everything_and_the_tier_watches_once() {
     let objects = OBJECTS.to_string();
     let run = run_harness(
         "groups",
+        Mode::Compare,
         &[
             [
                 "--kinds",
@@ -39,5 +40,5 @@ fn two_controllers_reconcile_everything_and_the_tier_watches_once() {
         "{results}"
     );
     // A run ends only once each controller has reconciled every object (in every namespace).
-    assert_two_controllers_reconciled_and_the_tier_watched_once(results, OBJECTS);
+    assert_two_controllers_reconciled_and_the_tier_watched_once(&run, OBJECTS);
 }

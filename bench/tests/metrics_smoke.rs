@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::run_harness;
+use common::{Mode, run_harness};
 
 #[test]
 fn the_metrics_benchmark_runs_both_modes_and_writes_its_section() {
     let run = run_harness(
         "metrics",
+        Mode::Metrics,
         &[
-            "--metrics",
             "--objects",
             "40",
             "--repeats",
@@ -20,25 +20,21 @@ fn the_metrics_benchmark_runs_both_modes_and_writes_its_section() {
             "metrics smoke test",
         ],
     );
-    let (results, stdout) = (&run.results, &run.stdout);
+    let (results, json) = (&run.results, &run.json);
     assert!(results.contains("<!-- bench:metrics:begin -->\nProduced by `metrics smoke test`"));
-    let throughput = |mode: &str| -> f64 {
-        let row = results
-            .lines()
-            .find(|l| l.starts_with("| throughput, reconciles/s |"))
-            .unwrap_or_else(|| panic!("no throughput row in:\n{results}"));
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        let column = if mode == "off" { 2 } else { 3 };
-        cells[column].parse().unwrap_or(0.0)
-    };
+    // The median throughput of each mode (none: no throughput).
+    let throughput = |mode: &str| json[mode]["throughput"].as_f64().unwrap_or(0.0);
     assert!(
         throughput("off") > 0.0 && throughput("on") > 0.0,
-        "{results}"
+        "{json:#}"
     );
     // With metrics on, both processes were scraped while the run went on.
-    let on = stdout
-        .lines()
-        .find(|l| l.contains("metrics on "))
-        .unwrap_or_else(|| panic!("no run with metrics on:\n{stdout}"));
-    assert!(!on.ends_with(" 0 scrapes"), "{on}");
+    let scrapes = json["on"]["scrapes_per_run"]
+        .as_array()
+        .filter(|runs| !runs.is_empty())
+        .unwrap_or_else(|| panic!("no run with metrics on:\n{json:#}"));
+    assert!(
+        scrapes.iter().all(|n| n.as_u64().is_some_and(|n| n > 0)),
+        "{json:#}"
+    );
 }

@@ -1,13 +1,14 @@
 //! `make bench` end to end at a tiny scale, against the real control plane: every variant runs
 //! on both kinds, reconciles every object and every timed write, and the results and plots are
 //! written. The figures themselves are not asserted (they are measurements); what each variant
-//! asked of the API server is, since it follows from how each one works.
+//! asked of the API server is, since it follows from how each one works. The figures are read
+//! from the JSON the harness writes beside the Markdown (`--json`).
 
 mod common;
 
 use std::{path::Path, process::Command};
 
-use common::{bin_dir, figure, row, run_harness};
+use common::{Mode, bin_dir, figure, run_harness, scenario};
 
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
@@ -46,6 +47,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
     let variants = VARIANTS.join(",");
     let run = run_harness(
         "smoke",
+        Mode::Compare,
         &[
             "--objects",
             &objects,
@@ -67,18 +69,31 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
     );
     let results = &run.results;
     assert!(results.contains("<!-- bench:default:begin -->\nProduced by `smoke test`"));
-    for kind in ["ConfigMaps", "Records (custom resource)"] {
+    for (kind, title) in [
+        ("config-map", "ConfigMaps"),
+        ("record", "Records (custom resource)"),
+    ] {
+        // The rendered table: its heading, and the incumbents' columns against dispatch-1.
         let table = results
             .split("#### ")
-            .find(|t| t.starts_with(&format!("{kind}, {OBJECTS} objects")))
-            .unwrap_or_else(|| panic!("no table for {kind} in:\n{results}"));
+            .find(|t| t.starts_with(&format!("{title}, {OBJECTS} objects")))
+            .unwrap_or_else(|| panic!("no table for {title} in:\n{results}"));
+        let header = table
+            .lines()
+            .find(|l| l.starts_with("| figure |"))
+            .unwrap_or_else(|| panic!("no header in:\n{table}"));
+        for ratio in ["kube-rs ÷ dispatch-1", "controller-runtime ÷ dispatch-1"] {
+            assert!(header.contains(&format!("| {ratio} |")), "{header}");
+        }
+        // The figures, from the JSON.
+        let figures = scenario(&run.json, &[kind], OBJECTS as usize);
         for variant in VARIANTS {
             // Every object once at start-up, and every timed write at least once.
             assert!(
-                figure(table, "reconciles started", variant) >= (OBJECTS + WRITES) as f64,
+                figure(figures, variant, "reconciles") >= (OBJECTS + WRITES) as f64,
                 "{kind} {variant}"
             );
-            assert!(figure(table, "start to first reconcile (ms)", variant) > 0.0);
+            assert!(figure(figures, variant, "first_reconcile_ms") > 0.0);
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
         // three dispatchers whatever the number of replicas (--list-mode whole, the default).
@@ -93,12 +108,12 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             ("dispatch-4", 3.0, 3.0),
         ] {
             assert_eq!(
-                figure(table, "API requests on the resource: LIST", variant),
+                figure(figures, variant, "requests_list"),
                 lists,
                 "{kind} {variant}"
             );
             assert_eq!(
-                figure(table, "API requests on the resource: WATCH", variant),
+                figure(figures, variant, "requests_watch"),
                 watches,
                 "{kind} {variant}"
             );
@@ -108,25 +123,9 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             ("kube-rs", "kube-rs-metadata"),
             ("controller-runtime", "controller-runtime-metadata"),
         ] {
-            assert_eq!(
-                figure(table, "API requests on the resource: GET", full),
-                0.0
-            );
-            assert!(
-                figure(table, "API requests on the resource: GET", metadata)
-                    >= (OBJECTS + WRITES) as f64
-            );
+            assert_eq!(figure(figures, full, "requests_get"), 0.0);
+            assert!(figure(figures, metadata, "requests_get") >= (OBJECTS + WRITES) as f64);
         }
-        assert!(
-            row(table, "controller RSS, peak, largest replica (MiB)")
-                .iter()
-                .any(|(column, _)| column == "kube-rs ÷ dispatch-1")
-        );
-        assert!(
-            row(table, "controller RSS, peak, largest replica (MiB)")
-                .iter()
-                .any(|(column, _)| column == "controller-runtime ÷ dispatch-1")
-        );
     }
     for plot in [
         "memory-config-map",

@@ -1,8 +1,9 @@
-//! `make bench-ceiling`: how many watch events one dispatcher absorbs per core.
+//! `make bench-ceiling` (`kube-dispatch-bench ceiling`): how many watch events one dispatcher
+//! absorbs per core.
 //!
 //! One dispatcher (it owns every key), the load balancer and one SDK replica of the benchmark
 //! controller, on `--objects` ConfigMaps. A writer then patches the objects at rising rates,
-//! each for `--ceiling-window`, with up to [`WRITERS`] patches in flight; a tick that finds
+//! each for `--window`, with up to [`WRITERS`] patches in flight; a tick that finds
 //! every writer busy is dropped, so the rate achieved says when the writer (and the API server
 //! behind it) stopped keeping up. Every patch changes the object, and so does the controller's
 //! reconcile (it writes the content hash), so the dispatcher's watch sees about two events per
@@ -24,6 +25,7 @@ use std::{
 
 use anyhow::Context as _;
 use kube_dispatch_bench::{ReconcileStart, now_micros};
+use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -31,7 +33,7 @@ use super::{
     apiserver::request_counts,
     objects::{Kind, change_value},
     process::Component,
-    report::percentile,
+    report::{as_millis, percentile},
     run::{Setup, Variant},
 };
 
@@ -47,39 +49,45 @@ pub(crate) struct Plan {
     pub window: Duration,
 }
 
-/// One rate's figures.
-#[derive(Clone, Debug)]
+/// The JSON of `ceiling --json`: every rate's figures, in the order run.
+#[derive(Debug, Serialize)]
+pub(crate) struct Figures<'a> {
+    /// One per rate of the plan.
+    pub(crate) steps: &'a [Step],
+}
+
+/// One rate's figures (a row of the table; in the JSON, under the names given).
+#[derive(Clone, Debug, Serialize)]
 pub(crate) struct Step {
+    /// The target write rate, writes per second.
     target: u32,
     /// Writes completed per second of the window.
     achieved: f64,
     /// PATCH requests on ConfigMaps per second of the window: the writer's and the
     /// controller's.
+    #[serde(rename = "patches_per_s")]
     patches: f64,
     /// Watch events the dispatcher counted per second of the window.
+    #[serde(rename = "events_per_s")]
     events: f64,
     /// CPU seconds per second of the window.
     dispatcher_cores: f64,
+    /// Events per CPU-second of the dispatcher: the rate one core of it absorbs.
+    #[serde(rename = "events_per_dispatcher_cpu_s")]
+    per_core: f64,
     replica_cores: f64,
     apiserver_cores: f64,
     etcd_cores: f64,
     /// Write to reconcile start, ms.
+    #[serde(rename = "p50_ms")]
     p50: f64,
+    #[serde(rename = "p99_ms")]
     p99: f64,
+    #[serde(rename = "worst_ms")]
     worst: f64,
     /// From the writer stopping to every write reconciled.
+    #[serde(rename = "caught_up_ms", serialize_with = "as_millis")]
     caught_up: Duration,
-}
-
-impl Step {
-    /// Events per CPU-second of the dispatcher: the rate one core of it absorbs.
-    fn per_core(&self) -> f64 {
-        if self.dispatcher_cores > 0.0 {
-            self.events / self.dispatcher_cores
-        } else {
-            0.0
-        }
-    }
 }
 
 /// Reconcile starts seen, per key: (when, resourceVersion).
@@ -180,7 +188,7 @@ impl Setup<'_> {
                     step.achieved,
                     step.events,
                     step.dispatcher_cores,
-                    step.per_core(),
+                    step.per_core,
                     step.apiserver_cores,
                     step.p99,
                     step.caught_up.as_secs_f64() * 1e3,
@@ -290,12 +298,19 @@ impl Setup<'_> {
             .context("after the writer stopped")?;
         let caught_up = stopped.elapsed();
         let ms = |p: f64| percentile(&latencies, p).unwrap_or(0.0) / 1e3;
+        let dispatcher_cores = dispatcher_cpu / elapsed;
+        let events = events / elapsed;
         Ok(Step {
             target: rate,
             achieved: sent.len() as f64 / elapsed,
             patches: patches as f64 / elapsed,
-            events: events / elapsed,
-            dispatcher_cores: dispatcher_cpu / elapsed,
+            events,
+            dispatcher_cores,
+            per_core: if dispatcher_cores > 0.0 {
+                events / dispatcher_cores
+            } else {
+                0.0
+            },
             replica_cores: replica_cpu / elapsed,
             apiserver_cores: (plane.0 - plane_before.0) / elapsed,
             etcd_cores: (plane.1 - plane_before.1) / elapsed,
@@ -337,7 +352,7 @@ pub(crate) fn table(steps: &[Step]) -> String {
             s.patches,
             s.events,
             s.dispatcher_cores,
-            s.per_core(),
+            s.per_core,
             s.replica_cores,
             s.apiserver_cores,
             s.etcd_cores,
@@ -348,4 +363,37 @@ pub(crate) fn table(steps: &[Step]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_serializes_under_its_json_names() {
+        let step = Step {
+            target: 20,
+            achieved: 19.5,
+            patches: 40.0,
+            events: 39.0,
+            dispatcher_cores: 0.1,
+            per_core: 390.0,
+            replica_cores: 0.05,
+            apiserver_cores: 0.5,
+            etcd_cores: 0.1,
+            p50: 1.0,
+            p99: 2.0,
+            worst: 3.0,
+            caught_up: Duration::from_millis(1500),
+        };
+        let json = serde_json::to_value(Figures { steps: &[step] }).expect("serializes");
+        let step = &json["steps"][0];
+        assert_eq!(step["target"], 20);
+        assert_eq!(step["achieved"], 19.5);
+        assert_eq!(step["patches_per_s"], 40.0);
+        assert_eq!(step["events_per_s"], 39.0);
+        assert_eq!(step["events_per_dispatcher_cpu_s"], 390.0);
+        assert_eq!(step["p99_ms"], 2.0);
+        assert_eq!(step["caught_up_ms"], 1500.0);
+    }
 }

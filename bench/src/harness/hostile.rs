@@ -1,5 +1,6 @@
-//! `make bench-hostile`: what each attack in `proto/kubedispatch/v1/security.md`'s threat table
-//! costs a legitimate controller while it runs at the most its bound lets through.
+//! `make bench-hostile` (`kube-dispatch-bench hostile`): what each attack in
+//! `proto/kubedispatch/v1/security.md`'s threat table costs a legitimate controller while it
+//! runs at the most its bound lets through.
 //!
 //! One dispatcher binary (release build, TLS and token reviews on, the defaults of every bound
 //! but the body pool, held to `--max-body-bytes 32 MiB` so one run can fill it), against the
@@ -44,6 +45,7 @@ use kube_dispatch_tests::{
     dispatcher::{TestSession, subscription},
     identity::{account, token},
 };
+use serde::{Serialize, Serializer};
 use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +82,18 @@ impl Attack {
         Self::BodyHog,
     ];
 
+    /// What the JSON calls it.
+    fn key(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::IdleAdmin => "idle_admin",
+            Self::HealthStreams => "health_streams",
+            Self::JunkTokens => "junk_tokens",
+            Self::Connections => "connections",
+            Self::BodyHog => "body_hog",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Self::None => "none (baseline)",
@@ -100,6 +114,12 @@ impl Attack {
             Self::Connections => "128 connections per peer, 10 s to speak",
             Self::BodyHog => "body pool shared evenly per user (32 MiB here)",
         }
+    }
+}
+
+impl Serialize for Attack {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.key())
     }
 }
 
@@ -141,8 +161,42 @@ struct Fixture {
     ca: PathBuf,
 }
 
-/// Runs the plan and returns the Markdown of the results.
-pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
+/// What the plan measured: the Markdown table, and the JSON of `hostile --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Results {
+    /// Runs of each attack.
+    repeats: usize,
+    /// Timed writes per run.
+    writes: usize,
+    /// Every attack of the table, the baseline first.
+    attacks: Vec<Figures>,
+}
+
+/// One attack's figures: medians over its runs (`null` in the JSON for none), but `lost`.
+#[derive(Debug, Serialize)]
+struct Figures {
+    /// none, idle_admin, health_streams, junk_tokens, connections or body_hog.
+    attack: Attack,
+    /// Write to reconcile, p50 of each run, ms.
+    p50_ms: f64,
+    /// Write to reconcile, p99 of each run, ms.
+    p99_ms: f64,
+    /// `p99_ms` divided by the baseline's.
+    p99_over_baseline: f64,
+    /// Writes not handed over within 10 s, summed over the runs.
+    lost: usize,
+    /// `/healthz` answer time, p99 of each run, ms.
+    healthz_p99_ms: f64,
+    /// The dispatcher's peak RSS, MiB.
+    peak_rss_mib: f64,
+    /// Calls or connections the attack made per run.
+    attempts: f64,
+    /// Of those, refused or closed.
+    refused: f64,
+}
+
+/// Runs the plan and returns what it measured.
+pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
     let cluster = Cluster::shared();
     let ca = cluster.dir().join("pki/ca.crt");
     let legit_ns = TestNamespace::create("bench-hostile").await?;
@@ -183,7 +237,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
             runs.push((attack, run));
         }
     }
-    Ok(report(&plan, &runs))
+    Ok(Results::of(&plan, &runs))
 }
 
 fn ms(values: &[u64], p: f64) -> f64 {
@@ -608,45 +662,74 @@ async fn body_hog(
     Ok(())
 }
 
-fn report(plan: &Plan, runs: &[(Attack, Run)]) -> String {
-    use std::fmt::Write as _;
+impl Results {
+    /// Medians over the repeats of each attack's runs.
+    fn of(plan: &Plan, runs: &[(Attack, Run)]) -> Self {
+        let of = |attack: Attack| -> Vec<&Run> {
+            runs.iter()
+                .filter(|(a, _)| *a == attack)
+                .map(|(_, r)| r)
+                .collect()
+        };
+        let med = |rs: &[&Run], f: &dyn Fn(&Run) -> f64| {
+            median(rs.iter().map(|r| f(r)).collect()).unwrap_or(f64::NAN)
+        };
+        let baseline_p99 = med(&of(Attack::None), &|r| ms(&r.deliveries, 0.99));
+        let attacks: Vec<Figures> = Attack::ALL
+            .into_iter()
+            .map(|attack| {
+                let rs = of(attack);
+                let p99 = med(&rs, &|r| ms(&r.deliveries, 0.99));
+                Figures {
+                    attack,
+                    p50_ms: med(&rs, &|r| ms(&r.deliveries, 0.5)),
+                    p99_ms: p99,
+                    p99_over_baseline: p99 / baseline_p99,
+                    lost: rs.iter().map(|r| r.lost).sum::<usize>(),
+                    healthz_p99_ms: med(&rs, &|r| ms(&r.probes, 0.99)),
+                    peak_rss_mib: med(&rs, &|r| mib(r.peak_rss)),
+                    attempts: med(&rs, &|r| r.attempts as f64),
+                    refused: med(&rs, &|r| r.refused as f64),
+                }
+            })
+            .collect();
+        Self {
+            repeats: plan.repeats,
+            writes: plan.writes,
+            attacks,
+        }
+    }
 
-    let of = |attack: Attack| -> Vec<&Run> {
-        runs.iter()
-            .filter(|(a, _)| *a == attack)
-            .map(|(_, r)| r)
-            .collect()
-    };
-    let med = |rs: &[&Run], f: &dyn Fn(&Run) -> f64| median(rs.iter().map(|r| f(r)).collect());
-    let baseline_p99 = med(&of(Attack::None), &|r| ms(&r.deliveries, 0.99)).unwrap_or(f64::NAN);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| attack (median of {} runs, {} writes each) | bound that holds it | write to reconcile p50 (ms) | p99 (ms) | p99 / baseline | lost | `/healthz` p99 (ms) | dispatcher peak RSS (MiB) | attack calls or connections | refused or closed |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        plan.repeats, plan.writes
-    );
-    for attack in Attack::ALL {
-        let rs = of(attack);
-        let p99 = med(&rs, &|r| ms(&r.deliveries, 0.99)).unwrap_or(f64::NAN);
-        #[allow(clippy::cast_precision_loss)]
+    /// The results as Markdown: a row per attack.
+    pub(crate) fn table(&self) -> String {
+        use std::fmt::Write as _;
+
+        let mut out = String::new();
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
-            attack.name(),
-            attack.bound(),
-            med(&rs, &|r| ms(&r.deliveries, 0.5)).unwrap_or(f64::NAN),
-            p99,
-            p99 / baseline_p99,
-            rs.iter().map(|r| r.lost).sum::<usize>(),
-            med(&rs, &|r| ms(&r.probes, 0.99)).unwrap_or(f64::NAN),
-            med(&rs, &|r| mib(r.peak_rss)).unwrap_or(f64::NAN),
-            med(&rs, &|r| r.attempts as f64).unwrap_or(f64::NAN),
-            med(&rs, &|r| r.refused as f64).unwrap_or(f64::NAN),
+            "| attack (median of {} runs, {} writes each) | bound that holds it | write to reconcile p50 (ms) | p99 (ms) | p99 / baseline | lost | `/healthz` p99 (ms) | dispatcher peak RSS (MiB) | attack calls or connections | refused or closed |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            self.repeats, self.writes
         );
+        for f in &self.attacks {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
+                f.attack.name(),
+                f.attack.bound(),
+                f.p50_ms,
+                f.p99_ms,
+                f.p99_over_baseline,
+                f.lost,
+                f.healthz_p99_ms,
+                f.peak_rss_mib,
+                f.attempts,
+                f.refused,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n`lost` sums every run; the pod limit in `deploy/` is 512 MiB (this dispatcher's body pool is 32 MiB instead of 256 MiB, so the hog fills it within a run)."
+        );
+        out
     }
-    let _ = writeln!(
-        out,
-        "\n`lost` sums every run; the pod limit in `deploy/` is 512 MiB (this dispatcher's body pool is 32 MiB instead of 256 MiB, so the hog fills it within a run)."
-    );
-    out
 }

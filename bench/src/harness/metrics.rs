@@ -1,4 +1,5 @@
-//! `make bench-metrics`: what recording and serving metrics costs a reconcile.
+//! `make bench-metrics` (`kube-dispatch-bench metrics`): what recording and serving metrics
+//! costs a reconcile.
 //!
 //! One dispatcher and one controller replica in this process (each on a runtime of its own),
 //! against the local control plane, with the controller's metrics off
@@ -35,6 +36,7 @@ use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestDispatcher, test_config},
 };
+use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -76,8 +78,60 @@ struct Seen {
     changed: Notify,
 }
 
-/// Runs the plan and returns the Markdown of the results.
-pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
+/// What both modes measured: the Markdown table, and the JSON of `metrics --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Results {
+    /// ConfigMaps patched at once per run.
+    objects: usize,
+    /// Runs of each mode.
+    repeats: usize,
+    /// Metrics off.
+    off: Mode,
+    /// Metrics on, and scraped.
+    on: Mode,
+}
+
+/// The figures of one mode over its runs.
+#[derive(Debug, Serialize)]
+struct Mode {
+    /// Reconciles per second over the burst, median of the runs.
+    throughput: Option<f64>,
+    /// Write to reconcile start, p50 of each run, median of the runs, ms.
+    p50_ms: Option<f64>,
+    /// Write to reconcile start, p99 of each run, median of the runs, ms.
+    p99_ms: Option<f64>,
+    /// Each run's throughput, reconciles per second, in the order run.
+    throughput_per_run: Vec<f64>,
+    /// Each run's scrapes of both processes' `/metrics` (none with metrics off).
+    scrapes_per_run: Vec<usize>,
+}
+
+impl Mode {
+    fn of(runs: &[Run]) -> Self {
+        let latency = |p: f64| {
+            median(
+                runs.iter()
+                    .filter_map(|r| {
+                        let mut sorted = r.latencies.clone();
+                        sorted.sort_unstable();
+                        percentile(&sorted, p)
+                    })
+                    .map(|us| us / 1000.0)
+                    .collect(),
+            )
+        };
+        Self {
+            throughput: median(runs.iter().map(|r| r.throughput).collect()),
+            p50_ms: latency(0.5),
+            p99_ms: latency(0.99),
+            throughput_per_run: runs.iter().map(|r| r.throughput).collect(),
+            scrapes_per_run: runs.iter().map(|r| r.scrapes).collect(),
+        }
+    }
+}
+
+/// Runs the plan and returns what it measured.
+pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
     let ns = TestNamespace::create("bench-metrics").await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let names: Vec<String> = (0..plan.objects).map(|i| format!("cm-{i:05}")).collect();
@@ -127,7 +181,12 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
     }
     d.stop().await;
     ns.delete_and_wait(Duration::from_secs(120)).await?;
-    Ok(table(&plan, &off, &on))
+    Ok(Results {
+        objects: plan.objects,
+        repeats: plan.repeats,
+        off: Mode::of(&off),
+        on: Mode::of(&on),
+    })
 }
 
 /// One run: a fresh group on every object, then a burst of one patch per object.
@@ -276,61 +335,39 @@ async fn wait_for(seen: &Seen, want: &[(String, String)], timeout: Duration) -> 
     }
 }
 
-/// The results as Markdown: medians over the runs, and on against off.
-fn table(plan: &Plan, off: &[Run], on: &[Run]) -> String {
-    let throughput = |runs: &[Run]| median(runs.iter().map(|r| r.throughput).collect());
-    let latency = |runs: &[Run], p: f64| {
-        median(
-            runs.iter()
-                .filter_map(|r| {
-                    let mut sorted = r.latencies.clone();
-                    sorted.sort_unstable();
-                    percentile(&sorted, p)
-                })
-                .map(|us| us / 1000.0)
-                .collect(),
-        )
-    };
-    let spread = |runs: &[Run]| {
-        let values: Vec<f64> = runs.iter().map(|r| r.throughput).collect();
-        let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = values.iter().copied().fold(0.0, f64::max);
-        format!("{lo:.0} to {hi:.0}")
-    };
-    let row = |label: &str, off: Option<f64>, on: Option<f64>, digits: usize| match (off, on) {
-        (Some(a), Some(b)) => format!("| {label} | {a:.digits$} | {b:.digits$} | {:.3} |\n", b / a),
-        _ => format!("| {label} | - | - | - |\n"),
-    };
-    let mut out = format!(
-        "{} ConfigMaps patched at once per run, {} runs of each mode (medians of the runs):\n\n| figure | metrics off | metrics on | on / off |\n| --- | ---: | ---: | ---: |\n",
-        plan.objects, plan.repeats
-    );
-    out += &row(
-        "throughput, reconciles/s",
-        throughput(off),
-        throughput(on),
-        0,
-    );
-    out += &row(
-        "write to reconcile p50, ms",
-        latency(off, 0.5),
-        latency(on, 0.5),
-        2,
-    );
-    out += &row(
-        "write to reconcile p99, ms",
-        latency(off, 0.99),
-        latency(on, 0.99),
-        2,
-    );
-    out += &format!(
-        "\nThroughput over the runs: off {}, on {} reconciles/s; scrapes per run with metrics on: {}.\n",
-        spread(off),
-        spread(on),
-        on.iter()
-            .map(|r| r.scrapes.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    out
+impl Results {
+    /// The results as Markdown: medians over the runs, and on against off.
+    pub(crate) fn table(&self) -> String {
+        let (off, on) = (&self.off, &self.on);
+        let spread = |mode: &Mode| {
+            let values = &mode.throughput_per_run;
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(0.0, f64::max);
+            format!("{lo:.0} to {hi:.0}")
+        };
+        let row = |label: &str, off: Option<f64>, on: Option<f64>, digits: usize| match (off, on) {
+            (Some(a), Some(b)) => {
+                format!("| {label} | {a:.digits$} | {b:.digits$} | {:.3} |\n", b / a)
+            }
+            _ => format!("| {label} | - | - | - |\n"),
+        };
+        let mut out = format!(
+            "{} ConfigMaps patched at once per run, {} runs of each mode (medians of the runs):\n\n| figure | metrics off | metrics on | on / off |\n| --- | ---: | ---: | ---: |\n",
+            self.objects, self.repeats
+        );
+        out += &row("throughput, reconciles/s", off.throughput, on.throughput, 0);
+        out += &row("write to reconcile p50, ms", off.p50_ms, on.p50_ms, 2);
+        out += &row("write to reconcile p99, ms", off.p99_ms, on.p99_ms, 2);
+        out += &format!(
+            "\nThroughput over the runs: off {}, on {} reconciles/s; scrapes per run with metrics on: {}.\n",
+            spread(off),
+            spread(on),
+            on.scrapes_per_run
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        out
+    }
 }

@@ -1,6 +1,8 @@
-//! Medians over the repeated runs, the table with ratios, and its Markdown.
+//! Medians over the repeated runs, the table with ratios, its Markdown and its JSON.
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
+
+use serde::{Serialize, Serializer};
 
 use super::{
     objects::{self, Kind},
@@ -11,7 +13,10 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// One row of the table: how to read the figure from a run.
 pub(crate) struct Row {
+    /// What the Markdown table calls it.
     pub(crate) label: &'static str,
+    /// What the JSON calls it: snake_case, with the unit last; stable across releases.
+    pub(crate) key: &'static str,
     decimals: usize,
     read: Read,
 }
@@ -33,55 +38,83 @@ fn max_of(values: impl Iterator<Item = u64>) -> Option<f64> {
 
 /// The rows, in the order printed.
 pub(crate) fn rows() -> Vec<Row> {
-    let median = |label, decimals, read| Row {
+    let median = |label, key, decimals, read| Row {
         label,
+        key,
         decimals,
         read: Read::Median(read),
     };
     let mut rows = vec![
         median(
             "controller RSS, peak, largest replica (MiB)",
+            "controller_rss_peak_mib",
             1,
             |r: &RunResult| max_of(r.replicas.iter().map(|u| u.peak_rss)),
         ),
-        median("controller RSS, steady, largest replica (MiB)", 1, |r| {
-            max_of(r.replicas.iter().map(|u| u.rss))
-        }),
-        median("dispatcher RSS, peak, largest (MiB)", 1, |r| {
-            max_of(r.dispatchers.iter().map(|u| u.peak_rss))
-        }),
-        median("dispatcher RSS, steady, largest (MiB)", 1, |r| {
-            max_of(r.dispatchers.iter().map(|u| u.rss))
-        }),
-        median("load balancer RSS, peak (MiB)", 1, |r| {
-            r.loadbalancer.map(|u| u.peak_rss as f64 / MIB)
-        }),
-        median("all processes RSS, steady, sum (MiB)", 1, |r| {
-            let all = r
-                .replicas
-                .iter()
-                .chain(&r.dispatchers)
-                .chain(&r.loadbalancer);
-            Some(all.map(|u| u.rss as f64).sum::<f64>() / MIB)
-        }),
-        median("start to first reconcile (ms)", 0, |r| {
-            Some(r.first_reconcile.as_secs_f64() * 1e3)
-        }),
-        median("start to all objects reconciled (ms)", 0, |r| {
-            Some(r.all_reconciled.as_secs_f64() * 1e3)
-        }),
+        median(
+            "controller RSS, steady, largest replica (MiB)",
+            "controller_rss_steady_mib",
+            1,
+            |r| max_of(r.replicas.iter().map(|u| u.rss)),
+        ),
+        median(
+            "dispatcher RSS, peak, largest (MiB)",
+            "dispatcher_rss_peak_mib",
+            1,
+            |r| max_of(r.dispatchers.iter().map(|u| u.peak_rss)),
+        ),
+        median(
+            "dispatcher RSS, steady, largest (MiB)",
+            "dispatcher_rss_steady_mib",
+            1,
+            |r| max_of(r.dispatchers.iter().map(|u| u.rss)),
+        ),
+        median(
+            "load balancer RSS, peak (MiB)",
+            "loadbalancer_rss_peak_mib",
+            1,
+            |r| r.loadbalancer.map(|u| u.peak_rss as f64 / MIB),
+        ),
+        median(
+            "all processes RSS, steady, sum (MiB)",
+            "all_processes_rss_steady_mib",
+            1,
+            |r| {
+                let all = r
+                    .replicas
+                    .iter()
+                    .chain(&r.dispatchers)
+                    .chain(&r.loadbalancer);
+                Some(all.map(|u| u.rss as f64).sum::<f64>() / MIB)
+            },
+        ),
+        median(
+            "start to first reconcile (ms)",
+            "first_reconcile_ms",
+            0,
+            |r| Some(r.first_reconcile.as_secs_f64() * 1e3),
+        ),
+        median(
+            "start to all objects reconciled (ms)",
+            "all_reconciled_ms",
+            0,
+            |r| Some(r.all_reconciled.as_secs_f64() * 1e3),
+        ),
         Row {
             label: "write to reconcile start, p50 (ms)",
+            key: "write_to_reconcile_p50_ms",
             decimals: 1,
             read: Read::LatencyPercentile(0.50),
         },
         Row {
             label: "write to reconcile start, p99 (ms)",
+            key: "write_to_reconcile_p99_ms",
             decimals: 1,
             read: Read::LatencyPercentile(0.99),
         },
         median(
             "write to reconcile start, p99 of each run, median (ms)",
+            "write_to_reconcile_p99_run_median_ms",
             1,
             |r| {
                 let mut sorted = r.latencies_us.clone();
@@ -91,42 +124,59 @@ pub(crate) fn rows() -> Vec<Row> {
         ),
         Row {
             label: "write to reconcile start, worst write of all runs (ms)",
+            key: "write_to_reconcile_worst_ms",
             decimals: 1,
             read: Read::Worst,
         },
-        median("CPU, controller replicas (s)", 2, |r| {
-            Some(r.replicas.iter().map(|u| u.cpu_seconds).sum())
+        median(
+            "CPU, controller replicas (s)",
+            "cpu_controllers_s",
+            2,
+            |r| Some(r.replicas.iter().map(|u| u.cpu_seconds).sum()),
+        ),
+        median(
+            "CPU, dispatchers and load balancer (s)",
+            "cpu_tier_s",
+            2,
+            |r| {
+                let tier: Vec<f64> = r
+                    .dispatchers
+                    .iter()
+                    .chain(&r.loadbalancer)
+                    .map(|u| u.cpu_seconds)
+                    .collect();
+                (!tier.is_empty()).then(|| tier.iter().sum())
+            },
+        ),
+        median("CPU, kube-apiserver (s)", "cpu_apiserver_s", 2, |r| {
+            Some(r.apiserver_cpu)
         }),
-        median("CPU, dispatchers and load balancer (s)", 2, |r| {
-            let tier: Vec<f64> = r
-                .dispatchers
-                .iter()
-                .chain(&r.loadbalancer)
-                .map(|u| u.cpu_seconds)
-                .collect();
-            (!tier.is_empty()).then(|| tier.iter().sum())
-        }),
-        median("CPU, kube-apiserver (s)", 2, |r| Some(r.apiserver_cpu)),
         median(
             "CPU, kube-apiserver, until every object reconciled (s)",
+            "cpu_apiserver_cold_s",
             2,
             |r| Some(r.apiserver_cpu_cold),
         ),
-        median("CPU, etcd (s)", 2, |r| Some(r.etcd_cpu)),
+        median("CPU, etcd (s)", "cpu_etcd_s", 2, |r| Some(r.etcd_cpu)),
     ];
     for verb in VERBS {
+        let (label, key) = match verb {
+            "LIST" => ("API requests on the resource: LIST", "requests_list"),
+            "WATCH" => ("API requests on the resource: WATCH", "requests_watch"),
+            "GET" => ("API requests on the resource: GET", "requests_get"),
+            _ => (
+                "API requests on the resource: PATCH by controllers",
+                "requests_patch",
+            ),
+        };
         rows.push(Row {
-            label: match verb {
-                "LIST" => "API requests on the resource: LIST",
-                "WATCH" => "API requests on the resource: WATCH",
-                "GET" => "API requests on the resource: GET",
-                _ => "API requests on the resource: PATCH by controllers",
-            },
+            label,
+            key,
             decimals: 0,
             read: Read::Requests(verb),
         });
     }
-    rows.push(median("reconciles started", 0, |r| {
+    rows.push(median("reconciles started", "reconciles", 0, |r| {
         Some(r.reconciles as f64)
     }));
     rows
@@ -202,7 +252,40 @@ pub(crate) struct Scenario {
     pub(crate) namespaces: usize,
     /// Distinct controllers, each reconciling every object.
     pub(crate) groups: usize,
+    /// Every run of every variant.
     pub(crate) runs: Vec<RunResult>,
+}
+
+/// The JSON of `compare --json`: every scenario's figures.
+#[derive(Debug, Serialize)]
+pub(crate) struct Figures {
+    /// In the order run.
+    scenarios: Vec<ScenarioFigures>,
+}
+
+impl Figures {
+    /// The figures of `scenarios`.
+    pub(crate) fn of(scenarios: &[Scenario]) -> Self {
+        Self {
+            scenarios: scenarios.iter().map(Scenario::figures).collect(),
+        }
+    }
+}
+
+/// One scenario in the JSON: what it ran on, then the figures of its table (without the
+/// ratios), per variant and row key; `null` where the table shows `–`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ScenarioFigures {
+    /// The kinds' `--kinds` values.
+    kinds: Vec<&'static str>,
+    /// Objects of each kind.
+    objects: usize,
+    namespaces: usize,
+    groups: usize,
+    /// Runs of each variant.
+    runs: usize,
+    /// Variant (`kube-rs`, `dispatch-1`, ...) to row key ([`Row::key`]) to figure.
+    figures: BTreeMap<String, BTreeMap<&'static str, Option<f64>>>,
 }
 
 impl Scenario {
@@ -220,6 +303,27 @@ impl Scenario {
     /// A figure of one variant.
     pub(crate) fn value(&self, row: &Row, variant: Variant) -> Option<f64> {
         row.value(&self.runs_of(variant))
+    }
+
+    /// What [`Scenario::table`] shows, for the JSON.
+    pub(crate) fn figures(&self) -> ScenarioFigures {
+        let variants = self.variants();
+        let rows = rows();
+        ScenarioFigures {
+            kinds: self.kinds.iter().map(|k| k.flag()).collect(),
+            objects: self.objects,
+            namespaces: self.namespaces,
+            groups: self.groups,
+            runs: variants.first().map_or(0, |v| self.runs_of(*v).len()),
+            figures: variants
+                .iter()
+                .map(|v| {
+                    let figures: BTreeMap<_, _> =
+                        rows.iter().map(|r| (r.key, self.value(r, *v))).collect();
+                    (v.to_string(), figures)
+                })
+                .collect(),
+        }
     }
 
     /// The Markdown table: one column per variant, then each kube-rs variant divided by
@@ -334,6 +438,11 @@ pub(crate) fn series(
     out
 }
 
+/// Serializes a duration as milliseconds (a number), for the JSON figures.
+pub(crate) fn as_millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,5 +456,19 @@ mod tests {
         assert_eq!(percentile(&sorted, 0.5), Some(100.0));
         assert_eq!(percentile(&sorted, 0.99), Some(198.0));
         assert_eq!(percentile(&[7], 0.99), Some(7.0));
+    }
+
+    #[test]
+    fn every_row_has_a_distinct_snake_case_key() {
+        let rows = rows();
+        let mut keys: Vec<&str> = rows.iter().map(|r| r.key).collect();
+        assert!(keys.iter().all(|k| {
+            !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        }));
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), rows.len());
     }
 }

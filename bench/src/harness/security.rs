@@ -1,4 +1,5 @@
-//! `make bench-security`: what TLS, TokenReview and SubjectAccessReview cost.
+//! `make bench-security` (`kube-dispatch-bench security`): what TLS, TokenReview and
+//! SubjectAccessReview cost.
 //!
 //! One dispatcher in this process (on a runtime of its own), against the local control plane,
 //! run with security off (plaintext, anonymous) and on (TLS, ServiceAccount tokens), in
@@ -9,12 +10,13 @@
 //!   pays the first TokenReview and SubjectAccessReviews, shown apart.
 //! - **write to delivery**: a ConfigMap patched `--writes` times, one at a time; each time
 //!   from sending the patch to the poll that hands the change to the session.
-//! - **reviews under load** (security on): `--security-sessions` sessions of
-//!   `--security-identities` ServiceAccounts polling for `--security-window`; the TokenReviews
+//! - **reviews under load** (security on): `--sessions` sessions of `--identities`
+//!   ServiceAccounts polling for `--window`; the TokenReviews
 //!   and SubjectAccessReviews the API server counted in that window (its `/metrics`), against
 //!   the polls made.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -38,6 +40,7 @@ use kube_dispatch_tests::{
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
     identity::{account, token},
 };
+use serde::Serialize;
 
 use super::{
     apiserver::request_counts,
@@ -81,8 +84,73 @@ struct Load {
     window: Duration,
 }
 
-/// Runs the plan and returns the Markdown of the results.
-pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
+/// What the plan measured: the Markdown table, and the JSON of `security --json`.
+#[derive(Debug)]
+pub(crate) struct Results {
+    plan: Plan,
+    off: Vec<Run>,
+    on: Vec<Run>,
+    load: Load,
+}
+
+/// A figure of one run, in ms.
+type Figure = fn(&Run) -> f64;
+
+/// The rows of the latency table: JSON key, Markdown label, figure of a run.
+const ROWS: [(&str, &str, Figure); 5] = [
+    (
+        "write_to_delivery_p50_ms",
+        "write to delivery, p50 (ms)",
+        |r| percentile_ms(&r.deliveries, 0.5, 1e3),
+    ),
+    (
+        "write_to_delivery_p99_ms",
+        "write to delivery, p99 (ms)",
+        |r| percentile_ms(&r.deliveries, 0.99, 1e3),
+    ),
+    ("open_session_p50_ms", "OpenSession, p50 (ms)", |r| {
+        percentile_ms(&r.opens, 0.5, 1e3)
+    }),
+    ("open_session_p99_ms", "OpenSession, p99 (ms)", |r| {
+        percentile_ms(&r.opens, 0.99, 1e3)
+    }),
+    (
+        "first_open_session_ms",
+        "first OpenSession of a run (ms)",
+        |r| r.first_open,
+    ),
+];
+
+/// The JSON of `security --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Figures {
+    /// Runs of each mode.
+    repeats: usize,
+    /// Timed writes per run.
+    writes: usize,
+    /// Sessions opened and timed per run.
+    opens: usize,
+    /// Security off: row key to the median over the runs, ms (`null` for none).
+    off: BTreeMap<&'static str, f64>,
+    /// Security on, the same.
+    on: BTreeMap<&'static str, f64>,
+    /// The review window, security on.
+    load: LoadFigures,
+}
+
+/// The review window in the JSON: what polled, and the reviews per minute.
+#[derive(Debug, Serialize)]
+struct LoadFigures {
+    sessions: usize,
+    identities: usize,
+    window_s: f64,
+    polls_per_minute: f64,
+    token_reviews_per_minute: f64,
+    subject_access_reviews_per_minute: f64,
+}
+
+/// Runs the plan and returns what it measured.
+pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
     let cluster = Cluster::shared();
     let client = cluster.client().await?;
     let ns = TestNamespace::create("bench-security").await?;
@@ -119,7 +187,12 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<String> {
         "bench-security: {} sessions of {} identities for {:?}: {} polls, {} TokenReviews, {} SubjectAccessReviews",
         plan.sessions, identities, load.window, load.polls, load.token_reviews, load.access_reviews
     );
-    Ok(report(&plan, &off, &on, &load))
+    Ok(Results {
+        plan,
+        off,
+        on,
+        load,
+    })
 }
 
 fn percentile_ms(values: &[u64], p: f64, per_ms: f64) -> f64 {
@@ -313,54 +386,78 @@ async fn load_run(
     })
 }
 
-fn report(plan: &Plan, off: &[Run], on: &[Run], load: &Load) -> String {
-    use std::fmt::Write as _;
+impl Results {
+    /// The median over the runs of one mode of a row's figure; NaN for no runs.
+    fn per_run(runs: &[Run], f: Figure) -> f64 {
+        median(runs.iter().map(f).collect()).unwrap_or(f64::NAN)
+    }
 
-    type Figure<'a> = &'a dyn Fn(&Run) -> f64;
-    let per_run = |runs: &[Run], f: Figure<'_>| median(runs.iter().map(f).collect());
-    let rows: [(&str, Figure<'_>); 5] = [
-        ("write to delivery, p50 (ms)", &|r| {
-            percentile_ms(&r.deliveries, 0.5, 1e3)
-        }),
-        ("write to delivery, p99 (ms)", &|r| {
-            percentile_ms(&r.deliveries, 0.99, 1e3)
-        }),
-        ("OpenSession, p50 (ms)", &|r| {
-            percentile_ms(&r.opens, 0.5, 1e3)
-        }),
-        ("OpenSession, p99 (ms)", &|r| {
-            percentile_ms(&r.opens, 0.99, 1e3)
-        }),
-        ("first OpenSession of a run (ms)", &|r| r.first_open),
-    ];
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| figure (median of {} runs each) | security off | security on | on - off | on / off |\n| --- | ---: | ---: | ---: | ---: |",
-        plan.repeats
-    );
-    for (label, f) in rows {
-        let (a, b) = (
-            per_run(off, f).unwrap_or(f64::NAN),
-            per_run(on, f).unwrap_or(f64::NAN),
-        );
+    /// The review window's counts per minute: polls, TokenReviews, SubjectAccessReviews.
+    fn per_minute(&self) -> (f64, f64, f64) {
+        let minutes = self.load.window.as_secs_f64() / 60.0;
+        (
+            self.load.polls as f64 / minutes,
+            self.load.token_reviews as f64 / minutes,
+            self.load.access_reviews as f64 / minutes,
+        )
+    }
+
+    /// The results as Markdown: the latency table, off against on, then the review window.
+    pub(crate) fn table(&self) -> String {
+        use std::fmt::Write as _;
+
+        let (plan, load) = (&self.plan, &self.load);
+        let mut out = String::new();
         let _ = writeln!(
             out,
-            "| {label} | {a:.2} | {b:.2} | {:+.2} | {:.2}x |",
-            b - a,
-            b / a
+            "| figure (median of {} runs each) | security off | security on | on - off | on / off |\n| --- | ---: | ---: | ---: | ---: |",
+            plan.repeats
         );
+        for (_, label, f) in ROWS {
+            let (a, b) = (Self::per_run(&self.off, f), Self::per_run(&self.on, f));
+            let _ = writeln!(
+                out,
+                "| {label} | {a:.2} | {b:.2} | {:+.2} | {:.2}x |",
+                b - a,
+                b / a
+            );
+        }
+        let (polls, token_reviews, access_reviews) = self.per_minute();
+        let _ = writeln!(
+            out,
+            "\nReviews under load, security on: {} sessions of {} ServiceAccounts polling (1 s long polls) for {:.0} s:\n\n| per minute | count |\n| --- | ---: |\n| polls | {:.0} |\n| TokenReviews | {:.1} |\n| SubjectAccessReviews | {:.1} |\n",
+            plan.sessions,
+            plan.identities,
+            load.window.as_secs_f64(),
+            polls,
+            token_reviews,
+            access_reviews,
+        );
+        out
     }
-    let minutes = load.window.as_secs_f64() / 60.0;
-    let _ = writeln!(
-        out,
-        "\nReviews under load, security on: {} sessions of {} ServiceAccounts polling (1 s long polls) for {:.0} s:\n\n| per minute | count |\n| --- | ---: |\n| polls | {:.0} |\n| TokenReviews | {:.1} |\n| SubjectAccessReviews | {:.1} |\n",
-        plan.sessions,
-        plan.identities,
-        load.window.as_secs_f64(),
-        load.polls as f64 / minutes,
-        load.token_reviews as f64 / minutes,
-        load.access_reviews as f64 / minutes,
-    );
-    out
+
+    /// The figures of the table, for the JSON.
+    pub(crate) fn figures(&self) -> Figures {
+        let mode = |runs: &[Run]| -> BTreeMap<&'static str, f64> {
+            ROWS.iter()
+                .map(|(key, _, f)| (*key, Self::per_run(runs, *f)))
+                .collect()
+        };
+        let (polls, token_reviews, access_reviews) = self.per_minute();
+        Figures {
+            repeats: self.plan.repeats,
+            writes: self.plan.writes,
+            opens: self.plan.opens,
+            off: mode(&self.off),
+            on: mode(&self.on),
+            load: LoadFigures {
+                sessions: self.plan.sessions,
+                identities: self.plan.identities,
+                window_s: self.load.window.as_secs_f64(),
+                polls_per_minute: polls,
+                token_reviews_per_minute: token_reviews,
+                subject_access_reviews_per_minute: access_reviews,
+            },
+        }
+    }
 }

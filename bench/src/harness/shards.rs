@@ -1,8 +1,8 @@
-//! `make bench-shards`: the ring keyed by namespace, which asks the API server for each
-//! dispatcher's own namespaces only (`shardSelector`), against the ring keyed by name, on many
-//! namespaces of few objects.
+//! `make bench-shards` (`kube-dispatch-bench shards`): the ring keyed by namespace, which asks
+//! the API server for each dispatcher's own namespaces only (`shardSelector`), against the ring
+//! keyed by name, on many namespaces of few objects.
 //!
-//! `--shard-namespaces` namespaces (`kd-<i>-bench-shard-<objects>`) of `--objects` labelled ConfigMaps
+//! `--namespaces` namespaces (`kd-<i>-bench-shard-<objects>`) of `--objects` labelled ConfigMaps
 //! each. For each ring key, a tier of `--dispatchers` dispatchers and the load balancer, and one
 //! SDK replica subscribed to every namespace with the label selector:
 //!
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kube_dispatch_bench::{ReconcileStart, now_micros};
+use serde::{Serialize, Serializer};
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -28,13 +29,14 @@ use super::{
     ceiling::{Starts, await_reconciled},
     objects::{Kind, change_value},
     process::Component,
-    report::percentile,
+    report::{as_millis, percentile},
     run::{SECURITY_OFF, Setup},
 };
 
 /// What one process did in one phase.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Serialize)]
 struct Process {
+    /// CPU seconds.
     cpu_seconds: f64,
     /// Objects its watches decoded (applied and deleted); dispatchers only.
     events: f64,
@@ -53,22 +55,36 @@ impl std::ops::Sub for Process {
     }
 }
 
-/// One phase of one variant.
-#[derive(Clone, Debug, Default)]
+/// One phase of one variant (in the JSON, under the names given).
+#[derive(Clone, Debug, Default, Serialize)]
 struct Phase {
+    /// How long the phase took.
+    #[serde(rename = "took_ms", serialize_with = "as_millis")]
     took: Duration,
+    /// Each dispatcher, in the order of the ring members (none for kube-rs).
     dispatchers: Vec<Process>,
+    /// The controller replica (its CPU only).
+    #[serde(rename = "controller_cpu_seconds", serialize_with = "cpu_seconds")]
     controller: Process,
+    #[serde(rename = "apiserver_cpu_seconds")]
     apiserver_cpu: f64,
+    #[serde(rename = "etcd_cpu_seconds")]
     etcd_cpu: f64,
     /// Bytes of LIST responses and of watch events the API server sent.
     list_bytes: f64,
     watch_bytes: f64,
     /// LIST requests on ConfigMaps (a WATCH is counted only when it ends, after the run).
     lists: u64,
-    /// Write to reconcile start, ms (writes only).
-    p50: f64,
-    p99: f64,
+    /// Write to reconcile start, ms (writes only: `None` for the cold start).
+    #[serde(rename = "p50_ms")]
+    p50: Option<f64>,
+    #[serde(rename = "p99_ms")]
+    p99: Option<f64>,
+}
+
+/// Serializes a process's figures as its CPU seconds alone.
+fn cpu_seconds<S: Serializer>(p: &Process, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(p.cpu_seconds)
 }
 
 /// What runs the controller.
@@ -89,11 +105,27 @@ impl std::fmt::Display for Variant {
     }
 }
 
+/// As the table's column names it: `kube-rs`, `ring keyed by name`, `ring keyed by namespace`.
+impl Serialize for Variant {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// The JSON of `shards --json`: every variant's outcome, in the order run.
+#[derive(Debug, Serialize)]
+pub(crate) struct Figures<'a> {
+    /// kube-rs, then the ring keyed by name, then by namespace.
+    pub(crate) outcomes: &'a [Outcome],
+}
+
 /// Both phases of one variant.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub(crate) struct Outcome {
     variant: Variant,
+    /// From the replica's start until every object has been reconciled.
     cold: Phase,
+    /// The timed writes, until each has been reconciled.
     writes: Phase,
 }
 
@@ -196,13 +228,12 @@ impl Setup<'_> {
                 let latencies = self.shard_writes(variant, &mut starts).await?;
                 let writes_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
                 let mut writes = phase(&cold_end, &writes_end);
-                writes.p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
-                writes.p99 = percentile(&latencies, 0.99).unwrap_or(0.0) / 1e3;
+                let p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
+                let p99 = percentile(&latencies, 0.99).unwrap_or(0.0) / 1e3;
+                (writes.p50, writes.p99) = (Some(p50), Some(p99));
                 println!(
-                    "bench-shards: {variant}: {} writes, p50 {:.1} ms, p99 {:.1} ms",
+                    "bench-shards: {variant}: {} writes, p50 {p50:.1} ms, p99 {p99:.1} ms",
                     latencies.len(),
-                    writes.p50,
-                    writes.p99
                 );
                 anyhow::Ok(Outcome {
                     variant,
@@ -313,8 +344,8 @@ fn phase(before: &Snapshot, after: &Snapshot) -> Phase {
         list_bytes: after.sent.0 - before.sent.0,
         watch_bytes: after.sent.1 - before.sent.1,
         lists: after.requests.since(&before.requests, "configmaps", "LIST"),
-        p50: 0.0,
-        p99: 0.0,
+        p50: None,
+        p99: None,
     }
 }
 
@@ -439,12 +470,8 @@ pub(crate) fn table(outcomes: &[Outcome]) -> String {
         }
     }
     let latencies: [(&str, Figure); 2] = [
-        ("writes: write to reconcile start, p50 (ms)", |p| {
-            Some(p.p50)
-        }),
-        ("writes: write to reconcile start, p99 (ms)", |p| {
-            Some(p.p99)
-        }),
+        ("writes: write to reconcile start, p50 (ms)", |p| p.p50),
+        ("writes: write to reconcile start, p99 (ms)", |p| p.p99),
     ];
     for (label, figure) in latencies {
         line(
@@ -454,4 +481,47 @@ pub(crate) fn table(outcomes: &[Outcome]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_serializes_with_its_dispatchers_and_no_latency_for_the_cold_start() {
+        let dispatcher = Process {
+            cpu_seconds: 1.5,
+            events: 36.0,
+            elsewhere: 24.0,
+        };
+        let outcome = Outcome {
+            variant: Variant::Tier("namespace"),
+            cold: Phase {
+                took: Duration::from_millis(250),
+                dispatchers: vec![dispatcher; 3],
+                controller: Process {
+                    cpu_seconds: 0.5,
+                    ..Process::default()
+                },
+                ..Phase::default()
+            },
+            writes: Phase {
+                p50: Some(1.0),
+                p99: Some(2.0),
+                ..Phase::default()
+            },
+        };
+        let json = serde_json::to_value(Figures {
+            outcomes: &[outcome],
+        })
+        .expect("serializes");
+        let outcome = &json["outcomes"][0];
+        assert_eq!(outcome["variant"], "ring keyed by namespace");
+        assert_eq!(outcome["cold"]["took_ms"], 250.0);
+        assert_eq!(outcome["cold"]["controller_cpu_seconds"], 0.5);
+        assert_eq!(outcome["cold"]["dispatchers"][2]["events"], 36.0);
+        assert_eq!(outcome["cold"]["dispatchers"][2]["elsewhere"], 24.0);
+        assert!(outcome["cold"]["p50_ms"].is_null());
+        assert_eq!(outcome["writes"]["p99_ms"], 2.0);
+    }
 }

@@ -1,5 +1,5 @@
 //! What the benchmark smoke tests share: running the harness against the shared control plane,
-//! and reading the tables it writes. Each smoke test is a binary of its own (the API server's
+//! and reading the figures it writes as JSON. Each smoke test is a binary of its own (the API server's
 //! request counts are global), so not every one uses every helper.
 #![allow(dead_code)]
 
@@ -8,12 +8,16 @@ use std::{
     process::Command,
 };
 
+use serde_json::Value;
+
 /// A finished harness run.
 pub(crate) struct Run {
-    /// Its scratch folder (`BENCHMARKS.md`, `plots/`, `logs/`).
+    /// Its scratch folder (`BENCHMARKS.md`, `results.json`, `plots/`, `logs/`).
     pub(crate) out: PathBuf,
     /// What it wrote into `BENCHMARKS.md`.
     pub(crate) results: String,
+    /// The figures it wrote with `--json`.
+    pub(crate) json: Value,
     /// What it printed.
     pub(crate) stdout: String,
 }
@@ -76,28 +80,56 @@ pub(crate) fn bin_dir() -> PathBuf {
         .to_owned()
 }
 
-/// Runs `kube-dispatch-bench` with `args` against the shared control plane, with the test
-/// build's binaries and a scratch folder named after `name` for its results, plots and logs;
-/// panics with its output if it fails.
-pub(crate) fn run_harness(name: &str, args: &[&str]) -> Run {
+/// The subcommands of `kube-dispatch-bench` the smoke tests run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Compare,
+    Metrics,
+    Ceiling,
+    Shards,
+}
+
+impl Mode {
+    fn subcommand(self) -> &'static str {
+        match self {
+            Mode::Compare => "compare",
+            Mode::Metrics => "metrics",
+            Mode::Ceiling => "ceiling",
+            Mode::Shards => "shards",
+        }
+    }
+}
+
+/// Runs `kube-dispatch-bench <mode>` with `args` against the shared control plane, with the
+/// test build's binaries and a scratch folder named after `name` for its results (Markdown and
+/// JSON), plots and logs; panics with its output if it fails.
+pub(crate) fn run_harness(name: &str, mode: Mode, args: &[&str]) -> Run {
     let cluster = kube_dispatch_tests::Cluster::shared();
     let out = std::env::temp_dir().join(format!("kd-bench-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&out).expect("a scratch folder");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let output = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kube-dispatch-bench"));
+    command
         .current_dir(&root)
         .env("KUBECONFIG", cluster.kubeconfig())
+        .arg(mode.subcommand())
         .args(args)
-        .arg("--bin-dir")
-        .arg(bin_dir())
         .arg("--out")
         .arg(out.join("BENCHMARKS.md"))
-        .arg("--plots-dir")
-        .arg(out.join("plots"))
-        .arg("--logs")
-        .arg(out.join("logs"))
-        .output()
-        .expect("the harness runs");
+        .arg("--json")
+        .arg(out.join("results.json"));
+    // The metrics benchmark runs in the harness's process: no binaries, no logs.
+    if mode != Mode::Metrics {
+        command
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .arg("--logs")
+            .arg(out.join("logs"));
+    }
+    if mode == Mode::Compare {
+        command.arg("--plots-dir").arg(out.join("plots"));
+    }
+    let output = command.output().expect("the harness runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -105,43 +137,39 @@ pub(crate) fn run_harness(name: &str, args: &[&str]) -> Run {
         String::from_utf8_lossy(&output.stderr)
     );
     let results = std::fs::read_to_string(out.join("BENCHMARKS.md")).expect("results written");
+    let json = std::fs::read_to_string(out.join("results.json")).expect("figures written");
+    let json = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("the figures are not JSON ({e}):\n{json}"));
     Run {
         out,
         results,
+        json,
         stdout,
     }
 }
 
-/// The cells of the row labelled `label` of the first table in `table` that has one, by column
-/// header (the first column, the label, left out).
-pub(crate) fn row(table: &str, label: &str) -> Vec<(String, String)> {
-    let cells = |line: &str| -> Vec<String> {
-        line.trim()
-            .trim_matches('|')
-            .split('|')
-            .map(|c| c.trim().to_owned())
-            .collect()
-    };
-    let header = table
-        .lines()
-        .find(|l| l.starts_with("| figure |"))
-        .map(cells)
-        .unwrap_or_default();
-    let values = table
-        .lines()
-        .find(|l| l.starts_with(&format!("| {label} |")))
-        .map(cells)
-        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
-    header.into_iter().zip(values).skip(1).collect()
+/// A number of the JSON at `pointer` (`/scenarios/0/objects`, say); panics if there is none
+/// (a `null`, where a table shows `–`, included).
+pub(crate) fn number(json: &Value, pointer: &str) -> f64 {
+    json.pointer(pointer)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no number at {pointer} in:\n{json:#}"))
 }
 
-/// The number in column `column` of the row labelled `label`.
-pub(crate) fn figure(table: &str, label: &str, column: &str) -> f64 {
-    row(table, label)
+/// The scenario of `compare --json` on `kinds` (their `--kinds` values) and `objects` objects.
+pub(crate) fn scenario<'a>(json: &'a Value, kinds: &[&str], objects: usize) -> &'a Value {
+    json["scenarios"]
+        .as_array()
         .into_iter()
-        .find(|(c, _)| c == column)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("no figure {label:?} for {column} in:\n{table}"))
+        .flatten()
+        .find(|s| s["kinds"] == Value::from(kinds) && s["objects"] == objects)
+        .unwrap_or_else(|| panic!("no scenario of {kinds:?} at {objects} objects in:\n{json:#}"))
+}
+
+/// The figure `key` (a row's key: `reconciles`, `requests_watch`, ...) of `variant` in a
+/// scenario of `compare --json`.
+pub(crate) fn figure(scenario: &Value, variant: &str, key: &str) -> f64 {
+    number(scenario, &format!("/figures/{variant}/{key}"))
 }
 
 /// The harness arguments of a run of two controllers as two kube-rs processes and as two groups
@@ -162,24 +190,25 @@ pub(crate) const TWO_CONTROLLERS: [&str; 12] = [
     "groups smoke test",
 ];
 
-/// What a run of two controllers ([`TWO_CONTROLLERS`] --variants kube-rs,dispatch-1`) on a tier of 3
-/// dispatchers must show: both variants reconciled each of the `objects` objects once per
-/// controller at least, two kube-rs controllers watched twice, and the tier watched once per
+/// What a run of two controllers ([`TWO_CONTROLLERS`] `--variants kube-rs,dispatch-1`) on a
+/// tier of 3 dispatchers must show: both variants reconciled each of the `objects` objects once
+/// per controller at least, two kube-rs controllers watched twice, and the tier watched once per
 /// dispatcher, whatever the number of controllers.
 pub(crate) fn assert_two_controllers_reconciled_and_the_tier_watched_once(
-    results: &str,
+    run: &Run,
     objects: usize,
 ) {
+    let scenario = &run.json["scenarios"][0];
     for variant in ["kube-rs", "dispatch-1"] {
-        let reconciles = figure(results, "reconciles started", variant);
+        let reconciles = figure(scenario, variant, "reconciles");
         assert!(
             reconciles >= (2 * objects) as f64,
             "{variant}: {reconciles} reconciles for 2 controllers of {objects} objects"
         );
     }
-    let watches = |variant| figure(results, "API requests on the resource: WATCH", variant);
-    assert_eq!(watches("kube-rs"), 2.0, "{results}");
-    assert_eq!(watches("dispatch-1"), 3.0, "{results}");
+    let watches = |variant| figure(scenario, variant, "requests_watch");
+    assert_eq!(watches("kube-rs"), 2.0, "{:#}", run.json);
+    assert_eq!(watches("dispatch-1"), 3.0, "{:#}", run.json);
 }
 
 /// Runs [`TWO_CONTROLLERS`] on `objects` objects spread over `namespaces` namespaces, with the
@@ -202,5 +231,9 @@ pub(crate) fn run_two_controllers_over_namespaces(
         "--section",
         section,
     ];
-    run_harness(section, &[kinds, &spread, &TWO_CONTROLLERS].concat())
+    run_harness(
+        section,
+        Mode::Compare,
+        &[kinds, &spread, &TWO_CONTROLLERS].concat(),
+    )
 }
