@@ -33,6 +33,9 @@ use tonic::{
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
 
+/// How long a connection attempt of an [`Credentials::endpoint`] may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A projected token file is read again at most this often.
 pub const TOKEN_REREAD: Duration = Duration::from_secs(30);
 
@@ -222,7 +225,10 @@ impl Credentials {
         self.token.clone()
     }
 
-    /// An endpoint for `address` (`host:port`, or a URL whose scheme matches the transport).
+    /// An endpoint for `address` (`host:port`, or a URL whose scheme matches the transport),
+    /// whose connection attempts give up after [`CONNECT_TIMEOUT`] unless the caller sets a
+    /// timeout of its own: a black-holed address fails in seconds, not after the operating
+    /// system's minutes.
     pub fn endpoint(&self, address: &str) -> Result<Endpoint, CredentialsError> {
         let (scheme, rest) = match address.split_once("://") {
             Some((scheme, rest)) => (Some(scheme), rest),
@@ -261,12 +267,12 @@ impl Credentials {
                 detail: "expected host:port".into(),
             });
         }
-        let endpoint = Endpoint::from_shared(format!("{configured}://{rest}")).map_err(|e| {
-            CredentialsError::Address {
+        let endpoint = Endpoint::from_shared(format!("{configured}://{rest}"))
+            .map_err(|e| CredentialsError::Address {
                 address: address.to_owned(),
                 detail: e.to_string(),
-            }
-        })?;
+            })?
+            .connect_timeout(CONNECT_TIMEOUT);
         let Some(tls) = &self.tls else {
             return Ok(endpoint);
         };

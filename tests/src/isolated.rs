@@ -9,6 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Cluster, FixtureError};
 
+/// Longest a graceful stop may take (a dispatcher's drain included) before the test fails.
+pub const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Binds a listener at `address` (loopback) for a component to serve on; returns it and its
 /// address.
 pub fn bind(address: &str) -> Result<(std::net::TcpListener, SocketAddr), FixtureError> {
@@ -113,11 +116,17 @@ impl Isolated {
         self.runtime.as_ref().map(|r| r.handle().clone())
     }
 
-    /// Signals a graceful stop and waits until the component has finished.
+    /// Signals a graceful stop and waits until the component has finished; fails the test if
+    /// it has not within [`STOP_DEADLINE`].
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(done) = self.done.take() {
-            let _ = done.await;
+            tokio::time::timeout(STOP_DEADLINE, done)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("a component did not stop within {STOP_DEADLINE:?} of being asked to")
+                })
+                .ok();
         }
     }
 

@@ -17,7 +17,8 @@ use kube_dispatch_runtime::auth::{Caller, GroupId};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use kube_dispatch_core::{backoff::Backoff, subscription::MAX_FIELD_LEN};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use kube_dispatch_core::subscription::MAX_FIELD_LEN;
 
 use crate::{group::Group, security::Guard, table::GroupTable};
 
@@ -126,6 +127,7 @@ pub async fn fetch_recent_deletions(
         .collect();
     let mut fetched = 0;
     let mut rounds = 0;
+    let mut delays = retry_delays();
     while !pending.is_empty() {
         let mut unanswered = Vec::new();
         for (peer, address) in pending {
@@ -153,7 +155,7 @@ pub async fn fetch_recent_deletions(
             break;
         }
         rounds += 1;
-        let delay = RETRY.delay(rounds);
+        let delay = delays.next().unwrap_or(Duration::from_secs(5));
         if tokio::time::Instant::now() + delay >= give_up {
             let peers: Vec<&str> = pending.iter().map(|(p, _)| p.as_str()).collect();
             warn!(group = %group.id, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
@@ -169,11 +171,16 @@ pub async fn fetch_recent_deletions(
     }
 }
 
-/// Backoff between asks of peers that did not answer.
-const RETRY: Backoff = Backoff {
-    base: Duration::from_millis(200),
-    cap: Duration::from_secs(5),
-};
+/// Waits between asks of peers that did not answer: 200 ms doubling to 5 s, jittered, until
+/// the caller gives up.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+        .build()
+}
 
 async fn ask(
     credentials: &Credentials,

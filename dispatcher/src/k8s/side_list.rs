@@ -3,9 +3,9 @@
 
 use std::{collections::HashSet, time::Duration};
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{StreamExt, stream::BoxStream};
 use kube::api::{Api, ListParams};
-use kube_dispatch_core::backoff::Backoff;
 use tracing::warn;
 
 use super::{list_reader::ListReader, object::WatchedObject, whole_list};
@@ -110,21 +110,25 @@ impl SideList {
     }
 }
 
-/// How long a failed list beside the stream waits before it starts again.
-const RETRY: Backoff = Backoff {
-    base: Duration::from_millis(500),
-    cap: Duration::from_secs(30),
-};
+/// How long a failed list beside the stream waits before it starts again: 500 ms doubling to
+/// 30 s, jittered, for as long as it fails (the watch's stream runs meanwhile).
+fn retry_delays() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
 
 /// A list in pages of [`SIDE_LIST_PAGE`]; a failed page starts it again after a backoff.
 fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<WatchedObject>> {
     futures::stream::unfold(
-        (Some(String::new()), 0u32),
-        move |(continue_token, failures)| {
+        (Some(String::new()), retry_delays()),
+        move |(continue_token, mut delays)| {
             let (api, params) = (api.clone(), params.clone());
             async move {
                 let mut token = continue_token?;
-                let mut failures = failures;
                 loop {
                     let mut page_params = params.clone().limit(SIDE_LIST_PAGE);
                     if !token.is_empty() {
@@ -133,11 +137,10 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
                     match api.list(&page_params).await {
                         Ok(list) => {
                             let next = list.metadata.continue_.filter(|c| !c.is_empty());
-                            return Some((list.items, (next, 0)));
+                            return Some((list.items, (next, retry_delays())));
                         }
                         Err(e) => {
-                            failures += 1;
-                            let delay = RETRY.delay(failures);
+                            let delay = delays.next().unwrap_or(Duration::from_secs(30));
                             warn!(error = %e, ?delay, "list beside the watch failed; listing again");
                             tokio::time::sleep(delay).await;
                             // A continue token may have expired: start over (a newer snapshot).
@@ -157,11 +160,10 @@ fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
-    futures::stream::unfold((None, 0u32), move |(reader, failures)| {
+    futures::stream::unfold((None, retry_delays()), move |(reader, mut delays)| {
         let (api, params) = (api.clone(), params.clone());
         async move {
             let mut reader: Option<ListReader<whole_list::Body>> = reader;
-            let mut failures = failures;
             loop {
                 let result = match reader.as_mut() {
                     Some(reader) => match reader.next().await {
@@ -177,11 +179,10 @@ fn listed_whole(
                     }),
                 };
                 match result {
-                    Ok(Some(object)) => return Some((vec![object], (reader, 0))),
+                    Ok(Some(object)) => return Some((vec![object], (reader, retry_delays()))),
                     Ok(None) => {}
                     Err(e) => {
-                        failures += 1;
-                        let delay = RETRY.delay(failures);
+                        let delay = delays.next().unwrap_or(Duration::from_secs(30));
                         warn!(error = %e, ?delay, "list beside the watch failed; listing again");
                         tokio::time::sleep(delay).await;
                         reader = None;
