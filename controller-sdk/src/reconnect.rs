@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-/// Delays between reconnect attempts: 100 ms doubling to 30 s, with jitter, without end.
+/// Delays between reconnect attempts, without end: 100 ms doubling to 30 s, each with a random
+/// jitter of up to as much again (so at most 60 s).
 pub(crate) fn reconnect_backoff() -> impl Iterator<Item = Duration> + Send {
     ExponentialBuilder::default()
         .with_jitter()

@@ -155,7 +155,7 @@ pub async fn fetch_recent_deletions(
             break;
         }
         rounds += 1;
-        let delay = delays.next().unwrap_or(Duration::from_secs(5));
+        let delay = delays.next().unwrap_or(Duration::from_millis(2500));
         if tokio::time::Instant::now() + delay >= give_up {
             let peers: Vec<&str> = pending.iter().map(|(p, _)| p.as_str()).collect();
             warn!(group = %group.id, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
@@ -171,13 +171,13 @@ pub async fn fetch_recent_deletions(
     }
 }
 
-/// Waits between asks of peers that did not answer: 200 ms doubling to 5 s, jittered, until
-/// the caller gives up.
+/// Waits between asks of peers that did not answer, until the caller gives up: 200 ms doubling
+/// to 2.5 s, each with a random jitter of up to as much again, so at most 5 s.
 fn retry_delays() -> impl Iterator<Item = Duration> {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(5))
+        .with_max_delay(Duration::from_millis(2500))
         .without_max_times()
         .build()
 }

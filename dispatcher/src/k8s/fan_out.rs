@@ -118,6 +118,11 @@ impl FanOut {
         self.unsharded = false;
     }
 
+    /// The `shardSelector` the watch asked for when it last (re)started, if any.
+    pub(super) fn shard(&self) -> Option<String> {
+        self.shard.clone()
+    }
+
     /// Hands an event of the stream (or of the watch's own list) to every subscriber, by the
     /// rules of [`super::routing`]. The group decides again under its lock, against the slice
     /// current then (and remembers deletions of keys a handover holds, and recent deletions of

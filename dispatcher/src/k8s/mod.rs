@@ -25,7 +25,7 @@ pub mod membership;
 pub mod object;
 pub mod routing;
 #[cfg(test)]
-mod scripted_api;
+pub(crate) mod scripted_api;
 mod shard;
 mod side_list;
 mod watch_task;

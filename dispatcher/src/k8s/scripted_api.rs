@@ -30,11 +30,11 @@ use crate::group::{Group, SessionSlot};
 type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Longest a test waits (in the paused clock) for the next request.
-pub(super) const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A request, as the API server reads it.
 #[derive(Debug)]
-pub(super) struct Asked {
+pub(crate) struct Asked {
     /// Whether it is a watch (else a list).
     pub watch: bool,
     /// Its query parameters.
@@ -45,27 +45,27 @@ pub(super) struct Asked {
 }
 
 impl Asked {
-    pub(super) fn param(&self, name: &str) -> Option<&str> {
+    pub(crate) fn param(&self, name: &str) -> Option<&str> {
         self.query
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
 
-    pub(super) fn is_paged_list(&self) -> bool {
+    pub(crate) fn is_paged_list(&self) -> bool {
         !self.watch && self.param("limit").is_some()
     }
 
-    pub(super) fn is_whole_list(&self) -> bool {
+    pub(crate) fn is_whole_list(&self) -> bool {
         !self.watch && self.param("limit").is_none()
     }
 
-    pub(super) fn streams_list(&self) -> bool {
+    pub(crate) fn streams_list(&self) -> bool {
         self.watch && self.param("sendInitialEvents") == Some("true")
     }
 
     /// Answers a list of `objects` at `resource_version`.
-    pub(super) fn list(self, resource_version: u64, objects: &[(&str, u64)]) {
+    pub(crate) fn list(self, resource_version: u64, objects: &[(&str, u64)]) {
         let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
         let body = format!(
             r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
@@ -75,14 +75,14 @@ impl Asked {
     }
 
     /// Answers with an error status.
-    pub(super) fn refuse(self, code: u16, reason: &str, message: &str) {
+    pub(crate) fn refuse(self, code: u16, reason: &str, message: &str) {
         let status = StatusCode::from_u16(code).expect("a status code");
         self.respond
             .send_response(answer(status, status_json(code, reason, message)));
     }
 
     /// Answers with a body that ends before its JSON does.
-    pub(super) fn cut_short(self, objects: &[(&str, u64)]) {
+    pub(crate) fn cut_short(self, objects: &[(&str, u64)]) {
         let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
         let body = format!(
             r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"9"}},"items":[{},"#,
@@ -93,7 +93,7 @@ impl Asked {
 
     /// Opens a watch stream; its events are sent through the returned sender, and dropping the
     /// sender ends it.
-    pub(super) fn open(self) -> Stream {
+    pub(crate) fn open(self) -> Stream {
         let (tx, rx) = mpsc::unbounded_channel::<Result<Frame<Bytes>, Infallible>>();
         let frames = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|frame| (frame, rx))
@@ -110,10 +110,10 @@ impl Asked {
 }
 
 /// An open watch stream.
-pub(super) struct Stream(mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>);
+pub(crate) struct Stream(mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>);
 
 impl Stream {
-    pub(super) fn send(&self, kind: &str, object: String) {
+    pub(crate) fn send(&self, kind: &str, object: String) {
         let line = format!(r#"{{"type":"{kind}","object":{object}}}"#) + "\n";
         self.0
             .send(Ok(Frame::data(Bytes::from(line))))
@@ -121,18 +121,18 @@ impl Stream {
     }
 
     /// Whether the client still reads the stream.
-    pub(super) fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         !self.0.is_closed()
     }
 
     /// Waits until the client stops reading the stream.
-    pub(super) async fn closed(&self) {
+    pub(crate) async fn closed(&self) {
         tokio::time::timeout(PATIENCE, self.0.closed())
             .await
             .expect("the watch was dropped within a minute");
     }
 
-    pub(super) fn gone(&self) {
+    pub(crate) fn gone(&self) {
         self.send(
             "ERROR",
             status_json(410, "Expired", "too old resource version"),
@@ -153,7 +153,7 @@ fn answer(status: StatusCode, body: String) -> Response<ResponseBody> {
 }
 
 /// A ConfigMap `name` of namespace `ns` at `resource_version`, as the API server sends it.
-pub(super) fn object(name: &str, resource_version: u64) -> String {
+pub(crate) fn object(name: &str, resource_version: u64) -> String {
     format!(
         r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}"}},"data":{{"k":"v"}}}}"#
     )
@@ -166,17 +166,17 @@ fn status_json(code: u16, reason: &str, message: &str) -> String {
 }
 
 /// The scripted API server: the requests of the client [`ApiServer::start`] gives.
-pub(super) struct ApiServer(mock::Handle<Request<Body>, Response<ResponseBody>>);
+pub(crate) struct ApiServer(mock::Handle<Request<Body>, Response<ResponseBody>>);
 
 impl ApiServer {
     /// A client whose requests this server answers.
-    pub(super) fn start() -> (kube::Client, Self) {
+    pub(crate) fn start() -> (kube::Client, Self) {
         let (service, handle) = mock::pair::<Request<Body>, Response<ResponseBody>>();
         (kube::Client::new(service, "default"), Self(handle))
     }
 
     /// The next request; fails the test if none comes within [`PATIENCE`].
-    pub(super) async fn next(&mut self) -> Asked {
+    pub(crate) async fn next(&mut self) -> Asked {
         let (request, respond) = tokio::time::timeout(PATIENCE, self.0.next_request())
             .await
             .expect("the API server was asked something within a minute")
@@ -206,7 +206,7 @@ impl ApiServer {
     }
 
     /// Whether nothing more is asked within [`PATIENCE`] (the client may be gone).
-    pub(super) async fn asks_nothing_more(&mut self) -> bool {
+    pub(crate) async fn asks_nothing_more(&mut self) -> bool {
         tokio::time::timeout(PATIENCE, self.0.next_request())
             .await
             .map_or(true, |r| r.is_none())
@@ -214,7 +214,7 @@ impl ApiServer {
 }
 
 /// The watch of ConfigMaps in every namespace.
-pub(super) fn config_maps() -> WatchKey {
+pub(crate) fn config_maps() -> WatchKey {
     WatchKey {
         resource: ResourceId {
             group: String::new(),
@@ -230,15 +230,15 @@ pub(super) fn config_maps() -> WatchKey {
 }
 
 /// The slice of the only dispatcher of a ring: every key is served here.
-pub(super) fn alone() -> watch::Receiver<Arc<Slice>> {
+pub(crate) fn alone() -> watch::Receiver<Arc<Slice>> {
     watch::channel(Arc::new(Slice::fixed("d0", Ring::new(["d0"])))).1
 }
 
 /// The session of the groups [`Member::join`] makes.
-pub(super) const SESSION: SessionId = 1;
+pub(crate) const SESSION: SessionId = 1;
 
 /// A group with one session ([`SESSION`]), as a replica sees it.
-pub(super) struct Member {
+pub(crate) struct Member {
     /// The group.
     pub group: Arc<Group>,
     slot: Arc<SessionSlot>,
@@ -246,7 +246,7 @@ pub(super) struct Member {
 
 impl Member {
     /// A group `name` on `slice`, with one session.
-    pub(super) fn join(
+    pub(crate) fn join(
         name: &str,
         slice: watch::Receiver<Arc<Slice>>,
         cancel: &CancellationToken,
@@ -267,14 +267,14 @@ impl Member {
     }
 
     /// Waits until the session is woken: keys became ready for it.
-    pub(super) async fn woken(&self) {
+    pub(crate) async fn woken(&self) {
         tokio::time::timeout(PATIENCE, self.slot.notify.notified())
             .await
             .expect("keys became ready within a minute");
     }
 
     /// Everything ready for the session, each acknowledged: `(name, deleted)` in key order.
-    pub(super) fn delivered(&self) -> Vec<(String, bool)> {
+    pub(crate) fn delivered(&self) -> Vec<(String, bool)> {
         let taken: Vec<Delivery> = self.group.take(SESSION, 1000, usize::MAX);
         let acks = taken.iter().map(|d| (d.id, Outcome::Success)).collect();
         self.group.ack(SESSION, acks);
@@ -291,13 +291,13 @@ impl Member {
 }
 
 /// `(name, deleted)` pairs, as [`Member::delivered`] gives them.
-pub(super) fn named(names: &[(&str, bool)]) -> Vec<(String, bool)> {
+pub(crate) fn named(names: &[(&str, bool)]) -> Vec<(String, bool)> {
     names.iter().map(|(n, d)| ((*n).to_owned(), *d)).collect()
 }
 
 /// `future`'s output, failing the test with `what` if it takes longer than [`PATIENCE`] (on a
 /// paused clock, a wait that nothing will end fails at once instead of hanging).
-pub(super) async fn within<F: std::future::Future>(what: &str, future: F) -> F::Output {
+pub(crate) async fn within<F: std::future::Future>(what: &str, future: F) -> F::Output {
     tokio::time::timeout(PATIENCE, future)
         .await
         .unwrap_or_else(|_| panic!("{what} within a minute"))

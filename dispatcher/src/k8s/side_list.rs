@@ -110,13 +110,14 @@ impl SideList {
     }
 }
 
-/// How long a failed list beside the stream waits before it starts again: 500 ms doubling to
-/// 30 s, jittered, for as long as it fails (the watch's stream runs meanwhile).
+/// How long a failed list beside the stream waits before it starts again, for as long as it
+/// fails (the watch's stream runs meanwhile): 500 ms doubling to 15 s, each with a random jitter
+/// of up to as much again, so at most 30 s.
 fn retry_delays() -> ExponentialBackoff {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(30))
+        .with_max_delay(Duration::from_secs(15))
         .without_max_times()
         .build()
 }
@@ -140,7 +141,7 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
                             return Some((list.items, (next, retry_delays())));
                         }
                         Err(e) => {
-                            let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                            let delay = delays.next().unwrap_or(Duration::from_secs(15));
                             warn!(error = %e, ?delay, "list beside the watch failed; listing again");
                             tokio::time::sleep(delay).await;
                             // A continue token may have expired: start over (a newer snapshot).
@@ -182,7 +183,7 @@ fn listed_whole(
                     Ok(Some(object)) => return Some((vec![object], (reader, retry_delays()))),
                     Ok(None) => {}
                     Err(e) => {
-                        let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                        let delay = delays.next().unwrap_or(Duration::from_secs(15));
                         warn!(error = %e, ?delay, "list beside the watch failed; listing again");
                         tokio::time::sleep(delay).await;
                         reader = None;

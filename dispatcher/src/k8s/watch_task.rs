@@ -156,7 +156,7 @@ impl WatchTask {
         client: Client,
         key: WatchKey,
         list_mode: ListMode,
-        mut slice: watch::Receiver<Arc<Slice>>,
+        slice: watch::Receiver<Arc<Slice>>,
         controls: Controls,
     ) -> Self {
         let r = &key.resource;
@@ -199,7 +199,7 @@ impl WatchTask {
             api_version: api_resource.api_version.clone(),
             kind: api_resource.kind.clone(),
         };
-        let fed = slice.borrow_and_update().clone();
+        let fed = slice.borrow().clone();
         let fan_out = FanOut::new(
             key.clone(),
             types,
@@ -226,6 +226,7 @@ impl WatchTask {
 
     /// Runs the watch until `cancel`, or until the API server refuses it before it started.
     pub(super) async fn run(mut self, cancel: CancellationToken) {
+        self.fed = self.slice.borrow_and_update().clone();
         while let End::Restart = self.pass(&cancel).await {}
     }
 
@@ -293,7 +294,7 @@ impl WatchTask {
     fn slice_changed(&mut self) -> Step {
         let slice = self.slice.borrow_and_update().clone();
         let fed = std::mem::replace(&mut self.fed, slice.clone());
-        if slice.shard_selector() != fed.shard_selector() {
+        if slice.shard_selector() != self.fan_out.shard() {
             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
             info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
             return Step::Reshard;

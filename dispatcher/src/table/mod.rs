@@ -34,11 +34,15 @@ mod sessions;
 pub use error::SessionError;
 pub use sessions::{Opened, Polled};
 
-/// Where a session id of the wire leads: its group, and its id there. The group holds the
-/// session itself ([`Group::session`]).
+/// Where a session id of the wire leads: its group, its id there, and who may use it. The
+/// group holds the session itself ([`Group::session`]); the opener is kept here too, so a
+/// caller that did not open a session is refused before anything about it is told or changed,
+/// even once its replica's newer session has replaced it.
 pub(crate) struct SessionRef {
     pub(crate) group: Arc<Group>,
     pub(crate) id: SessionId,
+    /// The user that opened it; `None` when authentication is off.
+    opener: Option<String>,
 }
 
 pub(crate) struct GroupEntry {
@@ -236,3 +240,6 @@ impl GroupTable {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

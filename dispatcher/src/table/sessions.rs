@@ -1,8 +1,9 @@
 //! A session's calls, from open to close, and its expiry. A session lives in its group
 //! ([`Group::session`], beside the queue's half of it); the table only finds the group from the
-//! id the wire gives.
+//! id the wire gives, and checks that the caller opened it.
 
 use std::{
+    collections::HashMap,
     sync::{Arc, atomic::Ordering},
     time::Duration,
 };
@@ -109,6 +110,7 @@ impl GroupTable {
             SessionRef {
                 group: group.clone(),
                 id,
+                opener: user.map(str::to_owned),
             },
         );
         drop(sessions);
@@ -195,9 +197,7 @@ impl GroupTable {
                 session: session.to_owned(),
             });
         };
-        if let Some(slot) = s.group.session(s.id) {
-            check_opener(&slot, session, caller)?;
-        }
+        check_opener(s, session, caller)?;
         let Some(s) = sessions.remove(session) else {
             return Err(SessionError::NotOpen {
                 session: session.to_owned(),
@@ -226,6 +226,7 @@ impl GroupTable {
                 identity: self.settings.identity.clone(),
             });
         };
+        check_opener(s, session, caller)?;
         let Some(slot) = s.group.session(s.id) else {
             // Replaced by a newer session of the same replica.
             sessions.remove(session);
@@ -233,7 +234,6 @@ impl GroupTable {
                 session: session.to_owned(),
             });
         };
-        check_opener(&slot, session, caller)?;
         Ok((s.group.clone(), s.id, slot))
     }
 
@@ -263,15 +263,29 @@ impl GroupTable {
     /// Expires the sessions not renewed by `now`: their in-flight keys go to the group's other
     /// sessions.
     pub(crate) fn expire_sessions(&self, now: Instant) {
-        let groups: Vec<Arc<Group>> = self.groups().values().map(|e| e.group.clone()).collect();
-        for group in groups {
-            for slot in group.expire_sessions(now) {
-                self.sessions().remove(&slot.wire_id);
-                self.counters
-                    .expired_sessions
-                    .fetch_add(1, Ordering::Relaxed);
-                info!(session = %slot.wire_id, group = %group.id, replica = %slot.replica, "session expired: its in-flight keys go to other sessions");
+        let mut expired = Vec::new();
+        {
+            // Every group a session leads to, including one the table no longer holds (a group
+            // whose watch failed while a second session joined it, say): its sessions expire
+            // too, or they would hold a slot of `--max-sessions` for good. Under the index's
+            // lock, so an expired session is unknown at once, not taken for a replaced one.
+            let mut sessions = self.sessions();
+            let groups: HashMap<*const Group, Arc<Group>> = sessions
+                .values()
+                .map(|s| (Arc::as_ptr(&s.group), s.group.clone()))
+                .collect();
+            for group in groups.into_values() {
+                for slot in group.expire_sessions(now) {
+                    sessions.remove(&slot.wire_id);
+                    expired.push((group.clone(), slot));
+                }
             }
+        }
+        for (group, slot) in expired {
+            self.counters
+                .expired_sessions
+                .fetch_add(1, Ordering::Relaxed);
+            info!(session = %slot.wire_id, group = %group.id, replica = %slot.replica, "session expired: its in-flight keys go to other sessions");
         }
     }
 }
@@ -282,8 +296,8 @@ fn renew(slot: &SessionSlot) {
 }
 
 /// Ok if `caller` opened `session` (or nobody is authenticated).
-fn check_opener(slot: &SessionSlot, session: &str, caller: &Caller) -> Result<(), SessionError> {
-    match (&slot.opener, caller.identity()) {
+fn check_opener(s: &SessionRef, session: &str, caller: &Caller) -> Result<(), SessionError> {
+    match (&s.opener, caller.identity()) {
         (None, _) => Ok(()),
         (Some(opener), Some(c)) if *opener == c.username => Ok(()),
         (Some(_), _) => Err(SessionError::NotYours {
