@@ -282,8 +282,8 @@ fn primary_event<'k>(
     } else {
         content()
     };
-    match (deleted, place) {
-        (true, _) => GroupEvent::Deleted {
+    if deleted {
+        return GroupEvent::Deleted {
             key,
             change: Change {
                 reason: Reason::Deleted,
@@ -293,27 +293,18 @@ fn primary_event<'k>(
                 deleted: true,
                 trace,
             },
-        },
-        (false, Place::Elsewhere) => GroupEvent::ExistsElsewhere {
-            key,
-            object: Observed {
-                resource_version,
-                uid,
-                body,
-                trace,
-            },
-            epoch,
-        },
-        (false, _) => GroupEvent::Exists {
-            key,
-            object: Observed {
-                resource_version,
-                uid,
-                body,
-                trace,
-            },
-            epoch,
-        },
+        };
+    }
+    let object = Observed {
+        resource_version,
+        uid,
+        body,
+        trace,
+    };
+    if place == Place::Elsewhere {
+        GroupEvent::ExistsElsewhere { key, object, epoch }
+    } else {
+        GroupEvent::Exists { key, object, epoch }
     }
 }
 
