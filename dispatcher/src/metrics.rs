@@ -64,7 +64,8 @@
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
 //! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
-//! | `kube_dispatch_watch_children` | gauge | owned objects the watch indexes by their controlling owner, to tell an owner that loses a child (about 150 bytes each) |
+//! | `kube_dispatch_watch_children` | gauge | owned objects the watch indexes by their controlling owner, to tell an owner that loses a child |
+//! | `kube_dispatch_watch_children_bytes` | gauge | about the bytes of that index (about 200 per owned object: key, uid, resourceVersion) |
 
 use std::{
     fmt,
@@ -468,15 +469,24 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
                 .encode(family.encode_family(&labels(w))?)?;
         }
     }
-    let mut family = encoder.encode_descriptor(
-        "kube_dispatch_watch_children",
-        "Owned objects the watch indexes by their controlling owner (about 150 bytes each)",
-        None,
-        MetricType::Gauge,
-    )?;
-    for w in watches {
-        let children = i64::try_from(w.counts.children.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-        ConstGauge::new(children).encode(family.encode_family(&labels(w))?)?;
+    let gauges: [(&str, &str, WatchCounter); 2] = [
+        (
+            "kube_dispatch_watch_children",
+            "Owned objects the watch indexes by their controlling owner",
+            |c| &c.children,
+        ),
+        (
+            "kube_dispatch_watch_children_bytes",
+            "About the bytes of the watch's index of owned objects (about 200 per object)",
+            |c| &c.children_bytes,
+        ),
+    ];
+    for (name, help, gauge) in gauges {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for w in watches {
+            let value = i64::try_from(gauge(&w.counts).load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+            ConstGauge::new(value).encode(family.encode_family(&labels(w))?)?;
+        }
     }
     Ok(())
 }

@@ -300,6 +300,13 @@ async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
         (reason(&got), got.key.as_str()),
         (Reason::Owned, widget_key("first").as_str())
     );
+    // Indexed before its owner was queued, and counted with its size.
+    assert_eq!(d.watch_total(|c| &c.children), 1);
+    let bytes = d.watch_total(|c| &c.children_bytes);
+    assert!(
+        (100..1000).contains(&bytes),
+        "one child's entry: {bytes} bytes"
+    );
     // Adopted by the second widget: both widgets hear of it.
     configmaps
         .patch(
@@ -330,6 +337,14 @@ async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
     assert_eq!(
         (reason(&got), got.key.as_str()),
         (Reason::Owned, widget_key("second").as_str())
+    );
+    assert_eq!(
+        (
+            d.watch_total(|c| &c.children),
+            d.watch_total(|c| &c.children_bytes)
+        ),
+        (0, 0),
+        "an orphan is no one's child"
     );
     d.stop().await;
     Ok(())

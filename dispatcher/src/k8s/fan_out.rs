@@ -69,9 +69,11 @@ pub struct WatchCounts {
     pub elsewhere: AtomicU64,
     /// Restarts because the namespaces this dispatcher owns changed (ring keyed by namespace).
     pub reshards: AtomicU64,
-    /// Owned objects indexed by their controlling owner now (about 150 bytes each: one per
-    /// owned object the watch shows, for owned subscriptions only).
+    /// Owned objects indexed by their controlling owner now (one per owned object the watch
+    /// shows, for owned subscriptions only).
     pub children: AtomicU64,
+    /// About the bytes that index holds (about 200 per owned object).
+    pub children_bytes: AtomicU64,
 }
 
 /// The fan-out of one watch: its subscribers, and what it must remember to tell them.
@@ -139,6 +141,10 @@ impl FanOut {
         let text = object_key(&self.key.resource, obj).to_string();
         let key = KeyRef::new(&text);
         let place = place(&slice, key);
+        let (uid, version) = (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        );
         if place == Place::Elsewhere {
             self.counts.elsewhere.fetch_add(1, Ordering::Relaxed);
             if self.shard.is_some() && !self.unsharded && slice.shard_selector() == self.shard {
@@ -170,7 +176,9 @@ impl FanOut {
                 continue;
             }
             let now = owner_key(obj, kind).map(|k| k.to_string());
-            let tell = self.children.seen(kind, &text, now, epoch, deleted);
+            let tell = self
+                .children
+                .seen(kind, &text, now, epoch, deleted, (&uid, &version));
             owners.push((kind, tell));
         }
         for sub in subscribers.iter() {
@@ -201,6 +209,10 @@ impl FanOut {
         let text = object_key(&self.key.resource, obj).to_string();
         let key = KeyRef::new(&text);
         let deleted_since = list.was_deleted(key.hash());
+        let (uid, version) = (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        );
         let mut bodies = Bodies::new(&self.types);
         for sub in subscribers.iter() {
             match &sub.owner {
@@ -219,7 +231,13 @@ impl FanOut {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
                         if !deleted_since {
-                            self.children.listed(owner, &text, owner_key.clone(), epoch);
+                            self.children.listed(
+                                owner,
+                                &text,
+                                owner_key.clone(),
+                                epoch,
+                                (&uid, &version),
+                            );
                         }
                         sub.group.apply(GroupEvent::ListedOwned {
                             key: KeyRef::new(&owner_key),
@@ -260,6 +278,9 @@ impl FanOut {
         self.counts
             .children
             .store(self.children.len() as u64, Ordering::Relaxed);
+        self.counts
+            .children_bytes
+            .store(self.children.bytes() as u64, Ordering::Relaxed);
     }
 }
 
