@@ -5,6 +5,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`queue`] | one group's work queue: coalescing, per-key exclusivity, retries, fairness (start at [`queue::GroupQueue`]) |
+//! | [`children`] | the owned objects a watch shows, both ways: each child's owner, each owner's children |
 //! | [`handover`] | the handover gate: which keys a dispatcher may hand out while the ring changes ([`handover::Handover`], [`handover::Slice`]) |
 //! | [`key`] | a request key with its hash, computed once |
 //! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod children;
 pub mod handover;
 pub mod key;
 pub mod leases;

@@ -96,6 +96,15 @@ impl GroupSpec {
         Self { subscriptions }
     }
 
+    /// The version to report for children of `group`/`kind`: from the subscription to owned
+    /// objects of that kind.
+    pub fn owned_version_of(&self, group: &str, kind: &str) -> Option<&str> {
+        self.subscriptions.iter().find_map(|s| {
+            let r = &s.watch.resource;
+            (s.owner.is_some() && r.group == group && r.kind == kind).then_some(r.version.as_str())
+        })
+    }
+
     /// The version to report for keys of `group`/`kind`: from the subscription of that kind,
     /// or from an owner mapping to it.
     pub fn version_of(&self, group: &str, kind: &str) -> Option<&str> {

@@ -23,6 +23,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use kube_dispatch_core::{
+    children::{ChildIndex, MAX_CHILDREN_PER_REQUEST, OwnerChildren},
     handover::Slice,
     key::KeyRef,
     partition::{GroupEvent, Partition},
@@ -31,7 +32,7 @@ use kube_dispatch_core::{
         QueueFigures, SessionId, pool::BodyPool,
     },
     recent_deletions::RecentDeletionsConfig,
-    subscription::GroupSpec,
+    subscription::{GroupSpec, OwnerKind},
 };
 
 /// A live session of the group.
@@ -87,6 +88,9 @@ pub struct Group {
     /// The keys this dispatcher serves; read under the state lock on every change, so no key
     /// outside it enters the queue once [`Group::apply_slice`] has run.
     slice: watch::Receiver<Arc<Slice>>,
+    /// The indexes of owned objects of the watches its owned subscriptions feed from, with the
+    /// owner kind each maps to: an owner's requests carry its children from them.
+    owned: Mutex<Vec<(OwnerKind, Arc<ChildIndex>)>>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
     /// Cancelled when the group is dropped from the dispatcher; ends the tasks that serve it.
@@ -134,6 +138,7 @@ impl Group {
                 sessions: HashMap::new(),
             }),
             slice,
+            owned: Mutex::default(),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
             work_duration: duration_histogram(),
@@ -449,6 +454,24 @@ impl Group {
     /// Takes up to `max` ready keys for the session, within `max_bytes`
     /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]).
     pub fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
+        self.take_with_children(session, max, max_bytes)
+            .into_iter()
+            .map(|(delivery, _)| delivery)
+            .collect()
+    }
+
+    /// As [`Group::take`], with each owner's children as the watches of its owned
+    /// subscriptions know them, read after the key was taken (so at least as new as the change
+    /// that queued it), their bytes counted within `max_bytes`. `None` for a key of a kind no
+    /// owned subscription maps to.
+    pub fn take_with_children(
+        &self,
+        session: SessionId,
+        max: usize,
+        max_bytes: usize,
+    ) -> Vec<(Delivery, Option<OwnerChildren>)> {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut children: HashMap<String, OwnerChildren> = HashMap::new();
         let out = {
             let queue = &mut self.state_now().queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
@@ -456,7 +479,16 @@ impl Group {
             if !self.slice.borrow().hands_out(std::time::Instant::now()) {
                 return Vec::new();
             }
-            queue.take_within(session, max, max_bytes, Self::now())
+            // The state lock, then an index's: the fan-out never holds an index while it
+            // calls into a group.
+            queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
+                let Some(of) = children_of(&owned, key) else {
+                    return 0;
+                };
+                let bytes = of.wire_bound();
+                children.insert(key.to_owned(), of);
+                bytes
+            })
         };
         for queued in out.iter().filter_map(|d| d.queued) {
             self.queue_duration.observe(queued.as_secs_f64());
@@ -464,8 +496,53 @@ impl Group {
         if !out.is_empty() {
             self.timers_changed.notify_one();
         }
-        out
+        out.into_iter()
+            .map(|d| {
+                let of = children.remove(&d.key);
+                (d, of)
+            })
+            .collect()
     }
+
+    /// Takes the children of owners of `kind` from `index` into this group's requests.
+    pub fn owns_from(&self, kind: OwnerKind, index: Arc<ChildIndex>) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if !owned
+            .iter()
+            .any(|(k, i)| *k == kind && Arc::ptr_eq(i, &index))
+        {
+            owned.push((kind, index));
+        }
+    }
+}
+
+/// The children of the owner `key` in `owned` (merged over the watches of every owned
+/// subscription its kind maps to, in key order), or `None` if none maps to it.
+fn children_of(owned: &[(OwnerKind, Arc<ChildIndex>)], key: &str) -> Option<OwnerChildren> {
+    let parsed = kube_dispatch_proto::RequestKey::parse(key).ok()?;
+    let mut found: Option<OwnerChildren> = None;
+    for (kind, index) in owned {
+        if kind.group != parsed.group || kind.kind != parsed.kind {
+            continue;
+        }
+        let of = index.of(kind, key);
+        found = Some(match found {
+            None => of,
+            Some(mut all) => {
+                all.children.extend(of.children);
+                all.complete &= of.complete;
+                all.truncated |= of.truncated;
+                all
+            }
+        });
+    }
+    let mut found = found?;
+    found.children.sort_by(|a, b| a.key.cmp(&b.key));
+    if found.children.len() > MAX_CHILDREN_PER_REQUEST {
+        found.children.truncate(MAX_CHILDREN_PER_REQUEST);
+        found.truncated = true;
+    }
+    Some(found)
 }
 
 /// The buckets of `workqueue_work_duration_seconds` and `workqueue_queue_duration_seconds`:

@@ -74,7 +74,7 @@
 //! - **Owned objects**: an object a key's object owns changes (within the budget); every
 //!   dispatcher that records the key queues it without touching what it knows of the key's own
 //!   object (`GroupEvent::OwnedChanged`), and one cut off re-lists. Which owner a child names, and
-//!   the children index that tells old and new owners (`dispatcher/src/k8s/children.rs`), are
+//!   the children index that tells old and new owners (`core/src/children.rs`), are
 //!   left to the tests against the API server.
 //!
 //! - **Controller groups** (`Config::groups`): one or two groups subscribe to the same objects;

@@ -350,6 +350,90 @@ async fn an_owner_that_loses_a_child_hears_of_it() -> TestResult {
     Ok(())
 }
 
+/// An owner's request carries its children as the dispatcher's watch knows them, at least as
+/// new as the change that caused it: a child created shows with its uid and resourceVersion,
+/// a child deleted is gone from the very request its deletion caused.
+#[tokio::test]
+async fn an_owners_request_carries_its_children_as_new_as_the_change() -> TestResult {
+    use kube_dispatch_proto::v1::ChildrenState;
+    let ns = TestNamespace::create("edges-children").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let owned = Subscription {
+        owner: Some(kube_dispatch_tests::widget_ref()),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut s = TestSession::open(&d, "children", "r1", vec![owned]).await?;
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("w", WidgetSpec { size: 1 }),
+        )
+        .await?;
+    let owner = OwnerReference {
+        api_version: "test.kube-dispatch.dev/v1".into(),
+        kind: "Widget".into(),
+        name: "w".into(),
+        uid: w.uid().unwrap_or_default(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    };
+    let children_of = |r: &ReconcileRequest| -> Vec<(String, String, String)> {
+        r.children
+            .iter()
+            .map(|c| {
+                let name = c
+                    .object
+                    .as_ref()
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                (name, c.uid.clone(), c.resource_version.clone())
+            })
+            .collect()
+    };
+    let seen = |cm: &ConfigMap| {
+        (
+            cm.name_any(),
+            cm.uid().unwrap_or_default(),
+            cm.resource_version().unwrap_or_default(),
+        )
+    };
+    let mut created = Vec::new();
+    for name in ["c1", "c2"] {
+        let mut child = labelled(name, "x");
+        child.metadata.owner_references = Some(vec![owner.clone()]);
+        created.push(configmaps.create(&PostParams::default(), &child).await?);
+        let got = next(&mut s).await?;
+        assert_eq!(
+            got.key,
+            format!("test.kube-dispatch.dev/Widget/{}/w", ns.name())
+        );
+        assert_eq!(
+            got.children_state,
+            ChildrenState::Complete as i32,
+            "the watch had listed everything"
+        );
+        let want: Vec<_> = created.iter().map(seen).collect();
+        assert_eq!(children_of(&got), want, "every child so far, as created");
+        let object = got.children[0].object.clone().unwrap_or_default();
+        assert_eq!(
+            (object.version.as_str(), object.kind.as_str()),
+            ("v1", "ConfigMap")
+        );
+    }
+    configmaps.delete("c1", &DeleteParams::default()).await?;
+    let got = next(&mut s).await?;
+    assert_eq!(
+        children_of(&got),
+        [seen(&created[1])],
+        "the deletion that caused the request is already reflected in it"
+    );
+    d.stop().await;
+    Ok(())
+}
+
 /// A client that closes its session (or reopens one for its replica) without acknowledging what
 /// it was handed, as a client other than the SDK may: the dispatcher cannot know its reconciles
 /// stopped, so those keys go to another session only once the closed one would have expired,

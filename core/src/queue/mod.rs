@@ -972,6 +972,20 @@ impl GroupQueue {
         max_bytes: usize,
         now: Instant,
     ) -> Vec<Delivery> {
+        self.take_within_sized(session, max, max_bytes, now, |_| 0)
+    }
+
+    /// As [`GroupQueue::take_within`], with `extra(key)` more bytes counted for each key: what
+    /// the caller adds to its delivery (an owner's children). A key alone past the bound loses
+    /// its body, not what `extra` counts.
+    pub fn take_within_sized(
+        &mut self,
+        session: SessionId,
+        max: usize,
+        max_bytes: usize,
+        now: Instant,
+        mut extra: impl FnMut(&str) -> usize,
+    ) -> Vec<Delivery> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let deadline = later(now, self.config.max_reconcile_time);
@@ -992,7 +1006,8 @@ impl GroupQueue {
                 Some(b) if !tombstone => b.len(),
                 _ => 0,
             };
-            let size = Delivery::size_bound_of(&text, body_len);
+            let added = extra(&text);
+            let size = Delivery::size_bound_of(&text, body_len).saturating_add(added);
             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
                 // Over the answer's bound: the next answer takes it, first.
                 if let Some(s) = self.sessions.get_mut(&session) {
@@ -1006,7 +1021,7 @@ impl GroupQueue {
             bytes = bytes.saturating_add(if keep_body {
                 size
             } else {
-                Delivery::size_bound_of(&text, 0)
+                Delivery::size_bound_of(&text, 0).saturating_add(added)
             });
             let id = self.next_delivery;
             self.next_delivery += 1;

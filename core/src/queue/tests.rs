@@ -1063,6 +1063,30 @@ fn a_deletion_delivered_before_the_name_is_re_used_is_not_delivered_twice() {
     q.check();
 }
 
+/// What the caller adds to a delivery (an owner's children) counts within the answer's bytes:
+/// a key it would take past the bound waits for the next answer, first.
+#[test]
+fn what_the_caller_adds_counts_within_the_answers_bytes() {
+    let mut q = GroupQueue::new(QueueConfig::default());
+    let now = Instant::now();
+    q.add_session(1, "r");
+    for i in 0..4 {
+        q.change(&format!("/ConfigMap/ns/o-{i}"), change(Reason::Added, 1));
+    }
+    let key_bytes = Delivery::size_bound_of("/ConfigMap/ns/o-0", 0);
+    let limit = 2 * (key_bytes + 1000);
+    let taken = q.take_within_sized(1, 16, limit, now, |_| 1000);
+    assert_eq!(
+        taken.len(),
+        2,
+        "two keys and their additions fill the answer"
+    );
+    let rest = q.take_within_sized(1, 16, limit, now, |_| 0);
+    let keys: Vec<&str> = rest.iter().map(|d| d.key.as_str()).collect();
+    assert_eq!(keys, ["/ConfigMap/ns/o-2", "/ConfigMap/ns/o-3"]);
+    q.check();
+}
+
 /// However large the objects, one answer stays within the bytes the client accepts: taking
 /// stops before a key that would pass it (the next answer takes it first), and an object too
 /// large for any answer goes without its body.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use kube_dispatch_core::{
+    children::OwnerChildren,
     queue::{Delivery, DeliveryId, Outcome},
     request::ack_outcomes,
     subscription::{
@@ -178,7 +179,44 @@ fn status(e: SessionError) -> Status {
 }
 
 /// A delivery as the wire carries it.
-fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
+fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> ReconcileRequest {
+    let (children, children_state) = match children {
+        None => (Vec::new(), v1::ChildrenState::Unspecified),
+        Some(of) => {
+            let state = if of.truncated {
+                v1::ChildrenState::Truncated
+            } else if of.complete {
+                v1::ChildrenState::Complete
+            } else {
+                v1::ChildrenState::Incomplete
+            };
+            let children = of
+                .children
+                .into_iter()
+                .map(|c| {
+                    let key = RequestKey::parse(&c.key)
+                        .unwrap_or_else(|_| RequestKey::new("", "", "", &*c.key));
+                    let version = group
+                        .spec
+                        .owned_version_of(&key.group, &key.kind)
+                        .unwrap_or_default()
+                        .to_owned();
+                    v1::OwnedObject {
+                        object: Some(v1::ObjectKey {
+                            group: key.group,
+                            version,
+                            kind: key.kind,
+                            namespace: key.namespace,
+                            name: key.name,
+                        }),
+                        uid: c.uid.into(),
+                        resource_version: c.resource_version.into(),
+                    }
+                })
+                .collect();
+            (children, state)
+        }
+    };
     let key = RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &d.key));
     let version = group
         .spec
@@ -202,6 +240,8 @@ fn to_wire(group: &Group, d: Delivery) -> ReconcileRequest {
         deleted: d.deleted,
         attempt: d.attempt,
         traceparent: d.trace.map(|t| t.to_string()).unwrap_or_default(),
+        children,
+        children_state: children_state as i32,
     }
 }
 
@@ -308,7 +348,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let requests = polled
             .deliveries
             .into_iter()
-            .map(|d| to_wire(&polled.group, d))
+            .map(|(d, children)| to_wire(&polled.group, d, children))
             .collect();
         Ok(Response::new(PollResponse {
             requests,

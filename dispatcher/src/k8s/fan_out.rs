@@ -4,7 +4,7 @@
 //! The watch loop ([`super::watch_task`]) decides when an event happened and what list it
 //! belongs to; this decides whom it concerns: the request key of the object (or of its
 //! controlling owner, for a subscription to owned objects), one body per payload mode, and, for
-//! owned subscriptions, the owners to tell ([`super::children`]: an owner that lost a child is
+//! owned subscriptions, the owners to tell ([`kube_dispatch_core::children`]: an owner that lost a child is
 //! told although the child no longer names it). The group decides, under its lock, what the
 //! event means for its queue ([`crate::group::Group::apply`]).
 
@@ -15,6 +15,7 @@ use std::sync::{
 
 use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
+    children::ChildIndex,
     handover::Slice,
     key::KeyRef,
     partition::GroupEvent,
@@ -27,7 +28,6 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::{
-    children::Children,
     object::WatchedObject,
     routing::{Bodies, Place, in_watch, object_key, owner_key, place},
     side_list::SideList,
@@ -88,8 +88,9 @@ pub(super) struct FanOut {
     /// Whether an object of another dispatcher's namespaces arrived although the watch asked
     /// for this dispatcher's only (the API server ignores the selector), since that start.
     unsharded: bool,
-    /// The owner each owned object was last seen with, for the owned subscriptions.
-    children: Children,
+    /// The owned objects the watch shows, both ways, for the owned subscriptions; shared with
+    /// the groups, which read an owner's children for its requests.
+    children: Arc<ChildIndex>,
 }
 
 impl FanOut {
@@ -101,6 +102,7 @@ impl FanOut {
         counts: Arc<WatchCounts>,
         slice: watch::Receiver<Arc<Slice>>,
         subscribers: Subscribers,
+        children: Arc<ChildIndex>,
     ) -> Self {
         Self {
             key,
@@ -110,7 +112,7 @@ impl FanOut {
             subscribers,
             shard: None,
             unsharded: false,
-            children: Children::default(),
+            children,
         }
     }
 
@@ -176,9 +178,10 @@ impl FanOut {
                 continue;
             }
             let now = owner_key(obj, kind).map(|k| k.to_string());
-            let tell = self
-                .children
-                .seen(kind, &text, now, epoch, deleted, (&uid, &version));
+            let tell =
+                self.children
+                    .write()
+                    .seen(kind, &text, now, epoch, deleted, (&uid, &version));
             owners.push((kind, tell));
         }
         for sub in subscribers.iter() {
@@ -231,7 +234,7 @@ impl FanOut {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
                         if !deleted_since {
-                            self.children.listed(
+                            self.children.write().listed(
                                 owner,
                                 &text,
                                 owner_key.clone(),
@@ -255,7 +258,7 @@ impl FanOut {
     /// primary subscription, and tell the owners of the owned objects it did not show.
     pub(super) fn sweep(&mut self, epoch: u32) {
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let lost = self.children.swept(epoch, |kind| {
+        let lost = self.children.write().swept(epoch, |kind| {
             subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
         });
         for sub in subscribers.iter() {
@@ -275,12 +278,13 @@ impl FanOut {
     }
 
     fn count_children(&self) {
+        let children = self.children.write();
         self.counts
             .children
-            .store(self.children.len() as u64, Ordering::Relaxed);
+            .store(children.len() as u64, Ordering::Relaxed);
         self.counts
             .children_bytes
-            .store(self.children.bytes() as u64, Ordering::Relaxed);
+            .store(children.bytes() as u64, Ordering::Relaxed);
     }
 }
 

@@ -8,8 +8,6 @@
 //! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
 //!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
-//! - `children`: the owner each owned object was last seen with, so an owner that loses a
-//!   child (adopted by another, or deleted in a watch gap) is told;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - `whole_list` and `list_reader`: a watch that lists in one response, read an object at a
 //!   time (`--list-mode whole`);
@@ -17,7 +15,6 @@
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
-mod children;
 pub mod discovery;
 mod fan_out;
 mod list_reader;

@@ -32,6 +32,7 @@ use kube::{
 };
 use kube_dispatch_core::{
     backoff::{Recovery, WatchFailure, WatchRetry},
+    children::ChildIndex,
     handover::Slice,
     subscription::WatchKey,
 };
@@ -86,6 +87,8 @@ pub(super) struct Controls {
     pub joined: Arc<tokio::sync::Notify>,
     /// Where it says how its first list went.
     pub readiness: watch::Sender<Readiness>,
+    /// Its index of owned objects, which it keeps.
+    pub children: Arc<ChildIndex>,
 }
 
 /// The task of the watch of one [`WatchKey`].
@@ -106,6 +109,8 @@ pub(super) struct WatchTask {
     /// The number of the watch's current (or last) own list.
     epoch: u32,
     fan_out: FanOut,
+    /// Told when the watch's lists start and end, which say whether it knows every child.
+    children: Arc<ChildIndex>,
 }
 
 /// What ends a pass of the watch.
@@ -206,6 +211,7 @@ impl WatchTask {
             controls.counts.clone(),
             slice.clone(),
             controls.subscribers,
+            controls.children.clone(),
         );
         Self {
             key,
@@ -221,6 +227,7 @@ impl WatchTask {
             retry: WatchRetry::default(),
             epoch: 0,
             fan_out,
+            children: controls.children,
         }
     }
 
@@ -252,6 +259,8 @@ impl WatchTask {
             side: None,
             listed: Some(None),
         };
+        self.children.listing(true);
+        self.children.beside(false);
         loop {
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
@@ -268,7 +277,12 @@ impl WatchTask {
             match step {
                 Step::Nothing => {}
                 Step::Reshard => return End::Restart,
-                Step::ListBeside { why, joined } => self.list_beside(&mut pass, why, joined),
+                Step::ListBeside { why, joined } => {
+                    if joined {
+                        self.children.joins_taken();
+                    }
+                    self.list_beside(&mut pass, why, joined);
+                }
                 Step::Page(Some(objects)) => self.side_page(&mut pass, &objects),
                 Step::Page(None) => {
                     debug!(resource = %describe(&self.key), "list beside the watch done");
@@ -286,6 +300,10 @@ impl WatchTask {
                     }
                 }
             }
+            // Whether the index has seen every child: no list of the watch's own, nor beside
+            // it, is running (an owner's children read meanwhile say they may be incomplete).
+            self.children.listing(pass.listed.is_some());
+            self.children.beside(pass.side.is_some());
         }
     }
 

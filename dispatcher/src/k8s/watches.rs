@@ -5,7 +5,7 @@
 //! Each watch runs as a task of its own (`super::watch_task`), which hands its events to the
 //! subscribed groups (`super::fan_out`). No object is kept once it has been handed on: the
 //! groups' queues are the only index, but for the owner each owned object was last seen with
-//! (`super::children`), which tells an owner of a child it lost. Objects are kept as the JSON
+//! (`kube_dispatch_core::children`), which tells an owner of a child it lost. Objects are kept as the JSON
 //! text the API server sent, with only routing's fields decoded
 //! ([`super::object::WatchedObject`]).
 
@@ -16,7 +16,7 @@ use std::{
 };
 
 use kube::Client;
-use kube_dispatch_core::{handover::Slice, subscription::WatchKey};
+use kube_dispatch_core::{children::ChildIndex, handover::Slice, subscription::WatchKey};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -45,6 +45,7 @@ pub struct WatchFigures {
 
 struct Running {
     counts: Arc<WatchCounts>,
+    children: Arc<ChildIndex>,
     subscribers: Subscribers,
     readiness: watch::Receiver<Readiness>,
     /// Tells the task a group joined the running watch (it lists beside the stream for it).
@@ -120,9 +121,14 @@ impl Watches {
     }
 
     /// Adds a subscriber to the watch of `key`, starting it if needed, and waits until the
-    /// watch's first list has started to arrive or failed.
-    pub async fn subscribe(&self, key: &WatchKey, sub: Subscriber) -> Result<(), WatchError> {
-        let mut readiness = {
+    /// watch's first list has started to arrive or failed. Returns the watch's index of owned
+    /// objects, from which a subscriber to them reads an owner's children.
+    pub async fn subscribe(
+        &self,
+        key: &WatchKey,
+        sub: Subscriber,
+    ) -> Result<Arc<ChildIndex>, WatchError> {
+        let (mut readiness, children) = {
             let mut running = self.running();
             match running.get_mut(key) {
                 Some(r) => {
@@ -134,13 +140,15 @@ impl Watches {
                     subs.push(sub);
                     // The new group has not seen the objects that exist: the task lists them
                     // beside the stream, unless its own list will show them.
+                    r.children.joined();
                     r.joined.notify_one();
-                    r.readiness.clone()
+                    (r.readiness.clone(), r.children.clone())
                 }
                 None => {
                     let (tx, rx) = watch::channel(Readiness::Starting);
                     let run = Running {
                         counts: Arc::default(),
+                        children: Arc::default(),
                         subscribers: Arc::new(RwLock::new(vec![sub])),
                         readiness: rx.clone(),
                         joined: Arc::new(tokio::sync::Notify::new()),
@@ -157,19 +165,21 @@ impl Watches {
                             subscribers: run.subscribers.clone(),
                             joined: run.joined.clone(),
                             readiness: tx,
+                            children: run.children.clone(),
                         },
                     );
                     tokio::spawn(task.run(run.cancel.clone()));
                     info!(resource = %describe(key), watch = %id_of(key), "starting watch");
+                    let children = run.children.clone();
                     running.insert(key.clone(), run);
-                    rx
+                    (rx, children)
                 }
             }
         };
         loop {
             let state = readiness.borrow_and_update().clone();
             match state {
-                Readiness::Ready => return Ok(()),
+                Readiness::Ready => return Ok(children),
                 Readiness::Failed(e) => {
                     self.stop_now(key);
                     return Err(e);
@@ -270,7 +280,7 @@ mod tests {
     fn subscribe(
         watches: &Arc<Watches>,
         member: &Member,
-    ) -> tokio::task::JoinHandle<Result<(), WatchError>> {
+    ) -> tokio::task::JoinHandle<Result<Arc<ChildIndex>, WatchError>> {
         let (watches, sub) = (watches.clone(), subscriber(member));
         tokio::spawn(async move { watches.subscribe(&config_maps(), sub).await })
     }

@@ -175,6 +175,9 @@ impl GroupTable {
                 owner: sub.owner.clone(),
             };
             let subscribed = self.watches.subscribe(&sub.watch, subscriber).await;
+            if let (Ok(index), Some(kind)) = (&subscribed, &sub.owner) {
+                group.owns_from(kind.clone(), index.clone());
+            }
             // Replaced meanwhile: nothing may keep feeding (and holding bodies for) a group
             // the table no longer knows.
             let replaced = !self.is_current(group);

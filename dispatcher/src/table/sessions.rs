@@ -9,6 +9,7 @@ use std::{
 };
 
 use kube_dispatch_core::{
+    children::OwnerChildren,
     queue::{Delivery, DeliveryId, Outcome, SessionId},
     subscription::GroupSpec,
 };
@@ -35,8 +36,9 @@ pub struct Opened {
 pub struct Polled {
     /// The session's group.
     pub group: Arc<Group>,
-    /// The keys handed out.
-    pub deliveries: Vec<Delivery>,
+    /// The keys handed out, each owner with its children (`None` for keys of a kind no owned
+    /// subscription maps to).
+    pub deliveries: Vec<(Delivery, Option<OwnerChildren>)>,
     /// How long the dispatcher held the poll before its last look at the queue: the replica
     /// counts its deadlines from that long after it sent the poll (`controller-sdk` fencing).
     pub held: Duration,
@@ -147,7 +149,7 @@ impl GroupTable {
             if self.draining.is_cancelled() {
                 Vec::new()
             } else {
-                group.take(id, max, max_bytes)
+                group.take_with_children(id, max, max_bytes)
             }
         };
         let mut deliveries = take();

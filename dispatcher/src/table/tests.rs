@@ -106,7 +106,7 @@ async fn poll(
     let mut got: Vec<(DeliveryId, String)> = polled
         .deliveries
         .iter()
-        .map(|d: &Delivery| {
+        .map(|(d, _): &(Delivery, _)| {
             (
                 d.id,
                 d.key.rsplit('/').next().unwrap_or_default().to_owned(),

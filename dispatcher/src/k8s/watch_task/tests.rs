@@ -47,6 +47,7 @@ impl Scripted {
                 }])),
                 joined: Arc::default(),
                 readiness: readiness_tx,
+                children: Arc::default(),
             },
         );
         tokio::spawn(task.run(cancel.clone()));

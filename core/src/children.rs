@@ -1,4 +1,4 @@
-//! The owned objects a watch shows, indexed both ways per owner kind the watch feeds: each
+//! The owned objects a dispatcher's watch shows, indexed both ways per owner kind the watch feeds: each
 //! child to the controlling owner it was last seen with, and each owner to its children.
 //!
 //! - A child whose controlling owner changes names only the new owner; the old one, which
@@ -19,10 +19,13 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{
+        Arc, RwLock, RwLockWriteGuard,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
 };
 
-use kube_dispatch_core::subscription::OwnerKind;
+use crate::subscription::OwnerKind;
 
 /// What the index holds of one child: its owner, the epoch of the list or watch that last
 /// showed it, and what an owner's reconcile is told of it.
@@ -36,7 +39,7 @@ struct Child {
 
 /// A child as an owner's reconcile is told of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct KnownChild {
+pub struct KnownChild {
     /// Its request key (group, kind, namespace and name).
     pub key: Arc<str>,
     /// Its uid.
@@ -113,26 +116,31 @@ impl OfKind {
 
 /// Per owner kind, each child to its owner and each owner to its children.
 #[derive(Debug, Default)]
-pub(crate) struct Children {
+pub struct Children {
     by_kind: HashMap<OwnerKind, OfKind>,
 }
 
 impl Children {
     /// Owned objects indexed, over every owner kind.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.by_kind.values().map(|k| k.by_child.len()).sum()
+    }
+
+    /// Whether no owned object is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.by_kind.values().all(|k| k.by_child.is_empty())
     }
 
     /// About how many bytes the index holds: each child's key, uid and resourceVersion and a
     /// fixed overhead per entry, and each owner's key once however many children share it.
-    pub(crate) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.by_kind.values().map(|k| k.bytes).sum()
     }
 
     /// Records `child` as seen in `epoch` with `owner` (its controlling owner of `kind` now, if
     /// any) and its `uid` and `resource_version`, or deleted; returns the owners to tell: the
     /// current one, and the one it had before if that was another.
-    pub(crate) fn seen(
+    pub fn seen(
         &mut self,
         kind: &OwnerKind,
         child: &str,
@@ -158,7 +166,7 @@ impl Children {
     /// Records `child`, shown by a list beside the watch with `owner`, unless the watch knows it
     /// already: the watch's stream is the authority on what it has shown (the list may be
     /// older).
-    pub(crate) fn listed(
+    pub fn listed(
         &mut self,
         kind: &OwnerKind,
         child: &str,
@@ -175,7 +183,7 @@ impl Children {
     /// A re-list of `epoch` ended: the children it did not show were deleted while the watch
     /// was away. Forgets them and the kinds no longer subscribed (`subscribed`); returns their
     /// owners, per kind, each once.
-    pub(crate) fn swept(
+    pub fn swept(
         &mut self,
         epoch: u32,
         subscribed: impl Fn(&OwnerKind) -> bool,
@@ -205,14 +213,7 @@ impl Children {
     }
 
     /// The children of `owner` (a request key of `kind`), in key order.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the reconcile requests of owners carry their children next (issue 36)"
-        )
-    )]
-    pub(crate) fn of(&self, kind: &OwnerKind, owner: &str) -> Vec<KnownChild> {
+    pub fn of(&self, kind: &OwnerKind, owner: &str) -> Vec<KnownChild> {
         let Some(children) = self.by_kind.get(kind) else {
             return Vec::new();
         };
@@ -229,6 +230,112 @@ impl Children {
                 })
             })
             .collect()
+    }
+}
+
+/// Most children one reconcile request carries; past it the request says its children were
+/// cut ([`OwnerChildren::truncated`]).
+pub const MAX_CHILDREN_PER_REQUEST: usize = 1000;
+
+/// Bytes a child takes in a request besides its key, uid and resourceVersion (field tags and
+/// lengths, the version and the key's parts, which repeat it).
+const CHILD_WIRE_OVERHEAD: usize = 48;
+
+/// One watch's index of owned objects, shared by its fan-out, which changes it, and the groups
+/// subscribed to its owned objects, which read an owner's children for its requests.
+#[derive(Debug)]
+pub struct ChildIndex {
+    children: RwLock<Children>,
+    /// The watch's own list is running (its first, or a re-list): children it has not shown
+    /// again yet may be missing, and children deleted meanwhile may still be here.
+    listing: AtomicBool,
+    /// A list beside the watch is running: children of an owner kind that just joined the
+    /// watch, or of keys just moved here, may be missing.
+    beside: AtomicBool,
+    /// Groups joined the running watch that its task has not yet started listing for.
+    joining: AtomicUsize,
+}
+
+impl Default for ChildIndex {
+    fn default() -> Self {
+        Self {
+            children: RwLock::default(),
+            listing: AtomicBool::new(true),
+            beside: AtomicBool::new(false),
+            joining: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// An owner's children as its request carries them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerChildren {
+    /// In key order.
+    pub children: Vec<KnownChild>,
+    /// Whether the watch had shown every child when they were read ([`ChildIndex`]).
+    pub complete: bool,
+    /// Whether more than [`MAX_CHILDREN_PER_REQUEST`] were known, and the rest left out.
+    pub truncated: bool,
+}
+
+impl OwnerChildren {
+    /// An upper bound of the bytes they take in a request.
+    pub fn wire_bound(&self) -> usize {
+        self.children
+            .iter()
+            .map(|c| 2 * c.key.len() + c.uid.len() + c.resource_version.len() + CHILD_WIRE_OVERHEAD)
+            .sum()
+    }
+}
+
+impl ChildIndex {
+    /// The index, to change it (the fan-out only).
+    pub fn write(&self) -> RwLockWriteGuard<'_, Children> {
+        self.children.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The watch's own list started (`true`) or ended (`false`).
+    pub fn listing(&self, running: bool) {
+        self.listing.store(running, Ordering::Release);
+    }
+
+    /// A list beside the watch started (`true`) or ended (`false`).
+    pub fn beside(&self, running: bool) {
+        self.beside.store(running, Ordering::Release);
+    }
+
+    /// A group joined the running watch (before its task is told).
+    pub fn joined(&self) {
+        self.joining.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The task took in the groups that joined: it lists beside the watch for them, or its own
+    /// list shows them everything.
+    pub fn joins_taken(&self) {
+        self.beside.store(true, Ordering::Release);
+        self.joining.store(0, Ordering::Release);
+    }
+
+    /// The children of `owner`, a request key of `kind`, at most
+    /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all.
+    pub fn of(&self, kind: &OwnerKind, owner: &str) -> OwnerChildren {
+        // Read before the children: a list that starts after this is taken as complete for
+        // what was read, which it was.
+        let complete = self.joining.load(Ordering::Acquire) == 0
+            && !self.listing.load(Ordering::Acquire)
+            && !self.beside.load(Ordering::Acquire);
+        let mut children = self
+            .children
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .of(kind, owner);
+        let truncated = children.len() > MAX_CHILDREN_PER_REQUEST;
+        children.truncate(MAX_CHILDREN_PER_REQUEST);
+        OwnerChildren {
+            children,
+            complete,
+            truncated,
+        }
     }
 }
 
