@@ -185,6 +185,34 @@ impl Cluster {
         Ok(Client::try_from(self.config().await?)?)
     }
 
+    /// A new admin client that counts in `lists` the LISTs it makes of `resource` (a plural, as
+    /// in the URL): what a controller reading through it asks the API server.
+    pub async fn client_counting_lists(
+        &self,
+        resource: &'static str,
+        lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Result<Client, FixtureError> {
+        use tonic::codegen::http;
+        let suffix = format!("/{resource}");
+        let count =
+            tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+                let watch = request
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.contains("watch=true"));
+                if request.method() == http::Method::GET
+                    && request.uri().path().ends_with(&suffix)
+                    && !watch
+                {
+                    lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                request
+            });
+        Ok(kube::client::ClientBuilder::try_from(self.config().await?)?
+            .with_layer(&count)
+            .build())
+    }
+
     /// A new admin client that reaches the API server through `proxy` (a [`faultproxy`] in
     /// front of it): same TLS, another port.
     pub async fn client_via(&self, proxy: std::net::SocketAddr) -> Result<Client, FixtureError> {

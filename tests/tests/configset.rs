@@ -21,7 +21,13 @@ mod kube_rs {
     pub(crate) mod configset;
 }
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::StreamExt;
 use k8s_openapi::{
@@ -35,7 +41,7 @@ use kube::{
 };
 use kube_dispatch_controller::Controller;
 use kube_dispatch_tests::{
-    TestNamespace, TestResult,
+    Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
 };
 use sdk::configset::{ConfigSet, ConfigSetSpec, OWNER_LABEL};
@@ -85,6 +91,11 @@ async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let stop = CancellationToken::new();
     let (tx, errors) = mpsc::unbounded_channel();
+    // The reconciler's own reads: its requests carry the children, so it lists none.
+    let lists = Arc::new(AtomicUsize::new(0));
+    let reads = Cluster::shared()
+        .client_counting_lists("configmaps", lists.clone())
+        .await?;
     let outcomes = Controller::<sdk::configset::ConfigSet>::new(client.clone(), "configset")
         .namespace(ns.name())
         .owns::<ConfigMap>()
@@ -95,9 +106,7 @@ async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
         .run(
             sdk::configset::reconcile,
             sdk::configset::error_policy,
-            Arc::new(sdk::configset::Context {
-                client: client.clone(),
-            }),
+            Arc::new(sdk::configset::Context { client: reads }),
         );
     let task = tokio::spawn(outcomes.for_each(move |r| {
         if let Err(e) = r {
@@ -106,6 +115,11 @@ async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
         async {}
     }));
     converges_and_heals(&ns, Running { stop, task, errors }).await?;
+    assert_eq!(
+        lists.load(Ordering::Relaxed),
+        0,
+        "the SDK reconciler read its children from its requests, never by a LIST"
+    );
     d.stop().await;
     Ok(())
 }
@@ -119,15 +133,17 @@ async fn the_kube_rs_configset_controller_converges_and_heals() -> TestResult {
     let (tx, errors) = mpsc::unbounded_channel();
     let sets: Api<kube_rs::configset::ConfigSet> = Api::namespaced(client.clone(), ns.name());
     let children: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let lists = Arc::new(AtomicUsize::new(0));
+    let reads = Cluster::shared()
+        .client_counting_lists("configmaps", lists.clone())
+        .await?;
     let outcomes = kube::runtime::Controller::new(sets, watcher::Config::default())
         .owns(children, watcher::Config::default())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
             kube_rs::configset::reconcile,
             kube_rs::configset::error_policy,
-            Arc::new(kube_rs::configset::Context {
-                client: client.clone(),
-            }),
+            Arc::new(kube_rs::configset::Context { client: reads }),
         );
     // Only reconciler failures count: the incumbent's stream also reports scheduling outcomes
     // that are not failures of the controller (e.g. ObjectNotFound for a key triggered through
@@ -144,7 +160,11 @@ async fn the_kube_rs_configset_controller_converges_and_heals() -> TestResult {
         }
         async {}
     }));
-    converges_and_heals(&ns, Running { stop, task, errors }).await
+    converges_and_heals(&ns, Running { stop, task, errors }).await?;
+    // The baseline lists the children in each reconcile (its cache holds them, but the shared
+    // reconciler cannot reach it).
+    assert!(lists.load(Ordering::Relaxed) > 0);
+    Ok(())
 }
 
 /// Drives a running ConfigSet controller through its life cycle in `ns` and checks each step.

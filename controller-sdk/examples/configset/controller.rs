@@ -13,12 +13,15 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client, CustomResource, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams},
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions},
 };
 // `Action` comes from the including crate: kube_dispatch_controller::Action in the SDK version,
 // kube::runtime::controller::Action in the kube-rs version. Nothing else differs.
 use super::Action;
-use kube_dispatch_controller::precondition::{self, WriteError};
+use kube_dispatch_controller::{
+    children,
+    precondition::{self, WriteError},
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -108,20 +111,44 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
             )
             .await?;
     }
-    // Children beyond the declared count (it was lowered) go away.
-    let selector = format!("{OWNER_LABEL}={name}");
-    for cm in configmaps
-        .list(&ListParams::default().labels(&selector))
-        .await?
-    {
-        let index = cm
-            .name_any()
+    // Children beyond the declared count (it was lowered) go away. On kube-dispatch the
+    // request carries them (no LIST); elsewhere, or while the dispatcher's view is not whole,
+    // they are listed.
+    let existing: Vec<(String, Option<String>)> =
+        match children::of_this_reconcile().filter(|c| c.is_complete()) {
+            Some(children) => children
+                .of::<ConfigMap>()
+                .map(|c| (c.name.clone(), Some(c.uid.clone())))
+                .collect(),
+            None => {
+                let selector = format!("{OWNER_LABEL}={name}");
+                configmaps
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .into_iter()
+                    .map(|cm| (cm.name_any(), cm.uid()))
+                    .collect()
+            }
+        };
+    for (child, uid) in existing {
+        let index = child
             .strip_prefix(&format!("{name}-"))
             .and_then(|i| i.parse::<i32>().ok());
         if index.is_none_or(|i| i >= set.spec.count) {
-            configmaps
-                .delete(&cm.name_any(), &DeleteParams::default())
-                .await?;
+            // Exactly the object seen: one made anew under its name is left to the next
+            // reconcile.
+            let params = DeleteParams {
+                preconditions: uid.map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match configmaps.delete(&child, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

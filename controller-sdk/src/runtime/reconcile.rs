@@ -152,7 +152,12 @@ async fn run_reconcile<T: Types>(
         Err(e) => return (fail(e.to_string()), Some(Err(e))),
     };
     let object_ref = ObjectRef::from_obj_with(&*object, shared.dyntype.clone());
-    match (shared.reconcile)(object.clone(), shared.context.clone()).await {
+    let children = crate::children::Children::from_request(&request);
+    let reconciled = crate::children::scope(
+        children,
+        (shared.reconcile)(object.clone(), shared.context.clone()),
+    );
+    match reconciled.await {
         Ok(action) => (ack_for(action, None), Some(Ok((object_ref, action)))),
         Err(e) => {
             let action = (shared.error_policy)(object, &e, shared.context.clone());
