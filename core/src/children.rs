@@ -14,7 +14,7 @@
 //!
 //! Bound: one entry per object of the watch that has a controlling owner of a subscribed kind
 //! (its key, uid and resourceVersion, with its owner's key shared among siblings: about
-//! [`Children::bytes`] / [`Children::len`], 200 bytes each), removed when the object is
+//! [`Children::bytes`] / [`Children::len`], about 300 bytes each), removed when the object is
 //! deleted, loses its owner or is missing from a re-list; dropped with the watch.
 
 use std::{
@@ -57,8 +57,9 @@ struct OfKind {
     bytes: usize,
 }
 
-/// Bytes one entry takes besides its strings: two map slots, the owner's set slot, the Arcs.
-const ENTRY_OVERHEAD: usize = 96;
+/// Bytes one entry takes besides its strings: two hash-map slots at their load factor, the
+/// owner's set node, the Arc headers and the allocator's headers.
+const ENTRY_OVERHEAD: usize = 192;
 
 /// About the bytes the entry of `key` takes.
 fn entry_bytes(key: &str, child: &Child) -> usize {
@@ -212,6 +213,11 @@ impl Children {
         tell
     }
 
+    /// Forgets the children of `kind` (no subscriber follows it any more).
+    pub fn forget(&mut self, kind: &OwnerKind) {
+        self.by_kind.remove(kind);
+    }
+
     /// The children of `owner` (a request key of `kind`), in key order.
     pub fn of(&self, kind: &OwnerKind, owner: &str) -> Vec<KnownChild> {
         let Some(children) = self.by_kind.get(kind) else {
@@ -279,6 +285,16 @@ pub struct OwnerChildren {
 }
 
 impl OwnerChildren {
+    /// Leaves out the last children until they take at most `bytes` in a request (then they
+    /// are truncated).
+    pub fn fit(&mut self, bytes: usize) {
+        while self.wire_bound() > bytes && !self.children.is_empty() {
+            let keep = self.children.len() / 2;
+            self.children.truncate(keep);
+            self.truncated = true;
+        }
+    }
+
     /// An upper bound of the bytes they take in a request.
     pub fn wire_bound(&self) -> usize {
         self.children
@@ -289,6 +305,11 @@ impl OwnerChildren {
 }
 
 impl ChildIndex {
+    /// The index, to read its size.
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, Children> {
+        self.children.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The index, to change it (the fan-out only).
     pub fn write(&self) -> RwLockWriteGuard<'_, Children> {
         self.children.write().unwrap_or_else(|e| e.into_inner())

@@ -482,9 +482,11 @@ impl Group {
             // The state lock, then an index's: the fan-out never holds an index while it
             // calls into a group.
             queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
-                let Some(of) = children_of(&owned, key) else {
+                let Some(mut of) = children_of(&owned, key) else {
                     return 0;
                 };
+                // Half the answer at most, so a key alone in it fits with its children.
+                of.fit(max_bytes / 2);
                 let bytes = of.wire_bound();
                 children.insert(key.to_owned(), of);
                 bytes

@@ -65,7 +65,7 @@
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
 //! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
 //! | `kube_dispatch_watch_children` | gauge | owned objects the watch indexes by their controlling owner, to tell an owner that loses a child |
-//! | `kube_dispatch_watch_children_bytes` | gauge | about the bytes of that index (about 200 per owned object: key, uid, resourceVersion) |
+//! | `kube_dispatch_watch_children_bytes` | gauge | about the bytes of that index (about 300 per owned object: key, uid, resourceVersion) |
 
 use std::{
     fmt,
@@ -477,7 +477,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
         ),
         (
             "kube_dispatch_watch_children_bytes",
-            "About the bytes of the watch's index of owned objects (about 200 per object)",
+            "About the bytes of the watch's index of owned objects (about 300 per object)",
             |c| &c.children_bytes,
         ),
     ];

@@ -114,33 +114,43 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
     // Children beyond the declared count (it was lowered) go away. On kube-dispatch the
     // request carries them (no LIST); elsewhere, or while the dispatcher's view is not whole,
     // they are listed.
-    let existing: Vec<(String, Option<String>)> =
+    // Either way, the ConfigMaps this ConfigSet controls, as (name, uid, resourceVersion).
+    let existing: Vec<(String, Option<String>, Option<String>)> =
         match children::of_this_reconcile().filter(|c| c.is_complete()) {
             Some(children) => children
                 .of::<ConfigMap>()
-                .map(|c| (c.name.clone(), Some(c.uid.clone())))
+                .map(|c| {
+                    let (uid, version) = (c.uid.clone(), c.resource_version.clone());
+                    (c.name.clone(), Some(uid), Some(version))
+                })
                 .collect(),
             None => {
                 let selector = format!("{OWNER_LABEL}={name}");
+                let uid = set.uid();
                 configmaps
                     .list(&ListParams::default().labels(&selector))
                     .await?
                     .into_iter()
-                    .map(|cm| (cm.name_any(), cm.uid()))
+                    .filter(|cm| {
+                        cm.owner_references()
+                            .iter()
+                            .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+                    })
+                    .map(|cm| (cm.name_any(), cm.uid(), cm.resource_version()))
                     .collect()
             }
         };
-    for (child, uid) in existing {
+    for (child, uid, resource_version) in existing {
         let index = child
             .strip_prefix(&format!("{name}-"))
             .and_then(|i| i.parse::<i32>().ok());
         if index.is_none_or(|i| i >= set.spec.count) {
-            // Exactly the object seen: one made anew under its name is left to the next
-            // reconcile.
+            // Exactly the object seen, as seen: one made anew under its name, or changed since
+            // (adopted by another owner, say), is left to the reconcile its change causes.
             let params = DeleteParams {
-                preconditions: uid.map(|uid| Preconditions {
-                    uid: Some(uid),
-                    resource_version: None,
+                preconditions: Some(Preconditions {
+                    uid,
+                    resource_version,
                 }),
                 ..DeleteParams::default()
             };

@@ -72,7 +72,7 @@ pub struct WatchCounts {
     /// Owned objects indexed by their controlling owner now (one per owned object the watch
     /// shows, for owned subscriptions only).
     pub children: AtomicU64,
-    /// About the bytes that index holds (about 200 per owned object).
+    /// About the bytes that index holds (about 300 per owned object).
     pub children_bytes: AtomicU64,
 }
 
@@ -278,7 +278,7 @@ impl FanOut {
     }
 
     fn count_children(&self) {
-        let children = self.children.write();
+        let children = self.children.read();
         self.counts
             .children
             .store(children.len() as u64, Ordering::Relaxed);

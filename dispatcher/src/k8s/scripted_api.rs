@@ -74,6 +74,16 @@ impl Asked {
         self.respond.send_response(answer(StatusCode::OK, body));
     }
 
+    /// Answers a list of `objects` (JSON, as [`owned_object`] makes them) at
+    /// `resource_version`.
+    pub(crate) fn list_raw(self, resource_version: u64, objects: &[String]) {
+        let body = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
+            objects.join(",")
+        );
+        self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
     /// Answers with an error status.
     pub(crate) fn refuse(self, code: u16, reason: &str, message: &str) {
         let status = StatusCode::from_u16(code).expect("a status code");
@@ -150,6 +160,14 @@ fn answer(status: StatusCode, body: String) -> Response<ResponseBody> {
                 .boxed_unsync(),
         )
         .expect("a response")
+}
+
+/// A ConfigMap `name` of namespace `ns` at `resource_version` that the Deployment `owner`
+/// controls, as the API server sends it.
+pub(crate) fn owned_object(name: &str, resource_version: u64, owner: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}","ownerReferences":[{{"apiVersion":"apps/v1","kind":"Deployment","name":"{owner}","uid":"uid-{owner}","controller":true}}]}}}}"#
+    )
 }
 
 /// A ConfigMap `name` of namespace `ns` at `resource_version`, as the API server sends it.

@@ -134,6 +134,8 @@ struct Pass {
     /// begins it counts as listing and having shown nothing: a group that joins meanwhile is
     /// shown everything by that list, with no list beside it.
     listed: Option<Option<String>>,
+    /// The stream broke and has not shown anything since.
+    broken: bool,
 }
 
 /// What woke the watch loop.
@@ -235,6 +237,8 @@ impl WatchTask {
     pub(super) async fn run(mut self, cancel: CancellationToken) {
         self.fed = self.slice.borrow_and_update().clone();
         while let End::Restart = self.pass(&cancel).await {}
+        // Stopped: the index no longer follows the API server.
+        self.children.listing(true);
     }
 
     /// Starts the stream and reads it, with the lists beside it, until it must start again.
@@ -258,6 +262,7 @@ impl WatchTask {
             paused: None,
             side: None,
             listed: Some(None),
+            broken: false,
         };
         self.children.listing(true);
         self.children.beside(false);
@@ -290,19 +295,23 @@ impl WatchTask {
                 }
                 Step::Event(None) => return End::Stop,
                 Step::Event(Some(Ok(event))) => {
+                    pass.broken = false;
                     if let Some(end) = self.event(&mut pass, event) {
                         return end;
                     }
                 }
                 Step::Event(Some(Err(e))) => {
+                    pass.broken = true;
                     if let Some(end) = self.broken(&mut pass, &e) {
                         return end;
                     }
                 }
             }
-            // Whether the index has seen every child: no list of the watch's own, nor beside
-            // it, is running (an owner's children read meanwhile say they may be incomplete).
-            self.children.listing(pass.listed.is_some());
+            // Whether the index has seen every child: the stream is up and no list of the
+            // watch's own, nor beside it, is running (an owner's children read meanwhile say
+            // they may be incomplete).
+            self.children
+                .listing(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
             self.children.beside(pass.side.is_some());
         }
     }

@@ -16,7 +16,11 @@ use std::{
 };
 
 use kube::Client;
-use kube_dispatch_core::{children::ChildIndex, handover::Slice, subscription::WatchKey};
+use kube_dispatch_core::{
+    children::ChildIndex,
+    handover::Slice,
+    subscription::{OwnerKind, WatchKey},
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -136,7 +140,9 @@ impl Watches {
                         stop.cancel();
                     }
                     let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
-                    subs.retain(|s| !Arc::ptr_eq(&s.group, &sub.group));
+                    // One subscriber per group and owner kind: a group may subscribe to a watch
+                    // for itself and for the owners of its objects.
+                    subs.retain(|s| !(Arc::ptr_eq(&s.group, &sub.group) && s.owner == sub.owner));
                     subs.push(sub);
                     // The new group has not seen the objects that exist: the task lists them
                     // beside the stream, unless its own list will show them.
@@ -201,7 +207,20 @@ impl Watches {
         };
         let empty = {
             let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
+            let leaving: Vec<OwnerKind> = subs
+                .iter()
+                .filter(|s| Arc::ptr_eq(&s.group, group))
+                .filter_map(|s| s.owner.clone())
+                .collect();
             subs.retain(|s| !Arc::ptr_eq(&s.group, group));
+            // The fan-out keeps an owner kind's children only while it is subscribed: forgotten
+            // now, they are listed afresh if the kind comes back, never taken from a view that
+            // stopped following the watch.
+            for kind in leaving {
+                if !subs.iter().any(|s| s.owner.as_ref() == Some(&kind)) {
+                    r.children.write().forget(&kind);
+                }
+            }
             subs.is_empty()
         };
         if !empty || r.stopping.is_some() {
@@ -394,6 +413,79 @@ mod tests {
             .await
             .expect("joined")
             .expect("subscribed");
+        cancel.cancel();
+    }
+    /// An owner kind whose last subscriber left is forgotten by the watch's index of owned
+    /// objects: a group that subscribes with it again is shown its children afresh, not a view
+    /// that stopped following the watch (a child deleted meanwhile is not among them).
+    #[tokio::test(start_paused = true)]
+    async fn an_owner_kind_that_comes_back_is_shown_its_children_afresh() {
+        use crate::k8s::scripted_api::owned_object;
+        let deployments = OwnerKind {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+        };
+        let owned = |member: &Member| Subscriber {
+            owner: Some(deployments.clone()),
+            ..subscriber(member)
+        };
+        let children = |index: &ChildIndex| -> Vec<String> {
+            index
+                .of(&deployments, "apps/Deployment/ns/d1")
+                .children
+                .iter()
+                .map(|c| c.key.to_string())
+                .collect()
+        };
+        let cancel = CancellationToken::new();
+        let (client, mut api) = ApiServer::start();
+        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let first = Member::join("first", alone(), &cancel);
+        let subscribed = {
+            let (watches, sub) = (watches.clone(), owned(&first));
+            tokio::spawn(async move { watches.subscribe(&config_maps(), sub).await })
+        };
+        api.next().await.list_raw(
+            10,
+            &[owned_object("c1", 5, "d1"), owned_object("c2", 6, "d1")],
+        );
+        let stream = api.next().await.open();
+        let index = within("the subscription ended", subscribed)
+            .await
+            .expect("joined")
+            .expect("subscribed");
+        assert_eq!(children(&index), ["/ConfigMap/ns/c1", "/ConfigMap/ns/c2"]);
+        assert!(index.of(&deployments, "apps/Deployment/ns/d1").complete);
+
+        watches.unsubscribe(&config_maps(), &first.group);
+        assert!(
+            children(&index).is_empty(),
+            "forgotten with its last subscriber"
+        );
+        // Deleted while nobody follows Deployments' children here.
+        stream.send("DELETED", owned_object("c1", 7, "d1"));
+        let counts = watches.figures()[0].counts.clone();
+        within("the watch read the deletion", async {
+            while counts.deleted.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+
+        let second = Member::join("second", alone(), &cancel);
+        let again = within(
+            "the running watch took the group",
+            watches.subscribe(&config_maps(), owned(&second)),
+        )
+        .await
+        .expect("ready at once");
+        assert!(Arc::ptr_eq(&again, &index), "the same watch");
+        api.next()
+            .await
+            .list_raw(12, &[owned_object("c2", 6, "d1")]);
+        second.woken().await;
+        assert_eq!(children(&index), ["/ConfigMap/ns/c2"]);
         cancel.cancel();
     }
 }
