@@ -178,6 +178,17 @@ fn status(e: SessionError) -> Status {
     }
 }
 
+/// The wire's name of the object `key` names, at `version`.
+fn object_key(key: RequestKey, version: String) -> v1::ObjectKey {
+    v1::ObjectKey {
+        group: key.group,
+        version,
+        kind: key.kind,
+        namespace: key.namespace,
+        name: key.name,
+    }
+}
+
 /// A delivery as the wire carries it.
 fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> ReconcileRequest {
     let (children, children_state) = match children {
@@ -202,13 +213,7 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
                         .unwrap_or_default()
                         .to_owned();
                     v1::OwnedObject {
-                        object: Some(v1::ObjectKey {
-                            group: key.group,
-                            version,
-                            kind: key.kind,
-                            namespace: key.namespace,
-                            name: key.name,
-                        }),
+                        object: Some(object_key(key, version)),
                         uid: c.uid.into(),
                         resource_version: c.resource_version.into(),
                     }
@@ -226,13 +231,7 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
     ReconcileRequest {
         delivery_id: d.id,
         key: d.key,
-        object: Some(v1::ObjectKey {
-            group: key.group,
-            version,
-            kind: key.kind,
-            namespace: key.namespace,
-            name: key.name,
-        }),
+        object: Some(object_key(key, version)),
         reason: d.reason as i32,
         resource_version: d.resource_version,
         uid: d.uid,
