@@ -91,11 +91,25 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
     let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&d0, GROUP, "replica-a", sub()).await?;
     let mut s1 = TestSession::open(&d1, GROUP, "replica-b", sub()).await?;
-    for i in 0..COUNT {
-        create(&api, &format!("cm-{i}")).await?;
-    }
-    let names: Vec<String> = (0..COUNT).map(|i| format!("cm-{i}")).collect();
     let ring = kube_dispatch_proto::Ring::new(["dispatcher-0", "dispatcher-1"]);
+    // At least COUNT objects, and at least two on each dispatcher whatever the namespace's
+    // random name does to the hashes.
+    let on = |name: &str| ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), name));
+    let mut names: Vec<String> = Vec::new();
+    while names.len() < COUNT
+        || ["dispatcher-0", "dispatcher-1"]
+            .iter()
+            .any(|d| names.iter().filter(|n| on(n) == Some(*d)).count() < 2)
+    {
+        assert!(
+            names.len() < 1000,
+            "a ring of two that puts nothing on one member"
+        );
+        names.push(format!("cm-{}", names.len()));
+    }
+    for name in &names {
+        create(&api, name).await?;
+    }
     let owned_by = |owner: &str| -> Vec<String> {
         names
             .iter()
@@ -136,7 +150,7 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
             .all(|d| d.state == "serving" && d.sessions == 1)
     );
     let keys: u64 = status.groups.iter().map(|g| g.keys).sum();
-    assert_eq!(keys, COUNT as u64);
+    assert_eq!(keys, names.len() as u64);
     let replicas: Vec<(&str, &str)> = status
         .groups
         .iter()
