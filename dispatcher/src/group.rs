@@ -65,6 +65,18 @@ struct State {
 }
 
 impl State {
+    /// Removes session `id`, whose in-flight keys go to the other sessions at once; wakes it
+    /// (its poll ends) and the sessions given keys. Returns its slot, if it was live.
+    fn remove_session(&mut self, id: SessionId) -> Option<Arc<SessionSlot>> {
+        let wake = self.queue.remove_session(id);
+        let slot = self.sessions.remove(&id);
+        if let Some(slot) = &slot {
+            slot.notify.notify_one();
+        }
+        self.wake(wake);
+        slot
+    }
+
     /// Wakes `sessions` (they have ready keys, or ended).
     fn wake(&self, sessions: Vec<SessionId>) {
         for id in sessions {
@@ -249,12 +261,7 @@ impl Group {
     /// Removes a session that expired (or every session, when draining): its in-flight keys
     /// are re-delivered at once.
     pub fn remove_session(&self, id: SessionId) {
-        let mut state = self.state_now();
-        let wake = state.queue.remove_session(id);
-        if let Some(slot) = state.sessions.remove(&id) {
-            slot.notify.notify_one();
-        }
-        state.wake(wake);
+        self.state_now().remove_session(id);
     }
 
     /// Removes the sessions not renewed by `now`, as [`Group::remove_session`] does; returns
@@ -267,16 +274,10 @@ impl Group {
             .filter(|(_, s)| *s.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now)
             .map(|(id, _)| *id)
             .collect();
-        let mut slots = Vec::with_capacity(expired.len());
-        for id in expired {
-            let wake = state.queue.remove_session(id);
-            if let Some(slot) = state.sessions.remove(&id) {
-                slot.notify.notify_one();
-                slots.push(slot);
-            }
-            state.wake(wake);
-        }
-        slots
+        expired
+            .into_iter()
+            .filter_map(|id| state.remove_session(id))
+            .collect()
     }
 
     /// The live session `id`, if it still is (a newer session of its replica replaces it).
@@ -452,8 +453,9 @@ impl Group {
     }
 
     /// Takes up to `max` ready keys for the session, within `max_bytes`
-    /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]).
-    pub fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
+    /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]), without their children.
+    #[cfg(test)]
+    pub(crate) fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
         self.take_with_children(session, max, max_bytes)
             .into_iter()
             .map(|(delivery, _)| delivery)
@@ -521,6 +523,9 @@ impl Group {
 /// The children of the owner `key` in `owned` (merged over the watches of every owned
 /// subscription its kind maps to, in key order), or `None` if none maps to it.
 fn children_of(owned: &[(OwnerKind, Arc<ChildIndex>)], key: &str) -> Option<OwnerChildren> {
+    if owned.is_empty() {
+        return None;
+    }
     let parsed = kube_dispatch_proto::RequestKey::parse(key).ok()?;
     let mut found: Option<OwnerChildren> = None;
     for (kind, index) in owned {

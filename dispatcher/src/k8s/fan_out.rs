@@ -186,10 +186,14 @@ impl FanOut {
         }
         for sub in subscribers.iter() {
             let Some(owner) = &sub.owner else {
-                sub.group
-                    .apply(primary_event(obj, key, epoch, deleted, place, || {
-                        (bodies.get(sub.payload, obj), trace.clone())
-                    }));
+                sub.group.apply(primary_event(
+                    (&uid, &version),
+                    key,
+                    epoch,
+                    deleted,
+                    place,
+                    || (bodies.get(sub.payload, obj), trace.clone()),
+                ));
                 continue;
             };
             let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
@@ -222,8 +226,8 @@ impl FanOut {
                 None if !deleted_since => sub.group.apply(GroupEvent::Listed {
                     key,
                     object: Observed {
-                        resource_version: obj.resource_version().unwrap_or_default(),
-                        uid: obj.uid().unwrap_or_default(),
+                        resource_version: version.clone(),
+                        uid: uid.clone(),
                         body: bodies.get(sub.payload, obj),
                         trace: None,
                     },
@@ -288,20 +292,19 @@ impl FanOut {
     }
 }
 
-/// The event a subscription to the objects themselves (not their owners) gets for `obj`, placed
-/// at `place`: `content` gives its body and trace context, asked for only if the key is served
+/// The event a subscription to the objects themselves (not their owners) gets for the object
+/// of `uid` at `resource_version`, placed at `place`: `content` gives its body and trace context, asked for only if the key is served
 /// here (a key owned elsewhere is recorded only if it is still on its way out, and then
 /// delivered without a body).
 fn primary_event<'k>(
-    obj: &WatchedObject,
+    (uid, resource_version): (&str, &str),
     key: KeyRef<'k>,
     epoch: u32,
     deleted: bool,
     place: Place,
     content: impl FnOnce() -> (Option<Arc<[u8]>>, Option<Arc<str>>),
 ) -> GroupEvent<'k> {
-    let resource_version = obj.resource_version().unwrap_or_default();
-    let uid = obj.uid().unwrap_or_default();
+    let (uid, resource_version) = (uid.to_owned(), resource_version.to_owned());
     let (body, trace) = if place == Place::Elsewhere {
         (None, None)
     } else {

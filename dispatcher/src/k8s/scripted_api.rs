@@ -67,20 +67,13 @@ impl Asked {
     /// Answers a list of `objects` at `resource_version`.
     pub(crate) fn list(self, resource_version: u64, objects: &[(&str, u64)]) {
         let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
-        let body = format!(
-            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
-            items.join(",")
-        );
-        self.respond.send_response(answer(StatusCode::OK, body));
+        self.list_raw(resource_version, &items);
     }
 
     /// Answers a list of `objects` (JSON, as [`owned_object`] makes them) at
     /// `resource_version`.
     pub(crate) fn list_raw(self, resource_version: u64, objects: &[String]) {
-        let body = format!(
-            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
-            objects.join(",")
-        );
+        let body = list_json(resource_version, objects);
         self.respond.send_response(answer(StatusCode::OK, body));
     }
 
@@ -94,10 +87,10 @@ impl Asked {
     /// Answers with a body that ends before its JSON does.
     pub(crate) fn cut_short(self, objects: &[(&str, u64)]) {
         let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
-        let body = format!(
-            r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"9"}},"items":[{},"#,
-            items.join(",")
-        );
+        // The list as it would have been, cut after its items' separator: more was to come.
+        let mut body = list_json(9, &items);
+        body.truncate(body.len() - "]}".len());
+        body.push(',');
         self.respond.send_response(answer(StatusCode::OK, body));
     }
 
@@ -165,15 +158,33 @@ fn answer(status: StatusCode, body: String) -> Response<ResponseBody> {
 /// A ConfigMap `name` of namespace `ns` at `resource_version` that the Deployment `owner`
 /// controls, as the API server sends it.
 pub(crate) fn owned_object(name: &str, resource_version: u64, owner: &str) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}","ownerReferences":[{{"apiVersion":"apps/v1","kind":"Deployment","name":"{owner}","uid":"uid-{owner}","controller":true}}]}}}}"#
+    config_map(
+        name,
+        resource_version,
+        &format!(
+            r#","ownerReferences":[{{"apiVersion":"apps/v1","kind":"Deployment","name":"{owner}","uid":"uid-{owner}","controller":true}}]"#
+        ),
     )
 }
 
 /// A ConfigMap `name` of namespace `ns` at `resource_version`, as the API server sends it.
 pub(crate) fn object(name: &str, resource_version: u64) -> String {
+    config_map(name, resource_version, "")
+}
+
+/// A ConfigMap `name` of namespace `ns`, whose metadata ends with `more` (JSON members, each
+/// after a comma).
+fn config_map(name: &str, resource_version: u64, more: &str) -> String {
     format!(
-        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}"}},"data":{{"k":"v"}}}}"#
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{resource_version}"{more}}},"data":{{"k":"v"}}}}"#
+    )
+}
+
+/// A ConfigMap list of `items` (JSON) at `resource_version`.
+fn list_json(resource_version: u64, items: &[String]) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}},"items":[{}]}}"#,
+        items.join(",")
     )
 }
 

@@ -465,6 +465,8 @@ mod tests {
         );
         // Deleted while nobody follows Deployments' children here.
         stream.send("DELETED", owned_object("c1", 7, "d1"));
+        // Nothing subscribed is told of it, so the watch's counter is the only sign it was
+        // read: waited for on the paused clock, a millisecond at a time, within a deadline.
         let counts = watches.figures()[0].counts.clone();
         within("the watch read the deletion", async {
             while counts.deleted.load(std::sync::atomic::Ordering::Relaxed) == 0 {
