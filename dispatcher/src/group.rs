@@ -462,10 +462,11 @@ impl Group {
             .collect()
     }
 
-    /// As [`Group::take`], with each owner's children as the watches of its owned
-    /// subscriptions know them, read after the key was taken (so at least as new as the change
-    /// that queued it), their bytes counted within `max_bytes`. `None` for a key of a kind no
-    /// owned subscription maps to.
+    /// Takes up to `max` ready keys for the session, within `max_bytes`
+    /// ([`kube_dispatch_core::queue::GroupQueue::take_within_sized`]), with each owner's
+    /// children as the watches of its owned subscriptions know them, read after the key was
+    /// taken (so at least as new as the change that queued it), their bytes counted within
+    /// `max_bytes`. `None` for a key of a kind no owned subscription maps to.
     pub fn take_with_children(
         &self,
         session: SessionId,
