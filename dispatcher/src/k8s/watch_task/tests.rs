@@ -8,12 +8,16 @@ use std::time::Duration;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+use kube_dispatch_core::{children::ChildIndex, subscription::OwnerKind};
+
 use super::{Controls, Readiness, WatchError, WatchTask};
 use crate::{
     config::ListMode,
     k8s::{
-        fan_out::Subscriber,
-        scripted_api::{ApiServer, Member, alone, config_maps, named, object},
+        fan_out::{Subscriber, WatchCounts},
+        scripted_api::{
+            ApiServer, Member, alone, config_maps, named, object, owned_object, within,
+        },
     },
 };
 
@@ -24,30 +28,39 @@ struct Scripted {
     member: Member,
     readiness: watch::Receiver<Readiness>,
     cancel: CancellationToken,
+    counts: Arc<WatchCounts>,
+    children: Arc<ChildIndex>,
 }
 
 impl Scripted {
     fn start(mode: ListMode) -> Self {
+        Self::subscribed(mode, None)
+    }
+
+    /// As [`Scripted::start`], the group subscribed to the ConfigMaps that objects of `owner`
+    /// control when it is given.
+    fn subscribed(mode: ListMode, owner: Option<OwnerKind>) -> Self {
         let (client, api) = ApiServer::start();
         let cancel = CancellationToken::new();
         let slice = alone();
         let member = Member::join("g", slice.clone(), &cancel);
         let (readiness_tx, readiness) = watch::channel(Readiness::Starting);
+        let (counts, children) = (Arc::<WatchCounts>::default(), Arc::<ChildIndex>::default());
         let task = WatchTask::new(
             client,
             config_maps(),
             mode,
             slice,
             Controls {
-                counts: Arc::default(),
+                counts: counts.clone(),
                 subscribers: Arc::new(std::sync::RwLock::new(vec![Subscriber {
                     group: member.group.clone(),
                     payload: Payload::KeyOnly,
-                    owner: None,
+                    owner,
                 }])),
                 joined: Arc::default(),
                 readiness: readiness_tx,
-                children: Arc::default(),
+                children: children.clone(),
             },
         );
         tokio::spawn(task.run(cancel.clone()));
@@ -56,6 +69,8 @@ impl Scripted {
             member,
             readiness,
             cancel,
+            counts,
+            children,
         }
     }
 
@@ -236,5 +251,62 @@ async fn a_refused_watch_fails_with_the_reason_and_stops() {
     assert!(
         api.api.asks_nothing_more().await,
         "the task asks nothing more"
+    );
+}
+
+/// An owner's children say they are complete only while the index follows the API server:
+/// not before the first list ends, not while a re-list after a 410 Gone runs, not while the
+/// stream is broken; and once it is back, they are complete again and as new as the stream.
+#[tokio::test(start_paused = true)]
+async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
+    let deployments = OwnerKind {
+        group: "apps".into(),
+        version: "v1".into(),
+        kind: "Deployment".into(),
+    };
+    let mut api = Scripted::subscribed(ListMode::Paged, Some(deployments.clone()));
+    let d1 = |api: &Scripted| {
+        let of = api.children.of(&deployments, "apps/Deployment/ns/d1");
+        let names: Vec<String> = of.children.iter().map(|c| c.key.to_string()).collect();
+        (names, of.complete)
+    };
+    let applied = |api: &Scripted, n: u64| {
+        let counts = api.counts.clone();
+        within("the watch read the event", async move {
+            while counts.applied.load(std::sync::atomic::Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+
+    let list = api.next().await;
+    assert_eq!(d1(&api), (vec![], false), "before the first list");
+    list.list_raw(10, &[owned_object("c1", 5, "d1")]);
+    let stream = api.next().await.open();
+    assert_eq!(d1(&api), (vec!["/ConfigMap/ns/c1".to_owned()], true));
+
+    stream.gone();
+    let relist = api.next().await;
+    assert!(relist.is_paged_list(), "{:?}", relist.query);
+    assert!(!d1(&api).1, "incomplete while the re-list runs");
+    // c1 was deleted and c2 made while the watch was away.
+    relist.list_raw(20, &[owned_object("c2", 15, "d1")]);
+    let watch = api.next().await;
+    assert_eq!(d1(&api), (vec!["/ConfigMap/ns/c2".to_owned()], true));
+
+    watch.refuse(500, "InternalError", "etcd is unavailable");
+    let retried = api.next().await;
+    assert!(retried.watch, "{:?}", retried.query);
+    assert!(!d1(&api).1, "incomplete while the stream is broken");
+    let stream = retried.open();
+    stream.send("ADDED", owned_object("c3", 21, "d1"));
+    applied(&api, 3).await;
+    assert_eq!(
+        d1(&api),
+        (
+            vec!["/ConfigMap/ns/c2".to_owned(), "/ConfigMap/ns/c3".to_owned()],
+            true
+        ),
+        "complete again with the stream's first event"
     );
 }
