@@ -6,7 +6,7 @@ use futures::Stream;
 use kube::{Client, Resource, runtime::reflector::ObjectRef};
 use kube_dispatch_proto::{
     credentials::Credentials,
-    v1::{PayloadMode, ResourceRef, Subscription},
+    v1::{PayloadMode, References, ResourceRef, Subscription},
 };
 use serde::de::DeserializeOwned;
 
@@ -57,6 +57,7 @@ pub struct Controller<K: Resource> {
     pub(crate) group: String,
     pub(crate) replica_id: String,
     pub(crate) primary: Subscription,
+    /// The subscriptions to owned and to named objects.
     pub(crate) owned: Vec<Subscription>,
     pub(crate) dispatchers: Vec<String>,
     pub(crate) load_balancer: Option<String>,
@@ -104,6 +105,24 @@ where
     pub fn owns<C: Resource<DynamicType = ()>>(self) -> Self {
         self.owns_with::<C>(&())
     }
+
+    /// Reconcile an object when an object of type `C` that it names at one of `field_paths`
+    /// is created, changed or deleted: a Secret named by `spec.secretName`, ConfigMaps named
+    /// by `spec.template.spec.volumes[*].configMap.name`. This is what kube-runtime's
+    /// `Controller::watches` with a mapper and controller-runtime's `Watches` with a field
+    /// index are used for, with neither a cache nor a mapper in the controller: the
+    /// dispatcher reads the paths from the objects it delivers and keeps the index. The
+    /// named object is in the naming object's namespace (for a namespaced `C`); a path is
+    /// member names separated by dots, with `[*]` after a list member
+    /// (`proto/kubedispatch/v1/keys.md`, "References"). The reconciler reads the named object
+    /// (a GET) only when it needs its content.
+    #[must_use]
+    pub fn references<C: Resource<DynamicType = ()>>(
+        self,
+        field_paths: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.references_with::<C>(&(), field_paths)
+    }
 }
 
 impl<K> Controller<K>
@@ -143,7 +162,7 @@ where
         }
     }
 
-    /// Only objects in `namespace` (and their owned objects there).
+    /// Only objects in `namespace` (and their owned and named objects there).
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
@@ -185,6 +204,26 @@ where
             namespace: self.primary.namespace.clone(),
             payload: PayloadMode::KeyOnly as i32,
             owner: Some(resource_ref::<K>(&self.dyntype)),
+            ..Subscription::default()
+        });
+        self
+    }
+
+    /// [`Controller::references`] for a named type described by `dyntype`.
+    #[must_use]
+    pub fn references_with<C: Resource>(
+        mut self,
+        dyntype: &C::DynamicType,
+        field_paths: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.owned.push(Subscription {
+            resource: Some(resource_ref::<C>(dyntype)),
+            namespace: self.primary.namespace.clone(),
+            payload: PayloadMode::KeyOnly as i32,
+            referenced_by: Some(References {
+                resource: Some(resource_ref::<K>(&self.dyntype)),
+                field_paths: field_paths.into_iter().map(Into::into).collect(),
+            }),
             ..Subscription::default()
         });
         self

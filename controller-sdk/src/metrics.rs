@@ -12,7 +12,7 @@
 //! | `kube_dispatch_sessions` | gauge: sessions open | `controller`, `dispatcher` |
 //! | `kube_dispatch_session_reconnects_total` | counter: sessions lost and opened again | `controller` |
 //! | `kube_dispatch_fenced_reconciles_total` | counter: reconciles cancelled because their session could not be renewed in time | `controller` |
-//! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`) |
+//! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`) |
 //! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
 //! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
 //!
@@ -188,9 +188,16 @@ pub(crate) enum Ended {
     TimedOut,
 }
 
-/// The reasons a delivery names (`Reason` numbers 1 to 7), as the `reason` label says them.
-const REASONS: [&str; 7] = [
-    "added", "modified", "deleted", "resync", "retry", "requeue", "owned",
+/// The reasons a delivery names (`Reason` numbers 1 to 8), as the `reason` label says them.
+const REASONS: [&str; 8] = [
+    "added",
+    "modified",
+    "deleted",
+    "resync",
+    "retry",
+    "requeue",
+    "owned",
+    "referenced",
 ];
 
 /// The metrics of one controller, labelled once: counting a delivery or a reconcile takes no
@@ -210,7 +217,7 @@ struct Labelled {
     fenced: Counter,
     reconnects: Counter,
     /// By [`REASONS`].
-    deliveries: [Counter; 7],
+    deliveries: [Counter; 8],
     active: Gauge,
     reconcile_time: Histogram,
     delivery_to_reconcile: Histogram,

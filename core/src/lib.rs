@@ -10,6 +10,7 @@
 //! | [`key`] | a request key with its hash, computed once |
 //! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
 //! | [`partition`] | what a group knows besides its queue as the ring changes: held and remembered deletions |
+//! | [`references`] | references by field path: which objects name which others, both ways, for one group |
 //! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
 //! | [`backoff`] | per-key exponential backoff for failed reconciles, and a watch's recovery when it breaks ([`backoff::WatchRetry`]) |
 //! | [`quota`] | how many sessions and groups a tenant may hold, and the body pool's shares when it runs short |
@@ -30,5 +31,6 @@ pub mod partition;
 pub mod queue;
 pub mod quota;
 pub mod recent_deletions;
+pub mod references;
 pub mod request;
 pub mod subscription;

@@ -6,7 +6,7 @@
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
 
-use kube_dispatch_proto::{Ring, key::hash64};
+use kube_dispatch_proto::{Ring, key::hash64, v1::Reason};
 use tracing::{debug, warn};
 
 use crate::{
@@ -52,6 +52,12 @@ pub enum GroupEvent<'a> {
     /// An object the key's object owns changed or went away.
     OwnedChanged {
         /// The owner's request key.
+        key: KeyRef<'a>,
+    },
+    /// An object the key's object names at a field path (`crate::references`) was created,
+    /// changed or deleted.
+    NamedChanged {
+        /// The naming object's request key.
         key: KeyRef<'a>,
     },
     /// A list run beside the watch's stream shows the object, for keys newly served here. The
@@ -140,7 +146,12 @@ impl Partition {
             }
             GroupEvent::OwnedChanged { key } => {
                 if slice.serves_key(key) || unserved(queue, key) {
-                    return queue.change(key.text(), Change::owned());
+                    return queue.change(key.text(), Change::related(Reason::Owned));
+                }
+            }
+            GroupEvent::NamedChanged { key } => {
+                if slice.serves_key(key) || unserved(queue, key) {
+                    return queue.change(key.text(), Change::related(Reason::Referenced));
                 }
             }
             GroupEvent::Listed { key, object, epoch } => {
@@ -150,7 +161,7 @@ impl Partition {
             }
             GroupEvent::ListedOwned { key } => {
                 if slice.serves_key(key) && !queue.contains(key.text()) {
-                    return queue.change(key.text(), Change::owned());
+                    return queue.change(key.text(), Change::related(Reason::Owned));
                 }
             }
         }
@@ -448,7 +459,7 @@ mod tests {
         let mut queue = queue();
         let alone = fixed("d0", &["d0"]);
         let mut p = Partition::new("g", alone.clone(), REMEMBER);
-        queue.change(&key, Change::owned());
+        queue.change(&key, Change::related(Reason::Owned));
         // d1 joins: the key moves away while queued here; it is delivered here first.
         let joined = moving("d0", &["d0", "d1"], &["d0"]);
         let (_, pending) = p.apply(&joined, &mut queue, now);

@@ -134,7 +134,7 @@ mod tests {
             for i in 0..8 {
                 let change = Change {
                     body: Some(Arc::from(&b"{}"[..])),
-                    ..Change::owned()
+                    ..Change::related(kube_dispatch_proto::v1::Reason::Owned)
                 };
                 queue.change(&format!("/ConfigMap/ns/cm-{i}"), change);
             }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use kube_dispatch_proto::v1::{self, PayloadMode};
 
+use crate::references::{FieldPath, MAX_FIELD_PATHS};
+
 /// Most subscriptions one session may send.
 pub const MAX_SUBSCRIPTIONS: usize = 32;
 /// Longest group name, replica id, namespace or selector accepted (bytes).
@@ -79,6 +81,28 @@ pub struct SubscriptionSpec {
     pub payload: Payload,
     /// When set, objects are keyed by their controlling owner of this kind.
     pub owner: Option<OwnerKind>,
+    /// When set, objects are keyed by the objects that name them
+    /// ([`crate::references`]).
+    pub named_by: Option<NamedBy>,
+}
+
+impl SubscriptionSpec {
+    /// Whether its objects are reconciled themselves: neither mapped to an owner nor to the
+    /// objects that name them.
+    pub fn is_primary(&self) -> bool {
+        self.owner.is_none() && self.named_by.is_none()
+    }
+}
+
+/// The objects that name those of a `referenced_by` subscription, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamedBy {
+    /// API group of the naming kind; empty for core.
+    pub group: String,
+    /// The naming kind (a primary subscription of the same group).
+    pub kind: String,
+    /// Where a naming object holds a name.
+    pub paths: Vec<FieldPath>,
 }
 
 /// Everything a group subscribes to; every session of a group must send the same.
@@ -94,6 +118,18 @@ impl GroupSpec {
         subscriptions.sort();
         subscriptions.dedup();
         Self { subscriptions }
+    }
+
+    /// The subscriptions whose objects those of `resource` name, if `resource` is one the
+    /// group reconciles: what its objects name, and where.
+    pub fn named_from<'a>(
+        &'a self,
+        resource: &'a ResourceId,
+    ) -> impl Iterator<Item = (&'a ResourceId, &'a NamedBy)> + 'a {
+        self.subscriptions.iter().filter_map(move |s| {
+            let n = s.named_by.as_ref()?;
+            (n.group == resource.group && n.kind == resource.kind).then_some((&s.watch.resource, n))
+        })
     }
 
     /// The version to report for children of `group`/`kind`: from the subscription to owned
@@ -112,8 +148,7 @@ impl GroupSpec {
             .iter()
             .find_map(|s| {
                 let r = &s.watch.resource;
-                (s.owner.is_none() && r.group == group && r.kind == kind)
-                    .then_some(r.version.as_str())
+                (s.is_primary() && r.group == group && r.kind == kind).then_some(r.version.as_str())
             })
             .or_else(|| {
                 self.subscriptions.iter().find_map(|s| {
@@ -147,6 +182,14 @@ pub enum InvalidRequest {
     Owner {
         /// Position of the subscription in the request.
         index: usize,
+    },
+    /// A `referenced_by` that is malformed, or set with `owner`.
+    #[error("subscription {index}: referenced_by {reason}")]
+    References {
+        /// Position of the subscription in the request.
+        index: usize,
+        /// What is wrong.
+        reason: String,
     },
     /// A duration is zero, negative or out of range.
     #[error("{0} must be a positive duration")]
@@ -216,6 +259,9 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
         {
             return Err(InvalidRequest::Owner { index });
         }
+        if let Some(refs) = &sub.referenced_by {
+            named_by(index, sub, refs)?;
+        }
         if PayloadMode::try_from(sub.payload).is_err() {
             return Err(InvalidRequest::PayloadMode {
                 index,
@@ -244,6 +290,47 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
         check_len("field_selector", &sub.field_selector)?;
     }
     Ok(())
+}
+
+/// The naming kind and paths of subscription `index`'s `referenced_by`, checked.
+pub fn named_by(
+    index: usize,
+    sub: &v1::Subscription,
+    refs: &v1::References,
+) -> Result<NamedBy, InvalidRequest> {
+    let refused = |reason: String| InvalidRequest::References { index, reason };
+    if sub.owner.is_some() {
+        return Err(refused(
+            "cannot be set with owner: a subscription maps its objects one way".into(),
+        ));
+    }
+    let Some(r) = &refs.resource else {
+        return Err(refused("must name the naming resource".into()));
+    };
+    if r.kind.is_empty() || r.version.is_empty() {
+        return Err(refused("resource must set version and kind".into()));
+    }
+    for value in [&r.group, &r.version, &r.kind] {
+        check_len("referenced_by.resource", value)?;
+    }
+    if refs.field_paths.is_empty() || refs.field_paths.len() > MAX_FIELD_PATHS {
+        return Err(refused(format!(
+            "needs between 1 and {MAX_FIELD_PATHS} field paths, got {}",
+            refs.field_paths.len()
+        )));
+    }
+    let mut paths = refs
+        .field_paths
+        .iter()
+        .map(|p| FieldPath::parse(p).map_err(|e| refused(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    paths.sort();
+    paths.dedup();
+    Ok(NamedBy {
+        group: r.group.clone(),
+        kind: r.kind.clone(),
+        paths,
+    })
 }
 
 /// Converts a protobuf duration that must be positive.
@@ -335,6 +422,53 @@ mod tests {
                 InvalidRequest::Duration("ttl"),
             ),
             (
+                |r| {
+                    r.subscriptions[0].referenced_by = Some(v1::References {
+                        resource: Some(v1::ResourceRef {
+                            version: "v1".into(),
+                            kind: "Pod".into(),
+                            ..Default::default()
+                        }),
+                        field_paths: vec!["spec.volumes[0].name".into()],
+                    })
+                },
+                InvalidRequest::References {
+                    index: 0,
+                    reason: "field path \"spec.volumes[0].name\": step \"volumes[0]\" must be a member name (letters, digits, '_' or '-'), optionally followed by [*]".into(),
+                },
+            ),
+            (
+                |r| {
+                    r.subscriptions[0].referenced_by = Some(v1::References {
+                        resource: Some(v1::ResourceRef {
+                            version: "v1".into(),
+                            kind: "Pod".into(),
+                            ..Default::default()
+                        }),
+                        field_paths: Vec::new(),
+                    })
+                },
+                InvalidRequest::References {
+                    index: 0,
+                    reason: "needs between 1 and 8 field paths, got 0".into(),
+                },
+            ),
+            (
+                |r| {
+                    r.subscriptions[0].owner = Some(v1::ResourceRef {
+                        version: "v1".into(),
+                        kind: "Pod".into(),
+                        ..Default::default()
+                    });
+                    r.subscriptions[0].referenced_by = Some(v1::References::default());
+                },
+                InvalidRequest::References {
+                    index: 0,
+                    reason: "cannot be set with owner: a subscription maps its objects one way"
+                        .into(),
+                },
+            ),
+            (
                 |r| r.subscriptions[0].payload = 99,
                 InvalidRequest::PayloadMode {
                     index: 0,
@@ -366,6 +500,7 @@ mod tests {
             },
             payload: Payload::Full,
             owner: None,
+            named_by: None,
         };
         assert_eq!(
             GroupSpec::new(vec![sub("A"), sub("B")]),

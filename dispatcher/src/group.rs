@@ -32,6 +32,7 @@ use kube_dispatch_core::{
         QueueFigures, SessionId, pool::BodyPool,
     },
     recent_deletions::RecentDeletionsConfig,
+    references::References,
     subscription::{GroupSpec, OwnerKind},
 };
 
@@ -103,6 +104,10 @@ pub struct Group {
     /// The indexes of owned objects of the watches its owned subscriptions feed from, with the
     /// owner kind each maps to: an owner's requests carry its children from them.
     owned: Mutex<Vec<(OwnerKind, Arc<ChildIndex>)>>,
+    /// What the objects it serves here name at the field paths of its `referenced_by`
+    /// subscriptions, both ways: a change to a named object reconciles the objects that name
+    /// it. Bounded by the keys served here ([`kube_dispatch_core::references`]).
+    references: Mutex<References>,
     /// Wakes the timer driver when a timer may have moved earlier.
     timers_changed: Notify,
     /// Cancelled when the group is dropped from the dispatcher; ends the tasks that serve it.
@@ -124,6 +129,10 @@ pub struct GroupFigures {
     pub remembered: usize,
     /// Live sessions.
     pub sessions: usize,
+    /// Objects served here that name others at a field path.
+    pub referrers: usize,
+    /// About the bytes of that index.
+    pub reference_bytes: usize,
 }
 
 impl Group {
@@ -151,6 +160,7 @@ impl Group {
             }),
             slice,
             owned: Mutex::default(),
+            references: Mutex::default(),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
             work_duration: duration_histogram(),
@@ -358,6 +368,10 @@ impl Group {
         } = &mut *state;
         let (wake, pending) = partition.apply(&slice, queue, Self::now());
         state.wake(wake);
+        drop(state);
+        // What the keys the ring moved away name is their new dispatcher's to know.
+        self.references()
+            .retain(|key| !slice.owned_elsewhere(KeyRef::new(key)));
         pending
     }
 
@@ -375,11 +389,17 @@ impl Group {
     pub fn figures(&self) -> GroupFigures {
         let state = self.state();
         let (held, remembered) = state.partition.figures();
+        let queue = state.queue.figures(Self::now());
+        let sessions = state.sessions.len();
+        drop(state);
+        let references = self.references();
         GroupFigures {
-            queue: state.queue.figures(Self::now()),
+            queue,
             held,
             remembered,
-            sessions: state.sessions.len(),
+            sessions,
+            referrers: references.len(),
+            reference_bytes: references.bytes(),
         }
     }
 
@@ -396,8 +416,52 @@ impl Group {
     /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let mut state = self.state_now();
-        let wake = state.queue.sweep(epoch, belongs);
+        let wake = state.queue.sweep(epoch, &belongs);
         state.wake(wake);
+        drop(state);
+        // The referrers deleted while the watch was away name nothing any more.
+        self.references().swept_referrers(epoch, belongs);
+    }
+
+    /// The index of references, to change it.
+    fn references(&self) -> MutexGuard<'_, References> {
+        self.references.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object of `key`, shown by the list or stream of `epoch`, names `targets` (request
+    /// keys; none if it was deleted or is served elsewhere now).
+    pub fn names(&self, key: &str, targets: Vec<String>, epoch: u32) {
+        self.references().name(key, targets, epoch);
+    }
+
+    /// The object of the request key `target` was shown at `resource_version` by the list or
+    /// stream of `epoch`, or deleted: each object that names it is reconciled, if it changed.
+    pub fn named_object_seen(
+        &self,
+        target: &str,
+        resource_version: &str,
+        epoch: u32,
+        deleted: bool,
+    ) {
+        let referrers = self
+            .references()
+            .target_seen(target, resource_version, epoch, deleted);
+        for key in referrers {
+            self.apply(GroupEvent::NamedChanged {
+                key: KeyRef::new(&key),
+            });
+        }
+    }
+
+    /// The watch of named objects ended its list of `epoch`: the objects that name one of
+    /// `belongs` it did not show (deleted while the watch was away) are reconciled.
+    pub fn named_objects_swept(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
+        let referrers = self.references().swept_targets(epoch, belongs);
+        for key in referrers {
+            self.apply(GroupEvent::NamedChanged {
+                key: KeyRef::new(&key),
+            });
+        }
     }
 
     /// Resyncs up to `n` keys; see [`GroupQueue::resync_batch`].

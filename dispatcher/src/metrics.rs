@@ -26,6 +26,8 @@
 //! | `kube_dispatch_group_delayed` | gauge | keys backing off or waiting for a requeue |
 //! | `kube_dispatch_group_held_deletions` | gauge | deletions held until a handover completes |
 //! | `kube_dispatch_group_remembered_deletions` | gauge | deletions of keys owned elsewhere, remembered for a handover |
+//! | `kube_dispatch_group_referrers` | gauge | objects served here that name others at a `referenced_by` field path |
+//! | `kube_dispatch_group_reference_bytes` | gauge | about the bytes of the index of what they name (about 150 per reference) |
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
 //! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys |
 //! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |
@@ -64,6 +66,7 @@
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
 //! | `kube_dispatch_watch_reshards_total` | counter | restarts of the watch because the namespaces this dispatcher owns changed (ring keyed by namespace) |
+//! | `kube_dispatch_watch_names_left_out_total` | counter | objects that named more than 64 others at their group's `referenced_by` field paths: the names past it are not followed |
 //! | `kube_dispatch_watch_children` | gauge | owned objects the watch indexes by their controlling owner, to tell an owner that loses a child |
 //! | `kube_dispatch_watch_children_bytes` | gauge | about the bytes of that index (about 300 per owned object: key, uid, resourceVersion) |
 
@@ -290,7 +293,7 @@ impl Collector for GroupTableCollector {
         }
 
         // kube-dispatch's own.
-        let group_gauges: [Described<FigureOf<usize>>; 8] = [
+        let group_gauges: [Described<FigureOf<usize>>; 10] = [
             ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
             (
                 "kube_dispatch_group_in_flight",
@@ -320,6 +323,16 @@ impl Collector for GroupTableCollector {
             ("kube_dispatch_group_sessions", "Live sessions", |f| {
                 f.sessions
             }),
+            (
+                "kube_dispatch_group_referrers",
+                "Objects served here that name others at a referenced_by field path",
+                |f| f.referrers,
+            ),
+            (
+                "kube_dispatch_group_reference_bytes",
+                "About the bytes of the index of what those objects name",
+                |f| f.reference_bytes,
+            ),
             (
                 "kube_dispatch_group_body_bytes",
                 "Bytes of object bodies held for ready keys",
@@ -430,7 +443,12 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
             }
         }
     }
-    let counters: [Described<WatchCounter>; 6] = [
+    let counters: [Described<WatchCounter>; 7] = [
+        (
+            "kube_dispatch_watch_names_left_out",
+            "Objects that named more than 64 others at their group's referenced_by field paths (those past it are not followed)",
+            |c| &c.names_left_out,
+        ),
         (
             "kube_dispatch_watch_relists",
             "Lists of the whole resource by the watch: its first, and after a 410 or an API-server restart",

@@ -5,7 +5,8 @@
 //! reach the top of an ownership chain (one level, like controller-runtime's `Owns`); an owner
 //! that loses a child to another owner, or to none, hears of it; keys in flight on a session a
 //! client closes or replaces without acknowledging wait for its fence; a controller back after
-//! the idle grace starts from what exists.
+//! the idle grace starts from what exists; a change to an object others name at a field path
+//! reconciles exactly those that name it now.
 
 use std::time::Duration;
 
@@ -561,5 +562,160 @@ async fn a_controller_back_after_the_idle_grace_starts_from_what_exists() -> Tes
         assert_eq!(seen, expected, "back {name} the grace");
         d.stop().await;
     }
+    Ok(())
+}
+
+/// A group that reconciles ConfigMaps naming a Secret at `data.secret` (`referenced_by`): a
+/// change, creation or deletion of a Secret reconciles exactly the ConfigMaps that name it at
+/// that moment, with reason REFERENCED; a ConfigMap that stops naming it is not told any more;
+/// a Secret nobody names reconciles nothing. A `referenced_by` whose naming kind the group does
+/// not reconcile is refused with the fix.
+#[tokio::test]
+async fn a_named_objects_change_reconciles_exactly_the_objects_that_name_it() -> TestResult {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube_dispatch_proto::v1::{References, ResourceRef};
+    let ns = TestNamespace::create("edges-references").await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let named_by = |kind: &str| Subscription {
+        referenced_by: Some(References {
+            resource: Some(ResourceRef {
+                version: "v1".into(),
+                kind: kind.into(),
+                ..ResourceRef::default()
+            }),
+            field_paths: vec!["data.secret".into()],
+        }),
+        ..subscription("v1", "Secret", ns.name())
+    };
+    let refused = TestSession::open(&d, "refs-bad", "r1", vec![named_by("ConfigMap")])
+        .await
+        .expect_err("no subscription reconciles ConfigMaps");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused
+            .message()
+            .contains("no subscription of this session reconciles"),
+        "{}",
+        refused.message()
+    );
+
+    let mut s = TestSession::open(
+        &d,
+        "refs",
+        "r1",
+        vec![
+            subscription("v1", "ConfigMap", ns.name()),
+            named_by("ConfigMap"),
+        ],
+    )
+    .await?;
+    let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
+    let naming = |name: &str, secret: Option<&str>| {
+        let mut cm = labelled(name, "x");
+        cm.data = secret.map(|s| [("secret".to_owned(), s.to_owned())].into());
+        cm
+    };
+    let secret = |name: &str, value: &str| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        string_data: Some([("v".to_owned(), value.to_owned())].into()),
+        ..Secret::default()
+    };
+    // Reads deliveries until `want` (keys) have all arrived, and returns what arrived: each
+    // acknowledged.
+    let mut until = async |want: &[String]| -> Vec<(Reason, String)> {
+        let got = s
+            .collect_until(TIMEOUT, |got| {
+                want.iter().all(|w| got.iter().any(|r| &r.key == w))
+            })
+            .await;
+        let mut got: Vec<(Reason, String)> =
+            got.iter().map(|r| (reason(r), r.key.clone())).collect();
+        got.sort();
+        got
+    };
+    secrets
+        .create(&PostParams::default(), &secret("s1", "one"))
+        .await?;
+    for (name, names) in [
+        ("a", Some("s1")),
+        ("b", Some("s1")),
+        ("c", Some("s2")),
+        ("d", None),
+    ] {
+        configmaps
+            .create(&PostParams::default(), &naming(name, names))
+            .await?;
+    }
+    let all = ["a", "b", "c", "d"].map(key);
+    let added = until(&all).await;
+    assert_eq!(
+        added,
+        all.iter()
+            .map(|k| (Reason::Added, k.clone()))
+            .collect::<Vec<_>>()
+    );
+
+    let patch = |value: &str| Patch::Merge(serde_json::json!({ "stringData": { "v": value } }));
+    secrets
+        .patch("s1", &PatchParams::default(), &patch("two"))
+        .await?;
+    assert_eq!(
+        until(&[key("a"), key("b")]).await,
+        [
+            (Reason::Referenced, key("a")),
+            (Reason::Referenced, key("b"))
+        ],
+        "the ConfigMaps naming s1, and no other"
+    );
+    secrets
+        .create(&PostParams::default(), &secret("s2", "x"))
+        .await?;
+    assert_eq!(
+        until(&[key("c")]).await,
+        [(Reason::Referenced, key("c"))],
+        "a Secret created after the ConfigMap that names it"
+    );
+    secrets
+        .create(&PostParams::default(), &secret("s3", "x"))
+        .await?;
+    configmaps
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "secret": "s3" } })),
+        )
+        .await?;
+    assert_eq!(until(&[key("a")]).await, [(Reason::Modified, key("a"))]);
+    secrets.delete("s1", &DeleteParams::default()).await?;
+    assert_eq!(
+        until(&[key("b")]).await,
+        [(Reason::Referenced, key("b"))],
+        "a deletion; a no longer names s1"
+    );
+    secrets.delete("s2", &DeleteParams::default()).await?;
+    assert_eq!(until(&[key("c")]).await, [(Reason::Referenced, key("c"))]);
+    secrets
+        .create(&PostParams::default(), &secret("s1", "back"))
+        .await?;
+    assert_eq!(
+        until(&[key("b")]).await,
+        [(Reason::Referenced, key("b"))],
+        "created again: b still names it"
+    );
+    // A Secret nobody names tells nobody: the next delivery is the ConfigMap made after it,
+    // alone.
+    secrets
+        .create(&PostParams::default(), &secret("s9", "x"))
+        .await?;
+    configmaps
+        .create(&PostParams::default(), &naming("e", None))
+        .await?;
+    assert_eq!(until(&[key("e")]).await, [(Reason::Added, key("e"))]);
+    d.stop().await;
     Ok(())
 }

@@ -100,10 +100,11 @@ impl Change {
         }
     }
 
-    /// A change of an object owned by the key's object (an owned-object subscription).
-    pub fn owned() -> Self {
+    /// A change of an object related to the key's object: owned by it ([`Reason::Owned`]) or
+    /// named by it ([`Reason::Referenced`]).
+    pub fn related(reason: Reason) -> Self {
         Self {
-            reason: Reason::Owned,
+            reason,
             resource_version: String::new(),
             uid: String::new(),
             body: None,

@@ -9,8 +9,8 @@ use kube_dispatch_core::{
     queue::{Delivery, DeliveryId, Outcome},
     request::ack_outcomes,
     subscription::{
-        GroupSpec, InvalidRequest, OwnerKind, SubscriptionSpec, WatchKey, positive_duration,
-        validate_open,
+        self, GroupSpec, InvalidRequest, OwnerKind, ResourceId, SubscriptionSpec, WatchKey,
+        positive_duration, validate_open,
     },
 };
 use kube_dispatch_proto::{
@@ -69,23 +69,32 @@ impl DispatcherService {
         Ok(())
     }
 
+    /// The resource `r` names, by discovery.
+    async fn resolve(&self, r: &v1::ResourceRef) -> Result<ResourceId, Status> {
+        self.resolver.resolve(r).await.map_err(|e| match e {
+            ResolveError::NotFound(_) => Status::not_found(e.to_string()),
+            ResolveError::Discovery { .. } => Status::unavailable(e.to_string()),
+        })
+    }
+
     /// The group's subscriptions, resolved by discovery.
     async fn resolve_spec(&self, req: &OpenSessionRequest) -> Result<GroupSpec, Status> {
         let mut subs = Vec::with_capacity(req.subscriptions.len());
-        for sub in &req.subscriptions {
+        for (index, sub) in req.subscriptions.iter().enumerate() {
             let Some(r) = &sub.resource else {
                 return Err(Status::invalid_argument(
                     "every subscription needs a resource",
                 ));
             };
-            let resource = self.resolver.resolve(r).await.map_err(|e| match e {
-                ResolveError::NotFound(_) => Status::not_found(e.to_string()),
-                ResolveError::Discovery { .. } => Status::unavailable(e.to_string()),
-            })?;
+            let resource = self.resolve(r).await?;
             let namespace = if resource.namespaced {
                 sub.namespace.clone()
             } else {
                 String::new()
+            };
+            let named_by = match &sub.referenced_by {
+                Some(refs) => Some(subscription::named_by(index, sub, refs).map_err(invalid)?),
+                None => None,
             };
             subs.push(SubscriptionSpec {
                 watch: WatchKey {
@@ -102,6 +111,7 @@ impl DispatcherService {
                     version: o.version.clone(),
                     kind: o.kind.clone(),
                 }),
+                named_by,
             });
         }
         let spec = GroupSpec::new(subs);
@@ -110,7 +120,7 @@ impl DispatcherService {
         let mut kinds: Vec<(&str, &str)> = spec
             .subscriptions
             .iter()
-            .filter(|s| s.owner.is_none())
+            .filter(|s| s.is_primary())
             .map(|s| {
                 (
                     s.watch.resource.group.as_str(),
@@ -125,6 +135,20 @@ impl DispatcherService {
             return Err(Status::invalid_argument(
                 "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
             ));
+        }
+        // References are read from the objects the group reconciles: the naming kind must be
+        // one of them.
+        for s in &spec.subscriptions {
+            if let Some(n) = &s.named_by
+                && kinds
+                    .binary_search(&(n.group.as_str(), n.kind.as_str()))
+                    .is_err()
+            {
+                return Err(Status::invalid_argument(format!(
+                    "referenced_by names {}/{}, which no subscription of this session reconciles: add a subscription to it (without owner or referenced_by)",
+                    n.group, n.kind
+                )));
+            }
         }
         Ok(spec)
     }

@@ -20,16 +20,16 @@ use kube_dispatch_core::{
     key::KeyRef,
     partition::GroupEvent,
     queue::{Change, Observed},
-    subscription::{OwnerKind, Payload, ResourceId, WatchKey},
+    subscription::{NamedBy, OwnerKind, Payload, ResourceId, WatchKey},
 };
 use kube_dispatch_proto::v1::Reason;
 use kube_dispatch_runtime::logging;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{
     object::WatchedObject,
-    routing::{Bodies, Place, in_watch, object_key, owner_key, place},
+    routing::{Bodies, Place, in_watch, named_keys, object_key, owner_key, place},
     side_list::SideList,
 };
 use crate::group::Group;
@@ -43,6 +43,28 @@ pub struct Subscriber {
     pub payload: Payload,
     /// Owner mapping, for subscriptions to owned objects.
     pub owner: Option<OwnerKind>,
+    /// For a `referenced_by` subscription: the objects that name this watch's objects.
+    pub named_by: Option<NamedBy>,
+}
+
+/// How a subscriber keys the watch's objects.
+enum Keyed<'a> {
+    /// By the object itself.
+    Itself,
+    /// By its controlling owner of this kind.
+    Owner(&'a OwnerKind),
+    /// By the objects that name it.
+    Referrers,
+}
+
+impl Subscriber {
+    fn keyed(&self) -> Keyed<'_> {
+        match (&self.owner, &self.named_by) {
+            (Some(owner), _) => Keyed::Owner(owner),
+            (None, Some(_)) => Keyed::Referrers,
+            (None, None) => Keyed::Itself,
+        }
+    }
 }
 
 /// The groups subscribed to one watch, shared by the registry (which adds and removes them) and
@@ -74,6 +96,9 @@ pub struct WatchCounts {
     pub children: AtomicU64,
     /// About the bytes that index holds (about 300 per owned object).
     pub children_bytes: AtomicU64,
+    /// Objects that named more than [`kube_dispatch_core::references::MAX_NAMES_PER_OBJECT`]
+    /// others at their group's field paths: the names past it are not followed.
+    pub names_left_out: AtomicU64,
 }
 
 /// The fan-out of one watch: its subscribers, and what it must remember to tell them.
@@ -185,22 +210,28 @@ impl FanOut {
             owners.push((kind, tell));
         }
         for sub in subscribers.iter() {
-            let Some(owner) = &sub.owner else {
-                sub.group.apply(primary_event(
-                    (&uid, &version),
-                    key,
-                    epoch,
-                    deleted,
-                    place,
-                    || (bodies.get(sub.payload, obj), trace.clone()),
-                ));
-                continue;
-            };
-            let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
-            for key in tell.into_iter().flatten() {
-                sub.group.apply(GroupEvent::OwnedChanged {
-                    key: KeyRef::new(key),
-                });
+            match sub.keyed() {
+                Keyed::Itself => {
+                    let gone = deleted || place == Place::Elsewhere;
+                    self.index_names(&sub.group, obj, &text, epoch, gone);
+                    sub.group.apply(primary_event(
+                        (&uid, &version),
+                        key,
+                        epoch,
+                        deleted,
+                        place,
+                        || (bodies.get(sub.payload, obj), trace.clone()),
+                    ));
+                }
+                Keyed::Owner(owner) => {
+                    let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
+                    for key in tell.into_iter().flatten() {
+                        sub.group.apply(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(key),
+                        });
+                    }
+                }
+                Keyed::Referrers => sub.group.named_object_seen(&text, &version, epoch, deleted),
             }
         }
         drop(subscribers);
@@ -222,19 +253,24 @@ impl FanOut {
         );
         let mut bodies = Bodies::new(&self.types);
         for sub in subscribers.iter() {
-            match &sub.owner {
-                None if !deleted_since => sub.group.apply(GroupEvent::Listed {
-                    key,
-                    object: Observed {
-                        resource_version: version.clone(),
-                        uid: uid.clone(),
-                        body: bodies.get(sub.payload, obj),
-                        trace: None,
-                    },
-                    epoch,
-                }),
-                None => {}
-                Some(owner) => {
+            match sub.keyed() {
+                Keyed::Itself if !deleted_since => {
+                    self.index_names(&sub.group, obj, &text, epoch, false);
+                    sub.group.apply(GroupEvent::Listed {
+                        key,
+                        object: Observed {
+                            resource_version: version.clone(),
+                            uid: uid.clone(),
+                            body: bodies.get(sub.payload, obj),
+                            trace: None,
+                        },
+                        epoch,
+                    });
+                }
+                // A list beside the stream is for keys newly served here, which are reconciled
+                // anyway: the objects they name need not be told.
+                Keyed::Itself | Keyed::Referrers => {}
+                Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
                         if !deleted_since {
@@ -266,19 +302,42 @@ impl FanOut {
             subscribers.iter().any(|s| s.owner.as_ref() == Some(kind))
         });
         for sub in subscribers.iter() {
-            match &sub.owner {
-                None => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
-                Some(kind) => {
+            match sub.keyed() {
+                Keyed::Itself => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
+                Keyed::Owner(kind) => {
                     for owner in lost.get(kind).into_iter().flatten() {
                         sub.group.apply(GroupEvent::OwnedChanged {
                             key: KeyRef::new(owner),
                         });
                     }
                 }
+                Keyed::Referrers => sub
+                    .group
+                    .named_objects_swept(epoch, |key| in_watch(&self.key, key)),
             }
         }
         drop(subscribers);
         self.count_children();
+    }
+
+    /// Records what the object of `key`, shown at `epoch`, names at the field paths of
+    /// `group`'s `referenced_by` subscriptions; nothing once it is `gone` (deleted, or served
+    /// elsewhere). Only groups that follow references read the object for it.
+    fn index_names(&self, group: &Group, obj: &WatchedObject, key: &str, epoch: u32, gone: bool) {
+        if group.spec.named_from(&self.key.resource).next().is_none() {
+            return;
+        }
+        let targets = if gone {
+            Vec::new()
+        } else {
+            let (targets, left_out) = named_keys(&group.spec, &self.key.resource, obj);
+            if left_out {
+                self.counts.names_left_out.fetch_add(1, Ordering::Relaxed);
+                debug!(group = %group.id, key, "the object names more than {} others at its field paths: those past it are not followed", kube_dispatch_core::references::MAX_NAMES_PER_OBJECT);
+            }
+            targets
+        };
+        group.names(key, targets, epoch);
     }
 
     fn count_children(&self) {

@@ -88,6 +88,11 @@ impl WatchedObject {
         })
     }
 
+    /// The object as the API server sent it.
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
     /// The whole object, with `types` filled in where the API server left them out.
     pub fn full_body(&self, types: &TypeMeta) -> Arc<[u8]> {
         if self.has_api_version && self.has_kind {

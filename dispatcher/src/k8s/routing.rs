@@ -3,6 +3,8 @@
 //!
 //! - A primary subscription keys an object by itself ([`object_key`]); a subscription to owned
 //!   objects keys it by its controlling owner of the subscribed kind ([`owner_key`]).
+//! - An object the group reconciles names the objects at its `referenced_by` field paths
+//!   ([`named_keys`]); a change to one of those reconciles it.
 //! - A key owned elsewhere on the ring only has its deletion remembered, in case it moves here
 //!   ([`place`]); a dispatcher off its own ring owns nothing but keeps its index.
 //! - A body is serialized at most once per payload mode, whatever the number of groups
@@ -15,7 +17,8 @@ use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
-    subscription::{OwnerKind, Payload, ResourceId, WatchKey},
+    references::MAX_NAMES_PER_OBJECT,
+    subscription::{GroupSpec, OwnerKind, Payload, ResourceId, WatchKey},
 };
 use kube_dispatch_proto::RequestKey;
 
@@ -29,6 +32,37 @@ pub fn object_key(resource: &ResourceId, obj: &WatchedObject) -> RequestKey {
         obj.namespace().unwrap_or_default(),
         obj.name_any(),
     )
+}
+
+/// The request keys of the objects `obj`, an object of `resource` that `spec` reconciles,
+/// names at the field paths of `spec`'s `referenced_by` subscriptions (in `obj`'s namespace
+/// when the named resource is namespaced); and whether names past
+/// [`MAX_NAMES_PER_OBJECT`] were left out.
+pub fn named_keys(
+    spec: &GroupSpec,
+    resource: &ResourceId,
+    obj: &WatchedObject,
+) -> (Vec<String>, bool) {
+    let mut keys = Vec::new();
+    let mut truncated = false;
+    let mut names = Vec::new();
+    for (target, named_by) in spec.named_from(resource) {
+        let namespace = if target.namespaced {
+            obj.namespace().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        names.clear();
+        for path in &named_by.paths {
+            truncated |= path.names_in(obj.json(), &mut names, MAX_NAMES_PER_OBJECT - keys.len());
+        }
+        keys.extend(names.drain(..).map(|name| {
+            RequestKey::new(&target.group, &target.kind, &namespace, name).to_string()
+        }));
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    (keys, truncated)
 }
 
 /// The request key of an owned object: its controlling owner, if that is of the `owner` kind
@@ -280,5 +314,81 @@ mod tests {
         assert_eq!(metadata["kind"], "ConfigMap");
         assert_eq!(metadata["metadata"]["name"], "x");
         assert!(metadata.get("data").is_none(), "{metadata}");
+    }
+
+    /// An object names the keys at its group's `referenced_by` paths, in its own namespace for a
+    /// namespaced resource and in none for a cluster-scoped one, each once, and at most
+    /// [`MAX_NAMES_PER_OBJECT`].
+    #[test]
+    fn an_object_names_the_keys_at_its_groups_field_paths() {
+        use kube_dispatch_core::{
+            references::FieldPath,
+            subscription::{NamedBy, SubscriptionSpec},
+        };
+        let watch = |resource: ResourceId| WatchKey {
+            resource,
+            namespace: String::new(),
+            label_selector: String::new(),
+            field_selector: String::new(),
+        };
+        let named = |resource: ResourceId, paths: &[&str]| SubscriptionSpec {
+            watch: watch(resource),
+            payload: Payload::KeyOnly,
+            owner: None,
+            named_by: Some(NamedBy {
+                group: "example.com".into(),
+                kind: "Site".into(),
+                paths: paths.iter().map(|p| FieldPath::parse(p).unwrap()).collect(),
+            }),
+        };
+        let site = resource("example.com", "Site");
+        let class = ResourceId {
+            namespaced: false,
+            ..resource("networking.k8s.io", "IngressClass")
+        };
+        let spec = GroupSpec::new(vec![
+            SubscriptionSpec {
+                watch: watch(site.clone()),
+                payload: Payload::Full,
+                owner: None,
+                named_by: None,
+            },
+            named(
+                resource("", "Secret"),
+                &["spec.tls[*].secretName", "spec.auth"],
+            ),
+            named(class, &["spec.className"]),
+        ]);
+        let obj: WatchedObject = serde_json::from_str(
+            r#"{"metadata":{"name":"s","namespace":"web"},"spec":{"className":"public","auth":"basic","tls":[{"secretName":"a"},{"secretName":"basic"},{"secretName":"a"}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            named_keys(&spec, &site, &obj),
+            (
+                vec![
+                    "/Secret/web/a".to_owned(),
+                    "/Secret/web/basic".to_owned(),
+                    "networking.k8s.io/IngressClass//public".to_owned(),
+                ],
+                false
+            )
+        );
+        assert_eq!(
+            named_keys(&spec, &resource("", "Secret"), &obj),
+            (Vec::new(), false),
+            "a kind the group does not reconcile names nothing"
+        );
+        let many: Vec<String> = (0..100)
+            .map(|i| format!(r#"{{"secretName":"s{i}"}}"#))
+            .collect();
+        let obj: WatchedObject = serde_json::from_str(&format!(
+            r#"{{"metadata":{{"name":"s","namespace":"web"}},"spec":{{"tls":[{}]}}}}"#,
+            many.join(",")
+        ))
+        .unwrap();
+        let (keys, truncated) = named_keys(&spec, &site, &obj);
+        assert_eq!(keys.len(), MAX_NAMES_PER_OBJECT);
+        assert!(truncated);
     }
 }

@@ -142,7 +142,11 @@ impl Watches {
                     let mut subs = r.subscribers.write().unwrap_or_else(|e| e.into_inner());
                     // One subscriber per group and owner kind: a group may subscribe to a watch
                     // for itself and for the owners of its objects.
-                    subs.retain(|s| !(Arc::ptr_eq(&s.group, &sub.group) && s.owner == sub.owner));
+                    subs.retain(|s| {
+                        !(Arc::ptr_eq(&s.group, &sub.group)
+                            && s.owner == sub.owner
+                            && s.named_by == sub.named_by)
+                    });
                     subs.push(sub);
                     // The new group has not seen the objects that exist: the task lists them
                     // beside the stream, unless its own list will show them.
@@ -292,6 +296,7 @@ mod tests {
             group: member.group.clone(),
             payload: Payload::KeyOnly,
             owner: None,
+            named_by: None,
         }
     }
 

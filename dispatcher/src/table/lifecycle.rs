@@ -173,6 +173,7 @@ impl GroupTable {
                 group: group.clone(),
                 payload: sub.payload,
                 owner: sub.owner.clone(),
+                named_by: sub.named_by.clone(),
             };
             let subscribed = self.watches.subscribe(&sub.watch, subscriber).await;
             if let (Ok(index), Some(kind)) = (&subscribed, &sub.owner) {

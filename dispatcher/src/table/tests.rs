@@ -60,6 +60,7 @@ fn spec() -> GroupSpec {
         watch: config_maps(),
         payload: Payload::KeyOnly,
         owner: None,
+        named_by: None,
     }])
 }
 

@@ -57,6 +57,7 @@ impl Scripted {
                     group: member.group.clone(),
                     payload: Payload::KeyOnly,
                     owner,
+                    named_by: None,
                 }])),
                 joined: Arc::default(),
                 readiness: readiness_tx,
