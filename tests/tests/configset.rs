@@ -1,6 +1,7 @@
 //! The realistic example controller (`controller-sdk/examples/configset`) converges against the
 //! real API server: children created with the declared content, status set, a deleted child
-//! recreated, surplus children removed, the parent's deletion handled. Twice: on the SDK through
+//! recreated, a change to the Secret it names rolled into its children, surplus children
+//! removed, the parent's deletion handled. Twice: on the SDK through
 //! a real dispatcher, and on plain kube-rs (the baseline it is ported from and compared with).
 
 /// The controller as the SDK runs it.
@@ -31,7 +32,7 @@ use std::{
 
 use futures::StreamExt;
 use k8s_openapi::{
-    api::core::v1::ConfigMap,
+    api::core::v1::{ConfigMap, Secret},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
@@ -44,7 +45,7 @@ use kube_dispatch_tests::{
     Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
 };
-use sdk::configset::{ConfigSet, ConfigSetSpec, OWNER_LABEL};
+use sdk::configset::{ConfigSet, ConfigSetSpec, OWNER_LABEL, SECRET_ANNOTATION};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
@@ -99,6 +100,7 @@ async fn the_sdk_configset_controller_converges_and_heals() -> TestResult {
     let outcomes = Controller::<sdk::configset::ConfigSet>::new(client.clone(), "configset")
         .namespace(ns.name())
         .owns::<ConfigMap>()
+        .references::<Secret>(["spec.secretName"])
         .dispatchers([d.addr.to_string()])
         .credentials(kube_dispatch_tests::credentials())
         .replica_id("configset-0")
@@ -137,8 +139,22 @@ async fn the_kube_rs_configset_controller_converges_and_heals() -> TestResult {
     let reads = Cluster::shared()
         .client_counting_lists("configmaps", lists.clone())
         .await?;
-    let outcomes = kube::runtime::Controller::new(sets, watcher::Config::default())
+    let controller = kube::runtime::Controller::new(sets, watcher::Config::default());
+    let cached = controller.store();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns.name());
+    let outcomes = controller
         .owns(children, watcher::Config::default())
+        .watches(secrets, watcher::Config::default(), move |secret| {
+            cached
+                .state()
+                .into_iter()
+                .filter(|set| {
+                    set.namespace() == secret.namespace()
+                        && set.spec.secret_name.as_deref() == Some(&secret.name_any())
+                })
+                .map(|set| kube::runtime::reflector::ObjectRef::from_obj(&*set))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
             kube_rs::configset::reconcile,
@@ -177,9 +193,23 @@ async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult
     let client = ns.client();
     let sets: Api<ConfigSet> = Api::namespaced(client.clone(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns.name());
+    let secret = |value: &str| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("demo-secret".into()),
+            ..Default::default()
+        },
+        string_data: Some([("password".to_owned(), value.to_owned())].into()),
+        ..Secret::default()
+    };
+    let first = secrets
+        .create(&PostParams::default(), &secret("one"))
+        .await?
+        .resource_version();
     let spec = ConfigSetSpec {
         count: 3,
         data: [("color".to_owned(), "blue".to_owned())].into(),
+        secret_name: Some("demo-secret".into()),
     };
     sets.create(&PostParams::default(), &ConfigSet::new("demo", spec))
         .await?;
@@ -204,6 +234,34 @@ async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult
             .iter()
             .any(|o| o.controller == Some(true) && o.name == "demo")
     }));
+    let rolled_to = |version: Option<String>| {
+        move |c: Option<&ConfigMap>| {
+            c.is_some_and(|c| c.annotations().get(SECRET_ANNOTATION) == version.as_ref())
+        }
+    };
+    assert!(
+        kids.iter().all(|c| rolled_to(first.clone())(Some(c))),
+        "each child carries the named Secret's version"
+    );
+
+    // A change to the named Secret reaches the ConfigSet, which rolls its children.
+    let patch = serde_json::json!({ "stringData": { "password": "two" } });
+    let second = secrets
+        .patch(
+            "demo-secret",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?
+        .resource_version();
+    assert_ne!(first, second);
+    for name in ["demo-0", "demo-1", "demo-2"] {
+        tokio::time::timeout(
+            TIMEOUT,
+            await_condition(configmaps.clone(), name, rolled_to(second.clone())),
+        )
+        .await??;
+    }
 
     // A deleted child comes back (the owner is reconciled through `owns`).
     let old_uid = kids[1].uid();

@@ -1,7 +1,10 @@
 //! The ConfigSet controller: a custom resource that declares N ConfigMaps; the controller
 //! creates and updates them as its children, deletes the ones no longer declared, and reports
-//! how many are ready in the status. Deleting a ConfigSet needs no finalizer: its children
-//! carry a controller ownerReference, so the garbage collector removes them.
+//! how many are ready in the status. A ConfigSet may name a Secret (`spec.secretName`): each
+//! child then carries the Secret's resourceVersion in an annotation, so a change to the Secret
+//! rolls the children (the pattern of a checksum annotation that restarts a Deployment's Pods).
+//! Deleting a ConfigSet needs no finalizer: its children carry a controller ownerReference, so
+//! the garbage collector removes them.
 //!
 //! Shared by the `configset` example and the SDK's integration tests, which both include this
 //! file as a module: its items are public to whichever crate includes it.
@@ -10,7 +13,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, Client, CustomResource, Resource, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions},
@@ -27,6 +30,9 @@ use serde::{Deserialize, Serialize};
 
 /// Label every child carries, naming its ConfigSet.
 pub const OWNER_LABEL: &str = "example.kube-dispatch.dev/configset";
+/// Annotation every child of a ConfigSet that names a Secret carries: the resourceVersion of
+/// the Secret it was written from.
+pub const SECRET_ANNOTATION: &str = "example.kube-dispatch.dev/secret-version";
 const MANAGER: &str = "configset-controller";
 
 /// Declares `count` ConfigMaps named `<name>-<i>`, each holding `data`.
@@ -46,6 +52,13 @@ pub struct ConfigSetSpec {
     /// What each of them holds.
     #[serde(default)]
     pub data: BTreeMap<String, String>,
+    /// A Secret in the same namespace whose changes roll the children.
+    #[serde(
+        default,
+        rename = "secretName",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub secret_name: Option<String>,
 }
 
 /// What the controller last achieved.
@@ -91,12 +104,27 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
     let name = set.name_any();
     let owner = set.controller_owner_ref(&()).ok_or(Error::Incomplete)?;
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    // The named Secret's version, read (a GET) only when one is named; a missing Secret
+    // leaves the annotation out until it is created, which reconciles this ConfigSet again.
+    let secret_version = match &set.spec.secret_name {
+        Some(secret) => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+            secrets
+                .get_opt(secret)
+                .await?
+                .and_then(|s| s.resource_version())
+        }
+        None => None,
+    };
 
     for i in 0..set.spec.count {
         let child = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(child_name(&name, i)),
                 labels: Some([(OWNER_LABEL.to_owned(), name.clone())].into()),
+                annotations: secret_version
+                    .as_ref()
+                    .map(|v| [(SECRET_ANNOTATION.to_owned(), v.clone())].into()),
                 owner_references: Some(vec![owner.clone()]),
                 ..ObjectMeta::default()
             },
@@ -184,7 +212,8 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
             }
         }
     }
-    // Children changed by hand are noticed through `owns`; the requeue is a safety net.
+    // Children changed by hand are noticed through `owns`, the named Secret's changes through
+    // `references` (the SDK) or `watches` (kube-rs); the requeue is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 

@@ -14,9 +14,9 @@ mod controller;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::{Controller, controller::Action, watcher};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::{Controller, controller::Action, reflector::ObjectRef, watcher};
+use kube::{Api, Client, ResourceExt};
 
 use controller::{ConfigSet, Context, error_policy, reconcile};
 
@@ -24,22 +24,39 @@ use controller::{ConfigSet, Context, error_policy, reconcile};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let client = Client::try_default().await?;
-    Controller::new(
+    let controller = Controller::new(
         Api::<ConfigSet>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .owns(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, Arc::new(Context { client }))
-    .for_each(|result| async move {
-        match result {
-            Ok((set, _)) => tracing::info!(configset = %set.name, "reconciled"),
-            Err(e) => tracing::warn!(error = %e, "reconcile failed"),
-        }
-    })
-    .await;
+    );
+    // The ConfigSets naming a Secret, from the controller's cache of every ConfigSet.
+    let sets = controller.store();
+    controller
+        .owns(
+            Api::<ConfigMap>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default(),
+            move |secret| {
+                sets.state()
+                    .into_iter()
+                    .filter(|set| {
+                        set.namespace() == secret.namespace()
+                            && set.spec.secret_name.as_deref() == Some(&secret.name_any())
+                    })
+                    .map(|set| ObjectRef::from_obj(&*set))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .for_each(|result| async move {
+            match result {
+                Ok((set, _)) => tracing::info!(configset = %set.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! A realistic controller on the SDK: `ConfigSet`, a custom resource owning N ConfigMaps.
-//! Shows `owns`, status updates and requeue. Ported from `kube_rs.rs`; `diff -u kube_rs.rs
+//! A realistic controller on the SDK: `ConfigSet`, a custom resource owning N ConfigMaps and
+//! naming a Secret. Shows `owns` (its requests carry its children, so it lists none),
+//! `references` (a change to the named Secret reconciles it, with no cache and no mapper),
+//! status updates and requeue. Ported from `kube_rs.rs`; `diff -u kube_rs.rs
 //! main.rs` is the porting guide in the SDK's README.
 //!
 //! Against the local control plane (`make cluster-up`) and one dispatcher:
@@ -22,7 +24,7 @@ mod controller;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube_dispatch_controller::{Action, Controller};
 
@@ -37,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dispatchers: Vec<String> = std::env::args().skip(1).collect();
     Controller::<ConfigSet>::new(client.clone(), "configset")
         .owns::<ConfigMap>()
+        .references::<Secret>(["spec.secretName"])
         .dispatchers(dispatchers)
         .shutdown_on_signal()
         .run(reconcile, error_policy, Arc::new(Context { client }))
