@@ -26,7 +26,7 @@ use std::{
 
 use serde::{
     Deserializer,
-    de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor},
+    de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor},
 };
 use serde_json::value::RawValue;
 
@@ -40,6 +40,12 @@ pub const MAX_PATH_STEPS: usize = 16;
 /// it are not indexed (a change to those targets does not reconcile the object) and the
 /// caller counts the object as truncated.
 pub const MAX_NAMES_PER_OBJECT: usize = 64;
+/// Most field paths over all the `referenced_by` subscriptions of one group.
+pub const MAX_GROUP_FIELD_PATHS: usize = 32;
+/// Most elements of one list a `[*]` step reads; those past it are skipped unread.
+pub const MAX_LIST_ELEMENTS: usize = 1024;
+/// Longest name followed (bytes): a Kubernetes object name (DNS subdomain) is at most 253.
+pub const MAX_NAME_LEN: usize = 253;
 
 /// One step of a field path: a member of an object, or every element of a list member.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -124,13 +130,21 @@ impl FieldPath {
         &self.text
     }
 
-    /// Adds to `names` the non-empty strings at this path in the object `json`, until `names`
-    /// holds `max`; returns whether any were left out for that. Only the members on the path
-    /// are decoded; the rest of the object is skipped. Malformed JSON names nothing.
+    /// [`FieldPath::names_at`] in the object `json`; malformed JSON names nothing.
     pub fn names_in(&self, json: &str, names: &mut Vec<String>, max: usize) -> bool {
-        let Ok(root) = serde_json::from_str::<&RawValue>(json) else {
-            return false;
-        };
+        match serde_json::from_str::<&RawValue>(json) {
+            Ok(root) => self.names_at(root, names, max),
+            Err(_) => false,
+        }
+    }
+
+    /// Adds to `names` the names at this path in the object `root` (read once by the caller
+    /// for every path), until `names` holds `max`; returns whether any were left out for that.
+    /// Only the members on the path are decoded; the rest of the object is skipped, and so are
+    /// the elements of a list past [`MAX_LIST_ELEMENTS`]. A name is a non-empty string of at
+    /// most [`MAX_NAME_LEN`] bytes that could name an object (no `/`, `%` or control
+    /// characters, not `.` or `..`); other values name nothing.
+    pub fn names_at(&self, root: &RawValue, names: &mut Vec<String>, max: usize) -> bool {
         let mut at: Vec<&RawValue> = vec![root];
         for step in &*self.steps {
             let (name, each) = match step {
@@ -143,9 +157,7 @@ impl FieldPath {
                     continue;
                 };
                 if each {
-                    if let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(member.get()) {
-                        next.extend(items);
-                    }
+                    elements(member, &mut next);
                 } else {
                     next.push(member);
                 }
@@ -156,18 +168,51 @@ impl FieldPath {
             let Ok(name) = serde_json::from_str::<Cow<'_, str>>(raw.get()) else {
                 continue;
             };
-            if name.is_empty() {
+            if !is_name(&name) || names.iter().any(|n| *n == *name) {
                 continue;
             }
             if names.len() >= max {
                 return true;
             }
-            if !names.iter().any(|n| *n == *name) {
-                names.push(name.into_owned());
-            }
+            names.push(name.into_owned());
         }
         false
     }
+}
+
+/// Whether `s` could name an object: what a request key can carry.
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s != "."
+        && s != ".."
+        && !s.chars().any(|c| c == '/' || c == '%' || c.is_control())
+}
+
+/// Adds the first [`MAX_LIST_ELEMENTS`] elements of the JSON list `raw`, if it is one, to `out`;
+/// the rest are skipped undecoded.
+fn elements<'a>(raw: &'a RawValue, out: &mut Vec<&'a RawValue>) {
+    struct Each<'o, 'a>(&'o mut Vec<&'a RawValue>);
+    impl<'de> Visitor<'de> for Each<'_, 'de> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut n = 0;
+            while n < MAX_LIST_ELEMENTS {
+                match seq.next_element::<&'de RawValue>()? {
+                    Some(item) => self.0.push(item),
+                    None => return Ok(()),
+                }
+                n += 1;
+            }
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    let _ = de.deserialize_seq(Each(out));
 }
 
 impl fmt::Display for FieldPath {
@@ -308,6 +353,14 @@ impl References {
         );
     }
 
+    /// [`References::name`], unless `key` is indexed already: for a list beside the watch's
+    /// stream, which may be older than what the stream showed.
+    pub fn name_if_absent(&mut self, key: &str, targets: Vec<String>, epoch: u32) {
+        if !self.by_referrer.contains_key(key) {
+            self.name(key, targets, epoch);
+        }
+    }
+
     /// The referrer `key` names nothing any more: deleted, or served elsewhere now.
     pub fn forget(&mut self, key: &str) {
         let Some((referrer, r)) = self.by_referrer.remove_entry(key) else {
@@ -326,6 +379,11 @@ impl References {
                 self.bytes = self.bytes.saturating_sub(t.len() + ENTRY_OVERHEAD);
             }
         }
+        debug_assert!(
+            !self.by_referrer.is_empty() || (self.bytes == 0 && self.by_target.is_empty()),
+            "the accounting drifted: {} bytes left in an empty index",
+            self.bytes
+        );
     }
 
     /// Forgets every referrer `keep` refuses (the keys the ring moved away).
@@ -447,6 +505,18 @@ mod tests {
             ["a\"b"],
             "escaped strings are decoded"
         );
+        for not_a_name in [r#""a/b""#, r#""..""#, r#""%2F""#, "7", "null", r#"["a"]"#] {
+            let json = format!(r#"{{"spec":{{"secretName":{not_a_name}}}}}"#);
+            assert!(names("spec.secretName", &json).is_empty(), "{not_a_name}");
+        }
+        let long = format!(
+            r#"{{"spec":{{"secretName":"{}"}}}}"#,
+            "a".repeat(MAX_NAME_LEN + 1)
+        );
+        assert!(
+            names("spec.secretName", &long).is_empty(),
+            "longer than a name"
+        );
         assert_eq!(
             names(
                 "spec.secretName",
@@ -468,6 +538,23 @@ mod tests {
         let mut out = Vec::new();
         assert!(!path.names_in(&json, &mut out, 10));
         assert_eq!(out.len(), 10);
+        let mut out = vec!["s0".to_owned()];
+        assert!(
+            !FieldPath::parse("items[*].n").unwrap().names_in(
+                r#"{"items":[{"n":"s0"}]}"#,
+                &mut out,
+                1
+            ),
+            "a name already there is not one left out"
+        );
+        // A list longer than the elements read: those past it are not read.
+        let long: Vec<String> = (0..MAX_LIST_ELEMENTS + 5)
+            .map(|i| format!(r#"{{"n":"s{i}"}}"#))
+            .collect();
+        let json = format!(r#"{{"items":[{}]}}"#, long.join(","));
+        let mut out = Vec::new();
+        path.names_in(&json, &mut out, usize::MAX);
+        assert_eq!(out.len(), MAX_LIST_ELEMENTS);
     }
 
     #[test]

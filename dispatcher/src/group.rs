@@ -429,9 +429,15 @@ impl Group {
     }
 
     /// The object of `key`, shown by the list or stream of `epoch`, names `targets` (request
-    /// keys; none if it was deleted or is served elsewhere now).
-    pub fn names(&self, key: &str, targets: Vec<String>, epoch: u32) {
-        self.references().name(key, targets, epoch);
+    /// keys; none if it was deleted or is served elsewhere now); `if_absent`: only if nothing
+    /// is indexed for it (a list beside the stream, maybe older than it).
+    pub fn names(&self, key: &str, targets: Vec<String>, epoch: u32, if_absent: bool) {
+        let mut references = self.references();
+        if if_absent {
+            references.name_if_absent(key, targets, epoch);
+        } else {
+            references.name(key, targets, epoch);
+        }
     }
 
     /// The object of the request key `target` was shown at `resource_version` by the list or

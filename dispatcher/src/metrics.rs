@@ -150,7 +150,7 @@ struct Snapshot {
     queued: Histogram,
 }
 
-const REASONS: [(usize, &str); 7] = [
+const REASONS: [(usize, &str); 8] = [
     (1, "added"),
     (2, "modified"),
     (3, "deleted"),
@@ -158,6 +158,7 @@ const REASONS: [(usize, &str); 7] = [
     (5, "retry"),
     (6, "requeue"),
     (7, "owned"),
+    (8, "referenced"),
 ];
 
 impl Collector for GroupTableCollector {

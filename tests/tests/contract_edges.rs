@@ -569,7 +569,7 @@ async fn a_controller_back_after_the_idle_grace_starts_from_what_exists() -> Tes
 /// change, creation or deletion of a Secret reconciles exactly the ConfigMaps that name it at
 /// that moment, with reason REFERENCED; a ConfigMap that stops naming it is not told any more;
 /// a Secret nobody names reconciles nothing. A `referenced_by` whose naming kind the group does
-/// not reconcile is refused with the fix.
+/// not reconcile, or a second `referenced_by` of one named kind, is refused with the fix.
 #[tokio::test]
 async fn a_named_objects_change_reconciles_exactly_the_objects_that_name_it() -> TestResult {
     use k8s_openapi::api::core::v1::Secret;
@@ -597,6 +597,32 @@ async fn a_named_objects_change_reconciles_exactly_the_objects_that_name_it() ->
         refused
             .message()
             .contains("no subscription of this session reconciles"),
+        "{}",
+        refused.message()
+    );
+
+    let mut twice = named_by("ConfigMap");
+    if let Some(r) = twice.referenced_by.as_mut() {
+        r.field_paths = vec!["data.other".into()];
+    }
+    let refused = TestSession::open(
+        &d,
+        "refs-bad",
+        "r1",
+        vec![
+            subscription("v1", "ConfigMap", ns.name()),
+            named_by("ConfigMap"),
+            Subscription {
+                namespace: String::new(),
+                ..twice
+            },
+        ],
+    )
+    .await
+    .expect_err("two referenced_by subscriptions name Secrets");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("merge their field paths"),
         "{}",
         refused.message()
     );

@@ -260,7 +260,7 @@ pub struct QueueCounts {
     /// maximum reconcile time (`workqueue_retries_total`).
     pub retries: u64,
     /// Deliveries handed out, by [`Reason`] (indexed by its number).
-    pub deliveries: [u64; 8],
+    pub deliveries: [u64; 9],
     /// Acknowledgements that settled a delivery as a success.
     pub acks_success: u64,
     /// ... as a failure.
@@ -734,15 +734,15 @@ impl GroupQueue {
             // The first change since the last delivery is the one the wait began with.
             self.traces.entry(key.clone()).or_insert(trace);
         }
-        let owned = change.reason == Reason::Owned;
+        let owned = matches!(change.reason, Reason::Owned | Reason::Referenced);
         if !change.resource_version.is_empty() {
             entry.resource_version = Rv::new(&change.resource_version);
         }
         if !change.uid.is_empty() {
             entry.uid = Uid::new(&change.uid);
         }
-        // A change of an owned object says nothing about the key's own object: its state and
-        // body stay as they were.
+        // A change of an owned or a named object says nothing about the key's own object: its
+        // state and body stay as they were.
         if !owned {
             entry.deleted = change.deleted;
             // Replace the body: the latest state is the one worth delivering.
@@ -1057,7 +1057,7 @@ impl GroupQueue {
             }
             let body = body.filter(|_| keep_body);
             let trace = self.traces.remove(&key);
-            self.counts.deliveries[(entry.reason as usize).min(7)] += 1;
+            self.counts.deliveries[(entry.reason as usize).min(8)] += 1;
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
                 id,
@@ -1323,12 +1323,13 @@ impl GroupQueue {
 
 /// The reason to deliver after a new change, given the reason of a change not yet delivered
 /// (`pending`, meaningful while the key is ready or dirty in flight): an addition stays an
-/// addition, and a change of the key's own object outranks a change of an owned object.
+/// addition, and a change of the key's own object outranks a change of an owned or a named
+/// object.
 fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
     let undelivered = matches!(state, State::Ready | State::InFlight { dirty: true });
     match (pending, new) {
-        (Reason::Added, Reason::Modified | Reason::Owned)
-        | (Reason::Modified | Reason::Deleted, Reason::Owned)
+        (Reason::Added, Reason::Modified | Reason::Owned | Reason::Referenced)
+        | (Reason::Modified | Reason::Deleted, Reason::Owned | Reason::Referenced)
             if undelivered =>
         {
             pending

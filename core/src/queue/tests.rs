@@ -659,30 +659,37 @@ fn resync_queues_only_idle_keys_and_carries_no_body() {
 }
 
 #[test]
-fn an_owned_change_keeps_the_pending_state_of_the_key_itself() {
-    let now = Instant::now();
-    let mut q = queue();
-    q.add_session(1, "a");
-    q.change("owner", with_body(Reason::Added, 7, 10));
-    let owned = Change {
-        reason: Reason::Owned,
-        resource_version: String::new(),
-        uid: String::new(),
-        body: None,
-        deleted: false,
-        trace: None,
-    };
-    q.change("owner", owned.clone());
-    let d = q.take(1, 1, now);
-    assert_eq!(
-        (d[0].reason, d[0].resource_version.as_str()),
-        (Reason::Added, "7")
-    );
-    assert_eq!(d[0].body.as_ref().map(|b| b.len()), Some(10));
-    q.ack(1, d[0].id, Outcome::Success, now);
-    // Settled: a child's change alone is delivered as such.
-    q.change("owner", owned);
-    assert_eq!(q.take(1, 1, now)[0].reason, Reason::Owned);
+fn an_owned_or_named_change_keeps_the_pending_state_of_the_key_itself() {
+    for related in [Reason::Owned, Reason::Referenced] {
+        let now = Instant::now();
+        let mut q = queue();
+        q.add_session(1, "a");
+        q.change("owner", with_body(Reason::Added, 7, 10));
+        q.change("owner", Change::related(related));
+        let d = q.take(1, 1, now);
+        assert_eq!(
+            (d[0].reason, d[0].resource_version.as_str()),
+            (Reason::Added, "7"),
+            "{related:?}"
+        );
+        assert_eq!(d[0].body.as_ref().map(|b| b.len()), Some(10));
+        q.ack(1, d[0].id, Outcome::Success, now);
+        // Settled: a related change alone is delivered as such.
+        q.change("owner", Change::related(related));
+        let d = q.take(1, 1, now);
+        assert_eq!(d[0].reason, related);
+        q.ack(1, d[0].id, Outcome::Success, now);
+        // A pending deletion stays a deletion.
+        q.change("owner", change(Reason::Deleted, 9));
+        q.change("owner", Change::related(related));
+        let d = q.take(1, 1, now);
+        assert_eq!(
+            (d[0].reason, d[0].deleted),
+            (Reason::Deleted, true),
+            "{related:?}"
+        );
+        q.ack(1, d[0].id, Outcome::Success, now);
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kube_dispatch_core::{
     children::OwnerChildren,
     queue::{Delivery, DeliveryId, Outcome},
+    references::MAX_GROUP_FIELD_PATHS,
     request::ack_outcomes,
     subscription::{
         self, GroupSpec, InvalidRequest, OwnerKind, ResourceId, SubscriptionSpec, WatchKey,
@@ -135,6 +136,38 @@ impl DispatcherService {
             return Err(Status::invalid_argument(
                 "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
             ));
+        }
+        // One referenced_by subscription per named kind (each keeps one view of what exists),
+        // and a bounded number of paths to read from every object.
+        let mut named: Vec<(&str, &str)> = spec
+            .subscriptions
+            .iter()
+            .filter(|s| s.named_by.is_some())
+            .map(|s| {
+                (
+                    s.watch.resource.group.as_str(),
+                    s.watch.resource.kind.as_str(),
+                )
+            })
+            .collect();
+        let before = named.len();
+        named.sort_unstable();
+        named.dedup();
+        if named.len() != before {
+            return Err(Status::invalid_argument(
+                "two referenced_by subscriptions name the same kind: merge their field paths into one",
+            ));
+        }
+        let paths: usize = spec
+            .subscriptions
+            .iter()
+            .filter_map(|s| s.named_by.as_ref())
+            .map(|n| n.paths.len())
+            .sum();
+        if paths > MAX_GROUP_FIELD_PATHS {
+            return Err(Status::invalid_argument(format!(
+                "{paths} referenced_by field paths in one session; at most {MAX_GROUP_FIELD_PATHS} are accepted"
+            )));
         }
         // References are read from the objects the group reconciles: the naming kind must be
         // one of them.

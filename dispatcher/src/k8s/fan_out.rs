@@ -212,8 +212,12 @@ impl FanOut {
         for sub in subscribers.iter() {
             match sub.keyed() {
                 Keyed::Itself => {
-                    let gone = deleted || place == Place::Elsewhere;
-                    self.index_names(&sub.group, obj, &text, epoch, gone);
+                    let indexing = if deleted || place == Place::Elsewhere {
+                        Indexing::Gone
+                    } else {
+                        Indexing::Replace
+                    };
+                    self.index_names(&sub.group, obj, &text, epoch, indexing);
                     sub.group.apply(primary_event(
                         (&uid, &version),
                         key,
@@ -255,7 +259,10 @@ impl FanOut {
         for sub in subscribers.iter() {
             match sub.keyed() {
                 Keyed::Itself if !deleted_since => {
-                    self.index_names(&sub.group, obj, &text, epoch, false);
+                    // Only for a key the stream has not indexed: the list may be older.
+                    if place(&self.slice.borrow(), key) == Place::Here {
+                        self.index_names(&sub.group, obj, &text, epoch, Indexing::IfAbsent);
+                    }
                     sub.group.apply(GroupEvent::Listed {
                         key,
                         object: Observed {
@@ -267,8 +274,11 @@ impl FanOut {
                         epoch,
                     });
                 }
-                // A list beside the stream is for keys newly served here, which are reconciled
-                // anyway: the objects they name need not be told.
+                // A group that just joined the watch has missed the changes of the objects
+                // named so far: a first sighting tells their referrers.
+                Keyed::Referrers if !deleted_since => {
+                    sub.group.named_object_seen(&text, &version, epoch, false);
+                }
                 Keyed::Itself | Keyed::Referrers => {}
                 Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
@@ -321,13 +331,20 @@ impl FanOut {
     }
 
     /// Records what the object of `key`, shown at `epoch`, names at the field paths of
-    /// `group`'s `referenced_by` subscriptions; nothing once it is `gone` (deleted, or served
-    /// elsewhere). Only groups that follow references read the object for it.
-    fn index_names(&self, group: &Group, obj: &WatchedObject, key: &str, epoch: u32, gone: bool) {
+    /// `group`'s `referenced_by` subscriptions, as `indexing` says. Only groups that follow
+    /// references read the object for it.
+    fn index_names(
+        &self,
+        group: &Group,
+        obj: &WatchedObject,
+        key: &str,
+        epoch: u32,
+        indexing: Indexing,
+    ) {
         if group.spec.named_from(&self.key.resource).next().is_none() {
             return;
         }
-        let targets = if gone {
+        let targets = if indexing == Indexing::Gone {
             Vec::new()
         } else {
             let (targets, left_out) = named_keys(&group.spec, &self.key.resource, obj);
@@ -337,7 +354,7 @@ impl FanOut {
             }
             targets
         };
-        group.names(key, targets, epoch);
+        group.names(key, targets, epoch, indexing == Indexing::IfAbsent);
     }
 
     fn count_children(&self) {
@@ -349,6 +366,17 @@ impl FanOut {
             .children_bytes
             .store(children.bytes() as u64, Ordering::Relaxed);
     }
+}
+
+/// What an event of an object a group reconciles does to the group's index of references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Indexing {
+    /// The object names what it names now (the stream).
+    Replace,
+    /// Only if the index has nothing for it: a list beside the stream, maybe older.
+    IfAbsent,
+    /// Deleted, or served elsewhere: it names nothing here.
+    Gone,
 }
 
 /// The event a subscription to the objects themselves (not their owners) gets for the object

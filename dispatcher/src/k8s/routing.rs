@@ -46,6 +46,9 @@ pub fn named_keys(
     let mut keys = Vec::new();
     let mut truncated = false;
     let mut names = Vec::new();
+    let Ok(root) = serde_json::from_str::<&serde_json::value::RawValue>(obj.json()) else {
+        return (keys, truncated);
+    };
     for (target, named_by) in spec.named_from(resource) {
         let namespace = if target.namespaced {
             obj.namespace().unwrap_or_default()
@@ -54,7 +57,7 @@ pub fn named_keys(
         };
         names.clear();
         for path in &named_by.paths {
-            truncated |= path.names_in(obj.json(), &mut names, MAX_NAMES_PER_OBJECT - keys.len());
+            truncated |= path.names_at(root, &mut names, MAX_NAMES_PER_OBJECT - keys.len());
         }
         keys.extend(names.drain(..).map(|name| {
             RequestKey::new(&target.group, &target.kind, &namespace, name).to_string()
