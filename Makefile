@@ -64,6 +64,10 @@ bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): O
 bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace), MIX=1 (a mix of resources: the controllers spread over ConfigMaps and Records; K = 2, 5, 10)
 	@CONTROLLERS=$${CONTROLLERS:-$${MIX:+2,5,10}} CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
 
+.PHONY: bench-owners
+bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into BENCHMARKS.md: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS
+	@CHILDREN=$${CHILDREN:-5} bench/run.sh
+
 .PHONY: bench-security
 bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
 	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench

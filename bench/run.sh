@@ -19,6 +19,12 @@
 #                          (not with kube-rs-metadata); with CONTROLLERS, written to the
 #                          groups-namespaces section of BENCHMARKS.md
 #   RING_KEY=namespace     the dispatchers' ring key (default: theirs, name)
+#   CHILDREN=5             controllers with children (`make bench-owners`): each Record owns
+#                          this many ConfigMaps, kept by the controller, and the timed writes
+#                          alternate between owners and children; defaults then
+#                          OBJECTS=1000,10000, KINDS=record, REPEATS=2,
+#                          VARIANTS=kube-rs,controller-runtime,dispatch-1,dispatch-list-1,
+#                          written to the owners section of BENCHMARKS.md
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
 #                          groups-mixed section of BENCHMARKS.md
@@ -36,6 +42,10 @@ vars="LONG NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 if [[ -n ${CONTROLLERS:-} ]]; then
   command="make bench-groups"
   vars="CONTROLLERS MIX NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
+fi
+if [[ -n ${CHILDREN:-} ]]; then
+  command="make bench-owners"
+  vars="CHILDREN OBJECTS REPEATS WRITES VARIANTS"
 fi
 for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
@@ -55,6 +65,11 @@ if [[ -n ${CONTROLLERS:-} ]]; then
 elif [[ -n ${MIX:-} ]]; then
   say "MIX needs CONTROLLERS: use make bench-groups MIX=1"
   exit 2
+fi
+if [[ -n ${CHILDREN:-} ]]; then
+  section=owners
+  : "${OBJECTS:=1000,10000}" "${KINDS:=record}" "${REPEATS:=2}"
+  : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1,dispatch-list-1}"
 fi
 
 say "building the release binaries"
@@ -84,6 +99,7 @@ KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
 KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4} \
 KD_BENCH_GROUPS=${CONTROLLERS:-1} \
+KD_BENCH_CHILDREN=${CHILDREN:-0} \
 KD_BENCH_NAMESPACES=${NAMESPACES:-1} \
 KD_BENCH_RING_KEY=${RING_KEY:-name} \
 KD_BENCH_MIX=$([[ -n ${MIX:-} ]] && echo true || echo false) \

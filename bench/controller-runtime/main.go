@@ -9,6 +9,10 @@
 // --metadata (builder.OnlyMetadata: a metadata-only cache; reconciles GET the object from the
 // API server, as a metadata-only controller must).
 //
+// With --children C (records only), each Record also owns C ConfigMaps holding the hash of its
+// data, as bench-controller's --children does: Owns(ConfigMap), each child read from the
+// cache, applied when it differs.
+//
 // Built by build.sh with the machine's Go at the versions in go.mod.
 package main
 
@@ -42,6 +46,12 @@ import (
 // (kube_dispatch_bench::ANNOTATION).
 const annotation = "bench.kube-dispatch.dev/content-hash"
 
+// What a Record's children carry (kube_dispatch_bench::CHILD_LABEL, CHILD_HASH_KEY).
+const (
+	childLabel   = "bench.kube-dispatch.dev/owner"
+	childHashKey = "owner-hash"
+)
+
 var recordGVK = schema.GroupVersionKind{Group: "bench.kube-dispatch.dev", Version: "v1", Kind: "Record"}
 
 // contentHash is kube_dispatch_bench::content_hash: SHA-256 over each key and value, sorted by
@@ -67,6 +77,7 @@ type reconciler struct {
 	reader   client.Reader
 	kind     string
 	metadata bool
+	children int
 }
 
 func (r *reconciler) newObject() client.Object {
@@ -117,12 +128,38 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		started(req.NamespacedName, obj.GetResourceVersion())
 	}
 	hash := contentHash(r.content(obj))
-	if obj.GetAnnotations()[annotation] == hash {
-		return reconcile.Result{}, nil
+	if obj.GetAnnotations()[annotation] != hash {
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, annotation, hash)
+		err := r.client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(patch)))
+		if err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
 	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, annotation, hash)
-	err := r.client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(patch)))
-	return reconcile.Result{}, client.IgnoreNotFound(err)
+	return reconcile.Result{}, r.ensureChildren(ctx, obj, hash)
+}
+
+// ensureChildren makes each of the owner's children hold its hash, reading them from the cache
+// and applying (server-side) those that differ.
+func (r *reconciler) ensureChildren(ctx context.Context, owner client.Object, hash string) error {
+	for i := 0; i < r.children; i++ {
+		name := fmt.Sprintf("%s-c%d", owner.GetName(), i)
+		child := &corev1.ConfigMap{}
+		err := r.client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, child)
+		if err == nil && child.Data[childHashKey] == hash {
+			continue
+		}
+		if client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		desired := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q,"namespace":%q,"labels":{%q:%q},"ownerReferences":[{"apiVersion":"bench.kube-dispatch.dev/v1","kind":"Record","name":%q,"uid":%q,"controller":true}]},"data":{%q:%q}}`,
+			name, owner.GetNamespace(), childLabel, owner.GetName(), owner.GetName(), owner.GetUID(), childHashKey, hash)
+		target := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: owner.GetNamespace()}}
+		if err := r.client.Patch(ctx, target, client.RawPatch(types.ApplyPatchType, []byte(desired)),
+			client.ForceOwnership, client.FieldOwner("bench-controller")); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func main() {
@@ -131,10 +168,11 @@ func main() {
 	selector := flag.String("selector", "", "only objects matching this label selector; empty for all")
 	metadata := flag.Bool("metadata", false, "metadata-only cache; reconciles GET the object")
 	concurrency := flag.Int("concurrency", 16, "most reconciles running at once (MaxConcurrentReconciles)")
+	children := flag.Int("children", 0, "ConfigMaps each Record owns and keeps (--kind record, whole-object cache); 0 for none")
 	cacheSyncTimeout := flag.Duration("cache-sync-timeout", time.Hour, "how long the cache may take to list before the controller gives up (CacheSyncTimeout)")
 	flag.Parse()
-	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--cache-sync-timeout D]"
-	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") {
+	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--children C] [--cache-sync-timeout D]"
+	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") || (*children > 0 && (*kind != "record" || *metadata)) {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
@@ -171,14 +209,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cannot create the manager:", err)
 		os.Exit(1)
 	}
-	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), kind: *kind, metadata: *metadata}
+	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), kind: *kind, metadata: *metadata, children: *children}
 	var opts []builder.ForOption
 	if *metadata {
 		opts = append(opts, builder.OnlyMetadata)
 	}
-	err = ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("bench").
-		For(r.newObject(), opts...).
+		For(r.newObject(), opts...)
+	if *children > 0 {
+		b = b.Owns(&corev1.ConfigMap{})
+	}
+	err = b.
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: *concurrency,
 			// kube-rs waits for its list however long it takes; controller-runtime gives up

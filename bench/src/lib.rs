@@ -29,6 +29,48 @@ use sha2::{Digest, Sha256};
 /// The annotation the benchmark controller keeps equal to [`content_hash`] of the object's data.
 pub const ANNOTATION: &str = "bench.kube-dispatch.dev/content-hash";
 
+/// The label each child of a Record carries (`bench-controller --children`), naming its owner.
+pub const CHILD_LABEL: &str = "bench.kube-dispatch.dev/owner";
+
+/// The data key of a child that holds [`content_hash`] of its owner's data: what the
+/// controller keeps it equal to.
+pub const CHILD_HASH_KEY: &str = "owner-hash";
+
+/// The name of child `i` of the Record `owner`.
+#[must_use]
+pub fn child_name(owner: &str, i: usize) -> String {
+    format!("{owner}-c{i}")
+}
+
+/// The ConfigMap that child `i` of `owner` (a Record) must be: labelled with its owner,
+/// controlled by it, holding the hash of its data.
+#[must_use]
+pub fn desired_child(owner: &Record, i: usize) -> ConfigMap {
+    use kube::{Resource as _, ResourceExt as _};
+    let name = owner.name_any();
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(child_name(&name, i)),
+            namespace: owner.namespace(),
+            labels: Some([(CHILD_LABEL.to_owned(), name)].into()),
+            owner_references: owner.controller_owner_ref(&()).map(|o| vec![o]),
+            ..kube::api::ObjectMeta::default()
+        },
+        data: Some([(CHILD_HASH_KEY.to_owned(), content_hash(owner.content()))].into()),
+        ..ConfigMap::default()
+    }
+}
+
+/// Whether `child` holds what [`desired_child`] gives it.
+#[must_use]
+pub fn child_is_current(owner: &Record, child: &ConfigMap) -> bool {
+    child
+        .data
+        .as_ref()
+        .and_then(|d| d.get(CHILD_HASH_KEY))
+        .is_some_and(|h| *h == content_hash(owner.content()))
+}
+
 /// The custom resource of the benchmark: a namespaced object holding a string map, like a
 /// ConfigMap's `data` but under `spec`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

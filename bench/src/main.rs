@@ -260,8 +260,17 @@ struct CompareArgs {
     #[arg(long, env = "KD_BENCH_MIX")]
     mix: bool,
 
+    /// ConfigMaps each object owns and the controller keeps (`make bench-owners`): needs
+    /// `--kinds record`, one namespace, one controller, and no metadata-only variant. The
+    /// timed writes then alternate between an owner (its children follow) and one of its
+    /// children (the controller repairs it), each timed to the owner's next reconcile. 0: none.
+    #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
+    children: usize,
+
     /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
-    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>.
+    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>, and
+    /// with --children dispatch-list-<replicas> (each reconcile lists its children instead of
+    /// reading them from its request).
     #[arg(
         long,
         env = "KD_BENCH_VARIANTS",
@@ -352,6 +361,31 @@ impl CompareArgs {
                     kinds.len()
                 );
             }
+        }
+        if self.children > 0 {
+            anyhow::ensure!(
+                self.kinds == [Kind::Record] && !self.mix && namespaces == 1,
+                "--children needs --kinds record in one namespace, without --mix"
+            );
+            anyhow::ensure!(
+                self.groups == [1],
+                "--children runs one controller: --groups 1"
+            );
+            anyhow::ensure!(
+                !self.variants.iter().any(|v| matches!(
+                    v,
+                    Variant::KubeRsMetadata | Variant::ControllerRuntimeMetadata
+                )),
+                "--children has no metadata-only variant: its controllers read their children's content"
+            );
+        } else {
+            anyhow::ensure!(
+                !self
+                    .variants
+                    .iter()
+                    .any(|v| matches!(v, Variant::DispatchList(_))),
+                "dispatch-list-N lists children: it needs --children"
+            );
         }
         anyhow::ensure!(
             namespaces == 1 || !self.variants.contains(&Variant::KubeRsMetadata),
@@ -592,7 +626,13 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
             let begun = Instant::now();
             // In one namespace, every kind's objects share it; spread over many, the tier's
             // Leases go beside the first kind's.
-            let mut namespace = if namespaces == 1 {
+            let mut namespace = if args.children > 0 {
+                format!(
+                    "kd-bench-{}-{objects}-owning-{}",
+                    objects::flags(&kinds),
+                    args.children
+                )
+            } else if namespaces == 1 {
                 format!("kd-bench-{}-{objects}", objects::flags(&kinds))
             } else {
                 String::new()
@@ -616,6 +656,10 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     }
                     written += n;
                 }
+            }
+            if args.children > 0 {
+                written +=
+                    objects::populate_children(client, &namespace, objects, args.children).await?;
             }
             println!(
                 "bench: {objects} {} in {}: {written} written in {:.1} s",
@@ -644,6 +688,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     log_dir: &args.processes.logs,
                     ring_key: args.ring_key.as_deref(),
                     nonce,
+                    children: args.children,
                 };
                 let mut runs = Vec::new();
                 for repeat in 0..args.repeats {
@@ -676,6 +721,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     objects,
                     namespaces,
                     groups,
+                    children: args.children,
                     runs,
                 };
                 println!("\n{}", scenario.table());
@@ -717,6 +763,7 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         log_dir: &args.processes.logs,
         ring_key: None,
         nonce,
+        children: 0,
     };
     let steps = setup
         .ceiling(&harness::ceiling::Plan {
@@ -789,6 +836,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
             log_dir: &args.processes.logs,
             ring_key,
             nonce,
+            children: 0,
         };
         outcomes.push(
             setup

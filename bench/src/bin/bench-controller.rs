@@ -11,6 +11,19 @@
 //! - `dispatch`: the kube-dispatch SDK, polling the dispatchers the load balancer assigns
 //!   (`KD_LOADBALANCER`); it holds no cache.
 //!
+//! With `--children C` (Records only), each Record also owns C ConfigMaps holding the hash of
+//! its data (`kube_dispatch_bench::desired_child`), written when they differ, like a
+//! Deployment-like controller keeping its ReplicaSets; each runtime reads the children the way
+//! its users would:
+//!
+//! - `kube-rs`: `Controller::owns_stream` over a reflector, whose store the reconcile reads (the
+//!   children are cached, one watch for both);
+//! - `dispatch` with `--children-from request`: the children the request carries (name, uid,
+//!   resourceVersion), and each one's content by a GET the API server answers from its watch
+//!   cache (`resourceVersion=0`), read again consistently if that is older than the request;
+//! - `dispatch` with `--children-from list`: a LIST of the owner's children by label in every
+//!   reconcile, as a controller with no cache and no children in its requests must.
+//!
 //! Every reconcile prints `reconcile <unix micros> <namespace>/<name> <resourceVersion>` on
 //! stdout as it starts; logs go to stderr.
 
@@ -21,10 +34,13 @@ use futures::StreamExt;
 use k8s_openapi::{NamespaceResourceScope, api::core::v1::ConfigMap};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{PartialObjectMeta, Patch, PatchParams},
-    runtime::{controller, watcher},
+    api::{GetParams, ListParams, PartialObjectMeta, Patch, PatchParams},
+    runtime::{WatchStreamExt, controller, reflector, watcher},
 };
-use kube_dispatch_bench::{ANNOTATION, Content, ReconcileStart, Record, content_hash, now_micros};
+use kube_dispatch_bench::{
+    ANNOTATION, CHILD_LABEL, Content, ReconcileStart, Record, child_is_current, child_name,
+    content_hash, desired_child, now_micros,
+};
 use serde::{Serialize, de::DeserializeOwned};
 
 /// The benchmark controller: keeps a content-hash annotation on every object of one namespace.
@@ -55,6 +71,29 @@ struct Args {
     /// Most reconciles running at once (the SDK's default; kube-rs is set to the same).
     #[arg(long, env = "KD_BENCH_CONCURRENCY", default_value_t = 16)]
     concurrency: usize,
+
+    /// ConfigMaps each Record owns and keeps (`--kind record` with `kube-rs` or `dispatch`);
+    /// 0 for none.
+    #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
+    children: usize,
+
+    /// Where the `dispatch` runtime reads a Record's children from, with `--children`.
+    #[arg(
+        long,
+        value_enum,
+        env = "KD_BENCH_CHILDREN_FROM",
+        default_value = "request"
+    )]
+    children_from: ChildrenFrom,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ChildrenFrom {
+    /// The children the request carries, and a GET served by the API server's watch cache
+    /// for each one's content.
+    Request,
+    /// A LIST of the owner's children by label in every reconcile.
+    List,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -130,6 +169,60 @@ async fn ensure_hash<K: Object>(object: &K, api: &Api<K>) -> Result<(), Error> {
     )
     .await?;
     Ok(())
+}
+
+/// The field manager of the children's writes.
+const MANAGER: &str = "bench-controller";
+
+/// Makes the `count` children of `owner` what [`desired_child`] says, reading each from `read`
+/// (its current state, `None` if it does not exist) and writing (server-side apply, through
+/// `api`) only those that differ.
+async fn ensure_children<F, Fut>(
+    owner: &Record,
+    count: usize,
+    api: &Api<ConfigMap>,
+    read: F,
+) -> Result<(), Error>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Option<ConfigMap>, Error>>,
+{
+    for i in 0..count {
+        let name = child_name(&owner.name_any(), i);
+        let current = read(name.clone()).await?;
+        if current.is_some_and(|c| child_is_current(owner, &c)) {
+            continue;
+        }
+        api.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&desired_child(owner, i)),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A child as the API server's watch cache has it (`resourceVersion=0`: no read of etcd), read
+/// again consistently if older than `known` (the resourceVersion the request showed).
+async fn cached_child(
+    api: &Api<ConfigMap>,
+    name: &str,
+    known: Option<u64>,
+) -> Result<Option<ConfigMap>, Error> {
+    let got = match api.get_with(name, &GetParams::any()).await {
+        Ok(c) => Some(c),
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(e) => return Err(e.into()),
+    };
+    let version = |c: &ConfigMap| c.resource_version().and_then(|v| v.parse::<u64>().ok());
+    match (&got, known) {
+        (Some(c), Some(known)) if version(c).is_some_and(|v| v < known) => {
+            Ok(api.get_opt(name).await?)
+        }
+        (None, Some(_)) => Ok(api.get_opt(name).await?),
+        _ => Ok(got),
+    }
 }
 
 async fn drain<S, T, E>(results: S)
@@ -226,6 +319,102 @@ async fn run_dispatch<K: Object>(
     drain(results).await;
 }
 
+/// kube-rs: Records, each owning `children` ConfigMaps read from the store of the reflector
+/// that also triggers the owners (`owns_stream`): one watch of the children, cached.
+async fn run_kube_rs_owners(client: Client, namespace: &str, concurrency: usize, children: usize) {
+    let records = Api::<Record>::namespaced(client.clone(), namespace);
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+    let (store, writer) = reflector::store::<ConfigMap>();
+    let owned = watcher(configmaps.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let reconcile = move |record: Arc<Record>, client: Arc<Client>| {
+        let (store, configmaps) = (store.clone(), configmaps.clone());
+        async move {
+            started(record.meta());
+            ensure_hash(record.as_ref(), &api_of(&client, record.as_ref())).await?;
+            let ns = record.namespace().unwrap_or_default();
+            ensure_children(&record, children, &configmaps, |name| {
+                let cached = store
+                    .get(&reflector::ObjectRef::new(&name).within(&ns))
+                    .map(|c| (*c).clone());
+                async move { Ok(cached) }
+            })
+            .await?;
+            Ok::<_, Error>(controller::Action::await_change())
+        }
+    };
+    let results = controller::Controller::new(records, watcher::Config::default())
+        .owns_stream(owned)
+        .with_config(kube_rs_config(concurrency))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy_kube_rs, Arc::new(client));
+    drain(results).await;
+}
+
+/// The SDK: Records, each owning `children` ConfigMaps, read as `from` says.
+async fn run_dispatch_owners(
+    client: Client,
+    name: &str,
+    namespace: &str,
+    concurrency: usize,
+    (children, from): (usize, ChildrenFrom),
+) {
+    let reconcile = move |record: Arc<Record>, client: Arc<Client>| async move {
+        started(record.meta());
+        let ns = record.namespace().unwrap_or_default();
+        ensure_hash(record.as_ref(), &api_of(&client, record.as_ref())).await?;
+        let configmaps = Api::<ConfigMap>::namespaced(client.as_ref().clone(), &ns);
+        match from {
+            ChildrenFrom::Request => {
+                // What the dispatcher knows of the children: which exist, and how new each is.
+                let known = kube_dispatch_controller::children::of_this_reconcile()
+                    .filter(|c| c.is_complete());
+                let api = &configmaps;
+                ensure_children(&record, children, &configmaps, |name| {
+                    let seen = known.as_ref().map(|c| {
+                        c.of::<ConfigMap>()
+                            .find(|k| k.name == name)
+                            .and_then(|k| k.resource_version.parse::<u64>().ok())
+                    });
+                    async move {
+                        match seen {
+                            // Known not to exist: nothing to read.
+                            Some(None) => Ok(None),
+                            Some(Some(version)) => cached_child(api, &name, Some(version)).await,
+                            None => cached_child(api, &name, None).await,
+                        }
+                    }
+                })
+                .await?;
+            }
+            ChildrenFrom::List => {
+                let listed = configmaps
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("{CHILD_LABEL}={}", record.name_any())),
+                    )
+                    .await?
+                    .items;
+                ensure_children(&record, children, &configmaps, |name| {
+                    let found = listed.iter().find(|c| c.name_any() == name).cloned();
+                    async move { Ok(found) }
+                })
+                .await?;
+            }
+        }
+        Ok::<_, Error>(kube_dispatch_controller::Action::await_change())
+    };
+    let results = kube_dispatch_controller::Controller::<Record>::new(client.clone(), name)
+        .namespace(namespace)
+        .owns::<ConfigMap>()
+        .concurrency(concurrency)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy_dispatch, Arc::new(client));
+    drain(results).await;
+}
+
 fn error_policy_kube_rs<T, C>(_: Arc<T>, _: &Error, _: Arc<C>) -> controller::Action {
     controller::Action::requeue(Duration::from_secs(1))
 }
@@ -247,7 +436,18 @@ async fn main() -> anyhow::Result<()> {
         selector,
         name,
         concurrency,
+        children,
+        children_from,
     } = Args::parse();
+    if children > 0 {
+        anyhow::ensure!(
+            matches!(kind, Kind::Record)
+                && matches!(runtime, Runtime::KubeRs | Runtime::Dispatch)
+                && !namespace.is_empty()
+                && selector.is_empty(),
+            "--children needs --kind record, the kube-rs or dispatch runtime, --namespace and no --selector"
+        );
+    }
     if matches!(runtime, Runtime::KubeRsMetadata) {
         anyhow::ensure!(
             !namespace.is_empty() && selector.is_empty(),
@@ -264,6 +464,12 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let ns = namespace.as_str();
     match (runtime, kind) {
+        (Runtime::KubeRs, Kind::Record) if children > 0 => {
+            run_kube_rs_owners(client, ns, concurrency, children).await;
+        }
+        (Runtime::Dispatch, Kind::Record) if children > 0 => {
+            run_dispatch_owners(client, &name, ns, concurrency, (children, children_from)).await;
+        }
         (Runtime::KubeRs, Kind::ConfigMap) => {
             run_kube_rs::<ConfigMap>(client, ns, &selector, concurrency).await
         }

@@ -15,7 +15,10 @@ use kube::{
     api::{ListParams, ObjectMeta, Patch, PatchParams},
     runtime::wait::{await_condition, conditions},
 };
-use kube_dispatch_bench::{ANNOTATION, Content, Record, RecordSpec, content_hash};
+use kube_dispatch_bench::{
+    ANNOTATION, CHILD_HASH_KEY, Content, Record, RecordSpec, child_is_current, child_name,
+    content_hash, desired_child,
+};
 
 const MANAGER: &str = "kube-dispatch-bench";
 
@@ -343,4 +346,128 @@ pub(crate) async fn populate_spread(
     let leases = format!("kd-bench-{}-shards", kind.flag());
     populate_labelled(client, kind, &leases, 0, bytes, None).await?;
     Ok((leases, written))
+}
+
+/// Makes each of the Records `0..count` of `namespace` own `children` ConfigMaps as the
+/// controller keeps them ([`desired_child`]), so a controller starting on them finds them up to
+/// date. Children already right are left alone; returns how many had to be written.
+pub(crate) async fn populate_children(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    children: usize,
+) -> anyhow::Result<usize> {
+    let records: Api<Record> = Api::namespaced(client.clone(), namespace);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let owners: Vec<Record> = records
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("cannot list the Records of {namespace}"))?
+        .items;
+    let existing: BTreeMap<String, ConfigMap> = configmaps
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("cannot list the ConfigMaps of {namespace}"))?
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let mut missing = Vec::new();
+    for owner in owners.iter().filter(|o| {
+        o.name_any()
+            .strip_prefix("obj-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i < count)
+    }) {
+        for i in 0..children {
+            let current = existing.get(&child_name(&owner.name_any(), i));
+            let owned = current.is_some_and(|c| {
+                c.owner_references()
+                    .iter()
+                    .any(|r| Some(&r.uid) == owner.uid().as_ref())
+            });
+            if !(owned && current.is_some_and(|c| child_is_current(owner, c))) {
+                missing.push(desired_child(owner, i));
+            }
+        }
+    }
+    let params = PatchParams::apply(MANAGER).force();
+    futures::stream::iter(missing.iter())
+        .map(|child| {
+            let (api, params) = (&configmaps, &params);
+            async move {
+                api.patch(&child.name_any(), params, &Patch::Apply(child))
+                    .await
+                    .map(|_| ())
+                    .with_context(|| format!("cannot write child {}", child.name_any()))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
+    Ok(missing.len())
+}
+
+/// Changes child `child` of Record `i` away from what its owner says (a merge patch, as a
+/// hand edit would be): drift for the controller to repair.
+pub(crate) async fn drift_child(
+    client: &Client,
+    namespace: &str,
+    i: usize,
+    child: usize,
+    value: &str,
+) -> anyhow::Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({ "data": { CHILD_HASH_KEY: format!("drift-{value}") } });
+    api.patch(
+        &child_name(&object_name(i), child),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Whether every child of the Records `0..count` of `namespace` holds what its owner says,
+/// and how many LIST requests it took to find out (pages of 500).
+pub(crate) async fn children_current(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    children: usize,
+) -> anyhow::Result<(bool, u64)> {
+    let records: Api<Record> = Api::namespaced(client.clone(), namespace);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let mut lists = 0;
+    let mut owners = BTreeMap::new();
+    let mut kids = BTreeMap::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = records.list(&params).await?;
+        lists += 1;
+        owners.extend(page.items.into_iter().map(|r| (r.name_any(), r)));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = configmaps.list(&params).await?;
+        lists += 1;
+        kids.extend(page.items.into_iter().map(|c| (c.name_any(), c)));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    let current = (0..count).all(|i| {
+        owners.get(&object_name(i)).is_some_and(|owner| {
+            (0..children).all(|c| {
+                kids.get(&child_name(&owner.name_any(), c))
+                    .is_some_and(|kid| child_is_current(owner, kid))
+            })
+        })
+    });
+    Ok((current, lists))
 }

@@ -44,6 +44,16 @@ pub(crate) enum Variant {
     ControllerRuntimeMetadata,
     /// The SDK behind the dispatchers and the load balancer, with this many replicas.
     Dispatch(usize),
+    /// As [`Variant::Dispatch`], each reconcile listing its children instead of reading them
+    /// from its request (`--children`).
+    DispatchList(usize),
+}
+
+impl Variant {
+    /// Whether it runs on the tier (dispatchers and load balancer).
+    pub(crate) fn on_tier(self) -> bool {
+        matches!(self, Variant::Dispatch(_) | Variant::DispatchList(_))
+    }
 }
 
 impl fmt::Display for Variant {
@@ -54,6 +64,7 @@ impl fmt::Display for Variant {
             Variant::ControllerRuntime => f.write_str("controller-runtime"),
             Variant::ControllerRuntimeMetadata => f.write_str("controller-runtime-metadata"),
             Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
+            Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
         }
     }
 }
@@ -67,16 +78,19 @@ impl std::str::FromStr for Variant {
             "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
             "controller-runtime" => Ok(Variant::ControllerRuntime),
             "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
-            _ => s
-                .strip_prefix("dispatch-")
-                .and_then(|n| n.parse().ok())
-                .filter(|n| (1..=64).contains(n))
-                .map(Variant::Dispatch)
+            _ => {
+                let replicas = |n: &str| n.parse().ok().filter(|n| (1..=64).contains(n));
+                if let Some(n) = s.strip_prefix("dispatch-list-") {
+                    replicas(n).map(Variant::DispatchList)
+                } else {
+                    s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
+                }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata or dispatch-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64> or dispatch-list-<replicas 1..=64>"
                     )
-                }),
+                })
+            }
         }
     }
 }
@@ -120,6 +134,9 @@ pub(crate) struct Setup<'a> {
     pub(crate) ring_key: Option<&'a str>,
     /// Unique to this invocation, so every write changes the object even across invocations.
     pub(crate) nonce: u64,
+    /// ConfigMaps each object (a Record) owns and the controller keeps (0: none). The timed
+    /// writes then alternate: an owner (its children follow), a child (the drift repaired).
+    pub(crate) children: usize,
 }
 
 /// A started tier: the dispatchers, then the load balancer.
@@ -156,6 +173,10 @@ pub(crate) struct RunResult {
     pub(crate) etcd_cpu: f64,
     /// Reconciles started, in all.
     pub(crate) reconciles: u64,
+    /// What the harness's own check that every child was repaired cost the API server (with
+    /// `children`): its LIST requests and the API server's CPU meanwhile, taken out of the
+    /// figures above.
+    pub(crate) check: (u64, f64),
 }
 
 /// What the replicas' reconcile lines have shown so far.
@@ -177,20 +198,32 @@ struct Observations {
 }
 
 impl Observations {
-    /// When every group that reconciles `key`'s kind had started a reconcile of `key` that saw
-    /// `rv` or later; None until then, and if no group follows `key`.
-    fn reconciled_after(&self, key: &str, rv: u64) -> Option<u64> {
+    /// When every group that reconciles `key`'s kind had started a reconcile of `key` after
+    /// `write`; None until then, and if no group follows `key`.
+    fn reconciled_after(&self, key: &str, write: Write) -> Option<u64> {
         let mut latest = None;
         for starts in self.written.iter().filter_map(|group| group.get(key)) {
             let at = starts
                 .iter()
-                .filter(|(_, r)| *r >= rv)
+                .filter(|(at, r)| match write {
+                    Write::Object(rv) => *r >= rv,
+                    Write::Child(written) => *at >= written,
+                })
                 .map(|(at, _)| *at)
                 .min()?;
             latest = Some(latest.map_or(at, |l: u64| l.max(at)));
         }
         latest
     }
+}
+
+/// A timed write, as its reconcile is recognised.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// The object itself, at this resourceVersion: the reconcile that saw it or later.
+    Object(u64),
+    /// A child of the object, at this instant (micros): the owner's first reconcile after.
+    Child(u64),
 }
 
 pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
@@ -267,7 +300,7 @@ impl Setup<'_> {
 
         let mut tier = Vec::new();
         let mut lb_port = 0;
-        if let Variant::Dispatch(_) = variant {
+        if variant.on_tier() {
             let started = self.start_tier(&log_dir).await?;
             (tier, lb_port) = (started.components, started.lb_port);
         }
@@ -343,6 +376,9 @@ impl Setup<'_> {
         let requests_after = settled_request_counts(self.client).await?;
         let cpu_after = self.control_plane.cpu_seconds();
         let mut resources: Vec<&str> = self.kinds.iter().map(|k| k.resource()).collect();
+        if self.children > 0 {
+            resources.push(Kind::ConfigMap.resource());
+        }
         resources.sort_unstable();
         resources.dedup();
         for verb in VERBS {
@@ -353,9 +389,12 @@ impl Setup<'_> {
             if verb == "PATCH" {
                 n = n.saturating_sub(written.len() as u64);
             }
+            if verb == "LIST" {
+                n = n.saturating_sub(result.check.0);
+            }
             result.requests.insert(verb, n);
         }
-        result.apiserver_cpu = cpu_after.0 - cpu_before.0;
+        result.apiserver_cpu = cpu_after.0 - cpu_before.0 - result.check.1;
         result.etcd_cpu = cpu_after.1 - cpu_before.1;
         Ok(result)
     }
@@ -423,24 +462,28 @@ impl Setup<'_> {
         for (n, i) in written.iter().enumerate() {
             ticks.tick().await;
             let (namespace, index) = self.place(*i);
+            let value = format!("{}-{variant}-{run}-{n}", self.nonce);
             let at = now_micros();
-            let rv = change_value(
-                self.client,
-                self.write_kind(n),
-                &namespace,
-                index,
-                &format!("{}-{variant}-{run}-{n}", self.nonce),
-            )
-            .await
-            .with_context(|| format!("write {n} failed"))?;
-            sent.push((self.key(*i), at, rv));
+            let write = if self.children > 0 && n % 2 == 1 {
+                objects::drift_child(self.client, &namespace, index, n % self.children, &value)
+                    .await
+                    .with_context(|| format!("write {n} (a child) failed"))?;
+                Write::Child(at)
+            } else {
+                let rv = change_value(self.client, self.write_kind(n), &namespace, index, &value)
+                    .await
+                    .with_context(|| format!("write {n} failed"))?;
+                Write::Object(rv)
+            };
+            sent.push((self.key(*i), at, write));
         }
-        let reconciled_after = |o: &Observations, key: &str, rv: u64| o.reconciled_after(key, rv);
+        let reconciled_after =
+            |o: &Observations, key: &str, write: Write| o.reconciled_after(key, write);
         tokio::time::timeout(
             Duration::from_secs(60),
             observed.wait_for(|o| {
                 sent.iter()
-                    .all(|(key, _, rv)| reconciled_after(o, key, *rv).is_some())
+                    .all(|(key, _, write)| reconciled_after(o, key, *write).is_some())
             }),
         )
         .await
@@ -450,8 +493,8 @@ impl Setup<'_> {
             let o = observed.borrow();
             let latencies: Vec<u64> = sent
                 .iter()
-                .filter_map(|(key, at, rv)| {
-                    Some(reconciled_after(&o, key, *rv)?.saturating_sub(*at))
+                .filter_map(|(key, at, write)| {
+                    Some(reconciled_after(&o, key, *write)?.saturating_sub(*at))
                 })
                 .collect();
             anyhow::ensure!(latencies.len() == sent.len(), "a write lost its reconcile");
@@ -461,11 +504,12 @@ impl Setup<'_> {
         let listing: String = sent
             .iter()
             .zip(&latencies_us)
-            .map(|((key, at, rv), us)| format!("{at} {key} {rv} {us}\n"))
+            .map(|((key, at, write), us)| format!("{at} {key} {write:?} {us}\n"))
             .collect();
         let path = log_dir.join("latencies.txt");
         std::fs::write(&path, listing)
             .with_context(|| format!("cannot write {}", path.display()))?;
+        let check = self.children_repaired(variant).await?;
 
         let mut replica_usage = Vec::new();
         for r in &mut replicas {
@@ -498,7 +542,35 @@ impl Setup<'_> {
             apiserver_cpu_cold,
             etcd_cpu: 0.0,
             reconciles,
+            check,
         })
+    }
+
+    /// With `children`: waits until every child holds what its owner says (the writes to
+    /// children repaired, those to owners followed), failing the run after 60 s. Returns the
+    /// LIST requests and the API server's CPU that took.
+    async fn children_repaired(&self, variant: Variant) -> anyhow::Result<(u64, f64)> {
+        if self.children == 0 {
+            return Ok((0, 0.0));
+        }
+        let before = self.control_plane.cpu_seconds().0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut lists = 0;
+        loop {
+            // The last write's reconcile has started; give it time to finish before reading.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (current, n) =
+                objects::children_current(self.client, self.namespace, self.objects, self.children)
+                    .await?;
+            lists += n;
+            if current {
+                return Ok((lists, self.control_plane.cpu_seconds().0 - before));
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{variant}: some children were not as their owners say 60 s after the last write"
+            );
+        }
     }
 
     pub(crate) fn start_replicas(
@@ -528,16 +600,29 @@ impl Setup<'_> {
                 )?;
                 (program, 1)
             }
-            Variant::KubeRs | Variant::KubeRsMetadata | Variant::Dispatch(_) => {
+            Variant::KubeRs
+            | Variant::KubeRsMetadata
+            | Variant::Dispatch(_)
+            | Variant::DispatchList(_) => {
                 let (runtime, count) = match variant {
                     Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
-                    Variant::Dispatch(n) => ("dispatch", n),
+                    Variant::Dispatch(n) | Variant::DispatchList(n) => ("dispatch", n),
                     _ => ("kube-rs", 1),
                 };
                 args.extend(["--runtime".to_owned(), runtime.to_owned()]);
+                if self.children > 0 {
+                    let from = match variant {
+                        Variant::DispatchList(_) => "list",
+                        _ => "request",
+                    };
+                    args.extend(["--children-from".to_owned(), from.to_owned()]);
+                }
                 (&self.binaries.controller, count)
             }
         };
+        if self.children > 0 {
+            args.extend(["--children".to_owned(), self.children.to_string()]);
+        }
         let mut replicas = Vec::new();
         for group in 0..self.groups {
             // Each group's reconcile lines, tagged with the group.
@@ -770,12 +855,15 @@ mod tests {
         // The ConfigMap group saw the write (rv 7) at 30; the Record group never reconciled
         // the Record written.
         let o = mixed([vec![(10, 5), (30, 7), (40, 8)], Vec::new()]);
-        assert_eq!(o.reconciled_after("ns/obj-000000", 7), Some(30));
-        assert_eq!(o.reconciled_after("ns/obj-000001", 7), None);
+        assert_eq!(
+            o.reconciled_after("ns/obj-000000", Write::Object(7)),
+            Some(30)
+        );
+        assert_eq!(o.reconciled_after("ns/obj-000001", Write::Object(7)), None);
         // A reconcile of an older version does not count.
-        assert_eq!(o.reconciled_after("ns/obj-000000", 9), None);
+        assert_eq!(o.reconciled_after("ns/obj-000000", Write::Object(9)), None);
         // A key no group follows is never reconciled.
-        assert_eq!(o.reconciled_after("ns/obj-000002", 1), None);
+        assert_eq!(o.reconciled_after("ns/obj-000002", Write::Object(1)), None);
     }
 
     #[test]
@@ -788,7 +876,19 @@ mod tests {
             ],
             ..Observations::default()
         };
-        assert_eq!(o.reconciled_after("ns/a", 3), Some(50));
-        assert_eq!(o.reconciled_after("ns/b", 1), Some(5));
+        assert_eq!(o.reconciled_after("ns/a", Write::Object(3)), Some(50));
+        assert_eq!(o.reconciled_after("ns/b", Write::Object(1)), Some(5));
+    }
+
+    /// A child's write is reconciled by the owner's first reconcile that starts after it,
+    /// whatever version of the owner that reconcile saw.
+    #[test]
+    fn a_childs_write_waits_for_the_owners_next_reconcile() {
+        let o = mixed([vec![(10, 5), (30, 5), (40, 8)], Vec::new()]);
+        assert_eq!(
+            o.reconciled_after("ns/obj-000000", Write::Child(20)),
+            Some(30)
+        );
+        assert_eq!(o.reconciled_after("ns/obj-000000", Write::Child(41)), None);
     }
 }

@@ -1,0 +1,111 @@
+//! `make bench-owners` at a tiny scale against the real control plane: Records owning two
+//! ConfigMaps each, on kube-rs (children from its reflector's store), on the tier with the
+//! children from each request, and on the tier listing them. Every variant reconciles every
+//! owner, survives the timed writes to owners and to children, and leaves every child as its
+//! owner says; the tier with children in its requests lists no ConfigMaps after its start,
+//! where the listing one lists in every reconcile. A test binary of its own, as the other smoke
+//! tests are: the API server's request counts are global.
+
+mod common;
+
+use common::{Mode, figure, run_harness, scenario};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, ResourceExt, api::ListParams};
+use kube_dispatch_bench::{Record, child_is_current, child_name};
+
+const OWNERS: usize = 10;
+const CHILDREN: usize = 2;
+
+#[tokio::test]
+async fn every_variant_keeps_the_children_and_only_the_listing_tier_lists_them() {
+    let (owners, children) = (OWNERS.to_string(), CHILDREN.to_string());
+    let run = run_harness(
+        "owners",
+        Mode::Compare,
+        &[
+            "--kinds",
+            "record",
+            "--objects",
+            &owners,
+            "--children",
+            &children,
+            "--variants",
+            "kube-rs,dispatch-1,dispatch-list-1",
+            "--repeats",
+            "1",
+            "--writes",
+            "6",
+            "--write-interval",
+            "10ms",
+            "--section",
+            "owners",
+            "--command",
+            "owners smoke test",
+        ],
+    );
+    assert!(run.results.contains("<!-- bench:owners:begin -->"));
+    assert!(
+        run.results.contains(&format!(
+            "#### Records (custom resource), {OWNERS} objects owning {CHILDREN} ConfigMaps each"
+        )),
+        "{}",
+        run.results
+    );
+    let scenario = scenario(&run.json, &["record"], OWNERS);
+    for variant in ["kube-rs", "dispatch-1", "dispatch-list-1"] {
+        let reconciles = figure(scenario, variant, "reconciles");
+        assert!(
+            reconciles >= OWNERS as f64,
+            "{variant}: {reconciles} reconciles of {OWNERS} owners"
+        );
+    }
+    // Each reconcile of the listing tier lists the owner's children; the tier with children in
+    // its requests lists nothing but its dispatchers' own watches (one list each of Records
+    // and ConfigMaps per dispatcher, 3 dispatchers), like kube-rs's two watches.
+    let lists = |variant| figure(scenario, variant, "requests_list");
+    assert!(
+        lists("dispatch-list-1") >= OWNERS as f64 + lists("dispatch-1"),
+        "{:#}",
+        run.json
+    );
+    assert!(lists("dispatch-1") <= 6.0, "{:#}", run.json);
+    assert!(
+        figure(scenario, "dispatch-1", "requests_get") > 0.0,
+        "children read by GET"
+    );
+    assert_eq!(
+        figure(scenario, "kube-rs", "requests_get"),
+        0.0,
+        "read from the cache"
+    );
+
+    // After the last run's writes, every child holds what its owner says.
+    let cluster = kube_dispatch_tests::Cluster::shared();
+    let client = cluster.client().await.expect("a client");
+    let namespace = format!("kd-bench-record-{OWNERS}-owning-{CHILDREN}");
+    let records: Api<Record> = Api::namespaced(client.clone(), &namespace);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let kids = configmaps
+        .list(&ListParams::default())
+        .await
+        .expect("children listed");
+    for owner in records
+        .list(&ListParams::default())
+        .await
+        .expect("owners")
+        .items
+    {
+        for i in 0..CHILDREN {
+            let name = child_name(&owner.name_any(), i);
+            let child = kids
+                .items
+                .iter()
+                .find(|c| c.name_any() == name)
+                .unwrap_or_else(|| panic!("{name} exists"));
+            assert!(
+                child_is_current(&owner, child),
+                "{name} was repaired: {child:?}"
+            );
+        }
+    }
+}
