@@ -2,7 +2,7 @@
 
 use std::{future::Future, marker::PhantomData, pin::Pin, sync::Arc, time::Duration};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::{Client, Resource, runtime::reflector::ObjectRef};
 use kube_dispatch_proto::{
     credentials::Credentials,
@@ -10,7 +10,10 @@ use kube_dispatch_proto::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::{Action, Error, Health, runtime};
+use crate::{
+    Action, Error, Health, runtime,
+    runtime::{Trigger, TriggerStream},
+};
 
 pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -66,9 +69,22 @@ pub struct Controller<K: Resource> {
     pub(crate) metrics: bool,
     pub(crate) session_ttl: Duration,
     pub(crate) shutdown: Option<ShutdownFuture>,
+    /// What `reconcile_on` and `reconcile_all_on` gave.
+    pub(crate) triggers: Vec<TriggerStream>,
     pub(crate) health: Health,
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
     _kind: PhantomData<fn() -> K>,
+}
+
+/// The request key (keys.md) of `object`, of type `K`.
+fn request_key<K: Resource>(dyntype: &K::DynamicType, object: &ObjectRef<K>) -> String {
+    kube_dispatch_proto::RequestKey::new(
+        K::group(dyntype),
+        K::kind(dyntype),
+        object.namespace.clone().unwrap_or_default(),
+        object.name.clone(),
+    )
+    .to_string()
 }
 
 fn resource_ref<K: Resource>(dyntype: &K::DynamicType) -> ResourceRef {
@@ -156,6 +172,7 @@ where
             metrics: true,
             session_ttl: Duration::from_secs(10),
             shutdown: None,
+            triggers: Vec::new(),
             health: Health::default(),
             admin_listen: admin_listen_from_env(),
             _kind: PhantomData,
@@ -280,6 +297,41 @@ where
     #[must_use]
     pub fn session_ttl(mut self, ttl: Duration) -> Self {
         self.session_ttl = ttl;
+        self
+    }
+
+    /// Reconcile the object each item of `trigger` names, when the stream yields it, like
+    /// kube-runtime's `reconcile_on`: for objects whose state lives outside the cluster (a
+    /// cloud resource, an external queue), or a watch of the controller's own. The request
+    /// (reason `TRIGGERED`) goes to the dispatchers this replica has sessions with; the one that
+    /// serves the key reconciles it, under the same exclusivity and coalescing as a change (a
+    /// key in flight runs again after), if it has seen the object; the others ignore it. Every
+    /// replica of the group should run the same stream, so that each dispatcher is asked by a
+    /// replica connected to it. At most 1000 keys go in one request; the stream is read no
+    /// faster than the dispatchers take them.
+    #[must_use]
+    pub fn reconcile_on(
+        mut self,
+        trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> Self
+    where
+        K::DynamicType: Clone + Send + 'static,
+    {
+        let dyntype = self.dyntype.clone();
+        self.triggers.push(Box::pin(
+            trigger.map(move |object| Trigger::Key(request_key::<K>(&dyntype, &object))),
+        ));
+        self
+    }
+
+    /// Reconcile every object of the controller each time `trigger` yields, like
+    /// kube-runtime's `reconcile_all_on` (a configuration file the reconciler reads changed,
+    /// say): each dispatcher this replica has a session with reconciles every key of the group
+    /// it serves (reason `TRIGGERED`). For a periodic pass, the dispatchers' resync already
+    /// reconciles every key once per `--resync-interval`.
+    #[must_use]
+    pub fn reconcile_all_on(mut self, trigger: impl Stream<Item = ()> + Send + 'static) -> Self {
+        self.triggers.push(Box::pin(trigger.map(|()| Trigger::All)));
         self
     }
 

@@ -12,7 +12,7 @@
 //! | `kube_dispatch_sessions` | gauge: sessions open | `controller`, `dispatcher` |
 //! | `kube_dispatch_session_reconnects_total` | counter: sessions lost and opened again | `controller` |
 //! | `kube_dispatch_fenced_reconciles_total` | counter: reconciles cancelled because their session could not be renewed in time | `controller` |
-//! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`) |
+//! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`, `triggered`) |
 //! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
 //! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
 //!
@@ -188,8 +188,8 @@ pub(crate) enum Ended {
     TimedOut,
 }
 
-/// The reasons a delivery names (`Reason` numbers 1 to 8), as the `reason` label says them.
-const REASONS: [&str; 8] = [
+/// The reasons a delivery names (`Reason` numbers 1 to 9), as the `reason` label says them.
+const REASONS: [&str; 9] = [
     "added",
     "modified",
     "deleted",
@@ -198,6 +198,7 @@ const REASONS: [&str; 8] = [
     "requeue",
     "owned",
     "referenced",
+    "triggered",
 ];
 
 /// The metrics of one controller, labelled once: counting a delivery or a reconcile takes no
@@ -217,7 +218,7 @@ struct Labelled {
     fenced: Counter,
     reconnects: Counter,
     /// By [`REASONS`].
-    deliveries: [Counter; 8],
+    deliveries: [Counter; 9],
     active: Gauge,
     reconcile_time: Histogram,
     delivery_to_reconcile: Histogram,

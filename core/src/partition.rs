@@ -60,6 +60,12 @@ pub enum GroupEvent<'a> {
         /// The naming object's request key.
         key: KeyRef<'a>,
     },
+    /// A replica asked for a reconcile of the key (`Dispatcher.Trigger`): taken only for a key
+    /// served here whose object the queue knows, so a trigger adds no key.
+    Triggered {
+        /// The key.
+        key: KeyRef<'a>,
+    },
     /// A list run beside the watch's stream shows the object, for keys newly served here. The
     /// stream is the authority on every key it has shown (the list may be older), so this
     /// fills only a key the queue knows no version of.
@@ -152,6 +158,11 @@ impl Partition {
             GroupEvent::NamedChanged { key } => {
                 if slice.serves_key(key) || unserved(queue, key) {
                     return queue.change(key.text(), Change::related(Reason::Referenced));
+                }
+            }
+            GroupEvent::Triggered { key } => {
+                if slice.serves_key(key) && queue.knows_object(key.text()) {
+                    return queue.change(key.text(), Change::related(Reason::Triggered));
                 }
             }
             GroupEvent::Listed { key, object, epoch } => {

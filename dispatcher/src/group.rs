@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_proto::Ring;
+use kube_dispatch_proto::{Ring, v1::Reason};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::{
     sync::{Notify, watch},
@@ -423,6 +423,26 @@ impl Group {
         self.references().swept_referrers(epoch, belongs);
     }
 
+    /// Reconciles `keys` and, with `all`, every key it serves, whose objects exist
+    /// (`Dispatcher.Trigger`): taken as related changes of reason TRIGGERED, so a trigger adds
+    /// no key and a key in flight runs again after.
+    pub fn trigger(&self, keys: &[String], all: bool) {
+        for key in keys {
+            self.apply(GroupEvent::Triggered {
+                key: KeyRef::new(key),
+            });
+        }
+        if all {
+            let (mut state, slice, mut wake) = self.current();
+            wake.extend(
+                state
+                    .queue
+                    .touch_all(Reason::Triggered, |k| slice.serves_key(KeyRef::new(k))),
+            );
+            state.wake(wake);
+        }
+    }
+
     /// The index of references, to change it.
     fn references(&self) -> MutexGuard<'_, References> {
         self.references.lock().unwrap_or_else(|e| e.into_inner())
@@ -658,7 +678,7 @@ async fn drive_timers(group: Arc<Group>, cancel: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use kube_dispatch_proto::{RequestKey, v1::Reason};
+    use kube_dispatch_proto::RequestKey;
 
     use super::*;
     use kube_dispatch_core::{

@@ -150,7 +150,7 @@ struct Snapshot {
     queued: Histogram,
 }
 
-const REASONS: [(usize, &str); 8] = [
+const REASONS: [(usize, &str); 9] = [
     (1, "added"),
     (2, "modified"),
     (3, "deleted"),
@@ -159,6 +159,7 @@ const REASONS: [(usize, &str); 8] = [
     (6, "requeue"),
     (7, "owned"),
     (8, "referenced"),
+    (9, "triggered"),
 ];
 
 impl Collector for GroupTableCollector {

@@ -745,3 +745,66 @@ async fn a_named_objects_change_reconciles_exactly_the_objects_that_name_it() ->
     d.stop().await;
     Ok(())
 }
+
+/// A trigger names keys of the kinds its group reconciles, at most 1000: a key of another kind
+/// or a malformed one is refused (`INVALID_ARGUMENT`), more keys are refused
+/// (`RESOURCE_EXHAUSTED`), and a key whose object the dispatcher has not seen adds nothing.
+#[tokio::test]
+async fn a_trigger_is_refused_for_other_kinds_and_past_its_bound_and_adds_no_key() -> TestResult {
+    use kube_dispatch_proto::v1::TriggerRequest;
+    let ns = TestNamespace::create("edges-trigger").await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let mut s = TestSession::open(
+        &d,
+        "trigger",
+        "r1",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    let id = s.id.clone();
+    let request = |keys: Vec<String>| TriggerRequest {
+        session_id: id.clone(),
+        keys,
+        all: false,
+    };
+    let mut client = s.client.clone();
+    for (keys, code) in [
+        (
+            vec![format!("apps/Deployment/{}/x", ns.name())],
+            tonic::Code::InvalidArgument,
+        ),
+        (vec!["not-a-key".to_owned()], tonic::Code::InvalidArgument),
+        (
+            (0..1001)
+                .map(|i| format!("/ConfigMap/{}/c{i}", ns.name()))
+                .collect(),
+            tonic::Code::ResourceExhausted,
+        ),
+    ] {
+        let refused = client.trigger(request(keys)).await.expect_err("refused");
+        assert_eq!(refused.code(), code, "{}", refused.message());
+    }
+    client
+        .trigger(request(vec![format!("/ConfigMap/{}/never", ns.name())]))
+        .await?;
+    configmaps
+        .create(&PostParams::default(), &labelled("made", "x"))
+        .await?;
+    let got = next(&mut s).await?;
+    assert_eq!(
+        (reason(&got), got.key.as_str()),
+        (
+            Reason::Added,
+            format!("/ConfigMap/{}/made", ns.name()).as_str()
+        ),
+        "the trigger of an unseen object added nothing before it"
+    );
+    client
+        .trigger(request(vec![format!("/ConfigMap/{}/made", ns.name())]))
+        .await?;
+    let got = next(&mut s).await?;
+    assert_eq!(reason(&got), Reason::Triggered);
+    d.stop().await;
+    Ok(())
+}

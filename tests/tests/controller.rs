@@ -420,3 +420,67 @@ async fn a_replica_reconnects_when_its_dispatcher_restarts() -> TestResult {
     d.stop().await;
     Ok(())
 }
+
+/// `reconcile_on` reconciles exactly the objects its stream names (a name with no object is
+/// ignored), `reconcile_all_on` every object, each once more; nothing else is reconciled.
+#[tokio::test]
+async fn triggers_reconcile_what_they_name_or_everything_and_nothing_else() -> TestResult {
+    use kube::runtime::reflector::ObjectRef;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    let ns = TestNamespace::create("sdk-triggers").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    create(&api, ["a", "b", "c"].map(String::from).into_iter()).await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let (keys, keys_rx) = mpsc::unbounded_channel::<ObjectRef<ConfigMap>>();
+    let (all, all_rx) = mpsc::unbounded_channel::<()>();
+    let (done, mut reconciled) = mpsc::unbounded_channel::<String>();
+    let stop = CancellationToken::new();
+    let outcomes = Controller::<ConfigMap>::new(ns.client(), "triggered")
+        .namespace(ns.name())
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
+        .replica_id("triggered-0")
+        .reconcile_on(UnboundedReceiverStream::new(keys_rx))
+        .reconcile_all_on(UnboundedReceiverStream::new(all_rx))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            |cm: Arc<ConfigMap>, done: Arc<mpsc::UnboundedSender<String>>| async move {
+                let _ = done.send(cm.name_any());
+                Ok::<_, ReconcileError>(Action::await_change())
+            },
+            |_, _, _| Action::requeue(Duration::from_millis(200)),
+            Arc::new(done),
+        );
+    let task = tokio::spawn(outcomes.for_each(|_| async {}));
+    let mut next = async |n: usize| -> Vec<String> {
+        let mut names = Vec::new();
+        while names.len() < n {
+            match tokio::time::timeout(Duration::from_secs(30), reconciled.recv()).await {
+                Ok(Some(name)) => names.push(name),
+                _ => panic!("{n} reconciles expected, got {names:?}"),
+            }
+        }
+        names.sort();
+        names
+    };
+    assert_eq!(
+        next(3).await,
+        ["a", "b", "c"],
+        "each object once at the start"
+    );
+
+    keys.send(ObjectRef::new("missing").within(ns.name()))?;
+    keys.send(ObjectRef::new("b").within(ns.name()))?;
+    assert_eq!(next(1).await, ["b"], "the named object, once");
+    all.send(())?;
+    assert_eq!(next(3).await, ["a", "b", "c"], "every object, once");
+    // Nothing else is pending: the next reconcile is the object created now.
+    create(&api, std::iter::once("e".to_owned())).await?;
+    assert_eq!(next(1).await, ["e"]);
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await??;
+    d.stop().await;
+    Ok(())
+}

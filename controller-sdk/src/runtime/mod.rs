@@ -11,12 +11,16 @@
 //! | `session` | one session: open, poll within the fence, acks, drain, close |
 //! | `reconcile` | one delivery: a slot, the object, the reconcile, the ack |
 //! | `load` | the object of a delivery: its body, a fresh read, or a tombstone |
+//! | `trigger` | `reconcile_on` and `reconcile_all_on`: triggers sent to the open sessions' dispatchers |
 
 mod load;
 mod reconcile;
 mod session;
 mod shared;
 mod supervise;
+mod trigger;
+
+pub(crate) use trigger::{Trigger, TriggerStream};
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -75,6 +79,7 @@ where
         metrics,
         session_ttl,
         shutdown,
+        triggers,
         health,
         admin_listen,
         ..
@@ -112,6 +117,7 @@ where
         } else {
             ControllerMetrics::off()
         },
+        live: Mutex::default(),
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {
@@ -149,6 +155,13 @@ where
                 drop(hold);
             });
         }
+    }
+    if !triggers.is_empty() {
+        tokio::spawn(trigger::send_triggers(
+            futures::stream::select_all(triggers),
+            shared.clone(),
+            stop.clone(),
+        ));
     }
     tokio::spawn(supervise::supervise(targets, shared, stop));
     // The stream ends when every session loop has finished and dropped its sender.

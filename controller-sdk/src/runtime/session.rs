@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, info, info_span};
 
 use super::{
     reconcile::reconcile_one,
-    shared::{Shared, Types},
+    shared::{LiveSession, Shared, Types},
 };
 use crate::fence::Fence;
 
@@ -61,6 +61,7 @@ pub(super) async fn session<T: Types>(
         .unwrap_or(Duration::from_secs(60));
     let mut fence = Fence::new(ttl, max_reconcile, sent);
     info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
+    let _live = Live::register(shared, address, &client, &session_id);
     let _open = shared.health.session_opened();
     let _counted = shared.metrics.session_opened(address);
 
@@ -272,6 +273,52 @@ async fn send_acks(
         };
         if let Err(status) = client.ack(request).await {
             debug!(session = %session_id, %status, "ack failed; the dispatcher will retry those keys");
+        }
+    }
+}
+
+/// A session in the replica's table of open sessions ([`Shared::live`]) for as long as it lives.
+struct Live<'a, T: Types> {
+    shared: &'a Shared<T>,
+    address: &'a str,
+    session_id: String,
+}
+
+impl<'a, T: Types> Live<'a, T> {
+    fn register(
+        shared: &'a Shared<T>,
+        address: &'a str,
+        client: &DispatcherClient<AuthChannel>,
+        session_id: &str,
+    ) -> Self {
+        shared
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                address.to_owned(),
+                LiveSession {
+                    client: client.clone(),
+                    session_id: session_id.to_owned(),
+                },
+            );
+        Self {
+            shared,
+            address,
+            session_id: session_id.to_owned(),
+        }
+    }
+}
+
+impl<T: Types> Drop for Live<'_, T> {
+    fn drop(&mut self) {
+        let mut live = self.shared.live.lock().unwrap_or_else(|e| e.into_inner());
+        // A newer session of the same dispatcher may have taken the place already.
+        if live
+            .get(self.address)
+            .is_some_and(|s| s.session_id == self.session_id)
+        {
+            live.remove(self.address);
         }
     }
 }

@@ -2,14 +2,17 @@
 //! ([`Types`]), and the replica's state (`Shared`).
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     future::Future,
     marker::PhantomData,
     sync::{Arc, Mutex, atomic::AtomicUsize},
 };
 
 use kube::{Resource, runtime::reflector::ObjectRef};
-use kube_dispatch_proto::v1::OpenSessionRequest;
+use kube_dispatch_proto::{
+    credentials::AuthChannel,
+    v1::{OpenSessionRequest, dispatcher_client::DispatcherClient},
+};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -84,4 +87,14 @@ pub(super) struct Shared<T: Types> {
     pub(super) credentials: kube_dispatch_proto::credentials::Credentials,
     /// This controller's metrics.
     pub(super) metrics: ControllerMetrics,
+    /// The open sessions, by dispatcher address: where triggers go (`reconcile_on`). At most
+    /// one per assigned dispatcher.
+    pub(super) live: Mutex<HashMap<String, LiveSession>>,
+}
+
+/// An open session, as a trigger reaches its dispatcher.
+#[derive(Clone)]
+pub(super) struct LiveSession {
+    pub(super) client: DispatcherClient<AuthChannel>,
+    pub(super) session_id: String,
 }

@@ -260,7 +260,7 @@ pub struct QueueCounts {
     /// maximum reconcile time (`workqueue_retries_total`).
     pub retries: u64,
     /// Deliveries handed out, by [`Reason`] (indexed by its number).
-    pub deliveries: [u64; 9],
+    pub deliveries: [u64; 10],
     /// Acknowledgements that settled a delivery as a success.
     pub acks_success: u64,
     /// ... as a failure.
@@ -734,15 +734,15 @@ impl GroupQueue {
             // The first change since the last delivery is the one the wait began with.
             self.traces.entry(key.clone()).or_insert(trace);
         }
-        let owned = matches!(change.reason, Reason::Owned | Reason::Referenced);
+        let owned = is_related(change.reason);
         if !change.resource_version.is_empty() {
             entry.resource_version = Rv::new(&change.resource_version);
         }
         if !change.uid.is_empty() {
             entry.uid = Uid::new(&change.uid);
         }
-        // A change of an owned or a named object says nothing about the key's own object: its
-        // state and body stay as they were.
+        // A change of an owned or a named object, or a trigger, says nothing about the key's own
+        // object: its state and body stay as they were.
         if !owned {
             entry.deleted = change.deleted;
             // Replace the body: the latest state is the one worth delivering.
@@ -847,6 +847,28 @@ impl GroupQueue {
         }
         entry.reason = Reason::Resync;
         self.enqueue(key)
+    }
+
+    /// Asks again for a reconcile of every key `keep` accepts whose object the queue knows
+    /// exists (not deleted), as a related change of `reason` ([`Change::related`]): queued if
+    /// idle, coalesced if ready, run again after the reconcile in flight. Returns the sessions
+    /// that now have ready keys.
+    pub fn touch_all(&mut self, reason: Reason, keep: impl Fn(&str) -> bool) -> Vec<SessionId> {
+        let mut text = String::new();
+        let mut keys = Vec::new();
+        for (k, e) in &self.entries {
+            if !e.deleted && e.resource_version != Rv::Empty {
+                let key = self.prefixes.spell(k, &mut text);
+                if keep(key) {
+                    keys.push(key.to_owned());
+                }
+            }
+        }
+        let mut wake = Vec::new();
+        for key in keys {
+            wake.extend(self.change(&key, Change::related(reason)));
+        }
+        dedup(wake)
     }
 
     /// Resyncs the next `n` keys in index order, wrapping around, so that calling this every
@@ -1057,7 +1079,7 @@ impl GroupQueue {
             }
             let body = body.filter(|_| keep_body);
             let trace = self.traces.remove(&key);
-            self.counts.deliveries[(entry.reason as usize).min(8)] += 1;
+            self.counts.deliveries[(entry.reason as usize).min(9)] += 1;
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
                 id,
@@ -1323,19 +1345,27 @@ impl GroupQueue {
 
 /// The reason to deliver after a new change, given the reason of a change not yet delivered
 /// (`pending`, meaningful while the key is ready or dirty in flight): an addition stays an
-/// addition, and a change of the key's own object outranks a change of an owned or a named
-/// object.
+/// addition, and a change of the key's own object outranks a related one ([`is_related`]).
 fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
     let undelivered = matches!(state, State::Ready | State::InFlight { dirty: true });
     match (pending, new) {
-        (Reason::Added, Reason::Modified | Reason::Owned | Reason::Referenced)
-        | (Reason::Modified | Reason::Deleted, Reason::Owned | Reason::Referenced)
-            if undelivered =>
+        (Reason::Added, Reason::Modified) if undelivered => pending,
+        (Reason::Added | Reason::Modified | Reason::Deleted, new)
+            if undelivered && is_related(new) =>
         {
             pending
         }
         _ => new,
     }
+}
+
+/// Whether a change of this reason is about another object than the key's own (an owned one,
+/// a named one) or about none (a trigger): it leaves the key's own state as it was.
+pub fn is_related(reason: Reason) -> bool {
+    matches!(
+        reason,
+        Reason::Owned | Reason::Referenced | Reason::Triggered
+    )
 }
 
 fn dedup(mut ids: Vec<SessionId>) -> Vec<SessionId> {

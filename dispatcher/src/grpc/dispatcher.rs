@@ -19,7 +19,7 @@ use kube_dispatch_proto::{
     v1::{
         self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
         OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
-        ack_item, dispatcher_server,
+        TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
     },
 };
 use kube_dispatch_runtime::auth::Caller;
@@ -435,4 +435,40 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .map_err(status)?;
         Ok(Response::new(CloseSessionResponse {}))
     }
+
+    async fn trigger(
+        &self,
+        request: Request<TriggerRequest>,
+    ) -> Result<Response<TriggerResponse>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        if req.keys.len() > MAX_TRIGGER_KEYS {
+            return Err(Status::resource_exhausted(format!(
+                "{} keys in one trigger; at most {MAX_TRIGGER_KEYS} are accepted",
+                req.keys.len()
+            )));
+        }
+        self.still_may_read(&req.session_id, &caller).await?;
+        let group = self
+            .groups
+            .group_of(&req.session_id, &caller)
+            .map_err(status)?;
+        // Only keys of the kinds the group reconciles: a trigger reconciles an object, never
+        // adds a kind.
+        for key in &req.keys {
+            let parsed =
+                RequestKey::parse(key).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            if group.spec.version_of(&parsed.group, &parsed.kind).is_none() {
+                return Err(Status::invalid_argument(format!(
+                    "{key}: the group reconciles no {}/{}",
+                    parsed.group, parsed.kind
+                )));
+            }
+        }
+        group.trigger(&req.keys, req.all);
+        Ok(Response::new(TriggerResponse {}))
+    }
 }
+
+/// Most keys one Trigger may name.
+pub const MAX_TRIGGER_KEYS: usize = 1000;
