@@ -154,10 +154,15 @@ where
         let replica_id = std::env::var("POD_NAME")
             .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
         let resource = resource_ref::<K>(&dyntype);
+        let group = group.into();
+        let client = crate::api_requests::counted(
+            client,
+            std::sync::Arc::new(crate::metrics::api_requests(&group)),
+        );
         Self {
             dyntype,
             client,
-            group: group.into(),
+            group,
             replica_id,
             primary: Subscription {
                 resource: Some(resource),
@@ -244,6 +249,16 @@ where
             ..Subscription::default()
         });
         self
+    }
+
+    /// The client the controller reads with, to give the reconciler (in its context): the one
+    /// given to [`Controller::new`], counting each request it sends by verb in the metrics
+    /// (`kube_dispatch_api_requests_total`, [`crate::api_requests`]), so what the controller
+    /// costs the API server shows beside its reconciles. The [`crate::precondition`] helpers
+    /// take an `Api` made from it like any other.
+    #[must_use]
+    pub fn client(&self) -> Client {
+        self.client.clone()
     }
 
     /// Most reconciles running at once in this replica (default 16).

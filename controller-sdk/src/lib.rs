@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod action;
+pub mod api_requests;
 pub mod children;
 mod controller;
 mod error;

@@ -15,6 +15,7 @@
 //! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`, `triggered`) |
 //! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
 //! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
+//! | `kube_dispatch_api_requests_total` | counter: requests the controller's client ([`Controller::client`](crate::Controller::client)) sent, by verb; divided by `controller_runtime_reconcile_total`, what a reconcile costs the API server ([`crate::api_requests`]) | `controller`, `verb` (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) |
 //!
 //! `controller` is the controller group's name, `dispatcher` a dispatcher's address: no label
 //! names a key or an object, so the series stay few however many objects there are.
@@ -60,6 +61,12 @@ struct DispatcherLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    controller: String,
+    verb: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     controller: String,
     reason: &'static str,
@@ -81,6 +88,7 @@ struct Families {
     deliveries: Family<ReasonLabels, Counter>,
     stale_writes: Family<ControllerLabel, Counter>,
     delivery_to_reconcile: Histograms<ControllerLabel>,
+    api_requests: Family<VerbLabels, Counter>,
 }
 
 /// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`.
@@ -114,6 +122,7 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         deliveries: Family::default(),
         stale_writes: Family::default(),
         delivery_to_reconcile: Family::new_with_constructor(wait_histogram),
+        api_requests: Family::default(),
     };
     let m = &f.metrics;
     m.register(
@@ -165,6 +174,11 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         "kube_dispatch_deliveries",
         "Reconcile requests received, by reason",
         f.deliveries.clone(),
+    );
+    m.register(
+        "kube_dispatch_api_requests",
+        "API requests the controller's client sent, by verb",
+        f.api_requests.clone(),
     );
     m.register(
         "kube_dispatch_stale_writes",
@@ -380,6 +394,19 @@ tokio::task_local! {
     /// The controller whose reconcile runs in this task, for metrics counted by free functions
     /// ([`crate::precondition`]).
     pub(crate) static CONTROLLER: String;
+}
+
+/// The counters of the requests the client of `controller` sends, by verb.
+pub(crate) fn api_requests(controller: &str) -> crate::api_requests::RequestCounts {
+    crate::api_requests::RequestCounts(crate::api_requests::Verb::ALL.map(|verb| {
+        FAMILIES
+            .api_requests
+            .get_or_create(&VerbLabels {
+                controller: controller.to_owned(),
+                verb: verb.as_str(),
+            })
+            .clone()
+    }))
 }
 
 /// A conditional write was refused as stale in the current reconcile.

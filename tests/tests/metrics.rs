@@ -156,11 +156,13 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
         .concurrency(4)
         .admin_listen(admin)
         .graceful_shutdown_on(stop.clone().cancelled_owned());
+    // The controller's own client: what it sends is counted by verb.
+    let client = controller.client();
     let stream = controller.run(
         reconcile,
         error_policy,
         Arc::new(Ctx {
-            client: ns.client(),
+            client,
             done,
             seen: Mutex::default(),
         }),
@@ -252,6 +254,11 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
         1.0
     );
     assert!(get(r#"kube_dispatch_deliveries_total{controller="G",reason="added"}"#) >= 6.0);
+    // stale-0's bump and its refused conditional write: the reconciler's only requests.
+    assert_eq!(
+        get(r#"kube_dispatch_api_requests_total{controller="G",verb="patch"}"#),
+        2.0
+    );
     assert_eq!(
         get(r#"kube_dispatch_deliveries_total{controller="G",reason="retry"}"#),
         1.0

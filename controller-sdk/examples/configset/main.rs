@@ -37,7 +37,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Dispatcher addresses on the command line poll those; none asks the load balancer
     // (KD_LOADBALANCER, else the in-cluster default).
     let dispatchers: Vec<String> = std::env::args().skip(1).collect();
-    Controller::<ConfigSet>::new(client.clone(), "configset")
+    let controller = Controller::<ConfigSet>::new(client, "configset");
+    // The controller's client counts what the reconciler asks of the API server.
+    let client = controller.client();
+    controller
         .owns::<ConfigMap>()
         .references::<Secret>(["spec.secretName"])
         .dispatchers(dispatchers)
