@@ -1332,3 +1332,133 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_after_a_cut_betwe
     stop_all([], ds, []).await;
     Ok(())
 }
+
+/// An owner's children stay complete across a handover and a dispatcher restart: the owner's
+/// key moves to a joining dispatcher, whose first request for it caused by a child's change
+/// says COMPLETE and lists every child as it is now; the same after that dispatcher restarts.
+#[tokio::test]
+async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> TestResult {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::PostParams;
+    use kube_dispatch_proto::v1::{ChildrenState, ReconcileRequest};
+    use kube_dispatch_tests::{Widget, WidgetSpec, ensure_widget_crd, widget_ref};
+
+    let ns = TestNamespace::create("children-handover").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    // An owner the joining dispatcher-1 will own.
+    let two = Ring::new((0..2).map(name));
+    let owner = (0..64)
+        .map(|i| format!("w-{i}"))
+        .find(|w| {
+            let key = RequestKey::new("test.kube-dispatch.dev", "Widget", ns.name(), w);
+            two.owner(&key) == Some("dispatcher-1")
+        })
+        .expect("some name lands on dispatcher-1");
+    let key = format!("test.kube-dispatch.dev/Widget/{}/{owner}", ns.name());
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new(&owner, WidgetSpec { size: 1 }),
+        )
+        .await?;
+    let reference = OwnerReference {
+        api_version: "test.kube-dispatch.dev/v1".into(),
+        kind: "Widget".into(),
+        name: owner.clone(),
+        uid: w.uid().unwrap_or_default(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    };
+    for child in ["c1", "c2"] {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(child.into());
+        cm.metadata.owner_references = Some(vec![reference.clone()]);
+        configmaps.create(&PostParams::default(), &cm).await?;
+    }
+    let owned = || {
+        vec![Subscription {
+            owner: Some(widget_ref()),
+            ..subscription("v1", "ConfigMap", ns.name())
+        }]
+    };
+    // The children as the API server has them now: (name, resourceVersion).
+    let now = async || -> TestResult<Vec<(String, String)>> {
+        let mut kids: Vec<(String, String)> = configmaps
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .map(|c| (c.name_any(), c.resource_version().unwrap_or_default()))
+            .collect();
+        kids.sort();
+        Ok(kids)
+    };
+    let shown = |r: &ReconcileRequest| -> Vec<(String, String)> {
+        r.children
+            .iter()
+            .map(|c| {
+                let name = c
+                    .object
+                    .as_ref()
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                (name, c.resource_version.clone())
+            })
+            .collect()
+    };
+    // Changes child `child`, then waits for the owner's first COMPLETE request on `session`
+    // that shows the change.
+    let complete_after_change = async |session: &mut TestSession, child: &str, value: &str| {
+        let patch = serde_json::json!({ "data": { "v": value } });
+        let changed = configmaps
+            .patch(child, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("child changed")
+            .resource_version()
+            .unwrap_or_default();
+        let shows = |r: &ReconcileRequest| {
+            r.key == key
+                && r.children_state == ChildrenState::Complete as i32
+                && shown(r).contains(&(child.to_owned(), changed.clone()))
+        };
+        let got = session
+            .collect_until(Duration::from_secs(30), |got| got.iter().any(shows))
+            .await;
+        got.into_iter()
+            .find(shows)
+            .unwrap_or_else(|| panic!("no complete request for {key} showing {child} changed"))
+    };
+
+    let mut ds = start_settled(ns.name(), 1, BOUND).await?;
+    let mut s0 = TestSession::open(&ds[&0], "children", "replica-0", owned()).await?;
+    let first = complete_after_change(&mut s0, "c1", "one").await;
+    assert_eq!(shown(&first), now().await?, "on dispatcher-0");
+
+    ds.insert(1, start(ns.name(), 1).await?);
+    settled(&ds, Duration::from_secs(30)).await;
+    let mut s1 = TestSession::open(&ds[&1], "children", "replica-1", owned()).await?;
+    let moved = complete_after_change(&mut s1, "c2", "two").await;
+    assert_eq!(
+        shown(&moved),
+        now().await?,
+        "on dispatcher-1 after the handover"
+    );
+
+    if let Some(d) = ds.remove(&1) {
+        d.stop().await;
+    }
+    ds.insert(1, start(ns.name(), 1).await?);
+    settled(&ds, Duration::from_secs(30)).await;
+    let mut s1 = TestSession::open(&ds[&1], "children", "replica-1b", owned()).await?;
+    let restarted = complete_after_change(&mut s1, "c1", "three").await;
+    assert_eq!(
+        shown(&restarted),
+        now().await?,
+        "on dispatcher-1 after its restart"
+    );
+    drop(s0);
+    stop_all([], ds, []).await;
+    Ok(())
+}
