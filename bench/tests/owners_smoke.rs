@@ -61,14 +61,19 @@ async fn every_variant_keeps_the_children_and_only_the_listing_tier_lists_them()
     }
     // Each reconcile of the listing tier lists the owner's children; the tier with children in
     // its requests lists nothing but its dispatchers' own watches (one list each of Records
-    // and ConfigMaps per dispatcher, 3 dispatchers), like kube-rs's two watches.
+    // and ConfigMaps per dispatcher, 3 dispatchers), like kube-rs's two watches. (The counts are
+    // the API server's, for every client: `make test` runs this test alone.)
     let lists = |variant| figure(scenario, variant, "requests_list");
     assert!(
         lists("dispatch-list-1") >= OWNERS as f64 + lists("dispatch-1"),
         "{:#}",
         run.json
     );
-    assert!(lists("dispatch-1") <= 6.0, "{:#}", run.json);
+    assert!(
+        lists("dispatch-1") < OWNERS as f64,
+        "no LIST per reconcile: {:#}",
+        run.json
+    );
     assert!(
         figure(scenario, "dispatch-1", "requests_get") > 0.0,
         "children read by GET"

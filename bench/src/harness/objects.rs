@@ -438,29 +438,14 @@ pub(crate) async fn children_current(
 ) -> anyhow::Result<(bool, u64)> {
     let records: Api<Record> = Api::namespaced(client.clone(), namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let mut lists = 0;
-    let mut owners = BTreeMap::new();
-    let mut kids = BTreeMap::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = records.list(&params).await?;
-        lists += 1;
-        owners.extend(page.items.into_iter().map(|r| (r.name_any(), r)));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = configmaps.list(&params).await?;
-        lists += 1;
-        kids.extend(page.items.into_iter().map(|c| (c.name_any(), c)));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
+    let (records, owner_pages) = list_all(&records).await?;
+    let (children_listed, child_pages) = list_all(&configmaps).await?;
+    let lists = owner_pages + child_pages;
+    let owners: BTreeMap<String, Record> = records.into_iter().map(|r| (r.name_any(), r)).collect();
+    let kids: BTreeMap<String, ConfigMap> = children_listed
+        .into_iter()
+        .map(|c| (c.name_any(), c))
+        .collect();
     let current = (0..count).all(|i| {
         owners.get(&object_name(i)).is_some_and(|owner| {
             (0..children).all(|c| {
@@ -470,4 +455,23 @@ pub(crate) async fn children_current(
         })
     });
     Ok((current, lists))
+}
+
+/// Every object `api` lists, in pages of 500, and how many pages that took.
+async fn list_all<K>(api: &Api<K>) -> anyhow::Result<(Vec<K>, u64)>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut items = Vec::new();
+    let mut pages = 0;
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        pages += 1;
+        items.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok((items, pages)),
+        }
+    }
 }

@@ -118,42 +118,14 @@ impl DispatcherService {
         let spec = GroupSpec::new(subs);
         // Deletions found by a re-list are matched to the subscription by kind: one primary
         // subscription per kind keeps that unambiguous.
-        let mut kinds: Vec<(&str, &str)> = spec
-            .subscriptions
-            .iter()
-            .filter(|s| s.is_primary())
-            .map(|s| {
-                (
-                    s.watch.resource.group.as_str(),
-                    s.watch.resource.kind.as_str(),
-                )
-            })
-            .collect();
-        let before = kinds.len();
-        kinds.sort_unstable();
-        kinds.dedup();
-        if kinds.len() != before {
+        let Ok(kinds) = kinds_of(&spec, SubscriptionSpec::is_primary) else {
             return Err(Status::invalid_argument(
                 "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
             ));
-        }
+        };
         // One referenced_by subscription per named kind (each keeps one view of what exists),
         // and a bounded number of paths to read from every object.
-        let mut named: Vec<(&str, &str)> = spec
-            .subscriptions
-            .iter()
-            .filter(|s| s.named_by.is_some())
-            .map(|s| {
-                (
-                    s.watch.resource.group.as_str(),
-                    s.watch.resource.kind.as_str(),
-                )
-            })
-            .collect();
-        let before = named.len();
-        named.sort_unstable();
-        named.dedup();
-        if named.len() != before {
+        if kinds_of(&spec, |s| s.named_by.is_some()).is_err() {
             return Err(Status::invalid_argument(
                 "two referenced_by subscriptions name the same kind: merge their field paths into one",
             ));
@@ -467,6 +439,33 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         }
         group.trigger(&req.keys, req.all);
         Ok(Response::new(TriggerResponse {}))
+    }
+}
+
+/// The (group, kind) of the subscriptions of `spec` that `which` picks, sorted; `Err` if two
+/// name the same kind.
+fn kinds_of(
+    spec: &GroupSpec,
+    which: impl Fn(&SubscriptionSpec) -> bool,
+) -> Result<Vec<(&str, &str)>, ()> {
+    let mut kinds: Vec<(&str, &str)> = spec
+        .subscriptions
+        .iter()
+        .filter(|s| which(s))
+        .map(|s| {
+            (
+                s.watch.resource.group.as_str(),
+                s.watch.resource.kind.as_str(),
+            )
+        })
+        .collect();
+    let before = kinds.len();
+    kinds.sort_unstable();
+    kinds.dedup();
+    if kinds.len() == before {
+        Ok(kinds)
+    } else {
+        Err(())
     }
 }
 
