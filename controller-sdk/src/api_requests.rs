@@ -59,8 +59,10 @@ impl Verb {
     }
 
     /// The verb of `request`: its method, and for a GET whether it watches and whether its path
-    /// names one object (`/api/v1/namespaces/ns/configmaps/name`) or a collection.
+    /// names one object (`/api/v1/namespaces/ns/configmaps/name`) or a collection. `None` for a
+    /// request that is not about objects (discovery: `/version`, `/apis`, `/apis/<group>/<v>`).
     pub fn of<B>(request: &Request<B>) -> Option<Verb> {
+        let one = names_one_object(request.uri().path())?;
         Some(match *request.method() {
             Method::GET => {
                 let watch = request
@@ -69,7 +71,7 @@ impl Verb {
                     .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
                 if watch {
                     Verb::Watch
-                } else if names_one_object(request.uri().path()) {
+                } else if one {
                     Verb::Get
                 } else {
                     Verb::List
@@ -86,19 +88,20 @@ impl Verb {
 
 /// Whether `path` names one object rather than a collection: after `/api/v1` or
 /// `/apis/<group>/<version>`, `namespaces/<ns>/<plural>/<name>...` or `<plural>/<name>...`
-/// (`namespaces/<ns>` alone is the Namespace object).
-fn names_one_object(path: &str) -> bool {
+/// (`namespaces/<ns>` alone is the Namespace object). `None` for a path that names neither
+/// (discovery).
+fn names_one_object(path: &str) -> Option<bool> {
     let mut parts = path.trim_matches('/').split('/');
     let rest: Vec<&str> = match parts.next() {
         Some("api") => parts.skip(1).collect(),
         Some("apis") => parts.skip(2).collect(),
-        _ => return false,
+        _ => return None,
     };
     match rest.as_slice() {
-        ["namespaces", _] => true,
-        ["namespaces", _, _plural, ..] => rest.len() >= 4,
-        [_plural, ..] => rest.len() >= 2,
-        [] => false,
+        [] | [""] => None,
+        ["namespaces", _] => Some(true),
+        ["namespaces", _, _plural, ..] => Some(rest.len() >= 4),
+        [_plural, ..] => Some(rest.len() >= 2),
     }
 }
 
@@ -194,6 +197,9 @@ mod tests {
             ),
         ] {
             assert_eq!(verb(method.clone(), uri), Some(want), "{method} {uri}");
+        }
+        for discovery in ["/version", "/api", "/api/v1", "/apis", "/apis/apps/v1"] {
+            assert_eq!(verb(Method::GET, discovery), None, "{discovery}");
         }
     }
 

@@ -322,8 +322,11 @@ where
     /// serves the key reconciles it, under the same exclusivity and coalescing as a change (a
     /// key in flight runs again after), if it has seen the object; the others ignore it. Every
     /// replica of the group should run the same stream, so that each dispatcher is asked by a
-    /// replica connected to it. At most 1000 keys go in one request; the stream is read no
-    /// faster than the dispatchers take them.
+    /// replica connected to it (a key may then run once per replica for one item; CONTRACT.md,
+    /// "Triggers"). What the stream yields before a session is open waits for one. At most
+    /// 1000 keys go in one request; the stream is read no faster than the dispatchers take
+    /// them. An `ObjectRef` of an object that does not exist reconciles nothing (kube-runtime
+    /// reports it as `ObjectNotFound`).
     #[must_use]
     pub fn reconcile_on(
         mut self,

@@ -61,7 +61,8 @@ pub enum GroupEvent<'a> {
         key: KeyRef<'a>,
     },
     /// A replica asked for a reconcile of the key (`Dispatcher.Trigger`): taken only for a key
-    /// served here whose object the queue knows, so a trigger adds no key.
+    /// served here whose object the queue knows exists, so a trigger adds no key and never
+    /// hurries a deletion's retry.
     Triggered {
         /// The key.
         key: KeyRef<'a>,
@@ -161,7 +162,7 @@ impl Partition {
                 }
             }
             GroupEvent::Triggered { key } => {
-                if slice.serves_key(key) && queue.knows_object(key.text()) {
+                if slice.serves_key(key) && queue.knows_live(key.text()) {
                     return queue.change(key.text(), Change::related(Reason::Triggered));
                 }
             }

@@ -36,6 +36,9 @@ use kube_dispatch_core::{
     subscription::{GroupSpec, OwnerKind},
 };
 
+/// Keys a trigger takes per hold of the group's lock ([`Group::trigger`]).
+const TRIGGER_CHUNK: usize = 1024;
+
 /// A live session of the group.
 #[derive(Debug)]
 pub struct SessionSlot {
@@ -425,21 +428,42 @@ impl Group {
 
     /// Reconciles `keys` and, with `all`, every key it serves, whose objects exist
     /// (`Dispatcher.Trigger`): taken as related changes of reason TRIGGERED, so a trigger adds
-    /// no key and a key in flight runs again after.
-    pub fn trigger(&self, keys: &[String], all: bool) {
-        for key in keys {
-            self.apply(GroupEvent::Triggered {
-                key: KeyRef::new(key),
-            });
+    /// no key and a key in flight runs again after. Every key is taken under one hold of the
+    /// group's lock per [`TRIGGER_CHUNK`] keys, yielding between holds, so a trigger of every
+    /// key of a large group never holds the lock (and a runtime worker) for long.
+    pub async fn trigger(&self, keys: &[String], all: bool) {
+        for chunk in keys.chunks(TRIGGER_CHUNK) {
+            {
+                let (mut state, slice, mut wake) = self.current();
+                let State {
+                    queue, partition, ..
+                } = &mut *state;
+                for key in chunk {
+                    let event = GroupEvent::Triggered {
+                        key: KeyRef::new(key),
+                    };
+                    wake.extend(partition.record(&slice, queue, event, Self::now()));
+                }
+                state.wake(wake);
+            }
+            tokio::task::yield_now().await;
         }
-        if all {
-            let (mut state, slice, mut wake) = self.current();
-            wake.extend(
-                state
-                    .queue
-                    .touch_all(Reason::Triggered, |k| slice.serves_key(KeyRef::new(k))),
-            );
+        if !all {
+            return;
+        }
+        let live = {
+            let (state, slice, wake) = self.current();
+            let live = state.queue.live_keys(|k| slice.serves_key(KeyRef::new(k)));
             state.wake(wake);
+            live
+        };
+        for chunk in live.chunks(TRIGGER_CHUNK) {
+            {
+                let mut state = self.state_now();
+                let wake = state.queue.touch(chunk, Reason::Triggered);
+                state.wake(wake);
+            }
+            tokio::task::yield_now().await;
         }
     }
 

@@ -46,6 +46,9 @@ pub use ring::{Ring, RingKey};
 /// 4 MiB, the default decoding limit of gRPC clients.
 pub const DEFAULT_MAX_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
 
+/// Most keys one `Dispatcher.Trigger` may name.
+pub const MAX_TRIGGER_KEYS: usize = 1000;
+
 /// Bytes a dispatcher leaves free under a client's `max_bytes` for the answer's own framing.
 pub const ANSWER_HEADROOM: u32 = 4 * 1024;
 

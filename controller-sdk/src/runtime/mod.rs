@@ -118,6 +118,7 @@ where
             ControllerMetrics::off()
         },
         live: Mutex::default(),
+        session_opened: tokio::sync::Notify::new(),
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {

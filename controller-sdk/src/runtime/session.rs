@@ -302,6 +302,7 @@ impl<'a, T: Types> Live<'a, T> {
                     session_id: session_id.to_owned(),
                 },
             );
+        shared.session_opened.notify_one();
         Self {
             shared,
             address,

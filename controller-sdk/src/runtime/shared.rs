@@ -90,6 +90,8 @@ pub(super) struct Shared<T: Types> {
     /// The open sessions, by dispatcher address: where triggers go (`reconcile_on`). At most
     /// one per assigned dispatcher.
     pub(super) live: Mutex<HashMap<String, LiveSession>>,
+    /// Signalled when a session opens, for triggers waiting for one.
+    pub(super) session_opened: tokio::sync::Notify,
 }
 
 /// An open session, as a trigger reaches its dispatcher.

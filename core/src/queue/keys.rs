@@ -16,9 +16,10 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// See [`HashMap`].
 pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
-/// A key of one queue: only that queue's [`Prefixes`] can spell it.
+/// A key of one queue: only that queue's [`Prefixes`] can spell it (outside the crate, an
+/// opaque handle to hand back to the queue that gave it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
+pub struct Key {
     prefix: u32,
     name: SmolStr,
 }

@@ -39,7 +39,8 @@ mod compact;
 mod keys;
 pub mod pool;
 use compact::{Rv, Uid};
-use keys::{HashMap, HashSet, Key, Prefixes};
+pub use keys::Key;
+use keys::{HashMap, HashSet, Prefixes};
 use pool::BodyPool;
 
 /// Identifies a session within the dispatcher.
@@ -550,6 +551,15 @@ impl GroupQueue {
             .is_some_and(|e| e.deleted || e.resource_version != Rv::Empty)
     }
 
+    /// Whether the queue knows that the object of `key` exists: a version of it seen, and not
+    /// deleted since.
+    pub fn knows_live(&self, key: &str) -> bool {
+        self.prefixes
+            .find(key)
+            .and_then(|key| self.entries.get(&key))
+            .is_some_and(|e| !e.deleted && e.resource_version != Rv::Empty)
+    }
+
     /// Whether the queue knows no key.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
@@ -849,24 +859,36 @@ impl GroupQueue {
         self.enqueue(key)
     }
 
-    /// Asks again for a reconcile of every key `keep` accepts whose object the queue knows
-    /// exists (not deleted), as a related change of `reason` ([`Change::related`]): queued if
-    /// idle, coalesced if ready, run again after the reconcile in flight. Returns the sessions
-    /// that now have ready keys.
-    pub fn touch_all(&mut self, reason: Reason, keep: impl Fn(&str) -> bool) -> Vec<SessionId> {
+    /// The keys whose objects the queue knows exist (a version seen, not deleted) that `keep`
+    /// accepts: a snapshot for [`GroupQueue::touch`], taken under the caller's lock in one pass
+    /// and handed back a chunk at a time, so no single hold of the lock is long.
+    pub fn live_keys(&self, keep: impl Fn(&str) -> bool) -> Vec<Key> {
         let mut text = String::new();
-        let mut keys = Vec::new();
-        for (k, e) in &self.entries {
-            if !e.deleted && e.resource_version != Rv::Empty {
-                let key = self.prefixes.spell(k, &mut text);
-                if keep(key) {
-                    keys.push(key.to_owned());
-                }
-            }
-        }
+        self.entries
+            .iter()
+            .filter(|(k, e)| {
+                !e.deleted
+                    && e.resource_version != Rv::Empty
+                    && keep(self.prefixes.spell(k, &mut text))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Asks again for a reconcile of `keys` ([`GroupQueue::live_keys`]) whose objects still
+    /// exist, as a related change of `reason` ([`Change::related`]): queued if idle, coalesced
+    /// if ready, run again after the reconcile in flight. Returns the sessions that now have
+    /// ready keys.
+    pub fn touch(&mut self, keys: &[Key], reason: Reason) -> Vec<SessionId> {
         let mut wake = Vec::new();
         for key in keys {
-            wake.extend(self.change(&key, Change::related(reason)));
+            let live = self
+                .entries
+                .get(key)
+                .is_some_and(|e| !e.deleted && e.resource_version != Rv::Empty);
+            if live {
+                wake.extend(self.change_key(key.clone(), Change::related(reason)));
+            }
         }
         dedup(wake)
     }

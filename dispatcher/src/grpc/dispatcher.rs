@@ -15,7 +15,7 @@ use kube_dispatch_core::{
     },
 };
 use kube_dispatch_proto::{
-    RequestKey,
+    MAX_TRIGGER_KEYS, RequestKey,
     v1::{
         self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
         OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
@@ -118,14 +118,14 @@ impl DispatcherService {
         let spec = GroupSpec::new(subs);
         // Deletions found by a re-list are matched to the subscription by kind: one primary
         // subscription per kind keeps that unambiguous.
-        let Ok(kinds) = kinds_of(&spec, SubscriptionSpec::is_primary) else {
+        let Some(kinds) = kinds_of(&spec, SubscriptionSpec::is_primary) else {
             return Err(Status::invalid_argument(
                 "two subscriptions reconcile the same kind: merge them into one (one selector per kind), or map one of them to an owner",
             ));
         };
         // One referenced_by subscription per named kind (each keeps one view of what exists),
         // and a bounded number of paths to read from every object.
-        if kinds_of(&spec, |s| s.named_by.is_some()).is_err() {
+        if kinds_of(&spec, |s| s.named_by.is_some()).is_none() {
             return Err(Status::invalid_argument(
                 "two referenced_by subscriptions name the same kind: merge their field paths into one",
             ));
@@ -437,17 +437,17 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 )));
             }
         }
-        group.trigger(&req.keys, req.all);
+        group.trigger(&req.keys, req.all).await;
         Ok(Response::new(TriggerResponse {}))
     }
 }
 
-/// The (group, kind) of the subscriptions of `spec` that `which` picks, sorted; `Err` if two
+/// The (group, kind) of the subscriptions of `spec` that `which` picks, sorted; `None` if two
 /// name the same kind.
 fn kinds_of(
     spec: &GroupSpec,
     which: impl Fn(&SubscriptionSpec) -> bool,
-) -> Result<Vec<(&str, &str)>, ()> {
+) -> Option<Vec<(&str, &str)>> {
     let mut kinds: Vec<(&str, &str)> = spec
         .subscriptions
         .iter()
@@ -462,12 +462,5 @@ fn kinds_of(
     let before = kinds.len();
     kinds.sort_unstable();
     kinds.dedup();
-    if kinds.len() == before {
-        Ok(kinds)
-    } else {
-        Err(())
-    }
+    (kinds.len() == before).then_some(kinds)
 }
-
-/// Most keys one Trigger may name.
-pub const MAX_TRIGGER_KEYS: usize = 1000;
