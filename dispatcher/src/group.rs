@@ -429,7 +429,7 @@ impl Group {
     /// Reconciles `keys` and, with `all`, every key it serves, whose objects exist
     /// (`Dispatcher.Trigger`): taken as related changes of reason TRIGGERED, so a trigger adds
     /// no key and a key in flight runs again after. Every key is taken under one hold of the
-    /// group's lock per [`TRIGGER_CHUNK`] keys, yielding between holds, so a trigger of every
+    /// group's lock per 1024 keys (`TRIGGER_CHUNK`), yielding between holds, so a trigger of every
     /// key of a large group never holds the lock (and a runtime worker) for long.
     pub async fn trigger(&self, keys: &[String], all: bool) {
         for chunk in keys.chunks(TRIGGER_CHUNK) {
