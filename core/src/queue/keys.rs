@@ -16,7 +16,7 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// See [`HashMap`].
 pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
-/// A key of one queue: only that queue's [`Prefixes`] can spell it (outside the crate, an
+/// A key of one queue: only that queue's prefixes can spell it (outside the crate, an
 /// opaque handle to hand back to the queue that gave it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
