@@ -326,6 +326,12 @@ impl Partition {
                 wake.extend(queue.change(&key, Change::deletion()));
             }
         }
+        // Keys that moved away, ready for a group that has no session left to deliver them:
+        // left to their new owner, their deletions remembered for it.
+        for key in queue.abandon_leaving_ready() {
+            debug!(group = %self.group, key, "a deletion that moved away had no session here to take it: remembered for its new owner");
+            self.recent.deleted(hash64(key.as_bytes()), &key, now);
+        }
         let pending = queue.any_leaving(|key| !slice.owns_str(key));
         (wake, pending)
     }
@@ -471,14 +477,12 @@ mod tests {
         let mut queue = queue();
         let alone = fixed("d0", &["d0"]);
         let mut p = Partition::new("g", alone.clone(), REMEMBER);
+        queue.add_session(1, "r");
         queue.change(&key, Change::related(Reason::Owned));
         // d1 joins: the key moves away while queued here; it is delivered here first.
         let joined = moving("d0", &["d0", "d1"], &["d0"]);
         let (_, pending) = p.apply(&joined, &mut queue, now);
         assert!(pending, "the queued key holds back the release");
-        let delivered = queue.take(1, 10, now);
-        assert!(delivered.is_empty(), "no session yet");
-        queue.add_session(1, "r");
         let delivered = queue.take(1, 10, now);
         assert_eq!(delivered.len(), 1);
         let (_, pending) = p.apply(&joined, &mut queue, now);
@@ -486,5 +490,30 @@ mod tests {
         queue.ack(1, delivered[0].id, crate::queue::Outcome::Success, now);
         let (_, pending) = p.apply(&joined, &mut queue, now);
         assert!(!pending);
+    }
+
+    /// A moved key ready for a group with no session left (its replicas hung until their
+    /// sessions expired) does not hold the release back: it is left to its new owner, and a
+    /// deletion among such keys is remembered for it.
+    #[test]
+    fn keys_that_moved_away_ready_for_no_session_are_left_to_the_new_owner() {
+        let now = Instant::now();
+        let key = key_of("d1", &["d0", "d1"]);
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0"]), REMEMBER);
+        queue.change(&key, Change::deletion());
+        let joined = moving("d0", &["d0", "d1"], &["d0"]);
+        let (_, pending) = p.apply(&joined, &mut queue, now);
+        assert!(!pending, "nothing holds the release back");
+        assert!(queue.is_empty());
+        let ring = Ring::new(["d0", "d1"]);
+        assert_eq!(
+            p.recent_deletions_owned_by(&ring, "d1", now)
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>(),
+            [key],
+            "the deletion is remembered for d1"
+        );
     }
 }

@@ -925,6 +925,28 @@ impl Protocol {
         }
     }
 
+    /// Forgets the keys that moved away and wait ready for a group with no session here to take
+    /// them (its replicas gone, closed, or expired), remembering their deletions for the new
+    /// owner (`GroupQueue::abandon_leaving_ready`, from `Partition::apply`): held for a session
+    /// that may not come, they would hold the release back for every group.
+    fn abandon(&self, disp: &mut Dispatcher) {
+        for k in 0..disp.keys.len() {
+            if disp.keys[k] != (Key::Ready { leaving: true }) {
+                continue;
+            }
+            let g = self.group(k);
+            let taken = (0..disp.sessions.len())
+                .any(|r| self.group_of(r) == g && disp.sessions[r].is_some() && !disp.closed[r]);
+            if taken {
+                continue;
+            }
+            if has(disp.gone, k) {
+                disp.recent |= bit(k);
+            }
+            disp.keys[k] = Key::Absent;
+        }
+    }
+
     /// Queues a change of `key` at `d` (`GroupQueue::change`).
     fn queue(key: &mut Key) {
         *key = match *key {
@@ -1256,6 +1278,8 @@ impl Protocol {
             disp.settled = Some(disp.ring);
             self.apply_slice(disp, d, was);
         }
+        // Each group's partition trims its queue as the slice is published (`Partition::apply`).
+        self.abandon(disp);
         // A list beside its watch shows it the served keys it does not know when the keys it
         // serves may have grown (`Slice::may_serve_more_than`): it serves what it owns on its
         // ring and its settled ring together, so only when it starts serving or a member drops
@@ -1293,6 +1317,8 @@ impl Protocol {
 
     fn renew(&self, state: &mut State, d: usize, answered: bool) {
         let t = self.config.timing;
+        // Each group trimmed to the slice as its release is asked (`GroupTable::release_ring`).
+        self.abandon(&mut state.dispatchers[d]);
         let released = self.release(&state.dispatchers[d], d);
         if self.waits_for_a_later_group(&state.dispatchers[d], d) {
             state.seen |= Seen::ReleaseWaitsForAnotherGroup as u8;

@@ -1467,3 +1467,20 @@ async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> Tes
     stop_all([], ds, []).await;
     Ok(())
 }
+
+/// A replica that stops polling (hung, or cut off from its dispatcher) holds back no
+/// handover: the keys that were ready for it and move away are left to their new owner once
+/// its session expires (3 s here), and the joining dispatcher settles then.
+#[tokio::test]
+async fn a_session_that_stops_polling_holds_no_handover_back() -> TestResult {
+    let (ns, _api) = with_configmaps("idle-session", 30).await?;
+    let mut ds = start_settled(ns.name(), 1, BOUND).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    // Opened, then never polled: every key is ready for it and stays so.
+    let _hung = TestSession::open(&ds[&0], GROUP, "hung", subs).await?;
+    ds.insert(1, start(ns.name(), 1).await?);
+    let took = settled(&ds, Duration::from_secs(20)).await;
+    println!("a dispatcher joined beside a hung session's keys and settled in {took:?}");
+    stop_all([], ds, []).await;
+    Ok(())
+}

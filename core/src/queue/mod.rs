@@ -963,6 +963,41 @@ impl GroupQueue {
             .any(|k| pred(self.prefixes.spell(k, &mut text)))
     }
 
+    /// Forgets the keys that moved away and wait ready for delivery while the group has no
+    /// session to take them (its replicas are gone, or hung until their sessions expired):
+    /// held for a session that may not come, they would hold the ring's release back for
+    /// every group. Their new owner reconciles them from its own list; the ones whose pending
+    /// change is a deletion, which no list shows, are returned for the caller to remember
+    /// (peers ask for them). Keys in flight stay until they settle.
+    pub fn abandon_leaving_ready(&mut self) -> Vec<String> {
+        if !self.sessions.is_empty() || self.leaving.is_empty() {
+            return Vec::new();
+        }
+        let ready: HashSet<Key> = self
+            .leaving
+            .iter()
+            .filter(|k| {
+                self.entries
+                    .get(*k)
+                    .is_some_and(|e| e.state == State::Ready)
+            })
+            .cloned()
+            .collect();
+        if ready.is_empty() {
+            return Vec::new();
+        }
+        self.unassigned.retain(|q| !ready.contains(&q.key));
+        let mut deletions = Vec::new();
+        for key in ready {
+            if self.entries.get(&key).is_some_and(|e| e.deleted) {
+                deletions.push(self.prefixes.text(&key));
+            }
+            self.leaving.remove(&key);
+            self.remove_entry(&key);
+        }
+        deletions
+    }
+
     /// Whether `key` moved away and is still here, queued or in flight ([`Self::forget_where`]).
     pub fn is_leaving(&self, key: &str) -> bool {
         self.prefixes

@@ -296,6 +296,33 @@ fn moved_keys_ready_for_delivery_are_delivered_here_first_when_draining() {
     q.check();
 }
 
+/// Moved keys ready for a group whose last session went away (its replica hung until the
+/// session expired) are not held for a session that will not come: they are forgotten, the
+/// deletions among them returned to be remembered for the new owner; a key in flight still
+/// waits until it settles.
+#[test]
+fn moved_keys_ready_for_no_session_are_abandoned_and_their_deletions_returned() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("flying", change(Reason::Added, 1));
+    let flying = q.take(1, 1, now);
+    q.change("deleted", change(Reason::Deleted, 2));
+    q.change("updated", change(Reason::Modified, 3));
+    q.forget_where(|_| true, true);
+    assert!(
+        q.abandon_leaving_ready().is_empty(),
+        "a session may still take them"
+    );
+    assert!(q.any_leaving(|k| k == "updated"));
+    q.remove_session_holding(1, now + std::time::Duration::from_secs(3));
+    assert_eq!(q.abandon_leaving_ready(), ["deleted"]);
+    q.check();
+    assert!(!q.any_leaving(|k| k != "flying"), "the ready ones are gone");
+    assert!(q.any_leaving(|k| k == "flying"), "the one in flight waits");
+    assert_eq!(keys(&flying), ["flying"]);
+}
+
 #[test]
 fn a_key_that_moves_back_while_in_flight_is_kept() {
     let now = Instant::now();
