@@ -369,6 +369,18 @@ mod tests {
         assert_eq!(validate_open(&request()), Ok(()));
     }
 
+    /// A `referenced_by` naming Pods as the naming kind, at `paths`.
+    fn named_by_pods(paths: &[&str]) -> Option<v1::References> {
+        Some(v1::References {
+            resource: Some(v1::ResourceRef {
+                version: "v1".into(),
+                kind: "Pod".into(),
+                ..Default::default()
+            }),
+            field_paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+        })
+    }
+
     #[test]
     fn rejects_each_malformed_field() {
         type Mutation = fn(&mut v1::OpenSessionRequest);
@@ -423,14 +435,7 @@ mod tests {
             ),
             (
                 |r| {
-                    r.subscriptions[0].referenced_by = Some(v1::References {
-                        resource: Some(v1::ResourceRef {
-                            version: "v1".into(),
-                            kind: "Pod".into(),
-                            ..Default::default()
-                        }),
-                        field_paths: vec!["spec.volumes[0].name".into()],
-                    })
+                    r.subscriptions[0].referenced_by = named_by_pods(&["spec.volumes[0].name"])
                 },
                 InvalidRequest::References {
                     index: 0,
@@ -439,14 +444,7 @@ mod tests {
             ),
             (
                 |r| {
-                    r.subscriptions[0].referenced_by = Some(v1::References {
-                        resource: Some(v1::ResourceRef {
-                            version: "v1".into(),
-                            kind: "Pod".into(),
-                            ..Default::default()
-                        }),
-                        field_paths: Vec::new(),
-                    })
+                    r.subscriptions[0].referenced_by = named_by_pods(&[])
                 },
                 InvalidRequest::References {
                     index: 0,

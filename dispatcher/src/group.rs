@@ -36,8 +36,9 @@ use kube_dispatch_core::{
     subscription::{GroupSpec, OwnerKind},
 };
 
-/// Keys a trigger takes per hold of the group's lock ([`Group::trigger`]).
-const TRIGGER_CHUNK: usize = 1024;
+/// Keys taken per hold of the group's lock when many arrive at once (a trigger of every key, a
+/// named object many objects name), so no single hold is long.
+const KEYS_PER_HOLD: usize = 1024;
 
 /// A live session of the group.
 #[derive(Debug)]
@@ -332,11 +333,18 @@ impl Group {
     /// ([`Partition::record`]), against the slice current now, on a queue trimmed to it, under
     /// the state lock.
     pub fn apply(&self, event: GroupEvent<'_>) {
+        self.apply_all(std::iter::once(event));
+    }
+
+    /// [`Group::apply`] of each of `events`, under one hold of the lock.
+    fn apply_all<'k>(&self, events: impl IntoIterator<Item = GroupEvent<'k>>) {
         let (mut state, slice, mut wake) = self.current();
         let State {
             queue, partition, ..
         } = &mut *state;
-        wake.extend(partition.record(&slice, queue, event, Self::now()));
+        for event in events {
+            wake.extend(partition.record(&slice, queue, event, Self::now()));
+        }
         state.wake(wake);
     }
 
@@ -429,23 +437,13 @@ impl Group {
     /// Reconciles `keys` and, with `all`, every key it serves, whose objects exist
     /// (`Dispatcher.Trigger`): taken as related changes of reason TRIGGERED, so a trigger adds
     /// no key and a key in flight runs again after. Every key is taken under one hold of the
-    /// group's lock per 1024 keys (`TRIGGER_CHUNK`), yielding between holds, so a trigger of every
+    /// group's lock per 1024 keys (`KEYS_PER_HOLD`), yielding between holds, so a trigger of every
     /// key of a large group never holds the lock (and a runtime worker) for long.
     pub async fn trigger(&self, keys: &[String], all: bool) {
-        for chunk in keys.chunks(TRIGGER_CHUNK) {
-            {
-                let (mut state, slice, mut wake) = self.current();
-                let State {
-                    queue, partition, ..
-                } = &mut *state;
-                for key in chunk {
-                    let event = GroupEvent::Triggered {
-                        key: KeyRef::new(key),
-                    };
-                    wake.extend(partition.record(&slice, queue, event, Self::now()));
-                }
-                state.wake(wake);
-            }
+        for chunk in keys.chunks(KEYS_PER_HOLD) {
+            self.apply_all(chunk.iter().map(|key| GroupEvent::Triggered {
+                key: KeyRef::new(key),
+            }));
             tokio::task::yield_now().await;
         }
         if !all {
@@ -457,7 +455,7 @@ impl Group {
             state.wake(wake);
             live
         };
-        for chunk in live.chunks(TRIGGER_CHUNK) {
+        for chunk in live.chunks(KEYS_PER_HOLD) {
             {
                 let mut state = self.state_now();
                 let wake = state.queue.touch(chunk, Reason::Triggered);
@@ -496,21 +494,22 @@ impl Group {
         let referrers = self
             .references()
             .target_seen(target, resource_version, epoch, deleted);
-        for key in referrers {
-            self.apply(GroupEvent::NamedChanged {
-                key: KeyRef::new(&key),
-            });
-        }
+        self.named_changed(&referrers);
     }
 
     /// The watch of named objects ended its list of `epoch`: the objects that name one of
     /// `belongs` it did not show (deleted while the watch was away) are reconciled.
     pub fn named_objects_swept(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let referrers = self.references().swept_targets(epoch, belongs);
-        for key in referrers {
-            self.apply(GroupEvent::NamedChanged {
-                key: KeyRef::new(&key),
-            });
+        self.named_changed(&referrers);
+    }
+
+    /// Reconciles `referrers`: an object they name changed.
+    fn named_changed(&self, referrers: &[Arc<str>]) {
+        for chunk in referrers.chunks(KEYS_PER_HOLD) {
+            self.apply_all(chunk.iter().map(|key| GroupEvent::NamedChanged {
+                key: KeyRef::new(key),
+            }));
         }
     }
 

@@ -489,7 +489,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
                 .encode(family.encode_family(&labels(w))?)?;
         }
     }
-    let gauges: [(&str, &str, WatchCounter); 2] = [
+    let gauges: [Described<WatchCounter>; 2] = [
         (
             "kube_dispatch_watch_children",
             "Owned objects the watch indexes by their controlling owner",

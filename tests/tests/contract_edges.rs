@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{
-    Api, ResourceExt as _,
+    Api, Resource as _, ResourceExt as _,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_dispatch_proto::v1::{Reason, ReconcileRequest, Subscription};
@@ -373,14 +373,9 @@ async fn an_owners_request_carries_its_children_as_new_as_the_change() -> TestRe
             &Widget::new("w", WidgetSpec { size: 1 }),
         )
         .await?;
-    let owner = OwnerReference {
-        api_version: "test.kube-dispatch.dev/v1".into(),
-        kind: "Widget".into(),
-        name: "w".into(),
-        uid: w.uid().unwrap_or_default(),
-        controller: Some(true),
-        ..OwnerReference::default()
-    };
+    let owner = w
+        .controller_owner_ref(&())
+        .ok_or("a created Widget has a uid")?;
     let children_of = |r: &ReconcileRequest| -> Vec<(String, String, String)> {
         r.children
             .iter()

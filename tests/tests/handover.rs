@@ -1338,8 +1338,7 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_after_a_cut_betwe
 /// says COMPLETE and lists every child as it is now; the same after that dispatcher restarts.
 #[tokio::test]
 async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> TestResult {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use kube::api::PostParams;
+    use kube::{Resource as _, api::PostParams};
     use kube_dispatch_proto::v1::{ChildrenState, ReconcileRequest};
     use kube_dispatch_tests::{Widget, WidgetSpec, ensure_widget_crd, widget_ref};
 
@@ -1363,14 +1362,9 @@ async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> Tes
             &Widget::new(&owner, WidgetSpec { size: 1 }),
         )
         .await?;
-    let reference = OwnerReference {
-        api_version: "test.kube-dispatch.dev/v1".into(),
-        kind: "Widget".into(),
-        name: owner.clone(),
-        uid: w.uid().unwrap_or_default(),
-        controller: Some(true),
-        ..OwnerReference::default()
-    };
+    let reference = w
+        .controller_owner_ref(&())
+        .ok_or("a created Widget has a uid")?;
     for child in ["c1", "c2"] {
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some(child.into());

@@ -373,16 +373,18 @@ async fn run_dispatch_owners(
                     .filter(|c| c.is_complete());
                 let api = &configmaps;
                 ensure_children(&record, children, &configmaps, |name| {
+                    // Some(None): known not to exist; Some(Some(version)): exists, as new as
+                    // `version` if it parses; None: the request does not say.
                     let seen = known.as_ref().map(|c| {
                         c.of::<ConfigMap>()
                             .find(|k| k.name == name)
-                            .and_then(|k| k.resource_version.parse::<u64>().ok())
+                            .map(|k| k.resource_version.parse::<u64>().ok())
                     });
                     async move {
                         match seen {
                             // Known not to exist: nothing to read.
                             Some(None) => Ok(None),
-                            Some(Some(version)) => cached_child(api, &name, Some(version)).await,
+                            Some(Some(version)) => cached_child(api, &name, version).await,
                             None => cached_child(api, &name, None).await,
                         }
                     }

@@ -220,6 +220,14 @@ struct Entry {
     seen: u32,
 }
 
+impl Entry {
+    /// Whether the queue knows the key's object exists: a version of it seen, and not deleted
+    /// since.
+    fn is_live(&self) -> bool {
+        !self.deleted && self.resource_version != Rv::Empty
+    }
+}
+
 /// An object as a watch event or list shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -557,7 +565,7 @@ impl GroupQueue {
         self.prefixes
             .find(key)
             .and_then(|key| self.entries.get(&key))
-            .is_some_and(|e| !e.deleted && e.resource_version != Rv::Empty)
+            .is_some_and(Entry::is_live)
     }
 
     /// Whether the queue knows no key.
@@ -866,11 +874,7 @@ impl GroupQueue {
         let mut text = String::new();
         self.entries
             .iter()
-            .filter(|(k, e)| {
-                !e.deleted
-                    && e.resource_version != Rv::Empty
-                    && keep(self.prefixes.spell(k, &mut text))
-            })
+            .filter(|(k, e)| e.is_live() && keep(self.prefixes.spell(k, &mut text)))
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -882,11 +886,7 @@ impl GroupQueue {
     pub fn touch(&mut self, keys: &[Key], reason: Reason) -> Vec<SessionId> {
         let mut wake = Vec::new();
         for key in keys {
-            let live = self
-                .entries
-                .get(key)
-                .is_some_and(|e| !e.deleted && e.resource_version != Rv::Empty);
-            if live {
+            if self.entries.get(key).is_some_and(Entry::is_live) {
                 wake.extend(self.change_key(key.clone(), Change::related(reason)));
             }
         }

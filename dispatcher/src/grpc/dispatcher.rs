@@ -55,10 +55,10 @@ impl DispatcherService {
         }
     }
 
-    /// Ok while the caller of `session` may still read what its group subscribes to (a cached
-    /// decision, reviewed again once older than the recheck period); else the session is
-    /// closed, so its in-flight keys go to sessions that may.
-    async fn still_may_read(&self, session: &str, caller: &Caller) -> Result<(), Status> {
+    /// The group of `session`, while its caller may still read what the group subscribes to (a
+    /// cached decision, reviewed again once older than the recheck period); else the session
+    /// is closed, so its in-flight keys go to sessions that may.
+    async fn still_may_read(&self, session: &str, caller: &Caller) -> Result<Arc<Group>, Status> {
         let group = self.groups.group_of(session, caller).map_err(status)?;
         if let Err(denied) = self.guard.may_read(caller, &group.accesses).await {
             if denied.code() == tonic::Code::PermissionDenied {
@@ -67,7 +67,7 @@ impl DispatcherService {
             }
             return Err(denied);
         }
-        Ok(())
+        Ok(group)
     }
 
     /// The resource `r` names, by discovery.
@@ -420,11 +420,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 req.keys.len()
             )));
         }
-        self.still_may_read(&req.session_id, &caller).await?;
-        let group = self
-            .groups
-            .group_of(&req.session_id, &caller)
-            .map_err(status)?;
+        let group = self.still_may_read(&req.session_id, &caller).await?;
         // Only keys of the kinds the group reconciles: a trigger reconciles an object, never
         // adds a kind.
         for key in &req.keys {

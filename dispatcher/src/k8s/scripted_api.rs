@@ -331,3 +331,15 @@ pub(crate) async fn within<F: std::future::Future>(what: &str, future: F) -> F::
         .await
         .unwrap_or_else(|_| panic!("{what} within a minute"))
 }
+
+/// Waits until `done` holds, failing the test with `what` after [`PATIENCE`]: for a change that
+/// nothing announces but a counter (a watch's figures). Checked every millisecond of the paused
+/// clock, which advances only while every task waits, so no check races the task it watches.
+pub(crate) async fn until(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+}

@@ -473,10 +473,8 @@ mod tests {
         // Nothing subscribed is told of it, so the watch's counter is the only sign it was
         // read: waited for on the paused clock, a millisecond at a time, within a deadline.
         let counts = watches.figures()[0].counts.clone();
-        within("the watch read the deletion", async {
-            while counts.deleted.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+        crate::k8s::scripted_api::until("the watch read the deletion", || {
+            counts.deleted.load(std::sync::atomic::Ordering::Relaxed) > 0
         })
         .await;
 

@@ -15,9 +15,7 @@ use crate::{
     config::ListMode,
     k8s::{
         fan_out::{Subscriber, WatchCounts},
-        scripted_api::{
-            ApiServer, Member, alone, config_maps, named, object, owned_object, within,
-        },
+        scripted_api::{ApiServer, Member, alone, config_maps, named, object, owned_object, until},
     },
 };
 
@@ -271,15 +269,6 @@ async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
         let names: Vec<String> = of.children.iter().map(|c| c.key.to_string()).collect();
         (names, of.complete)
     };
-    let applied = |api: &Scripted, n: u64| {
-        let counts = api.counts.clone();
-        within("the watch read the event", async move {
-            while counts.applied.load(std::sync::atomic::Ordering::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-    };
-
     let list = api.next().await;
     assert_eq!(d1(&api), (vec![], false), "before the first list");
     list.list_raw(10, &[owned_object("c1", 5, "d1")]);
@@ -301,7 +290,11 @@ async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
     assert!(!d1(&api).1, "incomplete while the stream is broken");
     let stream = retried.open();
     stream.send("ADDED", owned_object("c3", 21, "d1"));
-    applied(&api, 3).await;
+    let counts = api.counts.clone();
+    until("the watch read the event", || {
+        counts.applied.load(std::sync::atomic::Ordering::Relaxed) >= 3
+    })
+    .await;
     assert_eq!(
         d1(&api),
         (
