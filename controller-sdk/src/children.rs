@@ -118,6 +118,130 @@ impl Children {
     }
 }
 
+/// The versions of its children a reconcile knows hold what it wants, for one desired state,
+/// kept in the key's [memo](crate::memo) for the next reconcile: it then reads only a child
+/// whose version is not among them (changed by someone else since, or never checked), where a
+/// cached controller reads none and a stateless one without this reads them all.
+///
+/// `desired` names what the children are made from (the owner's `metadata.generation`, a hash
+/// of the fields they copy, the versions of the objects they name): when it changes, nothing
+/// recorded counts. Record a child after writing it (with the version the write returned) or
+/// after reading it and finding it as wanted; leave the record at the end of the reconcile.
+/// Each child takes 8 bytes of the memo (a fingerprint of its kind, name and version), so up to
+/// 62 fit; past that [`Checked::leave`] fails and the next reconcile reads them all.
+///
+/// ```no_run
+/// # async fn reconcile(owner_generation: i64) -> Result<(), Box<dyn std::error::Error>> {
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_dispatch_controller::children::{self, Checked};
+///
+/// let mut checked = Checked::for_desired(owner_generation.to_string());
+/// if let Some(known) = children::of_this_reconcile().filter(|c| c.is_complete()) {
+///     for child in known.of::<ConfigMap>() {
+///         if checked.holds(child) {
+///             continue; // as this controller left it: no read
+///         }
+///         // GET it, write it if it differs, then: checked.record(&written_configmap);
+///     }
+/// }
+/// checked.leave()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checked {
+    desired: [u8; 8],
+    children: Vec<[u8; 8]>,
+}
+
+impl Checked {
+    /// The memo's format: its first byte.
+    const FORMAT: u8 = 1;
+
+    /// What the last reconcile recorded for `desired`, or nothing if it recorded for another
+    /// desired state (or left no memo here).
+    pub fn for_desired(desired: impl AsRef<[u8]>) -> Self {
+        let desired = fingerprint(&[desired.as_ref()]);
+        let children = crate::memo::previous()
+            .and_then(|memo| Self::parse(&memo, desired))
+            .unwrap_or_default();
+        Self { desired, children }
+    }
+
+    fn parse(memo: &[u8], desired: [u8; 8]) -> Option<Vec<[u8; 8]>> {
+        let (&format, rest) = memo.split_first()?;
+        let (given, rest) = rest.split_first_chunk::<8>()?;
+        if format != Self::FORMAT || *given != desired || rest.len() % 8 != 0 {
+            return None;
+        }
+        Some(
+            rest.chunks_exact(8)
+                .filter_map(|c| c.try_into().ok())
+                .collect(),
+        )
+    }
+
+    /// Whether `child`, as the request shows it, is a version recorded for this desired state.
+    pub fn holds(&self, child: &Child) -> bool {
+        let print = child_print(
+            &child.group,
+            &child.kind,
+            &child.name,
+            &child.resource_version,
+        );
+        self.children.contains(&print)
+    }
+
+    /// Records `object` (as a write returned it, or as read and found as wanted) as holding
+    /// this desired state at its resourceVersion.
+    pub fn record<K: Resource<DynamicType = ()>>(&mut self, object: &K) {
+        let meta = object.meta();
+        let print = child_print(
+            &K::group(&()),
+            &K::kind(&()),
+            meta.name.as_deref().unwrap_or_default(),
+            meta.resource_version.as_deref().unwrap_or_default(),
+        );
+        if !self.children.contains(&print) {
+            self.children.push(print);
+        }
+    }
+
+    /// Leaves the record in the memo for the next reconcile of this object.
+    pub fn leave(&self) -> Result<(), crate::memo::MemoError> {
+        let mut memo = Vec::with_capacity(9 + 8 * self.children.len());
+        memo.push(Self::FORMAT);
+        memo.extend_from_slice(&self.desired);
+        for c in &self.children {
+            memo.extend_from_slice(c);
+        }
+        crate::memo::leave(memo)
+    }
+}
+
+/// The first 8 bytes of the SHA-256 of `parts`, each ended by a zero byte.
+fn fingerprint(parts: &[&[u8]]) -> [u8; 8] {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for p in parts {
+        hash.update(p);
+        hash.update([0]);
+    }
+    let digest = hash.finalize();
+    let mut out = [0; 8];
+    out.copy_from_slice(&digest[..8]);
+    out
+}
+
+fn child_print(group: &str, kind: &str, name: &str, version: &str) -> [u8; 8] {
+    fingerprint(&[
+        group.as_bytes(),
+        kind.as_bytes(),
+        name.as_bytes(),
+        version.as_bytes(),
+    ])
+}
+
 /// The children of the object the calling task is reconciling, or `None` outside a reconcile,
 /// in a task it spawned, or for a kind the controller does not `own` anything of.
 pub fn of_this_reconcile() -> Option<Arc<Children>> {
@@ -170,6 +294,70 @@ mod tests {
             (vec!["a".to_owned()], vec!["uid-s".to_owned()], true, false)
         );
         assert!(of_this_reconcile().is_none(), "nothing outside a reconcile");
+    }
+
+    #[tokio::test]
+    async fn checked_children_are_those_recorded_for_the_same_desired_state_at_their_version() {
+        let c = Children::from_request(&request(ChildrenState::Complete)).expect("children");
+        let child = c.of::<ConfigMap>().next().expect("a ConfigMap").clone();
+        let mut written = ConfigMap::default();
+        written.metadata.name = Some(child.name.clone());
+        written.metadata.resource_version = Some(child.resource_version.clone());
+        let slot = crate::memo::Slot::new(Vec::new());
+        slot.scope(async {
+            let mut checked = Checked::for_desired("gen-1");
+            assert!(!checked.holds(&child), "nothing recorded yet");
+            checked.record(&written);
+            assert!(checked.holds(&child));
+            checked.leave().expect("one child fits");
+        })
+        .await;
+        let memo = slot.take();
+        assert_eq!(memo.len(), 17);
+        let next = crate::memo::Slot::new(memo);
+        let changed = Child {
+            resource_version: "8".into(),
+            ..child.clone()
+        };
+        let secret = Child {
+            kind: "Secret".into(),
+            ..child.clone()
+        };
+        let seen = next
+            .scope(async {
+                let same = Checked::for_desired("gen-1");
+                let other = Checked::for_desired("gen-2");
+                (
+                    same.holds(&child),
+                    same.holds(&changed),
+                    same.holds(&secret),
+                    other.holds(&child),
+                )
+            })
+            .await;
+        assert_eq!(seen, (true, false, false, false));
+    }
+
+    #[tokio::test]
+    async fn a_record_past_the_memo_bound_is_refused() {
+        let slot = crate::memo::Slot::new(Vec::new());
+        let left = slot
+            .scope(async {
+                let mut checked = Checked::for_desired("d");
+                for i in 0..63 {
+                    let mut cm = ConfigMap::default();
+                    cm.metadata.name = Some(format!("c{i}"));
+                    cm.metadata.resource_version = Some("1".into());
+                    checked.record(&cm);
+                    if i == 61 {
+                        checked.leave().expect("62 fit");
+                    }
+                }
+                checked.leave()
+            })
+            .await;
+        assert!(left.is_err());
+        assert_eq!(slot.take().len(), 9 + 62 * 8, "the last that fit stays");
     }
 
     #[test]

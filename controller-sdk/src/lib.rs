@@ -32,6 +32,7 @@ mod controller;
 mod error;
 mod fence;
 mod health;
+pub mod memo;
 pub mod metrics;
 pub mod precondition;
 mod reconnect;

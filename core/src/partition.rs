@@ -357,6 +357,7 @@ mod tests {
             },
             max_reconcile_time: Duration::from_secs(30),
             body_budget: 1 << 20,
+            memo_budget: 1 << 20,
         })
     }
 

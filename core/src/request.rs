@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use kube_dispatch_proto::v1::{AckItem, ack_item};
+use kube_dispatch_proto::{
+    MAX_MEMO_BYTES,
+    v1::{AckItem, ack_item},
+};
 
 use crate::{
     queue::{DeliveryId, Outcome},
@@ -40,11 +43,30 @@ pub fn ack_outcome(ack: &AckItem) -> Result<Outcome, InvalidRequest> {
     }
 }
 
-/// The outcomes of a request's acknowledgements, at most `max` of them.
-pub fn ack_outcomes(
-    acks: &[AckItem],
-    max: usize,
-) -> Result<Vec<(DeliveryId, Outcome)>, InvalidRequest> {
+/// One acknowledgement, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acked {
+    /// The delivery it settles.
+    pub delivery: DeliveryId,
+    /// What the reconcile did.
+    pub outcome: Outcome,
+    /// The memo it leaves for the key's next delivery (empty: none), at most
+    /// [`kube_dispatch_proto::MAX_MEMO_BYTES`].
+    pub memo: Vec<u8>,
+}
+
+impl From<(DeliveryId, Outcome)> for Acked {
+    fn from((delivery, outcome): (DeliveryId, Outcome)) -> Self {
+        Self {
+            delivery,
+            outcome,
+            memo: Vec::new(),
+        }
+    }
+}
+
+/// A request's acknowledgements, at most `max` of them.
+pub fn ack_outcomes(acks: &[AckItem], max: usize) -> Result<Vec<Acked>, InvalidRequest> {
     if acks.len() > max {
         return Err(InvalidRequest::TooManyAcks {
             got: acks.len(),
@@ -52,7 +74,20 @@ pub fn ack_outcomes(
         });
     }
     acks.iter()
-        .map(|a| Ok((a.delivery_id, ack_outcome(a)?)))
+        .map(|a| {
+            if a.memo.len() > MAX_MEMO_BYTES {
+                return Err(InvalidRequest::MemoTooLong {
+                    delivery: a.delivery_id,
+                    got: a.memo.len(),
+                    max: MAX_MEMO_BYTES,
+                });
+            }
+            Ok(Acked {
+                delivery: a.delivery_id,
+                outcome: ack_outcome(a)?,
+                memo: a.memo.clone(),
+            })
+        })
         .collect()
 }
 
@@ -72,6 +107,7 @@ mod tests {
             outcome: Some(ack_item::Outcome::Requeue(Requeue {
                 after: Some(prost_types::Duration { seconds, nanos }),
             })),
+            memo: Vec::new(),
         }
     }
 
@@ -97,12 +133,21 @@ mod tests {
         let none = AckItem {
             delivery_id: 7,
             outcome: None,
+            memo: Vec::new(),
         };
         assert!(ack_outcome(&none).unwrap_err().to_string().contains('7'));
         assert!(matches!(
             ack_outcomes(&[requeue(1, 0), requeue(1, 0)], 1),
             Err(InvalidRequest::TooManyAcks { got: 2, max: 1 })
         ));
+        let long = AckItem {
+            memo: vec![b'x'; MAX_MEMO_BYTES + 1],
+            ..requeue(1, 0)
+        };
+        assert_eq!(
+            ack_outcomes(&[long], 1).unwrap_err().to_string(),
+            "the memo of delivery 1 is 513 bytes; at most 512 are accepted (keep versions and hashes in it, not objects)"
+        );
     }
 
     fn any_ack() -> impl Strategy<Value = AckItem> {
@@ -116,9 +161,15 @@ mod tests {
             )
             .prop_map(|after| Some(ack_item::Outcome::Requeue(Requeue { after }))),
         ];
-        (0u64..8, outcome).prop_map(|(delivery_id, outcome)| AckItem {
+        let memo = prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec(any::<u8>(), 1..=MAX_MEMO_BYTES),
+            proptest::collection::vec(any::<u8>(), MAX_MEMO_BYTES + 1..MAX_MEMO_BYTES + 8),
+        ];
+        (0u64..8, outcome, memo).prop_map(|(delivery_id, outcome, memo)| AckItem {
             delivery_id,
             outcome,
+            memo,
         })
     }
 
@@ -142,11 +193,12 @@ mod tests {
             prop_assert_eq!(taken.len(), 8);
             let Ok(outcomes) = ack_outcomes(&acks, 10) else { return Ok(()) };
             let (mut done, mut settled) = (HashSet::new(), HashSet::new());
-            for (index, outcome) in outcomes {
+            for Acked { delivery: index, outcome, memo } in outcomes {
                 let id = taken[usize::try_from(index).unwrap_or(0)].id;
                 if settled.insert(id) && outcome == Outcome::Success {
                     done.insert(id);
                 }
+                queue.leave_memo(1, id, &memo);
                 queue.ack(1, id, outcome, now);
             }
             // Past every requeue, then past the backoff of deliveries that expired in flight.

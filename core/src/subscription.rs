@@ -205,6 +205,18 @@ pub enum InvalidRequest {
     /// An acknowledgement with no outcome.
     #[error("ack of delivery {0} has no outcome: set success, failure or requeue")]
     NoOutcome(u64),
+    /// A memo longer than accepted.
+    #[error(
+        "the memo of delivery {delivery} is {got} bytes; at most {max} are accepted (keep versions and hashes in it, not objects)"
+    )]
+    MemoTooLong {
+        /// The delivery it was left with.
+        delivery: u64,
+        /// Its length.
+        got: usize,
+        /// The most accepted.
+        max: usize,
+    },
     /// More acknowledgements in one request than accepted.
     #[error("{got} acks in one request; at most {max} are accepted")]
     TooManyAcks {

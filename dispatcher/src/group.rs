@@ -28,11 +28,12 @@ use kube_dispatch_core::{
     key::KeyRef,
     partition::{GroupEvent, Partition},
     queue::{
-        AckResult, Change, Delivery, DeliveryId, GroupQueue, KeyStatus, Outcome, QueueConfig,
-        QueueFigures, SessionId, pool::BodyPool,
+        AckResult, Change, Delivery, GroupQueue, KeyStatus, QueueConfig, QueueFigures, SessionId,
+        pool::BodyPool,
     },
     recent_deletions::RecentDeletionsConfig,
     references::References,
+    request::Acked,
     subscription::{GroupSpec, OwnerKind},
 };
 
@@ -543,14 +544,21 @@ impl Group {
     }
 
     /// Settles deliveries; returns how many were not in flight on the session.
-    pub fn ack(&self, session: SessionId, acks: Vec<(DeliveryId, Outcome)>) -> usize {
+    /// Each ack's memo is kept for the key's next delivery ([`GroupQueue::leave_memo`]).
+    pub fn ack(&self, session: SessionId, acks: Vec<Acked>) -> usize {
         let now = Self::now();
         let mut unknown = 0;
         {
             let mut state = self.state_now();
             let mut wake = Vec::new();
-            for (id, outcome) in acks {
-                let (result, w) = state.queue.ack(session, id, outcome, now);
+            for Acked {
+                delivery,
+                outcome,
+                memo,
+            } in acks
+            {
+                state.queue.leave_memo(session, delivery, &memo);
+                let (result, w) = state.queue.ack(session, delivery, outcome, now);
                 match result {
                     AckResult::Unknown => unknown += 1,
                     AckResult::Settled { worked } => {
@@ -705,7 +713,10 @@ mod tests {
 
     use super::*;
     use kube_dispatch_core::{
-        backoff::Backoff, handover::LeaseDeadline, queue::Observed, subscription::GroupSpec,
+        backoff::Backoff,
+        handover::LeaseDeadline,
+        queue::{Observed, Outcome},
+        subscription::GroupSpec,
     };
 
     fn group(cancel: &CancellationToken) -> Arc<Group> {
@@ -716,6 +727,7 @@ mod tests {
             },
             max_reconcile_time: Duration::from_secs(30),
             body_budget: 0,
+            memo_budget: 1 << 20,
         };
         let slice = Slice::fixed("d0", kube_dispatch_proto::Ring::new(["d0"]));
         Group::spawn(
@@ -859,7 +871,10 @@ mod tests {
     /// Delivered (key, reason, resourceVersion), each acknowledged.
     fn take_all(g: &Group) -> Vec<(String, Reason, String)> {
         let got = g.take(1, 100, usize::MAX);
-        let acks = got.iter().map(|d| (d.id, Outcome::Success)).collect();
+        let acks = got
+            .iter()
+            .map(|d| (d.id, Outcome::Success).into())
+            .collect();
         g.ack(1, acks);
         got.iter()
             .map(|d| (d.key.clone(), d.reason, d.resource_version.clone()))
@@ -1015,7 +1030,7 @@ mod tests {
         let d = g.take(1, 10, usize::MAX);
         assert_eq!(d.len(), 1);
         let failed_at = Instant::now();
-        assert_eq!(g.ack(1, vec![(d[0].id, Outcome::Failure)]), 0);
+        assert_eq!(g.ack(1, vec![(d[0].id, Outcome::Failure).into()]), 0);
         // Consume the permit the first enqueue left, then wait for the retry's wake-up.
         slot.notify.notified().await;
         assert!(
@@ -1044,7 +1059,7 @@ mod tests {
         assert_eq!(g.ack(1, vec![]), 0);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(
-            g.ack(1, vec![(d[0].id, Outcome::Success)]),
+            g.ack(1, vec![(d[0].id, Outcome::Success).into()]),
             1,
             "the delivery expired"
         );

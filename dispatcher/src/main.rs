@@ -160,6 +160,13 @@ struct Args {
     #[arg(long, env = "KD_BODY_BUDGET_BYTES", default_value_t = 64 * 1024 * 1024)]
     body_budget_bytes: usize,
 
+    /// Bytes of memos a group may keep: the notes (at most 512 bytes each) a controller's
+    /// acknowledgement leaves for its key's next delivery, such as the versions of the children
+    /// it wrote. Counted in --max-body-bytes too. Past it a memo is not kept, and the next
+    /// delivery of that key carries none (the controller reads what it would have skipped).
+    #[arg(long, env = "KD_MEMO_BUDGET_BYTES", default_value_t = 16 * 1024 * 1024)]
+    memo_budget_bytes: usize,
+
     /// Bytes of object bodies all groups together may hold, whoever they belong to: the bound
     /// that keeps bodies within the pod's memory limit (deploy/ sets that limit from it). When
     /// less than a tenth is left, each group holding more than an even share drops bodies down
@@ -432,6 +439,7 @@ struct LimitFlags {
     max_sessions_per_identity: usize,
     max_groups_per_identity: usize,
     body_budget_bytes: usize,
+    memo_budget_bytes: usize,
 }
 
 impl LimitFlags {
@@ -450,6 +458,7 @@ impl LimitFlags {
             max_sessions_per_identity: args.max_sessions_per_identity,
             max_groups_per_identity: args.max_groups_per_identity,
             body_budget_bytes: args.body_budget_bytes,
+            memo_budget_bytes: args.memo_budget_bytes,
         }
     }
 }
@@ -480,6 +489,7 @@ fn queue_config(f: &LimitFlags) -> QueueConfig {
         },
         max_reconcile_time: f.max_reconcile_time,
         body_budget: f.body_budget_bytes,
+        memo_budget: f.memo_budget_bytes,
     }
 }
 

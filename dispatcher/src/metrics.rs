@@ -30,9 +30,11 @@
 //! | `kube_dispatch_group_reference_bytes` | gauge | about the bytes of the index of what they name (about 150 per reference) |
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
 //! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys |
+//! | `kube_dispatch_group_memo_bytes` | gauge | bytes of memos acknowledgements left for their keys' next deliveries |
 //! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |
 //! | `kube_dispatch_group_acks_total` | counter | acknowledgements, by `outcome` (`success`, `failure`, `requeue`, `unknown`) |
 //! | `kube_dispatch_group_expired_deliveries_total` | counter | deliveries not acknowledged within the maximum reconcile time |
+//! | `kube_dispatch_group_memos_refused_total` | counter | memos not kept: the group's `--memo-budget-bytes` or the process's `--max-body-bytes` was full |
 //!
 //! A group's series go when the group is dropped (after `--idle-group-grace` without sessions)
 //! and its counters start again from zero if it comes back. No label names a key or an object.
@@ -295,7 +297,7 @@ impl Collector for GroupTableCollector {
         }
 
         // kube-dispatch's own.
-        let group_gauges: [Described<FigureOf<usize>>; 10] = [
+        let group_gauges: [Described<FigureOf<usize>>; 11] = [
             ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
             (
                 "kube_dispatch_group_in_flight",
@@ -339,6 +341,11 @@ impl Collector for GroupTableCollector {
                 "kube_dispatch_group_body_bytes",
                 "Bytes of object bodies held for ready keys",
                 |f| f.queue.body_bytes,
+            ),
+            (
+                "kube_dispatch_group_memo_bytes",
+                "Bytes of memos acknowledgements left for their keys' next deliveries",
+                |f| f.queue.memo_bytes,
             ),
         ];
         for (name, help, value) in group_gauges {
@@ -389,16 +396,23 @@ impl Collector for GroupTableCollector {
                 }
             }
         }
-        {
-            let mut family = encoder.encode_descriptor(
+        let group_counters: [Described<CountOf>; 2] = [
+            (
                 "kube_dispatch_group_expired_deliveries",
                 "Deliveries not acknowledged within the maximum reconcile time",
-                None,
-                MetricType::Counter,
-            )?;
+                |c| c.expired,
+            ),
+            (
+                "kube_dispatch_group_memos_refused",
+                "Memos not kept: the group's memo budget or the process's body pool was full",
+                |c| c.memos_refused,
+            ),
+        ];
+        for (name, help, value) in group_counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for s in &snapshots {
                 let labels = group_label(&s.id);
-                ConstCounter::new(s.figures.queue.counts.expired)
+                ConstCounter::new(value(&s.figures.queue.counts))
                     .encode(family.encode_family(&labels)?)?;
             }
         }

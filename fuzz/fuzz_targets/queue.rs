@@ -42,6 +42,7 @@ fuzz_target!(|ops: Vec<Op>| {
         },
         max_reconcile_time: Duration::from_secs(30),
         body_budget: 64,
+        memo_budget: 64,
     });
     let mut now = Instant::now();
     // Delivery id to (session, key, deadline), for deliveries not yet settled.
@@ -83,6 +84,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         uid: "u".into(),
                         body: Some(vec![0; usize::from(rv % 40)].into()),
                         deleted,
+                        trace: None,
                     },
                 );
             }
@@ -93,6 +95,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         resource_version: rv.to_string(),
                         uid: "u".into(),
                         body: None,
+                        trace: None,
                     },
                     u32::from(epoch % 4),
                 );
@@ -126,6 +129,8 @@ fuzz_target!(|ops: Vec<Op>| {
                     1 => Outcome::Failure,
                     _ => Outcome::Requeue(Duration::from_millis(u64::from(outcome))),
                 };
+                // A memo of up to 32 bytes, past the group's 64 at times.
+                q.leave_memo(session, id, &vec![i; usize::from(i % 33)]);
                 q.ack(session, id, outcome, now);
             }
             Op::Advance(ms) => {

@@ -46,6 +46,10 @@ pub use ring::{Ring, RingKey};
 /// 4 MiB, the default decoding limit of gRPC clients.
 pub const DEFAULT_MAX_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
 
+/// Most bytes of the memo an acknowledgement may leave for its key's next delivery
+/// (`AckItem.memo`).
+pub const MAX_MEMO_BYTES: usize = 512;
+
 /// Most keys one `Dispatcher.Trigger` may name.
 pub const MAX_TRIGGER_KEYS: usize = 1000;
 

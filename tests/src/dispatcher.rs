@@ -52,6 +52,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
                 },
                 max_reconcile_time: Duration::from_secs(30),
                 body_budget: 16 * 1024 * 1024,
+                memo_budget: 16 * 1024 * 1024,
             },
             bodies: BodyPool::new(256 * 1024 * 1024),
             resync_interval: Duration::ZERO,
@@ -311,6 +312,7 @@ impl TestSession {
             .map(|id| AckItem {
                 delivery_id: *id,
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
+                memo: Vec::new(),
             })
             .collect();
         self.poll_with(acks, wait).await
@@ -383,6 +385,7 @@ impl TestSession {
             .map(|id| AckItem {
                 delivery_id: *id,
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
+                memo: Vec::new(),
             })
             .collect();
         self.client

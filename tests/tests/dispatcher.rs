@@ -275,6 +275,7 @@ async fn failed_reconciles_are_retried_with_growing_delays() -> TestResult {
             outcome: Some(ack_item::Outcome::Failure(Failure {
                 message: "boom".into(),
             })),
+            memo: Vec::new(),
         }];
         let failed_at = tokio::time::Instant::now();
         pending = s.poll_with(fail, Duration::from_secs(2)).await?;
@@ -316,6 +317,7 @@ async fn requeue_after_is_honoured() -> TestResult {
                 after: prost_types::Duration::try_from(Duration::from_millis(1500)).ok(),
             },
         )),
+        memo: Vec::new(),
     }];
     let acked_at = tokio::time::Instant::now();
     let mut again = s.poll_with(requeue, Duration::from_secs(2)).await?;
@@ -629,6 +631,7 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
     let stray = vec![AckItem {
         delivery_id: 987_654,
         outcome: Some(ack_item::Outcome::Success(Default::default())),
+        memo: Vec::new(),
     }];
     assert!(
         s.poll_with(stray, Duration::from_millis(100))
@@ -798,5 +801,69 @@ async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
         Status::NotReady("draining".into()),
         "not ready from the drain on"
     );
+    Ok(())
+}
+
+/// A memo an acknowledgement leaves comes back with the next delivery of the same object, and
+/// only of that object: replaced by each ack, absent for an object made anew under the name,
+/// and a memo past the bound refuses the acknowledgement with the bound.
+#[tokio::test]
+async fn a_memo_comes_back_with_the_next_delivery_of_the_same_object() -> TestResult {
+    let (_ns, api, d, mut s) = configmap_setup("dispatch-memo").await?;
+    let ack = |delivery_id, memo: &[u8]| AckItem {
+        delivery_id,
+        outcome: Some(ack_item::Outcome::Success(Default::default())),
+        memo: memo.to_vec(),
+    };
+    api.create(&PostParams::default(), &configmap("noted", "0"))
+        .await?;
+    let first = s.hold(TIMEOUT).await?;
+    assert_eq!(first[0].memo, b"");
+    let too_long = s
+        .poll_with(
+            vec![ack(first[0].delivery_id, &[b'x'; 513])],
+            Duration::from_millis(1),
+        )
+        .await
+        .expect_err("a memo past 512 bytes");
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+    assert!(too_long.message().contains("at most 512"), "{too_long:?}");
+    let none = s
+        .poll_with(
+            vec![ack(first[0].delivery_id, b"child-0@41")],
+            Duration::from_millis(1),
+        )
+        .await?;
+    assert!(none.is_empty());
+
+    let change = serde_json::json!({ "data": { "v": "1" } });
+    api.patch("noted", &PatchParams::default(), &Patch::Merge(&change))
+        .await?;
+    let second = s.hold(TIMEOUT).await?;
+    assert_eq!(second[0].memo, b"child-0@41");
+    s.poll_with(
+        vec![ack(second[0].delivery_id, b"child-0@42")],
+        Duration::from_millis(1),
+    )
+    .await?;
+
+    // Made anew under the same name: the memo was left for the object that is gone.
+    api.delete("noted", &DeleteParams::default()).await?;
+    let deleted = s.hold(TIMEOUT).await?;
+    assert!(deleted[0].deleted);
+    assert_eq!(deleted[0].memo, b"", "a deletion carries none");
+    s.poll_with(
+        vec![ack(deleted[0].delivery_id, b"")],
+        Duration::from_millis(1),
+    )
+    .await?;
+    api.create(&PostParams::default(), &configmap("noted", "2"))
+        .await?;
+    let again = s.hold(TIMEOUT).await?;
+    assert_eq!(
+        (again[0].deleted, again[0].memo.as_slice()),
+        (false, &b""[..])
+    );
+    d.stop().await;
     Ok(())
 }

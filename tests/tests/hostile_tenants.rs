@@ -294,6 +294,7 @@ async fn poll_heavy(
             acks.push(AckItem {
                 delivery_id: r.delivery_id,
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
+                memo: Vec::new(),
             });
             got.push((r.object.unwrap_or_default().name, !r.object_json.is_empty()));
         }
@@ -361,6 +362,7 @@ async fn an_absurd_requeue_is_refused_and_the_key_kept() -> TestResult {
                 nanos: 0,
             }),
         })),
+        memo: Vec::new(),
     };
     let refused = session
         .poll_with(vec![absurd], Duration::from_millis(10))
@@ -377,6 +379,7 @@ async fn an_absurd_requeue_is_refused_and_the_key_kept() -> TestResult {
                 nanos: 0,
             }),
         })),
+        memo: Vec::new(),
     };
     session
         .poll_with(vec![week], Duration::from_millis(10))

@@ -345,6 +345,7 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     let outcome = |delivery_id, outcome| AckItem {
         delivery_id,
         outcome: Some(outcome),
+        memo: Vec::new(),
     };
     s.poll_with(
         vec![

@@ -71,6 +71,7 @@ fn ack(id: u64, outcome: ack_item::Outcome) -> AckItem {
     AckItem {
         delivery_id: id,
         outcome: Some(outcome),
+        memo: Vec::new(),
     }
 }
 

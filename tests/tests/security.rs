@@ -224,6 +224,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
             acks: vec![AckItem {
                 delivery_id: held[0].delivery_id,
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
+                memo: Vec::new(),
             }],
         })
         .await
@@ -245,6 +246,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
             acks: vec![AckItem {
                 delivery_id: held[0].delivery_id,
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
+                memo: Vec::new(),
             }],
         })
         .await?;

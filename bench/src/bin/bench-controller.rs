@@ -41,6 +41,7 @@ use kube_dispatch_bench::{
     ANNOTATION, CHILD_LABEL, Content, ReconcileStart, Record, child_is_current, child_name,
     content_hash, desired_child, now_micros,
 };
+use kube_dispatch_controller::children::Checked;
 use serde::{Serialize, de::DeserializeOwned};
 
 /// The benchmark controller: keeps a content-hash annotation on every object of one namespace.
@@ -174,31 +175,46 @@ async fn ensure_hash<K: Object>(object: &K, api: &Api<K>) -> Result<(), Error> {
 /// The field manager of the children's writes.
 const MANAGER: &str = "bench-controller";
 
-/// Makes the `count` children of `owner` what [`desired_child`] says, reading each from `read`
-/// (its current state, `None` if it does not exist) and writing (server-side apply, through
-/// `api`) only those that differ.
+/// A child as a reconcile finds it.
+enum Found {
+    /// Known to hold what this controller wrote for the owner as it is now: nothing to read.
+    Held,
+    /// As read (`None`: it does not exist).
+    Read(Option<Box<ConfigMap>>),
+}
+
+/// Makes the `count` children of `owner` what [`desired_child`] says, finding each by `find`
+/// and writing (server-side apply, through `api`) only those that differ; `current` is told
+/// of each child found or written as desired.
 async fn ensure_children<F, Fut>(
     owner: &Record,
     count: usize,
     api: &Api<ConfigMap>,
-    read: F,
+    find: F,
+    mut current: impl FnMut(&ConfigMap),
 ) -> Result<(), Error>
 where
     F: Fn(String) -> Fut,
-    Fut: Future<Output = Result<Option<ConfigMap>, Error>>,
+    Fut: Future<Output = Result<Found, Error>>,
 {
     for i in 0..count {
         let name = child_name(&owner.name_any(), i);
-        let current = read(name.clone()).await?;
-        if current.is_some_and(|c| child_is_current(owner, &c)) {
-            continue;
+        match find(name.clone()).await? {
+            Found::Held => continue,
+            Found::Read(Some(c)) if child_is_current(owner, &c) => {
+                current(&c);
+                continue;
+            }
+            Found::Read(_) => {}
         }
-        api.patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&desired_child(owner, i)),
-        )
-        .await?;
+        let written = api
+            .patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&desired_child(owner, i)),
+            )
+            .await?;
+        current(&written);
     }
     Ok(())
 }
@@ -335,13 +351,13 @@ async fn run_kube_rs_owners(client: Client, namespace: &str, concurrency: usize,
             started(record.meta());
             ensure_hash(record.as_ref(), &api_of(&client, record.as_ref())).await?;
             let ns = record.namespace().unwrap_or_default();
-            ensure_children(&record, children, &configmaps, |name| {
+            let find = |name: String| {
                 let cached = store
                     .get(&reflector::ObjectRef::new(&name).within(&ns))
                     .map(|c| (*c).clone());
-                async move { Ok(cached) }
-            })
-            .await?;
+                async move { Ok(Found::Read(cached.map(Box::new))) }
+            };
+            ensure_children(&record, children, &configmaps, find, |_| {}).await?;
             Ok::<_, Error>(controller::Action::await_change())
         }
     };
@@ -371,25 +387,45 @@ async fn run_dispatch_owners(
                 // What the dispatcher knows of the children: which exist, and how new each is.
                 let known = kube_dispatch_controller::children::of_this_reconcile()
                     .filter(|c| c.is_complete());
+                // The versions this controller wrote or read for the owner's data as it is.
+                let mut checked = Checked::for_desired(content_hash(record.content()));
                 let api = &configmaps;
-                ensure_children(&record, children, &configmaps, |name| {
-                    // Some(None): known not to exist; Some(Some(version)): exists, as new as
-                    // `version` if it parses; None: the request does not say.
-                    let seen = known.as_ref().map(|c| {
-                        c.of::<ConfigMap>()
-                            .find(|k| k.name == name)
-                            .map(|k| k.resource_version.parse::<u64>().ok())
-                    });
+                let (held, mut recorded) = (&checked, Vec::new());
+                let find = |name: String| {
+                    // Some(None): known not to exist; Some(Some(child)): exists, as the
+                    // request shows it; None: the request does not say.
+                    let seen = known
+                        .as_ref()
+                        .map(|c| c.of::<ConfigMap>().find(|k| k.name == name).cloned());
                     async move {
                         match seen {
+                            Some(Some(child)) if held.holds(&child) => Ok(Found::Held),
                             // Known not to exist: nothing to read.
-                            Some(None) => Ok(None),
-                            Some(Some(version)) => cached_child(api, &name, version).await,
-                            None => cached_child(api, &name, None).await,
+                            Some(None) => Ok(Found::Read(None)),
+                            Some(Some(child)) => {
+                                let version = child.resource_version.parse::<u64>().ok();
+                                Ok(Found::Read(
+                                    cached_child(api, &name, version).await?.map(Box::new),
+                                ))
+                            }
+                            None => Ok(Found::Read(
+                                cached_child(api, &name, None).await?.map(Box::new),
+                            )),
                         }
                     }
+                };
+                let result = ensure_children(&record, children, &configmaps, find, |c| {
+                    recorded.push(c.clone());
                 })
-                .await?;
+                .await;
+                // What was found or written stays recorded, whatever the outcome.
+                for c in &recorded {
+                    checked.record(c);
+                }
+                if let Err(e) = checked.leave() {
+                    tracing::debug!(error = %e, "children's versions not kept");
+                }
+                result?;
             }
             ChildrenFrom::List => {
                 let listed = configmaps
@@ -399,11 +435,11 @@ async fn run_dispatch_owners(
                     )
                     .await?
                     .items;
-                ensure_children(&record, children, &configmaps, |name| {
+                let find = |name: String| {
                     let found = listed.iter().find(|c| c.name_any() == name).cloned();
-                    async move { Ok(found) }
-                })
-                .await?;
+                    async move { Ok(Found::Read(found.map(Box::new))) }
+                };
+                ensure_children(&record, children, &configmaps, find, |_| {}).await?;
             }
         }
         Ok::<_, Error>(kube_dispatch_controller::Action::await_change())

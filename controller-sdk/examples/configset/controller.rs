@@ -22,7 +22,7 @@ use kube::{
 // kube::runtime::controller::Action in the kube-rs version. Nothing else differs.
 use super::Action;
 use kube_dispatch_controller::{
-    children,
+    children::{self, Checked},
     precondition::{self, WriteError},
 };
 use schemars::JsonSchema;
@@ -117,7 +117,23 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
         None => None,
     };
 
+    // The children as the request shows them (kube-dispatch; elsewhere none), and those this
+    // controller last wrote for the same spec and Secret, kept in the key's memo: a child at a
+    // version it wrote needs no write. A child changed or deleted by hand, or never written, is
+    // written.
+    let known = children::of_this_reconcile().filter(|c| c.is_complete());
+    let generation = set.meta().generation.unwrap_or_default();
+    let mut checked = Checked::for_desired(format!(
+        "{generation}/{}",
+        secret_version.as_deref().unwrap_or_default()
+    ));
     for i in 0..set.spec.count {
+        let shown = known
+            .as_ref()
+            .and_then(|c| c.of::<ConfigMap>().find(|c| c.name == child_name(&name, i)));
+        if shown.is_some_and(|c| checked.holds(c)) {
+            continue;
+        }
         let child = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(child_name(&name, i)),
@@ -131,43 +147,48 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
             data: Some(set.spec.data.clone()),
             ..ConfigMap::default()
         };
-        configmaps
+        let written = configmaps
             .patch(
                 &child_name(&name, i),
                 &PatchParams::apply(MANAGER).force(),
                 &Patch::Apply(&child),
             )
             .await?;
+        checked.record(&written);
+    }
+    // Left with the acknowledgement; outside kube-dispatch (no memo) or past 62 children (too
+    // long for one), the next reconcile writes them all, as it would without.
+    if let Err(e) = checked.leave() {
+        tracing::debug!(error = %e, "children's versions not kept for the next reconcile");
     }
     // Children beyond the declared count (it was lowered) go away. On kube-dispatch the
     // request carries them (no LIST); elsewhere, or while the dispatcher's view is not whole,
     // they are listed.
     // Either way, the ConfigMaps this ConfigSet controls, as (name, uid, resourceVersion).
-    let existing: Vec<(String, Option<String>, Option<String>)> =
-        match children::of_this_reconcile().filter(|c| c.is_complete()) {
-            Some(children) => children
-                .of::<ConfigMap>()
-                .map(|c| {
-                    let (uid, version) = (c.uid.clone(), c.resource_version.clone());
-                    (c.name.clone(), Some(uid), Some(version))
+    let existing: Vec<(String, Option<String>, Option<String>)> = match known {
+        Some(children) => children
+            .of::<ConfigMap>()
+            .map(|c| {
+                let (uid, version) = (c.uid.clone(), c.resource_version.clone());
+                (c.name.clone(), Some(uid), Some(version))
+            })
+            .collect(),
+        None => {
+            let selector = format!("{OWNER_LABEL}={name}");
+            let uid = set.uid();
+            configmaps
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .into_iter()
+                .filter(|cm| {
+                    cm.owner_references()
+                        .iter()
+                        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
                 })
-                .collect(),
-            None => {
-                let selector = format!("{OWNER_LABEL}={name}");
-                let uid = set.uid();
-                configmaps
-                    .list(&ListParams::default().labels(&selector))
-                    .await?
-                    .into_iter()
-                    .filter(|cm| {
-                        cm.owner_references()
-                            .iter()
-                            .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
-                    })
-                    .map(|cm| (cm.name_any(), cm.uid(), cm.resource_version()))
-                    .collect()
-            }
-        };
+                .map(|cm| (cm.name_any(), cm.uid(), cm.resource_version()))
+                .collect()
+        }
+    };
     for (child, uid, resource_version) in existing {
         let index = child
             .strip_prefix(&format!("{name}-"))

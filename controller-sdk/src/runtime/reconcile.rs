@@ -11,7 +11,7 @@ use std::{
 };
 
 use kube::runtime::reflector::ObjectRef;
-use kube_dispatch_proto::v1::{Failure, ReconcileRequest, Requeue, Success, ack_item};
+use kube_dispatch_proto::v1::{AckItem, Failure, ReconcileRequest, Requeue, Success, ack_item};
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -24,8 +24,8 @@ use crate::{Action, Error, metrics::Ended};
 
 /// Runs one delivery, which `arrived` then: waits for a free slot unless it holds `permit`,
 /// loads the object and reconciles it, all by `deadline` (`limit` after the delivery); returns
-/// the ack to send, or `None` when the session was lost, in which case the reconcile has been
-/// stopped.
+/// the ack to send (with the memo the reconcile left, or the one it was given), or `None` when
+/// the session was lost, in which case the reconcile has been stopped.
 pub(super) async fn reconcile_one<T: Types>(
     shared: &Shared<T>,
     request: ReconcileRequest,
@@ -34,8 +34,10 @@ pub(super) async fn reconcile_one<T: Types>(
     deadline: Instant,
     limit: Duration,
     lost: &CancellationToken,
-) -> Option<ack_item::Outcome> {
+) -> Option<AckItem> {
     let key = request.key.clone();
+    let delivery_id = request.delivery_id;
+    let memo = crate::memo::Slot::new(request.memo.clone());
     let metrics = &shared.metrics;
     // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
     let mut started = None;
@@ -58,7 +60,7 @@ pub(super) async fn reconcile_one<T: Types>(
         };
         Some(
             crate::metrics::CONTROLLER
-                .scope(controller, run_reconcile(shared, request))
+                .scope(controller, memo.scope(run_reconcile(shared, request)))
                 .await,
         )
     };
@@ -91,7 +93,11 @@ pub(super) async fn reconcile_one<T: Types>(
     if let Some(report) = report {
         let _ = shared.outcomes.send(report).await;
     }
-    Some(outcome)
+    Some(AckItem {
+        delivery_id,
+        outcome: Some(outcome),
+        memo: memo.take(),
+    })
 }
 
 /// Counts a delivery waiting for a free slot while it lives.

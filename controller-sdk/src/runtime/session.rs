@@ -156,15 +156,11 @@ pub(super) async fn session<T: Types>(
             kube_dispatch_runtime::logging::set_parent(&span, &request.traceparent);
             tasks.spawn(
                 async move {
-                    let id = request.delivery_id;
-                    if let Some(outcome) =
+                    if let Some(ack) =
                         reconcile_one(&shared, request, permit, arrived, deadline, limit, &lost)
                             .await
                     {
-                        let _ = ack_tx.send(AckItem {
-                            delivery_id: id,
-                            outcome: Some(outcome),
-                        });
+                        let _ = ack_tx.send(ack);
                     }
                 }
                 .instrument(span),

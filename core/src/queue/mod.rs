@@ -57,6 +57,10 @@ pub struct QueueConfig {
     pub max_reconcile_time: Duration,
     /// Most bytes of object bodies held for ready keys; past it keys are delivered without body.
     pub body_budget: usize,
+    /// Most bytes of memos ([`GroupQueue::leave_memo`]) the group keeps, each at most
+    /// [`kube_dispatch_proto::MAX_MEMO_BYTES`]; past it a memo is not kept and the key's next
+    /// delivery carries none.
+    pub memo_budget: usize,
 }
 
 impl Default for QueueConfig {
@@ -65,6 +69,7 @@ impl Default for QueueConfig {
             backoff: Backoff::default(),
             max_reconcile_time: Duration::from_secs(60),
             body_budget: 64 * 1024 * 1024,
+            memo_budget: 16 * 1024 * 1024,
         }
     }
 }
@@ -139,6 +144,8 @@ pub struct Delivery {
     pub attempt: u32,
     /// The trace context of the first change that queued the key since its last delivery.
     pub trace: Option<Arc<str>>,
+    /// The memo the last acknowledged reconcile of this object left here, if any.
+    pub memo: Option<Arc<[u8]>>,
 }
 
 impl Delivery {
@@ -150,6 +157,7 @@ impl Delivery {
     /// An upper bound of the bytes this delivery takes in a poll's answer.
     pub fn size_bound(&self) -> usize {
         Self::size_bound_of(&self.key, self.body.as_ref().map_or(0, |b| b.len()))
+            .saturating_add(self.memo.as_ref().map_or(0, |m| m.len()))
     }
 
     fn size_bound_of(key: &str, body: usize) -> usize {
@@ -280,6 +288,8 @@ pub struct QueueCounts {
     pub acks_unknown: u64,
     /// Deliveries not acknowledged within the maximum reconcile time.
     pub expired: u64,
+    /// Memos not kept because the group's memo budget or the process's pool was full.
+    pub memos_refused: u64,
 }
 
 /// A queue's figures at one instant, for metrics.
@@ -297,6 +307,8 @@ pub struct QueueFigures {
     pub backing_off: usize,
     /// Bytes of object bodies held for ready keys.
     pub body_bytes: usize,
+    /// Bytes of memos kept.
+    pub memo_bytes: usize,
     /// Time the deliveries in flight have been out, summed (`workqueue_unfinished_work_seconds`).
     pub unfinished: Duration,
     /// The longest any delivery in flight has been out
@@ -375,6 +387,12 @@ pub struct GroupQueue {
     /// object of another uid took its name: delivered first, as a deletion, before the new
     /// object. At most one per key.
     tombstones: HashMap<Key, (Uid, Rv)>,
+    /// The memo the last acknowledged reconcile of a key left ([`GroupQueue::leave_memo`]),
+    /// with the uid of the object it was left for: handed back only to that object. Beside the
+    /// entries so keys without one pay nothing; at most `config.memo_budget` bytes, counted in
+    /// the pool too.
+    memos: HashMap<Key, (Uid, Arc<[u8]>)>,
+    memo_bytes: usize,
     body_bytes: usize,
     /// The process's bytes of bodies, which `body_bytes` are part of.
     pool: BodyPool,
@@ -420,6 +438,8 @@ impl GroupQueue {
             bodies: HashMap::default(),
             traces: HashMap::default(),
             tombstones: HashMap::default(),
+            memos: HashMap::default(),
+            memo_bytes: 0,
             body_bytes: 0,
             pool,
             body_share: usize::MAX,
@@ -465,6 +485,7 @@ impl GroupQueue {
             delayed: self.timer_slots.len().saturating_sub(in_flight),
             backing_off,
             body_bytes: self.body_bytes,
+            memo_bytes: self.memo_bytes,
             unfinished,
             longest,
             counts: self.counts,
@@ -613,6 +634,53 @@ impl GroupQueue {
     }
 
     /// Removes `key`'s body, giving its bytes back.
+    fn drop_memo(&mut self, key: &Key) {
+        if let Some((_, memo)) = self.memos.remove(key) {
+            self.memo_bytes -= memo.len();
+            self.pool.give_back(memo.len());
+        }
+    }
+
+    /// Keeps `memo` for the key of `delivery`, in flight on `session`, for the next delivery of
+    /// the same object: a reconcile's note to its successor (what it wrote, at which versions),
+    /// replacing the one kept before; an empty memo removes it. Call before the delivery's
+    /// [`Self::ack`]. Nothing is kept for a delivery not in flight there, a deletion, or past
+    /// the group's memo budget or the pool (counted in [`QueueCounts::memos_refused`]): a memo
+    /// is a hint its reader must do without. Returns whether it was kept.
+    pub fn leave_memo(&mut self, session: SessionId, delivery: DeliveryId, memo: &[u8]) -> bool {
+        let Some(key) = self
+            .sessions
+            .get(&session)
+            .and_then(|s| s.in_flight.get(&delivery))
+            .map(|(key, _)| key.clone())
+        else {
+            return false;
+        };
+        self.drop_memo(&key);
+        let Some(entry) = self.entries.get(&key) else {
+            return false;
+        };
+        if memo.is_empty() || entry.deleted || self.leaving.contains(&key) {
+            return false;
+        }
+        if memo.len() > kube_dispatch_proto::MAX_MEMO_BYTES
+            || self.memo_bytes + memo.len() > self.config.memo_budget
+            || !self.pool.take(memo.len())
+        {
+            self.counts.memos_refused += 1;
+            return false;
+        }
+        self.memo_bytes += memo.len();
+        let uid = entry.uid.clone();
+        self.memos.insert(key, (uid, Arc::from(memo)));
+        true
+    }
+
+    /// Bytes of memos kept.
+    pub fn memo_bytes(&self) -> usize {
+        self.memo_bytes
+    }
+
     fn drop_body(&mut self, key: &Key) -> Option<Arc<[u8]>> {
         let body = self.bodies.remove(key)?;
         self.body_bytes -= body.len();
@@ -1086,7 +1154,8 @@ impl GroupQueue {
                 Some(b) if !tombstone => b.len(),
                 _ => 0,
             };
-            let added = extra(&text);
+            let memo_len = self.memos.get(&queued.key).map_or(0, |(_, m)| m.len());
+            let added = extra(&text).saturating_add(memo_len);
             let size = Delivery::size_bound_of(&text, body_len).saturating_add(added);
             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
                 // Over the answer's bound: the next answer takes it, first.
@@ -1121,6 +1190,7 @@ impl GroupQueue {
                     deleted: true,
                     attempt: 0,
                     trace: None,
+                    memo: None,
                 });
                 if let Some(s) = self.sessions.get_mut(&session) {
                     s.in_flight.insert(id, (key.clone(), now));
@@ -1136,6 +1206,11 @@ impl GroupQueue {
             }
             let body = body.filter(|_| keep_body);
             let trace = self.traces.remove(&key);
+            // Only to the object it was left for; a deletion needs none.
+            let memo = match self.memos.get(&key) {
+                Some((uid, memo)) if *uid == entry.uid && !entry.deleted => Some(memo.clone()),
+                _ => None,
+            };
             self.counts.deliveries[(entry.reason as usize).min(9)] += 1;
             out.push(Delivery {
                 queued: since.map(|since| now.saturating_duration_since(since)),
@@ -1148,6 +1223,7 @@ impl GroupQueue {
                 deleted: entry.deleted,
                 attempt: entry.failures,
                 trace,
+                memo,
             });
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.in_flight.insert(id, (key.clone(), now));
@@ -1325,6 +1401,7 @@ impl GroupQueue {
         self.drop_body(key);
         self.traces.remove(key);
         self.tombstones.remove(key);
+        self.drop_memo(key);
     }
 
     /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.

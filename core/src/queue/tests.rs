@@ -17,6 +17,7 @@ fn queue() -> GroupQueue {
         },
         max_reconcile_time: Duration::from_secs(10),
         body_budget: 100,
+        memo_budget: 1000,
     })
 }
 
@@ -120,6 +121,10 @@ impl GroupQueue {
         let bodies: usize = self.bodies.values().map(|b| b.len()).sum();
         assert_eq!(bodies, self.body_bytes);
         assert!(self.body_bytes <= self.config.body_budget);
+        assert!(self.memos.keys().all(|k| self.entries.contains_key(k)));
+        let memos: usize = self.memos.values().map(|(_, m)| m.len()).sum();
+        assert_eq!(memos, self.memo_bytes);
+        assert!(self.memo_bytes <= self.config.memo_budget);
     }
 }
 
@@ -1171,4 +1176,88 @@ fn an_answer_stays_within_its_bytes() {
         "in order of first enqueue, three to an answer, the huge one without its body"
     );
     assert_eq!(q.body_bytes(), 0, "the dropped body left the budget");
+}
+
+/// A memo comes back with the next delivery of the same object only: replaced by each ack,
+/// dropped for a new object of the same name, never on a deletion, and gone with the key.
+#[test]
+fn a_memo_comes_back_to_the_same_object_only() {
+    let mut q = queue();
+    let now = Instant::now();
+    q.add_session(1, "r");
+    q.change("k", change(Reason::Added, 1));
+    let d = q.take(1, 10, now);
+    assert_eq!(d[0].memo, None);
+    assert!(q.leave_memo(1, d[0].id, b"wrote c0@5"));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    assert_eq!(q.memo_bytes(), 10);
+    q.change("k", change(Reason::Modified, 2));
+    let d = q.take(1, 10, now);
+    assert_eq!(d[0].memo.as_deref(), Some(&b"wrote c0@5"[..]));
+    // A failed reconcile's memo is kept too; an empty one removes it.
+    assert!(q.leave_memo(1, d[0].id, b"wrote c0@6"));
+    q.ack(1, d[0].id, Outcome::Failure, now);
+    q.advance(later(now, Duration::from_secs(2)));
+    let d = q.take(1, 10, later(now, Duration::from_secs(2)));
+    assert_eq!(d[0].memo.as_deref(), Some(&b"wrote c0@6"[..]));
+    assert!(!q.leave_memo(1, d[0].id, b""));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    assert_eq!(q.memo_bytes(), 0);
+    q.check();
+
+    // The name taken by another object: its first delivery carries nothing.
+    q.change("k", change(Reason::Modified, 3));
+    let d = q.take(1, 10, now);
+    q.leave_memo(1, d[0].id, b"for uid-1");
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.change(
+        "k",
+        Change {
+            uid: "uid-2".into(),
+            ..change(Reason::Added, 4)
+        },
+    );
+    let d = q.take(1, 10, now);
+    assert!(d.iter().all(|d| d.memo.is_none()), "{d:?}");
+
+    // A deletion carries none and takes the memo with the key.
+    q.leave_memo(1, d[0].id, b"for uid-2");
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.change(
+        "k",
+        Change {
+            uid: "uid-2".into(),
+            ..change(Reason::Deleted, 5)
+        },
+    );
+    let d = q.take(1, 10, now);
+    assert_eq!((d[0].deleted, d[0].memo.clone()), (true, None));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    assert_eq!((q.len(), q.memo_bytes()), (0, 0));
+    // Nothing is kept for a delivery not in flight.
+    assert!(!q.leave_memo(1, d[0].id, b"late"));
+    q.check();
+}
+
+/// Memos stay within the group's budget: past it they are refused and counted, never kept.
+#[test]
+fn memos_stay_within_their_budget() {
+    let mut q = queue(); // a budget of 1000 bytes
+    let now = Instant::now();
+    q.add_session(1, "r");
+    for i in 0..3 {
+        q.change(&format!("k{i}"), change(Reason::Added, 1));
+    }
+    let d = q.take(1, 10, now);
+    let kept: Vec<bool> = d.iter().map(|d| q.leave_memo(1, d.id, &[0; 400])).collect();
+    assert_eq!(kept, [true, true, false]);
+    assert!(
+        !q.leave_memo(1, d[2].id, &[0; 513]),
+        "past the wire's bound"
+    );
+    assert_eq!(q.memo_bytes(), 800);
+    assert_eq!(q.figures(now).counts.memos_refused, 2);
+    // Replacing a memo gives its bytes back first.
+    assert!(q.leave_memo(1, d[0].id, &[0; 500]));
+    assert_eq!(q.memo_bytes(), 900);
 }

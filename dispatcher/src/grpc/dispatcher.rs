@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use kube_dispatch_core::{
     children::OwnerChildren,
-    queue::{Delivery, DeliveryId, Outcome},
+    queue::Delivery,
     references::MAX_GROUP_FIELD_PATHS,
-    request::ack_outcomes,
+    request::{Acked, ack_outcomes},
     subscription::{
         self, GroupSpec, InvalidRequest, OwnerKind, ResourceId, SubscriptionSpec, WatchKey,
         positive_duration, validate_open,
@@ -158,7 +158,7 @@ impl DispatcherService {
         Ok(spec)
     }
 
-    fn parse_acks(&self, acks: &[AckItem]) -> Result<Vec<(DeliveryId, Outcome)>, Status> {
+    fn parse_acks(&self, acks: &[AckItem]) -> Result<Vec<Acked>, Status> {
         for a in acks {
             if let Some(ack_item::Outcome::Failure(f)) = &a.outcome {
                 debug!(delivery = a.delivery_id, message = %f.message, "reconcile failed");
@@ -270,6 +270,7 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
         traceparent: d.trace.map(|t| t.to_string()).unwrap_or_default(),
         children,
         children_state: children_state as i32,
+        memo: d.memo.map(|m| m.to_vec()).unwrap_or_default(),
     }
 }
 

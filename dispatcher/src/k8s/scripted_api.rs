@@ -305,7 +305,10 @@ impl Member {
     /// Everything ready for the session, each acknowledged: `(name, deleted)` in key order.
     pub(crate) fn delivered(&self) -> Vec<(String, bool)> {
         let taken: Vec<Delivery> = self.group.take(SESSION, 1000, usize::MAX);
-        let acks = taken.iter().map(|d| (d.id, Outcome::Success)).collect();
+        let acks = taken
+            .iter()
+            .map(|d| (d.id, Outcome::Success).into())
+            .collect();
         self.group.ack(SESSION, acks);
         let mut out: Vec<(String, bool)> = taken
             .into_iter()

@@ -10,7 +10,8 @@ use std::{
 
 use kube_dispatch_core::{
     children::OwnerChildren,
-    queue::{Delivery, DeliveryId, Outcome, SessionId},
+    queue::{Delivery, SessionId},
+    request::Acked,
     subscription::GroupSpec,
 };
 use kube_dispatch_runtime::auth::{Caller, GroupId};
@@ -131,7 +132,7 @@ impl GroupTable {
         &self,
         session: &str,
         caller: &Caller,
-        acks: Vec<(DeliveryId, Outcome)>,
+        acks: Vec<Acked>,
         wait: Duration,
         max: usize,
         max_bytes: usize,
@@ -183,7 +184,7 @@ impl GroupTable {
         &self,
         session: &str,
         caller: &Caller,
-        acks: Vec<(DeliveryId, Outcome)>,
+        acks: Vec<Acked>,
     ) -> Result<(), SessionError> {
         let (group, id, slot) = self.lookup(session, caller)?;
         renew(&slot);
@@ -240,13 +241,7 @@ impl GroupTable {
     }
 
     /// Settles acks of a session; those not in flight are ignored, counted and logged.
-    fn settle(
-        &self,
-        group: &Group,
-        id: SessionId,
-        session: &str,
-        acks: Vec<(DeliveryId, Outcome)>,
-    ) {
+    fn settle(&self, group: &Group, id: SessionId, session: &str, acks: Vec<Acked>) {
         if acks.is_empty() {
             return;
         }

@@ -91,7 +91,10 @@ async fn poll(
     session: &str,
     acks: Vec<DeliveryId>,
 ) -> Result<Vec<(DeliveryId, String)>, SessionError> {
-    let acks = acks.into_iter().map(|id| (id, Outcome::Success)).collect();
+    let acks = acks
+        .into_iter()
+        .map(|id| (id, Outcome::Success).into())
+        .collect();
     let polled = within(
         "a poll ended",
         table.poll(
