@@ -19,8 +19,12 @@
 //! - `kube-rs`: `Controller::owns_stream` over a reflector, whose store the reconcile reads (the
 //!   children are cached, one watch for both);
 //! - `dispatch` with `--children-from request`: the children the request carries (name, uid,
-//!   resourceVersion), and each one's content by a GET the API server answers from its watch
-//!   cache (`resourceVersion=0`), read again consistently if that is older than the request;
+//!   resourceVersion) against those the last reconcile here wrote or read for the owner's data
+//!   as it is (`children::Checked`, in the key's memo): a child at such a version is neither
+//!   read nor written; one at another version is written without reading it once the owner's
+//!   children were written here before, and otherwise (the first reconcile here, as at a cold
+//!   start) read first by a GET the API server answers from its watch cache
+//!   (`resourceVersion=0`), read again consistently if that is older than the request;
 //! - `dispatch` with `--children-from list`: a LIST of the owner's children by label in every
 //!   reconcile, as a controller with no cache and no children in its requests must.
 //!
@@ -179,6 +183,10 @@ const MANAGER: &str = "bench-controller";
 enum Found {
     /// Known to hold what this controller wrote for the owner as it is now: nothing to read.
     Held,
+    /// At a version this controller did not write (or read) for the owner as it is now, after
+    /// it wrote the owner's children before: written without reading it, as the apply is the
+    /// same whatever it holds.
+    Unchecked,
     /// As read (`None`: it does not exist).
     Read(Option<Box<ConfigMap>>),
 }
@@ -205,7 +213,7 @@ where
                 current(&c);
                 continue;
             }
-            Found::Read(_) => {}
+            Found::Read(_) | Found::Unchecked => {}
         }
         let written = api
             .patch(
@@ -389,6 +397,9 @@ async fn run_dispatch_owners(
                     .filter(|c| c.is_complete());
                 // The versions this controller wrote or read for the owner's data as it is.
                 let mut checked = Checked::for_desired(content_hash(record.content()));
+                // Whether an earlier reconcile here left what it wrote: without (the first
+                // reconcile here, as at a cold start), a child is read before it is written.
+                let wrote_before = kube_dispatch_controller::memo::previous().is_some();
                 let api = &configmaps;
                 let (held, mut recorded) = (&checked, Vec::new());
                 let find = |name: String| {
@@ -402,6 +413,8 @@ async fn run_dispatch_owners(
                             Some(Some(child)) if held.holds(&child) => Ok(Found::Held),
                             // Known not to exist: nothing to read.
                             Some(None) => Ok(Found::Read(None)),
+                            // Written before (the owner changed since, or the child did).
+                            Some(Some(_)) if wrote_before => Ok(Found::Unchecked),
                             Some(Some(child)) => {
                                 let version = child.resource_version.parse::<u64>().ok();
                                 Ok(Found::Read(

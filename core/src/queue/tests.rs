@@ -1205,32 +1205,34 @@ fn a_memo_comes_back_to_the_same_object_only() {
     assert_eq!(q.memo_bytes(), 0);
     q.check();
 
+    // Settles `d` leaving `memo`, then changes the key to `next` and takes it again.
+    let round = |q: &mut GroupQueue, d: &Delivery, memo: &[u8], next: Change| {
+        q.leave_memo(1, d.id, memo);
+        q.ack(1, d.id, Outcome::Success, now);
+        q.change("k", next);
+        q.take(1, 10, now)
+    };
+    let of_uid_2 = |c: Change| Change {
+        uid: "uid-2".into(),
+        ..c
+    };
     // The name taken by another object: its first delivery carries nothing.
     q.change("k", change(Reason::Modified, 3));
     let d = q.take(1, 10, now);
-    q.leave_memo(1, d[0].id, b"for uid-1");
-    q.ack(1, d[0].id, Outcome::Success, now);
-    q.change(
-        "k",
-        Change {
-            uid: "uid-2".into(),
-            ..change(Reason::Added, 4)
-        },
+    let d = round(
+        &mut q,
+        &d[0],
+        b"for uid-1",
+        of_uid_2(change(Reason::Added, 4)),
     );
-    let d = q.take(1, 10, now);
     assert!(d.iter().all(|d| d.memo.is_none()), "{d:?}");
-
     // A deletion carries none and takes the memo with the key.
-    q.leave_memo(1, d[0].id, b"for uid-2");
-    q.ack(1, d[0].id, Outcome::Success, now);
-    q.change(
-        "k",
-        Change {
-            uid: "uid-2".into(),
-            ..change(Reason::Deleted, 5)
-        },
+    let d = round(
+        &mut q,
+        &d[0],
+        b"for uid-2",
+        of_uid_2(change(Reason::Deleted, 5)),
     );
-    let d = q.take(1, 10, now);
     assert_eq!((d[0].deleted, d[0].memo.clone()), (true, None));
     q.ack(1, d[0].id, Outcome::Success, now);
     assert_eq!((q.len(), q.memo_bytes()), (0, 0));
