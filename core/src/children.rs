@@ -13,19 +13,21 @@
 //! what the other does not.
 //!
 //! Bound: one entry per object of the watch that has a controlling owner of a subscribed kind
-//! (its key, uid and resourceVersion, with its owner's key shared among siblings: about
-//! [`Children::bytes`] / [`Children::len`], about 300 bytes each), removed when the object is
-//! deleted, loses its owner or is missing from a re-list; dropped with the watch.
+//! whose key this dispatcher may serve (its key, uid and resourceVersion, with its owner's key
+//! shared among siblings: about [`Children::bytes`] / [`Children::len`], about 300 bytes each),
+//! so it grows with the owners served here, not with every owned object the watch shows;
+//! removed when the object is deleted, loses its owner or is missing from a re-list, and when
+//! its owner is no longer served here; dropped with the watch.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{
-        Arc, RwLock, RwLockWriteGuard,
+        Arc, Mutex, RwLock, RwLockWriteGuard,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
-use crate::subscription::OwnerKind;
+use crate::{handover::Slice, subscription::OwnerKind};
 
 /// What the index holds of one child: its owner, the epoch of the list or watch that last
 /// showed it, and what an owner's reconcile is told of it.
@@ -213,6 +215,23 @@ impl Children {
         tell
     }
 
+    /// Forgets the children of the owners `keep` rejects (their keys are no longer served here,
+    /// [`crate::handover::Slice::may_serve`]): nobody is told, as nothing changed but where
+    /// the owners are reconciled. A list shows them again if they come back.
+    pub fn retain_owners(&mut self, keep: impl Fn(&str) -> bool) {
+        for children in self.by_kind.values_mut() {
+            let gone: Vec<Arc<str>> = children
+                .by_child
+                .iter()
+                .filter(|(_, c)| !keep(&c.owner))
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in gone {
+                children.remove(&key);
+            }
+        }
+    }
+
     /// Forgets the children of `kind` (no subscriber follows it any more).
     pub fn forget(&mut self, kind: &OwnerKind) {
         self.by_kind.remove(kind);
@@ -260,6 +279,10 @@ pub struct ChildIndex {
     beside: AtomicBool,
     /// Groups joined the running watch that its task has not yet started listing for.
     joining: AtomicUsize,
+    /// The slice whose owners the index holds the children of ([`ChildIndex::follow`]): a
+    /// reader on another slice (the watch's task has not taken in a ring change yet) may be
+    /// missing the children of owners that just came here.
+    fed: Mutex<Option<Arc<Slice>>>,
 }
 
 impl Default for ChildIndex {
@@ -269,6 +292,7 @@ impl Default for ChildIndex {
             listing: AtomicBool::new(true),
             beside: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
+            fed: Mutex::new(None),
         }
     }
 }
@@ -325,6 +349,12 @@ impl ChildIndex {
         self.beside.store(running, Ordering::Release);
     }
 
+    /// The index holds the children of the owners `slice` lets this dispatcher serve (a list
+    /// beside the watch, if it must show more of them, is already marked running).
+    pub fn follow(&self, slice: Arc<Slice>) {
+        *self.fed.lock().unwrap_or_else(|e| e.into_inner()) = Some(slice);
+    }
+
     /// A group joined the running watch (before its task is told).
     pub fn joined(&self) {
         self.joining.fetch_add(1, Ordering::AcqRel);
@@ -338,13 +368,20 @@ impl ChildIndex {
     }
 
     /// The children of `owner`, a request key of `kind`, at most
-    /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all.
-    pub fn of(&self, kind: &OwnerKind, owner: &str) -> OwnerChildren {
+    /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all to a reader on
+    /// `slice`.
+    pub fn of(&self, kind: &OwnerKind, owner: &str, slice: &Slice) -> OwnerChildren {
         // Read before the children: a list that starts after this is taken as complete for
         // what was read, which it was.
         let complete = self.joining.load(Ordering::Acquire) == 0
             && !self.listing.load(Ordering::Acquire)
-            && !self.beside.load(Ordering::Acquire);
+            && !self.beside.load(Ordering::Acquire)
+            && self
+                .fed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|fed| fed.same_placement(slice));
         let mut children = self
             .children
             .read()

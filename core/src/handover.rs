@@ -180,6 +180,34 @@ impl Slice {
         self.is_member() && !self.owns_key(key)
     }
 
+    /// Whether this dispatcher may deliver `key`, now or until a handover completes: it owns
+    /// it on its ring or on its settled ring (or it is off its own ring, where it owns nothing
+    /// but keeps its index). What an index of keys served here keeps, and drops once this
+    /// turns false ([`crate::children::Children::retain_owners`]); the union only grows
+    /// when [`Self::may_serve_more_than`] says so, and a list then shows what it missed.
+    pub fn may_serve(&self, key: KeyRef<'_>) -> bool {
+        let placement = self.placement(key);
+        !self.is_member()
+            || self.owns_hash(placement)
+            || self
+                .settled
+                .as_ref()
+                .is_some_and(|s| s.owner_of_hash(placement) == Some(&*self.identity))
+    }
+
+    /// Whether `other` places keys as this slice does: the same ring and settled ring (by
+    /// their members and ring key), whatever its peers and Lease.
+    pub fn same_placement(&self, other: &Slice) -> bool {
+        let same = |a: &Ring, b: &Ring| a.key() == b.key() && a.members() == b.members();
+        self.identity == other.identity
+            && same(&self.ring, &other.ring)
+            && match (&self.settled, &other.settled) {
+                (Some(a), Some(b)) => same(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+
     /// Whether this slice may serve keys `earlier` did not, so that only a list can show
     /// what changed in them meanwhile. A dispatcher serves the keys it owns on its ring and on
     /// its settled ring, which are the keys it owns on the union of both (a key is owned by the

@@ -600,13 +600,14 @@ impl Group {
             let queue = &mut self.state_now().queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
             // Lease deadline is kept in real time, as the membership loop keeps it.
-            if !self.slice.borrow().hands_out(std::time::Instant::now()) {
+            let slice = self.slice.borrow().clone();
+            if !slice.hands_out(std::time::Instant::now()) {
                 return Vec::new();
             }
             // The state lock, then an index's: the fan-out never holds an index while it
             // calls into a group.
             queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
-                let Some(mut of) = children_of(&owned, key) else {
+                let Some(mut of) = children_of(&owned, key, &slice) else {
                     return 0;
                 };
                 // Half the answer at most, so a key alone in it fits with its children.
@@ -644,7 +645,11 @@ impl Group {
 
 /// The children of the owner `key` in `owned` (merged over the watches of every owned
 /// subscription its kind maps to, in key order), or `None` if none maps to it.
-fn children_of(owned: &[(OwnerKind, Arc<ChildIndex>)], key: &str) -> Option<OwnerChildren> {
+fn children_of(
+    owned: &[(OwnerKind, Arc<ChildIndex>)],
+    key: &str,
+    slice: &Slice,
+) -> Option<OwnerChildren> {
     if owned.is_empty() {
         return None;
     }
@@ -654,7 +659,7 @@ fn children_of(owned: &[(OwnerKind, Arc<ChildIndex>)], key: &str) -> Option<Owne
         if kind.group != parsed.group || kind.kind != parsed.kind {
             continue;
         }
-        let of = index.of(kind, key);
+        let of = index.of(kind, key, slice);
         found = Some(match found {
             None => of,
             Some(mut all) => {

@@ -202,7 +202,12 @@ impl FanOut {
             if owners.iter().any(|(k, _)| *k == kind) {
                 continue;
             }
-            let now = owner_key(obj, kind).map(|k| k.to_string());
+            // Only children of owners this dispatcher may serve are indexed: one whose owner is
+            // served elsewhere is as good as unowned here (its former owner, if served here, is
+            // told it lost a child).
+            let now = owner_key(obj, kind)
+                .map(|k| k.to_string())
+                .filter(|k| slice.may_serve(KeyRef::new(k)));
             let tell =
                 self.children
                     .write()
@@ -283,7 +288,8 @@ impl FanOut {
                 Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
-                        if !deleted_since {
+                        let served = self.slice.borrow().may_serve(KeyRef::new(&owner_key));
+                        if !deleted_since && served {
                             self.children.write().listed(
                                 owner,
                                 &text,
@@ -302,6 +308,16 @@ impl FanOut {
         drop(subscribers);
         self.count_children();
         text
+    }
+
+    /// The slice changed to `slice`: the children of owners it no longer lets this dispatcher
+    /// serve are forgotten (a list beside the stream shows those of owners that come back).
+    pub(super) fn slice_changed(&mut self, slice: &Arc<Slice>) {
+        self.children
+            .write()
+            .retain_owners(|owner| slice.may_serve(KeyRef::new(owner)));
+        self.children.follow(slice.clone());
+        self.count_children();
     }
 
     /// The watch's own list of `epoch` ended: queue the deletions it revealed in every group's

@@ -236,6 +236,8 @@ impl WatchTask {
     /// Runs the watch until `cancel`, or until the API server refuses it before it started.
     pub(super) async fn run(mut self, cancel: CancellationToken) {
         self.fed = self.slice.borrow_and_update().clone();
+        // The watch's own list (marked running) shows the children of the owners served now.
+        self.fan_out.slice_changed(&self.fed);
         while let End::Restart = self.pass(&cancel).await {}
         // Stopped: the index no longer follows the API server.
         self.children.listing(true);
@@ -322,13 +324,19 @@ impl WatchTask {
         let slice = self.slice.borrow_and_update().clone();
         let fed = std::mem::replace(&mut self.fed, slice.clone());
         if slice.shard_selector() != self.fan_out.shard() {
+            self.fan_out.slice_changed(&slice);
             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
             info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
             return Step::Reshard;
         }
         if !slice.may_serve_more_than(&fed) {
+            self.fan_out.slice_changed(&slice);
             return Step::Nothing;
         }
+        // Children of owners now served here are shown by the list beside the stream: until it
+        // ends they may be missing, which readers on the new slice are told from now on.
+        self.children.beside(true);
+        self.fan_out.slice_changed(&slice);
         let handover = slice.settled.as_ref().map(|r| r.members())
             != fed.settled.as_ref().map(|r| r.members());
         let why = if handover {

@@ -437,7 +437,7 @@ mod tests {
         };
         let children = |index: &ChildIndex| -> Vec<String> {
             index
-                .of(&deployments, "apps/Deployment/ns/d1")
+                .of(&deployments, "apps/Deployment/ns/d1", &alone().borrow())
                 .children
                 .iter()
                 .map(|c| c.key.to_string())
@@ -461,7 +461,11 @@ mod tests {
             .expect("joined")
             .expect("subscribed");
         assert_eq!(children(&index), ["/ConfigMap/ns/c1", "/ConfigMap/ns/c2"]);
-        assert!(index.of(&deployments, "apps/Deployment/ns/d1").complete);
+        assert!(
+            index
+                .of(&deployments, "apps/Deployment/ns/d1", &alone().borrow())
+                .complete
+        );
 
         watches.unsubscribe(&config_maps(), &first.group);
         assert!(

@@ -8,7 +8,10 @@ use std::time::Duration;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use kube_dispatch_core::{children::ChildIndex, subscription::OwnerKind};
+use kube_dispatch_core::{
+    children::ChildIndex, handover::Slice, key::KeyRef, subscription::OwnerKind,
+};
+use kube_dispatch_proto::Ring;
 
 use super::{Controls, Readiness, WatchError, WatchTask};
 use crate::{
@@ -38,9 +41,17 @@ impl Scripted {
     /// As [`Scripted::start`], the group subscribed to the ConfigMaps that objects of `owner`
     /// control when it is given.
     fn subscribed(mode: ListMode, owner: Option<OwnerKind>) -> Self {
+        Self::subscribed_on(mode, owner, alone())
+    }
+
+    /// A watch feeding the keys of `slice` to one group, subscribed with `owner` if given.
+    fn subscribed_on(
+        mode: ListMode,
+        owner: Option<OwnerKind>,
+        slice: watch::Receiver<Arc<Slice>>,
+    ) -> Self {
         let (client, api) = ApiServer::start();
         let cancel = CancellationToken::new();
-        let slice = alone();
         let member = Member::join("g", slice.clone(), &cancel);
         let (readiness_tx, readiness) = watch::channel(Readiness::Starting);
         let (counts, children) = (Arc::<WatchCounts>::default(), Arc::<ChildIndex>::default());
@@ -265,7 +276,9 @@ async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
     };
     let mut api = Scripted::subscribed(ListMode::Paged, Some(deployments.clone()));
     let d1 = |api: &Scripted| {
-        let of = api.children.of(&deployments, "apps/Deployment/ns/d1");
+        let of = api
+            .children
+            .of(&deployments, "apps/Deployment/ns/d1", &alone().borrow());
         let names: Vec<String> = of.children.iter().map(|c| c.key.to_string()).collect();
         (names, of.complete)
     };
@@ -303,4 +316,72 @@ async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
         ),
         "complete again with the stream's first event"
     );
+}
+
+/// Only the children of owners this dispatcher may serve are indexed, so the index grows with
+/// the owners served here. Owners that come here (the other member left) are shown theirs by a
+/// list beside the stream, incomplete until it ends; owners that leave are forgotten.
+#[tokio::test(start_paused = true)]
+async fn only_the_children_of_owners_served_here_are_indexed() {
+    let deployments = OwnerKind {
+        group: "apps".into(),
+        version: "v1".into(),
+        kind: "Deployment".into(),
+    };
+    let two = Arc::new(Slice::fixed("d0", Ring::new(["d0", "d1"])));
+    let one = Arc::new(Slice::fixed("d0", Ring::new(["d0"])));
+    let (slice_tx, slice) = watch::channel(two.clone());
+    let mut api = Scripted::subscribed_on(ListMode::Paged, Some(deployments.clone()), slice);
+    let key = |owner: &str| format!("apps/Deployment/ns/{owner}");
+    let owners: Vec<String> = (0..12).map(|i| format!("o{i}")).collect();
+    let (here, elsewhere): (Vec<&String>, Vec<&String>) = owners
+        .iter()
+        .partition(|o| two.may_serve(KeyRef::new(&key(o))));
+    assert!(!here.is_empty() && !elsewhere.is_empty(), "{here:?}");
+    let objects: Vec<String> = owners
+        .iter()
+        .enumerate()
+        .map(|(i, o)| owned_object(&format!("c{i}"), 5, o))
+        .collect();
+    let shown = |api: &Scripted, owner: &str, slice: &Slice| {
+        let of = api.children.of(&deployments, &key(owner), slice);
+        (of.children.len(), of.complete)
+    };
+
+    api.next().await.list_raw(10, &objects);
+    let _stream = api.next().await.open();
+    for o in &here {
+        assert_eq!(shown(&api, o, &two), (1, true), "{o}");
+    }
+    for o in &elsewhere {
+        assert_eq!(shown(&api, o, &two).0, 0, "{o} is served elsewhere");
+    }
+    assert_eq!(api.children.read().len(), here.len());
+
+    slice_tx.send_replace(one.clone());
+    let beside = api.next().await;
+    assert!(beside.is_paged_list(), "a list beside: {:?}", beside.query);
+    assert_eq!(
+        shown(&api, elsewhere[0], &one),
+        (0, false),
+        "missing, and said to be"
+    );
+    assert!(
+        !shown(&api, here[0], &two).1,
+        "a reader on the old slice is not told they are complete"
+    );
+    beside.list_raw(11, &objects);
+    until("the list beside ends", || shown(&api, elsewhere[0], &one).1).await;
+    for o in &owners {
+        assert_eq!(shown(&api, o, &one), (1, true), "{o}");
+    }
+
+    slice_tx.send_replace(two.clone());
+    until("the owners that left are forgotten", || {
+        api.children.read().len() == here.len()
+    })
+    .await;
+    for o in &elsewhere {
+        assert_eq!(shown(&api, o, &two).0, 0, "{o}");
+    }
 }
