@@ -198,7 +198,37 @@ impl ControlPlane {
             cpu_seconds(self.etcd).unwrap_or(f64::NAN),
         )
     }
+
+    /// Waits until the kube-apiserver has used at most [`QUIET_SHARE`] of a core over the last
+    /// [`QUIET_WINDOW`], or [`QUIET_AT_MOST`] has passed: the work a phase left it (requests
+    /// still in flight, the garbage its allocations made) is done before the next phase is
+    /// measured, so each phase's CPU is its own. Returns how long it waited.
+    pub(crate) async fn quiet(&self) -> std::time::Duration {
+        let start = tokio::time::Instant::now();
+        let mut last = self.cpu_seconds().0;
+        while start.elapsed() < QUIET_AT_MOST {
+            tokio::time::sleep(QUIET_WINDOW).await;
+            let now = self.cpu_seconds().0;
+            let used = now - last;
+            last = now;
+            // NaN (the process is gone) ends the wait too: the phase fails elsewhere.
+            if used.is_nan() || used <= QUIET_SHARE * QUIET_WINDOW.as_secs_f64() {
+                break;
+            }
+        }
+        start.elapsed()
+    }
 }
+
+/// The window over which the kube-apiserver's CPU is judged quiet ([`ControlPlane::quiet`]).
+const QUIET_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// At most this share of a core over [`QUIET_WINDOW`] is quiet: an idle local API server with
+/// a tier's Leases renewing uses under a tenth.
+const QUIET_SHARE: f64 = 0.15;
+
+/// The longest wait for quiet.
+const QUIET_AT_MOST: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {

@@ -161,14 +161,18 @@ pub(crate) struct RunResult {
     pub(crate) first_reconcile: Duration,
     /// Replica process start to every object having been reconciled at least once.
     pub(crate) all_reconciled: Duration,
+    /// From every object having been reconciled to the API server being quiet again
+    /// ([`super::apiserver::ControlPlane::quiet`]), when the timed writes begin.
+    pub(crate) quiet_after: Duration,
     /// Per write: from sending it to the start of the first reconcile that saw it, microseconds.
     pub(crate) latencies_us: Vec<u64>,
     /// API requests on the objects' resource during the run, by verb; PATCH excludes the
     /// harness's own writes.
     pub(crate) requests: HashMap<&'static str, u64>,
     pub(crate) apiserver_cpu: f64,
-    /// The part of `apiserver_cpu` spent until every controller had reconciled every object:
-    /// the lists and watches of a cold start, before the timed writes.
+    /// The part of `apiserver_cpu` spent until every controller had reconciled every object
+    /// and the API server was quiet again: the lists, watches and reads of a cold start,
+    /// before the timed writes.
     pub(crate) apiserver_cpu_cold: f64,
     pub(crate) etcd_cpu: f64,
     /// Reconciles started, in all.
@@ -226,7 +230,7 @@ enum Write {
     Child(u64),
 }
 
-pub(crate) const VERBS: [&str; 4] = ["LIST", "WATCH", "GET", "PATCH"];
+pub(crate) const VERBS: [&str; 5] = ["LIST", "WATCH", "GET", "PATCH", "APPLY"];
 
 impl Setup<'_> {
     /// The kind controller group `group` reconciles.
@@ -453,6 +457,10 @@ impl Setup<'_> {
                     .display()
             ),
         };
+        // The cold start's work ends when the API server is quiet again, not when the last
+        // reconcile starts: the reads still in flight and the garbage they made are the cold
+        // start's, not the timed writes'. Every variant waits alike.
+        let settled = self.control_plane.quiet().await;
         let apiserver_cpu_cold = self.control_plane.cpu_seconds().0 - apiserver_cpu_before;
 
         // The latency phase: the same objects, at the same pace, in every run.
@@ -536,6 +544,7 @@ impl Setup<'_> {
             loadbalancer,
             first_reconcile: Duration::from_micros(first.saturating_sub(started)),
             all_reconciled: Duration::from_micros(all.saturating_sub(started)),
+            quiet_after: settled,
             latencies_us,
             requests: HashMap::new(),
             apiserver_cpu: 0.0,
