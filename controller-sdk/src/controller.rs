@@ -210,8 +210,8 @@ where
     }
 
     /// How much of the object each request carries. With [`PayloadMode::Metadata`] or
-    /// [`PayloadMode::KeyOnly`] the SDK reads the object fresh from the API server before
-    /// calling the reconciler.
+    /// [`PayloadMode::KeyOnly`] the SDK reads the object from the API server before calling the
+    /// reconciler: from its watch cache, at least as new as the change the request delivers.
     #[must_use]
     pub fn payload(mut self, mode: PayloadMode) -> Self {
         self.primary.payload = mode as i32;

@@ -3,7 +3,7 @@
 
 use kube::{
     Api, Resource,
-    api::{ApiResource, DynamicObject},
+    api::{ApiResource, DynamicObject, GetParams},
 };
 use kube_dispatch_proto::v1::ReconcileRequest;
 
@@ -82,8 +82,7 @@ pub(super) async fn load<T: Types>(
     } else {
         Api::namespaced_with(shared.client.clone(), &key.namespace, &resource)
     };
-    let read = api
-        .get_opt(&key.name)
+    let read = read(&api, &key.name, &request.resource_version)
         .await
         .map_err(|source| Error::ObjectRead {
             key: request.key.clone(),
@@ -96,4 +95,98 @@ pub(super) async fn load<T: Types>(
         source,
     })?;
     decode(&json).map(Some)
+}
+
+/// The object `name`, at least as new as `version` (the change the dispatcher delivered), from
+/// the API server's watch cache: no read of etcd, where a read without a version is a quorum
+/// read. A cache that has not caught up within its wait (`504`, too large a resource version),
+/// or a version it cannot take, is read consistently instead. `None` if it does not exist.
+async fn read(
+    api: &Api<DynamicObject>,
+    name: &str,
+    version: &str,
+) -> Result<Option<DynamicObject>, kube::Error> {
+    if version.is_empty() {
+        return api.get_opt(name).await;
+    }
+    match api.get_with(name, &GetParams::at(version)).await {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 410 | 500 | 504) => {
+            api.get_opt(name).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use kube::{api::ApiResource, client::Body};
+
+    use super::*;
+
+    /// A client whose API server answers each GET by `answer(query)` and records the queries.
+    fn client(
+        answer: fn(Option<&str>) -> (u16, &'static str),
+    ) -> (Api<DynamicObject>, Arc<Mutex<Vec<String>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let service = tower::service_fn(move |request: Request<Body>| {
+            let query = request.uri().query().map(str::to_owned);
+            let asked = query.as_deref().unwrap_or_default().trim_start_matches('&');
+            seen.lock().unwrap().push(asked.to_owned());
+            let (status, body) = answer(query.as_deref());
+            let mut response = Response::new(Body::from(body.as_bytes().to_vec()));
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let api = Api::namespaced_with(kube::Client::new(service, "ns"), "ns", &resource);
+        (api, asked)
+    }
+
+    const FOUND: &str = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","namespace":"ns","resourceVersion":"9"}}"#;
+    const TOO_NEW: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Timeout","message":"Too large resource version","code":504}"#;
+    const NOT_FOUND: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","message":"not found","code":404}"#;
+
+    #[tokio::test]
+    async fn an_object_is_read_from_the_watch_cache_at_least_as_new_as_its_delivery() {
+        let (api, asked) = client(|_| (200, FOUND));
+        let got = read(&api, "c", "7").await.expect("read");
+        assert_eq!(
+            got.and_then(|o| o.metadata.resource_version),
+            Some("9".into())
+        );
+        assert_eq!(*asked.lock().unwrap(), ["resourceVersion=7"]);
+
+        let (api, asked) = client(|_| (404, NOT_FOUND));
+        assert!(
+            read(&api, "c", "7")
+                .await
+                .expect("a 404 is an answer")
+                .is_none()
+        );
+        assert_eq!(asked.lock().unwrap().len(), 1, "no second read");
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_has_not_caught_up_is_read_consistently_instead() {
+        let (api, asked) = client(|query| match query {
+            Some(q) if q.contains("resourceVersion") => (504, TOO_NEW),
+            _ => (200, FOUND),
+        });
+        assert!(read(&api, "c", "7").await.expect("read").is_some());
+        assert_eq!(*asked.lock().unwrap(), ["resourceVersion=7", ""]);
+
+        let (api, asked) = client(|_| (200, FOUND));
+        read(&api, "c", "").await.expect("read");
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [""],
+            "no version known: a consistent read"
+        );
+    }
 }
