@@ -371,17 +371,20 @@ impl ChildIndex {
     /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all to a reader on
     /// `slice`.
     pub fn of(&self, kind: &OwnerKind, owner: &str, slice: &Slice) -> OwnerChildren {
-        // Read before the children: a list that starts after this is taken as complete for
+        // The slice first: the task marks a list running before it follows a slice the list
+        // is for, so a reader that sees the new slice sees the list running too. Then the
+        // flags, before the children: a list that starts after this is taken as complete for
         // what was read, which it was.
-        let complete = self.joining.load(Ordering::Acquire) == 0
+        let follows = self
+            .fed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|fed| fed.same_placement(slice));
+        let complete = follows
+            && self.joining.load(Ordering::Acquire) == 0
             && !self.listing.load(Ordering::Acquire)
-            && !self.beside.load(Ordering::Acquire)
-            && self
-                .fed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|fed| fed.same_placement(slice));
+            && !self.beside.load(Ordering::Acquire);
         let mut children = self
             .children
             .read()

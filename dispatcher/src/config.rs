@@ -90,6 +90,9 @@ pub struct Settings {
     /// group within `queue.body_budget`, and all of them within this pool, shared out evenly
     /// when it runs short.
     pub bodies: BodyPool,
+    /// The bytes of memos all groups together may keep (`--max-memo-bytes`): each group within
+    /// `queue.memo_budget`, and all of them within this pool, apart from bodies.
+    pub memos: BodyPool,
     /// Every key is resynced once per interval; zero disables resync.
     pub resync_interval: Duration,
     /// A group with no session is dropped (and its watches released) after this long.

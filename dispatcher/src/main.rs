@@ -162,10 +162,15 @@ struct Args {
 
     /// Bytes of memos a group may keep: the notes (at most 512 bytes each) a controller's
     /// acknowledgement leaves for its key's next delivery, such as the versions of the children
-    /// it wrote. Counted in --max-body-bytes too. Past it a memo is not kept, and the next
-    /// delivery of that key carries none (the controller reads what it would have skipped).
+    /// it wrote. Past it a memo is not kept, and the next delivery of that key carries none
+    /// (the controller reads what it would have skipped).
     #[arg(long, env = "KD_MEMO_BUDGET_BYTES", default_value_t = 16 * 1024 * 1024)]
     memo_budget_bytes: usize,
+
+    /// Bytes of memos all groups together may keep, apart from bodies (so memos never crowd
+    /// bodies out); past it memos are not kept, as past --memo-budget-bytes.
+    #[arg(long, env = "KD_MAX_MEMO_BYTES", default_value_t = 32 * 1024 * 1024)]
+    max_memo_bytes: usize,
 
     /// Bytes of object bodies all groups together may hold, whoever they belong to: the bound
     /// that keeps bodies within the pod's memory limit (deploy/ sets that limit from it). When
@@ -377,6 +382,7 @@ async fn main() -> anyhow::Result<()> {
         limits: limits(&limit_flags),
         queue: queue_config(&limit_flags),
         bodies: BodyPool::new(args.max_body_bytes),
+        memos: BodyPool::new(args.max_memo_bytes),
         resync_interval,
         idle_group_grace,
         status_interval,

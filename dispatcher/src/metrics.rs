@@ -34,7 +34,7 @@
 //! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |
 //! | `kube_dispatch_group_acks_total` | counter | acknowledgements, by `outcome` (`success`, `failure`, `requeue`, `unknown`) |
 //! | `kube_dispatch_group_expired_deliveries_total` | counter | deliveries not acknowledged within the maximum reconcile time |
-//! | `kube_dispatch_group_memos_refused_total` | counter | memos not kept: the group's `--memo-budget-bytes` or the process's `--max-body-bytes` was full |
+//! | `kube_dispatch_group_memos_refused_total` | counter | memos not kept: the group's `--memo-budget-bytes` or the process's `--max-memo-bytes` was full |
 //!
 //! A group's series go when the group is dropped (after `--idle-group-grace` without sessions)
 //! and its counters start again from zero if it comes back. No label names a key or an object.
@@ -404,7 +404,7 @@ impl Collector for GroupTableCollector {
             ),
             (
                 "kube_dispatch_group_memos_refused",
-                "Memos not kept: the group's memo budget or the process's body pool was full",
+                "Memos not kept: the group's memo budget or the process's memo pool was full",
                 |c| c.memos_refused,
             ),
         ];

@@ -55,6 +55,7 @@ pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
                 memo_budget: 16 * 1024 * 1024,
             },
             bodies: BodyPool::new(256 * 1024 * 1024),
+            memos: BodyPool::new(32 * 1024 * 1024),
             resync_interval: Duration::ZERO,
             idle_group_grace: Duration::from_secs(30),
             status_interval: Duration::ZERO,

@@ -199,6 +199,16 @@ pub enum AckResult {
     Unknown,
 }
 
+/// A key's delivery in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Flight {
+    session: SessionId,
+    delivery: DeliveryId,
+    /// The uid of the live object it delivered: the one a memo its ack leaves is for. `None`
+    /// for a deletion.
+    object: Option<Uid>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Nothing to do until a change.
@@ -288,7 +298,7 @@ pub struct QueueCounts {
     pub acks_unknown: u64,
     /// Deliveries not acknowledged within the maximum reconcile time.
     pub expired: u64,
-    /// Memos not kept because the group's memo budget or the process's pool was full.
+    /// Memos not kept because the group's memo budget or the process's memo pool was full.
     pub memos_refused: u64,
 }
 
@@ -365,7 +375,7 @@ pub struct GroupQueue {
     /// The prefixes of the keys in `entries`.
     prefixes: Prefixes,
     /// The session and delivery of each key in flight.
-    flights: HashMap<Key, (SessionId, DeliveryId)>,
+    flights: HashMap<Key, Flight>,
     resync_cursor: usize,
     sessions: BTreeMap<SessionId, Session>,
     /// Replica id ring over the live sessions; keys are assigned to the session whose replica
@@ -390,12 +400,14 @@ pub struct GroupQueue {
     /// The memo the last acknowledged reconcile of a key left ([`GroupQueue::leave_memo`]),
     /// with the uid of the object it was left for: handed back only to that object. Beside the
     /// entries so keys without one pay nothing; at most `config.memo_budget` bytes, counted in
-    /// the pool too.
+    /// the process's memo pool too.
     memos: HashMap<Key, (Uid, Arc<[u8]>)>,
     memo_bytes: usize,
     body_bytes: usize,
     /// The process's bytes of bodies, which `body_bytes` are part of.
     pool: BodyPool,
+    /// The process's bytes of memos, which `memo_bytes` are part of.
+    memo_pool: BodyPool,
     /// The most bytes of bodies this group may take while the pool is short (its share, set
     /// by [`GroupQueue::hold_bodies_to`]); `usize::MAX` otherwise.
     body_share: usize,
@@ -423,6 +435,22 @@ impl GroupQueue {
 
     /// An empty queue whose bodies count against `pool` too, shared with other groups.
     pub fn with_pool(config: QueueConfig, pool: BodyPool) -> Self {
+        Self::with_pools(
+            config,
+            pool::Pools {
+                bodies: pool,
+                memos: BodyPool::unbounded(),
+            },
+        )
+    }
+
+    /// An empty queue whose bodies and memos count against `pools` too, shared with other
+    /// groups.
+    pub fn with_pools(config: QueueConfig, pools: pool::Pools) -> Self {
+        let pool::Pools {
+            bodies: pool,
+            memos: memo_pool,
+        } = pools;
         Self {
             config,
             entries: IndexMap::default(),
@@ -442,6 +470,7 @@ impl GroupQueue {
             memo_bytes: 0,
             body_bytes: 0,
             pool,
+            memo_pool,
             body_share: usize::MAX,
             next_seq: 0,
             next_delivery: 1,
@@ -538,7 +567,7 @@ impl GroupQueue {
                 if let Some((s, delivery)) = self
                     .flights
                     .get(key)
-                    .and_then(|(session, delivery)| Some((self.sessions.get(session)?, delivery)))
+                    .and_then(|f| Some((self.sessions.get(&f.session)?, &f.delivery)))
                 {
                     status.replica = Some(s.replica.clone());
                     status.wait = s
@@ -637,7 +666,7 @@ impl GroupQueue {
     fn drop_memo(&mut self, key: &Key) {
         if let Some((_, memo)) = self.memos.remove(key) {
             self.memo_bytes -= memo.len();
-            self.pool.give_back(memo.len());
+            self.memo_pool.give_back(memo.len());
         }
     }
 
@@ -645,7 +674,7 @@ impl GroupQueue {
     /// the same object: a reconcile's note to its successor (what it wrote, at which versions),
     /// replacing the one kept before; an empty memo removes it. Call before the delivery's
     /// [`Self::ack`]. Nothing is kept for a delivery not in flight there, a deletion, or past
-    /// the group's memo budget or the pool (counted in [`QueueCounts::memos_refused`]): a memo
+    /// the group's memo budget or the process's memo pool (counted in [`QueueCounts::memos_refused`]): a memo
     /// is a hint its reader must do without. Returns whether it was kept.
     pub fn leave_memo(&mut self, session: SessionId, delivery: DeliveryId, memo: &[u8]) -> bool {
         let Some(key) = self
@@ -660,12 +689,19 @@ impl GroupQueue {
         let Some(entry) = self.entries.get(&key) else {
             return false;
         };
-        if memo.is_empty() || entry.deleted || self.leaving.contains(&key) {
+        // Left for the object the delivery showed: not for its deletion, nor for another
+        // object that took its name meanwhile.
+        let for_it = self
+            .flights
+            .get(&key)
+            .and_then(|f| f.object.as_ref())
+            .is_some_and(|uid| *uid == entry.uid);
+        if memo.is_empty() || !for_it || entry.deleted || self.leaving.contains(&key) {
             return false;
         }
         if memo.len() > kube_dispatch_proto::MAX_MEMO_BYTES
             || self.memo_bytes + memo.len() > self.config.memo_budget
-            || !self.pool.take(memo.len())
+            || !self.memo_pool.take(memo.len())
         {
             self.counts.memos_refused += 1;
             return false;
@@ -1174,7 +1210,17 @@ impl GroupQueue {
             });
             let id = self.next_delivery;
             self.next_delivery += 1;
-            self.flights.insert(key.clone(), (session, id));
+            // A memo its ack leaves is for the live object it delivers, and only that.
+            let object =
+                (!entry.deleted && !self.tombstones.contains_key(&key)).then(|| entry.uid.clone());
+            self.flights.insert(
+                key.clone(),
+                Flight {
+                    session,
+                    delivery: id,
+                    object,
+                },
+            );
             if let Some((uid, rv)) = self.tombstones.remove(&key) {
                 // The earlier object's deletion; the new object goes once it is acknowledged.
                 entry.state = State::InFlight { dirty: true };
@@ -1358,7 +1404,10 @@ impl GroupQueue {
                         released = true;
                     // Not acknowledged within the maximum reconcile time: a failure, counted
                     // as expired rather than as an acknowledgement.
-                    } else if let Some(&(session, delivery)) = self.flights.get(&key) {
+                    } else if let Some(&Flight {
+                        session, delivery, ..
+                    }) = self.flights.get(&key)
+                    {
                         self.counts.expired += 1;
                         wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
                     }
@@ -1511,6 +1560,7 @@ fn dedup(mut ids: Vec<SessionId>) -> Vec<SessionId> {
 impl Drop for GroupQueue {
     fn drop(&mut self) {
         self.pool.give_back(self.body_bytes);
+        self.memo_pool.give_back(self.memo_bytes);
     }
 }
 

@@ -12,6 +12,26 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
+/// The pools a group's queue takes from: bodies, and apart from them memos
+/// ([`super::GroupQueue::leave_memo`]), so memos never crowd bodies out.
+#[derive(Clone, Debug)]
+pub struct Pools {
+    /// Object bodies of queued keys (`--max-body-bytes`).
+    pub bodies: BodyPool,
+    /// Memos acknowledgements left (`--max-memo-bytes`).
+    pub memos: BodyPool,
+}
+
+impl Pools {
+    /// Pools that bound nothing (each group's own budgets still do).
+    pub fn unbounded() -> Self {
+        Self {
+            bodies: BodyPool::unbounded(),
+            memos: BodyPool::unbounded(),
+        }
+    }
+}
+
 /// A shared count of body bytes against a capacity. Cheap to clone: clones share the count.
 #[derive(Clone, Debug)]
 pub struct BodyPool(Arc<Inner>);

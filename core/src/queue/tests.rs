@@ -51,7 +51,10 @@ impl GroupQueue {
             for (delivery, (key, _)) in &s.in_flight {
                 assert!(in_flight.insert(key.clone()), "{key:?} in flight twice");
                 assert!(matches!(self.entries[key].state, State::InFlight { .. }));
-                assert_eq!(self.flights.get(key), Some(&(*id, *delivery)));
+                assert_eq!(
+                    self.flights.get(key).map(|f| (f.session, f.delivery)),
+                    Some((*id, *delivery))
+                );
             }
         }
         assert_eq!(self.flights.len(), in_flight.len());
@@ -1262,4 +1265,58 @@ fn memos_stay_within_their_budget() {
     // Replacing a memo gives its bytes back first.
     assert!(q.leave_memo(1, d[0].id, &[0; 500]));
     assert_eq!(q.memo_bytes(), 900);
+}
+
+/// A memo is for the object its delivery showed: one left after another object took the name
+/// during the reconcile, or with the deletion of the earlier object, is not kept.
+#[test]
+fn a_memo_is_not_kept_across_a_name_taken_during_the_reconcile() {
+    let mut q = queue();
+    let now = Instant::now();
+    q.add_session(1, "r");
+    q.change("k", change(Reason::Added, 1));
+    let a = q.take(1, 10, now);
+    // While A is reconciled, A is deleted and B takes its name.
+    q.change("k", change(Reason::Deleted, 2));
+    let b = |c: Change| Change {
+        uid: "uid-2".into(),
+        ..c
+    };
+    q.change("k", b(change(Reason::Added, 3)));
+    assert!(!q.leave_memo(1, a[0].id, b"for A"), "A's memo, B's name");
+    q.ack(1, a[0].id, Outcome::Success, now);
+    // A's deletion, then B.
+    let deletion = q.take(1, 10, now);
+    assert_eq!(
+        (deletion[0].deleted, deletion[0].memo.clone()),
+        (true, None)
+    );
+    assert!(!q.leave_memo(1, deletion[0].id, b"for A's deletion"));
+    q.ack(1, deletion[0].id, Outcome::Success, now);
+    let first_of_b = q.take(1, 10, now);
+    assert_eq!(first_of_b[0].uid, "uid-2");
+    assert_eq!(first_of_b[0].memo, None);
+    assert_eq!(q.memo_bytes(), 0);
+    q.check();
+}
+
+/// Memos count in the process's memo pool, apart from bodies, and a group dropped with memos
+/// gives their bytes back; past the pool, a memo is refused.
+#[test]
+fn memos_take_from_their_own_pool_and_a_dropped_group_gives_them_back() {
+    let pools = pool::Pools {
+        bodies: BodyPool::new(1 << 20),
+        memos: BodyPool::new(500),
+    };
+    let mut q = GroupQueue::with_pools(QueueConfig::default(), pools.clone());
+    let now = Instant::now();
+    q.add_session(1, "r");
+    q.change("a", change(Reason::Added, 1));
+    q.change("b", change(Reason::Added, 1));
+    let d = q.take(1, 10, now);
+    assert!(q.leave_memo(1, d[0].id, &[0; 300]));
+    assert!(!q.leave_memo(1, d[1].id, &[0; 300]), "past the memo pool");
+    assert_eq!((pools.memos.used(), pools.bodies.used()), (300, 0));
+    drop(q);
+    assert_eq!(pools.memos.used(), 0);
 }

@@ -116,6 +116,10 @@ pub(super) struct FanOut {
     /// The owned objects the watch shows, both ways, for the owned subscriptions; shared with
     /// the groups, which read an owner's children for its requests.
     children: Arc<ChildIndex>,
+    /// The slice the index follows ([`FanOut::slice_changed`]): it holds the children of the
+    /// owners this slice lets the dispatcher serve, whatever slice is current when an event
+    /// arrives, so that what it pruned and what the list beside the stream shows agree.
+    followed: Arc<Slice>,
 }
 
 impl FanOut {
@@ -129,6 +133,7 @@ impl FanOut {
         subscribers: Subscribers,
         children: Arc<ChildIndex>,
     ) -> Self {
+        let followed = slice.borrow().clone();
         Self {
             key,
             types,
@@ -138,6 +143,7 @@ impl FanOut {
             shard: None,
             unsharded: false,
             children,
+            followed,
         }
     }
 
@@ -207,7 +213,7 @@ impl FanOut {
             // told it lost a child).
             let now = owner_key(obj, kind)
                 .map(|k| k.to_string())
-                .filter(|k| slice.may_serve(KeyRef::new(k)));
+                .filter(|k| self.followed.may_serve(KeyRef::new(k)));
             let tell =
                 self.children
                     .write()
@@ -288,7 +294,7 @@ impl FanOut {
                 Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
-                        let served = self.slice.borrow().may_serve(KeyRef::new(&owner_key));
+                        let served = self.followed.may_serve(KeyRef::new(&owner_key));
                         if !deleted_since && served {
                             self.children.write().listed(
                                 owner,
@@ -317,6 +323,7 @@ impl FanOut {
             .write()
             .retain_owners(|owner| slice.may_serve(KeyRef::new(owner)));
         self.children.follow(slice.clone());
+        self.followed = slice.clone();
         self.count_children();
     }
 

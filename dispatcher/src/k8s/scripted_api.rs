@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
 use kube::client::Body;
 use kube_dispatch_core::{
     handover::Slice,
-    queue::{Delivery, Outcome, QueueConfig, SessionId, pool::BodyPool},
+    queue::{Delivery, Outcome, QueueConfig, SessionId, pool::Pools},
     recent_deletions::RecentDeletionsConfig,
     subscription::{GroupSpec, ResourceId, WatchKey},
 };
@@ -284,7 +284,7 @@ impl Member {
             GroupId::shared(name),
             GroupSpec::new(Vec::new()),
             QueueConfig::default(),
-            BodyPool::unbounded(),
+            Pools::unbounded(),
             RecentDeletionsConfig::NONE,
             slice,
             cancel.clone(),

@@ -324,6 +324,8 @@ impl WatchTask {
         let slice = self.slice.borrow_and_update().clone();
         let fed = std::mem::replace(&mut self.fed, slice.clone());
         if slice.shard_selector() != self.fan_out.shard() {
+            // Watched anew: the children of the namespaces now owned here come with its list.
+            self.children.listing(true);
             self.fan_out.slice_changed(&slice);
             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
             info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");

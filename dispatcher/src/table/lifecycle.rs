@@ -5,6 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use kube_dispatch_core::{
+    queue::pool::Pools,
     quota::{Exceeded, Held},
     subscription::GroupSpec,
 };
@@ -72,7 +73,10 @@ impl GroupTable {
             id.clone(),
             spec.clone(),
             self.settings.queue,
-            self.settings.bodies.clone(),
+            Pools {
+                bodies: self.settings.bodies.clone(),
+                memos: self.settings.memos.clone(),
+            },
             self.recent_deletions,
             self.slice.clone(),
             cancel.clone(),

@@ -38,6 +38,7 @@ fn table(cancel: &CancellationToken) -> (Arc<GroupTable>, ApiServer) {
         limits: Limits::default(),
         queue: QueueConfig::default(),
         bodies: BodyPool::unbounded(),
+        memos: BodyPool::unbounded(),
         resync_interval: Duration::ZERO,
         idle_group_grace: Duration::from_secs(30),
         status_interval: Duration::ZERO,
