@@ -48,7 +48,7 @@ pub enum MemoError {
 }
 
 /// The memo of one delivery: what its request carried, replaced by what the reconcile leaves.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Slot(Arc<Mutex<Vec<u8>>>);
 
 impl Slot {

@@ -133,13 +133,16 @@ impl Slice {
         self.owns_hash(self.placement(key))
     }
 
+    /// Whether this dispatcher owns the placement hash on its settled ring.
+    fn settled_owns_hash(&self, placement: u64) -> bool {
+        self.settled
+            .as_ref()
+            .is_some_and(|s| s.owner_of_hash(placement) == Some(&*self.identity))
+    }
+
     /// Whether this dispatcher serves the placement hash now.
     pub fn serves_hash(&self, placement: u64) -> bool {
-        self.owns_hash(placement)
-            && self
-                .settled
-                .as_ref()
-                .is_some_and(|s| s.owner_of_hash(placement) == Some(&*self.identity))
+        self.owns_hash(placement) && self.settled_owns_hash(placement)
     }
 
     /// Whether this dispatcher serves the request key now.
@@ -187,12 +190,7 @@ impl Slice {
     /// when [`Self::may_serve_more_than`] says so, and a list then shows what it missed.
     pub fn may_serve(&self, key: KeyRef<'_>) -> bool {
         let placement = self.placement(key);
-        !self.is_member()
-            || self.owns_hash(placement)
-            || self
-                .settled
-                .as_ref()
-                .is_some_and(|s| s.owner_of_hash(placement) == Some(&*self.identity))
+        !self.is_member() || self.owns_hash(placement) || self.settled_owns_hash(placement)
     }
 
     /// Whether `other` places keys as this slice does: the same ring and settled ring (by

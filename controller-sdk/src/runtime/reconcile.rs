@@ -28,7 +28,7 @@ use crate::{Action, Error, metrics::Ended};
 /// the session was lost, in which case the reconcile has been stopped.
 pub(super) async fn reconcile_one<T: Types>(
     shared: &Shared<T>,
-    request: ReconcileRequest,
+    mut request: ReconcileRequest,
     permit: Option<OwnedSemaphorePermit>,
     arrived: Instant,
     deadline: Instant,
@@ -37,7 +37,7 @@ pub(super) async fn reconcile_one<T: Types>(
 ) -> Option<AckItem> {
     let key = request.key.clone();
     let delivery_id = request.delivery_id;
-    let memo = crate::memo::Slot::new(request.memo.clone());
+    let memo = crate::memo::Slot::new(std::mem::take(&mut request.memo));
     let metrics = &shared.metrics;
     // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
     let mut started = None;

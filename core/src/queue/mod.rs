@@ -712,11 +712,6 @@ impl GroupQueue {
         true
     }
 
-    /// Bytes of memos kept.
-    pub fn memo_bytes(&self) -> usize {
-        self.memo_bytes
-    }
-
     fn drop_body(&mut self, key: &Key) -> Option<Arc<[u8]>> {
         let body = self.bodies.remove(key)?;
         self.body_bytes -= body.len();

@@ -1193,7 +1193,7 @@ fn a_memo_comes_back_to_the_same_object_only() {
     assert_eq!(d[0].memo, None);
     assert!(q.leave_memo(1, d[0].id, b"wrote c0@5"));
     q.ack(1, d[0].id, Outcome::Success, now);
-    assert_eq!(q.memo_bytes(), 10);
+    assert_eq!(q.memo_bytes, 10);
     q.change("k", change(Reason::Modified, 2));
     let d = q.take(1, 10, now);
     assert_eq!(d[0].memo.as_deref(), Some(&b"wrote c0@5"[..]));
@@ -1205,7 +1205,7 @@ fn a_memo_comes_back_to_the_same_object_only() {
     assert_eq!(d[0].memo.as_deref(), Some(&b"wrote c0@6"[..]));
     assert!(!q.leave_memo(1, d[0].id, b""));
     q.ack(1, d[0].id, Outcome::Success, now);
-    assert_eq!(q.memo_bytes(), 0);
+    assert_eq!(q.memo_bytes, 0);
     q.check();
 
     // Settles `d` leaving `memo`, then changes the key to `next` and takes it again.
@@ -1238,7 +1238,7 @@ fn a_memo_comes_back_to_the_same_object_only() {
     );
     assert_eq!((d[0].deleted, d[0].memo.clone()), (true, None));
     q.ack(1, d[0].id, Outcome::Success, now);
-    assert_eq!((q.len(), q.memo_bytes()), (0, 0));
+    assert_eq!((q.len(), q.memo_bytes), (0, 0));
     // Nothing is kept for a delivery not in flight.
     assert!(!q.leave_memo(1, d[0].id, b"late"));
     q.check();
@@ -1260,11 +1260,11 @@ fn memos_stay_within_their_budget() {
         !q.leave_memo(1, d[2].id, &[0; 513]),
         "past the wire's bound"
     );
-    assert_eq!(q.memo_bytes(), 800);
+    assert_eq!(q.memo_bytes, 800);
     assert_eq!(q.figures(now).counts.memos_refused, 2);
     // Replacing a memo gives its bytes back first.
     assert!(q.leave_memo(1, d[0].id, &[0; 500]));
-    assert_eq!(q.memo_bytes(), 900);
+    assert_eq!(q.memo_bytes, 900);
 }
 
 /// A memo is for the object its delivery showed: one left after another object took the name
@@ -1296,7 +1296,7 @@ fn a_memo_is_not_kept_across_a_name_taken_during_the_reconcile() {
     let first_of_b = q.take(1, 10, now);
     assert_eq!(first_of_b[0].uid, "uid-2");
     assert_eq!(first_of_b[0].memo, None);
-    assert_eq!(q.memo_bytes(), 0);
+    assert_eq!(q.memo_bytes, 0);
     q.check();
 }
 
