@@ -148,6 +148,46 @@ mod tests {
         assert_eq!(fence.lost_at(), renewed_at + TTL * 3 / 4);
     }
 
+    /// The cases every controller SDK is checked against (`proto/testdata/fence_vectors.json`,
+    /// made by its `gen_fence_vectors.py`): the same deadlines in every language.
+    #[tokio::test(start_paused = true)]
+    async fn the_shared_vectors_hold() {
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../proto/testdata/fence_vectors.json"))
+                .expect("the vectors are JSON");
+        let cases = vectors["cases"].as_array().expect("cases");
+        assert!(cases.len() >= 8);
+        let ns = |v: &serde_json::Value| Duration::from_nanos(v.as_u64().expect("nanoseconds"));
+        for case in cases {
+            let name = case["name"].as_str().unwrap_or_default();
+            let zero = Instant::now();
+            let mut fence = Fence::new(ns(&case["ttl_ns"]), ns(&case["max_reconcile_ns"]), zero);
+            let mut delivered = zero;
+            for renewal in case["renewals"].as_array().expect("renewals") {
+                delivered = fence.renewed(zero + ns(&renewal["sent_ns"]), ns(&renewal["held_ns"]));
+            }
+            let expect = &case["expect"];
+            assert_eq!(fence.lost_at(), zero + ns(&expect["lost_at_ns"]), "{name}");
+            assert_eq!(
+                fence.reconcile_limit(),
+                ns(&expect["reconcile_limit_ns"]),
+                "{name}"
+            );
+            assert_eq!(delivered, zero + ns(&expect["last_delivered_ns"]), "{name}");
+            assert_eq!(
+                fence.reconcile_deadline(delivered),
+                zero + ns(&expect["reconcile_deadline_ns"]),
+                "{name}"
+            );
+            assert_eq!(fence.poll_wait(), ns(&expect["poll_wait_ns"]), "{name}");
+            assert_eq!(
+                fence.wait_at(zero + ns(&case["now_ns"]), ns(&case["round_trip_ns"])),
+                ns(&expect["wait_ns"]),
+                "{name}"
+            );
+        }
+    }
+
     /// Polls held as long as asked keep the session while a round trip takes less than
     /// three eighths of the ttl: each wait leaves room for the next answer before the fence.
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::reconnect::reconnect_backoff;
+use crate::reconnect::Reconnects;
 
 /// The load balancer's address when none is configured: its Service as `deploy/` installs it.
 pub const DEFAULT_LOAD_BALANCER: &str = "kube-dispatch-loadbalancer.kube-dispatch.svc:7071";
@@ -63,34 +63,41 @@ pub(crate) async fn follow_load_balancer(
     // The load balancer's certificate is its own, verified under the name it is dialled by,
     // on its leader too.
     let credentials = credentials.for_load_balancer(&address);
-    let mut backoff = reconnect_backoff();
+    let mut reconnects = Reconnects::new();
     let mut current = address.clone();
     let mut redirects = 0u32;
     while !stop.is_cancelled() {
-        let ended = register(&credentials, &current, &request, &targets, &stop).await;
+        let mut assigned = false;
+        let ended = register(
+            &credentials,
+            &current,
+            &request,
+            &targets,
+            &stop,
+            &mut assigned,
+        )
+        .await;
         if stop.is_cancelled() {
             return;
         }
         let delay = match ended {
-            Ok((Ended::Redirect(leader), _)) if redirects < MAX_REDIRECTS => {
+            Ok(Ended::Redirect(leader)) if redirects < MAX_REDIRECTS => {
                 redirects += 1;
                 info!(load_balancer = %leader, "redirected to the leading load balancer");
                 current = leader;
                 continue;
             }
-            Ok((Ended::Redirect(leader), _)) => {
+            Ok(Ended::Redirect(leader)) => {
                 warn!(load_balancer = %leader, "redirected again and again; backing off");
-                backoff.next()
+                reconnects.next(assigned)
             }
-            Ok((Ended::Closed, assigned)) => {
-                if assigned {
-                    backoff = reconnect_backoff();
-                }
+            Ok(Ended::Closed) => {
                 info!("load balancer ended the registration; registering again");
-                backoff.next()
+                reconnects.next(assigned)
             }
             Err(status) => {
-                let delay = backoff.next();
+                // A registration that delivered an assignment worked, however it ended.
+                let delay = reconnects.next(assigned);
                 warn!(%status, ?delay, dispatchers = ?*targets.borrow(), "cannot register with the load balancer; polling the dispatchers assigned last");
                 delay
             }
@@ -102,19 +109,21 @@ pub(crate) async fn follow_load_balancer(
         redirects = 0;
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(delay.unwrap_or(Duration::from_secs(30))) => {}
+            () = tokio::time::sleep(delay) => {}
         }
     }
 }
 
-/// One registration stream. Returns how it ended and whether it delivered an assignment.
+/// One registration stream. Returns how it ended; `assigned` is set once it delivers an
+/// assignment (an error after that still leaves it set).
 async fn register(
     credentials: &Credentials,
     address: &str,
     request: &RegisterRequest,
     targets: &watch::Sender<BTreeSet<String>>,
     stop: &CancellationToken,
-) -> Result<(Ended, bool), tonic::Status> {
+    assigned: &mut bool,
+) -> Result<Ended, tonic::Status> {
     let endpoint = credentials
         .endpoint(address)
         .map_err(|e| tonic::Status::invalid_argument(format!("load balancer: {e}")))?
@@ -126,31 +135,30 @@ async fn register(
     let connect = endpoint.connect();
     // Not registered yet: nothing to take leave of when stopped meanwhile.
     let channel = tokio::select! {
-        () = stop.cancelled() => return Ok((Ended::Closed, false)),
+        () = stop.cancelled() => return Ok(Ended::Closed),
         c = connect => c.map_err(|e| tonic::Status::unavailable(format!("cannot connect to {address}: {e}")))?,
     };
     let mut client: LoadBalancerClient<AuthChannel> =
         LoadBalancerClient::with_interceptor(channel, credentials.bearer());
     let mut stream = tokio::select! {
-        () = stop.cancelled() => return Ok((Ended::Closed, false)),
+        () = stop.cancelled() => return Ok(Ended::Closed),
         s = client.register(request.clone()) => s?.into_inner(),
     };
-    let mut assigned = false;
     loop {
         let message = tokio::select! {
             () = stop.cancelled() => {
                 leave(&mut client, request).await;
-                return Ok((Ended::Closed, assigned));
+                return Ok(Ended::Closed);
             }
             m = stream.message() => m?,
         };
         let Some(assignment) = message else {
-            return Ok((Ended::Closed, assigned));
+            return Ok(Ended::Closed);
         };
         if !assignment.leader.is_empty() {
-            return Ok((Ended::Redirect(assignment.leader), assigned));
+            return Ok(Ended::Redirect(assignment.leader));
         }
-        assigned = true;
+        *assigned = true;
         let set: BTreeSet<String> = assignment.dispatchers.iter().cloned().collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
         targets.send_replace(set);

@@ -37,19 +37,23 @@ pub(super) async fn session<T: Types>(
     address: &str,
     shared: &Arc<Shared<T>>,
     stop: &CancellationToken,
-) -> Result<(), tonic::Status> {
+) -> Result<(), Lost> {
     let channel = shared
         .credentials
         .endpoint(address)
-        .map_err(|e| tonic::Status::invalid_argument(format!("dispatcher: {e}")))?
+        .map_err(|e| Lost::Unopened(tonic::Status::invalid_argument(format!("dispatcher: {e}"))))?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+        .map_err(|e| Lost::Unopened(tonic::Status::unavailable(format!("cannot connect: {e}"))))?;
     let mut client = DispatcherClient::with_interceptor(channel, shared.credentials.bearer())
         .max_decoding_message_size(MAX_ANSWER_BYTES as usize);
     let sent = Instant::now();
-    let opened = client.open_session(shared.open.clone()).await?.into_inner();
+    let opened = client
+        .open_session(shared.open.clone())
+        .await
+        .map_err(Lost::Unopened)?
+        .into_inner();
     let session_id = opened.session_id;
     let ttl = opened
         .ttl
@@ -194,9 +198,20 @@ pub(super) async fn session<T: Types>(
             lost.cancel();
             tasks.shutdown().await;
             acker.abort();
-            Err(status)
+            Err(Lost::Ended(status))
         }
     }
+}
+
+/// Why a session loop reconnects.
+#[derive(Debug)]
+pub(super) enum Lost {
+    /// No session was opened: the dispatcher could not be reached, or refused one.
+    Unopened(tonic::Status),
+    /// A session that was open ended (the dispatcher went away, or a renewal failed): it
+    /// worked, so the next attempt starts the backoff afresh and follows a restarted
+    /// dispatcher within a moment instead of after the delays earlier failures grew.
+    Ended(tonic::Status),
 }
 
 fn not_renewed() -> tonic::Status {

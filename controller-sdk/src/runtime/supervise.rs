@@ -4,7 +4,6 @@
 use std::{
     collections::{BTreeSet, HashMap},
     sync::Arc,
-    time::Duration,
 };
 
 use tokio::{sync::watch, task::JoinSet};
@@ -12,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
-    session::session,
+    session::{Lost, session},
     shared::{Shared, Types},
 };
-use crate::{Error, reconnect::reconnect_backoff};
+use crate::{Error, reconnect::Reconnects};
 
 /// Runs one session loop per dispatcher in `targets`, starting and gracefully stopping loops
 /// as the set changes, until `stop`; then waits for every loop to finish.
@@ -57,12 +56,16 @@ pub(super) async fn supervise<T: Types>(
 
 /// Keeps one session open on one dispatcher for as long as the controller runs.
 async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: CancellationToken) {
-    let mut backoff = reconnect_backoff();
+    let mut reconnects = Reconnects::new();
     while !stop.is_cancelled() {
         match session(&address, &shared, &stop).await {
             Ok(()) => return,
-            Err(status) => {
-                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+            Err(lost) => {
+                let (status, opened) = match lost {
+                    Lost::Unopened(status) => (status, false),
+                    Lost::Ended(status) => (status, true),
+                };
+                let delay = reconnects.next(opened);
                 warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
                 shared.metrics.reconnecting();
                 let _ = shared
