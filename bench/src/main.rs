@@ -267,6 +267,14 @@ struct CompareArgs {
     #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
     children: usize,
 
+    /// Also records, in each run's log directory, where the timed writes' API-server work went:
+    /// `requests-timed.txt` (every resource and verb the API server counted from the quiet
+    /// after the cold start until every write was reconciled) and `apiserver-timed.pprof` (a
+    /// CPU profile of the API server over the timed writes; compare two runs with
+    /// `go tool pprof -top -diff_base=<one> <other>`). The profile adds to the API server's CPU.
+    #[arg(long, env = "KD_BENCH_PROFILE_APISERVER")]
+    profile_apiserver: bool,
+
     /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
     /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>, and
     /// with --children dispatch-list-<replicas> (each reconcile lists its children instead of
@@ -689,6 +697,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     ring_key: args.ring_key.as_deref(),
                     nonce,
                     children: args.children,
+                    profile_apiserver: args.profile_apiserver,
                 };
                 let mut runs = Vec::new();
                 for repeat in 0..args.repeats {
@@ -764,6 +773,7 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         ring_key: None,
         nonce,
         children: 0,
+        profile_apiserver: false,
     };
     let steps = setup
         .ceiling(&harness::ceiling::Plan {
@@ -837,6 +847,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
             ring_key,
             nonce,
             children: 0,
+            profile_apiserver: false,
         };
         outcomes.push(
             setup

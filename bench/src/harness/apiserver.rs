@@ -80,6 +80,27 @@ impl RequestCounts {
         self
     }
 
+    /// Every (resource, verb) whose count moved since `earlier`, one line each, largest first.
+    pub(crate) fn changes_since(&self, earlier: &Self) -> String {
+        let mut moved: Vec<(u64, &str, &str)> = self
+            .0
+            .keys()
+            .map(|(resource, verb)| {
+                (
+                    self.since(earlier, resource, verb),
+                    resource.as_str(),
+                    verb.as_str(),
+                )
+            })
+            .filter(|(n, ..)| *n > 0)
+            .collect();
+        moved.sort_unstable_by(|a, b| b.cmp(a));
+        moved
+            .iter()
+            .map(|(n, resource, verb)| format!("{n:>8} {verb} {resource}\n"))
+            .collect()
+    }
+
     /// Requests of `verb` on `resource` counted since `earlier`.
     pub(crate) fn since(&self, earlier: &Self, resource: &str, verb: &str) -> u64 {
         let key = (resource.to_owned(), verb.to_owned());
@@ -152,6 +173,31 @@ pub(crate) async fn metrics_text(client: &Client) -> anyhow::Result<String> {
         .request_text(request)
         .await
         .context("cannot read the API server's /metrics")
+}
+
+/// A CPU profile of the kube-apiserver over `seconds` (Go's pprof format, from its
+/// `/debug/pprof/profile`), for looking into where a phase's API-server CPU went:
+/// `go tool pprof -top -diff_base=<one> <other>` compares two variants' profiles.
+pub(crate) async fn cpu_profile(client: &Client, seconds: u64) -> anyhow::Result<Vec<u8>> {
+    use http_body_util::BodyExt as _;
+    let request = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+        .body(kube::client::Body::empty())
+        .context("cannot build the profile request")?;
+    let response = client
+        .send(request)
+        .await
+        .context("cannot ask the API server for a CPU profile")?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "the API server refused a CPU profile: {}",
+        response.status()
+    );
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .context("cannot read the API server's CPU profile")?;
+    Ok(body.to_bytes().to_vec())
 }
 
 /// The sum of the samples of `name` whose labels include every one of `labels` (`key="value"`).

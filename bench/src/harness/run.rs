@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     admin::{counter_sum, http_status, scrape},
-    apiserver::{ControlPlane, RequestCounts, request_counts},
+    apiserver::{ControlPlane, RequestCounts, cpu_profile, request_counts},
     objects::{self, Kind, change_value, object_name},
     process::{Component, Usage},
 };
@@ -137,6 +137,9 @@ pub(crate) struct Setup<'a> {
     /// ConfigMaps each object (a Record) owns and the controller keeps (0: none). The timed
     /// writes then alternate: an owner (its children follow), a child (the drift repaired).
     pub(crate) children: usize,
+    /// Records the timed writes' requests and an API-server CPU profile in the run's log
+    /// directory (`--profile-apiserver`).
+    pub(crate) profile_apiserver: bool,
 }
 
 /// A started tier: the dispatchers, then the load balancer.
@@ -462,6 +465,15 @@ impl Setup<'_> {
         // start's, not the timed writes'. Every variant waits alike.
         let settled = self.control_plane.quiet().await;
         let apiserver_cpu_cold = self.control_plane.cpu_seconds().0 - apiserver_cpu_before;
+        let requests_quiet = request_counts(self.client).await?;
+        let profile = self.profile_apiserver.then(|| {
+            let client = self.client.clone();
+            // The writes take `writes × interval`; their reconciles and the repair a little more.
+            let seconds = (self.write_interval * u32::try_from(written.len()).unwrap_or(u32::MAX))
+                .as_secs()
+                + 3;
+            tokio::spawn(async move { cpu_profile(&client, seconds).await })
+        });
 
         // The latency phase: the same objects, at the same pace, in every run.
         let mut sent = Vec::with_capacity(written.len());
@@ -518,6 +530,18 @@ impl Setup<'_> {
         std::fs::write(&path, listing)
             .with_context(|| format!("cannot write {}", path.display()))?;
         let check = self.children_repaired(variant).await?;
+        if let Some(profile) = profile {
+            let requests = request_counts(self.client)
+                .await?
+                .changes_since(&requests_quiet);
+            let path = log_dir.join("requests-timed.txt");
+            std::fs::write(&path, requests)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            let profile = profile.await.context("the profile task failed")??;
+            let path = log_dir.join("apiserver-timed.pprof");
+            std::fs::write(&path, profile)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
 
         let mut replica_usage = Vec::new();
         for r in &mut replicas {
