@@ -64,6 +64,9 @@ cargo nextest run --workspace --locked --no-tests=fail -E "$model"
 cargo nextest run --workspace --locked --no-tests=fail -E "$attacks"
 cargo nextest run --workspace --locked --no-tests=fail -E "$alone" --test-threads 1
 
+step "Go controller SDK (tests/go-sdk.sh)"
+tests/go-sdk.sh
+
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.
 KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/grafana/check-dashboard.sh

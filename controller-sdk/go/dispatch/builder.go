@@ -1,0 +1,330 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// DefaultLoadBalancer is where a replica registers unless told otherwise: the load balancer's
+// Service as deploy/ installs it.
+const DefaultLoadBalancer = "kube-dispatch-loadbalancer.kube-dispatch.svc:7071"
+
+// PayloadMode says how much of the object a request carries.
+type PayloadMode int
+
+const (
+	// PayloadFull carries the whole object when it fits the dispatcher's body budget; the
+	// client of NewClient serves the reconcile's Get of it from the request.
+	PayloadFull PayloadMode = iota
+	// PayloadKeyOnly carries no object: the reconcile's Get reads it from the API server's
+	// watch cache at the version delivered.
+	PayloadKeyOnly
+)
+
+// Options say how a controller reaches the tier. The zero value registers with the load
+// balancer named by KD_LOADBALANCER (else DefaultLoadBalancer), with the credentials the
+// environment gives (CredentialsFromEnv).
+type Options struct {
+	// Group is the controller group: the replicas that share the work. Default: the
+	// controller's name.
+	Group string
+	// ReplicaID is this replica's id within the group. Default: POD_NAME, else the host name
+	// and process id.
+	ReplicaID string
+	// LoadBalancer is the load balancer's address (host:port). Default: KD_LOADBALANCER, else
+	// DefaultLoadBalancer.
+	LoadBalancer string
+	// Dispatchers, when set, are polled directly instead of asking the load balancer (tests,
+	// a single dispatcher).
+	Dispatchers []string
+	// Credentials, when set, replace CredentialsFromEnv().
+	Credentials *Credentials
+	// SessionTTL is the session ttl asked for (default 10 s; the dispatcher bounds it).
+	SessionTTL time.Duration
+	// Namespace restricts the controller to one namespace; empty: all.
+	Namespace string
+	// LabelSelector and FieldSelector restrict the objects reconciled (Kubernetes syntax).
+	LabelSelector, FieldSelector string
+	// Payload is how much of the object a request carries (default PayloadFull).
+	Payload PayloadMode
+}
+
+// Builder builds a controller whose reconcile requests come from the kube-dispatch tier, in
+// the shape of controller-runtime's builder: For, Owns, Named, WithOptions and Complete take
+// what controller-runtime's take, and Complete takes an unchanged reconcile.Reconciler. It
+// registers no informer and needs no leader election: the dispatchers watch the resources,
+// share the objects among the replicas of the group, and deliver each key to one replica at
+// a time. The controller is controller-runtime's own (its workers, its metrics, its logs) with
+// a work queue fed by the dispatchers and acknowledged as each reconcile returns.
+type Builder struct {
+	mgr         manager.Manager
+	forObject   client.Object
+	owns        []client.Object
+	references  []reference
+	name        string
+	ctrlOptions controller.Options
+	options     Options
+	errs        []error
+}
+
+type reference struct {
+	object     client.Object
+	fieldPaths []string
+}
+
+// ControllerManagedBy starts a controller for mgr, as builder.ControllerManagedBy does.
+func ControllerManagedBy(mgr manager.Manager) *Builder {
+	return &Builder{mgr: mgr}
+}
+
+// For names the kind reconciled. Predicates and other options are not applied: the tier
+// delivers every change of every object of the subscription (level-triggered).
+func (b *Builder) For(object client.Object, _ ...builder.ForOption) *Builder {
+	if b.forObject != nil {
+		b.errs = append(b.errs, errors.New("For() can only be called once"))
+	}
+	b.forObject = object
+	return b
+}
+
+// Owns reconciles the controlling owner (of the For kind) of each object of this kind that
+// changes, and lists the children the dispatcher knows in each request (Children).
+func (b *Builder) Owns(object client.Object, _ ...builder.OwnsOption) *Builder {
+	b.owns = append(b.owns, object)
+	return b
+}
+
+// References reconciles each object of the For kind that names, at one of fieldPaths (for
+// example "spec.secretName" or "spec.template.spec.volumes[*].secret.secretName"), an object
+// of this kind in its namespace, when that object changes: controller-runtime's Watches with a
+// field index and a map function, evaluated by the dispatchers.
+func (b *Builder) References(object client.Object, fieldPaths ...string) *Builder {
+	b.references = append(b.references, reference{object: object, fieldPaths: fieldPaths})
+	return b
+}
+
+// Named sets the controller's name (default: the For kind in lower case).
+func (b *Builder) Named(name string) *Builder {
+	b.name = name
+	return b
+}
+
+// WithOptions sets controller-runtime's options: MaxConcurrentReconciles is the number of
+// reconciles this replica runs at once. RateLimiter, NewQueue and NeedLeaderElection are the
+// tier's (the dispatchers own retries and exclusivity).
+func (b *Builder) WithOptions(options controller.Options) *Builder {
+	b.ctrlOptions = options
+	return b
+}
+
+// WithDispatchOptions sets how the controller reaches the tier.
+func (b *Builder) WithDispatchOptions(options Options) *Builder {
+	b.options = options
+	return b
+}
+
+// Complete builds the controller and adds it, and the sessions that feed it, to the manager.
+func (b *Builder) Complete(r reconcile.Reconciler) error {
+	_, err := b.Build(r)
+	return err
+}
+
+// Build is Complete, returning the controller.
+func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
+	if err := errors.Join(b.errs...); err != nil {
+		return nil, err
+	}
+	if r == nil {
+		return nil, errors.New("must provide a non-nil Reconciler")
+	}
+	if b.forObject == nil {
+		return nil, errors.New("For() must be called: the tier delivers the objects of one kind")
+	}
+	if b.ctrlOptions.Reconciler != nil {
+		return nil, errors.New("reconciler was set via WithOptions() and via Build() or Complete()")
+	}
+	primary, gvk, err := b.resource(b.forObject)
+	if err != nil {
+		return nil, err
+	}
+	name := b.name
+	if name == "" {
+		name = strings.ToLower(gvk.Kind)
+	}
+	o := b.options
+	if o.Group == "" {
+		o.Group = name
+	}
+	if o.ReplicaID == "" {
+		o.ReplicaID = defaultReplicaID()
+	}
+	credentials := CredentialsFromEnv()
+	if o.Credentials != nil {
+		credentials = *o.Credentials
+	}
+	if o.LoadBalancer == "" {
+		o.LoadBalancer = os.Getenv("KD_LOADBALANCER")
+	}
+	if o.LoadBalancer == "" {
+		o.LoadBalancer = DefaultLoadBalancer
+	}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = defaultTTL
+	}
+	payload := pb.PayloadMode_PAYLOAD_MODE_FULL
+	if o.Payload == PayloadKeyOnly {
+		payload = pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY
+	}
+	subscriptions := []*pb.Subscription{{
+		Resource:      primary,
+		Namespace:     o.Namespace,
+		LabelSelector: o.LabelSelector,
+		FieldSelector: o.FieldSelector,
+		Payload:       payload,
+	}}
+	for _, owned := range b.owns {
+		ref, _, err := b.resource(owned)
+		if err != nil {
+			return nil, err
+		}
+		subscriptions = append(subscriptions, &pb.Subscription{
+			Resource:  ref,
+			Namespace: o.Namespace,
+			Payload:   pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
+			Owner:     primary,
+		})
+	}
+	for _, named := range b.references {
+		ref, _, err := b.resource(named.object)
+		if err != nil {
+			return nil, err
+		}
+		subscriptions = append(subscriptions, &pb.Subscription{
+			Resource:     ref,
+			Namespace:    o.Namespace,
+			Payload:      pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
+			ReferencedBy: &pb.References{Resource: primary, FieldPaths: named.fieldPaths},
+		})
+	}
+
+	options := b.ctrlOptions
+	if options.MaxConcurrentReconciles <= 0 {
+		options.MaxConcurrentReconciles = 1
+	}
+	metrics := newMetrics(o.Group)
+	q := newQueue(options.MaxConcurrentReconciles, metrics)
+	options.Reconciler = &reconciler{inner: r, queue: q}
+	options.NewQueue = func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+		return q
+	}
+	noElection := false
+	options.NeedLeaderElection = &noElection
+	ctrl, err := controller.New(name, b.mgr, options)
+	if err != nil {
+		return nil, err
+	}
+	run := &runner{
+		log: b.mgr.GetLogger().WithValues("controller", name, "group", o.Group),
+		open: &pb.OpenSessionRequest{
+			Group:         o.Group,
+			ReplicaId:     o.ReplicaID,
+			Subscriptions: subscriptions,
+			Ttl:           durationpb.New(o.SessionTTL),
+		},
+		credentials:  credentials,
+		loadBalancer: o.LoadBalancer,
+		dispatchers:  o.Dispatchers,
+		queue:        q,
+		metrics:      metrics,
+	}
+	if err := b.mgr.Add(run); err != nil {
+		return nil, err
+	}
+	return ctrl, nil
+}
+
+// resource is the wire name of object's kind, from the manager's scheme and REST mapper.
+func (b *Builder) resource(object client.Object) (*pb.ResourceRef, schema.GroupVersionKind, error) {
+	gvk, err := apiutil.GVKForObject(object, b.mgr.GetScheme())
+	if err != nil {
+		return nil, gvk, err
+	}
+	mapping, err := b.mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, gvk, fmt.Errorf("cannot map %s to its resource: %w", gvk, err)
+	}
+	return &pb.ResourceRef{
+		Group:   gvk.Group,
+		Version: gvk.Version,
+		Kind:    gvk.Kind,
+		Plural:  mapping.Resource.Resource,
+	}, gvk, nil
+}
+
+// defaultReplicaID is POD_NAME, else the host name and the process id.
+func defaultReplicaID() string {
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		return pod
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "replica"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// runner keeps the controller's sessions, as a manager.Runnable that needs no leader
+// election: every replica runs, and the dispatchers share the objects among them.
+type runner struct {
+	log          logr.Logger
+	open         *pb.OpenSessionRequest
+	credentials  Credentials
+	loadBalancer string
+	dispatchers  []string
+	queue        *queue
+	metrics      *sdkMetrics
+	sessions     liveSessions
+}
+
+var (
+	_ manager.Runnable               = (*runner)(nil)
+	_ manager.LeaderElectionRunnable = (*runner)(nil)
+)
+
+// Start runs the sessions until ctx ends, then closes them gracefully.
+func (r *runner) Start(ctx context.Context) error {
+	s := newSupervisor(ctx, r)
+	if len(r.dispatchers) > 0 {
+		s.assign(r.dispatchers)
+		s.wait()
+		return nil
+	}
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		r.followLoadBalancer(ctx, r.loadBalancer, s.assign)
+	}()
+	s.wait()
+	<-followed
+	return nil
+}
+
+// NeedLeaderElection is false: every replica serves its share.
+func (r *runner) NeedLeaderElection() bool { return false }

@@ -1,0 +1,90 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// NewClient is a client.NewClientFunc for manager.Options.NewClient: a client that reads from
+// the API server, never from an informer cache (the manager's default client starts an
+// informer for every kind it reads, which is the memory the tier exists to save), except that
+// a reconcile's Get of the object it was delivered is served from the delivery: from the
+// request's body when it carries one, else from the API server's watch cache at the version
+// delivered (no quorum read of etcd), and as NotFound when the delivery says the object was
+// deleted, which is how a controller-runtime Reconciler learns of a deletion.
+//
+//	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient})
+func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
+	options.Cache = nil
+	c, err := client.New(config, options)
+	if err != nil {
+		return nil, err
+	}
+	return &deliveredClient{Client: c}, nil
+}
+
+// deliveredClient serves the delivered object's Get from its delivery.
+type deliveredClient struct {
+	client.Client
+}
+
+func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {
+	d := deliveryFrom(ctx)
+	if d == nil || len(options) > 0 || key != d.name {
+		return c.Client.Get(ctx, key, object, options...)
+	}
+	gvk, err := apiutil.GVKForObject(object, c.Scheme())
+	delivered := d.request.GetObject()
+	if err != nil || gvk.Group != delivered.GetGroup() || gvk.Kind != delivered.GetKind() {
+		return c.Client.Get(ctx, key, object, options...)
+	}
+	if d.request.GetDeleted() {
+		resource := schema.GroupResource{Group: gvk.Group, Resource: gvk.Kind}
+		return apierrors.NewNotFound(resource, key.Name)
+	}
+	if body := d.request.GetObjectJson(); len(body) > 0 {
+		if u, ok := object.(*unstructured.Unstructured); ok {
+			return u.UnmarshalJSON(body)
+		}
+		if err := json.Unmarshal(body, object); err == nil {
+			return nil
+		}
+	}
+	// No body: the API server's watch cache, at least as new as the change delivered; one
+	// that has not caught up (or cannot serve that version) is read consistently instead.
+	err = c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: d.request.GetResourceVersion()}})
+	if err == nil || !watchCacheCannotServe(err) {
+		return err
+	}
+	return c.Client.Get(ctx, key, object)
+}
+
+// watchCacheCannotServe says a read at a resourceVersion should be made consistently instead:
+// the version is too old or not yet in the cache (400, 410, 504), or the cache is not ready
+// (500, 503).
+func watchCacheCannotServe(err error) bool {
+	switch apierrors.ReasonForError(err) {
+	case metav1.StatusReasonBadRequest, metav1.StatusReasonGone, metav1.StatusReasonExpired,
+		metav1.StatusReasonTimeout, metav1.StatusReasonServiceUnavailable, metav1.StatusReasonInternalError:
+		return true
+	}
+	var status apierrors.APIStatus
+	if s, ok := err.(apierrors.APIStatus); ok {
+		status = s
+		switch status.Status().Code {
+		case http.StatusBadRequest, http.StatusGone, http.StatusInternalServerError,
+			http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,135 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// MaxMemoBytes is the longest memo the dispatcher keeps for an object.
+const MaxMemoBytes = 512
+
+// reconciler runs the user's Reconciler on a delivery: its context ends at the delivery's
+// deadline and when the session that delivered it is lost (context.Cause is then errFenced),
+// carries the delivery (Memo, Children, and the object for NewClient's Get), and what it
+// returns becomes the delivery's ack.
+type reconciler struct {
+	inner reconcile.Reconciler
+	queue *queue
+}
+
+type deliveryKey struct{}
+
+func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (reconcile.Result, error) {
+	d := w.queue.delivery(request.NamespacedName)
+	if d == nil {
+		// Not from the tier (a test calling the controller's Reconcile directly).
+		return w.inner.Reconcile(ctx, request)
+	}
+	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, deliveryKey{}, d))
+	defer cancel(nil)
+	stop := context.AfterFunc(d.ctx, func() { cancel(context.Cause(d.ctx)) })
+	defer stop()
+	result, err := w.inner.Reconcile(ctx, request)
+	switch cause := context.Cause(d.ctx); {
+	case errors.Is(cause, context.DeadlineExceeded):
+		d.outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: fmt.Sprintf("timed out after %v", d.limit)}}}
+	default:
+		d.outcome = ackFor(result, err)
+	}
+	return result, err
+}
+
+func deliveryFrom(ctx context.Context) *delivery {
+	d, _ := ctx.Value(deliveryKey{}).(*delivery)
+	return d
+}
+
+// Memo is what the last reconcile of this object in its group left with LeaveMemo, handed
+// back by the dispatcher with this delivery; nil when none was left, when the object was
+// recreated since, after a handover or a dispatcher restart. A reconcile that leaves none
+// passes this one on.
+func Memo(ctx context.Context) []byte {
+	if d := deliveryFrom(ctx); d != nil {
+		return d.request.GetMemo()
+	}
+	return nil
+}
+
+// LeaveMemo leaves memo (at most MaxMemoBytes; empty removes it) for the next delivery of this
+// object: what a stateless reconcile needs to remember, such as fingerprints of the children
+// it wrote, so the next reconcile can skip reading them. Call it from the reconcile.
+func LeaveMemo(ctx context.Context, memo []byte) error {
+	d := deliveryFrom(ctx)
+	if d == nil {
+		return errors.New("kube-dispatch: LeaveMemo outside a reconcile delivered by the tier")
+	}
+	if len(memo) > MaxMemoBytes {
+		return fmt.Errorf("kube-dispatch: a memo holds at most %d bytes, not %d", MaxMemoBytes, len(memo))
+	}
+	d.memo = append([]byte(nil), memo...)
+	return nil
+}
+
+// Child is an object owned by the reconciled object, as the dispatcher's watch last showed it.
+type Child struct {
+	Group, Version, Kind string
+	Namespace, Name      string
+	UID                  string
+	ResourceVersion      string
+}
+
+// Children are the objects of the Owns kinds whose controlling owner is the reconciled object,
+// as the dispatcher knows them, at least as new as the change that caused the delivery.
+// complete is false when that knowledge may lack some (before the dispatcher's first list
+// ended, during a handover, or cut at the dispatcher's bound): then list them if it matters.
+func Children(ctx context.Context) (children []Child, complete bool) {
+	d := deliveryFrom(ctx)
+	if d == nil {
+		return nil, false
+	}
+	for _, c := range d.request.GetChildren() {
+		o := c.GetObject()
+		children = append(children, Child{
+			Group: o.GetGroup(), Version: o.GetVersion(), Kind: o.GetKind(),
+			Namespace: o.GetNamespace(), Name: o.GetName(),
+			UID: c.GetUid(), ResourceVersion: c.GetResourceVersion(),
+		})
+	}
+	return children, d.request.GetChildrenState() == pb.ChildrenState_CHILDREN_STATE_COMPLETE
+}
+
+// Delivery describes why and at which version a reconcile runs.
+type Delivery struct {
+	// Key is the request key (group/kind/namespace/name).
+	Key string
+	// Reason is why it was delivered: added, modified, deleted, resync, retry, requeue,
+	// owned, referenced or triggered.
+	Reason string
+	// ResourceVersion is the version of the object the delivery is at least as new as.
+	ResourceVersion string
+	// Deleted says the object is gone.
+	Deleted bool
+	// Attempt counts the failed attempts before this one.
+	Attempt uint32
+}
+
+// DeliveryOf describes the delivery a reconcile runs for; false outside one.
+func DeliveryOf(ctx context.Context) (Delivery, bool) {
+	d := deliveryFrom(ctx)
+	if d == nil {
+		return Delivery{}, false
+	}
+	r := d.request
+	return Delivery{
+		Key:             r.GetKey(),
+		Reason:          reasonLabel(r.GetReason()),
+		ResourceVersion: r.GetResourceVersion(),
+		Deleted:         r.GetDeleted(),
+		Attempt:         r.GetAttempt(),
+	}, true
+}

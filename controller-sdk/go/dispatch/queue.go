@@ -1,0 +1,294 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// maxRequeue is the longest requeue the dispatcher takes; a longer one is sent as this.
+const maxRequeue = 7 * 24 * time.Hour
+
+// maxFailureMessage bounds the error text an ack carries back to the dispatcher's logs.
+const maxFailureMessage = 1024
+
+// delivery is one reconcile request handed to this replica by one session, from its arrival
+// until its worker is done with it.
+type delivery struct {
+	request *pb.ReconcileRequest
+	name    types.NamespacedName
+	session *session
+	// ctx ends at the delivery's deadline, or when its session is lost (then cause is
+	// errFenced): the reconcile must stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// limit is how long the reconcile may take from its delivery (for the timeout's message).
+	limit time.Duration
+
+	// Set by the reconciler wrapper as the reconcile returns; nil when it never returned (a
+	// panic, recovered by controller-runtime).
+	outcome *pb.AckItem
+	// memo is what the reconcile left for the next delivery of the object (LeaveMemo); the
+	// delivered memo when it left none.
+	memo []byte
+}
+
+// errFenced is the cause of a delivery's context when its session was lost: its key may go to
+// another replica, so the reconcile must stop and is not acknowledged.
+var errFenced = errors.New("kube-dispatch: the session that delivered this request was lost; its key may be reconciled elsewhere")
+
+// queue is the controller's work queue, fed by the dispatchers instead of informers: Get is a
+// delivery from a session, Done acknowledges it with the outcome the reconcile returned. The
+// dispatcher, not this queue, owns retries, backoff, coalescing and per-key exclusivity, so the
+// queue ignores the controller's own Add, AddAfter, AddRateLimited and Forget: a failed or
+// requeued reconcile is reported in its ack, and the dispatcher delivers the key again.
+//
+// Bound: at most slots deliveries per open session (each poll asks for the free slots only,
+// and sessions poll concurrently), so at most slots × assigned dispatchers.
+type queue struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	// slots is the controller's MaxConcurrentReconciles.
+	slots int
+	// ready waits for a worker, in order of arrival.
+	ready []*delivery
+	// taken holds every delivery accepted and not done yet (ready or with a worker), by name:
+	// one at a time per object in this replica.
+	taken map[types.NamespacedName]*delivery
+	// freed is signalled (without blocking) whenever a slot frees up.
+	freed chan struct{}
+
+	shuttingDown bool
+	metrics      *sdkMetrics
+}
+
+var _ workqueue.TypedRateLimitingInterface[reconcile.Request] = (*queue)(nil)
+
+func newQueue(slots int, metrics *sdkMetrics) *queue {
+	q := &queue{
+		slots:   slots,
+		taken:   make(map[types.NamespacedName]*delivery),
+		freed:   make(chan struct{}, 1),
+		metrics: metrics,
+	}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+// free is the number of deliveries a poll may ask for now.
+func (q *queue) free() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return max(q.slots-len(q.taken), 0)
+}
+
+// accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
+// after its delivery, see fence.renew). A request for an object a worker of this replica still
+// has (a key handed over between dispatchers while it ran) is acknowledged as failed at once,
+// and the dispatcher delivers it again later.
+func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline time.Time, limit time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, r := range requests {
+		q.metrics.delivered(r.GetReason())
+		name := types.NamespacedName{Namespace: r.GetObject().GetNamespace(), Name: r.GetObject().GetName()}
+		if _, busy := q.taken[name]; busy || q.shuttingDown {
+			s.ack(&pb.AckItem{
+				DeliveryId: r.GetDeliveryId(),
+				Outcome:    &pb.AckItem_Failure{Failure: &pb.Failure{Message: "already reconciling this object in this replica"}},
+				Memo:       r.GetMemo(),
+			})
+			continue
+		}
+		// Ends at the deadline (cause context.DeadlineExceeded), or with the session (its
+		// cause: errFenced when it was lost).
+		base, cancelBase := context.WithCancelCause(context.WithoutCancel(s.ctx))
+		ctx, cancelDeadline := context.WithDeadline(base, deadline)
+		stop := context.AfterFunc(s.ctx, func() { cancelBase(context.Cause(s.ctx)) })
+		d := &delivery{
+			request: r,
+			name:    name,
+			session: s,
+			ctx:     ctx,
+			cancel:  func() { stop(); cancelDeadline(); cancelBase(context.Canceled) },
+			limit:   limit,
+			memo:    r.GetMemo(),
+		}
+		s.track(1)
+		q.taken[name] = d
+		q.ready = append(q.ready, d)
+	}
+	q.cond.Broadcast()
+}
+
+// Get hands the next delivery to a worker; it blocks until one arrives or the queue shuts
+// down. A delivery whose session was lost meanwhile is dropped (its key may be elsewhere now);
+// one whose deadline passed while it waited is acknowledged as failed.
+func (q *queue) Get() (reconcile.Request, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		for len(q.ready) == 0 && !q.shuttingDown {
+			q.cond.Wait()
+		}
+		if len(q.ready) == 0 {
+			return reconcile.Request{}, true
+		}
+		d := q.ready[0]
+		q.ready[0] = nil
+		q.ready = q.ready[1:]
+		if d.ctx.Err() == nil {
+			return reconcile.Request{NamespacedName: d.name}, false
+		}
+		q.finishLocked(d, &pb.AckItem{
+			DeliveryId: d.request.GetDeliveryId(),
+			Outcome:    &pb.AckItem_Failure{Failure: &pb.Failure{Message: "timed out waiting for a worker"}},
+		})
+	}
+}
+
+// Done acknowledges the delivery of item with the outcome its reconcile returned.
+func (q *queue) Done(item reconcile.Request) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	d, ok := q.taken[item.NamespacedName]
+	if !ok {
+		return
+	}
+	outcome := d.outcome
+	if outcome == nil {
+		outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: "the reconcile returned no result (it panicked)"}}}
+	}
+	q.finishLocked(d, outcome)
+}
+
+// finishLocked frees d's slot and acknowledges it with outcome, unless its session was lost.
+func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
+	delete(q.taken, d.name)
+	fenced := errors.Is(context.Cause(d.session.ctx), errFenced)
+	d.cancel()
+	if fenced {
+		q.metrics.fenced()
+	} else {
+		outcome.DeliveryId = d.request.GetDeliveryId()
+		outcome.Memo = d.memo
+		d.session.ack(outcome)
+	}
+	d.session.track(-1)
+	select {
+	case q.freed <- struct{}{}:
+	default:
+	}
+	q.cond.Broadcast()
+}
+
+// delivery is the delivery a worker is reconciling for name, if any.
+func (q *queue) delivery(name types.NamespacedName) *delivery {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.taken[name]
+}
+
+// dropSession takes out the deliveries of s still waiting for a worker: s was lost (they are
+// dropped unacknowledged: their keys may be elsewhere already) or closes (handBack: they are
+// handed back, for the dispatcher to deliver at once to another replica).
+func (q *queue) dropSession(s *session, handBack bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	kept := q.ready[:0]
+	for _, d := range q.ready {
+		if d.session != s {
+			kept = append(kept, d)
+			continue
+		}
+		delete(q.taken, d.name)
+		d.cancel()
+		if handBack {
+			s.ack(notRunHere(d.request))
+		}
+		s.track(-1)
+	}
+	clear(q.ready[len(kept):])
+	q.ready = kept
+	q.cond.Broadcast()
+}
+
+// Len is the number of deliveries waiting for a worker.
+func (q *queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.ready)
+}
+
+// ShutDown stops handing out deliveries; those still waiting are left to their sessions,
+// which close gracefully (the dispatcher gives their keys to other replicas at once).
+func (q *queue) ShutDown() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.shuttingDown = true
+	q.cond.Broadcast()
+}
+
+// ShutDownWithDrain is ShutDown: deliveries with a worker end on their own.
+func (q *queue) ShutDownWithDrain() { q.ShutDown() }
+
+// ShuttingDown reports whether ShutDown was called.
+func (q *queue) ShuttingDown() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.shuttingDown
+}
+
+// Add is ignored: what to reconcile is the dispatchers' to say (a reconcile of a key of this
+// controller's own choosing goes through a trigger: Controller.ReconcileOn).
+func (q *queue) Add(reconcile.Request) {}
+
+// AddAfter is ignored: a requeue is reported in the ack (reconcile.Result.RequeueAfter).
+func (q *queue) AddAfter(reconcile.Request, time.Duration) {}
+
+// AddRateLimited is ignored: a failure is reported in the ack, and the dispatcher backs off.
+func (q *queue) AddRateLimited(reconcile.Request) {}
+
+// Forget is ignored: the dispatcher keeps each key's failure count.
+func (q *queue) Forget(reconcile.Request) {}
+
+// NumRequeues is the number of failed attempts the dispatcher counted before this delivery.
+func (q *queue) NumRequeues(item reconcile.Request) int {
+	if d := q.delivery(item.NamespacedName); d != nil {
+		return int(d.request.GetAttempt())
+	}
+	return 0
+}
+
+// ackFor turns what a reconcile returned into its acknowledgement: success; a requeue after
+// RequeueAfter (capped at seven days); a failure, for the dispatcher to retry with backoff, on
+// an error or a Requeue without delay; success on a terminal error (reconcile.TerminalError),
+// which controller-runtime does not retry either.
+func ackFor(result reconcile.Result, err error) *pb.AckItem {
+	switch {
+	case err != nil && errors.Is(err, reconcile.TerminalError(nil)):
+		return &pb.AckItem{Outcome: &pb.AckItem_Success{Success: &pb.Success{}}}
+	case err != nil:
+		message := err.Error()
+		if len(message) > maxFailureMessage {
+			message = message[:maxFailureMessage]
+		}
+		return &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: message}}}
+	case result.RequeueAfter > 0:
+		after := min(max(result.RequeueAfter, time.Millisecond), maxRequeue)
+		return &pb.AckItem{Outcome: &pb.AckItem_Requeue{Requeue: &pb.Requeue{After: durationpb.New(after)}}}
+	//lint:ignore SA1019 Requeue is deprecated but still honoured, as controller-runtime does.
+	case result.Requeue:
+		return &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: "requeue requested"}}}
+	default:
+		return &pb.AckItem{Outcome: &pb.AckItem_Success{Success: &pb.Success{}}}
+	}
+}

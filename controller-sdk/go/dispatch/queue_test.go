@@ -1,0 +1,144 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+func testSession() *session {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &session{id: "s", ctx: ctx, cancel: cancel, changed: make(chan struct{}, 1)}
+}
+
+func request(id uint64, name string) *pb.ReconcileRequest {
+	return &pb.ReconcileRequest{
+		DeliveryId: id,
+		Key:        "/ConfigMap/ns/" + name,
+		Object:     &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: name},
+		Memo:       []byte("m-" + name),
+	}
+}
+
+func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
+	q := newQueue(2, newMetrics("test"))
+	s := testSession()
+	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "a"), request(3, "b")}, time.Now().Add(time.Minute), time.Minute)
+	// The second delivery of a key a worker here still holds goes back at once, failed.
+	if len(s.pending) != 1 || s.pending[0].GetDeliveryId() != 2 || s.pending[0].GetFailure() == nil {
+		t.Fatalf("pending acks: %v", s.pending)
+	}
+	if q.free() != 0 {
+		t.Fatalf("free slots: %d", q.free())
+	}
+	item, shutdown := q.Get()
+	if shutdown || item.Name != "a" {
+		t.Fatalf("got %v, %v", item, shutdown)
+	}
+	d := q.delivery(item.NamespacedName)
+	d.outcome = ackFor(reconcile.Result{RequeueAfter: 3 * time.Second}, nil)
+	d.memo = []byte("left")
+	q.Done(item)
+	ack := s.pending[1]
+	if ack.GetDeliveryId() != 1 || ack.GetRequeue().GetAfter().AsDuration() != 3*time.Second || string(ack.GetMemo()) != "left" {
+		t.Fatalf("ack: %v", ack)
+	}
+	if _, outstanding := s.state(); outstanding != 1 {
+		t.Fatalf("outstanding: %d", outstanding)
+	}
+	// A reconcile that never returned a result (a panic) fails.
+	item, _ = q.Get()
+	q.Done(item)
+	if ack := s.pending[2]; ack.GetDeliveryId() != 3 || ack.GetFailure() == nil || string(ack.GetMemo()) != "m-b" {
+		t.Fatalf("ack: %v", ack)
+	}
+}
+
+func TestALostSessionsDeliveriesAreCancelledAndNeverAcked(t *testing.T) {
+	q := newQueue(2, newMetrics("test"))
+	s := testSession()
+	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
+	item, _ := q.Get()
+	d := q.delivery(item.NamespacedName)
+	s.cancel(errFenced)
+	select {
+	case <-d.ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the running reconcile's context did not end with its session")
+	}
+	if !errors.Is(context.Cause(d.ctx), errFenced) {
+		t.Fatalf("the running reconcile's context: %v", context.Cause(d.ctx))
+	}
+	q.dropSession(s, false)
+	if q.Len() != 0 {
+		t.Fatal("the waiting delivery of the lost session was kept")
+	}
+	d.outcome = ackFor(reconcile.Result{}, nil)
+	q.Done(item)
+	if len(s.pending) != 0 {
+		t.Fatalf("a fenced reconcile was acknowledged: %v", s.pending)
+	}
+	if _, outstanding := s.state(); outstanding != 0 {
+		t.Fatalf("outstanding: %d", outstanding)
+	}
+}
+
+func TestADeliveryPastItsDeadlineIsNotHandedOut(t *testing.T) {
+	q := newQueue(1, newMetrics("test"))
+	s := testSession()
+	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, time.Now().Add(-time.Millisecond), time.Minute)
+	q.accept(s, []*pb.ReconcileRequest{request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
+	item, _ := q.Get()
+	if item.NamespacedName != (types.NamespacedName{Namespace: "ns", Name: "b"}) {
+		t.Fatalf("got %v", item)
+	}
+	if len(s.pending) != 1 || s.pending[0].GetDeliveryId() != 1 || s.pending[0].GetFailure() == nil {
+		t.Fatalf("pending: %v", s.pending)
+	}
+	q.ShutDown()
+	if _, shutdown := q.Get(); !shutdown {
+		t.Fatal("Get after ShutDown")
+	}
+}
+
+func TestAcksFromResultsAndErrors(t *testing.T) {
+	cases := []struct {
+		name   string
+		result reconcile.Result
+		err    error
+		check  func(*pb.AckItem) bool
+	}{
+		{"success", reconcile.Result{}, nil, func(a *pb.AckItem) bool { return a.GetSuccess() != nil }},
+		{"error", reconcile.Result{}, errors.New("boom"), func(a *pb.AckItem) bool { return a.GetFailure().GetMessage() == "boom" }},
+		{"terminal error", reconcile.Result{}, reconcile.TerminalError(errors.New("bad spec")), func(a *pb.AckItem) bool { return a.GetSuccess() != nil }},
+		{"requeue after", reconcile.Result{RequeueAfter: time.Minute}, nil, func(a *pb.AckItem) bool { return a.GetRequeue().GetAfter().AsDuration() == time.Minute }},
+		{"requeue after, capped", reconcile.Result{RequeueAfter: 30 * 24 * time.Hour}, nil, func(a *pb.AckItem) bool { return a.GetRequeue().GetAfter().AsDuration() == maxRequeue }},
+		//lint:ignore SA1019 Requeue is deprecated but still honoured.
+		{"requeue", reconcile.Result{Requeue: true}, nil, func(a *pb.AckItem) bool { return a.GetFailure() != nil }},
+	}
+	for _, c := range cases {
+		if got := ackFor(c.result, c.err); !c.check(got) {
+			t.Errorf("%s: %v", c.name, got)
+		}
+	}
+}
+
+func TestReconnectsStartAgainAfterASessionThatWorked(t *testing.T) {
+	var r reconnects
+	var last time.Duration
+	for range 12 {
+		last = r.next(false)
+	}
+	if last < 30*time.Second || last > time.Minute {
+		t.Fatalf("after 12 failures: %v", last)
+	}
+	if after := r.next(true); after > 200*time.Millisecond {
+		t.Fatalf("after a session that worked: %v", after)
+	}
+}

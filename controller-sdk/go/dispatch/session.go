@@ -1,0 +1,360 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+const (
+	// maxAnswerBytes is the largest poll answer taken (the gRPC decoding limit, told to the
+	// dispatcher, which keeps its answers within it).
+	maxAnswerBytes = 16 << 20
+	// openTimeout bounds OpenSession, which waits for the group's first lists.
+	openTimeout = 2 * time.Minute
+	// callTimeout bounds an ack, a close and a trigger.
+	callTimeout = 10 * time.Second
+	// ackBatch is the most acks sent in one call (the dispatcher takes 10 000).
+	ackBatch = 1000
+	// defaultTTL and defaultMaxReconcile apply when the dispatcher's answer leaves them out.
+	defaultTTL          = 10 * time.Second
+	defaultMaxReconcile = 60 * time.Second
+)
+
+// session is one open session with one dispatcher.
+type session struct {
+	address string
+	id      string
+	client  pb.DispatcherClient
+	// ctx is cancelled when the session ends: with errFenced when it was lost (every delivery's
+	// context ends with it), with context.Canceled once it closed gracefully.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu sync.Mutex
+	// pending acks, sent in order by sendAcks; at most one per delivery accepted.
+	pending []*pb.AckItem
+	// outstanding counts deliveries accepted and not finished.
+	outstanding int
+	// changed is signalled (without blocking) when pending or outstanding change.
+	changed chan struct{}
+}
+
+// ack queues an acknowledgement; it never blocks (it is called with the queue's lock held).
+func (s *session) ack(item *pb.AckItem) {
+	s.mu.Lock()
+	s.pending = append(s.pending, item)
+	s.mu.Unlock()
+	s.signal()
+}
+
+// track counts deliveries accepted (+1) and finished (-1).
+func (s *session) track(n int) {
+	s.mu.Lock()
+	s.outstanding += n
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *session) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) state() (pending, outstanding int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending), s.outstanding
+}
+
+// sendAcks sends queued acks until stop is closed and none is left, in batches, one call at a
+// time. A failed call is logged and dropped: the dispatcher delivers those keys again after
+// their maximum reconcile time.
+func (s *session) sendAcks(log logr.Logger, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		s.mu.Lock()
+		batch := s.pending[:min(len(s.pending), ackBatch)]
+		s.pending = s.pending[len(batch):]
+		s.mu.Unlock()
+		if len(batch) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			_, err := s.client.Ack(ctx, &pb.AckRequest{SessionId: s.id, Acks: batch})
+			cancel()
+			if err != nil {
+				log.V(1).Info("ack failed; the dispatcher will deliver those keys again", "session", s.id, "error", err.Error())
+			}
+			continue
+		}
+		select {
+		case <-s.changed:
+		case <-stop:
+			if pending, _ := s.state(); pending == 0 {
+				return
+			}
+		}
+	}
+}
+
+// errNotRenewed ends a session whose fence passed before a renewal was answered.
+var errNotRenewed = status.Error(codes.DeadlineExceeded, "session not renewed in time")
+
+// runSession opens a session with the dispatcher at address and serves it until ctx ends (then
+// it closes gracefully: running reconciles finish while the session is renewed, their acks are
+// sent, and the session is closed so the dispatcher hands the keys elsewhere at once) or the
+// session is lost (then every reconcile it delivered is cancelled, none is acknowledged, and
+// runSession returns once all of them have returned). opened says whether a session was opened
+// (a session that worked restarts the reconnect backoff).
+func (r *runner) runSession(ctx context.Context, address string) (opened bool, err error) {
+	conn, err := r.credentials.dial(address, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswerBytes)))
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close() }()
+	client := pb.NewDispatcherClient(conn)
+	sent := time.Now()
+	openCtx, cancelOpen := context.WithTimeout(ctx, openTimeout)
+	answer, err := client.OpenSession(openCtx, r.open)
+	cancelOpen()
+	if err != nil {
+		return false, err
+	}
+	ttl, maxReconcile := defaultTTL, defaultMaxReconcile
+	if answer.GetTtl() != nil {
+		ttl = answer.GetTtl().AsDuration()
+	}
+	if answer.GetMaxReconcileTime() != nil {
+		maxReconcile = answer.GetMaxReconcileTime().AsDuration()
+	}
+	f := newFence(ttl, maxReconcile, sent)
+	sctx, cancel := context.WithCancelCause(context.Background())
+	s := &session{
+		address: address,
+		id:      answer.GetSessionId(),
+		client:  client,
+		ctx:     sctx,
+		cancel:  cancel,
+		changed: make(chan struct{}, 1),
+	}
+	log := r.log.WithValues("dispatcher", address, "session", s.id)
+	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String())
+	defer r.metrics.sessionOpened(address)()
+	r.sessions.add(s)
+	defer r.sessions.remove(s)
+	stopAcks, acksDone := make(chan struct{}), make(chan struct{})
+	go s.sendAcks(log, stopAcks, acksDone)
+
+	err = r.serve(ctx, s, &f, time.Since(sent))
+	if err == nil {
+		err = r.drain(s, &f)
+	}
+	if err != nil {
+		// Lost: whatever this session handed out may go to another replica now.
+		s.cancel(errFenced)
+		close(stopAcks)
+		r.queue.dropSession(s, false)
+		r.waitForReconciles(log, s)
+		return true, err
+	}
+	close(stopAcks)
+	select {
+	case <-acksDone:
+	case <-time.After(5 * time.Second):
+	}
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), callTimeout)
+	_, _ = client.CloseSession(closeCtx, &pb.CloseSessionRequest{SessionId: s.id})
+	cancelClose()
+	s.cancel(context.Canceled)
+	log.Info("session closed")
+	return true, nil
+}
+
+// serve polls for work while ctx lasts, asking for no more than the free slots, and renews the
+// session without taking work while every slot is busy. It returns nil when ctx ends, and the
+// reason when the session is lost.
+func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time.Duration) error {
+	for ctx.Err() == nil {
+		now := time.Now()
+		lostAt := f.lostAt()
+		if !now.Before(lostAt) {
+			return errNotRenewed
+		}
+		wait := f.waitAt(now, roundTrip)
+		free := r.queue.free()
+		sent := time.Now()
+		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
+		// its wait, and what it delivers is handed straight back (below) rather than left in
+		// flight until the session would expire.
+		call, cancelCall := context.WithDeadline(context.Background(), lostAt)
+		if free == 0 {
+			_, err := s.client.Ack(call, &pb.AckRequest{SessionId: s.id})
+			cancelCall()
+			if err != nil {
+				return renewalError(err)
+			}
+			f.renew(sent, 0)
+			roundTrip = time.Since(sent)
+			// Every slot is busy: wait for one, no longer than leaves time to renew.
+			select {
+			case <-r.queue.freed:
+			case <-time.After(f.waitAt(time.Now(), roundTrip)):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		answer, err := s.client.Poll(call, &pb.PollRequest{
+			SessionId: s.id,
+			MaxItems:  uint32(min(free, 1<<31)),
+			Wait:      durationpb.New(wait),
+			MaxBytes:  maxAnswerBytes,
+		})
+		cancelCall()
+		if err != nil {
+			return renewalError(err)
+		}
+		held := answer.GetHeld().AsDuration()
+		delivered := f.renew(sent, held)
+		roundTrip = max(time.Since(sent)-held, 0)
+		if len(answer.GetRequests()) == 0 {
+			continue
+		}
+		if ctx.Err() != nil {
+			// Stopping: not run here; the dispatcher gives them to another replica at once.
+			for _, request := range answer.GetRequests() {
+				s.ack(notRunHere(request))
+			}
+			break
+		}
+		r.queue.accept(s, answer.GetRequests(), f.reconcileDeadline(delivered), f.reconcileLimit())
+	}
+	return nil
+}
+
+// drain waits for the session's reconciles to end, renewing the session every poll wait, and
+// hands back the deliveries still waiting for a worker. It fails, for the caller to cancel
+// what still runs, when a renewal fails or the fence passes first.
+func (r *runner) drain(s *session, f *fence) error {
+	r.queue.dropSession(s, true)
+	for {
+		if _, outstanding := s.state(); outstanding == 0 {
+			return nil
+		}
+		lostAt := f.lostAt()
+		if !time.Now().Before(lostAt) {
+			return errNotRenewed
+		}
+		sent := time.Now()
+		call, cancel := context.WithDeadline(context.Background(), lostAt)
+		_, err := s.client.Ack(call, &pb.AckRequest{SessionId: s.id})
+		cancel()
+		if err != nil {
+			return renewalError(err)
+		}
+		f.renew(sent, 0)
+		timer := time.NewTimer(f.pollWait())
+	wait:
+		for {
+			select {
+			case <-s.changed:
+				if _, outstanding := s.state(); outstanding == 0 {
+					timer.Stop()
+					return nil
+				}
+			case <-timer.C:
+				break wait
+			}
+		}
+	}
+}
+
+// waitForReconciles waits until every reconcile s delivered has returned: none may still run
+// when the replica opens a session again (its key may be with another replica by then).
+// Reconcilers must return soon after their context ends.
+func (r *runner) waitForReconciles(log logr.Logger, s *session) {
+	warn := time.NewTicker(10 * time.Second)
+	defer warn.Stop()
+	for {
+		_, outstanding := s.state()
+		if outstanding == 0 {
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-warn.C:
+			log.Info("reconciles of a lost session still running after their context ended: reconcilers must return when their context is done", "running", outstanding)
+		}
+	}
+}
+
+// renewalError is what a failed renewal says, a deadline being the fence.
+func renewalError(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		return errNotRenewed
+	}
+	return err
+}
+
+// notRunHere acknowledges a request this replica will not run, for the dispatcher to deliver
+// it again at once, without counting a failure.
+func notRunHere(request *pb.ReconcileRequest) *pb.AckItem {
+	return &pb.AckItem{
+		DeliveryId: request.GetDeliveryId(),
+		Outcome:    &pb.AckItem_Requeue{Requeue: &pb.Requeue{After: durationpb.New(time.Millisecond)}},
+		Memo:       request.GetMemo(),
+	}
+}
+
+// sessionLoop keeps one session open with the dispatcher at address until ctx ends,
+// reconnecting with a backoff that starts again after every session that opened.
+func (r *runner) sessionLoop(ctx context.Context, address string) {
+	var reconnects reconnects
+	for ctx.Err() == nil {
+		opened, err := r.runSession(ctx, address)
+		if err == nil {
+			return
+		}
+		delay := reconnects.next(opened)
+		r.log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
+		r.metrics.reconnecting()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// liveSessions are the sessions open now, for triggers.
+type liveSessions struct {
+	mu   sync.Mutex
+	open map[*session]struct{}
+}
+
+func (l *liveSessions) add(s *session) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open == nil {
+		l.open = make(map[*session]struct{})
+	}
+	l.open[s] = struct{}{}
+}
+
+func (l *liveSessions) remove(s *session) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.open, s)
+}
+
+func (s *session) String() string { return fmt.Sprintf("session %s at %s", s.id, s.address) }

@@ -1,0 +1,172 @@
+package dispatch
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+const (
+	// maxRedirects is how many standby redirects in a row are followed before backing off.
+	maxRedirects = 3
+	// leaveTimeout bounds the Leave a stopping replica sends the load balancer.
+	leaveTimeout = 2 * time.Second
+)
+
+// followLoadBalancer registers with the load balancer at address and sends each assignment's
+// dispatchers to assign, until ctx ends (then it takes its leave, so the load balancer moves
+// this replica's place at once). A standby's answer names the leader, which is dialled
+// instead; after a failure the dispatchers assigned last stay in force while it registers
+// again, from the configured address, with the reconnect backoff.
+func (r *runner) followLoadBalancer(ctx context.Context, address string, assign func([]string)) {
+	credentials := r.credentials.forLoadBalancer(address)
+	var backoff reconnects
+	current, redirects := address, 0
+	for ctx.Err() == nil {
+		leader, assigned, err := r.register(ctx, credentials, current, assign)
+		if ctx.Err() != nil {
+			return
+		}
+		if leader != "" && redirects < maxRedirects {
+			redirects++
+			r.log.Info("redirected to the leading load balancer", "loadBalancer", leader)
+			current = leader
+			continue
+		}
+		delay := backoff.next(assigned)
+		switch {
+		case err != nil:
+			r.log.Info("cannot register with the load balancer; polling the dispatchers assigned last", "loadBalancer", current, "error", err.Error(), "delay", delay.String())
+		case leader != "":
+			r.log.Info("redirected again and again; backing off", "loadBalancer", leader, "delay", delay.String())
+		default:
+			r.log.Info("the load balancer ended the registration; registering again", "delay", delay.String())
+		}
+		current, redirects = address, 0
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// register runs one registration stream. It returns the leader a standby named, if any, and
+// whether the stream delivered an assignment (then the registration worked, however it ended).
+func (r *runner) register(ctx context.Context, credentials Credentials, address string, assign func([]string)) (leader string, assigned bool, err error) {
+	conn, err := credentials.dial(address, grpc.WithKeepaliveParams(keepalive.ClientParameters{
+		// A leader that vanishes without closing the connection is noticed within seconds.
+		Time:                5 * time.Second,
+		Timeout:             5 * time.Second,
+		PermitWithoutStream: true,
+	}))
+	if err != nil {
+		return "", false, err
+	}
+	defer func() { _ = conn.Close() }()
+	client := pb.NewLoadBalancerClient(conn)
+	streamCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId()}
+	stream, err := client.Register(streamCtx, request)
+	if err != nil {
+		return "", false, err
+	}
+	// The stream is read in its own goroutine so that a stop can take leave at once.
+	type message struct {
+		assignment *pb.Assignment
+		err        error
+	}
+	messages := make(chan message, 1)
+	go func() {
+		for {
+			a, err := stream.Recv()
+			select {
+			case messages <- message{a, err}:
+			case <-streamCtx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			leaveCtx, cancelLeave := context.WithTimeout(context.Background(), leaveTimeout)
+			if _, err := client.Leave(leaveCtx, &pb.LeaveRequest{Group: request.Group, ReplicaId: request.ReplicaId}); err != nil {
+				r.log.Info("could not take leave of the load balancer; it frees this replica's place after its grace", "error", err.Error())
+			}
+			cancelLeave()
+			return "", assigned, nil
+		case m := <-messages:
+			if m.err != nil {
+				return "", assigned, m.err
+			}
+			if m.assignment.GetLeader() != "" {
+				return m.assignment.GetLeader(), assigned, nil
+			}
+			assigned = true
+			dispatchers := slices.Clone(m.assignment.GetDispatchers())
+			slices.Sort(dispatchers)
+			r.log.Info("assigned dispatchers", "generation", m.assignment.GetGeneration(), "dispatchers", dispatchers)
+			assign(dispatchers)
+		}
+	}
+}
+
+// supervise runs one session loop per dispatcher of the current assignment (updated through
+// the returned function), stopping the loops of dispatchers no longer assigned gracefully,
+// until ctx ends; then it waits for every loop to finish.
+type supervisor struct {
+	r     *runner
+	ctx   context.Context
+	mu    sync.Mutex
+	loops map[string]context.CancelFunc
+	wg    sync.WaitGroup
+}
+
+func newSupervisor(ctx context.Context, r *runner) *supervisor {
+	return &supervisor{r: r, ctx: ctx, loops: make(map[string]context.CancelFunc)}
+}
+
+// assign makes the running loops those of dispatchers.
+func (s *supervisor) assign(dispatchers []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	for address, stop := range s.loops {
+		if !slices.Contains(dispatchers, address) {
+			s.r.log.Info("no longer assigned: finishing its reconciles and closing the session", "dispatcher", address)
+			stop()
+			delete(s.loops, address)
+		}
+	}
+	for _, address := range dispatchers {
+		if _, running := s.loops[address]; running {
+			continue
+		}
+		ctx, stop := context.WithCancel(s.ctx)
+		s.loops[address] = stop
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.r.sessionLoop(ctx, address)
+		}()
+	}
+}
+
+// wait waits for every loop, once ctx has ended.
+func (s *supervisor) wait() {
+	<-s.ctx.Done()
+	s.wg.Wait()
+}

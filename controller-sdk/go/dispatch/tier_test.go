@@ -1,0 +1,307 @@
+package dispatch_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+)
+
+const hashAnnotation = "example.kube-dispatch.dev/hash"
+
+func TestMain(m *testing.M) {
+	// controller-runtime wants a logger set; the tests judge by outcomes, not logs.
+	ctrl.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
+
+// hasher is the ConfigMap hasher as a controller-runtime Reconciler: it keeps each ConfigMap's
+// annotation equal to a hash of its data. It records every reconcile, by replica, and any
+// reconcile of a key that began while another (in any replica) had not ended.
+type hasher struct {
+	client  client.Client
+	replica string
+	log     *reconcileLog
+	hold    time.Duration
+}
+
+type reconcileLog struct {
+	mu       sync.Mutex
+	running  map[string]string
+	overlaps []string
+	byKey    map[string][]string
+	// observe, when set, is told of each begin and end (the kill tests' replica processes
+	// print them).
+	observe func(what, key string)
+}
+
+func newLog() *reconcileLog {
+	return &reconcileLog{running: map[string]string{}, byKey: map[string][]string{}}
+}
+
+func (l *reconcileLog) begin(key, replica string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if other, busy := l.running[key]; busy {
+		l.overlaps = append(l.overlaps, fmt.Sprintf("%s: %s began while %s ran", key, replica, other))
+	}
+	l.running[key] = replica
+	l.byKey[key] = append(l.byKey[key], replica)
+	if l.observe != nil {
+		l.observe("begin", key)
+	}
+}
+
+func (l *reconcileLog) end(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.running, key)
+	if l.observe != nil {
+		l.observe("end", key)
+	}
+}
+
+func (l *reconcileLog) replicas() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	count := map[string]int{}
+	for _, replicas := range l.byKey {
+		for _, r := range replicas {
+			count[r]++
+		}
+	}
+	return count
+}
+
+func hashOf(data map[string]string) string {
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	h := sha256.New()
+	for _, k := range keys {
+		fmt.Fprintf(h, "%s=%s\n", k, data[k])
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reconcile.Result, error) {
+	key := request.String()
+	h.log.begin(key, h.replica)
+	defer h.log.end(key)
+	var cm corev1.ConfigMap
+	if err := h.client.Get(ctx, request.NamespacedName, &cm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if h.hold > 0 {
+		select {
+		case <-time.After(h.hold):
+		case <-ctx.Done():
+			return reconcile.Result{}, context.Cause(ctx)
+		}
+	}
+	want := hashOf(cm.Data)
+	if cm.Annotations[hashAnnotation] == want {
+		return reconcile.Result{}, nil
+	}
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[hashAnnotation] = want
+	// Conditional on the version delivered: a stale write is refused, not applied.
+	return reconcile.Result{}, h.client.Update(ctx, &cm)
+}
+
+// replica runs one controller-runtime manager with the hasher on the tier, until stop is
+// called; stop returns once the manager has shut down.
+func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration) (stop func()) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(config, ctrl.Options{
+		NewClient:              dispatch.NewClient,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plaintext := dispatch.Credentials{}
+	err = dispatch.ControllerManagedBy(mgr).
+		For(&corev1.ConfigMap{}).
+		Named(group + "-" + id).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: new(true)}).
+		WithDispatchOptions(dispatch.Options{
+			Group:        group,
+			ReplicaID:    id,
+			LoadBalancer: tier.LoadBalancer.Listen,
+			Credentials:  &plaintext,
+			Namespace:    tier.Namespace,
+			SessionTTL:   4 * time.Second,
+		}).
+		Complete(&hasher{client: mgr.GetClient(), replica: id, log: log, hold: hold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("replica %s: %v", id, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("replica %s did not shut down within 30 s", id)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// converged waits until every ConfigMap of the namespace holds the hash of its data, failing
+// after a minute with those that do not.
+func converged(t *testing.T, clientset kubernetes.Interface, namespace string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		list, err := clientset.CoreV1().ConfigMaps(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "test=go-sdk"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var behind []string
+		for _, cm := range list.Items {
+			if cm.Annotations[hashAnnotation] != hashOf(cm.Data) {
+				behind = append(behind, cm.Name)
+			}
+		}
+		if len(list.Items) == want && len(behind) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d ConfigMaps not reconciled after a minute: %s", len(behind), len(list.Items), strings.Join(behind, " "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func create(t *testing.T, clientset kubernetes.Interface, namespace string, n int) {
+	t.Helper()
+	for i := range n {
+		_, err := clientset.CoreV1().ConfigMaps(namespace).Create(context.Background(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i), Labels: map[string]string{"test": "go-sdk"}},
+			Data:       map[string]string{"value": "0"},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// change writes a new value into ConfigMap i (retrying a conflict with the controller's write).
+func change(t *testing.T, clientset kubernetes.Interface, namespace string, i int, value string) {
+	t.Helper()
+	for {
+		cms := clientset.CoreV1().ConfigMaps(namespace)
+		cm, err := cms.Get(context.Background(), fmt.Sprintf("cm-%d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Data["value"] = value
+		_, err = cms.Update(context.Background(), cm, metav1.UpdateOptions{})
+		if err == nil {
+			return
+		}
+		if !apierrors.IsConflict(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// One Go replica on a tier of two dispatchers reconciles every object and every change, with
+// its Reconciler unchanged from controller-runtime's shape, and shuts down gracefully.
+func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
+	config := tiertest.Config(t)
+	clientset := kubernetes.NewForConfigOrDie(config)
+	namespace := tiertest.Namespace(t, clientset)
+	tier := tiertest.Start(t, namespace, 2)
+	create(t, clientset, namespace, 20)
+	log := newLog()
+	stop := replica(t, config, tier, "go-hasher", "go-0", log, 0)
+	converged(t, clientset, namespace, 20)
+	for i := range 10 {
+		change(t, clientset, namespace, i, "1")
+	}
+	converged(t, clientset, namespace, 20)
+	stop()
+	if len(log.overlaps) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
+	}
+	if got := log.replicas()["go-0"]; got < 30 {
+		t.Fatalf("only %d reconciles for 20 objects and 10 changes", got)
+	}
+}
+
+// Two Go replicas of one group share the objects, never reconcile one key at the same time,
+// and when one stops gracefully while objects change, the other takes its keys and nothing
+// is lost.
+func TestTwoReplicasShareKeysAndNeverOverlap(t *testing.T) {
+	config := tiertest.Config(t)
+	clientset := kubernetes.NewForConfigOrDie(config)
+	namespace := tiertest.Namespace(t, clientset)
+	tier := tiertest.Start(t, namespace, 3)
+	const objects = 30
+	create(t, clientset, namespace, objects)
+	log := newLog()
+	stop0 := replica(t, config, tier, "go-pair", "go-0", log, 20*time.Millisecond)
+	replica(t, config, tier, "go-pair", "go-1", log, 20*time.Millisecond)
+	converged(t, clientset, namespace, objects)
+	for round := range 3 {
+		for i := range objects {
+			change(t, clientset, namespace, i, fmt.Sprintf("round-%d", round))
+		}
+		if round == 1 {
+			stop0()
+		}
+	}
+	converged(t, clientset, namespace, objects)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.overlaps) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
+	}
+	counts := map[string]int{}
+	for _, replicas := range log.byKey {
+		for _, r := range replicas {
+			counts[r]++
+		}
+	}
+	if counts["go-0"] == 0 || counts["go-1"] == 0 {
+		t.Fatalf("the replicas did not share the keys: %v", counts)
+	}
+}

@@ -1,0 +1,305 @@
+// Package tiertest starts a real kube-dispatch tier for the SDK's tests: dispatcher and load
+// balancer processes (the binaries `cargo build --bins` made) against the local API server the
+// project's scripts start (tests/cluster/cluster.sh), on loopback, with plaintext and no
+// tokens. Each test gets a namespace of its own, deleted when it ends.
+package tiertest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Root is the repository's root, from this package's directory.
+func Root() string {
+	dir, _ := os.Getwd()
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "Cargo.toml")); err == nil {
+			if _, err := os.Stat(filepath.Join(d, "controller-sdk")); err == nil {
+				return d
+			}
+		}
+	}
+	return dir
+}
+
+// Config is the API server's: KUBECONFIG, else the local cluster's kubeconfig. Without one the
+// test is skipped, unless KD_REQUIRE_CLUSTER is set (make test sets it), when it fails.
+func Config(t testing.TB) *rest.Config {
+	t.Helper()
+	path := os.Getenv("KUBECONFIG")
+	if path == "" {
+		path = filepath.Join(Root(), ".cluster", "kubeconfig")
+	}
+	if _, err := os.Stat(path); err != nil {
+		if os.Getenv("KD_REQUIRE_CLUSTER") != "" {
+			t.Fatalf("no kubeconfig at %s: start the local API server with tests/cluster/cluster.sh up", path)
+		}
+		t.Skipf("no kubeconfig at %s (tests/cluster/cluster.sh up starts the local API server)", path)
+	}
+	config, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config.QPS, config.Burst = 200, 400
+	return config
+}
+
+// Namespace creates a namespace for t, deleted when t ends.
+func Namespace(t testing.TB, client kubernetes.Interface) string {
+	t.Helper()
+	ns, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "go-sdk-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}
+
+// Process is a component of the tier running as a process.
+type Process struct {
+	Name   string
+	Listen string
+	Admin  string
+	Log    string
+	cmd    *exec.Cmd
+	env    []string
+	binary string
+}
+
+// Tier is a running tier.
+type Tier struct {
+	t            testing.TB
+	Namespace    string
+	Dispatchers  []*Process
+	LoadBalancer *Process
+}
+
+// Start runs n dispatchers, their ring in namespace's Leases, and a load balancer, and waits
+// until the load balancer leads and knows them all and each dispatcher serves its share.
+func Start(t testing.TB, namespace string, n int) *Tier {
+	t.Helper()
+	kubeconfig := os.Getenv("KUBECONFIG")
+	if kubeconfig == "" {
+		kubeconfig = filepath.Join(Root(), ".cluster", "kubeconfig")
+	}
+	tier := &Tier{t: t, Namespace: namespace}
+	common := []string{
+		"KUBECONFIG=" + kubeconfig,
+		"KD_INSECURE=1",
+		"KD_ALLOW_ANONYMOUS=1",
+		"KD_LOG_JSON=1",
+	}
+	for i := range n {
+		p := &Process{Name: fmt.Sprintf("dispatcher-%d", i), Listen: freeAddress(t), Admin: freeAddress(t)}
+		p.binary = binary(t, "kube-dispatch-dispatcher")
+		p.env = append(append([]string(nil), common...),
+			"KD_DISPATCHER_ID="+p.Name,
+			"KD_LISTEN="+p.Listen,
+			"KD_ADMIN_LISTEN="+p.Admin,
+			"KD_LEASE_NAMESPACE="+namespace,
+			"KD_LEASE_DURATION=4s",
+			"KD_LEASE_RENEW_PERIOD=1s",
+			"KD_LEASE_GRACE=1s",
+			"KD_MAX_SESSION_TTL=5s",
+			"KD_MAX_POLL_WAIT=2s",
+			"KD_MAX_RECONCILE_TIME=10s",
+			"KD_RESYNC_INTERVAL=0s",
+		)
+		tier.Dispatchers = append(tier.Dispatchers, p)
+	}
+	lb := &Process{Name: "loadbalancer", Listen: freeAddress(t), Admin: freeAddress(t)}
+	lb.binary = binary(t, "kube-dispatch-loadbalancer")
+	lb.env = append(append([]string(nil), common...),
+		"KD_LISTEN="+lb.Listen,
+		"KD_ADMIN_LISTEN="+lb.Admin,
+		"KD_NAMESPACE="+namespace,
+		"KD_LEASE_DURATION=4s",
+		"KD_LEASE_GRACE=1s",
+		"KD_DISPATCHER_GRACE=1s",
+		"KD_REPLICA_GRACE=3s",
+	)
+	tier.LoadBalancer = lb
+	for _, p := range tier.Dispatchers {
+		tier.run(p)
+	}
+	tier.run(lb)
+	t.Cleanup(tier.stopAll)
+	tier.WaitReady(n)
+	return tier
+}
+
+// run starts p, its output in a log file of the test's.
+func (tier *Tier) run(p *Process) {
+	t := tier.t
+	t.Helper()
+	if p.Log == "" {
+		p.Log = filepath.Join(t.TempDir(), p.Name+".log")
+	}
+	out, err := os.OpenFile(p.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(p.binary)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start %s: %v", p.binary, err)
+	}
+	go func() { _ = cmd.Wait(); _ = out.Close() }()
+	p.cmd = cmd
+}
+
+// Kill stops p at once (SIGKILL): no graceful handover.
+func (tier *Tier) Kill(p *Process) {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+		p.cmd = nil
+	}
+}
+
+// Restart starts p again at the same addresses.
+func (tier *Tier) Restart(p *Process) { tier.run(p) }
+
+func (tier *Tier) stopAll() {
+	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+		if p.cmd != nil && p.cmd.Process != nil {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+		for p.cmd != nil && p.cmd.ProcessState == nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		tier.Kill(p)
+	}
+	if tier.t.Failed() {
+		for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+			tier.t.Logf("%s log: %s", p.Name, p.Log)
+		}
+	}
+}
+
+// WaitReady waits until the load balancer leads and knows n dispatchers and every running
+// dispatcher is ready and serving its share of a ring of n.
+func (tier *Tier) WaitReady(n int) {
+	tier.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ready := metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_leader") == 1 &&
+			metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_dispatchers") == float64(n)
+		for _, d := range tier.Dispatchers {
+			if d.cmd == nil {
+				continue
+			}
+			ready = ready && metric(d.Admin, "kube_dispatch_ring_members") == float64(n) &&
+				metric(d.Admin, "kube_dispatch_ring_serving") == 1 && status(d.Admin, "/readyz") == http.StatusOK
+		}
+		if ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			tier.t.Fatalf("the tier was not ready within 60 s; logs: %s", tier.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (tier *Tier) logs() string {
+	var paths []string
+	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+		paths = append(paths, p.Log)
+	}
+	return strings.Join(paths, " ")
+}
+
+// Metric is the sum of the samples of name on the admin endpoint at admin (-1 when it cannot
+// be read).
+func Metric(admin, name string) float64 { return metric(admin, name) }
+
+func metric(admin, name string) float64 {
+	client := http.Client{Timeout: time.Second}
+	response, err := client.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer func() { _ = response.Body.Close() }()
+	sum := 0.0
+	scanner := bufio.NewScanner(io.LimitReader(response.Body, 8<<20))
+	scanner.Buffer(make([]byte, 64<<10), 1<<20)
+	for scanner.Scan() {
+		line := scanner.Text()
+		rest, found := strings.CutPrefix(line, name)
+		if !found || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[0], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+func status(admin, path string) int {
+	client := http.Client{Timeout: time.Second}
+	response, err := client.Get("http://" + admin + path)
+	if err != nil {
+		return 0
+	}
+	_ = response.Body.Close()
+	return response.StatusCode
+}
+
+// binary is the path of a binary cargo built: KD_BIN_DIR, else target/debug.
+func binary(t testing.TB, name string) string {
+	t.Helper()
+	dir := os.Getenv("KD_BIN_DIR")
+	if dir == "" {
+		dir = filepath.Join(Root(), "target", "debug")
+		if target := os.Getenv("CARGO_TARGET_DIR"); target != "" {
+			dir = filepath.Join(target, "debug")
+		}
+	}
+	path := filepath.Join(dir, name)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("no %s: build it with cargo build --bins (or set KD_BIN_DIR)", path)
+	}
+	return path
+}
+
+// freeAddress is a loopback address with a port free now.
+func freeAddress(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}

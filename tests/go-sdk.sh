@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The Go controller SDK (controller-sdk/go), as `make test` checks it: formatting, go vet,
+# staticcheck, stubs current with the .proto files, and its tests, the ones against the real
+# API server with real dispatcher and load-balancer binaries (target/debug) included.
+# Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/go"
+STATICCHECK_VERSION=v0.8.2
+
+unformatted=$(gofmt -l .)
+[[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
+go vet ./...
+go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
+if ! diff <(./sources.sh) internal/wire/SOURCES >/dev/null; then
+  echo "the Go stubs are older than proto/: run controller-sdk/go/generate.sh" >&2
+  exit 1
+fi
+root=$(cd ../.. && pwd)
+# The benchmark's controller-runtime controller, ported: at most ten lines differ.
+ported=$root/bench/controller-runtime-dispatch
+changed=$(diff "$root/bench/controller-runtime/main.go" "$ported/main.go" | grep -c '^[<>]' || true)
+if (( changed > 10 )); then
+  echo "bench/controller-runtime-dispatch/main.go differs from the controller it ports in $changed lines (at most 10)" >&2
+  exit 1
+fi
+unformatted=$(gofmt -l "$ported")
+[[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
+(cd "$ported" && go vet ./...)
+KUBECONFIG="${KUBECONFIG:-$root/.cluster/kubeconfig}" \
+  KD_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" \
+  KD_REQUIRE_CLUSTER=1 \
+  go test -count=1 -timeout 10m ./...
