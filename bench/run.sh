@@ -6,7 +6,8 @@
 # Environment (all optional):
 #   OBJECTS=1000,10000     object counts          KINDS=config-map,record   kinds of object
 #   REPEATS=3              runs of each variant   WRITES=200                timed writes per run
-#   VARIANTS=kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4
+#   VARIANTS=kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4,go-dispatch-1
+#                          (go-dispatch-N: the controller-runtime controller ported to the Go SDK)
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
 #                          written to the long-mode section of BENCHMARKS.md
 #   CONTROLLERS=1,5,10     many controllers (`make bench-groups`): K distinct controllers per
@@ -75,8 +76,9 @@ fi
 say "building the release binaries"
 cargo build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 
-say "building the controller-runtime incumbent"
+say "building the controller-runtime incumbent and its port to the Go SDK"
 controller_runtime=$(bench/controller-runtime/build.sh)
+controller_runtime_dispatch=$(bench/controller-runtime/build.sh dispatch)
 
 mkdir -p target/bench
 say "dispatch core micro-benchmark"
@@ -97,12 +99,13 @@ KD_BENCH_OBJECTS=${OBJECTS:-1000,10000} \
 KD_BENCH_KINDS=${KINDS:-config-map,record} \
 KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
-KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4} \
+KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4,go-dispatch-1} \
 KD_BENCH_GROUPS=${CONTROLLERS:-1} \
 KD_BENCH_CHILDREN=${CHILDREN:-0} \
 KD_BENCH_NAMESPACES=${NAMESPACES:-1} \
 KD_BENCH_RING_KEY=${RING_KEY:-name} \
 KD_BENCH_MIX=$([[ -n ${MIX:-} ]] && echo true || echo false) \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
+KD_BENCH_CONTROLLER_RUNTIME_DISPATCH=$controller_runtime_dispatch \
   target/release/kube-dispatch-bench compare --section "$section" --command "$command" \
   --core-results target/bench/core.txt

@@ -174,12 +174,17 @@ struct Processes {
 impl Processes {
     /// The dispatcher, the load balancer and the benchmark controller in --bin-dir, each
     /// checked to exist, with the controller-runtime incumbent if given.
-    fn binaries(&self, controller_runtime: Option<PathBuf>) -> anyhow::Result<Binaries> {
+    fn binaries(
+        &self,
+        controller_runtime: Option<PathBuf>,
+        controller_runtime_dispatch: Option<PathBuf>,
+    ) -> anyhow::Result<Binaries> {
         let binaries = Binaries {
             dispatcher: self.bin_dir.join("kube-dispatch-dispatcher"),
             loadbalancer: self.bin_dir.join("kube-dispatch-loadbalancer"),
             controller: self.bin_dir.join("bench-controller"),
             controller_runtime,
+            controller_runtime_dispatch,
         };
         for b in [
             &binaries.dispatcher,
@@ -276,9 +281,10 @@ struct CompareArgs {
     profile_apiserver: bool,
 
     /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
-    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>, and
-    /// with --children dispatch-list-<replicas> (each reconcile lists its children instead of
-    /// reading them from its request).
+    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>,
+    /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
+    /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
+    /// reconcile lists its children instead of reading them from its request).
     #[arg(
         long,
         env = "KD_BENCH_VARIANTS",
@@ -311,6 +317,12 @@ struct CompareArgs {
     /// variants; `bench/controller-runtime/build.sh` builds it and prints its path.
     #[arg(long, env = "KD_BENCH_CONTROLLER_RUNTIME")]
     controller_runtime: Option<PathBuf>,
+
+    /// That controller ported to the kube-dispatch Go SDK (bench/controller-runtime-dispatch),
+    /// for the go-dispatch variants; `bench/controller-runtime/build.sh dispatch` builds it and
+    /// prints its path.
+    #[arg(long, env = "KD_BENCH_CONTROLLER_RUNTIME_DISPATCH")]
+    controller_runtime_dispatch: Option<PathBuf>,
 
     /// Directory for the PNG plots (linked from --out by a path relative to it).
     #[arg(long, env = "KD_BENCH_PLOTS_DIR", default_value = "bench/results")]
@@ -414,6 +426,21 @@ impl CompareArgs {
             None => anyhow::ensure!(
                 !wants_controller_runtime,
                 "the controller-runtime variants need --controller-runtime PATH (bench/controller-runtime/build.sh prints it)"
+            ),
+        }
+        let wants_go_sdk = self
+            .variants
+            .iter()
+            .any(|v| matches!(v, Variant::GoDispatch(_)));
+        match &self.controller_runtime_dispatch {
+            Some(path) => anyhow::ensure!(
+                path.is_file(),
+                "{} does not exist: build it with bench/controller-runtime/build.sh dispatch",
+                path.display()
+            ),
+            None => anyhow::ensure!(
+                !wants_go_sdk,
+                "the go-dispatch variants need --controller-runtime-dispatch PATH (bench/controller-runtime/build.sh dispatch prints it)"
             ),
         }
         Ok(())
@@ -619,7 +646,10 @@ impl Plane {
 /// `compare`: every variant on every scenario, written into the section --section.
 async fn compare(args: CompareArgs) -> anyhow::Result<()> {
     args.check()?;
-    let binaries = args.processes.binaries(args.controller_runtime.clone())?;
+    let binaries = args.processes.binaries(
+        args.controller_runtime.clone(),
+        args.controller_runtime_dispatch.clone(),
+    )?;
     let plane = Plane::connect().await?;
     let client = &plane.client;
     if args.kinds.contains(&Kind::Record) {
@@ -748,7 +778,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
 /// `ceiling`: the watch events one dispatcher absorbs per core, written into the `ceiling`
 /// section.
 async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
-    let binaries = args.processes.binaries(None)?;
+    let binaries = args.processes.binaries(None, None)?;
     let plane = Plane::connect().await?;
     let nonce = now_micros();
     let objects = args.objects;
@@ -803,7 +833,7 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
 /// name, written into the `shards` section.
 async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
     use harness::shards;
-    let binaries = args.processes.binaries(None)?;
+    let binaries = args.processes.binaries(None, None)?;
     let plane = Plane::connect().await?;
     let nonce = now_micros();
     let (objects, namespaces) = (args.objects, args.namespaces);

@@ -12,14 +12,16 @@ use common::{Mode, bin_dir, figure, run_harness, scenario};
 
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
-/// Every variant: both incumbents, each with and without a metadata-only cache, and the tier.
-const VARIANTS: [&str; 6] = [
+/// Every variant: both incumbents, each with and without a metadata-only cache, and the tier
+/// with the Rust SDK and with controller-runtime ported to the Go SDK.
+const VARIANTS: [&str; 7] = [
     "kube-rs",
     "kube-rs-metadata",
     "controller-runtime",
     "controller-runtime-metadata",
     "dispatch-1",
     "dispatch-4",
+    "go-dispatch-1",
 ];
 
 #[test]
@@ -43,6 +45,16 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         String::from_utf8_lossy(&built.stderr)
     );
     let controller_runtime = String::from_utf8(built.stdout).expect("a path");
+    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
+        .arg("dispatch")
+        .output()
+        .expect("the controller-runtime build script runs");
+    assert!(
+        built.status.success(),
+        "building the Go SDK port of the controller-runtime controller failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let ported = String::from_utf8(built.stdout).expect("a path");
     let (objects, writes) = (OBJECTS.to_string(), WRITES.to_string());
     let variants = VARIANTS.join(",");
     let run = run_harness(
@@ -63,6 +75,8 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             &variants,
             "--controller-runtime",
             controller_runtime.trim(),
+            "--controller-runtime-dispatch",
+            ported.trim(),
             "--command",
             "smoke test",
         ],
@@ -82,7 +96,11 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             .lines()
             .find(|l| l.starts_with("| figure |"))
             .unwrap_or_else(|| panic!("no header in:\n{table}"));
-        for ratio in ["kube-rs ÷ dispatch-1", "controller-runtime ÷ dispatch-1"] {
+        for ratio in [
+            "kube-rs ÷ dispatch-1",
+            "controller-runtime ÷ dispatch-1",
+            "controller-runtime ÷ go-dispatch-1",
+        ] {
             assert!(header.contains(&format!("| {ratio} |")), "{header}");
         }
         // The figures, from the JSON.
@@ -106,6 +124,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             ("controller-runtime-metadata", 0.0, 1.0),
             ("dispatch-1", 3.0, 3.0),
             ("dispatch-4", 3.0, 3.0),
+            ("go-dispatch-1", 3.0, 3.0),
         ] {
             assert_eq!(
                 figure(figures, variant, "requests_list"),
@@ -118,6 +137,12 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
                 "{kind} {variant}"
             );
         }
+        // The Go SDK's client serves each reconcile's read of its object from the delivery.
+        assert_eq!(
+            figure(figures, "go-dispatch-1", "requests_get"),
+            0.0,
+            "{kind}"
+        );
         // Only the metadata-only caches must read objects one by one.
         for (full, metadata) in [
             ("kube-rs", "kube-rs-metadata"),

@@ -346,17 +346,26 @@ impl Scenario {
         }
     }
 
-    /// The Markdown table: one column per variant, then each kube-rs variant divided by
-    /// kube-dispatch with one replica.
+    /// The Markdown table: one column per variant, then each incumbent divided by kube-dispatch
+    /// with one replica, and controller-runtime by its Go SDK port with one replica.
     pub(crate) fn table(&self) -> String {
         let variants = self.variants();
-        let baseline = Variant::Dispatch(1);
-        let incumbents: Vec<Variant> = variants.iter().copied().filter(|v| !v.on_tier()).collect();
-        let ratios: Vec<Variant> = if variants.contains(&baseline) {
-            incumbents
-        } else {
-            Vec::new()
-        };
+        // Each incumbent against the Rust SDK with one replica, and controller-runtime against
+        // its own port to the Go SDK with one replica.
+        let mut ratios: Vec<(Variant, Variant)> = Vec::new();
+        if variants.contains(&Variant::Dispatch(1)) {
+            ratios.extend(
+                variants
+                    .iter()
+                    .filter(|v| !v.on_tier())
+                    .map(|v| (*v, Variant::Dispatch(1))),
+            );
+        }
+        if variants.contains(&Variant::GoDispatch(1))
+            && variants.contains(&Variant::ControllerRuntime)
+        {
+            ratios.push((Variant::ControllerRuntime, Variant::GoDispatch(1)));
+        }
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
             "#### {}, {} objects{}{}{}{} ({}; latency percentiles over all runs' writes)\n\n| figure |",
@@ -391,7 +400,7 @@ impl Scenario {
         for v in &variants {
             let _ = write!(out, " {v} |");
         }
-        for v in &ratios {
+        for (v, baseline) in &ratios {
             let _ = write!(out, " {v} ÷ {baseline} |");
         }
         out.push_str("\n| --- |");
@@ -409,8 +418,8 @@ impl Scenario {
                     None => out.push_str(" – |"),
                 }
             }
-            for v in &ratios {
-                match (self.value(&row, *v), self.value(&row, baseline)) {
+            for (v, baseline) in &ratios {
+                match (self.value(&row, *v), self.value(&row, *baseline)) {
                     (Some(a), Some(b)) if b > 0.0 => {
                         let _ = write!(out, " {:.2}× |", a / b);
                     }

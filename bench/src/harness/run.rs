@@ -47,12 +47,18 @@ pub(crate) enum Variant {
     /// As [`Variant::Dispatch`], each reconcile listing its children instead of reading them
     /// from its request (`--children`).
     DispatchList(usize),
+    /// The controller-runtime controller ported to the Go SDK
+    /// (`bench/controller-runtime-dispatch`), with this many replicas, on the tier.
+    GoDispatch(usize),
 }
 
 impl Variant {
     /// Whether it runs on the tier (dispatchers and load balancer).
     pub(crate) fn on_tier(self) -> bool {
-        matches!(self, Variant::Dispatch(_) | Variant::DispatchList(_))
+        matches!(
+            self,
+            Variant::Dispatch(_) | Variant::DispatchList(_) | Variant::GoDispatch(_)
+        )
     }
 }
 
@@ -65,6 +71,7 @@ impl fmt::Display for Variant {
             Variant::ControllerRuntimeMetadata => f.write_str("controller-runtime-metadata"),
             Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
             Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
+            Variant::GoDispatch(n) => write!(f, "go-dispatch-{n}"),
         }
     }
 }
@@ -80,14 +87,16 @@ impl std::str::FromStr for Variant {
             "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
             _ => {
                 let replicas = |n: &str| n.parse().ok().filter(|n| (1..=64).contains(n));
-                if let Some(n) = s.strip_prefix("dispatch-list-") {
+                if let Some(n) = s.strip_prefix("go-dispatch-") {
+                    replicas(n).map(Variant::GoDispatch)
+                } else if let Some(n) = s.strip_prefix("dispatch-list-") {
                     replicas(n).map(Variant::DispatchList)
                 } else {
                     s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64> or dispatch-list-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
                     )
                 })
             }
@@ -102,6 +111,9 @@ pub(crate) struct Binaries {
     pub(crate) controller: PathBuf,
     /// The controller on controller-runtime (bench/controller-runtime), for its variants.
     pub(crate) controller_runtime: Option<PathBuf>,
+    /// That controller ported to the Go SDK (bench/controller-runtime-dispatch), for the
+    /// go-dispatch variants.
+    pub(crate) controller_runtime_dispatch: Option<PathBuf>,
 }
 
 /// What every run of one scenario (kinds, object count, controllers) shares.
@@ -632,6 +644,12 @@ impl Setup<'_> {
                     "the controller-runtime variants need --controller-runtime (bench/controller-runtime/build.sh builds it)",
                 )?;
                 (program, 1)
+            }
+            Variant::GoDispatch(n) => {
+                let program = self.binaries.controller_runtime_dispatch.as_ref().context(
+                    "the go-dispatch variants need --controller-runtime-dispatch (bench/controller-runtime/build.sh dispatch builds it)",
+                )?;
+                (program, n)
             }
             Variant::KubeRs
             | Variant::KubeRsMetadata
