@@ -300,7 +300,6 @@ type runner struct {
 	dispatchers  []string
 	queue        *queue
 	metrics      *sdkMetrics
-	sessions     liveSessions
 }
 
 var (

@@ -3,12 +3,14 @@ package dispatch
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"reflect"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -44,20 +46,41 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 	}
 	gvk, err := apiutil.GVKForObject(object, c.Scheme())
 	delivered := d.request.GetObject()
-	if err != nil || gvk.Group != delivered.GetGroup() || gvk.Kind != delivered.GetKind() {
+	if err != nil || gvk.Group != delivered.GetGroup() || gvk.Version != delivered.GetVersion() || gvk.Kind != delivered.GetKind() {
 		return c.Client.Get(ctx, key, object, options...)
 	}
+	// The first read of the delivered object is the delivery's; a later one (after the
+	// reconcile's own write, say) reads the API server.
+	d.mu.Lock()
+	first := !d.served
+	d.served = true
+	d.mu.Unlock()
+	if !first {
+		return c.Client.Get(ctx, key, object)
+	}
 	if d.request.GetDeleted() {
-		resource := schema.GroupResource{Group: gvk.Group, Resource: gvk.Kind}
+		plural, _ := meta.UnsafeGuessKindToResource(gvk)
+		resource := plural.GroupResource()
+		if mapping, err := c.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err == nil {
+			resource = mapping.Resource.GroupResource()
+		}
 		return apierrors.NewNotFound(resource, key.Name)
 	}
 	if body := d.request.GetObjectJson(); len(body) > 0 {
 		if u, ok := object.(*unstructured.Unstructured); ok {
+			u.Object = nil
 			return u.UnmarshalJSON(body)
 		}
-		if err := json.Unmarshal(body, object); err == nil {
-			return nil
+		// Decoded into a zeroed object: whatever the caller's object held before (labels,
+		// data) must not survive into what the reconcile reads.
+		value := reflect.ValueOf(object)
+		if value.Kind() == reflect.Pointer && !value.IsNil() {
+			value.Elem().SetZero()
 		}
+		if err := json.Unmarshal(body, object); err != nil {
+			return fmt.Errorf("kube-dispatch: cannot decode the delivered %s %s: %w", gvk.Kind, key, err)
+		}
+		return nil
 	}
 	// No body: the API server's watch cache, at least as new as the change delivered; one
 	// that has not caught up (or cannot serve that version) is read consistently instead.

@@ -30,7 +30,10 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 		// Not from the tier (a test calling the controller's Reconcile directly).
 		return w.inner.Reconcile(ctx, request)
 	}
-	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, deliveryKey{}, d))
+	// The worker's context ends as soon as the manager stops, but a graceful stop lets running
+	// reconciles finish within their deadlines (the sessions renew meanwhile, then
+	// acknowledge them): the reconcile keeps the context's values and ends with its delivery.
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), deliveryKey{}, d))
 	defer cancel(nil)
 	stop := context.AfterFunc(d.ctx, func() { cancel(context.Cause(d.ctx)) })
 	defer stop()
@@ -50,12 +53,14 @@ func deliveryFrom(ctx context.Context) *delivery {
 }
 
 // Memo is what the last reconcile of this object in its group left with LeaveMemo, handed
-// back by the dispatcher with this delivery; nil when none was left, when the object was
-// recreated since, after a handover or a dispatcher restart. A reconcile that leaves none
-// passes this one on.
+// back by the dispatcher with this delivery (or what this reconcile left since); nil when none
+// was left, when the object was recreated since, after a handover or a dispatcher restart. A
+// reconcile that leaves none passes this one on.
 func Memo(ctx context.Context) []byte {
 	if d := deliveryFrom(ctx); d != nil {
-		return d.request.GetMemo()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.memo
 	}
 	return nil
 }
@@ -71,6 +76,8 @@ func LeaveMemo(ctx context.Context, memo []byte) error {
 	if len(memo) > MaxMemoBytes {
 		return fmt.Errorf("kube-dispatch: a memo holds at most %d bytes, not %d", MaxMemoBytes, len(memo))
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.memo = append([]byte(nil), memo...)
 	return nil
 }

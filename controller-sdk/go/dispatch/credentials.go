@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,6 +25,9 @@ const (
 	DefaultCAFile    = "/var/run/secrets/kube-dispatch/ca.crt"
 	DefaultTokenFile = "/var/run/secrets/kube-dispatch/token"
 )
+
+// connectTimeout bounds each connection attempt.
+const connectTimeout = 5 * time.Second
 
 // tokenReread is how long a token read from its file is used before the file is read again
 // (the kubelet rotates projected tokens well before they expire).
@@ -160,7 +164,11 @@ func (c Credentials) dial(address string, options ...grpc.DialOption) (*grpc.Cli
 			MinVersion: tls.VersionTLS12,
 		})
 	}
-	options = append(options, grpc.WithTransportCredentials(transport))
+	options = append(options,
+		grpc.WithTransportCredentials(transport),
+		// A black-holed address fails in seconds, not after gRPC's default 20.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: connectTimeout}),
+	)
 	if c.token != nil {
 		options = append(options, grpc.WithPerRPCCredentials(c.token))
 	}

@@ -3,8 +3,10 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/apimachinery/pkg/types"
@@ -36,9 +38,17 @@ type delivery struct {
 	// Set by the reconciler wrapper as the reconcile returns; nil when it never returned (a
 	// panic, recovered by controller-runtime).
 	outcome *pb.AckItem
+	// handedOut is set once a worker has it (Get), under the queue's lock.
+	handedOut bool
+
+	// mu guards memo and served, which the reconcile sets.
+	mu sync.Mutex
 	// memo is what the reconcile left for the next delivery of the object (LeaveMemo); the
 	// delivered memo when it left none.
 	memo []byte
+	// served is set once NewClient's client has served the delivered object to the reconcile:
+	// later reads of it (after its own writes) go to the API server.
+	served bool
 }
 
 // errFenced is the cause of a delivery's context when its session was lost: its key may go to
@@ -100,7 +110,11 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 	for _, r := range requests {
 		q.metrics.delivered(r.GetReason())
 		name := types.NamespacedName{Namespace: r.GetObject().GetNamespace(), Name: r.GetObject().GetName()}
-		if _, busy := q.taken[name]; busy || q.shuttingDown {
+		if q.shuttingDown {
+			s.ack(notRunHere(r))
+			continue
+		}
+		if _, busy := q.taken[name]; busy {
 			s.ack(&pb.AckItem{
 				DeliveryId: r.GetDeliveryId(),
 				Outcome:    &pb.AckItem_Failure{Failure: &pb.Failure{Message: "already reconciling this object in this replica"}},
@@ -108,17 +122,15 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 			})
 			continue
 		}
-		// Ends at the deadline (cause context.DeadlineExceeded), or with the session (its
-		// cause: errFenced when it was lost).
-		base, cancelBase := context.WithCancelCause(context.WithoutCancel(s.ctx))
-		ctx, cancelDeadline := context.WithDeadline(base, deadline)
-		stop := context.AfterFunc(s.ctx, func() { cancelBase(context.Cause(s.ctx)) })
+		// A child of the session's context: it ends at once when the session is lost (its
+		// cause then errFenced), and at the deadline (context.DeadlineExceeded).
+		ctx, cancel := context.WithDeadline(s.ctx, deadline)
 		d := &delivery{
 			request: r,
 			name:    name,
 			session: s,
 			ctx:     ctx,
-			cancel:  func() { stop(); cancelDeadline(); cancelBase(context.Canceled) },
+			cancel:  cancel,
 			limit:   limit,
 			memo:    r.GetMemo(),
 		}
@@ -130,8 +142,9 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 }
 
 // Get hands the next delivery to a worker; it blocks until one arrives or the queue shuts
-// down. A delivery whose session was lost meanwhile is dropped (its key may be elsewhere now);
-// one whose deadline passed while it waited is acknowledged as failed.
+// down. A delivery whose session was lost meanwhile is not handed out (finishLocked sends no
+// ack for it: its key may be elsewhere now); one whose deadline passed while it waited is
+// acknowledged as failed.
 func (q *queue) Get() (reconcile.Request, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -139,13 +152,15 @@ func (q *queue) Get() (reconcile.Request, bool) {
 		for len(q.ready) == 0 && !q.shuttingDown {
 			q.cond.Wait()
 		}
-		if len(q.ready) == 0 {
+		// Shutting down: what still waits is handed back by the sessions' drain.
+		if q.shuttingDown {
 			return reconcile.Request{}, true
 		}
 		d := q.ready[0]
 		q.ready[0] = nil
 		q.ready = q.ready[1:]
 		if d.ctx.Err() == nil {
+			d.handedOut = true
 			return reconcile.Request{NamespacedName: d.name}, false
 		}
 		q.finishLocked(d, &pb.AckItem{
@@ -179,7 +194,9 @@ func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
 		q.metrics.fenced()
 	} else {
 		outcome.DeliveryId = d.request.GetDeliveryId()
+		d.mu.Lock()
 		outcome.Memo = d.memo
+		d.mu.Unlock()
 		d.session.ack(outcome)
 	}
 	d.session.track(-1)
@@ -194,7 +211,10 @@ func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
 func (q *queue) delivery(name types.NamespacedName) *delivery {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.taken[name]
+	if d := q.taken[name]; d != nil && d.handedOut {
+		return d
+	}
+	return nil
 }
 
 // dropSession takes out the deliveries of s still waiting for a worker: s was lost (they are
@@ -247,8 +267,7 @@ func (q *queue) ShuttingDown() bool {
 	return q.shuttingDown
 }
 
-// Add is ignored: what to reconcile is the dispatchers' to say (a reconcile of a key of this
-// controller's own choosing goes through a trigger: Controller.ReconcileOn).
+// Add is ignored: what to reconcile is the dispatchers' to say.
 func (q *queue) Add(reconcile.Request) {}
 
 // AddAfter is ignored: a requeue is reported in the ack (reconcile.Result.RequeueAfter).
@@ -277,11 +296,7 @@ func ackFor(result reconcile.Result, err error) *pb.AckItem {
 	case err != nil && errors.Is(err, reconcile.TerminalError(nil)):
 		return &pb.AckItem{Outcome: &pb.AckItem_Success{Success: &pb.Success{}}}
 	case err != nil:
-		message := err.Error()
-		if len(message) > maxFailureMessage {
-			message = message[:maxFailureMessage]
-		}
-		return &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: message}}}
+		return &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: failureMessage(err)}}}
 	case result.RequeueAfter > 0:
 		after := min(max(result.RequeueAfter, time.Millisecond), maxRequeue)
 		return &pb.AckItem{Outcome: &pb.AckItem_Requeue{Requeue: &pb.Requeue{After: durationpb.New(after)}}}
@@ -291,4 +306,19 @@ func ackFor(result reconcile.Result, err error) *pb.AckItem {
 	default:
 		return &pb.AckItem{Outcome: &pb.AckItem_Success{Success: &pb.Success{}}}
 	}
+}
+
+// failureMessage is err's text as an ack carries it: valid UTF-8 (a proto string must be, or
+// the whole batch of acks fails to encode), at most maxFailureMessage bytes, cut between
+// characters.
+func failureMessage(err error) string {
+	message := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(message) <= maxFailureMessage {
+		return message
+	}
+	cut := maxFailureMessage
+	for cut > 0 && !utf8.RuneStart(message[cut]) {
+		cut--
+	}
+	return message[:cut]
 }

@@ -14,8 +14,10 @@ import (
 
 func testSession() *session {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &session{id: "s", ctx: ctx, cancel: cancel, changed: make(chan struct{}, 1)}
+	return &session{id: "s", ctx: ctx, cancel: cancel, acked: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
 }
+
+func farDeadline() time.Time { return time.Now().Add(time.Minute) }
 
 func request(id uint64, name string) *pb.ReconcileRequest {
 	return &pb.ReconcileRequest{

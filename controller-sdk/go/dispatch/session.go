@@ -46,8 +46,11 @@ type session struct {
 	pending []*pb.AckItem
 	// outstanding counts deliveries accepted and not finished.
 	outstanding int
-	// changed is signalled (without blocking) when pending or outstanding change.
-	changed chan struct{}
+	// acked is signalled (without blocking) when an ack is queued, for sendAcks; finished
+	// when a delivery finishes, for drain and waitForReconciles. Apart, so that neither
+	// reader takes the other's wake-up.
+	acked    chan struct{}
+	finished chan struct{}
 }
 
 // ack queues an acknowledgement; it never blocks (it is called with the queue's lock held).
@@ -55,7 +58,7 @@ func (s *session) ack(item *pb.AckItem) {
 	s.mu.Lock()
 	s.pending = append(s.pending, item)
 	s.mu.Unlock()
-	s.signal()
+	wake(s.acked)
 }
 
 // track counts deliveries accepted (+1) and finished (-1).
@@ -63,12 +66,13 @@ func (s *session) track(n int) {
 	s.mu.Lock()
 	s.outstanding += n
 	s.mu.Unlock()
-	s.signal()
+	wake(s.finished)
 }
 
-func (s *session) signal() {
+// wake signals c without blocking (c has room for one signal).
+func wake(c chan struct{}) {
 	select {
-	case s.changed <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
@@ -99,7 +103,7 @@ func (s *session) sendAcks(log logr.Logger, stop <-chan struct{}, done chan<- st
 			continue
 		}
 		select {
-		case <-s.changed:
+		case <-s.acked:
 		case <-stop:
 			if pending, _ := s.state(); pending == 0 {
 				return
@@ -138,21 +142,23 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	if answer.GetMaxReconcileTime() != nil {
 		maxReconcile = answer.GetMaxReconcileTime().AsDuration()
 	}
+	if ttl <= 0 || maxReconcile <= 0 {
+		return false, fmt.Errorf("the dispatcher granted a ttl of %v and a maximum reconcile time of %v: both must be positive", ttl, maxReconcile)
+	}
 	f := newFence(ttl, maxReconcile, sent)
 	sctx, cancel := context.WithCancelCause(context.Background())
 	s := &session{
-		address: address,
-		id:      answer.GetSessionId(),
-		client:  client,
-		ctx:     sctx,
-		cancel:  cancel,
-		changed: make(chan struct{}, 1),
+		address:  address,
+		id:       answer.GetSessionId(),
+		client:   client,
+		ctx:      sctx,
+		cancel:   cancel,
+		acked:    make(chan struct{}, 1),
+		finished: make(chan struct{}, 1),
 	}
 	log := r.log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String())
 	defer r.metrics.sessionOpened(address)()
-	r.sessions.add(s)
-	defer r.sessions.remove(s)
 	stopAcks, acksDone := make(chan struct{}), make(chan struct{})
 	go s.sendAcks(log, stopAcks, acksDone)
 
@@ -224,7 +230,9 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 		if err != nil {
 			return renewalError(err)
 		}
-		held := answer.GetHeld().AsDuration()
+		// The dispatcher cannot have held the poll longer than it took: a larger figure would
+		// move the fence past the dispatcher's own expiry.
+		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))
 		delivered := f.renew(sent, held)
 		roundTrip = max(time.Since(sent)-held, 0)
 		if len(answer.GetRequests()) == 0 {
@@ -263,11 +271,12 @@ func (r *runner) drain(s *session, f *fence) error {
 			return renewalError(err)
 		}
 		f.renew(sent, 0)
-		timer := time.NewTimer(f.pollWait())
+		// The next renewal after a poll wait, and never past the fence.
+		timer := time.NewTimer(min(f.pollWait(), time.Until(f.lostAt())))
 	wait:
 		for {
 			select {
-			case <-s.changed:
+			case <-s.finished:
 				if _, outstanding := s.state(); outstanding == 0 {
 					timer.Stop()
 					return nil
@@ -291,7 +300,7 @@ func (r *runner) waitForReconciles(log logr.Logger, s *session) {
 			return
 		}
 		select {
-		case <-s.changed:
+		case <-s.finished:
 		case <-warn.C:
 			log.Info("reconciles of a lost session still running after their context ended: reconcilers must return when their context is done", "running", outstanding)
 		}
@@ -334,27 +343,6 @@ func (r *runner) sessionLoop(ctx context.Context, address string) {
 		case <-time.After(delay):
 		}
 	}
-}
-
-// liveSessions are the sessions open now, for triggers.
-type liveSessions struct {
-	mu   sync.Mutex
-	open map[*session]struct{}
-}
-
-func (l *liveSessions) add(s *session) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.open == nil {
-		l.open = make(map[*session]struct{})
-	}
-	l.open[s] = struct{}{}
-}
-
-func (l *liveSessions) remove(s *session) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.open, s)
 }
 
 func (s *session) String() string { return fmt.Sprintf("session %s at %s", s.id, s.address) }

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"errors"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -71,10 +73,16 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 	}
 	defer func() { _ = conn.Close() }()
 	client := pb.NewLoadBalancerClient(conn)
+	// The stream outlives a stop by the Leave below, so its context is not ctx; but a stop
+	// while it is being opened (a load balancer that does not answer) abandons it.
 	streamCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId()}
+	abandon := context.AfterFunc(ctx, cancel)
 	stream, err := client.Register(streamCtx, request)
+	if !abandon() {
+		return "", false, nil
+	}
 	if err != nil {
 		return "", false, err
 	}
@@ -107,6 +115,9 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 			cancelLeave()
 			return "", assigned, nil
 		case m := <-messages:
+			if errors.Is(m.err, io.EOF) {
+				return "", assigned, nil
+			}
 			if m.err != nil {
 				return "", assigned, m.err
 			}
@@ -122,9 +133,9 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 	}
 }
 
-// supervise runs one session loop per dispatcher of the current assignment (updated through
-// the returned function), stopping the loops of dispatchers no longer assigned gracefully,
-// until ctx ends; then it waits for every loop to finish.
+// supervisor runs one session loop per dispatcher of the current assignment (assign),
+// stopping the loops of dispatchers no longer assigned gracefully, until ctx ends; wait then
+// waits for every loop to finish.
 type supervisor struct {
 	r     *runner
 	ctx   context.Context

@@ -54,6 +54,8 @@ type reconcileLog struct {
 	// observe, when set, is told of each begin and end (the kill tests' replica processes
 	// print them).
 	observe func(what, key string)
+	// cancelled counts reconciles whose context ended while they held.
+	cancelled int
 }
 
 func newLog() *reconcileLog {
@@ -119,6 +121,9 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 		select {
 		case <-time.After(h.hold):
 		case <-ctx.Done():
+			h.log.mu.Lock()
+			h.log.cancelled++
+			h.log.mu.Unlock()
 			return reconcile.Result{}, context.Cause(ctx)
 		}
 	}
@@ -303,5 +308,41 @@ func TestTwoReplicasShareKeysAndNeverOverlap(t *testing.T) {
 	}
 	if counts["go-0"] == 0 || counts["go-1"] == 0 {
 		t.Fatalf("the replicas did not share the keys: %v", counts)
+	}
+}
+
+// A replica stopped gracefully while reconciles run: they finish (their context is not
+// cancelled by the stop), their acks go out, and the objects they wrote are current.
+func TestAGracefulStopLetsRunningReconcilesFinish(t *testing.T) {
+	config := tiertest.Config(t)
+	clientset := kubernetes.NewForConfigOrDie(config)
+	namespace := tiertest.Namespace(t, clientset)
+	tier := tiertest.Start(t, namespace, 1)
+	const objects = 8
+	create(t, clientset, namespace, objects)
+	log := newLog()
+	stop := replica(t, config, tier, "go-graceful", "go-0", log, 500*time.Millisecond)
+	converged(t, clientset, namespace, objects)
+	for i := range objects {
+		change(t, clientset, namespace, i, "1")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		log.mu.Lock()
+		running := len(log.running)
+		log.mu.Unlock()
+		if running > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no reconcile started after the changes")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if log.cancelled > 0 || len(log.running) > 0 {
+		t.Fatalf("the stop cancelled %d reconciles; %d still running", log.cancelled, len(log.running))
 	}
 }

@@ -86,6 +86,8 @@ type Process struct {
 	cmd    *exec.Cmd
 	env    []string
 	binary string
+	// exited is closed once the running process has been waited for.
+	exited chan struct{}
 }
 
 // Tier is a running tier.
@@ -167,14 +169,16 @@ func (tier *Tier) run(p *Process) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("cannot start %s: %v", p.binary, err)
 	}
-	go func() { _ = cmd.Wait(); _ = out.Close() }()
-	p.cmd = cmd
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = out.Close(); close(exited) }()
+	p.cmd, p.exited = cmd, exited
 }
 
 // Kill stops p at once (SIGKILL): no graceful handover.
 func (tier *Tier) Kill(p *Process) {
-	if p.cmd != nil && p.cmd.Process != nil {
+	if p.cmd != nil {
 		_ = p.cmd.Process.Kill()
+		<-p.exited
 		p.cmd = nil
 	}
 }
@@ -183,20 +187,26 @@ func (tier *Tier) Kill(p *Process) {
 func (tier *Tier) Restart(p *Process) { tier.run(p) }
 
 func (tier *Tier) stopAll() {
-	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
-		if p.cmd != nil && p.cmd.Process != nil {
+	all := append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer)
+	for _, p := range all {
+		if p.cmd != nil {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
-		for p.cmd != nil && p.cmd.ProcessState == nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+	deadline := time.After(10 * time.Second)
+	for _, p := range all {
+		if p.cmd == nil {
+			continue
+		}
+		select {
+		case <-p.exited:
+			p.cmd = nil
+		case <-deadline:
 		}
 		tier.Kill(p)
 	}
 	if tier.t.Failed() {
-		for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+		for _, p := range all {
 			tier.t.Logf("%s log: %s", p.Name, p.Log)
 		}
 	}

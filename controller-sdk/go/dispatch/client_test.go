@@ -1,0 +1,102 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+func deliveredContext(request *pb.ReconcileRequest) context.Context {
+	d := &delivery{
+		request: request,
+		name:    types.NamespacedName{Namespace: request.GetObject().GetNamespace(), Name: request.GetObject().GetName()},
+		memo:    request.GetMemo(),
+	}
+	return context.WithValue(context.Background(), deliveryKey{}, d)
+}
+
+// The delivered object is read from its delivery, into a zeroed object; a second read, or one
+// of another version or name, goes to the API server.
+func TestTheDeliveredObjectIsServedFromItsDeliveryOnce(t *testing.T) {
+	stored := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "999"},
+		Data:       map[string]string{"from": "api-server"},
+	}
+	c := &deliveredClient{Client: fake.NewClientBuilder().WithObjects(stored).Build()}
+	ctx := deliveredContext(&pb.ReconcileRequest{
+		Object:          &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"},
+		ResourceVersion: "7",
+		ObjectJson:      []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"ns","name":"a","resourceVersion":"7"},"data":{"from":"delivery"}}`),
+	})
+	var cm corev1.ConfigMap
+	cm.Data = map[string]string{"stale": "left over"}
+	cm.Labels = map[string]string{"stale": "label"}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "a"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if cm.ResourceVersion != "7" || len(cm.Data) != 1 || cm.Data["from"] != "delivery" || cm.Labels != nil {
+		t.Fatalf("first read: %+v", cm)
+	}
+	var again corev1.ConfigMap
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "a"}, &again); err != nil {
+		t.Fatal(err)
+	}
+	if again.Data["from"] != "api-server" {
+		t.Fatalf("a second read was served from the delivery: %+v", again)
+	}
+}
+
+func TestADeletedDeliveryReadsAsNotFound(t *testing.T) {
+	c := &deliveredClient{Client: fake.NewClientBuilder().Build()}
+	ctx := deliveredContext(&pb.ReconcileRequest{
+		Object:  &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "gone"},
+		Deleted: true,
+	})
+	err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "gone"}, &corev1.ConfigMap{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("got %v", err)
+	}
+	if !strings.Contains(err.Error(), "configmaps") {
+		t.Fatalf("the error names %q, not the resource", err)
+	}
+}
+
+func TestFailureMessagesAreValidUTF8WithinTheBound(t *testing.T) {
+	long := strings.Repeat("é", maxFailureMessage) // two bytes each: a cut at the bound splits one
+	for _, text := range []string{"bad \xff byte", long} {
+		m := failureMessage(errors.New(text))
+		if !utf8.ValidString(m) || len(m) > maxFailureMessage {
+			t.Fatalf("%d bytes, valid %v", len(m), utf8.ValidString(m))
+		}
+	}
+}
+
+// Stopping: waiting deliveries stay for the drain to hand back, and new ones are handed back
+// at once, not failed.
+func TestAStoppingQueueHandsWorkBack(t *testing.T) {
+	q := newQueue(2, newMetrics("test"))
+	s := testSession()
+	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, farDeadline(), 0)
+	q.ShutDown()
+	if _, shutdown := q.Get(); !shutdown {
+		t.Fatal("Get handed out work after ShutDown")
+	}
+	q.accept(s, []*pb.ReconcileRequest{request(2, "b")}, farDeadline(), 0)
+	if len(s.pending) != 1 || s.pending[0].GetRequeue() == nil {
+		t.Fatalf("pending: %v", s.pending)
+	}
+	q.dropSession(s, true)
+	if len(s.pending) != 2 || s.pending[1].GetDeliveryId() != 1 || s.pending[1].GetRequeue() == nil {
+		t.Fatalf("pending: %v", s.pending)
+	}
+}
