@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
 )
 
@@ -158,24 +156,12 @@ func overlaps(all map[string][]interval) []string {
 // ever reconciled by both at once (concurrent 0), the killed replica's cut-off reconciles
 // counted as running until it died.
 func TestAKilledReplicaLosesNothingAndNeverOverlaps(t *testing.T) {
-	config := tiertest.Config(t)
-	clientset := kubernetes.NewForConfigOrDie(config)
-	namespace := tiertest.Namespace(t, clientset)
-	tier := tiertest.Start(t, namespace, 2)
-	const objects = 30
-	create(t, clientset, namespace, objects)
-	a := startReplicaProcess(t, tier, "go-a")
-	b := startReplicaProcess(t, tier, "go-b")
-	converged(t, clientset, namespace, objects)
-	for round := range 3 {
-		for i := range objects {
-			change(t, clientset, namespace, i, fmt.Sprintf("round-%d", round))
-			if round == 1 && i == objects/2 {
-				a.kill()
-			}
-		}
-	}
-	converged(t, clientset, namespace, objects)
+	s := newScene(t, 2, 30)
+	a := startReplicaProcess(t, s.tier, "go-a")
+	b := startReplicaProcess(t, s.tier, "go-b")
+	s.converged(t)
+	s.changeAll(t, 3, a.kill)
+	s.converged(t)
 	all := intervals(a, b)
 	if found := overlaps(all); len(found) > 0 {
 		t.Fatalf("reconciles of one key overlapped: %v", found)
@@ -194,28 +180,14 @@ func TestAKilledReplicaLosesNothingAndNeverOverlaps(t *testing.T) {
 // A dispatcher killed with SIGKILL while objects change: its keys move to the others once its
 // Lease expires, every change is reconciled, and no key is reconciled twice at once.
 func TestAKilledDispatcherLosesNothingAndNeverOverlaps(t *testing.T) {
-	config := tiertest.Config(t)
-	clientset := kubernetes.NewForConfigOrDie(config)
-	namespace := tiertest.Namespace(t, clientset)
-	tier := tiertest.Start(t, namespace, 3)
-	const objects = 30
-	create(t, clientset, namespace, objects)
+	s := newScene(t, 3, 30)
 	log := newLog()
-	replica(t, config, tier, "go-dkill", "go-0", log, 20*time.Millisecond)
-	replica(t, config, tier, "go-dkill", "go-1", log, 20*time.Millisecond)
-	converged(t, clientset, namespace, objects)
-	for round := range 3 {
-		for i := range objects {
-			change(t, clientset, namespace, i, fmt.Sprintf("round-%d", round))
-			if round == 1 && i == objects/2 {
-				tier.Kill(tier.Dispatchers[1])
-			}
-		}
-	}
-	converged(t, clientset, namespace, objects)
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	if len(log.overlaps) > 0 {
-		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
+	replica(t, s.config, s.tier, "go-dkill", "go-0", log, 20*time.Millisecond)
+	replica(t, s.config, s.tier, "go-dkill", "go-1", log, 20*time.Millisecond)
+	s.converged(t)
+	s.changeAll(t, 3, func() { s.tier.Kill(s.tier.Dispatchers[1]) })
+	s.converged(t)
+	if found := log.overlapsNow(); len(found) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", found)
 	}
 }

@@ -84,6 +84,12 @@ func (l *reconcileLog) end(key string) {
 	}
 }
 
+func (l *reconcileLog) overlapsNow() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.overlaps...)
+}
+
 func (l *reconcileLog) replicas() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -248,21 +254,55 @@ func change(t *testing.T, clientset kubernetes.Interface, namespace string, i in
 	}
 }
 
-// One Go replica on a tier of two dispatchers reconciles every object and every change, with
-// its Reconciler unchanged from controller-runtime's shape, and shuts down gracefully.
-func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
+// scene is a tier of dispatchers and objects ConfigMaps in a namespace of the test's own.
+type scene struct {
+	config    *rest.Config
+	clientset kubernetes.Interface
+	tier      *tiertest.Tier
+	objects   int
+}
+
+func newScene(t *testing.T, dispatchers, objects int) *scene {
+	t.Helper()
 	config := tiertest.Config(t)
 	clientset := kubernetes.NewForConfigOrDie(config)
 	namespace := tiertest.Namespace(t, clientset)
-	tier := tiertest.Start(t, namespace, 2)
-	create(t, clientset, namespace, 20)
-	log := newLog()
-	stop := replica(t, config, tier, "go-hasher", "go-0", log, 0)
-	converged(t, clientset, namespace, 20)
-	for i := range 10 {
-		change(t, clientset, namespace, i, "1")
+	tier := tiertest.Start(t, namespace, dispatchers)
+	create(t, clientset, namespace, objects)
+	return &scene{config: config, clientset: clientset, tier: tier, objects: objects}
+}
+
+// converged waits until every object holds the hash of its data.
+func (s *scene) converged(t *testing.T) {
+	t.Helper()
+	converged(t, s.clientset, s.tier.Namespace, s.objects)
+}
+
+// changeAll writes rounds of changes to every object, calling midway (if not nil) halfway
+// through the second round.
+func (s *scene) changeAll(t *testing.T, rounds int, midway func()) {
+	t.Helper()
+	for round := range rounds {
+		for i := range s.objects {
+			change(t, s.clientset, s.tier.Namespace, i, fmt.Sprintf("round-%d", round))
+			if round == 1 && i == s.objects/2 && midway != nil {
+				midway()
+			}
+		}
 	}
-	converged(t, clientset, namespace, 20)
+}
+
+// One Go replica on a tier of two dispatchers reconciles every object and every change, with
+// its Reconciler unchanged from controller-runtime's shape, and shuts down gracefully.
+func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
+	s := newScene(t, 2, 20)
+	log := newLog()
+	stop := replica(t, s.config, s.tier, "go-hasher", "go-0", log, 0)
+	s.converged(t)
+	for i := range 10 {
+		change(t, s.clientset, s.tier.Namespace, i, "1")
+	}
+	s.converged(t)
 	stop()
 	if len(log.overlaps) > 0 {
 		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
@@ -276,37 +316,17 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 // and when one stops gracefully while objects change, the other takes its keys and nothing
 // is lost.
 func TestTwoReplicasShareKeysAndNeverOverlap(t *testing.T) {
-	config := tiertest.Config(t)
-	clientset := kubernetes.NewForConfigOrDie(config)
-	namespace := tiertest.Namespace(t, clientset)
-	tier := tiertest.Start(t, namespace, 3)
-	const objects = 30
-	create(t, clientset, namespace, objects)
+	s := newScene(t, 3, 30)
 	log := newLog()
-	stop0 := replica(t, config, tier, "go-pair", "go-0", log, 20*time.Millisecond)
-	replica(t, config, tier, "go-pair", "go-1", log, 20*time.Millisecond)
-	converged(t, clientset, namespace, objects)
-	for round := range 3 {
-		for i := range objects {
-			change(t, clientset, namespace, i, fmt.Sprintf("round-%d", round))
-		}
-		if round == 1 {
-			stop0()
-		}
+	stop0 := replica(t, s.config, s.tier, "go-pair", "go-0", log, 20*time.Millisecond)
+	replica(t, s.config, s.tier, "go-pair", "go-1", log, 20*time.Millisecond)
+	s.converged(t)
+	s.changeAll(t, 3, stop0)
+	s.converged(t)
+	if found := log.overlapsNow(); len(found) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", found)
 	}
-	converged(t, clientset, namespace, objects)
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	if len(log.overlaps) > 0 {
-		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
-	}
-	counts := map[string]int{}
-	for _, replicas := range log.byKey {
-		for _, r := range replicas {
-			counts[r]++
-		}
-	}
-	if counts["go-0"] == 0 || counts["go-1"] == 0 {
+	if counts := log.replicas(); counts["go-0"] == 0 || counts["go-1"] == 0 {
 		t.Fatalf("the replicas did not share the keys: %v", counts)
 	}
 }
@@ -314,17 +334,12 @@ func TestTwoReplicasShareKeysAndNeverOverlap(t *testing.T) {
 // A replica stopped gracefully while reconciles run: they finish (their context is not
 // cancelled by the stop), their acks go out, and the objects they wrote are current.
 func TestAGracefulStopLetsRunningReconcilesFinish(t *testing.T) {
-	config := tiertest.Config(t)
-	clientset := kubernetes.NewForConfigOrDie(config)
-	namespace := tiertest.Namespace(t, clientset)
-	tier := tiertest.Start(t, namespace, 1)
-	const objects = 8
-	create(t, clientset, namespace, objects)
+	s := newScene(t, 1, 8)
 	log := newLog()
-	stop := replica(t, config, tier, "go-graceful", "go-0", log, 500*time.Millisecond)
-	converged(t, clientset, namespace, objects)
-	for i := range objects {
-		change(t, clientset, namespace, i, "1")
+	stop := replica(t, s.config, s.tier, "go-graceful", "go-0", log, 500*time.Millisecond)
+	s.converged(t)
+	for i := range s.objects {
+		change(t, s.clientset, s.tier.Namespace, i, "1")
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
