@@ -60,6 +60,10 @@ e2e: ## deploy/ on the real node: rolling update, pod deletion, evictions, scali
 bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
 	@bench/run.sh
 
+.PHONY: bench-go
+bench-go: ## The Go SDK: the controller-runtime controller ported to it against controller-runtime itself (and the Rust SDK), ConfigMaps at 10 000 and 100 000 objects (~15 min), into BENCHMARKS.md: OBJECTS, REPEATS, VARIANTS
+	@GO_SDK=1 bench/run.sh
+
 .PHONY: bench-groups
 bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace), MIX=1 (a mix of resources: the controllers spread over ConfigMaps and Records; K = 2, 5, 10)
 	@CONTROLLERS=$${CONTROLLERS:-$${MIX:+2,5,10}} CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh

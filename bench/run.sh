@@ -26,6 +26,10 @@
 #                          OBJECTS=1000,10000, KINDS=record, REPEATS=2,
 #                          VARIANTS=kube-rs,controller-runtime,dispatch-1,dispatch-list-1,
 #                          written to the owners section of BENCHMARKS.md
+#   GO_SDK=1               the Go SDK (`make bench-go`): defaults then OBJECTS=10000,100000,
+#                          KINDS=config-map, REPEATS=2,
+#                          VARIANTS=controller-runtime,go-dispatch-1,dispatch-1, written to the
+#                          go-sdk section of BENCHMARKS.md
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
 #                          groups-mixed section of BENCHMARKS.md
@@ -48,6 +52,10 @@ if [[ -n ${CHILDREN:-} ]]; then
   command="make bench-owners"
   vars="CHILDREN OBJECTS REPEATS WRITES VARIANTS"
 fi
+if [[ -n ${GO_SDK:-} ]]; then
+  command="make bench-go"
+  vars="OBJECTS REPEATS WRITES VARIANTS"
+fi
 for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
 done
@@ -66,6 +74,11 @@ if [[ -n ${CONTROLLERS:-} ]]; then
 elif [[ -n ${MIX:-} ]]; then
   say "MIX needs CONTROLLERS: use make bench-groups MIX=1"
   exit 2
+fi
+if [[ -n ${GO_SDK:-} ]]; then
+  section=go-sdk
+  : "${OBJECTS:=10000,100000}" "${KINDS:=config-map}" "${REPEATS:=2}"
+  : "${VARIANTS:=controller-runtime,go-dispatch-1,dispatch-1}"
 fi
 if [[ -n ${CHILDREN:-} ]]; then
   section=owners
