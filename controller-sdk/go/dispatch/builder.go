@@ -82,6 +82,9 @@ type Builder struct {
 	ctrlOptions controller.Options
 	options     Options
 	errs        []error
+	// requests and everything are what ReconcileOn and ReconcileAllOn were given.
+	requests   <-chan reconcile.Request
+	everything <-chan struct{}
 }
 
 type reference struct {
@@ -117,6 +120,23 @@ func (b *Builder) Owns(object client.Object, _ ...builder.OwnsOption) *Builder {
 // field index and a map function, evaluated by the dispatchers.
 func (b *Builder) References(object client.Object, fieldPaths ...string) *Builder {
 	b.references = append(b.references, reference{object: object, fieldPaths: fieldPaths})
+	return b
+}
+
+// ReconcileOn asks the tier to reconcile each object of the For kind that requests names, when
+// the controller learns of a reason the tier cannot see (an external system changed): the
+// request goes to the dispatcher serving the key, under the same exclusivity and coalescing as
+// any change, as controller-runtime's source.Channel would feed the controller. Every replica
+// of the group should send the same requests (each dispatcher is asked by the replicas
+// connected to it). Keys wait, at most 1000, while no session is open.
+func (b *Builder) ReconcileOn(requests <-chan reconcile.Request) *Builder {
+	b.requests = requests
+	return b
+}
+
+// ReconcileAllOn asks the tier to reconcile every object of the controller on each signal.
+func (b *Builder) ReconcileAllOn(signals <-chan struct{}) *Builder {
+	b.everything = signals
 	return b
 }
 
@@ -253,6 +273,9 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		dispatchers:  o.Dispatchers,
 		queue:        q,
 		metrics:      metrics,
+		triggers:     newTriggers(requestKey(gvk.Group, gvk.Kind)),
+		requests:     b.requests,
+		everything:   b.everything,
 	}
 	if err := b.mgr.Add(run); err != nil {
 		return nil, err
@@ -300,6 +323,9 @@ type runner struct {
 	dispatchers  []string
 	queue        *queue
 	metrics      *sdkMetrics
+	triggers     *triggers
+	requests     <-chan reconcile.Request
+	everything   <-chan struct{}
 }
 
 var (
@@ -309,6 +335,10 @@ var (
 
 // Start runs the sessions until ctx ends, then closes them gracefully.
 func (r *runner) Start(ctx context.Context) error {
+	if r.requests != nil || r.everything != nil {
+		go r.triggers.follow(ctx, r.requests, r.everything)
+		go r.triggers.send(ctx, r)
+	}
 	s := newSupervisor(ctx, r)
 	if len(r.dispatchers) > 0 {
 		s.assign(r.dispatchers)

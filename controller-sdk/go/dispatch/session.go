@@ -159,6 +159,8 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	log := r.log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String())
 	defer r.metrics.sessionOpened(address)()
+	r.triggers.sessionOpened(s)
+	defer r.triggers.sessionClosed(s)
 	stopAcks, acksDone := make(chan struct{}), make(chan struct{})
 	go s.sendAcks(log, stopAcks, acksDone)
 

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -56,10 +57,24 @@ type reconcileLog struct {
 	observe func(what, key string)
 	// cancelled counts reconciles whose context ended while they held.
 	cancelled int
+	// reasons are the delivery reasons of each key's reconciles, in order.
+	reasons map[string][]string
 }
 
 func newLog() *reconcileLog {
-	return &reconcileLog{running: map[string]string{}, byKey: map[string][]string{}}
+	return &reconcileLog{running: map[string]string{}, byKey: map[string][]string{}, reasons: map[string][]string{}}
+}
+
+func (l *reconcileLog) reason(key, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reasons[key] = append(l.reasons[key], reason)
+}
+
+func (l *reconcileLog) reasonsOf(key string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.reasons[key]...)
 }
 
 func (l *reconcileLog) begin(key, replica string) {
@@ -117,6 +132,9 @@ func hashOf(data map[string]string) string {
 
 func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reconcile.Result, error) {
 	key := request.String()
+	if d, ok := dispatch.DeliveryOf(ctx); ok {
+		h.log.reason(key, d.Reason)
+	}
 	h.log.begin(key, h.replica)
 	defer h.log.end(key)
 	var cm corev1.ConfigMap
@@ -147,7 +165,7 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 
 // replica runs one controller-runtime manager with the hasher on the tier, until stop is
 // called; stop returns once the manager has shut down.
-func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration) (stop func()) {
+func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration, extra ...func(*dispatch.Builder)) (stop func()) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		NewClient:              dispatch.NewClient,
@@ -158,7 +176,11 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 		t.Fatal(err)
 	}
 	plaintext := dispatch.Credentials{}
-	err = dispatch.ControllerManagedBy(mgr).
+	b := dispatch.ControllerManagedBy(mgr)
+	for _, configure := range extra {
+		configure(b)
+	}
+	err = b.
 		For(&corev1.ConfigMap{}).
 		Named(group + "-" + id).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: new(true)}).
@@ -360,4 +382,52 @@ func TestAGracefulStopLetsRunningReconcilesFinish(t *testing.T) {
 	if log.cancelled > 0 || len(log.running) > 0 {
 		t.Fatalf("the stop cancelled %d reconciles; %d still running", log.cancelled, len(log.running))
 	}
+}
+
+// ReconcileOn: a request sent on the channel reconciles an object that did not change, on the
+// replica the dispatcher gives its key to, with reason "triggered"; ReconcileAllOn reconciles
+// every object.
+func TestReconcileOnReconcilesObjectsThatDidNotChange(t *testing.T) {
+	s := newScene(t, 2, 6)
+	log := newLog()
+	requests := make(chan reconcile.Request)
+	everything := make(chan struct{})
+	replica(t, s.config, s.tier, "go-trigger", "go-0", log, 0, func(b *dispatch.Builder) {
+		b.ReconcileOn(requests).ReconcileAllOn(everything)
+	})
+	s.converged(t)
+	key := func(i int) string { return fmt.Sprintf("%s/cm-%d", s.tier.Namespace, i) }
+	triggered := func(i int) int {
+		n := 0
+		for _, r := range log.reasonsOf(key(i)) {
+			if r == "triggered" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor := func(what string, done func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !done() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s within 30 s; reasons of cm-2: %v", what, log.reasonsOf(key(2)))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	requests <- reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.tier.Namespace, Name: "cm-2"}}
+	waitFor("cm-2 reconciled on its trigger", func() bool { return triggered(2) == 1 })
+	if triggered(1) != 0 {
+		t.Fatalf("cm-1 was triggered too: %v", log.reasonsOf(key(1)))
+	}
+	everything <- struct{}{}
+	waitFor("every object reconciled on the trigger of all", func() bool {
+		for i := range s.objects {
+			if triggered(i) < 1 || (i == 2 && triggered(i) < 2) {
+				return false
+			}
+		}
+		return true
+	})
 }
