@@ -2,11 +2,8 @@ package dispatch_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -20,16 +17,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
+	example "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/examples/configmap-hasher/hasher"
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
 )
-
-const hashAnnotation = "example.kube-dispatch.dev/hash"
 
 func TestMain(m *testing.M) {
 	// controller-runtime wants a logger set; the tests judge by outcomes, not logs.
@@ -37,11 +32,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// hasher is the ConfigMap hasher as a controller-runtime Reconciler: it keeps each ConfigMap's
-// annotation equal to a hash of its data. It records every reconcile, by replica, and any
-// reconcile of a key that began while another (in any replica) had not ended.
+// hasher runs the example's ConfigMap hasher (examples/configmap-hasher/hasher), recording
+// every reconcile, by replica, and any reconcile of a key that began while another (in any
+// replica) had not ended; with hold, each reconcile first waits that long (its context ending
+// the wait).
 type hasher struct {
-	client  client.Client
+	inner   reconcile.Reconciler
 	replica string
 	log     *reconcileLog
 	hold    time.Duration
@@ -117,19 +113,6 @@ func (l *reconcileLog) replicas() map[string]int {
 	return count
 }
 
-func hashOf(data map[string]string) string {
-	keys := make([]string, 0, len(data))
-	for k := range data {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	h := sha256.New()
-	for _, k := range keys {
-		fmt.Fprintf(h, "%s=%s\n", k, data[k])
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
-
 func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reconcile.Result, error) {
 	key := request.String()
 	if d, ok := dispatch.DeliveryOf(ctx); ok {
@@ -137,10 +120,6 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 	}
 	h.log.begin(key, h.replica)
 	defer h.log.end(key)
-	var cm corev1.ConfigMap
-	if err := h.client.Get(ctx, request.NamespacedName, &cm); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
 	if h.hold > 0 {
 		select {
 		case <-time.After(h.hold):
@@ -151,16 +130,7 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 			return reconcile.Result{}, context.Cause(ctx)
 		}
 	}
-	want := hashOf(cm.Data)
-	if cm.Annotations[hashAnnotation] == want {
-		return reconcile.Result{}, nil
-	}
-	if cm.Annotations == nil {
-		cm.Annotations = map[string]string{}
-	}
-	cm.Annotations[hashAnnotation] = want
-	// Conditional on the version delivered: a stale write is refused, not applied.
-	return reconcile.Result{}, h.client.Update(ctx, &cm)
+	return h.inner.Reconcile(ctx, request)
 }
 
 // replica runs one controller-runtime manager with the hasher on the tier, until stop is
@@ -192,7 +162,7 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 			Namespace:    tier.Namespace,
 			SessionTTL:   4 * time.Second,
 		}).
-		Complete(&hasher{client: mgr.GetClient(), replica: id, log: log, hold: hold})
+		Complete(&hasher{inner: &example.Reconciler{Client: mgr.GetClient()}, replica: id, log: log, hold: hold})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +199,7 @@ func converged(t *testing.T, clientset kubernetes.Interface, namespace string, w
 		}
 		var behind []string
 		for _, cm := range list.Items {
-			if cm.Annotations[hashAnnotation] != hashOf(cm.Data) {
+			if cm.Annotations[example.Annotation] != example.Hash(cm.Data) {
 				behind = append(behind, cm.Name)
 			}
 		}
