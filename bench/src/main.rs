@@ -277,6 +277,7 @@ struct CompareArgs {
     /// after the cold start until every write was reconciled) and `apiserver-timed.pprof` (a
     /// CPU profile of the API server over the timed writes; compare two runs with
     /// `go tool pprof -top -diff_base=<one> <other>`). The profile adds to the API server's CPU.
+    /// Needs a control plane started with `KD_APISERVER_PROFILING=true`.
     #[arg(long, env = "KD_BENCH_PROFILE_APISERVER")]
     profile_apiserver: bool,
 

@@ -13,6 +13,9 @@
 #             start it again, keeping etcd and its data; its watch cache starts over, so watches
 #             resuming from an older resourceVersion get 410 Gone
 #
+# KD_APISERVER_PROFILING=true serves the API server's pprof endpoints (off by default), for
+# `kube-dispatch-bench compare --profile-apiserver`; it takes effect when the API server starts.
+#
 # Everything lives in $KD_CLUSTER_DIR (default: <repo>/.cluster):
 #   kubeconfig       admin kubeconfig (user "admin", group system:masters)
 #   tokens.csv       static bearer tokens: admin, the controller manager, and test identities
@@ -284,7 +287,7 @@ start_apiserver() {
     --audit-log-format json \
     --audit-log-maxsize 64 \
     --audit-log-maxbackup 1 \
-    --profiling=false \
+    --profiling="${KD_APISERVER_PROFILING:-false}" \
     --v 1 \
     >>"$logs/kube-apiserver.log" 2>&1 </dev/null 9>&- &
   APISERVER_PID=$!

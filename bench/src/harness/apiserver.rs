@@ -189,7 +189,8 @@ pub(crate) async fn cpu_profile(client: &Client, seconds: u64) -> anyhow::Result
         .context("cannot ask the API server for a CPU profile")?;
     anyhow::ensure!(
         response.status().is_success(),
-        "the API server refused a CPU profile: {}",
+        "the API server refused a CPU profile ({}): start the control plane with \
+         KD_APISERVER_PROFILING=true tests/cluster/cluster.sh up (after cluster.sh down)",
         response.status()
     );
     let body = response
