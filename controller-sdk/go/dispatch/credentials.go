@@ -77,9 +77,9 @@ func CredentialsFromEnv() Credentials {
 	}
 	var c Credentials
 	if !flag("KD_INSECURE") {
-		c = TLSCredentials(orDefault("KD_TLS_CA_FILE", DefaultCAFile))
-		c.tls.serverName = os.Getenv("KD_TLS_SERVER_NAME")
-		c.tls.loadBalancerServerName = os.Getenv("KD_LOADBALANCER_TLS_SERVER_NAME")
+		c = TLSCredentials(orDefault("KD_TLS_CA_FILE", DefaultCAFile)).
+			WithServerName(os.Getenv("KD_TLS_SERVER_NAME")).
+			WithLoadBalancerServerName(os.Getenv("KD_LOADBALANCER_TLS_SERVER_NAME"))
 	}
 	if !flag("KD_ALLOW_ANONYMOUS") {
 		c = c.WithTokenFile(orDefault("KD_TOKEN_FILE", DefaultTokenFile))
@@ -95,19 +95,20 @@ func TLSCredentials(caFile string) Credentials {
 // WithServerName verifies the dispatchers' certificates under name (their addresses are pod
 // IPs).
 func (c Credentials) WithServerName(name string) Credentials {
-	if c.tls != nil {
-		t := *c.tls
-		t.serverName = name
-		c.tls = &t
-	}
-	return c
+	return c.withTLS(func(t *tlsSettings) { t.serverName = name })
 }
 
 // WithLoadBalancerServerName verifies the load balancer's certificate under name.
 func (c Credentials) WithLoadBalancerServerName(name string) Credentials {
+	return c.withTLS(func(t *tlsSettings) { t.loadBalancerServerName = name })
+}
+
+// withTLS is c with a copy of its TLS settings changed (values share nothing); plaintext
+// credentials are returned as they are.
+func (c Credentials) withTLS(change func(*tlsSettings)) Credentials {
 	if c.tls != nil {
 		t := *c.tls
-		t.loadBalancerServerName = name
+		change(&t)
 		c.tls = &t
 	}
 	return c
@@ -130,15 +131,12 @@ func (c Credentials) WithToken(token string) Credentials {
 // under the load-balancer name if set, else under the host of address when that is a name,
 // else under each address's own host.
 func (c Credentials) forLoadBalancer(address string) Credentials {
-	if c.tls != nil {
-		t := *c.tls
+	return c.withTLS(func(t *tlsSettings) {
 		t.serverName = t.loadBalancerServerName
 		if t.serverName == "" {
 			t.serverName = hostName(address)
 		}
-		c.tls = &t
-	}
-	return c
+	})
 }
 
 // dial opens a client connection to address (host:port, or a URL whose scheme matches the
@@ -187,7 +185,11 @@ func (c Credentials) target(address string) (string, error) {
 		switch {
 		case scheme == configured:
 		case scheme == "http" || scheme == "https":
-			return "", fmt.Errorf("address %q asks for %s but the credentials are %s", address, scheme, map[bool]string{true: "TLS", false: "plaintext"}[c.tls != nil])
+			configuredName := "plaintext"
+			if c.tls != nil {
+				configuredName = "TLS"
+			}
+			return "", fmt.Errorf("address %q asks for %s but the credentials are %s", address, scheme, configuredName)
 		default:
 			return "", fmt.Errorf("address %q: unknown scheme %q", address, scheme)
 		}
