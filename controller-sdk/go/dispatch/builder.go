@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/util/workqueue"
@@ -64,7 +66,13 @@ type Options struct {
 	LabelSelector, FieldSelector string
 	// Payload is how much of the object a request carries (default PayloadFull).
 	Payload PayloadMode
+	// TracerProvider starts each reconcile's span (default: OpenTelemetry's global provider,
+	// which records nothing until the program sets one).
+	TracerProvider trace.TracerProvider
 }
+
+// tracerName names the SDK's tracer (its instrumentation scope).
+const tracerName = "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
 
 // Builder builds a controller whose reconcile requests come from the kube-dispatch tier, in
 // the shape of controller-runtime's builder: For, Owns, Named, WithOptions and Complete take
@@ -248,9 +256,13 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if options.MaxConcurrentReconciles <= 0 {
 		options.MaxConcurrentReconciles = 1
 	}
-	metrics := newMetrics(o.Group)
+	metrics := newMetrics(o.Group, name)
 	q := newQueue(options.MaxConcurrentReconciles, metrics)
-	options.Reconciler = &reconciler{inner: r, queue: q}
+	tracers := o.TracerProvider
+	if tracers == nil {
+		tracers = otel.GetTracerProvider()
+	}
+	options.Reconciler = &reconciler{inner: r, queue: q, tracer: tracers.Tracer(tracerName)}
 	options.NewQueue = func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
 		return q
 	}
@@ -276,6 +288,9 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		triggers:     newTriggers(requestKey(gvk.Group, gvk.Kind)),
 		requests:     b.requests,
 		everything:   b.everything,
+	}
+	if err := errors.Join(sharedVecErrs...); err != nil {
+		run.log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
 	}
 	if err := b.mgr.Add(run); err != nil {
 		return nil, err
@@ -335,6 +350,21 @@ var (
 
 // Start runs the sessions until ctx ends, then closes them gracefully.
 func (r *runner) Start(ctx context.Context) error {
+	// Until the last reconcile has ended (graceful stops let them finish after ctx ends).
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopped:
+				return
+			case <-tick.C:
+				r.queue.updateUnfinished()
+			}
+		}
+	}()
 	if r.requests != nil || r.everything != nil {
 		go r.triggers.follow(ctx, r.requests, r.everything)
 		go r.triggers.send(ctx, r)

@@ -25,8 +25,19 @@ import (
 // deleted, which is how a controller-runtime Reconciler learns of a deletion.
 //
 //	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient})
+//
+// Its requests are counted by verb and controller (kube_dispatch_api_requests_total), and the
+// writes of reconciles refused as stale (kube_dispatch_stale_writes_total).
 func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
 	options.Cache = nil
+	if options.HTTPClient != nil {
+		counted := *options.HTTPClient
+		counted.Transport = countRequests(counted.Transport)
+		options.HTTPClient = &counted
+	} else {
+		config = rest.CopyConfig(config)
+		config.Wrap(countRequests)
+	}
 	c, err := client.New(config, options)
 	if err != nil {
 		return nil, err
@@ -34,9 +45,18 @@ func NewClient(config *rest.Config, options client.Options) (client.Client, erro
 	return &deliveredClient{Client: c}, nil
 }
 
-// deliveredClient serves the delivered object's Get from its delivery.
+// deliveredClient serves the delivered object's Get from its delivery, and counts the stale
+// writes of reconciles.
 type deliveredClient struct {
 	client.Client
+}
+
+func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
+	return countStale(ctx, c.Client.Update(ctx, object, options...))
+}
+
+func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.PatchOption) error {
+	return countStale(ctx, c.Client.Patch(ctx, object, patch, options...))
 }
 
 func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {

@@ -7,11 +7,14 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
@@ -21,6 +24,7 @@ func deliveredContext(request *pb.ReconcileRequest) context.Context {
 		request: request,
 		name:    types.NamespacedName{Namespace: request.GetObject().GetNamespace(), Name: request.GetObject().GetName()},
 		memo:    request.GetMemo(),
+		metrics: newMetrics("client-test", "client-test"),
 	}
 	return context.WithValue(context.Background(), deliveryKey{}, d)
 }
@@ -84,7 +88,7 @@ func TestFailureMessagesAreValidUTF8WithinTheBound(t *testing.T) {
 // Stopping: waiting deliveries stay for the drain to hand back, and new ones are handed back
 // at once, not failed.
 func TestAStoppingQueueHandsWorkBack(t *testing.T) {
-	q := newQueue(2, newMetrics("test"))
+	q := newQueue(2, newMetrics("test", "test"))
 	s := testSession()
 	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, farDeadline(), 0)
 	q.ShutDown()
@@ -98,5 +102,46 @@ func TestAStoppingQueueHandsWorkBack(t *testing.T) {
 	q.dropSession(s, true)
 	if len(s.pending) != 2 || s.pending[1].GetDeliveryId() != 1 || s.pending[1].GetRequeue() == nil {
 		t.Fatalf("pending: %v", s.pending)
+	}
+}
+
+// A write of a reconcile that the API server refuses as stale is counted, and returned as it
+// came; IfUnchanged makes a patch carry the resourceVersion it was made against.
+func TestStaleWritesAreCountedAndReturned(t *testing.T) {
+	stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "8"}}
+	var patched []byte
+	conflict := apierrors.NewConflict(corev1.Resource("configmaps"), "a", errors.New("the object has been modified"))
+	c := &deliveredClient{Client: fake.NewClientBuilder().WithObjects(stored).WithInterceptorFuncs(interceptor.Funcs{
+		Update: func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return conflict },
+		Patch: func(_ context.Context, _ client.WithWatch, object client.Object, patch client.Patch, _ ...client.PatchOption) error {
+			patched, _ = patch.Data(object)
+			return conflict
+		},
+	}).Build()}
+	ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}})
+	stale := staleWrites.WithLabelValues("client-test")
+	before := testutil.ToFloat64(stale)
+
+	seen := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
+	if err := c.Update(ctx, seen.DeepCopy()); !IsStale(err) {
+		t.Fatalf("Update: %v", err)
+	}
+	changed := seen.DeepCopy()
+	changed.Labels = map[string]string{"x": "y"}
+	if err := c.Patch(ctx, changed, IfUnchanged(seen)); !IsStale(err) {
+		t.Fatalf("Patch: %v", err)
+	}
+	if !strings.Contains(string(patched), `"resourceVersion":"7"`) {
+		t.Fatalf("the patch is not conditional on the version seen: %s", patched)
+	}
+	if got := testutil.ToFloat64(stale) - before; got != 2 {
+		t.Fatalf("stale writes counted: %v, want 2", got)
+	}
+	// Outside a reconcile nothing is counted.
+	if err := c.Update(context.Background(), seen.DeepCopy()); !IsStale(err) {
+		t.Fatalf("Update: %v", err)
+	}
+	if got := testutil.ToFloat64(stale) - before; got != 2 {
+		t.Fatalf("stale writes counted: %v, want 2", got)
 	}
 }

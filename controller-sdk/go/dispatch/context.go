@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
@@ -15,12 +19,16 @@ const MaxMemoBytes = 512
 
 // reconciler runs the user's Reconciler on a delivery: its context ends at the delivery's
 // deadline and when the session that delivered it is lost (context.Cause is then errFenced),
-// carries the delivery (Memo, Children, and the object for NewClient's Get), and what it
-// returns becomes the delivery's ack.
+// carries the delivery (Memo, Children, and the object for NewClient's Get) and the reconcile's
+// span, and what it returns becomes the delivery's ack.
 type reconciler struct {
-	inner reconcile.Reconciler
-	queue *queue
+	inner  reconcile.Reconciler
+	queue  *queue
+	tracer trace.Tracer
 }
+
+// traceContext reads the W3C trace context a request carries.
+var traceContext propagation.TraceContext
 
 type deliveryKey struct{}
 
@@ -37,7 +45,13 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 	defer cancel(nil)
 	stop := context.AfterFunc(d.ctx, func() { cancel(context.Cause(d.ctx)) })
 	defer stop()
+	ctx, span := w.startSpan(ctx, d)
+	defer span.End()
 	result, err := w.inner.Reconcile(ctx, request)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, failureMessage(err))
+	}
 	switch cause := context.Cause(d.ctx); {
 	case errors.Is(cause, context.DeadlineExceeded):
 		d.outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: fmt.Sprintf("timed out after %v", d.limit)}}}
@@ -45,6 +59,26 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 		d.outcome = ackFor(result, err)
 	}
 	return result, err
+}
+
+// startSpan starts the reconcile's span: a child of the dispatcher's span for the change that
+// queued the key when the request carries its trace context (the dispatcher exports traces),
+// so one trace runs from the API server's event to the reconcile's writes; spans the
+// Reconciler starts from its context are the reconcile's children.
+func (w *reconciler) startSpan(ctx context.Context, d *delivery) (context.Context, trace.Span) {
+	r := d.request
+	if parent := r.GetTraceparent(); parent != "" {
+		ctx = traceContext.Extract(ctx, propagation.MapCarrier{"traceparent": parent})
+	}
+	return w.tracer.Start(ctx, "reconcile",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("key", r.GetKey()),
+			attribute.String("resource_version", r.GetResourceVersion()),
+			attribute.String("reason", reasonLabel(r.GetReason())),
+			attribute.Int("attempt", int(r.GetAttempt())),
+			attribute.String("dispatcher", d.session.address),
+		))
 }
 
 func deliveryFrom(ctx context.Context) *delivery {

@@ -30,8 +30,9 @@ const (
 const connectTimeout = 5 * time.Second
 
 // tokenReread is how long a token read from its file is used before the file is read again
-// (the kubelet rotates projected tokens well before they expire).
-const tokenReread = 30 * time.Second
+// (the kubelet rotates projected tokens well before they expire). A variable for the tests
+// (export_test.go), taken by each bearer as it is made.
+var tokenReread = 30 * time.Second
 
 // Credentials say how a replica reaches the tier: TLS with a CA bundle (read again for every
 // new connection, so a rotated CA is picked up) or plaintext, and the bearer token it sends
@@ -116,7 +117,7 @@ func (c Credentials) withTLS(change func(*tlsSettings)) Credentials {
 
 // WithTokenFile sends the token in path, read again at most every 30 seconds.
 func (c Credentials) WithTokenFile(path string) Credentials {
-	c.token = &bearer{path: path}
+	c.token = &bearer{path: path, reread: tokenReread}
 	return c
 }
 
@@ -231,8 +232,9 @@ func hostName(address string) string {
 // read again at most every tokenReread; a failed re-read keeps the previous token (a rotation
 // in progress). It never prints the token.
 type bearer struct {
-	fixed string
-	path  string
+	fixed  string
+	path   string
+	reread time.Duration
 
 	mu     sync.Mutex
 	token  string
@@ -248,7 +250,7 @@ func (b *bearer) current() (string, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.token != "" && time.Since(b.readAt) < tokenReread {
+	if b.token != "" && time.Since(b.readAt) < b.reread {
 		return b.token, nil
 	}
 	raw, err := os.ReadFile(b.path)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -19,6 +20,8 @@ import (
 //	kube_dispatch_session_reconnects_total   counter  controller
 //	kube_dispatch_fenced_reconciles_total    counter  controller
 //	kube_dispatch_deliveries_total           counter  controller, reason
+//	kube_dispatch_stale_writes_total         counter  controller
+//	kube_dispatch_api_requests_total         counter  controller, verb
 //
 // No label names a key or an object, so the series stay few however many objects there are.
 var (
@@ -38,14 +41,122 @@ var (
 		Name: "kube_dispatch_deliveries_total",
 		Help: "Reconcile requests received, by reason",
 	}, []string{"controller", "reason"})
+	staleWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_dispatch_stale_writes_total",
+		Help: "Writes of reconciles refused with 409 Conflict: the object changed since the version they were made against",
+	}, []string{"controller"})
+	apiRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_dispatch_api_requests_total",
+		Help: "Requests NewClient's client sent to the API server, by verb and by the controller whose reconcile sent them (empty outside a reconcile)",
+	}, []string{"controller", "verb"})
 
 	registerOnce sync.Once
 )
 
+// controller-runtime's workqueue_* metrics. Its controller records them from its own work
+// queue, which the SDK's queue replaces, so the SDK records them instead, in the same series:
+// registering collectors described exactly as controller-runtime's (name, help and labels)
+// hands back the ones it registered, the Prometheus client's way of sharing a collector. The
+// series are labelled name and controller, both the controller's name, as controller-runtime
+// labels them (depth also priority, empty here: the tier has none).
+//
+//	workqueue_depth                              deliveries waiting for a worker
+//	workqueue_adds_total                         deliveries accepted
+//	workqueue_queue_duration_seconds             from a delivery's arrival to its worker
+//	workqueue_work_duration_seconds              from its worker to its ack
+//	workqueue_unfinished_work_seconds            seconds of reconciles still running
+//	workqueue_longest_running_processor_seconds  the longest of them
+//	workqueue_retries_total                      deliveries of a retry or requeue
+var (
+	queueDepth = sharedVec(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: "workqueue", Name: "depth",
+		Help: "Current depth of workqueue by workqueue and priority",
+	}, []string{"name", "controller", "priority"}))
+	queueAdds = sharedVec(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: "workqueue", Name: "adds_total",
+		Help: "Total number of adds handled by workqueue",
+	}, []string{"name", "controller"}))
+	queueLatency = sharedVec(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: "workqueue", Name: "queue_duration_seconds",
+		Help:                            "How long in seconds an item stays in workqueue before being requested",
+		Buckets:                         prometheus.ExponentialBuckets(10e-9, 10, 12),
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  100,
+		NativeHistogramMinResetDuration: time.Hour,
+	}, []string{"name", "controller"}))
+	queueWork = sharedVec(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: "workqueue", Name: "work_duration_seconds",
+		Help:                            "How long in seconds processing an item from workqueue takes.",
+		Buckets:                         prometheus.ExponentialBuckets(10e-9, 10, 12),
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  100,
+		NativeHistogramMinResetDuration: time.Hour,
+	}, []string{"name", "controller"}))
+	queueUnfinished = sharedVec(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: "workqueue", Name: "unfinished_work_seconds",
+		Help: "How many seconds of work has been done that " +
+			"is in progress and hasn't been observed by work_duration. Large " +
+			"values indicate stuck threads. One can deduce the number of stuck " +
+			"threads by observing the rate at which this increases.",
+	}, []string{"name", "controller"}))
+	queueLongest = sharedVec(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: "workqueue", Name: "longest_running_processor_seconds",
+		Help: "How many seconds has the longest running " +
+			"processor for workqueue been running.",
+	}, []string{"name", "controller"}))
+	queueRetries = sharedVec(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: "workqueue", Name: "retries_total",
+		Help: "Total number of items added to the workqueue with a non-zero delay (rate-limited requeues, explicit RequeueAfter or AddAfter calls)",
+	}, []string{"name", "controller"}))
+)
+
+// sharedVec is the collector registered in controller-runtime's registry under vec's
+// description: controller-runtime's own when it registered one, else vec, registered now. A
+// description that differs from controller-runtime's (another release changed it) leaves vec
+// unregistered: the SDK's queue then records figures nobody scrapes, and sharedVecErr says
+// why.
+func sharedVec[V prometheus.Collector](vec V) V {
+	err := metrics.Registry.Register(vec)
+	var already prometheus.AlreadyRegisteredError
+	switch {
+	case err == nil:
+		return vec
+	case errors.As(err, &already):
+		if existing, ok := already.ExistingCollector.(V); ok {
+			return existing
+		}
+	}
+	sharedVecErrs = append(sharedVecErrs, err)
+	return vec
+}
+
+// sharedVecErrs are the reasons a workqueue metric could not join controller-runtime's.
+var sharedVecErrs []error
+
+// queueMetrics records one controller's workqueue_* series.
+type queueMetrics struct {
+	depth                      prometheus.Gauge
+	adds, retries              prometheus.Counter
+	latency, work              prometheus.Observer
+	unfinished, longestRunning prometheus.Gauge
+}
+
+func newQueueMetrics(name string) queueMetrics {
+	return queueMetrics{
+		depth:          queueDepth.WithLabelValues(name, name, ""),
+		adds:           queueAdds.WithLabelValues(name, name),
+		retries:        queueRetries.WithLabelValues(name, name),
+		latency:        queueLatency.WithLabelValues(name, name),
+		work:           queueWork.WithLabelValues(name, name),
+		unfinished:     queueUnfinished.WithLabelValues(name, name),
+		longestRunning: queueLongest.WithLabelValues(name, name),
+	}
+}
+
 // register adds the SDK's metrics to controller-runtime's registry once per process.
 func register() {
 	registerOnce.Do(func() {
-		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries} {
+		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries, staleWrites, apiRequests} {
 			if err := metrics.Registry.Register(c); err != nil {
 				var already prometheus.AlreadyRegisteredError
 				if !errors.As(err, &already) {
@@ -56,14 +167,16 @@ func register() {
 	})
 }
 
-// sdkMetrics records one controller's figures.
+// sdkMetrics records one controller's figures: the SDK's labelled with its group, the
+// workqueue's with its name (as controller-runtime labels its own).
 type sdkMetrics struct {
 	controller string
+	queue      queueMetrics
 }
 
-func newMetrics(controller string) *sdkMetrics {
+func newMetrics(group, name string) *sdkMetrics {
 	register()
-	return &sdkMetrics{controller: controller}
+	return &sdkMetrics{controller: group, queue: newQueueMetrics(name)}
 }
 
 func (m *sdkMetrics) delivered(reason pb.Reason) {
@@ -82,5 +195,7 @@ func (m *sdkMetrics) sessionOpened(dispatcher string) func() {
 }
 
 func (m *sdkMetrics) reconnecting() { sessionReconnects.WithLabelValues(m.controller).Inc() }
+
+func (m *sdkMetrics) staleWrite() { staleWrites.WithLabelValues(m.controller).Inc() }
 
 func (m *sdkMetrics) fenced() { fencedReconciles.WithLabelValues(m.controller).Inc() }

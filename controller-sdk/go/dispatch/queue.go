@@ -28,12 +28,15 @@ type delivery struct {
 	request *pb.ReconcileRequest
 	name    types.NamespacedName
 	session *session
+	metrics *sdkMetrics
 	// ctx ends at the delivery's deadline, or when its session is lost (then cause is
 	// errFenced): the reconcile must stop.
 	ctx    context.Context
 	cancel context.CancelFunc
 	// limit is how long the reconcile may take from its delivery (for the timeout's message).
 	limit time.Duration
+	// arrived and started are when the delivery came and when a worker took it.
+	arrived, started time.Time
 
 	// Set by the reconciler wrapper as the reconcile returns; nil when it never returned (a
 	// panic, recovered by controller-runtime).
@@ -129,14 +132,21 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 			request: r,
 			name:    name,
 			session: s,
+			metrics: q.metrics,
 			ctx:     ctx,
 			cancel:  cancel,
 			limit:   limit,
+			arrived: time.Now(),
 			memo:    r.GetMemo(),
 		}
 		s.track(1)
 		q.taken[name] = d
 		q.ready = append(q.ready, d)
+		q.metrics.queue.adds.Inc()
+		q.metrics.queue.depth.Inc()
+		if reason := r.GetReason(); reason == pb.Reason_REASON_RETRY || reason == pb.Reason_REASON_REQUEUE {
+			q.metrics.queue.retries.Inc()
+		}
 	}
 	q.cond.Broadcast()
 }
@@ -159,8 +169,11 @@ func (q *queue) Get() (reconcile.Request, bool) {
 		d := q.ready[0]
 		q.ready[0] = nil
 		q.ready = q.ready[1:]
+		q.metrics.queue.depth.Dec()
 		if d.ctx.Err() == nil {
 			d.handedOut = true
+			d.started = time.Now()
+			q.metrics.queue.latency.Observe(d.started.Sub(d.arrived).Seconds())
 			return reconcile.Request{NamespacedName: d.name}, false
 		}
 		q.finishLocked(d, &pb.AckItem{
@@ -188,6 +201,9 @@ func (q *queue) Done(item reconcile.Request) {
 // finishLocked frees d's slot and acknowledges it with outcome, unless its session was lost.
 func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
 	delete(q.taken, d.name)
+	if d.handedOut {
+		q.metrics.queue.work.Observe(time.Since(d.started).Seconds())
+	}
 	fenced := errors.Is(context.Cause(d.session.ctx), errFenced)
 	d.cancel()
 	if fenced {
@@ -230,6 +246,7 @@ func (q *queue) dropSession(s *session, handBack bool) {
 			continue
 		}
 		delete(q.taken, d.name)
+		q.metrics.queue.depth.Dec()
 		d.cancel()
 		if handBack {
 			s.ack(notRunHere(d.request))
@@ -239,6 +256,24 @@ func (q *queue) dropSession(s *session, handBack bool) {
 	clear(q.ready[len(kept):])
 	q.ready = kept
 	q.cond.Broadcast()
+}
+
+// updateUnfinished sets the seconds the running reconciles have taken so far, in all and the
+// longest, as controller-runtime's queue does every half second.
+func (q *queue) updateUnfinished() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	var total, longest float64
+	for _, d := range q.taken {
+		if d.handedOut {
+			running := now.Sub(d.started).Seconds()
+			total += running
+			longest = max(longest, running)
+		}
+	}
+	q.metrics.queue.unfinished.Set(total)
+	q.metrics.queue.longestRunning.Set(longest)
 }
 
 // Len is the number of deliveries waiting for a worker.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -29,7 +30,7 @@ func request(id uint64, name string) *pb.ReconcileRequest {
 }
 
 func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
-	q := newQueue(2, newMetrics("test"))
+	q := newQueue(2, newMetrics("test", "test"))
 	s := testSession()
 	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "a"), request(3, "b")}, time.Now().Add(time.Minute), time.Minute)
 	// The second delivery of a key a worker here still holds goes back at once, failed.
@@ -63,7 +64,7 @@ func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
 }
 
 func TestALostSessionsDeliveriesAreCancelledAndNeverAcked(t *testing.T) {
-	q := newQueue(2, newMetrics("test"))
+	q := newQueue(2, newMetrics("test", "test"))
 	s := testSession()
 	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
 	item, _ := q.Get()
@@ -92,7 +93,7 @@ func TestALostSessionsDeliveriesAreCancelledAndNeverAcked(t *testing.T) {
 }
 
 func TestADeliveryPastItsDeadlineIsNotHandedOut(t *testing.T) {
-	q := newQueue(1, newMetrics("test"))
+	q := newQueue(1, newMetrics("test", "test"))
 	s := testSession()
 	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, time.Now().Add(-time.Millisecond), time.Minute)
 	q.accept(s, []*pb.ReconcileRequest{request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
@@ -142,5 +143,34 @@ func TestReconnectsStartAgainAfterASessionThatWorked(t *testing.T) {
 	}
 	if after := r.next(true); after > 200*time.Millisecond {
 		t.Fatalf("after a session that worked: %v", after)
+	}
+}
+
+// The queue keeps controller-runtime's workqueue gauges as its own queue would: depth counts
+// what waits for a worker (a dropped session's deliveries leave it), and the unfinished work
+// is the running reconciles' time so far, zero again once they are done.
+func TestQueueGaugesFollowTheDeliveries(t *testing.T) {
+	m := newMetrics("test", "gauges")
+	q := newQueue(3, m)
+	s, lost := testSession(), testSession()
+	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, farDeadline(), time.Minute)
+	q.accept(lost, []*pb.ReconcileRequest{request(3, "c")}, farDeadline(), time.Minute)
+	if got := testutil.ToFloat64(m.queue.depth); got != 3 {
+		t.Fatalf("depth after three deliveries: %v", got)
+	}
+	q.dropSession(lost, false)
+	item, _ := q.Get()
+	if got := testutil.ToFloat64(m.queue.depth); got != 1 {
+		t.Fatalf("depth after a dropped session and a Get: %v", got)
+	}
+	q.delivery(item.NamespacedName).started = time.Now().Add(-time.Second)
+	q.updateUnfinished()
+	if got := testutil.ToFloat64(m.queue.longestRunning); got < 1 {
+		t.Fatalf("longest running reconcile: %v s, want at least 1", got)
+	}
+	q.Done(item)
+	q.updateUnfinished()
+	if got := testutil.ToFloat64(m.queue.unfinished); got != 0 {
+		t.Fatalf("unfinished work once the reconcile was done: %v", got)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -135,7 +136,7 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 
 // replica runs one controller-runtime manager with the hasher on the tier, until stop is
 // called; stop returns once the manager has shut down.
-func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration, extra ...func(*dispatch.Builder)) (stop func()) {
+func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration, extra ...func(*dispatch.Builder, *dispatch.Options)) (stop func()) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		NewClient:              dispatch.NewClient,
@@ -146,22 +147,23 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 		t.Fatal(err)
 	}
 	plaintext := dispatch.Credentials{}
+	options := dispatch.Options{
+		Group:        group,
+		ReplicaID:    id,
+		LoadBalancer: tier.LoadBalancer.Listen,
+		Credentials:  &plaintext,
+		Namespace:    tier.Namespace,
+		SessionTTL:   4 * time.Second,
+	}
 	b := dispatch.ControllerManagedBy(mgr)
 	for _, configure := range extra {
-		configure(b)
+		configure(b, &options)
 	}
 	err = b.
 		For(&corev1.ConfigMap{}).
 		Named(group + "-" + id).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: new(true)}).
-		WithDispatchOptions(dispatch.Options{
-			Group:        group,
-			ReplicaID:    id,
-			LoadBalancer: tier.LoadBalancer.Listen,
-			Credentials:  &plaintext,
-			Namespace:    tier.Namespace,
-			SessionTTL:   4 * time.Second,
-		}).
+		WithDispatchOptions(options).
 		Complete(&hasher{inner: &example.Reconciler{Client: mgr.GetClient()}, replica: id, log: log, hold: hold})
 	if err != nil {
 		t.Fatal(err)
@@ -299,9 +301,72 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 	if len(log.overlaps) > 0 {
 		t.Fatalf("reconciles of one key overlapped: %v", log.overlaps)
 	}
-	if got := log.replicas()["go-0"]; got < 30 {
-		t.Fatalf("only %d reconciles for 20 objects and 10 changes", got)
+	reconciles := log.replicas()["go-0"]
+	if reconciles < 30 {
+		t.Fatalf("only %d reconciles for 20 objects and 10 changes", reconciles)
 	}
+	// controller-runtime's metrics count the reconciles as its own controller and queue would.
+	name := map[string]string{"name": "go-hasher-go-0"}
+	for metric, labels := range map[string]map[string]string{
+		"controller_runtime_reconcile_total":        {"controller": "go-hasher-go-0", "result": "success"},
+		"workqueue_adds_total":                      name,
+		"workqueue_queue_duration_seconds":          name,
+		"workqueue_work_duration_seconds":           name,
+		"kube_dispatch_deliveries_total":            {"controller": "go-hasher"},
+		"controller_runtime_reconcile_time_seconds": {"controller": "go-hasher-go-0"},
+	} {
+		if got := sample(t, metric, labels); got != float64(reconciles) {
+			t.Errorf("%s%v = %v, want %d (the reconciles)", metric, labels, got, reconciles)
+		}
+	}
+	// Each object was read from its delivery, never from the API server; each change written once
+	// at least (again after a conflict with the test's own write).
+	for verb, limit := range map[string][2]float64{"get": {0, 0}, "list": {0, 0}, "watch": {0, 0}, "update": {30, float64(reconciles)}} {
+		got := sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-hasher", "verb": verb})
+		if got < limit[0] || got > limit[1] {
+			t.Errorf("%s requests: %v, want %v to %v", verb, got, limit[0], limit[1])
+		}
+	}
+	if got := sample(t, "workqueue_depth", name); got != 0 {
+		t.Errorf("workqueue_depth = %v once every delivery was reconciled", got)
+	}
+}
+
+// sample sums the counters, gauges and histogram counts of metric whose labels include
+// labels, in controller-runtime's registry.
+func sample(t *testing.T, metric string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, family := range families {
+		if family.GetName() != metric {
+			continue
+		}
+	series:
+		for _, m := range family.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
 }
 
 // Two Go replicas of one group share the objects, never reconcile one key at the same time,
@@ -362,7 +427,7 @@ func TestReconcileOnReconcilesObjectsThatDidNotChange(t *testing.T) {
 	log := newLog()
 	requests := make(chan reconcile.Request)
 	everything := make(chan struct{})
-	replica(t, s.config, s.tier, "go-trigger", "go-0", log, 0, func(b *dispatch.Builder) {
+	replica(t, s.config, s.tier, "go-trigger", "go-0", log, 0, func(b *dispatch.Builder, _ *dispatch.Options) {
 		b.ReconcileOn(requests).ReconcileAllOn(everything)
 	})
 	s.converged(t)

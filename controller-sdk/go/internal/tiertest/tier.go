@@ -1,7 +1,8 @@
 // Package tiertest starts a real kube-dispatch tier for the SDK's tests: dispatcher and load
 // balancer processes (the binaries `cargo build --bins` made) against the local API server the
 // project's scripts start (tests/cluster/cluster.sh), on loopback, with plaintext and no
-// tokens. Each test gets a namespace of its own, deleted when it ends.
+// tokens, or secured as deployed (Options.Secure). Each test gets a namespace of its own,
+// deleted when it ends.
 package tiertest
 
 import (
@@ -77,6 +78,10 @@ func Namespace(t testing.TB, client kubernetes.Interface) string {
 	return ns.Name
 }
 
+// Tester is the user of the local cluster's test identity (tokens/tester.token): a
+// ServiceAccount bound to cluster-admin.
+const Tester = "system:serviceaccount:kube-dispatch-tests:tester"
+
 // Process is a component of the tier running as a process.
 type Process struct {
 	Name   string
@@ -98,21 +103,56 @@ type Tier struct {
 	LoadBalancer *Process
 }
 
-// Start runs n dispatchers, their ring in namespace's Leases, and a load balancer, and waits
-// until the load balancer leads and knows them all and each dispatcher serves its share.
+// Options change how a tier runs.
+type Options struct {
+	// Secure serves TLS with the local cluster's test certificate (for 127.0.0.1, signed by
+	// ClusterDir()/pki/ca.crt) and takes only calls with a token the API server accepts
+	// (audience kube-dispatch) from a user allowed to read what they subscribe to; the
+	// dispatchers call each other as the test identity (tokens/tester.token).
+	Secure bool
+	// Env is added to every process's environment (KD_ flags).
+	Env []string
+}
+
+// ClusterDir is the local cluster's directory (tests/cluster/cluster.sh): the kubeconfig's.
+func ClusterDir() string {
+	kubeconfig := os.Getenv("KUBECONFIG")
+	if kubeconfig == "" {
+		return filepath.Join(Root(), ".cluster")
+	}
+	return filepath.Dir(kubeconfig)
+}
+
+// Start runs n dispatchers, their ring in namespace's Leases, and a load balancer, in
+// plaintext without tokens, and waits until the load balancer leads and knows them all and
+// each dispatcher serves its share.
 func Start(t testing.TB, namespace string, n int) *Tier {
+	t.Helper()
+	return StartWith(t, namespace, n, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, namespace string, n int, options Options) *Tier {
 	t.Helper()
 	kubeconfig := os.Getenv("KUBECONFIG")
 	if kubeconfig == "" {
 		kubeconfig = filepath.Join(Root(), ".cluster", "kubeconfig")
 	}
 	tier := &Tier{t: t, Namespace: namespace}
-	common := []string{
-		"KUBECONFIG=" + kubeconfig,
-		"KD_INSECURE=1",
-		"KD_ALLOW_ANONYMOUS=1",
-		"KD_LOG_JSON=1",
+	common := []string{"KUBECONFIG=" + kubeconfig, "KD_LOG_JSON=1"}
+	if options.Secure {
+		pki := filepath.Join(ClusterDir(), "pki")
+		common = append(common,
+			"KD_TLS_CERT_FILE="+filepath.Join(pki, "kube-dispatch.crt"),
+			"KD_TLS_KEY_FILE="+filepath.Join(pki, "kube-dispatch.key"),
+			"KD_TLS_CA_FILE="+filepath.Join(pki, "ca.crt"),
+			"KD_TOKEN_FILE="+filepath.Join(ClusterDir(), "tokens", "tester.token"),
+			"KD_PEER_USERS="+Tester,
+		)
+	} else {
+		common = append(common, "KD_INSECURE=1", "KD_ALLOW_ANONYMOUS=1")
 	}
+	common = append(common, options.Env...)
 	for i := range n {
 		p := &Process{Name: fmt.Sprintf("dispatcher-%d", i), Listen: freeAddress(t), Admin: freeAddress(t)}
 		p.binary = binary(t, "kube-dispatch-dispatcher")
