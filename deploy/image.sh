@@ -11,7 +11,10 @@
 #   /usr/local/bin/configmap-hasher
 #   /etc/passwd, /etc/group                   (nonroot, 65532)
 #
-# Usage: deploy/image.sh [--tag NAME:TAG] [--output ARCHIVE] [--builder buildah|docker]
+# Usage: deploy/image.sh [--go-example] [--tag NAME:TAG] [--output ARCHIVE] [--builder buildah|docker]
+#   --go-example  the Go SDK's example controller instead (controller-sdk/go/examples/
+#              configmap-hasher, a static Go binary, CGO off): the image kube-dispatch-go-hasher:dev,
+#              /usr/local/bin/configmap-hasher-go its entrypoint (deploy/go-hasher.Dockerfile)
 #   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
 #   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
 #              under CARGO_TARGET_DIR when set);
@@ -26,7 +29,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tag=kube-dispatch:dev
+tag=
+go_example=false
 output=
 builder=buildah
 build_only=false
@@ -52,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     --output) output=${2:?--output needs a value}; shift 2 ;;
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
+    --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
     --file) file=${2:?--file needs a value}; shift 2 ;;
     -h | --help) usage ;;
@@ -59,6 +64,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $builder == buildah || $builder == docker ]] || die "--builder is buildah or docker, not $builder"
+if [[ -z $tag ]]; then
+  if [[ $go_example == true ]]; then tag=kube-dispatch-go-hasher:dev; else tag=kube-dispatch:dev; fi
+fi
 
 # A bare name means Docker Hub's library, as containerd and the kubelet read it.
 if [[ $tag != */* ]]; then
@@ -104,12 +112,22 @@ make_context() {
   install -m 0755 "$out/examples/configmap_hasher" "$context/rootfs/usr/local/bin/configmap-hasher"
   # Symbols off (backtraces keep function names only where panics print them): a third the size.
   strip "$context"/rootfs/usr/local/bin/*
+  users "$context/rootfs"
+  static "$context"
+}
+
+# /etc/passwd and /etc/group naming the user nonroot (65532) the images run as.
+users() {
   printf '%s\n' 'root:x:0:0:root:/:/sbin/nologin' 'nonroot:x:65532:65532:nonroot:/:/sbin/nologin' \
-    >"$context/rootfs/etc/passwd"
-  printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$context/rootfs/etc/group"
-  chmod 0644 "$context/rootfs/etc/passwd" "$context/rootfs/etc/group"
+    >"$1/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$1/etc/group"
+  chmod 0644 "$1/etc/passwd" "$1/etc/group"
+}
+
+# Fails unless every binary of the context is static.
+static() {
   local bin
-  for bin in "$context"/rootfs/usr/local/bin/*; do
+  for bin in "$1"/rootfs/usr/local/bin/*; do
     # A static binary has no interpreter; one that needs ld.so would not start from scratch.
     if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
       die "$bin is dynamically linked"
@@ -117,7 +135,26 @@ make_context() {
   done
 }
 
-if [[ $build_only == false ]]; then
+# The Go example's context, in target/image/go-context: a static binary (no cgo, so no libc).
+make_go_context() {
+  command -v go >/dev/null || die "go is needed to build the Go example"
+  context=$target_dir/image/go-context
+  rm -rf "$context"
+  mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
+  log "building the Go example controller (CGO_ENABLED=0)"
+  (
+    cd "$root/controller-sdk/go"
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' \
+      -o "$context/rootfs/usr/local/bin/configmap-hasher-go" ./examples/configmap-hasher
+  )
+  users "$context/rootfs"
+  static "$context"
+}
+
+if [[ $build_only == false && $go_example == true ]]; then
+  make_go_context
+  : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"
+elif [[ $build_only == false ]]; then
   make_context
   : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"
 fi

@@ -1,10 +1,11 @@
 """`make e2e`, driven from tests/e2e.sh once the node is up and the image imported.
 
-Applies tests/e2e (the example overlay deploy/examples/configmap-hasher, plus a host alias for
-the load balancer's Service, as this node has no cluster DNS) with kubectl's kustomize, as a
-user would; makes the TLS Secret with deploy/tls.sh; waits for the dispatcher StatefulSet, the
-load balancer and the controller Deployment to be Ready; then, with a writer changing the
-ConfigMaps of namespace e2e-objects all along:
+Applies tests/e2e (the example overlays deploy/examples/configmap-hasher and, beside it in a
+controller group of its own, the Go SDK's example deploy/examples/configmap-hasher-go, plus a
+host alias for the load balancer's Service, as this node has no cluster DNS) with kubectl's
+kustomize, as a user would; makes the TLS Secret with deploy/tls.sh; waits for the dispatcher
+StatefulSet, the load balancer and both controller Deployments to be Ready; then, with a writer
+changing the ConfigMaps of namespace e2e-objects all along:
 
 1. baseline: every ConfigMap written once;
 2. rolling update: the StatefulSet's image changes tag (kube-dispatch:dev -> dev-2, the same
@@ -12,18 +13,20 @@ ConfigMaps of namespace e2e-objects all along:
 3. pod deleted: `kubectl delete pod kube-dispatch-dispatcher-1` (SIGTERM, drain, restart);
 4. eviction: dispatcher-0 evicted through the Eviction API, then dispatcher-2 at once: the
    PodDisruptionBudget (maxUnavailable 1) must refuse the second;
-5. the controller Deployment scaled 2 -> 4, then 4 -> 1.
+5. the (Rust) controller Deployment scaled 2 -> 4, then 4 -> 1.
 
 E2E_SHORT=1 (what `make test` runs): 1, 2, and the controller scaled 2 -> 1.
 
-Each phase ends when every ConfigMap carries the hash of its content again, and prints: writes,
-lost (ConfigMaps whose annotation does not match their content once the phase has settled),
-concurrent (pairs of reconciles of one ConfigMap that overlapped in time on different
-replicas, from every controller pod's JSON log), the longest write-to-reconcile delay (from a
-write until a watch sees the annotation of that content), and per dispatcher pod replaced: how
+Each phase ends when every ConfigMap carries the hash of its content again in both
+controllers' annotations, and prints: writes, lost (ConfigMaps whose annotations do not match
+their content once the phase has settled), concurrent (pairs of reconciles of one ConfigMap
+that overlapped in time on different replicas of one controller, from every controller pod's
+JSON log), the longest write-to-reconcile delay of each controller (from a write until a
+watch sees its annotation of that content), and per dispatcher pod replaced: how
 long it drained (SIGTERM to gone, and its exit code) and how long the new pod took to be Ready
 (its handover). Exits non-zero unless lost and concurrent are 0 in every phase, every phase's
-writes were reconciled at least once each in the logs read, and the PodDisruptionBudget refused
+writes were reconciled at least once each in each controller's logs read, and the
+PodDisruptionBudget refused
 the second eviction.
 """
 
@@ -38,7 +41,9 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reconciles import annotated, concurrent, content_hash, spans  # noqa: E402
+from reconciles import (  # noqa: E402
+    annotated, concurrent, content_hash, go_annotated, go_content_hash, go_spans, spans,
+)
 
 KUBECONFIG, KUBECTL, NODE_DIR, ROOT = sys.argv[1:5]
 OBJECTS = int(os.environ.get("E2E_OBJECTS", "200"))
@@ -50,6 +55,8 @@ TAIL = float(os.environ.get("E2E_TAIL", "10"))
 OBJECTS_NS = "e2e-objects"
 TIER_NS = "kube-dispatch"
 CONTROLLER_NS = "configmap-hasher"
+# The Go SDK's example controller, a group of its own on the same tier.
+GO_CONTROLLER_NS = "configmap-hasher-go"
 LOGS = os.path.join(NODE_DIR, "logs", "e2e")
 SETTLE_TIMEOUT = 300
 T0 = time.monotonic()
@@ -135,9 +142,11 @@ class Watch(threading.Thread):
 
 class Objects:
     """The ConfigMaps the writer changes, and the delay from each write until the watch sees
-    its content's hash in the annotation."""
+    its content's hash in one controller's annotation (`current` and `digest`: that
+    controller's check and hash)."""
 
-    def __init__(self):
+    def __init__(self, current=annotated, digest=content_hash):
+        self.current, self.digest = current, digest
         self.lock = threading.Lock()
         self.pending = {}  # name -> (hash written, when)
         self.delays = []  # (seconds, name)
@@ -146,16 +155,16 @@ class Objects:
 
     def written(self, name, data, at):
         with self.lock:
-            self.pending[name] = (content_hash(data), at)
+            self.pending[name] = (self.digest(data), at)
             self.writes += 1
 
     def on_event(self, kind, cm, at):
-        if kind not in ("ADDED", "MODIFIED") or not annotated(cm):
+        if kind not in ("ADDED", "MODIFIED") or not self.current(cm):
             return
         name = cm["metadata"]["name"]
         with self.lock:
             want = self.pending.get(name)
-            if want and want[0] == content_hash(cm.get("data") or {}):
+            if want and want[0] == self.digest(cm.get("data") or {}):
                 del self.pending[name]
                 self.delays.append((at - want[1], name))
 
@@ -167,6 +176,7 @@ class Objects:
 
 
 OBJECTS_SEEN = Objects()
+GO_SEEN = Objects(go_annotated, go_content_hash)
 
 
 def write(name, generation):
@@ -184,6 +194,7 @@ def write(name, generation):
     if status >= 300:
         raise SystemExit(f"e2e: writing {name} failed: {status} {body.get('message')}")
     OBJECTS_SEEN.written(name, data, at)
+    GO_SEEN.written(name, data, at)
 
 
 class Writer(threading.Thread):
@@ -258,11 +269,12 @@ PODS = Pods()
 
 
 class ControllerLogs:
-    """Follows the log of every controller pod into LOGS/<pod>.log (`kubectl logs -f`) once
-    a watch of the controller's pods shows its container started, so reconciles of pods
-    scaled away still count."""
+    """Follows the log of every controller pod of `namespace` into LOGS/<pod>.log (`kubectl
+    logs -f`) once a watch of the controller's pods shows its container started, so
+    reconciles of pods scaled away still count; `read` takes the reconciles from a log."""
 
-    def __init__(self):
+    def __init__(self, namespace, read):
+        self.namespace, self.read = namespace, read
         self.lock = threading.Lock()
         self.followed = set()
 
@@ -277,7 +289,7 @@ class ControllerLogs:
             self.followed.add(name)
         with open(os.path.join(LOGS, f"{name}.log"), "w") as out:
             background(
-                [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", CONTROLLER_NS, "logs", "-f", name],
+                [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", self.namespace, "logs", "-f", name],
                 stdout=out, stderr=subprocess.DEVNULL,
             )
 
@@ -287,18 +299,20 @@ class ControllerLogs:
         found = []
         for name in names:
             with open(os.path.join(LOGS, f"{name}.log")) as f:
-                for key, _, begun, end in spans(f):
+                for key, _, begun, end in self.read(f):
                     found.append((name, key, begun, end))
         return found
 
 
-LOG_FOLLOWER = ControllerLogs()
+LOG_FOLLOWER = ControllerLogs(CONTROLLER_NS, spans)
+GO_LOG_FOLLOWER = ControllerLogs(GO_CONTROLLER_NS, go_spans)
 
 
 def unsettled():
     items = json.loads(kubectl("-n", OBJECTS_NS, "get", "configmaps", "-o", "json"))["items"]
     mine = [i for i in items if i["metadata"]["name"].startswith("cm-")]
-    return sum(1 for i in mine if not annotated(i)) + (OBJECTS - len(mine))
+    # Settled: both controllers' annotations hold the hash of the current content.
+    return sum(1 for i in mine if not (annotated(i) and go_annotated(i))) + (OBJECTS - len(mine))
 
 
 def settle():
@@ -313,7 +327,8 @@ def settle():
 def wait_rollouts():
     for kind, name, ns in (("statefulset", "kube-dispatch-dispatcher", TIER_NS),
                            ("deployment", "kube-dispatch-loadbalancer", TIER_NS),
-                           ("deployment", "configmap-hasher", CONTROLLER_NS)):
+                           ("deployment", "configmap-hasher", CONTROLLER_NS),
+                           ("deployment", "configmap-hasher-go", GO_CONTROLLER_NS)):
         kubectl("-n", ns, "rollout", "status", f"{kind}/{name}", "--timeout", "300s")
 
 
@@ -343,6 +358,7 @@ def phase(label, action, writing=True):
     say(f"{label}: starting")
     begin_wall = time.time()
     OBJECTS_SEEN.take()
+    GO_SEEN.take()
     PODS.take()
     writer = Writer()
     if writing:
@@ -356,19 +372,25 @@ def phase(label, action, writing=True):
         writer.stop()
     left = settle()
     delays, writes = OBJECTS_SEEN.take()
+    go_delays, _ = GO_SEEN.take()
     drains, ready = PODS.take()
     runs = [r for r in LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
-    overlaps = concurrent(runs)
+    go_runs = [r for r in GO_LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
+    # Each group's reconciles of a key must not overlap; the two groups' may.
+    overlaps = concurrent(runs) + concurrent(go_runs)
     worst = max(delays, default=(0.0, "-"))
+    go_worst = max(go_delays, default=(0.0, "-"))
     result = {
         "phase": label, "seconds": took, "writes": writes, "lost": left,
-        "concurrent": overlaps, "reconciles": len(runs), "worst": worst,
+        "concurrent": overlaps, "reconciles": len(runs), "go_reconciles": len(go_runs),
+        "worst": worst, "go_worst": go_worst,
         "drains": sorted(drains), "handovers": sorted((n, r - s) for n, r, s in ready),
         "note": note,
     }
     results.append(result)
-    say(f"{label}: {took:.1f} s, {writes} writes, {len(runs)} reconciles, lost {left}, "
-        f"concurrent {overlaps}, longest write to reconcile {worst[0] * 1000:.0f} ms ({worst[1]})")
+    say(f"{label}: {took:.1f} s, {writes} writes, {len(runs)} reconciles (Go: {len(go_runs)}), "
+        f"lost {left}, concurrent {overlaps}, longest write to reconcile "
+        f"{worst[0] * 1000:.0f} ms ({worst[1]}), Go {go_worst[0] * 1000:.0f} ms ({go_worst[1]})")
     for name, seconds, code in result["drains"]:
         say(f"  {name} drained in {seconds:.1f} s (exit code {code})")
     for name, seconds in result["handovers"]:
@@ -441,24 +463,30 @@ def scale(replicas):
 def main():
     global API
     os.makedirs(LOGS, exist_ok=True)
-    say("applying tests/e2e (deploy/examples/configmap-hasher for this node) with kustomize")
+    say("applying tests/e2e (deploy/examples/configmap-hasher and configmap-hasher-go for this "
+        "node) with kustomize")
     kubectl("apply", "-k", os.path.join(ROOT, "tests", "e2e"))
     subprocess.run(
         [os.path.join(ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
-         "--controller-namespace", CONTROLLER_NS],
+         "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS],
         env={**os.environ, "KUBECTL": KUBECTL, "KUBECONFIG": KUBECONFIG}, check=True,
         stdout=subprocess.DEVNULL,
     )
     kubectl("create", "namespace", OBJECTS_NS, check=False)
     API = Api()
     pods = Watch(PODS.on_event, "pods", "-n", TIER_NS)
-    objects = Watch(OBJECTS_SEEN.on_event, "configmaps", "-n", OBJECTS_NS)
+    objects = Watch(
+        lambda *event: (OBJECTS_SEEN.on_event(*event), GO_SEEN.on_event(*event)),
+        "configmaps", "-n", OBJECTS_NS,
+    )
     pods.start()
     objects.start()
     wait_rollouts()
-    say("the dispatcher StatefulSet, the load balancer and the controller are Ready")
+    say("the dispatcher StatefulSet, the load balancer and both controllers are Ready")
     controller_pods = Watch(LOG_FOLLOWER.on_event, "pods", "-n", CONTROLLER_NS)
     controller_pods.start()
+    go_controller_pods = Watch(GO_LOG_FOLLOWER.on_event, "pods", "-n", GO_CONTROLLER_NS)
+    go_controller_pods.start()
     phase("baseline", baseline, writing=False)
     phase("rolling update", rolling_update)
     if SHORT:
@@ -469,15 +497,17 @@ def main():
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
     controller_pods.stop()
+    go_controller_pods.stop()
     pods.stop()
     objects.stop()
 
     print("\ne2e summary")
-    print(f"  {'phase':<16}{'seconds':>8}{'writes':>8}{'reconciles':>11}{'lost':>6}"
-          f"{'concurrent':>11}{'longest write to reconcile':>28}")
+    print(f"  {'phase':<16}{'seconds':>8}{'writes':>8}{'reconciles':>11}{'Go':>7}{'lost':>6}"
+          f"{'concurrent':>11}{'longest write to reconcile':>28}{'Go':>10}")
     for r in results:
         print(f"  {r['phase']:<16}{r['seconds']:>8.1f}{r['writes']:>8}{r['reconciles']:>11}"
-              f"{r['lost']:>6}{r['concurrent']:>11}{r['worst'][0] * 1000:>25.0f} ms")
+              f"{r['go_reconciles']:>7}{r['lost']:>6}{r['concurrent']:>11}"
+              f"{r['worst'][0] * 1000:>25.0f} ms{r['go_worst'][0] * 1000:>7.0f} ms")
     for r in results:
         for name, seconds, code in r["drains"]:
             print(f"  {r['phase']}: {name} drained in {seconds:.1f} s, exit code {code}")
@@ -486,7 +516,7 @@ def main():
     # Every write is reconciled at least once: fewer reconciles read from the controllers'
     # logs would mean logs went unread, and "concurrent 0" would prove nothing.
     ok = all(r["lost"] == 0 and r["concurrent"] == 0 and r["reconciles"] >= r["writes"]
-             for r in results)
+             and r["go_reconciles"] >= r["writes"] for r in results)
     if not SHORT:
         ok = ok and PDB_REFUSED == [True]
         print(f"  PodDisruptionBudget refused the second eviction: {PDB_REFUSED == [True]}")

@@ -2,7 +2,9 @@
 # `make e2e`: deploy/ on a real node. Starts (or reuses) the local node (tests/node/node.sh:
 # kubelet, containerd, runc, kube-scheduler, kube-proxy and a control plane of its own), builds
 # the image without a registry (deploy/image.sh) and imports it into the node's containerd as
-# kube-dispatch:dev and kube-dispatch:dev-2, then tests/e2e.py applies the example overlay,
+# kube-dispatch:dev and kube-dispatch:dev-2, and the Go SDK's example controller's image
+# (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py applies
+# the example overlays (the Rust and the Go controller, each a group of its own),
 # writes ConfigMaps all along, and runs a rolling update of the StatefulSet, a pod deletion,
 # two evictions against the PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a
 # summary per phase (exit status 0 only with lost 0 and concurrent 0 everywhere).
@@ -41,5 +43,8 @@ say "building the image (static binaries, FROM scratch) and importing it into th
 archive=$(deploy/image.sh)
 $node import "$archive" docker.io/library/kube-dispatch:dev-2
 say "image $(du -h "$archive" | cut -f1) as an archive; $(tar -xOf "$archive" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')"
+say "building the Go example controller's image and importing it into the node"
+go_archive=$(deploy/image.sh --go-example)
+$node import "$go_archive"
 
 python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Go controller SDK (controller-sdk/go), as `make test` checks it: formatting, go vet,
 # staticcheck, stubs current with the .proto files, and its tests, the ones against the real
-# API server with real dispatcher and load-balancer binaries (target/debug) included.
+# API server with real dispatcher and load-balancer binaries (target/debug) and the Rust SDK's
+# example controller beside the Go replicas included.
 # Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/go"
@@ -26,6 +27,8 @@ fi
 unformatted=$(gofmt -l "$ported")
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
 (cd "$ported" && go vet ./...)
+# Built already when the nextest phases ran; nothing to do then.
+(cd "$root" && cargo build -p kube-dispatch-controller --example configmap_hasher --locked --quiet)
 KUBECONFIG="${KUBECONFIG:-$root/.cluster/kubeconfig}" \
   KD_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" \
   KD_REQUIRE_CLUSTER=1 \

@@ -63,3 +63,50 @@ def concurrent(runs):
             if a[1] > b[0] and a[2] != b[2]:
                 pairs += 1
     return pairs
+
+
+# The Go SDK's example controller (controller-sdk/go/examples/configmap-hasher) beside it: its
+# annotation and hash, and its reconciles from the log lines the SDK writes at debug level
+# (controller-runtime's JSON logger, --zap-log-level=debug --zap-time-encoding=epoch):
+# "reconcile started" and "reconcile ended", paired by controller-runtime's reconcileID.
+GO_ANNOTATION = "example.kube-dispatch.dev/hash"
+
+
+def go_content_hash(data):
+    """The annotation the Go example writes: the first 16 hex digits of the SHA-256 of the
+    data's "key=value" lines, in key order."""
+    h = hashlib.sha256()
+    for k in sorted(data):
+        h.update(f"{k}={data[k]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def go_annotated(configmap):
+    """Whether a ConfigMap carries the Go example's hash of its current content."""
+    annotations = configmap["metadata"].get("annotations") or {}
+    return annotations.get(GO_ANNOTATION) == go_content_hash(configmap.get("data") or {})
+
+
+def go_spans(lines, cut_at=None):
+    """The Go example's reconciles in one replica's log lines, as `spans` gives them."""
+    runs, open_spans = [], {}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        message, reconcile_id = event.get("msg"), event.get("reconcileID")
+        if message not in ("reconcile started", "reconcile ended") or not reconcile_id:
+            continue
+        # Seconds since the epoch (--zap-time-encoding=epoch), or an RFC 3339 time.
+        ts = event["ts"]
+        at = (float(ts) if isinstance(ts, (int, float))
+              else datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
+        if message == "reconcile started":
+            open_spans[reconcile_id] = (event.get("key"), event.get("dispatcher", "?"), at)
+        elif reconcile_id in open_spans:
+            key, dispatcher, begun = open_spans.pop(reconcile_id)
+            runs.append((key, dispatcher, begun, at))
+    for key, dispatcher, begun in open_spans.values():
+        runs.append((key, dispatcher, begun, cut_at))
+    return runs

@@ -127,8 +127,8 @@ impl Children {
 /// of the fields they copy, the versions of the objects they name): when it changes, nothing
 /// recorded counts. Record a child after writing it (with the version the write returned) or
 /// after reading it and finding it as wanted; leave the record at the end of the reconcile.
-/// Each child takes 8 bytes of the memo (a fingerprint of its kind, name and version), so up to
-/// 62 fit; past that [`Checked::leave`] fails and the next reconcile reads them all.
+/// Each child takes 8 bytes of the memo (a fingerprint of its group, kind, name and version),
+/// so up to 62 fit; past that [`Checked::leave`] fails and the next reconcile reads them all.
 ///
 /// ```no_run
 /// # async fn reconcile(owner_generation: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -294,6 +294,53 @@ mod tests {
             (vec!["a".to_owned()], vec!["uid-s".to_owned()], true, false)
         );
         assert!(of_this_reconcile().is_none(), "nothing outside a reconcile");
+    }
+
+    /// The memo is written as the Go SDK writes it: the cases of
+    /// proto/testdata/checked_vectors.json (made by its gen_checked_vectors.py).
+    #[tokio::test]
+    async fn the_shared_vectors_hold() {
+        use k8s_openapi::{
+            api::apps::v1::Deployment, apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        };
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../proto/testdata/checked_vectors.json"))
+                .expect("the vectors are JSON");
+        let cases = vectors["cases"].as_array().expect("cases");
+        assert!(cases.len() >= 4);
+        for case in cases {
+            let name = case["name"].as_str().unwrap_or_default();
+            let slot = crate::memo::Slot::new(Vec::new());
+            slot.scope(async {
+                let mut checked = Checked::for_desired(case["desired"].as_str().expect("desired"));
+                for child in case["children"].as_array().expect("children") {
+                    let metadata = ObjectMeta {
+                        name: child["name"].as_str().map(str::to_owned),
+                        resource_version: child["resource_version"].as_str().map(str::to_owned),
+                        ..ObjectMeta::default()
+                    };
+                    match (child["group"].as_str(), child["kind"].as_str()) {
+                        (Some(""), Some("ConfigMap")) => checked.record(&ConfigMap {
+                            metadata,
+                            ..ConfigMap::default()
+                        }),
+                        (Some(""), Some("Secret")) => checked.record(&Secret {
+                            metadata,
+                            ..Secret::default()
+                        }),
+                        (Some("apps"), Some("Deployment")) => checked.record(&Deployment {
+                            metadata,
+                            ..Deployment::default()
+                        }),
+                        other => panic!("{name}: no typed object for {other:?}"),
+                    }
+                }
+                checked.leave().expect("the children fit");
+            })
+            .await;
+            let memo: String = slot.take().iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(memo, case["memo_hex"].as_str().expect("memo_hex"), "{name}");
+        }
     }
 
     #[tokio::test]

@@ -288,11 +288,15 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		triggers:     newTriggers(requestKey(gvk.Group, gvk.Kind)),
 		requests:     b.requests,
 		everything:   b.everything,
+		// Counted in SessionsReady from now on: a manager already running starts the runner
+		// at once.
+		untrack: trackReadiness(metrics),
 	}
 	if err := errors.Join(sharedVecErrs...); err != nil {
 		run.log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
 	}
 	if err := b.mgr.Add(run); err != nil {
+		run.untrack()
 		return nil, err
 	}
 	return ctrl, nil
@@ -341,6 +345,8 @@ type runner struct {
 	triggers     *triggers
 	requests     <-chan reconcile.Request
 	everything   <-chan struct{}
+	// untrack takes the controller out of SessionsReady once it stops.
+	untrack func()
 }
 
 var (
@@ -353,6 +359,9 @@ func (r *runner) Start(ctx context.Context) error {
 	// Until the last reconcile has ended (graceful stops let them finish after ctx ends).
 	stopped := make(chan struct{})
 	defer close(stopped)
+	defer r.untrack()
+	// The last figures: nothing runs any more.
+	defer r.queue.updateUnfinished()
 	go func() {
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()

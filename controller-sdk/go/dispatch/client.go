@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"reflect"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,19 +31,28 @@ import (
 // writes of reconciles refused as stale (kube_dispatch_stale_writes_total).
 func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
 	options.Cache = nil
+	counting := countRequests(hostPath(config.Host))
 	if options.HTTPClient != nil {
 		counted := *options.HTTPClient
-		counted.Transport = countRequests(counted.Transport)
+		counted.Transport = counting(counted.Transport)
 		options.HTTPClient = &counted
 	} else {
 		config = rest.CopyConfig(config)
-		config.Wrap(countRequests)
+		config.Wrap(counting)
 	}
 	c, err := client.New(config, options)
 	if err != nil {
 		return nil, err
 	}
 	return &deliveredClient{Client: c}, nil
+}
+
+// hostPath is the path of the API server's URL (a proxy serves it under one), or "".
+func hostPath(host string) string {
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		return u.Path
+	}
+	return ""
 }
 
 // deliveredClient serves the delivered object's Get from its delivery, and counts the stale
@@ -52,11 +62,44 @@ type deliveredClient struct {
 }
 
 func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
-	return countStale(ctx, c.Client.Update(ctx, object, options...))
+	return countStale(ctx, object, c.Client.Update(ctx, object, options...))
 }
 
 func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.PatchOption) error {
-	return countStale(ctx, c.Client.Patch(ctx, object, patch, options...))
+	return countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...))
+}
+
+func (c *deliveredClient) Status() client.SubResourceWriter {
+	return staleCounting{c.Client.Status()}
+}
+
+func (c *deliveredClient) SubResource(subResource string) client.SubResourceClient {
+	return staleCountingSubResource{c.Client.SubResource(subResource)}
+}
+
+// staleCounting counts the stale writes of a subresource (the status) as of the object.
+type staleCounting struct {
+	client.SubResourceWriter
+}
+
+func (w staleCounting) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
+	return countStale(ctx, object, w.SubResourceWriter.Update(ctx, object, options...))
+}
+
+func (w staleCounting) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
+	return countStale(ctx, object, w.SubResourceWriter.Patch(ctx, object, patch, options...))
+}
+
+type staleCountingSubResource struct {
+	client.SubResourceClient
+}
+
+func (s staleCountingSubResource) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
+	return countStale(ctx, object, s.SubResourceClient.Update(ctx, object, options...))
+}
+
+func (s staleCountingSubResource) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
+	return countStale(ctx, object, s.SubResourceClient.Patch(ctx, object, patch, options...))
 }
 
 func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {

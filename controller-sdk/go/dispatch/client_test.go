@@ -117,6 +117,9 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 			patched, _ = patch.Data(object)
 			return conflict
 		},
+		SubResourceUpdate: func(context.Context, client.Client, string, client.Object, ...client.SubResourceUpdateOption) error {
+			return conflict
+		},
 	}).Build()}
 	ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}})
 	stale := staleWrites.WithLabelValues("client-test")
@@ -134,14 +137,31 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 	if !strings.Contains(string(patched), `"resourceVersion":"7"`) {
 		t.Fatalf("the patch is not conditional on the version seen: %s", patched)
 	}
-	if got := testutil.ToFloat64(stale) - before; got != 2 {
-		t.Fatalf("stale writes counted: %v, want 2", got)
+	if err := c.Status().Update(ctx, seen.DeepCopy()); !IsStale(err) {
+		t.Fatalf("status Update: %v", err)
 	}
-	// Outside a reconcile nothing is counted.
+	if got := testutil.ToFloat64(stale) - before; got != 3 {
+		t.Fatalf("stale writes counted: %v, want 3", got)
+	}
+	// Outside a reconcile, or a write of another object (a child), nothing is counted.
 	if err := c.Update(context.Background(), seen.DeepCopy()); !IsStale(err) {
 		t.Fatalf("Update: %v", err)
 	}
-	if got := testutil.ToFloat64(stale) - before; got != 2 {
-		t.Fatalf("stale writes counted: %v, want 2", got)
+	child := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a-child", ResourceVersion: "3"}}
+	if err := c.Update(ctx, child); !IsStale(err) {
+		t.Fatalf("Update of a child: %v", err)
+	}
+	if got := testutil.ToFloat64(stale) - before; got != 3 {
+		t.Fatalf("stale writes counted: %v, want 3", got)
+	}
+}
+
+// A server-side apply refused for fields another manager owns is a 409, but not stale.
+func TestAnApplyConflictIsNotStale(t *testing.T) {
+	err := apierrors.NewApplyConflict([]metav1.StatusCause{{
+		Type: metav1.CauseTypeFieldManagerConflict, Message: `conflict with "kubectl"`, Field: ".data.x",
+	}}, "Apply failed with 1 conflict")
+	if !apierrors.IsConflict(err) || IsStale(err) {
+		t.Fatalf("an apply conflict: IsConflict %v, IsStale %v", apierrors.IsConflict(err), IsStale(err))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
@@ -46,11 +47,23 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 	stop := context.AfterFunc(d.ctx, func() { cancel(context.Cause(d.ctx)) })
 	defer stop()
 	ctx, span := w.startSpan(ctx, d)
-	defer span.End()
+	// controller-runtime's logger names the controller, the object and the reconcileID.
+	log := logf.FromContext(ctx).WithValues("key", d.request.GetKey(), "dispatcher", d.session.address)
+	defer func() {
+		// A panic fails the delivery (controller-runtime recovers it, and Done finds no
+		// outcome): the span and the log say so before it goes on up.
+		if p := recover(); p != nil {
+			span.SetStatus(codes.Error, fmt.Sprintf("panic: %v", p))
+			span.End()
+			log.V(1).Info("reconcile ended", "outcome", "failure", "panic", true)
+			panic(p)
+		}
+		span.End()
+	}()
+	log.V(1).Info("reconcile started", "reason", reasonLabel(d.request.GetReason()), "resourceVersion", d.request.GetResourceVersion(), "attempt", d.request.GetAttempt())
 	result, err := w.inner.Reconcile(ctx, request)
 	if err != nil {
 		span.RecordError(err)
-		span.SetStatus(codes.Error, failureMessage(err))
 	}
 	switch cause := context.Cause(d.ctx); {
 	case errors.Is(cause, context.DeadlineExceeded):
@@ -58,7 +71,23 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 	default:
 		d.outcome = ackFor(result, err)
 	}
+	if failure := d.outcome.GetFailure(); failure != nil {
+		span.SetStatus(codes.Error, failure.GetMessage())
+	}
+	log.V(1).Info("reconcile ended", "outcome", outcomeLabel(d.outcome), "fenced", errors.Is(context.Cause(d.ctx), errFenced))
 	return result, err
+}
+
+// outcomeLabel names an ack's outcome for the logs: success, requeue or failure.
+func outcomeLabel(ack *pb.AckItem) string {
+	switch {
+	case ack.GetRequeue() != nil:
+		return "requeue"
+	case ack.GetFailure() != nil:
+		return "failure"
+	default:
+		return "success"
+	}
 }
 
 // startSpan starts the reconcile's span: a child of the dispatcher's span for the change that

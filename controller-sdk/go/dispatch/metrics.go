@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -172,6 +173,8 @@ func register() {
 type sdkMetrics struct {
 	controller string
 	queue      queueMetrics
+	// open counts the controller's sessions open now (SessionsReady).
+	open atomic.Int64
 }
 
 func newMetrics(group, name string) *sdkMetrics {
@@ -191,7 +194,11 @@ func reasonLabel(reason pb.Reason) string {
 func (m *sdkMetrics) sessionOpened(dispatcher string) func() {
 	gauge := sessionsOpen.WithLabelValues(m.controller, dispatcher)
 	gauge.Inc()
-	return func() { gauge.Dec() }
+	m.open.Add(1)
+	return func() {
+		gauge.Dec()
+		m.open.Add(-1)
+	}
 }
 
 func (m *sdkMetrics) reconnecting() { sessionReconnects.WithLabelValues(m.controller).Inc() }

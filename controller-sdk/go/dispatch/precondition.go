@@ -2,8 +2,10 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -45,16 +47,31 @@ func IfUnchanged(base client.Object) client.Patch {
 }
 
 // IsStale says a write was refused because the object changed since the resourceVersion it
-// was made against (409 Conflict): a newer delivery of the key takes it from there.
+// was made against (409 Conflict): a newer delivery of the key takes it from there. A
+// server-side apply refused for fields another manager owns is a 409 too, but not stale: it
+// fails the same way however often it is retried, so it is not one of these.
 func IsStale(err error) bool {
-	return apierrors.IsConflict(err)
+	if !apierrors.IsConflict(err) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		if details := status.Status().Details; details != nil {
+			for _, cause := range details.Causes {
+				if cause.Type == metav1.CauseTypeFieldManagerConflict {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
-// countStale counts a write of a reconcile that the API server refused as stale
-// (kube_dispatch_stale_writes_total) and returns err.
-func countStale(ctx context.Context, err error) error {
+// countStale counts a write of the delivered object, by its reconcile, that the API server
+// refused as stale (kube_dispatch_stale_writes_total), and returns err.
+func countStale(ctx context.Context, object client.Object, err error) error {
 	if IsStale(err) {
-		if d := deliveryFrom(ctx); d != nil {
+		if d := deliveryFrom(ctx); d != nil && d.name == client.ObjectKeyFromObject(object) {
 			d.metrics.staleWrite()
 		}
 	}

@@ -170,10 +170,10 @@ func (q *queue) Get() (reconcile.Request, bool) {
 		q.ready[0] = nil
 		q.ready = q.ready[1:]
 		q.metrics.queue.depth.Dec()
+		q.metrics.queue.latency.Observe(time.Since(d.arrived).Seconds())
 		if d.ctx.Err() == nil {
 			d.handedOut = true
 			d.started = time.Now()
-			q.metrics.queue.latency.Observe(d.started.Sub(d.arrived).Seconds())
 			return reconcile.Request{NamespacedName: d.name}, false
 		}
 		q.finishLocked(d, &pb.AckItem{

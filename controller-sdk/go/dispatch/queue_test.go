@@ -151,6 +151,8 @@ func TestReconnectsStartAgainAfterASessionThatWorked(t *testing.T) {
 // is the running reconciles' time so far, zero again once they are done.
 func TestQueueGaugesFollowTheDeliveries(t *testing.T) {
 	m := newMetrics("test", "gauges")
+	// The series outlive the test (the process's registry): count from where they stand.
+	m.queue.depth.Set(0)
 	q := newQueue(3, m)
 	s, lost := testSession(), testSession()
 	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, farDeadline(), time.Minute)
@@ -172,5 +174,27 @@ func TestQueueGaugesFollowTheDeliveries(t *testing.T) {
 	q.updateUnfinished()
 	if got := testutil.ToFloat64(m.queue.unfinished); got != 0 {
 		t.Fatalf("unfinished work once the reconcile was done: %v", got)
+	}
+}
+
+// SessionsReady passes while every controller built has a session open, forgets one that
+// stopped, and fails with none running.
+func TestSessionsReadyFollowsTheOpenSessions(t *testing.T) {
+	m := newMetrics("ready-test", "ready-test")
+	untrack := trackReadiness(m)
+	if SessionsReady(nil) == nil {
+		t.Fatal("ready without a session")
+	}
+	closed := m.sessionOpened("dispatcher-0:7070")
+	if err := SessionsReady(nil); err != nil {
+		t.Fatalf("not ready with a session open: %v", err)
+	}
+	closed()
+	if SessionsReady(nil) == nil {
+		t.Fatal("ready once the session closed")
+	}
+	untrack()
+	if err := SessionsReady(nil); err == nil {
+		t.Fatal("ready with no controller running")
 	}
 }

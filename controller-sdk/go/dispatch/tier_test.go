@@ -189,9 +189,9 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 	return stop
 }
 
-// converged waits until every ConfigMap of the namespace holds the hash of its data, failing
-// after a minute with those that do not.
-func converged(t *testing.T, clientset kubernetes.Interface, namespace string, want int) {
+// converged waits until every ConfigMap of the namespace holds the hash of its data (and is
+// current by each of also), failing after a minute with those that do not.
+func converged(t *testing.T, clientset kubernetes.Interface, namespace string, want int, also ...func(corev1.ConfigMap) bool) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -201,7 +201,11 @@ func converged(t *testing.T, clientset kubernetes.Interface, namespace string, w
 		}
 		var behind []string
 		for _, cm := range list.Items {
-			if cm.Annotations[example.Annotation] != example.Hash(cm.Data) {
+			current := cm.Annotations[example.Annotation] == example.Hash(cm.Data)
+			for _, check := range also {
+				current = current && check(cm)
+			}
+			if !current {
 				behind = append(behind, cm.Name)
 			}
 		}
@@ -293,6 +297,9 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 	log := newLog()
 	stop := replica(t, s.config, s.tier, "go-hasher", "go-0", log, 0)
 	s.converged(t)
+	if err := dispatch.SessionsReady(nil); err != nil {
+		t.Fatalf("not ready while reconciling: %v", err)
+	}
 	for i := range 10 {
 		change(t, s.clientset, s.tier.Namespace, i, "1")
 	}

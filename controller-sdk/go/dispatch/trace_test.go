@@ -16,7 +16,8 @@ import (
 )
 
 // The reconcile's span continues the trace of the dispatcher's span for the change that queued
-// the key, and the Reconciler's own spans are its children; a failed reconcile's span says so.
+// the key, and the Reconciler's own spans are its children; a failed or panicked reconcile's
+// span says so.
 // A request without a trace context starts a trace of its own.
 func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 	const (
@@ -31,8 +32,11 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 		_, span := provider.Tracer("user").Start(ctx, "write children")
 		inner = span.SpanContext()
 		span.End()
-		if r.Name == "b" {
+		switch r.Name {
+		case "b":
 			return reconcile.Result{}, errors.New("the API server refused")
+		case "c":
+			panic("nil map")
 		}
 		return reconcile.Result{}, nil
 	})}
@@ -41,14 +45,18 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 	traced := request(1, "a")
 	traced.Traceparent = "00-" + traceID + "-" + spanID + "-01"
 	traced.Reason = pb.Reason_REASON_MODIFIED
-	q.accept(s, []*pb.ReconcileRequest{traced, request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
+	q.accept(s, []*pb.ReconcileRequest{traced, request(2, "b"), request(3, "c")}, time.Now().Add(time.Minute), time.Minute)
 
-	for _, want := range []string{"a", "b"} {
+	for _, want := range []string{"a", "b", "c"} {
 		item, _ := q.Get()
 		if item.Name != want {
 			t.Fatalf("got %v, want %s", item, want)
 		}
-		_, _ = w.Reconcile(context.Background(), item)
+		func() {
+			// controller-runtime recovers a panic above the Reconciler.
+			defer func() { _ = recover() }()
+			_, _ = w.Reconcile(context.Background(), item)
+		}()
 		q.Done(item)
 		spans := recorder.Ended()
 		got := spans[len(spans)-1]
@@ -72,6 +80,13 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 			}
 			if attributes["key"] != traced.GetKey() || attributes["reason"] != "modified" || attributes["dispatcher"] != "dispatcher-0:7070" {
 				t.Fatalf("attributes: %v", attributes)
+			}
+		case "c":
+			if got.Status().Code != codes.Error || got.Status().Description != "panic: nil map" {
+				t.Fatalf("a panicked reconcile's span has status %v", got.Status())
+			}
+			if ack := s.pending[len(s.pending)-1]; ack.GetFailure() == nil {
+				t.Fatalf("a panicked reconcile was acknowledged %v", ack)
 			}
 		case "b":
 			if got.Parent().IsValid() {

@@ -45,10 +45,7 @@ func Root() string {
 // test is skipped, unless KD_REQUIRE_CLUSTER is set (make test sets it), when it fails.
 func Config(t testing.TB) *rest.Config {
 	t.Helper()
-	path := os.Getenv("KUBECONFIG")
-	if path == "" {
-		path = filepath.Join(Root(), ".cluster", "kubeconfig")
-	}
+	path := Kubeconfig()
 	if _, err := os.Stat(path); err != nil {
 		if os.Getenv("KD_REQUIRE_CLUSTER") != "" {
 			t.Fatalf("no kubeconfig at %s: start the local API server with tests/cluster/cluster.sh up", path)
@@ -101,6 +98,8 @@ type Tier struct {
 	Namespace    string
 	Dispatchers  []*Process
 	LoadBalancer *Process
+	// Others are the processes started with Run.
+	Others []*Process
 }
 
 // Options change how a tier runs.
@@ -114,14 +113,16 @@ type Options struct {
 	Env []string
 }
 
-// ClusterDir is the local cluster's directory (tests/cluster/cluster.sh): the kubeconfig's.
-func ClusterDir() string {
-	kubeconfig := os.Getenv("KUBECONFIG")
-	if kubeconfig == "" {
-		return filepath.Join(Root(), ".cluster")
+// Kubeconfig is the local API server's kubeconfig: KUBECONFIG, else the local cluster's.
+func Kubeconfig() string {
+	if kubeconfig := os.Getenv("KUBECONFIG"); kubeconfig != "" {
+		return kubeconfig
 	}
-	return filepath.Dir(kubeconfig)
+	return filepath.Join(Root(), ".cluster", "kubeconfig")
 }
+
+// ClusterDir is the local cluster's directory (tests/cluster/cluster.sh): the kubeconfig's.
+func ClusterDir() string { return filepath.Dir(Kubeconfig()) }
 
 // Start runs n dispatchers, their ring in namespace's Leases, and a load balancer, in
 // plaintext without tokens, and waits until the load balancer leads and knows them all and
@@ -134,12 +135,8 @@ func Start(t testing.TB, namespace string, n int) *Tier {
 // StartWith is Start with options.
 func StartWith(t testing.TB, namespace string, n int, options Options) *Tier {
 	t.Helper()
-	kubeconfig := os.Getenv("KUBECONFIG")
-	if kubeconfig == "" {
-		kubeconfig = filepath.Join(Root(), ".cluster", "kubeconfig")
-	}
 	tier := &Tier{t: t, Namespace: namespace}
-	common := []string{"KUBECONFIG=" + kubeconfig, "KD_LOG_JSON=1"}
+	common := []string{"KUBECONFIG=" + Kubeconfig(), "KD_LOG_JSON=1"}
 	if options.Secure {
 		pki := filepath.Join(ClusterDir(), "pki")
 		common = append(common,
@@ -214,6 +211,17 @@ func (tier *Tier) run(p *Process) {
 	p.cmd, p.exited = cmd, exited
 }
 
+// Run starts another process of the test (a controller replica of another SDK, say) from the
+// binary cargo built at path (under target/debug, such as "examples/configmap_hasher"), with
+// env as its whole environment; it is stopped with the tier.
+func (tier *Tier) Run(name, path string, env ...string) *Process {
+	tier.t.Helper()
+	p := &Process{Name: name, binary: binary(tier.t, path), env: env}
+	tier.Others = append(tier.Others, p)
+	tier.run(p)
+	return p
+}
+
 // Kill stops p at once (SIGKILL): no graceful handover.
 func (tier *Tier) Kill(p *Process) {
 	if p.cmd != nil {
@@ -227,7 +235,7 @@ func (tier *Tier) Kill(p *Process) {
 func (tier *Tier) Restart(p *Process) { tier.run(p) }
 
 func (tier *Tier) stopAll() {
-	all := append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer)
+	all := append(append(append([]*Process(nil), tier.Others...), tier.Dispatchers...), tier.LoadBalancer)
 	for _, p := range all {
 		if p.cmd != nil {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -279,7 +287,8 @@ func (tier *Tier) WaitReady(n int) {
 
 func (tier *Tier) logs() string {
 	var paths []string
-	for _, p := range append(tier.Dispatchers, tier.LoadBalancer) {
+	all := append(append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer), tier.Others...)
+	for _, p := range all {
 		paths = append(paths, p.Log)
 	}
 	return strings.Join(paths, " ")

@@ -1,0 +1,82 @@
+package dispatch
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// The memo of checked children is written and read as the Rust SDK's is: the cases of
+// proto/testdata/checked_vectors.json (made by its gen_checked_vectors.py), which the Rust
+// SDK's children tests check too.
+func TestCheckedChildrenSharedVectors(t *testing.T) {
+	raw, err := os.ReadFile("../../../proto/testdata/checked_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors struct {
+		Cases []struct {
+			Name     string `json:"name"`
+			Desired  string `json:"desired"`
+			Children []struct {
+				Group           string `json:"group"`
+				Kind            string `json:"kind"`
+				Name            string `json:"name"`
+				ResourceVersion string `json:"resource_version"`
+			} `json:"children"`
+			MemoHex string `json:"memo_hex"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors.Cases) == 0 {
+		t.Fatal("no cases")
+	}
+	for _, c := range vectors.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "Owner", Namespace: "ns", Name: "o"}})
+			checked := CheckedChildren(ctx, c.Desired)
+			for _, child := range c.Children {
+				object := &unstructured.Unstructured{}
+				object.SetGroupVersionKind(schema.GroupVersionKind{Group: child.Group, Version: "v1", Kind: child.Kind})
+				object.SetName(child.Name)
+				object.SetResourceVersion(child.ResourceVersion)
+				if err := checked.Record(runtime.NewScheme(), object); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := checked.Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := hex.EncodeToString(Memo(ctx)); got != c.MemoHex {
+				t.Fatalf("memo %s, want %s", got, c.MemoHex)
+			}
+			// The next reconcile reads it back: the children at the versions recorded hold,
+			// others do not, and nothing holds for another desired state.
+			memo, _ := hex.DecodeString(c.MemoHex)
+			next := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "Owner", Namespace: "ns", Name: "o"}, Memo: memo})
+			again, other := CheckedChildren(next, c.Desired), CheckedChildren(next, c.Desired+"'")
+			for _, child := range c.Children {
+				shown := Child{Group: child.Group, Version: "v1", Kind: child.Kind, Name: child.Name, ResourceVersion: child.ResourceVersion}
+				if !again.Holds(shown) {
+					t.Fatalf("%v not held after the memo was read back", shown)
+				}
+				if other.Holds(shown) {
+					t.Fatalf("%v held for another desired state", shown)
+				}
+				shown.ResourceVersion += "0"
+				if again.Holds(shown) {
+					t.Fatalf("%v held at a version never recorded", shown)
+				}
+			}
+		})
+	}
+}
