@@ -91,8 +91,8 @@ func TestTLSAndARotatedTokenKeepTheReplicaServing(t *testing.T) {
 	writeToken(t, tokenFile, first)
 	credentials := dispatch.TLSCredentials(filepath.Join(tiertest.ClusterDir(), "pki", "ca.crt")).WithTokenFile(tokenFile)
 	log := newLog()
-	replica(t, config, tier, "go-secure", "go-0", log, 0, func(_ *dispatch.Builder, o *dispatch.Options) {
-		o.Credentials = &credentials
+	replica(t, config, tier, "go-secure", "go-0", log, 0, func(s *setup) {
+		s.options.Credentials = &credentials
 	})
 	s.converged(t)
 

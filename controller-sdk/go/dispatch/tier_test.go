@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -134,9 +135,18 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 	return h.inner.Reconcile(ctx, request)
 }
 
+// setup is what a test may change of a replica before it starts.
+type setup struct {
+	builder *dispatch.Builder
+	options *dispatch.Options
+	// reconciler, when set, is reconciled instead of the example hasher (with the manager's
+	// client).
+	reconciler func(client.Client) reconcile.Reconciler
+}
+
 // replica runs one controller-runtime manager with the hasher on the tier, until stop is
 // called; stop returns once the manager has shut down.
-func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration, extra ...func(*dispatch.Builder, *dispatch.Options)) (stop func()) {
+func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id string, log *reconcileLog, hold time.Duration, extra ...func(*setup)) (stop func()) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		NewClient:              dispatch.NewClient,
@@ -156,15 +166,20 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 		SessionTTL:   4 * time.Second,
 	}
 	b := dispatch.ControllerManagedBy(mgr)
+	change := setup{builder: b, options: &options}
 	for _, configure := range extra {
-		configure(b, &options)
+		configure(&change)
+	}
+	var inner reconcile.Reconciler = &example.Reconciler{Client: mgr.GetClient()}
+	if change.reconciler != nil {
+		inner = change.reconciler(mgr.GetClient())
 	}
 	err = b.
 		For(&corev1.ConfigMap{}).
 		Named(group + "-" + id).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: new(true)}).
 		WithDispatchOptions(options).
-		Complete(&hasher{inner: &example.Reconciler{Client: mgr.GetClient()}, replica: id, log: log, hold: hold})
+		Complete(&hasher{inner: inner, replica: id, log: log, hold: hold})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,8 +449,8 @@ func TestReconcileOnReconcilesObjectsThatDidNotChange(t *testing.T) {
 	log := newLog()
 	requests := make(chan reconcile.Request)
 	everything := make(chan struct{})
-	replica(t, s.config, s.tier, "go-trigger", "go-0", log, 0, func(b *dispatch.Builder, _ *dispatch.Options) {
-		b.ReconcileOn(requests).ReconcileAllOn(everything)
+	replica(t, s.config, s.tier, "go-trigger", "go-0", log, 0, func(s *setup) {
+		s.builder.ReconcileOn(requests).ReconcileAllOn(everything)
 	})
 	s.converged(t)
 	key := func(i int) string { return fmt.Sprintf("%s/cm-%d", s.tier.Namespace, i) }

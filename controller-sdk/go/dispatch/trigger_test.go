@@ -1,8 +1,11 @@
 package dispatch
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -44,5 +47,33 @@ func TestTriggersWaitForASessionAndStayBounded(t *testing.T) {
 	tr.addAll()
 	if _, all, to := tr.take(); all || to != nil {
 		t.Fatal("sent after the session closed")
+	}
+}
+
+// The keys a replica names in its triggers are the dispatchers' keys: every key of the ring
+// vectors both SDKs and the dispatchers share (proto/testdata/ring_vectors.json, cluster-scoped
+// and grouped kinds among them) is rebuilt exactly from its parts.
+func TestTriggerKeysAreTheSharedKeys(t *testing.T) {
+	raw, err := os.ReadFile("../../../proto/testdata/ring_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors struct {
+		Hashes map[string]string `json:"hashes"`
+	}
+	if err := json.Unmarshal(raw, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors.Hashes) < 10 {
+		t.Fatalf("only %d keys", len(vectors.Hashes))
+	}
+	for key := range vectors.Hashes {
+		parts := strings.Split(key, "/")
+		if len(parts) != 4 {
+			t.Fatalf("%q is not group/kind/namespace/name", key)
+		}
+		if got := requestKey(parts[0], parts[1])(named(parts[2], parts[3])); got != key {
+			t.Errorf("rebuilt %q as %q", key, got)
+		}
 	}
 }
