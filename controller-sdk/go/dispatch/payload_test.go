@@ -118,3 +118,55 @@ func TestKeyOnlyDeliveriesReadOnceAndDeletionsAreNotFound(t *testing.T) {
 		t.Fatalf("reads: %v", wrong)
 	}
 }
+
+// memos records the memo each reconcile was handed, and leaves the next number.
+type memos struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (m *memos) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	previous := string(dispatch.Memo(ctx))
+	n, _ := strconv.Atoi(previous)
+	m.mu.Lock()
+	m.seen = append(m.seen, previous)
+	m.mu.Unlock()
+	return reconcile.Result{}, dispatch.LeaveMemo(ctx, []byte(strconv.Itoa(n+1)))
+}
+
+func (m *memos) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.seen)
+}
+
+// What a reconcile leaves (LeaveMemo) comes back with the next delivery of its object (Memo),
+// carried by its acknowledgement.
+func TestALeftMemoComesBackWithTheNextDelivery(t *testing.T) {
+	s := newScene(t, 1, 1)
+	m := &memos{}
+	replica(t, s.config, s.tier, "go-memo", "go-0", newLog(), 0, func(setup *setup) {
+		setup.reconciler = func(client.Client) reconcile.Reconciler { return m }
+	})
+	for round := range 4 {
+		deadline := time.Now().Add(30 * time.Second)
+		for m.count() <= round {
+			if time.Now().After(deadline) {
+				t.Fatalf("reconcile %d did not come within 30 s", round+1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		change(t, s.clientset, s.tier.Namespace, 0, fmt.Sprintf("round-%d", round))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, memo := range m.seen {
+		want := "" // none left before the first reconcile
+		if i > 0 {
+			want = strconv.Itoa(i)
+		}
+		if memo != want {
+			t.Fatalf("reconcile %d was handed memo %q, want %q (all: %q)", i+1, memo, want, m.seen)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -487,4 +488,42 @@ func TestReconcileOnReconcilesObjectsThatDidNotChange(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A change written while its key's reconcile runs is delivered once that reconcile has been
+// acknowledged, to whichever replica, never beside it or into it: the replica acknowledges a
+// delivery only when its reconcile returns.
+func TestAChangeWaitsForItsKeysRunningReconcile(t *testing.T) {
+	s := newScene(t, 1, 1)
+	log := newLog()
+	replica(t, s.config, s.tier, "go-wait", "go-0", log, 300*time.Millisecond)
+	replica(t, s.config, s.tier, "go-wait", "go-1", log, 300*time.Millisecond)
+	s.converged(t)
+	key := s.tier.Namespace + "/cm-0"
+	for round := range 4 {
+		// Wait for a reconcile of the key to be running, then change the object under it.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			log.mu.Lock()
+			_, running := log.running[key]
+			log.mu.Unlock()
+			if running {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no reconcile of %s running within 30 s", round, key)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		change(t, s.clientset, s.tier.Namespace, 0, fmt.Sprintf("under-%d", round))
+	}
+	s.converged(t)
+	// Delivered before the running reconcile was acknowledged, a change would find its key
+	// still running in that replica (refused, then a retry) or run beside it in the other.
+	if reasons := log.reasonsOf(key); slices.Contains(reasons, "retry") {
+		t.Fatalf("a change was delivered while its key's reconcile ran: reasons %v", reasons)
+	}
+	if found := log.overlapsNow(); len(found) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", found)
+	}
 }
