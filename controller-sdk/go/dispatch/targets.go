@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -135,17 +136,35 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 
 // supervisor runs one session loop per dispatcher of the current assignment (assign),
 // stopping the loops of dispatchers no longer assigned gracefully, until ctx ends; wait then
-// waits for every loop to finish.
+// waits for every loop to finish. A dispatcher assigned again while its previous loop still
+// finishes its reconciles gets its new loop once that one has ended: one session per
+// dispatcher at a time.
 type supervisor struct {
-	r     *runner
+	log   logr.Logger
+	run   func(ctx context.Context, address string)
 	ctx   context.Context
 	mu    sync.Mutex
-	loops map[string]context.CancelFunc
-	wg    sync.WaitGroup
+	loops map[string]loop
+	// ending holds, per dispatcher, the end of a loop stopped and not yet ended (at most one
+	// per dispatcher, removed as it ends).
+	ending map[string]chan struct{}
+	wg     sync.WaitGroup
+}
+
+// loop is one dispatcher's session loop: stop ends it, done is closed once it has.
+type loop struct {
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 func newSupervisor(ctx context.Context, r *runner) *supervisor {
-	return &supervisor{r: r, ctx: ctx, loops: make(map[string]context.CancelFunc)}
+	return &supervisor{
+		log:    r.log,
+		run:    r.sessionLoop,
+		ctx:    ctx,
+		loops:  make(map[string]loop),
+		ending: make(map[string]chan struct{}),
+	}
 }
 
 // assign makes the running loops those of dispatchers.
@@ -155,10 +174,11 @@ func (s *supervisor) assign(dispatchers []string) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	for address, stop := range s.loops {
+	for address, l := range s.loops {
 		if !slices.Contains(dispatchers, address) {
-			s.r.log.Info("no longer assigned: finishing its reconciles and closing the session", "dispatcher", address)
-			stop()
+			s.log.Info("no longer assigned: finishing its reconciles and closing the session", "dispatcher", address)
+			l.stop()
+			s.ending[address] = l.done
 			delete(s.loops, address)
 		}
 	}
@@ -167,12 +187,33 @@ func (s *supervisor) assign(dispatchers []string) {
 			continue
 		}
 		ctx, stop := context.WithCancel(s.ctx)
-		s.loops[address] = stop
+		l := loop{stop: stop, done: make(chan struct{})}
+		previous := s.ending[address]
+		delete(s.ending, address)
+		s.loops[address] = l
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.r.sessionLoop(ctx, address)
+			defer s.ended(address, l.done)
+			if previous != nil {
+				select {
+				case <-previous:
+				case <-ctx.Done():
+					return
+				}
+			}
+			s.run(ctx, address)
 		}()
+	}
+}
+
+// ended marks the loop of address that done belongs to as ended.
+func (s *supervisor) ended(address string, done chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(done)
+	if s.ending[address] == done {
+		delete(s.ending, address)
 	}
 }
 
