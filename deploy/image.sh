@@ -16,6 +16,10 @@
 #              configmap-hasher, a static Go binary, CGO off): the image kube-dispatch-go-hasher:dev,
 #              /usr/local/bin/configmap-hasher-go its entrypoint (deploy/go-hasher.Dockerfile)
 #   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
+#   --release  tag it with the version and the commit instead: kube-dispatch:0.1.0-<commit>
+#              (-dirty appended with uncommitted changes); either way the image carries them
+#              as the OCI labels org.opencontainers.image.version and .revision, and every
+#              binary's --version names the commit
 #   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
 #              under CARGO_TARGET_DIR when set);
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
@@ -30,6 +34,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tag=
+release=false
 go_example=false
 output=
 builder=buildah
@@ -57,6 +62,7 @@ while [[ $# -gt 0 ]]; do
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
+    --release) release=true; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
     --file) file=${2:?--file needs a value}; shift 2 ;;
     -h | --help) usage ;;
@@ -64,6 +70,19 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $builder == buildah || $builder == docker ]] || die "--builder is buildah or docker, not $builder"
+# The release and the commit built: the workspace's version, the checkout's commit (with -dirty
+# when it has uncommitted changes).
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
+commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [[ $commit != unknown ]] && [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+  commit+=-dirty
+fi
+if [[ $release == true ]]; then
+  [[ -z $tag ]] || die "--release names the tag itself: give --tag or --release, not both"
+  name=kube-dispatch
+  [[ $go_example == true ]] && name=kube-dispatch-go-hasher
+  tag=$name:$version-$commit
+fi
 if [[ -z $tag ]]; then
   if [[ $go_example == true ]]; then tag=kube-dispatch-go-hasher:dev; else tag=kube-dispatch:dev; fi
 fi
@@ -95,9 +114,11 @@ make_context() {
     log "adding the rustup target $target"
     rustup target add "$target" >/dev/null
   fi
-  log "building the static release binaries (cargo --target $target)"
+  log "building the static release binaries (cargo --target $target), version $version"
   (
     cd "$root"
+    # --version of every binary names the commit.
+    export KD_GIT_COMMIT=$commit
     cargo build --release --locked --quiet --target "$target" \
       -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-kdctl --bins
     cargo build --release --locked --quiet --target "$target" \
@@ -163,7 +184,8 @@ fi
 
 case $builder in
   docker)
-    docker build -f "$file" -t "$tag" "$context"
+    docker build -f "$file" -t "$tag" --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.revision=$commit" "$context"
     log "built $tag with docker"
     ;;
   buildah)
@@ -173,7 +195,9 @@ case $builder in
     trap 'buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm --all >/dev/null 2>&1 || true; rm -rf "$store"' EXIT
     b=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
     # --timestamp 0: the same binaries give the same image digest.
-    "${b[@]}" bud --quiet --timestamp 0 --layers=false -f "$file" -t "$full_tag" "$context" >/dev/null
+    "${b[@]}" bud --quiet --timestamp 0 --layers=false -f "$file" -t "$full_tag" \
+      --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.revision=$commit" "$context" >/dev/null
     mkdir -p "$(dirname "$output")"
     rm -f "$output"
     "${b[@]}" push --quiet "$full_tag" "oci-archive:$output:$full_tag" >/dev/null

@@ -6,8 +6,8 @@
 #     which the dispatcher pods mount, for the name kube-dispatch-dispatcher.<namespace>.svc;
 #   - Secret kube-dispatch-loadbalancer-tls, the same for the load-balancer pods and the name
 #     kube-dispatch-loadbalancer.<namespace>.svc: a load balancer cannot pose as a dispatcher;
-#   - ConfigMap kube-dispatch-ca (ca.crt) in each controller namespace you name, which the
-#     controllers' pods mount to verify the tier.
+#   - ConfigMap kube-dispatch-ca (ca.crt) in the tier's namespace, where kdctl finds it, and in
+#     each controller namespace you name, which the controllers' pods mount to verify the tier.
 # Run it again to renew the serving certificates: the CA in the directory is reused, so
 # controllers keep trusting the tier; the pods pick the new files up without a restart.
 #
@@ -83,7 +83,8 @@ for role in dispatcher loadbalancer; do
     --type kubernetes.io/tls --from-file=tls.crt="$role.crt" --from-file=tls.key="$role.key" \
     --from-file=ca.crt --dry-run=client -o yaml | "$kubectl" apply -f -
 done
-for ns in "${controllers[@]}"; do
+# The CA for kdctl in the tier's namespace, and for the controllers in theirs.
+for ns in "$namespace" "${controllers[@]}"; do
   ensure_namespace "$ns"
   "$kubectl" create configmap kube-dispatch-ca --namespace "$ns" --from-file=ca.crt \
     --dry-run=client -o yaml | "$kubectl" apply -f -

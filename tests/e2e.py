@@ -25,9 +25,9 @@ JSON log), the longest write-to-reconcile delay of each controller (from a write
 watch sees its annotation of that content), and per dispatcher pod replaced: how
 long it drained (SIGTERM to gone, and its exit code) and how long the new pod took to be Ready
 (its handover). Exits non-zero unless lost and concurrent are 0 in every phase, every phase's
-writes were reconciled at least once each in each controller's logs read, and the
-PodDisruptionBudget refused
-the second eviction.
+writes were reconciled at least once each in each controller's logs read, the
+PodDisruptionBudget refused the second eviction, and `kdctl status`, run with the node's
+kubeconfig alone at the end, answers healthy.
 """
 
 import json
@@ -460,6 +460,18 @@ def scale(replicas):
     return run
 
 
+def kdctl_status():
+    """`kdctl status` as an operator runs it with a kubeconfig and nothing else: the CA bundle
+    and the name on the dispatchers' certificates come from the cluster. Its exit status."""
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    argv = [os.path.join(target, "debug", "kdctl"), "--kubeconfig", KUBECONFIG, "status"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    say(f"kdctl status (with only a kubeconfig): exit {done.returncode}")
+    for line in (done.stdout + done.stderr).rstrip().splitlines():
+        print(f"    {line}", flush=True)
+    return done.returncode
+
+
 def main():
     global API
     os.makedirs(LOGS, exist_ok=True)
@@ -496,6 +508,7 @@ def main():
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
+    kdctl_exit = kdctl_status()
     controller_pods.stop()
     go_controller_pods.stop()
     pods.stop()
@@ -517,6 +530,8 @@ def main():
     # logs would mean logs went unread, and "concurrent 0" would prove nothing.
     ok = all(r["lost"] == 0 and r["concurrent"] == 0 and r["reconciles"] >= r["writes"]
              and r["go_reconciles"] >= r["writes"] for r in results)
+    ok = ok and kdctl_exit == 0
+    print(f"  kdctl status with only a kubeconfig: exit {kdctl_exit}")
     if not SHORT:
         ok = ok and PDB_REFUSED == [True]
         print(f"  PodDisruptionBudget refused the second eviction: {PDB_REFUSED == [True]}")

@@ -47,4 +47,6 @@ say "building the Go example controller's image and importing it into the node"
 go_archive=$(deploy/image.sh --go-example)
 $node import "$go_archive"
 
+# kdctl runs on this machine against the node's tier at the end, with its kubeconfig alone.
+cargo build -p kube-dispatch-kdctl --bin kdctl --locked --quiet
 python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"

@@ -17,6 +17,12 @@ if ! diff <(./sources.sh) internal/wire/SOURCES >/dev/null; then
   exit 1
 fi
 root=$(cd ../.. && pwd)
+# One version for the tier and both SDKs: the workspace's (Cargo.toml).
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
+grep -qx "const Version = \"$version\"" dispatch/capabilities.go || {
+  echo "dispatch.Version (dispatch/capabilities.go) is not the workspace's version $version" >&2
+  exit 1
+}
 # The benchmark's controller-runtime controller, ported: at most ten lines differ.
 ported=$root/bench/controller-runtime-dispatch
 changed=$(diff "$root/bench/controller-runtime/main.go" "$ported/main.go" | grep -c '^[<>]' || true)

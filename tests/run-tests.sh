@@ -15,6 +15,9 @@ tests/cluster/check-versions.sh
 step "crate layout"
 tests/check-layout.sh
 
+step "wire API compatible with the last release (tests/proto-compat.sh)"
+tests/proto-compat.sh
+
 step "Kubernetes binaries"
 tests/cluster/build-binaries.sh
 

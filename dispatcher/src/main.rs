@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m, 1h.
 #[derive(Debug, Parser)]
-#[command(name = "kube-dispatch-dispatcher", version, about, long_about)]
+#[command(name = "kube-dispatch-dispatcher", version = kube_dispatch_runtime::version(), about, long_about)]
 struct Args {
     /// This dispatcher's identity on the ring, e.g. dispatcher-2. Defaults to the pod name.
     #[arg(long, env = "KD_DISPATCHER_ID")]

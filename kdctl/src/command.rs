@@ -12,11 +12,56 @@ use kube_dispatch_proto::{
 
 use crate::{
     connect::{Connection, Member},
-    view::{DispatcherView, DrainView, GroupView, KeyAnswer, KeyPlace, OwnerView, StatusView},
+    view::{
+        DispatcherView, DrainView, GroupView, KeyAnswer, KeyPlace, OwnerView, StatusView,
+        VersionView,
+    },
 };
 
 /// How often a drain looks at the other members while it waits for them to settle.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
+
+/// `kdctl version`: kdctl's version and each dispatcher's; more than one version among the
+/// dispatchers (a rolling update under way, or stopped halfway) is a problem to show.
+pub async fn version(connection: &Connection) -> anyhow::Result<VersionView> {
+    let status = status(connection).await?;
+    let mut versions: Vec<String> = status
+        .dispatchers
+        .iter()
+        .filter(|d| d.error.is_none())
+        .map(|d| {
+            if d.version.is_empty() {
+                "before 0.1.0".to_owned()
+            } else {
+                d.version.clone()
+            }
+        })
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let mut problems: Vec<String> = status
+        .dispatchers
+        .iter()
+        .filter_map(|d| {
+            d.error
+                .as_ref()
+                .map(|e| format!("{} ({}) did not answer: {e}", d.name, d.address))
+        })
+        .collect();
+    if versions.len() > 1 {
+        problems.push(format!(
+            "the dispatchers run {} versions ({}): a rolling update under way, or stopped halfway",
+            versions.len(),
+            versions.join(", ")
+        ));
+    }
+    Ok(VersionView {
+        kdctl: kube_dispatch_runtime::version().to_owned(),
+        dispatchers: status.dispatchers,
+        versions,
+        problems,
+    })
+}
 
 /// `kdctl status`: asks every dispatcher at once.
 pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
@@ -44,6 +89,7 @@ pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
                     name: member.name.clone(),
                     address: member.address.clone(),
                     state: "unreachable".into(),
+                    version: String::new(),
                     error: Some(format!("{e:#}")),
                     members: Vec::new(),
                     settled_members: Vec::new(),
@@ -113,6 +159,7 @@ fn dispatcher_view(member: &Member, status: &StatusResponse, state: &str) -> Dis
         name: status.dispatcher_id.clone(),
         address: member.address.clone(),
         state: state.to_owned(),
+        version: status.version.clone(),
         error: None,
         members: status.members.clone(),
         settled_members: status.settled_members.clone(),

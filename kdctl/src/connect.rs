@@ -200,3 +200,74 @@ pub async fn mint_token(
         .and_then(|s| s.token)
         .context("the API server answered the TokenRequest without a token")
 }
+
+/// The ConfigMap in which the tier publishes its CA bundle (key `ca.crt`): `deploy/tls.sh`
+/// writes it in the tier's namespace and in each controller namespace it is told of.
+pub const CA_CONFIGMAP: &str = "kube-dispatch-ca";
+
+/// The dispatchers' serving Secret (`deploy/tls.sh` and the cert-manager component write it):
+/// its `ca.crt` is the CA the tier's certificates chain to.
+pub const DISPATCHER_TLS_SECRET: &str = "kube-dispatch-dispatcher-tls";
+
+/// Where a CA bundle was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundCa {
+    /// The PEM bundle.
+    pub pem: Vec<u8>,
+    /// Where it came from, for the logs: `ConfigMap NS/NAME` or `Secret NS/NAME`.
+    pub source: String,
+}
+
+/// The CA bundle the tier publishes in `namespace`: the `ca.crt` of ConfigMap
+/// [`CA_CONFIGMAP`], else that of Secret [`DISPATCHER_TLS_SECRET`] (readable by whoever may
+/// read Secrets there; only its `ca.crt` is used). Fails, saying what it tried and why each
+/// failed, when neither holds one.
+pub async fn discover_ca(client: &Client, namespace: &str) -> anyhow::Result<FoundCa> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let ca_of = |source: String, pem: Option<Vec<u8>>| -> Result<FoundCa, String> {
+        match pem {
+            Some(pem) if !pem.is_empty() => Ok(FoundCa { pem, source }),
+            _ => Err(format!("{source} holds no ca.crt")),
+        }
+    };
+    let from_configmap = match Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get(CA_CONFIGMAP)
+        .await
+    {
+        Ok(cm) => ca_of(
+            format!("ConfigMap {namespace}/{CA_CONFIGMAP}"),
+            cm.data
+                .and_then(|mut d| d.remove("ca.crt"))
+                .map(String::into_bytes),
+        ),
+        Err(e) => Err(format!("ConfigMap {namespace}/{CA_CONFIGMAP}: {e}")),
+    };
+    let configmap_error = match from_configmap {
+        Ok(found) => return Ok(found),
+        Err(e) => e,
+    };
+    let from_secret = match Api::<Secret>::namespaced(client.clone(), namespace)
+        .get(DISPATCHER_TLS_SECRET)
+        .await
+    {
+        Ok(secret) => ca_of(
+            format!("Secret {namespace}/{DISPATCHER_TLS_SECRET}"),
+            secret
+                .data
+                .and_then(|mut d| d.remove("ca.crt"))
+                .map(|b| b.0),
+        ),
+        Err(e) => Err(format!("Secret {namespace}/{DISPATCHER_TLS_SECRET}: {e}")),
+    };
+    from_secret.map_err(|secret_error| {
+        anyhow::anyhow!(
+            "no --tls-ca-file given, and no CA bundle found in namespace {namespace} ({configmap_error}; {secret_error}): pass --tls-ca-file, or publish the CA as ConfigMap {CA_CONFIGMAP} there (deploy/tls.sh does)"
+        )
+    })
+}
+
+/// The name the dispatchers' certificate carries when deployed from `deploy/` in `namespace`:
+/// their headless Service's.
+pub fn dispatcher_server_name(namespace: &str) -> String {
+    format!("kube-dispatch-dispatcher.{namespace}.svc")
+}

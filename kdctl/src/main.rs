@@ -6,7 +6,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kdctl::{
     command,
-    connect::{Connection, Target, TokenSource},
+    connect::{self, Connection, Target, TokenSource},
     view::Render,
 };
 use kube_dispatch_proto::credentials::Credentials;
@@ -28,7 +28,14 @@ const DEGRADED: u8 = 3;
 /// the ServiceAccount --service-account (you need the right to create serviceaccounts/token
 /// there); that account needs a ClusterRole granting `get` on the non-resource URL
 /// /kube-dispatch/status (status, owner) and `post` on /kube-dispatch/drain (drain), as
-/// deploy/base/kdctl.yaml defines.
+/// deploy/base/kdctl-rbac.yaml defines.
+///
+/// The dispatchers' CA bundle is --tls-ca-file, else the one the tier publishes in --namespace:
+/// ConfigMap kube-dispatch-ca (deploy/tls.sh writes it), else the ca.crt of the dispatchers'
+/// serving Secret kube-dispatch-dispatcher-tls. With a bundle found in the cluster, the name
+/// checked on the dispatchers' certificates is kube-dispatch-dispatcher.NAMESPACE.svc (the one
+/// deploy/ gives them) unless --tls-server-name says otherwise. So with a kubeconfig alone:
+/// `kdctl status`.
 ///
 /// Exit status: 0 done and healthy; 1 could not do what was asked; 2 bad usage; 3 answered,
 /// with a problem shown (a dispatcher unreachable, a handover under way, rings that differ).
@@ -36,7 +43,7 @@ const DEGRADED: u8 = 3;
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m.
 #[derive(Debug, Parser)]
-#[command(name = "kdctl", version, about, long_about)]
+#[command(name = "kdctl", version = kube_dispatch_runtime::version(), about, long_about)]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -65,12 +72,15 @@ struct Args {
     #[arg(long = "dispatcher", global = true, value_name = "[NAME=]HOST:PORT")]
     dispatchers: Vec<String>,
 
-    /// CA bundle (PEM) the dispatchers' certificates chain to. Required unless --insecure.
+    /// CA bundle (PEM) the dispatchers' certificates chain to. Default: the one the tier
+    /// publishes in --namespace (ConfigMap kube-dispatch-ca, else the ca.crt of Secret
+    /// kube-dispatch-dispatcher-tls).
     #[arg(long, global = true, env = "KD_TLS_CA_FILE")]
     tls_ca_file: Option<PathBuf>,
 
     /// The name the dispatchers' certificates carry, checked instead of the address's host
-    /// (the Leases give pod IPs), for example kube-dispatch.kube-dispatch.svc.
+    /// (the Leases give pod IPs). Default with a CA bundle found in the cluster and the Leases'
+    /// addresses: kube-dispatch-dispatcher.NAMESPACE.svc; else the host of each address.
     #[arg(long, global = true, env = "KD_TLS_SERVER_NAME")]
     tls_server_name: Option<String>,
 
@@ -141,6 +151,10 @@ enum Command {
         #[arg(long = "drain-timeout", default_value = "5m", value_parser = humantime::parse_duration)]
         drain_timeout: Duration,
     },
+    /// kdctl's version and each dispatcher's (more than one version among the dispatchers is
+    /// shown as a problem: a rolling update under way, or stopped halfway). `kdctl --version`
+    /// prints kdctl's alone, without asking the tier.
+    Version,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -162,20 +176,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<u8> {
-    let credentials = if args.insecure {
-        Credentials::plaintext()
-    } else {
-        let Some(ca) = &args.tls_ca_file else {
-            bail!(
-                "--tls-ca-file is required: the CA bundle the dispatchers' certificates chain to (or --insecure for plaintext dispatchers)"
-            );
-        };
-        let credentials = Credentials::tls(ca);
-        match &args.tls_server_name {
-            Some(name) => credentials.with_server_name(name),
-            None => credentials,
-        }
-    };
+    // Usage first, before anything is asked of the cluster.
     let token = match (&args.token_file, args.allow_anonymous) {
         (Some(path), _) => TokenSource::File(path.clone()),
         (None, true) => TokenSource::None,
@@ -193,6 +194,27 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         }
     };
     let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
+    let credentials = if args.insecure {
+        Credentials::plaintext()
+    } else {
+        let (credentials, deployed) = match &args.tls_ca_file {
+            Some(ca) => (Credentials::tls(ca), false),
+            None => {
+                let found = connect::discover_ca(&client, &args.namespace).await?;
+                eprintln!("kdctl: the tier's CA bundle from {}", found.source);
+                (Credentials::tls_pem(found.pem), true)
+            }
+        };
+        match &args.tls_server_name {
+            Some(name) => credentials.with_server_name(name),
+            // The tier as deploy/ installs it: the Leases give pod IPs, the certificate names
+            // the dispatchers' Service.
+            None if deployed && args.dispatchers.is_empty() => {
+                credentials.with_server_name(connect::dispatcher_server_name(&args.namespace))
+            }
+            None => credentials,
+        }
+    };
     let connection = Connection::new(
         client,
         Target {
@@ -224,6 +246,15 @@ async fn run(args: Args) -> anyhow::Result<u8> {
                 },
             )
         }
+        Command::Version => {
+            let view = command::version(&connection).await?;
+            print(&view, json)?;
+            Ok(if view.problems.is_empty() {
+                OK
+            } else {
+                DEGRADED
+            })
+        }
         Command::Drain {
             dispatcher,
             drain_timeout,
@@ -245,4 +276,33 @@ fn print<V: Render + serde::Serialize>(view: &V, json: bool) -> anyhow::Result<(
         print!("{}", view.table());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Args;
+
+    /// Every file of the repository `--help` names exists.
+    #[test]
+    fn the_files_the_help_names_exist() {
+        let help = Args::command().render_long_help().to_string();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let named: Vec<&str> = help
+            .split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',')
+            .map(|word| word.trim_end_matches(['.', ':', ';']))
+            .filter(|word| word.starts_with("deploy/"))
+            .collect();
+        assert!(
+            !named.is_empty(),
+            "the help names no file of deploy/:\n{help}"
+        );
+        for path in named {
+            assert!(
+                root.join(path).exists(),
+                "--help names {path}, which does not exist"
+            );
+        }
+    }
 }

@@ -32,6 +32,8 @@ pub struct DispatcherView {
     pub address: String,
     /// `serving`, `handover`, `draining`, `drained`, or `unreachable`.
     pub state: String,
+    /// Its version (empty when unreachable, or older than 0.1.0).
+    pub version: String,
     /// Why it could not be asked, when unreachable.
     pub error: Option<String>,
     /// The ring it sees.
@@ -52,6 +54,49 @@ pub struct DispatcherView {
     pub in_flight: u64,
     /// Keys backing off or waiting for a requeue-after.
     pub delayed: u64,
+}
+
+/// A dispatcher's version as the tables show it.
+fn version(v: &str) -> String {
+    if v.is_empty() {
+        "-".to_owned()
+    } else {
+        v.to_owned()
+    }
+}
+
+/// `kdctl version`: kdctl's, and each dispatcher's.
+#[derive(Clone, Debug, Serialize)]
+pub struct VersionView {
+    /// kdctl's version.
+    pub kdctl: String,
+    /// Each dispatcher asked, with its version.
+    pub dispatchers: Vec<DispatcherView>,
+    /// The versions the dispatchers that answered run, sorted.
+    pub versions: Vec<String>,
+    /// What is not as it should be (a dispatcher unreachable, more than one version), in words.
+    pub problems: Vec<String>,
+}
+
+impl Render for VersionView {
+    fn table(&self) -> String {
+        let mut out = format!("kdctl {}\n\n", self.kdctl);
+        out += &table(
+            ["DISPATCHER", "ADDRESS", "STATE", "VERSION"],
+            self.dispatchers.iter().map(|d| {
+                vec![
+                    d.name.clone(),
+                    d.address.clone(),
+                    d.state.clone(),
+                    version(&d.version),
+                ]
+            }),
+        );
+        for problem in &self.problems {
+            out += &format!("problem: {problem}\n");
+        }
+        out
+    }
 }
 
 /// One group on one dispatcher in `kdctl status`.
@@ -86,6 +131,7 @@ impl Render for StatusView {
                 "DISPATCHER",
                 "ADDRESS",
                 "STATE",
+                "VERSION",
                 "SHARE",
                 "GROUPS",
                 "SESSIONS",
@@ -99,6 +145,7 @@ impl Render for StatusView {
                     d.name.clone(),
                     d.address.clone(),
                     d.state.clone(),
+                    version(&d.version),
                     format!("{:.1}%", d.slice_share * 100.0),
                     d.groups.to_string(),
                     d.sessions.to_string(),

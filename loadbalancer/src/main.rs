@@ -21,7 +21,7 @@ use tracing::{info, warn};
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m.
 #[derive(Debug, Parser)]
-#[command(name = "kube-dispatch-loadbalancer", version, about, long_about)]
+#[command(name = "kube-dispatch-loadbalancer", version = kube_dispatch_runtime::version(), about, long_about)]
 struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7071")]

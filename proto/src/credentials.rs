@@ -97,19 +97,38 @@ pub struct Credentials {
 
 #[derive(Clone, Debug)]
 struct ClientTls {
-    ca_file: PathBuf,
+    ca: Ca,
     server_name: Option<String>,
     /// The name on the load balancer's certificate, when set apart from the address's host.
     load_balancer_server_name: Option<String>,
+}
+
+/// Where the CA bundle comes from.
+#[derive(Clone, Debug)]
+enum Ca {
+    /// A file, read again for every connection (a rotated bundle is picked up).
+    File(PathBuf),
+    /// A bundle in memory (read from the cluster, say).
+    Pem(std::sync::Arc<[u8]>),
 }
 
 impl Credentials {
     /// TLS, verifying servers against the PEM CA bundle in `ca_file`; no token until one is
     /// given.
     pub fn tls(ca_file: impl Into<PathBuf>) -> Self {
+        Self::with_ca(Ca::File(ca_file.into()))
+    }
+
+    /// TLS, verifying servers against the PEM CA bundle `pem` (for example the one the tier
+    /// publishes in the cluster); no token until one is given.
+    pub fn tls_pem(pem: impl Into<Vec<u8>>) -> Self {
+        Self::with_ca(Ca::Pem(pem.into().into()))
+    }
+
+    fn with_ca(ca: Ca) -> Self {
         Self {
             tls: Some(ClientTls {
-                ca_file: ca_file.into(),
+                ca,
                 server_name: None,
                 load_balancer_server_name: None,
             }),
@@ -276,10 +295,13 @@ impl Credentials {
         let Some(tls) = &self.tls else {
             return Ok(endpoint);
         };
-        let ca = std::fs::read(&tls.ca_file).map_err(|source| CredentialsError::Ca {
-            path: tls.ca_file.clone(),
-            source,
-        })?;
+        let ca = match &tls.ca {
+            Ca::File(path) => std::fs::read(path).map_err(|source| CredentialsError::Ca {
+                path: path.clone(),
+                source,
+            })?,
+            Ca::Pem(pem) => pem.to_vec(),
+        };
         let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
         if let Some(name) = &tls.server_name {
             config = config.domain_name(name.clone());

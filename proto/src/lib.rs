@@ -34,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod capabilities;
 pub mod credentials;
 pub mod key;
 pub mod lease;

@@ -46,3 +46,17 @@ pub mod logging;
 pub mod metrics;
 pub mod signal;
 pub mod tls;
+
+/// This build's version, as `--version` prints it: the release (the workspace's version) and,
+/// when the build was told (`KD_GIT_COMMIT` at build time, which `deploy/image.sh` sets), the
+/// commit it was built from.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| match option_env!("KD_GIT_COMMIT") {
+            Some(commit) if !commit.is_empty() => {
+                format!("{} (commit {commit})", env!("CARGO_PKG_VERSION"))
+            }
+            _ => env!("CARGO_PKG_VERSION").to_owned(),
+        });
+    &VERSION
+}

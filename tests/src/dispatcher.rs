@@ -263,6 +263,7 @@ impl TestSession {
                 replica_id: replica.into(),
                 subscriptions,
                 ttl: prost_types::Duration::try_from(ttl).ok(),
+                ..Default::default()
             })
             .await?
             .into_inner()
@@ -295,6 +296,7 @@ impl TestSession {
                 replica_id: replica.into(),
                 subscriptions,
                 ttl: None,
+                ..Default::default()
             })
             .await?
             .into_inner()

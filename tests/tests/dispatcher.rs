@@ -510,6 +510,37 @@ async fn groups_joining_a_running_watch_get_every_object() -> TestResult {
     Ok(())
 }
 
+/// A session's answer names the dispatcher's version and the features it serves
+/// (`proto/kubedispatch/v1/versions.md`), which the SDKs check against what their
+/// subscriptions need.
+#[tokio::test]
+async fn an_opened_session_says_the_version_and_the_capabilities() -> TestResult {
+    let ns = TestNamespace::create("dispatch-versions").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let opened = d
+        .client()
+        .await
+        .open_session(OpenSessionRequest {
+            group: "g".into(),
+            replica_id: "r".into(),
+            subscriptions: vec![subscription("v1", "ConfigMap", ns.name())],
+            client: "kube-dispatch-tests/0".into(),
+            capabilities: vec!["children".into(), "from-the-future".into()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(opened.dispatcher_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        opened.capabilities,
+        kube_dispatch_proto::capabilities::ALL
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> TestResult {
     let ns = TestNamespace::create("dispatch-bad-input").await?;
@@ -520,6 +551,7 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
         replica_id: "r".into(),
         subscriptions: subs,
         ttl: None,
+        ..Default::default()
     };
     fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
         r.err().map_or(Code::Ok, |s| s.code())
@@ -604,6 +636,17 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
         (
             different.map(|_| ()).err().map_or(Code::Ok, |s| s.code()),
             Code::FailedPrecondition,
+        ),
+    );
+    let many_capabilities = OpenSessionRequest {
+        capabilities: vec!["children".into(); kube_dispatch_proto::capabilities::MAX_LISTED + 1],
+        ..open(vec![subscription("v1", "ConfigMap", ns.name())])
+    };
+    cases.insert(
+        "too many capabilities",
+        (
+            code(client.open_session(many_capabilities).await),
+            Code::InvalidArgument,
         ),
     );
     let huge = OpenSessionRequest {

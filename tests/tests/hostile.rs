@@ -82,6 +82,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
                     replica_id: "absurd-0".into(),
                     subscriptions: vec![],
                     ttl: None,
+                    ..Default::default()
                 })
                 .await
                 .map(|r| r.into_inner().session_id)
@@ -119,6 +120,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
                     replica_id: format!("loop-{i}"),
                     subscriptions: subs(),
                     ttl: None,
+                    ..Default::default()
                 })
                 .await;
             if let Err(status) = opened {
@@ -150,6 +152,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
                 replica_id: "big".into(),
                 subscriptions: vec![],
                 ttl: None,
+                ..Default::default()
             })
             .await;
         assert_eq!(

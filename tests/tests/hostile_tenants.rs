@@ -82,6 +82,7 @@ async fn a_token_flood_never_refuses_a_valid_controller() -> TestResult {
             replica_id: "tokens-0".into(),
             subscriptions: vec![subscription("v1", "ConfigMap", ns.name())],
             ttl: None,
+            ..Default::default()
         })
         .await?
         .into_inner()

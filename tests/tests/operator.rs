@@ -368,3 +368,77 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
     d1.stop().await;
     Ok(())
 }
+
+/// With a kubeconfig alone, kdctl finds the CA bundle the tier publishes in its namespace: the
+/// ConfigMap kube-dispatch-ca, else the ca.crt of the dispatchers' serving Secret; with
+/// neither it says what it tried. The bundle found verifies the dispatchers.
+#[tokio::test]
+async fn kdctl_finds_the_tiers_ca_in_its_namespace() -> TestResult {
+    use k8s_openapi::{ByteString, api::core::v1::Secret};
+    use kdctl::connect::{CA_CONFIGMAP, DISPATCHER_TLS_SECRET, discover_ca};
+    let ns = TestNamespace::create("kd-ca").await?;
+    let ca = std::fs::read(Cluster::shared().dir().join("pki/ca.crt"))?;
+
+    let none = discover_ca(&ns.client(), ns.name())
+        .await
+        .expect_err("no CA published yet");
+    let said = format!("{none:#}");
+    assert!(
+        said.contains(CA_CONFIGMAP) && said.contains(DISPATCHER_TLS_SECRET),
+        "{said}"
+    );
+
+    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(DISPATCHER_TLS_SECRET.into());
+    secret.data = Some([("ca.crt".to_owned(), ByteString(ca.clone()))].into());
+    secrets.create(&PostParams::default(), &secret).await?;
+    let found = discover_ca(&ns.client(), ns.name()).await?;
+    assert_eq!(
+        (found.pem.as_slice(), found.source.as_str()),
+        (
+            ca.as_slice(),
+            format!("Secret {}/{DISPATCHER_TLS_SECRET}", ns.name()).as_str()
+        )
+    );
+
+    // The ConfigMap comes first: reading it needs no right to Secrets.
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let mut published = ConfigMap::default();
+    published.metadata.name = Some(CA_CONFIGMAP.into());
+    published.data = Some([("ca.crt".to_owned(), String::from_utf8(ca.clone())?)].into());
+    configmaps
+        .create(&PostParams::default(), &published)
+        .await?;
+    let found = discover_ca(&ns.client(), ns.name()).await?;
+    assert_eq!(
+        found.source,
+        format!("ConfigMap {}/{CA_CONFIGMAP}", ns.name())
+    );
+
+    // What was found verifies a dispatcher's certificate (made for localhost here).
+    let d0 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
+    let mut slice = d0.handles.slice.clone();
+    tokio::time::timeout(Duration::from_secs(30), slice.wait_for(|s| s.is_settled())).await??;
+    let mut by_found = target(&ns, tester());
+    by_found.credentials = kube_dispatch_proto::credentials::Credentials::tls_pem(found.pem)
+        .with_server_name("localhost");
+    let connection = Connection::new(ns.client(), by_found).await?;
+    let view = command::status(&connection).await?;
+    assert!(view.healthy, "{}", view.table());
+    // `kdctl version`: its own and the dispatcher's.
+    let versions = command::version(&connection).await?;
+    assert!(
+        versions.kdctl.starts_with(env!("CARGO_PKG_VERSION")),
+        "{}",
+        versions.table()
+    );
+    assert_eq!(
+        versions.versions,
+        vec![env!("CARGO_PKG_VERSION").to_owned()],
+        "{}",
+        versions.table()
+    );
+    assert!(versions.problems.is_empty(), "{}", versions.table());
+    Ok(())
+}

@@ -35,6 +35,7 @@ fn open(group: &str, subscriptions: Vec<Subscription>) -> OpenSessionRequest {
         replica_id: "replica-0".into(),
         subscriptions,
         ttl: None,
+        ..Default::default()
     }
 }
 

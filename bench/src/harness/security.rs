@@ -231,6 +231,7 @@ async fn open(
             replica_id: replica.into(),
             subscriptions: vec![subscription("v1", "ConfigMap", ns)],
             ttl: None,
+            ..Default::default()
         })
         .await
         .with_context(|| format!("OpenSession of {group}/{replica}"))?

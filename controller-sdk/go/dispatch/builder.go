@@ -279,6 +279,8 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 			ReplicaId:     o.ReplicaID,
 			Subscriptions: subscriptions,
 			Ttl:           durationpb.New(o.SessionTTL),
+			Client:        clientName,
+			Capabilities:  capabilities,
 		},
 		credentials:  credentials,
 		loadBalancer: o.LoadBalancer,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,6 +136,13 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	if err != nil {
 		return false, err
 	}
+	if missing := missingCapabilities(r.open.GetSubscriptions(), answer.GetCapabilities()); len(missing) > 0 {
+		closeCtx, cancelClose := context.WithTimeout(context.Background(), openTimeout)
+		_, _ = client.CloseSession(closeCtx, &pb.CloseSessionRequest{SessionId: answer.GetSessionId()})
+		cancelClose()
+		return false, fmt.Errorf("dispatcher %s (version %q) does not serve %s, which this controller's subscriptions need: upgrade the dispatchers",
+			address, answer.GetDispatcherVersion(), strings.Join(missing, ", "))
+	}
 	ttl, maxReconcile := defaultTTL, defaultMaxReconcile
 	if answer.GetTtl() != nil {
 		ttl = answer.GetTtl().AsDuration()
@@ -157,7 +165,7 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 		finished: make(chan struct{}, 1),
 	}
 	log := r.log.WithValues("dispatcher", address, "session", s.id)
-	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String())
+	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String(), "dispatcherVersion", answer.GetDispatcherVersion())
 	defer r.metrics.sessionOpened(address)()
 	r.triggers.sessionOpened(s)
 	defer r.triggers.sessionClosed(s)

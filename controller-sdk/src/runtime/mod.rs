@@ -108,6 +108,11 @@ where
             replica_id: replica_id.clone(),
             subscriptions,
             ttl: prost_types::Duration::try_from(session_ttl).ok(),
+            client: format!("kube-dispatch-rust/{}", env!("CARGO_PKG_VERSION")),
+            capabilities: kube_dispatch_proto::capabilities::ALL
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
         },
         health: health.clone(),
         full_payload,

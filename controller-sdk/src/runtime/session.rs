@@ -5,6 +5,7 @@
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use kube_dispatch_proto::{
+    capabilities,
     credentials::AuthChannel,
     v1::{
         AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason,
@@ -54,6 +55,24 @@ pub(super) async fn session<T: Types>(
         .await
         .map_err(Lost::Unopened)?
         .into_inner();
+    // An older dispatcher would take a subscription whose fields it does not know for a plain
+    // one: not a session to use.
+    let missing = capabilities::missing(
+        &capabilities::needed_by(&shared.open.subscriptions),
+        &opened.capabilities,
+    );
+    if !missing.is_empty() {
+        let _ = client
+            .close_session(CloseSessionRequest {
+                session_id: opened.session_id.clone(),
+            })
+            .await;
+        return Err(Lost::Unopened(tonic::Status::failed_precondition(format!(
+            "dispatcher {address} (version {:?}) does not serve {}, which this controller's subscriptions need: upgrade the dispatchers",
+            opened.dispatcher_version,
+            missing.join(", ")
+        ))));
+    }
     let session_id = opened.session_id;
     let ttl = opened
         .ttl
@@ -64,7 +83,7 @@ pub(super) async fn session<T: Types>(
         .and_then(|d| Duration::try_from(d).ok())
         .unwrap_or(Duration::from_secs(60));
     let mut fence = Fence::new(ttl, max_reconcile, sent);
-    info!(dispatcher = %address, session = %session_id, ?ttl, "session opened");
+    info!(dispatcher = %address, session = %session_id, ?ttl, dispatcher_version = %opened.dispatcher_version, "session opened");
     let _live = Live::register(shared, address, &client, &session_id);
     let _open = shared.health.session_opened();
     let _counted = shared.metrics.session_opened(address);

@@ -314,9 +314,12 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             let groups = groups.clone();
             let credentials = self.guard.peer_credentials.clone();
             let replica = req.replica_id.clone();
+            let client = req.client.clone();
             let (id, caller) = (id.clone(), caller.clone());
             async move {
-                let opened = groups.open(&id, &replica, &spec, ttl, &caller).await?;
+                let opened = groups
+                    .open(&id, &replica, &client, &spec, ttl, &caller)
+                    .await?;
                 // Keys can move here only on a ring from Leases: ask the peers what was deleted
                 // of them before this group was served here.
                 if opened.created && groups.recent_deletions().capacity > 0 {
@@ -347,6 +350,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 groups.settings().queue.max_reconcile_time,
             )
             .ok(),
+            dispatcher_version: env!("CARGO_PKG_VERSION").to_owned(),
+            capabilities: kube_dispatch_proto::capabilities::ALL
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
         }))
     }
 

@@ -72,13 +72,15 @@ impl GroupTable {
             .map_err(|e| self.refusal(e, group, None))
     }
 
-    /// Opens a session of `replica` in `group`, which subscribes to `spec`, with `ttl`: joins
-    /// the group, or creates it and starts its watches (waiting for their first list). A
-    /// session the replica had in the group is replaced.
+    /// Opens a session of `replica` (running `client`, the SDK and version it named, for the
+    /// logs) in `group`, which subscribes to `spec`, with `ttl`: joins the group, or creates it
+    /// and starts its watches (waiting for their first list). A session the replica had in the
+    /// group is replaced.
     pub async fn open(
         &self,
         group: &GroupId,
         replica: &str,
+        client: &str,
         spec: &GroupSpec,
         ttl: Duration,
         caller: &Caller,
@@ -117,7 +119,7 @@ impl GroupTable {
             },
         );
         drop(sessions);
-        info!(session = %session_id, group = %group.id, %replica, ?ttl, "session opened");
+        info!(session = %session_id, group = %group.id, %replica, %client, ?ttl, "session opened");
         Ok(Opened {
             session_id,
             group,

@@ -77,6 +77,7 @@ fn open(
             .open(
                 &GroupId::shared("g"),
                 &replica,
+                "tests",
                 &spec(),
                 TTL,
                 &Caller::Anonymous,

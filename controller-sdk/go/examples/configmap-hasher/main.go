@@ -63,11 +63,16 @@ func main() {
 		flag.PrintDefaults()
 		fmt.Fprint(flag.CommandLine.Output(), environment)
 	}
+	version := flag.Bool("version", false, "print the version (the kube-dispatch Go SDK's) and exit")
 	metrics := flag.String("metrics-bind-address", "0", "where /metrics is served (0: not served)")
 	probes := flag.String("health-probe-bind-address", ":8081", "where /healthz and /readyz are served")
 	logging := zap.Options{}
 	logging.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if *version {
+		fmt.Println("configmap-hasher-go", dispatch.Version)
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&logging)))
 	// A graceful stop waits for running reconciles: at least the dispatcher's maximum
 	// reconcile time (60 s by default).

@@ -483,7 +483,14 @@ type OpenSessionRequest struct {
 	// What the replica reconciles. Every replica of a group must send the same subscriptions.
 	Subscriptions []*Subscription `protobuf:"bytes,3,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
 	// Requested session ttl; the dispatcher clamps it to its configured bounds.
-	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The SDK and its version, for the dispatcher's logs, for example "kube-dispatch-go/0.1.0".
+	// Empty from clients older than 0.1.0.
+	Client string `protobuf:"bytes,5,opt,name=client,proto3" json:"client,omitempty"`
+	// The features of the API, beyond its first form, that the client understands (versions.md,
+	// "Capabilities"). Informational for now: every field a later dispatcher adds is one an
+	// older client ignores.
+	Capabilities  []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +553,20 @@ func (x *OpenSessionRequest) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *OpenSessionRequest) GetClient() string {
+	if x != nil {
+		return x.Client
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 // A session that was opened.
 type OpenSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -559,8 +580,17 @@ type OpenSessionResponse struct {
 	// The longest a reconcile may run. A request not acknowledged within it is treated as failed
 	// and delivered again; the SDK cancels a reconcile that runs longer.
 	MaxReconcileTime *durationpb.Duration `protobuf:"bytes,4,opt,name=max_reconcile_time,json=maxReconcileTime,proto3" json:"max_reconcile_time,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The dispatcher's version, for example "0.1.0".
+	DispatcherVersion string `protobuf:"bytes,5,opt,name=dispatcher_version,json=dispatcherVersion,proto3" json:"dispatcher_version,omitempty"`
+	// The features this dispatcher serves (versions.md, "Capabilities"): "children" (owner
+	// subscriptions and the children listed in requests), "references" (subscriptions with
+	// referenced_by), "triggers" (the Trigger call). A dispatcher that lists none predates them:
+	// it would take an owner or referenced_by subscription, whose fields it does not know, for a
+	// plain one, so an SDK that needs a feature the dispatcher does not list must not use the
+	// session (it closes it and says which feature is missing).
+	Capabilities  []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenSessionResponse) Reset() {
@@ -617,6 +647,20 @@ func (x *OpenSessionResponse) GetDispatcherId() string {
 func (x *OpenSessionResponse) GetMaxReconcileTime() *durationpb.Duration {
 	if x != nil {
 		return x.MaxReconcileTime
+	}
+	return nil
+}
+
+func (x *OpenSessionResponse) GetDispatcherVersion() string {
+	if x != nil {
+		return x.DispatcherVersion
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
 	}
 	return nil
 }
@@ -1639,19 +1683,23 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"References\x128\n" +
 	"\bresource\x18\x01 \x01(\v2\x1c.kubedispatch.v1.ResourceRefR\bresource\x12\x1f\n" +
 	"\vfield_paths\x18\x02 \x03(\tR\n" +
-	"fieldPaths\"\xbb\x01\n" +
+	"fieldPaths\"\xf7\x01\n" +
 	"\x12OpenSessionRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x02 \x01(\tR\treplicaId\x12C\n" +
 	"\rsubscriptions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.SubscriptionR\rsubscriptions\x12+\n" +
-	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xcf\x01\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
+	"\x06client\x18\x05 \x01(\tR\x06client\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xa2\x02\n" +
 	"\x13OpenSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12#\n" +
 	"\rdispatcher_id\x18\x03 \x01(\tR\fdispatcherId\x12G\n" +
-	"\x12max_reconcile_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x10maxReconcileTime\"\xc3\x01\n" +
+	"\x12max_reconcile_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x10maxReconcileTime\x12-\n" +
+	"\x12dispatcher_version\x18\x05 \x01(\tR\x11dispatcherVersion\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xc3\x01\n" +
 	"\vPollRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +

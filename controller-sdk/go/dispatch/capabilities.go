@@ -1,0 +1,50 @@
+package dispatch
+
+import (
+	"slices"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// The features of the wire API beyond its first form (proto/kubedispatch/v1/versions.md,
+// "Capabilities"), as the Rust SDK names them (kube_dispatch_proto::capabilities).
+const (
+	// capabilityChildren: subscriptions with an owner, and the children listed in requests.
+	capabilityChildren = "children"
+	// capabilityReferences: subscriptions with referenced_by.
+	capabilityReferences = "references"
+	// capabilityTriggers: the Trigger call.
+	capabilityTriggers = "triggers"
+)
+
+// Version is this SDK's release, as the tier's (Cargo.toml's workspace version; make test
+// checks they agree).
+const Version = "0.1.0"
+
+// clientName names the SDK in OpenSessionRequest.client.
+const clientName = "kube-dispatch-go/" + Version
+
+// capabilities are those this SDK understands.
+var capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers}
+
+// missingCapabilities are those the subscriptions need that the dispatcher did not list: an
+// older dispatcher would take an owner or referenced_by subscription, whose fields it does not
+// know, for a plain one.
+func missingCapabilities(subscriptions []*pb.Subscription, offered []string) []string {
+	var needed []string
+	for _, s := range subscriptions {
+		if s.GetOwner() != nil && !slices.Contains(needed, capabilityChildren) {
+			needed = append(needed, capabilityChildren)
+		}
+		if s.GetReferencedBy() != nil && !slices.Contains(needed, capabilityReferences) {
+			needed = append(needed, capabilityReferences)
+		}
+	}
+	var missing []string
+	for _, n := range needed {
+		if !slices.Contains(offered, n) {
+			missing = append(missing, n)
+		}
+	}
+	return missing
+}

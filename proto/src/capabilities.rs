@@ -1,0 +1,77 @@
+//! The features of the wire API a dispatcher serves and a client understands beyond the API's
+//! first form (`kubedispatch/v1/versions.md`, "Capabilities"): a dispatcher lists those it serves
+//! in `OpenSessionResponse.capabilities`, a client those it understands in
+//! `OpenSessionRequest.capabilities`. A dispatcher that lists none predates them all: it would
+//! take an owner or `referenced_by` subscription, whose fields it does not know, for a plain
+//! one, so a client that needs a feature it does not list must not use the session.
+//!
+//! ```
+//! use kube_dispatch_proto::capabilities::{self, REFERENCES};
+//! let offered = vec!["children".to_owned()];
+//! assert_eq!(capabilities::missing(&[REFERENCES], &offered), vec![REFERENCES]);
+//! ```
+
+/// Subscriptions with an `owner`, and the children listed in each request of an owner.
+pub const CHILDREN: &str = "children";
+/// Subscriptions with `referenced_by`.
+pub const REFERENCES: &str = "references";
+/// The `Trigger` call.
+pub const TRIGGERS: &str = "triggers";
+
+/// Every capability of this release, in the order they came.
+pub const ALL: [&str; 3] = [CHILDREN, REFERENCES, TRIGGERS];
+
+/// The most capabilities a request may list: a dispatcher refuses more.
+pub const MAX_LISTED: usize = 32;
+
+/// Those of `needed` that `offered` lacks, in the order needed.
+pub fn missing<'a>(needed: &[&'a str], offered: &[String]) -> Vec<&'a str> {
+    needed
+        .iter()
+        .copied()
+        .filter(|n| !offered.iter().any(|o| o == n))
+        .collect()
+}
+
+/// The capabilities a session with `subscriptions` needs of its dispatcher (triggers are needed
+/// by whoever calls `Trigger`, which the subscriptions do not say).
+pub fn needed_by(subscriptions: &[crate::v1::Subscription]) -> Vec<&'static str> {
+    let mut needed = Vec::new();
+    if subscriptions.iter().any(|s| s.owner.is_some()) {
+        needed.push(CHILDREN);
+    }
+    if subscriptions.iter().any(|s| s.referenced_by.is_some()) {
+        needed.push(REFERENCES);
+    }
+    needed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{References, ResourceRef, Subscription};
+
+    #[test]
+    fn owner_and_referenced_by_subscriptions_need_their_features() {
+        let plain = Subscription::default();
+        let owned = Subscription {
+            owner: Some(ResourceRef::default()),
+            ..Subscription::default()
+        };
+        let referenced = Subscription {
+            referenced_by: Some(References::default()),
+            ..Subscription::default()
+        };
+        assert!(needed_by(std::slice::from_ref(&plain)).is_empty());
+        assert_eq!(
+            needed_by(&[plain, owned, referenced]),
+            vec![CHILDREN, REFERENCES]
+        );
+        let offered: Vec<String> = ALL.iter().map(|c| (*c).to_owned()).collect();
+        assert!(missing(&ALL, &offered).is_empty());
+        assert_eq!(
+            missing(&[CHILDREN, TRIGGERS], &[]),
+            vec![CHILDREN, TRIGGERS]
+        );
+    }
+}
