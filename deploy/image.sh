@@ -11,15 +11,15 @@
 #   /usr/local/bin/configmap-hasher
 #   /etc/passwd, /etc/group                   (nonroot, 65532)
 #
-# Usage: deploy/image.sh [--go-example] [--tag NAME:TAG] [--output ARCHIVE] [--builder buildah|docker]
+# Usage: deploy/image.sh [--go-example] [--tag NAME:TAG | --release] [--output ARCHIVE] [--builder buildah|docker]
 #   --go-example  the Go SDK's example controller instead (controller-sdk/go/examples/
 #              configmap-hasher, a static Go binary, CGO off): the image kube-dispatch-go-hasher:dev,
 #              /usr/local/bin/configmap-hasher-go its entrypoint (deploy/go-hasher.Dockerfile)
 #   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
 #   --release  tag it with the version and the commit instead: kube-dispatch:0.1.0-<commit>
 #              (-dirty appended with uncommitted changes); either way the image carries them
-#              as the OCI labels org.opencontainers.image.version and .revision, and every
-#              binary's --version names the commit
+#              as the OCI labels org.opencontainers.image.version and .revision, and the
+#              dispatcher's, the load balancer's and kdctl's --version name the commit
 #   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
 #              under CARGO_TARGET_DIR when set);
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
@@ -73,12 +73,16 @@ done
 # The release and the commit built: the workspace's version, the checkout's commit (with -dirty
 # when it has uncommitted changes).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
-commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [[ $commit != unknown ]] && [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+[[ -n $version ]] || die "no version in $root/Cargo.toml ([workspace.package] version)"
+# safe.directory: run as root (buildah) on a checkout another user owns, git would refuse.
+git=(git -c "safe.directory=$root" -C "$root")
+commit=$("${git[@]}" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [[ $commit != unknown ]] && [[ -n $("${git[@]}" status --porcelain 2>/dev/null) ]]; then
   commit+=-dirty
 fi
 if [[ $release == true ]]; then
   [[ -z $tag ]] || die "--release names the tag itself: give --tag or --release, not both"
+  [[ $commit != unknown ]] || die "--release needs the commit: $root is not a git checkout git can read"
   name=kube-dispatch
   [[ $go_example == true ]] && name=kube-dispatch-go-hasher
   tag=$name:$version-$commit
@@ -182,10 +186,14 @@ fi
 [[ -n $context && -d $context ]] || die "--build-only needs --context DIR"
 [[ -n $output || $builder == docker ]] || die "--build-only needs --output ARCHIVE"
 
+# kube-dispatch's images say what they hold; other images built here (--build-only) do not.
+labels=()
+if [[ $build_only == false ]]; then
+  labels=(--label "org.opencontainers.image.version=$version" --label "org.opencontainers.image.revision=$commit")
+fi
 case $builder in
   docker)
-    docker build -f "$file" -t "$tag" --label "org.opencontainers.image.version=$version" \
-      --label "org.opencontainers.image.revision=$commit" "$context"
+    docker build -f "$file" -t "$tag" "${labels[@]}" "$context"
     log "built $tag with docker"
     ;;
   buildah)
@@ -195,9 +203,8 @@ case $builder in
     trap 'buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm --all >/dev/null 2>&1 || true; rm -rf "$store"' EXIT
     b=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
     # --timestamp 0: the same binaries give the same image digest.
-    "${b[@]}" bud --quiet --timestamp 0 --layers=false -f "$file" -t "$full_tag" \
-      --label "org.opencontainers.image.version=$version" \
-      --label "org.opencontainers.image.revision=$commit" "$context" >/dev/null
+    "${b[@]}" bud --quiet --timestamp 0 --layers=false -f "$file" -t "$full_tag" "${labels[@]}" \
+      "$context" >/dev/null
     mkdir -p "$(dirname "$output")"
     rm -f "$output"
     "${b[@]}" push --quiet "$full_tag" "oci-archive:$output:$full_tag" >/dev/null

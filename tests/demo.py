@@ -530,7 +530,9 @@ def kdctl(*args):
     """Runs kdctl as an operator would (a token minted for the kdctl ServiceAccount, TLS
     against the control plane's CA) and prints what it says."""
     argv = [os.path.join(BIN_DIR, "kdctl"), "--kubeconfig", KUBECONFIG, "-n", LEASE_NS,
-            "--tls-ca-file", TLS_ENV["KD_TLS_CA_FILE"], "--service-account",
+            # The local certificate names localhost, not the Service deploy/ gives dispatchers.
+            "--tls-ca-file", TLS_ENV["KD_TLS_CA_FILE"], "--tls-server-name", "localhost",
+            "--service-account",
             f"{OBJECTS_NS}/kdctl", *args]
     done = subprocess.run(argv, capture_output=True, text=True)
     print(f"  $ kdctl {' '.join(args)}   (exit {done.returncode})")

@@ -465,11 +465,21 @@ def kdctl_status():
     and the name on the dispatchers' certificates come from the cluster. Its exit status."""
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
     argv = [os.path.join(target, "debug", "kdctl"), "--kubeconfig", KUBECONFIG, "status"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    say(f"kdctl status (with only a kubeconfig): exit {done.returncode}")
-    for line in (done.stdout + done.stderr).rstrip().splitlines():
+    # A handover may still be settling after the last phase (exit 3): ask again for a while.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            code, said = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            code, said = -1, "kdctl did not answer within 60 s"
+        if code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    say(f"kdctl status (with only a kubeconfig): exit {code}")
+    for line in said.rstrip().splitlines():
         print(f"    {line}", flush=True)
-    return done.returncode
+    return code
 
 
 def main():

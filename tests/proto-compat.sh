@@ -10,14 +10,26 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../proto"
 BUF_VERSION=v1.75.0
 buf() { go run "github.com/bufbuild/buf/cmd/buf@$BUF_VERSION" "$@"; }
 
+shopt -s nullglob
+recorded=(released/v*.json)
+shopt -u nullglob
+released=
+if ((${#recorded[@]} > 0)); then
+  released=$(printf '%s\n' "${recorded[@]}" | sort -V | tail -1)
+fi
+
 if [[ ${1:-} == --record ]]; then
   version=${2:?usage: tests/proto-compat.sh --record VERSION (for example 0.2.0)}
+  workspace=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' ../Cargo.toml)
+  [[ $version == "$workspace" ]] || { echo "--record $version: the workspace's version is $workspace" >&2; exit 1; }
+  [[ ! -e released/v$version.json ]] || { echo "proto/released/v$version.json exists: a release is recorded once" >&2; exit 1; }
+  # What a release records must keep the previous one's promises too.
+  [[ -z $released ]] || buf breaking . --against "$released"
   buf build --exclude-source-info -o "released/v$version.json"
   echo "recorded the wire API of $version in proto/released/v$version.json"
   exit 0
 fi
 
-released=$(ls released/v*.json | sort -V | tail -1)
 [[ -n $released ]] || { echo "no released wire API in proto/released" >&2; exit 1; }
 buf breaking . --against "$released"
 echo "proto/ is compatible with $released"
@@ -35,8 +47,14 @@ changed = re.sub(r"(message PollRequest \{.*?string session_id = )1;", r"\g<1>15
 assert changed != text, "PollRequest.session_id not found: update this check"
 open(path, "w").write(changed)
 PY
-if (cd "$broken" && buf breaking . --against "$against" >/dev/null 2>&1); then
+# Refused for the renumbering itself (not a build or download failure).
+if said=$(cd "$broken" && buf breaking . --against "$against" 2>&1); then
   echo "buf breaking accepted a renumbered field: the check does not bite" >&2
+  exit 1
+fi
+if ! grep -q 'PollRequest' <<<"$said" || ! grep -q 'session_id' <<<"$said"; then
+  echo "buf breaking failed on the renumbered field for another reason:" >&2
+  echo "$said" >&2
   exit 1
 fi
 echo "a renumbered field is refused, as it must be"

@@ -70,6 +70,10 @@ cargo nextest run --workspace --locked --no-tests=fail -E "$alone" --test-thread
 step "Go controller SDK (tests/go-sdk.sh)"
 tests/go-sdk.sh
 
+step "Helm chart (tests/helm.sh)"
+# One source with deploy/base, lint, the same objects as kustomize, a server-side dry run.
+tests/helm.sh
+
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.
 KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/grafana/check-dashboard.sh

@@ -225,9 +225,6 @@ pub enum InvalidRequest {
         /// The most accepted.
         max: usize,
     },
-    /// More capabilities listed than accepted.
-    #[error("{0} capabilities listed; at most {max} are accepted", max = kube_dispatch_proto::capabilities::MAX_LISTED)]
-    TooManyCapabilities(usize),
     /// An enum value this server does not know.
     #[error("subscription {index}: unknown payload mode {value}")]
     PayloadMode {
@@ -255,13 +252,8 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
     }
     check_len("group", &req.group)?;
     check_len("replica_id", &req.replica_id)?;
+    // Logged as the session opens; the capabilities a client lists are not read (versions.md).
     check_len("client", &req.client)?;
-    if req.capabilities.len() > kube_dispatch_proto::capabilities::MAX_LISTED {
-        return Err(InvalidRequest::TooManyCapabilities(req.capabilities.len()));
-    }
-    for capability in &req.capabilities {
-        check_len("capabilities", capability)?;
-    }
     if req.subscriptions.is_empty() || req.subscriptions.len() > MAX_SUBSCRIPTIONS {
         return Err(InvalidRequest::SubscriptionCount(req.subscriptions.len()));
     }

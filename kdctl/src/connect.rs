@@ -226,10 +226,15 @@ pub async fn discover_ca(client: &Client, namespace: &str) -> anyhow::Result<Fou
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let ca_of = |source: String, pem: Option<Vec<u8>>| -> Result<FoundCa, String> {
         match pem {
-            Some(pem) if !pem.is_empty() => Ok(FoundCa { pem, source }),
-            _ => Err(format!("{source} holds no ca.crt")),
+            Some(pem) if holds_certificate(&pem) => Ok(FoundCa { pem, source }),
+            Some(_) => Err(format!(
+                "{source} has a ca.crt with no PEM certificate in it"
+            )),
+            None => Err(format!("{source} holds no ca.crt")),
         }
     };
+    // Absent or not readable by this user: look further; any other failure is the answer.
+    let look_further = |e: &kube::Error| matches!(e, kube::Error::Api(status) if status.code == 404 || status.code == 403);
     let from_configmap = match Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get(CA_CONFIGMAP)
         .await
@@ -240,7 +245,12 @@ pub async fn discover_ca(client: &Client, namespace: &str) -> anyhow::Result<Fou
                 .and_then(|mut d| d.remove("ca.crt"))
                 .map(String::into_bytes),
         ),
-        Err(e) => Err(format!("ConfigMap {namespace}/{CA_CONFIGMAP}: {e}")),
+        Err(e) if look_further(&e) => Err(format!("ConfigMap {namespace}/{CA_CONFIGMAP}: {e}")),
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot read the tier's CA bundle, ConfigMap {namespace}/{CA_CONFIGMAP}"
+            )));
+        }
     };
     let configmap_error = match from_configmap {
         Ok(found) => return Ok(found),
@@ -264,6 +274,13 @@ pub async fn discover_ca(client: &Client, namespace: &str) -> anyhow::Result<Fou
             "no --tls-ca-file given, and no CA bundle found in namespace {namespace} ({configmap_error}; {secret_error}): pass --tls-ca-file, or publish the CA as ConfigMap {CA_CONFIGMAP} there (deploy/tls.sh does)"
         )
     })
+}
+
+/// Whether `pem` holds at least one PEM certificate (a bundle with none would trust nothing,
+/// and every dispatcher would then fail its handshake for a reason far from the cause).
+fn holds_certificate(pem: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(pem);
+    text.contains("-----BEGIN CERTIFICATE-----") && text.contains("-----END CERTIFICATE-----")
 }
 
 /// The name the dispatchers' certificate carries when deployed from `deploy/` in `namespace`:

@@ -31,11 +31,12 @@ const DEGRADED: u8 = 3;
 /// deploy/base/kdctl-rbac.yaml defines.
 ///
 /// The dispatchers' CA bundle is --tls-ca-file, else the one the tier publishes in --namespace:
-/// ConfigMap kube-dispatch-ca (deploy/tls.sh writes it), else the ca.crt of the dispatchers'
-/// serving Secret kube-dispatch-dispatcher-tls. With a bundle found in the cluster, the name
-/// checked on the dispatchers' certificates is kube-dispatch-dispatcher.NAMESPACE.svc (the one
-/// deploy/ gives them) unless --tls-server-name says otherwise. So with a kubeconfig alone:
-/// `kdctl status`.
+/// ConfigMap kube-dispatch-ca (deploy/tls.sh writes it; with cert-manager, publish it as
+/// deploy/components/cert-manager says), else the ca.crt of the dispatchers' serving Secret
+/// kube-dispatch-dispatcher-tls (for those who may read Secrets there). The name checked on the
+/// certificates of the dispatchers the Leases name is kube-dispatch-dispatcher.NAMESPACE.svc
+/// (the one deploy/ gives them), of those given with --dispatcher their address's host, unless
+/// --tls-server-name says otherwise. So with a kubeconfig alone: `kdctl status`.
 ///
 /// Exit status: 0 done and healthy; 1 could not do what was asked; 2 bad usage; 3 answered,
 /// with a problem shown (a dispatcher unreachable, a handover under way, rings that differ).
@@ -78,9 +79,9 @@ struct Args {
     #[arg(long, global = true, env = "KD_TLS_CA_FILE")]
     tls_ca_file: Option<PathBuf>,
 
-    /// The name the dispatchers' certificates carry, checked instead of the address's host
-    /// (the Leases give pod IPs). Default with a CA bundle found in the cluster and the Leases'
-    /// addresses: kube-dispatch-dispatcher.NAMESPACE.svc; else the host of each address.
+    /// The name the dispatchers' certificates carry, checked instead of the address's host.
+    /// Default: kube-dispatch-dispatcher.NAMESPACE.svc for the dispatchers the Leases name (pod
+    /// IPs), the host of each address given with --dispatcher.
     #[arg(long, global = true, env = "KD_TLS_SERVER_NAME")]
     tls_server_name: Option<String>,
 
@@ -197,19 +198,19 @@ async fn run(args: Args) -> anyhow::Result<u8> {
     let credentials = if args.insecure {
         Credentials::plaintext()
     } else {
-        let (credentials, deployed) = match &args.tls_ca_file {
-            Some(ca) => (Credentials::tls(ca), false),
+        let credentials = match &args.tls_ca_file {
+            Some(ca) => Credentials::tls(ca),
             None => {
                 let found = connect::discover_ca(&client, &args.namespace).await?;
                 eprintln!("kdctl: the tier's CA bundle from {}", found.source);
-                (Credentials::tls_pem(found.pem), true)
+                Credentials::tls_pem(found.pem)
             }
         };
         match &args.tls_server_name {
             Some(name) => credentials.with_server_name(name),
-            // The tier as deploy/ installs it: the Leases give pod IPs, the certificate names
-            // the dispatchers' Service.
-            None if deployed && args.dispatchers.is_empty() => {
+            // The Leases give pod IPs; the certificate deploy/ gives the dispatchers names
+            // their Service. An address given with --dispatcher is checked as it is.
+            None if args.dispatchers.is_empty() => {
                 credentials.with_server_name(connect::dispatcher_server_name(&args.namespace))
             }
             None => credentials,

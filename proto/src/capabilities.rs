@@ -21,9 +21,6 @@ pub const TRIGGERS: &str = "triggers";
 /// Every capability of this release, in the order they came.
 pub const ALL: [&str; 3] = [CHILDREN, REFERENCES, TRIGGERS];
 
-/// The most capabilities a request may list: a dispatcher refuses more.
-pub const MAX_LISTED: usize = 32;
-
 /// Those of `needed` that `offered` lacks, in the order needed.
 pub fn missing<'a>(needed: &[&'a str], offered: &[String]) -> Vec<&'a str> {
     needed

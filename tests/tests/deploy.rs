@@ -290,6 +290,17 @@ fn workloads_speak_tls_with_projected_tokens() {
         "the dispatchers' certificate names them only: {dispatchers}"
     );
     assert!(issued.matches("namespace: kube-dispatch\n").count() >= 4);
+    // Issued where the dispatchers mount them: every Issuer and Certificate in the tier's
+    // namespace, not in whatever namespace kubectl defaults to.
+    for doc in issued
+        .split("\n---\n")
+        .filter(|doc| doc.contains("kind: Certificate\n") || doc.contains("kind: Issuer\n"))
+    {
+        assert!(
+            doc.contains("\n  namespace: kube-dispatch\n"),
+            "not in namespace kube-dispatch: {doc}"
+        );
+    }
 }
 
 /// `deploy/tls.sh` makes a Secret per server role and the CA controllers verify them by: a

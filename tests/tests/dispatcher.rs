@@ -638,14 +638,14 @@ async fn bad_requests_get_precise_statuses_and_the_server_keeps_serving() -> Tes
             Code::FailedPrecondition,
         ),
     );
-    let many_capabilities = OpenSessionRequest {
-        capabilities: vec!["children".into(); kube_dispatch_proto::capabilities::MAX_LISTED + 1],
+    let long_client = OpenSessionRequest {
+        client: "x".repeat(2048),
         ..open(vec![subscription("v1", "ConfigMap", ns.name())])
     };
     cases.insert(
-        "too many capabilities",
+        "client name too long",
         (
-            code(client.open_session(many_capabilities).await),
+            code(client.open_session(long_client).await),
             Code::InvalidArgument,
         ),
     );

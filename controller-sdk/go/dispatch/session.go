@@ -137,11 +137,15 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 		return false, err
 	}
 	if missing := missingCapabilities(r.open.GetSubscriptions(), answer.GetCapabilities()); len(missing) > 0 {
-		closeCtx, cancelClose := context.WithTimeout(context.Background(), openTimeout)
+		closeCtx, cancelClose := context.WithTimeout(context.Background(), callTimeout)
 		_, _ = client.CloseSession(closeCtx, &pb.CloseSessionRequest{SessionId: answer.GetSessionId()})
 		cancelClose()
-		return false, fmt.Errorf("dispatcher %s (version %q) does not serve %s, which this controller's subscriptions need: upgrade the dispatchers",
-			address, answer.GetDispatcherVersion(), strings.Join(missing, ", "))
+		version := answer.GetDispatcherVersion()
+		if version == "" {
+			version = "unknown, before 0.1.0"
+		}
+		return false, &tooOldError{fmt.Sprintf("dispatcher %s (version %s) does not serve %s, which this controller's subscriptions need: upgrade the dispatchers",
+			address, version, strings.Join(missing, ", "))}
 	}
 	ttl, maxReconcile := defaultTTL, defaultMaxReconcile
 	if answer.GetTtl() != nil {
@@ -344,8 +348,17 @@ func (r *runner) sessionLoop(ctx context.Context, address string) {
 		if err == nil {
 			return
 		}
-		delay := reconnects.next(opened)
-		r.log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
+		var tooOld *tooOldError
+		var delay time.Duration
+		if errors.As(err, &tooOld) {
+			// Asking again soon would only keep the group the dispatcher made for the refused
+			// session alive there.
+			delay = tooOldRetry
+			r.log.Error(err, "the dispatcher cannot serve this controller; trying it again later", "dispatcher", address, "delay", delay.String())
+		} else {
+			delay = reconnects.next(opened)
+			r.log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
+		}
 		r.metrics.reconnecting()
 		select {
 		case <-ctx.Done():
@@ -354,5 +367,15 @@ func (r *runner) sessionLoop(ctx context.Context, address string) {
 		}
 	}
 }
+
+// tooOldRetry is how long a replica waits before asking again a dispatcher that lacks a
+// capability its subscriptions need: longer than the idle grace after which the dispatcher
+// drops the group it made for the refused session.
+const tooOldRetry = 5 * time.Minute
+
+// tooOldError is a session refused because its dispatcher lacks what the subscriptions need.
+type tooOldError struct{ message string }
+
+func (e *tooOldError) Error() string { return e.message }
 
 func (s *session) String() string { return fmt.Sprintf("session %s at %s", s.id, s.address) }

@@ -62,14 +62,20 @@ pub(super) async fn session<T: Types>(
         &opened.capabilities,
     );
     if !missing.is_empty() {
-        let _ = client
-            .close_session(CloseSessionRequest {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.close_session(CloseSessionRequest {
                 session_id: opened.session_id.clone(),
-            })
-            .await;
+            }),
+        )
+        .await;
         return Err(Lost::Unopened(tonic::Status::failed_precondition(format!(
-            "dispatcher {address} (version {:?}) does not serve {}, which this controller's subscriptions need: upgrade the dispatchers",
-            opened.dispatcher_version,
+            "dispatcher {address} (version {}) does not serve {}, which this controller's subscriptions need: upgrade the dispatchers",
+            if opened.dispatcher_version.is_empty() {
+                "unknown, before 0.1.0"
+            } else {
+                &opened.dispatcher_version
+            },
             missing.join(", ")
         ))));
     }

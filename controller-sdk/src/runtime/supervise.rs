@@ -4,11 +4,12 @@
 use std::{
     collections::{BTreeSet, HashMap},
     sync::Arc,
+    time::Duration,
 };
 
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{
     session::{Lost, session},
@@ -54,6 +55,11 @@ pub(super) async fn supervise<T: Types>(
     while running.join_next().await.is_some() {}
 }
 
+/// How long a replica waits before asking again a dispatcher that lacks a capability its
+/// subscriptions need (`kube_dispatch_proto::capabilities`): longer than the idle grace after
+/// which the dispatcher drops the group it made for the refused session.
+const TOO_OLD_RETRY: Duration = Duration::from_secs(300);
+
 /// Keeps one session open on one dispatcher for as long as the controller runs.
 async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: CancellationToken) {
     let mut reconnects = Reconnects::new();
@@ -65,8 +71,16 @@ async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: C
                     Lost::Unopened(status) => (status, false),
                     Lost::Ended(status) => (status, true),
                 };
-                let delay = reconnects.next(opened);
-                warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
+                let delay = if status.code() == tonic::Code::FailedPrecondition && !opened {
+                    // A dispatcher too old for what the subscriptions need: asking again soon
+                    // would only keep the group it made for the refused session alive there.
+                    error!(dispatcher = %address, %status, delay = ?TOO_OLD_RETRY, "the dispatcher cannot serve this controller; trying it again later");
+                    TOO_OLD_RETRY
+                } else {
+                    let delay = reconnects.next(opened);
+                    warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
+                    delay
+                };
                 shared.metrics.reconnecting();
                 let _ = shared
                     .outcomes

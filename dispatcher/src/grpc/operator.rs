@@ -121,7 +121,7 @@ impl operator_server::Operator for OperatorService {
         let state = self.state();
         Ok(Response::new(StatusResponse {
             dispatcher_id: identity.to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: kube_dispatch_runtime::version().to_owned(),
             state: state as i32,
             members: slice.ring.members().to_vec(),
             settled_members: slice

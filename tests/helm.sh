@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The Helm chart (deploy/helm/kube-dispatch), as `make test` checks it:
+#   1. its templates are current with deploy/base and deploy/components (render.py --check):
+#      the chart and the Kustomize base are one source and cannot drift apart;
+#   2. `helm lint`;
+#   3. with the defaults (and image.tag dev), `helm template` renders the very objects
+#      `kubectl kustomize deploy/base` builds, and with tls.certManager and
+#      monitoring.podMonitor on, those of deploy/examples/cert-manager and the monitoring
+#      component (Helm's own labels aside; the Namespace is Helm's --create-namespace);
+#   4. what it renders, with watchedResources set, passes `kubectl apply --dry-run=server`
+#      against the real API server (tests/cluster/cluster.sh up).
+# helm is built from its Go module into .cache/tools ($KD_CACHE_DIR moves it), once.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+HELM_VERSION=v3.22.0
+tools="${KD_CACHE_DIR:-$root/.cache}/tools/helm-$HELM_VERSION"
+helm=$tools/helm
+if [[ ! -x $helm ]]; then
+  echo "helm.sh: building helm $HELM_VERSION from its Go module (once)" >&2
+  mkdir -p "$tools"
+  GOBIN=$tools go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+eval "$(tests/cluster/cluster.sh env)"
+export KUBECONFIG
+kubectl=$KD_KUBECTL
+chart=deploy/helm/kube-dispatch
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Helm keeps its caches and config out of $HOME.
+export HELM_CACHE_HOME=$work/cache HELM_CONFIG_HOME=$work/config HELM_DATA_HOME=$work/data
+
+python3 deploy/helm/render.py --check
+"$helm" lint --strict "$chart"
+
+# The chart asks for Kubernetes 1.35 or newer: render for the version the tests run.
+kube_version=$("$kubectl" version --client -o json | python3 -c "import json,sys; print(json.load(sys.stdin)[\"clientVersion\"][\"gitVersion\"])")
+template() { "$helm" template kube-dispatch "$chart" --namespace kube-dispatch --kube-version "$kube_version" --set image.tag=dev "$@"; }
+template >"$work/chart.yaml"
+"$kubectl" kustomize deploy/base >"$work/base.yaml"
+python3 tests/same-objects.py "$work/chart.yaml" "$work/base.yaml"
+template --set tls.certManager.enabled=true --set monitoring.podMonitor.enabled=true >"$work/chart-all.yaml"
+{
+  "$kubectl" kustomize deploy/examples/cert-manager
+  echo ---
+  # The monitoring component alone, in the tier's namespace as the chart puts it.
+  sed 's/^metadata:$/metadata:\n  namespace: kube-dispatch\n  labels:\n    app.kubernetes.io\/part-of: kube-dispatch/' \
+    deploy/components/monitoring/podmonitor.yaml
+} >"$work/base-all.yaml"
+python3 tests/same-objects.py "$work/chart-all.yaml" "$work/base-all.yaml"
+
+# The API server takes what the chart renders (the namespace made first, as
+# --create-namespace would).
+"$kubectl" create namespace kube-dispatch --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
+template --set 'watchedResources[0].apiGroups={""}' --set 'watchedResources[0].resources={configmaps,secrets}' \
+  --set dispatcher.ringKey=namespace --set dispatcher.replicas=20 --set 'imagePullSecrets[0].name=regcred' \
+  --set dispatcher.nodeSelector.disk=ssd --set 'loadbalancer.tolerations[0].operator=Exists' \
+  --set dispatcher.podAnnotations.team=platform --set dispatcher.priorityClassName=system-cluster-critical \
+  >"$work/chart-watched.yaml"
+for wanted in "kube-dispatch-dispatcher-kube-dispatch-watched" '--ring-key, "namespace"' \
+  "- kube-dispatch-dispatcher-19" "name: regcred" "disk: ssd" "team: platform"; do
+  grep -qF -- "$wanted" "$work/chart-watched.yaml" || { echo "helm.sh: rendered without $wanted" >&2; exit 1; }
+done
+"$kubectl" apply --dry-run=server -f "$work/chart-watched.yaml" >/dev/null
+# values.schema.json refuses what the tier cannot run.
+for bad in dispatcher.ringKey=sideways dispatcher.replicas=0 networkPolicy.enabled=false; do
+  if template --set "$bad" >/dev/null 2>&1; then
+    echo "helm.sh: the chart accepted --set $bad" >&2
+    exit 1
+  fi
+done
+echo "helm.sh: chart current with deploy/, lint clean, same objects as kustomize, accepted by the API server"
