@@ -1,15 +1,17 @@
 """`make e2e`, driven from tests/e2e.sh once the node is up and the image imported.
 
-Applies tests/e2e (the example overlays deploy/examples/configmap-hasher and, beside it in a
-controller group of its own, the Go SDK's example deploy/examples/configmap-hasher-go, plus a
-host alias for the load balancer's Service, as this node has no cluster DNS) with kubectl's
-kustomize, as a user would; makes the TLS Secret with deploy/tls.sh; waits for the dispatcher
-StatefulSet, the load balancer and both controller Deployments to be Ready; then, with a writer
-changing the ConfigMaps of namespace e2e-objects all along:
+Installs the tier with its Helm chart (deploy/helm/kube-dispatch, read access to ConfigMaps
+through watchedResources), as a user would; applies the example controllers of
+deploy/examples/configmap-hasher and, beside it in a controller group of its own, the Go SDK's
+example deploy/examples/configmap-hasher-go (with a host alias for the load balancer's Service,
+as this node has no cluster DNS); makes the TLS Secrets with deploy/tls.sh; waits for the
+dispatcher StatefulSet, the load balancer and both controller Deployments to be Ready; then,
+with a writer changing the ConfigMaps of namespace e2e-objects all along:
 
 1. baseline: every ConfigMap written once;
-2. rolling update: the StatefulSet's image changes tag (kube-dispatch:dev -> dev-2, the same
-   image under a second name), so every dispatcher pod is replaced, highest ordinal first;
+2. rolling update: `helm upgrade` of the release to another image tag (kube-dispatch:dev ->
+   dev-2, the same image under a second name), so every dispatcher pod is replaced, highest
+   ordinal first;
 3. pod deleted: `kubectl delete pod kube-dispatch-dispatcher-1` (SIGTERM, drain, restart);
 4. eviction: dispatcher-0 evicted through the Eviction API, then dispatcher-2 at once: the
    PodDisruptionBudget (maxUnavailable 1) must refuse the second;
@@ -54,6 +56,9 @@ SHORT = bool(os.environ.get("E2E_SHORT"))
 TAIL = float(os.environ.get("E2E_TAIL", "10"))
 OBJECTS_NS = "e2e-objects"
 TIER_NS = "kube-dispatch"
+# The chart the tier is installed with, and helm (tests/tools.sh helm).
+CHART = os.path.join(ROOT, "deploy", "helm", "kube-dispatch")
+HELM = os.environ["KD_HELM"]
 CONTROLLER_NS = "configmap-hasher"
 # The Go SDK's example controller, a group of its own on the same tier.
 GO_CONTROLLER_NS = "configmap-hasher-go"
@@ -404,9 +409,52 @@ def baseline():
         write(f"cm-{i:04d}", 0)
 
 
+def helm(*args):
+    done = subprocess.run([HELM, "--kubeconfig", KUBECONFIG, *args], capture_output=True, text=True,
+                          env={**os.environ, "HELM_CACHE_HOME": os.path.join(LOGS, "helm-cache"),
+                               "HELM_CONFIG_HOME": os.path.join(LOGS, "helm-config"),
+                               "HELM_DATA_HOME": os.path.join(LOGS, "helm-data")})
+    if done.returncode != 0:
+        raise SystemExit(f"e2e: helm {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def apply_controllers():
+    """The example controllers' manifests as their overlays give them, with what this node
+    lacks: no cluster DNS, so each pod resolves the load balancer's Service name through a host
+    alias onto the Service's ClusterIP (kube-proxy routes it); and the JSON logs (the Go one at
+    debug level) from which every reconcile's start and end are read."""
+    import yaml
+    address = kubectl("-n", TIER_NS, "get", "service", "kube-dispatch-loadbalancer",
+                      "-o", "jsonpath={.spec.clusterIP}")
+    alias = [{"ip": address, "hostnames": ["kube-dispatch-loadbalancer.kube-dispatch.svc"]}]
+    examples = os.path.join(ROOT, "deploy", "examples")
+    controllers = [
+        ("configmap-hasher", "kube-dispatch:dev", [{"name": "KD_LOG_JSON", "value": "1"}], []),
+        ("configmap-hasher-go", "kube-dispatch-go-hasher:dev", [],
+         ["--zap-log-level=debug", "--zap-time-encoding=epoch"]),
+    ]
+    documents = []
+    for example, image, env, args in controllers:
+        with open(os.path.join(examples, example, "controller.yaml")) as f:
+            for o in yaml.safe_load_all(f):
+                if o and o["kind"] == "Deployment":
+                    pod = o["spec"]["template"]["spec"]
+                    pod["hostAliases"] = alias
+                    container = pod["containers"][0]
+                    container["image"] = image
+                    container.setdefault("env", []).extend(env)
+                    container.setdefault("args", []).extend(args)
+                if o:
+                    documents.append(o)
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
+
+
 def rolling_update():
-    kubectl("-n", TIER_NS, "set", "image", "statefulset/kube-dispatch-dispatcher",
-            "dispatcher=kube-dispatch:dev-2")
+    """`helm upgrade` to a new image tag (the same image under a second name): every
+    dispatcher pod is replaced, one at a time, highest ordinal first."""
+    helm("upgrade", "kube-dispatch", CHART, "--namespace", TIER_NS, "--reuse-values",
+         "--set", "image.tag=dev-2")
     kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
             "--timeout", "600s")
 
@@ -485,9 +533,13 @@ def kdctl_status():
 def main():
     global API
     os.makedirs(LOGS, exist_ok=True)
-    say("applying tests/e2e (deploy/examples/configmap-hasher and configmap-hasher-go for this "
-        "node) with kustomize")
-    kubectl("apply", "-k", os.path.join(ROOT, "tests", "e2e"))
+    say("installing the tier with its Helm chart (deploy/helm/kube-dispatch)")
+    helm("install", "kube-dispatch", CHART, "--namespace", TIER_NS, "--create-namespace",
+         "--set", "image.tag=dev", "--set", 'watchedResources[0].apiGroups={""}',
+         "--set", "watchedResources[0].resources={configmaps}")
+    say("applying the example controllers (deploy/examples/configmap-hasher and "
+        "configmap-hasher-go) for this node")
+    apply_controllers()
     subprocess.run(
         [os.path.join(ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
          "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS],

@@ -3,9 +3,10 @@
 # kubelet, containerd, runc, kube-scheduler, kube-proxy and a control plane of its own), builds
 # the image without a registry (deploy/image.sh) and imports it into the node's containerd as
 # kube-dispatch:dev and kube-dispatch:dev-2, and the Go SDK's example controller's image
-# (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py applies
-# the example overlays (the Rust and the Go controller, each a group of its own),
-# writes ConfigMaps all along, and runs a rolling update of the StatefulSet, a pod deletion,
+# (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py installs
+# the tier with its Helm chart, applies the example controllers (the Rust and the Go one, each
+# a group of its own), writes ConfigMaps all along, and runs a rolling update of the
+# StatefulSet (helm upgrade), a pod deletion,
 # two evictions against the PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a
 # summary per phase (exit status 0 only with lost 0 and concurrent 0 everywhere).
 #
@@ -19,6 +20,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf 'e2e: %s\n' "$*"; }
 node=tests/node/node.sh
 
+# The tier is installed with its Helm chart; the controllers' manifests are read with PyYAML.
+KD_HELM=$(tests/tools.sh helm)
+export KD_HELM
+tests/tools.sh pyyaml >/dev/null
 started_node=
 if ! $node status >/dev/null 2>&1; then started_node=1; fi
 kubeconfig=$($node up)
@@ -32,7 +37,10 @@ finish() {
     say "took down the node it started"
   else
     # A node that was already running goes on; the workloads go.
-    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete -k tests/e2e --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    "$KD_HELM" --kubeconfig "$kubeconfig" uninstall kube-dispatch --namespace kube-dispatch >/dev/null 2>&1 || true
+    for ns in configmap-hasher configmap-hasher-go; do
+      "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    done
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-objects --ignore-not-found --wait=false >/dev/null 2>&1 || true
   fi
   exit $code

@@ -9,18 +9,12 @@
 #      component (Helm's own labels aside; the Namespace is Helm's --create-namespace);
 #   4. what it renders, with watchedResources set, passes `kubectl apply --dry-run=server`
 #      against the real API server (tests/cluster/cluster.sh up).
-# helm is built from its Go module into .cache/tools ($KD_CACHE_DIR moves it), once.
+# helm is built from its Go module into .cache/tools, once (tests/tools.sh).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-HELM_VERSION=v3.22.0
-tools="${KD_CACHE_DIR:-$root/.cache}/tools/helm-$HELM_VERSION"
-helm=$tools/helm
-if [[ ! -x $helm ]]; then
-  echo "helm.sh: building helm $HELM_VERSION from its Go module (once)" >&2
-  mkdir -p "$tools"
-  GOBIN=$tools go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-fi
+helm=$(tests/tools.sh helm)
+tests/tools.sh pyyaml >/dev/null
 eval "$(tests/cluster/cluster.sh env)"
 export KUBECONFIG
 kubectl=$KD_KUBECTL
