@@ -535,8 +535,8 @@ def main():
     os.makedirs(LOGS, exist_ok=True)
     say("installing the tier with its Helm chart (deploy/helm/kube-dispatch)")
     helm("install", "kube-dispatch", CHART, "--namespace", TIER_NS, "--create-namespace",
-         "--set", "image.tag=dev", "--set", 'watchedResources[0].apiGroups={""}',
-         "--set", "watchedResources[0].resources={configmaps}")
+         "--set", "image.tag=dev",
+         "--set-json", 'watchedResources=[{"apiGroups": [""], "resources": ["configmaps"]}]')
     say("applying the example controllers (deploy/examples/configmap-hasher and "
         "configmap-hasher-go) for this node")
     apply_controllers()

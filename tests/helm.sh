@@ -46,18 +46,21 @@ python3 tests/same-objects.py "$work/chart-all.yaml" "$work/base-all.yaml"
 # The API server takes what the chart renders (the namespace made first, as
 # --create-namespace would).
 "$kubectl" create namespace kube-dispatch --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
-template --set 'watchedResources[0].apiGroups={""}' --set 'watchedResources[0].resources={configmaps,secrets}' \
+template --set-json 'watchedResources=[{"apiGroups": [""], "resources": ["configmaps", "secrets"]}]' \
   --set dispatcher.ringKey=namespace --set dispatcher.replicas=20 --set 'imagePullSecrets[0].name=regcred' \
   --set dispatcher.nodeSelector.disk=ssd --set 'loadbalancer.tolerations[0].operator=Exists' \
   --set dispatcher.podAnnotations.team=platform --set dispatcher.priorityClassName=system-cluster-critical \
   >"$work/chart-watched.yaml"
-for wanted in "kube-dispatch-dispatcher-kube-dispatch-watched" '--ring-key, "namespace"' \
+for wanted in "kube-dispatch-dispatcher-kube-dispatch-watched" 'apiGroups: [""]' \
+  'resources: ["configmaps","secrets"]' '--ring-key, "namespace"' \
   "- kube-dispatch-dispatcher-19" "name: regcred" "disk: ssd" "team: platform"; do
   grep -qF -- "$wanted" "$work/chart-watched.yaml" || { echo "helm.sh: rendered without $wanted" >&2; exit 1; }
 done
 "$kubectl" apply --dry-run=server -f "$work/chart-watched.yaml" >/dev/null
 # values.schema.json refuses what the tier cannot run.
-for bad in dispatcher.ringKey=sideways dispatcher.replicas=0 networkPolicy.enabled=false; do
+# (A group written `{""}` with --set is the two-character string "", not the core group.)
+for bad in dispatcher.ringKey=sideways dispatcher.replicas=0 networkPolicy.enabled=false \
+  'watchedResources[0].apiGroups={""}' ; do
   if template --set "$bad" >/dev/null 2>&1; then
     echo "helm.sh: the chart accepted --set $bad" >&2
     exit 1

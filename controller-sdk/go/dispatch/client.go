@@ -95,11 +95,11 @@ type staleCountingSubResource struct {
 }
 
 func (s staleCountingSubResource) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
-	return countStale(ctx, object, s.SubResourceClient.Update(ctx, object, options...))
+	return staleCounting{s.SubResourceClient}.Update(ctx, object, options...)
 }
 
 func (s staleCountingSubResource) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
-	return countStale(ctx, object, s.SubResourceClient.Patch(ctx, object, patch, options...))
+	return staleCounting{s.SubResourceClient}.Patch(ctx, object, patch, options...)
 }
 
 func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {

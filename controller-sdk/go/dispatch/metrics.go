@@ -77,22 +77,10 @@ var (
 		Subsystem: "workqueue", Name: "adds_total",
 		Help: "Total number of adds handled by workqueue",
 	}, []string{"name", "controller"}))
-	queueLatency = sharedVec(prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: "workqueue", Name: "queue_duration_seconds",
-		Help:                            "How long in seconds an item stays in workqueue before being requested",
-		Buckets:                         prometheus.ExponentialBuckets(10e-9, 10, 12),
-		NativeHistogramBucketFactor:     1.1,
-		NativeHistogramMaxBucketNumber:  100,
-		NativeHistogramMinResetDuration: time.Hour,
-	}, []string{"name", "controller"}))
-	queueWork = sharedVec(prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: "workqueue", Name: "work_duration_seconds",
-		Help:                            "How long in seconds processing an item from workqueue takes.",
-		Buckets:                         prometheus.ExponentialBuckets(10e-9, 10, 12),
-		NativeHistogramBucketFactor:     1.1,
-		NativeHistogramMaxBucketNumber:  100,
-		NativeHistogramMinResetDuration: time.Hour,
-	}, []string{"name", "controller"}))
+	queueLatency = sharedVec(queueHistogram("queue_duration_seconds",
+		"How long in seconds an item stays in workqueue before being requested"))
+	queueWork = sharedVec(queueHistogram("work_duration_seconds",
+		"How long in seconds processing an item from workqueue takes."))
 	queueUnfinished = sharedVec(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Subsystem: "workqueue", Name: "unfinished_work_seconds",
 		Help: "How many seconds of work has been done that " +
@@ -110,6 +98,19 @@ var (
 		Help: "Total number of items added to the workqueue with a non-zero delay (rate-limited requeues, explicit RequeueAfter or AddAfter calls)",
 	}, []string{"name", "controller"}))
 )
+
+// queueHistogram is a workqueue histogram as controller-runtime describes its two.
+func queueHistogram(name, help string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem:                       "workqueue",
+		Name:                            name,
+		Help:                            help,
+		Buckets:                         prometheus.ExponentialBuckets(10e-9, 10, 12),
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  100,
+		NativeHistogramMinResetDuration: time.Hour,
+	}, []string{"name", "controller"})
+}
 
 // sharedVec is the collector registered in controller-runtime's registry under vec's
 // description: controller-runtime's own when it registered one, else vec, registered now. A
