@@ -8,7 +8,8 @@
 //	KD_LOADBALANCER=127.0.0.1:7071 KD_INSECURE=1 KD_ALLOW_ANONYMOUS=1 go run ./examples/configmap-hasher
 //
 // Flags: controller-runtime's logging flags (--zap-log-level=debug logs each reconcile's start
-// and end with its key and dispatcher), --metrics-bind-address (/metrics) and
+// and end with its key and dispatcher; at debug level controller-runtime drops lines of one
+// message past 100 a second, at --zap-log-level=2 it keeps them all), --metrics-bind-address (/metrics) and
 // --health-probe-bind-address (/healthz, and /readyz: a dispatcher session is open). It runs
 // in a pod as deploy/examples/configmap-hasher-go shows.
 package main
