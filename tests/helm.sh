@@ -29,7 +29,10 @@ python3 deploy/helm/render.py --check
 
 # The chart asks for Kubernetes 1.35 or newer: render for the version the tests run.
 kube_version=$("$kubectl" version --client -o json | python3 -c "import json,sys; print(json.load(sys.stdin)[\"clientVersion\"][\"gitVersion\"])")
-template() { "$helm" template kube-dispatch "$chart" --namespace kube-dispatch --kube-version "$kube_version" --set image.tag=dev "$@"; }
+template() {
+  "$helm" template kube-dispatch "$chart" --namespace "${namespace:-kube-dispatch}" \
+    --kube-version "$kube_version" --set image.tag=dev "$@"
+}
 template >"$work/chart.yaml"
 "$kubectl" kustomize deploy/base >"$work/base.yaml"
 python3 tests/same-objects.py "$work/chart.yaml" "$work/base.yaml"
@@ -43,20 +46,25 @@ template --set tls.certManager.enabled=true --set monitoring.podMonitor.enabled=
 } >"$work/base-all.yaml"
 python3 tests/same-objects.py "$work/chart-all.yaml" "$work/base-all.yaml"
 
-# The API server takes what the chart renders (the namespace made first, as
-# --create-namespace would).
-"$kubectl" create namespace kube-dispatch --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
+# The API server takes what the chart renders, into a namespace of this check's own (made first,
+# as --create-namespace would; deleted at the end, so the tests that install deploy/ into
+# kube-dispatch find nothing of it).
+check_namespace=kube-dispatch-helm-check
+"$kubectl" create namespace "$check_namespace" --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
+trap 'rm -rf "$work"; "$kubectl" delete namespace "$check_namespace" --wait=false >/dev/null 2>&1 || true' EXIT
+namespace=$check_namespace
 template --set-json 'watchedResources=[{"apiGroups": [""], "resources": ["configmaps", "secrets"]}]' \
   --set dispatcher.ringKey=namespace --set dispatcher.replicas=20 --set 'imagePullSecrets[0].name=regcred' \
   --set dispatcher.nodeSelector.disk=ssd --set 'loadbalancer.tolerations[0].operator=Exists' \
   --set dispatcher.podAnnotations.team=platform --set dispatcher.priorityClassName=system-cluster-critical \
   >"$work/chart-watched.yaml"
-for wanted in "kube-dispatch-dispatcher-kube-dispatch-watched" 'apiGroups: [""]' \
+for wanted in "kube-dispatch-dispatcher-kube-dispatch-watched" "kube-dispatch-dispatcher.$namespace.svc" 'apiGroups: [""]' \
   'resources: ["configmaps","secrets"]' '--ring-key, "namespace"' \
   "- kube-dispatch-dispatcher-19" "name: regcred" "disk: ssd" "team: platform"; do
   grep -qF -- "$wanted" "$work/chart-watched.yaml" || { echo "helm.sh: rendered without $wanted" >&2; exit 1; }
 done
 "$kubectl" apply --dry-run=server -f "$work/chart-watched.yaml" >/dev/null
+namespace=
 # values.schema.json refuses what the tier cannot run.
 # (A group written `{""}` with --set is the two-character string "", not the core group.)
 for bad in dispatcher.ringKey=sideways dispatcher.replicas=0 networkPolicy.enabled=false \

@@ -52,6 +52,8 @@ const DISPATCHER: &str = "kube-dispatch:kube-dispatch-dispatcher";
 const LOADBALANCER: &str = "kube-dispatch:kube-dispatch-loadbalancer";
 const CONTROLLER: &str = "configmap-hasher:configmap-hasher";
 const KDCTL: &str = "kube-dispatch:kdctl";
+/// A person who runs kdctl, bound to the Role kube-dispatch-operator as deploy/ says to.
+const ONCALL: &str = "kube-dispatch:oncall";
 
 #[tokio::test]
 async fn manifests_apply_and_grant_least_privilege() -> TestResult {
@@ -88,6 +90,15 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    ok(&[
+        "-n",
+        "kube-dispatch",
+        "create",
+        "rolebinding",
+        "test-oncall-kdctl",
+        "--role=kube-dispatch-operator",
+        "--serviceaccount=kube-dispatch:oncall",
+    ]);
     let expectations = [
         // Dispatchers: read what the controllers subscribe to, manage their Leases.
         (DISPATCHER, "get", "configmaps", "", true),
@@ -172,6 +183,26 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (KDCTL, "list", "leases", "kube-dispatch", false),
         (CONTROLLER, "post", "/kube-dispatch/drain", "", false),
         (DISPATCHER, "post", "/kube-dispatch/drain", "", false),
+        // Whoever runs kdctl with the operator Role: find the dispatchers and the CA bundle
+        // the tier publishes, and nothing else of the namespace (no Secret, no other
+        // ConfigMap).
+        (ONCALL, "list", "leases", "kube-dispatch", true),
+        (
+            ONCALL,
+            "get",
+            "configmaps/kube-dispatch-ca",
+            "kube-dispatch",
+            true,
+        ),
+        (ONCALL, "get", "configmaps/other", "kube-dispatch", false),
+        (
+            ONCALL,
+            "get",
+            "secrets/kube-dispatch-dispatcher-tls",
+            "kube-dispatch",
+            false,
+        ),
+        (ONCALL, "get", "/kube-dispatch/status", "", false),
     ];
     let wrong: Vec<String> = expectations
         .iter()
