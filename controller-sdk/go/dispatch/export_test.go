@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"google.golang.org/grpc"
+)
 
 // SetTokenReread makes the token files of credentials made from now on be read again after d,
 // and returns what restores the default.
@@ -9,3 +13,6 @@ func SetTokenReread(d time.Duration) (restore func()) {
 	tokenReread = d
 	return func() { tokenReread = previous }
 }
+
+// Dial connects to address with c, as the SDK's sessions do.
+func Dial(c Credentials, address string) (*grpc.ClientConn, error) { return c.dial(address) }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
 // testIdentity is the local cluster's test ServiceAccount (tiertest.Tester).
@@ -55,6 +58,32 @@ func authenticated(t *testing.T, clientset kubernetes.Interface, token string) b
 		t.Fatal(err)
 	}
 	return review.Status.Authenticated
+}
+
+// refused waits until the dispatcher at address refuses a call made with token
+// (Unauthenticated), failing after 30 s.
+func refused(t *testing.T, address, token string) {
+	t.Helper()
+	ca := filepath.Join(tiertest.ClusterDir(), "pki", "ca.crt")
+	conn, err := dispatch.Dial(dispatch.TLSCredentials(ca).WithToken(token), address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	client := pb.NewDispatcherClient(conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := client.Ack(ctx, &pb.AckRequest{SessionId: "no-such-session"})
+		cancel()
+		if status.Code(err) == codes.Unauthenticated {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dispatcher still takes the revoked token after 30 s: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // writeToken replaces the token file at once, as the kubelet rotates a projected token (a
@@ -105,8 +134,8 @@ func TestTLSAndARotatedTokenKeepTheReplicaServing(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Past the dispatchers' review cache: a call with the first token is refused from now on.
-	time.Sleep(1500 * time.Millisecond)
+	// Past the dispatchers' review cache: wait until a call with the first token is refused.
+	refused(t, tier.Dispatchers[0].Listen, first)
 	s.changeAll(t, 1, nil)
 	s.converged(t)
 	if overlaps := log.overlapsNow(); len(overlaps) > 0 {
