@@ -20,6 +20,14 @@ demo: ## Run kube-dispatch on a local control plane (KEEP=1 leaves it running)
 test: ## Everything CI checks: versions, fmt, clippy, all tests against a real API server
 	@tests/run-tests.sh
 
+.PHONY: test-skew
+test-skew: ## Version skew on the real node: the previous release (deploy/releases) built from its commit, installed with its chart and controllers, upgraded to this tree with helm upgrade while writing (~25 min; needs root): lost 0 and concurrent 0
+	@tests/skew.sh
+
+.PHONY: test-matrix
+test-matrix: ## The API-server-facing suites on the older Kubernetes minors (1.36, 1.35; ~15 min each, plus ~20 min to build each minor once): MINORS="1.35" for one
+	@MINORS="$(MINORS)" tests/matrix.sh
+
 .PHONY: chaos
 chaos: ## Long chaos run, then the fuzz targets: DURATION=seconds (600), SEED=n (the clock), FAULTS=kinds (all), FUZZ_SECONDS (60)
 	@tests/cluster/cluster.sh up >/dev/null

@@ -19,6 +19,13 @@ with a writer changing the ConfigMaps of namespace e2e-objects all along:
 
 E2E_SHORT=1 (what `make test` runs): 1, 2, and the controller scaled 2 -> 1.
 
+E2E_FROM_ROOT=<tree> E2E_FROM_VERSION=<version> (what `make test-skew` runs, tests/skew.sh):
+the tier is installed from that release's tree (its chart, its tls.sh) with its images
+(kube-dispatch:<version>, kube-dispatch-go-hasher:<version>), and so are both example
+controllers, built with that release's SDKs; the phases are the baseline, the tier upgraded to
+this tree with `helm upgrade --reset-then-reuse-values` (image tag dev) while the previous
+release's controllers keep running, and the controller scaled 2 -> 1 on the upgraded tier.
+
 Each phase ends when every ConfigMap carries the hash of its content again in both
 controllers' annotations, and prints: writes, lost (ConfigMaps whose annotations do not match
 their content once the phase has settled), concurrent (pairs of reconciles of one ConfigMap
@@ -64,6 +71,11 @@ CONTROLLER_NS = "configmap-hasher"
 GO_CONTROLLER_NS = "configmap-hasher-go"
 LOGS = os.path.join(NODE_DIR, "logs", "e2e")
 SETTLE_TIMEOUT = 300
+# Skew: the previous release's tree and version to install first (tests/skew.sh).
+FROM_ROOT = os.environ.get("E2E_FROM_ROOT")
+FROM_VERSION = os.environ.get("E2E_FROM_VERSION")
+INSTALL_ROOT = FROM_ROOT or ROOT
+INSTALL_TAG = FROM_VERSION or "dev"
 T0 = time.monotonic()
 
 
@@ -428,10 +440,11 @@ def apply_controllers():
     address = kubectl("-n", TIER_NS, "get", "service", "kube-dispatch-loadbalancer",
                       "-o", "jsonpath={.spec.clusterIP}")
     alias = [{"ip": address, "hostnames": ["kube-dispatch-loadbalancer.kube-dispatch.svc"]}]
-    examples = os.path.join(ROOT, "deploy", "examples")
+    examples = os.path.join(INSTALL_ROOT, "deploy", "examples")
     controllers = [
-        ("configmap-hasher", "kube-dispatch:dev", [{"name": "KD_LOG_JSON", "value": "1"}], []),
-        ("configmap-hasher-go", "kube-dispatch-go-hasher:dev", [],
+        ("configmap-hasher", f"kube-dispatch:{INSTALL_TAG}",
+         [{"name": "KD_LOG_JSON", "value": "1"}], []),
+        ("configmap-hasher-go", f"kube-dispatch-go-hasher:{INSTALL_TAG}", [],
          # Level 2, not debug: controller-runtime samples its production logger (past 100 lines
          # of one message a second) unless the level is 2 or more, and every line counts here.
          ["--zap-log-level=2", "--zap-time-encoding=epoch"]),
@@ -459,6 +472,22 @@ def rolling_update():
          "--set", "image.tag=dev-2")
     kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
             "--timeout", "600s")
+
+
+def upgrade():
+    """`helm upgrade` from the previous release's chart and images to this tree's (image tag
+    dev), keeping the values the release was installed with and taking the new chart's
+    defaults for the rest: every dispatcher and load-balancer pod is replaced while the
+    previous release's controllers keep running."""
+    helm("upgrade", "kube-dispatch", CHART, "--namespace", TIER_NS, "--reset-then-reuse-values",
+         "--set", "image.tag=dev")
+    kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
+            "--timeout", "600s")
+    kubectl("-n", TIER_NS, "rollout", "status", "deployment/kube-dispatch-loadbalancer",
+            "--timeout", "600s")
+    images = kubectl("-n", TIER_NS, "get", "pods", "-o",
+                     "jsonpath={range .items[*]}{.spec.containers[0].image}{'\\n'}{end}")
+    return f"tier images now: {', '.join(sorted(set(images.split())))}"
 
 
 def delete_pod():
@@ -535,15 +564,19 @@ def kdctl_status():
 def main():
     global API
     os.makedirs(LOGS, exist_ok=True)
-    say("installing the tier with its Helm chart (deploy/helm/kube-dispatch)")
-    helm("install", "kube-dispatch", CHART, "--namespace", TIER_NS, "--create-namespace",
-         "--set", "image.tag=dev",
+    if FROM_ROOT:
+        say(f"installing release {FROM_VERSION} of the tier with its Helm chart (from {FROM_ROOT})")
+    else:
+        say("installing the tier with its Helm chart (deploy/helm/kube-dispatch)")
+    helm("install", "kube-dispatch", os.path.join(INSTALL_ROOT, "deploy", "helm", "kube-dispatch"),
+         "--namespace", TIER_NS, "--create-namespace",
+         "--set", f"image.tag={INSTALL_TAG}",
          "--set-json", 'watchedResources=[{"apiGroups": [""], "resources": ["configmaps"]}]')
     say("applying the example controllers (deploy/examples/configmap-hasher and "
         "configmap-hasher-go) for this node")
     apply_controllers()
     subprocess.run(
-        [os.path.join(ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
+        [os.path.join(INSTALL_ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
          "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS],
         env={**os.environ, "KUBECTL": KUBECTL, "KUBECONFIG": KUBECONFIG}, check=True,
         stdout=subprocess.DEVNULL,
@@ -564,10 +597,14 @@ def main():
     go_controller_pods = Watch(GO_LOG_FOLLOWER.on_event, "pods", "-n", GO_CONTROLLER_NS)
     go_controller_pods.start()
     phase("baseline", baseline, writing=False)
-    phase("rolling update", rolling_update)
-    if SHORT:
+    if FROM_ROOT:
+        phase(f"upgrade {FROM_VERSION}", upgrade)
+        phase("scale 2 -> 1", scale(1))
+    elif SHORT:
+        phase("rolling update", rolling_update)
         phase("scale 2 -> 1", scale(1))
     else:
+        phase("rolling update", rolling_update)
         phase("pod deleted", delete_pod)
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))

@@ -14,6 +14,10 @@
 #   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
 #   E2E_WRITE_RATE=N   writes per second during each phase (default 20)
 #   E2E_SHORT=1        baseline, rolling update, controller scaled 2 -> 1 (what `make test` runs)
+#   E2E_FROM_ROOT, E2E_FROM_VERSION, E2E_FROM_IMAGES
+#                      install a previous release first (its tree, its version, the OCI archives
+#                      of its images) and upgrade it to this tree: what `make test-skew` runs
+#                      (tests/skew.sh; see tests/e2e.py)
 #   KEEP=1             leave the node and the workloads running afterwards
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,6 +58,11 @@ say "image $(du -h "$archive" | cut -f1) as an archive; $(tar -xOf "$archive" in
 say "building the Go example controller's image and importing it into the node"
 go_archive=$(deploy/image.sh --go-example)
 $node import "$go_archive"
+
+for previous in ${E2E_FROM_IMAGES:-}; do
+  say "importing the previous release's image $(basename "$previous")"
+  $node import "$previous"
+done
 
 # kdctl runs on this machine against the node's tier at the end, with its kubeconfig alone.
 cargo build -p kube-dispatch-kdctl --bin kdctl --locked --quiet

@@ -4,9 +4,27 @@
 # API server with real dispatcher and load-balancer binaries (target/debug) and the Rust SDK's
 # example controller beside the Go replicas included.
 # Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
+#
+# Usage: tests/go-sdk.sh [--tests-only]
+#   --tests-only   only the tests (as `make test-matrix` runs them on each Kubernetes minor)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/go"
 STATICCHECK_VERSION=v0.8.2
+root=$(cd ../.. && pwd)
+
+run_tests() {
+  # Built already when the nextest phases ran; nothing to do then.
+  (cd "$root" && cargo build -p kube-dispatch-controller --example configmap_hasher --locked --quiet)
+  KUBECONFIG="${KUBECONFIG:-${KD_CLUSTER_DIR:-$root/.cluster}/kubeconfig}" \
+    KD_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" \
+    KD_REQUIRE_CLUSTER=1 \
+    go test -race -count=1 -timeout 10m ./...
+}
+case ${1:-} in
+  "") ;;
+  --tests-only) run_tests; exit 0 ;;
+  *) echo "usage: tests/go-sdk.sh [--tests-only]" >&2; exit 2 ;;
+esac
 
 unformatted=$(gofmt -l .)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
@@ -16,7 +34,6 @@ if ! diff <(./sources.sh) internal/wire/SOURCES >/dev/null; then
   echo "the Go stubs are older than proto/: run controller-sdk/go/generate.sh" >&2
   exit 1
 fi
-root=$(cd ../.. && pwd)
 # One version for the tier and both SDKs: the workspace's (Cargo.toml).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
 grep -qx "const Version = \"$version\"" dispatch/capabilities.go || {
@@ -33,9 +50,4 @@ fi
 unformatted=$(gofmt -l "$ported")
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
 (cd "$ported" && go vet ./...)
-# Built already when the nextest phases ran; nothing to do then.
-(cd "$root" && cargo build -p kube-dispatch-controller --example configmap_hasher --locked --quiet)
-KUBECONFIG="${KUBECONFIG:-$root/.cluster/kubeconfig}" \
-  KD_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" \
-  KD_REQUIRE_CLUSTER=1 \
-  go test -race -count=1 -timeout 10m ./...
+run_tests

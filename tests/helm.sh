@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Helm chart (deploy/helm/kube-dispatch), as `make test` checks it:
 #   1. its templates are current with deploy/base and deploy/components (render.py --check):
-#      the chart and the Kustomize base are one source and cannot drift apart;
+#      the chart and the Kustomize base are one source and cannot drift apart; its version and
+#      appVersion are the workspace's (Cargo.toml);
 #   2. `helm lint`;
 #   3. with the defaults (and image.tag dev), `helm template` renders the very objects
 #      `kubectl kustomize deploy/base` builds, and with tls.certManager and
@@ -25,6 +26,13 @@ trap 'rm -rf "$work"' EXIT
 export HELM_CACHE_HOME=$work/cache HELM_CONFIG_HOME=$work/config HELM_DATA_HOME=$work/data
 
 python3 deploy/helm/render.py --check
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+for field in 'version: ' 'appVersion: "'; do
+  grep -qx "$field$version\"\{0,1\}" $chart/Chart.yaml || {
+    echo "$chart/Chart.yaml: ${field%%:*} must be the workspace's version $version (Cargo.toml)" >&2
+    exit 1
+  }
+done
 "$helm" lint --strict "$chart"
 
 # The chart asks for Kubernetes 1.35 or newer: render for the version the tests run.

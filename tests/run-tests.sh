@@ -51,21 +51,8 @@ cargo build --workspace --bins --locked --quiet
 step "cargo test --doc"
 cargo test --workspace --doc --locked --quiet
 
-step "cargo nextest: every test, each under its deadline (.config/nextest.toml)"
-PATH="$(tests/nextest.sh):$PATH"
-# Tests that restart the shared API server or count its requests run last, one at a time: each
-# needs the control plane to itself. The model's checks (minutes of CPU each) and the attacks
-# on a dispatcher (floods, on purpose) run apart too, each set beside itself only, as they did
-# in their own test binaries.
-alone='binary_id(kube-dispatch-tests::apiserver_restart) | binary_id(kube-dispatch-tests::dispatcher_restart)'
-alone+=' | binary_id(kube-dispatch-tests::fenced_dispatcher) | binary_id(kube-dispatch-tests::chaos)'
-alone+=' | (package(kube-dispatch-bench) & kind(test))'
-model='package(kube-dispatch-model)'
-attacks='binary_id(kube-dispatch-tests::hostile) | binary_id(kube-dispatch-tests::hostile_tenants)'
-cargo nextest run --workspace --locked --no-tests=warn -E "not ($alone | $model | $attacks)"
-cargo nextest run --workspace --locked --no-tests=fail -E "$model"
-cargo nextest run --workspace --locked --no-tests=fail -E "$attacks"
-cargo nextest run --workspace --locked --no-tests=fail -E "$alone" --test-threads 1
+step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
+tests/nextest-phases.sh
 
 step "Go controller SDK (tests/go-sdk.sh)"
 tests/go-sdk.sh

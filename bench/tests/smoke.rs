@@ -115,7 +115,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
         // three dispatchers whatever the number of replicas (--list-mode whole, the default).
-        // controller-runtime (client-go 1.36, WatchListClient on by default) lists by
+        // controller-runtime (client-go 1.35 and newer, WatchListClient on by default) lists by
         // streaming: one WATCH with sendInitialEvents and no LIST.
         for (variant, lists, watches) in [
             ("kube-rs", 1.0, 1.0),

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-controller-manager, kubectl and etcd (the control plane), and
 # kubelet, kube-scheduler and kube-proxy (the local node, tests/node/node.sh), from the upstream
-# Go modules at the versions pinned in tests/cluster/go.mod, with the machine's Go toolchain.
+# Go modules at the versions pinned in tests/cluster/go.mod (or, with KUBERNETES_VERSION=<minor>,
+# in tests/cluster/kubernetes/<minor>/go.mod; see versions.sh), with the machine's Go toolchain.
 #
 # The binaries are cached in .cache/kubernetes/<kubernetes>-etcd-<etcd>-<recipe digest>/bin
 # (git-ignored; the digest covers go.mod, go.sum and this script); when all of them are there,
-# nothing is built. Prints the bin folder.
+# nothing is built. Each minor keeps one set (about 300 MB). Prints the bin folder.
 #
 # Usage: tests/cluster/build-binaries.sh [--print-dir]
 #   --print-dir   print the bin folder the pinned versions use, and build nothing
@@ -49,7 +50,7 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   ldflags+=" -X $pkg.gitTreeState=clean"
 done
 (
-  cd "$here"
+  cd "$KD_KUBERNETES_MODULE_DIR"
   # -trimpath and stripped symbols keep the cache small; the build is reproducible from go.sum.
   go build -trimpath -ldflags="$ldflags" -o "$staging/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
@@ -64,9 +65,11 @@ mkdir -p "$KD_BIN_DIR"
 for b in "${binaries[@]}"; do
   mv -f "$staging/$b" "$KD_BIN_DIR/$b"
 done
-# Drop binaries built by other recipes: they are never used again, and each set is ~300 MB.
-for old in "$(dirname "${KD_BIN_DIR%/bin}")"/*; do
-  [[ $old == "${KD_BIN_DIR%/bin}" ]] || rm -rf "$old"
+# Drop the binaries other recipes built for this minor: they are never used again, and each set
+# is ~300 MB. The other minors' sets stay, for the matrix.
+minor_prefix=$(echo "$KD_KUBERNETES_VERSION" | sed -E 's/^(v[0-9]+\.[0-9]+)\..*/\1./')
+for old in "$(dirname "${KD_BIN_DIR%/bin}")/$minor_prefix"*; do
+  [[ ! -e $old || $old == "${KD_BIN_DIR%/bin}" || $old == *.partial.* ]] || rm -rf "$old"
 done
 echo "build-binaries: built in $(($(date +%s) - start)) s into $KD_BIN_DIR ($(du -sh "$KD_BIN_DIR" | cut -f1))" >&2
 echo "$KD_BIN_DIR"

@@ -41,6 +41,11 @@
 #   KD_APISERVER_ADDRESS the address kube-apiserver binds and advertises (default 127.0.0.1);
 #                        the local node (tests/node/node.sh) uses its bridge's address, which
 #                        its pods can reach
+#   KD_APISERVER_FEATURE_GATES  the API server's --feature-gates (default: ShardedListAndWatch=true
+#                        on 1.36 and newer, none on 1.35); set it empty for the release's defaults
+#   KUBERNETES_VERSION   the Kubernetes minor to run (default: the newest, tests/cluster/go.mod;
+#                        see versions.sh); a control plane of another version already running
+#                        in KD_CLUSTER_DIR is refused, not replaced
 #   KD_KCM_CONTROLLERS   the controllers kube-controller-manager runs (default: namespace,
 #                        garbage collector, service account, ClusterRole aggregation)
 set -euo pipefail
@@ -64,7 +69,7 @@ KD_LOG_PREFIX=cluster
 source "$here/common.sh"
 
 load_state() {
-  ETCD_PID= APISERVER_PID= KCM_PID= API_PORT= ETCD_PORT= ETCD_PEER_PORT=
+  ETCD_PID= APISERVER_PID= KCM_PID= API_PORT= ETCD_PORT= ETCD_PEER_PORT= KUBERNETES=
   # shellcheck disable=SC1090
   [[ -f $state ]] && source "$state"
   return 0
@@ -78,6 +83,7 @@ ETCD_PEER_PORT=$ETCD_PEER_PORT
 ETCD_PID=$ETCD_PID
 APISERVER_PID=$APISERVER_PID
 KCM_PID=$KCM_PID
+KUBERNETES=$KD_KUBERNETES_VERSION
 AUDIT_LOG=$logs/control-plane-audit.log
 EOF
 }
@@ -262,7 +268,25 @@ start_etcd() {
   ETCD_PID=$!
 }
 
+# The feature gates the API server starts with: ShardedListAndWatch (alpha since 1.36, off by
+# default) where the release has it, so a ring keyed by namespace is filtered by the server; 1.35
+# has no such gate (an unknown gate stops the API server) and shows the dispatcher's fallback.
+# KD_APISERVER_FEATURE_GATES replaces the list (empty: the release's defaults).
+feature_gates() {
+  if [[ -n ${KD_APISERVER_FEATURE_GATES+set} ]]; then
+    echo "$KD_APISERVER_FEATURE_GATES"
+  elif ((${KD_KUBERNETES_MINOR#*_} >= 36)); then
+    echo ShardedListAndWatch=true
+  fi
+}
+
 start_apiserver() {
+  local gates reconciler=()
+  gates=$(feature_gates)
+  # On loopback nothing in the cluster needs the `kubernetes` Service's endpoints, and from 1.37
+  # the API server refuses to publish a loopback address there; the local node (node.sh) binds
+  # its bridge's address, which pods reach, and keeps the reconciler.
+  [[ $address == 127.* ]] && reconciler=(--endpoint-reconciler-type none)
   setsid "$KD_BIN_DIR/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address "$address" \
@@ -281,7 +305,8 @@ start_apiserver() {
     --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 \
-    --feature-gates ShardedListAndWatch=true \
+    ${gates:+--feature-gates "$gates"} \
+    "${reconciler[@]}" \
     --audit-policy-file "$dir/audit-policy.yaml" \
     --audit-log-path "$logs/control-plane-audit.log" \
     --audit-log-format json \
@@ -322,6 +347,9 @@ cmd_up() {
   # Running: reused once it answers /readyz. A slow answer (a machine busy with tests that each
   # call `up`) is waited for, never taken for a broken control plane and torn down.
   if alive "$ETCD_PID" && alive "$APISERVER_PID" && alive "$KCM_PID"; then
+    if [[ -n $KUBERNETES && $KUBERNETES != "$KD_KUBERNETES_VERSION" ]]; then
+      die "the control plane running in $dir is Kubernetes $KUBERNETES, not $KD_KUBERNETES_VERSION: stop it first (make cluster-down), or give this one another folder (KD_CLUSTER_DIR)"
+    fi
     wait_ready
     log "reusing the running control plane (kube-apiserver https://$address:$API_PORT)"
     make_dispatch_pki
@@ -361,7 +389,7 @@ cmd_up() {
   save_state
   make_dispatch_pki
   make_test_identity
-  log "ready in $((SECONDS - start)) s: kube-apiserver https://$address:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
+  log "ready in $((SECONDS - start)) s: Kubernetes $KD_KUBERNETES_VERSION, kube-apiserver https://$address:$API_PORT, etcd http://127.0.0.1:$ETCD_PORT, logs in $logs"
   log "try: $KD_BIN_DIR/kubectl --kubeconfig $dir/kubeconfig get --raw /readyz"
   echo "$dir/kubeconfig"
 }
@@ -383,7 +411,7 @@ cmd_down() {
 
 cmd_status() {
   if is_ready; then
-    echo "running: kube-apiserver https://$address:$API_PORT (pid $APISERVER_PID), etcd http://127.0.0.1:$ETCD_PORT (pid $ETCD_PID), kube-controller-manager (pid $KCM_PID); kubeconfig $dir/kubeconfig"
+    echo "running: Kubernetes ${KUBERNETES:-?}, kube-apiserver https://$address:$API_PORT (pid $APISERVER_PID), etcd http://127.0.0.1:$ETCD_PORT (pid $ETCD_PID), kube-controller-manager (pid $KCM_PID); kubeconfig $dir/kubeconfig"
   else
     echo "not running"
     return 1

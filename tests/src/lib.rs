@@ -242,6 +242,42 @@ impl Cluster {
         })
     }
 
+    /// Whether this API server applies `shardSelector` to LIST and WATCH: its
+    /// `ShardedListAndWatch` feature gate is on, as its own `kubernetes_feature_enabled` metric
+    /// reports (the gate exists from 1.36; `tests/cluster/cluster.sh` turns it on there).
+    ///
+    /// # Errors
+    ///
+    /// The `/metrics` request fails, or the server runs 1.36 or newer with the gate off although
+    /// `KD_APISERVER_FEATURE_GATES` did not ask for that (the control plane is not the one the
+    /// tests expect).
+    pub async fn shards_lists_and_watches(&self) -> Result<bool, FixtureError> {
+        use tonic::codegen::http;
+        let client = self.client().await?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| FixtureError::Timeout(format!("GET /metrics: {e}")))?;
+        let metrics = client.request_text(request).await?;
+        let on = metrics.lines().any(|line| {
+            line.starts_with("kubernetes_feature_enabled{")
+                && line.contains("name=\"ShardedListAndWatch\"")
+                && line.ends_with(" 1")
+        });
+        let minor: u32 = client
+            .apiserver_version()
+            .await?
+            .minor
+            .trim_end_matches('+')
+            .parse()
+            .unwrap_or(0);
+        if !on && minor >= 36 && std::env::var_os("KD_APISERVER_FEATURE_GATES").is_none() {
+            return Err(FixtureError::Timeout(format!(
+                "the API server (1.{minor}) runs without ShardedListAndWatch, which tests/cluster/cluster.sh turns on from 1.36: restart the control plane (make cluster-down)"
+            )));
+        }
+        Ok(on)
+    }
+
     /// A `kubectl` command, built from the pinned version, pointed at this cluster as admin.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new(self.bin_dir.join("kubectl"));

@@ -213,7 +213,7 @@ pub(crate) fn sum_where(metrics: &str, name: &str, labels: &[&str]) -> f64 {
 }
 
 /// The kube-apiserver and etcd processes of the local control plane, from the state file the
-/// cluster script writes (`.cluster/state.env`).
+/// cluster script writes (`state.env` in `$KD_CLUSTER_DIR`, by default `.cluster`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ControlPlane {
     apiserver: u32,
@@ -222,7 +222,9 @@ pub(crate) struct ControlPlane {
 
 impl ControlPlane {
     pub(crate) fn from_state(root: &Path) -> anyhow::Result<Self> {
-        let path = root.join(".cluster/state.env");
+        let dir = std::env::var_os("KD_CLUSTER_DIR")
+            .map_or_else(|| root.join(".cluster"), std::path::PathBuf::from);
+        let path = dir.join("state.env");
         let state = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let pid = |name: &str| -> anyhow::Result<u32> {
