@@ -34,4 +34,4 @@ cargo build --quiet --locked -p kube-dispatch-controller --example configmap_has
 prometheus=$(tests/cluster/prometheus.sh)
 
 python3 tests/demo.py "$kubeconfig" "$(tests/cluster/build-binaries.sh --print-dir)/kubectl" \
-  target/debug .cluster/logs/demo "$prometheus"
+  target/debug "${KD_CLUSTER_DIR:-.cluster}/logs/demo" "$prometheus"

@@ -23,6 +23,7 @@ cargo build --workspace --bins --locked --quiet
 
 results=()
 failed=0
+[[ -n ${minors// /} ]] || { echo "matrix: no minor to run (MINORS is empty)" >&2; exit 2; }
 for minor in $minors; do
   export KUBERNETES_VERSION=$minor
   export KD_CLUSTER_DIR=$PWD/.cluster-$minor
@@ -31,24 +32,30 @@ for minor in $minors; do
   log=$KD_CLUSTER_DIR/matrix.log
   step "Kubernetes $minor: binaries, control plane in ${KD_CLUSTER_DIR#"$PWD"/}, the suites (log: ${log#"$PWD"/})"
   start=$SECONDS
-  status=passed
+  # set -e holds in the subshell only outside a `||` list: take its status from PIPESTATUS.
+  set +e
   (
     set -euo pipefail
+    trap 'tests/cluster/cluster.sh down >/dev/null 2>&1 || true' EXIT
     tests/cluster/build-binaries.sh >/dev/null
     tests/cluster/cluster.sh up >/dev/null
-    trap 'tests/cluster/cluster.sh down >/dev/null 2>&1 || true' EXIT
     version=$("$(tests/cluster/build-binaries.sh --print-dir)/kubectl" --kubeconfig "$KUBECONFIG" version -o json |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
     echo "the API server says $version"
     tests/nextest-phases.sh --without-model
     tests/go-sdk.sh --tests-only
-  ) 2>&1 | tee "$log" || status=failed
-  [[ $status == passed ]] || failed=1
-  # nextest's summary lines: "Summary [ 123.4s] 322 tests run: 322 passed, 2 skipped"
-  counts=$(grep -E '^ *Summary \[' "$log" | sed -E 's/.* ([0-9]+) tests? run: ([0-9]+) passed.*/\1 \2/' |
+  ) 2>&1 | tee "$log"
+  code=${PIPESTATUS[0]}
+  set -e
+  status=passed
+  if ((code != 0)); then status="failed (exit $code)"; failed=1; fi
+  # nextest's summary lines: "Summary [ 123.4s] 322 tests run: 322 passed, 2 skipped", or
+  # "5/322 tests run: ..." when a run stopped at its first failure.
+  counts=$({ grep -E '^ *Summary \[' "$log" || true; } |
+    sed -E 's/.* ([0-9]+)(\/[0-9]+)? tests? run: ([0-9]+) passed.*/\1 \3/' |
     awk '{ run += $1; ok += $2 } END { printf "%d/%d", ok, run }')
-  go=$(grep -cE '^ok ' "$log" || true)
-  pinned=$(source tests/cluster/versions.sh && echo "$KD_KUBERNETES_VERSION etcd $KD_ETCD_VERSION")
+  go=$({ grep -cE '^ok ' "$log" || true; })
+  pinned=$( (source tests/cluster/versions.sh && echo "$KD_KUBERNETES_VERSION etcd $KD_ETCD_VERSION") 2>/dev/null || echo "?")
   results+=("| $minor | $pinned | $counts | $go | $((SECONDS - start)) s | $status |")
 done
 

@@ -6,7 +6,7 @@
 #
 # The binaries are cached in .cache/kubernetes/<kubernetes>-etcd-<etcd>-<recipe digest>/bin
 # (git-ignored; the digest covers go.mod, go.sum and this script); when all of them are there,
-# nothing is built. Each minor keeps one set (about 300 MB). Prints the bin folder.
+# nothing is built. Each minor keeps one set (about 550 MB). Prints the bin folder.
 #
 # Usage: tests/cluster/build-binaries.sh [--print-dir]
 #   --print-dir   print the bin folder the pinned versions use, and build nothing
@@ -66,7 +66,7 @@ for b in "${binaries[@]}"; do
   mv -f "$staging/$b" "$KD_BIN_DIR/$b"
 done
 # Drop the binaries other recipes built for this minor: they are never used again, and each set
-# is ~300 MB. The other minors' sets stay, for the matrix.
+# is ~550 MB. The other minors' sets stay, for the matrix.
 minor_prefix=$(echo "$KD_KUBERNETES_VERSION" | sed -E 's/^(v[0-9]+\.[0-9]+)\..*/\1./')
 for old in "$(dirname "${KD_BIN_DIR%/bin}")/$minor_prefix"*; do
   [[ ! -e $old || $old == "${KD_BIN_DIR%/bin}" || $old == *.partial.* ]] || rm -rf "$old"

@@ -361,6 +361,12 @@ cmd_up() {
     log "a previous control plane is half running; stopping it first"
     cmd_down >/dev/null
   fi
+  # Data another release wrote (or one from before releases were recorded) is not carried over:
+  # etcd refuses to start on a newer etcd's data, and the tests expect a fresh cluster anyway.
+  if [[ -d $dir/data && $KUBERNETES != "$KD_KUBERNETES_VERSION" ]]; then
+    log "removing the data of a control plane of ${KUBERNETES:-an unrecorded version} to start $KD_KUBERNETES_VERSION"
+    rm -rf "$dir/data" "$dir/tokens/tester.token"
+  fi
   "$here/build-binaries.sh" >/dev/null
   command -v openssl >/dev/null || die "openssl is needed to create the test certificates"
   command -v curl >/dev/null || die "curl is needed to probe /readyz"

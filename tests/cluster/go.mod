@@ -2,9 +2,10 @@
 // kube-apiserver, kube-controller-manager, kubectl and etcd, and the local node's kubelet,
 // kube-scheduler and kube-proxy (`make node-up`), from the upstream Go modules at the pinned
 // versions.
-// This file is the one place the Kubernetes and etcd versions are pinned: the scripts beside it read
-// them from here, and the Rust workspace's k8s-openapi feature must name the same minor (checked by
-// `tests/cluster/check-versions.sh`).
+// This file pins the default Kubernetes and etcd versions, the newest supported minor: the scripts
+// beside it read them from here, and the Rust workspace's k8s-openapi feature must name the same
+// minor (checked by `tests/cluster/check-versions.sh`). The older minors of `make test-matrix`
+// have a module each in kubernetes/<minor>/ (see versions.sh).
 module kube-dispatch/tests/cluster
 
 go 1.26.0

@@ -390,6 +390,11 @@ wait_node_ready() {
 
 cmd_up() {
   if node_ready; then
+    local running
+    running=$(awk -F= '$1 == "KUBERNETES" { print $2 }' "$KD_CLUSTER_DIR/state.env" 2>/dev/null)
+    if [[ -n $running && $running != "$KD_KUBERNETES_VERSION" ]]; then
+      die "the running node is Kubernetes $running, not $KD_KUBERNETES_VERSION: take it down first (make node-down)"
+    fi
     log "reusing the running node $node_name"
     echo "$KD_CLUSTER_DIR/kubeconfig"
     return 0

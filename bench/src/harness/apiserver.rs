@@ -223,6 +223,7 @@ pub(crate) struct ControlPlane {
 impl ControlPlane {
     pub(crate) fn from_state(root: &Path) -> anyhow::Result<Self> {
         let dir = std::env::var_os("KD_CLUSTER_DIR")
+            .filter(|d| !d.is_empty())
             .map_or_else(|| root.join(".cluster"), std::path::PathBuf::from);
         let path = dir.join("state.env");
         let state = std::fs::read_to_string(&path)

@@ -1,10 +1,8 @@
-// Builds the real control plane that kube-dispatch's tests, benchmarks and demo run against:
+// Kubernetes 1.35 for `make test-matrix` (KUBERNETES_VERSION=1.35; tests/cluster/versions.sh):
 // kube-apiserver, kube-controller-manager, kubectl and etcd, and the local node's kubelet,
-// kube-scheduler and kube-proxy (`make node-up`), from the upstream Go modules at the pinned
-// versions.
-// This file is the one place the Kubernetes and etcd versions are pinned: the scripts beside it read
-// them from here, and the Rust workspace's k8s-openapi feature must name the same minor (checked by
-// `tests/cluster/check-versions.sh`).
+// kube-scheduler and kube-proxy, built from the upstream Go modules at the versions pinned here.
+// The default, newest minor is tests/cluster/go.mod, which the Rust workspace's k8s-openapi
+// feature follows; tests/cluster/check-versions.sh checks that this module pins a 1.35 release.
 module kube-dispatch/tests/cluster/kubernetes/1.35
 
 go 1.26.0
