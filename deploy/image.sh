@@ -72,8 +72,7 @@ done
 [[ $builder == buildah || $builder == docker ]] || die "--builder is buildah or docker, not $builder"
 # The release and the commit built: the workspace's version, the checkout's commit (with -dirty
 # when it has uncommitted changes).
-version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
-[[ -n $version ]] || die "no version in $root/Cargo.toml ([workspace.package] version)"
+version=$("$root/deploy/version.sh")
 # safe.directory: run as root (buildah) on a checkout another user owns, git would refuse.
 git=(git -c "safe.directory=$root" -C "$root")
 commit=$("${git[@]}" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)

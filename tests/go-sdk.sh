@@ -35,7 +35,7 @@ if ! diff <(./sources.sh) internal/wire/SOURCES >/dev/null; then
   exit 1
 fi
 # One version for the tier and both SDKs: the workspace's (Cargo.toml).
-version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
+version=$("$root/deploy/version.sh")
 grep -qx "const Version = \"$version\"" dispatch/capabilities.go || {
   echo "dispatch.Version (dispatch/capabilities.go) is not the workspace's version $version" >&2
   exit 1

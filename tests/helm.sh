@@ -26,7 +26,7 @@ trap 'rm -rf "$work"' EXIT
 export HELM_CACHE_HOME=$work/cache HELM_CONFIG_HOME=$work/config HELM_DATA_HOME=$work/data
 
 python3 deploy/helm/render.py --check
-version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+version=$(deploy/version.sh)
 for field in 'version: ' 'appVersion: "'; do
   grep -qx "$field$version\"\{0,1\}" $chart/Chart.yaml || {
     echo "$chart/Chart.yaml: ${field%%:*} must be the workspace's version $version (Cargo.toml)" >&2

@@ -13,8 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=tests/cluster/versions.sh
 source tests/cluster/versions.sh
-default=$(echo "$KD_KUBERNETES_DEFAULT" | sed -E 's/^v([0-9]+\.[0-9]+)\..*/\1/')
-minors=${MINORS:-$(echo "$KD_KUBERNETES_MINORS" | tr ' ' '\n' | grep -vx "$default" | tr '\n' ' ')}
+minors=${MINORS:-$(echo "$KD_KUBERNETES_MINORS" | tr ' ' '\n' | grep -vx "$KD_KUBERNETES_DEFAULT_MINOR" | tr '\n' ' ')}
 
 step() { printf '\n==> %s\n' "$*"; }
 

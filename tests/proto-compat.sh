@@ -20,7 +20,7 @@ fi
 
 if [[ ${1:-} == --record ]]; then
   version=${2:?usage: tests/proto-compat.sh --record VERSION (for example 0.2.0)}
-  workspace=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' ../Cargo.toml)
+  workspace=$(../deploy/version.sh)
   [[ $version == "$workspace" ]] || { echo "--record $version: the workspace's version is $workspace" >&2; exit 1; }
   [[ ! -e released/v$version.json ]] || { echo "proto/released/v$version.json exists: a release is recorded once" >&2; exit 1; }
   # What a release records must keep the previous one's promises too.

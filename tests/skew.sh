@@ -16,7 +16,7 @@ die() { say "error: $*" >&2; exit 1; }
 # Run as root (the node needs it) on a checkout another user owns: git would refuse it.
 git() { command git -c safe.directory='*' "$@"; }
 
-current=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+current=$(deploy/version.sh)
 if [[ -n ${SKEW_FROM:-} ]]; then
   read -r version commit _ < <(awk -v v="$SKEW_FROM" '$1 == v' deploy/releases) || true
   [[ -n ${version:-} ]] || die "no release $SKEW_FROM in deploy/releases"

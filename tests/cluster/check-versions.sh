@@ -22,7 +22,7 @@ if [[ $client_go != "${KD_KUBERNETES_VERSION/v1./v0.}" ]]; then
   echo "check-versions: tests/cluster/go.mod pins Kubernetes $KD_KUBERNETES_VERSION, so bench/controller-runtime/go.mod must use k8s.io/client-go ${KD_KUBERNETES_VERSION/v1./v0.} (and the controller-runtime release built for it); it says: ${client_go:-nothing}" >&2
   exit 1
 fi
-default_minor=${KD_KUBERNETES_MINOR/_/.}
+default_minor=$KD_KUBERNETES_DEFAULT_MINOR
 for dir in "$KD_ROOT"/tests/cluster/kubernetes/*/; do
   minor=$(basename "$dir")
   pinned=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$dir/go.mod")
