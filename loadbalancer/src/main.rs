@@ -59,7 +59,7 @@ struct Args {
     lease_name: String,
 
     /// Leader Lease duration (whole seconds): a standby takes over this long after the leader
-    /// stops renewing.
+    /// stops renewing (at once when a leader that stops releases it).
     #[arg(long, env = "KD_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
 

@@ -10,7 +10,10 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
 use kube_dispatch_proto::v1::{
     Assignment, LeaveRequest, LeaveResponse, RegisterRequest,
     load_balancer_server::{LoadBalancer, LoadBalancerServer},
@@ -23,12 +26,12 @@ use kube_dispatch_runtime::{
     metrics::Metrics,
     tls::Transport,
 };
-use kube_lease_manager::LeaseManagerBuilder;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     metrics::RegistryCollector,
@@ -48,7 +51,8 @@ pub struct Config {
     pub namespace: String,
     /// Name of the leader Lease.
     pub lease_name: String,
-    /// Leader Lease duration: a standby takes over this long after the leader stops renewing.
+    /// Leader Lease duration: a standby takes over this long after the leader stops renewing
+    /// (at once when a leader that stops releases it).
     pub lease_duration: Duration,
     /// How long before its Lease expires the leader renews it.
     pub lease_grace: Duration,
@@ -269,20 +273,21 @@ pub async fn serve(
         config.group_owners.clone(),
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.advertise_address)
-        .with_duration(config.lease_duration.as_secs().max(1))
-        .with_grace(config.lease_grace.as_secs().max(1))
-        .build()
-        .await
-        .map_err(|source| ServeError::Election {
-            lease: config.lease_name.clone(),
-            source,
-        })?;
-    let (elected, election) = manager.watch().await;
-    let (leading_tx, leading) = watch::channel(false);
+    let election = Election {
+        client: client.clone(),
+        lease: config.lease_name.clone(),
+        namespace: config.namespace.clone(),
+        identity: config.advertise_address.clone(),
+        duration: config.lease_duration.as_secs().max(1),
+        grace: config.lease_grace.as_secs().max(1),
+    };
+    // The first reading of the Lease (creating it if missing) fails the start, as a bad
+    // namespace or missing permission should.
+    let manager = election.build().await?;
+    let (elected_tx, elected) = watch::channel(false);
     let stop = CancellationToken::new();
+    let election = tokio::spawn(election.run(manager, leases.clone(), elected_tx, stop.clone()));
+    let (leading_tx, leading) = watch::channel(false);
     tokio::spawn(follow_leadership(
         elected,
         leading_tx,
@@ -334,10 +339,10 @@ pub async fn serve(
         })
         .await;
     stop.cancel();
-    // The election task releases the Lease once its channel is gone, so a standby takes over
-    // at once.
+    // The election task releases the Lease on `stop`: a standby, which watches it, takes over
+    // at once instead of when it would have expired.
     match tokio::time::timeout(Duration::from_secs(5), election).await {
-        Ok(Ok(Ok(_))) => info!("leader Lease released"),
+        Ok(Ok(Ok(()))) => info!("leader Lease released"),
         Ok(Ok(Err(e))) => {
             warn!(error = %e, "could not release the leader Lease; it expires by itself")
         }
@@ -346,6 +351,144 @@ pub async fn serve(
     }
     result?;
     Ok(())
+}
+
+/// The leader election on one Lease.
+///
+/// `kube-lease-manager` alone lets a standby sleep until the expiry it last read, however early
+/// the leader gives the Lease up: a rolling update would leave controllers without a leading
+/// load balancer for up to a whole `--lease-duration`. So a standby also watches the Lease,
+/// and when it shows no holder (released on shutdown) or is deleted, reads it again with a
+/// fresh manager, which takes it at once.
+struct Election {
+    client: Client,
+    lease: String,
+    namespace: String,
+    identity: String,
+    /// Lease duration and renewal grace, in whole seconds.
+    duration: u64,
+    grace: u64,
+}
+
+impl Election {
+    async fn build(&self) -> Result<LeaseManager, ServeError> {
+        LeaseManagerBuilder::new(self.client.clone(), &self.lease)
+            .with_namespace(&self.namespace)
+            .with_identity(&self.identity)
+            .with_duration(self.duration)
+            .with_grace(self.grace)
+            .build()
+            .await
+            .map_err(|source| ServeError::Election {
+                lease: self.lease.clone(),
+                source,
+            })
+    }
+
+    /// Elects until `stop`, mirroring whether this replica leads into `elected`, then releases
+    /// the Lease if it holds it.
+    async fn run(
+        self,
+        manager: LeaseManager,
+        leases: Api<Lease>,
+        elected: watch::Sender<bool>,
+        stop: CancellationToken,
+    ) -> Result<(), LeaseManagerError> {
+        let mut freed = std::pin::pin!(lease_freed(leases, &self.lease));
+        let mut manager = Some(manager);
+        // Failures in a row, for the pause before the next attempt: 1 s doubling to 30 s.
+        let mut failures = 0u32;
+        loop {
+            let current = match &manager {
+                Some(current) => current,
+                None => match self.build().await {
+                    Ok(fresh) => manager.insert(fresh),
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the leader Lease; trying again");
+                        failures += 1;
+                        if pause(failures, &stop).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
+            };
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                changed = current.changed() => match changed {
+                    Ok(leads) => {
+                        failures = 0;
+                        elected.send_replace(leads);
+                    }
+                    Err(e) => {
+                        // As the manager's own loop does: what it knows is kept, and the next
+                        // attempt reads the Lease again.
+                        warn!(error = %e, lease = %self.lease, "leader election failed; trying again");
+                        failures += 1;
+                        if pause(failures, &stop).await {
+                            break;
+                        }
+                    }
+                },
+                Some(freed) = freed.next() => {
+                    // A standby takes a released Lease; a leader keeps what it holds (its own
+                    // renewals deal with a forced release) unless the Lease was deleted, which
+                    // it cannot renew. A fresh manager reads the Lease, creating it again if it
+                    // is gone, and starts as a standby, which takes a free Lease at once.
+                    let leading = *elected.borrow();
+                    if !leading || freed == Freed::Deleted {
+                        debug!(lease = %self.lease, ?freed, "the leader Lease is free: trying to take it now");
+                        elected.send_replace(false);
+                        manager = None;
+                    }
+                }
+            }
+        }
+        match manager {
+            Some(manager) => manager.release().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Waits before election attempt number `failures` + 1 (1 s doubling to 30 s); returns whether
+/// `stop` came first.
+async fn pause(failures: u32, stop: &CancellationToken) -> bool {
+    let wait = Duration::from_secs(1 << (failures.clamp(1, 6) - 1)).min(Duration::from_secs(30));
+    tokio::select! {
+        () = stop.cancelled() => true,
+        () = tokio::time::sleep(wait) => false,
+    }
+}
+
+/// How the leader Lease became free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Freed {
+    /// It shows no holder: the leader released it.
+    Released,
+    /// It was deleted: even the leader cannot renew it, and a fresh manager creates it again.
+    Deleted,
+}
+
+/// Yields each time the Lease `name` shows no holder or is deleted.
+fn lease_freed(leases: Api<Lease>, name: &str) -> impl Stream<Item = Freed> + Send + use<> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    watcher::watcher(leases, config)
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                    let held = lease
+                        .spec
+                        .and_then(|spec| spec.holder_identity)
+                        .is_some_and(|holder| !holder.is_empty());
+                    (!held).then_some(Freed::Released)
+                }
+                Ok(watcher::Event::Delete(_)) => Some(Freed::Deleted),
+                _ => None,
+            }
+        })
 }
 
 /// Mirrors the election result; on losing leadership, drops every registration.
@@ -375,7 +518,6 @@ async fn follow_leadership(
     }
     registry.clear();
     leading.send_replace(false);
-    // Dropping `elected` closes the election channel: the election task releases the Lease.
 }
 
 /// Keeps the registry's dispatchers equal to those with a live Lease and an address.

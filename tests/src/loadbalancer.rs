@@ -25,12 +25,21 @@ impl TestLoadBalancer {
     /// Starts a load balancer for the dispatchers of `namespace` (where its leader Lease lives
     /// too), with a 3 s leader Lease and a 2 s replica grace.
     pub async fn start(namespace: &str) -> Result<Self, FixtureError> {
+        Self::start_with_lease(namespace, Duration::from_secs(3)).await
+    }
+
+    /// Starts one as [`TestLoadBalancer::start`] does, with a leader Lease of `duration` (at
+    /// least 2 s).
+    pub async fn start_with_lease(
+        namespace: &str,
+        duration: Duration,
+    ) -> Result<Self, FixtureError> {
         let (listener, addr) = bind("127.0.0.1:0")?;
         let config = Config {
             advertise_address: addr.to_string(),
             namespace: namespace.to_owned(),
             lease_name: "kube-dispatch-loadbalancer".into(),
-            lease_duration: Duration::from_secs(3),
+            lease_duration: duration,
             lease_grace: Duration::from_secs(1),
             dispatcher_grace: Duration::from_millis(500),
             replica_grace: Duration::from_secs(2),

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
@@ -746,6 +746,38 @@ async fn replicas_come_and_go_and_the_load_balancer_fails_over() -> TestResult {
         "replicas joined: placement converged in {joined:?}; replica killed: converged in {left:?} (grace 2 s); load balancer leader killed: standby led after {took_lead:?}, placement rebuilt {rebuilt:?} later; longest write-to-reconcile delay {worst:?} overall, {during_failover:?} during the failover"
     );
     stop_all([r1, r2], ds, [second]).await;
+    Ok(())
+}
+
+/// A load balancer stopped gracefully (as in a rolling update) releases its leader Lease, and
+/// the standby takes over at once: not when the Lease would have expired, a whole Lease
+/// duration later, while controllers find no leader to place them.
+#[tokio::test]
+async fn a_standby_load_balancer_takes_over_as_soon_as_the_leader_releases() -> TestResult {
+    let ns = TestNamespace::create("lb-release").await?;
+    let lease = Duration::from_secs(60);
+    let mut first = TestLoadBalancer::start_with_lease(ns.name(), lease).await?;
+    assert!(first.leads_within(Duration::from_secs(15)).await);
+    let mut second = TestLoadBalancer::start_with_lease(ns.name(), lease).await?;
+    // The standby has read the Lease (before it served), held for another minute.
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    let held = leases.get("kube-dispatch-loadbalancer").await?;
+    assert_eq!(holder(held), Some(first.addr.to_string()));
+    assert!(!second.leads());
+    let released = Instant::now();
+    first.stop().await;
+    assert!(
+        second.leads_within(Duration::from_secs(20)).await,
+        "the standby did not take over within 20 s of the release (the Lease lasts {lease:?})"
+    );
+    let taken = leases.get("kube-dispatch-loadbalancer").await?;
+    assert_eq!(holder(taken), Some(second.addr.to_string()));
+    println!(
+        "the standby led {:?} after the leader was told to stop",
+        released.elapsed()
+    );
+    second.stop().await;
     Ok(())
 }
 
