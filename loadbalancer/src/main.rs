@@ -105,6 +105,14 @@ struct Args {
     server: ServerFlags,
 }
 
+/// mimalloc rather than the C library's allocator: it gives freed memory back to the system
+/// (glibc's kept what a cold start's lists and deliveries once took, so a dispatcher's steady
+/// RSS stayed at its peak), and it is far faster than musl's, which the static images link.
+/// Version 2 without transparent huge pages (the workspace's features): with them, or with
+/// version 3, RSS grows in 2 MiB steps and was higher than glibc's (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
