@@ -342,7 +342,9 @@ pub async fn serve(
     // The election task releases the Lease on `stop`: a standby, which watches it, takes over
     // at once instead of when it would have expired.
     match tokio::time::timeout(Duration::from_secs(5), election).await {
-        Ok(Ok(Ok(()))) => info!("leader Lease released"),
+        Ok(Ok(Ok(()))) => {
+            info!("leader election ended (the Lease released if this replica held it)")
+        }
         Ok(Ok(Err(e))) => {
             warn!(error = %e, "could not release the leader Lease; it expires by itself")
         }
@@ -357,9 +359,16 @@ pub async fn serve(
 ///
 /// `kube-lease-manager` alone lets a standby sleep until the expiry it last read, however early
 /// the leader gives the Lease up: a rolling update would leave controllers without a leading
-/// load balancer for up to a whole `--lease-duration`. So a standby also watches the Lease,
-/// and when it shows no holder (released on shutdown) or is deleted, reads it again with a
-/// fresh manager, which takes it at once.
+/// load balancer for up to a whole `--lease-duration`. So every replica also watches the
+/// Lease:
+///
+/// - a standby that sees it free (released by a stopping leader, or deleted) reads it again
+///   with a fresh manager, which takes it at once;
+/// - a leader that sees it free, held by another or deleted reads it (an event may predate its
+///   own lock), and if it is not its own any more steps down and reads it again the same way
+///   (it may take a free Lease back at once);
+/// - a leader that cannot renew steps down once its last renewal seen is older than the Lease
+///   duration less the grace, rather than lead on beside the standby that takes the Lease.
 struct Election {
     client: Client,
     lease: String,
@@ -385,6 +394,23 @@ impl Election {
             })
     }
 
+    /// How long a renewal seen keeps this replica safely the leader: the Lease duration less
+    /// the grace (the clock skew tolerated).
+    fn held_for(&self) -> Duration {
+        Duration::from_secs(self.duration.saturating_sub(self.grace).max(1))
+    }
+
+    /// Whether the Lease, read now, names this replica as its holder; also when it cannot be
+    /// read (renewals decide then).
+    async fn still_held(&self, leases: &Api<Lease>) -> bool {
+        match leases.get_opt(&self.lease).await {
+            Ok(lease) => {
+                lease.and_then(|l| l.spec?.holder_identity).as_deref() == Some(&self.identity)
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Elects until `stop`, mirroring whether this replica leads into `elected`, then releases
     /// the Lease if it holds it.
     async fn run(
@@ -394,52 +420,78 @@ impl Election {
         elected: watch::Sender<bool>,
         stop: CancellationToken,
     ) -> Result<(), LeaseManagerError> {
-        let mut freed = std::pin::pin!(lease_freed(leases, &self.lease));
+        let mut seen = std::pin::pin!(lease_seen(leases.clone(), &self.lease));
         let mut manager = Some(manager);
-        // Failures in a row, for the pause before the next attempt: 1 s doubling to 30 s.
+        // Until when this replica, if it leads, holds the Lease for sure: the last renewal seen
+        // (its own election's or the watch's) plus `held_for`.
+        let mut held_until = Instant::now();
+        // Failures in a row, for the pause before the next attempt.
         let mut failures = 0u32;
         loop {
             let current = match &manager {
                 Some(current) => current,
-                None => match self.build().await {
-                    Ok(fresh) => manager.insert(fresh),
-                    Err(e) => {
-                        warn!(error = %e, "cannot read the leader Lease; trying again");
-                        failures += 1;
-                        if pause(failures, &stop).await {
-                            break;
+                None => {
+                    let built = tokio::select! {
+                        () = stop.cancelled() => break,
+                        built = self.build() => built,
+                    };
+                    match built {
+                        Ok(fresh) => manager.insert(fresh),
+                        Err(e) => {
+                            warn!(error = %e, "cannot read the leader Lease; trying again");
+                            failures += 1;
+                            if pause(failures, false, &stop).await {
+                                break;
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
             };
+            let leading = *elected.borrow();
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
                 changed = current.changed() => match changed {
                     Ok(leads) => {
                         failures = 0;
+                        if leads {
+                            held_until = Instant::now() + self.held_for();
+                        }
                         elected.send_replace(leads);
                     }
                     Err(e) => {
-                        // As the manager's own loop does: what it knows is kept, and the next
-                        // attempt reads the Lease again.
-                        warn!(error = %e, lease = %self.lease, "leader election failed; trying again");
+                        warn!(error = %e, lease = %self.lease, leading, "leader election failed; trying again");
                         failures += 1;
-                        if pause(failures, &stop).await {
+                        if leading && Instant::now() >= held_until {
+                            warn!(lease = %self.lease, "no renewal of the leader Lease for longer than it is safe to lead: stepping down");
+                            elected.send_replace(false);
+                            manager = None;
+                        } else if matches!(e, LeaseManagerError::NonexistentLease(_)) {
+                            // Only a fresh manager creates it again.
+                            manager = None;
+                        }
+                        // A leader retries well within its grace; a standby backs off.
+                        if pause(failures, leading, &stop).await {
                             break;
                         }
                     }
                 },
-                Some(freed) = freed.next() => {
-                    // A standby takes a released Lease; a leader keeps what it holds (its own
-                    // renewals deal with a forced release) unless the Lease was deleted, which
-                    // it cannot renew. A fresh manager reads the Lease, creating it again if it
-                    // is gone, and starts as a standby, which takes a free Lease at once.
-                    let leading = *elected.borrow();
-                    if !leading || freed == Freed::Deleted {
-                        debug!(lease = %self.lease, ?freed, "the leader Lease is free: trying to take it now");
-                        elected.send_replace(false);
+                Some(seen) = seen.next() => {
+                    if leading {
+                        if seen == Seen::HeldBy(self.identity.clone()) {
+                            held_until = Instant::now() + self.held_for();
+                        } else if !self.still_held(&leases).await {
+                            // Free, deleted, or taken: not this replica's any more (an event
+                            // older than this replica's own lock is not trusted alone).
+                            warn!(lease = %self.lease, ?seen, "the leader Lease is no longer this replica's: stepping down");
+                            elected.send_replace(false);
+                            manager = None;
+                        }
+                    } else if matches!(seen, Seen::Free | Seen::Deleted) {
+                        // A fresh manager reads it (creating it again if it is gone) and takes
+                        // a free Lease at once.
+                        debug!(lease = %self.lease, ?seen, "the leader Lease is free: trying to take it now");
                         manager = None;
                     }
                 }
@@ -452,41 +504,51 @@ impl Election {
     }
 }
 
-/// Waits before election attempt number `failures` + 1 (1 s doubling to 30 s); returns whether
-/// `stop` came first.
-async fn pause(failures: u32, stop: &CancellationToken) -> bool {
-    let wait = Duration::from_secs(1 << (failures.clamp(1, 6) - 1)).min(Duration::from_secs(30));
+/// Waits before election attempt number `failures` + 1: 1 s doubling to 30 s for a standby,
+/// 1 s for a leader (well within its renewal grace); returns whether `stop` came first.
+async fn pause(failures: u32, leading: bool, stop: &CancellationToken) -> bool {
+    let wait = if leading {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(1 << (failures.clamp(1, 6) - 1)).min(Duration::from_secs(30))
+    };
     tokio::select! {
         () = stop.cancelled() => true,
         () = tokio::time::sleep(wait) => false,
     }
 }
 
-/// How the leader Lease became free.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Freed {
-    /// It shows no holder: the leader released it.
-    Released,
-    /// It was deleted: even the leader cannot renew it, and a fresh manager creates it again.
+/// What the watch of the leader Lease shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    /// Held by this identity (taken or renewed).
+    HeldBy(String),
+    /// No holder: the leader released it (or it was never taken).
+    Free,
+    /// Deleted: nobody can renew it, and a fresh manager creates it again.
     Deleted,
 }
 
-/// Yields each time the Lease `name` shows no holder or is deleted.
-fn lease_freed(leases: Api<Lease>, name: &str) -> impl Stream<Item = Freed> + Send + use<> {
+/// What the Lease `name` shows at each change; watch failures are logged and retried.
+fn lease_seen(leases: Api<Lease>, name: &str) -> impl Stream<Item = Seen> + Send + use<> {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     watcher::watcher(leases, config)
         .default_backoff()
         .filter_map(|event| async move {
             match event {
-                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
-                    let held = lease
+                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => Some(
+                    lease
                         .spec
                         .and_then(|spec| spec.holder_identity)
-                        .is_some_and(|holder| !holder.is_empty());
-                    (!held).then_some(Freed::Released)
+                        .filter(|holder| !holder.is_empty())
+                        .map_or(Seen::Free, Seen::HeldBy),
+                ),
+                Ok(watcher::Event::Delete(_)) => Some(Seen::Deleted),
+                Ok(_) => None,
+                Err(e) => {
+                    warn!(error = %e, "cannot watch the leader Lease; a standby takes it over only when it expires");
+                    None
                 }
-                Ok(watcher::Event::Delete(_)) => Some(Freed::Deleted),
-                _ => None,
             }
         })
 }

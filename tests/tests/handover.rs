@@ -759,7 +759,9 @@ async fn a_standby_load_balancer_takes_over_as_soon_as_the_leader_releases() -> 
     let mut first = TestLoadBalancer::start_with_lease(ns.name(), lease).await?;
     assert!(first.leads_within(Duration::from_secs(15)).await);
     let mut second = TestLoadBalancer::start_with_lease(ns.name(), lease).await?;
-    // The standby has read the Lease (before it served), held for another minute.
+    // The Lease is held for another minute. The standby's election reads it as it starts; were
+    // that read to come only after the release below, it would find the Lease free and take it
+    // at once too (which is no less right, but proves less).
     let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
     let held = leases.get("kube-dispatch-loadbalancer").await?;
@@ -778,6 +780,34 @@ async fn a_standby_load_balancer_takes_over_as_soon_as_the_leader_releases() -> 
         released.elapsed()
     );
     second.stop().await;
+    Ok(())
+}
+
+/// A leader whose Lease is taken from it (another holder written in, as a standby that took an
+/// expired Lease would) stops leading when it sees that, not at its next renewal a Lease
+/// duration later: two load balancers never place replicas side by side for long.
+#[tokio::test]
+async fn a_load_balancer_whose_lease_is_taken_stops_leading_at_once() -> TestResult {
+    let ns = TestNamespace::create("lb-taken").await?;
+    let mut lb = TestLoadBalancer::start_with_lease(ns.name(), Duration::from_secs(60)).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let taken = serde_json::json!({ "spec": { "holderIdentity": "another-load-balancer:7071" } });
+    leases
+        .patch(
+            "kube-dispatch-loadbalancer",
+            &PatchParams::default(),
+            &Patch::Merge(&taken),
+        )
+        .await?;
+    let mut leading = lb.handles.leading.clone();
+    let stepped_down =
+        tokio::time::timeout(Duration::from_secs(20), leading.wait_for(|l| !*l)).await;
+    assert!(
+        matches!(stepped_down, Ok(Ok(_))),
+        "still leading 20 s after its Lease was taken (it renews 55 s after taking it)"
+    );
+    lb.stop().await;
     Ok(())
 }
 
