@@ -254,10 +254,22 @@ func (tier *Tier) stopAll() {
 		tier.Kill(p)
 	}
 	if tier.t.Failed() {
+		// The logs live in the test's temporary folder, removed once it ends: their ends go
+		// into the test's output.
 		for _, p := range all {
-			tier.t.Logf("%s log: %s", p.Name, p.Log)
+			tier.t.Logf("%s log %s, its last lines:\n%s", p.Name, p.Log, tail(p.Log, 40))
 		}
 	}
+}
+
+// tail is the last n lines of the file at path, or why it cannot be read.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // WaitReady waits until the load balancer leads and knows n dispatchers and every running
@@ -279,7 +291,9 @@ func (tier *Tier) WaitReady(n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			tier.t.Fatalf("the tier was not ready within 60 s; logs: %s", tier.logs())
+			lb := tier.LoadBalancer.Admin
+			tier.t.Fatalf("the tier was not ready within 60 s (load balancer: leader %v, dispatchers %v of %d); logs: %s",
+				metric(lb, "kube_dispatch_lb_leader"), metric(lb, "kube_dispatch_lb_dispatchers"), n, tier.logs())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
