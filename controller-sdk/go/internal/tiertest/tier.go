@@ -90,6 +90,8 @@ type Process struct {
 	binary string
 	// exited is closed once the running process has been waited for.
 	exited chan struct{}
+	// logFrom is the size of the log when the running process started.
+	logFrom int64
 }
 
 // Tier is a running tier.
@@ -200,6 +202,10 @@ func (tier *Tier) run(p *Process) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.logFrom = 0
+	if info, err := out.Stat(); err == nil {
+		p.logFrom = info.Size()
+	}
 	cmd := exec.Command(p.binary)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = out, out
@@ -277,7 +283,13 @@ func tail(path string, n int) string {
 func (tier *Tier) WaitReady(n int) {
 	tier.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
+	rebound := 0
 	for {
+		for _, p := range append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer) {
+			if rebound < 5 && tier.rebindIfTaken(p) {
+				rebound++
+			}
+		}
 		ready := metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_leader") == 1 &&
 			metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_dispatchers") == float64(n)
 		for _, d := range tier.Dispatchers {
@@ -297,6 +309,43 @@ func (tier *Tier) WaitReady(n int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// rebindIfTaken starts p again on fresh addresses if it exited because one of its addresses
+// was taken (freeAddress finds addresses free only when it looks: a process of a test running
+// beside this one may bind one first); returns whether it did.
+func (tier *Tier) rebindIfTaken(p *Process) bool {
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.exited:
+	default:
+		return false
+	}
+	data, err := os.ReadFile(p.Log)
+	if err != nil || int64(len(data)) < p.logFrom ||
+		!strings.Contains(string(data[p.logFrom:]), "Address already in use") {
+		return false
+	}
+	p.Listen, p.Admin = freeAddress(tier.t), freeAddress(tier.t)
+	p.env = withEnv(withEnv(p.env, "KD_LISTEN", p.Listen), "KD_ADMIN_LISTEN", p.Admin)
+	tier.t.Logf("%s: an address was taken before it could bind it; starting it again on %s (admin %s)",
+		p.Name, p.Listen, p.Admin)
+	p.cmd = nil
+	tier.run(p)
+	return true
+}
+
+// withEnv is env with name set to value.
+func withEnv(env []string, name, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, name+"="+value)
 }
 
 func (tier *Tier) logs() string {
