@@ -479,7 +479,7 @@ impl Election {
                 },
                 Some(seen) = seen.next() => {
                     if leading {
-                        if seen == Seen::HeldBy(self.identity.clone()) {
+                        if matches!(&seen, Seen::HeldBy(holder) if *holder == self.identity) {
                             held_until = Instant::now() + self.held_for();
                         } else if !self.still_held(&leases).await {
                             // Free, deleted, or taken: not this replica's any more (an event
@@ -521,7 +521,7 @@ async fn pause(failures: u32, leading: bool, stop: &CancellationToken) -> bool {
 /// What the watch of the leader Lease shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Seen {
-    /// Held by this identity (taken or renewed).
+    /// Held by the identity it names (taken or renewed).
     HeldBy(String),
     /// No holder: the leader released it (or it was never taken).
     Free,
