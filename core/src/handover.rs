@@ -251,6 +251,15 @@ impl Slice {
     }
 }
 
+/// Whether `peer`'s Lease carries a release of ring `id` that counts for a dispatcher that
+/// adopted the ring when the newest Lease resourceVersion it had seen was `adopted_at`: written
+/// after that, by a holder that had seen every Lease write the adopter had then.
+fn release_counts(peer: &Peer, id: &str, adopted_at: u128) -> bool {
+    peer.released.as_deref() == Some(id)
+        && peer.resource_version > adopted_at
+        && peer.released_after >= adopted_at
+}
+
 /// The handover gate of one dispatcher.
 #[derive(Debug)]
 pub struct Handover {
@@ -424,9 +433,41 @@ impl Handover {
     /// Whether `peer`'s release counts for the ring `id`: written after this dispatcher
     /// adopted the ring, by a holder that had seen every Lease write this dispatcher had then.
     fn counts(&self, peer: &Peer, id: &str) -> bool {
-        peer.released.as_deref() == Some(id)
-            && peer.resource_version > self.adopted_at
-            && peer.released_after >= self.adopted_at
+        release_counts(peer, id, self.adopted_at)
+    }
+
+    /// What this dispatcher waits for, to publish on its Lease: the ring it adopted and the
+    /// newest Lease resourceVersion it had seen then, while it is on that ring, not fenced and
+    /// not yet settled on it (its gate is closed). The others' releases count only if written
+    /// after that resourceVersion ([`Handover::owed_release`] tells them to write again).
+    pub fn awaits(&self) -> Option<(String, u128)> {
+        (self.ring.contains(&self.identity) && !self.is_settled())
+            .then(|| (ring_id(&self.ring), self.adopted_at))
+    }
+
+    /// Whether a live peer waits for a release of ring `released` that this dispatcher's last
+    /// accepted Lease write (`written`, as the others see it) does not give it, by the rule the
+    /// peer's gate applies (Fresh, `HANDOVER.md`): written no later than the peer adopted the
+    /// ring, or by this dispatcher before it had seen all the peer had then, or of another
+    /// ring. If so, the newest such adoption (the resourceVersion the peer had seen): this
+    /// dispatcher should write its Lease again now, rather than on its next periodic renewal.
+    /// The write that follows comes after the peer's and was made having seen it, so it counts,
+    /// and this answers `None` again: one extra write per adoption of each peer.
+    pub fn owed_release(
+        &self,
+        live: &BTreeMap<String, Peer>,
+        released: Option<&str>,
+        written: &Peer,
+    ) -> Option<u128> {
+        let released = released?;
+        live.iter()
+            .filter(|(name, _)| **name != self.identity)
+            .filter_map(|(_, peer)| peer.awaits.as_ref())
+            .filter(|(ring, adopted_at)| {
+                ring == released && !release_counts(written, ring, *adopted_at)
+            })
+            .map(|(_, adopted_at)| *adopted_at)
+            .max()
     }
 
     /// Why the gate is closed, for logs; `None` when every owned key is served.
@@ -471,6 +512,7 @@ mod tests {
                         released_after: u128::MAX,
                         resource_version: *rv,
                         address: None,
+                        awaits: None,
                     },
                 )
             })
@@ -608,6 +650,60 @@ mod tests {
         );
         assert!(s.serves_hash(k));
         assert!(h.waiting_for(&peers(&[("d0", Some(&r2), 8)])).is_none());
+    }
+
+    #[test]
+    fn a_joiner_says_what_it_awaits_and_a_member_that_released_too_early_owes_a_release() {
+        let now = Instant::now();
+        let r2 = ring(&["d0", "d1"]);
+        let id = ring_id(&r2);
+        let mut joiner = Handover::new("d1", T, now, false);
+        // d0 released the new ring at resourceVersion 5, before d1 adopted it having seen 6.
+        let live = peers(&[("d0", Some(&r2), 5), ("d1", None, 6)]);
+        assert!(!joiner.update(&live, 6, false, now).is_settled());
+        assert_eq!(joiner.awaits(), Some((id.clone(), 6)));
+
+        // d0, settled on the same ring, sees what d1 awaits.
+        let member = Handover::new("d0", T, now, false);
+        let mut seen = peers(&[("d0", Some(&r2), 5), ("d1", Some(&r2), 7)]);
+        seen.get_mut("d1").unwrap().awaits = Some((id.clone(), 6));
+        let write = |rv: u128, after: u128| Peer {
+            released: Some(id.clone()),
+            released_after: after,
+            resource_version: rv,
+            ..Peer::default()
+        };
+        // Its last write (5) came before d1's adoption (6): it owes one now.
+        assert_eq!(member.owed_release(&seen, Some(&id), &write(5, 5)), Some(6));
+        assert_eq!(member.owed_release(&seen, Some(&id), &write(6, 6)), Some(6));
+        // A later write by a holder that had not seen all d1 had seen does not count either.
+        assert_eq!(member.owed_release(&seen, Some(&id), &write(8, 5)), Some(6));
+        // Once it wrote again having seen d1's adoption, nothing more: one write per adoption.
+        assert_eq!(member.owed_release(&seen, Some(&id), &write(8, 7)), None);
+        // A last write of another ring (or of none) owes the ring released now.
+        let other = Peer {
+            released: Some("other".into()),
+            ..write(8, 7)
+        };
+        assert_eq!(member.owed_release(&seen, Some(&id), &other), Some(6));
+        // Releasing another ring, or none, answers nothing.
+        assert_eq!(
+            member.owed_release(&seen, Some("other"), &write(5, 5)),
+            None
+        );
+        assert_eq!(member.owed_release(&seen, None, &write(5, 5)), None);
+        // Its own marker is not a peer's.
+        let mut own = peers(&[("d0", Some(&r2), 5)]);
+        own.get_mut("d0").unwrap().awaits = Some((id.clone(), 6));
+        assert_eq!(member.owed_release(&own, Some(&id), &write(5, 5)), None);
+
+        // The write d1 then sees counts, and d1 awaits nothing more.
+        let live = peers(&[("d0", Some(&r2), 8), ("d1", None, 7)]);
+        assert!(joiner.update(&live, 8, false, now).is_settled());
+        assert_eq!(joiner.awaits(), None);
+        // Off its ring, a dispatcher awaits nothing.
+        let outside = Handover::new("d9", T, now, false);
+        assert_eq!(outside.awaits(), None);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct Peer {
     pub resource_version: u128,
     /// Where it serves, if it says.
     pub address: Option<String>,
+    /// The ring it waits for the others to release, and the newest Lease resourceVersion it had
+    /// seen when it adopted that ring: releases written up to then do not count for it.
+    pub awaits: Option<(String, u128)>,
 }
 
 /// A Lease as this process last saw it.
@@ -46,6 +49,9 @@ pub struct LeaseState {
     pub released_after: Option<u128>,
     /// Where the holder serves.
     pub address: Option<String>,
+    /// The ring the holder waits for the others to release, with the newest Lease
+    /// resourceVersion it had seen when it adopted that ring.
+    pub awaits: Option<(String, u128)>,
     /// What the holder places keys by (`name` or `namespace`), if it says.
     pub ring_key: Option<String>,
     /// The Lease's resourceVersion as an integer (0 if not one).
@@ -187,6 +193,7 @@ impl Observations {
                         released_after: s.state.released_after.unwrap_or(u128::MAX),
                         resource_version: s.state.resource_version,
                         address: s.state.address.clone(),
+                        awaits: s.state.awaits.clone(),
                     },
                 )
             })
@@ -208,6 +215,7 @@ mod tests {
             released: None,
             released_after: None,
             address: None,
+            awaits: None,
             ring_key: None,
             resource_version: rv,
             drained: false,

@@ -22,6 +22,15 @@ pub const RELEASED_ANNOTATION: &str = "kube-dispatch.dev/released-ring";
 /// would release a ring it must not. Absent (older dispatchers), the release counts as before.
 pub const RELEASED_AFTER_ANNOTATION: &str = "kube-dispatch.dev/released-after";
 
+/// Annotation on a dispatcher's Lease, while its holder waits for the others' releases: the
+/// [`ring_id`] of the ring it adopted, then `@`, then the newest Lease resourceVersion it had
+/// seen when it adopted it (`<ring id>@<resourceVersion>`). A release counts for it only if
+/// written after that, so a member that released the same ring earlier writes its Lease again
+/// at once on seeing this, rather than on its next periodic renewal: a dispatcher that joins
+/// is served its keys in about a Lease round trip instead of up to a renew period. Absent
+/// (settled, or an older dispatcher), the others renew on their period as before.
+pub const AWAITS_ANNOTATION: &str = "kube-dispatch.dev/awaits-release";
+
 /// Annotation on a dispatcher's Lease (value `true`): its holder drained, nothing it handed out
 /// runs any more, and it deletes the Lease next. Only a Lease deleted with this mark is a
 /// release; one deleted without it is a member that died, whose reconciles are waited out.
@@ -29,6 +38,18 @@ pub const DRAINED_ANNOTATION: &str = "kube-dispatch.dev/drained";
 
 /// Annotation on a dispatcher's Lease: what it places keys by ([`RingKey::as_str`]).
 pub const RING_KEY_ANNOTATION: &str = "kube-dispatch.dev/ring-key";
+
+/// The value of [`AWAITS_ANNOTATION`]: ring `id`, adopted when the newest Lease
+/// resourceVersion seen was `seen`.
+pub fn awaits_value(id: &str, seen: u128) -> String {
+    format!("{id}@{seen}")
+}
+
+/// The ring id and resourceVersion an [`AWAITS_ANNOTATION`] value holds; `None` if malformed.
+pub fn parse_awaits(value: &str) -> Option<(String, u128)> {
+    let (id, seen) = value.split_once('@')?;
+    (!id.is_empty()).then(|| Some((id.to_owned(), seen.parse().ok()?)))?
+}
 
 /// The id of a ring: XXH64 (seed 0) of its members, sorted and joined with `,`, as 16 lowercase
 /// hex digits; on a ring keyed by namespace, of the same string after `namespace:`, so that

@@ -20,8 +20,8 @@ use kube::{
 };
 use kube_dispatch_core::leases::{LeaseState, Observations};
 use kube_dispatch_proto::lease::{
-    ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_AFTER_ANNOTATION,
-    RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+    self, ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL,
+    RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
 };
 use tracing::warn;
 
@@ -120,6 +120,10 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             .get(RELEASED_AFTER_ANNOTATION)
             .and_then(|rv| rv.parse().ok()),
         address: lease.annotations().get(ADDRESS_ANNOTATION).cloned(),
+        awaits: lease
+            .annotations()
+            .get(AWAITS_ANNOTATION)
+            .and_then(|v| lease::parse_awaits(v)),
         ring_key: lease.annotations().get(RING_KEY_ANNOTATION).cloned(),
         drained: lease
             .annotations()

@@ -1,6 +1,7 @@
 //! Ring membership from Leases against the real API server: members appear when they hold a
 //! Lease, leave at once when they release it, and are dropped after the lease duration when
-//! they stop renewing without releasing (a crash).
+//! they stop renewing without releasing (a crash); a member that joins is handed its keys
+//! without waiting for the others' periodic renewals.
 
 use kube_dispatch_tests::{TestNamespace, TestResult};
 use std::{
@@ -11,8 +12,12 @@ use std::{
 
 use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::{config::LeaseConfig, k8s::membership};
-use kube_dispatch_proto::Ring;
-use tokio::{sync::watch, task::JoinHandle};
+use kube_dispatch_proto::{Ring, lease::ring_id};
+use tokio::{
+    sync::watch,
+    task::JoinHandle,
+    time::{Instant, timeout},
+};
 use tokio_util::sync::CancellationToken;
 
 struct Member {
@@ -22,17 +27,44 @@ struct Member {
 }
 
 fn join(ns: &TestNamespace, identity: &str) -> Member {
+    join_with(
+        ns,
+        identity,
+        Duration::from_secs(2),
+        Duration::from_millis(500),
+    )
+}
+
+/// A member with Lease `duration` renewed every `renew_period`. Nothing is ever in flight on
+/// it: it releases each ring it is on as soon as it adopts it, as a dispatcher with idle queues
+/// does.
+fn join_with(
+    ns: &TestNamespace,
+    identity: &str,
+    duration: Duration,
+    renew_period: Duration,
+) -> Member {
     let empty = Slice::fixed(identity, Ring::new(Vec::<String>::new()));
     let (tx, ring) = watch::channel(Arc::new(empty));
-    // Nothing is ever in flight here: the release is clean.
-    let (_released, released) = watch::channel(None);
+    let (released_tx, released) = watch::channel(None);
+    let mut adopted = ring.clone();
+    tokio::spawn(async move {
+        while adopted.changed().await.is_ok() {
+            let id = ring_id(&adopted.borrow_and_update().ring);
+            released_tx.send_if_modified(|r| {
+                let changed = r.as_deref() != Some(id.as_str());
+                *r = Some(id);
+                changed
+            });
+        }
+    });
     let cancel = CancellationToken::new();
     let config = LeaseConfig {
         namespace: ns.name().to_owned(),
         identity: identity.to_owned(),
         address: format!("{identity}.invalid:7070"),
-        duration: Duration::from_secs(2),
-        renew_period: Duration::from_millis(500),
+        duration,
+        renew_period,
         grace: Duration::from_millis(500),
         handover_bound: Duration::from_secs(1),
     };
@@ -47,6 +79,23 @@ fn join(ns: &TestNamespace, identity: &str) -> Member {
         clean,
     ));
     Member { ring, cancel, task }
+}
+
+/// Waits for `member` to serve every key it owns on a ring of exactly `want`; how long it took.
+async fn settles_on(member: &mut Member, want: &[&str], within: Duration) -> Duration {
+    let started = Instant::now();
+    let wait = member
+        .ring
+        .wait_for(|s| s.ring.members() == want && s.is_settled());
+    let reached = matches!(timeout(within, wait).await, Ok(Ok(_)));
+    let now = member.ring.borrow().clone();
+    assert!(
+        reached,
+        "{want:?} not settled within {within:?}: the ring is {:?}, settled on {:?}",
+        now.ring.members(),
+        now.settled.as_ref().map(|s| s.members().to_vec())
+    );
+    started.elapsed()
 }
 
 /// Waits for the ring seen by `member` to have exactly `want` as members.
@@ -84,5 +133,39 @@ async fn members_join_leave_and_are_dropped_when_they_stop_renewing() -> TestRes
 
     a.cancel.cancel();
     a.task.await?;
+    Ok(())
+}
+
+/// A dispatcher that joins counts only releases written after it adopted the new ring (so a
+/// member that died meanwhile cannot be missed); the others, which released that ring as soon
+/// as they saw the joiner, write their Leases again as soon as they see what it awaits, not on
+/// their next periodic renewal. With a renew period of 30 s the joiner is served its keys
+/// within seconds.
+#[tokio::test]
+async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() -> TestResult {
+    const PERIOD: Duration = Duration::from_secs(30);
+    const DURATION: Duration = Duration::from_secs(90);
+    const PROMPT: Duration = Duration::from_secs(5);
+    let ns = TestNamespace::create("membership-join").await?;
+    let mut a = join_with(&ns, "dispatcher-0", DURATION, PERIOD);
+    settles_on(&mut a, &["dispatcher-0"], PROMPT).await;
+    let mut b = join_with(&ns, "dispatcher-1", DURATION, PERIOD);
+    let both = ["dispatcher-0", "dispatcher-1"];
+    let took = settles_on(&mut b, &both, PROMPT).await;
+    settles_on(&mut a, &both, PROMPT).await;
+    println!("the second member settled {took:?} after it started");
+
+    let mut c = join_with(&ns, "dispatcher-2", DURATION, PERIOD);
+    let all = ["dispatcher-0", "dispatcher-1", "dispatcher-2"];
+    let took = settles_on(&mut c, &all, PROMPT).await;
+    for m in [&mut a, &mut b] {
+        settles_on(m, &all, PROMPT).await;
+    }
+    println!("the third member settled {took:?} after it started (renew period {PERIOD:?})");
+
+    for m in [a, b, c] {
+        m.cancel.cancel();
+        m.task.await?;
+    }
     Ok(())
 }

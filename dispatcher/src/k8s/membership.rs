@@ -29,8 +29,8 @@ use kube_dispatch_core::{
 use kube_dispatch_proto::{
     RingKey,
     lease::{
-        ADDRESS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_AFTER_ANNOTATION,
-        RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+        ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL,
+        RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, awaits_value,
     },
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
@@ -103,6 +103,14 @@ pub async fn run(
     let mut withheld = false;
     // Live members already reported for placing keys by another ring key.
     let mut mismatched: BTreeSet<String> = BTreeSet::new();
+    // What this dispatcher last renewed at once to publish as awaited, and the newest peer
+    // adoption it last renewed at once to release for: each asks for one write, not one per
+    // pass (a failing API server is not asked again until the period).
+    let mut awaits_asked: Option<(String, u128)> = None;
+    let mut owed_asked: Option<u128> = None;
+    // This dispatcher's last accepted write, as the others see it: what it released, having
+    // seen what, at which resourceVersion.
+    let mut own = Peer::default();
     loop {
         // Renew on the period, and at once when the released ring changes.
         let renew_due = tokio::select! {
@@ -145,8 +153,11 @@ pub async fn run(
                     &leases,
                     &config,
                     ring_key,
-                    id.as_deref().map(|id| (id, seen)),
-                    false,
+                    Marks {
+                        released: id.as_deref().map(|id| (id, seen)),
+                        awaits: handover.awaits(),
+                        drained: false,
+                    },
                 ),
             );
             match renewal.await {
@@ -154,6 +165,12 @@ pub async fn run(
                     renewed = Some(at);
                     handover.renewed(at + config.duration);
                     written = written.max(rv);
+                    own = Peer {
+                        released: id,
+                        released_after: seen,
+                        resource_version: rv,
+                        ..Peer::default()
+                    };
                 }
                 Ok(None) => {}
                 Err(_) => warn!(
@@ -239,6 +256,24 @@ pub async fn run(
             withheld = false;
             renew_tick.reset_immediately();
         }
+        // A joiner publishes what it awaits at once, and a member whose release came before a
+        // peer adopted the ring writes it again at once: releases count only after the
+        // adoption, and the periodic renewal would leave the joiner's keys held for up to a
+        // renew period (`HANDOVER.md`, "Awaits").
+        let awaits = handover.awaits();
+        if awaits != awaits_asked {
+            if awaits.is_some() {
+                renew_tick.reset_immediately();
+            }
+            awaits_asked = awaits;
+        }
+        let releasing = handover.releasable(released.borrow().clone(), now);
+        if let Some(at) = handover.owed_release(&live, releasing.as_deref(), &own)
+            && owed_asked.is_none_or(|asked| at > asked)
+        {
+            owed_asked = Some(at);
+            renew_tick.reset_immediately();
+        }
         let why = handover.waiting_for(&live);
         if why != waiting {
             if let Some(why) = &why {
@@ -270,8 +305,11 @@ pub async fn run(
         &leases,
         &config,
         ring_key,
-        id.as_deref().map(|id| (id, seen)),
-        true,
+        Marks {
+            released: id.as_deref().map(|id| (id, seen)),
+            awaits: None,
+            drained: true,
+        },
     )
     .await
     .is_none()
@@ -310,26 +348,38 @@ async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_version: u1
     }
 }
 
-/// Writes this dispatcher's Lease with a fresh renew time, its ring key, the ring it released
-/// with the newest Lease resourceVersion it had seen then, and, when `drained`, the drained mark
-/// (server-side apply). Returns the resourceVersion of the
-/// write if the API server accepted it.
+/// What a renewal writes on the Lease beside its address and ring key.
+struct Marks<'a> {
+    /// The ring released, with the newest Lease resourceVersion seen when it was written.
+    released: Option<(&'a str, u128)>,
+    /// The ring this dispatcher waits for the others to release, with the newest Lease
+    /// resourceVersion it had seen when it adopted it ([`Handover::awaits`]).
+    awaits: Option<(String, u128)>,
+    /// The drained mark: nothing handed out runs any more, and the Lease is deleted next.
+    drained: bool,
+}
+
+/// Writes this dispatcher's Lease with a fresh renew time, its ring key and `marks`
+/// (server-side apply: a mark left out is taken off). Returns the resourceVersion of the write
+/// if the API server accepted it.
 async fn renew(
     leases: &Api<Lease>,
     config: &LeaseConfig,
     ring_key: RingKey,
-    released: Option<(&str, u128)>,
-    drained: bool,
+    marks: Marks<'_>,
 ) -> Option<u128> {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
     annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
-    if drained {
+    if marks.drained {
         annotations.insert(DRAINED_ANNOTATION.into(), "true".into());
     }
-    if let Some((id, seen)) = released {
+    if let Some((id, seen)) = marks.released {
         annotations.insert(RELEASED_ANNOTATION.into(), id.into());
         annotations.insert(RELEASED_AFTER_ANNOTATION.into(), seen.to_string().into());
+    }
+    if let Some((id, seen)) = &marks.awaits {
+        annotations.insert(AWAITS_ANNOTATION.into(), awaits_value(id, *seen).into());
     }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
