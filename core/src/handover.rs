@@ -437,8 +437,8 @@ impl Handover {
     }
 
     /// What this dispatcher waits for, to publish on its Lease: the ring it adopted and the
-    /// newest Lease resourceVersion it had seen then, while it is on that ring, not fenced and
-    /// not yet settled on it (its gate is closed). The others' releases count only if written
+    /// newest Lease resourceVersion it had seen then, while it is on that ring and not settled
+    /// on it (its gate is closed, or it is fenced). The others' releases count only if written
     /// after that resourceVersion ([`Handover::owed_release`] tells them to write again).
     pub fn awaits(&self) -> Option<(String, u128)> {
         (self.ring.contains(&self.identity) && !self.is_settled())

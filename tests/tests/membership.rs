@@ -10,9 +10,18 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+    runtime::wait::await_condition,
+};
 use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::{config::LeaseConfig, k8s::membership};
-use kube_dispatch_proto::{Ring, lease::ring_id};
+use kube_dispatch_proto::{
+    Ring,
+    lease::{DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, ring_id},
+};
 use tokio::{
     sync::watch,
     task::JoinHandle,
@@ -137,10 +146,11 @@ async fn members_join_leave_and_are_dropped_when_they_stop_renewing() -> TestRes
 }
 
 /// A dispatcher that joins counts only releases written after it adopted the new ring (so a
-/// member that died meanwhile cannot be missed); the others, which released that ring as soon
-/// as they saw the joiner, write their Leases again as soon as they see what it awaits, not on
-/// their next periodic renewal. With a renew period of 30 s the joiner is served its keys
-/// within seconds.
+/// member that died meanwhile cannot be missed). Here the others have already released the
+/// ring with the joiner on it when it starts (its Lease was written beforehand, drained, so no
+/// previous process is waited out), so only releases written again after its adoption open its
+/// gate: the others write them as soon as they see what it awaits, not on their next periodic
+/// renewal. With a renew period of 30 s the joiner is served its keys within seconds.
 #[tokio::test]
 async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() -> TestResult {
     const PERIOD: Duration = Duration::from_secs(30);
@@ -155,8 +165,43 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
     settles_on(&mut a, &both, PROMPT).await;
     println!("the second member settled {took:?} after it started");
 
-    let mut c = join_with(&ns, "dispatcher-2", DURATION, PERIOD);
+    // dispatcher-2's Lease appears (drained: a process that stopped cleanly; written as the
+    // dispatcher writes it, so its own first renewal takes the mark off), and the others adopt
+    // the ring with it and release that ring before its process starts.
     let all = ["dispatcher-0", "dispatcher-1", "dispatcher-2"];
+    let id = ring_id(&Ring::new(all));
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "dispatcher-2",
+            "labels": { LEASE_LABEL: "true" },
+            "annotations": { DRAINED_ANNOTATION: "true" },
+        },
+        "spec": {
+            "holderIdentity": "dispatcher-2",
+            "leaseDurationSeconds": DURATION.as_secs(),
+            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        },
+    });
+    leases
+        .patch(
+            "dispatcher-2",
+            &PatchParams::apply("kube-dispatch-dispatcher").force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    for name in ["dispatcher-0", "dispatcher-1"] {
+        let released = |l: Option<&Lease>| {
+            l.and_then(|l| l.metadata.annotations.as_ref())
+                .and_then(|a| a.get(RELEASED_ANNOTATION))
+                .is_some_and(|r| *r == id)
+        };
+        timeout(PROMPT, await_condition(leases.clone(), name, released)).await??;
+    }
+
+    let mut c = join_with(&ns, "dispatcher-2", DURATION, PERIOD);
     let took = settles_on(&mut c, &all, PROMPT).await;
     for m in [&mut a, &mut b] {
         settles_on(m, &all, PROMPT).await;

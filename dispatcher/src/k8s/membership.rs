@@ -260,9 +260,11 @@ pub async fn run(
         // peer adopted the ring writes it again at once: releases count only after the
         // adoption, and the periodic renewal would leave the joiner's keys held for up to a
         // renew period (`HANDOVER.md`, "Awaits").
+        // A fenced dispatcher's marker moves with every Lease write it sees (`Handover::update`)
+        // and its renewals may be failing: it goes out with the renewals alone.
         let awaits = handover.awaits();
         if awaits != awaits_asked {
-            if awaits.is_some() {
+            if awaits.is_some() && !fenced {
                 renew_tick.reset_immediately();
             }
             awaits_asked = awaits;
