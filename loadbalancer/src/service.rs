@@ -137,14 +137,26 @@ impl LoadBalancer for Service {
         let req = request.into_inner();
         check_ids(&req.group, &req.replica_id)?;
         if !*self.leading.borrow() {
-            let leader = self.leader().await?;
-            let redirect = Assignment {
-                leader,
-                ..Assignment::default()
-            };
-            return Ok(Response::new(
-                futures::stream::once(async { Ok(redirect) }).boxed(),
-            ));
+            match self.leader().await? {
+                Holder::Other(leader) => {
+                    let redirect = Assignment {
+                        leader,
+                        ..Assignment::default()
+                    };
+                    return Ok(Response::new(
+                        futures::stream::once(async { Ok(redirect) }).boxed(),
+                    ));
+                }
+                // The Lease names this replica already and its election is about to say so:
+                // turned away, the replica would back off for longer than that takes.
+                Holder::Me => {
+                    let mut leading = self.leading.clone();
+                    let now_leading = tokio::time::timeout(LEADER_TTL, leading.wait_for(|l| *l));
+                    if !matches!(now_leading.await, Ok(Ok(_))) {
+                        return Err(no_leader());
+                    }
+                }
+            }
         }
         let (assignment, guard) = self
             .registry
@@ -211,36 +223,53 @@ fn check_ids(group: &str, replica_id: &str) -> Result<(), Status> {
 }
 
 impl Service {
-    /// The leader's address, read from the leader Lease at most once per [`LEADER_TTL`].
-    async fn leader(&self) -> Result<String, Status> {
+    /// Who holds the leader Lease, read from it at most once per [`LEADER_TTL`] when another
+    /// replica does.
+    async fn leader(&self) -> Result<Holder, Status> {
         let mut cached = self.leader.lock().await;
         if let Some((leader, at)) = &*cached
             && at.elapsed() < LEADER_TTL
         {
-            return Ok(leader.clone());
+            return Ok(Holder::Other(leader.clone()));
         }
-        let leader = self.read_leader().await?;
-        *cached = Some((leader.clone(), Instant::now()));
-        Ok(leader)
+        let holder = self.read_leader().await?;
+        if let Holder::Other(leader) = &holder {
+            *cached = Some((leader.clone(), Instant::now()));
+        }
+        Ok(holder)
     }
 
-    /// The leader's address, read from the leader Lease.
-    async fn read_leader(&self) -> Result<String, Status> {
+    /// Who holds the leader Lease, as it says now.
+    async fn read_leader(&self) -> Result<Holder, Status> {
         let lease = self
             .leases
             .get_opt(&self.lease_name)
             .await
             .map_err(|e| Status::unavailable(format!("cannot read the leader Lease: {e}")))?;
-        let holder = lease
+        match lease
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity)
-            .filter(|h| !h.is_empty() && *h != self.identity);
-        holder.ok_or_else(|| {
-            Status::unavailable(
-                "no load balancer leads right now; keep polling the dispatchers you have and retry",
-            )
-        })
+            .filter(|h| !h.is_empty())
+        {
+            Some(holder) if holder == self.identity => Ok(Holder::Me),
+            Some(holder) => Ok(Holder::Other(holder)),
+            None => Err(no_leader()),
+        }
     }
+}
+
+/// The holder of the leader Lease, as a replica that does not lead sees it.
+enum Holder {
+    /// Another replica, at this address.
+    Other(String),
+    /// This replica: its election has taken the Lease and is about to say so.
+    Me,
+}
+
+fn no_leader() -> Status {
+    Status::unavailable(
+        "no load balancer leads right now; keep polling the dispatchers you have and retry",
+    )
 }
 
 /// Serves on `listener` until `shutdown`: takes part in leader election, tracks the dispatchers
