@@ -40,6 +40,7 @@ kubeconfig alone at the end, answers healthy.
 """
 
 import json
+import math
 import os
 import ssl
 import subprocess
@@ -397,23 +398,33 @@ def phase(label, action, writing=True):
     overlaps = concurrent(runs) + concurrent(go_runs)
     worst = max(delays, default=(0.0, "-"))
     go_worst = max(go_delays, default=(0.0, "-"))
+    p99, go_p99 = percentile(delays, 0.99), percentile(go_delays, 0.99)
     result = {
         "phase": label, "seconds": took, "writes": writes, "lost": left,
         "concurrent": overlaps, "reconciles": len(runs), "go_reconciles": len(go_runs),
-        "worst": worst, "go_worst": go_worst,
+        "worst": worst, "go_worst": go_worst, "p99": p99, "go_p99": go_p99,
         "drains": sorted(drains), "handovers": sorted((n, r - s) for n, r, s in ready),
         "note": note,
     }
     results.append(result)
     say(f"{label}: {took:.1f} s, {writes} writes, {len(runs)} reconciles (Go: {len(go_runs)}), "
         f"lost {left}, concurrent {overlaps}, longest write to reconcile "
-        f"{worst[0] * 1000:.0f} ms ({worst[1]}), Go {go_worst[0] * 1000:.0f} ms ({go_worst[1]})")
+        f"{worst[0] * 1000:.0f} ms ({worst[1]}), Go {go_worst[0] * 1000:.0f} ms ({go_worst[1]}); "
+        f"p99 {p99 * 1000:.0f} ms, Go {go_p99 * 1000:.0f} ms")
     for name, seconds, code in result["drains"]:
         say(f"  {name} drained in {seconds:.1f} s (exit code {code})")
     for name, seconds in result["handovers"]:
         say(f"  {name} back and Ready {seconds:.1f} s after it was told to stop")
     if note:
         say(f"  {note}")
+
+
+def percentile(delays, q):
+    """The `q` quantile of the delays (seconds), nearest rank; 0 with none."""
+    ordered = sorted(seconds for seconds, _ in delays)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def baseline():
@@ -620,11 +631,13 @@ def main():
 
     print("\ne2e summary")
     print(f"  {'phase':<16}{'seconds':>8}{'writes':>8}{'reconciles':>11}{'Go':>7}{'lost':>6}"
-          f"{'concurrent':>11}{'longest write to reconcile':>28}{'Go':>10}")
+          f"{'concurrent':>11}{'longest write to reconcile':>28}{'Go':>10}"
+          f"{'p99':>10}{'Go':>10}")
     for r in results:
         print(f"  {r['phase']:<16}{r['seconds']:>8.1f}{r['writes']:>8}{r['reconciles']:>11}"
               f"{r['go_reconciles']:>7}{r['lost']:>6}{r['concurrent']:>11}"
-              f"{r['worst'][0] * 1000:>25.0f} ms{r['go_worst'][0] * 1000:>7.0f} ms")
+              f"{r['worst'][0] * 1000:>25.0f} ms{r['go_worst'][0] * 1000:>7.0f} ms"
+              f"{r['p99'] * 1000:>7.0f} ms{r['go_p99'] * 1000:>7.0f} ms")
     for r in results:
         for name, seconds, code in r["drains"]:
             print(f"  {r['phase']}: {name} drained in {seconds:.1f} s, exit code {code}")

@@ -239,3 +239,82 @@ async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> Test
     stop_b.cancel();
     Ok(())
 }
+
+/// A replica told to stop while the dispatcher's answer to its poll is on its way (here a slow
+/// path, 500 ms each way) still takes that answer and hands what it delivers straight back, so
+/// the dispatcher gives the key to another replica at once. A replica that dropped the poll
+/// left the delivery in flight on its session until the session expired (a ttl), and nobody
+/// reconciled the change meanwhile (8 s in the e2e's rolling update, when the load balancer
+/// moved a dispatcher to another replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopping_with_an_answer_on_its_way_hands_it_back() -> TestResult {
+    const SLOW: Duration = Duration::from_millis(500);
+    // Long enough that A's poll (which waits a quarter of it, at most 5 s) is still waiting at
+    // the dispatcher when the change comes, and that its expiry is far past the bound below.
+    const A_TTL: Duration = Duration::from_secs(20);
+    let Setup {
+        ns,
+        client,
+        dispatcher,
+        journal,
+        api,
+        key,
+    } = setup("fencing-stop").await?;
+    let proxy = FaultProxy::start(dispatcher.addr).await?;
+    let (stop_a, _) = JournalReplica::new(ns.name(), "fencing", "replica-a", &journal)
+        .dispatcher(proxy.addr.to_string())
+        .concurrency(1)
+        .ttl(A_TTL)
+        .work(Duration::from_millis(20))
+        .spawn(client.clone());
+    assert!(
+        until(Duration::from_secs(30), || journal
+            .reconciles()
+            .iter()
+            .any(|r| r.key == key && r.end.is_some()))
+        .await,
+        "replica A never reconciled the key"
+    );
+    // Its reconcile over, A polls again at once; that poll reaches the dispatcher on the fast
+    // path and waits there. Then the path slows.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.set(Fault::Latency(SLOW));
+
+    write_round(&api, 1, 1, &journal).await?;
+    let written = tokio::time::Instant::now();
+    // The dispatcher answers A's waiting poll within milliseconds of the change; the answer
+    // is on the slow path for 500 ms. A is told to stop in the middle of that.
+    tokio::time::sleep(SLOW / 2).await;
+    stop_a.cancel();
+    let stop_b = replica_b(&client, &ns, dispatcher.addr.to_string(), &journal).await;
+    let by_b = reconciled_by(&journal, &key, "replica-b");
+    assert!(
+        until(Duration::from_secs(10), by_b).await,
+        "replica B did not get the change within 10 s: A's delivery was left in flight until its session would expire"
+    );
+    let b = journal
+        .reconciles()
+        .into_iter()
+        .find(|r| r.key == key && r.replica == "replica-b")
+        .ok_or("B's reconcile is missing")?;
+    let after = b.start.saturating_duration_since(written);
+    println!("replica B began the change {after:?} after it was written");
+    // The answer's way to A and A's hand-back on its way to the dispatcher, over a path that
+    // forwards each chunk 500 ms late, one after another (2 to 3 s here), against A's session
+    // expiring 20 s after the answer.
+    assert!(
+        after < A_TTL / 4,
+        "the change reached replica B {after:?} after it was written"
+    );
+    assert_eq!(
+        journal
+            .reconciles()
+            .iter()
+            .filter(|r| r.key == key && r.replica == "replica-a")
+            .count(),
+        1,
+        "replica A ran the change although it was stopping"
+    );
+    stop_b.cancel();
+    Ok(())
+}

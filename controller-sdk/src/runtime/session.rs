@@ -8,8 +8,8 @@ use kube_dispatch_proto::{
     capabilities,
     credentials::AuthChannel,
     v1::{
-        AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason,
-        dispatcher_client::DispatcherClient,
+        AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason, ReconcileRequest, Requeue,
+        ack_item, dispatcher_client::DispatcherClient,
     },
 };
 use tokio::{sync::mpsc, task::JoinSet, time::Instant};
@@ -146,21 +146,33 @@ pub(super) async fn session<T: Types>(
                 Ok::<_, tonic::Status>((response.requests, held))
             }
         };
-        let (requests, held) = tokio::select! {
-            r = tokio::time::timeout_at(lost_at, call) => match r {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(status)) => break Err(status),
-                Err(_) => break Err(not_renewed()),
-            },
-            () = stop.cancelled() => continue,
+        // Not dropped when the session is told to stop: a poll the dispatcher has answered
+        // carries deliveries it counts as in flight here, and an answer that never arrives
+        // leaves them there until the session would have expired (a ttl: seconds in which
+        // nobody reconciles those keys). The poll is answered within its wait, and what it
+        // delivers then is handed straight back (below).
+        let (requests, held) = match tokio::time::timeout_at(lost_at, call).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(status)) => break Err(status),
+            Err(_) => break Err(not_renewed()),
         };
         let delivered = fence.renewed(sent, held);
         round_trip = sent.elapsed().saturating_sub(held);
         if free == 0 {
             // Wait for a free slot, no longer than leaves time to renew before the fence.
             let wait = fence.wait_at(Instant::now(), round_trip);
-            let _ = tokio::time::timeout(wait, shared.permits.acquire()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(wait, shared.permits.acquire()) => {}
+                () = stop.cancelled() => {}
+            }
             continue;
+        }
+        if stop.is_cancelled() {
+            // Stopping: not run here; the dispatcher hands them to another replica at once.
+            for request in &requests {
+                let _ = ack_tx.send(not_run_here(request));
+            }
+            break Ok(());
         }
         let deadline = fence.reconcile_deadline(delivered);
         let limit = fence.reconcile_limit();
@@ -237,6 +249,18 @@ pub(super) enum Lost {
     /// worked, so the next attempt starts the backoff afresh and follows a restarted
     /// dispatcher within a moment instead of after the delays earlier failures grew.
     Ended(tonic::Status),
+}
+
+/// Acknowledges a delivery this replica will not run, for the dispatcher to deliver again at
+/// once (a requeue after a millisecond), without counting a failure.
+fn not_run_here(request: &ReconcileRequest) -> AckItem {
+    AckItem {
+        delivery_id: request.delivery_id,
+        outcome: Some(ack_item::Outcome::Requeue(Requeue {
+            after: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
+        })),
+        memo: request.memo.clone(),
+    }
 }
 
 fn not_renewed() -> tonic::Status {
