@@ -242,7 +242,8 @@ async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> Test
 
 /// A replica told to stop while the dispatcher's answer to its poll is on its way (here a slow
 /// path, 500 ms each way) still takes that answer and hands what it delivers straight back, so
-/// the dispatcher gives the key to another replica at once. A replica that dropped the poll
+/// the dispatcher gives the key to another replica as soon as the session has closed (nothing
+/// else runs on it here). A replica that dropped the poll
 /// left the delivery in flight on its session until the session expired (a ttl), and nobody
 /// reconciled the change meanwhile (8 s in the e2e's rolling update, when the load balancer
 /// moved a dispatcher to another replica).

@@ -168,7 +168,8 @@ pub(super) async fn session<T: Types>(
             continue;
         }
         if stop.is_cancelled() {
-            // Stopping: not run here; the dispatcher hands them to another replica at once.
+            // Stopping: not run here. Requeued, they go to another replica once this session
+            // closes (its running reconciles end first), not when it would have expired.
             for request in &requests {
                 let _ = ack_tx.send(not_run_here(request));
             }
@@ -221,11 +222,15 @@ pub(super) async fn session<T: Types>(
             // dispatcher hands this replica's keys to others at once.
             drop(ack_tx);
             let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
-            let _ = client
-                .close_session(CloseSessionRequest {
+            // Bounded: a dispatcher that stopped answering must not hold the stop; the session
+            // then expires there by itself.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                client.close_session(CloseSessionRequest {
                     session_id: session_id.clone(),
-                })
-                .await;
+                }),
+            )
+            .await;
             info!(dispatcher = %address, session = %session_id, "session closed");
             Ok(())
         }
