@@ -259,9 +259,9 @@ pub async fn run(
         // A joiner publishes what it awaits at once, and a member whose release came before a
         // peer adopted the ring writes it again at once: releases count only after the
         // adoption, and the periodic renewal would leave the joiner's keys held for up to a
-        // renew period (`HANDOVER.md`, "Awaits").
-        // A fenced dispatcher's marker moves with every Lease write it sees (`Handover::update`)
-        // and its renewals may be failing: it goes out with the renewals alone.
+        // renew period (`HANDOVER.md`, "Awaits"). A fenced dispatcher's marker moves with every
+        // Lease write it sees (`Handover::update`) and its renewals may be failing: it goes out
+        // with the renewals alone.
         let awaits = handover.awaits();
         if awaits != awaits_asked {
             if awaits.is_some() && !fenced {
