@@ -6,6 +6,7 @@
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
 
+use indexmap::IndexMap;
 use kube_dispatch_proto::{Ring, key::hash64, v1::Reason};
 use tracing::{debug, warn};
 
@@ -86,6 +87,43 @@ pub enum GroupEvent<'a> {
     },
 }
 
+/// The most changes a group remembers of keys a handover holds ([`Partition`]'s `changed`):
+/// about 150 bytes each (a key, a resourceVersion and a uid), so at most about 600 KiB a group.
+/// Past it a change is still delivered, only not ahead of the keys the handover brings.
+pub const MAX_HELD_CHANGES: usize = 4096;
+
+/// A change of a key the ring gave this dispatcher that it could not hand out yet: once the key
+/// is served here it goes ahead of the keys the handover brought, which otherwise reach the
+/// queue in a list's (name) order, so a write made during a handover does not wait behind
+/// every key that moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HeldChange {
+    /// The queue holds the key already (kept while nothing may be handed out): only its place
+    /// changes.
+    Queued,
+    /// The object as the watch last showed it, without its body, and the list epoch it was
+    /// seen in.
+    Seen {
+        resource_version: String,
+        uid: String,
+        epoch: u32,
+    },
+    /// An object it owns or names changed.
+    Related(Reason),
+}
+
+/// What a [`Partition`] holds, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionFigures {
+    /// Deletions held for the end of a handover.
+    pub held: usize,
+    /// Deletions of keys owned elsewhere remembered.
+    pub remembered: usize,
+    /// Changes of keys a handover holds, to go first when it ends (at most
+    /// [`MAX_HELD_CHANGES`]).
+    pub held_changes: usize,
+}
+
 /// The partition bookkeeping of one group. Every method takes the slice current at the call:
 /// the one the group's caller read under the same lock as the queue.
 #[derive(Debug)]
@@ -102,6 +140,14 @@ pub struct Partition {
     /// dispatcher, its deletion joins `held`, since it may have happened after the old owner
     /// stopped delivering. Bounded by its config.
     recent: RecentDeletions,
+    /// Changes of keys the ring gave this dispatcher, made while it could not hand them out
+    /// (the handover held them, or its gate was closed), in the order first seen: they go
+    /// first once the keys are served here ([`GroupQueue::promote`]). Forgotten if the key
+    /// moves away again, is deleted (the deletion is held instead) or a re-list does not show
+    /// it. At most [`MAX_HELD_CHANGES`].
+    changed: IndexMap<String, HeldChange, foldhash::fast::RandomState>,
+    /// Changes not remembered in `changed` because it was full, for logs.
+    changed_overflow: u64,
 }
 
 impl Partition {
@@ -112,7 +158,44 @@ impl Partition {
             applied: Some(slice),
             held: HashSet::new(),
             recent: RecentDeletions::new(recent),
+            changed: IndexMap::default(),
+            changed_overflow: 0,
         }
+    }
+
+    /// Remembers `change` of `key`, which this dispatcher owns but cannot hand out yet.
+    fn hold_change(&mut self, key: &str, change: HeldChange) {
+        if let Some(held) = self.changed.get_mut(key) {
+            // The object's latest version replaces an earlier one or a related change; a
+            // related change adds nothing to a version, which is delivered anyway.
+            if matches!(change, HeldChange::Seen { .. }) {
+                *held = change;
+            }
+            return;
+        }
+        if self.changed.len() >= MAX_HELD_CHANGES {
+            self.changed_overflow += 1;
+            if self.changed_overflow.is_power_of_two() {
+                debug!(
+                    group = %self.group,
+                    held = self.changed.len(),
+                    missed = self.changed_overflow,
+                    "too many changes of keys a handover holds to remember: the rest are delivered in the order the handover brings their keys"
+                );
+            }
+            return;
+        }
+        self.changed.insert(key.to_owned(), change);
+    }
+
+    /// Forgets the changes remembered of keys the re-list of epoch `epoch` did not show
+    /// (`belongs` accepts the keys of its subscription): their objects were deleted while the
+    /// watch was away. Call when a re-list ends, as for [`GroupQueue::sweep`].
+    pub fn sweep(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) {
+        self.changed.retain(|key, change| match change {
+            HeldChange::Seen { epoch: seen, .. } => *seen == epoch || !belongs(key),
+            HeldChange::Queued | HeldChange::Related(_) => true,
+        });
     }
 
     /// What `event` means for the group under `slice`: recorded in `queue` if the key is
@@ -120,7 +203,9 @@ impl Partition {
     /// way out ([`GroupQueue::is_leaving`]; if the ring brings it back before it settles, the
     /// change is delivered, and a list that follows skips keys known here); otherwise left to
     /// the partition: a deletion held for a handover, or remembered for a key owned elsewhere.
-    /// Call with `queue` trimmed to `slice` ([`Partition::apply`]). Returns the sessions to wake.
+    /// A change of a key this dispatcher owns but cannot hand out yet is also remembered, to go
+    /// first once it can (`dispatcher/HANDOVER.md`, "Changes made during a handover"). Call
+    /// with `queue` trimmed to `slice` ([`Partition::apply`]). Returns the sessions to wake.
     pub fn record(
         &mut self,
         slice: &Slice,
@@ -128,38 +213,35 @@ impl Partition {
         event: GroupEvent<'_>,
         now: Instant,
     ) -> Vec<SessionId> {
-        let unserved = |queue: &GroupQueue, key: KeyRef<'_>| {
-            Self::keeps(slice, queue, key) || queue.is_leaving(key.text())
-        };
         match event {
             GroupEvent::Exists { key, object, epoch } => {
-                if self.admits(slice, key, Some(false), now) || unserved(queue, key) {
+                if self.admits(slice, key, Some(false), now) {
                     return queue.observe(key.text(), object, epoch);
                 }
+                return self.hold_object(slice, queue, key, object, epoch);
             }
             GroupEvent::ExistsElsewhere { key, object, epoch } => {
                 self.exists_elsewhere(slice, key);
-                if slice.serves_key(key) || unserved(queue, key) {
+                if slice.serves_key(key) {
                     return queue.observe(key.text(), object, epoch);
                 }
+                return self.hold_object(slice, queue, key, object, epoch);
             }
             GroupEvent::Deleted { key, change } => {
                 debug_assert!(change.deleted, "a deletion: {change:?}");
                 // Recorded too if the key is still here on its way out, so that its earlier
                 // object's deletion goes first if it is created again.
+                // A change held for the key is superseded: its deletion is held instead.
+                self.changed.shift_remove(key.text());
                 if self.admits(slice, key, Some(true), now) || queue.is_leaving(key.text()) {
                     return queue.change(key.text(), change);
                 }
             }
             GroupEvent::OwnedChanged { key } => {
-                if slice.serves_key(key) || unserved(queue, key) {
-                    return queue.change(key.text(), Change::related(Reason::Owned));
-                }
+                return self.hold_related(slice, queue, key, Reason::Owned);
             }
             GroupEvent::NamedChanged { key } => {
-                if slice.serves_key(key) || unserved(queue, key) {
-                    return queue.change(key.text(), Change::related(Reason::Referenced));
-                }
+                return self.hold_related(slice, queue, key, Reason::Referenced);
             }
             GroupEvent::Triggered { key } => {
                 if slice.serves_key(key) && queue.knows_live(key.text()) {
@@ -176,6 +258,69 @@ impl Partition {
                     return queue.change(key.text(), Change::related(Reason::Owned));
                 }
             }
+        }
+        Vec::new()
+    }
+
+    /// The object of `key`, not served here, exists as `object`: recorded in `queue` if the
+    /// key is kept there or on its way out, its change remembered to go first if this
+    /// dispatcher owns it ([`HeldChange`]), else nothing.
+    fn hold_object(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        key: KeyRef<'_>,
+        object: Observed,
+        epoch: u32,
+    ) -> Vec<SessionId> {
+        let text = key.text();
+        if Self::keeps(slice, queue, key) {
+            // A new version of a key the queue holds already; its first sight (the list
+            // that fills a starting dispatcher's index) is no change to hurry.
+            if queue.knows_live(text) && !queue.knows_version(text, &object.resource_version) {
+                self.hold_change(text, HeldChange::Queued);
+            }
+            return queue.observe(text, object, epoch);
+        }
+        if queue.is_leaving(text) {
+            return queue.observe(text, object, epoch);
+        }
+        if slice.owns_key(key) {
+            self.hold_change(
+                text,
+                HeldChange::Seen {
+                    resource_version: object.resource_version,
+                    uid: object.uid,
+                    epoch,
+                },
+            );
+        }
+        Vec::new()
+    }
+
+    /// An object the object of `key` owns or names changed (`reason`): recorded in `queue` if
+    /// the key is served, kept or on its way out, and remembered to go first if this
+    /// dispatcher owns it but cannot hand it out yet.
+    fn hold_related(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        key: KeyRef<'_>,
+        reason: Reason,
+    ) -> Vec<SessionId> {
+        let text = key.text();
+        if slice.serves_key(key) {
+            return queue.change(text, Change::related(reason));
+        }
+        if Self::keeps(slice, queue, key) {
+            self.hold_change(text, HeldChange::Queued);
+            return queue.change(text, Change::related(reason));
+        }
+        if queue.is_leaving(text) {
+            return queue.change(text, Change::related(reason));
+        }
+        if slice.owns_key(key) {
+            self.hold_change(text, HeldChange::Related(reason));
         }
         Vec::new()
     }
@@ -229,10 +374,14 @@ impl Partition {
         false
     }
 
-    /// Deletions held for the end of a handover, and deletions of keys owned elsewhere
-    /// remembered, for metrics.
-    pub fn figures(&self) -> (usize, usize) {
-        (self.held.len(), self.recent.len())
+    /// Deletions held for the end of a handover, deletions of keys owned elsewhere remembered,
+    /// and changes held to go first at the end of a handover, for metrics.
+    pub fn figures(&self) -> PartitionFigures {
+        PartitionFigures {
+            held: self.held.len(),
+            remembered: self.recent.len(),
+            held_changes: self.changed.len(),
+        }
     }
 
     /// Whether `key`, not served, is kept in the index while nothing may be handed out: a key
@@ -308,6 +457,8 @@ impl Partition {
                 self.held.remove(&key);
                 self.recent.deleted(hash64(key.as_bytes()), &key, now);
             }
+            // Changes of keys that moved away again are their new owner's to deliver.
+            self.changed.retain(|key, _| slice.owns_str(key));
             // Keys that moved here may have been deleted while in transit.
             let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
             for key in &moved_in {
@@ -320,10 +471,44 @@ impl Partition {
                 .filter(|key| slice.serves_str(key))
                 .cloned()
                 .collect();
-            for key in released {
+            for key in &released {
                 debug!(group = %self.group, key, "held deletion queued: the handover completed");
-                self.held.remove(&key);
-                wake.extend(queue.change(&key, Change::deletion()));
+                self.held.remove(key);
+                wake.extend(queue.change(key, Change::deletion()));
+            }
+            // Changes made while the handover held their keys go first: deletions, then the
+            // rest in the order they were seen.
+            let mut first = released;
+            let changed = std::mem::take(&mut self.changed);
+            for (key, change) in changed {
+                if !slice.serves_str(&key) {
+                    self.changed.insert(key, change);
+                    continue;
+                }
+                match change {
+                    HeldChange::Queued => {}
+                    HeldChange::Seen {
+                        resource_version,
+                        uid,
+                        epoch,
+                    } => {
+                        let object = Observed {
+                            resource_version,
+                            uid,
+                            body: None,
+                            trace: None,
+                        };
+                        wake.extend(queue.observe(&key, object, epoch));
+                    }
+                    HeldChange::Related(reason) => {
+                        wake.extend(queue.change(&key, Change::related(reason)));
+                    }
+                }
+                first.push(key);
+            }
+            if !first.is_empty() {
+                debug!(group = %self.group, keys = first.len(), "changes made while a handover held their keys go first");
+                queue.promote(first.iter().map(String::as_str));
             }
         }
         // Keys that moved away, ready for a group that has no session left to deliver them:
@@ -516,5 +701,157 @@ mod tests {
             [key],
             "the deletion is remembered for d1"
         );
+    }
+
+    /// Keys that `owner` owns on a ring of `members`, `n` of them, in name order.
+    fn keys_of(owner: &str, members: &[&str], n: usize) -> Vec<String> {
+        let ring = Ring::new(members.iter().copied());
+        let mut keys: Vec<String> = (0..100_000)
+            .map(|i| format!("/ConfigMap/ns/k-{i:06}"))
+            .filter(|k| ring.owner_of_hash(hash64(k.as_bytes())) == Some(owner))
+            .take(n)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    fn seen(rv: u32) -> Observed {
+        Observed {
+            resource_version: rv.to_string(),
+            uid: "uid-1".into(),
+            body: None,
+            trace: None,
+        }
+    }
+
+    fn exists(key: &str, rv: u32, epoch: u32) -> GroupEvent<'_> {
+        GroupEvent::Exists {
+            key: KeyRef::new(key),
+            object: seen(rv),
+            epoch,
+        }
+    }
+
+    /// The keys `queue` hands out, with their resourceVersions.
+    fn versions(queue: &mut GroupQueue, now: Instant) -> Vec<(String, String)> {
+        if !queue.has_session(1) {
+            queue.add_session(1, "r");
+        }
+        queue
+            .take(1, 100, now)
+            .into_iter()
+            .map(|d| (d.key, d.resource_version))
+            .collect()
+    }
+
+    /// d1 leaves and d0 takes its keys over: a write made while the handover holds them is
+    /// delivered first when it completes, ahead of the keys the list beside the watch brings
+    /// in name order, and once.
+    #[test]
+    fn a_change_a_handover_held_goes_ahead_of_the_keys_it_brings() {
+        let now = Instant::now();
+        let moved = keys_of("d1", &["d0", "d1"], 5);
+        let last = moved[4].as_str();
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+        let during = moving("d0", &["d0"], &["d0", "d1"]);
+        p.apply(&during, &mut queue, now);
+        p.record(&during, &mut queue, exists(last, 7, 1), now);
+        p.record(&during, &mut queue, exists(last, 8, 1), now);
+        assert_eq!(
+            versions(&mut queue, now),
+            [],
+            "held while the handover holds it"
+        );
+        assert_eq!(p.figures().held_changes, 1);
+        let after = fixed("d0", &["d0"]);
+        p.apply(&after, &mut queue, now);
+        assert_eq!(p.figures().held_changes, 0);
+        for key in &moved {
+            let listed = GroupEvent::Listed {
+                key: KeyRef::new(key),
+                object: seen(8),
+                epoch: 1,
+            };
+            p.record(&after, &mut queue, listed, now);
+        }
+        let got = versions(&mut queue, now);
+        let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        let mut expected = vec![last];
+        expected.extend(moved[..4].iter().map(String::as_str));
+        assert_eq!(keys, expected);
+        assert_eq!(got[0].1, "8", "the latest version seen");
+    }
+
+    /// A starting dispatcher keeps its keys until its gate opens; a key written meanwhile is
+    /// delivered first then, and the list that filled its index does not count as a change.
+    #[test]
+    fn a_change_of_a_kept_key_goes_first_when_the_gate_opens() {
+        let now = Instant::now();
+        let mine = keys_of("d0", &["d0", "d1"], 3);
+        let serving = fixed("d0", &["d0", "d1"]);
+        let starting = Arc::new(serving.closed());
+        let mut queue = queue();
+        let mut p = Partition::new("g", starting.clone(), REMEMBER);
+        for key in &mine {
+            p.record(&starting, &mut queue, exists(key, 1, 1), now);
+        }
+        // A re-list showing the same version changes nothing; a new version of the last does.
+        p.record(&starting, &mut queue, exists(&mine[1], 1, 2), now);
+        p.record(&starting, &mut queue, exists(&mine[2], 2, 2), now);
+        assert_eq!(p.figures().held_changes, 1);
+        p.apply(&serving, &mut queue, now);
+        let got = versions(&mut queue, now);
+        let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, [&mine[2], &mine[0], &mine[1]]);
+    }
+
+    /// A change held for a key is forgotten when its object is deleted (the deletion is held
+    /// instead), when a re-list does not show it, and when the key moves away again; and at
+    /// most `MAX_HELD_CHANGES` are held.
+    #[test]
+    fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
+        let now = Instant::now();
+        let moved = keys_of("d1", &["d0", "d1"], 3);
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+        let during = moving("d0", &["d0"], &["d0", "d1"]);
+        p.apply(&during, &mut queue, now);
+        for key in &moved {
+            p.record(&during, &mut queue, exists(key, 2, 1), now);
+        }
+        let deleted = GroupEvent::Deleted {
+            key: KeyRef::new(&moved[0]),
+            change: Change::deletion(),
+        };
+        p.record(&during, &mut queue, deleted, now);
+        assert_eq!(p.figures().held, 1, "the deletion is held");
+        // A re-list (epoch 2) shows the third key only.
+        p.record(&during, &mut queue, exists(&moved[2], 2, 2), now);
+        p.sweep(2, |_| true);
+        assert_eq!(p.figures().held_changes, 1);
+        // The ring flaps back: the change is the old owner's again.
+        p.apply(&fixed("d0", &["d0", "d1"]), &mut queue, now);
+        assert_eq!(p.figures().held_changes, 0);
+
+        let many = keys_of("d1", &["d0", "d1"], MAX_HELD_CHANGES + 1);
+        p.apply(&during, &mut queue, now);
+        for key in &many {
+            p.record(&during, &mut queue, exists(key, 3, 1), now);
+        }
+        assert_eq!(p.figures().held_changes, MAX_HELD_CHANGES);
+        // Past the bound a change is delivered still, in the handover's order.
+        let after = fixed("d0", &["d0"]);
+        p.apply(&after, &mut queue, now);
+        for key in &many {
+            let listed = GroupEvent::Listed {
+                key: KeyRef::new(key),
+                object: seen(3),
+                epoch: 1,
+            };
+            p.record(&after, &mut queue, listed, now);
+        }
+        queue.add_session(1, "r");
+        assert_eq!(queue.take(1, usize::MAX, now).len(), MAX_HELD_CHANGES + 1);
     }
 }

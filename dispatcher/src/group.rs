@@ -132,6 +132,8 @@ pub struct GroupFigures {
     pub held: usize,
     /// Deletions of keys owned elsewhere remembered.
     pub remembered: usize,
+    /// Changes of keys a handover holds, to go first when it ends.
+    pub held_changes: usize,
     /// Live sessions.
     pub sessions: usize,
     /// Objects served here that name others at a field path.
@@ -400,15 +402,16 @@ impl Group {
     /// The group's figures now.
     pub fn figures(&self) -> GroupFigures {
         let state = self.state();
-        let (held, remembered) = state.partition.figures();
+        let partition = state.partition.figures();
         let queue = state.queue.figures(Self::now());
         let sessions = state.sessions.len();
         drop(state);
         let references = self.references();
         GroupFigures {
             queue,
-            held,
-            remembered,
+            held: partition.held,
+            remembered: partition.remembered,
+            held_changes: partition.held_changes,
             sessions,
             referrers: references.len(),
             reference_bytes: references.bytes(),
@@ -429,6 +432,7 @@ impl Group {
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let mut state = self.state_now();
         let wake = state.queue.sweep(epoch, &belongs);
+        state.partition.sweep(epoch, &belongs);
         state.wake(wake);
         drop(state);
         // The referrers deleted while the watch was away name nothing any more.

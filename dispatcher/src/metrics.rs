@@ -26,6 +26,7 @@
 //! | `kube_dispatch_group_delayed` | gauge | keys backing off or waiting for a requeue |
 //! | `kube_dispatch_group_held_deletions` | gauge | deletions held until a handover completes |
 //! | `kube_dispatch_group_remembered_deletions` | gauge | deletions of keys owned elsewhere, remembered for a handover |
+//! | `kube_dispatch_group_held_changes` | gauge | changes of keys a handover holds, delivered first when it ends (at most 4096) |
 //! | `kube_dispatch_group_referrers` | gauge | objects served here that name others at a `referenced_by` field path |
 //! | `kube_dispatch_group_reference_bytes` | gauge | about the bytes of the index of what they name (about 150 per reference) |
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
@@ -297,7 +298,7 @@ impl Collector for GroupTableCollector {
         }
 
         // kube-dispatch's own.
-        let group_gauges: [Described<FigureOf<usize>>; 11] = [
+        let group_gauges: [Described<FigureOf<usize>>; 12] = [
             ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
             (
                 "kube_dispatch_group_in_flight",
@@ -323,6 +324,11 @@ impl Collector for GroupTableCollector {
                 "kube_dispatch_group_remembered_deletions",
                 "Deletions of keys owned elsewhere, remembered for a handover",
                 |f| f.remembered,
+            ),
+            (
+                "kube_dispatch_group_held_changes",
+                "Changes of keys a handover holds, delivered first when it ends",
+                |f| f.held_changes,
             ),
             ("kube_dispatch_group_sessions", "Live sessions", |f| {
                 f.sessions

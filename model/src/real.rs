@@ -814,6 +814,7 @@ impl Real {
             }
             for (g, group) in p.groups.iter().enumerate() {
                 let figures = group.partition.figures();
+                let figures = (figures.held, figures.remembered);
                 let of_group = self.model.of_group(g);
                 let modelled = (
                     (disp.held_deletions & of_group).count_ones() as usize,

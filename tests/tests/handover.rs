@@ -958,6 +958,201 @@ async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner()
     Ok(())
 }
 
+/// The deliveries in `got`, as (key, resourceVersion), for a failure message.
+fn delivered(got: &[kube_dispatch_proto::v1::ReconcileRequest]) -> Vec<(&str, &str)> {
+    got.iter()
+        .map(|r| (r.key.as_str(), r.resource_version.as_str()))
+        .collect()
+}
+
+/// Collects from `session` until every key of `names` in `namespace` is delivered, and checks
+/// that the first delivery is `name`'s, at `rv` or newer: a change made while a handover held
+/// its key goes ahead of the keys the handover brings, which would otherwise come in name
+/// order (`name` is the last of them).
+async fn first_delivered(
+    session: &mut TestSession,
+    namespace: &str,
+    names: &[String],
+    (name, rv): (&str, u64),
+) -> Duration {
+    let key = |n: &str| format!("/ConfigMap/{namespace}/{n}");
+    let since = Instant::now();
+    let got = session
+        .collect_until(Duration::from_secs(30), |got| {
+            names.iter().all(|n| got.iter().any(|r| r.key == key(n)))
+        })
+        .await;
+    let first = got.first().expect("the moved keys are delivered");
+    assert_eq!(
+        first.key,
+        key(name),
+        "the key written during the handover goes first; delivered: {:?}",
+        delivered(&got)
+    );
+    assert!(
+        first.resource_version.parse::<u64>().unwrap_or(0) >= rv,
+        "{name} is delivered at its write (rv {rv}) or later; delivered: {:?}",
+        delivered(&got)
+    );
+    since.elapsed()
+}
+
+/// dispatcher-1 is killed; while dispatcher-0's handover of its keys waits out the bound, one of
+/// them (the last by name) is written. dispatcher-0 did not index it (a key it did not own),
+/// so it remembers the change, without its body, and delivers it first when the handover
+/// completes, ahead of the keys that the list beside its watch brings in name order.
+#[tokio::test]
+async fn a_write_while_a_dead_dispatchers_keys_are_held_is_delivered_first() -> TestResult {
+    const OBJECTS: usize = 60;
+    let (ns, api) = with_configmaps("held-write", OBJECTS).await?;
+    let three = Ring::new((0..3).map(name));
+    let two = Ring::new([name(0), name(2)]);
+    let to_zero = names_owned_by(&two, ns.name(), OBJECTS, "dispatcher-0");
+    let mut moving: Vec<String> = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-1")
+        .into_iter()
+        .filter(|n| to_zero.contains(n))
+        .collect();
+    moving.sort();
+    assert!(
+        moving.len() >= 2,
+        "two keys move from dispatcher-1 to dispatcher-0: {moving:?}"
+    );
+    let mut ds = start_settled(ns.name(), 3, BOUND).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
+    let mine = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-0").len();
+    let first = s0
+        .collect_until(Duration::from_secs(20), |got| got.len() >= mine)
+        .await;
+    assert_eq!(first.len(), mine, "dispatcher-0 delivers its own keys");
+
+    if let Some(d) = ds.remove(&1) {
+        d.kill();
+    }
+    let mut ring0 = ds[&0].handles.slice.clone();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        ring0.wait_for(|s| s.ring.members().len() == 2),
+    )
+    .await??;
+    let seen = ds[&0].watch_total(|c| &c.applied);
+    let last = moving.last().ok_or("a moving key")?;
+    let patch = Patch::Merge(serde_json::json!({ "data": { "during": "handover" } }));
+    let written = api.patch(last, &PatchParams::default(), &patch).await?;
+    let rv: u64 = written.resource_version().unwrap_or_default().parse()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ds[&0].watch_total(|c| &c.applied) <= seen {
+        assert!(
+            Instant::now() < deadline,
+            "dispatcher-0's watch never showed the write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let settled_on = |s: &Slice| s.settled.as_ref().map(|r| r.members().len());
+    assert_eq!(
+        settled_on(&ds[&0].handles.slice.borrow()),
+        Some(3),
+        "the write must fall while the handover holds the key (raise BOUND on a slow machine)"
+    );
+    let took = first_delivered(&mut s0, ns.name(), &moving, (last, rv)).await;
+    println!(
+        "the write made while the handover held {} keys was delivered first, {took:?} after the watch showed it",
+        moving.len()
+    );
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// dispatcher-1 joins while dispatcher-0 has one of the keys that move to it in flight, so its
+/// gate stays closed and it keeps its keys in its index. One of them (the last by name) is
+/// written meanwhile: when dispatcher-0 releases and the gate opens, that key is delivered
+/// first, ahead of the others kept in name order.
+#[tokio::test]
+async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first() -> TestResult {
+    const COUNT: usize = 30;
+    let (ns, api) = with_configmaps("kept-write", COUNT).await?;
+    let two = Ring::new([name(0), name(1)]);
+    let mut moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
+    moving.sort();
+    assert!(moving.len() >= 3, "three keys move to dispatcher-1");
+    let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
+    // Longer than the test: the key held in flight stays in flight however slow the machine.
+    let long = Duration::from_secs(60);
+    let mut ds = start_settled(ns.name(), 1, long).await?;
+    let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s0 = TestSession::open_for(&ds[&0], GROUP, "replica-0", subs(), long).await?;
+    let first = s0
+        .collect_until(Duration::from_secs(20), |got| got.len() >= COUNT)
+        .await;
+    assert_eq!(first.len(), COUNT, "dispatcher-0 delivers every key");
+    let flying = &moving[0];
+    let patch = |round: &str| Patch::Merge(serde_json::json!({ "data": { "round": round } }));
+    api.patch(flying, &PatchParams::default(), &patch("1"))
+        .await?;
+    let in_flight = s0.hold(Duration::from_secs(10)).await?;
+    assert_eq!(
+        in_flight.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+        [key(flying)],
+        "dispatcher-0 hands out the change of {flying}, which stays in flight"
+    );
+
+    let joining = TestDispatcher::start(config(ns.name(), 1, long)).await?;
+    // The group is made once dispatcher-1 is on its own ring, so its first list indexes the
+    // keys it owns there (kept while its gate is closed).
+    let mut ring1 = joining.handles.slice.clone();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        ring1.wait_for(|s| s.ring.members().len() == 2),
+    )
+    .await??;
+    let mut s1 = TestSession::open(&joining, GROUP, "replica-1", subs()).await?;
+    let group = joining
+        .handles
+        .groups
+        .named(GROUP)
+        .pop()
+        .ok_or("dispatcher-1 has the group")?;
+    let last = moving.last().ok_or("a moving key")?;
+    let known_at = |at: Option<u64>| {
+        group.key_status(&key(last)).is_some_and(|k| {
+            at.is_none_or(|rv| k.resource_version.parse::<u64>().unwrap_or(0) >= rv)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !known_at(None) {
+        assert!(
+            Instant::now() < deadline,
+            "dispatcher-1 never indexed {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let written = api
+        .patch(last, &PatchParams::default(), &patch("2"))
+        .await?;
+    let rv: u64 = written.resource_version().unwrap_or_default().parse()?;
+    while !known_at(Some(rv)) {
+        assert!(
+            Instant::now() < deadline,
+            "dispatcher-1's watch never showed the write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        joining.handles.slice.borrow().settled.is_none(),
+        "dispatcher-1's gate must still be closed"
+    );
+    s0.ack(&in_flight.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+        .await?;
+    let took = first_delivered(&mut s1, ns.name(), &moving, (last, rv)).await;
+    println!(
+        "the write made while dispatcher-1 kept {} keys was delivered first, {took:?} after dispatcher-0 let its key go",
+        moving.len()
+    );
+    ds.insert(1, joining);
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
 /// A dispatcher killed and restarted before the others drop it from the ring: no key moves, and
 /// its new process starts with an empty key index, so a deletion of one of its keys made while
 /// it was down reaches a controller only because its new process asks its peers for the

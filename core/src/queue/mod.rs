@@ -366,6 +366,11 @@ pub struct KeyStatus {
     pub resource_version: String,
 }
 
+/// The sequence number of the first key enqueued at the back of a new queue: the numbers below
+/// it are for keys moved ahead ([`GroupQueue::promote`]), so an order by number (a rebalance's)
+/// keeps them first. Either way 2^63 numbers, more than a queue hands out.
+const FRONT: u64 = 1 << 63;
+
 /// The work queue of one group.
 #[derive(Debug)]
 pub struct GroupQueue {
@@ -411,7 +416,11 @@ pub struct GroupQueue {
     /// The most bytes of bodies this group may take while the pool is short (its share, set
     /// by [`GroupQueue::hold_bodies_to`]); `usize::MAX` otherwise.
     body_share: usize,
+    /// The next sequence number of a key enqueued at the back; starts at [`FRONT`] so that
+    /// keys moved ahead ([`GroupQueue::promote`]) take the numbers below it.
     next_seq: u64,
+    /// The lowest sequence number a key moved ahead took so far.
+    front_seq: u64,
     next_delivery: DeliveryId,
     /// In-flight keys the ring moved away: forgotten when they settle, never requeued here.
     /// At most the number of keys in flight.
@@ -472,7 +481,8 @@ impl GroupQueue {
             pool,
             memo_pool,
             body_share: usize::MAX,
-            next_seq: 0,
+            next_seq: FRONT,
+            front_seq: FRONT,
             next_delivery: 1,
             leaving: HashSet::default(),
             held: HashSet::default(),
@@ -609,6 +619,14 @@ impl GroupQueue {
             .is_some_and(|e| e.deleted || e.resource_version != Rv::Empty)
     }
 
+    /// Whether the queue knows that the object of `key` exists at `resource_version` exactly.
+    pub fn knows_version(&self, key: &str, resource_version: &str) -> bool {
+        self.prefixes
+            .find(key)
+            .and_then(|key| self.entries.get(&key))
+            .is_some_and(|e| !e.deleted && e.resource_version.matches(resource_version))
+    }
+
     /// Whether the queue knows that the object of `key` exists: a version of it seen, and not
     /// deleted since.
     pub fn knows_live(&self, key: &str) -> bool {
@@ -626,6 +644,45 @@ impl GroupQueue {
     /// Keys ready for delivery, over all sessions.
     pub fn ready_len(&self) -> usize {
         self.unassigned.len() + self.sessions.values().map(|s| s.ready.len()).sum::<usize>()
+    }
+
+    /// Moves the keys of `keys` that are ready ahead of every other ready key, in the order
+    /// given: changes a handover held back go before the keys it brought, which reach the
+    /// queue in a list's (name) order. Keys not ready are left where they are. One pass over
+    /// the ready keys, whatever the number moved.
+    pub fn promote<'k>(&mut self, keys: impl IntoIterator<Item = &'k str>) {
+        let mut rank: HashMap<Key, u64> = HashMap::default();
+        for key in keys {
+            if let Some(k) = self.prefixes.find(key)
+                && self
+                    .entries
+                    .get(&k)
+                    .is_some_and(|e| e.state == State::Ready)
+            {
+                let next = rank.len() as u64;
+                rank.entry(k).or_insert(next);
+            }
+        }
+        if rank.is_empty() {
+            return;
+        }
+        let base = self.front_seq.saturating_sub(rank.len() as u64);
+        self.front_seq = base;
+        for ready in self
+            .sessions
+            .values_mut()
+            .map(|s| &mut s.ready)
+            .chain(std::iter::once(&mut self.unassigned))
+        {
+            let (mut ahead, rest): (Vec<Queued>, Vec<Queued>) =
+                ready.drain(..).partition(|q| rank.contains_key(&q.key));
+            for q in &mut ahead {
+                q.seq = base + rank[&q.key];
+            }
+            ahead.sort_unstable_by_key(|q| q.seq);
+            ready.extend(ahead);
+            ready.extend(rest);
+        }
     }
 
     /// Bytes of object bodies held.

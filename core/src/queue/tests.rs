@@ -522,6 +522,27 @@ fn keys_are_served_in_order_of_first_enqueue() {
 }
 
 #[test]
+fn promoted_keys_go_first_in_the_order_given_and_stay_first_through_a_rebalance() {
+    let now = Instant::now();
+    let mut q = queue();
+    for k in ["a", "b", "c", "d", "e"] {
+        q.change(k, change(Reason::Added, 1));
+    }
+    // No session yet: the keys wait unassigned. "x" is unknown and "c" is delivered below
+    // before it is promoted; neither moves anything.
+    q.promote(["d", "x", "b"]);
+    q.add_session(1, "r");
+    assert_eq!(keys(&q.take(1, 1, now)), ["d"]);
+    q.change("c", change(Reason::Modified, 2));
+    q.promote(["e"]);
+    // A second session rebalances by sequence number: the promoted keys keep their place.
+    q.add_session(2, "s");
+    q.remove_session(2);
+    assert_eq!(keys(&q.take(1, 10, now)), ["e", "b", "a", "c"]);
+    q.check();
+}
+
+#[test]
 fn sessions_keep_their_keys_while_membership_is_stable() {
     let now = Instant::now();
     let mut q = queue();
@@ -821,6 +842,7 @@ enum Op {
     Ack(u8, u8),
     Advance(u16),
     Resync(u8),
+    Promote(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -833,6 +855,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u8..4, 0u8..3).prop_map(|(s, o)| Op::Ack(s, o)),
         1 => (0u16..20_000).prop_map(Op::Advance),
         1 => (0u8..12).prop_map(Op::Resync),
+        1 => (0u8..12).prop_map(Op::Promote),
     ]
 }
 
@@ -891,6 +914,9 @@ proptest! {
                 }
                 Op::Resync(k) => {
                     q.resync(&prop_key(k));
+                }
+                Op::Promote(k) => {
+                    q.promote([prop_key(k).as_str()]);
                 }
             }
             q.check();
