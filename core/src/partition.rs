@@ -141,7 +141,7 @@ pub struct Partition {
     /// stopped delivering. Bounded by its config.
     recent: RecentDeletions,
     /// Changes of keys the ring gave this dispatcher, made while it could not hand them out
-    /// (the handover held them, or its gate was closed), in the order first seen: they go
+    /// (the handover held them, or its gate was closed), about in the order first seen: they go
     /// first once the keys are served here ([`GroupQueue::promote`]). Forgotten if the key
     /// moves away again, is deleted (the deletion is held instead) or a re-list does not show
     /// it. At most [`MAX_HELD_CHANGES`].
@@ -160,6 +160,16 @@ impl Partition {
             recent: RecentDeletions::new(recent),
             changed: IndexMap::default(),
             changed_overflow: 0,
+        }
+    }
+
+    /// The queue took a version of `key`'s object: a version remembered for it is older, and
+    /// only the key's place remains to change.
+    fn queued_now(&mut self, key: &str) {
+        if let Some(held) = self.changed.get_mut(key)
+            && matches!(held, HeldChange::Seen { .. })
+        {
+            *held = HeldChange::Queued;
         }
     }
 
@@ -204,8 +214,10 @@ impl Partition {
     /// change is delivered, and a list that follows skips keys known here); otherwise left to
     /// the partition: a deletion held for a handover, or remembered for a key owned elsewhere.
     /// A change of a key this dispatcher owns but cannot hand out yet is also remembered, to go
-    /// first once it can (`dispatcher/HANDOVER.md`, "Changes made during a handover"). Call
-    /// with `queue` trimmed to `slice` ([`Partition::apply`]). Returns the sessions to wake.
+    /// first once it can (`dispatcher/HANDOVER.md`, "Changes made during a handover"), when
+    /// the event comes from the watch's stream ([`Partition::record_streamed`]): a list shows
+    /// every object, changed or not. Call with `queue` trimmed to `slice`
+    /// ([`Partition::apply`]). Returns the sessions to wake.
     pub fn record(
         &mut self,
         slice: &Slice,
@@ -213,35 +225,60 @@ impl Partition {
         event: GroupEvent<'_>,
         now: Instant,
     ) -> Vec<SessionId> {
+        self.record_as(slice, queue, event, now, false)
+    }
+
+    /// [`Partition::record`] of an event of the watch's stream: a change of a key this
+    /// dispatcher owns but cannot hand out yet is remembered, to go first once it can.
+    pub fn record_streamed(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        event: GroupEvent<'_>,
+        now: Instant,
+    ) -> Vec<SessionId> {
+        self.record_as(slice, queue, event, now, true)
+    }
+
+    fn record_as(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        event: GroupEvent<'_>,
+        now: Instant,
+        streamed: bool,
+    ) -> Vec<SessionId> {
         match event {
             GroupEvent::Exists { key, object, epoch } => {
                 if self.admits(slice, key, Some(false), now) {
+                    self.queued_now(key.text());
                     return queue.observe(key.text(), object, epoch);
                 }
-                return self.hold_object(slice, queue, key, object, epoch);
+                return self.hold_object(slice, queue, (key, object, epoch), streamed);
             }
             GroupEvent::ExistsElsewhere { key, object, epoch } => {
                 self.exists_elsewhere(slice, key);
                 if slice.serves_key(key) {
+                    self.queued_now(key.text());
                     return queue.observe(key.text(), object, epoch);
                 }
-                return self.hold_object(slice, queue, key, object, epoch);
+                return self.hold_object(slice, queue, (key, object, epoch), streamed);
             }
             GroupEvent::Deleted { key, change } => {
                 debug_assert!(change.deleted, "a deletion: {change:?}");
                 // Recorded too if the key is still here on its way out, so that its earlier
                 // object's deletion goes first if it is created again.
                 // A change held for the key is superseded: its deletion is held instead.
-                self.changed.shift_remove(key.text());
+                self.changed.swap_remove(key.text());
                 if self.admits(slice, key, Some(true), now) || queue.is_leaving(key.text()) {
                     return queue.change(key.text(), change);
                 }
             }
             GroupEvent::OwnedChanged { key } => {
-                return self.hold_related(slice, queue, key, Reason::Owned);
+                return self.hold_related(slice, queue, (key, Reason::Owned), streamed);
             }
             GroupEvent::NamedChanged { key } => {
-                return self.hold_related(slice, queue, key, Reason::Referenced);
+                return self.hold_related(slice, queue, (key, Reason::Referenced), streamed);
             }
             GroupEvent::Triggered { key } => {
                 if slice.serves_key(key) && queue.knows_live(key.text()) {
@@ -249,8 +286,13 @@ impl Partition {
                 }
             }
             GroupEvent::Listed { key, object, epoch } => {
-                if slice.serves_key(key) && !queue.knows_object(key.text()) {
-                    return queue.observe(key.text(), object, epoch);
+                if slice.serves_key(key) {
+                    if !queue.knows_object(key.text()) {
+                        return queue.observe(key.text(), object, epoch);
+                    }
+                    // A change remembered during the handover was queued at this version
+                    // without its body: the list brings it.
+                    queue.fill_body(key.text(), object);
                 }
             }
             GroupEvent::ListedOwned { key } => {
@@ -269,23 +311,28 @@ impl Partition {
         &mut self,
         slice: &Slice,
         queue: &mut GroupQueue,
-        key: KeyRef<'_>,
-        object: Observed,
-        epoch: u32,
+        (key, object, epoch): (KeyRef<'_>, Observed, u32),
+        streamed: bool,
     ) -> Vec<SessionId> {
         let text = key.text();
         if Self::keeps(slice, queue, key) {
             // A new version of a key the queue holds already; its first sight (the list
             // that fills a starting dispatcher's index) is no change to hurry.
-            if queue.knows_live(text) && !queue.knows_version(text, &object.resource_version) {
+            if streamed
+                && queue.knows_live(text)
+                && !queue.knows_version(text, &object.resource_version)
+            {
                 self.hold_change(text, HeldChange::Queued);
+            } else {
+                self.queued_now(text);
             }
             return queue.observe(text, object, epoch);
         }
         if queue.is_leaving(text) {
+            self.queued_now(text);
             return queue.observe(text, object, epoch);
         }
-        if slice.owns_key(key) {
+        if streamed && slice.owns_key(key) {
             self.hold_change(
                 text,
                 HeldChange::Seen {
@@ -305,21 +352,23 @@ impl Partition {
         &mut self,
         slice: &Slice,
         queue: &mut GroupQueue,
-        key: KeyRef<'_>,
-        reason: Reason,
+        (key, reason): (KeyRef<'_>, Reason),
+        streamed: bool,
     ) -> Vec<SessionId> {
         let text = key.text();
         if slice.serves_key(key) {
             return queue.change(text, Change::related(reason));
         }
         if Self::keeps(slice, queue, key) {
-            self.hold_change(text, HeldChange::Queued);
+            if streamed {
+                self.hold_change(text, HeldChange::Queued);
+            }
             return queue.change(text, Change::related(reason));
         }
         if queue.is_leaving(text) {
             return queue.change(text, Change::related(reason));
         }
-        if slice.owns_key(key) {
+        if streamed && slice.owns_key(key) {
             self.hold_change(text, HeldChange::Related(reason));
         }
         Vec::new()
@@ -756,8 +805,8 @@ mod tests {
         let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
         let during = moving("d0", &["d0"], &["d0", "d1"]);
         p.apply(&during, &mut queue, now);
-        p.record(&during, &mut queue, exists(last, 7, 1), now);
-        p.record(&during, &mut queue, exists(last, 8, 1), now);
+        p.record_streamed(&during, &mut queue, exists(last, 7, 1), now);
+        p.record_streamed(&during, &mut queue, exists(last, 8, 1), now);
         assert_eq!(
             versions(&mut queue, now),
             [],
@@ -798,7 +847,7 @@ mod tests {
         }
         // A re-list showing the same version changes nothing; a new version of the last does.
         p.record(&starting, &mut queue, exists(&mine[1], 1, 2), now);
-        p.record(&starting, &mut queue, exists(&mine[2], 2, 2), now);
+        p.record_streamed(&starting, &mut queue, exists(&mine[2], 2, 2), now);
         assert_eq!(p.figures().held_changes, 1);
         p.apply(&serving, &mut queue, now);
         let got = versions(&mut queue, now);
@@ -818,7 +867,7 @@ mod tests {
         let during = moving("d0", &["d0"], &["d0", "d1"]);
         p.apply(&during, &mut queue, now);
         for key in &moved {
-            p.record(&during, &mut queue, exists(key, 2, 1), now);
+            p.record_streamed(&during, &mut queue, exists(key, 2, 1), now);
         }
         let deleted = GroupEvent::Deleted {
             key: KeyRef::new(&moved[0]),
@@ -827,7 +876,7 @@ mod tests {
         p.record(&during, &mut queue, deleted, now);
         assert_eq!(p.figures().held, 1, "the deletion is held");
         // A re-list (epoch 2) shows the third key only.
-        p.record(&during, &mut queue, exists(&moved[2], 2, 2), now);
+        p.record_streamed(&during, &mut queue, exists(&moved[2], 2, 2), now);
         p.sweep(2, |_| true);
         assert_eq!(p.figures().held_changes, 1);
         // The ring flaps back: the change is the old owner's again.
@@ -837,7 +886,7 @@ mod tests {
         let many = keys_of("d1", &["d0", "d1"], MAX_HELD_CHANGES + 1);
         p.apply(&during, &mut queue, now);
         for key in &many {
-            p.record(&during, &mut queue, exists(key, 3, 1), now);
+            p.record_streamed(&during, &mut queue, exists(key, 3, 1), now);
         }
         assert_eq!(p.figures().held_changes, MAX_HELD_CHANGES);
         // Past the bound a change is delivered still, in the handover's order.
@@ -853,5 +902,91 @@ mod tests {
         }
         queue.add_session(1, "r");
         assert_eq!(queue.take(1, usize::MAX, now).len(), MAX_HELD_CHANGES + 1);
+    }
+
+    /// A list shows every object, changed or not: what it shows of held or kept keys is not
+    /// remembered as a change, nor is a child it shows.
+    #[test]
+    fn what_a_list_shows_is_no_change_to_hurry() {
+        let now = Instant::now();
+        let moved = keys_of("d1", &["d0", "d1"], 2);
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+        let during = moving("d0", &["d0"], &["d0", "d1"]);
+        p.apply(&during, &mut queue, now);
+        p.record(&during, &mut queue, exists(&moved[0], 2, 2), now);
+        let owned = GroupEvent::OwnedChanged {
+            key: KeyRef::new(&moved[1]),
+        };
+        p.record(&during, &mut queue, owned, now);
+        assert_eq!(p.figures().held_changes, 0);
+        let owned = GroupEvent::OwnedChanged {
+            key: KeyRef::new(&moved[1]),
+        };
+        p.record_streamed(&during, &mut queue, owned, now);
+        assert_eq!(
+            p.figures().held_changes,
+            1,
+            "a child's change in the stream is"
+        );
+    }
+
+    /// A version remembered while the handover held the key, then a newer one queued once the
+    /// key is kept (the slice closed meanwhile): the gate opening delivers the newer one, with
+    /// its body, not the remembered one.
+    #[test]
+    fn a_remembered_version_never_replaces_a_newer_one_queued_since() {
+        let now = Instant::now();
+        let key = key_of("d1", &["d0", "d1"]);
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+        let during = moving("d0", &["d0"], &["d0", "d1"]);
+        p.apply(&during, &mut queue, now);
+        p.record_streamed(&during, &mut queue, exists(&key, 10, 1), now);
+        let closed = Arc::new(fixed("d0", &["d0"]).closed());
+        p.apply(&closed, &mut queue, now);
+        let newer = GroupEvent::Exists {
+            key: KeyRef::new(&key),
+            object: Observed {
+                body: Some(Arc::from(&b"{}"[..])),
+                ..seen(12)
+            },
+            epoch: 1,
+        };
+        p.record_streamed(&closed, &mut queue, newer, now);
+        p.apply(&fixed("d0", &["d0"]), &mut queue, now);
+        queue.add_session(1, "r");
+        let got = queue.take(1, 10, now);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].resource_version, "12");
+        assert!(got[0].body.is_some(), "delivered with its body");
+    }
+
+    /// A change remembered without its body is queued first at its version; the list beside
+    /// the watch then brings the body of that version.
+    #[test]
+    fn the_list_beside_the_watch_fills_the_body_of_a_remembered_change() {
+        let now = Instant::now();
+        let key = key_of("d1", &["d0", "d1"]);
+        let mut queue = queue();
+        let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+        let during = moving("d0", &["d0"], &["d0", "d1"]);
+        p.apply(&during, &mut queue, now);
+        p.record_streamed(&during, &mut queue, exists(&key, 7, 1), now);
+        let after = fixed("d0", &["d0"]);
+        p.apply(&after, &mut queue, now);
+        let listed = GroupEvent::Listed {
+            key: KeyRef::new(&key),
+            object: Observed {
+                body: Some(Arc::from(&b"{}"[..])),
+                ..seen(7)
+            },
+            epoch: 1,
+        };
+        p.record(&after, &mut queue, listed, now);
+        queue.add_session(1, "r");
+        let got = queue.take(1, 10, now);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].body.is_some(), "delivered with the listed body");
     }
 }

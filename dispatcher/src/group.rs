@@ -336,17 +336,30 @@ impl Group {
     /// ([`Partition::record`]), against the slice current now, on a queue trimmed to it, under
     /// the state lock.
     pub fn apply(&self, event: GroupEvent<'_>) {
-        self.apply_all(std::iter::once(event));
+        self.apply_all(std::iter::once(event), false);
     }
 
-    /// [`Group::apply`] of each of `events`, under one hold of the lock.
-    fn apply_all<'k>(&self, events: impl IntoIterator<Item = GroupEvent<'k>>) {
+    /// [`Group::apply`] of an event of a watch's stream, not of a list: a change of a key a
+    /// handover holds is remembered to go first when it completes
+    /// ([`Partition::record_streamed`]).
+    pub fn apply_streamed(&self, event: GroupEvent<'_>) {
+        self.apply_all(std::iter::once(event), true);
+    }
+
+    /// [`Group::apply`] (or, `streamed`, [`Group::apply_streamed`]) of each of `events`, under
+    /// one hold of the lock.
+    fn apply_all<'k>(&self, events: impl IntoIterator<Item = GroupEvent<'k>>, streamed: bool) {
         let (mut state, slice, mut wake) = self.current();
         let State {
             queue, partition, ..
         } = &mut *state;
         for event in events {
-            wake.extend(partition.record(&slice, queue, event, Self::now()));
+            let now = Self::now();
+            wake.extend(if streamed {
+                partition.record_streamed(&slice, queue, event, now)
+            } else {
+                partition.record(&slice, queue, event, now)
+            });
         }
         state.wake(wake);
     }
@@ -446,9 +459,12 @@ impl Group {
     /// key of a large group never holds the lock (and a runtime worker) for long.
     pub async fn trigger(&self, keys: &[String], all: bool) {
         for chunk in keys.chunks(KEYS_PER_HOLD) {
-            self.apply_all(chunk.iter().map(|key| GroupEvent::Triggered {
-                key: KeyRef::new(key),
-            }));
+            self.apply_all(
+                chunk.iter().map(|key| GroupEvent::Triggered {
+                    key: KeyRef::new(key),
+                }),
+                false,
+            );
             tokio::task::yield_now().await;
         }
         if !all {
@@ -512,9 +528,14 @@ impl Group {
     /// Reconciles `referrers`: an object they name changed.
     fn named_changed(&self, referrers: &[Arc<str>]) {
         for chunk in referrers.chunks(KEYS_PER_HOLD) {
-            self.apply_all(chunk.iter().map(|key| GroupEvent::NamedChanged {
-                key: KeyRef::new(key),
-            }));
+            // Not remembered as changes during a handover: a list shows every object, and
+            // which of these calls came from one is not told here.
+            self.apply_all(
+                chunk.iter().map(|key| GroupEvent::NamedChanged {
+                    key: KeyRef::new(key),
+                }),
+                false,
+            );
         }
     }
 

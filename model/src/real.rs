@@ -97,6 +97,13 @@ impl GroupState {
     fn record(&mut self, slice: &Slice, event: GroupEvent<'_>, now: Instant) {
         self.partition.record(slice, &mut self.queue, event, now);
     }
+
+    /// Records an event of the watch's stream as `Group::apply_streamed` does
+    /// ([`Partition::record_streamed`]).
+    fn record_streamed(&mut self, slice: &Slice, event: GroupEvent<'_>, now: Instant) {
+        self.partition
+            .record_streamed(slice, &mut self.queue, event, now);
+    }
 }
 
 impl Process {
@@ -452,7 +459,7 @@ impl Real {
                 } else {
                     GroupEvent::Exists { key, object, epoch }
                 };
-                group.record(slice, event, now);
+                group.record_streamed(slice, event, now);
             }
         }
     }
@@ -470,7 +477,7 @@ impl Real {
             }
             let key = KeyRef::new(&key);
             for group in &mut p.groups {
-                group.record(slice, GroupEvent::OwnedChanged { key }, now);
+                group.record_streamed(slice, GroupEvent::OwnedChanged { key }, now);
             }
         }
     }

@@ -982,6 +982,27 @@ impl GroupQueue {
         wake
     }
 
+    /// Attaches the body of `object` to `key` if it is ready at exactly that version without
+    /// one (it was queued from a version alone), within the body budget.
+    pub fn fill_body(&mut self, key: &str, object: Observed) {
+        let Some(body) = object.body else { return };
+        let Some(key) = self.prefixes.find(key) else {
+            return;
+        };
+        let fits = self.entries.get(&key).is_some_and(|e| {
+            e.state == State::Ready
+                && !e.deleted
+                && e.uid == Uid::new(&object.uid)
+                && e.resource_version.matches(&object.resource_version)
+        }) && !self.bodies.contains_key(&key)
+            && !self.tombstones.contains_key(&key)
+            && self.body_bytes + body.len() <= self.config.body_budget.min(self.body_share);
+        if fits && self.pool.take(body.len()) {
+            self.body_bytes += body.len();
+            self.bodies.insert(key, body);
+        }
+    }
+
     /// Queues as deleted every live key accepted by `belongs` (the keys of one subscription)
     /// that was not seen in list epoch `epoch`: the deletions that happened while the watch
     /// was down. Call when a re-list ends. Returns the sessions that now have ready keys.

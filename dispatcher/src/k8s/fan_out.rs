@@ -158,11 +158,25 @@ impl FanOut {
         self.shard.clone()
     }
 
-    /// Hands an event of the stream (or of the watch's own list) to every subscriber, by the
-    /// rules of [`super::routing`]. The group decides again under its lock, against the slice
-    /// current then (and remembers deletions of keys a handover holds, and recent deletions of
-    /// keys owned elsewhere). Returns the object's request key.
-    pub(super) fn apply(&mut self, obj: &WatchedObject, epoch: u32, deleted: bool) -> String {
+    /// Hands an event of the stream (`streamed`) or of the watch's own list to every
+    /// subscriber, by the rules of [`super::routing`]. The group decides again under its lock,
+    /// against the slice current then (and remembers deletions of keys a handover holds, recent
+    /// deletions of keys owned elsewhere, and changes the stream shows of keys a handover
+    /// holds). Returns the object's request key.
+    pub(super) fn apply(
+        &mut self,
+        obj: &WatchedObject,
+        epoch: u32,
+        deleted: bool,
+        streamed: bool,
+    ) -> String {
+        let to_group = |group: &crate::group::Group, event: GroupEvent<'_>| {
+            if streamed {
+                group.apply_streamed(event);
+            } else {
+                group.apply(event);
+            }
+        };
         let counter = if deleted {
             &self.counts.deleted
         } else {
@@ -229,21 +243,22 @@ impl FanOut {
                         Indexing::Replace
                     };
                     self.index_names(&sub.group, obj, &text, epoch, indexing);
-                    sub.group.apply(primary_event(
-                        (&uid, &version),
-                        key,
-                        epoch,
-                        deleted,
-                        place,
-                        || (bodies.get(sub.payload, obj), trace.clone()),
-                    ));
+                    to_group(
+                        &sub.group,
+                        primary_event((&uid, &version), key, epoch, deleted, place, || {
+                            (bodies.get(sub.payload, obj), trace.clone())
+                        }),
+                    );
                 }
                 Keyed::Owner(owner) => {
                     let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
                     for key in tell.into_iter().flatten() {
-                        sub.group.apply(GroupEvent::OwnedChanged {
-                            key: KeyRef::new(key),
-                        });
+                        to_group(
+                            &sub.group,
+                            GroupEvent::OwnedChanged {
+                                key: KeyRef::new(key),
+                            },
+                        );
                     }
                 }
                 Keyed::Referrers => sub.group.named_object_seen(&text, &version, epoch, deleted),

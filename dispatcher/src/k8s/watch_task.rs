@@ -401,7 +401,7 @@ impl WatchTask {
             }
             Event::InitApply(obj) => {
                 self.readiness.send_if_modified(mark_ready);
-                let key = self.fan_out.apply(&obj, self.epoch, false);
+                let key = self.fan_out.apply(&obj, self.epoch, false, false);
                 if let Some(last) = &mut pass.listed
                     && last.as_ref().is_none_or(|last| key > *last)
                 {
@@ -415,14 +415,14 @@ impl WatchTask {
                 debug!(resource = %describe(&self.key), epoch = self.epoch, "list done");
             }
             Event::Apply(obj) => {
-                self.fan_out.apply(&obj, self.epoch, false);
+                self.fan_out.apply(&obj, self.epoch, false, true);
             }
             Event::Delete(obj) => {
                 let remembered = pass
                     .side
                     .as_mut()
                     .is_none_or(|list| list.deleted(object_key(&self.key.resource, &obj).hash64()));
-                self.fan_out.apply(&obj, self.epoch, true);
+                self.fan_out.apply(&obj, self.epoch, true, true);
                 if !remembered {
                     warn!(
                         resource = %describe(&self.key),
