@@ -140,9 +140,15 @@ async fn register(
     };
     let mut client: LoadBalancerClient<AuthChannel> =
         LoadBalancerClient::with_interceptor(channel, credentials.bearer());
+    // With the dispatchers polled now: a load balancer that has just become the leader places
+    // this replica there, so a change of leader moves no session.
+    let register = RegisterRequest {
+        dispatchers: targets.borrow().iter().cloned().collect(),
+        ..request.clone()
+    };
     let mut stream = tokio::select! {
         () = stop.cancelled() => return Ok(Ended::Closed),
-        s = client.register(request.clone()) => s?.into_inner(),
+        s = client.register(register) => s?.into_inner(),
     };
     loop {
         let message = tokio::select! {
@@ -303,6 +309,7 @@ mod tests {
             RegisterRequest {
                 group: "g".into(),
                 replica_id: "r1".into(),
+                dispatchers: Vec::new(),
             },
             targets,
             stop.clone(),

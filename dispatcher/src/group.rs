@@ -302,6 +302,14 @@ impl Group {
         self.state().sessions.get(&id).cloned()
     }
 
+    /// The slice this group serves, to wait for its changes: a poll that found nothing to hand
+    /// out while the handover held the keys is answered as soon as the gate opens.
+    pub fn slice_changes(&self) -> watch::Receiver<Arc<Slice>> {
+        let mut slice = self.slice.clone();
+        slice.mark_unchanged();
+        slice
+    }
+
     /// Whether the session is live in this group.
     pub fn has_session(&self, id: SessionId) -> bool {
         self.state().sessions.contains_key(&id)
@@ -622,10 +630,13 @@ impl Group {
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut children: HashMap<String, OwnerChildren> = HashMap::new();
         let out = {
-            let queue = &mut self.state_now().queue;
+            // On a queue trimmed to the slice current now: a poll woken by a change of the
+            // slice may come before the membership loop has trimmed the groups to it.
+            let (mut state, slice, wake) = self.current();
+            state.wake(wake);
+            let queue = &mut state.queue;
             // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
             // Lease deadline is kept in real time, as the membership loop keeps it.
-            let slice = self.slice.borrow().clone();
             if !slice.hands_out(std::time::Instant::now()) {
                 return Vec::new();
             }

@@ -79,6 +79,14 @@ struct Args {
     #[arg(long, env = "KD_REPLICA_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     replica_grace: Duration,
 
+    /// How long a load balancer that has just become the leader waits for the replicas to
+    /// register again before it places any. Each says which dispatchers it polls and is placed
+    /// there as far as the placement rules allow, so a change of leader (a rolling update of
+    /// the load balancers) moves no connection. Replicas keep polling meanwhile; only a replica
+    /// new to the group waits this long for its first dispatchers. At most 30s.
+    #[arg(long, env = "KD_LEADER_SETTLE", default_value = "2s", value_parser = humantime::parse_duration)]
+    leader_settle: Duration,
+
     /// Most controller replicas registered at once, over all groups.
     #[arg(long, env = "KD_MAX_REGISTRATIONS", default_value_t = 10_000)]
     max_registrations: usize,
@@ -125,6 +133,10 @@ async fn main() -> anyhow::Result<()> {
         args.lease_grace.as_secs() >= 1 && args.lease_grace < args.lease_duration,
         "--lease-grace must be at least 1s and shorter than --lease-duration"
     );
+    anyhow::ensure!(
+        args.leader_settle <= Duration::from_secs(30),
+        "--leader-settle must be at most 30s"
+    );
     let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -144,6 +156,7 @@ async fn main() -> anyhow::Result<()> {
         lease_grace: args.lease_grace,
         dispatcher_grace: args.dispatcher_grace,
         replica_grace: args.replica_grace,
+        leader_settle: args.leader_settle,
         max_registrations: args.max_registrations,
         max_registrations_per_identity: args.max_registrations_per_identity,
         transport: args.security.transport()?,

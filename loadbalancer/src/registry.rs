@@ -91,6 +91,10 @@ struct Inner {
     /// Assignments sent to replicas, and of those, changes to one already made.
     assignments: u64,
     moves: u64,
+    /// This load balancer has just become the leader ([`Registry::settle`]): replicas register
+    /// again with the dispatchers they poll, and nothing is placed until
+    /// [`Registry::settled`], so they are placed where they are.
+    settling: bool,
 }
 
 /// The registry's figures, for metrics.
@@ -165,13 +169,16 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a stream of `replica` in `group`; the receiver holds its assignment, current
-    /// at once.
+    /// Registers a stream of `replica` in `group`, which polls the dispatchers at `polled`
+    /// (host:port) now; the receiver holds its assignment, current at once unless the registry
+    /// is settling (an assignment of generation 0 is none yet). A replica new here is placed
+    /// where it is, as far as the rules allow.
     pub fn register(
         self: &Arc<Self>,
         group: &str,
         replica: &str,
         user: Option<&str>,
+        polled: &[String],
     ) -> Result<(watch::Receiver<Assignment>, StreamGuard), RegisterError> {
         let id = self.owners.group_id(group, user)?;
         let mut inner = self.inner();
@@ -206,8 +213,18 @@ impl Registry {
         }
         let fresh = inner.next_epoch;
         inner.next_epoch += 1;
+        // The dispatchers it polls, by name: its previous placement here if it has none.
+        let polled: BTreeSet<String> = inner
+            .dispatchers
+            .iter()
+            .filter(|(_, address)| polled.contains(address))
+            .map(|(name, _)| name.clone())
+            .collect();
         let (receiver, epoch) = {
             let state = inner.groups.entry(id.clone()).or_default();
+            if !polled.is_empty() && !state.placement.contains_key(replica) {
+                state.placement.insert(replica.to_owned(), polled);
+            }
             let entry = state
                 .replicas
                 .entry(replica.to_owned())
@@ -337,6 +354,36 @@ impl Registry {
         inner.groups.clear();
         inner.registrations = 0;
         inner.per_user.clear();
+        inner.settling = false;
+    }
+
+    /// This load balancer has just become the leader: until [`Registry::settled`], replicas
+    /// register (each saying which dispatchers it polls) but nothing is placed, so that once
+    /// they are all back each is placed where it was and a change of leader moves no
+    /// connection. Meanwhile replicas keep polling what they were assigned last.
+    pub fn settle(&self) {
+        self.inner().settling = true;
+    }
+
+    /// Ends [`Registry::settle`]: every group is placed, keeping the dispatchers each replica
+    /// said it polls where the rules allow.
+    pub fn settled(&self) {
+        let mut inner = self.inner();
+        if !inner.settling {
+            return;
+        }
+        inner.settling = false;
+        let moves = inner.moves;
+        let groups: Vec<GroupId> = inner.groups.keys().cloned().collect();
+        for group in &groups {
+            replace(&mut inner, group);
+        }
+        info!(
+            groups = groups.len(),
+            replicas = inner.registrations,
+            moved = inner.moves - moves,
+            "placed the replicas registered since this load balancer leads"
+        );
     }
 
     /// The placement of every group: replica to dispatcher names.
@@ -372,8 +419,12 @@ fn forget(inner: &mut Inner, user: Option<String>) {
     }
 }
 
-/// Recomputes the placement of `group` and pushes every changed assignment.
+/// Recomputes the placement of `group` and pushes every changed assignment; nothing while the
+/// registry settles ([`Registry::settle`]).
 fn replace(inner: &mut Inner, group: &GroupId) {
+    if inner.settling {
+        return;
+    }
     let dispatchers: Vec<String> = inner.dispatchers.keys().cloned().collect();
     let addresses = inner.dispatchers.clone();
     let Some(state) = inner.groups.get_mut(group) else {
@@ -426,9 +477,9 @@ mod tests {
     fn replicas_are_told_their_dispatchers_and_every_change() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(3));
-        let (mut a, _ga) = registry.register("g", "a", None).unwrap();
+        let (mut a, _ga) = registry.register("g", "a", None, &[]).unwrap();
         assert_eq!(a.borrow_and_update().dispatchers.len(), 3);
-        let (mut b, gb) = registry.register("g", "b", None).unwrap();
+        let (mut b, gb) = registry.register("g", "b", None, &[]).unwrap();
         assert!(a.has_changed().unwrap(), "a gives up a dispatcher to b");
         let (na, nb) = (
             a.borrow_and_update().dispatchers.len(),
@@ -446,12 +497,39 @@ mod tests {
         assert!(b.has_changed().is_err(), "b's assignment is dropped");
     }
 
+    /// A new leader settles: replicas that register saying what they poll are placed there
+    /// once it ends, whatever order they came back in, and nothing moves; a replica that says
+    /// nothing is placed by the rules.
+    #[test]
+    fn a_new_leader_places_returning_replicas_where_they_were() {
+        let address = |i: usize| format!("10.0.0.{i}:7070");
+        // Placed from scratch, "a" would poll d0 and d2 and "b" d1; under the old leader "a"
+        // polled d1 and "b" d0 and d2.
+        let registry = Registry::new(10, 10, GroupOwners::default());
+        registry.set_dispatchers(dispatchers(3));
+        registry.settle();
+        let (mut b, _gb) = registry
+            .register("g", "b", None, &[address(0), address(2)])
+            .unwrap();
+        let (mut a, _ga) = registry.register("g", "a", None, &[address(1)]).unwrap();
+        assert_eq!(a.borrow_and_update().generation, 0, "nothing placed yet");
+        registry.settled();
+        assert_eq!(a.borrow_and_update().dispatchers, [address(1)]);
+        assert_eq!(b.borrow_and_update().dispatchers, [address(0), address(2)]);
+        assert_eq!(registry.figures().moves, 0);
+        // A third replica, saying nothing, is placed as the rules say: it takes one of b's.
+        let (mut c, _gc) = registry.register("g", "c", None, &[]).unwrap();
+        assert_eq!(c.borrow_and_update().dispatchers.len(), 1);
+        assert_eq!(b.borrow_and_update().dispatchers.len(), 1);
+        assert_eq!(a.borrow_and_update().dispatchers, [address(1)]);
+    }
+
     #[test]
     fn a_replica_that_leaves_hands_its_dispatchers_over_at_once() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(3));
-        let (mut a, _ga) = registry.register("g", "a", None).unwrap();
-        let (b, gb) = registry.register("g", "b", None).unwrap();
+        let (mut a, _ga) = registry.register("g", "a", None, &[]).unwrap();
+        let (b, gb) = registry.register("g", "b", None, &[]).unwrap();
         a.borrow_and_update();
         assert!(registry.leave("g", "b", None).unwrap());
         // No grace: a polls all three dispatchers now, while b's stream is still open.
@@ -468,7 +546,7 @@ mod tests {
         );
         // Back under the same id (a restarted pod) before its old stream is seen to end: the
         // old stream ending must not count against the new registration.
-        let (_b2, _gb2) = registry.register("g", "b", None).unwrap();
+        let (_b2, _gb2) = registry.register("g", "b", None, &[]).unwrap();
         drop(gb);
         registry.expire(
             Instant::now() + Duration::from_secs(60),
@@ -482,8 +560,8 @@ mod tests {
     fn figures_count_replicas_assignments_and_moves() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
-        let (_a, _ga) = registry.register("g", "a", None).unwrap();
-        let (_b, _gb) = registry.register("g", "b", None).unwrap();
+        let (_a, _ga) = registry.register("g", "a", None, &[]).unwrap();
+        let (_b, _gb) = registry.register("g", "b", None, &[]).unwrap();
         let before = registry.figures();
         assert_eq!(
             (before.replicas, before.groups, before.dispatchers),
@@ -500,11 +578,11 @@ mod tests {
     fn a_reconnect_within_the_grace_moves_nothing() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
-        let (_a, ga) = registry.register("g", "a", None).unwrap();
-        let (_b, _gb) = registry.register("g", "b", None).unwrap();
+        let (_a, ga) = registry.register("g", "a", None, &[]).unwrap();
+        let (_b, _gb) = registry.register("g", "b", None, &[]).unwrap();
         let before = registry.placements();
         drop(ga);
-        let (mut again, _ga) = registry.register("g", "a", None).unwrap();
+        let (mut again, _ga) = registry.register("g", "a", None, &[]).unwrap();
         registry.expire(
             Instant::now() + Duration::from_secs(60),
             Duration::from_secs(5),
@@ -516,14 +594,14 @@ mod tests {
     #[test]
     fn registrations_are_bounded() {
         let registry = Registry::new(2, 2, GroupOwners::default());
-        let _a = registry.register("g", "a", None).unwrap();
-        let _b = registry.register("h", "b", None).unwrap();
+        let _a = registry.register("g", "a", None, &[]).unwrap();
+        let _b = registry.register("h", "b", None, &[]).unwrap();
         assert_eq!(
-            registry.register("g", "c", None).unwrap_err(),
+            registry.register("g", "c", None, &[]).unwrap_err(),
             RegisterError::Full(2)
         );
         // Another stream of a known replica is not a new registration.
-        assert!(registry.register("g", "a", None).is_ok());
+        assert!(registry.register("g", "a", None, &[]).is_ok());
     }
 
     #[test]
@@ -533,19 +611,19 @@ mod tests {
             ("g".to_owned(), "team-b".to_owned()),
         ]);
         let registry = Registry::new(10, 10, owners);
-        assert!(registry.register("g", "c", Some("team-c")).is_err());
-        let _b = registry.register("g", "b", Some("team-b")).unwrap();
-        assert!(registry.register("g", "a", Some("team-a")).is_ok());
-        assert!(registry.register("g", "c", Some("team-c")).is_err());
+        assert!(registry.register("g", "c", Some("team-c"), &[]).is_err());
+        let _b = registry.register("g", "b", Some("team-b"), &[]).unwrap();
+        assert!(registry.register("g", "a", Some("team-a"), &[]).is_ok());
+        assert!(registry.register("g", "c", Some("team-c"), &[]).is_err());
     }
 
     #[test]
     fn each_user_has_groups_of_its_own() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
-        let (a, _ga) = registry.register("g", "r", Some("team-a")).unwrap();
+        let (a, _ga) = registry.register("g", "r", Some("team-a"), &[]).unwrap();
         // Team B's "g" is another group: its replica of the same id moves nothing of A's.
-        let (b, _gb) = registry.register("g", "r", Some("team-b")).unwrap();
+        let (b, _gb) = registry.register("g", "r", Some("team-b"), &[]).unwrap();
         assert_eq!(registry.placements().len(), 2);
         assert_eq!(a.borrow().dispatchers.len(), 2);
         assert_eq!(b.borrow().dispatchers.len(), 2);
@@ -558,17 +636,19 @@ mod tests {
     #[test]
     fn registrations_are_bounded_per_identity() {
         let registry = Registry::new(10, 2, GroupOwners::default());
-        let _a = registry.register("g", "a", Some("team-a")).unwrap();
-        let (_b, gb) = registry.register("h", "b", Some("team-a")).unwrap();
+        let _a = registry.register("g", "a", Some("team-a"), &[]).unwrap();
+        let (_b, gb) = registry.register("h", "b", Some("team-a"), &[]).unwrap();
         assert_eq!(
-            registry.register("g", "c", Some("team-a")).unwrap_err(),
+            registry
+                .register("g", "c", Some("team-a"), &[])
+                .unwrap_err(),
             RegisterError::FullForIdentity {
                 user: "team-a".into(),
                 max: 2
             }
         );
         assert!(
-            registry.register("g", "c", Some("team-b")).is_ok(),
+            registry.register("g", "c", Some("team-b"), &[]).is_ok(),
             "others are not held"
         );
         // A replica that goes frees its place.
@@ -577,7 +657,7 @@ mod tests {
             Instant::now() + Duration::from_secs(60),
             Duration::from_secs(1),
         );
-        assert!(registry.register("g", "c", Some("team-a")).is_ok());
+        assert!(registry.register("g", "c", Some("team-a"), &[]).is_ok());
     }
 
     #[test]
@@ -587,9 +667,11 @@ mod tests {
             ("g".to_owned(), "team-b".to_owned()),
         ]);
         let registry = Registry::new(10, 10, owners);
-        let _a = registry.register("g", "r", Some("team-a")).unwrap();
+        let _a = registry.register("g", "r", Some("team-a"), &[]).unwrap();
         assert!(matches!(
-            registry.register("g", "r", Some("team-b")).unwrap_err(),
+            registry
+                .register("g", "r", Some("team-b"), &[])
+                .unwrap_err(),
             RegisterError::ReplicaOfAnother { .. }
         ));
         assert!(!registry.leave("g", "r", Some("team-b")).unwrap());
@@ -599,7 +681,7 @@ mod tests {
     #[test]
     fn with_no_dispatcher_the_assignment_is_empty() {
         let registry = Registry::new(2, 2, GroupOwners::default());
-        let (mut a, _g) = registry.register("g", "a", None).unwrap();
+        let (mut a, _g) = registry.register("g", "a", None, &[]).unwrap();
         let first = a.borrow_and_update().clone();
         assert!(first.dispatchers.is_empty());
         assert_eq!(first.generation, 1);

@@ -38,8 +38,12 @@ use crate::{
     registry::{RegisterError, Registry},
 };
 
-/// Longest group name or replica id accepted.
+/// Longest group name or replica id accepted, and longest dispatcher address a replica says
+/// it polls.
 const MAX_ID_LEN: usize = 253;
+
+/// Most dispatcher addresses a registration may say its replica polls.
+const MAX_POLLED: usize = 64;
 
 /// Everything a load balancer needs besides its client and listener.
 #[derive(Clone, Debug)]
@@ -60,6 +64,9 @@ pub struct Config {
     pub dispatcher_grace: Duration,
     /// A replica whose registration stream ended is removed after this long.
     pub replica_grace: Duration,
+    /// How long a load balancer that has just become the leader waits for the replicas to
+    /// register again before it places any ([`Registry::settle`]).
+    pub leader_settle: Duration,
     /// Most replicas registered at once.
     pub max_registrations: usize,
     /// Most replicas one identity may have registered at once.
@@ -136,6 +143,7 @@ impl LoadBalancer for Service {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         check_ids(&req.group, &req.replica_id)?;
+        check_polled(&req.dispatchers)?;
         if !*self.leading.borrow() {
             match self.leader().await? {
                 Holder::Other(leader) => {
@@ -164,6 +172,7 @@ impl LoadBalancer for Service {
                 &req.group,
                 &req.replica_id,
                 caller.identity().map(|i| i.username.as_str()),
+                &req.dispatchers,
             )
             .map_err(|e| match e {
                 RegisterError::Full(_) | RegisterError::FullForIdentity { .. } => {
@@ -175,7 +184,10 @@ impl LoadBalancer for Service {
             })?;
         let mut leading = self.leading.clone();
         // The stream ends when this replica stops leading, or when the registration is dropped.
+        // Nothing is sent before the replica is placed (generation 0, while the registry
+        // settles): it keeps polling what it was assigned last.
         let stream = tokio_stream::wrappers::WatchStream::new(assignment)
+            .filter(|a| futures::future::ready(a.generation > 0))
             .take_until(async move {
                 let _ = leading.wait_for(|l| !*l).await;
             })
@@ -218,6 +230,23 @@ fn check_ids(group: &str, replica_id: &str) -> Result<(), Status> {
                 "{field} must be 1 to {MAX_ID_LEN} characters long"
             )));
         }
+    }
+    Ok(())
+}
+
+/// The dispatchers a registration says its replica polls: at most [`MAX_POLLED`], each at most
+/// [`MAX_ID_LEN`] bytes.
+fn check_polled(dispatchers: &[String]) -> Result<(), Status> {
+    if dispatchers.len() > MAX_POLLED {
+        return Err(Status::invalid_argument(format!(
+            "dispatchers: at most {MAX_POLLED} addresses, not {}",
+            dispatchers.len()
+        )));
+    }
+    if dispatchers.iter().any(|d| d.len() > MAX_ID_LEN) {
+        return Err(Status::invalid_argument(format!(
+            "dispatchers: an address is at most {MAX_ID_LEN} characters long"
+        )));
     }
     Ok(())
 }
@@ -320,7 +349,7 @@ pub async fn serve(
     tokio::spawn(follow_leadership(
         elected,
         leading_tx,
-        registry.clone(),
+        (registry.clone(), config.leader_settle),
         stop.clone(),
     ));
     tokio::spawn(track_dispatchers(
@@ -582,29 +611,41 @@ fn lease_seen(leases: Api<Lease>, name: &str) -> impl Stream<Item = Seen> + Send
         })
 }
 
-/// Mirrors the election result; on losing leadership, drops every registration.
+/// Mirrors the election result; on gaining leadership, settles for `settle` before placing
+/// anyone ([`Registry::settle`]); on losing it, drops every registration.
 async fn follow_leadership(
     mut elected: watch::Receiver<bool>,
     leading: watch::Sender<bool>,
-    registry: Arc<Registry>,
+    (registry, settle): (Arc<Registry>, Duration),
     stop: CancellationToken,
 ) {
+    let mut settled_at = None;
     loop {
         let now = *elected.borrow_and_update();
         if now != *leading.borrow() {
             if now {
-                info!("leading: placing the replicas that register");
+                info!(
+                    ?settle,
+                    "leading: placing the replicas once they have registered again with the dispatchers they poll"
+                );
+                registry.settle();
+                settled_at = Some(tokio::time::Instant::now() + settle);
             } else {
                 warn!(
                     "not leading any more: dropping registrations, replicas re-register with the leader"
                 );
                 registry.clear();
+                settled_at = None;
             }
             leading.send_replace(now);
         }
         tokio::select! {
             () = stop.cancelled() => break,
             changed = elected.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep_until(settled_at.unwrap_or_else(tokio::time::Instant::now)), if settled_at.is_some() => {
+                settled_at = None;
+                registry.settled();
+            }
         }
     }
     registry.clear();

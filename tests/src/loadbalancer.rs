@@ -23,7 +23,8 @@ pub struct TestLoadBalancer {
 
 impl TestLoadBalancer {
     /// Starts a load balancer for the dispatchers of `namespace` (where its leader Lease lives
-    /// too), with a 3 s leader Lease and a 2 s replica grace.
+    /// too), with a 3 s leader Lease, a 2 s replica grace and a 1 s settle as it starts to
+    /// lead.
     pub async fn start(namespace: &str) -> Result<Self, FixtureError> {
         Self::start_with_lease(namespace, Duration::from_secs(3)).await
     }
@@ -34,6 +35,16 @@ impl TestLoadBalancer {
         namespace: &str,
         duration: Duration,
     ) -> Result<Self, FixtureError> {
+        Self::start_settling(namespace, duration, Duration::from_secs(1)).await
+    }
+
+    /// Starts one as [`TestLoadBalancer::start_with_lease`] does, waiting `settle` as it starts
+    /// to lead before it places any replica (its `--leader-settle`).
+    pub async fn start_settling(
+        namespace: &str,
+        duration: Duration,
+        settle: Duration,
+    ) -> Result<Self, FixtureError> {
         let (listener, addr) = bind("127.0.0.1:0")?;
         let config = Config {
             advertise_address: addr.to_string(),
@@ -43,6 +54,7 @@ impl TestLoadBalancer {
             lease_grace: Duration::from_secs(1),
             dispatcher_grace: Duration::from_millis(500),
             replica_grace: Duration::from_secs(2),
+            leader_settle: settle,
             max_registrations: 100,
             max_registrations_per_identity: 100,
             transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),

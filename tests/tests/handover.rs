@@ -783,6 +783,72 @@ async fn a_standby_load_balancer_takes_over_as_soon_as_the_leader_releases() -> 
     Ok(())
 }
 
+/// A standby load balancer that takes over (a rolling update of the load balancers) places
+/// every replica where the old leader had: the replicas register again saying which
+/// dispatchers they poll, and it places nobody until they are back (its settle, 3 s here), so
+/// no assignment changes and no session moves. The old leader placed them one at a time, which
+/// ends elsewhere than placing both at once from scratch.
+#[tokio::test]
+async fn a_new_load_balancer_leader_keeps_every_replica_where_it_was() -> TestResult {
+    let (ns, _api) = with_configmaps("lb-keeps", 10).await?;
+    let ds = start_settled(ns.name(), 3, BOUND).await?;
+    let lease = Duration::from_secs(60);
+    let mut first = TestLoadBalancer::start_settling(ns.name(), lease, Duration::ZERO).await?;
+    assert!(first.leads_within(Duration::from_secs(15)).await);
+    let mut second =
+        TestLoadBalancer::start_settling(ns.name(), lease, Duration::from_secs(3)).await?;
+    let journal = Journal::default();
+    // Registered through the standby, which names the leader: once the leader stops, the
+    // standby is where the replicas register again. One, then the other.
+    let replica = |i: usize| {
+        JournalReplica::new(ns.name(), GROUP, &format!("replica-{i}"), &journal)
+            .load_balancer(second.addr)
+            .ttl(TTL)
+            .isolated()
+    };
+    let mut replicas = vec![replica(0)?];
+    placed(&first, 3, 1, Duration::from_secs(30)).await;
+    replicas.push(replica(1)?);
+    let (before, _) = placed(&first, 3, 2, Duration::from_secs(30)).await;
+    let names = |n: usize, of: &str| (0..n).map(|i| format!("{of}-{i}")).collect::<Vec<_>>();
+    let scratch = kube_dispatch_loadbalancer::placement::place(
+        &names(3, "dispatcher"),
+        &names(2, "replica"),
+        &Placement::new(),
+    );
+    assert_ne!(
+        before, scratch,
+        "placed one at a time as from scratch: the test would prove nothing"
+    );
+    let took_over = Instant::now();
+    first.stop().await;
+    assert!(second.leads_within(Duration::from_secs(20)).await);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while second.handles.registry.figures().assignments < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the new leader never assigned both replicas"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (after, _) = placed(&second, 3, 2, Duration::from_secs(5)).await;
+    assert_eq!(
+        after, before,
+        "the new leader placed the replicas elsewhere"
+    );
+    assert_eq!(
+        second.handles.registry.figures().moves,
+        0,
+        "an assignment the new leader sent changed"
+    );
+    println!(
+        "the new leader placed both replicas where they were, {:?} after the old one was told to stop",
+        took_over.elapsed()
+    );
+    stop_all(replicas, ds, [second]).await;
+    Ok(())
+}
+
 /// A leader whose Lease is taken from it (another holder written in, as a standby that took an
 /// expired Lease would) stops leading when it sees that, not at its next renewal a Lease
 /// duration later: two load balancers never place replicas side by side for long.
@@ -1066,7 +1132,8 @@ async fn a_write_while_a_dead_dispatchers_keys_are_held_is_delivered_first() -> 
 /// dispatcher-1 joins while dispatcher-0 has one of the keys that move to it in flight, so its
 /// gate stays closed and it keeps its keys in its index. One of them (the last by name) is
 /// written meanwhile: when dispatcher-0 releases and the gate opens, that key is delivered
-/// first, ahead of the others kept in name order.
+/// first, ahead of the others kept in name order, to a poll that was waiting already (the
+/// gate's opening wakes it: the keys were ready before, so nothing else would).
 #[tokio::test]
 async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first() -> TestResult {
     const COUNT: usize = 30;
@@ -1105,7 +1172,7 @@ async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first()
         ring1.wait_for(|s| s.ring.members().len() == 2),
     )
     .await??;
-    let mut s1 = TestSession::open(&joining, GROUP, "replica-1", subs()).await?;
+    let mut s1 = TestSession::open_for(&joining, GROUP, "replica-1", subs(), long).await?;
     let group = joining
         .handles
         .groups
@@ -1141,11 +1208,34 @@ async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first()
         joining.handles.slice.borrow().settled.is_none(),
         "dispatcher-1's gate must still be closed"
     );
-    s0.ack(&in_flight.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
-        .await?;
-    let took = first_delivered(&mut s1, ns.name(), &moving, (last, rv)).await;
+    // A poll waiting on dispatcher-1 (for up to 20 s) as dispatcher-0 lets its key go is
+    // answered when the gate opens, with the written key first.
+    let let_go = Instant::now();
+    let flying_ids: Vec<u64> = in_flight.iter().map(|r| r.delivery_id).collect();
+    let (answer, acked) = tokio::join!(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            s1.poll_acking(&[], Duration::from_secs(20))
+        ),
+        s0.ack(&flying_ids),
+    );
+    acked?;
+    let answer = answer
+        .map_err(|_| "the poll waiting as the gate opened was not answered within 10 s")??;
+    let took = let_go.elapsed();
+    assert!(
+        !answer.is_empty(),
+        "the poll waiting as the gate opened was answered with nothing"
+    );
+    assert_eq!(
+        answer[0].key,
+        key(last),
+        "the key written while the gate was closed goes first; delivered: {:?}",
+        delivered(&answer)
+    );
+    assert!(answer[0].resource_version.parse::<u64>().unwrap_or(0) >= rv);
     println!(
-        "the write made while dispatcher-1 kept {} keys was delivered first, {took:?} after dispatcher-0 let its key go",
+        "the write made while dispatcher-1 kept {} keys was delivered first, to a poll waiting as the gate opened, {took:?} after dispatcher-0 let its key go",
         moving.len()
     );
     ds.insert(1, joining);

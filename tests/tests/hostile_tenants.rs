@@ -315,8 +315,11 @@ async fn heavy_objects_never_break_a_session() -> TestResult {
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
-    let mut heavy = TestSession::open(&d, "heavy", "heavy-0", subs()).await?;
-    let mut light = TestSession::open(&d, "light", "light-0", subs()).await?;
+    // Sessions that outlive the writes and the other's polls however slow the machine (the
+    // light one waits, unpolled, while the heavy one is served).
+    let ttl = Duration::from_secs(60);
+    let mut heavy = TestSession::open_for(&d, "heavy", "heavy-0", subs(), ttl).await?;
+    let mut light = TestSession::open_for(&d, "light", "light-0", subs(), ttl).await?;
     let kib1000 = "x".repeat(1000 * 1024);
     for i in 0..6 {
         write_configmap(&api, &format!("big-{i}"), &kib1000).await?;

@@ -596,6 +596,7 @@ async fn load_balancer_metrics_show_leadership_and_placements() -> TestResult {
         .register(RegisterRequest {
             group: "placed".into(),
             replica_id: "replica-0".into(),
+            dispatchers: Vec::new(),
         })
         .await?
         .into_inner();

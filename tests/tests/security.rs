@@ -627,6 +627,7 @@ async fn register_refuses_unauthenticated_callers_and_scopes_groups() -> TestRes
                 .register(RegisterRequest {
                     group: "placed".into(),
                     replica_id: replica,
+                    dispatchers: Vec::new(),
                 })
                 .await;
             // A registration lasts as long as its stream: the stream is kept.

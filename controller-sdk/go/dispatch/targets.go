@@ -31,8 +31,15 @@ func (r *runner) followLoadBalancer(ctx context.Context, address string, assign 
 	credentials := r.credentials.forLoadBalancer(address)
 	var backoff reconnects
 	current, redirects := address, 0
+	// The dispatchers assigned last, which each registration names: a load balancer that has
+	// just become the leader places this replica there, so a change of leader moves no session.
+	var polled []string
+	follow := func(dispatchers []string) {
+		polled = dispatchers
+		assign(dispatchers)
+	}
 	for ctx.Err() == nil {
-		leader, assigned, err := r.register(ctx, credentials, current, assign)
+		leader, assigned, err := r.register(ctx, credentials, current, polled, follow)
 		if ctx.Err() != nil {
 			return
 		}
@@ -60,9 +67,10 @@ func (r *runner) followLoadBalancer(ctx context.Context, address string, assign 
 	}
 }
 
-// register runs one registration stream. It returns the leader a standby named, if any, and
-// whether the stream delivered an assignment (then the registration worked, however it ended).
-func (r *runner) register(ctx context.Context, credentials Credentials, address string, assign func([]string)) (leader string, assigned bool, err error) {
+// register runs one registration stream, saying the replica polls the dispatchers at polled.
+// It returns the leader a standby named, if any, and whether the stream delivered an
+// assignment (then the registration worked, however it ended).
+func (r *runner) register(ctx context.Context, credentials Credentials, address string, polled []string, assign func([]string)) (leader string, assigned bool, err error) {
 	conn, err := credentials.dial(address, grpc.WithKeepaliveParams(keepalive.ClientParameters{
 		// A leader that vanishes without closing the connection is noticed within seconds.
 		Time:                5 * time.Second,
@@ -78,7 +86,7 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 	// while it is being opened (a load balancer that does not answer) abandons it.
 	streamCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId()}
+	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId(), Dispatchers: polled}
 	abandon := context.AfterFunc(ctx, cancel)
 	stream, err := client.Register(streamCtx, request)
 	if !abandon() {

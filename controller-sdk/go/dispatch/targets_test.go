@@ -2,11 +2,16 @@ package dispatch
 
 import (
 	"context"
+	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
 // A dispatcher assigned again while its previous loop still finishes gets its new loop only
@@ -57,5 +62,57 @@ func TestAReassignedDispatchersLoopWaitsForItsPreviousOne(t *testing.T) {
 	}
 	if len(s.ending) != 0 {
 		t.Fatalf("ended loops still tracked: %v", s.ending)
+	}
+}
+
+// recordingLoadBalancer assigns the dispatchers "a:1" and "b:2" to the first registration and
+// ends its stream (as a leader that stops leading does); it holds every later one open. It
+// records what each registration said the replica polls.
+type recordingLoadBalancer struct {
+	pb.UnimplementedLoadBalancerServer
+	mu     sync.Mutex
+	polled [][]string
+	again  chan struct{}
+}
+
+func (l *recordingLoadBalancer) Register(request *pb.RegisterRequest, stream grpc.ServerStreamingServer[pb.Assignment]) error {
+	l.mu.Lock()
+	l.polled = append(l.polled, slices.Clone(request.GetDispatchers()))
+	first := len(l.polled) == 1
+	l.mu.Unlock()
+	if first {
+		return stream.Send(&pb.Assignment{Dispatchers: []string{"a:1", "b:2"}, Generation: 1})
+	}
+	close(l.again)
+	<-stream.Context().Done()
+	return nil
+}
+
+// A replica registering again says which dispatchers it polls, so that a load balancer that
+// has just become the leader places it there and a change of leader moves no session.
+func TestARegistrationSaysWhichDispatchersTheReplicaPolls(t *testing.T) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := &recordingLoadBalancer{again: make(chan struct{})}
+	server := grpc.NewServer()
+	pb.RegisterLoadBalancerServer(server, lb)
+	go func() { _ = server.Serve(listener) }()
+	defer server.Stop()
+
+	r := &runner{log: logr.Discard(), open: &pb.OpenSessionRequest{Group: "g", ReplicaId: "r"}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.followLoadBalancer(ctx, listener.Addr().String(), func([]string) {})
+	select {
+	case <-lb.again:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica did not register again")
+	}
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if len(lb.polled[0]) != 0 || !slices.Equal(lb.polled[1], []string{"a:1", "b:2"}) {
+		t.Fatalf("registrations said the replica polls %q, want nothing and then a:1, b:2", lb.polled)
 	}
 }

@@ -152,7 +152,11 @@ where
             let follow = follow_load_balancer(
                 address,
                 credentials,
-                RegisterRequest { group, replica_id },
+                RegisterRequest {
+                    group,
+                    replica_id,
+                    dispatchers: Vec::new(),
+                },
                 targets_tx,
                 stop.clone(),
             );

@@ -155,10 +155,15 @@ impl GroupTable {
                 group.take_with_children(id, max, max_bytes)
             }
         };
+        // A change of the slice may let the queue hand out what it holds (a handover's gate
+        // opening): nothing else wakes the poll then, as the keys were ready already.
+        // A fixed ring's slice never changes (its sender may be gone).
+        let (mut slice, mut follow_slice) = (group.slice_changes(), true);
         let mut deliveries = take();
         while deliveries.is_empty() {
             tokio::select! {
                 () = slot.notify.notified() => {}
+                changed = slice.changed(), if follow_slice => follow_slice = changed.is_ok(),
                 () = tokio::time::sleep_until(deadline) => break,
                 () = self.shutdown.cancelled() => break,
             }

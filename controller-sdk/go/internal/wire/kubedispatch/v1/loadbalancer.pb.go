@@ -145,7 +145,13 @@ type RegisterRequest struct {
 	// OpenSessionRequest.group.
 	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
 	// This replica's id, unique within the group, as in OpenSessionRequest.replica_id.
-	ReplicaId     string `protobuf:"bytes,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	ReplicaId string `protobuf:"bytes,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// The dispatchers (host:port) this replica holds sessions with now: its last assignment,
+	// empty at its first registration. A load balancer that has just become the leader waits
+	// briefly (its --leader-settle) for the group's replicas to register again and places them
+	// where they are, as the rules allow, so a change of leader moves no connection. At most
+	// 64 entries of at most 253 bytes; more is INVALID_ARGUMENT.
+	Dispatchers   []string `protobuf:"bytes,3,rep,name=dispatchers,proto3" json:"dispatchers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +198,13 @@ func (x *RegisterRequest) GetReplicaId() string {
 		return x.ReplicaId
 	}
 	return ""
+}
+
+func (x *RegisterRequest) GetDispatchers() []string {
+	if x != nil {
+		return x.Dispatchers
+	}
+	return nil
 }
 
 // What a replica must poll.
@@ -270,11 +283,12 @@ const file_kubedispatch_v1_loadbalancer_proto_rawDesc = "" +
 	"\n" +
 	"replica_id\x18\x02 \x01(\tR\treplicaId\")\n" +
 	"\rLeaveResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\bR\aremoved\"F\n" +
+	"\aremoved\x18\x01 \x01(\bR\aremoved\"h\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x02 \x01(\tR\treplicaId\"f\n" +
+	"replica_id\x18\x02 \x01(\tR\treplicaId\x12 \n" +
+	"\vdispatchers\x18\x03 \x03(\tR\vdispatchers\"f\n" +
 	"\n" +
 	"Assignment\x12 \n" +
 	"\vdispatchers\x18\x01 \x03(\tR\vdispatchers\x12\x16\n" +
