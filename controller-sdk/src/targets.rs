@@ -142,8 +142,9 @@ async fn register(
         LoadBalancerClient::with_interceptor(channel, credentials.bearer());
     // With the dispatchers polled now: a load balancer that has just become the leader places
     // this replica there, so a change of leader moves no session.
+    // (The load balancer reads the first 64.)
     let register = RegisterRequest {
-        dispatchers: targets.borrow().iter().cloned().collect(),
+        dispatchers: targets.borrow().iter().take(64).cloned().collect(),
         ..request.clone()
     };
     let mut stream = tokio::select! {

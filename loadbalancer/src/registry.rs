@@ -76,7 +76,13 @@ struct Replica {
 struct GroupState {
     replicas: BTreeMap<String, Replica>,
     placement: Placement,
+    /// While the registry settles: the dispatcher addresses each replica registered since said
+    /// it polls (at most [`MAX_POLLED`] each), made its placement when the settle ends.
+    polled: BTreeMap<String, Vec<String>>,
 }
+
+/// Most dispatcher addresses of a registration that are read ([`Registry::register`]).
+pub const MAX_POLLED: usize = 64;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -95,6 +101,11 @@ struct Inner {
     /// again with the dispatchers they poll, and nothing is placed until
     /// [`Registry::settled`], so they are placed where they are.
     settling: bool,
+    /// The settle's time is up, but the dispatchers were not known then: it ends once they are.
+    settle_due: bool,
+    /// Whether the live dispatchers are known ([`Registry::set_dispatchers`] called once, after
+    /// the Lease watch listed): before, an empty set means nothing.
+    dispatchers_known: bool,
 }
 
 /// The registry's figures, for metrics.
@@ -171,8 +182,9 @@ impl Registry {
 
     /// Registers a stream of `replica` in `group`, which polls the dispatchers at `polled`
     /// (host:port) now; the receiver holds its assignment, current at once unless the registry
-    /// is settling (an assignment of generation 0 is none yet). A replica new here is placed
-    /// where it is, as far as the rules allow.
+    /// is settling (an assignment of generation 0 is none yet). While it settles, the replica
+    /// is placed where it is once the settle ends, as far as the rules allow; the first
+    /// [`MAX_POLLED`] addresses are read, and `polled` is ignored otherwise.
     pub fn register(
         self: &Arc<Self>,
         group: &str,
@@ -213,17 +225,12 @@ impl Registry {
         }
         let fresh = inner.next_epoch;
         inner.next_epoch += 1;
-        // The dispatchers it polls, by name: its previous placement here if it has none.
-        let polled: BTreeSet<String> = inner
-            .dispatchers
-            .iter()
-            .filter(|(_, address)| polled.contains(address))
-            .map(|(name, _)| name.clone())
-            .collect();
+        let settling = inner.settling;
         let (receiver, epoch) = {
             let state = inner.groups.entry(id.clone()).or_default();
-            if !polled.is_empty() && !state.placement.contains_key(replica) {
-                state.placement.insert(replica.to_owned(), polled);
+            if settling && !polled.is_empty() {
+                let polled = polled.iter().take(MAX_POLLED).cloned().collect();
+                state.polled.insert(replica.to_owned(), polled);
             }
             let entry = state
                 .replicas
@@ -280,11 +287,18 @@ impl Registry {
     /// Sets the live dispatchers (name to address) and re-places every group if they changed.
     pub fn set_dispatchers(&self, dispatchers: BTreeMap<String, String>) {
         let mut inner = self.inner();
-        if inner.dispatchers == dispatchers {
+        let changed = inner.dispatchers != dispatchers;
+        if changed {
+            info!(dispatchers = ?dispatchers.keys().collect::<Vec<_>>(), "dispatchers changed");
+            inner.dispatchers = dispatchers;
+        }
+        if !inner.dispatchers_known {
+            inner.dispatchers_known = true;
+            Self::end_settle(&mut inner);
+        }
+        if !changed || inner.settling {
             return;
         }
-        info!(dispatchers = ?dispatchers.keys().collect::<Vec<_>>(), "dispatchers changed");
-        inner.dispatchers = dispatchers;
         let groups: Vec<GroupId> = inner.groups.keys().cloned().collect();
         for group in groups {
             replace(&mut inner, &group);
@@ -355,6 +369,7 @@ impl Registry {
         inner.registrations = 0;
         inner.per_user.clear();
         inner.settling = false;
+        inner.settle_due = false;
     }
 
     /// This load balancer has just become the leader: until [`Registry::settled`], replicas
@@ -366,17 +381,28 @@ impl Registry {
     }
 
     /// Ends [`Registry::settle`]: every group is placed, keeping the dispatchers each replica
-    /// said it polls where the rules allow.
+    /// said it polls where the rules allow. With the dispatchers not known yet (a Lease watch
+    /// that has not listed), the settle lasts until they are.
     pub fn settled(&self) {
         let mut inner = self.inner();
-        if !inner.settling {
+        if inner.settling {
+            inner.settle_due = true;
+            Self::end_settle(&mut inner);
+        }
+    }
+
+    /// Ends the settle if its time is up and the dispatchers are known; see
+    /// [`Registry::settled`].
+    fn end_settle(inner: &mut Inner) {
+        if !inner.settle_due || !inner.dispatchers_known {
             return;
         }
         inner.settling = false;
+        inner.settle_due = false;
         let moves = inner.moves;
         let groups: Vec<GroupId> = inner.groups.keys().cloned().collect();
         for group in &groups {
-            replace(&mut inner, group);
+            replace(inner, group);
         }
         info!(
             groups = groups.len(),
@@ -430,6 +456,17 @@ fn replace(inner: &mut Inner, group: &GroupId) {
     let Some(state) = inner.groups.get_mut(group) else {
         return;
     };
+    // What the replicas registered during the settle poll, by name: their previous placement.
+    for (replica, polled) in std::mem::take(&mut state.polled) {
+        let names: BTreeSet<String> = addresses
+            .iter()
+            .filter(|(_, address)| polled.contains(address))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !names.is_empty() && state.replicas.contains_key(&replica) {
+            state.placement.insert(replica, names);
+        }
+    }
     let (mut sent, mut moved) = (0, 0);
     let replicas: Vec<String> = state.replicas.keys().cloned().collect();
     let placement = place(&dispatchers, &replicas, &state.placement);
@@ -522,6 +559,24 @@ mod tests {
         assert_eq!(c.borrow_and_update().dispatchers.len(), 1);
         assert_eq!(b.borrow_and_update().dispatchers.len(), 1);
         assert_eq!(a.borrow_and_update().dispatchers, [address(1)]);
+    }
+
+    /// A leader whose settle ends before it knows the dispatchers (its Lease watch has not
+    /// listed) keeps settling until it does: an empty assignment would have the replicas close
+    /// every session.
+    #[test]
+    fn a_settle_lasts_until_the_dispatchers_are_known() {
+        let registry = Registry::new(10, 10, GroupOwners::default());
+        registry.settle();
+        let (mut a, _ga) = registry
+            .register("g", "a", None, &["10.0.0.1:7070".into()])
+            .unwrap();
+        registry.settled();
+        assert_eq!(a.borrow_and_update().generation, 0, "nothing placed yet");
+        registry.set_dispatchers(dispatchers(2));
+        let got = a.borrow_and_update().clone();
+        assert_eq!(got.generation, 1);
+        assert_eq!(got.dispatchers.len(), 2);
     }
 
     #[test]

@@ -35,15 +35,15 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::RegistryCollector,
-    registry::{RegisterError, Registry},
+    registry::{MAX_POLLED, RegisterError, Registry},
 };
 
-/// Longest group name or replica id accepted, and longest dispatcher address a replica says
-/// it polls.
+/// Longest group name or replica id accepted.
 const MAX_ID_LEN: usize = 253;
 
-/// Most dispatcher addresses a registration may say its replica polls.
-const MAX_POLLED: usize = 64;
+/// Longest dispatcher address (`host:port`) of a registration that is read: a DNS name and a
+/// port.
+const MAX_ADDRESS_LEN: usize = 259;
 
 /// Everything a load balancer needs besides its client and listener.
 #[derive(Clone, Debug)]
@@ -143,7 +143,6 @@ impl LoadBalancer for Service {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         check_ids(&req.group, &req.replica_id)?;
-        check_polled(&req.dispatchers)?;
         if !*self.leading.borrow() {
             match self.leader().await? {
                 Holder::Other(leader) => {
@@ -172,7 +171,7 @@ impl LoadBalancer for Service {
                 &req.group,
                 &req.replica_id,
                 caller.identity().map(|i| i.username.as_str()),
-                &req.dispatchers,
+                &polled(req.dispatchers),
             )
             .map_err(|e| match e {
                 RegisterError::Full(_) | RegisterError::FullForIdentity { .. } => {
@@ -234,21 +233,14 @@ fn check_ids(group: &str, replica_id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// The dispatchers a registration says its replica polls: at most [`MAX_POLLED`], each at most
-/// [`MAX_ID_LEN`] bytes.
-fn check_polled(dispatchers: &[String]) -> Result<(), Status> {
-    if dispatchers.len() > MAX_POLLED {
-        return Err(Status::invalid_argument(format!(
-            "dispatchers: at most {MAX_POLLED} addresses, not {}",
-            dispatchers.len()
-        )));
-    }
-    if dispatchers.iter().any(|d| d.len() > MAX_ID_LEN) {
-        return Err(Status::invalid_argument(format!(
-            "dispatchers: an address is at most {MAX_ID_LEN} characters long"
-        )));
-    }
-    Ok(())
+/// The dispatchers a registration says its replica polls, as far as they are read: the first
+/// [`MAX_POLLED`] of at most [`MAX_ADDRESS_LEN`] bytes. A hint, so never a reason to refuse.
+fn polled(dispatchers: Vec<String>) -> Vec<String> {
+    dispatchers
+        .into_iter()
+        .filter(|d| d.len() <= MAX_ADDRESS_LEN)
+        .take(MAX_POLLED)
+        .collect()
 }
 
 impl Service {
@@ -662,11 +654,16 @@ async fn track_dispatchers(
     // Retried within a dispatcher's default renew period, so placement follows soon after a cut.
     let mut watch = LeaseWatch::new(leases, Duration::from_secs(3));
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    // The registry learns the dispatchers once the watch has listed: before, it knows none.
+    let mut seen = false;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            more = watch.next() => if !more { return },
+            more = watch.next() => if more { seen = true } else { return },
             _ = tick.tick() => {}
+        }
+        if !seen || watch.listing() {
+            continue;
         }
         let live: BTreeMap<String, String> = watch
             .observations

@@ -86,7 +86,8 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 	// while it is being opened (a load balancer that does not answer) abandons it.
 	streamCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId(), Dispatchers: polled}
+	// The load balancer reads the first 64.
+	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId(), Dispatchers: polled[:min(len(polled), 64)]}
 	abandon := context.AfterFunc(ctx, cancel)
 	stream, err := client.Register(streamCtx, request)
 	if !abandon() {

@@ -147,10 +147,11 @@ type RegisterRequest struct {
 	// This replica's id, unique within the group, as in OpenSessionRequest.replica_id.
 	ReplicaId string `protobuf:"bytes,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
 	// The dispatchers (host:port) this replica holds sessions with now: its last assignment,
-	// empty at its first registration. A load balancer that has just become the leader waits
-	// briefly (its --leader-settle) for the group's replicas to register again and places them
-	// where they are, as the rules allow, so a change of leader moves no connection. At most
-	// 64 entries of at most 253 bytes; more is INVALID_ARGUMENT.
+	// empty at its first registration. A hint: a load balancer that has just become the leader
+	// places nobody for its --leader-settle, and places the replicas that registered again
+	// meanwhile where they are, as the rules allow, so a graceful change of leader (a rolling
+	// update) moves no connection. Read only then; the first 64 addresses of at most 259 bytes
+	// are read, the rest ignored.
 	Dispatchers   []string `protobuf:"bytes,3,rep,name=dispatchers,proto3" json:"dispatchers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
