@@ -615,13 +615,17 @@ mod tests {
         Arc::new(Slice::fixed(identity, Ring::new(members.iter().copied())))
     }
 
-    /// The keys `queue` hands out, with whether each is a deletion.
-    fn taken(queue: &mut GroupQueue, now: Instant) -> Vec<(String, bool)> {
+    /// What `queue` hands out to one session.
+    fn handed(queue: &mut GroupQueue, now: Instant) -> Vec<crate::queue::Delivery> {
         if !queue.has_session(1) {
             queue.add_session(1, "r");
         }
-        queue
-            .take(1, 100, now)
+        queue.take(1, 100, now)
+    }
+
+    /// The keys `queue` hands out, with whether each is a deletion.
+    fn taken(queue: &mut GroupQueue, now: Instant) -> Vec<(String, bool)> {
+        handed(queue, now)
             .into_iter()
             .map(|d| (d.key, d.deleted))
             .collect()
@@ -783,11 +787,7 @@ mod tests {
 
     /// The keys `queue` hands out, with their resourceVersions.
     fn versions(queue: &mut GroupQueue, now: Instant) -> Vec<(String, String)> {
-        if !queue.has_session(1) {
-            queue.add_session(1, "r");
-        }
-        queue
-            .take(1, 100, now)
+        handed(queue, now)
             .into_iter()
             .map(|d| (d.key, d.resource_version))
             .collect()
