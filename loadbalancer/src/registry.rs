@@ -295,6 +295,13 @@ impl Registry {
         if !inner.dispatchers_known {
             inner.dispatchers_known = true;
             Self::end_settle(&mut inner);
+        } else if changed && inner.settling {
+            // A dispatcher joined or left during the settle: it must be polled (or its
+            // replicas placed elsewhere) now, not when the settle ends. Those back by now are
+            // placed where they are; the rest by the rules when they come.
+            inner.settle_due = true;
+            Self::end_settle(&mut inner);
+            return;
         }
         if !changed || inner.settling {
             return;
@@ -577,6 +584,24 @@ mod tests {
         let got = a.borrow_and_update().clone();
         assert_eq!(got.generation, 1);
         assert_eq!(got.dispatchers.len(), 2);
+    }
+
+    /// A dispatcher that joins during the settle is polled at once: the settle ends, and the
+    /// replicas back by then are placed where they are, the new dispatcher given by the rules.
+    #[test]
+    fn a_dispatcher_joining_during_a_settle_ends_it() {
+        let address = |i: usize| format!("10.0.0.{i}:7070");
+        let registry = Registry::new(10, 10, GroupOwners::default());
+        registry.set_dispatchers(dispatchers(2));
+        registry.settle();
+        let (mut a, _ga) = registry.register("g", "a", None, &[address(1)]).unwrap();
+        let (mut b, _gb) = registry.register("g", "b", None, &[address(0)]).unwrap();
+        assert_eq!(a.borrow_and_update().generation, 0, "nothing placed yet");
+        registry.set_dispatchers(dispatchers(3));
+        let (a, b) = (a.borrow_and_update().clone(), b.borrow_and_update().clone());
+        assert!(a.dispatchers.contains(&address(1)), "{a:?}");
+        assert!(b.dispatchers.contains(&address(0)), "{b:?}");
+        assert_eq!(a.dispatchers.len() + b.dispatchers.len(), 3, "d2 is polled");
     }
 
     #[test]
