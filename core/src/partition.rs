@@ -955,8 +955,7 @@ mod tests {
         };
         p.record_streamed(&closed, &mut queue, newer, now);
         p.apply(&fixed("d0", &["d0"]), &mut queue, now);
-        queue.add_session(1, "r");
-        let got = queue.take(1, 10, now);
+        let got = handed(&mut queue, now);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].resource_version, "12");
         assert!(got[0].body.is_some(), "delivered with its body");
@@ -984,8 +983,7 @@ mod tests {
             epoch: 1,
         };
         p.record(&after, &mut queue, listed, now);
-        queue.add_session(1, "r");
-        let got = queue.take(1, 10, now);
+        let got = handed(&mut queue, now);
         assert_eq!(got.len(), 1);
         assert!(got[0].body.is_some(), "delivered with the listed body");
     }

@@ -511,10 +511,13 @@ fn replace(inner: &mut Inner, group: &GroupId) {
 mod tests {
     use super::*;
 
+    /// The address of dispatcher `d{i}` of [`dispatchers`].
+    fn address(i: usize) -> String {
+        format!("10.0.0.{i}:7070")
+    }
+
     fn dispatchers(n: usize) -> BTreeMap<String, String> {
-        (0..n)
-            .map(|i| (format!("d{i}"), format!("10.0.0.{i}:7070")))
-            .collect()
+        (0..n).map(|i| (format!("d{i}"), address(i))).collect()
     }
 
     #[test]
@@ -546,7 +549,6 @@ mod tests {
     /// nothing is placed by the rules.
     #[test]
     fn a_new_leader_places_returning_replicas_where_they_were() {
-        let address = |i: usize| format!("10.0.0.{i}:7070");
         // Placed from scratch, "a" would poll d0 and d2 and "b" d1; under the old leader "a"
         // polled d1 and "b" d0 and d2.
         let registry = Registry::new(10, 10, GroupOwners::default());
@@ -575,9 +577,7 @@ mod tests {
     fn a_settle_lasts_until_the_dispatchers_are_known() {
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.settle();
-        let (mut a, _ga) = registry
-            .register("g", "a", None, &["10.0.0.1:7070".into()])
-            .unwrap();
+        let (mut a, _ga) = registry.register("g", "a", None, &[address(1)]).unwrap();
         registry.settled();
         assert_eq!(a.borrow_and_update().generation, 0, "nothing placed yet");
         registry.set_dispatchers(dispatchers(2));
@@ -590,7 +590,6 @@ mod tests {
     /// replicas back by then are placed where they are, the new dispatcher given by the rules.
     #[test]
     fn a_dispatcher_joining_during_a_settle_ends_it() {
-        let address = |i: usize| format!("10.0.0.{i}:7070");
         let registry = Registry::new(10, 10, GroupOwners::default());
         registry.set_dispatchers(dispatchers(2));
         registry.settle();
