@@ -73,8 +73,14 @@ pub struct Controller<K: Resource> {
     pub(crate) triggers: Vec<TriggerStream>,
     pub(crate) health: Health,
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
+    /// Bytes of objects kept as last reconciled ([`Controller::recent_objects`]).
+    pub(crate) recent_objects: u64,
     _kind: PhantomData<fn() -> K>,
 }
+
+/// What [`Controller::recent_objects`] keeps by default: 1 MiB of JSON, hundreds of objects of
+/// a few KiB, far more than the reconciles in flight at once whose writes echo back.
+const DEFAULT_RECENT_OBJECTS: u64 = 1024 * 1024;
 
 /// The request key (keys.md) of `object`, of type `K`.
 fn request_key<K: Resource>(dyntype: &K::DynamicType, object: &ObjectRef<K>) -> String {
@@ -180,6 +186,7 @@ where
             triggers: Vec::new(),
             health: Health::default(),
             admin_listen: admin_listen_from_env(),
+            recent_objects: DEFAULT_RECENT_OBJECTS,
             _kind: PhantomData,
         }
     }
@@ -304,6 +311,18 @@ where
     #[must_use]
     pub fn replica_id(mut self, id: impl Into<String>) -> Self {
         self.replica_id = id.into();
+        self
+    }
+
+    /// Keep the objects this replica reconciled last, up to `bytes` of their JSON in all
+    /// (default 1 MiB; 0 keeps none), least recently used out first. A delivery that names an
+    /// object at the very version a reconcile here was given is handed that object again
+    /// instead of reading it: the usual case is the delivery that the reconcile's own writes of
+    /// children cause (reason `OWNED`, which carries no body). Nothing else is served from it;
+    /// `kube_dispatch_objects_loaded_total{source="recent"}` counts the reads it saved.
+    #[must_use]
+    pub fn recent_objects(mut self, bytes: u64) -> Self {
+        self.recent_objects = bytes;
         self
     }
 

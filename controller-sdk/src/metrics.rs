@@ -15,6 +15,7 @@
 //! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`, `triggered`) |
 //! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
 //! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
+//! | `kube_dispatch_objects_loaded_total` | counter: objects handed to reconciles, by where they came from: the request's body, the object as this replica last reconciled it at the version the request names (no read; [`Controller::recent_objects`](crate::Controller::recent_objects)), or a read from the API server | `controller`, `source` (`request`, `recent`, `read`) |
 //! | `kube_dispatch_api_requests_total` | counter: requests the controller's client ([`Controller::client`](crate::Controller::client)) sent, by verb; divided by `controller_runtime_reconcile_total`, what a reconcile costs the API server ([`crate::api_requests`]) | `controller`, `verb` (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) |
 //!
 //! `controller` is the controller group's name, `dispatcher` a dispatcher's address: no label
@@ -67,6 +68,12 @@ struct VerbLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    controller: String,
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     controller: String,
     reason: &'static str,
@@ -89,6 +96,7 @@ struct Families {
     stale_writes: Family<ControllerLabel, Counter>,
     delivery_to_reconcile: Histograms<ControllerLabel>,
     api_requests: Family<VerbLabels, Counter>,
+    loaded: Family<SourceLabels, Counter>,
 }
 
 /// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`.
@@ -123,6 +131,7 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         stale_writes: Family::default(),
         delivery_to_reconcile: Family::new_with_constructor(wait_histogram),
         api_requests: Family::default(),
+        loaded: Family::default(),
     };
     let m = &f.metrics;
     m.register(
@@ -181,6 +190,11 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         f.api_requests.clone(),
     );
     m.register(
+        "kube_dispatch_objects_loaded",
+        "Objects handed to reconciles, by where they came from",
+        f.loaded.clone(),
+    );
+    m.register(
         "kube_dispatch_stale_writes",
         "Conditional writes refused with 409 Conflict: the object had changed",
         f.stale_writes.clone(),
@@ -200,6 +214,29 @@ pub(crate) enum Ended {
     Error,
     RequeueAfter,
     TimedOut,
+}
+
+/// Where the object a reconcile is given came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The request's body (or, for a deletion, what the request says).
+    Request,
+    /// The object as this replica last reconciled it, at the version the request names.
+    Recent,
+    /// A read from the API server.
+    Read,
+}
+
+impl Source {
+    const ALL: [Source; 3] = [Source::Request, Source::Recent, Source::Read];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Request => "request",
+            Source::Recent => "recent",
+            Source::Read => "read",
+        }
+    }
 }
 
 /// The reasons a delivery names (`Reason` numbers 1 to 9), as the `reason` label says them.
@@ -233,6 +270,8 @@ struct Labelled {
     reconnects: Counter,
     /// By [`REASONS`].
     deliveries: [Counter; 9],
+    /// By [`Source::ALL`].
+    loaded: [Counter; 3],
     active: Gauge,
     reconcile_time: Histogram,
     delivery_to_reconcile: Histogram,
@@ -277,6 +316,14 @@ impl ControllerMetrics {
                     })
                     .clone()
             }),
+            loaded: Source::ALL.map(|source| {
+                f.loaded
+                    .get_or_create(&SourceLabels {
+                        controller: controller.to_owned(),
+                        source: source.as_str(),
+                    })
+                    .clone()
+            }),
             active: f.active.get_or_create(&label).clone(),
             reconcile_time: f.reconcile_time.get_or_create(&label).clone(),
             delivery_to_reconcile: f.delivery_to_reconcile.get_or_create(&label).clone(),
@@ -301,6 +348,13 @@ impl ControllerMetrics {
                 .and_then(|i| m.deliveries.get(i))
         }) {
             counter.inc();
+        }
+    }
+
+    /// A reconcile was given an object from `source`.
+    pub(crate) fn loaded(&self, source: Source) {
+        if let Some(m) = &self.0 {
+            m.loaded[source as usize].inc();
         }
     }
 

@@ -254,6 +254,12 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
         1.0
     );
     assert!(get(r#"kube_dispatch_deliveries_total{controller="G",reason="added"}"#) >= 6.0);
+    // Every object came with its request.
+    assert!(get(r#"kube_dispatch_objects_loaded_total{controller="G",source="request"}"#) >= 6.0);
+    assert_eq!(
+        get(r#"kube_dispatch_objects_loaded_total{controller="G",source="read"}"#),
+        0.0
+    );
     // stale-0's bump and its refused conditional write: the reconciler's only requests.
     assert_eq!(
         get(r#"kube_dispatch_api_requests_total{controller="G",verb="patch"}"#),
@@ -705,6 +711,145 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
         series(&large)
     );
     assert_eq!(series(&small), series(&large), "{large}");
+    d.stop().await;
+    Ok(())
+}
+
+/// Reconciles of one owner ConfigMap (`case=<case>`) under `group`: each writes the owner's
+/// child Secret (server-side apply, controller owner reference) and reports the owner's
+/// resourceVersion.
+async fn run_owner_controller(
+    ns: &TestNamespace,
+    d: &TestDispatcher,
+    group: &str,
+    case: &str,
+    recent_objects: u64,
+) -> TestResult<(
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    mpsc::UnboundedReceiver<String>,
+)> {
+    use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::OwnerReference};
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let mut owner = ConfigMap::default();
+    owner.metadata.name = Some(format!("owner-{case}"));
+    owner.metadata.labels = Some([("case".to_owned(), case.to_owned())].into());
+    api.create(&PostParams::default(), &owner).await?;
+    let (seen, reconciled) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let controller = Controller::<ConfigMap>::new(ns.client(), group)
+        .namespace(ns.name())
+        .labels(format!("case={case}"))
+        .owns::<Secret>()
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
+        .recent_objects(recent_objects)
+        .graceful_shutdown_on(stop.clone().cancelled_owned());
+    let client = controller.client();
+    let reconcile = move |cm: Arc<ConfigMap>, seen: Arc<mpsc::UnboundedSender<String>>| {
+        let client = client.clone();
+        async move {
+            let name = format!("{}-child", cm.name_any());
+            let child = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.clone()),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "ConfigMap".into(),
+                        name: cm.name_any(),
+                        uid: cm.uid().unwrap_or_default(),
+                        controller: Some(true),
+                        ..OwnerReference::default()
+                    }]),
+                    ..Default::default()
+                },
+                string_data: Some([("from".to_owned(), cm.name_any())].into()),
+                ..Secret::default()
+            };
+            let secrets: Api<Secret> = Api::namespaced(client, &cm.namespace().unwrap_or_default());
+            secrets
+                .patch(
+                    &name,
+                    &PatchParams::apply("owner-test").force(),
+                    &Patch::Apply(&child),
+                )
+                .await?;
+            let _ = seen.send(cm.resource_version().unwrap_or_default());
+            Ok::<_, kube::Error>(Action::await_change())
+        }
+    };
+    let stream = controller.run(
+        reconcile,
+        |_, _: &kube::Error, _| Action::await_change(),
+        Arc::new(seen),
+    );
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    Ok((stop, task, reconciled))
+}
+
+/// A reconcile that writes its object's children makes the dispatcher deliver the object again
+/// once the children's changes come back (reason `OWNED`, no body): the replica hands the
+/// object it already holds at that version to the reconcile, and reads nothing. With no
+/// objects kept (`recent_objects(0)`), the same delivery costs a GET.
+#[tokio::test]
+async fn the_echo_of_a_reconciles_own_writes_reads_nothing() -> TestResult {
+    // A namespace each: a group's watch of children would otherwise see the other's child,
+    // and deliver its owner too (an owned change queues an owner the group has not seen).
+    let (ns_kept, ns_none) = (
+        TestNamespace::create("recent-kept").await?,
+        TestNamespace::create("recent-none").await?,
+    );
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let kept = format!("kept-{}", ns_kept.name());
+    let none = format!("none-{}", ns_none.name());
+    let mut running = Vec::new();
+    for (ns, group, case, bytes) in [
+        (&ns_kept, &kept, "kept", 1 << 20),
+        (&ns_none, &none, "none", 0),
+    ] {
+        let (stop, task, mut reconciled) = run_owner_controller(ns, &d, group, case, bytes).await?;
+        // The first reconcile (the object's body came with it), then the one its write of the
+        // child caused, at the same version of the owner.
+        let first = tokio::time::timeout(Duration::from_secs(30), reconciled.recv())
+            .await?
+            .ok_or("the controller stopped")?;
+        let echo = tokio::time::timeout(Duration::from_secs(30), reconciled.recv())
+            .await?
+            .ok_or("the controller stopped")?;
+        assert_eq!(first, echo, "{case}: the owner did not change between them");
+        running.push((stop, task));
+    }
+    let text = kube_dispatch_controller::metrics::registry().encode();
+    let count = |group: &str, series: &str| {
+        samples(&text, group)
+            .get(&series.replace('G', group))
+            .copied()
+            .unwrap_or_else(|| panic!("no series {series} for {group}:\n{text}"))
+    };
+    for group in [&kept, &none] {
+        assert!(
+            count(
+                group,
+                r#"kube_dispatch_deliveries_total{controller="G",reason="owned"}"#
+            ) >= 1.0
+        );
+    }
+    let read = r#"kube_dispatch_objects_loaded_total{controller="G",source="read"}"#;
+    let recent = r#"kube_dispatch_objects_loaded_total{controller="G",source="recent"}"#;
+    let gets = r#"kube_dispatch_api_requests_total{controller="G",verb="get"}"#;
+    assert_eq!(
+        (count(&kept, read), count(&kept, gets)),
+        (0.0, 0.0),
+        "kept: the echo read nothing"
+    );
+    assert!(count(&kept, recent) >= 1.0);
+    assert!(count(&none, read) >= 1.0, "none: the echo is read");
+    assert_eq!(count(&none, gets), count(&none, read));
+    assert_eq!(count(&none, recent), 0.0);
+    for (stop, task) in running {
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), task).await??;
+    }
     d.stop().await;
     Ok(())
 }

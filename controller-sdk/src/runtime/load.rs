@@ -5,10 +5,12 @@ use kube::{
     Api, Resource,
     api::{ApiResource, DynamicObject, GetParams},
 };
+use std::sync::Arc;
+
 use kube_dispatch_proto::v1::ReconcileRequest;
 
 use super::shared::{Shared, Types};
-use crate::Error;
+use crate::{Error, metrics::Source};
 
 /// A deleted object as JSON from the request alone: type, name, namespace, uid,
 /// resourceVersion and a deletion timestamp.
@@ -37,14 +39,15 @@ fn tombstone<T: Types>(shared: &Shared<T>, request: &ReconcileRequest) -> Option
     .ok()
 }
 
-/// The object to reconcile: the body the dispatcher sent, or a fresh read. For a deletion, the
-/// last known state marked with a deletion timestamp (so a finalizer-free controller can clean
-/// up), else a tombstone built from the request, or `None` when the type cannot be built from
-/// metadata alone.
+/// The object to reconcile: the body the dispatcher sent, the object as this replica last
+/// reconciled it when the request names that very version ([`super::recent`]), or a fresh read.
+/// For a deletion, the last known state marked with a deletion timestamp (so a finalizer-free
+/// controller can clean up), else a tombstone built from the request, or `None` when the type
+/// cannot be built from metadata alone.
 pub(super) async fn load<T: Types>(
     shared: &Shared<T>,
     request: &ReconcileRequest,
-) -> Result<Option<T::K>, Error<T::E>> {
+) -> Result<Option<Arc<T::K>>, Error<T::E>> {
     let decode = |bytes: &[u8]| {
         serde_json::from_slice::<T::K>(bytes).map_err(|source| Error::Decode {
             key: request.key.clone(),
@@ -54,11 +57,15 @@ pub(super) async fn load<T: Types>(
     };
     let full = shared.full_payload;
     if request.deleted {
+        shared.recent.forget(&request.key);
+        shared.metrics.loaded(Source::Request);
         if request.object_json.is_empty() || !full {
             // No last state (a deletion found by a re-list, or a payload without bodies): a
             // tombstone with what the request says, if the type can be built from metadata
             // alone; otherwise there is nothing to hand over.
-            return Ok(tombstone(shared, request).and_then(|json| decode(&json).ok()));
+            return Ok(tombstone(shared, request)
+                .and_then(|json| decode(&json).ok())
+                .map(Arc::new));
         }
         let mut object = decode(&request.object_json)?;
         let meta = object.meta_mut();
@@ -67,14 +74,33 @@ pub(super) async fn load<T: Types>(
                 k8s_openapi::jiff::Timestamp::now(),
             ));
         }
-        return Ok(Some(object));
+        return Ok(Some(Arc::new(object)));
     }
+    let keep = |object: T::K, json_len: usize| {
+        let object = Arc::new(object);
+        let version = object
+            .meta()
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        shared
+            .recent
+            .keep(&request.key, version, object.clone(), json_len);
+        object
+    };
     if full && !request.object_json.is_empty() {
-        return decode(&request.object_json).map(Some);
+        shared.metrics.loaded(Source::Request);
+        let object = decode(&request.object_json)?;
+        return Ok(Some(keep(object, request.object_json.len())));
+    }
+    if let Some(object) = shared.recent.get(&request.key, &request.resource_version) {
+        shared.metrics.loaded(Source::Recent);
+        return Ok(Some(object));
     }
     let Some(key) = request.object.as_ref() else {
         return Ok(None);
     };
+    shared.metrics.loaded(Source::Read);
     // Through the dynamic API, so one code path serves namespaced and cluster-scoped kinds.
     let resource = ApiResource::erase::<T::K>(&shared.dyntype);
     let api: Api<DynamicObject> = if key.namespace.is_empty() {
@@ -88,13 +114,17 @@ pub(super) async fn load<T: Types>(
             key: request.key.clone(),
             source,
         })?;
-    let Some(object) = read else { return Ok(None) };
+    let Some(object) = read else {
+        shared.recent.forget(&request.key);
+        return Ok(None);
+    };
     let json = serde_json::to_vec(&object).map_err(|source| Error::Decode {
         key: request.key.clone(),
         kind: T::K::kind(&shared.dyntype).into_owned(),
         source,
     })?;
-    decode(&json).map(Some)
+    let object = decode(&json)?;
+    Ok(Some(keep(object, json.len())))
 }
 
 /// The object `name`, at least as new as `version` (the change the dispatcher delivered), from

@@ -14,6 +14,7 @@
 //! | `trigger` | `reconcile_on` and `reconcile_all_on`: triggers sent to the open sessions' dispatchers |
 
 mod load;
+mod recent;
 mod reconcile;
 mod session;
 mod shared;
@@ -82,6 +83,7 @@ where
         triggers,
         health,
         admin_listen,
+        recent_objects,
         ..
     } = controller;
     // Outcomes are buffered up to the concurrency; a consumer that stops reading slows the
@@ -122,6 +124,7 @@ where
         } else {
             ControllerMetrics::off()
         },
+        recent: recent::Recent::new(recent_objects),
         live: Mutex::default(),
         session_opened: tokio::sync::Notify::new(),
     });

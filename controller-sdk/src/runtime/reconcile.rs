@@ -4,7 +4,7 @@
 use std::{
     collections::HashSet,
     sync::{
-        Arc, Mutex,
+        Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -147,7 +147,7 @@ async fn run_reconcile<T: Types>(
     let _release = Release(&shared.running, key.clone());
 
     let object = match load(shared, &request).await {
-        Ok(Some(object)) => Arc::new(object),
+        Ok(Some(object)) => object,
         Ok(None) => {
             debug!(
                 key,

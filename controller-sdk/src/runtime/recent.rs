@@ -1,0 +1,128 @@
+//! The objects this replica reconciled last, so that a delivery of an object at a version the
+//! replica already holds needs no read.
+//!
+//! A reconcile that writes an object's children makes the dispatcher deliver the object again
+//! once their changes come back from its watch (reason `OWNED`), and such a delivery carries no
+//! body: the change was a child's, not the object's. Without this, the replica would read the
+//! object from the API server once more for each of them, where a cached controller reads its
+//! cache. The request's `resource_version` is the last one the dispatcher saw for the object:
+//! if this replica reconciled the object at exactly that version, it is the same object (a
+//! resourceVersion names one state of one object), and it is handed to the reconcile again.
+//!
+//! Bounded by the JSON size of the objects kept ([`crate::Controller::recent_objects`]), least
+//! recently used out first; a key is forgotten when its object is deleted. Only ever a way to
+//! skip a read: a key not found here is read as before.
+
+use std::sync::Arc;
+
+/// One object as last reconciled here.
+struct Kept<K> {
+    resource_version: String,
+    object: Arc<K>,
+    /// Its size as JSON, which stands for its size in memory.
+    json_len: usize,
+}
+
+fn weight<K>(key: &str, kept: &Kept<K>) -> usize {
+    key.len() + kept.resource_version.len() + kept.json_len
+}
+
+/// The objects last reconciled, by request key.
+pub(crate) struct Recent<K>(Option<moka::sync::Cache<String, Arc<Kept<K>>>>);
+
+impl<K: Send + Sync + 'static> Recent<K> {
+    /// Keeps objects up to `bytes` of JSON in all; `0` keeps none.
+    pub(crate) fn new(bytes: u64) -> Self {
+        Self((bytes > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(bytes)
+                // The echo of a reconcile comes right after it: the newest are worth keeping.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                // A key's weight: its object's JSON and the strings beside it.
+                .weigher(|key: &String, kept: &Arc<Kept<K>>| {
+                    u32::try_from(weight(key, kept)).unwrap_or(u32::MAX)
+                })
+                .build()
+        }))
+    }
+
+    /// The object of `key` if it was reconciled here at `resource_version`.
+    pub(crate) fn get(&self, key: &str, resource_version: &str) -> Option<Arc<K>> {
+        if resource_version.is_empty() {
+            return None;
+        }
+        let kept = self.0.as_ref()?.get(key)?;
+        (kept.resource_version == resource_version).then(|| kept.object.clone())
+    }
+
+    /// Keeps `object` (`json_len` bytes as JSON) for `key` at `resource_version`; an object
+    /// with no version is not kept.
+    pub(crate) fn keep(&self, key: &str, resource_version: &str, object: Arc<K>, json_len: usize) {
+        let Some(cache) = &self.0 else { return };
+        if resource_version.is_empty() {
+            return;
+        }
+        cache.insert(
+            key.to_owned(),
+            Arc::new(Kept {
+                resource_version: resource_version.to_owned(),
+                object,
+                json_len,
+            }),
+        );
+    }
+
+    /// Forgets `key` (its object was deleted).
+    pub(crate) fn forget(&self, key: &str) {
+        if let Some(cache) = &self.0 {
+            cache.invalidate(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_is_handed_back_only_at_the_version_it_was_kept_at() {
+        let recent = Recent::new(1 << 20);
+        recent.keep("k", "7", Arc::new("seven"), 100);
+        assert_eq!(recent.get("k", "7").as_deref(), Some(&"seven"));
+        assert_eq!(recent.get("k", "8"), None, "a newer version is read");
+        assert_eq!(recent.get("k", ""), None, "no version named: read");
+        assert_eq!(recent.get("other", "7"), None);
+        recent.keep("k", "8", Arc::new("eight"), 100);
+        assert_eq!(recent.get("k", "7"), None, "replaced");
+        assert_eq!(recent.get("k", "8").as_deref(), Some(&"eight"));
+        recent.forget("k");
+        assert_eq!(recent.get("k", "8"), None, "deleted");
+        recent.keep("k", "", Arc::new("none"), 100);
+        assert_eq!(recent.get("k", ""), None, "no version, not kept");
+    }
+
+    #[test]
+    fn nothing_is_kept_with_no_budget() {
+        let recent = Recent::new(0);
+        recent.keep("k", "7", Arc::new(7), 10);
+        assert_eq!(recent.get("k", "7"), None);
+    }
+
+    #[test]
+    fn the_budget_bounds_what_is_kept() {
+        let recent = Recent::new(10_000);
+        for i in 0..100 {
+            recent.keep(&format!("k{i}"), "1", Arc::new(i), 1000);
+        }
+        let cache = recent.0.as_ref().expect("kept");
+        cache.run_pending_tasks();
+        assert!(cache.weighted_size() <= 10_000, "{}", cache.weighted_size());
+        let held = (0..100)
+            .filter(|i| recent.get(&format!("k{i}"), "1").is_some())
+            .count();
+        assert!(
+            (1..=10).contains(&held),
+            "{held} of 100 objects of 1000 bytes"
+        );
+    }
+}
