@@ -27,9 +27,30 @@ import (
 //
 //	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient})
 //
-// Its requests are counted by verb and controller (kube_dispatch_api_requests_total), and the
-// writes of reconciles refused as stale (kube_dispatch_stale_writes_total).
+// A delivery without a body that names the object at the very version a reconcile here was
+// given last is served that object again, without a read: the usual case is the OWNED delivery
+// that a reconcile's own writes of children cause. NewClient keeps DefaultRecentObjectsBytes
+// of them; NewClientKeeping says how much.
+//
+// Its requests are counted by verb and controller (kube_dispatch_api_requests_total), the
+// objects its Gets of delivered objects served by where they came from
+// (kube_dispatch_objects_loaded_total: request, recent, read), and the writes of reconciles
+// refused as stale (kube_dispatch_stale_writes_total).
 func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
+	return newClient(config, options, DefaultRecentObjectsBytes)
+}
+
+// NewClientKeeping is NewClient keeping up to bytes of the JSON of the objects reconciles were
+// given last (0: none, every delivery without a body is read).
+//
+//	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClientKeeping(4 << 20)})
+func NewClientKeeping(bytes int) client.NewClientFunc {
+	return func(config *rest.Config, options client.Options) (client.Client, error) {
+		return newClient(config, options, bytes)
+	}
+}
+
+func newClient(config *rest.Config, options client.Options, recent int) (client.Client, error) {
 	options.Cache = nil
 	counting := countRequests(hostPath(config.Host))
 	if options.HTTPClient != nil {
@@ -44,7 +65,7 @@ func NewClient(config *rest.Config, options client.Options) (client.Client, erro
 	if err != nil {
 		return nil, err
 	}
-	return &deliveredClient{Client: c}, nil
+	return &deliveredClient{Client: c, recent: newRecentObjects(recent)}, nil
 }
 
 // hostPath is the path of the API server's URL (a proxy serves it under one), or "".
@@ -55,10 +76,11 @@ func hostPath(host string) string {
 	return ""
 }
 
-// deliveredClient serves the delivered object's Get from its delivery, and counts the stale
-// writes of reconciles.
+// deliveredClient serves the delivered object's Get from its delivery, or from the objects
+// reconciles were given last, and counts the stale writes of reconciles.
 type deliveredClient struct {
 	client.Client
+	recent *recentObjects
 }
 
 func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
@@ -121,7 +143,10 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 	if !first {
 		return c.Client.Get(ctx, key, object)
 	}
+	requestKey := d.request.GetKey()
 	if d.request.GetDeleted() {
+		c.recent.forget(requestKey)
+		d.metrics.loaded("request")
 		plural, _ := meta.UnsafeGuessKindToResource(gvk)
 		resource := plural.GroupResource()
 		if mapping, err := c.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err == nil {
@@ -130,28 +155,50 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 		return apierrors.NewNotFound(resource, key.Name)
 	}
 	if body := d.request.GetObjectJson(); len(body) > 0 {
-		if u, ok := object.(*unstructured.Unstructured); ok {
-			u.Object = nil
-			return u.UnmarshalJSON(body)
-		}
-		// Decoded into a zeroed object: whatever the caller's object held before (labels,
-		// data) must not survive into what the reconcile reads.
-		value := reflect.ValueOf(object)
-		if value.Kind() == reflect.Pointer && !value.IsNil() {
-			value.Elem().SetZero()
-		}
-		if err := json.Unmarshal(body, object); err != nil {
+		d.metrics.loaded("request")
+		if err := decodeInto(body, object); err != nil {
 			return fmt.Errorf("kube-dispatch: cannot decode the delivered %s %s: %w", gvk.Kind, key, err)
+		}
+		c.recent.keep(requestKey, object.GetResourceVersion(), body)
+		return nil
+	}
+	if kept, ok := c.recent.get(requestKey, d.request.GetResourceVersion()); ok {
+		d.metrics.loaded("recent")
+		if err := decodeInto(kept, object); err != nil {
+			return fmt.Errorf("kube-dispatch: cannot decode the kept %s %s: %w", gvk.Kind, key, err)
 		}
 		return nil
 	}
+	d.metrics.loaded("read")
 	// No body: the API server's watch cache, at least as new as the change delivered; one
 	// that has not caught up (or cannot serve that version) is read consistently instead.
 	err = c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: d.request.GetResourceVersion()}})
-	if err == nil || !watchCacheCannotServe(err) {
-		return err
+	if err != nil && watchCacheCannotServe(err) {
+		err = c.Client.Get(ctx, key, object)
 	}
-	return c.Client.Get(ctx, key, object)
+	switch {
+	case apierrors.IsNotFound(err):
+		c.recent.forget(requestKey)
+	case err == nil && c.recent != nil:
+		if body, err := json.Marshal(object); err == nil {
+			c.recent.keep(requestKey, object.GetResourceVersion(), body)
+		}
+	}
+	return err
+}
+
+// decodeInto decodes body into object, zeroed first: whatever the caller's object held before
+// (labels, data) must not survive into what the reconcile reads.
+func decodeInto(body []byte, object client.Object) error {
+	if u, ok := object.(*unstructured.Unstructured); ok {
+		u.Object = nil
+		return u.UnmarshalJSON(body)
+	}
+	value := reflect.ValueOf(object)
+	if value.Kind() == reflect.Pointer && !value.IsNil() {
+		value.Elem().SetZero()
+	}
+	return json.Unmarshal(body, object)
 }
 
 // watchCacheCannotServe says a read at a resourceVersion should be made consistently instead:

@@ -23,6 +23,7 @@ import (
 //	kube_dispatch_deliveries_total           counter  controller, reason
 //	kube_dispatch_stale_writes_total         counter  controller
 //	kube_dispatch_api_requests_total         counter  controller, verb
+//	kube_dispatch_objects_loaded_total       counter  controller, source
 //
 // No label names a key or an object, so the series stay few however many objects there are.
 var (
@@ -50,6 +51,11 @@ var (
 		Name: "kube_dispatch_api_requests_total",
 		Help: "Requests NewClient's client sent to the API server, by verb and by the controller whose reconcile sent them (empty outside a reconcile)",
 	}, []string{"controller", "verb"})
+
+	objectsLoaded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_dispatch_objects_loaded_total",
+		Help: "Objects handed to reconciles, by where they came from",
+	}, []string{"controller", "source"})
 
 	registerOnce sync.Once
 )
@@ -158,7 +164,7 @@ func newQueueMetrics(name string) queueMetrics {
 // register adds the SDK's metrics to controller-runtime's registry once per process.
 func register() {
 	registerOnce.Do(func() {
-		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries, staleWrites, apiRequests} {
+		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries, staleWrites, apiRequests, objectsLoaded} {
 			if err := metrics.Registry.Register(c); err != nil {
 				var already prometheus.AlreadyRegisteredError
 				if !errors.As(err, &already) {
@@ -203,6 +209,13 @@ func (m *sdkMetrics) sessionOpened(dispatcher string) func() {
 }
 
 func (m *sdkMetrics) reconnecting() { sessionReconnects.WithLabelValues(m.controller).Inc() }
+
+// loaded counts the delivered object a reconcile's Get was served from source: "request" (its
+// body, or NotFound for a deletion), "recent" (as a reconcile here was given it, at the same
+// version) or "read" (the API server).
+func (m *sdkMetrics) loaded(source string) {
+	objectsLoaded.WithLabelValues(m.controller, source).Inc()
+}
 
 func (m *sdkMetrics) staleWrite() { staleWrites.WithLabelValues(m.controller).Inc() }
 

@@ -1,0 +1,87 @@
+package dispatch
+
+import (
+	"sync"
+
+	"k8s.io/utils/lru"
+)
+
+// DefaultRecentObjectsBytes is how much NewClient keeps of the objects reconciles were given
+// last (NewClientKeeping): 1 MiB of their JSON, hundreds of objects of a few KiB, far more than
+// the reconciles running at once whose writes echo back.
+const DefaultRecentObjectsBytes = 1 << 20
+
+// recentObjectsMax bounds their count whatever their size.
+const recentObjectsMax = 4096
+
+// recentObjects are the objects the last reconciles were given, by request key, as JSON: a
+// delivery that names an object at the very version a reconcile here was given is served it
+// again instead of a read. The usual case is the OWNED delivery that a reconcile's own writes
+// of children cause, which carries no body. Bounded by their JSON's bytes and by
+// recentObjectsMax, least recently used out first.
+type recentObjects struct {
+	mu     sync.Mutex
+	cache  *lru.Cache
+	bytes  int
+	budget int
+}
+
+type keptObject struct {
+	resourceVersion string
+	json            []byte
+}
+
+// newRecentObjects keeps up to budget bytes; nil (keeping nothing) when budget is 0 or less.
+func newRecentObjects(budget int) *recentObjects {
+	if budget <= 0 {
+		return nil
+	}
+	r := &recentObjects{budget: budget}
+	r.cache = lru.NewWithEvictionFunc(recentObjectsMax, func(_ lru.Key, value any) {
+		r.bytes -= len(value.(keptObject).json)
+	})
+	return r
+}
+
+// get is the JSON of key's object if a reconcile here was given it at resourceVersion.
+func (r *recentObjects) get(key, resourceVersion string) ([]byte, bool) {
+	if r == nil || resourceVersion == "" {
+		return nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	value, ok := r.cache.Get(key)
+	if !ok || value.(keptObject).resourceVersion != resourceVersion {
+		return nil, false
+	}
+	return value.(keptObject).json, true
+}
+
+// keep records json as key's object at resourceVersion (nothing without a version, or when
+// one object alone passes the budget).
+func (r *recentObjects) keep(key, resourceVersion string, json []byte) {
+	if r == nil || resourceVersion == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cache.Remove(key)
+	if len(json) > r.budget {
+		return
+	}
+	r.cache.Add(key, keptObject{resourceVersion: resourceVersion, json: json})
+	r.bytes += len(json)
+	for r.bytes > r.budget {
+		r.cache.RemoveOldest()
+	}
+}
+
+// forget drops key (its object was deleted).
+func (r *recentObjects) forget(key string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cache.Remove(key)
+}
