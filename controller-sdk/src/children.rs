@@ -120,15 +120,25 @@ impl Children {
 
 /// The versions of its children a reconcile knows hold what it wants, for one desired state,
 /// kept in the key's [memo](crate::memo) for the next reconcile: it then reads only a child
-/// whose version is not among them (changed by someone else since, or never checked), where a
-/// cached controller reads none and a stateless one without this reads them all.
+/// whose version is newer than the one recorded (changed by someone else since) or that was
+/// never recorded, where a cached controller reads none and a stateless one without this reads
+/// them all.
 ///
 /// `desired` names what the children are made from (the owner's `metadata.generation`, a hash
 /// of the fields they copy, the versions of the objects they name): when it changes, nothing
 /// recorded counts. Record a child after writing it (with the version the write returned) or
 /// after reading it and finding it as wanted; leave the record at the end of the reconcile.
-/// Each child takes 8 bytes of the memo (a fingerprint of its group, kind, name and version),
-/// so up to 62 fit; past that [`Checked::leave`] fails and the next reconcile reads them all.
+///
+/// A child the request shows at an *older* version than the one recorded holds too: the
+/// dispatcher has not seen the write yet (a reconcile's own writes come back one by one, and
+/// the owner is delivered again at the first), and whatever changes the child after that write
+/// comes with a newer version. Versions are compared as integers, as Kubernetes 1.35 and later
+/// guarantee for the objects of one resource (KEP-5504); a child whose version is not such an
+/// integer is not recorded, and is read by the next reconcile.
+///
+/// Each child takes 6 bytes of the memo (a fingerprint of its group, kind and name) and its
+/// version as a LEB128 varint (5 bytes below 34 billion): about 45 fit; past the memo's bound
+/// [`Checked::leave`] fails and the next reconcile reads them all.
 ///
 /// ```no_run
 /// # async fn reconcile(owner_generation: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -151,15 +161,19 @@ impl Children {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checked {
     desired: [u8; 8],
-    children: Vec<[u8; 8]>,
+    /// Each child's fingerprint and the newest version recorded, in the order first recorded.
+    children: Vec<([u8; NAME_PRINT], u64)>,
 }
+
+/// The bytes of a child's fingerprint in the memo.
+const NAME_PRINT: usize = 6;
 
 impl Checked {
     /// The memo's format: its first byte.
-    const FORMAT: u8 = 1;
+    const FORMAT: u8 = 2;
 
     /// What the last reconcile recorded for `desired`, or nothing if it recorded for another
-    /// desired state (or left no memo here).
+    /// desired state (or left no memo here, or one in another format).
     pub fn for_desired(desired: impl AsRef<[u8]>) -> Self {
         let desired = fingerprint(&[desired.as_ref()]);
         let children = crate::memo::previous()
@@ -168,55 +182,95 @@ impl Checked {
         Self { desired, children }
     }
 
-    fn parse(memo: &[u8], desired: [u8; 8]) -> Option<Vec<[u8; 8]>> {
+    fn parse(memo: &[u8], desired: [u8; 8]) -> Option<Vec<([u8; NAME_PRINT], u64)>> {
         let (&format, rest) = memo.split_first()?;
-        let (given, rest) = rest.split_first_chunk::<8>()?;
-        if format != Self::FORMAT || *given != desired || rest.len() % 8 != 0 {
+        let (given, mut rest) = rest.split_first_chunk::<8>()?;
+        if format != Self::FORMAT || *given != desired {
             return None;
         }
-        Some(
-            rest.chunks_exact(8)
-                .filter_map(|c| c.try_into().ok())
-                .collect(),
-        )
+        let mut children = Vec::new();
+        while !rest.is_empty() {
+            let (print, after) = rest.split_first_chunk::<NAME_PRINT>()?;
+            let (version, after) = read_varint(after)?;
+            children.push((*print, version));
+            rest = after;
+        }
+        Some(children)
     }
 
-    /// Whether `child`, as the request shows it, is a version recorded for this desired state.
+    /// Whether `child`, as the request shows it, is at or before a version recorded for this
+    /// desired state.
     pub fn holds(&self, child: &Child) -> bool {
-        let print = child_print(
-            &child.group,
-            &child.kind,
-            &child.name,
-            &child.resource_version,
-        );
-        self.children.contains(&print)
+        let Some(version) = resource_version(&child.resource_version) else {
+            return false;
+        };
+        let print = name_print(&child.group, &child.kind, &child.name);
+        self.children
+            .iter()
+            .any(|(p, recorded)| *p == print && version <= *recorded)
     }
 
     /// Records `object` (as a write returned it, or as read and found as wanted) as holding
-    /// this desired state at its resourceVersion.
+    /// this desired state at its resourceVersion (ignored if that is not an integer).
     pub fn record<K: Resource<DynamicType = ()>>(&mut self, object: &K) {
         let meta = object.meta();
-        let print = child_print(
+        let Some(version) = resource_version(meta.resource_version.as_deref().unwrap_or_default())
+        else {
+            return;
+        };
+        let print = name_print(
             &K::group(&()),
             &K::kind(&()),
             meta.name.as_deref().unwrap_or_default(),
-            meta.resource_version.as_deref().unwrap_or_default(),
         );
-        if !self.children.contains(&print) {
-            self.children.push(print);
+        match self.children.iter_mut().find(|(p, _)| *p == print) {
+            Some((_, recorded)) => *recorded = (*recorded).max(version),
+            None => self.children.push((print, version)),
         }
     }
 
     /// Leaves the record in the memo for the next reconcile of this object.
     pub fn leave(&self) -> Result<(), crate::memo::MemoError> {
-        let mut memo = Vec::with_capacity(9 + 8 * self.children.len());
+        let mut memo = Vec::with_capacity(9 + (NAME_PRINT + 5) * self.children.len());
         memo.push(Self::FORMAT);
         memo.extend_from_slice(&self.desired);
-        for c in &self.children {
-            memo.extend_from_slice(c);
+        for (print, version) in &self.children {
+            memo.extend_from_slice(print);
+            write_varint(&mut memo, *version);
         }
         crate::memo::leave(memo)
     }
+}
+
+/// A resourceVersion as Kubernetes 1.35 and later make it comparable: a positive decimal
+/// integer without leading zeros; `None` for anything else.
+fn resource_version(version: &str) -> Option<u64> {
+    if version.starts_with('0') || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    version.parse().ok()
+}
+
+/// `value` as an unsigned LEB128 varint: 7 bits a byte, low first, the high bit set on all but
+/// the last.
+fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// The varint at the start of `bytes` and what follows it; `None` if cut short or too long.
+fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(b & 0x7f).checked_shl(7 * i as u32)?;
+        if b & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
 }
 
 /// The first 8 bytes of the SHA-256 of `parts`, each ended by a zero byte.
@@ -233,13 +287,13 @@ fn fingerprint(parts: &[&[u8]]) -> [u8; 8] {
     out
 }
 
-fn child_print(group: &str, kind: &str, name: &str, version: &str) -> [u8; 8] {
-    fingerprint(&[
-        group.as_bytes(),
-        kind.as_bytes(),
-        name.as_bytes(),
-        version.as_bytes(),
-    ])
+/// A child's fingerprint in the memo: the first [`NAME_PRINT`] bytes of the fingerprint of its
+/// group, kind and name.
+fn name_print(group: &str, kind: &str, name: &str) -> [u8; NAME_PRINT] {
+    let print = fingerprint(&[group.as_bytes(), kind.as_bytes(), name.as_bytes()]);
+    let mut out = [0; NAME_PRINT];
+    out.copy_from_slice(&print[..NAME_PRINT]);
+    out
 }
 
 /// The children of the object the calling task is reconciling, or `None` outside a reconcile,
@@ -360,10 +414,21 @@ mod tests {
         })
         .await;
         let memo = slot.take();
-        assert_eq!(memo.len(), 17);
+        assert_eq!(child.resource_version, "7");
+        assert_eq!(
+            memo.len(),
+            9 + 6 + 1,
+            "format, desired, the child and its version"
+        );
         let next = crate::memo::Slot::new(memo);
         let changed = Child {
             resource_version: "8".into(),
+            ..child.clone()
+        };
+        // The dispatcher has not seen the write yet: what it shows is older than what was
+        // written, and nothing can have changed it since without a newer version.
+        let lagging = Child {
+            resource_version: "6".into(),
             ..child.clone()
         };
         let secret = Child {
@@ -379,32 +444,94 @@ mod tests {
                     same.holds(&changed),
                     same.holds(&secret),
                     other.holds(&child),
+                    same.holds(&lagging),
                 )
             })
             .await;
-        assert_eq!(seen, (true, false, false, false));
+        assert_eq!(seen, (true, false, false, false, true));
     }
 
     #[tokio::test]
     async fn a_record_past_the_memo_bound_is_refused() {
         let slot = crate::memo::Slot::new(Vec::new());
-        let left = slot
+        let (fit, left) = slot
             .scope(async {
                 let mut checked = Checked::for_desired("d");
-                for i in 0..63 {
+                let mut fit = 0;
+                for i in 0..100 {
                     let mut cm = ConfigMap::default();
                     cm.metadata.name = Some(format!("c{i}"));
-                    cm.metadata.resource_version = Some("1".into());
+                    // A version of a cluster that has made a billion changes: 5 bytes.
+                    cm.metadata.resource_version = Some(format!("{}", 1_000_000_000 + i));
                     checked.record(&cm);
-                    if i == 61 {
-                        checked.leave().expect("62 fit");
+                    if checked.leave().is_err() {
+                        return (fit, checked.leave());
                     }
+                    fit += 1;
                 }
-                checked.leave()
+                (fit, Ok(()))
             })
             .await;
         assert!(left.is_err());
-        assert_eq!(slot.take().len(), 9 + 62 * 8, "the last that fit stays");
+        assert_eq!(fit, 45, "(512 - 9) / (6 + 5) children fit");
+        assert_eq!(slot.take().len(), 9 + 45 * 11, "the last that fit stays");
+    }
+
+    #[tokio::test]
+    async fn a_version_is_recorded_once_per_child_at_its_newest_and_only_if_an_integer() {
+        let slot = crate::memo::Slot::new(Vec::new());
+        let cm = |version: &str| {
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some("c".into());
+            cm.metadata.resource_version = Some(version.into());
+            cm
+        };
+        let child = |version: &str| Child {
+            kind: "ConfigMap".into(),
+            name: "c".into(),
+            resource_version: version.into(),
+            ..Child::default()
+        };
+        let held = slot
+            .scope(async {
+                let mut checked = Checked::for_desired("d");
+                checked.record(&cm("300"));
+                checked.record(&cm("200"));
+                checked.record(&cm("0300"));
+                checked.record(&cm("opaque"));
+                checked.leave().expect("fits");
+                let again = Checked::for_desired("d");
+                [
+                    "299",
+                    "300",
+                    "301",
+                    "0300",
+                    "opaque",
+                    "",
+                    "99999999999999999999",
+                ]
+                .map(|v| again.holds(&child(v)))
+            })
+            .await;
+        assert_eq!(held, [true, true, false, false, false, false, false]);
+        assert_eq!(slot.take().len(), 9 + 6 + 2, "one child, 300 in two bytes");
+    }
+
+    #[test]
+    fn varints_round_trip_and_refuse_what_is_cut_short() {
+        for value in [0, 1, 127, 128, 300, 1 << 35, u64::MAX] {
+            let mut bytes = Vec::new();
+            write_varint(&mut bytes, value);
+            bytes.push(0xaa);
+            assert_eq!(read_varint(&bytes), Some((value, &[0xaa][..])), "{value}");
+        }
+        assert_eq!(read_varint(&[0x80]), None, "cut short");
+        assert_eq!(read_varint(&[0xff; 11]), None, "longer than a u64");
+        assert_eq!(
+            Checked::parse(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3], [0; 8]),
+            None,
+            "a child cut short makes the memo unreadable"
+        );
     }
 
     #[test]

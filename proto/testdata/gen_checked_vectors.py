@@ -3,10 +3,12 @@
 children that hold its desired state (the Rust SDK's children::Checked, the Go SDK's
 dispatch.Checked), as both SDKs must write and read it. Run: python3 gen_checked_vectors.py
 
-Format: byte 1 (the format), then the fingerprint of the desired state, then one fingerprint
-per child recorded, in the order recorded, each once. A fingerprint is the first 8 bytes of the
-SHA-256 of its parts, each part followed by a zero byte: the desired state alone; a child's
-group, kind, name and resourceVersion.
+Format: byte 2 (the format), then the fingerprint of the desired state, then for each child
+recorded, in the order first recorded, once: the first 6 bytes of the fingerprint of its group,
+kind and name, then the newest resourceVersion recorded for it as an unsigned LEB128 varint. A
+fingerprint is the first 8 bytes of the SHA-256 of its parts, each part followed by a zero
+byte. A resourceVersion that is not a positive decimal integer without leading zeros (the
+comparable form of Kubernetes 1.35 and later) is not recorded.
 """
 import hashlib
 import json
@@ -20,14 +22,29 @@ def fingerprint(*parts):
     return h.digest()[:8]
 
 
+def varint(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def comparable(version):
+    return version.isdigit() and not version.startswith("0")
+
+
 def case(name, desired, children):
-    memo = bytes([1]) + fingerprint(desired)
-    seen = []
+    memo = bytes([2]) + fingerprint(desired)
+    recorded = {}
     for c in children:
-        print_ = fingerprint(c["group"], c["kind"], c["name"], c["resource_version"])
-        if print_ not in seen:
-            seen.append(print_)
-    memo += b"".join(seen)
+        if not comparable(c["resource_version"]):
+            continue
+        print_ = fingerprint(c["group"], c["kind"], c["name"])[:6]
+        version = int(c["resource_version"])
+        recorded[print_] = max(recorded.get(print_, 0), version)
+    memo += b"".join(p + varint(v) for p, v in recorded.items())
     return {"name": name, "desired": desired, "children": children, "memo_hex": memo.hex()}
 
 
@@ -45,9 +62,17 @@ CASES = [
         child("apps", "Deployment", "web", "77"),
         child("apps", "Deployment", "web", "77"),
     ]),
-    case("another version is another fingerprint", "generation-3", [
-        child("apps", "Deployment", "web", "77"),
+    case("a child keeps its newest version, in the place first recorded", "generation-3", [
         child("apps", "Deployment", "web", "78"),
+        child("", "ConfigMap", "web", "5"),
+        child("apps", "Deployment", "web", "77"),
+        child("apps", "Deployment", "web", "300"),
+    ]),
+    case("a version that is not comparable is not recorded", "generation-3", [
+        child("", "ConfigMap", "a", "0"),
+        child("", "ConfigMap", "b", "012"),
+        child("", "ConfigMap", "c", "opaque"),
+        child("", "ConfigMap", "d", "1234567890123"),
     ]),
 ]
 
