@@ -265,7 +265,12 @@ fn write_varint(out: &mut Vec<u8>, mut value: u64) {
 fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     let mut value = 0u64;
     for (i, &b) in bytes.iter().enumerate().take(10) {
-        value |= u64::from(b & 0x7f).checked_shl(7 * i as u32)?;
+        // The tenth byte holds the 64th bit only: more overflows, as Go's `binary.Uvarint`
+        // says too.
+        if i == 9 && b > 1 {
+            return None;
+        }
+        value |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
             return Some((value, &bytes[i + 1..]));
         }
@@ -527,6 +532,9 @@ mod tests {
         }
         assert_eq!(read_varint(&[0x80]), None, "cut short");
         assert_eq!(read_varint(&[0xff; 11]), None, "longer than a u64");
+        let mut past = vec![0xff; 9];
+        past.push(0x02);
+        assert_eq!(read_varint(&past), None, "a tenth byte past the 64th bit");
         assert_eq!(
             Checked::parse(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3], [0; 8]),
             None,

@@ -315,11 +315,13 @@ where
     }
 
     /// Keep the objects this replica reconciled last, up to `bytes` of their JSON in all
-    /// (default 1 MiB; 0 keeps none), least recently used out first. A delivery that names an
-    /// object at the very version a reconcile here was given is handed that object again
-    /// instead of reading it: the usual case is the delivery that the reconcile's own writes of
-    /// children cause (reason `OWNED`, which carries no body). Nothing else is served from it;
-    /// `kube_dispatch_objects_loaded_total{source="recent"}` counts the reads it saved.
+    /// (default 1 MiB; 0 keeps none), least recently used out first. A delivery without a body
+    /// that names an object at the very version (and uid) a reconcile here was given is handed
+    /// that object again instead of reading it: the usual case is the delivery that the
+    /// reconcile's own writes of children cause (reason `OWNED`). A version names one state of
+    /// one object, so the object is what a read would return unless it changed since the
+    /// dispatcher last saw it, and that change is delivered next. Nothing else is served from
+    /// it; `kube_dispatch_objects_loaded_total{source="recent"}` counts the reads it saved.
     #[must_use]
     pub fn recent_objects(mut self, bytes: u64) -> Self {
         self.recent_objects = bytes;

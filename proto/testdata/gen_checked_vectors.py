@@ -32,7 +32,8 @@ def varint(value):
 
 
 def comparable(version):
-    return version.isdigit() and not version.startswith("0")
+    return (version.isascii() and version.isdigit() and not version.startswith("0")
+            and int(version) < 2**64)
 
 
 def case(name, desired, children):
@@ -73,6 +74,8 @@ CASES = [
         child("", "ConfigMap", "b", "012"),
         child("", "ConfigMap", "c", "opaque"),
         child("", "ConfigMap", "d", "1234567890123"),
+        child("", "ConfigMap", "e", "18446744073709551616"),
+        child("", "ConfigMap", "f", "18446744073709551615"),
     ]),
 ]
 

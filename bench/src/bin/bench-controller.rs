@@ -20,8 +20,9 @@
 //!   children are cached, one watch for both);
 //! - `dispatch` with `--children-from request`: the children the request carries (name, uid,
 //!   resourceVersion) against those the last reconcile here wrote or read for the owner's data
-//!   as it is (`children::Checked`, in the key's memo): a child at such a version is neither
-//!   read nor written; one at another version is written without reading it once the owner's
+//!   as it is (`children::Checked`, in the key's memo): a child at such a version or an older
+//!   one (its write not seen yet) is neither read nor written; one at a newer version is
+//!   written without reading it once the owner's
 //!   children were written here before, and otherwise (the first reconcile here, as at a cold
 //!   start) read first by a GET the API server answers from its watch cache
 //!   (`resourceVersion=0`), read again consistently if that is older than the request;

@@ -156,8 +156,8 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
             .await?;
         checked.record(&written);
     }
-    // Left with the acknowledgement; outside kube-dispatch (no memo) or past 62 children (too
-    // long for one), the next reconcile writes them all, as it would without.
+    // Left with the acknowledgement; outside kube-dispatch (no memo) or past about 45 children
+    // (too long for one), the next reconcile writes them all, as it would without.
     if let Err(e) = checked.leave() {
         tracing::debug!(error = %e, "children's versions not kept for the next reconcile");
     }

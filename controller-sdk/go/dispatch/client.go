@@ -143,7 +143,7 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 	if !first {
 		return c.Client.Get(ctx, key, object)
 	}
-	requestKey := d.request.GetKey()
+	requestKey := recentKey{controller: d.metrics.controller, goType: fmt.Sprintf("%T", object), key: d.request.GetKey()}
 	if d.request.GetDeleted() {
 		c.recent.forget(requestKey)
 		d.metrics.loaded("request")
@@ -159,10 +159,10 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 		if err := decodeInto(body, object); err != nil {
 			return fmt.Errorf("kube-dispatch: cannot decode the delivered %s %s: %w", gvk.Kind, key, err)
 		}
-		c.recent.keep(requestKey, object.GetResourceVersion(), body)
+		c.recent.keep(requestKey, object.GetResourceVersion(), string(object.GetUID()), body)
 		return nil
 	}
-	if kept, ok := c.recent.get(requestKey, d.request.GetResourceVersion()); ok {
+	if kept, ok := c.recent.get(requestKey, d.request.GetResourceVersion(), d.request.GetUid()); ok {
 		d.metrics.loaded("recent")
 		if err := decodeInto(kept, object); err != nil {
 			return fmt.Errorf("kube-dispatch: cannot decode the kept %s %s: %w", gvk.Kind, key, err)
@@ -181,7 +181,7 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 		c.recent.forget(requestKey)
 	case err == nil && c.recent != nil:
 		if body, err := json.Marshal(object); err == nil {
-			c.recent.keep(requestKey, object.GetResourceVersion(), body)
+			c.recent.keep(requestKey, object.GetResourceVersion(), string(object.GetUID()), body)
 		}
 	}
 	return err

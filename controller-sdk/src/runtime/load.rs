@@ -78,14 +78,12 @@ pub(super) async fn load<T: Types>(
     }
     let keep = |object: T::K, json_len: usize| {
         let object = Arc::new(object);
-        let version = object
-            .meta()
-            .resource_version
-            .as_deref()
-            .unwrap_or_default();
+        let meta = object.meta();
+        let version = meta.resource_version.as_deref().unwrap_or_default();
+        let uid = meta.uid.as_deref().unwrap_or_default();
         shared
             .recent
-            .keep(&request.key, version, object.clone(), json_len);
+            .keep(&request.key, (version, uid), object.clone(), json_len);
         object
     };
     if full && !request.object_json.is_empty() {
@@ -93,7 +91,10 @@ pub(super) async fn load<T: Types>(
         let object = decode(&request.object_json)?;
         return Ok(Some(keep(object, request.object_json.len())));
     }
-    if let Some(object) = shared.recent.get(&request.key, &request.resource_version) {
+    if let Some(object) = shared
+        .recent
+        .get(&request.key, &request.resource_version, &request.uid)
+    {
         shared.metrics.loaded(Source::Recent);
         return Ok(Some(object));
     }

@@ -18,13 +18,15 @@ use std::sync::Arc;
 /// One object as last reconciled here.
 struct Kept<K> {
     resource_version: String,
+    /// The object's uid: a request naming another uid is another object.
+    uid: String,
     object: Arc<K>,
     /// Its size as JSON, which stands for its size in memory.
     json_len: usize,
 }
 
 fn weight<K>(key: &str, kept: &Kept<K>) -> usize {
-    key.len() + kept.resource_version.len() + kept.json_len
+    key.len() + kept.resource_version.len() + kept.uid.len() + kept.json_len
 }
 
 /// The objects last reconciled, by request key.
@@ -46,18 +48,26 @@ impl<K: Send + Sync + 'static> Recent<K> {
         }))
     }
 
-    /// The object of `key` if it was reconciled here at `resource_version`.
-    pub(crate) fn get(&self, key: &str, resource_version: &str) -> Option<Arc<K>> {
+    /// The object of `key` if it was reconciled here at `resource_version`, and has the uid
+    /// `uid` when that is known.
+    pub(crate) fn get(&self, key: &str, resource_version: &str, uid: &str) -> Option<Arc<K>> {
         if resource_version.is_empty() {
             return None;
         }
         let kept = self.0.as_ref()?.get(key)?;
-        (kept.resource_version == resource_version).then(|| kept.object.clone())
+        (kept.resource_version == resource_version && (uid.is_empty() || kept.uid == uid))
+            .then(|| kept.object.clone())
     }
 
-    /// Keeps `object` (`json_len` bytes as JSON) for `key` at `resource_version`; an object
-    /// with no version is not kept.
-    pub(crate) fn keep(&self, key: &str, resource_version: &str, object: Arc<K>, json_len: usize) {
+    /// Keeps `object` (`json_len` bytes as JSON) for `key` at `resource_version`, with its
+    /// `uid`; an object with no version is not kept.
+    pub(crate) fn keep(
+        &self,
+        key: &str,
+        (resource_version, uid): (&str, &str),
+        object: Arc<K>,
+        json_len: usize,
+    ) {
         let Some(cache) = &self.0 else { return };
         if resource_version.is_empty() {
             return;
@@ -66,6 +76,7 @@ impl<K: Send + Sync + 'static> Recent<K> {
             key.to_owned(),
             Arc::new(Kept {
                 resource_version: resource_version.to_owned(),
+                uid: uid.to_owned(),
                 object,
                 json_len,
             }),
@@ -87,38 +98,44 @@ mod tests {
     #[test]
     fn an_object_is_handed_back_only_at_the_version_it_was_kept_at() {
         let recent = Recent::new(1 << 20);
-        recent.keep("k", "7", Arc::new("seven"), 100);
-        assert_eq!(recent.get("k", "7").as_deref(), Some(&"seven"));
-        assert_eq!(recent.get("k", "8"), None, "a newer version is read");
-        assert_eq!(recent.get("k", ""), None, "no version named: read");
-        assert_eq!(recent.get("other", "7"), None);
-        recent.keep("k", "8", Arc::new("eight"), 100);
-        assert_eq!(recent.get("k", "7"), None, "replaced");
-        assert_eq!(recent.get("k", "8").as_deref(), Some(&"eight"));
+        recent.keep("k", ("7", "u1"), Arc::new("seven"), 100);
+        assert_eq!(recent.get("k", "7", "").as_deref(), Some(&"seven"));
+        assert_eq!(recent.get("k", "7", "u1").as_deref(), Some(&"seven"));
+        assert_eq!(
+            recent.get("k", "7", "u2"),
+            None,
+            "another object of the name"
+        );
+        assert_eq!(recent.get("k", "8", ""), None, "a newer version is read");
+        assert_eq!(recent.get("k", "", ""), None, "no version named: read");
+        assert_eq!(recent.get("other", "7", ""), None);
+        recent.keep("k", ("8", "u1"), Arc::new("eight"), 100);
+        assert_eq!(recent.get("k", "7", ""), None, "replaced");
+        assert_eq!(recent.get("k", "8", "").as_deref(), Some(&"eight"));
         recent.forget("k");
-        assert_eq!(recent.get("k", "8"), None, "deleted");
-        recent.keep("k", "", Arc::new("none"), 100);
-        assert_eq!(recent.get("k", ""), None, "no version, not kept");
+        assert_eq!(recent.get("k", "8", ""), None, "deleted");
+        recent.keep("k", ("", "u1"), Arc::new("none"), 100);
+        assert_eq!(recent.get("k", "", ""), None, "no version, not kept");
     }
 
     #[test]
     fn nothing_is_kept_with_no_budget() {
         let recent = Recent::new(0);
-        recent.keep("k", "7", Arc::new(7), 10);
-        assert_eq!(recent.get("k", "7"), None);
+        recent.keep("k", ("7", ""), Arc::new(7), 10);
+        assert_eq!(recent.get("k", "7", ""), None);
     }
 
     #[test]
     fn the_budget_bounds_what_is_kept() {
         let recent = Recent::new(10_000);
         for i in 0..100 {
-            recent.keep(&format!("k{i}"), "1", Arc::new(i), 1000);
+            recent.keep(&format!("k{i}"), ("1", ""), Arc::new(i), 1000);
         }
         let cache = recent.0.as_ref().expect("kept");
         cache.run_pending_tasks();
         assert!(cache.weighted_size() <= 10_000, "{}", cache.weighted_size());
         let held = (0..100)
-            .filter(|i| recent.get(&format!("k{i}"), "1").is_some())
+            .filter(|i| recent.get(&format!("k{i}"), "1", "").is_some())
             .count();
         assert!(
             (1..=10).contains(&held),
