@@ -13,7 +13,9 @@
 //! recently used out first; a key is forgotten when its object is deleted. Only ever a way to
 //! skip a read: a key not found here is read as before.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
 
 /// One object as last reconciled here.
 struct Kept<K> {
@@ -21,31 +23,34 @@ struct Kept<K> {
     /// The object's uid: a request naming another uid is another object.
     uid: String,
     object: Arc<K>,
-    /// Its size as JSON, which stands for its size in memory.
-    json_len: usize,
-}
-
-fn weight<K>(key: &str, kept: &Kept<K>) -> usize {
-    key.len() + kept.resource_version.len() + kept.uid.len() + kept.json_len
+    /// What it counts for against the budget: its JSON and the strings beside it.
+    weight: usize,
 }
 
 /// The objects last reconciled, by request key.
-pub(crate) struct Recent<K>(Option<moka::sync::Cache<String, Arc<Kept<K>>>>);
+pub(crate) struct Recent<K>(Option<Mutex<Held<K>>>);
 
-impl<K: Send + Sync + 'static> Recent<K> {
+/// The map and its byte count.
+struct Held<K> {
+    map: LruCache<String, Kept<K>>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl<K> Recent<K> {
     /// Keeps objects up to `bytes` of JSON in all; `0` keeps none.
     pub(crate) fn new(bytes: u64) -> Self {
         Self((bytes > 0).then(|| {
-            moka::sync::Cache::builder()
-                .max_capacity(bytes)
-                // The echo of a reconcile comes right after it: the newest are worth keeping.
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                // A key's weight: its object's JSON and the strings beside it.
-                .weigher(|key: &String, kept: &Arc<Kept<K>>| {
-                    u32::try_from(weight(key, kept)).unwrap_or(u32::MAX)
-                })
-                .build()
+            Mutex::new(Held {
+                map: LruCache::unbounded(),
+                bytes: 0,
+                budget: usize::try_from(bytes).unwrap_or(usize::MAX),
+            })
         }))
+    }
+
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Held<K>>> {
+        Some(self.0.as_ref()?.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The object of `key` if it was reconciled here at `resource_version`, and has the uid
@@ -54,13 +59,15 @@ impl<K: Send + Sync + 'static> Recent<K> {
         if resource_version.is_empty() {
             return None;
         }
-        let kept = self.0.as_ref()?.get(key)?;
-        (kept.resource_version == resource_version && (uid.is_empty() || kept.uid == uid))
-            .then(|| kept.object.clone())
+        let mut kept = self.lock()?;
+        let entry = kept.map.get(key)?;
+        (entry.resource_version == resource_version && (uid.is_empty() || entry.uid == uid))
+            .then(|| entry.object.clone())
     }
 
     /// Keeps `object` (`json_len` bytes as JSON) for `key` at `resource_version`, with its
-    /// `uid`; an object with no version is not kept.
+    /// `uid`; an object with no version, or larger than the whole budget, is not kept. The
+    /// least recently used go until the rest fit.
     pub(crate) fn keep(
         &self,
         key: &str,
@@ -68,25 +75,38 @@ impl<K: Send + Sync + 'static> Recent<K> {
         object: Arc<K>,
         json_len: usize,
     ) {
-        let Some(cache) = &self.0 else { return };
-        if resource_version.is_empty() {
+        let Some(mut kept) = self.lock() else { return };
+        if let Some(old) = kept.map.pop(key) {
+            kept.bytes -= old.weight;
+        }
+        let weight = key.len() + resource_version.len() + uid.len() + json_len;
+        if resource_version.is_empty() || weight > kept.budget {
             return;
         }
-        cache.insert(
+        while kept.bytes + weight > kept.budget {
+            let Some((_, out)) = kept.map.pop_lru() else {
+                break;
+            };
+            kept.bytes -= out.weight;
+        }
+        kept.bytes += weight;
+        kept.map.put(
             key.to_owned(),
-            Arc::new(Kept {
+            Kept {
                 resource_version: resource_version.to_owned(),
                 uid: uid.to_owned(),
                 object,
-                json_len,
-            }),
+                weight,
+            },
         );
     }
 
     /// Forgets `key` (its object was deleted).
     pub(crate) fn forget(&self, key: &str) {
-        if let Some(cache) = &self.0 {
-            cache.invalidate(key);
+        if let Some(mut kept) = self.lock()
+            && let Some(old) = kept.map.pop(key)
+        {
+            kept.bytes -= old.weight;
         }
     }
 }
@@ -131,9 +151,8 @@ mod tests {
         for i in 0..100 {
             recent.keep(&format!("k{i}"), ("1", ""), Arc::new(i), 1000);
         }
-        let cache = recent.0.as_ref().expect("kept");
-        cache.run_pending_tasks();
-        assert!(cache.weighted_size() <= 10_000, "{}", cache.weighted_size());
+        let bytes = recent.lock().expect("kept").bytes;
+        assert!(bytes <= 10_000, "{bytes}");
         let held = (0..100)
             .filter(|i| recent.get(&format!("k{i}"), "1", "").is_some())
             .count();
