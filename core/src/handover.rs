@@ -76,10 +76,14 @@ impl LeaseDeadline {
     }
 
     /// A renewal was accepted: keys may be handed out until `until` (never moved back).
-    pub fn extend_to(&self, until: Instant) {
+    /// Returns the deadline before it (`None` with no Lease): one already past means the
+    /// renewal came after the Lease had run out, and slices that handed out nothing hand out
+    /// again, though no new slice was published.
+    pub fn extend_to(&self, until: Instant) -> Option<Instant> {
         let nanos = until.saturating_duration_since(self.origin).as_nanos();
         let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1);
-        self.until.fetch_max(nanos, Ordering::Release);
+        let before = self.until.fetch_max(nanos, Ordering::AcqRel);
+        (before != u64::MAX).then(|| self.origin + Duration::from_nanos(before))
     }
 
     /// Whether keys may be handed out at `now`.
@@ -299,9 +303,11 @@ impl Handover {
     }
 
     /// A renewal of this dispatcher's Lease was accepted: its slices hand out keys until
-    /// `until` (the renewal's send time plus the Lease duration) at most.
-    pub fn renewed(&self, until: Instant) {
-        self.lease.extend_to(until);
+    /// `until` (the renewal's send time plus the Lease duration) at most. Returns the deadline
+    /// before it ([`LeaseDeadline::extend_to`]): if that had passed, whoever waits on the
+    /// slices must be told that they hand out again.
+    pub fn renewed(&self, until: Instant) -> Option<Instant> {
+        self.lease.extend_to(until)
     }
 
     /// The same gate over rings that place keys by `key`.
@@ -799,12 +805,16 @@ mod tests {
         let s = h.update(&peers(&[("d0", None, 1)]), 1, false, t0);
         assert!(s.is_settled());
         assert!(!s.hands_out(t0), "no renewal accepted yet");
-        h.renewed(t0 + 10 * SEC);
+        assert_eq!(h.renewed(t0 + 10 * SEC), Some(t0), "never current before");
         assert!(s.hands_out(t0 + 9 * SEC));
         assert!(!s.hands_out(t0 + 10 * SEC), "the Lease ran out");
         // An older renewal's answer arriving late never moves the deadline back.
-        h.renewed(t0 + 5 * SEC);
+        assert_eq!(h.renewed(t0 + 5 * SEC), Some(t0 + 10 * SEC));
         assert!(s.hands_out(t0 + 9 * SEC));
+        // A renewal answered after the Lease ran out says so: the deadline before it passed.
+        let before = h.renewed(t0 + 20 * SEC).expect("a Lease");
+        assert!(before <= t0 + 12 * SEC && s.hands_out(t0 + 12 * SEC));
+        assert_eq!(LeaseDeadline::unlimited().extend_to(t0), None);
         assert!(
             !s.closed().hands_out(t0),
             "a closed slice hands out nothing"

@@ -163,7 +163,7 @@ pub async fn run(
             match renewal.await {
                 Ok(Some(rv)) => {
                     renewed = Some(at);
-                    handover.renewed(at + config.duration);
+                    renewal_accepted(&handover, &slice, at + config.duration, Instant::now());
                     written = written.max(rv);
                     own = Peer {
                         released: id,
@@ -407,5 +407,56 @@ async fn renew(
             warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
             None
         }
+    }
+}
+
+/// A renewal of this dispatcher's Lease was accepted at `now`: its slices hand out until
+/// `until`. If the Lease had run out before, they handed out nothing and hand out again now,
+/// with no new slice published: the slice is marked changed, so that polls waiting on it are
+/// answered at once rather than at their timeout.
+fn renewal_accepted(
+    handover: &Handover,
+    slice: &watch::Sender<Arc<Slice>>,
+    until: Instant,
+    now: Instant,
+) {
+    if handover
+        .renewed(until)
+        .is_some_and(|deadline| deadline <= now)
+    {
+        slice.send_modify(|_| ());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal accepted after the Lease ran out marks the slice changed (a poll waiting on it
+    /// is answered: the keys are handed out again); one accepted in time publishes nothing.
+    #[test]
+    fn a_renewal_after_the_lease_ran_out_wakes_the_slices_waiters() {
+        let t0 = Instant::now();
+        let mut handover = Handover::new("d0", Duration::from_secs(10), t0, false);
+        let slice = handover.update(&BTreeMap::new(), 0, false, t0);
+        let (tx, mut rx) = watch::channel(Arc::new(slice));
+        rx.mark_unchanged();
+        let lease = Duration::from_secs(4);
+        // The first renewal: the Lease was never current.
+        renewal_accepted(&handover, &tx, t0 + lease, t0);
+        assert!(rx.has_changed().unwrap_or(false), "the first renewal wakes");
+        rx.mark_unchanged();
+        // Renewed in time: nothing to tell.
+        renewal_accepted(&handover, &tx, t0 + 2 * lease, t0 + lease / 2);
+        assert!(
+            !rx.has_changed().unwrap_or(true),
+            "a renewal in time publishes nothing"
+        );
+        // The answer comes after the deadline (t0 + 2 × lease) had passed.
+        renewal_accepted(&handover, &tx, t0 + 4 * lease, t0 + 3 * lease);
+        assert!(
+            rx.has_changed().unwrap_or(false),
+            "a late renewal wakes the waiters"
+        );
     }
 }
