@@ -166,14 +166,16 @@ class Objects:
     def __init__(self, current=annotated, digest=content_hash):
         self.current, self.digest = current, digest
         self.lock = threading.Lock()
-        self.pending = {}  # name -> (hash written, when)
-        self.delays = []  # (seconds, name)
+        self.pending = {}  # name -> (hash written, when sent, when answered, resourceVersion)
+        # (seconds from sending the write to the annotation seen, name, seconds the API server
+        # took to answer the write, the write's resourceVersion)
+        self.delays = []
         self.writes = 0
         self.generation = 0
 
-    def written(self, name, data, at):
+    def written(self, name, data, at, answered, version):
         with self.lock:
-            self.pending[name] = (self.digest(data), at)
+            self.pending[name] = (self.digest(data), at, answered, version)
             self.writes += 1
 
     def on_event(self, kind, cm, at):
@@ -184,7 +186,7 @@ class Objects:
             want = self.pending.get(name)
             if want and want[0] == self.digest(cm.get("data") or {}):
                 del self.pending[name]
-                self.delays.append((at - want[1], name))
+                self.delays.append((at - want[1], name, want[2] - want[1], want[3]))
 
     def take(self):
         with self.lock:
@@ -209,10 +211,12 @@ def write(name, generation):
             "POST", f"/api/v1/namespaces/{OBJECTS_NS}/configmaps",
             {"metadata": {"name": name, "namespace": OBJECTS_NS}, "data": data},
         )
+    answered = time.time()
     if status >= 300:
         raise SystemExit(f"e2e: writing {name} failed: {status} {body.get('message')}")
-    OBJECTS_SEEN.written(name, data, at)
-    GO_SEEN.written(name, data, at)
+    version = (body.get("metadata") or {}).get("resourceVersion", "")
+    OBJECTS_SEEN.written(name, data, at, answered, version)
+    GO_SEEN.written(name, data, at, answered, version)
 
 
 class Writer(threading.Thread):
@@ -287,36 +291,40 @@ PODS = Pods()
 
 
 class ControllerLogs:
-    """Follows the log of every controller pod of `namespace` into LOGS/<pod>.log (`kubectl
-    logs -f`) once a watch of the controller's pods shows its container started, so
-    reconciles of pods scaled away still count; `read` takes the reconciles from a log."""
+    """Follows the log of every pod of `namespace` into LOGS/<pod>-<uid>.log (`kubectl logs
+    -f`) once a watch of its pods shows its container started, so reconciles of pods scaled
+    away still count, and the logs of a StatefulSet's pods replaced under the same name are
+    all kept; `read` takes the reconciles from a log."""
 
-    def __init__(self, namespace, read):
+    def __init__(self, namespace, read=None):
         self.namespace, self.read = namespace, read
         self.lock = threading.Lock()
-        self.followed = set()
+        self.followed = {}  # uid -> (pod name, log file)
 
     def on_event(self, kind, pod, at):
-        name = pod["metadata"]["name"]
+        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
         statuses = pod.get("status", {}).get("containerStatuses", [])
         started = any("running" in s.get("state", {}) or "terminated" in s.get("state", {})
                       for s in statuses)
+        path = os.path.join(LOGS, f"{name}-{uid[:8]}.log")
         with self.lock:
-            if kind == "DELETED" or not started or name in self.followed:
+            if kind == "DELETED" or not started or uid in self.followed:
                 return
-            self.followed.add(name)
-        with open(os.path.join(LOGS, f"{name}.log"), "w") as out:
+            self.followed[uid] = (name, path)
+        with open(path, "w") as out:
             background(
+                [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", self.namespace, "logs", "-f",
+                 "--all-containers", "--timestamps", f"pod/{name}"] if self.read is None else
                 [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", self.namespace, "logs", "-f", name],
                 stdout=out, stderr=subprocess.DEVNULL,
             )
 
     def runs(self):
         with self.lock:
-            names = sorted(self.followed)
+            followed = sorted(self.followed.values())
         found = []
-        for name in names:
-            with open(os.path.join(LOGS, f"{name}.log")) as f:
+        for name, path in followed:
+            with open(path) as f:
                 for key, _, begun, end in self.read(f):
                     found.append((name, key, begun, end))
         return found
@@ -324,6 +332,8 @@ class ControllerLogs:
 
 LOG_FOLLOWER = ControllerLogs(CONTROLLER_NS, spans)
 GO_LOG_FOLLOWER = ControllerLogs(GO_CONTROLLER_NS, go_spans)
+# The tier's own pods, kept for reading after the run (a rolling update deletes them).
+TIER_LOGS = ControllerLogs(TIER_NS)
 
 
 def unsettled():
@@ -396,8 +406,8 @@ def phase(label, action, writing=True):
     go_runs = [r for r in GO_LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
     # Each group's reconciles of a key must not overlap; the two groups' may.
     overlaps = concurrent(runs) + concurrent(go_runs)
-    worst = max(delays, default=(0.0, "-"))
-    go_worst = max(go_delays, default=(0.0, "-"))
+    worst = max(delays, default=(0.0, "-"))[:2]
+    go_worst = max(go_delays, default=(0.0, "-"))[:2]
     p99, go_p99 = percentile(delays, 0.99), percentile(go_delays, 0.99)
     result = {
         "phase": label, "seconds": took, "writes": writes, "lost": left,
@@ -411,6 +421,16 @@ def phase(label, action, writing=True):
         f"lost {left}, concurrent {overlaps}, longest write to reconcile "
         f"{worst[0] * 1000:.0f} ms ({worst[1]}), Go {go_worst[0] * 1000:.0f} ms ({go_worst[1]}); "
         f"p99 {p99 * 1000:.0f} ms, Go {go_p99 * 1000:.0f} ms")
+    # The slowest writes, with the API server's own share: a write answered late was slow
+    # before the tier saw it. Every write is in LOGS/writes.tsv.
+    for controller, ds in (("Rust", delays), ("Go", go_delays)):
+        slowest = ", ".join(f"{n} rv {rv} {d * 1000:.0f} ms (API {api * 1000:.0f} ms)"
+                            for d, n, api, rv in sorted(ds, reverse=True)[:3])
+        say(f"  slowest writes, {controller}: {slowest or '-'}")
+    with open(os.path.join(LOGS, "writes.tsv"), "a") as out:
+        for controller, ds in (("rust", delays), ("go", go_delays)):
+            for d, n, api, rv in ds:
+                out.write(f"{label}\t{controller}\t{n}\t{rv}\t{api * 1000:.1f}\t{d * 1000:.1f}\n")
     for name, seconds, code in result["drains"]:
         say(f"  {name} drained in {seconds:.1f} s (exit code {code})")
     for name, seconds in result["handovers"]:
@@ -421,7 +441,7 @@ def phase(label, action, writing=True):
 
 def percentile(delays, q):
     """The `q` quantile of the delays (seconds), nearest rank; 0 with none."""
-    ordered = sorted(seconds for seconds, _ in delays)
+    ordered = sorted(d[0] for d in delays)
     if not ordered:
         return 0.0
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
@@ -578,6 +598,8 @@ def kdctl_status():
 def main():
     global API
     os.makedirs(LOGS, exist_ok=True)
+    if os.path.exists(os.path.join(LOGS, "writes.tsv")):
+        os.remove(os.path.join(LOGS, "writes.tsv"))
     if FROM_ROOT:
         say(f"installing release {FROM_VERSION} of the tier with its Helm chart (from {FROM_ROOT})")
     else:
@@ -597,7 +619,8 @@ def main():
     )
     kubectl("create", "namespace", OBJECTS_NS, check=False)
     API = Api()
-    pods = Watch(PODS.on_event, "pods", "-n", TIER_NS)
+    pods = Watch(lambda *event: (PODS.on_event(*event), TIER_LOGS.on_event(*event)),
+                 "pods", "-n", TIER_NS)
     objects = Watch(
         lambda *event: (OBJECTS_SEEN.on_event(*event), GO_SEEN.on_event(*event)),
         "configmaps", "-n", OBJECTS_NS,
