@@ -9,7 +9,8 @@
 //! if this replica reconciled the object at exactly that version, it is the same object (a
 //! resourceVersion names one state of one object), and it is handed to the reconcile again.
 //!
-//! Bounded by the JSON size of the objects kept ([`crate::Controller::recent_objects`]), least
+//! Bounded by the JSON size of the objects kept, with their keys, versions and uids
+//! ([`crate::Controller::recent_objects`]; decoded, an object takes some more), least
 //! recently used out first; a key is forgotten when its object is deleted. Only ever a way to
 //! skip a read: a key not found here is read as before.
 
@@ -83,7 +84,7 @@ impl<K> Recent<K> {
         if resource_version.is_empty() || weight > kept.budget {
             return;
         }
-        while kept.bytes + weight > kept.budget {
+        while kept.bytes.saturating_add(weight) > kept.budget {
             let Some((_, out)) = kept.map.pop_lru() else {
                 break;
             };

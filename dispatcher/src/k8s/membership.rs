@@ -163,7 +163,7 @@ pub async fn run(
             match renewal.await {
                 Ok(Some(rv)) => {
                     renewed = Some(at);
-                    renewal_accepted(&handover, &slice, at + config.duration, Instant::now());
+                    renewal_accepted(&handover, &slice, at + config.duration, Instant::now);
                     written = written.max(rv);
                     own = Peer {
                         released: id,
@@ -410,20 +410,19 @@ async fn renew(
     }
 }
 
-/// A renewal of this dispatcher's Lease was accepted at `now`: its slices hand out until
-/// `until`. If the Lease had run out before, they handed out nothing and hand out again now,
-/// with no new slice published: the slice is marked changed, so that polls waiting on it are
-/// answered at once rather than at their timeout.
+/// A renewal of this dispatcher's Lease was accepted: its slices hand out until `until`. If
+/// the Lease had run out by then (`now`, read after the deadline moved, so that a deadline
+/// passing meanwhile counts), they handed out nothing and hand out again now, with no new
+/// slice published: the slice is marked changed, so that polls waiting on it are answered at
+/// once rather than at their timeout.
 fn renewal_accepted(
     handover: &Handover,
     slice: &watch::Sender<Arc<Slice>>,
     until: Instant,
-    now: Instant,
+    now: impl FnOnce() -> Instant,
 ) {
-    if handover
-        .renewed(until)
-        .is_some_and(|deadline| deadline <= now)
-    {
+    let before = handover.renewed(until);
+    if before.is_some_and(|deadline| deadline <= now()) {
         slice.send_modify(|_| ());
     }
 }
@@ -443,17 +442,17 @@ mod tests {
         rx.mark_unchanged();
         let lease = Duration::from_secs(4);
         // The first renewal: the Lease was never current.
-        renewal_accepted(&handover, &tx, t0 + lease, t0);
+        renewal_accepted(&handover, &tx, t0 + lease, || t0);
         assert!(rx.has_changed().unwrap_or(false), "the first renewal wakes");
         rx.mark_unchanged();
         // Renewed in time: nothing to tell.
-        renewal_accepted(&handover, &tx, t0 + 2 * lease, t0 + lease / 2);
+        renewal_accepted(&handover, &tx, t0 + 2 * lease, || t0 + lease / 2);
         assert!(
             !rx.has_changed().unwrap_or(true),
             "a renewal in time publishes nothing"
         );
         // The answer comes after the deadline (t0 + 2 × lease) had passed.
-        renewal_accepted(&handover, &tx, t0 + 4 * lease, t0 + 3 * lease);
+        renewal_accepted(&handover, &tx, t0 + 4 * lease, || t0 + 3 * lease);
         assert!(
             rx.has_changed().unwrap_or(false),
             "a late renewal wakes the waiters"
