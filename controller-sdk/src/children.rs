@@ -137,8 +137,8 @@ impl Children {
 /// integer is not recorded, and is read by the next reconcile.
 ///
 /// Each child takes 6 bytes of the memo (a fingerprint of its group, kind and name) and its
-/// version as a LEB128 varint (5 bytes below 34 billion): about 45 fit; past the memo's bound
-/// [`Checked::leave`] fails and the next reconcile reads them all.
+/// version as a LEB128 varint, protobuf's (5 bytes below 34 billion): about 45 fit; past the
+/// memo's bound [`Checked::leave`] fails and the next reconcile reads them all.
 ///
 /// ```no_run
 /// # async fn reconcile(owner_generation: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -236,7 +236,7 @@ impl Checked {
         memo.extend_from_slice(&self.desired);
         for (print, version) in &self.children {
             memo.extend_from_slice(print);
-            write_varint(&mut memo, *version);
+            prost::encoding::encode_varint(*version, &mut memo);
         }
         crate::memo::leave(memo)
     }
@@ -251,31 +251,11 @@ fn resource_version(version: &str) -> Option<u64> {
     version.parse().ok()
 }
 
-/// `value` as an unsigned LEB128 varint: 7 bits a byte, low first, the high bit set on all but
-/// the last.
-fn write_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-/// The varint at the start of `bytes` and what follows it; `None` if cut short or too long.
-fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
-    let mut value = 0u64;
-    for (i, &b) in bytes.iter().enumerate().take(10) {
-        // The tenth byte holds the 64th bit only: more overflows, as Go's `binary.Uvarint`
-        // says too.
-        if i == 9 && b > 1 {
-            return None;
-        }
-        value |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some((value, &bytes[i + 1..]));
-        }
-    }
-    None
+/// The varint at the start of `bytes` and what follows it; `None` if cut short or past 64 bits
+/// (protobuf's varint, which Go's `binary.Uvarint` reads alike).
+fn read_varint(mut bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let value = prost::encoding::decode_varint(&mut bytes).ok()?;
+    Some((value, bytes))
 }
 
 /// The first 8 bytes of the SHA-256 of `parts`, each ended by a zero byte.
@@ -526,7 +506,7 @@ mod tests {
     fn varints_round_trip_and_refuse_what_is_cut_short() {
         for value in [0, 1, 127, 128, 300, 1 << 35, u64::MAX] {
             let mut bytes = Vec::new();
-            write_varint(&mut bytes, value);
+            prost::encoding::encode_varint(value, &mut bytes);
             bytes.push(0xaa);
             assert_eq!(read_varint(&bytes), Some((value, &[0xaa][..])), "{value}");
         }

@@ -9,8 +9,8 @@
 //! if this replica reconciled the object at exactly that version, it is the same object (a
 //! resourceVersion names one state of one object), and it is handed to the reconcile again.
 //!
-//! Bounded by the JSON size of the objects kept, with their keys, versions and uids
-//! ([`crate::Controller::recent_objects`]; decoded, an object takes some more), least
+//! Bounded by the JSON size of the objects kept, with their keys, versions, uids and a fixed
+//! cost an entry ([`crate::Controller::recent_objects`]; decoded, an object takes some more), least
 //! recently used out first; a key is forgotten when its object is deleted. Only ever a way to
 //! skip a read: a key not found here is read as before.
 
@@ -18,13 +18,18 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+/// What an entry costs beside its strings and JSON (the map's node, the `Arc`, the strings'
+/// headers), counted against the budget so that many small objects stay within it too.
+const ENTRY_BYTES: usize = 128;
+
 /// One object as last reconciled here.
 struct Kept<K> {
     resource_version: String,
     /// The object's uid: a request naming another uid is another object.
     uid: String,
     object: Arc<K>,
-    /// What it counts for against the budget: its JSON and the strings beside it.
+    /// What it counts for against the budget: its JSON, the strings beside it and
+    /// [`ENTRY_BYTES`].
     weight: usize,
 }
 
@@ -80,7 +85,7 @@ impl<K> Recent<K> {
         if let Some(old) = kept.map.pop(key) {
             kept.bytes -= old.weight;
         }
-        let weight = key.len() + resource_version.len() + uid.len() + json_len;
+        let weight = ENTRY_BYTES + key.len() + resource_version.len() + uid.len() + json_len;
         if resource_version.is_empty() || weight > kept.budget {
             return;
         }
