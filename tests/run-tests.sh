@@ -6,7 +6,29 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time, printed as it ends and summed up at the end, so a slow run says where
+# its minutes went (a fresh machine spends most of them building).
+timings=()
+step_name= step_start=
+end_step() {
+  [[ -n $step_name ]] || return 0
+  timings+=("$(printf '%6d s  %s' $((SECONDS - step_start)) "$step_name")")
+  step_name=
+}
+step() {
+  end_step
+  step_name=$* step_start=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+summary() {
+  local rc=$?
+  end_step
+  printf '\n==> time per step (exit %d after %d s)\n' "$rc" "$SECONDS"
+  printf '%s\n' "${timings[@]}"
+}
+started=
+stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
+trap 'summary; stop_cluster' EXIT
 cluster=tests/cluster/cluster.sh
 
 step "pinned versions"
@@ -35,14 +57,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
-started=
 if ! $cluster status >/dev/null 2>&1; then
   step "control plane"
   $cluster up >/dev/null
   started=1
 fi
-stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
-trap stop_cluster EXIT
 
 step "cargo build --bins"
 # The benchmark smoke test starts the dispatcher and load-balancer binaries.
