@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use crate::{
     handover::Slice,
     key::KeyRef,
-    queue::{Change, GroupQueue, Observed, SessionId},
+    queue::{Change, GroupQueue, Lane, Observed, SessionId},
     recent_deletions::{RecentDeletions, RecentDeletionsConfig},
 };
 
@@ -248,11 +248,13 @@ impl Partition {
         now: Instant,
         streamed: bool,
     ) -> Vec<SessionId> {
+        // What a list shows waits behind what the stream shows (`queue::Lane`).
+        let lane = if streamed { Lane::Live } else { Lane::Listed };
         match event {
             GroupEvent::Exists { key, object, epoch } => {
                 if self.admits(slice, key, Some(false), now) {
                     self.queued_now(key.text());
-                    return queue.observe(key.text(), object, epoch);
+                    return queue.observe_in(key.text(), object, epoch, lane);
                 }
                 return self.hold_object(slice, queue, (key, object, epoch), streamed);
             }
@@ -260,7 +262,7 @@ impl Partition {
                 self.exists_elsewhere(slice, key);
                 if slice.serves_key(key) {
                     self.queued_now(key.text());
-                    return queue.observe(key.text(), object, epoch);
+                    return queue.observe_in(key.text(), object, epoch, lane);
                 }
                 return self.hold_object(slice, queue, (key, object, epoch), streamed);
             }
@@ -288,7 +290,7 @@ impl Partition {
             GroupEvent::Listed { key, object, epoch } => {
                 if slice.serves_key(key) {
                     if !queue.knows_object(key.text()) {
-                        return queue.observe(key.text(), object, epoch);
+                        return queue.observe_in(key.text(), object, epoch, Lane::Listed);
                     }
                     // A change remembered during the handover was queued at this version
                     // without its body: the list brings it.
@@ -297,7 +299,11 @@ impl Partition {
             }
             GroupEvent::ListedOwned { key } => {
                 if slice.serves_key(key) && !queue.contains(key.text()) {
-                    return queue.change(key.text(), Change::related(Reason::Owned));
+                    return queue.change_in(
+                        key.text(),
+                        Change::related(Reason::Owned),
+                        Lane::Listed,
+                    );
                 }
             }
         }
@@ -315,6 +321,7 @@ impl Partition {
         streamed: bool,
     ) -> Vec<SessionId> {
         let text = key.text();
+        let lane = if streamed { Lane::Live } else { Lane::Listed };
         if Self::keeps(slice, queue, key) {
             // A new version of a key the queue holds already; its first sight (the list
             // that fills a starting dispatcher's index) is no change to hurry.
@@ -326,11 +333,11 @@ impl Partition {
             } else {
                 self.queued_now(text);
             }
-            return queue.observe(text, object, epoch);
+            return queue.observe_in(text, object, epoch, lane);
         }
         if queue.is_leaving(text) {
             self.queued_now(text);
-            return queue.observe(text, object, epoch);
+            return queue.observe_in(text, object, epoch, lane);
         }
         if streamed && slice.owns_key(key) {
             self.hold_change(
@@ -356,17 +363,18 @@ impl Partition {
         streamed: bool,
     ) -> Vec<SessionId> {
         let text = key.text();
+        let lane = if streamed { Lane::Live } else { Lane::Listed };
         if slice.serves_key(key) {
-            return queue.change(text, Change::related(reason));
+            return queue.change_in(text, Change::related(reason), lane);
         }
         if Self::keeps(slice, queue, key) {
             if streamed {
                 self.hold_change(text, HeldChange::Queued);
             }
-            return queue.change(text, Change::related(reason));
+            return queue.change_in(text, Change::related(reason), lane);
         }
         if queue.is_leaving(text) {
-            return queue.change(text, Change::related(reason));
+            return queue.change_in(text, Change::related(reason), lane);
         }
         if streamed && slice.owns_key(key) {
             self.hold_change(text, HeldChange::Related(reason));

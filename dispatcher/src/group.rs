@@ -512,37 +512,39 @@ impl Group {
     }
 
     /// The object of the request key `target` was shown at `resource_version` by the list or
-    /// stream of `epoch`, or deleted: each object that names it is reconciled, if it changed.
+    /// stream (`streamed`) of `epoch`, or deleted: each object that names it is reconciled, if
+    /// it changed.
     pub fn named_object_seen(
         &self,
         target: &str,
         resource_version: &str,
         epoch: u32,
         deleted: bool,
+        streamed: bool,
     ) {
         let referrers = self
             .references()
             .target_seen(target, resource_version, epoch, deleted);
-        self.named_changed(&referrers);
+        self.named_changed(&referrers, streamed);
     }
 
     /// The watch of named objects ended its list of `epoch`: the objects that name one of
     /// `belongs` it did not show (deleted while the watch was away) are reconciled.
     pub fn named_objects_swept(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let referrers = self.references().swept_targets(epoch, belongs);
-        self.named_changed(&referrers);
+        self.named_changed(&referrers, false);
     }
 
-    /// Reconciles `referrers`: an object they name changed.
-    fn named_changed(&self, referrers: &[Arc<str>]) {
+    /// Reconciles `referrers`: an object they name changed, as the watch's stream showed
+    /// (`streamed`: remembered to go first if a handover holds them, and in the live lane) or
+    /// a list did.
+    fn named_changed(&self, referrers: &[Arc<str>], streamed: bool) {
         for chunk in referrers.chunks(KEYS_PER_HOLD) {
-            // Not remembered as changes during a handover: a list shows every object, and
-            // which of these calls came from one is not told here.
             self.apply_all(
                 chunk.iter().map(|key| GroupEvent::NamedChanged {
                     key: KeyRef::new(key),
                 }),
-                false,
+                streamed,
             );
         }
     }

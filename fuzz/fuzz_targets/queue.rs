@@ -1,7 +1,7 @@
 //! The work queue of a controller group, driven by arbitrary sequences of operations (sessions
-//! coming and going, changes, list observations, sweeps, takes, acks with every outcome, timers,
-//! keys moving away): it must never panic and never hand a key to a session while the key is in
-//! flight.
+//! coming and going, changes, observations of the stream and of lists, in their two lanes,
+//! sweeps, takes, acks with every outcome, timers, keys moving away): it must never panic and
+//! never hand a key to a session while the key is in flight.
 
 #![no_main]
 
@@ -12,7 +12,7 @@ use std::{
 
 use kube_dispatch_core::{
     backoff::Backoff,
-    queue::{Change, GroupQueue, Observed, Outcome, QueueConfig},
+    queue::{Change, GroupQueue, Lane, Observed, Outcome, QueueConfig},
 };
 use kube_dispatch_proto::v1::Reason;
 use libfuzzer_sys::{
@@ -25,7 +25,8 @@ enum Op {
     AddSession(u8),
     RemoveSession(u8),
     Change(u8, u8, bool),
-    Observe(u8, u8, u8),
+    /// An object seen by the stream, or (`true`) by a list: the listed lane.
+    Observe(u8, u8, u8, bool),
     Sweep(u8),
     Take(u8, u8),
     Ack(u8, u8),
@@ -88,8 +89,8 @@ fuzz_target!(|ops: Vec<Op>| {
                     },
                 );
             }
-            Op::Observe(k, rv, epoch) => {
-                q.observe(
+            Op::Observe(k, rv, epoch, listed) => {
+                q.observe_in(
                     &format!("k{}", k % 16),
                     Observed {
                         resource_version: rv.to_string(),
@@ -98,6 +99,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         trace: None,
                     },
                     u32::from(epoch % 4),
+                    if listed { Lane::Listed } else { Lane::Live },
                 );
             }
             Op::Sweep(epoch) => {

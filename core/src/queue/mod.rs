@@ -11,15 +11,23 @@
 //!   acknowledged, its delivery passes the maximum reconcile time, or its session ends.
 //! - **Retries.** A failure delays the key by per-key exponential [`Backoff`]; a requeue delays it
 //!   by the requested time; a success resets the failure count.
-//! - **Fairness.** Each session has a FIFO of ready keys, ordered by first enqueue. Keys are
-//!   assigned to sessions by consistent hashing over the live sessions' replica ids, so a
-//!   replica keeps the same keys while membership is stable.
+//! - **Fairness.** Each session has two FIFOs of ready keys, each ordered by first enqueue: the
+//!   live lane (changes the watch's stream showed, retries, requeues) and the listed lane (keys a
+//!   list brought: a cold start, a re-list, a handover; resyncs; triggers of every key). A
+//!   session is handed its live keys first, so a write made while thousands of listed keys wait
+//!   is reconciled next rather than after them; a listed key whose object then changes moves to
+//!   the live lane ([`Lane`]). Keys are assigned to sessions by consistent hashing over the live
+//!   sessions' replica ids, so a replica keeps the same keys while membership is stable.
 //! - **Bounds.** Memory is one compact entry per known key: 96 bytes with its key and no
 //!   allocation when the uid and resourceVersion have their usual forms and the name is at most
 //!   23 bytes (the key's `group/kind/namespace/` prefix is interned once per queue, see
 //!   `keys.rs`), plus one timer and one flight record per delayed or in-flight key. Object
 //!   bodies are kept only for ready keys and only within `body_budget` bytes; past it a key is
-//!   delivered without its body. Nothing grows with the event rate.
+//!   delivered without its body. A key moved from the listed lane to the live one leaves its
+//!   old place behind until it is passed over or the lanes are compacted, which they are in
+//!   one pass as soon as such places outnumber both the ready keys and [`STALE_SLACK`]: the
+//!   lanes hold a place per ready key and at most as many stale ones as there were ready keys
+//!   (or [`STALE_SLACK`]) at the last move. Nothing grows with the event rate.
 //!
 //! Time is passed in as `now`, so the logic is tested without a clock; the caller sleeps until
 //! [`GroupQueue::next_deadline`] and calls [`GroupQueue::advance`].
@@ -70,6 +78,30 @@ impl Default for QueueConfig {
             max_reconcile_time: Duration::from_secs(60),
             body_budget: 64 * 1024 * 1024,
             memo_budget: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Which of its session's two FIFOs a ready key waits in (see the module's "Fairness").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// A change the watch's stream showed (or a retry, a requeue, a deletion): handed out
+    /// before any listed key.
+    Live,
+    /// A key a list brought, a resync, a trigger of every key: handed out when no live key
+    /// waits. Like the low priority controller-runtime's priority queue gives the objects of
+    /// an informer's initial list and its resyncs.
+    Listed,
+}
+
+impl Lane {
+    fn of(listed: bool) -> Self {
+        if listed { Lane::Listed } else { Lane::Live }
+    }
+
+    fn ready(self) -> State {
+        State::Ready {
+            listed: self == Lane::Listed,
         }
     }
 }
@@ -213,8 +245,11 @@ struct Flight {
 enum State {
     /// Nothing to do until a change.
     Idle,
-    /// In a session's (or the unassigned) ready FIFO.
-    Ready,
+    /// In a session's (or the unassigned) ready FIFO of that lane (`listed`: [`Lane::Listed`]).
+    Ready {
+        /// In the listed lane.
+        listed: bool,
+    },
     /// Handed to a session (which one: [`GroupQueue::flights`]).
     InFlight {
         /// A change arrived while in flight: queue once more when settled.
@@ -269,10 +304,67 @@ struct Queued {
     key: Key,
 }
 
+/// The two FIFOs of ready keys of a session (or of the keys no session is assigned). A key's
+/// place is valid while its entry is ready in that lane; other places are stale, passed over
+/// when reached and dropped when the lanes are compacted.
+#[derive(Debug, Default)]
+struct Lanes {
+    live: VecDeque<Queued>,
+    listed: VecDeque<Queued>,
+}
+
+impl Lanes {
+    fn lane(&mut self, lane: Lane) -> &mut VecDeque<Queued> {
+        match lane {
+            Lane::Live => &mut self.live,
+            Lane::Listed => &mut self.listed,
+        }
+    }
+
+    /// The next place to look at: live first.
+    fn pop(&mut self) -> Option<(Lane, Queued)> {
+        if let Some(q) = self.live.pop_front() {
+            return Some((Lane::Live, q));
+        }
+        self.listed.pop_front().map(|q| (Lane::Listed, q))
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.live.len() + self.listed.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Lane, &Queued)> {
+        self.live
+            .iter()
+            .map(|q| (Lane::Live, q))
+            .chain(self.listed.iter().map(|q| (Lane::Listed, q)))
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(Lane, &Queued) -> bool) {
+        self.live.retain(|q| keep(Lane::Live, q));
+        self.listed.retain(|q| keep(Lane::Listed, q));
+    }
+
+    fn append(&mut self, other: Lanes) {
+        self.live.extend(other.live);
+        self.listed.extend(other.listed);
+    }
+}
+
+/// Stale places (a key's old place in a lane it moved out of) the lanes may hold beyond the
+/// ready keys before they are compacted, so a few moves never cost a pass. (Small in the queue's own tests, so random
+/// operations compact too.)
+#[cfg(not(test))]
+pub const STALE_SLACK: usize = 1024;
+/// Stale places the lanes may hold beyond the ready keys before they are compacted.
+#[cfg(test)]
+pub const STALE_SLACK: usize = 4;
+
 #[derive(Debug, Default)]
 struct Session {
     replica: String,
-    ready: VecDeque<Queued>,
+    ready: Lanes,
     /// Each delivery in flight: its key, and when it was handed out.
     in_flight: HashMap<DeliveryId, (Key, Instant)>,
 }
@@ -388,7 +480,12 @@ pub struct GroupQueue {
     ring: Ring,
     replica_sessions: HashMap<String, SessionId>,
     /// Ready keys while the group has no session.
-    unassigned: VecDeque<Queued>,
+    unassigned: Lanes,
+    /// Keys ready, in either lane.
+    ready_count: usize,
+    /// Places in the lanes that may be stale (see [`Lanes`]): counted as they are left
+    /// behind, reset when the lanes are compacted.
+    stale: usize,
     timers: BTreeMap<(Instant, u64), Key>,
     /// The timer slot of each key that has one (a delayed key's retry, an in-flight key's
     /// reconcile deadline); kept beside the entries so idle keys pay nothing for it.
@@ -469,7 +566,9 @@ impl GroupQueue {
             sessions: BTreeMap::new(),
             ring: Ring::new(Vec::<String>::new()),
             replica_sessions: HashMap::default(),
-            unassigned: VecDeque::new(),
+            unassigned: Lanes::default(),
+            ready_count: 0,
+            stale: 0,
             timers: BTreeMap::new(),
             timer_slots: HashMap::default(),
             bodies: HashMap::default(),
@@ -554,7 +653,7 @@ impl GroupQueue {
         };
         match entry.state {
             State::Idle => {}
-            State::Ready => {
+            State::Ready { listed } => {
                 status.state = KeyState::Queued;
                 let assigned = self.assign(key);
                 let ready = match assigned.and_then(|id| self.sessions.get(&id)) {
@@ -564,10 +663,11 @@ impl GroupQueue {
                     }
                     None => &self.unassigned,
                 };
+                let lane = Lane::of(listed);
                 status.wait = ready
                     .iter()
-                    .find(|q| &q.key == key)
-                    .and_then(|q| q.since)
+                    .find(|(l, q)| *l == lane && &q.key == key)
+                    .and_then(|(_, q)| q.since)
                     .map(|since| now.saturating_duration_since(since));
             }
             State::InFlight { dirty } => {
@@ -643,46 +743,87 @@ impl GroupQueue {
 
     /// Keys ready for delivery, over all sessions.
     pub fn ready_len(&self) -> usize {
+        self.ready_count
+    }
+
+    /// Places in the lanes, stale ones included (see the module's "Bounds").
+    #[cfg(test)]
+    fn places(&self) -> usize {
         self.unassigned.len() + self.sessions.values().map(|s| s.ready.len()).sum::<usize>()
     }
 
-    /// Moves the keys of `keys` that are ready ahead of every other ready key, in the order
-    /// given: changes a handover held back go before the keys it brought, which reach the
-    /// queue in a list's (name) order. Keys not ready are left where they are. One pass over
-    /// the ready keys, whatever the number moved.
-    pub fn promote<'k>(&mut self, keys: impl IntoIterator<Item = &'k str>) {
-        let mut rank: HashMap<Key, u64> = HashMap::default();
-        for key in keys {
-            if let Some(k) = self.prefixes.find(key)
-                && self
-                    .entries
-                    .get(&k)
-                    .is_some_and(|e| e.state == State::Ready)
-            {
-                let next = rank.len() as u64;
-                rank.entry(k).or_insert(next);
-            }
-        }
-        if rank.is_empty() {
+    /// Whether `q`, found in `lane`, is its key's place: the key is ready in that lane.
+    fn is_place(&self, lane: Lane, q: &Queued) -> bool {
+        self.entries
+            .get(&q.key)
+            .is_some_and(|e| e.state == lane.ready())
+    }
+
+    /// Drops the stale places once they outnumber the ready keys (and [`STALE_SLACK`]): one
+    /// pass, after at least as many places were left behind, so each costs O(1) amortised.
+    fn compact_if_stale(&mut self) {
+        if self.stale <= STALE_SLACK.max(self.ready_count) {
             return;
         }
-        let base = self.front_seq.saturating_sub(rank.len() as u64);
-        self.front_seq = base;
-        for ready in self
+        let entries = &self.entries;
+        let mut seen: HashSet<Key> = HashSet::default();
+        for lanes in self
             .sessions
             .values_mut()
             .map(|s| &mut s.ready)
             .chain(std::iter::once(&mut self.unassigned))
         {
-            let (mut ahead, rest): (Vec<Queued>, Vec<Queued>) =
-                ready.drain(..).partition(|q| rank.contains_key(&q.key));
-            for q in &mut ahead {
-                q.seq = base + rank[&q.key];
-            }
-            ahead.sort_unstable_by_key(|q| q.seq);
-            ready.extend(ahead);
-            ready.extend(rest);
+            lanes.retain(|lane, q| {
+                entries.get(&q.key).is_some_and(|e| e.state == lane.ready())
+                    && seen.insert(q.key.clone())
+            });
         }
+        self.stale = 0;
+    }
+
+    /// Moves the keys of `keys` that are ready ahead of every other ready key, in the order
+    /// given, into the live lane: changes a handover held back go before the keys it brought,
+    /// which reach the queue in a list's (name) order. Keys not ready are left where they are.
+    /// O(1) a key moved (amortised: see [`STALE_SLACK`]); a moved key's wait
+    /// ([`Delivery::queued`]) counts from the move.
+    pub fn promote<'k>(&mut self, keys: impl IntoIterator<Item = &'k str>) {
+        let mut promoted: Vec<Key> = Vec::new();
+        let mut taken: HashSet<Key> = HashSet::default();
+        for key in keys {
+            if let Some(k) = self.prefixes.find(key)
+                && self
+                    .entries
+                    .get(&k)
+                    .is_some_and(|e| matches!(e.state, State::Ready { .. }))
+                && taken.insert(k.clone())
+            {
+                promoted.push(k);
+            }
+        }
+        if promoted.is_empty() {
+            return;
+        }
+        let base = self.front_seq.saturating_sub(promoted.len() as u64);
+        self.front_seq = base;
+        // Each to the front of its session's live lane, the last given first, so the first
+        // given goes first; their earlier places go stale.
+        for (rank, key) in promoted.into_iter().enumerate().rev() {
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.state = Lane::Live.ready();
+            }
+            self.stale += 1;
+            let queued = Queued {
+                seq: base + rank as u64,
+                since: self.now,
+                key,
+            };
+            let assigned = self.assign(&queued.key);
+            match assigned.and_then(|id| self.sessions.get_mut(&id)) {
+                Some(s) => s.ready.live.push_front(queued),
+                None => self.unassigned.live.push_front(queued),
+            }
+        }
+        self.compact_if_stale();
     }
 
     /// Bytes of object bodies held.
@@ -826,7 +967,7 @@ impl GroupQueue {
             self.replica_sessions.remove(&session.replica);
         }
         // Its ready keys go back to the pool; rebalance() hands them out again.
-        self.unassigned.extend(session.ready);
+        self.unassigned.append(session.ready);
         for (key, _) in session.in_flight.into_values() {
             if let Some(until) = hold_until {
                 let deadline = self.timer_slots.get(&key).map_or(until, |(at, _)| *at);
@@ -855,8 +996,16 @@ impl GroupQueue {
         self.sessions.contains_key(&id)
     }
 
-    /// Records a change to `key`. Returns the sessions that now have ready keys.
+    /// Records a change to `key`, in the live lane. Returns the sessions that now have ready
+    /// keys.
     pub fn change(&mut self, key: &str, change: Change) -> Vec<SessionId> {
+        self.change_in(key, change, Lane::Live)
+    }
+
+    /// Records a change to `key`, queued in `lane` if it was not ready (and moved to the live
+    /// lane if it waited in the listed one and `lane` is live). Returns the sessions that now
+    /// have ready keys.
+    pub fn change_in(&mut self, key: &str, change: Change, lane: Lane) -> Vec<SessionId> {
         let key = match self.prefixes.find(key) {
             Some(k) if self.entries.contains_key(&k) => k,
             _ => {
@@ -876,10 +1025,10 @@ impl GroupQueue {
                 k
             }
         };
-        self.change_key(key, change)
+        self.change_key(key, change, lane)
     }
 
-    fn change_key(&mut self, key: Key, change: Change) -> Vec<SessionId> {
+    fn change_key(&mut self, key: Key, change: Change, lane: Lane) -> Vec<SessionId> {
         let Some(entry) = self.entries.get_mut(&key) else {
             return Vec::new();
         };
@@ -888,7 +1037,7 @@ impl GroupQueue {
         // the two objects apart and nothing is lost.
         let deletion_pending = entry.deleted
             && match entry.state {
-                State::Ready | State::Delayed => true,
+                State::Ready { .. } | State::Delayed => true,
                 // In flight, the deletion came after the delivery when the key is dirty.
                 State::InFlight { dirty, .. } => dirty,
                 State::Idle => false,
@@ -933,23 +1082,60 @@ impl GroupQueue {
             return Vec::new();
         };
         match entry.state {
-            State::Ready => Vec::new(),
+            // Waiting behind listed keys: a live change goes ahead of them.
+            State::Ready { listed: true } if lane == Lane::Live => self.move_to_live(key),
+            State::Ready { .. } => Vec::new(),
             State::InFlight { .. } => {
                 entry.state = State::InFlight { dirty: true };
                 Vec::new()
             }
-            State::Idle | State::Delayed => {
+            State::Idle => self.enqueue(key, lane),
+            // A retry or a requeue-after comes due in the live lane: a listed change that
+            // brings it forward does not put it behind the listed keys.
+            State::Delayed => {
                 self.cancel_timer(&key);
-                self.enqueue(key)
+                self.enqueue(key, Lane::Live)
             }
         }
+    }
+
+    /// Moves a key ready in the listed lane to the back of the live lane; its listed place
+    /// goes stale. Its wait ([`Delivery::queued`]) counts from the move.
+    fn move_to_live(&mut self, key: Key) -> Vec<SessionId> {
+        if let Some(e) = self.entries.get_mut(&key) {
+            e.state = Lane::Live.ready();
+        }
+        self.stale += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let queued = Queued {
+            seq,
+            since: self.now,
+            key,
+        };
+        let wake = self.place(queued, Lane::Live);
+        self.compact_if_stale();
+        wake
     }
 
     /// Records that the object of `key` exists as `object`, seen in list epoch `epoch`: queued
     /// as added if the key is new (or was deleted), as modified if its resourceVersion changed,
     /// and not at all if this exact version was already seen (a re-list of an unchanged
-    /// object). Returns the sessions that now have ready keys.
+    /// object). A change goes to the live lane: call with what the watch's stream shows.
+    /// Returns the sessions that now have ready keys.
     pub fn observe(&mut self, key: &str, object: Observed, epoch: u32) -> Vec<SessionId> {
+        self.observe_in(key, object, epoch, Lane::Live)
+    }
+
+    /// [`GroupQueue::observe`] with the lane a change goes to: [`Lane::Listed`] for what a
+    /// list shows.
+    pub fn observe_in(
+        &mut self,
+        key: &str,
+        object: Observed,
+        epoch: u32,
+        lane: Lane,
+    ) -> Vec<SessionId> {
         let known = self.prefixes.find(key);
         let reason = match known.as_ref().and_then(|k| self.entries.get_mut(k)) {
             Some(e) if !e.deleted && e.uid == Uid::new(&object.uid) => {
@@ -961,7 +1147,7 @@ impl GroupQueue {
             }
             _ => Reason::Added,
         };
-        let wake = self.change(
+        let wake = self.change_in(
             key,
             Change {
                 reason,
@@ -971,6 +1157,7 @@ impl GroupQueue {
                 deleted: false,
                 trace: object.trace,
             },
+            lane,
         );
         if let Some(e) = self
             .prefixes
@@ -990,7 +1177,7 @@ impl GroupQueue {
             return;
         };
         let fits = self.entries.get(&key).is_some_and(|e| {
-            e.state == State::Ready
+            matches!(e.state, State::Ready { .. })
                 && !e.deleted
                 && e.uid == Uid::new(&object.uid)
                 && e.resource_version.matches(&object.resource_version)
@@ -1018,7 +1205,7 @@ impl GroupQueue {
             .collect();
         let mut wake = Vec::new();
         for key in gone {
-            wake.extend(self.change_key(key, Change::deletion()));
+            wake.extend(self.change_key(key, Change::deletion(), Lane::Live));
         }
         dedup(wake)
     }
@@ -1041,7 +1228,7 @@ impl GroupQueue {
             return Vec::new();
         }
         entry.reason = Reason::Resync;
-        self.enqueue(key)
+        self.enqueue(key, Lane::Listed)
     }
 
     /// The keys whose objects the queue knows exist (a version seen, not deleted) that `keep`
@@ -1064,7 +1251,7 @@ impl GroupQueue {
         let mut wake = Vec::new();
         for key in keys {
             if self.entries.get(key).is_some_and(Entry::is_live) {
-                wake.extend(self.change_key(key.clone(), Change::related(reason)));
+                wake.extend(self.change_key(key.clone(), Change::related(reason), Lane::Listed));
             }
         }
         dedup(wake)
@@ -1105,7 +1292,7 @@ impl GroupQueue {
                 continue;
             }
             let pending = matches!(e.state, State::InFlight { .. })
-                || drain && matches!(e.state, State::Ready);
+                || drain && matches!(e.state, State::Ready { .. });
             if pending {
                 leaving.insert(k.clone());
             } else {
@@ -1122,7 +1309,7 @@ impl GroupQueue {
             .map(|s| &mut s.ready)
             .chain(std::iter::once(&mut self.unassigned))
         {
-            queue.retain(|q| !keys.contains(&q.key));
+            queue.retain(|_, q| !keys.contains(&q.key));
         }
         for key in keys {
             self.cancel_timer(&key);
@@ -1156,14 +1343,14 @@ impl GroupQueue {
             .filter(|k| {
                 self.entries
                     .get(*k)
-                    .is_some_and(|e| e.state == State::Ready)
+                    .is_some_and(|e| matches!(e.state, State::Ready { .. }))
             })
             .cloned()
             .collect();
         if ready.is_empty() {
             return Vec::new();
         }
-        self.unassigned.retain(|q| !ready.contains(&q.key));
+        self.unassigned.retain(|_, q| !ready.contains(&q.key));
         let mut deletions = Vec::new();
         for key in ready {
             if self.entries.get(&key).is_some_and(|e| e.deleted) {
@@ -1191,7 +1378,7 @@ impl GroupQueue {
                 .values()
                 .flat_map(|s| s.ready.iter())
                 .chain(self.unassigned.iter())
-                .any(|q| pred(&self.prefixes.text(&q.key)))
+                .any(|(lane, q)| self.is_place(lane, q) && pred(&self.prefixes.text(&q.key)))
     }
 
     /// Whether any key accepted by `pred` is in flight.
@@ -1247,14 +1434,17 @@ impl GroupQueue {
         let mut bytes = 0usize;
         let deadline = later(now, self.config.max_reconcile_time);
         while out.len() < max {
-            let Some(queued) = self
-                .sessions
-                .get_mut(&session)
-                .and_then(|s| s.ready.pop_front())
+            let Some((lane, queued)) = self.sessions.get_mut(&session).and_then(|s| s.ready.pop())
             else {
                 break;
             };
-            let Some(entry) = self.entries.get_mut(&queued.key) else {
+            let Some(entry) = self
+                .entries
+                .get_mut(&queued.key)
+                .filter(|e| e.state == lane.ready())
+            else {
+                // A place the key left (moved to the live lane, delivered from another).
+                self.stale = self.stale.saturating_sub(1);
                 continue;
             };
             let text = self.prefixes.text(&queued.key);
@@ -1269,11 +1459,12 @@ impl GroupQueue {
             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
                 // Over the answer's bound: the next answer takes it, first.
                 if let Some(s) = self.sessions.get_mut(&session) {
-                    s.ready.push_front(queued);
+                    s.ready.lane(lane).push_front(queued);
                 }
                 break;
             }
             let Queued { since, key, .. } = queued;
+            self.ready_count -= 1;
             // Alone past the bound: delivered without its body, which the controller reads.
             let keep_body = size <= max_bytes;
             bytes = bytes.saturating_add(if keep_body {
@@ -1349,6 +1540,8 @@ impl GroupQueue {
             }
             self.set_timer(key, deadline);
         }
+        // Fewer ready keys now: the stale places stay within their bound of the ready keys.
+        self.compact_if_stale();
         out
     }
 
@@ -1427,7 +1620,7 @@ impl GroupQueue {
         let wake = match delay {
             // A change arrived during the reconcile: it wins over any delay, and its reason
             // (recorded by `change`) is the one delivered.
-            _ if dirty => self.enqueue(key),
+            _ if dirty => self.enqueue(key, Lane::Live),
             Some((reason, delay)) => {
                 entry.reason = reason;
                 entry.state = State::Delayed;
@@ -1467,7 +1660,7 @@ impl GroupQueue {
             match e.state {
                 State::Delayed => {
                     e.state = State::Idle;
-                    wake.extend(self.enqueue(key));
+                    wake.extend(self.enqueue(key, Lane::Live));
                 }
                 State::InFlight { .. } => {
                     // Held since its session was closed or replaced: its client has fenced
@@ -1485,7 +1678,7 @@ impl GroupQueue {
                         wake.extend(self.settle(session, delivery, Outcome::Failure, now).1);
                     }
                 }
-                State::Idle | State::Ready => {}
+                State::Idle | State::Ready { .. } => {}
             }
         }
         if released {
@@ -1501,8 +1694,9 @@ impl GroupQueue {
         if let Some(entry) = self.entries.get_mut(key) {
             let seq = self.next_seq;
             self.next_seq += 1;
-            entry.state = State::Ready;
-            self.unassigned.push_back(Queued {
+            entry.state = Lane::Live.ready();
+            self.ready_count += 1;
+            self.unassigned.live.push_back(Queued {
                 seq,
                 since: self.now,
                 key: key.clone(),
@@ -1517,8 +1711,14 @@ impl GroupQueue {
         self.cancel_timer(key);
         self.flights.remove(key);
         self.held.remove(key);
-        if self.entries.swap_remove(key).is_some() {
+        if let Some(entry) = self.entries.swap_remove(key) {
             self.prefixes.release(key);
+            if matches!(entry.state, State::Ready { .. }) {
+                // Its place goes stale. The callers that remove ready keys drop their places
+                // first; counted anyway, so the count stays at least the stale places.
+                self.ready_count -= 1;
+                self.stale += 1;
+            }
         }
         self.drop_body(key);
         self.traces.remove(key);
@@ -1526,28 +1726,35 @@ impl GroupQueue {
         self.drop_memo(key);
     }
 
-    /// Makes an idle or delayed key ready, in the FIFO of the session that owns it.
-    fn enqueue(&mut self, key: Key) -> Vec<SessionId> {
+    /// Makes an idle or delayed key ready, at the back of `lane` of the session that owns it.
+    fn enqueue(&mut self, key: Key, lane: Lane) -> Vec<SessionId> {
         self.counts.adds += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.state = State::Ready;
-        }
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return Vec::new();
+        };
+        entry.state = lane.ready();
+        self.ready_count += 1;
         let queued = Queued {
             seq,
             since: self.now,
             key,
         };
-        match self.assign(&queued.key) {
-            Some(id) => {
-                if let Some(s) = self.sessions.get_mut(&id) {
-                    s.ready.push_back(queued);
-                }
+        self.place(queued, lane)
+    }
+
+    /// Puts `queued` at the back of `lane` of the session its key is assigned to (or of the
+    /// unassigned keys). Returns that session.
+    fn place(&mut self, queued: Queued, lane: Lane) -> Vec<SessionId> {
+        let assigned = self.assign(&queued.key);
+        match assigned.and_then(|id| Some((id, self.sessions.get_mut(&id)?))) {
+            Some((id, s)) => {
+                s.ready.lane(lane).push_back(queued);
                 vec![id]
             }
             None => {
-                self.unassigned.push_back(queued);
+                self.unassigned.lane(lane).push_back(queued);
                 Vec::new()
             }
         }
@@ -1559,26 +1766,26 @@ impl GroupQueue {
     }
 
     /// Rebuilds the replica ring and hands every ready key to the session that owns it now,
-    /// keeping first-enqueue order.
+    /// in its lane, keeping first-enqueue order; stale places are dropped on the way.
     fn rebalance(&mut self) -> Vec<SessionId> {
         self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
-        let mut ready: Vec<Queued> = std::mem::take(&mut self.unassigned).into();
+        let mut all = std::mem::take(&mut self.unassigned);
         for s in self.sessions.values_mut() {
-            ready.extend(s.ready.drain(..));
+            all.append(std::mem::take(&mut s.ready));
         }
-        ready.sort_unstable_by_key(|q| q.seq);
         let mut wake = Vec::new();
-        for queued in ready {
-            match self.assign(&queued.key) {
-                Some(id) => {
-                    if let Some(s) = self.sessions.get_mut(&id) {
-                        s.ready.push_back(queued);
-                    }
-                    wake.push(id);
+        let mut seen: HashSet<Key> = HashSet::default();
+        for lane in [Lane::Live, Lane::Listed] {
+            let mut ready: Vec<Queued> = std::mem::take(all.lane(lane)).into();
+            ready.sort_unstable_by_key(|q| q.seq);
+            for queued in ready {
+                if !self.is_place(lane, &queued) || !seen.insert(queued.key.clone()) {
+                    continue;
                 }
-                None => self.unassigned.push_back(queued),
+                wake.extend(self.place(queued, lane));
             }
         }
+        self.stale = 0;
         dedup(wake)
     }
 
@@ -1603,7 +1810,7 @@ impl GroupQueue {
 /// (`pending`, meaningful while the key is ready or dirty in flight): an addition stays an
 /// addition, and a change of the key's own object outranks a related one ([`is_related`]).
 fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
-    let undelivered = matches!(state, State::Ready | State::InFlight { dirty: true });
+    let undelivered = matches!(state, State::Ready { .. } | State::InFlight { dirty: true });
     match (pending, new) {
         (Reason::Added, Reason::Modified) if undelivered => pending,
         (Reason::Added | Reason::Modified | Reason::Deleted, new)

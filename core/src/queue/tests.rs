@@ -76,16 +76,37 @@ impl GroupQueue {
             prefixes.len(),
             "a prefix outlived its keys"
         );
+        // Every ready key has its place in its lane, in the lanes of the session it is
+        // assigned to; the other places are stale, and the queue counts at least as many.
         let mut ready = HashSet::new();
-        for Queued { key, .. } in self
+        let mut stale = 0;
+        let lanes = self
             .sessions
-            .values()
-            .flat_map(|s| s.ready.iter())
-            .chain(self.unassigned.iter())
-        {
-            assert!(ready.insert(key.clone()), "{key:?} ready twice");
-            assert_eq!(self.entries[key].state, State::Ready);
+            .iter()
+            .map(|(id, s)| (Some(*id), &s.ready))
+            .chain(std::iter::once((None, &self.unassigned)));
+        for (session, lanes) in lanes {
+            for (lane, q) in lanes.iter() {
+                if !self.is_place(lane, q) {
+                    stale += 1;
+                    continue;
+                }
+                let assigned = self
+                    .assign(&q.key)
+                    .filter(|id| self.sessions.contains_key(id));
+                assert_eq!(assigned, session, "{:?} queued for another session", q.key);
+                if !ready.insert(q.key.clone()) {
+                    // A second place of a key promoted where it already waited.
+                    stale += 1;
+                }
+            }
         }
+        assert!(
+            stale <= self.stale,
+            "{stale} stale places, {} counted",
+            self.stale
+        );
+        assert_eq!(ready.len(), self.ready_count, "ready keys counted");
         for (key, e) in &self.entries {
             let text = self.prefixes.text(key);
             assert_eq!(
@@ -94,7 +115,7 @@ impl GroupQueue {
                 "{text}'s prefix"
             );
             match e.state {
-                State::Ready => assert!(ready.contains(key)),
+                State::Ready { .. } => assert!(ready.contains(key), "{key:?} ready nowhere"),
                 State::InFlight { .. } => assert!(
                     in_flight.contains(key)
                         || self.held.contains(key) && self.timer_slots.contains_key(key),
@@ -843,6 +864,13 @@ enum Op {
     Advance(u16),
     Resync(u8),
     Promote(u8),
+    /// A change a list shows ([`Lane::Listed`]).
+    Listed(u8),
+    /// A take whose bytes fit one key with its body at most.
+    TakeSmall(u8),
+    /// The ring moves the keys of one namespace away (`drain`: ready keys are delivered here
+    /// first).
+    Forget(u8, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -856,6 +884,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u16..20_000).prop_map(Op::Advance),
         1 => (0u8..12).prop_map(Op::Resync),
         1 => (0u8..12).prop_map(Op::Promote),
+        2 => (0u8..12).prop_map(Op::Listed),
+        1 => (0u8..4).prop_map(Op::TakeSmall),
+        1 => (0u8..3, any::<bool>()).prop_map(|(n, d)| Op::Forget(n, d)),
     ]
 }
 
@@ -879,7 +910,10 @@ proptest! {
                 Op::Change(k, deleted) => {
                     let reason = if deleted { Reason::Deleted } else { Reason::Modified };
                     q.change(&prop_key(k), with_body(reason, 1, 20));
-                    owed.insert(prop_key(k));
+                    // A key the ring moved away is its new owner's to reconcile.
+                    if !q.is_leaving(&prop_key(k)) {
+                        owed.insert(prop_key(k));
+                    }
                 }
                 Op::AddSession(s) => {
                     q.add_session(u64::from(s), &format!("replica-{s}"));
@@ -917,6 +951,24 @@ proptest! {
                 }
                 Op::Promote(k) => {
                     q.promote([prop_key(k).as_str()]);
+                }
+                Op::Listed(k) => {
+                    q.change_in(&prop_key(k), with_body(Reason::Modified, 2, 20), Lane::Listed);
+                    if !q.is_leaving(&prop_key(k)) {
+                        owed.insert(prop_key(k));
+                    }
+                }
+                Op::TakeSmall(s) => {
+                    for d in q.take_within(u64::from(s), 3, 300, now) {
+                        owed.remove(&*d.key);
+                        outstanding.entry(u64::from(s)).or_default().push(d.id);
+                    }
+                }
+                Op::Forget(n, drain) => {
+                    let moved = format!("/ns-{n}/");
+                    q.forget_where(|key| key.contains(&moved), drain);
+                    // Their new owner reconciles them; here they may still be delivered.
+                    owed.retain(|key| !key.contains(&moved));
                 }
             }
             q.check();
@@ -1345,4 +1397,87 @@ fn memos_take_from_their_own_pool_and_a_dropped_group_gives_them_back() {
     assert_eq!((pools.memos.used(), pools.bodies.used()), (300, 0));
     drop(q);
     assert_eq!(pools.memos.used(), 0);
+}
+
+/// A change the watch's stream shows goes ahead of the keys a list brought, and a listed key
+/// whose object then changes moves ahead with it, delivered once at its new version. A listed
+/// change of a key waiting live leaves it where it is.
+#[test]
+fn live_changes_go_ahead_of_listed_keys() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for k in ["l1", "l2", "l3", "l4"] {
+        q.change_in(k, change(Reason::Added, 1), Lane::Listed);
+    }
+    q.change("new", change(Reason::Added, 1));
+    q.change("l3", change(Reason::Modified, 2));
+    q.change_in("new", change(Reason::Modified, 2), Lane::Listed);
+    q.check();
+    assert_eq!(q.ready_len(), 5);
+    let got = q.take(1, 10, now);
+    assert_eq!(keys(&got), ["new", "l3", "l1", "l2", "l4"]);
+    assert_eq!(
+        (got[1].reason, got[1].resource_version.as_str()),
+        (Reason::Added, "2"),
+        "an addition not yet delivered stays one"
+    );
+    assert_eq!(q.ready_len(), 0);
+    q.check();
+}
+
+/// Resyncs wait in the listed lane: a change made after them is delivered first.
+#[test]
+fn resyncs_wait_behind_live_changes() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for k in ["a", "b"] {
+        q.change(k, change(Reason::Added, 1));
+    }
+    for d in q.take(1, 2, now) {
+        q.ack(1, d.id, Outcome::Success, now);
+    }
+    q.resync("a");
+    q.change("b", change(Reason::Modified, 2));
+    q.check();
+    let got = q.take(1, 2, now);
+    assert_eq!(keys(&got), ["b", "a"]);
+    assert_eq!(got[1].reason, Reason::Resync);
+}
+
+/// Keys moved from the listed lane leave their places behind; once those outnumber the ready
+/// keys (and the slack), one pass drops them, so the places stay within their bound of the
+/// ready keys as those are taken, and every key is still delivered once, in the order of its
+/// move.
+#[test]
+fn places_left_by_moved_keys_are_compacted() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    let n = 200;
+    for i in 0..n {
+        q.change_in(&format!("k{i}"), change(Reason::Added, 1), Lane::Listed);
+    }
+    let mut delivered = Vec::new();
+    let mut compacted = 0;
+    for i in 0..n {
+        q.change(&format!("k{i}"), change(Reason::Modified, 2));
+        // Take the live key at once: the ready keys fall, the stale places grow.
+        delivered.extend(q.take(1, 1, now).into_iter().map(|d| d.key));
+        if q.stale == 0 {
+            compacted += 1;
+        }
+        assert!(
+            q.places() <= q.ready_len() + STALE_SLACK.max(q.ready_len()) + 1,
+            "{} places for {} ready keys after {i} moves",
+            q.places(),
+            q.ready_len()
+        );
+        q.check();
+    }
+    assert!(compacted > 0, "the places were never compacted");
+    let want: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    assert_eq!(delivered, want);
+    assert_eq!((q.ready_len(), q.places()), (0, 0));
 }

@@ -261,7 +261,10 @@ impl FanOut {
                         );
                     }
                 }
-                Keyed::Referrers => sub.group.named_object_seen(&text, &version, epoch, deleted),
+                Keyed::Referrers => {
+                    sub.group
+                        .named_object_seen(&text, &version, epoch, deleted, streamed);
+                }
             }
         }
         drop(subscribers);
@@ -303,7 +306,8 @@ impl FanOut {
                 // A group that just joined the watch has missed the changes of the objects
                 // named so far: a first sighting tells their referrers.
                 Keyed::Referrers if !deleted_since => {
-                    sub.group.named_object_seen(&text, &version, epoch, false);
+                    sub.group
+                        .named_object_seen(&text, &version, epoch, false, false);
                 }
                 Keyed::Itself | Keyed::Referrers => {}
                 Keyed::Owner(owner) => {
