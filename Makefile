@@ -77,7 +77,7 @@ bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 00
 	@CONTROLLERS=$${CONTROLLERS:-$${MIX:+2,5,10}} CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
 
 .PHONY: bench-owners
-bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into BENCHMARKS.md: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS
+bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into BENCHMARKS.md: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS; NAMESPACES=N spreads the owners over N namespaces (section owners-namespaces), with RING_KEY=namespace for server-side sharding
 	@CHILDREN=$${CHILDREN:-5} bench/run.sh
 
 .PHONY: bench-security

@@ -25,7 +25,9 @@
 #                          alternate between owners and children; defaults then
 #                          OBJECTS=1000,10000, KINDS=record, REPEATS=2,
 #                          VARIANTS=kube-rs,controller-runtime,dispatch-1,dispatch-list-1,
-#                          written to the owners section of BENCHMARKS.md
+#                          written to the owners section of BENCHMARKS.md (with NAMESPACES,
+#                          the owners-namespaces section: owners spread over namespaces,
+#                          their children labelled as they are)
 #   GO_SDK=1               the Go SDK (`make bench-go`): defaults then OBJECTS=10000,100000,
 #                          KINDS=config-map, REPEATS=2,
 #                          VARIANTS=controller-runtime,go-dispatch-1,dispatch-1, written to the
@@ -50,7 +52,7 @@ if [[ -n ${CONTROLLERS:-} ]]; then
 fi
 if [[ -n ${CHILDREN:-} ]]; then
   command="make bench-owners"
-  vars="CHILDREN OBJECTS REPEATS WRITES VARIANTS"
+  vars="CHILDREN NAMESPACES RING_KEY OBJECTS REPEATS WRITES VARIANTS"
 fi
 if [[ -n ${GO_SDK:-} ]]; then
   command="make bench-go"
@@ -82,6 +84,7 @@ if [[ -n ${GO_SDK:-} ]]; then
 fi
 if [[ -n ${CHILDREN:-} ]]; then
   section=owners
+  if [[ ${NAMESPACES:-1} != 1 ]]; then section=owners-namespaces; fi
   : "${OBJECTS:=1000,10000}" "${KINDS:=record}" "${REPEATS:=2}"
   : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1,dispatch-list-1}"
 fi

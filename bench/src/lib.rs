@@ -32,6 +32,10 @@ pub const ANNOTATION: &str = "bench.kube-dispatch.dev/content-hash";
 /// The label each child of a Record carries (`bench-controller --children`), naming its owner.
 pub const CHILD_LABEL: &str = "bench.kube-dispatch.dev/owner";
 
+/// The label of the objects of a run spread over namespaces: every controller of such a run
+/// selects them by its value, children included (a Record's children carry their owner's).
+pub const SET_LABEL: &str = "kube-dispatch.dev/bench-set";
+
 /// The data key of a child that holds [`content_hash`] of its owner's data: what the
 /// controller keeps it equal to.
 pub const CHILD_HASH_KEY: &str = "owner-hash";
@@ -42,17 +46,22 @@ pub fn child_name(owner: &str, i: usize) -> String {
     format!("{owner}-c{i}")
 }
 
-/// The ConfigMap that child `i` of `owner` (a Record) must be: labelled with its owner,
-/// controlled by it, holding the hash of its data.
+/// The ConfigMap that child `i` of `owner` (a Record) must be: labelled with its owner (and
+/// with its owner's [`SET_LABEL`], when it has one), controlled by it, holding the hash of its
+/// data.
 #[must_use]
 pub fn desired_child(owner: &Record, i: usize) -> ConfigMap {
     use kube::{Resource as _, ResourceExt as _};
     let name = owner.name_any();
+    let mut labels = std::collections::BTreeMap::from([(CHILD_LABEL.to_owned(), name.clone())]);
+    if let Some(set) = owner.labels().get(SET_LABEL) {
+        labels.insert(SET_LABEL.to_owned(), set.clone());
+    }
     ConfigMap {
         metadata: kube::api::ObjectMeta {
             name: Some(child_name(&name, i)),
             namespace: owner.namespace(),
-            labels: Some([(CHILD_LABEL.to_owned(), name)].into()),
+            labels: Some(labels),
             owner_references: owner.controller_owner_ref(&()).map(|o| vec![o]),
             ..kube::api::ObjectMeta::default()
         },

@@ -266,9 +266,11 @@ struct CompareArgs {
     mix: bool,
 
     /// ConfigMaps each object owns and the controller keeps (`make bench-owners`): needs
-    /// `--kinds record`, one namespace, one controller, and no metadata-only variant. The
-    /// timed writes then alternate between an owner (its children follow) and one of its
-    /// children (the controller repairs it), each timed to the owner's next reconcile. 0: none.
+    /// `--kinds record`, one controller, and no metadata-only variant. The timed writes then
+    /// alternate between an owner (its children follow) and one of its children (the
+    /// controller repairs it), each timed to the owner's next reconcile. With `--namespaces`,
+    /// the owners are a set of their own, and each child carries its owner's label, so every
+    /// controller selects its children with the owners' selector. 0: none.
     #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
     children: usize,
 
@@ -385,8 +387,8 @@ impl CompareArgs {
         }
         if self.children > 0 {
             anyhow::ensure!(
-                self.kinds == [Kind::Record] && !self.mix && namespaces == 1,
-                "--children needs --kinds record in one namespace, without --mix"
+                self.kinds == [Kind::Record] && !self.mix,
+                "--children needs --kinds record, without --mix"
             );
             anyhow::ensure!(
                 self.groups == [1],
@@ -665,7 +667,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
             let begun = Instant::now();
             // In one namespace, every kind's objects share it; spread over many, the tier's
             // Leases go beside the first kind's.
-            let mut namespace = if args.children > 0 {
+            let mut namespace = if args.children > 0 && namespaces == 1 {
                 format!(
                     "kd-bench-{}-{objects}-owning-{}",
                     objects::flags(&kinds),
@@ -682,23 +684,29 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     written +=
                         populate(client, kind, &namespace, objects, args.object_bytes).await?;
                 } else {
-                    let (leases, n) = objects::populate_spread(
-                        client,
-                        kind,
-                        objects,
-                        namespaces,
-                        args.object_bytes,
-                    )
-                    .await?;
+                    let spread = objects::Spread::new(objects, namespaces, args.children);
+                    let (leases, n) =
+                        objects::populate_spread(client, kind, spread, args.object_bytes).await?;
                     if namespace.is_empty() {
                         namespace = leases;
                     }
                     written += n;
                 }
             }
-            if args.children > 0 {
+            if args.children > 0 && namespaces == 1 {
                 written +=
                     objects::populate_children(client, &namespace, objects, args.children).await?;
+            } else if args.children > 0 {
+                let spread = objects::Spread::new(objects, namespaces, args.children);
+                for i in 0..namespaces {
+                    written += objects::populate_children(
+                        client,
+                        &spread.namespace(i),
+                        spread.per,
+                        args.children,
+                    )
+                    .await?;
+                }
             }
             println!(
                 "bench: {objects} {} in {}: {written} written in {:.1} s",
@@ -842,8 +850,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
     let (lease_namespace, written) = harness::objects::populate_spread(
         &plane.client,
         Kind::ConfigMap,
-        namespaces * objects,
-        namespaces,
+        harness::objects::Spread::new(namespaces * objects, namespaces, 0),
         args.object_bytes,
     )
     .await?;
@@ -1186,8 +1193,13 @@ fn results_section(
             String::new()
         } else {
             format!(
-                "; objects spread over {} namespaces, every controller over all namespaces with a label selector",
-                args.namespaces
+                "; objects spread over {} namespaces, every controller over all namespaces with a label selector{}",
+                args.namespaces,
+                if args.children > 0 {
+                    " (the children carry their owner's label)"
+                } else {
+                    ""
+                }
             )
         },
         if args.mix {

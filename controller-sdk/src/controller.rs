@@ -128,6 +128,20 @@ where
         self.owns_with::<C>(&())
     }
 
+    /// [`Controller::owns`], for the children of type `C` that match a label selector only
+    /// (e.g. `app.kubernetes.io/managed-by=my-controller`), as kube-runtime's
+    /// `owns(api, watcher::Config::default().labels(..))` or a controller-runtime cache's
+    /// label selector for `C` would watch them. The dispatchers then watch only such children,
+    /// and each request lists only them; a child that loses the label is as one deleted.
+    #[must_use]
+    pub fn owns_labelled<C: Resource<DynamicType = ()>>(self, selector: impl Into<String>) -> Self {
+        let mut this = self.owns_with::<C>(&());
+        if let Some(owned) = this.owned.last_mut() {
+            owned.label_selector = selector.into();
+        }
+        this
+    }
+
     /// Reconcile an object when an object of type `C` that it names at one of `field_paths`
     /// is created, changed or deleted: a Secret named by `spec.secretName`, ConfigMaps named
     /// by `spec.template.spec.volumes[*].configMap.name`. This is what kube-runtime's

@@ -484,3 +484,86 @@ async fn triggers_reconcile_what_they_name_or_everything_and_nothing_else() -> T
     d.stop().await;
     Ok(())
 }
+
+/// `owns_labelled`: the dispatcher watches only the children that carry the label, so a request
+/// lists only those, never an unlabelled child of the same owner; a child that loses the label
+/// leaves the list, and its owner is reconciled for it.
+#[tokio::test]
+async fn owned_children_selected_by_label_are_the_only_ones_a_request_lists() -> TestResult {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Resource as _;
+
+    let ns = TestNamespace::create("sdk-owns-labelled").await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
+    let mut owner = ConfigMap::default();
+    owner.metadata.name = Some("owner".to_owned());
+    let owner = configmaps.create(&PostParams::default(), &owner).await?;
+    let reference = owner
+        .controller_owner_ref(&())
+        .ok_or("a created ConfigMap has a uid")?;
+    for (name, labelled) in [("in", true), ("out", false)] {
+        let mut child = Secret::default();
+        child.metadata.name = Some(name.to_owned());
+        child.metadata.owner_references = Some(vec![reference.clone()]);
+        if labelled {
+            child.metadata.labels = Some([("set".to_owned(), "a".to_owned())].into());
+        }
+        secrets.create(&PostParams::default(), &child).await?;
+    }
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    // Per reconcile, the children its request lists when it knows them all.
+    let (done, mut listed) = mpsc::unbounded_channel::<Vec<String>>();
+    let stop = CancellationToken::new();
+    let outcomes = Controller::<ConfigMap>::new(ns.client(), "owns-labelled")
+        .namespace(ns.name())
+        .owns_labelled::<Secret>("set=a")
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            |cm: Arc<ConfigMap>, done: Arc<mpsc::UnboundedSender<Vec<String>>>| async move {
+                let known = kube_dispatch_controller::children::of_this_reconcile()
+                    .filter(|c| c.is_complete());
+                // The owner's reconciles only (the namespace may hold other ConfigMaps).
+                if let Some(children) = known.filter(|_| cm.name_any() == "owner") {
+                    let names = children.of::<Secret>().map(|c| c.name.clone()).collect();
+                    let _ = done.send(names);
+                }
+                Ok::<_, ReconcileError>(Action::await_change())
+            },
+            |_, _, _| Action::requeue(Duration::from_millis(200)),
+            Arc::new(done),
+        );
+    let task = tokio::spawn(outcomes.for_each(|_| async {}));
+    // Reconciles until one lists `want`; none may list the unlabelled child.
+    let mut until = async |want: &[&str]| -> TestResult {
+        loop {
+            let names = tokio::time::timeout(Duration::from_secs(30), listed.recv())
+                .await
+                .map_err(|_| format!("no reconcile listed {want:?} within 30 s"))?
+                .ok_or("the controller stopped")?;
+            assert!(
+                !names.iter().any(|n| n == "out"),
+                "an unlabelled child was listed: {names:?}"
+            );
+            if names == want {
+                return Ok(());
+            }
+        }
+    };
+    until(&["in"]).await?;
+    secrets
+        .patch(
+            "in",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": null}})),
+        )
+        .await?;
+    until(&[]).await?;
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await??;
+    d.stop().await;
+    Ok(())
+}

@@ -29,6 +29,9 @@
 //! - `dispatch` with `--children-from list`: a LIST of the owner's children by label in every
 //!   reconcile, as a controller with no cache and no children in its requests must.
 //!
+//! With `--selector`, the children are selected by it too (they carry their owner's label):
+//! the kube-rs watcher of children with that label selector, the SDK's `owns_labelled`.
+//!
 //! Every reconcile prints `reconcile <unix micros> <namespace>/<name> <resourceVersion>` on
 //! stdout as it starts; logs go to stderr.
 
@@ -65,7 +68,8 @@ struct Args {
     #[arg(long, env = "KD_BENCH_NAMESPACE")]
     namespace: String,
 
-    /// Only objects matching this label selector (not with kube-rs-metadata); empty for all.
+    /// Only objects matching this label selector (not with kube-rs-metadata), and with
+    /// `--children` only children matching it; empty for all.
     #[arg(long, env = "KD_BENCH_SELECTOR", default_value = "")]
     selector: String,
 
@@ -346,20 +350,39 @@ async fn run_dispatch<K: Object>(
 
 /// kube-rs: Records, each owning `children` ConfigMaps read from the store of the reflector
 /// that also triggers the owners (`owns_stream`): one watch of the children, cached.
-async fn run_kube_rs_owners(client: Client, namespace: &str, concurrency: usize, children: usize) {
-    let records = Api::<Record>::namespaced(client.clone(), namespace);
-    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+async fn run_kube_rs_owners(
+    client: Client,
+    (namespace, selector): (&str, &str),
+    concurrency: usize,
+    children: usize,
+) {
+    let (records, configmaps) = if namespace.is_empty() {
+        (
+            Api::<Record>::all(client.clone()),
+            Api::<ConfigMap>::all(client.clone()),
+        )
+    } else {
+        (
+            Api::<Record>::namespaced(client.clone(), namespace),
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        )
+    };
+    let mut config = watcher::Config::default();
+    if !selector.is_empty() {
+        config = config.labels(selector);
+    }
     let (store, writer) = reflector::store::<ConfigMap>();
-    let owned = watcher(configmaps.clone(), watcher::Config::default())
+    let owned = watcher(configmaps, config.clone())
         .default_backoff()
         .reflect(writer)
         .touched_objects();
     let reconcile = move |record: Arc<Record>, client: Arc<Client>| {
-        let (store, configmaps) = (store.clone(), configmaps.clone());
+        let store = store.clone();
         async move {
             started(record.meta());
             ensure_hash(record.as_ref(), &api_of(&client, record.as_ref())).await?;
             let ns = record.namespace().unwrap_or_default();
+            let configmaps = Api::<ConfigMap>::namespaced(client.as_ref().clone(), &ns);
             let find = |name: String| {
                 let cached = store
                     .get(&reflector::ObjectRef::new(&name).within(&ns))
@@ -370,7 +393,7 @@ async fn run_kube_rs_owners(client: Client, namespace: &str, concurrency: usize,
             Ok::<_, Error>(controller::Action::await_change())
         }
     };
-    let results = controller::Controller::new(records, watcher::Config::default())
+    let results = controller::Controller::new(records, config)
         .owns_stream(owned)
         .with_config(kube_rs_config(concurrency))
         .shutdown_on_signal()
@@ -382,7 +405,7 @@ async fn run_kube_rs_owners(client: Client, namespace: &str, concurrency: usize,
 async fn run_dispatch_owners(
     client: Client,
     name: &str,
-    namespace: &str,
+    (namespace, selector): (&str, &str),
     concurrency: usize,
     (children, from): (usize, ChildrenFrom),
 ) {
@@ -458,9 +481,17 @@ async fn run_dispatch_owners(
         }
         Ok::<_, Error>(kube_dispatch_controller::Action::await_change())
     };
-    let results = kube_dispatch_controller::Controller::<Record>::new(client.clone(), name)
-        .namespace(namespace)
-        .owns::<ConfigMap>()
+    let controller = kube_dispatch_controller::Controller::<Record>::new(client.clone(), name)
+        .namespace(namespace);
+    let controller = if selector.is_empty() {
+        controller.owns::<ConfigMap>()
+    } else {
+        // The children carry their owner's label: selected alike.
+        controller
+            .labels(selector)
+            .owns_labelled::<ConfigMap>(selector)
+    };
+    let results = controller
         .concurrency(concurrency)
         .shutdown_on_signal()
         .run(reconcile, error_policy_dispatch, Arc::new(client));
@@ -493,11 +524,8 @@ async fn main() -> anyhow::Result<()> {
     } = Args::parse();
     if children > 0 {
         anyhow::ensure!(
-            matches!(kind, Kind::Record)
-                && matches!(runtime, Runtime::KubeRs | Runtime::Dispatch)
-                && !namespace.is_empty()
-                && selector.is_empty(),
-            "--children needs --kind record, the kube-rs or dispatch runtime, --namespace and no --selector"
+            matches!(kind, Kind::Record) && matches!(runtime, Runtime::KubeRs | Runtime::Dispatch),
+            "--children needs --kind record and the kube-rs or dispatch runtime"
         );
     }
     if matches!(runtime, Runtime::KubeRsMetadata) {
@@ -517,10 +545,17 @@ async fn main() -> anyhow::Result<()> {
     let ns = namespace.as_str();
     match (runtime, kind) {
         (Runtime::KubeRs, Kind::Record) if children > 0 => {
-            run_kube_rs_owners(client, ns, concurrency, children).await;
+            run_kube_rs_owners(client, (ns, &selector), concurrency, children).await;
         }
         (Runtime::Dispatch, Kind::Record) if children > 0 => {
-            run_dispatch_owners(client, &name, ns, concurrency, (children, children_from)).await;
+            run_dispatch_owners(
+                client,
+                &name,
+                (ns, &selector),
+                concurrency,
+                (children, children_from),
+            )
+            .await;
         }
         (Runtime::KubeRs, Kind::ConfigMap) => {
             run_kube_rs::<ConfigMap>(client, ns, &selector, concurrency).await

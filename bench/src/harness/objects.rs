@@ -16,8 +16,8 @@ use kube::{
     runtime::wait::{await_condition, conditions},
 };
 use kube_dispatch_bench::{
-    ANNOTATION, CHILD_HASH_KEY, Content, Record, RecordSpec, child_is_current, child_name,
-    content_hash, desired_child,
+    ANNOTATION, CHILD_HASH_KEY, Content, Record, RecordSpec, SET_LABEL, child_is_current,
+    child_name, content_hash, desired_child,
 };
 
 const MANAGER: &str = "kube-dispatch-bench";
@@ -301,49 +301,86 @@ pub(crate) async fn change_value(
         .context("the write returned no numeric resourceVersion")
 }
 
-/// The key of the label the objects carry, and the replica selects.
-pub(crate) const LABEL: &str = "kube-dispatch.dev/bench-set";
-
-/// The value of [`LABEL`] for a run of `namespaces` namespaces of `objects` objects: runs of
-/// other sizes (the smoke test's) select none of these objects.
-pub(crate) fn label_value(namespaces: usize, objects: usize) -> String {
-    format!("shards-{namespaces}x{objects}")
+/// A run's objects spread over namespaces, each holding as many, labelled ([`SET_LABEL`]) for a
+/// run of that shape: runs of other sizes (the smoke test's) select none of them. Owners (a run
+/// with children) are a set of their own for each number of children, in namespaces of their
+/// own, so a run of ConfigMaps never selects an owner's children, nor a run with fewer
+/// children the children of one with more.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spread {
+    pub(crate) namespaces: usize,
+    /// Objects in each namespace.
+    pub(crate) per: usize,
+    /// Children each object (a Record) owns; 0: none.
+    pub(crate) children: usize,
 }
 
-/// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
-/// leaves names that differ only in their last characters close together on the ring
-/// (`kd-bench-shard-0` to `-9` would all land on one dispatcher). Runs with other object counts
-/// use other namespaces.
-pub(crate) fn namespace(i: usize, objects: usize) -> String {
-    format!("kd-{i}-bench-shard-{objects}")
+impl Spread {
+    /// `total` objects over `namespaces` namespaces (which divide it), each owning `children`.
+    pub(crate) fn new(total: usize, namespaces: usize, children: usize) -> Self {
+        Self {
+            namespaces,
+            per: total / namespaces,
+            children,
+        }
+    }
+
+    /// The value of [`SET_LABEL`] the objects (and children) carry.
+    pub(crate) fn label_value(&self) -> String {
+        match self.children {
+            0 => format!("shards-{}x{}", self.namespaces, self.per),
+            c => format!("owners{c}-{}x{}", self.namespaces, self.per),
+        }
+    }
+
+    /// The label selector every controller of the run watches with.
+    pub(crate) fn selector(&self) -> String {
+        format!("{SET_LABEL}={}", self.label_value())
+    }
+
+    /// The namespace of shard `i`. The index comes early: FNV-1a, the API server's shard hash,
+    /// leaves names that differ only in their last characters close together on the ring
+    /// (`kd-bench-shard-0` to `-9` would all land on one dispatcher). Runs with other object
+    /// counts use other namespaces.
+    pub(crate) fn namespace(&self, i: usize) -> String {
+        match self.children {
+            0 => format!("kd-{i}-bench-shard-{}", self.per),
+            c => format!("kd-{i}-bench-owners{c}-{}", self.per),
+        }
+    }
+
+    /// The namespace and index in it of object `i` of the run.
+    pub(crate) fn place(&self, i: usize) -> (String, usize) {
+        (self.namespace(i / self.per), i % self.per)
+    }
 }
 
-/// Fills `namespaces` namespaces (see [`namespace`]) with `total / namespaces` objects of `kind`
-/// each, labelled for a run of that shape ([`LABEL`], [`label_value`]), and makes the namespace
-/// the tier's Leases live in, beside the other benchmarks' objects. Returns that namespace and
-/// the objects written (those already up to date are kept).
+/// Fills the namespaces of `spread` with its objects of `kind`, and makes the namespace the
+/// tier's Leases live in, beside the other benchmarks' objects. Returns that namespace and
+/// how many objects had to be written.
 pub(crate) async fn populate_spread(
     client: &Client,
     kind: Kind,
-    total: usize,
-    namespaces: usize,
+    spread: Spread,
     bytes: usize,
 ) -> anyhow::Result<(String, usize)> {
-    let per = total / namespaces;
-    let label = label_value(namespaces, per);
+    let label = spread.label_value();
     let mut written = 0;
-    for i in 0..namespaces {
+    for i in 0..spread.namespaces {
         written += populate_labelled(
             client,
             kind,
-            &namespace(i, per),
-            per,
+            &spread.namespace(i),
+            spread.per,
             bytes,
-            Some((LABEL, &label)),
+            Some((SET_LABEL, &label)),
         )
         .await?;
     }
-    let leases = format!("kd-bench-{}-shards", kind.flag());
+    let leases = match spread.children {
+        0 => format!("kd-bench-{}-shards", kind.flag()),
+        c => format!("kd-bench-{}-owners{c}", kind.flag()),
+    };
     populate_labelled(client, kind, &leases, 0, bytes, None).await?;
     Ok((leases, written))
 }
@@ -386,7 +423,11 @@ pub(crate) async fn populate_children(
                     .iter()
                     .any(|r| Some(&r.uid) == owner.uid().as_ref())
             });
-            if !(owned && current.is_some_and(|c| child_is_current(owner, c))) {
+            // Labelled as its owner is, too: a child left by a run of another shape may carry
+            // another set's label, and the controllers would not select it.
+            let labelled =
+                current.is_some_and(|c| c.labels().get(SET_LABEL) == owner.labels().get(SET_LABEL));
+            if !(owned && labelled && current.is_some_and(|c| child_is_current(owner, c))) {
                 missing.push(desired_child(owner, i));
             }
         }

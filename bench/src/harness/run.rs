@@ -131,7 +131,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) namespace: &'a str,
     pub(crate) objects: usize,
     /// Namespaces the objects are spread over. With 1 they are all in `namespace`; with more,
-    /// each of [`objects::namespace`]'s namespaces holds `objects / namespaces` of them, labelled,
+    /// each of [`objects::Spread`]'s namespaces holds `objects / namespaces` of them, labelled,
     /// and every controller watches all namespaces with that label selector.
     pub(crate) namespaces: usize,
     /// Distinct controllers (controller groups), each reconciling every object: K processes
@@ -265,11 +265,10 @@ impl Setup<'_> {
 
     /// The namespace of the `i`th object and its index there.
     pub(crate) fn place(&self, i: usize) -> (String, usize) {
-        if self.namespaces <= 1 {
-            return (self.namespace.to_owned(), i);
+        match self.spread() {
+            None => (self.namespace.to_owned(), i),
+            Some(spread) => spread.place(i),
         }
-        let per = self.objects / self.namespaces;
-        (objects::namespace(i / per, per), i % per)
     }
 
     pub(crate) fn key(&self, i: usize) -> String {
@@ -277,16 +276,15 @@ impl Setup<'_> {
         format!("{namespace}/{}", object_name(i))
     }
 
+    /// How the objects are spread over namespaces, when they are.
+    pub(crate) fn spread(&self) -> Option<objects::Spread> {
+        (self.namespaces > 1)
+            .then(|| objects::Spread::new(self.objects, self.namespaces, self.children))
+    }
+
     /// The label selector of a scenario spread over namespaces.
     pub(crate) fn selector(&self) -> Option<String> {
-        (self.namespaces > 1).then(|| {
-            let per = self.objects / self.namespaces;
-            format!(
-                "{}={}",
-                objects::LABEL,
-                objects::label_value(self.namespaces, per)
-            )
-        })
+        self.spread().map(|spread| spread.selector())
     }
 
     /// The objects the latency phase writes, spread over the namespace.
@@ -600,14 +598,28 @@ impl Setup<'_> {
         }
         let before = self.control_plane.cpu_seconds().0;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        // Each namespace's owners and children: the one namespace, or every one of the spread.
+        let namespaces: Vec<(String, usize)> = match self.spread() {
+            None => vec![(self.namespace.to_owned(), self.objects)],
+            Some(spread) => (0..spread.namespaces)
+                .map(|i| (spread.namespace(i), spread.per))
+                .collect(),
+        };
         let mut lists = 0;
         loop {
             // The last write's reconcile has started; give it time to finish before reading.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let (current, n) =
-                objects::children_current(self.client, self.namespace, self.objects, self.children)
-                    .await?;
-            lists += n;
+            let mut current = true;
+            for (namespace, count) in &namespaces {
+                let (all, n) =
+                    objects::children_current(self.client, namespace, *count, self.children)
+                        .await?;
+                lists += n;
+                if !all {
+                    current = false;
+                    break;
+                }
+            }
             if current {
                 return Ok((lists, self.control_plane.cpu_seconds().0 - before));
             }

@@ -64,6 +64,11 @@ type Options struct {
 	Namespace string
 	// LabelSelector and FieldSelector restrict the objects reconciled (Kubernetes syntax).
 	LabelSelector, FieldSelector string
+	// OwnedLabelSelector restricts the children of every Owns kind to those matching it, as a
+	// cache's label selector for those kinds (cache.Options ByObject or DefaultLabelSelector)
+	// would: the dispatchers watch only them, and Children lists only them. A child that loses
+	// the label is as one deleted. Empty: every child.
+	OwnedLabelSelector string
 	// Payload is how much of the object a request carries (default PayloadFull).
 	Payload PayloadMode
 	// TracerProvider starts each reconcile's span (default: OpenTelemetry's global provider,
@@ -233,10 +238,11 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 			return nil, err
 		}
 		subscriptions = append(subscriptions, &pb.Subscription{
-			Resource:  ref,
-			Namespace: o.Namespace,
-			Payload:   pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
-			Owner:     primary,
+			Resource:      ref,
+			Namespace:     o.Namespace,
+			LabelSelector: o.OwnedLabelSelector,
+			Payload:       pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
+			Owner:         primary,
 		})
 	}
 	for _, named := range b.references {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,5 +117,59 @@ func TestOwnsAndReferencesReconcileTheOwnerWithItsChildren(t *testing.T) {
 	o.waitFor(t, next, "for the object it names", func(r ownerReconcile) bool { return r.reason == "referenced" })
 	if got := sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-owners"}); got != 0 {
 		t.Fatalf("%v requests to the API server from reconciles that read nothing", got)
+	}
+}
+
+// With OwnedLabelSelector, the dispatchers watch only the children that carry the label: a
+// request lists those, never an unlabelled child of the same owner, and a child that loses the
+// label leaves the list (its owner is reconciled for it).
+func TestOwnedLabelSelectorListsOnlyTheLabelledChildren(t *testing.T) {
+	s := newScene(t, 2, 0)
+	ctx := context.Background()
+	namespace := s.tier.Namespace
+	o := &owners{owner: "owner"}
+	owner, err := s.clientset.CoreV1().ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	controller := true
+	reference := []metav1.OwnerReference{{
+		APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: &controller,
+	}}
+	labelled, err := s.clientset.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "in", Labels: map[string]string{"set": "a"}, OwnerReferences: reference},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.clientset.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "out", OwnerReferences: reference},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	replica(t, s.config, s.tier, "go-owned-labelled", "go-0", newLog(), 0, func(setup *setup) {
+		setup.builder.Owns(&corev1.Secret{})
+		setup.options.OwnedLabelSelector = "set=a"
+		setup.reconciler = func(client.Client) reconcile.Reconciler { return o }
+	})
+	listsOut := func(r ownerReconcile) bool {
+		return slices.ContainsFunc(r.children, func(c string) bool { return strings.HasPrefix(c, "Secret/out@") })
+	}
+	next := o.waitFor(t, 0, "listing the labelled child", func(r ownerReconcile) bool {
+		return r.complete && slices.Equal(r.children, []string{"Secret/in@" + labelled.ResourceVersion})
+	})
+	labelled.Labels = nil
+	if _, err := s.clientset.CoreV1().Secrets(namespace).Update(ctx, labelled, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o.waitFor(t, next, "listing no child once the label is gone", func(r ownerReconcile) bool {
+		return r.complete && len(r.children) == 0
+	})
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if i := slices.IndexFunc(o.seen, listsOut); i >= 0 {
+		t.Fatalf("an unlabelled child was listed: %+v", o.seen[i])
 	}
 }
