@@ -27,6 +27,9 @@
 #              run as root) or docker (tags the image in the local engine; no archive)
 # Also, for other images built the same way (tests/node/node.sh's pause image):
 #   deploy/image.sh --build-only --context DIR --file DOCKERFILE --tag NAME:TAG --output ARCHIVE
+# And, to build the static binaries ahead of time and nothing else (`make test` does, beside
+# its tests; the image then finds them built):
+#   deploy/image.sh --binaries-only
 #
 # The binaries are linked statically against musl: the rustup target x86_64-unknown-linux-musl
 # and musl-gcc (Debian's musl-tools) are installed when missing.
@@ -39,6 +42,7 @@ go_example=false
 output=
 builder=buildah
 build_only=false
+binaries_only=false
 context=
 file=$root/deploy/Dockerfile
 target=x86_64-unknown-linux-musl
@@ -61,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --output) output=${2:?--output needs a value}; shift 2 ;;
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
+    --binaries-only) binaries_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --release) release=true; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
@@ -108,8 +113,8 @@ install_packages() {
     die "apt-get install $* failed"
 }
 
-# The static binaries and the root filesystem, in target/image/context.
-make_context() {
+# The static binaries, in target/x86_64-unknown-linux-musl/release.
+build_binaries() {
   local want=()
   command -v musl-gcc >/dev/null || want+=(musl-tools)
   install_packages "${want[@]}"
@@ -127,6 +132,11 @@ make_context() {
     cargo build --release --locked --quiet --target "$target" \
       -p kube-dispatch-controller --example configmap_hasher
   )
+}
+
+# The static binaries and the root filesystem, in target/image/context.
+make_context() {
+  build_binaries
   local out=$target_dir/$target/release
   context=$target_dir/image/context
   rm -rf "$context"
@@ -175,6 +185,10 @@ make_go_context() {
   static "$context"
 }
 
+if [[ $binaries_only == true ]]; then
+  build_binaries
+  exit 0
+fi
 if [[ $build_only == false && $go_example == true ]]; then
   make_go_context
   : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"

@@ -7,8 +7,8 @@
 #   tests/proto-compat.sh --record VERSION
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../proto"
-BUF_VERSION=v1.75.0
-buf() { go run "github.com/bufbuild/buf/cmd/buf@$BUF_VERSION" "$@"; }
+buf_bin=$(../tests/tools.sh buf)
+buf() { "$buf_bin" "$@"; }
 
 shopt -s nullglob
 recorded=(released/v*.json)

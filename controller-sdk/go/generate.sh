@@ -5,9 +5,9 @@
 # (tests/go-sdk.sh): a .proto changed without the stubs fails the tests.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-BUF_VERSION=v1.75.0
+buf=$(../../tests/tools.sh buf)
 rm -rf internal/wire/kubedispatch
-go run "github.com/bufbuild/buf/cmd/buf@$BUF_VERSION" generate
+"$buf" generate
 ./sources.sh > internal/wire/SOURCES
 gofmt -l internal/wire
 echo "stubs written to internal/wire"
