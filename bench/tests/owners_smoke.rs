@@ -18,33 +18,37 @@ use kube_dispatch_bench::{Record, SET_LABEL, child_is_current, child_name};
 const OWNERS: usize = 10;
 const CHILDREN: usize = 2;
 
+/// `compare` of Records owning [`CHILDREN`] ConfigMaps each, one run of each of `variants`
+/// with 6 timed writes, written into `section`; `extra` adds to the arguments.
+fn owners_run(section: &str, variants: &str, extra: &[&str]) -> common::Run {
+    let (owners, children) = (OWNERS.to_string(), CHILDREN.to_string());
+    let mut args = vec![
+        "--kinds",
+        "record",
+        "--objects",
+        &owners,
+        "--children",
+        &children,
+        "--variants",
+        variants,
+        "--repeats",
+        "1",
+        "--writes",
+        "6",
+        "--write-interval",
+        "10ms",
+        "--section",
+        section,
+        "--command",
+        "owners smoke test",
+    ];
+    args.extend_from_slice(extra);
+    run_harness(section, Mode::Compare, &args)
+}
+
 #[tokio::test]
 async fn every_variant_keeps_the_children_and_only_the_listing_tier_lists_them() {
-    let (owners, children) = (OWNERS.to_string(), CHILDREN.to_string());
-    let run = run_harness(
-        "owners",
-        Mode::Compare,
-        &[
-            "--kinds",
-            "record",
-            "--objects",
-            &owners,
-            "--children",
-            &children,
-            "--variants",
-            "kube-rs,dispatch-1,dispatch-list-1",
-            "--repeats",
-            "1",
-            "--writes",
-            "6",
-            "--write-interval",
-            "10ms",
-            "--section",
-            "owners",
-            "--command",
-            "owners smoke test",
-        ],
-    );
+    let run = owners_run("owners", "kube-rs,dispatch-1,dispatch-list-1", &[]);
     assert!(run.results.contains("<!-- bench:owners:begin -->"));
     assert!(
         run.results.contains(&format!(
@@ -124,34 +128,11 @@ async fn every_variant_keeps_the_children_and_only_the_listing_tier_lists_them()
 #[tokio::test]
 async fn owners_spread_over_namespaces_keep_their_labelled_children() {
     const NAMESPACES: usize = 2;
-    let (owners, children) = (OWNERS.to_string(), CHILDREN.to_string());
-    let run = run_harness(
+    let namespaces = NAMESPACES.to_string();
+    let run = owners_run(
         "owners-namespaces",
-        Mode::Compare,
-        &[
-            "--kinds",
-            "record",
-            "--objects",
-            &owners,
-            "--children",
-            &children,
-            "--namespaces",
-            &NAMESPACES.to_string(),
-            "--ring-key",
-            "namespace",
-            "--variants",
-            "kube-rs,dispatch-1",
-            "--repeats",
-            "1",
-            "--writes",
-            "6",
-            "--write-interval",
-            "10ms",
-            "--section",
-            "owners-namespaces",
-            "--command",
-            "owners over namespaces smoke test",
-        ],
+        "kube-rs,dispatch-1",
+        &["--namespaces", &namespaces, "--ring-key", "namespace"],
     );
     assert!(
         run.results
