@@ -28,8 +28,9 @@
 # Also, for other images built the same way (tests/node/node.sh's pause image):
 #   deploy/image.sh --build-only --context DIR --file DOCKERFILE --tag NAME:TAG --output ARCHIVE
 # And, to build the static binaries ahead of time and nothing else (`make test` does, beside
-# its tests; the image then finds them built):
+# its tests; the image then finds them built), or only install what that needs:
 #   deploy/image.sh --binaries-only
+#   deploy/image.sh --prerequisites
 #
 # The binaries are linked statically against musl: the rustup target x86_64-unknown-linux-musl
 # and musl-gcc (Debian's musl-tools) are installed when missing.
@@ -43,6 +44,7 @@ output=
 builder=buildah
 build_only=false
 binaries_only=false
+prerequisites_only=false
 context=
 file=$root/deploy/Dockerfile
 target=x86_64-unknown-linux-musl
@@ -66,6 +68,7 @@ while [[ $# -gt 0 ]]; do
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
     --binaries-only) binaries_only=true; shift ;;
+    --prerequisites) prerequisites_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --release) release=true; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
@@ -109,12 +112,12 @@ install_packages() {
   command -v apt-get >/dev/null && [[ $(id -u) == 0 ]] ||
     die "$* missing: install them with your package manager (Debian: apt-get install $*)"
   log "installing $* from the distribution's packages"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >/dev/null ||
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y --no-install-recommends "$@" >/dev/null ||
     die "apt-get install $* failed"
 }
 
-# The static binaries, in target/x86_64-unknown-linux-musl/release.
-build_binaries() {
+# What the static binaries need: musl-gcc and the rustup target.
+prerequisites() {
   local want=()
   command -v musl-gcc >/dev/null || want+=(musl-tools)
   install_packages "${want[@]}"
@@ -122,6 +125,11 @@ build_binaries() {
     log "adding the rustup target $target"
     rustup target add "$target" >/dev/null
   fi
+}
+
+# The static binaries, in target/x86_64-unknown-linux-musl/release.
+build_binaries() {
+  prerequisites
   log "building the static release binaries (cargo --target $target), version $version"
   (
     cd "$root"
@@ -185,6 +193,10 @@ make_go_context() {
   static "$context"
 }
 
+if [[ $prerequisites_only == true ]]; then
+  prerequisites
+  exit 0
+fi
 if [[ $binaries_only == true ]]; then
   build_binaries
   exit 0

@@ -5,8 +5,10 @@
 # example controller beside the Go replicas included.
 # Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
 #
-# Usage: tests/go-sdk.sh [--tests-only]
+# Usage: tests/go-sdk.sh [--tests-only | --warm-up]
 #   --tests-only   only the tests (as `make test-matrix` runs them on each Kubernetes minor)
+#   --warm-up      build what the checks and tests need, run none of them (`make test` does
+#                  this beside its other tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/go"
 STATICCHECK_VERSION=v0.8.2

@@ -21,17 +21,26 @@ step() {
   printf '\n==> %s\n' "$*"
 }
 summary() {
-  local rc=$?
   end_step
-  printf '\n==> time per step (exit %d after %d s)\n' "$rc" "$SECONDS"
+  printf '\n==> time per step (exit %d after %d s)\n' "$1" "$SECONDS"
   printf '%s\n' "${timings[@]}"
 }
+cluster=tests/cluster/cluster.sh
 started=
 stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
+# The builds started beside the tests (below): their process group, killed and waited for.
 warm_up=
-stop_warm_up() { [[ -z $warm_up ]] || kill -- "-$warm_up" 2>/dev/null || true; }
-trap 'summary; stop_warm_up; stop_cluster' EXIT
-cluster=tests/cluster/cluster.sh
+stop_warm_up() {
+  [[ -n $warm_up ]] || return 0
+  kill -- "-$warm_up" 2>/dev/null || true
+  wait "$warm_up" 2>/dev/null || true
+}
+# Clean up first, then say what each step took: printing can fail (a closed pipe after Ctrl-C),
+# and the exit status stays the run's.
+trap 'rc=$?; stop_warm_up; stop_cluster; summary "$rc" 2>/dev/null || true; exit "$rc"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 step "pinned versions"
 tests/cluster/check-versions.sh
@@ -72,14 +81,20 @@ cargo build --workspace --bins --locked --quiet
 step "cargo test --doc"
 cargo test --workspace --doc --locked --quiet
 
-# Builds that later steps need, started now beside the tests at the lowest CPU priority: on a
-# fresh machine they take about fifteen minutes of both cores, and the tests leave a core idle
-# much of the time (they wait on the API server). They only fill caches: the steps that need
-# them build again, find nothing left to do, and report any error themselves. On a machine that
-# built them before they finish at once.
+# Builds that later steps need, started now beside the tests at the lowest CPU and I/O
+# priority: on a fresh machine they take about fifteen minutes of both cores, and the tests
+# leave a core idle much of the time (they wait on the API server). They only fill caches: the
+# steps that need them build again, find nothing left to do, and report any error themselves.
+# On a machine that built them before they finish at once. What they install (musl-gcc, the
+# rustup target) is installed first, here, where nothing can interrupt it half done.
+deploy/image.sh --prerequisites
 mkdir -p "${CARGO_TARGET_DIR:-target}"
 warm_log=${CARGO_TARGET_DIR:-target}/warm-up.log
-setsid --wait nice -n 19 bash -c 'deploy/image.sh --binaries-only && tests/go-sdk.sh --warm-up' \
+low=(nice -n 19)
+if command -v ionice >/dev/null; then low+=(ionice -c 3); fi
+# In a session of its own (a process group stop_warm_up kills whole): without job control,
+# the background child is no group leader, so setsid makes it one in place and $! is the group.
+setsid "${low[@]}" bash -c 'deploy/image.sh --binaries-only; tests/go-sdk.sh --warm-up' \
   >"$warm_log" 2>&1 &
 warm_up=$!
 

@@ -3,29 +3,41 @@
 #   tests/tools.sh helm     helm, built from its Go module into .cache/tools ($KD_CACHE_DIR
 #                           moves it)
 #   tests/tools.sh pyyaml   PyYAML for python3 (from PyPI when missing); prints python3's path
-#   tests/tools.sh buf      buf, the release's own binary from the npm registry (@bufbuild/buf)
-#                           into .cache/tools: seconds, where building it from its Go module
-#                           takes about two minutes on a fresh machine (the fallback without npm)
+#   tests/tools.sh buf      buf, the release's binary from the npm registry (the platform
+#                           package of @bufbuild/buf) into .cache/tools: seconds, where building
+#                           it from its Go module (the fallback without npm or its registry)
+#                           takes about two minutes on a fresh machine
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HELM_VERSION=v3.22.0
 BUF_VERSION=v1.75.0
 case ${1:-} in
   buf)
-    tools="${KD_CACHE_DIR:-$root/.cache}/tools/buf-$BUF_VERSION"
-    if [[ ! -x $tools/bin/buf ]]; then
+    tools=$(mkdir -p "${KD_CACHE_DIR:-$root/.cache}/tools" && cd "${KD_CACHE_DIR:-$root/.cache}/tools" && pwd)/buf-$BUF_VERSION
+    bin=$tools/bin/buf
+    if [[ $("$bin" --version 2>/dev/null) != "${BUF_VERSION#v}" ]]; then
+      rm -rf "$tools"
       mkdir -p "$tools/bin"
-      if command -v npm >/dev/null; then
-        echo "tools.sh: installing buf $BUF_VERSION from the npm registry (once)" >&2
-        npm install --silent --no-save --no-audit --no-fund --prefix "$tools/npm" \
-          "@bufbuild/buf@${BUF_VERSION#v}" >&2
-        ln -sf "$tools/npm/node_modules/.bin/buf" "$tools/bin/buf"
+      case $(uname -m) in
+        x86_64) platform=linux-x64 ;;
+        aarch64 | arm64) platform=linux-aarch64 ;;
+        *) platform= ;;
+      esac
+      echo "tools.sh: installing buf $BUF_VERSION (once)" >&2
+      # The platform package holds the release's binary itself (the @bufbuild/buf package only
+      # adds a node wrapper around it).
+      if [[ -n $platform ]] && command -v npm >/dev/null &&
+        npm install --loglevel=error --no-save --no-audit --no-fund --prefix "$tools/npm" \
+          "@bufbuild/buf-$platform@${BUF_VERSION#v}" >&2; then
+        ln -sf "$tools/npm/node_modules/@bufbuild/buf-$platform/bin/buf" "$bin"
       else
-        echo "tools.sh: building buf $BUF_VERSION from its Go module (once)" >&2
+        echo "tools.sh: no buf from npm; building it from its Go module" >&2
         GOBIN=$tools/bin go install "github.com/bufbuild/buf/cmd/buf@$BUF_VERSION" >&2
       fi
+      [[ $("$bin" --version 2>/dev/null) == "${BUF_VERSION#v}" ]] ||
+        { echo "tools.sh: $bin is not buf ${BUF_VERSION#v}" >&2; exit 1; }
     fi
-    echo "$tools/bin/buf"
+    echo "$bin"
     ;;
   helm)
     tools="${KD_CACHE_DIR:-$root/.cache}/tools/helm-$HELM_VERSION"
