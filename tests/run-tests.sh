@@ -86,8 +86,11 @@ cargo test --workspace --doc --locked --quiet
 # leave a core idle much of the time (they wait on the API server). They only fill caches: the
 # steps that need them build again, find nothing left to do, and report any error themselves.
 # On a machine that built them before they finish at once. What they install (musl-gcc, the
-# rustup target) is installed first, here, where nothing can interrupt it half done.
+# rustup target) is installed first, here, where nothing can interrupt it half done, and so is
+# cargo-nextest, whose `cargo install` would otherwise wait for their release build's lock when
+# CARGO_TARGET_DIR is set.
 deploy/image.sh --prerequisites
+tests/nextest.sh >/dev/null
 mkdir -p "${CARGO_TARGET_DIR:-target}"
 warm_log=${CARGO_TARGET_DIR:-target}/warm-up.log
 low=(nice -n 19)
