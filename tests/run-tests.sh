@@ -28,16 +28,9 @@ summary() {
 cluster=tests/cluster/cluster.sh
 started=
 stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
-# The builds started beside the tests (below): their process group, killed and waited for.
-warm_up=
-stop_warm_up() {
-  [[ -n $warm_up ]] || return 0
-  kill -- "-$warm_up" 2>/dev/null || true
-  wait "$warm_up" 2>/dev/null || true
-}
 # Clean up first, then say what each step took: printing can fail (a closed pipe after Ctrl-C),
 # and the exit status stays the run's.
-trap 'rc=$?; stop_warm_up; stop_cluster; summary "$rc" 2>/dev/null || true; exit "$rc"' EXIT
+trap 'rc=$?; stop_cluster; summary "$rc" 2>/dev/null || true; exit "$rc"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
@@ -81,32 +74,8 @@ cargo build --workspace --bins --locked --quiet
 step "cargo test --doc"
 cargo test --workspace --doc --locked --quiet
 
-# Builds that later steps need, started now beside the tests at the lowest CPU and I/O
-# priority: on a fresh machine they take about fifteen minutes of both cores, and the tests
-# leave a core idle much of the time (they wait on the API server). They only fill caches: the
-# steps that need them build again, find nothing left to do, and report any error themselves.
-# On a machine that built them before they finish at once. What they install (musl-gcc, the
-# rustup target) is installed first, here, where nothing can interrupt it half done, and so is
-# cargo-nextest, whose `cargo install` would otherwise wait for their release build's lock when
-# CARGO_TARGET_DIR is set.
-deploy/image.sh --prerequisites
-tests/nextest.sh >/dev/null
-mkdir -p "${CARGO_TARGET_DIR:-target}"
-warm_log=${CARGO_TARGET_DIR:-target}/warm-up.log
-low=(nice -n 19)
-if command -v ionice >/dev/null; then low+=(ionice -c 3); fi
-# In a session of its own (a process group stop_warm_up kills whole): without job control,
-# the background child is no group leader, so setsid makes it one in place and $! is the group.
-setsid "${low[@]}" bash -c 'deploy/image.sh --binaries-only; tests/go-sdk.sh --warm-up' \
-  >"$warm_log" 2>&1 &
-warm_up=$!
-
 step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
 tests/nextest-phases.sh
-
-step "the builds started beside the tests (the e2e image's binaries, the Go SDK's; $warm_log)"
-wait "$warm_up" || echo "they failed; the steps below build again and say why"
-warm_up=
 
 step "Go controller SDK (tests/go-sdk.sh)"
 tests/go-sdk.sh
