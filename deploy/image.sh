@@ -27,10 +27,6 @@
 #              run as root) or docker (tags the image in the local engine; no archive)
 # Also, for other images built the same way (tests/node/node.sh's pause image):
 #   deploy/image.sh --build-only --context DIR --file DOCKERFILE --tag NAME:TAG --output ARCHIVE
-# And, to build the static binaries ahead of time and nothing else (`make test` does, beside
-# its tests; the image then finds them built), or only install what that needs:
-#   deploy/image.sh --binaries-only
-#   deploy/image.sh --prerequisites
 #
 # The binaries are linked statically against musl: the rustup target x86_64-unknown-linux-musl
 # and musl-gcc (Debian's musl-tools) are installed when missing.
@@ -43,8 +39,6 @@ go_example=false
 output=
 builder=buildah
 build_only=false
-binaries_only=false
-prerequisites_only=false
 context=
 file=$root/deploy/Dockerfile
 target=x86_64-unknown-linux-musl
@@ -67,8 +61,6 @@ while [[ $# -gt 0 ]]; do
     --output) output=${2:?--output needs a value}; shift 2 ;;
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
-    --binaries-only) binaries_only=true; shift ;;
-    --prerequisites) prerequisites_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --release) release=true; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
@@ -193,14 +185,6 @@ make_go_context() {
   static "$context"
 }
 
-if [[ $prerequisites_only == true ]]; then
-  prerequisites
-  exit 0
-fi
-if [[ $binaries_only == true ]]; then
-  build_binaries
-  exit 0
-fi
 if [[ $build_only == false && $go_example == true ]]; then
   make_go_context
   : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"

@@ -5,10 +5,8 @@
 # example controller beside the Go replicas included.
 # Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
 #
-# Usage: tests/go-sdk.sh [--tests-only | --warm-up]
+# Usage: tests/go-sdk.sh [--tests-only]
 #   --tests-only   only the tests (as `make test-matrix` runs them on each Kubernetes minor)
-#   --warm-up      build what the checks and tests need, run none of them (`make test` does
-#                  this beside its other tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/go"
 STATICCHECK_VERSION=v0.8.2
@@ -25,16 +23,7 @@ run_tests() {
 case ${1:-} in
   "") ;;
   --tests-only) run_tests; exit 0 ;;
-  --warm-up)
-    # Builds what the checks and the tests below need and runs none of them (the test
-    # binaries are built, then handed to /bin/true): `make test` does this beside its other
-    # tests, and the checks then find it built. Their outcome is the checks' own to report.
-    go vet ./... || true
-    go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./... || true
-    go test -race -count=1 -exec /bin/true ./... || true
-    exit 0
-    ;;
-  *) echo "usage: tests/go-sdk.sh [--tests-only | --warm-up]" >&2; exit 2 ;;
+  *) echo "usage: tests/go-sdk.sh [--tests-only]" >&2; exit 2 ;;
 esac
 
 unformatted=$(gofmt -l .)
