@@ -11,7 +11,8 @@
 //
 // With --children C (records only), each Record also owns C ConfigMaps holding the hash of its
 // data, as bench-controller's --children does: Owns(ConfigMap), each child read from the
-// cache, applied when it differs.
+// cache, applied when it differs. With --selector, the cache selects the children by it too
+// (DefaultLabelSelector), so they carry their owner's label.
 //
 // Built by build.sh with the machine's Go at the versions in go.mod.
 package main
@@ -48,10 +49,13 @@ import (
 // (kube_dispatch_bench::ANNOTATION).
 const annotation = "bench.kube-dispatch.dev/content-hash"
 
-// What a Record's children carry (kube_dispatch_bench::CHILD_LABEL, CHILD_HASH_KEY).
+// What a Record's children carry (kube_dispatch_bench::CHILD_LABEL, CHILD_HASH_KEY), and the
+// label of a run spread over namespaces, which children copy from their owner
+// (kube_dispatch_bench::SET_LABEL): the cache selects children by it too.
 const (
 	childLabel   = "bench.kube-dispatch.dev/owner"
 	childHashKey = "owner-hash"
+	setLabel     = "kube-dispatch.dev/bench-set"
 )
 
 var recordGVK = schema.GroupVersionKind{Group: "bench.kube-dispatch.dev", Version: "v1", Kind: "Record"}
@@ -153,8 +157,12 @@ func (r *reconciler) ensureChildren(ctx context.Context, owner client.Object, ha
 		if client.IgnoreNotFound(err) != nil {
 			return err
 		}
-		desired := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q,"namespace":%q,"labels":{%q:%q},"ownerReferences":[{"apiVersion":"bench.kube-dispatch.dev/v1","kind":"Record","name":%q,"uid":%q,"controller":true}]},"data":{%q:%q}}`,
-			name, owner.GetNamespace(), childLabel, owner.GetName(), owner.GetName(), owner.GetUID(), childHashKey, hash)
+		childLabels := fmt.Sprintf(`{%q:%q}`, childLabel, owner.GetName())
+		if set, ok := owner.GetLabels()[setLabel]; ok {
+			childLabels = fmt.Sprintf(`{%q:%q,%q:%q}`, childLabel, owner.GetName(), setLabel, set)
+		}
+		desired := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q,"namespace":%q,"labels":%s,"ownerReferences":[{"apiVersion":"bench.kube-dispatch.dev/v1","kind":"Record","name":%q,"uid":%q,"controller":true}]},"data":{%q:%q}}`,
+			name, owner.GetNamespace(), childLabels, owner.GetName(), owner.GetUID(), childHashKey, hash)
 		target := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: owner.GetNamespace()}}
 		if err := r.client.Patch(ctx, target, client.RawPatch(types.ApplyPatchType, []byte(desired)),
 			client.ForceOwnership, client.FieldOwner("bench-controller")); err != nil {
@@ -218,7 +226,7 @@ func main() {
 		opts = append(opts, builder.OnlyMetadata)
 	}
 	b := dispatch.ControllerManagedBy(mgr).
-		WithDispatchOptions(dispatch.Options{Namespace: *namespace, LabelSelector: *selector}).
+		WithDispatchOptions(dispatch.Options{Namespace: *namespace, LabelSelector: *selector, OwnedLabelSelector: *selector}).
 		Named("bench").
 		For(r.newObject(), opts...)
 	if *children > 0 {
