@@ -981,6 +981,45 @@ mod tests {
         cancel.cancel();
     }
 
+    /// An object that others name changes: shown by the watch's stream, the objects naming it
+    /// are reconciled ahead of the keys a list brought (the live lane); shown by a list, they
+    /// wait behind them (the listed lane).
+    #[tokio::test(start_paused = true)]
+    async fn a_named_objects_change_on_the_stream_goes_ahead_of_listed_keys() {
+        let cancel = CancellationToken::new();
+        let g = group(&cancel);
+        g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+            .unwrap();
+        let (streamed, relisted) = ("/ConfigMap/ns/by-stream", "/ConfigMap/ns/by-list");
+        let (secret, other) = ("/Secret/ns/streamed", "/Secret/ns/relisted");
+        exists(&g, streamed, "1");
+        exists(&g, relisted, "1");
+        g.names(streamed, vec![secret.into()], 1, false);
+        g.names(relisted, vec![other.into()], 1, false);
+        for target in [secret, other] {
+            g.named_object_seen(target, "1", 1, false, true);
+        }
+        assert_eq!(take_all(&g).len(), 2, "both referrers reconciled once");
+
+        let brought: Vec<String> = (0..3)
+            .map(|i| format!("/ConfigMap/ns/listed-{i}"))
+            .collect();
+        for key in &brought {
+            listed(&g, key, "1");
+        }
+        g.named_object_seen(other, "2", 1, false, false);
+        g.named_object_seen(secret, "2", 1, false, true);
+        let got: Vec<(String, Reason)> = take_all(&g)
+            .into_iter()
+            .map(|(key, reason, _)| (key, reason))
+            .collect();
+        let mut want = vec![(streamed.to_owned(), Reason::Referenced)];
+        want.extend(brought.into_iter().map(|k| (k, Reason::Added)));
+        want.push((relisted.to_owned(), Reason::Referenced));
+        assert_eq!(got, want);
+        cancel.cancel();
+    }
+
     /// A group of no subscription on the slices `rx` sends, with one session (replica `a`).
     fn one_session_group(
         rx: watch::Receiver<Arc<Slice>>,
