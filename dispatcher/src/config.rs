@@ -192,11 +192,13 @@ pub enum ListMode {
     /// default from Kubernetes 1.34), served from the API server's watch cache; a server that
     /// refuses it is listed in pages instead.
     Stream,
-    /// One LIST without pages, which the API server serves from its watch cache and encodes
-    /// an object at a time (on by default from Kubernetes 1.33), read an object at a time,
-    /// then WATCH from its resourceVersion. Spares the API server the walk of its cache that
-    /// each page costs; the dispatcher holds one object of the response at a time. A list that
-    /// is cut short or times out is made in pages from then on.
+    /// A LIST in two responses, a first page of 500 and then the rest without a limit from
+    /// where the page ended, which the API server serves from its watch cache and encodes an
+    /// object at a time (on by default from Kubernetes 1.33), read an object at a time, then
+    /// WATCH from its resourceVersion. Spares the API server the walk of its cache that each
+    /// page costs, and the first page's objects are reconciled while it prepares the rest; the
+    /// dispatcher holds one object of the response at a time. A list that is cut short or
+    /// times out is made in pages from then on.
     #[default]
     Whole,
 }

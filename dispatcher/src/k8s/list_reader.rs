@@ -1,8 +1,8 @@
 //! A LIST response read one object at a time, as it arrives.
 //!
-//! A watch that lists whole (`--list-mode whole`) asks for every object in one response: the
-//! API server serves it from its watch cache and writes it an item at a time (streaming
-//! collection encoding, GA in Kubernetes 1.34). Read whole, such a response would cost the
+//! A watch that lists whole (`--list-mode whole`) asks for all but a first page in one
+//! response: the API server serves it from its watch cache and writes it an item at a time
+//! (streaming collection encoding, GA in Kubernetes 1.34). Read whole, such a response would cost the
 //! dispatcher memory in proportion to every object of the resource. [`ListReader`] keeps only
 //! what it has received of the object it is reading: its buffer holds at most about twice the
 //! largest object, and never more than [`MAX_OBJECT_BYTES`] unread.
@@ -60,6 +60,7 @@ pub(super) struct ListReader<R> {
     /// Whether the body has ended.
     eof: bool,
     resource_version: Option<String>,
+    continue_token: Option<String>,
 }
 
 impl<R: AsyncBufRead + Unpin> ListReader<R> {
@@ -73,6 +74,7 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
             want: 1,
             eof: false,
             resource_version: None,
+            continue_token: None,
         }
     }
 
@@ -80,6 +82,12 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
     /// writes the list's metadata before its items, but any order is read).
     pub(super) fn resource_version(&self) -> Option<&str> {
         self.resource_version.as_deref()
+    }
+
+    /// Where the list goes on, if the response was a page of it: the token of its `continue`,
+    /// once [`Self::next`] has returned `None`.
+    pub(super) fn continue_token(&self) -> Option<&str> {
+        self.continue_token.as_deref().filter(|t| !t.is_empty())
     }
 
     /// The next object's JSON text, or `None` when the list has ended. An error is final: the
@@ -178,6 +186,7 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
                             return Ok(Step::Short);
                         };
                         self.resource_version = meta.resource_version;
+                        self.continue_token = meta.continue_;
                         end
                     }
                     // `"items": null` is an empty list; anything else is skipped.

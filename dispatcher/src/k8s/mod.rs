@@ -9,8 +9,8 @@
 //!   decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
-//! - `whole_list` and `list_reader`: a watch that lists in one response, read an object at a
-//!   time (`--list-mode whole`);
+//! - `whole_list` and `list_reader`: a watch that lists a first page, then the rest in one
+//!   response, read an object at a time (`--list-mode whole`);
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
 //! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.

@@ -25,7 +25,10 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tower_test::mock;
 
-use crate::group::{Group, SessionSlot};
+use crate::{
+    group::{Group, SessionSlot},
+    k8s::whole_list::FIRST_PAGE,
+};
 
 type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -56,8 +59,17 @@ impl Asked {
         !self.watch && self.param("limit").is_some()
     }
 
+    /// The first request of a whole list ([`crate::k8s::whole_list`]): a first page of
+    /// [`FIRST_PAGE`] objects (as a paged list's first page looks too).
     pub(crate) fn is_whole_list(&self) -> bool {
-        !self.watch && self.param("limit").is_none()
+        !self.watch
+            && self.param("continue").is_none()
+            && self.param("limit") == Some(FIRST_PAGE.to_string().as_str())
+    }
+
+    /// The rest of a whole list: from where its first page ended, without a limit.
+    pub(crate) fn is_rest_of_whole_list(&self) -> bool {
+        !self.watch && self.param("continue").is_some() && self.param("limit").is_none()
     }
 
     pub(crate) fn streams_list(&self) -> bool {
@@ -74,6 +86,23 @@ impl Asked {
     /// `resource_version`.
     pub(crate) fn list_raw(self, resource_version: u64, objects: &[String]) {
         let body = list_json(resource_version, objects);
+        self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
+    /// Answers a page of a list: `objects` at `resource_version`, the list going on from
+    /// `continue_token`.
+    pub(crate) fn list_page(
+        self,
+        resource_version: u64,
+        objects: &[(&str, u64)],
+        continue_token: &str,
+    ) {
+        let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
+        let body = list_json(resource_version, &items).replacen(
+            r#""metadata":{"#,
+            &format!(r#""metadata":{{"continue":"{continue_token}","#),
+            1,
+        );
         self.respond.send_response(answer(StatusCode::OK, body));
     }
 

@@ -8,7 +8,7 @@ use futures::{StreamExt, stream::BoxStream};
 use kube::api::{Api, ListParams};
 use tracing::warn;
 
-use super::{list_reader::ListReader, object::WatchedObject, whole_list};
+use super::{object::WatchedObject, whole_list::WholeList};
 
 /// Page size of a list beside the stream (the watcher's own lists use the same).
 const SIDE_LIST_PAGE: u32 = 500;
@@ -164,7 +164,7 @@ fn listed_whole(
     futures::stream::unfold((None, retry_delays()), move |(reader, mut delays)| {
         let (api, params) = (api.clone(), params.clone());
         async move {
-            let mut reader: Option<ListReader<whole_list::Body>> = reader;
+            let mut reader: Option<WholeList> = reader;
             loop {
                 let result = match reader.as_mut() {
                     Some(reader) => match reader.next().await {
@@ -172,9 +172,9 @@ fn listed_whole(
                             .map(Some)
                             .map_err(kube::Error::SerdeError),
                         Ok(None) => return None,
-                        Err(e) => Err(kube::Error::ReadEvents(e)),
+                        Err(e) => Err(e),
                     },
-                    None => whole_list::list(&api, &params).await.map(|started| {
+                    None => WholeList::start(&api, &params).await.map(|started| {
                         reader = Some(started);
                         None
                     }),

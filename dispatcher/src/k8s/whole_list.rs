@@ -1,5 +1,6 @@
-//! A watch whose lists are whole (`--list-mode whole`): one LIST without pages, read an object
-//! at a time ([`super::list_reader`]), then a WATCH from the list's resourceVersion.
+//! A watch whose lists are whole (`--list-mode whole`): a LIST without pages after its first,
+//! read an object at a time ([`super::list_reader`]), then a WATCH from the list's
+//! resourceVersion.
 //!
 //! Why not pages: the API server serves a paged LIST from its watch cache by collecting, for
 //! each page, every object from the page's start to the end of the resource and then cutting
@@ -8,12 +9,21 @@
 //! visits each object once, is encoded an item at a time (on by default from Kubernetes 1.33),
 //! and is as consistent as a paged one: no resourceVersion is sent, so it is a consistent read.
 //!
+//! The list is asked for in two responses all the same ([`WholeList`]): a first page of
+//! [`FIRST_PAGE`] objects, then, from where it ended, the rest without a limit. The first byte
+//! of a LIST without a limit comes only once the API server has collected what it selects:
+//! 0.7 to 1.0 s after the request for 30k ConfigMaps of 2 KiB on Kubernetes 1.37, its last byte
+//! 0.1 s later, against 25 ms for the whole of a first page of 500 (`curl` of
+//! `/api/v1/configmaps`, 2026-11-28). So the first objects are reconciled while the API server
+//! collects the rest, which costs it one more walk of its cache than one response would,
+//! whatever the number of objects.
+//!
 //! The events are kube-runtime's [`watcher::Event`]s with its errors, so the watch loop treats
 //! both kinds of watch alike: `Init`, an `InitApply` per object as it arrives, `InitDone`, then
 //! `Apply` and `Delete`; a 410 Gone (or a watch that cannot be resumed) lists again from the
 //! start, any other error is retried from where it was, after the caller's backoff.
 
-use std::{pin::Pin, time::Duration};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use futures::{AsyncBufRead, Stream, StreamExt, stream::BoxStream};
 use kube::{
@@ -34,11 +44,14 @@ const IDLE_MARGIN: Duration = Duration::from_secs(5);
 /// The body of a list response, read as it arrives.
 pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
 
+/// The objects a whole list's first response holds (see the module docs).
+pub(super) const FIRST_PAGE: u32 = 500;
+
 enum State {
     /// Nothing listed yet, or the last list or watch can no longer be resumed.
     Empty,
     /// Reading the objects of a list.
-    Listing(ListReader<Body>),
+    Listing(Box<WholeList>),
     /// Listed (or watched) up to this resourceVersion; no watch open.
     Listed { resource_version: String },
     /// Watching from `resource_version` on.
@@ -83,8 +96,8 @@ pub(super) fn watcher(
 /// One step: the event it yields, if any, and the state after it.
 async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
     match state {
-        State::Empty => match list(&source.api, &source.list).await {
-            Ok(reader) => (Some(Ok(Event::Init)), State::Listing(reader)),
+        State::Empty => match WholeList::start(&source.api, &source.list).await {
+            Ok(reader) => (Some(Ok(Event::Init)), State::Listing(Box::new(reader))),
             Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
         State::Listing(mut reader) => match reader.next().await {
@@ -104,10 +117,7 @@ async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObje
                 ),
                 None => (Some(Err(Error::NoResourceVersion)), State::Empty),
             },
-            Err(e) => (
-                Some(Err(Error::InitialListFailed(kube::Error::ReadEvents(e)))),
-                State::Empty,
-            ),
+            Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
         State::Listed { resource_version } => {
             match source.api.watch(&source.watch, &resource_version).await {
@@ -215,19 +225,69 @@ pub(super) fn cut_short(error: &Error) -> bool {
     }
 }
 
-/// Starts a list of `api` without pages (whatever `params` says of a limit), through the client
-/// `api` was made with. Its response's objects are read as they arrive.
-pub(super) async fn list(
-    api: &Api<WatchedObject>,
-    params: &ListParams,
-) -> kube::Result<ListReader<Body>> {
-    let params = ListParams {
-        limit: None,
-        continue_token: None,
-        ..params.clone()
-    };
+/// A list of every object `params` selects, in two responses (see the module docs): its
+/// objects read one at a time as they arrive, through the client `api` was made with.
+pub(super) struct WholeList {
+    api: Api<WatchedObject>,
+    params: ListParams,
+    reader: ListReader<Body>,
+    /// Whether `reader` reads the first response.
+    first: bool,
+}
+
+impl WholeList {
+    /// Starts the list: asks for its first page (whatever `params` says of a limit or where
+    /// to continue).
+    pub(super) async fn start(api: &Api<WatchedObject>, params: &ListParams) -> kube::Result<Self> {
+        let params = ListParams {
+            limit: None,
+            continue_token: None,
+            ..params.clone()
+        };
+        let first = ListParams {
+            limit: Some(FIRST_PAGE),
+            ..params.clone()
+        };
+        Ok(Self {
+            reader: respond(api, &first).await?,
+            api: api.clone(),
+            params,
+            first: true,
+        })
+    }
+
+    /// The next object's JSON text, or `None` when the list has ended. An error is final: the
+    /// response was cut short or unreadable, or the rest of the list was refused (a `continue`
+    /// too old to serve is answered with 410 Gone).
+    pub(super) async fn next(&mut self) -> kube::Result<Option<Arc<str>>> {
+        loop {
+            if let Some(text) = self.reader.next().await.map_err(kube::Error::ReadEvents)? {
+                return Ok(Some(text));
+            }
+            let rest = match self.reader.continue_token() {
+                Some(token) if self.first => ListParams {
+                    continue_token: Some(token.to_owned()),
+                    ..self.params.clone()
+                },
+                _ => return Ok(None),
+            };
+            debug!(first = FIRST_PAGE, "listing the rest in one response");
+            // The rest is of the same snapshot: its response names the same resourceVersion.
+            self.reader = respond(&self.api, &rest).await?;
+            self.first = false;
+        }
+    }
+
+    /// The list's resourceVersion, once [`Self::next`] has returned `None`.
+    pub(super) fn resource_version(&self) -> Option<&str> {
+        self.reader.resource_version()
+    }
+}
+
+/// A list response to `params`, its objects to be read as they arrive.
+async fn respond(api: &Api<WatchedObject>, params: &ListParams) -> kube::Result<ListReader<Body>> {
     let request = kube::core::Request::new(api.resource_url())
-        .list(&params)
+        .list(params)
         .map_err(kube::Error::BuildRequest)?;
     let body = api.clone().into_client().request_stream(request).await?;
     Ok(ListReader::new(Box::pin(body)))

@@ -174,10 +174,45 @@ async fn a_whole_list_cut_short_is_made_in_pages_at_once() {
     let list = api.next().await;
     assert!(list.is_paged_list(), "then a paged list: {:?}", list.query);
     assert_eq!(list.at - cut, Duration::ZERO);
-    list.list(10, &[("a", 5), ("b", 6)]);
+    list.list_page(10, &[("a", 5)], "after-a");
+    // In pages: the next one has a limit too (the rest of a whole list would not).
+    let next = api.next().await;
+    assert!(
+        next.is_paged_list() && next.param("continue") == Some("after-a"),
+        "the next page: {:?}",
+        next.query
+    );
+    next.list(10, &[("b", 6)]);
     let watch = api.next().await;
     assert!(watch.watch);
     assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
+}
+
+/// A whole list asks for a first page, which the API server answers at once, and then for
+/// the rest in one response from where the page ended; the page's objects are handed out
+/// before the rest arrives, and the watch starts from the list's resourceVersion.
+#[tokio::test(start_paused = true)]
+async fn a_whole_list_hands_out_its_first_page_before_the_rest_arrives() {
+    let mut api = Scripted::start(ListMode::Whole);
+    let first = api.next().await;
+    assert!(first.is_whole_list(), "a first page: {:?}", first.query);
+    first.list_page(10, &[("a", 5)], "after-a");
+    let rest = api.next().await;
+    assert!(
+        rest.is_rest_of_whole_list() && rest.param("continue") == Some("after-a"),
+        "then the rest, without a limit: {:?}",
+        rest.query
+    );
+    assert_eq!(
+        api.delivered(),
+        named(&[("a", false)]),
+        "the first page is handed out while the rest is prepared"
+    );
+    rest.list(10, &[("b", 6), ("c", 7)]);
+    let watch = api.next().await;
+    assert!(watch.watch && !watch.streams_list(), "{:?}", watch.query);
+    assert_eq!(watch.param("resourceVersion"), Some("10"));
+    assert_eq!(api.delivered(), named(&[("b", false), ("c", false)]));
 }
 
 /// A watch the API server ends (its timeout) is resumed from the last resourceVersion it
