@@ -253,6 +253,7 @@ impl Registry {
             }
             info!(group = %id, replica, "replica registered");
             replace(&mut inner, &id);
+            place_new_group(&mut inner, &id);
         }
         Ok((
             receiver,
@@ -295,6 +296,10 @@ impl Registry {
         if !inner.dispatchers_known {
             inner.dispatchers_known = true;
             Self::end_settle(&mut inner);
+            let groups: Vec<GroupId> = inner.groups.keys().cloned().collect();
+            for group in groups {
+                place_new_group(&mut inner, &group);
+            }
         } else if changed && inner.settling {
             // A dispatcher joined or left during the settle: it must be polled (or its
             // replicas placed elsewhere) now, not when the settle ends. Those back by now are
@@ -382,7 +387,10 @@ impl Registry {
     /// This load balancer has just become the leader: until [`Registry::settled`], replicas
     /// register (each saying which dispatchers it polls) but nothing is placed, so that once
     /// they are all back each is placed where it was and a change of leader moves no
-    /// connection. Meanwhile replicas keep polling what they were assigned last.
+    /// connection. Meanwhile replicas keep polling what they were assigned last. A group none
+    /// of whose replicas has said it polls a dispatcher has nothing to keep: its replicas are
+    /// placed at once (a tier and its controllers starting together), and may move when the
+    /// settle ends if one of the group's replicas comes back saying what it polls.
     pub fn settle(&self) {
         self.inner().settling = true;
     }
@@ -455,9 +463,24 @@ fn forget(inner: &mut Inner, user: Option<String>) {
 /// Recomputes the placement of `group` and pushes every changed assignment; nothing while the
 /// registry settles ([`Registry::settle`]).
 fn replace(inner: &mut Inner, group: &GroupId) {
-    if inner.settling {
-        return;
+    if !inner.settling {
+        place_group(inner, group);
     }
+}
+
+/// During a settle, places `group` if none of its replicas has said it polls a dispatcher
+/// (there is no placement of it to keep) and the dispatchers are known; see
+/// [`Registry::settle`].
+fn place_new_group(inner: &mut Inner, group: &GroupId) {
+    let new = inner.groups.get(group).is_some_and(|g| g.polled.is_empty());
+    if inner.settling && inner.dispatchers_known && new {
+        place_group(inner, group);
+    }
+}
+
+/// Places the replicas of `group` on the live dispatchers, keeping where each is as far as
+/// the rules allow, and tells each whose dispatchers changed.
+fn place_group(inner: &mut Inner, group: &GroupId) {
     let dispatchers: Vec<String> = inner.dispatchers.keys().cloned().collect();
     let addresses = inner.dispatchers.clone();
     let Some(state) = inner.groups.get_mut(group) else {
@@ -568,6 +591,39 @@ mod tests {
         assert_eq!(c.borrow_and_update().dispatchers.len(), 1);
         assert_eq!(b.borrow_and_update().dispatchers.len(), 1);
         assert_eq!(a.borrow_and_update().dispatchers, [address(1)]);
+    }
+
+    /// During a settle, a group none of whose replicas said it polls a dispatcher has nothing
+    /// to keep: its replica is placed at once (also once the dispatchers become known). A
+    /// group whose replica came back saying what it polls waits for the settle's end, its new
+    /// replica too.
+    #[test]
+    fn a_new_group_is_placed_at_once_during_a_settle() {
+        let registry = Registry::new(10, 10, GroupOwners::default());
+        registry.settle();
+        let (mut n, _gn) = registry.register("new", "n", None, &[]).unwrap();
+        assert_eq!(n.borrow_and_update().generation, 0, "no dispatcher known");
+        registry.set_dispatchers(dispatchers(3));
+        let got = n.borrow_and_update().clone();
+        assert_eq!((got.generation, got.dispatchers.len()), (1, 3));
+        let (mut o, _go) = registry.register("new", "o", None, &[]).unwrap();
+        assert_eq!(
+            o.borrow_and_update().generation,
+            1,
+            "a second new replica too"
+        );
+
+        let (mut r, _gr) = registry.register("back", "r", None, &[address(1)]).unwrap();
+        let (mut m, _gm) = registry.register("back", "m", None, &[]).unwrap();
+        assert_eq!(r.borrow_and_update().generation, 0, "placed at the end");
+        assert_eq!(m.borrow_and_update().generation, 0, "placed at the end");
+        n.borrow_and_update();
+        registry.settled();
+        let (r, m) = (r.borrow_and_update().clone(), m.borrow_and_update().clone());
+        assert!(r.dispatchers.contains(&address(1)), "r stays: {r:?}");
+        assert!(!m.dispatchers.is_empty(), "{m:?}");
+        assert_eq!(r.dispatchers.len() + m.dispatchers.len(), 3, "{r:?} {m:?}");
+        assert!(!n.has_changed().unwrap(), "the new group stays where it is");
     }
 
     /// A leader whose settle ends before it knows the dispatchers (its Lease watch has not
