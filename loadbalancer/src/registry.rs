@@ -469,10 +469,15 @@ fn replace(inner: &mut Inner, group: &GroupId) {
 }
 
 /// During a settle, places `group` if none of its replicas has said it polls a dispatcher
-/// (there is no placement of it to keep) and the dispatchers are known; see
-/// [`Registry::settle`].
+/// (there is no placement of it to keep), nothing of it is placed yet, and the dispatchers are
+/// known; see [`Registry::settle`]. Its replicas registered later wait for the settle's end:
+/// a replica of an SDK that does not say what it polls (0.1.0) looks new too, and placing the
+/// group again at each of them would move the others each time.
 fn place_new_group(inner: &mut Inner, group: &GroupId) {
-    let new = inner.groups.get(group).is_some_and(|g| g.polled.is_empty());
+    let new = inner
+        .groups
+        .get(group)
+        .is_some_and(|g| g.polled.is_empty() && g.placement.is_empty());
     if inner.settling && inner.dispatchers_known && new {
         place_group(inner, group);
     }
@@ -594,9 +599,9 @@ mod tests {
     }
 
     /// During a settle, a group none of whose replicas said it polls a dispatcher has nothing
-    /// to keep: its replica is placed at once (also once the dispatchers become known). A
-    /// group whose replica came back saying what it polls waits for the settle's end, its new
-    /// replica too.
+    /// to keep: its first replica is placed at once (also once the dispatchers become known),
+    /// the others at the settle's end. A group whose replica came back saying what it polls
+    /// waits for the settle's end, its new replica too.
     #[test]
     fn a_new_group_is_placed_at_once_during_a_settle() {
         let registry = Registry::new(10, 10, GroupOwners::default());
@@ -609,21 +614,22 @@ mod tests {
         let (mut o, _go) = registry.register("new", "o", None, &[]).unwrap();
         assert_eq!(
             o.borrow_and_update().generation,
-            1,
-            "a second new replica too"
+            0,
+            "a second one at the end"
         );
 
         let (mut r, _gr) = registry.register("back", "r", None, &[address(1)]).unwrap();
         let (mut m, _gm) = registry.register("back", "m", None, &[]).unwrap();
         assert_eq!(r.borrow_and_update().generation, 0, "placed at the end");
         assert_eq!(m.borrow_and_update().generation, 0, "placed at the end");
-        n.borrow_and_update();
         registry.settled();
         let (r, m) = (r.borrow_and_update().clone(), m.borrow_and_update().clone());
         assert!(r.dispatchers.contains(&address(1)), "r stays: {r:?}");
         assert!(!m.dispatchers.is_empty(), "{m:?}");
         assert_eq!(r.dispatchers.len() + m.dispatchers.len(), 3, "{r:?} {m:?}");
-        assert!(!n.has_changed().unwrap(), "the new group stays where it is");
+        let (n, o) = (n.borrow_and_update().clone(), o.borrow_and_update().clone());
+        assert!(!o.dispatchers.is_empty(), "{o:?}");
+        assert_eq!(n.dispatchers.len() + o.dispatchers.len(), 3, "{n:?} {o:?}");
     }
 
     /// A leader whose settle ends before it knows the dispatchers (its Lease watch has not

@@ -31,7 +31,7 @@ use kube::{
     api::{Api, ListParams, WatchEvent, WatchParams},
     runtime::watcher::{Error, Event, Result},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{list_reader::ListReader, object::WatchedObject};
 
@@ -225,14 +225,22 @@ pub(super) fn cut_short(error: &Error) -> bool {
     }
 }
 
+/// How many times the rest of a list is asked for in all before the list starts over, and the
+/// wait before asking again (doubling, at most [`REST_WAIT_CAP`]): a refusal of the rest (a
+/// 429 from the API server's priority and fairness, a 503) asks again with the same token
+/// rather than list the first page again at the watch's shorter retry.
+const REST_ATTEMPTS: u32 = 5;
+const REST_WAIT: Duration = Duration::from_millis(250);
+const REST_WAIT_CAP: Duration = Duration::from_secs(2);
+
 /// A list of every object `params` selects, in two responses (see the module docs): its
 /// objects read one at a time as they arrive, through the client `api` was made with.
 pub(super) struct WholeList {
     api: Api<WatchedObject>,
     params: ListParams,
     reader: ListReader<Body>,
-    /// Whether `reader` reads the first response.
-    first: bool,
+    /// The first response's resourceVersion, once it has been read: the list's.
+    snapshot: Option<String>,
 }
 
 impl WholeList {
@@ -252,35 +260,62 @@ impl WholeList {
             reader: respond(api, &first).await?,
             api: api.clone(),
             params,
-            first: true,
+            snapshot: None,
         })
     }
 
-    /// The next object's JSON text, or `None` when the list has ended. An error is final: the
+    /// The next object's JSON text, or `None` when the list has ended. An error is final: a
     /// response was cut short or unreadable, or the rest of the list was refused (a `continue`
-    /// too old to serve is answered with 410 Gone).
+    /// too old to serve is answered with 410 Gone; anything else after [`REST_ATTEMPTS`]).
     pub(super) async fn next(&mut self) -> kube::Result<Option<Arc<str>>> {
         loop {
             if let Some(text) = self.reader.next().await.map_err(kube::Error::ReadEvents)? {
                 return Ok(Some(text));
             }
-            let rest = match self.reader.continue_token() {
-                Some(token) if self.first => ListParams {
-                    continue_token: Some(token.to_owned()),
-                    ..self.params.clone()
-                },
-                _ => return Ok(None),
+            if self.snapshot.is_none() {
+                self.snapshot = self.reader.resource_version().map(str::to_owned);
+            }
+            // Whatever response ends with a `continue` is followed (an API server gives none
+            // to a request without a limit, but a server in front of it might).
+            let Some(token) = self.reader.continue_token() else {
+                return Ok(None);
+            };
+            let rest = ListParams {
+                continue_token: Some(token.to_owned()),
+                ..self.params.clone()
             };
             debug!(first = FIRST_PAGE, "listing the rest in one response");
-            // The rest is of the same snapshot: its response names the same resourceVersion.
-            self.reader = respond(&self.api, &rest).await?;
-            self.first = false;
+            self.reader = Self::rest(&self.api, &rest).await?;
         }
     }
 
-    /// The list's resourceVersion, once [`Self::next`] has returned `None`.
+    /// The response to `rest`, asked for again after a wait when refused; see
+    /// [`REST_ATTEMPTS`].
+    async fn rest(api: &Api<WatchedObject>, rest: &ListParams) -> kube::Result<ListReader<Body>> {
+        let (mut wait, mut attempt) = (REST_WAIT, 1);
+        loop {
+            match respond(api, rest).await {
+                Ok(reader) => return Ok(reader),
+                // An expired `continue` can only be listed again from the start.
+                Err(kube::Error::Api(status)) if status.code == 410 => {
+                    return Err(kube::Error::Api(status));
+                }
+                Err(e) if attempt >= REST_ATTEMPTS => return Err(e),
+                Err(e) => {
+                    warn!(error = %e, attempt, ?wait, "the rest of the list was refused; asking for it again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(REST_WAIT_CAP);
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// The list's resourceVersion, once [`Self::next`] has returned `None`: its first
+    /// response's (the rest is of the same snapshot; were it newer, a watch from it would miss
+    /// what changed in between of the first page's objects).
     pub(super) fn resource_version(&self) -> Option<&str> {
-        self.reader.resource_version()
+        self.snapshot.as_deref()
     }
 }
 

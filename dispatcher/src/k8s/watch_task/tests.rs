@@ -215,6 +215,40 @@ async fn a_whole_list_hands_out_its_first_page_before_the_rest_arrives() {
     assert_eq!(api.delivered(), named(&[("b", false), ("c", false)]));
 }
 
+/// The rest of a whole list that the API server refuses is asked for again with the same
+/// token after a wait, not listed again from its first page; a `continue` too old to serve
+/// (410 Gone) lists again from the start.
+#[tokio::test(start_paused = true)]
+async fn a_refused_rest_of_a_whole_list_is_asked_for_again() {
+    let mut api = Scripted::start(ListMode::Whole);
+    api.next().await.list_page(10, &[("a", 5)], "after-a");
+    let rest = api.next().await;
+    let refused = Instant::now();
+    rest.refuse(429, "TooManyRequests", "the API server is busy");
+    let again = api.next().await;
+    assert!(
+        again.is_rest_of_whole_list() && again.param("continue") == Some("after-a"),
+        "the rest again: {:?}",
+        again.query
+    );
+    assert!(
+        again.at - refused >= Duration::from_millis(250),
+        "after a wait"
+    );
+    again.refuse(410, "Expired", "the continue token is too old");
+    let relist = api.next().await;
+    assert!(
+        relist.is_whole_list(),
+        "listed from the start: {:?}",
+        relist.query
+    );
+    relist.list(20, &[("a", 5), ("b", 16)]);
+    let watch = api.next().await;
+    assert!(watch.watch, "{:?}", watch.query);
+    assert_eq!(watch.param("resourceVersion"), Some("20"));
+    assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
+}
+
 /// A watch the API server ends (its timeout) is resumed from the last resourceVersion it
 /// showed, with no list; the change it showed before it ended is delivered.
 #[tokio::test(start_paused = true)]
