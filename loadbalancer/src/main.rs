@@ -82,10 +82,10 @@ struct Args {
     /// How long a load balancer that has just become the leader waits for the replicas to
     /// register again before it places any. Each says which dispatchers it polls and is placed
     /// there as far as the placement rules allow, so a change of leader (a rolling update of
-    /// the load balancers) moves no connection. Replicas keep polling meanwhile. The first
-    /// replica of a group none of whose replicas is back yet is placed at once (a tier and its
-    /// controllers starting together); other replicas new to their group wait this long for
-    /// their first dispatchers. At most 30s.
+    /// the load balancers) moves no connection. Replicas keep polling meanwhile. A group none
+    /// of whose replicas is back yet is placed at once (a tier and its controllers starting
+    /// together); a replica new to a group whose replicas are coming back waits this long for
+    /// its first dispatchers. At most 30s.
     #[arg(long, env = "KD_LEADER_SETTLE", default_value = "2s", value_parser = humantime::parse_duration)]
     leader_settle: Duration,
 

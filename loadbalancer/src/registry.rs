@@ -469,15 +469,11 @@ fn replace(inner: &mut Inner, group: &GroupId) {
 }
 
 /// During a settle, places `group` if none of its replicas has said it polls a dispatcher
-/// (there is no placement of it to keep), nothing of it is placed yet, and the dispatchers are
-/// known; see [`Registry::settle`]. Its replicas registered later wait for the settle's end:
-/// a replica of an SDK that does not say what it polls (0.1.0) looks new too, and placing the
-/// group again at each of them would move the others each time.
+/// (there is no placement of it to keep) and the dispatchers are known; see
+/// [`Registry::settle`]. A replica of an SDK that does not say what it polls (0.1.0) looks
+/// new too: its group is placed again at each of its replicas' registrations.
 fn place_new_group(inner: &mut Inner, group: &GroupId) {
-    let new = inner
-        .groups
-        .get(group)
-        .is_some_and(|g| g.polled.is_empty() && g.placement.is_empty());
+    let new = inner.groups.get(group).is_some_and(|g| g.polled.is_empty());
     if inner.settling && inner.dispatchers_known && new {
         place_group(inner, group);
     }
@@ -599,9 +595,9 @@ mod tests {
     }
 
     /// During a settle, a group none of whose replicas said it polls a dispatcher has nothing
-    /// to keep: its first replica is placed at once (also once the dispatchers become known),
-    /// the others at the settle's end. A group whose replica came back saying what it polls
-    /// waits for the settle's end, its new replica too.
+    /// to keep: its replicas are placed at once (also once the dispatchers become known). A
+    /// group whose replica came back saying what it polls waits for the settle's end, its new
+    /// replica too.
     #[test]
     fn a_new_group_is_placed_at_once_during_a_settle() {
         let registry = Registry::new(10, 10, GroupOwners::default());
@@ -612,10 +608,12 @@ mod tests {
         let got = n.borrow_and_update().clone();
         assert_eq!((got.generation, got.dispatchers.len()), (1, 3));
         let (mut o, _go) = registry.register("new", "o", None, &[]).unwrap();
+        let (n_now, o_now) = (n.borrow_and_update().clone(), o.borrow_and_update().clone());
+        assert_eq!(o_now.generation, 1, "a second new replica at once too");
         assert_eq!(
-            o.borrow_and_update().generation,
-            0,
-            "a second one at the end"
+            n_now.dispatchers.len() + o_now.dispatchers.len(),
+            3,
+            "they share"
         );
 
         let (mut r, _gr) = registry.register("back", "r", None, &[address(1)]).unwrap();
@@ -627,9 +625,8 @@ mod tests {
         assert!(r.dispatchers.contains(&address(1)), "r stays: {r:?}");
         assert!(!m.dispatchers.is_empty(), "{m:?}");
         assert_eq!(r.dispatchers.len() + m.dispatchers.len(), 3, "{r:?} {m:?}");
-        let (n, o) = (n.borrow_and_update().clone(), o.borrow_and_update().clone());
-        assert!(!o.dispatchers.is_empty(), "{o:?}");
-        assert_eq!(n.dispatchers.len() + o.dispatchers.len(), 3, "{n:?} {o:?}");
+        assert!(!n.has_changed().unwrap(), "the new group stays where it is");
+        assert!(!o.has_changed().unwrap(), "the new group stays where it is");
     }
 
     /// A leader whose settle ends before it knows the dispatchers (its Lease watch has not
