@@ -25,6 +25,7 @@
 
 use std::{pin::Pin, sync::Arc, time::Duration};
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::{AsyncBufRead, Stream, StreamExt, stream::BoxStream};
 use kube::{
     ResourceExt,
@@ -292,23 +293,19 @@ impl WholeList {
     /// The response to `rest`, asked for again after a wait when refused; see
     /// [`REST_ATTEMPTS`].
     async fn rest(api: &Api<WatchedObject>, rest: &ListParams) -> kube::Result<ListReader<Body>> {
-        let (mut wait, mut attempt) = (REST_WAIT, 1);
-        loop {
-            match respond(api, rest).await {
-                Ok(reader) => return Ok(reader),
-                // An expired `continue` can only be listed again from the start.
-                Err(kube::Error::Api(status)) if status.code == 410 => {
-                    return Err(kube::Error::Api(status));
-                }
-                Err(e) if attempt >= REST_ATTEMPTS => return Err(e),
-                Err(e) => {
-                    warn!(error = %e, attempt, ?wait, "the rest of the list was refused; asking for it again");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(REST_WAIT_CAP);
-                    attempt += 1;
-                }
-            }
-        }
+        let waits = ExponentialBuilder::default()
+            .with_min_delay(REST_WAIT)
+            .with_max_delay(REST_WAIT_CAP)
+            .with_max_times(REST_ATTEMPTS as usize - 1);
+        (|| respond(api, rest))
+            .retry(waits)
+            .sleep(tokio::time::sleep)
+            // An expired `continue` can only be listed again from the start.
+            .when(|e| !matches!(e, kube::Error::Api(status) if status.code == 410))
+            .notify(|e, wait| {
+                warn!(error = %e, ?wait, "the rest of the list was refused; asking for it again");
+            })
+            .await
     }
 
     /// The list's resourceVersion, once [`Self::next`] has returned `None`: its first
