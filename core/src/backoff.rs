@@ -53,8 +53,15 @@ pub enum Recovery {
     /// List again at once: the server answered, only the resourceVersion is too old (410
     /// Gone).
     ListAgain,
-    /// List in pages from now on, at once (streaming refused, or a whole list cut short).
+    /// List in pages from now on, at once: the server refused a streaming list.
     ListInPages,
+    /// List by streaming from now on, at once: a whole list was cut short. A streaming list
+    /// (one WATCH with `sendInitialEvents`) is a long-running request, which the API server's
+    /// request timeout does not end, served from its watch cache with no `continue` to expire,
+    /// so it completes where a whole list cannot; pages can not either once listing them takes
+    /// longer than the API server's compaction interval (5 minutes by default: at a million
+    /// objects on two cores, `BENCHMARKS.md`). A server that refuses it is then listed in pages.
+    ListByStreaming,
     /// Try again after this long.
     RetryIn(Duration),
     /// Give up: the request itself is refused (a 4xx other than 410: a bad selector, a
@@ -126,8 +133,11 @@ impl WatchRetry {
 
     /// What to do about `failure`, at `now`.
     pub fn recover(&mut self, failure: &WatchFailure, now: Instant) -> Recovery {
-        if failure.streaming_refused || failure.whole_list_cut_short {
+        if failure.streaming_refused {
             return Recovery::ListInPages;
+        }
+        if failure.whole_list_cut_short {
+            return Recovery::ListByStreaming;
         }
         let at_once_allowed = self
             .listed_at_once
@@ -260,23 +270,25 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_stream_or_a_whole_list_cut_short_lists_in_pages_at_once() {
-        for failure in [
-            WatchFailure {
-                code: Some(422),
-                streaming_refused: true,
-                starting: true,
-                ..WatchFailure::default()
-            },
-            WatchFailure {
-                code: Some(504),
-                whole_list_cut_short: true,
-                ..WatchFailure::default()
-            },
+    fn a_refused_stream_lists_in_pages_and_a_whole_list_cut_short_streams_at_once() {
+        let refused = WatchFailure {
+            code: Some(422),
+            streaming_refused: true,
+            starting: true,
+            ..WatchFailure::default()
+        };
+        let cut_short = WatchFailure {
+            code: Some(504),
+            whole_list_cut_short: true,
+            ..WatchFailure::default()
+        };
+        for (failure, recovery) in [
+            (refused, Recovery::ListInPages),
+            (cut_short, Recovery::ListByStreaming),
         ] {
             assert_eq!(
                 WatchRetry::default().recover(&failure, Instant::now()),
-                Recovery::ListInPages,
+                recovery,
                 "{failure:?}"
             );
         }

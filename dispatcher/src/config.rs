@@ -198,7 +198,8 @@ pub enum ListMode {
     /// WATCH from its resourceVersion. Spares the API server the walk of its cache that each
     /// page costs, and the first page's objects are reconciled while it prepares the rest; the
     /// dispatcher holds one object of the response at a time. A list that is cut short or
-    /// times out is made in pages from then on.
+    /// times out is made by streaming from then on ([`ListMode::Stream`], which no request
+    /// timeout ends), or in pages where the server refuses streaming.
     #[default]
     Whole,
 }

@@ -187,7 +187,9 @@ struct Args {
     /// How each watch lists what exists when it starts and after it expires. "whole": one LIST
     /// without pages, which the API server serves from its watch cache and encodes an object
     /// at a time (on by default from Kubernetes 1.33), read an object at a time, then WATCH; a
-    /// list cut short or timed out is made in pages from then on. "paged": LIST in pages of 500, then
+    /// list cut short or timed out (too large to send within the API server's request timeout,
+    /// 60 s by default: a million objects on a small control plane) is made by streaming from
+    /// then on, or in pages where streaming is refused. "paged": LIST in pages of 500, then
     /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
     /// so at 100k objects paging cost it 3× the CPU of whole lists (bench/HISTORY.md, "Lists
     /// whole"), but it is the way for API servers before 1.33. "stream": one WATCH with

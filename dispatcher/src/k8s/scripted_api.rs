@@ -152,6 +152,17 @@ impl Stream {
             .expect("the watch is still read");
     }
 
+    /// Ends a streaming list's initial events: the bookmark that says every object that
+    /// exists at `resource_version` was sent.
+    pub(crate) fn initial_events_end(&self, resource_version: u64) {
+        self.send(
+            "BOOKMARK",
+            format!(
+                r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"resourceVersion":"{resource_version}","annotations":{{"k8s.io/initial-events-end":"true"}}}}}}"#
+            ),
+        );
+    }
+
     /// Whether the client still reads the stream.
     pub(crate) fn is_open(&self) -> bool {
         !self.0.is_closed()

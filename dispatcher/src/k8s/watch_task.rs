@@ -444,14 +444,16 @@ impl WatchTask {
         }
         let failure = self.failure(e);
         match self.retry.recover(&failure, Instant::now().into_std()) {
-            Recovery::ListInPages if failure.streaming_refused => {
+            Recovery::ListInPages => {
                 warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
+                self.list_mode = ListMode::Paged;
                 self.config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
                 Some(End::Restart)
             }
-            Recovery::ListInPages => {
-                warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole; listing in pages instead");
-                self.list_mode = ListMode::Paged;
+            Recovery::ListByStreaming => {
+                warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole (too large to list within the API server's request timeout?); listing by streaming instead, or in pages if the server refuses that");
+                self.list_mode = ListMode::Stream;
+                self.config.initial_list_strategy = watcher::InitialListStrategy::StreamingList;
                 Some(End::Restart)
             }
             Recovery::Fail => {

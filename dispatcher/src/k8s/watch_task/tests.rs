@@ -158,10 +158,11 @@ async fn a_refused_streaming_list_is_made_in_pages_at_once() {
     assert_eq!(api.delivered(), named(&[("a", false)]));
 }
 
-/// A whole list cut short (a resource too large to list in one response in time) is made in
-/// pages instead, at once; what arrived before the cut is not lost.
+/// A whole list cut short (a resource too large to list in one response within the API
+/// server's request timeout) is listed by streaming instead, at once, which no request timeout
+/// ends; what arrived before the cut is not lost.
 #[tokio::test(start_paused = true)]
-async fn a_whole_list_cut_short_is_made_in_pages_at_once() {
+async fn a_whole_list_cut_short_is_listed_by_streaming_at_once() {
     let mut api = Scripted::start(ListMode::Whole);
     let first = api.next().await;
     assert!(
@@ -171,9 +172,46 @@ async fn a_whole_list_cut_short_is_made_in_pages_at_once() {
     );
     let cut = Instant::now();
     first.cut_short(&[("a", 5)]);
+    let streaming = api.next().await;
+    assert!(
+        streaming.streams_list(),
+        "then a streaming list: {:?}",
+        streaming.query
+    );
+    assert_eq!(streaming.at - cut, Duration::ZERO);
+    let counts = api.counts.clone();
+    let applied = || counts.applied.load(std::sync::atomic::Ordering::Relaxed);
+    let before = applied();
+    let stream = streaming.open();
+    stream.send("ADDED", object("a", 5));
+    stream.send("ADDED", object("b", 6));
+    stream.initial_events_end(10);
+    until("the streamed list was read", || applied() >= before + 2).await;
+    assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
+    // The stream goes on as the watch.
+    let before = applied();
+    stream.send("MODIFIED", object("b", 11));
+    until("the watch read the change", || applied() > before).await;
+    assert_eq!(api.delivered(), named(&[("b", false)]));
+}
+
+/// A whole list cut short, on a server that also refuses streaming lists (no WatchList
+/// feature), is made in pages; what arrived before the cut is not lost.
+#[tokio::test(start_paused = true)]
+async fn a_whole_list_cut_short_is_made_in_pages_where_streaming_is_refused() {
+    let mut api = Scripted::start(ListMode::Whole);
+    api.next().await.cut_short(&[("a", 5)]);
+    let streaming = api.next().await;
+    assert!(streaming.streams_list(), "{:?}", streaming.query);
+    let refused = Instant::now();
+    streaming.refuse(
+        422,
+        "Invalid",
+        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+    );
     let list = api.next().await;
     assert!(list.is_paged_list(), "then a paged list: {:?}", list.query);
-    assert_eq!(list.at - cut, Duration::ZERO);
+    assert_eq!(list.at - refused, Duration::ZERO);
     list.list_page(10, &[("a", 5)], "after-a");
     // In pages: the next one has a limit too (the rest of a whole list would not).
     let next = api.next().await;
@@ -184,7 +222,7 @@ async fn a_whole_list_cut_short_is_made_in_pages_at_once() {
     );
     next.list(10, &[("b", 6)]);
     let watch = api.next().await;
-    assert!(watch.watch);
+    assert!(watch.watch && !watch.streams_list());
     assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
 }
 
