@@ -80,6 +80,10 @@ bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 00
 bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into BENCHMARKS.md: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS; NAMESPACES=N spreads the owners over N namespaces (section owners-namespaces), with RING_KEY=namespace for server-side sharding
 	@CHILDREN=$${CHILDREN:-5} bench/run.sh
 
+.PHONY: bench-scale
+bench-scale: ## A million objects: 100 000 and 1 000 000 ConfigMaps of 300 bytes, one controller on the tier against kube-rs (listing by streaming) and controller-runtime, with every process's memory (~60 min, 24 GiB machine), into BENCHMARKS.md: OBJECTS, OBJECT_BYTES, REPEATS, WRITES, VARIANTS
+	@SCALE=1 bench/run.sh
+
 .PHONY: bench-security
 bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
 	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench

@@ -32,6 +32,14 @@
 #                          KINDS=config-map, REPEATS=2,
 #                          VARIANTS=controller-runtime,go-dispatch-1,dispatch-1, written to the
 #                          go-sdk section of BENCHMARKS.md
+#   SCALE=1                the scale run (`make bench-scale`): defaults then
+#                          OBJECTS=100000,1000000, KINDS=config-map, OBJECT_BYTES=300,
+#                          REPEATS=1, VARIANTS=kube-rs-streaming,controller-runtime,dispatch-1
+#                          (kube-rs's default pages do not complete a list of a million
+#                          within the API server's compaction interval), written to the
+#                          scale section of BENCHMARKS.md
+#   OBJECT_BYTES=2048      size of each object's data (objects of another size than 2048
+#                          bytes get a namespace of their own)
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
 #                          groups-mixed section of BENCHMARKS.md
@@ -58,6 +66,10 @@ if [[ -n ${GO_SDK:-} ]]; then
   command="make bench-go"
   vars="OBJECTS REPEATS WRITES VARIANTS"
 fi
+if [[ -n ${SCALE:-} ]]; then
+  command="make bench-scale"
+  vars="OBJECTS OBJECT_BYTES REPEATS WRITES VARIANTS"
+fi
 for var in $vars; do
   if [[ -n ${!var:-} ]]; then command+=" $var=${!var}"; fi
 done
@@ -81,6 +93,11 @@ if [[ -n ${GO_SDK:-} ]]; then
   section=go-sdk
   : "${OBJECTS:=10000,100000}" "${KINDS:=config-map}" "${REPEATS:=2}"
   : "${VARIANTS:=controller-runtime,go-dispatch-1,dispatch-1}"
+fi
+if [[ -n ${SCALE:-} ]]; then
+  section=scale
+  : "${OBJECTS:=100000,1000000}" "${KINDS:=config-map}" "${OBJECT_BYTES:=300}" "${REPEATS:=1}"
+  : "${VARIANTS:=kube-rs-streaming,controller-runtime,dispatch-1}"
 fi
 if [[ -n ${CHILDREN:-} ]]; then
   section=owners
@@ -115,6 +132,7 @@ KD_BENCH_OBJECTS=${OBJECTS:-1000,10000} \
 KD_BENCH_KINDS=${KINDS:-config-map,record} \
 KD_BENCH_REPEATS=${REPEATS:-3} \
 KD_BENCH_WRITES=${WRITES:-200} \
+KD_BENCH_OBJECT_BYTES=${OBJECT_BYTES:-2048} \
 KD_BENCH_VARIANTS=${VARIANTS:-kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4,go-dispatch-1} \
 KD_BENCH_GROUPS=${CONTROLLERS:-1} \
 KD_BENCH_CHILDREN=${CHILDREN:-0} \

@@ -283,8 +283,8 @@ struct CompareArgs {
     #[arg(long, env = "KD_BENCH_PROFILE_APISERVER")]
     profile_apiserver: bool,
 
-    /// Variants, comma-separated: kube-rs, kube-rs-metadata, controller-runtime,
-    /// controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>,
+    /// Variants, comma-separated: kube-rs, kube-rs-streaming (its watcher lists by streaming,
+    /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>,
     /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
     /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
     /// reconcile lists its children instead of reading them from its request).
@@ -313,7 +313,7 @@ struct CompareArgs {
     write_interval: Duration,
 
     /// Size of each object's `config.yaml`, bytes.
-    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = OBJECT_BYTES)]
     object_bytes: usize,
 
     /// The benchmark controller on controller-runtime (Go), for the controller-runtime
@@ -397,9 +397,11 @@ impl CompareArgs {
             anyhow::ensure!(
                 !self.variants.iter().any(|v| matches!(
                     v,
-                    Variant::KubeRsMetadata | Variant::ControllerRuntimeMetadata
+                    Variant::KubeRsMetadata
+                        | Variant::ControllerRuntimeMetadata
+                        | Variant::KubeRsStreaming
                 )),
-                "--children has no metadata-only variant: its controllers read their children's content"
+                "--children has no metadata-only variant (its controllers read their children's content) and no kube-rs-streaming"
             );
         } else {
             anyhow::ensure!(
@@ -528,7 +530,7 @@ struct CeilingArgs {
     objects: usize,
 
     /// Size of each object's `config.yaml`, bytes.
-    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = OBJECT_BYTES)]
     object_bytes: usize,
 
     /// Target write rates, writes per second, comma-separated, in the order run.
@@ -566,7 +568,7 @@ struct ShardsArgs {
     objects: usize,
 
     /// Size of each object's `config.yaml`, bytes.
-    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = 2048)]
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = OBJECT_BYTES)]
     object_bytes: usize,
 
     /// Dispatchers in the tier of each ring key.
@@ -646,6 +648,19 @@ impl Plane {
     }
 }
 
+/// Each object's data unless `--object-bytes` says otherwise.
+const OBJECT_BYTES: usize = 2048;
+
+/// What a namespace of objects of another size than [`OBJECT_BYTES`] adds to its name, so that
+/// a run at one size does not rewrite every object another size's runs left (`-300b`).
+fn size_suffix(object_bytes: usize) -> String {
+    if object_bytes == OBJECT_BYTES {
+        String::new()
+    } else {
+        format!("-{object_bytes}b")
+    }
+}
+
 /// `compare`: every variant on every scenario, written into the section --section.
 async fn compare(args: CompareArgs) -> anyhow::Result<()> {
     args.check()?;
@@ -674,7 +689,11 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     args.children
                 )
             } else if namespaces == 1 {
-                format!("kd-bench-{}-{objects}", objects::flags(&kinds))
+                format!(
+                    "kd-bench-{}-{objects}{}",
+                    objects::flags(&kinds),
+                    size_suffix(args.object_bytes)
+                )
             } else {
                 String::new()
             };
@@ -792,7 +811,11 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
     let nonce = now_micros();
     let objects = args.objects;
     let kind = Kind::ConfigMap;
-    let namespace = format!("kd-bench-{}-{objects}", kind.flag());
+    let namespace = format!(
+        "kd-bench-{}-{objects}{}",
+        kind.flag(),
+        size_suffix(args.object_bytes)
+    );
     populate(&plane.client, kind, &namespace, objects, args.object_bytes).await?;
     let setup = Setup {
         client: &plane.client,

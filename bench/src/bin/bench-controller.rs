@@ -5,6 +5,8 @@
 //!
 //! - `kube-rs`: a kube-rs `Controller` over `Api::namespaced`, with the default
 //!   `watcher::Config` the kube-rs documentation starts from; its reflector caches every object.
+//! - `kube-rs-streaming`: the same, its watcher listing by streaming (`streaming_lists`)
+//!   instead of in pages of 500, as kube-rs users do for large collections.
 //! - `kube-rs-metadata`: the same over `Api<PartialObjectMeta<K>>`, so the watch and the cache
 //!   hold metadata only (the kube-rs optimization guide's advice for controllers that can read
 //!   the rest on demand); each reconcile then GETs the object.
@@ -110,6 +112,8 @@ enum ChildrenFrom {
 enum Runtime {
     /// kube-rs `Controller` with a reflector cache of whole objects.
     KubeRs,
+    /// The same, listing by streaming (`watcher::Config::streaming_lists`) instead of pages.
+    KubeRsStreaming,
     /// kube-rs `Controller` with a metadata-only watch and cache; reconciles GET the object.
     KubeRsMetadata,
     /// kube-dispatch SDK behind the dispatchers and the load balancer.
@@ -281,10 +285,23 @@ fn api_of<K: Object>(client: &Client, object: &K) -> Api<K> {
     )
 }
 
+/// The kube-rs watcher's configuration: the documentation's default (lists in pages of 500), or
+/// streaming lists, with the label selector if any.
+fn watcher_config(runtime: Runtime, selector: &str) -> watcher::Config {
+    let mut config = watcher::Config::default();
+    if matches!(runtime, Runtime::KubeRsStreaming) {
+        config = config.streaming_lists();
+    }
+    if !selector.is_empty() {
+        config = config.labels(selector);
+    }
+    config
+}
+
 async fn run_kube_rs<K: Object>(
     client: Client,
     namespace: &str,
-    selector: &str,
+    config: watcher::Config,
     concurrency: usize,
 ) {
     let api = if namespace.is_empty() {
@@ -292,10 +309,6 @@ async fn run_kube_rs<K: Object>(
     } else {
         Api::<K>::namespaced(client.clone(), namespace)
     };
-    let mut config = watcher::Config::default();
-    if !selector.is_empty() {
-        config = config.labels(selector);
-    }
     let reconcile = |object: Arc<K>, client: Arc<Client>| async move {
         started(object.meta());
         ensure_hash(object.as_ref(), &api_of(&client, object.as_ref())).await?;
@@ -557,11 +570,13 @@ async fn main() -> anyhow::Result<()> {
             )
             .await;
         }
-        (Runtime::KubeRs, Kind::ConfigMap) => {
-            run_kube_rs::<ConfigMap>(client, ns, &selector, concurrency).await
+        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::ConfigMap) => {
+            let config = watcher_config(runtime, &selector);
+            run_kube_rs::<ConfigMap>(client, ns, config, concurrency).await
         }
-        (Runtime::KubeRs, Kind::Record) => {
-            run_kube_rs::<Record>(client, ns, &selector, concurrency).await
+        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::Record) => {
+            let config = watcher_config(runtime, &selector);
+            run_kube_rs::<Record>(client, ns, config, concurrency).await
         }
         (Runtime::KubeRsMetadata, Kind::ConfigMap) => {
             run_kube_rs_metadata::<ConfigMap>(client, ns, concurrency).await;

@@ -36,6 +36,10 @@ pub(crate) const SECURITY_OFF: &str = "true";
 pub(crate) enum Variant {
     /// kube-rs `Controller`, reflector cache of whole objects.
     KubeRs,
+    /// The same, its watcher listing by streaming (`watcher::Config::streaming_lists`: one
+    /// WATCH with `sendInitialEvents`, served from the API server's watch cache) instead of
+    /// pages of 500: what kube-rs users turn to for large collections.
+    KubeRsStreaming,
     /// kube-rs `Controller`, metadata-only watch and cache, GET per reconcile.
     KubeRsMetadata,
     /// controller-runtime (Go), its default cache of whole objects.
@@ -66,6 +70,7 @@ impl fmt::Display for Variant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Variant::KubeRs => f.write_str("kube-rs"),
+            Variant::KubeRsStreaming => f.write_str("kube-rs-streaming"),
             Variant::KubeRsMetadata => f.write_str("kube-rs-metadata"),
             Variant::ControllerRuntime => f.write_str("controller-runtime"),
             Variant::ControllerRuntimeMetadata => f.write_str("controller-runtime-metadata"),
@@ -82,6 +87,7 @@ impl std::str::FromStr for Variant {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "kube-rs" => Ok(Variant::KubeRs),
+            "kube-rs-streaming" => Ok(Variant::KubeRsStreaming),
             "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
             "controller-runtime" => Ok(Variant::ControllerRuntime),
             "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
@@ -96,7 +102,7 @@ impl std::str::FromStr for Variant {
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
                     )
                 })
             }
@@ -664,11 +670,13 @@ impl Setup<'_> {
                 (program, n)
             }
             Variant::KubeRs
+            | Variant::KubeRsStreaming
             | Variant::KubeRsMetadata
             | Variant::Dispatch(_)
             | Variant::DispatchList(_) => {
                 let (runtime, count) = match variant {
                     Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
+                    Variant::KubeRsStreaming => ("kube-rs-streaming", 1),
                     Variant::Dispatch(n) | Variant::DispatchList(n) => ("dispatch", n),
                     _ => ("kube-rs", 1),
                 };
