@@ -392,6 +392,12 @@ impl WatchTask {
         }
         match event {
             Event::Init => {
+                if matches!(pass.listed, Some(Some(_))) {
+                    // kube-runtime starts a list over by itself, without an error, when the
+                    // request ends before the list does: a streaming list is a watch, which
+                    // ends at its timeout (290 s).
+                    warn!(resource = %describe(&self.key), "the list started over before it completed (a streaming list longer than the watch's 290 s timeout?)");
+                }
                 self.counts.relists.fetch_add(1, Ordering::Relaxed);
                 self.epoch = self.epoch.wrapping_add(1);
                 // The watch re-lists everything itself: a list beside it adds nothing.
@@ -512,11 +518,14 @@ fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
         .then(|| (status.code, status.message.clone()))
 }
 
-/// Whether the API server refused a streaming list (`sendInitialEvents`), as one without the
-/// WatchList feature does.
+/// Whether the API server refused a streaming list, as one without the WatchList feature
+/// does: "sendInitialEvents is forbidden for watch unless the WatchList feature gate is
+/// enabled" (1.27 to 1.33 with the feature off), or, from a server older than the feature,
+/// "resourceVersionMatch is forbidden for watch".
 fn refuses_streaming(e: &watcher::Error) -> bool {
     rejection(e).is_some_and(|(code, message)| {
-        matches!(code, 400 | 422) && message.contains("sendInitialEvents")
+        matches!(code, 400 | 422)
+            && (message.contains("sendInitialEvents") || message.contains("resourceVersionMatch"))
     })
 }
 

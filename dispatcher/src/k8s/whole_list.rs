@@ -336,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_list_cut_short_or_timed_out_is_listed_in_pages_instead() {
+    fn only_a_list_cut_short_or_timed_out_is_made_another_way() {
         let cut = || kube::Error::ReadEvents(std::io::Error::other("connection reset"));
         assert!(cut_short(&Error::InitialListFailed(cut())));
         assert!(cut_short(&Error::InitialListFailed(api(504, ""))));

@@ -159,8 +159,8 @@ async fn a_refused_streaming_list_is_made_in_pages_at_once() {
 }
 
 /// A whole list cut short (a resource too large to list in one response within the API
-/// server's request timeout) is listed by streaming instead, at once, which no request timeout
-/// ends; what arrived before the cut is not lost.
+/// server's request timeout) is listed by streaming instead, at once, which the request
+/// timeout does not end; once the stream's initial events end, it goes on as the watch.
 #[tokio::test(start_paused = true)]
 async fn a_whole_list_cut_short_is_listed_by_streaming_at_once() {
     let mut api = Scripted::start(ListMode::Whole);
@@ -188,15 +188,16 @@ async fn a_whole_list_cut_short_is_listed_by_streaming_at_once() {
     stream.initial_events_end(10);
     until("the streamed list was read", || applied() >= before + 2).await;
     assert_eq!(api.delivered(), named(&[("a", false), ("b", false)]));
-    // The stream goes on as the watch.
-    let before = applied();
-    stream.send("MODIFIED", object("b", 11));
-    until("the watch read the change", || applied() > before).await;
-    assert_eq!(api.delivered(), named(&[("b", false)]));
+    // The stream goes on as the watch: a deletion (which kube-runtime drops while a
+    // streaming list is still sending its initial events) is delivered.
+    let deleted = || counts.deleted.load(std::sync::atomic::Ordering::Relaxed);
+    stream.send("DELETED", object("b", 11));
+    until("the watch read the deletion", || deleted() > 0).await;
+    assert_eq!(api.delivered(), named(&[("b", true)]));
 }
 
-/// A whole list cut short, on a server that also refuses streaming lists (no WatchList
-/// feature), is made in pages; what arrived before the cut is not lost.
+/// A whole list cut short, on a server that also refuses streaming lists (one older than the
+/// WatchList feature, whose refusal does not name `sendInitialEvents`), is made in pages.
 #[tokio::test(start_paused = true)]
 async fn a_whole_list_cut_short_is_made_in_pages_where_streaming_is_refused() {
     let mut api = Scripted::start(ListMode::Whole);
@@ -207,7 +208,7 @@ async fn a_whole_list_cut_short_is_made_in_pages_where_streaming_is_refused() {
     streaming.refuse(
         422,
         "Invalid",
-        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
     );
     let list = api.next().await;
     assert!(list.is_paged_list(), "then a paged list: {:?}", list.query);
