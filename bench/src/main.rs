@@ -284,8 +284,8 @@ struct CompareArgs {
     profile_apiserver: bool,
 
     /// Variants, comma-separated: kube-rs, kube-rs-streaming (its watcher lists by streaming,
-    /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both need --controller-runtime), dispatch-<replicas>,
-    /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
+    /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both
+    /// need --controller-runtime), dispatch-<replicas>, go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
     /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
     /// reconcile lists its children instead of reading them from its request).
     #[arg(
@@ -651,13 +651,14 @@ impl Plane {
 /// Each object's data unless `--object-bytes` says otherwise.
 const OBJECT_BYTES: usize = 2048;
 
-/// What a namespace of objects of another size than [`OBJECT_BYTES`] adds to its name, so that
-/// a run at one size does not rewrite every object another size's runs left (`-300b`).
-fn size_suffix(object_bytes: usize) -> String {
+/// The namespace that holds `objects` objects of the kinds `flags` names, in one namespace: a
+/// size other than [`OBJECT_BYTES`] gets one of its own (`-300b`), so that a run at one size
+/// does not rewrite every object another size's runs left.
+fn objects_namespace(flags: &str, objects: usize, object_bytes: usize) -> String {
     if object_bytes == OBJECT_BYTES {
-        String::new()
+        format!("kd-bench-{flags}-{objects}")
     } else {
-        format!("-{object_bytes}b")
+        format!("kd-bench-{flags}-{objects}-{object_bytes}b")
     }
 }
 
@@ -689,11 +690,7 @@ async fn compare(args: CompareArgs) -> anyhow::Result<()> {
                     args.children
                 )
             } else if namespaces == 1 {
-                format!(
-                    "kd-bench-{}-{objects}{}",
-                    objects::flags(&kinds),
-                    size_suffix(args.object_bytes)
-                )
+                objects_namespace(&objects::flags(&kinds), objects, args.object_bytes)
             } else {
                 String::new()
             };
@@ -811,11 +808,7 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
     let nonce = now_micros();
     let objects = args.objects;
     let kind = Kind::ConfigMap;
-    let namespace = format!(
-        "kd-bench-{}-{objects}{}",
-        kind.flag(),
-        size_suffix(args.object_bytes)
-    );
+    let namespace = objects_namespace(kind.flag(), objects, args.object_bytes);
     populate(&plane.client, kind, &namespace, objects, args.object_bytes).await?;
     let setup = Setup {
         client: &plane.client,

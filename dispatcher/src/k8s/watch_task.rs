@@ -94,8 +94,11 @@ pub(super) struct Controls {
 /// The task of the watch of one [`WatchKey`].
 pub(super) struct WatchTask {
     key: WatchKey,
+    /// How the watch lists now: a whole list cut short makes it [`ListMode::Stream`], a
+    /// refused stream [`ListMode::Paged`]; each pass's watcher follows it.
     list_mode: ListMode,
     api: Api<WatchedObject>,
+    /// The watcher's selectors; its initial list strategy comes from `list_mode`.
     config: watcher::Config,
     list_params: ListParams,
     slice: watch::Receiver<Arc<Slice>>,
@@ -191,9 +194,6 @@ impl WatchTask {
         };
         let mut config = watcher::Config::default();
         let mut list_params = ListParams::default();
-        if list_mode == ListMode::Stream {
-            config = config.streaming_lists();
-        }
         if !key.label_selector.is_empty() {
             config = config.labels(&key.label_selector);
             list_params = list_params.labels(&key.label_selector);
@@ -257,8 +257,10 @@ impl WatchTask {
                 ListMode::Whole => {
                     whole_list::watcher(self.api.clone(), self.list_params.clone()).boxed()
                 }
-                ListMode::Paged | ListMode::Stream => {
-                    watcher::watcher(self.api.clone(), self.config.clone()).boxed()
+                ListMode::Paged => watcher::watcher(self.api.clone(), self.config.clone()).boxed(),
+                ListMode::Stream => {
+                    watcher::watcher(self.api.clone(), self.config.clone().streaming_lists())
+                        .boxed()
                 }
             },
             paused: None,
@@ -297,6 +299,15 @@ impl WatchTask {
                 }
                 Step::Event(None) => return End::Stop,
                 Step::Event(Some(Ok(event))) => {
+                    if matches!(event, Event::Init)
+                        && !pass.broken
+                        && matches!(pass.listed, Some(Some(_)))
+                    {
+                        // kube-runtime starts a list over by itself, without an error, when
+                        // the request ends before the list does: a streaming list is a watch,
+                        // which ends at its timeout (290 s).
+                        warn!(resource = %describe(&self.key), "the list started over before it completed (a streaming list longer than the watch's 290 s timeout?)");
+                    }
                     pass.broken = false;
                     if let Some(end) = self.event(&mut pass, event) {
                         return end;
@@ -392,12 +403,6 @@ impl WatchTask {
         }
         match event {
             Event::Init => {
-                if matches!(pass.listed, Some(Some(_))) {
-                    // kube-runtime starts a list over by itself, without an error, when the
-                    // request ends before the list does: a streaming list is a watch, which
-                    // ends at its timeout (290 s).
-                    warn!(resource = %describe(&self.key), "the list started over before it completed (a streaming list longer than the watch's 290 s timeout?)");
-                }
                 self.counts.relists.fetch_add(1, Ordering::Relaxed);
                 self.epoch = self.epoch.wrapping_add(1);
                 // The watch re-lists everything itself: a list beside it adds nothing.
@@ -453,13 +458,11 @@ impl WatchTask {
             Recovery::ListInPages => {
                 warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
                 self.list_mode = ListMode::Paged;
-                self.config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
                 Some(End::Restart)
             }
             Recovery::ListByStreaming => {
                 warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole (too large to list within the API server's request timeout?); listing by streaming instead, or in pages if the server refuses that");
                 self.list_mode = ListMode::Stream;
-                self.config.initial_list_strategy = watcher::InitialListStrategy::StreamingList;
                 Some(End::Restart)
             }
             Recovery::Fail => {
@@ -487,8 +490,7 @@ impl WatchTask {
 
     /// `e` as the recovery policy sees it.
     fn failure(&self, e: &watcher::Error) -> WatchFailure {
-        let streaming =
-            self.config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
+        let streaming = self.list_mode == ListMode::Stream;
         WatchFailure {
             code: status_code(e),
             streaming_refused: streaming && refuses_streaming(e),
