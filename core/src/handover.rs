@@ -5,11 +5,12 @@
 //! settled ring, the ring of the last completed handover. A key that moved in is held until
 //! every other member has released the current ring (a Lease annotation written after this
 //! dispatcher adopted the ring, so a release left over from an earlier change never counts),
-//! every member that died has been gone for the bound `T`, and, when this dispatcher's own
-//! previous process died, `T` has passed since it started.
+//! every member that died has been gone for the bound `T` (or every session it listed on its
+//! Lease is reported ended), and, when this dispatcher's own previous process died, `T` has
+//! passed since it started.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -264,6 +265,17 @@ fn release_counts(peer: &Peer, id: &str, adopted_at: u128) -> bool {
         && peer.released_after >= adopted_at
 }
 
+/// A member that stopped renewing without releasing.
+#[derive(Debug)]
+struct Died {
+    /// When that was noticed: its reconciles are waited out until the bound has passed since.
+    at: Instant,
+    /// The sessions its Lease listed (every session it may have handed keys to), when known:
+    /// once each is reported ended, nothing it handed out runs any more, and the wait ends
+    /// before the bound.
+    sessions: Option<BTreeSet<u64>>,
+}
+
 /// The handover gate of one dispatcher.
 #[derive(Debug)]
 pub struct Handover {
@@ -275,8 +287,8 @@ pub struct Handover {
     /// come from later writes.
     adopted_at: u128,
     settled: Option<Arc<Ring>>,
-    /// Members that stopped renewing without releasing, and when that was noticed.
-    died: HashMap<String, Instant>,
+    /// Members that stopped renewing without releasing.
+    died: HashMap<String, Died>,
     /// Nothing is handed out before this (the previous process of this dispatcher died).
     hold_until: Option<Instant>,
     /// Until when this dispatcher's Lease is current, shared with every slice it publishes.
@@ -317,9 +329,17 @@ impl Handover {
         self
     }
 
-    /// Records that `member` stopped renewing its Lease without releasing it, noticed at `now`.
+    /// Records that `member` stopped renewing its Lease without releasing it, noticed at `now`:
+    /// its reconciles are waited out for the bound.
     pub fn died(&mut self, member: &str, now: Instant) {
-        self.died.insert(member.to_owned(), now);
+        self.died_with(member, now, None);
+    }
+
+    /// As [`Handover::died`], knowing the sessions the member may have handed keys to (`None`:
+    /// unknown): the wait ends early once each is reported ended.
+    fn died_with(&mut self, member: &str, now: Instant, sessions: Option<BTreeSet<u64>>) {
+        self.died
+            .insert(member.to_owned(), Died { at: now, sessions });
     }
 
     /// Judges membership on a whole and current view of the Leases (`observations` at `now`;
@@ -355,9 +375,24 @@ impl Handover {
             .collect();
         for (member, died) in &gone {
             if *died {
-                self.died(member, now);
+                let sessions = observations.published_sessions(member).cloned();
+                self.died_with(member, now, sessions);
             }
         }
+        self.died.retain(|member, died| {
+            let ended = died
+                .sessions
+                .as_ref()
+                .is_some_and(|tags| observations.all_ended(member, tags));
+            if ended {
+                info!(
+                    %member,
+                    sessions = died.sessions.as_ref().map_or(0, BTreeSet::len),
+                    "every session the dispatcher that died may have handed keys to was reported ended: its keys are served without waiting out the bound"
+                );
+            }
+            !ended
+        });
         (live, gone)
     }
 
@@ -372,7 +407,7 @@ impl Handover {
     /// with a drained Lease) never saw the dead member (its Lease may be deleted) and waits only
     /// for the others' releases, so theirs must wait for the bound.
     pub fn waits_on_dead(&self, now: Instant) -> bool {
-        self.died.values().any(|at| now < *at + self.bound)
+        self.died.values().any(|d| now < d.at + self.bound)
     }
 
     /// The slice to serve at `now`, given the live members, the newest Lease resourceVersion
@@ -389,7 +424,7 @@ impl Handover {
             self.adopted_at = newest;
             info!(members = ?self.ring.members(), ring = %ring_id(&self.ring), "adopted a new ring");
         }
-        self.died.retain(|_, at| now < *at + self.bound);
+        self.died.retain(|_, d| now < d.at + self.bound);
         if self.hold_until.is_some_and(|until| now >= until) {
             self.hold_until = None;
         }
@@ -872,6 +907,133 @@ mod tests {
         let (live, _) = h.judge(&mut o, SEC, expired + T);
         h.update(&live, o.newest(), false, expired + T);
         assert!(!h.waits_on_dead(expired + T));
+    }
+
+    /// A member that died whose Lease listed its sessions is waited out only until each is
+    /// reported ended, on any member's Lease; one whose sessions are unknown (not listed, or
+    /// its Lease deleted without the drained mark) is waited out for the bound.
+    #[test]
+    fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended() {
+        use crate::leases::{LeaseState, Observations};
+        let t0 = Instant::now();
+        let state = |holder: &str, renew: &str, rv: u128| LeaseState {
+            holder: holder.into(),
+            renew_time: renew.into(),
+            duration: 10 * SEC,
+            resource_version: rv,
+            sessions: Some(BTreeSet::new()),
+            ..LeaseState::default()
+        };
+        let ended = |member: &str, tags: &[u64]| {
+            BTreeMap::from([(member.to_owned(), tags.iter().copied().collect())])
+        };
+        let mut o = Observations::default();
+        o.observe("d0", state("d0", "t1", 1), t0);
+        o.observe(
+            "d1",
+            LeaseState {
+                sessions: Some(BTreeSet::from([7, 8])),
+                ..state("d1", "t1", 2)
+            },
+            t0,
+        );
+        o.observe(
+            "d2",
+            LeaseState {
+                sessions: None,
+                ..state("d2", "t1", 3)
+            },
+            t0,
+        );
+        let mut h = Handover::new("d0", T, t0, false);
+        let (live, _) = h.judge(&mut o, SEC, t0);
+        h.update(&live, o.newest(), false, t0);
+        // d1 and d2 stop renewing.
+        let expired = t0 + 12 * SEC;
+        o.observe("d0", state("d0", "t2", 4), expired);
+        let (live, gone) = h.judge(&mut o, SEC, expired);
+        h.update(&live, o.newest(), false, expired);
+        assert_eq!(gone.len(), 2);
+        assert!(h.waits_on_dead(expired));
+        // One of d1's sessions reported ended on d0's Lease, and a session of d2 (unknown):
+        // both still waited out.
+        let now = expired + SEC;
+        o.observe(
+            "d0",
+            LeaseState {
+                ended: BTreeMap::from([
+                    ("d1".to_owned(), BTreeSet::from([7])),
+                    ("d2".to_owned(), BTreeSet::from([7, 8])),
+                ]),
+                ..state("d0", "t3", 5)
+            },
+            now,
+        );
+        let (live, _) = h.judge(&mut o, SEC, now);
+        h.update(&live, o.newest(), false, now);
+        assert!(h.waits_on_dead(now));
+        assert!(h.waiting_for(&live).unwrap().contains("d1 (died)"));
+        // The other reported on a third member's Lease: d1 is waited out no more, d2 is, until
+        // the bound.
+        o.observe(
+            "d3",
+            LeaseState {
+                ended: ended("d1", &[8]),
+                ..state("d3", "t1", 6)
+            },
+            now,
+        );
+        let (live, _) = h.judge(&mut o, SEC, now);
+        h.update(&live, o.newest(), false, now);
+        let waiting = h.waiting_for(&live).unwrap();
+        assert!(
+            !waiting.contains("d1 (died)") && waiting.contains("d2 (died)"),
+            "{waiting}"
+        );
+        assert!(h.waits_on_dead(now));
+        assert!(!h.waits_on_dead(expired + T));
+
+        // A member whose Lease was deleted without the drained mark: its sessions are not
+        // known, whatever is reported.
+        let mut o = Observations::default();
+        o.observe("d0", state("d0", "t1", 1), t0);
+        o.observe(
+            "d1",
+            LeaseState {
+                sessions: Some(BTreeSet::from([7])),
+                ..state("d1", "t1", 2)
+            },
+            t0,
+        );
+        let mut h = Handover::new("d0", T, t0, false);
+        let (live, _) = h.judge(&mut o, SEC, t0);
+        h.update(&live, o.newest(), false, t0);
+        o.deleted("d1", None, t0 + SEC);
+        o.observe(
+            "d0",
+            LeaseState {
+                ended: ended("d1", &[7]),
+                ..state("d0", "t2", 3)
+            },
+            t0 + SEC,
+        );
+        let (live, gone) = h.judge(&mut o, SEC, t0 + SEC);
+        h.update(&live, o.newest(), false, t0 + SEC);
+        assert_eq!(gone, [("d1".to_owned(), true)]);
+        assert!(h.waits_on_dead(t0 + SEC) && h.waits_on_dead(t0 + SEC + T - SEC));
+
+        // A member that listed no session at all is waited out for nothing.
+        let mut o = Observations::default();
+        o.observe("d0", state("d0", "t1", 1), t0);
+        o.observe("d1", state("d1", "t1", 2), t0);
+        let mut h = Handover::new("d0", T, t0, false);
+        let (live, _) = h.judge(&mut o, SEC, t0);
+        h.update(&live, o.newest(), false, t0);
+        o.observe("d0", state("d0", "t2", 3), expired);
+        let (live, gone) = h.judge(&mut o, SEC, expired);
+        h.update(&live, o.newest(), false, expired);
+        assert_eq!(gone, [("d1".to_owned(), true)]);
+        assert!(!h.waits_on_dead(expired));
     }
 
     /// A release counts only from a holder that had seen every Lease write this dispatcher had

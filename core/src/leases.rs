@@ -59,6 +59,13 @@ pub struct LeaseState {
     /// Whether the holder marked the Lease drained: it stopped with nothing in flight and
     /// deletes the Lease next.
     pub drained: bool,
+    /// The tags of the sessions the holder may have handed keys to
+    /// (`kube_dispatch_proto::lease::SESSIONS_ANNOTATION`); `None` when unknown: not listed (an
+    /// older dispatcher), or more than it lists.
+    pub sessions: Option<BTreeSet<u64>>,
+    /// Sessions of members that died which replicas reported to the holder as ended, per member
+    /// (`kube_dispatch_proto::lease::ENDED_ANNOTATION`).
+    pub ended: BTreeMap<String, BTreeSet<u64>>,
 }
 
 /// How long a Lease deleted without being drained is remembered (as a member that died). Longer
@@ -152,6 +159,29 @@ impl Observations {
         self.leases.contains_key(name)
     }
 
+    /// The sessions member `name` listed on its Lease as last seen ([`LeaseState::sessions`]):
+    /// every session it may have handed keys to. `None` when they are unknown: not listed, more
+    /// than it lists, or its Lease was deleted without the drained mark (whoever deleted it may
+    /// have done so after a write this process never saw).
+    pub fn published_sessions(&self, name: &str) -> Option<&BTreeSet<u64>> {
+        let seen = self.leases.get(name)?;
+        if seen.deleted_at.is_some() {
+            return None;
+        }
+        seen.state.sessions.as_ref()
+    }
+
+    /// Whether each of `tags`, sessions of member `name`, is reported ended on a Lease this
+    /// process knows ([`LeaseState::ended`]): whichever member a replica told, its Lease carries
+    /// the report to the others.
+    pub fn all_ended(&self, name: &str, tags: &BTreeSet<u64>) -> bool {
+        tags.iter().all(|tag| {
+            self.leases
+                .values()
+                .any(|s| s.state.ended.get(name).is_some_and(|e| e.contains(tag)))
+        })
+    }
+
     /// Lease `name` as last seen.
     pub fn state(&self, name: &str) -> Option<&LeaseState> {
         self.leases.get(name).map(|s| &s.state)
@@ -219,6 +249,8 @@ mod tests {
             ring_key: None,
             resource_version: rv,
             drained: false,
+            sessions: None,
+            ended: BTreeMap::new(),
         }
     }
 
@@ -313,5 +345,51 @@ mod tests {
         o.relisted(|name| name != "a", t0 + 3 * SEC);
         o.relisted(|name| name != "a", t0 + 4 * SEC);
         assert_eq!(o.take_deaths().len(), 1);
+    }
+
+    /// The sessions a member listed are known while its Lease is (expired or not), and not once
+    /// it was deleted without the drained mark; a report of a session ended counts from any
+    /// Lease, and only for the member it names.
+    #[test]
+    fn published_sessions_and_the_reports_of_their_end() {
+        let t0 = Instant::now();
+        let mut o = Observations::default();
+        let tags = BTreeSet::from([1, 2]);
+        o.observe(
+            "a",
+            LeaseState {
+                sessions: Some(tags.clone()),
+                ..lease("a", "t1", 1)
+            },
+            t0,
+        );
+        o.observe("b", lease("b", "t1", 2), t0);
+        assert_eq!(o.published_sessions("a"), Some(&tags));
+        assert_eq!(o.published_sessions("b"), None, "not listed: unknown");
+        assert!(!o.all_ended("a", &tags));
+        let reports = |ended: &[(&str, u64)], rv| {
+            let mut map: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+            for (member, tag) in ended {
+                map.entry((*member).to_owned()).or_default().insert(*tag);
+            }
+            LeaseState {
+                ended: map,
+                ..lease("b", "t2", rv)
+            }
+        };
+        o.observe("b", reports(&[("a", 1), ("c", 2)], 3), t0 + SEC);
+        assert!(
+            !o.all_ended("a", &tags),
+            "session 2 of c is not session 2 of a"
+        );
+        o.observe("c", reports(&[("a", 2)], 4), t0 + SEC);
+        assert!(o.all_ended("a", &tags), "one from b, one from c");
+        assert!(o.all_ended("a", &BTreeSet::new()));
+        o.deleted("a", None, t0 + 2 * SEC);
+        assert_eq!(
+            o.published_sessions("a"),
+            None,
+            "deleted undrained: unknown"
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kube_dispatch_model::{
-    Budget, Closes, Config, Deletions, Protocol, Timing, Variant, Views,
+    Budget, Closes, Config, Deletions, Protocol, Takeover, Timing, Variant, Views,
     replay::{Replay, Script, faults_of_report},
 };
 use stateright::{Checker, Model};
@@ -73,6 +73,17 @@ struct Args {
     /// Changes of owned objects (their owner's key must be reconciled).
     #[arg(long, default_value_t = 1)]
     owned_changes: u8,
+    /// Reports by replicas that their session on a dispatcher ended, through which the others
+    /// take over the keys of a dispatcher that died before the bound.
+    #[arg(long, default_value_t = 1)]
+    reports: u8,
+    /// How the keys of a dispatcher that died are taken over: "reports" (the dispatcher as it
+    /// is: once every session its Lease listed is reported ended, else after the bound),
+    /// "bound" (always after the bound), or a broken rule the check must catch: "unlisted"
+    /// (keys handed to a session before a Lease write lists it), "report-first" (a session
+    /// reported ended before its reconciles have).
+    #[arg(long, default_value = "reports", value_parser = ["reports", "bound", "unlisted", "report-first"])]
+    takeover: String,
     /// Skip the liveness property (a fair run from every state with a change pending), which
     /// costs most of the time.
     #[arg(long)]
@@ -163,6 +174,7 @@ fn main() -> anyhow::Result<()> {
             closes: args.early_closes,
             deletions: args.deletions,
             owned_changes: args.owned_changes,
+            reports: args.reports,
         },
         liveness: !args.no_liveness,
         variant: if args.arrival_time {
@@ -187,6 +199,12 @@ fn main() -> anyhow::Result<()> {
             Closes::Hold
         },
         relist_returning: !args.returning_unlisted,
+        takeover: match args.takeover.as_str() {
+            "bound" => Takeover::Bound,
+            "unlisted" => Takeover::Unlisted,
+            "report-first" => Takeover::ReportFirst,
+            _ => Takeover::Reports,
+        },
     };
     if let Some(report) = &args.replay {
         return replay(&args, config, report);

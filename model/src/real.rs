@@ -18,7 +18,11 @@
 //! that the model does not make shows as a divergence with the path that leads to it, and the
 //! properties the checker proves of the model then say nothing of the code.
 //!
-//! What is mirrored rather than called: which event the dispatcher's watch makes of an object
+//! What is mirrored rather than called: which sessions a dispatcher lists on its Lease and
+//! reports it carries (the model's write is given to the code's Observations), and that it
+//! hands keys only to sessions a write listed; the code's gate then judges the Leases itself
+//! (`Handover::judge` ends the wait for a member that died by reports).
+//! Also mirrored: which event the dispatcher's watch makes of an object
 //! (`FanOut::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
 //! what the event then means is `Partition::record`, called), and the loop of
 //! `GroupTable::release_ring` that asks each group, since they live with the I/O in the dispatcher
@@ -36,13 +40,14 @@
 //! in the code, to read a divergence.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use kube_dispatch_core::{
+    backoff::Backoff,
     handover::{Handover, Slice},
     key::KeyRef,
     leases::{LeaseState, Observations, Peer},
@@ -52,7 +57,7 @@ use kube_dispatch_core::{
 };
 use kube_dispatch_proto::{Ring, lease::ring_id, v1::Reason};
 
-use crate::{Action, Key, Message, Protocol, State, bit, dispatcher_name, has};
+use crate::{Action, Key, Lease, Message, Protocol, State, Takeover, bit, dispatcher_name, has};
 
 /// A tick of the model on the real code's clock.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -150,6 +155,9 @@ pub struct Real {
     queue: QueueConfig,
     next_session: SessionId,
     replicas: usize,
+    /// Per replica and dispatcher: the sessions it opened there. The model's session ids
+    /// alternate between two; the Leases' tags tell every session apart, as real ids do.
+    opens: Vec<Vec<u64>>,
 }
 
 /// Where the real code and the model part.
@@ -200,12 +208,21 @@ impl Real {
             versions: vec![1; model.keys.len()],
             exists: vec![true; model.keys.len()],
             generations: vec![0; model.keys.len()],
+            // A retry's backoff ends within half the tick it begins in, and each tick's first
+            // step wakes the keys whose backoff ended, so that a key backing off is ready by the
+            // time anything is judged (the model counts it as ready; a ring change trims a
+            // ready key and a key backing off differently).
             queue: QueueConfig {
                 max_reconcile_time: TICK * u32::from(t.max_reconcile),
+                backoff: Backoff {
+                    cap: TICK / 2,
+                    ..Backoff::default()
+                },
                 ..QueueConfig::default()
             },
             next_session: 1,
             replicas: model.config.replicas,
+            opens: vec![vec![0; n]; model.config.replicas],
         };
         let now = real.now();
         for d in 0..n {
@@ -214,13 +231,13 @@ impl Real {
         // Every Lease written, the full ring adopted, then written again with the ring
         // released: the gate opens on a ring whose every other member released it since.
         for d in 0..n {
-            real.write(d, None, true);
+            real.write(d, None, true, &init.leases[d]);
         }
         for d in 0..n {
             real.judge(d);
         }
         for d in 0..n {
-            real.write(d, init.leases[d].released, true);
+            real.write(d, init.leases[d].released, true, &init.leases[d]);
         }
         for d in 0..n {
             real.judge(d);
@@ -278,14 +295,42 @@ impl Real {
         self.base + TICK * self.ticks
     }
 
-    /// Writes dispatcher `d`'s Lease (a renewal, `answered` or not) releasing `released`, and
-    /// shows the write to every dispatcher whose Lease watch runs.
-    fn write(&mut self, d: usize, released: Option<u8>, answered: bool) {
-        self.write_marked(d, released, answered, false);
+    /// Writes dispatcher `d`'s Lease (a renewal, `answered` or not) releasing `released`, with
+    /// the sessions and reports the model's write lists (`written`), and shows the write to
+    /// every dispatcher whose Lease watch runs.
+    fn write(&mut self, d: usize, released: Option<u8>, answered: bool, written: &Lease) {
+        self.write_marked(d, released, answered, false, written);
+    }
+
+    /// The tags of the model's session bits (`Protocol::sid`), each with the dispatcher it names:
+    /// of the session with that id opened last (the model forgets the reports of an id's
+    /// earlier session when it is used again).
+    fn tags(&self, bits: u32) -> Vec<(usize, u64)> {
+        let n = self.processes.len();
+        (0..32usize)
+            .filter(|i| bits & (1 << i) != 0)
+            .map(|i| {
+                let (r, d, generation) = (i / 2 / n, i / 2 % n, i % 2);
+                let opened = self.opens[r][d];
+                let nth = if usize::try_from(opened % 2) == Ok(generation) {
+                    opened
+                } else {
+                    opened.saturating_sub(1)
+                };
+                (d, nth << 8 | u64::try_from(i).unwrap_or_default())
+            })
+            .collect()
     }
 
     /// As [`Real::write`], with the drained mark when `drained`.
-    fn write_marked(&mut self, d: usize, released: Option<u8>, answered: bool, drained: bool) {
+    fn write_marked(
+        &mut self,
+        d: usize,
+        released: Option<u8>,
+        answered: bool,
+        drained: bool,
+        written: &Lease,
+    ) {
         let now = self.now();
         // What the writer had seen (`membership::run` writes it beside the release).
         let seen = self.processes[d]
@@ -300,6 +345,22 @@ impl Real {
             released_after: released.map(|_| seen),
             resource_version: self.rv,
             drained,
+            sessions: Some(
+                self.tags(written.sessions)
+                    .into_iter()
+                    .map(|(_, tag)| tag)
+                    .collect(),
+            ),
+            ended: self.tags(written.ended).into_iter().fold(
+                BTreeMap::new(),
+                |mut ended, (d, tag)| {
+                    ended
+                        .entry(dispatcher_name(d))
+                        .or_insert_with(BTreeSet::new)
+                        .insert(tag);
+                    ended
+                },
+            ),
             ..LeaseState::default()
         };
         self.leases[d] = Some(state.clone());
@@ -536,6 +597,14 @@ impl Real {
                     Action::TickRenewalUnanswered(d) => Some(usize::from(d)),
                     _ => None,
                 };
+                // Backoffs begun last tick ended by now; deliveries due at this tick are the
+                // model's `Void` steps after it, so the timers fire a quarter tick early.
+                let backoffs_ended = self.now() - TICK / 4;
+                for p in self.processes.iter_mut().flatten() {
+                    for group in &mut p.groups {
+                        group.queue.advance(backoffs_ended);
+                    }
+                }
                 // As the model's tick: each dispatcher in turn judges, then renews with what
                 // its queue (the model's) and its gate (the code's) let it release.
                 for d in 0..self.processes.len() {
@@ -573,7 +642,7 @@ impl Real {
                         };
                         id.and(queued)
                     });
-                    self.write(d, released, unanswered != Some(d));
+                    self.write(d, released, unanswered != Some(d), &after.leases[d]);
                 }
             }
             Action::Crash(d) => self.processes[usize::from(d)] = None,
@@ -592,7 +661,7 @@ impl Real {
                     }
                 }
                 self.processes[d] = Some(process);
-                self.write(d, None, true);
+                self.write(d, None, true, &after.leases[d]);
             }
             Action::Stop(d) => {
                 // The drain's last renewal writes the drained mark, then the Lease is deleted
@@ -602,7 +671,7 @@ impl Real {
                 let released = released.and_then(|id| {
                     (0..1u8 << self.processes.len()).find(|m| self.ids[usize::from(*m)] == id)
                 });
-                self.write_marked(d, released, false, true);
+                self.write_marked(d, released, false, true, &before.leases[d]);
                 self.processes[d] = None;
                 self.delete(d, true);
             }
@@ -639,6 +708,7 @@ impl Real {
         if after.dispatchers[d].sessions[r].is_none() {
             return;
         }
+        self.opens[r][d] += 1;
         let now = self.now();
         let id = self.next_session;
         self.next_session += 1;
@@ -944,6 +1014,9 @@ pub struct Walked {
     /// Lease renewals that released no ring because a group after the first still held a key
     /// that moved away while the first group had handed over.
     pub waits_for_group: usize,
+    /// Members that died whose wait ended before the bound, every session their Lease listed
+    /// having been reported ended.
+    pub takeovers_by_reports: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
@@ -981,7 +1054,18 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
         }
         let mut action = actions[rng.below(actions.len())];
         if let Action::Answer(r, d, _) = action {
-            action = Action::Answer(r, d, real.answer(usize::from(d), usize::from(r)));
+            // A session the dispatcher's Lease does not list yet is handed nothing (mirrored:
+            // the dispatcher's listing of its sessions is not core code).
+            let unlisted = matches!(
+                model.config.takeover,
+                Takeover::Reports | Takeover::ReportFirst
+            ) && !has(state.dispatchers[usize::from(d)].listed, r);
+            let keys = if unlisted {
+                0
+            } else {
+                real.answer(usize::from(d), usize::from(r))
+            };
+            action = Action::Answer(r, d, keys);
         }
         let mut taken = vec![action];
         let Some(mut next) = model.next_state(&state, action) else {
@@ -1050,6 +1134,19 @@ pub fn walk(model: &Protocol, seed: u64, steps: usize) -> Result<Walked, Diverge
                     .filter(|(d, disp)| model.waits_for_a_later_group(disp, *d))
                     .count();
             }
+            // A wait ends early only by reports: ticks count it down one at a time.
+            walked.takeovers_by_reports += before
+                .dispatchers
+                .iter()
+                .zip(&next.dispatchers)
+                .map(|(a, b)| {
+                    a.died
+                        .iter()
+                        .zip(&b.died)
+                        .filter(|(was, is)| **was > 1 && **is == 0)
+                        .count()
+                })
+                .sum::<usize>();
             walked.handovers += before
                 .dispatchers
                 .iter()

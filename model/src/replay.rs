@@ -414,7 +414,7 @@ mod tests {
     use stateright::Checker;
 
     use super::*;
-    use crate::{Closes, Config, Deletions, Timing, Variant, Views};
+    use crate::{Closes, Config, Deletions, Takeover, Timing, Variant, Views};
 
     /// A report as the chaos suite prints a failing seed (abridged).
     const REPORT: &str = r#"chaos run, seed 42
@@ -558,6 +558,7 @@ mod tests {
             closes: Closes::Hold,
             relist_returning: true,
             liveness: false,
+            takeover: Takeover::Bound,
         }
     }
 

@@ -3,6 +3,10 @@
 //! annotations and ring ids are part of the contract, specified in
 //! `proto/kubedispatch/v1/leases.md`.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::{Digest, Sha256};
+
 use crate::{Ring, RingKey, key::hash64};
 
 /// Label (value `true`) that marks a `coordination.k8s.io` Lease as a dispatcher's.
@@ -38,6 +42,94 @@ pub const DRAINED_ANNOTATION: &str = "kube-dispatch.dev/drained";
 
 /// Annotation on a dispatcher's Lease: what it places keys by ([`RingKey::as_str`]).
 pub const RING_KEY_ANNOTATION: &str = "kube-dispatch.dev/ring-key";
+
+/// Annotation on a dispatcher's Lease: the [`session_tag`]s of every session its holder may
+/// have handed keys to that may still be running them, as 16 lowercase hex digits each,
+/// sorted and separated by `,` (empty: none); or [`SESSIONS_OVERFLOW`] when there are more than
+/// it lists. A holder hands keys to a session only after a write that lists it was accepted, so
+/// when it dies the others know every session whose reconciles they must see end before they
+/// hand its keys to anyone else: once each is reported ended ([`ENDED_ANNOTATION`]), they need
+/// not wait out the handover bound. Absent (a dispatcher older than this) or
+/// [`SESSIONS_OVERFLOW`], they wait it out.
+pub const SESSIONS_ANNOTATION: &str = "kube-dispatch.dev/sessions";
+
+/// The value of [`SESSIONS_ANNOTATION`] when the holder has more sessions than it lists.
+pub const SESSIONS_OVERFLOW: &str = "overflow";
+
+/// Annotation on a dispatcher's Lease: the sessions of members that died which controller
+/// replicas reported to its holder as ended (cancelled, every reconcile returned, never to run
+/// again), as `<member>/<session tag>` entries separated by `,`. Any live member's Lease may
+/// carry a report: a replica tells one dispatcher, and the Lease carries it to the others.
+pub const ENDED_ANNOTATION: &str = "kube-dispatch.dev/ended-sessions";
+
+/// The tag that stands for a session in the Leases: the first 8 bytes of the SHA-256 of its id,
+/// big-endian. Only the replica that holds a session knows its id, so a report naming the id
+/// proves it came from there; the tag gives the id away to no reader of the Leases.
+pub fn session_tag(session_id: &str) -> u64 {
+    let digest = Sha256::digest(session_id.as_bytes());
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(bytes)
+}
+
+/// The value of [`SESSIONS_ANNOTATION`] listing `tags`, or [`SESSIONS_OVERFLOW`].
+pub fn sessions_value<'a>(tags: impl IntoIterator<Item = &'a u64>, overflow: bool) -> String {
+    if overflow {
+        return SESSIONS_OVERFLOW.to_owned();
+    }
+    let mut out = String::new();
+    for tag in tags {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(&format!("{tag:016x}"));
+    }
+    out
+}
+
+/// The tags a [`SESSIONS_ANNOTATION`] value lists; `None` for [`SESSIONS_OVERFLOW`] or a value
+/// that does not parse (the sessions are then unknown).
+pub fn parse_sessions(value: &str) -> Option<BTreeSet<u64>> {
+    if value.is_empty() {
+        return Some(BTreeSet::new());
+    }
+    value.split(',').map(parse_tag).collect()
+}
+
+/// The value of [`ENDED_ANNOTATION`] for the sessions reported ended, per member.
+pub fn ended_value(ended: &BTreeMap<String, BTreeSet<u64>>) -> String {
+    let mut out = String::new();
+    for (member, tags) in ended {
+        for tag in tags {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&format!("{member}/{tag:016x}"));
+        }
+    }
+    out
+}
+
+/// The sessions an [`ENDED_ANNOTATION`] value reports ended, per member; entries that do not
+/// parse are skipped (they only make the readers wait the bound).
+pub fn parse_ended(value: &str) -> BTreeMap<String, BTreeSet<u64>> {
+    let mut ended: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for entry in value.split(',') {
+        if let Some((member, tag)) = entry.rsplit_once('/')
+            && !member.is_empty()
+            && let Some(tag) = parse_tag(tag)
+        {
+            ended.entry(member.to_owned()).or_default().insert(tag);
+        }
+    }
+    ended
+}
+
+fn parse_tag(text: &str) -> Option<u64> {
+    (text.len() == 16)
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+}
 
 /// The value of [`AWAITS_ANNOTATION`]: ring `id`, adopted when the newest Lease
 /// resourceVersion seen was `seen`.
@@ -84,5 +176,49 @@ mod tests {
             ring_id(&by_namespace),
             format!("{:016x}", hash64(b"namespace:d0,d1,d2"))
         );
+    }
+
+    #[test]
+    fn sessions_and_ended_reports_read_back_as_written() {
+        let a = session_tag("group/replica-0/1");
+        let b = session_tag("group/replica-1/2");
+        assert_ne!(a, b);
+        let tags = BTreeSet::from([a, b]);
+        let value = sessions_value(&tags, false);
+        assert_eq!(
+            value.len(),
+            33,
+            "two tags of 16 hex digits and a comma: {value}"
+        );
+        assert_eq!(parse_sessions(&value), Some(tags.clone()));
+        assert_eq!(parse_sessions(""), Some(BTreeSet::new()), "no session");
+        assert_eq!(sessions_value(&tags, true), SESSIONS_OVERFLOW);
+        assert_eq!(
+            parse_sessions(SESSIONS_OVERFLOW),
+            None,
+            "unknown: wait the bound"
+        );
+        assert_eq!(parse_sessions("abc"), None, "malformed: unknown");
+
+        let ended = BTreeMap::from([
+            ("dispatcher-1".to_owned(), tags.clone()),
+            ("dispatcher-2".to_owned(), BTreeSet::from([a])),
+        ]);
+        let value = ended_value(&ended);
+        assert_eq!(parse_ended(&value), ended);
+        let mut junk = value.clone();
+        junk.push_str(",nonsense,/0000000000000001,dispatcher-3/xyz");
+        assert_eq!(
+            parse_ended(&junk),
+            ended,
+            "entries that do not parse are skipped"
+        );
+        assert!(parse_ended("").is_empty());
+    }
+
+    #[test]
+    fn a_session_tag_is_the_first_bytes_of_the_sha256_of_its_id() {
+        // SHA-256("abc") begins ba7816bf8f01cfea.
+        assert_eq!(session_tag("abc"), 0xba78_16bf_8f01_cfea);
     }
 }

@@ -133,5 +133,14 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             .resource_version()
             .and_then(|rv| rv.parse().ok())
             .unwrap_or(0),
+        sessions: lease
+            .annotations()
+            .get(lease::SESSIONS_ANNOTATION)
+            .and_then(|v| lease::parse_sessions(v)),
+        ended: lease
+            .annotations()
+            .get(lease::ENDED_ANNOTATION)
+            .map(|v| lease::parse_ended(v))
+            .unwrap_or_default(),
     }
 }
