@@ -402,6 +402,15 @@ impl Handover {
         queued.filter(|_| !self.waits_on_dead(now))
     }
 
+    /// The members that died whose sessions are known and that this dispatcher still waits
+    /// for, each with the sessions its Lease listed: once each is reported ended, the wait
+    /// ends ([`Handover::judge`]). Replicas holding one are asked to end it and report.
+    pub fn awaited(&self) -> impl Iterator<Item = (&str, &BTreeSet<u64>)> {
+        self.died
+            .iter()
+            .filter_map(|(member, d)| Some((member.as_str(), d.sessions.as_ref()?)))
+    }
+
     /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
     /// must release no ring: a dispatcher that joins meanwhile (a new member, or one restarted
     /// with a drained Lease) never saw the dead member (its Lease may be deleted) and waits only

@@ -9,6 +9,7 @@
 //! | [`handover`] | the handover gate: which keys a dispatcher may hand out while the ring changes ([`handover::Handover`], [`handover::Slice`]) |
 //! | [`key`] | a request key with its hash, computed once |
 //! | [`leases`] | what a process knows of the dispatcher Leases, and which members are live |
+//! | [`listing`] | the sessions a dispatcher lists on its Lease, and the reports of ended sessions it carries |
 //! | [`partition`] | what a group knows besides its queue as the ring changes: held and remembered deletions |
 //! | [`references`] | references by field path: which objects name which others, both ways, for one group |
 //! | [`recent_deletions`] | deletions of keys owned elsewhere, remembered for a bounded time and number |
@@ -27,6 +28,7 @@ pub mod children;
 pub mod handover;
 pub mod key;
 pub mod leases;
+pub mod listing;
 pub mod partition;
 pub mod queue;
 pub mod quota;

@@ -19,6 +19,7 @@
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
 //! | [`k8s`] | what faces the API server: watches and their routing rules, the Lease and membership, discovery |
+//! | [`lease_sessions`] | the sessions the Lease lists (a session is handed keys once listed), and the reports of ended sessions it carries |
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +28,7 @@ pub mod group;
 pub mod grpc;
 mod housekeeping;
 pub mod k8s;
+pub mod lease_sessions;
 pub mod metrics;
 pub mod security;
 pub mod serve;

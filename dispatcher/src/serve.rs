@@ -32,6 +32,7 @@ use crate::{
     },
     housekeeping,
     k8s::{discovery::Resolver, membership, watches::Watches},
+    lease_sessions::LeaseSessions,
     metrics::{GroupTableCollector, RingMetrics},
     security::Guard,
     table::GroupTable,
@@ -138,12 +139,19 @@ pub async fn serve(
         Connections::new(config.server, refusals.clone()),
     )?;
     let resolver = Resolver::new(client.clone());
+    // Sessions are listed on the Lease before they are handed keys; with a fixed ring there is
+    // no Lease, and no member that dies.
+    let lease_sessions = Arc::new(match &config.membership {
+        Membership::Fixed(_) => LeaseSessions::unlimited(),
+        Membership::Leases(lease) => LeaseSessions::new(lease.handover_bound),
+    });
     let groups = GroupTable::new(
         config.settings.clone(),
         watches,
         slice_rx.clone(),
         recent_deletions,
         released_tx,
+        lease_sessions.clone(),
         stop.child_token(),
     );
     config
@@ -166,6 +174,7 @@ pub async fn serve(
             config.ring_key,
             slice_tx,
             released_rx,
+            lease_sessions,
             members_stop.clone(),
             clean.clone(),
         ))),

@@ -335,6 +335,7 @@ impl TestSession {
                 wait: prost_types::Duration::try_from(wait).ok(),
                 acks,
                 max_bytes: 0,
+                ended_sessions: Vec::new(),
             })
             .await?
             .into_inner()
@@ -395,6 +396,7 @@ impl TestSession {
             .ack(AckRequest {
                 session_id: self.id.clone(),
                 acks,
+                ended_sessions: Vec::new(),
             })
             .await?;
         Ok(())

@@ -459,14 +459,17 @@ async fn owner_of_a_running_key(journal: &Journal) -> TestResult<(usize, String)
 
 /// A dispatcher stalls (as under SIGSTOP: its connections stay open, nothing answers) while
 /// reconciles it handed out run, with sessions that outlive its Lease, and is then killed with
-/// kill -9: its keys are taken over only once its Lease has expired and the handover bound has
-/// passed, so no reconcile it started overlaps one of the new owner; nothing is lost.
-#[tokio::test]
-async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound() -> TestResult {
+/// kill -9. Its keys are taken over once its Lease has expired and every session it listed has
+/// been reported ended by its replica (which, asked by the survivors, cancels the reconciles
+/// the session handed out and waits for them to return first), or, when a session's holder is
+/// silent, after the handover bound. Either way no reconcile it started overlaps one of the new
+/// owner's, and nothing is lost. Returns the takeover's time after the kill, and the victim.
+async fn stalled_then_killed(label: &str, silent: bool) -> TestResult<(Duration, String)> {
     // Sessions (6 s ttl, fenced at 4.5 s) outlive the Lease (2 s + 0.5 s grace): only the
-    // bound keeps the survivors from handing out keys whose reconciles still run.
+    // bound or the replicas' reports keep the survivors from handing out keys whose
+    // reconciles still run.
     const LONG: Duration = Duration::from_secs(6);
-    let ns = TestNamespace::create("kill-dispatcher").await?;
+    let ns = TestNamespace::create(label).await?;
     let journal = Journal::default();
     let mut lb = TestLoadBalancer::start(ns.name()).await?;
     assert!(lb.leads_within(Duration::from_secs(15)).await);
@@ -487,7 +490,29 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
     let owner = owner_of_three;
     let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
     let owned_by_victim = |key: &str| owner(key).as_deref() == Some(victim_name.as_str());
-    // The replicas see no error: their polls hang until they fence the session themselves.
+    // A client that holds a session there and never reports it ended (a replica cut off from
+    // the others, an SDK without reports): it is handed keys, so the victim's Lease lists it.
+    let _silent = if silent {
+        let mut session = TestSession::open(
+            &ds[&victim_index],
+            "silent",
+            "silent-0",
+            vec![subscription("v1", "ConfigMap", ns.name())],
+        )
+        .await?;
+        let got = session
+            .collect_until(Duration::from_secs(20), |got| !got.is_empty())
+            .await;
+        assert!(
+            !got.is_empty(),
+            "the silent session is handed the victim's keys"
+        );
+        Some(session)
+    } else {
+        None
+    };
+    // The replicas see no error: their polls hang until they fence the session themselves, or
+    // a survivor names the victim dead.
     let killed_at = Instant::now();
     let victim = ds.remove(&victim_index);
     if let Some(d) = &victim {
@@ -498,24 +523,52 @@ async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_after_the_bound()
         .into_iter()
         .filter(|r| owned_by_victim(&r.key))
         .count();
+    assert!(victims > 0, "a reconcile of the victim's keys runs");
     let took = taken_over(&api, &ds, &journal, victim, killed_at).await?;
-    // The slice moves after the Lease expires (2 s + 0.5 s grace) and the bound; allow for a
-    // loaded machine.
-    let floor = Duration::from_millis(2500) + LONG;
+    println!(
+        "{victim_name} stalled with {victims} reconciles of its keys running, then killed: survivors took its slice over {took:?} after the kill; no overlap; all final states reconciled {:?} after the kill",
+        killed_at.elapsed()
+    );
+    stop_all(replicas, ds, [lb]).await;
+    Ok((took, victim_name))
+}
+
+/// Every session of the stalled and killed dispatcher is held by an SDK replica: asked by the
+/// survivors once the victim's Lease has expired (2 s + 0.5 s grace), each cancels the
+/// session's reconciles, waits for them, and reports the session ended; the survivors take the
+/// keys over then, well before the handover bound, with no overlap.
+#[tokio::test]
+async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_once_its_sessions_are_reported_ended()
+-> TestResult {
+    let (took, victim) = stalled_then_killed("kill-reported", false).await?;
+    let expiry = Duration::from_millis(2500);
     // Its Lease was last renewed up to 0.4 s before the kill.
     assert!(
+        took >= expiry - Duration::from_millis(400),
+        "{victim} taken over after {took:?}, before its Lease expired"
+    );
+    assert!(
+        took < expiry + Duration::from_secs(6),
+        "{victim} taken over after {took:?}: the survivors waited out the bound (6 s) instead of the reports"
+    );
+    Ok(())
+}
+
+/// The same with one session of the victim held by a client that never reports it: the
+/// survivors wait out the handover bound, as the fallback for a replica that is silent.
+#[tokio::test]
+async fn a_stalled_then_killed_dispatchers_keys_wait_for_the_bound_while_a_session_is_unreported()
+-> TestResult {
+    let (took, victim) = stalled_then_killed("kill-silent", true).await?;
+    let floor = Duration::from_millis(2500) + Duration::from_secs(6);
+    assert!(
         took >= floor - Duration::from_millis(400),
-        "taken over after {took:?}, before the bound"
+        "{victim} taken over after {took:?}, before the bound"
     );
     assert!(
         took <= floor + Duration::from_secs(10),
         "takeover took {took:?}"
     );
-    println!(
-        "{victim_name} stalled with {victims} reconciles of its keys running, then killed: survivors took its slice over {took:?} after the kill (lease 2 s + grace 0.5 s + bound {LONG:?} = {floor:?}); no overlap; all final states reconciled {:?} after the kill",
-        killed_at.elapsed()
-    );
-    stop_all(replicas, ds, [lb]).await;
     Ok(())
 }
 
@@ -1094,6 +1147,13 @@ async fn a_write_while_a_dead_dispatchers_keys_are_held_is_delivered_first() -> 
         .collect_until(Duration::from_secs(20), |got| got.len() >= mine)
         .await;
     assert_eq!(first.len(), mine, "dispatcher-0 delivers its own keys");
+    // A session on dispatcher-1 that is handed keys (so its Lease lists it) and never reports
+    // them ended: the survivors wait out the bound for it, which is the window this test needs.
+    let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
+    let held = s1
+        .collect_until(Duration::from_secs(20), |got| !got.is_empty())
+        .await;
+    assert!(!held.is_empty(), "dispatcher-1 hands replica-1 its keys");
 
     if let Some(d) = ds.remove(&1) {
         d.kill();

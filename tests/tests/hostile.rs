@@ -103,6 +103,7 @@ async fn hostile_clients_do_not_stop_others_and_memory_stays_bounded() -> TestRe
                             }),
                             acks: vec![],
                             max_bytes: 0,
+                            ended_sessions: Vec::new(),
                         })
                         .await;
                 }

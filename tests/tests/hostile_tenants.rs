@@ -283,6 +283,7 @@ async fn poll_heavy(
                 wait: prost_types::Duration::try_from(Duration::from_millis(500)).ok(),
                 acks: std::mem::take(&mut acks),
                 max_bytes,
+                ended_sessions: Vec::new(),
             })
             .await?
             .into_inner();

@@ -17,7 +17,9 @@ use kube::{
     runtime::wait::await_condition,
 };
 use kube_dispatch_core::handover::Slice;
-use kube_dispatch_dispatcher::{config::LeaseConfig, k8s::membership};
+use kube_dispatch_dispatcher::{
+    config::LeaseConfig, k8s::membership, lease_sessions::LeaseSessions,
+};
 use kube_dispatch_proto::{
     Ring,
     lease::{DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, ring_id},
@@ -84,6 +86,7 @@ fn join_with(
         Default::default(),
         tx,
         released,
+        Arc::new(LeaseSessions::new(Duration::from_secs(1))),
         cancel.clone(),
         clean,
     ));

@@ -227,6 +227,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
                 memo: Vec::new(),
             }],
+            ended_sessions: Vec::new(),
         })
         .await
         .expect_err("B acks on A's session");
@@ -249,6 +250,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
                 outcome: Some(ack_item::Outcome::Success(Default::default())),
                 memo: Vec::new(),
             }],
+            ended_sessions: Vec::new(),
         })
         .await?;
     d.stop().await;
@@ -473,6 +475,7 @@ async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
         wait: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
         acks: vec![],
         max_bytes: 0,
+        ended_sessions: Vec::new(),
     };
     let mut client = d.client_as(&greedy).await;
     let mut refused = None;
@@ -571,6 +574,7 @@ async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
         wait: prost_types::Duration::try_from(Duration::from_millis(50)).ok(),
         acks: vec![],
         max_bytes: 0,
+        ended_sessions: Vec::new(),
     };
     client.poll(poll()).await?;
 

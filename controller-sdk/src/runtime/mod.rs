@@ -12,7 +12,9 @@
 //! | `reconcile` | one delivery: a slot, the object, the reconcile, the ack |
 //! | `load` | the object of a delivery: its body, a fresh read, or a tombstone |
 //! | `trigger` | `reconcile_on` and `reconcile_all_on`: triggers sent to the open sessions' dispatchers |
+//! | `endings` | sessions on dispatchers that died: fenced when a live one names it dead, then reported ended |
 
+mod endings;
 mod load;
 mod recent;
 mod reconcile;
@@ -127,6 +129,7 @@ where
         recent: recent::Recent::new(recent_objects),
         live: Mutex::default(),
         session_opened: tokio::sync::Notify::new(),
+        endings: endings::Endings::default(),
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {

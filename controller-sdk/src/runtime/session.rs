@@ -90,6 +90,11 @@ pub(super) async fn session<T: Types>(
         .unwrap_or(Duration::from_secs(60));
     let mut fence = Fence::new(ttl, max_reconcile, sent);
     info!(dispatcher = %address, session = %session_id, ?ttl, dispatcher_version = %opened.dispatcher_version, "session opened");
+    // Cancelled when a live dispatcher names this one dead: the session then ends as lost, and
+    // is reported ended once every reconcile it handed out has returned (`endings`).
+    let dispatcher_id = opened.dispatcher_id;
+    let named_dead = shared.endings.opened(&dispatcher_id, &session_id);
+    shared.endings.named_dead(&opened.dead_dispatchers);
     let _live = Live::register(shared, address, &client, &session_id);
     let _open = shared.health.session_opened();
     let _counted = shared.metrics.session_opened(address);
@@ -100,6 +105,13 @@ pub(super) async fn session<T: Types>(
     // them. The channel holds at most one ack per running reconcile.
     let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
     let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
+    // Sessions ended on dispatchers named dead are reported at once, by an ack of their own.
+    let reporter = tokio::spawn(send_reports(
+        client.clone(),
+        session_id.clone(),
+        shared.endings.report_changes(),
+        shared.clone(),
+    ));
     let mut tasks = JoinSet::new();
     // Of the last call, to size the next wait.
     let mut round_trip = sent.elapsed();
@@ -116,6 +128,9 @@ pub(super) async fn session<T: Types>(
         if now >= lost_at {
             break Err(not_renewed());
         }
+        if named_dead.is_cancelled() {
+            break Err(found_dead());
+        }
         let wait = fence.wait_at(now, round_trip);
         let sent = Instant::now();
         let call = async {
@@ -125,6 +140,7 @@ pub(super) async fn session<T: Types>(
                     .ack(AckRequest {
                         session_id: session_id.clone(),
                         acks: Vec::new(),
+                        ended_sessions: Vec::new(),
                     })
                     .await?;
                 Ok((Vec::new(), Duration::ZERO))
@@ -136,9 +152,11 @@ pub(super) async fn session<T: Types>(
                         wait: prost_types::Duration::try_from(wait).ok(),
                         acks: Vec::new(),
                         max_bytes: MAX_ANSWER_BYTES,
+                        ended_sessions: shared.endings.reports(),
                     })
                     .await?
                     .into_inner();
+                shared.endings.named_dead(&response.dead_dispatchers);
                 let held = response
                     .held
                     .and_then(|d| Duration::try_from(d).ok())
@@ -151,7 +169,13 @@ pub(super) async fn session<T: Types>(
         // leaves them there until the session would have expired (a ttl: seconds in which
         // nobody reconciles those keys). The poll is answered within its wait, and what it
         // delivers then is handed straight back (below).
-        let (requests, held) = match tokio::time::timeout_at(lost_at, call).await {
+        // Named dead meanwhile: the session is given up, with what the poll may hand out (the
+        // others wait for this replica's report before they hand its keys to anyone).
+        let answered = tokio::select! {
+            answered = tokio::time::timeout_at(lost_at, call) => answered,
+            () = named_dead.cancelled() => break Err(found_dead()),
+        };
+        let (requests, held) = match answered {
             Ok(Ok(answer)) => answer,
             Ok(Err(status)) => break Err(status),
             Err(_) => break Err(not_renewed()),
@@ -213,13 +237,15 @@ pub(super) async fn session<T: Types>(
     let result = match result {
         // Graceful: let running reconciles finish within their deadlines while renewing the
         // session, so the dispatcher hands their keys to no one else meanwhile.
-        Ok(()) => drain(&client, &session_id, &mut fence, &mut tasks).await,
+        Ok(()) => drain(&client, &session_id, &mut fence, &mut tasks, &named_dead).await,
         Err(status) => Err(status),
     };
     match result {
         Ok(()) => {
-            // Every reconcile has ended: send their acks, and close the session so the
-            // dispatcher hands this replica's keys to others at once.
+            // Every reconcile has ended: the session may be reported ended. Send their acks, and
+            // close the session so the dispatcher hands this replica's keys to others at once.
+            reporter.abort();
+            shared.endings.ended(&dispatcher_id, &session_id);
             drop(ack_tx);
             let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
             // Bounded: a dispatcher that stopped answering must not hold the stop; the session
@@ -240,9 +266,18 @@ pub(super) async fn session<T: Types>(
             lost.cancel();
             tasks.shutdown().await;
             acker.abort();
+            reporter.abort();
+            // Only now may the session be reported ended.
+            shared.endings.ended(&dispatcher_id, &session_id);
             Err(Lost::Ended(status))
         }
     }
+}
+
+fn found_dead() -> tonic::Status {
+    tonic::Status::unavailable(
+        "the other dispatchers found this dispatcher dead: session ended, to be reported so they take its keys over",
+    )
 }
 
 /// Why a session loop reconnects.
@@ -280,6 +315,7 @@ async fn drain(
     session_id: &str,
     fence: &mut Fence,
     tasks: &mut JoinSet<()>,
+    named_dead: &CancellationToken,
 ) -> Result<(), tonic::Status> {
     // One renewal at a time, kept across the reconciles that end meanwhile (restarting it on
     // each would never let one finish while reconciles end faster than a round trip).
@@ -288,6 +324,7 @@ async fn drain(
         let request = AckRequest {
             session_id: session_id.to_owned(),
             acks: Vec::new(),
+            ended_sessions: Vec::new(),
         };
         Box::pin(async move {
             tokio::time::sleep_until(at).await;
@@ -312,6 +349,34 @@ async fn drain(
                 Ok(Err(status)) => return Err(status),
                 Err(_) => return Err(not_renewed()),
             },
+            // Its dispatcher was found dead: nothing is gained by letting the reconciles run,
+            // and the others wait for this session's end.
+            () = named_dead.cancelled() => return Err(found_dead()),
+        }
+    }
+}
+
+/// Sends the sessions to report ended (`endings`) with an ack of session `session_id` each time
+/// there are new ones, until aborted; a failed send is left to the next poll, which carries
+/// them too.
+async fn send_reports<T: Types>(
+    mut client: DispatcherClient<AuthChannel>,
+    session_id: String,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    shared: Arc<Shared<T>>,
+) {
+    while changes.changed().await.is_ok() {
+        let ended_sessions = shared.endings.reports();
+        if ended_sessions.is_empty() {
+            continue;
+        }
+        let request = AckRequest {
+            session_id: session_id.clone(),
+            acks: Vec::new(),
+            ended_sessions,
+        };
+        if let Err(status) = client.ack(request).await {
+            debug!(session = %session_id, %status, "reporting sessions ended failed; the next poll reports them");
         }
     }
 }
@@ -335,6 +400,7 @@ async fn send_acks(
         let request = AckRequest {
             session_id: session_id.clone(),
             acks: batch,
+            ended_sessions: Vec::new(),
         };
         if let Err(status) = client.ack(request).await {
             debug!(session = %session_id, %status, "ack failed; the dispatcher will retry those keys");

@@ -94,6 +94,8 @@ pub(super) struct Shared<T: Types> {
     pub(super) live: Mutex<HashMap<String, LiveSession>>,
     /// Signalled when a session opens, for triggers waiting for one.
     pub(super) session_opened: tokio::sync::Notify,
+    /// Sessions ended on dispatchers that died, and the dispatchers named dead.
+    pub(super) endings: super::endings::Endings,
 }
 
 /// An open session, as a trigger reaches its dispatcher.

@@ -18,8 +18,8 @@ use kube_dispatch_proto::{
     MAX_TRIGGER_KEYS, RequestKey,
     v1::{
         self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
-        OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse, ReconcileRequest,
-        TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
+        EndedSession, OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse,
+        ReconcileRequest, TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
     },
 };
 use kube_dispatch_runtime::auth::Caller;
@@ -158,6 +158,19 @@ impl DispatcherService {
         Ok(spec)
     }
 
+    /// Sessions a replica reports ended on dispatchers that died, for the Lease to carry: the
+    /// full id is the proof, checked by the membership loop against what the dead dispatcher
+    /// listed. Called once the caller's own session was found valid.
+    fn ended_sessions(&self, ended: &[EndedSession]) {
+        for ended in ended.iter().take(MAX_ENDED_SESSIONS) {
+            if ended.dispatcher_id.len() <= MAX_ID_BYTES && ended.session_id.len() <= MAX_ID_BYTES {
+                self.groups
+                    .lease_sessions()
+                    .report(&ended.dispatcher_id, &ended.session_id);
+            }
+        }
+    }
+
     fn parse_acks(&self, acks: &[AckItem]) -> Result<Vec<Acked>, Status> {
         for a in acks {
             if let Some(ack_item::Outcome::Failure(f)) = &a.outcome {
@@ -274,6 +287,13 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
     }
 }
 
+/// Most reports of ended sessions one call is read for (`PollRequest.ended_sessions`).
+const MAX_ENDED_SESSIONS: usize = 16;
+
+/// Longest dispatcher or session id an ended session is read with; longer ones name nothing
+/// this tier made.
+const MAX_ID_BYTES: usize = 256;
+
 #[tonic::async_trait]
 impl dispatcher_server::Dispatcher for DispatcherService {
     async fn open_session(
@@ -355,6 +375,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            dead_dispatchers: groups.lease_sessions().dead().to_vec(),
         }))
     }
 
@@ -377,6 +398,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         };
         let max_bytes = kube_dispatch_proto::answer_budget(req.max_bytes, limits.max_poll_bytes);
         let acks = self.parse_acks(&req.acks)?;
+        self.ended_sessions(&req.ended_sessions);
         let polled = self
             .groups
             .poll(&req.session_id, &caller, acks, wait, max, max_bytes)
@@ -390,6 +412,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         Ok(Response::new(PollResponse {
             requests,
             held: prost_types::Duration::try_from(polled.held).ok(),
+            dead_dispatchers: self.groups.lease_sessions().dead().to_vec(),
         }))
     }
 
@@ -400,6 +423,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         // that only acks cannot keep a session its identity may no longer read.
         self.still_may_read(&req.session_id, &caller).await?;
         let acks = self.parse_acks(&req.acks)?;
+        self.ended_sessions(&req.ended_sessions);
         self.groups
             .ack(&req.session_id, &caller, acks)
             .map_err(status)?;

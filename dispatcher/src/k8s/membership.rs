@@ -25,12 +25,14 @@ use kube::{
 use kube_dispatch_core::{
     handover::{Handover, Slice},
     leases::Peer,
+    listing::Relayed,
 };
 use kube_dispatch_proto::{
     RingKey,
     lease::{
-        ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL,
-        RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, awaits_value,
+        ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, ENDED_ANNOTATION, LEASE_LABEL,
+        RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, SESSIONS_ANNOTATION,
+        awaits_value,
     },
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
@@ -38,19 +40,23 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::LeaseConfig;
+use crate::{config::LeaseConfig, lease_sessions::LeaseSessions};
 
 /// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
 /// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
-/// released (`released`) is written on the Lease. After `stop`, the Lease is deleted (so the
+/// released (`released`) is written on the Lease, and so are the sessions `sessions` lists and
+/// the reports of ended sessions of members that died it received (`HANDOVER.md`, "Ending the
+/// wait for a member that died, by reports"). After `stop`, the Lease is deleted (so the
 /// others take over at once) only if `clean` is set, that is when nothing handed out is still in
 /// flight; otherwise it is left to expire and the others wait out the handover bound.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     config: LeaseConfig,
     ring_key: RingKey,
     slice: watch::Sender<Arc<Slice>>,
     mut released: watch::Receiver<Option<String>>,
+    sessions: Arc<LeaseSessions>,
     stop: CancellationToken,
     clean: Arc<AtomicBool>,
 ) {
@@ -111,12 +117,16 @@ pub async fn run(
     // This dispatcher's last accepted write, as the others see it: what it released, having
     // seen what, at which resourceVersion.
     let mut own = Peer::default();
+    // Reports of ended sessions of members that died, carried on the Lease.
+    let mut relayed = Relayed::default();
     loop {
         // Renew on the period, and at once when the released ring changes.
         let renew_due = tokio::select! {
             () = stop.cancelled() => break,
             _ = renew_tick.tick() => true,
             Ok(()) = released.changed() => true,
+            // A new session is handed keys once a write lists it.
+            () = sessions.write_wanted() => true,
             more = lease_watch.next() => if more { false } else { break },
             _ = tick.tick() => false,
         };
@@ -145,6 +155,8 @@ pub async fn run(
             withheld = handover.waits_on_dead(at);
             let id = handover.releasable(id, at);
             let seen = lease_watch.observations.newest();
+            let listing = sessions.to_write(at);
+            let ended = relayed.value(at, config.handover_bound);
             // A request the API server never answers must not hold this loop, which is what
             // fences this dispatcher when its Lease goes unrenewed.
             let renewal = tokio::time::timeout(
@@ -157,12 +169,15 @@ pub async fn run(
                         released: id.as_deref().map(|id| (id, seen)),
                         awaits: handover.awaits(),
                         drained: false,
+                        sessions: Some(&listing.value),
+                        ended: &ended,
                     },
                 ),
             );
             match renewal.await {
                 Ok(Some(rv)) => {
                     renewed = Some(at);
+                    sessions.written(&listing);
                     renewal_accepted(&handover, &slice, at + config.duration, Instant::now);
                     written = written.max(rv);
                     own = Peer {
@@ -251,6 +266,22 @@ pub async fn run(
         let observations = &lease_watch.observations;
         let fenced = renewed.is_none_or(|at| now >= at + config.duration);
         let next = handover.update(&live, observations.newest(), fenced, now);
+        // Reports of sessions a member that died listed are carried on the Lease, written at
+        // once: each member ends its wait once it sees every such session reported.
+        let mut carried = false;
+        for (member, tag) in sessions.take_reports() {
+            let awaited = handover
+                .awaited()
+                .any(|(m, tags)| m == member && tags.contains(&tag));
+            if awaited && relayed.report(&member, tag, now) {
+                info!(%member, session = format_args!("{tag:016x}"), "a replica reported a session of a dispatcher that died ended");
+                carried = true;
+            }
+        }
+        if carried {
+            renew_tick.reset_immediately();
+        }
+        sessions.set_dead(handover.awaited().map(|(m, _)| m.to_owned()).collect());
         if withheld && !handover.waits_on_dead(now) {
             // The wait is over: write the release now rather than at the next period.
             withheld = false;
@@ -311,6 +342,8 @@ pub async fn run(
             released: id.as_deref().map(|id| (id, seen)),
             awaits: None,
             drained: true,
+            sessions: None,
+            ended: "",
         },
     )
     .await
@@ -359,6 +392,10 @@ struct Marks<'a> {
     awaits: Option<(String, u128)>,
     /// The drained mark: nothing handed out runs any more, and the Lease is deleted next.
     drained: bool,
+    /// The sessions listed ([`LeaseSessions`]); none on the drained write.
+    sessions: Option<&'a str>,
+    /// The reports of ended sessions carried (empty: none).
+    ended: &'a str,
 }
 
 /// Writes this dispatcher's Lease with a fresh renew time, its ring key and `marks`
@@ -382,6 +419,12 @@ async fn renew(
     }
     if let Some((id, seen)) = &marks.awaits {
         annotations.insert(AWAITS_ANNOTATION.into(), awaits_value(id, *seen).into());
+    }
+    if let Some(listed) = marks.sessions {
+        annotations.insert(SESSIONS_ANNOTATION.into(), listed.into());
+    }
+    if !marks.ended.is_empty() {
+        annotations.insert(ENDED_ANNOTATION.into(), marks.ended.into());
     }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",

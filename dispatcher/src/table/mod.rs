@@ -24,7 +24,7 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::{config::Settings, group::Group, k8s::watches::Watches};
+use crate::{config::Settings, group::Group, k8s::watches::Watches, lease_sessions::LeaseSessions};
 
 mod bodies;
 mod error;
@@ -88,6 +88,8 @@ pub struct GroupTable {
     /// Set when draining begins: nothing more is handed out, acks are still taken.
     draining: CancellationToken,
     shutdown: CancellationToken,
+    /// The sessions this dispatcher's Lease lists, and the reports of ended sessions.
+    lease_sessions: Arc<LeaseSessions>,
 }
 
 impl std::fmt::Debug for GroupTable {
@@ -100,14 +102,16 @@ impl std::fmt::Debug for GroupTable {
 
 impl GroupTable {
     /// The table. It serves the keys of `slice`, publishes on `released` the ring it has
-    /// released, and stops with `shutdown`; `crate::housekeeping` must run beside it (session
-    /// expiry, handover, resync, idle groups).
+    /// released, hands a session keys only once `lease_sessions` says the Lease lists it, and
+    /// stops with `shutdown`; `crate::housekeeping` must run beside it (session expiry,
+    /// handover, resync, idle groups).
     pub fn new(
         settings: Settings,
         watches: Arc<Watches>,
         slice: watch::Receiver<Arc<Slice>>,
         recent_deletions: RecentDeletionsConfig,
         released: watch::Sender<Option<String>>,
+        lease_sessions: Arc<LeaseSessions>,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -123,6 +127,7 @@ impl GroupTable {
             bodies_held_until: Mutex::new(None),
             draining: CancellationToken::new(),
             shutdown,
+            lease_sessions,
         })
     }
 
@@ -132,6 +137,11 @@ impl GroupTable {
 
     fn sessions(&self) -> MutexGuard<'_, HashMap<String, SessionRef>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sessions this dispatcher's Lease lists, and the reports of ended sessions.
+    pub fn lease_sessions(&self) -> &LeaseSessions {
+        &self.lease_sessions
     }
 
     /// The settings it runs with.

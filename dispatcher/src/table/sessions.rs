@@ -48,9 +48,11 @@ pub struct Polled {
 impl GroupTable {
     /// Closes every session, releasing in-flight keys; used when draining.
     pub fn close_all(&self) {
-        let sessions: Vec<SessionRef> = self.sessions().drain().map(|(_, s)| s).collect();
-        for s in sessions {
+        let sessions: Vec<(String, SessionRef)> = self.sessions().drain().collect();
+        let now = std::time::Instant::now();
+        for (wire_id, s) in sessions {
             s.group.remove_session(s.id);
+            self.lease_sessions.ended(&wire_id, now);
         }
     }
 
@@ -106,9 +108,13 @@ impl GroupTable {
                 caller: caller.name().to_owned(),
             })?;
         let mut sessions = self.sessions();
+        // Listed before anything can hand it keys: it is in no index yet.
+        self.lease_sessions.opened(&session_id);
         for old in replaced {
             info!(session = %old.wire_id, %replica, "session replaced by a newer one of its replica");
             sessions.remove(&old.wire_id);
+            self.lease_sessions
+                .ended(&old.wire_id, std::time::Instant::now());
         }
         sessions.insert(
             session_id.clone(),
@@ -148,8 +154,11 @@ impl GroupTable {
         // `looked` is when the last look at the queue began: the requests' reconcile time and
         // the renewal below both start no earlier.
         let mut looked = received;
+        // A session is handed keys only once a Lease write lists it (`lease_sessions`): a new
+        // one waits about a Lease round trip.
+        let mut listed = self.lease_sessions.listed_changes();
         let take = || {
-            if self.draining.is_cancelled() {
+            if self.draining.is_cancelled() || !self.lease_sessions.may_hand_out(session) {
                 Vec::new()
             } else {
                 group.take_with_children(id, max, max_bytes)
@@ -159,11 +168,17 @@ impl GroupTable {
         // opening): nothing else wakes the poll then, as the keys were ready already.
         // A fixed ring's slice never changes (its sender may be gone).
         let (mut slice, mut follow_slice) = (group.slice_changes(), true);
+        // The dispatchers found dead that replicas are asked about: a change is answered at
+        // once, so that a replica holding a session on one reports it without waiting.
+        let mut dead = self.lease_sessions.dead_changes();
+        dead.mark_unchanged();
         let mut deliveries = take();
         while deliveries.is_empty() {
             tokio::select! {
                 () = slot.notify.notified() => {}
                 changed = slice.changed(), if follow_slice => follow_slice = changed.is_ok(),
+                Ok(()) = listed.changed() => {}
+                Ok(()) = dead.changed() => break,
                 () = tokio::time::sleep_until(deadline) => break,
                 () = self.shutdown.cancelled() => break,
             }
@@ -214,6 +229,8 @@ impl GroupTable {
             });
         };
         drop(sessions);
+        self.lease_sessions
+            .ended(session, std::time::Instant::now());
         info!(%session, group = %s.group.id, "session closed: its queued keys go to the others now, what it has in flight once it would have expired");
         s.group.close_session(s.id);
         Ok(())
@@ -286,6 +303,8 @@ impl GroupTable {
             }
         }
         for (group, slot) in expired {
+            self.lease_sessions
+                .ended(&slot.wire_id, std::time::Instant::now());
             self.counters
                 .expired_sessions
                 .fetch_add(1, Ordering::Relaxed);

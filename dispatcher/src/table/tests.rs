@@ -19,6 +19,7 @@ use crate::{
         scripted_api::{ApiServer, alone, config_maps, object, within},
         watches::{WatchError, Watches},
     },
+    lease_sessions::LeaseSessions,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -51,6 +52,7 @@ fn table(cancel: &CancellationToken) -> (Arc<GroupTable>, ApiServer) {
         alone(),
         RecentDeletionsConfig::NONE,
         watch::channel(None).0,
+        Arc::new(LeaseSessions::unlimited()),
         cancel.clone(),
     );
     (table, api)

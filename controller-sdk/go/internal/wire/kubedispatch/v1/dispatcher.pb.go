@@ -588,9 +588,11 @@ type OpenSessionResponse struct {
 	// it would take an owner or referenced_by subscription, whose fields it does not know, for a
 	// plain one, so an SDK that needs a feature the dispatcher does not list must not use the
 	// session (it closes it and says which feature is missing).
-	Capabilities  []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Capabilities []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// As PollResponse.dead_dispatchers.
+	DeadDispatchers []string `protobuf:"bytes,7,rep,name=dead_dispatchers,json=deadDispatchers,proto3" json:"dead_dispatchers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *OpenSessionResponse) Reset() {
@@ -665,6 +667,13 @@ func (x *OpenSessionResponse) GetCapabilities() []string {
 	return nil
 }
 
+func (x *OpenSessionResponse) GetDeadDispatchers() []string {
+	if x != nil {
+		return x.DeadDispatchers
+	}
+	return nil
+}
+
 // Long-poll for reconcile requests.
 type PollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -682,7 +691,14 @@ type PollRequest struct {
 	// one would pass it, and delivers a request whose object alone would pass it without
 	// `object_json`, so the client reads that object fresh. Whatever the objects' size, no answer
 	// breaks the session. 0: 4 MiB, the default limit of gRPC clients.
-	MaxBytes      uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Sessions this replica held on dispatchers named in `dead_dispatchers` of an answer, that
+	// have ended: cancelled, every reconcile they handed out returned, never to be used again.
+	// The dispatcher carries them on its Lease to the others, which take a dead dispatcher's
+	// keys over without waiting out the handover bound once every session it listed is reported
+	// (leases.md, "sessions"). At most 16 are read; a session id that is not one the dead
+	// dispatcher listed is ignored.
+	EndedSessions []*EndedSession `protobuf:"bytes,6,rep,name=ended_sessions,json=endedSessions,proto3" json:"ended_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +768,68 @@ func (x *PollRequest) GetMaxBytes() uint32 {
 	return 0
 }
 
+func (x *PollRequest) GetEndedSessions() []*EndedSession {
+	if x != nil {
+		return x.EndedSessions
+	}
+	return nil
+}
+
+// A session on another dispatcher that has ended.
+type EndedSession struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The dispatcher that held it (OpenSessionResponse.dispatcher_id).
+	DispatcherId string `protobuf:"bytes,1,opt,name=dispatcher_id,json=dispatcherId,proto3" json:"dispatcher_id,omitempty"`
+	// Its id, which only the replica that held it knows: the proof the report comes from there.
+	SessionId     string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndedSession) Reset() {
+	*x = EndedSession{}
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndedSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndedSession) ProtoMessage() {}
+
+func (x *EndedSession) ProtoReflect() protoreflect.Message {
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndedSession.ProtoReflect.Descriptor instead.
+func (*EndedSession) Descriptor() ([]byte, []int) {
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EndedSession) GetDispatcherId() string {
+	if x != nil {
+		return x.DispatcherId
+	}
+	return ""
+}
+
+func (x *EndedSession) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 // Reconcile requests handed to a session.
 type PollResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -762,14 +840,20 @@ type PollResponse struct {
 	// `held` after the replica sent the poll. A replica counts its fencing deadline and each
 	// reconcile's deadline from that instant, on its own clock; without this field it must count
 	// from when it sent the poll.
-	Held          *durationpb.Duration `protobuf:"bytes,2,opt,name=held,proto3" json:"held,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Held *durationpb.Duration `protobuf:"bytes,2,opt,name=held,proto3" json:"held,omitempty"`
+	// Dispatchers that stopped renewing their Lease, whose keys this dispatcher waits to take
+	// over until every session they listed has ended. A replica that holds a session on one of
+	// them cancels it (every reconcile it handed out, waiting until each has returned) and
+	// reports it in `ended_sessions` of its next poll, as it does a session there that has
+	// already ended. A poll held here is answered early when this list changes.
+	DeadDispatchers []string `protobuf:"bytes,3,rep,name=dead_dispatchers,json=deadDispatchers,proto3" json:"dead_dispatchers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PollResponse) Reset() {
 	*x = PollResponse{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[6]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +865,7 @@ func (x *PollResponse) String() string {
 func (*PollResponse) ProtoMessage() {}
 
 func (x *PollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[6]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +878,7 @@ func (x *PollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollResponse.ProtoReflect.Descriptor instead.
 func (*PollResponse) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{6}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PollResponse) GetRequests() []*ReconcileRequest {
@@ -807,6 +891,13 @@ func (x *PollResponse) GetRequests() []*ReconcileRequest {
 func (x *PollResponse) GetHeld() *durationpb.Duration {
 	if x != nil {
 		return x.Held
+	}
+	return nil
+}
+
+func (x *PollResponse) GetDeadDispatchers() []string {
+	if x != nil {
+		return x.DeadDispatchers
 	}
 	return nil
 }
@@ -830,7 +921,7 @@ type ObjectKey struct {
 
 func (x *ObjectKey) Reset() {
 	*x = ObjectKey{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[7]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +933,7 @@ func (x *ObjectKey) String() string {
 func (*ObjectKey) ProtoMessage() {}
 
 func (x *ObjectKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[7]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +946,7 @@ func (x *ObjectKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectKey.ProtoReflect.Descriptor instead.
 func (*ObjectKey) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{7}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ObjectKey) GetGroup() string {
@@ -946,7 +1037,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[8]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1049,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[8]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1062,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{8}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReconcileRequest) GetDeliveryId() uint64 {
@@ -1081,7 +1172,7 @@ type OwnedObject struct {
 
 func (x *OwnedObject) Reset() {
 	*x = OwnedObject{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[9]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1184,7 @@ func (x *OwnedObject) String() string {
 func (*OwnedObject) ProtoMessage() {}
 
 func (x *OwnedObject) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[9]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1197,7 @@ func (x *OwnedObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnedObject.ProtoReflect.Descriptor instead.
 func (*OwnedObject) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{9}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OwnedObject) GetObject() *ObjectKey {
@@ -1154,7 +1245,7 @@ type AckItem struct {
 
 func (x *AckItem) Reset() {
 	*x = AckItem{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[10]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1257,7 @@ func (x *AckItem) String() string {
 func (*AckItem) ProtoMessage() {}
 
 func (x *AckItem) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[10]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1270,7 @@ func (x *AckItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckItem.ProtoReflect.Descriptor instead.
 func (*AckItem) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{10}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AckItem) GetDeliveryId() uint64 {
@@ -1265,7 +1356,7 @@ type Success struct {
 
 func (x *Success) Reset() {
 	*x = Success{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[11]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1368,7 @@ func (x *Success) String() string {
 func (*Success) ProtoMessage() {}
 
 func (x *Success) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[11]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1381,7 @@ func (x *Success) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Success.ProtoReflect.Descriptor instead.
 func (*Success) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{11}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{12}
 }
 
 // A failed reconcile.
@@ -1304,7 +1395,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[12]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1407,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[12]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1420,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{12}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Failure) GetMessage() string {
@@ -1350,7 +1441,7 @@ type Requeue struct {
 
 func (x *Requeue) Reset() {
 	*x = Requeue{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[13]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1453,7 @@ func (x *Requeue) String() string {
 func (*Requeue) ProtoMessage() {}
 
 func (x *Requeue) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[13]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1466,7 @@ func (x *Requeue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Requeue.ProtoReflect.Descriptor instead.
 func (*Requeue) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{13}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Requeue) GetAfter() *durationpb.Duration {
@@ -1391,14 +1482,17 @@ type AckRequest struct {
 	// The session the requests were delivered on.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The outcomes.
-	Acks          []*AckItem `protobuf:"bytes,2,rep,name=acks,proto3" json:"acks,omitempty"`
+	Acks []*AckItem `protobuf:"bytes,2,rep,name=acks,proto3" json:"acks,omitempty"`
+	// As PollRequest.ended_sessions: a replica sends them with an ack at once when a session
+	// ends on a dispatcher named dead, rather than wait for its next poll.
+	EndedSessions []*EndedSession `protobuf:"bytes,3,rep,name=ended_sessions,json=endedSessions,proto3" json:"ended_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[14]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1504,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[14]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1517,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{14}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AckRequest) GetSessionId() string {
@@ -1440,6 +1534,13 @@ func (x *AckRequest) GetAcks() []*AckItem {
 	return nil
 }
 
+func (x *AckRequest) GetEndedSessions() []*EndedSession {
+	if x != nil {
+		return x.EndedSessions
+	}
+	return nil
+}
+
 // Answer to an AckRequest.
 type AckResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1449,7 +1550,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[15]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1562,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[15]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1575,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{15}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{16}
 }
 
 // Closes a session.
@@ -1488,7 +1589,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[16]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1601,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[16]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1614,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{16}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CloseSessionRequest) GetSessionId() string {
@@ -1532,7 +1633,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[17]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1645,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[17]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1658,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{17}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{18}
 }
 
 // Request to reconcile keys that no watched change names.
@@ -1576,7 +1677,7 @@ type TriggerRequest struct {
 
 func (x *TriggerRequest) Reset() {
 	*x = TriggerRequest{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[18]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1689,7 @@ func (x *TriggerRequest) String() string {
 func (*TriggerRequest) ProtoMessage() {}
 
 func (x *TriggerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[18]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1702,7 @@ func (x *TriggerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerRequest.ProtoReflect.Descriptor instead.
 func (*TriggerRequest) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{18}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TriggerRequest) GetSessionId() string {
@@ -1633,7 +1734,7 @@ type TriggerResponse struct {
 
 func (x *TriggerResponse) Reset() {
 	*x = TriggerResponse{}
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[19]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1746,7 @@ func (x *TriggerResponse) String() string {
 func (*TriggerResponse) ProtoMessage() {}
 
 func (x *TriggerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[19]
+	mi := &file_kubedispatch_v1_dispatcher_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1759,7 @@ func (x *TriggerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TriggerResponse.ProtoReflect.Descriptor instead.
 func (*TriggerResponse) Descriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{19}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{20}
 }
 
 var File_kubedispatch_v1_dispatcher_proto protoreflect.FileDescriptor
@@ -1691,7 +1792,7 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\rsubscriptions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.SubscriptionR\rsubscriptions\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
 	"\x06client\x18\x05 \x01(\tR\x06client\x12\"\n" +
-	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xa2\x02\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xcd\x02\n" +
 	"\x13OpenSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12+\n" +
@@ -1699,17 +1800,24 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\rdispatcher_id\x18\x03 \x01(\tR\fdispatcherId\x12G\n" +
 	"\x12max_reconcile_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x10maxReconcileTime\x12-\n" +
 	"\x12dispatcher_version\x18\x05 \x01(\tR\x11dispatcherVersion\x12\"\n" +
-	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xc3\x01\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12)\n" +
+	"\x10dead_dispatchers\x18\a \x03(\tR\x0fdeadDispatchers\"\x89\x02\n" +
 	"\vPollRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tmax_items\x18\x02 \x01(\rR\bmaxItems\x12-\n" +
 	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12,\n" +
 	"\x04acks\x18\x04 \x03(\v2\x18.kubedispatch.v1.AckItemR\x04acks\x12\x1b\n" +
-	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\"|\n" +
+	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x12D\n" +
+	"\x0eended_sessions\x18\x06 \x03(\v2\x1d.kubedispatch.v1.EndedSessionR\rendedSessions\"R\n" +
+	"\fEndedSession\x12#\n" +
+	"\rdispatcher_id\x18\x01 \x01(\tR\fdispatcherId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\xa7\x01\n" +
 	"\fPollResponse\x12=\n" +
 	"\brequests\x18\x01 \x03(\v2!.kubedispatch.v1.ReconcileRequestR\brequests\x12-\n" +
-	"\x04held\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04held\"\x81\x01\n" +
+	"\x04held\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04held\x12)\n" +
+	"\x10dead_dispatchers\x18\x03 \x03(\tR\x0fdeadDispatchers\"\x81\x01\n" +
 	"\tObjectKey\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
@@ -1749,12 +1857,13 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\aFailure\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\":\n" +
 	"\aRequeue\x12/\n" +
-	"\x05after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05after\"Y\n" +
+	"\x05after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05after\"\x9f\x01\n" +
 	"\n" +
 	"AckRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
-	"\x04acks\x18\x02 \x03(\v2\x18.kubedispatch.v1.AckItemR\x04acks\"\r\n" +
+	"\x04acks\x18\x02 \x03(\v2\x18.kubedispatch.v1.AckItemR\x04acks\x12D\n" +
+	"\x0eended_sessions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.EndedSessionR\rendedSessions\"\r\n" +
 	"\vAckResponse\"4\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
@@ -1809,7 +1918,7 @@ func file_kubedispatch_v1_dispatcher_proto_rawDescGZIP() []byte {
 }
 
 var file_kubedispatch_v1_dispatcher_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kubedispatch_v1_dispatcher_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_kubedispatch_v1_dispatcher_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_kubedispatch_v1_dispatcher_proto_goTypes = []any{
 	(PayloadMode)(0),             // 0: kubedispatch.v1.PayloadMode
 	(Reason)(0),                  // 1: kubedispatch.v1.Reason
@@ -1820,21 +1929,22 @@ var file_kubedispatch_v1_dispatcher_proto_goTypes = []any{
 	(*OpenSessionRequest)(nil),   // 6: kubedispatch.v1.OpenSessionRequest
 	(*OpenSessionResponse)(nil),  // 7: kubedispatch.v1.OpenSessionResponse
 	(*PollRequest)(nil),          // 8: kubedispatch.v1.PollRequest
-	(*PollResponse)(nil),         // 9: kubedispatch.v1.PollResponse
-	(*ObjectKey)(nil),            // 10: kubedispatch.v1.ObjectKey
-	(*ReconcileRequest)(nil),     // 11: kubedispatch.v1.ReconcileRequest
-	(*OwnedObject)(nil),          // 12: kubedispatch.v1.OwnedObject
-	(*AckItem)(nil),              // 13: kubedispatch.v1.AckItem
-	(*Success)(nil),              // 14: kubedispatch.v1.Success
-	(*Failure)(nil),              // 15: kubedispatch.v1.Failure
-	(*Requeue)(nil),              // 16: kubedispatch.v1.Requeue
-	(*AckRequest)(nil),           // 17: kubedispatch.v1.AckRequest
-	(*AckResponse)(nil),          // 18: kubedispatch.v1.AckResponse
-	(*CloseSessionRequest)(nil),  // 19: kubedispatch.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil), // 20: kubedispatch.v1.CloseSessionResponse
-	(*TriggerRequest)(nil),       // 21: kubedispatch.v1.TriggerRequest
-	(*TriggerResponse)(nil),      // 22: kubedispatch.v1.TriggerResponse
-	(*durationpb.Duration)(nil),  // 23: google.protobuf.Duration
+	(*EndedSession)(nil),         // 9: kubedispatch.v1.EndedSession
+	(*PollResponse)(nil),         // 10: kubedispatch.v1.PollResponse
+	(*ObjectKey)(nil),            // 11: kubedispatch.v1.ObjectKey
+	(*ReconcileRequest)(nil),     // 12: kubedispatch.v1.ReconcileRequest
+	(*OwnedObject)(nil),          // 13: kubedispatch.v1.OwnedObject
+	(*AckItem)(nil),              // 14: kubedispatch.v1.AckItem
+	(*Success)(nil),              // 15: kubedispatch.v1.Success
+	(*Failure)(nil),              // 16: kubedispatch.v1.Failure
+	(*Requeue)(nil),              // 17: kubedispatch.v1.Requeue
+	(*AckRequest)(nil),           // 18: kubedispatch.v1.AckRequest
+	(*AckResponse)(nil),          // 19: kubedispatch.v1.AckResponse
+	(*CloseSessionRequest)(nil),  // 20: kubedispatch.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil), // 21: kubedispatch.v1.CloseSessionResponse
+	(*TriggerRequest)(nil),       // 22: kubedispatch.v1.TriggerRequest
+	(*TriggerResponse)(nil),      // 23: kubedispatch.v1.TriggerResponse
+	(*durationpb.Duration)(nil),  // 24: google.protobuf.Duration
 }
 var file_kubedispatch_v1_dispatcher_proto_depIdxs = []int32{
 	3,  // 0: kubedispatch.v1.Subscription.resource:type_name -> kubedispatch.v1.ResourceRef
@@ -1843,38 +1953,40 @@ var file_kubedispatch_v1_dispatcher_proto_depIdxs = []int32{
 	5,  // 3: kubedispatch.v1.Subscription.referenced_by:type_name -> kubedispatch.v1.References
 	3,  // 4: kubedispatch.v1.References.resource:type_name -> kubedispatch.v1.ResourceRef
 	4,  // 5: kubedispatch.v1.OpenSessionRequest.subscriptions:type_name -> kubedispatch.v1.Subscription
-	23, // 6: kubedispatch.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	23, // 7: kubedispatch.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	23, // 8: kubedispatch.v1.OpenSessionResponse.max_reconcile_time:type_name -> google.protobuf.Duration
-	23, // 9: kubedispatch.v1.PollRequest.wait:type_name -> google.protobuf.Duration
-	13, // 10: kubedispatch.v1.PollRequest.acks:type_name -> kubedispatch.v1.AckItem
-	11, // 11: kubedispatch.v1.PollResponse.requests:type_name -> kubedispatch.v1.ReconcileRequest
-	23, // 12: kubedispatch.v1.PollResponse.held:type_name -> google.protobuf.Duration
-	10, // 13: kubedispatch.v1.ReconcileRequest.object:type_name -> kubedispatch.v1.ObjectKey
-	1,  // 14: kubedispatch.v1.ReconcileRequest.reason:type_name -> kubedispatch.v1.Reason
-	12, // 15: kubedispatch.v1.ReconcileRequest.children:type_name -> kubedispatch.v1.OwnedObject
-	2,  // 16: kubedispatch.v1.ReconcileRequest.children_state:type_name -> kubedispatch.v1.ChildrenState
-	10, // 17: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
-	14, // 18: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
-	15, // 19: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
-	16, // 20: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
-	23, // 21: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
-	13, // 22: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
-	6,  // 23: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
-	8,  // 24: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
-	17, // 25: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
-	19, // 26: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
-	21, // 27: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
-	7,  // 28: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
-	9,  // 29: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
-	18, // 30: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
-	20, // 31: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
-	22, // 32: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
-	28, // [28:33] is the sub-list for method output_type
-	23, // [23:28] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	24, // 6: kubedispatch.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	24, // 7: kubedispatch.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	24, // 8: kubedispatch.v1.OpenSessionResponse.max_reconcile_time:type_name -> google.protobuf.Duration
+	24, // 9: kubedispatch.v1.PollRequest.wait:type_name -> google.protobuf.Duration
+	14, // 10: kubedispatch.v1.PollRequest.acks:type_name -> kubedispatch.v1.AckItem
+	9,  // 11: kubedispatch.v1.PollRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
+	12, // 12: kubedispatch.v1.PollResponse.requests:type_name -> kubedispatch.v1.ReconcileRequest
+	24, // 13: kubedispatch.v1.PollResponse.held:type_name -> google.protobuf.Duration
+	11, // 14: kubedispatch.v1.ReconcileRequest.object:type_name -> kubedispatch.v1.ObjectKey
+	1,  // 15: kubedispatch.v1.ReconcileRequest.reason:type_name -> kubedispatch.v1.Reason
+	13, // 16: kubedispatch.v1.ReconcileRequest.children:type_name -> kubedispatch.v1.OwnedObject
+	2,  // 17: kubedispatch.v1.ReconcileRequest.children_state:type_name -> kubedispatch.v1.ChildrenState
+	11, // 18: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
+	15, // 19: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
+	16, // 20: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
+	17, // 21: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
+	24, // 22: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
+	14, // 23: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
+	9,  // 24: kubedispatch.v1.AckRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
+	6,  // 25: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
+	8,  // 26: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
+	18, // 27: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
+	20, // 28: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
+	22, // 29: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
+	7,  // 30: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
+	10, // 31: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
+	19, // 32: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
+	21, // 33: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
+	23, // 34: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_kubedispatch_v1_dispatcher_proto_init() }
@@ -1882,7 +1994,7 @@ func file_kubedispatch_v1_dispatcher_proto_init() {
 	if File_kubedispatch_v1_dispatcher_proto != nil {
 		return
 	}
-	file_kubedispatch_v1_dispatcher_proto_msgTypes[10].OneofWrappers = []any{
+	file_kubedispatch_v1_dispatcher_proto_msgTypes[11].OneofWrappers = []any{
 		(*AckItem_Success)(nil),
 		(*AckItem_Failure)(nil),
 		(*AckItem_Requeue)(nil),
@@ -1893,7 +2005,7 @@ func file_kubedispatch_v1_dispatcher_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kubedispatch_v1_dispatcher_proto_rawDesc), len(file_kubedispatch_v1_dispatcher_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,269 @@
+//! The sessions on the dispatcher Leases, as pure logic (time passed in): the sessions this
+//! dispatcher lists on its own Lease ([`Listing`]), and the reports it carries that sessions of
+//! a member that died have ended ([`Relayed`]). `dispatcher/HANDOVER.md`, "Ending the wait for a
+//! member that died, by reports", gives the rule; `proto/kubedispatch/v1/leases.md` the
+//! annotations.
+//!
+//! A dispatcher hands a session keys only once a Lease write listing it was accepted, and keeps
+//! a session listed until nothing it handed out can still run: so when it dies, its last
+//! accepted write names every session whose reconciles the others must see end.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use kube_dispatch_proto::lease::{ended_value, sessions_value};
+
+/// Most sessions a Lease lists; past it the Lease says `overflow`, and the others wait out the
+/// handover bound for this dispatcher if it dies. Each costs 17 bytes of the Lease.
+pub const MAX_LISTED_SESSIONS: usize = 1024;
+
+/// Most reports of ended sessions a Lease carries (each about 30 bytes); past it further
+/// reports are not carried, and the members they would have ended the wait for are waited out
+/// for the bound.
+pub const MAX_RELAYED: usize = 1024;
+
+/// The sessions this dispatcher lists on its Lease.
+#[derive(Debug)]
+pub struct Listing {
+    /// How long a session stays listed after it ended here: the handover bound, past which
+    /// nothing it handed out can still run.
+    keep: Duration,
+    /// Listed sessions by tag: when each was opened (a sequence number), and when it ended.
+    sessions: HashMap<u64, Listed>,
+    /// The sequence number of the next session opened.
+    next: u64,
+    /// Every session opened before this was listed by an accepted write.
+    listed_before: u64,
+    /// No Lease (a fixed ring): every session may be handed keys at once.
+    unlimited: bool,
+}
+
+#[derive(Debug)]
+struct Listed {
+    opened: u64,
+    ended: Option<Instant>,
+}
+
+/// What the next Lease write lists, and what to tell the listing once it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingWrite {
+    /// The value of `kube-dispatch.dev/sessions`.
+    pub value: String,
+    /// Pass to [`Listing::written`] once the write is accepted.
+    pub through: u64,
+}
+
+impl Listing {
+    /// A listing whose ended sessions stay listed for `keep` (the handover bound).
+    pub fn new(keep: Duration) -> Self {
+        Self {
+            keep,
+            sessions: HashMap::new(),
+            next: 0,
+            listed_before: 0,
+            unlimited: false,
+        }
+    }
+
+    /// No Lease is written (a fixed ring): every session may be handed keys at once.
+    pub fn unlimited() -> Self {
+        Self {
+            unlimited: true,
+            ..Self::new(Duration::ZERO)
+        }
+    }
+
+    /// A session with tag `tag` was opened: listed by the next write, and handed no key until
+    /// that write is accepted.
+    pub fn opened(&mut self, tag: u64) {
+        let opened = self.next;
+        self.next += 1;
+        self.sessions.insert(
+            tag,
+            Listed {
+                opened,
+                ended: None,
+            },
+        );
+    }
+
+    /// The session with tag `tag` ended here at `now` (closed, expired, replaced): it stays
+    /// listed for the handover bound, since what it handed out may still run that long.
+    pub fn ended(&mut self, tag: u64, now: Instant) {
+        if let Some(s) = self.sessions.get_mut(&tag) {
+            s.ended.get_or_insert(now);
+        }
+    }
+
+    /// Whether the session with tag `tag` may be handed keys: an accepted write lists it.
+    pub fn may_hand_out(&self, tag: u64) -> bool {
+        self.unlimited
+            || self
+                .sessions
+                .get(&tag)
+                .is_some_and(|s| s.opened < self.listed_before && s.ended.is_none())
+    }
+
+    /// Whether a session waits for a write to list it.
+    pub fn unwritten(&self) -> bool {
+        !self.unlimited && self.listed_before < self.next
+    }
+
+    /// What the next Lease write lists at `now`; sessions that ended longer than the bound ago
+    /// are listed no more.
+    pub fn write(&mut self, now: Instant) -> ListingWrite {
+        let keep = self.keep;
+        self.sessions.retain(|_, s| {
+            s.ended
+                .is_none_or(|at| now.saturating_duration_since(at) < keep)
+        });
+        let tags: BTreeSet<u64> = self.sessions.keys().copied().collect();
+        ListingWrite {
+            value: sessions_value(&tags, tags.len() > MAX_LISTED_SESSIONS),
+            through: self.next,
+        }
+    }
+
+    /// A write made from [`Listing::write`] was accepted: the sessions it listed may be handed
+    /// keys.
+    pub fn written(&mut self, through: u64) {
+        self.listed_before = self.listed_before.max(through);
+    }
+
+    /// Sessions listed, for metrics.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether no session is listed.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+}
+
+/// Reports this dispatcher carries on its Lease: sessions of members that died that replicas
+/// reported ended to it.
+#[derive(Debug, Default)]
+pub struct Relayed {
+    /// Per member, each session's tag and when it was reported.
+    reports: BTreeMap<String, BTreeMap<u64, Instant>>,
+}
+
+impl Relayed {
+    /// Carries the report that session `tag` of `member` ended, made at `now`. Returns whether
+    /// it is new (the Lease should be written at once); one past [`MAX_RELAYED`] is dropped.
+    pub fn report(&mut self, member: &str, tag: u64, now: Instant) -> bool {
+        if self
+            .reports
+            .get(member)
+            .is_some_and(|tags| tags.contains_key(&tag))
+        {
+            return false;
+        }
+        if self.len() >= MAX_RELAYED {
+            return false;
+        }
+        self.reports
+            .entry(member.to_owned())
+            .or_default()
+            .insert(tag, now);
+        true
+    }
+
+    /// The value of `kube-dispatch.dev/ended-sessions` at `now`, after dropping reports older
+    /// than `keep` (the handover bound: by then every member waits no more for the one it
+    /// names, and a member that comes back lists new sessions).
+    pub fn value(&mut self, now: Instant, keep: Duration) -> String {
+        for tags in self.reports.values_mut() {
+            tags.retain(|_, at| now.saturating_duration_since(*at) < keep);
+        }
+        self.reports.retain(|_, tags| !tags.is_empty());
+        let ended: BTreeMap<String, BTreeSet<u64>> = self
+            .reports
+            .iter()
+            .map(|(member, tags)| (member.clone(), tags.keys().copied().collect()))
+            .collect();
+        ended_value(&ended)
+    }
+
+    /// Reports carried.
+    pub fn len(&self) -> usize {
+        self.reports.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether none is carried.
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube_dispatch_proto::lease::{parse_ended, parse_sessions};
+
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// A session is handed keys only once a write that lists it is accepted; a session opened
+    /// after the write was made waits for the next; an ended one stays listed for the bound.
+    #[test]
+    fn a_session_is_handed_keys_once_an_accepted_write_lists_it() {
+        let t0 = Instant::now();
+        let mut l = Listing::new(10 * SEC);
+        l.opened(1);
+        assert!(!l.may_hand_out(1) && l.unwritten());
+        let write = l.write(t0);
+        assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([1])));
+        l.opened(2);
+        l.written(write.through);
+        assert!(l.may_hand_out(1) && !l.may_hand_out(2) && l.unwritten());
+        let write = l.write(t0);
+        l.written(write.through);
+        assert!(l.may_hand_out(2) && !l.unwritten());
+        // Ended: listed for the bound, handed nothing more.
+        l.ended(1, t0 + SEC);
+        assert!(!l.may_hand_out(1));
+        let listed = |l: &mut Listing, at| parse_sessions(&l.write(at).value).unwrap();
+        assert_eq!(listed(&mut l, t0 + 10 * SEC), BTreeSet::from([1, 2]));
+        assert_eq!(listed(&mut l, t0 + 11 * SEC), BTreeSet::from([2]));
+        assert!(!l.may_hand_out(3), "never opened");
+        assert!(Listing::unlimited().may_hand_out(3), "no Lease: no listing");
+    }
+
+    #[test]
+    fn past_its_bound_a_listing_says_overflow() {
+        let t0 = Instant::now();
+        let mut l = Listing::new(SEC);
+        for tag in 0..=MAX_LISTED_SESSIONS as u64 {
+            l.opened(tag);
+        }
+        let write = l.write(t0);
+        assert_eq!(parse_sessions(&write.value), None, "overflow: unknown");
+        l.written(write.through);
+        assert!(l.may_hand_out(0), "an overflowing write lists them all");
+    }
+
+    #[test]
+    fn reports_are_carried_once_for_the_bound_and_bounded() {
+        let t0 = Instant::now();
+        let mut r = Relayed::default();
+        assert!(r.report("d1", 7, t0));
+        assert!(!r.report("d1", 7, t0 + SEC), "carried already");
+        assert!(r.report("d2", 7, t0 + SEC));
+        let ended = parse_ended(&r.value(t0 + 2 * SEC, 10 * SEC));
+        assert_eq!(ended["d1"], BTreeSet::from([7]));
+        assert_eq!(ended["d2"], BTreeSet::from([7]));
+        let ended = parse_ended(&r.value(t0 + 10 * SEC, 10 * SEC));
+        assert!(!ended.contains_key("d1") && ended.contains_key("d2"));
+        assert_eq!(r.value(t0 + 11 * SEC, 10 * SEC), "");
+        assert!(r.is_empty());
+        for tag in 0..MAX_RELAYED as u64 {
+            assert!(r.report("d3", tag, t0));
+        }
+        assert!(!r.report("d3", u64::MAX, t0), "past the bound");
+        assert_eq!(r.len(), MAX_RELAYED);
+    }
+}

@@ -1,0 +1,148 @@
+//! What the dispatcher's Lease says of sessions, shared between the group table (sessions
+//! opened, ended and polled; reports of ended sessions received from replicas) and the
+//! membership loop (which writes the Lease and judges the others'): `dispatcher/HANDOVER.md`,
+//! "Ending the wait for a member that died, by reports".
+//!
+//! - A session is handed keys only once a Lease write listing it was accepted
+//!   ([`LeaseSessions::may_hand_out`]); opening one asks the membership loop for a write at
+//!   once ([`LeaseSessions::write_wanted`]), so a new session waits about one Lease round trip.
+//! - Replicas report the sessions they held on a dispatcher that died; the membership loop
+//!   takes the reports ([`LeaseSessions::take_reports`]), keeps those of sessions the dead
+//!   member listed, and carries them on the Lease.
+//! - The members whose sessions this dispatcher waits to see ended are told to every replica
+//!   that polls ([`LeaseSessions::dead`]).
+//!
+//! Bounds: the listing holds at most the sessions opened and those ended within the handover
+//! bound, and writes `overflow` past [`kube_dispatch_core::listing::MAX_LISTED_SESSIONS`]; at
+//! most [`MAX_PENDING_REPORTS`] reports wait for the membership loop (it takes them every
+//! 100 ms); the dead members are at most the ring's.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard},
+    time::Instant,
+};
+
+use kube_dispatch_core::listing::{Listing, ListingWrite};
+use kube_dispatch_proto::lease::session_tag;
+use tokio::sync::{Notify, watch};
+
+/// Most reports of ended sessions waiting for the membership loop; past it, reports are
+/// dropped (the replica sends them again with its next poll while the member is named dead).
+pub const MAX_PENDING_REPORTS: usize = 256;
+
+/// The sessions on this dispatcher's Lease, and the reports it carries.
+#[derive(Debug)]
+pub struct LeaseSessions {
+    listing: Mutex<Listing>,
+    /// Moves each time an accepted write lists sessions: polls waiting to be handed keys look
+    /// again.
+    listed: watch::Sender<u64>,
+    write: Notify,
+    reports: Mutex<Vec<(String, u64)>>,
+    dead: watch::Sender<Arc<[String]>>,
+}
+
+impl LeaseSessions {
+    /// Sessions that stay listed for `keep` (the handover bound) after they end.
+    pub fn new(keep: std::time::Duration) -> Self {
+        Self::with(Listing::new(keep))
+    }
+
+    /// No Lease (a fixed ring): sessions are handed keys at once, and nobody dies.
+    pub fn unlimited() -> Self {
+        Self::with(Listing::unlimited())
+    }
+
+    fn with(listing: Listing) -> Self {
+        Self {
+            listing: Mutex::new(listing),
+            listed: watch::channel(0).0,
+            write: Notify::new(),
+            reports: Mutex::new(Vec::new()),
+            dead: watch::channel(Arc::from([])).0,
+        }
+    }
+
+    fn listing(&self) -> MutexGuard<'_, Listing> {
+        self.listing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Session `session_id` was opened: the next Lease write lists it, and is asked for now.
+    pub fn opened(&self, session_id: &str) {
+        let mut listing = self.listing();
+        listing.opened(session_tag(session_id));
+        if listing.unwritten() {
+            self.write.notify_one();
+        }
+    }
+
+    /// Session `session_id` ended here at `now` (closed, expired, replaced, drained).
+    pub fn ended(&self, session_id: &str, now: Instant) {
+        self.listing().ended(session_tag(session_id), now);
+    }
+
+    /// Whether session `session_id` may be handed keys: an accepted Lease write lists it.
+    pub fn may_hand_out(&self, session_id: &str) -> bool {
+        self.listing().may_hand_out(session_tag(session_id))
+    }
+
+    /// Changes each time an accepted write lists more sessions.
+    pub fn listed_changes(&self) -> watch::Receiver<u64> {
+        self.listed.subscribe()
+    }
+
+    /// Resolves when a session waits for a Lease write to list it.
+    pub async fn write_wanted(&self) {
+        self.write.notified().await;
+    }
+
+    /// What the next Lease write lists, at `now`.
+    pub fn to_write(&self, now: Instant) -> ListingWrite {
+        self.listing().write(now)
+    }
+
+    /// The write made from `write` was accepted.
+    pub fn written(&self, write: &ListingWrite) {
+        self.listing().written(write.through);
+        self.listed.send_modify(|n| *n = write.through);
+    }
+
+    /// A replica reports that its session `session_id` on dispatcher `member` has ended.
+    pub fn report(&self, member: &str, session_id: &str) {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        if reports.len() < MAX_PENDING_REPORTS {
+            reports.push((member.to_owned(), session_tag(session_id)));
+        }
+    }
+
+    /// The reports received since the last call: each a member and a session tag.
+    pub fn take_reports(&self) -> Vec<(String, u64)> {
+        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The members that died whose sessions this dispatcher waits to see ended.
+    pub fn set_dead(&self, members: Vec<String>) {
+        self.dead.send_if_modified(|dead| {
+            let changed = **dead != *members;
+            if changed {
+                *dead = Arc::from(members);
+            }
+            changed
+        });
+    }
+
+    /// The members replicas are asked to report their sessions on.
+    pub fn dead(&self) -> Arc<[String]> {
+        self.dead.borrow().clone()
+    }
+
+    /// Changes with [`LeaseSessions::dead`].
+    pub fn dead_changes(&self) -> watch::Receiver<Arc<[String]>> {
+        self.dead.subscribe()
+    }
+
+    /// Sessions listed, for metrics.
+    pub fn listed_len(&self) -> usize {
+        self.listing().len()
+    }
+}
