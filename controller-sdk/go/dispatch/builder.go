@@ -292,6 +292,7 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		loadBalancer: o.LoadBalancer,
 		dispatchers:  o.Dispatchers,
 		queue:        q,
+		endings:      newEndings(b.mgr.GetLogger().WithValues("controller", name, "group", o.Group)),
 		metrics:      metrics,
 		triggers:     newTriggers(requestKey(gvk.Group, gvk.Kind)),
 		requests:     b.requests,
@@ -349,6 +350,7 @@ type runner struct {
 	loadBalancer string
 	dispatchers  []string
 	queue        *queue
+	endings      *endings
 	metrics      *sdkMetrics
 	triggers     *triggers
 	requests     <-chan reconcile.Request

@@ -191,3 +191,33 @@ func TestAKilledDispatcherLosesNothingAndNeverOverlaps(t *testing.T) {
 		t.Fatalf("reconciles of one key overlapped: %v", found)
 	}
 }
+
+// A dispatcher killed with SIGKILL while Go replicas hold sessions there: the replicas' sessions
+// end with the process, and once the survivors find its Lease expired (4 s + 1 s grace) and
+// name it dead, each replica reports its session there ended, so its keys are taken over
+// without waiting out the handover bound (10 s, the tier's longest reconcile): every object
+// changed right after the kill is reconciled well before the Lease, grace and bound have
+// passed, and no key is reconciled twice at once.
+func TestAKilledDispatchersKeysAreTakenOverOnceItsSessionsAreReportedEnded(t *testing.T) {
+	s := newScene(t, 3, 30)
+	log := newLog()
+	replica(t, s.config, s.tier, "go-report", "go-0", log, 0)
+	replica(t, s.config, s.tier, "go-report", "go-1", log, 0)
+	s.converged(t)
+	killed := time.Now()
+	s.tier.Kill(s.tier.Dispatchers[1])
+	s.changeAll(t, 1, nil)
+	s.converged(t)
+	took := time.Since(killed)
+	const lease, grace, bound = 4 * time.Second, time.Second, 10 * time.Second
+	if took < lease-time.Second {
+		t.Fatalf("every change reconciled %v after the kill, before the killed dispatcher's Lease expired", took)
+	}
+	if took >= lease+grace+bound-2*time.Second {
+		t.Fatalf("every change reconciled %v after the kill: the survivors waited out the bound (%v after the Lease and grace) instead of the replicas' reports", took, bound)
+	}
+	if found := log.overlapsNow(); len(found) > 0 {
+		t.Fatalf("reconciles of one key overlapped: %v", found)
+	}
+	t.Logf("every change made after the kill reconciled %v after it (Lease %v + grace %v; the bound would add %v)", took, lease, grace, bound)
+}

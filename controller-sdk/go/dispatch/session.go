@@ -41,6 +41,9 @@ type session struct {
 	// context ends with it), with context.Canceled once it closed gracefully.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// named ends (with errNamedDead) when a live dispatcher names this session's dispatcher
+	// dead: every call of the session ends with it, and the session is lost.
+	named context.Context
 
 	mu sync.Mutex
 	// pending acks, sent in order by sendAcks; at most one per delivery accepted.
@@ -159,15 +162,21 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	}
 	f := newFence(ttl, maxReconcile, sent)
 	sctx, cancel := context.WithCancelCause(context.Background())
+	named, nameDead := context.WithCancelCause(context.Background())
+	defer nameDead(context.Canceled)
 	s := &session{
 		address:  address,
 		id:       answer.GetSessionId(),
 		client:   client,
 		ctx:      sctx,
 		cancel:   cancel,
+		named:    named,
 		acked:    make(chan struct{}, 1),
 		finished: make(chan struct{}, 1),
 	}
+	dispatcherID := answer.GetDispatcherId()
+	r.endings.opened(dispatcherID, s, nameDead)
+	r.endings.namedDead(answer.GetDeadDispatchers())
 	log := r.log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String(), "dispatcherVersion", answer.GetDispatcherVersion())
 	defer r.metrics.sessionOpened(address)()
@@ -186,8 +195,12 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 		close(stopAcks)
 		r.queue.dropSession(s, false)
 		r.waitForReconciles(log, s)
+		// Only now may the session be reported ended.
+		r.endings.ended(dispatcherID, s.id)
 		return true, err
 	}
+	// Every reconcile has returned: the session may be reported ended.
+	r.endings.ended(dispatcherID, s.id)
 	close(stopAcks)
 	select {
 	case <-acksDone:
@@ -217,12 +230,12 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
 		// its wait, and what it delivers is handed straight back (below) rather than left in
 		// flight until the session would expire.
-		call, cancelCall := context.WithDeadline(context.Background(), lostAt)
+		call, cancelCall := context.WithDeadline(s.named, lostAt)
 		if free == 0 {
 			_, err := s.client.Ack(call, &pb.AckRequest{SessionId: s.id})
 			cancelCall()
 			if err != nil {
-				return renewalError(err)
+				return s.renewalError(err)
 			}
 			f.renew(sent, 0)
 			roundTrip = time.Since(sent)
@@ -235,15 +248,17 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 			continue
 		}
 		answer, err := s.client.Poll(call, &pb.PollRequest{
-			SessionId: s.id,
-			MaxItems:  uint32(min(free, 1<<31)),
-			Wait:      durationpb.New(wait),
-			MaxBytes:  maxAnswerBytes,
+			SessionId:     s.id,
+			MaxItems:      uint32(min(free, 1<<31)),
+			Wait:          durationpb.New(wait),
+			MaxBytes:      maxAnswerBytes,
+			EndedSessions: r.endings.reports(),
 		})
 		cancelCall()
 		if err != nil {
-			return renewalError(err)
+			return s.renewalError(err)
 		}
+		r.endings.namedDead(answer.GetDeadDispatchers())
 		// The dispatcher cannot have held the poll longer than it took: a larger figure would
 		// move the fence past the dispatcher's own expiry.
 		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))
@@ -278,11 +293,11 @@ func (r *runner) drain(s *session, f *fence) error {
 			return errNotRenewed
 		}
 		sent := time.Now()
-		call, cancel := context.WithDeadline(context.Background(), lostAt)
+		call, cancel := context.WithDeadline(s.named, lostAt)
 		_, err := s.client.Ack(call, &pb.AckRequest{SessionId: s.id})
 		cancel()
 		if err != nil {
-			return renewalError(err)
+			return s.renewalError(err)
 		}
 		f.renew(sent, 0)
 		// The next renewal after a poll wait, and never past the fence.
@@ -297,6 +312,11 @@ func (r *runner) drain(s *session, f *fence) error {
 				}
 			case <-timer.C:
 				break wait
+			case <-s.named.Done():
+				// Its dispatcher was found dead: nothing is gained by letting the reconciles
+				// run, and the others wait for this session's end.
+				timer.Stop()
+				return context.Cause(s.named)
 			}
 		}
 	}
@@ -321,8 +341,12 @@ func (r *runner) waitForReconciles(log logr.Logger, s *session) {
 	}
 }
 
-// renewalError is what a failed renewal says, a deadline being the fence.
-func renewalError(err error) error {
+// renewalError is what a failed renewal of s says: its dispatcher named dead, or a deadline
+// being the fence.
+func (s *session) renewalError(err error) error {
+	if s.named.Err() != nil {
+		return context.Cause(s.named)
+	}
 	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
 		return errNotRenewed
 	}

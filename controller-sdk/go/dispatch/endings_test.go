@@ -1,0 +1,99 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// ackRecorder is a dispatcher client that records the acks it is sent.
+type ackRecorder struct {
+	pb.DispatcherClient
+	acks chan *pb.AckRequest
+}
+
+func (a *ackRecorder) Ack(_ context.Context, in *pb.AckRequest, _ ...grpc.CallOption) (*pb.AckResponse, error) {
+	a.acks <- in
+	return &pb.AckResponse{}, nil
+}
+
+func openAt(e *endings, dispatcher, id string, client pb.DispatcherClient) (*session, context.Context) {
+	named, fail := context.WithCancelCause(context.Background())
+	s := &session{id: id, ctx: context.Background(), named: named, client: client}
+	e.opened(dispatcher, s, fail)
+	return s, named
+}
+
+// A session open on a dispatcher named dead is ended; once it has ended it is reported while
+// its dispatcher is named dead, and a session on a live dispatcher is not.
+func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
+	e := newEndings(logr.Discard())
+	d2 := &ackRecorder{acks: make(chan *pb.AckRequest, 4)}
+	_, onD1 := openAt(e, "d1", "s1", nil)
+	_, onD2 := openAt(e, "d2", "s2", d2)
+	e.ended("d3", "s3")
+	if got := e.reports(); len(got) != 0 {
+		t.Fatalf("nobody named dead, yet reports %v", got)
+	}
+	e.namedDead([]string{"d1"})
+	if !errors.Is(context.Cause(onD1), errNamedDead) || onD2.Err() != nil {
+		t.Fatalf("d1's session must end, d2's not: %v, %v", context.Cause(onD1), onD2.Err())
+	}
+	if got := e.reports(); len(got) != 0 {
+		t.Fatalf("s1 has not ended yet, yet reports %v", got)
+	}
+	e.ended("d1", "s1")
+	got := e.reports()
+	if len(got) != 1 || got[0].GetDispatcherId() != "d1" || got[0].GetSessionId() != "s1" {
+		t.Fatalf("reports %v, want d1/s1", got)
+	}
+	// Reported at once with an ack of the session on the live dispatcher.
+	select {
+	case ack := <-d2.acks:
+		if ack.GetSessionId() != "s2" || len(ack.GetEndedSessions()) != 1 || ack.GetEndedSessions()[0].GetSessionId() != "s1" {
+			t.Fatalf("ack %v, want s2 reporting s1", ack)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ended session was not reported with an ack")
+	}
+	// A session opened on a dispatcher already named dead ends at once.
+	if _, named := openAt(e, "d1", "s4", nil); named.Err() == nil {
+		t.Fatal("a session on a dispatcher named dead must end at once")
+	}
+	e.namedDead([]string{"d3"})
+	if got := e.reports(); len(got) != 2 {
+		t.Fatalf("s3 ended before d3 was named dead: reports %v", got)
+	}
+	select {
+	case ack := <-d2.acks:
+		if len(ack.GetEndedSessions()) != 2 {
+			t.Fatalf("ack %v, want both reports", ack)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("naming d3 dead did not report s3 at once")
+	}
+}
+
+func TestWhatEndingsRememberIsBounded(t *testing.T) {
+	e := newEndings(logr.Discard())
+	var names []string
+	for i := 0; i <= endingsKept; i++ {
+		name := fmt.Sprintf("d%d", i)
+		e.ended(name, "s")
+		names = append(names, name)
+	}
+	e.namedDead(names)
+	if len(e.done) != endingsKept || len(e.dead) != endingsKept {
+		t.Fatalf("kept %d ended and %d dead, want %d each", len(e.done), len(e.dead), endingsKept)
+	}
+	if got := e.reports(); len(got) != reportsPerCall {
+		t.Fatalf("%d reports in one call, want %d", len(got), reportsPerCall)
+	}
+}
