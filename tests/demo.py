@@ -9,9 +9,11 @@ kube-dispatch: the controller's ServiceAccount may list, watch, get and patch Co
 demo's namespace only, and the dispatchers' own ServiceAccount is the only one Peer takes. Then:
 
 1. creates the ConfigMaps and waits until every one carries the hash of its content;
-2. kills (SIGKILL) configmap-hasher-0 and dispatcher-1, changes every ConfigMap, and waits
-   again: the survivors take the work over;
-3. adds dispatcher-3, changes every ConfigMap once more, and waits again.
+2. kills (SIGKILL) dispatcher-1, changes every ConfigMap, and waits again: the other two take
+   its keys over once its Lease has expired and the replicas have reported its sessions ended;
+3. kills (SIGKILL) configmap-hasher-0, changes every ConfigMap, and waits again: the other
+   replica takes its keys over once its sessions have expired;
+4. adds dispatcher-3, changes every ConfigMap once more, and waits again.
 
 It prints progress every second and a summary. "lost" counts ConfigMaps whose annotation does
 not match their final content; "concurrent" counts pairs of reconciles of one ConfigMap that
@@ -458,18 +460,23 @@ def main():
 
     # So that Prometheus holds what the two processes did before they die.
     wait_scraped()
-    say("killing configmap-hasher-0 and dispatcher-1 (SIGKILL), then changing every ConfigMap")
-    processes["configmap-hasher-0"].kill()
+    say("killing dispatcher-1 (SIGKILL), then changing every ConfigMap")
     processes["dispatcher-1"].kill()
-    killed_at = processes["dispatcher-1"].killed_at
-    failover = wait_after(lambda: apply_objects(2), "failover")
-    dispatcher_takeover, replica_takeover = takeovers(killed_at)
+    dispatcher_killed_at = processes["dispatcher-1"].killed_at
+    failover = wait_after(lambda: apply_objects(2), "dispatcher failover")
+    dispatcher_takeover = takeover(dispatcher_killed_at, dispatcher="dispatcher-1")
+
+    say("killing configmap-hasher-0 (SIGKILL), then changing every ConfigMap")
+    processes["configmap-hasher-0"].kill()
+    replica_killed_at = processes["configmap-hasher-0"].killed_at
+    replica_failover = wait_after(lambda: apply_objects(3), "replica failover")
+    replica_takeover = takeover(replica_killed_at, replica="configmap-hasher-0")
 
     say("adding dispatcher-3, then changing every ConfigMap")
     start_dispatcher(3)
     wait_for_addresses()
     wait_targets()
-    scaled = wait_after(lambda: apply_objects(3), "scale-up")
+    scaled = wait_after(lambda: apply_objects(4), "scale-up")
     phase3 = Counter(
         dispatcher_names.get(r[2], r[2]) for r in reconciles() if r[3] >= scaled_since[0]
     )
@@ -479,21 +486,22 @@ def main():
     lost = OBJECTS - ok
     overlaps = concurrent([(replica, key, begun, end) for replica, key, _, begun, end in runs])
     per_replica = Counter(r[0] for r in runs)
-    writes = 3 * OBJECTS
+    writes = 4 * OBJECTS
     print(
         f"""
   kube-dispatch demo                          result
   ------------------------------------------  ----------------------------------------
-  ConfigMaps                                  {OBJECTS}, each written 3 times ({writes} writes)
+  ConfigMaps                                  {OBJECTS}, each written 4 times ({writes} writes)
   reconciles                                  {len(runs)} ({len(runs) / writes:.2f} per write); """
         + ", ".join(f"{k} {v}" for k, v in sorted(per_replica.items()))
         + f"""
   dispatchers                                 dispatcher-0..2, then -1 killed, then -3 added
   created and all reconciled in               {created:.1f} s
-  replica + dispatcher SIGKILL, all changes   {failover:.1f} s
-    reconciled in
+  dispatcher SIGKILL, all changes reconciled  {failover:.1f} s
   dispatcher-1's keys served again            {dispatcher_takeover:.1f} s after the kill (its Lease, 4 s + 1 s,
-                                                and the bound T, 10 s)
+                                                then the replicas' reports of its sessions;
+                                                the bound T, 10 s more, when one is silent)
+  replica SIGKILL, all changes reconciled     {replica_failover:.1f} s
   configmap-hasher-0's keys served again      {replica_takeover:.1f} s after the kill (its sessions' 5 s ttl,
                                                 counted from its last poll)
   dispatcher-3 added, all changes reconciled  {scaled:.1f} s; by dispatcher: """
@@ -544,23 +552,21 @@ def kdctl(*args):
 scaled_since = [0.0]
 
 
-def takeovers(killed_at):
-    """Seconds from the kill until the first reconcile after it of a key that dispatcher-1
-    delivered before it, and of a key that configmap-hasher-0 reconciled before it (keys of
-    dispatcher-1 left out, to see the replica's own failover)."""
+def takeover(killed_at, dispatcher=None, replica=None):
+    """Seconds from the kill until the first reconcile after it of a key whose last reconcile
+    before it the killed dispatcher delivered, or the killed replica ran."""
     runs = reconciles()
-    before = [r for r in runs if r[3] < killed_at]
-    by_dispatcher = {r[1] for r in before if dispatcher_names.get(r[2]) == "dispatcher-1"}
-    by_replica = {
-        r[1] for r in before if r[0] == "configmap-hasher-0" and r[1] not in by_dispatcher
+    # Each key's last reconcile before the kill: by the killed replica, or delivered by the
+    # killed dispatcher.
+    last = {}
+    for r in sorted((r for r in runs if r[3] < killed_at), key=lambda r: r[3]):
+        last[r[1]] = r
+    keys = {
+        key for key, r in last.items()
+        if (dispatcher and dispatcher_names.get(r[2]) == dispatcher) or (replica and r[0] == replica)
     }
-    after = [r for r in runs if r[3] >= killed_at]
-
-    def first(keys):
-        starts = [r[3] for r in after if r[1] in keys]
-        return min(starts) - killed_at if starts else float("nan")
-
-    return first(by_dispatcher), first(by_replica)
+    starts = [r[3] for r in runs if r[3] >= killed_at and r[1] in keys]
+    return min(starts) - killed_at if starts else float("nan")
 
 
 def wait_after(write, label):

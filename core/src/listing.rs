@@ -36,6 +36,9 @@ pub struct Listing {
     next: u64,
     /// Every session opened before this was listed by an accepted write.
     listed_before: u64,
+    /// Ended sessions were forgotten before the bound, to keep the listing within its bound:
+    /// until then the Lease says `overflow`.
+    overflow_until: Option<Instant>,
     /// No Lease (a fixed ring): every session may be handed keys at once.
     unlimited: bool,
 }
@@ -63,6 +66,7 @@ impl Listing {
             sessions: HashMap::new(),
             next: 0,
             listed_before: 0,
+            overflow_until: None,
             unlimited: false,
         }
     }
@@ -95,6 +99,23 @@ impl Listing {
         if let Some(s) = self.sessions.get_mut(&tag) {
             s.ended.get_or_insert(now);
         }
+        // Sessions opened and ended in a storm (reconnects, a client that churns) would keep
+        // the listing growing for the bound: past twice its bound the oldest ended ones are
+        // forgotten, and the Lease says `overflow` (the others wait out the bound) until
+        // they would have been.
+        if self.sessions.len() > 2 * MAX_LISTED_SESSIONS {
+            let mut ended: Vec<(Instant, u64)> = self
+                .sessions
+                .iter()
+                .filter_map(|(tag, s)| Some((s.ended?, *tag)))
+                .collect();
+            ended.sort_unstable();
+            let excess = self.sessions.len() - MAX_LISTED_SESSIONS;
+            for (_, tag) in ended.into_iter().take(excess) {
+                self.sessions.remove(&tag);
+            }
+            self.overflow_until = Some(now + self.keep);
+        }
     }
 
     /// Whether the session with tag `tag` may be handed keys: an accepted write lists it.
@@ -120,8 +141,9 @@ impl Listing {
                 .is_none_or(|at| now.saturating_duration_since(at) < keep)
         });
         let tags: BTreeSet<u64> = self.sessions.keys().copied().collect();
+        let forgot = self.overflow_until.is_some_and(|until| now < until);
         ListingWrite {
-            value: sessions_value(&tags, tags.len() > MAX_LISTED_SESSIONS),
+            value: sessions_value(&tags, forgot || tags.len() > MAX_LISTED_SESSIONS),
             through: self.next,
         }
     }
@@ -244,6 +266,27 @@ mod tests {
         assert_eq!(parse_sessions(&write.value), None, "overflow: unknown");
         l.written(write.through);
         assert!(l.may_hand_out(0), "an overflowing write lists them all");
+    }
+
+    /// Sessions that open and end in a storm are forgotten past twice the bound, oldest
+    /// first, and the Lease says `overflow` until they would have ended their bound.
+    #[test]
+    fn a_storm_of_sessions_is_forgotten_past_its_bound_and_overflows_meanwhile() {
+        let t0 = Instant::now();
+        let mut l = Listing::new(10 * SEC);
+        for tag in 0..=(2 * MAX_LISTED_SESSIONS) as u64 {
+            l.opened(tag);
+            l.ended(tag, t0);
+        }
+        assert!(l.len() <= MAX_LISTED_SESSIONS + 1, "{} kept", l.len());
+        assert_eq!(parse_sessions(&l.write(t0 + 9 * SEC).value), None);
+        l.opened(u64::MAX);
+        let write = l.write(t0 + 11 * SEC);
+        assert_eq!(
+            parse_sessions(&write.value),
+            Some(BTreeSet::from([u64::MAX])),
+            "listed again once the forgotten ones are past the bound"
+        );
     }
 
     #[test]

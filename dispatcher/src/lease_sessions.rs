@@ -12,10 +12,13 @@
 //! - The members whose sessions this dispatcher waits to see ended are told to every replica
 //!   that polls ([`LeaseSessions::dead`]).
 //!
-//! Bounds: the listing holds at most the sessions opened and those ended within the handover
-//! bound, and writes `overflow` past [`kube_dispatch_core::listing::MAX_LISTED_SESSIONS`]; at
-//! most [`MAX_PENDING_REPORTS`] reports wait for the membership loop (it takes them every
-//! 100 ms); the dead members are at most the ring's.
+//! Bounds: the listing holds the sessions open (at most `--max-sessions`) and those ended
+//! within the handover bound, at most twice
+//! [`kube_dispatch_core::listing::MAX_LISTED_SESSIONS`] (past it the oldest ended ones are
+//! forgotten and the Lease says `overflow` for the bound), and writes `overflow` past
+//! `MAX_LISTED_SESSIONS`; at most [`MAX_PENDING_REPORTS`] reports wait for the membership loop
+//! (it takes them every 100 ms), and the Lease carries at most
+//! [`kube_dispatch_core::listing::MAX_RELAYED`]; the dead members are at most the ring's.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
