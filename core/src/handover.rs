@@ -336,10 +336,21 @@ impl Handover {
     }
 
     /// As [`Handover::died`], knowing the sessions the member may have handed keys to (`None`:
-    /// unknown): the wait ends early once each is reported ended.
+    /// unknown): the wait ends early once each is reported ended. A member already waited out
+    /// (a process of it died, a new one came and died too) is waited out for both: the bound
+    /// from the later death, and the sessions of both (unknown if either's are).
     fn died_with(&mut self, member: &str, now: Instant, sessions: Option<BTreeSet<u64>>) {
-        self.died
-            .insert(member.to_owned(), Died { at: now, sessions });
+        let died = match self.died.remove(member) {
+            Some(before) => Died {
+                at: now.max(before.at),
+                sessions: before.sessions.zip(sessions).map(|(mut a, b)| {
+                    a.extend(b);
+                    a
+                }),
+            },
+            None => Died { at: now, sessions },
+        };
+        self.died.insert(member.to_owned(), died);
     }
 
     /// Judges membership on a whole and current view of the Leases (`observations` at `now`;
@@ -409,6 +420,14 @@ impl Handover {
         self.died
             .iter()
             .filter_map(|(member, d)| Some((member.as_str(), d.sessions.as_ref()?)))
+    }
+
+    /// Whether this dispatcher still waits out its own previous process, at `now` (it found
+    /// its Lease unreleased at start). Meanwhile its Lease must not list its sessions as all
+    /// it may have handed keys to: its previous process's sessions are not among them, and
+    /// their reconciles may still run, so the others must wait out the bound if it dies too.
+    pub fn holds_for_predecessor(&self, now: Instant) -> bool {
+        self.hold_until.is_some_and(|until| now < until)
     }
 
     /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
@@ -1043,6 +1062,32 @@ mod tests {
         h.update(&live, o.newest(), false, expired);
         assert_eq!(gone, [("d1".to_owned(), true)]);
         assert!(!h.waits_on_dead(expired));
+    }
+
+    /// A member that dies again while its first death is waited out (its pod restarted and
+    /// killed again) is waited out for the sessions of both processes, and for the bound from
+    /// the later death when either's sessions are unknown.
+    #[test]
+    fn a_member_that_dies_twice_is_waited_out_for_both_deaths() {
+        let t0 = Instant::now();
+        let mut h = Handover::new("d0", T, t0, false);
+        h.died_with("d1", t0, Some(BTreeSet::from([1, 2])));
+        h.died_with("d1", t0 + SEC, Some(BTreeSet::from([3])));
+        let awaited: Vec<(&str, &BTreeSet<u64>)> = h.awaited().collect();
+        assert_eq!(awaited, [("d1", &BTreeSet::from([1, 2, 3]))]);
+        assert!(
+            h.waits_on_dead(t0 + T),
+            "the bound counts from the later death"
+        );
+        h.died_with("d1", t0 + 2 * SEC, None);
+        assert_eq!(
+            h.awaited().count(),
+            0,
+            "unknown sessions: only the bound ends the wait"
+        );
+        h.died_with("d1", t0 + 3 * SEC, Some(BTreeSet::from([4])));
+        assert_eq!(h.awaited().count(), 0, "still unknown");
+        assert!(h.waits_on_dead(t0 + 3 * SEC + T - SEC));
     }
 
     /// A release counts only from a holder that had seen every Lease write this dispatcher had

@@ -21,6 +21,7 @@
 //! [`kube_dispatch_core::listing::MAX_RELAYED`]; the dead members are at most the ring's.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex, MutexGuard},
     time::Instant,
 };
@@ -43,6 +44,8 @@ pub struct LeaseSessions {
     write: Notify,
     reports: Mutex<Vec<(String, u64)>>,
     dead: watch::Sender<Arc<[String]>>,
+    /// The sessions each member named dead listed: a report of any other is dropped at once.
+    awaited: Mutex<BTreeMap<String, BTreeSet<u64>>>,
 }
 
 impl LeaseSessions {
@@ -63,6 +66,7 @@ impl LeaseSessions {
             write: Notify::new(),
             reports: Mutex::new(Vec::new()),
             dead: watch::channel(Arc::from([])).0,
+            awaited: Mutex::default(),
         }
     }
 
@@ -110,11 +114,25 @@ impl LeaseSessions {
         self.listed.send_modify(|n| *n = write.through);
     }
 
-    /// A replica reports that its session `session_id` on dispatcher `member` has ended.
+    /// A replica reports that its session `session_id` on dispatcher `member` has ended. Kept
+    /// for the membership loop only if `member` is named dead and listed that session: what
+    /// a client sends cannot crowd out the reports that matter.
     pub fn report(&self, member: &str, session_id: &str) {
+        let tag = session_tag(session_id);
+        let listed = self
+            .awaited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(member)
+            .is_some_and(|tags| tags.contains(&tag));
+        if !listed {
+            return;
+        }
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
-        if reports.len() < MAX_PENDING_REPORTS {
-            reports.push((member.to_owned(), session_tag(session_id)));
+        if reports.len() < MAX_PENDING_REPORTS
+            && !reports.iter().any(|(m, t)| *t == tag && m == member)
+        {
+            reports.push((member.to_owned(), tag));
         }
     }
 
@@ -123,8 +141,11 @@ impl LeaseSessions {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// The members that died whose sessions this dispatcher waits to see ended.
-    pub fn set_dead(&self, members: Vec<String>) {
+    /// The members that died whose sessions this dispatcher waits to see ended, with the
+    /// sessions each listed.
+    pub fn set_dead(&self, awaited: Vec<(String, BTreeSet<u64>)>) {
+        let members: Vec<String> = awaited.iter().map(|(m, _)| m.clone()).collect();
+        *self.awaited.lock().unwrap_or_else(|e| e.into_inner()) = awaited.into_iter().collect();
         self.dead.send_if_modified(|dead| {
             let changed = **dead != *members;
             if changed {

@@ -99,7 +99,9 @@
 //!   session there, ended to another dispatcher that is up ([`Action::Report`]: a superset of
 //!   reporting when a live dispatcher asks), whose next Lease write carries the report. A
 //!   dispatcher that finds a member dead remembers the sessions its Lease listed (none known
-//!   if the Lease was deleted), and stops waiting for it once each is reported on some Lease.
+//!   if the Lease was deleted, or written by a process that waits out its previous one; both
+//!   deaths' sessions when it dies again while waited out), and stops waiting for it once
+//!   each is reported on some Lease.
 //!   A replica's sessions on one dispatcher alternate between two ids; reports of an id's
 //!   earlier session are forgotten when it is used again, as real ids are never reused.
 //!
@@ -500,6 +502,9 @@ pub struct Lease {
     /// The sessions it lists ([`Protocol::sid`] bits): every session its holder may have handed
     /// keys to that may still run them.
     pub sessions: u32,
+    /// Whether `sessions` is all of them: not while its holder waits out its previous process
+    /// (whose sessions it does not know).
+    pub known: bool,
     /// Sessions of others reported ended to its holder ([`Protocol::sid`] bits).
     pub ended: u32,
 }
@@ -1314,6 +1319,18 @@ impl Protocol {
         }
     }
 
+    /// `disp` finds member `x` dead, with the sessions its Lease listed if known: waited out for
+    /// the bound, or until each is reported ended; if already waited out (an earlier process of
+    /// it died too), for both (`Handover::died_with`).
+    fn mourn(disp: &mut Dispatcher, x: usize, bound: u8, listed: Option<u32>) {
+        let before = (disp.died[x] > 0).then_some(disp.awaiting[x]);
+        disp.died[x] = bound;
+        disp.awaiting[x] = match before {
+            None => listed,
+            Some(earlier) => earlier.zip(listed).map(|(a, b)| a | b),
+        };
+    }
+
     /// `d` observes every Lease: a whole and current view.
     fn observe(&self, state: &mut State, d: usize) {
         let live = Self::live(&state.dispatchers[d]);
@@ -1342,8 +1359,7 @@ impl Protocol {
         // are waited out. One still gone is counted as it leaves the ring, or was already.
         for x in 0..leases.len() {
             if has(disp.deaths, x) && has(live, x) {
-                disp.died[x] = t.bound;
-                disp.awaiting[x] = None;
+                Self::mourn(disp, x, t.bound, None);
             }
         }
         disp.deaths = 0;
@@ -1357,9 +1373,10 @@ impl Protocol {
                     Deletions::Released => lease.exists,
                 };
                 if has(gone, x) && died {
-                    disp.died[x] = t.bound;
-                    // Deleted, its Lease lists nothing to go by.
-                    disp.awaiting[x] = lease.exists.then_some(lease.sessions);
+                    // Deleted, or written by a process that waits out its previous one, its
+                    // Lease lists nothing to go by.
+                    let listed = (lease.exists && lease.known).then_some(lease.sessions);
+                    Self::mourn(disp, x, t.bound, listed);
                 }
             }
             disp.ring = live;
@@ -1473,6 +1490,7 @@ impl Protocol {
             exists: true,
             drained: false,
             sessions: self.listing(disp, d),
+            known: disp.hold == 0,
             ended: disp.reported,
         };
         if answered {
@@ -1636,6 +1654,7 @@ impl Model for Protocol {
                     exists: true,
                     drained: false,
                     sessions: 0,
+                    known: true,
                     ended: 0,
                 };
                 self.config.dispatchers
@@ -1945,6 +1964,7 @@ impl Model for Protocol {
                     exists: false,
                     drained: true,
                     sessions: 0,
+                    known: true,
                     ended: 0,
                 };
                 self.show_lease(&mut s, d, false);
@@ -2337,6 +2357,7 @@ impl Model for Protocol {
                     exists: false,
                     drained: false,
                     sessions: 0,
+                    known: false,
                     ended: lease.ended,
                 };
                 self.show_lease(&mut s, usize::from(d), false);
@@ -2983,8 +3004,9 @@ mod tests {
     }
 
     /// The keys of a dispatcher that died are served before the bound once every session its
-    /// Lease listed is reported ended: on random paths of up to 60 steps with a crash, an API
-    /// cut, lost messages, a replica crash and reports, no two replicas overlap, and such
+    /// Lease listed is reported ended: on random paths of up to 60 steps with two crashes (a
+    /// dispatcher may die again after a restart), an API cut, lost messages, a replica crash
+    /// and reports, no two replicas overlap, and such
     /// takeovers, with sessions reported, are reached. (Breadth first, the check reaches only
     /// 9 steps, too few for a death to be found; depth first, it stays on the first paths.
     /// Random paths are a weaker check than either: they did not find the overlaps of the
@@ -2992,7 +3014,7 @@ mod tests {
     #[test]
     fn a_takeover_once_every_listed_session_is_reported_ended_never_overlaps() {
         let budget = Budget {
-            dispatcher_crashes: 1,
+            dispatcher_crashes: 2,
             api_cuts: 1,
             lost_messages: 1,
             replica_crashes: 1,

@@ -345,12 +345,12 @@ impl Real {
             released_after: released.map(|_| seen),
             resource_version: self.rv,
             drained,
-            sessions: Some(
+            sessions: written.known.then(|| {
                 self.tags(written.sessions)
                     .into_iter()
                     .map(|(_, tag)| tag)
-                    .collect(),
-            ),
+                    .collect()
+            }),
             ended: self.tags(written.ended).into_iter().fold(
                 BTreeMap::new(),
                 |mut ended, (d, tag)| {

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,19 +18,23 @@ import (
 // "Ending the wait for a member that died, by reports").
 //
 // A live dispatcher names, in each answer, the dispatchers that died whose sessions it waits to
-// see ended. A session this replica still holds on one of them is ended at once as lost: what
-// it delivered is cancelled, and it counts as ended only once every reconcile has returned.
-// While its dispatcher is named dead, an ended session is reported with every poll, and at
-// once with an ack of each open session (its full id, which only this replica knows).
+// see ended. A session this replica holds on one of them when it is named ends at once as
+// lost: what it delivered is cancelled, and it counts as ended only once every reconcile has
+// returned. While its dispatcher is named dead (in the last answer of some open session), an
+// ended session is reported with every poll, and at once with an ack of each open session (its
+// full id, which only this replica knows). A session opened on a dispatcher named dead is not
+// ended for it: a dead or cut-off dispatcher can list no new session on its Lease.
 //
-// Bounds: endingsKept ended sessions (the last per dispatcher) and endingsKept dispatchers named
-// dead, each forgotten after endingsKeptFor; a call reports at most reportsPerCall.
+// Bounds: the last endedPerDispatcher ended sessions of at most endingsKept dispatchers, each
+// forgotten after endingsKeptFor; one list of dispatchers named dead per open session (at most
+// endingsKept ids each); a call reports at most reportsPerCall.
 
 const (
-	endingsKept    = 64
-	endingsKeptFor = 10 * time.Minute
-	reportsPerCall = 16
-	maxIDBytes     = 256
+	endingsKept        = 64
+	endedPerDispatcher = 4
+	endingsKeptFor     = 10 * time.Minute
+	reportsPerCall     = 16
+	maxIDBytes         = 256
 )
 
 // errNamedDead ends a session whose dispatcher a live dispatcher named dead.
@@ -47,73 +52,107 @@ type openSession struct {
 
 // endings is the replica's record of sessions for the takeover of a dead dispatcher.
 type endings struct {
-	log  logr.Logger
-	mu   sync.Mutex
-	done map[string]endedSession // per dispatcher id: the last session ended there
-	dead map[string]time.Time    // dispatcher ids named dead, when last
-	open map[string]openSession  // per dispatcher id
+	log   logr.Logger
+	mu    sync.Mutex
+	done  map[string][]endedSession // per dispatcher id: the sessions ended there, newest last
+	named map[string][]string       // per dispatcher id of an open session: what its last answer named dead
+	open  map[string]openSession    // per dispatcher id
 }
 
 func newEndings(log logr.Logger) *endings {
 	return &endings{
-		log:  log,
-		done: map[string]endedSession{},
-		dead: map[string]time.Time{},
-		open: map[string]openSession{},
+		log:   log,
+		done:  map[string][]endedSession{},
+		named: map[string][]string{},
+		open:  map[string]openSession{},
 	}
 }
 
-// opened records session s on dispatcher id; fail ends it (as lost) when id is named dead.
+// isDead says whether some open session's last answer named id dead; e.mu is held.
+func (e *endings) isDead(id string) bool {
+	for _, ids := range e.named {
+		if slices.Contains(ids, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// opened records session s on dispatcher id; fail ends it (as lost) when id is named dead
+// while it is open.
 func (e *endings) opened(id string, s *session, fail context.CancelCauseFunc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, dead := e.dead[id]; dead {
-		fail(errNamedDead)
-	}
 	e.open[id] = openSession{s: s, fail: fail}
 }
 
 // ended records that session on dispatcher id has ended and every reconcile it delivered has
-// returned; if id is named dead, the open sessions report it at once.
+// returned; if id is named dead, the open sessions report it at once. What the session's
+// answers named dead is forgotten.
 func (e *endings) ended(id, session string) {
+	now := time.Now()
 	e.mu.Lock()
 	if o, ok := e.open[id]; ok && o.s.id == session {
 		delete(e.open, id)
+		delete(e.named, id)
 	}
-	now := time.Now()
-	e.done[id] = endedSession{session: session, at: now}
-	pruneEndings(e.done, now, func(v endedSession) time.Time { return v.at })
-	_, dead := e.dead[id]
+	sessions := slices.DeleteFunc(e.done[id], func(x endedSession) bool { return x.session == session })
+	sessions = append(sessions, endedSession{session: session, at: now})
+	if len(sessions) > endedPerDispatcher {
+		sessions = sessions[len(sessions)-endedPerDispatcher:]
+	}
+	e.done[id] = sessions
+	for k, list := range e.done {
+		list = slices.DeleteFunc(list, func(x endedSession) bool { return now.Sub(x.at) >= endingsKeptFor })
+		if len(list) == 0 {
+			delete(e.done, k)
+		} else {
+			e.done[k] = list
+		}
+	}
+	for len(e.done) > endingsKept {
+		var oldest string
+		var oldestAt time.Time
+		first := true
+		for k, list := range e.done {
+			if at := list[len(list)-1].at; first || at.Before(oldestAt) {
+				oldest, oldestAt, first = k, at, false
+			}
+		}
+		delete(e.done, oldest)
+	}
+	dead := e.isDead(id)
 	e.mu.Unlock()
 	if dead {
 		e.reportNow()
 	}
 }
 
-// namedDead records the dispatchers a live one named dead: a session open on one ends.
-func (e *endings) namedDead(ids []string) {
-	if len(ids) == 0 {
-		return
-	}
-	now := time.Now()
-	report := false
+// namedDead records that the last answer on the session with dispatcher source named ids dead:
+// a session open on one of them ends.
+func (e *endings) namedDead(source string, ids []string) {
 	e.mu.Lock()
+	var dead []string
 	for _, id := range ids {
-		if len(id) > maxIDBytes {
-			continue
+		if len(id) <= maxIDBytes && len(dead) < endingsKept {
+			dead = append(dead, id)
 		}
-		if _, known := e.dead[id]; !known {
-			if _, ended := e.done[id]; ended {
-				report = true
-			}
+	}
+	report := false
+	for _, id := range dead {
+		if _, ended := e.done[id]; ended && !e.isDead(id) {
+			report = true
 		}
-		e.dead[id] = now
-		if o, ok := e.open[id]; ok && o.s.ctx.Err() == nil {
+		if o, ok := e.open[id]; ok && o.s.named.Err() == nil {
 			e.log.Info("a live dispatcher found this session's dispatcher dead: ending the session, cancelling what it delivered, to report it ended", "dispatcher", id, "session", o.s.id)
 			o.fail(errNamedDead)
 		}
 	}
-	pruneEndings(e.dead, now, func(at time.Time) time.Time { return at })
+	if len(dead) == 0 {
+		delete(e.named, source)
+	} else if _, ok := e.open[source]; ok {
+		e.named[source] = dead
+	}
 	e.mu.Unlock()
 	if report {
 		e.reportNow()
@@ -125,16 +164,21 @@ func (e *endings) reports() []*pb.EndedSession {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []*pb.EndedSession
-	for id, ended := range e.done {
-		if _, dead := e.dead[id]; dead && len(out) < reportsPerCall {
-			out = append(out, &pb.EndedSession{DispatcherId: id, SessionId: ended.session})
+	for id, sessions := range e.done {
+		if !e.isDead(id) {
+			continue
+		}
+		for _, ended := range sessions {
+			if len(out) < reportsPerCall {
+				out = append(out, &pb.EndedSession{DispatcherId: id, SessionId: ended.session})
+			}
 		}
 	}
 	return out
 }
 
-// reportNow sends the reports with an ack of every open session on a live dispatcher; a failed
-// send is left to the next poll, which carries them too.
+// reportNow sends the reports with an ack of every open session on a dispatcher not named dead;
+// a failed send is left to the next poll, which carries them too.
 func (e *endings) reportNow() {
 	reports := e.reports()
 	if len(reports) == 0 {
@@ -143,7 +187,7 @@ func (e *endings) reportNow() {
 	e.mu.Lock()
 	var to []*session
 	for id, o := range e.open {
-		if _, dead := e.dead[id]; !dead {
+		if !e.isDead(id) {
 			to = append(to, o.s)
 		}
 	}
@@ -156,25 +200,5 @@ func (e *endings) reportNow() {
 				e.log.V(1).Info("reporting sessions ended failed; the next poll reports them", "session", s.id, "error", err.Error())
 			}
 		}()
-	}
-}
-
-// pruneEndings forgets entries older than endingsKeptFor, then the oldest past endingsKept.
-func pruneEndings[V any](m map[string]V, now time.Time, at func(V) time.Time) {
-	for k, v := range m {
-		if now.Sub(at(v)) >= endingsKeptFor {
-			delete(m, k)
-		}
-	}
-	for len(m) > endingsKept {
-		var oldest string
-		var oldestAt time.Time
-		first := true
-		for k, v := range m {
-			if first || at(v).Before(oldestAt) {
-				oldest, oldestAt, first = k, at(v), false
-			}
-		}
-		delete(m, oldest)
 	}
 }

@@ -26,13 +26,14 @@ func (a *ackRecorder) Ack(_ context.Context, in *pb.AckRequest, _ ...grpc.CallOp
 
 func openAt(e *endings, dispatcher, id string, client pb.DispatcherClient) (*session, context.Context) {
 	named, fail := context.WithCancelCause(context.Background())
-	s := &session{id: id, ctx: context.Background(), named: named, client: client}
+	s := &session{id: id, ctx: context.Background(), named: named, client: client, dispatcherID: dispatcher}
 	e.opened(dispatcher, s, fail)
 	return s, named
 }
 
 // A session open on a dispatcher named dead is ended; once it has ended it is reported while
-// its dispatcher is named dead, and a session on a live dispatcher is not.
+// some open session's last answer names its dispatcher dead, at once with an ack of the
+// session on the live dispatcher, and a session on a live dispatcher is not.
 func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	e := newEndings(logr.Discard())
 	d2 := &ackRecorder{acks: make(chan *pb.AckRequest, 4)}
@@ -42,7 +43,7 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	if got := e.reports(); len(got) != 0 {
 		t.Fatalf("nobody named dead, yet reports %v", got)
 	}
-	e.namedDead([]string{"d1"})
+	e.namedDead("d2", []string{"d1"})
 	if !errors.Is(context.Cause(onD1), errNamedDead) || onD2.Err() != nil {
 		t.Fatalf("d1's session must end, d2's not: %v, %v", context.Cause(onD1), onD2.Err())
 	}
@@ -54,7 +55,6 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	if len(got) != 1 || got[0].GetDispatcherId() != "d1" || got[0].GetSessionId() != "s1" {
 		t.Fatalf("reports %v, want d1/s1", got)
 	}
-	// Reported at once with an ack of the session on the live dispatcher.
 	select {
 	case ack := <-d2.acks:
 		if ack.GetSessionId() != "s2" || len(ack.GetEndedSessions()) != 1 || ack.GetEndedSessions()[0].GetSessionId() != "s1" {
@@ -63,11 +63,16 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the ended session was not reported with an ack")
 	}
-	// A session opened on a dispatcher already named dead ends at once.
-	if _, named := openAt(e, "d1", "s4", nil); named.Err() == nil {
-		t.Fatal("a session on a dispatcher named dead must end at once")
+	// A session opened on a dispatcher named dead is not ended for it (a dead or cut-off
+	// dispatcher cannot list it); named again, it is.
+	_, again := openAt(e, "d1", "s4", nil)
+	if again.Err() != nil {
+		t.Fatal("a session opened on a dispatcher named dead must not end at once")
 	}
-	e.namedDead([]string{"d3"})
+	e.namedDead("d2", []string{"d1", "d3"})
+	if again.Err() == nil {
+		t.Fatal("a session open on a dispatcher named dead must end")
+	}
 	if got := e.reports(); len(got) != 2 {
 		t.Fatalf("s3 ended before d3 was named dead: reports %v", got)
 	}
@@ -79,6 +84,15 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("naming d3 dead did not report s3 at once")
 	}
+	e.ended("d1", "s4")
+	if got := e.reports(); len(got) != 3 {
+		t.Fatalf("both of d1's sessions and s3: reports %v", got)
+	}
+	// d2's next answer names nobody: nothing is reported any more.
+	e.namedDead("d2", nil)
+	if got := e.reports(); len(got) != 0 {
+		t.Fatalf("nobody named dead, yet reports %v", got)
+	}
 }
 
 func TestWhatEndingsRememberIsBounded(t *testing.T) {
@@ -89,9 +103,18 @@ func TestWhatEndingsRememberIsBounded(t *testing.T) {
 		e.ended(name, "s")
 		names = append(names, name)
 	}
-	e.namedDead(names)
-	if len(e.done) != endingsKept || len(e.dead) != endingsKept {
-		t.Fatalf("kept %d ended and %d dead, want %d each", len(e.done), len(e.dead), endingsKept)
+	for n := 0; n <= endedPerDispatcher; n++ {
+		e.ended("d64", fmt.Sprintf("s%d", n))
+	}
+	openAt(e, "live", "x", &ackRecorder{acks: make(chan *pb.AckRequest, 4)})
+	e.namedDead("live", names)
+	if len(e.done) != endingsKept || len(e.named["live"]) != endingsKept {
+		t.Fatalf("kept %d dispatchers' ended sessions and %d named dead, want %d each", len(e.done), len(e.named["live"]), endingsKept)
+	}
+	for id, list := range e.done {
+		if len(list) > endedPerDispatcher {
+			t.Fatalf("%d ended sessions kept for %s", len(list), id)
+		}
 	}
 	if got := e.reports(); len(got) != reportsPerCall {
 		t.Fatalf("%d reports in one call, want %d", len(got), reportsPerCall)

@@ -44,6 +44,8 @@ type session struct {
 	// named ends (with errNamedDead) when a live dispatcher names this session's dispatcher
 	// dead: every call of the session ends with it, and the session is lost.
 	named context.Context
+	// dispatcherID is the identity of the dispatcher that holds the session.
+	dispatcherID string
 
 	mu sync.Mutex
 	// pending acks, sent in order by sendAcks; at most one per delivery accepted.
@@ -165,18 +167,19 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	named, nameDead := context.WithCancelCause(context.Background())
 	defer nameDead(context.Canceled)
 	s := &session{
-		address:  address,
-		id:       answer.GetSessionId(),
-		client:   client,
-		ctx:      sctx,
-		cancel:   cancel,
-		named:    named,
-		acked:    make(chan struct{}, 1),
-		finished: make(chan struct{}, 1),
+		address:      address,
+		id:           answer.GetSessionId(),
+		client:       client,
+		ctx:          sctx,
+		cancel:       cancel,
+		named:        named,
+		dispatcherID: answer.GetDispatcherId(),
+		acked:        make(chan struct{}, 1),
+		finished:     make(chan struct{}, 1),
 	}
-	dispatcherID := answer.GetDispatcherId()
+	dispatcherID := s.dispatcherID
 	r.endings.opened(dispatcherID, s, nameDead)
-	r.endings.namedDead(answer.GetDeadDispatchers())
+	r.endings.namedDead(dispatcherID, answer.GetDeadDispatchers())
 	log := r.log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String(), "dispatcherVersion", answer.GetDispatcherVersion())
 	defer r.metrics.sessionOpened(address)()
@@ -258,7 +261,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 		if err != nil {
 			return s.renewalError(err)
 		}
-		r.endings.namedDead(answer.GetDeadDispatchers())
+		r.endings.namedDead(s.dispatcherID, answer.GetDeadDispatchers())
 		// The dispatcher cannot have held the poll longer than it took: a larger figure would
 		// move the fence past the dispatcher's own expiry.
 		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))

@@ -4,17 +4,20 @@
 //! "Ending the wait for a member that died, by reports").
 //!
 //! A live dispatcher names, in each answer, the dispatchers that died whose sessions it waits
-//! to see ended. A session this replica still holds on one of them is fenced at once: its loop
-//! ends it as lost, cancelling what it handed out and waiting until every reconcile has
-//! returned. A session ended is recorded only then; while its dispatcher is named dead, every
-//! poll reports it (its full id, which only this replica knows).
+//! to see ended. A session this replica holds on one of them when it is named is fenced at
+//! once: its loop ends it as lost, cancelling what it handed out and waiting until every
+//! reconcile has returned. A session ended is recorded only then; while its dispatcher is
+//! named dead (in the last answer of some session), every poll reports it, and each session
+//! reports it at once with an ack (its full id, which only this replica knows). A session
+//! opened on a dispatcher named dead is not fenced: a dead or cut-off dispatcher can list no
+//! new session on its Lease, so it hands it nothing the others wait for.
 //!
-//! Bounds: [`MAX_KEPT`] ended sessions (the last per dispatcher) and [`MAX_KEPT`] dispatchers
-//! named dead, each forgotten after [`KEPT_FOR`]; a poll reports at most
-//! [`MAX_REPORTS_PER_POLL`].
+//! Bounds: the last [`ENDED_PER_DISPATCHER`] ended sessions of at most [`MAX_KEPT`]
+//! dispatchers, each forgotten after [`KEPT_FOR`]; one list of dispatchers named dead per open
+//! session (at most [`MAX_KEPT`] ids each); a poll reports at most [`MAX_REPORTS_PER_POLL`].
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Mutex, MutexGuard},
     time::Duration,
 };
@@ -24,17 +27,20 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-/// Most ended sessions, and most dispatchers named dead, remembered.
+/// Most dispatchers whose ended sessions are remembered, and most ids one answer names dead.
 pub(super) const MAX_KEPT: usize = 64;
 
-/// How long an ended session, or a dispatcher named dead, is remembered: longer than any
-/// handover bound a tier runs with.
+/// Most ended sessions remembered per dispatcher: a replica that reconnected to a dispatcher
+/// shortly before it died ended several sessions there, each still listed on its Lease.
+pub(super) const ENDED_PER_DISPATCHER: usize = 4;
+
+/// How long an ended session is remembered: longer than any handover bound a tier runs with.
 pub(super) const KEPT_FOR: Duration = Duration::from_secs(600);
 
 /// Most ended sessions one poll reports (what a dispatcher reads of one).
 pub(super) const MAX_REPORTS_PER_POLL: usize = 16;
 
-/// Longest dispatcher id remembered as named dead (a dispatcher's id is a pod name).
+/// Longest dispatcher id taken as named dead (a dispatcher's id is a pod name).
 const MAX_ID_BYTES: usize = 256;
 
 /// The replica's sessions as the takeover of a dead dispatcher needs them.
@@ -57,12 +63,20 @@ impl Default for Endings {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Per dispatcher id: the last session ended there, and when.
-    ended: HashMap<String, (String, Instant)>,
-    /// Dispatchers named dead, and when last.
-    dead: HashMap<String, Instant>,
+    /// Per dispatcher id: the sessions ended there, newest last, each with when.
+    ended: HashMap<String, Vec<(String, Instant)>>,
+    /// Per dispatcher id of an open session: the dispatchers its last answer named dead.
+    named: HashMap<String, Vec<String>>,
     /// Sessions open, per dispatcher id: the session's id and the token that fences it.
     open: HashMap<String, (String, CancellationToken)>,
+}
+
+impl Inner {
+    fn is_dead(&self, dispatcher: &str) -> bool {
+        self.named
+            .values()
+            .any(|ids| ids.iter().any(|id| id == dispatcher))
+    }
 }
 
 impl Endings {
@@ -71,14 +85,10 @@ impl Endings {
     }
 
     /// Session `session_id` was opened on dispatcher `dispatcher`: the token returned is
-    /// cancelled when a live dispatcher names `dispatcher` dead.
+    /// cancelled when a live dispatcher names `dispatcher` dead while the session is open.
     pub(super) fn opened(&self, dispatcher: &str, session_id: &str) -> CancellationToken {
         let fence = CancellationToken::new();
-        let mut inner = self.inner();
-        if inner.dead.contains_key(dispatcher) {
-            fence.cancel();
-        }
-        inner.open.insert(
+        self.inner().open.insert(
             dispatcher.to_owned(),
             (session_id.to_owned(), fence.clone()),
         );
@@ -86,7 +96,8 @@ impl Endings {
     }
 
     /// Session `session_id` on `dispatcher` has ended, and every reconcile it handed out has
-    /// returned: reported while `dispatcher` is named dead.
+    /// returned: reported while `dispatcher` is named dead. What its answers named dead is
+    /// forgotten.
     pub(super) fn ended(&self, dispatcher: &str, session_id: &str) {
         let now = Instant::now();
         let mut inner = self.inner();
@@ -96,27 +107,47 @@ impl Endings {
             .is_some_and(|(s, _)| s == session_id)
         {
             inner.open.remove(dispatcher);
+            inner.named.remove(dispatcher);
         }
-        inner
-            .ended
-            .insert(dispatcher.to_owned(), (session_id.to_owned(), now));
-        prune(&mut inner.ended, now, |(_, at)| *at);
-        if inner.dead.contains_key(dispatcher) {
+        let sessions = inner.ended.entry(dispatcher.to_owned()).or_default();
+        sessions.retain(|(s, _)| s != session_id);
+        sessions.push((session_id.to_owned(), now));
+        if sessions.len() > ENDED_PER_DISPATCHER {
+            sessions.remove(0);
+        }
+        for sessions in inner.ended.values_mut() {
+            sessions.retain(|(_, at)| now.saturating_duration_since(*at) < KEPT_FOR);
+        }
+        inner.ended.retain(|_, sessions| !sessions.is_empty());
+        while inner.ended.len() > MAX_KEPT {
+            let oldest = inner
+                .ended
+                .iter()
+                .min_by_key(|(_, sessions)| sessions.last().map(|(_, at)| *at))
+                .map(|(id, _)| id.clone());
+            let Some(oldest) = oldest else { break };
+            inner.ended.remove(&oldest);
+        }
+        if inner.is_dead(dispatcher) {
             self.to_report.send_modify(|n| *n += 1);
         }
     }
 
-    /// A live dispatcher names `dead` as dispatchers that died: a session still open on one is
-    /// fenced.
-    pub(super) fn named_dead(&self, dead: &[String]) {
-        if dead.is_empty() {
-            return;
-        }
-        let now = Instant::now();
+    /// The last answer on the session with dispatcher `source` named `dead` as dispatchers that
+    /// died: a session open on one of them is fenced.
+    pub(super) fn named_dead(&self, source: &str, dead: &[String]) {
         let mut inner = self.inner();
-        for id in dead.iter().filter(|id| id.len() <= MAX_ID_BYTES) {
-            if inner.dead.insert(id.clone(), now).is_none() && inner.ended.contains_key(id) {
-                self.to_report.send_modify(|n| *n += 1);
+        let dead: Vec<String> = dead
+            .iter()
+            .filter(|id| id.len() <= MAX_ID_BYTES)
+            .take(MAX_KEPT)
+            .cloned()
+            .collect();
+        let before: HashSet<String> = inner.named.values().flatten().cloned().collect();
+        let mut report = false;
+        for id in &dead {
+            if !before.contains(id) && inner.ended.contains_key(id) {
+                report = true;
             }
             if let Some((session, fence)) = inner.open.get(id)
                 && !fence.is_cancelled()
@@ -125,7 +156,15 @@ impl Endings {
                 fence.cancel();
             }
         }
-        prune(&mut inner.dead, now, |at| *at);
+        if dead.is_empty() {
+            inner.named.remove(source);
+        } else if inner.open.contains_key(source) {
+            inner.named.insert(source.to_owned(), dead);
+        }
+        drop(inner);
+        if report {
+            self.to_report.send_modify(|n| *n += 1);
+        }
     }
 
     /// Changes when there are new sessions to report.
@@ -136,34 +175,21 @@ impl Endings {
     /// The ended sessions to report with a poll: those on dispatchers named dead.
     pub(super) fn reports(&self) -> Vec<EndedSession> {
         let inner = self.inner();
-        if inner.dead.is_empty() {
+        if inner.named.is_empty() {
             return Vec::new();
         }
         inner
             .ended
             .iter()
-            .filter(|(dispatcher, _)| inner.dead.contains_key(*dispatcher))
-            .take(MAX_REPORTS_PER_POLL)
-            .map(|(dispatcher, (session, _))| EndedSession {
-                dispatcher_id: dispatcher.clone(),
-                session_id: session.clone(),
+            .filter(|(dispatcher, _)| inner.is_dead(dispatcher))
+            .flat_map(|(dispatcher, sessions)| {
+                sessions.iter().map(|(session, _)| EndedSession {
+                    dispatcher_id: dispatcher.clone(),
+                    session_id: session.clone(),
+                })
             })
+            .take(MAX_REPORTS_PER_POLL)
             .collect()
-    }
-}
-
-/// Forgets entries older than [`KEPT_FOR`], then the oldest past [`MAX_KEPT`].
-fn prune<V>(map: &mut HashMap<String, V>, now: Instant, at: impl Fn(&V) -> Instant) {
-    map.retain(|_, v| now.saturating_duration_since(at(v)) < KEPT_FOR);
-    while map.len() > MAX_KEPT {
-        let Some(oldest) = map
-            .iter()
-            .min_by_key(|(_, v)| at(v))
-            .map(|(k, _)| k.clone())
-        else {
-            break;
-        };
-        map.remove(&oldest);
     }
 }
 
@@ -172,7 +198,8 @@ mod tests {
     use super::*;
 
     /// A session open on a dispatcher named dead is fenced; once ended it is reported while
-    /// its dispatcher is named dead, and a session on a live dispatcher is not.
+    /// some open session's last answer names its dispatcher dead, and a session on a live
+    /// dispatcher is not.
     #[tokio::test]
     async fn sessions_on_dispatchers_named_dead_are_fenced_then_reported() {
         let e = Endings::default();
@@ -181,7 +208,7 @@ mod tests {
         e.ended("d3", "s3");
         assert!(e.reports().is_empty(), "nobody named dead");
         let mut changes = e.report_changes();
-        e.named_dead(&["d1".to_owned()]);
+        e.named_dead("d2", &["d1".to_owned()]);
         assert!(on_d1.is_cancelled() && !on_d2.is_cancelled());
         assert!(e.reports().is_empty(), "s1 has not ended yet");
         assert!(!changes.has_changed().unwrap());
@@ -200,14 +227,37 @@ mod tests {
             ),
             ("d1", "s1")
         );
-        // A session opened on a dispatcher already named dead is fenced at once.
-        assert!(e.opened("d1", "s4").is_cancelled());
-        e.named_dead(&["d3".to_owned()]);
+        // A session opened on a dispatcher named dead is not fenced for it (a dead or cut-off
+        // dispatcher cannot list it); named again, it is.
+        let on_d1_again = e.opened("d1", "s4");
+        assert!(!on_d1_again.is_cancelled());
+        e.named_dead("d2", &["d1".to_owned(), "d3".to_owned()]);
+        assert!(on_d1_again.is_cancelled());
         assert!(
             changes.has_changed().unwrap(),
             "d3 named dead: s3 to report"
         );
         assert_eq!(e.reports().len(), 2, "s3 ended before d3 was named dead");
+        e.ended("d1", "s4");
+        assert_eq!(e.reports().len(), 3, "both of d1's sessions");
+        // d2's next answer names nobody: nothing is reported any more.
+        e.named_dead("d2", &[]);
+        assert!(e.reports().is_empty());
+    }
+
+    /// Naming lasts only while the session that heard it is open.
+    #[tokio::test]
+    async fn what_a_session_heard_is_forgotten_when_it_ends() {
+        let e = Endings::default();
+        e.opened("d2", "s2");
+        e.ended("d1", "s1");
+        e.named_dead("d2", &["d1".to_owned()]);
+        assert_eq!(e.reports().len(), 1);
+        e.ended("d2", "s2");
+        assert!(e.reports().is_empty());
+        // An answer of a session that is not open any more names nobody.
+        e.named_dead("d2", &["d1".to_owned()]);
+        assert!(e.reports().is_empty());
     }
 
     #[tokio::test]
@@ -216,11 +266,21 @@ mod tests {
         for i in 0..=MAX_KEPT {
             e.ended(&format!("d{i}"), "s");
         }
+        for n in 0..=ENDED_PER_DISPATCHER {
+            e.ended("d0", &format!("s{n}"));
+        }
+        e.opened("live", "x");
         let names: Vec<String> = (0..=MAX_KEPT).map(|i| format!("d{i}")).collect();
-        e.named_dead(&names);
+        e.named_dead("live", &names);
         let inner = e.inner();
         assert_eq!(inner.ended.len(), MAX_KEPT);
-        assert_eq!(inner.dead.len(), MAX_KEPT);
+        assert!(
+            inner
+                .ended
+                .values()
+                .all(|s| s.len() <= ENDED_PER_DISPATCHER)
+        );
+        assert!(inner.named.values().all(|ids| ids.len() <= MAX_KEPT));
         drop(inner);
         assert_eq!(e.reports().len(), MAX_REPORTS_PER_POLL);
     }

@@ -94,7 +94,9 @@ pub(super) async fn session<T: Types>(
     // is reported ended once every reconcile it handed out has returned (`endings`).
     let dispatcher_id = opened.dispatcher_id;
     let named_dead = shared.endings.opened(&dispatcher_id, &session_id);
-    shared.endings.named_dead(&opened.dead_dispatchers);
+    shared
+        .endings
+        .named_dead(&dispatcher_id, &opened.dead_dispatchers);
     let _live = Live::register(shared, address, &client, &session_id);
     let _open = shared.health.session_opened();
     let _counted = shared.metrics.session_opened(address);
@@ -156,7 +158,9 @@ pub(super) async fn session<T: Types>(
                     })
                     .await?
                     .into_inner();
-                shared.endings.named_dead(&response.dead_dispatchers);
+                shared
+                    .endings
+                    .named_dead(&dispatcher_id, &response.dead_dispatchers);
                 let held = response
                     .held
                     .and_then(|d| Duration::try_from(d).ok())

@@ -32,7 +32,7 @@ use kube_dispatch_proto::{
     lease::{
         ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, ENDED_ANNOTATION, LEASE_LABEL,
         RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, SESSIONS_ANNOTATION,
-        awaits_value,
+        SESSIONS_OVERFLOW, awaits_value,
     },
 };
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
@@ -62,10 +62,14 @@ pub async fn run(
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
     let started = Instant::now();
+    // The resourceVersion of this dispatcher's Lease as last known: each write is made only
+    // over it (see `renew`).
+    let mut version: Option<u128> = None;
     // A Lease of ours that is still there was not released: the previous process died.
     let predecessor_died = match leases.get_opt(&config.identity).await {
         Ok(found) => found.is_some_and(|l| {
             let state = lease_state(&l);
+            version = Some(state.resource_version).filter(|rv| *rv > 0);
             !state.holder.is_empty() && !state.drained
         }),
         Err(e) => {
@@ -156,6 +160,15 @@ pub async fn run(
             let id = handover.releasable(id, at);
             let seen = lease_watch.observations.newest();
             let listing = sessions.to_write(at);
+            // While its previous process's reconciles may still run, its sessions are not all
+            // the others would have to wait for. Nor does a write made over no known version
+            // list them: it could land after a later one (a request abandoned at its timeout
+            // may still be applied) and take sessions off the Lease.
+            let listed = if handover.holds_for_predecessor(at) || version.is_none() {
+                SESSIONS_OVERFLOW
+            } else {
+                listing.value.as_str()
+            };
             let ended = relayed.value(at, config.handover_bound);
             // A request the API server never answers must not hold this loop, which is what
             // fences this dispatcher when its Lease goes unrenewed.
@@ -169,14 +182,16 @@ pub async fn run(
                         released: id.as_deref().map(|id| (id, seen)),
                         awaits: handover.awaits(),
                         drained: false,
-                        sessions: Some(&listing.value),
+                        sessions: Some(listed),
                         ended: &ended,
                     },
+                    version,
                 ),
             );
             match renewal.await {
-                Ok(Some(rv)) => {
+                Ok(Renewal::Accepted(rv)) => {
                     renewed = Some(at);
+                    version = Some(rv);
                     sessions.written(&listing);
                     renewal_accepted(&handover, &slice, at + config.duration, Instant::now);
                     written = written.max(rv);
@@ -187,7 +202,23 @@ pub async fn run(
                         ..Peer::default()
                     };
                 }
-                Ok(None) => {}
+                Ok(Renewal::Conflict) => {
+                    // Written meanwhile (an abandoned request applied late, a hand edit): read
+                    // its version and write again at once.
+                    version = match tokio::time::timeout(
+                        config.renew_period,
+                        leases.get_opt(&config.identity),
+                    )
+                    .await
+                    {
+                        Ok(Ok(found)) => found
+                            .map(|l| lease_state(&l).resource_version)
+                            .filter(|rv| *rv > 0),
+                        _ => None,
+                    };
+                    renew_tick.reset_immediately();
+                }
+                Ok(Renewal::Failed) => {}
                 Err(_) => warn!(
                     lease = %config.identity,
                     timeout = ?config.renew_period,
@@ -281,7 +312,19 @@ pub async fn run(
         if carried {
             renew_tick.reset_immediately();
         }
-        sessions.set_dead(handover.awaited().map(|(m, _)| m.to_owned()).collect());
+        // Replicas are asked about members that died and are not live again (a new process of
+        // one lists sessions of its own), and by no dispatcher that is itself fenced: its view
+        // of the Leases may be stale, and every member would look dead in it.
+        let dead = if fenced {
+            Vec::new()
+        } else {
+            handover
+                .awaited()
+                .filter(|(member, _)| !live.contains_key(*member))
+                .map(|(member, tags)| (member.to_owned(), tags.clone()))
+                .collect()
+        };
+        sessions.set_dead(dead);
         if withheld && !handover.waits_on_dead(now) {
             // The wait is over: write the release now rather than at the next period.
             withheld = false;
@@ -334,21 +377,23 @@ pub async fn run(
     // takes it off again: it never outlives the drain it stands for.
     let id = handover.releasable(released.borrow().clone(), Instant::now());
     let seen = lease_watch.observations.newest();
-    if renew(
-        &leases,
-        &config,
-        ring_key,
-        Marks {
-            released: id.as_deref().map(|id| (id, seen)),
-            awaits: None,
-            drained: true,
-            sessions: None,
-            ended: "",
-        },
-    )
-    .await
-    .is_none()
-    {
+    if !matches!(
+        renew(
+            &leases,
+            &config,
+            ring_key,
+            Marks {
+                released: id.as_deref().map(|id| (id, seen)),
+                awaits: None,
+                drained: true,
+                sessions: None,
+                ended: "",
+            },
+            None,
+        )
+        .await,
+        Renewal::Accepted(_)
+    ) {
         warn!(lease = %config.identity, "could not mark the dispatcher Lease drained: the others wait out the handover bound");
     }
     match leases
@@ -398,15 +443,28 @@ struct Marks<'a> {
     ended: &'a str,
 }
 
+/// How a write of the Lease ended.
+enum Renewal {
+    /// Accepted, at this resourceVersion.
+    Accepted(u128),
+    /// Refused: the Lease is no longer at the version the write was made over.
+    Conflict,
+    /// Failed otherwise.
+    Failed,
+}
+
 /// Writes this dispatcher's Lease with a fresh renew time, its ring key and `marks`
-/// (server-side apply: a mark left out is taken off). Returns the resourceVersion of the write
-/// if the API server accepted it.
+/// (server-side apply: a mark left out is taken off), over resourceVersion `over` when given:
+/// then a write that landed in between (one abandoned at its timeout and applied late) makes
+/// it fail as a conflict rather than be overwritten, and such a write can never land after
+/// this one.
 async fn renew(
     leases: &Api<Lease>,
     config: &LeaseConfig,
     ring_key: RingKey,
     marks: Marks<'_>,
-) -> Option<u128> {
+    over: Option<u128>,
+) -> Renewal {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
     annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
@@ -426,14 +484,18 @@ async fn renew(
     if !marks.ended.is_empty() {
         annotations.insert(ENDED_ANNOTATION.into(), marks.ended.into());
     }
+    let mut metadata = serde_json::json!({
+        "name": config.identity,
+        "labels": { LEASE_LABEL: "true" },
+        "annotations": annotations,
+    });
+    if let Some(rv) = over {
+        metadata["resourceVersion"] = rv.to_string().into();
+    }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": {
-            "name": config.identity,
-            "labels": { LEASE_LABEL: "true" },
-            "annotations": annotations,
-        },
+        "metadata": metadata,
         "spec": {
             "holderIdentity": config.identity,
             "leaseDurationSeconds": config.duration.as_secs().max(1),
@@ -445,10 +507,14 @@ async fn renew(
         .patch(&config.identity, &params, &Patch::Apply(&lease))
         .await
     {
-        Ok(lease) => Some(lease_state(&lease).resource_version),
+        Ok(lease) => Renewal::Accepted(lease_state(&lease).resource_version),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            info!(lease = %config.identity, "the dispatcher Lease was written since this dispatcher last wrote it; reading it and writing again");
+            Renewal::Conflict
+        }
         Err(e) => {
             warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
-            None
+            Renewal::Failed
         }
     }
 }
