@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +58,9 @@ type endings struct {
 	done  map[string][]endedSession // per dispatcher id: the sessions ended there, newest last
 	named map[string][]string       // per dispatcher id of an open session: what its last answer named dead
 	open  map[string]openSession    // per dispatcher id
+	// cursor is where the next call's reports start among those to report, so that past
+	// reportsPerCall every one goes out in turn.
+	cursor int
 }
 
 func newEndings(log logr.Logger) *endings {
@@ -159,21 +163,45 @@ func (e *endings) namedDead(source string, ids []string) {
 	}
 }
 
-// reports are the ended sessions on dispatchers named dead.
+// reports are the ended sessions on dispatchers named dead, newest first; past reportsPerCall,
+// each call starts where the last one stopped.
 func (e *endings) reports() []*pb.EndedSession {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []*pb.EndedSession
+	type reportable struct {
+		at         time.Time
+		dispatcher string
+		session    string
+	}
+	var all []reportable
 	for id, sessions := range e.done {
 		if !e.isDead(id) {
 			continue
 		}
 		for _, ended := range sessions {
-			if len(out) < reportsPerCall {
-				out = append(out, &pb.EndedSession{DispatcherId: id, SessionId: ended.session})
-			}
+			all = append(all, reportable{ended.at, id, ended.session})
 		}
 	}
+	if len(all) == 0 {
+		return nil
+	}
+	slices.SortFunc(all, func(a, b reportable) int {
+		if c := b.at.Compare(a.at); c != 0 {
+			return c
+		}
+		return strings.Compare(a.dispatcher, b.dispatcher)
+	})
+	start := 0
+	if len(all) > reportsPerCall {
+		start = e.cursor % len(all)
+	}
+	n := min(len(all), reportsPerCall)
+	out := make([]*pb.EndedSession, 0, n)
+	for i := range n {
+		r := all[(start+i)%len(all)]
+		out = append(out, &pb.EndedSession{DispatcherId: r.dispatcher, SessionId: r.session})
+	}
+	e.cursor = (start + n) % len(all)
 	return out
 }
 

@@ -119,4 +119,20 @@ func TestWhatEndingsRememberIsBounded(t *testing.T) {
 	if got := e.reports(); len(got) != reportsPerCall {
 		t.Fatalf("%d reports in one call, want %d", len(got), reportsPerCall)
 	}
+	// More to report than one call takes: every one goes out within a few calls.
+	reportable := 0
+	for id, list := range e.done {
+		if e.isDead(id) {
+			reportable += len(list)
+		}
+	}
+	seen := map[string]bool{}
+	for range (reportable + reportsPerCall - 1) / reportsPerCall {
+		for _, r := range e.reports() {
+			seen[r.GetDispatcherId()+"/"+r.GetSessionId()] = true
+		}
+	}
+	if len(seen) != reportable {
+		t.Fatalf("%d of %d sessions reported within %d calls", len(seen), reportable, (reportable+reportsPerCall-1)/reportsPerCall)
+	}
 }

@@ -63,6 +63,9 @@ impl Default for Endings {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Where the next poll's reports start among those to report, so that past
+    /// [`MAX_REPORTS_PER_POLL`] every one goes out in turn.
+    cursor: usize,
     /// Per dispatcher id: the sessions ended there, newest last, each with when.
     ended: HashMap<String, Vec<(String, Instant)>>,
     /// Per dispatcher id of an open session: the dispatchers its last answer named dead.
@@ -172,24 +175,42 @@ impl Endings {
         self.to_report.subscribe()
     }
 
-    /// The ended sessions to report with a poll: those on dispatchers named dead.
+    /// The ended sessions to report with a poll: those on dispatchers named dead, newest first;
+    /// past [`MAX_REPORTS_PER_POLL`], each call starts where the last one stopped.
     pub(super) fn reports(&self) -> Vec<EndedSession> {
-        let inner = self.inner();
+        let mut inner = self.inner();
         if inner.named.is_empty() {
             return Vec::new();
         }
-        inner
+        let mut all: Vec<(Instant, &String, &String)> = inner
             .ended
             .iter()
             .filter(|(dispatcher, _)| inner.is_dead(dispatcher))
             .flat_map(|(dispatcher, sessions)| {
-                sessions.iter().map(|(session, _)| EndedSession {
-                    dispatcher_id: dispatcher.clone(),
-                    session_id: session.clone(),
-                })
+                sessions
+                    .iter()
+                    .map(move |(session, at)| (*at, dispatcher, session))
             })
-            .take(MAX_REPORTS_PER_POLL)
-            .collect()
+            .collect();
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let start = if all.len() > MAX_REPORTS_PER_POLL {
+            inner.cursor % all.len()
+        } else {
+            0
+        };
+        let reports: Vec<EndedSession> = all
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(all.len().min(MAX_REPORTS_PER_POLL))
+            .map(|(_, dispatcher, session)| EndedSession {
+                dispatcher_id: (*dispatcher).clone(),
+                session_id: (*session).clone(),
+            })
+            .collect();
+        let total = all.len();
+        inner.cursor = (start + reports.len()) % total.max(1);
+        reports
     }
 }
 
@@ -283,5 +304,25 @@ mod tests {
         assert!(inner.named.values().all(|ids| ids.len() <= MAX_KEPT));
         drop(inner);
         assert_eq!(e.reports().len(), MAX_REPORTS_PER_POLL);
+        // More to report than one poll takes: every one goes out within a few polls.
+        let reportable: usize = {
+            let inner = e.inner();
+            inner
+                .ended
+                .iter()
+                .filter(|(id, _)| inner.is_dead(id))
+                .map(|(_, sessions)| sessions.len())
+                .sum()
+        };
+        assert!(reportable > 3 * MAX_REPORTS_PER_POLL, "{reportable}");
+        let mut seen = HashSet::new();
+        for _ in 0..reportable.div_ceil(MAX_REPORTS_PER_POLL) {
+            seen.extend(
+                e.reports()
+                    .into_iter()
+                    .map(|r| r.session_id + "@" + &r.dispatcher_id),
+            );
+        }
+        assert_eq!(seen.len(), reportable);
     }
 }

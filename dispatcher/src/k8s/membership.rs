@@ -191,7 +191,7 @@ pub async fn run(
             match renewal.await {
                 Ok(Renewal::Accepted(rv)) => {
                     renewed = Some(at);
-                    version = Some(rv);
+                    version = Some(rv).filter(|rv| *rv > 0);
                     sessions.written(&listing);
                     renewal_accepted(&handover, &slice, at + config.duration, Instant::now);
                     written = written.max(rv);
@@ -227,6 +227,8 @@ pub async fn run(
             }
         }
         let now = Instant::now();
+        // Whether this pass judged the Leases on a whole and current view.
+        let mut judged = false;
         let listing = lease_watch.listing();
         let observations = &mut lease_watch.observations;
         // Members are judged only on a view of the Leases that is whole (no list under way)
@@ -249,6 +251,7 @@ pub async fn run(
             behind_warned = false;
             let gone;
             (live, gone) = handover.judge(observations, config.grace, now);
+            judged = true;
             for (gone, died) in gone {
                 if died {
                     warn!(member = %gone, "dispatcher stopped renewing its Lease: taking over its keys once reconciles it handed out are over");
@@ -313,18 +316,21 @@ pub async fn run(
             renew_tick.reset_immediately();
         }
         // Replicas are asked about members that died and are not live again (a new process of
-        // one lists sessions of its own), and by no dispatcher that is itself fenced: its view
-        // of the Leases may be stale, and every member would look dead in it.
-        let dead = if fenced {
-            Vec::new()
-        } else {
-            handover
-                .awaited()
-                .filter(|(member, _)| !live.contains_key(*member))
-                .map(|(member, tags)| (member.to_owned(), tags.clone()))
-                .collect()
-        };
-        sessions.set_dead(dead);
+        // one lists sessions of its own), and only on a view just judged whole and current: a
+        // fenced dispatcher names nobody, and one whose view lags (just unfenced, or after a
+        // pause, every Lease looks old in it) leaves the list as it was until its watch has
+        // caught up. Never itself.
+        if fenced {
+            sessions.set_dead(Vec::new());
+        } else if judged {
+            sessions.set_dead(
+                handover
+                    .awaited()
+                    .filter(|(member, _)| !live.contains_key(*member) && *member != config.identity)
+                    .map(|(member, tags)| (member.to_owned(), tags.clone()))
+                    .collect(),
+            );
+        }
         if withheld && !handover.waits_on_dead(now) {
             // The wait is over: write the release now rather than at the next period.
             withheld = false;
