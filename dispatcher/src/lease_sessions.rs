@@ -43,10 +43,13 @@ pub struct LeaseSessions {
     listed: watch::Sender<u64>,
     write: Notify,
     reports: Mutex<Vec<(String, u64)>>,
-    dead: watch::Sender<Arc<[String]>>,
-    /// The sessions each member named dead listed: a report of any other is dropped at once.
-    awaited: Mutex<BTreeMap<String, BTreeSet<u64>>>,
+    /// The members named dead, each with the sessions it listed: a report of any other is
+    /// dropped at once.
+    dead: watch::Sender<Arc<Awaited>>,
 }
+
+/// Members that died, each with the sessions its Lease listed.
+pub type Awaited = BTreeMap<String, BTreeSet<u64>>;
 
 impl LeaseSessions {
     /// Sessions that stay listed for `keep` (the handover bound) after they end.
@@ -65,8 +68,7 @@ impl LeaseSessions {
             listed: watch::channel(0).0,
             write: Notify::new(),
             reports: Mutex::new(Vec::new()),
-            dead: watch::channel(Arc::from([])).0,
-            awaited: Mutex::default(),
+            dead: watch::channel(Arc::default()).0,
         }
     }
 
@@ -88,9 +90,10 @@ impl LeaseSessions {
         self.listing().ended(session_tag(session_id), now);
     }
 
-    /// Whether session `session_id` may be handed keys: an accepted Lease write lists it.
-    pub fn may_hand_out(&self, session_id: &str) -> bool {
-        self.listing().may_hand_out(session_tag(session_id))
+    /// Whether the session with tag `tag` ([`session_tag`] of its id) may be handed keys: an
+    /// accepted Lease write lists it.
+    pub fn may_hand_out(&self, tag: u64) -> bool {
+        self.listing().may_hand_out(tag)
     }
 
     /// Changes each time an accepted write lists more sessions.
@@ -120,9 +123,8 @@ impl LeaseSessions {
     pub fn report(&self, member: &str, session_id: &str) {
         let tag = session_tag(session_id);
         let listed = self
-            .awaited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .dead
+            .borrow()
             .get(member)
             .is_some_and(|tags| tags.contains(&tag));
         if !listed {
@@ -143,30 +145,23 @@ impl LeaseSessions {
 
     /// The members that died whose sessions this dispatcher waits to see ended, with the
     /// sessions each listed.
-    pub fn set_dead(&self, awaited: Vec<(String, BTreeSet<u64>)>) {
-        let members: Vec<String> = awaited.iter().map(|(m, _)| m.clone()).collect();
-        *self.awaited.lock().unwrap_or_else(|e| e.into_inner()) = awaited.into_iter().collect();
+    pub fn set_dead(&self, awaited: Awaited) {
         self.dead.send_if_modified(|dead| {
-            let changed = **dead != *members;
+            let changed = **dead != awaited;
             if changed {
-                *dead = Arc::from(members);
+                *dead = Arc::new(awaited);
             }
             changed
         });
     }
 
     /// The members replicas are asked to report their sessions on.
-    pub fn dead(&self) -> Arc<[String]> {
-        self.dead.borrow().clone()
+    pub fn dead(&self) -> Vec<String> {
+        self.dead.borrow().keys().cloned().collect()
     }
 
     /// Changes with [`LeaseSessions::dead`].
-    pub fn dead_changes(&self) -> watch::Receiver<Arc<[String]>> {
+    pub fn dead_changes(&self) -> watch::Receiver<Arc<Awaited>> {
         self.dead.subscribe()
-    }
-
-    /// Sessions listed, for metrics.
-    pub fn listed_len(&self) -> usize {
-        self.listing().len()
     }
 }

@@ -375,7 +375,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
-            dead_dispatchers: groups.lease_sessions().dead().to_vec(),
+            dead_dispatchers: groups.lease_sessions().dead(),
         }))
     }
 
@@ -412,7 +412,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         Ok(Response::new(PollResponse {
             requests,
             held: prost_types::Duration::try_from(polled.held).ok(),
-            dead_dispatchers: self.groups.lease_sessions().dead().to_vec(),
+            dead_dispatchers: self.groups.lease_sessions().dead(),
         }))
     }
 

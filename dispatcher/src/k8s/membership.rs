@@ -69,7 +69,7 @@ pub async fn run(
     let predecessor_died = match leases.get_opt(&config.identity).await {
         Ok(found) => found.is_some_and(|l| {
             let state = lease_state(&l);
-            version = Some(state.resource_version).filter(|rv| *rv > 0);
+            version = known(state.resource_version);
             !state.holder.is_empty() && !state.drained
         }),
         Err(e) => {
@@ -191,7 +191,7 @@ pub async fn run(
             match renewal.await {
                 Ok(Renewal::Accepted(rv)) => {
                     renewed = Some(at);
-                    version = Some(rv).filter(|rv| *rv > 0);
+                    version = known(rv);
                     sessions.written(&listing);
                     renewal_accepted(&handover, &slice, at + config.duration, Instant::now);
                     written = written.max(rv);
@@ -211,9 +211,9 @@ pub async fn run(
                     )
                     .await
                     {
-                        Ok(Ok(found)) => found
-                            .map(|l| lease_state(&l).resource_version)
-                            .filter(|rv| *rv > 0),
+                        Ok(Ok(found)) => {
+                            found.and_then(|l| known(lease_state(&l).resource_version))
+                        }
                         _ => None,
                     };
                     renew_tick.reset_immediately();
@@ -300,14 +300,12 @@ pub async fn run(
         let observations = &lease_watch.observations;
         let fenced = renewed.is_none_or(|at| now >= at + config.duration);
         let next = handover.update(&live, observations.newest(), fenced, now);
-        // Reports of sessions a member that died listed are carried on the Lease, written at
-        // once: each member ends its wait once it sees every such session reported.
+        // Reports of sessions a member that died listed (checked as they arrived) are carried
+        // on the Lease, written at once: each member ends its wait once it sees every such
+        // session reported.
         let mut carried = false;
         for (member, tag) in sessions.take_reports() {
-            let awaited = handover
-                .awaited()
-                .any(|(m, tags)| m == member && tags.contains(&tag));
-            if awaited && relayed.report(&member, tag, now) {
+            if relayed.report(&member, tag, now) {
                 info!(%member, session = format_args!("{tag:016x}"), "a replica reported a session of a dispatcher that died ended");
                 carried = true;
             }
@@ -321,7 +319,7 @@ pub async fn run(
         // pause, every Lease looks old in it) leaves the list as it was until its watch has
         // caught up. Never itself.
         if fenced {
-            sessions.set_dead(Vec::new());
+            sessions.set_dead(Default::default());
         } else if judged {
             sessions.set_dead(
                 handover
@@ -447,6 +445,11 @@ struct Marks<'a> {
     sessions: Option<&'a str>,
     /// The reports of ended sessions carried (empty: none).
     ended: &'a str,
+}
+
+/// A resourceVersion read from a Lease, if it is one (`lease_state` reads 0 for none).
+fn known(resource_version: u128) -> Option<u128> {
+    (resource_version > 0).then_some(resource_version)
 }
 
 /// How a write of the Lease ended.

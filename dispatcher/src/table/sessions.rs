@@ -14,6 +14,7 @@ use kube_dispatch_core::{
     request::Acked,
     subscription::GroupSpec,
 };
+use kube_dispatch_proto::lease::session_tag;
 use kube_dispatch_runtime::auth::{Caller, GroupId};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -157,8 +158,9 @@ impl GroupTable {
         // A session is handed keys only once a Lease write lists it (`lease_sessions`): a new
         // one waits about a Lease round trip.
         let mut listed = self.lease_sessions.listed_changes();
+        let tag = session_tag(session);
         let take = || {
-            if self.draining.is_cancelled() || !self.lease_sessions.may_hand_out(session) {
+            if self.draining.is_cancelled() || !self.lease_sessions.may_hand_out(tag) {
                 Vec::new()
             } else {
                 group.take_with_children(id, max, max_bytes)
