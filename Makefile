@@ -86,33 +86,33 @@ bench-scale: ## A million objects: 100 000 and 1 000 000 ConfigMaps of 300 bytes
 
 .PHONY: bench-security
 bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
-	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
+	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
 	@tests/cluster/cluster.sh up >/dev/null
-	target/release/kube-dispatch-bench security
+	target/dist/kube-dispatch-bench security
 
 .PHONY: bench-hostile
 bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into BENCHMARKS.md: REPEATS, WRITES
-	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-bench --bins
+	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
-	target/release/kube-dispatch-bench hostile $${REPEATS:+--repeats $$REPEATS} $${WRITES:+--writes $$WRITES} --command "make bench-hostile$${REPEATS:+ REPEATS=$$REPEATS}$${WRITES:+ WRITES=$$WRITES}"
+	target/dist/kube-dispatch-bench hostile $${REPEATS:+--repeats $$REPEATS} $${WRITES:+--writes $$WRITES} --command "make bench-hostile$${REPEATS:+ REPEATS=$$REPEATS}$${WRITES:+ WRITES=$$WRITES}"
 
 .PHONY: bench-metrics
 bench-metrics: ## What metrics cost a reconcile: throughput and write-to-reconcile p99 with metrics off and on (~3 min), into BENCHMARKS.md
-	$(CARGO) build --release --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
+	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
 	@tests/cluster/cluster.sh up >/dev/null
-	target/release/kube-dispatch-bench metrics $${OBJECTS:+--objects $$OBJECTS} $${REPEATS:+--repeats $$REPEATS} --command "make bench-metrics$${OBJECTS:+ OBJECTS=$$OBJECTS}$${REPEATS:+ REPEATS=$$REPEATS}"
+	target/dist/kube-dispatch-bench metrics $${OBJECTS:+--objects $$OBJECTS} $${REPEATS:+--repeats $$REPEATS} --command "make bench-metrics$${OBJECTS:+ OBJECTS=$$OBJECTS}$${REPEATS:+ REPEATS=$$REPEATS}"
 
 .PHONY: bench-ceiling
 bench-ceiling: ## Scale ceiling: watch events one dispatcher absorbs per core, writes at rising RATES (~2 min), into BENCHMARKS.md
-	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
-	target/release/kube-dispatch-bench ceiling $${OBJECTS:+--objects $$OBJECTS} $${RATES:+--rates $$RATES} --command "make bench-ceiling$${OBJECTS:+ OBJECTS=$$OBJECTS}$${RATES:+ RATES=$$RATES}"
+	target/dist/kube-dispatch-bench ceiling $${OBJECTS:+--objects $$OBJECTS} $${RATES:+--rates $$RATES} --command "make bench-ceiling$${OBJECTS:+ OBJECTS=$$OBJECTS}$${RATES:+ RATES=$$RATES}"
 
 .PHONY: bench-shards
 bench-shards: ## Server-side sharding: the ring keyed by namespace against the ring keyed by name on NAMESPACES namespaces of OBJECTS ConfigMaps (default 1000 x 100, ~15 min), into BENCHMARKS.md
-	$(CARGO) build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
-	target/release/kube-dispatch-bench shards $${NAMESPACES:+--namespaces $$NAMESPACES} $${OBJECTS:+--objects $$OBJECTS} $${WRITES:+--writes $$WRITES} --command "make bench-shards$${NAMESPACES:+ NAMESPACES=$$NAMESPACES}$${OBJECTS:+ OBJECTS=$$OBJECTS}$${WRITES:+ WRITES=$$WRITES}"
+	target/dist/kube-dispatch-bench shards $${NAMESPACES:+--namespaces $$NAMESPACES} $${OBJECTS:+--objects $$OBJECTS} $${WRITES:+--writes $$WRITES} --command "make bench-shards$${NAMESPACES:+ NAMESPACES=$$NAMESPACES}$${OBJECTS:+ OBJECTS=$$OBJECTS}$${WRITES:+ WRITES=$$WRITES}"
 
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)

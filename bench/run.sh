@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: builds the release binaries, runs the dispatch-core micro-benchmark, starts (or
+# `make bench`: builds the binaries as they are shipped (`--profile dist`, into target/dist), runs the dispatch-core micro-benchmark, starts (or
 # reuses) the local control plane, then runs the harness, which prints the tables and writes
 # them, with plots, into BENCHMARKS.md.
 #
@@ -7,7 +7,9 @@
 #   OBJECTS=1000,10000     object counts          KINDS=config-map,record   kinds of object
 #   REPEATS=3              runs of each variant   WRITES=200                timed writes per run
 #   VARIANTS=kube-rs,kube-rs-metadata,controller-runtime,controller-runtime-metadata,dispatch-1,dispatch-4,go-dispatch-1
-#                          (go-dispatch-N: the controller-runtime controller ported to the Go SDK)
+#                          (go-dispatch-N: the controller-runtime controller ported to the Go SDK;
+#                          dispatch-paged-N, dispatch-stream-N: the dispatchers listing in pages
+#                          of 500 or by streaming instead of whole)
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
 #                          written to the long-mode section of BENCHMARKS.md
 #   CONTROLLERS=1,5,10     many controllers (`make bench-groups`): K distinct controllers per
@@ -43,7 +45,7 @@
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
 #                          groups-mixed section of BENCHMARKS.md
-# `kube-dispatch-bench compare --help` (target/release) describes every setting; its other
+# `kube-dispatch-bench compare --help` (target/dist) describes every setting; its other
 # KD_BENCH_* variables (e.g. KD_BENCH_DISPATCHERS=1, KD_BENCH_JSON=target/bench/results.json)
 # pass through from the environment.
 set -euo pipefail
@@ -106,8 +108,8 @@ if [[ -n ${CHILDREN:-} ]]; then
   : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1,dispatch-list-1}"
 fi
 
-say "building the release binaries"
-cargo build --release --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
+say "building the binaries as shipped (cargo --profile dist: fat link-time optimisation; the first build links for several minutes)"
+cargo build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 
 say "building the controller-runtime incumbent and its port to the Go SDK"
 controller_runtime=$(bench/controller-runtime/build.sh)
@@ -141,5 +143,5 @@ KD_BENCH_RING_KEY=${RING_KEY:-name} \
 KD_BENCH_MIX=$([[ -n ${MIX:-} ]] && echo true || echo false) \
 KD_BENCH_CONTROLLER_RUNTIME=$controller_runtime \
 KD_BENCH_CONTROLLER_RUNTIME_DISPATCH=$controller_runtime_dispatch \
-  target/release/kube-dispatch-bench compare --section "$section" --command "$command" \
+  target/dist/kube-dispatch-bench compare --section "$section" --command "$command" \
   --core-results target/bench/core.txt

@@ -11,7 +11,7 @@
 #   /usr/local/bin/configmap-hasher
 #   /etc/passwd, /etc/group                   (nonroot, 65532)
 #
-# Usage: deploy/image.sh [--go-example] [--tag NAME:TAG | --release] [--output ARCHIVE] [--builder buildah|docker]
+# Usage: deploy/image.sh [--go-example] [--tag NAME:TAG | --release] [--profile NAME] [--output ARCHIVE] [--builder buildah|docker]
 #   --go-example  the Go SDK's example controller instead (controller-sdk/go/examples/
 #              configmap-hasher, a static Go binary, CGO off): the image kube-dispatch-go-hasher:dev,
 #              /usr/local/bin/configmap-hasher-go its entrypoint (deploy/go-hasher.Dockerfile)
@@ -20,6 +20,10 @@
 #              (-dirty appended with uncommitted changes); either way the image carries them
 #              as the OCI labels org.opencontainers.image.version and .revision, and the
 #              dispatcher's, the load balancer's and kdctl's --version name the commit
+#   --profile  the cargo profile of the binaries (default dist: release with fat link-time
+#              optimisation and one codegen unit, binaries a quarter smaller and about
+#              3.5 MiB less resident each, for a link of minutes per binary on 2 cores;
+#              `release` links in seconds and is what `make test`'s end-to-end image uses)
 #   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
 #              under CARGO_TARGET_DIR when set);
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
@@ -38,6 +42,7 @@ release=false
 go_example=false
 output=
 builder=buildah
+profile=dist
 build_only=false
 context=
 file=$root/deploy/Dockerfile
@@ -60,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --tag) tag=${2:?--tag needs a value}; shift 2 ;;
     --output) output=${2:?--output needs a value}; shift 2 ;;
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
+    --profile) profile=${2:?--profile needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --release) release=true; shift ;;
@@ -119,17 +125,17 @@ prerequisites() {
   fi
 }
 
-# The static binaries, in target/x86_64-unknown-linux-musl/release.
+# The static binaries, in target/x86_64-unknown-linux-musl/<profile>.
 build_binaries() {
   prerequisites
-  log "building the static release binaries (cargo --target $target), version $version"
+  log "building the static binaries (cargo --profile $profile --target $target), version $version"
   (
     cd "$root"
     # --version of every binary names the commit.
     export KD_GIT_COMMIT=$commit
-    cargo build --release --locked --quiet --target "$target" \
+    cargo build --profile "$profile" --locked --quiet --target "$target" \
       -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-kdctl --bins
-    cargo build --release --locked --quiet --target "$target" \
+    cargo build --profile "$profile" --locked --quiet --target "$target" \
       -p kube-dispatch-controller --example configmap_hasher
   )
 }
@@ -137,7 +143,7 @@ build_binaries() {
 # The static binaries and the root filesystem, in target/image/context.
 make_context() {
   build_binaries
-  local out=$target_dir/$target/release
+  local out=$target_dir/$target/$profile
   context=$target_dir/image/context
   rm -rf "$context"
   mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"

@@ -161,10 +161,11 @@ impl Output {
 /// The processes a benchmark starts: where their binaries are, and where they log.
 #[derive(clap::Args, Debug)]
 struct Processes {
-    /// Directory of the release binaries: kube-dispatch-dispatcher, kube-dispatch-loadbalancer,
-    /// bench-controller.
-    #[arg(long, env = "KD_BENCH_BIN_DIR", default_value = "target/release")]
-    bin_dir: PathBuf,
+    /// Directory of the binaries: kube-dispatch-dispatcher, kube-dispatch-loadbalancer,
+    /// bench-controller [default: the directory of this benchmark's own binary, target/dist
+    /// as `make bench` builds it]
+    #[arg(long, env = "KD_BENCH_BIN_DIR")]
+    bin_dir: Option<PathBuf>,
 
     /// Where each run's process logs go.
     #[arg(long, env = "KD_BENCH_LOGS", default_value = "target/bench/logs")]
@@ -172,6 +173,11 @@ struct Processes {
 }
 
 impl Processes {
+    /// --bin-dir, or the directory this benchmark's binary was built into.
+    fn bin_dir(&self) -> PathBuf {
+        self.bin_dir.clone().unwrap_or_else(own_dir)
+    }
+
     /// The dispatcher, the load balancer and the benchmark controller in --bin-dir, each
     /// checked to exist, with the controller-runtime incumbent if given.
     fn binaries(
@@ -179,10 +185,11 @@ impl Processes {
         controller_runtime: Option<PathBuf>,
         controller_runtime_dispatch: Option<PathBuf>,
     ) -> anyhow::Result<Binaries> {
+        let bin_dir = self.bin_dir();
         let binaries = Binaries {
-            dispatcher: self.bin_dir.join("kube-dispatch-dispatcher"),
-            loadbalancer: self.bin_dir.join("kube-dispatch-loadbalancer"),
-            controller: self.bin_dir.join("bench-controller"),
+            dispatcher: bin_dir.join("kube-dispatch-dispatcher"),
+            loadbalancer: bin_dir.join("kube-dispatch-loadbalancer"),
+            controller: bin_dir.join("bench-controller"),
             controller_runtime,
             controller_runtime_dispatch,
         };
@@ -285,9 +292,13 @@ struct CompareArgs {
 
     /// Variants, comma-separated: kube-rs, kube-rs-streaming (its watcher lists by streaming,
     /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both
-    /// need --controller-runtime), dispatch-<replicas>, go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
-    /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
-    /// reconcile lists its children instead of reading them from its request).
+    /// need --controller-runtime), dispatch-<replicas> (the dispatchers list each resource
+    /// whole, their default), dispatch-paged-<replicas> and dispatch-stream-<replicas> (they
+    /// list in pages of 500, or by streaming), go-dispatch-<replicas> (the
+    /// controller-runtime controller on the Go SDK: needs --controller-runtime-dispatch),
+    /// and with --children dispatch-list-<replicas> (each reconcile lists its children
+    /// instead of reading them from its request). The incumbents' figures are divided by
+    /// each variant of the Rust SDK with one replica.
     #[arg(
         long,
         env = "KD_BENCH_VARIANTS",
@@ -839,13 +850,14 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
     let table = harness::ceiling::table(&steps);
     println!("\n{table}");
     let section = format!(
-        "Produced by `{}` on {} ({objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        "Produced by `{}` on {} ({objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
         args.output.command("make bench-ceiling"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.object_bytes,
         humantime::format_duration(args.window),
         harness::ceiling::WRITERS,
         machine(),
+        build_profile(),
     );
     args.output.write(
         "ceiling",
@@ -913,7 +925,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
     let table = shards::table(&outcomes);
     println!("\n{table}");
     let section = format!(
-        "Produced by `{}` on {} ({namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        "Produced by `{}` on {} ({namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
         args.output.command("make bench-shards"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.object_bytes,
@@ -921,6 +933,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
         args.writes,
         humantime::format_duration(args.write_interval),
         machine(),
+        build_profile(),
     );
     args.output.write(
         "shards",
@@ -945,12 +958,13 @@ async fn security(args: SecurityArgs) -> anyhow::Result<()> {
     let table = results.table();
     println!("\n{table}");
     let section = format!(
-        "Produced by `{}` on {} (one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        "Produced by `{}` on {} (one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
         args.output.command("make bench-security"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         args.writes,
         args.opens,
         machine(),
+        build_profile(),
     );
     args.output.write("security", &section, &results.figures())
 }
@@ -961,17 +975,18 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     let results = harness::hostile::run(harness::hostile::Plan {
         repeats: args.repeats,
         writes: args.writes,
-        dispatcher: args.processes.bin_dir.join("kube-dispatch-dispatcher"),
+        dispatcher: args.processes.bin_dir().join("kube-dispatch-dispatcher"),
         logs: args.processes.logs.join("hostile"),
     })
     .await?;
     let table = results.table();
     println!("\n{table}");
     let section = format!(
-        "Produced by `{}` on {} (one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        "Produced by `{}` on {} (one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
         args.output.command("make bench-hostile"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
+        build_profile(),
     );
     args.output.write("hostile", &section, &results)
 }
@@ -986,10 +1001,11 @@ async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
     let table = results.table();
     println!("\n{table}");
     let section = format!(
-        "Produced by `{}` on {} (one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing).\n\n- Machine: {}\n- Binaries: release build\n\n{table}",
+        "Produced by `{}` on {} (one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
         args.output.command("make bench-metrics"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
+        build_profile(),
     );
     args.output.write("metrics", &section, &results)
 }
@@ -1141,6 +1157,28 @@ fn command_output(program: &Path, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// The directory this benchmark's binary is in: where `cargo build` put the binaries it
+/// starts, built with the same profile.
+fn own_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("target/dist"))
+}
+
+/// How the benchmark's binaries were built, from the profile directory they are in.
+fn build_profile() -> String {
+    match own_dir().file_name().and_then(|n| n.to_str()) {
+        Some("dist") => {
+            "`cargo build --profile dist` (release, fat link-time optimisation, one codegen unit)"
+                .to_string()
+        }
+        Some("release") => "`cargo build --release`".to_string(),
+        Some(other) => format!("cargo's `{other}` profile"),
+        None => "unknown".to_string(),
+    }
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -1239,10 +1277,7 @@ fn results_section(
         crate_version(root, "kube"),
         crate_version(root, "tonic"),
     );
-    let _ = writeln!(
-        out,
-        "- Binaries: release builds (`cargo build --release`)\n"
-    );
+    let _ = writeln!(out, "- Binaries: {}\n", build_profile());
     for s in scenarios {
         let _ = writeln!(out, "{}", s.table());
     }

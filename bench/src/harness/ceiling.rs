@@ -145,7 +145,7 @@ impl Setup<'_> {
         let log_dir = self.log_dir.join(format!("ceiling-{}", self.objects));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
-        let tier = self.start_tier(&log_dir).await?;
+        let tier = self.start_tier(&log_dir, None).await?;
         let (starts_tx, mut starts) = watch::channel(Starts::new());
         let (tx, mut rx) = mpsc::channel::<(usize, ReconcileStart)>(4096);
         let observer = tokio::spawn(async move {

@@ -353,13 +353,8 @@ impl Scenario {
         // Each incumbent against the Rust SDK with one replica, and controller-runtime against
         // its own port to the Go SDK with one replica.
         let mut ratios: Vec<(Variant, Variant)> = Vec::new();
-        if variants.contains(&Variant::Dispatch(1)) {
-            ratios.extend(
-                variants
-                    .iter()
-                    .filter(|v| !v.on_tier())
-                    .map(|v| (*v, Variant::Dispatch(1))),
-            );
+        for sdk in variants.iter().filter(|v| v.is_sdk_alone()) {
+            ratios.extend(variants.iter().filter(|v| !v.on_tier()).map(|v| (*v, *sdk)));
         }
         if variants.contains(&Variant::GoDispatch(1))
             && variants.contains(&Variant::ControllerRuntime)

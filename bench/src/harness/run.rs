@@ -54,6 +54,29 @@ pub(crate) enum Variant {
     /// The controller-runtime controller ported to the Go SDK
     /// (`bench/controller-runtime-dispatch`), with this many replicas, on the tier.
     GoDispatch(usize),
+    /// As [`Variant::Dispatch`], the dispatchers listing in another mode than their default
+    /// whole lists (`--list-mode`).
+    DispatchListing(ListMode, usize),
+}
+
+/// How the dispatchers of a [`Variant::DispatchListing`] list (`--list-mode` of
+/// kube-dispatch-dispatcher, whose default is one whole LIST).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum ListMode {
+    /// LIST in pages of 500.
+    Paged,
+    /// One WATCH with `sendInitialEvents`.
+    Stream,
+}
+
+impl ListMode {
+    /// The dispatcher's `--list-mode` value.
+    pub(crate) fn flag(self) -> &'static str {
+        match self {
+            ListMode::Paged => "paged",
+            ListMode::Stream => "stream",
+        }
+    }
 }
 
 impl Variant {
@@ -61,8 +84,25 @@ impl Variant {
     pub(crate) fn on_tier(self) -> bool {
         matches!(
             self,
-            Variant::Dispatch(_) | Variant::DispatchList(_) | Variant::GoDispatch(_)
+            Variant::Dispatch(_)
+                | Variant::DispatchList(_)
+                | Variant::GoDispatch(_)
+                | Variant::DispatchListing(..)
         )
+    }
+
+    /// The Rust SDK with one replica, whatever its dispatchers' list mode: what the
+    /// incumbents' figures are divided by.
+    pub(crate) fn is_sdk_alone(self) -> bool {
+        matches!(self, Variant::Dispatch(1) | Variant::DispatchListing(_, 1))
+    }
+
+    /// The dispatchers' `--list-mode`, when not their default.
+    pub(crate) fn list_mode(self) -> Option<ListMode> {
+        match self {
+            Variant::DispatchListing(mode, _) => Some(mode),
+            _ => None,
+        }
     }
 }
 
@@ -77,6 +117,7 @@ impl fmt::Display for Variant {
             Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
             Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
             Variant::GoDispatch(n) => write!(f, "go-dispatch-{n}"),
+            Variant::DispatchListing(mode, n) => write!(f, "dispatch-{}-{n}", mode.flag()),
         }
     }
 }
@@ -97,12 +138,16 @@ impl std::str::FromStr for Variant {
                     replicas(n).map(Variant::GoDispatch)
                 } else if let Some(n) = s.strip_prefix("dispatch-list-") {
                     replicas(n).map(Variant::DispatchList)
+                } else if let Some(n) = s.strip_prefix("dispatch-paged-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Paged, n))
+                } else if let Some(n) = s.strip_prefix("dispatch-stream-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Stream, n))
                 } else {
                     s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
                     )
                 })
             }
@@ -324,7 +369,7 @@ impl Setup<'_> {
         let mut tier = Vec::new();
         let mut lb_port = 0;
         if variant.on_tier() {
-            let started = self.start_tier(&log_dir).await?;
+            let started = self.start_tier(&log_dir, variant.list_mode()).await?;
             (tier, lb_port) = (started.components, started.lb_port);
         }
 
@@ -673,11 +718,14 @@ impl Setup<'_> {
             | Variant::KubeRsStreaming
             | Variant::KubeRsMetadata
             | Variant::Dispatch(_)
-            | Variant::DispatchList(_) => {
+            | Variant::DispatchList(_)
+            | Variant::DispatchListing(..) => {
                 let (runtime, count) = match variant {
                     Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
                     Variant::KubeRsStreaming => ("kube-rs-streaming", 1),
-                    Variant::Dispatch(n) | Variant::DispatchList(n) => ("dispatch", n),
+                    Variant::Dispatch(n)
+                    | Variant::DispatchList(n)
+                    | Variant::DispatchListing(_, n) => ("dispatch", n),
                     _ => ("kube-rs", 1),
                 };
                 args.extend(["--runtime".to_owned(), runtime.to_owned()]);
@@ -740,9 +788,14 @@ impl Setup<'_> {
         Ok(replicas)
     }
 
-    /// Starts the dispatchers and the load balancer, and waits until the ring holds all the
-    /// dispatchers, their handover is complete and the load balancer leads and knows them.
-    pub(crate) async fn start_tier(&self, log_dir: &Path) -> anyhow::Result<Tier> {
+    /// Starts the dispatchers (listing in `list_mode`, or their default) and the load
+    /// balancer, and waits until the ring holds all the dispatchers, their handover is
+    /// complete and the load balancer leads and knows them.
+    pub(crate) async fn start_tier(
+        &self,
+        log_dir: &Path,
+        list_mode: Option<ListMode>,
+    ) -> anyhow::Result<Tier> {
         // Leases a previous, interrupted run left would hold the new ring back.
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
         leases
@@ -776,6 +829,9 @@ impl Setup<'_> {
             ];
             if let Some(ring_key) = self.ring_key {
                 env.push(("KD_RING_KEY", ring_key.to_owned()));
+            }
+            if let Some(mode) = list_mode {
+                env.push(("KD_LIST_MODE", mode.flag().to_owned()));
             }
             tier.push(Component::spawn(
                 id,
@@ -919,6 +975,34 @@ mod tests {
             ],
             ..Observations::default()
         }
+    }
+
+    #[test]
+    fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
+        for name in [
+            "kube-rs",
+            "controller-runtime",
+            "dispatch-1",
+            "dispatch-paged-1",
+            "dispatch-stream-4",
+            "dispatch-list-2",
+            "go-dispatch-1",
+        ] {
+            let variant: Variant = name.parse().unwrap();
+            assert_eq!(variant.to_string(), name);
+        }
+        let paged: Variant = "dispatch-paged-1".parse().unwrap();
+        assert_eq!(paged.list_mode(), Some(ListMode::Paged));
+        assert!(paged.on_tier() && paged.is_sdk_alone());
+        assert_eq!("dispatch-1".parse::<Variant>().unwrap().list_mode(), None);
+        assert!(
+            !"dispatch-stream-2"
+                .parse::<Variant>()
+                .unwrap()
+                .is_sdk_alone()
+        );
+        assert!("dispatch-paged-0".parse::<Variant>().is_err());
+        assert!("dispatch-chunked-1".parse::<Variant>().is_err());
     }
 
     #[test]

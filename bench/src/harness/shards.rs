@@ -153,7 +153,7 @@ impl Setup<'_> {
         let (mut components, admins, lb_port) = match variant {
             Variant::KubeRs => (Vec::new(), Vec::new(), None),
             Variant::Tier(_) => {
-                let tier = self.start_tier(&log_dir).await?;
+                let tier = self.start_tier(&log_dir, None).await?;
                 (tier.components, tier.dispatcher_admin, Some(tier.lb_port))
             }
         };
