@@ -2,7 +2,8 @@
 //! kube-dispatch, on the same objects of a real API server, and prints what each used. Each
 //! benchmark is a subcommand (`compare`, `security`, `hostile`, `metrics`, `ceiling`,
 //! `shards`); run them through `make bench` and the `make bench-*` targets, which build the
-//! release binaries they start and the control plane.
+//! binaries they start as kube-dispatch ships them (cargo's `dist` profile) and the control
+//! plane.
 
 mod harness;
 
@@ -293,8 +294,8 @@ struct CompareArgs {
     /// Variants, comma-separated: kube-rs, kube-rs-streaming (its watcher lists by streaming,
     /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both
     /// need --controller-runtime), dispatch-<replicas> (the dispatchers list each resource
-    /// whole, their default), dispatch-paged-<replicas> and dispatch-stream-<replicas> (they
-    /// list in pages of 500, or by streaming), go-dispatch-<replicas> (the
+    /// whole, their default, whatever KD_LIST_MODE says), dispatch-paged-<replicas> and
+    /// dispatch-stream-<replicas> (they list in pages of 500, or by streaming), go-dispatch-<replicas> (the
     /// controller-runtime controller on the Go SDK: needs --controller-runtime-dispatch),
     /// and with --children dispatch-list-<replicas> (each reconcile lists its children
     /// instead of reading them from its request). The incumbents' figures are divided by
@@ -857,7 +858,7 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         humantime::format_duration(args.window),
         harness::ceiling::WRITERS,
         machine(),
-        build_profile(),
+        build_profile(&args.processes.bin_dir()),
     );
     args.output.write(
         "ceiling",
@@ -933,7 +934,7 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
         args.writes,
         humantime::format_duration(args.write_interval),
         machine(),
-        build_profile(),
+        build_profile(&args.processes.bin_dir()),
     );
     args.output.write(
         "shards",
@@ -964,7 +965,7 @@ async fn security(args: SecurityArgs) -> anyhow::Result<()> {
         args.writes,
         args.opens,
         machine(),
-        build_profile(),
+        build_profile(&own_dir()),
     );
     args.output.write("security", &section, &results.figures())
 }
@@ -986,7 +987,7 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
         args.output.command("make bench-hostile"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
-        build_profile(),
+        build_profile(&args.processes.bin_dir()),
     );
     args.output.write("hostile", &section, &results)
 }
@@ -1005,7 +1006,7 @@ async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
         args.output.command("make bench-metrics"),
         humantime::format_rfc3339_seconds(SystemTime::now()),
         machine(),
-        build_profile(),
+        build_profile(&own_dir()),
     );
     args.output.write("metrics", &section, &results)
 }
@@ -1166,14 +1167,15 @@ fn own_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/dist"))
 }
 
-/// How the benchmark's binaries were built, from the profile directory they are in.
-fn build_profile() -> String {
-    match own_dir().file_name().and_then(|n| n.to_str()) {
+/// How the binaries in `dir` were built, from the name of cargo's profile directory.
+fn build_profile(dir: &Path) -> String {
+    match dir.file_name().and_then(|n| n.to_str()) {
         Some("dist") => {
             "`cargo build --profile dist` (release, fat link-time optimisation, one codegen unit)"
                 .to_string()
         }
         Some("release") => "`cargo build --release`".to_string(),
+        Some("debug") => "`cargo build` (unoptimised)".to_string(),
         Some(other) => format!("cargo's `{other}` profile"),
         None => "unknown".to_string(),
     }
@@ -1277,7 +1279,11 @@ fn results_section(
         crate_version(root, "kube"),
         crate_version(root, "tonic"),
     );
-    let _ = writeln!(out, "- Binaries: {}\n", build_profile());
+    let _ = writeln!(
+        out,
+        "- Binaries: {}\n",
+        build_profile(&args.processes.bin_dir())
+    );
     for s in scenarios {
         let _ = writeln!(out, "{}", s.table());
     }

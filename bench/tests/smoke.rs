@@ -13,14 +13,16 @@ use common::{Mode, bin_dir, figure, run_harness, scenario};
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
 /// Every variant: both incumbents, each with and without a metadata-only cache, and the tier
-/// with the Rust SDK and with controller-runtime ported to the Go SDK.
-const VARIANTS: [&str; 7] = [
+/// with the Rust SDK (its dispatchers listing whole, or by streaming) and with
+/// controller-runtime ported to the Go SDK.
+const VARIANTS: [&str; 8] = [
     "kube-rs",
     "kube-rs-metadata",
     "controller-runtime",
     "controller-runtime-metadata",
     "dispatch-1",
     "dispatch-4",
+    "dispatch-stream-1",
     "go-dispatch-1",
 ];
 
@@ -99,6 +101,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         for ratio in [
             "kube-rs ÷ dispatch-1",
             "controller-runtime ÷ dispatch-1",
+            "kube-rs ÷ dispatch-stream-1",
             "controller-runtime ÷ go-dispatch-1",
         ] {
             assert!(header.contains(&format!("| {ratio} |")), "{header}");
@@ -115,8 +118,9 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
         // three dispatchers whatever the number of replicas (--list-mode whole, the default).
-        // controller-runtime (client-go 1.35 and newer, WatchListClient on by default) lists by
-        // streaming: one WATCH with sendInitialEvents and no LIST.
+        // controller-runtime (client-go 1.35 and newer, WatchListClient on by default) and
+        // dispatchers with --list-mode stream list by streaming: one WATCH with
+        // sendInitialEvents and no LIST.
         for (variant, lists, watches) in [
             ("kube-rs", 1.0, 1.0),
             ("kube-rs-metadata", 1.0, 1.0),
@@ -124,6 +128,7 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             ("controller-runtime-metadata", 0.0, 1.0),
             ("dispatch-1", 3.0, 3.0),
             ("dispatch-4", 3.0, 3.0),
+            ("dispatch-stream-1", 0.0, 3.0),
             ("go-dispatch-1", 3.0, 3.0),
         ] {
             assert_eq!(

@@ -2,7 +2,7 @@
 //! `proto/kubedispatch/v1/security.md`'s threat table costs a legitimate controller while it
 //! runs at the most its bound lets through.
 //!
-//! One dispatcher binary (release build, TLS and token reviews on, the defaults of every bound
+//! One dispatcher binary (as shipped, cargo's `dist` profile; TLS and token reviews on, the defaults of every bound
 //! but the body pool, held to `--max-body-bytes 32 MiB` so one run can fill it), against the
 //! local control plane. In each run a legitimate controller (a ServiceAccount that may list and
 //! watch its namespace's ConfigMaps) has a session open while a writer patches its ConfigMap

@@ -346,8 +346,9 @@ impl Scenario {
         }
     }
 
-    /// The Markdown table: one column per variant, then each incumbent divided by kube-dispatch
-    /// with one replica, and controller-runtime by its Go SDK port with one replica.
+    /// The Markdown table: one column per variant, then each incumbent divided by each variant
+    /// of kube-dispatch with one replica (whatever its dispatchers' list mode), and
+    /// controller-runtime by its Go SDK port with one replica.
     pub(crate) fn table(&self) -> String {
         let variants = self.variants();
         // Each incumbent against the Rust SDK with one replica, and controller-runtime against

@@ -48,15 +48,15 @@ pub(crate) enum Variant {
     ControllerRuntimeMetadata,
     /// The SDK behind the dispatchers and the load balancer, with this many replicas.
     Dispatch(usize),
+    /// As [`Variant::Dispatch`], the dispatchers listing in another mode than their default
+    /// whole lists (`--list-mode`).
+    DispatchListing(ListMode, usize),
     /// As [`Variant::Dispatch`], each reconcile listing its children instead of reading them
     /// from its request (`--children`).
     DispatchList(usize),
     /// The controller-runtime controller ported to the Go SDK
     /// (`bench/controller-runtime-dispatch`), with this many replicas, on the tier.
     GoDispatch(usize),
-    /// As [`Variant::Dispatch`], the dispatchers listing in another mode than their default
-    /// whole lists (`--list-mode`).
-    DispatchListing(ListMode, usize),
 }
 
 /// How the dispatchers of a [`Variant::DispatchListing`] list (`--list-mode` of
@@ -830,9 +830,12 @@ impl Setup<'_> {
             if let Some(ring_key) = self.ring_key {
                 env.push(("KD_RING_KEY", ring_key.to_owned()));
             }
-            if let Some(mode) = list_mode {
-                env.push(("KD_LIST_MODE", mode.flag().to_owned()));
-            }
+            // Always named: a KD_LIST_MODE in the benchmark's own environment would otherwise
+            // reach the dispatchers of every variant.
+            env.push((
+                "KD_LIST_MODE",
+                list_mode.map_or("whole", ListMode::flag).to_owned(),
+            ));
             tier.push(Component::spawn(
                 id,
                 &self.binaries.dispatcher,
