@@ -97,6 +97,12 @@ struct Args {
         default_value = "request"
     )]
     children_from: ChildrenFrom,
+
+    /// Bytes of objects the `dispatch` runtime keeps as last reconciled, with `--children`
+    /// (`Controller::recent_objects`) [default: the SDK's, 1 MiB]: enough for every owner
+    /// spares the read of an owner whose child changed, for that much memory.
+    #[arg(long, env = "KD_BENCH_RECENT_OBJECTS")]
+    recent_objects: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -421,6 +427,7 @@ async fn run_dispatch_owners(
     (namespace, selector): (&str, &str),
     concurrency: usize,
     (children, from): (usize, ChildrenFrom),
+    recent_objects: Option<u64>,
 ) {
     let reconcile = move |record: Arc<Record>, client: Arc<Client>| async move {
         started(record.meta());
@@ -504,6 +511,10 @@ async fn run_dispatch_owners(
             .labels(selector)
             .owns_labelled::<ConfigMap>(selector)
     };
+    let controller = match recent_objects {
+        Some(bytes) => controller.recent_objects(bytes),
+        None => controller,
+    };
     let results = controller
         .concurrency(concurrency)
         .shutdown_on_signal()
@@ -534,6 +545,7 @@ async fn main() -> anyhow::Result<()> {
         concurrency,
         children,
         children_from,
+        recent_objects,
     } = Args::parse();
     if children > 0 {
         anyhow::ensure!(
@@ -567,6 +579,7 @@ async fn main() -> anyhow::Result<()> {
                 (ns, &selector),
                 concurrency,
                 (children, children_from),
+                recent_objects,
             )
             .await;
         }
