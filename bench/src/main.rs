@@ -295,11 +295,11 @@ struct CompareArgs {
     /// not in pages), kube-rs-metadata, controller-runtime, controller-runtime-metadata (both
     /// need --controller-runtime), dispatch-<replicas> (the dispatchers list each resource
     /// whole, their default, whatever KD_LIST_MODE says), dispatch-paged-<replicas> and
-    /// dispatch-stream-<replicas> (they list in pages of 500, or by streaming), go-dispatch-<replicas> (the
-    /// controller-runtime controller on the Go SDK: needs --controller-runtime-dispatch),
-    /// and with --children dispatch-list-<replicas> (each reconcile lists its children
-    /// instead of reading them from its request). The incumbents' figures are divided by
-    /// each variant of the Rust SDK with one replica.
+    /// dispatch-stream-<replicas> (they list in pages of 500, or by streaming),
+    /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
+    /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
+    /// reconcile lists its children instead of reading them from its request). The
+    /// incumbents' figures are divided by each variant of the Rust SDK with one replica.
     #[arg(
         long,
         env = "KD_BENCH_VARIANTS",

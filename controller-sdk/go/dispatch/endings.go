@@ -185,11 +185,15 @@ func (e *endings) reports() []*pb.EndedSession {
 	if len(all) == 0 {
 		return nil
 	}
+	// A total order, so that the cursor walks the same sequence from one call to the next.
 	slices.SortFunc(all, func(a, b reportable) int {
 		if c := b.at.Compare(a.at); c != 0 {
 			return c
 		}
-		return strings.Compare(a.dispatcher, b.dispatcher)
+		if c := strings.Compare(a.dispatcher, b.dispatcher); c != 0 {
+			return c
+		}
+		return strings.Compare(a.session, b.session)
 	})
 	start := 0
 	if len(all) > reportsPerCall {

@@ -192,7 +192,11 @@ impl Endings {
                     .map(move |(session, at)| (*at, dispatcher, session))
             })
             .collect();
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        if all.is_empty() {
+            return Vec::new();
+        }
+        // A total order, so that the cursor walks the same sequence from one call to the next.
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, a.2).cmp(&(b.1, b.2))));
         let start = if all.len() > MAX_REPORTS_PER_POLL {
             inner.cursor % all.len()
         } else {
@@ -208,8 +212,7 @@ impl Endings {
                 session_id: (*session).clone(),
             })
             .collect();
-        let total = all.len();
-        inner.cursor = (start + reports.len()) % total.max(1);
+        inner.cursor = (start + reports.len()) % all.len();
         reports
     }
 }
