@@ -1,0 +1,126 @@
+//! Sessions and the assignment of keys to them: keys go to the session whose replica owns them
+//! on a ring of the live sessions' replica ids, so a replica keeps its keys while membership is
+//! stable.
+
+use std::time::Instant;
+
+use kube_dispatch_proto::Ring;
+
+use super::{
+    GroupQueue, Lane, Queued, Session, SessionId, dedup,
+    keys::{HashSet, Key},
+};
+
+impl GroupQueue {
+    /// Adds a session for `replica`. A replica has one session per group: an older session of
+    /// the same replica still here is removed first and its in-flight keys are released at once
+    /// (a caller that cannot trust the replica to have stopped them removes it first with
+    /// [`GroupQueue::remove_session_holding`]). Returns the sessions that now have ready keys.
+    pub fn add_session(&mut self, id: SessionId, replica: &str) -> Vec<SessionId> {
+        if let Some(old) = self.replica_sessions.get(replica).copied() {
+            self.remove_session_inner(old, None);
+        }
+        self.sessions.insert(
+            id,
+            Session {
+                replica: replica.to_owned(),
+                ..Session::default()
+            },
+        );
+        self.replica_sessions.insert(replica.to_owned(), id);
+        self.rebalance()
+    }
+
+    /// Removes a session (closed or expired). Its in-flight keys become ready again at once,
+    /// keeping their place by first enqueue. Returns the sessions that now have ready keys.
+    pub fn remove_session(&mut self, id: SessionId) -> Vec<SessionId> {
+        if self.remove_session_inner(id, None) {
+            self.rebalance()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Removes a session whose client may not have stopped its reconciles (it closed the
+    /// session, or opened a new one for its replica): its ready keys go to the others at once,
+    /// its in-flight keys stay in flight until `until` (when it would have expired, so its
+    /// client has fenced itself by then) or their delivery deadline, whichever comes first.
+    /// Returns the sessions that now have ready keys.
+    pub fn remove_session_holding(&mut self, id: SessionId, until: Instant) -> Vec<SessionId> {
+        if self.remove_session_inner(id, Some(until)) {
+            self.rebalance()
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub(super) fn remove_session_inner(
+        &mut self,
+        id: SessionId,
+        hold_until: Option<Instant>,
+    ) -> bool {
+        let Some(session) = self.sessions.remove(&id) else {
+            return false;
+        };
+        if self.replica_sessions.get(&session.replica) == Some(&id) {
+            self.replica_sessions.remove(&session.replica);
+        }
+        // Its ready keys go back to the pool; rebalance() hands them out again.
+        self.unassigned.append(session.ready);
+        for (key, _) in session.in_flight.into_values() {
+            if let Some(until) = hold_until {
+                let deadline = self.timer_slots.get(&key).map_or(until, |(at, _)| *at);
+                self.flights.remove(&key);
+                self.set_timer(key.clone(), deadline.min(until));
+                self.held.insert(key);
+            } else {
+                self.release(&key);
+            }
+        }
+        true
+    }
+
+    /// An in-flight key whose session is gone: forgotten if the ring moved it away, else
+    /// ready again.
+    pub(super) fn release(&mut self, key: &Key) {
+        if self.leaving.remove(key) {
+            self.remove_entry(key);
+        } else {
+            self.requeue_now(key);
+        }
+    }
+
+    /// Whether the session exists.
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.sessions.contains_key(&id)
+    }
+
+    pub(super) fn assign(&self, key: &Key) -> Option<SessionId> {
+        let replica = self.ring.owner_of_hash(self.prefixes.hash64(key))?;
+        self.replica_sessions.get(replica).copied()
+    }
+
+    /// Rebuilds the replica ring and hands every ready key to the session that owns it now,
+    /// in its lane, keeping first-enqueue order; stale places are dropped on the way.
+    pub(super) fn rebalance(&mut self) -> Vec<SessionId> {
+        self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
+        let mut all = std::mem::take(&mut self.unassigned);
+        for s in self.sessions.values_mut() {
+            all.append(std::mem::take(&mut s.ready));
+        }
+        let mut wake = Vec::new();
+        let mut seen: HashSet<Key> = HashSet::default();
+        for lane in [Lane::Live, Lane::Listed] {
+            let mut ready: Vec<Queued> = std::mem::take(all.lane(lane)).into();
+            ready.sort_unstable_by_key(|q| q.seq);
+            for queued in ready {
+                if !self.is_place(lane, &queued) || !seen.insert(queued.key.clone()) {
+                    continue;
+                }
+                wake.extend(self.place(queued, lane));
+            }
+        }
+        self.stale = 0;
+        dedup(wake)
+    }
+}
