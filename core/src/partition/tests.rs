@@ -1,0 +1,414 @@
+use std::time::Duration;
+
+use super::*;
+use crate::{backoff::Backoff, queue::QueueConfig};
+
+const REMEMBER: RecentDeletionsConfig = RecentDeletionsConfig {
+    window: Duration::from_secs(60),
+    capacity: 100,
+};
+
+fn queue() -> GroupQueue {
+    GroupQueue::new(QueueConfig {
+        backoff: Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(1),
+        },
+        max_reconcile_time: Duration::from_secs(30),
+        body_budget: 1 << 20,
+        memo_budget: 1 << 20,
+    })
+}
+
+/// A key that `owner` owns on a ring of `members`.
+fn key_of(owner: &str, members: &[&str]) -> String {
+    let ring = Ring::new(members.iter().copied());
+    (0..1000)
+        .map(|i| format!("/ConfigMap/ns/k-{i}"))
+        .find(|k| ring.owner_of_hash(hash64(k.as_bytes())) == Some(owner))
+        .expect("one of 1000 keys falls on the owner")
+}
+
+/// `identity` on a ring of `members`, in the middle of a handover from `settled`.
+fn moving(identity: &str, members: &[&str], settled: &[&str]) -> Arc<Slice> {
+    let mut slice = Slice::fixed(identity, Ring::new(members.iter().copied()));
+    slice.settled = Some(Arc::new(Ring::new(settled.iter().copied())));
+    Arc::new(slice)
+}
+
+fn fixed(identity: &str, members: &[&str]) -> Arc<Slice> {
+    Arc::new(Slice::fixed(identity, Ring::new(members.iter().copied())))
+}
+
+/// What `queue` hands out to one session.
+fn handed(queue: &mut GroupQueue, now: Instant) -> Vec<crate::queue::Delivery> {
+    if !queue.has_session(1) {
+        queue.add_session(1, "r");
+    }
+    queue.take(1, 100, now)
+}
+
+/// The keys `queue` hands out, with whether each is a deletion.
+fn taken(queue: &mut GroupQueue, now: Instant) -> Vec<(String, bool)> {
+    handed(queue, now)
+        .into_iter()
+        .map(|d| (d.key, d.deleted))
+        .collect()
+}
+
+#[test]
+fn a_deletion_of_a_key_owned_elsewhere_is_delivered_once_the_key_moves_here() {
+    let now = Instant::now();
+    // d0 and d1; the key is d1's. d1 leaves: the key moves to d0.
+    let key = key_of("d1", &["d0", "d1"]);
+    let before = fixed("d0", &["d0", "d1"]);
+    let mut queue = queue();
+    let mut p = Partition::new("g", before.clone(), REMEMBER);
+    assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
+    assert_eq!(taken(&mut queue, now), []);
+    // The ring changes; the handover holds the key, then completes.
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    let (_, pending) = p.apply(&during, &mut queue, now);
+    assert!(!pending);
+    assert_eq!(
+        taken(&mut queue, now),
+        [],
+        "held while the handover holds it"
+    );
+    let after = fixed("d0", &["d0"]);
+    p.apply(&after, &mut queue, now);
+    assert_eq!(taken(&mut queue, now), [(key, true)]);
+}
+
+#[test]
+fn a_key_seen_to_exist_after_its_deletion_is_not_delivered_as_deleted() {
+    let now = Instant::now();
+    let key = key_of("d1", &["d0", "d1"]);
+    let before = fixed("d0", &["d0", "d1"]);
+    let mut queue = queue();
+    let mut p = Partition::new("g", before.clone(), REMEMBER);
+    assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
+    // Re-created before the key moves here.
+    p.exists_elsewhere(&before, KeyRef::new(&key));
+    p.apply(&fixed("d0", &["d0"]), &mut queue, now);
+    assert_eq!(taken(&mut queue, now), []);
+}
+
+#[test]
+fn a_deletion_held_for_a_key_that_moves_away_again_is_remembered_and_not_delivered() {
+    let now = Instant::now();
+    // d0 takes over d1's key; while the handover holds it, the key is deleted; the ring
+    // flaps back before the handover completes.
+    let key = key_of("d1", &["d0", "d1"]);
+    let mut queue = queue();
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    p.apply(&during, &mut queue, now);
+    assert!(!p.admits(&during, KeyRef::new(&key), Some(true), now));
+    let back = fixed("d0", &["d0", "d1"]);
+    p.apply(&back, &mut queue, now);
+    assert_eq!(taken(&mut queue, now), []);
+    // It is remembered: a peer that now owns the key gets it.
+    let owned = p.recent_deletions_owned_by(&Ring::new(["d0", "d1"]), "d1", now);
+    assert_eq!(
+        owned.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        [key]
+    );
+}
+
+#[test]
+fn a_served_key_goes_to_the_queue_and_one_owned_while_nothing_is_served_is_kept() {
+    let now = Instant::now();
+    let key = key_of("d0", &["d0", "d1"]);
+    let serving = fixed("d0", &["d0", "d1"]);
+    let mut p = Partition::new("g", serving.clone(), REMEMBER);
+    assert!(p.admits(&serving, KeyRef::new(&key), Some(false), now));
+    let starting = Arc::new(serving.closed());
+    assert!(!p.admits(&starting, KeyRef::new(&key), Some(false), now));
+    assert!(Partition::keeps(&starting, &queue(), KeyRef::new(&key)));
+    let other = key_of("d1", &["d0", "d1"]);
+    assert!(!Partition::keeps(&starting, &queue(), KeyRef::new(&other)));
+    assert!(
+        !Partition::keeps(&serving, &queue(), KeyRef::new(&key)),
+        "served keys need no keeping"
+    );
+}
+
+#[test]
+fn keys_that_moved_away_hold_back_the_release_until_delivered_and_settled() {
+    let now = Instant::now();
+    let key = key_of("d1", &["d0", "d1"]);
+    let mut queue = queue();
+    let alone = fixed("d0", &["d0"]);
+    let mut p = Partition::new("g", alone.clone(), REMEMBER);
+    queue.add_session(1, "r");
+    queue.change(&key, Change::related(Reason::Owned));
+    // d1 joins: the key moves away while queued here; it is delivered here first.
+    let joined = moving("d0", &["d0", "d1"], &["d0"]);
+    let (_, pending) = p.apply(&joined, &mut queue, now);
+    assert!(pending, "the queued key holds back the release");
+    let delivered = queue.take(1, 10, now);
+    assert_eq!(delivered.len(), 1);
+    let (_, pending) = p.apply(&joined, &mut queue, now);
+    assert!(pending, "in flight still holds it back");
+    queue.ack(1, delivered[0].id, crate::queue::Outcome::Success, now);
+    let (_, pending) = p.apply(&joined, &mut queue, now);
+    assert!(!pending);
+}
+
+/// A moved key ready for a group with no session left (its replicas hung until their
+/// sessions expired) does not hold the release back: it is left to its new owner, and a
+/// deletion among such keys is remembered for it.
+#[test]
+fn keys_that_moved_away_ready_for_no_session_are_left_to_the_new_owner() {
+    let now = Instant::now();
+    let key = key_of("d1", &["d0", "d1"]);
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0"]), REMEMBER);
+    queue.change(&key, Change::deletion());
+    let joined = moving("d0", &["d0", "d1"], &["d0"]);
+    let (_, pending) = p.apply(&joined, &mut queue, now);
+    assert!(!pending, "nothing holds the release back");
+    assert!(queue.is_empty());
+    let ring = Ring::new(["d0", "d1"]);
+    assert_eq!(
+        p.recent_deletions_owned_by(&ring, "d1", now)
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>(),
+        [key],
+        "the deletion is remembered for d1"
+    );
+}
+
+/// Keys that `owner` owns on a ring of `members`, `n` of them, in name order.
+fn keys_of(owner: &str, members: &[&str], n: usize) -> Vec<String> {
+    let ring = Ring::new(members.iter().copied());
+    let mut keys: Vec<String> = (0..100_000)
+        .map(|i| format!("/ConfigMap/ns/k-{i:06}"))
+        .filter(|k| ring.owner_of_hash(hash64(k.as_bytes())) == Some(owner))
+        .take(n)
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn seen(rv: u32) -> Observed {
+    Observed {
+        resource_version: rv.to_string(),
+        uid: "uid-1".into(),
+        body: None,
+        trace: None,
+    }
+}
+
+fn exists(key: &str, rv: u32, epoch: u32) -> GroupEvent<'_> {
+    GroupEvent::Exists {
+        key: KeyRef::new(key),
+        object: seen(rv),
+        epoch,
+    }
+}
+
+/// The keys `queue` hands out, with their resourceVersions.
+fn versions(queue: &mut GroupQueue, now: Instant) -> Vec<(String, String)> {
+    handed(queue, now)
+        .into_iter()
+        .map(|d| (d.key, d.resource_version))
+        .collect()
+}
+
+/// d1 leaves and d0 takes its keys over: a write made while the handover holds them is
+/// delivered first when it completes, ahead of the keys the list beside the watch brings
+/// in name order, and once.
+#[test]
+fn a_change_a_handover_held_goes_ahead_of_the_keys_it_brings() {
+    let now = Instant::now();
+    let moved = keys_of("d1", &["d0", "d1"], 5);
+    let last = moved[4].as_str();
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.apply(&during, &mut queue, now);
+    p.record_streamed(&during, &mut queue, exists(last, 7, 1), now);
+    p.record_streamed(&during, &mut queue, exists(last, 8, 1), now);
+    assert_eq!(
+        versions(&mut queue, now),
+        [],
+        "held while the handover holds it"
+    );
+    assert_eq!(p.figures().held_changes, 1);
+    let after = fixed("d0", &["d0"]);
+    p.apply(&after, &mut queue, now);
+    assert_eq!(p.figures().held_changes, 0);
+    for key in &moved {
+        let listed = GroupEvent::Listed {
+            key: KeyRef::new(key),
+            object: seen(8),
+            epoch: 1,
+        };
+        p.record(&after, &mut queue, listed, now);
+    }
+    let got = versions(&mut queue, now);
+    let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    let mut expected = vec![last];
+    expected.extend(moved[..4].iter().map(String::as_str));
+    assert_eq!(keys, expected);
+    assert_eq!(got[0].1, "8", "the latest version seen");
+}
+
+/// A starting dispatcher keeps its keys until its gate opens; a key written meanwhile is
+/// delivered first then, and the list that filled its index does not count as a change.
+#[test]
+fn a_change_of_a_kept_key_goes_first_when_the_gate_opens() {
+    let now = Instant::now();
+    let mine = keys_of("d0", &["d0", "d1"], 3);
+    let serving = fixed("d0", &["d0", "d1"]);
+    let starting = Arc::new(serving.closed());
+    let mut queue = queue();
+    let mut p = Partition::new("g", starting.clone(), REMEMBER);
+    for key in &mine {
+        p.record(&starting, &mut queue, exists(key, 1, 1), now);
+    }
+    // A re-list showing the same version changes nothing; a new version of the last does.
+    p.record(&starting, &mut queue, exists(&mine[1], 1, 2), now);
+    p.record_streamed(&starting, &mut queue, exists(&mine[2], 2, 2), now);
+    assert_eq!(p.figures().held_changes, 1);
+    p.apply(&serving, &mut queue, now);
+    let got = versions(&mut queue, now);
+    let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, [&mine[2], &mine[0], &mine[1]]);
+}
+
+/// A change held for a key is forgotten when its object is deleted (the deletion is held
+/// instead), when a re-list does not show it, and when the key moves away again; and at
+/// most `MAX_HELD_CHANGES` are held.
+#[test]
+fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
+    let now = Instant::now();
+    let moved = keys_of("d1", &["d0", "d1"], 3);
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.apply(&during, &mut queue, now);
+    for key in &moved {
+        p.record_streamed(&during, &mut queue, exists(key, 2, 1), now);
+    }
+    let deleted = GroupEvent::Deleted {
+        key: KeyRef::new(&moved[0]),
+        change: Change::deletion(),
+    };
+    p.record(&during, &mut queue, deleted, now);
+    assert_eq!(p.figures().held, 1, "the deletion is held");
+    // A re-list (epoch 2) shows the third key only.
+    p.record_streamed(&during, &mut queue, exists(&moved[2], 2, 2), now);
+    p.sweep(2, |_| true);
+    assert_eq!(p.figures().held_changes, 1);
+    // The ring flaps back: the change is the old owner's again.
+    p.apply(&fixed("d0", &["d0", "d1"]), &mut queue, now);
+    assert_eq!(p.figures().held_changes, 0);
+
+    let many = keys_of("d1", &["d0", "d1"], MAX_HELD_CHANGES + 1);
+    p.apply(&during, &mut queue, now);
+    for key in &many {
+        p.record_streamed(&during, &mut queue, exists(key, 3, 1), now);
+    }
+    assert_eq!(p.figures().held_changes, MAX_HELD_CHANGES);
+    // Past the bound a change is delivered still, in the handover's order.
+    let after = fixed("d0", &["d0"]);
+    p.apply(&after, &mut queue, now);
+    for key in &many {
+        let listed = GroupEvent::Listed {
+            key: KeyRef::new(key),
+            object: seen(3),
+            epoch: 1,
+        };
+        p.record(&after, &mut queue, listed, now);
+    }
+    queue.add_session(1, "r");
+    assert_eq!(queue.take(1, usize::MAX, now).len(), MAX_HELD_CHANGES + 1);
+}
+
+/// A list shows every object, changed or not: what it shows of held or kept keys is not
+/// remembered as a change, nor is a child it shows.
+#[test]
+fn what_a_list_shows_is_no_change_to_hurry() {
+    let now = Instant::now();
+    let moved = keys_of("d1", &["d0", "d1"], 2);
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.apply(&during, &mut queue, now);
+    p.record(&during, &mut queue, exists(&moved[0], 2, 2), now);
+    let owned = GroupEvent::OwnedChanged {
+        key: KeyRef::new(&moved[1]),
+    };
+    p.record(&during, &mut queue, owned, now);
+    assert_eq!(p.figures().held_changes, 0);
+    let owned = GroupEvent::OwnedChanged {
+        key: KeyRef::new(&moved[1]),
+    };
+    p.record_streamed(&during, &mut queue, owned, now);
+    assert_eq!(
+        p.figures().held_changes,
+        1,
+        "a child's change in the stream is"
+    );
+}
+
+/// A version remembered while the handover held the key, then a newer one queued once the
+/// key is kept (the slice closed meanwhile): the gate opening delivers the newer one, with
+/// its body, not the remembered one.
+#[test]
+fn a_remembered_version_never_replaces_a_newer_one_queued_since() {
+    let now = Instant::now();
+    let key = key_of("d1", &["d0", "d1"]);
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.apply(&during, &mut queue, now);
+    p.record_streamed(&during, &mut queue, exists(&key, 10, 1), now);
+    let closed = Arc::new(fixed("d0", &["d0"]).closed());
+    p.apply(&closed, &mut queue, now);
+    let newer = GroupEvent::Exists {
+        key: KeyRef::new(&key),
+        object: Observed {
+            body: Some(Arc::from(&b"{}"[..])),
+            ..seen(12)
+        },
+        epoch: 1,
+    };
+    p.record_streamed(&closed, &mut queue, newer, now);
+    p.apply(&fixed("d0", &["d0"]), &mut queue, now);
+    let got = handed(&mut queue, now);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].resource_version, "12");
+    assert!(got[0].body.is_some(), "delivered with its body");
+}
+
+/// A change remembered without its body is queued first at its version; the list beside
+/// the watch then brings the body of that version.
+#[test]
+fn the_list_beside_the_watch_fills_the_body_of_a_remembered_change() {
+    let now = Instant::now();
+    let key = key_of("d1", &["d0", "d1"]);
+    let mut queue = queue();
+    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.apply(&during, &mut queue, now);
+    p.record_streamed(&during, &mut queue, exists(&key, 7, 1), now);
+    let after = fixed("d0", &["d0"]);
+    p.apply(&after, &mut queue, now);
+    let listed = GroupEvent::Listed {
+        key: KeyRef::new(&key),
+        object: Observed {
+            body: Some(Arc::from(&b"{}"[..])),
+            ..seen(7)
+        },
+        epoch: 1,
+    };
+    p.record(&after, &mut queue, listed, now);
+    let got = handed(&mut queue, now);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].body.is_some(), "delivered with the listed body");
+}
