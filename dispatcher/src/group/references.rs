@@ -1,0 +1,79 @@
+//! References and children: the objects that name others by a declared field path, reconciled
+//! when what they name changes, and the index of an owner kind's children.
+
+use std::sync::{Arc, MutexGuard};
+
+use kube_dispatch_core::{
+    children::ChildIndex, key::KeyRef, partition::GroupEvent, references::References,
+    subscription::OwnerKind,
+};
+
+use super::{Group, KEYS_PER_HOLD};
+
+impl Group {
+    /// The index of references, to change it.
+    pub(super) fn references(&self) -> MutexGuard<'_, References> {
+        self.references.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object of `key`, shown by the list or stream of `epoch`, names `targets` (request
+    /// keys; none if it was deleted or is served elsewhere now); `if_absent`: only if nothing
+    /// is indexed for it (a list beside the stream, maybe older than it).
+    pub fn names(&self, key: &str, targets: Vec<String>, epoch: u32, if_absent: bool) {
+        let mut references = self.references();
+        if if_absent {
+            references.name_if_absent(key, targets, epoch);
+        } else {
+            references.name(key, targets, epoch);
+        }
+    }
+
+    /// The object of the request key `target` was shown at `resource_version` by the list or
+    /// stream (`streamed`) of `epoch`, or deleted: each object that names it is reconciled, if
+    /// it changed.
+    pub fn named_object_seen(
+        &self,
+        target: &str,
+        resource_version: &str,
+        epoch: u32,
+        deleted: bool,
+        streamed: bool,
+    ) {
+        let referrers = self
+            .references()
+            .target_seen(target, resource_version, epoch, deleted);
+        self.named_changed(&referrers, streamed);
+    }
+
+    /// The watch of named objects ended its list of `epoch`: the objects that name one of
+    /// `belongs` it did not show (deleted while the watch was away) are reconciled.
+    pub fn named_objects_swept(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
+        let referrers = self.references().swept_targets(epoch, belongs);
+        self.named_changed(&referrers, false);
+    }
+
+    /// Reconciles `referrers`: an object they name changed, as the watch's stream showed
+    /// (`streamed`: remembered to go first if a handover holds them, and in the live lane) or
+    /// a list did.
+    pub(super) fn named_changed(&self, referrers: &[Arc<str>], streamed: bool) {
+        for chunk in referrers.chunks(KEYS_PER_HOLD) {
+            self.apply_all(
+                chunk.iter().map(|key| GroupEvent::NamedChanged {
+                    key: KeyRef::new(key),
+                }),
+                streamed,
+            );
+        }
+    }
+
+    /// Takes the children of owners of `kind` from `index` into this group's requests.
+    pub fn owns_from(&self, kind: OwnerKind, index: Arc<ChildIndex>) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if !owned
+            .iter()
+            .any(|(k, i)| *k == kind && Arc::ptr_eq(i, &index))
+        {
+            owned.push((kind, index));
+        }
+    }
+}

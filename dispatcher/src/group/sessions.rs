@@ -1,0 +1,242 @@
+//! The group's sessions: opened, closed and expired under the group's lock beside the queue's
+//! half of them, and the deliveries they take and acknowledge.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use kube_dispatch_core::{
+    children::OwnerChildren,
+    queue::{AckResult, Delivery, SessionId},
+    request::Acked,
+};
+use tokio::{sync::Notify, time::Instant};
+
+use super::{Group, SessionSlot, State, children_of};
+
+impl Group {
+    /// Adds a session of `replica` opened by `opener`; returns its slot and the slots of the
+    /// sessions it replaced (an older session of the same replica). In a group shared by
+    /// several users, a replica whose live session another user opened is not replaced:
+    /// `Err` names that user. Checked and added under the group's lock, so two users racing
+    /// for one replica id cannot both win.
+    pub fn add_session(
+        &self,
+        id: SessionId,
+        wire_id: String,
+        replica: &str,
+        ttl: Duration,
+        opener: Option<&str>,
+    ) -> Result<(Arc<SessionSlot>, Vec<Arc<SessionSlot>>), String> {
+        let slot = Arc::new(SessionSlot {
+            notify: Notify::new(),
+            expires_at: Mutex::new(Instant::now() + ttl),
+            replica: replica.to_owned(),
+            ttl,
+            wire_id,
+            opener: opener.map(str::to_owned),
+        });
+        let replaced = {
+            let mut state = self.state_now();
+            let State {
+                queue, sessions, ..
+            } = &mut *state;
+            if let Some(holder) = sessions.values().find_map(|s| {
+                let theirs = s.opener.as_deref()?;
+                (s.replica == replica && opener.is_some_and(|o| o != theirs))
+                    .then(|| theirs.to_owned())
+            }) {
+                return Err(holder);
+            }
+            let before: Vec<SessionId> = sessions.keys().copied().collect();
+            // The replica's older session: whoever holds it (the replica before a restart, a
+            // second process with its id) may still run what it was handed, so those keys stay
+            // in flight until it would have expired.
+            let mut wake = Vec::new();
+            for (old, slot) in sessions.iter().filter(|(_, s)| s.replica == replica) {
+                let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
+                wake.extend(queue.remove_session_holding(*old, until.into_std()));
+            }
+            wake.extend(queue.add_session(id, replica));
+            let mut replaced = Vec::new();
+            for old in before {
+                if !queue.has_session(old)
+                    && let Some(old) = sessions.remove(&old)
+                {
+                    old.notify.notify_one();
+                    replaced.push(old);
+                }
+            }
+            sessions.insert(id, slot.clone());
+            state.wake(wake);
+            replaced
+        };
+        self.timers_changed.notify_one();
+        Ok((slot, replaced))
+    }
+
+    /// Removes a session whose client may still run what it was handed (closed by its
+    /// client, or replaced by a newer session of its replica): its in-flight keys stay in flight
+    /// until it would have expired, by when its client has fenced itself; see
+    /// [`GroupQueue::remove_session_holding`].
+    pub fn close_session(&self, id: SessionId) {
+        {
+            let mut state = self.state_now();
+            let Some(slot) = state.sessions.remove(&id) else {
+                return;
+            };
+            let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
+            let wake = state.queue.remove_session_holding(id, until.into_std());
+            slot.notify.notify_one();
+            state.wake(wake);
+        }
+        self.timers_changed.notify_one();
+    }
+
+    /// Removes a session that expired (or every session, when draining): its in-flight keys
+    /// are re-delivered at once.
+    pub fn remove_session(&self, id: SessionId) {
+        self.state_now().remove_session(id);
+    }
+
+    /// Removes the sessions not renewed by `now`, as [`Group::remove_session`] does; returns
+    /// them.
+    pub fn expire_sessions(&self, now: Instant) -> Vec<Arc<SessionSlot>> {
+        let mut state = self.state_now();
+        let expired: Vec<SessionId> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| *s.expires_at.lock().unwrap_or_else(|e| e.into_inner()) <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        expired
+            .into_iter()
+            .filter_map(|id| state.remove_session(id))
+            .collect()
+    }
+
+    /// The live session `id`, if it still is (a newer session of its replica replaces it).
+    pub fn session(&self, id: SessionId) -> Option<Arc<SessionSlot>> {
+        self.state().sessions.get(&id).cloned()
+    }
+
+    /// Whether the session is live in this group.
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.state().sessions.contains_key(&id)
+    }
+
+    /// Whether `replica` holds a live session of the group.
+    pub fn has_replica(&self, replica: &str) -> bool {
+        self.state().sessions.values().any(|s| s.replica == replica)
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.state().sessions.len()
+    }
+
+    /// The replicas holding live sessions, sorted.
+    pub fn replicas(&self) -> Vec<String> {
+        let mut replicas: Vec<String> = self
+            .state()
+            .sessions
+            .values()
+            .map(|s| s.replica.clone())
+            .collect();
+        replicas.sort();
+        replicas
+    }
+
+    /// Settles deliveries; returns how many were not in flight on the session.
+    /// Each ack's memo is kept for the key's next delivery ([`GroupQueue::leave_memo`]).
+    pub fn ack(&self, session: SessionId, acks: Vec<Acked>) -> usize {
+        let now = Self::now();
+        let mut unknown = 0;
+        {
+            let mut state = self.state_now();
+            let mut wake = Vec::new();
+            for Acked {
+                delivery,
+                outcome,
+                memo,
+            } in acks
+            {
+                state.queue.leave_memo(session, delivery, &memo);
+                let (result, w) = state.queue.ack(session, delivery, outcome, now);
+                match result {
+                    AckResult::Unknown => unknown += 1,
+                    AckResult::Settled { worked } => {
+                        self.work_duration.observe(worked.as_secs_f64());
+                    }
+                }
+                wake.extend(w);
+            }
+            state.wake(wake);
+        }
+        self.timers_changed.notify_one();
+        unknown
+    }
+
+    /// Takes up to `max` ready keys for the session, within `max_bytes`
+    /// ([`kube_dispatch_core::queue::GroupQueue::take_within`]), without their children.
+    #[cfg(test)]
+    pub(crate) fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
+        self.take_with_children(session, max, max_bytes)
+            .into_iter()
+            .map(|(delivery, _)| delivery)
+            .collect()
+    }
+
+    /// Takes up to `max` ready keys for the session, within `max_bytes`
+    /// ([`kube_dispatch_core::queue::GroupQueue::take_within_sized`]), with each owner's
+    /// children as the watches of its owned subscriptions know them, read after the key was
+    /// taken (so at least as new as the change that queued it), their bytes counted within
+    /// `max_bytes`. `None` for a key of a kind no owned subscription maps to.
+    pub fn take_with_children(
+        &self,
+        session: SessionId,
+        max: usize,
+        max_bytes: usize,
+    ) -> Vec<(Delivery, Option<OwnerChildren>)> {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut children: HashMap<String, OwnerChildren> = HashMap::new();
+        let out = {
+            // On a queue trimmed to the slice current now: a poll woken by a change of the
+            // slice may come before the membership loop has trimmed the groups to it.
+            let (mut state, slice, wake) = self.current();
+            state.wake(wake);
+            let queue = &mut state.queue;
+            // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
+            // Lease deadline is kept in real time, as the membership loop keeps it.
+            if !slice.hands_out(std::time::Instant::now()) {
+                return Vec::new();
+            }
+            // The state lock, then an index's: the fan-out never holds an index while it
+            // calls into a group.
+            queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
+                let Some(mut of) = children_of(&owned, key, &slice) else {
+                    return 0;
+                };
+                // Half the answer at most, so a key alone in it fits with its children.
+                of.fit(max_bytes / 2);
+                let bytes = of.wire_bound();
+                children.insert(key.to_owned(), of);
+                bytes
+            })
+        };
+        for queued in out.iter().filter_map(|d| d.queued) {
+            self.queue_duration.observe(queued.as_secs_f64());
+        }
+        if !out.is_empty() {
+            self.timers_changed.notify_one();
+        }
+        out.into_iter()
+            .map(|d| {
+                let of = children.remove(&d.key);
+                (d, of)
+            })
+            .collect()
+    }
+}
