@@ -8,14 +8,20 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | [`service`] | the gRPC service, leader election, and the watch of dispatcher Leases |
+//! | [`service`] | the server's configuration and [`service::serve`], which wires the rest |
+//! | `grpc` | the `LoadBalancer` gRPC service: the leader answers, a standby redirects |
+//! | `election` | leader election on one Lease, and what leading means for the registry |
+//! | `trackers` | the dispatchers from their Leases, and the expiry of replicas that went away |
 //! | [`registry`] | registered replicas and live dispatchers, and the assignments pushed to them |
 //! | [`placement`] | which dispatchers each replica of a group polls (pure) |
 //! | [`metrics`] | the registry and leadership, read at each scrape |
 
 #![forbid(unsafe_code)]
 
+mod election;
+mod grpc;
 pub mod metrics;
 pub mod placement;
 pub mod registry;
 pub mod service;
+mod trackers;
