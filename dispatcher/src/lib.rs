@@ -18,8 +18,8 @@
 //! | [`metrics`] | the groups' metrics at each scrape: controller-runtime's `workqueue_*` and kube-dispatch's own |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |
-//! | [`k8s`] | what faces the API server: watches and their routing rules, the Lease and membership, discovery |
-//! | [`lease_sessions`] | the sessions the Lease lists (a session is handed keys once listed), and the reports of ended sessions it carries |
+//! | [`watch`] | the watches of the API server: the registry of shared watches, one watch's loop and lists, its events routed to request keys and fanned out to groups, discovery |
+//! | [`membership`] | this dispatcher's Lease, the ring and the handover gate judged from all Leases, and the sessions the Lease lists |
 
 #![forbid(unsafe_code)]
 
@@ -27,9 +27,9 @@ pub mod config;
 pub mod group;
 pub mod grpc;
 mod housekeeping;
-pub mod k8s;
-pub mod lease_sessions;
+pub mod membership;
 pub mod metrics;
 pub mod security;
 pub mod serve;
 pub mod table;
+pub mod watch;

@@ -97,8 +97,8 @@ use prometheus_client::{
 
 use crate::{
     group::GroupFigures,
-    k8s::watches::{WatchCounts, WatchFigures},
     table::GroupTable,
+    watch::registry::{WatchCounts, WatchFigures},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

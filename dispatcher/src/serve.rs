@@ -31,11 +31,11 @@ use crate::{
         peer::PeerService,
     },
     housekeeping,
-    k8s::{discovery::Resolver, membership, watches::Watches},
-    lease_sessions::LeaseSessions,
+    membership::{self, sessions::LeaseSessions},
     metrics::{GroupTableCollector, RingMetrics},
     security::Guard,
     table::GroupTable,
+    watch::{discovery::Resolver, registry::Watches},
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 

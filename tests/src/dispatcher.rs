@@ -15,8 +15,8 @@ use kube_dispatch_dispatcher::{
     config::{
         LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, ServerLimits, Settings,
     },
-    k8s::watches::WatchCounts,
     serve::{Handles, serve},
+    watch::registry::WatchCounts,
 };
 use kube_dispatch_proto::{
     credentials::{AuthChannel, Credentials},

@@ -18,7 +18,8 @@ use kube::{
 };
 use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::{
-    config::LeaseConfig, k8s::membership, lease_sessions::LeaseSessions,
+    config::LeaseConfig,
+    membership::{self, sessions::LeaseSessions},
 };
 use kube_dispatch_proto::{
     Ring,

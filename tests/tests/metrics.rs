@@ -447,7 +447,7 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
             .any(|l| l.starts_with("kube_dispatch_watch") && l.contains(ns.name())),
         "{text}"
     );
-    let id = kube_dispatch_dispatcher::k8s::watches::watch_id(ns.name(), "", "");
+    let id = kube_dispatch_dispatcher::watch::registry::watch_id(ns.name(), "", "");
     let w = samples(&text, &id);
     let watch = |series: String| {
         w.get(&series)

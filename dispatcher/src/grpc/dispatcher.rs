@@ -28,12 +28,12 @@ use tracing::{debug, info};
 
 use crate::{
     group::Group,
-    k8s::{
-        discovery::{ResolveError, Resolver},
-        watches::WatchError,
-    },
     security::Guard,
     table::{GroupTable, SessionError},
+    watch::{
+        discovery::{ResolveError, Resolver},
+        registry::WatchError,
+    },
 };
 
 /// The gRPC service controllers call.

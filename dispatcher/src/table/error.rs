@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kube_dispatch_runtime::auth::NotOwner;
 
-use crate::k8s::watches::WatchError;
+use crate::watch::registry::WatchError;
 
 /// Why a session call was refused. Each message tells the caller what to do.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::{GroupEntry, GroupTable, SessionError};
-use crate::{group::Group, k8s::watches::Subscriber};
+use crate::{group::Group, watch::registry::Subscriber};
 
 impl GroupTable {
     /// Finds or creates the group for a new session of `replica`; returns it and whether it

@@ -24,7 +24,9 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::{config::Settings, group::Group, k8s::watches::Watches, lease_sessions::LeaseSessions};
+use crate::{
+    config::Settings, group::Group, membership::sessions::LeaseSessions, watch::registry::Watches,
+};
 
 mod bodies;
 mod error;
@@ -175,7 +177,7 @@ impl GroupTable {
     }
 
     /// Each running watch's counters.
-    pub fn watch_figures(&self) -> Vec<crate::k8s::watches::WatchFigures> {
+    pub fn watch_figures(&self) -> Vec<crate::watch::registry::WatchFigures> {
         self.watches.figures()
     }
 

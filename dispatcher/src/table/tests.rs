@@ -1,4 +1,4 @@
-//! The group table against a scripted API server ([`crate::k8s::scripted_api`]) and a paused
+//! The group table against a scripted API server ([`crate::watch::scripted_api`]) and a paused
 //! clock: sessions opened, polled, acknowledged and expired, as the gRPC service calls them.
 
 use std::{sync::Arc, time::Duration};
@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use super::{GroupTable, Opened, SessionError};
 use crate::{
     config::{Limits, ListMode, Settings},
-    k8s::{
+    membership::sessions::LeaseSessions,
+    watch::{
+        registry::{WatchError, Watches},
         scripted_api::{ApiServer, alone, config_maps, object, within},
-        watches::{WatchError, Watches},
     },
-    lease_sessions::LeaseSessions,
 };
 
 const TTL: Duration = Duration::from_secs(10);

@@ -1,9 +1,8 @@
-//! What faces the Kubernetes API server: the watches and how their events become request keys,
-//! the dispatcher's Lease and the membership it judges from all Leases, and discovery.
+//! The watches of the API server, and how their events become request keys.
 //!
-//! - [`watches`]: the registry of the shared, non-caching watches, one per subscribed resource
+//! - [`registry`]: the registry of the shared, non-caching watches, one per subscribed resource
 //!   and selector;
-//! - `watch_task`: one watch's loop, its lists beside the stream and its recovery when broken;
+//! - `task`: one watch's loop, its lists beside the stream and its recovery when broken;
 //! - `fan_out`: one watch's events handed to the groups subscribed to it;
 //! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
 //!   decoded;
@@ -12,19 +11,17 @@
 //! - `whole_list` and `list_reader`: a watch that lists a first page, then the rest in one
 //!   response, read an object at a time (`--list-mode whole`);
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
-//! - [`membership`]: this dispatcher's Lease, the ring and the handover gate fed from them;
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
 pub mod discovery;
 mod fan_out;
 mod list_reader;
-pub mod membership;
 pub mod object;
+pub mod registry;
 pub mod routing;
 #[cfg(test)]
 pub(crate) mod scripted_api;
 mod shard;
 mod side_list;
-mod watch_task;
-pub mod watches;
+mod task;
 mod whole_list;

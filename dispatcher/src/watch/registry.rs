@@ -2,7 +2,7 @@
 //! watch per distinct [`WatchKey`] (resource, namespace, selectors), started by the first group
 //! that subscribes to it and stopped a grace period after the last one leaves.
 //!
-//! Each watch runs as a task of its own (`super::watch_task`), which hands its events to the
+//! Each watch runs as a task of its own (`super::task`), which hands its events to the
 //! subscribed groups (`super::fan_out`). No object is kept once it has been handed on: the
 //! groups' queues are the only index, but for the owner each owned object was last seen with
 //! (`kube_dispatch_core::children`), which tells an owner of a child it lost. Objects are kept as the JSON
@@ -27,10 +27,10 @@ use tracing::info;
 
 use super::fan_out::Subscribers;
 pub use super::fan_out::{Subscriber, WatchCounts, resource_name};
-pub use super::watch_task::WatchError;
+pub use super::task::WatchError;
 use super::{
     fan_out::describe,
-    watch_task::{Controls, Readiness, WatchTask},
+    task::{Controls, Readiness, WatchTask},
 };
 use crate::{config::ListMode, group::Group};
 
@@ -281,13 +281,13 @@ fn id_of(key: &WatchKey) -> String {
 
 #[cfg(test)]
 mod tests {
-    //! The registry against a scripted API server ([`crate::k8s::scripted_api`]) and a paused
+    //! The registry against a scripted API server ([`crate::watch::scripted_api`]) and a paused
     //! clock: which watches it starts, shares and stops, and what a joining group is shown.
 
     use kube_dispatch_core::subscription::Payload;
 
     use super::*;
-    use crate::k8s::scripted_api::{ApiServer, Member, alone, config_maps, named, within};
+    use crate::watch::scripted_api::{ApiServer, Member, alone, config_maps, named, within};
 
     const GRACE: Duration = Duration::from_secs(30);
 
@@ -425,7 +425,7 @@ mod tests {
     /// that stopped following the watch (a child deleted meanwhile is not among them).
     #[tokio::test(start_paused = true)]
     async fn an_owner_kind_that_comes_back_is_shown_its_children_afresh() {
-        use crate::k8s::scripted_api::owned_object;
+        use crate::watch::scripted_api::owned_object;
         let deployments = OwnerKind {
             group: "apps".into(),
             version: "v1".into(),
@@ -477,7 +477,7 @@ mod tests {
         // Nothing subscribed is told of it, so the watch's counter is the only sign it was
         // read: waited for on the paused clock, a millisecond at a time, within a deadline.
         let counts = watches.figures()[0].counts.clone();
-        crate::k8s::scripted_api::until("the watch read the deletion", || {
+        crate::watch::scripted_api::until("the watch read the deletion", || {
             counts.deleted.load(std::sync::atomic::Ordering::Relaxed) > 0
         })
         .await;

@@ -27,7 +27,7 @@ use tower_test::mock;
 
 use crate::{
     group::{Group, SessionSlot},
-    k8s::whole_list::FIRST_PAGE,
+    watch::whole_list::FIRST_PAGE,
 };
 
 type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -59,7 +59,7 @@ impl Asked {
         !self.watch && self.param("limit").is_some()
     }
 
-    /// The first request of a whole list ([`crate::k8s::whole_list`]): a first page of
+    /// The first request of a whole list ([`crate::watch::whole_list`]): a first page of
     /// [`FIRST_PAGE`] objects (as a paged list's first page looks too).
     pub(crate) fn is_whole_list(&self) -> bool {
         !self.watch

@@ -1,4 +1,4 @@
-//! The watch task against a scripted API server ([`crate::k8s::scripted_api`]) and a paused
+//! The watch task against a scripted API server ([`crate::watch::scripted_api`]) and a paused
 //! clock: what it asks after each answer, when, and what its group was given.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use kube_dispatch_proto::Ring;
 use super::{Controls, Readiness, WatchError, WatchTask};
 use crate::{
     config::ListMode,
-    k8s::{
+    watch::{
         fan_out::{Subscriber, WatchCounts},
         scripted_api::{ApiServer, Member, alone, config_maps, named, object, owned_object, until},
     },
@@ -84,7 +84,7 @@ impl Scripted {
         }
     }
 
-    async fn next(&mut self) -> crate::k8s::scripted_api::Asked {
+    async fn next(&mut self) -> crate::watch::scripted_api::Asked {
         self.api.next().await
     }
 
@@ -351,7 +351,7 @@ async fn a_refused_watch_fails_with_the_reason_and_stops() {
         "configmaps is forbidden: User cannot list resource",
     );
     let failed = tokio::time::timeout(
-        crate::k8s::scripted_api::PATIENCE,
+        crate::watch::scripted_api::PATIENCE,
         api.readiness
             .wait_for(|r| !matches!(r, Readiness::Starting)),
     )

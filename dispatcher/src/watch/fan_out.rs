@@ -1,7 +1,7 @@
 //! The fan-out of one watch: each event it shows, handed to every group subscribed to it as one
 //! [`GroupEvent`], by the rules of [`super::routing`].
 //!
-//! The watch loop ([`super::watch_task`]) decides when an event happened and what list it
+//! The watch loop ([`super::task`]) decides when an event happened and what list it
 //! belongs to; this decides whom it concerns: the request key of the object (or of its
 //! controlling owner, for a subscription to owned objects), one body per payload mode, and, for
 //! owned subscriptions, the owners to tell ([`kube_dispatch_core::children`]: an owner that lost a child is

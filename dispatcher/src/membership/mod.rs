@@ -1,0 +1,211 @@
+//! Ring membership from coordination.k8s.io Leases, and the handover gate fed from them.
+//!
+//! Each dispatcher holds a Lease named after its identity and renews it, carrying the ring it
+//! has released ([`RELEASED_ANNOTATION`]); every dispatcher computes the ring from the Leases
+//! it sees renewed ([`kube_dispatch_runtime::leases::LeaseWatch`], judged by
+//! [`kube_dispatch_core::leases`]), and from the releases decides which keys it may hand out
+//! ([`kube_dispatch_core::handover`], `HANDOVER.md`). A dispatcher that cannot renew its own
+//! Lease within the duration stops handing out keys (it is fenced) before the others can
+//! consider it gone.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_dispatch_core::{
+    handover::{Handover, Slice},
+    leases::Peer,
+    listing::Relayed,
+};
+use kube_dispatch_proto::RingKey;
+use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::LeaseConfig;
+
+mod judging;
+mod lease;
+pub mod sessions;
+use sessions::LeaseSessions;
+
+/// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
+/// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
+/// released (`released`) is written on the Lease, and so are the sessions `sessions` lists and
+/// the reports of ended sessions of members that died it received (`HANDOVER.md`, "Ending the
+/// wait for a member that died, by reports"). After `stop`, the Lease is deleted (so the
+/// others take over at once) only if `clean` is set, that is when nothing handed out is still in
+/// flight; otherwise it is left to expire and the others wait out the handover bound.
+///
+/// Each pass: renew when due ([`Membership::renew`]), judge the members on a whole and current
+/// view of the Leases ([`Membership::judge`]), delete the Leases of members dead past the bound
+/// ([`Membership::collect_dead`]), and publish the slice ([`Membership::publish`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    client: Client,
+    config: LeaseConfig,
+    ring_key: RingKey,
+    slice: watch::Sender<Arc<Slice>>,
+    released: watch::Receiver<Option<String>>,
+    sessions: Arc<LeaseSessions>,
+    stop: CancellationToken,
+    clean: Arc<AtomicBool>,
+) {
+    let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let mut m = Membership::start(leases, config, ring_key, slice, released, sessions).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        // Renew on the period, and at once when the released ring changes.
+        let renew_due = tokio::select! {
+            () = stop.cancelled() => break,
+            _ = m.renew_tick.tick() => true,
+            Ok(()) = m.released.changed() => true,
+            // A new session is handed keys once a write lists it.
+            () = m.sessions.write_wanted() => true,
+            more = m.lease_watch.next() => if more { false } else { break },
+            _ = tick.tick() => false,
+        };
+        m.fence_after_a_pause(Instant::now());
+        if renew_due {
+            m.renew(Instant::now()).await;
+        }
+        let now = Instant::now();
+        let judged = m.judge(now);
+        m.collect_dead(now).await;
+        m.publish(now, judged);
+    }
+    if !clean.load(Ordering::Acquire) {
+        warn!(lease = %m.config.identity, "leaving the Lease to expire: reconciles were still in flight");
+        return;
+    }
+    m.release().await;
+}
+
+/// The membership loop's state: this dispatcher's Lease as last written, the handover gate,
+/// the view of the others' Leases, and what the loop already said or asked for.
+struct Membership {
+    leases: Api<Lease>,
+    config: LeaseConfig,
+    ring_key: RingKey,
+    slice: watch::Sender<Arc<Slice>>,
+    released: watch::Receiver<Option<String>>,
+    sessions: Arc<LeaseSessions>,
+    handover: Handover,
+    renew_tick: tokio::time::Interval,
+    lease_watch: LeaseWatch,
+    /// The resourceVersion of this dispatcher's Lease as last known: each write is made only
+    /// over it (see `renew`).
+    version: Option<u128>,
+    /// Members seen to die, when, and their Lease's resourceVersion then.
+    dead: HashMap<String, (Instant, u128)>,
+    /// Start of the last renewal the API server accepted.
+    renewed: Option<Instant>,
+    /// What the handover waits for, as last logged.
+    waiting: Option<String>,
+    /// The resourceVersion of this dispatcher's last renewal the API server accepted.
+    written: u128,
+    /// The last whole and current view of the live members (see [`Membership::judge`]).
+    live: BTreeMap<String, Peer>,
+    behind_since: Option<Instant>,
+    behind_warned: bool,
+    /// The last renewal withheld the released ring (a member that died is being waited out).
+    withheld: bool,
+    /// Live members already reported for placing keys by another ring key.
+    mismatched: BTreeSet<String>,
+    /// What this dispatcher last renewed at once to publish as awaited, and the newest peer
+    /// adoption it last renewed at once to release for: each asks for one write, not one per
+    /// pass (a failing API server is not asked again until the period).
+    awaits_asked: Option<(String, u128)>,
+    owed_asked: Option<u128>,
+    /// This dispatcher's last accepted write, as the others see it: what it released, having
+    /// seen what, at which resourceVersion.
+    own: Peer,
+    /// Reports of ended sessions of members that died, carried on the Lease.
+    relayed: Relayed,
+}
+
+impl Membership {
+    /// Reads this dispatcher's Lease: one still there, unreleased, means the previous process
+    /// died, and nothing is handed out until reconciles it started are over.
+    async fn start(
+        leases: Api<Lease>,
+        config: LeaseConfig,
+        ring_key: RingKey,
+        slice: watch::Sender<Arc<Slice>>,
+        released: watch::Receiver<Option<String>>,
+        sessions: Arc<LeaseSessions>,
+    ) -> Self {
+        let started = Instant::now();
+        let mut version: Option<u128> = None;
+        // A Lease of ours that is still there was not released: the previous process died.
+        let predecessor_died = match leases.get_opt(&config.identity).await {
+            Ok(found) => found.is_some_and(|l| {
+                let state = lease_state(&l);
+                version = known(state.resource_version);
+                !state.holder.is_empty() && !state.drained
+            }),
+            Err(e) => {
+                warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
+                true
+            }
+        };
+        if predecessor_died {
+            warn!(
+                lease = %config.identity,
+                wait = ?config.handover_bound,
+                "found this dispatcher's Lease unreleased: its previous process died; handing out nothing until reconciles it started are over"
+            );
+        }
+        let handover = Handover::new(
+            &config.identity,
+            config.handover_bound,
+            started,
+            predecessor_died,
+        )
+        .with_ring_key(ring_key);
+        let mut renew_tick = tokio::time::interval(config.renew_period);
+        renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A dispatcher judges membership only on a current view of the Leases (below), so after a
+        // cut it serves nothing until this watch is back: retry it as often as the Lease is renewed
+        // (a watch of a few Leases), not with the watcher's default of up to 30 s.
+        let lease_watch = LeaseWatch::new(leases.clone(), config.renew_period);
+        Self {
+            leases,
+            config,
+            ring_key,
+            slice,
+            released,
+            sessions,
+            handover,
+            renew_tick,
+            lease_watch,
+            version,
+            dead: HashMap::new(),
+            renewed: None,
+            waiting: None,
+            written: 0,
+            live: BTreeMap::new(),
+            behind_since: None,
+            behind_warned: false,
+            withheld: false,
+            mismatched: BTreeSet::new(),
+            awaits_asked: None,
+            owed_asked: None,
+            own: Peer::default(),
+            relayed: Relayed::default(),
+        }
+    }
+}
+
+/// A resourceVersion read from a Lease, if it is one (`lease_state` reads 0 for none).
+fn known(resource_version: u128) -> Option<u128> {
+    (resource_version > 0).then_some(resource_version)
+}
