@@ -273,10 +273,10 @@ pub struct ChildIndex {
     children: RwLock<Children>,
     /// The watch's own list is running (its first, or a re-list): children it has not shown
     /// again yet may be missing, and children deleted meanwhile may still be here.
-    listing: AtomicBool,
+    own_list: AtomicBool,
     /// A list beside the watch is running: children of an owner kind that just joined the
     /// watch, or of keys just moved here, may be missing.
-    beside: AtomicBool,
+    side_list: AtomicBool,
     /// Groups joined the running watch that its task has not yet started listing for.
     joining: AtomicUsize,
     /// The slice whose owners the index holds the children of ([`ChildIndex::follow`]): a
@@ -289,8 +289,8 @@ impl Default for ChildIndex {
     fn default() -> Self {
         Self {
             children: RwLock::default(),
-            listing: AtomicBool::new(true),
-            beside: AtomicBool::new(false),
+            own_list: AtomicBool::new(true),
+            side_list: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
             fed: Mutex::new(None),
         }
@@ -340,13 +340,13 @@ impl ChildIndex {
     }
 
     /// The watch's own list started (`true`) or ended (`false`).
-    pub fn listing(&self, running: bool) {
-        self.listing.store(running, Ordering::Release);
+    pub fn own_list_running(&self, running: bool) {
+        self.own_list.store(running, Ordering::Release);
     }
 
     /// A list beside the watch started (`true`) or ended (`false`).
-    pub fn beside(&self, running: bool) {
-        self.beside.store(running, Ordering::Release);
+    pub fn side_list_running(&self, running: bool) {
+        self.side_list.store(running, Ordering::Release);
     }
 
     /// The index holds the children of the owners `slice` lets this dispatcher serve (a list
@@ -363,7 +363,7 @@ impl ChildIndex {
     /// The task took in the groups that joined: it lists beside the watch for them, or its own
     /// list shows them everything.
     pub fn joins_taken(&self) {
-        self.beside.store(true, Ordering::Release);
+        self.side_list.store(true, Ordering::Release);
         self.joining.store(0, Ordering::Release);
     }
 
@@ -383,8 +383,8 @@ impl ChildIndex {
             .is_some_and(|fed| fed.same_placement(slice));
         let complete = follows
             && self.joining.load(Ordering::Acquire) == 0
-            && !self.listing.load(Ordering::Acquire)
-            && !self.beside.load(Ordering::Acquire);
+            && !self.own_list.load(Ordering::Acquire)
+            && !self.side_list.load(Ordering::Acquire);
         let mut children = self
             .children
             .read()

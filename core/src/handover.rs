@@ -182,7 +182,7 @@ impl Slice {
     }
 
     /// Whether another member owns `key`: of its events, only a deletion matters here, kept in
-    /// case the key moves to this dispatcher ([`crate::partition::GroupEvent::ExistsElsewhere`]).
+    /// case the key moves to this dispatcher ([`crate::transit::GroupEvent::ExistsElsewhere`]).
     /// A dispatcher off its own ring owns nothing but keeps its index, so this is false there.
     pub fn owned_elsewhere(&self, key: KeyRef<'_>) -> bool {
         self.is_member() && !self.owns_key(key)
@@ -219,7 +219,7 @@ impl Slice {
     /// out of that union: a handover that completes after a member left, or a member that
     /// joined and left again before any handover to it completed (a dispatcher crashing as it
     /// starts, a scale-up undone), whose keys come back here without a handover and whose
-    /// changes meanwhile reached no queue (deletions are remembered apart, see `Partition`).
+    /// changes meanwhile reached no queue (deletions are remembered apart, see `Transit`).
     /// A member joining, dying or leaving while the handover is pending, or a join completing,
     /// lists nothing.
     pub fn may_serve_more_than(&self, earlier: &Slice) -> bool {
@@ -240,7 +240,7 @@ impl Slice {
 
     /// The ring this dispatcher's queues let it publish as released: its ring, when it is on
     /// it and no controller group still holds a key that moved away, queued or in flight.
-    /// `moving` answers that per group (`Partition::apply`, which first trims the group's
+    /// `moving` answers that per group (`Transit::trim`, which first trims the group's
     /// queue to this slice); every group is asked, even once one says yes, so that each is
     /// trimmed. The handover gate may still withhold it ([`Handover::releasable`]).
     pub fn released(&self, moving: impl IntoIterator<Item = bool>) -> Option<String> {

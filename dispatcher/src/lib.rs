@@ -14,7 +14,7 @@
 //! | [`serve`] | wiring: watches, groups, membership and the gRPC server; the drain |
 //! | [`table`] | the group table: groups made and dropped, sessions found by their wire id; open, poll, ack, close, in domain terms |
 //! | [`security`] | who may do what: TLS, authenticated callers, read access per group, Peer callers |
-//! | [`group`] | one controller group: its queue, partition and sessions under one lock, wake-ups, timers |
+//! | [`group`] | one controller group: its queue, transit and sessions under one lock, wake-ups, timers |
 //! | [`metrics`] | the groups' metrics at each scrape: controller-runtime's `workqueue_*` and kube-dispatch's own |
 //! | `housekeeping` | session expiry, idle groups, the ring's release, resync, queue status |
 //! | [`grpc`] | the gRPC services (controllers' and peers'): wire and `Status` only |

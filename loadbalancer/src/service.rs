@@ -1,6 +1,5 @@
 //! The load balancer's server: its configuration, and [`serve`], which wires the gRPC service
-//! ([`crate::grpc`]), leader election ([`crate::election`]) and the tasks that feed the registry
-//! ([`crate::trackers`]).
+//! (`grpc`), leader election (`election`) and the tasks that feed the registry (`trackers`).
 
 use std::{sync::Arc, time::Duration};
 

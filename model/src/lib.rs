@@ -9,7 +9,7 @@
 //! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
 //! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
 //! check (`tests` below); `make model` runs a deeper one (`src/main.rs`). [`real::walk`] steps
-//! the real code (`kube_dispatch_core::leases`, `::handover`, `::queue`, `::partition`) in
+//! the real code (`kube_dispatch_core::leases`, `::handover`, `::queue`, `::transit`) in
 //! lock-step with the model, so what the checker proves of the model's Leases, gate and queues
 //! holds of the code's.
 //!
@@ -64,7 +64,7 @@
 //!   budget). A replica's clock may run slow by up to `drift` ticks over a run.
 //! - **Changes**: an object changes (within the budget); dispatchers that record its key queue
 //!   it; one cut off re-lists when it is back (the keys it missed, and a sweep of the deleted).
-//! - **Deletions** (`core/src/partition.rs`): an object is deleted (within the budget), and may
+//! - **Deletions** (`core/src/transit.rs`): an object is deleted (within the budget), and may
 //!   be created again; a dispatcher serving its key queues the deletion (forgotten once
 //!   acknowledged; a deletion not yet delivered when the name is re-used goes first),
 //!   one owning it without serving it yet holds it for the end of the handover, and any other
@@ -78,7 +78,7 @@
 //!   left to the tests against the API server.
 //!
 //! - **Controller groups** (`Config::groups`): one or two groups subscribe to the same objects;
-//!   each has a queue and a partition of its own at every dispatcher (a key of the model's
+//!   each has a queue and a transit of its own at every dispatcher (a key of the model's
 //!   dispatchers and replicas is an entry per group and object), a replica takes only its
 //!   group's keys, and a dispatcher releases its ring only once every group's queue has handed
 //!   over (`Slice::released`, asked of each group by `GroupTable::release_ring`).
@@ -310,7 +310,7 @@ pub struct Config {
     /// Controller replicas (1 to 3); replica `r` belongs to group `r % groups`.
     pub replicas: usize,
     /// Controller groups subscribed to the same objects (1 or 2). Each has a queue and a
-    /// partition of its own at every dispatcher, and a dispatcher releases its ring only once
+    /// transit of its own at every dispatcher, and a dispatcher releases its ring only once
     /// every group's queue has handed over (`GroupTable::release_ring`).
     pub groups: usize,
     /// Keys (1 or 2): objects, each queued once per group.
@@ -452,10 +452,10 @@ pub struct Dispatcher {
     /// Keys whose queue entry was made by a change of an owned object alone and knows no
     /// version of the key's own object (a bit each): a list still shows it that object.
     pub objectless: u8,
-    /// Deletions its partition holds for keys it owns on its ring but does not serve yet,
-    /// queued once it does (`Partition`'s held deletions).
+    /// Deletions its transit holds for keys it owns on its ring but does not serve yet,
+    /// queued once it does (`Transit`'s held deletions).
     pub held_deletions: u8,
-    /// Deletions of keys owned elsewhere it remembers, in case they move here (`Partition`'s
+    /// Deletions of keys owned elsewhere it remembers, in case they move here (`Transit`'s
     /// recent deletions; the model remembers them for ever).
     pub recent: u8,
     /// The controller groups that exist here (a bit each): every group from the start, or,
@@ -1002,12 +1002,12 @@ impl Protocol {
             .fold(0, |m, (k, _)| m | bit(self.group(k)))
     }
 
-    /// Trims `d`'s queue to what it serves now (`Partition::apply`): while it serves, the keys
+    /// Trims `d`'s queue to what it serves now (`Transit::trim`): while it serves, the keys
     /// it does not serve moved; while it hands out nothing but is on its ring, the keys it does
     /// not own. A moved key in flight (or queued, when it served until now) stays until it
     /// settles and is then forgotten; any other moved key is forgotten at once; a key that did
     /// not move is no longer on its way out. Off its own ring it keeps its index as it is.
-    fn apply_slice(&self, disp: &mut Dispatcher, d: usize, was_serving: bool) {
+    fn trim_to_slice(&self, disp: &mut Dispatcher, d: usize, was_serving: bool) {
         if disp.settled.is_some() || has(disp.ring, d) {
             let drain = disp.settled.is_some() && was_serving;
             for k in 0..disp.keys.len() {
@@ -1025,7 +1025,7 @@ impl Protocol {
                 };
             }
         }
-        // The partition's deletions: held ones of keys that moved away again are remembered as
+        // The transit's deletions: held ones of keys that moved away again are remembered as
         // owned elsewhere; remembered ones of keys that moved here are held; held ones of keys
         // now served are queued.
         let owned = (0..disp.keys.len())
@@ -1047,7 +1047,7 @@ impl Protocol {
 
     /// Forgets the keys that moved away and wait ready for a group with no session here to take
     /// them (its replicas gone, closed, or expired), remembering their deletions for the new
-    /// owner (`GroupQueue::abandon_leaving_ready`, from `Partition::apply`): held for a session
+    /// owner (`GroupQueue::abandon_leaving_ready`, from `Transit::trim`): held for a session
     /// that may not come, they would hold the release back for every group.
     fn abandon(&self, disp: &mut Dispatcher) {
         for k in 0..disp.keys.len() {
@@ -1092,7 +1092,7 @@ impl Protocol {
 
     /// Whether `d` records a change of `key` in its queue (`GroupEvent::Exists`): it serves the
     /// key; or, while it hands out nothing, it knows the key or owns it on its ring
-    /// (`Partition::keeps`); or the key moved away and is still here, queued or in flight
+    /// (`Transit::keeps`); or the key moved away and is still here, queued or in flight
     /// (`GroupQueue::is_leaving`).
     fn records(&self, disp: &Dispatcher, d: usize, key: usize) -> bool {
         let leaving = matches!(
@@ -1119,7 +1119,7 @@ impl Protocol {
     }
 
     /// `d`'s watch shows the object of `key`, `created` again after a deletion or changed
-    /// (`Partition::record` of `GroupEvent::Exists` and `ExistsElsewhere`): a deletion held or
+    /// (`Transit::record` of `GroupEvent::Exists` and `ExistsElsewhere`): a deletion held or
     /// remembered for it is forgotten unless the key is served; the queue records it if it
     /// records the key ([`Protocol::records`]), a deletion of the earlier object not yet
     /// delivered going first.
@@ -1163,7 +1163,7 @@ impl Protocol {
         disp.objectless &= !bit(key);
     }
 
-    /// A deletion `d`'s watch shows (`Partition::record` of `GroupEvent::Deleted`): queued if it serves
+    /// A deletion `d`'s watch shows (`Transit::record` of `GroupEvent::Deleted`): queued if it serves
     /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
     /// owned elsewhere (and queued too if the key is on its way out).
     fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize, named: bool) {
@@ -1281,7 +1281,7 @@ impl Protocol {
                 // Its Lease ran out unrenewed: it fences itself and hands out nothing.
                 disp.own_lease = 0;
                 let was = disp.settled.take().is_some();
-                self.apply_slice(disp, d, was);
+                self.trim_to_slice(disp, d, was);
             } else {
                 disp.own_lease = disp.own_lease.saturating_sub(1);
             }
@@ -1387,7 +1387,7 @@ impl Protocol {
                 // Off its own ring at once (one slice, as `Handover::update` publishes it).
                 disp.settled = None;
             }
-            self.apply_slice(disp, d, was);
+            self.trim_to_slice(disp, d, was);
         }
         if !has(disp.ring, d) {
             // Off its own ring (its Lease gone from the view): it hands out nothing, and
@@ -1395,7 +1395,7 @@ impl Protocol {
             disp.fresh = 0;
             disp.written = 0;
             let was = disp.settled.take().is_some();
-            self.apply_slice(disp, d, was);
+            self.trim_to_slice(disp, d, was);
         }
         // A member that died is waited out no longer once every session its Lease listed is
         // reported ended on a Lease.
@@ -1434,9 +1434,9 @@ impl Protocol {
         if open {
             let was = disp.settled.is_some();
             disp.settled = Some(disp.ring);
-            self.apply_slice(disp, d, was);
+            self.trim_to_slice(disp, d, was);
         }
-        // Each group's partition trims its queue as the slice is published (`Partition::apply`).
+        // Each group's transit trims its queue as the slice is published (`Transit::trim`).
         self.abandon(disp);
         // A list beside its watch shows it the served keys it does not know when the keys it
         // serves may have grown (`Slice::may_serve_more_than`): it serves what it owns on its
@@ -2930,7 +2930,7 @@ mod tests {
         );
     }
 
-    /// The real code (`core::leases`, `core::handover`, `core::queue`, `core::partition`)
+    /// The real code (`core::leases`, `core::handover`, `core::queue`, `core::transit`)
     /// steps in lock-step with the model on random walks of two keys and two replicas with
     /// Lease deletions of live and dead dispatchers, crashes, graceful stops, lost renewal
     /// answers, changes, replica crashes and early CloseSessions (not API cuts: see `real`).
@@ -2982,7 +2982,7 @@ mod tests {
                 }
             }
             println!(
-                "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a partition's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports, in lock-step",
+                "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports, in lock-step",
                 total.steps,
                 total.deletions,
                 total.handovers,

@@ -1,7 +1,7 @@
 //! The real code stepped in lock-step with the model: what each dispatcher of a run makes of
 //! the Leases ([`kube_dispatch_core::leases::Observations`]), its handover gate
 //! ([`kube_dispatch_core::handover::Handover`]: `judge`, `update`, `waits_on_dead`), and each
-//! controller group's queue and partition there ([`GroupQueue`], [`Partition`]: sessions
+//! controller group's queue and transit there ([`GroupQueue`], [`Transit`]: sessions
 //! opened, replaced, closed and expired, keys handed out, acknowledged and run out, changes
 //! recorded, the queue trimmed to each slice and filled by the list a growing slice brings),
 //! and the ring its groups let it release ([`Slice::released`]), fed the Lease writes and
@@ -23,8 +23,8 @@
 //! hands keys only to sessions a write listed; the code's gate then judges the Leases itself
 //! (`Handover::judge` ends the wait for a member that died by reports).
 //! Also mirrored: which event the dispatcher's watch makes of an object
-//! (`FanOut::apply`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
-//! what the event then means is `Partition::record`, called), and the loop of
+//! (`FanOut::publish`: `GroupEvent::Exists`, or `ExistsElsewhere` by `Slice::owned_elsewhere`;
+//! what the event then means is `Transit::record`, called), and the loop of
 //! `GroupTable::release_ring` that asks each group, since they live with the I/O in the dispatcher
 //! crate.
 //!
@@ -51,9 +51,9 @@ use kube_dispatch_core::{
     handover::{Handover, Slice},
     key::KeyRef,
     leases::{LeaseState, Observations, Peer},
-    partition::{GroupEvent, Partition},
     queue::{Change, DeliveryId, GroupQueue, KeyState, Observed, Outcome, QueueConfig, SessionId},
     recent_deletions::RecentDeletionsConfig,
+    transit::{GroupEvent, Origin, Transit},
 };
 use kube_dispatch_proto::{Ring, lease::ring_id, v1::Reason};
 
@@ -78,7 +78,7 @@ struct Process {
     /// The live members of its last judged view.
     live: BTreeMap<String, Peer>,
     slice: Option<Arc<Slice>>,
-    /// Per controller group of the model: its queue and partition, there from the start.
+    /// Per controller group of the model: its queue and transit, there from the start.
     groups: Vec<GroupState>,
     /// Per replica: its session here (in its group's queue).
     sessions: Vec<Option<SessionId>>,
@@ -90,24 +90,17 @@ struct Process {
     asked: bool,
 }
 
-/// One controller group's state at a dispatcher (`Group`'s): its queue and its partition.
+/// One controller group's state at a dispatcher (`Group`'s): its queue and its transit.
 #[derive(Debug)]
 struct GroupState {
     queue: GroupQueue,
-    partition: Partition,
+    transit: Transit,
 }
 
 impl GroupState {
-    /// Records an event as `Group::apply` does ([`Partition::record`]).
+    /// Records an event as `Group::record` does ([`Transit::record`]).
     fn record(&mut self, slice: &Slice, event: GroupEvent<'_>, now: Instant) {
-        self.partition.record(slice, &mut self.queue, event, now);
-    }
-
-    /// Records an event of the watch's stream as `Group::apply_streamed` does
-    /// ([`Partition::record_streamed`]).
-    fn record_streamed(&mut self, slice: &Slice, event: GroupEvent<'_>, now: Instant) {
-        self.partition
-            .record_streamed(slice, &mut self.queue, event, now);
+        self.transit.record(slice, &mut self.queue, event, now);
     }
 }
 
@@ -257,7 +250,7 @@ impl Real {
         p.groups = (0..self.model.config.groups)
             .map(|_| GroupState {
                 queue: GroupQueue::new(self.queue),
-                partition: Partition::new("model", slice.clone(), RECENT),
+                transit: Transit::new("model", slice.clone(), RECENT),
             })
             .collect();
         p.slice = Some(slice);
@@ -402,9 +395,9 @@ impl Real {
                 .update(&p.live, p.observations.newest(), fenced, now),
         );
         let before = p.slice.replace(slice.clone());
-        // Each group's partition trims its queue to the slice (`Group::apply_slice`).
+        // Each group trims its queue to the slice (`Group::trim_to_slice`).
         for group in &mut p.groups {
-            group.partition.apply(&slice, &mut group.queue, now);
+            group.transit.trim(&slice, &mut group.queue, now);
         }
         // Its watch lists beside its stream when the keys served may have grown, and the list
         // shows each group the served keys it does not know (`WatchTask`, `GroupEvent::Listed`).
@@ -434,7 +427,7 @@ impl Real {
                 if let Some(q) = q
                     && peers.contains(&dispatcher_name(x))
                 {
-                    remembered.extend(q.groups[g].partition.recent_deletions_owned_by(
+                    remembered.extend(q.groups[g].transit.recent_deletions_owned_by(
                         &slice.ring,
                         &identity,
                         now,
@@ -494,7 +487,7 @@ impl Real {
     }
 
     /// An object changes: every dispatcher that reaches the API server sees it on its watch, and
-    /// records it in its group's queue by the rules of `FanOut::apply` and `Partition::record`
+    /// records it in its group's queue by the rules of `FanOut::publish` and `Transit::record`
     /// (`GroupEvent::Exists`; a key owned elsewhere: `GroupEvent::ExistsElsewhere`).
     fn change(&mut self, k: usize, model: &State) {
         let now = self.now();
@@ -515,18 +508,29 @@ impl Real {
             let key = KeyRef::new(&key);
             for group in &mut p.groups {
                 let (object, epoch) = (object.clone(), 0);
+                let origin = Origin::Stream;
                 let event = if slice.owned_elsewhere(key) {
-                    GroupEvent::ExistsElsewhere { key, object, epoch }
+                    GroupEvent::ExistsElsewhere {
+                        key,
+                        object,
+                        epoch,
+                        origin,
+                    }
                 } else {
-                    GroupEvent::Exists { key, object, epoch }
+                    GroupEvent::Exists {
+                        key,
+                        object,
+                        epoch,
+                        origin,
+                    }
                 };
-                group.record_streamed(slice, event, now);
+                group.record(slice, event, now);
             }
         }
     }
 
     /// An object owned by the object of key `k` changes: every dispatcher that reaches the API
-    /// server tells the owner's key as `Partition::record` does (`GroupEvent::OwnedChanged`).
+    /// server tells the owner's key as `Transit::record` does (`GroupEvent::OwnedChanged`).
     fn owned_change(&mut self, k: usize, model: &State) {
         let now = self.now();
         let key = self.keys[k].clone();
@@ -538,7 +542,8 @@ impl Real {
             }
             let key = KeyRef::new(&key);
             for group in &mut p.groups {
-                group.record_streamed(slice, GroupEvent::OwnedChanged { key }, now);
+                let origin = Origin::Stream;
+                group.record(slice, GroupEvent::OwnedChanged { key, origin }, now);
             }
         }
     }
@@ -621,7 +626,7 @@ impl Real {
                         let released = slice.released(
                             p.groups
                                 .iter_mut()
-                                .map(|g| g.partition.apply(&slice, &mut g.queue, now).1),
+                                .map(|g| g.transit.trim(&slice, &mut g.queue, now).1),
                         );
                         let id = released?;
                         let m = (0..self.ids.len()).find(|m| self.ids[*m] == id);
@@ -890,7 +895,7 @@ impl Real {
                 }
             }
             for (g, group) in p.groups.iter().enumerate() {
-                let figures = group.partition.figures();
+                let figures = group.transit.figures();
                 let figures = (figures.held, figures.remembered);
                 let of_group = self.model.of_group(g);
                 let modelled = (
@@ -1005,7 +1010,7 @@ pub struct Walked {
     pub deliveries: usize,
     /// Objects deleted.
     pub object_deletions: usize,
-    /// Deletions queued from a partition's memory (held through a handover, or remembered as
+    /// Deletions queued from a transit's memory (held through a handover, or remembered as
     /// owned elsewhere until the key moved here).
     pub deletions_in_transit: usize,
     /// Deletions of an earlier object handed out before the object created again under its

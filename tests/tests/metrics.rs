@@ -640,7 +640,11 @@ fn series(text: &str) -> usize {
 /// session as with 10 000 keys, 100 sessions and deliveries in flight on each.
 #[tokio::test]
 async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
-    use kube_dispatch_core::{key::KeyRef, partition::GroupEvent, queue::Observed};
+    use kube_dispatch_core::{
+        key::KeyRef,
+        queue::Observed,
+        transit::{GroupEvent, Origin},
+    };
     use kube_dispatch_runtime::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 
@@ -665,7 +669,7 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
     let owner = owner_of(&d, group)?;
     let change = |i: usize| {
         let key = format!("/ConfigMap/{}/cm-{i}", ns.name());
-        g.apply(GroupEvent::Exists {
+        g.record(GroupEvent::Exists {
             key: KeyRef::new(&key),
             object: Observed {
                 resource_version: i.to_string(),
@@ -674,6 +678,7 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
                 trace: None,
             },
             epoch: 1,
+            origin: Origin::Stream,
         });
     };
     (0..10).for_each(change);

@@ -373,7 +373,7 @@ fn judged_members_that_died_are_waited_out_and_drained_ones_are_not() {
 }
 
 /// A Lease of `holder` renewed at `renew` (10 s), listing no session unless changed.
-fn listing(holder: &str, renew: &str, rv: u128) -> LeaseState {
+fn lease_of(holder: &str, renew: &str, rv: u128) -> LeaseState {
     LeaseState {
         holder: holder.into(),
         renew_time: renew.into(),
@@ -395,12 +395,12 @@ fn ended(member: &str, tags: &[u64]) -> BTreeMap<String, BTreeSet<u64>> {
 fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended() {
     let t0 = Instant::now();
     let mut o = Observations::default();
-    o.observe("d0", listing("d0", "t1", 1), t0);
+    o.observe("d0", lease_of("d0", "t1", 1), t0);
     o.observe(
         "d1",
         LeaseState {
             sessions: Some(BTreeSet::from([7, 8])),
-            ..listing("d1", "t1", 2)
+            ..lease_of("d1", "t1", 2)
         },
         t0,
     );
@@ -408,7 +408,7 @@ fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended
         "d2",
         LeaseState {
             sessions: None,
-            ..listing("d2", "t1", 3)
+            ..lease_of("d2", "t1", 3)
         },
         t0,
     );
@@ -417,7 +417,7 @@ fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended
     h.update(&live, o.newest(), false, t0);
     // d1 and d2 stop renewing.
     let expired = t0 + 12 * SEC;
-    o.observe("d0", listing("d0", "t2", 4), expired);
+    o.observe("d0", lease_of("d0", "t2", 4), expired);
     let (live, gone) = h.judge(&mut o, SEC, expired);
     h.update(&live, o.newest(), false, expired);
     assert_eq!(gone.len(), 2);
@@ -432,7 +432,7 @@ fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended
                 ("d1".to_owned(), BTreeSet::from([7])),
                 ("d2".to_owned(), BTreeSet::from([7, 8])),
             ]),
-            ..listing("d0", "t3", 5)
+            ..lease_of("d0", "t3", 5)
         },
         now,
     );
@@ -446,7 +446,7 @@ fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended
         "d3",
         LeaseState {
             ended: ended("d1", &[8]),
-            ..listing("d3", "t1", 6)
+            ..lease_of("d3", "t1", 6)
         },
         now,
     );
@@ -467,12 +467,12 @@ fn a_member_that_died_is_waited_out_until_its_listed_sessions_are_reported_ended
 fn a_member_whose_lease_was_deleted_undrained_is_waited_out_for_the_bound() {
     let t0 = Instant::now();
     let mut o = Observations::default();
-    o.observe("d0", listing("d0", "t1", 1), t0);
+    o.observe("d0", lease_of("d0", "t1", 1), t0);
     o.observe(
         "d1",
         LeaseState {
             sessions: Some(BTreeSet::from([7])),
-            ..listing("d1", "t1", 2)
+            ..lease_of("d1", "t1", 2)
         },
         t0,
     );
@@ -484,7 +484,7 @@ fn a_member_whose_lease_was_deleted_undrained_is_waited_out_for_the_bound() {
         "d0",
         LeaseState {
             ended: ended("d1", &[7]),
-            ..listing("d0", "t2", 3)
+            ..lease_of("d0", "t2", 3)
         },
         t0 + SEC,
     );
@@ -500,12 +500,12 @@ fn a_member_that_died_listing_no_session_is_not_waited_out() {
     let t0 = Instant::now();
     let expired = t0 + 12 * SEC;
     let mut o = Observations::default();
-    o.observe("d0", listing("d0", "t1", 1), t0);
-    o.observe("d1", listing("d1", "t1", 2), t0);
+    o.observe("d0", lease_of("d0", "t1", 1), t0);
+    o.observe("d1", lease_of("d1", "t1", 2), t0);
     let mut h = Handover::new("d0", T, t0, false);
     let (live, _) = h.judge(&mut o, SEC, t0);
     h.update(&live, o.newest(), false, t0);
-    o.observe("d0", listing("d0", "t2", 3), expired);
+    o.observe("d0", lease_of("d0", "t2", 3), expired);
     let (live, gone) = h.judge(&mut o, SEC, expired);
     h.update(&live, o.newest(), false, expired);
     assert_eq!(gone, [("d1".to_owned(), true)]);

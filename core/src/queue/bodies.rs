@@ -52,7 +52,7 @@ impl GroupQueue {
     /// the same object: a reconcile's note to its successor (what it wrote, at which versions),
     /// replacing the one kept before; an empty memo removes it. Call before the delivery's
     /// [`Self::ack`]. Nothing is kept for a delivery not in flight there, a deletion, or past
-    /// the group's memo budget or the process's memo pool (counted in [`QueueCounts::memos_refused`]): a memo
+    /// the group's memo budget or the process's memo pool (counted in [`QueueCounts::memos_refused`](super::QueueCounts::memos_refused)): a memo
     /// is a hint its reader must do without. Returns whether it was kept.
     pub fn leave_memo(&mut self, session: SessionId, delivery: DeliveryId, memo: &[u8]) -> bool {
         let Some(key) = self

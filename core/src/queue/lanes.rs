@@ -105,7 +105,7 @@ impl GroupQueue {
     /// given, into the live lane: changes a handover held back go before the keys it brought,
     /// which reach the queue in a list's (name) order. Keys not ready are left where they are.
     /// O(1) a key moved (amortised: see [`STALE_SLACK`]); a moved key's wait
-    /// ([`Delivery::queued`]) counts from the move.
+    /// ([`Delivery::queued`](super::Delivery::queued)) counts from the move.
     pub fn promote<'k>(&mut self, keys: impl IntoIterator<Item = &'k str>) {
         let mut promoted: Vec<Key> = Vec::new();
         let mut taken: HashSet<Key> = HashSet::default();
@@ -147,7 +147,7 @@ impl GroupQueue {
     }
 
     /// Moves a key ready in the listed lane to the back of the live lane; its listed place
-    /// goes stale. Its wait ([`Delivery::queued`]) counts from the move.
+    /// goes stale. Its wait ([`Delivery::queued`](super::Delivery::queued)) counts from the move.
     pub(super) fn move_to_live(&mut self, key: Key) -> Vec<SessionId> {
         if let Some(e) = self.entries.get_mut(&key) {
             e.state = Lane::Live.ready();

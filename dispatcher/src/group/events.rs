@@ -6,61 +6,42 @@ use std::sync::{Arc, MutexGuard};
 use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
-    partition::GroupEvent,
     queue::{Change, SessionId},
+    transit::GroupEvent,
 };
 use kube_dispatch_proto::{Ring, v1::Reason};
 
 use super::{Group, KEYS_PER_HOLD, State};
+#[cfg(doc)]
+use kube_dispatch_core::{queue::GroupQueue, transit::Transit};
 
 impl Group {
-    /// The state, with the queue trimmed to the slice current now ([`Partition::apply`], which
+    /// The state, with the queue trimmed to the slice current now ([`Transit::trim`], which
     /// does nothing when that slice was applied already), and that slice; and the sessions the
     /// trim woke. Every decision against the slice is taken on a queue trimmed to it, under the
     /// state lock: a key the ring just moved away is already known to be on its way out.
     pub(super) fn current(&self) -> (MutexGuard<'_, State>, Arc<Slice>, Vec<SessionId>) {
         let mut state = self.state_now();
         let slice = self.slice.borrow().clone();
-        let State {
-            queue, partition, ..
-        } = &mut *state;
-        let (wake, _) = partition.apply(&slice, queue, Self::now());
+        let State { queue, transit, .. } = &mut *state;
+        let (wake, _) = transit.trim(&slice, queue, Self::now());
         (state, slice, wake)
     }
 
-    /// Takes one event of a key, from a watch, a list beside it or a peer: the group's one
+    /// Records one event of a key, from a watch, a list beside it or a peer: the group's one
     /// entry for events. What it means for the group is decided in core
-    /// ([`Partition::record`]), against the slice current now, on a queue trimmed to it, under
+    /// ([`Transit::record`]), against the slice current now, on a queue trimmed to it, under
     /// the state lock.
-    pub fn apply(&self, event: GroupEvent<'_>) {
-        self.apply_all(std::iter::once(event), false);
+    pub fn record(&self, event: GroupEvent<'_>) {
+        self.record_all(std::iter::once(event));
     }
 
-    /// [`Group::apply`] of an event of a watch's stream, not of a list: a change of a key a
-    /// handover holds is remembered to go first when it completes
-    /// ([`Partition::record_streamed`]).
-    pub fn apply_streamed(&self, event: GroupEvent<'_>) {
-        self.apply_all(std::iter::once(event), true);
-    }
-
-    /// [`Group::apply`] (or, `streamed`, [`Group::apply_streamed`]) of each of `events`, under
-    /// one hold of the lock.
-    pub(super) fn apply_all<'k>(
-        &self,
-        events: impl IntoIterator<Item = GroupEvent<'k>>,
-        streamed: bool,
-    ) {
+    /// [`Group::record`] of each of `events`, under one hold of the lock.
+    pub(super) fn record_all<'k>(&self, events: impl IntoIterator<Item = GroupEvent<'k>>) {
         let (mut state, slice, mut wake) = self.current();
-        let State {
-            queue, partition, ..
-        } = &mut *state;
+        let State { queue, transit, .. } = &mut *state;
         for event in events {
-            let now = Self::now();
-            wake.extend(if streamed {
-                partition.record_streamed(&slice, queue, event, now)
-            } else {
-                partition.record(&slice, queue, event, now)
-            });
+            wake.extend(transit.record(&slice, queue, event, Self::now()));
         }
         state.wake(wake);
     }
@@ -69,7 +50,7 @@ impl Group {
     /// serving this group (`crate::grpc::peer`).
     pub fn recent_deletions_owned_by(&self, ring: &Ring, identity: &str) -> Vec<Arc<str>> {
         self.state()
-            .partition
+            .transit
             .recent_deletions_owned_by(ring, identity, Self::now())
     }
 
@@ -78,23 +59,21 @@ impl Group {
     /// holds it, else remembered in turn.
     pub fn deleted_in_transit(&self, keys: impl IntoIterator<Item = String>) {
         for key in keys {
-            self.apply(GroupEvent::Deleted {
+            self.record(GroupEvent::Deleted {
                 key: KeyRef::new(&key),
                 change: Change::deletion(),
             });
         }
     }
 
-    /// Trims the queue to the current slice if it changed ([`Partition::apply`]). Returns
+    /// Trims the queue to the current slice if it changed ([`Transit::trim`]). Returns
     /// whether a key this dispatcher no longer owns is still queued or in flight, which holds
     /// back the release of the ring.
-    pub fn apply_slice(&self) -> bool {
+    pub fn trim_to_slice(&self) -> bool {
         let mut state = self.state_now();
         let slice = self.slice.borrow().clone();
-        let State {
-            queue, partition, ..
-        } = &mut *state;
-        let (wake, pending) = partition.apply(&slice, queue, Self::now());
+        let State { queue, transit, .. } = &mut *state;
+        let (wake, pending) = transit.trim(&slice, queue, Self::now());
         state.wake(wake);
         drop(state);
         // What the keys the ring moved away name is their new dispatcher's to know.
@@ -107,7 +86,7 @@ impl Group {
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let mut state = self.state_now();
         let wake = state.queue.sweep(epoch, &belongs);
-        state.partition.sweep(epoch, &belongs);
+        state.transit.sweep(epoch, &belongs);
         state.wake(wake);
         drop(state);
         // The referrers deleted while the watch was away name nothing any more.
@@ -121,12 +100,9 @@ impl Group {
     /// key of a large group never holds the lock (and a runtime worker) for long.
     pub async fn trigger(&self, keys: &[String], all: bool) {
         for chunk in keys.chunks(KEYS_PER_HOLD) {
-            self.apply_all(
-                chunk.iter().map(|key| GroupEvent::Triggered {
-                    key: KeyRef::new(key),
-                }),
-                false,
-            );
+            self.record_all(chunk.iter().map(|key| GroupEvent::Triggered {
+                key: KeyRef::new(key),
+            }));
             tokio::task::yield_now().await;
         }
         if !all {

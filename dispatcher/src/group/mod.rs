@@ -1,7 +1,7 @@
 //! A controller group on this dispatcher: its subscriptions, its work queue and its sessions.
 //!
-//! The [`GroupQueue`] and its [`Partition`] hold the logic; this module adds the slice, the
-//! clock and the wake-ups. The queue, the partition and the live sessions are one state under
+//! The [`GroupQueue`] and its [`Transit`] hold the logic; this module adds the slice, the
+//! clock and the wake-ups. The queue, the transit and the live sessions are one state under
 //! one lock: each session is a [`SessionSlot`] (the [`Notify`] its long poll waits on, its
 //! expiry) beside the queue's half of it (its ready keys, its keys in flight), and both change
 //! together. A driver task fires the queue's timers. The tests at the end drive a group on a
@@ -24,11 +24,11 @@ use tokio_util::sync::CancellationToken;
 use kube_dispatch_core::{
     children::{ChildIndex, MAX_CHILDREN_PER_REQUEST, OwnerChildren},
     handover::Slice,
-    partition::Partition,
     queue::{GroupQueue, KeyStatus, QueueConfig, QueueFigures, SessionId, pool::Pools},
     recent_deletions::RecentDeletionsConfig,
     references::References,
     subscription::{GroupSpec, OwnerKind},
+    transit::Transit,
 };
 
 mod events;
@@ -61,7 +61,7 @@ pub struct SessionSlot {
 #[derive(Debug)]
 struct State {
     queue: GroupQueue,
-    partition: Partition,
+    transit: Transit,
     /// The live sessions: how each is woken and when it expires. The queue keeps, under the
     /// same ids, what each is handed (its ready keys, its keys in flight); both change together
     /// under the state lock, so no session is in one and not the other.
@@ -153,14 +153,14 @@ impl Group {
         slice: watch::Receiver<Arc<Slice>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        let partition = Partition::new(&id.to_string(), slice.borrow().clone(), recent_deletions);
+        let transit = Transit::new(&id.to_string(), slice.borrow().clone(), recent_deletions);
         let group = Arc::new(Self {
             id,
             accesses: crate::security::accesses(&spec),
             spec,
             state: Mutex::new(State {
                 queue: GroupQueue::with_pools(config, pools),
-                partition,
+                transit,
                 sessions: HashMap::new(),
             }),
             slice,
@@ -203,7 +203,7 @@ impl Group {
         slice
     }
 
-    /// The time the queue and partition count in: tokio's, so paused tests drive it.
+    /// The time the queue and transit count in: tokio's, so paused tests drive it.
     fn now() -> std::time::Instant {
         Instant::now().into_std()
     }
@@ -216,16 +216,16 @@ impl Group {
     /// The group's figures now.
     pub fn figures(&self) -> GroupFigures {
         let state = self.state();
-        let partition = state.partition.figures();
+        let transit = state.transit.figures();
         let queue = state.queue.figures(Self::now());
         let sessions = state.sessions.len();
         drop(state);
         let references = self.references();
         GroupFigures {
             queue,
-            held: partition.held,
-            remembered: partition.remembered,
-            held_changes: partition.held_changes,
+            held: transit.held,
+            remembered: transit.remembered,
+            held_changes: transit.held_changes,
             sessions,
             referrers: references.len(),
             reference_bytes: references.bytes(),

@@ -4,8 +4,11 @@
 use std::sync::{Arc, MutexGuard};
 
 use kube_dispatch_core::{
-    children::ChildIndex, key::KeyRef, partition::GroupEvent, references::References,
+    children::ChildIndex,
+    key::KeyRef,
+    references::References,
     subscription::OwnerKind,
+    transit::{GroupEvent, Origin},
 };
 
 use super::{Group, KEYS_PER_HOLD};
@@ -29,7 +32,7 @@ impl Group {
     }
 
     /// The object of the request key `target` was shown at `resource_version` by the list or
-    /// stream (`streamed`) of `epoch`, or deleted: each object that names it is reconciled, if
+    /// stream (`origin`) of `epoch`, or deleted: each object that names it is reconciled, if
     /// it changed.
     pub fn named_object_seen(
         &self,
@@ -37,32 +40,29 @@ impl Group {
         resource_version: &str,
         epoch: u32,
         deleted: bool,
-        streamed: bool,
+        origin: Origin,
     ) {
         let referrers = self
             .references()
             .target_seen(target, resource_version, epoch, deleted);
-        self.named_changed(&referrers, streamed);
+        self.named_changed(&referrers, origin);
     }
 
     /// The watch of named objects ended its list of `epoch`: the objects that name one of
     /// `belongs` it did not show (deleted while the watch was away) are reconciled.
     pub fn named_objects_swept(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
         let referrers = self.references().swept_targets(epoch, belongs);
-        self.named_changed(&referrers, false);
+        self.named_changed(&referrers, Origin::List);
     }
 
     /// Reconciles `referrers`: an object they name changed, as the watch's stream showed
-    /// (`streamed`: remembered to go first if a handover holds them, and in the live lane) or
-    /// a list did.
-    pub(super) fn named_changed(&self, referrers: &[Arc<str>], streamed: bool) {
+    /// (remembered to go first if a handover holds them, and in the live lane) or a list did.
+    fn named_changed(&self, referrers: &[Arc<str>], origin: Origin) {
         for chunk in referrers.chunks(KEYS_PER_HOLD) {
-            self.apply_all(
-                chunk.iter().map(|key| GroupEvent::NamedChanged {
-                    key: KeyRef::new(key),
-                }),
-                streamed,
-            );
+            self.record_all(chunk.iter().map(|key| GroupEvent::NamedChanged {
+                key: KeyRef::new(key),
+                origin,
+            }));
         }
     }
 

@@ -8,13 +8,15 @@ use std::{
 };
 
 use kube_dispatch_core::{
+    ack::Acked,
     children::OwnerChildren,
     queue::{AckResult, Delivery, SessionId},
-    request::Acked,
 };
 use tokio::{sync::Notify, time::Instant};
 
 use super::{Group, SessionSlot, State, children_of};
+#[cfg(doc)]
+use kube_dispatch_core::queue::GroupQueue;
 
 impl Group {
     /// Adds a session of `replica` opened by `opener`; returns its slot and the slots of the

@@ -5,9 +5,9 @@ use kube_dispatch_core::{
     backoff::Backoff,
     handover::LeaseDeadline,
     key::KeyRef,
-    partition::GroupEvent,
     queue::{Change, Observed, Outcome},
     subscription::GroupSpec,
+    transit::{GroupEvent, Origin},
 };
 
 fn group(cancel: &CancellationToken) -> Arc<Group> {
@@ -77,14 +77,14 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
         ..modified()
     };
     for key in [&gone, &back] {
-        g.apply(GroupEvent::Deleted {
+        g.record(GroupEvent::Deleted {
             key: KeyRef::from(key),
             change: deleted(),
         });
     }
     // The object of `back` is created again.
     let name = back.trim_start_matches("/ConfigMap/ns/");
-    g.apply(GroupEvent::ExistsElsewhere {
+    g.record(GroupEvent::ExistsElsewhere {
         key: KeyRef::from(&RequestKey::new("", "ConfigMap", "ns", name).to_string()),
         object: Observed {
             resource_version: "9".into(),
@@ -93,6 +93,7 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
             trace: None,
         },
         epoch: 0,
+        origin: Origin::List,
     });
     assert!(
         g.take(1, 10, usize::MAX).is_empty(),
@@ -103,7 +104,7 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
     let mut held = two.clone();
     held.ring = Arc::new(Ring::new(["d0"]));
     tx.send_replace(Arc::new(held.clone()));
-    g.apply_slice();
+    g.trim_to_slice();
     assert!(
         g.take(1, 10, usize::MAX).is_empty(),
         "held until the handover completes"
@@ -112,17 +113,17 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
     // d1 flaps back before the handover completes: the key moves away again, its deletion
     // is remembered as one owned elsewhere, and moves back with the key.
     tx.send_replace(Arc::new(two.clone()));
-    g.apply_slice();
+    g.trim_to_slice();
     assert!(
         g.take(1, 10, usize::MAX).is_empty(),
         "nothing of d1's is delivered here"
     );
     tx.send_replace(Arc::new(held.clone()));
-    g.apply_slice();
+    g.trim_to_slice();
 
     held.settled = Some(held.ring.clone());
     tx.send_replace(Arc::new(held));
-    g.apply_slice();
+    g.trim_to_slice();
     let got: Vec<(String, bool)> = g
         .take(1, 10, usize::MAX)
         .iter()
@@ -134,16 +135,17 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
 
 /// The watch shows `key`'s object at `rv`.
 fn exists(g: &Group, key: &str, rv: &str) {
-    g.apply(GroupEvent::Exists {
+    g.record(GroupEvent::Exists {
         key: KeyRef::from(key),
         object: observed(rv),
         epoch: 1,
+        origin: Origin::List,
     });
 }
 
 /// A list beside the watch shows `key`'s object at `rv`.
 fn listed(g: &Group, key: &str, rv: &str) {
-    g.apply(GroupEvent::Listed {
+    g.record(GroupEvent::Listed {
         key: KeyRef::from(key),
         object: observed(rv),
         epoch: 1,
@@ -200,12 +202,13 @@ async fn a_list_beside_the_stream_adds_only_keys_not_known() {
         .expect("d1 owns a key");
     let [seen, gone, owner, new] = <[String; 4]>::try_from(mine).expect("d0 owns keys");
     exists(&g, &seen, "5");
-    g.apply(GroupEvent::Deleted {
+    g.record(GroupEvent::Deleted {
         key: KeyRef::from(&gone),
         change: Change::deletion(),
     });
-    g.apply(GroupEvent::OwnedChanged {
+    g.record(GroupEvent::OwnedChanged {
         key: KeyRef::from(&owner),
+        origin: Origin::List,
     });
     assert_eq!(take_all(&g).len(), 3);
 
@@ -245,7 +248,7 @@ async fn a_named_objects_change_on_the_stream_goes_ahead_of_listed_keys() {
     g.names(streamed, vec![secret.into()], 1, false);
     g.names(relisted, vec![other.into()], 1, false);
     for target in [secret, other] {
-        g.named_object_seen(target, "1", 1, false, true);
+        g.named_object_seen(target, "1", 1, false, Origin::Stream);
     }
     assert_eq!(take_all(&g).len(), 2, "both referrers reconciled once");
 
@@ -255,8 +258,8 @@ async fn a_named_objects_change_on_the_stream_goes_ahead_of_listed_keys() {
     for key in &brought {
         listed(&g, key, "1");
     }
-    g.named_object_seen(other, "2", 1, false, false);
-    g.named_object_seen(secret, "2", 1, false, true);
+    g.named_object_seen(other, "2", 1, false, Origin::List);
+    g.named_object_seen(secret, "2", 1, false, Origin::Stream);
     let got: Vec<(String, Reason)> = take_all(&g)
         .into_iter()
         .map(|(key, reason, _)| (key, reason))
@@ -318,11 +321,12 @@ async fn a_kept_key_records_new_versions_while_nothing_is_handed_out() {
     let mut fenced = settled.clone();
     fenced.settled = None;
     tx.send_replace(Arc::new(fenced));
-    g.apply_slice();
+    g.trim_to_slice();
     exists(&g, "k", "2");
     exists(&g, "new", "2");
-    g.apply(GroupEvent::OwnedChanged {
+    g.record(GroupEvent::OwnedChanged {
         key: KeyRef::from("owner"),
+        origin: Origin::List,
     });
     assert!(
         take_all(&g).is_empty(),
@@ -330,7 +334,7 @@ async fn a_kept_key_records_new_versions_while_nothing_is_handed_out() {
     );
 
     tx.send_replace(Arc::new(settled));
-    g.apply_slice();
+    g.trim_to_slice();
     let mut got = take_all(&g);
     got.sort();
     assert_eq!(

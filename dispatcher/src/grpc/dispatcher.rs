@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use kube_dispatch_core::{
+    ack::{Acked, ack_outcomes},
     children::OwnerChildren,
     queue::Delivery,
     references::MAX_GROUP_FIELD_PATHS,
-    request::{Acked, ack_outcomes},
     subscription::{
         self, GroupSpec, InvalidRequest, OwnerKind, ResourceId, SubscriptionSpec, WatchKey,
         positive_duration, validate_open,

@@ -1,10 +1,10 @@
 //! Ring membership from coordination.k8s.io Leases, and the handover gate fed from them.
 //!
 //! Each dispatcher holds a Lease named after its identity and renews it, carrying the ring it
-//! has released ([`RELEASED_ANNOTATION`]); every dispatcher computes the ring from the Leases
-//! it sees renewed ([`kube_dispatch_runtime::leases::LeaseWatch`], judged by
-//! [`kube_dispatch_core::leases`]), and from the releases decides which keys it may hand out
-//! ([`kube_dispatch_core::handover`], `HANDOVER.md`). A dispatcher that cannot renew its own
+//! has released ([`kube_dispatch_proto::lease::RELEASED_ANNOTATION`]); every dispatcher computes
+//! the ring from the Leases it sees renewed ([`kube_dispatch_runtime::leases::LeaseWatch`],
+//! judged by [`kube_dispatch_core::leases`]), and from the releases decides which keys it may
+//! hand out ([`kube_dispatch_core::handover`], `HANDOVER.md`). A dispatcher that cannot renew its own
 //! Lease within the duration stops handing out keys (it is fenced) before the others can
 //! consider it gone.
 
@@ -21,8 +21,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use kube_dispatch_core::{
     handover::{Handover, Slice},
+    lease_sessions::Relayed,
     leases::Peer,
-    listing::Relayed,
 };
 use kube_dispatch_proto::RingKey;
 use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
@@ -45,9 +45,9 @@ use sessions::LeaseSessions;
 /// others take over at once) only if `clean` is set, that is when nothing handed out is still in
 /// flight; otherwise it is left to expire and the others wait out the handover bound.
 ///
-/// Each pass: renew when due ([`Membership::renew`]), judge the members on a whole and current
-/// view of the Leases ([`Membership::judge`]), delete the Leases of members dead past the bound
-/// ([`Membership::collect_dead`]), and publish the slice ([`Membership::publish`]).
+/// Each pass: renew when due (`Membership::renew`), judge the members on a whole and current
+/// view of the Leases (`Membership::judge`), delete the Leases of members dead past the bound
+/// (`Membership::collect_dead`), and publish the slice (`Membership::publish`).
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
@@ -112,7 +112,7 @@ struct Membership {
     waiting: Option<String>,
     /// The resourceVersion of this dispatcher's last renewal the API server accepted.
     written: u128,
-    /// The last whole and current view of the live members (see [`Membership::judge`]).
+    /// The last whole and current view of the live members (see `Membership::judge`).
     live: BTreeMap<String, Peer>,
     behind_since: Option<Instant>,
     behind_warned: bool,

@@ -14,11 +14,11 @@
 //!
 //! Bounds: the listing holds the sessions open (at most `--max-sessions`) and those ended
 //! within the handover bound, at most twice
-//! [`kube_dispatch_core::listing::MAX_LISTED_SESSIONS`] (past it the oldest ended ones are
+//! [`kube_dispatch_core::lease_sessions::MAX_LISTED_SESSIONS`] (past it the oldest ended ones are
 //! forgotten and the Lease says `overflow` for the bound), and writes `overflow` past
 //! `MAX_LISTED_SESSIONS`; at most [`MAX_PENDING_REPORTS`] reports wait for the membership loop
 //! (it takes them every 100 ms), and the Lease carries at most
-//! [`kube_dispatch_core::listing::MAX_RELAYED`]; the dead members are at most the ring's.
+//! [`kube_dispatch_core::lease_sessions::MAX_RELAYED`]; the dead members are at most the ring's.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -26,7 +26,7 @@ use std::{
     time::Instant,
 };
 
-use kube_dispatch_core::listing::{Listing, ListingWrite};
+use kube_dispatch_core::lease_sessions::{ListedSessions, SessionsWrite};
 use kube_dispatch_proto::lease::session_tag;
 use tokio::sync::{Notify, watch};
 
@@ -37,7 +37,7 @@ pub const MAX_PENDING_REPORTS: usize = 256;
 /// The sessions on this dispatcher's Lease, and the reports it carries.
 #[derive(Debug)]
 pub struct LeaseSessions {
-    listing: Mutex<Listing>,
+    listing: Mutex<ListedSessions>,
     /// Moves each time an accepted write lists sessions: polls waiting to be handed keys look
     /// again.
     listed: watch::Sender<u64>,
@@ -54,15 +54,15 @@ pub type Awaited = BTreeMap<String, BTreeSet<u64>>;
 impl LeaseSessions {
     /// Sessions that stay listed for `keep` (the handover bound) after they end.
     pub fn new(keep: std::time::Duration) -> Self {
-        Self::with(Listing::new(keep))
+        Self::with(ListedSessions::new(keep))
     }
 
     /// No Lease (a fixed ring): sessions are handed keys at once, and nobody dies.
     pub fn unlimited() -> Self {
-        Self::with(Listing::unlimited())
+        Self::with(ListedSessions::unlimited())
     }
 
-    fn with(listing: Listing) -> Self {
+    fn with(listing: ListedSessions) -> Self {
         Self {
             listing: Mutex::new(listing),
             listed: watch::channel(0).0,
@@ -72,13 +72,13 @@ impl LeaseSessions {
         }
     }
 
-    fn listing(&self) -> MutexGuard<'_, Listing> {
+    fn listed(&self) -> MutexGuard<'_, ListedSessions> {
         self.listing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Session `session_id` was opened: the next Lease write lists it, and is asked for now.
     pub fn opened(&self, session_id: &str) {
-        let mut listing = self.listing();
+        let mut listing = self.listed();
         listing.opened(session_tag(session_id));
         if listing.unwritten() {
             self.write.notify_one();
@@ -87,13 +87,13 @@ impl LeaseSessions {
 
     /// Session `session_id` ended here at `now` (closed, expired, replaced, drained).
     pub fn ended(&self, session_id: &str, now: Instant) {
-        self.listing().ended(session_tag(session_id), now);
+        self.listed().ended(session_tag(session_id), now);
     }
 
     /// Whether the session with tag `tag` ([`session_tag`] of its id) may be handed keys: an
     /// accepted Lease write lists it.
     pub fn may_hand_out(&self, tag: u64) -> bool {
-        self.listing().may_hand_out(tag)
+        self.listed().may_hand_out(tag)
     }
 
     /// Changes each time an accepted write lists more sessions.
@@ -107,13 +107,13 @@ impl LeaseSessions {
     }
 
     /// What the next Lease write lists, at `now`.
-    pub fn to_write(&self, now: Instant) -> ListingWrite {
-        self.listing().write(now)
+    pub fn to_write(&self, now: Instant) -> SessionsWrite {
+        self.listed().write(now)
     }
 
     /// The write made from `write` was accepted.
-    pub fn written(&self, write: &ListingWrite) {
-        self.listing().written(write.through);
+    pub fn written(&self, write: &SessionsWrite) {
+        self.listed().written(write.through);
         self.listed.send_modify(|n| *n = write.through);
     }
 

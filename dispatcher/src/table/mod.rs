@@ -239,7 +239,7 @@ impl GroupTable {
     /// flight, publishes the ring as released.
     pub(crate) fn release_ring(&self, groups: &[Arc<Group>]) {
         let slice = self.slice();
-        let released = slice.released(groups.iter().map(|g| g.apply_slice()));
+        let released = slice.released(groups.iter().map(|g| g.trim_to_slice()));
         self.released.send_if_modified(|current| {
             if *current == released {
                 return false;

@@ -9,9 +9,9 @@ use std::{
 };
 
 use kube_dispatch_core::{
+    ack::Acked,
     children::OwnerChildren,
     queue::{Delivery, SessionId},
-    request::Acked,
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::session_tag;

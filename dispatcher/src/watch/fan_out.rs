@@ -18,9 +18,9 @@ use kube_dispatch_core::{
     children::ChildIndex,
     handover::Slice,
     key::KeyRef,
-    partition::GroupEvent,
     queue::{Change, Observed},
     subscription::{NamedBy, OwnerKind, Payload, ResourceId, WatchKey},
+    transit::{GroupEvent, Origin},
 };
 use kube_dispatch_proto::v1::Reason;
 use kube_dispatch_runtime::logging;
@@ -158,24 +158,16 @@ impl FanOut {
         self.shard.clone()
     }
 
-    /// Hands an event of the stream (`streamed`) or of the watch's own list to every
-    /// subscriber, by the rules of [`super::routing`]. The group decides again under its lock,
-    /// against the slice current then (and remembers deletions of keys a handover holds, recent
-    /// deletions of keys owned elsewhere, and changes the stream shows of keys a handover
-    /// holds). Returns the object's request key.
-    pub(super) fn apply(
-        &mut self,
-        obj: &WatchedObject,
-        epoch: u32,
-        deleted: bool,
-        streamed: bool,
-    ) -> String {
-        let to_group = |group: &crate::group::Group, event: GroupEvent<'_>| {
-            if streamed {
-                group.apply_streamed(event);
-            } else {
-                group.apply(event);
-            }
+    /// Publishes what the watch saw of `obj` (in its stream, or in its own list of `epoch`) to
+    /// every subscriber, by the rules of [`super::routing`]. Each group records it under its
+    /// lock, against the slice current then ([`kube_dispatch_core::transit::Transit::record`]:
+    /// it remembers deletions of keys a handover holds, recent deletions of keys owned
+    /// elsewhere, and changes the stream shows of keys a handover holds). Returns the object's
+    /// request key.
+    pub(super) fn publish(&mut self, obj: &WatchedObject, epoch: u32, seen: Seen) -> String {
+        let (deleted, origin) = match seen {
+            Seen::Exists(origin) => (false, origin),
+            Seen::Deleted => (true, Origin::Stream),
         };
         let counter = if deleted {
             &self.counts.deleted
@@ -243,27 +235,26 @@ impl FanOut {
                         Indexing::Replace
                     };
                     self.index_names(&sub.group, obj, &text, epoch, indexing);
-                    to_group(
-                        &sub.group,
-                        primary_event((&uid, &version), key, epoch, deleted, place, || {
-                            (bodies.get(sub.payload, obj), trace.clone())
-                        }),
-                    );
+                    sub.group.record(primary_event(
+                        (&uid, &version),
+                        (key, epoch),
+                        seen,
+                        place,
+                        || (bodies.get(sub.payload, obj), trace.clone()),
+                    ));
                 }
                 Keyed::Owner(owner) => {
                     let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
                     for key in tell.into_iter().flatten() {
-                        to_group(
-                            &sub.group,
-                            GroupEvent::OwnedChanged {
-                                key: KeyRef::new(key),
-                            },
-                        );
+                        sub.group.record(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(key),
+                            origin,
+                        });
                     }
                 }
                 Keyed::Referrers => {
                     sub.group
-                        .named_object_seen(&text, &version, epoch, deleted, streamed);
+                        .named_object_seen(&text, &version, epoch, deleted, origin);
                 }
             }
         }
@@ -292,7 +283,7 @@ impl FanOut {
                     if place(&self.slice.borrow(), key) == Place::Here {
                         self.index_names(&sub.group, obj, &text, epoch, Indexing::IfAbsent);
                     }
-                    sub.group.apply(GroupEvent::Listed {
+                    sub.group.record(GroupEvent::Listed {
                         key,
                         object: Observed {
                             resource_version: version.clone(),
@@ -307,7 +298,7 @@ impl FanOut {
                 // named so far: a first sighting tells their referrers.
                 Keyed::Referrers if !deleted_since => {
                     sub.group
-                        .named_object_seen(&text, &version, epoch, false, false);
+                        .named_object_seen(&text, &version, epoch, false, Origin::List);
                 }
                 Keyed::Itself | Keyed::Referrers => {}
                 Keyed::Owner(owner) => {
@@ -323,7 +314,7 @@ impl FanOut {
                                 (&uid, &version),
                             );
                         }
-                        sub.group.apply(GroupEvent::ListedOwned {
+                        sub.group.record(GroupEvent::ListedOwned {
                             key: KeyRef::new(&owner_key),
                         });
                     }
@@ -358,8 +349,9 @@ impl FanOut {
                 Keyed::Itself => sub.group.sweep(epoch, |key| in_watch(&self.key, key)),
                 Keyed::Owner(kind) => {
                     for owner in lost.get(kind).into_iter().flatten() {
-                        sub.group.apply(GroupEvent::OwnedChanged {
+                        sub.group.record(GroupEvent::OwnedChanged {
                             key: KeyRef::new(owner),
+                            origin: Origin::List,
                         });
                     }
                 }
@@ -421,15 +413,24 @@ enum Indexing {
     Gone,
 }
 
+/// What a watch saw of an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// It exists as shown, by the watch's own list or its stream.
+    Exists(Origin),
+    /// The stream shows it deleted.
+    Deleted,
+}
+
 /// The event a subscription to the objects themselves (not their owners) gets for the object
-/// of `uid` at `resource_version`, placed at `place`: `content` gives its body and trace context, asked for only if the key is served
-/// here (a key owned elsewhere is recorded only if it is still on its way out, and then
-/// delivered without a body).
+/// of `uid` at `resource_version`, seen as `seen` at `epoch` and placed at `place`: `content`
+/// gives its body and trace context, asked for only if the key is served here (a key owned
+/// elsewhere is recorded only if it is still on its way out, and then delivered without a
+/// body).
 fn primary_event<'k>(
     (uid, resource_version): (&str, &str),
-    key: KeyRef<'k>,
-    epoch: u32,
-    deleted: bool,
+    (key, epoch): (KeyRef<'k>, u32),
+    seen: Seen,
     place: Place,
     content: impl FnOnce() -> (Option<Arc<[u8]>>, Option<Arc<str>>),
 ) -> GroupEvent<'k> {
@@ -439,19 +440,22 @@ fn primary_event<'k>(
     } else {
         content()
     };
-    if deleted {
-        return GroupEvent::Deleted {
-            key,
-            change: Change {
-                reason: Reason::Deleted,
-                resource_version,
-                uid,
-                body,
-                deleted: true,
-                trace,
-            },
-        };
-    }
+    let origin = match seen {
+        Seen::Exists(origin) => origin,
+        Seen::Deleted => {
+            return GroupEvent::Deleted {
+                key,
+                change: Change {
+                    reason: Reason::Deleted,
+                    resource_version,
+                    uid,
+                    body,
+                    deleted: true,
+                    trace,
+                },
+            };
+        }
+    };
     let object = Observed {
         resource_version,
         uid,
@@ -459,9 +463,19 @@ fn primary_event<'k>(
         trace,
     };
     if place == Place::Elsewhere {
-        GroupEvent::ExistsElsewhere { key, object, epoch }
+        GroupEvent::ExistsElsewhere {
+            key,
+            object,
+            epoch,
+            origin,
+        }
     } else {
-        GroupEvent::Exists { key, object, epoch }
+        GroupEvent::Exists {
+            key,
+            object,
+            epoch,
+            origin,
+        }
     }
 }
 

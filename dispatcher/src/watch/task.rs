@@ -35,6 +35,7 @@ use kube_dispatch_core::{
     children::ChildIndex,
     handover::Slice,
     subscription::WatchKey,
+    transit::Origin,
 };
 use kube_dispatch_proto::RingKey;
 use tokio::{sync::watch, time::Instant};
@@ -42,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    fan_out::{FanOut, Subscribers, WatchCounts, describe},
+    fan_out::{FanOut, Seen, Subscribers, WatchCounts, describe},
     object::WatchedObject,
     routing::object_key,
     shard::sharded_client,
@@ -240,7 +241,7 @@ impl WatchTask {
         self.fan_out.slice_changed(&self.fed);
         while let End::Restart = self.pass(&cancel).await {}
         // Stopped: the index no longer follows the API server.
-        self.children.listing(true);
+        self.children.own_list_running(true);
     }
 
     /// Starts the stream and reads it, with the lists beside it, until it must start again.
@@ -268,8 +269,8 @@ impl WatchTask {
             listed: Some(None),
             broken: false,
         };
-        self.children.listing(true);
-        self.children.beside(false);
+        self.children.own_list_running(true);
+        self.children.side_list_running(false);
         loop {
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
@@ -324,8 +325,8 @@ impl WatchTask {
             // watch's own, nor beside it, is running (an owner's children read meanwhile say
             // they may be incomplete).
             self.children
-                .listing(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
-            self.children.beside(pass.side.is_some());
+                .own_list_running(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
+            self.children.side_list_running(pass.side.is_some());
         }
     }
 
@@ -336,7 +337,7 @@ impl WatchTask {
         let fed = std::mem::replace(&mut self.fed, slice.clone());
         if slice.shard_selector() != self.fan_out.shard() {
             // Watched anew: the children of the namespaces now owned here come with its list.
-            self.children.listing(true);
+            self.children.own_list_running(true);
             self.fan_out.slice_changed(&slice);
             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
             info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
@@ -348,7 +349,7 @@ impl WatchTask {
         }
         // Children of owners now served here are shown by the list beside the stream: until it
         // ends they may be missing, which readers on the new slice are told from now on.
-        self.children.beside(true);
+        self.children.side_list_running(true);
         self.fan_out.slice_changed(&slice);
         let handover = slice.settled.as_ref().map(|r| r.members())
             != fed.settled.as_ref().map(|r| r.members());
@@ -412,7 +413,9 @@ impl WatchTask {
             }
             Event::InitApply(obj) => {
                 self.readiness.send_if_modified(mark_ready);
-                let key = self.fan_out.apply(&obj, self.epoch, false, false);
+                let key = self
+                    .fan_out
+                    .publish(&obj, self.epoch, Seen::Exists(Origin::List));
                 if let Some(last) = &mut pass.listed
                     && last.as_ref().is_none_or(|last| key > *last)
                 {
@@ -426,14 +429,15 @@ impl WatchTask {
                 debug!(resource = %describe(&self.key), epoch = self.epoch, "list done");
             }
             Event::Apply(obj) => {
-                self.fan_out.apply(&obj, self.epoch, false, true);
+                self.fan_out
+                    .publish(&obj, self.epoch, Seen::Exists(Origin::Stream));
             }
             Event::Delete(obj) => {
                 let remembered = pass
                     .side
                     .as_mut()
                     .is_none_or(|list| list.deleted(object_key(&self.key.resource, &obj).hash64()));
-                self.fan_out.apply(&obj, self.epoch, true, true);
+                self.fan_out.publish(&obj, self.epoch, Seen::Deleted);
                 if !remembered {
                     warn!(
                         resource = %describe(&self.key),

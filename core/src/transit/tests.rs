@@ -63,12 +63,12 @@ fn a_deletion_of_a_key_owned_elsewhere_is_delivered_once_the_key_moves_here() {
     let key = key_of("d1", &["d0", "d1"]);
     let before = fixed("d0", &["d0", "d1"]);
     let mut queue = queue();
-    let mut p = Partition::new("g", before.clone(), REMEMBER);
+    let mut p = Transit::new("g", before.clone(), REMEMBER);
     assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
     assert_eq!(taken(&mut queue, now), []);
     // The ring changes; the handover holds the key, then completes.
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    let (_, pending) = p.apply(&during, &mut queue, now);
+    let (_, pending) = p.trim(&during, &mut queue, now);
     assert!(!pending);
     assert_eq!(
         taken(&mut queue, now),
@@ -76,7 +76,7 @@ fn a_deletion_of_a_key_owned_elsewhere_is_delivered_once_the_key_moves_here() {
         "held while the handover holds it"
     );
     let after = fixed("d0", &["d0"]);
-    p.apply(&after, &mut queue, now);
+    p.trim(&after, &mut queue, now);
     assert_eq!(taken(&mut queue, now), [(key, true)]);
 }
 
@@ -86,11 +86,11 @@ fn a_key_seen_to_exist_after_its_deletion_is_not_delivered_as_deleted() {
     let key = key_of("d1", &["d0", "d1"]);
     let before = fixed("d0", &["d0", "d1"]);
     let mut queue = queue();
-    let mut p = Partition::new("g", before.clone(), REMEMBER);
+    let mut p = Transit::new("g", before.clone(), REMEMBER);
     assert!(!p.admits(&before, KeyRef::new(&key), Some(true), now));
     // Re-created before the key moves here.
     p.exists_elsewhere(&before, KeyRef::new(&key));
-    p.apply(&fixed("d0", &["d0"]), &mut queue, now);
+    p.trim(&fixed("d0", &["d0"]), &mut queue, now);
     assert_eq!(taken(&mut queue, now), []);
 }
 
@@ -102,11 +102,11 @@ fn a_deletion_held_for_a_key_that_moves_away_again_is_remembered_and_not_deliver
     let key = key_of("d1", &["d0", "d1"]);
     let mut queue = queue();
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    p.apply(&during, &mut queue, now);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    p.trim(&during, &mut queue, now);
     assert!(!p.admits(&during, KeyRef::new(&key), Some(true), now));
     let back = fixed("d0", &["d0", "d1"]);
-    p.apply(&back, &mut queue, now);
+    p.trim(&back, &mut queue, now);
     assert_eq!(taken(&mut queue, now), []);
     // It is remembered: a peer that now owns the key gets it.
     let owned = p.recent_deletions_owned_by(&Ring::new(["d0", "d1"]), "d1", now);
@@ -121,15 +121,15 @@ fn a_served_key_goes_to_the_queue_and_one_owned_while_nothing_is_served_is_kept(
     let now = Instant::now();
     let key = key_of("d0", &["d0", "d1"]);
     let serving = fixed("d0", &["d0", "d1"]);
-    let mut p = Partition::new("g", serving.clone(), REMEMBER);
+    let mut p = Transit::new("g", serving.clone(), REMEMBER);
     assert!(p.admits(&serving, KeyRef::new(&key), Some(false), now));
     let starting = Arc::new(serving.closed());
     assert!(!p.admits(&starting, KeyRef::new(&key), Some(false), now));
-    assert!(Partition::keeps(&starting, &queue(), KeyRef::new(&key)));
+    assert!(Transit::keeps(&starting, &queue(), KeyRef::new(&key)));
     let other = key_of("d1", &["d0", "d1"]);
-    assert!(!Partition::keeps(&starting, &queue(), KeyRef::new(&other)));
+    assert!(!Transit::keeps(&starting, &queue(), KeyRef::new(&other)));
     assert!(
-        !Partition::keeps(&serving, &queue(), KeyRef::new(&key)),
+        !Transit::keeps(&serving, &queue(), KeyRef::new(&key)),
         "served keys need no keeping"
     );
 }
@@ -140,19 +140,19 @@ fn keys_that_moved_away_hold_back_the_release_until_delivered_and_settled() {
     let key = key_of("d1", &["d0", "d1"]);
     let mut queue = queue();
     let alone = fixed("d0", &["d0"]);
-    let mut p = Partition::new("g", alone.clone(), REMEMBER);
+    let mut p = Transit::new("g", alone.clone(), REMEMBER);
     queue.add_session(1, "r");
     queue.change(&key, Change::related(Reason::Owned));
     // d1 joins: the key moves away while queued here; it is delivered here first.
     let joined = moving("d0", &["d0", "d1"], &["d0"]);
-    let (_, pending) = p.apply(&joined, &mut queue, now);
+    let (_, pending) = p.trim(&joined, &mut queue, now);
     assert!(pending, "the queued key holds back the release");
     let delivered = queue.take(1, 10, now);
     assert_eq!(delivered.len(), 1);
-    let (_, pending) = p.apply(&joined, &mut queue, now);
+    let (_, pending) = p.trim(&joined, &mut queue, now);
     assert!(pending, "in flight still holds it back");
     queue.ack(1, delivered[0].id, crate::queue::Outcome::Success, now);
-    let (_, pending) = p.apply(&joined, &mut queue, now);
+    let (_, pending) = p.trim(&joined, &mut queue, now);
     assert!(!pending);
 }
 
@@ -164,10 +164,10 @@ fn keys_that_moved_away_ready_for_no_session_are_left_to_the_new_owner() {
     let now = Instant::now();
     let key = key_of("d1", &["d0", "d1"]);
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0"]), REMEMBER);
     queue.change(&key, Change::deletion());
     let joined = moving("d0", &["d0", "d1"], &["d0"]);
-    let (_, pending) = p.apply(&joined, &mut queue, now);
+    let (_, pending) = p.trim(&joined, &mut queue, now);
     assert!(!pending, "nothing holds the release back");
     assert!(queue.is_empty());
     let ring = Ring::new(["d0", "d1"]);
@@ -202,11 +202,23 @@ fn seen(rv: u32) -> Observed {
     }
 }
 
+/// The watch's list shows `key` at `rv`.
 fn exists(key: &str, rv: u32, epoch: u32) -> GroupEvent<'_> {
     GroupEvent::Exists {
         key: KeyRef::new(key),
         object: seen(rv),
         epoch,
+        origin: Origin::List,
+    }
+}
+
+/// The watch's stream shows `key` at `rv`.
+fn streamed(key: &str, rv: u32, epoch: u32) -> GroupEvent<'_> {
+    GroupEvent::Exists {
+        key: KeyRef::new(key),
+        object: seen(rv),
+        epoch,
+        origin: Origin::Stream,
     }
 }
 
@@ -227,11 +239,11 @@ fn a_change_a_handover_held_goes_ahead_of_the_keys_it_brings() {
     let moved = keys_of("d1", &["d0", "d1"], 5);
     let last = moved[4].as_str();
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.apply(&during, &mut queue, now);
-    p.record_streamed(&during, &mut queue, exists(last, 7, 1), now);
-    p.record_streamed(&during, &mut queue, exists(last, 8, 1), now);
+    p.trim(&during, &mut queue, now);
+    p.record(&during, &mut queue, streamed(last, 7, 1), now);
+    p.record(&during, &mut queue, streamed(last, 8, 1), now);
     assert_eq!(
         versions(&mut queue, now),
         [],
@@ -239,7 +251,7 @@ fn a_change_a_handover_held_goes_ahead_of_the_keys_it_brings() {
     );
     assert_eq!(p.figures().held_changes, 1);
     let after = fixed("d0", &["d0"]);
-    p.apply(&after, &mut queue, now);
+    p.trim(&after, &mut queue, now);
     assert_eq!(p.figures().held_changes, 0);
     for key in &moved {
         let listed = GroupEvent::Listed {
@@ -266,15 +278,15 @@ fn a_change_of_a_kept_key_goes_first_when_the_gate_opens() {
     let serving = fixed("d0", &["d0", "d1"]);
     let starting = Arc::new(serving.closed());
     let mut queue = queue();
-    let mut p = Partition::new("g", starting.clone(), REMEMBER);
+    let mut p = Transit::new("g", starting.clone(), REMEMBER);
     for key in &mine {
         p.record(&starting, &mut queue, exists(key, 1, 1), now);
     }
     // A re-list showing the same version changes nothing; a new version of the last does.
     p.record(&starting, &mut queue, exists(&mine[1], 1, 2), now);
-    p.record_streamed(&starting, &mut queue, exists(&mine[2], 2, 2), now);
+    p.record(&starting, &mut queue, streamed(&mine[2], 2, 2), now);
     assert_eq!(p.figures().held_changes, 1);
-    p.apply(&serving, &mut queue, now);
+    p.trim(&serving, &mut queue, now);
     let got = versions(&mut queue, now);
     let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys, [&mine[2], &mine[0], &mine[1]]);
@@ -288,11 +300,11 @@ fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
     let now = Instant::now();
     let moved = keys_of("d1", &["d0", "d1"], 3);
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.apply(&during, &mut queue, now);
+    p.trim(&during, &mut queue, now);
     for key in &moved {
-        p.record_streamed(&during, &mut queue, exists(key, 2, 1), now);
+        p.record(&during, &mut queue, streamed(key, 2, 1), now);
     }
     let deleted = GroupEvent::Deleted {
         key: KeyRef::new(&moved[0]),
@@ -301,22 +313,22 @@ fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
     p.record(&during, &mut queue, deleted, now);
     assert_eq!(p.figures().held, 1, "the deletion is held");
     // A re-list (epoch 2) shows the third key only.
-    p.record_streamed(&during, &mut queue, exists(&moved[2], 2, 2), now);
+    p.record(&during, &mut queue, streamed(&moved[2], 2, 2), now);
     p.sweep(2, |_| true);
     assert_eq!(p.figures().held_changes, 1);
     // The ring flaps back: the change is the old owner's again.
-    p.apply(&fixed("d0", &["d0", "d1"]), &mut queue, now);
+    p.trim(&fixed("d0", &["d0", "d1"]), &mut queue, now);
     assert_eq!(p.figures().held_changes, 0);
 
     let many = keys_of("d1", &["d0", "d1"], MAX_HELD_CHANGES + 1);
-    p.apply(&during, &mut queue, now);
+    p.trim(&during, &mut queue, now);
     for key in &many {
-        p.record_streamed(&during, &mut queue, exists(key, 3, 1), now);
+        p.record(&during, &mut queue, streamed(key, 3, 1), now);
     }
     assert_eq!(p.figures().held_changes, MAX_HELD_CHANGES);
     // Past the bound a change is delivered still, in the handover's order.
     let after = fixed("d0", &["d0"]);
-    p.apply(&after, &mut queue, now);
+    p.trim(&after, &mut queue, now);
     for key in &many {
         let listed = GroupEvent::Listed {
             key: KeyRef::new(key),
@@ -336,19 +348,21 @@ fn what_a_list_shows_is_no_change_to_hurry() {
     let now = Instant::now();
     let moved = keys_of("d1", &["d0", "d1"], 2);
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.apply(&during, &mut queue, now);
+    p.trim(&during, &mut queue, now);
     p.record(&during, &mut queue, exists(&moved[0], 2, 2), now);
     let owned = GroupEvent::OwnedChanged {
         key: KeyRef::new(&moved[1]),
+        origin: Origin::List,
     };
     p.record(&during, &mut queue, owned, now);
     assert_eq!(p.figures().held_changes, 0);
     let owned = GroupEvent::OwnedChanged {
         key: KeyRef::new(&moved[1]),
+        origin: Origin::Stream,
     };
-    p.record_streamed(&during, &mut queue, owned, now);
+    p.record(&during, &mut queue, owned, now);
     assert_eq!(
         p.figures().held_changes,
         1,
@@ -364,12 +378,12 @@ fn a_remembered_version_never_replaces_a_newer_one_queued_since() {
     let now = Instant::now();
     let key = key_of("d1", &["d0", "d1"]);
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.apply(&during, &mut queue, now);
-    p.record_streamed(&during, &mut queue, exists(&key, 10, 1), now);
+    p.trim(&during, &mut queue, now);
+    p.record(&during, &mut queue, streamed(&key, 10, 1), now);
     let closed = Arc::new(fixed("d0", &["d0"]).closed());
-    p.apply(&closed, &mut queue, now);
+    p.trim(&closed, &mut queue, now);
     let newer = GroupEvent::Exists {
         key: KeyRef::new(&key),
         object: Observed {
@@ -377,9 +391,10 @@ fn a_remembered_version_never_replaces_a_newer_one_queued_since() {
             ..seen(12)
         },
         epoch: 1,
+        origin: Origin::Stream,
     };
-    p.record_streamed(&closed, &mut queue, newer, now);
-    p.apply(&fixed("d0", &["d0"]), &mut queue, now);
+    p.record(&closed, &mut queue, newer, now);
+    p.trim(&fixed("d0", &["d0"]), &mut queue, now);
     let got = handed(&mut queue, now);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].resource_version, "12");
@@ -393,12 +408,12 @@ fn the_list_beside_the_watch_fills_the_body_of_a_remembered_change() {
     let now = Instant::now();
     let key = key_of("d1", &["d0", "d1"]);
     let mut queue = queue();
-    let mut p = Partition::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.apply(&during, &mut queue, now);
-    p.record_streamed(&during, &mut queue, exists(&key, 7, 1), now);
+    p.trim(&during, &mut queue, now);
+    p.record(&during, &mut queue, streamed(&key, 7, 1), now);
     let after = fixed("d0", &["d0"]);
-    p.apply(&after, &mut queue, now);
+    p.trim(&after, &mut queue, now);
     let listed = GroupEvent::Listed {
         key: KeyRef::new(&key),
         object: Observed {

@@ -1,5 +1,5 @@
 //! The sessions on the dispatcher Leases, as pure logic (time passed in): the sessions this
-//! dispatcher lists on its own Lease ([`Listing`]), and the reports it carries that sessions of
+//! dispatcher lists on its own Lease ([`ListedSessions`]), and the reports it carries that sessions of
 //! a member that died have ended ([`Relayed`]). `dispatcher/HANDOVER.md`, "Ending the wait for a
 //! member that died, by reports", gives the rule; `proto/kubedispatch/v1/leases.md` the
 //! annotations.
@@ -26,7 +26,7 @@ pub const MAX_RELAYED: usize = 1024;
 
 /// The sessions this dispatcher lists on its Lease.
 #[derive(Debug)]
-pub struct Listing {
+pub struct ListedSessions {
     /// How long a session stays listed after it ended here: the handover bound, past which
     /// nothing it handed out can still run.
     keep: Duration,
@@ -51,14 +51,14 @@ struct Listed {
 
 /// What the next Lease write lists, and what to tell the listing once it is accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListingWrite {
+pub struct SessionsWrite {
     /// The value of `kube-dispatch.dev/sessions`.
     pub value: String,
-    /// Pass to [`Listing::written`] once the write is accepted.
+    /// Pass to [`ListedSessions::written`] once the write is accepted.
     pub through: u64,
 }
 
-impl Listing {
+impl ListedSessions {
     /// A listing whose ended sessions stay listed for `keep` (the handover bound).
     pub fn new(keep: Duration) -> Self {
         Self {
@@ -134,7 +134,7 @@ impl Listing {
 
     /// What the next Lease write lists at `now`; sessions that ended longer than the bound ago
     /// are listed no more.
-    pub fn write(&mut self, now: Instant) -> ListingWrite {
+    pub fn write(&mut self, now: Instant) -> SessionsWrite {
         let keep = self.keep;
         self.sessions.retain(|_, s| {
             s.ended
@@ -142,13 +142,13 @@ impl Listing {
         });
         let tags: BTreeSet<u64> = self.sessions.keys().copied().collect();
         let forgot = self.overflow_until.is_some_and(|until| now < until);
-        ListingWrite {
+        SessionsWrite {
             value: sessions_value(&tags, forgot || tags.len() > MAX_LISTED_SESSIONS),
             through: self.next,
         }
     }
 
-    /// A write made from [`Listing::write`] was accepted: the sessions it listed may be handed
+    /// A write made from [`ListedSessions::write`] was accepted: the sessions it listed may be handed
     /// keys.
     pub fn written(&mut self, through: u64) {
         self.listed_before = self.listed_before.max(through);
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn a_session_is_handed_keys_once_an_accepted_write_lists_it() {
         let t0 = Instant::now();
-        let mut l = Listing::new(10 * SEC);
+        let mut l = ListedSessions::new(10 * SEC);
         l.opened(1);
         assert!(!l.may_hand_out(1) && l.unwritten());
         let write = l.write(t0);
@@ -248,17 +248,20 @@ mod tests {
         // Ended: listed for the bound, handed nothing more.
         l.ended(1, t0 + SEC);
         assert!(!l.may_hand_out(1));
-        let listed = |l: &mut Listing, at| parse_sessions(&l.write(at).value).unwrap();
+        let listed = |l: &mut ListedSessions, at| parse_sessions(&l.write(at).value).unwrap();
         assert_eq!(listed(&mut l, t0 + 10 * SEC), BTreeSet::from([1, 2]));
         assert_eq!(listed(&mut l, t0 + 11 * SEC), BTreeSet::from([2]));
         assert!(!l.may_hand_out(3), "never opened");
-        assert!(Listing::unlimited().may_hand_out(3), "no Lease: no listing");
+        assert!(
+            ListedSessions::unlimited().may_hand_out(3),
+            "no Lease: no listing"
+        );
     }
 
     #[test]
     fn past_its_bound_a_listing_says_overflow() {
         let t0 = Instant::now();
-        let mut l = Listing::new(SEC);
+        let mut l = ListedSessions::new(SEC);
         for tag in 0..=MAX_LISTED_SESSIONS as u64 {
             l.opened(tag);
         }
@@ -273,7 +276,7 @@ mod tests {
     #[test]
     fn a_storm_of_sessions_is_forgotten_past_its_bound_and_overflows_meanwhile() {
         let t0 = Instant::now();
-        let mut l = Listing::new(10 * SEC);
+        let mut l = ListedSessions::new(10 * SEC);
         for tag in 0..=(2 * MAX_LISTED_SESSIONS) as u64 {
             l.opened(tag);
             l.ended(tag, t0);

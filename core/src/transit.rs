@@ -1,14 +1,20 @@
-//! What a controller group on one dispatcher knows besides its queue as the ring changes: the
-//! slice the queue was last trimmed to, the deletions held for keys a handover holds, and the
-//! recent deletions of keys other dispatchers own (`dispatcher/HANDOVER.md`, "Deletions in
-//! transit"). Pure: the caller passes the slice, the queue and the time, and holds one lock
-//! around the queue and its partition.
+//! Keys in transit between dispatchers: what a controller group on one dispatcher keeps besides
+//! its queue as the ring changes. The slice the queue was last trimmed to, the changes and
+//! deletions of keys a handover holds, and the recent deletions of keys other dispatchers own
+//! (`dispatcher/HANDOVER.md`, "Deletions in transit"). Pure: the caller passes the slice, the
+//! queue and the time, and holds one lock around the queue and its [`Transit`].
+//!
+//! A group takes every event of a key through [`Transit::record`] ([`GroupEvent`] says what was
+//! seen, and [`Origin`] where), and every change of the slice through [`Transit::trim`].
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
 
 use indexmap::IndexMap;
 use kube_dispatch_proto::{Ring, key::hash64, v1::Reason};
 use tracing::{debug, warn};
+
+mod event;
+pub use event::{GroupEvent, Origin};
 
 use crate::{
     handover::Slice,
@@ -17,77 +23,7 @@ use crate::{
     recent_deletions::{RecentDeletions, RecentDeletionsConfig},
 };
 
-/// What a watch, a list beside it or a peer tells a group of one key: the group's one entry for
-/// events ([`Partition::record`]). Besides these, a group takes the end of a re-list
-/// ([`GroupQueue::sweep`]) and a ring change ([`Partition::apply`]).
-#[derive(Debug)]
-pub enum GroupEvent<'a> {
-    /// The watch shows the object of a key it placed on this dispatcher (its stream, or its
-    /// own list with that list's `epoch`).
-    Exists {
-        /// The object's request key.
-        key: KeyRef<'a>,
-        /// The object as the group keeps it.
-        object: Observed,
-        /// The list that showed it, or the list the stream follows.
-        epoch: u32,
-    },
-    /// The watch shows the object of a key another dispatcher owned when it looked: no body.
-    /// A deletion remembered for it is forgotten.
-    ExistsElsewhere {
-        /// The object's request key.
-        key: KeyRef<'a>,
-        /// The object, without a body.
-        object: Observed,
-        /// As for [`GroupEvent::Exists`].
-        epoch: u32,
-    },
-    /// The object of a key was deleted: seen by the watch, wherever the key is placed, or
-    /// remembered by a peer (`change.deleted` is set).
-    Deleted {
-        /// The object's request key.
-        key: KeyRef<'a>,
-        /// The deletion.
-        change: Change,
-    },
-    /// An object the key's object owns changed or went away.
-    OwnedChanged {
-        /// The owner's request key.
-        key: KeyRef<'a>,
-    },
-    /// An object the key's object names at a field path (`crate::references`) was created,
-    /// changed or deleted.
-    NamedChanged {
-        /// The naming object's request key.
-        key: KeyRef<'a>,
-    },
-    /// A replica asked for a reconcile of the key (`Dispatcher.Trigger`): taken only for a key
-    /// served here whose object the queue knows exists, so a trigger adds no key and never
-    /// hurries a deletion's retry.
-    Triggered {
-        /// The key.
-        key: KeyRef<'a>,
-    },
-    /// A list run beside the watch's stream shows the object, for keys newly served here. The
-    /// stream is the authority on every key it has shown (the list may be older), so this
-    /// fills only a key the queue knows no version of.
-    Listed {
-        /// The object's request key.
-        key: KeyRef<'a>,
-        /// The object as the group keeps it.
-        object: Observed,
-        /// The watch's list epoch.
-        epoch: u32,
-    },
-    /// A list run beside the watch's stream shows an owned object, on the terms of
-    /// [`GroupEvent::Listed`]: only for an owner key the queue does not hold.
-    ListedOwned {
-        /// The owner's request key.
-        key: KeyRef<'a>,
-    },
-}
-
-/// The most changes a group remembers of keys a handover holds ([`Partition`]'s `changed`):
+/// The most changes a group remembers of keys a handover holds ([`Transit`]'s `changed`):
 /// about 150 bytes each (a key, a resourceVersion and a uid), so at most about 600 KiB a group.
 /// Past it a change is still delivered, only not ahead of the keys the handover brings.
 pub const MAX_HELD_CHANGES: usize = 4096;
@@ -112,9 +48,9 @@ enum HeldChange {
     Related(Reason),
 }
 
-/// What a [`Partition`] holds, for metrics.
+/// What a [`Transit`] holds, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PartitionFigures {
+pub struct TransitFigures {
     /// Deletions held for the end of a handover.
     pub held: usize,
     /// Deletions of keys owned elsewhere remembered.
@@ -124,14 +60,14 @@ pub struct PartitionFigures {
     pub held_changes: usize,
 }
 
-/// The partition bookkeeping of one group. Every method takes the slice current at the call:
+/// What one group keeps of keys in transit (see the module's doc). Every method takes the slice current at the call:
 /// the one the group's caller read under the same lock as the queue.
 #[derive(Debug)]
-pub struct Partition {
+pub struct Transit {
     /// The group, for logs.
     group: Arc<str>,
     /// The slice the queue was last trimmed to.
-    applied: Option<Arc<Slice>>,
+    trimmed_to: Option<Arc<Slice>>,
     /// Keys that moved here whose objects were deleted while the handover held them: queued as
     /// deleted once the handover completes (a re-list cannot show a deletion). At most one per
     /// key of the slice.
@@ -150,12 +86,12 @@ pub struct Partition {
     changed_overflow: u64,
 }
 
-impl Partition {
-    /// The partition of `group`, whose queue is empty and trimmed to `slice`.
+impl Transit {
+    /// The transit of `group`, whose queue is empty and trimmed to `slice`.
     pub fn new(group: &str, slice: Arc<Slice>, recent: RecentDeletionsConfig) -> Self {
         Self {
             group: group.into(),
-            applied: Some(slice),
+            trimmed_to: Some(slice),
             held: HashSet::new(),
             recent: RecentDeletions::new(recent),
             changed: IndexMap::default(),
@@ -209,15 +145,15 @@ impl Partition {
     }
 
     /// What `event` means for the group under `slice`: recorded in `queue` if the key is
-    /// served here, or kept while nothing may be handed out (`Partition::keeps`), or on its
+    /// served here, or kept while nothing may be handed out (`Transit::keeps`), or on its
     /// way out ([`GroupQueue::is_leaving`]; if the ring brings it back before it settles, the
     /// change is delivered, and a list that follows skips keys known here); otherwise left to
-    /// the partition: a deletion held for a handover, or remembered for a key owned elsewhere.
+    /// the transit: a deletion held for a handover, or remembered for a key owned elsewhere.
     /// A change of a key this dispatcher owns but cannot hand out yet is also remembered, to go
     /// first once it can (`dispatcher/HANDOVER.md`, "Changes made during a handover"), when
-    /// the event comes from the watch's stream ([`Partition::record_streamed`]): a list shows
-    /// every object, changed or not. Call with `queue` trimmed to `slice`
-    /// ([`Partition::apply`]). Returns the sessions to wake.
+    /// the event comes from the watch's stream ([`Origin::Stream`]): a list shows every object,
+    /// changed or not. Call with `queue` trimmed to `slice` ([`Transit::trim`]). Returns the
+    /// sessions to wake.
     pub fn record(
         &mut self,
         slice: &Slice,
@@ -225,46 +161,31 @@ impl Partition {
         event: GroupEvent<'_>,
         now: Instant,
     ) -> Vec<SessionId> {
-        self.record_as(slice, queue, event, now, false)
-    }
-
-    /// [`Partition::record`] of an event of the watch's stream: a change of a key this
-    /// dispatcher owns but cannot hand out yet is remembered, to go first once it can.
-    pub fn record_streamed(
-        &mut self,
-        slice: &Slice,
-        queue: &mut GroupQueue,
-        event: GroupEvent<'_>,
-        now: Instant,
-    ) -> Vec<SessionId> {
-        self.record_as(slice, queue, event, now, true)
-    }
-
-    fn record_as(
-        &mut self,
-        slice: &Slice,
-        queue: &mut GroupQueue,
-        event: GroupEvent<'_>,
-        now: Instant,
-        streamed: bool,
-    ) -> Vec<SessionId> {
-        // What a list shows waits behind what the stream shows (`queue::Lane`).
-        let lane = if streamed { Lane::Live } else { Lane::Listed };
         match event {
-            GroupEvent::Exists { key, object, epoch } => {
+            GroupEvent::Exists {
+                key,
+                object,
+                epoch,
+                origin,
+            } => {
                 if self.admits(slice, key, Some(false), now) {
                     self.queued_now(key.text());
-                    return queue.observe_in(key.text(), object, epoch, lane);
+                    return queue.observe_in(key.text(), object, epoch, origin.lane());
                 }
-                return self.hold_object(slice, queue, (key, object, epoch), streamed);
+                return self.hold_object(slice, queue, (key, object, epoch), origin);
             }
-            GroupEvent::ExistsElsewhere { key, object, epoch } => {
+            GroupEvent::ExistsElsewhere {
+                key,
+                object,
+                epoch,
+                origin,
+            } => {
                 self.exists_elsewhere(slice, key);
                 if slice.serves_key(key) {
                     self.queued_now(key.text());
-                    return queue.observe_in(key.text(), object, epoch, lane);
+                    return queue.observe_in(key.text(), object, epoch, origin.lane());
                 }
-                return self.hold_object(slice, queue, (key, object, epoch), streamed);
+                return self.hold_object(slice, queue, (key, object, epoch), origin);
             }
             GroupEvent::Deleted { key, change } => {
                 debug_assert!(change.deleted, "a deletion: {change:?}");
@@ -276,11 +197,11 @@ impl Partition {
                     return queue.change(key.text(), change);
                 }
             }
-            GroupEvent::OwnedChanged { key } => {
-                return self.hold_related(slice, queue, (key, Reason::Owned), streamed);
+            GroupEvent::OwnedChanged { key, origin } => {
+                return self.hold_related(slice, queue, (key, Reason::Owned), origin);
             }
-            GroupEvent::NamedChanged { key } => {
-                return self.hold_related(slice, queue, (key, Reason::Referenced), streamed);
+            GroupEvent::NamedChanged { key, origin } => {
+                return self.hold_related(slice, queue, (key, Reason::Referenced), origin);
             }
             GroupEvent::Triggered { key } => {
                 if slice.serves_key(key) && queue.knows_live(key.text()) {
@@ -318,10 +239,11 @@ impl Partition {
         slice: &Slice,
         queue: &mut GroupQueue,
         (key, object, epoch): (KeyRef<'_>, Observed, u32),
-        streamed: bool,
+        origin: Origin,
     ) -> Vec<SessionId> {
         let text = key.text();
-        let lane = if streamed { Lane::Live } else { Lane::Listed };
+        let lane = origin.lane();
+        let streamed = origin == Origin::Stream;
         if Self::keeps(slice, queue, key) {
             // A new version of a key the queue holds already; its first sight (the list
             // that fills a starting dispatcher's index) is no change to hurry.
@@ -360,10 +282,11 @@ impl Partition {
         slice: &Slice,
         queue: &mut GroupQueue,
         (key, reason): (KeyRef<'_>, Reason),
-        streamed: bool,
+        origin: Origin,
     ) -> Vec<SessionId> {
         let text = key.text();
-        let lane = if streamed { Lane::Live } else { Lane::Listed };
+        let lane = origin.lane();
+        let streamed = origin == Origin::Stream;
         if slice.serves_key(key) {
             return queue.change_in(text, Change::related(reason), lane);
         }
@@ -433,8 +356,8 @@ impl Partition {
 
     /// Deletions held for the end of a handover, deletions of keys owned elsewhere remembered,
     /// and changes held to go first at the end of a handover, for metrics.
-    pub fn figures(&self) -> PartitionFigures {
-        PartitionFigures {
+    pub fn figures(&self) -> TransitFigures {
+        TransitFigures {
             held: self.held.len(),
             remembered: self.recent.len(),
             held_changes: self.changed.len(),
@@ -477,14 +400,18 @@ impl Partition {
     /// when nothing may be handed out); deletions held by a handover that completed are queued.
     /// Returns the sessions to wake, and whether a key this dispatcher no longer owns is still
     /// queued or in flight, which holds back the release of the ring.
-    pub fn apply(
+    pub fn trim(
         &mut self,
         slice: &Arc<Slice>,
         queue: &mut GroupQueue,
         now: Instant,
     ) -> (Vec<SessionId>, bool) {
         let mut wake = Vec::new();
-        if !self.applied.as_ref().is_some_and(|a| Arc::ptr_eq(a, slice)) {
+        if !self
+            .trimmed_to
+            .as_ref()
+            .is_some_and(|a| Arc::ptr_eq(a, slice))
+        {
             // While nothing may be handed out (fenced, draining, starting, or not on the ring it
             // sees, e.g. cut off from the API server), the keys still owned stay indexed: once
             // the gate opens again, a re-list shows which of them were deleted meanwhile,
@@ -492,81 +419,18 @@ impl Partition {
             if slice.settled.is_some() {
                 // Keys that moved away are delivered here first only if this dispatcher was
                 // serving them until now (not when it comes back from handing out nothing).
-                let was_serving = self.applied.as_ref().is_some_and(|a| a.settled.is_some());
+                let was_serving = self
+                    .trimmed_to
+                    .as_ref()
+                    .is_some_and(|a| a.settled.is_some());
                 queue.forget_where(|key| !slice.serves_str(key), was_serving);
             } else if slice.is_member() {
                 queue.forget_where(|key| !slice.owns_str(key), false);
             }
             // Not on its own ring: it owns nothing it could hand out or release, so the index
             // stays as it was until it is back on a ring.
-            self.applied = Some(slice.clone());
-            // Held deletions of keys that moved away again are remembered as deletions of keys
-            // owned elsewhere: the key may come back here (after a flap, or once this dispatcher
-            // is back on its ring), and its new owner may not have seen it.
-            let away: Vec<String> = self
-                .held
-                .iter()
-                .filter(|key| !slice.owns_str(key))
-                .cloned()
-                .collect();
-            for key in away {
-                debug!(group = %self.group, key, "held deletion remembered: the key moved away again");
-                self.held.remove(&key);
-                self.recent.deleted(hash64(key.as_bytes()), &key, now);
-            }
-            // Changes of keys that moved away again are their new owner's to deliver.
-            self.changed.retain(|key, _| slice.owns_str(key));
-            // Keys that moved here may have been deleted while in transit.
-            let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
-            for key in &moved_in {
-                debug!(group = %self.group, key = &**key, "remembered deletion held: the key moved here");
-            }
-            self.held.extend(moved_in.iter().map(|key| key.to_string()));
-            let released: Vec<String> = self
-                .held
-                .iter()
-                .filter(|key| slice.serves_str(key))
-                .cloned()
-                .collect();
-            for key in &released {
-                debug!(group = %self.group, key, "held deletion queued: the handover completed");
-                self.held.remove(key);
-                wake.extend(queue.change(key, Change::deletion()));
-            }
-            // Changes made while the handover held their keys go first: deletions, then the
-            // rest in the order they were seen.
-            let mut first = released;
-            let changed = std::mem::take(&mut self.changed);
-            for (key, change) in changed {
-                if !slice.serves_str(&key) {
-                    self.changed.insert(key, change);
-                    continue;
-                }
-                match change {
-                    HeldChange::Queued => {}
-                    HeldChange::Seen {
-                        resource_version,
-                        uid,
-                        epoch,
-                    } => {
-                        let object = Observed {
-                            resource_version,
-                            uid,
-                            body: None,
-                            trace: None,
-                        };
-                        wake.extend(queue.observe(&key, object, epoch));
-                    }
-                    HeldChange::Related(reason) => {
-                        wake.extend(queue.change(&key, Change::related(reason)));
-                    }
-                }
-                first.push(key);
-            }
-            if !first.is_empty() {
-                debug!(group = %self.group, keys = first.len(), "changes made while a handover held their keys go first");
-                queue.promote(first.iter().map(String::as_str));
-            }
+            self.trimmed_to = Some(slice.clone());
+            wake = self.release_held(slice, queue, now);
         }
         // Keys that moved away, ready for a group that has no session left to deliver them:
         // left to their new owner, their deletions remembered for it.
@@ -576,6 +440,87 @@ impl Partition {
         }
         let pending = queue.any_leaving(|key| !slice.owns_str(key));
         (wake, pending)
+    }
+
+    /// The slice changed to `slice`: held deletions and changes of keys that moved away again
+    /// are remembered for their new owner or dropped, remembered deletions of keys that moved
+    /// here are held, and what is held of keys now served here is queued, ahead of the keys the
+    /// handover brings. Returns the sessions to wake.
+    fn release_held(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        now: Instant,
+    ) -> Vec<SessionId> {
+        let mut wake = Vec::new();
+        // Held deletions of keys that moved away again are remembered as deletions of keys
+        // owned elsewhere: the key may come back here (after a flap, or once this dispatcher
+        // is back on its ring), and its new owner may not have seen it.
+        let away: Vec<String> = self
+            .held
+            .iter()
+            .filter(|key| !slice.owns_str(key))
+            .cloned()
+            .collect();
+        for key in away {
+            debug!(group = %self.group, key, "held deletion remembered: the key moved away again");
+            self.held.remove(&key);
+            self.recent.deleted(hash64(key.as_bytes()), &key, now);
+        }
+        // Changes of keys that moved away again are their new owner's to deliver.
+        self.changed.retain(|key, _| slice.owns_str(key));
+        // Keys that moved here may have been deleted while in transit.
+        let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
+        for key in &moved_in {
+            debug!(group = %self.group, key = &**key, "remembered deletion held: the key moved here");
+        }
+        self.held.extend(moved_in.iter().map(|key| key.to_string()));
+        let released: Vec<String> = self
+            .held
+            .iter()
+            .filter(|key| slice.serves_str(key))
+            .cloned()
+            .collect();
+        for key in &released {
+            debug!(group = %self.group, key, "held deletion queued: the handover completed");
+            self.held.remove(key);
+            wake.extend(queue.change(key, Change::deletion()));
+        }
+        // Changes made while the handover held their keys go first: deletions, then the
+        // rest in the order they were seen.
+        let mut first = released;
+        let changed = std::mem::take(&mut self.changed);
+        for (key, change) in changed {
+            if !slice.serves_str(&key) {
+                self.changed.insert(key, change);
+                continue;
+            }
+            match change {
+                HeldChange::Queued => {}
+                HeldChange::Seen {
+                    resource_version,
+                    uid,
+                    epoch,
+                } => {
+                    let object = Observed {
+                        resource_version,
+                        uid,
+                        body: None,
+                        trace: None,
+                    };
+                    wake.extend(queue.observe(&key, object, epoch));
+                }
+                HeldChange::Related(reason) => {
+                    wake.extend(queue.change(&key, Change::related(reason)));
+                }
+            }
+            first.push(key);
+        }
+        if !first.is_empty() {
+            debug!(group = %self.group, keys = first.len(), "changes made while a handover held their keys go first");
+            queue.promote(first.iter().map(String::as_str));
+        }
+        wake
     }
 }
 
