@@ -136,28 +136,51 @@ where
         serve_admin(address, &health);
     }
     if let Some(signal) = shutdown {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            signal.await;
-            info!("shutting down: finishing running reconciles, then closing sessions");
-            health.stopped();
-            stop.cancel();
-        });
+        tokio::spawn(stop_on(signal, health, stop.clone()));
     }
+    let targets = follow_targets(Source::new(dispatchers, load_balancer), &shared, &stop);
+    if !triggers.is_empty() {
+        tokio::spawn(trigger::send_triggers(
+            futures::stream::select_all(triggers),
+            shared.clone(),
+            stop.clone(),
+        ));
+    }
+    tokio::spawn(supervise::supervise(targets, shared, stop));
+    // The stream ends when every session loop has finished and dropped its sender.
+    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// Starts the drain once `signal` resolves: the replica reports itself stopped and every
+/// session finishes its running reconciles, then closes.
+async fn stop_on(signal: impl Future<Output = ()>, health: Health, stop: CancellationToken) {
+    signal.await;
+    info!("shutting down: finishing running reconciles, then closing sessions");
+    health.stopped();
+    stop.cancel();
+}
+
+/// The dispatchers this replica keeps a session with: the fixed ones, or those the load
+/// balancer assigns, followed until `stop`. The stream of outcomes stays open until the
+/// registration has ended too, so a replica that shuts down exits only once it has taken its
+/// leave of the load balancer (its dispatchers go to the other replicas at once).
+fn follow_targets<T: shared::Types>(
+    source: Source,
+    shared: &Arc<Shared<T>>,
+    stop: &CancellationToken,
+) -> watch::Receiver<BTreeSet<String>> {
     let (targets_tx, targets) = watch::channel(BTreeSet::new());
-    match Source::new(dispatchers, load_balancer) {
+    match source {
         Source::Fixed(addresses) => {
             targets_tx.send_replace(addresses);
         }
         Source::LoadBalancer(address) => {
+            let (group, replica_id) = (shared.open.group.clone(), shared.open.replica_id.clone());
             info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
-            // The stream of outcomes stays open until the registration has ended too, so a
-            // replica that shuts down exits only once it has taken its leave of the load
-            // balancer (its dispatchers go to the other replicas at once).
             let hold = shared.outcomes.clone();
             let follow = follow_load_balancer(
                 address,
-                credentials,
+                shared.credentials.clone(),
                 RegisterRequest {
                     group,
                     replica_id,
@@ -172,16 +195,7 @@ where
             });
         }
     }
-    if !triggers.is_empty() {
-        tokio::spawn(trigger::send_triggers(
-            futures::stream::select_all(triggers),
-            shared.clone(),
-            stop.clone(),
-        ));
-    }
-    tokio::spawn(supervise::supervise(targets, shared, stop));
-    // The stream ends when every session loop has finished and dropped its sender.
-    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+    targets
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `address` for as long as the process runs

@@ -8,11 +8,15 @@ use kube_dispatch_proto::{
     capabilities,
     credentials::AuthChannel,
     v1::{
-        AckItem, AckRequest, CloseSessionRequest, PollRequest, Reason, ReconcileRequest, Requeue,
-        ack_item, dispatcher_client::DispatcherClient,
+        AckItem, AckRequest, CloseSessionRequest, OpenSessionResponse, PollRequest, Reason,
+        ReconcileRequest, Requeue, ack_item, dispatcher_client::DispatcherClient,
     },
 };
-use tokio::{sync::mpsc, task::JoinSet, time::Instant};
+use tokio::{
+    sync::mpsc,
+    task::{JoinHandle, JoinSet},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span};
 
@@ -39,6 +43,79 @@ pub(super) async fn session<T: Types>(
     shared: &Arc<Shared<T>>,
     stop: &CancellationToken,
 ) -> Result<(), Lost> {
+    let (client, opened, sent) = open(address, shared).await?;
+    let session_id = opened.session_id;
+    let ttl = opened
+        .ttl
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(10));
+    let max_reconcile = opened
+        .max_reconcile_time
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(60));
+    info!(dispatcher = %address, session = %session_id, ?ttl, dispatcher_version = %opened.dispatcher_version, "session opened");
+    // Cancelled when a live dispatcher names this one dead: the session then ends as lost, and
+    // is reported ended once every reconcile it handed out has returned (`endings`).
+    let dispatcher_id = opened.dispatcher_id;
+    let named_dead = shared.endings.opened(&dispatcher_id, &session_id);
+    shared
+        .endings
+        .named_dead(&dispatcher_id, &opened.dead_dispatchers);
+    let _live = Live::register(shared, address, &client, &session_id);
+    let _open = shared.health.session_opened();
+    let _counted = shared.metrics.session_opened(address);
+
+    // Acks go out as reconciles finish, on their own calls: carried on the next poll, they
+    // would wait for a long-poll to return, and a key changed while in flight would wait with
+    // them. The channel holds at most one ack per running reconcile.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
+    let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
+    // Sessions ended on dispatchers named dead are reported at once, by an ack of their own.
+    let reporter = tokio::spawn(send_reports(
+        client.clone(),
+        session_id.clone(),
+        shared.endings.report_changes(),
+        shared.clone(),
+    ));
+    let mut polls = Polls {
+        address,
+        shared,
+        client,
+        session_id,
+        dispatcher_id,
+        fence: Fence::new(ttl, max_reconcile, sent),
+        named_dead,
+        ack_tx,
+        lost: CancellationToken::new(),
+        tasks: JoinSet::new(),
+    };
+    let result = match polls.run(stop, sent.elapsed()).await {
+        // Graceful: let running reconciles finish within their deadlines while renewing the
+        // session, so the dispatcher hands their keys to no one else meanwhile.
+        Ok(()) => {
+            let Polls {
+                client,
+                session_id,
+                fence,
+                tasks,
+                named_dead,
+                ..
+            } = &mut polls;
+            drain(client, session_id, fence, tasks, named_dead).await
+        }
+        Err(status) => Err(status),
+    };
+    polls.finish(result, acker, reporter).await
+}
+
+/// Connects to the dispatcher at `address` and opens a session there for the controller's
+/// subscriptions; returns the client, the dispatcher's answer and when the call was sent (what
+/// the fence counts from). A dispatcher that lacks a capability the subscriptions need is no
+/// session to use: the session is closed again and the error says to upgrade.
+async fn open<T: Types>(
+    address: &str,
+    shared: &Arc<Shared<T>>,
+) -> Result<(DispatcherClient<AuthChannel>, OpenSessionResponse, Instant), Lost> {
     let channel = shared
         .credentials
         .endpoint(address)
@@ -79,152 +156,161 @@ pub(super) async fn session<T: Types>(
             missing.join(", ")
         ))));
     }
-    let session_id = opened.session_id;
-    let ttl = opened
-        .ttl
-        .and_then(|d| Duration::try_from(d).ok())
-        .unwrap_or(Duration::from_secs(10));
-    let max_reconcile = opened
-        .max_reconcile_time
-        .and_then(|d| Duration::try_from(d).ok())
-        .unwrap_or(Duration::from_secs(60));
-    let mut fence = Fence::new(ttl, max_reconcile, sent);
-    info!(dispatcher = %address, session = %session_id, ?ttl, dispatcher_version = %opened.dispatcher_version, "session opened");
-    // Cancelled when a live dispatcher names this one dead: the session then ends as lost, and
-    // is reported ended once every reconcile it handed out has returned (`endings`).
-    let dispatcher_id = opened.dispatcher_id;
-    let named_dead = shared.endings.opened(&dispatcher_id, &session_id);
-    shared
-        .endings
-        .named_dead(&dispatcher_id, &opened.dead_dispatchers);
-    let _live = Live::register(shared, address, &client, &session_id);
-    let _open = shared.health.session_opened();
-    let _counted = shared.metrics.session_opened(address);
+    Ok((client, opened, sent))
+}
 
-    let lost = CancellationToken::new();
-    // Acks go out as reconciles finish, on their own calls: carried on the next poll, they
-    // would wait for a long-poll to return, and a key changed while in flight would wait with
-    // them. The channel holds at most one ack per running reconcile.
-    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<AckItem>();
-    let acker = tokio::spawn(send_acks(client.clone(), session_id.clone(), ack_rx));
-    // Sessions ended on dispatchers named dead are reported at once, by an ack of their own.
-    let reporter = tokio::spawn(send_reports(
-        client.clone(),
-        session_id.clone(),
-        shared.endings.report_changes(),
-        shared.clone(),
-    ));
-    let mut tasks = JoinSet::new();
-    // Of the last call, to size the next wait.
-    let mut round_trip = sent.elapsed();
-    let result = loop {
-        if stop.is_cancelled() {
-            break Ok(());
-        }
-        let free = shared
-            .permits
-            .available_permits()
-            .saturating_sub(shared.waiting.load(Ordering::Relaxed));
-        let lost_at = fence.lost_at();
-        let now = Instant::now();
-        if now >= lost_at {
-            break Err(not_renewed());
-        }
-        if named_dead.is_cancelled() {
-            break Err(found_dead());
-        }
-        let wait = fence.wait_at(now, round_trip);
-        let sent = Instant::now();
-        let call = async {
+/// An open session's poll loop and what it handed out.
+struct Polls<'a, T: Types> {
+    address: &'a str,
+    shared: &'a Arc<Shared<T>>,
+    client: DispatcherClient<AuthChannel>,
+    session_id: String,
+    dispatcher_id: String,
+    fence: Fence,
+    /// Cancelled when a live dispatcher names this one dead.
+    named_dead: CancellationToken,
+    ack_tx: mpsc::UnboundedSender<AckItem>,
+    /// Cancelled when the session is lost: every reconcile it handed out stops.
+    lost: CancellationToken,
+    /// The reconciles it handed out.
+    tasks: JoinSet<()>,
+}
+
+impl<T: Types> Polls<'_, T> {
+    /// Polls until `stop` (Ok) or until the session is lost (Err), handing each delivery to a
+    /// task of its own; `round_trip` is the open call's, to size the first wait.
+    async fn run(
+        &mut self,
+        stop: &CancellationToken,
+        mut round_trip: Duration,
+    ) -> Result<(), tonic::Status> {
+        let shared = self.shared;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let free = shared
+                .permits
+                .available_permits()
+                .saturating_sub(shared.waiting.load(Ordering::Relaxed));
+            let lost_at = self.fence.lost_at();
+            let now = Instant::now();
+            if now >= lost_at {
+                return Err(not_renewed());
+            }
+            if self.named_dead.is_cancelled() {
+                return Err(found_dead());
+            }
+            let wait = self.fence.wait_at(now, round_trip);
+            let sent = Instant::now();
+            // Not dropped when the session is told to stop: a poll the dispatcher has answered
+            // carries deliveries it counts as in flight here, and an answer that never arrives
+            // leaves them there until the session would have expired (a ttl: seconds in which
+            // nobody reconciles those keys). The poll is answered within its wait, and what it
+            // delivers then is handed straight back (below).
+            // Named dead meanwhile: the session is given up, with what the poll may hand out
+            // (the others wait for this replica's report before they hand its keys to anyone).
+            let named_dead = self.named_dead.clone();
+            let answered = tokio::select! {
+                answered = tokio::time::timeout_at(lost_at, self.call(free, wait)) => answered,
+                () = named_dead.cancelled() => return Err(found_dead()),
+            };
+            let (requests, held) = match answered {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(status)) => return Err(status),
+                Err(_) => return Err(not_renewed()),
+            };
+            let delivered = self.fence.renewed(sent, held);
+            round_trip = sent.elapsed().saturating_sub(held);
             if free == 0 {
-                // Saturated: renew without taking work; the dispatcher answers at once.
-                client
-                    .ack(AckRequest {
-                        session_id: session_id.clone(),
-                        acks: Vec::new(),
-                        ended_sessions: Vec::new(),
-                    })
-                    .await?;
-                Ok((Vec::new(), Duration::ZERO))
-            } else {
-                let response = client
-                    .poll(PollRequest {
-                        session_id: session_id.clone(),
-                        max_items: u32::try_from(free).unwrap_or(u32::MAX),
-                        wait: prost_types::Duration::try_from(wait).ok(),
-                        acks: Vec::new(),
-                        max_bytes: MAX_ANSWER_BYTES,
-                        ended_sessions: shared.endings.reports(),
-                    })
-                    .await?
-                    .into_inner();
-                shared
-                    .endings
-                    .named_dead(&dispatcher_id, &response.dead_dispatchers);
-                let held = response
-                    .held
-                    .and_then(|d| Duration::try_from(d).ok())
-                    .unwrap_or_default();
-                Ok::<_, tonic::Status>((response.requests, held))
+                // Wait for a free slot, no longer than leaves time to renew before the fence.
+                let wait = self.fence.wait_at(Instant::now(), round_trip);
+                tokio::select! {
+                    _ = tokio::time::timeout(wait, shared.permits.acquire()) => {}
+                    () = stop.cancelled() => {}
+                }
+                continue;
             }
-        };
-        // Not dropped when the session is told to stop: a poll the dispatcher has answered
-        // carries deliveries it counts as in flight here, and an answer that never arrives
-        // leaves them there until the session would have expired (a ttl: seconds in which
-        // nobody reconciles those keys). The poll is answered within its wait, and what it
-        // delivers then is handed straight back (below).
-        // Named dead meanwhile: the session is given up, with what the poll may hand out (the
-        // others wait for this replica's report before they hand its keys to anyone).
-        let answered = tokio::select! {
-            answered = tokio::time::timeout_at(lost_at, call) => answered,
-            () = named_dead.cancelled() => break Err(found_dead()),
-        };
-        let (requests, held) = match answered {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(status)) => break Err(status),
-            Err(_) => break Err(not_renewed()),
-        };
-        let delivered = fence.renewed(sent, held);
-        round_trip = sent.elapsed().saturating_sub(held);
+            if stop.is_cancelled() {
+                // Stopping: not run here. Requeued, they go to another replica once this
+                // session closes (its running reconciles end first), not when it would have
+                // expired.
+                for request in &requests {
+                    let _ = self.ack_tx.send(not_run_here(request));
+                }
+                return Ok(());
+            }
+            self.spawn_reconciles(requests, delivered);
+            while self.tasks.try_join_next().is_some() {}
+        }
+    }
+
+    /// One call that renews the session: a poll for at most `free` deliveries, waiting up to
+    /// `wait`, or with no slot free an empty ack, which the dispatcher answers at once.
+    /// Returns the deliveries and how long the dispatcher held the poll.
+    async fn call(
+        &mut self,
+        free: usize,
+        wait: Duration,
+    ) -> Result<(Vec<ReconcileRequest>, Duration), tonic::Status> {
         if free == 0 {
-            // Wait for a free slot, no longer than leaves time to renew before the fence.
-            let wait = fence.wait_at(Instant::now(), round_trip);
-            tokio::select! {
-                _ = tokio::time::timeout(wait, shared.permits.acquire()) => {}
-                () = stop.cancelled() => {}
-            }
-            continue;
+            self.client
+                .ack(AckRequest {
+                    session_id: self.session_id.clone(),
+                    acks: Vec::new(),
+                    ended_sessions: Vec::new(),
+                })
+                .await?;
+            return Ok((Vec::new(), Duration::ZERO));
         }
-        if stop.is_cancelled() {
-            // Stopping: not run here. Requeued, they go to another replica once this session
-            // closes (its running reconciles end first), not when it would have expired.
-            for request in &requests {
-                let _ = ack_tx.send(not_run_here(request));
-            }
-            break Ok(());
-        }
-        let deadline = fence.reconcile_deadline(delivered);
-        let limit = fence.reconcile_limit();
+        let response = self
+            .client
+            .poll(PollRequest {
+                session_id: self.session_id.clone(),
+                max_items: u32::try_from(free).unwrap_or(u32::MAX),
+                wait: prost_types::Duration::try_from(wait).ok(),
+                acks: Vec::new(),
+                max_bytes: MAX_ANSWER_BYTES,
+                ended_sessions: self.shared.endings.reports(),
+            })
+            .await?
+            .into_inner();
+        self.shared
+            .endings
+            .named_dead(&self.dispatcher_id, &response.dead_dispatchers);
+        let held = response
+            .held
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default();
+        Ok((response.requests, held))
+    }
+
+    /// Hands each of `requests`, delivered at `delivered`, to a task of its own, within the
+    /// reconcile deadline the fence gives it.
+    fn spawn_reconciles(&mut self, requests: Vec<ReconcileRequest>, delivered: Instant) {
+        let deadline = self.fence.reconcile_deadline(delivered);
+        let limit = self.fence.reconcile_limit();
         let arrived = Instant::now();
         for request in requests {
             let reason = Reason::try_from(request.reason).unwrap_or(Reason::Unspecified);
-            shared.metrics.delivered(reason);
+            self.shared.metrics.delivered(reason);
             // Slots are taken here, before the next poll counts them; a delivery finds none
             // only if another session took them since this poll counted, and then waits in its
             // task.
-            let permit = shared.permits.clone().try_acquire_owned().ok();
-            let (shared, ack_tx, lost) = (shared.clone(), ack_tx.clone(), lost.clone());
+            let permit = self.shared.permits.clone().try_acquire_owned().ok();
+            let (shared, ack_tx, lost) =
+                (self.shared.clone(), self.ack_tx.clone(), self.lost.clone());
             let span = info_span!(
                 "reconcile",
                 key = %request.key,
                 resource_version = %request.resource_version,
                 ?reason,
                 attempt = request.attempt,
-                dispatcher = %address,
+                dispatcher = %self.address,
             );
             // A child of the dispatcher's span for the change, when both export traces.
             kube_dispatch_runtime::logging::set_parent(&span, &request.traceparent);
-            tasks.spawn(
+            self.tasks.spawn(
                 async move {
                     if let Some(ack) =
                         reconcile_one(&shared, request, permit, arrived, deadline, limit, &lost)
@@ -236,45 +322,46 @@ pub(super) async fn session<T: Types>(
                 .instrument(span),
             );
         }
-        while tasks.try_join_next().is_some() {}
-    };
-    let result = match result {
-        // Graceful: let running reconciles finish within their deadlines while renewing the
-        // session, so the dispatcher hands their keys to no one else meanwhile.
-        Ok(()) => drain(&client, &session_id, &mut fence, &mut tasks, &named_dead).await,
-        Err(status) => Err(status),
-    };
-    match result {
-        Ok(()) => {
-            // Every reconcile has ended: the session may be reported ended. Send their acks, and
-            // close the session so the dispatcher hands this replica's keys to others at once.
+    }
+
+    /// Ends the session as `result` says. Drained: every reconcile has ended, so the session
+    /// is reported ended, its acks sent, and it is closed so the dispatcher hands this
+    /// replica's keys to others at once. Lost: whatever it handed out may now go to another
+    /// replica, so every reconcile is cancelled and awaited before anything else.
+    async fn finish(
+        mut self,
+        result: Result<(), tonic::Status>,
+        acker: JoinHandle<()>,
+        reporter: JoinHandle<()>,
+    ) -> Result<(), Lost> {
+        let Err(status) = result else {
             reporter.abort();
-            shared.endings.ended(&dispatcher_id, &session_id);
-            drop(ack_tx);
+            self.shared
+                .endings
+                .ended(&self.dispatcher_id, &self.session_id);
+            drop(self.ack_tx);
             let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
             // Bounded: a dispatcher that stopped answering must not hold the stop; the session
             // then expires there by itself.
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                client.close_session(CloseSessionRequest {
-                    session_id: session_id.clone(),
+                self.client.close_session(CloseSessionRequest {
+                    session_id: self.session_id.clone(),
                 }),
             )
             .await;
-            info!(dispatcher = %address, session = %session_id, "session closed");
-            Ok(())
-        }
-        Err(status) => {
-            // Lost: whatever this session handed us may now go to another replica. Cancel it,
-            // and wait until every reconcile has stopped before anything else.
-            lost.cancel();
-            tasks.shutdown().await;
-            acker.abort();
-            reporter.abort();
-            // Only now may the session be reported ended.
-            shared.endings.ended(&dispatcher_id, &session_id);
-            Err(Lost::Ended(status))
-        }
+            info!(dispatcher = %self.address, session = %self.session_id, "session closed");
+            return Ok(());
+        };
+        self.lost.cancel();
+        self.tasks.shutdown().await;
+        acker.abort();
+        reporter.abort();
+        // Only now may the session be reported ended.
+        self.shared
+            .endings
+            .ended(&self.dispatcher_id, &self.session_id);
+        Err(Lost::Ended(status))
     }
 }
 
