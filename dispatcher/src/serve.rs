@@ -21,6 +21,7 @@ use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer, bounds::Connectio
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
+use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
 use tracing::{info, warn};
 
 use crate::{
@@ -88,49 +89,12 @@ pub async fn serve(
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), ServeError> {
     let identity = config.settings.identity.clone();
-    let initial = match &config.membership {
-        Membership::Fixed(members) => {
-            if !members.contains(&identity) {
-                return Err(ServeError::NotAMember {
-                    id: identity,
-                    members: members.clone(),
-                });
-            }
-            Slice::fixed(&identity, Ring::with_key(members.clone(), config.ring_key))
-        }
-        // Nothing is served until the Leases have been read and the handover gate opens.
-        Membership::Leases(_) => Slice::fixed(
-            &identity,
-            Ring::with_key([identity.clone()], config.ring_key),
-        )
-        .closed(),
-    };
+    let initial = initial_slice(&config, &identity)?;
     let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
     let (released_tx, released_rx) = watch::channel(None);
     // Stops the groups and the watches, after the drain.
     let stop = CancellationToken::new();
-    let watches = Watches::new(
-        client.clone(),
-        slice_rx.clone(),
-        config.watch_grace,
-        config.list_mode,
-        stop.child_token(),
-    );
-    // Keys move only when the ring comes from Leases.
-    let recent_deletions = match &config.membership {
-        Membership::Fixed(_) => RecentDeletionsConfig::NONE,
-        Membership::Leases(lease) => RecentDeletionsConfig {
-            window: lease.transit_window(),
-            capacity: config.settings.max_recent_deletions,
-        },
-    };
-    let guard = Arc::new(
-        Guard::new(&config.security, &client)
-            .await
-            .map_err(ServeError::OwnIdentity)?,
-    );
-    kube_dispatch_runtime::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
-    guard.authentication().warn_if_anonymous("dispatcher");
+    let guard = guard(&config, &client).await?;
     let local = listener.local_addr().ok();
     let refusals = config.metrics.refusals();
     let incoming = kube_dispatch_runtime::tls::incoming(
@@ -139,86 +103,35 @@ pub async fn serve(
         Connections::new(config.server, refusals.clone()),
     )?;
     let resolver = Resolver::new(client.clone());
-    // Sessions are listed on the Lease before they are handed keys; with a fixed ring there is
-    // no Lease, and no member that dies.
-    let lease_sessions = Arc::new(match &config.membership {
-        Membership::Fixed(_) => LeaseSessions::unlimited(),
-        Membership::Leases(lease) => LeaseSessions::new(lease.handover_bound),
-    });
-    let groups = GroupTable::new(
-        config.settings.clone(),
-        watches,
-        slice_rx.clone(),
-        recent_deletions,
-        released_tx,
-        lease_sessions.clone(),
-        stop.child_token(),
-    );
-    config
-        .metrics
-        .register_collector(GroupTableCollector::new(&groups));
-    tokio::spawn(housekeeping::run(groups.clone()));
+    let (groups, lease_sessions) =
+        group_table(&config, &client, slice_rx.clone(), released_tx, &stop);
     let members_stop = CancellationToken::new();
     let clean = Arc::new(AtomicBool::new(false));
     // However serve() ends (an error included), the groups, the watches and the membership task
     // stop with it; the Lease is then left to expire unless the drain found nothing in flight.
     let _stop_on_exit = (stop.clone().drop_guard(), members_stop.clone().drop_guard());
-    let membership_task = match config.membership.clone() {
-        Membership::Fixed(_) => {
-            drop(slice_tx);
-            None
-        }
-        Membership::Leases(lease) => Some(tokio::spawn(membership::run(
-            client,
-            lease,
-            config.ring_key,
-            slice_tx,
-            released_rx,
-            lease_sessions,
-            members_stop.clone(),
-            clean.clone(),
-        ))),
-    };
+    let membership_task = start_membership(
+        &config,
+        client,
+        (slice_tx, released_rx),
+        lease_sessions,
+        members_stop.clone(),
+        clean.clone(),
+    );
 
-    // grpc.health.v1: `kubedispatch.v1.Dispatcher` is SERVING until the drain (liveness);
-    // the overall status "" is SERVING only while every key this dispatcher owns is served, so
-    // a rolling update waits for each pod's handover before it moves on (readiness).
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<DispatcherServer<DispatcherService>>()
-        .await;
     // The drain begins on shutdown, or earlier when asked through the operator API.
     let leave = shutdown.child_token();
     let (drain_state, drain_rx) = watch::channel(DrainState::Serving);
-    let ring_metrics = RingMetrics::new(&config.metrics);
-    tokio::spawn(report_handover(
-        slice_rx.clone(),
-        health.clone(),
-        config.readiness.clone(),
-        ring_metrics,
-        leave.clone(),
-    ));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let dispatcher = DispatcherServer::new(DispatcherService::new(
-        groups.clone(),
-        resolver,
-        guard.clone(),
-    ))
-    .max_decoding_message_size(config.max_message_bytes);
-    let peer = PeerServer::new(PeerService::new(groups.clone(), guard.clone()))
-        .max_decoding_message_size(config.max_message_bytes);
-    let operator = OperatorServer::new(OperatorService::new(
-        groups.clone(),
-        guard.clone(),
+    let (health, health_service) = health(&config, slice_rx.clone(), &leave).await;
+    let (reflection, dispatcher, peer, operator) = services(
+        &config,
+        (&groups, resolver, &guard),
         DrainHandle {
             start: leave.clone(),
             state: drain_rx.clone(),
             leases: matches!(config.membership, Membership::Leases(_)),
         },
-    ));
+    )?;
 
     info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
     if let Some(started) = started {
@@ -229,72 +142,20 @@ pub async fn serve(
     }
 
     let timeout = config.drain_timeout;
-    let leave = {
-        let (groups, health, readiness, leave, stop) = (
-            groups.clone(),
-            health.clone(),
-            config.readiness.clone(),
-            leave.clone(),
-            stop.clone(),
-        );
-        async move {
-            tokio::select! {
-                () = leave.cancelled() => {}
-                // serve() ended before any drain (an error): nothing to hand over.
-                () = stop.cancelled() => return,
-            }
-            let began = tokio::time::Instant::now();
-            drain_state.send_replace(DrainState::Draining);
-            info!("draining: health NOT_SERVING, handing out nothing more");
-            readiness.not_ready("draining");
-            health
-                .set_not_serving::<DispatcherServer<DispatcherService>>()
-                .await;
-            health
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
-            groups.begin_drain();
-            let deadline = tokio::time::Instant::now() + timeout;
-            let mut left = groups.in_flight();
-            while left > 0 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                left = groups.in_flight();
-            }
-            if left == 0 {
-                info!("drained: no reconcile in flight");
-            } else {
-                warn!(
-                    in_flight = left,
-                    ?timeout,
-                    "drain timed out with reconciles in flight"
-                );
-            }
-            clean.store(left == 0, Ordering::Release);
-            members_stop.cancel();
-            if let Some(task) = membership_task {
-                let _ = task.await;
-            }
-            groups.close_all();
-            stop.cancel();
-            info!(took = ?began.elapsed(), "drained: out of the ring, serving nothing");
-            drain_state.send_replace(DrainState::Drained(Drained {
-                in_flight_left: left,
-                took: began.elapsed(),
-            }));
+    tokio::spawn(
+        Drain {
+            groups: groups.clone(),
+            health: health.clone(),
+            readiness: config.readiness.clone(),
+            state: drain_state,
+            timeout,
+            clean,
+            members_stop,
+            membership_task,
         }
-    };
-    tokio::spawn(leave);
-    // The server stops once shut down and drained (a drain asked through the operator API
-    // leaves it serving the operator API and health until then).
-    let drained = {
-        let (shutdown, mut state) = (shutdown.clone(), drain_rx.clone());
-        async move {
-            shutdown.cancelled().await;
-            let _ = state
-                .wait_for(|s| matches!(s, DrainState::Drained(_)))
-                .await;
-        }
-    };
+        .run(leave.clone(), stop.clone()),
+    );
+    let drained = drained(shutdown.clone(), drain_rx.clone());
     // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
     // `incoming` sets TCP_NODELAY (without it every long-poll response stalled about 40 ms on
     // loopback).
@@ -315,8 +176,87 @@ pub async fn serve(
         .add_service(peer)
         .add_service(operator)
         .serve_with_incoming_shutdown(incoming, drained);
-    // The drain takes up to its timeout, the Lease release a request: allow some slack before
-    // giving up on calls that are still open.
+    until_stopped(server, &shutdown, timeout).await?;
+    stop.cancel();
+    info!("dispatcher stopped");
+    Ok(())
+}
+
+/// grpc.health.v1: `kubedispatch.v1.Dispatcher` is SERVING until the drain (liveness); the
+/// overall status "" is SERVING only while every key this dispatcher owns is served, so a
+/// rolling update waits for each pod's handover before it moves on (readiness). Kept in step
+/// with the handover, with the ring metrics, until `leave` (the drain then owns them).
+async fn health(
+    config: &ServeConfig,
+    slice: watch::Receiver<Arc<Slice>>,
+    leave: &CancellationToken,
+) -> (
+    tonic_health::server::HealthReporter,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+) {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<DispatcherServer<DispatcherService>>()
+        .await;
+    tokio::spawn(report_handover(
+        slice,
+        health.clone(),
+        config.readiness.clone(),
+        RingMetrics::new(&config.metrics),
+        leave.clone(),
+    ));
+    (health, health_service)
+}
+
+/// Who may do what ([`Guard`]), with a warning where the settings say nobody is checked.
+async fn guard(config: &ServeConfig, client: &Client) -> Result<Arc<Guard>, ServeError> {
+    let guard = Guard::new(&config.security, client)
+        .await
+        .map_err(ServeError::OwnIdentity)?;
+    kube_dispatch_runtime::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
+    guard.authentication().warn_if_anonymous("dispatcher");
+    Ok(Arc::new(guard))
+}
+
+/// The dispatcher's gRPC services: reflection, and controllers' (`Dispatcher`), peers'
+/// (`Peer`) and operators' (`Operator`, which can start the drain through `drain`).
+#[allow(clippy::type_complexity)]
+fn services(
+    config: &ServeConfig,
+    (groups, resolver, guard): (&Arc<GroupTable>, Resolver, &Arc<Guard>),
+    drain: DrainHandle,
+) -> Result<
+    (
+        ServerReflectionServer<impl ServerReflection>,
+        DispatcherServer<DispatcherService>,
+        PeerServer<PeerService>,
+        OperatorServer<OperatorService>,
+    ),
+    ServeError,
+> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let dispatcher = DispatcherServer::new(DispatcherService::new(
+        groups.clone(),
+        resolver,
+        guard.clone(),
+    ))
+    .max_decoding_message_size(config.max_message_bytes);
+    let peer = PeerServer::new(PeerService::new(groups.clone(), guard.clone()))
+        .max_decoding_message_size(config.max_message_bytes);
+    let operator = OperatorServer::new(OperatorService::new(groups.clone(), guard.clone(), drain));
+    Ok((reflection, dispatcher, peer, operator))
+}
+
+/// Runs `server` until it stops; after `shutdown`, gives up on calls still open once the
+/// drain's `timeout` and some slack (the Lease release is a request) have passed.
+async fn until_stopped(
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    shutdown: &CancellationToken,
+    timeout: Duration,
+) -> Result<(), ServeError> {
     let slack = Duration::from_secs(5);
     tokio::select! {
         result = server => result?,
@@ -327,9 +267,182 @@ pub async fn serve(
             info!(?timeout, "drain timed out; stopping with calls still open");
         }
     }
-    stop.cancel();
-    info!("dispatcher stopped");
     Ok(())
+}
+
+/// The slice a dispatcher starts with: its place on a fixed ring (it must be a member), or,
+/// with Leases, nothing served until the Leases have been read and the handover gate opens.
+fn initial_slice(config: &ServeConfig, identity: &str) -> Result<Slice, ServeError> {
+    Ok(match &config.membership {
+        Membership::Fixed(members) => {
+            if !members.iter().any(|m| m == identity) {
+                return Err(ServeError::NotAMember {
+                    id: identity.to_owned(),
+                    members: members.clone(),
+                });
+            }
+            Slice::fixed(identity, Ring::with_key(members.clone(), config.ring_key))
+        }
+        Membership::Leases(_) => Slice::fixed(
+            identity,
+            Ring::with_key([identity.to_owned()], config.ring_key),
+        )
+        .closed(),
+    })
+}
+
+/// The group table and the sessions its Lease lists, with its metrics and housekeeping
+/// started: its watches stop with `stop`.
+fn group_table(
+    config: &ServeConfig,
+    client: &Client,
+    slice: watch::Receiver<Arc<Slice>>,
+    released: watch::Sender<Option<String>>,
+    stop: &CancellationToken,
+) -> (Arc<GroupTable>, Arc<LeaseSessions>) {
+    let watches = Watches::new(
+        client.clone(),
+        slice.clone(),
+        config.watch_grace,
+        config.list_mode,
+        stop.child_token(),
+    );
+    // Keys move only when the ring comes from Leases.
+    let recent_deletions = match &config.membership {
+        Membership::Fixed(_) => RecentDeletionsConfig::NONE,
+        Membership::Leases(lease) => RecentDeletionsConfig {
+            window: lease.transit_window(),
+            capacity: config.settings.max_recent_deletions,
+        },
+    };
+    // Sessions are listed on the Lease before they are handed keys; with a fixed ring there is
+    // no Lease, and no member that dies.
+    let lease_sessions = Arc::new(match &config.membership {
+        Membership::Fixed(_) => LeaseSessions::unlimited(),
+        Membership::Leases(lease) => LeaseSessions::new(lease.handover_bound),
+    });
+    let groups = GroupTable::new(
+        config.settings.clone(),
+        watches,
+        slice,
+        recent_deletions,
+        released,
+        lease_sessions.clone(),
+        stop.child_token(),
+    );
+    config
+        .metrics
+        .register_collector(GroupTableCollector::new(&groups));
+    tokio::spawn(housekeeping::run(groups.clone()));
+    (groups, lease_sessions)
+}
+
+/// Starts the membership loop when the ring comes from Leases ([`membership::run`]); with a
+/// fixed ring the slice never changes, and there is no task.
+fn start_membership(
+    config: &ServeConfig,
+    client: Client,
+    (slice, released): (watch::Sender<Arc<Slice>>, watch::Receiver<Option<String>>),
+    lease_sessions: Arc<LeaseSessions>,
+    stop: CancellationToken,
+    clean: Arc<AtomicBool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match config.membership.clone() {
+        Membership::Fixed(_) => None,
+        Membership::Leases(lease) => Some(tokio::spawn(membership::run(
+            client,
+            lease,
+            config.ring_key,
+            slice,
+            released,
+            lease_sessions,
+            stop,
+            clean,
+        ))),
+    }
+}
+
+/// Resolves once shut down and drained: the server stops then (a drain asked through the
+/// operator API leaves it serving the operator API and health until then).
+async fn drained(shutdown: CancellationToken, mut state: watch::Receiver<DrainState>) {
+    shutdown.cancelled().await;
+    let _ = state
+        .wait_for(|s| matches!(s, DrainState::Drained(_)))
+        .await;
+}
+
+/// The drain, once asked for (on shutdown, or through the operator API).
+struct Drain {
+    groups: Arc<GroupTable>,
+    health: tonic_health::server::HealthReporter,
+    readiness: Readiness,
+    state: watch::Sender<DrainState>,
+    timeout: Duration,
+    /// Set when nothing was left in flight: the membership task then releases the Lease.
+    clean: Arc<AtomicBool>,
+    members_stop: CancellationToken,
+    membership_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drain {
+    /// Waits for `leave`, then drains: health NOT_SERVING, nothing more handed out, up to the
+    /// timeout for reconciles in flight, the membership task stopped (releasing the Lease only
+    /// if none is left), every session closed, and `stop` for the groups and watches. Returns
+    /// at once if `stop` comes first (serve() ended before any drain: nothing to hand over).
+    async fn run(self, leave: CancellationToken, stop: CancellationToken) {
+        let Drain {
+            groups,
+            health,
+            readiness,
+            state,
+            timeout,
+            clean,
+            members_stop,
+            membership_task,
+        } = self;
+        tokio::select! {
+            () = leave.cancelled() => {}
+            () = stop.cancelled() => return,
+        }
+        let began = tokio::time::Instant::now();
+        state.send_replace(DrainState::Draining);
+        info!("draining: health NOT_SERVING, handing out nothing more");
+        readiness.not_ready("draining");
+        health
+            .set_not_serving::<DispatcherServer<DispatcherService>>()
+            .await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        groups.begin_drain();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut left = groups.in_flight();
+        while left > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            left = groups.in_flight();
+        }
+        if left == 0 {
+            info!("drained: no reconcile in flight");
+        } else {
+            warn!(
+                in_flight = left,
+                ?timeout,
+                "drain timed out with reconciles in flight"
+            );
+        }
+        clean.store(left == 0, Ordering::Release);
+        members_stop.cancel();
+        if let Some(task) = membership_task {
+            let _ = task.await;
+        }
+        groups.close_all();
+        stop.cancel();
+        info!(took = ?began.elapsed(), "drained: out of the ring, serving nothing");
+        state.send_replace(DrainState::Drained(Drained {
+            in_flight_left: left,
+            took: began.elapsed(),
+        }));
+    }
 }
 
 /// Keeps the overall health status, the admin endpoint's readiness and the ring metrics in
