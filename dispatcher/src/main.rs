@@ -281,10 +281,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let limit_flags = LimitFlags::of(&args);
+    args.validate()?;
+    let identity = args
+        .id
+        .clone()
+        .or_else(|| args.pod_name.clone())
+        .context("no identity: set --id (KD_DISPATCHER_ID) or POD_NAME")?;
+    let settings = args.settings(identity.clone())?;
     let Args {
-        id,
-        pod_name,
         members,
         lease_namespace,
         pod_namespace,
@@ -296,20 +300,13 @@ async fn main() -> anyhow::Result<()> {
         advertise_address,
         pod_ip,
         kubeconfig,
-        resync_interval,
         session_ttl,
         max_session_ttl,
-        max_poll_wait,
-        backoff_base,
-        backoff_cap,
         max_reconcile_time,
         max_message_bytes,
         watch_grace,
         list_mode,
         ring_key,
-        idle_group_grace,
-        max_recent_deletions,
-        status_interval,
         drain_timeout,
         log_json,
         otlp_endpoint,
@@ -326,49 +323,15 @@ async fn main() -> anyhow::Result<()> {
         "kube-dispatch-dispatcher",
     )?;
 
-    let identity = id
-        .or(pod_name)
-        .context("no identity: set --id (KD_DISPATCHER_ID) or POD_NAME")?;
-    for (name, d) in [
-        ("--session-ttl", session_ttl),
-        ("--max-session-ttl", max_session_ttl),
-        ("--max-poll-wait", max_poll_wait),
-        ("--backoff-base", backoff_base),
-        ("--backoff-cap", backoff_cap),
-        ("--max-reconcile-time", max_reconcile_time),
-        ("--lease-duration", lease_duration),
-        ("--lease-renew-period", lease_renew_period),
-    ] {
-        anyhow::ensure!(!d.is_zero(), "{name} must be greater than zero");
-    }
-    anyhow::ensure!(
-        max_poll_wait < session_ttl,
-        "--max-poll-wait ({max_poll_wait:?}) must be shorter than --session-ttl ({session_ttl:?}), or idle sessions expire while polling"
-    );
-    anyhow::ensure!(
-        lease_renew_period < lease_duration,
-        "--lease-renew-period ({lease_renew_period:?}) must be shorter than --lease-duration ({lease_duration:?})"
-    );
-    anyhow::ensure!(
-        backoff_base <= backoff_cap,
-        "--backoff-base must not exceed --backoff-cap"
-    );
-
-    let group_owners = security.group_owners()?;
-    let security = SecurityConfig {
-        transport: security.transport()?,
-        authentication: security.authentication()?,
-        authorization: security.authorization(authorization_recheck)?,
-        peer_credentials: calls.credentials(&security)?,
-        peer_users: (!peer_users.is_empty()).then_some(peer_users),
-    };
+    let security = security_config(security, calls, peer_users, authorization_recheck)?;
     let client = client::from_kubeconfig(kubeconfig.as_deref()).await?;
-    let max_ttl = max_session_ttl.max(session_ttl);
-    let membership = if members.is_empty() {
-        Membership::Leases(LeaseConfig {
-            namespace: lease_namespace
-                .or(pod_namespace)
-                .unwrap_or_else(|| client.default_namespace().to_owned()),
+    let membership = membership(
+        members,
+        lease_namespace
+            .or(pod_namespace)
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        LeaseConfig {
+            namespace: String::new(),
             identity: identity.clone(),
             address: advertise_address.unwrap_or_else(|| match pod_ip {
                 Some(ip) => std::net::SocketAddr::new(ip, listen.port()).to_string(),
@@ -379,38 +342,13 @@ async fn main() -> anyhow::Result<()> {
             grace: lease_grace,
             // A replica cancels what it holds from a session it could not renew within 3/4 of
             // the ttl, and any reconcile at 90 % of the maximum reconcile time.
-            handover_bound: max_ttl.max(max_reconcile_time),
-        })
-    } else {
-        Membership::Fixed(members)
-    };
+            handover_bound: max_session_ttl.max(session_ttl).max(max_reconcile_time),
+        },
+    );
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    let settings = Settings {
-        identity,
-        limits: limits(&limit_flags),
-        queue: queue_config(&limit_flags),
-        bodies: BodyPool::new(args.max_body_bytes),
-        memos: BodyPool::new(args.max_memo_bytes),
-        resync_interval,
-        idle_group_grace,
-        status_interval,
-        max_recent_deletions,
-        group_owners,
-    };
-    let admin = tokio::net::TcpListener::bind(admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on {admin_listen} (--admin-listen)"))?;
-    let readiness = Readiness::new("starting");
-    let admin_stop = CancellationToken::new();
-    let registry = metrics::Metrics::default();
-    tokio::spawn(admin::serve(
-        admin,
-        readiness.clone(),
-        registry.clone(),
-        admin_stop.clone(),
-    ));
+    let (readiness, registry, admin_stop) = start_admin(admin_listen).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signal::cancel_on_signal(shutdown.clone()));
     let served = serve(
@@ -437,6 +375,104 @@ async fn main() -> anyhow::Result<()> {
     admin_stop.cancel();
     served?;
     Ok(())
+}
+
+/// Who may call, and how this dispatcher calls its peers.
+fn security_config(
+    security: SecurityFlags,
+    calls: CallFlags,
+    peer_users: Vec<String>,
+    authorization_recheck: Duration,
+) -> anyhow::Result<SecurityConfig> {
+    Ok(SecurityConfig {
+        transport: security.transport()?,
+        authentication: security.authentication()?,
+        authorization: security.authorization(authorization_recheck)?,
+        peer_credentials: calls.credentials(&security)?,
+        peer_users: (!peer_users.is_empty()).then_some(peer_users),
+    })
+}
+
+/// Serves the admin endpoint (probes and metrics) on `address` until the token returned is
+/// cancelled: liveness holds until the drain is over.
+async fn start_admin(
+    address: std::net::SocketAddr,
+) -> anyhow::Result<(Readiness, metrics::Metrics, CancellationToken)> {
+    let admin = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address} (--admin-listen)"))?;
+    let readiness = Readiness::new("starting");
+    let stop = CancellationToken::new();
+    let registry = metrics::Metrics::default();
+    tokio::spawn(admin::serve(
+        admin,
+        readiness.clone(),
+        registry.clone(),
+        stop.clone(),
+    ));
+    Ok((readiness, registry, stop))
+}
+
+impl Args {
+    /// The group table's settings for the dispatcher `identity`.
+    fn settings(&self, identity: String) -> anyhow::Result<Settings> {
+        let limit_flags = LimitFlags::of(self);
+        Ok(Settings {
+            identity,
+            limits: limits(&limit_flags),
+            queue: queue_config(&limit_flags),
+            bodies: BodyPool::new(self.max_body_bytes),
+            memos: BodyPool::new(self.max_memo_bytes),
+            resync_interval: self.resync_interval,
+            idle_group_grace: self.idle_group_grace,
+            status_interval: self.status_interval,
+            max_recent_deletions: self.max_recent_deletions,
+            group_owners: self.security.group_owners()?,
+        })
+    }
+
+    /// Refuses durations that cannot work together, with the flag to change.
+    fn validate(&self) -> anyhow::Result<()> {
+        for (name, d) in [
+            ("--session-ttl", self.session_ttl),
+            ("--max-session-ttl", self.max_session_ttl),
+            ("--max-poll-wait", self.max_poll_wait),
+            ("--backoff-base", self.backoff_base),
+            ("--backoff-cap", self.backoff_cap),
+            ("--max-reconcile-time", self.max_reconcile_time),
+            ("--lease-duration", self.lease_duration),
+            ("--lease-renew-period", self.lease_renew_period),
+        ] {
+            anyhow::ensure!(!d.is_zero(), "{name} must be greater than zero");
+        }
+        anyhow::ensure!(
+            self.max_poll_wait < self.session_ttl,
+            "--max-poll-wait ({:?}) must be shorter than --session-ttl ({:?}), or idle sessions expire while polling",
+            self.max_poll_wait,
+            self.session_ttl
+        );
+        anyhow::ensure!(
+            self.lease_renew_period < self.lease_duration,
+            "--lease-renew-period ({:?}) must be shorter than --lease-duration ({:?})",
+            self.lease_renew_period,
+            self.lease_duration
+        );
+        anyhow::ensure!(
+            self.backoff_base <= self.backoff_cap,
+            "--backoff-base must not exceed --backoff-cap"
+        );
+        Ok(())
+    }
+}
+
+/// The ring's membership: the fixed `members`, or, with none, the Leases in `namespace`
+/// (`lease`'s own namespace is set from it).
+fn membership(members: Vec<String>, namespace: String, lease: LeaseConfig) -> Membership {
+    if members.is_empty() {
+        Membership::Leases(LeaseConfig { namespace, ..lease })
+    } else {
+        Membership::Fixed(members)
+    }
 }
 
 /// The flags that set the client limits and the queue.
