@@ -12,7 +12,7 @@ mod markdown;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -29,7 +29,7 @@ use harness::{
 };
 use kube_dispatch_bench::now_micros;
 use kube_dispatch_tests::Cluster;
-use markdown::{build_profile, machine, own_dir, results_section};
+use markdown::{own_dir, produced, results_section};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -266,15 +266,16 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         .await?;
     let table = harness::ceiling::table(&steps);
     println!("\n{table}");
-    let section = format!(
-        "Produced by `{}` on {} ({objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+    let section = produced(
         args.output.command("make bench-ceiling"),
-        humantime::format_rfc3339_seconds(SystemTime::now()),
-        args.object_bytes,
-        humantime::format_duration(args.window),
-        harness::ceiling::WRITERS,
-        machine(),
-        build_profile(&args.processes.bin_dir()),
+        &format!(
+            "{objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off",
+            args.object_bytes,
+            humantime::format_duration(args.window),
+            harness::ceiling::WRITERS,
+        ),
+        &args.processes.bin_dir(),
+        &table,
     );
     args.output.write(
         "ceiling",
@@ -341,16 +342,17 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
     }
     let table = shards::table(&outcomes);
     println!("\n{table}");
-    let section = format!(
-        "Produced by `{}` on {} ({namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+    let section = produced(
         args.output.command("make bench-shards"),
-        humantime::format_rfc3339_seconds(SystemTime::now()),
-        args.object_bytes,
-        args.dispatchers,
-        args.writes,
-        humantime::format_duration(args.write_interval),
-        machine(),
-        build_profile(&args.processes.bin_dir()),
+        &format!(
+            "{namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off",
+            args.object_bytes,
+            args.dispatchers,
+            args.writes,
+            humantime::format_duration(args.write_interval),
+        ),
+        &args.processes.bin_dir(),
+        &table,
     );
     args.output.write(
         "shards",
@@ -374,14 +376,14 @@ async fn security(args: SecurityArgs) -> anyhow::Result<()> {
     .await?;
     let table = results.table();
     println!("\n{table}");
-    let section = format!(
-        "Produced by `{}` on {} (one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+    let section = produced(
         args.output.command("make bench-security"),
-        humantime::format_rfc3339_seconds(SystemTime::now()),
-        args.writes,
-        args.opens,
-        machine(),
-        build_profile(&own_dir()),
+        &format!(
+            "one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run",
+            args.writes, args.opens,
+        ),
+        &own_dir(),
+        &table,
     );
     args.output.write("security", &section, &results.figures())
 }
@@ -398,12 +400,11 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     .await?;
     let table = results.table();
     println!("\n{table}");
-    let section = format!(
-        "Produced by `{}` on {} (one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+    let section = produced(
         args.output.command("make bench-hostile"),
-        humantime::format_rfc3339_seconds(SystemTime::now()),
-        machine(),
-        build_profile(&args.processes.bin_dir()),
+        "one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback",
+        &args.processes.bin_dir(),
+        &table,
     );
     args.output.write("hostile", &section, &results)
 }
@@ -417,12 +418,11 @@ async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
     .await?;
     let table = results.table();
     println!("\n{table}");
-    let section = format!(
-        "Produced by `{}` on {} (one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+    let section = produced(
         args.output.command("make bench-metrics"),
-        humantime::format_rfc3339_seconds(SystemTime::now()),
-        machine(),
-        build_profile(&own_dir()),
+        "one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing",
+        &own_dir(),
+        &table,
     );
     args.output.write("metrics", &section, &results)
 }

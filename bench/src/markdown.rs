@@ -214,3 +214,14 @@ pub(crate) fn write_section(path: &Path, name: &str, section: &str) -> anyhow::R
     );
     std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
 }
+
+/// A section's text: `table` under a header that says which command produced it, when, with
+/// `what` (the run's shape), on which machine, with the binaries of `bin_dir`.
+pub(crate) fn produced(command: &str, what: &str, bin_dir: &Path, table: &str) -> String {
+    format!(
+        "Produced by `{command}` on {} ({what}).\n\n- Machine: {}\n- Binaries: {}\n\n{table}",
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        machine(),
+        build_profile(bin_dir),
+    )
+}
