@@ -31,13 +31,13 @@ test-matrix: ## The API-server-facing suites on the older Kubernetes minors (1.3
 .PHONY: chaos
 chaos: ## Long chaos run, then the fuzz targets: DURATION=seconds (600), SEED=n (the clock), FAULTS=kinds (all), FUZZ_SECONDS (60)
 	@tests/cluster/cluster.sh up >/dev/null
-	KD_CHAOS_SECONDS=$${DURATION:-600} KD_CHAOS_SEED=$${SEED:-} KD_CHAOS_FAULTS=$${FAULTS:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --exact long_chaos --nocapture
+	KD_CHAOS_SECONDS=$${DURATION:-600} KD_CHAOS_SEED=$${SEED:-} KD_CHAOS_FAULTS=$${FAULTS:-} $(CARGO) test --locked -p kube-dispatch-tests --test faults -- --ignored --exact chaos::long_chaos --nocapture
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: chaos-soak
 chaos-soak: ## The short chaos mode over many seeds, a line each and a total: SEEDS=n (10), SEED=first (the clock)
 	@tests/cluster/cluster.sh up >/dev/null
-	KD_CHAOS_SOAK_SEEDS=$${SEEDS:-10} KD_CHAOS_SEED=$${SEED:-} KD_CHAOS_FAULTS=$${FAULTS:-} $(CARGO) test --locked -p kube-dispatch-tests --test chaos -- --ignored --exact chaos_soak --nocapture
+	KD_CHAOS_SOAK_SEEDS=$${SEEDS:-10} KD_CHAOS_SEED=$${SEED:-} KD_CHAOS_FAULTS=$${FAULTS:-} $(CARGO) test --locked -p kube-dispatch-tests --test faults -- --ignored --exact chaos::chaos_soak --nocapture
 
 .PHONY: model
 model: ## Deep check of the protocol model (model/): ARGS passes flags (see --help), e.g. ARGS="--dispatchers 2 --max-states 20000000"

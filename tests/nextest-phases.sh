@@ -20,11 +20,11 @@ case ${1:-} in
 esac
 
 PATH="$(tests/nextest.sh):$PATH"
-alone='binary_id(kube-dispatch-tests::apiserver_restart) | binary_id(kube-dispatch-tests::dispatcher_restart)'
-alone+=' | binary_id(kube-dispatch-tests::fenced_dispatcher) | binary_id(kube-dispatch-tests::chaos)'
+# The faults group's modules but `apiserver` restart the shared API server or count its requests.
+alone='(binary_id(kube-dispatch-tests::faults) & not test(/^apiserver::/))'
 alone+=' | (package(kube-dispatch-bench) & kind(test))'
 model='package(kube-dispatch-model)'
-attacks='binary_id(kube-dispatch-tests::hostile) | binary_id(kube-dispatch-tests::hostile_tenants)'
+attacks='(binary_id(kube-dispatch-tests::security) & test(/^hostile(_tenants)?::/))'
 cargo nextest run --workspace --locked --no-tests=warn -E "not ($alone | $model | $attacks)"
 [[ -z $with_model ]] || cargo nextest run --workspace --locked --no-tests=fail -E "$model"
 cargo nextest run --workspace --locked --no-tests=fail -E "$attacks"

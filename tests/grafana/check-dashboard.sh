@@ -6,7 +6,7 @@
 #   2. every PromQL expression with Prometheus's own parser (promtool check rules), the
 #      dashboard's variables replaced by plain values;
 #   3. with KD_EXPORTED_METRICS_DIR set, every metric an expression names against what the
-#      tier's processes export: tests/tests/metrics.rs writes the names each process showed
+#      tier's processes export: tests/tests/operations/metrics/ writes the names each process showed
 #      (exported-metrics-<process>.txt in cargo's test scratch folder, target/tmp).
 # The npm packages are installed once into .cache/grafana-schema ($KD_CACHE_DIR moves .cache).
 set -euo pipefail

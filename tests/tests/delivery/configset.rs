@@ -5,7 +5,7 @@
 //! a real dispatcher, and on plain kube-rs (the baseline it is ported from and compared with).
 
 /// The controller as the SDK runs it.
-#[path = "../../controller-sdk/examples/configset"]
+#[path = "../../../controller-sdk/examples/configset"]
 mod sdk {
     pub(crate) use kube_dispatch_controller::Action;
     #[path = "controller.rs"]
@@ -14,7 +14,7 @@ mod sdk {
 
 /// The same controller, unchanged, as kube-rs runs it. Loading the file twice is the point:
 /// each copy returns its own crate's `Action`.
-#[path = "../../controller-sdk/examples/configset"]
+#[path = "../../../controller-sdk/examples/configset"]
 #[allow(clippy::duplicate_mod)]
 mod kube_rs {
     pub(crate) use kube::runtime::controller::Action;
@@ -320,7 +320,7 @@ async fn converges_and_heals(ns: &TestNamespace, running: Running) -> TestResult
 /// `KD_BLESS=1` rewrites it from the type instead of comparing.
 #[test]
 fn the_example_crd_file_matches_the_type() {
-    const HEADER: &str = "# The ConfigSet CRD, generated from ConfigSet::crd(); regenerate with\n# KD_BLESS=1 cargo test -p kube-dispatch-tests --test configset crd\n";
+    const HEADER: &str = "# The ConfigSet CRD, generated from ConfigSet::crd(); regenerate with\n# KD_BLESS=1 cargo test -p kube-dispatch-tests --test delivery the_example_crd\n";
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../controller-sdk/examples/configset/crd.yaml"

@@ -1,0 +1,232 @@
+//! Dispatchers join, leave, stall and die: keys are handed over without overlap or loss, and a
+//! dead member is waited out only as long as its sessions and Lease say.
+
+use super::support::*;
+
+/// Scale 3 to 5 to 2 dispatchers while objects are written continuously: nothing is reconciled
+/// twice at once, every final state is reconciled; then one more join with no writes: exactly
+/// the keys that moved to the new dispatcher are reconciled again.
+#[tokio::test]
+async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss() -> TestResult {
+    let ns = TestNamespace::create("scale").await?;
+    let journal = Journal::default();
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let mut ds = start_settled(ns.name(), 3, BOUND).await?;
+    // Reconciles take a while, so keys are in flight when the ring moves.
+    let work = Duration::from_millis(60);
+    let replicas = start_replicas(ns.name(), 2, &lb, &journal, work, TTL)?;
+    let (mut placement, _) = placed(&lb, 3, 2, Duration::from_secs(30)).await;
+
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let (writer, stop) = start_writing(&api, 120, Duration::from_millis(25), &journal).await?;
+
+    let mut moved = Vec::new();
+    let mut step = |ds: &BTreeMap<usize, TestDispatcher>, next: Placement, took: Duration| {
+        let (before, after) = (edges(&placement), edges(&next));
+        let changed = before.symmetric_difference(&after).count();
+        moved.push((ds.len(), changed, took));
+        placement = next;
+    };
+    for i in 3..5 {
+        journal
+            .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+            .await?;
+        ds.insert(i, start(ns.name(), i).await?);
+        let took = settled(&ds, Duration::from_secs(30)).await;
+        let (next, _) = placed(&lb, ds.len(), 2, Duration::from_secs(30)).await;
+        step(&ds, next, took);
+    }
+    for i in [4, 3, 2] {
+        journal
+            .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+            .await?;
+        if let Some(d) = ds.remove(&i) {
+            d.stop().await;
+        }
+        let took = settled(&ds, Duration::from_secs(30)).await;
+        let (next, _) = placed(&lb, ds.len(), 2, Duration::from_secs(30)).await;
+        step(&ds, next, took);
+    }
+    journal
+        .await_writes(journal.writes_len(), 40, Duration::from_secs(30))
+        .await?;
+    stop.cancel();
+    let writes = writer.await??;
+    let finals = Journal::finals(&api).await?;
+    let missing = journal
+        .await_reconciled(&finals, Duration::from_secs(30))
+        .await;
+    assert!(
+        missing.is_empty(),
+        "final states never reconciled: {missing:?}"
+    );
+    assert_no_overlap(&journal);
+    println!(
+        "{writes} writes of {} objects, {} reconciles ({:.2} per write)",
+        finals.len(),
+        journal.len(),
+        journal.len() as f64 / writes as f64
+    );
+    for (n, changed, took) in &moved {
+        println!(
+            "-> {n} dispatchers: handover settled in {took:?}, {changed} placement edges changed"
+        );
+    }
+
+    // A join with no writes: only the keys that move to dispatcher-2 are reconciled again.
+    let mark = journal.len();
+    ds.insert(2, start(ns.name(), 2).await?);
+    settled(&ds, Duration::from_secs(30)).await;
+    let ring = Ring::new((0..3).map(name));
+    let to_new: BTreeSet<String> = finals
+        .keys()
+        .filter(|key| {
+            let (namespace, object) = key.split_once('/').unwrap_or_default();
+            ring.owner(&RequestKey::new("", "ConfigMap", namespace, object)) == Some("dispatcher-2")
+        })
+        .cloned()
+        .collect();
+    assert!(!to_new.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        let again: BTreeSet<String> = journal.reconciles()[mark..]
+            .iter()
+            .map(|r| r.key.clone())
+            .collect();
+        if to_new.is_subset(&again) || Instant::now() >= deadline {
+            break again;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(again, to_new, "exactly the moved keys are resynced");
+    println!(
+        "join without writes: the {} keys that moved were resynced, no other",
+        to_new.len()
+    );
+    assert_no_overlap(&journal);
+    stop_all(replicas, ds, [lb]).await;
+    Ok(())
+}
+
+/// Every session of the stalled and killed dispatcher is held by an SDK replica: asked by the
+/// survivors once the victim's Lease has expired (2 s + 0.5 s grace), each cancels the
+/// session's reconciles, waits for them, and reports the session ended; the survivors take the
+/// keys over then, well before the handover bound, with no overlap.
+#[tokio::test]
+async fn a_stalled_then_killed_dispatchers_keys_are_taken_over_once_its_sessions_are_reported_ended()
+-> TestResult {
+    let (took, victim) = stalled_then_killed("kill-reported", false).await?;
+    let expiry = Duration::from_millis(2500);
+    // Its Lease was last renewed up to 0.4 s before the kill.
+    assert!(
+        took >= expiry - Duration::from_millis(400),
+        "{victim} taken over after {took:?}, before its Lease expired"
+    );
+    assert!(
+        took < expiry + Duration::from_secs(6),
+        "{victim} taken over after {took:?}: the survivors waited out the bound (6 s) instead of the reports"
+    );
+    Ok(())
+}
+
+/// The same with one session of the victim held by a client that never reports it: the
+/// survivors wait out the handover bound, as the fallback for a replica that is silent.
+#[tokio::test]
+async fn a_stalled_then_killed_dispatchers_keys_wait_for_the_bound_while_a_session_is_unreported()
+-> TestResult {
+    let (took, victim) = stalled_then_killed("kill-silent", true).await?;
+    let floor = Duration::from_millis(2500) + Duration::from_secs(6);
+    assert!(
+        took >= floor - Duration::from_millis(400),
+        "{victim} taken over after {took:?}, before the bound"
+    );
+    assert!(
+        took <= floor + Duration::from_secs(10),
+        "takeover took {took:?}"
+    );
+    Ok(())
+}
+
+/// A dispatcher stops answering while reconciles it handed out run, and its Lease is deleted by
+/// hand ([`DeletedLease`]): a Lease deleted without its holder's drained mark is a member that
+/// died, so the survivors take its keys over only once the handover bound has passed, never at
+/// once (they did within 160 ms, taking it for a clean release); no reconcile it started
+/// overlaps one of theirs, nothing is lost.
+#[tokio::test]
+async fn a_deleted_lease_of_a_stalled_dispatcher_is_waited_out() -> TestResult {
+    let mut t = DeletedLease::start("deleted-lease").await?;
+    let took = taken_over(&t.api, &t.ds, &t.journal, t.victim.take(), t.deleted_at).await?;
+    let bound = DeletedLease::BOUND;
+    assert!(
+        took >= bound - Duration::from_millis(400),
+        "taken over {took:?} after the Lease was deleted, before the bound {bound:?}"
+    );
+    assert!(
+        took <= bound + Duration::from_secs(10),
+        "takeover took {took:?}"
+    );
+    println!(
+        "{} stalled with {} reconciles of its keys running, its Lease deleted: survivors took its slice over {took:?} after the deletion (bound {bound:?}); no overlap; all final states reconciled",
+        t.victim_name, t.running
+    );
+    stop_all(t.replicas, t.ds, [t.lb]).await;
+    drop(t.ns);
+    Ok(())
+}
+
+/// As above, and a dispatcher joins while the survivors wait the dead member out (a new
+/// member, as a scale-up or a survivor restarted with a drained Lease would be). It never saw
+/// the dead member, whose Lease is gone: only the survivors, which release no ring while they
+/// wait, keep it from serving the dead member's keys at once. It settles only after the bound;
+/// no reconcile overlaps, nothing is lost.
+#[tokio::test]
+async fn a_dispatcher_joining_while_a_deleted_lease_is_waited_out_waits_too() -> TestResult {
+    let mut t = DeletedLease::start("deleted-lease-join").await?;
+    let bound = DeletedLease::BOUND;
+    // The survivors release no ring while they wait the dead member out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for i in t.ds.keys() {
+        let leases = &t.leases;
+        eventually(
+            deadline.saturating_duration_since(Instant::now()),
+            format!(
+                "{} releasing no ring while it waits out {}",
+                name(*i),
+                t.victim_name
+            ),
+            || async move {
+                match leases.get(&name(*i)).await {
+                    Ok(lease) if lease.annotations().contains_key(RELEASED_ANNOTATION) => None,
+                    answer => Some(answer),
+                }
+            },
+        )
+        .await??;
+    }
+    let joiner = TestDispatcher::start(config(t.ns.name(), 3, bound)).await?;
+    let want: Vec<String> = t.ds.keys().map(|i| name(*i)).chain([name(3)]).collect();
+    let mut slice = joiner.handles.slice.clone();
+    // The Ref `wait_for` returns holds the slice's lock: drop it at once.
+    let settled_in_time = tokio::time::timeout(
+        Duration::from_secs(30),
+        slice.wait_for(|s| s.ring.members() == want.as_slice() && s.is_settled()),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    assert!(settled_in_time, "the joiner never settled");
+    let joined = t.deleted_at.elapsed();
+    assert!(
+        joined >= bound - Duration::from_millis(400),
+        "the joiner served the dead member's keys {joined:?} after its Lease was deleted, before the bound {bound:?}"
+    );
+    t.ds.insert(3, joiner);
+    let took = taken_over(&t.api, &t.ds, &t.journal, t.victim.take(), t.deleted_at).await?;
+    println!(
+        "{} stalled, its Lease deleted, dispatcher-3 joined at once: it settled {joined:?} after the deletion, every survivor {took:?} after (bound {bound:?}); no overlap; all final states reconciled",
+        t.victim_name
+    );
+    stop_all(t.replicas, t.ds, [t.lb]).await;
+    drop(t.ns);
+    Ok(())
+}
