@@ -65,51 +65,51 @@ e2e: ## deploy/ on the real node: rolling update, pod deletion, evictions, scali
 	@tests/e2e.sh
 
 .PHONY: bench
-bench: ## Benchmarks against kube-rs Controller, into BENCHMARKS.md (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
+bench: ## Benchmarks against kube-rs Controller, into its page in bench/results/ (~15 min): OBJECTS, KINDS, REPEATS, LONG=1
 	@bench/run.sh
 
 .PHONY: bench-go
-bench-go: ## The Go SDK: the controller-runtime controller ported to it against controller-runtime itself (and the Rust SDK), ConfigMaps at 10 000 and 100 000 objects (~15 min), into BENCHMARKS.md: OBJECTS, REPEATS, VARIANTS
+bench-go: ## The Go SDK: the controller-runtime controller ported to it against controller-runtime itself (and the Rust SDK), ConfigMaps at 10 000 and 100 000 objects (~15 min), into its page in bench/results/: OBJECTS, REPEATS, VARIANTS
 	@GO_SDK=1 bench/run.sh
 
 .PHONY: bench-groups
-bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into BENCHMARKS.md: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace), MIX=1 (a mix of resources: the controllers spread over ConfigMaps and Records; K = 2, 5, 10)
+bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 000 objects against K kube-rs and K controller-runtime (~10 min), into its page in bench/results/: CONTROLLERS, OBJECTS, NAMESPACES (spread over many, e.g. 1000), RING_KEY (name or namespace), MIX=1 (a mix of resources: the controllers spread over ConfigMaps and Records; K = 2, 5, 10)
 	@CONTROLLERS=$${CONTROLLERS:-$${MIX:+2,5,10}} CONTROLLERS=$${CONTROLLERS:-1,5,10} bench/run.sh
 
 .PHONY: bench-owners
-bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into BENCHMARKS.md: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS; NAMESPACES=N spreads the owners over N namespaces (section owners-namespaces), with RING_KEY=namespace for server-side sharding
+bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into its page in bench/results/: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS; NAMESPACES=N spreads the owners over N namespaces (section owners-namespaces), with RING_KEY=namespace for server-side sharding
 	@CHILDREN=$${CHILDREN:-5} bench/run.sh
 
 .PHONY: bench-scale
-bench-scale: ## A million objects: 100 000 and 1 000 000 ConfigMaps of 300 bytes, one controller on the tier against kube-rs (listing by streaming) and controller-runtime, with every process's memory (~60 min, 24 GiB machine), into BENCHMARKS.md: OBJECTS, OBJECT_BYTES, REPEATS, WRITES, VARIANTS
+bench-scale: ## A million objects: 100 000 and 1 000 000 ConfigMaps of 300 bytes, one controller on the tier against kube-rs (listing by streaming) and controller-runtime, with every process's memory (~60 min, 24 GiB machine), into its page in bench/results/: OBJECTS, OBJECT_BYTES, REPEATS, WRITES, VARIANTS
 	@SCALE=1 bench/run.sh
 
 .PHONY: bench-security
-bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into BENCHMARKS.md
+bench-security: ## What TLS and token reviews cost: latency with security off and on, reviews per minute with 1 000 sessions (~4 min), into its page in bench/results/
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench security
 
 .PHONY: bench-hostile
-bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into BENCHMARKS.md: REPEATS, WRITES
+bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into its page in bench/results/: REPEATS, WRITES
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench hostile $${REPEATS:+--repeats $$REPEATS} $${WRITES:+--writes $$WRITES} --command "make bench-hostile$${REPEATS:+ REPEATS=$$REPEATS}$${WRITES:+ WRITES=$$WRITES}"
 
 .PHONY: bench-metrics
-bench-metrics: ## What metrics cost a reconcile: throughput and write-to-reconcile p99 with metrics off and on (~3 min), into BENCHMARKS.md
+bench-metrics: ## What metrics cost a reconcile: throughput and write-to-reconcile p99 with metrics off and on (~3 min), into its page in bench/results/
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-bench --bin kube-dispatch-bench
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench metrics $${OBJECTS:+--objects $$OBJECTS} $${REPEATS:+--repeats $$REPEATS} --command "make bench-metrics$${OBJECTS:+ OBJECTS=$$OBJECTS}$${REPEATS:+ REPEATS=$$REPEATS}"
 
 .PHONY: bench-ceiling
-bench-ceiling: ## Scale ceiling: watch events one dispatcher absorbs per core, writes at rising RATES (~2 min), into BENCHMARKS.md
+bench-ceiling: ## Scale ceiling: watch events one dispatcher absorbs per core, writes at rising RATES (~2 min), into its page in bench/results/
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench ceiling $${OBJECTS:+--objects $$OBJECTS} $${RATES:+--rates $$RATES} --command "make bench-ceiling$${OBJECTS:+ OBJECTS=$$OBJECTS}$${RATES:+ RATES=$$RATES}"
 
 .PHONY: bench-shards
-bench-shards: ## Server-side sharding: the ring keyed by namespace against the ring keyed by name on NAMESPACES namespaces of OBJECTS ConfigMaps (default 1000 x 100, ~15 min), into BENCHMARKS.md
+bench-shards: ## Server-side sharding: the ring keyed by namespace against the ring keyed by name on NAMESPACES namespaces of OBJECTS ConfigMaps (default 1000 x 100, ~15 min), into its page in bench/results/
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench shards $${NAMESPACES:+--namespaces $$NAMESPACES} $${OBJECTS:+--objects $$OBJECTS} $${WRITES:+--writes $$WRITES} --command "make bench-shards$${NAMESPACES:+ NAMESPACES=$$NAMESPACES}$${OBJECTS:+ OBJECTS=$$OBJECTS}$${WRITES:+ WRITES=$$WRITES}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: builds the binaries as they are shipped (`--profile dist`, into target/dist), runs the dispatch-core micro-benchmark, starts (or
 # reuses) the local control plane, then runs the harness, which prints the tables and writes
-# them, with plots, into BENCHMARKS.md.
+# them, with plots, into their pages in bench/results/.
 #
 # Environment (all optional):
 #   OBJECTS=1000,10000     object counts          KINDS=config-map,record   kinds of object
@@ -11,40 +11,40 @@
 #                          dispatch-paged-N, dispatch-stream-N: the dispatchers listing in pages
 #                          of 500 or by streaming instead of whole)
 #   LONG=1                 the long mode: OBJECTS=1000,10000,100000, KINDS=config-map, REPEATS=1,
-#                          written to the long-mode section of BENCHMARKS.md
+#                          written to the long-mode section (bench/results/)
 #   CONTROLLERS=1,5,10     many controllers (`make bench-groups`): K distinct controllers per
 #                          scenario, K processes of each incumbent against K groups on one tier;
 #                          defaults then OBJECTS=10000, KINDS=config-map, REPEATS=1,
 #                          VARIANTS=kube-rs,controller-runtime,dispatch-1, written to the
-#                          groups section of BENCHMARKS.md
+#                          groups section (bench/results/)
 #   NAMESPACES=1000        spread each scenario's objects over this many namespaces, labelled;
 #                          every controller watches all namespaces with the label selector
 #                          (not with kube-rs-metadata); with CONTROLLERS, written to the
-#                          groups-namespaces section of BENCHMARKS.md
+#                          groups-namespaces section (bench/results/)
 #   RING_KEY=namespace     the dispatchers' ring key (default: theirs, name)
 #   CHILDREN=5             controllers with children (`make bench-owners`): each Record owns
 #                          this many ConfigMaps, kept by the controller, and the timed writes
 #                          alternate between owners and children; defaults then
 #                          OBJECTS=1000,10000, KINDS=record, REPEATS=2,
 #                          VARIANTS=kube-rs,controller-runtime,dispatch-1,dispatch-list-1,
-#                          written to the owners section of BENCHMARKS.md (with NAMESPACES,
+#                          written to the owners section (bench/results/) (with NAMESPACES,
 #                          the owners-namespaces section: owners spread over namespaces,
 #                          their children labelled as they are)
 #   GO_SDK=1               the Go SDK (`make bench-go`): defaults then OBJECTS=10000,100000,
 #                          KINDS=config-map, REPEATS=2,
 #                          VARIANTS=controller-runtime,go-dispatch-1,dispatch-1, written to the
-#                          go-sdk section of BENCHMARKS.md
+#                          go-sdk section (bench/results/)
 #   SCALE=1                the scale run (`make bench-scale`): defaults then
 #                          OBJECTS=100000,1000000, KINDS=config-map, OBJECT_BYTES=300,
 #                          REPEATS=1, VARIANTS=kube-rs-streaming,controller-runtime,dispatch-1
 #                          (kube-rs's default pages do not complete a list of a million
 #                          within the API server's compaction interval), written to the
-#                          scale section of BENCHMARKS.md
+#                          scale section (bench/results/)
 #   OBJECT_BYTES=2048      size of each object's data (objects of another size than 2048
 #                          bytes get a namespace of their own)
 #   MIX=1                  with CONTROLLERS: a mix of resources, the K controllers spread over
 #                          KINDS in turn (defaults then KINDS=config-map,record), written to the
-#                          groups-mixed section of BENCHMARKS.md
+#                          groups-mixed section (bench/results/)
 # `kube-dispatch-bench compare --help` (target/dist) describes every setting; its other
 # KD_BENCH_* variables (e.g. KD_BENCH_DISPATCHERS=1, KD_BENCH_JSON=target/bench/results.json)
 # pass through from the environment.
@@ -53,7 +53,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf 'bench: %s\n' "$*"; }
 cluster=tests/cluster/cluster.sh
 
-# The command as given, for BENCHMARKS.md.
+# The command as given, for the results pages.
 command="make bench"
 vars="LONG NAMESPACES RING_KEY OBJECTS KINDS REPEATS WRITES VARIANTS"
 if [[ -n ${CONTROLLERS:-} ]]; then

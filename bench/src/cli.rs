@@ -1,7 +1,10 @@
 //! The command line: one subcommand per benchmark, the settings they share (where results go, the
 //! processes they start) and each one's own.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand, builder::RangedU64ValueParser};
 use serde::Serialize;
@@ -112,9 +115,12 @@ pub(crate) enum Bench {
 /// Where a benchmark writes its results.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Output {
-    /// Markdown file to write the results into, between the benchmark's markers (created if it
-    /// does not exist, the section appended if the file lacks it).
-    #[arg(long, env = "KD_BENCH_OUT", default_value = "BENCHMARKS.md")]
+    /// Where the results go: a folder, which holds one page per section (`<section>.md`, the
+    /// benchmark's own page, linked from BENCHMARKS.md's headline table), or a Markdown file
+    /// (a path ending in `.md`) that holds every section. The section's tables are written
+    /// between its markers (the page created if it does not exist, the section appended if it
+    /// lacks them); plots are linked relative to the page.
+    #[arg(long, env = "KD_BENCH_OUT", default_value = "bench/results")]
     pub(crate) out: PathBuf,
 
     /// How this run was started, as written into --out; default: the benchmark's make target
@@ -134,16 +140,35 @@ impl Output {
         self.command.as_deref().unwrap_or(make_target)
     }
 
-    /// Writes `section` between the markers of `name` in --out, then `figures` into --json if
-    /// asked for.
+    /// The page that holds section `name`.
+    pub(crate) fn page(&self, name: &str) -> PathBuf {
+        if self.out.extension().is_some_and(|e| e == "md") {
+            self.out.clone()
+        } else {
+            self.out.join(format!("{name}.md"))
+        }
+    }
+
+    /// The folder of the pages, which their links to plots are relative to.
+    pub(crate) fn pages_dir(&self) -> &Path {
+        if self.out.extension().is_some_and(|e| e == "md") {
+            self.out.parent().unwrap_or(Path::new(""))
+        } else {
+            &self.out
+        }
+    }
+
+    /// Writes `section` between the markers of `name` in its page, then `figures` into --json
+    /// if asked for.
     pub(crate) fn write(
         &self,
         name: &str,
         section: &str,
         figures: &impl Serialize,
     ) -> anyhow::Result<()> {
-        write_section(&self.out, name, section)?;
-        println!("bench: results written to {}", self.out.display());
+        let page = self.page(name);
+        write_section(&page, name, section)?;
+        println!("bench: results written to {}", page.display());
         if let Some(path) = &self.json {
             write_json(path, figures)?;
             println!("bench: figures written to {}", path.display());

@@ -9,7 +9,7 @@
 //!   stdout, which is how the harness sees what ran when.
 //! - `kube-dispatch-bench` (`main.rs`): the harness behind `make bench`. It creates the
 //!   objects, runs each variant in turn, measures memory, CPU, start-up, latency and API-server
-//!   requests, and prints the table that `BENCHMARKS.md` holds.
+//!   requests, and prints the tables its page in `bench/results/` holds.
 //!
 //! This library holds what both binaries must agree on.
 

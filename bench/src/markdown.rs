@@ -1,4 +1,4 @@
-//! What a run writes: its section of BENCHMARKS.md (the figures' tables under a header that
+//! What a run writes: its section of its page in bench/results/ (the figures' tables under a header that
 //! says how, where and with what they were produced) and its figures as JSON.
 
 use std::{
@@ -178,7 +178,7 @@ pub(crate) fn results_section(
             lines.join("\n")
         );
     }
-    let out_dir = args.output.out.parent().unwrap_or(Path::new(""));
+    let out_dir = args.output.pages_dir();
     for (title, path) in plots {
         let relative = path.strip_prefix(out_dir).unwrap_or(path);
         let _ = writeln!(out, "![{title}]({})\n", relative.display());
@@ -212,6 +212,9 @@ pub(crate) fn write_section(path: &Path, name: &str, section: &str) -> anyhow::R
         &current[..begin],
         &current[end..]
     );
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
 }
 

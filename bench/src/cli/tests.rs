@@ -85,3 +85,28 @@ fn counts_must_be_positive_and_flags_belong_to_their_subcommand() {
         assert!(parse(args).is_err(), "{args:?} parsed");
     }
 }
+
+#[test]
+fn each_section_gets_its_page_unless_a_markdown_file_is_named() {
+    let Bench::Compare(args) = parse(&["compare"]).expect("compare parses") else {
+        panic!("compare is the compare benchmark");
+    };
+    assert_eq!(
+        args.output.page("groups"),
+        std::path::Path::new("bench/results/groups.md")
+    );
+    assert_eq!(
+        args.output.pages_dir(),
+        std::path::Path::new("bench/results")
+    );
+    let Bench::Compare(args) =
+        parse(&["compare", "--out", "/tmp/x/BENCHMARKS.md"]).expect("--out parses")
+    else {
+        panic!("compare is the compare benchmark");
+    };
+    assert_eq!(
+        args.output.page("groups"),
+        std::path::Path::new("/tmp/x/BENCHMARKS.md")
+    );
+    assert_eq!(args.output.pages_dir(), std::path::Path::new("/tmp/x"));
+}

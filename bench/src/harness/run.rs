@@ -28,7 +28,7 @@ use super::{
 /// The tier runs plaintext and without authentication in these figures (`--insecure`,
 /// `--allow-anonymous`), as it did before TLS and token reviews existed, so they stay comparable
 /// with earlier runs. What security costs is measured on its own (`make bench-security`,
-/// BENCHMARKS.md "Security on and off"): within noise at p50.
+/// bench/results/security.md): within noise at p50.
 pub(crate) const SECURITY_OFF: &str = "true";
 
 /// How the controller runs.
