@@ -38,8 +38,10 @@ trap 'exit 129' HUP
 step "pinned versions"
 tests/cluster/check-versions.sh
 
-step "crate layout"
+step "crate layout, sizes and the walkthrough"
 tests/check-layout.sh
+python3 tests/check-sizes.py
+python3 tests/check-walkthrough.py
 
 step "wire API compatible with the last release (tests/proto-compat.sh)"
 tests/proto-compat.sh
