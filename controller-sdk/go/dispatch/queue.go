@@ -104,7 +104,7 @@ func (q *queue) free() int {
 }
 
 // accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
-// after its delivery, see fence.renew). A request for an object a worker of this replica still
+// after its delivery, see fence.Fence.Renew). A request for an object a worker of this replica still
 // has (a key handed over between dispatchers while it ran) is acknowledged as failed at once,
 // and the dispatcher delivers it again later.
 func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline time.Time, limit time.Duration) {

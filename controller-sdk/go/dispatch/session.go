@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/fence"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -162,7 +163,7 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	if ttl <= 0 || maxReconcile <= 0 {
 		return false, fmt.Errorf("the dispatcher granted a ttl of %v and a maximum reconcile time of %v: both must be positive", ttl, maxReconcile)
 	}
-	f := newFence(ttl, maxReconcile, sent)
+	f := fence.New(ttl, maxReconcile, sent)
 	sctx, cancel := context.WithCancelCause(context.Background())
 	named, nameDead := context.WithCancelCause(context.Background())
 	defer nameDead(context.Canceled)
@@ -220,14 +221,14 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 // serve polls for work while ctx lasts, asking for no more than the free slots, and renews the
 // session without taking work while every slot is busy. It returns nil when ctx ends, and the
 // reason when the session is lost.
-func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time.Duration) error {
+func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTrip time.Duration) error {
 	for ctx.Err() == nil {
 		now := time.Now()
-		lostAt := f.lostAt()
+		lostAt := f.LostAt()
 		if !now.Before(lostAt) {
 			return errNotRenewed
 		}
-		wait := f.waitAt(now, roundTrip)
+		wait := f.WaitAt(now, roundTrip)
 		free := r.queue.free()
 		sent := time.Now()
 		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
@@ -240,12 +241,12 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 			if err != nil {
 				return s.renewalError(err)
 			}
-			f.renew(sent, 0)
+			f.Renew(sent, 0)
 			roundTrip = time.Since(sent)
 			// Every slot is busy: wait for one, no longer than leaves time to renew.
 			select {
 			case <-r.queue.freed:
-			case <-time.After(f.waitAt(time.Now(), roundTrip)):
+			case <-time.After(f.WaitAt(time.Now(), roundTrip)):
 			case <-ctx.Done():
 			}
 			continue
@@ -265,7 +266,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 		// The dispatcher cannot have held the poll longer than it took: a larger figure would
 		// move the fence past the dispatcher's own expiry.
 		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))
-		delivered := f.renew(sent, held)
+		delivered := f.Renew(sent, held)
 		roundTrip = max(time.Since(sent)-held, 0)
 		if len(answer.GetRequests()) == 0 {
 			continue
@@ -277,7 +278,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 			}
 			break
 		}
-		r.queue.accept(s, answer.GetRequests(), f.reconcileDeadline(delivered), f.reconcileLimit())
+		r.queue.accept(s, answer.GetRequests(), f.ReconcileDeadline(delivered), f.ReconcileLimit())
 	}
 	return nil
 }
@@ -285,13 +286,13 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence, roundTrip time
 // drain waits for the session's reconciles to end, renewing the session every poll wait, and
 // hands back the deliveries still waiting for a worker. It fails, for the caller to cancel
 // what still runs, when a renewal fails or the fence passes first.
-func (r *runner) drain(s *session, f *fence) error {
+func (r *runner) drain(s *session, f *fence.Fence) error {
 	r.queue.dropSession(s, true)
 	for {
 		if _, outstanding := s.state(); outstanding == 0 {
 			return nil
 		}
-		lostAt := f.lostAt()
+		lostAt := f.LostAt()
 		if !time.Now().Before(lostAt) {
 			return errNotRenewed
 		}
@@ -302,9 +303,9 @@ func (r *runner) drain(s *session, f *fence) error {
 		if err != nil {
 			return s.renewalError(err)
 		}
-		f.renew(sent, 0)
+		f.Renew(sent, 0)
 		// The next renewal after a poll wait, and never past the fence.
-		timer := time.NewTimer(min(f.pollWait(), time.Until(f.lostAt())))
+		timer := time.NewTimer(min(f.PollWait(), time.Until(f.LostAt())))
 	wait:
 		for {
 			select {

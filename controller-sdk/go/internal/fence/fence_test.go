@@ -1,4 +1,4 @@
-package dispatch
+package fence
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 // The cases every controller SDK is checked against (proto/testdata/fence_vectors.json, made by
 // its gen_fence_vectors.py): the same deadlines as the Rust SDK's.
 func TestFenceSharedVectors(t *testing.T) {
-	raw, err := os.ReadFile("../../../proto/testdata/fence_vectors.json")
+	raw, err := os.ReadFile("../../../../proto/testdata/fence_vectors.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +45,10 @@ func TestFenceSharedVectors(t *testing.T) {
 	at := func(ns int64) time.Time { return zero.Add(time.Duration(ns)) }
 	for _, c := range vectors.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			f := newFence(time.Duration(c.TTL), time.Duration(c.MaxReconcile), zero)
+			f := New(time.Duration(c.TTL), time.Duration(c.MaxReconcile), zero)
 			delivered := zero
 			for _, r := range c.Renewals {
-				delivered = f.renew(at(r.Sent), time.Duration(r.Held))
+				delivered = f.Renew(at(r.Sent), time.Duration(r.Held))
 			}
 			check := func(what string, got, want time.Time) {
 				t.Helper()
@@ -56,16 +56,16 @@ func TestFenceSharedVectors(t *testing.T) {
 					t.Errorf("%s: got %v, want %v", what, got.Sub(zero), want.Sub(zero))
 				}
 			}
-			check("lost at", f.lostAt(), at(c.Expect.LostAt))
+			check("lost at", f.LostAt(), at(c.Expect.LostAt))
 			check("last delivered", delivered, at(c.Expect.LastDelivered))
-			check("reconcile deadline", f.reconcileDeadline(delivered), at(c.Expect.ReconcileDeadline))
-			if got := f.reconcileLimit(); got != time.Duration(c.Expect.ReconcileLimit) {
+			check("reconcile deadline", f.ReconcileDeadline(delivered), at(c.Expect.ReconcileDeadline))
+			if got := f.ReconcileLimit(); got != time.Duration(c.Expect.ReconcileLimit) {
 				t.Errorf("reconcile limit: got %v", got)
 			}
-			if got := f.pollWait(); got != time.Duration(c.Expect.PollWait) {
+			if got := f.PollWait(); got != time.Duration(c.Expect.PollWait) {
 				t.Errorf("poll wait: got %v", got)
 			}
-			if got := f.waitAt(at(c.Now), time.Duration(c.RoundTrip)); got != time.Duration(c.Expect.Wait) {
+			if got := f.WaitAt(at(c.Now), time.Duration(c.RoundTrip)); got != time.Duration(c.Expect.Wait) {
 				t.Errorf("wait: got %v, want %v", got, time.Duration(c.Expect.Wait))
 			}
 		})
