@@ -1,0 +1,152 @@
+//! Dispatchers' steps: cut off from the API server and healed, crashed, restarted, stopped,
+//! glimpsing part of a re-list, fenced, their Lease deleted.
+
+use crate::{Deletions, Key, Lease, Message, Protocol, Seen, State, bit, has};
+
+impl Protocol {
+    /// [`Action::CutApi`].
+    pub(crate) fn step_cut_api(&self, s: &mut State, d: u8) -> Option<()> {
+        s.left.api_cuts = s.left.api_cuts.checked_sub(1)?;
+        s.dispatchers[usize::from(d)].api = false;
+        Some(())
+    }
+
+    /// [`Action::HealApi`].
+    pub(crate) fn step_heal_api(&self, s: &mut State, d: u8) -> Option<()> {
+        let t = self.config.timing;
+        let disp = &mut s.dispatchers[usize::from(d)];
+        disp.api = true;
+        disp.listing = true;
+        // The re-list shows what changed meanwhile: a Lease written counts as live from
+        // now; one gone, if known, was deleted without a final state, so not drained.
+        for (x, lease) in s.leases.iter().enumerate() {
+            if !has(disp.missed, x) {
+                continue;
+            }
+            if lease.exists {
+                disp.view[x] = t.lease + t.grace;
+            } else {
+                if disp.view[x] > 0 || has(disp.ring, x) {
+                    disp.deaths |= bit(x);
+                }
+                disp.view[x] = 0;
+            }
+        }
+        disp.missed = 0;
+        // Its watch re-lists when it is back.
+        self.relist(disp, usize::from(d), s.objects);
+        Some(())
+    }
+
+    /// [`Action::Crash`].
+    pub(crate) fn step_crash(&self, s: &mut State, d: u8) -> Option<()> {
+        s.left.dispatcher_crashes = s.left.dispatcher_crashes.checked_sub(1)?;
+        s.dispatchers[usize::from(d)] = self.fresh_dispatcher(false);
+        s.seen |= Seen::Crashed as u8;
+        Some(())
+    }
+
+    /// [`Action::Restart`].
+    pub(crate) fn step_restart(&self, s: &mut State, d: u8) -> Option<()> {
+        let t = self.config.timing;
+        let d = usize::from(d);
+        let mut disp = self.fresh_dispatcher(true);
+        // Its Lease watch's first list: every Lease there counts as live from now.
+        for (x, lease) in s.leases.iter().enumerate() {
+            if lease.exists {
+                disp.view[x] = t.lease + t.grace;
+            }
+        }
+        // A Lease still there was not released: its previous process may have left
+        // reconciles running. None there, it sees nothing to wait for (drained, or
+        // deleted by hand: then the others wait, and withhold their releases).
+        if s.leases[d].exists {
+            disp.hold = t.bound;
+        }
+        s.dispatchers[d] = disp;
+        self.renew(s, d, true);
+        // Its first renewal comes before it has judged anything: it releases no ring.
+        s.leases[d].released = None;
+        Some(())
+    }
+
+    /// [`Action::Stop`].
+    pub(crate) fn step_stop(&self, s: &mut State, d: u8) -> Option<()> {
+        s.left.graceful_stops = s.left.graceful_stops.checked_sub(1)?;
+        let d = usize::from(d);
+        let disp = &s.dispatchers[d];
+        if !disp.up || disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. })) {
+            return None;
+        }
+        s.dispatchers[d] = self.fresh_dispatcher(false);
+        s.leases[d] = Lease {
+            released: None,
+            exists: false,
+            drained: true,
+            sessions: 0,
+            known: true,
+            ended: 0,
+        };
+        self.show_lease(s, d, false);
+        Some(())
+    }
+
+    /// [`Action::Glimpse`].
+    pub(crate) fn step_glimpse(&self, s: &mut State, d: u8, part: u8) -> Option<()> {
+        let d = usize::from(d);
+        if !s.dispatchers[d].listing {
+            return None;
+        }
+        self.judge(s, d, part);
+        Some(())
+    }
+
+    /// [`Action::Fence`].
+    pub(crate) fn step_fence(&self, s: &mut State, r: u8, d: u8) -> Option<()> {
+        let rep = &mut s.replicas[usize::from(r)];
+        if rep.sessions[usize::from(d)]?.fence != 0 {
+            return None;
+        }
+        rep.sessions[usize::from(d)] = None;
+        for run in &mut rep.running {
+            if run.is_some_and(|x| x.dispatcher == d) {
+                *run = None;
+            }
+        }
+        s.messages.retain(|m| {
+            !matches!(*m, Message::Answer { replica, dispatcher, .. } if (replica, dispatcher) == (r, d))
+        });
+        s.seen |= Seen::Fenced as u8;
+        Some(())
+    }
+
+    /// [`Action::DeleteLease`].
+    pub(crate) fn step_delete_lease(&self, s: &mut State, d: u8) -> Option<()> {
+        s.left.lease_deletions = s.left.lease_deletions.checked_sub(1)?;
+        let lease = &mut s.leases[usize::from(d)];
+        if !lease.exists {
+            return None;
+        }
+        // What it carried of sessions ended stays true, and readers keep it with the
+        // rest of the deleted Lease (`Observations::deleted`).
+        *lease = Lease {
+            released: None,
+            exists: false,
+            drained: false,
+            sessions: 0,
+            known: false,
+            ended: lease.ended,
+        };
+        self.show_lease(s, usize::from(d), false);
+        // Every dispatcher whose Lease watch runs sees the deletion.
+        if self.config.deletions == Deletions::Died {
+            for disp in &mut s.dispatchers {
+                if disp.up && disp.api {
+                    disp.deaths |= bit(d);
+                }
+            }
+        }
+        s.seen |= Seen::LeaseDeleted as u8;
+        Some(())
+    }
+}
