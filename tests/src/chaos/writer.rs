@@ -1,0 +1,345 @@
+//! The writer that creates, updates and deletes objects all along, what it expects to be
+//! reconciled, and the checker that records every reconcile in the journal.
+
+use super::*;
+
+/// The writer's knowledge of what it wrote, for the final check.
+#[derive(Default)]
+pub(super) struct WriterState {
+    /// Keys the writer last deleted, with the time just before the delete.
+    pub(super) deleted: BTreeMap<String, Instant>,
+    /// Widgets whose owned ConfigMap the writer changed last, with the time before the write.
+    pub(super) owned: BTreeMap<String, Instant>,
+    /// Keys that exist as far as the writer knows.
+    pub(super) live: BTreeSet<String>,
+    /// Deletions are held back (fault 18, while the controllers are away and coming back).
+    pub(super) pause_deletions: bool,
+}
+
+/// What the journal must show at the end.
+pub(super) struct Expected {
+    pub(super) finals: BTreeMap<String, u64>,
+    pub(super) deleted: BTreeMap<String, Instant>,
+    pub(super) owned: BTreeMap<String, Instant>,
+}
+
+impl Expected {
+    /// The final states not reconciled yet, and apart the deletions created and deleted
+    /// again unseen ([`Report::unseen`]).
+    pub(super) fn missing(&self, journal: &Journal) -> (Vec<String>, Vec<String>) {
+        let mut missing = journal.unreconciled(&self.finals);
+        let (unseen, deletions): (Vec<String>, Vec<String>) = journal
+            .unreconciled_since(&self.deleted, true)
+            .into_iter()
+            .partition(|k| journal.last_view_is_deleted(k));
+        missing.extend(deletions.into_iter().map(|k| format!("{k} (deleted)")));
+        missing.extend(
+            journal
+                .unreconciled_since(&self.owned, false)
+                .into_iter()
+                .map(|k| format!("{k} (owned object changed)")),
+        );
+        (missing, unseen)
+    }
+}
+
+impl WriterState {
+    /// Expects a reconcile of `key` started after `at`, unless a later write already does.
+    pub(super) fn owned_changed(&mut self, key: String, at: Instant) {
+        let later = self.owned.get(&key).is_some_and(|t| *t > at);
+        if !later {
+            self.owned.insert(key, at);
+        }
+    }
+
+    /// The final states, read from the API server.
+    pub(super) async fn expectations(&self, world: &World) -> Result<Expected, Failure> {
+        let client = Cluster::shared().client().await?;
+        let mut finals = BTreeMap::new();
+        let params = ListParams::default().labels(&world.label);
+        for ns in &world.namespaces {
+            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+            for cm in cms.list(&params).await? {
+                // Owned children are the garbage collector's to delete: only what the writer
+                // wrote directly is checked.
+                if cm.owner_references().is_empty() {
+                    finals.insert(key("ConfigMap", &cm), rv(&cm));
+                }
+            }
+            let widgets: Api<Widget> = Api::namespaced(client.clone(), ns.name());
+            for w in widgets.list(&params).await? {
+                finals.insert(key("Widget", &w), rv(&w));
+            }
+        }
+        // A deletion counts only if the object is still gone.
+        let deleted = self
+            .deleted
+            .iter()
+            .filter(|(k, _)| !finals.contains_key(*k))
+            .map(|(k, t)| (k.clone(), *t))
+            .collect();
+        let owned = self
+            .owned
+            .iter()
+            .filter(|(k, _)| finals.contains_key(*k))
+            .map(|(k, t)| (k.clone(), *t))
+            .collect();
+        Ok(Expected {
+            finals,
+            deleted,
+            owned,
+        })
+    }
+}
+
+pub(super) fn key<K: Resource<DynamicType = ()>>(kind: &str, obj: &K) -> String {
+    format!(
+        "{kind}/{}/{}",
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone().unwrap_or_default()
+    )
+}
+
+pub(super) fn rv<K: Resource>(obj: &K) -> u64 {
+    obj.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+pub(super) struct Writer {
+    pub(super) client_namespaces: Vec<String>,
+    pub(super) label: String,
+    pub(super) journal: Journal,
+    pub(super) rng: StdRng,
+    pub(super) objects: usize,
+    pub(super) state: Arc<Mutex<WriterState>>,
+}
+
+impl Writer {
+    pub(super) fn new(world: &World, seed: u64, objects: usize) -> Self {
+        Self {
+            client_namespaces: world
+                .namespaces
+                .iter()
+                .map(|n| n.name().to_owned())
+                .collect(),
+            label: world.label.clone(),
+            journal: world.journal.clone(),
+            rng: StdRng::seed_from_u64(seed ^ 0x5eed),
+            objects,
+            state: Arc::new(Mutex::new(WriterState::default())),
+        }
+    }
+
+    /// Writes until `stop`; returns the number of writes that succeeded. Writes that fail (the
+    /// API server restarting) are skipped: the final check reads the final states back.
+    pub(super) async fn run(
+        mut self,
+        period: Duration,
+        stop: CancellationToken,
+    ) -> Result<usize, FixtureError> {
+        let client = Cluster::shared().client().await?;
+        let (label_key, label_value) = self.label.split_once('=').unwrap_or_default();
+        let (label_key, label_value) = (label_key.to_owned(), label_value.to_owned());
+        let params = PatchParams::apply("kube-dispatch-chaos").force();
+        let mut writes = 0usize;
+        let mut tick = tokio::time::interval(period);
+        // Create everything first.
+        let mut plan: Vec<(usize, usize, bool)> = Vec::new();
+        for ns in 0..self.client_namespaces.len() {
+            for i in 0..self.objects {
+                plan.push((ns, i, false));
+                plan.push((ns, i, true));
+            }
+        }
+        let mut round = 0u64;
+        loop {
+            let (ns, i, widget, op) = if let Some((ns, i, widget)) = plan.pop() {
+                (ns, i, widget, 0u32)
+            } else {
+                (
+                    self.rng.random_range(0..self.client_namespaces.len()),
+                    self.rng.random_range(0..self.objects),
+                    self.rng.random_range(0..5u32) < 2,
+                    self.rng.random_range(0..10u32),
+                )
+            };
+            tokio::select! {
+                () = stop.cancelled() => return Ok(writes),
+                _ = tick.tick() => {}
+            }
+            round += 1;
+            let namespace = self.client_namespaces[ns].clone();
+            let name = format!("obj-{i}");
+            let kind = if widget { "Widget" } else { "ConfigMap" };
+            let k = format!("{kind}/{namespace}/{name}");
+            let (exists, may_delete) = {
+                let s = self.state.lock().await;
+                (s.live.contains(&k), !s.pause_deletions)
+            };
+            let before = Instant::now();
+            let labels = serde_json::json!({ label_key.clone(): label_value.clone() });
+            let outcome: Result<(), kube::Error> = async {
+                // ConfigMaps are deleted too. Widgets are not: a deletion found by a re-list
+                // reaches the reconciler as a tombstone only for types that can be built from
+                // metadata alone, and a Widget's spec is required.
+                if exists && may_delete && op < 2 && !widget {
+                    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+                    api.delete(&name, &DeleteParams::default()).await?;
+                    let mut s = self.state.lock().await;
+                    s.live.remove(&k);
+                    s.deleted.insert(k.clone(), before);
+                    self.journal.deleted(k.clone());
+                    s.owned.remove(&k);
+                    return Ok(());
+                }
+                if widget {
+                    let api: Api<Widget> = Api::namespaced(client.clone(), &namespace);
+                    if exists && op < 4 {
+                        // Change the owned ConfigMap only: the owner must be reconciled.
+                        let owner = api.get(&name).await?;
+                        let child = serde_json::json!({
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "metadata": {
+                                "name": format!("{name}-child"),
+                                "labels": labels,
+                                "ownerReferences": [{
+                                    "apiVersion": "test.kube-dispatch.dev/v1",
+                                    "kind": "Widget",
+                                    "name": name,
+                                    "uid": owner.uid(),
+                                    "controller": true,
+                                }],
+                            },
+                            "data": { "round": round.to_string() },
+                        });
+                        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+                        cms.patch(&format!("{name}-child"), &params, &Patch::Apply(&child))
+                            .await?;
+                        self.state.lock().await.owned_changed(k.clone(), before);
+                        return Ok(());
+                    }
+                    let w = serde_json::json!({
+                        "apiVersion": "test.kube-dispatch.dev/v1",
+                        "kind": "Widget",
+                        "metadata": { "name": name, "labels": labels },
+                        "spec": { "size": round },
+                    });
+                    let written = api.patch(&name, &params, &Patch::Apply(&w)).await?;
+                    self.journal.wrote(k.clone(), rv(&written));
+                } else {
+                    let cm = serde_json::json!({
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": { "name": name, "labels": labels },
+                        "data": { "round": round.to_string() },
+                    });
+                    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+                    let written = api.patch(&name, &params, &Patch::Apply(&cm)).await?;
+                    self.journal.wrote(k.clone(), rv(&written));
+                }
+                let mut s = self.state.lock().await;
+                s.live.insert(k.clone());
+                s.deleted.remove(&k);
+                Ok(())
+            }
+            .await;
+            match outcome {
+                Ok(()) => writes += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    // Deleted meanwhile (a child's owner, or a retried delete).
+                    self.state.lock().await.live.remove(&k);
+                }
+                Err(_) => {
+                    // The API server may be restarting. The final states are read back at the
+                    // end; a write whose answer was lost may still have happened, so forget
+                    // what this one meant for the checks that rely on the writer's memory.
+                    let mut s = self.state.lock().await;
+                    s.deleted.remove(&k);
+                    s.owned.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unreachable")]
+pub(super) struct Never;
+
+pub(super) struct Checker {
+    pub(super) journal: Journal,
+    pub(super) replica: String,
+}
+
+pub(super) async fn record<K: Resource<DynamicType = ()>>(
+    kind: &str,
+    obj: &K,
+    checker: &Checker,
+) -> Result<Action, Never> {
+    let _running = checker.journal.start_reconcile(
+        key(kind, obj),
+        rv(obj),
+        obj.meta().deletion_timestamp.is_some(),
+        &checker.replica,
+    );
+    // A little work, so reconciles overlap in time when exclusivity breaks.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(Action::await_change())
+}
+
+/// A controller replica running two groups on the SDK: ConfigMaps, and Widgets owning
+/// ConfigMaps, both selected by `label`, recording every reconcile in `journal`.
+pub(super) fn start_checker(
+    replica: &str,
+    label: &str,
+    load_balancer: std::net::SocketAddr,
+    journal: &Journal,
+) -> Result<Isolated, FixtureError> {
+    let (replica, label, journal) = (replica.to_owned(), label.to_owned(), journal.clone());
+    let name = replica.clone();
+    Isolated::spawn(&name, move |shutdown| async move {
+        let client = match Cluster::shared().client().await {
+            Ok(c) => c,
+            Err(e) => panic!("chaos replica has no client: {e}"),
+        };
+        let checker = Arc::new(Checker {
+            journal,
+            replica: replica.clone(),
+        });
+        let lb = load_balancer.to_string();
+        let configmaps = Controller::<ConfigMap>::new(client.clone(), "chaos-configmaps")
+            .labels(label.clone())
+            .load_balancer(lb.clone())
+            .credentials(crate::credentials())
+            .replica_id(replica.clone())
+            .concurrency(8)
+            .session_ttl(TTL)
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                |cm, c: Arc<Checker>| async move { record("ConfigMap", &*cm, &c).await },
+                |_, _: &Never, _| Action::await_change(),
+                checker.clone(),
+            )
+            .for_each(|_| async {});
+        let widgets = Controller::<Widget>::new(client, "chaos-widgets")
+            .labels(label)
+            .owns::<ConfigMap>()
+            .load_balancer(lb)
+            .credentials(crate::credentials())
+            .replica_id(replica)
+            .concurrency(8)
+            .session_ttl(TTL)
+            .graceful_shutdown_on(shutdown.cancelled_owned())
+            .run(
+                |w, c: Arc<Checker>| async move { record("Widget", &*w, &c).await },
+                |_, _: &Never, _| Action::await_change(),
+                checker,
+            )
+            .for_each(|_| async {});
+        futures::join!(configmaps, widgets);
+    })
+}
