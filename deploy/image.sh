@@ -30,6 +30,9 @@
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`
 #   --builder  buildah (default; installed from the distribution's packages when missing and
 #              run as root) or docker (tags the image in the local engine; no archive)
+#   --binaries-only  build the binaries the image would hold (or, with --go-example, the Go
+#              example's), with their prerequisites, and stop: `make test` builds them in the
+#              background while other steps run, so that its end-to-end step finds them built
 # Also, for other images built the same way (tests/node/node.sh's pause image):
 #   deploy/image.sh --build-only --context DIR --file DOCKERFILE --tag NAME:TAG --output ARCHIVE
 #
@@ -45,6 +48,7 @@ output=
 builder=buildah
 profile=dist
 build_only=false
+binaries_only=false
 context=
 file=$root/deploy/Dockerfile
 target=x86_64-unknown-linux-musl
@@ -68,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --builder) builder=${2:?--builder needs a value}; shift 2 ;;
     --profile) profile=${2:?--profile needs a value}; shift 2 ;;
     --build-only) build_only=true; shift ;;
+    --binaries-only) binaries_only=true; shift ;;
     --go-example) go_example=true; file=$root/deploy/go-hasher.Dockerfile; shift ;;
     --release) release=true; shift ;;
     --context) context=${2:?--context needs a value}; shift 2 ;;
@@ -197,6 +202,11 @@ make_go_context() {
   static "$context"
 }
 
+if [[ $binaries_only == true ]]; then
+  if [[ $go_example == true ]]; then make_go_context; else build_binaries; fi
+  log "binaries built; no image (--binaries-only)"
+  exit 0
+fi
 if [[ $build_only == false && $go_example == true ]]; then
   make_go_context
   : "${output:=$target_dir/image/$(basename "${tag%%:*}")-${tag##*:}.oci.tar}"

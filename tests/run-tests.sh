@@ -28,15 +28,49 @@ summary() {
 cluster=tests/cluster/cluster.sh
 started=
 stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
+
+# Compile work that later steps need runs in the background, at the lowest priority, so that
+# it takes the CPU the foreground leaves idle (tests waiting on the API server, a node
+# starting) rather than a step of its own: the end-to-end image's static binaries (another
+# profile and target than the tests', so another cargo lock), the Go SDK's checks and
+# race-enabled tests, and the controller-runtime incumbent's vet. The step that needs one
+# waits for it (`await`); its failure fails the run, with its log.
+logs=${CARGO_TARGET_DIR:-target}/make-test
+mkdir -p "$logs"
+declare -A background=()
+background() { # name, command...
+  local name=$1
+  shift
+  setsid nice -n 19 "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  background[$name]=$!
+}
+await() { # name
+  local name=$1 rc=0
+  wait "${background[$name]}" || rc=$?
+  unset "background[$name]"
+  if ((rc != 0)); then
+    echo "run-tests: $name (in the background) failed with exit $rc; its log, $logs/$name.log:" >&2
+    cat "$logs/$name.log" >&2
+    exit "$rc"
+  fi
+}
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
 # Clean up first, then say what each step took: printing can fail (a closed pipe after Ctrl-C),
 # and the exit status stays the run's.
-trap 'rc=$?; stop_cluster; summary "$rc" 2>/dev/null || true; exit "$rc"' EXIT
+trap 'rc=$?; stop_background; stop_cluster; summary "$rc" 2>/dev/null || true; exit "$rc"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 step "pinned versions"
 tests/cluster/check-versions.sh
+
+background e2e-binaries bash -c 'deploy/image.sh --profile release --binaries-only && deploy/image.sh --go-example --binaries-only'
+background go-sdk tests/go-sdk.sh --prebuild
+background incumbent-vet bash -c 'cd bench/controller-runtime && go vet ./...'
 
 step "crate layout, sizes and the walkthrough"
 tests/check-layout.sh
@@ -52,10 +86,9 @@ tests/cluster/build-binaries.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "gofmt and go vet (the controller-runtime incumbent)"
+step "gofmt (the controller-runtime incumbent; its go vet runs in the background)"
 unformatted=$(gofmt -l bench/controller-runtime)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
-(cd bench/controller-runtime && go vet ./...)
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -79,7 +112,9 @@ cargo test --workspace --doc --locked --quiet
 step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
 tests/nextest-phases.sh
 
-step "Go controller SDK (tests/go-sdk.sh)"
+step "Go controller SDK (tests/go-sdk.sh), and the incumbent's go vet"
+await incumbent-vet
+await go-sdk
 tests/go-sdk.sh
 
 step "Helm chart (tests/helm.sh)"
@@ -95,4 +130,5 @@ step "deploy/ on a real node (make e2e, short form)"
 # overlay applied with kustomize, then a rolling update of the dispatchers and the controller
 # scaled 2 -> 1 with a writer all along: lost 0 and concurrent 0, or this fails. `make e2e`
 # adds a pod deletion, evictions against the PodDisruptionBudget and scaling 2 -> 4 -> 1.
+await e2e-binaries
 E2E_SHORT=1 tests/e2e.sh
