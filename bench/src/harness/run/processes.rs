@@ -1,0 +1,216 @@
+//! The processes of a run: the controller replicas of a variant, and the tier (dispatchers and
+//! load balancer) they connect to, each started and awaited until it says it is ready.
+
+use super::*;
+
+impl Setup<'_> {
+    pub(crate) fn start_replicas(
+        &self,
+        variant: Variant,
+        lb_port: u16,
+        log_dir: &Path,
+        tx: &mpsc::Sender<(usize, ReconcileStart)>,
+    ) -> anyhow::Result<Vec<Component>> {
+        let mut args: Vec<String> = Vec::new();
+        match self.selector() {
+            None => args.extend(["--namespace".to_owned(), self.namespace.to_owned()]),
+            Some(selector) => args.extend([
+                "--namespace".to_owned(),
+                String::new(),
+                "--selector".to_owned(),
+                selector,
+            ]),
+        }
+        let (program, count) = match variant {
+            Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata => {
+                if variant == Variant::ControllerRuntimeMetadata {
+                    args.push("--metadata".to_owned());
+                }
+                let program = self.binaries.controller_runtime.as_ref().context(
+                    "the controller-runtime variants need --controller-runtime (bench/controller-runtime/build.sh builds it)",
+                )?;
+                (program, 1)
+            }
+            Variant::GoDispatch(n) => {
+                let program = self.binaries.controller_runtime_dispatch.as_ref().context(
+                    "the go-dispatch variants need --controller-runtime-dispatch (bench/controller-runtime/build.sh dispatch builds it)",
+                )?;
+                (program, n)
+            }
+            Variant::KubeRs
+            | Variant::KubeRsStreaming
+            | Variant::KubeRsMetadata
+            | Variant::Dispatch(_)
+            | Variant::DispatchList(_)
+            | Variant::DispatchListing(..) => {
+                let (runtime, count) = match variant {
+                    Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
+                    Variant::KubeRsStreaming => ("kube-rs-streaming", 1),
+                    Variant::Dispatch(n)
+                    | Variant::DispatchList(n)
+                    | Variant::DispatchListing(_, n) => ("dispatch", n),
+                    _ => ("kube-rs", 1),
+                };
+                args.extend(["--runtime".to_owned(), runtime.to_owned()]);
+                if self.children > 0 {
+                    let from = match variant {
+                        Variant::DispatchList(_) => "list",
+                        _ => "request",
+                    };
+                    args.extend(["--children-from".to_owned(), from.to_owned()]);
+                }
+                (&self.binaries.controller, count)
+            }
+        };
+        if self.children > 0 {
+            args.extend(["--children".to_owned(), self.children.to_string()]);
+        }
+        let mut replicas = Vec::new();
+        for group in 0..self.groups {
+            // Each group's reconcile lines, tagged with the group.
+            let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(start) = group_rx.recv().await {
+                    if tx.send((group, start)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let args = [
+                ["--kind", self.group_kind(group).flag()]
+                    .map(str::to_owned)
+                    .as_slice(),
+                &args,
+            ]
+            .concat();
+            for i in 0..count {
+                let name = if self.groups == 1 {
+                    format!("bench-controller-{i}")
+                } else {
+                    format!("bench-controller-{group}-{i}")
+                };
+                let env = [
+                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
+                    ("POD_NAME", name.clone()),
+                    ("KD_BENCH_NAME", group_name(group)),
+                    ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
+                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
+                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+                ];
+                replicas.push(Component::spawn(
+                    &name,
+                    program,
+                    &args,
+                    &env,
+                    log_dir,
+                    Some(group_tx.clone()),
+                )?);
+            }
+        }
+        Ok(replicas)
+    }
+
+    /// Starts the dispatchers (listing in `list_mode`, or their default) and the load
+    /// balancer, and waits until the ring holds all the dispatchers, their handover is
+    /// complete and the load balancer leads and knows them.
+    pub(crate) async fn start_tier(
+        &self,
+        log_dir: &Path,
+        list_mode: Option<ListMode>,
+    ) -> anyhow::Result<Tier> {
+        // Leases a previous, interrupted run left would hold the new ring back.
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
+        leases
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("cannot clear the Leases of earlier runs")?;
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let mut tier = Vec::new();
+        let ids: Vec<String> = (0..self.dispatchers)
+            .map(|i| format!("dispatcher-{i}"))
+            .collect();
+        // Every port at once, so no two are the same: one picked and released could be picked
+        // again before the process it was meant for binds it.
+        let mut ports = free_ports(2 * ids.len() + 2)?.into_iter();
+        let mut next_port = || ports.next().context("fewer free ports than asked for");
+        let mut dispatcher_admin = Vec::new();
+        for id in &ids {
+            let (port, admin) = (next_port()?, next_port()?);
+            dispatcher_admin.push(admin);
+            let mut env = vec![
+                ("KUBECONFIG", kubeconfig.clone()),
+                ("KD_DISPATCHER_ID", id.clone()),
+                ("KD_LISTEN", format!("127.0.0.1:{port}")),
+                ("KD_ADMIN_LISTEN", format!("127.0.0.1:{admin}")),
+                ("KD_LEASE_NAMESPACE", self.namespace.to_owned()),
+                // kube-rs controllers do not resync by default either: the same work.
+                ("KD_RESYNC_INTERVAL", "0s".to_owned()),
+                ("KD_LOG_JSON", "1".to_owned()),
+                ("KD_INSECURE", SECURITY_OFF.to_owned()),
+                ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+            ];
+            if let Some(ring_key) = self.ring_key {
+                env.push(("KD_RING_KEY", ring_key.to_owned()));
+            }
+            // Always named: a KD_LIST_MODE in the benchmark's own environment would otherwise
+            // reach the dispatchers of every variant.
+            env.push((
+                "KD_LIST_MODE",
+                list_mode.map_or("whole", ListMode::flag).to_owned(),
+            ));
+            tier.push(Component::spawn(
+                id,
+                &self.binaries.dispatcher,
+                &[],
+                &env,
+                log_dir,
+                None,
+            )?);
+        }
+        let (lb_port, lb_admin) = (next_port()?, next_port()?);
+        let env = [
+            ("KUBECONFIG", kubeconfig.clone()),
+            ("KD_LISTEN", format!("127.0.0.1:{lb_port}")),
+            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{lb_admin}")),
+            ("KD_NAMESPACE", self.namespace.to_owned()),
+            ("KD_LOG_JSON", "1".to_owned()),
+            ("KD_INSECURE", SECURITY_OFF.to_owned()),
+            ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+        ];
+        tier.push(Component::spawn(
+            "loadbalancer",
+            &self.binaries.loadbalancer,
+            &[],
+            &env,
+            log_dir,
+            None,
+        )?);
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut ticks = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            ticks.tick().await;
+            let mut ready = load_balancer_ready(lb_admin, ids.len()).await;
+            for admin in &dispatcher_admin {
+                ready = ready && dispatcher_ready(*admin, ids.len()).await;
+            }
+            if ready {
+                return Ok(Tier {
+                    components: tier,
+                    lb_port,
+                    dispatcher_admin,
+                });
+            }
+            for c in &mut tier {
+                c.ensure_running()?;
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "the dispatchers and the load balancer were not ready within 60 s; logs in {}",
+                    log_dir.display()
+                );
+            }
+        }
+    }
+}

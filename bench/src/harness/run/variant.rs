@@ -1,0 +1,128 @@
+//! What a run runs: the variants the benchmark compares (the incumbents, and the tier in its
+//! shapes), as they are named on the command line and in the tables.
+
+use std::fmt;
+
+/// How the controller runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Variant {
+    /// kube-rs `Controller`, reflector cache of whole objects.
+    KubeRs,
+    /// The same, its watcher listing by streaming (`watcher::Config::streaming_lists`: one
+    /// WATCH with `sendInitialEvents`, served from the API server's watch cache) instead of
+    /// pages of 500: what kube-rs users turn to for large collections.
+    KubeRsStreaming,
+    /// kube-rs `Controller`, metadata-only watch and cache, GET per reconcile.
+    KubeRsMetadata,
+    /// controller-runtime (Go), its default cache of whole objects.
+    ControllerRuntime,
+    /// controller-runtime (Go), `builder.OnlyMetadata`: metadata-only cache, GET per reconcile.
+    ControllerRuntimeMetadata,
+    /// The SDK behind the dispatchers and the load balancer, with this many replicas.
+    Dispatch(usize),
+    /// As [`Variant::Dispatch`], the dispatchers listing in another mode than their default
+    /// whole lists (`--list-mode`).
+    DispatchListing(ListMode, usize),
+    /// As [`Variant::Dispatch`], each reconcile listing its children instead of reading them
+    /// from its request (`--children`).
+    DispatchList(usize),
+    /// The controller-runtime controller ported to the Go SDK
+    /// (`bench/controller-runtime-dispatch`), with this many replicas, on the tier.
+    GoDispatch(usize),
+}
+
+/// How the dispatchers of a [`Variant::DispatchListing`] list (`--list-mode` of
+/// kube-dispatch-dispatcher, whose default is one whole LIST).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum ListMode {
+    /// LIST in pages of 500.
+    Paged,
+    /// One WATCH with `sendInitialEvents`.
+    Stream,
+}
+
+impl ListMode {
+    /// The dispatcher's `--list-mode` value.
+    pub(crate) fn flag(self) -> &'static str {
+        match self {
+            ListMode::Paged => "paged",
+            ListMode::Stream => "stream",
+        }
+    }
+}
+
+impl Variant {
+    /// Whether it runs on the tier (dispatchers and load balancer).
+    pub(crate) fn on_tier(self) -> bool {
+        matches!(
+            self,
+            Variant::Dispatch(_)
+                | Variant::DispatchList(_)
+                | Variant::GoDispatch(_)
+                | Variant::DispatchListing(..)
+        )
+    }
+
+    /// The Rust SDK with one replica, whatever its dispatchers' list mode: what the
+    /// incumbents' figures are divided by.
+    pub(crate) fn is_sdk_alone(self) -> bool {
+        matches!(self, Variant::Dispatch(1) | Variant::DispatchListing(_, 1))
+    }
+
+    /// The dispatchers' `--list-mode`, when not their default.
+    pub(crate) fn list_mode(self) -> Option<ListMode> {
+        match self {
+            Variant::DispatchListing(mode, _) => Some(mode),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Variant::KubeRs => f.write_str("kube-rs"),
+            Variant::KubeRsStreaming => f.write_str("kube-rs-streaming"),
+            Variant::KubeRsMetadata => f.write_str("kube-rs-metadata"),
+            Variant::ControllerRuntime => f.write_str("controller-runtime"),
+            Variant::ControllerRuntimeMetadata => f.write_str("controller-runtime-metadata"),
+            Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
+            Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
+            Variant::GoDispatch(n) => write!(f, "go-dispatch-{n}"),
+            Variant::DispatchListing(mode, n) => write!(f, "dispatch-{}-{n}", mode.flag()),
+        }
+    }
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kube-rs" => Ok(Variant::KubeRs),
+            "kube-rs-streaming" => Ok(Variant::KubeRsStreaming),
+            "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
+            "controller-runtime" => Ok(Variant::ControllerRuntime),
+            "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
+            _ => {
+                let replicas = |n: &str| n.parse().ok().filter(|n| (1..=64).contains(n));
+                if let Some(n) = s.strip_prefix("go-dispatch-") {
+                    replicas(n).map(Variant::GoDispatch)
+                } else if let Some(n) = s.strip_prefix("dispatch-list-") {
+                    replicas(n).map(Variant::DispatchList)
+                } else if let Some(n) = s.strip_prefix("dispatch-paged-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Paged, n))
+                } else if let Some(n) = s.strip_prefix("dispatch-stream-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Stream, n))
+                } else {
+                    s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
+                }
+                .ok_or_else(|| {
+                    format!(
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
+                    )
+                })
+            }
+        }
+    }
+}
