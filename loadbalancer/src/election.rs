@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{registry::Registry, service::ServeError};
+use crate::registry::Registry;
 
 /// The leader election on one Lease.
 ///
@@ -43,7 +43,8 @@ pub(crate) struct Election {
 }
 
 impl Election {
-    pub(crate) async fn build(&self) -> Result<LeaseManager, ServeError> {
+    /// The manager of the Lease, read (and created if missing) once.
+    pub(crate) async fn build(&self) -> Result<LeaseManager, LeaseManagerError> {
         LeaseManagerBuilder::new(self.client.clone(), &self.lease)
             .with_namespace(&self.namespace)
             .with_identity(&self.identity)
@@ -51,10 +52,6 @@ impl Election {
             .with_grace(self.grace)
             .build()
             .await
-            .map_err(|source| ServeError::Election {
-                lease: self.lease.clone(),
-                source,
-            })
     }
 
     /// How long a renewal seen keeps this replica safely the leader: the Lease duration less

@@ -128,17 +128,16 @@ pub async fn serve(
         config.group_owners.clone(),
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-    let election = Election {
-        client: client.clone(),
-        lease: config.lease_name.clone(),
-        namespace: config.namespace.clone(),
-        identity: config.advertise_address.clone(),
-        duration: config.lease_duration.as_secs().max(1),
-        grace: config.lease_grace.as_secs().max(1),
-    };
+    let election = election(&config, &client);
     // The first reading of the Lease (creating it if missing) fails the start, as a bad
     // namespace or missing permission should.
-    let manager = election.build().await?;
+    let manager = election
+        .build()
+        .await
+        .map_err(|source| ServeError::Election {
+            lease: config.lease_name.clone(),
+            source,
+        })?;
     let (elected_tx, elected) = watch::channel(false);
     let stop = CancellationToken::new();
     let election = tokio::spawn(election.run(manager, leases.clone(), elected_tx, stop.clone()));
@@ -197,6 +196,18 @@ pub async fn serve(
     release_leadership(election).await;
     result?;
     Ok(())
+}
+
+/// The leader election `config` asks for, identified by the address this replica advertises.
+fn election(config: &Config, client: &Client) -> Election {
+    Election {
+        client: client.clone(),
+        lease: config.lease_name.clone(),
+        namespace: config.namespace.clone(),
+        identity: config.advertise_address.clone(),
+        duration: config.lease_duration.as_secs().max(1),
+        grace: config.lease_grace.as_secs().max(1),
+    }
 }
 
 /// Waits (at most 5 s) for the election task, which releases the Lease once stopped: a
