@@ -1,7 +1,7 @@
 //! Which actions a state allows, by the part of the system that takes them: in the order
 //! `Model::actions` lists them (the clock, dispatchers, replicas, messages, objects).
 
-use crate::{Action, Key, Message, Protocol, State, Views, bit, has};
+use crate::{Action, Key, Message, Protocol, State, Views, has};
 
 /// An index of the model's small collections, as actions carry it.
 fn n(x: usize) -> u8 {
@@ -69,12 +69,7 @@ impl Protocol {
                         actions.push(Action::Expire(d8, n(r)));
                     }
                     if disp.held[r].is_some() {
-                        let ready = disp
-                            .keys
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, k)| matches!(k, Key::Ready { .. }))
-                            .fold(0u8, |m, (i, _)| m | bit(i));
+                        let ready = disp.ready();
                         let can_take = if disp.settled.is_some() {
                             ready & self.takeable(r)
                         } else {

@@ -384,12 +384,7 @@ impl Protocol {
             | Action::ReportArrives(..) => true,
             Action::Answer(r, d, keys) => {
                 let disp = &state.dispatchers[usize::from(d)];
-                let ready = disp
-                    .keys
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, k)| matches!(k, Key::Ready { .. }))
-                    .fold(0u8, |m, (i, _)| m | bit(i));
+                let ready = disp.ready();
                 disp.settled.is_none() || keys == ready & self.takeable(usize::from(r))
             }
             _ => false,

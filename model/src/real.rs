@@ -508,22 +508,8 @@ impl Real {
             let key = KeyRef::new(&key);
             for group in &mut p.groups {
                 let (object, epoch) = (object.clone(), 0);
-                let origin = Origin::Stream;
-                let event = if slice.owned_elsewhere(key) {
-                    GroupEvent::ExistsElsewhere {
-                        key,
-                        object,
-                        epoch,
-                        origin,
-                    }
-                } else {
-                    GroupEvent::Exists {
-                        key,
-                        object,
-                        epoch,
-                        origin,
-                    }
-                };
+                let elsewhere = slice.owned_elsewhere(key);
+                let event = GroupEvent::exists(key, object, (epoch, Origin::Stream), elsewhere);
                 group.record(slice, event, now);
             }
         }

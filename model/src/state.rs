@@ -34,6 +34,17 @@ pub enum Key {
     },
 }
 
+impl Dispatcher {
+    /// Its keys ready for delivery, as a mask.
+    pub(crate) fn ready(&self) -> u8 {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| matches!(k, Key::Ready { .. }))
+            .fold(0u8, |m, (i, _)| m | bit(i))
+    }
+}
+
 impl Key {
     /// The same key, marked as moved away or not (idle and absent keys have no mark).
     pub(crate) fn leaving(self, leaving: bool) -> Self {

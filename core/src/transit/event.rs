@@ -108,3 +108,31 @@ pub enum GroupEvent<'a> {
         key: KeyRef<'a>,
     },
 }
+
+impl<'a> GroupEvent<'a> {
+    /// The watch shows the object of `key` as `object`, from the list of `epoch` or its stream
+    /// (`origin`): [`GroupEvent::ExistsElsewhere`] if the key is owned `elsewhere` (as
+    /// `Slice::owned_elsewhere` says), else [`GroupEvent::Exists`].
+    pub fn exists(
+        key: KeyRef<'a>,
+        object: Observed,
+        (epoch, origin): (u32, Origin),
+        elsewhere: bool,
+    ) -> Self {
+        if elsewhere {
+            GroupEvent::ExistsElsewhere {
+                key,
+                object,
+                epoch,
+                origin,
+            }
+        } else {
+            GroupEvent::Exists {
+                key,
+                object,
+                epoch,
+                origin,
+            }
+        }
+    }
+}

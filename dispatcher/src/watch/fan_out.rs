@@ -462,21 +462,7 @@ fn primary_event<'k>(
         body,
         trace,
     };
-    if place == Place::Elsewhere {
-        GroupEvent::ExistsElsewhere {
-            key,
-            object,
-            epoch,
-            origin,
-        }
-    } else {
-        GroupEvent::Exists {
-            key,
-            object,
-            epoch,
-            origin,
-        }
-    }
+    GroupEvent::exists(key, object, (epoch, origin), place == Place::Elsewhere)
 }
 
 /// A watch, for log lines: its resource, namespace and selectors.
