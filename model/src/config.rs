@@ -3,6 +3,9 @@
 
 use std::fmt;
 
+#[cfg(doc)]
+use crate::Action;
+
 /// Delivery numbers are counted modulo this, so that an ack of an older delivery (still on its
 /// way) does not settle a newer one. The network keeps at most one ack per key and pair (see
 /// `send_ack`), so a wrongly matched ack is rare; it could only settle a key early, which adds

@@ -7,7 +7,7 @@
 //! through it.
 //!
 //! Start at [`Protocol`]: [`Protocol::new`] builds the model from a [`Config`], and
-//! `Protocol::checker()` (stateright's [`Model`] trait) explores it. `make test` runs a bounded
+//! `Protocol::checker()` (stateright's [`Model`](stateright::Model) trait) explores it. `make test` runs a bounded
 //! check (`tests` below); `make model` runs a deeper one (`src/main.rs`). [`real::walk`] steps
 //! the real code (`kube_dispatch_core::leases`, `::handover`, `::queue`, `::transit`) in
 //! lock-step with the model, so what the checker proves of the model's Leases, gate and queues

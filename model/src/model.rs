@@ -3,6 +3,8 @@
 
 use stateright::{Model, Property};
 
+#[cfg(doc)]
+use crate::Config;
 use crate::{Action, Key, Lease, Protocol, Replica, Seen, State, Takeover, bit};
 
 impl Model for Protocol {

@@ -2,6 +2,8 @@
 //! in flight, and the actions that move them.
 
 use crate::Budget;
+#[cfg(doc)]
+use crate::{Config, DELIVERIES, Protocol, Takeover};
 
 /// A key in a dispatcher's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
