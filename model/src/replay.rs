@@ -5,7 +5,7 @@
 //! faults taken in the run's order and no other. A violation it finds is a counterexample of
 //! the model for what the chaos run saw, with the path that leads to it; none, with the script
 //! taken in full, says that within those bounds the model does not explain the run: either
-//! the code does something the model does not (the lock-step, `real.rs`, is where to look
+//! the code does something the model does not (the lock-step, `real/`, is where to look
 //! next), or the run's fault lies outside what the model describes (listed as "not modelled").
 //!
 //! Which faults: those around the report's first violation with any (its "faults around"
