@@ -229,7 +229,60 @@ impl Setup<'_> {
         let requests_before = request_counts(self.client).await?;
         let began = Instant::now();
 
-        // The writer: a tick per write; a tick with every writer busy is dropped.
+        let sent = self.write_at(rate, n, window, began).await?;
+        let elapsed = began.elapsed().as_secs_f64();
+        let stopped = Instant::now();
+        let dispatcher_cpu = cpu(&mut tier[..1])? - dispatcher_before;
+        let replica_cpu = cpu(replicas)? - replica_before;
+        let plane = self.control_plane.cpu_seconds();
+        let events = watch_events(admin).await? - events_before;
+        let patches =
+            request_counts(self.client)
+                .await?
+                .since(&requests_before, "configmaps", "PATCH");
+
+        let sent: Vec<(String, u64, u64)> = sent
+            .into_iter()
+            .map(|(i, at, rv)| (self.key(i), at, rv))
+            .collect();
+        let latencies = await_reconciled(starts, &sent)
+            .await
+            .context("after the writer stopped")?;
+        let caught_up = stopped.elapsed();
+        let ms = |p: f64| percentile(&latencies, p).unwrap_or(0.0) / 1e3;
+        let dispatcher_cores = dispatcher_cpu / elapsed;
+        let events = events / elapsed;
+        Ok(Step {
+            target: rate,
+            achieved: sent.len() as f64 / elapsed,
+            patches: patches as f64 / elapsed,
+            events,
+            dispatcher_cores,
+            per_core: if dispatcher_cores > 0.0 {
+                events / dispatcher_cores
+            } else {
+                0.0
+            },
+            replica_cores: replica_cpu / elapsed,
+            apiserver_cores: (plane.0 - plane_before.0) / elapsed,
+            etcd_cores: (plane.1 - plane_before.1) / elapsed,
+            p50: ms(0.50),
+            p99: ms(0.99),
+            worst: latencies.last().copied().unwrap_or(0) as f64 / 1e3,
+            caught_up,
+        })
+    }
+
+    /// Step `n`'s writes: `rate` a second from `began` until `window` has passed, each to the
+    /// next object with a value no write had before; a tick with every writer busy is dropped.
+    /// Each write made: (object, when in micros, the resourceVersion it made).
+    async fn write_at(
+        &self,
+        rate: u32,
+        n: usize,
+        window: Duration,
+        began: Instant,
+    ) -> anyhow::Result<Vec<(usize, u64, u64)>> {
         let sent: Arc<Mutex<Vec<(usize, u64, u64)>>> = Arc::default();
         let (permits, work) = work_queue();
         let mut writers = Vec::new();
@@ -274,51 +327,12 @@ impl Setup<'_> {
         for w in writers {
             w.await.context("a writer panicked")??;
         }
-        let elapsed = began.elapsed().as_secs_f64();
-        let stopped = Instant::now();
-        let dispatcher_cpu = cpu(&mut tier[..1])? - dispatcher_before;
-        let replica_cpu = cpu(replicas)? - replica_before;
-        let plane = self.control_plane.cpu_seconds();
-        let events = watch_events(admin).await? - events_before;
-        let patches =
-            request_counts(self.client)
-                .await?
-                .since(&requests_before, "configmaps", "PATCH");
-
-        let sent: Vec<(String, u64, u64)> = std::mem::take(
+        let sent = std::mem::take(
             &mut *sent
                 .lock()
                 .map_err(|_| anyhow::anyhow!("a writer panicked"))?,
-        )
-        .into_iter()
-        .map(|(i, at, rv)| (self.key(i), at, rv))
-        .collect();
-        let latencies = await_reconciled(starts, &sent)
-            .await
-            .context("after the writer stopped")?;
-        let caught_up = stopped.elapsed();
-        let ms = |p: f64| percentile(&latencies, p).unwrap_or(0.0) / 1e3;
-        let dispatcher_cores = dispatcher_cpu / elapsed;
-        let events = events / elapsed;
-        Ok(Step {
-            target: rate,
-            achieved: sent.len() as f64 / elapsed,
-            patches: patches as f64 / elapsed,
-            events,
-            dispatcher_cores,
-            per_core: if dispatcher_cores > 0.0 {
-                events / dispatcher_cores
-            } else {
-                0.0
-            },
-            replica_cores: replica_cpu / elapsed,
-            apiserver_cores: (plane.0 - plane_before.0) / elapsed,
-            etcd_cores: (plane.1 - plane_before.1) / elapsed,
-            p50: ms(0.50),
-            p99: ms(0.99),
-            worst: latencies.last().copied().unwrap_or(0) as f64 / 1e3,
-            caught_up,
-        })
+        );
+        Ok(sent)
     }
 }
 

@@ -249,8 +249,35 @@ async fn one_run(
     let names_now: Vec<(String, String)> = current_versions(api).await?;
     wait_for(&seen, &names_now, Duration::from_secs(120)).await?;
 
-    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let began = Instant::now();
+    let (written, sent) = burst(api, names).await?;
+    wait_for(&seen, &written, Duration::from_secs(120)).await?;
+    let last = {
+        let started = seen.started.lock().unwrap_or_else(|e| e.into_inner());
+        written.iter().filter_map(|k| started.get(k)).max().copied()
+    }
+    .unwrap_or(began);
+    let latencies = latencies(&seen, &written, &sent);
+    stop.cancel();
+    task.await?;
+    let scrapes = match scraper {
+        Some(s) => s.await?,
+        None => 0,
+    };
+    Ok(Run {
+        throughput: written.len() as f64 / last.saturating_duration_since(began).as_secs_f64(),
+        latencies,
+        scrapes,
+    })
+}
+
+/// One merge patch per object, `WRITERS` at a time: each object's name and the version the
+/// patch made, and when each patch was sent.
+async fn burst(
+    api: &Api<ConfigMap>,
+    names: &[String],
+) -> anyhow::Result<(Vec<(String, String)>, HashMap<String, Instant>)> {
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let written: Vec<(String, String)> = futures::stream::iter(names.iter().cloned())
         .map(|name| {
             let (api, sent) = (api.clone(), sent.clone());
@@ -271,35 +298,26 @@ async fn one_run(
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
-    wait_for(&seen, &written, Duration::from_secs(120)).await?;
-    let last = {
-        let started = seen.started.lock().unwrap_or_else(|e| e.into_inner());
-        written.iter().filter_map(|k| started.get(k)).max().copied()
-    }
-    .unwrap_or(began);
-    let latencies = {
-        let started = seen.started.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = sent.lock().unwrap_or_else(|e| e.into_inner());
-        written
-            .iter()
-            .filter_map(|k| {
-                let at = started.get(k)?;
-                let from = sent.get(&k.0)?;
-                u64::try_from(at.saturating_duration_since(*from).as_micros()).ok()
-            })
-            .collect()
-    };
-    stop.cancel();
-    task.await?;
-    let scrapes = match scraper {
-        Some(s) => s.await?,
-        None => 0,
-    };
-    Ok(Run {
-        throughput: written.len() as f64 / last.saturating_duration_since(began).as_secs_f64(),
-        latencies,
-        scrapes,
-    })
+    let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok((written, sent))
+}
+
+/// Per written version, from its patch being sent to the first reconcile that saw it
+/// (microseconds).
+fn latencies(
+    seen: &Seen,
+    written: &[(String, String)],
+    sent: &HashMap<String, Instant>,
+) -> Vec<u64> {
+    let started = seen.started.lock().unwrap_or_else(|e| e.into_inner());
+    written
+        .iter()
+        .filter_map(|k| {
+            let at = started.get(k)?;
+            let from = sent.get(&k.0)?;
+            u64::try_from(at.saturating_duration_since(*from).as_micros()).ok()
+        })
+        .collect()
 }
 
 fn api_namespace(api: &Api<ConfigMap>) -> String {

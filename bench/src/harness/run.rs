@@ -3,7 +3,7 @@
 //! start to stop.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -15,12 +15,12 @@ use kube::{
     api::{DeleteParams, ListParams},
 };
 use kube_dispatch_bench::{ReconcileStart, now_micros};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use super::{
     admin::{counter_sum, http_status, scrape},
-    apiserver::{ControlPlane, RequestCounts, cpu_profile, request_counts},
-    objects::{self, Kind, change_value, object_name},
+    apiserver::{ControlPlane, RequestCounts, request_counts},
+    objects::{self, Kind, object_name},
     process::{Component, Usage},
 };
 
@@ -124,54 +124,8 @@ pub(crate) struct RunResult {
     pub(crate) check: (u64, f64),
 }
 
-/// What the replicas' reconcile lines have shown so far.
-#[derive(Default)]
-struct Observations {
-    first: Option<u64>,
-    /// Per controller group, the objects it has reconciled, until it has reconciled them all.
-    seen: Vec<HashSet<String>>,
-    /// Per group, whether it has reconciled every object.
-    complete: Vec<bool>,
-    /// Groups that have reconciled every object.
-    done: usize,
-    /// When the last group had reconciled every object.
-    all: Option<u64>,
-    total: u64,
-    /// Per group, the reconcile starts of the keys the latency phase writes in the group's
-    /// kind: (when, resourceVersion).
-    written: Vec<HashMap<String, Vec<(u64, u64)>>>,
-}
-
-impl Observations {
-    /// When every group that reconciles `key`'s kind had started a reconcile of `key` after
-    /// `write`; None until then, and if no group follows `key`.
-    fn reconciled_after(&self, key: &str, write: Write) -> Option<u64> {
-        let mut latest = None;
-        for starts in self.written.iter().filter_map(|group| group.get(key)) {
-            let at = starts
-                .iter()
-                .filter(|(at, r)| match write {
-                    Write::Object(rv) => *r >= rv,
-                    Write::Child(written) => *at >= written,
-                })
-                .map(|(at, _)| *at)
-                .min()?;
-            latest = Some(latest.map_or(at, |l: u64| l.max(at)));
-        }
-        latest
-    }
-}
-
-/// A timed write, as its reconcile is recognised.
-#[derive(Clone, Copy, Debug)]
-enum Write {
-    /// The object itself, at this resourceVersion: the reconcile that saw it or later.
-    Object(u64),
-    /// A child of the object, at this instant (micros): the owner's first reconcile after.
-    Child(u64),
-}
-
 pub(crate) const VERBS: [&str; 5] = ["LIST", "WATCH", "GET", "PATCH", "APPLY"];
+mod measure;
 mod processes;
 mod ready;
 mod variant;
@@ -255,54 +209,7 @@ impl Setup<'_> {
         }
 
         let written = self.written_objects();
-        let groups = self.groups;
-        let (observed_tx, observed) = watch::channel(Observations {
-            seen: vec![HashSet::new(); groups],
-            complete: vec![false; groups],
-            // Each group follows the writes to its kind.
-            written: (0..groups)
-                .map(|g| {
-                    written
-                        .iter()
-                        .enumerate()
-                        .filter(|(n, _)| self.write_kind(*n) == self.group_kind(g))
-                        .map(|(_, i)| (self.key(*i), Vec::new()))
-                        .collect()
-                })
-                .collect(),
-            ..Observations::default()
-        });
-        // Bounded: a replica that prints faster than this is read waits on its stdout pipe.
-        let (tx, mut rx) = mpsc::channel::<(usize, ReconcileStart)>(4096);
-        let objects = self.objects;
-        // In one namespace, only its objects count; spread over many, the label selector
-        // already keeps the controllers to the scenario's objects.
-        let prefix = match self.selector() {
-            None => format!("{}/obj-", self.namespace),
-            Some(_) => String::new(),
-        };
-        let observer = tokio::spawn(async move {
-            while let Some((group, start)) = rx.recv().await {
-                observed_tx.send_modify(|o| {
-                    o.total += 1;
-                    o.first.get_or_insert(start.at_micros);
-                    if let Some(starts) = o.written[group].get_mut(&start.key) {
-                        starts.push((start.at_micros, start.resource_version));
-                    }
-                    if !o.complete[group] && start.key.starts_with(&prefix) {
-                        o.seen[group].insert(start.key.clone());
-                        if o.seen[group].len() == objects {
-                            o.complete[group] = true;
-                            o.seen[group] = HashSet::new();
-                            o.done += 1;
-                            if o.done == groups {
-                                o.all = Some(start.at_micros);
-                            }
-                        }
-                    }
-                });
-            }
-        });
+        let (tx, observed, observer) = self.observe(&written);
 
         let started = now_micros();
         let replicas = self.start_replicas(variant, lb_port, &log_dir, &tx)?;
@@ -347,220 +254,6 @@ impl Setup<'_> {
         result.etcd_cpu = cpu_after.1 - cpu_before.1;
         Ok(result)
     }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn measure(
-        &self,
-        variant: Variant,
-        run: usize,
-        (started, apiserver_cpu_before): (u64, f64),
-        written: &[usize],
-        mut observed: watch::Receiver<Observations>,
-        mut replicas: Vec<Component>,
-        mut tier: Vec<Component>,
-        log_dir: &Path,
-    ) -> anyhow::Result<RunResult> {
-        let bound = Duration::from_secs(60)
-            + Duration::from_millis(2 * (self.objects * self.groups) as u64);
-        // A process that exits meanwhile (an incumbent giving up on its cache sync, say) fails
-        // the run at once rather than at the bound. (Never an empty set: a run starts one
-        // replica at least.)
-        let waited = {
-            let exited = futures::future::select_all(
-                replicas
-                    .iter_mut()
-                    .chain(tier.iter_mut())
-                    .map(|c| Box::pin(c.exited())),
-            );
-            tokio::select! {
-                r = tokio::time::timeout(bound, observed.wait_for(|o| o.all.is_some())) => {
-                    r.map(|r| r.map(|o| (o.first.unwrap_or(started), o.all.unwrap_or(started))))
-                }
-                (error, ..) = exited => {
-                    return Err(error.context(format!("{variant}: before every object was reconciled")));
-                }
-            }
-        };
-        let (first, all) = match waited {
-            Ok(Ok(times)) => times,
-            Ok(Err(_)) => anyhow::bail!("{variant}: the reconcile observer stopped"),
-            Err(_) => anyhow::bail!(
-                "{variant}: {} of {} controllers reconciled all {} objects within {bound:?} (the others: {:?}); logs in {}",
-                observed.borrow().done,
-                self.groups,
-                self.objects,
-                observed
-                    .borrow()
-                    .seen
-                    .iter()
-                    .map(HashSet::len)
-                    .filter(|n| *n > 0)
-                    .collect::<Vec<_>>(),
-                replicas
-                    .first()
-                    .map_or(Path::new(""), |r| r.log.as_path())
-                    .display()
-            ),
-        };
-        // The cold start's work ends when the API server is quiet again, not when the last
-        // reconcile starts: the reads still in flight and the garbage they made are the cold
-        // start's, not the timed writes'. Every variant waits alike.
-        let settled = self.control_plane.quiet().await;
-        let apiserver_cpu_cold = self.control_plane.cpu_seconds().0 - apiserver_cpu_before;
-        let requests_quiet = request_counts(self.client).await?;
-        let profile = self.profile_apiserver.then(|| {
-            let client = self.client.clone();
-            // The writes take `writes × interval`; their reconciles and the repair a little more.
-            let seconds = (self.write_interval * u32::try_from(written.len()).unwrap_or(u32::MAX))
-                .as_secs()
-                + 3;
-            tokio::spawn(async move { cpu_profile(&client, seconds).await })
-        });
-
-        // The latency phase: the same objects, at the same pace, in every run.
-        let mut sent = Vec::with_capacity(written.len());
-        let mut ticks = tokio::time::interval(self.write_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        for (n, i) in written.iter().enumerate() {
-            ticks.tick().await;
-            let (namespace, index) = self.place(*i);
-            let value = format!("{}-{variant}-{run}-{n}", self.nonce);
-            let at = now_micros();
-            let write = if self.children > 0 && n % 2 == 1 {
-                objects::drift_child(self.client, &namespace, index, n % self.children, &value)
-                    .await
-                    .with_context(|| format!("write {n} (a child) failed"))?;
-                Write::Child(at)
-            } else {
-                let rv = change_value(self.client, self.write_kind(n), &namespace, index, &value)
-                    .await
-                    .with_context(|| format!("write {n} failed"))?;
-                Write::Object(rv)
-            };
-            sent.push((self.key(*i), at, write));
-        }
-        let reconciled_after =
-            |o: &Observations, key: &str, write: Write| o.reconciled_after(key, write);
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            observed.wait_for(|o| {
-                sent.iter()
-                    .all(|(key, _, write)| reconciled_after(o, key, *write).is_some())
-            }),
-        )
-        .await
-        .map_err(|_| anyhow::anyhow!("{variant}: some writes were not reconciled within 60 s"))?
-        .context("the observer stopped")?;
-        let (latencies_us, reconciles) = {
-            let o = observed.borrow();
-            let latencies: Vec<u64> = sent
-                .iter()
-                .filter_map(|(key, at, write)| {
-                    Some(reconciled_after(&o, key, *write)?.saturating_sub(*at))
-                })
-                .collect();
-            anyhow::ensure!(latencies.len() == sent.len(), "a write lost its reconcile");
-            (latencies, o.total)
-        };
-        // Each write's latency, in the order written, for looking into a percentile.
-        let listing: String = sent
-            .iter()
-            .zip(&latencies_us)
-            .map(|((key, at, write), us)| format!("{at} {key} {write:?} {us}\n"))
-            .collect();
-        let path = log_dir.join("latencies.txt");
-        std::fs::write(&path, listing)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        let check = self.children_repaired(variant).await?;
-        if let Some(profile) = profile {
-            let requests = request_counts(self.client)
-                .await?
-                .changes_since(&requests_quiet);
-            let path = log_dir.join("requests-timed.txt");
-            std::fs::write(&path, requests)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            let profile = profile.await.context("the profile task failed")??;
-            let path = log_dir.join("apiserver-timed.pprof");
-            std::fs::write(&path, profile)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-        }
-
-        let mut replica_usage = Vec::new();
-        for r in &mut replicas {
-            replica_usage.push(r.usage()?);
-        }
-        let mut dispatchers = Vec::new();
-        let mut loadbalancer = None;
-        for c in &mut tier {
-            let usage = c.usage()?;
-            if c.name == "loadbalancer" {
-                loadbalancer = Some(usage);
-            } else {
-                dispatchers.push(usage);
-            }
-        }
-        // Killed, not stopped: a graceful stop of the whole tier at once is a scale-down, in
-        // which each dispatcher re-lists as the others leave, and that is not what is measured.
-        futures::future::join_all(replicas.into_iter().chain(tier).map(Component::kill)).await;
-
-        Ok(RunResult {
-            variant,
-            replicas: replica_usage,
-            dispatchers,
-            loadbalancer,
-            first_reconcile: Duration::from_micros(first.saturating_sub(started)),
-            all_reconciled: Duration::from_micros(all.saturating_sub(started)),
-            quiet_after: settled,
-            latencies_us,
-            requests: HashMap::new(),
-            apiserver_cpu: 0.0,
-            apiserver_cpu_cold,
-            etcd_cpu: 0.0,
-            reconciles,
-            check,
-        })
-    }
-
-    /// With `children`: waits until every child holds what its owner says (the writes to
-    /// children repaired, those to owners followed), failing the run after 60 s. Returns the
-    /// LIST requests and the API server's CPU that took.
-    async fn children_repaired(&self, variant: Variant) -> anyhow::Result<(u64, f64)> {
-        if self.children == 0 {
-            return Ok((0, 0.0));
-        }
-        let before = self.control_plane.cpu_seconds().0;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        // Each namespace's owners and children: the one namespace, or every one of the spread.
-        let namespaces: Vec<(String, usize)> = match self.spread() {
-            None => vec![(self.namespace.to_owned(), self.objects)],
-            Some(spread) => (0..spread.namespaces)
-                .map(|i| (spread.namespace(i), spread.per))
-                .collect(),
-        };
-        let mut lists = 0;
-        loop {
-            // The last write's reconcile has started; give it time to finish before reading.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let mut current = true;
-            for (namespace, count) in &namespaces {
-                let (all, n) =
-                    objects::children_current(self.client, namespace, *count, self.children)
-                        .await?;
-                lists += n;
-                if !all {
-                    current = false;
-                    break;
-                }
-            }
-            if current {
-                return Ok((lists, self.control_plane.cpu_seconds().0 - before));
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "{variant}: some children were not as their owners say 60 s after the last write"
-            );
-        }
-    }
 }
 
 /// The API server's request counts once they stop moving (for at most 3 s): a watch is counted
@@ -588,5 +281,3 @@ fn group_name(group: usize) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests;

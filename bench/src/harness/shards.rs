@@ -16,7 +16,10 @@
 //! its LIST requests, and the bytes it sent in LIST responses and watch events
 //! (`apiserver_response_sizes_sum`, `apiserver_watch_events_sizes_sum`, ConfigMaps).
 
-use std::time::{Duration, Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use kube_dispatch_bench::{ReconcileStart, now_micros};
@@ -168,87 +171,115 @@ impl Setup<'_> {
                 });
             }
         });
-        let result =
-            async {
-                let before = self.snapshot(&mut components, &admins, None).await?;
-                let selector = self
-                    .selector()
-                    .context("the sharding benchmark spreads its objects over namespaces")?;
-                let runtime = if lb_port.is_some() {
-                    "dispatch"
-                } else {
-                    "kube-rs"
-                };
-                let args: Vec<String> = [
-                    "--kind",
-                    "config-map",
-                    "--runtime",
-                    runtime,
-                    "--namespace",
-                    "",
-                    "--selector",
-                    &selector,
-                ]
-                .map(str::to_owned)
-                .into();
-                let mut env = vec![
-                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
-                    ("POD_NAME", "bench-controller-0".to_owned()),
-                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
-                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
-                ];
-                if let Some(port) = lb_port {
-                    env.push(("KD_LOADBALANCER", format!("127.0.0.1:{port}")));
-                }
-                let mut replica = Component::spawn(
-                    "bench-controller-0",
-                    &self.binaries.controller,
-                    &args,
-                    &env,
-                    &log_dir,
-                    Some(tx),
-                )?;
-                let total = self.objects;
-                let waited = tokio::time::timeout(
-                    Duration::from_secs(600),
-                    starts.wait_for(|s| s.len() >= total),
-                )
-                .await
-                .map(|seen| seen.map(drop));
-                let phases = async {
-                waited
-                    .context("not every object was reconciled within 600 s of the start")??;
-                let dispatchers = &mut components[..admins.len()];
-                let cold_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
-                let cold = phase(&before, &cold_end);
-                println!(
-                    "bench-shards: {variant}: {total} objects reconciled {:.0} ms after the start",
-                    cold.took.as_secs_f64() * 1e3
-                );
-                let latencies = self.shard_writes(variant, &mut starts).await?;
-                let writes_end = self.snapshot(dispatchers, &admins, Some(&mut replica)).await?;
-                let mut writes = phase(&cold_end, &writes_end);
-                let p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
-                let p99 = percentile(&latencies, 0.99).unwrap_or(0.0) / 1e3;
-                (writes.p50, writes.p99) = (Some(p50), Some(p99));
-                println!(
-                    "bench-shards: {variant}: {} writes, p50 {p50:.1} ms, p99 {p99:.1} ms",
-                    latencies.len(),
-                );
-                anyhow::Ok(Outcome {
+        let result = async {
+            let before = self.snapshot(&mut components, &admins, None).await?;
+            let mut replica = self.start_replica(lb_port, &log_dir, tx)?;
+            let dispatchers = &mut components[..admins.len()];
+            let phases = self
+                .phases(
                     variant,
-                    cold,
-                    writes,
-                })
-            }
-            .await;
-                replica.kill().await;
-                phases
-            }
-            .await;
+                    &before,
+                    dispatchers,
+                    &admins,
+                    &mut replica,
+                    &mut starts,
+                )
+                .await;
+            replica.kill().await;
+            phases
+        }
+        .await;
         observer.abort();
         futures::future::join_all(components.into_iter().map(Component::kill)).await;
         result
+    }
+
+    /// Starts the one controller replica: on the tier when it has a load balancer (on
+    /// `lb_port`), on kube-rs otherwise; its reconcile starts go to `tx`.
+    fn start_replica(
+        &self,
+        lb_port: Option<u16>,
+        log_dir: &Path,
+        tx: mpsc::Sender<ReconcileStart>,
+    ) -> anyhow::Result<Component> {
+        let selector = self
+            .selector()
+            .context("the sharding benchmark spreads its objects over namespaces")?;
+        let runtime = if lb_port.is_some() {
+            "dispatch"
+        } else {
+            "kube-rs"
+        };
+        let args: Vec<String> = [
+            "--kind",
+            "config-map",
+            "--runtime",
+            runtime,
+            "--namespace",
+            "",
+            "--selector",
+            &selector,
+        ]
+        .map(str::to_owned)
+        .into();
+        let mut env = vec![
+            ("KUBECONFIG", self.kubeconfig.display().to_string()),
+            ("POD_NAME", "bench-controller-0".to_owned()),
+            ("KD_INSECURE", SECURITY_OFF.to_owned()),
+            ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+        ];
+        if let Some(port) = lb_port {
+            env.push(("KD_LOADBALANCER", format!("127.0.0.1:{port}")));
+        }
+        Component::spawn(
+            "bench-controller-0",
+            &self.binaries.controller,
+            &args,
+            &env,
+            log_dir,
+            Some(tx),
+        )
+    }
+
+    /// The two phases from `before` (the replica's start): every object's first reconcile,
+    /// then the timed writes.
+    async fn phases(
+        &self,
+        variant: Variant,
+        before: &Snapshot,
+        dispatchers: &mut [Component],
+        admins: &[u16],
+        replica: &mut Component,
+        starts: &mut watch::Receiver<Starts>,
+    ) -> anyhow::Result<Outcome> {
+        let total = self.objects;
+        tokio::time::timeout(
+            Duration::from_secs(600),
+            starts.wait_for(|s| s.len() >= total),
+        )
+        .await
+        .context("not every object was reconciled within 600 s of the start")??;
+        let cold_end = self.snapshot(dispatchers, admins, Some(replica)).await?;
+        let cold = phase(before, &cold_end);
+        println!(
+            "bench-shards: {variant}: {total} objects reconciled {:.0} ms after the start",
+            cold.took.as_secs_f64() * 1e3
+        );
+        let latencies = self.shard_writes(variant, starts).await?;
+        let writes_end = self.snapshot(dispatchers, admins, Some(replica)).await?;
+        let mut writes = phase(&cold_end, &writes_end);
+        let p50 = percentile(&latencies, 0.50).unwrap_or(0.0) / 1e3;
+        let p99 = percentile(&latencies, 0.99).unwrap_or(0.0) / 1e3;
+        (writes.p50, writes.p99) = (Some(p50), Some(p99));
+        println!(
+            "bench-shards: {variant}: {} writes, p50 {p50:.1} ms, p99 {p99:.1} ms",
+            latencies.len(),
+        );
+        Ok(Outcome {
+            variant,
+            cold,
+            writes,
+        })
     }
 
     /// Writes `self.writes` changes spread over the namespaces, `self.write_interval` apart,

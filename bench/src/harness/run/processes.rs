@@ -4,6 +4,8 @@
 use super::*;
 
 impl Setup<'_> {
+    /// Starts each controller group's replicas of `variant` (connected to the load balancer on
+    /// `lb_port` when on the tier), each reconcile they print sent on `tx` tagged with the group.
     pub(crate) fn start_replicas(
         &self,
         variant: Variant,
@@ -11,6 +13,55 @@ impl Setup<'_> {
         log_dir: &Path,
         tx: &mpsc::Sender<(usize, ReconcileStart)>,
     ) -> anyhow::Result<Vec<Component>> {
+        let (program, count, args) = self.replica_command(variant)?;
+        let mut replicas = Vec::new();
+        for group in 0..self.groups {
+            // Each group's reconcile lines, tagged with the group.
+            let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(start) = group_rx.recv().await {
+                    if tx.send((group, start)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let args = [
+                ["--kind", self.group_kind(group).flag()]
+                    .map(str::to_owned)
+                    .as_slice(),
+                &args,
+            ]
+            .concat();
+            for i in 0..count {
+                let name = if self.groups == 1 {
+                    format!("bench-controller-{i}")
+                } else {
+                    format!("bench-controller-{group}-{i}")
+                };
+                let env = [
+                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
+                    ("POD_NAME", name.clone()),
+                    ("KD_BENCH_NAME", group_name(group)),
+                    ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
+                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
+                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+                ];
+                replicas.push(Component::spawn(
+                    &name,
+                    program,
+                    &args,
+                    &env,
+                    log_dir,
+                    Some(group_tx.clone()),
+                )?);
+            }
+        }
+        Ok(replicas)
+    }
+
+    /// The program, the replicas per group and the arguments of `variant`'s replicas.
+    fn replica_command(&self, variant: Variant) -> anyhow::Result<(&Path, usize, Vec<String>)> {
         let mut args: Vec<String> = Vec::new();
         match self.selector() {
             None => args.extend(["--namespace".to_owned(), self.namespace.to_owned()]),
@@ -65,50 +116,7 @@ impl Setup<'_> {
         if self.children > 0 {
             args.extend(["--children".to_owned(), self.children.to_string()]);
         }
-        let mut replicas = Vec::new();
-        for group in 0..self.groups {
-            // Each group's reconcile lines, tagged with the group.
-            let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Some(start) = group_rx.recv().await {
-                    if tx.send((group, start)).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let args = [
-                ["--kind", self.group_kind(group).flag()]
-                    .map(str::to_owned)
-                    .as_slice(),
-                &args,
-            ]
-            .concat();
-            for i in 0..count {
-                let name = if self.groups == 1 {
-                    format!("bench-controller-{i}")
-                } else {
-                    format!("bench-controller-{group}-{i}")
-                };
-                let env = [
-                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
-                    ("POD_NAME", name.clone()),
-                    ("KD_BENCH_NAME", group_name(group)),
-                    ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
-                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
-                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
-                ];
-                replicas.push(Component::spawn(
-                    &name,
-                    program,
-                    &args,
-                    &env,
-                    log_dir,
-                    Some(group_tx.clone()),
-                )?);
-            }
-        }
-        Ok(replicas)
+        Ok((program, count, args))
     }
 
     /// Starts the dispatchers (listing in `list_mode`, or their default) and the load

@@ -126,3 +126,6 @@ impl std::str::FromStr for Variant {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

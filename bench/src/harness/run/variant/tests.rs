@@ -1,0 +1,29 @@
+use super::*;
+
+#[test]
+fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
+    for name in [
+        "kube-rs",
+        "controller-runtime",
+        "dispatch-1",
+        "dispatch-paged-1",
+        "dispatch-stream-4",
+        "dispatch-list-2",
+        "go-dispatch-1",
+    ] {
+        let variant: Variant = name.parse().unwrap();
+        assert_eq!(variant.to_string(), name);
+    }
+    let paged: Variant = "dispatch-paged-1".parse().unwrap();
+    assert_eq!(paged.list_mode(), Some(ListMode::Paged));
+    assert!(paged.on_tier() && paged.is_sdk_alone());
+    assert_eq!("dispatch-1".parse::<Variant>().unwrap().list_mode(), None);
+    assert!(
+        !"dispatch-stream-2"
+            .parse::<Variant>()
+            .unwrap()
+            .is_sdk_alone()
+    );
+    assert!("dispatch-paged-0".parse::<Variant>().is_err());
+    assert!("dispatch-chunked-1".parse::<Variant>().is_err());
+}
