@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::{
-    CompareArgs,
+    cli::CompareArgs,
     harness::{objects, report::Scenario},
 };
 

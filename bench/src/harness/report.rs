@@ -36,46 +36,64 @@ fn max_of(values: impl Iterator<Item = u64>) -> Option<f64> {
     values.max().map(|v| v as f64 / MIB)
 }
 
-/// The rows, in the order printed.
+/// The rows, in the order printed: memory, times, CPU, API requests.
 pub(crate) fn rows() -> Vec<Row> {
-    let median = |label, key, decimals, read| Row {
+    let mut rows = memory_rows();
+    rows.extend(time_rows());
+    rows.extend(cpu_rows());
+    rows.extend(request_rows());
+    rows
+}
+
+/// A row of the median over the runs of what `read` reads from each.
+fn median_row(
+    label: &'static str,
+    key: &'static str,
+    decimals: usize,
+    read: fn(&RunResult) -> Option<f64>,
+) -> Row {
+    Row {
         label,
         key,
         decimals,
         read: Read::Median(read),
-    };
-    let mut rows = vec![
-        median(
+    }
+}
+
+/// Each process's memory.
+fn memory_rows() -> Vec<Row> {
+    vec![
+        median_row(
             "controller RSS, peak, largest replica (MiB)",
             "controller_rss_peak_mib",
             1,
             |r: &RunResult| max_of(r.replicas.iter().map(|u| u.peak_rss)),
         ),
-        median(
+        median_row(
             "controller RSS, steady, largest replica (MiB)",
             "controller_rss_steady_mib",
             1,
             |r| max_of(r.replicas.iter().map(|u| u.rss)),
         ),
-        median(
+        median_row(
             "dispatcher RSS, peak, largest (MiB)",
             "dispatcher_rss_peak_mib",
             1,
             |r| max_of(r.dispatchers.iter().map(|u| u.peak_rss)),
         ),
-        median(
+        median_row(
             "dispatcher RSS, steady, largest (MiB)",
             "dispatcher_rss_steady_mib",
             1,
             |r| max_of(r.dispatchers.iter().map(|u| u.rss)),
         ),
-        median(
+        median_row(
             "load balancer RSS, peak (MiB)",
             "loadbalancer_rss_peak_mib",
             1,
             |r| r.loadbalancer.map(|u| u.peak_rss as f64 / MIB),
         ),
-        median(
+        median_row(
             "all processes RSS, steady, sum (MiB)",
             "all_processes_rss_steady_mib",
             1,
@@ -88,19 +106,25 @@ pub(crate) fn rows() -> Vec<Row> {
                 Some(all.map(|u| u.rss as f64).sum::<f64>() / MIB)
             },
         ),
-        median(
+    ]
+}
+
+/// The cold start's times and the timed writes' latencies.
+fn time_rows() -> Vec<Row> {
+    vec![
+        median_row(
             "start to first reconcile (ms)",
             "first_reconcile_ms",
             0,
             |r| Some(r.first_reconcile.as_secs_f64() * 1e3),
         ),
-        median(
+        median_row(
             "start to all objects reconciled (ms)",
             "all_reconciled_ms",
             0,
             |r| Some(r.all_reconciled.as_secs_f64() * 1e3),
         ),
-        median(
+        median_row(
             "all objects reconciled to the API server quiet again (ms)",
             "quiet_after_ms",
             0,
@@ -118,7 +142,7 @@ pub(crate) fn rows() -> Vec<Row> {
             decimals: 1,
             read: Read::LatencyPercentile(0.99),
         },
-        median(
+        median_row(
             "write to reconcile start, p99 of each run, median (ms)",
             "write_to_reconcile_p99_run_median_ms",
             1,
@@ -134,13 +158,19 @@ pub(crate) fn rows() -> Vec<Row> {
             decimals: 1,
             read: Read::Worst,
         },
-        median(
+    ]
+}
+
+/// The CPU each process used.
+fn cpu_rows() -> Vec<Row> {
+    vec![
+        median_row(
             "CPU, controller replicas (s)",
             "cpu_controllers_s",
             2,
             |r| Some(r.replicas.iter().map(|u| u.cpu_seconds).sum()),
         ),
-        median(
+        median_row(
             "CPU, dispatchers and load balancer (s)",
             "cpu_tier_s",
             2,
@@ -154,23 +184,28 @@ pub(crate) fn rows() -> Vec<Row> {
                 (!tier.is_empty()).then(|| tier.iter().sum())
             },
         ),
-        median("CPU, kube-apiserver (s)", "cpu_apiserver_s", 2, |r| {
+        median_row("CPU, kube-apiserver (s)", "cpu_apiserver_s", 2, |r| {
             Some(r.apiserver_cpu)
         }),
-        median(
+        median_row(
             "CPU, kube-apiserver, until every object reconciled and the API server quiet (s)",
             "cpu_apiserver_cold_s",
             2,
             |r| Some(r.apiserver_cpu_cold),
         ),
-        median(
+        median_row(
             "CPU, kube-apiserver, from quiet after the cold start to the end: the timed writes (s)",
             "cpu_apiserver_writes_s",
             2,
             |r| Some(r.apiserver_cpu - r.apiserver_cpu_cold),
         ),
-        median("CPU, etcd (s)", "cpu_etcd_s", 2, |r| Some(r.etcd_cpu)),
-    ];
+        median_row("CPU, etcd (s)", "cpu_etcd_s", 2, |r| Some(r.etcd_cpu)),
+    ]
+}
+
+/// The API requests by verb, and the reconciles they served.
+fn request_rows() -> Vec<Row> {
+    let mut rows = Vec::new();
     for verb in VERBS {
         let (label, key) = match verb {
             "LIST" => ("API requests on the resource: LIST", "requests_list"),
@@ -192,7 +227,7 @@ pub(crate) fn rows() -> Vec<Row> {
             read: Read::Requests(verb),
         });
     }
-    rows.push(median("reconciles started", "reconciles", 0, |r| {
+    rows.push(median_row("reconciles started", "reconciles", 0, |r| {
         Some(r.reconciles as f64)
     }));
     rows

@@ -280,4 +280,3 @@ fn group_name(group: usize) -> String {
         format!("bench-controller-{group}")
     }
 }
-
