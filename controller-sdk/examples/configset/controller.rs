@@ -22,7 +22,7 @@ use kube::{
 // kube::runtime::controller::Action in the kube-rs version. Nothing else differs.
 use super::Action;
 use kube_dispatch_controller::{
-    children::{self, Checked},
+    children::{self, Checked, Children},
     precondition::{self, WriteError},
 };
 use schemars::JsonSchema;
@@ -101,8 +101,6 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
         return Ok(Action::await_change());
     }
     let ns = set.namespace().ok_or(Error::Incomplete)?;
-    let name = set.name_any();
-    let owner = set.controller_owner_ref(&()).ok_or(Error::Incomplete)?;
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     // The named Secret's version, read (a GET) only when one is named; a missing Secret
     // leaves the annotation out until it is created, which reconciles this ConfigSet again.
@@ -116,21 +114,38 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
         }
         None => None,
     };
-
-    // The children as the request shows them (kube-dispatch; elsewhere none), and those this
-    // controller last wrote for the same spec and Secret, kept in the key's memo: a child at a
-    // version it wrote needs no write. A child changed or deleted by hand, or never written, is
-    // written.
+    // The children as the request shows them (kube-dispatch; elsewhere none).
     let known = children::of_this_reconcile().filter(|c| c.is_complete());
+    write_children(&set, &configmaps, known.as_deref(), secret_version).await?;
+    delete_undeclared(&set, &configmaps, known.as_deref()).await?;
+    if !report(&set, &ctx.client, &ns).await? {
+        return Ok(Action::await_change());
+    }
+    // Children changed by hand are noticed through `owns`, the named Secret's changes through
+    // `references` (the SDK) or `watches` (kube-rs); the requeue is a safety net.
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Writes (server-side apply) each declared child not already as this controller last wrote
+/// it for the same spec and Secret. Those versions are kept in the key's memo: a child at a
+/// version it wrote needs no write; a child changed or deleted by hand, or never written, is
+/// written.
+async fn write_children(
+    set: &ConfigSet,
+    configmaps: &Api<ConfigMap>,
+    known: Option<&Children>,
+    secret_version: Option<String>,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    let owner = set.controller_owner_ref(&()).ok_or(Error::Incomplete)?;
     let generation = set.meta().generation.unwrap_or_default();
     let mut checked = Checked::for_desired(format!(
         "{generation}/{}",
         secret_version.as_deref().unwrap_or_default()
     ));
     for i in 0..set.spec.count {
-        let shown = known
-            .as_ref()
-            .and_then(|c| c.of::<ConfigMap>().find(|c| c.name == child_name(&name, i)));
+        let shown =
+            known.and_then(|c| c.of::<ConfigMap>().find(|c| c.name == child_name(&name, i)));
         if shown.is_some_and(|c| checked.holds(c)) {
             continue;
         }
@@ -161,9 +176,18 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
     if let Err(e) = checked.leave() {
         tracing::debug!(error = %e, "children's versions not kept for the next reconcile");
     }
-    // Children beyond the declared count (it was lowered) go away. On kube-dispatch the
-    // request carries them (no LIST); elsewhere, or while the dispatcher's view is not whole,
-    // they are listed.
+    Ok(())
+}
+
+/// Deletes the children beyond the declared count (it was lowered). On kube-dispatch the
+/// request carries them (no LIST); elsewhere, or while the dispatcher's view is not whole,
+/// they are listed.
+async fn delete_undeclared(
+    set: &ConfigSet,
+    configmaps: &Api<ConfigMap>,
+    known: Option<&Children>,
+) -> Result<(), Error> {
+    let name = set.name_any();
     // Either way, the ConfigMaps this ConfigSet controls, as (name, uid, resourceVersion).
     let existing: Vec<(String, Option<String>, Option<String>)> = match known {
         Some(children) => children
@@ -210,32 +234,31 @@ pub async fn reconcile(set: Arc<ConfigSet>, ctx: Arc<Context>) -> Result<Action,
             }
         }
     }
+    Ok(())
+}
 
+/// Reports the children ready in the status, if it does not say so already. False when the
+/// ConfigSet changed or went away meanwhile: nothing is left to report then.
+async fn report(set: &ConfigSet, client: &Client, ns: &str) -> Result<bool, Error> {
     let status = ConfigSetStatus {
         ready: set.spec.count,
         observed_generation: set.meta().generation,
     };
-    if set.status.as_ref() != Some(&status) {
-        let sets: Api<ConfigSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({ "status": status });
-        // Only if the ConfigSet is still as this reconcile was given it: a reconcile cancelled
-        // with this write in flight must not overwrite what a newer one reported.
-        match precondition::patch_status(&sets, &set, patch).await {
-            // Changed since: the change is delivered again, and that reconcile reports.
-            Err(e) if e.is_stale() => return Ok(Action::await_change()),
-            // Deleted while this reconcile ran (a ConfigSet has no finalizer, so it goes at
-            // once): there is no status left to report, and its children go with it.
-            Err(WriteError::Api(kube::Error::Api(status))) if status.code == 404 => {
-                return Ok(Action::await_change());
-            }
-            result => {
-                result?;
-            }
-        }
+    if set.status.as_ref() == Some(&status) {
+        return Ok(true);
     }
-    // Children changed by hand are noticed through `owns`, the named Secret's changes through
-    // `references` (the SDK) or `watches` (kube-rs); the requeue is a safety net.
-    Ok(Action::requeue(Duration::from_secs(300)))
+    let sets: Api<ConfigSet> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({ "status": status });
+    // Only if the ConfigSet is still as this reconcile was given it: a reconcile cancelled
+    // with this write in flight must not overwrite what a newer one reported.
+    match precondition::patch_status(&sets, set, patch).await {
+        // Changed since: the change is delivered again, and that reconcile reports.
+        Err(e) if e.is_stale() => Ok(false),
+        // Deleted while this reconcile ran (a ConfigSet has no finalizer, so it goes at
+        // once): there is no status left to report, and its children go with it.
+        Err(WriteError::Api(kube::Error::Api(status))) if status.code == 404 => Ok(false),
+        result => result.map(|_| true).map_err(Error::from),
+    }
 }
 
 /// Retry failed reconciles soon.

@@ -140,11 +140,13 @@ impl Writer {
         period: Duration,
         stop: CancellationToken,
     ) -> Result<usize, FixtureError> {
-        let client = Cluster::shared().client().await?;
         let (label_key, label_value) = self.label.split_once('=').unwrap_or_default();
-        let (label_key, label_value) = (label_key.to_owned(), label_value.to_owned());
-        let params = PatchParams::apply("kube-dispatch-chaos").force();
-        let mut writes = 0usize;
+        let writes = Writes {
+            client: Cluster::shared().client().await?,
+            params: PatchParams::apply("kube-dispatch-chaos").force(),
+            labels: serde_json::json!({ label_key: label_value }),
+        };
+        let mut written = 0usize;
         let mut tick = tokio::time::interval(period);
         // Create everything first.
         let mut plan: Vec<(usize, usize, bool)> = Vec::new();
@@ -167,103 +169,161 @@ impl Writer {
                 )
             };
             tokio::select! {
-                () = stop.cancelled() => return Ok(writes),
+                () = stop.cancelled() => return Ok(written),
                 _ = tick.tick() => {}
             }
             round += 1;
             let namespace = self.client_namespaces[ns].clone();
             let name = format!("obj-{i}");
             let kind = if widget { "Widget" } else { "ConfigMap" };
-            let k = format!("{kind}/{namespace}/{name}");
+            let key = format!("{kind}/{namespace}/{name}");
             let (exists, may_delete) = {
                 let s = self.state.lock().await;
-                (s.live.contains(&k), !s.pause_deletions)
+                (s.live.contains(&key), !s.pause_deletions)
             };
-            let before = Instant::now();
-            let labels = serde_json::json!({ label_key.clone(): label_value.clone() });
-            let outcome: Result<(), kube::Error> = async {
-                // ConfigMaps are deleted too. Widgets are not: a deletion found by a re-list
-                // reaches the reconciler as a tombstone only for types that can be built from
-                // metadata alone, and a Widget's spec is required.
-                if exists && may_delete && op < 2 && !widget {
-                    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-                    api.delete(&name, &DeleteParams::default()).await?;
-                    let mut s = self.state.lock().await;
-                    s.live.remove(&k);
-                    s.deleted.insert(k.clone(), before);
-                    self.journal.deleted(k.clone());
-                    s.owned.remove(&k);
-                    return Ok(());
-                }
-                if widget {
-                    let api: Api<Widget> = Api::namespaced(client.clone(), &namespace);
-                    if exists && op < 4 {
-                        // Change the owned ConfigMap only: the owner must be reconciled.
-                        let owner = api.get(&name).await?;
-                        let child = serde_json::json!({
-                            "apiVersion": "v1",
-                            "kind": "ConfigMap",
-                            "metadata": {
-                                "name": format!("{name}-child"),
-                                "labels": labels,
-                                "ownerReferences": [{
-                                    "apiVersion": "test.kube-dispatch.dev/v1",
-                                    "kind": "Widget",
-                                    "name": name,
-                                    "uid": owner.uid(),
-                                    "controller": true,
-                                }],
-                            },
-                            "data": { "round": round.to_string() },
-                        });
-                        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-                        cms.patch(&format!("{name}-child"), &params, &Patch::Apply(&child))
-                            .await?;
-                        self.state.lock().await.owned_changed(k.clone(), before);
-                        return Ok(());
-                    }
-                    let w = serde_json::json!({
-                        "apiVersion": "test.kube-dispatch.dev/v1",
-                        "kind": "Widget",
-                        "metadata": { "name": name, "labels": labels },
-                        "spec": { "size": round },
-                    });
-                    let written = api.patch(&name, &params, &Patch::Apply(&w)).await?;
-                    self.journal.wrote(k.clone(), rv(&written));
-                } else {
-                    let cm = serde_json::json!({
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": { "name": name, "labels": labels },
-                        "data": { "round": round.to_string() },
-                    });
-                    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-                    let written = api.patch(&name, &params, &Patch::Apply(&cm)).await?;
-                    self.journal.wrote(k.clone(), rv(&written));
-                }
-                let mut s = self.state.lock().await;
-                s.live.insert(k.clone());
-                s.deleted.remove(&k);
-                Ok(())
-            }
-            .await;
+            let target = Target {
+                key,
+                namespace,
+                name,
+                round,
+                before: Instant::now(),
+            };
+            // ConfigMaps are deleted too. Widgets are not: a deletion found by a re-list
+            // reaches the reconciler as a tombstone only for types that can be built from
+            // metadata alone, and a Widget's spec is required.
+            let outcome = if exists && may_delete && op < 2 && !widget {
+                self.delete(&writes, &target).await
+            } else if widget && exists && op < 4 {
+                self.change_child(&writes, &target).await
+            } else {
+                self.apply(&writes, &target, widget).await
+            };
             match outcome {
-                Ok(()) => writes += 1,
+                Ok(()) => written += 1,
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     // Deleted meanwhile (a child's owner, or a retried delete).
-                    self.state.lock().await.live.remove(&k);
+                    self.state.lock().await.live.remove(&target.key);
                 }
                 Err(_) => {
                     // The API server may be restarting. The final states are read back at the
                     // end; a write whose answer was lost may still have happened, so forget
                     // what this one meant for the checks that rely on the writer's memory.
                     let mut s = self.state.lock().await;
-                    s.deleted.remove(&k);
-                    s.owned.remove(&k);
+                    s.deleted.remove(&target.key);
+                    s.owned.remove(&target.key);
                 }
             }
         }
     }
+
+    /// Deletes the ConfigMap `target`.
+    async fn delete(&self, writes: &Writes, target: &Target) -> Result<(), kube::Error> {
+        let api: Api<ConfigMap> = Api::namespaced(writes.client.clone(), &target.namespace);
+        api.delete(&target.name, &DeleteParams::default()).await?;
+        let mut s = self.state.lock().await;
+        s.live.remove(&target.key);
+        s.deleted.insert(target.key.clone(), target.before);
+        self.journal.deleted(target.key.clone());
+        s.owned.remove(&target.key);
+        Ok(())
+    }
+
+    /// Changes the ConfigMap the Widget `target` owns, and only that: the owner must be
+    /// reconciled.
+    async fn change_child(&self, writes: &Writes, target: &Target) -> Result<(), kube::Error> {
+        let Target {
+            namespace, name, ..
+        } = target;
+        let api: Api<Widget> = Api::namespaced(writes.client.clone(), namespace);
+        let owner = api.get(name).await?;
+        let child = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": format!("{name}-child"),
+                "labels": writes.labels,
+                "ownerReferences": [{
+                    "apiVersion": "test.kube-dispatch.dev/v1",
+                    "kind": "Widget",
+                    "name": name,
+                    "uid": owner.uid(),
+                    "controller": true,
+                }],
+            },
+            "data": { "round": target.round.to_string() },
+        });
+        let cms: Api<ConfigMap> = Api::namespaced(writes.client.clone(), namespace);
+        cms.patch(
+            &format!("{name}-child"),
+            &writes.params,
+            &Patch::Apply(&child),
+        )
+        .await?;
+        self.state
+            .lock()
+            .await
+            .owned_changed(target.key.clone(), target.before);
+        Ok(())
+    }
+
+    /// Creates or changes the Widget or ConfigMap `target` (server-side apply).
+    async fn apply(
+        &self,
+        writes: &Writes,
+        target: &Target,
+        widget: bool,
+    ) -> Result<(), kube::Error> {
+        let Target {
+            namespace,
+            name,
+            round,
+            ..
+        } = target;
+        let written = if widget {
+            let w = serde_json::json!({
+                "apiVersion": "test.kube-dispatch.dev/v1",
+                "kind": "Widget",
+                "metadata": { "name": name, "labels": writes.labels },
+                "spec": { "size": round },
+            });
+            let api: Api<Widget> = Api::namespaced(writes.client.clone(), namespace);
+            rv(&api.patch(name, &writes.params, &Patch::Apply(&w)).await?)
+        } else {
+            let cm = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": { "name": name, "labels": writes.labels },
+                "data": { "round": round.to_string() },
+            });
+            let api: Api<ConfigMap> = Api::namespaced(writes.client.clone(), namespace);
+            rv(&api.patch(name, &writes.params, &Patch::Apply(&cm)).await?)
+        };
+        self.journal.wrote(target.key.clone(), written);
+        let mut s = self.state.lock().await;
+        s.live.insert(target.key.clone());
+        s.deleted.remove(&target.key);
+        Ok(())
+    }
+}
+
+/// What every write of the writer uses.
+struct Writes {
+    client: kube::Client,
+    params: PatchParams,
+    /// The label the test's objects carry.
+    labels: serde_json::Value,
+}
+
+/// The object one write is about.
+struct Target {
+    namespace: String,
+    name: String,
+    /// `Kind/namespace/name`, as the journal names it.
+    key: String,
+    /// The write's number, written into the object so that every write changes it.
+    round: u64,
+    /// Just before the write.
+    before: Instant,
 }
 
 #[derive(Debug, thiserror::Error)]
