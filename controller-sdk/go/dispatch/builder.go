@@ -201,61 +201,10 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if name == "" {
 		name = strings.ToLower(gvk.Kind)
 	}
-	o := b.options
-	if o.Group == "" {
-		o.Group = name
-	}
-	if o.ReplicaID == "" {
-		o.ReplicaID = defaultReplicaID()
-	}
-	credentials := CredentialsFromEnv()
-	if o.Credentials != nil {
-		credentials = *o.Credentials
-	}
-	if o.LoadBalancer == "" {
-		o.LoadBalancer = os.Getenv("KD_LOADBALANCER")
-	}
-	if o.LoadBalancer == "" {
-		o.LoadBalancer = DefaultLoadBalancer
-	}
-	if o.SessionTTL == 0 {
-		o.SessionTTL = defaultTTL
-	}
-	payload := pb.PayloadMode_PAYLOAD_MODE_FULL
-	if o.Payload == PayloadKeyOnly {
-		payload = pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY
-	}
-	subscriptions := []*pb.Subscription{{
-		Resource:      primary,
-		Namespace:     o.Namespace,
-		LabelSelector: o.LabelSelector,
-		FieldSelector: o.FieldSelector,
-		Payload:       payload,
-	}}
-	for _, owned := range b.owns {
-		ref, _, err := b.resource(owned)
-		if err != nil {
-			return nil, err
-		}
-		subscriptions = append(subscriptions, &pb.Subscription{
-			Resource:      ref,
-			Namespace:     o.Namespace,
-			LabelSelector: o.OwnedLabelSelector,
-			Payload:       pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
-			Owner:         primary,
-		})
-	}
-	for _, named := range b.references {
-		ref, _, err := b.resource(named.object)
-		if err != nil {
-			return nil, err
-		}
-		subscriptions = append(subscriptions, &pb.Subscription{
-			Resource:     ref,
-			Namespace:    o.Namespace,
-			Payload:      pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
-			ReferencedBy: &pb.References{Resource: primary, FieldPaths: named.fieldPaths},
-		})
+	o, credentials := b.options.withDefaults(name)
+	subscriptions, err := b.subscriptions(primary, o)
+	if err != nil {
+		return nil, err
 	}
 
 	options := b.ctrlOptions
@@ -309,6 +258,74 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		return nil, err
 	}
 	return ctrl, nil
+}
+
+// withDefaults is o with what it leaves unset filled in: the group named after the
+// controller, the replica ID, the load balancer from KD_LOADBALANCER, the session TTL; and the
+// credentials it gives, else those the environment says.
+func (o Options) withDefaults(name string) (Options, Credentials) {
+	if o.Group == "" {
+		o.Group = name
+	}
+	if o.ReplicaID == "" {
+		o.ReplicaID = defaultReplicaID()
+	}
+	credentials := CredentialsFromEnv()
+	if o.Credentials != nil {
+		credentials = *o.Credentials
+	}
+	if o.LoadBalancer == "" {
+		o.LoadBalancer = os.Getenv("KD_LOADBALANCER")
+	}
+	if o.LoadBalancer == "" {
+		o.LoadBalancer = DefaultLoadBalancer
+	}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = defaultTTL
+	}
+	return o, credentials
+}
+
+// subscriptions is what the controller's session subscribes to: the primary kind (with its
+// payload), each owned kind (keys of the owners), and each kind whose objects name a primary.
+func (b *Builder) subscriptions(primary *pb.ResourceRef, o Options) ([]*pb.Subscription, error) {
+	payload := pb.PayloadMode_PAYLOAD_MODE_FULL
+	if o.Payload == PayloadKeyOnly {
+		payload = pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY
+	}
+	subscriptions := []*pb.Subscription{{
+		Resource:      primary,
+		Namespace:     o.Namespace,
+		LabelSelector: o.LabelSelector,
+		FieldSelector: o.FieldSelector,
+		Payload:       payload,
+	}}
+	for _, owned := range b.owns {
+		ref, _, err := b.resource(owned)
+		if err != nil {
+			return nil, err
+		}
+		subscriptions = append(subscriptions, &pb.Subscription{
+			Resource:      ref,
+			Namespace:     o.Namespace,
+			LabelSelector: o.OwnedLabelSelector,
+			Payload:       pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
+			Owner:         primary,
+		})
+	}
+	for _, named := range b.references {
+		ref, _, err := b.resource(named.object)
+		if err != nil {
+			return nil, err
+		}
+		subscriptions = append(subscriptions, &pb.Subscription{
+			Resource:     ref,
+			Namespace:    o.Namespace,
+			Payload:      pb.PayloadMode_PAYLOAD_MODE_KEY_ONLY,
+			ReferencedBy: &pb.References{Resource: primary, FieldPaths: named.fieldPaths},
+		})
+	}
+	return subscriptions, nil
 }
 
 // resource is the wire name of object's kind, from the manager's scheme and REST mapper.
