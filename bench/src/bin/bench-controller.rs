@@ -44,14 +44,10 @@ use futures::StreamExt;
 use k8s_openapi::{NamespaceResourceScope, api::core::v1::ConfigMap};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{GetParams, ListParams, PartialObjectMeta, Patch, PatchParams},
-    runtime::{WatchStreamExt, controller, reflector, watcher},
+    api::{PartialObjectMeta, Patch, PatchParams},
+    runtime::{controller, watcher},
 };
-use kube_dispatch_bench::{
-    ANNOTATION, CHILD_LABEL, Content, ReconcileStart, Record, child_is_current, child_name,
-    content_hash, desired_child, now_micros,
-};
-use kube_dispatch_controller::children::Checked;
+use kube_dispatch_bench::{ANNOTATION, Content, ReconcileStart, Record, content_hash, now_micros};
 use serde::{Serialize, de::DeserializeOwned};
 
 /// The benchmark controller: keeps a content-hash annotation on every object of one namespace.

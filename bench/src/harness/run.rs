@@ -9,16 +9,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::{
-    Api, Client,
-    api::{DeleteParams, ListParams},
-};
-use kube_dispatch_bench::{ReconcileStart, now_micros};
-use tokio::sync::mpsc;
+use kube::Client;
+use kube_dispatch_bench::now_micros;
 
 use super::{
-    admin::{counter_sum, http_status, scrape},
     apiserver::{ControlPlane, RequestCounts, request_counts},
     objects::{self, Kind, object_name},
     process::{Component, Usage},
@@ -130,7 +124,6 @@ mod processes;
 mod ready;
 mod variant;
 
-use ready::*;
 pub(crate) use variant::{ListMode, Variant};
 
 impl Setup<'_> {

@@ -1,7 +1,23 @@
 //! Controllers with children (`--children`): the owner's reconcile that keeps its children, on
 //! kube-rs (its children from a reflector) and on the SDK (from the request, or listed).
 
-use super::*;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{GetParams, ListParams, Patch, PatchParams},
+    runtime::{WatchStreamExt, controller, reflector, watcher},
+};
+use kube_dispatch_bench::{
+    CHILD_LABEL, Content, Record, child_is_current, child_name, content_hash, desired_child,
+};
+use kube_dispatch_controller::children::Checked;
+
+use super::{
+    ChildrenFrom, Error, MANAGER, api_of, drain, ensure_hash, error_policy_dispatch,
+    error_policy_kube_rs, kube_rs_config, started,
+};
 
 /// A child as a reconcile finds it.
 pub(super) enum Found {

@@ -1,7 +1,22 @@
 //! The processes of a run: the controller replicas of a variant, and the tier (dispatchers and
 //! load balancer) they connect to, each started and awaited until it says it is ready.
 
-use super::*;
+use std::{path::Path, time::Duration};
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams},
+};
+use kube_dispatch_bench::ReconcileStart;
+use tokio::sync::mpsc;
+
+use super::{
+    ListMode, SECURITY_OFF, Setup, Tier, Variant, group_name,
+    ready::{dispatcher_ready, free_ports, load_balancer_ready},
+};
+use crate::harness::process::Component;
 
 impl Setup<'_> {
     /// Starts each controller group's replicas of `variant` (connected to the load balancer on

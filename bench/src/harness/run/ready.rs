@@ -1,7 +1,11 @@
 //! Whether the tier's processes are ready, read from their admin endpoints, and the ports they
 //! are given.
 
-use super::*;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::harness::admin::{counter_sum, http_status, scrape};
 
 /// The figures the admin endpoint at `admin` shows now, if it answers within a second.
 pub(super) async fn admin_figures(admin: u16) -> Option<String> {
