@@ -1,7 +1,12 @@
 //! `compare`: every variant of the controller on every scenario (kinds, object counts,
 //! controllers), repeated, with the plots and the section of results they make.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Instant};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{Instant, SystemTime},
+};
 
 use anyhow::Context as _;
 use kube_dispatch_bench::now_micros;
@@ -15,7 +20,7 @@ use crate::{
         report::{self, Axis, Row, Scenario, rows, series},
         run::{RunResult, Setup},
     },
-    markdown::results_section,
+    markdown::{build_profile, command_output, crate_version, machine},
     objects_namespace,
 };
 
@@ -329,4 +334,93 @@ impl Plots<'_> {
             }
         }
     }
+}
+
+/// The Markdown written between the markers of --out.
+fn results_section(
+    args: &CompareArgs,
+    root: &Path,
+    scenarios: &[Scenario],
+    plots: &[(String, PathBuf)],
+) -> anyhow::Result<String> {
+    let bin_dir = std::process::Command::new(root.join("tests/cluster/build-binaries.sh"))
+        .arg("--print-dir")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| PathBuf::from(s.trim()))
+        .unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Produced by `{}` on {} (runs of each variant: {}; timed writes per run: {}, {} apart; data per object: {} bytes; dispatchers: {}, ring keyed by {}{}{}).\n",
+        args.output.command("make bench"),
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        args.repeats,
+        args.writes,
+        humantime::format_duration(args.write_interval),
+        args.object_bytes,
+        args.dispatchers,
+        args.ring_key.as_deref().unwrap_or("name"),
+        if args.namespaces == 1 {
+            String::new()
+        } else {
+            format!(
+                "; objects spread over {} namespaces, every controller over all namespaces with a label selector{}",
+                args.namespaces,
+                if args.children > 0 {
+                    " (the children carry their owner's label)"
+                } else {
+                    ""
+                }
+            )
+        },
+        if args.mix {
+            format!(
+                "; a mix of resources: controller g reconciles every object of the (g mod {})th of {}, the timed writes go to them in turn, and the API requests are summed over their resources",
+                args.kinds.len(),
+                objects::titles(&args.kinds)
+            )
+        } else {
+            String::new()
+        },
+    );
+    let _ = writeln!(out, "- Machine: {}", machine());
+    let _ = writeln!(
+        out,
+        "- Versions: {}; kube-apiserver {}; etcd {}; kube (kube-rs) {}; tonic {}",
+        command_output(Path::new("rustc"), &["--version"]),
+        command_output(&bin_dir.join("kube-apiserver"), &["--version"])
+            .trim_start_matches("Kubernetes "),
+        command_output(&bin_dir.join("etcd"), &["--version"]).trim_start_matches("etcd Version: "),
+        crate_version(root, "kube"),
+        crate_version(root, "tonic"),
+    );
+    let _ = writeln!(
+        out,
+        "- Binaries: {}\n",
+        build_profile(&args.processes.bin_dir())
+    );
+    for s in scenarios {
+        let _ = writeln!(out, "{}", s.table());
+    }
+    if let Some(path) = &args.core_results {
+        let core = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let lines: Vec<&str> = core
+            .lines()
+            .filter(|l| l.starts_with("dispatch core") || l.starts_with("  "))
+            .collect();
+        let _ = writeln!(
+            out,
+            "#### Dispatch core, synthetic events (`make bench-core`)\n\n```\n{}\n```\n",
+            lines.join("\n")
+        );
+    }
+    let out_dir = args.output.pages_dir();
+    for (title, path) in plots {
+        let relative = path.strip_prefix(out_dir).unwrap_or(path);
+        let _ = writeln!(out, "![{title}]({})\n", relative.display());
+    }
+    Ok(out)
 }
