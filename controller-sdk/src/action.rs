@@ -34,3 +34,15 @@ impl Action {
         self.requeue_after
     }
 }
+
+/// The same request in kube-runtime's terms, for code shared with a kube-rs controller.
+/// (kube-runtime's `Action` does not say what it holds, so there is no way back: a reconcile
+/// that gets one from kube-runtime's `finalizer()` uses [`crate::finalizer::finalizer`].)
+impl From<Action> for kube::runtime::controller::Action {
+    fn from(action: Action) -> Self {
+        match action.requeue_after {
+            Some(after) => Self::requeue(after),
+            None => Self::await_change(),
+        }
+    }
+}

@@ -15,7 +15,8 @@
 //! | --- | --- |
 //! | `controller` | [`Controller`], its options and [`Controller::run`] |
 //! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
-//! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given |
+//! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given: merge patches, server-side applies as a field manager, replaces |
+//! | [`finalizer`] | kube-runtime's `finalizer()` with the SDK's [`Action`]: a kube-rs controller with finalizers ports by its imports |
 //! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
 //! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |
 //! | [`metrics`] | the replica's metrics, by controller-runtime's names, served with `/healthz` and `/readyz` on [`Controller::admin_listen`] |
@@ -31,6 +32,7 @@ pub mod children;
 mod controller;
 mod error;
 mod fence;
+pub mod finalizer;
 mod health;
 pub mod memo;
 pub mod metrics;
@@ -51,7 +53,9 @@ pub use targets::DEFAULT_LOAD_BALANCER;
 /// reconcile span becomes its child. Add [`traces::otlp_layer`] to your subscriber (beside its
 /// fmt layer) to export the replica's spans too, and keep the [`traces::Traces`] it returns
 /// until the end of `main`; the example `configmap_hasher` does so when
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set. A controller with an OpenTelemetry pipeline of its own
+/// (its own `tracing_opentelemetry` layer, of the release this SDK uses) keeps it: the reconcile
+/// span joins the dispatcher's trace in that pipeline just the same.
 pub mod traces {
     pub use kube_dispatch_runtime::logging::{OtlpLayer, Traces, TracesError, otlp_layer};
 }

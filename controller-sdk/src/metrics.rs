@@ -22,7 +22,9 @@
 //! names a key or an object, so the series stay few however many objects there are.
 //!
 //! [`registry`] is the process's registry: register your own metrics there and they are
-//! served with these by [`Controller::admin_listen`](crate::Controller::admin_listen).
+//! served with these by [`Controller::admin_listen`](crate::Controller::admin_listen). A
+//! controller that serves a prometheus-client registry of its own passes it to
+//! [`register_into`], and serves these with its own.
 
 use std::{sync::LazyLock, time::Duration};
 
@@ -36,6 +38,7 @@ use prometheus_client::{
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
+    registry::{Metric, Registry},
 };
 
 /// The process's metrics registry: the SDK's metrics and the process metrics are in it, and
@@ -133,79 +136,120 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         api_requests: Family::default(),
         loaded: Family::default(),
     };
-    let m = &f.metrics;
-    m.register(
-        "controller_runtime_reconcile",
-        "Total number of reconciliations per controller",
-        f.reconciles.clone(),
-    );
-    m.register(
-        "controller_runtime_reconcile_errors",
-        "Total number of reconciliation errors per controller",
-        f.errors.clone(),
-    );
-    m.register(
-        "controller_runtime_reconcile_timeouts",
-        "Total number of reconciliation timeouts per controller",
-        f.timeouts.clone(),
-    );
-    m.register(
-        "controller_runtime_reconcile_time_seconds",
-        "Length of time per reconciliation per controller",
-        f.reconcile_time.clone(),
-    );
-    m.register(
-        "controller_runtime_active_workers",
-        "Number of currently used workers per controller",
-        f.active.clone(),
-    );
-    m.register(
-        "controller_runtime_max_concurrent_reconciles",
-        "Maximum number of concurrent reconciles per controller",
-        f.max_concurrent.clone(),
-    );
-    m.register(
-        "kube_dispatch_sessions",
-        "Dispatcher sessions open, per controller and dispatcher",
-        f.sessions.clone(),
-    );
-    m.register(
-        "kube_dispatch_session_reconnects",
-        "Dispatcher sessions lost and opened again",
-        f.reconnects.clone(),
-    );
-    m.register(
-        "kube_dispatch_fenced_reconciles",
-        "Reconciles cancelled because their session could not be renewed in time",
-        f.fenced.clone(),
-    );
-    m.register(
-        "kube_dispatch_deliveries",
-        "Reconcile requests received, by reason",
-        f.deliveries.clone(),
-    );
-    m.register(
-        "kube_dispatch_api_requests",
-        "API requests the controller's client sent, by verb",
-        f.api_requests.clone(),
-    );
-    m.register(
-        "kube_dispatch_objects_loaded",
-        "Objects handed to reconciles, by where they came from",
-        f.loaded.clone(),
-    );
-    m.register(
-        "kube_dispatch_stale_writes",
-        "Conditional writes refused with 409 Conflict: the object had changed",
-        f.stale_writes.clone(),
-    );
-    m.register(
-        "kube_dispatch_delivery_to_reconcile_seconds",
-        "Time from a delivery's arrival to its reconcile's start",
-        f.delivery_to_reconcile.clone(),
-    );
+    f.register_into(&mut &f.metrics);
     f
 });
+
+/// Where the SDK's families are registered: the process's registry, or a controller's own.
+trait Sink {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric);
+}
+
+impl Sink for &Metrics {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.register(name, help, metric);
+    }
+}
+
+impl Sink for Registry {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.register(name, help, metric);
+    }
+}
+
+impl Families {
+    /// Registers every family in `sink`: the same families, so both see the same figures.
+    fn register_into(&self, sink: &mut impl Sink) {
+        let f = self;
+        sink.add(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            f.reconciles.clone(),
+        );
+        sink.add(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            f.errors.clone(),
+        );
+        sink.add(
+            "controller_runtime_reconcile_timeouts",
+            "Total number of reconciliation timeouts per controller",
+            f.timeouts.clone(),
+        );
+        sink.add(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            f.reconcile_time.clone(),
+        );
+        sink.add(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            f.active.clone(),
+        );
+        sink.add(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            f.max_concurrent.clone(),
+        );
+        sink.add(
+            "kube_dispatch_sessions",
+            "Dispatcher sessions open, per controller and dispatcher",
+            f.sessions.clone(),
+        );
+        sink.add(
+            "kube_dispatch_session_reconnects",
+            "Dispatcher sessions lost and opened again",
+            f.reconnects.clone(),
+        );
+        sink.add(
+            "kube_dispatch_fenced_reconciles",
+            "Reconciles cancelled because their session could not be renewed in time",
+            f.fenced.clone(),
+        );
+        sink.add(
+            "kube_dispatch_deliveries",
+            "Reconcile requests received, by reason",
+            f.deliveries.clone(),
+        );
+        sink.add(
+            "kube_dispatch_api_requests",
+            "API requests the controller's client sent, by verb",
+            f.api_requests.clone(),
+        );
+        sink.add(
+            "kube_dispatch_objects_loaded",
+            "Objects handed to reconciles, by where they came from",
+            f.loaded.clone(),
+        );
+        sink.add(
+            "kube_dispatch_stale_writes",
+            "Conditional writes refused with 409 Conflict: the object had changed",
+            f.stale_writes.clone(),
+        );
+        sink.add(
+            "kube_dispatch_delivery_to_reconcile_seconds",
+            "Time from a delivery's arrival to its reconcile's start",
+            f.delivery_to_reconcile.clone(),
+        );
+    }
+}
+
+/// Registers the SDK's metrics in `registry`, a registry the controller serves itself (on its
+/// own endpoint, beside its own metrics): the same figures [`registry`] holds and
+/// [`Controller::admin_listen`](crate::Controller::admin_listen) serves, under the same names.
+/// The process metrics stay in [`registry`]: a controller with its own registry has its own.
+///
+/// ```
+/// use prometheus_client::{metrics::counter::Counter, registry::Registry};
+///
+/// let widgets = Counter::<u64>::default();
+/// let mut registry = Registry::default();
+/// registry.register("my_widgets", "Widgets seen", widgets.clone()); // the controller's own
+/// kube_dispatch_controller::metrics::register_into(&mut registry); // the SDK's, beside them
+/// ```
+pub fn register_into(registry: &mut Registry) {
+    FAMILIES.register_into(registry);
+}
 
 /// How a reconcile ended, as controller-runtime's `result` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -514,5 +558,25 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_controllers_own_registry_serves_the_same_figures() {
+        let mut own = Registry::default();
+        register_into(&mut own);
+        let encoded = |registry: &Registry| {
+            let mut text = String::new();
+            let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+            text
+        };
+        let line =
+            r#"controller_runtime_reconcile_total{controller="own-registry",result="success"} 1"#;
+        assert!(!encoded(&own).contains(line));
+        let metrics = ControllerMetrics::new("own-registry", 1);
+        metrics.ended(Ended::Success, Duration::from_millis(3));
+        let text = encoded(&own);
+        assert!(text.contains(line), "{text}");
+        // The SDK's own endpoint shows the same.
+        assert!(registry().encode().contains(line));
     }
 }

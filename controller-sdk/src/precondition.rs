@@ -162,6 +162,93 @@ where
     .map_err(|e| WriteError::from_kube(seen, &rv, e))
 }
 
+/// Applies `patch` by server-side apply, as the field manager `manager` (forcing conflicts, as
+/// a controller owns the fields it applies), to the object `seen` names, only if the object is
+/// still at `seen`'s resourceVersion. The apply configuration gets `apiVersion`, `kind` and
+/// `metadata.name` from `seen` where it lacks them, so `patch` may hold only what the
+/// controller owns.
+pub async fn apply<K>(
+    api: &Api<K>,
+    seen: &K,
+    manager: &str,
+    patch: serde_json::Value,
+) -> Result<K, WriteError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let rv = resource_version(seen)?;
+    let patch = apply_configuration(seen, conditional(patch, &rv)?);
+    api.patch(
+        &seen.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+}
+
+/// [`apply`] to the object's `status` subresource: the status a controller reports, as the
+/// field manager `manager`, only if the object is still at `seen`'s resourceVersion.
+///
+/// ```no_run
+/// # use k8s_openapi::api::apps::v1::Deployment;
+/// # use kube::Api;
+/// # use kube_dispatch_controller::precondition::{self, WriteError};
+/// # async fn example(api: Api<Deployment>, seen: Deployment) -> Result<(), WriteError> {
+/// let status = serde_json::json!({ "status": { "observedGeneration": 3 } });
+/// match precondition::apply_status(&api, &seen, "my-controller", status).await {
+///     // Changed meanwhile: the change is delivered again, and that reconcile reports.
+///     Err(e) if e.is_stale() => Ok(()),
+///     other => other.map(drop),
+/// }
+/// # }
+/// ```
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    seen: &K,
+    manager: &str,
+    patch: serde_json::Value,
+) -> Result<K, WriteError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let rv = resource_version(seen)?;
+    let patch = apply_configuration(seen, conditional(patch, &rv)?);
+    api.patch_status(
+        &seen.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+}
+
+/// `patch` (a JSON object, as [`conditional`] returns it) with the `apiVersion`, `kind` and
+/// `metadata.name` server-side apply requires, from `seen` where it lacks them.
+fn apply_configuration<K>(seen: &K, mut patch: serde_json::Value) -> serde_json::Value
+where
+    K: Resource,
+    K::DynamicType: Default,
+{
+    let types = K::DynamicType::default();
+    if let Some(object) = patch.as_object_mut() {
+        object
+            .entry("apiVersion")
+            .or_insert_with(|| K::api_version(&types).into());
+        object
+            .entry("kind")
+            .or_insert_with(|| K::kind(&types).into());
+        if let Some(metadata) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            metadata
+                .entry("name")
+                .or_insert_with(|| seen.name_any().into());
+        }
+    }
+    patch
+}
+
 /// Replaces the object with `object`, only if it is still at `object`'s resourceVersion (the
 /// resourceVersion of the object the reconciler was given, when `object` is a modified copy of
 /// it).
@@ -199,6 +286,27 @@ mod tests {
                 "status": { "ready": 1 },
             }))
         );
+    }
+
+    #[test]
+    fn an_apply_configuration_names_the_object_and_its_kind() {
+        let mut seen = k8s_openapi::api::core::v1::ConfigMap::default();
+        seen.metadata.name = Some("target".into());
+        let patch = conditional(serde_json::json!({ "data": { "k": "v" } }), "9")
+            .map(|p| apply_configuration(&seen, p))
+            .ok();
+        assert_eq!(
+            patch,
+            Some(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": { "name": "target", "resourceVersion": "9" },
+                "data": { "k": "v" },
+            }))
+        );
+        // What the patch says already is kept.
+        let own = serde_json::json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "other" } });
+        assert_eq!(apply_configuration(&seen, own.clone()), own);
     }
 
     #[test]

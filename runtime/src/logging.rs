@@ -134,14 +134,55 @@ pub fn traceparent(span: &tracing::Span) -> Option<String> {
 }
 
 /// Makes `span` a child of the span `traceparent` names; an empty or malformed value leaves
-/// it a root.
+/// it a root. It takes wherever the span is recorded by a tracing-opentelemetry layer: the one
+/// [`otlp_layer`] makes, or one the program installed itself (of the same tracing-opentelemetry
+/// release), so a controller's own OpenTelemetry pipeline links its reconcile spans to the
+/// dispatcher's trace too.
 pub fn set_parent(span: &tracing::Span, traceparent: &str) {
-    if traceparent.is_empty() || !traces_enabled() {
+    if traceparent.is_empty() || span.is_disabled() {
         return;
     }
     let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
     let context = TraceContextPropagator::new().extract(&carrier);
     if context.span().span_context().is_valid() {
         let _ = span.set_parent(context);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TraceId;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_span_recorded_by_the_programs_own_opentelemetry_layer_gets_its_parent() {
+        // The program's own pipeline: its tracer provider and layer, not `otlp_layer`'s.
+        let provider = SdkTracerProvider::builder().build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("controller"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace_id = tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("reconcile");
+            set_parent(&span, traceparent);
+            span.context().span().span_context().trace_id()
+        });
+        assert_eq!(
+            trace_id,
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736")
+                .ok()
+                .unwrap_or(TraceId::INVALID)
+        );
+    }
+
+    #[test]
+    fn a_span_nobody_records_is_left_alone() {
+        let span = tracing::Span::none();
+        set_parent(
+            &span,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        assert!(!span.context().span().span_context().is_valid());
     }
 }

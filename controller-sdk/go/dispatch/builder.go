@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -110,21 +111,61 @@ func ControllerManagedBy(mgr manager.Manager) *Builder {
 	return &Builder{mgr: mgr}
 }
 
-// For names the kind reconciled. Predicates and other options are not applied: the tier
-// delivers every change of every object of the subscription (level-triggered).
-func (b *Builder) For(object client.Object, _ ...builder.ForOption) *Builder {
+// For names the kind reconciled. Of its options, builder.OnlyMetadata is served (there is no
+// cache to keep whole objects in: a reconcile reads what it needs through the client); a
+// predicate, or any other option, makes Build fail with what to do instead, rather than being
+// ignored: the tier delivers every change of every object of the subscription
+// (level-triggered).
+func (b *Builder) For(object client.Object, opts ...builder.ForOption) *Builder {
 	if b.forObject != nil {
 		b.errs = append(b.errs, errors.New("For() can only be called once"))
 	}
 	b.forObject = object
+	for _, opt := range opts {
+		b.refuse(optionError("For", object, opt))
+	}
 	return b
 }
 
 // Owns reconciles the controlling owner (of the For kind) of each object of this kind that
 // changes, and lists the children the dispatcher knows in each request (Children).
-func (b *Builder) Owns(object client.Object, _ ...builder.OwnsOption) *Builder {
+//
+// Of its options, builder.OnlyMetadata is served (children are delivered as keys, never
+// cached); predicates and builder.MatchEveryOwner make Build fail with what to do instead.
+func (b *Builder) Owns(object client.Object, opts ...builder.OwnsOption) *Builder {
 	b.owns = append(b.owns, object)
+	for _, opt := range opts {
+		b.refuse(optionError("Owns", object, opt))
+	}
 	return b
+}
+
+// refuse records err, if any, for Build to return.
+func (b *Builder) refuse(err error) {
+	if err != nil {
+		b.errs = append(b.errs, err)
+	}
+}
+
+// optionError says why the tier does not take option of call(object), and what to do instead;
+// nil for an option it serves.
+func optionError(call string, object client.Object, option any) error {
+	if _, ok := option.(builder.Predicates); ok {
+		return fmt.Errorf("%s(%T, builder.WithPredicates(...)): predicates are not applied by the tier, which delivers every change of the objects it serves (level-triggered): "+
+			"narrow what is delivered with Options.LabelSelector or FieldSelector (OwnedLabelSelector for Owns), "+
+			"or skip in Reconcile what the predicate skipped (for a generation predicate, compare metadata.generation with status.observedGeneration), "+
+			"then remove WithPredicates", call, object)
+	}
+	if t := reflect.TypeOf(option); t != nil && t.Comparable() {
+		switch option {
+		case any(builder.OnlyMetadata):
+			return nil
+		case any(builder.MatchEveryOwner):
+			return fmt.Errorf("Owns(%T, builder.MatchEveryOwner): the tier reconciles the controlling owner of a changed child; "+
+				"to reconcile every owner, use References with the field path that names them, or ReconcileOn", object)
+		}
+	}
+	return fmt.Errorf("%s(%T, %T): this option is not served by the tier: remove it", call, object, option)
 }
 
 // References reconciles each object of the For kind that names, at one of fieldPaths (for
@@ -161,9 +202,19 @@ func (b *Builder) Named(name string) *Builder {
 
 // WithOptions sets controller-runtime's options: MaxConcurrentReconciles is the number of
 // reconciles this replica runs at once. RateLimiter, NewQueue and NeedLeaderElection are the
-// tier's (the dispatchers own retries and exclusivity).
+// tier's (the dispatchers own retries, backoff and exclusivity): setting one makes Build fail
+// with what to do instead.
 func (b *Builder) WithOptions(options controller.Options) *Builder {
 	b.ctrlOptions = options
+	if options.RateLimiter != nil {
+		b.refuse(errors.New("WithOptions: RateLimiter is the dispatchers' (they back off a failing key, by their --backoff-* flags): remove it"))
+	}
+	if options.NewQueue != nil {
+		b.refuse(errors.New("WithOptions: NewQueue is the SDK's (its queue is fed by the dispatchers): remove it"))
+	}
+	if options.NeedLeaderElection != nil && *options.NeedLeaderElection {
+		b.refuse(errors.New("WithOptions: NeedLeaderElection: every replica reconciles on the tier, which hands each key to one of them at a time: remove it (and the manager's LeaderElection)"))
+	}
 	return b
 }
 
@@ -249,6 +300,7 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		// Counted in SessionsReady from now on: a manager already running starts the runner
 		// at once.
 		untrack: trackReadiness(metrics),
+		elected: b.mgr.Elected(),
 	}
 	if err := errors.Join(sharedVecErrs...); err != nil {
 		run.log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
@@ -374,6 +426,26 @@ type runner struct {
 	everything   <-chan struct{}
 	// untrack takes the controller out of SessionsReady once it stops.
 	untrack func()
+	// elected is the manager's: closed once it leads, at once when it runs no election.
+	elected <-chan struct{}
+}
+
+// electionGrace is how long a runner waits for its manager to lead before warning that the
+// manager runs leader election, which the tier makes unnecessary.
+const electionGrace = 10 * time.Second
+
+// warnOnLeaderElection logs once when the manager still waits to be elected electionGrace
+// after the runner started (it runs leader election and is a standby): the tier needs none,
+// and this replica reconciles all the same.
+func (r *runner) warnOnLeaderElection(ctx context.Context) {
+	timer := time.NewTimer(electionGrace)
+	defer timer.Stop()
+	select {
+	case <-r.elected:
+	case <-ctx.Done():
+	case <-timer.C:
+		r.log.Info("the manager runs leader election and waits to lead: the tier needs none, and this replica reconciles its share all the same; set the manager's LeaderElection to false (drop --leader-elect)")
+	}
 }
 
 var (
@@ -401,6 +473,7 @@ func (r *runner) Start(ctx context.Context) error {
 			}
 		}
 	}()
+	go r.warnOnLeaderElection(ctx)
 	if r.requests != nil || r.everything != nil {
 		go r.triggers.follow(ctx, r.requests, r.everything)
 		go r.triggers.send(ctx, r)

@@ -5,5 +5,6 @@ mod configset;
 mod contract_edges;
 mod controller;
 mod dispatcher;
+mod finalizers;
 mod precondition;
 mod traces;

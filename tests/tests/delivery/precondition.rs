@@ -112,3 +112,51 @@ async fn a_status_patch_against_a_changed_object_is_refused() -> TestResult {
     assert_eq!(written.status.map(|s| s.seen), Some(1));
     Ok(())
 }
+
+#[tokio::test]
+async fn an_apply_as_a_field_manager_against_a_changed_object_is_refused() -> TestResult {
+    let ns = TestNamespace::create("precondition-apply").await?;
+    let client = Cluster::shared().client().await?;
+    ensure_widget_crd(&client).await?;
+    let api: Api<Widget> = Api::namespaced(client, ns.name());
+    let seen = api
+        .create(
+            &PostParams::default(),
+            &Widget::new("cog", WidgetSpec { size: 1 }),
+        )
+        .await?;
+    let status = |seen: i64| serde_json::json!({ "status": { "seen": seen } });
+    const MANAGER: &str = "widget-controller";
+
+    let current = change(&api, "cog", "newer").await?;
+    assert_stale(
+        precondition::apply_status(&api, &seen, MANAGER, status(1)).await,
+        "status apply",
+    );
+    assert!(
+        api.get_status("cog").await?.status.is_none(),
+        "the stale status apply changed nothing"
+    );
+    let written = precondition::apply_status(&api, &current, MANAGER, status(2)).await?;
+    assert_eq!(written.status.as_ref().map(|s| s.seen), Some(2));
+    // The status is the controller's: its field manager applied it, on the status subresource.
+    let owned = written
+        .managed_fields()
+        .iter()
+        .find(|f| f.manager.as_deref() == Some(MANAGER))
+        .map(|f| (f.operation.as_deref(), f.subresource.as_deref()));
+    assert_eq!(owned, Some((Some("Apply"), Some("status"))));
+
+    // The object itself the same way: refused against the object first seen, applied against
+    // the latest.
+    assert_stale(
+        precondition::apply(&api, &seen, MANAGER, label("stale")).await,
+        "apply",
+    );
+    let applied = precondition::apply(&api, &written, MANAGER, label("applied")).await?;
+    assert_eq!(
+        applied.labels().get("round").map(String::as_str),
+        Some("applied")
+    );
+    Ok(())
+}

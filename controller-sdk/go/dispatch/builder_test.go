@@ -1,0 +1,77 @@
+package dispatch_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
+)
+
+// A port keeps the options it gave controller-runtime's builder. Those the tier cannot serve
+// make Build fail, each with what to do instead; none is ignored.
+func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
+	// Nothing here reaches an API server: the options are judged before the kinds are resolved.
+	mgr, err := manager.New(&rest.Config{Host: "https://127.0.0.1:1"}, manager.Options{
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elect := true
+	cases := []struct {
+		name  string
+		build func(*dispatch.Builder) *dispatch.Builder
+		want  string
+	}{
+		{"a predicate on For", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		}, "compare metadata.generation with status.observedGeneration"},
+		{"a predicate on Owns", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.WithPredicates(predicate.LabelChangedPredicate{}))
+		}, "OwnedLabelSelector"},
+		{"every owner of a child", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.MatchEveryOwner)
+		}, "use References"},
+		{"a rate limiter", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{
+				RateLimiter: workqueue.DefaultTypedControllerRateLimiter[reconcile.Request](),
+			})
+		}, "--backoff-*"},
+		{"leader election", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{NeedLeaderElection: &elect})
+		}, "every replica reconciles"},
+	}
+	nothing := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		return reconcile.Result{}, nil
+	})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.build(dispatch.ControllerManagedBy(mgr)).Complete(nothing)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("want an error that says %q, got %v", c.want, err)
+			}
+		})
+	}
+	// OnlyMetadata is served: Build gets past the options (to fail, here, resolving the kind
+	// with no API server to ask).
+	err = dispatch.ControllerManagedBy(mgr).
+		For(&appsv1.Deployment{}, builder.OnlyMetadata).
+		Owns(&corev1.ConfigMap{}, builder.OnlyMetadata).
+		Complete(nothing)
+	if err == nil || strings.Contains(err.Error(), "OnlyMetadata") || strings.Contains(err.Error(), "not served") {
+		t.Fatalf("OnlyMetadata should be taken, and only the kind's resolution fail: %v", err)
+	}
+}
