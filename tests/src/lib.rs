@@ -47,17 +47,13 @@ pub use namespace::TestNamespace;
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        OnceLock,
-        atomic::{AtomicU32, Ordering},
-    },
+    sync::OnceLock,
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Client, Config,
-    api::{Api, DeleteParams, ObjectMeta, PostParams},
+    api::{Api, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 

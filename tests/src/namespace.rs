@@ -1,6 +1,17 @@
 //! A namespace owned by one test, deleted (with everything in it) when dropped.
 
-use super::*;
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ObjectMeta, PostParams},
+};
+
+use crate::{Cluster, FixtureError};
 
 /// A namespace owned by one test, deleted (with everything in it) when dropped.
 pub struct TestNamespace {

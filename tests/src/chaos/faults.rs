@@ -1,7 +1,23 @@
 //! The faults: what each kind does to the world, and the faults that need a scenario of their
 //! own (owners changed in a watch gap, a controller back from what exists).
 
-use super::*;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+};
+use rand::{RngExt as _, rngs::StdRng};
+use tokio::{sync::Mutex, time::Instant};
+
+use super::{
+    DISPATCHERS, FAULT_KINDS, Failure, IDLE_GRACE, REPLICAS, TTL, world::World, writer::WriterState,
+};
+use crate::{Cluster, Widget, faultproxy::Fault, loadbalancer::TestLoadBalancer};
 
 /// Whether fault `what` killed the dispatcher that owns `key` (`Kind/namespace/name`) on a
 /// ring of three or four members.

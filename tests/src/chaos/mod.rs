@@ -11,42 +11,21 @@
 //! dispatcher through one (its Lease advertises the proxy), each dispatcher reaches the API
 //! server through one, and the load balancers sit behind one that plays their Service.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fmt,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, time::Duration};
 
-use futures::StreamExt;
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
-use kube::{
-    Api, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
-};
-use kube_dispatch_controller::{Action, Controller};
-use kube_dispatch_dispatcher::config::ServeConfig;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use tokio::{sync::Mutex, time::Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    Cluster, FixtureError, TestNamespace, Widget,
-    dispatcher::{TestDispatcher, lease_membership, test_config},
-    ensure_widget_crd,
-    faultproxy::{Fault, FaultProxy},
-    isolated::Isolated,
-    journal::Journal,
-    loadbalancer::TestLoadBalancer,
-};
+use crate::{Cluster, TestNamespace, ensure_widget_crd, faultproxy::FaultProxy, journal::Journal};
 
 mod faults;
 mod world;
 mod writer;
 
-use faults::*;
-use world::*;
-use writer::*;
+use faults::{inject, killed_owner};
+use world::World;
+use writer::{Expected, Writer};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,7 +1,19 @@
 //! The world the chaos suite runs: dispatchers, load balancers and replicas in this process, each
 //! behind its fault proxy.
 
-use super::*;
+use std::{collections::BTreeMap, time::Duration};
+
+use kube_dispatch_dispatcher::config::ServeConfig;
+
+use super::{BOUND, DISPATCHERS, Failure, IDLE_GRACE, writer::start_checker};
+use crate::{
+    TestNamespace,
+    dispatcher::{TestDispatcher, lease_membership, test_config},
+    faultproxy::{Fault, FaultProxy},
+    isolated::Isolated,
+    journal::Journal,
+    loadbalancer::TestLoadBalancer,
+};
 
 pub(super) struct DispatcherSlot {
     pub(super) running: Option<TestDispatcher>,

@@ -1,7 +1,25 @@
 //! The writer that creates, updates and deletes objects all along, what it expects to be
 //! reconciled, and the checker that records every reconcile in the journal.
 
-use super::*;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+use kube_dispatch_controller::{Action, Controller};
+use rand::{RngExt as _, SeedableRng as _, rngs::StdRng};
+use tokio::{sync::Mutex, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{Failure, TTL, world::World};
+use crate::{Cluster, FixtureError, Widget, isolated::Isolated, journal::Journal};
 
 /// The writer's knowledge of what it wrote, for the final check.
 #[derive(Default)]

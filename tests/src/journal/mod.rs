@@ -8,17 +8,15 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
-use kube_dispatch_controller::{Action, Controller, Health};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{FixtureError, isolated::Isolated};
+use crate::FixtureError;
 
 mod replica;
 pub use replica::{JournalReplica, Running};

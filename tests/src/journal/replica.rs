@@ -1,7 +1,18 @@
 //! The journal replica: a controller that records each reconcile in the journal, run as a test's
 //! replica of a group.
 
-use super::*;
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube_dispatch_controller::{Action, Controller, Health};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    FixtureError,
+    isolated::Isolated,
+    journal::{Journal, key_of, rv_of},
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error("unreachable")]
