@@ -23,8 +23,9 @@
 #   --profile  the cargo profile of the binaries (default dist: release with fat link-time
 #              optimisation and one codegen unit, code 10 to 15 % smaller and 1.5 to 2.5 MiB
 #              less resident per process, for a link of minutes per binary on 2 cores;
-#              `release` links in seconds and is what `make test`'s end-to-end image uses;
-#              dev, test and bench are refused). --release names the tag, not the profile.
+#              `release` links in seconds and is what `make e2e`'s image uses; `e2e`,
+#              unoptimised, is `make test`'s; dev, test and bench are refused). --release names
+#              the tag, not the profile.
 #   --output   where buildah writes the OCI archive (default target/image/kube-dispatch-dev.oci.tar,
 #              under CARGO_TARGET_DIR when set);
 #              load it with `ctr images import`, `podman load`, or `skopeo copy oci-archive:...`

@@ -14,6 +14,8 @@
 #   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
 #   E2E_WRITE_RATE=N   writes per second during each phase (default 20)
 #   E2E_SHORT=1        baseline, rolling update, controller scaled 2 -> 1 (what `make test` runs)
+#   E2E_PROFILE=NAME   the cargo profile of the image's binaries (default release; `make test`
+#                      gives e2e: unoptimised, built in a fraction of the time)
 #   E2E_FROM_ROOT, E2E_FROM_VERSION, E2E_FROM_IMAGES
 #                      install a previous release first (its tree, its version, the OCI archives
 #                      of its images) and upgrade it to this tree: what `make test-skew` runs
@@ -52,9 +54,10 @@ finish() {
 trap finish EXIT
 
 say "building the image (static binaries, FROM scratch) and importing it into the node"
-# The `release` profile: the shipped `dist` profile's link-time optimisation would add about
-# 9 minutes of linking to every run; the code is the same.
-archive=$(deploy/image.sh --profile release)
+# The `release` profile (E2E_PROFILE to change it; `make test` uses `e2e`, unoptimised): the
+# shipped `dist` profile's link-time optimisation would add about 9 minutes of linking to every
+# run; the code is the same.
+archive=$(deploy/image.sh --profile "${E2E_PROFILE:-release}")
 $node import "$archive" docker.io/library/kube-dispatch:dev-2
 say "image $(du -h "$archive" | cut -f1) as an archive; $(tar -xOf "$archive" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')"
 say "building the Go example controller's image and importing it into the node"

@@ -68,12 +68,14 @@ trap 'exit 129' HUP
 step "pinned versions"
 tests/cluster/check-versions.sh
 
-# The Kubernetes binaries (minutes of Go on a fresh machine, much of it fetching modules) build
-# beside the Rust checks at a normal priority: the control plane needs them only after them.
-# The other Go builds start once they are done, not to compete for the module proxy.
+# The Kubernetes binaries (minutes of Go on a fresh machine, much of it fetching modules) and
+# cargo-nextest build beside the Rust checks and builds at a normal priority: the tests need
+# them only after those. The other Go builds start once the Kubernetes binaries are done, not to
+# compete for the module proxy; they and the end-to-end image's binaries (the `e2e` profile:
+# unoptimised) take the CPU the tests leave idle.
 BACKGROUND_NICE=0 background kubernetes tests/cluster/build-binaries.sh
-background nextest tests/nextest.sh
-background e2e-binaries bash -c 'deploy/image.sh --profile release --binaries-only && deploy/image.sh --go-example --binaries-only'
+BACKGROUND_NICE=0 background nextest tests/nextest.sh
+background e2e-binaries bash -c 'deploy/image.sh --profile e2e --binaries-only && deploy/image.sh --go-example --binaries-only'
 
 step "crate layout, sizes and the walkthrough"
 tests/check-layout.sh
@@ -96,6 +98,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
+step "cargo build --bins"
+# The benchmark smoke test starts the dispatcher and load-balancer binaries.
+cargo build --workspace --bins --locked --quiet
+
+step "cargo test --doc"
+cargo test --workspace --doc --locked --quiet
+
+step "the tests built (what cargo nextest runs)"
+cargo test --workspace --no-run --locked --quiet
+
 step "Kubernetes binaries (built beside the steps above)"
 await kubernetes
 background go-sdk tests/go-sdk.sh --prebuild
@@ -107,13 +119,6 @@ if ! $cluster status >/dev/null 2>&1; then
   $cluster up >/dev/null
   started=1
 fi
-
-step "cargo build --bins"
-# The benchmark smoke test starts the dispatcher and load-balancer binaries.
-cargo build --workspace --bins --locked --quiet
-
-step "cargo test --doc"
-cargo test --workspace --doc --locked --quiet
 
 step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
 await nextest
@@ -139,4 +144,4 @@ step "deploy/ on a real node (make e2e, short form)"
 # scaled 2 -> 1 with a writer all along: lost 0 and concurrent 0, or this fails. `make e2e`
 # adds a pod deletion, evictions against the PodDisruptionBudget and scaling 2 -> 4 -> 1.
 await e2e-binaries
-E2E_SHORT=1 tests/e2e.sh
+E2E_SHORT=1 E2E_PROFILE=e2e tests/e2e.sh
