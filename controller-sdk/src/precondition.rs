@@ -177,15 +177,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
 {
-    let rv = resource_version(seen)?;
-    let patch = apply_configuration(seen, conditional(patch, &rv)?);
-    api.patch(
-        &seen.name_any(),
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+    apply_to(api, seen, manager, patch, false).await
 }
 
 /// [`apply`] to the object's `status` subresource: the status a controller reports, as the
@@ -214,15 +206,30 @@ where
     K: Resource + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
 {
+    apply_to(api, seen, manager, patch, true).await
+}
+
+/// [`apply`] to the object, or to its `status` subresource.
+async fn apply_to<K>(
+    api: &Api<K>,
+    seen: &K,
+    manager: &str,
+    patch: serde_json::Value,
+    status: bool,
+) -> Result<K, WriteError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
     let rv = resource_version(seen)?;
-    let patch = apply_configuration(seen, conditional(patch, &rv)?);
-    api.patch_status(
-        &seen.name_any(),
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+    let patch = Patch::Apply(apply_configuration(seen, conditional(patch, &rv)?));
+    let (name, params) = (seen.name_any(), PatchParams::apply(manager).force());
+    let written = if status {
+        api.patch_status(&name, &params, &patch).await
+    } else {
+        api.patch(&name, &params, &patch).await
+    };
+    written.map_err(|e| WriteError::from_kube(seen, &rv, e))
 }
 
 /// `patch` (a JSON object, as [`conditional`] returns it) with the `apiVersion`, `kind` and

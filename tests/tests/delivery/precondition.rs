@@ -25,6 +25,22 @@ where
         .await
 }
 
+/// A namespace of its own (kept while the test holds it) with the Widget `name` in it, as a
+/// reconcile is given it.
+async fn widget(namespace: &str, name: &str) -> TestResult<(TestNamespace, Api<Widget>, Widget)> {
+    let ns = TestNamespace::create(namespace).await?;
+    let client = Cluster::shared().client().await?;
+    ensure_widget_crd(&client).await?;
+    let api: Api<Widget> = Api::namespaced(client, ns.name());
+    let seen = api
+        .create(
+            &PostParams::default(),
+            &Widget::new(name, WidgetSpec { size: 1 }),
+        )
+        .await?;
+    Ok((ns, api, seen))
+}
+
 fn assert_stale<K: std::fmt::Debug>(result: Result<K, WriteError>, what: &str) {
     match result {
         Err(e) if e.is_stale() => {}
@@ -87,16 +103,7 @@ async fn a_patch_against_a_changed_object_is_refused_and_one_against_the_current
 
 #[tokio::test]
 async fn a_status_patch_against_a_changed_object_is_refused() -> TestResult {
-    let ns = TestNamespace::create("precondition-status").await?;
-    let client = Cluster::shared().client().await?;
-    ensure_widget_crd(&client).await?;
-    let api: Api<Widget> = Api::namespaced(client, ns.name());
-    let seen = api
-        .create(
-            &PostParams::default(),
-            &Widget::new("gear", WidgetSpec { size: 1 }),
-        )
-        .await?;
+    let (_ns, api, seen) = widget("precondition-status", "gear").await?;
     let status = |seen: i64| serde_json::json!({ "status": { "seen": seen } });
 
     let current = change(&api, "gear", "newer").await?;
@@ -115,16 +122,7 @@ async fn a_status_patch_against_a_changed_object_is_refused() -> TestResult {
 
 #[tokio::test]
 async fn an_apply_as_a_field_manager_against_a_changed_object_is_refused() -> TestResult {
-    let ns = TestNamespace::create("precondition-apply").await?;
-    let client = Cluster::shared().client().await?;
-    ensure_widget_crd(&client).await?;
-    let api: Api<Widget> = Api::namespaced(client, ns.name());
-    let seen = api
-        .create(
-            &PostParams::default(),
-            &Widget::new("cog", WidgetSpec { size: 1 }),
-        )
-        .await?;
+    let (_ns, api, seen) = widget("precondition-apply", "cog").await?;
     let status = |seen: i64| serde_json::json!({ "status": { "seen": seen } });
     const MANAGER: &str = "widget-controller";
 
