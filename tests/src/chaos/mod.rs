@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Cluster, TestNamespace, ensure_widget_crd, faultproxy::FaultProxy, journal::Journal};
 
+mod checker;
 mod faults;
 mod world;
 mod writer;

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use kube_dispatch_dispatcher::config::ServeConfig;
 
-use super::{BOUND, DISPATCHERS, Failure, IDLE_GRACE, writer::start_checker};
+use super::{BOUND, DISPATCHERS, Failure, IDLE_GRACE, checker::start_checker};
 use crate::{
     TestNamespace,
     dispatcher::{TestDispatcher, lease_membership, test_config},
