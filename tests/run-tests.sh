@@ -41,7 +41,11 @@ declare -A background=()
 background() { # name, command... (at the lowest priority; BACKGROUND_NICE=0 for a normal one)
   local name=$1
   shift
-  setsid nice -n "${BACKGROUND_NICE:-19}" "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  # A session of its own (so that it can be stopped as a group) is a scheduling group of its
+  # own where the kernel groups sessions (sched_autogroup): the group's nice value, not only the
+  # processes', must say how much CPU it may take from the foreground's group.
+  setsid bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec nice -n "$0" "$@"' \
+    "${BACKGROUND_NICE:-19}" "$@" >"$logs/$name.log" 2>&1 </dev/null &
   background[$name]=$!
 }
 await() { # name

@@ -78,3 +78,75 @@ where
     .await?;
     Ok(chosen.unwrap_or_else(Action::await_change))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::client::Body;
+
+    use super::*;
+
+    const NAME: &str = "example.com/cleanup";
+
+    /// An `Api` whose every call fails: what kube-runtime writes, it writes through this.
+    fn unreachable_api() -> Api<ConfigMap> {
+        let service = tower::service_fn(|_: http::Request<Body>| async {
+            Err::<http::Response<Body>, _>(std::io::Error::other("no API server in this test"))
+        });
+        Api::namespaced(kube::Client::new(service, "default"), "default")
+    }
+
+    fn config_map(finalizer: bool, deleting: bool) -> Arc<ConfigMap> {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("guarded".into());
+        cm.metadata.namespace = Some("default".into());
+        if finalizer {
+            cm.metadata.finalizers = Some(vec![NAME.into()]);
+        }
+        if deleting {
+            cm.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        Arc::new(cm)
+    }
+
+    async fn run(cm: Arc<ConfigMap>) -> Result<Action, Error<kube::Error>> {
+        finalizer(&unreachable_api(), NAME, cm, |event| async move {
+            match event {
+                Event::Apply(_) => Ok(Action::requeue(Duration::from_secs(7))),
+                Event::Cleanup(_) => Ok(Action::requeue(Duration::from_secs(9))),
+            }
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn the_reconciles_action_comes_back_and_the_finalizer_is_written_by_kube_runtime() {
+        // The finalizer in place: the reconcile runs as Apply, with no write, and its action is
+        // the result.
+        assert_eq!(
+            run(config_map(true, false)).await.ok(),
+            Some(Action::requeue(Duration::from_secs(7)))
+        );
+        // Not in place: kube-runtime adds it (here the write fails) before any Apply.
+        assert!(matches!(
+            run(config_map(false, false)).await,
+            Err(Error::AddFinalizer(_))
+        ));
+        // Going, with the finalizer: Cleanup runs, then kube-runtime removes the finalizer
+        // (here the write fails, so the cleanup's action is not the result).
+        assert!(matches!(
+            run(config_map(true, true)).await,
+            Err(Error::RemoveFinalizer(_))
+        ));
+        // Going, without it: nothing to do.
+        assert_eq!(
+            run(config_map(false, true)).await.ok(),
+            Some(Action::await_change())
+        );
+    }
+}

@@ -238,6 +238,9 @@ impl Families {
 /// own endpoint, beside its own metrics): the same figures [`registry`] holds and
 /// [`Controller::admin_listen`](crate::Controller::admin_listen) serves, under the same names.
 /// The process metrics stay in [`registry`]: a controller with its own registry has its own.
+/// Call it once per registry (prometheus-client does not merge families registered twice),
+/// on a registry without a prefix: `Registry::with_prefix` would rename the metrics away from
+/// controller-runtime's names, which dashboards and alerts look for.
 ///
 /// ```
 /// use prometheus_client::{metrics::counter::Counter, registry::Registry};

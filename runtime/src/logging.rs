@@ -175,14 +175,4 @@ mod tests {
                 .unwrap_or(TraceId::INVALID)
         );
     }
-
-    #[test]
-    fn a_span_nobody_records_is_left_alone() {
-        let span = tracing::Span::none();
-        set_parent(
-            &span,
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        );
-        assert!(!span.context().span().span_context().is_valid());
-    }
 }

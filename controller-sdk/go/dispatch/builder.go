@@ -150,10 +150,12 @@ func (b *Builder) refuse(err error) {
 // optionError says why the tier does not take option of call(object), and what to do instead;
 // nil for an option it serves.
 func optionError(call string, object client.Object, option any) error {
-	if _, ok := option.(builder.Predicates); ok {
+	switch option.(type) {
+	case builder.Predicates, *builder.Predicates:
 		return fmt.Errorf("%s(%T, builder.WithPredicates(...)): predicates are not applied by the tier, which delivers every change of the objects it serves (level-triggered): "+
 			"narrow what is delivered with Options.LabelSelector or FieldSelector (OwnedLabelSelector for Owns), "+
-			"or skip in Reconcile what the predicate skipped (for a generation predicate, compare metadata.generation with status.observedGeneration), "+
+			"or skip in Reconcile what the predicate skipped (for a generation predicate: a delivery whose reason is modified or resync, "+
+			"of an object whose metadata.generation equals the status.observedGeneration this controller reported; see the README), "+
 			"then remove WithPredicates", call, object)
 	}
 	if t := reflect.TypeOf(option); t != nil && t.Comparable() {
@@ -201,9 +203,9 @@ func (b *Builder) Named(name string) *Builder {
 }
 
 // WithOptions sets controller-runtime's options: MaxConcurrentReconciles is the number of
-// reconciles this replica runs at once. RateLimiter, NewQueue and NeedLeaderElection are the
-// tier's (the dispatchers own retries, backoff and exclusivity): setting one makes Build fail
-// with what to do instead.
+// reconciles this replica runs at once. RateLimiter, NewQueue, UsePriorityQueue and
+// NeedLeaderElection are the tier's (the dispatchers own retries, backoff, ordering and
+// exclusivity): setting one makes Build fail with what to do instead.
 func (b *Builder) WithOptions(options controller.Options) *Builder {
 	b.ctrlOptions = options
 	if options.RateLimiter != nil {
@@ -211,6 +213,9 @@ func (b *Builder) WithOptions(options controller.Options) *Builder {
 	}
 	if options.NewQueue != nil {
 		b.refuse(errors.New("WithOptions: NewQueue is the SDK's (its queue is fed by the dispatchers): remove it"))
+	}
+	if options.UsePriorityQueue != nil && *options.UsePriorityQueue {
+		b.refuse(errors.New("WithOptions: UsePriorityQueue: the dispatchers decide what is delivered when (the SDK's queue is fed by them): remove it"))
 	}
 	if options.NeedLeaderElection != nil && *options.NeedLeaderElection {
 		b.refuse(errors.New("WithOptions: NeedLeaderElection: every replica reconciles on the tier, which hands each key to one of them at a time: remove it (and the manager's LeaderElection)"))

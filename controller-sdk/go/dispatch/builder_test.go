@@ -38,10 +38,13 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 	}{
 		{"a predicate on For", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
-		}, "compare metadata.generation with status.observedGeneration"},
+		}, "a delivery whose reason is modified or resync"},
 		{"a predicate on Owns", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.WithPredicates(predicate.LabelChangedPredicate{}))
-		}, "OwnedLabelSelector"},
+		}, "Owns(*v1.ConfigMap, builder.WithPredicates(...))"},
+		{"a pointer to predicates", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, &builder.Predicates{})
+		}, "predicates are not applied"},
 		{"every owner of a child", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.MatchEveryOwner)
 		}, "use References"},
@@ -50,6 +53,16 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 				RateLimiter: workqueue.DefaultTypedControllerRateLimiter[reconcile.Request](),
 			})
 		}, "--backoff-*"},
+		{"a queue of its own", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{
+				NewQueue: func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+					return nil
+				},
+			})
+		}, "NewQueue is the SDK's"},
+		{"a priority queue", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{UsePriorityQueue: &elect})
+		}, "decide what is delivered when"},
 		{"leader election", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{NeedLeaderElection: &elect})
 		}, "every replica reconciles"},

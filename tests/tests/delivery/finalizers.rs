@@ -25,16 +25,21 @@ use kube_dispatch_tests::{
     TestNamespace, TestResult,
     dispatcher::{TestDispatcher, test_config},
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 const FINALIZER: &str = "example.kube-dispatch.dev/cleanup";
+/// The test's objects carry it, and the controller selects by it: nothing else in the
+/// namespace (its root CA ConfigMap) gets the finalizer.
+const LABEL: (&str, &str) = ("example.kube-dispatch.dev/finalized", "yes");
 
 struct Ctx {
     client: kube::Client,
     recorder: Recorder,
     /// Each `Apply` and `Cleanup` run: ("apply" or "cleanup", the object's name).
     runs: mpsc::UnboundedSender<(&'static str, String)>,
+    /// A `Cleanup` finishes only with a permit from here: the test looks at the object first.
+    cleanups: Semaphore,
 }
 
 async fn reconcile(
@@ -61,6 +66,9 @@ async fn reconcile(
             }
             Event::Cleanup(cm) => {
                 let _ = ctx.runs.send(("cleanup", cm.name_any()));
+                if let Ok(permit) = ctx.cleanups.acquire().await {
+                    permit.forget();
+                }
                 Ok(Action::await_change())
             }
         }
@@ -97,19 +105,22 @@ async fn a_kube_rs_controller_with_a_finalizer_ports_by_its_imports() -> TestRes
         client: ns.client(),
         recorder: Recorder::new(ns.client(), reporter),
         runs: runs_tx,
+        cleanups: Semaphore::new(0),
     });
     let stop = CancellationToken::new();
     let stream = Controller::<ConfigMap>::new(ns.client(), "finalizing")
         .namespace(ns.name())
+        .labels(format!("{}={}", LABEL.0, LABEL.1))
         .dispatchers([d.addr.to_string()])
         .credentials(kube_dispatch_tests::credentials())
         .replica_id("replica-a")
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx);
+        .run(reconcile, error_policy, Arc::clone(&ctx));
     let task = tokio::spawn(stream.for_each(|_| async {}));
 
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("guarded".into());
+    cm.metadata.labels = Some([(LABEL.0.to_owned(), LABEL.1.to_owned())].into());
     api.create(&PostParams::default(), &cm).await?;
     // The first reconcile adds the finalizer; the change it makes is delivered, and that
     // reconcile runs `Apply`.
@@ -142,6 +153,12 @@ async fn a_kube_rs_controller_with_a_finalizer_ports_by_its_imports() -> TestRes
             other => panic!("unexpected run {other:?}"),
         }
     }
+    // While the cleanup runs, the object is still there, marked for deletion and held by the
+    // finalizer.
+    let held = api.get("guarded").await?;
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.finalizers(), [FINALIZER.to_owned()]);
+    ctx.cleanups.add_permits(1);
     // Then the finalizer goes, and the object with it.
     let uid = guarded.uid().unwrap_or_default();
     let gone = tokio::time::timeout(
