@@ -335,13 +335,11 @@ async fn latencies(
     observed: &mut watch::Receiver<Observations>,
     sent: &Sent,
 ) -> anyhow::Result<(Vec<u64>, u64)> {
-    let reconciled_after =
-        |o: &Observations, key: &str, write: Write| o.reconciled_after(key, write);
     tokio::time::timeout(
         Duration::from_secs(60),
         observed.wait_for(|o| {
             sent.iter()
-                .all(|(key, _, write)| reconciled_after(o, key, *write).is_some())
+                .all(|(key, _, write)| o.reconciled_after(key, *write).is_some())
         }),
     )
     .await
@@ -350,7 +348,7 @@ async fn latencies(
     let o = observed.borrow();
     let latencies: Vec<u64> = sent
         .iter()
-        .filter_map(|(key, at, write)| Some(reconciled_after(&o, key, *write)?.saturating_sub(*at)))
+        .filter_map(|(key, at, write)| Some(o.reconciled_after(key, *write)?.saturating_sub(*at)))
         .collect();
     anyhow::ensure!(latencies.len() == sent.len(), "a write lost its reconcile");
     Ok((latencies, o.total))
