@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Checks that the crates' dependencies point one way (README, "Layout"):
-#   proto -> core -> runtime -> dispatcher, loadbalancer, controller-sdk
+#   proto -> core -> telemetry -> server -> dispatcher, loadbalancer
+#   telemetry -> controller-sdk (the SDK links no server code)
 # - kube-dispatch-core is pure: no async runtime, Kubernetes client or gRPC server of its own;
 # - the load balancer and the controller SDK never link the dispatcher;
-# - the dispatcher never links the SDK, and the runtime neither of them;
+# - the dispatcher never links the SDK, and the shared crates neither of them;
 # - within a crate, no module imports another that imports it back (tests/check-modules.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,12 +30,17 @@ done
 check kube-dispatch-loadbalancer kube-dispatch-dispatcher any
 check kube-dispatch-controller kube-dispatch-dispatcher any
 check kube-dispatch-dispatcher kube-dispatch-controller any
-check kube-dispatch-runtime kube-dispatch-dispatcher any
-check kube-dispatch-runtime kube-dispatch-controller any
+for shared in kube-dispatch-telemetry kube-dispatch-server; do
+  check $shared kube-dispatch-dispatcher any
+  check $shared kube-dispatch-controller any
+done
+check kube-dispatch-telemetry kube-dispatch-server any
+check kube-dispatch-telemetry kube-dispatch-core any
+check kube-dispatch-controller kube-dispatch-server any
 check kube-dispatch-kdctl kube-dispatch-dispatcher any
 check kube-dispatch-kdctl kube-dispatch-controller any
 
-python3 tests/check-modules.py proto/src core/src runtime/src dispatcher/src controller-sdk/src \
+python3 tests/check-modules.py proto/src core/src telemetry/src server/src dispatcher/src controller-sdk/src \
   loadbalancer/src kdctl/src model/src tests/src bench/src || failed=1
 
 if [[ $failed == 1 ]]; then exit 1; fi

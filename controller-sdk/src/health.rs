@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
-use kube_dispatch_runtime::admin::Readiness;
+use kube_dispatch_telemetry::admin::Readiness;
 
 /// A handle on a controller's health; cheap to clone, readable from any thread (for example
 /// from the HTTP handler of a readiness probe).

@@ -57,5 +57,5 @@ pub use targets::DEFAULT_LOAD_BALANCER;
 /// (its own `tracing_opentelemetry` layer, of the release this SDK uses) keeps it: the reconcile
 /// span joins the dispatcher's trace in that pipeline just the same.
 pub mod traces {
-    pub use kube_dispatch_runtime::logging::{OtlpLayer, Traces, TracesError, otlp_layer};
+    pub use kube_dispatch_telemetry::logging::{OtlpLayer, Traces, TracesError, otlp_layer};
 }

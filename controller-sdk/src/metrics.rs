@@ -29,7 +29,7 @@
 use std::{sync::LazyLock, time::Duration};
 
 use kube_dispatch_proto::v1::Reason;
-use kube_dispatch_runtime::metrics::Metrics;
+use kube_dispatch_telemetry::metrics::Metrics;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{

@@ -19,7 +19,7 @@
 //! | [`ack`] | acknowledgements from the wire, checked and bounded before the queue acts on them |
 //!
 //! The adapters live elsewhere: the dispatcher's watches, membership loop and gRPC services in
-//! `kube-dispatch-dispatcher`, the Lease watch and process plumbing in `kube-dispatch-runtime`.
+//! `kube-dispatch-dispatcher`, the Lease watch and process plumbing in `kube-dispatch-server`.
 
 #![forbid(unsafe_code)]
 

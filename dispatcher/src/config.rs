@@ -13,8 +13,9 @@ use kube_dispatch_core::{
     quota::Quotas,
 };
 use kube_dispatch_proto::RingKey;
-pub use kube_dispatch_runtime::bounds::ServerLimits;
-use kube_dispatch_runtime::{admin::Readiness, auth::GroupOwners, metrics::Metrics};
+use kube_dispatch_server::auth::GroupOwners;
+pub use kube_dispatch_server::bounds::ServerLimits;
+use kube_dispatch_telemetry::{admin::Readiness, metrics::Metrics};
 
 pub use crate::security::SecurityConfig;
 

@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use kube_dispatch_runtime::auth::GroupId;
+use kube_dispatch_server::auth::GroupId;
 use tokio::time::Instant;
 use tracing::info;
 

@@ -13,11 +13,14 @@ use kube_dispatch_dispatcher::{
     serve::serve,
 };
 use kube_dispatch_proto::RingKey;
-use kube_dispatch_runtime::{
-    admin::{self, Readiness},
+use kube_dispatch_server::{
     client,
     flags::{CallFlags, SecurityFlags, ServerFlags},
-    logging, metrics, signal,
+    signal,
+};
+use kube_dispatch_telemetry::{
+    admin::{self, Readiness},
+    logging, metrics,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m, 1h.
 #[derive(Debug, Parser)]
-#[command(name = "kube-dispatch-dispatcher", version = kube_dispatch_runtime::version(), about, long_about)]
+#[command(name = "kube-dispatch-dispatcher", version = kube_dispatch_telemetry::version(), about, long_about)]
 struct Args {
     /// This dispatcher's identity on the ring, e.g. dispatcher-2. Defaults to the pod name.
     #[arg(long, env = "KD_DISPATCHER_ID")]

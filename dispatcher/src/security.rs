@@ -1,10 +1,10 @@
 //! Who may do what on a dispatcher (`proto/kubedispatch/v1/security.md`):
 //!
-//! - every call but health checks is authenticated ([`kube_dispatch_runtime::auth`]);
+//! - every call but health checks is authenticated ([`kube_dispatch_server::auth`]);
 //! - a session gets a group's keys only while its caller may `list` and `watch` every resource
 //!   the group subscribes to (owned kinds included), checked at OpenSession and again on polls
 //!   once the decision is older than `--authorization-recheck`;
-//! - groups are scoped by identity (`kube_dispatch_runtime::auth::GroupId`), and a session
+//! - groups are scoped by identity (`kube_dispatch_server::auth::GroupId`), and a session
 //!   belongs to the identity that opened it (`crate::table`);
 //! - `Operator/Key` answers for a group only when the caller may `get` its resources
 //!   ([`Guard::may_get_in`]);
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use kube::Client;
 use kube_dispatch_core::subscription::GroupSpec;
 use kube_dispatch_proto::credentials::Credentials;
-use kube_dispatch_runtime::{
+use kube_dispatch_server::{
     auth::{self, AuthConfig, Authentication, Authenticator, Caller, Identity},
     authz::{Access, Authorizer, AuthzConfig, Refused, ResourceAccess},
     tls::Transport,

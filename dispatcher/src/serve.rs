@@ -17,7 +17,8 @@ use kube_dispatch_proto::{
         peer_server::PeerServer,
     },
 };
-use kube_dispatch_runtime::{admin::Readiness, auth::AuthLayer, bounds::Connections};
+use kube_dispatch_server::{auth::AuthLayer, bounds::Connections};
+use kube_dispatch_telemetry::admin::Readiness;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
@@ -59,7 +60,7 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     /// The serving certificate could not be loaded.
     #[error(transparent)]
-    Tls(#[from] kube_dispatch_runtime::tls::TlsError),
+    Tls(#[from] kube_dispatch_server::tls::TlsError),
     /// This dispatcher's own identity could not be learned (SelfSubjectReview).
     #[error("cannot learn this dispatcher's own identity (SelfSubjectReview): {0}")]
     OwnIdentity(#[source] kube::Error),
@@ -97,7 +98,7 @@ pub async fn serve(
     let guard = guard(&config, &client).await?;
     let local = listener.local_addr().ok();
     let refusals = config.metrics.refusals();
-    let incoming = kube_dispatch_runtime::tls::incoming(
+    let incoming = kube_dispatch_server::tls::incoming(
         listener,
         &config.security.transport,
         Connections::new(config.server, refusals.clone()),
@@ -213,7 +214,7 @@ async fn guard(config: &ServeConfig, client: &Client) -> Result<Arc<Guard>, Serv
     let guard = Guard::new(&config.security, client)
         .await
         .map_err(ServeError::OwnIdentity)?;
-    kube_dispatch_runtime::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
+    kube_dispatch_server::tls::warn_if_plaintext(&config.security.transport, "dispatcher");
     guard.authentication().warn_if_anonymous("dispatcher");
     Ok(Arc::new(guard))
 }

@@ -56,7 +56,7 @@ pub async fn version(connection: &Connection) -> anyhow::Result<VersionView> {
         ));
     }
     Ok(VersionView {
-        kdctl: kube_dispatch_runtime::version().to_owned(),
+        kdctl: kube_dispatch_telemetry::version().to_owned(),
         dispatchers: status.dispatchers,
         versions,
         problems,

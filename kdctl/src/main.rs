@@ -44,7 +44,7 @@ const DEGRADED: u8 = 3;
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m.
 #[derive(Debug, Parser)]
-#[command(name = "kdctl", version = kube_dispatch_runtime::version(), about, long_about)]
+#[command(name = "kdctl", version = kube_dispatch_telemetry::version(), about, long_about)]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -194,7 +194,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             }
         }
     };
-    let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
+    let client = kube_dispatch_server::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
     let credentials = if args.insecure {
         Credentials::plaintext()
     } else {

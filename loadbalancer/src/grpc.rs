@@ -11,7 +11,7 @@ use kube::Api;
 use kube_dispatch_proto::v1::{
     Assignment, LeaveRequest, LeaveResponse, RegisterRequest, load_balancer_server::LoadBalancer,
 };
-use kube_dispatch_runtime::auth::Caller;
+use kube_dispatch_server::auth::Caller;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 

@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use kube_dispatch_loadbalancer::service::{Config, serve};
-use kube_dispatch_runtime::{
+use kube_dispatch_server::flags::{SecurityFlags, ServerFlags};
+use kube_dispatch_telemetry::{
     admin::{self, Readiness},
-    flags::{SecurityFlags, ServerFlags},
     metrics,
 };
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,7 @@ use tracing::{info, warn};
 /// Every flag can also be set through the environment variable named in brackets. Durations
 /// take units: 500ms, 10s, 5m.
 #[derive(Debug, Parser)]
-#[command(name = "kube-dispatch-loadbalancer", version = kube_dispatch_runtime::version(), about, long_about)]
+#[command(name = "kube-dispatch-loadbalancer", version = kube_dispatch_telemetry::version(), about, long_about)]
 struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7071")]
@@ -126,7 +126,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    kube_dispatch_runtime::logging::init(args.log_json);
+    kube_dispatch_telemetry::logging::init(args.log_json);
     anyhow::ensure!(
         args.lease_duration.as_secs() >= 2,
         "--lease-duration must be at least 2s"
@@ -139,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
         args.leader_settle <= Duration::from_secs(30),
         "--leader-settle must be at most 30s"
     );
-    let client = kube_dispatch_runtime::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
+    let client = kube_dispatch_server::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -179,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
         admin_stop.clone(),
     ));
     let shutdown = CancellationToken::new();
-    tokio::spawn(kube_dispatch_runtime::signal::cancel_on_signal(
+    tokio::spawn(kube_dispatch_server::signal::cancel_on_signal(
         shutdown.clone(),
     ));
     info!(?config, "starting");

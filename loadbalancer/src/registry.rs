@@ -17,7 +17,7 @@ use std::{
 };
 
 use kube_dispatch_proto::v1::Assignment;
-use kube_dispatch_runtime::auth::{GroupId, GroupOwners, NotOwner};
+use kube_dispatch_server::auth::{GroupId, GroupOwners, NotOwner};
 use tokio::sync::watch;
 use tracing::{debug, info};
 

@@ -6,13 +6,12 @@ use std::{sync::Arc, time::Duration};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use kube_dispatch_proto::v1::load_balancer_server::LoadBalancerServer;
-use kube_dispatch_runtime::{
-    admin::Readiness,
+use kube_dispatch_server::{
     auth::{AuthConfig, AuthLayer, Authentication, Authenticator, GroupOwners},
     bounds::{Connections, ServerLimits},
-    metrics::Metrics,
     tls::Transport,
 };
+use kube_dispatch_telemetry::{admin::Readiness, metrics::Metrics};
 use kube_lease_manager::LeaseManagerError;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -95,7 +94,7 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     /// The serving certificate could not be loaded.
     #[error(transparent)]
-    Tls(#[from] kube_dispatch_runtime::tls::TlsError),
+    Tls(#[from] kube_dispatch_server::tls::TlsError),
 }
 
 /// Serves on `listener` until `shutdown`: takes part in leader election, tracks the dispatchers
@@ -107,10 +106,10 @@ pub async fn serve(
     shutdown: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), ServeError> {
-    kube_dispatch_runtime::tls::warn_if_plaintext(&config.transport, "load balancer");
+    kube_dispatch_server::tls::warn_if_plaintext(&config.transport, "load balancer");
     // TCP_NODELAY is set on every connection: small frames must not wait for a delayed ACK.
     let refusals = config.metrics.refusals();
-    let incoming = kube_dispatch_runtime::tls::incoming(
+    let incoming = kube_dispatch_server::tls::incoming(
         listener,
         &config.transport,
         Connections::new(config.server, refusals.clone()),

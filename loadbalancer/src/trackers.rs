@@ -9,7 +9,7 @@ use std::{
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube_dispatch_runtime::leases::LeaseWatch;
+use kube_dispatch_server::leases::LeaseWatch;
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::Registry;

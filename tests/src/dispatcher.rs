@@ -25,7 +25,7 @@ use kube_dispatch_proto::{
         Subscription, ack_item, dispatcher_client::DispatcherClient,
     },
 };
-use kube_dispatch_runtime::{auth::AuthConfig, authz::AuthzConfig, tls::Transport};
+use kube_dispatch_server::{auth::AuthConfig, authz::AuthzConfig, tls::Transport};
 
 use crate::{
     FixtureError,

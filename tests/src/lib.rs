@@ -105,14 +105,14 @@ pub fn credentials() -> kube_dispatch_proto::credentials::Credentials {
 
 /// The tier's serving certificate in tests (for 127.0.0.1 and localhost); `next` is a second
 /// one signed by the same CA, to show a rotation.
-pub fn serving_tls(next: bool) -> kube_dispatch_runtime::tls::ServerTls {
+pub fn serving_tls(next: bool) -> kube_dispatch_server::tls::ServerTls {
     let pki = Cluster::shared().dir().join("pki");
     let name = if next {
         "kube-dispatch-next"
     } else {
         "kube-dispatch"
     };
-    kube_dispatch_runtime::tls::ServerTls::new(
+    kube_dispatch_server::tls::ServerTls::new(
         pki.join(format!("{name}.crt")),
         pki.join(format!("{name}.key")),
     )

@@ -17,7 +17,7 @@ pub struct TestLoadBalancer {
     /// Its registry and leadership.
     pub handles: Handles,
     /// Its metrics registry.
-    pub metrics: kube_dispatch_runtime::metrics::Metrics,
+    pub metrics: kube_dispatch_telemetry::metrics::Metrics,
     runner: Isolated,
 }
 
@@ -57,9 +57,9 @@ impl TestLoadBalancer {
             leader_settle: settle,
             max_registrations: 100,
             max_registrations_per_identity: 100,
-            transport: kube_dispatch_runtime::tls::Transport::Tls(crate::serving_tls(false)),
+            transport: kube_dispatch_server::tls::Transport::Tls(crate::serving_tls(false)),
             server: Default::default(),
-            authentication: Some(kube_dispatch_runtime::auth::AuthConfig::default()),
+            authentication: Some(kube_dispatch_server::auth::AuthConfig::default()),
             readiness: Default::default(),
             group_owners: Default::default(),
             metrics: Default::default(),

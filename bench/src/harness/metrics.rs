@@ -31,7 +31,7 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_dispatcher::config::SecurityConfig;
-use kube_dispatch_runtime::metrics::Metrics;
+use kube_dispatch_telemetry::metrics::Metrics;
 use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestDispatcher, test_config},

@@ -34,7 +34,7 @@ use kube_dispatch_proto::{
     credentials::Credentials,
     v1::{OpenSessionRequest, dispatcher_client::DispatcherClient},
 };
-use kube_dispatch_runtime::tls::Transport;
+use kube_dispatch_server::tls::Transport;
 use kube_dispatch_tests::{
     Cluster, TestNamespace,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},

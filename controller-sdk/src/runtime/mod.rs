@@ -40,7 +40,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use kube_dispatch_runtime::admin;
+use kube_dispatch_telemetry::admin;
 
 use self::shared::{Bound, ErrorPolicy, Outcome, Reconciler, Shared};
 use crate::{

@@ -309,7 +309,7 @@ impl<T: Types> Polls<'_, T> {
                 dispatcher = %self.address,
             );
             // A child of the dispatcher's span for the change, when both export traces.
-            kube_dispatch_runtime::logging::set_parent(&span, &request.traceparent);
+            kube_dispatch_telemetry::logging::set_parent(&span, &request.traceparent);
             self.tasks.spawn(
                 async move {
                     if let Some(ack) =

@@ -7,7 +7,7 @@
 //! together. A driver task fires the queue's timers. The tests at the end drive a group on a
 //! paused clock.
 
-use kube_dispatch_runtime::{auth::GroupId, authz::ResourceAccess};
+use kube_dispatch_server::{auth::GroupId, authz::ResourceAccess};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},

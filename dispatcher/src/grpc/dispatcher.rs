@@ -22,7 +22,7 @@ use kube_dispatch_proto::{
         ReconcileRequest, TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
     },
 };
-use kube_dispatch_runtime::auth::Caller;
+use kube_dispatch_server::auth::Caller;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
 

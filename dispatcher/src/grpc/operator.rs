@@ -13,7 +13,7 @@ use kube_dispatch_proto::{
         KeyResponse, KeyState, StatusRequest, StatusResponse, operator_server,
     },
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -121,7 +121,7 @@ impl operator_server::Operator for OperatorService {
         let state = self.state();
         Ok(Response::new(StatusResponse {
             dispatcher_id: identity.to_owned(),
-            version: kube_dispatch_runtime::version().to_owned(),
+            version: kube_dispatch_telemetry::version().to_owned(),
             state: state as i32,
             members: slice.ring.members().to_vec(),
             settled_members: slice

@@ -13,7 +13,7 @@ use kube_dispatch_proto::{
         RecentDeletionsRequest, RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
     },
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 

@@ -20,7 +20,7 @@ use kube_dispatch_proto::{
         SESSIONS_OVERFLOW, awaits_value,
     },
 };
-use kube_dispatch_runtime::leases::lease_state;
+use kube_dispatch_server::leases::lease_state;
 use tokio::sync::watch;
 use tracing::{info, warn};
 

@@ -2,7 +2,7 @@
 //!
 //! Each dispatcher holds a Lease named after its identity and renews it, carrying the ring it
 //! has released ([`kube_dispatch_proto::lease::RELEASED_ANNOTATION`]); every dispatcher computes
-//! the ring from the Leases it sees renewed ([`kube_dispatch_runtime::leases::LeaseWatch`],
+//! the ring from the Leases it sees renewed ([`kube_dispatch_server::leases::LeaseWatch`],
 //! judged by [`kube_dispatch_core::leases`]), and from the releases decides which keys it may
 //! hand out ([`kube_dispatch_core::handover`], `HANDOVER.md`). A dispatcher that cannot renew its own
 //! Lease within the duration stops handing out keys (it is fenced) before the others can
@@ -25,7 +25,7 @@ use kube_dispatch_core::{
     leases::Peer,
 };
 use kube_dispatch_proto::RingKey;
-use kube_dispatch_runtime::leases::{LeaseWatch, lease_state};
+use kube_dispatch_server::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;

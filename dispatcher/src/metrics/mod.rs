@@ -83,7 +83,8 @@ use std::{
 };
 
 use kube_dispatch_core::{handover::Slice, queue::QueueCounts};
-use kube_dispatch_runtime::{auth::GroupId, metrics::Metrics};
+use kube_dispatch_server::auth::GroupId;
+use kube_dispatch_telemetry::metrics::Metrics;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},

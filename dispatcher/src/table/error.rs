@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kube_dispatch_runtime::auth::NotOwner;
+use kube_dispatch_server::auth::NotOwner;
 
 use crate::watch::registry::WatchError;
 

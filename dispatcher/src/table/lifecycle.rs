@@ -9,7 +9,7 @@ use kube_dispatch_core::{
     quota::{Exceeded, Held},
     subscription::GroupSpec,
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::time::Instant;
 use tracing::info;
 

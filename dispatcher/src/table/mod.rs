@@ -19,7 +19,7 @@ use std::{
 use kube_dispatch_core::{
     handover::Slice, queue::SessionId, recent_deletions::RecentDeletionsConfig,
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::info;

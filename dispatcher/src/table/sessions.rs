@@ -15,7 +15,7 @@ use kube_dispatch_core::{
     subscription::GroupSpec,
 };
 use kube_dispatch_proto::lease::session_tag;
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::time::Instant;
 use tracing::{debug, info};
 

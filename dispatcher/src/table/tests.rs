@@ -8,7 +8,7 @@ use kube_dispatch_core::{
     recent_deletions::RecentDeletionsConfig,
     subscription::{GroupSpec, Payload, SubscriptionSpec},
 };
-use kube_dispatch_runtime::auth::{Caller, GroupId};
+use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 

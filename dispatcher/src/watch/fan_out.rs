@@ -23,7 +23,7 @@ use kube_dispatch_core::{
     transit::{GroupEvent, Origin},
 };
 use kube_dispatch_proto::v1::Reason;
-use kube_dispatch_runtime::logging;
+use kube_dispatch_telemetry::logging;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 

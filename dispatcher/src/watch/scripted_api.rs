@@ -17,7 +17,7 @@ use kube_dispatch_core::{
     subscription::{GroupSpec, ResourceId, WatchKey},
 };
 use kube_dispatch_proto::Ring;
-use kube_dispatch_runtime::auth::GroupId;
+use kube_dispatch_server::auth::GroupId;
 use tokio::{
     sync::{mpsc, watch},
     time::Instant,

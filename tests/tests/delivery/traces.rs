@@ -67,7 +67,8 @@ async fn a_reconcile_span_is_a_child_of_the_dispatchers_span_for_the_change() ->
             .add_service(TraceServiceServer::new(Receiver(spans_tx)))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    let traces = kube_dispatch_runtime::logging::init_with_traces(false, Some(&endpoint), "test")?;
+    let traces =
+        kube_dispatch_telemetry::logging::init_with_traces(false, Some(&endpoint), "test")?;
 
     let ns = TestNamespace::create("traces").await?;
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;

@@ -342,7 +342,7 @@ fn workloads_speak_tls_with_projected_tokens() {
 #[tokio::test]
 async fn the_tls_script_makes_a_secret_per_role_that_clients_verify() -> TestResult {
     use kube_dispatch_proto::credentials::Credentials;
-    use kube_dispatch_runtime::tls::{ServerTls, Transport};
+    use kube_dispatch_server::tls::{ServerTls, Transport};
     use kube_dispatch_tests::{
         TestNamespace,
         dispatcher::{TestDispatcher, test_config},

@@ -14,7 +14,7 @@ use kube_dispatch_proto::{
     credentials::Credentials,
     v1::{AckItem, PollRequest, Requeue, ack_item, dispatcher_client::DispatcherClient},
 };
-use kube_dispatch_runtime::auth::AuthConfig;
+use kube_dispatch_server::auth::AuthConfig;
 use kube_dispatch_tests::{
     Cluster, TestNamespace, TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},

@@ -399,7 +399,7 @@ async fn a_revoked_role_binding_ends_the_session_within_the_recheck() -> TestRes
 async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
     use std::num::NonZeroU32;
 
-    use kube_dispatch_runtime::{auth::AuthConfig, limits::RequestRate};
+    use kube_dispatch_server::{auth::AuthConfig, limits::RequestRate};
 
     let ns = TestNamespace::create("security-limits").await?;
     account(&ns, "greedy", &["list", "watch"]).await?;
@@ -539,7 +539,7 @@ fn certificate_in(path: &std::path::Path) -> TestResult<Vec<u8>> {
 /// its connection and new sessions open under the new certificate.
 #[tokio::test]
 async fn a_certificate_rotation_keeps_sessions_alive() -> TestResult {
-    use kube_dispatch_runtime::tls::{ServerTls, Transport};
+    use kube_dispatch_server::tls::{ServerTls, Transport};
 
     let ns = TestNamespace::create("security-rotation").await?;
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(ns.name());
@@ -678,7 +678,7 @@ async fn register_refuses_unauthenticated_callers_and_scopes_groups() -> TestRes
 /// first: a controller running under two ServiceAccounts shares it, a third cannot take it.
 #[tokio::test]
 async fn a_listed_group_is_shared_by_the_listed_identities_only() -> TestResult {
-    use kube_dispatch_runtime::auth::GroupOwners;
+    use kube_dispatch_server::auth::GroupOwners;
 
     let ns = TestNamespace::create("security-owners").await?;
     for name in ["old-sa", "new-sa", "other"] {

@@ -279,7 +279,7 @@ async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestR
 
 #[tokio::test]
 async fn health_and_reflection_are_served_on_the_same_port() -> TestResult {
-    use kube_dispatch_runtime::admin::Status;
+    use kube_dispatch_telemetry::admin::Status;
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };

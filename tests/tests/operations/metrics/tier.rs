@@ -9,7 +9,7 @@ use super::support::*;
 #[tokio::test]
 async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
     use kube_dispatch_proto::v1::{AckItem, Requeue, ack_item};
-    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_telemetry::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 
     let ns = TestNamespace::create("dispatcher-metrics").await?;
@@ -178,7 +178,7 @@ async fn dispatcher_metrics_move_with_the_queue() -> TestResult {
 /// stops polling shows as expired.
 #[tokio::test]
 async fn ring_and_session_metrics_follow_a_handover_and_an_expiry() -> TestResult {
-    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_telemetry::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, lease_config, subscription};
 
     let ns = TestNamespace::create("ring-metrics").await?;
@@ -293,7 +293,7 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
         queue::Observed,
         transit::{GroupEvent, Origin},
     };
-    use kube_dispatch_runtime::metrics::Metrics;
+    use kube_dispatch_telemetry::metrics::Metrics;
     use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 
     let ns = TestNamespace::create("cardinality").await?;

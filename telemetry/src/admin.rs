@@ -26,11 +26,11 @@
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
-//! use kube_dispatch_runtime::admin::{self, Readiness};
+//! use kube_dispatch_telemetry::admin::{self, Readiness};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let readiness = Readiness::new("starting");
-//! let metrics = kube_dispatch_runtime::metrics::Metrics::default();
+//! let metrics = kube_dispatch_telemetry::metrics::Metrics::default();
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9070").await?;
 //! tokio::spawn(admin::serve(listener, readiness.clone(), metrics, CancellationToken::new()));
 //! // ... once the process does its job:

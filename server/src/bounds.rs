@@ -14,7 +14,7 @@
 //! | request headers | 16 KiB | the stream is refused |
 //!
 //! Each refusal counts in `kube_dispatch_refused_total{bound}` and is logged once per bound and
-//! peer (or identity) every [`crate::metrics::LOG_EVERY`], never once per request: a flood
+//! peer (or identity) every [`kube_dispatch_telemetry::metrics::LOG_EVERY`], never once per request: a flood
 //! cannot flood the logs too ([`Refusals`]). The flags are [`crate::flags::ServerFlags`].
 
 use std::{
@@ -26,7 +26,7 @@ use std::{
 
 use tonic::transport::server::Server;
 
-pub use crate::metrics::Refusals;
+pub use kube_dispatch_telemetry::metrics::Refusals;
 
 /// The transport bounds of one server, set by [`crate::flags::ServerFlags`]. The defaults are the flags'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
