@@ -50,8 +50,8 @@ if ! diff <(./sources.sh) internal/wire/SOURCES >/dev/null; then
 fi
 # One version for the tier and both SDKs: the workspace's (Cargo.toml).
 version=$("$root/deploy/version.sh")
-grep -qx "const Version = \"$version\"" dispatch/capabilities.go || {
-  echo "dispatch.Version (dispatch/capabilities.go) is not the workspace's version $version" >&2
+grep -qx "const Version = \"$version\"" dispatch/version.go || {
+  echo "dispatch.Version (dispatch/version.go) is not the workspace's version $version" >&2
   exit 1
 }
 # The benchmark's controller-runtime controller, ported: at most ten lines differ.

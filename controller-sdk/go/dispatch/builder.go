@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -266,8 +266,8 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if options.MaxConcurrentReconciles <= 0 {
 		options.MaxConcurrentReconciles = 1
 	}
-	metrics := newMetrics(o.Group, name)
-	q := newQueue(options.MaxConcurrentReconciles, metrics)
+	metrics := engine.NewMetrics(o.Group, name)
+	q := engine.NewQueue(options.MaxConcurrentReconciles, metrics)
 	tracers := o.TracerProvider
 	if tracers == nil {
 		tracers = otel.GetTracerProvider()
@@ -282,23 +282,27 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if err != nil {
 		return nil, err
 	}
+	log := b.mgr.GetLogger().WithValues("controller", name, "group", o.Group)
 	run := &runner{
-		log: b.mgr.GetLogger().WithValues("controller", name, "group", o.Group),
-		open: &pb.OpenSessionRequest{
-			Group:         o.Group,
-			ReplicaId:     o.ReplicaID,
-			Subscriptions: subscriptions,
-			Ttl:           durationpb.New(o.SessionTTL),
-			Client:        clientName,
-			Capabilities:  capabilities,
+		Sessions: &engine.Sessions{
+			Log: log,
+			Open: &pb.OpenSessionRequest{
+				Group:         o.Group,
+				ReplicaId:     o.ReplicaID,
+				Subscriptions: subscriptions,
+				Ttl:           durationpb.New(o.SessionTTL),
+				Client:        clientName,
+				Capabilities:  engine.Capabilities,
+			},
+			Dial:     credentials.dial,
+			Queue:    q,
+			Endings:  engine.NewEndings(log),
+			Metrics:  metrics,
+			Triggers: engine.NewTriggers(engine.RequestKey(gvk.Group, gvk.Kind)),
 		},
 		credentials:  credentials,
 		loadBalancer: o.LoadBalancer,
 		dispatchers:  o.Dispatchers,
-		queue:        q,
-		endings:      newEndings(b.mgr.GetLogger().WithValues("controller", name, "group", o.Group)),
-		metrics:      metrics,
-		triggers:     newTriggers(requestKey(gvk.Group, gvk.Kind)),
 		requests:     b.requests,
 		everything:   b.everything,
 		// Counted in SessionsReady from now on: a manager already running starts the runner
@@ -306,8 +310,8 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		untrack: trackReadiness(metrics),
 		elected: b.mgr.Elected(),
 	}
-	if err := errors.Join(sharedVecErrs...); err != nil {
-		run.log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
+	if err := engine.WorkqueueMetricsError(); err != nil {
+		run.Log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
 	}
 	if err := b.mgr.Add(run); err != nil {
 		run.untrack()
@@ -337,7 +341,7 @@ func (o Options) withDefaults(name string) (Options, Credentials) {
 		o.LoadBalancer = DefaultLoadBalancer
 	}
 	if o.SessionTTL == 0 {
-		o.SessionTTL = defaultTTL
+		o.SessionTTL = engine.DefaultTTL
 	}
 	return o, credentials
 }
@@ -417,15 +421,11 @@ func defaultReplicaID() string {
 // runner keeps the controller's sessions, as a manager.Runnable that needs no leader
 // election: every replica runs, and the dispatchers share the objects among them.
 type runner struct {
-	log          logr.Logger
-	open         *pb.OpenSessionRequest
+	// Sessions serves the sessions with the dispatchers the runner is given.
+	*engine.Sessions
 	credentials  Credentials
 	loadBalancer string
 	dispatchers  []string
-	queue        *queue
-	endings      *endings
-	metrics      *sdkMetrics
-	triggers     *triggers
 	requests     <-chan reconcile.Request
 	everything   <-chan struct{}
 	// untrack takes the controller out of SessionsReady once it stops.
@@ -448,7 +448,7 @@ func (r *runner) warnOnLeaderElection(ctx context.Context) {
 	case <-r.elected:
 	case <-ctx.Done():
 	case <-timer.C:
-		r.log.Info("the manager runs leader election and waits to lead: the tier needs none, and this replica reconciles its share all the same; set the manager's LeaderElection to false (drop --leader-elect)")
+		r.Log.Info("the manager runs leader election and waits to lead: the tier needs none, and this replica reconciles its share all the same; set the manager's LeaderElection to false (drop --leader-elect)")
 	}
 }
 
@@ -464,7 +464,7 @@ func (r *runner) Start(ctx context.Context) error {
 	defer close(stopped)
 	defer r.untrack()
 	// The last figures: nothing runs any more.
-	defer r.queue.updateUnfinished()
+	defer r.Queue.UpdateUnfinished()
 	go func() {
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
@@ -473,14 +473,14 @@ func (r *runner) Start(ctx context.Context) error {
 			case <-stopped:
 				return
 			case <-tick.C:
-				r.queue.updateUnfinished()
+				r.Queue.UpdateUnfinished()
 			}
 		}
 	}()
 	go r.warnOnLeaderElection(ctx)
 	if r.requests != nil || r.everything != nil {
-		go r.triggers.follow(ctx, r.requests, r.everything)
-		go r.triggers.send(ctx, r)
+		go r.Triggers.Follow(ctx, r.requests, r.everything)
+		go r.Triggers.Send(ctx, r.Log)
 	}
 	s := newSupervisor(ctx, r)
 	if len(r.dispatchers) > 0 {

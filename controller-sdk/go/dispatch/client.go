@@ -126,27 +126,23 @@ func (s staleCountingSubResource) Patch(ctx context.Context, object client.Objec
 
 func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {
 	d := deliveryFrom(ctx)
-	if d == nil || len(options) > 0 || key != d.name {
+	if d == nil || len(options) > 0 || key != d.Name {
 		return c.Client.Get(ctx, key, object, options...)
 	}
 	gvk, err := apiutil.GVKForObject(object, c.Scheme())
-	delivered := d.request.GetObject()
+	delivered := d.Request.GetObject()
 	if err != nil || gvk.Group != delivered.GetGroup() || gvk.Version != delivered.GetVersion() || gvk.Kind != delivered.GetKind() {
 		return c.Client.Get(ctx, key, object, options...)
 	}
 	// The first read of the delivered object is the delivery's; a later one (after the
 	// reconcile's own write, say) reads the API server.
-	d.mu.Lock()
-	first := !d.served
-	d.served = true
-	d.mu.Unlock()
-	if !first {
+	if !d.Serve() {
 		return c.Client.Get(ctx, key, object)
 	}
-	requestKey := recentKey{controller: d.metrics.controller, goType: fmt.Sprintf("%T", object), key: d.request.GetKey()}
-	if d.request.GetDeleted() {
+	requestKey := recentKey{controller: d.Metrics.Controller, goType: fmt.Sprintf("%T", object), key: d.Request.GetKey()}
+	if d.Request.GetDeleted() {
 		c.recent.forget(requestKey)
-		d.metrics.loaded("request")
+		d.Metrics.Loaded("request")
 		plural, _ := meta.UnsafeGuessKindToResource(gvk)
 		resource := plural.GroupResource()
 		if mapping, err := c.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err == nil {
@@ -154,25 +150,25 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 		}
 		return apierrors.NewNotFound(resource, key.Name)
 	}
-	if body := d.request.GetObjectJson(); len(body) > 0 {
-		d.metrics.loaded("request")
+	if body := d.Request.GetObjectJson(); len(body) > 0 {
+		d.Metrics.Loaded("request")
 		if err := decodeInto(body, object); err != nil {
 			return fmt.Errorf("kube-dispatch: cannot decode the delivered %s %s: %w", gvk.Kind, key, err)
 		}
 		c.recent.keep(requestKey, object.GetResourceVersion(), string(object.GetUID()), body)
 		return nil
 	}
-	if kept, ok := c.recent.get(requestKey, d.request.GetResourceVersion(), d.request.GetUid()); ok {
-		d.metrics.loaded("recent")
+	if kept, ok := c.recent.get(requestKey, d.Request.GetResourceVersion(), d.Request.GetUid()); ok {
+		d.Metrics.Loaded("recent")
 		if err := decodeInto(kept, object); err != nil {
 			return fmt.Errorf("kube-dispatch: cannot decode the kept %s %s: %w", gvk.Kind, key, err)
 		}
 		return nil
 	}
-	d.metrics.loaded("read")
+	d.Metrics.Loaded("read")
 	// No body: the API server's watch cache, at least as new as the change delivered; one
 	// that has not caught up (or cannot serve that version) is read consistently instead.
-	err = c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: d.request.GetResourceVersion()}})
+	err = c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: d.Request.GetResourceVersion()}})
 	if err != nil && watchCacheCannotServe(err) {
 		err = c.Client.Get(ctx, key, object)
 	}

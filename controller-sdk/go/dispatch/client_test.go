@@ -5,9 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,17 +13,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
 func deliveredContext(request *pb.ReconcileRequest) context.Context {
-	d := &delivery{
-		request: request,
-		name:    types.NamespacedName{Namespace: request.GetObject().GetNamespace(), Name: request.GetObject().GetName()},
-		memo:    request.GetMemo(),
-		metrics: newMetrics("client-test", "client-test"),
-	}
+	d := engine.NewDelivery(request, engine.NewMetrics("client-test", "client-test"))
 	return context.WithValue(context.Background(), deliveryKey{}, d)
 }
 
@@ -75,36 +70,6 @@ func TestADeletedDeliveryReadsAsNotFound(t *testing.T) {
 	}
 }
 
-func TestFailureMessagesAreValidUTF8WithinTheBound(t *testing.T) {
-	long := strings.Repeat("é", maxFailureMessage) // two bytes each: a cut at the bound splits one
-	for _, text := range []string{"bad \xff byte", long} {
-		m := failureMessage(errors.New(text))
-		if !utf8.ValidString(m) || len(m) > maxFailureMessage {
-			t.Fatalf("%d bytes, valid %v", len(m), utf8.ValidString(m))
-		}
-	}
-}
-
-// Stopping: waiting deliveries stay for the drain to hand back, and new ones are handed back
-// at once, not failed.
-func TestAStoppingQueueHandsWorkBack(t *testing.T) {
-	q := newQueue(2, newMetrics("test", "test"))
-	s := testSession()
-	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, farDeadline(), 0)
-	q.ShutDown()
-	if _, shutdown := q.Get(); !shutdown {
-		t.Fatal("Get handed out work after ShutDown")
-	}
-	q.accept(s, []*pb.ReconcileRequest{request(2, "b")}, farDeadline(), 0)
-	if len(s.pending) != 1 || s.pending[0].GetRequeue() == nil {
-		t.Fatalf("pending: %v", s.pending)
-	}
-	q.dropSession(s, true)
-	if len(s.pending) != 2 || s.pending[1].GetDeliveryId() != 1 || s.pending[1].GetRequeue() == nil {
-		t.Fatalf("pending: %v", s.pending)
-	}
-}
-
 // A write of a reconcile that the API server refuses as stale is counted, and returned as it
 // came; IfUnchanged makes a patch carry the resourceVersion it was made against.
 func TestStaleWritesAreCountedAndReturned(t *testing.T) {
@@ -122,8 +87,8 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 		},
 	}).Build()}
 	ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}})
-	stale := staleWrites.WithLabelValues("client-test")
-	before := testutil.ToFloat64(stale)
+	stale := func() float64 { return counted(t, "kube_dispatch_stale_writes_total", "client-test", "") }
+	before := stale()
 
 	seen := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
 	if err := c.Update(ctx, seen.DeepCopy()); !IsStale(err) {
@@ -140,7 +105,7 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 	if err := c.Status().Update(ctx, seen.DeepCopy()); !IsStale(err) {
 		t.Fatalf("status Update: %v", err)
 	}
-	if got := testutil.ToFloat64(stale) - before; got != 3 {
+	if got := stale() - before; got != 3 {
 		t.Fatalf("stale writes counted: %v, want 3", got)
 	}
 	// Outside a reconcile, or a write of another object (a child), nothing is counted.
@@ -151,7 +116,7 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 	if err := c.Update(ctx, child); !IsStale(err) {
 		t.Fatalf("Update of a child: %v", err)
 	}
-	if got := testutil.ToFloat64(stale) - before; got != 3 {
+	if got := stale() - before; got != 3 {
 		t.Fatalf("stale writes counted: %v, want 3", got)
 	}
 }
@@ -164,4 +129,33 @@ func TestAnApplyConflictIsNotStale(t *testing.T) {
 	if !apierrors.IsConflict(err) || IsStale(err) {
 		t.Fatalf("an apply conflict: IsConflict %v, IsStale %v", apierrors.IsConflict(err), IsStale(err))
 	}
+}
+
+// counted is the counter name as controller-runtime's registry serves it, for the controller
+// and, unless empty, the value of its other label (source, verb or reason).
+func counted(t *testing.T, name, controller, other string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, family := range families {
+		if family.GetName() != name {
+			continue
+		}
+		for _, m := range family.GetMetric() {
+			matches := true
+			for _, label := range m.GetLabel() {
+				if label.GetName() == "controller" {
+					matches = matches && label.GetValue() == controller
+				} else if other != "" {
+					matches = matches && label.GetValue() == other
+				}
+			}
+			if matches {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -12,6 +12,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -24,7 +25,7 @@ const MaxMemoBytes = 512
 // span, and what it returns becomes the delivery's ack.
 type reconciler struct {
 	inner  reconcile.Reconciler
-	queue  *queue
+	queue  *engine.Queue
 	tracer trace.Tracer
 }
 
@@ -34,7 +35,7 @@ var traceContext propagation.TraceContext
 type deliveryKey struct{}
 
 func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (reconcile.Result, error) {
-	d := w.queue.delivery(request.NamespacedName)
+	d := w.queue.Delivery(request.NamespacedName)
 	if d == nil {
 		// Not from the tier (a test calling the controller's Reconcile directly).
 		return w.inner.Reconcile(ctx, request)
@@ -44,11 +45,11 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 	// acknowledge them): the reconcile keeps the context's values and ends with its delivery.
 	ctx, cancel := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), deliveryKey{}, d))
 	defer cancel(nil)
-	stop := context.AfterFunc(d.ctx, func() { cancel(context.Cause(d.ctx)) })
+	stop := context.AfterFunc(d.Ctx, func() { cancel(context.Cause(d.Ctx)) })
 	defer stop()
 	ctx, span := w.startSpan(ctx, d)
 	// controller-runtime's logger names the controller, the object and the reconcileID.
-	log := logf.FromContext(ctx).WithValues("key", d.request.GetKey(), "dispatcher", d.session.address)
+	log := logf.FromContext(ctx).WithValues("key", d.Request.GetKey(), "dispatcher", d.Session.Address)
 	defer func() {
 		// A panic fails the delivery (controller-runtime recovers it, and Done finds no
 		// outcome): the span and the log say so before it goes on up.
@@ -60,21 +61,21 @@ func (w *reconciler) Reconcile(ctx context.Context, request reconcile.Request) (
 		}
 		span.End()
 	}()
-	log.V(1).Info("reconcile started", "reason", reasonLabel(d.request.GetReason()), "resourceVersion", d.request.GetResourceVersion(), "attempt", d.request.GetAttempt())
+	log.V(1).Info("reconcile started", "reason", engine.ReasonLabel(d.Request.GetReason()), "resourceVersion", d.Request.GetResourceVersion(), "attempt", d.Request.GetAttempt())
 	result, err := w.inner.Reconcile(ctx, request)
 	if err != nil {
 		span.RecordError(err)
 	}
-	switch cause := context.Cause(d.ctx); {
+	switch cause := context.Cause(d.Ctx); {
 	case errors.Is(cause, context.DeadlineExceeded):
-		d.outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: fmt.Sprintf("timed out after %v", d.limit)}}}
+		d.Outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: fmt.Sprintf("timed out after %v", d.Limit)}}}
 	default:
-		d.outcome = ackFor(result, err)
+		d.Outcome = engine.AckFor(result, err)
 	}
-	if failure := d.outcome.GetFailure(); failure != nil {
+	if failure := d.Outcome.GetFailure(); failure != nil {
 		span.SetStatus(codes.Error, failure.GetMessage())
 	}
-	log.V(1).Info("reconcile ended", "outcome", outcomeLabel(d.outcome), "fenced", errors.Is(context.Cause(d.ctx), errFenced))
+	log.V(1).Info("reconcile ended", "outcome", outcomeLabel(d.Outcome), "fenced", errors.Is(context.Cause(d.Ctx), engine.ErrFenced))
 	return result, err
 }
 
@@ -94,8 +95,8 @@ func outcomeLabel(ack *pb.AckItem) string {
 // queued the key when the request carries its trace context (the dispatcher exports traces),
 // so one trace runs from the API server's event to the reconcile's writes; spans the
 // Reconciler starts from its context are the reconcile's children.
-func (w *reconciler) startSpan(ctx context.Context, d *delivery) (context.Context, trace.Span) {
-	r := d.request
+func (w *reconciler) startSpan(ctx context.Context, d *engine.Delivery) (context.Context, trace.Span) {
+	r := d.Request
 	if parent := r.GetTraceparent(); parent != "" {
 		ctx = traceContext.Extract(ctx, propagation.MapCarrier{"traceparent": parent})
 	}
@@ -104,14 +105,14 @@ func (w *reconciler) startSpan(ctx context.Context, d *delivery) (context.Contex
 		trace.WithAttributes(
 			attribute.String("key", r.GetKey()),
 			attribute.String("resource_version", r.GetResourceVersion()),
-			attribute.String("reason", reasonLabel(r.GetReason())),
+			attribute.String("reason", engine.ReasonLabel(r.GetReason())),
 			attribute.Int("attempt", int(r.GetAttempt())),
-			attribute.String("dispatcher", d.session.address),
+			attribute.String("dispatcher", d.Session.Address),
 		))
 }
 
-func deliveryFrom(ctx context.Context) *delivery {
-	d, _ := ctx.Value(deliveryKey{}).(*delivery)
+func deliveryFrom(ctx context.Context) *engine.Delivery {
+	d, _ := ctx.Value(deliveryKey{}).(*engine.Delivery)
 	return d
 }
 
@@ -121,9 +122,7 @@ func deliveryFrom(ctx context.Context) *delivery {
 // reconcile that leaves none passes this one on.
 func Memo(ctx context.Context) []byte {
 	if d := deliveryFrom(ctx); d != nil {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.memo
+		return d.Memo()
 	}
 	return nil
 }
@@ -139,9 +138,7 @@ func LeaveMemo(ctx context.Context, memo []byte) error {
 	if len(memo) > MaxMemoBytes {
 		return fmt.Errorf("kube-dispatch: a memo holds at most %d bytes, not %d", MaxMemoBytes, len(memo))
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.memo = append([]byte(nil), memo...)
+	d.LeaveMemo(memo)
 	return nil
 }
 
@@ -162,7 +159,7 @@ func Children(ctx context.Context) (children []Child, complete bool) {
 	if d == nil {
 		return nil, false
 	}
-	for _, c := range d.request.GetChildren() {
+	for _, c := range d.Request.GetChildren() {
 		o := c.GetObject()
 		children = append(children, Child{
 			Group: o.GetGroup(), Version: o.GetVersion(), Kind: o.GetKind(),
@@ -170,7 +167,7 @@ func Children(ctx context.Context) (children []Child, complete bool) {
 			UID: c.GetUid(), ResourceVersion: c.GetResourceVersion(),
 		})
 	}
-	return children, d.request.GetChildrenState() == pb.ChildrenState_CHILDREN_STATE_COMPLETE
+	return children, d.Request.GetChildrenState() == pb.ChildrenState_CHILDREN_STATE_COMPLETE
 }
 
 // Delivery describes why and at which version a reconcile runs.
@@ -194,10 +191,10 @@ func DeliveryOf(ctx context.Context) (Delivery, bool) {
 	if d == nil {
 		return Delivery{}, false
 	}
-	r := d.request
+	r := d.Request
 	return Delivery{
 		Key:             r.GetKey(),
-		Reason:          reasonLabel(r.GetReason()),
+		Reason:          engine.ReasonLabel(r.GetReason()),
 		ResourceVersion: r.GetResourceVersion(),
 		Deleted:         r.GetDeleted(),
 		Attempt:         r.GetAttempt(),

@@ -17,10 +17,10 @@
 // [CheckedChildren] skips the writes of children already as wanted, and [Memo] and [LeaveMemo]
 // carry a note from one reconcile of a key to the next.
 //
-// The engine behind the builder: one session per dispatcher the load balancer assigns
-// (session.go, targets.go, reconnect.go), each renewed within its fence (internal/fence), and
-// the work queue controller-runtime's workers read (queue.go), whose Get is a delivery and whose
-// Done is its acknowledgement; sessions on dispatchers found dead are reported ended
-// (endings.go). The wire contract is the Rust SDK's; both are checked against the shared
-// vectors in proto/testdata.
+// The engine behind the builder is internal/engine: one session per dispatcher the load
+// balancer assigns (targets.go here picks them; engine.Sessions serves each), each renewed
+// within its fence (internal/fence), and the work queue controller-runtime's workers read
+// (engine.Queue), whose Get is a delivery and whose Done is its acknowledgement; sessions on
+// dispatchers found dead are reported ended (engine.Endings). The wire contract is the Rust
+// SDK's; both are checked against the shared vectors in proto/testdata.
 package dispatch

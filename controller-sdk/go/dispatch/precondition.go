@@ -71,8 +71,8 @@ func IsStale(err error) bool {
 // refused as stale (kube_dispatch_stale_writes_total), and returns err.
 func countStale(ctx context.Context, object client.Object, err error) error {
 	if IsStale(err) {
-		if d := deliveryFrom(ctx); d != nil && d.name == client.ObjectKeyFromObject(object) {
-			d.metrics.staleWrite()
+		if d := deliveryFrom(ctx); d != nil && d.Name == client.ObjectKeyFromObject(object) {
+			d.Metrics.StaleWrite()
 		}
 	}
 	return err

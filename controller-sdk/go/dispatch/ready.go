@@ -8,24 +8,26 @@ import (
 	"sync"
 
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 )
 
 // built are the controllers this process built, for SessionsReady.
 var built struct {
 	mu          sync.Mutex
-	controllers []*sdkMetrics
+	controllers []*engine.Metrics
 }
 
 // trackReadiness counts m's controller in SessionsReady until the returned func is called (as
 // its runner stops).
-func trackReadiness(m *sdkMetrics) (untrack func()) {
+func trackReadiness(m *engine.Metrics) (untrack func()) {
 	built.mu.Lock()
 	defer built.mu.Unlock()
 	built.controllers = append(built.controllers, m)
 	return func() {
 		built.mu.Lock()
 		defer built.mu.Unlock()
-		built.controllers = slices.DeleteFunc(built.controllers, func(c *sdkMetrics) bool { return c == m })
+		built.controllers = slices.DeleteFunc(built.controllers, func(c *engine.Metrics) bool { return c == m })
 	}
 }
 
@@ -42,8 +44,8 @@ var SessionsReady healthz.Checker = func(*http.Request) error {
 		return errors.New("no controller of the kube-dispatch SDK is running")
 	}
 	for _, m := range built.controllers {
-		if m.open.Load() == 0 {
-			return fmt.Errorf("controller group %s has no dispatcher session open", m.controller)
+		if m.Open.Load() == 0 {
+			return fmt.Errorf("controller group %s has no dispatcher session open", m.Controller)
 		}
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -50,7 +49,7 @@ func TestAnObjectGivenAtTheDeliveredVersionIsServedWithoutARead(t *testing.T) {
 		return &cm, c.Get(ctx, name, &cm)
 	}
 	loaded := func(source string) float64 {
-		return testutil.ToFloat64(objectsLoaded.WithLabelValues("client-test", source))
+		return counted(t, "kube_dispatch_objects_loaded_total", "client-test", source)
 	}
 	recentBefore, readBefore := loaded("recent"), loaded("read")
 

@@ -3,6 +3,8 @@ package dispatch
 import (
 	"net/http"
 	"strings"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 )
 
 // What a controller asks of the API server: NewClient's client counts every request for a
@@ -35,10 +37,9 @@ func (t *countingTransport) RoundTrip(request *http.Request) (*http.Response, er
 	if verb, ok := verbOf(request, t.prefix); ok {
 		controller := ""
 		if d := deliveryFrom(request.Context()); d != nil {
-			controller = d.metrics.controller
+			controller = d.Metrics.Controller
 		}
-		register()
-		apiRequests.WithLabelValues(controller, verb).Inc()
+		engine.CountAPIRequest(controller, verb)
 	}
 	return t.next.RoundTrip(request)
 }

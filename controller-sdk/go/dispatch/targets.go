@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -29,7 +30,7 @@ const (
 // again, from the configured address, with the reconnect backoff.
 func (r *runner) followLoadBalancer(ctx context.Context, address string, assign func([]string)) {
 	credentials := r.credentials.forLoadBalancer(address)
-	var backoff reconnects
+	var backoff engine.Reconnects
 	current, redirects := address, 0
 	// The dispatchers assigned last, which each registration names: a load balancer that has
 	// just become the leader places this replica there, so a change of leader moves no session.
@@ -45,18 +46,18 @@ func (r *runner) followLoadBalancer(ctx context.Context, address string, assign 
 		}
 		if leader != "" && redirects < maxRedirects {
 			redirects++
-			r.log.Info("redirected to the leading load balancer", "loadBalancer", leader)
+			r.Log.Info("redirected to the leading load balancer", "loadBalancer", leader)
 			current = leader
 			continue
 		}
-		delay := backoff.next(assigned)
+		delay := backoff.Next(assigned)
 		switch {
 		case err != nil:
-			r.log.Info("cannot register with the load balancer; polling the dispatchers assigned last", "loadBalancer", current, "error", err.Error(), "delay", delay.String())
+			r.Log.Info("cannot register with the load balancer; polling the dispatchers assigned last", "loadBalancer", current, "error", err.Error(), "delay", delay.String())
 		case leader != "":
-			r.log.Info("redirected again and again; backing off", "loadBalancer", leader, "delay", delay.String())
+			r.Log.Info("redirected again and again; backing off", "loadBalancer", leader, "delay", delay.String())
 		default:
-			r.log.Info("the load balancer ended the registration; registering again", "delay", delay.String())
+			r.Log.Info("the load balancer ended the registration; registering again", "delay", delay.String())
 		}
 		current, redirects = address, 0
 		select {
@@ -87,7 +88,7 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 	streamCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The load balancer reads the first 64.
-	request := &pb.RegisterRequest{Group: r.open.GetGroup(), ReplicaId: r.open.GetReplicaId(), Dispatchers: polled[:min(len(polled), 64)]}
+	request := &pb.RegisterRequest{Group: r.Open.GetGroup(), ReplicaId: r.Open.GetReplicaId(), Dispatchers: polled[:min(len(polled), 64)]}
 	abandon := context.AfterFunc(ctx, cancel)
 	stream, err := client.Register(streamCtx, request)
 	if !abandon() {
@@ -120,7 +121,7 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 		case <-ctx.Done():
 			leaveCtx, cancelLeave := context.WithTimeout(context.Background(), leaveTimeout)
 			if _, err := client.Leave(leaveCtx, &pb.LeaveRequest{Group: request.Group, ReplicaId: request.ReplicaId}); err != nil {
-				r.log.Info("could not take leave of the load balancer; it frees this replica's place after its grace", "error", err.Error())
+				r.Log.Info("could not take leave of the load balancer; it frees this replica's place after its grace", "error", err.Error())
 			}
 			cancelLeave()
 			return "", assigned, nil
@@ -137,7 +138,7 @@ func (r *runner) register(ctx context.Context, credentials Credentials, address 
 			assigned = true
 			dispatchers := slices.Clone(m.assignment.GetDispatchers())
 			slices.Sort(dispatchers)
-			r.log.Info("assigned dispatchers", "generation", m.assignment.GetGeneration(), "dispatchers", dispatchers)
+			r.Log.Info("assigned dispatchers", "generation", m.assignment.GetGeneration(), "dispatchers", dispatchers)
 			assign(dispatchers)
 		}
 	}
@@ -168,8 +169,8 @@ type loop struct {
 
 func newSupervisor(ctx context.Context, r *runner) *supervisor {
 	return &supervisor{
-		log:    r.log,
-		run:    r.sessionLoop,
+		log:    r.Log,
+		run:    r.Loop,
 		ctx:    ctx,
 		loops:  make(map[string]loop),
 		ending: make(map[string]chan struct{}),

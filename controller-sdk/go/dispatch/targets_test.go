@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -101,7 +102,7 @@ func TestARegistrationSaysWhichDispatchersTheReplicaPolls(t *testing.T) {
 	go func() { _ = server.Serve(listener) }()
 	defer server.Stop()
 
-	r := &runner{log: logr.Discard(), open: &pb.OpenSessionRequest{Group: "g", ReplicaId: "r"}}
+	r := &runner{Sessions: &engine.Sessions{Log: logr.Discard(), Open: &pb.OpenSessionRequest{Group: "g", ReplicaId: "r"}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.followLoadBalancer(ctx, listener.Addr().String(), func([]string) {})

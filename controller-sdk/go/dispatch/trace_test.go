@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -26,7 +27,7 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 	)
 	recorder := tracetest.NewSpanRecorder()
 	provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
-	q := newQueue(2, newMetrics("test", "trace"))
+	q := engine.NewQueue(2, engine.NewMetrics("test", "trace"))
 	var inner trace.SpanContext
 	w := &reconciler{queue: q, tracer: provider.Tracer(tracerName), inner: reconcile.Func(func(ctx context.Context, r reconcile.Request) (reconcile.Result, error) {
 		_, span := provider.Tracer("user").Start(ctx, "write children")
@@ -40,12 +41,11 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 		}
 		return reconcile.Result{}, nil
 	})}
-	s := testSession()
-	s.address = "dispatcher-0:7070"
-	traced := request(1, "a")
+	s := engine.DetachedSession("dispatcher-0:7070")
+	traced := tracedRequest(1, "a")
 	traced.Traceparent = "00-" + traceID + "-" + spanID + "-01"
 	traced.Reason = pb.Reason_REASON_MODIFIED
-	q.accept(s, []*pb.ReconcileRequest{traced, request(2, "b"), request(3, "c")}, time.Now().Add(time.Minute), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{traced, tracedRequest(2, "b"), tracedRequest(3, "c")}, time.Now().Add(time.Minute), time.Minute)
 
 	for _, want := range []string{"a", "b", "c"} {
 		item, _ := q.Get()
@@ -85,8 +85,8 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 			if got.Status().Code != codes.Error || got.Status().Description != "panic: nil map" {
 				t.Fatalf("a panicked reconcile's span has status %v", got.Status())
 			}
-			if ack := s.pending[len(s.pending)-1]; ack.GetFailure() == nil {
-				t.Fatalf("a panicked reconcile was acknowledged %v", ack)
+			if pending := s.Pending(); pending[len(pending)-1].GetFailure() == nil {
+				t.Fatalf("a panicked reconcile was acknowledged %v", pending[len(pending)-1])
 			}
 		case "b":
 			if got.Parent().IsValid() {
@@ -96,5 +96,14 @@ func TestTheReconcileSpanContinuesTheDeliveredTrace(t *testing.T) {
 				t.Fatalf("a failed reconcile's span has status %v", got.Status())
 			}
 		}
+	}
+}
+
+// tracedRequest is a request for ConfigMap ns/name.
+func tracedRequest(id uint64, name string) *pb.ReconcileRequest {
+	return &pb.ReconcileRequest{
+		DeliveryId: id,
+		Key:        "/ConfigMap/ns/" + name,
+		Object:     &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: name},
 	}
 }

@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"slices"
@@ -22,7 +22,7 @@ func TestOwnerAndReferencedBySubscriptionsNeedTheirCapabilities(t *testing.T) {
 	if got := missingCapabilities(all, []string{"children"}); !slices.Equal(got, []string{"references"}) {
 		t.Fatalf("missing from one that lists children: %v", got)
 	}
-	if got := missingCapabilities(all, capabilities); got != nil {
+	if got := missingCapabilities(all, Capabilities); got != nil {
 		t.Fatalf("missing from one that lists all: %v", got)
 	}
 }

@@ -1,9 +1,10 @@
-package dispatch
+package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,14 +29,28 @@ const (
 	callTimeout = 10 * time.Second
 	// ackBatch is the most acks sent in one call (the dispatcher takes 10 000).
 	ackBatch = 1000
-	// defaultTTL and defaultMaxReconcile apply when the dispatcher's answer leaves them out.
-	defaultTTL          = 10 * time.Second
+	// DefaultTTL and defaultMaxReconcile apply when the dispatcher's answer leaves them out.
+	DefaultTTL          = 10 * time.Second
 	defaultMaxReconcile = 60 * time.Second
 )
 
-// session is one open session with one dispatcher.
-type session struct {
-	address string
+// Sessions serves one controller's sessions: one at a time with each dispatcher it is given
+// (Loop), each renewed within its fence, its deliveries put on Queue and their acks sent back.
+type Sessions struct {
+	Log logr.Logger
+	// Open is the request every session opens with: the group, the replica, the subscriptions.
+	Open *pb.OpenSessionRequest
+	// Dial connects to a dispatcher with the controller's credentials.
+	Dial     func(address string, options ...grpc.DialOption) (*grpc.ClientConn, error)
+	Queue    *Queue
+	Endings  *Endings
+	Metrics  *Metrics
+	Triggers *Triggers
+}
+
+// Session is one open session with one dispatcher.
+type Session struct {
+	Address string
 	id      string
 	client  pb.DispatcherClient
 	// ctx is cancelled when the session ends: with errFenced when it was lost (every delivery's
@@ -60,16 +75,31 @@ type session struct {
 	finished chan struct{}
 }
 
+// DetachedSession is a session open with no dispatcher, at address: deliveries accepted for it
+// run and are acknowledged into its pending list, which nothing sends. For tests of what a
+// reconcile sees of its delivery.
+func DetachedSession(address string) *Session {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Session{Address: address, id: "s", ctx: ctx, cancel: cancel, acked: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+}
+
 // ack queues an acknowledgement; it never blocks (it is called with the queue's lock held).
-func (s *session) ack(item *pb.AckItem) {
+func (s *Session) ack(item *pb.AckItem) {
 	s.mu.Lock()
 	s.pending = append(s.pending, item)
 	s.mu.Unlock()
 	wake(s.acked)
 }
 
+// Pending are the acks queued and not sent yet.
+func (s *Session) Pending() []*pb.AckItem {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.pending)
+}
+
 // track counts deliveries accepted (+1) and finished (-1).
-func (s *session) track(n int) {
+func (s *Session) track(n int) {
 	s.mu.Lock()
 	s.outstanding += n
 	s.mu.Unlock()
@@ -84,7 +114,7 @@ func wake(c chan struct{}) {
 	}
 }
 
-func (s *session) state() (pending, outstanding int) {
+func (s *Session) state() (pending, outstanding int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.pending), s.outstanding
@@ -93,7 +123,7 @@ func (s *session) state() (pending, outstanding int) {
 // sendAcks sends queued acks until stop is closed and none is left, in batches, one call at a
 // time. A failed call is logged and dropped: the dispatcher delivers those keys again after
 // their maximum reconcile time.
-func (s *session) sendAcks(log logr.Logger, stop <-chan struct{}, done chan<- struct{}) {
+func (s *Session) sendAcks(log logr.Logger, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	for {
 		s.mu.Lock()
@@ -128,8 +158,8 @@ var errNotRenewed = status.Error(codes.DeadlineExceeded, "session not renewed in
 // session is lost (then every reconcile it delivered is cancelled, none is acknowledged, and
 // runSession returns once all of them have returned). opened says whether a session was opened
 // (a session that worked restarts the reconnect backoff).
-func (r *runner) runSession(ctx context.Context, address string) (opened bool, err error) {
-	conn, err := r.credentials.dial(address, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswerBytes)))
+func (r *Sessions) runSession(ctx context.Context, address string) (opened bool, err error) {
+	conn, err := r.Dial(address, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswerBytes)))
 	if err != nil {
 		return false, err
 	}
@@ -137,12 +167,12 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	client := pb.NewDispatcherClient(conn)
 	sent := time.Now()
 	openCtx, cancelOpen := context.WithTimeout(ctx, openTimeout)
-	answer, err := client.OpenSession(openCtx, r.open)
+	answer, err := client.OpenSession(openCtx, r.Open)
 	cancelOpen()
 	if err != nil {
 		return false, err
 	}
-	if missing := missingCapabilities(r.open.GetSubscriptions(), answer.GetCapabilities()); len(missing) > 0 {
+	if missing := missingCapabilities(r.Open.GetSubscriptions(), answer.GetCapabilities()); len(missing) > 0 {
 		closeCtx, cancelClose := context.WithTimeout(context.Background(), callTimeout)
 		_, _ = client.CloseSession(closeCtx, &pb.CloseSessionRequest{SessionId: answer.GetSessionId()})
 		cancelClose()
@@ -153,7 +183,7 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 		return false, &tooOldError{fmt.Sprintf("dispatcher %s (version %s) does not serve %s, which this controller's subscriptions need: upgrade the dispatchers",
 			address, version, strings.Join(missing, ", "))}
 	}
-	ttl, maxReconcile := defaultTTL, defaultMaxReconcile
+	ttl, maxReconcile := DefaultTTL, defaultMaxReconcile
 	if answer.GetTtl() != nil {
 		ttl = answer.GetTtl().AsDuration()
 	}
@@ -167,8 +197,8 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	sctx, cancel := context.WithCancelCause(context.Background())
 	named, nameDead := context.WithCancelCause(context.Background())
 	defer nameDead(context.Canceled)
-	s := &session{
-		address:      address,
+	s := &Session{
+		Address:      address,
 		id:           answer.GetSessionId(),
 		client:       client,
 		ctx:          sctx,
@@ -179,13 +209,13 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 		finished:     make(chan struct{}, 1),
 	}
 	dispatcherID := s.dispatcherID
-	r.endings.opened(dispatcherID, s, nameDead)
-	r.endings.namedDead(dispatcherID, answer.GetDeadDispatchers())
-	log := r.log.WithValues("dispatcher", address, "session", s.id)
+	r.Endings.opened(dispatcherID, s, nameDead)
+	r.Endings.namedDead(dispatcherID, answer.GetDeadDispatchers())
+	log := r.Log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String(), "dispatcherVersion", answer.GetDispatcherVersion())
-	defer r.metrics.sessionOpened(address)()
-	r.triggers.sessionOpened(s)
-	defer r.triggers.sessionClosed(s)
+	defer r.Metrics.SessionOpened(address)()
+	r.Triggers.sessionOpened(s)
+	defer r.Triggers.sessionClosed(s)
 	stopAcks, acksDone := make(chan struct{}), make(chan struct{})
 	go s.sendAcks(log, stopAcks, acksDone)
 
@@ -195,16 +225,16 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 	}
 	if err != nil {
 		// Lost: whatever this session handed out may go to another replica now.
-		s.cancel(errFenced)
+		s.cancel(ErrFenced)
 		close(stopAcks)
-		r.queue.dropSession(s, false)
+		r.Queue.dropSession(s, false)
 		r.waitForReconciles(log, s)
 		// Only now may the session be reported ended.
-		r.endings.ended(dispatcherID, s.id)
+		r.Endings.ended(dispatcherID, s.id)
 		return true, err
 	}
 	// Every reconcile has returned: the session may be reported ended.
-	r.endings.ended(dispatcherID, s.id)
+	r.Endings.ended(dispatcherID, s.id)
 	close(stopAcks)
 	select {
 	case <-acksDone:
@@ -221,7 +251,7 @@ func (r *runner) runSession(ctx context.Context, address string) (opened bool, e
 // serve polls for work while ctx lasts, asking for no more than the free slots, and renews the
 // session without taking work while every slot is busy. It returns nil when ctx ends, and the
 // reason when the session is lost.
-func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTrip time.Duration) error {
+func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundTrip time.Duration) error {
 	for ctx.Err() == nil {
 		now := time.Now()
 		lostAt := f.LostAt()
@@ -229,7 +259,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTri
 			return errNotRenewed
 		}
 		wait := f.WaitAt(now, roundTrip)
-		free := r.queue.free()
+		free := r.Queue.free()
 		sent := time.Now()
 		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
 		// its wait, and what it delivers is handed straight back (below) rather than left in
@@ -245,7 +275,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTri
 			roundTrip = time.Since(sent)
 			// Every slot is busy: wait for one, no longer than leaves time to renew.
 			select {
-			case <-r.queue.freed:
+			case <-r.Queue.freed:
 			case <-time.After(f.WaitAt(time.Now(), roundTrip)):
 			case <-ctx.Done():
 			}
@@ -256,13 +286,13 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTri
 			MaxItems:      uint32(min(free, 1<<31)),
 			Wait:          durationpb.New(wait),
 			MaxBytes:      maxAnswerBytes,
-			EndedSessions: r.endings.reports(),
+			EndedSessions: r.Endings.reports(),
 		})
 		cancelCall()
 		if err != nil {
 			return s.renewalError(err)
 		}
-		r.endings.namedDead(s.dispatcherID, answer.GetDeadDispatchers())
+		r.Endings.namedDead(s.dispatcherID, answer.GetDeadDispatchers())
 		// The dispatcher cannot have held the poll longer than it took: a larger figure would
 		// move the fence past the dispatcher's own expiry.
 		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))
@@ -278,7 +308,7 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTri
 			}
 			break
 		}
-		r.queue.accept(s, answer.GetRequests(), f.ReconcileDeadline(delivered), f.ReconcileLimit())
+		r.Queue.Accept(s, answer.GetRequests(), f.ReconcileDeadline(delivered), f.ReconcileLimit())
 	}
 	return nil
 }
@@ -286,8 +316,8 @@ func (r *runner) serve(ctx context.Context, s *session, f *fence.Fence, roundTri
 // drain waits for the session's reconciles to end, renewing the session every poll wait, and
 // hands back the deliveries still waiting for a worker. It fails, for the caller to cancel
 // what still runs, when a renewal fails or the fence passes first.
-func (r *runner) drain(s *session, f *fence.Fence) error {
-	r.queue.dropSession(s, true)
+func (r *Sessions) drain(s *Session, f *fence.Fence) error {
+	r.Queue.dropSession(s, true)
 	for {
 		if _, outstanding := s.state(); outstanding == 0 {
 			return nil
@@ -329,7 +359,7 @@ func (r *runner) drain(s *session, f *fence.Fence) error {
 // waitForReconciles waits until every reconcile s delivered has returned: none may still run
 // when the replica opens a session again (its key may be with another replica by then).
 // Reconcilers must return soon after their context ends.
-func (r *runner) waitForReconciles(log logr.Logger, s *session) {
+func (r *Sessions) waitForReconciles(log logr.Logger, s *Session) {
 	warn := time.NewTicker(10 * time.Second)
 	defer warn.Stop()
 	for {
@@ -347,7 +377,7 @@ func (r *runner) waitForReconciles(log logr.Logger, s *session) {
 
 // renewalError is what a failed renewal of s says: its dispatcher named dead, or a deadline
 // being the fence.
-func (s *session) renewalError(err error) error {
+func (s *Session) renewalError(err error) error {
 	if s.named.Err() != nil {
 		return context.Cause(s.named)
 	}
@@ -367,10 +397,10 @@ func notRunHere(request *pb.ReconcileRequest) *pb.AckItem {
 	}
 }
 
-// sessionLoop keeps one session open with the dispatcher at address until ctx ends,
+// Loop keeps one session open with the dispatcher at address until ctx ends,
 // reconnecting with a backoff that starts again after every session that opened.
-func (r *runner) sessionLoop(ctx context.Context, address string) {
-	var reconnects reconnects
+func (r *Sessions) Loop(ctx context.Context, address string) {
+	var reconnects Reconnects
 	for ctx.Err() == nil {
 		opened, err := r.runSession(ctx, address)
 		if err == nil {
@@ -382,12 +412,12 @@ func (r *runner) sessionLoop(ctx context.Context, address string) {
 			// Asking again soon would only keep the group the dispatcher made for the refused
 			// session alive there.
 			delay = tooOldRetry
-			r.log.Error(err, "the dispatcher cannot serve this controller; trying it again later", "dispatcher", address, "delay", delay.String())
+			r.Log.Error(err, "the dispatcher cannot serve this controller; trying it again later", "dispatcher", address, "delay", delay.String())
 		} else {
-			delay = reconnects.next(opened)
-			r.log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
+			delay = reconnects.Next(opened)
+			r.Log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
 		}
-		r.metrics.reconnecting()
+		r.Metrics.reconnecting()
 		select {
 		case <-ctx.Done():
 			return
@@ -406,4 +436,4 @@ type tooOldError struct{ message string }
 
 func (e *tooOldError) Error() string { return e.message }
 
-func (s *session) String() string { return fmt.Sprintf("session %s at %s", s.id, s.address) }
+func (s *Session) String() string { return fmt.Sprintf("session %s at %s", s.id, s.Address) }

@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
@@ -15,34 +16,34 @@ import (
 // waiting than that become one "every key" trigger, which covers them.
 const maxTriggerKeys = 1000
 
-// triggers are what ReconcileOn and ReconcileAllOn were given, sent to the dispatcher of
+// Triggers are what ReconcileOn and ReconcileAllOn were given, sent to the dispatcher of
 // every open session (Dispatcher.Trigger). Each dispatcher takes the keys it serves and
 // ignores the others; every replica of a group runs the same triggers, so every dispatcher is
 // asked by the replicas connected to it.
 //
 // Bounds: at most maxTriggerKeys keys wait (past that, every key); a channel is read no faster
 // than the dispatchers answer, each call within callTimeout.
-type triggers struct {
+type Triggers struct {
 	mu     sync.Mutex
 	keys   map[string]struct{}
 	all    bool
 	ready  chan struct{}
-	open   map[*session]struct{}
+	open   map[*Session]struct{}
 	opened chan struct{}
 	keyOf  func(reconcile.Request) string
 }
 
-func newTriggers(keyOf func(reconcile.Request) string) *triggers {
-	return &triggers{
+func NewTriggers(keyOf func(reconcile.Request) string) *Triggers {
+	return &Triggers{
 		keys:   map[string]struct{}{},
 		ready:  make(chan struct{}, 1),
-		open:   map[*session]struct{}{},
+		open:   map[*Session]struct{}{},
 		opened: make(chan struct{}, 1),
 		keyOf:  keyOf,
 	}
 }
 
-func (t *triggers) add(request reconcile.Request) {
+func (t *Triggers) add(request reconcile.Request) {
 	if request.Name == "" {
 		return
 	}
@@ -58,7 +59,7 @@ func (t *triggers) add(request reconcile.Request) {
 	wake(t.ready)
 }
 
-func (t *triggers) addAll() {
+func (t *Triggers) addAll() {
 	t.mu.Lock()
 	clear(t.keys)
 	t.all = true
@@ -67,14 +68,14 @@ func (t *triggers) addAll() {
 }
 
 // sessionOpened and sessionClosed keep the set of sessions triggers go to.
-func (t *triggers) sessionOpened(s *session) {
+func (t *Triggers) sessionOpened(s *Session) {
 	t.mu.Lock()
 	t.open[s] = struct{}{}
 	t.mu.Unlock()
 	wake(t.opened)
 }
 
-func (t *triggers) sessionClosed(s *session) {
+func (t *Triggers) sessionClosed(s *Session) {
 	t.mu.Lock()
 	delete(t.open, s)
 	t.mu.Unlock()
@@ -82,7 +83,7 @@ func (t *triggers) sessionClosed(s *session) {
 
 // take is what waits to be sent and the sessions to send it to, or nothing while no session
 // is open (it then keeps waiting).
-func (t *triggers) take() (keys []string, all bool, to []*session) {
+func (t *Triggers) take() (keys []string, all bool, to []*Session) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.open) == 0 || (len(t.keys) == 0 && !t.all) {
@@ -101,8 +102,8 @@ func (t *triggers) take() (keys []string, all bool, to []*session) {
 	return keys, all, to
 }
 
-// send sends what the channels add until ctx ends.
-func (t *triggers) send(ctx context.Context, r *runner) {
+// Send sends what the channels add until ctx ends.
+func (t *Triggers) Send(ctx context.Context, log logr.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -121,7 +122,7 @@ func (t *triggers) send(ctx context.Context, r *runner) {
 				defer cancel()
 				_, err := s.client.Trigger(call, &pb.TriggerRequest{SessionId: s.id, Keys: keys, All: all})
 				if err != nil {
-					r.log.Info("a trigger was refused or not answered; it is not sent again", "dispatcher", s.address, "keys", len(keys), "all", all, "error", err.Error())
+					log.Info("a trigger was refused or not answered; it is not sent again", "dispatcher", s.Address, "keys", len(keys), "all", all, "error", err.Error())
 				}
 			})
 		}
@@ -129,8 +130,8 @@ func (t *triggers) send(ctx context.Context, r *runner) {
 	}
 }
 
-// follow reads requests and every-key signals from the channels until they close or ctx ends.
-func (t *triggers) follow(ctx context.Context, requests <-chan reconcile.Request, everything <-chan struct{}) {
+// Follow reads requests and every-key signals from the channels until they close or ctx ends.
+func (t *Triggers) Follow(ctx context.Context, requests <-chan reconcile.Request, everything <-chan struct{}) {
 	for requests != nil || everything != nil {
 		select {
 		case <-ctx.Done():
@@ -151,9 +152,9 @@ func (t *triggers) follow(ctx context.Context, requests <-chan reconcile.Request
 	}
 }
 
-// requestKey is the wire key of an object of the reconciled kind: group/kind/namespace/name
+// RequestKey is the wire key of an object of the reconciled kind: group/kind/namespace/name
 // (proto/kubedispatch/v1/keys.md).
-func requestKey(group, kind string) func(reconcile.Request) string {
+func RequestKey(group, kind string) func(reconcile.Request) string {
 	return func(r reconcile.Request) string {
 		return fmt.Sprintf("%s/%s/%s/%s", group, kind, r.Namespace, r.Name)
 	}

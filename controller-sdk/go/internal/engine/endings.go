@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"context"
@@ -47,12 +47,12 @@ type endedSession struct {
 }
 
 type openSession struct {
-	s    *session
+	s    *Session
 	fail context.CancelCauseFunc
 }
 
-// endings is the replica's record of sessions for the takeover of a dead dispatcher.
-type endings struct {
+// Endings is the replica's record of sessions for the takeover of a dead dispatcher.
+type Endings struct {
 	log   logr.Logger
 	mu    sync.Mutex
 	done  map[string][]endedSession // per dispatcher id: the sessions ended there, newest last
@@ -63,8 +63,8 @@ type endings struct {
 	cursor int
 }
 
-func newEndings(log logr.Logger) *endings {
-	return &endings{
+func NewEndings(log logr.Logger) *Endings {
+	return &Endings{
 		log:   log,
 		done:  map[string][]endedSession{},
 		named: map[string][]string{},
@@ -73,7 +73,7 @@ func newEndings(log logr.Logger) *endings {
 }
 
 // isDead says whether some open session's last answer named id dead; e.mu is held.
-func (e *endings) isDead(id string) bool {
+func (e *Endings) isDead(id string) bool {
 	for _, ids := range e.named {
 		if slices.Contains(ids, id) {
 			return true
@@ -84,7 +84,7 @@ func (e *endings) isDead(id string) bool {
 
 // opened records session s on dispatcher id; fail ends it (as lost) when id is named dead
 // while it is open.
-func (e *endings) opened(id string, s *session, fail context.CancelCauseFunc) {
+func (e *Endings) opened(id string, s *Session, fail context.CancelCauseFunc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.open[id] = openSession{s: s, fail: fail}
@@ -93,7 +93,7 @@ func (e *endings) opened(id string, s *session, fail context.CancelCauseFunc) {
 // ended records that session on dispatcher id has ended and every reconcile it delivered has
 // returned; if id is named dead, the open sessions report it at once. What the session's
 // answers named dead is forgotten.
-func (e *endings) ended(id, session string) {
+func (e *Endings) ended(id, session string) {
 	now := time.Now()
 	e.mu.Lock()
 	if o, ok := e.open[id]; ok && o.s.id == session {
@@ -134,7 +134,7 @@ func (e *endings) ended(id, session string) {
 
 // namedDead records that the last answer on the session with dispatcher source named ids dead:
 // a session open on one of them ends.
-func (e *endings) namedDead(source string, ids []string) {
+func (e *Endings) namedDead(source string, ids []string) {
 	e.mu.Lock()
 	var dead []string
 	for _, id := range ids {
@@ -165,7 +165,7 @@ func (e *endings) namedDead(source string, ids []string) {
 
 // reports are the ended sessions on dispatchers named dead, newest first; past reportsPerCall,
 // each call starts where the last one stopped.
-func (e *endings) reports() []*pb.EndedSession {
+func (e *Endings) reports() []*pb.EndedSession {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	type reportable struct {
@@ -211,13 +211,13 @@ func (e *endings) reports() []*pb.EndedSession {
 
 // reportNow sends the reports with an ack of every open session on a dispatcher not named dead;
 // a failed send is left to the next poll, which carries them too.
-func (e *endings) reportNow() {
+func (e *Endings) reportNow() {
 	reports := e.reports()
 	if len(reports) == 0 {
 		return
 	}
 	e.mu.Lock()
-	var to []*session
+	var to []*Session
 	for id, o := range e.open {
 		if !e.isDead(id) {
 			to = append(to, o.s)

@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"context"
@@ -22,25 +22,25 @@ const maxRequeue = 7 * 24 * time.Hour
 // maxFailureMessage bounds the error text an ack carries back to the dispatcher's logs.
 const maxFailureMessage = 1024
 
-// delivery is one reconcile request handed to this replica by one session, from its arrival
+// Delivery is one reconcile request handed to this replica by one session, from its arrival
 // until its worker is done with it.
-type delivery struct {
-	request *pb.ReconcileRequest
-	name    types.NamespacedName
-	session *session
-	metrics *sdkMetrics
-	// ctx ends at the delivery's deadline, or when its session is lost (then cause is
+type Delivery struct {
+	Request *pb.ReconcileRequest
+	Name    types.NamespacedName
+	Session *Session
+	Metrics *Metrics
+	// Ctx ends at the delivery's deadline, or when its session is lost (then cause is
 	// errFenced): the reconcile must stop.
-	ctx    context.Context
+	Ctx    context.Context
 	cancel context.CancelFunc
-	// limit is how long the reconcile may take from its delivery (for the timeout's message).
-	limit time.Duration
+	// Limit is how long the reconcile may take from its delivery (for the timeout's message).
+	Limit time.Duration
 	// arrived and started are when the delivery came and when a worker took it.
 	arrived, started time.Time
 
 	// Set by the reconciler wrapper as the reconcile returns; nil when it never returned (a
 	// panic, recovered by controller-runtime).
-	outcome *pb.AckItem
+	Outcome *pb.AckItem
 	// handedOut is set once a worker has it (Get), under the queue's lock.
 	handedOut bool
 
@@ -54,11 +54,47 @@ type delivery struct {
 	served bool
 }
 
-// errFenced is the cause of a delivery's context when its session was lost: its key may go to
-// another replica, so the reconcile must stop and is not acknowledged.
-var errFenced = errors.New("kube-dispatch: the session that delivered this request was lost; its key may be reconciled elsewhere")
+// NewDelivery is a delivery of request that belongs to no session or queue: what a reconcile
+// reads of its delivery (Memo, the object), for tests of the reconcile's side alone.
+func NewDelivery(request *pb.ReconcileRequest, metrics *Metrics) *Delivery {
+	return &Delivery{
+		Request: request,
+		Name:    types.NamespacedName{Namespace: request.GetObject().GetNamespace(), Name: request.GetObject().GetName()},
+		Metrics: metrics,
+		memo:    request.GetMemo(),
+	}
+}
 
-// queue is the controller's work queue, fed by the dispatchers instead of informers: Get is a
+// Memo is what the reconcile left for the next delivery of the object, else the delivered
+// memo.
+func (d *Delivery) Memo() []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.memo
+}
+
+// LeaveMemo sets the memo the delivery's ack carries (a copy of memo).
+func (d *Delivery) LeaveMemo(memo []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.memo = append([]byte(nil), memo...)
+}
+
+// Serve says whether the delivered object is still to be served to the reconcile (true once:
+// later reads, after its own writes, go to the API server).
+func (d *Delivery) Serve() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	first := !d.served
+	d.served = true
+	return first
+}
+
+// ErrFenced is the cause of a delivery's context when its session was lost: its key may go to
+// another replica, so the reconcile must stop and is not acknowledged.
+var ErrFenced = errors.New("kube-dispatch: the session that delivered this request was lost; its key may be reconciled elsewhere")
+
+// Queue is the controller's work queue, fed by the dispatchers instead of informers: Get is a
 // delivery from a session, Done acknowledges it with the outcome the reconcile returned. The
 // dispatcher, not this queue, owns retries, backoff, coalescing and per-key exclusivity, so the
 // queue ignores the controller's own Add, AddAfter, AddRateLimited and Forget: a failed or
@@ -66,29 +102,29 @@ var errFenced = errors.New("kube-dispatch: the session that delivered this reque
 //
 // Bound: at most slots deliveries per open session (each poll asks for the free slots only,
 // and sessions poll concurrently), so at most slots × assigned dispatchers.
-type queue struct {
+type Queue struct {
 	mu   sync.Mutex
 	cond *sync.Cond
 	// slots is the controller's MaxConcurrentReconciles.
 	slots int
 	// ready waits for a worker, in order of arrival.
-	ready []*delivery
+	ready []*Delivery
 	// taken holds every delivery accepted and not done yet (ready or with a worker), by name:
 	// one at a time per object in this replica.
-	taken map[types.NamespacedName]*delivery
+	taken map[types.NamespacedName]*Delivery
 	// freed is signalled (without blocking) whenever a slot frees up.
 	freed chan struct{}
 
 	shuttingDown bool
-	metrics      *sdkMetrics
+	metrics      *Metrics
 }
 
-var _ workqueue.TypedRateLimitingInterface[reconcile.Request] = (*queue)(nil)
+var _ workqueue.TypedRateLimitingInterface[reconcile.Request] = (*Queue)(nil)
 
-func newQueue(slots int, metrics *sdkMetrics) *queue {
-	q := &queue{
+func NewQueue(slots int, metrics *Metrics) *Queue {
+	q := &Queue{
 		slots:   slots,
-		taken:   make(map[types.NamespacedName]*delivery),
+		taken:   make(map[types.NamespacedName]*Delivery),
 		freed:   make(chan struct{}, 1),
 		metrics: metrics,
 	}
@@ -97,17 +133,17 @@ func newQueue(slots int, metrics *sdkMetrics) *queue {
 }
 
 // free is the number of deliveries a poll may ask for now.
-func (q *queue) free() int {
+func (q *Queue) free() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return max(q.slots-len(q.taken), 0)
 }
 
-// accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
+// Accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
 // after its delivery, see fence.Fence.Renew). A request for an object a worker of this replica still
 // has (a key handed over between dispatchers while it ran) is acknowledged as failed at once,
 // and the dispatcher delivers it again later.
-func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline time.Time, limit time.Duration) {
+func (q *Queue) Accept(s *Session, requests []*pb.ReconcileRequest, deadline time.Time, limit time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, r := range requests {
@@ -128,14 +164,14 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 		// A child of the session's context: it ends at once when the session is lost (its
 		// cause then errFenced), and at the deadline (context.DeadlineExceeded).
 		ctx, cancel := context.WithDeadline(s.ctx, deadline)
-		d := &delivery{
-			request: r,
-			name:    name,
-			session: s,
-			metrics: q.metrics,
-			ctx:     ctx,
+		d := &Delivery{
+			Request: r,
+			Name:    name,
+			Session: s,
+			Metrics: q.metrics,
+			Ctx:     ctx,
 			cancel:  cancel,
-			limit:   limit,
+			Limit:   limit,
 			arrived: time.Now(),
 			memo:    r.GetMemo(),
 		}
@@ -155,7 +191,7 @@ func (q *queue) accept(s *session, requests []*pb.ReconcileRequest, deadline tim
 // down. A delivery whose session was lost meanwhile is not handed out (finishLocked sends no
 // ack for it: its key may be elsewhere now); one whose deadline passed while it waited is
 // acknowledged as failed.
-func (q *queue) Get() (reconcile.Request, bool) {
+func (q *Queue) Get() (reconcile.Request, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
@@ -171,27 +207,27 @@ func (q *queue) Get() (reconcile.Request, bool) {
 		q.ready = q.ready[1:]
 		q.metrics.queue.depth.Dec()
 		q.metrics.queue.latency.Observe(time.Since(d.arrived).Seconds())
-		if d.ctx.Err() == nil {
+		if d.Ctx.Err() == nil {
 			d.handedOut = true
 			d.started = time.Now()
-			return reconcile.Request{NamespacedName: d.name}, false
+			return reconcile.Request{NamespacedName: d.Name}, false
 		}
 		q.finishLocked(d, &pb.AckItem{
-			DeliveryId: d.request.GetDeliveryId(),
+			DeliveryId: d.Request.GetDeliveryId(),
 			Outcome:    &pb.AckItem_Failure{Failure: &pb.Failure{Message: "timed out waiting for a worker"}},
 		})
 	}
 }
 
 // Done acknowledges the delivery of item with the outcome its reconcile returned.
-func (q *queue) Done(item reconcile.Request) {
+func (q *Queue) Done(item reconcile.Request) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	d, ok := q.taken[item.NamespacedName]
 	if !ok {
 		return
 	}
-	outcome := d.outcome
+	outcome := d.Outcome
 	if outcome == nil {
 		outcome = &pb.AckItem{Outcome: &pb.AckItem_Failure{Failure: &pb.Failure{Message: "the reconcile returned no result (it panicked)"}}}
 	}
@@ -199,23 +235,23 @@ func (q *queue) Done(item reconcile.Request) {
 }
 
 // finishLocked frees d's slot and acknowledges it with outcome, unless its session was lost.
-func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
-	delete(q.taken, d.name)
+func (q *Queue) finishLocked(d *Delivery, outcome *pb.AckItem) {
+	delete(q.taken, d.Name)
 	if d.handedOut {
 		q.metrics.queue.work.Observe(time.Since(d.started).Seconds())
 	}
-	fenced := errors.Is(context.Cause(d.session.ctx), errFenced)
+	fenced := errors.Is(context.Cause(d.Session.ctx), ErrFenced)
 	d.cancel()
 	if fenced {
 		q.metrics.fenced()
 	} else {
-		outcome.DeliveryId = d.request.GetDeliveryId()
+		outcome.DeliveryId = d.Request.GetDeliveryId()
 		d.mu.Lock()
 		outcome.Memo = d.memo
 		d.mu.Unlock()
-		d.session.ack(outcome)
+		d.Session.ack(outcome)
 	}
-	d.session.track(-1)
+	d.Session.track(-1)
 	select {
 	case q.freed <- struct{}{}:
 	default:
@@ -223,8 +259,8 @@ func (q *queue) finishLocked(d *delivery, outcome *pb.AckItem) {
 	q.cond.Broadcast()
 }
 
-// delivery is the delivery a worker is reconciling for name, if any.
-func (q *queue) delivery(name types.NamespacedName) *delivery {
+// Delivery is the delivery a worker is reconciling for name, if any.
+func (q *Queue) Delivery(name types.NamespacedName) *Delivery {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if d := q.taken[name]; d != nil && d.handedOut {
@@ -236,20 +272,20 @@ func (q *queue) delivery(name types.NamespacedName) *delivery {
 // dropSession takes out the deliveries of s still waiting for a worker: s was lost (they are
 // dropped unacknowledged: their keys may be elsewhere already) or closes (handBack: they are
 // handed back, for the dispatcher to deliver at once to another replica).
-func (q *queue) dropSession(s *session, handBack bool) {
+func (q *Queue) dropSession(s *Session, handBack bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	kept := q.ready[:0]
 	for _, d := range q.ready {
-		if d.session != s {
+		if d.Session != s {
 			kept = append(kept, d)
 			continue
 		}
-		delete(q.taken, d.name)
+		delete(q.taken, d.Name)
 		q.metrics.queue.depth.Dec()
 		d.cancel()
 		if handBack {
-			s.ack(notRunHere(d.request))
+			s.ack(notRunHere(d.Request))
 		}
 		s.track(-1)
 	}
@@ -258,9 +294,9 @@ func (q *queue) dropSession(s *session, handBack bool) {
 	q.cond.Broadcast()
 }
 
-// updateUnfinished sets the seconds the running reconciles have taken so far, in all and the
+// UpdateUnfinished sets the seconds the running reconciles have taken so far, in all and the
 // longest, as controller-runtime's queue does every half second.
-func (q *queue) updateUnfinished() {
+func (q *Queue) UpdateUnfinished() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := time.Now()
@@ -277,7 +313,7 @@ func (q *queue) updateUnfinished() {
 }
 
 // Len is the number of deliveries waiting for a worker.
-func (q *queue) Len() int {
+func (q *Queue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.ready)
@@ -285,7 +321,7 @@ func (q *queue) Len() int {
 
 // ShutDown stops handing out deliveries; those still waiting are left to their sessions,
 // which close gracefully (the dispatcher gives their keys to other replicas at once).
-func (q *queue) ShutDown() {
+func (q *Queue) ShutDown() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.shuttingDown = true
@@ -293,40 +329,40 @@ func (q *queue) ShutDown() {
 }
 
 // ShutDownWithDrain is ShutDown: deliveries with a worker end on their own.
-func (q *queue) ShutDownWithDrain() { q.ShutDown() }
+func (q *Queue) ShutDownWithDrain() { q.ShutDown() }
 
 // ShuttingDown reports whether ShutDown was called.
-func (q *queue) ShuttingDown() bool {
+func (q *Queue) ShuttingDown() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.shuttingDown
 }
 
 // Add is ignored: what to reconcile is the dispatchers' to say.
-func (q *queue) Add(reconcile.Request) {}
+func (q *Queue) Add(reconcile.Request) {}
 
 // AddAfter is ignored: a requeue is reported in the ack (reconcile.Result.RequeueAfter).
-func (q *queue) AddAfter(reconcile.Request, time.Duration) {}
+func (q *Queue) AddAfter(reconcile.Request, time.Duration) {}
 
 // AddRateLimited is ignored: a failure is reported in the ack, and the dispatcher backs off.
-func (q *queue) AddRateLimited(reconcile.Request) {}
+func (q *Queue) AddRateLimited(reconcile.Request) {}
 
 // Forget is ignored: the dispatcher keeps each key's failure count.
-func (q *queue) Forget(reconcile.Request) {}
+func (q *Queue) Forget(reconcile.Request) {}
 
 // NumRequeues is the number of failed attempts the dispatcher counted before this delivery.
-func (q *queue) NumRequeues(item reconcile.Request) int {
-	if d := q.delivery(item.NamespacedName); d != nil {
-		return int(d.request.GetAttempt())
+func (q *Queue) NumRequeues(item reconcile.Request) int {
+	if d := q.Delivery(item.NamespacedName); d != nil {
+		return int(d.Request.GetAttempt())
 	}
 	return 0
 }
 
-// ackFor turns what a reconcile returned into its acknowledgement: success; a requeue after
+// AckFor turns what a reconcile returned into its acknowledgement: success; a requeue after
 // RequeueAfter (capped at seven days); a failure, for the dispatcher to retry with backoff, on
 // an error or a Requeue without delay; success on a terminal error (reconcile.TerminalError),
 // which controller-runtime does not retry either.
-func ackFor(result reconcile.Result, err error) *pb.AckItem {
+func AckFor(result reconcile.Result, err error) *pb.AckItem {
 	switch {
 	case err != nil && errors.Is(err, reconcile.TerminalError(nil)):
 		return &pb.AckItem{Outcome: &pb.AckItem_Success{Success: &pb.Success{}}}

@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"encoding/json"
@@ -19,7 +19,7 @@ func named(ns, name string) reconcile.Request {
 // Keys wait while no session is open, go out sorted and once, and past the bound become one
 // trigger of every key; a request without a name names nothing.
 func TestTriggersWaitForASessionAndStayBounded(t *testing.T) {
-	tr := newTriggers(requestKey("", "ConfigMap"))
+	tr := NewTriggers(RequestKey("", "ConfigMap"))
 	tr.add(named("ns", "b"))
 	tr.add(named("ns", "a"))
 	tr.add(named("ns", "a"))
@@ -54,7 +54,7 @@ func TestTriggersWaitForASessionAndStayBounded(t *testing.T) {
 // vectors both SDKs and the dispatchers share (proto/testdata/ring_vectors.json, cluster-scoped
 // and grouped kinds among them) is rebuilt exactly from its parts.
 func TestTriggerKeysAreTheSharedKeys(t *testing.T) {
-	raw, err := os.ReadFile("../../../proto/testdata/ring_vectors.json")
+	raw, err := os.ReadFile("../../../../proto/testdata/ring_vectors.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestTriggerKeysAreTheSharedKeys(t *testing.T) {
 		if len(parts) != 4 {
 			t.Fatalf("%q is not group/kind/namespace/name", key)
 		}
-		if got := requestKey(parts[0], parts[1])(named(parts[2], parts[3])); got != key {
+		if got := RequestKey(parts[0], parts[1])(named(parts[2], parts[3])); got != key {
 			t.Errorf("rebuilt %q as %q", key, got)
 		}
 	}

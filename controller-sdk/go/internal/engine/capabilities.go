@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"slices"
@@ -17,15 +17,8 @@ const (
 	capabilityTriggers = "triggers"
 )
 
-// Version is this SDK's release, as the tier's (Cargo.toml's workspace version; make test
-// checks they agree).
-const Version = "0.2.0-dev"
-
-// clientName names the SDK in OpenSessionRequest.client.
-const clientName = "kube-dispatch-go/" + Version
-
-// capabilities are those this SDK understands.
-var capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers}
+// Capabilities are those this SDK understands.
+var Capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers}
 
 // missingCapabilities are those the subscriptions need that the dispatcher did not list: an
 // older dispatcher would take an owner or referenced_by subscription, whose fields it does not

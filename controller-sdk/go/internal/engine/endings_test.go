@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"context"
@@ -24,9 +24,9 @@ func (a *ackRecorder) Ack(_ context.Context, in *pb.AckRequest, _ ...grpc.CallOp
 	return &pb.AckResponse{}, nil
 }
 
-func openAt(e *endings, dispatcher, id string, client pb.DispatcherClient) (*session, context.Context) {
+func openAt(e *Endings, dispatcher, id string, client pb.DispatcherClient) (*Session, context.Context) {
 	named, fail := context.WithCancelCause(context.Background())
-	s := &session{id: id, ctx: context.Background(), named: named, client: client, dispatcherID: dispatcher}
+	s := &Session{id: id, ctx: context.Background(), named: named, client: client, dispatcherID: dispatcher}
 	e.opened(dispatcher, s, fail)
 	return s, named
 }
@@ -35,7 +35,7 @@ func openAt(e *endings, dispatcher, id string, client pb.DispatcherClient) (*ses
 // some open session's last answer names its dispatcher dead, at once with an ack of the
 // session on the live dispatcher, and a session on a live dispatcher is not.
 func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
-	e := newEndings(logr.Discard())
+	e := NewEndings(logr.Discard())
 	d2 := &ackRecorder{acks: make(chan *pb.AckRequest, 4)}
 	_, onD1 := openAt(e, "d1", "s1", nil)
 	_, onD2 := openAt(e, "d2", "s2", d2)
@@ -96,7 +96,7 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 }
 
 func TestWhatEndingsRememberIsBounded(t *testing.T) {
-	e := newEndings(logr.Discard())
+	e := NewEndings(logr.Discard())
 	var names []string
 	for i := 0; i <= endingsKept; i++ {
 		name := fmt.Sprintf("d%d", i)

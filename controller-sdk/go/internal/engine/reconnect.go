@@ -1,19 +1,19 @@
-package dispatch
+package engine
 
 import (
 	"math/rand/v2"
 	"time"
 )
 
-// reconnects paces one loop's reconnect attempts, as the Rust SDK does: 100 ms doubling to
+// Reconnects paces one loop's reconnect attempts, as the Rust SDK does: 100 ms doubling to
 // 30 s while attempts fail, each with a random jitter of up to as much again (so at most a
 // minute), and from 100 ms again after an attempt that worked (a session opened, an assignment
 // received), so a long-lived replica follows its tenth dispatcher restart as fast as its first.
-type reconnects struct {
+type Reconnects struct {
 	failures int
 }
 
-func (r *reconnects) next(worked bool) time.Duration {
+func (r *Reconnects) Next(worked bool) time.Duration {
 	if worked {
 		r.failures = 0
 	}

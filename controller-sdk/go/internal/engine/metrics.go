@@ -1,4 +1,4 @@
-package dispatch
+package engine
 
 import (
 	"errors"
@@ -141,6 +141,10 @@ func sharedVec[V prometheus.Collector](vec V) V {
 // sharedVecErrs are the reasons a workqueue metric could not join controller-runtime's.
 var sharedVecErrs []error
 
+// WorkqueueMetricsError says why the SDK's queue records workqueue_* series that
+// controller-runtime's registry does not serve (nil when it serves them all).
+func WorkqueueMetricsError() error { return errors.Join(sharedVecErrs...) }
+
 // queueMetrics records one controller's workqueue_* series.
 type queueMetrics struct {
 	depth                      prometheus.Gauge
@@ -175,48 +179,55 @@ func register() {
 	})
 }
 
-// sdkMetrics records one controller's figures: the SDK's labelled with its group, the
+// Metrics records one controller's figures: the SDK's labelled with its group, the
 // workqueue's with its name (as controller-runtime labels its own).
-type sdkMetrics struct {
-	controller string
+type Metrics struct {
+	Controller string
 	queue      queueMetrics
-	// open counts the controller's sessions open now (SessionsReady).
-	open atomic.Int64
+	// Open counts the controller's sessions open now (SessionsReady).
+	Open atomic.Int64
 }
 
-func newMetrics(group, name string) *sdkMetrics {
+func NewMetrics(group, name string) *Metrics {
 	register()
-	return &sdkMetrics{controller: group, queue: newQueueMetrics(name)}
+	return &Metrics{Controller: group, queue: newQueueMetrics(name)}
 }
 
-func (m *sdkMetrics) delivered(reason pb.Reason) {
-	deliveries.WithLabelValues(m.controller, reasonLabel(reason)).Inc()
+func (m *Metrics) delivered(reason pb.Reason) {
+	deliveries.WithLabelValues(m.Controller, ReasonLabel(reason)).Inc()
 }
 
-// reasonLabel is a reason as the metrics and Delivery say it: "added", "owned" and so on.
-func reasonLabel(reason pb.Reason) string {
+// ReasonLabel is a reason as the metrics and dispatch.Delivery say it: "added", "owned" and so on.
+func ReasonLabel(reason pb.Reason) string {
 	return strings.ToLower(strings.TrimPrefix(reason.String(), "REASON_"))
 }
 
-func (m *sdkMetrics) sessionOpened(dispatcher string) func() {
-	gauge := sessionsOpen.WithLabelValues(m.controller, dispatcher)
+func (m *Metrics) SessionOpened(dispatcher string) func() {
+	gauge := sessionsOpen.WithLabelValues(m.Controller, dispatcher)
 	gauge.Inc()
-	m.open.Add(1)
+	m.Open.Add(1)
 	return func() {
 		gauge.Dec()
-		m.open.Add(-1)
+		m.Open.Add(-1)
 	}
 }
 
-func (m *sdkMetrics) reconnecting() { sessionReconnects.WithLabelValues(m.controller).Inc() }
+func (m *Metrics) reconnecting() { sessionReconnects.WithLabelValues(m.Controller).Inc() }
 
-// loaded counts the delivered object a reconcile's Get was served from source: "request" (its
+// Loaded counts the delivered object a reconcile's Get was served from source: "request" (its
 // body, or NotFound for a deletion), "recent" (as a reconcile here was given it, at the same
 // version) or "read" (the API server).
-func (m *sdkMetrics) loaded(source string) {
-	objectsLoaded.WithLabelValues(m.controller, source).Inc()
+func (m *Metrics) Loaded(source string) {
+	objectsLoaded.WithLabelValues(m.Controller, source).Inc()
 }
 
-func (m *sdkMetrics) staleWrite() { staleWrites.WithLabelValues(m.controller).Inc() }
+// CountAPIRequest counts a request NewClient's client sent to the API server, by the
+// controller whose reconcile sent it (empty outside a reconcile) and its verb.
+func CountAPIRequest(controller, verb string) {
+	register()
+	apiRequests.WithLabelValues(controller, verb).Inc()
+}
 
-func (m *sdkMetrics) fenced() { fencedReconciles.WithLabelValues(m.controller).Inc() }
+func (m *Metrics) StaleWrite() { staleWrites.WithLabelValues(m.Controller).Inc() }
+
+func (m *Metrics) fenced() { fencedReconciles.WithLabelValues(m.Controller).Inc() }

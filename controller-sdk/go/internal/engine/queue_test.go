@@ -1,10 +1,12 @@
-package dispatch
+package engine
 
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
@@ -13,10 +15,7 @@ import (
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
-func testSession() *session {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &session{id: "s", ctx: ctx, cancel: cancel, acked: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
-}
+func testSession() *Session { return DetachedSession("") }
 
 func farDeadline() time.Time { return time.Now().Add(time.Minute) }
 
@@ -30,9 +29,9 @@ func request(id uint64, name string) *pb.ReconcileRequest {
 }
 
 func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
-	q := newQueue(2, newMetrics("test", "test"))
+	q := NewQueue(2, NewMetrics("test", "test"))
 	s := testSession()
-	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "a"), request(3, "b")}, time.Now().Add(time.Minute), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "a"), request(3, "b")}, time.Now().Add(time.Minute), time.Minute)
 	// The second delivery of a key a worker here still holds goes back at once, failed.
 	if len(s.pending) != 1 || s.pending[0].GetDeliveryId() != 2 || s.pending[0].GetFailure() == nil {
 		t.Fatalf("pending acks: %v", s.pending)
@@ -44,8 +43,8 @@ func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
 	if shutdown || item.Name != "a" {
 		t.Fatalf("got %v, %v", item, shutdown)
 	}
-	d := q.delivery(item.NamespacedName)
-	d.outcome = ackFor(reconcile.Result{RequeueAfter: 3 * time.Second}, nil)
+	d := q.Delivery(item.NamespacedName)
+	d.Outcome = AckFor(reconcile.Result{RequeueAfter: 3 * time.Second}, nil)
 	d.memo = []byte("left")
 	q.Done(item)
 	ack := s.pending[1]
@@ -64,25 +63,25 @@ func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
 }
 
 func TestALostSessionsDeliveriesAreCancelledAndNeverAcked(t *testing.T) {
-	q := newQueue(2, newMetrics("test", "test"))
+	q := NewQueue(2, NewMetrics("test", "test"))
 	s := testSession()
-	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
 	item, _ := q.Get()
-	d := q.delivery(item.NamespacedName)
-	s.cancel(errFenced)
+	d := q.Delivery(item.NamespacedName)
+	s.cancel(ErrFenced)
 	select {
-	case <-d.ctx.Done():
+	case <-d.Ctx.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the running reconcile's context did not end with its session")
 	}
-	if !errors.Is(context.Cause(d.ctx), errFenced) {
-		t.Fatalf("the running reconcile's context: %v", context.Cause(d.ctx))
+	if !errors.Is(context.Cause(d.Ctx), ErrFenced) {
+		t.Fatalf("the running reconcile's context: %v", context.Cause(d.Ctx))
 	}
 	q.dropSession(s, false)
 	if q.Len() != 0 {
 		t.Fatal("the waiting delivery of the lost session was kept")
 	}
-	d.outcome = ackFor(reconcile.Result{}, nil)
+	d.Outcome = AckFor(reconcile.Result{}, nil)
 	q.Done(item)
 	if len(s.pending) != 0 {
 		t.Fatalf("a fenced reconcile was acknowledged: %v", s.pending)
@@ -93,10 +92,10 @@ func TestALostSessionsDeliveriesAreCancelledAndNeverAcked(t *testing.T) {
 }
 
 func TestADeliveryPastItsDeadlineIsNotHandedOut(t *testing.T) {
-	q := newQueue(1, newMetrics("test", "test"))
+	q := NewQueue(1, NewMetrics("test", "test"))
 	s := testSession()
-	q.accept(s, []*pb.ReconcileRequest{request(1, "a")}, time.Now().Add(-time.Millisecond), time.Minute)
-	q.accept(s, []*pb.ReconcileRequest{request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{request(1, "a")}, time.Now().Add(-time.Millisecond), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{request(2, "b")}, time.Now().Add(time.Minute), time.Minute)
 	item, _ := q.Get()
 	if item.NamespacedName != (types.NamespacedName{Namespace: "ns", Name: "b"}) {
 		t.Fatalf("got %v", item)
@@ -126,22 +125,22 @@ func TestAcksFromResultsAndErrors(t *testing.T) {
 		{"requeue", reconcile.Result{Requeue: true}, nil, func(a *pb.AckItem) bool { return a.GetFailure() != nil }},
 	}
 	for _, c := range cases {
-		if got := ackFor(c.result, c.err); !c.check(got) {
+		if got := AckFor(c.result, c.err); !c.check(got) {
 			t.Errorf("%s: %v", c.name, got)
 		}
 	}
 }
 
 func TestReconnectsStartAgainAfterASessionThatWorked(t *testing.T) {
-	var r reconnects
+	var r Reconnects
 	var last time.Duration
 	for range 12 {
-		last = r.next(false)
+		last = r.Next(false)
 	}
 	if last < 30*time.Second || last > time.Minute {
 		t.Fatalf("after 12 failures: %v", last)
 	}
-	if after := r.next(true); after > 200*time.Millisecond {
+	if after := r.Next(true); after > 200*time.Millisecond {
 		t.Fatalf("after a session that worked: %v", after)
 	}
 }
@@ -150,13 +149,13 @@ func TestReconnectsStartAgainAfterASessionThatWorked(t *testing.T) {
 // what waits for a worker (a dropped session's deliveries leave it), and the unfinished work
 // is the running reconciles' time so far, zero again once they are done.
 func TestQueueGaugesFollowTheDeliveries(t *testing.T) {
-	m := newMetrics("test", "gauges")
+	m := NewMetrics("test", "gauges")
 	// The series outlive the test (the process's registry): count from where they stand.
 	m.queue.depth.Set(0)
-	q := newQueue(3, m)
+	q := NewQueue(3, m)
 	s, lost := testSession(), testSession()
-	q.accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, farDeadline(), time.Minute)
-	q.accept(lost, []*pb.ReconcileRequest{request(3, "c")}, farDeadline(), time.Minute)
+	q.Accept(s, []*pb.ReconcileRequest{request(1, "a"), request(2, "b")}, farDeadline(), time.Minute)
+	q.Accept(lost, []*pb.ReconcileRequest{request(3, "c")}, farDeadline(), time.Minute)
 	if got := testutil.ToFloat64(m.queue.depth); got != 3 {
 		t.Fatalf("depth after three deliveries: %v", got)
 	}
@@ -165,36 +164,44 @@ func TestQueueGaugesFollowTheDeliveries(t *testing.T) {
 	if got := testutil.ToFloat64(m.queue.depth); got != 1 {
 		t.Fatalf("depth after a dropped session and a Get: %v", got)
 	}
-	q.delivery(item.NamespacedName).started = time.Now().Add(-time.Second)
-	q.updateUnfinished()
+	q.Delivery(item.NamespacedName).started = time.Now().Add(-time.Second)
+	q.UpdateUnfinished()
 	if got := testutil.ToFloat64(m.queue.longestRunning); got < 1 {
 		t.Fatalf("longest running reconcile: %v s, want at least 1", got)
 	}
 	q.Done(item)
-	q.updateUnfinished()
+	q.UpdateUnfinished()
 	if got := testutil.ToFloat64(m.queue.unfinished); got != 0 {
 		t.Fatalf("unfinished work once the reconcile was done: %v", got)
 	}
 }
 
-// SessionsReady passes while every controller built has a session open, forgets one that
-// stopped, and fails with none running.
-func TestSessionsReadyFollowsTheOpenSessions(t *testing.T) {
-	m := newMetrics("ready-test", "ready-test")
-	untrack := trackReadiness(m)
-	if SessionsReady(nil) == nil {
-		t.Fatal("ready without a session")
+// Stopping: waiting deliveries stay for the drain to hand back, and new ones are handed back
+// at once, not failed.
+func TestAStoppingQueueHandsWorkBack(t *testing.T) {
+	q := NewQueue(2, NewMetrics("test", "test"))
+	s := testSession()
+	q.Accept(s, []*pb.ReconcileRequest{request(1, "a")}, farDeadline(), 0)
+	q.ShutDown()
+	if _, shutdown := q.Get(); !shutdown {
+		t.Fatal("Get handed out work after ShutDown")
 	}
-	closed := m.sessionOpened("dispatcher-0:7070")
-	if err := SessionsReady(nil); err != nil {
-		t.Fatalf("not ready with a session open: %v", err)
+	q.Accept(s, []*pb.ReconcileRequest{request(2, "b")}, farDeadline(), 0)
+	if len(s.pending) != 1 || s.pending[0].GetRequeue() == nil {
+		t.Fatalf("pending: %v", s.pending)
 	}
-	closed()
-	if SessionsReady(nil) == nil {
-		t.Fatal("ready once the session closed")
+	q.dropSession(s, true)
+	if len(s.pending) != 2 || s.pending[1].GetDeliveryId() != 1 || s.pending[1].GetRequeue() == nil {
+		t.Fatalf("pending: %v", s.pending)
 	}
-	untrack()
-	if err := SessionsReady(nil); err == nil {
-		t.Fatal("ready with no controller running")
+}
+
+func TestFailureMessagesAreValidUTF8WithinTheBound(t *testing.T) {
+	long := strings.Repeat("é", maxFailureMessage) // two bytes each: a cut at the bound splits one
+	for _, text := range []string{"bad \xff byte", long} {
+		m := failureMessage(errors.New(text))
+		if !utf8.ValidString(m) || len(m) > maxFailureMessage {
+			t.Fatalf("%d bytes, valid %v", len(m), utf8.ValidString(m))
+		}
 	}
 }
