@@ -215,6 +215,7 @@ func main() {
 		HealthProbeBindAddress: "0",
 		LeaderElection:         false,
 		NewClient:              dispatch.NewClient,
+		NewCache:               dispatch.NewCache,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cannot create the manager:", err)

@@ -310,6 +310,9 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		untrack: trackReadiness(metrics),
 		elected: b.mgr.Elected(),
 	}
+	if _, ok := b.mgr.GetCache().(*indexCache); !ok {
+		log.Info("the manager's cache is controller-runtime's: an IndexField on it, or a read through it, starts an informer that caches a whole kind; make the manager with ctrl.Options{NewCache: dispatch.NewCache}")
+	}
 	if err := engine.WorkqueueMetricsError(); err != nil {
 		run.Log.Info("controller-runtime's workqueue metrics describe themselves otherwise in this release: the SDK's queue cannot record them", "error", err.Error())
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -37,7 +38,7 @@ import (
 // (kube_dispatch_objects_loaded_total: request, recent, read), and the writes of reconciles
 // refused as stale (kube_dispatch_stale_writes_total).
 func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
-	return newClient(config, options, DefaultRecentObjectsBytes)
+	return asClient(newClient(config, options, DefaultRecentObjectsBytes))
 }
 
 // NewClientKeeping is NewClient keeping up to bytes of the JSON of the objects reconciles were
@@ -46,11 +47,27 @@ func NewClient(config *rest.Config, options client.Options) (client.Client, erro
 //	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClientKeeping(4 << 20)})
 func NewClientKeeping(bytes int) client.NewClientFunc {
 	return func(config *rest.Config, options client.Options) (client.Client, error) {
-		return newClient(config, options, bytes)
+		return asClient(newClient(config, options, bytes))
 	}
 }
 
-func newClient(config *rest.Config, options client.Options, recent int) (client.Client, error) {
+// asClient is c as a client.Client, nil (not a nil pointer) with err.
+func asClient(c *deliveredClient, err error) (client.Client, error) {
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func newClient(config *rest.Config, options client.Options, recent int) (*deliveredClient, error) {
+	// The manager's cache, when it is NewCache's, holds the indexes its List serves; no read
+	// goes through a cache.
+	var declared *indexes
+	if options.Cache != nil {
+		if c, ok := options.Cache.Reader.(*indexCache); ok {
+			declared = c.indexes
+		}
+	}
 	options.Cache = nil
 	counting := countRequests(hostPath(config.Host))
 	if options.HTTPClient != nil {
@@ -65,7 +82,7 @@ func newClient(config *rest.Config, options client.Options, recent int) (client.
 	if err != nil {
 		return nil, err
 	}
-	return &deliveredClient{Client: c, recent: newRecentObjects(recent)}, nil
+	return &deliveredClient{Client: c, recent: newRecentObjects(recent), indexes: declared}, nil
 }
 
 // hostPath is the path of the API server's URL (a proxy serves it under one), or "".
@@ -81,14 +98,23 @@ func hostPath(host string) string {
 type deliveredClient struct {
 	client.Client
 	recent *recentObjects
+	// indexes are those declared through NewCache's IndexField (nil without it).
+	indexes *indexes
+	// written is the newest resourceVersion a write of this client returned: a List by index
+	// is at least as new.
+	written atomic.Uint64
+}
+
+func (c *deliveredClient) Create(ctx context.Context, object client.Object, options ...client.CreateOption) error {
+	return c.wrote(object, c.Client.Create(ctx, object, options...))
 }
 
 func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
-	return countStale(ctx, object, c.Client.Update(ctx, object, options...))
+	return c.wrote(object, countStale(ctx, object, c.Client.Update(ctx, object, options...)))
 }
 
 func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.PatchOption) error {
-	return countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...))
+	return c.wrote(object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...)))
 }
 
 func (c *deliveredClient) Status() client.SubResourceWriter {

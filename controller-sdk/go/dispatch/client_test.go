@@ -13,9 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -87,7 +87,9 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 		},
 	}).Build()}
 	ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}})
-	stale := func() float64 { return counted(t, "kube_dispatch_stale_writes_total", "client-test", "") }
+	stale := func() float64 {
+		return tiertest.Sample(t, "kube_dispatch_stale_writes_total", map[string]string{"controller": "client-test"})
+	}
 	before := stale()
 
 	seen := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
@@ -129,33 +131,4 @@ func TestAnApplyConflictIsNotStale(t *testing.T) {
 	if !apierrors.IsConflict(err) || IsStale(err) {
 		t.Fatalf("an apply conflict: IsConflict %v, IsStale %v", apierrors.IsConflict(err), IsStale(err))
 	}
-}
-
-// counted is the counter name as controller-runtime's registry serves it, for the controller
-// and, unless empty, the value of its other label (source, verb or reason).
-func counted(t *testing.T, name, controller, other string) float64 {
-	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, family := range families {
-		if family.GetName() != name {
-			continue
-		}
-		for _, m := range family.GetMetric() {
-			matches := true
-			for _, label := range m.GetLabel() {
-				if label.GetName() == "controller" {
-					matches = matches && label.GetValue() == controller
-				} else if other != "" {
-					matches = matches && label.GetValue() == other
-				}
-			}
-			if matches {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }

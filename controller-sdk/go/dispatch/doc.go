@@ -4,10 +4,12 @@
 // and every replica works.
 //
 // The entry points are [ControllerManagedBy], which takes the builder calls controller-runtime's
-// builder takes, and [NewClient], the manager's client, which reads from the API server and
-// serves a reconcile's read of its own object from its delivery:
+// builder takes; [NewClient], the manager's client, which reads from the API server and
+// serves a reconcile's read of its own object from its delivery; and [NewCache], the manager's
+// cache, which keeps nothing and serves field indexes (IndexField, then List with
+// client.MatchingFields) with one LIST of a namespace:
 //
-//	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient})
+//	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient, NewCache: dispatch.NewCache})
 //	err = dispatch.ControllerManagedBy(mgr).
 //		For(&corev1.ConfigMap{}).
 //		Owns(&corev1.Secret{}).

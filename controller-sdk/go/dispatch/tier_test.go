@@ -20,7 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -138,6 +138,7 @@ func (h *hasher) Reconcile(ctx context.Context, request reconcile.Request) (reco
 
 // setup is what a test may change of a replica before it starts.
 type setup struct {
+	manager manager.Manager
 	builder *dispatch.Builder
 	options *dispatch.Options
 	// reconciler, when set, is reconciled instead of the example hasher (with the manager's
@@ -151,6 +152,7 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 	t.Helper()
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		NewClient:              dispatch.NewClient,
+		NewCache:               dispatch.NewCache,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	})
@@ -167,7 +169,7 @@ func replica(t *testing.T, config *rest.Config, tier *tiertest.Tier, group, id s
 		SessionTTL:   4 * time.Second,
 	}
 	b := dispatch.ControllerManagedBy(mgr)
-	change := setup{builder: b, options: &options}
+	change := setup{manager: mgr, builder: b, options: &options}
 	for _, configure := range extra {
 		configure(&change)
 	}
@@ -338,58 +340,21 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 		"kube_dispatch_deliveries_total":            {"controller": "go-hasher"},
 		"controller_runtime_reconcile_time_seconds": {"controller": "go-hasher-go-0"},
 	} {
-		if got := sample(t, metric, labels); got != float64(reconciles) {
+		if got := tiertest.Sample(t, metric, labels); got != float64(reconciles) {
 			t.Errorf("%s%v = %v, want %d (the reconciles)", metric, labels, got, reconciles)
 		}
 	}
 	// Each object was read from its delivery, never from the API server; each change written once
 	// at least (again after a conflict with the test's own write).
 	for verb, limit := range map[string][2]float64{"get": {0, 0}, "list": {0, 0}, "watch": {0, 0}, "update": {30, float64(reconciles)}} {
-		got := sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-hasher", "verb": verb})
+		got := tiertest.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-hasher", "verb": verb})
 		if got < limit[0] || got > limit[1] {
 			t.Errorf("%s requests: %v, want %v to %v", verb, got, limit[0], limit[1])
 		}
 	}
-	if got := sample(t, "workqueue_depth", name); got != 0 {
+	if got := tiertest.Sample(t, "workqueue_depth", name); got != 0 {
 		t.Errorf("workqueue_depth = %v once every delivery was reconciled", got)
 	}
-}
-
-// sample sums the counters, gauges and histogram counts of metric whose labels include
-// labels, in controller-runtime's registry.
-func sample(t *testing.T, metric string, labels map[string]string) float64 {
-	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, family := range families {
-		if family.GetName() != metric {
-			continue
-		}
-	series:
-		for _, m := range family.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
 }
 
 // Two Go replicas of one group share the objects, never reconcile one key at the same time,

@@ -80,6 +80,7 @@ func main() {
 	shutdown := 60 * time.Second
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		NewClient:               dispatch.NewClient,
+		NewCache:                dispatch.NewCache,
 		GracefulShutdownTimeout: &shutdown,
 		Metrics:                 metricsserver.Options{BindAddress: *metrics},
 		HealthProbeBindAddress:  *probes,

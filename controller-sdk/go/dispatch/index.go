@@ -1,0 +1,279 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// NewCache is the manager's cache for controllers on the tier: it keeps no object and starts
+// no informer. Its IndexField declares a field index, as controller-runtime's does, and a
+// List through the manager's client (NewClient) or through this cache with
+// client.MatchingFields on that field is served by one LIST of the namespace from the API
+// server's watch cache, filtered by the index function, instead of by an informer of the
+// whole kind:
+//
+//	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient, NewCache: dispatch.NewCache})
+//	err = mgr.GetFieldIndexer().IndexField(ctx, &batchv1.Job{}, ".metadata.controller", ownerName)
+//	// in a reconcile:
+//	err = r.List(ctx, &jobs, client.InNamespace(req.Namespace), client.MatchingFields{".metadata.controller": req.Name})
+//
+// The LIST is at least as new as the delivered change, the children the delivery lists and
+// this process's own last write (resourceVersionMatch=NotOlderThan), so a reconcile sees the
+// children it created. A List by index must name a namespace for a namespaced kind: across
+// all of them nothing would bound what it reads, and it is refused. GetInformer and
+// GetInformerForKind are refused: the dispatchers watch, and the controller subscribes
+// through the builder (For, Owns, References).
+func NewCache(config *rest.Config, options cache.Options) (cache.Cache, error) {
+	reader, err := newClient(config, client.Options{HTTPClient: options.HTTPClient, Scheme: options.Scheme, Mapper: options.Mapper}, 0)
+	if err != nil {
+		return nil, err
+	}
+	c := &indexCache{indexes: &indexes{scheme: reader.Scheme(), byKind: map[schema.GroupVersionKind]map[string]client.IndexerFunc{}}}
+	reader.indexes = c.indexes
+	c.reader = reader
+	return c, nil
+}
+
+// indexCache is NewCache's cache: the indexes declared, and a reader that serves them.
+type indexCache struct {
+	indexes *indexes
+	reader  *deliveredClient
+}
+
+var _ cache.Cache = (*indexCache)(nil)
+
+// errNoInformers refuses what needs an informer.
+var errNoInformers = errors.New("kube-dispatch: dispatch.NewCache keeps no informers: subscribe to a kind through the builder (For, Owns, References), read through the manager's client")
+
+func (c *indexCache) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {
+	return c.reader.Get(ctx, key, object, options...)
+}
+
+func (c *indexCache) List(ctx context.Context, list client.ObjectList, options ...client.ListOption) error {
+	return c.reader.List(ctx, list, options...)
+}
+
+// GetInformer is refused: an informer would cache the whole kind.
+func (c *indexCache) GetInformer(context.Context, client.Object, ...cache.InformerGetOption) (cache.Informer, error) {
+	return nil, errNoInformers
+}
+
+// GetInformerForKind is refused: an informer would cache the whole kind.
+func (c *indexCache) GetInformerForKind(context.Context, schema.GroupVersionKind, ...cache.InformerGetOption) (cache.Informer, error) {
+	return nil, errNoInformers
+}
+
+// RemoveInformer has nothing to remove.
+func (c *indexCache) RemoveInformer(context.Context, client.Object) error { return nil }
+
+// Start waits for ctx: there is nothing to run.
+func (c *indexCache) Start(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+// WaitForCacheSync is true at once: there is nothing to sync.
+func (c *indexCache) WaitForCacheSync(context.Context) bool { return true }
+
+// IndexField declares the index field on object's kind, computed by extract.
+func (c *indexCache) IndexField(_ context.Context, object client.Object, field string, extract client.IndexerFunc) error {
+	return c.indexes.add(object, field, extract)
+}
+
+// indexes are the field indexes declared through NewCache, by kind and field.
+//
+// Bound: one function per IndexField call the controller makes (at start-up).
+type indexes struct {
+	scheme *runtime.Scheme
+	mu     sync.RWMutex
+	byKind map[schema.GroupVersionKind]map[string]client.IndexerFunc
+}
+
+func (x *indexes) add(object client.Object, field string, extract client.IndexerFunc) error {
+	gvk, err := apiutil.GVKForObject(object, x.scheme)
+	if err != nil {
+		return fmt.Errorf("kube-dispatch: IndexField %q: %w", field, err)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.byKind[gvk] == nil {
+		x.byKind[gvk] = map[string]client.IndexerFunc{}
+	}
+	if _, ok := x.byKind[gvk][field]; ok {
+		return fmt.Errorf("kube-dispatch: IndexField %q on %s declared twice", field, gvk.Kind)
+	}
+	x.byKind[gvk][field] = extract
+	return nil
+}
+
+// of is the index field on kind, if declared.
+func (x *indexes) of(kind schema.GroupVersionKind, field string) client.IndexerFunc {
+	if x == nil {
+		return nil
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.byKind[kind][field]
+}
+
+// wanted is one requirement of a List by index: the objects whose index field holds value.
+type wanted struct {
+	field   string
+	value   string
+	extract client.IndexerFunc
+}
+
+// byIndex splits a List's field selector into the requirements on declared indexes and the
+// rest (for the API server). It is nil when none names an index.
+func (x *indexes) byIndex(kind schema.GroupVersionKind, selector fields.Selector) (want []wanted, rest fields.Selector, err error) {
+	if selector == nil || selector.Empty() {
+		return nil, selector, nil
+	}
+	var others []fields.Selector
+	for _, r := range selector.Requirements() {
+		extract := x.of(kind, r.Field)
+		if extract == nil {
+			if r.Operator == selection.NotEquals {
+				others = append(others, fields.OneTermNotEqualSelector(r.Field, r.Value))
+			} else {
+				others = append(others, fields.OneTermEqualSelector(r.Field, r.Value))
+			}
+			continue
+		}
+		if r.Operator != selection.Equals && r.Operator != selection.DoubleEquals {
+			return nil, nil, fmt.Errorf("kube-dispatch: index %q on %s takes only an exact match (client.MatchingFields)", r.Field, kind.Kind)
+		}
+		want = append(want, wanted{field: r.Field, value: r.Value, extract: extract})
+	}
+	if len(want) == 0 {
+		return nil, selector, nil
+	}
+	return want, fields.AndSelectors(others...), nil
+}
+
+// matches says whether object holds every wanted value.
+func matches(object client.Object, want []wanted) bool {
+	for _, w := range want {
+		found := false
+		for _, v := range w.extract(object) {
+			if v == w.value {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// List serves a List by a declared index (see NewCache), and passes any other to the API
+// server, saying what to do when the API server cannot select on a field.
+func (c *deliveredClient) List(ctx context.Context, list client.ObjectList, options ...client.ListOption) error {
+	opts := (&client.ListOptions{}).ApplyOptions(options)
+	gvk, err := apiutil.GVKForObject(list, c.Scheme())
+	if err != nil {
+		return c.Client.List(ctx, list, options...)
+	}
+	kind := gvk.GroupVersion().WithKind(strings.TrimSuffix(gvk.Kind, "List"))
+	want, rest, err := c.indexes.byIndex(kind, opts.FieldSelector)
+	if err != nil {
+		return err
+	}
+	if want == nil {
+		err := c.Client.List(ctx, list, options...)
+		if opts.FieldSelector != nil && !opts.FieldSelector.Empty() && apierrors.IsBadRequest(err) {
+			return fmt.Errorf("kube-dispatch: the API server cannot select %s by %s, and no index of that name was declared: declare it with mgr.GetFieldIndexer().IndexField on a manager made with ctrl.Options{NewCache: dispatch.NewCache}: %w", kind.Kind, opts.FieldSelector, err)
+		}
+		return err
+	}
+	namespaced, err := c.IsObjectNamespaced(list)
+	if err == nil && namespaced && opts.Namespace == "" {
+		return fmt.Errorf("kube-dispatch: a List of %s by index %q needs client.InNamespace: across every namespace it would read every %s of the cluster", kind.Kind, want[0].field, kind.Kind)
+	}
+	return c.listByIndex(ctx, list, opts, rest, want)
+}
+
+// listByIndex lists opts's namespace (and label selector) from the API server's watch cache,
+// at least as new as what the reconcile has seen and this process has written, and keeps the
+// objects that hold every wanted value.
+func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectList, opts *client.ListOptions, rest fields.Selector, want []wanted) error {
+	read := &client.ListOptions{
+		Namespace:     opts.Namespace,
+		LabelSelector: opts.LabelSelector,
+		FieldSelector: rest,
+		Raw:           &metav1.ListOptions{ResourceVersion: c.seen(ctx), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan},
+	}
+	err := c.Client.List(ctx, list, read)
+	if err != nil && watchCacheCannotServe(err) {
+		read.Raw = nil
+		err = c.Client.List(ctx, list, read)
+	}
+	if err != nil {
+		return err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return err
+	}
+	kept := items[:0]
+	for _, item := range items {
+		if object, ok := item.(client.Object); ok && matches(object, want) {
+			kept = append(kept, item)
+		}
+	}
+	if opts.Limit > 0 && int64(len(kept)) > opts.Limit {
+		kept = kept[:opts.Limit]
+	}
+	return meta.SetList(list, kept)
+}
+
+// seen is the resourceVersion a read for the reconcile in ctx must be at least as new as: the
+// delivered change's, its children's and this process's last write's, whichever is newest ("0",
+// any, outside a reconcile with none written).
+func (c *deliveredClient) seen(ctx context.Context) string {
+	newest := c.written.Load()
+	if d := deliveryFrom(ctx); d != nil {
+		if v, ok := comparableVersion(d.Request.GetResourceVersion()); ok {
+			newest = max(newest, v)
+		}
+		for _, child := range d.Request.GetChildren() {
+			if v, ok := comparableVersion(child.GetResourceVersion()); ok {
+				newest = max(newest, v)
+			}
+		}
+	}
+	return fmt.Sprint(newest)
+}
+
+// wrote records the version a write returned, for later lists to be at least as new.
+func (c *deliveredClient) wrote(object client.Object, err error) error {
+	if err != nil {
+		return err
+	}
+	if v, ok := comparableVersion(object.GetResourceVersion()); ok {
+		for {
+			current := c.written.Load()
+			if v <= current || c.written.CompareAndSwap(current, v) {
+				break
+			}
+		}
+	}
+	return nil
+}
