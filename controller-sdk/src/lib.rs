@@ -16,6 +16,7 @@
 //! | `controller` | [`Controller`], its options and [`Controller::run`] |
 //! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
 //! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given: merge patches, server-side applies as a field manager, replaces |
+//! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), each one LIST of a namespace from the watch cache |
 //! | [`finalizer`] | kube-runtime's `finalizer()` with the SDK's [`Action`]: a kube-rs controller with finalizers ports by its imports |
 //! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
 //! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |
@@ -37,6 +38,7 @@ mod health;
 pub mod memo;
 pub mod metrics;
 pub mod precondition;
+pub mod reads;
 mod reconnect;
 mod runtime;
 mod targets;

@@ -4,5 +4,6 @@
 
 mod support;
 
+mod reads;
 mod replica;
 mod tier;

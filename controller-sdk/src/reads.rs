@@ -1,0 +1,165 @@
+//! Reads a kube-rs controller makes through its reflector `Store`, served without one.
+//!
+//! A kube-rs controller finds the children of the object it reconciles, or the objects that
+//! name it, in a `Store` it keeps with a reflector: `store.state()` filtered by owner, or
+//! `store.find(..)`. On the tier there is no store; these answer the same questions with one
+//! LIST of a namespace from the API server's watch cache (no quorum read of etcd), at least as
+//! new as the change the reconcile was delivered and the children its request listed
+//! (`resourceVersionMatch=NotOlderThan`), so a reconcile sees the children an earlier one
+//! created. Typed, whole objects, as the store held them.
+//!
+//! ```no_run
+//! # async fn reconcile(owner: std::sync::Arc<k8s_openapi::api::core::v1::ConfigMap>, client: kube::Client) -> Result<(), kube::Error> {
+//! use k8s_openapi::api::core::v1::Secret;
+//! use kube::{Api, ResourceExt};
+//! use kube_dispatch_controller::reads;
+//!
+//! let secrets: Api<Secret> = Api::namespaced(client, &owner.namespace().unwrap_or_default());
+//! // Was: store.state().into_iter().filter(|s| s.owner_references().iter().any(..))
+//! let children = reads::children(&secrets, owner.as_ref()).await?;
+//! // Was: store.find(|s| s.labels().get("app") == Some(&"web".into()))
+//! let web = reads::find(&secrets, |s| s.labels().get("app").is_some_and(|a| a == "web")).await?;
+//! # drop((children, web));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Each call is one request (counted as a `list` in `kube_dispatch_api_requests_total` when
+//! the `Api` comes from [`Controller::client`](crate::Controller::client)), except
+//! [`children()`] of a kind the request lists completely and without one of that kind: no
+//! request. An `Api::all` of a namespaced kind is refused: across every namespace a call would
+//! read the whole kind.
+
+use std::{any::TypeId, fmt::Debug};
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ListParams, VersionMatch},
+};
+use serde::de::DeserializeOwned;
+
+use crate::children::{self, Children};
+
+/// The objects of kind `K` that `owner` controls (their controller owner reference names its
+/// uid), whole, from `api`'s namespace. When the request lists the owner's children
+/// completely (the controller `owns` kind `K`) and none is of kind `K`, no request is made.
+pub async fn children<K, O>(api: &Api<K>, owner: &O) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K::Scope: 'static,
+    O: Resource,
+{
+    let known = children::of_this_reconcile();
+    if let Some(known) = &known
+        && known.is_complete()
+        && known.of::<K>().next().is_none()
+    {
+        return Ok(Vec::new());
+    }
+    let Some(uid) = owner.meta().uid.clone() else {
+        return Ok(Vec::new());
+    };
+    let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
+    let listed = list_not_older(api, &floor).await?;
+    Ok(listed
+        .into_iter()
+        .filter(|k| {
+            k.owner_references()
+                .iter()
+                .any(|r| r.controller == Some(true) && r.uid == uid)
+        })
+        .collect())
+}
+
+/// The objects of `api`'s namespace that `keep` accepts, whole: what a reflector store's
+/// `find` or its filtered `state()` answered.
+pub async fn find<K>(api: &Api<K>, keep: impl Fn(&K) -> bool) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K::Scope: 'static,
+{
+    let known = children::of_this_reconcile();
+    let floor = newest([], known.as_deref());
+    Ok(list_not_older(api, &floor)
+        .await?
+        .into_iter()
+        .filter(|k| keep(k))
+        .collect())
+}
+
+/// One LIST of `api`, at least as new as `floor`; one the watch cache cannot serve at that
+/// version is made consistently instead.
+async fn list_not_older<K>(api: &Api<K>, floor: &str) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K::Scope: 'static,
+{
+    if TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>()
+        && api.namespace().is_none()
+    {
+        return Err(kube::Error::Service(
+            format!(
+                "kube-dispatch: a read of {} across every namespace would read the whole kind; use Api::namespaced",
+                K::kind(&())
+            )
+            .into(),
+        ));
+    }
+    let params = ListParams::default()
+        .at(floor)
+        .matching(VersionMatch::NotOlderThan);
+    match api.list(&params).await {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(status)) if watch_cache_cannot_serve(status.code) => {
+            Ok(api.list(&ListParams::default()).await?.items)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a read at a resourceVersion should be made consistently instead: the version is
+/// too old or not in the watch cache yet (400, 410, 504), or the cache is not ready (500, 503).
+fn watch_cache_cannot_serve(code: u16) -> bool {
+    matches!(code, 400 | 410 | 500 | 503 | 504)
+}
+
+/// The newest of `versions` and of the children's versions, as a resourceVersion ("0", any,
+/// when none is known).
+fn newest<'a>(
+    versions: impl IntoIterator<Item = Option<&'a str>>,
+    known: Option<&'a Children>,
+) -> String {
+    let children = known
+        .into_iter()
+        .flat_map(|c| c.iter().map(|c| Some(c.resource_version.as_str())));
+    versions
+        .into_iter()
+        .chain(children)
+        .flatten()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_is_the_newest_version_known() {
+        assert_eq!(newest([Some("7"), None, Some("x")], None), "7");
+        assert_eq!(newest([], None), "0");
+    }
+
+    #[test]
+    fn versions_the_watch_cache_cannot_serve_are_read_consistently() {
+        for code in [400, 410, 500, 503, 504] {
+            assert!(watch_cache_cannot_serve(code), "{code}");
+        }
+        for code in [403, 404, 409, 429] {
+            assert!(!watch_cache_cannot_serve(code), "{code}");
+        }
+    }
+}

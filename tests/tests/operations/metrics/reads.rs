@@ -1,0 +1,157 @@
+//! A kube-rs controller that found its children in a reflector store finds them with
+//! `reads::children` instead: exactly its own, those it created included, for one LIST per
+//! reconcile and none when the request shows it has none.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Resource;
+use kube_dispatch_controller::{children, reads};
+
+use super::support::*;
+
+const LABEL: &str = "example.kube-dispatch.dev/reads=yes";
+
+struct Parents {
+    client: kube::Client,
+    /// What each reconcile of an owner listed, in order, and whether its request showed no
+    /// child (complete, none of the kind): (owner, children listed, shown none).
+    listed: Mutex<Vec<(String, Vec<String>, bool)>>,
+    /// A child created twice: the list had missed it.
+    missed: Mutex<Vec<String>>,
+}
+
+async fn reconcile(owner: Arc<ConfigMap>, ctx: Arc<Parents>) -> Result<Action, kube::Error> {
+    let name = owner.name_any();
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &owner.namespace().unwrap_or_default());
+    let shown_none = children::of_this_reconcile()
+        .is_some_and(|c| c.is_complete() && c.of::<Secret>().next().is_none());
+    let mut listed: Vec<String> = reads::children(&secrets, owner.as_ref())
+        .await?
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    listed.sort();
+    ctx.listed.lock().expect("the list of reconciles").push((
+        name.clone(),
+        listed.clone(),
+        shown_none,
+    ));
+    for suffix in ["a", "b"] {
+        let child_name = format!("{name}-{suffix}");
+        if listed.contains(&child_name) {
+            continue;
+        }
+        let mut child = Secret::default();
+        child.metadata.name = Some(child_name.clone());
+        child.metadata.owner_references = owner.controller_owner_ref(&()).map(|r| vec![r]);
+        match secrets.create(&PostParams::default(), &child).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                ctx.missed
+                    .lock()
+                    .expect("the missed children")
+                    .push(child_name);
+            }
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Parents>) -> Action {
+    Action::requeue(Duration::from_millis(200))
+}
+
+#[tokio::test]
+async fn children_read_as_from_a_store_cost_one_list_per_reconcile() -> TestResult {
+    let ns = TestNamespace::create("sdk-reads").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let group = format!("reads-{}", ns.name());
+    let admin = free_port()?;
+    let stop = CancellationToken::new();
+    let controller = Controller::<ConfigMap>::new(ns.client(), group.as_str())
+        .namespace(ns.name())
+        .labels(LABEL)
+        .owns::<Secret>()
+        .dispatchers([d.addr.to_string()])
+        .credentials(kube_dispatch_tests::credentials())
+        .admin_listen(admin)
+        .graceful_shutdown_on(stop.clone().cancelled_owned());
+    let ctx = Arc::new(Parents {
+        client: controller.client(),
+        listed: Mutex::default(),
+        missed: Mutex::default(),
+    });
+    let stream = controller.run(reconcile, error_policy, Arc::clone(&ctx));
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let (key, value) = LABEL.split_once('=').unwrap_or_default();
+    for name in ["one", "two"] {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.labels = Some([(key.to_owned(), value.to_owned())].into());
+        api.create(&PostParams::default(), &cm).await?;
+    }
+    for name in ["one", "two"] {
+        let want = vec![format!("{name}-a"), format!("{name}-b")];
+        eventually(
+            Duration::from_secs(30),
+            format!("{name}'s reconcile listing both its children"),
+            || {
+                let ctx = Arc::clone(&ctx);
+                let want = want.clone();
+                async move {
+                    let listed = ctx.listed.lock().expect("the list of reconciles");
+                    listed
+                        .iter()
+                        .rev()
+                        .find(|(owner, _, _)| owner == name)
+                        .filter(|(_, children, _)| *children == want)
+                        .map(|_| ())
+                }
+            },
+        )
+        .await?;
+    }
+
+    let listed = ctx.listed.lock().expect("the list of reconciles").clone();
+    for (owner, children, _) in &listed {
+        assert!(
+            children.iter().all(|c| c.starts_with(&format!("{owner}-"))),
+            "{owner} listed {children:?}"
+        );
+    }
+    assert_eq!(
+        *ctx.missed.lock().unwrap(),
+        Vec::<String>::new(),
+        "a list missed a child"
+    );
+    let needed = listed.iter().filter(|(_, _, none)| !none).count() as f64;
+    assert!(
+        listed.iter().any(|(_, _, none)| *none),
+        "no reconcile was shown no child: {listed:?}"
+    );
+    let (status, text) = http_get(admin, "/metrics").await?;
+    assert_eq!(status, 200);
+    let counted = samples(&text, &group);
+    let verb = |v: &str| {
+        counted
+            .get(&format!(
+                r#"kube_dispatch_api_requests_total{{controller="{group}",verb="{v}"}}"#
+            ))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        (verb("list"), verb("get")),
+        (needed, 0.0),
+        "one LIST per reconcile that needed one, and no GET, over {listed:?}"
+    );
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await??;
+    d.stop().await;
+    Ok(())
+}
