@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
-	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 )
 
 // owners records each reconcile's reason and the children its delivery carried.
@@ -116,7 +116,7 @@ func TestOwnsAndReferencesReconcileTheOwnerWithItsChildren(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.waitFor(t, next, "for the object it names", func(r ownerReconcile) bool { return r.reason == "referenced" })
-	if got := tiertest.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-owners"}); got != 0 {
+	if got := scrape.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-owners"}); got != 0 {
 		t.Fatalf("%v requests to the API server from reconciles that read nothing", got)
 	}
 }

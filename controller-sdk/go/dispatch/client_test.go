@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
-	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -88,7 +88,7 @@ func TestStaleWritesAreCountedAndReturned(t *testing.T) {
 	}).Build()}
 	ctx := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}})
 	stale := func() float64 {
-		return tiertest.Sample(t, "kube_dispatch_stale_writes_total", map[string]string{"controller": "client-test"})
+		return scrape.Sample(t, "kube_dispatch_stale_writes_total", map[string]string{"controller": "client-test"})
 	}
 	before := stale()
 

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 )
 
 // ownerKey indexes Secrets by the name of their controlling ConfigMap, as a kubebuilder
@@ -159,7 +159,7 @@ func TestAListByIndexFindsTheChildrenInOneReadPerReconcile(t *testing.T) {
 	}
 	p.mu.Unlock()
 	requests := func(verb string) float64 {
-		return tiertest.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-indexed", "verb": verb})
+		return scrape.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-indexed", "verb": verb})
 	}
 	if lists, gets := requests("list"), requests("get"); lists != float64(reconciles) || gets != 0 {
 		t.Errorf("%d reconciles sent %v LISTs and %v GETs; want one LIST each and no GET", reconciles, lists, gets)

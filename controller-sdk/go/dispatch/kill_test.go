@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatchtest"
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
 )
 
@@ -25,7 +26,7 @@ func TestHelperReplica(t *testing.T) {
 		t.Skip("run by the kill tests")
 	}
 	config := tiertest.Config(t)
-	tier := &tiertest.Tier{Namespace: os.Getenv("KD_GO_SDK_NAMESPACE"), LoadBalancer: &tiertest.Process{Listen: os.Getenv("KD_GO_SDK_LB")}}
+	tier := &tiertest.Tier{Namespace: os.Getenv("KD_GO_SDK_NAMESPACE"), Tier: &dispatchtest.Tier{LoadBalancer: &tiertest.Process{Listen: os.Getenv("KD_GO_SDK_LB")}}}
 	var mu sync.Mutex
 	print := func(what, key string) {
 		mu.Lock()

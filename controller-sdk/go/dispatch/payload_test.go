@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
-	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 )
 
 // reads records what each reconcile's Get of its object returned against what was delivered.
@@ -78,7 +78,7 @@ func TestKeyOnlyDeliveriesReadOnceAndDeletionsAreNotFound(t *testing.T) {
 		}
 	})
 	gets := func() float64 {
-		return tiertest.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-keyonly", "verb": "get"})
+		return scrape.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-keyonly", "verb": "get"})
 	}
 	waitFor := func(what string, done func() bool) {
 		t.Helper()

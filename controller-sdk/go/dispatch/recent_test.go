@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
 )
 
@@ -50,7 +50,7 @@ func TestAnObjectGivenAtTheDeliveredVersionIsServedWithoutARead(t *testing.T) {
 		return &cm, c.Get(ctx, name, &cm)
 	}
 	loaded := func(source string) float64 {
-		return tiertest.Sample(t, "kube_dispatch_objects_loaded_total", map[string]string{"controller": "client-test", "source": source})
+		return scrape.Sample(t, "kube_dispatch_objects_loaded_total", map[string]string{"controller": "client-test", "source": source})
 	}
 	recentBefore, readBefore := loaded("recent"), loaded("read")
 

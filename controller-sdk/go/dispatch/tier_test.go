@@ -26,6 +26,7 @@ import (
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
 	example "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/examples/configmap-hasher/hasher"
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/scrape"
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/tiertest"
 )
 
@@ -340,19 +341,19 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 		"kube_dispatch_deliveries_total":            {"controller": "go-hasher"},
 		"controller_runtime_reconcile_time_seconds": {"controller": "go-hasher-go-0"},
 	} {
-		if got := tiertest.Sample(t, metric, labels); got != float64(reconciles) {
+		if got := scrape.Sample(t, metric, labels); got != float64(reconciles) {
 			t.Errorf("%s%v = %v, want %d (the reconciles)", metric, labels, got, reconciles)
 		}
 	}
 	// Each object was read from its delivery, never from the API server; each change written once
 	// at least (again after a conflict with the test's own write).
 	for verb, limit := range map[string][2]float64{"get": {0, 0}, "list": {0, 0}, "watch": {0, 0}, "update": {30, float64(reconciles)}} {
-		got := tiertest.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-hasher", "verb": verb})
+		got := scrape.Sample(t, "kube_dispatch_api_requests_total", map[string]string{"controller": "go-hasher", "verb": verb})
 		if got < limit[0] || got > limit[1] {
 			t.Errorf("%s requests: %v, want %v to %v", verb, got, limit[0], limit[1])
 		}
 	}
-	if got := tiertest.Sample(t, "workqueue_depth", name); got != 0 {
+	if got := scrape.Sample(t, "workqueue_depth", name); got != 0 {
 		t.Errorf("workqueue_depth = %v once every delivery was reconciled", got)
 	}
 }

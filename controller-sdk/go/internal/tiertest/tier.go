@@ -6,18 +6,9 @@
 package tiertest
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatchtest"
 )
 
 // Root is the repository's root, from this package's directory.
@@ -80,28 +73,13 @@ func Namespace(t testing.TB, client kubernetes.Interface) string {
 const Tester = "system:serviceaccount:kube-dispatch-tests:tester"
 
 // Process is a component of the tier running as a process.
-type Process struct {
-	Name   string
-	Listen string
-	Admin  string
-	Log    string
-	cmd    *exec.Cmd
-	env    []string
-	binary string
-	// exited is closed once the running process has been waited for.
-	exited chan struct{}
-	// logFrom is the size of the log when the running process started.
-	logFrom int64
-}
+type Process = dispatchtest.Process
 
-// Tier is a running tier.
+// Tier is a running tier, stopped when its test ends.
 type Tier struct {
-	t            testing.TB
-	Namespace    string
-	Dispatchers  []*Process
-	LoadBalancer *Process
-	// Others are the processes started with Run.
-	Others []*Process
+	*dispatchtest.Tier
+	t         testing.TB
+	Namespace string
 }
 
 // Options change how a tier runs.
@@ -137,11 +115,15 @@ func Start(t testing.TB, namespace string, n int) *Tier {
 // StartWith is Start with options.
 func StartWith(t testing.TB, namespace string, n int, options Options) *Tier {
 	t.Helper()
-	tier := &Tier{t: t, Namespace: namespace}
-	common := []string{"KUBECONFIG=" + Kubeconfig(), "KD_LOG_JSON=1"}
+	inner, err := dispatchtest.New(dispatchtest.Options{LogDirectory: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tier := &Tier{Tier: inner, t: t, Namespace: namespace}
+	env := []string{"KUBECONFIG=" + Kubeconfig()}
 	if options.Secure {
 		pki := filepath.Join(ClusterDir(), "pki")
-		common = append(common,
+		env = append(env,
 			"KD_TLS_CERT_FILE="+filepath.Join(pki, "kube-dispatch.crt"),
 			"KD_TLS_KEY_FILE="+filepath.Join(pki, "kube-dispatch.key"),
 			"KD_TLS_CA_FILE="+filepath.Join(pki, "ca.crt"),
@@ -149,72 +131,14 @@ func StartWith(t testing.TB, namespace string, n int, options Options) *Tier {
 			"KD_PEER_USERS="+Tester,
 		)
 	} else {
-		common = append(common, "KD_INSECURE=1", "KD_ALLOW_ANONYMOUS=1")
+		env = append(env, "KD_INSECURE=1", "KD_ALLOW_ANONYMOUS=1")
 	}
-	common = append(common, options.Env...)
-	for i := range n {
-		p := &Process{Name: fmt.Sprintf("dispatcher-%d", i), Listen: freeAddress(t), Admin: freeAddress(t)}
-		p.binary = binary(t, "kube-dispatch-dispatcher")
-		p.env = append(append([]string(nil), common...),
-			"KD_DISPATCHER_ID="+p.Name,
-			"KD_LISTEN="+p.Listen,
-			"KD_ADMIN_LISTEN="+p.Admin,
-			"KD_LEASE_NAMESPACE="+namespace,
-			"KD_LEASE_DURATION=4s",
-			"KD_LEASE_RENEW_PERIOD=1s",
-			"KD_LEASE_GRACE=1s",
-			"KD_MAX_SESSION_TTL=5s",
-			"KD_MAX_POLL_WAIT=2s",
-			"KD_MAX_RECONCILE_TIME=10s",
-			"KD_RESYNC_INTERVAL=0s",
-		)
-		tier.Dispatchers = append(tier.Dispatchers, p)
-	}
-	lb := &Process{Name: "loadbalancer", Listen: freeAddress(t), Admin: freeAddress(t)}
-	lb.binary = binary(t, "kube-dispatch-loadbalancer")
-	lb.env = append(append([]string(nil), common...),
-		"KD_LISTEN="+lb.Listen,
-		"KD_ADMIN_LISTEN="+lb.Admin,
-		"KD_NAMESPACE="+namespace,
-		"KD_LEASE_DURATION=4s",
-		"KD_LEASE_GRACE=1s",
-		"KD_DISPATCHER_GRACE=1s",
-		"KD_REPLICA_GRACE=3s",
-	)
-	tier.LoadBalancer = lb
-	for _, p := range tier.Dispatchers {
-		tier.run(p)
-	}
-	tier.run(lb)
-	t.Cleanup(tier.stopAll)
-	tier.WaitReady(n)
-	return tier
-}
-
-// run starts p, its output in a log file of the test's.
-func (tier *Tier) run(p *Process) {
-	t := tier.t
-	t.Helper()
-	if p.Log == "" {
-		p.Log = filepath.Join(t.TempDir(), p.Name+".log")
-	}
-	out, err := os.OpenFile(p.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
+	t.Cleanup(tier.stop)
+	launch := dispatchtest.Options{Dispatchers: n, LeaseNamespace: namespace, BinaryAssetsDirectory: binaries()}
+	if err := inner.Launch(launch, append(env, options.Env...)); err != nil {
 		t.Fatal(err)
 	}
-	p.logFrom = 0
-	if info, err := out.Stat(); err == nil {
-		p.logFrom = info.Size()
-	}
-	cmd := exec.Command(p.binary)
-	cmd.Env = p.env
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("cannot start %s: %v", p.binary, err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = out.Close(); close(exited) }()
-	p.cmd, p.exited = cmd, exited
+	return tier
 }
 
 // Run starts another process of the test (a controller replica of another SDK, say) from the
@@ -222,206 +146,54 @@ func (tier *Tier) run(p *Process) {
 // env as its whole environment; it is stopped with the tier.
 func (tier *Tier) Run(name, path string, env ...string) *Process {
 	tier.t.Helper()
-	p := &Process{Name: name, binary: binary(tier.t, path), env: env}
-	tier.Others = append(tier.Others, p)
-	tier.run(p)
+	binary := filepath.Join(binaries(), path)
+	if _, err := os.Stat(binary); err != nil {
+		tier.t.Fatalf("no %s: build it with cargo build (or set KD_BIN_DIR)", binary)
+	}
+	p, err := tier.Tier.Run(name, binary, env...)
+	if err != nil {
+		tier.t.Fatal(err)
+	}
 	return p
 }
 
-// Kill stops p at once (SIGKILL): no graceful handover.
-func (tier *Tier) Kill(p *Process) {
-	if p.cmd != nil {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		p.cmd = nil
-	}
-}
-
 // Restart starts p again at the same addresses.
-func (tier *Tier) Restart(p *Process) { tier.run(p) }
-
-func (tier *Tier) stopAll() {
-	all := append(append(append([]*Process(nil), tier.Others...), tier.Dispatchers...), tier.LoadBalancer)
-	for _, p := range all {
-		if p.cmd != nil {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
+func (tier *Tier) Restart(p *Process) {
+	tier.t.Helper()
+	if err := tier.Tier.Restart(p); err != nil {
+		tier.t.Fatal(err)
 	}
-	deadline := time.After(10 * time.Second)
-	for _, p := range all {
-		if p.cmd == nil {
-			continue
-		}
-		select {
-		case <-p.exited:
-			p.cmd = nil
-		case <-deadline:
-		}
-		tier.Kill(p)
-	}
-	if tier.t.Failed() {
-		// The logs live in the test's temporary folder, removed once it ends: their ends go
-		// into the test's output.
-		for _, p := range all {
-			tier.t.Logf("%s log %s, its last lines:\n%s", p.Name, p.Log, tail(p.Log, 40))
-		}
-	}
-}
-
-// tail is the last n lines of the file at path, or why it cannot be read.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // WaitReady waits until the load balancer leads and knows n dispatchers and every running
 // dispatcher is ready and serving its share of a ring of n.
 func (tier *Tier) WaitReady(n int) {
 	tier.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	rebound := 0
-	for {
-		for _, p := range append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer) {
-			if rebound < 5 && tier.rebindIfTaken(p) {
-				rebound++
-			}
-		}
-		ready := metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_leader") == 1 &&
-			metric(tier.LoadBalancer.Admin, "kube_dispatch_lb_dispatchers") == float64(n)
-		for _, d := range tier.Dispatchers {
-			if d.cmd == nil {
-				continue
-			}
-			ready = ready && metric(d.Admin, "kube_dispatch_ring_members") == float64(n) &&
-				metric(d.Admin, "kube_dispatch_ring_serving") == 1 && status(d.Admin, "/readyz") == http.StatusOK
-		}
-		if ready {
-			return
-		}
-		if time.Now().After(deadline) {
-			lb := tier.LoadBalancer.Admin
-			tier.t.Fatalf("the tier was not ready within 60 s (load balancer: leader %v, dispatchers %v of %d); logs: %s",
-				metric(lb, "kube_dispatch_lb_leader"), metric(lb, "kube_dispatch_lb_dispatchers"), n, tier.logs())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := tier.Tier.WaitReady(n, 60*time.Second); err != nil {
+		tier.t.Fatal(err)
 	}
 }
 
-// rebindIfTaken starts p again on fresh addresses if it exited because one of its addresses
-// was taken (freeAddress finds addresses free only when it looks: a process of a test running
-// beside this one may bind one first); returns whether it did.
-func (tier *Tier) rebindIfTaken(p *Process) bool {
-	if p.cmd == nil {
-		return false
+// stop stops the processes; when the test failed, the ends of their logs (in the test's
+// temporary folder, removed once it ends) go into its output first.
+func (tier *Tier) stop() {
+	tier.Stop()
+	if tier.t.Failed() {
+		tier.t.Log(tier.Tails(40))
 	}
-	select {
-	case <-p.exited:
-	default:
-		return false
-	}
-	data, err := os.ReadFile(p.Log)
-	if err != nil || int64(len(data)) < p.logFrom ||
-		!strings.Contains(string(data[p.logFrom:]), "Address already in use") {
-		return false
-	}
-	p.Listen, p.Admin = freeAddress(tier.t), freeAddress(tier.t)
-	p.env = withEnv(withEnv(p.env, "KD_LISTEN", p.Listen), "KD_ADMIN_LISTEN", p.Admin)
-	tier.t.Logf("%s: an address was taken before it could bind it; starting it again on %s (admin %s)",
-		p.Name, p.Listen, p.Admin)
-	p.cmd = nil
-	tier.run(p)
-	return true
-}
-
-// withEnv is env with name set to value.
-func withEnv(env []string, name, value string) []string {
-	out := make([]string, 0, len(env)+1)
-	for _, kv := range env {
-		if !strings.HasPrefix(kv, name+"=") {
-			out = append(out, kv)
-		}
-	}
-	return append(out, name+"="+value)
-}
-
-func (tier *Tier) logs() string {
-	var paths []string
-	all := append(append(append([]*Process(nil), tier.Dispatchers...), tier.LoadBalancer), tier.Others...)
-	for _, p := range all {
-		paths = append(paths, p.Log)
-	}
-	return strings.Join(paths, " ")
 }
 
 // Metric is the sum of the samples of name on the admin endpoint at admin (-1 when it cannot
 // be read).
-func Metric(admin, name string) float64 { return metric(admin, name) }
+func Metric(admin, name string) float64 { return dispatchtest.Metric(admin, name) }
 
-func metric(admin, name string) float64 {
-	client := http.Client{Timeout: time.Second}
-	response, err := client.Get("http://" + admin + "/metrics")
-	if err != nil {
-		return -1
+// binaries is where cargo built the tier's binaries: KD_BIN_DIR, else target/debug.
+func binaries() string {
+	if dir := os.Getenv("KD_BIN_DIR"); dir != "" {
+		return dir
 	}
-	defer func() { _ = response.Body.Close() }()
-	sum := 0.0
-	scanner := bufio.NewScanner(io.LimitReader(response.Body, 8<<20))
-	scanner.Buffer(make([]byte, 64<<10), 1<<20)
-	for scanner.Scan() {
-		line := scanner.Text()
-		rest, found := strings.CutPrefix(line, name)
-		if !found || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
-			continue
-		}
-		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
-		if len(fields) == 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(fields[0], 64); err == nil {
-			sum += v
-		}
+	if target := os.Getenv("CARGO_TARGET_DIR"); target != "" {
+		return filepath.Join(target, "debug")
 	}
-	return sum
-}
-
-func status(admin, path string) int {
-	client := http.Client{Timeout: time.Second}
-	response, err := client.Get("http://" + admin + path)
-	if err != nil {
-		return 0
-	}
-	_ = response.Body.Close()
-	return response.StatusCode
-}
-
-// binary is the path of a binary cargo built: KD_BIN_DIR, else target/debug.
-func binary(t testing.TB, name string) string {
-	t.Helper()
-	dir := os.Getenv("KD_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join(Root(), "target", "debug")
-		if target := os.Getenv("CARGO_TARGET_DIR"); target != "" {
-			dir = filepath.Join(target, "debug")
-		}
-	}
-	path := filepath.Join(dir, name)
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("no %s: build it with cargo build --bins (or set KD_BIN_DIR)", path)
-	}
-	return path
-}
-
-// freeAddress is a loopback address with a port free now.
-func freeAddress(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String()
+	return filepath.Join(Root(), "target", "debug")
 }

@@ -1,4 +1,6 @@
-package tiertest
+// Package scrape reads the SDK's metrics as controller-runtime's registry serves them, for the
+// tests.
+package scrape
 
 import (
 	"testing"
