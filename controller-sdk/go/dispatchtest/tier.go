@@ -90,7 +90,9 @@ type Tier struct {
 
 // Start writes a kubeconfig for config, runs the dispatchers and a load balancer against its
 // API server, and waits until the load balancer leads and knows them all and each dispatcher
-// serves its share.
+// serves its share. It then points the controllers this process builds at the tier, as a
+// Deployment's environment would: KD_LOADBALANCER is the load balancer's address, and
+// KD_INSECURE and KD_ALLOW_ANONYMOUS say the tier is plaintext and takes no token.
 func Start(config *rest.Config, options Options) (*Tier, error) {
 	tier, err := New(options)
 	if err != nil {
@@ -105,6 +107,12 @@ func Start(config *rest.Config, options Options) (*Tier, error) {
 	if err := tier.Launch(options, env); err != nil {
 		tier.Stop()
 		return nil, err
+	}
+	for name, value := range map[string]string{"KD_LOADBALANCER": tier.LoadBalancer.Listen, "KD_INSECURE": "1", "KD_ALLOW_ANONYMOUS": "1"} {
+		if err := os.Setenv(name, value); err != nil {
+			tier.Stop()
+			return nil, err
+		}
 	}
 	return tier, nil
 }
