@@ -17,8 +17,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
 	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
@@ -176,6 +179,41 @@ func optionError(call string, object client.Object, option any) error {
 func (b *Builder) References(object client.Object, fieldPaths ...string) *Builder {
 	b.references = append(b.references, reference{object: object, fieldPaths: fieldPaths})
 	return b
+}
+
+// Watches is refused: its handler maps events of an informer of object's whole kind to
+// requests. Build says what serves the usual handlers on the tier: References for objects
+// named at a field path of the For kind (a map function that lists an index), Owns for
+// children (EnqueueRequestForOwner), ReconcileOn for requests from elsewhere.
+func (b *Builder) Watches(object client.Object, _ handler.EventHandler, _ ...builder.WatchesOption) *Builder {
+	b.refuse(watchesError("Watches", object))
+	return b
+}
+
+// WatchesMetadata is refused, as Watches is.
+func (b *Builder) WatchesMetadata(object client.Object, _ handler.EventHandler, _ ...builder.WatchesOption) *Builder {
+	b.refuse(watchesError("WatchesMetadata", object))
+	return b
+}
+
+// WatchesRawSource is refused: a source of the controller's own feeds controller-runtime's
+// queue, which the SDK's replaces; ReconcileOn takes a channel of requests.
+func (b *Builder) WatchesRawSource(source.TypedSource[reconcile.Request]) *Builder {
+	b.refuse(errors.New("WatchesRawSource: the SDK's queue is fed by the dispatchers, so a source of the controller's own would feed nothing; send its requests on a channel given to ReconcileOn"))
+	return b
+}
+
+// WithEventFilter is refused, as predicates on For and Owns are.
+func (b *Builder) WithEventFilter(predicate.Predicate) *Builder {
+	b.refuse(errors.New("WithEventFilter: the tier delivers every change of the objects it serves, and predicates are not applied; narrow what is delivered with Options.LabelSelector or FieldSelector, or skip in Reconcile what the filter skipped (a delivery whose reason is modified or resync, for a generation predicate)"))
+	return b
+}
+
+// watchesError says why call(object) is refused, and what serves it instead.
+func watchesError(call string, object client.Object) error {
+	return fmt.Errorf("%s(%T, ...): a handler maps the events of an informer of the whole kind, which the tier does not run; "+
+		"for objects of the For kind that name it at a field path (a map function listing an index), use References(%T, \"spec.path\"); "+
+		"for children, Owns; for requests from elsewhere, ReconcileOn", call, object, object)
 }
 
 // ReconcileOn asks the tier to reconcile each object of the For kind that requests names, when

@@ -10,11 +10,15 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/dispatch"
 )
@@ -63,6 +67,18 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		{"a priority queue", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{UsePriorityQueue: &elect})
 		}, "decide what is delivered when"},
+		{"a watch with a map function", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped))
+		}, `use References(*v1.Secret, "spec.path")`},
+		{"a metadata watch", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped))
+		}, "WatchesMetadata(*v1.Secret, ...)"},
+		{"a raw source", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WatchesRawSource(source.Channel(make(chan event.TypedGenericEvent[client.Object]), &handler.EnqueueRequestForObject{}))
+		}, "ReconcileOn"},
+		{"an event filter", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.GenerationChangedPredicate{})
+		}, "predicates are not applied"},
 		{"leader election", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{NeedLeaderElection: &elect})
 		}, "every replica reconciles"},
@@ -88,3 +104,5 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		t.Fatalf("OnlyMetadata should be taken, and only the kind's resolution fail: %v", err)
 	}
 }
+
+func nothingMapped(context.Context, client.Object) []reconcile.Request { return nil }
