@@ -181,19 +181,54 @@ func (b *Builder) References(object client.Object, fieldPaths ...string) *Builde
 	return b
 }
 
-// Watches is refused: its handler maps events of an informer of object's whole kind to
-// requests. Build says what serves the usual handlers on the tier: References for objects
-// named at a field path of the For kind (a map function that lists an index), Owns for
-// children (EnqueueRequestForOwner), ReconcileOn for requests from elsewhere.
-func (b *Builder) Watches(object client.Object, _ handler.EventHandler, _ ...builder.WatchesOption) *Builder {
-	b.refuse(watchesError("Watches", object))
-	return b
+// Watches with NamedAt among its options is References: the dispatchers reconcile the objects
+// of the For kind that name object at the field paths NamedAt gives, and the handler (a map
+// function that lists an index of those objects by that field, as a rule) is not called. Any
+// other Watches is refused: its handler maps the events of an informer of object's whole kind,
+// which the tier does not run; Build says what serves the usual handlers (NamedAt or
+// References for a map function over a field index, Owns for EnqueueRequestForOwner,
+// ReconcileOn for requests from elsewhere).
+//
+//	dispatch.ControllerManagedBy(mgr).For(&v1.Mirror{}).
+//		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.mirrorsOf), dispatch.NamedAt("spec.configMapName"))
+func (b *Builder) Watches(object client.Object, _ handler.EventHandler, opts ...builder.WatchesOption) *Builder {
+	return b.watches("Watches", object, opts)
 }
 
-// WatchesMetadata is refused, as Watches is.
-func (b *Builder) WatchesMetadata(object client.Object, _ handler.EventHandler, _ ...builder.WatchesOption) *Builder {
-	b.refuse(watchesError("WatchesMetadata", object))
-	return b
+// WatchesMetadata is Watches.
+func (b *Builder) WatchesMetadata(object client.Object, _ handler.EventHandler, opts ...builder.WatchesOption) *Builder {
+	return b.watches("WatchesMetadata", object, opts)
+}
+
+func (b *Builder) watches(call string, object client.Object, opts []builder.WatchesOption) *Builder {
+	var paths []string
+	for _, option := range opts {
+		switch option := option.(type) {
+		case namedAt:
+			paths = append(paths, option.fieldPaths...)
+		default:
+			b.refuse(optionError(call, object, option))
+		}
+	}
+	if len(paths) == 0 {
+		b.refuse(watchesError(call, object))
+		return b
+	}
+	return b.References(object, paths...)
+}
+
+// NamedAt is an option of Watches: the objects of the For kind name the watched object at
+// these field paths (as References takes them), and the dispatchers reconcile those that name
+// it when it changes.
+func NamedAt(fieldPaths ...string) builder.WatchesOption {
+	return namedAt{fieldPaths: fieldPaths}
+}
+
+// namedAt is NamedAt's option. Only Builder.Watches reads it; the embedded interface, always
+// nil, gives it controller-runtime's option type.
+type namedAt struct {
+	builder.WatchesOption
+	fieldPaths []string
 }
 
 // WatchesRawSource is refused: a source of the controller's own feeds controller-runtime's
@@ -212,7 +247,7 @@ func (b *Builder) WithEventFilter(predicate.Predicate) *Builder {
 // watchesError says why call(object) is refused, and what serves it instead.
 func watchesError(call string, object client.Object) error {
 	return fmt.Errorf("%s(%T, ...): a handler maps the events of an informer of the whole kind, which the tier does not run; "+
-		"for objects of the For kind that name it at a field path (a map function listing an index), use References(%T, \"spec.path\"); "+
+		"for objects of the For kind that name it at a field path (a map function listing an index), add the option dispatch.NamedAt(\"spec.path\") or use References(%T, \"spec.path\"); "+
 		"for children, Owns; for requests from elsewhere, ReconcileOn", call, object, object)
 }
 

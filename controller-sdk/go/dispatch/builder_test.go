@@ -70,6 +70,10 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		{"a watch with a map function", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped))
 		}, `use References(*v1.Secret, "spec.path")`},
+		{"a named watch with a predicate", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped),
+				dispatch.NamedAt("spec.secretName"), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		}, "Watches(*v1.Secret, builder.WithPredicates(...))"},
 		{"a metadata watch", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped))
 		}, "WatchesMetadata(*v1.Secret, ...)"},
@@ -102,6 +106,14 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		Complete(nothing)
 	if err == nil || strings.Contains(err.Error(), "OnlyMetadata") || strings.Contains(err.Error(), "not served") {
 		t.Fatalf("OnlyMetadata should be taken, and only the kind's resolution fail: %v", err)
+	}
+	// A Watches told where the For kind names the object is References.
+	err = dispatch.ControllerManagedBy(mgr).
+		For(&appsv1.Deployment{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped), dispatch.NamedAt("spec.secretName")).
+		Complete(nothing)
+	if err == nil || strings.Contains(err.Error(), "Watches") {
+		t.Fatalf("Watches with NamedAt should be taken, and only the kind's resolution fail: %v", err)
 	}
 }
 

@@ -30,12 +30,10 @@ func TestMain(m *testing.M) {
 		fmt.Println("skipped: KUBEBUILDER_ASSETS names no API server binaries (setup-envtest use prints them)")
 		return
 	}
-	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "config", "crd")}, ErrorIfCRDPathMissing: true}
+	testEnv := &dispatchtest.Environment{Environment: envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "config", "crd")}, ErrorIfCRDPathMissing: true}}
 	cfg, err := testEnv.Start()
 	must(err)
 	must(v1.AddToScheme(scheme.Scheme))
-	tier, err := dispatchtest.Start(cfg, dispatchtest.Options{})
-	must(err)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, NewClient: dispatch.NewClient, NewCache: dispatch.NewCache})
 	must(err)
 	must((&BundleReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme()}).SetupWithManager(mgr))
@@ -47,7 +45,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	cancel()
 	must(<-stopped)
-	tier.Stop()
 	must(testEnv.Stop())
 	os.Exit(code)
 }
