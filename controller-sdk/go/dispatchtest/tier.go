@@ -1,16 +1,14 @@
 // Package dispatchtest runs a kube-dispatch tier for a controller's tests, beside the API
 // server of envtest: the dispatcher and load balancer binaries as processes on loopback, in
 // plaintext and without tokens, against the API server of a rest.Config. A controller's
-// envtest suite runs on the tier by starting one after the test environment and making its
-// manager with the SDK:
+// envtest suite runs on the tier with its Environment made by this package, whose Start runs
+// the tier too, and its manager made with the SDK:
 //
+//	testEnv := &dispatchtest.Environment{Environment: envtest.Environment{CRDDirectoryPaths: paths}}
 //	cfg, err := testEnv.Start()
-//	tier, err := dispatchtest.Start(cfg, dispatchtest.Options{})
-//	defer tier.Stop()
+//	defer testEnv.Stop()
 //	mgr, err := ctrl.NewManager(cfg, ctrl.Options{NewClient: dispatch.NewClient, NewCache: dispatch.NewCache})
-//	err = dispatch.ControllerManagedBy(mgr).For(&v1.Widget{}).
-//		WithDispatchOptions(tier.DispatchOptions("widgets")).
-//		Complete(reconciler)
+//	err = dispatch.ControllerManagedBy(mgr).For(&v1.Widget{}).Complete(reconciler)
 //
 // The binaries are found as envtest finds the API server's: in Options.BinaryAssetsDirectory,
 // else in KUBE_DISPATCH_ASSETS, else on the PATH (kube-dispatch-dispatcher and
