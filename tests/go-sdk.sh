@@ -70,7 +70,9 @@ ported_within_ten() { # incumbent directory, ported directory, files
   fi
 }
 ported_within_ten "$root/bench/controller-runtime" "$root/bench/controller-runtime-dispatch" main.go
-ported_within_ten "$PWD/examples/bundles/incumbent" "$PWD/examples/bundles/ported" controller.go suite_test.go
+for example in bundles mirrors; do
+  ported_within_ten "$PWD/examples/$example/incumbent" "$PWD/examples/$example/ported" controller.go suite_test.go
+done
 ported=$root/bench/controller-runtime-dispatch
 unformatted=$(gofmt -l "$ported")
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }

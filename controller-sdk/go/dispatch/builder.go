@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,9 +100,17 @@ type Builder struct {
 	ctrlOptions controller.Options
 	options     Options
 	errs        []error
+	// watched are the objects given to Watches without NamedAt: Build serves each that a
+	// References names, and refuses the others.
+	watched []watched
 	// requests and everything are what ReconcileOn and ReconcileAllOn were given.
 	requests   <-chan reconcile.Request
 	everything <-chan struct{}
+}
+
+type watched struct {
+	call   string
+	object client.Object
 }
 
 type reference struct {
@@ -181,16 +191,18 @@ func (b *Builder) References(object client.Object, fieldPaths ...string) *Builde
 	return b
 }
 
-// Watches with NamedAt among its options is References: the dispatchers reconcile the objects
-// of the For kind that name object at the field paths NamedAt gives, and the handler (a map
+// Watches is served when the builder says where the objects of the For kind name object: by
+// References(object, field paths), or by NamedAt(field paths) among its options. The
+// dispatchers then reconcile the objects that name it when it changes, and the handler (a map
 // function that lists an index of those objects by that field, as a rule) is not called. Any
-// other Watches is refused: its handler maps the events of an informer of object's whole kind,
-// which the tier does not run; Build says what serves the usual handlers (NamedAt or
-// References for a map function over a field index, Owns for EnqueueRequestForOwner,
-// ReconcileOn for requests from elsewhere).
+// other Watches makes Build fail: its handler maps the events of an informer of object's whole
+// kind, which the tier does not run; the error says what serves the usual handlers (References
+// for a map function over a field index, Owns for EnqueueRequestForOwner, ReconcileOn for
+// requests from elsewhere).
 //
 //	dispatch.ControllerManagedBy(mgr).For(&v1.Mirror{}).
-//		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.mirrorsOf), dispatch.NamedAt("spec.configMapName"))
+//		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.mirrorsOf)).
+//		References(&corev1.ConfigMap{}, "spec.configMapName")
 func (b *Builder) Watches(object client.Object, _ handler.EventHandler, opts ...builder.WatchesOption) *Builder {
 	return b.watches("Watches", object, opts)
 }
@@ -211,10 +223,21 @@ func (b *Builder) watches(call string, object client.Object, opts []builder.Watc
 		}
 	}
 	if len(paths) == 0 {
-		b.refuse(watchesError(call, object))
+		b.watched = append(b.watched, watched{call: call, object: object})
 		return b
 	}
 	return b.References(object, paths...)
+}
+
+// unreferenced refuses each Watches whose object no References names.
+func (b *Builder) unreferenced() error {
+	var errs []error
+	for _, w := range b.watched {
+		if !slices.ContainsFunc(b.references, func(r reference) bool { return reflect.TypeOf(r.object) == reflect.TypeOf(w.object) }) {
+			errs = append(errs, watchesError(w.call, w.object))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // NamedAt is an option of Watches: the objects of the For kind name the watched object at
@@ -247,7 +270,7 @@ func (b *Builder) WithEventFilter(predicate.Predicate) *Builder {
 // watchesError says why call(object) is refused, and what serves it instead.
 func watchesError(call string, object client.Object) error {
 	return fmt.Errorf("%s(%T, ...): a handler maps the events of an informer of the whole kind, which the tier does not run; "+
-		"for objects of the For kind that name it at a field path (a map function listing an index), add the option dispatch.NamedAt(\"spec.path\") or use References(%T, \"spec.path\"); "+
+		"for objects of the For kind that name it at a field path (a map function listing an index), add References(%T, \"spec.path\") or the option dispatch.NamedAt(\"spec.path\"); "+
 		"for children, Owns; for requests from elsewhere, ReconcileOn", call, object, object)
 }
 
@@ -309,7 +332,7 @@ func (b *Builder) Complete(r reconcile.Reconciler) error {
 
 // Build is Complete, returning the controller.
 func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
-	if err := errors.Join(b.errs...); err != nil {
+	if err := errors.Join(append(b.errs, b.unreferenced())...); err != nil {
 		return nil, err
 	}
 	if r == nil {

@@ -69,7 +69,7 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		}, "decide what is delivered when"},
 		{"a watch with a map function", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped))
-		}, `use References(*v1.Secret, "spec.path")`},
+		}, `add References(*v1.Secret, "spec.path")`},
 		{"a named watch with a predicate", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped),
 				dispatch.NamedAt("spec.secretName"), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
@@ -106,6 +106,15 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		Complete(nothing)
 	if err == nil || strings.Contains(err.Error(), "OnlyMetadata") || strings.Contains(err.Error(), "not served") {
 		t.Fatalf("OnlyMetadata should be taken, and only the kind's resolution fail: %v", err)
+	}
+	// A Watches of a kind a References names is served by it.
+	err = dispatch.ControllerManagedBy(mgr).
+		For(&appsv1.Deployment{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(nothingMapped)).
+		References(&corev1.Secret{}, "spec.secretName").
+		Complete(nothing)
+	if err == nil || strings.Contains(err.Error(), "Watches") {
+		t.Fatalf("Watches with References of its kind should be taken, and only the kind's resolution fail: %v", err)
 	}
 	// A Watches told where the For kind names the object is References.
 	err = dispatch.ControllerManagedBy(mgr).
