@@ -1,0 +1,124 @@
+package dispatch
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+)
+
+// The calls and options of controller-runtime's builder that a port keeps: each is served on
+// the tier, or makes Build fail with what to do instead (README, "Builder options").
+
+// optionError says why the tier does not take option of call(object), and what to do instead;
+// nil for an option it serves.
+func optionError(call string, object client.Object, option any) error {
+	switch option.(type) {
+	case builder.Predicates, *builder.Predicates:
+		return fmt.Errorf("%s(%T, builder.WithPredicates(...)): predicates are not applied by the tier, which delivers every change of the objects it serves (level-triggered): "+
+			"narrow what is delivered with Options.LabelSelector or FieldSelector (OwnedLabelSelector for Owns), "+
+			"or skip in Reconcile what the predicate skipped (for a generation predicate: a delivery whose reason is modified or resync, "+
+			"of an object whose metadata.generation equals the status.observedGeneration this controller reported; see the README), "+
+			"then remove WithPredicates", call, object)
+	}
+	// Comparing interfaces of different dynamic types never panics: an option of another,
+	// incomparable type just matches neither case.
+	switch option {
+	case any(builder.OnlyMetadata):
+		return nil
+	case any(builder.MatchEveryOwner):
+		return fmt.Errorf("Owns(%T, builder.MatchEveryOwner): the tier reconciles the controlling owner of a changed child; "+
+			"to reconcile every owner, use References with the field path that names them, or ReconcileOn", object)
+	}
+	return fmt.Errorf("%s(%T, %T): this option is not served by the tier: remove it", call, object, option)
+}
+
+// Watches is served when the builder says where the objects of the For kind name object: by
+// References(object, field paths), or by NamedAt(field paths) among its options. The
+// dispatchers then reconcile the objects that name it when it changes, and the handler (a map
+// function that lists an index of those objects by that field, as a rule) is not called. Any
+// other Watches makes Build fail: its handler maps the events of an informer of object's whole
+// kind, which the tier does not run; the error says what serves the usual handlers (References
+// for a map function over a field index, Owns for EnqueueRequestForOwner, ReconcileOn for
+// requests from elsewhere).
+//
+//	dispatch.ControllerManagedBy(mgr).For(&v1.Mirror{}).
+//		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.mirrorsOf)).
+//		References(&corev1.ConfigMap{}, "spec.configMapName")
+func (b *Builder) Watches(object client.Object, _ handler.EventHandler, opts ...builder.WatchesOption) *Builder {
+	return b.watches("Watches", object, opts)
+}
+
+// WatchesMetadata is Watches.
+func (b *Builder) WatchesMetadata(object client.Object, _ handler.EventHandler, opts ...builder.WatchesOption) *Builder {
+	return b.watches("WatchesMetadata", object, opts)
+}
+
+func (b *Builder) watches(call string, object client.Object, opts []builder.WatchesOption) *Builder {
+	var paths []string
+	for _, option := range opts {
+		switch option := option.(type) {
+		case namedAt:
+			paths = append(paths, option.fieldPaths...)
+		default:
+			b.refuse(optionError(call, object, option))
+		}
+	}
+	if len(paths) == 0 {
+		b.watched = append(b.watched, watched{call: call, object: object})
+		return b
+	}
+	return b.References(object, paths...)
+}
+
+// unreferenced refuses each Watches whose object no References names.
+func (b *Builder) unreferenced() error {
+	var errs []error
+	for _, w := range b.watched {
+		if !slices.ContainsFunc(b.references, func(r reference) bool { return reflect.TypeOf(r.object) == reflect.TypeOf(w.object) }) {
+			errs = append(errs, watchesError(w.call, w.object))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NamedAt is an option of Watches: the objects of the For kind name the watched object at
+// these field paths (as References takes them), and the dispatchers reconcile those that name
+// it when it changes.
+func NamedAt(fieldPaths ...string) builder.WatchesOption {
+	return namedAt{fieldPaths: fieldPaths}
+}
+
+// namedAt is NamedAt's option. Only Builder.Watches reads it; the embedded interface, always
+// nil, gives it controller-runtime's option type.
+type namedAt struct {
+	builder.WatchesOption
+	fieldPaths []string
+}
+
+// WatchesRawSource is refused: a source of the controller's own feeds controller-runtime's
+// queue, which the SDK's replaces; ReconcileOn takes a channel of requests.
+func (b *Builder) WatchesRawSource(source.TypedSource[reconcile.Request]) *Builder {
+	b.refuse(errors.New("WatchesRawSource: the SDK's queue is fed by the dispatchers, so a source of the controller's own would feed nothing; send its requests on a channel given to ReconcileOn"))
+	return b
+}
+
+// WithEventFilter is refused, as predicates on For and Owns are.
+func (b *Builder) WithEventFilter(predicate.Predicate) *Builder {
+	b.refuse(errors.New("WithEventFilter: the tier delivers every change of the objects it serves, and predicates are not applied; narrow what is delivered with Options.LabelSelector or FieldSelector, or skip in Reconcile what the filter skipped (a delivery whose reason is modified or resync, for a generation predicate)"))
+	return b
+}
+
+// watchesError says why call(object) is refused, and what serves it instead.
+func watchesError(call string, object client.Object) error {
+	return fmt.Errorf("%s(%T, ...): a handler maps the events of an informer of the whole kind, which the tier does not run; "+
+		"for objects of the For kind that name it at a field path (a map function listing an index), add References(%T, \"spec.path\") or the option dispatch.NamedAt(\"spec.path\"); "+
+		"for children, Owns; for requests from elsewhere, ReconcileOn", call, object, object)
+}
