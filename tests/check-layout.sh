@@ -37,10 +37,12 @@ done
 check kube-dispatch-telemetry kube-dispatch-server any
 check kube-dispatch-telemetry kube-dispatch-core any
 check kube-dispatch-controller kube-dispatch-server any
+check kube-dispatch-controller kube-dispatch-testing any
+check kube-dispatch-dispatcher kube-dispatch-testing any
 check kube-dispatch-kdctl kube-dispatch-dispatcher any
 check kube-dispatch-kdctl kube-dispatch-controller any
 
-python3 tests/check-modules.py proto/src core/src telemetry/src server/src dispatcher/src controller-sdk/src \
+python3 tests/check-modules.py proto/src core/src telemetry/src server/src testing/src dispatcher/src controller-sdk/src \
   loadbalancer/src kdctl/src model/src tests/src bench/src || failed=1
 
 if [[ $failed == 1 ]]; then exit 1; fi

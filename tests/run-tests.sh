@@ -81,10 +81,11 @@ BACKGROUND_NICE=0 background kubernetes tests/cluster/build-binaries.sh
 BACKGROUND_NICE=0 background nextest tests/nextest.sh
 background e2e-binaries bash -c 'deploy/image.sh --profile e2e --binaries-only && deploy/image.sh --go-example --binaries-only'
 
-step "crate layout, sizes and the walkthrough"
+step "crate layout, sizes, the walkthrough and the ports"
 tests/check-layout.sh
 python3 tests/check-sizes.py
 python3 tests/check-walkthrough.py
+tests/check-ports.sh
 
 step "wire API compatible with the last release (tests/proto-compat.sh)"
 tests/proto-compat.sh

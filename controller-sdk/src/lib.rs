@@ -14,6 +14,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | `controller` | [`Controller`], its options and [`Controller::run`] |
+//! | `from_kube` | [`Controller::for_api`] and [`Controller::owns_api`]: kube-runtime's `Controller::new` and `owns`, with their arguments |
 //! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
 //! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given: merge patches, server-side applies as a field manager, replaces |
 //! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), each one LIST of a namespace from the watch cache |
@@ -34,6 +35,7 @@ mod controller;
 mod error;
 mod fence;
 pub mod finalizer;
+mod from_kube;
 mod health;
 pub mod memo;
 pub mod metrics;

@@ -7,14 +7,8 @@ use std::{
     time::Duration,
 };
 
-use kube_dispatch_core::{
-    backoff::Backoff,
-    queue::{QueueConfig, pool::BodyPool},
-};
 use kube_dispatch_dispatcher::{
-    config::{
-        LeaseConfig, Limits, Membership, SecurityConfig, ServeConfig, ServerLimits, Settings,
-    },
+    config::{LeaseConfig, Membership, SecurityConfig, ServeConfig},
     serve::{Handles, serve},
     watch::registry::WatchCounts,
 };
@@ -33,49 +27,12 @@ use crate::{
 };
 
 /// Settings for test dispatchers: short ttl and waits so tests finish quickly, and a fast
-/// backoff so retries are observable.
+/// backoff so retries are observable ([`kube_dispatch_testing::config`]), secured as deployed
+/// ([`test_security`]).
 pub fn test_config(identity: &str, members: &[&str]) -> ServeConfig {
     ServeConfig {
-        settings: Settings {
-            identity: identity.to_owned(),
-            limits: Limits {
-                default_ttl: Duration::from_secs(3),
-                // Some tests ask for long sessions, to show that a handover never waits for one.
-                max_ttl: Duration::from_secs(120),
-                max_poll_wait: Duration::from_secs(2),
-                ..Limits::default()
-            },
-            queue: QueueConfig {
-                backoff: Backoff {
-                    base: Duration::from_millis(100),
-                    cap: Duration::from_secs(5),
-                },
-                max_reconcile_time: Duration::from_secs(30),
-                body_budget: 16 * 1024 * 1024,
-                memo_budget: 16 * 1024 * 1024,
-            },
-            bodies: BodyPool::new(256 * 1024 * 1024),
-            memos: BodyPool::new(32 * 1024 * 1024),
-            resync_interval: Duration::ZERO,
-            idle_group_grace: Duration::from_secs(30),
-            status_interval: Duration::ZERO,
-            max_recent_deletions: 65_536,
-            group_owners: Default::default(),
-        },
-        membership: Membership::Fixed(members.iter().map(|m| (*m).to_owned()).collect()),
-        ring_key: Default::default(),
-        watch_grace: Duration::from_secs(5),
-        list_mode: Default::default(),
-        max_message_bytes: 4 * 1024 * 1024,
-        // Every test client connects from loopback, some a connection per session.
-        server: ServerLimits {
-            max_connections_per_peer: 1024,
-            ..ServerLimits::default()
-        },
-        drain_timeout: Duration::from_secs(5),
         security: test_security(),
-        readiness: Default::default(),
-        metrics: Default::default(),
+        ..kube_dispatch_testing::config(identity, members)
     }
 }
 

@@ -384,17 +384,22 @@ pub fn widget_ref() -> kube_dispatch_proto::v1::ResourceRef {
     }
 }
 
-/// Applies the Widget CRD (idempotently: CRDs are cluster-scoped and shared by the whole run,
-/// so it is never deleted) and waits until it is established.
+/// Applies the Widget CRD and waits until it is established ([`ensure_crd`]).
 pub async fn ensure_widget_crd(client: &Client) -> Result<(), FixtureError> {
+    ensure_crd::<Widget>(client).await
+}
+
+/// Applies the CRD of `K` (idempotently: CRDs are cluster-scoped and shared by the whole run,
+/// so it is never deleted) and waits until it is established.
+pub async fn ensure_crd<K: kube::CustomResourceExt>(client: &Client) -> Result<(), FixtureError> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::{
-        CustomResourceExt, ResourceExt,
+        ResourceExt,
         api::{Patch, PatchParams},
         runtime::{conditions, wait::await_condition},
     };
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = Widget::crd();
+    let crd = K::crd();
     let name = crd.name_any();
     crds.patch(
         &name,

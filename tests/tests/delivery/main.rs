@@ -6,5 +6,6 @@ mod contract_edges;
 mod controller;
 mod dispatcher;
 mod finalizers;
+mod ported;
 mod precondition;
 mod traces;
