@@ -118,6 +118,11 @@ bench-shards: ## Server-side sharding: the ring keyed by namespace against the r
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core
 
+.PHONY: publish-check
+publish-check: ## cargo publish --dry-run of the crates a controller needs (the SDK, its wire and telemetry crates, and kube-dispatch-testing with the dispatcher it runs), each packaged and built alone (~5 min)
+	$(CARGO) publish --dry-run --locked -p kube-dispatch-proto -p kube-dispatch-telemetry -p kube-dispatch-controller \
+		-p kube-dispatch-core -p kube-dispatch-server -p kube-dispatch-dispatcher -p kube-dispatch-testing
+
 .PHONY: binaries
 binaries: ## Build (once) kube-apiserver, kube-controller-manager, kubectl, etcd, kubelet, kube-scheduler, kube-proxy
 	@tests/cluster/build-binaries.sh
