@@ -80,6 +80,10 @@ bench-groups: ## Many controllers on one tier: K = 1, 5, 10 controllers at 10 00
 bench-owners: ## Controllers with children: Records owning 5 ConfigMaps each, at 1 000 and 10 000 owners, the tier (children from the requests, or listed) against kube-rs owns and controller-runtime Owns, writes to owners and to children (~25 min), into its page in bench/results/: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS; NAMESPACES=N spreads the owners over N namespaces (section owners-namespaces), with RING_KEY=namespace for server-side sharding
 	@CHILDREN=$${CHILDREN:-5} bench/run.sh
 
+.PHONY: bench-index
+bench-index: ## Controllers that find their children through an index: Records owning 5 ConfigMaps at 1 000 owners, each reconcile listing its children, controller-runtime's field index and kube-rs's store against the Go SDK's index (dispatch.NewCache) and the Rust SDK's reads::children (~10 min), into its page in bench/results/: CHILDREN, OBJECTS, REPEATS, WRITES, VARIANTS
+	@INDEX=1 bench/run.sh
+
 .PHONY: bench-scale
 bench-scale: ## A million objects: 100 000 and 1 000 000 ConfigMaps of 300 bytes, one controller on the tier against kube-rs (listing by streaming) and controller-runtime, with every process's memory (~60 min, 24 GiB machine), into its page in bench/results/: OBJECTS, OBJECT_BYTES, REPEATS, WRITES, VARIANTS
 	@SCALE=1 bench/run.sh

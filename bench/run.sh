@@ -30,6 +30,11 @@
 #                          written to the owners section (bench/results/) (with NAMESPACES,
 #                          the owners-namespaces section: owners spread over namespaces,
 #                          their children labelled as they are)
+#   INDEX=1                children found through an index (`make bench-index`): CHILDREN=5
+#                          and OBJECTS=1000 unless given, REPEATS=2, VARIANTS=kube-rs,
+#                          dispatch-index-1,controller-runtime-index,go-dispatch-index-1 (each
+#                          reconcile lists its children: from its cache, or on the tier by one
+#                          LIST of the namespace), written to the owners-index section
 #   GO_SDK=1               the Go SDK (`make bench-go`): defaults then OBJECTS=10000,100000,
 #                          KINDS=config-map, REPEATS=2,
 #                          VARIANTS=controller-runtime,go-dispatch-1,dispatch-1, written to the
@@ -63,6 +68,11 @@ fi
 if [[ -n ${CHILDREN:-} ]]; then
   command="make bench-owners"
   vars="CHILDREN NAMESPACES RING_KEY OBJECTS REPEATS WRITES VARIANTS"
+fi
+if [[ -n ${INDEX:-} ]]; then
+  command="make bench-index"
+  vars="CHILDREN OBJECTS REPEATS WRITES VARIANTS"
+  : "${CHILDREN:=5}"
 fi
 if [[ -n ${GO_SDK:-} ]]; then
   command="make bench-go"
@@ -101,12 +111,17 @@ if [[ -n ${SCALE:-} ]]; then
   : "${OBJECTS:=100000,1000000}" "${KINDS:=config-map}" "${OBJECT_BYTES:=300}" "${REPEATS:=1}"
   : "${VARIANTS:=kube-rs-streaming,controller-runtime,dispatch-1}"
 fi
+if [[ -n ${INDEX:-} ]]; then
+  : "${OBJECTS:=1000}" "${REPEATS:=2}"
+  : "${VARIANTS:=kube-rs,dispatch-index-1,controller-runtime-index,go-dispatch-index-1}"
+fi
 if [[ -n ${CHILDREN:-} ]]; then
   section=owners
   if [[ ${NAMESPACES:-1} != 1 ]]; then section=owners-namespaces; fi
   : "${OBJECTS:=1000,10000}" "${KINDS:=record}" "${REPEATS:=2}"
   : "${VARIANTS:=kube-rs,controller-runtime,dispatch-1,dispatch-list-1}"
 fi
+if [[ -n ${INDEX:-} ]]; then section=owners-index; fi
 
 say "building the binaries as shipped (cargo --profile dist: fat link-time optimisation; the first build links for several minutes)"
 cargo build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins

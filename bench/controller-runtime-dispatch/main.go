@@ -12,7 +12,10 @@
 // With --children C (records only), each Record also owns C ConfigMaps holding the hash of its
 // data, as bench-controller's --children does: Owns(ConfigMap), each child read from the
 // cache, applied when it differs. With --selector, the cache selects the children by it too
-// (DefaultLabelSelector), so they carry their owner's label.
+// (DefaultLabelSelector), so they carry their owner's label. With --children-from index, a
+// reconcile finds its children as kubebuilder controllers do: one List through a field index on
+// their controller (IndexField, MatchingFields), which the cache serves, or on the tier the Go
+// SDK (dispatch.NewCache) by one LIST of the namespace from the API server's watch cache.
 //
 // Built by build.sh with the machine's Go at the versions in go.mod.
 package main
@@ -28,6 +31,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -84,6 +88,8 @@ type reconciler struct {
 	kind     string
 	metadata bool
 	children int
+	// byIndex lists the children through the ownerIndex field index, instead of reading each.
+	byIndex bool
 }
 
 func (r *reconciler) newObject() client.Object {
@@ -144,13 +150,41 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, r.ensureChildren(ctx, obj, hash)
 }
 
+// ownerIndex indexes ConfigMaps by the name of the Record that controls them.
+const ownerIndex = ".metadata.controller"
+
+// controllerName is the name of the Record that controls object, if one does.
+func controllerName(object client.Object) []string {
+	if owner := metav1.GetControllerOf(object); owner != nil && owner.Kind == "Record" {
+		return []string{owner.Name}
+	}
+	return nil
+}
+
 // ensureChildren makes each of the owner's children hold its hash, reading them from the cache
 // and applying (server-side) those that differ.
 func (r *reconciler) ensureChildren(ctx context.Context, owner client.Object, hash string) error {
+	listed := map[string]*corev1.ConfigMap{}
+	if r.byIndex {
+		var children corev1.ConfigMapList
+		if err := r.client.List(ctx, &children, client.InNamespace(owner.GetNamespace()), client.MatchingFields{ownerIndex: owner.GetName()}); err != nil {
+			return err
+		}
+		for i := range children.Items {
+			listed[children.Items[i].Name] = &children.Items[i]
+		}
+	}
 	for i := 0; i < r.children; i++ {
 		name := fmt.Sprintf("%s-c%d", owner.GetName(), i)
 		child := &corev1.ConfigMap{}
-		err := r.client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, child)
+		var err error
+		if found, ok := listed[name]; ok {
+			child = found
+		} else if r.byIndex {
+			err = apierrors.NewNotFound(corev1.Resource("configmaps"), name)
+		} else {
+			err = r.client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, child)
+		}
 		if err == nil && child.Data[childHashKey] == hash {
 			continue
 		}
@@ -179,10 +213,12 @@ func main() {
 	metadata := flag.Bool("metadata", false, "metadata-only cache; reconciles GET the object")
 	concurrency := flag.Int("concurrency", 16, "most reconciles running at once (MaxConcurrentReconciles)")
 	children := flag.Int("children", 0, "ConfigMaps each Record owns and keeps (--kind record, whole-object cache); 0 for none")
+	childrenFrom := flag.String("children-from", "get", "how a reconcile finds its children: get (each read by name) or index (one List through a field index on their controller)")
 	cacheSyncTimeout := flag.Duration("cache-sync-timeout", time.Hour, "how long the cache may take to list before the controller gives up (CacheSyncTimeout)")
 	flag.Parse()
-	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--children C] [--cache-sync-timeout D]"
-	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") || (*children > 0 && (*kind != "record" || *metadata)) {
+	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--children C [--children-from get|index]] [--cache-sync-timeout D]"
+	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") || (*children > 0 && (*kind != "record" || *metadata)) ||
+		(*childrenFrom != "get" && *childrenFrom != "index") || (*childrenFrom == "index" && *children == 0) {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
@@ -221,7 +257,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cannot create the manager:", err)
 		os.Exit(1)
 	}
-	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), kind: *kind, metadata: *metadata, children: *children}
+	r := &reconciler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), kind: *kind, metadata: *metadata, children: *children, byIndex: *childrenFrom == "index"}
+	if r.byIndex {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, ownerIndex, controllerName); err != nil {
+			fmt.Fprintln(os.Stderr, "cannot index the children:", err)
+			os.Exit(1)
+		}
+	}
 	var opts []builder.ForOption
 	if *metadata {
 		opts = append(opts, builder.OnlyMetadata)

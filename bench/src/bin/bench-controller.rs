@@ -29,7 +29,10 @@
 //!   start) read first by a GET the API server answers from its watch cache
 //!   (`resourceVersion=0`), read again consistently if that is older than the request;
 //! - `dispatch` with `--children-from list`: a LIST of the owner's children by label in every
-//!   reconcile, as a controller with no cache and no children in its requests must.
+//!   reconcile, as a controller with no cache and no children in its requests must;
+//! - `dispatch` with `--children-from index`: `reads::children`, the SDK's answer to what a
+//!   kube-rs controller read from its store (one LIST of the namespace from the watch cache,
+//!   at least as new as the request, none when the request shows no child).
 //!
 //! With `--selector`, the children are selected by it too (they carry their owner's label):
 //! the kube-rs watcher of children with that label selector, the SDK's `owns_labelled`.
@@ -108,6 +111,9 @@ enum ChildrenFrom {
     Request,
     /// A LIST of the owner's children by label in every reconcile.
     List,
+    /// `reads::children`: what a kube-rs controller reads from its store of children, one
+    /// LIST of the namespace from the watch cache, none when the request shows no child.
+    Index,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

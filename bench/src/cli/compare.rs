@@ -215,8 +215,8 @@ impl CompareArgs {
                 !self
                     .variants
                     .iter()
-                    .any(|v| matches!(v, Variant::DispatchList(_))),
-                "dispatch-list-N lists children: it needs --children"
+                    .any(|v| matches!(v, Variant::DispatchList(_)) || v.by_index()),
+                "dispatch-list-N and the index variants list children: they need --children"
             );
         }
         anyhow::ensure!(
@@ -226,7 +226,9 @@ impl CompareArgs {
         let wants_controller_runtime = self.variants.iter().any(|v| {
             matches!(
                 v,
-                Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata
+                Variant::ControllerRuntime
+                    | Variant::ControllerRuntimeMetadata
+                    | Variant::ControllerRuntimeIndex
             )
         });
         match &self.controller_runtime {
@@ -243,7 +245,7 @@ impl CompareArgs {
         let wants_go_sdk = self
             .variants
             .iter()
-            .any(|v| matches!(v, Variant::GoDispatch(_)));
+            .any(|v| matches!(v, Variant::GoDispatch(_) | Variant::GoDispatchIndex(_)));
         match &self.controller_runtime_dispatch {
             Some(path) => anyhow::ensure!(
                 path.is_file(),

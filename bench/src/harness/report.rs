@@ -397,6 +397,16 @@ impl Scenario {
         {
             ratios.push((Variant::ControllerRuntime, Variant::GoDispatch(1)));
         }
+        // The same controller finding its children through an index: on its cache, and on the
+        // tier (Go), and kube-rs's store against the Rust SDK's reads.
+        if variants.contains(&Variant::GoDispatchIndex(1))
+            && variants.contains(&Variant::ControllerRuntimeIndex)
+        {
+            ratios.push((Variant::ControllerRuntimeIndex, Variant::GoDispatchIndex(1)));
+        }
+        if variants.contains(&Variant::DispatchIndex(1)) && variants.contains(&Variant::KubeRs) {
+            ratios.push((Variant::KubeRs, Variant::DispatchIndex(1)));
+        }
         let runs = variants.first().map_or(0, |v| self.runs_of(*v).len());
         let mut out = format!(
             "#### {}, {} objects{}{}{}{} ({}; latency percentiles over all runs' writes)\n\n| figure |",

@@ -12,7 +12,7 @@ use kube::{
 use kube_dispatch_bench::{
     CHILD_LABEL, Content, Record, child_is_current, child_name, content_hash, desired_child,
 };
-use kube_dispatch_controller::children::Checked;
+use kube_dispatch_controller::{children::Checked, reads};
 
 use super::{
     ChildrenFrom, Error, MANAGER, api_of, drain, ensure_hash, error_policy_dispatch,
@@ -205,6 +205,15 @@ pub(super) async fn run_dispatch_owners(
                     tracing::debug!(error = %e, "children's versions not kept");
                 }
                 result?;
+            }
+            ChildrenFrom::Index => {
+                // As a kube-rs controller reads its children from its store.
+                let listed = reads::children(&configmaps, record.as_ref()).await?;
+                let find = |name: String| {
+                    let found = listed.iter().find(|c| c.name_any() == name).cloned();
+                    async move { Ok(Found::Read(found.map(Box::new))) }
+                };
+                ensure_children(&record, children, &configmaps, find, |_| {}).await?;
             }
             ChildrenFrom::List => {
                 let listed = configmaps

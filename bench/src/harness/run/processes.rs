@@ -88,7 +88,9 @@ impl Setup<'_> {
             ]),
         }
         let (program, count) = match variant {
-            Variant::ControllerRuntime | Variant::ControllerRuntimeMetadata => {
+            Variant::ControllerRuntime
+            | Variant::ControllerRuntimeMetadata
+            | Variant::ControllerRuntimeIndex => {
                 if variant == Variant::ControllerRuntimeMetadata {
                     args.push("--metadata".to_owned());
                 }
@@ -97,7 +99,7 @@ impl Setup<'_> {
                 )?;
                 (program, 1)
             }
-            Variant::GoDispatch(n) => {
+            Variant::GoDispatch(n) | Variant::GoDispatchIndex(n) => {
                 let program = self.binaries.controller_runtime_dispatch.as_ref().context(
                     "the go-dispatch variants need --controller-runtime-dispatch (bench/controller-runtime/build.sh dispatch builds it)",
                 )?;
@@ -108,19 +110,22 @@ impl Setup<'_> {
             | Variant::KubeRsMetadata
             | Variant::Dispatch(_)
             | Variant::DispatchList(_)
-            | Variant::DispatchListing(..) => {
+            | Variant::DispatchListing(..)
+            | Variant::DispatchIndex(_) => {
                 let (runtime, count) = match variant {
                     Variant::KubeRsMetadata => ("kube-rs-metadata", 1),
                     Variant::KubeRsStreaming => ("kube-rs-streaming", 1),
                     Variant::Dispatch(n)
                     | Variant::DispatchList(n)
-                    | Variant::DispatchListing(_, n) => ("dispatch", n),
+                    | Variant::DispatchListing(_, n)
+                    | Variant::DispatchIndex(n) => ("dispatch", n),
                     _ => ("kube-rs", 1),
                 };
                 args.extend(["--runtime".to_owned(), runtime.to_owned()]);
                 if self.children > 0 {
                     let from = match variant {
                         Variant::DispatchList(_) => "list",
+                        Variant::DispatchIndex(_) => "index",
                         _ => "request",
                     };
                     args.extend(["--children-from".to_owned(), from.to_owned()]);
@@ -130,6 +135,9 @@ impl Setup<'_> {
         };
         if self.children > 0 {
             args.extend(["--children".to_owned(), self.children.to_string()]);
+            if variant.by_index() && !matches!(variant, Variant::DispatchIndex(_)) {
+                args.extend(["--children-from".to_owned(), "index".to_owned()]);
+            }
         }
         Ok((program, count, args))
     }

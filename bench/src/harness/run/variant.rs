@@ -29,6 +29,15 @@ pub(crate) enum Variant {
     /// The controller-runtime controller ported to the Go SDK
     /// (`bench/controller-runtime-dispatch`), with this many replicas, on the tier.
     GoDispatch(usize),
+    /// As [`Variant::Dispatch`], each reconcile finding its children as a kube-rs controller
+    /// reads them from its store, with `reads::children` (`--children-from index`).
+    DispatchIndex(usize),
+    /// controller-runtime, each reconcile listing its children through a field index of its
+    /// cache (`--children-from index`).
+    ControllerRuntimeIndex,
+    /// [`Variant::GoDispatch`], the children listed through the same field index, which the
+    /// Go SDK serves without a cache (`dispatch.NewCache`).
+    GoDispatchIndex(usize),
 }
 
 /// How the dispatchers of a [`Variant::DispatchListing`] list (`--list-mode` of
@@ -60,6 +69,16 @@ impl Variant {
                 | Variant::DispatchList(_)
                 | Variant::GoDispatch(_)
                 | Variant::DispatchListing(..)
+                | Variant::DispatchIndex(_)
+                | Variant::GoDispatchIndex(_)
+        )
+    }
+
+    /// Whether its reconciles list their children through an index (`--children-from index`).
+    pub(crate) fn by_index(self) -> bool {
+        matches!(
+            self,
+            Variant::DispatchIndex(_) | Variant::ControllerRuntimeIndex | Variant::GoDispatchIndex(_)
         )
     }
 
@@ -90,6 +109,9 @@ impl fmt::Display for Variant {
             Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
             Variant::GoDispatch(n) => write!(f, "go-dispatch-{n}"),
             Variant::DispatchListing(mode, n) => write!(f, "dispatch-{}-{n}", mode.flag()),
+            Variant::DispatchIndex(n) => write!(f, "dispatch-index-{n}"),
+            Variant::ControllerRuntimeIndex => f.write_str("controller-runtime-index"),
+            Variant::GoDispatchIndex(n) => write!(f, "go-dispatch-index-{n}"),
         }
     }
 }
@@ -104,9 +126,14 @@ impl std::str::FromStr for Variant {
             "kube-rs-metadata" => Ok(Variant::KubeRsMetadata),
             "controller-runtime" => Ok(Variant::ControllerRuntime),
             "controller-runtime-metadata" => Ok(Variant::ControllerRuntimeMetadata),
+            "controller-runtime-index" => Ok(Variant::ControllerRuntimeIndex),
             _ => {
                 let replicas = |n: &str| n.parse().ok().filter(|n| (1..=64).contains(n));
-                if let Some(n) = s.strip_prefix("go-dispatch-") {
+                if let Some(n) = s.strip_prefix("go-dispatch-index-") {
+                    replicas(n).map(Variant::GoDispatchIndex)
+                } else if let Some(n) = s.strip_prefix("dispatch-index-") {
+                    replicas(n).map(Variant::DispatchIndex)
+                } else if let Some(n) = s.strip_prefix("go-dispatch-") {
                     replicas(n).map(Variant::GoDispatch)
                 } else if let Some(n) = s.strip_prefix("dispatch-list-") {
                     replicas(n).map(Variant::DispatchList)
@@ -119,7 +146,7 @@ impl std::str::FromStr for Variant {
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-list-<replicas 1..=64> or go-dispatch-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, controller-runtime-index, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-list-<replicas 1..=64>, dispatch-index-<replicas 1..=64>, go-dispatch-<replicas 1..=64> or go-dispatch-index-<replicas 1..=64>"
                     )
                 })
             }

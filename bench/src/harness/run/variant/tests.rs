@@ -10,6 +10,9 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
         "dispatch-stream-4",
         "dispatch-list-2",
         "go-dispatch-1",
+        "dispatch-index-1",
+        "controller-runtime-index",
+        "go-dispatch-index-3",
     ] {
         let variant: Variant = name.parse().unwrap();
         assert_eq!(variant.to_string(), name);
@@ -24,6 +27,10 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
             .unwrap()
             .is_sdk_alone()
     );
+    let index: Variant = "go-dispatch-index-1".parse().unwrap();
+    assert!(index.on_tier() && index.by_index() && !index.is_sdk_alone());
+    assert!("controller-runtime-index".parse::<Variant>().unwrap().by_index());
+    assert!(!"controller-runtime".parse::<Variant>().unwrap().by_index());
     assert!("dispatch-paged-0".parse::<Variant>().is_err());
     assert!("dispatch-chunked-1".parse::<Variant>().is_err());
 }
