@@ -17,7 +17,7 @@
 //! | `from_kube` | [`Controller::for_api`] and [`Controller::owns_api`]: kube-runtime's `Controller::new` and `owns`, with their arguments |
 //! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
 //! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given: merge patches, server-side applies as a field manager, replaces |
-//! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), each one LIST of a namespace from the watch cache |
+//! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), from the watch cache: the children the request lists by name, else one LIST of a namespace |
 //! | [`finalizer`] | kube-runtime's `finalizer()` with the SDK's [`Action`]: a kube-rs controller with finalizers ports by its imports |
 //! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
 //! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |

@@ -2,9 +2,10 @@
 //!
 //! A kube-rs controller finds the children of the object it reconciles, or the objects that
 //! name it, in a `Store` it keeps with a reflector: `store.state()` filtered by owner, or
-//! `store.find(..)`. On the tier there is no store; these answer the same questions with one
-//! LIST of a namespace from the API server's watch cache (no quorum read of etcd), at least as
-//! new as the change the reconcile was delivered and the children its request listed
+//! `store.find(..)`. On the tier there is no store; these answer the same questions from the
+//! API server's watch cache (no quorum read of etcd): the children its request lists, each
+//! read by name at least as new as the request shows it, or one LIST of a namespace at least
+//! as new as the change the reconcile was delivered and the children its request listed
 //! (`resourceVersionMatch=NotOlderThan`), so a reconcile sees the children an earlier one
 //! created. Typed, whole objects, as the store held them.
 //!
@@ -24,52 +25,80 @@
 //! # }
 //! ```
 //!
-//! Each call is one request (counted as a `list` in `kube_dispatch_api_requests_total` when
-//! the `Api` comes from [`Controller::client`](crate::Controller::client)), except
-//! [`children()`] of a kind the request lists completely and without one of that kind: no
-//! request. An `Api::all` of a namespaced kind is refused: across every namespace a call would
-//! read the whole kind.
+//! [`find`] is one LIST (counted as a `list` in `kube_dispatch_api_requests_total` when the
+//! `Api` comes from [`Controller::client`](crate::Controller::client)). [`children()`] of a
+//! kind the request lists completely reads each child by name (a `get` each, none without a
+//! child), and otherwise one LIST: a LIST of a namespace costs the API server in proportion to
+//! the namespace, a GET in proportion to the object. An `Api::all` of a namespaced kind is
+//! refused: across every namespace a LIST would read the whole kind.
 
 use std::{any::TypeId, fmt::Debug};
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ListParams, VersionMatch},
+    api::{GetParams, ListParams, VersionMatch},
 };
 use serde::de::DeserializeOwned;
 
 use crate::children::{self, Children};
 
 /// The objects of kind `K` that `owner` controls (their controller owner reference names its
-/// uid), whole, from `api`'s namespace. When the request lists the owner's children
-/// completely (the controller `owns` kind `K`) and none is of kind `K`, no request is made.
+/// uid), whole, from `api`'s namespace.
+///
+/// When the request lists the owner's children completely (the controller `owns` kind `K`),
+/// each child of kind `K` is read by name from the API server's watch cache, at least as new
+/// as the version the request shows (requests of a few hundred bytes each, none when it has no
+/// child of the kind); a child deleted since is left out. Otherwise, one LIST of the namespace
+/// from the watch cache, kept to the owner's children: a read that grows with the namespace.
 pub async fn children<K, O>(api: &Api<K>, owner: &O) -> Result<Vec<K>, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     K::Scope: 'static,
     O: Resource,
 {
-    let known = children::of_this_reconcile();
-    if let Some(known) = &known
-        && known.is_complete()
-        && known.of::<K>().next().is_none()
-    {
-        return Ok(Vec::new());
-    }
     let Some(uid) = owner.meta().uid.clone() else {
         return Ok(Vec::new());
     };
+    let known = children::of_this_reconcile();
+    let controlled_by_owner = |k: &K| {
+        k.owner_references()
+            .iter()
+            .any(|r| r.controller == Some(true) && r.uid == uid)
+    };
+    if let Some(known) = known.as_deref().filter(|c| c.is_complete()) {
+        let reads = known
+            .of::<K>()
+            .map(|child| read_at(api, &child.name, &child.resource_version));
+        let read = futures::future::try_join_all(reads).await?;
+        return Ok(read
+            .into_iter()
+            .flatten()
+            .filter(controlled_by_owner)
+            .collect());
+    }
     let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
     let listed = list_not_older(api, &floor).await?;
-    Ok(listed
-        .into_iter()
-        .filter(|k| {
-            k.owner_references()
-                .iter()
-                .any(|r| r.controller == Some(true) && r.uid == uid)
-        })
-        .collect())
+    Ok(listed.into_iter().filter(controlled_by_owner).collect())
+}
+
+/// The object `name`, from the watch cache at least as new as `version` (or read consistently
+/// where the cache cannot serve that); `None` once it is gone.
+async fn read_at<K>(api: &Api<K>, name: &str, version: &str) -> Result<Option<K>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let read = match api.get_with(name, &GetParams::at(version)).await {
+        Err(kube::Error::Api(status)) if watch_cache_cannot_serve(status.code) => {
+            api.get(name).await
+        }
+        read => read,
+    };
+    match read {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The objects of `api`'s namespace that `keep` accepts, whole: what a reflector store's

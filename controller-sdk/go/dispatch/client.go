@@ -103,18 +103,20 @@ type deliveredClient struct {
 	// written is the newest resourceVersion a write of this client returned: a List by index
 	// is at least as new.
 	written atomic.Uint64
+	// ownWrites are the newest versions written by the reconciles of each key.
+	ownWrites ownWrites
 }
 
 func (c *deliveredClient) Create(ctx context.Context, object client.Object, options ...client.CreateOption) error {
-	return c.wrote(object, c.Client.Create(ctx, object, options...))
+	return c.wrote(ctx, object, c.Client.Create(ctx, object, options...))
 }
 
 func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
-	return c.wrote(object, countStale(ctx, object, c.Client.Update(ctx, object, options...)))
+	return c.wrote(ctx, object, countStale(ctx, object, c.Client.Update(ctx, object, options...)))
 }
 
 func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.PatchOption) error {
-	return c.wrote(object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...)))
+	return c.wrote(ctx, object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...)))
 }
 
 func (c *deliveredClient) Status() client.SubResourceWriter {

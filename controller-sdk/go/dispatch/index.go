@@ -32,9 +32,11 @@ import (
 //	// in a reconcile:
 //	err = r.List(ctx, &jobs, client.InNamespace(req.Namespace), client.MatchingFields{".metadata.controller": req.Name})
 //
-// The LIST is at least as new as the delivered change, the children the delivery lists and
-// this process's own last write (resourceVersionMatch=NotOlderThan), so a reconcile sees the
-// children it created. A List by index must name a namespace for a namespaced kind: across
+// An owner index (its function gives an object's controller's name) listed for the reconciled
+// object's own name is served by reading each child its request lists by name from the watch
+// cache instead. The LIST is at least as new as the delivered change, the children the
+// delivery lists and this process's own last write (resourceVersionMatch=NotOlderThan), so a
+// reconcile sees the children it created. A List by index must name a namespace for a namespaced kind: across
 // all of them nothing would bound what it reads, and it is refused. GetInformer and
 // GetInformerForKind are refused: the dispatchers watch, and the controller subscribes
 // through the builder (For, Owns, References).
@@ -203,9 +205,15 @@ func (c *deliveredClient) List(ctx context.Context, list client.ObjectList, opti
 		}
 		return err
 	}
-	namespaced, err := c.IsObjectNamespaced(list)
-	if err == nil && namespaced && opts.Namespace == "" {
+	namespaced, err := apiutil.IsGVKNamespaced(kind, c.RESTMapper())
+	if err != nil {
+		return fmt.Errorf("kube-dispatch: a List of %s by index %q: %w", kind.Kind, want[0].field, err)
+	}
+	if namespaced && opts.Namespace == "" {
 		return fmt.Errorf("kube-dispatch: a List of %s by index %q needs client.InNamespace: across every namespace it would read every %s of the cluster", kind.Kind, want[0].field, kind.Kind)
+	}
+	if done, err := c.childrenByName(ctx, list, kind, opts, rest, want); done {
+		return err
 	}
 	return c.listByIndex(ctx, list, opts, rest, want)
 }
@@ -262,8 +270,9 @@ func (c *deliveredClient) seen(ctx context.Context) string {
 	return fmt.Sprint(newest)
 }
 
-// wrote records the version a write returned, for later lists to be at least as new.
-func (c *deliveredClient) wrote(object client.Object, err error) error {
+// wrote records the version a write returned, for later lists to be at least as new, and,
+// within a reconcile, as the newest write for its key (ownWrites).
+func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err error) error {
 	if err != nil {
 		return err
 	}
@@ -273,6 +282,9 @@ func (c *deliveredClient) wrote(object client.Object, err error) error {
 			if v <= current || c.written.CompareAndSwap(current, v) {
 				break
 			}
+		}
+		if d := deliveryFrom(ctx); d != nil {
+			c.ownWrites.note(d.Request.GetKey(), v)
 		}
 	}
 	return nil

@@ -142,6 +142,26 @@ pub(super) async fn run_kube_rs_owners(
     drain(results).await;
 }
 
+/// The owner's children, listed: by label (`List`, a LIST the API server answers from etcd),
+/// or as a kube-rs controller reads them from its store (`Index`, `reads::children`).
+async fn listed_children(
+    configmaps: &Api<ConfigMap>,
+    record: &Record,
+    from: ChildrenFrom,
+) -> Result<Vec<ConfigMap>, Error> {
+    Ok(match from {
+        ChildrenFrom::Index => reads::children(configmaps, record).await?,
+        _ => {
+            configmaps
+                .list(
+                    &ListParams::default().labels(&format!("{CHILD_LABEL}={}", record.name_any())),
+                )
+                .await?
+                .items
+        }
+    })
+}
+
 /// The SDK: Records, each owning `children` ConfigMaps, read as `from` says.
 pub(super) async fn run_dispatch_owners(
     client: Client,
@@ -206,23 +226,8 @@ pub(super) async fn run_dispatch_owners(
                 }
                 result?;
             }
-            ChildrenFrom::Index => {
-                // As a kube-rs controller reads its children from its store.
-                let listed = reads::children(&configmaps, record.as_ref()).await?;
-                let find = |name: String| {
-                    let found = listed.iter().find(|c| c.name_any() == name).cloned();
-                    async move { Ok(Found::Read(found.map(Box::new))) }
-                };
-                ensure_children(&record, children, &configmaps, find, |_| {}).await?;
-            }
-            ChildrenFrom::List => {
-                let listed = configmaps
-                    .list(
-                        &ListParams::default()
-                            .labels(&format!("{CHILD_LABEL}={}", record.name_any())),
-                    )
-                    .await?
-                    .items;
+            ChildrenFrom::List | ChildrenFrom::Index => {
+                let listed = listed_children(&configmaps, &record, from).await?;
                 let find = |name: String| {
                     let found = listed.iter().find(|c| c.name_any() == name).cloned();
                     async move { Ok(Found::Read(found.map(Box::new))) }

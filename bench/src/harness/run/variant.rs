@@ -78,7 +78,9 @@ impl Variant {
     pub(crate) fn by_index(self) -> bool {
         matches!(
             self,
-            Variant::DispatchIndex(_) | Variant::ControllerRuntimeIndex | Variant::GoDispatchIndex(_)
+            Variant::DispatchIndex(_)
+                | Variant::ControllerRuntimeIndex
+                | Variant::GoDispatchIndex(_)
         )
     }
 

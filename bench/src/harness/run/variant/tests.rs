@@ -29,7 +29,12 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
     );
     let index: Variant = "go-dispatch-index-1".parse().unwrap();
     assert!(index.on_tier() && index.by_index() && !index.is_sdk_alone());
-    assert!("controller-runtime-index".parse::<Variant>().unwrap().by_index());
+    assert!(
+        "controller-runtime-index"
+            .parse::<Variant>()
+            .unwrap()
+            .by_index()
+    );
     assert!(!"controller-runtime".parse::<Variant>().unwrap().by_index());
     assert!("dispatch-paged-0".parse::<Variant>().is_err());
     assert!("dispatch-chunked-1".parse::<Variant>().is_err());

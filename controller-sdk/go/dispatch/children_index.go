@@ -1,0 +1,152 @@
+package dispatch
+
+import (
+	"context"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/engine"
+	pb "github.com/kube-dispatch/kube-dispatch/controller-sdk/go/internal/wire/kubedispatch/v1"
+)
+
+// childrenByName serves a List by an owner index (one whose function gives an object's
+// controller's name) of the reconciled object's own children from the children its request
+// lists: each child of the kind is read by name from the API server's watch cache, at least
+// as new as the request shows it, instead of one LIST of the whole namespace. It does so only
+// when the request lists the children completely and is at least as new as this process's
+// own last write for the key (a child created by an earlier reconcile here and not yet seen
+// by the dispatcher would be missed); done is false when it did not serve the List.
+func (c *deliveredClient) childrenByName(ctx context.Context, list client.ObjectList, kind schema.GroupVersionKind,
+	opts *client.ListOptions, rest fields.Selector, want []wanted) (done bool, err error) {
+	d := deliveryFrom(ctx)
+	if d == nil || len(want) != 1 || (rest != nil && !rest.Empty()) || (opts.LabelSelector != nil && !opts.LabelSelector.Empty()) ||
+		d.Request.GetChildrenState() != pb.ChildrenState_CHILDREN_STATE_COMPLETE ||
+		want[0].value != d.Name.Name || opts.Namespace != d.Name.Namespace {
+		return false, nil
+	}
+	newItem := c.itemOf(list, kind)
+	if newItem == nil || !ownerIndex(newItem(), d, want[0].extract) {
+		return false, nil
+	}
+	newest := uint64(0)
+	if v, ok := comparableVersion(d.Request.GetResourceVersion()); ok {
+		newest = v
+	}
+	var named []*pb.OwnedObject
+	for _, child := range d.Request.GetChildren() {
+		if v, ok := comparableVersion(child.GetResourceVersion()); ok {
+			newest = max(newest, v)
+		}
+		o := child.GetObject()
+		if o.GetGroup() == kind.Group && o.GetKind() == kind.Kind && o.GetNamespace() == opts.Namespace {
+			named = append(named, child)
+		}
+	}
+	if c.ownWrites.newest(d.Request.GetKey()) > newest {
+		return false, nil
+	}
+	items := make([]runtime.Object, 0, len(named))
+	for _, child := range named {
+		object := newItem()
+		key := client.ObjectKey{Namespace: opts.Namespace, Name: child.GetObject().GetName()}
+		err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: child.GetResourceVersion()}})
+		if err != nil && watchCacheCannotServe(err) {
+			err = c.Client.Get(ctx, key, object)
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return true, err
+		}
+		if matches(object, want) {
+			items = append(items, object)
+		}
+	}
+	return true, meta.SetList(list, items)
+}
+
+// itemOf makes an empty item of list (of kind), nil when the scheme cannot.
+func (c *deliveredClient) itemOf(list client.ObjectList, kind schema.GroupVersionKind) func() client.Object {
+	if _, ok := list.(*unstructured.UnstructuredList); ok {
+		return func() client.Object {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(kind)
+			return u
+		}
+	}
+	if _, err := c.Scheme().New(kind); err != nil {
+		return nil
+	}
+	return func() client.Object {
+		object, _ := c.Scheme().New(kind)
+		typed, _ := object.(client.Object)
+		return typed
+	}
+}
+
+// ownerIndex says whether extract gives an object's controller's name: it is asked of probe,
+// an empty object controlled by the delivered one, and must answer exactly that name (an
+// index function that panics on it is not one).
+func ownerIndex(probe client.Object, d *engine.Delivery, extract client.IndexerFunc) (owner bool) {
+	defer func() {
+		if recover() != nil {
+			owner = false
+		}
+	}()
+	o := d.Request.GetObject()
+	apiVersion := o.GetVersion()
+	if o.GetGroup() != "" {
+		apiVersion = o.GetGroup() + "/" + o.GetVersion()
+	}
+	controller := true
+	probe.SetNamespace(o.GetNamespace())
+	probe.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: apiVersion, Kind: o.GetKind(), Name: o.GetName(), UID: types.UID(d.Request.GetUid()), Controller: &controller,
+	}})
+	values := extract(probe)
+	return len(values) == 1 && values[0] == o.GetName()
+}
+
+// ownWrites are the newest resourceVersions this process's reconciles wrote, by request key:
+// a request older than its key's last write here may not list the children that write made.
+//
+// Bound: ownWritesKept keys; the oldest noted is forgotten first.
+type ownWrites struct {
+	mu    sync.Mutex
+	by    map[string]uint64
+	order []string
+}
+
+const ownWritesKept = 4096
+
+func (w *ownWrites) note(key string, version uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.by == nil {
+		w.by = map[string]uint64{}
+	}
+	if _, known := w.by[key]; !known {
+		if len(w.order) >= ownWritesKept {
+			delete(w.by, w.order[0])
+			w.order = w.order[1:]
+		}
+		w.order = append(w.order, key)
+	}
+	w.by[key] = max(w.by[key], version)
+}
+
+func (w *ownWrites) newest(key string) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.by[key]
+}
