@@ -11,11 +11,14 @@ use super::support::*;
 
 const LABEL: &str = "example.kube-dispatch.dev/reads=yes";
 
+/// A reconcile's owner, the children it listed, and how many its request showed.
+type Listed = (String, Vec<String>, Option<usize>);
+
 struct Parents {
     client: kube::Client,
     /// What each reconcile of an owner listed, in order, and how many Secret children its
     /// request showed when it listed them completely: (owner, children listed, shown).
-    listed: Mutex<Vec<(String, Vec<String>, Option<usize>)>>,
+    listed: Mutex<Vec<Listed>>,
     /// A child created twice: the list had missed it.
     missed: Mutex<Vec<String>>,
 }
