@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,21 +55,34 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	if c.ownWrites.newest(d.Request.GetKey()) > newest {
 		return false, nil
 	}
-	items := make([]runtime.Object, 0, len(named))
-	for _, child := range named {
-		object := newItem()
-		key := client.ObjectKey{Namespace: opts.Namespace, Name: child.GetObject().GetName()}
-		err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: child.GetResourceVersion()}})
-		if err != nil && watchCacheCannotServe(err) {
-			err = c.Client.Get(ctx, key, object)
-		}
-		switch {
-		case apierrors.IsNotFound(err):
-			continue
-		case err != nil:
-			return true, err
-		}
-		if matches(object, want) {
+	// Read at once (the request lists a bounded number of children), kept in their order.
+	read := make([]client.Object, len(named))
+	errs := make([]error, len(named))
+	var wg sync.WaitGroup
+	for i, child := range named {
+		wg.Go(func() {
+			object := newItem()
+			key := client.ObjectKey{Namespace: opts.Namespace, Name: child.GetObject().GetName()}
+			err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: child.GetResourceVersion()}})
+			if err != nil && watchCacheCannotServe(err) {
+				err = c.Client.Get(ctx, key, object)
+			}
+			switch {
+			case apierrors.IsNotFound(err):
+			case err != nil:
+				errs[i] = err
+			case matches(object, want):
+				read[i] = object
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return true, err
+	}
+	items := make([]runtime.Object, 0, len(read))
+	for _, object := range read {
+		if object != nil {
 			items = append(items, object)
 		}
 	}
