@@ -30,9 +30,13 @@ prebuild() {
   go vet ./...
   go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" -version >/dev/null
   (cd "$root/bench/controller-runtime-dispatch" && go vet ./...)
-  local out
+  # One binary per package with tests, each under a name of its own: packages of one name
+  # (the examples' incumbent and ported) would write the same file.
+  local out package
   out=$(mktemp -d)
-  go test -race -c -o "$out/" ./... >/dev/null
+  for package in $(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
+    go test -race -c -o "$out/${package//\//_}.test" "$package" >/dev/null
+  done
   rm -rf "$out"
 }
 case ${1:-} in

@@ -34,6 +34,7 @@
 
 use std::{any::TypeId, fmt::Debug};
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
 use kube::{
     Api, Resource, ResourceExt,
@@ -43,14 +44,22 @@ use serde::de::DeserializeOwned;
 
 use crate::children::{self, Children};
 
+/// The most children read by name for one call; past it, one LIST.
+const MAX_CHILD_READS: usize = 64;
+/// The most of those reads in flight at once.
+const CHILD_READS_AT_ONCE: usize = 8;
+
 /// The objects of kind `K` that `owner` controls (their controller owner reference names its
 /// uid), whole, from `api`'s namespace.
 ///
-/// When the request lists the owner's children completely (the controller `owns` kind `K`),
-/// each child of kind `K` is read by name from the API server's watch cache, at least as new
-/// as the version the request shows (requests of a few hundred bytes each, none when it has no
-/// child of the kind); a child deleted since is left out. Otherwise, one LIST of the namespace
-/// from the watch cache, kept to the owner's children: a read that grows with the namespace.
+/// When the request lists the owner's children completely (the controller `owns` kind `K`)
+/// and some of kind `K`, each is read by name from the API server's watch cache, at least as
+/// new as the version the request shows (a request of a few hundred bytes each, at most
+/// eight at once); a child deleted since is left out. Otherwise (none of the kind listed, more
+/// than 64, or the request does not list them all), one LIST of the namespace from the watch
+/// cache, kept to the owner's children: a read that grows with the namespace. A child this
+/// controller created that the request does not list yet is found by the LIST only: write
+/// children by server-side apply (idempotent), as kube-rs's guide does.
 pub async fn children<K, O>(api: &Api<K>, owner: &O) -> Result<Vec<K>, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
@@ -66,11 +75,19 @@ where
             .iter()
             .any(|r| r.controller == Some(true) && r.uid == uid)
     };
-    if let Some(known) = known.as_deref().filter(|c| c.is_complete()) {
-        let reads = known
-            .of::<K>()
-            .map(|child| read_at(api, &child.name, &child.resource_version));
-        let read = futures::future::try_join_all(reads).await?;
+    // Listed completely, and some of the kind: read by name. None of the kind listed (the kind
+    // may not be an owned one), or more than a LIST costs: one LIST.
+    let named: Vec<_> = known
+        .as_deref()
+        .filter(|c| c.is_complete())
+        .map(|c| c.of::<K>().cloned().collect())
+        .unwrap_or_default();
+    if !named.is_empty() && named.len() <= MAX_CHILD_READS {
+        let read: Vec<Option<K>> = futures::stream::iter(named)
+            .map(|child| async move { read_at(api, &child.name, &child.resource_version).await })
+            .buffered(CHILD_READS_AT_ONCE)
+            .try_collect()
+            .await?;
         return Ok(read
             .into_iter()
             .flatten()

@@ -3,11 +3,12 @@ package dispatch
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -78,11 +79,20 @@ func (b *Builder) watches(call string, object client.Object, opts []builder.Watc
 	return b.References(object, paths...)
 }
 
-// unreferenced refuses each Watches whose object no References names.
+// unreferenced refuses each Watches whose kind no References names.
 func (b *Builder) unreferenced() error {
+	scheme := b.mgr.GetScheme()
+	kindOf := func(object client.Object) schema.GroupKind {
+		gvk, err := apiutil.GVKForObject(object, scheme)
+		if err != nil {
+			return schema.GroupKind{}
+		}
+		return gvk.GroupKind()
+	}
 	var errs []error
 	for _, w := range b.watched {
-		if !slices.ContainsFunc(b.references, func(r reference) bool { return reflect.TypeOf(r.object) == reflect.TypeOf(w.object) }) {
+		kind := kindOf(w.object)
+		if kind.Empty() || !slices.ContainsFunc(b.references, func(r reference) bool { return kindOf(r.object) == kind }) {
 			errs = append(errs, watchesError(w.call, w.object))
 		}
 	}
@@ -96,10 +106,11 @@ func NamedAt(fieldPaths ...string) builder.WatchesOption {
 	return namedAt{fieldPaths: fieldPaths}
 }
 
-// namedAt is NamedAt's option. Only Builder.Watches reads it; the embedded interface, always
-// nil, gives it controller-runtime's option type.
+// namedAt is NamedAt's option. Only Builder.Watches reads it; the embedded empty predicates
+// give it controller-runtime's option type, doing nothing if controller-runtime's own builder
+// is given it.
 type namedAt struct {
-	builder.WatchesOption
+	builder.Predicates
 	fieldPaths []string
 }
 

@@ -38,29 +38,33 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	if newItem == nil || !ownerIndex(newItem(), d, want[0].extract) {
 		return false, nil
 	}
-	newest := uint64(0)
-	if v, ok := comparableVersion(d.Request.GetResourceVersion()); ok {
-		newest = v
-	}
 	var named []*pb.OwnedObject
+	newest := uint64(0)
 	for _, child := range d.Request.GetChildren() {
+		o := child.GetObject()
+		if o.GetGroup() != kind.Group || o.GetKind() != kind.Kind || o.GetNamespace() != opts.Namespace {
+			continue
+		}
+		named = append(named, child)
 		if v, ok := comparableVersion(child.GetResourceVersion()); ok {
 			newest = max(newest, v)
 		}
-		o := child.GetObject()
-		if o.GetGroup() == kind.Group && o.GetKind() == kind.Kind && o.GetNamespace() == opts.Namespace {
-			named = append(named, child)
-		}
 	}
-	if c.ownWrites.newest(d.Request.GetKey()) > newest {
+	// None listed: the kind may not be an Owns kind at all. Own writes of the kind newer than
+	// any child listed: the dispatcher may not have seen them yet. Many: one LIST is cheaper.
+	if len(named) == 0 || len(named) > maxChildReads || c.fresh.own.newest(ownKey(d.Request.GetKey(), kind.GroupKind())) > newest {
 		return false, nil
 	}
-	// Read at once (the request lists a bounded number of children), kept in their order.
+	// Read at once, at most childReadsAtOnce in flight, kept in their order; the index
+	// function runs here, after, as it would in the reconcile's own goroutine.
 	read := make([]client.Object, len(named))
 	errs := make([]error, len(named))
+	slots := make(chan struct{}, childReadsAtOnce)
 	var wg sync.WaitGroup
 	for i, child := range named {
+		slots <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-slots }()
 			object := newItem()
 			key := client.ObjectKey{Namespace: opts.Namespace, Name: child.GetObject().GetName()}
 			err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: child.GetResourceVersion()}})
@@ -71,7 +75,7 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 			case apierrors.IsNotFound(err):
 			case err != nil:
 				errs[i] = err
-			case matches(object, want):
+			default:
 				read[i] = object
 			}
 		})
@@ -82,15 +86,25 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	}
 	items := make([]runtime.Object, 0, len(read))
 	for _, object := range read {
-		if object != nil {
+		if object != nil && matches(object, want) {
 			items = append(items, object)
 		}
+	}
+	if opts.Limit > 0 && int64(len(items)) > opts.Limit {
+		items = items[:opts.Limit]
 	}
 	return true, meta.SetList(list, items)
 }
 
 // itemOf makes an empty item of list (of kind), nil when the scheme cannot.
 func (c *deliveredClient) itemOf(list client.ObjectList, kind schema.GroupVersionKind) func() client.Object {
+	if _, ok := list.(*metav1.PartialObjectMetadataList); ok {
+		return func() client.Object {
+			p := &metav1.PartialObjectMetadata{}
+			p.SetGroupVersionKind(kind)
+			return p
+		}
+	}
 	if _, ok := list.(*unstructured.UnstructuredList); ok {
 		return func() client.Object {
 			u := &unstructured.Unstructured{}
@@ -122,13 +136,20 @@ func ownerIndex(probe client.Object, d *engine.Delivery, extract client.IndexerF
 	if o.GetGroup() != "" {
 		apiVersion = o.GetGroup() + "/" + o.GetVersion()
 	}
-	controller := true
-	probe.SetNamespace(o.GetNamespace())
-	probe.SetOwnerReferences([]metav1.OwnerReference{{
-		APIVersion: apiVersion, Kind: o.GetKind(), Name: o.GetName(), UID: types.UID(d.Request.GetUid()), Controller: &controller,
-	}})
-	values := extract(probe)
-	return len(values) == 1 && values[0] == o.GetName()
+	ask := func(kind string, controller *bool) []string {
+		p := probe.DeepCopyObject().(client.Object)
+		p.SetNamespace(o.GetNamespace())
+		p.SetOwnerReferences([]metav1.OwnerReference{{
+			APIVersion: apiVersion, Kind: kind, Name: o.GetName(), UID: types.UID(d.Request.GetUid()), Controller: controller,
+		}})
+		return extract(p)
+	}
+	yes := true
+	// The name of the controller of the reconciled kind, and of nothing else: not of an owner
+	// that does not control, not of a controller of another kind.
+	values := ask(o.GetKind(), &yes)
+	return len(values) == 1 && values[0] == o.GetName() &&
+		len(ask(o.GetKind(), nil)) == 0 && len(ask(o.GetKind()+"Other", &yes)) == 0
 }
 
 // ownWrites are the newest resourceVersions this process's reconciles wrote, by request key:
@@ -139,6 +160,8 @@ type ownWrites struct {
 	mu    sync.Mutex
 	by    map[string]uint64
 	order []string
+	// forgotten is the newest version among the keys forgotten: a key not known may have been.
+	forgotten uint64
 }
 
 const ownWritesKept = 4096
@@ -151,6 +174,7 @@ func (w *ownWrites) note(key string, version uint64) {
 	}
 	if _, known := w.by[key]; !known {
 		if len(w.order) >= ownWritesKept {
+			w.forgotten = max(w.forgotten, w.by[w.order[0]])
 			delete(w.by, w.order[0])
 			w.order = w.order[1:]
 		}
@@ -162,5 +186,21 @@ func (w *ownWrites) note(key string, version uint64) {
 func (w *ownWrites) newest(key string) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.by[key]
+	if v, ok := w.by[key]; ok {
+		return v
+	}
+	return w.forgotten
 }
+
+// ownKey is where ownWrites keeps a reconcile's writes of one kind: a request's children of a
+// kind are at least as new as its writes of that kind only when their own versions say so.
+func ownKey(requestKey string, kind schema.GroupKind) string {
+	return requestKey + "\x00" + kind.String()
+}
+
+const (
+	// maxChildReads is the most children read by name for one List; past it, one LIST.
+	maxChildReads = 64
+	// childReadsAtOnce is the most of those reads in flight at once.
+	childReadsAtOnce = 8
+)

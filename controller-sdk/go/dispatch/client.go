@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
-	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -63,9 +62,10 @@ func newClient(config *rest.Config, options client.Options, recent int) (*delive
 	// The manager's cache, when it is NewCache's, holds the indexes its List serves; no read
 	// goes through a cache.
 	var declared *indexes
+	fresh := &freshness{}
 	if options.Cache != nil {
 		if c, ok := options.Cache.Reader.(*indexCache); ok {
-			declared = c.indexes
+			declared, fresh = c.indexes, c.reader.fresh
 		}
 	}
 	options.Cache = nil
@@ -82,7 +82,7 @@ func newClient(config *rest.Config, options client.Options, recent int) (*delive
 	if err != nil {
 		return nil, err
 	}
-	return &deliveredClient{Client: c, recent: newRecentObjects(recent), indexes: declared}, nil
+	return &deliveredClient{Client: c, recent: newRecentObjects(recent), indexes: declared, fresh: fresh}, nil
 }
 
 // hostPath is the path of the API server's URL (a proxy serves it under one), or "".
@@ -100,11 +100,9 @@ type deliveredClient struct {
 	recent *recentObjects
 	// indexes are those declared through NewCache's IndexField (nil without it).
 	indexes *indexes
-	// written is the newest resourceVersion a write of this client returned: a List by index
-	// is at least as new.
-	written atomic.Uint64
-	// ownWrites are the newest versions written by the reconciles of each key.
-	ownWrites ownWrites
+	// fresh is what this process wrote last, which Lists by index must be at least as new as;
+	// shared with NewCache's reader.
+	fresh *freshness
 }
 
 func (c *deliveredClient) Create(ctx context.Context, object client.Object, options ...client.CreateOption) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -205,6 +206,9 @@ func (c *deliveredClient) List(ctx context.Context, list client.ObjectList, opti
 		}
 		return err
 	}
+	if opts.Continue != "" || opts.Raw != nil {
+		return fmt.Errorf("kube-dispatch: a List of %s by index %q is whole: it takes no client.Continue and no raw ListOptions", kind.Kind, want[0].field)
+	}
 	namespaced, err := apiutil.IsGVKNamespaced(kind, c.RESTMapper())
 	if err != nil {
 		return fmt.Errorf("kube-dispatch: a List of %s by index %q: %w", kind.Kind, want[0].field, err)
@@ -256,7 +260,7 @@ func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectLis
 // delivered change's, its children's and this process's last write's, whichever is newest ("0",
 // any, outside a reconcile with none written).
 func (c *deliveredClient) seen(ctx context.Context) string {
-	newest := c.written.Load()
+	newest := c.fresh.written.Load()
 	if d := deliveryFrom(ctx); d != nil {
 		if v, ok := comparableVersion(d.Request.GetResourceVersion()); ok {
 			newest = max(newest, v)
@@ -270,21 +274,29 @@ func (c *deliveredClient) seen(ctx context.Context) string {
 	return fmt.Sprint(newest)
 }
 
+// freshness is what a process wrote last: the newest version any write returned, and the
+// newest each key's reconciles wrote of each kind.
+type freshness struct {
+	written atomic.Uint64
+	own     ownWrites
+}
+
 // wrote records the version a write returned, for later lists to be at least as new, and,
-// within a reconcile, as the newest write for its key (ownWrites).
+// within a reconcile, as the newest write of its kind for the key (ownWrites).
 func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err error) error {
 	if err != nil {
 		return err
 	}
 	if v, ok := comparableVersion(object.GetResourceVersion()); ok {
 		for {
-			current := c.written.Load()
-			if v <= current || c.written.CompareAndSwap(current, v) {
+			current := c.fresh.written.Load()
+			if v <= current || c.fresh.written.CompareAndSwap(current, v) {
 				break
 			}
 		}
-		if d := deliveryFrom(ctx); d != nil {
-			c.ownWrites.note(d.Request.GetKey(), v)
+		gvk, err := apiutil.GVKForObject(object, c.Scheme())
+		if d := deliveryFrom(ctx); d != nil && err == nil {
+			c.fresh.own.note(ownKey(d.Request.GetKey(), gvk.GroupKind()), v)
 		}
 	}
 	return nil

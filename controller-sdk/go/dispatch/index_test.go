@@ -116,7 +116,7 @@ func (p *parents) last(owner string) (names []string, lists int) {
 // A controller that finds its children through a field index (IndexField on NewCache, then
 // List with MatchingFields) lists exactly its own and sees those it created in its next
 // reconcile. The SDK reads each child its request lists by name from the watch cache (a GET of
-// each, none without a child), or, when the request does not list them all or is older than
+// each), or, when the request lists none or not all of them or is older than
 // the reconcile's own last write, one LIST of the namespace; never more. The index needs a
 // namespace, and a field neither indexed nor known to the API server is refused with what to
 // do.

@@ -17,6 +17,7 @@ package dispatchtest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -53,7 +54,8 @@ type Options struct {
 	BinaryAssetsDirectory string
 	// LogDirectory receives each process's log (a temporary directory when empty).
 	LogDirectory string
-	// Env is added to every process's environment (KD_ flags, see each binary's --help).
+	// Env is added to the environment every process starts with, which holds KUBECONFIG and
+	// the tier's own KD_ flags and nothing of this process's (see each binary's --help).
 	Env []string
 	// Ready bounds the wait for the tier to serve (60 s when 0).
 	Ready time.Duration
@@ -84,6 +86,8 @@ type Tier struct {
 	logs   string
 	// ownLogs says the log directory is the tier's own, removed by Stop.
 	ownLogs bool
+	// restore puts back the environment Start changed.
+	restore []func()
 }
 
 // Start writes a kubeconfig for config, runs the dispatchers and a load balancer against its
@@ -107,6 +111,14 @@ func Start(config *rest.Config, options Options) (*Tier, error) {
 		return nil, err
 	}
 	for name, value := range map[string]string{"KD_LOADBALANCER": tier.LoadBalancer.Listen, "KD_INSECURE": "1", "KD_ALLOW_ANONYMOUS": "1"} {
+		previous, had := os.LookupEnv(name)
+		tier.restore = append(tier.restore, func() {
+			if had {
+				_ = os.Setenv(name, previous)
+			} else {
+				_ = os.Unsetenv(name)
+			}
+		})
 		if err := os.Setenv(name, value); err != nil {
 			tier.Stop()
 			return nil, err
@@ -224,8 +236,13 @@ func (tier *Tier) DispatchOptions(group string) dispatch.Options {
 	return dispatch.Options{Group: group, LoadBalancer: tier.LoadBalancer.Listen, Credentials: &dispatch.Credentials{}}
 }
 
-// writeKubeconfig writes config as a kubeconfig in the log directory.
+// writeKubeconfig writes config as a kubeconfig in the log directory. A config that
+// authenticates by an exec plugin or an auth provider, or impersonates, is refused: the
+// processes could not do as it says.
 func (tier *Tier) writeKubeconfig(config *rest.Config) (string, error) {
+	if config.ExecProvider != nil || config.AuthProvider != nil || config.Impersonate.UserName != "" {
+		return "", errors.New("dispatchtest: the rest.Config authenticates by an exec plugin or an auth provider, or impersonates: give the tier one with a client certificate or a token, as envtest's is")
+	}
 	kubeconfig := clientcmdapi.NewConfig()
 	kubeconfig.Clusters["tier"] = &clientcmdapi.Cluster{
 		Server:                   config.Host,
@@ -296,8 +313,9 @@ func (tier *Tier) Kill(p *Process) {
 // Restart starts p again at the same addresses.
 func (tier *Tier) Restart(p *Process) error { return tier.run(p) }
 
-// Stop stops every process gracefully (SIGTERM), killing those still running after 10 s, and
-// removes the logs unless Options.LogDirectory named where they go.
+// Stop stops every process gracefully (SIGTERM), killing those still running after 10 s,
+// removes the logs unless Options.LogDirectory named where they go, and puts back the
+// environment Start changed.
 func (tier *Tier) Stop() {
 	all := tier.all()
 	for _, p := range all {
@@ -305,7 +323,7 @@ func (tier *Tier) Stop() {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
-	deadline := time.After(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for _, p := range all {
 		if p.cmd == nil {
 			continue
@@ -313,13 +331,17 @@ func (tier *Tier) Stop() {
 		select {
 		case <-p.exited:
 			p.cmd = nil
-		case <-deadline:
+		case <-time.After(time.Until(deadline)):
 		}
 		tier.Kill(p)
 	}
 	if tier.ownLogs {
 		_ = os.RemoveAll(tier.logs)
 	}
+	for _, restore := range tier.restore {
+		restore()
+	}
+	tier.restore = nil
 }
 
 func (tier *Tier) all() []*Process {
