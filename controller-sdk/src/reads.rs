@@ -99,21 +99,26 @@ where
     Ok(listed.into_iter().filter(controlled_by_owner).collect())
 }
 
-/// The object `name`, from the watch cache at least as new as `version` (or read consistently
-/// where the cache cannot serve that); `None` once it is gone.
-async fn read_at<K>(api: &Api<K>, name: &str, version: &str) -> Result<Option<K>, kube::Error>
+/// The object `name`, at least as new as `version`, from the API server's watch cache: no read
+/// of etcd, where a read without a version is a quorum read. A cache that has not caught up
+/// within its wait (`504`, too large a resource version), a cache not ready yet (`503`), or a
+/// version it cannot take (`400`, `410`, `500`), is read consistently instead. `None` if it does
+/// not exist; without a version, a consistent read.
+pub(crate) async fn read_at<K>(
+    api: &Api<K>,
+    name: &str,
+    version: &str,
+) -> Result<Option<K>, kube::Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let read = match api.get_with(name, &GetParams::at(version)).await {
-        Err(kube::Error::Api(status)) if watch_cache_cannot_serve(status.code) => {
-            api.get(name).await
-        }
-        read => read,
-    };
-    match read {
+    if version.is_empty() {
+        return api.get_opt(name).await;
+    }
+    match api.get_with(name, &GetParams::at(version)).await {
         Ok(object) => Ok(Some(object)),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Api(e)) if watch_cache_cannot_serve(e.code) => api.get_opt(name).await,
         Err(e) => Err(e),
     }
 }

@@ -67,10 +67,7 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 			defer func() { <-slots }()
 			object := newItem()
 			key := client.ObjectKey{Namespace: opts.Namespace, Name: child.GetObject().GetName()}
-			err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: child.GetResourceVersion()}})
-			if err != nil && watchCacheCannotServe(err) {
-				err = c.Client.Get(ctx, key, object)
-			}
+			err := c.getAt(ctx, key, object, child.GetResourceVersion())
 			switch {
 			case apierrors.IsNotFound(err):
 			case err != nil:

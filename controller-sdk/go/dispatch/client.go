@@ -192,12 +192,8 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 		return nil
 	}
 	d.Metrics.Loaded("read")
-	// No body: the API server's watch cache, at least as new as the change delivered; one
-	// that has not caught up (or cannot serve that version) is read consistently instead.
-	err = c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: d.Request.GetResourceVersion()}})
-	if err != nil && watchCacheCannotServe(err) {
-		err = c.Client.Get(ctx, key, object)
-	}
+	// No body: the API server's watch cache, at least as new as the change delivered.
+	err = c.getAt(ctx, key, object, d.Request.GetResourceVersion())
 	switch {
 	case apierrors.IsNotFound(err):
 		c.recent.forget(requestKey)
@@ -221,6 +217,16 @@ func decodeInto(body []byte, object client.Object) error {
 		value.Elem().SetZero()
 	}
 	return json.Unmarshal(body, object)
+}
+
+// getAt reads key into object from the API server's watch cache, at least as new as version;
+// a cache that has not caught up (or cannot serve that version) is read consistently instead.
+func (c *deliveredClient) getAt(ctx context.Context, key client.ObjectKey, object client.Object, version string) error {
+	err := c.Client.Get(ctx, key, object, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: version}})
+	if err != nil && watchCacheCannotServe(err) {
+		err = c.Client.Get(ctx, key, object)
+	}
+	return err
 }
 
 // watchCacheCannotServe says a read at a resourceVersion should be made consistently instead:

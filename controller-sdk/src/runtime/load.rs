@@ -3,14 +3,14 @@
 
 use kube::{
     Api, Resource,
-    api::{ApiResource, DynamicObject, GetParams},
+    api::{ApiResource, DynamicObject},
 };
 use std::sync::Arc;
 
 use kube_dispatch_proto::v1::ReconcileRequest;
 
 use super::shared::{Shared, Types};
-use crate::{Error, metrics::Source};
+use crate::{Error, metrics::Source, reads::read_at as read};
 
 /// A deleted object as JSON from the request alone: type, name, namespace, uid,
 /// resourceVersion and a deletion timestamp.
@@ -126,31 +126,6 @@ pub(super) async fn load<T: Types>(
     })?;
     let object = decode(&json)?;
     Ok(Some(keep(object, json.len())))
-}
-
-/// The object `name`, at least as new as `version` (the change the dispatcher delivered), from
-/// the API server's watch cache: no read of etcd, where a read without a version is a quorum
-/// read. A cache that has not caught up within its wait (`504`, too large a resource version),
-/// a cache not ready yet (`503`), or a version it cannot take, is read consistently instead.
-/// `None` if it does not exist.
-async fn read(
-    api: &Api<DynamicObject>,
-    name: &str,
-    version: &str,
-) -> Result<Option<DynamicObject>, kube::Error> {
-    if version.is_empty() {
-        return api.get_opt(name).await;
-    }
-    match api.get_with(name, &GetParams::at(version)).await {
-        Ok(object) => Ok(Some(object)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        // 504: the cache did not reach the version in time; 503: the cache is not ready (API
-        // servers before 1.31); 400, 410 and 500: a version this server cannot take.
-        Err(kube::Error::Api(e)) if matches!(e.code, 400 | 410 | 500 | 503 | 504) => {
-            api.get_opt(name).await
-        }
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]
