@@ -69,6 +69,18 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
+# Incremental compilation keeps state that a run building each crate once or twice never reads
+# back: on a cold clone it is the largest part of target/debug (several GiB), on the disk CI and
+# fresh machines share. CARGO_INCREMENTAL=1 keeps it for a developer's repeated runs.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+
+# A cold clone's run writes about 16 GiB (target/, Go's module and build caches, the Kubernetes
+# binaries): say so before the first build rather than as a compiler's I/O error minutes later.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if ((free_kib < 16 * 1024 * 1024)); then
+  echo "run-tests: warning: $((free_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 { print $6 }'); a cold run needs about 16 GiB (README, \"A test command\")" >&2
+fi
+
 step "pinned versions"
 tests/cluster/check-versions.sh
 
