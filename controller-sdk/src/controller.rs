@@ -6,7 +6,7 @@ use futures::{Stream, StreamExt};
 use kube::{Client, Resource, runtime::reflector::ObjectRef};
 use kube_dispatch_proto::{
     credentials::Credentials,
-    v1::{PayloadMode, References, ResourceRef, Subscription},
+    v1::{ObjectPart, PayloadMode, References, ResourceRef, Subscription},
 };
 use serde::de::DeserializeOwned;
 
@@ -236,6 +236,27 @@ where
     #[must_use]
     pub fn payload(mut self, mode: PayloadMode) -> Self {
         self.primary.payload = mode as i32;
+        self
+    }
+
+    /// Delivers a change of the reconciled objects only when one of `parts` changed, as
+    /// kube-runtime's `predicate_filter(predicates::generation)` (or `predicates::labels`,
+    /// `predicates::annotations`) filters a watch, but in the dispatcher, for every replica:
+    /// with [`ObjectPart::Generation`] a status write is not delivered. Creations, deletions,
+    /// resyncs, retries, requeues and changes of owned and named objects always are (keys.md,
+    /// "Change filters"). A dispatcher older than 0.2.0 delivers every change.
+    ///
+    /// ```no_run
+    /// # use k8s_openapi::api::apps::v1::Deployment;
+    /// # use kube_dispatch_controller::{Controller, ObjectPart};
+    /// # fn f(client: kube::Client) {
+    /// let controller = Controller::<Deployment>::new(client, "deployments")
+    ///     .only_changes_of([ObjectPart::Generation, ObjectPart::Labels]);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn only_changes_of(mut self, parts: impl IntoIterator<Item = ObjectPart>) -> Self {
+        self.primary.only_changes_of = parts.into_iter().map(|p| p as i32).collect();
         self
     }
 

@@ -49,7 +49,7 @@ pub use action::Action;
 pub use controller::Controller;
 pub use error::Error;
 pub use health::Health;
-pub use kube_dispatch_proto::v1::PayloadMode;
+pub use kube_dispatch_proto::v1::{ObjectPart, PayloadMode};
 pub use targets::DEFAULT_LOAD_BALANCER;
 
 /// Traces across the hop. Each reconcile runs in a `reconcile` span; when the dispatcher

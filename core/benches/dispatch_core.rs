@@ -54,6 +54,7 @@ fn index_bytes_per_key(keys: usize) -> Option<f64> {
                 uid: uid(i),
                 body: None,
                 trace: None,
+                fingerprint: None,
             },
             1,
         );

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kube_dispatch_proto::v1::{self, PayloadMode};
+use kube_dispatch_proto::v1::{self, ObjectPart, PayloadMode};
 
 use crate::references::{FieldPath, MAX_FIELD_PATHS};
 
@@ -61,6 +61,52 @@ impl From<PayloadMode> for Payload {
     }
 }
 
+/// The parts of an object whose change a subscription's deliveries wait for
+/// (`Subscription.only_changes_of`): none means every change (keys.md, "Change filters").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Parts(u8);
+
+impl Parts {
+    /// Every change is delivered.
+    pub const ALL_CHANGES: Self = Self(0);
+    /// `metadata.generation`.
+    pub const GENERATION: Self = Self(1);
+    /// `metadata.labels`.
+    pub const LABELS: Self = Self(2);
+    /// `metadata.annotations`.
+    pub const ANNOTATIONS: Self = Self(4);
+
+    /// The parts `values` list (`Subscription.only_changes_of`), or the first value this
+    /// server does not know.
+    pub fn from_wire(values: &[i32]) -> Result<Self, i32> {
+        values.iter().try_fold(Self::ALL_CHANGES, |parts, &value| {
+            let part = match ObjectPart::try_from(value) {
+                Ok(ObjectPart::Generation) => Self::GENERATION,
+                Ok(ObjectPart::Labels) => Self::LABELS,
+                Ok(ObjectPart::Annotations) => Self::ANNOTATIONS,
+                Ok(ObjectPart::Unspecified) | Err(_) => return Err(value),
+            };
+            Ok(parts.with(part))
+        })
+    }
+
+    /// These parts and `other`.
+    #[must_use]
+    pub const fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    /// Whether `part` is among them.
+    pub const fn contains(self, part: Self) -> bool {
+        self.0 & part.0 == part.0 && part.0 != 0
+    }
+
+    /// Whether every change is delivered.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// The kind that owned objects map to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OwnerKind {
@@ -84,6 +130,9 @@ pub struct SubscriptionSpec {
     /// When set, objects are keyed by the objects that name them
     /// ([`crate::references`]).
     pub named_by: Option<NamedBy>,
+    /// The parts whose change is delivered; empty for every change. Only for a primary
+    /// subscription.
+    pub changes_of: Parts,
 }
 
 impl SubscriptionSpec {
@@ -225,6 +274,15 @@ pub enum InvalidRequest {
         /// The most accepted.
         max: usize,
     },
+    /// `only_changes_of` lists a part this server does not know, or is set with `owner` or
+    /// `referenced_by`.
+    #[error("subscription {index}: only_changes_of {reason}")]
+    ChangeFilter {
+        /// Position of the subscription in the request.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// An enum value this server does not know.
     #[error("subscription {index}: unknown payload mode {value}")]
     PayloadMode {
@@ -276,6 +334,7 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
         if let Some(refs) = &sub.referenced_by {
             named_by(index, sub, refs)?;
         }
+        changes_of(index, sub)?;
         if PayloadMode::try_from(sub.payload).is_err() {
             return Err(InvalidRequest::PayloadMode {
                 index,
@@ -304,6 +363,19 @@ pub fn validate_open(req: &v1::OpenSessionRequest) -> Result<(), InvalidRequest>
         check_len("field_selector", &sub.field_selector)?;
     }
     Ok(())
+}
+
+/// The parts subscription `index` filters its changes by, checked.
+pub fn changes_of(index: usize, sub: &v1::Subscription) -> Result<Parts, InvalidRequest> {
+    let refused = |reason: String| InvalidRequest::ChangeFilter { index, reason };
+    let parts = Parts::from_wire(&sub.only_changes_of)
+        .map_err(|value| refused(format!("lists {value}, which is not a known object part")))?;
+    if !parts.is_empty() && (sub.owner.is_some() || sub.referenced_by.is_some()) {
+        return Err(refused(
+            "cannot be set with owner or referenced_by: an owner or a naming object is told of every change of the objects it follows".into(),
+        ));
+    }
+    Ok(parts)
 }
 
 /// The naming kind and paths of subscription `index`'s `referenced_by`, checked.
@@ -514,6 +586,7 @@ mod tests {
             payload: Payload::Full,
             owner: None,
             named_by: None,
+            changes_of: Parts::ALL_CHANGES,
         };
         assert_eq!(
             GroupSpec::new(vec![sub("A"), sub("B")]),

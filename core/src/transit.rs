@@ -507,6 +507,7 @@ impl Transit {
                         uid,
                         body: None,
                         trace: None,
+                        fingerprint: None,
                     };
                     wake.extend(queue.observe(&key, object, epoch));
                 }

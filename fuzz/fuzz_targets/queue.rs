@@ -97,6 +97,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         uid: "u".into(),
                         body: None,
                         trace: None,
+                        fingerprint: None,
                     },
                     u32::from(epoch % 4),
                     if listed { Lane::Listed } else { Lane::Live },

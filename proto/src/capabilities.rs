@@ -17,9 +17,11 @@ pub const CHILDREN: &str = "children";
 pub const REFERENCES: &str = "references";
 /// The `Trigger` call.
 pub const TRIGGERS: &str = "triggers";
+/// `Subscription.only_changes_of`. Never needed: a dispatcher without it delivers every change.
+pub const CHANGE_FILTERS: &str = "change-filters";
 
 /// Every capability of this release, in the order they came.
-pub const ALL: [&str; 3] = [CHILDREN, REFERENCES, TRIGGERS];
+pub const ALL: [&str; 4] = [CHILDREN, REFERENCES, TRIGGERS, CHANGE_FILTERS];
 
 /// Those of `needed` that `offered` lacks, in the order needed.
 pub fn missing<'a>(needed: &[&'a str], offered: &[String]) -> Vec<&'a str> {

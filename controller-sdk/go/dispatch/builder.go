@@ -98,6 +98,11 @@ type Builder struct {
 	// watched are the objects given to Watches without NamedAt: Build serves each that a
 	// References names, and refuses the others.
 	watched []watched
+	// changesOf is what the predicates of For and WithEventFilter let through.
+	changesOf parts
+	// eventFilters counts WithEventFilter's predicates, refused in Build beside Owns or
+	// References (controller-runtime applies them to every watch).
+	eventFilters int
 	// requests and everything are what ReconcileOn and ReconcileAllOn were given.
 	requests   <-chan reconcile.Request
 	everything <-chan struct{}
@@ -119,19 +124,42 @@ func ControllerManagedBy(mgr manager.Manager) *Builder {
 }
 
 // For names the kind reconciled. Of its options, builder.OnlyMetadata is served (there is no
-// cache to keep whole objects in: a reconcile reads what it needs through the client); a
-// predicate, or any other option, makes Build fail with what to do instead, rather than being
-// ignored: the tier delivers every change of every object of the subscription
-// (level-triggered).
+// cache to keep whole objects in: a reconcile reads what it needs through the client), and so
+// are builder.WithPredicates of predicate.GenerationChangedPredicate, LabelChangedPredicate,
+// AnnotationChangedPredicate and ResourceVersionChangedPredicate, and predicate.Or and And of
+// them: the dispatchers then deliver a change only when a part they compare changed, for every
+// replica (creations, deletions, resyncs, retries and changes of children are always
+// delivered). Any other predicate or option makes Build fail with what to do instead, rather
+// than being ignored.
 func (b *Builder) For(object client.Object, opts ...builder.ForOption) *Builder {
 	if b.forObject != nil {
 		b.errs = append(b.errs, errors.New("For() can only be called once"))
 	}
 	b.forObject = object
 	for _, opt := range opts {
-		b.refuse(optionError("For", object, opt))
+		switch opt := opt.(type) {
+		case builder.Predicates, *builder.Predicates:
+			p, err := predicateParts(opt)
+			if err != nil {
+				b.refuse(fmt.Errorf("For(%T, builder.WithPredicates(...)): %w", object, err))
+				continue
+			}
+			b.filter(fmt.Sprintf("For(%T, builder.WithPredicates(...))", object), p)
+		default:
+			b.refuse(optionError("For", object, opt))
+		}
 	}
 	return b
+}
+
+// filter narrows the changes of the For kind delivered to those that pass p as well.
+func (b *Builder) filter(call string, p parts) {
+	both, ok := b.changesOf.and(p)
+	if !ok {
+		b.refuse(fmt.Errorf("%s: with the other predicates given, a change would have to change the generation and the labels at once, which the dispatchers cannot apply: combine them with predicate.Or", call))
+		return
+	}
+	b.changesOf = both
 }
 
 // Owns reconciles the controlling owner (of the For kind) of each object of this kind that
@@ -221,6 +249,9 @@ func (b *Builder) Complete(r reconcile.Reconciler) error {
 
 // Build is Complete, returning the controller.
 func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
+	if b.eventFilters > 0 && (len(b.owns) > 0 || len(b.references) > 0) {
+		b.refuse(errors.New("WithEventFilter: controller-runtime applies it to Owns and Watches too, and the tier tells an owner of every change of its children (a naming object of every change of what it names): give the predicate to For instead (For(obj, builder.WithPredicates(...)))"))
+	}
 	if err := errors.Join(append(b.errs, b.unreferenced())...); err != nil {
 		return nil, err
 	}
@@ -347,6 +378,7 @@ func (b *Builder) subscriptions(primary *pb.ResourceRef, o Options) ([]*pb.Subsc
 		LabelSelector: o.LabelSelector,
 		FieldSelector: o.FieldSelector,
 		Payload:       payload,
+		OnlyChangesOf: b.changesOf.wire(),
 	}}
 	for _, owned := range b.owns {
 		ref, _, err := b.resource(owned)

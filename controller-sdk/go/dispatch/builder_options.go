@@ -23,11 +23,9 @@ import (
 func optionError(call string, object client.Object, option any) error {
 	switch option.(type) {
 	case builder.Predicates, *builder.Predicates:
-		return fmt.Errorf("%s(%T, builder.WithPredicates(...)): predicates are not applied by the tier, which delivers every change of the objects it serves (level-triggered): "+
-			"narrow what is delivered with Options.LabelSelector or FieldSelector (OwnedLabelSelector for Owns), "+
-			"or skip in Reconcile what the predicate skipped (for a generation predicate: a delivery whose reason is modified or resync, "+
-			"of an object whose metadata.generation equals the status.observedGeneration this controller reported; see the README), "+
-			"then remove WithPredicates", call, object)
+		return fmt.Errorf("%s(%T, builder.WithPredicates(...)): predicates are not applied here: the tier tells an owner of every change of its children, and a naming object of every change of what it names (level-triggered); "+
+			"narrow what is delivered with Options.OwnedLabelSelector, or skip in Reconcile what the predicate skipped, then remove WithPredicates "+
+			"(predicates on For are applied by the dispatchers: generation, label and annotation predicates)", call, object)
 	}
 	// Comparing interfaces of different dynamic types never panics: an option of another,
 	// incomparable type just matches neither case.
@@ -121,9 +119,18 @@ func (b *Builder) WatchesRawSource(source.TypedSource[reconcile.Request]) *Build
 	return b
 }
 
-// WithEventFilter is refused, as predicates on For and Owns are.
-func (b *Builder) WithEventFilter(predicate.Predicate) *Builder {
-	b.refuse(errors.New("WithEventFilter: the tier delivers every change of the objects it serves, and predicates are not applied; narrow what is delivered with Options.LabelSelector or FieldSelector, or skip in Reconcile what the filter skipped (a delivery whose reason is modified or resync, for a generation predicate)"))
+// WithEventFilter applies p as For's predicates are applied (see For), when the controller
+// has neither Owns nor References: controller-runtime applies it to those watches too, and the
+// tier tells an owner of every change of its children, so Build refuses it there (give it to
+// For instead).
+func (b *Builder) WithEventFilter(p predicate.Predicate) *Builder {
+	b.eventFilters++
+	parts, err := eventFilterParts(p)
+	if err != nil {
+		b.refuse(fmt.Errorf("WithEventFilter: %w", err))
+		return b
+	}
+	b.filter("WithEventFilter", parts)
 	return b
 }
 

@@ -40,15 +40,21 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		build func(*dispatch.Builder) *dispatch.Builder
 		want  string
 	}{
-		{"a predicate on For", func(b *dispatch.Builder) *dispatch.Builder {
-			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
-		}, "a delivery whose reason is modified or resync"},
+		{"a function predicate on For", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(client.Object) bool { return true })))
+		}, "predicate.TypedFuncs[client.Object] is not applied by the tier"},
+		{"predicates on For that must all pass on different parts", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))
+		}, "use predicate.Or"},
+		{"an Or holding a predicate the tier cannot apply", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{})))
+		}, "predicate.TypedFuncs[client.Object] is not applied by the tier"},
 		{"a predicate on Owns", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.WithPredicates(predicate.LabelChangedPredicate{}))
 		}, "Owns(*v1.ConfigMap, builder.WithPredicates(...))"},
-		{"a pointer to predicates", func(b *dispatch.Builder) *dispatch.Builder {
-			return b.For(&appsv1.Deployment{}, &builder.Predicates{})
-		}, "predicates are not applied"},
+		{"a predicate on Owns, by pointer", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, &builder.Predicates{})
+		}, "predicates are not applied here"},
 		{"every owner of a child", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).Owns(&corev1.ConfigMap{}, builder.MatchEveryOwner)
 		}, "use References"},
@@ -80,9 +86,15 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		{"a raw source", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WatchesRawSource(source.Channel(make(chan event.TypedGenericEvent[client.Object]), &handler.EnqueueRequestForObject{}))
 		}, "ReconcileOn"},
-		{"an event filter", func(b *dispatch.Builder) *dispatch.Builder {
-			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.GenerationChangedPredicate{})
-		}, "predicates are not applied"},
+		{"an event filter beside Owns", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.GenerationChangedPredicate{}).Owns(&corev1.ConfigMap{})
+		}, "give the predicate to For instead"},
+		{"an event filter the tier cannot apply", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.Funcs{})
+		}, "WithEventFilter: predicate.TypedFuncs[client.Object] is not applied"},
+		{"an event filter and a For predicate on different parts", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.LabelChangedPredicate{})).WithEventFilter(predicate.GenerationChangedPredicate{})
+		}, "combine them with predicate.Or"},
 		{"leader election", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithOptions(controller.Options{NeedLeaderElection: &elect})
 		}, "every replica reconciles"},

@@ -36,6 +36,7 @@ impl GroupQueue {
                         deleted: false,
                         failures: 0,
                         seen: 0,
+                        fingerprint: None,
                     },
                 );
                 k
@@ -118,8 +119,10 @@ impl GroupQueue {
     /// Records that the object of `key` exists as `object`, seen in list epoch `epoch`: queued
     /// as added if the key is new (or was deleted), as modified if its resourceVersion changed,
     /// and not at all if this exact version was already seen (a re-list of an unchanged
-    /// object). A change goes to the live lane: call with what the watch's stream shows.
-    /// Returns the sessions that now have ready keys.
+    /// object), or if the subscription's change filter finds the parts it compares unchanged
+    /// (equal [`Observed::fingerprint`]s) while the key is not waiting to be handed out: the
+    /// recorded version stays (keys.md, "Change filters"). A change goes to the live lane: call
+    /// with what the watch's stream shows. Returns the sessions that now have ready keys.
     pub fn observe(&mut self, key: &str, object: Observed, epoch: u32) -> Vec<SessionId> {
         self.observe_in(key, object, epoch, Lane::Live)
     }
@@ -140,10 +143,17 @@ impl GroupQueue {
                 if e.resource_version.matches(&object.resource_version) {
                     return Vec::new();
                 }
+                // Waiting to be handed out, a change joins the delivery at no cost.
+                let waiting = matches!(e.state, State::Ready { .. });
+                if !waiting && object.fingerprint.is_some() && object.fingerprint == e.fingerprint {
+                    self.counts.changes_filtered += 1;
+                    return Vec::new();
+                }
                 Reason::Modified
             }
             _ => Reason::Added,
         };
+        let fingerprint = object.fingerprint;
         let wake = self.change_in(
             key,
             Change {
@@ -162,6 +172,7 @@ impl GroupQueue {
             .and_then(|k| self.entries.get_mut(&k))
         {
             e.seen = epoch;
+            e.fingerprint = fingerprint;
         }
         wake
     }

@@ -34,6 +34,7 @@
 
 use std::{
     collections::BTreeMap,
+    num::NonZeroU64,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -270,7 +271,7 @@ enum State {
     Delayed,
 }
 
-/// Everything the queue keeps about an idle key: 56 bytes, with the key's 32 and the map's
+/// Everything the queue keeps about an idle key: 64 bytes, with the key's 32 and the map's
 /// own 8 per entry (the core's `stays_small` test holds them to it).
 #[derive(Debug)]
 struct Entry {
@@ -282,6 +283,9 @@ struct Entry {
     failures: u32,
     /// The list epoch of the watch in which the object was last seen; see [`GroupQueue::sweep`].
     seen: u32,
+    /// The change filter's hash of the version recorded ([`Observed::fingerprint`]); `None`
+    /// when the subscription has no filter or no version was recorded with one.
+    fingerprint: Option<NonZeroU64>,
 }
 
 impl Entry {
@@ -303,6 +307,10 @@ pub struct Observed {
     pub body: Option<Arc<[u8]>>,
     /// The trace context of the span that saw it, when traces are exported.
     pub trace: Option<Arc<str>>,
+    /// For a subscription with a change filter: a hash of the parts it compares
+    /// ([`crate::subscription::Parts`]). A change whose hash equals the one recorded for the key
+    /// is not delivered ([`GroupQueue::observe_in`]).
+    pub fingerprint: Option<NonZeroU64>,
 }
 
 /// A key in a ready FIFO.

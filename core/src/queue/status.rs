@@ -30,6 +30,9 @@ pub struct QueueCounts {
     pub expired: u64,
     /// Memos not kept because the group's memo budget or the process's memo pool was full.
     pub memos_refused: u64,
+    /// Changes not delivered: the subscription's change filter found the parts it compares
+    /// as recorded ([`super::Observed::fingerprint`]).
+    pub changes_filtered: u64,
 }
 
 /// A queue's figures at one instant, for metrics.

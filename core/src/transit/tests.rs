@@ -199,6 +199,7 @@ fn seen(rv: u32) -> Observed {
         uid: "uid-1".into(),
         body: None,
         trace: None,
+        fingerprint: None,
     }
 }
 

@@ -91,6 +91,7 @@ async fn deletions_of_keys_that_move_here_are_delivered_after_the_handover() {
             uid: "u9".into(),
             body: None,
             trace: None,
+            fingerprint: None,
         },
         epoch: 0,
         origin: Origin::List,
@@ -158,6 +159,7 @@ fn observed(rv: &str) -> Observed {
         uid: "u".into(),
         body: None,
         trace: None,
+        fingerprint: None,
     }
 }
 

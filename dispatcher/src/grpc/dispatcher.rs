@@ -113,6 +113,7 @@ impl DispatcherService {
                     kind: o.kind.clone(),
                 }),
                 named_by,
+                changes_of: subscription::changes_of(index, sub).map_err(invalid)?,
             });
         }
         let spec = GroupSpec::new(subs);

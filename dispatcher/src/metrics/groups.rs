@@ -71,7 +71,7 @@ const GAUGES: [Described<FigureOf<usize>>; 12] = [
 ];
 
 /// The counters of each group beside deliveries and acknowledgements: name, help, and the count.
-const COUNTERS: [Described<CountOf>; 2] = [
+const COUNTERS: [Described<CountOf>; 3] = [
     (
         "kube_dispatch_group_expired_deliveries",
         "Deliveries not acknowledged within the maximum reconcile time",
@@ -81,6 +81,11 @@ const COUNTERS: [Described<CountOf>; 2] = [
         "kube_dispatch_group_memos_refused",
         "Memos not kept: the group's memo budget or the process's memo pool was full",
         |c| c.memos_refused,
+    ),
+    (
+        "kube_dispatch_group_changes_filtered",
+        "Changes not delivered: the subscription's change filter (only_changes_of) found its parts unchanged",
+        |c| c.changes_filtered,
     ),
 ];
 

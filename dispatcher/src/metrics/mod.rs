@@ -36,6 +36,7 @@
 //! | `kube_dispatch_group_acks_total` | counter | acknowledgements, by `outcome` (`success`, `failure`, `requeue`, `unknown`) |
 //! | `kube_dispatch_group_expired_deliveries_total` | counter | deliveries not acknowledged within the maximum reconcile time |
 //! | `kube_dispatch_group_memos_refused_total` | counter | memos not kept: the group's `--memo-budget-bytes` or the process's `--max-memo-bytes` was full |
+//! | `kube_dispatch_group_changes_filtered_total` | counter | changes not delivered: the subscription's change filter (`only_changes_of`) found the parts it compares unchanged |
 //!
 //! A group's series go when the group is dropped (after `--idle-group-grace` without sessions)
 //! and its counters start again from zero if it comes back. No label names a key or an object.

@@ -178,6 +178,7 @@ impl GroupTable {
                 payload: sub.payload,
                 owner: sub.owner.clone(),
                 named_by: sub.named_by.clone(),
+                changes_of: sub.changes_of,
             };
             let subscribed = self.watches.subscribe(&sub.watch, subscriber).await;
             if let (Ok(index), Some(kind)) = (&subscribed, &sub.owner) {

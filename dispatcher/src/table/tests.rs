@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use kube_dispatch_core::{
     queue::{Delivery, DeliveryId, Outcome, QueueConfig, pool::BodyPool},
     recent_deletions::RecentDeletionsConfig,
-    subscription::{GroupSpec, Payload, SubscriptionSpec},
+    subscription::{GroupSpec, Parts, Payload, SubscriptionSpec},
 };
 use kube_dispatch_server::auth::{Caller, GroupId};
 use tokio::{sync::watch, time::Instant};
@@ -64,6 +64,7 @@ fn spec() -> GroupSpec {
         payload: Payload::KeyOnly,
         owner: None,
         named_by: None,
+        changes_of: Parts::ALL_CHANGES,
     }])
 }
 

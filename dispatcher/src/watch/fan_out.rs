@@ -8,9 +8,12 @@
 //! told although the child no longer names it). The group decides, under its lock, what the
 //! event means for its queue ([`crate::group::Group::apply`]).
 
-use std::sync::{
-    Arc, RwLock,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    num::NonZeroU64,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use kube::{ResourceExt, api::TypeMeta};
@@ -19,7 +22,7 @@ use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
     queue::{Change, Observed},
-    subscription::{NamedBy, OwnerKind, Payload, ResourceId, WatchKey},
+    subscription::{NamedBy, OwnerKind, Parts, Payload, ResourceId, WatchKey},
     transit::{GroupEvent, Origin},
 };
 use kube_dispatch_proto::v1::Reason;
@@ -45,6 +48,8 @@ pub struct Subscriber {
     pub owner: Option<OwnerKind>,
     /// For a `referenced_by` subscription: the objects that name this watch's objects.
     pub named_by: Option<NamedBy>,
+    /// The parts whose change is delivered (keys.md, "Change filters"); empty for every change.
+    pub changes_of: Parts,
 }
 
 /// How a subscriber keys the watch's objects.
@@ -240,7 +245,11 @@ impl FanOut {
                         (key, epoch),
                         seen,
                         place,
-                        || (bodies.get(sub.payload, obj), trace.clone()),
+                        || Content {
+                            body: bodies.get(sub.payload, obj),
+                            trace: trace.clone(),
+                            fingerprint: obj.fingerprint(sub.changes_of),
+                        },
                     ));
                 }
                 Keyed::Owner(owner) => {
@@ -290,6 +299,7 @@ impl FanOut {
                             uid: uid.clone(),
                             body: bodies.get(sub.payload, obj),
                             trace: None,
+                            fingerprint: obj.fingerprint(sub.changes_of),
                         },
                         epoch,
                     });
@@ -422,21 +432,33 @@ pub(super) enum Seen {
     Deleted,
 }
 
+/// What a primary subscription's event carries of an object beyond its key and version.
+#[derive(Default)]
+struct Content {
+    body: Option<Arc<[u8]>>,
+    trace: Option<Arc<str>>,
+    fingerprint: Option<NonZeroU64>,
+}
+
 /// The event a subscription to the objects themselves (not their owners) gets for the object
 /// of `uid` at `resource_version`, seen as `seen` at `epoch` and placed at `place`: `content`
-/// gives its body and trace context, asked for only if the key is served here (a key owned
-/// elsewhere is recorded only if it is still on its way out, and then delivered without a
-/// body).
+/// gives its body, trace context and change filter's hash, asked for only if the key is served
+/// here (a key owned elsewhere is recorded only if it is still on its way out, and then
+/// delivered without a body, and without filtering).
 fn primary_event<'k>(
     (uid, resource_version): (&str, &str),
     (key, epoch): (KeyRef<'k>, u32),
     seen: Seen,
     place: Place,
-    content: impl FnOnce() -> (Option<Arc<[u8]>>, Option<Arc<str>>),
+    content: impl FnOnce() -> Content,
 ) -> GroupEvent<'k> {
     let (uid, resource_version) = (uid.to_owned(), resource_version.to_owned());
-    let (body, trace) = if place == Place::Elsewhere {
-        (None, None)
+    let Content {
+        body,
+        trace,
+        fingerprint,
+    } = if place == Place::Elsewhere {
+        Content::default()
     } else {
         content()
     };
@@ -461,6 +483,7 @@ fn primary_event<'k>(
         uid,
         body,
         trace,
+        fingerprint,
     };
     GroupEvent::exists(key, object, (epoch, origin), place == Place::Elsewhere)
 }

@@ -8,7 +8,7 @@
 //! from it only what routing reads: the metadata's name, namespace, resourceVersion, uid and
 //! owner references. A replica's body is that text itself, or its metadata spliced out of it.
 
-use std::{borrow::Cow, ops::Range, sync::Arc};
+use std::{borrow::Cow, num::NonZeroU64, ops::Range, sync::Arc};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{
@@ -16,8 +16,10 @@ use kube::{
     api::{ApiResource, TypeMeta},
     core::DynamicResourceScope,
 };
+use kube_dispatch_core::subscription::Parts;
 use serde::{Deserialize, Deserializer, de::IgnoredAny};
 use serde_json::value::RawValue;
+use xxhash_rust::xxh64::Xxh64;
 
 /// An object of a watch or list: its JSON text, and the metadata fields routing reads.
 #[derive(Clone, Debug)]
@@ -114,6 +116,50 @@ impl WatchedObject {
         }
         out.extend_from_slice(rest.as_bytes());
         Arc::from(out)
+    }
+
+    /// What a change filter compares of the object (keys.md, "Change filters"): one hash of
+    /// the `parts` of its metadata, read from the JSON text as the API server wrote it (map keys
+    /// in order); `None` for no parts, or metadata that does not decode.
+    pub fn fingerprint(&self, parts: Parts) -> Option<NonZeroU64> {
+        #[derive(Deserialize)]
+        struct Compared<'a> {
+            generation: Option<i64>,
+            #[serde(borrow)]
+            labels: Option<&'a RawValue>,
+            #[serde(borrow)]
+            annotations: Option<&'a RawValue>,
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        let metadata = self.json.get(self.metadata.clone()).unwrap_or_default();
+        let compared: Compared<'_> = if metadata.is_empty() {
+            Compared {
+                generation: None,
+                labels: None,
+                annotations: None,
+            }
+        } else {
+            serde_json::from_str(metadata).ok()?
+        };
+        let mut hash = Xxh64::new(0);
+        if parts.contains(Parts::GENERATION) {
+            hash.update(b"g");
+            hash.update(&compared.generation.unwrap_or(0).to_le_bytes());
+        }
+        for (part, tag, text) in [
+            (Parts::LABELS, b"l", compared.labels),
+            (Parts::ANNOTATIONS, b"a", compared.annotations),
+        ] {
+            if parts.contains(part) {
+                let text = text.map_or("{}", RawValue::get);
+                hash.update(tag);
+                hash.update(&(text.len() as u64).to_le_bytes());
+                hash.update(text.as_bytes());
+            }
+        }
+        Some(NonZeroU64::new(hash.digest()).unwrap_or(NonZeroU64::MIN))
     }
 
     /// The object's type and metadata only, for a subscription whose payload is its metadata.

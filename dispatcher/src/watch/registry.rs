@@ -284,7 +284,7 @@ mod tests {
     //! The registry against a scripted API server ([`crate::watch::scripted_api`]) and a paused
     //! clock: which watches it starts, shares and stops, and what a joining group is shown.
 
-    use kube_dispatch_core::subscription::Payload;
+    use kube_dispatch_core::subscription::{Parts, Payload};
 
     use super::*;
     use crate::watch::scripted_api::{ApiServer, Member, alone, config_maps, named, within};
@@ -297,6 +297,7 @@ mod tests {
             payload: Payload::KeyOnly,
             owner: None,
             named_by: None,
+            changes_of: Parts::ALL_CHANGES,
         }
     }
 

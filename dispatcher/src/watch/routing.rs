@@ -326,7 +326,7 @@ mod tests {
     fn an_object_names_the_keys_at_its_groups_field_paths() {
         use kube_dispatch_core::{
             references::FieldPath,
-            subscription::{NamedBy, SubscriptionSpec},
+            subscription::{NamedBy, Parts, SubscriptionSpec},
         };
         let watch = |resource: ResourceId| WatchKey {
             resource,
@@ -343,6 +343,7 @@ mod tests {
                 kind: "Site".into(),
                 paths: paths.iter().map(|p| FieldPath::parse(p).unwrap()).collect(),
             }),
+            changes_of: Parts::ALL_CHANGES,
         };
         let site = resource("example.com", "Site");
         let class = ResourceId {
@@ -355,6 +356,7 @@ mod tests {
                 payload: Payload::Full,
                 owner: None,
                 named_by: None,
+                changes_of: Parts::ALL_CHANGES,
             },
             named(
                 resource("", "Secret"),

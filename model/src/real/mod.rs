@@ -280,6 +280,7 @@ impl Real {
             uid: self.uid(k),
             body: None,
             trace: None,
+            fingerprint: None,
         }
     }
 

@@ -1,5 +1,7 @@
 //! Resyncs, re-lists, related changes, traces, and a name deleted and used again.
 
+use std::num::NonZeroU64;
+
 use super::*;
 
 #[test]
@@ -85,6 +87,7 @@ fn observed(rv: u32) -> Observed {
         uid: "uid-1".into(),
         body: None,
         trace: None,
+        fingerprint: None,
     }
 }
 
@@ -257,4 +260,88 @@ fn a_deletion_delivered_before_the_name_is_re_used_is_not_delivered_twice() {
     assert_eq!(d.len(), 1);
     assert_eq!((d[0].uid.as_str(), d[0].deleted), ("uid-b", false));
     q.check();
+}
+
+/// `observed(rv)` with the change filter's hash `fingerprint`.
+fn filtered(rv: u32, fingerprint: u64) -> Observed {
+    Observed {
+        fingerprint: NonZeroU64::new(fingerprint),
+        ..observed(rv)
+    }
+}
+
+#[test]
+fn a_change_filter_skips_changes_that_leave_its_parts_as_recorded() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    let key = "/example.com/Site/ns/a";
+    q.observe(key, filtered(1, 7), 1);
+    let d = q.take(1, 10, now);
+    assert_eq!(
+        (d.len(), d[0].reason),
+        (1, Reason::Added),
+        "a creation goes"
+    );
+    q.ack(1, d[0].id, Outcome::Success, now);
+
+    // A status write: the generation (the hash) is as recorded.
+    assert!(q.observe(key, filtered(2, 7), 1).is_empty());
+    assert!(q.take(1, 10, now).is_empty(), "not delivered");
+    assert_eq!(q.counts.changes_filtered, 1);
+    // A spec change: delivered at its version.
+    q.observe(key, filtered(3, 8), 1);
+    let d = q.take(1, 10, now);
+    assert_eq!(
+        (d[0].reason, d[0].resource_version.as_str()),
+        (Reason::Modified, "3")
+    );
+    // In flight, a status write is not delivered again after the ack.
+    q.observe(key, filtered(4, 8), 1);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    assert!(q.take(1, 10, now).is_empty(), "filtered while in flight");
+    // A resync goes, at the version last recorded (the reconcile reads at least that).
+    q.resync(key);
+    let d = q.take(1, 10, now);
+    assert_eq!(
+        (d[0].reason, d[0].resource_version.as_str()),
+        (Reason::Resync, "3")
+    );
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Waiting to be handed out, a filtered change joins the delivery: its newest version.
+    q.observe(key, filtered(5, 9), 1);
+    q.observe(key, filtered(6, 9), 1);
+    let d = q.take(1, 10, now);
+    assert_eq!((d.len(), d[0].resource_version.as_str()), (1, "6"));
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Without a filter every change goes.
+    q.observe(key, observed(7), 1);
+    q.observe(key, observed(8), 1);
+    assert_eq!(q.take(1, 10, now)[0].reason, Reason::Modified);
+    q.check();
+}
+
+#[test]
+fn a_change_filter_never_holds_back_a_new_object_of_the_name() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    let key = "/example.com/Site/ns/a";
+    q.observe(key, filtered(1, 7), 1);
+    let d = q.take(1, 10, now);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // Deleted and created again with the same generation: both are delivered.
+    q.change(key, change(Reason::Deleted, 2));
+    let d = q.take(1, 10, now);
+    assert!(d[0].deleted);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.observe(
+        key,
+        Observed {
+            uid: "uid-2".into(),
+            ..filtered(3, 7)
+        },
+        1,
+    );
+    assert_eq!(q.take(1, 10, now)[0].reason, Reason::Added);
 }

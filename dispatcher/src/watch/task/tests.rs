@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kube_dispatch_core::subscription::Payload;
+use kube_dispatch_core::subscription::{Parts, Payload};
 use std::time::Duration;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -67,6 +67,7 @@ impl Scripted {
                     payload: Payload::KeyOnly,
                     owner,
                     named_by: None,
+                    changes_of: Parts::ALL_CHANGES,
                 }])),
                 joined: Arc::default(),
                 readiness: readiness_tx,

@@ -324,6 +324,7 @@ async fn series_stay_bounded_with_10k_keys_and_100_replicas() -> TestResult {
                 uid: String::new(),
                 body: None,
                 trace: None,
+                fingerprint: None,
             },
             epoch: 1,
             origin: Origin::Stream,

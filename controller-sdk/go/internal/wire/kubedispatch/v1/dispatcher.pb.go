@@ -86,6 +86,65 @@ func (PayloadMode) EnumDescriptor() ([]byte, []int) {
 	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{0}
 }
 
+// A part of an object that a change filter compares (Subscription.only_changes_of).
+type ObjectPart int32
+
+const (
+	// Never sent; refused.
+	ObjectPart_OBJECT_PART_UNSPECIFIED ObjectPart = 0
+	// metadata.generation: the API server raises it when the spec changes (a custom resource
+	// without a status subresource: on any change but to metadata). A kind that sets none has
+	// no change delivered by this part alone.
+	ObjectPart_OBJECT_PART_GENERATION ObjectPart = 1
+	// metadata.labels.
+	ObjectPart_OBJECT_PART_LABELS ObjectPart = 2
+	// metadata.annotations.
+	ObjectPart_OBJECT_PART_ANNOTATIONS ObjectPart = 3
+)
+
+// Enum value maps for ObjectPart.
+var (
+	ObjectPart_name = map[int32]string{
+		0: "OBJECT_PART_UNSPECIFIED",
+		1: "OBJECT_PART_GENERATION",
+		2: "OBJECT_PART_LABELS",
+		3: "OBJECT_PART_ANNOTATIONS",
+	}
+	ObjectPart_value = map[string]int32{
+		"OBJECT_PART_UNSPECIFIED": 0,
+		"OBJECT_PART_GENERATION":  1,
+		"OBJECT_PART_LABELS":      2,
+		"OBJECT_PART_ANNOTATIONS": 3,
+	}
+)
+
+func (x ObjectPart) Enum() *ObjectPart {
+	p := new(ObjectPart)
+	*p = x
+	return p
+}
+
+func (x ObjectPart) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ObjectPart) Descriptor() protoreflect.EnumDescriptor {
+	return file_kubedispatch_v1_dispatcher_proto_enumTypes[1].Descriptor()
+}
+
+func (ObjectPart) Type() protoreflect.EnumType {
+	return &file_kubedispatch_v1_dispatcher_proto_enumTypes[1]
+}
+
+func (x ObjectPart) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ObjectPart.Descriptor instead.
+func (ObjectPart) EnumDescriptor() ([]byte, []int) {
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{1}
+}
+
 // Why a reconcile request was delivered.
 type Reason int32
 
@@ -152,11 +211,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_kubedispatch_v1_dispatcher_proto_enumTypes[1].Descriptor()
+	return file_kubedispatch_v1_dispatcher_proto_enumTypes[2].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_kubedispatch_v1_dispatcher_proto_enumTypes[1]
+	return &file_kubedispatch_v1_dispatcher_proto_enumTypes[2]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -165,7 +224,7 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{1}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{2}
 }
 
 // What a request's `children` are.
@@ -214,11 +273,11 @@ func (x ChildrenState) String() string {
 }
 
 func (ChildrenState) Descriptor() protoreflect.EnumDescriptor {
-	return file_kubedispatch_v1_dispatcher_proto_enumTypes[2].Descriptor()
+	return file_kubedispatch_v1_dispatcher_proto_enumTypes[3].Descriptor()
 }
 
 func (ChildrenState) Type() protoreflect.EnumType {
-	return &file_kubedispatch_v1_dispatcher_proto_enumTypes[2]
+	return &file_kubedispatch_v1_dispatcher_proto_enumTypes[3]
 }
 
 func (x ChildrenState) Number() protoreflect.EnumNumber {
@@ -227,7 +286,7 @@ func (x ChildrenState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChildrenState.Descriptor instead.
 func (ChildrenState) EnumDescriptor() ([]byte, []int) {
-	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{2}
+	return file_kubedispatch_v1_dispatcher_proto_rawDescGZIP(), []int{3}
 }
 
 // Names a Kubernetes resource. Built-in and custom resources are both resolved by discovery.
@@ -326,7 +385,18 @@ type Subscription struct {
 	// changed or deleted) triggers a reconcile of each object that names it at one of these
 	// field paths (like controller-runtime's Watches with a field index, or kube-runtime's
 	// watches with a mapper), keyed by the naming object. Not with `owner`.
-	ReferencedBy  *References `protobuf:"bytes,7,opt,name=referenced_by,json=referencedBy,proto3" json:"referenced_by,omitempty"`
+	ReferencedBy *References `protobuf:"bytes,7,opt,name=referenced_by,json=referencedBy,proto3" json:"referenced_by,omitempty"`
+	// When not empty, a change to an object of `resource` that leaves every part listed here as
+	// it was is not delivered, as controller-runtime's GenerationChangedPredicate,
+	// LabelChangedPredicate and AnnotationChangedPredicate filter update events (several parts:
+	// a change to any of them is delivered). Only a change the dispatcher compares with the
+	// version it last recorded for the key is filtered: a creation, a deletion, the first sighting
+	// after a restart or a handover, a resync, a retry, a requeue and an owned, referenced or
+	// triggered delivery always go, and a change made while the key waits to be handed out joins
+	// its delivery. Only for a subscription without `owner` or `referenced_by`. A dispatcher
+	// without the capability "change-filters" ignores it and delivers every change (keys.md,
+	// "Change filters").
+	OnlyChangesOf []ObjectPart `protobuf:"varint,8,rep,packed,name=only_changes_of,json=onlyChangesOf,proto3,enum=kubedispatch.v1.ObjectPart" json:"only_changes_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -406,6 +476,13 @@ func (x *Subscription) GetOwner() *ResourceRef {
 func (x *Subscription) GetReferencedBy() *References {
 	if x != nil {
 		return x.ReferencedBy
+	}
+	return nil
+}
+
+func (x *Subscription) GetOnlyChangesOf() []ObjectPart {
+	if x != nil {
+		return x.OnlyChangesOf
 	}
 	return nil
 }
@@ -1771,7 +1848,7 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x16\n" +
-	"\x06plural\x18\x04 \x01(\tR\x06plural\"\xe2\x02\n" +
+	"\x06plural\x18\x04 \x01(\tR\x06plural\"\xa7\x03\n" +
 	"\fSubscription\x128\n" +
 	"\bresource\x18\x01 \x01(\v2\x1c.kubedispatch.v1.ResourceRefR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -1779,7 +1856,8 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\x0efield_selector\x18\x04 \x01(\tR\rfieldSelector\x126\n" +
 	"\apayload\x18\x05 \x01(\x0e2\x1c.kubedispatch.v1.PayloadModeR\apayload\x122\n" +
 	"\x05owner\x18\x06 \x01(\v2\x1c.kubedispatch.v1.ResourceRefR\x05owner\x12@\n" +
-	"\rreferenced_by\x18\a \x01(\v2\x1b.kubedispatch.v1.ReferencesR\freferencedBy\"g\n" +
+	"\rreferenced_by\x18\a \x01(\v2\x1b.kubedispatch.v1.ReferencesR\freferencedBy\x12C\n" +
+	"\x0fonly_changes_of\x18\b \x03(\x0e2\x1b.kubedispatch.v1.ObjectPartR\ronlyChangesOf\"g\n" +
 	"\n" +
 	"References\x128\n" +
 	"\bresource\x18\x01 \x01(\v2\x1c.kubedispatch.v1.ResourceRefR\bresource\x12\x1f\n" +
@@ -1879,7 +1957,13 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\x18PAYLOAD_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PAYLOAD_MODE_FULL\x10\x01\x12\x19\n" +
 	"\x15PAYLOAD_MODE_METADATA\x10\x02\x12\x19\n" +
-	"\x15PAYLOAD_MODE_KEY_ONLY\x10\x03*\xd3\x01\n" +
+	"\x15PAYLOAD_MODE_KEY_ONLY\x10\x03*z\n" +
+	"\n" +
+	"ObjectPart\x12\x1b\n" +
+	"\x17OBJECT_PART_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16OBJECT_PART_GENERATION\x10\x01\x12\x16\n" +
+	"\x12OBJECT_PART_LABELS\x10\x02\x12\x1b\n" +
+	"\x17OBJECT_PART_ANNOTATIONS\x10\x03*\xd3\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fREASON_ADDED\x10\x01\x12\x13\n" +
@@ -1917,76 +2001,78 @@ func file_kubedispatch_v1_dispatcher_proto_rawDescGZIP() []byte {
 	return file_kubedispatch_v1_dispatcher_proto_rawDescData
 }
 
-var file_kubedispatch_v1_dispatcher_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_kubedispatch_v1_dispatcher_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_kubedispatch_v1_dispatcher_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_kubedispatch_v1_dispatcher_proto_goTypes = []any{
 	(PayloadMode)(0),             // 0: kubedispatch.v1.PayloadMode
-	(Reason)(0),                  // 1: kubedispatch.v1.Reason
-	(ChildrenState)(0),           // 2: kubedispatch.v1.ChildrenState
-	(*ResourceRef)(nil),          // 3: kubedispatch.v1.ResourceRef
-	(*Subscription)(nil),         // 4: kubedispatch.v1.Subscription
-	(*References)(nil),           // 5: kubedispatch.v1.References
-	(*OpenSessionRequest)(nil),   // 6: kubedispatch.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),  // 7: kubedispatch.v1.OpenSessionResponse
-	(*PollRequest)(nil),          // 8: kubedispatch.v1.PollRequest
-	(*EndedSession)(nil),         // 9: kubedispatch.v1.EndedSession
-	(*PollResponse)(nil),         // 10: kubedispatch.v1.PollResponse
-	(*ObjectKey)(nil),            // 11: kubedispatch.v1.ObjectKey
-	(*ReconcileRequest)(nil),     // 12: kubedispatch.v1.ReconcileRequest
-	(*OwnedObject)(nil),          // 13: kubedispatch.v1.OwnedObject
-	(*AckItem)(nil),              // 14: kubedispatch.v1.AckItem
-	(*Success)(nil),              // 15: kubedispatch.v1.Success
-	(*Failure)(nil),              // 16: kubedispatch.v1.Failure
-	(*Requeue)(nil),              // 17: kubedispatch.v1.Requeue
-	(*AckRequest)(nil),           // 18: kubedispatch.v1.AckRequest
-	(*AckResponse)(nil),          // 19: kubedispatch.v1.AckResponse
-	(*CloseSessionRequest)(nil),  // 20: kubedispatch.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil), // 21: kubedispatch.v1.CloseSessionResponse
-	(*TriggerRequest)(nil),       // 22: kubedispatch.v1.TriggerRequest
-	(*TriggerResponse)(nil),      // 23: kubedispatch.v1.TriggerResponse
-	(*durationpb.Duration)(nil),  // 24: google.protobuf.Duration
+	(ObjectPart)(0),              // 1: kubedispatch.v1.ObjectPart
+	(Reason)(0),                  // 2: kubedispatch.v1.Reason
+	(ChildrenState)(0),           // 3: kubedispatch.v1.ChildrenState
+	(*ResourceRef)(nil),          // 4: kubedispatch.v1.ResourceRef
+	(*Subscription)(nil),         // 5: kubedispatch.v1.Subscription
+	(*References)(nil),           // 6: kubedispatch.v1.References
+	(*OpenSessionRequest)(nil),   // 7: kubedispatch.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),  // 8: kubedispatch.v1.OpenSessionResponse
+	(*PollRequest)(nil),          // 9: kubedispatch.v1.PollRequest
+	(*EndedSession)(nil),         // 10: kubedispatch.v1.EndedSession
+	(*PollResponse)(nil),         // 11: kubedispatch.v1.PollResponse
+	(*ObjectKey)(nil),            // 12: kubedispatch.v1.ObjectKey
+	(*ReconcileRequest)(nil),     // 13: kubedispatch.v1.ReconcileRequest
+	(*OwnedObject)(nil),          // 14: kubedispatch.v1.OwnedObject
+	(*AckItem)(nil),              // 15: kubedispatch.v1.AckItem
+	(*Success)(nil),              // 16: kubedispatch.v1.Success
+	(*Failure)(nil),              // 17: kubedispatch.v1.Failure
+	(*Requeue)(nil),              // 18: kubedispatch.v1.Requeue
+	(*AckRequest)(nil),           // 19: kubedispatch.v1.AckRequest
+	(*AckResponse)(nil),          // 20: kubedispatch.v1.AckResponse
+	(*CloseSessionRequest)(nil),  // 21: kubedispatch.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil), // 22: kubedispatch.v1.CloseSessionResponse
+	(*TriggerRequest)(nil),       // 23: kubedispatch.v1.TriggerRequest
+	(*TriggerResponse)(nil),      // 24: kubedispatch.v1.TriggerResponse
+	(*durationpb.Duration)(nil),  // 25: google.protobuf.Duration
 }
 var file_kubedispatch_v1_dispatcher_proto_depIdxs = []int32{
-	3,  // 0: kubedispatch.v1.Subscription.resource:type_name -> kubedispatch.v1.ResourceRef
+	4,  // 0: kubedispatch.v1.Subscription.resource:type_name -> kubedispatch.v1.ResourceRef
 	0,  // 1: kubedispatch.v1.Subscription.payload:type_name -> kubedispatch.v1.PayloadMode
-	3,  // 2: kubedispatch.v1.Subscription.owner:type_name -> kubedispatch.v1.ResourceRef
-	5,  // 3: kubedispatch.v1.Subscription.referenced_by:type_name -> kubedispatch.v1.References
-	3,  // 4: kubedispatch.v1.References.resource:type_name -> kubedispatch.v1.ResourceRef
-	4,  // 5: kubedispatch.v1.OpenSessionRequest.subscriptions:type_name -> kubedispatch.v1.Subscription
-	24, // 6: kubedispatch.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	24, // 7: kubedispatch.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	24, // 8: kubedispatch.v1.OpenSessionResponse.max_reconcile_time:type_name -> google.protobuf.Duration
-	24, // 9: kubedispatch.v1.PollRequest.wait:type_name -> google.protobuf.Duration
-	14, // 10: kubedispatch.v1.PollRequest.acks:type_name -> kubedispatch.v1.AckItem
-	9,  // 11: kubedispatch.v1.PollRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
-	12, // 12: kubedispatch.v1.PollResponse.requests:type_name -> kubedispatch.v1.ReconcileRequest
-	24, // 13: kubedispatch.v1.PollResponse.held:type_name -> google.protobuf.Duration
-	11, // 14: kubedispatch.v1.ReconcileRequest.object:type_name -> kubedispatch.v1.ObjectKey
-	1,  // 15: kubedispatch.v1.ReconcileRequest.reason:type_name -> kubedispatch.v1.Reason
-	13, // 16: kubedispatch.v1.ReconcileRequest.children:type_name -> kubedispatch.v1.OwnedObject
-	2,  // 17: kubedispatch.v1.ReconcileRequest.children_state:type_name -> kubedispatch.v1.ChildrenState
-	11, // 18: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
-	15, // 19: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
-	16, // 20: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
-	17, // 21: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
-	24, // 22: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
-	14, // 23: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
-	9,  // 24: kubedispatch.v1.AckRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
-	6,  // 25: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
-	8,  // 26: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
-	18, // 27: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
-	20, // 28: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
-	22, // 29: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
-	7,  // 30: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
-	10, // 31: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
-	19, // 32: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
-	21, // 33: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
-	23, // 34: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	4,  // 2: kubedispatch.v1.Subscription.owner:type_name -> kubedispatch.v1.ResourceRef
+	6,  // 3: kubedispatch.v1.Subscription.referenced_by:type_name -> kubedispatch.v1.References
+	1,  // 4: kubedispatch.v1.Subscription.only_changes_of:type_name -> kubedispatch.v1.ObjectPart
+	4,  // 5: kubedispatch.v1.References.resource:type_name -> kubedispatch.v1.ResourceRef
+	5,  // 6: kubedispatch.v1.OpenSessionRequest.subscriptions:type_name -> kubedispatch.v1.Subscription
+	25, // 7: kubedispatch.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	25, // 8: kubedispatch.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	25, // 9: kubedispatch.v1.OpenSessionResponse.max_reconcile_time:type_name -> google.protobuf.Duration
+	25, // 10: kubedispatch.v1.PollRequest.wait:type_name -> google.protobuf.Duration
+	15, // 11: kubedispatch.v1.PollRequest.acks:type_name -> kubedispatch.v1.AckItem
+	10, // 12: kubedispatch.v1.PollRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
+	13, // 13: kubedispatch.v1.PollResponse.requests:type_name -> kubedispatch.v1.ReconcileRequest
+	25, // 14: kubedispatch.v1.PollResponse.held:type_name -> google.protobuf.Duration
+	12, // 15: kubedispatch.v1.ReconcileRequest.object:type_name -> kubedispatch.v1.ObjectKey
+	2,  // 16: kubedispatch.v1.ReconcileRequest.reason:type_name -> kubedispatch.v1.Reason
+	14, // 17: kubedispatch.v1.ReconcileRequest.children:type_name -> kubedispatch.v1.OwnedObject
+	3,  // 18: kubedispatch.v1.ReconcileRequest.children_state:type_name -> kubedispatch.v1.ChildrenState
+	12, // 19: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
+	16, // 20: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
+	17, // 21: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
+	18, // 22: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
+	25, // 23: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
+	15, // 24: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
+	10, // 25: kubedispatch.v1.AckRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
+	7,  // 26: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
+	9,  // 27: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
+	19, // 28: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
+	21, // 29: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
+	23, // 30: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
+	8,  // 31: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
+	11, // 32: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
+	20, // 33: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
+	22, // 34: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
+	24, // 35: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
+	31, // [31:36] is the sub-list for method output_type
+	26, // [26:31] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kubedispatch_v1_dispatcher_proto_init() }
@@ -2004,7 +2090,7 @@ func file_kubedispatch_v1_dispatcher_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kubedispatch_v1_dispatcher_proto_rawDesc), len(file_kubedispatch_v1_dispatcher_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
