@@ -110,8 +110,22 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 			}
 		})
 	}
-	// OnlyMetadata is served: Build gets past the options (to fail, here, resolving the kind
-	// with no API server to ask).
+}
+
+// The options the tier serves get Build past them (to fail, here, resolving the kind with no
+// API server to ask).
+func TestOptionsTheTierServesAreTaken(t *testing.T) {
+	mgr, err := manager.New(&rest.Config{Host: "https://127.0.0.1:1"}, manager.Options{
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nothing := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		return reconcile.Result{}, nil
+	})
+	// OnlyMetadata.
 	err = dispatch.ControllerManagedBy(mgr).
 		For(&appsv1.Deployment{}, builder.OnlyMetadata).
 		Owns(&corev1.ConfigMap{}, builder.OnlyMetadata).
@@ -135,6 +149,15 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		Complete(nothing)
 	if err == nil || strings.Contains(err.Error(), "Watches") {
 		t.Fatalf("Watches with NamedAt should be taken, and only the kind's resolution fail: %v", err)
+	}
+	// A generation predicate on For, and a label predicate as the event filter of a controller
+	// without children, become the subscription's change filter.
+	err = dispatch.ControllerManagedBy(mgr).
+		For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithEventFilter(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})).
+		Complete(nothing)
+	if err == nil || strings.Contains(err.Error(), "predicate") {
+		t.Fatalf("the generation and label predicates should be taken, and only the kind's resolution fail: %v", err)
 	}
 }
 

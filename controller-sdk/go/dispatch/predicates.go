@@ -35,13 +35,18 @@ func (p parts) or(q parts) parts {
 	return p | q
 }
 
-// and lets through what both let through; false where the dispatchers cannot say it (a change
-// of the generation and of the labels at once).
+// and lets through what both let through: a change of any of p's parts that is one of q's
+// when p's parts are among q's; false where the dispatchers cannot say it (a change of the
+// generation and of the labels at once).
 func (p parts) and(q parts) (parts, bool) {
 	switch {
 	case p == everyChange:
 		return q, true
-	case q == everyChange, p == q:
+	case q == everyChange:
+		return p, true
+	case p&q == q:
+		return q, true
+	case p&q == p:
 		return p, true
 	}
 	return 0, false

@@ -31,6 +31,7 @@ func TestPredicatesBecomeTheChangeFilter(t *testing.T) {
 		{"generation or labels", builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})), []pb.ObjectPart{g, l}},
 		{"or with every change", builder.WithPredicates(predicate.Or[client.Object](predicate.AnnotationChangedPredicate{}, predicate.ResourceVersionChangedPredicate{})), nil},
 		{"and with every change", builder.WithPredicates(predicate.ResourceVersionChangedPredicate{}, predicate.AnnotationChangedPredicate{}), []pb.ObjectPart{a}},
+		{"generation, and generation or labels", builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})), []pb.ObjectPart{g}},
 		{"and of one part twice", builder.WithPredicates(predicate.And[client.Object](predicate.GenerationChangedPredicate{}, predicate.GenerationChangedPredicate{})), []pb.ObjectPart{g}},
 	}
 	for _, c := range cases {

@@ -245,11 +245,7 @@ impl FanOut {
                         (key, epoch),
                         seen,
                         place,
-                        || Content {
-                            body: bodies.get(sub.payload, obj),
-                            trace: trace.clone(),
-                            fingerprint: obj.fingerprint(sub.changes_of),
-                        },
+                        || Content::of(sub, obj, &mut bodies, trace.clone()),
                     ));
                 }
                 Keyed::Owner(owner) => {
@@ -438,6 +434,23 @@ struct Content {
     body: Option<Arc<[u8]>>,
     trace: Option<Arc<str>>,
     fingerprint: Option<NonZeroU64>,
+}
+
+impl Content {
+    /// What `sub` is told of `obj`: its body (from `bodies`), `trace`, and its change filter's
+    /// hash.
+    fn of(
+        sub: &Subscriber,
+        obj: &WatchedObject,
+        bodies: &mut Bodies<'_>,
+        trace: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            body: bodies.get(sub.payload, obj),
+            trace,
+            fingerprint: obj.fingerprint(sub.changes_of),
+        }
+    }
 }
 
 /// The event a subscription to the objects themselves (not their owners) gets for the object
