@@ -221,6 +221,11 @@ pub struct Config {
     pub liveness: bool,
     /// How the keys of a dispatcher that died are taken over.
     pub takeover: Takeover,
+    /// Whether `Model::actions` lists only the actions that lead to a state, for random walks:
+    /// stateright's simulation records the index of an action it skipped (no next state) as a
+    /// step, so a path through one cannot be replayed. Exhaustive checks skip such actions
+    /// themselves, at half the cost.
+    pub enabled_only: bool,
 }
 
 impl fmt::Display for Config {

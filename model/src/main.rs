@@ -205,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             "report-first" => Takeover::ReportFirst,
             _ => Takeover::Reports,
         },
+        enabled_only: false,
     };
     if let Some(report) = &args.replay {
         return replay(&args, config, report);

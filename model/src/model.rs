@@ -72,6 +72,9 @@ impl Model for Protocol {
         self.replica_actions(state, actions);
         self.message_actions(state, actions);
         self.object_actions(state, actions);
+        if self.config.enabled_only {
+            actions.retain(|a| self.next_state(state, *a).is_some());
+        }
     }
 
     #[allow(clippy::too_many_lines)]

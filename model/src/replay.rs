@@ -559,6 +559,7 @@ mod tests {
             relist_returning: true,
             liveness: false,
             takeover: Takeover::Bound,
+            enabled_only: false,
         }
     }
 

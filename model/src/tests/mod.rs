@@ -22,6 +22,7 @@ fn config(dispatchers: usize, variant: Variant, budget: Budget) -> Config {
         relist_returning: true,
         liveness: true,
         takeover: Takeover::Bound,
+        enabled_only: false,
     }
 }
 

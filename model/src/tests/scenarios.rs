@@ -416,6 +416,7 @@ fn a_takeover_once_every_listed_session_is_reported_ended_never_overlaps() {
     let config = Config {
         liveness: false,
         takeover: Takeover::Reports,
+        enabled_only: true,
         ..config(2, Variant::SendTime, budget)
     };
     let checker = Protocol::new(config)
