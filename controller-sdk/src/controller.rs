@@ -256,7 +256,11 @@ where
     /// ```
     #[must_use]
     pub fn only_changes_of(mut self, parts: impl IntoIterator<Item = ObjectPart>) -> Self {
-        self.primary.only_changes_of = parts.into_iter().map(|p| p as i32).collect();
+        self.primary.only_changes_of = parts
+            .into_iter()
+            .filter(|p| *p != ObjectPart::Unspecified)
+            .map(|p| p as i32)
+            .collect();
         self
     }
 

@@ -25,8 +25,9 @@ enum Op {
     AddSession(u8),
     RemoveSession(u8),
     Change(u8, u8, bool),
-    /// An object seen by the stream, or (`true`) by a list: the listed lane.
-    Observe(u8, u8, u8, bool),
+    /// An object seen by the stream, or (`true`) by a list: the listed lane; with a change
+    /// filter's hash (0: no filter), of few values so that equal ones are common.
+    Observe(u8, u8, u8, bool, u8),
     Sweep(u8),
     Take(u8, u8),
     Ack(u8, u8),
@@ -89,15 +90,15 @@ fuzz_target!(|ops: Vec<Op>| {
                     },
                 );
             }
-            Op::Observe(k, rv, epoch, listed) => {
+            Op::Observe(k, rv, epoch, listed, fingerprint) => {
                 q.observe_in(
                     &format!("k{}", k % 16),
                     Observed {
                         resource_version: rv.to_string(),
                         uid: "u".into(),
-                        body: None,
+                        body: Some(vec![0; usize::from(rv % 8)].into()),
                         trace: None,
-                        fingerprint: None,
+                        fingerprint: std::num::NonZeroU64::new(u64::from(fingerprint % 4)),
                     },
                     u32::from(epoch % 4),
                     if listed { Lane::Listed } else { Lane::Live },

@@ -136,18 +136,23 @@ func (b *Builder) For(object client.Object, opts ...builder.ForOption) *Builder 
 		b.errs = append(b.errs, errors.New("For() can only be called once"))
 	}
 	b.forObject = object
+	// As in controller-runtime, a later WithPredicates replaces an earlier one.
+	var predicates builder.ForOption
 	for _, opt := range opts {
-		switch opt := opt.(type) {
+		switch opt.(type) {
 		case builder.Predicates, *builder.Predicates:
-			p, err := predicateParts(opt)
-			if err != nil {
-				b.refuse(fmt.Errorf("For(%T, builder.WithPredicates(...)): %w", object, err))
-				continue
-			}
-			b.filter(fmt.Sprintf("For(%T, builder.WithPredicates(...))", object), p)
+			predicates = opt
 		default:
 			b.refuse(optionError("For", object, opt))
 		}
+	}
+	if predicates != nil {
+		p, err := predicateParts(predicates)
+		if err != nil {
+			b.refuse(fmt.Errorf("For(%T, builder.WithPredicates(...)): %w", object, err))
+			return b
+		}
+		b.filter(fmt.Sprintf("For(%T, builder.WithPredicates(...))", object), p)
 	}
 	return b
 }

@@ -89,6 +89,20 @@ func TestOptionsTheTierDoesNotServeAreRefusedWithTheAlternative(t *testing.T) {
 		{"an event filter beside Owns", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.GenerationChangedPredicate{}).Owns(&corev1.ConfigMap{})
 		}, "give the predicate to For instead"},
+		{"a nil predicate", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(nil))
+		}, "a nil predicate is not applied"},
+		{"a nil pointer to predicates", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, (*builder.Predicates)(nil))
+		}, "a nil predicate is not applied"},
+		{"a nil event filter", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}).WithEventFilter(nil)
+		}, "WithEventFilter: a nil predicate"},
+		{"a generation predicate with a function of its own", func(b *dispatch.Builder) *dispatch.Builder {
+			return b.For(&appsv1.Deployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{
+				TypedFuncs: predicate.Funcs{DeleteFunc: func(event.DeleteEvent) bool { return false }},
+			}))
+		}, "with functions of its own set"},
 		{"an event filter the tier cannot apply", func(b *dispatch.Builder) *dispatch.Builder {
 			return b.For(&appsv1.Deployment{}).WithEventFilter(predicate.Funcs{})
 		}, "WithEventFilter: predicate.TypedFuncs[client.Object] is not applied"},

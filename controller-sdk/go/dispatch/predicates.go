@@ -80,6 +80,9 @@ var (
 // pass) let through.
 func predicateParts(option any) (parts, error) {
 	v := reflect.Indirect(reflect.ValueOf(option))
+	if v.Kind() != reflect.Struct {
+		return 0, errUnknownPredicate(v)
+	}
 	return conjunction(v.FieldByName("predicates"))
 }
 
@@ -113,11 +116,17 @@ func conjunction(list reflect.Value) (parts, error) {
 func predicateValueParts(v reflect.Value) (parts, error) {
 	for v.Kind() == reflect.Interface || v.Kind() == reflect.Pointer {
 		if v.IsNil() {
-			return 0, errUnknownPredicate(v)
+			return 0, errUnknownPredicate(reflect.Value{})
 		}
 		v = v.Elem()
 	}
+	if !v.IsValid() {
+		return 0, errUnknownPredicate(v)
+	}
 	if p, ok := knownPredicates[v.Type()]; ok {
+		if hasFuncs(v) {
+			return 0, fmt.Errorf("%s with functions of its own set (CreateFunc, UpdateFunc, DeleteFunc, GenericFunc) is not applied by the tier, which applies the predicate's own comparison only: remove the functions, or skip in Reconcile what they skipped", typeName(v))
+		}
 		return p, nil
 	}
 	if v.Kind() != reflect.Struct || v.Type().PkgPath() != predicatePackage {
@@ -148,11 +157,33 @@ func predicateValueParts(v reflect.Value) (parts, error) {
 	return 0, errUnknownPredicate(v)
 }
 
+// hasFuncs says whether the known predicate v carries functions of its own in its embedded
+// TypedFuncs (which controller-runtime calls for the events other than updates).
+func hasFuncs(v reflect.Value) bool {
+	for i := range v.NumField() {
+		field := v.Field(i)
+		if !v.Type().Field(i).Anonymous || field.Kind() != reflect.Struct {
+			continue
+		}
+		for j := range field.NumField() {
+			if f := field.Field(j); f.Kind() == reflect.Func && !f.IsNil() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// typeName names v's type as a program spells it: predicate.TypedFuncs[client.Object], not
+// the package path in brackets.
+func typeName(v reflect.Value) string {
+	return strings.ReplaceAll(v.Type().String(), reflect.TypeFor[client.Object]().PkgPath()+".", "client.")
+}
+
 func errUnknownPredicate(v reflect.Value) error {
 	kind := "a nil predicate"
 	if v.IsValid() {
-		// predicate.TypedFuncs[client.Object], not the package path in brackets.
-		kind = strings.ReplaceAll(v.Type().String(), reflect.TypeFor[client.Object]().PkgPath()+".", "client.")
+		kind = typeName(v)
 	}
 	return fmt.Errorf("%s is not applied by the tier, which delivers every change of the objects it serves (level-triggered); "+
 		"the dispatchers apply predicate.GenerationChangedPredicate, LabelChangedPredicate, AnnotationChangedPredicate and ResourceVersionChangedPredicate, and predicate.Or of them; "+

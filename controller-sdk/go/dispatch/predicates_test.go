@@ -45,6 +45,12 @@ func TestPredicatesBecomeTheChangeFilter(t *testing.T) {
 			}
 		})
 	}
+	// As in controller-runtime, the last WithPredicates of a For replaces the earlier ones.
+	last := &Builder{}
+	last.For(nil, builder.WithPredicates(predicate.GenerationChangedPredicate{}), builder.WithPredicates(predicate.ResourceVersionChangedPredicate{}))
+	if len(last.errs) != 0 || last.changesOf.wire() != nil {
+		t.Fatalf("errors %v, only_changes_of %v; want every change", last.errs, last.changesOf.wire())
+	}
 	// WithEventFilter and For's predicates must both pass.
 	b := &Builder{}
 	b.For(nil, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})))

@@ -146,7 +146,7 @@ async fn open<T: Types>(
             }),
         )
         .await;
-        return Err(Lost::Unopened(tonic::Status::failed_precondition(format!(
+        return Err(Lost::TooOld(tonic::Status::failed_precondition(format!(
             "dispatcher {address} (version {}) does not serve {}, which this controller's subscriptions need: upgrade the dispatchers",
             if opened.dispatcher_version.is_empty() {
                 "unknown, before 0.1.0"
@@ -376,6 +376,9 @@ fn found_dead() -> tonic::Status {
 pub(super) enum Lost {
     /// No session was opened: the dispatcher could not be reached, or refused one.
     Unopened(tonic::Status),
+    /// The dispatcher opened a session but lacks a capability the subscriptions need (it is
+    /// older than the controller); the session was closed.
+    TooOld(tonic::Status),
     /// A session that was open ended (the dispatcher went away, or a renewal failed): it
     /// worked, so the next attempt starts the backoff afresh and follows a restarted
     /// dispatcher within a moment instead of after the delays earlier failures grew.

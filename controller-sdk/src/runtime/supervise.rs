@@ -67,11 +67,14 @@ async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: C
         match session(&address, &shared, &stop).await {
             Ok(()) => return,
             Err(lost) => {
-                let (status, opened) = match lost {
-                    Lost::Unopened(status) => (status, false),
-                    Lost::Ended(status) => (status, true),
+                let (status, opened, too_old) = match lost {
+                    Lost::Unopened(status) => (status, false, false),
+                    Lost::TooOld(status) => (status, false, true),
+                    Lost::Ended(status) => (status, true, false),
                 };
-                let delay = if status.code() == tonic::Code::FailedPrecondition && !opened {
+                // A refusal of the dispatcher's own (other subscriptions in the group, during a
+                // rolling update that changes them) is retried as any other.
+                let delay = if too_old {
                     // A dispatcher too old for what the subscriptions need: asking again soon
                     // would only keep the group it made for the refused session alive there.
                     error!(dispatcher = %address, %status, delay = ?TOO_OLD_RETRY, "the dispatcher cannot serve this controller; trying it again later");

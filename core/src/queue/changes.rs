@@ -146,7 +146,14 @@ impl GroupQueue {
                 // Waiting to be handed out, a change joins the delivery at no cost.
                 let waiting = matches!(e.state, State::Ready { .. });
                 if !waiting && object.fingerprint.is_some() && object.fingerprint == e.fingerprint {
+                    // Not delivered, but the version moves on (so a re-list showing it again
+                    // is no change), and a body held for an older one goes: a later delivery
+                    // (a retry, a resync) names this version, and is read at least as new.
+                    e.resource_version = Rv::new(&object.resource_version);
                     self.counts.changes_filtered += 1;
+                    if let Some(key) = known {
+                        self.drop_body(&key);
+                    }
                     return Vec::new();
                 }
                 Reason::Modified

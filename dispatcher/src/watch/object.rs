@@ -120,7 +120,9 @@ impl WatchedObject {
 
     /// What a change filter compares of the object (keys.md, "Change filters"): one hash of
     /// the `parts` of its metadata, read from the JSON text as the API server wrote it (map keys
-    /// in order); `None` for no parts, or metadata that does not decode.
+    /// in order); `None` (every change delivered) for no parts, metadata that does not decode,
+    /// or a generation part of an object without one (as kube-runtime's generation predicate
+    /// lets such objects through).
     pub fn fingerprint(&self, parts: Parts) -> Option<NonZeroU64> {
         #[derive(Deserialize)]
         struct Compared<'a> {
@@ -146,7 +148,7 @@ impl WatchedObject {
         let mut hash = Xxh64::new(0);
         if parts.contains(Parts::GENERATION) {
             hash.update(b"g");
-            hash.update(&compared.generation.unwrap_or(0).to_le_bytes());
+            hash.update(&compared.generation?.to_le_bytes());
         }
         for (part, tag, text) in [
             (Parts::LABELS, b"l", compared.labels),
@@ -259,6 +261,50 @@ mod tests {
             },
             "data": { "k": "v \"quoted\" ü" },
         })
+    }
+
+    #[test]
+    fn a_fingerprint_changes_with_the_parts_it_compares_only() {
+        let with = |patch: Value| {
+            let mut value = object();
+            value["metadata"]["generation"] = 3.into();
+            json_patch(&mut value, patch);
+            decode(&value)
+        };
+        let generation = Parts::GENERATION;
+        let both = Parts::GENERATION.with(Parts::LABELS);
+        let base = with(json!({}));
+        let status =
+            with(json!({ "status": { "ready": 1 }, "metadata": { "resourceVersion": "8" } }));
+        let relabelled = with(json!({ "metadata": { "labels": { "app": "db" } } }));
+        let annotated = with(json!({ "metadata": { "annotations": { "note": "x" } } }));
+        let respecced = with(json!({ "metadata": { "generation": 4 } }));
+        let fp = |o: &WatchedObject, parts| o.fingerprint(parts);
+        assert_eq!(fp(&base, Parts::ALL_CHANGES), None, "no filter");
+        assert_eq!(fp(&base, generation), fp(&status, generation));
+        assert_eq!(fp(&base, generation), fp(&relabelled, generation));
+        assert_ne!(fp(&base, generation), fp(&respecced, generation));
+        assert_ne!(fp(&base, both), fp(&relabelled, both));
+        assert_eq!(fp(&base, both), fp(&annotated, both));
+        assert_ne!(
+            fp(&base, Parts::ANNOTATIONS),
+            fp(&annotated, Parts::ANNOTATIONS)
+        );
+        // No generation (a ConfigMap): nothing to compare, every change is delivered.
+        assert_eq!(decode(&object()).fingerprint(generation), None);
+        assert!(decode(&object()).fingerprint(Parts::LABELS).is_some());
+    }
+
+    /// Merges `patch` into `value` (objects member by member).
+    fn json_patch(value: &mut Value, patch: Value) {
+        match (value, patch) {
+            (Value::Object(to), Value::Object(from)) => {
+                for (k, v) in from {
+                    json_patch(to.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (to, from) => *to = from,
+        }
     }
 
     #[test]

@@ -15,10 +15,13 @@ const (
 	capabilityReferences = "references"
 	// capabilityTriggers: the Trigger call.
 	capabilityTriggers = "triggers"
+	// capabilityChangeFilters: Subscription.only_changes_of. Never needed: a dispatcher
+	// without it delivers every change.
+	capabilityChangeFilters = "change-filters"
 )
 
 // Capabilities are those this SDK understands.
-var Capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers}
+var Capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers, capabilityChangeFilters}
 
 // missingCapabilities are those the subscriptions need that the dispatcher did not list: an
 // older dispatcher would take an owner or referenced_by subscription, whose fields it does not

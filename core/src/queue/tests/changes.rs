@@ -300,12 +300,15 @@ fn a_change_filter_skips_changes_that_leave_its_parts_as_recorded() {
     q.observe(key, filtered(4, 8), 1);
     q.ack(1, d[0].id, Outcome::Success, now);
     assert!(q.take(1, 10, now).is_empty(), "filtered while in flight");
-    // A resync goes, at the version last recorded (the reconcile reads at least that).
+    // A re-list showing that version again is no change, and counts nothing.
+    q.observe(key, filtered(4, 8), 2);
+    assert_eq!(q.counts.changes_filtered, 2);
+    // A resync goes, at the version last seen (the reconcile reads at least that).
     q.resync(key);
     let d = q.take(1, 10, now);
     assert_eq!(
         (d[0].reason, d[0].resource_version.as_str()),
-        (Reason::Resync, "3")
+        (Reason::Resync, "4")
     );
     q.ack(1, d[0].id, Outcome::Success, now);
     // Waiting to be handed out, a filtered change joins the delivery: its newest version.

@@ -93,8 +93,8 @@ const (
 	// Never sent; refused.
 	ObjectPart_OBJECT_PART_UNSPECIFIED ObjectPart = 0
 	// metadata.generation: the API server raises it when the spec changes (a custom resource
-	// without a status subresource: on any change but to metadata). A kind that sets none has
-	// no change delivered by this part alone.
+	// without a status subresource: on any change but to metadata). Every change of an object
+	// without one (some built-in kinds set none) is delivered.
 	ObjectPart_OBJECT_PART_GENERATION ObjectPart = 1
 	// metadata.labels.
 	ObjectPart_OBJECT_PART_LABELS ObjectPart = 2
