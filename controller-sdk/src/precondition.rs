@@ -128,17 +128,18 @@ fn conditional(
 /// at `seen`'s resourceVersion.
 pub async fn patch<K>(api: &Api<K>, seen: &K, patch: serde_json::Value) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + 'static,
 {
     let rv = resource_version(seen)?;
     let patch = conditional(patch, &rv)?;
-    api.patch(
-        &seen.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+    let written = api
+        .patch(
+            &seen.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
+    answered(written).map_err(|e| WriteError::from_kube(seen, &rv, e))
 }
 
 /// Applies the JSON merge patch `patch` to the status of the object `seen` names (its `status`
@@ -149,17 +150,18 @@ pub async fn patch_status<K>(
     patch: serde_json::Value,
 ) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + 'static,
 {
     let rv = resource_version(seen)?;
     let patch = conditional(patch, &rv)?;
-    api.patch_status(
-        &seen.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| WriteError::from_kube(seen, &rv, e))
+    let written = api
+        .patch_status(
+            &seen.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
+    answered(written).map_err(|e| WriteError::from_kube(seen, &rv, e))
 }
 
 /// Applies `patch` by server-side apply, as the field manager `manager` (forcing conflicts, as
@@ -174,7 +176,7 @@ pub async fn apply<K>(
     patch: serde_json::Value,
 ) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + 'static,
     K::DynamicType: Default,
 {
     apply_to(api, seen, manager, patch, false).await
@@ -203,7 +205,7 @@ pub async fn apply_status<K>(
     patch: serde_json::Value,
 ) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + 'static,
     K::DynamicType: Default,
 {
     apply_to(api, seen, manager, patch, true).await
@@ -218,7 +220,7 @@ async fn apply_to<K>(
     status: bool,
 ) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + 'static,
     K::DynamicType: Default,
 {
     let rv = resource_version(seen)?;
@@ -229,7 +231,7 @@ where
     } else {
         api.patch(&name, &params, &patch).await
     };
-    written.map_err(|e| WriteError::from_kube(seen, &rv, e))
+    answered(written).map_err(|e| WriteError::from_kube(seen, &rv, e))
 }
 
 /// `patch` (a JSON object, as [`conditional`] returns it) with the `apiVersion`, `kind` and
@@ -261,12 +263,22 @@ where
 /// it).
 pub async fn replace<K>(api: &Api<K>, object: &K) -> Result<K, WriteError>
 where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug + 'static,
 {
     let rv = resource_version(object)?;
-    api.replace(&object.name_any(), &PostParams::default(), object)
-        .await
-        .map_err(|e| WriteError::from_kube(object, &rv, e))
+    let written = api
+        .replace(&object.name_any(), &PostParams::default(), object)
+        .await;
+    answered(written).map_err(|e| WriteError::from_kube(object, &rv, e))
+}
+
+/// What a write answered, told to the reconcile running in this task: when it wrote its own
+/// object, the next delivery of the version it made is handed this without a read.
+fn answered<K: 'static>(written: Result<K, kube::Error>) -> Result<K, kube::Error> {
+    if let Ok(object) = &written {
+        crate::runtime::wrote(object);
+    }
+    written
 }
 
 #[cfg(test)]

@@ -32,10 +32,15 @@ import (
 // that a reconcile's own writes of children cause. NewClient keeps DefaultRecentObjectsBytes
 // of them; NewClientKeeping says how much.
 //
+// A reconcile that writes its delivered object (Update, Patch, or its status) and reads it
+// again is served what the write answered, without a request (read-your-writes, which an
+// informer cache does not give); the next delivery at that version, the change coming back
+// from the dispatcher's watch, is served it as well.
+//
 // Its requests are counted by verb and controller (kube_dispatch_api_requests_total), the
 // objects its Gets of delivered objects served by where they came from
-// (kube_dispatch_objects_loaded_total: request, recent, read), and the writes of reconciles
-// refused as stale (kube_dispatch_stale_writes_total).
+// (kube_dispatch_objects_loaded_total: request, recent, written, read), and the writes of
+// reconciles refused as stale (kube_dispatch_stale_writes_total).
 func NewClient(config *rest.Config, options client.Options) (client.Client, error) {
 	return asClient(newClient(config, options, DefaultRecentObjectsBytes))
 }
@@ -110,44 +115,73 @@ func (c *deliveredClient) Create(ctx context.Context, object client.Object, opti
 }
 
 func (c *deliveredClient) Update(ctx context.Context, object client.Object, options ...client.UpdateOption) error {
-	return c.wrote(ctx, object, countStale(ctx, object, c.Client.Update(ctx, object, options...)))
+	return c.wroteDelivered(ctx, object, c.wrote(ctx, object, countStale(ctx, object, c.Client.Update(ctx, object, options...))))
 }
 
 func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.PatchOption) error {
-	return c.wrote(ctx, object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...)))
+	return c.wroteDelivered(ctx, object, c.wrote(ctx, object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...))))
 }
 
 func (c *deliveredClient) Status() client.SubResourceWriter {
-	return staleCounting{c.Client.Status()}
+	return subResourceWriter{c.Client.Status(), c}
 }
 
 func (c *deliveredClient) SubResource(subResource string) client.SubResourceClient {
-	return staleCountingSubResource{c.Client.SubResource(subResource)}
+	return subResourceClient{c.Client.SubResource(subResource), c}
 }
 
-// staleCounting counts the stale writes of a subresource (the status) as of the object.
-type staleCounting struct {
+// subResourceWriter counts the stale writes of a subresource (the status) as of the object,
+// and keeps what a write of the delivered object's status answered, as the object's writes.
+type subResourceWriter struct {
 	client.SubResourceWriter
+	c *deliveredClient
 }
 
-func (w staleCounting) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
-	return countStale(ctx, object, w.SubResourceWriter.Update(ctx, object, options...))
+func (w subResourceWriter) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
+	return w.c.wroteDelivered(ctx, object, countStale(ctx, object, w.SubResourceWriter.Update(ctx, object, options...)))
 }
 
-func (w staleCounting) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
-	return countStale(ctx, object, w.SubResourceWriter.Patch(ctx, object, patch, options...))
+func (w subResourceWriter) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
+	return w.c.wroteDelivered(ctx, object, countStale(ctx, object, w.SubResourceWriter.Patch(ctx, object, patch, options...)))
 }
 
-type staleCountingSubResource struct {
+type subResourceClient struct {
 	client.SubResourceClient
+	c *deliveredClient
 }
 
-func (s staleCountingSubResource) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
-	return staleCounting{s.SubResourceClient}.Update(ctx, object, options...)
+func (s subResourceClient) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
+	return subResourceWriter{s.SubResourceClient, s.c}.Update(ctx, object, options...)
 }
 
-func (s staleCountingSubResource) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
-	return staleCounting{s.SubResourceClient}.Patch(ctx, object, patch, options...)
+func (s subResourceClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
+	return subResourceWriter{s.SubResourceClient, s.c}.Patch(ctx, object, patch, options...)
+}
+
+// wroteDelivered keeps what the API server answered a reconcile's successful write of its
+// delivered object (err nil), which the client decoded into object: the reconcile's next Get
+// of the object into that type is served it (read-your-writes, without a request), and so is
+// the next delivery at that version (the change the write made, coming back from the
+// dispatcher's watch), through the recent objects. A status or another subresource's answer
+// is the whole object too.
+func (c *deliveredClient) wroteDelivered(ctx context.Context, object client.Object, err error) error {
+	d := deliveryFrom(ctx)
+	if err != nil || d == nil || client.ObjectKeyFromObject(object) != d.Name || object.GetResourceVersion() == "" {
+		return err
+	}
+	gvk, gvkErr := apiutil.GVKForObject(object, c.Scheme())
+	delivered := d.Request.GetObject()
+	if gvkErr != nil || gvk.Group != delivered.GetGroup() || gvk.Kind != delivered.GetKind() {
+		return nil
+	}
+	body, jsonErr := json.Marshal(object)
+	if jsonErr != nil {
+		return nil
+	}
+	goType := fmt.Sprintf("%T", object)
+	d.Wrote(goType, body)
+	c.recent.keep(recentKey{controller: d.Metrics.Controller, goType: goType, key: d.Request.GetKey()}, object.GetResourceVersion(), string(object.GetUID()), body)
+	return nil
 }
 
 func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object client.Object, options ...client.GetOption) error {
@@ -160,12 +194,19 @@ func (c *deliveredClient) Get(ctx context.Context, key client.ObjectKey, object 
 	if err != nil || gvk.Group != delivered.GetGroup() || gvk.Version != delivered.GetVersion() || gvk.Kind != delivered.GetKind() {
 		return c.Client.Get(ctx, key, object, options...)
 	}
-	// The first read of the delivered object is the delivery's; a later one (after the
-	// reconcile's own write, say) reads the API server.
+	// After the reconcile's own write of the object, a read is what that write answered: newer
+	// than the delivery. Otherwise the first read is the delivery's, and a later one (after a
+	// write into another type, say) reads the API server.
+	goType := fmt.Sprintf("%T", object)
+	if body, ok := d.Written(goType); ok {
+		d.Serve()
+		d.Metrics.Loaded("written")
+		return decodeInto(body, object)
+	}
 	if !d.Serve() {
 		return c.Client.Get(ctx, key, object)
 	}
-	requestKey := recentKey{controller: d.Metrics.Controller, goType: fmt.Sprintf("%T", object), key: d.Request.GetKey()}
+	requestKey := recentKey{controller: d.Metrics.Controller, goType: goType, key: d.Request.GetKey()}
 	if d.Request.GetDeleted() {
 		c.recent.forget(requestKey)
 		d.Metrics.Loaded("request")

@@ -132,3 +132,54 @@ func TestAnApplyConflictIsNotStale(t *testing.T) {
 		t.Fatalf("an apply conflict: IsConflict %v, IsStale %v", apierrors.IsConflict(err), IsStale(err))
 	}
 }
+
+// After the reconcile's own write of its object, a read of it is what the write answered, with
+// no request; the next delivery at that version (the write's change coming back) is served it
+// too. A read into another type still goes to the API server.
+func TestAReadAfterTheReconcilesOwnWriteIsServedItsAnswer(t *testing.T) {
+	stored := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: "u1", ResourceVersion: "7"},
+		Data:       map[string]string{"v": "1"},
+	}
+	gets := 0
+	c := &deliveredClient{
+		Client: fake.NewClientBuilder().WithObjects(stored).WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, cl client.WithWatch, key client.ObjectKey, object client.Object, options ...client.GetOption) error {
+				gets++
+				return cl.Get(ctx, key, object, options...)
+			},
+		}).Build(),
+		recent: newRecentObjects(1 << 20),
+		fresh:  &freshness{},
+	}
+	key := types.NamespacedName{Namespace: "ns", Name: "a"}
+	objectKey := &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}
+	ctx := deliveredContext(&pb.ReconcileRequest{Key: "/ConfigMap/ns/a", Object: objectKey, ResourceVersion: "7", Uid: "u1"})
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, key, &cm); err != nil || gets != 1 {
+		t.Fatalf("first read: %v, %d requests", err, gets)
+	}
+	cm.Data["v"] = "2"
+	if err := c.Update(ctx, &cm); err != nil {
+		t.Fatal(err)
+	}
+	written := cm.ResourceVersion
+	var again corev1.ConfigMap
+	if err := c.Get(ctx, key, &again); err != nil {
+		t.Fatal(err)
+	}
+	if gets != 1 || again.Data["v"] != "2" || again.ResourceVersion != written {
+		t.Fatalf("read after the write: %d requests, %+v (written at %s)", gets, again, written)
+	}
+	var metadata metav1.PartialObjectMetadata
+	metadata.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	if err := c.Get(ctx, key, &metadata); err != nil || gets != 2 {
+		t.Fatalf("a read into another type: %v, %d requests", err, gets)
+	}
+	// The write's change, delivered without a body at its version, is served what it answered.
+	next := deliveredContext(&pb.ReconcileRequest{Key: "/ConfigMap/ns/a", Object: objectKey, ResourceVersion: written, Uid: "u1"})
+	var echoed corev1.ConfigMap
+	if err := c.Get(next, key, &echoed); err != nil || gets != 2 || echoed.Data["v"] != "2" {
+		t.Fatalf("the write's echo: %v, %d requests, %+v", err, gets, echoed)
+	}
+}

@@ -17,6 +17,7 @@
 mod endings;
 mod load;
 mod recent;
+pub(crate) use recent::wrote;
 mod reconcile;
 mod session;
 mod shared;
@@ -126,7 +127,7 @@ where
         } else {
             ControllerMetrics::off()
         },
-        recent: recent::Recent::new(recent_objects),
+        recent: Arc::new(recent::Recent::new(recent_objects)),
         live: Mutex::default(),
         session_opened: tokio::sync::Notify::new(),
         endings: endings::Endings::default(),

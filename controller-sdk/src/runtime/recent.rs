@@ -9,13 +9,23 @@
 //! if this replica reconciled the object at exactly that version, it is the same object (a
 //! resourceVersion names one state of one object), and it is handed to the reconcile again.
 //!
+//! A reconcile's own write of its object ([`crate::precondition`]'s writes) replaces the object
+//! kept with what the API server answered: the change the write made comes back from the
+//! dispatcher's watch as a delivery at that version (`MODIFIED`, or `OWNED` once children
+//! change), and is handed the written object without a read.
+//!
 //! Bounded by the JSON size of the objects kept, with their keys, versions, uids and a fixed
-//! cost an entry ([`crate::Controller::recent_objects`]; decoded, an object takes some more), least
-//! recently used out first; a key is forgotten when its object is deleted. Only ever a way to
-//! skip a read: a key not found here is read as before.
+//! cost an entry ([`crate::Controller::recent_objects`]; decoded, an object takes some more; an
+//! object a write answered counts at the size of the one it replaces), least recently used out
+//! first; a key is forgotten when its object is deleted. Only ever a way to skip a read: a key
+//! not found here is read as before.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    any::Any,
+    sync::{Arc, Mutex},
+};
 
+use kube::Resource;
 use lru::LruCache;
 
 /// What an entry costs beside its strings and JSON (the map's node, the `Arc`, the strings'
@@ -107,12 +117,69 @@ impl<K> Recent<K> {
         );
     }
 
+    /// Replaces the object kept for `key` with `object`, at `resource_version`, if the one kept
+    /// has the uid `uid` (the same object, which a reconcile here wrote): counted at the kept
+    /// one's size. Nothing is kept when nothing was.
+    pub(crate) fn update(&self, key: &str, (resource_version, uid): (&str, &str), object: Arc<K>) {
+        let Some(mut kept) = self.lock() else { return };
+        let Some(entry) = kept.map.get_mut(key) else {
+            return;
+        };
+        if resource_version.is_empty() || uid.is_empty() || entry.uid != uid {
+            return;
+        }
+        // Versions differ by a few bytes at most: the budget may be passed by those.
+        let old = entry.weight;
+        entry.weight = old - entry.resource_version.len() + resource_version.len();
+        entry.resource_version = resource_version.to_owned();
+        entry.object = object;
+        let new = entry.weight;
+        kept.bytes = kept.bytes - old + new;
+    }
+
     /// Forgets `key` (its object was deleted).
     pub(crate) fn forget(&self, key: &str) {
         if let Some(mut kept) = self.lock()
             && let Some(old) = kept.map.pop(key)
         {
             kept.bytes -= old.weight;
+        }
+    }
+}
+
+/// Whoever keeps the objects of the reconcile running in this task (its controller's
+/// [`Recent`], for its request key).
+pub(crate) trait OwnWrites: Send + Sync {
+    /// The reconcile wrote `object` (of some type), and the API server answered this.
+    fn wrote(&self, object: &dyn Any);
+}
+
+tokio::task_local! {
+    /// The objects kept for the reconcile running in this task.
+    pub(crate) static OWN_WRITES: Arc<dyn OwnWrites>;
+}
+
+/// A reconcile's write answered `object`: if it is the reconcile's own object (its type, and
+/// the uid of the object kept for its key), the object kept for its key becomes this one.
+/// Outside a reconcile, nothing.
+pub(crate) fn wrote<W: Any>(object: &W) {
+    let _ = OWN_WRITES.try_with(|writes| writes.wrote(object));
+}
+
+/// The objects kept for the reconcile of `key`.
+pub(crate) struct KeepOwn<K> {
+    pub(crate) key: String,
+    pub(crate) recent: Arc<Recent<K>>,
+}
+
+impl<K: Resource + Clone + Send + Sync + 'static> OwnWrites for KeepOwn<K> {
+    fn wrote(&self, object: &dyn Any) {
+        if let Some(object) = object.downcast_ref::<K>() {
+            let meta = object.meta();
+            let version = meta.resource_version.as_deref().unwrap_or_default();
+            let uid = meta.uid.as_deref().unwrap_or_default();
+            self.recent
+                .update(&self.key, (version, uid), Arc::new(object.clone()));
         }
     }
 }
@@ -138,6 +205,21 @@ mod tests {
         recent.keep("k", ("8", "u1"), Arc::new("eight"), 100);
         assert_eq!(recent.get("k", "7", ""), None, "replaced");
         assert_eq!(recent.get("k", "8", "").as_deref(), Some(&"eight"));
+        // The reconcile's own write of the object: kept at the version it made.
+        recent.update("k", ("9", "u1"), Arc::new("nine"));
+        assert_eq!(recent.get("k", "9", "u1").as_deref(), Some(&"nine"));
+        recent.update("k", ("10", "u2"), Arc::new("another object"));
+        recent.update("never-kept", ("10", "u1"), Arc::new("not kept"));
+        assert_eq!(
+            recent.get("k", "10", ""),
+            None,
+            "another uid is not the object kept"
+        );
+        assert_eq!(
+            recent.get("never-kept", "10", ""),
+            None,
+            "only what was kept is replaced"
+        );
         recent.forget("k");
         assert_eq!(recent.get("k", "8", ""), None, "deleted");
         recent.keep("k", ("", "u1"), Arc::new("none"), 100);

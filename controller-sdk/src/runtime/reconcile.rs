@@ -4,7 +4,7 @@
 use std::{
     collections::HashSet,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -18,6 +18,7 @@ use tracing::debug;
 
 use super::{
     load::load,
+    recent::{KeepOwn, OWN_WRITES, OwnWrites},
     shared::{Outcome, Shared, Types},
 };
 use crate::{Action, Error, metrics::Ended};
@@ -58,9 +59,17 @@ pub(super) async fn reconcile_one<T: Types>(
         } else {
             String::new()
         };
+        // What the reconcile's writes of its own object answer is kept as the object.
+        let own: Arc<dyn OwnWrites> = Arc::new(KeepOwn {
+            key: key.clone(),
+            recent: shared.recent.clone(),
+        });
         Some(
             crate::metrics::CONTROLLER
-                .scope(controller, memo.scope(run_reconcile(shared, request)))
+                .scope(
+                    controller,
+                    OWN_WRITES.scope(own, memo.scope(run_reconcile(shared, request))),
+                )
                 .await,
         )
     };

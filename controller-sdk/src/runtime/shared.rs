@@ -88,7 +88,7 @@ pub(super) struct Shared<T: Types> {
     /// This controller's metrics.
     pub(super) metrics: ControllerMetrics,
     /// The objects reconciled last, for deliveries of a version already held.
-    pub(super) recent: super::recent::Recent<T::K>,
+    pub(super) recent: Arc<super::recent::Recent<T::K>>,
     /// The open sessions, by dispatcher address: where triggers go (`reconcile_on`). At most
     /// one per assigned dispatcher.
     pub(super) live: Mutex<HashMap<String, LiveSession>>,

@@ -50,8 +50,12 @@ type Delivery struct {
 	// delivered memo when it left none.
 	memo []byte
 	// served is set once NewClient's client has served the delivered object to the reconcile:
-	// later reads of it (after its own writes) go to the API server.
+	// later reads of it go to the API server, or to written.
 	served bool
+	// written is the delivered object as the API server answered the reconcile's last write of
+	// it, as JSON, and the Go type it was decoded into (Wrote).
+	written     []byte
+	writtenType string
 }
 
 // NewDelivery is a delivery of request that belongs to no session or queue: what a reconcile
@@ -88,6 +92,23 @@ func (d *Delivery) Serve() bool {
 	first := !d.served
 	d.served = true
 	return first
+}
+
+// Wrote records the delivered object as the API server answered the reconcile's write of it
+// (its JSON, decoded into goType): a later read of it into that type is served this, the
+// reconcile's own write, without a request.
+func (d *Delivery) Wrote(goType string, body []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.written, d.writtenType = body, goType
+}
+
+// Written is the delivered object as the reconcile's last write of it left it, if it was
+// decoded into goType.
+func (d *Delivery) Written(goType string) ([]byte, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.written, d.written != nil && d.writtenType == goType
 }
 
 // ErrFenced is the cause of a delivery's context when its session was lost: its key may go to

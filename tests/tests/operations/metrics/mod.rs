@@ -4,6 +4,7 @@
 
 mod support;
 
+mod own_writes;
 mod reads;
 mod replica;
 mod tier;
