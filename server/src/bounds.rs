@@ -6,6 +6,8 @@
 //! | --- | --- | --- |
 //! | connections in all ([`ServerLimits::max_connections`]) | 4096 | a new connection is closed at once |
 //! | connections from one peer address ([`ServerLimits::max_connections_per_peer`]) | 128 | that peer's new connection is closed at once |
+//! | TLS handshakes in progress ([`MAX_HANDSHAKES`]), from one peer address ([`MAX_HANDSHAKES_PER_PEER`]) | 256, 8 | the new connection is closed at once: peers that stall handshakes hold at most 8 places each, each for at most 2 s (the TLS module's `HANDSHAKE_TIMEOUT`) |
+//! | a connection that says nothing after its handshake (the TLS module's `FIRST_BYTES_TIMEOUT`) | 2 s | the connection is closed |
 //! | calls at once on one connection ([`ServerLimits::max_streams_per_connection`]) | 128 | HTTP/2 refuses the stream (REFUSED_STREAM) |
 //! | calls at once that need no credential, over all peers ([`ServerLimits::max_unauthenticated_calls`]) | 64 | RESOURCE_EXHAUSTED |
 //! | a call's time to its answer ([`ServerLimits::request_timeout`]) | 2 min | the call ends CANCELLED |
@@ -27,6 +29,11 @@ use std::{
 use tonic::transport::server::Server;
 
 pub use kube_dispatch_telemetry::metrics::Refusals;
+
+/// Most TLS handshakes in progress at once on one listener.
+pub const MAX_HANDSHAKES: usize = 256;
+/// Most TLS handshakes in progress at once from one peer address: a client has one or two.
+pub const MAX_HANDSHAKES_PER_PEER: usize = 8;
 
 /// The transport bounds of one server, set by [`crate::flags::ServerFlags`]. The defaults are the flags'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,14 +95,85 @@ impl ServerLimits {
     }
 }
 
-/// The connections open now, in all and per peer address, held within
-/// [`ServerLimits::max_connections`] and [`ServerLimits::max_connections_per_peer`]. The map
-/// holds an entry only for peers with a connection open, so it is bounded by the first.
+/// Places held now, in all and per peer address, within a bound on each. The map holds an
+/// entry only for peers that hold a place, so it is bounded by the first bound.
+#[derive(Debug)]
+struct Places {
+    /// What the places are for, and the refusals' bound names: in all, and per peer.
+    what: &'static str,
+    bounds: [&'static str; 2],
+    /// Most places in all, and per peer.
+    limits: [usize; 2],
+    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+impl Places {
+    fn new(what: &'static str, bounds: [&'static str; 2], limits: [usize; 2]) -> Self {
+        Self {
+            what,
+            bounds,
+            limits,
+            held: Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    /// Takes a place for `peer`, or counts and logs the refusal in `refusals`.
+    fn take(&self, peer: IpAddr, refusals: &Refusals) -> bool {
+        let refused = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let (total, per_peer) = &mut *held;
+            let of_peer = per_peer.get(&peer).copied().unwrap_or(0);
+            if *total >= self.limits[0] {
+                Some(0)
+            } else if of_peer >= self.limits[1] {
+                Some(1)
+            } else {
+                *total += 1;
+                per_peer.insert(peer, of_peer + 1);
+                None
+            }
+        };
+        if let Some(i) = refused {
+            let scope = if i == 0 { "" } else { " from one address" };
+            refusals.refused(
+                self.bounds[i],
+                &peer.to_string(),
+                &format!(
+                    "at most {} {}{scope}; new connections are closed",
+                    self.limits[i], self.what
+                ),
+            );
+        }
+        refused.is_none()
+    }
+
+    /// Frees a place of `peer`.
+    fn give_back(&self, peer: IpAddr) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, per_peer) = &mut *held;
+        *total = total.saturating_sub(1);
+        if let Some(n) = per_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                per_peer.remove(&peer);
+            }
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+}
+
+/// The connections open now and the TLS handshakes in progress, in all and per peer address,
+/// held within [`ServerLimits::max_connections`] and
+/// [`ServerLimits::max_connections_per_peer`], and [`MAX_HANDSHAKES`] and
+/// [`MAX_HANDSHAKES_PER_PEER`].
 #[derive(Debug)]
 pub struct Connections {
-    limits: ServerLimits,
     refusals: Refusals,
-    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    open: Places,
+    handshakes: Places,
 }
 
 /// One connection admitted by [`Connections::admit`]; dropping it frees its place.
@@ -105,68 +183,69 @@ pub struct ConnectionPermit {
     peer: IpAddr,
 }
 
+/// One TLS handshake let start by [`Connections::handshake`]; dropping it frees its place.
+#[derive(Debug)]
+pub struct HandshakePermit {
+    connections: Arc<Connections>,
+    peer: IpAddr,
+}
+
 impl Connections {
     /// Connections held within `limits`; refusals counted in `refusals`.
     pub fn new(limits: ServerLimits, refusals: Refusals) -> Arc<Self> {
         Arc::new(Self {
-            limits,
             refusals,
-            open: Mutex::new((0, HashMap::new())),
+            open: Places::new(
+                "connections",
+                ["connections", "connections_per_peer"],
+                [limits.max_connections, limits.max_connections_per_peer],
+            ),
+            handshakes: Places::new(
+                "TLS handshakes in progress",
+                ["handshakes", "handshakes_per_peer"],
+                [MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER],
+            ),
         })
     }
 
     /// A place for a new connection from `peer`, or `None` (then close it) when this server
     /// or that peer is at its bound.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ConnectionPermit> {
-        let refused = {
-            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-            let (total, per_peer) = &mut *open;
-            let of_peer = per_peer.get(&peer).copied().unwrap_or(0);
-            if *total >= self.limits.max_connections {
-                Some(("connections", self.limits.max_connections))
-            } else if of_peer >= self.limits.max_connections_per_peer {
-                Some(("connections_per_peer", self.limits.max_connections_per_peer))
-            } else {
-                *total += 1;
-                per_peer.insert(peer, of_peer + 1);
-                None
-            }
-        };
-        if let Some((bound, limit)) = refused {
-            self.refusals.refused(
-                bound,
-                &peer.to_string(),
-                &format!("at most {limit} connections; new ones are closed"),
-            );
-            return None;
-        }
-        Some(ConnectionPermit {
-            connections: self.clone(),
-            peer,
-        })
+        self.open
+            .take(peer, &self.refusals)
+            .then(|| ConnectionPermit {
+                connections: self.clone(),
+                peer,
+            })
+    }
+
+    /// A place for a TLS handshake with `peer`, or `None` (then close the connection) when
+    /// this server or that peer has as many in progress as allowed: peers that stall their
+    /// handshakes cannot take every place from the others.
+    pub fn handshake(self: &Arc<Self>, peer: IpAddr) -> Option<HandshakePermit> {
+        self.handshakes
+            .take(peer, &self.refusals)
+            .then(|| HandshakePermit {
+                connections: self.clone(),
+                peer,
+            })
     }
 
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).0
+        self.open.total()
     }
 }
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        let mut open = self
-            .connections
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (total, per_peer) = &mut *open;
-        *total = total.saturating_sub(1);
-        if let Some(n) = per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                per_peer.remove(&self.peer);
-            }
-        }
+        self.connections.open.give_back(self.peer);
+    }
+}
+
+impl Drop for HandshakePermit {
+    fn drop(&mut self) {
+        self.connections.handshakes.give_back(self.peer);
     }
 }
 
@@ -198,7 +277,34 @@ mod tests {
         drop(a1);
         assert_eq!(connections.open(), 2);
         let _c1 = connections.admit(c).expect("a place was freed");
-        assert_eq!(connections.open.lock().unwrap().1.len(), 3);
+        assert_eq!(connections.open.held.lock().unwrap().1.len(), 3);
+    }
+
+    #[test]
+    fn handshakes_are_held_per_peer_and_in_all() {
+        let refusals = Refusals::unregistered();
+        let connections = Connections::new(ServerLimits::default(), refusals.clone());
+        let stalling: IpAddr = "10.0.0.1".parse().unwrap();
+        let held: Vec<_> = (0..MAX_HANDSHAKES_PER_PEER)
+            .map(|_| {
+                connections
+                    .handshake(stalling)
+                    .expect("within the peer's bound")
+            })
+            .collect();
+        assert!(connections.handshake(stalling).is_none());
+        assert_eq!(refusals.count("handshakes_per_peer"), 1);
+        // Others still get a place, until the server's bound.
+        let mut others = Vec::new();
+        for i in 2..=255u8 {
+            match connections.handshake(IpAddr::from([10, 0, 0, i])) {
+                Some(p) => others.push(p),
+                None => break,
+            }
+        }
+        assert_eq!(held.len() + others.len(), MAX_HANDSHAKES.min(8 + 254));
+        drop(held);
+        assert!(connections.handshake(stalling).is_some(), "freed");
     }
 
     #[test]
@@ -209,6 +315,6 @@ mod tests {
             drop(connections.admit(peer));
         }
         assert_eq!(connections.open(), 0);
-        assert!(connections.open.lock().unwrap().1.is_empty());
+        assert!(connections.open.held.lock().unwrap().1.is_empty());
     }
 }

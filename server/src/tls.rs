@@ -6,10 +6,14 @@
 //! only when the operator asked for it ([`Transport::Plaintext`], the binaries' `--insecure`).
 //!
 //! Bounds: connections in all and per peer address ([`crate::bounds::Connections`]: past them a
-//! new connection is closed at once); at most [`MAX_HANDSHAKES`] handshakes at once (further
-//! connections are closed at once, as a full backlog would refuse them), each within
-//! [`HANDSHAKE_TIMEOUT`]; at most [`ACCEPTED_BACKLOG`] accepted connections wait for the server
-//! to take them.
+//! new connection is closed at once); at most [`MAX_HANDSHAKES`] handshakes at once, and
+//! [`MAX_HANDSHAKES_PER_PEER`] from one address (further connections are closed at once, as a
+//! full backlog would refuse them), each within [`HANDSHAKE_TIMEOUT`]; a connection that sends
+//! nothing within [`FIRST_BYTES_TIMEOUT`] of its handshake is closed; at most
+//! [`ACCEPTED_BACKLOG`] accepted connections wait for the server to take them. A flood of
+//! handshakes that never finish, or of connections that never speak, from a few addresses
+//! holds a few places each, for seconds: a new replica, or a health check on a new connection,
+//! still gets in (`proto/kubedispatch/v1/security.md`, "Threats and bounds").
 
 use std::{
     future::Future as _,
@@ -31,24 +35,25 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::{Semaphore, mpsc},
+    sync::mpsc,
 };
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, info, warn};
 
 use crate::bounds::{ConnectionPermit, Connections};
+pub use crate::bounds::{MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
 
-/// Most TLS handshakes in progress at once on one listener.
-pub const MAX_HANDSHAKES: usize = 256;
-/// Longest a client may take to complete its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a client may take to complete its TLS handshake (one round trip and a signature on
+/// a cluster's network: milliseconds).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most accepted connections waiting for the server to take them.
 pub const ACCEPTED_BACKLOG: usize = 64;
 /// Longest a connection may stay silent after it is accepted (after its TLS handshake): one
 /// that has sent nothing by then is closed, so silent connections cannot hold the server's
 /// places until HTTP/2 keepalive (which starts only once the client has spoken) would notice.
-pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+/// An HTTP/2 client sends its preface at once.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How a server speaks to its clients.
 #[derive(Clone, Debug)]
@@ -279,7 +284,6 @@ async fn accept(
     connections: Arc<Connections>,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
         let (tcp, peer) = tokio::select! {
             () = tx.closed() => return,
@@ -310,8 +314,9 @@ async fn accept(
             }
             continue;
         };
-        let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
-            debug!(%peer, limit = MAX_HANDSHAKES, "too many TLS handshakes in progress; connection closed");
+        // Closed at once when this server or this peer has as many handshakes in progress as
+        // it may (counted and logged as a refusal).
+        let Some(handshake) = connections.handshake(peer.ip()) else {
             continue;
         };
         let (acceptor, tx) = (acceptor.clone(), tx.clone());

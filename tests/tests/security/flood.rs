@@ -1,0 +1,175 @@
+//! Floods that would hold the door shut (`proto/kubedispatch/v1/security.md`, "Threats and
+//! bounds"): TLS handshakes that never finish and TLS connections that never speak, from twenty
+//! addresses, each reopened a tenth of a second after the dispatcher closes it. A new replica's
+//! session still opens, and its first poll is answered, within a second.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use kube_dispatch_proto::v1::PollRequest;
+use kube_dispatch_telemetry::metrics::Metrics;
+use kube_dispatch_tests::{
+    TestResult,
+    dispatcher::{TestDispatcher, TestSession, subscription, test_config},
+};
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+use tokio::{io::AsyncReadExt, net::TcpSocket};
+use tokio_util::sync::CancellationToken;
+
+/// Addresses of the flood: 127.0.0.2 to 127.0.0.21 (the whole of 127/8 is loopback).
+const ADDRESSES: u8 = 20;
+/// Per address: connections that stall their handshake, and that finish it and say nothing.
+const STALLED: usize = 20;
+const SILENT: usize = 5;
+
+/// A connection to `server` from `from`, held until the server closes it or `stop`; then again,
+/// a tenth of a second later.
+async fn hold(
+    server: SocketAddr,
+    from: Ipv4Addr,
+    tls: Option<tokio_rustls::TlsConnector>,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let Ok(socket) = TcpSocket::new_v4() else {
+            return;
+        };
+        if socket.bind(SocketAddr::new(IpAddr::V4(from), 0)).is_err() {
+            return;
+        }
+        let Ok(tcp) = socket.connect(server).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut buf = [0u8; 256];
+        let read = async {
+            match &tls {
+                // Nothing sent: a handshake that never starts.
+                None => {
+                    let mut tcp = tcp;
+                    while tcp.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                }
+                // A handshake, then silence.
+                Some(connector) => {
+                    let name = ServerName::try_from("localhost").expect("a name");
+                    if let Ok(mut stream) = connector.connect(name, tcp).await {
+                        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = read => {}
+        }
+        // Reopened a moment after the server closes it: 20 addresses of 25 connections each
+        // still try thousands of times a second, from this test's own two cores.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn connector() -> TestResult<tokio_rustls::TlsConnector> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = kube_dispatch_tests::Cluster::shared()
+        .dir()
+        .join("pki/ca.crt");
+    for cert in CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// The dispatcher's count of connections closed at `bound` (`kube_dispatch_refused_total`).
+fn refused(metrics: &Metrics, bound: &str) -> f64 {
+    let series = format!(r#"kube_dispatch_refused_total{{bound="{bound}"}}"#);
+    metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out() -> TestResult {
+    let metrics = Metrics::default();
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.metrics = metrics.clone();
+    let d = TestDispatcher::start(config).await?;
+    let stop = CancellationToken::new();
+    let tls = connector()?;
+    let mut flood = tokio::task::JoinSet::new();
+    for a in 0..ADDRESSES {
+        let from = Ipv4Addr::new(127, 0, 0, 2 + a);
+        for _ in 0..STALLED {
+            flood.spawn(hold(d.addr, from, None, stop.clone()));
+        }
+        for _ in 0..SILENT {
+            flood.spawn(hold(d.addr, from, Some(tls.clone()), stop.clone()));
+        }
+    }
+    // The flood holds what it can (more stalled handshakes than the server allows in all), until
+    // it is refused more.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused(&metrics, "handshakes_per_peer") + refused(&metrics, "handshakes") < 100.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the flood was never refused a handshake"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut slowest = Duration::ZERO;
+    for i in 0..5 {
+        let started = Instant::now();
+        // A new replica: a new connection, a session, its first poll answered.
+        let opened = tokio::time::timeout(
+            Duration::from_secs(1),
+            TestSession::open(
+                &d,
+                "g",
+                &format!("r{i}"),
+                vec![subscription("v1", "ConfigMap", "default")],
+            ),
+        )
+        .await;
+        let mut session =
+            opened.map_err(|_| format!("replica {i}: no session within 1 s of the flood"))??;
+        let polled = session
+            .client
+            .poll(PollRequest {
+                session_id: session.id.clone(),
+                max_items: 1,
+                wait: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 1_000_000,
+                }),
+                ..Default::default()
+            })
+            .await;
+        assert!(polled.is_ok(), "replica {i}: {polled:?}");
+        println!(
+            "replica {i}: polled {:?} after it connected (refused so far: {} in all, {} per address)",
+            started.elapsed(),
+            refused(&metrics, "handshakes"),
+            refused(&metrics, "handshakes_per_peer")
+        );
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest new replica: {slowest:?}"
+    );
+    println!("slowest new replica under the flood: {slowest:?}");
+    stop.cancel();
+    while flood.join_next().await.is_some() {}
+    d.stop().await;
+    Ok(())
+}
