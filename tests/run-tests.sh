@@ -74,11 +74,12 @@ trap 'exit 129' HUP
 # fresh machines share. CARGO_INCREMENTAL=1 keeps it for a developer's repeated runs.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
-# A cold clone's run writes about 16 GiB (target/, Go's module and build caches, the Kubernetes
-# binaries): say so before the first build rather than as a compiler's I/O error minutes later.
+# A cold clone's run writes about 20 GiB (Go's build cache 11, target/ 6, the module caches and
+# the Kubernetes binaries the rest): say so before the first build rather than as a compiler's
+# I/O error minutes later.
 free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
-if ((free_kib < 16 * 1024 * 1024)); then
-  echo "run-tests: warning: $((free_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 { print $6 }'); a cold run needs about 16 GiB (README, \"A test command\")" >&2
+if ((free_kib < 20 * 1024 * 1024)); then
+  echo "run-tests: warning: $((free_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 { print $6 }'); a cold run needs about 20 GiB (README, \"A test command\")" >&2
 fi
 
 step "pinned versions"
