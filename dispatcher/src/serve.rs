@@ -98,10 +98,11 @@ pub async fn serve(
     let guard = guard(&config, &client).await?;
     let local = listener.local_addr().ok();
     let refusals = config.metrics.refusals();
+    let connections = Connections::new(config.server, refusals.clone());
     let incoming = kube_dispatch_server::tls::incoming(
         listener,
         &config.security.transport,
-        Connections::new(config.server, refusals.clone()),
+        connections.clone(),
     )?;
     let resolver = Resolver::new(client.clone());
     let (groups, lease_sessions) =
@@ -166,11 +167,10 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted::<tonic::body::Body>,
         ))
-        .layer(AuthLayer::new(
-            guard.authentication().clone(),
-            &config.server,
-            refusals,
-        ))
+        .layer(
+            AuthLayer::new(guard.authentication().clone(), &config.server, refusals)
+                .vouching(connections),
+        )
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)

@@ -109,11 +109,9 @@ pub async fn serve(
     kube_dispatch_server::tls::warn_if_plaintext(&config.transport, "load balancer");
     // TCP_NODELAY is set on every connection: small frames must not wait for a delayed ACK.
     let refusals = config.metrics.refusals();
-    let incoming = kube_dispatch_server::tls::incoming(
-        listener,
-        &config.transport,
-        Connections::new(config.server, refusals.clone()),
-    )?;
+    let connections = Connections::new(config.server, refusals.clone());
+    let incoming =
+        kube_dispatch_server::tls::incoming(listener, &config.transport, connections.clone())?;
     let authentication = match &config.authentication {
         Some(auth) => {
             Authentication::Required(Arc::new(Authenticator::new(client.clone(), auth.clone())))
@@ -181,7 +179,7 @@ pub async fn serve(
     let result = config
         .server
         .server()
-        .layer(AuthLayer::new(authentication, &config.server, refusals))
+        .layer(AuthLayer::new(authentication, &config.server, refusals).vouching(connections))
         .add_service(health_service)
         .add_service(LoadBalancerServer::new(service))
         .serve_with_incoming_shutdown(incoming, async {

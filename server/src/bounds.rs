@@ -8,6 +8,7 @@
 //! | connections from one peer address ([`ServerLimits::max_connections_per_peer`]) | 128 | that peer's new connection is closed at once |
 //! | TLS handshakes in progress ([`MAX_HANDSHAKES`]), from one peer address ([`MAX_HANDSHAKES_PER_PEER`]) | 256, 8 | the new connection is closed at once: peers that stall handshakes hold at most 8 places each, each for at most 2 s (the TLS module's `HANDSHAKE_TIMEOUT`) |
 //! | a connection that says nothing after its handshake (the TLS module's `FIRST_BYTES_TIMEOUT`) | 2 s | the connection is closed |
+//! | places kept for known peers (addresses that authenticated a call in the last [`KNOWN_FOR`], at most [`MAX_KNOWN_PEERS`] remembered) | a quarter more connections and handshakes in all, with the same bound per address | taken only once every other place is held: a flood from many addresses does not lock out a replica that reconnects, or the tier's members |
 //! | calls at once on one connection ([`ServerLimits::max_streams_per_connection`]) | 128 | HTTP/2 refuses the stream (REFUSED_STREAM) |
 //! | calls at once that need no credential, over all peers ([`ServerLimits::max_unauthenticated_calls`]) | 64 | RESOURCE_EXHAUSTED |
 //! | a call's time to its answer ([`ServerLimits::request_timeout`]) | 2 min | the call ends CANCELLED |
@@ -99,52 +100,40 @@ impl ServerLimits {
 /// entry only for peers that hold a place, so it is bounded by the first bound.
 #[derive(Debug)]
 struct Places {
-    /// What the places are for, and the refusals' bound names: in all, and per peer.
-    what: &'static str,
-    bounds: [&'static str; 2],
     /// Most places in all, and per peer.
     limits: [usize; 2],
     held: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
+/// Which bound refused a place: in all, or per peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Full {
+    All,
+    Peer,
+}
+
 impl Places {
-    fn new(what: &'static str, bounds: [&'static str; 2], limits: [usize; 2]) -> Self {
+    fn new(limits: [usize; 2]) -> Self {
         Self {
-            what,
-            bounds,
             limits,
             held: Mutex::new((0, HashMap::new())),
         }
     }
 
-    /// Takes a place for `peer`, or counts and logs the refusal in `refusals`.
-    fn take(&self, peer: IpAddr, refusals: &Refusals) -> bool {
-        let refused = {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            let (total, per_peer) = &mut *held;
-            let of_peer = per_peer.get(&peer).copied().unwrap_or(0);
-            if *total >= self.limits[0] {
-                Some(0)
-            } else if of_peer >= self.limits[1] {
-                Some(1)
-            } else {
-                *total += 1;
-                per_peer.insert(peer, of_peer + 1);
-                None
-            }
-        };
-        if let Some(i) = refused {
-            let scope = if i == 0 { "" } else { " from one address" };
-            refusals.refused(
-                self.bounds[i],
-                &peer.to_string(),
-                &format!(
-                    "at most {} {}{scope}; new connections are closed",
-                    self.limits[i], self.what
-                ),
-            );
+    /// Takes a place for `peer`, or says which bound is reached.
+    fn take(&self, peer: IpAddr) -> Result<(), Full> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, per_peer) = &mut *held;
+        let of_peer = per_peer.get(&peer).copied().unwrap_or(0);
+        if *total >= self.limits[0] {
+            return Err(Full::All);
         }
-        refused.is_none()
+        if of_peer >= self.limits[1] {
+            return Err(Full::Peer);
+        }
+        *total += 1;
+        per_peer.insert(peer, of_peer + 1);
+        Ok(())
     }
 
     /// Frees a place of `peer`.
@@ -165,15 +154,81 @@ impl Places {
     }
 }
 
+/// Places of one kind (connections, or TLS handshakes in progress): the general ones, and a
+/// reserve that only known peers take once the general ones are all held.
+#[derive(Debug)]
+struct Guarded {
+    /// What the places are for, and the refusals' bound names: in all, and per peer.
+    what: &'static str,
+    bounds: [&'static str; 2],
+    general: Places,
+    reserve: Places,
+}
+
+impl Guarded {
+    fn new(what: &'static str, bounds: [&'static str; 2], limits: [usize; 2]) -> Self {
+        Self {
+            what,
+            bounds,
+            general: Places::new(limits),
+            reserve: Places::new([limits[0] / 4, limits[1]]),
+        }
+    }
+
+    /// A place for `peer` (`known`: it authenticated lately), from the reserve when the
+    /// general places are all held; `None` (counted and logged in `refusals`) past the bounds.
+    fn take(&self, peer: IpAddr, known: bool, refusals: &Refusals) -> Option<bool> {
+        let refused = match self.general.take(peer) {
+            Ok(()) => return Some(false),
+            Err(Full::All) if known => match self.reserve.take(peer) {
+                Ok(()) => return Some(true),
+                Err(full) => full,
+            },
+            Err(full) => full,
+        };
+        let (bound, limit, scope) = match refused {
+            Full::All => (self.bounds[0], self.general.limits[0], ""),
+            Full::Peer => (self.bounds[1], self.general.limits[1], " from one address"),
+        };
+        refusals.refused(
+            bound,
+            &peer.to_string(),
+            &format!(
+                "at most {limit} {}{scope}; new connections are closed",
+                self.what
+            ),
+        );
+        None
+    }
+
+    fn give_back(&self, peer: IpAddr, reserved: bool) {
+        if reserved {
+            self.reserve.give_back(peer);
+        } else {
+            self.general.give_back(peer);
+        }
+    }
+}
+
+/// Peers remembered as known: at most this many, each for [`KNOWN_FOR`] after it last
+/// authenticated.
+pub const MAX_KNOWN_PEERS: u64 = 4096;
+/// How long a peer that authenticated stays known.
+pub const KNOWN_FOR: Duration = Duration::from_secs(600);
+
 /// The connections open now and the TLS handshakes in progress, in all and per peer address,
 /// held within [`ServerLimits::max_connections`] and
 /// [`ServerLimits::max_connections_per_peer`], and [`MAX_HANDSHAKES`] and
-/// [`MAX_HANDSHAKES_PER_PEER`].
+/// [`MAX_HANDSHAKES_PER_PEER`]. Peers that authenticated a call lately (a replica with a
+/// session, a dispatcher calling its peers: [`Connections::vouch`]) have a reserve of a quarter
+/// more of each in all, which only they take once the others are all held: a flood from many
+/// addresses cannot lock out a replica that reconnects, or the tier's own members.
 #[derive(Debug)]
 pub struct Connections {
     refusals: Refusals,
-    open: Places,
-    handshakes: Places,
+    open: Guarded,
+    handshakes: Guarded,
+    known: moka::sync::Cache<IpAddr, ()>,
 }
 
 /// One connection admitted by [`Connections::admit`]; dropping it frees its place.
@@ -181,6 +236,7 @@ pub struct Connections {
 pub struct ConnectionPermit {
     connections: Arc<Connections>,
     peer: IpAddr,
+    reserved: bool,
 }
 
 /// One TLS handshake let start by [`Connections::handshake`]; dropping it frees its place.
@@ -188,6 +244,7 @@ pub struct ConnectionPermit {
 pub struct HandshakePermit {
     connections: Arc<Connections>,
     peer: IpAddr,
+    reserved: bool,
 }
 
 impl Connections {
@@ -195,57 +252,72 @@ impl Connections {
     pub fn new(limits: ServerLimits, refusals: Refusals) -> Arc<Self> {
         Arc::new(Self {
             refusals,
-            open: Places::new(
+            open: Guarded::new(
                 "connections",
                 ["connections", "connections_per_peer"],
                 [limits.max_connections, limits.max_connections_per_peer],
             ),
-            handshakes: Places::new(
+            handshakes: Guarded::new(
                 "TLS handshakes in progress",
                 ["handshakes", "handshakes_per_peer"],
                 [MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER],
             ),
+            known: moka::sync::Cache::builder()
+                .max_capacity(MAX_KNOWN_PEERS)
+                .time_to_live(KNOWN_FOR)
+                .build(),
         })
+    }
+
+    /// `peer` authenticated a call: its next connections may take the reserved places.
+    pub fn vouch(&self, peer: IpAddr) {
+        if !self.known.contains_key(&peer) {
+            self.known.insert(peer, ());
+        }
     }
 
     /// A place for a new connection from `peer`, or `None` (then close it) when this server
     /// or that peer is at its bound.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ConnectionPermit> {
-        self.open
-            .take(peer, &self.refusals)
-            .then(|| ConnectionPermit {
-                connections: self.clone(),
-                peer,
-            })
+        let known = self.known.contains_key(&peer);
+        let reserved = self.open.take(peer, known, &self.refusals)?;
+        Some(ConnectionPermit {
+            connections: self.clone(),
+            peer,
+            reserved,
+        })
     }
 
     /// A place for a TLS handshake with `peer`, or `None` (then close the connection) when
     /// this server or that peer has as many in progress as allowed: peers that stall their
     /// handshakes cannot take every place from the others.
     pub fn handshake(self: &Arc<Self>, peer: IpAddr) -> Option<HandshakePermit> {
-        self.handshakes
-            .take(peer, &self.refusals)
-            .then(|| HandshakePermit {
-                connections: self.clone(),
-                peer,
-            })
+        let known = self.known.contains_key(&peer);
+        let reserved = self.handshakes.take(peer, known, &self.refusals)?;
+        Some(HandshakePermit {
+            connections: self.clone(),
+            peer,
+            reserved,
+        })
     }
 
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.open.total()
+        self.open.general.total() + self.open.reserve.total()
     }
 }
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        self.connections.open.give_back(self.peer);
+        self.connections.open.give_back(self.peer, self.reserved);
     }
 }
 
 impl Drop for HandshakePermit {
     fn drop(&mut self) {
-        self.connections.handshakes.give_back(self.peer);
+        self.connections
+            .handshakes
+            .give_back(self.peer, self.reserved);
     }
 }
 
@@ -277,7 +349,7 @@ mod tests {
         drop(a1);
         assert_eq!(connections.open(), 2);
         let _c1 = connections.admit(c).expect("a place was freed");
-        assert_eq!(connections.open.held.lock().unwrap().1.len(), 3);
+        assert_eq!(connections.open.general.held.lock().unwrap().1.len(), 3);
     }
 
     #[test]
@@ -308,6 +380,36 @@ mod tests {
     }
 
     #[test]
+    fn known_peers_have_a_reserve_when_the_others_hold_every_place() {
+        let connections = Connections::new(ServerLimits::default(), Refusals::unregistered());
+        let flood: Vec<_> = (0..MAX_HANDSHAKES as u32)
+            .map(|i| {
+                let peer = IpAddr::from((0x0a00_0000 + i).to_be_bytes());
+                connections.handshake(peer).expect("a general place")
+            })
+            .collect();
+        let (stranger, replica): (IpAddr, IpAddr) =
+            ("10.9.0.1".parse().unwrap(), "10.9.0.2".parse().unwrap());
+        assert!(connections.handshake(stranger).is_none(), "all held");
+        connections.vouch(replica);
+        let reserved: Vec<_> = (0..MAX_HANDSHAKES_PER_PEER)
+            .map(|_| connections.handshake(replica).expect("a reserved place"))
+            .collect();
+        assert!(reserved.iter().all(|p| p.reserved));
+        assert!(
+            connections.handshake(replica).is_none(),
+            "its own bound holds in the reserve"
+        );
+        drop(reserved);
+        drop(flood);
+        let again = connections.handshake(replica).expect("a general place");
+        assert!(
+            !again.reserved,
+            "the reserve is taken only when the rest is full"
+        );
+    }
+
+    #[test]
     fn peers_with_nothing_open_are_forgotten() {
         let connections = Connections::new(ServerLimits::default(), Refusals::unregistered());
         for i in 0..1000u32 {
@@ -315,6 +417,6 @@ mod tests {
             drop(connections.admit(peer));
         }
         assert_eq!(connections.open(), 0);
-        assert!(connections.open.held.lock().unwrap().1.is_empty());
+        assert!(connections.open.general.held.lock().unwrap().1.is_empty());
     }
 }

@@ -18,7 +18,7 @@ use tonic::{Status, body::Body, transport::server::TcpConnectInfo};
 use tracing::warn;
 
 use super::{error::Unauthenticated, identity::Caller, token_review::Authenticator};
-use crate::bounds::{Refusals, ServerLimits};
+use crate::bounds::{Connections, Refusals, ServerLimits};
 
 /// Paths no credential is asked for: the health service, which the kubelet's probes call.
 const UNAUTHENTICATED_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
@@ -54,6 +54,8 @@ pub struct AuthLayer {
     authentication: Authentication,
     unauthenticated: Arc<Semaphore>,
     refusals: Refusals,
+    /// Told of each peer that authenticates a call ([`AuthLayer::vouching`]).
+    connections: Option<Arc<Connections>>,
 }
 
 impl AuthLayer {
@@ -63,7 +65,16 @@ impl AuthLayer {
             authentication,
             unauthenticated: Arc::new(Semaphore::new(limits.max_unauthenticated_calls)),
             refusals,
+            connections: None,
         }
+    }
+
+    /// Tells `connections` of each peer address that authenticates a call, so its next
+    /// connections may take the places reserved for known peers ([`Connections::vouch`]).
+    #[must_use]
+    pub fn vouching(mut self, connections: Arc<Connections>) -> Self {
+        self.connections = Some(connections);
+        self
     }
 }
 
@@ -163,6 +174,9 @@ where
                             .refusals
                             .refused("request_rate", &identity.username, &e.to_string());
                         return Ok(Status::resource_exhausted(e.to_string()).into_http());
+                    }
+                    if let (Some(connections), Some(peer)) = (&layer.connections, peer) {
+                        connections.vouch(peer);
                     }
                     Caller::Authenticated(identity)
                 }

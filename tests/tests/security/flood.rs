@@ -98,42 +98,28 @@ fn refused(metrics: &Metrics, bound: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out() -> TestResult {
-    let metrics = Metrics::default();
-    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
-    config.metrics = metrics.clone();
-    let d = TestDispatcher::start(config).await?;
-    let stop = CancellationToken::new();
-    let tls = connector()?;
-    let mut flood = tokio::task::JoinSet::new();
-    for a in 0..ADDRESSES {
-        let from = Ipv4Addr::new(127, 0, 0, 2 + a);
-        for _ in 0..STALLED {
-            flood.spawn(hold(d.addr, from, None, stop.clone()));
-        }
-        for _ in 0..SILENT {
-            flood.spawn(hold(d.addr, from, Some(tls.clone()), stop.clone()));
-        }
-    }
-    // The flood holds what it can (more stalled handshakes than the server allows in all), until
-    // it is refused more.
+/// Waits until the dispatcher has refused the flood `n` handshakes: it holds what it may.
+async fn await_refused(metrics: &Metrics, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while refused(&metrics, "handshakes_per_peer") + refused(&metrics, "handshakes") < 100.0 {
+    while refused(metrics, "handshakes_per_peer") + refused(metrics, "handshakes") < n {
         assert!(
             Instant::now() < deadline,
-            "the flood was never refused a handshake"
+            "the flood was refused fewer than {n} handshakes in 30 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Five replicas in turn, each on a new connection: a session opened and a poll answered,
+/// each within 1 s; the slowest.
+async fn new_replicas(d: &TestDispatcher, metrics: &Metrics) -> TestResult<Duration> {
     let mut slowest = Duration::ZERO;
     for i in 0..5 {
         let started = Instant::now();
-        // A new replica: a new connection, a session, its first poll answered.
         let opened = tokio::time::timeout(
             Duration::from_secs(1),
             TestSession::open(
-                &d,
+                d,
                 "g",
                 &format!("r{i}"),
                 vec![subscription("v1", "ConfigMap", "default")],
@@ -158,8 +144,8 @@ async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out(
         println!(
             "replica {i}: polled {:?} after it connected (refused so far: {} in all, {} per address)",
             started.elapsed(),
-            refused(&metrics, "handshakes"),
-            refused(&metrics, "handshakes_per_peer")
+            refused(metrics, "handshakes"),
+            refused(metrics, "handshakes_per_peer")
         );
         slowest = slowest.max(started.elapsed());
     }
@@ -167,7 +153,69 @@ async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out(
         slowest < Duration::from_secs(1),
         "slowest new replica: {slowest:?}"
     );
+    Ok(slowest)
+}
+
+/// A dispatcher counting its refusals in a registry of the test's own.
+async fn dispatcher() -> TestResult<(TestDispatcher, Metrics)> {
+    let metrics = Metrics::default();
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.metrics = metrics.clone();
+    Ok((TestDispatcher::start(config).await?, metrics))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out() -> TestResult {
+    let (d, metrics) = dispatcher().await?;
+    let stop = CancellationToken::new();
+    let tls = connector()?;
+    let mut flood = tokio::task::JoinSet::new();
+    for a in 0..ADDRESSES {
+        let from = Ipv4Addr::new(127, 0, 0, 2 + a);
+        for _ in 0..STALLED {
+            flood.spawn(hold(d.addr, from, None, stop.clone()));
+        }
+        for _ in 0..SILENT {
+            flood.spawn(hold(d.addr, from, Some(tls.clone()), stop.clone()));
+        }
+    }
+    await_refused(&metrics, 100.0).await;
+    let slowest = new_replicas(&d, &metrics).await?;
     println!("slowest new replica under the flood: {slowest:?}");
+    stop.cancel();
+    while flood.join_next().await.is_some() {}
+    d.stop().await;
+    Ok(())
+}
+
+/// From 300 addresses, one stalled handshake each: the bound per address never bites, and the
+/// flood holds every general place. A replica whose address authenticated before (it had a
+/// session) still connects, through the places kept for known peers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_many_addresses_leaves_known_replicas_their_places() -> TestResult {
+    let (d, metrics) = dispatcher().await?;
+    TestSession::open(
+        &d,
+        "g",
+        "before",
+        vec![subscription("v1", "ConfigMap", "default")],
+    )
+    .await?;
+    let stop = CancellationToken::new();
+    let mut flood = tokio::task::JoinSet::new();
+    for a in 0..300u16 {
+        let [hi, lo] = (a + 256).to_be_bytes();
+        flood.spawn(hold(
+            d.addr,
+            Ipv4Addr::new(127, 0, hi, lo),
+            None,
+            stop.clone(),
+        ));
+    }
+    await_refused(&metrics, 100.0).await;
+    assert_eq!(refused(&metrics, "handshakes_per_peer"), 0.0);
+    let slowest = new_replicas(&d, &metrics).await?;
+    println!("slowest known replica under the flood: {slowest:?}");
     stop.cancel();
     while flood.join_next().await.is_some() {}
     d.stop().await;
