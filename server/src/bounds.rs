@@ -210,8 +210,9 @@ impl Guarded {
     }
 }
 
-/// Peers remembered as known: at most this many, each for [`KNOWN_FOR`] after it last
-/// authenticated.
+/// Peers remembered as known: at most this many, each for [`KNOWN_FOR`] after it was vouched
+/// for (a peer still calling is vouched for again on its first call after that: one cheap
+/// lookup per call, not a write).
 pub const MAX_KNOWN_PEERS: u64 = 4096;
 /// How long a peer that authenticated stays known.
 pub const KNOWN_FOR: Duration = Duration::from_secs(600);

@@ -5,7 +5,6 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -15,7 +14,7 @@ use kube_dispatch_tests::{
     TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
 };
-use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls_pki_types::ServerName;
 use tokio::{io::AsyncReadExt, net::TcpSocket};
 use tokio_util::sync::CancellationToken;
 
@@ -71,35 +70,13 @@ async fn hold(
     }
 }
 
-fn connector() -> TestResult<tokio_rustls::TlsConnector> {
-    let mut roots = rustls::RootCertStore::empty();
-    let ca = kube_dispatch_tests::Cluster::shared()
-        .dir()
-        .join("pki/ca.crt");
-    for cert in CertificateDer::pem_file_iter(ca)? {
-        roots.add(cert?)?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
 /// The dispatcher's count of connections closed at `bound` (`kube_dispatch_refused_total`).
-fn refused(metrics: &Metrics, bound: &str) -> f64 {
-    let series = format!(r#"kube_dispatch_refused_total{{bound="{bound}"}}"#);
-    metrics
-        .encode()
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+fn refused(metrics: &Metrics, bound: &'static str) -> u64 {
+    metrics.refusals().count(bound)
 }
 
 /// Waits until the dispatcher has refused the flood `n` handshakes: it holds what it may.
-async fn await_refused(metrics: &Metrics, n: f64) {
+async fn await_refused(metrics: &Metrics, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while refused(metrics, "handshakes_per_peer") + refused(metrics, "handshakes") < n {
         assert!(
@@ -168,7 +145,7 @@ async fn dispatcher() -> TestResult<(TestDispatcher, Metrics)> {
 async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out() -> TestResult {
     let (d, metrics) = dispatcher().await?;
     let stop = CancellationToken::new();
-    let tls = connector()?;
+    let tls = crate::tls_connector()?;
     let mut flood = tokio::task::JoinSet::new();
     for a in 0..ADDRESSES {
         let from = Ipv4Addr::new(127, 0, 0, 2 + a);
@@ -179,7 +156,7 @@ async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out(
             flood.spawn(hold(d.addr, from, Some(tls.clone()), stop.clone()));
         }
     }
-    await_refused(&metrics, 100.0).await;
+    await_refused(&metrics, 100).await;
     let slowest = new_replicas(&d, &metrics).await?;
     println!("slowest new replica under the flood: {slowest:?}");
     stop.cancel();
@@ -212,8 +189,8 @@ async fn a_flood_from_many_addresses_leaves_known_replicas_their_places() -> Tes
             stop.clone(),
         ));
     }
-    await_refused(&metrics, 100.0).await;
-    assert_eq!(refused(&metrics, "handshakes_per_peer"), 0.0);
+    await_refused(&metrics, 100).await;
+    assert_eq!(refused(&metrics, "handshakes_per_peer"), 0);
     let slowest = new_replicas(&d, &metrics).await?;
     println!("slowest known replica under the flood: {slowest:?}");
     stop.cancel();

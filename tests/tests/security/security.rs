@@ -21,9 +21,7 @@ use kube_dispatch_tests::{
 };
 use tonic::Code;
 
-fn ca() -> std::path::PathBuf {
-    Cluster::shared().dir().join("pki/ca.crt")
-}
+use crate::ca;
 
 fn as_token(token: &str) -> Credentials {
     Credentials::tls(ca()).with_token(token)
@@ -505,19 +503,9 @@ async fn one_identity_over_its_limits_leaves_the_others_alone() -> TestResult {
 
 /// The certificate a TLS server at `address` presents to a new connection (its leaf, DER).
 async fn served_certificate(address: std::net::SocketAddr) -> TestResult<Vec<u8>> {
-    use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_file_iter(ca())? {
-        roots.add(ca?)?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    use rustls_pki_types::ServerName;
     let stream = tokio::net::TcpStream::connect(address).await?;
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    let tls = crate::tls_connector()?
         .connect(ServerName::try_from("localhost")?, stream)
         .await?;
     let leaf = tls
