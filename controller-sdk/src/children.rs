@@ -59,6 +59,10 @@ pub struct Child {
     pub uid: String,
     /// The resourceVersion the watch last showed.
     pub resource_version: String,
+    /// The child as JSON at that version, when the dispatcher sent it (it holds children's
+    /// bodies within its body pool, and the answer had room); empty otherwise.
+    /// [`crate::reads::children`] takes it instead of reading the child.
+    pub object_json: Vec<u8>,
 }
 
 impl Children {
@@ -82,6 +86,7 @@ impl Children {
                     name: object.name,
                     uid: c.uid.clone(),
                     resource_version: c.resource_version.clone(),
+                    object_json: c.object_json.clone(),
                 }
             })
             .collect();
@@ -310,6 +315,7 @@ mod tests {
             }),
             uid: format!("uid-{name}"),
             resource_version: "7".into(),
+            ..OwnedObject::default()
         };
         ReconcileRequest {
             children: vec![child("ConfigMap", "a"), child("Secret", "s")],

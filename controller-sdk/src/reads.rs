@@ -3,8 +3,9 @@
 //! A kube-rs controller finds the children of the object it reconciles, or the objects that
 //! name it, in a `Store` it keeps with a reflector: `store.state()` filtered by owner, or
 //! `store.find(..)`. On the tier there is no store; these answer the same questions from the
-//! API server's watch cache (no quorum read of etcd): the children its request lists, each
-//! read by name at least as new as the request shows it, or one LIST of a namespace at least
+//! API server's watch cache (no quorum read of etcd): the children its request lists, as the
+//! request carries them or each read by name at least as new as the request shows it, or one
+//! LIST of a namespace at least
 //! as new as the change the reconcile was delivered and the children its request listed
 //! (`resourceVersionMatch=NotOlderThan`), so a reconcile sees the children an earlier one
 //! created. Typed, whole objects, as the store held them.
@@ -27,9 +28,10 @@
 //!
 //! [`find`] is one LIST (counted as a `list` in `kube_dispatch_api_requests_total` when the
 //! `Api` comes from [`Controller::client`](crate::Controller::client)). [`children()`] of a
-//! kind the request lists completely reads each child by name (a `get` each, none without a
-//! child), and otherwise one LIST: a LIST of a namespace costs the API server in proportion to
-//! the namespace, a GET in proportion to the object. An `Api::all` of a namespaced kind is
+//! kind the request lists completely takes each child from the request (the dispatcher sends
+//! children's bodies it holds) or reads it by name (a `get` each, none without a child), and
+//! otherwise makes one LIST: a LIST of a namespace costs the API server in proportion to the
+//! namespace, a GET in proportion to the object. An `Api::all` of a namespaced kind is
 //! refused: across every namespace a LIST would read the whole kind.
 
 use std::{any::TypeId, fmt::Debug};
@@ -53,7 +55,8 @@ const CHILD_READS_AT_ONCE: usize = 8;
 /// uid), whole, from `api`'s namespace.
 ///
 /// When the request lists the owner's children completely (the controller `owns` kind `K`)
-/// and some of kind `K`, each is read by name from the API server's watch cache, at least as
+/// and some of kind `K`, each is taken from the request when it carries the child's body
+/// (no read), and otherwise read by name from the API server's watch cache, at least as
 /// new as the version the request shows (a request of a few hundred bytes each, at most
 /// eight at once); a child deleted since is left out. Otherwise (none of the kind listed, more
 /// than 64, or the request does not list them all), one LIST of the namespace from the watch
@@ -84,7 +87,12 @@ where
         .unwrap_or_default();
     if !named.is_empty() && named.len() <= MAX_CHILD_READS {
         let read: Vec<Option<K>> = futures::stream::iter(named)
-            .map(|child| async move { read_at(api, &child.name, &child.resource_version).await })
+            .map(|child| async move {
+                match carried(&child) {
+                    Some(object) => Ok(Some(object)),
+                    None => read_at(api, &child.name, &child.resource_version).await,
+                }
+            })
             .buffered(CHILD_READS_AT_ONCE)
             .try_collect()
             .await?;
@@ -97,6 +105,14 @@ where
     let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
     let listed = list_not_older(api, &floor).await?;
     Ok(listed.into_iter().filter(controlled_by_owner).collect())
+}
+
+/// The child as its request carried it, if it did and it reads as a `K`.
+fn carried<K: DeserializeOwned>(child: &children::Child) -> Option<K> {
+    if child.object_json.is_empty() {
+        return None;
+    }
+    serde_json::from_slice(&child.object_json).ok()
 }
 
 /// The object `name`, at least as new as `version`, from the API server's watch cache: no read

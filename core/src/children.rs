@@ -7,7 +7,9 @@
 //!   seen again: when the re-list ends, every child it did not show is gone, and its owner is
 //!   told.
 //! - An owner's children as the watch knows them ([`Children::of`]): name, uid and
-//!   resourceVersion, no body, so a reconcile of the owner need not list them.
+//!   resourceVersion, so a reconcile of the owner need not list them; and, where the index
+//!   keeps bodies ([`ChildIndex::keep_bodies`]), the child as the watch showed it, so it need
+//!   not read them either.
 //!
 //! Both directions change together in one place (`insert` and `remove`), so neither can hold
 //! what the other does not.
@@ -17,26 +19,54 @@
 //! shared among siblings: about [`Children::bytes`] / [`Children::len`], about 300 bytes each),
 //! so it grows with the owners served here, not with every owned object the watch shows;
 //! removed when the object is deleted, loses its owner or is missing from a re-list, and when
-//! its owner is no longer served here; dropped with the watch.
+//! its owner is no longer served here; dropped with the watch. Bodies are held apart from that
+//! count, in the process's body pool, and only while it stays at most half full
+//! ([`HeldBody`]): past that a child is indexed without its body.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{
-        Arc, Mutex, RwLock, RwLockWriteGuard,
+        Arc, Mutex, OnceLock, RwLock, RwLockWriteGuard,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
-use crate::{handover::Slice, subscription::OwnerKind};
+use crate::{
+    handover::Slice,
+    queue::pool::{BodyPool, HeldBody},
+    subscription::OwnerKind,
+};
 
 /// What the index holds of one child: its owner, the epoch of the list or watch that last
 /// showed it, and what an owner's reconcile is told of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 struct Child {
     owner: Arc<str>,
     epoch: u32,
     uid: Box<str>,
     resource_version: Box<str>,
+    body: Option<HeldBody>,
+}
+
+/// A child as the watch (or a list beside it) shows it.
+#[derive(Debug)]
+pub struct Shown<'a> {
+    /// Its uid.
+    pub uid: &'a str,
+    /// Its resourceVersion.
+    pub resource_version: &'a str,
+    /// Its body as JSON, when the index keeps bodies and the pool held it.
+    pub body: Option<HeldBody>,
+}
+
+impl<'a> From<(&'a str, &'a str)> for Shown<'a> {
+    fn from((uid, resource_version): (&'a str, &'a str)) -> Self {
+        Self {
+            uid,
+            resource_version,
+            body: None,
+        }
+    }
 }
 
 /// A child as an owner's reconcile is told of it.
@@ -48,6 +78,8 @@ pub struct KnownChild {
     pub uid: Box<str>,
     /// The resourceVersion the watch last showed.
     pub resource_version: Box<str>,
+    /// The child as JSON at that version, when the index kept it.
+    pub body: Option<Arc<[u8]>>,
 }
 
 /// The children of one owner kind, both ways.
@@ -76,7 +108,7 @@ impl OfKind {
         key: &str,
         owner: &str,
         epoch: u32,
-        object: (&str, &str),
+        object: Shown<'_>,
     ) -> Option<Arc<str>> {
         let before = self.remove(key);
         let owner: Arc<str> = match self.by_owner.get_key_value(owner) {
@@ -89,8 +121,9 @@ impl OfKind {
         let child = Child {
             owner: owner.clone(),
             epoch,
-            uid: object.0.into(),
-            resource_version: object.1.into(),
+            uid: object.uid.into(),
+            resource_version: object.resource_version.into(),
+            body: object.body,
         };
         self.bytes += entry_bytes(key, &child);
         let key: Arc<str> = Arc::from(key);
@@ -143,18 +176,18 @@ impl Children {
     /// Records `child` as seen in `epoch` with `owner` (its controlling owner of `kind` now, if
     /// any) and its `uid` and `resource_version`, or deleted; returns the owners to tell: the
     /// current one, and the one it had before if that was another.
-    pub fn seen(
+    pub fn seen<'a>(
         &mut self,
         kind: &OwnerKind,
         child: &str,
         owner: Option<String>,
         epoch: u32,
         deleted: bool,
-        object: (&str, &str),
+        object: impl Into<Shown<'a>>,
     ) -> Vec<String> {
         let children = self.by_kind.entry(kind.clone()).or_default();
         let before = match (&owner, deleted) {
-            (Some(owner), false) => children.insert(child, owner, epoch, object),
+            (Some(owner), false) => children.insert(child, owner, epoch, object.into()),
             _ => children.remove(child).map(|c| c.owner),
         };
         let mut tell: Vec<String> = owner.into_iter().collect();
@@ -169,17 +202,17 @@ impl Children {
     /// Records `child`, shown by a list beside the watch with `owner`, unless the watch knows it
     /// already: the watch's stream is the authority on what it has shown (the list may be
     /// older).
-    pub fn listed(
+    pub fn listed<'a>(
         &mut self,
         kind: &OwnerKind,
         child: &str,
         owner: String,
         epoch: u32,
-        object: (&str, &str),
+        object: impl Into<Shown<'a>>,
     ) {
         let children = self.by_kind.entry(kind.clone()).or_default();
         if !children.by_child.contains_key(child) {
-            children.insert(child, &owner, epoch, object);
+            children.insert(child, &owner, epoch, object.into());
         }
     }
 
@@ -252,6 +285,7 @@ impl Children {
                     key: key.clone(),
                     uid: c.uid.clone(),
                     resource_version: c.resource_version.clone(),
+                    body: c.body.as_ref().map(|b| b.body().clone()),
                 })
             })
             .collect()
@@ -265,6 +299,9 @@ pub const MAX_CHILDREN_PER_REQUEST: usize = 1000;
 /// Bytes a child takes in a request besides its key, uid and resourceVersion (field tags and
 /// lengths, the version and the key's parts, which repeat it).
 const CHILD_WIRE_OVERHEAD: usize = 48;
+
+/// Bytes a child's body takes in a request besides its own: its field's tag and length.
+const BODY_WIRE_OVERHEAD: usize = 8;
 
 /// One watch's index of owned objects, shared by its fan-out, which changes it, and the groups
 /// subscribed to its owned objects, which read an owner's children for its requests.
@@ -283,6 +320,9 @@ pub struct ChildIndex {
     /// reader on another slice (the watch's task has not taken in a ring change yet) may be
     /// missing the children of owners that just came here.
     fed: Mutex<Option<Arc<Slice>>>,
+    /// Where children's bodies are held, once a group that reads this index has a session
+    /// that takes them ([`ChildIndex::keep_bodies`]); none kept before.
+    bodies: OnceLock<BodyPool>,
 }
 
 impl Default for ChildIndex {
@@ -293,6 +333,7 @@ impl Default for ChildIndex {
             side_list: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
             fed: Mutex::new(None),
+            bodies: OnceLock::new(),
         }
     }
 }
@@ -309,9 +350,19 @@ pub struct OwnerChildren {
 }
 
 impl OwnerChildren {
-    /// Leaves out the last children until they take at most `bytes` in a request (then they
-    /// are truncated).
+    /// Makes them take at most `bytes` in a request: leaves out the last children's bodies
+    /// first (their reconcile reads those children), then the last children (then they are
+    /// truncated).
     pub fn fit(&mut self, bytes: usize) {
+        let mut total = self.wire_bound();
+        for child in self.children.iter_mut().rev() {
+            if total <= bytes {
+                break;
+            }
+            if let Some(body) = child.body.take() {
+                total -= body.len() + BODY_WIRE_OVERHEAD;
+            }
+        }
         while self.wire_bound() > bytes && !self.children.is_empty() {
             let keep = self.children.len() / 2;
             self.children.truncate(keep);
@@ -319,11 +370,24 @@ impl OwnerChildren {
         }
     }
 
+    /// Leaves out every child's body (for a group none of whose sessions takes them).
+    pub fn without_bodies(&mut self) {
+        for child in &mut self.children {
+            child.body = None;
+        }
+    }
+
     /// An upper bound of the bytes they take in a request.
     pub fn wire_bound(&self) -> usize {
         self.children
             .iter()
-            .map(|c| 2 * c.key.len() + c.uid.len() + c.resource_version.len() + CHILD_WIRE_OVERHEAD)
+            .map(|c| {
+                2 * c.key.len()
+                    + c.uid.len()
+                    + c.resource_version.len()
+                    + CHILD_WIRE_OVERHEAD
+                    + c.body.as_ref().map_or(0, |b| b.len() + BODY_WIRE_OVERHEAD)
+            })
             .sum()
     }
 }
@@ -353,6 +417,20 @@ impl ChildIndex {
     /// beside the watch, if it must show more of them, is already marked running).
     pub fn follow(&self, slice: Arc<Slice>) {
         *self.fed.lock().unwrap_or_else(|e| e.into_inner()) = Some(slice);
+    }
+
+    /// Keeps the bodies of the children seen from now on, in `pool` while it stays at most half
+    /// full ([`HeldBody`]); the children indexed before stay without theirs until they change
+    /// or are listed again. The first pool given is kept.
+    pub fn keep_bodies(&self, pool: &BodyPool) {
+        let _ = self.bodies.set(pool.clone());
+    }
+
+    /// `body`, held in the pool of [`ChildIndex::keep_bodies`] if the index keeps bodies and
+    /// the pool has room; `None` otherwise. Asked before the body is made, so an index that
+    /// keeps none costs nothing: `body` runs only when one is kept.
+    pub fn hold(&self, body: impl FnOnce() -> Arc<[u8]>) -> Option<HeldBody> {
+        HeldBody::take(self.bodies.get()?, body())
     }
 
     /// A group joined the running watch (before its task is told).
@@ -519,6 +597,109 @@ mod tests {
         c.check();
     }
 
+    #[test]
+    fn bodies_are_kept_only_once_asked_and_given_back_with_their_children() {
+        let pool = BodyPool::new(1000);
+        let index = ChildIndex::default();
+        let body = |text: &str| -> Arc<[u8]> { Arc::from(text.as_bytes()) };
+        let k = kind();
+        let shown = |uid: &'static str, version: &'static str, held| Shown {
+            uid,
+            resource_version: version,
+            body: held,
+        };
+        assert!(
+            index.hold(|| unreachable!("no body is made")).is_none(),
+            "an index nobody asked keeps none"
+        );
+        index.keep_bodies(&pool);
+        let held = index.hold(|| body(r#"{"v":"1"}"#));
+        index.write().seen(
+            &k,
+            "cm-1",
+            Some("a".into()),
+            1,
+            false,
+            shown("u1", "1", held),
+        );
+        let held = index.hold(|| body(r#"{"v":"2"}"#));
+        index
+            .write()
+            .listed(&k, "cm-2", "a".into(), 1, shown("u2", "2", held));
+        assert_eq!(pool.used(), 18);
+        let of = index.read().of(&k, "a");
+        assert_eq!(of[0].body.as_deref(), Some(&br#"{"v":"1"}"#[..]));
+        assert_eq!(of[1].body.as_deref(), Some(&br#"{"v":"2"}"#[..]));
+        // A change replaces the body; a deletion, a lost owner and a forgotten kind give theirs back.
+        let held = index.hold(|| body(r#"{"v":"10"}"#));
+        index.write().seen(
+            &k,
+            "cm-1",
+            Some("a".into()),
+            1,
+            false,
+            shown("u1", "10", held),
+        );
+        assert_eq!(pool.used(), 19);
+        index.write().seen(&k, "cm-1", None, 1, true, ("u1", "11"));
+        assert_eq!(pool.used(), 9);
+        index.write().retain_owners(|_| false);
+        assert_eq!(pool.used(), 0);
+        let held = index.hold(|| body("{}"));
+        index.write().seen(
+            &k,
+            "cm-3",
+            Some("a".into()),
+            1,
+            false,
+            shown("u3", "1", held),
+        );
+        index.write().forget(&k);
+        assert_eq!(pool.used(), 0);
+        // Past half the pool, children are indexed without bodies.
+        assert!(index.hold(|| vec![0; 501].into()).is_none());
+        let held = index.hold(|| body("{}"));
+        index.write().seen(
+            &k,
+            "cm-4",
+            Some("a".into()),
+            1,
+            false,
+            shown("u4", "1", held),
+        );
+        drop(index);
+        assert_eq!(pool.used(), 0, "dropped with the watch");
+    }
+
+    #[test]
+    fn a_request_too_small_for_the_bodies_leaves_out_the_last_ones_first() {
+        let child = |name: &str, body: usize| KnownChild {
+            key: Arc::from(name),
+            uid: "u".into(),
+            resource_version: "1".into(),
+            body: Some(vec![b'x'; body].into()),
+        };
+        let mut of = OwnerChildren {
+            children: vec![child("a", 100), child("b", 100), child("c", 100)],
+            complete: true,
+            truncated: false,
+        };
+        let all = of.wire_bound();
+        of.fit(all - 1);
+        assert!(of.children[..2].iter().all(|c| c.body.is_some()));
+        assert!(of.children[2].body.is_none());
+        assert!(!of.truncated, "every child is still listed");
+        of.fit(all - 250);
+        assert_eq!(
+            of.children.iter().filter(|c| c.body.is_some()).count(),
+            0,
+            "{of:?}"
+        );
+        assert_eq!(of.children.len(), 3);
+        of.fit(1);
+        assert!(of.truncated && of.children.is_empty());
+    }
+
     /// What the index may be told, for the property below.
     #[derive(Clone, Debug)]
     enum Step {
@@ -556,7 +737,7 @@ mod tests {
                 match step {
                     Step::Seen { child, owner, deleted, rv } => {
                         let rv = rv.to_string();
-                        c.seen(&k, &format!("c{child}"), owner.map(|o| format!("o{o}")), epoch, deleted, ("u", &rv));
+                        c.seen(&k, &format!("c{child}"), owner.map(|o| format!("o{o}")), epoch, deleted, ("u", rv.as_str()));
                     }
                     Step::Listed { child, owner } => {
                         c.listed(&k, &format!("c{child}"), format!("o{owner}"), epoch, OBJ);

@@ -179,7 +179,8 @@ struct Args {
     /// that keeps bodies within the pod's memory limit (deploy/ sets that limit from it). When
     /// less than a tenth is left, each group holding more than an even share drops bodies down
     /// to it; keys without a body are delivered all the same, and their controllers read the
-    /// objects.
+    /// objects. Owners' children's bodies (for SDKs that take them) are held here too, only
+    /// while the pool is at most half full.
     #[arg(long, env = "KD_MAX_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
     max_body_bytes: usize,
 

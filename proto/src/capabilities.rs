@@ -20,8 +20,18 @@ pub const TRIGGERS: &str = "triggers";
 /// `Subscription.only_changes_of`. Never needed: a dispatcher without it delivers every change.
 pub const CHANGE_FILTERS: &str = "change-filters";
 
+/// `OwnedObject.object_json`: the bodies of an owner's children in its requests, sent to the
+/// sessions of a client that lists it. Never needed: without it a reconcile reads the children.
+pub const CHILDREN_BODIES: &str = "children-bodies";
+
 /// Every capability of this release, in the order they came.
-pub const ALL: [&str; 4] = [CHILDREN, REFERENCES, TRIGGERS, CHANGE_FILTERS];
+pub const ALL: [&str; 5] = [
+    CHILDREN,
+    REFERENCES,
+    TRIGGERS,
+    CHANGE_FILTERS,
+    CHILDREN_BODIES,
+];
 
 /// Those of `needed` that `offered` lacks, in the order needed.
 pub fn missing<'a>(needed: &[&'a str], offered: &[String]) -> Vec<&'a str> {

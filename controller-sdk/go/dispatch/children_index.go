@@ -21,8 +21,9 @@ import (
 
 // childrenByName serves a List by an owner index (one whose function gives an object's
 // controller's name) of the reconciled object's own children from the children its request
-// lists: each child of the kind is read by name from the API server's watch cache, at least
-// as new as the request shows it, instead of one LIST of the whole namespace. It does so only
+// lists: each child of the kind is taken from the request where it carries the child's body
+// (no read), or read by name from the API server's watch cache, at least as new as the
+// request shows it, instead of one LIST of the whole namespace. It does so only
 // when the request lists the children completely and is at least as new as this process's
 // own last write for the key (a child created by an earlier reconcile here and not yet seen
 // by the dispatcher would be missed); done is false when it did not serve the List.
@@ -55,13 +56,20 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	if len(named) == 0 || len(named) > maxChildReads || c.fresh.own.newest(ownKey(d.Request.GetKey(), kind.GroupKind())) > newest {
 		return false, nil
 	}
-	// Read at once, at most childReadsAtOnce in flight, kept in their order; the index
-	// function runs here, after, as it would in the reconcile's own goroutine.
+	// Those the request carries are taken from it; the others read at once, at most
+	// childReadsAtOnce in flight, kept in their order; the index function runs here, after,
+	// as it would in the reconcile's own goroutine.
 	read := make([]client.Object, len(named))
 	errs := make([]error, len(named))
 	slots := make(chan struct{}, childReadsAtOnce)
 	var wg sync.WaitGroup
 	for i, child := range named {
+		if body := child.GetObjectJson(); len(body) > 0 {
+			if object := newItem(); decodeInto(body, object) == nil {
+				read[i] = object
+				continue
+			}
+		}
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()

@@ -88,6 +88,43 @@ impl BodyPool {
     }
 }
 
+/// A body kept outside the groups' queues (an owner's child, [`crate::children`]), taken from
+/// a pool only while the pool stays at most half full, so such bodies never crowd out the
+/// groups' own: they use what the groups leave free. Given back when dropped.
+#[derive(Debug)]
+pub struct HeldBody {
+    body: Arc<[u8]>,
+    pool: BodyPool,
+}
+
+impl HeldBody {
+    /// Holds `body` in `pool` if the pool stays at most half full with it; `None` if not.
+    pub fn take(pool: &BodyPool, body: Arc<[u8]>) -> Option<Self> {
+        let (bytes, limit) = (body.len(), pool.capacity() / 2);
+        pool.0
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&total| total <= limit)
+            })
+            .ok()?;
+        Some(Self {
+            body,
+            pool: pool.clone(),
+        })
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Arc<[u8]> {
+        &self.body
+    }
+}
+
+impl Drop for HeldBody {
+    fn drop(&mut self) {
+        self.pool.give_back(self.body.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +142,24 @@ mod tests {
         assert_eq!(other.used(), 40);
         assert!(!pool.is_short());
         assert!(BodyPool::unbounded().take(usize::MAX));
+    }
+
+    #[test]
+    fn held_bodies_take_at_most_half_the_pool_and_give_it_back_when_dropped() {
+        let pool = BodyPool::new(100);
+        let body = |n: usize| -> Arc<[u8]> { vec![0; n].into() };
+        let first = HeldBody::take(&pool, body(30)).expect("30 of 100 fits in the half");
+        assert!(HeldBody::take(&pool, body(21)).is_none(), "30 + 21 > 50");
+        let second = HeldBody::take(&pool, body(20)).expect("30 + 20 = 50");
+        assert_eq!(pool.used(), 50);
+        drop(first);
+        assert_eq!(pool.used(), 20);
+        assert!(pool.take(40), "the groups' bodies still have the rest");
+        assert!(
+            HeldBody::take(&pool, body(1)).is_none(),
+            "past half full, no more"
+        );
+        drop(second);
+        assert_eq!(pool.used(), 40);
     }
 }

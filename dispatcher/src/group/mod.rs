@@ -10,7 +10,7 @@
 use kube_dispatch_server::{auth::GroupId, authz::ResourceAccess};
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -24,7 +24,10 @@ use tokio_util::sync::CancellationToken;
 use kube_dispatch_core::{
     children::{ChildIndex, MAX_CHILDREN_PER_REQUEST, OwnerChildren},
     handover::Slice,
-    queue::{GroupQueue, KeyStatus, QueueConfig, QueueFigures, SessionId, pool::Pools},
+    queue::{
+        GroupQueue, KeyStatus, QueueConfig, QueueFigures, SessionId,
+        pool::{BodyPool, Pools},
+    },
     recent_deletions::RecentDeletionsConfig,
     references::References,
     subscription::{GroupSpec, OwnerKind},
@@ -107,6 +110,14 @@ pub struct Group {
     /// The indexes of owned objects of the watches its owned subscriptions feed from, with the
     /// owner kind each maps to: an owner's requests carry its children from them.
     owned: Mutex<Vec<(OwnerKind, Arc<ChildIndex>)>>,
+    /// The process's body pool, where the indexes in `owned` keep children's bodies for this
+    /// group's requests.
+    body_pool: BodyPool,
+    /// Whether a session of the group takes its owners' children's bodies (its client lists
+    /// the capability "children-bodies"): from then on the group's indexes keep them and its
+    /// requests carry them. Never unset: a replica of an older SDK in the same group ignores
+    /// them.
+    children_bodies: AtomicBool,
     /// What the objects it serves here name at the field paths of its `referenced_by`
     /// subscriptions, both ways: a change to a named object reconciles the objects that name
     /// it. Bounded by the keys served here ([`kube_dispatch_core::references`]).
@@ -154,6 +165,7 @@ impl Group {
         cancel: CancellationToken,
     ) -> Arc<Self> {
         let transit = Transit::new(&id.to_string(), slice.borrow().clone(), recent_deletions);
+        let body_pool = pools.bodies.clone();
         let group = Arc::new(Self {
             id,
             accesses: crate::security::accesses(&spec),
@@ -165,6 +177,8 @@ impl Group {
             }),
             slice,
             owned: Mutex::default(),
+            body_pool,
+            children_bodies: AtomicBool::new(false),
             references: Mutex::default(),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),

@@ -1,7 +1,7 @@
 //! References and children: the objects that name others by a declared field path, reconciled
 //! when what they name changes, and the index of an owner kind's children.
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, MutexGuard, atomic::Ordering};
 
 use kube_dispatch_core::{
     children::ChildIndex,
@@ -69,11 +69,29 @@ impl Group {
     /// Takes the children of owners of `kind` from `index` into this group's requests.
     pub fn owns_from(&self, kind: OwnerKind, index: Arc<ChildIndex>) {
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if self.children_bodies.load(Ordering::Acquire) {
+            index.keep_bodies(&self.body_pool);
+        }
         if !owned
             .iter()
             .any(|(k, i)| *k == kind && Arc::ptr_eq(i, &index))
         {
             owned.push((kind, index));
         }
+    }
+
+    /// A session of the group takes its owners' children's bodies: its indexes keep them from
+    /// now on (those it takes later too), and its requests carry them.
+    pub fn take_children_bodies(&self) {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        self.children_bodies.store(true, Ordering::Release);
+        for (_, index) in owned.iter() {
+            index.keep_bodies(&self.body_pool);
+        }
+    }
+
+    /// Whether its requests carry children's bodies ([`Group::take_children_bodies`]).
+    pub fn takes_children_bodies(&self) -> bool {
+        self.children_bodies.load(Ordering::Acquire)
     }
 }

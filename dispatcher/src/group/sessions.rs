@@ -203,6 +203,7 @@ impl Group {
         max_bytes: usize,
     ) -> Vec<(Delivery, Option<OwnerChildren>)> {
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let bodies = self.takes_children_bodies();
         let mut children: HashMap<String, OwnerChildren> = HashMap::new();
         let out = {
             // On a queue trimmed to the slice current now: a poll woken by a change of the
@@ -221,6 +222,9 @@ impl Group {
                 let Some(mut of) = children_of(&owned, key, &slice) else {
                     return 0;
                 };
+                if !bodies {
+                    of.without_bodies();
+                }
                 // Half the answer at most, so a key alone in it fits with its children.
                 of.fit(max_bytes / 2);
                 let bytes = of.wire_bound();

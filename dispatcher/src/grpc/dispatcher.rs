@@ -259,6 +259,7 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
                         object: Some(object_key(key, version)),
                         uid: c.uid.into(),
                         resource_version: c.resource_version.into(),
+                        object_json: c.body.map(|b| b.to_vec()).unwrap_or_default(),
                     }
                 })
                 .collect();
@@ -363,6 +364,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .map_err(|e| Status::internal(format!("opening the session failed: {e}")))?
             .map_err(status)?;
         gave_up.disarm();
+        if req
+            .capabilities
+            .iter()
+            .any(|c| c == kube_dispatch_proto::capabilities::CHILDREN_BODIES)
+        {
+            opened.group.take_children_bodies();
+        }
         Ok(Response::new(OpenSessionResponse {
             session_id: opened.session_id,
             ttl: prost_types::Duration::try_from(ttl).ok(),

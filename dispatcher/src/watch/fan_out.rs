@@ -18,7 +18,7 @@ use std::{
 
 use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
-    children::ChildIndex,
+    children::{ChildIndex, Shown},
     handover::Slice,
     key::KeyRef,
     queue::{Change, Observed},
@@ -225,10 +225,19 @@ impl FanOut {
             let now = owner_key(obj, kind)
                 .map(|k| k.to_string())
                 .filter(|k| self.followed.may_serve(KeyRef::new(k)));
-            let tell =
-                self.children
-                    .write()
-                    .seen(kind, &text, now, epoch, deleted, (&uid, &version));
+            let body = match (&now, deleted) {
+                (Some(_), false) => self.children.hold(|| bodies.full(obj)),
+                _ => None,
+            };
+            let shown = Shown {
+                uid: &uid,
+                resource_version: &version,
+                body,
+            };
+            let tell = self
+                .children
+                .write()
+                .seen(kind, &text, now, epoch, deleted, shown);
             owners.push((kind, tell));
         }
         for sub in subscribers.iter() {
@@ -312,12 +321,17 @@ impl FanOut {
                         let owner_key = owner_key.to_string();
                         let served = self.followed.may_serve(KeyRef::new(&owner_key));
                         if !deleted_since && served {
+                            let shown = Shown {
+                                uid: &uid,
+                                resource_version: &version,
+                                body: self.children.hold(|| bodies.full(obj)),
+                            };
                             self.children.write().listed(
                                 owner,
                                 &text,
                                 owner_key.clone(),
                                 epoch,
-                                (&uid, &version),
+                                shown,
                             );
                         }
                         sub.group.record(GroupEvent::ListedOwned {

@@ -141,17 +141,21 @@ impl<'a> Bodies<'a> {
         }
     }
 
+    /// The whole of `obj`, made once however often it is asked for.
+    pub fn full(&mut self, obj: &WatchedObject) -> Arc<[u8]> {
+        let types = self.types;
+        self.full
+            .get_or_insert_with(|| obj.full_body(types))
+            .clone()
+    }
+
     /// The body of `obj` for a subscription with `payload`: none, the whole object, or its type
     /// and metadata.
     pub fn get(&mut self, payload: Payload, obj: &WatchedObject) -> Option<Arc<[u8]>> {
         let types = self.types;
         match payload {
             Payload::KeyOnly => None,
-            Payload::Full => Some(
-                self.full
-                    .get_or_insert_with(|| obj.full_body(types))
-                    .clone(),
-            ),
+            Payload::Full => Some(self.full(obj)),
             Payload::Metadata => Some(
                 self.metadata
                     .get_or_insert_with(|| obj.metadata_body(types))

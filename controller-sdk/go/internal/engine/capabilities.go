@@ -18,10 +18,14 @@ const (
 	// capabilityChangeFilters: Subscription.only_changes_of. Never needed: a dispatcher
 	// without it delivers every change.
 	capabilityChangeFilters = "change-filters"
+	// capabilityChildrenBodies: OwnedObject.object_json, the bodies of an owner's children in
+	// its requests, sent to sessions that list it. Never needed: without them a List of the
+	// children reads them.
+	capabilityChildrenBodies = "children-bodies"
 )
 
 // Capabilities are those this SDK understands.
-var Capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers, capabilityChangeFilters}
+var Capabilities = []string{capabilityChildren, capabilityReferences, capabilityTriggers, capabilityChangeFilters, capabilityChildrenBodies}
 
 // missingCapabilities are those the subscriptions need that the dispatcher did not list: an
 // older dispatcher would take an owner or referenced_by subscription, whose fields it does not

@@ -273,6 +273,105 @@ async fn an_owners_request_carries_its_children_as_new_as_the_change() -> TestRe
     Ok(())
 }
 
+/// An owner's request carries its children's bodies, as the watch showed them at the versions
+/// it lists, to a group whose client takes them (the capability "children-bodies"), and only to
+/// it: another group fed by the same watch is told the names and versions alone. A change of a
+/// child brings its new body; a deleted child leaves with its body.
+#[tokio::test]
+async fn an_owners_children_come_with_their_bodies_to_clients_that_take_them() -> TestResult {
+    use kube_dispatch_proto::{capabilities::CHILDREN_BODIES, v1::OpenSessionRequest};
+    let ns = TestNamespace::create("edges-child-bodies").await?;
+    ensure_widget_crd(&ns.client()).await?;
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let owned = Subscription {
+        owner: Some(kube_dispatch_tests::widget_ref()),
+        ..subscription("v1", "ConfigMap", ns.name())
+    };
+    let mut client = d.client().await;
+    let id = client
+        .open_session(OpenSessionRequest {
+            group: "bodies".into(),
+            replica_id: "r1".into(),
+            subscriptions: vec![owned.clone()],
+            capabilities: vec![CHILDREN_BODIES.into()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .session_id;
+    let mut taking = TestSession { client, id };
+    let mut plain = TestSession::open(&d, "no-bodies", "r1", vec![owned]).await?;
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("w", WidgetSpec { size: 1 }),
+        )
+        .await?;
+    let owner = w
+        .controller_owner_ref(&())
+        .ok_or("a created Widget has a uid")?;
+    let bodies = |r: &ReconcileRequest| -> TestResult<Vec<Option<ConfigMap>>> {
+        r.children
+            .iter()
+            .map(|c| match c.object_json.as_slice() {
+                [] => Ok(None),
+                json => Ok(Some(serde_json::from_slice(json)?)),
+            })
+            .collect()
+    };
+    let mut child = labelled("c1", "x");
+    child.metadata.owner_references = Some(vec![owner]);
+    child.data = Some([("k".to_owned(), "first".to_owned())].into());
+    let created = configmaps.create(&PostParams::default(), &child).await?;
+    let got = next(&mut taking).await?;
+    let carried = bodies(&got)?;
+    let [Some(body)] = carried.as_slice() else {
+        return Err(format!("one child with its body, got {:?}", got.children).into());
+    };
+    assert_eq!(
+        (body.uid(), body.resource_version(), body.data.clone()),
+        (
+            created.uid(),
+            created.resource_version(),
+            created.data.clone()
+        ),
+        "the child as created"
+    );
+    assert_eq!(
+        got.children[0].resource_version,
+        created.resource_version().unwrap_or_default()
+    );
+    let got = next(&mut plain).await?;
+    assert_eq!(got.children.len(), 1);
+    assert_eq!(
+        bodies(&got)?,
+        [None],
+        "a client that does not take bodies is sent none"
+    );
+
+    let patch = serde_json::json!({"data": {"k": "second"}});
+    let changed = configmaps
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let got = next(&mut taking).await?;
+    let carried = bodies(&got)?;
+    let [Some(body)] = carried.as_slice() else {
+        return Err(format!("one child with its body, got {:?}", got.children).into());
+    };
+    assert_eq!(
+        (body.resource_version(), body.data.clone()),
+        (changed.resource_version(), changed.data.clone()),
+        "the child as changed"
+    );
+    configmaps.delete("c1", &DeleteParams::default()).await?;
+    let got = next(&mut taking).await?;
+    assert!(got.children.is_empty(), "{:?}", got.children);
+    d.stop().await;
+    Ok(())
+}
+
 /// A group that reconciles ConfigMaps naming a Secret at `data.secret` (`referenced_by`): a
 /// change, creation or deletion of a Secret reconciles exactly the ConfigMaps that name it at
 /// that moment, with reason REFERENCED; a ConfigMap that stops naming it is not told any more;

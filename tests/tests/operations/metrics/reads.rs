@@ -1,7 +1,7 @@
 //! A kube-rs controller that found its children in a reflector store finds them with
-//! `reads::children` instead: exactly its own, those it created included, each read by name
-//! from the watch cache as its request lists them (one GET per child), and one LIST where it
-//! lists none.
+//! `reads::children` instead: exactly its own, those it created included, each taken from its
+//! request where the dispatcher sent the child's body (no read), else read by name from the
+//! watch cache as its request lists them (one GET per child), and one LIST where it lists none.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
@@ -11,13 +11,15 @@ use super::support::*;
 
 const LABEL: &str = "example.kube-dispatch.dev/reads=yes";
 
-/// A reconcile's owner, the children it listed, and how many its request showed.
-type Listed = (String, Vec<String>, Option<usize>);
+/// A reconcile's owner, the children it listed, and how many its request showed, and of those
+/// how many without their bodies.
+type Listed = (String, Vec<String>, Option<(usize, usize)>);
 
 struct Parents {
     client: kube::Client,
     /// What each reconcile of an owner listed, in order, and how many Secret children its
-    /// request showed when it listed them completely: (owner, children listed, shown).
+    /// request showed when it listed them completely, and how many of those without bodies:
+    /// (owner, children listed, (shown, without bodies)).
     listed: Mutex<Vec<Listed>>,
     /// A child created twice: the list had missed it.
     missed: Mutex<Vec<String>>,
@@ -29,7 +31,11 @@ async fn reconcile(owner: Arc<ConfigMap>, ctx: Arc<Parents>) -> Result<Action, k
         Api::namespaced(ctx.client.clone(), &owner.namespace().unwrap_or_default());
     let shown = children::of_this_reconcile()
         .filter(|c| c.is_complete())
-        .map(|c| c.of::<Secret>().count());
+        .map(|c| {
+            let shown: Vec<_> = c.of::<Secret>().collect();
+            let bare = shown.iter().filter(|c| c.object_json.is_empty()).count();
+            (shown.len(), bare)
+        });
     let mut listed: Vec<String> = reads::children(&secrets, owner.as_ref())
         .await?
         .iter()
@@ -68,7 +74,7 @@ fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Parents>) -> Action {
 }
 
 #[tokio::test]
-async fn children_read_as_from_a_store_cost_a_get_of_each_child_the_request_lists() -> TestResult {
+async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_them() -> TestResult {
     let ns = TestNamespace::create("sdk-reads").await?;
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let group = format!("reads-{}", ns.name());
@@ -132,13 +138,19 @@ async fn children_read_as_from_a_store_cost_a_get_of_each_child_the_request_list
         Vec::<String>::new(),
         "a list missed a child"
     );
-    // A request that lists some children completely: a GET of each; otherwise one LIST.
-    let gets: usize = listed.iter().filter_map(|(_, _, shown)| *shown).sum();
+    // A request that lists some children completely: a GET of each it carries without a
+    // body; otherwise one LIST.
+    let shown: usize = listed.iter().filter_map(|(_, _, s)| s.map(|s| s.0)).sum();
+    let gets: usize = listed.iter().filter_map(|(_, _, s)| s.map(|s| s.1)).sum();
     let lists = listed
         .iter()
-        .filter(|(_, _, shown)| shown.unwrap_or_default() == 0)
+        .filter(|(_, _, s)| s.unwrap_or_default().0 == 0)
         .count();
-    assert!(gets > 0, "no reconcile was shown its children: {listed:?}");
+    assert!(shown > 0, "no reconcile was shown its children: {listed:?}");
+    assert!(
+        gets < shown,
+        "the dispatcher sent no child's body: {listed:?}"
+    );
     let (status, text) = http_get(admin, "/metrics").await?;
     assert_eq!(status, 200);
     let counted = samples(&text, &group);
@@ -153,7 +165,7 @@ async fn children_read_as_from_a_store_cost_a_get_of_each_child_the_request_list
     assert_eq!(
         (verb("list"), verb("get")),
         (lists as f64, gets as f64),
-        "a GET of each child a request listed, a LIST where it listed none, over {listed:?}"
+        "a GET of each child a request listed without its body, a LIST where it listed none, over {listed:?}"
     );
 
     stop.cancel();

@@ -1233,8 +1233,7 @@ func (x *ReconcileRequest) GetMemo() []byte {
 	return nil
 }
 
-// An object a request's owner controls, as the dispatcher's watch last showed it. No body: a
-// reconcile that needs a child's content reads it.
+// An object a request's owner controls, as the dispatcher's watch last showed it.
 type OwnedObject struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The child.
@@ -1243,8 +1242,14 @@ type OwnedObject struct {
 	Uid string `protobuf:"bytes,2,opt,name=uid,proto3" json:"uid,omitempty"`
 	// The resourceVersion the watch last showed.
 	ResourceVersion string `protobuf:"bytes,3,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The child as JSON at `resource_version`, as the watch showed it, for a client that lists
+	// the capability "children-bodies" when the dispatcher held it (the process's body pool has
+	// room: children's bodies take at most half of it) and the answer had room for it (bodies
+	// are left out, last children first, before any child is). Empty otherwise: a reconcile that
+	// needs the child's content reads it, at least as new as `resource_version`.
+	ObjectJson    []byte `protobuf:"bytes,4,opt,name=object_json,json=objectJson,proto3" json:"object_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OwnedObject) Reset() {
@@ -1296,6 +1301,13 @@ func (x *OwnedObject) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *OwnedObject) GetObjectJson() []byte {
+	if x != nil {
+		return x.ObjectJson
+	}
+	return nil
 }
 
 // The outcome of one reconcile request.
@@ -1918,11 +1930,13 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	" \x01(\tR\vtraceparent\x128\n" +
 	"\bchildren\x18\v \x03(\v2\x1c.kubedispatch.v1.OwnedObjectR\bchildren\x12E\n" +
 	"\x0echildren_state\x18\f \x01(\x0e2\x1e.kubedispatch.v1.ChildrenStateR\rchildrenState\x12\x12\n" +
-	"\x04memo\x18\r \x01(\fR\x04memo\"~\n" +
+	"\x04memo\x18\r \x01(\fR\x04memo\"\x9f\x01\n" +
 	"\vOwnedObject\x122\n" +
 	"\x06object\x18\x01 \x01(\v2\x1a.kubedispatch.v1.ObjectKeyR\x06object\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\xeb\x01\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\x12\x1f\n" +
+	"\vobject_json\x18\x04 \x01(\fR\n" +
+	"objectJson\"\xeb\x01\n" +
 	"\aAckItem\x12\x1f\n" +
 	"\vdelivery_id\x18\x01 \x01(\x04R\n" +
 	"deliveryId\x124\n" +
