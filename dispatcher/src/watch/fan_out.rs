@@ -212,34 +212,7 @@ impl FanOut {
             )
         });
         let trace: Option<Arc<str>> = span.as_ref().and_then(logging::traceparent).map(Arc::from);
-        // The owners to tell, once per owner kind however many groups subscribe with it: the
-        // child's controlling owner now, and the one it had before if that was another.
-        let mut owners: Vec<(&OwnerKind, Vec<String>)> = Vec::new();
-        for kind in subscribers.iter().filter_map(|s| s.owner.as_ref()) {
-            if owners.iter().any(|(k, _)| *k == kind) {
-                continue;
-            }
-            // Only children of owners this dispatcher may serve are indexed: one whose owner is
-            // served elsewhere is as good as unowned here (its former owner, if served here, is
-            // told it lost a child).
-            let now = owner_key(obj, kind)
-                .map(|k| k.to_string())
-                .filter(|k| self.followed.may_serve(KeyRef::new(k)));
-            let body = match (&now, deleted) {
-                (Some(_), false) => self.children.hold(|| bodies.full(obj)),
-                _ => None,
-            };
-            let shown = Shown {
-                uid: &uid,
-                resource_version: &version,
-                body,
-            };
-            let tell = self
-                .children
-                .write()
-                .seen(kind, &text, now, epoch, deleted, shown);
-            owners.push((kind, tell));
-        }
+        let owners = self.index_child(&subscribers, obj, (&text, epoch), deleted, &mut bodies);
         for sub in subscribers.iter() {
             match sub.keyed() {
                 Keyed::Itself => {
@@ -275,6 +248,51 @@ impl FanOut {
         drop(subscribers);
         self.count_children();
         text
+    }
+
+    /// Records in the index of owned objects what the watch saw of `obj` (key `text`, shown at
+    /// `epoch`), once per owner kind however many groups subscribe with it; returns the owners
+    /// to tell per kind: the child's controlling owner now, and the one it had before if that
+    /// was another.
+    fn index_child<'s>(
+        &self,
+        subscribers: &'s [Subscriber],
+        obj: &WatchedObject,
+        (text, epoch): (&str, u32),
+        deleted: bool,
+        bodies: &mut Bodies<'_>,
+    ) -> Vec<(&'s OwnerKind, Vec<String>)> {
+        let (uid, version) = (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        );
+        let mut owners: Vec<(&OwnerKind, Vec<String>)> = Vec::new();
+        for kind in subscribers.iter().filter_map(|s| s.owner.as_ref()) {
+            if owners.iter().any(|(k, _)| *k == kind) {
+                continue;
+            }
+            // Only children of owners this dispatcher may serve are indexed: one whose owner is
+            // served elsewhere is as good as unowned here (its former owner, if served here, is
+            // told it lost a child).
+            let now = owner_key(obj, kind)
+                .map(|k| k.to_string())
+                .filter(|k| self.followed.may_serve(KeyRef::new(k)));
+            let body = match (&now, deleted) {
+                (Some(_), false) => self.children.hold(|| bodies.full(obj)),
+                _ => None,
+            };
+            let shown = Shown {
+                uid: &uid,
+                resource_version: &version,
+                body,
+            };
+            let tell = self
+                .children
+                .write()
+                .seen(kind, text, now, epoch, deleted, shown);
+            owners.push((kind, tell));
+        }
+        owners
     }
 
     /// Takes an object shown by a list beside the stream, for keys served here that a group
