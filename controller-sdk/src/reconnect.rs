@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder};
+use kube_dispatch_proto::RETRY_PUSHBACK;
 
 /// The longest pause between two attempts, jitter included.
 const LONGEST: Duration = Duration::from_secs(60);
@@ -43,9 +44,52 @@ impl Reconnects {
     }
 }
 
+/// The pause a dispatcher asked for in refusing a call (`grpc-retry-pushback-ms`, which it sets
+/// when too many sessions are being opened at once), with a random jitter of up to as much
+/// again, so the replicas it refused do not all come back at once; `None` when it asked for
+/// none. At most half of [`LONGEST`] before the jitter.
+pub(crate) fn pushback(status: &tonic::Status) -> Option<Duration> {
+    let millis: u64 = status
+        .metadata()
+        .get(RETRY_PUSHBACK)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    let hint = Duration::from_millis(millis).min(LONGEST / 2);
+    ConstantBuilder::default()
+        .with_delay(hint)
+        .with_jitter()
+        .with_max_times(1)
+        .build()
+        .next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pushback_is_waited_with_up_to_as_much_again_and_nothing_else_is_one() {
+        let mut refused = tonic::Status::resource_exhausted("busy");
+        assert_eq!(pushback(&refused), None, "no hint");
+        refused
+            .metadata_mut()
+            .insert(RETRY_PUSHBACK, "500".parse().expect("a metadata value"));
+        let waits: Vec<Duration> = (0..50).filter_map(|_| pushback(&refused)).collect();
+        assert_eq!(waits.len(), 50);
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w >= Duration::from_millis(500) && *w <= Duration::from_secs(1)),
+            "{waits:?}"
+        );
+        assert!(waits.iter().any(|w| *w != waits[0]), "jittered: {waits:?}");
+        refused
+            .metadata_mut()
+            .insert(RETRY_PUSHBACK, "soon".parse().expect("a metadata value"));
+        assert_eq!(pushback(&refused), None, "not a number");
+    }
 
     #[test]
     fn failures_grow_the_pause_and_an_attempt_that_worked_starts_it_again() {

@@ -201,7 +201,8 @@ impl Children {
 
     /// Records `child`, shown by a list beside the watch with `owner`, unless the watch knows it
     /// already: the watch's stream is the authority on what it has shown (the list may be
-    /// older).
+    /// older). A child known at the very version listed, but without its body, takes the
+    /// list's.
     pub fn listed<'a>(
         &mut self,
         kind: &OwnerKind,
@@ -211,8 +212,16 @@ impl Children {
         object: impl Into<Shown<'a>>,
     ) {
         let children = self.by_kind.entry(kind.clone()).or_default();
-        if !children.by_child.contains_key(child) {
-            children.insert(child, &owner, epoch, object.into());
+        let object = object.into();
+        match children.by_child.get_mut(child) {
+            None => {
+                children.insert(child, &owner, epoch, object);
+            }
+            Some(known) => {
+                if known.body.is_none() && *known.resource_version == *object.resource_version {
+                    known.body = object.body;
+                }
+            }
         }
     }
 
@@ -667,6 +676,25 @@ mod tests {
             false,
             shown("u4", "1", held),
         );
+        // Indexed before bodies were kept: a list at that very version brings the body, an
+        // older or newer one does not.
+        index
+            .write()
+            .seen(&k, "cm-5", Some("a".into()), 1, false, ("u5", "7"));
+        let held = index.hold(|| body("{6}"));
+        index
+            .write()
+            .listed(&k, "cm-5", "a".into(), 1, shown("u5", "6", held));
+        let held = index.hold(|| body("{7}"));
+        index
+            .write()
+            .listed(&k, "cm-5", "a".into(), 1, shown("u5", "7", held));
+        let cm5 = index
+            .read()
+            .of(&k, "a")
+            .into_iter()
+            .find(|c| &*c.key == "cm-5");
+        assert_eq!(cm5.and_then(|c| c.body).as_deref(), Some(&b"{7}"[..]));
         drop(index);
         assert_eq!(pool.used(), 0, "dropped with the watch");
     }

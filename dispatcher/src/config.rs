@@ -46,6 +46,9 @@ pub struct Limits {
     pub max_poll_bytes: usize,
     /// Most acks in one request.
     pub max_acks: usize,
+    /// Most OpenSessions served at once; one past it is refused at once with a hint to ask
+    /// again later (`crate::grpc::dispatcher::OPEN_RETRY_HINT`).
+    pub max_opening_sessions: usize,
 }
 
 impl Limits {
@@ -74,6 +77,7 @@ impl Default for Limits {
             max_poll_items: 1_000,
             max_poll_bytes: 16 * 1024 * 1024,
             max_acks: 10_000,
+            max_opening_sessions: 64,
         }
     }
 }

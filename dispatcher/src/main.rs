@@ -154,6 +154,13 @@ struct Args {
     #[arg(long, env = "KD_MAX_GROUPS_PER_IDENTITY", default_value_t = 100)]
     max_groups_per_identity: usize,
 
+    /// Most OpenSessions served at once (the first of a group waits for its watches' first
+    /// lists). One past it is refused at once with RESOURCE_EXHAUSTED and gRPC's pushback
+    /// (grpc-retry-pushback-ms: 500), which the SDKs wait out with jitter: in a reconnect storm
+    /// replicas come back spread out rather than queue for seconds.
+    #[arg(long, env = "KD_MAX_OPENING_SESSIONS", default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_opening_sessions: usize,
+
     /// Largest request message accepted, in bytes.
     #[arg(long, env = "KD_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
@@ -494,6 +501,7 @@ struct LimitFlags {
     max_sessions_per_group: usize,
     max_sessions_per_identity: usize,
     max_groups_per_identity: usize,
+    max_opening_sessions: usize,
     body_budget_bytes: usize,
     memo_budget_bytes: usize,
 }
@@ -513,6 +521,7 @@ impl LimitFlags {
             max_sessions_per_group: args.max_sessions_per_group,
             max_sessions_per_identity: args.max_sessions_per_identity,
             max_groups_per_identity: args.max_groups_per_identity,
+            max_opening_sessions: args.max_opening_sessions,
             body_budget_bytes: args.body_budget_bytes,
             memo_budget_bytes: args.memo_budget_bytes,
         }
@@ -532,6 +541,7 @@ fn limits(f: &LimitFlags) -> Limits {
         max_poll_wait: f.max_poll_wait,
         max_poll_items: f.max_poll_items.max(1),
         max_poll_bytes: f.max_poll_bytes.max(1),
+        max_opening_sessions: f.max_opening_sessions,
         ..Limits::default()
     }
 }

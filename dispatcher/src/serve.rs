@@ -243,6 +243,7 @@ fn services(
         groups.clone(),
         resolver,
         guard.clone(),
+        config.metrics.refusals(),
     ))
     .max_decoding_message_size(config.max_message_bytes);
     let peer = PeerServer::new(PeerService::new(groups.clone(), guard.clone()))
@@ -357,8 +358,8 @@ fn start_membership(
             slice,
             released,
             lease_sessions,
-            stop,
-            clean,
+            (stop, clean),
+            crate::metrics::LeaseRenewals::new(&config.metrics),
         ))),
     }
 }

@@ -54,6 +54,12 @@ pub const MAX_MEMO_BYTES: usize = 512;
 /// Most keys one `Dispatcher.Trigger` may name.
 pub const MAX_TRIGGER_KEYS: usize = 1000;
 
+/// The metadata key of gRPC's pushback (gRFC A6): the milliseconds a refused caller should wait
+/// before asking again. A dispatcher sets it on an OpenSession refused because too many were
+/// being opened at once; the SDKs then wait at least that long, plus up to as much again at
+/// random, so a storm of reconnects spreads out.
+pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
+
 /// Bytes a dispatcher leaves free under a client's `max_bytes` for the answer's own framing.
 pub const ANSWER_HEADROOM: u32 = 4 * 1024;
 

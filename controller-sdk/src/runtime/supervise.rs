@@ -15,7 +15,10 @@ use super::{
     session::{Lost, session},
     shared::{Shared, Types},
 };
-use crate::{Error, reconnect::Reconnects};
+use crate::{
+    Error,
+    reconnect::{Reconnects, pushback},
+};
 
 /// Runs one session loop per dispatcher in `targets`, starting and gracefully stopping loops
 /// as the set changes, until `stop`; then waits for every loop to finish.
@@ -80,7 +83,9 @@ async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: C
                     error!(dispatcher = %address, %status, delay = ?TOO_OLD_RETRY, "the dispatcher cannot serve this controller; trying it again later");
                     TOO_OLD_RETRY
                 } else {
-                    let delay = reconnects.next(opened);
+                    // A dispatcher busy opening sessions says how long to wait: at least that.
+                    let backoff = reconnects.next(opened);
+                    let delay = pushback(&status).map_or(backoff, |asked| asked.max(backoff));
                     warn!(dispatcher = %address, %status, ?delay, "session lost; reconnecting");
                     delay
                 };

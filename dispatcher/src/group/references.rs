@@ -90,6 +90,14 @@ impl Group {
         }
     }
 
+    /// Has `index` keep children's bodies if this group's requests carry them: asked before a
+    /// watch lists, so that the first list's children come with theirs.
+    pub fn keep_children_bodies_in(&self, index: &ChildIndex) {
+        if self.takes_children_bodies() {
+            index.keep_bodies(&self.body_pool);
+        }
+    }
+
     /// Whether its requests carry children's bodies ([`Group::take_children_bodies`]).
     pub fn takes_children_bodies(&self) -> bool {
         self.children_bodies.load(Ordering::Acquire)

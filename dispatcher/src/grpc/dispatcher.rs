@@ -23,13 +23,14 @@ use kube_dispatch_proto::{
     },
 };
 use kube_dispatch_server::auth::Caller;
+use kube_dispatch_telemetry::metrics::Refusals;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
 
 use crate::{
     group::Group,
     security::Guard,
-    table::{GroupTable, SessionError},
+    table::{Client, GroupTable, SessionError},
     watch::{
         discovery::{ResolveError, Resolver},
         registry::WatchError,
@@ -42,17 +43,58 @@ pub struct DispatcherService {
     groups: Arc<GroupTable>,
     resolver: Resolver,
     guard: Arc<Guard>,
+    /// Places for OpenSessions being served (`--max-opening-sessions`); one past them is
+    /// refused at once.
+    opening: Arc<tokio::sync::Semaphore>,
+    refusals: Refusals,
 }
+
+/// How long a replica refused at `--max-opening-sessions` (OpenSessions served at once) is told to wait before asking again
+/// (`grpc-retry-pushback-ms`, gRPC's pushback); the SDKs add up to as much again at random.
+pub const OPEN_RETRY_HINT: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl DispatcherService {
     /// A service over `groups`, resolving the resources sessions subscribe to with `resolver`
-    /// and checking callers with `guard`.
-    pub fn new(groups: Arc<GroupTable>, resolver: Resolver, guard: Arc<Guard>) -> Self {
+    /// and checking callers with `guard`, counting the opens it refuses in `refusals`.
+    pub fn new(
+        groups: Arc<GroupTable>,
+        resolver: Resolver,
+        guard: Arc<Guard>,
+        refusals: Refusals,
+    ) -> Self {
+        let opening = groups.settings().limits.max_opening_sessions;
         Self {
             groups,
             resolver,
             guard,
+            opening: Arc::new(tokio::sync::Semaphore::new(opening)),
+            refusals,
         }
+    }
+
+    /// A place to serve an OpenSession of `caller`, or the refusal that tells it when to ask
+    /// again: RESOURCE_EXHAUSTED and a hint to retry after [`OPEN_RETRY_HINT`], which the SDKs
+    /// honour with jitter. In a reconnect storm a replica asks again later rather than wait in
+    /// a queue of opens (each of a new group waits for its watches' first lists).
+    fn place_to_open(&self, caller: &Caller) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.opening.clone().try_acquire_owned().map_err(|_| {
+            let max = self.groups.settings().limits.max_opening_sessions;
+            self.refusals.refused(
+                "opening",
+                caller.name(),
+                &format!("{max} OpenSessions were being served (--max-opening-sessions)"),
+            );
+            let mut refused = Status::resource_exhausted(format!(
+                "{max} sessions are being opened on this dispatcher (--max-opening-sessions): ask again in {} ms",
+                OPEN_RETRY_HINT.as_millis()
+            ));
+            if let Ok(value) = OPEN_RETRY_HINT.as_millis().to_string().parse() {
+                refused
+                    .metadata_mut()
+                    .insert(kube_dispatch_proto::RETRY_PUSHBACK, value);
+            }
+            refused
+        })
     }
 
     /// The group of `session`, while its caller may still read what the group subscribes to (a
@@ -310,6 +352,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         validate_open(&req).map_err(invalid)?;
+        // Held until the open ends, given up on or not.
+        let place = self.place_to_open(&caller)?;
         // Groups are scoped by identity: a listed group is refused to others before anything
         // is resolved or reviewed.
         let id = groups.group_id(&req.group, &caller).map_err(status)?;
@@ -336,11 +380,26 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             let groups = groups.clone();
             let credentials = self.guard.peer_credentials.clone();
             let replica = req.replica_id.clone();
-            let client = req.client.clone();
+            let children_bodies = req
+                .capabilities
+                .iter()
+                .any(|c| c == kube_dispatch_proto::capabilities::CHILDREN_BODIES);
+            let name = req.client.clone();
             let (id, caller) = (id.clone(), caller.clone());
             async move {
+                let _place = place;
                 let opened = groups
-                    .open(&id, &replica, &client, &spec, ttl, &caller)
+                    .open(
+                        &id,
+                        &replica,
+                        Client {
+                            name: &name,
+                            children_bodies,
+                        },
+                        &spec,
+                        ttl,
+                        &caller,
+                    )
                     .await?;
                 // Keys can move here only on a ring from Leases: ask the peers what was deleted
                 // of them before this group was served here.
@@ -364,13 +423,6 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .map_err(|e| Status::internal(format!("opening the session failed: {e}")))?
             .map_err(status)?;
         gave_up.disarm();
-        if req
-            .capabilities
-            .iter()
-            .any(|c| c == kube_dispatch_proto::capabilities::CHILDREN_BODIES)
-        {
-            opened.group.take_children_bodies();
-        }
         Ok(Response::new(OpenSessionResponse {
             session_id: opened.session_id,
             ttl: prost_types::Duration::try_from(ttl).ok(),

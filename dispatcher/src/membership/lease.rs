@@ -202,6 +202,7 @@ impl Membership {
         );
         match renewal.await {
             Ok(Renewal::Accepted(rv)) => {
+                self.renewals.count("accepted");
                 self.renewed = Some(at);
                 self.version = known(rv);
                 self.sessions.written(&listing);
@@ -215,6 +216,7 @@ impl Membership {
                 };
             }
             Ok(Renewal::Conflict) => {
+                self.renewals.count("conflict");
                 // Written meanwhile (an abandoned request applied late, a hand edit): read
                 // its version and write again at once.
                 self.version = match tokio::time::timeout(
@@ -228,12 +230,15 @@ impl Membership {
                 };
                 self.renew_tick.reset_immediately();
             }
-            Ok(Renewal::Failed) => {}
-            Err(_) => warn!(
+            Ok(Renewal::Failed) => self.renewals.count("failed"),
+            Err(_) => {
+                self.renewals.count("timeout");
+                warn!(
                 lease = %config.identity,
                 timeout = ?config.renew_period,
                 "renewing the dispatcher Lease took longer than the renew period; abandoned"
-            ),
+                );
+            }
         }
     }
 

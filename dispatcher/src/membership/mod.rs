@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::config::LeaseConfig;
+use crate::{config::LeaseConfig, metrics::LeaseRenewals};
 
 mod judging;
 mod lease;
@@ -56,25 +56,41 @@ pub async fn run(
     slice: watch::Sender<Arc<Slice>>,
     released: watch::Receiver<Option<String>>,
     sessions: Arc<LeaseSessions>,
-    stop: CancellationToken,
-    clean: Arc<AtomicBool>,
+    (stop, clean): (CancellationToken, Arc<AtomicBool>),
+    renewals: LeaseRenewals,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut m = Membership::start(leases, config, ring_key, slice, released, sessions).await;
+    m.renewals = renewals;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    // When a write wanted for new sessions is due: at most one per SESSION_WRITE_SPACING, so a
+    // storm of opens costs the API server (and every dispatcher's watch of the Leases) a few
+    // writes a second, each listing every session opened meanwhile.
+    let mut session_write: Option<tokio::time::Instant> = None;
+    let mut last_write = tokio::time::Instant::now();
     loop {
-        // Renew on the period, and at once when the released ring changes.
+        // In this order: the Leases seen first (a storm of writes never leaves the view
+        // behind), then renewals on the period and at once when the released ring changes,
+        // then the writes new sessions wait for.
         let renew_due = tokio::select! {
+            biased;
             () = stop.cancelled() => break,
+            more = m.lease_watch.next() => if more { false } else { break },
             _ = m.renew_tick.tick() => true,
             Ok(()) = m.released.changed() => true,
             // A new session is handed keys once a write lists it.
-            () = m.sessions.write_wanted() => true,
-            more = m.lease_watch.next() => if more { false } else { break },
+            () = tokio::time::sleep_until(session_write.unwrap_or_else(tokio::time::Instant::now)), if session_write.is_some() => true,
+            () = m.sessions.write_wanted(), if session_write.is_none() => {
+                session_write = Some(tokio::time::Instant::now().max(last_write + SESSION_WRITE_SPACING));
+                false
+            }
             _ = tick.tick() => false,
         };
         m.fence_after_a_pause(Instant::now());
         if renew_due {
+            // Whatever the cause, a write lists every session opened so far.
+            session_write = None;
+            last_write = tokio::time::Instant::now();
             m.renew(Instant::now()).await;
         }
         let now = Instant::now();
@@ -89,6 +105,11 @@ pub async fn run(
     m.release().await;
 }
 
+/// The shortest time between two writes of the Lease made for new sessions (renewals on the
+/// period are not held back): a session opened in a storm waits at most this long plus a
+/// write's round trip to be handed keys, and a thousand opens a second cost five writes.
+pub const SESSION_WRITE_SPACING: Duration = Duration::from_millis(200);
+
 /// The membership loop's state: this dispatcher's Lease as last written, the handover gate,
 /// the view of the others' Leases, and what the loop already said or asked for.
 struct Membership {
@@ -99,6 +120,8 @@ struct Membership {
     released: watch::Receiver<Option<String>>,
     sessions: Arc<LeaseSessions>,
     handover: Handover,
+    /// What became of each write of the Lease.
+    renewals: LeaseRenewals,
     renew_tick: tokio::time::Interval,
     lease_watch: LeaseWatch,
     /// The resourceVersion of this dispatcher's Lease as last known: each write is made only
@@ -185,6 +208,7 @@ impl Membership {
             released,
             sessions,
             handover,
+            renewals: LeaseRenewals::default(),
             renew_tick,
             lease_watch,
             version,

@@ -4,8 +4,10 @@
 //! "Ending the wait for a member that died, by reports".
 //!
 //! - A session is handed keys only once a Lease write listing it was accepted
-//!   ([`LeaseSessions::may_hand_out`]); opening one asks the membership loop for a write at
-//!   once ([`LeaseSessions::write_wanted`]), so a new session waits about one Lease round trip.
+//!   ([`LeaseSessions::may_hand_out`]); opening one asks the membership loop for a write
+//!   ([`LeaseSessions::write_wanted`]), made at once unless one was made for sessions in the
+//!   last [`super::SESSION_WRITE_SPACING`] (200 ms): a new session waits a Lease round trip, and
+//!   at most that long more in a storm of opens, which the Lease takes in a few writes a second.
 //! - Replicas report the sessions they held on a dispatcher that died; the membership loop
 //!   takes the reports ([`LeaseSessions::take_reports`]), keeps those of sessions the dead
 //!   member listed, and carries them on the Lease.

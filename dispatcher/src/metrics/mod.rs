@@ -48,6 +48,7 @@
 //! | `kube_dispatch_ring_members` | gauge | members of the ring this dispatcher sees |
 //! | `kube_dispatch_ring_changes_total` | counter | rings adopted |
 //! | `kube_dispatch_ring_serving` | gauge | 1 while every key this dispatcher owns is served; 0 during a handover, when fenced (cut off from the API server) and when draining |
+//! | `kube_dispatch_lease_renewals_total` | counter | writes of this dispatcher's Lease (each renews it), by `outcome`: `accepted`, `conflict` (written meanwhile: read and written again), `failed` (refused or unreachable), `timeout` (abandoned after the renew period) |
 //! | `kube_dispatch_handover_seconds` | histogram | from adopting a ring to serving all of it |
 //! | `kube_dispatch_groups` | gauge | controller groups held, idle ones included |
 //! | `kube_dispatch_body_bytes` | gauge | bytes of object bodies held over all groups |
@@ -92,12 +93,41 @@ use prometheus_client::{
     metrics::{
         MetricType,
         counter::{ConstCounter, Counter},
+        family::Family,
         gauge::{ConstGauge, Gauge},
         histogram::{Histogram, exponential_buckets},
     },
 };
 
 mod groups;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// What became of the writes of this dispatcher's Lease: `kube_dispatch_lease_renewals_total`.
+/// Cheap to clone: clones count together.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseRenewals(Family<OutcomeLabel, Counter>);
+
+impl LeaseRenewals {
+    /// Renewals counted in `metrics`.
+    pub fn new(metrics: &Metrics) -> Self {
+        let renewals = Self::default();
+        metrics.register(
+            "kube_dispatch_lease_renewals",
+            "Writes of this dispatcher's Lease, each a renewal, by outcome (accepted, conflict, failed, timeout)",
+            renewals.0.clone(),
+        );
+        renewals
+    }
+
+    /// A write ended with `outcome`.
+    pub fn count(&self, outcome: &'static str) {
+        self.0.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+}
 mod workqueue;
 
 use crate::{

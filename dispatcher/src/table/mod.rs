@@ -34,7 +34,7 @@ mod lifecycle;
 mod sessions;
 
 pub use error::SessionError;
-pub use sessions::{Opened, Polled};
+pub use sessions::{Client, Opened, Polled};
 
 /// Where a session id of the wire leads: its group, its id there, and who may use it. The
 /// group holds the session itself ([`Group::session`]); the opener is kept here too, so a

@@ -22,6 +22,16 @@ use tracing::{debug, info};
 use super::{GroupTable, SessionError, SessionRef};
 use crate::group::{Group, SessionSlot};
 
+/// The client of a session being opened, as its OpenSession names it.
+#[derive(Clone, Copy, Debug)]
+pub struct Client<'a> {
+    /// The SDK and its version, for the logs.
+    pub name: &'a str,
+    /// Whether it takes its owners' children's bodies (the capability `children-bodies`): the
+    /// group keeps them from before its watches list ([`Group::take_children_bodies`]).
+    pub children_bodies: bool,
+}
+
 /// A session just opened.
 #[derive(Debug)]
 pub struct Opened {
@@ -75,21 +85,23 @@ impl GroupTable {
             .map_err(|e| self.refusal(e, group, None))
     }
 
-    /// Opens a session of `replica` (running `client`, the SDK and version it named, for the
-    /// logs) in `group`, which subscribes to `spec`, with `ttl`: joins the group, or creates it
+    /// Opens a session of `replica` (running `client`) in `group`, which subscribes to `spec`, with `ttl`: joins the group, or creates it
     /// and starts its watches (waiting for their first list). A session the replica had in the
     /// group is replaced.
     pub async fn open(
         &self,
         group: &GroupId,
         replica: &str,
-        client: &str,
+        client: Client<'_>,
         spec: &GroupSpec,
         ttl: Duration,
         caller: &Caller,
     ) -> Result<Opened, SessionError> {
         self.admits(group, replica)?;
         let (group, created) = self.group_for(group, replica, spec, caller)?;
+        if client.children_bodies {
+            group.take_children_bodies();
+        }
         if created {
             self.subscribe_all(&group).await?;
         }
@@ -126,7 +138,7 @@ impl GroupTable {
             },
         );
         drop(sessions);
-        info!(session = %session_id, group = %group.id, %replica, %client, ?ttl, "session opened");
+        info!(session = %session_id, group = %group.id, %replica, client = client.name, ?ttl, "session opened");
         Ok(Opened {
             session_id,
             group,

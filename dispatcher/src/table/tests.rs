@@ -80,7 +80,10 @@ fn open(
             .open(
                 &GroupId::shared("g"),
                 &replica,
-                "tests",
+                super::Client {
+                    name: "tests",
+                    children_bodies: false,
+                },
                 &spec(),
                 TTL,
                 &Caller::Anonymous,

@@ -132,6 +132,8 @@ impl Watches {
         key: &WatchKey,
         sub: Subscriber,
     ) -> Result<Arc<ChildIndex>, WatchError> {
+        let owned = sub.owner.is_some();
+        let group = sub.group.clone();
         let (mut readiness, children) = {
             let mut running = self.running();
             match running.get_mut(key) {
@@ -148,6 +150,9 @@ impl Watches {
                             && s.named_by == sub.named_by)
                     });
                     subs.push(sub);
+                    if owned {
+                        group.keep_children_bodies_in(&r.children);
+                    }
                     // The new group has not seen the objects that exist: the task lists them
                     // beside the stream, unless its own list will show them.
                     r.children.joined();
@@ -156,9 +161,13 @@ impl Watches {
                 }
                 None => {
                     let (tx, rx) = watch::channel(Readiness::Starting);
+                    let children = Arc::<ChildIndex>::default();
+                    if owned {
+                        group.keep_children_bodies_in(&children);
+                    }
                     let run = Running {
                         counts: Arc::default(),
-                        children: Arc::default(),
+                        children,
                         subscribers: Arc::new(RwLock::new(vec![sub])),
                         readiness: rx.clone(),
                         joined: Arc::new(tokio::sync::Notify::new()),

@@ -88,8 +88,8 @@ fn join_with(
         tx,
         released,
         Arc::new(LeaseSessions::new(Duration::from_secs(1))),
-        cancel.clone(),
-        clean,
+        (cancel.clone(), clean),
+        Default::default(),
     ));
     Member { ring, cancel, task }
 }

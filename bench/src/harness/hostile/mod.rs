@@ -18,6 +18,11 @@
 //! | junk tokens | 300 calls a second, each with a new token: opaque strings and forged JWTs for the tier's audience |
 //! | connections | every connection one peer may hold, and 50 more attempts a second |
 //! | body hog | another tenant's group of 40 ConfigMaps of 1000 KiB, rewritten all along and never polled |
+//! | reconnect storm | 1 000 sessions of one identity (its bound) in 10 groups over 1 000 ConfigMaps, each replica reopening its session every 5 s: 200 OpenSessions a second, what a tier restart looks like to a few hundred controller replicas; each session polls and acknowledges as a replica does |
+//!
+//! The dispatcher takes its ring from Leases, as deployed: each session is listed on its Lease
+//! before it is handed keys. Under the reconnect storm the report adds OpenSession's answer
+//! times and the Lease renewals that were not accepted.
 //!
 //! Each attack gets a fresh dispatcher process, so its peak RSS (VmHWM) is the attack's own.
 //! Runs alternate over the attacks `--repeats` times; the report gives medians over repeats.
@@ -46,7 +51,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    admin::http_status,
+    admin::{counter_sum, http_status},
     process::Component,
     report::{median, percentile},
     security::{first_list, timed_write},
@@ -55,7 +60,7 @@ use super::{
 mod attacks;
 mod results;
 
-use attacks::launch;
+use attacks::{Opens, launch};
 
 /// The body pool the benchmark's dispatcher runs with: small enough that the body hog fills it.
 const BODY_POOL: usize = 32 * 1024 * 1024;
@@ -71,16 +76,18 @@ pub(crate) enum Attack {
     JunkTokens,
     Connections,
     BodyHog,
+    ReconnectStorm,
 }
 
 impl Attack {
-    pub(crate) const ALL: [Self; 6] = [
+    pub(crate) const ALL: [Self; 7] = [
         Self::None,
         Self::IdleAdmin,
         Self::HealthStreams,
         Self::JunkTokens,
         Self::Connections,
         Self::BodyHog,
+        Self::ReconnectStorm,
     ];
 
     /// What the JSON calls it.
@@ -92,6 +99,7 @@ impl Attack {
             Self::JunkTokens => "junk_tokens",
             Self::Connections => "connections",
             Self::BodyHog => "body_hog",
+            Self::ReconnectStorm => "reconnect_storm",
         }
     }
 
@@ -103,6 +111,7 @@ impl Attack {
             Self::JunkTokens => "junk token flood",
             Self::Connections => "connection flood",
             Self::BodyHog => "body hog tenant",
+            Self::ReconnectStorm => "reconnect storm",
         }
     }
 
@@ -114,6 +123,9 @@ impl Attack {
             Self::JunkTokens => "hopeless tokens unreviewed; 1 review/s per failing peer",
             Self::Connections => "128 connections per peer, 10 s to speak",
             Self::BodyHog => "body pool shared evenly per user (32 MiB here)",
+            Self::ReconnectStorm => {
+                "1000 sessions per identity; sessions listed on the Lease in batches"
+            }
         }
     }
 }
@@ -151,14 +163,21 @@ struct Run {
     /// What the attack did: calls or connections made, refused.
     attempts: u64,
     refused: u64,
+    /// The reconnect storm's OpenSessions: each one's answer time, µs (10 s for one that failed
+    /// or took longer).
+    opens: Vec<u64>,
+    /// Writes of the dispatcher's Lease that were not accepted (conflicts, failures, timeouts).
+    renewals_missed: u64,
 }
 
 /// The identities and objects every run uses.
 struct Fixture {
     legit_ns: TestNamespace,
     hog_ns: TestNamespace,
+    storm_ns: TestNamespace,
     legit: Credentials,
     hog: Credentials,
+    storm: Credentials,
     ca: PathBuf,
 }
 
@@ -194,6 +213,15 @@ struct Figures {
     attempts: f64,
     /// Of those, refused or closed.
     refused: f64,
+    /// The reconnect storm's OpenSession answer time, p50 of each run, ms (`null` for the other
+    /// attacks).
+    open_p50_ms: Option<f64>,
+    /// Its p99 of each run, ms.
+    open_p99_ms: Option<f64>,
+    /// Its slowest over every run, ms (10 000 for one that failed or took longer).
+    open_max_ms: Option<f64>,
+    /// Writes of the dispatcher's Lease not accepted, summed over the runs.
+    renewals_missed: u64,
 }
 
 /// Runs the plan and returns what it measured.
@@ -202,17 +230,23 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
     let ca = cluster.dir().join("pki/ca.crt");
     let legit_ns = TestNamespace::create("bench-hostile").await?;
     let hog_ns = TestNamespace::create("bench-hostile-hog").await?;
+    let storm_ns = TestNamespace::create("bench-hostile-storm").await?;
     account(&legit_ns, "legit", &["list", "watch"]).await?;
     account(&hog_ns, "hog", &["list", "watch"]).await?;
+    account(&storm_ns, "storm", &["list", "watch"]).await?;
     let legit = Credentials::tls(&ca).with_token(token(&legit_ns, "legit", "kube-dispatch").await?);
     let hog = Credentials::tls(&ca).with_token(token(&hog_ns, "hog", "kube-dispatch").await?);
+    let storm = Credentials::tls(&ca).with_token(token(&storm_ns, "storm", "kube-dispatch").await?);
+    attacks::storm_objects(&Api::namespaced(storm_ns.client(), storm_ns.name())).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(legit_ns.client(), legit_ns.name());
     super::objects::create_probe(&configmaps, "probe").await?;
     let fixture = Fixture {
         legit_ns,
         hog_ns,
+        storm_ns,
         legit,
         hog,
+        storm,
         ca,
     };
     std::fs::create_dir_all(&plan.logs)?;
@@ -278,8 +312,8 @@ async fn start_dispatcher(
     let env = [
         ("KUBECONFIG", cluster.kubeconfig().display().to_string()),
         ("KD_DISPATCHER_ID", "dispatcher-0".to_owned()),
-        ("KD_RING_MEMBERS", "dispatcher-0".to_owned()),
         ("KD_LEASE_NAMESPACE", fixture.legit_ns.name().to_owned()),
+        ("KD_ADVERTISE_ADDRESS", grpc.to_string()),
         ("KD_LISTEN", grpc.to_string()),
         ("KD_ADMIN_LISTEN", admin.to_string()),
         ("KD_RESYNC_INTERVAL", "0s".to_owned()),
@@ -350,7 +384,8 @@ async fn one_run(
     let refused = Arc::new(AtomicU64::new(0));
     let mut attackers = JoinSet::new();
     let counters = (attempts.clone(), refused.clone());
-    launch(attack, fixture, &d, &stop, counters, &mut attackers).await?;
+    let opens: Opens = Arc::default();
+    launch(attack, fixture, &d, &stop, counters, &opens, &mut attackers).await?;
     // Let the attack reach its bound before measuring.
     if attack != Attack::None {
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -379,8 +414,28 @@ async fn one_run(
     }
     run.attempts = attempts.load(Ordering::Relaxed);
     run.refused = refused.load(Ordering::Relaxed);
+    run.opens = std::mem::take(&mut *opens.lock().unwrap_or_else(|e| e.into_inner()));
+    run.renewals_missed = renewals_missed(d.admin).await?;
     d.process.kill().await;
     Ok(run)
+}
+
+/// The writes of the dispatcher's Lease it counts as not accepted
+/// (`kube_dispatch_lease_renewals_total` but `accepted`).
+async fn renewals_missed(admin: SocketAddr) -> anyhow::Result<u64> {
+    let text = String::from_utf8_lossy(&super::admin::scrape(admin).await?).into_owned();
+    let all = counter_sum(&text, "kube_dispatch_lease_renewals_total");
+    let accepted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(r#"kube_dispatch_lease_renewals_total{outcome="accepted"}"#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    anyhow::ensure!(
+        accepted > 0.0,
+        "the dispatcher counted no Lease renewal accepted"
+    );
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok((all - accepted) as u64)
 }
 
 /// Asks `/healthz` every 100 ms until `stop`; each answer's time, 1 s for none.

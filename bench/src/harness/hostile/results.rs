@@ -20,6 +20,8 @@ impl Results {
             .map(|attack| {
                 let rs = of(attack);
                 let p99 = med(&rs, &|r| ms(&r.deliveries, 0.99));
+                let opens = rs.iter().any(|r| !r.opens.is_empty());
+                let open = |f: &dyn Fn(&Run) -> f64| opens.then(|| med(&rs, f));
                 Figures {
                     attack,
                     p50_ms: med(&rs, &|r| ms(&r.deliveries, 0.5)),
@@ -30,6 +32,11 @@ impl Results {
                     peak_rss_mib: med(&rs, &|r| mib(r.peak_rss)),
                     attempts: med(&rs, &|r| r.attempts as f64),
                     refused: med(&rs, &|r| r.refused as f64),
+                    open_p50_ms: open(&|r| ms(&r.opens, 0.5)),
+                    open_p99_ms: open(&|r| ms(&r.opens, 0.99)),
+                    open_max_ms: opens
+                        .then(|| rs.iter().map(|r| ms(&r.opens, 1.0)).fold(0.0, f64::max)),
+                    renewals_missed: rs.iter().map(|r| r.renewals_missed).sum(),
                 }
             })
             .collect();
@@ -66,6 +73,23 @@ impl Results {
                 f.refused,
             );
         }
+        for f in &self.attacks {
+            if let (Some(p50), Some(p99), Some(max)) = (f.open_p50_ms, f.open_p99_ms, f.open_max_ms)
+            {
+                let _ = writeln!(
+                    out,
+                    "\nUnder the {}: OpenSession answered in {p50:.1} ms at p50 and {p99:.1} ms at p99 (medians of the runs), {max:.0} ms at the slowest of every run (10 000 for one that failed or took longer); {:.0} opens a run, {:.0} failed.",
+                    f.attack.name(),
+                    f.attempts,
+                    f.refused,
+                );
+            }
+        }
+        let renewals: u64 = self.attacks.iter().map(|f| f.renewals_missed).sum();
+        let _ = writeln!(
+            out,
+            "\nWrites of the dispatcher's Lease not accepted over every run: {renewals}."
+        );
         let _ = writeln!(
             out,
             "\n`lost` sums every run; the pod limit in `deploy/` is 512 MiB (this dispatcher's body pool is 32 MiB instead of 256 MiB, so the hog fills it within a run)."

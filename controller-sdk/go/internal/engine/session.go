@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -167,9 +168,13 @@ func (r *Sessions) runSession(ctx context.Context, address string) (opened bool,
 	client := pb.NewDispatcherClient(conn)
 	sent := time.Now()
 	openCtx, cancelOpen := context.WithTimeout(ctx, openTimeout)
-	answer, err := client.OpenSession(openCtx, r.Open)
+	var trailer metadata.MD
+	answer, err := client.OpenSession(openCtx, r.Open, grpc.Trailer(&trailer))
 	cancelOpen()
 	if err != nil {
+		if wait, ok := pushback(trailer); ok {
+			return false, &pushedBackError{err: err, wait: wait}
+		}
 		return false, err
 	}
 	if missing := missingCapabilities(r.Open.GetSubscriptions(), answer.GetCapabilities()); len(missing) > 0 {
@@ -415,6 +420,11 @@ func (r *Sessions) Loop(ctx context.Context, address string) {
 			r.Log.Error(err, "the dispatcher cannot serve this controller; trying it again later", "dispatcher", address, "delay", delay.String())
 		} else {
 			delay = reconnects.Next(opened)
+			// A dispatcher busy opening sessions says how long to wait: at least that.
+			var pushedBack *pushedBackError
+			if errors.As(err, &pushedBack) {
+				delay = max(delay, pushedBack.wait)
+			}
 			r.Log.Info("session lost; reconnecting", "dispatcher", address, "error", err.Error(), "delay", delay.String())
 		}
 		r.Metrics.reconnecting()

@@ -234,6 +234,63 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
     Ok(())
 }
 
+/// Past `--max-opening-sessions` OpenSessions served at once, one more is refused at once with
+/// RESOURCE_EXHAUSTED and gRPC's pushback (the SDKs wait it out with jitter) rather than queue;
+/// asked again, it opens.
+#[tokio::test]
+async fn an_open_past_the_opens_in_progress_is_refused_at_once_with_a_pushback() -> TestResult {
+    let ns = TestNamespace::create("dispatch-opening").await?;
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.settings.limits.max_opening_sessions = 1;
+    let d = TestDispatcher::start(config).await?;
+    // Each group watches an object of its own: its open waits for that watch's first list, so
+    // twenty opened at once overlap.
+    let subs = |i: usize| {
+        vec![Subscription {
+            field_selector: format!("metadata.name=cm-{i}"),
+            ..subscription("v1", "ConfigMap", ns.name())
+        }]
+    };
+    // Over one connection: twenty handshakes at once from one address pass its bound.
+    let client = d.client().await;
+    let opens = (0..20).map(|i| {
+        let client = client.clone();
+        async move { TestSession::open_with(client, &format!("g{i}"), "r1", subs(i)).await }
+    });
+    let answered = futures::future::join_all(opens).await;
+    let refused: Vec<(usize, &tonic::Status)> = answered
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| a.as_ref().err().map(|e| (i, e)))
+        .collect();
+    assert!(
+        !refused.is_empty() && refused.len() < 20,
+        "twenty opens at once for one place: {} refused",
+        refused.len()
+    );
+    for (_, status) in &refused {
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+        assert!(
+            status.message().contains("--max-opening-sessions"),
+            "{status}"
+        );
+        assert_eq!(
+            status
+                .metadata()
+                .get(kube_dispatch_proto::RETRY_PUSHBACK)
+                .and_then(|v| v.to_str().ok()),
+            Some("500"),
+            "{status:?}"
+        );
+    }
+    for (i, _) in &refused {
+        TestSession::open_with(client.clone(), &format!("g{i}"), "r1", subs(*i)).await?;
+    }
+    assert_eq!(d.handles.groups.session_count(), 20);
+    d.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestResult {
     let ns = TestNamespace::create("dispatch-idle").await?;
