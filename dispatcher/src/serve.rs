@@ -359,7 +359,7 @@ fn start_membership(
             released,
             lease_sessions,
             (stop, clean),
-            crate::metrics::LeaseRenewals::new(&config.metrics),
+            membership::LeaseRenewals::new(&config.metrics),
         ))),
     }
 }

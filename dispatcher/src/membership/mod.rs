@@ -30,7 +30,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::{config::LeaseConfig, metrics::LeaseRenewals};
+use kube_dispatch_telemetry::metrics::Metrics;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
+
+use crate::config::LeaseConfig;
 
 mod judging;
 mod lease;
@@ -103,6 +109,34 @@ pub async fn run(
         return;
     }
     m.release().await;
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// What became of the writes of this dispatcher's Lease: `kube_dispatch_lease_renewals_total`.
+/// Cheap to clone: clones count together.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseRenewals(Family<OutcomeLabel, Counter>);
+
+impl LeaseRenewals {
+    /// Renewals counted in `metrics`.
+    pub fn new(metrics: &Metrics) -> Self {
+        let renewals = Self::default();
+        metrics.register(
+            "kube_dispatch_lease_renewals",
+            "Writes of this dispatcher's Lease, each a renewal, by outcome (accepted, conflict, failed, timeout)",
+            renewals.0.clone(),
+        );
+        renewals
+    }
+
+    /// A write ended with `outcome`.
+    pub fn count(&self, outcome: &'static str) {
+        self.0.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
 }
 
 /// The shortest time between two writes of the Lease made for new sessions (renewals on the

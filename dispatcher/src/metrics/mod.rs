@@ -93,7 +93,6 @@ use prometheus_client::{
     metrics::{
         MetricType,
         counter::{ConstCounter, Counter},
-        family::Family,
         gauge::{ConstGauge, Gauge},
         histogram::{Histogram, exponential_buckets},
     },
@@ -101,33 +100,6 @@ use prometheus_client::{
 
 mod groups;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: &'static str,
-}
-
-/// What became of the writes of this dispatcher's Lease: `kube_dispatch_lease_renewals_total`.
-/// Cheap to clone: clones count together.
-#[derive(Clone, Debug, Default)]
-pub struct LeaseRenewals(Family<OutcomeLabel, Counter>);
-
-impl LeaseRenewals {
-    /// Renewals counted in `metrics`.
-    pub fn new(metrics: &Metrics) -> Self {
-        let renewals = Self::default();
-        metrics.register(
-            "kube_dispatch_lease_renewals",
-            "Writes of this dispatcher's Lease, each a renewal, by outcome (accepted, conflict, failed, timeout)",
-            renewals.0.clone(),
-        );
-        renewals
-    }
-
-    /// A write ended with `outcome`.
-    pub fn count(&self, outcome: &'static str) {
-        self.0.get_or_create(&OutcomeLabel { outcome }).inc();
-    }
-}
 mod workqueue;
 
 use crate::{
