@@ -85,10 +85,11 @@ impl Results {
                 );
             }
         }
-        let renewals: u64 = self.attacks.iter().map(|f| f.renewals_missed).sum();
+        let renewals: Option<u64> = self.attacks.iter().map(|f| f.renewals_missed).sum();
         let _ = writeln!(
             out,
-            "\nWrites of the dispatcher's Lease not accepted over every run: {renewals}."
+            "\nWrites of the dispatcher's Lease not accepted over every run: {}.",
+            renewals.map_or_else(|| "not counted by this dispatcher".to_owned(), |n| n.to_string())
         );
         let _ = writeln!(
             out,
