@@ -65,6 +65,17 @@ pub struct Child {
     pub object_json: Vec<u8>,
 }
 
+impl Child {
+    /// The child as the request carried it ([`Child::object_json`]), if it did and it reads as
+    /// a `K`: what a reconcile would otherwise read from the API server.
+    pub fn object<K: serde::de::DeserializeOwned>(&self) -> Option<K> {
+        if self.object_json.is_empty() {
+            return None;
+        }
+        serde_json::from_slice(&self.object_json).ok()
+    }
+}
+
 impl Children {
     /// The children a request carries, or `None` if it carries none because its kind is no
     /// owned subscription's owner (or the dispatcher does not send children).

@@ -88,7 +88,7 @@ where
     if !named.is_empty() && named.len() <= MAX_CHILD_READS {
         let read: Vec<Option<K>> = futures::stream::iter(named)
             .map(|child| async move {
-                match carried(&child) {
+                match child.object::<K>() {
                     Some(object) => Ok(Some(object)),
                     None => read_at(api, &child.name, &child.resource_version).await,
                 }
@@ -105,14 +105,6 @@ where
     let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
     let listed = list_not_older(api, &floor).await?;
     Ok(listed.into_iter().filter(controlled_by_owner).collect())
-}
-
-/// The child as its request carried it, if it did and it reads as a `K`.
-fn carried<K: DeserializeOwned>(child: &children::Child) -> Option<K> {
-    if child.object_json.is_empty() {
-        return None;
-    }
-    serde_json::from_slice(&child.object_json).ok()
 }
 
 /// The object `name`, at least as new as `version`, from the API server's watch cache: no read

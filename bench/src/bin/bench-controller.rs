@@ -26,8 +26,9 @@
 //!   one (its write not seen yet) is neither read nor written; one at a newer version is
 //!   written without reading it once the owner's
 //!   children were written here before, and otherwise (the first reconcile here, as at a cold
-//!   start) read first by a GET the API server answers from its watch cache
-//!   (`resourceVersion=0`), read again consistently if that is older than the request;
+//!   start) taken from the request where it carries the child's body, else read first by a GET
+//!   the API server answers from its watch cache (`resourceVersion=0`), read again
+//!   consistently if that is older than the request;
 //! - `dispatch` with `--children-from list`: a LIST of the owner's children by label in every
 //!   reconcile, as a controller with no cache and no children in its requests must;
 //! - `dispatch` with `--children-from index`: `reads::children`, the SDK's answer to what a

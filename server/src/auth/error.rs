@@ -55,12 +55,39 @@ pub enum Unauthenticated {
     /// The review could not be made; the call may be retried.
     #[error("cannot verify the token now: {0}")]
     Unavailable(String),
+    /// The server reviews new tokens at its rate and is at it (a restart of the tier, when
+    /// every replica's token is new to it): the call may be retried after the pushback its
+    /// status carries (1 s).
+    #[error(
+        "cannot verify the token now: this server reviews at most {per_second} new tokens per second (bursts of {burst}) and is at that rate (--max-token-review-rate): retry in {} ms",
+        REVIEWS_BUSY_PUSHBACK.as_millis()
+    )]
+    ReviewsBusy {
+        /// Reviews per second.
+        per_second: u32,
+        /// Reviews at once.
+        burst: u32,
+    },
 }
+
+/// How long a caller refused because new tokens are reviewed at the server's rate is told to
+/// wait (gRPC's pushback, `grpc-retry-pushback-ms`); the SDKs add up to as much again at random,
+/// so replicas come back spread over the time the reviews take rather than in doubling waits.
+pub(super) const REVIEWS_BUSY_PUSHBACK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl From<Unauthenticated> for Status {
     fn from(e: Unauthenticated) -> Self {
         match e {
             Unauthenticated::Unavailable(_) => Status::unavailable(e.to_string()),
+            Unauthenticated::ReviewsBusy { .. } => {
+                let mut status = Status::unavailable(e.to_string());
+                if let Ok(value) = REVIEWS_BUSY_PUSHBACK.as_millis().to_string().parse() {
+                    status
+                        .metadata_mut()
+                        .insert(kube_dispatch_proto::RETRY_PUSHBACK, value);
+                }
+                status
+            }
             Unauthenticated::FailingPeer { .. } => Status::resource_exhausted(e.to_string()),
             _ => Status::unauthenticated(e.to_string()),
         }

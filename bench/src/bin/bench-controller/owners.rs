@@ -201,6 +201,10 @@ pub(super) async fn run_dispatch_owners(
                             Some(None) => Ok(Found::Read(None)),
                             // Written before (the owner changed since, or the child did).
                             Some(Some(_)) if wrote_before => Ok(Found::Unchecked),
+                            // Carried by the request, as the dispatcher's watch showed it.
+                            Some(Some(child)) if !child.object_json.is_empty() => {
+                                Ok(Found::Read(child.object::<ConfigMap>().map(Box::new)))
+                            }
                             Some(Some(child)) => {
                                 let version = child.resource_version.parse::<u64>().ok();
                                 Ok(Found::Read(

@@ -12,7 +12,6 @@ use std::{
 
 use anyhow::Context as _;
 use base64::Engine as _;
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube_dispatch_proto::{
@@ -23,7 +22,7 @@ use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::{Attack, Dispatcher, Fixture};
+use super::{Attack, Counters, Dispatcher, Fixture, Opens};
 
 /// Starts `attack` on dispatcher `d`, counting its calls in `counters`, until `stop`.
 pub(super) async fn launch(
@@ -80,12 +79,12 @@ pub(super) async fn launch(
             attackers.spawn(body_hog(api, hog, stop.clone(), counters));
         }
         Attack::ReconnectStorm => {
-            let storm = Storm {
-                endpoint: endpoint(&fixture.storm)?,
+            let storm = super::storm::Storm {
+                address: d.grpc.to_string(),
                 credentials: fixture.storm.clone(),
                 namespace: fixture.storm_ns.name().to_owned(),
             };
-            attackers.spawn(reconnect_storm(
+            attackers.spawn(super::storm::run(
                 storm,
                 stop.clone(),
                 counters,
@@ -96,120 +95,6 @@ pub(super) async fn launch(
     Ok(())
 }
 
-type Counters = (Arc<AtomicU64>, Arc<AtomicU64>);
-
-/// Each OpenSession's answer time, µs.
-pub(super) type Opens = Arc<std::sync::Mutex<Vec<u64>>>;
-
-/// Sessions the reconnect storm holds: the most one identity may (`--max-sessions-per-identity`).
-const STORM_SESSIONS: u64 = 1000;
-/// Groups they are spread over.
-const STORM_GROUPS: u64 = 10;
-/// OpenSessions a second.
-const STORM_RATE: u64 = 200;
-/// ConfigMaps each group reconciles.
-const STORM_OBJECTS: usize = 1000;
-/// An OpenSession not answered within this long counts as failed.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The ConfigMaps the storm's groups reconcile, created once.
-pub(super) async fn storm_objects(api: &Api<ConfigMap>) -> anyhow::Result<()> {
-    futures::stream::iter(0..STORM_OBJECTS)
-        .map(|i| async move {
-            let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": format!("storm-{i}")},
-                "data": {"v": "x"},
-            }))?;
-            api.patch(
-                &format!("storm-{i}"),
-                &PatchParams::apply("bench-hostile").force(),
-                &Patch::Apply(&cm),
-            )
-            .await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(16)
-        .try_collect::<()>()
-        .await
-}
-
-/// Where the storm's replicas connect, as whom, and what they reconcile.
-struct Storm {
-    endpoint: tonic::transport::Endpoint,
-    credentials: Credentials,
-    namespace: String,
-}
-
-/// [`STORM_SESSIONS`] replicas of [`STORM_GROUPS`] groups, one OpenSession every 1/[`STORM_RATE`]
-/// s, replica after replica: each replica reopens its session every 5 s (the dispatcher
-/// replaces its old one), and polls and acknowledges what it is given in between, over 16
-/// connections (1 000 polls at once need 8 at 128 calls each).
-async fn reconnect_storm(
-    storm: Storm,
-    stop: CancellationToken,
-    (attempts, refused): Counters,
-    opens: Opens,
-) -> anyhow::Result<()> {
-    let mut channels = Vec::new();
-    for _ in 0..16 {
-        channels.push(storm.endpoint.connect().await?);
-    }
-    let mut replicas = JoinSet::new();
-    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / STORM_RATE));
-    let mut n: u64 = 0;
-    while !stop.is_cancelled() {
-        tick.tick().await;
-        let replica = n % STORM_SESSIONS;
-        n += 1;
-        #[allow(clippy::cast_possible_truncation)]
-        let channel = channels[(replica % 16) as usize].clone();
-        let client = DispatcherClient::with_interceptor(channel, storm.credentials.bearer());
-        let subscriptions = vec![subscription("v1", "ConfigMap", &storm.namespace)];
-        let (attempts, refused, opens, stop) = (
-            attempts.clone(),
-            refused.clone(),
-            opens.clone(),
-            stop.clone(),
-        );
-        replicas.spawn(async move {
-            attempts.fetch_add(1, Ordering::Relaxed);
-            let begun = Instant::now();
-            let group = format!("storm-{}", replica % STORM_GROUPS);
-            let opened = tokio::time::timeout(
-                OPEN_TIMEOUT,
-                TestSession::open_with(
-                    client,
-                    &group,
-                    &format!("replica-{replica}"),
-                    subscriptions,
-                ),
-            )
-            .await;
-            let took = u64::try_from(begun.elapsed().as_micros()).unwrap_or(u64::MAX);
-            let Ok(Ok(mut session)) = opened else {
-                refused.fetch_add(1, Ordering::Relaxed);
-                opens
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(u64::try_from(OPEN_TIMEOUT.as_micros()).unwrap_or(u64::MAX));
-                return;
-            };
-            opens.lock().unwrap_or_else(|e| e.into_inner()).push(took);
-            // Until the session is replaced (the next open of this replica) or the run ends.
-            let mut acks: Vec<u64> = Vec::new();
-            while !stop.is_cancelled() {
-                match session.poll_acking(&acks, Duration::from_secs(1)).await {
-                    Ok(got) => acks = got.iter().map(|r| r.delivery_id).collect(),
-                    Err(_) => return,
-                }
-            }
-        });
-        // Reap the replicas whose sessions were replaced.
-        while replicas.try_join_next().is_some() {}
-    }
-    replicas.shutdown().await;
-    Ok(())
-}
 
 /// 2 000 connections to the admin port, reopened as they are closed; every other one sends a
 /// request head one byte a second.

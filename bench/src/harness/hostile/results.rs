@@ -78,7 +78,7 @@ impl Results {
             {
                 let _ = writeln!(
                     out,
-                    "\nUnder the {}: OpenSession answered in {p50:.1} ms at p50 and {p99:.1} ms at p99 (medians of the runs), {max:.0} ms at the slowest of every run (10 000 for one that failed or took longer); {:.0} opens a run, {:.0} failed.",
+                    "\nUnder the {}: a replica had its session {p50:.1} ms at p50 and {p99:.1} ms at p99 after it began to reconnect (medians of the runs; retries included), {max:.0} ms at the slowest of every run; {:.0} reconnects a run, {:.0} OpenSessions or connections refused on the way.",
                     f.attack.name(),
                     f.attempts,
                     f.refused,
@@ -89,7 +89,10 @@ impl Results {
         let _ = writeln!(
             out,
             "\nWrites of the dispatcher's Lease not accepted over every run: {}.",
-            renewals.map_or_else(|| "not counted by this dispatcher".to_owned(), |n| n.to_string())
+            renewals.map_or_else(
+                || "not counted by this dispatcher".to_owned(),
+                |n| n.to_string()
+            )
         );
         let _ = writeln!(
             out,
