@@ -66,10 +66,19 @@ pub struct Child {
 }
 
 impl Child {
-    /// The child as the request carried it ([`Child::object_json`]), if it did and it reads as
-    /// a `K`: what a reconcile would otherwise read from the API server.
-    pub fn object<K: serde::de::DeserializeOwned>(&self) -> Option<K> {
-        if self.object_json.is_empty() {
+    /// The child as the request carried it ([`Child::object_json`]), if it did, it is of
+    /// `K`'s group, version and kind (the body is in the version of the subscription that
+    /// watched it: another served version is read from the API server instead), and it reads
+    /// as a `K`: what a reconcile would otherwise read from the API server.
+    pub fn object<K>(&self) -> Option<K>
+    where
+        K: Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        if self.object_json.is_empty()
+            || self.group != K::group(&())
+            || self.version != K::version(&())
+            || self.kind != K::kind(&())
+        {
             return None;
         }
         serde_json::from_slice(&self.object_json).ok()
@@ -314,6 +323,30 @@ mod tests {
     use kube_dispatch_proto::v1::{ObjectKey, OwnedObject};
 
     use super::*;
+
+    #[test]
+    fn a_carried_child_is_taken_only_as_its_own_group_version_and_kind() {
+        let carried = Child {
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "a".into(),
+            object_json: br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"},"data":{"k":"v"}}"#.to_vec(),
+            ..Child::default()
+        };
+        let read: ConfigMap = carried.object().expect("carried in its own version");
+        assert_eq!(read.data, Some([("k".to_owned(), "v".to_owned())].into()));
+        let other_version = Child {
+            version: "v2".into(),
+            ..carried.clone()
+        };
+        assert!(other_version.object::<ConfigMap>().is_none());
+        assert!(carried.object::<Secret>().is_none(), "another kind");
+        let bare = Child {
+            object_json: Vec::new(),
+            ..carried.clone()
+        };
+        assert!(bare.object::<ConfigMap>().is_none(), "none carried");
+    }
 
     fn request(state: ChildrenState) -> ReconcileRequest {
         let child = |kind: &str, name: &str| OwnedObject {

@@ -61,7 +61,7 @@ pub struct SecurityFlags {
 
     /// Tokens not seen before that this server reviews per second (TokenReview), over all
     /// callers, in bursts of twice as many; past it, calls with new tokens get UNAVAILABLE with
-    /// gRPC's pushback (1 s, which the SDKs wait out with jitter). Bounds what garbage tokens
+    /// gRPC's pushback (1 s, which the SDKs' session loops wait out with jitter). Bounds what garbage tokens
     /// can make this server ask of the API server; after a restart every replica's token is new
     /// here, so it is also how fast the replicas come back (1 000 in 5 s at the default).
     #[arg(long, env = "KD_MAX_TOKEN_REVIEW_RATE", default_value_t = AuthConfig::default().review_rate.per_second)]

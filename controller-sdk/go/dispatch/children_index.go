@@ -64,7 +64,8 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	slots := make(chan struct{}, childReadsAtOnce)
 	var wg sync.WaitGroup
 	for i, child := range named {
-		if body := child.GetObjectJson(); len(body) > 0 {
+		// A body is in the version the dispatcher watched: taken only when it is the one read into.
+		if body := child.GetObjectJson(); len(body) > 0 && child.GetObject().GetVersion() == kind.Version {
 			if object := newItem(); decodeInto(body, object) == nil {
 				read[i] = object
 				continue

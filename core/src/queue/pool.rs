@@ -40,6 +40,8 @@ pub struct BodyPool(Arc<Inner>);
 struct Inner {
     capacity: usize,
     used: AtomicUsize,
+    /// Of `used`, the bytes held outside the groups' queues ([`HeldBody`]).
+    held: AtomicUsize,
 }
 
 impl BodyPool {
@@ -48,6 +50,7 @@ impl BodyPool {
         Self(Arc::new(Inner {
             capacity,
             used: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
         }))
     }
 
@@ -86,11 +89,25 @@ impl BodyPool {
     pub(crate) fn give_back(&self, bytes: usize) {
         self.0.used.fetch_sub(bytes, Ordering::AcqRel);
     }
+
+    /// The bytes the groups share between them: the capacity less what is held outside their
+    /// queues ([`HeldBody`], at most half of it), so that what each group is given as its share
+    /// is there to take.
+    pub fn shared_capacity(&self) -> usize {
+        self.capacity()
+            .saturating_sub(self.0.held.load(Ordering::Acquire))
+    }
+
+    /// The bytes held outside the groups' queues ([`HeldBody`]).
+    pub fn held(&self) -> usize {
+        self.0.held.load(Ordering::Acquire)
+    }
 }
 
 /// A body kept outside the groups' queues (an owner's child, [`crate::children`]), taken from
-/// a pool only while the pool stays at most half full, so such bodies never crowd out the
-/// groups' own: they use what the groups leave free. Given back when dropped.
+/// a pool only while the pool stays at most half full: such bodies take at most half of it,
+/// and the groups share what they leave ([`BodyPool::shared_capacity`]). Given back when
+/// dropped.
 #[derive(Debug)]
 pub struct HeldBody {
     body: Arc<[u8]>,
@@ -107,6 +124,7 @@ impl HeldBody {
                 used.checked_add(bytes).filter(|&total| total <= limit)
             })
             .ok()?;
+        pool.0.held.fetch_add(bytes, Ordering::AcqRel);
         Some(Self {
             body,
             pool: pool.clone(),
@@ -121,6 +139,10 @@ impl HeldBody {
 
 impl Drop for HeldBody {
     fn drop(&mut self) {
+        self.pool
+            .0
+            .held
+            .fetch_sub(self.body.len(), Ordering::AcqRel);
         self.pool.give_back(self.body.len());
     }
 }
@@ -152,8 +174,14 @@ mod tests {
         assert!(HeldBody::take(&pool, body(21)).is_none(), "30 + 21 > 50");
         let second = HeldBody::take(&pool, body(20)).expect("30 + 20 = 50");
         assert_eq!(pool.used(), 50);
+        assert_eq!(
+            (pool.held(), pool.shared_capacity()),
+            (50, 50),
+            "the groups share the half left"
+        );
         drop(first);
         assert_eq!(pool.used(), 20);
+        assert_eq!((pool.held(), pool.shared_capacity()), (20, 80));
         assert!(pool.take(40), "the groups' bodies still have the rest");
         assert!(
             HeldBody::take(&pool, body(1)).is_none(),

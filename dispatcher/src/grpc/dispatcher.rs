@@ -49,6 +49,27 @@ pub struct DispatcherService {
     refusals: Refusals,
 }
 
+/// Longest an OpenSession holds its place among `--max-opening-sessions`: one that takes
+/// longer (a new group whose watches' first lists are slow) carries on without it.
+const OPEN_PLACE_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `open` holding `place` while it is quick: one still running after [`OPEN_PLACE_HOLD`]
+/// (waiting on its watches' first lists) gives the place up and carries on, so slow lists (a
+/// throttled API server) cannot hold every place.
+async fn holding<T>(
+    place: tokio::sync::OwnedSemaphorePermit,
+    open: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(open);
+    tokio::select! {
+        done = &mut open => done,
+        () = tokio::time::sleep(OPEN_PLACE_HOLD) => {
+            drop(place);
+            open.await
+        }
+    }
+}
+
 /// How long a replica refused at `--max-opening-sessions` (OpenSessions served at once) is told to wait before asking again
 /// (`grpc-retry-pushback-ms`, gRPC's pushback); the SDKs add up to as much again at random.
 pub const OPEN_RETRY_HINT: std::time::Duration = std::time::Duration::from_millis(500);
@@ -69,6 +90,26 @@ impl DispatcherService {
             guard,
             opening: Arc::new(tokio::sync::Semaphore::new(opening)),
             refusals,
+        }
+    }
+
+    /// The answer to an OpenSession that opened `session_id` with `ttl`.
+    fn opened(&self, session_id: String, ttl: std::time::Duration) -> OpenSessionResponse {
+        let groups = &self.groups;
+        OpenSessionResponse {
+            session_id,
+            ttl: prost_types::Duration::try_from(ttl).ok(),
+            dispatcher_id: groups.identity().to_owned(),
+            max_reconcile_time: prost_types::Duration::try_from(
+                groups.settings().queue.max_reconcile_time,
+            )
+            .ok(),
+            dispatcher_version: env!("CARGO_PKG_VERSION").to_owned(),
+            capabilities: kube_dispatch_proto::capabilities::ALL
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+            dead_dispatchers: groups.lease_sessions().dead(),
         }
     }
 
@@ -387,20 +428,12 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             let name = req.client.clone();
             let (id, caller) = (id.clone(), caller.clone());
             async move {
-                let _place = place;
-                let opened = groups
-                    .open(
-                        &id,
-                        &replica,
-                        Client {
-                            name: &name,
-                            children_bodies,
-                        },
-                        &spec,
-                        ttl,
-                        &caller,
-                    )
-                    .await?;
+                let client = Client {
+                    name: &name,
+                    children_bodies,
+                };
+                let open = groups.open(&id, &replica, client, &spec, ttl, &caller);
+                let opened = holding(place, open).await?;
                 // Keys can move here only on a ring from Leases: ask the peers what was deleted
                 // of them before this group was served here.
                 if opened.created && groups.recent_deletions().capacity > 0 {
@@ -423,21 +456,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .map_err(|e| Status::internal(format!("opening the session failed: {e}")))?
             .map_err(status)?;
         gave_up.disarm();
-        Ok(Response::new(OpenSessionResponse {
-            session_id: opened.session_id,
-            ttl: prost_types::Duration::try_from(ttl).ok(),
-            dispatcher_id: groups.identity().to_owned(),
-            max_reconcile_time: prost_types::Duration::try_from(
-                groups.settings().queue.max_reconcile_time,
-            )
-            .ok(),
-            dispatcher_version: env!("CARGO_PKG_VERSION").to_owned(),
-            capabilities: kube_dispatch_proto::capabilities::ALL
-                .iter()
-                .map(|c| (*c).to_owned())
-                .collect(),
-            dead_dispatchers: groups.lease_sessions().dead(),
-        }))
+        Ok(Response::new(self.opened(opened.session_id, ttl)))
     }
 
     async fn poll(&self, request: Request<PollRequest>) -> Result<Response<PollResponse>, Status> {

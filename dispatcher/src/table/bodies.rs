@@ -46,7 +46,8 @@ impl GroupTable {
         };
         drop(held_until);
         let owners: Vec<Option<&str>> = groups.iter().map(|g| g.id.owner.as_deref()).collect();
-        let shares = body_shares(pool.capacity(), &owners);
+        // Shares of what children's bodies (at most half) leave: a share is there to take.
+        let shares = body_shares(pool.shared_capacity(), &owners);
         let mut freed = 0;
         for (group, share) in groups.iter().zip(shares) {
             let shed = group.hold_bodies_to(Some(share));

@@ -95,7 +95,6 @@ pub(super) async fn launch(
     Ok(())
 }
 
-
 /// 2 000 connections to the admin port, reopened as they are closed; every other one sends a
 /// request head one byte a second.
 async fn idle_admin(

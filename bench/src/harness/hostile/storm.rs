@@ -177,19 +177,23 @@ pub(super) async fn run(
     Ok(())
 }
 
-/// How long a replica waits after its `failures`-th refusal, as the SDKs wait: the pushback
-/// the dispatcher gave, or 100 ms doubling to 30 s; either with a jitter of up to as much
-/// again (drawn from `seed`, so runs are alike).
+/// How long a replica waits after its `failures`-th refusal, as the SDKs wait: 100 ms doubling
+/// to 30 s, or the pushback the dispatcher gave (at most 30 s) if longer; each with a jitter of
+/// up to as much again (drawn from `seed`, so runs are alike).
 fn retry_after(status: &tonic::Status, failures: u32, seed: u64) -> Duration {
+    let jittered = |base: u64, salt: u64| {
+        let jitter = seed
+            .wrapping_add(u64::from(failures) ^ salt)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(17)
+            % (base + 1);
+        base + jitter
+    };
+    let backoff = jittered((100u64 << failures.min(9)).min(30_000), 0);
     let pushback = status
         .metadata()
         .get(RETRY_PUSHBACK)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let base = pushback.unwrap_or_else(|| (100u64 << failures.min(9)).min(30_000));
-    let jitter = seed
-        .wrapping_add(u64::from(failures))
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(17)
-        % (base + 1);
-    Duration::from_millis(base + jitter)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map_or(0, |ms| jittered(ms.min(30_000), 1));
+    Duration::from_millis(backoff.max(pushback))
 }

@@ -1242,8 +1242,9 @@ type OwnedObject struct {
 	Uid string `protobuf:"bytes,2,opt,name=uid,proto3" json:"uid,omitempty"`
 	// The resourceVersion the watch last showed.
 	ResourceVersion string `protobuf:"bytes,3,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The child as JSON at `resource_version`, as the watch showed it, for a client that lists
-	// the capability "children-bodies" when the dispatcher held it (the process's body pool has
+	// The child as JSON at `resource_version`, as the watch showed it (in the version of the
+	// subscription's resource), to the sessions of a group one of whose clients listed the
+	// capability "children-bodies", when the dispatcher held it (the process's body pool has
 	// room: children's bodies take at most half of it) and the answer had room for it (bodies
 	// are left out, last children first, before any child is). Empty otherwise: a reconcile that
 	// needs the child's content reads it, at least as new as `resource_version`.
