@@ -530,8 +530,13 @@ pub(crate) fn stale_write() {
 mod tests {
     use super::*;
 
+    /// Held by the tests that read the process-wide registry, which the others write to: under
+    /// `cargo test` they share one process.
+    static REGISTRY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn metrics_switched_off_record_nothing() {
+        let _alone = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         let reconcile = |m: &ControllerMetrics| {
             m.delivered(Reason::Added);
             let session = m.session_opened("dispatcher-0");
@@ -565,6 +570,7 @@ mod tests {
 
     #[test]
     fn a_controllers_own_registry_serves_the_same_figures() {
+        let _alone = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         let mut own = Registry::default();
         register_into(&mut own);
         let encoded = |registry: &Registry| {

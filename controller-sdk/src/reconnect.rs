@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder};
-use kube_dispatch_proto::RETRY_PUSHBACK;
 
 /// The longest pause between two attempts, jitter included.
 const LONGEST: Duration = Duration::from_secs(60);
@@ -49,14 +48,7 @@ impl Reconnects {
 /// again, so the replicas it refused do not all come back at once; `None` when it asked for
 /// none. At most half of [`LONGEST`] before the jitter.
 pub(crate) fn pushback(status: &tonic::Status) -> Option<Duration> {
-    let millis: u64 = status
-        .metadata()
-        .get(RETRY_PUSHBACK)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()?;
-    let hint = Duration::from_millis(millis).min(LONGEST / 2);
+    let hint = kube_dispatch_proto::pushback_of(status)?.min(LONGEST / 2);
     ConstantBuilder::default()
         .with_delay(hint)
         .with_jitter()
@@ -67,6 +59,8 @@ pub(crate) fn pushback(status: &tonic::Status) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use kube_dispatch_proto::RETRY_PUSHBACK;
+
     use super::*;
 
     #[test]

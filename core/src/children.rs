@@ -610,85 +610,53 @@ mod tests {
     fn bodies_are_kept_only_once_asked_and_given_back_with_their_children() {
         let pool = BodyPool::new(1000);
         let index = ChildIndex::default();
-        let body = |text: &str| -> Arc<[u8]> { Arc::from(text.as_bytes()) };
         let k = kind();
-        let shown = |uid: &'static str, version: &'static str, held| Shown {
+        let shown = |uid: &'static str, version: &'static str, json: &str| Shown {
             uid,
             resource_version: version,
-            body: held,
+            body: index.hold(|| Arc::from(json.as_bytes())),
+        };
+        // Seen by the watch's stream, owned by "a".
+        let see = |child: &str, uid: &'static str, version: &'static str, json: &str| {
+            let shown = shown(uid, version, json);
+            index
+                .write()
+                .seen(&k, child, Some("a".into()), 1, false, shown);
         };
         assert!(
             index.hold(|| unreachable!("no body is made")).is_none(),
             "an index nobody asked keeps none"
         );
         index.keep_bodies(&pool);
-        let held = index.hold(|| body(r#"{"v":"1"}"#));
-        index.write().seen(
-            &k,
-            "cm-1",
-            Some("a".into()),
-            1,
-            false,
-            shown("u1", "1", held),
-        );
-        let held = index.hold(|| body(r#"{"v":"2"}"#));
-        index
-            .write()
-            .listed(&k, "cm-2", "a".into(), 1, shown("u2", "2", held));
+        see("cm-1", "u1", "1", r#"{"v":"1"}"#);
+        let listed = shown("u2", "2", r#"{"v":"2"}"#);
+        index.write().listed(&k, "cm-2", "a".into(), 1, listed);
         assert_eq!(pool.used(), 18);
         let of = index.read().of(&k, "a");
         assert_eq!(of[0].body.as_deref(), Some(&br#"{"v":"1"}"#[..]));
         assert_eq!(of[1].body.as_deref(), Some(&br#"{"v":"2"}"#[..]));
         // A change replaces the body; a deletion, a lost owner and a forgotten kind give theirs back.
-        let held = index.hold(|| body(r#"{"v":"10"}"#));
-        index.write().seen(
-            &k,
-            "cm-1",
-            Some("a".into()),
-            1,
-            false,
-            shown("u1", "10", held),
-        );
+        see("cm-1", "u1", "10", r#"{"v":"10"}"#);
         assert_eq!(pool.used(), 19);
         index.write().seen(&k, "cm-1", None, 1, true, ("u1", "11"));
         assert_eq!(pool.used(), 9);
         index.write().retain_owners(|_| false);
         assert_eq!(pool.used(), 0);
-        let held = index.hold(|| body("{}"));
-        index.write().seen(
-            &k,
-            "cm-3",
-            Some("a".into()),
-            1,
-            false,
-            shown("u3", "1", held),
-        );
+        see("cm-3", "u3", "1", "{}");
         index.write().forget(&k);
         assert_eq!(pool.used(), 0);
         // Past half the pool, children are indexed without bodies.
         assert!(index.hold(|| vec![0; 501].into()).is_none());
-        let held = index.hold(|| body("{}"));
-        index.write().seen(
-            &k,
-            "cm-4",
-            Some("a".into()),
-            1,
-            false,
-            shown("u4", "1", held),
-        );
+        see("cm-4", "u4", "1", "{}");
         // Indexed before bodies were kept: a list at that very version brings the body, an
         // older or newer one does not.
         index
             .write()
             .seen(&k, "cm-5", Some("a".into()), 1, false, ("u5", "7"));
-        let held = index.hold(|| body("{6}"));
-        index
-            .write()
-            .listed(&k, "cm-5", "a".into(), 1, shown("u5", "6", held));
-        let held = index.hold(|| body("{7}"));
-        index
-            .write()
-            .listed(&k, "cm-5", "a".into(), 1, shown("u5", "7", held));
+        let listed = shown("u5", "6", "{6}");
+        index.write().listed(&k, "cm-5", "a".into(), 1, listed);
+        let listed = shown("u5", "7", "{7}");
+        index.write().listed(&k, "cm-5", "a".into(), 1, listed);
         let cm5 = index
             .read()
             .of(&k, "a")

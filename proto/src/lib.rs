@@ -60,6 +60,27 @@ pub const MAX_TRIGGER_KEYS: usize = 1000;
 /// random, so a storm of reconnects spreads out.
 pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
+/// `status`, asking its caller to wait `wait` before asking again ([`RETRY_PUSHBACK`]).
+pub fn with_pushback(mut status: tonic::Status, wait: std::time::Duration) -> tonic::Status {
+    if let Ok(value) = wait.as_millis().to_string().parse() {
+        status.metadata_mut().insert(RETRY_PUSHBACK, value);
+    }
+    status
+}
+
+/// How long `status` asks its caller to wait before asking again ([`RETRY_PUSHBACK`]), if it
+/// does: a count of milliseconds, anything else ignored.
+pub fn pushback_of(status: &tonic::Status) -> Option<std::time::Duration> {
+    let millis = status
+        .metadata()
+        .get(RETRY_PUSHBACK)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(std::time::Duration::from_millis(millis))
+}
+
 /// Bytes a dispatcher leaves free under a client's `max_bytes` for the answer's own framing.
 pub const ANSWER_HEADROOM: u32 = 4 * 1024;
 

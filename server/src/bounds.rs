@@ -232,21 +232,22 @@ pub struct Connections {
     known: moka::sync::Cache<IpAddr, ()>,
 }
 
-/// One connection admitted by [`Connections::admit`]; dropping it frees its place.
+/// One place taken from [`Connections`] (a connection admitted by [`Connections::admit`], a
+/// TLS handshake let start by [`Connections::handshake`]); dropping it frees the place.
 #[derive(Debug)]
-pub struct ConnectionPermit {
+pub struct Permit {
     connections: Arc<Connections>,
+    /// Where the place was taken: the connections, or the handshakes.
+    places: fn(&Connections) -> &Guarded,
     peer: IpAddr,
     reserved: bool,
 }
 
-/// One TLS handshake let start by [`Connections::handshake`]; dropping it frees its place.
-#[derive(Debug)]
-pub struct HandshakePermit {
-    connections: Arc<Connections>,
-    peer: IpAddr,
-    reserved: bool,
-}
+/// A connection admitted by [`Connections::admit`].
+pub type ConnectionPermit = Permit;
+
+/// A TLS handshake let start by [`Connections::handshake`].
+pub type HandshakePermit = Permit;
 
 impl Connections {
     /// Connections held within `limits`; refusals counted in `refusals`.
@@ -280,23 +281,28 @@ impl Connections {
     /// A place for a new connection from `peer`, or `None` (then close it) when this server
     /// or that peer is at its bound.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ConnectionPermit> {
-        let known = self.known.contains_key(&peer);
-        let reserved = self.open.take(peer, known, &self.refusals)?;
-        Some(ConnectionPermit {
-            connections: self.clone(),
-            peer,
-            reserved,
-        })
+        self.place(peer, |c| &c.open)
     }
 
     /// A place for a TLS handshake with `peer`, or `None` (then close the connection) when
     /// this server or that peer has as many in progress as allowed: peers that stall their
     /// handshakes cannot take every place from the others.
     pub fn handshake(self: &Arc<Self>, peer: IpAddr) -> Option<HandshakePermit> {
+        self.place(peer, |c| &c.handshakes)
+    }
+
+    /// A place among `places` for `peer`, from the reserve if it is known and every general
+    /// place is held, or `None` at the bound.
+    fn place(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        places: fn(&Connections) -> &Guarded,
+    ) -> Option<Permit> {
         let known = self.known.contains_key(&peer);
-        let reserved = self.handshakes.take(peer, known, &self.refusals)?;
-        Some(HandshakePermit {
+        let reserved = places(self).take(peer, known, &self.refusals)?;
+        Some(Permit {
             connections: self.clone(),
+            places,
             peer,
             reserved,
         })
@@ -308,17 +314,9 @@ impl Connections {
     }
 }
 
-impl Drop for ConnectionPermit {
+impl Drop for Permit {
     fn drop(&mut self) {
-        self.connections.open.give_back(self.peer, self.reserved);
-    }
-}
-
-impl Drop for HandshakePermit {
-    fn drop(&mut self) {
-        self.connections
-            .handshakes
-            .give_back(self.peer, self.reserved);
+        (self.places)(&self.connections).give_back(self.peer, self.reserved);
     }
 }
 

@@ -76,11 +76,16 @@ impl BodyPool {
 
     /// Takes `bytes` if they fit; false (and nothing taken) if not.
     pub(crate) fn take(&self, bytes: usize) -> bool {
-        let capacity = self.0.capacity;
+        self.take_within(bytes, self.0.capacity)
+    }
+
+    /// Takes `bytes` if the pool holds at most `limit` with them; false (and nothing taken)
+    /// if not.
+    fn take_within(&self, bytes: usize, limit: usize) -> bool {
         self.0
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&total| total <= capacity)
+                used.checked_add(bytes).filter(|&total| total <= limit)
             })
             .is_ok()
     }
@@ -117,13 +122,10 @@ pub struct HeldBody {
 impl HeldBody {
     /// Holds `body` in `pool` if the pool stays at most half full with it; `None` if not.
     pub fn take(pool: &BodyPool, body: Arc<[u8]>) -> Option<Self> {
-        let (bytes, limit) = (body.len(), pool.capacity() / 2);
-        pool.0
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&total| total <= limit)
-            })
-            .ok()?;
+        let bytes = body.len();
+        if !pool.take_within(bytes, pool.capacity() / 2) {
+            return None;
+        }
         pool.0.held.fetch_add(bytes, Ordering::AcqRel);
         Some(Self {
             body,

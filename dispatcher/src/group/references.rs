@@ -69,9 +69,8 @@ impl Group {
     /// Takes the children of owners of `kind` from `index` into this group's requests.
     pub fn owns_from(&self, kind: OwnerKind, index: Arc<ChildIndex>) {
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if self.children_bodies.load(Ordering::Acquire) {
-            index.keep_bodies(&self.body_pool);
-        }
+        // Under the lock `take_children_bodies` takes, so that neither misses the other.
+        self.keep_children_bodies_in(&index);
         if !owned
             .iter()
             .any(|(k, i)| *k == kind && Arc::ptr_eq(i, &index))

@@ -125,16 +125,11 @@ impl DispatcherService {
                 caller.name(),
                 &format!("{max} OpenSessions were being served (--max-opening-sessions)"),
             );
-            let mut refused = Status::resource_exhausted(format!(
+            let refused = Status::resource_exhausted(format!(
                 "{max} sessions are being opened on this dispatcher (--max-opening-sessions): ask again in {} ms",
                 OPEN_RETRY_HINT.as_millis()
             ));
-            if let Ok(value) = OPEN_RETRY_HINT.as_millis().to_string().parse() {
-                refused
-                    .metadata_mut()
-                    .insert(kube_dispatch_proto::RETRY_PUSHBACK, value);
-            }
-            refused
+            kube_dispatch_proto::with_pushback(refused, OPEN_RETRY_HINT)
         })
     }
 

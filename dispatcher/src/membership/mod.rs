@@ -66,8 +66,15 @@ pub async fn run(
     renewals: LeaseRenewals,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
-    let mut m = Membership::start(leases, config, ring_key, slice, released, sessions).await;
-    m.renewals = renewals;
+    let mut m = Membership::start(
+        leases,
+        config,
+        ring_key,
+        slice,
+        released,
+        (sessions, renewals),
+    )
+    .await;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     // When a write wanted for new sessions is due: at most one per SESSION_WRITE_SPACING, so a
     // storm of opens costs the API server (and every dispatcher's watch of the Leases) a few
@@ -198,7 +205,7 @@ impl Membership {
         ring_key: RingKey,
         slice: watch::Sender<Arc<Slice>>,
         released: watch::Receiver<Option<String>>,
-        sessions: Arc<LeaseSessions>,
+        (sessions, renewals): (Arc<LeaseSessions>, LeaseRenewals),
     ) -> Self {
         let started = Instant::now();
         let mut version: Option<u128> = None;
@@ -242,7 +249,7 @@ impl Membership {
             released,
             sessions,
             handover,
-            renewals: LeaseRenewals::default(),
+            renewals,
             renew_tick,
             lease_watch,
             version,

@@ -79,15 +79,10 @@ impl From<Unauthenticated> for Status {
     fn from(e: Unauthenticated) -> Self {
         match e {
             Unauthenticated::Unavailable(_) => Status::unavailable(e.to_string()),
-            Unauthenticated::ReviewsBusy { .. } => {
-                let mut status = Status::unavailable(e.to_string());
-                if let Ok(value) = REVIEWS_BUSY_PUSHBACK.as_millis().to_string().parse() {
-                    status
-                        .metadata_mut()
-                        .insert(kube_dispatch_proto::RETRY_PUSHBACK, value);
-                }
-                status
-            }
+            Unauthenticated::ReviewsBusy { .. } => kube_dispatch_proto::with_pushback(
+                Status::unavailable(e.to_string()),
+                REVIEWS_BUSY_PUSHBACK,
+            ),
             Unauthenticated::FailingPeer { .. } => Status::resource_exhausted(e.to_string()),
             _ => Status::unauthenticated(e.to_string()),
         }

@@ -17,9 +17,7 @@ use std::{
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use kube_dispatch_proto::{
-    RETRY_PUSHBACK, credentials::Credentials, v1::dispatcher_client::DispatcherClient,
-};
+use kube_dispatch_proto::{credentials::Credentials, v1::dispatcher_client::DispatcherClient};
 use kube_dispatch_tests::{
     TestNamespace,
     dispatcher::{TestSession, subscription},
@@ -190,10 +188,13 @@ fn retry_after(status: &tonic::Status, failures: u32, seed: u64) -> Duration {
         base + jitter
     };
     let backoff = jittered((100u64 << failures.min(9)).min(30_000), 0);
-    let pushback = status
-        .metadata()
-        .get(RETRY_PUSHBACK)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .map_or(0, |ms| jittered(ms.min(30_000), 1));
+    let pushback = kube_dispatch_proto::pushback_of(status).map_or(0, |wait| {
+        jittered(
+            u64::try_from(wait.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(30_000),
+            1,
+        )
+    });
     Duration::from_millis(backoff.max(pushback))
 }

@@ -202,7 +202,6 @@ async fn an_owners_request_carries_its_children_as_new_as_the_change() -> TestRe
     use kube_dispatch_proto::v1::ChildrenState;
     let ns = TestNamespace::create("edges-children").await?;
     ensure_widget_crd(&ns.client()).await?;
-    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let owned = Subscription {
@@ -210,15 +209,7 @@ async fn an_owners_request_carries_its_children_as_new_as_the_change() -> TestRe
         ..subscription("v1", "ConfigMap", ns.name())
     };
     let mut s = TestSession::open(&d, "children", "r1", vec![owned]).await?;
-    let w = widgets
-        .create(
-            &PostParams::default(),
-            &Widget::new("w", WidgetSpec { size: 1 }),
-        )
-        .await?;
-    let owner = w
-        .controller_owner_ref(&())
-        .ok_or("a created Widget has a uid")?;
+    let owner = widget_owner(&ns).await?;
     let children_of = |r: &ReconcileRequest| -> Vec<(String, String, String)> {
         r.children
             .iter()
@@ -283,18 +274,9 @@ async fn an_owners_children_come_with_their_bodies_to_clients_that_take_them() -
     use kube_dispatch_proto::{capabilities::CHILDREN_BODIES, v1::OpenSessionRequest};
     let ns = TestNamespace::create("edges-child-bodies").await?;
     ensure_widget_crd(&ns.client()).await?;
-    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
-    let w = widgets
-        .create(
-            &PostParams::default(),
-            &Widget::new("w", WidgetSpec { size: 1 }),
-        )
-        .await?;
-    let owner = w
-        .controller_owner_ref(&())
-        .ok_or("a created Widget has a uid")?;
+    let owner = widget_owner(&ns).await?;
     let child = |name: &str, value: &str| {
         let mut child = labelled(name, "x");
         child.metadata.owner_references = Some(vec![owner.clone()]);

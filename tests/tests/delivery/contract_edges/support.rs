@@ -26,6 +26,20 @@ pub(super) fn seen(r: &ReconcileRequest) -> (Reason, String, String, bool) {
     (reason(r), r.key.clone(), r.uid.clone(), r.deleted)
 }
 
+/// Creates the Widget `w` in `ns` (whose CRD must exist); its controller reference, for the
+/// children it owns.
+pub(super) async fn widget_owner(ns: &TestNamespace) -> TestResult<OwnerReference> {
+    let widgets: Api<Widget> = Api::namespaced(ns.client(), ns.name());
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("w", WidgetSpec { size: 1 }),
+        )
+        .await?;
+    Ok(w.controller_owner_ref(&())
+        .ok_or("a created Widget has a uid")?)
+}
+
 pub(super) fn labelled(name: &str, tier: &str) -> ConfigMap {
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some(name.into());
