@@ -75,12 +75,53 @@ pub struct Controller<K: Resource> {
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
     /// Bytes of objects kept as last reconciled ([`Controller::recent_objects`]).
     pub(crate) recent_objects: u64,
+    /// What kube-runtime's `watches` gave ([`Controller::watches`]): served by a `references`
+    /// of the same kind, refused by `run` otherwise.
+    pub(crate) watched: Vec<Watched>,
     _kind: PhantomData<fn() -> K>,
 }
 
 /// What [`Controller::recent_objects`] keeps by default: 1 MiB of JSON, hundreds of objects of
 /// a few KiB, far more than the reconciles in flight at once whose writes echo back.
 const DEFAULT_RECENT_OBJECTS: u64 = 1024 * 1024;
+
+/// A kind given to [`Controller::watches`], with the selectors of its watcher config.
+pub(crate) struct Watched {
+    pub(crate) resource: ResourceRef,
+    pub(crate) label_selector: String,
+    pub(crate) field_selector: String,
+}
+
+/// Serves each of `watched` by the subscription among `subscriptions` that follows the objects
+/// of its kind named by the controller's (giving it the watched selectors where it has none);
+/// refuses the first that none serves.
+pub(crate) fn serve_watched<E: std::error::Error + 'static>(
+    subscriptions: &mut [Subscription],
+    watched: Vec<Watched>,
+) -> Result<(), Error<E>> {
+    for w in watched {
+        let Some(named) = subscriptions
+            .iter_mut()
+            .find(|s| s.referenced_by.is_some() && s.resource.as_ref() == Some(&w.resource))
+        else {
+            let kind = &w.resource.kind;
+            return Err(Error::Unserved {
+                call: format!("watches({kind})"),
+                instead: format!(
+                    "add .references::<{kind}>([field paths]) naming where the controller's objects name a {kind} \
+                     (the dispatchers then reconcile them when it changes); a mapper that finds them otherwise \
+                     (by label, across namespaces, computed) has no counterpart: keep a watch of your own and \
+                     send its keys to .reconcile_on"
+                ),
+            });
+        };
+        if named.label_selector.is_empty() && named.field_selector.is_empty() {
+            named.label_selector = w.label_selector;
+            named.field_selector = w.field_selector;
+        }
+    }
+    Ok(())
+}
 
 /// The request key (keys.md) of `object`, of type `K`.
 fn request_key<K: Resource>(dyntype: &K::DynamicType, object: &ObjectRef<K>) -> String {
@@ -93,7 +134,7 @@ fn request_key<K: Resource>(dyntype: &K::DynamicType, object: &ObjectRef<K>) -> 
     .to_string()
 }
 
-fn resource_ref<K: Resource>(dyntype: &K::DynamicType) -> ResourceRef {
+pub(crate) fn resource_ref<K: Resource>(dyntype: &K::DynamicType) -> ResourceRef {
     ResourceRef {
         group: K::group(dyntype).into_owned(),
         version: K::version(dyntype).into_owned(),
@@ -201,6 +242,7 @@ where
             health: Health::default(),
             admin_listen: admin_listen_from_env(),
             recent_objects: DEFAULT_RECENT_OBJECTS,
+            watched: Vec::new(),
             _kind: PhantomData,
         }
     }
@@ -471,7 +513,9 @@ where
 
     /// Runs the controller: one session per dispatcher it is assigned, long-polling for
     /// reconcile requests and running `reconcile` on them. The stream yields each outcome; it ends after a graceful
-    /// shutdown. A reconciler error goes to `error_policy`: [`Action::requeue`] asks the
+    /// shutdown. A call the tier does not serve ([`Controller::watches`] of a kind no
+    /// [`Controller::references`] names) makes the stream yield one [`Error::Unserved`], which
+    /// names what to call instead, and end, before any session opens. A reconciler error goes to `error_policy`: [`Action::requeue`] asks the
     /// dispatcher to deliver the key again after that delay, [`Action::await_change`] lets the
     /// dispatcher retry with its per-key exponential backoff.
     pub fn run<Ctx, E, ReconcileFut>(
@@ -485,7 +529,15 @@ where
         E: std::error::Error + Send + Sync + 'static,
         ReconcileFut: Future<Output = Result<Action, E>> + Send + 'static,
     {
-        runtime::run(self, Arc::new(reconcile), Arc::new(error_policy), context)
+        let mut this = self;
+        match serve_watched(&mut this.owned, std::mem::take(&mut this.watched)) {
+            Ok(()) => runtime::run(this, Arc::new(reconcile), Arc::new(error_policy), context)
+                .left_stream(),
+            Err(refused) => {
+                tracing::error!(group = %this.group, error = %refused, "the controller does not start");
+                futures::stream::iter([Err(refused)]).right_stream()
+            }
+        }
     }
 }
 

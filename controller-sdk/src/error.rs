@@ -43,6 +43,15 @@ pub enum Error<E: std::error::Error + 'static> {
         /// The time limit.
         limit: Duration,
     },
+    /// The controller makes a call the tier does not serve; it does not start. `instead` says
+    /// what serves it.
+    #[error("{call} is not served by the tier: {instead}")]
+    Unserved {
+        /// The builder call, as `watches(ConfigMap)`.
+        call: String,
+        /// What to call instead.
+        instead: String,
+    },
     /// A dispatcher could not be reached, refused the session, or the session was lost; the
     /// controller reconnects with backoff.
     #[error("dispatcher {address}: {status}")]

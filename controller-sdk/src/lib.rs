@@ -14,7 +14,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | `controller` | [`Controller`], its options and [`Controller::run`] |
-//! | `from_kube` | [`Controller::for_api`] and [`Controller::owns_api`]: kube-runtime's `Controller::new` and `owns`, with their arguments |
+//! | `from_kube` | [`Controller::for_api`], [`Controller::owns_api`] and [`Controller::watches`]: kube-runtime's `Controller::new`, `owns` and `watches`, with their arguments |
 //! | `action`, `error`, `health` | what a reconcile returns ([`Action`]), what fails ([`Error`]), liveness and readiness ([`Health`]) |
 //! | [`precondition`] | writes conditional on the resourceVersion a reconcile was given: merge patches, server-side applies as a field manager, replaces |
 //! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), from the watch cache: the children the request lists by name, else one LIST of a namespace |

@@ -5,3 +5,6 @@
 mod bundle;
 mod bundles;
 mod bundles_kube_rs;
+mod mirror;
+mod mirrors;
+mod mirrors_kube_rs;
