@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -122,6 +123,22 @@ func (c *deliveredClient) Patch(ctx context.Context, object client.Object, patch
 	return c.wroteDelivered(ctx, object, c.wrote(ctx, object, countStale(ctx, object, c.Client.Patch(ctx, object, patch, options...))))
 }
 
+// Apply is a server-side apply: the version its answer holds moves what later Lists by index
+// must be at least as new as, as any write's does.
+func (c *deliveredClient) Apply(ctx context.Context, object runtime.ApplyConfiguration, options ...client.ApplyOption) error {
+	return c.applied(ctx, object, c.Client.Apply(ctx, object, options...))
+}
+
+// Delete and DeleteAllOf answer no version: the next List by index reads the API server
+// consistently (see freshness.deleted), so it never shows what was deleted as still there.
+func (c *deliveredClient) Delete(ctx context.Context, object client.Object, options ...client.DeleteOption) error {
+	return c.fresh.afterDelete(c.Client.Delete(ctx, object, options...))
+}
+
+func (c *deliveredClient) DeleteAllOf(ctx context.Context, object client.Object, options ...client.DeleteAllOfOption) error {
+	return c.fresh.afterDelete(c.Client.DeleteAllOf(ctx, object, options...))
+}
+
 func (c *deliveredClient) Status() client.SubResourceWriter {
 	return subResourceWriter{c.Client.Status(), c}
 }
@@ -138,11 +155,15 @@ type subResourceWriter struct {
 }
 
 func (w subResourceWriter) Update(ctx context.Context, object client.Object, options ...client.SubResourceUpdateOption) error {
-	return w.c.wroteDelivered(ctx, object, countStale(ctx, object, w.SubResourceWriter.Update(ctx, object, options...)))
+	return w.c.wroteDelivered(ctx, object, w.c.wrote(ctx, object, countStale(ctx, object, w.SubResourceWriter.Update(ctx, object, options...))))
 }
 
 func (w subResourceWriter) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
-	return w.c.wroteDelivered(ctx, object, countStale(ctx, object, w.SubResourceWriter.Patch(ctx, object, patch, options...)))
+	return w.c.wroteDelivered(ctx, object, w.c.wrote(ctx, object, countStale(ctx, object, w.SubResourceWriter.Patch(ctx, object, patch, options...))))
+}
+
+func (w subResourceWriter) Apply(ctx context.Context, object runtime.ApplyConfiguration, options ...client.SubResourceApplyOption) error {
+	return w.c.applied(ctx, object, w.SubResourceWriter.Apply(ctx, object, options...))
 }
 
 type subResourceClient struct {
@@ -156,6 +177,10 @@ func (s subResourceClient) Update(ctx context.Context, object client.Object, opt
 
 func (s subResourceClient) Patch(ctx context.Context, object client.Object, patch client.Patch, options ...client.SubResourcePatchOption) error {
 	return subResourceWriter{s.SubResourceClient, s.c}.Patch(ctx, object, patch, options...)
+}
+
+func (s subResourceClient) Apply(ctx context.Context, object runtime.ApplyConfiguration, options ...client.SubResourceApplyOption) error {
+	return subResourceWriter{s.SubResourceClient, s.c}.Apply(ctx, object, options...)
 }
 
 // wroteDelivered keeps what the API server answered a reconcile's successful write of its

@@ -9,7 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -181,5 +184,81 @@ func TestAReadAfterTheReconcilesOwnWriteIsServedItsAnswer(t *testing.T) {
 	var echoed corev1.ConfigMap
 	if err := c.Get(next, key, &echoed); err != nil || gets != 2 || echoed.Data["v"] != "2" {
 		t.Fatalf("the write's echo: %v, %d requests, %+v", err, gets, echoed)
+	}
+}
+
+// Every write moves what a List by index must be at least as new as: a status write and a
+// server-side apply by the version they answered. A deletion answers none, so the next List by
+// index reads the API server consistently (no resourceVersion), and the one after it is again
+// at least as new as what that read showed.
+func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
+	stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
+	var listed []*metav1.ListOptions
+	c := &deliveredClient{
+		Client: fake.NewClientBuilder().WithObjects(stored).WithStatusSubresource(stored).WithInterceptorFuncs(interceptor.Funcs{
+			List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, options ...client.ListOption) error {
+				listed = append(listed, (&client.ListOptions{}).ApplyOptions(options).Raw)
+				if err := cl.List(ctx, list, options...); err != nil {
+					return err
+				}
+				list.(*corev1.ConfigMapList).ResourceVersion = "900"
+				return nil
+			},
+			Apply: func(_ context.Context, _ client.WithWatch, object runtime.ApplyConfiguration, _ ...client.ApplyOption) error {
+				object.(*corev1ac.ConfigMapApplyConfiguration).WithResourceVersion("500")
+				return nil
+			},
+		}).Build(),
+		recent: newRecentObjects(1 << 20),
+		fresh:  &freshness{},
+	}
+	ctx := deliveredContext(&pb.ReconcileRequest{Key: "/ConfigMap/ns/a", Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}, ResourceVersion: "7"})
+	floor := func() uint64 { return c.fresh.written.Load() }
+
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "a"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Status().Update(ctx, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := comparableVersion(cm.ResourceVersion); floor() != v || v == 0 {
+		t.Fatalf("after a status write at %s the floor is %d", cm.ResourceVersion, floor())
+	}
+	if err := c.Apply(ctx, corev1ac.ConfigMap("b", "ns")); err != nil {
+		t.Fatal(err)
+	}
+	if floor() != 500 || c.fresh.own.newest(ownKey("/ConfigMap/ns/a", schema.GroupKind{Kind: "ConfigMap"})) != 500 {
+		t.Fatalf("after an apply answered at 500: floor %d", floor())
+	}
+
+	byName := []wanted{{field: "x", value: "a", extract: func(o client.Object) []string { return []string{o.GetName()} }}}
+	list := func() *corev1.ConfigMapList {
+		var l corev1.ConfigMapList
+		if err := c.listByIndex(ctx, &l, &client.ListOptions{Namespace: "ns"}, nil, byName); err != nil {
+			t.Fatal(err)
+		}
+		return &l
+	}
+	list()
+	if raw := listed[len(listed)-1]; raw == nil || raw.ResourceVersion != "500" {
+		t.Fatalf("a List before any deletion reads at the floor, 500: %+v", raw)
+	}
+	if err := c.Delete(ctx, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if l := list(); listed[len(listed)-1] != nil || len(l.Items) != 0 {
+		t.Fatalf("the List after a deletion: options %+v, %d items", listed[len(listed)-1], len(l.Items))
+	}
+	list()
+	if raw := listed[len(listed)-1]; raw == nil || raw.ResourceVersion != "900" {
+		t.Fatalf("the List after the consistent one reads at least at what it showed, 900: %+v", raw)
+	}
+	// A deletion of what is already gone counts too; one that failed otherwise does not.
+	if err := c.Delete(ctx, &cm); !apierrors.IsNotFound(err) {
+		t.Fatalf("deleting it again: %v", err)
+	}
+	if deleted, _ := c.fresh.deletedSinceListed(); !deleted {
+		t.Fatal("a deletion answered not found reads consistently after")
 	}
 }

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -232,13 +233,26 @@ func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectLis
 		FieldSelector: rest,
 		Raw:           &metav1.ListOptions{ResourceVersion: c.seen(ctx), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan},
 	}
+	deleted, deletions := c.fresh.deletedSinceListed()
+	if deleted {
+		read.Raw = nil
+	}
 	err := c.Client.List(ctx, list, read)
-	if err != nil && watchCacheCannotServe(err) {
+	if err != nil && read.Raw != nil && watchCacheCannotServe(err) {
 		read.Raw = nil
 		err = c.Client.List(ctx, list, read)
 	}
 	if err != nil {
 		return err
+	}
+	if read.Raw == nil {
+		// A consistent read: later Lists are at least as new, and see the deletions before it.
+		if l, err := meta.ListAccessor(list); err == nil {
+			if v, ok := comparableVersion(l.GetResourceVersion()); ok {
+				raise(&c.fresh.written, v)
+			}
+		}
+		c.fresh.listedAfter(deletions)
 	}
 	items, err := meta.ExtractList(list)
 	if err != nil {
@@ -275,10 +289,46 @@ func (c *deliveredClient) seen(ctx context.Context) string {
 }
 
 // freshness is what a process wrote last: the newest version any write returned, and the
-// newest each key's reconciles wrote of each kind.
+// newest each key's reconciles wrote of each kind; and whether a deletion was made since the
+// last List read the API server consistently.
 type freshness struct {
 	written atomic.Uint64
 	own     ownWrites
+	// deleted counts the deletions this process made, and listed those made before the last
+	// consistent List began. A deletion answers no version, so while deleted > listed a List
+	// by index reads the API server consistently (no resourceVersion), and the children a
+	// request lists are not taken as they are: it could show what was deleted.
+	deleted, listed atomic.Uint64
+}
+
+// afterDelete counts a deletion that succeeded (err nil, or not found: gone either way).
+func (f *freshness) afterDelete(err error) error {
+	if err == nil || apierrors.IsNotFound(err) {
+		f.deleted.Add(1)
+	}
+	return err
+}
+
+// deletedSinceListed is whether a deletion was made since the last consistent List began,
+// and the count to pass to listedAfter once one has succeeded.
+func (f *freshness) deletedSinceListed() (bool, uint64) {
+	deleted := f.deleted.Load()
+	return deleted > f.listed.Load(), deleted
+}
+
+// listedAfter records that a consistent List began after the first deleted deletions.
+func (f *freshness) listedAfter(deleted uint64) {
+	raise(&f.listed, deleted)
+}
+
+// raise makes value at least v.
+func raise(value *atomic.Uint64, v uint64) {
+	for {
+		current := value.Load()
+		if v <= current || value.CompareAndSwap(current, v) {
+			return
+		}
+	}
 }
 
 // wrote records the version a write returned, for later lists to be at least as new, and,
@@ -287,17 +337,41 @@ func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err e
 	if err != nil {
 		return err
 	}
-	if v, ok := comparableVersion(object.GetResourceVersion()); ok {
-		for {
-			current := c.fresh.written.Load()
-			if v <= current || c.fresh.written.CompareAndSwap(current, v) {
-				break
-			}
-		}
-		gvk, err := apiutil.GVKForObject(object, c.Scheme())
-		if d := deliveryFrom(ctx); d != nil && err == nil {
-			c.fresh.own.note(ownKey(d.Request.GetKey(), gvk.GroupKind()), v)
+	if gvk, err := apiutil.GVKForObject(object, c.Scheme()); err == nil {
+		c.noteWrite(ctx, gvk.GroupKind(), object.GetResourceVersion())
+	}
+	return nil
+}
+
+// applied is wrote for a server-side apply, whose answer the client decoded into its apply
+// configuration: its kind and version are read from the configuration's JSON.
+func (c *deliveredClient) applied(ctx context.Context, object runtime.ApplyConfiguration, err error) error {
+	if err != nil {
+		return err
+	}
+	var answer struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	if body, err := json.Marshal(object); err == nil && json.Unmarshal(body, &answer) == nil {
+		if gv, err := schema.ParseGroupVersion(answer.APIVersion); err == nil {
+			c.noteWrite(ctx, gv.WithKind(answer.Kind).GroupKind(), answer.Metadata.ResourceVersion)
 		}
 	}
 	return nil
+}
+
+// noteWrite moves the process's floor to version, and the key's own writes of kind.
+func (c *deliveredClient) noteWrite(ctx context.Context, kind schema.GroupKind, version string) {
+	v, ok := comparableVersion(version)
+	if !ok {
+		return
+	}
+	raise(&c.fresh.written, v)
+	if d := deliveryFrom(ctx); d != nil {
+		c.fresh.own.note(ownKey(d.Request.GetKey(), kind), v)
+	}
 }
