@@ -15,6 +15,7 @@
 //! | `kube_dispatch_deliveries_total` | counter | `controller`, `reason` (`added`, `modified`, `deleted`, `resync`, `retry`, `requeue`, `owned`, `referenced`, `triggered`) |
 //! | `kube_dispatch_stale_writes_total` | counter: conditional writes refused with 409 ([`crate::precondition`]) | `controller` |
 //! | `kube_dispatch_delivery_to_reconcile_seconds` | histogram: from a delivery's arrival to its reconcile's start | `controller` |
+//! | `kube_dispatch_ready_to_reconcile_seconds` | histogram: from the key's becoming ready at the dispatcher (a change seen, a requeue or backoff due, a resync) to its reconcile's start here: the tier's latency, which its SLO alert reads (buckets [`READY_BUCKETS`]; not observed for deliveries of dispatchers older than 0.2, which do not say how long the key waited) | `controller` |
 //! | `kube_dispatch_objects_loaded_total` | counter: objects handed to reconciles, by where they came from: the request's body, the object as this replica last reconciled it at the version the request names (no read; [`Controller::recent_objects`](crate::Controller::recent_objects)), or a read from the API server | `controller`, `source` (`request`, `recent`, `read`) |
 //! | `kube_dispatch_api_requests_total` | counter: requests the controller's client ([`Controller::client`](crate::Controller::client)) sent, by verb; divided by `controller_runtime_reconcile_total`, what a reconcile costs the API server ([`crate::api_requests`]) | `controller`, `verb` (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) |
 //!
@@ -98,6 +99,7 @@ struct Families {
     deliveries: Family<ReasonLabels, Counter>,
     stale_writes: Family<ControllerLabel, Counter>,
     delivery_to_reconcile: Histograms<ControllerLabel>,
+    ready_to_reconcile: Histograms<ControllerLabel>,
     api_requests: Family<VerbLabels, Counter>,
     loaded: Family<SourceLabels, Counter>,
 }
@@ -118,6 +120,16 @@ fn wait_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-4, 2.0, 21))
 }
 
+/// The buckets of `kube_dispatch_ready_to_reconcile_seconds`, in seconds: round figures, so an
+/// SLO's threshold (the chart's `monitoring.alerts.slo.latencySeconds`) is one of them.
+pub const READY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+fn ready_histogram() -> Histogram {
+    Histogram::new(READY_BUCKETS)
+}
+
 static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
     let f = Families {
         metrics: Metrics::default(),
@@ -133,6 +145,7 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
         deliveries: Family::default(),
         stale_writes: Family::default(),
         delivery_to_reconcile: Family::new_with_constructor(wait_histogram),
+        ready_to_reconcile: Family::new_with_constructor(ready_histogram),
         api_requests: Family::default(),
         loaded: Family::default(),
     };
@@ -231,6 +244,11 @@ impl Families {
             "Time from a delivery's arrival to its reconcile's start",
             f.delivery_to_reconcile.clone(),
         );
+        sink.add(
+            "kube_dispatch_ready_to_reconcile_seconds",
+            "Time from the key's becoming ready at the dispatcher to its reconcile's start",
+            f.ready_to_reconcile.clone(),
+        );
     }
 }
 
@@ -322,6 +340,7 @@ struct Labelled {
     active: Gauge,
     reconcile_time: Histogram,
     delivery_to_reconcile: Histogram,
+    ready_to_reconcile: Histogram,
 }
 
 impl ControllerMetrics {
@@ -374,6 +393,7 @@ impl ControllerMetrics {
             active: f.active.get_or_create(&label).clone(),
             reconcile_time: f.reconcile_time.get_or_create(&label).clone(),
             delivery_to_reconcile: f.delivery_to_reconcile.get_or_create(&label).clone(),
+            ready_to_reconcile: f.ready_to_reconcile.get_or_create(&label).clone(),
         }))
     }
 
@@ -405,11 +425,15 @@ impl ControllerMetrics {
         }
     }
 
-    /// A reconcile starts, `waited` after its delivery arrived; counts it active until the
-    /// guard drops.
-    pub(crate) fn started(&self, waited: Duration) -> Active<'_> {
+    /// A reconcile starts, `waited` after its delivery arrived and `at_dispatcher` after its key
+    /// became ready there (when the dispatcher said); counts it active until the guard drops.
+    pub(crate) fn started(&self, waited: Duration, at_dispatcher: Option<Duration>) -> Active<'_> {
         if let Some(m) = &self.0 {
             m.delivery_to_reconcile.observe(waited.as_secs_f64());
+            if let Some(before) = at_dispatcher {
+                m.ready_to_reconcile
+                    .observe((before + waited).as_secs_f64());
+            }
             m.active.inc();
         }
         Active(self.0.as_ref().map(|m| &m.active))
@@ -540,7 +564,7 @@ mod tests {
         let reconcile = |m: &ControllerMetrics| {
             m.delivered(Reason::Added);
             let session = m.session_opened("dispatcher-0");
-            let active = m.started(Duration::from_millis(1));
+            let active = m.started(Duration::from_millis(1), Some(Duration::from_millis(600)));
             m.ended(Ended::Success, Duration::from_millis(2));
             m.fenced();
             m.reconnecting();
@@ -566,6 +590,13 @@ mod tests {
             ),
             "{text}"
         );
+        // 601 ms from ready to the reconcile's start: in the 1 s bucket, not the 0.5 s one.
+        for (le, count) in [("0.5", 0), ("1.0", 1)] {
+            let line = format!(
+                r#"kube_dispatch_ready_to_reconcile_seconds_bucket{{le="{le}",controller="switched-on"}} {count}"#
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 
     #[test]

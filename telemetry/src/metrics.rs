@@ -5,7 +5,9 @@
 //! Every process also exports the process metrics Prometheus' own clients export under the
 //! same names ([`ProcessMetrics`]): `process_cpu_seconds_total`, `process_resident_memory_bytes`,
 //! `process_virtual_memory_bytes`, `process_open_fds`, `process_threads` and
-//! `process_start_time_seconds`, read from `/proc` at each scrape.
+//! `process_start_time_seconds`, read from `/proc` at each scrape; and
+//! `kube_dispatch_build_info{version}`, always 1, whose label is the release the process was
+//! built from (what the mixed-versions alert compares across the tier).
 //!
 //! Label cardinality is bounded by design: labels name controller groups, dispatchers, reasons
 //! and outcomes, never a key, a uid or an object.
@@ -19,7 +21,7 @@ use prometheus_client::{
     encoding::EncodeLabelSet,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
-    metrics::{counter::Counter, family::Family},
+    metrics::{counter::Counter, family::Family, info::Info},
     registry::{Metric, Registry},
 };
 
@@ -42,6 +44,11 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ProcessMetrics));
+        registry.register(
+            "kube_dispatch_build",
+            "The release this process was built from",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         Self(Arc::new(Inner {
             registry: Mutex::new(registry),
             refusals: OnceLock::new(),

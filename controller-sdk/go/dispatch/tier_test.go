@@ -339,6 +339,7 @@ func TestOneReplicaReconcilesEveryObjectAndChange(t *testing.T) {
 		"workqueue_queue_duration_seconds":          name,
 		"workqueue_work_duration_seconds":           name,
 		"kube_dispatch_deliveries_total":            {"controller": "go-hasher"},
+		"kube_dispatch_ready_to_reconcile_seconds":  {"controller": "go-hasher"},
 		"controller_runtime_reconcile_time_seconds": {"controller": "go-hasher-go-0"},
 	} {
 		if got := scrape.Sample(t, metric, labels); got != float64(reconciles) {

@@ -39,6 +39,7 @@ pub(super) async fn reconcile_one<T: Types>(
     let key = request.key.clone();
     let delivery_id = request.delivery_id;
     let memo = crate::memo::Slot::new(std::mem::take(&mut request.memo));
+    let at_dispatcher = request.waited.and_then(|w| Duration::try_from(w).ok());
     let metrics = &shared.metrics;
     // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
     let mut started = None;
@@ -51,7 +52,7 @@ pub(super) async fn reconcile_one<T: Types>(
                 shared.permits.clone().acquire_owned().await.ok()?
             }
         };
-        let _active = metrics.started(arrived.elapsed());
+        let _active = metrics.started(arrived.elapsed(), at_dispatcher);
         started = Some(Instant::now());
         // Stale writes are counted for the controller, unless it records no metrics.
         let controller = if metrics.is_on() {

@@ -57,6 +57,10 @@ pub struct QueueFigures {
     /// The longest any delivery in flight has been out
     /// (`workqueue_longest_running_processor_seconds`).
     pub longest: Duration,
+    /// How long the key ready the longest has waited for delivery, since it first became ready
+    /// (a key promoted ahead of the others included; zero with none ready, or when the caller
+    /// never said what time it was).
+    pub oldest_ready: Duration,
     /// The counters.
     pub counts: QueueCounts,
 }
@@ -100,8 +104,10 @@ pub struct KeyStatus {
 }
 
 impl GroupQueue {
-    /// The queue's figures at `now`: sizes, the age of deliveries in flight, and the counters.
-    /// Costs one pass over the deliveries in flight and one over the keys with a timer.
+    /// The queue's figures at `now`: sizes, the age of deliveries in flight and of the oldest
+    /// ready key, and the counters. Costs one pass over the deliveries in flight, one over the
+    /// keys with a timer and one over the ready places (the ready keys, and stale places at most
+    /// as many again plus a small slack).
     pub fn figures(&self, now: Instant) -> QueueFigures {
         let mut unfinished = Duration::ZERO;
         let mut longest = Duration::ZERO;
@@ -129,8 +135,23 @@ impl GroupQueue {
             memo_bytes: self.memo_bytes,
             unfinished,
             longest,
+            oldest_ready: self.oldest_ready(now),
             counts: self.counts,
         }
+    }
+
+    /// How long the key ready the longest has waited at `now`.
+    fn oldest_ready(&self, now: Instant) -> Duration {
+        self.sessions
+            .values()
+            .map(|s| &s.ready)
+            .chain(std::iter::once(&self.unassigned))
+            .flat_map(|lanes| lanes.iter())
+            .filter(|(lane, q)| self.is_place(*lane, q))
+            .filter_map(|(_, q)| q.since)
+            .map(|since| now.saturating_duration_since(since))
+            .max()
+            .unwrap_or_default()
     }
 
     /// What the queue knows of `key` at `now`; `None` for a key it does not know. A queued

@@ -364,6 +364,9 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
         children,
         children_state: children_state as i32,
         memo: d.memo.map(|m| m.to_vec()).unwrap_or_default(),
+        waited: d
+            .queued
+            .and_then(|q| prost_types::Duration::try_from(q).ok()),
     }
 }
 

@@ -100,6 +100,18 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder<'_>, snapshots: &[Snapshot]
     }
     {
         let mut family = encoder.encode_descriptor(
+            "kube_dispatch_group_oldest_ready_seconds",
+            "How long the key ready the longest has waited for delivery",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in snapshots {
+            ConstGauge::new(s.figures.queue.oldest_ready.as_secs_f64())
+                .encode(family.encode_family(&group_label(&s.id))?)?;
+        }
+    }
+    {
+        let mut family = encoder.encode_descriptor(
             "kube_dispatch_group_deliveries",
             "Deliveries handed out, by reason",
             None,

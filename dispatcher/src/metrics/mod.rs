@@ -32,6 +32,7 @@
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
 //! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys |
 //! | `kube_dispatch_group_memo_bytes` | gauge | bytes of memos acknowledgements left for their keys' next deliveries |
+//! | `kube_dispatch_group_oldest_ready_seconds` | gauge | how long the key ready the longest has waited for delivery (0 with none ready) |
 //! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |
 //! | `kube_dispatch_group_acks_total` | counter | acknowledgements, by `outcome` (`success`, `failure`, `requeue`, `unknown`) |
 //! | `kube_dispatch_group_expired_deliveries_total` | counter | deliveries not acknowledged within the maximum reconcile time |

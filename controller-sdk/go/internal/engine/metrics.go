@@ -24,6 +24,10 @@ import (
 //	kube_dispatch_stale_writes_total         counter  controller
 //	kube_dispatch_api_requests_total         counter  controller, verb
 //	kube_dispatch_objects_loaded_total       counter  controller, source
+//	kube_dispatch_ready_to_reconcile_seconds histogram controller: from the key's becoming
+//	                                         ready at the dispatcher to a worker taking it
+//	                                         (buckets ReadyBuckets; not observed for
+//	                                         dispatchers that do not say how long it waited)
 //
 // No label names a key or an object, so the series stay few however many objects there are.
 var (
@@ -57,8 +61,18 @@ var (
 		Help: "Objects handed to reconciles, by where they came from",
 	}, []string{"controller", "source"})
 
+	readyToReconcile = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kube_dispatch_ready_to_reconcile_seconds",
+		Help:    "Time from the key's becoming ready at the dispatcher to its reconcile's start",
+		Buckets: ReadyBuckets,
+	}, []string{"controller"})
+
 	registerOnce sync.Once
 )
+
+// ReadyBuckets are the Rust SDK's buckets of kube_dispatch_ready_to_reconcile_seconds, in
+// seconds: round figures, so an SLO's threshold is one of them.
+var ReadyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
 // controller-runtime's workqueue_* metrics. Its controller records them from its own work
 // queue, which the SDK's queue replaces, so the SDK records them instead, in the same series:
@@ -168,7 +182,7 @@ func newQueueMetrics(name string) queueMetrics {
 // register adds the SDK's metrics to controller-runtime's registry once per process.
 func register() {
 	registerOnce.Do(func() {
-		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries, staleWrites, apiRequests, objectsLoaded} {
+		for _, c := range []prometheus.Collector{sessionsOpen, sessionReconnects, fencedReconciles, deliveries, staleWrites, apiRequests, objectsLoaded, readyToReconcile} {
 			if err := metrics.Registry.Register(c); err != nil {
 				var already prometheus.AlreadyRegisteredError
 				if !errors.As(err, &already) {
@@ -184,13 +198,14 @@ func register() {
 type Metrics struct {
 	Controller string
 	queue      queueMetrics
+	ready      prometheus.Observer
 	// Open counts the controller's sessions open now (SessionsReady).
 	Open atomic.Int64
 }
 
 func NewMetrics(group, name string) *Metrics {
 	register()
-	return &Metrics{Controller: group, queue: newQueueMetrics(name)}
+	return &Metrics{Controller: group, queue: newQueueMetrics(name), ready: readyToReconcile.WithLabelValues(group)}
 }
 
 func (m *Metrics) delivered(reason pb.Reason) {

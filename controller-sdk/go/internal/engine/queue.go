@@ -227,7 +227,11 @@ func (q *Queue) Get() (reconcile.Request, bool) {
 		q.ready[0] = nil
 		q.ready = q.ready[1:]
 		q.metrics.queue.depth.Dec()
-		q.metrics.queue.latency.Observe(time.Since(d.arrived).Seconds())
+		here := time.Since(d.arrived)
+		q.metrics.queue.latency.Observe(here.Seconds())
+		if waited := d.Request.GetWaited(); waited != nil {
+			q.metrics.ready.Observe((waited.AsDuration() + here).Seconds())
+		}
 		if d.Ctx.Err() == nil {
 			d.handedOut = true
 			d.started = time.Now()

@@ -143,3 +143,28 @@ fn key_status_follows_a_key_through_every_state() {
     assert_eq!((s.state, s.wait, s.deleted), (KeyState::Idle, None, false));
     q.check();
 }
+
+#[test]
+fn the_oldest_ready_key_is_the_one_waiting_longest_among_those_still_ready() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.at(now).change("first", change(Reason::Added, 1));
+    q.at(now + Duration::from_secs(1))
+        .change("second", change(Reason::Added, 1));
+    q.at(now + Duration::from_secs(2))
+        .change("third", change(Reason::Added, 1));
+    let at = now + Duration::from_secs(5);
+    assert_eq!(q.figures(at).oldest_ready, 5000 * MS);
+    // Once the first is delivered, the second is the oldest still ready; the one in flight
+    // counts no more.
+    let d = q.take(1, 1, at);
+    assert_eq!(&*d[0].key, "first");
+    assert_eq!(q.figures(at).oldest_ready, 4000 * MS);
+    // A key promoted ahead of the others has waited since it first became ready.
+    q.at(at).promote(["second"]);
+    assert_eq!(q.figures(at).oldest_ready, 4000 * MS);
+    q.take(1, 2, at);
+    assert_eq!(q.figures(at).oldest_ready, Duration::ZERO, "none ready");
+    q.check();
+}

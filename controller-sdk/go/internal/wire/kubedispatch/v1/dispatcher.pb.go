@@ -1107,7 +1107,13 @@ type ReconcileRequest struct {
 	// after the key moved to another dispatcher, after a restart, for a new object of the same
 	// name, and when the dispatcher's memo budget was full. Use it for what stays true once
 	// written ("child X at resourceVersion R holds what I wrote"), checked against the request.
-	Memo          []byte `protobuf:"bytes,13,opt,name=memo,proto3" json:"memo,omitempty"`
+	Memo []byte `protobuf:"bytes,13,opt,name=memo,proto3" json:"memo,omitempty"`
+	// How long the key waited ready at the dispatcher before this delivery: from its becoming
+	// ready (a change seen, a requeue or a backoff due, a resync) to its being handed to this
+	// session. With the time the request then waits in the replica, it is the tier's
+	// ready-to-reconcile latency, which the SDKs measure
+	// (`kube_dispatch_ready_to_reconcile_seconds`). Unset from older dispatchers.
+	Waited        *durationpb.Duration `protobuf:"bytes,14,opt,name=waited,proto3" json:"waited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1229,6 +1235,13 @@ func (x *ReconcileRequest) GetChildrenState() ChildrenState {
 func (x *ReconcileRequest) GetMemo() []byte {
 	if x != nil {
 		return x.Memo
+	}
+	return nil
+}
+
+func (x *ReconcileRequest) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
 	}
 	return nil
 }
@@ -1914,7 +1927,7 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x05 \x01(\tR\x04name\"\xf3\x03\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"\xa6\x04\n" +
 	"\x10ReconcileRequest\x12\x1f\n" +
 	"\vdelivery_id\x18\x01 \x01(\x04R\n" +
 	"deliveryId\x12\x10\n" +
@@ -1931,7 +1944,8 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	" \x01(\tR\vtraceparent\x128\n" +
 	"\bchildren\x18\v \x03(\v2\x1c.kubedispatch.v1.OwnedObjectR\bchildren\x12E\n" +
 	"\x0echildren_state\x18\f \x01(\x0e2\x1e.kubedispatch.v1.ChildrenStateR\rchildrenState\x12\x12\n" +
-	"\x04memo\x18\r \x01(\fR\x04memo\"\x9f\x01\n" +
+	"\x04memo\x18\r \x01(\fR\x04memo\x121\n" +
+	"\x06waited\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x06waited\"\x9f\x01\n" +
 	"\vOwnedObject\x122\n" +
 	"\x06object\x18\x01 \x01(\v2\x1a.kubedispatch.v1.ObjectKeyR\x06object\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12)\n" +
@@ -2066,28 +2080,29 @@ var file_kubedispatch_v1_dispatcher_proto_depIdxs = []int32{
 	2,  // 16: kubedispatch.v1.ReconcileRequest.reason:type_name -> kubedispatch.v1.Reason
 	14, // 17: kubedispatch.v1.ReconcileRequest.children:type_name -> kubedispatch.v1.OwnedObject
 	3,  // 18: kubedispatch.v1.ReconcileRequest.children_state:type_name -> kubedispatch.v1.ChildrenState
-	12, // 19: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
-	16, // 20: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
-	17, // 21: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
-	18, // 22: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
-	25, // 23: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
-	15, // 24: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
-	10, // 25: kubedispatch.v1.AckRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
-	7,  // 26: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
-	9,  // 27: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
-	19, // 28: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
-	21, // 29: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
-	23, // 30: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
-	8,  // 31: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
-	11, // 32: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
-	20, // 33: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
-	22, // 34: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
-	24, // 35: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
-	31, // [31:36] is the sub-list for method output_type
-	26, // [26:31] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	25, // 19: kubedispatch.v1.ReconcileRequest.waited:type_name -> google.protobuf.Duration
+	12, // 20: kubedispatch.v1.OwnedObject.object:type_name -> kubedispatch.v1.ObjectKey
+	16, // 21: kubedispatch.v1.AckItem.success:type_name -> kubedispatch.v1.Success
+	17, // 22: kubedispatch.v1.AckItem.failure:type_name -> kubedispatch.v1.Failure
+	18, // 23: kubedispatch.v1.AckItem.requeue:type_name -> kubedispatch.v1.Requeue
+	25, // 24: kubedispatch.v1.Requeue.after:type_name -> google.protobuf.Duration
+	15, // 25: kubedispatch.v1.AckRequest.acks:type_name -> kubedispatch.v1.AckItem
+	10, // 26: kubedispatch.v1.AckRequest.ended_sessions:type_name -> kubedispatch.v1.EndedSession
+	7,  // 27: kubedispatch.v1.Dispatcher.OpenSession:input_type -> kubedispatch.v1.OpenSessionRequest
+	9,  // 28: kubedispatch.v1.Dispatcher.Poll:input_type -> kubedispatch.v1.PollRequest
+	19, // 29: kubedispatch.v1.Dispatcher.Ack:input_type -> kubedispatch.v1.AckRequest
+	21, // 30: kubedispatch.v1.Dispatcher.CloseSession:input_type -> kubedispatch.v1.CloseSessionRequest
+	23, // 31: kubedispatch.v1.Dispatcher.Trigger:input_type -> kubedispatch.v1.TriggerRequest
+	8,  // 32: kubedispatch.v1.Dispatcher.OpenSession:output_type -> kubedispatch.v1.OpenSessionResponse
+	11, // 33: kubedispatch.v1.Dispatcher.Poll:output_type -> kubedispatch.v1.PollResponse
+	20, // 34: kubedispatch.v1.Dispatcher.Ack:output_type -> kubedispatch.v1.AckResponse
+	22, // 35: kubedispatch.v1.Dispatcher.CloseSession:output_type -> kubedispatch.v1.CloseSessionResponse
+	24, // 36: kubedispatch.v1.Dispatcher.Trigger:output_type -> kubedispatch.v1.TriggerResponse
+	32, // [32:37] is the sub-list for method output_type
+	27, // [27:32] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_kubedispatch_v1_dispatcher_proto_init() }
