@@ -44,15 +44,30 @@ template() {
 template >"$work/chart.yaml"
 "$kubectl" kustomize deploy/base >"$work/base.yaml"
 python3 tests/same-objects.py "$work/chart.yaml" "$work/base.yaml"
-template --set tls.certManager.enabled=true --set monitoring.podMonitor.enabled=true >"$work/chart-all.yaml"
+template --set tls.certManager.enabled=true --set monitoring.podMonitor.enabled=true \
+  --set monitoring.prometheusRule.enabled=true >"$work/chart-all.yaml"
 {
   "$kubectl" kustomize deploy/examples/cert-manager
-  echo ---
   # The monitoring component alone, in the tier's namespace as the chart puts it.
-  sed 's/^metadata:$/metadata:\n  namespace: kube-dispatch\n  labels:\n    app.kubernetes.io\/part-of: kube-dispatch/' \
-    deploy/components/monitoring/podmonitor.yaml
+  for component in podmonitor prometheusrule; do
+    echo ---
+    sed 's/^metadata:$/metadata:\n  namespace: kube-dispatch\n  labels:\n    app.kubernetes.io\/part-of: kube-dispatch/' \
+      "deploy/components/monitoring/$component.yaml"
+  done
 } >"$work/base-all.yaml"
 python3 tests/same-objects.py "$work/chart-all.yaml" "$work/base-all.yaml"
+# The alerts with values of their own: each lands where it should, and the rules still parse.
+template --set monitoring.prometheusRule.enabled=true --set-json monitoring.prometheusRule.slo.latencySeconds=2.5 \
+  --set monitoring.prometheusRule.keyWaiting.seconds=120 --set monitoring.prometheusRule.mixedVersions.for=3h \
+  --set monitoring.prometheusRule.runbookURL=https://runbooks.example/kd.md \
+  --show-only templates/prometheusrule.yaml >"$work/rule.yaml"
+for wanted in 'le=~"2.5(\\.0)?"' 'kube_dispatch_group_oldest_ready_seconds > 120' 'for: 3h' \
+  'runbook_url: https://runbooks.example/kd.md#kubedispatchkeywaiting' '{{ $labels.instance }} failed'; do
+  grep -qF -- "$wanted" "$work/rule.yaml" || { echo "helm.sh: the PrometheusRule rendered without $wanted" >&2; exit 1; }
+done
+python3 -c 'import sys, yaml; yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["spec"], open(sys.argv[2], "w"))' \
+  "$work/rule.yaml" "$work/rules.yaml"
+"$(tests/cluster/prometheus.sh)/promtool" check rules "$work/rules.yaml" >/dev/null
 
 # The API server takes what the chart renders, into a namespace of this check's own (made first,
 # as --create-namespace would; deleted at the end, so the tests that install deploy/ into
@@ -76,7 +91,8 @@ namespace=
 # values.schema.json refuses what the tier cannot run.
 # (A group written `{""}` with --set is the two-character string "", not the core group.)
 for bad in dispatcher.ringKey=sideways dispatcher.replicas=0 networkPolicy.enabled=false \
-  'watchedResources[0].apiGroups={""}' ; do
+  'watchedResources[0].apiGroups={""}' monitoring.prometheusRule.slo.latencySeconds=2 \
+  monitoring.prometheusRule.keyWaiting.for=soon ; do
   if template --set "$bad" >/dev/null 2>&1; then
     echo "helm.sh: the chart accepted --set $bad" >&2
     exit 1

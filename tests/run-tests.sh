@@ -92,6 +92,9 @@ tests/cluster/check-versions.sh
 # unoptimised) take the CPU the tests leave idle.
 BACKGROUND_NICE=0 background kubernetes tests/cluster/build-binaries.sh
 BACKGROUND_NICE=0 background nextest tests/nextest.sh
+# Prometheus and promtool (the distribution's package, unpacked once): the alert rules' test
+# runs them against a dispatcher, and their checks below.
+background prometheus tests/cluster/prometheus.sh
 background e2e-binaries bash -c 'deploy/image.sh --profile e2e --binaries-only && deploy/image.sh --go-example --binaries-only'
 
 step "crate layout, sizes, the walkthrough and the ports"
@@ -140,6 +143,7 @@ fi
 
 step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
 await nextest
+await prometheus
 tests/nextest-phases.sh
 
 step "Go controller SDK (tests/go-sdk.sh), and the incumbent's go vet"
@@ -155,6 +159,11 @@ tests/helm.sh
 step "Grafana dashboard"
 # The schema, the PromQL, and the metric names the tests saw each process export.
 KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/grafana/check-dashboard.sh
+
+step "Alert rules (tests/check-alerts.sh)"
+# promtool's check and unit tests (a firing and a silent case for each alert), the runbook's
+# sections, and the metric names the rules read.
+KD_EXPORTED_METRICS_DIR="${CARGO_TARGET_DIR:-target}/tmp" tests/check-alerts.sh
 
 step "deploy/ on a real node (make e2e, short form)"
 # The image built without a registry, the node started (and taken down again), the example

@@ -38,7 +38,54 @@ KNOBS_LOADBALANCER = '      {{- with .Values.imagePullSecrets }}\n      imagePul
 ANNOTATIONS_DISPATCHER = '    metadata:\n      {{- with .Values.dispatcher.podAnnotations }}\n      annotations: {{- toYaml . | nindent 8 }}\n      {{- end }}\n      labels:\n        app.kubernetes.io/name: kube-dispatch-dispatcher\n'
 ANNOTATIONS_LOADBALANCER = '    metadata:\n      {{- with .Values.loadbalancer.podAnnotations }}\n      annotations: {{- toYaml . | nindent 8 }}\n      {{- end }}\n      labels:\n        app.kubernetes.io/name: kube-dispatch-loadbalancer\n'
 
-# (file under deploy/, [(old, new), ...]); every old must occur exactly once.
+# The alert rules (deploy/prometheus/kube-dispatch-alerts.yaml, a plain rules file) become the
+# PrometheusRule of the monitoring component, which becomes the chart's template with each
+# threshold and duration a value of monitoring.prometheusRule.
+RULES = "prometheus/kube-dispatch-alerts.yaml"
+RULE_COMPONENT = "components/monitoring/prometheusrule.yaml"
+RUNBOOK = "https://github.com/kube-dispatch/kube-dispatch/blob/main/deploy/RUNBOOK.md"
+
+
+def rule_value(name):
+    return "{{ .Values.monitoring.prometheusRule." + name + " }}"
+
+
+def for_value(rule, name, default):
+    return (rule, f" for: {default}\n", " for: " + rule_value(name + ".for") + "\n", 1)
+
+
+LATENCY = '{le=~"1(\\\\.0)?"}'
+SLO_LATENCY = '{le=~"' + rule_value("slo.latencySeconds") + '(\\\\.0)?"}'
+OBJECTIVE = "(1 - " + rule_value("slo.objective") + ")"
+# (rule, old, new, times): old occurs that many times within the rule named.
+RULE_VALUES = [
+    ("KubeDispatchLeaseRenewalsFailing", "> 0.5\n", "> " + rule_value("leaseRenewals.failedRatio") + "\n", 1),
+    for_value("KubeDispatchLeaseRenewalsFailing", "leaseRenewals", "2m"),
+    for_value("KubeDispatchDispatcherDown", "dispatcherDown", "2m"),
+    for_value("KubeDispatchDispatcherNotServing", "notServing", "5m"),
+    ("KubeDispatchWatchErrors", "> 0.1\n", "> " + rule_value("watchErrors.perSecond") + "\n", 1),
+    for_value("KubeDispatchWatchErrors", "watchErrors", "10m"),
+    ("KubeDispatchWatchRelisting", "> 3\n", "> " + rule_value("watchRelists.in30m") + "\n", 1),
+    for_value("KubeDispatchWatchRelisting", "watchRelists", "5m"),
+    ("KubeDispatchRefusing", "> 0.1\n", "> " + rule_value("refused.perSecond") + "\n", 1),
+    for_value("KubeDispatchRefusing", "refused", "10m"),
+    for_value("KubeDispatchBodiesShed", "bodiesShed", "15m"),
+    for_value("KubeDispatchMemosRefused", "memosRefused", "15m"),
+    ("KubeDispatchKeyWaiting", "> 300\n", "> " + rule_value("keyWaiting.seconds") + "\n", 1),
+    for_value("KubeDispatchKeyWaiting", "keyWaiting", "5m"),
+    for_value("KubeDispatchNoLeadingLoadBalancer", "noLeadingLoadBalancer", "2m"),
+    for_value("KubeDispatchMixedVersions", "mixedVersions", "1h"),
+] + [
+    ("kube_dispatch:ready_to_reconcile_slow:ratio_rate" + w, LATENCY, SLO_LATENCY, 1)
+    for w in ("5m", "30m", "1h", "6h")
+] + [
+    ("KubeDispatchLatencyBudgetBurnFast", "(1 - 0.99)", OBJECTIVE, 2),
+    ("KubeDispatchLatencyBudgetBurnSlow", "(1 - 0.99)", OBJECTIVE, 2),
+]
+
+# (file under deploy/, [(old, new), ...]); every old must occur exactly once (or, as
+# (old, new, times), that many times; as (rule, old, new, times), within the alert or recording
+# rule of that name).
 SOURCES = [
     ("base/dispatcher-rbac.yaml", [
         ("    resourceNames:\n" + "".join(f"      - kube-dispatch-dispatcher-{i}\n" for i in range(16)),
@@ -76,6 +123,14 @@ SOURCES = [
     ("base/networkpolicy.yaml", []),
     ("base/kdctl-rbac.yaml", []),
     ("components/cert-manager/certificates.yaml", []),
+    ("components/monitoring/prometheusrule.yaml", [
+        ("  name: kube-dispatch\n", "  name: kube-dispatch\n"
+         "  labels:\n"
+         "    {{- with .Values.monitoring.prometheusRule.labels }}\n"
+         "    {{- toYaml . | nindent 4 }}\n"
+         "    {{- end }}\n"),
+        (RUNBOOK, "{{ .Values.monitoring.prometheusRule.runbookURL }}", 13),
+    ] + RULE_VALUES),
     ("components/monitoring/podmonitor.yaml", [
         ("  name: kube-dispatch\n", "  name: kube-dispatch\n"
          "  labels:\n"
@@ -92,15 +147,31 @@ CONDITIONS = {
     "base/kdctl-rbac.yaml": ".Values.kdctl.enabled",
     "components/cert-manager/certificates.yaml": ".Values.tls.certManager.enabled",
     "components/monitoring/podmonitor.yaml": ".Values.monitoring.podMonitor.enabled",
+    "components/monitoring/prometheusrule.yaml": ".Values.monitoring.prometheusRule.enabled",
 }
 
 
+def rule_span(text, rule):
+    """Where the alert or recording rule named `rule` is in a rules file's text."""
+    start = re.search(rf"(?m)^ *- (alert|record): {re.escape(rule)}\n", text)
+    if not start:
+        raise SystemExit(f"render.py: no rule {rule}")
+    end = re.compile(r"(?m)^ *- (alert|record|name): ").search(text, start.end())
+    return start.start(), end.start() if end else len(text)
+
+
 def substitute(source, text, pairs):
-    for old, new in pairs:
-        found = text.count(old)
-        if found != 1:
-            raise SystemExit(f"render.py: deploy/{source}: expected once, found {found} times:\n{old}")
-        text = text.replace(old, new)
+    for pair in pairs:
+        if len(pair) == 4:
+            rule, old, new, times = pair
+        else:
+            rule, (old, new, times) = None, (pair if len(pair) == 3 else (*pair, 1))
+        begin, end = rule_span(text, rule) if rule else (0, len(text))
+        found = text.count(old, begin, end)
+        if found != times:
+            where = f" in rule {rule}" if rule else ""
+            raise SystemExit(f"render.py: deploy/{source}: expected {times} times{where}, found {found}:\n{old}")
+        text = text[:begin] + text[begin:end].replace(old, new) + text[end:]
     # The namespace kustomize gives everything, and the names that carry it.
     text = text.replace("namespace: kube-dispatch\n", f"namespace: {RELEASE_NS}\n")
     text = text.replace(".kube-dispatch.svc", f".{RELEASE_NS}.svc")
@@ -133,9 +204,30 @@ def add_metadata(text):
     return "---\n".join(out)
 
 
+def rule_component():
+    """The PrometheusRule of the monitoring component: the rules file's groups, as its spec."""
+    with open(os.path.join(DEPLOY, RULES)) as f:
+        rules = f.read()
+    groups = rules[rules.index("\ngroups:\n") + 1:]
+    return (
+        f"# Generated by deploy/helm/render.py from deploy/{RULES}: edit that, then run render.py.\n"
+        "# kube-dispatch's alerts as a Prometheus Operator PrometheusRule (its CRD must be installed);\n"
+        "# the runbook is deploy/RUNBOOK.md.\n"
+        "apiVersion: monitoring.coreos.com/v1\n"
+        "kind: PrometheusRule\n"
+        "metadata:\n"
+        "  name: kube-dispatch\n"
+        "spec:\n"
+        + "".join(("  " + line if line.strip() else line) for line in groups.splitlines(True))
+    )
+
+
 def render(source, pairs):
     with open(os.path.join(DEPLOY, source)) as f:
         text = f.read()
+    if source == RULE_COMPONENT:
+        # Prometheus's own templates in the annotations, kept as they are by Helm's.
+        text = re.sub(r"\{\{(.*?)\}\}", lambda m: "{{`{{" + m.group(1) + "}}`}}", text)
     text = add_metadata(substitute(source, text, pairs))
     body = HEADER.format(source=source)
     condition = CONDITIONS.get(source)
@@ -149,6 +241,13 @@ def render(source, pairs):
 def main():
     check = "--check" in sys.argv[1:]
     stale = []
+    component = os.path.join(DEPLOY, RULE_COMPONENT)
+    current = open(component).read() if os.path.exists(component) else None
+    if current != rule_component():
+        stale.append(component)
+        if not check:
+            with open(component, "w") as f:
+                f.write(rule_component())
     for source, pairs in SOURCES:
         name = source.split("/")[-1]
         path = os.path.join(TEMPLATES, name)

@@ -41,6 +41,7 @@ pub mod isolated;
 pub mod journal;
 pub mod loadbalancer;
 mod namespace;
+pub mod prometheus;
 
 pub use namespace::TestNamespace;
 

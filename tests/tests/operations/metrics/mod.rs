@@ -4,6 +4,8 @@
 
 mod support;
 
+mod alerts;
+
 mod own_writes;
 mod reads;
 mod replica;
