@@ -10,7 +10,7 @@
 //!   ([`Guard::may_get_in`]);
 //! - only the dispatchers' own identity may call the Peer service;
 //! - the operator API asks a SubjectAccessReview on a non-resource path
-//!   ([`STATUS_PATH`], [`DRAIN_PATH`]).
+//!   ([`STATUS_PATH`], [`DRAIN_PATH`], [`RECONCILE_PATH`]).
 
 use std::sync::Arc;
 
@@ -29,6 +29,8 @@ use tracing::info;
 pub const STATUS_PATH: &str = "/kube-dispatch/status";
 /// The non-resource path whose `post` lets a caller drain a dispatcher.
 pub const DRAIN_PATH: &str = "/kube-dispatch/drain";
+/// The non-resource path whose `post` lets a caller reconcile a key through the operator API.
+pub const RECONCILE_PATH: &str = "/kube-dispatch/reconcile";
 
 /// The security settings of a dispatcher.
 #[derive(Clone, Debug)]

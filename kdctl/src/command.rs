@@ -7,14 +7,17 @@ use anyhow::{Context as _, bail};
 use kube::discovery::{Discovery, Scope};
 use kube_dispatch_proto::{
     RequestKey,
-    v1::{DispatcherState, DrainRequest, KeyRequest, KeyState, StatusRequest, StatusResponse},
+    v1::{
+        DispatcherState, DrainRequest, KeyRequest, KeyResponse, KeyState, ReconcileKeyRequest,
+        StatusRequest, StatusResponse,
+    },
 };
 
 use crate::{
     connect::{Connection, Member},
     view::{
-        DispatcherView, DrainView, GroupView, KeyAnswer, KeyPlace, OwnerView, StatusView,
-        VersionView,
+        DispatcherView, DrainView, GroupView, KeyAnswer, KeyPlace, OwnerView, PlacementView,
+        StatusView, VersionView,
     },
 };
 
@@ -73,6 +76,7 @@ pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
     let mut view = StatusView {
         dispatchers: Vec::new(),
         groups: Vec::new(),
+        placements: Vec::new(),
         healthy: true,
         problems: Vec::new(),
     };
@@ -147,6 +151,7 @@ pub async fn status(connection: &Connection) -> anyhow::Result<StatusView> {
     }
     view.groups
         .sort_by(|a, b| (&a.group, &a.dispatcher).cmp(&(&b.group, &b.dispatcher)));
+    view.placements = PlacementView::of(&view.groups);
     view.healthy = view.problems.is_empty();
     Ok(view)
 }
@@ -244,6 +249,34 @@ pub async fn owner(connection: &Connection, key: &RequestKey) -> anyhow::Result<
         async move { Ok(operator.key(KeyRequest { key }).await?.into_inner()) }
     })
     .await;
+    Ok(owner_view(text, &members, answers))
+}
+
+/// `kdctl reconcile`: asks every dispatcher to reconcile `key`; the one that serves it queues
+/// it in each of its groups that knows it (reason TRIGGERED), the others only say where it
+/// stands. The answer is where it stands then, as `kdctl owner` shows it.
+pub async fn reconcile(connection: &Connection, key: &RequestKey) -> anyhow::Result<OwnerView> {
+    let members = connection.members().await?;
+    let text = key.to_string();
+    let answers = ask_all(connection, &members, |mut operator| {
+        let key = text.clone();
+        async move {
+            Ok(operator
+                .reconcile(ReconcileKeyRequest { key })
+                .await?
+                .into_inner())
+        }
+    })
+    .await;
+    Ok(owner_view(text, &members, answers))
+}
+
+/// What the dispatchers `members` answered of the key `text`.
+fn owner_view(
+    text: String,
+    members: &[Member],
+    answers: Vec<anyhow::Result<KeyResponse>>,
+) -> OwnerView {
     let mut view = OwnerView {
         key: text.clone(),
         owner: String::new(),
@@ -290,7 +323,7 @@ pub async fn owner(connection: &Connection, key: &RequestKey) -> anyhow::Result<
     if owners.len() == 1 {
         view.owner = owners.pop_first().unwrap_or_default();
     }
-    Ok(view)
+    view
 }
 
 /// `kdctl drain`: drains `name`, then waits until every other member serves a ring without

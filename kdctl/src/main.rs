@@ -27,8 +27,8 @@ const DEGRADED: u8 = 3;
 /// ServiceAccount token, as every client of the tier does. By default the token is minted for
 /// the ServiceAccount --service-account (you need the right to create serviceaccounts/token
 /// there); that account needs a ClusterRole granting `get` on the non-resource URL
-/// /kube-dispatch/status (status, owner) and `post` on /kube-dispatch/drain (drain), as
-/// deploy/base/kdctl-rbac.yaml defines.
+/// /kube-dispatch/status (status, owner), `post` on /kube-dispatch/drain (drain) and `post` on
+/// /kube-dispatch/reconcile (reconcile), as deploy/base/kdctl-rbac.yaml defines.
 ///
 /// The dispatchers' CA bundle is --tls-ca-file, else the one the tier publishes in --namespace:
 /// ConfigMap kube-dispatch-ca (deploy/tls.sh writes it; with cert-manager, publish it as
@@ -129,12 +129,25 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Each dispatcher's state, ring and slice share, and each group's queue on each
-    /// dispatcher: keys, ready, in flight, backing off, held, sessions and their replicas.
+    /// Each dispatcher's state, ring and slice share, each group's queue on each dispatcher
+    /// (keys, ready, in flight, backing off, held, sessions and their replicas), and which
+    /// replica of each group polls which dispatchers (the load balancer's placements, as the
+    /// dispatchers' sessions show them).
     Status,
     /// Which dispatcher owns a key, and where it stands in each group there: idle, queued for
     /// which replica, in flight on which replica and for how long, backing off until when.
     Owner {
+        /// The kind: a Kind or plural, optionally with its API group (ConfigMap, configmaps,
+        /// deployments.apps).
+        resource: String,
+        /// NAMESPACE/NAME, or NAME for a cluster-scoped kind.
+        name: String,
+    },
+    /// Reconciles one object now, through the tier: the dispatcher that serves its key queues
+    /// it in each group that knows it (reason TRIGGERED), under the same exclusivity and
+    /// coalescing as a change (in flight, it runs once more after). Shows where the key then
+    /// stands, as `owner` does. A key no group knows is not added: exit status 1.
+    Reconcile {
         /// The kind: a Kind or plural, optionally with its API group (ConfigMap, configmaps,
         /// deployments.apps).
         resource: String,
@@ -247,6 +260,12 @@ async fn run(args: Args) -> anyhow::Result<u8> {
                 },
             )
         }
+        Command::Reconcile { resource, name } => {
+            let key = command::request_key(&connection, &resource, &name).await?;
+            let view = command::reconcile(&connection, &key).await?;
+            print(&view, json)?;
+            Ok(reconciled(&view, &key))
+        }
         Command::Version => {
             let view = command::version(&connection).await?;
             print(&view, json)?;
@@ -264,6 +283,27 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             print(&view, json)?;
             Ok(if view.problems.is_empty() { OK } else { FAILED })
         }
+    }
+}
+
+/// The exit status of `kdctl reconcile`, saying why when nothing was queued.
+fn reconciled(view: &kdctl::view::OwnerView, key: &kube_dispatch_proto::RequestKey) -> u8 {
+    match view.answers.iter().find(|a| a.served) {
+        None => {
+            eprintln!(
+                "kdctl: no dispatcher serves {key} now (a handover or a drain under way): nothing was queued; ask again"
+            );
+            FAILED
+        }
+        Some(a) if !view.places.iter().any(|p| p.dispatcher == a.dispatcher) => {
+            eprintln!(
+                "kdctl: no group on {} knows {key} (or you may not get its objects): nothing was queued",
+                a.dispatcher
+            );
+            FAILED
+        }
+        Some(_) if view.answers.iter().any(|a| a.error.is_some()) => DEGRADED,
+        Some(_) => OK,
     }
 }
 

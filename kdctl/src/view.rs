@@ -17,10 +17,49 @@ pub struct StatusView {
     pub dispatchers: Vec<DispatcherView>,
     /// Each group on each dispatcher that answered.
     pub groups: Vec<GroupView>,
+    /// Which replica of each group polls which dispatchers: where the load balancer placed
+    /// it, as the sessions the dispatchers hold show it.
+    pub placements: Vec<PlacementView>,
     /// Whether every dispatcher answered, serves, and sees the same settled ring.
     pub healthy: bool,
     /// What is not, in words.
     pub problems: Vec<String>,
+}
+
+/// One replica of a group in `kdctl status`, and the dispatchers it holds a session with.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlacementView {
+    /// The controller group.
+    pub group: String,
+    /// The replica.
+    pub replica: String,
+    /// The dispatchers that answered and hold one of its sessions, by name.
+    pub dispatchers: Vec<String>,
+}
+
+impl PlacementView {
+    /// The placements `groups` show: for each group's replica, the dispatchers where it has a
+    /// session, sorted.
+    pub fn of(groups: &[GroupView]) -> Vec<PlacementView> {
+        let mut by: std::collections::BTreeMap<(&str, &str), Vec<String>> = Default::default();
+        for g in groups {
+            for replica in &g.replicas {
+                by.entry((&g.group, replica))
+                    .or_default()
+                    .push(g.dispatcher.clone());
+            }
+        }
+        by.into_iter()
+            .map(|((group, replica), mut dispatchers)| {
+                dispatchers.sort();
+                PlacementView {
+                    group: group.to_owned(),
+                    replica: replica.to_owned(),
+                    dispatchers,
+                }
+            })
+            .collect()
+    }
 }
 
 /// One dispatcher in `kdctl status`.
@@ -189,6 +228,15 @@ impl Render for StatusView {
                         seconds(g.longest_in_flight_seconds),
                     ]
                 }),
+            );
+        }
+        if !self.placements.is_empty() {
+            out.push('\n');
+            out += &table(
+                ["GROUP", "REPLICA", "POLLS"],
+                self.placements
+                    .iter()
+                    .map(|p| vec![p.group.clone(), p.replica.clone(), p.dispatchers.join(",")]),
             );
         }
         out.push('\n');

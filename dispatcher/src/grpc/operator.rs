@@ -1,7 +1,9 @@
 //! The operator API (`proto/kubedispatch/v1/operator.proto`), which `kdctl` calls: what this
-//! dispatcher serves and holds, where one key stands, and the drain that hands its slice over
-//! before maintenance. Each call is authorized by a SubjectAccessReview on a non-resource path
-//! ([`crate::security::STATUS_PATH`], [`crate::security::DRAIN_PATH`]).
+//! dispatcher serves and holds, where one key stands, the reconcile of one key asked by an
+//! operator, and the drain that hands its slice over before maintenance. Each call is
+//! authorized by a SubjectAccessReview on a non-resource path
+//! ([`crate::security::STATUS_PATH`], [`crate::security::DRAIN_PATH`],
+//! [`crate::security::RECONCILE_PATH`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +12,7 @@ use kube_dispatch_proto::{
     RequestKey,
     v1::{
         DispatcherState, DrainRequest, DrainResponse, GroupStatus, KeyInGroup, KeyRequest,
-        KeyResponse, KeyState, StatusRequest, StatusResponse, operator_server,
+        KeyResponse, KeyState, ReconcileKeyRequest, StatusRequest, StatusResponse, operator_server,
     },
 };
 use kube_dispatch_server::auth::{Caller, GroupId};
@@ -20,7 +22,7 @@ use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::{
-    security::{DRAIN_PATH, Guard, STATUS_PATH},
+    security::{DRAIN_PATH, Guard, RECONCILE_PATH, STATUS_PATH},
     table::GroupTable,
 };
 
@@ -72,6 +74,51 @@ impl OperatorService {
             guard,
             drain,
         }
+    }
+
+    /// Where the key `text` stands in each group that knows it and whose objects `caller` may
+    /// get; with `reconcile`, where this dispatcher serves the key, reconciled there first
+    /// (a trigger: it never adds a key).
+    async fn key_in_groups(
+        &self,
+        caller: &Caller,
+        text: String,
+        reconcile: bool,
+    ) -> Result<KeyResponse, Status> {
+        let key = RequestKey::parse(&text).map_err(|e| {
+            Status::invalid_argument(format!(
+                "{text:?} is not a request key (<api-group>/<Kind>/<namespace>/<name>): {e}"
+            ))
+        })?;
+        let slice = self.groups.slice();
+        let served =
+            slice.serves(&key) && matches!(*self.drain.state.borrow(), DrainState::Serving);
+        let mut groups: Vec<KeyInGroup> = Vec::new();
+        for group in self.groups.all() {
+            if group.key_status(&text).is_none()
+                || !self
+                    .guard
+                    .may_get_in(caller, &group.accesses, &key.namespace)
+                    .await?
+            {
+                continue;
+            }
+            if reconcile && served {
+                info!(caller = %caller.name(), group = %group.id.name, key = %text, "reconcile asked through the operator API");
+                group.trigger(std::slice::from_ref(&text), false).await;
+            }
+            if let Some(status) = group.key_status(&text) {
+                groups.push(key_in_group(&group.id, status));
+            }
+        }
+        groups.sort_by(|a, b| (&a.group, &a.owner).cmp(&(&b.group, &b.owner)));
+        Ok(KeyResponse {
+            dispatcher_id: self.groups.identity().to_owned(),
+            ring_owner: slice.ring.owner(&key).unwrap_or_default().to_owned(),
+            served,
+            groups,
+            state: self.state() as i32,
+        })
     }
 
     fn state(&self) -> DispatcherState {
@@ -143,33 +190,23 @@ impl operator_server::Operator for OperatorService {
         let caller = Caller::of(&request);
         self.guard.may_operate(&caller, "get", STATUS_PATH).await?;
         let text = request.into_inner().key;
-        let key = RequestKey::parse(&text).map_err(|e| {
-            Status::invalid_argument(format!(
-                "{text:?} is not a request key (<api-group>/<Kind>/<namespace>/<name>): {e}"
-            ))
-        })?;
-        let slice = self.groups.slice();
-        let mut groups: Vec<KeyInGroup> = Vec::new();
-        for group in self.groups.all() {
-            let Some(status) = group.key_status(&text) else {
-                continue;
-            };
-            if self
-                .guard
-                .may_get_in(&caller, &group.accesses, &key.namespace)
-                .await?
-            {
-                groups.push(key_in_group(&group.id, status));
-            }
-        }
-        groups.sort_by(|a, b| (&a.group, &a.owner).cmp(&(&b.group, &b.owner)));
-        Ok(Response::new(KeyResponse {
-            dispatcher_id: self.groups.identity().to_owned(),
-            ring_owner: slice.ring.owner(&key).unwrap_or_default().to_owned(),
-            served: slice.serves(&key) && matches!(*self.drain.state.borrow(), DrainState::Serving),
-            groups,
-            state: self.state() as i32,
-        }))
+        self.key_in_groups(&caller, text, false)
+            .await
+            .map(Response::new)
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<ReconcileKeyRequest>,
+    ) -> Result<Response<KeyResponse>, Status> {
+        let caller = Caller::of(&request);
+        self.guard
+            .may_operate(&caller, "post", RECONCILE_PATH)
+            .await?;
+        let text = request.into_inner().key;
+        self.key_in_groups(&caller, text, true)
+            .await
+            .map(Response::new)
     }
 
     async fn drain(

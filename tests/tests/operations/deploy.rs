@@ -175,6 +175,7 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         // kdctl's account: the operator API, nothing else; controllers may not drain.
         (KDCTL, "get", "/kube-dispatch/status", "", true),
         (KDCTL, "post", "/kube-dispatch/drain", "", true),
+        (KDCTL, "post", "/kube-dispatch/reconcile", "", true),
         (KDCTL, "get", "/kube-dispatch/drain", "", false),
         (KDCTL, "list", "configmaps", "", false),
         // ... and get what the example controller's groups watch, so `kdctl owner` shows them.
@@ -182,6 +183,7 @@ async fn manifests_apply_and_grant_least_privilege() -> TestResult {
         (KDCTL, "watch", "configmaps", "", false),
         (KDCTL, "list", "leases", "kube-dispatch", false),
         (CONTROLLER, "post", "/kube-dispatch/drain", "", false),
+        (CONTROLLER, "post", "/kube-dispatch/reconcile", "", false),
         (DISPATCHER, "post", "/kube-dispatch/drain", "", false),
         // Whoever runs kdctl with the operator Role: find the dispatchers and the CA bundle
         // the tier publishes, and nothing else of the namespace (no Secret, no other

@@ -1,8 +1,9 @@
 //! The operator API and `kdctl` against two dispatchers on the real API server: `status`
 //! shows the ring, each slice and each group's queue; `owner` says where a key stands (queued
 //! for a replica, in flight on it, backing off, requeued) and who owns it, during a drain too;
-//! `drain` hands a dispatcher's keys over with nothing lost or reconciled twice at once; a
-//! caller without the operator role is refused.
+//! `drain` hands a dispatcher's keys over with nothing lost or reconciled twice at once;
+//! `reconcile` reconciles one key through the tier; a caller without the operator role is
+//! refused.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use kdctl::{
 use kube::{Api, api::PostParams};
 use kube_dispatch_proto::{
     RequestKey,
-    v1::{AckItem, ack_item},
+    v1::{AckItem, Reason, ack_item},
 };
 use kube_dispatch_tests::{
     Cluster, TestNamespace, TestResult,
@@ -55,6 +56,21 @@ async fn create(api: &Api<ConfigMap>, name: &str) -> Result<(), kube::Error> {
     api.create(&PostParams::default(), &cm).await.map(drop)
 }
 
+/// dispatcher-0 and dispatcher-1 on Leases in `ns`, once both serve a ring of the two.
+async fn two_dispatchers(ns: &TestNamespace) -> TestResult<(TestDispatcher, TestDispatcher)> {
+    let d0 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
+    let d1 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-1", BOUND)).await?;
+    for d in [&d0, &d1] {
+        let mut slice = d.handles.slice.clone();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            slice.wait_for(|s| s.ring.members().len() == 2 && s.is_settled()),
+        )
+        .await??;
+    }
+    Ok((d0, d1))
+}
+
 /// The one place `view` shows for its key, with its owner.
 fn place(view: &OwnerView) -> (&str, &str, &str, u32) {
     assert_eq!(view.places.len(), 1, "{}", view.table());
@@ -79,16 +95,7 @@ fn ack(id: u64, outcome: ack_item::Outcome) -> AckItem {
 async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResult {
     let ns = TestNamespace::create("kd-operator").await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
-    let d0 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
-    let d1 = TestDispatcher::start(lease_config(ns.name(), "dispatcher-1", BOUND)).await?;
-    for d in [&d0, &d1] {
-        let mut slice = d.handles.slice.clone();
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            slice.wait_for(|s| s.ring.members().len() == 2 && s.is_settled()),
-        )
-        .await??;
-    }
+    let (d0, d1) = two_dispatchers(&ns).await?;
     let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&d0, GROUP, "replica-a", sub()).await?;
     let mut s1 = TestSession::open(&d1, GROUP, "replica-b", sub()).await?;
@@ -440,5 +447,139 @@ async fn kdctl_finds_the_tiers_ca_in_its_namespace() -> TestResult {
         versions.table()
     );
     assert!(versions.problems.is_empty(), "{}", versions.table());
+    Ok(())
+}
+
+/// A connection as the ServiceAccount `name` of `ns`, made with `verbs` on its ConfigMaps and
+/// `post` on the non-resource `path`s given, through a token file (removed when dropped).
+async fn connect_as(
+    ns: &TestNamespace,
+    name: &str,
+    verbs: &[&str],
+    paths: &[(&str, &str)],
+) -> TestResult<(Connection, TokenFile)> {
+    identity::account(ns, name, verbs).await?;
+    for (verb, path) in paths {
+        identity::grant_path(ns, name, verb, path).await?;
+    }
+    let path = Cluster::shared()
+        .dir()
+        .join(format!("tokens/{}-{name}.token", ns.name()));
+    std::fs::write(&path, identity::token(ns, name, "kube-dispatch").await?)?;
+    let connection =
+        Connection::new(ns.client(), target(ns, TokenSource::File(path.clone()))).await?;
+    Ok((connection, TokenFile(path)))
+}
+
+/// A token file, removed when dropped.
+struct TokenFile(std::path::PathBuf);
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `kdctl reconcile` reconciles one key through the tier: the dispatcher that serves it hands
+/// it again, as TRIGGERED, to the replica polling it there, and nothing else; a name no group
+/// knows queues nothing; a caller who may read the operator API but not `post`
+/// /kube-dispatch/reconcile is refused. `kdctl status` shows which replica polls which
+/// dispatchers.
+#[tokio::test]
+async fn kdctl_reconciles_a_key_through_the_tier_and_shows_who_polls_where() -> TestResult {
+    let ns = TestNamespace::create("kd-reconcile").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let (d0, d1) = two_dispatchers(&ns).await?;
+    // Four objects at least, one of them on dispatcher-0.
+    let ring = kube_dispatch_proto::Ring::new(["dispatcher-0", "dispatcher-1"]);
+    let on = |name: &str| ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), name));
+    let mut names: Vec<String> = Vec::new();
+    while names.len() < 4 || !names.iter().any(|n| on(n) == Some("dispatcher-0")) {
+        names.push(format!("cm-{}", names.len()));
+    }
+    for name in &names {
+        create(&api, name).await?;
+    }
+    let on0: Vec<&String> = names
+        .iter()
+        .filter(|n| on(n) == Some("dispatcher-0"))
+        .collect();
+    let sub = || vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut a0 = TestSession::open(&d0, GROUP, "replica-a", sub()).await?;
+    // replica-a polls both dispatchers, replica-b dispatcher-1 only (sessions live 3 s past
+    // their last call: the ones on dispatcher-1 are needed for the status only).
+    let _a1 = TestSession::open(&d1, GROUP, "replica-a", sub()).await?;
+    let _b1 = TestSession::open(&d1, GROUP, "replica-b", sub()).await?;
+    let first = a0
+        .collect_until(Duration::from_secs(10), |got| got.len() >= on0.len())
+        .await;
+    assert_eq!(first.len(), on0.len());
+
+    let kdctl = Connection::new(ns.client(), target(&ns, tester())).await?;
+    let status = command::status(&kdctl).await?;
+    let placed: Vec<(&str, Vec<&str>)> = status
+        .placements
+        .iter()
+        .map(|p| {
+            (
+                p.replica.as_str(),
+                p.dispatchers.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            ("replica-a", vec!["dispatcher-0", "dispatcher-1"]),
+            ("replica-b", vec!["dispatcher-1"])
+        ],
+        "{}",
+        status.table()
+    );
+
+    // The key is idle; asked, it is queued for replica-a on dispatcher-0 and delivered again.
+    let name = on0[0];
+    let key = command::request_key(&kdctl, "configmaps", &format!("{}/{name}", ns.name())).await?;
+    let view = command::reconcile(&kdctl, &key).await?;
+    println!("{}", view.table());
+    assert_eq!(view.owner, "dispatcher-0");
+    assert_eq!(place(&view), ("dispatcher-0", "queued", "replica-a", 0));
+    let again = a0
+        .collect_until(Duration::from_secs(10), |got| !got.is_empty())
+        .await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].key, key.to_string());
+    assert_eq!(again[0].reason(), Reason::Triggered);
+    // Nothing else is delivered.
+    let more = a0.collect_until(Duration::from_secs(1), |_| false).await;
+    assert!(more.is_empty(), "{more:?}");
+
+    // A name no group knows is not added.
+    let unknown =
+        command::request_key(&kdctl, "configmaps", &format!("{}/none", ns.name())).await?;
+    let view = command::reconcile(&kdctl, &unknown).await?;
+    assert!(view.places.is_empty(), "{}", view.table());
+    assert!(view.answers.iter().any(|a| a.served));
+
+    // Reading the operator API is not enough to act through it.
+    let (reader, _token) =
+        connect_as(&ns, "reader", &["get"], &[("get", "/kube-dispatch/status")]).await?;
+    let refused = command::reconcile(&reader, &key).await?;
+    let errors: Vec<&str> = refused
+        .answers
+        .iter()
+        .filter_map(|a| a.error.as_deref())
+        .collect();
+    assert_eq!(errors.len(), 2, "{}", refused.table());
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("/kube-dispatch/reconcile")),
+        "{errors:?}"
+    );
+    let nothing = a0.collect_until(Duration::from_secs(1), |_| false).await;
+    assert!(nothing.is_empty(), "refused, yet delivered: {nothing:?}");
+    d0.stop().await;
+    d1.stop().await;
     Ok(())
 }
