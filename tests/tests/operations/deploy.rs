@@ -491,7 +491,7 @@ fn network_policies_lease_names_and_memory_match_the_workloads() {
 }
 
 #[test]
-fn the_monitoring_component_scrapes_every_process_on_its_admin_port() {
+fn the_monitoring_component_scrapes_every_process_on_its_admin_port_and_alerts() {
     let rendered = ok(&["kustomize", &deploy("examples/monitoring")]);
     let docs: Vec<&str> = rendered.split("\n---\n").collect();
     let kind = |doc: &str, kind: &str| doc.lines().any(|l| l == format!("kind: {kind}"));
@@ -509,6 +509,15 @@ fn the_monitoring_component_scrapes_every_process_on_its_admin_port() {
             "PodMonitor lacks {needle}:\n{monitor}"
         );
     }
+    // The alerts come with it, each linking to its runbook section.
+    let rules: Vec<&&str> = docs.iter().filter(|d| kind(d, "PrometheusRule")).collect();
+    assert_eq!(rules.len(), 1, "{rendered}");
+    let alerts = rules[0].matches("- alert: ").count();
+    let runbooks = rules[0].matches("runbook_url: https://").count();
+    assert!(
+        alerts >= 10 && runbooks == alerts,
+        "{alerts} alerts, {runbooks} runbook links"
+    );
     // Every workload's pods carry the label and name their admin port, so each is scraped.
     let workloads: Vec<&&str> = docs
         .iter()
