@@ -85,7 +85,7 @@ where
     /// the controller's, as the named objects are in the namespaces of the objects that name
     /// them.
     ///
-    /// Without a `references` of `C`, [`Controller::run`] yields [`Error::Unserved`] and ends:
+    /// Without a `references` of `C`, [`Controller::run`] yields [`Error::Unserved`](crate::Error::Unserved) and ends:
     /// a mapper of another shape (by label, across namespaces, computed) has no counterpart
     /// in the tier, and the error says what to do instead.
     ///
