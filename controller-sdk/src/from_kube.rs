@@ -94,7 +94,10 @@ where
     /// # use kube::{Api, ResourceExt, runtime::{reflector::ObjectRef, watcher}};
     /// # use kube_dispatch_controller::Controller;
     /// # fn f(client: kube::Client) {
-    /// // Pods name the ConfigMaps they mount; a changed ConfigMap reconciles the Pods naming it.
+    /// // Pods name the ConfigMaps they mount, and the controller marks each ConfigMap with the
+    /// // Pod that mounts it; the kube-rs mapper follows the mark. On the tier the `references`
+    /// // line says where Pods name ConfigMaps, and a changed ConfigMap reconciles the Pods that
+    /// // name it: the same Pods, when the mark and the field agree, as a port requires.
     /// Controller::for_api(Api::<Pod>::namespaced(client.clone(), "default"), watcher::Config::default())
     ///     .watches(Api::<ConfigMap>::namespaced(client, "default"), watcher::Config::default(), |cm: ConfigMap| {
     ///         cm.annotations().get("example.com/pod").map(|pod| ObjectRef::new(pod).within("default"))

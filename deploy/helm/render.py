@@ -81,6 +81,8 @@ RULE_VALUES = [
 ] + [
     ("KubeDispatchLatencyBudgetBurnFast", "(1 - 0.99)", OBJECTIVE, 2),
     ("KubeDispatchLatencyBudgetBurnSlow", "(1 - 0.99)", OBJECTIVE, 2),
+    ("KubeDispatchLatencyBudgetBurnFast", " for: 2m\n", " for: " + rule_value("slo.fastFor") + "\n", 1),
+    ("KubeDispatchLatencyBudgetBurnSlow", " for: 15m\n", " for: " + rule_value("slo.slowFor") + "\n", 1),
 ]
 
 # (file under deploy/, [(old, new), ...]); every old must occur exactly once (or, as

@@ -289,6 +289,12 @@ async fn run(args: Args) -> anyhow::Result<u8> {
 /// The exit status of `kdctl reconcile`, saying why when nothing was queued.
 fn reconciled(view: &kdctl::view::OwnerView, key: &kube_dispatch_proto::RequestKey) -> u8 {
     match view.answers.iter().find(|a| a.served) {
+        None if view.answers.iter().any(|a| a.error.is_some()) => {
+            eprintln!(
+                "kdctl: no dispatcher that answered serves {key}; one that did not answer may (see above): nothing was queued that kdctl knows of"
+            );
+            FAILED
+        }
         None => {
             eprintln!(
                 "kdctl: no dispatcher serves {key} now (a handover or a drain under way): nothing was queued; ask again"

@@ -6,8 +6,9 @@
 //! same names ([`ProcessMetrics`]): `process_cpu_seconds_total`, `process_resident_memory_bytes`,
 //! `process_virtual_memory_bytes`, `process_open_fds`, `process_threads` and
 //! `process_start_time_seconds`, read from `/proc` at each scrape; and
-//! `kube_dispatch_build_info{version}`, always 1, whose label is the release the process was
-//! built from (what the mixed-versions alert compares across the tier).
+//! `kube_dispatch_build_info{version,commit}`, always 1: the release the process was built from,
+//! and its commit when the build said it (what the mixed-versions alert compares across the
+//! tier).
 //!
 //! Label cardinality is bounded by design: labels name controller groups, dispatchers, reasons
 //! and outcomes, never a key, a uid or an object.
@@ -47,7 +48,10 @@ impl Default for Metrics {
         registry.register(
             "kube_dispatch_build",
             "The release this process was built from",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", option_env!("KD_GIT_COMMIT").unwrap_or_default()),
+            ]),
         );
         Self(Arc::new(Inner {
             registry: Mutex::new(registry),

@@ -193,9 +193,12 @@ func TestAReadAfterTheReconcilesOwnWriteIsServedItsAnswer(t *testing.T) {
 // at least as new as what that read showed.
 func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
+	now := metav1.Now()
+	held := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "held", ResourceVersion: "8",
+		DeletionTimestamp: &now, Finalizers: []string{"example.com/hold"}}}
 	var listed []*metav1.ListOptions
 	c := &deliveredClient{
-		Client: fake.NewClientBuilder().WithObjects(stored).WithStatusSubresource(stored).WithInterceptorFuncs(interceptor.Funcs{
+		Client: fake.NewClientBuilder().WithObjects(stored, held).WithStatusSubresource(stored).WithInterceptorFuncs(interceptor.Funcs{
 			List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, options ...client.ListOption) error {
 				listed = append(listed, (&client.ListOptions{}).ApplyOptions(options).Raw)
 				if err := cl.List(ctx, list, options...); err != nil {
@@ -260,5 +263,21 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	}
 	if deleted, _ := c.fresh.deletedSinceListed(); !deleted {
 		t.Fatal("a deletion answered not found reads consistently after")
+	}
+	// Taking the last finalizer off an object being deleted lets it go: a deletion too.
+	list()
+	if deleted, _ := c.fresh.deletedSinceListed(); deleted {
+		t.Fatal("the consistent List did not count")
+	}
+	var going corev1.ConfigMap
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "held"}, &going); err != nil {
+		t.Fatal(err)
+	}
+	going.Finalizers = nil
+	if err := c.Update(ctx, &going); err != nil {
+		t.Fatal(err)
+	}
+	if deleted, _ := c.fresh.deletedSinceListed(); !deleted {
+		t.Fatal("the write that let an object go did not count as a deletion")
 	}
 }

@@ -301,7 +301,8 @@ type freshness struct {
 	deleted, listed atomic.Uint64
 }
 
-// afterDelete counts a deletion that succeeded (err nil, or not found: gone either way).
+// afterDelete counts a deletion that succeeded (err nil, or not found: gone either way), or a
+// write that let an object go.
 func (f *freshness) afterDelete(err error) error {
 	if err == nil || apierrors.IsNotFound(err) {
 		f.deleted.Add(1)
@@ -332,10 +333,15 @@ func raise(value *atomic.Uint64, v uint64) {
 }
 
 // wrote records the version a write returned, for later lists to be at least as new, and,
-// within a reconcile, as the newest write of its kind for the key (ownWrites).
+// within a reconcile, as the newest write of its kind for the key (ownWrites). A write that
+// took the last finalizer off an object being deleted deleted it, at a version newer than the
+// one it answered: it counts as a deletion.
 func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err error) error {
 	if err != nil {
 		return err
+	}
+	if object.GetDeletionTimestamp() != nil && len(object.GetFinalizers()) == 0 {
+		c.fresh.afterDelete(nil)
 	}
 	if gvk, err := apiutil.GVKForObject(object, c.Scheme()); err == nil {
 		c.noteWrite(ctx, gvk.GroupKind(), object.GetResourceVersion())

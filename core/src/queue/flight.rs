@@ -83,7 +83,7 @@ impl GroupQueue {
             } else {
                 Delivery::size_bound_of(&text, 0).saturating_add(added)
             });
-            out.extend(self.hand_out(session, key, text, since, keep_body, now));
+            out.extend(self.hand_out(session, (key, lane), text, since, keep_body, now));
         }
         // Fewer ready keys now: the stale places stay within their bound of the ready keys.
         self.compact_if_stale();
@@ -97,7 +97,7 @@ impl GroupQueue {
     fn hand_out(
         &mut self,
         session: SessionId,
-        key: Key,
+        (key, lane): (Key, Lane),
         text: String,
         since: Option<Instant>,
         keep_body: bool,
@@ -106,6 +106,7 @@ impl GroupQueue {
         let id = self.next_delivery;
         self.next_delivery += 1;
         let queued = since.map(|since| now.saturating_duration_since(since));
+        let listed = lane == Lane::Listed;
         let tombstone = self.tombstones.remove(&key);
         // The body and trace go with the key's own state, not with an earlier deletion.
         let (body, trace) = match tombstone {
@@ -133,6 +134,7 @@ impl GroupQueue {
                 self.counts.deliveries[Reason::Deleted as usize] += 1;
                 Delivery {
                     queued,
+                    listed,
                     id,
                     key: text,
                     reason: Reason::Deleted,
@@ -155,6 +157,7 @@ impl GroupQueue {
                 self.counts.deliveries[(entry.reason as usize).min(9)] += 1;
                 Delivery {
                     queued,
+                    listed,
                     id,
                     key: text,
                     reason: entry.reason,

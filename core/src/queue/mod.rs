@@ -170,6 +170,9 @@ pub struct Delivery {
     /// How long the key waited ready for delivery (`workqueue_queue_duration_seconds`), when
     /// the caller said what time it was as it became ready ([`GroupQueue::at`]).
     pub queued: Option<Duration>,
+    /// Whether it waited in the listed lane (a resync, a list after a restart or a handover, a
+    /// trigger of every key), which gives way to changes.
+    pub listed: bool,
     /// Identifies this delivery in acknowledgements.
     pub id: DeliveryId,
     /// The request key.

@@ -7,6 +7,10 @@ use kube_dispatch_proto::v1::Reason;
 
 use super::{Entry, GroupQueue, Lane, State, compact::Rv};
 
+/// Places of each session's live lane [`GroupQueue::figures`] looks at for the oldest ready
+/// key.
+pub(super) const OLDEST_SCAN: usize = 1024;
+
 /// What a queue has done since it was made, for metrics: counters that only grow.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueCounts {
@@ -57,9 +61,8 @@ pub struct QueueFigures {
     /// The longest any delivery in flight has been out
     /// (`workqueue_longest_running_processor_seconds`).
     pub longest: Duration,
-    /// How long the key ready the longest has waited for delivery, since it first became ready
-    /// (a key promoted ahead of the others included; zero with none ready, or when the caller
-    /// never said what time it was).
+    /// How long the live key ready the longest has waited for delivery, as its delivery would
+    /// say (zero with none ready, or when the caller never said what time it was).
     pub oldest_ready: Duration,
     /// The counters.
     pub counts: QueueCounts,
@@ -105,9 +108,8 @@ pub struct KeyStatus {
 
 impl GroupQueue {
     /// The queue's figures at `now`: sizes, the age of deliveries in flight and of the oldest
-    /// ready key, and the counters. Costs one pass over the deliveries in flight, one over the
-    /// keys with a timer and one over the ready places (the ready keys, and stale places at most
-    /// as many again plus a small slack).
+    /// live ready key, and the counters. Costs one pass over the deliveries in flight, one over
+    /// the keys with a timer, and one over at most 1024 ready places a session.
     pub fn figures(&self, now: Instant) -> QueueFigures {
         let mut unfinished = Duration::ZERO;
         let mut longest = Duration::ZERO;
@@ -140,15 +142,21 @@ impl GroupQueue {
         }
     }
 
-    /// How long the key ready the longest has waited at `now`.
+    /// How long the live key ready the longest has waited at `now`, at the place it is
+    /// delivered from (the front-most of its places, as [`GroupQueue::take`] finds it); keys in
+    /// the listed lane, which give way to changes by design, do not count. Looks at the first
+    /// [`OLDEST_SCAN`] places of each live lane: the lanes are first in, first out, but for the
+    /// keys a handover moves ahead of the others (at most 4096 for all sessions), so one that
+    /// waits longer sits past them only in a pathological case.
     fn oldest_ready(&self, now: Instant) -> Duration {
+        let mut seen = super::keys::HashSet::default();
         self.sessions
             .values()
-            .map(|s| &s.ready)
-            .chain(std::iter::once(&self.unassigned))
-            .flat_map(|lanes| lanes.iter())
-            .filter(|(lane, q)| self.is_place(*lane, q))
-            .filter_map(|(_, q)| q.since)
+            .map(|s| &s.ready.live)
+            .chain(std::iter::once(&self.unassigned.live))
+            .flat_map(|live| live.iter().take(OLDEST_SCAN))
+            .filter(|q| self.is_place(Lane::Live, q) && seen.insert(q.key.clone()))
+            .filter_map(|q| q.since)
             .map(|since| now.saturating_duration_since(since))
             .max()
             .unwrap_or_default()

@@ -364,8 +364,10 @@ fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> Recon
         children,
         children_state: children_state as i32,
         memo: d.memo.map(|m| m.to_vec()).unwrap_or_default(),
+        // Keys of the listed lane give way to changes by design: their wait is no latency.
         waited: d
             .queued
+            .filter(|_| !d.listed)
             .and_then(|q| prost_types::Duration::try_from(q).ok()),
     }
 }

@@ -26,8 +26,10 @@ import (
 //	kube_dispatch_objects_loaded_total       counter  controller, source
 //	kube_dispatch_ready_to_reconcile_seconds histogram controller: from the key's becoming
 //	                                         ready at the dispatcher to a worker taking it
-//	                                         (buckets ReadyBuckets; not observed for
-//	                                         dispatchers that do not say how long it waited)
+//	                                         (buckets ReadyBuckets; not observed when the
+//	                                         dispatcher does not say how long it waited: a
+//	                                         resync or a list waits behind the changes by
+//	                                         design, and older dispatchers say nothing)
 //
 // No label names a key or an object, so the series stay few however many objects there are.
 var (

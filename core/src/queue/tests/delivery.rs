@@ -176,6 +176,9 @@ fn live_changes_go_ahead_of_listed_keys() {
     assert_eq!(q.ready_len(), 5);
     let got = q.take(1, 10, now);
     assert_eq!(keys(&got), ["new", "l3", "l1", "l2", "l4"]);
+    // Each delivery says which lane it waited in: the live ones are the tier's latency.
+    let listed: Vec<bool> = got.iter().map(|d| d.listed).collect();
+    assert_eq!(listed, [false, false, true, true, true]);
     assert_eq!(
         (got[1].reason, got[1].resource_version.as_str()),
         (Reason::Added, "2"),

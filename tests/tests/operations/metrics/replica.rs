@@ -150,15 +150,12 @@ async fn sdk_metrics_carry_controller_runtimes_names_and_move_with_reconciles() 
         get(r#"kube_dispatch_delivery_to_reconcile_seconds_count{controller="G"}"#),
         reconciles
     );
-    // Every delivery says how long its key waited at the dispatcher, so each reconcile's start
-    // is in the tier's ready-to-reconcile latency too, and no sooner than its wait here.
+    // Every delivery of a change says how long its key waited at the dispatcher, so its
+    // reconcile's start is in the tier's ready-to-reconcile latency too; the first list's
+    // deliveries, which wait behind the changes by design, are not.
     assert_eq!(
         get(r#"kube_dispatch_ready_to_reconcile_seconds_count{controller="G"}"#),
-        reconciles
-    );
-    assert!(
-        get(r#"kube_dispatch_ready_to_reconcile_seconds_sum{controller="G"}"#)
-            >= get(r#"kube_dispatch_delivery_to_reconcile_seconds_sum{controller="G"}"#)
+        reconciles - names.len() as f64
     );
     assert_eq!(http_get(admin, "/readyz").await?, (200, "ok\n".into()));
 

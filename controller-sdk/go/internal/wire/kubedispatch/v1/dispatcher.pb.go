@@ -1109,10 +1109,11 @@ type ReconcileRequest struct {
 	// written ("child X at resourceVersion R holds what I wrote"), checked against the request.
 	Memo []byte `protobuf:"bytes,13,opt,name=memo,proto3" json:"memo,omitempty"`
 	// How long the key waited ready at the dispatcher before this delivery: from its becoming
-	// ready (a change seen, a requeue or a backoff due, a resync) to its being handed to this
-	// session. With the time the request then waits in the replica, it is the tier's
-	// ready-to-reconcile latency, which the SDKs measure
-	// (`kube_dispatch_ready_to_reconcile_seconds`). Unset from older dispatchers.
+	// ready (a change seen, a requeue or a backoff due) to its being handed to this session.
+	// With the time the request then waits in the replica, it is the tier's ready-to-reconcile
+	// latency, which the SDKs measure (`kube_dispatch_ready_to_reconcile_seconds`). Unset for
+	// keys that waited behind the changes by design (a resync, a list after a restart or a
+	// handover, a trigger of every key), and from older dispatchers.
 	Waited        *durationpb.Duration `protobuf:"bytes,14,opt,name=waited,proto3" json:"waited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
