@@ -36,6 +36,7 @@
 pub mod chaos;
 pub mod dispatcher;
 pub mod faultproxy;
+pub mod flood;
 pub mod identity;
 pub mod isolated;
 pub mod journal;

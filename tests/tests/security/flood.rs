@@ -4,7 +4,7 @@
 //! session still opens, and its first poll is answered, within a second.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     time::{Duration, Instant},
 };
 
@@ -14,8 +14,6 @@ use kube_dispatch_tests::{
     TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
 };
-use rustls_pki_types::ServerName;
-use tokio::{io::AsyncReadExt, net::TcpSocket};
 use tokio_util::sync::CancellationToken;
 
 /// Addresses of the flood: 127.0.0.2 to 127.0.0.21 (the whole of 127/8 is loopback).
@@ -23,52 +21,6 @@ const ADDRESSES: u8 = 20;
 /// Per address: connections that stall their handshake, and that finish it and say nothing.
 const STALLED: usize = 20;
 const SILENT: usize = 5;
-
-/// A connection to `server` from `from`, held until the server closes it or `stop`; then again,
-/// a tenth of a second later.
-async fn hold(
-    server: SocketAddr,
-    from: Ipv4Addr,
-    tls: Option<tokio_rustls::TlsConnector>,
-    stop: CancellationToken,
-) {
-    while !stop.is_cancelled() {
-        let Ok(socket) = TcpSocket::new_v4() else {
-            return;
-        };
-        if socket.bind(SocketAddr::new(IpAddr::V4(from), 0)).is_err() {
-            return;
-        }
-        let Ok(tcp) = socket.connect(server).await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let mut buf = [0u8; 256];
-        let read = async {
-            match &tls {
-                // Nothing sent: a handshake that never starts.
-                None => {
-                    let mut tcp = tcp;
-                    while tcp.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-                }
-                // A handshake, then silence.
-                Some(connector) => {
-                    let name = ServerName::try_from("localhost").expect("a name");
-                    if let Ok(mut stream) = connector.connect(name, tcp).await {
-                        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = read => {}
-        }
-        // Reopened a moment after the server closes it: 20 addresses of 25 connections each
-        // still try thousands of times a second, from this test's own two cores.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// The dispatcher's count of connections closed at `bound` (`kube_dispatch_refused_total`).
 fn refused(metrics: &Metrics, bound: &'static str) -> u64 {
@@ -147,15 +99,13 @@ async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out(
     let stop = CancellationToken::new();
     let tls = crate::tls_connector()?;
     let mut flood = tokio::task::JoinSet::new();
-    for a in 0..ADDRESSES {
-        let from = Ipv4Addr::new(127, 0, 0, 2 + a);
-        for _ in 0..STALLED {
-            flood.spawn(hold(d.addr, from, None, stop.clone()));
-        }
-        for _ in 0..SILENT {
-            flood.spawn(hold(d.addr, from, Some(tls.clone()), stop.clone()));
-        }
-    }
+    kube_dispatch_tests::flood::flood(
+        &mut flood,
+        d.addr,
+        (ADDRESSES, STALLED, SILENT),
+        &tls,
+        &stop,
+    );
     await_refused(&metrics, 100).await;
     let slowest = new_replicas(&d, &metrics).await?;
     println!("slowest new replica under the flood: {slowest:?}");
@@ -182,7 +132,7 @@ async fn a_flood_from_many_addresses_leaves_known_replicas_their_places() -> Tes
     let mut flood = tokio::task::JoinSet::new();
     for a in 0..300u16 {
         let [hi, lo] = (a + 256).to_be_bytes();
-        flood.spawn(hold(
+        flood.spawn(kube_dispatch_tests::flood::hold(
             d.addr,
             Ipv4Addr::new(127, 0, hi, lo),
             None,

@@ -6,8 +6,6 @@ mod hostile;
 mod hostile_tenants;
 mod security;
 
-use std::sync::Arc;
-
 use kube_dispatch_tests::{Cluster, TestResult};
 
 /// The test cluster's CA, which signs the tier's serving certificates.
@@ -17,16 +15,5 @@ fn ca() -> std::path::PathBuf {
 
 /// A TLS client of the tier that trusts the test CA, for tests that speak TLS themselves.
 fn tls_connector() -> TestResult<tokio_rustls::TlsConnector> {
-    use rustls_pki_types::{CertificateDer, pem::PemObject};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca())? {
-        roots.add(cert?)?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    kube_dispatch_tests::flood::tls_connector(&ca())
 }

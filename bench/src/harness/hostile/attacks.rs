@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube_dispatch_proto::{
     credentials::Credentials,
-    v1::{PollRequest, dispatcher_client::DispatcherClient},
+    v1::{CloseSessionRequest, PollRequest, dispatcher_client::DispatcherClient},
 };
 use kube_dispatch_tests::dispatcher::{TestSession, subscription};
 use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
@@ -78,6 +78,29 @@ pub(super) async fn launch(
                 Api::namespaced(fixture.hog_ns.client(), fixture.hog_ns.name());
             attackers.spawn(body_hog(api, hog, stop.clone(), counters));
         }
+        Attack::HandshakeFlood => {
+            let tls = kube_dispatch_tests::flood::tls_connector(&fixture.ca)
+                .map_err(|e| anyhow::anyhow!("the flood's TLS client: {e}"))?;
+            let mut held = JoinSet::new();
+            kube_dispatch_tests::flood::flood(
+                &mut held,
+                d.grpc,
+                (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
+                &tls,
+                stop,
+            );
+            attackers.spawn(async move {
+                while held.join_next().await.is_some() {}
+                Ok(())
+            });
+            attackers.spawn(new_replicas(
+                endpoint(&fixture.legit)?,
+                fixture.legit.clone(),
+                stop.clone(),
+                counters,
+                opens.clone(),
+            ));
+        }
         Attack::ReconnectStorm => {
             let storm = super::storm::Storm {
                 address: d.grpc.to_string(),
@@ -90,6 +113,80 @@ pub(super) async fn launch(
                 counters,
                 opens.clone(),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The handshake flood: from 20 addresses, 100 connections each that never start their TLS
+/// handshake and 25 that finish it and never speak: 2 000 and 500, reopened as they are closed.
+const FLOOD_ADDRESSES: u8 = 20;
+const FLOOD_STALLED: usize = 100;
+const FLOOD_SILENT: usize = 25;
+
+/// A new replica every 250 ms, each on a connection of its own: its TLS handshake, its session
+/// opened and its first poll answered, timed into `opens` (a second for one not done within a
+/// second, counted refused); its session closed after.
+async fn new_replicas(
+    endpoint: tonic::transport::Endpoint,
+    credentials: Credentials,
+    stop: CancellationToken,
+    (attempts, refused): Counters,
+    opens: Opens,
+) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        n += 1;
+        attempts.fetch_add(1, Ordering::Relaxed);
+        let begun = Instant::now();
+        let replica = async {
+            let channel = endpoint.connect().await.ok()?;
+            let client = DispatcherClient::with_interceptor(channel, credentials.bearer());
+            let mut session = TestSession::open_with(
+                client,
+                "fresh",
+                &format!("fresh-{n}"),
+                vec![subscription("v1", "ConfigMap", "bench-hostile-fresh-none")],
+            )
+            .await
+            .ok()?;
+            session
+                .client
+                .poll(PollRequest {
+                    session_id: session.id.clone(),
+                    max_items: 1,
+                    wait: Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: 1_000_000,
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .ok()?;
+            Some((begun.elapsed(), session))
+        };
+        match tokio::time::timeout(Duration::from_secs(1), replica).await {
+            Ok(Some((took, mut session))) => {
+                opens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+                let _ = session
+                    .client
+                    .close_session(CloseSessionRequest {
+                        session_id: session.id.clone(),
+                    })
+                    .await;
+            }
+            _ => {
+                refused.fetch_add(1, Ordering::Relaxed);
+                opens
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(1_000_000);
+            }
         }
     }
     Ok(())

@@ -19,12 +19,13 @@
 //! | connections | every connection one peer may hold, and 50 more attempts a second |
 //! | body hog | another tenant's group of 40 ConfigMaps of 1000 KiB, rewritten all along and never polled |
 //! | reconnect storm | 1 000 replicas of one identity (its bound of sessions), each with a token and a connection of its own from one of 100 loopback addresses, in 10 groups over 1 000 ConfigMaps, each reconnecting every 5 s: 200 new connections and OpenSessions a second, what a tier restart looks like to a few hundred controller replicas; a refused open is asked again as the SDKs do (their backoff, or the dispatcher's pushback), and each session polls and acknowledges as a replica does |
+//! | handshake flood and silent TLS connections | from 20 loopback addresses, 2 000 TCP connections to the gRPC port that never start their TLS handshake and 500 that finish it and never speak, each reopened 100 ms after the dispatcher closes it; meanwhile a new replica every 250 ms, each on a connection of its own, is timed from its connection to its first poll answered |
 //!
 //! The dispatcher takes its ring from Leases, as deployed: each session is listed on its Lease
 //! before it is handed keys. The writes begin 3 s into an attack, one after another; under the
 //! reconnect storm they begin with it, one every 100 ms, so they span its first thousand opens
-//! and the reopens after. The report adds the storm's OpenSession answer times and the writes
-//! of the Lease that were not accepted.
+//! and the reopens after. The report adds the storm's OpenSession answer times, the flood's new
+//! replicas' times, and the writes of the Lease that were not accepted.
 //!
 //! Each attack gets a fresh dispatcher process, so its peak RSS (VmHWM) is the attack's own.
 //! Runs alternate over the attacks `--repeats` times; the report gives medians over repeats.
@@ -86,10 +87,11 @@ pub(crate) enum Attack {
     Connections,
     BodyHog,
     ReconnectStorm,
+    HandshakeFlood,
 }
 
 impl Attack {
-    pub(crate) const ALL: [Self; 7] = [
+    pub(crate) const ALL: [Self; 8] = [
         Self::None,
         Self::IdleAdmin,
         Self::HealthStreams,
@@ -97,6 +99,7 @@ impl Attack {
         Self::Connections,
         Self::BodyHog,
         Self::ReconnectStorm,
+        Self::HandshakeFlood,
     ];
 
     /// What the JSON calls it.
@@ -109,6 +112,7 @@ impl Attack {
             Self::Connections => "connections",
             Self::BodyHog => "body_hog",
             Self::ReconnectStorm => "reconnect_storm",
+            Self::HandshakeFlood => "handshake_flood",
         }
     }
 
@@ -121,6 +125,7 @@ impl Attack {
             Self::Connections => "connection flood",
             Self::BodyHog => "body hog tenant",
             Self::ReconnectStorm => "reconnect storm",
+            Self::HandshakeFlood => "handshake flood and silent TLS connections",
         }
     }
 
@@ -134,6 +139,9 @@ impl Attack {
             Self::BodyHog => "body pool shared evenly per user (32 MiB here)",
             Self::ReconnectStorm => {
                 "1000 sessions per identity, 64 opens at once, 200 new-token reviews/s, Lease writes for sessions every 200 ms"
+            }
+            Self::HandshakeFlood => {
+                "256 handshakes at once, 8 per address, 2 s each; 2 s to speak after one; places kept for known peers"
             }
         }
     }
@@ -195,7 +203,8 @@ struct Run {
     attempts: u64,
     refused: u64,
     /// The reconnect storm's reconnects: from each replica's first attempt to its session
-    /// opened, retries included, µs (the rest of the run for one never opened).
+    /// opened, retries included, µs (the rest of the run for one never opened); under the
+    /// handshake flood, each new replica's connection, session and first poll answered.
     opens: Vec<u64>,
     /// Writes of the dispatcher's Lease that were not accepted (conflicts, failures, timeouts);
     /// `None` from a dispatcher that does not count them.
@@ -228,7 +237,8 @@ pub(crate) struct Results {
 /// One attack's figures: medians over its runs (`null` in the JSON for none), but `lost`.
 #[derive(Debug, Serialize)]
 struct Figures {
-    /// none, idle_admin, health_streams, junk_tokens, connections or body_hog.
+    /// none, idle_admin, health_streams, junk_tokens, connections, body_hog, reconnect_storm
+    /// or handshake_flood.
     attack: Attack,
     /// Write to reconcile, p50 of each run, ms.
     p50_ms: f64,
