@@ -74,7 +74,8 @@ pub(crate) enum Bench {
     /// A dispatcher process with security on and a legitimate controller timing `--writes`
     /// writes from the patch to the poll that hands it over: alone (the baseline), against the
     /// same while each attack runs at its bound (idle admin connections, health streams, junk
-    /// tokens, a connection flood, a body hog), `--repeats` times each; with the lost writes,
+    /// tokens, a connection flood, a body hog, a reconnect storm, a handshake flood with silent TLS
+    /// connections), `--repeats` times each; with the lost writes,
     /// the `/healthz` answer time and the dispatcher's peak RSS. Written into the `hostile`
     /// section of `--out`.
     Hostile(HostileArgs),

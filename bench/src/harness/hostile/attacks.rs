@@ -94,8 +94,8 @@ pub(super) async fn launch(
                 Ok(())
             });
             attackers.spawn(new_replicas(
-                endpoint(&fixture.legit)?,
-                fixture.legit.clone(),
+                (endpoint(&fixture.legit)?, fixture.legit.clone()),
+                fixture.legit_ns.name().to_owned(),
                 stop.clone(),
                 counters,
                 opens.clone(),
@@ -124,12 +124,13 @@ const FLOOD_ADDRESSES: u8 = 20;
 const FLOOD_STALLED: usize = 100;
 const FLOOD_SILENT: usize = 25;
 
-/// A new replica every 250 ms, each on a connection of its own: its TLS handshake, its session
-/// opened and its first poll answered, timed into `opens` (a second for one not done within a
-/// second, counted refused); its session closed after.
+/// A new replica every 250 ms, each on a connection of its own, of a group of its own over
+/// `namespace` (which the identity may read): its TLS handshake, its session opened and its
+/// first poll answered, timed into `opens` (a second for one not done within a second, counted
+/// refused); its session closed after.
 async fn new_replicas(
-    endpoint: tonic::transport::Endpoint,
-    credentials: Credentials,
+    (endpoint, credentials): (tonic::transport::Endpoint, Credentials),
+    namespace: String,
     stop: CancellationToken,
     (attempts, refused): Counters,
     opens: Opens,
@@ -148,7 +149,7 @@ async fn new_replicas(
                 client,
                 "fresh",
                 &format!("fresh-{n}"),
-                vec![subscription("v1", "ConfigMap", "bench-hostile-fresh-none")],
+                vec![subscription("v1", "ConfigMap", &namespace)],
             )
             .await
             .ok()?;
