@@ -54,7 +54,7 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	// None listed: the kind may not be an Owns kind at all. Own writes of the kind newer than
 	// any child listed: the dispatcher may not have seen them yet. Many: one LIST is cheaper.
 	// A deletion here since the last consistent List: the request may list what it deleted.
-	deleted, _ := c.fresh.deletedSinceListed()
+	deleted, _ := c.fresh.deleted.since(deletionScope{kind: kind.GroupKind(), namespace: opts.Namespace})
 	if len(named) == 0 || len(named) > maxChildReads || deleted || c.fresh.own.newest(ownKey(d.Request.GetKey(), kind.GroupKind())) > newest {
 		return false, nil
 	}

@@ -129,14 +129,16 @@ func (c *deliveredClient) Apply(ctx context.Context, object runtime.ApplyConfigu
 	return c.applied(ctx, object, c.Client.Apply(ctx, object, options...))
 }
 
-// Delete and DeleteAllOf answer no version: the next List by index reads the API server
-// consistently (see freshness.deleted), so it never shows what was deleted as still there.
+// Delete and DeleteAllOf answer no version: the next List by index of the kind and namespace
+// reads the API server consistently (see deletions), so it does not show what was deleted as
+// still there.
 func (c *deliveredClient) Delete(ctx context.Context, object client.Object, options ...client.DeleteOption) error {
-	return c.fresh.afterDelete(c.Client.Delete(ctx, object, options...))
+	return c.afterDelete(object, object.GetNamespace(), c.Client.Delete(ctx, object, options...))
 }
 
 func (c *deliveredClient) DeleteAllOf(ctx context.Context, object client.Object, options ...client.DeleteAllOfOption) error {
-	return c.fresh.afterDelete(c.Client.DeleteAllOf(ctx, object, options...))
+	namespace := (&client.DeleteAllOfOptions{}).ApplyOptions(options).Namespace
+	return c.afterDelete(object, namespace, c.Client.DeleteAllOf(ctx, object, options...))
 }
 
 func (c *deliveredClient) Status() client.SubResourceWriter {

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -238,7 +239,7 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	byName := []wanted{{field: "x", value: "a", extract: func(o client.Object) []string { return []string{o.GetName()} }}}
 	list := func() *corev1.ConfigMapList {
 		var l corev1.ConfigMapList
-		if err := c.listByIndex(ctx, &l, &client.ListOptions{Namespace: "ns"}, nil, byName); err != nil {
+		if err := c.listByIndex(ctx, &l, corev1.SchemeGroupVersion.WithKind("ConfigMap"), &client.ListOptions{Namespace: "ns"}, nil, byName); err != nil {
 			t.Fatal(err)
 		}
 		return &l
@@ -261,13 +262,26 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	if err := c.Delete(ctx, &cm); !apierrors.IsNotFound(err) {
 		t.Fatalf("deleting it again: %v", err)
 	}
-	if deleted, _ := c.fresh.deletedSinceListed(); !deleted {
+	configMaps := deletionScope{kind: schema.GroupKind{Kind: "ConfigMap"}, namespace: "ns"}
+	if deleted, _ := c.fresh.deleted.since(configMaps); !deleted {
 		t.Fatal("a deletion answered not found reads consistently after")
 	}
 	// Taking the last finalizer off an object being deleted lets it go: a deletion too.
 	list()
-	if deleted, _ := c.fresh.deletedSinceListed(); deleted {
+	if deleted, _ := c.fresh.deleted.since(configMaps); deleted {
 		t.Fatal("the consistent List did not count")
+	}
+	// A deletion of another kind, or in another namespace, leaves these Lists as they are.
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "gone"}}
+	if err := c.Delete(ctx, other); !apierrors.IsNotFound(err) {
+		t.Fatalf("deleting a Secret: %v", err)
+	}
+	elsewhere := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "gone"}}
+	if err := c.Delete(ctx, elsewhere); !apierrors.IsNotFound(err) {
+		t.Fatalf("deleting elsewhere: %v", err)
+	}
+	if deleted, _ := c.fresh.deleted.since(configMaps); deleted {
+		t.Fatal("a deletion of another kind or namespace made the ConfigMaps of ns read consistently")
 	}
 	var going corev1.ConfigMap
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "held"}, &going); err != nil {
@@ -277,7 +291,30 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	if err := c.Update(ctx, &going); err != nil {
 		t.Fatal(err)
 	}
-	if deleted, _ := c.fresh.deletedSinceListed(); !deleted {
+	if deleted, _ := c.fresh.deleted.since(configMaps); !deleted {
 		t.Fatal("the write that let an object go did not count as a deletion")
+	}
+}
+
+// The deletions are kept for at most deletionScopesKept kinds and namespaces: one forgotten is
+// taken as deleted in again (one consistent List more), never as clean.
+func TestForgottenDeletionScopesReadConsistentlyOnce(t *testing.T) {
+	var d deletions
+	scope := func(i int) deletionScope {
+		return deletionScope{kind: schema.GroupKind{Kind: "ConfigMap"}, namespace: fmt.Sprintf("ns-%d", i)}
+	}
+	for i := range deletionScopesKept + 1 {
+		d.noted(scope(i))
+	}
+	if len(d.by) > deletionScopesKept {
+		t.Fatalf("%d scopes kept, at most %d", len(d.by), deletionScopesKept)
+	}
+	deleted, mark := d.since(scope(0))
+	if !deleted {
+		t.Fatal("a forgotten scope was taken as clean")
+	}
+	d.listed(scope(0), mark)
+	if deleted, _ := d.since(scope(0)); deleted {
+		t.Fatal("a consistent List of the forgotten scope did not count")
 	}
 }

@@ -220,20 +220,21 @@ func (c *deliveredClient) List(ctx context.Context, list client.ObjectList, opti
 	if done, err := c.childrenByName(ctx, list, kind, opts, rest, want); done {
 		return err
 	}
-	return c.listByIndex(ctx, list, opts, rest, want)
+	return c.listByIndex(ctx, list, kind, opts, rest, want)
 }
 
 // listByIndex lists opts's namespace (and label selector) from the API server's watch cache,
 // at least as new as what the reconcile has seen and this process has written, and keeps the
 // objects that hold every wanted value.
-func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectList, opts *client.ListOptions, rest fields.Selector, want []wanted) error {
+func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectList, kind schema.GroupVersionKind, opts *client.ListOptions, rest fields.Selector, want []wanted) error {
 	read := &client.ListOptions{
 		Namespace:     opts.Namespace,
 		LabelSelector: opts.LabelSelector,
 		FieldSelector: rest,
 		Raw:           &metav1.ListOptions{ResourceVersion: c.seen(ctx), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan},
 	}
-	deleted, deletions := c.fresh.deletedSinceListed()
+	scope := deletionScope{kind: kind.GroupKind(), namespace: opts.Namespace}
+	deleted, mark := c.fresh.deleted.since(scope)
 	if deleted {
 		read.Raw = nil
 	}
@@ -252,7 +253,7 @@ func (c *deliveredClient) listByIndex(ctx context.Context, list client.ObjectLis
 				raise(&c.fresh.written, v)
 			}
 		}
-		c.fresh.listedAfter(deletions)
+		c.fresh.deleted.listed(scope, mark)
 	}
 	items, err := meta.ExtractList(list)
 	if err != nil {
@@ -288,38 +289,108 @@ func (c *deliveredClient) seen(ctx context.Context) string {
 	return fmt.Sprint(newest)
 }
 
-// freshness is what a process wrote last: the newest version any write returned, and the
-// newest each key's reconciles wrote of each kind; and whether a deletion was made since the
-// last List read the API server consistently.
+// freshness is what a process wrote last: the newest version any write returned, the newest
+// each key's reconciles wrote of each kind, and the deletions it made since Lists of their
+// kind and namespace last read the API server consistently.
 type freshness struct {
 	written atomic.Uint64
 	own     ownWrites
-	// deleted counts the deletions this process made, and listed those made before the last
-	// consistent List began. A deletion answers no version, so while deleted > listed a List
-	// by index reads the API server consistently (no resourceVersion), and the children a
-	// request lists are not taken as they are: it could show what was deleted.
-	deleted, listed atomic.Uint64
+	deleted deletions
 }
 
-// afterDelete counts a deletion that succeeded (err nil, or not found: gone either way), or a
-// write that let an object go.
-func (f *freshness) afterDelete(err error) error {
-	if err == nil || apierrors.IsNotFound(err) {
-		f.deleted.Add(1)
+// deletionScope is where a deletion may show: a kind in a namespace ("" for every namespace,
+// or a cluster-scoped kind).
+type deletionScope struct {
+	kind      schema.GroupKind
+	namespace string
+}
+
+// deletions are the deletions this process made, by kind and namespace. A deletion answers no
+// version, so the next List by index of its kind and namespace reads the API server
+// consistently (no resourceVersion), and the children a request lists are not taken as they
+// are: either could show what was deleted.
+//
+// Bound: deletionScopesKept scopes; past it the oldest is forgotten, and a scope not known is
+// taken as having a deletion as late as the latest forgotten (one consistent List more).
+type deletions struct {
+	mu sync.Mutex
+	// seq numbers the deletions and consistent Lists in the order they happen.
+	seq   uint64
+	by    map[deletionScope]*deletionMarks
+	order []deletionScope
+	// forgotten is the latest deletion among the scopes forgotten.
+	forgotten uint64
+}
+
+// deletionMarks are a scope's latest deletion and the start of its latest consistent List.
+type deletionMarks struct{ deleted, listed uint64 }
+
+const deletionScopesKept = 4096
+
+// marks are scope's marks, made (as a scope not known) if missing.
+func (d *deletions) marks(scope deletionScope) *deletionMarks {
+	if d.by == nil {
+		d.by = map[deletionScope]*deletionMarks{}
 	}
+	if m, ok := d.by[scope]; ok {
+		return m
+	}
+	if len(d.order) >= deletionScopesKept {
+		oldest := d.order[0]
+		d.forgotten = max(d.forgotten, d.by[oldest].deleted)
+		delete(d.by, oldest)
+		d.order = d.order[1:]
+	}
+	m := &deletionMarks{deleted: d.forgotten}
+	d.by[scope] = m
+	d.order = append(d.order, scope)
+	return m
+}
+
+// noted records a deletion of a kind in namespace ("" for every namespace).
+func (d *deletions) noted(scope deletionScope) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seq++
+	d.marks(scope).deleted = d.seq
+}
+
+// since is whether a List of scope may show a deletion (of its namespace, or of every
+// namespace) made since its last consistent List, and the mark to pass to listed once a
+// consistent List has succeeded.
+func (d *deletions) since(scope deletionScope) (bool, uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	listed := d.marks(scope).listed
+	deleted := d.marks(scope).deleted
+	if scope.namespace != "" {
+		deleted = max(deleted, d.marks(deletionScope{kind: scope.kind}).deleted)
+	}
+	d.seq++
+	return deleted > listed, d.seq
+}
+
+// listed records that a consistent List of scope began at mark.
+func (d *deletions) listed(scope deletionScope, mark uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.marks(scope)
+	m.listed = max(m.listed, mark)
+}
+
+// afterDelete counts a deletion of object (in namespace, or every namespace for "") that
+// succeeded (err nil, or not found: gone either way), or a write that let it go.
+func (c *deliveredClient) afterDelete(object client.Object, namespace string, err error) error {
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	gvk, kindErr := apiutil.GVKForObject(object, c.Scheme())
+	if kindErr != nil {
+		// Of a kind the scheme does not know: every List by index of it reads consistently.
+		return err
+	}
+	c.fresh.deleted.noted(deletionScope{kind: gvk.GroupKind(), namespace: namespace})
 	return err
-}
-
-// deletedSinceListed is whether a deletion was made since the last consistent List began,
-// and the count to pass to listedAfter once one has succeeded.
-func (f *freshness) deletedSinceListed() (bool, uint64) {
-	deleted := f.deleted.Load()
-	return deleted > f.listed.Load(), deleted
-}
-
-// listedAfter records that a consistent List began after the first deleted deletions.
-func (f *freshness) listedAfter(deleted uint64) {
-	raise(&f.listed, deleted)
 }
 
 // raise makes value at least v.
@@ -341,7 +412,7 @@ func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err e
 		return err
 	}
 	if object.GetDeletionTimestamp() != nil && len(object.GetFinalizers()) == 0 {
-		c.fresh.afterDelete(nil)
+		_ = c.afterDelete(object, object.GetNamespace(), nil)
 	}
 	if gvk, err := apiutil.GVKForObject(object, c.Scheme()); err == nil {
 		c.noteWrite(ctx, gvk.GroupKind(), object.GetResourceVersion())
