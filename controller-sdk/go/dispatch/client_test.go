@@ -188,20 +188,18 @@ func TestAReadAfterTheReconcilesOwnWriteIsServedItsAnswer(t *testing.T) {
 	}
 }
 
-// Every write moves what a List by index must be at least as new as: a status write and a
-// server-side apply by the version they answered. A deletion answers none, so the next List by
-// index reads the API server consistently (no resourceVersion), and the one after it is again
-// at least as new as what that read showed.
-func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
+// floorClient is a client over ConfigMap "a" and ConfigMap "held" (deleted, held by a
+// finalizer) whose Lists record their options into listed and answer at version 900, and whose
+// applies answer at version 500.
+func floorClient(listed *[]*metav1.ListOptions) *deliveredClient {
 	stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: "7"}}
 	now := metav1.Now()
 	held := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "held", ResourceVersion: "8",
 		DeletionTimestamp: &now, Finalizers: []string{"example.com/hold"}}}
-	var listed []*metav1.ListOptions
-	c := &deliveredClient{
+	return &deliveredClient{
 		Client: fake.NewClientBuilder().WithObjects(stored, held).WithStatusSubresource(stored).WithInterceptorFuncs(interceptor.Funcs{
 			List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, options ...client.ListOption) error {
-				listed = append(listed, (&client.ListOptions{}).ApplyOptions(options).Raw)
+				*listed = append(*listed, (&client.ListOptions{}).ApplyOptions(options).Raw)
 				if err := cl.List(ctx, list, options...); err != nil {
 					return err
 				}
@@ -216,6 +214,15 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 		recent: newRecentObjects(1 << 20),
 		fresh:  &freshness{},
 	}
+}
+
+// Every write moves what a List by index must be at least as new as: a status write and a
+// server-side apply by the version they answered. A deletion answers none, so the next List by
+// index reads the API server consistently (no resourceVersion), and the one after it is again
+// at least as new as what that read showed.
+func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
+	var listed []*metav1.ListOptions
+	c := floorClient(&listed)
 	ctx := deliveredContext(&pb.ReconcileRequest{Key: "/ConfigMap/ns/a", Object: &pb.ObjectKey{Version: "v1", Kind: "ConfigMap", Namespace: "ns", Name: "a"}, ResourceVersion: "7"})
 	floor := func() uint64 { return c.fresh.written.Load() }
 
