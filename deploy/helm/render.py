@@ -243,13 +243,13 @@ def render(source, pairs):
 def main():
     check = "--check" in sys.argv[1:]
     stale = []
-    component = os.path.join(DEPLOY, RULE_COMPONENT)
+    component, written = os.path.join(DEPLOY, RULE_COMPONENT), rule_component()
     current = open(component).read() if os.path.exists(component) else None
-    if current != rule_component():
+    if current != written:
         stale.append(component)
         if not check:
             with open(component, "w") as f:
-                f.write(rule_component())
+                f.write(written)
     for source, pairs in SOURCES:
         name = source.split("/")[-1]
         path = os.path.join(TEMPLATES, name)

@@ -37,6 +37,7 @@ pub mod chaos;
 pub mod dispatcher;
 pub mod faultproxy;
 pub mod flood;
+pub mod http;
 pub mod identity;
 pub mod isolated;
 pub mod journal;

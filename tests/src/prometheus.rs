@@ -10,12 +10,8 @@ use std::{
 };
 
 use serde_json::Value;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-};
 
-use crate::{TestResult, eventually, repo_root, run_script_file};
+use crate::{TestResult, eventually, http::get, repo_root, run_script_file};
 
 /// A running Prometheus; killed, and its data removed, when dropped.
 #[derive(Debug)]
@@ -101,16 +97,10 @@ impl Prometheus {
 
     /// The value of the instant query `query` now, if it has one sample.
     pub async fn query(&self, query: &str) -> TestResult<Option<f64>> {
-        let encoded: String = query
-            .bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (_, body) = get(self.addr, &format!("/api/v1/query?query={encoded}")).await?;
+        let encoded = form_urlencoded::Serializer::new(String::new())
+            .append_pair("query", query)
+            .finish();
+        let (_, body) = get(self.addr, &format!("/api/v1/query?{encoded}")).await?;
         let answer: Value = serde_json::from_str(&body).unwrap_or_default();
         Ok(answer["data"]["result"][0]["value"][1]
             .as_str()
@@ -124,23 +114,4 @@ impl Drop for Prometheus {
         let _ = self.process.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// An HTTP/1.0 GET (whole answers, never chunked): the status and the body.
-async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }

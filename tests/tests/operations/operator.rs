@@ -238,18 +238,9 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
     assert!((290.0..=300.0).contains(&wait), "requeued for {wait} s");
 
     // A caller with the operator role who may not get ConfigMaps learns nothing of the key.
-    identity::account(&ns, "status-only", &[]).await?;
-    identity::grant_path(&ns, "status-only", "get", "/kube-dispatch/status").await?;
-    let path = Cluster::shared()
-        .dir()
-        .join(format!("tokens/{}-status-only.token", ns.name()));
-    std::fs::write(
-        &path,
-        identity::token(&ns, "status-only", "kube-dispatch").await?,
-    )?;
-    let blind = Connection::new(ns.client(), target(&ns, TokenSource::File(path.clone()))).await?;
+    let (blind, _token) =
+        connect_as(&ns, "status-only", &[], &[("get", "/kube-dispatch/status")]).await?;
     let view = command::owner(&blind, &key).await?;
-    let _ = std::fs::remove_file(&path);
     assert_eq!(view.owner, "dispatcher-1", "the ring is no secret");
     assert!(view.places.is_empty(), "{}", view.table());
     assert!(
@@ -259,17 +250,8 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
     );
 
     // A caller without the operator role is refused, by name.
-    identity::account(&ns, "nobody", &[]).await?;
-    let token = identity::token(&ns, "nobody", "kube-dispatch").await?;
-    let path = Cluster::shared()
-        .dir()
-        .join(format!("tokens/{}-nobody.token", ns.name()));
-    std::fs::write(&path, token)?;
-    let refused = command::status(
-        &Connection::new(ns.client(), target(&ns, TokenSource::File(path.clone()))).await?,
-    )
-    .await?;
-    let _ = std::fs::remove_file(&path);
+    let (nobody, _token) = connect_as(&ns, "nobody", &[], &[]).await?;
+    let refused = command::status(&nobody).await?;
     assert!(!refused.healthy);
     let error = refused.dispatchers[0].error.clone().unwrap_or_default();
     assert!(

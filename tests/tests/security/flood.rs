@@ -8,7 +8,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_proto::v1::PollRequest;
 use kube_dispatch_telemetry::metrics::Metrics;
 use kube_dispatch_tests::{
     TestResult,
@@ -57,18 +56,7 @@ async fn new_replicas(d: &TestDispatcher, metrics: &Metrics) -> TestResult<Durat
         .await;
         let mut session =
             opened.map_err(|_| format!("replica {i}: no session within 1 s of the flood"))??;
-        let polled = session
-            .client
-            .poll(PollRequest {
-                session_id: session.id.clone(),
-                max_items: 1,
-                wait: Some(prost_types::Duration {
-                    seconds: 0,
-                    nanos: 1_000_000,
-                }),
-                ..Default::default()
-            })
-            .await;
+        let polled = session.poll_acking(&[], Duration::from_millis(1)).await;
         assert!(polled.is_ok(), "replica {i}: {polled:?}");
         println!(
             "replica {i}: polled {:?} after it connected (refused so far: {} in all, {} per address)",

@@ -154,16 +154,7 @@ async fn new_replicas(
             .await
             .ok()?;
             session
-                .client
-                .poll(PollRequest {
-                    session_id: session.id.clone(),
-                    max_items: 1,
-                    wait: Some(prost_types::Duration {
-                        seconds: 0,
-                        nanos: 1_000_000,
-                    }),
-                    ..Default::default()
-                })
+                .poll_acking(&[], Duration::from_millis(1))
                 .await
                 .ok()?;
             Some((begun.elapsed(), session))

@@ -105,29 +105,7 @@ pub(super) fn error_policy(_cm: Arc<ConfigMap>, _e: &Failed, _ctx: Arc<Ctx>) -> 
     Action::await_change()
 }
 
-pub(super) async fn http_get(
-    address: std::net::SocketAddr,
-    path: &str,
-) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
+pub(super) use kube_dispatch_tests::http::get as http_get;
 
 pub(super) fn free_port() -> std::io::Result<std::net::SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
