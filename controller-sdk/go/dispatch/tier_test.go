@@ -445,6 +445,19 @@ func TestReconcileOnReconcilesObjectsThatDidNotChange(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// Each object's hash write comes back as a "modified" reconcile; a trigger sent while
+	// that one still waits would rightly be coalesced into it (and carry its reason), so the
+	// trigger is sent once every echo has been reconciled and nothing runs.
+	waitFor("every object's own write reconciled", func() bool {
+		for i := range s.objects {
+			if !slices.Contains(log.reasonsOf(key(i)), "modified") {
+				return false
+			}
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		return len(log.running) == 0
+	})
 	requests <- reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.tier.Namespace, Name: "cm-2"}}
 	waitFor("cm-2 reconciled on its trigger", func() bool { return triggered(2) == 1 })
 	if triggered(1) != 0 {
