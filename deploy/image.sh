@@ -12,9 +12,11 @@
 #   /etc/passwd, /etc/group                   (nonroot, 65532)
 #
 # Usage: deploy/image.sh [--go-example] [--tag NAME:TAG | --release] [--profile NAME] [--output ARCHIVE] [--builder buildah|docker]
-#   --go-example  the Go SDK's example controller instead (controller-sdk/go/examples/
-#              configmap-hasher, a static Go binary, CGO off): the image kube-dispatch-go-hasher:dev,
-#              /usr/local/bin/configmap-hasher-go its entrypoint (deploy/go-hasher.Dockerfile)
+#   --go-example  the Go SDK's example controllers instead (static Go binaries, CGO off): the
+#              image kube-dispatch-go-hasher:dev, /usr/local/bin/configmap-hasher-go its
+#              entrypoint (controller-sdk/go/examples/configmap-hasher), and beside it
+#              /usr/local/bin/ported-controllers-go (controller-sdk/go/examples/ported, the
+#              Bundle and Mirror controllers) (deploy/go-hasher.Dockerfile)
 #   --tag      the image name (default kube-dispatch:dev; a bare name is docker.io/library/...)
 #   --release  tag it with the version and the commit instead: kube-dispatch:0.1.0-<commit>
 #              (-dirty appended with uncommitted changes); either way the image carries them
@@ -187,17 +189,19 @@ static() {
   done
 }
 
-# The Go example's context, in target/image/go-context: a static binary (no cgo, so no libc).
+# The Go examples' context, in target/image/go-context: static binaries (no cgo, so no libc).
 make_go_context() {
   command -v go >/dev/null || die "go is needed to build the Go example"
   context=$target_dir/image/go-context
   rm -rf "$context"
   mkdir -p "$context/rootfs/usr/local/bin" "$context/rootfs/etc"
-  log "building the Go example controller (CGO_ENABLED=0)"
+  log "building the Go example controllers (CGO_ENABLED=0)"
   (
     cd "$root/controller-sdk/go"
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' \
       -o "$context/rootfs/usr/local/bin/configmap-hasher-go" ./examples/configmap-hasher
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' \
+      -o "$context/rootfs/usr/local/bin/ported-controllers-go" ./examples/ported
   )
   users "$context/rootfs"
   static "$context"

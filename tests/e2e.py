@@ -17,6 +17,12 @@ with a writer changing the ConfigMaps of namespace e2e-objects all along:
    PodDisruptionBudget (maxUnavailable 1) must refuse the second;
 5. the (Rust) controller Deployment scaled 2 -> 4, then 4 -> 1.
 
+Beside them, the Go SDK's ported controllers (deploy/examples/ported-go, applied as kustomize
+builds it) run their own scenario in namespace e2e-ported (tests/ported_e2e.py): their objects
+created before the baseline, changed as the rolling update begins, checked after the last
+phase, then deleted after one controller pod is deleted. Not in `make test-skew` (the previous
+release's Go image does not hold them).
+
 E2E_SHORT=1 (what `make test` runs): 1, 2, and the controller scaled 2 -> 1.
 
 E2E_FROM_ROOT=<tree> E2E_FROM_VERSION=<version> (what `make test-skew` runs, tests/skew.sh):
@@ -54,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reconciles import (  # noqa: E402
     annotated, concurrent, content_hash, go_annotated, go_content_hash, go_spans, spans,
 )
+import ported_e2e  # noqa: E402
 
 KUBECONFIG, KUBECTL, NODE_DIR, ROOT = sys.argv[1:5]
 OBJECTS = int(os.environ.get("E2E_OBJECTS", "200"))
@@ -332,6 +339,10 @@ class ControllerLogs:
 
 LOG_FOLLOWER = ControllerLogs(CONTROLLER_NS, spans)
 GO_LOG_FOLLOWER = ControllerLogs(GO_CONTROLLER_NS, go_spans)
+PORTED_LOG_FOLLOWER = ControllerLogs(ported_e2e.CONTROLLER_NS, go_spans)
+# The ported Go controllers (tests/ported_e2e.py), but not in `make test-skew`: a previous
+# release's image of the Go examples does not hold them.
+PORTED = None if FROM_ROOT else ported_e2e.Ported(kubectl, say)
 # The tier's own pods, kept for reading after the run (a rolling update deletes them).
 TIER_LOGS = ControllerLogs(TIER_NS)
 
@@ -353,10 +364,13 @@ def settle():
 
 
 def wait_rollouts():
-    for kind, name, ns in (("statefulset", "kube-dispatch-dispatcher", TIER_NS),
-                           ("deployment", "kube-dispatch-loadbalancer", TIER_NS),
-                           ("deployment", "configmap-hasher", CONTROLLER_NS),
-                           ("deployment", "configmap-hasher-go", GO_CONTROLLER_NS)):
+    rollouts = [("statefulset", "kube-dispatch-dispatcher", TIER_NS),
+                ("deployment", "kube-dispatch-loadbalancer", TIER_NS),
+                ("deployment", "configmap-hasher", CONTROLLER_NS),
+                ("deployment", "configmap-hasher-go", GO_CONTROLLER_NS)]
+    if PORTED:
+        rollouts.append(("deployment", ported_e2e.DEPLOYMENT, ported_e2e.CONTROLLER_NS))
+    for kind, name, ns in rollouts:
         kubectl("-n", ns, "rollout", "status", f"{kind}/{name}", "--timeout", "300s")
 
 
@@ -494,11 +508,16 @@ def apply_controllers():
                 if o:
                     documents.append(o)
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    if PORTED:
+        PORTED.apply(ROOT, alias, f"kube-dispatch-go-hasher:{INSTALL_TAG}")
 
 
 def rolling_update():
     """`helm upgrade` to a new image tag (the same image under a second name): every
-    dispatcher pod is replaced, one at a time, highest ordinal first."""
+    dispatcher pod is replaced, one at a time, highest ordinal first. The ported controllers'
+    objects are changed as it begins."""
+    if PORTED:
+        PORTED.change()
     helm("upgrade", "kube-dispatch", CHART, "--namespace", TIER_NS, "--reuse-values",
          "--set", "image.tag=dev-2")
     kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
@@ -613,7 +632,8 @@ def main():
     apply_controllers()
     subprocess.run(
         [os.path.join(INSTALL_ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
-         "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS],
+         "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS,
+         *(["--controller-namespace", ported_e2e.CONTROLLER_NS] if PORTED else [])],
         env={**os.environ, "KUBECTL": KUBECTL, "KUBECONFIG": KUBECONFIG}, check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -633,6 +653,11 @@ def main():
     controller_pods.start()
     go_controller_pods = Watch(GO_LOG_FOLLOWER.on_event, "pods", "-n", GO_CONTROLLER_NS)
     go_controller_pods.start()
+    ported = []
+    if PORTED:
+        ported_pods = Watch(PORTED_LOG_FOLLOWER.on_event, "pods", "-n", ported_e2e.CONTROLLER_NS)
+        ported_pods.start()
+        ported.append(PORTED.start())
     phase("baseline", baseline, writing=False)
     if FROM_ROOT:
         phase(f"upgrade {FROM_VERSION}", upgrade)
@@ -646,6 +671,11 @@ def main():
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
+    if PORTED:
+        # The change written as the rolling update began, reconciled through it.
+        ported.append(PORTED.settle("change"))
+        ported.append(PORTED.finish())
+        ported_pods.stop()
     kdctl_exit = kdctl_status()
     controller_pods.stop()
     go_controller_pods.stop()
@@ -672,6 +702,14 @@ def main():
              and r["go_reconciles"] >= r["writes"] for r in results)
     ok = ok and kdctl_exit == 0
     print(f"  kdctl status with only a kubeconfig: exit {kdctl_exit}")
+    if PORTED:
+        runs = PORTED_LOG_FOLLOWER.runs()
+        overlaps = concurrent(runs)
+        print(f"  ported controllers (deploy/examples/ported-go): {len(runs)} reconciles, "
+              f"concurrent {overlaps}, steps: " + ", ".join(
+                  f"{p['step']} {'settled' if not p['wrong'] else 'NOT settled'} "
+                  f"in {p['seconds']:.1f} s" for p in ported))
+        ok = ok and overlaps == 0 and len(runs) > 0 and not any(p["wrong"] for p in ported)
     if not SHORT and not FROM_ROOT:
         ok = ok and PDB_REFUSED == [True]
         print(f"  PodDisruptionBudget refused the second eviction: {PDB_REFUSED == [True]}")

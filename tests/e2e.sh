@@ -5,10 +5,11 @@
 # kube-dispatch:dev and kube-dispatch:dev-2, and the Go SDK's example controller's image
 # (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py installs
 # the tier with its Helm chart, applies the example controllers (the Rust and the Go one, each
-# a group of its own), writes ConfigMaps all along, and runs a rolling update of the
-# StatefulSet (helm upgrade), a pod deletion,
-# two evictions against the PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a
-# summary per phase (exit status 0 only with lost 0 and concurrent 0 everywhere).
+# a group of its own, and the Go SDK's ported controllers of deploy/examples/ported-go with a
+# scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along, and runs a rolling
+# update of the StatefulSet (helm upgrade), a pod deletion, two evictions against the
+# PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a summary per phase (exit
+# status 0 only with lost 0 and concurrent 0 everywhere, and the ported controllers settled).
 #
 # Environment:
 #   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
@@ -42,9 +43,11 @@ finish() {
     $node down >/dev/null 2>&1 || true
     say "took down the node it started"
   else
-    # A node that was already running goes on; the workloads go.
+    # A node that was already running goes on; the workloads go. The ported controllers'
+    # objects first, while their controllers still run: a Mirror's finalizer is theirs to lift.
+    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-ported --ignore-not-found --timeout=60s >/dev/null 2>&1 || true
     "$KD_HELM" --kubeconfig "$kubeconfig" uninstall kube-dispatch --namespace kube-dispatch >/dev/null 2>&1 || true
-    for ns in configmap-hasher configmap-hasher-go; do
+    for ns in configmap-hasher configmap-hasher-go ported-go e2e-ported; do
       "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     done
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-objects --ignore-not-found --wait=false >/dev/null 2>&1 || true
