@@ -1,11 +1,10 @@
-//! Runs a dispatcher: the watches, the group and session table and the gRPC server (with grpc.health.v1 and server
-//! reflection on the same port), until shutdown, then drains.
+//! Runs a dispatcher: the watches, the group and session table and the gRPC server (with
+//! grpc.health.v1 and server reflection on the same port), until shutdown, then drains. A
+//! drain asked by an operator can be undone: the dispatcher then serves a new term, on the same
+//! listener, as a process that starts.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -23,13 +22,13 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{
     config::{Membership, ServeConfig},
     grpc::{
         dispatcher::DispatcherService,
-        operator::{DrainHandle, DrainState, Drained, OperatorService},
+        operator::{DrainHandle, DrainState, OperatorService},
         peer::PeerService,
     },
     housekeeping,
@@ -40,6 +39,10 @@ use crate::{
     watch::{discovery::Resolver, registry::Watches},
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
+
+mod drain;
+
+use drain::{Drain, drained};
 
 /// Why a dispatcher could not run.
 #[derive(Debug, thiserror::Error)]
@@ -80,62 +83,117 @@ pub struct Handles {
 /// acknowledged, the Lease is released (only if none is left in flight, so the others may take
 /// over at once), every session is closed and long-polls return. The same drain runs earlier
 /// when an operator asks for it (`kubedispatch.v1.Operator/Drain`); the server then keeps
-/// serving health and the operator API, out of the ring, until `shutdown`. `started` receives
-/// the handles once serving.
+/// serving health and the operator API, out of the ring, until `shutdown`, or until an operator
+/// asks for the undrain (`Operator/Undrain`): the dispatcher then serves a new term, with a new
+/// table, watches and membership, as a process that starts would, on the same listener.
+/// `started` receives the first term's handles once serving.
 pub async fn serve(
     config: ServeConfig,
     client: Client,
     listener: TcpListener,
     shutdown: CancellationToken,
-    started: Option<tokio::sync::oneshot::Sender<Handles>>,
+    mut started: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), ServeError> {
-    let identity = config.settings.identity.clone();
-    let initial = initial_slice(&config, &identity)?;
-    let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
-    let (released_tx, released_rx) = watch::channel(None);
-    // Stops the groups and the watches, after the drain.
-    let stop = CancellationToken::new();
     let guard = guard(&config, &client).await?;
     let local = listener.local_addr().ok();
-    let refusals = config.metrics.refusals();
-    let connections = Connections::new(config.server, refusals.clone());
-    let incoming = kube_dispatch_server::tls::incoming(
+    let connections = Connections::new(config.server, config.metrics.refusals());
+    let incoming = Incoming::new(kube_dispatch_server::tls::incoming(
         listener,
         &config.security.transport,
         connections.clone(),
-    )?;
-    let resolver = Resolver::new(client.clone());
-    let (groups, lease_sessions) =
-        group_table(&config, &client, slice_rx.clone(), released_tx, &stop);
+    )?);
+    // Registered once for the process; every term reports through them.
+    let process = Process {
+        guard,
+        connections,
+        ring: RingMetrics::new(&config.metrics),
+        renewals: membership::LeaseRenewals::new(&config.metrics),
+        tables: GroupTableCollector::default(),
+        local,
+    };
+    config.metrics.register_collector(process.tables.clone());
+    loop {
+        let end = term(
+            &config,
+            &client,
+            &process,
+            &incoming,
+            &shutdown,
+            started.take(),
+        )
+        .await?;
+        if end == TermEnd::Stopped {
+            break;
+        }
+        info!("undrained: rejoining the ring as a process that starts");
+    }
+    info!("dispatcher stopped");
+    Ok(())
+}
+
+/// What a dispatcher keeps from one term to the next: who may call it, its connection bounds,
+/// the metrics registered once, and the address it listens on.
+struct Process {
+    guard: Arc<Guard>,
+    connections: Arc<Connections>,
+    ring: RingMetrics,
+    renewals: membership::LeaseRenewals,
+    tables: GroupTableCollector,
+    local: Option<std::net::SocketAddr>,
+}
+
+/// How a term ended.
+#[derive(Debug, PartialEq, Eq)]
+enum TermEnd {
+    /// The process is shutting down.
+    Stopped,
+    /// Drained, then asked to rejoin: another term follows.
+    Undrained,
+}
+
+/// One term of a dispatcher: its table, watches, membership and gRPC services, served on
+/// `incoming` until shut down, or drained and then undrained.
+async fn term(
+    config: &ServeConfig,
+    client: &Client,
+    process: &Process,
+    incoming: &Incoming,
+    shutdown: &CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<Handles>>,
+) -> Result<TermEnd, ServeError> {
+    let identity = config.settings.identity.clone();
+    // Stops the groups and the watches, after the drain.
+    let stop = CancellationToken::new();
     let members_stop = CancellationToken::new();
     let clean = Arc::new(AtomicBool::new(false));
-    // However serve() ends (an error included), the groups, the watches and the membership task
-    // stop with it; the Lease is then left to expire unless the drain found nothing in flight.
+    // However the term ends (an error included), the groups, the watches and the membership
+    // task stop with it; the Lease is then left to expire unless the drain found nothing in
+    // flight.
     let _stop_on_exit = (stop.clone().drop_guard(), members_stop.clone().drop_guard());
-    let membership_task = start_membership(
-        &config,
-        client,
-        (slice_tx, released_rx),
-        lease_sessions,
-        members_stop.clone(),
-        clean.clone(),
-    );
+    let (groups, slice_rx, membership_task) =
+        start_table(config, client, process, (&stop, &members_stop, &clean))?;
+    let resolver = Resolver::new(client.clone());
 
     // The drain begins on shutdown, or earlier when asked through the operator API.
     let leave = shutdown.child_token();
+    // Ends the term: cancelled by the shutdown, or by the undrain.
+    let ending = shutdown.child_token();
     let (drain_state, drain_rx) = watch::channel(DrainState::Serving);
-    let (health, health_service) = health(&config, slice_rx.clone(), &leave).await;
+    let (health, health_service) =
+        health(config, slice_rx.clone(), process.ring.clone(), &leave).await;
     let (reflection, dispatcher, peer, operator) = services(
-        &config,
-        (&groups, resolver, &guard),
+        config,
+        (&groups, resolver, &process.guard),
         DrainHandle {
             start: leave.clone(),
             state: drain_rx.clone(),
             leases: matches!(config.membership, Membership::Leases(_)),
+            shutdown: shutdown.clone(),
+            undrain: ending.clone(),
         },
     )?;
 
-    info!(id = %identity, membership = ?config.membership, address = ?local, "dispatcher serving");
+    info!(id = %identity, membership = ?config.membership, address = ?process.local, "dispatcher serving");
     if let Some(started) = started {
         let _ = started.send(Handles {
             groups: groups.clone(),
@@ -157,7 +215,7 @@ pub async fn serve(
         }
         .run(leave.clone(), stop.clone()),
     );
-    let drained = drained(shutdown.clone(), drain_rx.clone());
+    let drained = drained(ending.clone(), drain_rx.clone());
     // Small gRPC frames (a poll's response, an ack) must not wait for the peer's delayed ACK:
     // `incoming` sets TCP_NODELAY (without it every long-poll response stalled about 40 ms on
     // loopback).
@@ -168,19 +226,91 @@ pub async fn serve(
             too_large_is_resource_exhausted::<tonic::body::Body>,
         ))
         .layer(
-            AuthLayer::new(guard.authentication().clone(), &config.server, refusals)
-                .vouching(connections),
+            AuthLayer::new(
+                process.guard.authentication().clone(),
+                &config.server,
+                config.metrics.refusals(),
+            )
+            .vouching(process.connections.clone()),
         )
         .add_service(health_service)
         .add_service(reflection)
         .add_service(dispatcher)
         .add_service(peer)
         .add_service(operator)
-        .serve_with_incoming_shutdown(incoming, drained);
-    until_stopped(server, &shutdown, timeout).await?;
+        .serve_with_incoming_shutdown(incoming.stream(), drained);
+    until_stopped(server, ending, timeout).await?;
     stop.cancel();
-    info!("dispatcher stopped");
-    Ok(())
+    Ok(if shutdown.is_cancelled() {
+        TermEnd::Stopped
+    } else {
+        TermEnd::Undrained
+    })
+}
+
+/// A term's group table, with what it serves as it changes, and its membership task: started,
+/// the watches to stop with `stop`, the membership with `members_stop` (releasing the Lease
+/// if `clean` says nothing was left in flight).
+#[allow(clippy::type_complexity)]
+fn start_table(
+    config: &ServeConfig,
+    client: &Client,
+    process: &Process,
+    (stop, members_stop, clean): (&CancellationToken, &CancellationToken, &Arc<AtomicBool>),
+) -> Result<
+    (
+        Arc<GroupTable>,
+        watch::Receiver<Arc<Slice>>,
+        Option<tokio::task::JoinHandle<()>>,
+    ),
+    ServeError,
+> {
+    let initial = initial_slice(config, &config.settings.identity)?;
+    let (slice_tx, slice_rx) = watch::channel(Arc::new(initial));
+    let (released_tx, released_rx) = watch::channel(None);
+    let (groups, lease_sessions) = group_table(config, client, slice_rx.clone(), released_tx, stop);
+    process.tables.point_at(&groups);
+    let membership_task = start_membership(
+        config,
+        client.clone(),
+        (slice_tx, released_rx),
+        (lease_sessions, process.renewals.clone()),
+        members_stop.clone(),
+        clean.clone(),
+    );
+    Ok((groups, slice_rx, membership_task))
+}
+
+/// The accepted connections, served by one term after another: the listener and its accept
+/// loop live as long as the process, so a connection accepted while one term winds down is
+/// served by the next. Bounded as the accept loop's channel is.
+struct Incoming(Arc<tokio::sync::Mutex<IncomingConnections>>);
+
+type IncomingConnections =
+    tokio::sync::mpsc::Receiver<std::io::Result<kube_dispatch_server::tls::Conn>>;
+
+impl Incoming {
+    fn new(
+        accepted: tokio_stream::wrappers::ReceiverStream<
+            std::io::Result<kube_dispatch_server::tls::Conn>,
+        >,
+    ) -> Self {
+        Self(Arc::new(tokio::sync::Mutex::new(accepted.into_inner())))
+    }
+
+    /// The connections for one term's server (one term at a time reads them).
+    fn stream(
+        &self,
+    ) -> impl futures::Stream<Item = std::io::Result<kube_dispatch_server::tls::Conn>> + Send + 'static
+    {
+        Box::pin(futures::stream::unfold(
+            self.0.clone(),
+            |accepted| async move {
+                let next = accepted.lock().await.recv().await;
+                next.map(|conn| (conn, accepted))
+            },
+        ))
+    }
 }
 
 /// grpc.health.v1: `kubedispatch.v1.Dispatcher` is SERVING until the drain (liveness); the
@@ -190,6 +320,7 @@ pub async fn serve(
 async fn health(
     config: &ServeConfig,
     slice: watch::Receiver<Arc<Slice>>,
+    ring: RingMetrics,
     leave: &CancellationToken,
 ) -> (
     tonic_health::server::HealthReporter,
@@ -203,7 +334,7 @@ async fn health(
         slice,
         health.clone(),
         config.readiness.clone(),
-        RingMetrics::new(&config.metrics),
+        ring,
         leave.clone(),
     ));
     (health, health_service)
@@ -252,21 +383,22 @@ fn services(
     Ok((reflection, dispatcher, peer, operator))
 }
 
-/// Runs `server` until it stops; after `shutdown`, gives up on calls still open once the
-/// drain's `timeout` and some slack (the Lease release is a request) have passed.
+/// Runs `server` until it stops; once `ending` (shutdown, or the undrain), gives up on calls
+/// still open when the drain's `timeout` and some slack (the Lease release is a request) have
+/// passed.
 async fn until_stopped(
     server: impl Future<Output = Result<(), tonic::transport::Error>>,
-    shutdown: &CancellationToken,
+    ending: CancellationToken,
     timeout: Duration,
 ) -> Result<(), ServeError> {
     let slack = Duration::from_secs(5);
     tokio::select! {
         result = server => result?,
         () = async {
-            shutdown.cancelled().await;
+            ending.cancelled().await;
             tokio::time::sleep(timeout + slack).await;
         } => {
-            info!(?timeout, "drain timed out; stopping with calls still open");
+            info!(?timeout, "calls still open past the drain's timeout: leaving them");
         }
     }
     Ok(())
@@ -332,9 +464,6 @@ fn group_table(
         lease_sessions.clone(),
         stop.child_token(),
     );
-    config
-        .metrics
-        .register_collector(GroupTableCollector::new(&groups));
     tokio::spawn(housekeeping::run(groups.clone()));
     (groups, lease_sessions)
 }
@@ -345,7 +474,7 @@ fn start_membership(
     config: &ServeConfig,
     client: Client,
     (slice, released): (watch::Sender<Arc<Slice>>, watch::Receiver<Option<String>>),
-    lease_sessions: Arc<LeaseSessions>,
+    (lease_sessions, renewals): (Arc<LeaseSessions>, membership::LeaseRenewals),
     stop: CancellationToken,
     clean: Arc<AtomicBool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -359,91 +488,8 @@ fn start_membership(
             released,
             lease_sessions,
             (stop, clean),
-            membership::LeaseRenewals::new(&config.metrics),
+            renewals,
         ))),
-    }
-}
-
-/// Resolves once shut down and drained: the server stops then (a drain asked through the
-/// operator API leaves it serving the operator API and health until then).
-async fn drained(shutdown: CancellationToken, mut state: watch::Receiver<DrainState>) {
-    shutdown.cancelled().await;
-    let _ = state
-        .wait_for(|s| matches!(s, DrainState::Drained(_)))
-        .await;
-}
-
-/// The drain, once asked for (on shutdown, or through the operator API).
-struct Drain {
-    groups: Arc<GroupTable>,
-    health: tonic_health::server::HealthReporter,
-    readiness: Readiness,
-    state: watch::Sender<DrainState>,
-    timeout: Duration,
-    /// Set when nothing was left in flight: the membership task then releases the Lease.
-    clean: Arc<AtomicBool>,
-    members_stop: CancellationToken,
-    membership_task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Drain {
-    /// Waits for `leave`, then drains: health NOT_SERVING, nothing more handed out, up to the
-    /// timeout for reconciles in flight, the membership task stopped (releasing the Lease only
-    /// if none is left), every session closed, and `stop` for the groups and watches. Returns
-    /// at once if `stop` comes first (serve() ended before any drain: nothing to hand over).
-    async fn run(self, leave: CancellationToken, stop: CancellationToken) {
-        let Drain {
-            groups,
-            health,
-            readiness,
-            state,
-            timeout,
-            clean,
-            members_stop,
-            membership_task,
-        } = self;
-        tokio::select! {
-            () = leave.cancelled() => {}
-            () = stop.cancelled() => return,
-        }
-        let began = tokio::time::Instant::now();
-        state.send_replace(DrainState::Draining);
-        info!("draining: health NOT_SERVING, handing out nothing more");
-        readiness.not_ready("draining");
-        health
-            .set_not_serving::<DispatcherServer<DispatcherService>>()
-            .await;
-        health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        groups.begin_drain();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut left = groups.in_flight();
-        while left > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            left = groups.in_flight();
-        }
-        if left == 0 {
-            info!("drained: no reconcile in flight");
-        } else {
-            warn!(
-                in_flight = left,
-                ?timeout,
-                "drain timed out with reconciles in flight"
-            );
-        }
-        clean.store(left == 0, Ordering::Release);
-        members_stop.cancel();
-        if let Some(task) = membership_task {
-            let _ = task.await;
-        }
-        groups.close_all();
-        stop.cancel();
-        info!(took = ?began.elapsed(), "drained: out of the ring, serving nothing");
-        state.send_replace(DrainState::Drained(Drained {
-            in_flight_left: left,
-            took: began.elapsed(),
-        }));
     }
 }
 

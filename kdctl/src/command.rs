@@ -9,7 +9,7 @@ use kube_dispatch_proto::{
     RequestKey,
     v1::{
         DispatcherState, DrainRequest, KeyRequest, KeyResponse, KeyState, ReconcileKeyRequest,
-        StatusRequest, StatusResponse,
+        StatusRequest, StatusResponse, UndrainRequest,
     },
 };
 
@@ -17,11 +17,11 @@ use crate::{
     connect::{Connection, Member},
     view::{
         DispatcherView, DrainView, GroupView, KeyAnswer, KeyPlace, OwnerView, PlacementView,
-        StatusView, VersionView,
+        StatusView, UndrainView, VersionView,
     },
 };
 
-/// How often a drain looks at the other members while it waits for them to settle.
+/// How often a drain or an undrain looks at the members while it waits for them to settle.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
 
 /// `kdctl version`: kdctl's version and each dispatcher's; more than one version among the
@@ -375,32 +375,133 @@ pub async fn drain(
             .push("no other dispatcher is left to serve its keys".to_owned());
         return Ok(view);
     }
+    let left = timeout.saturating_sub(began.elapsed());
+    match settled(
+        connection,
+        &others,
+        |ring| !ring.iter().any(|m| m == name),
+        began,
+        left,
+    )
+    .await
+    {
+        Some((after, ring)) => {
+            view.settled_seconds = Some(after);
+            view.ring = ring;
+        }
+        None => view.problems.push(format!(
+            "the other dispatchers had not all settled on a ring without {name} within {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+    Ok(view)
+}
+
+/// `kdctl undrain DISPATCHER`: brings a drained dispatcher back into the ring without a
+/// restart, then waits (up to `timeout`) until every dispatcher, it included, serves one ring
+/// with it. A dispatcher drained cleanly has no Lease: it is found by its pod (or named with
+/// --dispatcher).
+pub async fn undrain(
+    connection: &Connection,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<UndrainView> {
+    let began = Instant::now();
+    let found = connection
+        .members()
+        .await
+        .ok()
+        .and_then(|members| members.into_iter().find(|m| m.name == name));
+    let target = match found {
+        Some(member) => member,
+        None if connection.names_dispatchers() => bail!(
+            "no dispatcher {name:?} among those given with --dispatcher: name it as {name}=ADDRESS"
+        ),
+        // Every Lease went, or none names it: its pod says where it is.
+        None => connection.pod_member(name).await?,
+    };
+    let mut request = tonic::Request::new(UndrainRequest {});
+    request.set_timeout(timeout);
+    let answer = connection
+        .operator(&target)?
+        .undrain(request)
+        .await
+        .with_context(|| format!("undraining {name} failed"))?
+        .into_inner();
+    let mut view = UndrainView {
+        dispatcher: answer.dispatcher_id,
+        rejoining: answer.rejoining,
+        holds_for_previous: answer.holds_for_previous,
+        settled_seconds: None,
+        ring: Vec::new(),
+        problems: Vec::new(),
+    };
+    if !view.rejoining {
+        return Ok(view);
+    }
+    // Its Lease is written again as it rejoins: ask every member, it included, each round.
     loop {
-        let answers = ask_all(connection, &others, |mut operator| async move {
-            Ok(operator.status(StatusRequest {}).await?.into_inner())
-        })
-        .await;
-        let settled: Option<Vec<Vec<String>>> = answers
-            .iter()
-            .map(|a| {
-                let s = a.as_ref().ok()?;
-                (s.state() == DispatcherState::Serving && !s.members.iter().any(|m| m == name))
-                    .then(|| s.members.clone())
-            })
-            .collect();
-        if let Some(rings) = settled
-            && rings.windows(2).all(|w| w[0] == w[1])
+        let mut members = connection.members().await.unwrap_or_default();
+        if !members.iter().any(|m| m.name == name) {
+            members.push(target.clone());
+        }
+        let round = Duration::from_secs(2).min(timeout.saturating_sub(began.elapsed()));
+        if let Some((after, ring)) = settled(
+            connection,
+            &members,
+            |ring| ring.iter().any(|m| m == name),
+            began,
+            round,
+        )
+        .await
         {
-            view.settled_seconds = Some(began.elapsed().as_secs_f64());
-            view.ring = rings.into_iter().next().unwrap_or_default();
+            view.settled_seconds = Some(after);
+            view.ring = ring;
             return Ok(view);
         }
         if began.elapsed() >= timeout {
             view.problems.push(format!(
-                "the other dispatchers had not all settled on a ring without {name} within {}",
+                "the dispatchers had not all settled on a ring with {name} within {}",
                 humantime::format_duration(timeout)
             ));
             return Ok(view);
+        }
+    }
+}
+
+/// Asks `members` until each is serving and all see the same ring, one `wanted` accepts: the
+/// seconds since `began` and that ring, or None once `within` has passed (from now).
+async fn settled(
+    connection: &Connection,
+    members: &[Member],
+    wanted: impl Fn(&[String]) -> bool,
+    began: Instant,
+    within: Duration,
+) -> Option<(f64, Vec<String>)> {
+    let asked = Instant::now();
+    loop {
+        let answers = ask_all(connection, members, |mut operator| async move {
+            Ok(operator.status(StatusRequest {}).await?.into_inner())
+        })
+        .await;
+        let rings: Option<Vec<Vec<String>>> = answers
+            .iter()
+            .map(|a| {
+                let s = a.as_ref().ok()?;
+                (s.state() == DispatcherState::Serving && wanted(&s.members))
+                    .then(|| s.members.clone())
+            })
+            .collect();
+        if let Some(rings) = rings
+            && rings.windows(2).all(|w| w[0] == w[1])
+        {
+            return Some((
+                began.elapsed().as_secs_f64(),
+                rings.into_iter().next().unwrap_or_default(),
+            ));
+        }
+        if asked.elapsed() >= within {
+            return None;
         }
         tokio::time::sleep(SETTLE_POLL).await;
     }

@@ -8,7 +8,7 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
-    core::v1::ServiceAccount,
+    core::v1::{Pod, ServiceAccount},
 };
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use kube_dispatch_proto::{
@@ -156,6 +156,34 @@ impl Connection {
         Ok(members)
     }
 
+    /// Whether the dispatchers were named (--dispatcher) rather than found through their
+    /// Leases.
+    pub fn names_dispatchers(&self) -> bool {
+        !self.target.dispatchers.is_empty()
+    }
+
+    /// The dispatcher `name` by its pod in --namespace, for one that has no Lease (a
+    /// dispatcher drained cleanly deletes its own): the pod's IP and its container port named
+    /// `grpc`, as deploy/ names it.
+    pub async fn pod_member(&self, name: &str) -> anyhow::Result<Member> {
+        let namespace = &self.target.namespace;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = pods
+            .get_opt(name)
+            .await
+            .with_context(|| format!("cannot read pod {namespace}/{name}"))?
+            .with_context(|| {
+                format!(
+                    "no dispatcher {name:?}: no Lease and no pod of that name in namespace {namespace} (--dispatcher NAME=ADDRESS to name its address)"
+                )
+            })?;
+        member_of_pod(&pod).with_context(|| {
+            format!(
+                "pod {namespace}/{name} has no IP or no container port named grpc: is it a running dispatcher? (--dispatcher NAME=ADDRESS to name its address)"
+            )
+        })
+    }
+
     /// An Operator client for `member`.
     pub fn operator(&self, member: &Member) -> anyhow::Result<Operator> {
         let endpoint = self
@@ -168,6 +196,28 @@ impl Connection {
             self.credentials.bearer(),
         ))
     }
+}
+
+/// A dispatcher pod as a member: its name, its IP and its container port named `grpc`.
+fn member_of_pod(pod: &Pod) -> Option<Member> {
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    let port = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("grpc"))?
+        .container_port;
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_owned()
+    };
+    Some(Member {
+        name: pod.name_any(),
+        address: format!("{host}:{port}"),
+    })
 }
 
 /// A token for the ServiceAccount `namespace/name` with `audience`, valid for 10 minutes (what
@@ -287,4 +337,44 @@ fn holds_certificate(pem: &[u8]) -> bool {
 /// their headless Service's.
 pub fn dispatcher_server_name(namespace: &str) -> String {
     format!("kube-dispatch-dispatcher.{namespace}.svc")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ip: Option<&str>, ports: &[(&str, i32)]) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kube-dispatch-dispatcher-1"},
+            "spec": {"containers": [{
+                "name": "dispatcher",
+                "ports": ports.iter().map(|(name, port)| serde_json::json!({"name": name, "containerPort": port})).collect::<Vec<_>>(),
+            }]},
+            "status": ip.map_or(serde_json::json!({}), |ip| serde_json::json!({"podIP": ip})),
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn a_pod_is_reached_at_its_ip_and_its_port_named_grpc() {
+        let found = member_of_pod(&pod(Some("10.0.0.7"), &[("admin", 9070), ("grpc", 7070)]));
+        assert_eq!(
+            found,
+            Some(Member {
+                name: "kube-dispatch-dispatcher-1".into(),
+                address: "10.0.0.7:7070".into(),
+            })
+        );
+        let v6 = member_of_pod(&pod(Some("fd00::7"), &[("grpc", 7070)])).map(|m| m.address);
+        assert_eq!(v6.as_deref(), Some("[fd00::7]:7070"));
+        assert_eq!(
+            member_of_pod(&pod(None, &[("grpc", 7070)])),
+            None,
+            "not scheduled yet"
+        );
+        assert_eq!(
+            member_of_pod(&pod(Some("10.0.0.7"), &[("admin", 9070)])),
+            None
+        );
+    }
 }

@@ -27,8 +27,8 @@ const DEGRADED: u8 = 3;
 /// ServiceAccount token, as every client of the tier does. By default the token is minted for
 /// the ServiceAccount --service-account (you need the right to create serviceaccounts/token
 /// there); that account needs a ClusterRole granting `get` on the non-resource URL
-/// /kube-dispatch/status (status, owner), `post` on /kube-dispatch/drain (drain) and `post` on
-/// /kube-dispatch/reconcile (reconcile), as deploy/base/kdctl-rbac.yaml defines.
+/// /kube-dispatch/status (status, owner), `post` on /kube-dispatch/drain (drain, undrain) and
+/// `post` on /kube-dispatch/reconcile (reconcile), as deploy/base/kdctl-rbac.yaml defines.
 ///
 /// The dispatchers' CA bundle is --tls-ca-file, else the one the tier publishes in --namespace:
 /// ConfigMap kube-dispatch-ca (deploy/tls.sh writes it; with cert-manager, publish it as
@@ -127,7 +127,7 @@ struct Args {
     timeout: Duration,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Clone, Debug, Subcommand)]
 enum Command {
     /// Each dispatcher's state, ring and slice share, each group's queue on each dispatcher
     /// (keys, ready, in flight, backing off, held, sessions and their replicas), and which
@@ -157,13 +157,27 @@ enum Command {
     /// Hands a dispatcher's slice over to the others before maintenance: it hands nothing more
     /// out, waits for its reconciles in flight, releases its Lease and closes its sessions;
     /// kdctl then waits until every other dispatcher serves the ring without it, and says so.
-    /// The dispatcher stays out of the ring until it restarts.
+    /// The dispatcher stays out of the ring until it restarts, or until `kdctl undrain`.
     Drain {
         /// The dispatcher, by name (for example dispatcher-2).
         dispatcher: String,
         /// The longest to wait for the drain and for the others to settle.
         #[arg(long = "drain-timeout", default_value = "5m", value_parser = humantime::parse_duration)]
         drain_timeout: Duration,
+    },
+    /// Brings a drained dispatcher back into the ring without a restart: it rejoins as a
+    /// process that starts does (its Lease written again, its keys handed over to it; if its
+    /// drain left reconciles in flight, it hands nothing out until the bound T has passed).
+    /// kdctl then waits until every dispatcher, it included, serves one ring with it, and says
+    /// so. A dispatcher that was not drained is left as it is. A dispatcher drained cleanly has
+    /// no Lease: kdctl finds it by its pod in --namespace (it needs `get` on pods there), or
+    /// give its address with --dispatcher NAME=ADDRESS. Needs the same right as drain.
+    Undrain {
+        /// The dispatcher, by name (for example dispatcher-2).
+        dispatcher: String,
+        /// The longest to wait for the dispatchers to settle on a ring with it.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
     /// kdctl's version and each dispatcher's (more than one version among the dispatchers is
     /// shown as a problem: a rolling update under way, or stopped halfway). `kdctl --version`
@@ -190,6 +204,14 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<u8> {
+    let json = args.output == Output::Json;
+    let asked = args.command.clone();
+    let connection = connect(args).await?;
+    act(&connection, asked, json).await
+}
+
+/// The connection `args` describe: the token, the CA bundle and the dispatchers.
+async fn connect(args: Args) -> anyhow::Result<Connection> {
     // Usage first, before anything is asked of the cluster.
     let token = match (&args.token_file, args.allow_anonymous) {
         (Some(path), _) => TokenSource::File(path.clone()),
@@ -229,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             None => credentials,
         }
     };
-    let connection = Connection::new(
+    Connection::new(
         client,
         Target {
             namespace: args.namespace,
@@ -240,17 +262,20 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             timeout: args.timeout,
         },
     )
-    .await?;
-    let json = args.output == Output::Json;
-    match args.command {
+    .await
+}
+
+/// Runs `command` over `connection`, printing its view: the exit status.
+async fn act(connection: &Connection, asked: Command, json: bool) -> anyhow::Result<u8> {
+    match asked {
         Command::Status => {
-            let view = command::status(&connection).await?;
+            let view = command::status(connection).await?;
             print(&view, json)?;
             Ok(if view.healthy { OK } else { DEGRADED })
         }
         Command::Owner { resource, name } => {
-            let key = command::request_key(&connection, &resource, &name).await?;
-            let view = command::owner(&connection, &key).await?;
+            let key = command::request_key(connection, &resource, &name).await?;
+            let view = command::owner(connection, &key).await?;
             print(&view, json)?;
             Ok(
                 if view.owner.is_empty() || view.answers.iter().any(|a| a.error.is_some()) {
@@ -261,13 +286,13 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             )
         }
         Command::Reconcile { resource, name } => {
-            let key = command::request_key(&connection, &resource, &name).await?;
-            let view = command::reconcile(&connection, &key).await?;
+            let key = command::request_key(connection, &resource, &name).await?;
+            let view = command::reconcile(connection, &key).await?;
             print(&view, json)?;
             Ok(reconciled(&view, &key))
         }
         Command::Version => {
-            let view = command::version(&connection).await?;
+            let view = command::version(connection).await?;
             print(&view, json)?;
             Ok(if view.problems.is_empty() {
                 OK
@@ -279,7 +304,15 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             dispatcher,
             drain_timeout,
         } => {
-            let view = command::drain(&connection, &dispatcher, drain_timeout).await?;
+            let view = command::drain(connection, &dispatcher, drain_timeout).await?;
+            print(&view, json)?;
+            Ok(if view.problems.is_empty() { OK } else { FAILED })
+        }
+        Command::Undrain {
+            dispatcher,
+            timeout,
+        } => {
+            let view = command::undrain(connection, &dispatcher, timeout).await?;
             print(&view, json)?;
             Ok(if view.problems.is_empty() { OK } else { FAILED })
         }

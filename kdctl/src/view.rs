@@ -431,9 +431,55 @@ impl Render for DrainView {
         }
         if self.problems.is_empty() {
             out += &format!(
-                "done: {} may be stopped; it rejoins the ring when it starts again\n",
+                "done: {} may be stopped; it rejoins the ring when it starts again, or with kdctl undrain\n",
                 self.dispatcher
             );
+        }
+        out
+    }
+}
+
+/// `kdctl undrain`: how the rejoin went.
+#[derive(Clone, Debug, Serialize)]
+pub struct UndrainView {
+    /// The dispatcher brought back.
+    pub dispatcher: String,
+    /// Whether it was drained; false: it was serving, and nothing was done.
+    pub rejoining: bool,
+    /// Its drain had left deliveries in flight: it hands nothing out until the bound T has
+    /// passed.
+    pub holds_for_previous: bool,
+    /// Seconds until every member, it included, served one ring with it (from the start).
+    pub settled_seconds: Option<f64>,
+    /// The ring they settled on.
+    pub ring: Vec<String>,
+    /// What did not go as it should.
+    pub problems: Vec<String>,
+}
+
+impl Render for UndrainView {
+    fn table(&self) -> String {
+        if !self.rejoining && self.problems.is_empty() {
+            return format!("{} was not drained: nothing to do\n", self.dispatcher);
+        }
+        let mut out = format!("{} rejoins the ring", self.dispatcher);
+        out += if self.holds_for_previous {
+            " (its drain left deliveries in flight: it hands nothing out until the bound T has passed)\n"
+        } else {
+            "\n"
+        };
+        if let Some(settled) = self.settled_seconds {
+            out += &format!(
+                "every dispatcher serves the ring with it after {}: ring {}\n",
+                seconds(settled),
+                self.ring.join(", ")
+            );
+        }
+        for problem in &self.problems {
+            out += &format!("problem: {problem}\n");
+        }
+        if self.problems.is_empty() {
+            out += &format!("done: {} serves its keys again\n", self.dispatcher);
         }
         out
     }

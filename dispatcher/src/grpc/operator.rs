@@ -1,9 +1,9 @@
 //! The operator API (`proto/kubedispatch/v1/operator.proto`), which `kdctl` calls: what this
 //! dispatcher serves and holds, where one key stands, the reconcile of one key asked by an
-//! operator, and the drain that hands its slice over before maintenance. Each call is
-//! authorized by a SubjectAccessReview on a non-resource path
-//! ([`crate::security::STATUS_PATH`], [`crate::security::DRAIN_PATH`],
-//! [`crate::security::RECONCILE_PATH`]).
+//! operator, the drain that hands its slice over before maintenance, and the undrain that
+//! brings it back. Each call is authorized by a SubjectAccessReview on a non-resource path
+//! ([`crate::security::STATUS_PATH`], [`crate::security::DRAIN_PATH`] for both drain and
+//! undrain, [`crate::security::RECONCILE_PATH`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,7 +12,8 @@ use kube_dispatch_proto::{
     RequestKey,
     v1::{
         DispatcherState, DrainRequest, DrainResponse, GroupStatus, KeyInGroup, KeyRequest,
-        KeyResponse, KeyState, ReconcileKeyRequest, StatusRequest, StatusResponse, operator_server,
+        KeyResponse, KeyState, ReconcileKeyRequest, StatusRequest, StatusResponse, UndrainRequest,
+        UndrainResponse, operator_server,
     },
 };
 use kube_dispatch_server::auth::{Caller, GroupId};
@@ -56,6 +57,11 @@ pub struct DrainHandle {
     pub state: watch::Receiver<DrainState>,
     /// Whether the ring comes from Leases (a fixed ring has nobody to hand over to).
     pub leases: bool,
+    /// The process's shutdown: a drain it began is not undone.
+    pub shutdown: CancellationToken,
+    /// Cancelled to bring the drained dispatcher back into the ring (`crate::serve` then
+    /// serves a new term, as a process that starts).
+    pub undrain: CancellationToken,
 }
 
 /// The gRPC service operators call.
@@ -238,6 +244,54 @@ impl operator_server::Operator for OperatorService {
             in_flight_left: drained.in_flight_left as u64,
             took: Some(duration(drained.took)),
         }))
+    }
+
+    async fn undrain(
+        &self,
+        request: Request<UndrainRequest>,
+    ) -> Result<Response<UndrainResponse>, Status> {
+        let caller = Caller::of(&request);
+        self.guard.may_operate(&caller, "post", DRAIN_PATH).await?;
+        if !self.drain.leases {
+            return Err(Status::failed_precondition(
+                "this dispatcher's ring is fixed (--members): it never drains, so there is nothing to undo",
+            ));
+        }
+        if self.drain.shutdown.is_cancelled() {
+            return Err(Status::unavailable(
+                "this dispatcher is stopping (SIGTERM): its drain is not undone; the pod that replaces it joins the ring",
+            ));
+        }
+        let answer = |rejoining, holds_for_previous| {
+            Response::new(UndrainResponse {
+                dispatcher_id: self.groups.identity().to_owned(),
+                rejoining,
+                holds_for_previous,
+            })
+        };
+        if !self.drain.start.is_cancelled() {
+            return Ok(answer(false, false));
+        }
+        let mut state = self.drain.state.clone();
+        let drained = state
+            .wait_for(|s| matches!(s, DrainState::Drained(_)))
+            .await
+            .map_err(|_| Status::unavailable("the dispatcher stopped while draining"))?;
+        let DrainState::Drained(drained) = *drained else {
+            unreachable!("waited for Drained");
+        };
+        if self.drain.shutdown.is_cancelled() {
+            return Err(Status::unavailable(
+                "this dispatcher began stopping (SIGTERM) while it drained: its drain is not undone",
+            ));
+        }
+        info!(
+            caller = %caller.name(),
+            in_flight_left = drained.in_flight_left,
+            "undrain requested through the operator API: rejoining the ring as a process that starts"
+        );
+        self.drain.undrain.cancel();
+        Ok(answer(true, drained.in_flight_left > 0))
     }
 }
 

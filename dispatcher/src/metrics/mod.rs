@@ -136,15 +136,17 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// Reads every group's figures at each scrape. Holds the groups weakly: a registry outliving
-/// its dispatcher (tests) encodes nothing.
-#[derive(Debug)]
-pub struct GroupTableCollector(Weak<GroupTable>);
+/// Reads every group's figures at each scrape, from the table it was last pointed at (one per
+/// term of the dispatcher: a drained dispatcher brought back serves a new table). Registered
+/// once per process; clones point together. Holds the table weakly: a registry outliving its
+/// dispatcher (tests) encodes nothing.
+#[derive(Clone, Debug, Default)]
+pub struct GroupTableCollector(Arc<std::sync::RwLock<Weak<GroupTable>>>);
 
 impl GroupTableCollector {
-    /// A collector of `groups`' metrics.
-    pub fn new(groups: &Arc<GroupTable>) -> Self {
-        Self(Arc::downgrade(groups))
+    /// From now on, a collector of `groups`' metrics.
+    pub fn point_at(&self, groups: &Arc<GroupTable>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(groups);
     }
 }
 
@@ -175,7 +177,8 @@ const REASONS: [(usize, &str); 9] = [
 
 impl Collector for GroupTableCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
-        let Some(groups) = self.0.upgrade() else {
+        let current = self.0.read().unwrap_or_else(|e| e.into_inner()).upgrade();
+        let Some(groups) = current else {
             return Ok(());
         };
         let snapshots: Vec<Snapshot> = groups
@@ -365,8 +368,10 @@ fn group_label(id: &GroupId) -> GroupLabel {
 }
 
 /// The ring as this dispatcher lives it: members, changes, how long each handover took to
-/// settle, and whether it serves. Kept by the one task that follows the slice.
-#[derive(Debug)]
+/// settle, and whether it serves. Kept by the one task that follows the slice (one per term of
+/// the dispatcher, each with a clone of the metrics registered once for the process: clones
+/// report into the same series).
+#[derive(Clone, Debug)]
 pub struct RingMetrics {
     members: Gauge,
     changes: Counter,

@@ -1,7 +1,8 @@
 //! The operator API and `kdctl` against two dispatchers on the real API server: `status`
 //! shows the ring, each slice and each group's queue; `owner` says where a key stands (queued
 //! for a replica, in flight on it, backing off, requeued) and who owns it, during a drain too;
-//! `drain` hands a dispatcher's keys over with nothing lost or reconciled twice at once;
+//! `drain` hands a dispatcher's keys over with nothing lost or reconciled twice at once, and
+//! `undrain` brings it back;
 //! `reconcile` reconciles one key through the tier; a caller without the operator role is
 //! refused.
 
@@ -353,6 +354,96 @@ async fn kdctl_shows_the_tier_finds_a_key_and_drains_a_dispatcher() -> TestResul
             .any(|r| r.key.ends_with(&format!("/{in_flight_name}"))),
         "{got:?}"
     );
+    d0.stop().await;
+    d1.stop().await;
+    Ok(())
+}
+
+/// `kdctl undrain` brings a drained dispatcher back into the ring without a restart: every
+/// dispatcher then serves one ring with it again, and it hands its keys to the replicas that
+/// poll it. A dispatcher that was not drained is left as it is; a caller who may not drain may
+/// not undrain; a drained dispatcher, whose Lease is gone, is found by its pod or named.
+#[tokio::test]
+async fn kdctl_undrain_brings_a_drained_dispatcher_back_into_the_ring() -> TestResult {
+    let ns = TestNamespace::create("kd-undrain").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let (d0, d1) = two_dispatchers(&ns).await?;
+    let ring = kube_dispatch_proto::Ring::new(["dispatcher-0", "dispatcher-1"]);
+    let name = (0..1000)
+        .map(|i| format!("cm-{i}"))
+        .find(|n| {
+            ring.owner(&RequestKey::new("", "ConfigMap", ns.name(), n)) == Some("dispatcher-1")
+        })
+        .expect("a name on dispatcher-1");
+    create(&api, &name).await?;
+    let kdctl = Connection::new(ns.client(), target(&ns, tester())).await?;
+    let named = Connection::new(
+        ns.client(),
+        Target {
+            dispatchers: vec![
+                format!("dispatcher-0={}", d0.addr),
+                format!("dispatcher-1={}", d1.addr),
+            ],
+            ..target(&ns, tester())
+        },
+    )
+    .await?;
+
+    // Serving: nothing to do. A caller who may not drain is refused.
+    let view = command::undrain(&kdctl, "dispatcher-1", Duration::from_secs(30)).await?;
+    assert!(
+        !view.rejoining && view.problems.is_empty(),
+        "{}",
+        view.table()
+    );
+    let (blind, _token) =
+        connect_as(&ns, "status-only", &[], &[("get", "/kube-dispatch/status")]).await?;
+    let refused = command::undrain(&blind, "dispatcher-1", Duration::from_secs(30))
+        .await
+        .expect_err("refused");
+    assert!(
+        format!("{refused:#}").contains("may not post /kube-dispatch/drain"),
+        "{refused:#}"
+    );
+
+    let drained = command::drain(&kdctl, "dispatcher-1", Duration::from_secs(60)).await?;
+    assert_eq!(drained.ring, ["dispatcher-0"], "{}", drained.table());
+    // Its Lease is gone, and this is no pod: kdctl says how to name it.
+    let lost = command::undrain(&kdctl, "dispatcher-1", Duration::from_secs(30))
+        .await
+        .expect_err("no Lease, no pod");
+    assert!(
+        format!("{lost:#}").contains("--dispatcher NAME=ADDRESS"),
+        "{lost:#}"
+    );
+
+    let view = command::undrain(&named, "dispatcher-1", Duration::from_secs(60)).await?;
+    println!("{}", view.table());
+    assert!(
+        view.rejoining && !view.holds_for_previous && view.problems.is_empty(),
+        "{}",
+        view.table()
+    );
+    assert_eq!(view.ring, ["dispatcher-0", "dispatcher-1"]);
+    let status = command::status(&kdctl).await?;
+    assert!(status.healthy, "{}", status.table());
+    assert_eq!(status.dispatchers.len(), 2, "{}", status.table());
+
+    // It serves its key again: a replica polling it there is handed it.
+    let mut s1 = TestSession::open(
+        &d1,
+        GROUP,
+        "replica-b",
+        vec![subscription("v1", "ConfigMap", ns.name())],
+    )
+    .await?;
+    let key = RequestKey::new("", "ConfigMap", ns.name(), &name).to_string();
+    let got = s1
+        .collect_until(Duration::from_secs(20), |got| {
+            got.iter().any(|r| r.key == key)
+        })
+        .await;
+    assert!(got.iter().any(|r| r.key == key), "{got:?}");
     d0.stop().await;
     d1.stop().await;
     Ok(())
