@@ -407,18 +407,20 @@ pub async fn undrain(
     timeout: Duration,
 ) -> anyhow::Result<UndrainView> {
     let began = Instant::now();
-    let found = connection
-        .members()
-        .await
-        .ok()
-        .and_then(|members| members.into_iter().find(|m| m.name == name));
-    let target = match found {
-        Some(member) => member,
-        None if connection.names_dispatchers() => bail!(
-            "no dispatcher {name:?} among those given with --dispatcher: name it as {name}=ADDRESS"
-        ),
-        // Every Lease went, or none names it: its pod says where it is.
-        None => connection.pod_member(name).await?,
+    let target = match connection.members().await {
+        Ok(members) => match members.into_iter().find(|m| m.name == name) {
+            Some(member) => member,
+            None if connection.names_dispatchers() => bail!(
+                "no dispatcher {name:?} among those given with --dispatcher: name it as {name}=ADDRESS"
+            ),
+            // No Lease names it (a clean drain deletes it): its pod says where it is.
+            None => connection.pod_member(name).await?,
+        },
+        // No Lease at all, or none readable: its pod may still say where it is.
+        Err(leases) => connection
+            .pod_member(name)
+            .await
+            .with_context(|| format!("{leases:#}"))?,
     };
     let mut request = tonic::Request::new(UndrainRequest {});
     request.set_timeout(timeout);

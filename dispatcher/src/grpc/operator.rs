@@ -291,6 +291,11 @@ impl operator_server::Operator for OperatorService {
             "undrain requested through the operator API: rejoining the ring as a process that starts"
         );
         self.drain.undrain.cancel();
+        if self.drain.shutdown.is_cancelled() {
+            return Err(Status::unavailable(
+                "this dispatcher began stopping (SIGTERM) as it was undrained: it will not rejoin",
+            ));
+        }
         Ok(answer(true, drained.in_flight_left > 0))
     }
 }

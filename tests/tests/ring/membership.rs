@@ -218,3 +218,55 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
     }
     Ok(())
 }
+
+/// A dispatcher that found its Lease unreleased (its previous process, or its previous term
+/// before an undrain, may have reconciles running) does not release its Lease when it stops
+/// within the handover bound, even with nothing of its own in flight: the others would hand
+/// its keys out at once, beside those reconciles. The Lease is left to expire.
+#[tokio::test]
+async fn a_dispatcher_waiting_out_its_predecessor_leaves_its_lease_to_expire() -> TestResult {
+    use kube_dispatch_tests::dispatcher::{TestDispatcher, lease_config};
+    const BOUND: Duration = Duration::from_secs(60);
+    let ns = TestNamespace::create("membership-predecessor").await?;
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    // What a process killed a moment ago leaves: its Lease, held, renewed, not drained.
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "dispatcher-0", "labels": { LEASE_LABEL: "true" }},
+        "spec": {
+            "holderIdentity": "dispatcher-0",
+            "leaseDurationSeconds": 10,
+            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        },
+    });
+    leases
+        .patch(
+            "dispatcher-0",
+            &PatchParams::apply("kube-dispatch-dispatcher").force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    let before = leases.get("dispatcher-0").await?.metadata.resource_version;
+    let d = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
+    // It renews the Lease it found (holding its keys meanwhile).
+    timeout(
+        Duration::from_secs(30),
+        await_condition(leases.clone(), "dispatcher-0", |l: Option<&Lease>| {
+            l.is_some_and(|l| l.metadata.resource_version != before)
+        }),
+    )
+    .await??;
+    assert!(!d.handles.slice.borrow().is_settled(), "it holds its keys");
+    d.stop().await;
+    let left = leases.get_opt("dispatcher-0").await?;
+    let drained = left
+        .as_ref()
+        .and_then(|l| l.metadata.annotations.as_ref())
+        .is_some_and(|a| a.contains_key(DRAINED_ANNOTATION));
+    assert!(
+        left.is_some() && !drained,
+        "the Lease was released within the bound: {left:?}"
+    );
+    Ok(())
+}
