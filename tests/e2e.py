@@ -13,6 +13,11 @@ with a writer changing the ConfigMaps of namespace e2e-objects all along:
    dev-2, the same image under a second name), so every dispatcher pod is replaced, highest
    ordinal first;
 3. pod deleted: `kubectl delete pod kube-dispatch-dispatcher-1` (SIGTERM, drain, restart);
+3b. SIGKILL: kube-dispatch-dispatcher-2's process killed through containerd (no drain, its
+   Lease unreleased, reconciles in flight); the kubelet restarts its container;
+3c. Lease refused: kube-dispatch-dispatcher-1's Lease writes refused at admission until its
+   alert, KubeDispatchLeaseRenewalsFailing, fires in a Prometheus on this machine, then allowed
+   again until the alert resolves (tests/alert_e2e.py);
 4. eviction: dispatcher-0 evicted through the Eviction API, then dispatcher-2 at once: the
    PodDisruptionBudget (maxUnavailable 1) must refuse the second;
 5. the (Rust) controller Deployment scaled 2 -> 4, then 4 -> 1.
@@ -23,7 +28,7 @@ created before the baseline, changed as the rolling update begins, checked after
 phase, then deleted after one controller pod is deleted. Not in `make test-skew` (the previous
 release's Go image does not hold them).
 
-E2E_SHORT=1 (what `make test` runs): 1, 2, and the controller scaled 2 -> 1.
+E2E_SHORT=1 (what `make test` runs): 1, 2, 3b, 3c, and the controller scaled 2 -> 1.
 
 E2E_FROM_ROOT=<tree> E2E_FROM_VERSION=<version> (what `make test-skew` runs, tests/skew.sh):
 the tier is installed from that release's tree (its chart, its tls.sh) with its images
@@ -60,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reconciles import (  # noqa: E402
     annotated, concurrent, content_hash, go_annotated, go_content_hash, go_spans, spans,
 )
+import alert_e2e  # noqa: E402
 import ported_e2e  # noqa: E402
 
 KUBECONFIG, KUBECTL, NODE_DIR, ROOT = sys.argv[1:5]
@@ -85,6 +91,8 @@ FROM_VERSION = os.environ.get("E2E_FROM_VERSION")
 INSTALL_ROOT = FROM_ROOT or ROOT
 INSTALL_TAG = FROM_VERSION or "dev"
 T0 = time.monotonic()
+# containerd's ctr on the node (tests/node/node.sh env: KD_CTR), for the SIGKILL.
+CTR = os.environ.get("KD_CTR", "ctr").split()
 
 
 def say(message):
@@ -343,6 +351,8 @@ PORTED_LOG_FOLLOWER = ControllerLogs(ported_e2e.CONTROLLER_NS, go_spans)
 # The ported Go controllers (tests/ported_e2e.py), but not in `make test-skew`: a previous
 # release's image of the Go examples does not hold them.
 PORTED = None if FROM_ROOT else ported_e2e.Ported(kubectl, say)
+# An alert fired by a fault and resolved after it (tests/alert_e2e.py); not in `make test-skew`.
+ALERTS = None if FROM_ROOT else alert_e2e.AlertFault(kubectl, say, ROOT, LOGS, TIER_NS, background)
 # The tier's own pods, kept for reading after the run (a rolling update deletes them).
 TIER_LOGS = ControllerLogs(TIER_NS)
 
@@ -549,6 +559,33 @@ def delete_pod():
     wait_pod_replaced("kube-dispatch-dispatcher-1", old)
 
 
+def kill_dispatcher():
+    """SIGKILL to kube-dispatch-dispatcher-2's process, through containerd, as the OOM killer or a
+    crash would end it: no drain, its Lease left unreleased, its sessions cut with reconciles in
+    flight. The kubelet restarts the container in the same pod; the new process finds its Lease
+    unreleased and hands nothing out until the reconciles its predecessor started are over."""
+    name = "kube-dispatch-dispatcher-2"
+
+    def container():
+        pod = json.loads(kubectl("-n", TIER_NS, "get", "pod", name, "-o", "json"))
+        return (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+
+    before = container()
+    killed = time.monotonic()
+    subprocess.run([*CTR, "tasks", "kill", "--signal", "SIGKILL",
+                    before["containerID"].split("://", 1)[1]],
+                   check=True, capture_output=True)
+    deadline = killed + 300
+    while time.monotonic() < deadline:
+        now = container()
+        if now.get("restartCount", 0) > before["restartCount"] and now.get("ready"):
+            exit_code = now.get("lastState", {}).get("terminated", {}).get("exitCode")
+            return (f"{name} killed with SIGKILL (exit code {exit_code}); its container "
+                    f"restarted and Ready {time.monotonic() - killed:.1f} s later")
+        time.sleep(0.5)
+    raise SystemExit(f"e2e: {name} was not restarted and Ready within 300 s of its SIGKILL")
+
+
 def evict(name):
     return API.call("POST", f"/api/v1/namespaces/{TIER_NS}/pods/{name}/eviction", {
         "apiVersion": "policy/v1", "kind": "Eviction",
@@ -653,6 +690,10 @@ def main():
     controller_pods.start()
     go_controller_pods = Watch(GO_LOG_FOLLOWER.on_event, "pods", "-n", GO_CONTROLLER_NS)
     go_controller_pods.start()
+    if ALERTS:
+        ALERTS.start()
+        say(f"Prometheus on {ALERTS.addr} scrapes the tier's pods and evaluates "
+            f"{alert_e2e.ALERT} (logs in {ALERTS.dir})")
     ported = []
     if PORTED:
         ported_pods = Watch(PORTED_LOG_FOLLOWER.on_event, "pods", "-n", ported_e2e.CONTROLLER_NS)
@@ -664,10 +705,14 @@ def main():
         phase("scale 2 -> 1", scale(1))
     elif SHORT:
         phase("rolling update", rolling_update)
+        phase("SIGKILL", kill_dispatcher)
+        phase("Lease refused", ALERTS.run)
         phase("scale 2 -> 1", scale(1))
     else:
         phase("rolling update", rolling_update)
         phase("pod deleted", delete_pod)
+        phase("SIGKILL", kill_dispatcher)
+        phase("Lease refused", ALERTS.run)
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
@@ -696,6 +741,8 @@ def main():
             print(f"  {r['phase']}: {name} drained in {seconds:.1f} s, exit code {code}")
         for name, seconds in r["handovers"]:
             print(f"  {r['phase']}: {name} Ready again {seconds:.1f} s after it was told to stop")
+        if r["note"]:
+            print(f"  {r['phase']}: {r['note']}")
     # Every write is reconciled at least once: fewer reconciles read from the controllers'
     # logs would mean logs went unread, and "concurrent 0" would prove nothing.
     ok = all(r["lost"] == 0 and r["concurrent"] == 0 and r["reconciles"] >= r["writes"]

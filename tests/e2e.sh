@@ -7,14 +7,17 @@
 # the tier with its Helm chart, applies the example controllers (the Rust and the Go one, each
 # a group of its own, and the Go SDK's ported controllers of deploy/examples/ported-go with a
 # scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along, and runs a rolling
-# update of the StatefulSet (helm upgrade), a pod deletion, two evictions against the
-# PodDisruptionBudget and the controller scaled 2 -> 4 -> 1, with a summary per phase (exit
-# status 0 only with lost 0 and concurrent 0 everywhere, and the ported controllers settled).
+# update of the StatefulSet (helm upgrade), a pod deletion, a dispatcher killed with SIGKILL, a
+# dispatcher's Lease writes refused until its alert fires in a Prometheus on this machine
+# (tests/alert_e2e.py), two evictions against the PodDisruptionBudget and the controller scaled
+# 2 -> 4 -> 1, with a summary per phase (exit status 0 only with lost 0 and concurrent 0
+# everywhere, the ported controllers settled, and the alert fired and resolved in time).
 #
 # Environment:
 #   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
 #   E2E_WRITE_RATE=N   writes per second during each phase (default 20)
-#   E2E_SHORT=1        baseline, rolling update, controller scaled 2 -> 1 (what `make test` runs)
+#   E2E_SHORT=1        baseline, rolling update, SIGKILL, Lease refused, controller scaled
+#                      2 -> 1 (what `make test` runs)
 #   E2E_PROFILE=NAME   the cargo profile of the image's binaries (default release; `make test`
 #                      gives e2e: unoptimised, built in a fraction of the time)
 #   E2E_FROM_ROOT, E2E_FROM_VERSION, E2E_FROM_IMAGES
@@ -46,6 +49,8 @@ finish() {
     # A node that was already running goes on; the workloads go. The ported controllers'
     # objects first, while their controllers still run: a Mirror's finalizer is theirs to lift.
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-ported --ignore-not-found --timeout=60s >/dev/null 2>&1 || true
+    # The alert phase's fault, if a failure left it in place.
+    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete validatingadmissionpolicybinding,validatingadmissionpolicy e2e-lease-writes-refused --ignore-not-found >/dev/null 2>&1 || true
     "$KD_HELM" --kubeconfig "$kubeconfig" uninstall kube-dispatch --namespace kube-dispatch >/dev/null 2>&1 || true
     for ns in configmap-hasher configmap-hasher-go ported-go e2e-ported; do
       "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
@@ -74,4 +79,4 @@ done
 
 # kdctl runs on this machine against the node's tier at the end, with its kubeconfig alone.
 cargo build -p kube-dispatch-kdctl --bin kdctl --locked --quiet
-python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"
+KD_CTR=$KD_CTR python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"
