@@ -11,11 +11,12 @@ WINDOW and FOR so that the phase takes a minute, not ten.
 
 The fault: a ValidatingAdmissionPolicy refuses every write of kube-dispatch-dispatcher-1's
 Lease, as an API server that rejects one dispatcher's renewals would (its identity's RBAC
-changed, an admission webhook misbehaving). The alert must fire for that dispatcher within its
-`for`, the window and two scrapes of the fault's start; the policy is then removed, and the
-alert must resolve within the window and two scrapes. Meanwhile the dispatcher is fenced, the
-others take its keys once its Lease has expired, and it rejoins: the phase's writes must still
-be reconciled, none lost, none twice at once.
+changed, an admission webhook misbehaving). The alert must fire for that dispatcher, and for
+no other, within its `for`, an evaluation and a second of its expression holding (Prometheus's
+activeAt), and within the window, the `for` and a few scrapes of the fault's start; the policy
+is then removed, and the alert must resolve within the window and a few scrapes. Meanwhile the
+dispatcher is fenced, the others take its keys once its Lease has expired, and it rejoins: the
+phase's writes must still be reconciled, none lost, none twice at once.
 """
 
 import json
@@ -32,8 +33,17 @@ POLICY = "e2e-lease-writes-refused"
 WINDOW = 10
 FOR = 5
 SCRAPE = 2
+EVALUATION = 1
 # The longest the alert may take to fire, and to resolve, past what the rule itself needs.
 SLACK = 30
+
+
+def since_epoch(rfc3339):
+    """Prometheus's RFC 3339 time (nanoseconds, Z) as seconds since the epoch."""
+    from datetime import datetime
+    whole, _, rest = rfc3339.rstrip("Z").partition(".")
+    fraction = float("0." + rest.split("+")[0]) if rest else 0.0
+    return datetime.fromisoformat(whole + "+00:00").timestamp() + fraction
 
 
 def rules_for_e2e(root):
@@ -53,7 +63,7 @@ def prometheus_config():
     """Scrapes the targets of targets.json (the tier's pods, their admin port)."""
     return {
         "global": {"scrape_interval": f"{SCRAPE}s", "scrape_timeout": f"{SCRAPE}s",
-                   "evaluation_interval": "1s"},
+                   "evaluation_interval": f"{EVALUATION}s"},
         "rule_files": ["rules.yaml"],
         "scrape_configs": [{
             "job_name": "kube-dispatch",
@@ -147,12 +157,17 @@ class AlertFault:
         answer = self._get("/api/v1/query?" + urllib.parse.urlencode({"query": query}))
         return json.loads(answer)["data"]["result"] if answer else []
 
-    def firing(self):
-        """The pods this alert fires for now."""
+    def alerts(self):
+        """This alert's instances now: pod -> (state, when its expression began to hold, in
+        seconds since the epoch)."""
         answer = self._get("/api/v1/alerts")
         alerts = json.loads(answer)["data"]["alerts"] if answer else []
-        return {a["labels"].get("pod") for a in alerts
-                if a["labels"].get("alertname") == ALERT and a["state"] == "firing"}
+        return {a["labels"].get("pod"): (a["state"], since_epoch(a["activeAt"]))
+                for a in alerts if a["labels"].get("alertname") == ALERT}
+
+    def firing(self):
+        """The pods this alert fires for now."""
+        return {pod for pod, (state, _) in self.alerts().items() if state == "firing"}
 
     def _until(self, seconds, what, done):
         deadline = time.monotonic() + seconds
@@ -178,8 +193,21 @@ class AlertFault:
         began = time.monotonic()
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(policy(self.namespace)))
         limit = FOR + WINDOW + 2 * SCRAPE + SLACK
-        fired = self._until(limit, f"{ALERT} firing for {DISPATCHER}",
-                            lambda: DISPATCHER in self.firing()) - began
+        seen = {}
+
+        def fires():
+            state, active = self.alerts().get(DISPATCHER, (None, None))
+            if state == "firing":
+                seen.update(wall=time.time(), active=active)
+            return state == "firing"
+
+        fired = self._until(limit, f"{ALERT} firing for {DISPATCHER}", fires) - began
+        # From its expression holding to its firing seen here: the rule's `for`, then up to an
+        # evaluation (every second) and this loop's look (every half second).
+        pending = seen["wall"] - seen["active"]
+        if pending > FOR + EVALUATION + 1:
+            raise SystemExit(f"e2e: {ALERT} fired {pending:.1f} s after its expression held "
+                             f"(its `for` is {FOR} s)")
         others = self.firing() - {DISPATCHER}
         if others:
             raise SystemExit(f"e2e: {ALERT} fires for dispatchers whose writes go through: {others}")
@@ -188,7 +216,7 @@ class AlertFault:
         self.kubectl("delete", "validatingadmissionpolicy", POLICY)
         resolved = self._until(WINDOW + 2 * SCRAPE + SLACK, f"{ALERT} resolved",
                                lambda: DISPATCHER not in self.firing()) - ended
-        self.fired, self.resolved = fired, resolved
         return (f"{ALERT} fired for {DISPATCHER} {fired:.1f} s after its Lease writes were "
-                f"refused (rule: for {FOR} s over a {WINDOW} s window, scrapes every {SCRAPE} s), "
-                f"resolved {resolved:.1f} s after the fault ended")
+                f"refused, {pending:.1f} s after its expression held (rule: for {FOR} s over a "
+                f"{WINDOW} s window, scrapes every {SCRAPE} s), resolved {resolved:.1f} s after "
+                f"the fault ended")

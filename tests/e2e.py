@@ -42,7 +42,10 @@ controllers' annotations, and prints: writes, lost (ConfigMaps whose annotations
 their content once the phase has settled), concurrent (pairs of reconciles of one ConfigMap
 that overlapped in time on different replicas of one controller, from every controller pod's
 JSON log), the longest write-to-reconcile delay of each controller (from a write until a
-watch sees its annotation of that content), and per dispatcher pod replaced: how
+watch sees its annotation of that content), the longest a ConfigMap waited (from its first
+write not yet reconciled until a reconcile covered its latest: a write superseded before its
+reconcile is not timed, so this is what shows a key held longer than the writer's round), and
+per dispatcher pod replaced: how
 long it drained (SIGTERM to gone, and its exit code) and how long the new pod took to be Ready
 (its handover). Exits non-zero unless lost and concurrent are 0 in every phase, every phase's
 writes were reconciled at least once each in each controller's logs read, the
@@ -176,21 +179,29 @@ class Watch(threading.Thread):
 class Objects:
     """The ConfigMaps the writer changes, and the delay from each write until the watch sees
     its content's hash in one controller's annotation (`current` and `digest`: that
-    controller's check and hash)."""
+    controller's check and hash). A write superseded before it is reconciled is not timed (the
+    writer comes back to each ConfigMap every OBJECTS / RATE seconds), so each ConfigMap's wait
+    is kept too: from its first write not yet reconciled until a reconcile covers its latest,
+    which shows a key held for longer than the writer's round."""
 
     def __init__(self, current=annotated, digest=content_hash):
         self.current, self.digest = current, digest
         self.lock = threading.Lock()
-        self.pending = {}  # name -> (hash written, when sent, when answered, resourceVersion)
+        # name -> (hash written, when sent, when answered, resourceVersion, when the first
+        # write not yet reconciled was sent)
+        self.pending = {}
         # (seconds from sending the write to the annotation seen, name, seconds the API server
         # took to answer the write, the write's resourceVersion)
         self.delays = []
+        # (seconds a ConfigMap waited from its first unreconciled write, name)
+        self.waits = []
         self.writes = 0
         self.generation = 0
 
     def written(self, name, data, at, answered, version):
         with self.lock:
-            self.pending[name] = (self.digest(data), at, answered, version)
+            since = self.pending[name][4] if name in self.pending else at
+            self.pending[name] = (self.digest(data), at, answered, version, since)
             self.writes += 1
 
     def on_event(self, kind, cm, at):
@@ -202,12 +213,15 @@ class Objects:
             if want and want[0] == self.digest(cm.get("data") or {}):
                 del self.pending[name]
                 self.delays.append((at - want[1], name, want[2] - want[1], want[3]))
+                self.waits.append((at - want[4], name))
 
     def take(self):
+        """The delays of the writes reconciled since the last take, their count, and the
+        longest a ConfigMap waited ((0, "-") with none)."""
         with self.lock:
-            delays, writes = self.delays, self.writes
-            self.delays, self.writes = [], 0
-            return delays, writes
+            delays, writes, waits = self.delays, self.writes, self.waits
+            self.delays, self.writes, self.waits = [], 0, []
+            return delays, writes, max(waits, default=(0.0, "-"))
 
 
 OBJECTS_SEEN = Objects()
@@ -423,8 +437,8 @@ def phase(label, action, writing=True):
         time.sleep(TAIL)
         writer.stop()
     left = settle()
-    delays, writes = OBJECTS_SEEN.take()
-    go_delays, _ = GO_SEEN.take()
+    delays, writes, waited = OBJECTS_SEEN.take()
+    go_delays, _, go_waited = GO_SEEN.take()
     drains, ready = PODS.take()
     runs = [r for r in LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
     go_runs = [r for r in GO_LOG_FOLLOWER.runs() if r[3] is None or r[3] >= begin_wall]
@@ -437,6 +451,7 @@ def phase(label, action, writing=True):
         "phase": label, "seconds": took, "writes": writes, "lost": left,
         "concurrent": overlaps, "reconciles": len(runs), "go_reconciles": len(go_runs),
         "worst": worst, "go_worst": go_worst, "p99": p99, "go_p99": go_p99,
+        "waited": waited, "go_waited": go_waited,
         "drains": sorted(drains), "handovers": sorted((n, r - s) for n, r, s in ready),
         "note": note,
     }
@@ -444,7 +459,8 @@ def phase(label, action, writing=True):
     say(f"{label}: {took:.1f} s, {writes} writes, {len(runs)} reconciles (Go: {len(go_runs)}), "
         f"lost {left}, concurrent {overlaps}, longest write to reconcile "
         f"{worst[0] * 1000:.0f} ms ({worst[1]}), Go {go_worst[0] * 1000:.0f} ms ({go_worst[1]}); "
-        f"p99 {p99 * 1000:.0f} ms, Go {go_p99 * 1000:.0f} ms")
+        f"p99 {p99 * 1000:.0f} ms, Go {go_p99 * 1000:.0f} ms; longest a ConfigMap waited "
+        f"{waited[0] * 1000:.0f} ms ({waited[1]}), Go {go_waited[0] * 1000:.0f} ms ({go_waited[1]})")
     # The slowest writes, with the API server's own share: a write answered late was slow
     # before the tier saw it. Every write is in LOGS/writes.tsv.
     for controller, ds in (("Rust", delays), ("Go", go_delays)):
@@ -730,12 +746,13 @@ def main():
     print("\ne2e summary")
     print(f"  {'phase':<16}{'seconds':>8}{'writes':>8}{'reconciles':>11}{'Go':>7}{'lost':>6}"
           f"{'concurrent':>11}{'longest write to reconcile':>28}{'Go':>10}"
-          f"{'p99':>10}{'Go':>10}")
+          f"{'p99':>10}{'Go':>10}{'key waited':>13}{'Go':>10}")
     for r in results:
         print(f"  {r['phase']:<16}{r['seconds']:>8.1f}{r['writes']:>8}{r['reconciles']:>11}"
               f"{r['go_reconciles']:>7}{r['lost']:>6}{r['concurrent']:>11}"
               f"{r['worst'][0] * 1000:>25.0f} ms{r['go_worst'][0] * 1000:>7.0f} ms"
-              f"{r['p99'] * 1000:>7.0f} ms{r['go_p99'] * 1000:>7.0f} ms")
+              f"{r['p99'] * 1000:>7.0f} ms{r['go_p99'] * 1000:>7.0f} ms"
+              f"{r['waited'][0] * 1000:>10.0f} ms{r['go_waited'][0] * 1000:>7.0f} ms")
     for r in results:
         for name, seconds, code in r["drains"]:
             print(f"  {r['phase']}: {name} drained in {seconds:.1f} s, exit code {code}")

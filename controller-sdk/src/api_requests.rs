@@ -125,8 +125,10 @@ impl RequestCounts {
     }
 }
 
-/// `client`, counting each request it sends into `counts`.
-pub(crate) fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client {
+/// `client`, counting each request it sends into `counts` (by [`Verb::of`]; discovery is not
+/// counted). What [`Controller::client`](crate::Controller::client) gives; also for counting a
+/// client of one's own, an incumbent controller's for example, the same way.
+pub fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let service = tower::service_fn(move |request: Request<Body>| {
         if let Some(verb) = Verb::of(&request) {

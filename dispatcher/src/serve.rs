@@ -22,7 +22,7 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     config::{Membership, ServeConfig},
@@ -238,7 +238,7 @@ async fn term(
         .add_service(dispatcher)
         .add_service(peer)
         .add_service(operator)
-        .serve_with_incoming_shutdown(incoming.stream(), drained);
+        .serve_with_incoming_shutdown(incoming.stream(shutdown.clone()), drained);
     until_stopped(server, ending, timeout).await?;
     stop.cancel();
     Ok(if shutdown.is_cancelled() {
@@ -284,7 +284,7 @@ fn start_table(
 /// The accepted connections, served by one term after another: the listener and its accept
 /// loop live as long as the process, so a connection accepted while one term winds down is
 /// served by the next. Bounded as the accept loop's channel is.
-struct Incoming(Arc<tokio::sync::Mutex<IncomingConnections>>);
+struct Incoming(Arc<std::sync::Mutex<Option<IncomingConnections>>>);
 
 type IncomingConnections =
     tokio::sync::mpsc::Receiver<std::io::Result<kube_dispatch_server::tls::Conn>>;
@@ -295,21 +295,54 @@ impl Incoming {
             std::io::Result<kube_dispatch_server::tls::Conn>,
         >,
     ) -> Self {
-        Self(Arc::new(tokio::sync::Mutex::new(accepted.into_inner())))
+        Self(Arc::new(std::sync::Mutex::new(Some(accepted.into_inner()))))
     }
 
-    /// The connections for one term's server (one term at a time reads them).
-    fn stream(
-        &self,
-    ) -> impl futures::Stream<Item = std::io::Result<kube_dispatch_server::tls::Conn>> + Send + 'static
-    {
-        Box::pin(futures::stream::unfold(
-            self.0.clone(),
-            |accepted| async move {
-                let next = accepted.lock().await.recv().await;
-                next.map(|conn| (conn, accepted))
-            },
-        ))
+    /// The connections for one term's server, handed back when the server lets go of them
+    /// (as it begins to stop), unless `shutdown` by then: the channel then closes, and the
+    /// accept loop lets go of the listener while the server finishes, so that the address can
+    /// be bound again as soon as the dispatcher has stopped.
+    fn stream(&self, shutdown: CancellationToken) -> TermIncoming {
+        let accepted = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if accepted.is_none() {
+            warn!("a term began while the previous one still held the accepted connections");
+        }
+        TermIncoming {
+            accepted,
+            home: self.0.clone(),
+            shutdown,
+        }
+    }
+}
+
+/// One term's share of [`Incoming`].
+struct TermIncoming {
+    accepted: Option<IncomingConnections>,
+    home: Arc<std::sync::Mutex<Option<IncomingConnections>>>,
+    shutdown: CancellationToken,
+}
+
+impl futures::Stream for TermIncoming {
+    type Item = std::io::Result<kube_dispatch_server::tls::Conn>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.accepted.as_mut() {
+            Some(accepted) => accepted.poll_recv(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+}
+
+impl Drop for TermIncoming {
+    fn drop(&mut self) {
+        if let Some(accepted) = self.accepted.take()
+            && !self.shutdown.is_cancelled()
+        {
+            *self.home.lock().unwrap_or_else(|e| e.into_inner()) = Some(accepted);
+        }
     }
 }
 

@@ -47,6 +47,51 @@ pub mod prometheus;
 
 pub use namespace::TestNamespace;
 
+/// What a controller asks of the API server, per reconcile: `client` counting its requests by
+/// verb (as the Rust SDK's `api_requests` counts them), and a count of reconciles to divide by.
+#[derive(Clone, Debug, Default)]
+pub struct RequestsPerReconcile {
+    requests: std::sync::Arc<kube_dispatch_controller::api_requests::RequestCounts>,
+    reconciles: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RequestsPerReconcile {
+    /// `client`, counting here each request it sends.
+    pub fn count(&self, client: Client) -> Client {
+        kube_dispatch_controller::api_requests::counted(client, self.requests.clone())
+    }
+
+    /// `reconcile`, counting each call here.
+    pub fn around<O, C, R, F: Fn(O, C) -> R + Send + Sync>(
+        &self,
+        reconcile: F,
+    ) -> impl Fn(O, C) -> R + Send + Sync + use<O, C, R, F> {
+        let reconciles = self.reconciles.clone();
+        move |object, context| {
+            reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            reconcile(object, context)
+        }
+    }
+
+    /// The requests by verb, each divided by the reconciles: `"12 reconciles: get 1.00, ..."`
+    /// (verbs with no request left out).
+    pub fn summary(&self) -> String {
+        use kube_dispatch_controller::api_requests::Verb;
+        let reconciles = self.reconciles.load(std::sync::atomic::Ordering::Relaxed);
+        let per = |n: u64| n as f64 / reconciles.max(1) as f64;
+        let verbs: Vec<String> = Verb::ALL
+            .iter()
+            .filter(|v| self.requests.of(**v) > 0)
+            .map(|v| format!("{} {:.2}", v.as_str(), per(self.requests.of(*v))))
+            .collect();
+        format!(
+            "{reconciles} reconciles, {:.2} requests each: {}",
+            per(self.requests.total()),
+            verbs.join(", ")
+        )
+    }
+}
+
 use std::{
     path::{Path, PathBuf},
     process::Command,

@@ -13,7 +13,9 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller};
 use kube_dispatch_testing::Tier;
-use kube_dispatch_tests::{TestNamespace, TestResult, ensure_crd, eventually};
+use kube_dispatch_tests::{
+    RequestsPerReconcile, TestNamespace, TestResult, ensure_crd, eventually,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -141,16 +143,16 @@ async fn a_bundle_keeps_its_copies() -> TestResult {
     ensure_crd::<Bundle>(&ns.client()).await?;
     let tier = Tier::start(ns.client()).await?;
     let stop = CancellationToken::new();
-    let run = controller(ns.client(), ns.name())
+    let cost = RequestsPerReconcile::default();
+    let counted = cost.count(ns.client());
+    let run = controller(counted.clone(), ns.name())
         .dispatchers(tier.dispatchers())
         .credentials(tier.credentials())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
-            reconcile,
+            cost.around(reconcile),
             error_policy,
-            Arc::new(Context {
-                client: ns.client(),
-            }),
+            Arc::new(Context { client: counted }),
         )
         .for_each(|_| async {});
     let controller = tokio::spawn(run);
@@ -188,5 +190,9 @@ async fn a_bundle_keeps_its_copies() -> TestResult {
     .await?;
     stop.cancel();
     controller.await?;
+    println!(
+        "what the controller asked of the API server: {}",
+        cost.summary()
+    );
     Ok(())
 }

@@ -12,7 +12,9 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
-use kube_dispatch_tests::{TestNamespace, TestResult, ensure_crd, eventually};
+use kube_dispatch_tests::{
+    RequestsPerReconcile, TestNamespace, TestResult, ensure_crd, eventually,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -139,14 +141,14 @@ async fn a_bundle_keeps_its_copies() -> TestResult {
     let ns = TestNamespace::create("bundles").await?;
     ensure_crd::<Bundle>(&ns.client()).await?;
     let stop = CancellationToken::new();
-    let run = controller(ns.client(), ns.name())
+    let cost = RequestsPerReconcile::default();
+    let counted = cost.count(ns.client());
+    let run = controller(counted.clone(), ns.name())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
-            reconcile,
+            cost.around(reconcile),
             error_policy,
-            Arc::new(Context {
-                client: ns.client(),
-            }),
+            Arc::new(Context { client: counted }),
         )
         .for_each(|_| async {});
     let controller = tokio::spawn(run);
@@ -184,5 +186,9 @@ async fn a_bundle_keeps_its_copies() -> TestResult {
     .await?;
     stop.cancel();
     controller.await?;
+    println!(
+        "what the controller asked of the API server: {}",
+        cost.summary()
+    );
     Ok(())
 }

@@ -16,7 +16,9 @@ use kube::{
 };
 use kube_dispatch_controller::{Action, Controller, finalizer};
 use kube_dispatch_testing::Tier;
-use kube_dispatch_tests::{TestNamespace, TestResult, ensure_crd, eventually};
+use kube_dispatch_tests::{
+    RequestsPerReconcile, TestNamespace, TestResult, ensure_crd, eventually,
+};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -211,16 +213,18 @@ async fn a_mirror_records_its_configmap_until_it_is_released() -> TestResult {
         controller: MANAGER.into(),
         instance: None,
     };
+    let cost = RequestsPerReconcile::default();
+    let counted = cost.count(client.clone());
     let context = Context {
-        client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        client: counted.clone(),
+        recorder: Recorder::new(counted.clone(), reporter),
     };
     let tier = Tier::start(client.clone()).await?;
-    let run = controller(client.clone(), at)
+    let run = controller(counted, at)
         .dispatchers(tier.dispatchers())
         .credentials(tier.credentials())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, Arc::new(context))
+        .run(cost.around(reconcile), error_policy, Arc::new(context))
         .for_each(|_| async {});
     let controller = tokio::spawn(run);
     let mirrors: Api<Mirror> = Api::namespaced(client.clone(), at);
@@ -287,5 +291,9 @@ async fn a_mirror_records_its_configmap_until_it_is_released() -> TestResult {
     .await?;
     stop.cancel();
     controller.await?;
+    println!(
+        "what the controller asked of the API server: {}",
+        cost.summary()
+    );
     Ok(())
 }
