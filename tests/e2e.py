@@ -187,21 +187,22 @@ class Objects:
     def __init__(self, current=annotated, digest=content_hash):
         self.current, self.digest = current, digest
         self.lock = threading.Lock()
-        # name -> (hash written, when sent, when answered, resourceVersion, when the first
-        # write not yet reconciled was sent)
+        # name -> (hash written, when sent, when answered, resourceVersion) of its latest write
         self.pending = {}
         # (seconds from sending the write to the annotation seen, name, seconds the API server
         # took to answer the write, the write's resourceVersion)
         self.delays = []
         # (seconds a ConfigMap waited from its first unreconciled write, name)
         self.waits = []
+        # name -> [(hash written, when sent)] of the writes no reconcile has covered yet
+        self.unreconciled = {}
         self.writes = 0
         self.generation = 0
 
     def written(self, name, data, at, answered, version):
         with self.lock:
-            since = self.pending[name][4] if name in self.pending else at
-            self.pending[name] = (self.digest(data), at, answered, version, since)
+            self.pending[name] = (self.digest(data), at, answered, version)
+            self.unreconciled.setdefault(name, []).append((self.digest(data), at))
             self.writes += 1
 
     def on_event(self, kind, cm, at):
@@ -209,11 +210,19 @@ class Objects:
             return
         name = cm["metadata"]["name"]
         with self.lock:
+            digest = self.digest(cm.get("data") or {})
             want = self.pending.get(name)
-            if want and want[0] == self.digest(cm.get("data") or {}):
+            if want and want[0] == digest:
                 del self.pending[name]
                 self.delays.append((at - want[1], name, want[2] - want[1], want[3]))
-                self.waits.append((at - want[4], name))
+            # A reconcile of a write covers it and every write before it; the ConfigMap waited
+            # from its first write not covered until one covers its latest.
+            writes = self.unreconciled.get(name, [])
+            covered = max((i for i, (h, _) in enumerate(writes) if h == digest), default=None)
+            if covered is not None:
+                if covered == len(writes) - 1:
+                    self.waits.append((at - writes[0][1], name))
+                del writes[:covered + 1]
 
     def take(self):
         """The delays of the writes reconciled since the last take, their count, and the
@@ -588,14 +597,18 @@ def kill_dispatcher():
 
     before = container()
     killed = time.monotonic()
-    subprocess.run([*CTR, "tasks", "kill", "--signal", "SIGKILL",
-                    before["containerID"].split("://", 1)[1]],
-                   check=True, capture_output=True)
+    kill = subprocess.run([*CTR, "tasks", "kill", "--signal", "SIGKILL",
+                           before["containerID"].split("://", 1)[1]],
+                          capture_output=True, text=True)
+    if kill.returncode != 0:
+        raise SystemExit(f"e2e: ctr could not kill {name}'s container: {kill.stderr.strip()}")
     deadline = killed + 300
     while time.monotonic() < deadline:
         now = container()
         if now.get("restartCount", 0) > before["restartCount"] and now.get("ready"):
             exit_code = now.get("lastState", {}).get("terminated", {}).get("exitCode")
+            if exit_code != 137:
+                raise SystemExit(f"e2e: {name}'s container ended with {exit_code}, not SIGKILL's 137")
             return (f"{name} killed with SIGKILL (exit code {exit_code}); its container "
                     f"restarted and Ready {time.monotonic() - killed:.1f} s later")
         time.sleep(0.5)
@@ -733,7 +746,7 @@ def main():
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
     if PORTED:
-        # The change written as the rolling update began, reconciled through it.
+        # The change written as the rolling update began: settled now, after every phase.
         ported.append(PORTED.settle("change"))
         ported.append(PORTED.finish())
         ported_pods.stop()

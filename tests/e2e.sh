@@ -48,7 +48,16 @@ finish() {
   else
     # A node that was already running goes on; the workloads go. The ported controllers'
     # objects first, while their controllers still run: a Mirror's finalizer is theirs to lift.
-    "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-ported --ignore-not-found --timeout=60s >/dev/null 2>&1 || true
+    k=("$KD_KUBECTL" --kubeconfig "$kubeconfig")
+    if ! "${k[@]}" delete namespace e2e-ported --ignore-not-found --timeout=60s >/dev/null 2>&1; then
+      # Its controllers did not lift the Mirrors' finalizers (a failed run): lift them here.
+      for m in $("${k[@]}" -n e2e-ported get mirrors.examples.kube-dispatch.dev -o name 2>/dev/null); do
+        "${k[@]}" -n e2e-ported patch "$m" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+      done
+    fi
+    "${k[@]}" delete crd bundles.examples.kube-dispatch.dev mirrors.examples.kube-dispatch.dev --ignore-not-found >/dev/null 2>&1 || true
+    "${k[@]}" delete clusterrolebinding,clusterrole ported-controllers-go --ignore-not-found >/dev/null 2>&1 || true
+    "${k[@]}" delete clusterrole kube-dispatch-dispatcher-ported-examples kube-dispatch-kdctl-ported-examples --ignore-not-found >/dev/null 2>&1 || true
     # The alert phase's fault, if a failure left it in place.
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete validatingadmissionpolicybinding,validatingadmissionpolicy e2e-lease-writes-refused --ignore-not-found >/dev/null 2>&1 || true
     "$KD_HELM" --kubeconfig "$kubeconfig" uninstall kube-dispatch --namespace kube-dispatch >/dev/null 2>&1 || true
