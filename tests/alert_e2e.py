@@ -171,10 +171,12 @@ class AlertFault:
 
     def firing(self):
         """The pods this alert fires for now, once Prometheus answers (within 30 s)."""
-        answered = {}
-        self._until(30, "Prometheus's alerts answered",
-                    lambda: answered.update(alerts=self.alerts()) or answered["alerts"] is not None)
-        return {pod for pod, (state, _) in answered["alerts"].items() if state == "firing"}
+        deadline = time.monotonic() + 30
+        while (alerts := self.alerts()) is None:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"e2e: Prometheus did not answer for 30 s ({self.dir}/prometheus.log)")
+            time.sleep(0.5)
+        return {pod for pod, (state, _) in alerts.items() if state == "firing"}
 
     def _until(self, seconds, what, done):
         deadline = time.monotonic() + seconds

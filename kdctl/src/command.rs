@@ -1,7 +1,10 @@
 //! kdctl's commands: each asks the dispatchers through the operator API
 //! (`proto/kubedispatch/v1/operator.proto`) and returns a view ([`crate::view`]).
 
-use std::time::{Duration, Instant};
+use std::{
+    future::ready,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, bail};
 use kube::discovery::{Discovery, Scope};
@@ -376,15 +379,8 @@ pub async fn drain(
         return Ok(view);
     }
     let left = timeout.saturating_sub(began.elapsed());
-    match settled(
-        connection,
-        &others,
-        |ring| !ring.iter().any(|m| m == name),
-        began,
-        left,
-    )
-    .await
-    {
+    let without = |ring: &[String]| !ring.iter().any(|m| m == name);
+    match settled(connection, || ready(others.clone()), without, began, left).await {
         Some((after, ring)) => {
             view.settled_seconds = Some(after);
             view.ring = ring;
@@ -441,48 +437,47 @@ pub async fn undrain(
     if !view.rejoining {
         return Ok(view);
     }
-    // Its Lease is written again as it rejoins: ask every member, it included, each round.
-    loop {
-        let mut members = connection.members().await.unwrap_or_default();
-        if !members.iter().any(|m| m.name == name) {
-            members.push(target.clone());
+    // Its Lease is written again as it rejoins: every member, it included, as the Leases
+    // name them at each look.
+    let members = || {
+        let target = target.clone();
+        async move {
+            let mut members = connection.members().await.unwrap_or_default();
+            if !members.iter().any(|m| m.name == target.name) {
+                members.push(target);
+            }
+            members
         }
-        let round = Duration::from_secs(2).min(timeout.saturating_sub(began.elapsed()));
-        if let Some((after, ring)) = settled(
-            connection,
-            &members,
-            |ring| ring.iter().any(|m| m == name),
-            began,
-            round,
-        )
-        .await
-        {
+    };
+    let with = |ring: &[String]| ring.iter().any(|m| m == name);
+    let left = timeout.saturating_sub(began.elapsed());
+    match settled(connection, members, with, began, left).await {
+        Some((after, ring)) => {
             view.settled_seconds = Some(after);
             view.ring = ring;
-            return Ok(view);
         }
-        if began.elapsed() >= timeout {
-            view.problems.push(format!(
-                "the dispatchers had not all settled on a ring with {name} within {}",
-                humantime::format_duration(timeout)
-            ));
-            return Ok(view);
-        }
+        None => view.problems.push(format!(
+            "the dispatchers had not all settled on a ring with {name} within {}",
+            humantime::format_duration(timeout)
+        )),
     }
+    Ok(view)
 }
 
-/// Asks `members` until each is serving and all see the same ring, one `wanted` accepts: the
-/// seconds since `began` and that ring, or None once `within` has passed (from now).
-async fn settled(
+/// Asks the dispatchers `members` gives (read again at each look) until each is serving and
+/// all see the same ring, one `wanted` accepts: the seconds since `began` and that ring, or
+/// None once `within` has passed (from now).
+async fn settled<Fut: Future<Output = Vec<Member>>>(
     connection: &Connection,
-    members: &[Member],
+    members: impl Fn() -> Fut,
     wanted: impl Fn(&[String]) -> bool,
     began: Instant,
     within: Duration,
 ) -> Option<(f64, Vec<String>)> {
     let asked = Instant::now();
     loop {
-        let answers = ask_all(connection, members, |mut operator| async move {
+        let members = members().await;
+        let answers = ask_all(connection, &members, |mut operator| async move {
             Ok(operator.status(StatusRequest {}).await?.into_inner())
         })
         .await;

@@ -131,9 +131,7 @@ impl Render for VersionView {
                 ]
             }),
         );
-        for problem in &self.problems {
-            out += &format!("problem: {problem}\n");
-        }
+        out += &problems(&self.problems);
         out
     }
 }
@@ -248,9 +246,7 @@ impl Render for StatusView {
                 .unwrap_or_default();
             out += &format!("ring: {ring}: every member serves, no handover pending\n");
         }
-        for problem in &self.problems {
-            out += &format!("problem: {problem}\n");
-        }
+        out += &problems(&self.problems);
         out
     }
 }
@@ -426,9 +422,7 @@ impl Render for DrainView {
                 self.ring.join(", ")
             );
         }
-        for problem in &self.problems {
-            out += &format!("problem: {problem}\n");
-        }
+        out += &problems(&self.problems);
         if self.problems.is_empty() {
             out += &format!(
                 "done: {} may be stopped; it rejoins the ring when it starts again, or with kdctl undrain\n",
@@ -475,14 +469,17 @@ impl Render for UndrainView {
                 self.ring.join(", ")
             );
         }
-        for problem in &self.problems {
-            out += &format!("problem: {problem}\n");
-        }
+        out += &problems(&self.problems);
         if self.problems.is_empty() {
             out += &format!("done: {} serves its keys again\n", self.dispatcher);
         }
         out
     }
+}
+
+/// One line per problem, as every view ends.
+fn problems(problems: &[String]) -> String {
+    problems.iter().map(|p| format!("problem: {p}\n")).collect()
 }
 
 /// A table without borders, as kubectl prints.

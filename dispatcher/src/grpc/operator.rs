@@ -64,6 +64,21 @@ pub struct DrainHandle {
     pub undrain: CancellationToken,
 }
 
+impl DrainHandle {
+    /// How the drain ended, once it has (UNAVAILABLE if the dispatcher stops first).
+    async fn drained(&self) -> Result<Drained, Status> {
+        let mut state = self.state.clone();
+        let drained = state
+            .wait_for(|s| matches!(s, DrainState::Drained(_)))
+            .await
+            .map_err(|_| Status::unavailable("the dispatcher stopped while draining"))?;
+        match *drained {
+            DrainState::Drained(drained) => Ok(drained),
+            _ => unreachable!("waited for Drained"),
+        }
+    }
+}
+
 /// The gRPC service operators call.
 #[derive(Debug)]
 pub struct OperatorService {
@@ -230,14 +245,7 @@ impl operator_server::Operator for OperatorService {
             info!(caller = %caller.name(), "drain requested through the operator API");
             self.drain.start.cancel();
         }
-        let mut state = self.drain.state.clone();
-        let drained = state
-            .wait_for(|s| matches!(s, DrainState::Drained(_)))
-            .await
-            .map_err(|_| Status::unavailable("the dispatcher stopped while draining"))?;
-        let DrainState::Drained(drained) = *drained else {
-            unreachable!("waited for Drained");
-        };
+        let drained = self.drain.drained().await?;
         Ok(Response::new(DrainResponse {
             dispatcher_id: self.groups.identity().to_owned(),
             clean: drained.in_flight_left == 0,
@@ -272,28 +280,17 @@ impl operator_server::Operator for OperatorService {
         if !self.drain.start.is_cancelled() {
             return Ok(answer(false, false));
         }
-        let mut state = self.drain.state.clone();
-        let drained = state
-            .wait_for(|s| matches!(s, DrainState::Drained(_)))
-            .await
-            .map_err(|_| Status::unavailable("the dispatcher stopped while draining"))?;
-        let DrainState::Drained(drained) = *drained else {
-            unreachable!("waited for Drained");
-        };
-        if self.drain.shutdown.is_cancelled() {
-            return Err(Status::unavailable(
-                "this dispatcher began stopping (SIGTERM) while it drained: its drain is not undone",
-            ));
-        }
+        let drained = self.drain.drained().await?;
         info!(
             caller = %caller.name(),
             in_flight_left = drained.in_flight_left,
             "undrain requested through the operator API: rejoining the ring as a process that starts"
         );
         self.drain.undrain.cancel();
+        // A SIGTERM that came while it drained, or comes now, wins: the term ends as a stop.
         if self.drain.shutdown.is_cancelled() {
             return Err(Status::unavailable(
-                "this dispatcher began stopping (SIGTERM) as it was undrained: it will not rejoin",
+                "this dispatcher began stopping (SIGTERM) while it was drained: it will not rejoin",
             ));
         }
         Ok(answer(true, drained.in_flight_left > 0))

@@ -175,27 +175,8 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
     let all = ["dispatcher-0", "dispatcher-1", "dispatcher-2"];
     let id = ring_id(&Ring::new(all));
     let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
-    let lease = serde_json::json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": "dispatcher-2",
-            "labels": { LEASE_LABEL: "true" },
-            "annotations": { DRAINED_ANNOTATION: "true" },
-        },
-        "spec": {
-            "holderIdentity": "dispatcher-2",
-            "leaseDurationSeconds": DURATION.as_secs(),
-            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
-        },
-    });
-    leases
-        .patch(
-            "dispatcher-2",
-            &PatchParams::apply("kube-dispatch-dispatcher").force(),
-            &Patch::Apply(&lease),
-        )
-        .await?;
+    let drained = serde_json::json!({ DRAINED_ANNOTATION: "true" });
+    write_lease(&leases, "dispatcher-2", DURATION, drained).await?;
     for name in ["dispatcher-0", "dispatcher-1"] {
         let released = |l: Option<&Lease>| {
             l.and_then(|l| l.metadata.annotations.as_ref())
@@ -230,23 +211,8 @@ async fn a_dispatcher_waiting_out_its_predecessor_leaves_its_lease_to_expire() -
     let ns = TestNamespace::create("membership-predecessor").await?;
     let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
     // What a process killed a moment ago leaves: its Lease, held, renewed, not drained.
-    let lease = serde_json::json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": "dispatcher-0", "labels": { LEASE_LABEL: "true" }},
-        "spec": {
-            "holderIdentity": "dispatcher-0",
-            "leaseDurationSeconds": 10,
-            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
-        },
-    });
-    leases
-        .patch(
-            "dispatcher-0",
-            &PatchParams::apply("kube-dispatch-dispatcher").force(),
-            &Patch::Apply(&lease),
-        )
-        .await?;
+    let held = serde_json::json!({});
+    write_lease(&leases, "dispatcher-0", Duration::from_secs(10), held).await?;
     let before = leases.get("dispatcher-0").await?.metadata.resource_version;
     let d = TestDispatcher::start(lease_config(ns.name(), "dispatcher-0", BOUND)).await?;
     // It renews the Lease it found (holding its keys meanwhile).
@@ -268,5 +234,32 @@ async fn a_dispatcher_waiting_out_its_predecessor_leaves_its_lease_to_expire() -
         left.is_some() && !drained,
         "the Lease was released within the bound: {left:?}"
     );
+    Ok(())
+}
+
+/// Writes the Lease of dispatcher `name` as the dispatcher writes its own (server-side apply,
+/// its field manager), held by it and renewed now, with `annotations`.
+async fn write_lease(
+    leases: &Api<Lease>,
+    name: &str,
+    duration: Duration,
+    annotations: serde_json::Value,
+) -> Result<(), kube::Error> {
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": { LEASE_LABEL: "true" },
+            "annotations": annotations,
+        },
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": duration.as_secs(),
+            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        },
+    });
+    let apply = PatchParams::apply("kube-dispatch-dispatcher").force();
+    leases.patch(name, &apply, &Patch::Apply(&lease)).await?;
     Ok(())
 }
