@@ -269,7 +269,6 @@ func main() {
 		opts = append(opts, builder.OnlyMetadata)
 	}
 	b := dispatch.ControllerManagedBy(mgr).
-		WithDispatchOptions(dispatch.Options{Namespace: *namespace, LabelSelector: *selector, OwnedLabelSelector: *selector}).
 		Named("bench").
 		For(r.newObject(), opts...)
 	if *children > 0 {

@@ -269,6 +269,10 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if b.ctrlOptions.Reconciler != nil {
 		return nil, errors.New("reconciler was set via WithOptions() and via Build() or Complete()")
 	}
+	narrowed, err := b.cacheScoped()
+	if err != nil {
+		return nil, err
+	}
 	primary, gvk, err := b.resource(b.forObject)
 	if err != nil {
 		return nil, err
@@ -277,7 +281,7 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if name == "" {
 		name = strings.ToLower(gvk.Kind)
 	}
-	o, credentials := b.options.withDefaults(name)
+	o, credentials := narrowed.withDefaults(name)
 	subscriptions, err := b.subscriptions(primary, o)
 	if err != nil {
 		return nil, err
@@ -342,6 +346,33 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		return nil, err
 	}
 	return ctrl, nil
+}
+
+// cacheScoped is the builder's options with what the manager's cache options narrow (when
+// its cache is NewCache's).
+func (b *Builder) cacheScoped() (Options, error) {
+	c, ok := b.mgr.GetCache().(*indexCache)
+	if !ok {
+		return b.options, nil
+	}
+	forKind, err := apiutil.GVKForObject(b.forObject, b.mgr.GetScheme())
+	if err != nil {
+		return b.options, err
+	}
+	c.unapplied.Do(func() {
+		for _, option := range c.scope.unapplied {
+			b.mgr.GetLogger().Info("a cache option has nothing to apply to on the tier, which keeps no informer: it is not applied", "option", option)
+		}
+	})
+	owned := make([]schema.GroupVersionKind, 0, len(b.owns))
+	for _, object := range b.owns {
+		kind, err := apiutil.GVKForObject(object, b.mgr.GetScheme())
+		if err != nil {
+			return b.options, err
+		}
+		owned = append(owned, kind)
+	}
+	return c.scope.narrow(b.options, forKind, owned)
 }
 
 // withDefaults is o with what it leaves unset filled in: the group named after the

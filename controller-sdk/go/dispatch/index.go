@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // NewCache is the manager's cache for controllers on the tier: it keeps no object and starts
@@ -42,12 +43,19 @@ import (
 // all of them nothing would bound what it reads, and it is refused. GetInformer and
 // GetInformerForKind are refused: the dispatchers watch, and the controller subscribes
 // through the builder (For, Owns, References).
+//
+// The options' namespace and selectors are served as the controllers' own (see cacheScope);
+// more than one namespace is refused here.
 func NewCache(config *rest.Config, options cache.Options) (cache.Cache, error) {
+	scope, err := newCacheScope(options)
+	if err != nil {
+		return nil, err
+	}
 	reader, err := newClient(config, client.Options{HTTPClient: options.HTTPClient, Scheme: options.Scheme, Mapper: options.Mapper}, 0)
 	if err != nil {
 		return nil, err
 	}
-	c := &indexCache{indexes: &indexes{scheme: reader.Scheme(), byKind: map[schema.GroupVersionKind]map[string]client.IndexerFunc{}}}
+	c := &indexCache{scope: scope, indexes: &indexes{scheme: reader.Scheme(), byKind: map[schema.GroupVersionKind]map[string]client.IndexerFunc{}}}
 	reader.indexes = c.indexes
 	c.reader = reader
 	return c, nil
@@ -55,8 +63,11 @@ func NewCache(config *rest.Config, options cache.Options) (cache.Cache, error) {
 
 // indexCache is NewCache's cache: the indexes declared, and a reader that serves them.
 type indexCache struct {
-	indexes *indexes
-	reader  *deliveredClient
+	// scope is what the manager's cache options narrow; unapplied is logged once.
+	scope     *cacheScope
+	unapplied sync.Once
+	indexes   *indexes
+	reader    *deliveredClient
 }
 
 var _ cache.Cache = (*indexCache)(nil)
@@ -85,8 +96,12 @@ func (c *indexCache) GetInformerForKind(context.Context, schema.GroupVersionKind
 // RemoveInformer has nothing to remove.
 func (c *indexCache) RemoveInformer(context.Context, client.Object) error { return nil }
 
-// Start waits for ctx: there is nothing to run.
+// Start waits for ctx: there is nothing to run. It logs the kinds whose cache options no
+// controller's session serves.
 func (c *indexCache) Start(ctx context.Context) error {
+	if kinds := c.scope.unserved(); len(kinds) > 0 {
+		logf.Log.WithName("kube-dispatch").Info("cache options ByObject of kinds no controller on the tier reconciles or owns are not applied: reads of them go to the API server, which returns what their selectors would have hidden", "kinds", kinds)
+	}
 	<-ctx.Done()
 	return nil
 }

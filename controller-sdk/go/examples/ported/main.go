@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -37,8 +38,9 @@ const usage = `Usage: %s [flags]
 
 Runs the Bundle and Mirror example controllers (examples.kube-dispatch.dev/v1) on the
 kube-dispatch tier, each a controller group of its own: no informer cache, no leader election.
-The environment is the SDK's: KD_LOADBALANCER, KD_TLS_CA_FILE, KD_TLS_SERVER_NAME,
-KD_TOKEN_FILE, POD_NAME (configmap-hasher-go --help says what each is).
+WATCH_NAMESPACE, when set, keeps both to that namespace. The rest of the environment is the
+SDK's: KD_LOADBALANCER, KD_TLS_CA_FILE, KD_TLS_SERVER_NAME, KD_TOKEN_FILE, POD_NAME
+(configmap-hasher-go --help says what each is).
 
 Flags:
 `
@@ -62,8 +64,15 @@ func main() {
 	// A graceful stop waits for running reconciles, up to the dispatcher's maximum reconcile
 	// time (60 s by default).
 	shutdown := 60 * time.Second
+	// WATCH_NAMESPACE keeps both controllers to one namespace, as operators built with
+	// kubebuilder usually do; unset: every namespace.
+	var cacheOptions cache.Options
+	if namespace := os.Getenv("WATCH_NAMESPACE"); namespace != "" {
+		cacheOptions.DefaultNamespaces = map[string]cache.Config{namespace: {}}
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   cacheOptions,
 		NewClient:               dispatch.NewClient,
 		NewCache:                dispatch.NewCache,
 		GracefulShutdownTimeout: &shutdown,

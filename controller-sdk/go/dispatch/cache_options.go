@@ -1,0 +1,200 @@
+package dispatch
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/fields"
+	klabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// The manager's cache options (ctrl.Options.Cache) say which objects a controller on an
+// informer cache sees: a namespace (the WATCH_NAMESPACE of many operators), label and field
+// selectors, for every kind or by kind. NewCache keeps them, and Build serves them as the
+// controller's session options (the namespace and selectors the dispatchers watch with), as
+// WithDispatchOptions would: a port keeps its manager's options unchanged. What the tier
+// cannot serve makes NewCache or Build fail with what to do instead; what only shaped the
+// informers' memory (transforms, deep copies, bookmarks, the informers themselves) has nothing
+// to apply to and is logged once.
+
+// cacheScope is what NewCache was told to narrow.
+type cacheScope struct {
+	// namespace is the one namespace of DefaultNamespaces; empty: every namespace.
+	namespace string
+	// label and field are the selectors for every kind: DefaultNamespaces' own, else the
+	// Default ones; empty: none.
+	label, field string
+	// byKind are ByObject's, by kind.
+	byKind map[schema.GroupVersionKind]cache.ByObject
+	// unapplied names the options set that have nothing to apply to.
+	unapplied []string
+	// served are the kinds a Build narrowed (For and Owns), so that the cache's Start can name
+	// the kinds of ByObject no controller's session narrows.
+	served sync.Map
+}
+
+// newCacheScope is what options narrow, or why the tier cannot narrow it so.
+func newCacheScope(options cache.Options) (*cacheScope, error) {
+	s := &cacheScope{byKind: map[schema.GroupVersionKind]cache.ByObject{}}
+	namespace, config, err := oneNamespace("cache.Options.DefaultNamespaces", options.DefaultNamespaces)
+	if err != nil {
+		return s, err
+	}
+	s.namespace = namespace
+	s.label = labelString(config.LabelSelector, options.DefaultLabelSelector)
+	s.field = fieldString(config.FieldSelector, options.DefaultFieldSelector)
+	unapplied := map[string]bool{
+		"SyncPeriod (the dispatchers resync every key at their --resync-interval)": options.SyncPeriod != nil || config.SyncPeriod != nil,
+		"DefaultTransform":            options.DefaultTransform != nil || config.Transform != nil,
+		"ReaderFailOnMissingInformer": options.ReaderFailOnMissingInformer,
+		"NewInformer":                 options.NewInformer != nil,
+		"DefaultWatchErrorHandler":    options.DefaultWatchErrorHandler != nil,
+	}
+	for object, by := range options.ByObject {
+		gvk, err := apiutil.GVKForObject(object, options.Scheme)
+		if err != nil {
+			return s, fmt.Errorf("kube-dispatch: cache.Options.ByObject: %w", err)
+		}
+		if _, _, err := oneNamespace(fmt.Sprintf("cache.Options.ByObject[%s].Namespaces", gvk.Kind), by.Namespaces); err != nil {
+			return s, err
+		}
+		s.byKind[gvk] = by
+		unapplied[fmt.Sprintf("ByObject[%s].SyncPeriod", gvk.Kind)] = by.SyncPeriod != nil
+		unapplied[fmt.Sprintf("ByObject[%s].Transform", gvk.Kind)] = by.Transform != nil
+	}
+	for name, set := range unapplied {
+		if set {
+			s.unapplied = append(s.unapplied, name)
+		}
+	}
+	slices.Sort(s.unapplied)
+	return s, nil
+}
+
+// oneNamespace is the one namespace named (empty with its config when none, or only
+// cache.AllNamespaces, is), or why more cannot be served.
+func oneNamespace(what string, namespaces map[string]cache.Config) (string, cache.Config, error) {
+	switch len(namespaces) {
+	case 0:
+		return "", cache.Config{}, nil
+	case 1:
+		for namespace, config := range namespaces {
+			return namespace, config, nil
+		}
+	}
+	names := slices.Sorted(maps.Keys(namespaces))
+	return "", cache.Config{}, fmt.Errorf("kube-dispatch: %s names %d namespaces (%s): a controller on the tier reconciles one namespace or all of them; "+
+		"run a manager per namespace (one Deployment each), or leave the namespaces out and skip the others in Reconcile", what, len(names), strings.Join(names, ", "))
+}
+
+// labelString is the first of selectors that selects something, as the API server takes it;
+// empty for none.
+func labelString(selectors ...klabels.Selector) string {
+	for _, s := range selectors {
+		if s != nil && !s.Empty() {
+			return s.String()
+		}
+	}
+	return ""
+}
+
+// fieldString is labelString for field selectors.
+func fieldString(selectors ...fields.Selector) string {
+	for _, s := range selectors {
+		if s != nil && !s.Empty() {
+			return s.String()
+		}
+	}
+	return ""
+}
+
+// scoped is the namespace and the label and field selectors the cache options give kind.
+type scoped struct{ namespace, label, field string }
+
+func (s *cacheScope) of(kind schema.GroupVersionKind) scoped {
+	by, ok := s.byKind[kind]
+	if !ok {
+		return scoped{s.namespace, s.label, s.field}
+	}
+	namespace, config, _ := oneNamespace("", by.Namespaces)
+	if len(by.Namespaces) == 0 {
+		namespace = s.namespace
+	}
+	return scoped{
+		namespace: namespace,
+		label:     firstOf(labelString(config.LabelSelector, by.Label), s.label),
+		field:     firstOf(fieldString(config.FieldSelector, by.Field), s.field),
+	}
+}
+
+// narrow is o with what the cache options said for a controller of forKind that owns owned:
+// the namespace and the For kind's selectors where o leaves them unset, the owned kinds' label
+// selector as OwnedLabelSelector. It fails where the two disagree, or where the tier has no
+// way to narrow as the cache did.
+func (s *cacheScope) narrow(o Options, forKind schema.GroupVersionKind, owned []schema.GroupVersionKind) (Options, error) {
+	var errs []error
+	set := func(what string, into *string, value string) {
+		switch {
+		case value == "" || *into == value:
+		case *into == "":
+			*into = value
+		default:
+			errs = append(errs, fmt.Errorf("kube-dispatch: WithDispatchOptions %s %q and the manager's cache options %q disagree: keep one", what, *into, value))
+		}
+	}
+	s.served.Store(forKind, true)
+	primary := s.of(forKind)
+	set("Namespace", &o.Namespace, primary.namespace)
+	set("LabelSelector", &o.LabelSelector, primary.label)
+	set("FieldSelector", &o.FieldSelector, primary.field)
+	children := map[string][]string{}
+	for _, kind := range owned {
+		s.served.Store(kind, true)
+		child := s.of(kind)
+		if child.namespace != primary.namespace {
+			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options keep %s to namespace %q and %s to %q: the tier watches a controller's children in its own namespace; give both one namespace", kind.Kind, child.namespace, forKind.Kind, primary.namespace))
+		}
+		if child.field != "" {
+			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options give %s the field selector %q: the dispatchers narrow a controller's children by label only; "+
+				"give %s a label selector (ByObject Label) instead, or skip the others in Reconcile", kind.Kind, child.field, kind.Kind))
+		}
+		children[child.label] = append(children[child.label], kind.Kind)
+	}
+	if len(children) > 1 {
+		errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options give the kinds %s owns different label selectors (%v): the dispatchers narrow every owned kind by one (OwnedLabelSelector); give them one", forKind.Kind, children))
+	}
+	for label := range children {
+		set("OwnedLabelSelector", &o.OwnedLabelSelector, label)
+	}
+	return o, errors.Join(errs...)
+}
+
+// firstOf is the first of values that is not empty.
+func firstOf(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// unserved names the kinds of ByObject that no Build narrowed: read only through the client,
+// from the API server, which does not apply their selectors.
+func (s *cacheScope) unserved() []string {
+	var kinds []string
+	for kind := range s.byKind {
+		if _, ok := s.served.Load(kind); !ok {
+			kinds = append(kinds, kind.Kind)
+		}
+	}
+	slices.Sort(kinds)
+	return kinds
+}
