@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Checks that each Rust controller written as its ecosystem writes one and its port to the SDK
-# (tests/tests/delivery/ported/<name>_kube_rs.rs and <name>.rs, each with its test) differ in
+# (controller-sdk/examples/ported/<name>_kube_rs.rs and <name>.rs, each with its tests) differ in
 # at most ten lines, removed and added counted apart, its test's set-up included.
 # (tests/go-sdk.sh checks the Go SDK's pairs the same way.)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/tests/delivery/ported"
+cd "$(dirname "${BASH_SOURCE[0]}")/../controller-sdk/examples/ported"
 
 failed=0
 for incumbent in *_kube_rs.rs; do

@@ -498,8 +498,9 @@ where
     /// Serve the admin endpoint on `address` (plaintext HTTP): `/metrics` (the replica's
     /// metrics, [`crate::metrics`], with controller-runtime's names), `/healthz` (live until
     /// the drain ends) and `/readyz` (at least one dispatcher session open). Default: the
-    /// `KD_ADMIN_LISTEN` environment variable, else no admin endpoint. With several controllers
-    /// in one process, set it on one of them: the metrics registry is the process's.
+    /// `KD_ADMIN_LISTEN` environment variable, else no admin endpoint. The controllers of one
+    /// process that name the same address share one endpoint (the metrics registry is the
+    /// process's): its `/readyz` is ready while every one of them has a session open.
     #[must_use]
     pub fn admin_listen(mut self, address: std::net::SocketAddr) -> Self {
         self.admin_listen = Some(address);

@@ -13,7 +13,9 @@
 //! | `load` | the object of a delivery: its body, a fresh read, or a tombstone |
 //! | `trigger` | `reconcile_on` and `reconcile_all_on`: triggers sent to the open sessions' dispatchers |
 //! | `endings` | sessions on dispatchers that died: fenced when a live one names it dead, then reported ended |
+//! | `admin` | the admin endpoint, shared by the process's controllers that name one address |
 
+mod admin;
 mod endings;
 mod load;
 mod recent;
@@ -29,7 +31,6 @@ pub(crate) use trigger::{Trigger, TriggerStream};
 use std::{
     collections::{BTreeSet, HashSet},
     future::Future,
-    net::SocketAddr,
     sync::{Arc, Mutex, atomic::AtomicUsize},
 };
 
@@ -39,9 +40,7 @@ use kube_dispatch_proto::v1::{OpenSessionRequest, PayloadMode, RegisterRequest};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
-
-use kube_dispatch_telemetry::admin;
+use tracing::info;
 
 use self::shared::{Bound, ErrorPolicy, Outcome, Reconciler, Shared};
 use crate::{
@@ -134,7 +133,7 @@ where
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {
-        serve_admin(address, &health);
+        admin::serve(address, &group, &health);
     }
     if let Some(signal) = shutdown {
         tokio::spawn(stop_on(signal, health, stop.clone()));
@@ -197,26 +196,4 @@ fn follow_targets<T: shared::Types>(
         }
     }
     targets
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `address` for as long as the process runs
-/// (liveness holds through the drain).
-fn serve_admin(address: SocketAddr, health: &Health) {
-    let listener = match std::net::TcpListener::bind(address)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(tokio::net::TcpListener::from_std)
-    {
-        Ok(listener) => listener,
-        Err(error) => {
-            error!(%address, %error, "cannot serve the admin endpoint (metrics and probes)");
-            return;
-        }
-    };
-    info!(%address, "admin endpoint: /metrics, /healthz, /readyz");
-    tokio::spawn(admin::serve(
-        listener,
-        health.readiness(),
-        crate::metrics::registry().clone(),
-        CancellationToken::new(),
-    ));
 }

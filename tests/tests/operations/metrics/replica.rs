@@ -246,3 +246,63 @@ async fn the_echo_of_a_reconciles_own_writes_reads_nothing() -> TestResult {
     d.stop().await;
     Ok(())
 }
+
+/// Two controllers of one process that name the same admin address share one endpoint, as an
+/// operator's controllers share its manager's probes: `/readyz` is ready only while both have
+/// a dispatcher session open, and names the one that has none.
+#[tokio::test]
+async fn controllers_of_one_process_share_one_admin_endpoint() -> TestResult {
+    let ns = TestNamespace::create("shared-admin").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let admin = free_port()?;
+    let stop = CancellationToken::new();
+    let start = |group: String, dispatcher: String| {
+        let controller = Controller::<ConfigMap>::new(ns.client(), group)
+            .namespace(ns.name())
+            .dispatchers([dispatcher])
+            .credentials(kube_dispatch_tests::credentials())
+            .admin_listen(admin)
+            .graceful_shutdown_on(stop.clone().cancelled_owned());
+        let (done, _) = mpsc::unbounded_channel();
+        let ctx = Ctx {
+            client: controller.client(),
+            done,
+            seen: Mutex::default(),
+        };
+        let run = controller.run(reconcile, error_policy, Arc::new(ctx));
+        tokio::spawn(run.for_each(|_| async {}))
+    };
+    let first = format!("first-{}", ns.name());
+    let connected = start(first, d.addr.to_string());
+    let within = Duration::from_secs(20);
+    eventually(
+        within,
+        "/readyz ready with the first controller",
+        || async { (http_get(admin, "/readyz").await.ok()? == (200, "ok\n".into())).then_some(()) },
+    )
+    .await?;
+
+    // The second has no dispatcher to reach (nothing listens on a port just freed), so no
+    // session.
+    let second = format!("second-{}", ns.name());
+    let unreachable = format!("127.0.0.1:{}", free_port()?.port());
+    let waiting = start(second.clone(), unreachable);
+    let want = format!("not ready: controller {second}: no dispatcher session open\n");
+    eventually(within, "/readyz naming the second controller", || async {
+        let (status, body) = http_get(admin, "/readyz").await.ok()?;
+        (status == 503 && body == want).then_some(())
+    })
+    .await?;
+    let (status, _) = http_get(admin, "/healthz").await?;
+    assert_eq!(
+        status, 200,
+        "one endpoint serves both: it was not bound twice"
+    );
+
+    stop.cancel();
+    for task in [connected, waiting] {
+        tokio::time::timeout(Duration::from_secs(30), task).await??;
+    }
+    d.stop().await;
+    Ok(())
+}
