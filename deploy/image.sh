@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds the kube-dispatch image without a registry and without pulling a base image: static
-# (musl) optimised binaries of the dispatcher, the load balancer, kdctl and the example controller
-# configmap-hasher in a root filesystem of their own, built from deploy/Dockerfile (FROM
-# scratch, user 65532, nothing else in it) by buildah from the distribution's packages, or by
-# docker. The same Dockerfile and context serve both, so both give the same layout:
+# (musl) optimised binaries of the dispatcher, the load balancer, kdctl and the example
+# controllers (configmap-hasher, and the ported bundles and mirrors controllers) in a root
+# filesystem of their own, built from deploy/Dockerfile (FROM scratch, user 65532, nothing else
+# in it) by buildah from the distribution's packages, or by docker. The same Dockerfile and
+# context serve both, so both give the same layout:
 #
 #   /usr/local/bin/kube-dispatch-dispatcher   (the entrypoint)
 #   /usr/local/bin/kube-dispatch-loadbalancer
 #   /usr/local/bin/kdctl
 #   /usr/local/bin/configmap-hasher
+#   /usr/local/bin/ported-controllers         (controller-sdk/examples/ported)
 #   /etc/passwd, /etc/group                   (nonroot, 65532)
 #
 # Usage: deploy/image.sh [--go-example] [--tag NAME:TAG | --release] [--profile NAME] [--output ARCHIVE] [--builder buildah|docker]
@@ -150,7 +152,7 @@ build_binaries() {
     cargo build --profile "$profile" --locked --quiet --target "$target" \
       -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-kdctl --bins
     cargo build --profile "$profile" --locked --quiet --target "$target" \
-      -p kube-dispatch-controller --example configmap_hasher
+      -p kube-dispatch-controller --example configmap_hasher --example ported
   )
 }
 
@@ -164,6 +166,7 @@ make_context() {
   install -m 0755 "$out/kube-dispatch-dispatcher" "$out/kube-dispatch-loadbalancer" "$out/kdctl" \
     "$context/rootfs/usr/local/bin/"
   install -m 0755 "$out/examples/configmap_hasher" "$context/rootfs/usr/local/bin/configmap-hasher"
+  install -m 0755 "$out/examples/ported" "$context/rootfs/usr/local/bin/ported-controllers"
   # Symbols off (backtraces keep function names only where panics print them): a third the size.
   strip "$context"/rootfs/usr/local/bin/*
   users "$context/rootfs"

@@ -22,11 +22,11 @@ with a writer changing the ConfigMaps of namespace e2e-objects all along:
    PodDisruptionBudget (maxUnavailable 1) must refuse the second;
 5. the (Rust) controller Deployment scaled 2 -> 4, then 4 -> 1.
 
-Beside them, the Go SDK's ported controllers (deploy/examples/ported-go, applied as kustomize
-builds it) run their own scenario in namespace e2e-ported (tests/ported_e2e.py): their objects
-created before the baseline, changed as the rolling update begins, checked after the last
-phase, then deleted after one controller pod is deleted. Not in `make test-skew` (the previous
-release's Go image does not hold them).
+Beside them, both SDKs' ported controllers (deploy/examples/ported-go and ported-rust, applied
+as kustomize builds them) run their own scenario, each in a namespace of its own (e2e-ported,
+e2e-ported-rust; tests/ported_e2e.py): their objects created before the baseline, changed as
+the rolling update begins, checked after the last phase, then deleted after one controller pod
+is deleted. Not in `make test-skew` (the previous release's images do not hold them).
 
 E2E_SHORT=1 (what `make test` runs): 1, 2, 3b, 3c, and the controller scaled 2 -> 1.
 
@@ -370,10 +370,14 @@ class ControllerLogs:
 
 LOG_FOLLOWER = ControllerLogs(CONTROLLER_NS, spans)
 GO_LOG_FOLLOWER = ControllerLogs(GO_CONTROLLER_NS, go_spans)
-PORTED_LOG_FOLLOWER = ControllerLogs(ported_e2e.CONTROLLER_NS, go_spans)
-# The ported Go controllers (tests/ported_e2e.py), but not in `make test-skew`: a previous
-# release's image of the Go examples does not hold them.
-PORTED = None if FROM_ROOT else ported_e2e.Ported(kubectl, say)
+# The ported Go and Rust controllers (tests/ported_e2e.py), but not in `make test-skew`: a
+# previous release's images do not hold them.
+PORTED = [] if FROM_ROOT else [
+    ported_e2e.Ported(kubectl, say, ported_e2e.GO,
+                      ControllerLogs(ported_e2e.GO["controller_ns"], go_spans)),
+    ported_e2e.Ported(kubectl, say, ported_e2e.RUST,
+                      ControllerLogs(ported_e2e.RUST["controller_ns"], spans)),
+]
 # An alert fired by a fault and resolved after it (tests/alert_e2e.py); not in `make test-skew`.
 ALERTS = None if FROM_ROOT else alert_e2e.AlertFault(kubectl, say, ROOT, LOGS, TIER_NS, background)
 # The tier's own pods, kept for reading after the run (a rolling update deletes them).
@@ -401,8 +405,7 @@ def wait_rollouts():
                 ("deployment", "kube-dispatch-loadbalancer", TIER_NS),
                 ("deployment", "configmap-hasher", CONTROLLER_NS),
                 ("deployment", "configmap-hasher-go", GO_CONTROLLER_NS)]
-    if PORTED:
-        rollouts.append(("deployment", ported_e2e.DEPLOYMENT, ported_e2e.CONTROLLER_NS))
+    rollouts += [("deployment", ported_e2e.DEPLOYMENT, p.controller_ns) for p in PORTED]
     for kind, name, ns in rollouts:
         kubectl("-n", ns, "rollout", "status", f"{kind}/{name}", "--timeout", "300s")
 
@@ -543,16 +546,16 @@ def apply_controllers():
                 if o:
                     documents.append(o)
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
-    if PORTED:
-        PORTED.apply(ROOT, alias, f"kube-dispatch-go-hasher:{INSTALL_TAG}")
+    for p in PORTED:
+        p.apply(ROOT, alias, INSTALL_TAG)
 
 
 def rolling_update():
     """`helm upgrade` to a new image tag (the same image under a second name): every
     dispatcher pod is replaced, one at a time, highest ordinal first. The ported controllers'
     objects are changed as it begins."""
-    if PORTED:
-        PORTED.change()
+    for p in PORTED:
+        p.change()
     helm("upgrade", "kube-dispatch", CHART, "--namespace", TIER_NS, "--reuse-values",
          "--set", "image.tag=dev-2")
     kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
@@ -699,7 +702,7 @@ def main():
     subprocess.run(
         [os.path.join(INSTALL_ROOT, "deploy", "tls.sh"), "--dir", os.path.join(NODE_DIR, "e2e-pki"),
          "--controller-namespace", CONTROLLER_NS, "--controller-namespace", GO_CONTROLLER_NS,
-         *(["--controller-namespace", ported_e2e.CONTROLLER_NS] if PORTED else [])],
+         *[a for p in PORTED for a in ("--controller-namespace", p.controller_ns)]],
         env={**os.environ, "KUBECTL": KUBECTL, "KUBECONFIG": KUBECONFIG}, check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -723,11 +726,11 @@ def main():
         ALERTS.start()
         say(f"Prometheus on {ALERTS.addr} scrapes the tier's pods and evaluates "
             f"{alert_e2e.ALERT} (logs in {ALERTS.dir})")
-    ported = []
-    if PORTED:
-        ported_pods = Watch(PORTED_LOG_FOLLOWER.on_event, "pods", "-n", ported_e2e.CONTROLLER_NS)
-        ported_pods.start()
-        ported.append(PORTED.start())
+    ported, ported_pods = [], [Watch(p.logs.on_event, "pods", "-n", p.controller_ns)
+                               for p in PORTED]
+    for p, watch in zip(PORTED, ported_pods):
+        watch.start()
+        ported.append(p.start())
     phase("baseline", baseline, writing=False)
     if FROM_ROOT:
         phase(f"upgrade {FROM_VERSION}", upgrade)
@@ -745,11 +748,11 @@ def main():
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))
         phase("scale 4 -> 1", scale(1))
-    if PORTED:
-        # The change written as the rolling update began: settled now, after every phase.
-        ported.append(PORTED.settle("change"))
-        ported.append(PORTED.finish())
-        ported_pods.stop()
+    # The change written as the rolling update began: settled now, after every phase.
+    ported += [p.settle("change") for p in PORTED]
+    ported += [p.finish() for p in PORTED]
+    for watch in ported_pods:
+        watch.stop()
     kdctl_exit = kdctl_status()
     controller_pods.stop()
     go_controller_pods.stop()
@@ -779,14 +782,15 @@ def main():
              and r["go_reconciles"] >= r["writes"] for r in results)
     ok = ok and kdctl_exit == 0
     print(f"  kdctl status with only a kubeconfig: exit {kdctl_exit}")
-    if PORTED:
-        runs = PORTED_LOG_FOLLOWER.runs()
+    for p in PORTED:
+        runs = p.logs.runs()
         overlaps = concurrent(runs)
-        print(f"  ported controllers (deploy/examples/ported-go): {len(runs)} reconciles, "
+        steps = [s for s in ported if s["language"] == p.language]
+        print(f"  ported controllers ({p.overlay}): {len(runs)} reconciles, "
               f"concurrent {overlaps}, steps: " + ", ".join(
-                  f"{p['step']} {'settled' if not p['wrong'] else 'NOT settled'} "
-                  f"in {p['seconds']:.1f} s" for p in ported))
-        ok = ok and overlaps == 0 and len(runs) > 0 and not any(p["wrong"] for p in ported)
+                  f"{s['step']} {'settled' if not s['wrong'] else 'NOT settled'} "
+                  f"in {s['seconds']:.1f} s" for s in steps))
+        ok = ok and overlaps == 0 and len(runs) > 0 and not any(s["wrong"] for s in steps)
     if not SHORT and not FROM_ROOT:
         ok = ok and PDB_REFUSED == [True]
         print(f"  PodDisruptionBudget refused the second eviction: {PDB_REFUSED == [True]}")

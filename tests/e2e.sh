@@ -5,8 +5,8 @@
 # kube-dispatch:dev and kube-dispatch:dev-2, and the Go SDK's example controller's image
 # (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py installs
 # the tier with its Helm chart, applies the example controllers (the Rust and the Go one, each
-# a group of its own, and the Go SDK's ported controllers of deploy/examples/ported-go with a
-# scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along, and runs a rolling
+# a group of its own, and both SDKs' ported controllers, deploy/examples/ported-go and
+# ported-rust, with a scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along, and runs a rolling
 # update of the StatefulSet (helm upgrade), a pod deletion, a dispatcher killed with SIGKILL, a
 # dispatcher's Lease writes refused until its alert fires in a Prometheus on this machine
 # (tests/alert_e2e.py), two evictions against the PodDisruptionBudget and the controller scaled
@@ -49,19 +49,21 @@ finish() {
     # A node that was already running goes on; the workloads go. The ported controllers'
     # objects first, while their controllers still run: a Mirror's finalizer is theirs to lift.
     k=("$KD_KUBECTL" --kubeconfig "$kubeconfig")
-    if ! "${k[@]}" delete namespace e2e-ported --ignore-not-found --timeout=60s >/dev/null 2>&1; then
-      # Its controllers did not lift the Mirrors' finalizers (a failed run): lift them here.
-      for m in $("${k[@]}" -n e2e-ported get mirrors.examples.kube-dispatch.dev -o name 2>/dev/null); do
-        "${k[@]}" -n e2e-ported patch "$m" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-      done
-    fi
+    for ns in e2e-ported e2e-ported-rust; do
+      if ! "${k[@]}" delete namespace "$ns" --ignore-not-found --timeout=60s >/dev/null 2>&1; then
+        # Its controllers did not lift the Mirrors' finalizers (a failed run): lift them here.
+        for m in $("${k[@]}" -n "$ns" get mirrors.examples.kube-dispatch.dev -o name 2>/dev/null); do
+          "${k[@]}" -n "$ns" patch "$m" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+        done
+      fi
+    done
     "${k[@]}" delete crd bundles.examples.kube-dispatch.dev mirrors.examples.kube-dispatch.dev --ignore-not-found >/dev/null 2>&1 || true
-    "${k[@]}" delete clusterrolebinding,clusterrole ported-controllers-go --ignore-not-found >/dev/null 2>&1 || true
+    "${k[@]}" delete clusterrolebinding,clusterrole ported-controllers-go ported-controllers-rust --ignore-not-found >/dev/null 2>&1 || true
     "${k[@]}" delete clusterrole kube-dispatch-dispatcher-ported-examples kube-dispatch-kdctl-ported-examples --ignore-not-found >/dev/null 2>&1 || true
     # The alert phase's fault, if a failure left it in place.
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete validatingadmissionpolicybinding,validatingadmissionpolicy e2e-lease-writes-refused --ignore-not-found >/dev/null 2>&1 || true
     "$KD_HELM" --kubeconfig "$kubeconfig" uninstall kube-dispatch --namespace kube-dispatch >/dev/null 2>&1 || true
-    for ns in configmap-hasher configmap-hasher-go ported-go e2e-ported; do
+    for ns in configmap-hasher configmap-hasher-go ported-go ported-rust e2e-ported e2e-ported-rust; do
       "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     done
     "$KD_KUBECTL" --kubeconfig "$kubeconfig" delete namespace e2e-objects --ignore-not-found --wait=false >/dev/null 2>&1 || true

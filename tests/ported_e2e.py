@@ -1,9 +1,12 @@
 """The ported controllers' scenario of `make e2e` (tests/e2e.py runs it on the real node).
 
-deploy/examples/ported-go, as `kubectl apply -k` would apply it: the Go SDK's Bundle and Mirror
-controllers (controller-sdk/go/examples/ported, written as kubebuilder writes them, in one
-manager with two replicas), their CRDs and what the dispatchers must read for them. In
-namespace e2e-ported:
+Each SDK's ported example controllers, as `kubectl apply -k` would apply their overlay: the Go
+SDK's Bundle and Mirror controllers (deploy/examples/ported-go: controller-sdk/go/examples/ported,
+written as kubebuilder writes them, in one manager) and the Rust SDK's (deploy/examples/ported-rust:
+controller-sdk/examples/ported, written as kube-rs's guide writes them, in one process), each
+with two replicas, their CRDs and what the dispatchers must read for them. Each language keeps
+to a namespace of its own (WATCH_NAMESPACE), e2e-ported for Go and e2e-ported-rust for Rust,
+where:
 
 1. start: Bundles, and Mirrors of ConfigMaps, are created; each Bundle must come to own
    exactly its copies, with its data, and say so in its status at its generation; each Mirror
@@ -24,8 +27,6 @@ import hashlib
 import json
 import time
 
-NAMESPACE = "e2e-ported"
-CONTROLLER_NS = "ported-go"
 DEPLOYMENT = "ported-controllers"
 GROUP = "examples.kube-dispatch.dev"
 MIRRORED_BY = f"{GROUP}/mirrored-by"
@@ -45,10 +46,24 @@ def data_hash(data):
     return h.hexdigest()
 
 
+# Each language's overlay, its image, its controllers' namespace, and the namespace they
+# reconcile.
+GO = {"language": "Go", "overlay": "deploy/examples/ported-go", "image": "kube-dispatch-go-hasher",
+      "controller_ns": "ported-go", "namespace": "e2e-ported"}
+RUST = {"language": "Rust", "overlay": "deploy/examples/ported-rust", "image": "kube-dispatch",
+        "controller_ns": "ported-rust", "namespace": "e2e-ported-rust"}
+
+
 class Ported:
-    def __init__(self, kubectl, say):
+    def __init__(self, kubectl, say, flavour, logs):
+        """`flavour` is GO or RUST; `logs` follows the controllers' pods (tests/e2e.py's
+        ControllerLogs) and gives their reconciles."""
         self.kubectl = kubectl
-        self.say = say
+        self.flavour, self.logs = flavour, logs
+        self.language = flavour["language"]
+        self.overlay, self.controller_ns = flavour["overlay"], flavour["controller_ns"]
+        self.namespace = flavour["namespace"]
+        self.say = lambda line: say(f"ported controllers ({self.language}): {line}")
         # What each object should come to: Bundles (copies, data), Mirrors' ConfigMaps' data
         # (None once deleted), and the Mirrors deleted.
         self.bundles = dict(BUNDLES)
@@ -56,25 +71,30 @@ class Ported:
         self.deleted_mirrors = set()
         self.last_hash = {}
 
-    def apply(self, root, host_aliases, image):
+    def apply(self, root, host_aliases, tag):
         """The overlay as kustomize builds it, with what this node lacks (the load balancer's
         name in a host alias) and the JSON logs the reconciles are read from."""
         import yaml
-        built = self.kubectl("kustomize", f"{root}/deploy/examples/ported-go")
+        built = self.kubectl("kustomize", f"{root}/{self.overlay}")
         documents = [o for o in yaml.safe_load_all(built) if o]
         for o in documents:
             if o["kind"] == "Deployment":
                 pod = o["spec"]["template"]["spec"]
                 pod["hostAliases"] = host_aliases
                 container = pod["containers"][0]
-                container["image"] = image
-                container["args"] += ["--zap-log-level=2", "--zap-time-encoding=epoch"]
+                container["image"] = f"{self.flavour['image']}:{tag}"
+                env = [e for e in container.get("env", []) if e["name"] != "WATCH_NAMESPACE"]
+                container["env"] = env + [{"name": "WATCH_NAMESPACE", "value": self.namespace}]
+                if self.flavour is GO:
+                    container["args"] += ["--zap-log-level=2", "--zap-time-encoding=epoch"]
+                else:
+                    container["env"].append({"name": "KD_LOG_JSON", "value": "1"})
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                      f"crd/bundles.{GROUP}", f"crd/mirrors.{GROUP}")
 
     def _apply_objects(self, objects):
-        self.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(
+        self.kubectl("-n", self.namespace, "apply", "-f", "-", stdin=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": objects}))
 
     def _bundle(self, name):
@@ -87,7 +107,7 @@ class Ported:
                 "data": self.sources[name]}
 
     def start(self):
-        self.kubectl("create", "namespace", NAMESPACE, check=False)
+        self.kubectl("create", "namespace", self.namespace, check=False)
         self._apply_objects([self._source(n) for n in self.sources])
         self._apply_objects([self._bundle(n) for n in self.bundles])
         self._apply_objects([{"apiVersion": f"{GROUP}/v1", "kind": "Mirror", "metadata": {"name": m},
@@ -102,21 +122,21 @@ class Ported:
                              self._source("source-0")])
 
     def finish(self):
-        pods = json.loads(self.kubectl("-n", CONTROLLER_NS, "get", "pods", "-o", "json"))["items"]
+        pods = json.loads(self.kubectl("-n", self.controller_ns, "get", "pods", "-o", "json"))["items"]
         if pods:
             victim = pods[0]["metadata"]["name"]
-            self.say(f"ported controllers: deleting controller pod {victim}")
-            self.kubectl("-n", CONTROLLER_NS, "delete", "pod", victim, "--wait=false")
-        self.kubectl("-n", NAMESPACE, "delete", f"mirrors.{GROUP}", "mirror-1", "--wait=false")
+            self.say(f"deleting controller pod {victim}")
+            self.kubectl("-n", self.controller_ns, "delete", "pod", victim, "--wait=false")
+        self.kubectl("-n", self.namespace, "delete", f"mirrors.{GROUP}", "mirror-1", "--wait=false")
         self.deleted_mirrors.add("mirror-1")
-        self.kubectl("-n", NAMESPACE, "delete", "configmap", "source-2")
+        self.kubectl("-n", self.namespace, "delete", "configmap", "source-2")
         self.sources["source-2"] = None
         return self.settle("finish")
 
     def unsettled(self):
         """What is not yet as it should be, one line each."""
         wrong = []
-        get = lambda kind: json.loads(self.kubectl("-n", NAMESPACE, "get", kind, "-o", "json"))["items"]
+        get = lambda kind: json.loads(self.kubectl("-n", self.namespace, "get", kind, "-o", "json"))["items"]
         configmaps = {c["metadata"]["name"]: c for c in get("configmaps")}
         for b in get(f"bundles.{GROUP}"):
             name = b["metadata"]["name"]
@@ -157,7 +177,7 @@ class Ported:
 
     def missing_events(self):
         """The Mirror of the deleted ConfigMap must have been told so."""
-        events = json.loads(self.kubectl("-n", NAMESPACE, "get", "events.events.k8s.io", "-o",
+        events = json.loads(self.kubectl("-n", self.namespace, "get", "events.events.k8s.io", "-o",
                                          "json"))["items"]
         told = {e["regarding"]["name"] for e in events if e.get("reason") == "ConfigMapMissing"}
         return [] if "mirror-2" in told else ["mirror-2: no event ConfigMapMissing"]
@@ -173,8 +193,8 @@ class Ported:
             time.sleep(1)
         took = time.monotonic() - started
         if wrong:
-            self.say(f"ported controllers, {step}: NOT settled within {TIMEOUT} s: {'; '.join(wrong)}")
+            self.say(f"{step}: NOT settled within {TIMEOUT} s: {'; '.join(wrong)}")
         else:
-            self.say(f"ported controllers, {step}: settled in {took:.1f} s")
-        return {"step": step, "seconds": took, "wrong": wrong}
+            self.say(f"{step}: settled in {took:.1f} s")
+        return {"language": self.language, "step": step, "seconds": took, "wrong": wrong}
 

@@ -18,8 +18,8 @@
 //! `configset` example's documentation shows):
 //!
 //! ```sh
-//! kubectl --kubeconfig .cluster/kubeconfig apply -k controller-sdk/go/examples/bundles/config/crd \
-//!   -k controller-sdk/go/examples/mirrors/config/crd
+//! kubectl --kubeconfig .cluster/kubeconfig apply -k controller-sdk/go/examples/bundles/config/crd
+//! kubectl --kubeconfig .cluster/kubeconfig apply -k controller-sdk/go/examples/mirrors/config/crd
 //! KUBECONFIG=.cluster/kubeconfig KD_TLS_CA_FILE=.cluster/pki/ca.crt KD_TOKEN_FILE=.cluster/tokens/tester.token \
 //!   cargo run -p kube-dispatch-controller --example ported -- --namespace default --dispatcher 127.0.0.1:7070
 //! ```
