@@ -18,6 +18,7 @@ pub(crate) async fn run(groups: Arc<GroupTable>) {
     let mut slice_changes = Some(groups.slices());
     let mut status = QueueStatus::default();
     let settings = groups.settings().clone();
+    let mut last_resync = Instant::now();
     loop {
         let changed = async {
             match slice_changes.as_mut() {
@@ -40,13 +41,14 @@ pub(crate) async fn run(groups: Arc<GroupTable>) {
         groups.release_ring(&live);
         groups.share_bodies(&live, now);
         status.log(&live, settings.status_interval, now);
+        // Each key once per interval, spread evenly over the time since the last pass (a
+        // pass also runs when the slice changes, so passes are not a tick apart).
+        let elapsed = now.saturating_duration_since(last_resync);
+        last_resync = now;
         let interval = settings.resync_interval;
         if !interval.is_zero() {
             for group in live {
-                let keys = group.key_count();
-                // Spread evenly: keys * tick / interval per tick, rounded up.
-                let n = (keys as u128 * TICK.as_nanos()).div_ceil(interval.as_nanos().max(1));
-                group.resync_batch(usize::try_from(n).unwrap_or(usize::MAX));
+                group.resync_due(elapsed, interval);
             }
         }
     }

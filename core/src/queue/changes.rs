@@ -1,6 +1,8 @@
 //! What the watch and the resync make of keys: changes, observed objects, the deletions a
 //! re-list finds, resyncs and touches of related keys.
 
+use std::time::Duration;
+
 use kube_dispatch_proto::v1::Reason;
 
 use super::{
@@ -251,9 +253,20 @@ impl GroupQueue {
         dedup(wake)
     }
 
-    /// Resyncs the next `n` keys in index order, wrapping around, so that calling this every
-    /// tick with `n = len * tick / interval` resyncs every key once per interval, evenly spread.
-    /// Returns the sessions that now have ready keys.
+    /// Resyncs the keys whose turn came in the `elapsed` time since the last call, so that
+    /// every key is resynced once per `interval`, evenly spread: `len * elapsed / interval`
+    /// keys, the fraction of a key carried to the next call (rounded up instead, a queue of
+    /// fewer keys than an interval has calls would resync one key at every call: each key
+    /// every few seconds, not once an interval). Returns the sessions that now have ready keys.
+    pub fn resync_due(&mut self, elapsed: Duration, interval: Duration) -> Vec<SessionId> {
+        let interval = interval.as_nanos().max(1);
+        let owed = self.resync_carry + self.entries.len() as u128 * elapsed.as_nanos();
+        self.resync_carry = owed % interval;
+        self.resync_batch(usize::try_from(owed / interval).unwrap_or(usize::MAX))
+    }
+
+    /// Resyncs the next `n` keys in index order, wrapping around. Returns the sessions that now
+    /// have ready keys.
     pub fn resync_batch(&mut self, n: usize) -> Vec<SessionId> {
         let mut wake = Vec::new();
         for _ in 0..n.min(self.entries.len()) {

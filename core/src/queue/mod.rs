@@ -350,6 +350,9 @@ pub struct GroupQueue {
     /// The session and delivery of each key in flight.
     flights: HashMap<Key, Flight>,
     resync_cursor: usize,
+    /// What [`GroupQueue::resync_due`] owes beyond the whole keys it resynced: keys times
+    /// nanoseconds, less than one interval's worth.
+    resync_carry: u128,
     sessions: BTreeMap<SessionId, Session>,
     /// Replica id ring over the live sessions; keys are assigned to the session whose replica
     /// owns them.
@@ -439,6 +442,7 @@ impl GroupQueue {
             prefixes: Prefixes::default(),
             flights: HashMap::default(),
             resync_cursor: 0,
+            resync_carry: 0,
             sessions: BTreeMap::new(),
             ring: Ring::new(Vec::<String>::new()),
             replica_sessions: HashMap::default(),

@@ -1,7 +1,10 @@
 //! What the group makes of events: each event of a key recorded against the slice current now,
 //! the slice's changes trimming the queue, re-lists sweeping, resyncs and triggers.
 
-use std::sync::{Arc, MutexGuard};
+use std::{
+    sync::{Arc, MutexGuard},
+    time::Duration,
+};
 
 use kube_dispatch_core::{
     handover::Slice,
@@ -124,10 +127,10 @@ impl Group {
         }
     }
 
-    /// Resyncs up to `n` keys; see [`GroupQueue::resync_batch`].
-    pub fn resync_batch(&self, n: usize) {
+    /// Resyncs the keys whose turn came in `elapsed`; see [`GroupQueue::resync_due`].
+    pub fn resync_due(&self, elapsed: Duration, interval: Duration) {
         let mut state = self.state_now();
-        let wake = state.queue.resync_batch(n);
+        let wake = state.queue.resync_due(elapsed, interval);
         state.wake(wake);
     }
 }

@@ -1,6 +1,6 @@
 //! Resyncs, re-lists, related changes, traces, and a name deleted and used again.
 
-use std::num::NonZeroU64;
+use std::{collections::HashMap, num::NonZeroU64, time::Duration};
 
 use super::*;
 
@@ -79,6 +79,49 @@ fn resync_batches_walk_every_key_once_per_cycle() {
     let mut all: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
     all.sort();
     assert_eq!(seen, all);
+}
+
+/// Called every housekeeping tick (250 ms) with the default interval (10 minutes), resync
+/// reaches each key once per interval, whether the group holds fewer keys than an interval has
+/// ticks (rounded up per tick, 4 keys were resynced every second) or more, and never more than
+/// a tick's share at once.
+#[test]
+fn resync_due_resyncs_each_key_once_per_interval() {
+    let (tick, interval) = (Duration::from_millis(250), Duration::from_secs(600));
+    let ticks = interval.as_millis() / tick.as_millis();
+    for keys in [4usize, 3_000] {
+        let now = Instant::now();
+        let mut q = queue();
+        q.add_session(1, "a");
+        for i in 0..keys {
+            q.change(&format!("k{i}"), change(Reason::Added, 1));
+        }
+        for d in q.take(1, keys, now) {
+            q.ack(1, d.id, Outcome::Success, now);
+        }
+        let mut resynced: HashMap<String, u32> = HashMap::new();
+        let most_at_once = keys.div_ceil(usize::try_from(ticks).unwrap_or(1));
+        for _ in 0..2 * ticks {
+            q.resync_due(tick, interval);
+            let d = q.take(1, 1000, now);
+            assert!(
+                d.len() <= most_at_once,
+                "{} keys resynced in one tick of {keys}",
+                d.len()
+            );
+            for d in d {
+                assert_eq!(d.reason, Reason::Resync);
+                *resynced.entry(d.key.to_string()).or_default() += 1;
+                q.ack(1, d.id, Outcome::Success, now);
+            }
+        }
+        assert_eq!(resynced.len(), keys, "every key of {keys} resynced");
+        assert!(
+            resynced.values().all(|n| *n == 2),
+            "each of {keys} keys resynced once per interval, over two intervals: {:?}",
+            resynced.values().max()
+        );
+    }
 }
 
 fn observed(rv: u32) -> Observed {
