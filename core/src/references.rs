@@ -268,10 +268,24 @@ fn member<'a>(raw: &'a RawValue, name: &str) -> Option<&'a RawValue> {
 struct Target {
     /// The objects that name it, by request key.
     referrers: BTreeSet<Arc<str>>,
-    /// Its resourceVersion when the watch last showed it; `None` before that, or once deleted.
-    resource_version: Option<Box<str>>,
+    /// What the watch last showed of it.
+    shown: Shown,
     /// The list epoch the watch last showed it in.
     epoch: u32,
+}
+
+/// What the watch last showed of a target.
+#[derive(Debug, Default, PartialEq, Eq)]
+enum Shown {
+    /// Nothing since it was first named: the watch may have shown it before (a dispatcher lists
+    /// the named kind before the kind that names it as often as after), so whatever comes
+    /// next, its deletion included, is news to the referrers.
+    #[default]
+    Unknown,
+    /// It, at this resourceVersion.
+    At(Box<str>),
+    /// Its deletion, or a list without it.
+    Gone,
 }
 
 /// What the index holds of a referrer.
@@ -415,8 +429,8 @@ impl References {
 
     /// The target `key` was shown at `resource_version` by the list or stream of `epoch`, or
     /// deleted: the referrers to reconcile, if it is named and changed since it was last seen
-    /// (a target seen for the first time counts as changed: a referrer may have read it
-    /// before).
+    /// (a target seen for the first time counts as changed, its deletion too: a referrer may
+    /// have read it before, and the watch may have shown it before it was named here).
     pub fn target_seen(
         &mut self,
         key: &str,
@@ -428,22 +442,27 @@ impl References {
             return Vec::new();
         };
         target.epoch = epoch;
-        let now = (!deleted).then(|| Box::<str>::from(resource_version));
-        if target.resource_version == now {
+        let now = if deleted {
+            Shown::Gone
+        } else {
+            Shown::At(Box::from(resource_version))
+        };
+        if target.shown == now {
             return Vec::new();
         }
-        target.resource_version = now;
+        target.shown = now;
         target.referrers.iter().cloned().collect()
     }
 
     /// The targets' watch ended its list of `epoch`: the referrers of the targets of `belongs`
-    /// it did not show (deleted meanwhile, or never there), once per such target.
+    /// it did not show (deleted meanwhile, or never there), once per such target until it is
+    /// shown again.
     pub fn swept_targets(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) -> Vec<Arc<str>> {
         let mut tell = BTreeSet::new();
         for (key, target) in &mut self.by_target {
             if target.epoch < epoch && belongs(key) {
                 target.epoch = epoch;
-                if target.resource_version.take().is_some() {
+                if std::mem::replace(&mut target.shown, Shown::Gone) != Shown::Gone {
                     tell.extend(target.referrers.iter().cloned());
                 }
             }
@@ -659,5 +678,37 @@ mod tests {
         refs.retain(|k| k != "/Pod/ns/b");
         assert!(refs.is_empty());
         assert_eq!(refs.bytes(), 0);
+    }
+
+    /// The watch showed the target before anything named it here (a dispatcher listed the
+    /// ConfigMaps before the Mirrors that name them): its deletion, the next thing the watch
+    /// shows of it, still reconciles the objects that name it. It was swallowed, as if already
+    /// known deleted, and a Mirror never heard that its ConfigMap was gone.
+    #[test]
+    fn the_deletion_of_a_target_named_after_it_was_shown_tells_its_referrers() {
+        let mut refs = References::default();
+        assert!(
+            refs.target_seen("/Secret/ns/s", "5", 1, false).is_empty(),
+            "named by nothing yet"
+        );
+        refs.name("/Pod/ns/a", vec!["/Secret/ns/s".into()], 1);
+        let told = refs.target_seen("/Secret/ns/s", "5", 1, true);
+        assert_eq!(
+            told.iter().map(|k| &**k).collect::<Vec<_>>(),
+            ["/Pod/ns/a"],
+            "deleted"
+        );
+        assert!(
+            refs.target_seen("/Secret/ns/s", "5", 1, true).is_empty(),
+            "a deletion already told is not told again"
+        );
+        // Named, never shown, and missing from the next list: told once.
+        refs.name("/Pod/ns/b", vec!["/Secret/ns/t".into()], 1);
+        let gone = refs.swept_targets(2, |k| k.starts_with("/Secret/"));
+        assert_eq!(gone.iter().map(|k| &**k).collect::<Vec<_>>(), ["/Pod/ns/b"]);
+        assert!(
+            refs.swept_targets(3, |k| k.starts_with("/Secret/"))
+                .is_empty()
+        );
     }
 }

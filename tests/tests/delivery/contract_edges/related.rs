@@ -605,3 +605,127 @@ async fn a_trigger_is_refused_for_other_kinds_and_past_its_bound_and_adds_no_key
     d.stop().await;
     Ok(())
 }
+
+/// A replica that stops while a named object's deletion reaches it hands the key on to the
+/// other replica of the group, whether the deletion answered a poll it still had waiting (it
+/// acknowledges the delivery as a requeue, as the SDKs do with what arrives once they stop, and
+/// closes its session) or arrived after its last poll (queued for it, then its session closes).
+#[tokio::test]
+async fn a_named_objects_deletion_reaches_another_replica_when_its_replica_stops() -> TestResult {
+    let ns = TestNamespace::create("edges-handback").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    for (n, polling) in [(0, true), (1, false)] {
+        hand_over_on_stop(&ns, &d, n, polling).await?;
+    }
+    d.stop().await;
+    Ok(())
+}
+
+/// One case of the test above, with objects and replicas numbered `n`: the stopping replica's
+/// poll waits at the dispatcher when the Secret goes (`polling`), or it polls no more.
+async fn hand_over_on_stop(
+    ns: &TestNamespace,
+    d: &TestDispatcher,
+    n: u32,
+    polling: bool,
+) -> TestResult {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube_dispatch_proto::v1::{
+        AckItem, AckRequest, CloseSessionRequest, References, Requeue, ResourceRef, ack_item,
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let secrets: Api<Secret> = Api::namespaced(ns.client(), ns.name());
+    let group = format!("handback-{n}");
+    let subscriptions = vec![
+        subscription("v1", "ConfigMap", ns.name()),
+        Subscription {
+            referenced_by: Some(References {
+                resource: Some(ResourceRef {
+                    version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    ..ResourceRef::default()
+                }),
+                field_paths: vec!["data.secret".into()],
+            }),
+            ..subscription("v1", "Secret", ns.name())
+        },
+    ];
+    let (secret_name, name) = (format!("s{n}"), format!("a{n}"));
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(secret_name.clone());
+    secrets.create(&PostParams::default(), &secret).await?;
+    let mut naming = labelled(&name, "x");
+    naming.data = Some([("secret".to_owned(), secret_name.clone())].into());
+    configmaps.create(&PostParams::default(), &naming).await?;
+    let key = format!("/ConfigMap/{}/{name}", ns.name());
+
+    // Two replicas; the one handed the key is the one that will stop.
+    let mut first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
+    let mut second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
+    let (mut owner, mut other) = loop {
+        let (a, b) = tokio::join!(
+            first.poll_acking(&[], Duration::from_millis(300)),
+            second.poll_acking(&[], Duration::from_millis(300))
+        );
+        let (a, b) = (a?, b?);
+        first
+            .ack(&a.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+            .await?;
+        second
+            .ack(&b.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+            .await?;
+        if a.iter().any(|r| r.key == key) {
+            break (first, second);
+        }
+        if b.iter().any(|r| r.key == key) {
+            break (second, first);
+        }
+    };
+    let poll = polling.then(|| {
+        let mut owner = owner.clone();
+        tokio::spawn(async move { owner.poll_acking(&[], Duration::from_secs(5)).await })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    secrets
+        .delete(&secret_name, &DeleteParams::default())
+        .await?;
+    if let Some(poll) = poll {
+        let delivered = poll.await??;
+        let handed = delivered
+            .iter()
+            .find(|r| r.key == key)
+            .ok_or_else(|| format!("the owner's poll brought {delivered:?}, not {key}"))?;
+        assert_eq!(reason(handed), Reason::Referenced);
+        // Stopping: handed straight back.
+        let back = AckItem {
+            delivery_id: handed.delivery_id,
+            outcome: Some(ack_item::Outcome::Requeue(Requeue {
+                after: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
+            })),
+            memo: handed.memo.clone(),
+        };
+        let acks = AckRequest {
+            session_id: owner.id.clone(),
+            acks: vec![back],
+            ended_sessions: Vec::new(),
+        };
+        owner.client.ack(acks).await?;
+    } else {
+        // The deletion is queued for the owner, which polls no more.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let close = CloseSessionRequest {
+        session_id: owner.id.clone(),
+    };
+    owner.client.close_session(close).await?;
+    let got = other
+        .collect_until(Duration::from_secs(10), |got| {
+            got.iter().any(|r| r.key == key)
+        })
+        .await;
+    assert!(
+        got.iter().any(|r| r.key == key),
+        "polling {polling}: the other replica was never handed {key} after the owner stopped: {got:?}"
+    );
+    Ok(())
+}
