@@ -606,10 +606,14 @@ async fn a_trigger_is_refused_for_other_kinds_and_past_its_bound_and_adds_no_key
     Ok(())
 }
 
-/// A replica that stops while a named object's deletion reaches it hands the key on to the
-/// other replica of the group, whether the deletion answered a poll it still had waiting (it
-/// acknowledges the delivery as a requeue, as the SDKs do with what arrives once they stop, and
-/// closes its session) or arrived after its last poll (queued for it, then its session closes).
+/// A named object's deletion reconciles the object that names it although the dispatcher's
+/// watch showed the named object before anything named it (without the fix, the deletion was
+/// taken for one already told and nothing was delivered: a Mirror on the real node never heard
+/// that its ConfigMap was gone), and a replica that stops as the deletion reaches it hands the
+/// key on to the other replica of the group, whether the deletion answered a poll it still had
+/// waiting (it acknowledges the delivery as a requeue, as the SDKs do with what arrives once
+/// they stop, and closes its session) or arrived after its last poll (queued for it, then its
+/// session closes).
 #[tokio::test]
 async fn a_named_objects_deletion_reaches_another_replica_when_its_replica_stops() -> TestResult {
     let ns = TestNamespace::create("edges-handback").await?;
@@ -654,14 +658,17 @@ async fn hand_over_on_stop(
     let mut secret = Secret::default();
     secret.metadata.name = Some(secret_name.clone());
     secrets.create(&PostParams::default(), &secret).await?;
+    let key = format!("/ConfigMap/{}/{name}", ns.name());
+
+    // Two replicas; the one handed the key is the one that will stop. The ConfigMap names the
+    // Secret only once the dispatcher's watch has shown the Secret (as when it lists the named
+    // kind first), so that the Secret's deletion is the next thing the watch shows of it.
+    let mut first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
+    let mut second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
+    first.poll_acking(&[], Duration::from_millis(300)).await?;
     let mut naming = labelled(&name, "x");
     naming.data = Some([("secret".to_owned(), secret_name.clone())].into());
     configmaps.create(&PostParams::default(), &naming).await?;
-    let key = format!("/ConfigMap/{}/{name}", ns.name());
-
-    // Two replicas; the one handed the key is the one that will stop.
-    let mut first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
-    let mut second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
     let (mut owner, mut other) = loop {
         let (a, b) = tokio::join!(
             first.poll_acking(&[], Duration::from_millis(300)),
