@@ -122,6 +122,10 @@ bench-shards: ## Server-side sharding: the ring keyed by namespace against the r
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)
 	$(CARGO) bench -p kube-dispatch-core --bench dispatch_core
 
+.PHONY: release-assets
+release-assets: ## The archive of the static dispatcher and load balancer, with its SHA-256, that the Go SDK's dispatchtest fetches from a release (deploy/release-assets.sh): PROFILE (dist)
+	@deploy/release-assets.sh --profile $${PROFILE:-dist}
+
 .PHONY: publish-check
 publish-check: ## cargo publish --dry-run of the crates a controller needs (the SDK, its wire and telemetry crates, and kube-dispatch-testing with the dispatcher it runs), each packaged and built alone (~5 min)
 	$(CARGO) publish --dry-run --locked -p kube-dispatch-proto -p kube-dispatch-telemetry -p kube-dispatch-controller \

@@ -15,6 +15,9 @@ with a writer changing the ConfigMaps of namespace e2e-objects all along:
 3. pod deleted: `kubectl delete pod kube-dispatch-dispatcher-1` (SIGTERM, drain, restart);
 3b. SIGKILL: kube-dispatch-dispatcher-2's process killed through containerd (no drain, its
    Lease unreleased, reconciles in flight); the kubelet restarts its container;
+3l. LB leader: the load balancer's leader pod deleted (it releases its Lease as it drains: the
+   standby must lead at once), then the new leader killed with SIGKILL (the standby leads once
+   the Lease expires, or the restarted process renews it first);
 3c. Lease refused: kube-dispatch-dispatcher-1's Lease writes refused at admission until its
    alert, KubeDispatchLeaseRenewalsFailing, fires in a Prometheus on this machine, then allowed
    again until the alert resolves (tests/alert_e2e.py);
@@ -28,7 +31,7 @@ e2e-ported-rust; tests/ported_e2e.py): their objects created before the baseline
 the rolling update begins, checked after the last phase, then deleted after one controller pod
 is deleted. Not in `make test-skew` (the previous release's images do not hold them).
 
-E2E_SHORT=1 (what `make test` runs): 1, 2, 3b, 3c, and the controller scaled 2 -> 1.
+E2E_SHORT=1 (what `make test` runs): 1, 2, 3b, 3l, 3c, and the controller scaled 2 -> 1.
 
 E2E_FROM_ROOT=<tree> E2E_FROM_VERSION=<version> (what `make test-skew` runs, tests/skew.sh):
 the tier is installed from that release's tree (its chart, its tls.sh) with its images
@@ -587,35 +590,121 @@ def delete_pod():
     wait_pod_replaced("kube-dispatch-dispatcher-1", old)
 
 
-def kill_dispatcher():
-    """SIGKILL to kube-dispatch-dispatcher-2's process, through containerd, as the OOM killer or a
-    crash would end it: no drain, its Lease left unreleased, its sessions cut with reconciles in
-    flight. The kubelet restarts the container in the same pod; the new process finds its Lease
-    unreleased and hands nothing out until the reconciles its predecessor started are over."""
-    name = "kube-dispatch-dispatcher-2"
+def container_status(name):
+    pod = json.loads(kubectl("-n", TIER_NS, "get", "pod", name, "-o", "json"))
+    return (pod.get("status", {}).get("containerStatuses") or [{}])[0]
 
-    def container():
-        pod = json.loads(kubectl("-n", TIER_NS, "get", "pod", name, "-o", "json"))
-        return (pod.get("status", {}).get("containerStatuses") or [{}])[0]
 
-    before = container()
+def sigkill(name):
+    """SIGKILL to pod `name`'s process, through containerd, as the OOM killer or a crash would
+    end it; returns when, and its container's status before."""
+    before = container_status(name)
     killed = time.monotonic()
     kill = subprocess.run([*CTR, "tasks", "kill", "--signal", "SIGKILL",
                            before["containerID"].split("://", 1)[1]],
                           capture_output=True, text=True)
     if kill.returncode != 0:
         raise SystemExit(f"e2e: ctr could not kill {name}'s container: {kill.stderr.strip()}")
-    deadline = killed + 300
+    return killed, before
+
+
+def restarted(name, killed, before, timeout=300):
+    """Waits until pod `name`'s container, killed at `killed`, runs again and is Ready (it must
+    have ended with SIGKILL's 137); returns the seconds since the kill."""
+    deadline = killed + timeout
     while time.monotonic() < deadline:
-        now = container()
+        now = container_status(name)
         if now.get("restartCount", 0) > before["restartCount"] and now.get("ready"):
             exit_code = now.get("lastState", {}).get("terminated", {}).get("exitCode")
             if exit_code != 137:
                 raise SystemExit(f"e2e: {name}'s container ended with {exit_code}, not SIGKILL's 137")
-            return (f"{name} killed with SIGKILL (exit code {exit_code}); its container "
-                    f"restarted and Ready {time.monotonic() - killed:.1f} s later")
+            return time.monotonic() - killed
         time.sleep(0.5)
-    raise SystemExit(f"e2e: {name} was not restarted and Ready within 300 s of its SIGKILL")
+    raise SystemExit(f"e2e: {name} was not restarted and Ready within {timeout} s of its SIGKILL")
+
+
+def kill_dispatcher():
+    """SIGKILL to kube-dispatch-dispatcher-2's process: no drain, its Lease left unreleased, its
+    sessions cut with reconciles in flight. The kubelet restarts the container in the same pod;
+    the new process finds its Lease unreleased and hands nothing out until the reconciles its
+    predecessor started are over."""
+    name = "kube-dispatch-dispatcher-2"
+    killed, before = sigkill(name)
+    seconds = restarted(name, killed, before)
+    return (f"{name} killed with SIGKILL (exit code 137); its container restarted and Ready "
+            f"{seconds:.1f} s later")
+
+
+LB_LEASE = "kube-dispatch-loadbalancer"
+
+
+def lb_lease():
+    """The load balancer leader Lease's holder (the leader's advertised address), renew time
+    and duration."""
+    status, lease = API.call(
+        "GET", f"/apis/coordination.k8s.io/v1/namespaces/{TIER_NS}/leases/{LB_LEASE}")
+    spec = lease.get("spec", {}) if status == 200 else {}
+    return (spec.get("holderIdentity") or "", spec.get("renewTime"),
+            spec.get("leaseDurationSeconds") or 15)
+
+
+def lb_pod(holder):
+    """The load balancer pod whose address `holder` is (its pod IP and gRPC port)."""
+    pods = json.loads(kubectl("-n", TIER_NS, "get", "pods", "-o", "json"))["items"]
+    ip = holder.rsplit(":", 1)[0].strip("[]")
+    return next((p["metadata"]["name"] for p in pods
+                 if p["metadata"]["name"].startswith("kube-dispatch-loadbalancer-")
+                 and p.get("status", {}).get("podIP") == ip), holder)
+
+
+def leads_again(old, renewed, since, timeout, restarts=False):
+    """Waits until a load balancer leads again after leader `old` (a holder) was stopped at
+    `since`: another holds the Lease, or (`restarts`: its container restarts under the same
+    address) a new process of `old` renewed it. Returns the new holder, the seconds since
+    `since`, and the seconds since the Lease was seen released (None if it never was: released
+    and taken between two looks, 20 ms apart)."""
+    released = None
+    while time.monotonic() - since < timeout:
+        holder, renew, _ = lb_lease()
+        now = time.monotonic()
+        if not holder and released is None:
+            released = now
+        if holder and (holder != old or (restarts and renew != renewed)):
+            return holder, now - since, None if released is None else now - released
+        time.sleep(0.02)
+    raise SystemExit(f"e2e: no load balancer led within {timeout} s after {lb_pod(old)} stopped")
+
+
+def loadbalancer_leader():
+    """The load balancer's leader stopped cleanly (its pod deleted: after its preStop sleep it
+    releases its Lease as it drains), then the new leader killed with SIGKILL (nothing
+    released). The standby must lead at once after a release, and within the Lease's duration
+    after a kill, while the replicas go on reconciling (the phase's writes)."""
+    old, renewed, duration = lb_lease()
+    if not old:
+        raise SystemExit("e2e: no load balancer holds the leader Lease")
+    old_pod = lb_pod(old)
+    stopped = time.monotonic()
+    kubectl("-n", TIER_NS, "delete", "pod", old_pod, "--wait=false")
+    new, clean, leaderless = leads_again(old, renewed, stopped, 60)
+    new_pod = lb_pod(new)
+    # A standby that waited for the Lease to expire after a release would take a duration.
+    if leaderless is not None and leaderless > duration / 2:
+        raise SystemExit(f"e2e: the standby led {leaderless:.1f} s after {old_pod} released the "
+                         f"Lease, as if it waited for the Lease ({duration} s) to expire")
+    kubectl("-n", TIER_NS, "rollout", "status", "deployment/kube-dispatch-loadbalancer",
+            "--timeout", "300s")
+    killed, before = sigkill(new_pod)
+    # Read after the kill: what the killed process renewed last.
+    _, renewed, _ = lb_lease()
+    newer, after_kill, _ = leads_again(new, renewed, killed, duration + 60, restarts=True)
+    back = restarted(new_pod, killed, before)
+    gap = ("within one look (20 ms)" if leaderless is None
+           else f"{leaderless * 1000:.0f} ms after the release was seen")
+    return (f"leader {old_pod} stopped cleanly: {new_pod} led {gap}, {clean:.1f} s after the "
+            f"pod's deletion (its preStop sleep keeps it leading 3 s); {new_pod} killed with "
+            f"SIGKILL: {lb_pod(newer)} led {after_kill:.1f} s later (Lease {duration} s), "
+            f"{new_pod} Ready again {back:.1f} s after the kill")
 
 
 def evict(name):
@@ -738,12 +827,14 @@ def main():
     elif SHORT:
         phase("rolling update", rolling_update)
         phase("SIGKILL", kill_dispatcher)
+        phase("LB leader", loadbalancer_leader)
         phase("Lease refused", ALERTS.run)
         phase("scale 2 -> 1", scale(1))
     else:
         phase("rolling update", rolling_update)
         phase("pod deleted", delete_pod)
         phase("SIGKILL", kill_dispatcher)
+        phase("LB leader", loadbalancer_leader)
         phase("Lease refused", ALERTS.run)
         phase("eviction", evictions)
         phase("scale 2 -> 4", scale(4))

@@ -6,18 +6,19 @@
 # (deploy/image.sh --go-example) as kube-dispatch-go-hasher:dev, then tests/e2e.py installs
 # the tier with its Helm chart, applies the example controllers (the Rust and the Go one, each
 # a group of its own, and both SDKs' ported controllers, deploy/examples/ported-go and
-# ported-rust, with a scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along, and runs a rolling
-# update of the StatefulSet (helm upgrade), a pod deletion, a dispatcher killed with SIGKILL, a
-# dispatcher's Lease writes refused until its alert fires in a Prometheus on this machine
-# (tests/alert_e2e.py), two evictions against the PodDisruptionBudget and the controller scaled
+# ported-rust, with a scenario of their own: tests/ported_e2e.py), writes ConfigMaps all along,
+# and runs a rolling update of the StatefulSet (helm upgrade), a pod deletion, a dispatcher
+# killed with SIGKILL, the load balancer's leader stopped and then killed, a dispatcher's Lease
+# writes refused until its alert fires in a Prometheus on this machine (tests/alert_e2e.py), two
+# evictions against the PodDisruptionBudget and the controller scaled
 # 2 -> 4 -> 1, with a summary per phase (exit status 0 only with lost 0 and concurrent 0
 # everywhere, the ported controllers settled, and the alert fired and resolved in time).
 #
 # Environment:
 #   E2E_OBJECTS=N      ConfigMaps the writer changes (default 200)
 #   E2E_WRITE_RATE=N   writes per second during each phase (default 20)
-#   E2E_SHORT=1        baseline, rolling update, SIGKILL, Lease refused, controller scaled
-#                      2 -> 1 (what `make test` runs)
+#   E2E_SHORT=1        baseline, rolling update, SIGKILL, LB leader, Lease refused, controller
+#                      scaled 2 -> 1 (what `make test` runs)
 #   E2E_PROFILE=NAME   the cargo profile of the image's binaries (default release; `make test`
 #                      gives e2e: unoptimised, built in a fraction of the time)
 #   E2E_FROM_ROOT, E2E_FROM_VERSION, E2E_FROM_IMAGES

@@ -172,3 +172,12 @@ step "deploy/ on a real node (make e2e, short form)"
 # adds a pod deletion, evictions against the PodDisruptionBudget and scaling 2 -> 4 -> 1.
 await e2e-binaries
 E2E_SHORT=1 E2E_PROFILE=e2e tests/e2e.sh
+
+step "release assets (deploy/release-assets.sh), fetched as dispatchtest fetches them"
+# The archive of the e2e image's binaries, laid out as a release publishes it, served on
+# loopback to the Go SDK's fetch (dispatchtest.DownloadBinaryAssets), whose binaries must run.
+release_assets=$(mktemp -d)
+deploy/release-assets.sh --profile e2e --output "$release_assets/v$(deploy/version.sh)" >/dev/null
+(cd controller-sdk/go && KD_RELEASE_ASSETS="$release_assets" \
+  go test -count=1 -timeout 5m -run TestTheReleaseArchiveIsFetchedAndRuns -v ./dispatchtest/ | grep -E '^(--- |ok|FAIL)')
+rm -rf "$release_assets"

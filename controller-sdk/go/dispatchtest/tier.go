@@ -11,12 +11,16 @@
 //	err = dispatch.ControllerManagedBy(mgr).For(&v1.Widget{}).Complete(reconciler)
 //
 // The binaries are found as envtest finds the API server's: in Options.BinaryAssetsDirectory,
-// else in KUBE_DISPATCH_ASSETS, else on the PATH (kube-dispatch-dispatcher and
-// kube-dispatch-loadbalancer, from the release of the SDK or built with cargo build --bins).
+// else in KUBE_DISPATCH_ASSETS, else (with Options.DownloadBinaryAssets) fetched from this
+// SDK's release into a cache as setup-envtest fetches envtest's (DownloadBinaryAssets; the
+// command setup-kube-dispatch does the same and prints the directory, for KUBE_DISPATCH_ASSETS),
+// else on the PATH (kube-dispatch-dispatcher and kube-dispatch-loadbalancer, from the release
+// of the SDK or built with cargo build --bins).
 package dispatchtest
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -50,8 +54,17 @@ type Options struct {
 	Dispatchers int
 	// LeaseNamespace holds the dispatchers' Leases ("default" when empty); it must exist.
 	LeaseNamespace string
-	// BinaryAssetsDirectory holds the binaries; else KUBE_DISPATCH_ASSETS, else the PATH.
+	// BinaryAssetsDirectory holds the binaries; else KUBE_DISPATCH_ASSETS, else (with
+	// DownloadBinaryAssets) the release of this SDK's version fetched into the cache, else
+	// the PATH.
 	BinaryAssetsDirectory string
+	// DownloadBinaryAssets fetches the binaries of this SDK's release (dispatch.Version) when
+	// neither BinaryAssetsDirectory nor KUBE_DISPATCH_ASSETS names them, and keeps them in
+	// AssetsCacheDirectory for the next run (DownloadBinaryAssets, the function).
+	DownloadBinaryAssets bool
+	// BinaryAssetsURL is where releases publish their assets: KUBE_DISPATCH_ASSETS_URL, else
+	// DefaultBinaryAssetsURL, when empty.
+	BinaryAssetsURL string
 	// LogDirectory receives each process's log (a temporary directory when empty).
 	LogDirectory string
 	// Env is added to the environment every process starts with, which holds KUBECONFIG and
@@ -196,7 +209,15 @@ func (tier *Tier) Launch(options Options, env []string) error {
 
 // process is a process of binary, on free loopback addresses.
 func (tier *Tier) process(options Options, name, binary string) (*Process, error) {
-	path, err := FindBinary(options.BinaryAssetsDirectory, binary)
+	dir := options.BinaryAssetsDirectory
+	if dir == "" && os.Getenv("KUBE_DISPATCH_ASSETS") == "" && options.DownloadBinaryAssets {
+		fetched, err := DownloadBinaryAssets(context.Background(), options.BinaryAssetsURL, "")
+		if err != nil {
+			return nil, err
+		}
+		dir = fetched
+	}
+	path, err := FindBinary(dir, binary)
 	if err != nil {
 		return nil, err
 	}

@@ -664,30 +664,12 @@ async fn hand_over_on_stop(
     // Secret only once the dispatcher's watch has shown the Secret (as when it lists the named
     // kind first), so that the Secret's deletion is the next thing the watch shows of it.
     let mut first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
-    let mut second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
+    let second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
     first.poll_acking(&[], Duration::from_millis(300)).await?;
     let mut naming = labelled(&name, "x");
     naming.data = Some([("secret".to_owned(), secret_name.clone())].into());
     configmaps.create(&PostParams::default(), &naming).await?;
-    let (mut owner, mut other) = loop {
-        let (a, b) = tokio::join!(
-            first.poll_acking(&[], Duration::from_millis(300)),
-            second.poll_acking(&[], Duration::from_millis(300))
-        );
-        let (a, b) = (a?, b?);
-        first
-            .ack(&a.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
-            .await?;
-        second
-            .ack(&b.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
-            .await?;
-        if a.iter().any(|r| r.key == key) {
-            break (first, second);
-        }
-        if b.iter().any(|r| r.key == key) {
-            break (second, first);
-        }
-    };
+    let (mut owner, mut other) = handed(&key, first, second).await?;
     let poll = polling.then(|| {
         let mut owner = owner.clone();
         tokio::spawn(async move { owner.poll_acking(&[], Duration::from_secs(5)).await })
@@ -735,4 +717,32 @@ async fn hand_over_on_stop(
         "polling {polling}: the other replica was never handed {key} after the owner stopped: {got:?}"
     );
     Ok(())
+}
+
+/// The two sessions, the one `key` is handed to first: each polls, acknowledging what it gets,
+/// until one of them gets `key`.
+async fn handed(
+    key: &str,
+    mut first: TestSession,
+    mut second: TestSession,
+) -> TestResult<(TestSession, TestSession)> {
+    loop {
+        let (a, b) = tokio::join!(
+            first.poll_acking(&[], Duration::from_millis(300)),
+            second.poll_acking(&[], Duration::from_millis(300))
+        );
+        let (a, b) = (a?, b?);
+        first
+            .ack(&a.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+            .await?;
+        second
+            .ack(&b.iter().map(|r| r.delivery_id).collect::<Vec<_>>())
+            .await?;
+        if a.iter().any(|r| r.key == key) {
+            return Ok((first, second));
+        }
+        if b.iter().any(|r| r.key == key) {
+            return Ok((second, first));
+        }
+    }
 }
