@@ -158,7 +158,9 @@ func (s *cacheScope) narrow(o Options, forKind schema.GroupVersionKind, owned []
 	for _, kind := range owned {
 		s.served.Store(kind, true)
 		child := s.of(kind)
-		if child.namespace != primary.namespace {
+		// Children live in their owner's namespace: a kind cached in every namespace is
+		// watched in the For kind's, which is all the owners can own.
+		if child.namespace != "" && child.namespace != primary.namespace {
 			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options keep %s to namespace %q and %s to %q: the tier watches a controller's children in its own namespace; give both one namespace", kind.Kind, child.namespace, forKind.Kind, primary.namespace))
 		}
 		if child.field != "" {
