@@ -179,34 +179,49 @@ class Watch(threading.Thread):
         self.proc.terminate()
 
 
+class Sent:
+    """One write: the hash of what it wrote, when it was sent, and once the API server answered,
+    when and at which resourceVersion."""
+
+    __slots__ = ("digest", "at", "answered", "version")
+
+    def __init__(self, digest, at):
+        self.digest, self.at, self.answered, self.version = digest, at, None, ""
+
+
 class Objects:
     """The ConfigMaps the writer changes, and the delay from each write until the watch sees
     its content's hash in one controller's annotation (`current` and `digest`: that
     controller's check and hash). A write superseded before it is reconciled is not timed (the
     writer comes back to each ConfigMap every OBJECTS / RATE seconds), so each ConfigMap's wait
     is kept too: from its first write not yet reconciled until a reconcile covers its latest,
-    which shows a key held for longer than the writer's round."""
+    which shows a key held for longer than the writer's round. A write is recorded before it is
+    sent: the reconcile it causes may be seen before the writer has read the API server's
+    answer (a write recorded only then stayed uncovered, and the ConfigMap seemed to wait a whole
+    round of the writer)."""
 
     def __init__(self, current=annotated, digest=content_hash):
         self.current, self.digest = current, digest
         self.lock = threading.Lock()
-        # name -> (hash written, when sent, when answered, resourceVersion) of its latest write
+        # name -> its latest write (Sent), until the watch sees it reconciled
         self.pending = {}
-        # (seconds from sending the write to the annotation seen, name, seconds the API server
-        # took to answer the write, the write's resourceVersion)
+        # (seconds from sending the write to the annotation seen, name, the write)
         self.delays = []
         # (seconds a ConfigMap waited from its first unreconciled write, name)
         self.waits = []
-        # name -> [(hash written, when sent)] of the writes no reconcile has covered yet
+        # name -> [Sent] of the writes no reconcile has covered yet
         self.unreconciled = {}
         self.writes = 0
         self.generation = 0
 
-    def written(self, name, data, at, answered, version):
+    def sending(self, name, data, at):
+        """A write of `data` to `name`, sent at `at`; the caller fills in the answer."""
+        sent = Sent(self.digest(data), at)
         with self.lock:
-            self.pending[name] = (self.digest(data), at, answered, version)
-            self.unreconciled.setdefault(name, []).append((self.digest(data), at))
+            self.pending[name] = sent
+            self.unreconciled.setdefault(name, []).append(sent)
             self.writes += 1
+        return sent
 
     def on_event(self, kind, cm, at):
         if kind not in ("ADDED", "MODIFIED") or not self.current(cm):
@@ -215,25 +230,27 @@ class Objects:
         with self.lock:
             digest = self.digest(cm.get("data") or {})
             want = self.pending.get(name)
-            if want and want[0] == digest:
+            if want and want.digest == digest:
                 del self.pending[name]
-                self.delays.append((at - want[1], name, want[2] - want[1], want[3]))
+                self.delays.append((at - want.at, name, want))
             # A reconcile of a write covers it and every write before it; the ConfigMap waited
             # from its first write not covered until one covers its latest.
             writes = self.unreconciled.get(name, [])
-            covered = max((i for i, (h, _) in enumerate(writes) if h == digest), default=None)
+            covered = max((i for i, w in enumerate(writes) if w.digest == digest), default=None)
             if covered is not None:
                 if covered == len(writes) - 1:
-                    self.waits.append((at - writes[0][1], name))
+                    self.waits.append((at - writes[0].at, name))
                 del writes[:covered + 1]
 
     def take(self):
-        """The delays of the writes reconciled since the last take, their count, and the
-        longest a ConfigMap waited ((0, "-") with none)."""
+        """The delays of the writes reconciled since the last take (seconds, name, seconds the
+        API server took to answer, resourceVersion), their count, and the longest a ConfigMap
+        waited ((0, "-") with none)."""
         with self.lock:
             delays, writes, waits = self.delays, self.writes, self.waits
             self.delays, self.writes, self.waits = [], 0, []
-            return delays, writes, max(waits, default=(0.0, "-"))
+        delays = [(d, name, (w.answered or w.at) - w.at, w.version) for d, name, w in delays]
+        return delays, writes, max(waits, default=(0.0, "-"))
 
 
 OBJECTS_SEEN = Objects()
@@ -243,6 +260,7 @@ GO_SEEN = Objects(go_annotated, go_content_hash)
 def write(name, generation):
     data = {"index": name, "generation": str(generation)}
     at = time.time()
+    sent = [seen.sending(name, data, at) for seen in (OBJECTS_SEEN, GO_SEEN)]
     status, body = API.call(
         "PATCH", f"/api/v1/namespaces/{OBJECTS_NS}/configmaps/{name}",
         {"data": data}, content_type="application/merge-patch+json",
@@ -256,8 +274,8 @@ def write(name, generation):
     if status >= 300:
         raise SystemExit(f"e2e: writing {name} failed: {status} {body.get('message')}")
     version = (body.get("metadata") or {}).get("resourceVersion", "")
-    OBJECTS_SEEN.written(name, data, at, answered, version)
-    GO_SEEN.written(name, data, at, answered, version)
+    for w in sent:
+        w.answered, w.version = answered, version
 
 
 class Writer(threading.Thread):
@@ -335,23 +353,30 @@ class ControllerLogs:
     """Follows the log of every pod of `namespace` into LOGS/<pod>-<uid>.log (`kubectl logs
     -f`) once a watch of its pods shows its container started, so reconciles of pods scaled
     away still count, and the logs of a StatefulSet's pods replaced under the same name are
-    all kept; `read` takes the reconciles from a log."""
+    all kept; a container restarted in its pod (killed, say) is followed again, into
+    LOGS/<pod>-<uid>-<restarts>.log. `read` takes the reconciles from a log."""
 
     def __init__(self, namespace, read=None):
         self.namespace, self.read = namespace, read
         self.lock = threading.Lock()
-        self.followed = {}  # uid -> (pod name, log file)
+        self.followed = {}  # (uid, restarts) -> (pod name, log file)
 
     def on_event(self, kind, pod, at):
         name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
         statuses = pod.get("status", {}).get("containerStatuses", [])
         started = any("running" in s.get("state", {}) or "terminated" in s.get("state", {})
                       for s in statuses)
-        path = os.path.join(LOGS, f"{name}-{uid[:8]}.log")
+        running = any("running" in s.get("state", {}) for s in statuses)
+        restarts = sum(s.get("restartCount", 0) for s in statuses)
+        suffix = f"-{restarts}" if restarts else ""
+        path = os.path.join(LOGS, f"{name}-{uid[:8]}{suffix}.log")
         with self.lock:
-            if kind == "DELETED" or not started or uid in self.followed:
+            # A restarted container is followed once it runs (the log of the one before has
+            # ended with it).
+            if (kind == "DELETED" or not started or (restarts and not running)
+                    or (uid, restarts) in self.followed):
                 return
-            self.followed[uid] = (name, path)
+            self.followed[(uid, restarts)] = (name, path)
         with open(path, "w") as out:
             background(
                 [KUBECTL, "--kubeconfig", KUBECONFIG, "-n", self.namespace, "logs", "-f",
