@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/fields"
 	klabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -40,8 +41,9 @@ type cacheScope struct {
 	served sync.Map
 }
 
-// newCacheScope is what options narrow, or why the tier cannot narrow it so.
-func newCacheScope(options cache.Options) (*cacheScope, error) {
+// newCacheScope is what options narrow, or why the tier cannot narrow it so; scheme names the
+// kinds of ByObject (the manager's, which options.Scheme is unless the cache was made alone).
+func newCacheScope(options cache.Options, scheme *runtime.Scheme) (*cacheScope, error) {
 	s := &cacheScope{byKind: map[schema.GroupVersionKind]cache.ByObject{}}
 	namespace, config, err := oneNamespace("cache.Options.DefaultNamespaces", options.DefaultNamespaces)
 	if err != nil {
@@ -58,7 +60,7 @@ func newCacheScope(options cache.Options) (*cacheScope, error) {
 		"DefaultWatchErrorHandler":    options.DefaultWatchErrorHandler != nil,
 	}
 	for object, by := range options.ByObject {
-		gvk, err := apiutil.GVKForObject(object, options.Scheme)
+		gvk, err := apiutil.GVKForObject(object, scheme)
 		if err != nil {
 			return s, fmt.Errorf("kube-dispatch: cache.Options.ByObject: %w", err)
 		}

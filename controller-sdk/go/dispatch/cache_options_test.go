@@ -45,6 +45,10 @@ func TestCacheOptionsTheTierCannotServeAreRefused(t *testing.T) {
 		t.Errorf("two namespaces: %v", err)
 	}
 	team := labels.SelectorFromSet(labels.Set{"team": "a"})
+	// A cache made alone, without a scheme, names its ByObject kinds by the client's.
+	if _, err := dispatch.NewCache(config, cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: team}}}); err != nil {
+		t.Errorf("a cache made without a scheme: %v", err)
+	}
 	cases := []struct {
 		name    string
 		options cache.Options

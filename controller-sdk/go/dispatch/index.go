@@ -47,11 +47,11 @@ import (
 // The options' namespace and selectors are served as the controllers' own (see cacheScope);
 // more than one namespace is refused here.
 func NewCache(config *rest.Config, options cache.Options) (cache.Cache, error) {
-	scope, err := newCacheScope(options)
+	reader, err := newClient(config, client.Options{HTTPClient: options.HTTPClient, Scheme: options.Scheme, Mapper: options.Mapper}, 0)
 	if err != nil {
 		return nil, err
 	}
-	reader, err := newClient(config, client.Options{HTTPClient: options.HTTPClient, Scheme: options.Scheme, Mapper: options.Mapper}, 0)
+	scope, err := newCacheScope(options, reader.Scheme())
 	if err != nil {
 		return nil, err
 	}
