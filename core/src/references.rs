@@ -284,7 +284,10 @@ enum Shown {
     Unknown,
     /// It, at this resourceVersion.
     At(Box<str>),
-    /// Its deletion, or a list without it.
+    /// Missing from a list. A target named while that list ran may have been shown by it
+    /// before it was named (and is then not missing), so its deletion is still news.
+    Missing,
+    /// Its deletion.
     Gone,
 }
 
@@ -455,14 +458,17 @@ impl References {
     }
 
     /// The targets' watch ended its list of `epoch`: the referrers of the targets of `belongs`
-    /// it did not show (deleted meanwhile, or never there), once per such target until it is
-    /// shown again.
+    /// it did not show (deleted meanwhile, never there, or shown before they were named here),
+    /// once per such target until it is shown or deleted.
     pub fn swept_targets(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) -> Vec<Arc<str>> {
         let mut tell = BTreeSet::new();
         for (key, target) in &mut self.by_target {
             if target.epoch < epoch && belongs(key) {
                 target.epoch = epoch;
-                if std::mem::replace(&mut target.shown, Shown::Gone) != Shown::Gone {
+                if !matches!(
+                    std::mem::replace(&mut target.shown, Shown::Missing),
+                    Shown::Missing | Shown::Gone
+                ) {
                     tell.extend(target.referrers.iter().cloned());
                 }
             }
@@ -701,6 +707,21 @@ mod tests {
         assert!(
             refs.target_seen("/Secret/ns/s", "5", 1, true).is_empty(),
             "a deletion already told is not told again"
+        );
+        // Shown by a list before it was named, swept as missing at that list's end: its
+        // deletion is still told.
+        assert!(refs.target_seen("/Secret/ns/u", "7", 4, false).is_empty());
+        refs.name("/Pod/ns/c", vec!["/Secret/ns/u".into()], 4);
+        let swept = refs.swept_targets(4, |k| k == "/Secret/ns/u");
+        assert_eq!(
+            swept.iter().map(|k| &**k).collect::<Vec<_>>(),
+            ["/Pod/ns/c"]
+        );
+        let told = refs.target_seen("/Secret/ns/u", "7", 4, true);
+        assert_eq!(
+            told.iter().map(|k| &**k).collect::<Vec<_>>(),
+            ["/Pod/ns/c"],
+            "deleted after the sweep"
         );
         // Named, never shown, and missing from the next list: told once.
         refs.name("/Pod/ns/b", vec!["/Secret/ns/t".into()], 1);
