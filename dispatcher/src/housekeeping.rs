@@ -42,8 +42,12 @@ pub(crate) async fn run(groups: Arc<GroupTable>) {
         groups.share_bodies(&live, now);
         status.log(&live, settings.status_interval, now);
         // Each key once per interval, spread evenly over the time since the last pass (a
-        // pass also runs when the slice changes, so passes are not a tick apart).
-        let elapsed = now.saturating_duration_since(last_resync);
+        // pass also runs when the slice changes, so passes are not a tick apart). After a
+        // stall (a paused process) at most a second's share is owed: a whole group resynced
+        // under one hold of its lock would stall its polls, and resync is level-triggered.
+        let elapsed = now
+            .saturating_duration_since(last_resync)
+            .min(Duration::from_secs(1));
         last_resync = now;
         let interval = settings.resync_interval;
         if !interval.is_zero() {
