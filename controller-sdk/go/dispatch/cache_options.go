@@ -27,11 +27,13 @@ import (
 
 // cacheScope is what NewCache was told to narrow.
 type cacheScope struct {
-	// namespace is the one namespace of DefaultNamespaces; empty: every namespace.
+	// namespace is the one namespace of DefaultNamespaces (empty: every namespace), and
+	// config what DefaultNamespaces says of it.
 	namespace string
-	// label and field are the selectors for every kind: DefaultNamespaces' own, else the
-	// Default ones; empty: none.
-	label, field string
+	config    cache.Config
+	// label and field are the Default selectors, for every kind (nil: none).
+	label klabels.Selector
+	field fields.Selector
 	// byKind are ByObject's, by kind.
 	byKind map[schema.GroupVersionKind]cache.ByObject
 	// unapplied names the options set that have nothing to apply to.
@@ -49,15 +51,15 @@ func newCacheScope(options cache.Options, scheme *runtime.Scheme) (*cacheScope, 
 	if err != nil {
 		return s, err
 	}
-	s.namespace = namespace
-	s.label = labelString(config.LabelSelector, options.DefaultLabelSelector)
-	s.field = fieldString(config.FieldSelector, options.DefaultFieldSelector)
+	s.namespace, s.config = namespace, config
+	s.label, s.field = options.DefaultLabelSelector, options.DefaultFieldSelector
 	unapplied := map[string]bool{
 		"SyncPeriod (the dispatchers resync every key at their --resync-interval)": options.SyncPeriod != nil || config.SyncPeriod != nil,
-		"DefaultTransform":            options.DefaultTransform != nil || config.Transform != nil,
-		"ReaderFailOnMissingInformer": options.ReaderFailOnMissingInformer,
-		"NewInformer":                 options.NewInformer != nil,
-		"DefaultWatchErrorHandler":    options.DefaultWatchErrorHandler != nil,
+		"DefaultTransform": options.DefaultTransform != nil || config.Transform != nil,
+		"DefaultUnsafeDisableDeepCopy (no object is cached, so none is shared)": options.DefaultUnsafeDisableDeepCopy != nil,
+		"ReaderFailOnMissingInformer":                                           options.ReaderFailOnMissingInformer,
+		"NewInformer":                                                           options.NewInformer != nil,
+		"DefaultWatchErrorHandler":                                              options.DefaultWatchErrorHandler != nil,
 	}
 	for object, by := range options.ByObject {
 		gvk, err := apiutil.GVKForObject(object, scheme)
@@ -96,44 +98,43 @@ func oneNamespace(what string, namespaces map[string]cache.Config) (string, cach
 		"run a manager per namespace (one Deployment each), or leave the namespaces out and skip the others in Reconcile", what, len(names), strings.Join(names, ", "))
 }
 
-// labelString is the first of selectors that selects something, as the API server takes it;
-// empty for none.
-func labelString(selectors ...klabels.Selector) string {
+// firstSet is the first of selectors that is set (not nil), as controller-runtime's cache
+// defaults them: a kind given labels.Everything() is exempt from the default selector.
+func firstSet[S interface{ String() string }](selectors ...S) (S, bool) {
 	for _, s := range selectors {
-		if s != nil && !s.Empty() {
-			return s.String()
+		if any(s) != nil {
+			return s, true
 		}
 	}
-	return ""
+	var none S
+	return none, false
 }
 
-// fieldString is labelString for field selectors.
-func fieldString(selectors ...fields.Selector) string {
-	for _, s := range selectors {
-		if s != nil && !s.Empty() {
-			return s.String()
-		}
-	}
-	return ""
-}
-
-// scoped is the namespace and the label and field selectors the cache options give kind.
+// scoped is the namespace and the label and field selectors the cache options give a kind, as
+// the API server takes them (empty: every object).
 type scoped struct{ namespace, label, field string }
 
-func (s *cacheScope) of(kind schema.GroupVersionKind) scoped {
-	by, ok := s.byKind[kind]
-	if !ok {
-		return scoped{s.namespace, s.label, s.field}
+// of is what the cache options give kind: its ByObject namespace, else DefaultNamespaces'; the
+// selectors of that namespace's Config, else its ByObject ones, else the Default ones (the
+// order in which controller-runtime fills them in). A selector that selects nothing
+// (labels.Nothing(), which has no form the API server takes) is refused.
+func (s *cacheScope) of(kind schema.GroupVersionKind) (scoped, error) {
+	by := s.byKind[kind]
+	namespace, config := s.namespace, s.config
+	if len(by.Namespaces) > 0 {
+		namespace, config, _ = oneNamespace("", by.Namespaces)
 	}
-	namespace, config, _ := oneNamespace("", by.Namespaces)
-	if len(by.Namespaces) == 0 {
-		namespace = s.namespace
+	out := scoped{namespace: namespace}
+	if label, ok := firstSet(config.LabelSelector, by.Label, s.label); ok {
+		if !label.Empty() && label.String() == "" {
+			return out, fmt.Errorf("kube-dispatch: the manager's cache options give %s a label selector that selects nothing: the dispatchers cannot watch nothing; remove the kind from the controller instead", kind.Kind)
+		}
+		out.label = label.String()
 	}
-	return scoped{
-		namespace: namespace,
-		label:     firstOf(labelString(config.LabelSelector, by.Label), s.label),
-		field:     firstOf(fieldString(config.FieldSelector, by.Field), s.field),
+	if field, ok := firstSet(config.FieldSelector, by.Field, s.field); ok {
+		out.field = field.String()
 	}
+	return out, nil
 }
 
 // narrow is o with what the cache options said for a controller of forKind that owns owned:
@@ -152,18 +153,25 @@ func (s *cacheScope) narrow(o Options, forKind schema.GroupVersionKind, owned []
 		}
 	}
 	s.served.Store(forKind, true)
-	primary := s.of(forKind)
+	primary, err := s.of(forKind)
+	if err != nil {
+		return o, err
+	}
 	set("Namespace", &o.Namespace, primary.namespace)
 	set("LabelSelector", &o.LabelSelector, primary.label)
 	set("FieldSelector", &o.FieldSelector, primary.field)
 	children := map[string][]string{}
 	for _, kind := range owned {
 		s.served.Store(kind, true)
-		child := s.of(kind)
+		child, err := s.of(kind)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		// Children live in their owner's namespace: a kind cached in every namespace is
-		// watched in the For kind's, which is all the owners can own.
-		if child.namespace != "" && child.namespace != primary.namespace {
-			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options keep %s to namespace %q and %s to %q: the tier watches a controller's children in its own namespace; give both one namespace", kind.Kind, child.namespace, forKind.Kind, primary.namespace))
+		// watched in the controller's, which is all the owners can own.
+		if child.namespace != "" && child.namespace != o.Namespace {
+			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options keep %s to namespace %q and the controller to %q: the tier watches a controller's children in its own namespace; give both one namespace", kind.Kind, child.namespace, o.Namespace))
 		}
 		if child.field != "" {
 			errs = append(errs, fmt.Errorf("kube-dispatch: the manager's cache options give %s the field selector %q: the dispatchers narrow a controller's children by label only; "+
@@ -178,16 +186,6 @@ func (s *cacheScope) narrow(o Options, forKind schema.GroupVersionKind, owned []
 		set("OwnedLabelSelector", &o.OwnedLabelSelector, label)
 	}
 	return o, errors.Join(errs...)
-}
-
-// firstOf is the first of values that is not empty.
-func firstOf(values ...string) string {
-	for _, v := range values {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 // unserved names the kinds of ByObject that no Build narrowed: read only through the client,

@@ -65,7 +65,7 @@ func TestCacheOptionsTheTierCannotServeAreRefused(t *testing.T) {
 			DefaultNamespaces: map[string]cache.Config{"a": {}},
 			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{"b": {}}}},
 		}, func(b *dispatch.Builder) *dispatch.Builder { return b.Owns(&corev1.ConfigMap{}) },
-			`keep ConfigMap to namespace "b" and Deployment to "a"`},
+			`keep ConfigMap to namespace "b" and the controller to "a"`},
 		{"a namespace said twice, differently", cache.Options{DefaultNamespaces: map[string]cache.Config{"a": {}}},
 			func(b *dispatch.Builder) *dispatch.Builder {
 				return b.WithDispatchOptions(dispatch.Options{Namespace: "b"})

@@ -92,7 +92,9 @@ func DownloadBinaryAssets(ctx context.Context, url, version string) (string, err
 		return "", err
 	}
 	// Unpacked beside the final directory and renamed into place: tests of several packages
-	// fetching at once each unpack their own copy, and one rename wins.
+	// fetching at once each unpack their own copy, and one rename wins. What a killed fetch
+	// left goes first.
+	removeAbandoned(cache)
 	unpacked, err := os.MkdirTemp(cache, ".fetching-")
 	if err != nil {
 		return "", fmt.Errorf("dispatchtest: cannot unpack the tier's binaries: %w", err)
@@ -105,6 +107,21 @@ func DownloadBinaryAssets(ctx context.Context, url, version string) (string, err
 		return "", fmt.Errorf("dispatchtest: cannot keep the tier's binaries in %s: %w", dir, err)
 	}
 	return dir, nil
+}
+
+// removeAbandoned removes what fetches killed before their end left in cache: unpacking
+// directories older than a fetch may take.
+func removeAbandoned(cache string) {
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		return
+	}
+	for _, entry := range entries {
+		info, err := entry.Info()
+		if err == nil && strings.HasPrefix(entry.Name(), ".fetching-") && time.Since(info.ModTime()) > 2*assetsTimeout {
+			_ = os.RemoveAll(filepath.Join(cache, entry.Name()))
+		}
+	}
 }
 
 // hasBinaries is whether dir holds both of the tier's binaries.
@@ -220,9 +237,12 @@ func unpack(archive io.Reader, dir string) error {
 		if err != nil {
 			return err
 		}
-		_, err = io.Copy(out, io.LimitReader(entries, MaxAssetsArchiveBytes))
+		n, err := io.Copy(out, io.LimitReader(entries, MaxAssetsArchiveBytes+1))
 		if err := errors.Join(err, out.Close()); err != nil {
 			return err
+		}
+		if n > MaxAssetsArchiveBytes {
+			return fmt.Errorf("%s is larger than %d bytes", name, MaxAssetsArchiveBytes)
 		}
 	}
 }
