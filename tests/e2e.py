@@ -57,6 +57,7 @@ kubeconfig alone at the end, answers healthy.
 """
 
 import json
+from datetime import datetime
 import math
 import os
 import ssl
@@ -668,7 +669,9 @@ def lb_lease():
     and duration."""
     status, lease = API.call(
         "GET", f"/apis/coordination.k8s.io/v1/namespaces/{TIER_NS}/leases/{LB_LEASE}")
-    spec = lease.get("spec", {}) if status == 200 else {}
+    if status != 200:
+        return None  # not known now (an error is no release)
+    spec = lease.get("spec", {})
     return (spec.get("holderIdentity") or "", spec.get("renewTime"),
             spec.get("leaseDurationSeconds") or 15)
 
@@ -682,19 +685,39 @@ def lb_pod(holder):
                  and p.get("status", {}).get("podIP") == ip), holder)
 
 
-def leads_again(old, renewed, since, timeout, restarts=False):
+def lb_leader():
+    """The load balancer leader Lease as lb_lease reads it, retried past API errors."""
+    for _ in range(100):
+        lease = lb_lease()
+        if lease is not None:
+            return lease
+        time.sleep(0.1)
+    raise SystemExit("e2e: the load balancer's leader Lease cannot be read")
+
+
+def renewed_after(renew, wall):
+    """Whether the Lease renew time `renew` (RFC 3339) is later than `wall` (seconds since the
+    epoch; the load balancer runs on this machine, so one clock)."""
+    return bool(renew) and datetime.fromisoformat(renew.replace("Z", "+00:00")).timestamp() > wall
+
+
+def leads_again(old, since, timeout, killed_at=None):
     """Waits until a load balancer leads again after leader `old` (a holder) was stopped at
-    `since`: another holds the Lease, or (`restarts`: its container restarts under the same
-    address) a new process of `old` renewed it. Returns the new holder, the seconds since
-    `since`, and the seconds since the Lease was seen released (None if it never was: released
-    and taken between two looks, 20 ms apart)."""
+    `since`: another holds the Lease, or (`killed_at`: its container, killed then, restarts
+    under the same address) a new process of `old` renewed it after the kill. Returns the new
+    holder, the seconds since `since`, and the seconds since the Lease was seen released (None
+    if it never was: released and taken between two looks, 20 ms apart)."""
     released = None
     while time.monotonic() - since < timeout:
-        holder, renew, _ = lb_lease()
+        lease = lb_lease()
+        if lease is None:
+            time.sleep(0.02)
+            continue
+        holder, renew, _ = lease
         now = time.monotonic()
         if not holder and released is None:
             released = now
-        if holder and (holder != old or (restarts and renew != renewed)):
+        if holder and (holder != old or (killed_at and renewed_after(renew, killed_at))):
             return holder, now - since, None if released is None else now - released
         time.sleep(0.02)
     raise SystemExit(f"e2e: no load balancer led within {timeout} s after {lb_pod(old)} stopped")
@@ -705,25 +728,28 @@ def loadbalancer_leader():
     releases its Lease as it drains), then the new leader killed with SIGKILL (nothing
     released). The standby must lead at once after a release, and within the Lease's duration
     after a kill, while the replicas go on reconciling (the phase's writes)."""
-    old, renewed, duration = lb_lease()
+    old, _, duration = lb_leader()
     if not old:
         raise SystemExit("e2e: no load balancer holds the leader Lease")
     old_pod = lb_pod(old)
     stopped = time.monotonic()
     kubectl("-n", TIER_NS, "delete", "pod", old_pod, "--wait=false")
-    new, clean, leaderless = leads_again(old, renewed, stopped, 60)
+    new, clean, leaderless = leads_again(old, stopped, 60)
     new_pod = lb_pod(new)
-    # A standby that waited for the Lease to expire after a release would take a duration.
-    if leaderless is not None and leaderless > duration / 2:
-        raise SystemExit(f"e2e: the standby led {leaderless:.1f} s after {old_pod} released the "
-                         f"Lease, as if it waited for the Lease ({duration} s) to expire")
+    # A standby that waited for the Lease to expire after a release (or a leader that never
+    # released it) would take a duration, past the 3 s of the pod's preStop sleep.
+    if (leaderless is not None and leaderless > duration / 2) or clean > 3 + duration / 2:
+        raise SystemExit(f"e2e: the standby led {clean:.1f} s after {old_pod} was deleted, as if "
+                         f"it waited for the Lease ({duration} s) to expire")
     kubectl("-n", TIER_NS, "rollout", "status", "deployment/kube-dispatch-loadbalancer",
             "--timeout", "300s")
+    killed_at = time.time()
     killed, before = sigkill(new_pod)
-    # Read after the kill: what the killed process renewed last.
-    _, renewed, _ = lb_lease()
-    newer, after_kill, _ = leads_again(new, renewed, killed, duration + 60, restarts=True)
+    newer, after_kill, _ = leads_again(new, killed, duration + 60, killed_at=killed_at)
     back = restarted(new_pod, killed, before)
+    if after_kill > duration + 2:
+        raise SystemExit(f"e2e: no load balancer led within the Lease ({duration} s) after "
+                         f"{new_pod} was killed: {after_kill:.1f} s")
     gap = ("within one look (20 ms)" if leaderless is None
            else f"{leaderless * 1000:.0f} ms after the release was seen")
     return (f"leader {old_pod} stopped cleanly: {new_pod} led {gap}, {clean:.1f} s after the "
