@@ -663,9 +663,10 @@ async fn hand_over_on_stop(
     // Two replicas; the one handed the key is the one that will stop. The ConfigMap names the
     // Secret only once the dispatcher's watch has shown the Secret (as when it lists the named
     // kind first), so that the Secret's deletion is the next thing the watch shows of it.
-    let mut first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
+    let first = TestSession::open(d, &group, "replica-a", subscriptions.clone()).await?;
+    let first_id = first.id.clone();
     let second = TestSession::open(d, &group, "replica-b", subscriptions).await?;
-    first.poll_acking(&[], Duration::from_millis(300)).await?;
+    secrets_shown(d).await?;
     let mut naming = labelled(&name, "x");
     naming.data = Some([("secret".to_owned(), secret_name.clone())].into());
     configmaps.create(&PostParams::default(), &naming).await?;
@@ -674,7 +675,8 @@ async fn hand_over_on_stop(
         let mut owner = owner.clone();
         tokio::spawn(async move { owner.poll_acking(&[], Duration::from_secs(5)).await })
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The poll may reach the dispatcher before the deletion (answered by it) or after (taking
+    // it queued): either way the owner has it, and hands it back.
     secrets
         .delete(&secret_name, &DeleteParams::default())
         .await?;
@@ -701,7 +703,12 @@ async fn hand_over_on_stop(
         owner.client.ack(acks).await?;
     } else {
         // The deletion is queued for the owner, which polls no more.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let owner_replica = if owner.id == first_id {
+            "replica-a"
+        } else {
+            "replica-b"
+        };
+        queued_for(d, &group, &key, owner_replica).await?;
     }
     let close = CloseSessionRequest {
         session_id: owner.id.clone(),
@@ -745,4 +752,40 @@ async fn handed(
             return Ok((second, first));
         }
     }
+}
+
+/// Waits until the dispatcher's watch of Secrets has shown a Secret.
+async fn secrets_shown(d: &TestDispatcher) -> TestResult {
+    let shown = || {
+        d.handles
+            .groups
+            .watch_figures()
+            .iter()
+            .filter(|w| w.resource.ends_with("/secrets"))
+            .map(|w| w.counts.applied.load(std::sync::atomic::Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    kube_dispatch_tests::eventually(TIMEOUT, "the watch of Secrets shows the Secret", || async {
+        (shown() > 0).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until `key` of `group` is queued for `replica`'s session.
+async fn queued_for(d: &TestDispatcher, group: &str, key: &str, replica: &str) -> TestResult {
+    kube_dispatch_tests::eventually(TIMEOUT, format!("{key} queued for {replica}"), || async {
+        let group = d
+            .handles
+            .groups
+            .all()
+            .into_iter()
+            .find(|g| g.id.name == group)?;
+        let status = group.key_status(key)?;
+        (status.state == kube_dispatch_core::queue::KeyState::Queued
+            && status.replica.as_deref() == Some(replica))
+        .then_some(())
+    })
+    .await?;
+    Ok(())
 }
