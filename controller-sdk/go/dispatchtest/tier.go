@@ -161,6 +161,13 @@ func (tier *Tier) Launch(options Options, env []string) error {
 		namespace = "default"
 	}
 	common := append([]string{"KD_LOG_JSON=1"}, env...)
+	if options.BinaryAssetsDirectory == "" && os.Getenv("KUBE_DISPATCH_ASSETS") == "" && options.DownloadBinaryAssets {
+		fetched, err := DownloadBinaryAssets(context.Background(), options.BinaryAssetsURL, "")
+		if err != nil {
+			return err
+		}
+		options.BinaryAssetsDirectory = fetched
+	}
 	for i := range n {
 		p, err := tier.process(options, fmt.Sprintf("dispatcher-%d", i), DispatcherBinary)
 		if err != nil {
@@ -209,15 +216,7 @@ func (tier *Tier) Launch(options Options, env []string) error {
 
 // process is a process of binary, on free loopback addresses.
 func (tier *Tier) process(options Options, name, binary string) (*Process, error) {
-	dir := options.BinaryAssetsDirectory
-	if dir == "" && os.Getenv("KUBE_DISPATCH_ASSETS") == "" && options.DownloadBinaryAssets {
-		fetched, err := DownloadBinaryAssets(context.Background(), options.BinaryAssetsURL, "")
-		if err != nil {
-			return nil, err
-		}
-		dir = fetched
-	}
-	path, err := FindBinary(dir, binary)
+	path, err := FindBinary(options.BinaryAssetsDirectory, binary)
 	if err != nil {
 		return nil, err
 	}
