@@ -64,8 +64,10 @@ pub enum Recovery {
     ListByStreaming,
     /// Try again after this long.
     RetryIn(Duration),
-    /// Give up: the request itself is refused (a 4xx other than 410: a bad selector, a
-    /// missing permission) before the watch ever started, which the caller reports.
+    /// Give up: the request itself is refused (a 4xx other than 410 Gone, 408 and 429: a bad
+    /// selector, a missing permission) before the watch ever started, which the caller
+    /// reports. A 429 (the API server's priority and fairness holding the identity back) and a
+    /// 408 say "not now", not "never": they are retried like a server error.
     Fail,
 }
 
@@ -147,7 +149,7 @@ impl WatchRetry {
                 self.listed_at_once = Some(now);
                 return Recovery::ListAgain;
             }
-            Some(400..=499) if failure.code != Some(410) && failure.starting => {
+            Some(code @ 400..=499) if !matches!(code, 408 | 410 | 429) && failure.starting => {
                 return Recovery::Fail;
             }
             _ => {}
@@ -258,15 +260,21 @@ mod tests {
             WatchRetry::default().recover(&running, Instant::now()),
             Recovery::RetryIn(_)
         ));
-        // A server error is retried even while starting.
-        let unavailable = WatchFailure {
-            code: Some(503),
-            ..forbidden
-        };
-        assert!(matches!(
-            WatchRetry::default().recover(&unavailable, Instant::now()),
-            Recovery::RetryIn(_)
-        ));
+        // A server error is retried even while starting, and so is the API server holding
+        // the identity back (429 from priority and fairness) or timing the request out.
+        for code in [503, 429, 408] {
+            let not_now = WatchFailure {
+                code: Some(code),
+                ..forbidden
+            };
+            assert!(
+                matches!(
+                    WatchRetry::default().recover(&not_now, Instant::now()),
+                    Recovery::RetryIn(_)
+                ),
+                "{code}"
+            );
+        }
     }
 
     #[test]

@@ -368,7 +368,10 @@ impl Handover {
         now: Instant,
     ) -> (BTreeMap<String, Peer>, Vec<(String, bool)>) {
         let deaths = observations.take_deaths();
-        let live = observations.live(now, grace);
+        let mut live = observations.live(now, grace);
+        // A dispatcher warming up to join is no member yet: the others keep serving what will
+        // move to it until it has listed it (`WARMING_ANNOTATION`). This one counts itself.
+        live.retain(|member, peer| !peer.warming || *member == self.identity);
         for member in deaths {
             // Still gone, it is counted below as it leaves the ring, or was when its Lease
             // expired (a dead member's Lease deleted by the collector is no new death).

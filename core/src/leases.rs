@@ -32,6 +32,8 @@ pub struct Peer {
     /// The ring it waits for the others to release, and the newest Lease resourceVersion it had
     /// seen when it adopted that ring: releases written up to then do not count for it.
     pub awaits: Option<(String, u128)>,
+    /// Whether it is still warming up to join ([`LeaseState::warming`]): not a member yet.
+    pub warming: bool,
 }
 
 /// A Lease as this process last saw it.
@@ -59,6 +61,10 @@ pub struct LeaseState {
     /// Whether the holder marked the Lease drained: it stopped with nothing in flight and
     /// deletes the Lease next.
     pub drained: bool,
+    /// Whether the holder is warming up to join the ring: it lists what it will own while the
+    /// others keep serving it, and is not a member until the mark is gone
+    /// (`kube_dispatch_proto::lease::WARMING_ANNOTATION`).
+    pub warming: bool,
     /// The tags of the sessions the holder may have handed keys to
     /// (`kube_dispatch_proto::lease::SESSIONS_ANNOTATION`); `None` when unknown: not listed (an
     /// older dispatcher), or more than it lists.
@@ -224,6 +230,7 @@ impl Observations {
                         resource_version: s.state.resource_version,
                         address: s.state.address.clone(),
                         awaits: s.state.awaits.clone(),
+                        warming: s.state.warming,
                     },
                 )
             })
@@ -249,6 +256,7 @@ mod tests {
             ring_key: None,
             resource_version: rv,
             drained: false,
+            warming: false,
             sessions: None,
             ended: BTreeMap::new(),
         }

@@ -168,6 +168,10 @@ pub struct LeaseConfig {
     pub grace: Duration,
     /// `T`: the longest a reconcile handed out by a dispatcher that died can still run.
     pub handover_bound: Duration,
+    /// The longest a dispatcher that joins warms up first (`crate::membership::warm_up`):
+    /// the others keep serving what moves to it until it has made and listed their groups.
+    /// Zero joins at once.
+    pub warm_up: Duration,
 }
 
 impl LeaseConfig {

@@ -70,6 +70,14 @@ struct Args {
     #[arg(long, env = "KD_LEASE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
     lease_grace: Duration,
 
+    /// Longest warm-up of a dispatcher that joins the ring (one that starts with no Lease of
+    /// its own: a new member, or a restart after a drain). Its Lease is marked warming and the
+    /// others keep serving the keys that will move to it, until every controller group they
+    /// serve has a session here and has listed what it will own; then it joins, and no write
+    /// waits for its lists. Past this bound it joins anyway. 0s joins at once.
+    #[arg(long, env = "KD_JOIN_WARM_UP", default_value = "60s", value_parser = humantime::parse_duration)]
+    join_warm_up: Duration,
+
     /// Address to serve gRPC on.
     #[arg(long, env = "KD_LISTEN", default_value = "0.0.0.0:7070")]
     listen: std::net::SocketAddr,
@@ -306,6 +314,7 @@ async fn main() -> anyhow::Result<()> {
         lease_duration,
         lease_renew_period,
         lease_grace,
+        join_warm_up,
         listen,
         admin_listen,
         advertise_address,
@@ -354,6 +363,7 @@ async fn main() -> anyhow::Result<()> {
             // A replica cancels what it holds from a session it could not renew within 3/4 of
             // the ttl, and any reconcile at 90 % of the maximum reconcile time.
             handover_bound: max_session_ttl.max(session_ttl).max(max_reconcile_time),
+            warm_up: join_warm_up,
         },
     );
     let listener = tokio::net::TcpListener::bind(listen)

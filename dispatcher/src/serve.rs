@@ -29,7 +29,7 @@ use crate::{
     grpc::{
         dispatcher::DispatcherService,
         operator::{DrainHandle, DrainState, OperatorService},
-        peer::PeerService,
+        peer::{PeerService, start_warm_up},
     },
     housekeeping,
     membership::{self, sessions::LeaseSessions},
@@ -272,7 +272,7 @@ fn start_table(
     process.tables.point_at(&groups);
     let membership_task = start_membership(
         config,
-        client.clone(),
+        (client.clone(), &groups),
         (slice_tx, released_rx),
         (lease_sessions, process.renewals.clone()),
         members_stop.clone(),
@@ -505,7 +505,7 @@ fn group_table(
 /// fixed ring the slice never changes, and there is no task.
 fn start_membership(
     config: &ServeConfig,
-    client: Client,
+    (client, groups): (Client, &Arc<GroupTable>),
     (slice, released): (watch::Sender<Arc<Slice>>, watch::Receiver<Option<String>>),
     (lease_sessions, renewals): (Arc<LeaseSessions>, membership::LeaseRenewals),
     stop: CancellationToken,
@@ -513,16 +513,21 @@ fn start_membership(
 ) -> Option<tokio::task::JoinHandle<()>> {
     match config.membership.clone() {
         Membership::Fixed(_) => None,
-        Membership::Leases(lease) => Some(tokio::spawn(membership::run(
-            client,
-            lease,
-            config.ring_key,
-            slice,
-            released,
-            lease_sessions,
-            (stop, clean),
-            renewals,
-        ))),
+        Membership::Leases(lease) => {
+            let credentials = config.security.peer_credentials.clone();
+            let warm = start_warm_up(groups.clone(), lease.warm_up, credentials, stop.clone());
+            Some(tokio::spawn(membership::run(
+                client,
+                lease,
+                config.ring_key,
+                slice,
+                released,
+                lease_sessions,
+                (stop, clean),
+                renewals,
+                warm,
+            )))
+        }
     }
 }
 

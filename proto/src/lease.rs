@@ -40,6 +40,13 @@ pub const AWAITS_ANNOTATION: &str = "kube-dispatch.dev/awaits-release";
 /// release; one deleted without it is a member that died, whose reconciles are waited out.
 pub const DRAINED_ANNOTATION: &str = "kube-dispatch.dev/drained";
 
+/// Annotation on a dispatcher's Lease (value `true`): its holder is joining the ring and is not
+/// a member yet. It has made the controller groups its peers serve and is listing what it will
+/// own; the other dispatchers keep serving those keys meanwhile, and count it a member once the
+/// mark is gone (make before break: a join never makes a write wait for the joiner's list). The
+/// load balancer places replicas on it all the same: their sessions are what make its groups.
+pub const WARMING_ANNOTATION: &str = "kube-dispatch.dev/warming";
+
 /// Annotation on a dispatcher's Lease: what it places keys by ([`RingKey::as_str`]).
 pub const RING_KEY_ANNOTATION: &str = "kube-dispatch.dev/ring-key";
 

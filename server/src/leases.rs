@@ -21,7 +21,7 @@ use kube::{
 use kube_dispatch_core::leases::{LeaseState, Observations};
 use kube_dispatch_proto::lease::{
     self, ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, LEASE_LABEL,
-    RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION,
+    RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, WARMING_ANNOTATION,
 };
 use tracing::warn;
 
@@ -128,6 +128,10 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
         drained: lease
             .annotations()
             .get(DRAINED_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        warming: lease
+            .annotations()
+            .get(WARMING_ANNOTATION)
             .is_some_and(|v| v == "true"),
         resource_version: lease
             .resource_version()

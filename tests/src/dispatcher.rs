@@ -23,7 +23,7 @@ use kube_dispatch_server::{auth::AuthConfig, authz::AuthzConfig, tls::Transport}
 
 use crate::{
     FixtureError,
-    isolated::{Isolated, bind, spawn_server},
+    isolated::{ApiAccess, Isolated, bind, spawn_server},
 };
 
 /// Settings for test dispatchers: short ttl and waits so tests finish quickly, and a fast
@@ -89,6 +89,20 @@ impl TestDispatcher {
         api: Option<std::net::SocketAddr>,
         advertise: Option<String>,
     ) -> Result<Self, FixtureError> {
+        Self::start_reaching(config, address, api.into(), advertise).await
+    }
+
+    /// Starts a dispatcher with `config` that reaches the API server as `token`'s identity.
+    pub async fn start_as(config: ServeConfig, token: String) -> Result<Self, FixtureError> {
+        Self::start_reaching(config, "127.0.0.1:0", ApiAccess::Token(token), None).await
+    }
+
+    async fn start_reaching(
+        config: ServeConfig,
+        address: &str,
+        api: ApiAccess,
+        advertise: Option<String>,
+    ) -> Result<Self, FixtureError> {
         let (listener, addr) = bind(address)?;
         let mut config = config;
         if let Membership::Leases(lease) = &mut config.membership {
@@ -151,6 +165,9 @@ pub fn lease_membership(namespace: &str, identity: &str, bound: Duration) -> Mem
         renew_period: Duration::from_millis(400),
         grace: Duration::from_millis(500),
         handover_bound: bound,
+        // Tests that join under load turn it on; the others open sessions by hand, not on
+        // every dispatcher, and would wait the warm-up out.
+        warm_up: Duration::ZERO,
     })
 }
 

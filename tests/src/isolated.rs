@@ -30,13 +30,32 @@ pub fn bind(address: &str) -> Result<(std::net::TcpListener, SocketAddr), Fixtur
     Ok((listener, addr))
 }
 
-/// Runs a serving component named `name` on its own runtime: `serve` gets an admin client
-/// (reaching the API server through `api` when given), `listener`, the shutdown token and a
-/// sender for its handles, which this returns once it serves.
+/// How a component reaches the API server.
+#[derive(Clone, Debug, Default)]
+pub enum ApiAccess {
+    /// Directly, as the admin.
+    #[default]
+    Admin,
+    /// As the admin, through this proxy (a fault proxy in front of the API server).
+    Via(SocketAddr),
+    /// Directly, with this bearer token (an identity the API server's priority and fairness
+    /// can hold back, which it never does to the admin).
+    Token(String),
+}
+
+impl From<Option<SocketAddr>> for ApiAccess {
+    fn from(proxy: Option<SocketAddr>) -> Self {
+        proxy.map_or(Self::Admin, Self::Via)
+    }
+}
+
+/// Runs a serving component named `name` on its own runtime: `serve` gets a client that
+/// reaches the API server as `api` says, `listener`, the shutdown token and a sender for its
+/// handles, which this returns once it serves.
 pub async fn spawn_server<H, E, F, Fut>(
     name: &str,
     listener: std::net::TcpListener,
-    api: Option<SocketAddr>,
+    api: impl Into<ApiAccess>,
     serve: F,
 ) -> Result<(Isolated, H), FixtureError>
 where
@@ -49,10 +68,12 @@ where
 {
     let (tx, rx) = oneshot::channel();
     let label = name.to_owned();
+    let api = api.into();
     let runner = Isolated::spawn(name, move |shutdown| async move {
         let client = match api {
-            Some(proxy) => Cluster::shared().client_via(proxy).await,
-            None => Cluster::shared().client().await,
+            ApiAccess::Via(proxy) => Cluster::shared().client_via(proxy).await,
+            ApiAccess::Admin => Cluster::shared().client().await,
+            ApiAccess::Token(token) => Cluster::shared().client_with_token(&token, true).await,
         };
         let client = match client {
             Ok(c) => c,

@@ -232,6 +232,22 @@ impl Cluster {
         Ok(Client::try_from(self.config().await?)?)
     }
 
+    /// A new client that authenticates with the bearer `token` instead of the admin's, and
+    /// retries answers 429, 503 and 504 (kube's default) when `retry`.
+    pub async fn client_with_token(
+        &self,
+        token: &str,
+        retry: bool,
+    ) -> Result<Client, FixtureError> {
+        let mut config = self.config().await?;
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.to_owned().into()),
+            ..kube::config::AuthInfo::default()
+        };
+        config.default_retry = retry;
+        Ok(Client::try_from(config)?)
+    }
+
     /// A new admin client that counts in `lists` the LISTs it makes of `resource` (a plural, as
     /// in the URL): what a controller reading through it asks the API server.
     pub async fn client_counting_lists(

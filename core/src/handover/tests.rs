@@ -18,6 +18,7 @@ fn peers(entries: &[(&str, Option<&Ring>, u128)]) -> BTreeMap<String, Peer> {
                     resource_version: *rv,
                     address: None,
                     awaits: None,
+                    warming: false,
                 },
             )
         })
@@ -370,6 +371,44 @@ fn judged_members_that_died_are_waited_out_and_drained_ones_are_not() {
     let (live, _) = h.judge(&mut o, SEC, expired + T);
     h.update(&live, o.newest(), false, expired + T);
     assert!(!h.waits_on_dead(expired + T));
+}
+
+/// A dispatcher warming up to join is no member for the others, so they keep serving what
+/// would move to it; once its mark is gone it joins like any other. It counts itself.
+#[test]
+fn a_warming_dispatcher_joins_only_once_its_mark_is_gone() {
+    let t0 = Instant::now();
+    let state = |holder: &str, rv: u128, warming: bool| LeaseState {
+        holder: holder.into(),
+        renew_time: format!("t{rv}"),
+        duration: 10 * SEC,
+        resource_version: rv,
+        warming,
+        ..LeaseState::default()
+    };
+    let mut o = Observations::default();
+    o.observe("d0", state("d0", 1, false), t0);
+    o.observe("d1", state("d1", 2, true), t0);
+    let mut d0 = Handover::new("d0", T, t0, false);
+    let mut d1 = Handover::new("d1", T, t0, false);
+    let (live, gone) = d0.judge(&mut o, SEC, t0);
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["d0"]);
+    assert!(gone.is_empty());
+    let slice = d0.update(&live, o.newest(), false, t0);
+    assert_eq!(slice.ring.members(), ["d0"]);
+    assert!(slice.settled.is_some(), "d0 keeps serving every key");
+    let (live, _) = d1.judge(&mut o, SEC, t0);
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["d0", "d1"]);
+    let slice = d1.update(&live, o.newest(), false, t0);
+    assert!(slice.settled.is_none(), "the joiner serves nothing yet");
+    // Warmed up: the mark goes, and d0 adopts the ring of two. Its keys that move are no
+    // longer served (they go once the handover completes), and it is not a death.
+    o.observe("d1", state("d1", 3, false), t0 + SEC);
+    let (live, gone) = d0.judge(&mut o, SEC, t0 + SEC);
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["d0", "d1"]);
+    assert!(gone.is_empty() && !d0.waits_on_dead(t0 + SEC));
+    let slice = d0.update(&live, o.newest(), false, t0 + SEC);
+    assert_eq!(slice.ring.members(), ["d0", "d1"]);
 }
 
 /// A Lease of `holder` renewed at `renew` (10 s), listing no session unless changed.

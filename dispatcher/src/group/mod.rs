@@ -118,6 +118,9 @@ pub struct Group {
     /// requests carry them. Never unset: a replica of an older SDK in the same group ignores
     /// them.
     children_bodies: AtomicBool,
+    /// Set once every watch the group subscribes to has made its first list: it knows every
+    /// key it owns here (a warming dispatcher joins once its peers' groups are listed).
+    listed: AtomicBool,
     /// What the objects it serves here name at the field paths of its `referenced_by`
     /// subscriptions, both ways: a change to a named object reconciles the objects that name
     /// it. Bounded by the keys served here ([`kube_dispatch_core::references`]).
@@ -179,6 +182,7 @@ impl Group {
             owned: Mutex::default(),
             body_pool,
             children_bodies: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
             references: Mutex::default(),
             timers_changed: Notify::new(),
             dropped: cancel.clone(),
@@ -187,6 +191,17 @@ impl Group {
         });
         tokio::spawn(drive_timers(group.clone(), cancel));
         group
+    }
+
+    /// Every watch the group subscribes to has made its first list.
+    pub fn mark_listed(&self) {
+        self.listed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether every watch the group subscribes to has made its first list.
+    pub fn is_listed(&self) -> bool {
+        self.listed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Resolves when the group is dropped from the dispatcher (or the dispatcher stops).

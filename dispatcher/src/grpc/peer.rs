@@ -2,7 +2,9 @@
 //! starts serving a controller group asks its live peers for the deletions they remember of
 //! keys it owns (`kube_dispatch_core::recent_deletions`), so a deletion made while it was down,
 //! or before the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in
-//! transit"). Both sides are here: the service peers call, and the asking.
+//! transit"). A dispatcher warming up to join asks its peers which groups they serve, and
+//! joins once it has made and listed each (`crate::membership::warm_up`). Both sides are here:
+//! the service peers call, and the asking.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +12,8 @@ use kube_dispatch_proto::{
     Ring,
     credentials::{AuthChannel, Credentials},
     v1::{
-        RecentDeletionsRequest, RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
+        GroupName, GroupsRequest, GroupsResponse, RecentDeletionsRequest, RecentDeletionsResponse,
+        peer_client::PeerClient, peer_server::Peer,
     },
 };
 use kube_dispatch_server::auth::{Caller, GroupId};
@@ -20,7 +23,7 @@ use tracing::{info, warn};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kube_dispatch_core::subscription::MAX_FIELD_LEN;
 
-use crate::{group::Group, security::Guard, table::GroupTable};
+use crate::{group::Group, membership::warm_up::WarmUp, security::Guard, table::GroupTable};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -95,6 +98,139 @@ impl Peer for PeerService {
         keys.truncate(self.groups.recent_deletions().capacity);
         Ok(Response::new(RecentDeletionsResponse { keys }))
     }
+
+    async fn groups(
+        &self,
+        request: Request<GroupsRequest>,
+    ) -> Result<Response<GroupsResponse>, Status> {
+        self.guard.may_call_peer(&Caller::of(&request))?;
+        let groups = self
+            .groups
+            .served_groups()
+            .into_iter()
+            .map(|id| GroupName {
+                name: id.name,
+                owner: id.owner.unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(GroupsResponse { groups }))
+    }
+}
+
+/// A warm-up of at most `bound` for this dispatcher's membership loop, with its task started
+/// ([`warm_up`]) until `stop`; none when `bound` is zero.
+pub fn start_warm_up(
+    groups: Arc<GroupTable>,
+    bound: Duration,
+    credentials: Credentials,
+    stop: tokio_util::sync::CancellationToken,
+) -> WarmUp {
+    let warm = WarmUp::new(bound);
+    if warm.warming() {
+        tokio::spawn(warm_up(groups, warm.clone(), credentials, stop));
+    }
+    warm
+}
+
+/// Warms this dispatcher up to join the ring (`crate::membership::warm_up`): asks every live
+/// peer which groups it serves, then waits until each of them has been made here (by a session
+/// of its replicas) and has listed what it owns, and ends `warm`. A peer that cannot be reached
+/// is asked again with a backoff; one older than the question (UNIMPLEMENTED) names no group.
+/// When the warm-up runs out first, says which groups were not listed: writes to their keys
+/// that move here wait for their lists.
+pub async fn warm_up(
+    groups: Arc<GroupTable>,
+    warm: WarmUp,
+    credentials: Credentials,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let started = tokio::time::Instant::now();
+    let ask = async {
+        let peers = warm.peers().await?;
+        Some(groups_of(&peers, groups.identity(), &credentials).await)
+    };
+    let needed = tokio::select! {
+        () = stop.cancelled() => return,
+        () = warm.ended() => return,
+        () = tokio::time::sleep_until(warm.until()) => {
+            warn!(took = ?started.elapsed(), "the warm-up ran out (--join-warm-up) before the peers said which groups they serve: joining the ring");
+            warm.end();
+            return;
+        }
+        needed = ask => match needed {
+            Some(needed) => needed,
+            None => return,
+        },
+    };
+    let mut listed = groups.listed_changes();
+    loop {
+        let waiting: Vec<String> = needed
+            .iter()
+            .filter(|id| !groups.is_listed(id))
+            .map(ToString::to_string)
+            .collect();
+        if waiting.is_empty() {
+            info!(
+                groups = needed.len(),
+                took = ?started.elapsed(),
+                "warmed up: every controller group the peers serve is listed here; joining the ring"
+            );
+            break;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = warm.ended() => return,
+            () = tokio::time::sleep_until(warm.until()) => {
+                warn!(took = ?started.elapsed(), ?waiting, "the warm-up ran out (--join-warm-up) before every group the peers serve was made and listed here: joining the ring; writes to keys of these groups that move here wait for their replicas and lists");
+                break;
+            }
+            changed = listed.changed() => if changed.is_err() {
+                return;
+            },
+        }
+    }
+    warm.end();
+}
+
+/// The groups `peers` serve, each asked until it answers (or says it cannot tell).
+async fn groups_of(
+    peers: &std::collections::BTreeMap<String, String>,
+    identity: &str,
+    credentials: &Credentials,
+) -> std::collections::BTreeSet<GroupId> {
+    let mut needed = std::collections::BTreeSet::new();
+    let mut pending: Vec<(&String, &String)> = peers.iter().collect();
+    let mut delays = retry_delays();
+    let mut rounds = 0;
+    while !pending.is_empty() {
+        let mut unanswered = Vec::new();
+        for (peer, address) in pending {
+            let request = GroupsRequest {
+                identity: identity.to_owned(),
+            };
+            match ask_groups(credentials, address, request).await {
+                Ok(names) => needed.extend(names.into_iter().map(|g| GroupId {
+                    name: g.name,
+                    owner: Some(g.owner).filter(|o| !o.is_empty()),
+                })),
+                Err(e) if e.code() == tonic::Code::Unimplemented => {
+                    info!(%peer, "a peer older than the warm-up names no group: joining without waiting for its groups");
+                }
+                Err(e) => {
+                    if rounds == 0 {
+                        warn!(%peer, %address, error = %e, "cannot ask a peer which groups it serves; asking again");
+                    }
+                    unanswered.push((peer, address));
+                }
+            }
+        }
+        pending = unanswered;
+        rounds += 1;
+        if !pending.is_empty() {
+            tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(2500))).await;
+        }
+    }
+    needed
 }
 
 /// Once this dispatcher serves keys (its peers are known from their Leases by then), asks every
@@ -182,11 +318,11 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-async fn ask(
+/// A client of the peer at `address`, each call bounded by [`PEER_TIMEOUT`].
+async fn client(
     credentials: &Credentials,
     address: &str,
-    request: RecentDeletionsRequest,
-) -> Result<Vec<String>, Status> {
+) -> Result<PeerClient<AuthChannel>, Status> {
     let endpoint = credentials
         .endpoint(address)
         .map_err(|e| Status::invalid_argument(format!("bad peer address: {e}")))?
@@ -196,8 +332,24 @@ async fn ask(
         .connect()
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
-    let mut client: PeerClient<AuthChannel> =
-        PeerClient::with_interceptor(channel, credentials.bearer())
-            .max_decoding_message_size(MAX_ANSWER_BYTES);
+    Ok(PeerClient::with_interceptor(channel, credentials.bearer())
+        .max_decoding_message_size(MAX_ANSWER_BYTES))
+}
+
+async fn ask(
+    credentials: &Credentials,
+    address: &str,
+    request: RecentDeletionsRequest,
+) -> Result<Vec<String>, Status> {
+    let mut client = client(credentials, address).await?;
     Ok(client.recent_deletions(request).await?.into_inner().keys)
+}
+
+async fn ask_groups(
+    credentials: &Credentials,
+    address: &str,
+    request: GroupsRequest,
+) -> Result<Vec<GroupName>, Status> {
+    let mut client = client(credentials, address).await?;
+    Ok(client.groups(request).await?.into_inner().groups)
 }

@@ -17,7 +17,7 @@ use kube_dispatch_proto::{
     lease::{
         ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, ENDED_ANNOTATION, LEASE_LABEL,
         RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, SESSIONS_ANNOTATION,
-        SESSIONS_OVERFLOW, awaits_value,
+        SESSIONS_OVERFLOW, WARMING_ANNOTATION, awaits_value,
     },
 };
 use kube_dispatch_server::leases::lease_state;
@@ -57,6 +57,8 @@ struct Marks<'a> {
     awaits: Option<(String, u128)>,
     /// The drained mark: nothing handed out runs any more, and the Lease is deleted next.
     drained: bool,
+    /// The warming mark: not a member yet (`super::warm_up`).
+    warming: bool,
     /// The sessions listed ([`LeaseSessions`]); none on the drained write.
     sessions: Option<&'a str>,
     /// The reports of ended sessions carried (empty: none).
@@ -90,6 +92,9 @@ async fn write(
     annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
     if marks.drained {
         annotations.insert(DRAINED_ANNOTATION.into(), "true".into());
+    }
+    if marks.warming {
+        annotations.insert(WARMING_ANNOTATION.into(), "true".into());
     }
     if let Some((id, seen)) = marks.released {
         annotations.insert(RELEASED_ANNOTATION.into(), id.into());
@@ -194,6 +199,7 @@ impl Membership {
                     released: id.as_deref().map(|id| (id, seen)),
                     awaits: handover.awaits(),
                     drained: false,
+                    warming: self.warm.warming(),
                     sessions: Some(listed),
                     ended: &ended,
                 },
@@ -263,6 +269,7 @@ impl Membership {
                     released: id.as_deref().map(|id| (id, seen)),
                     awaits: None,
                     drained: true,
+                    warming: false,
                     sessions: None,
                     ended: "",
                 },

@@ -28,7 +28,7 @@ use kube_dispatch_proto::RingKey;
 use kube_dispatch_server::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use kube_dispatch_telemetry::metrics::Metrics;
 use prometheus_client::{
@@ -41,7 +41,9 @@ use crate::config::LeaseConfig;
 mod judging;
 mod lease;
 pub mod sessions;
+pub mod warm_up;
 use sessions::LeaseSessions;
+use warm_up::WarmUp;
 
 /// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
 /// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
@@ -49,7 +51,9 @@ use sessions::LeaseSessions;
 /// the reports of ended sessions of members that died it received (`HANDOVER.md`, "Ending the
 /// wait for a member that died, by reports"). After `stop`, the Lease is deleted (so the
 /// others take over at once) only if `clean` is set, that is when nothing handed out is still in
-/// flight; otherwise it is left to expire and the others wait out the handover bound.
+/// flight; otherwise it is left to expire and the others wait out the handover bound. A
+/// dispatcher that finds no Lease of its own joins after `warm` ends (`warm_up`); one whose
+/// previous process left its Lease behind ends `warm` at once.
 ///
 /// Each pass: renew when due (`Membership::renew`), judge the members on a whole and current
 /// view of the Leases (`Membership::judge`), delete the Leases of members dead past the bound
@@ -64,6 +68,7 @@ pub async fn run(
     sessions: Arc<LeaseSessions>,
     (stop, clean): (CancellationToken, Arc<AtomicBool>),
     renewals: LeaseRenewals,
+    warm: WarmUp,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut m = Membership::start(
@@ -72,7 +77,7 @@ pub async fn run(
         ring_key,
         slice,
         released,
-        (sessions, renewals),
+        (sessions, renewals, warm),
     )
     .await;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -85,11 +90,19 @@ pub async fn run(
         // In this order: the Leases seen first (a storm of writes never leaves the view
         // behind), then renewals on the period and at once when the released ring changes,
         // then the writes new sessions wait for.
+        let warming = m.warm.warming();
         let renew_due = tokio::select! {
             biased;
             () = stop.cancelled() => break,
             more = m.lease_watch.next() => if more { false } else { break },
             _ = m.renew_tick.tick() => true,
+            // Warmed up (or out of time): the mark goes at once, and the others adopt the ring.
+            () = m.warm.ended(), if warming => true,
+            () = tokio::time::sleep_until(m.warm.until()), if warming => {
+                info!(lease = %m.config.identity, "the warm-up ran out: joining the ring");
+                m.warm.end();
+                true
+            }
             Ok(()) = m.released.changed() => true,
             // A new session is handed keys once a write lists it.
             () = tokio::time::sleep_until(session_write.unwrap_or_else(tokio::time::Instant::now)), if session_write.is_some() => true,
@@ -108,6 +121,9 @@ pub async fn run(
         }
         let now = Instant::now();
         let judged = m.judge(now);
+        if judged && m.warm.warming() {
+            m.warm.set_peers(m.peer_addresses());
+        }
         m.collect_dead(now).await;
         m.publish(now, judged);
     }
@@ -201,6 +217,8 @@ struct Membership {
     own: Peer,
     /// Reports of ended sessions of members that died, carried on the Lease.
     relayed: Relayed,
+    /// The warm-up before joining: the Lease carries the mark until it ends.
+    warm: WarmUp,
 }
 
 impl Membership {
@@ -212,22 +230,37 @@ impl Membership {
         ring_key: RingKey,
         slice: watch::Sender<Arc<Slice>>,
         released: watch::Receiver<Option<String>>,
-        (sessions, renewals): (Arc<LeaseSessions>, LeaseRenewals),
+        (sessions, renewals, warm): (Arc<LeaseSessions>, LeaseRenewals, WarmUp),
     ) -> Self {
         let started = Instant::now();
         let mut version: Option<u128> = None;
+        let mut found_none = false;
         // A Lease of ours that is still there was not released: the previous process died.
         let predecessor_died = match leases.get_opt(&config.identity).await {
-            Ok(found) => found.is_some_and(|l| {
-                let state = lease_state(&l);
-                version = known(state.resource_version);
-                !state.holder.is_empty() && !state.drained
-            }),
+            Ok(found) => {
+                found_none = found.is_none();
+                found.is_some_and(|l| {
+                    let state = lease_state(&l);
+                    version = known(state.resource_version);
+                    !state.holder.is_empty() && !state.drained
+                })
+            }
             Err(e) => {
                 warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
                 true
             }
         };
+        // Only a dispatcher that is no member warms up: one whose Lease is still there may
+        // still be on the others' rings (a crash, a drain whose delete failed), and joins at once.
+        if !found_none {
+            warm.end();
+        } else if warm.warming() {
+            info!(
+                lease = %config.identity,
+                most = ?warm.until().saturating_duration_since(tokio::time::Instant::now()),
+                "warming up before joining the ring: the others keep serving what moves here until this dispatcher has made and listed their controller groups"
+            );
+        }
         if predecessor_died {
             warn!(
                 lease = %config.identity,
@@ -273,7 +306,19 @@ impl Membership {
             owed_asked: None,
             own: Peer::default(),
             relayed: Relayed::default(),
+            warm,
         }
+    }
+}
+
+impl Membership {
+    /// The live members other than this dispatcher that say where they serve.
+    fn peer_addresses(&self) -> BTreeMap<String, String> {
+        self.live
+            .iter()
+            .filter(|(name, _)| **name != self.config.identity)
+            .filter_map(|(name, peer)| Some((name.clone(), peer.address.clone()?)))
+            .collect()
     }
 }
 

@@ -92,6 +92,8 @@ pub struct GroupTable {
     shutdown: CancellationToken,
     /// The sessions this dispatcher's Lease lists, and the reports of ended sessions.
     lease_sessions: Arc<LeaseSessions>,
+    /// Counts the groups that finished their first lists: a warming dispatcher waits on it.
+    listed: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for GroupTable {
@@ -130,6 +132,7 @@ impl GroupTable {
             draining: CancellationToken::new(),
             shutdown,
             lease_sessions,
+            listed: watch::Sender::new(0),
         })
     }
 
@@ -215,6 +218,31 @@ impl GroupTable {
     /// The controller group `id`, if known here.
     pub fn group(&self, id: &GroupId) -> Option<Arc<Group>> {
         self.groups().get(id).map(|e| e.group.clone())
+    }
+
+    /// The groups served to at least one session here, for a warming peer (`Peer.Groups`).
+    pub fn served_groups(&self) -> Vec<GroupId> {
+        self.groups()
+            .iter()
+            .filter(|(_, e)| e.group.session_count() > 0)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Whether group `id` is here and has made its first lists.
+    pub fn is_listed(&self, id: &GroupId) -> bool {
+        self.groups().get(id).is_some_and(|e| e.group.is_listed())
+    }
+
+    /// Changes as groups finish their first lists.
+    pub fn listed_changes(&self) -> watch::Receiver<u64> {
+        self.listed.subscribe()
+    }
+
+    /// Group `group` has made its first lists.
+    pub(crate) fn listed(&self, group: &Group) {
+        group.mark_listed();
+        self.listed.send_modify(|n| *n += 1);
     }
 
     /// Every group named `name`, whoever it belongs to.

@@ -79,6 +79,7 @@ fn join_with(
         renew_period,
         grace: Duration::from_millis(500),
         handover_bound: Duration::from_secs(1),
+        warm_up: Duration::ZERO,
     };
     let clean = Arc::new(AtomicBool::new(true));
     let task = tokio::spawn(membership::run(
@@ -89,6 +90,7 @@ fn join_with(
         released,
         Arc::new(LeaseSessions::new(Duration::from_secs(1))),
         (cancel.clone(), clean),
+        Default::default(),
         Default::default(),
     ));
     Member { ring, cancel, task }

@@ -9,5 +9,6 @@ mod support;
 
 mod deletions;
 mod held_writes;
+mod joining;
 mod load_balancer;
 mod scaling;
