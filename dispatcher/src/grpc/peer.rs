@@ -104,7 +104,13 @@ impl Peer for PeerService {
         request: Request<GroupsRequest>,
     ) -> Result<Response<GroupsResponse>, Status> {
         self.guard.may_call_peer(&Caller::of(&request))?;
-        let groups = self
+        let identity = request.into_inner().identity;
+        if identity.len() > MAX_FIELD_LEN {
+            return Err(Status::invalid_argument(format!(
+                "identity must be at most {MAX_FIELD_LEN} bytes long"
+            )));
+        }
+        let groups: Vec<GroupName> = self
             .groups
             .served_groups()
             .into_iter()
@@ -113,6 +119,7 @@ impl Peer for PeerService {
                 owner: id.owner.unwrap_or_default(),
             })
             .collect();
+        info!(peer = %identity, groups = groups.len(), "a dispatcher warming up to join asked which groups this one serves");
         Ok(Response::new(GroupsResponse { groups }))
     }
 }

@@ -124,9 +124,12 @@ impl Membership {
     /// (only on a view just `judged` whole and current), asks for the writes that must not
     /// wait for the period, and publishes the slice.
     pub(super) fn publish(&mut self, now: Instant, judged: bool) {
-        let fenced = self
-            .renewed
-            .is_none_or(|at| now >= at + self.config.duration);
+        // Warming up, this dispatcher is no member in the others' eyes, and hands out nothing
+        // as if fenced: alone in its own view, its gate would open at once.
+        let fenced = self.mark_accepted
+            || self
+                .renewed
+                .is_none_or(|at| now >= at + self.config.duration);
         let next = self.handover.update(
             &self.live,
             self.lease_watch.observations.newest(),

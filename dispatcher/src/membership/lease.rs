@@ -187,6 +187,8 @@ impl Membership {
             listing.value.as_str()
         };
         let ended = self.relayed.value(at, config.handover_bound);
+        let warming = self.warm.warming();
+        self.mark_sent = warming;
         // A request the API server never answers must not hold this loop, which is what
         // fences this dispatcher when its Lease goes unrenewed.
         let renewal = tokio::time::timeout(
@@ -199,7 +201,7 @@ impl Membership {
                     released: id.as_deref().map(|id| (id, seen)),
                     awaits: handover.awaits(),
                     drained: false,
-                    warming: self.warm.warming(),
+                    warming,
                     sessions: Some(listed),
                     ended: &ended,
                 },
@@ -210,6 +212,7 @@ impl Membership {
             Ok(Renewal::Accepted(rv)) => {
                 self.renewals.count("accepted");
                 self.renewed = Some(at);
+                self.mark_accepted = warming;
                 self.version = known(rv);
                 self.sessions.written(&listing);
                 renewal_accepted(handover, &self.slice, at + config.duration, Instant::now);

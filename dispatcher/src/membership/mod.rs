@@ -91,6 +91,9 @@ pub async fn run(
         // behind), then renewals on the period and at once when the released ring changes,
         // then the writes new sessions wait for.
         let warming = m.warm.warming();
+        // The warm-up ended while this loop was busy elsewhere: the mark goes at the next pass
+        // all the same (once: a write that fails is retried on the period).
+        let unmark = !warming && m.mark_sent;
         let renew_due = tokio::select! {
             biased;
             () = stop.cancelled() => break,
@@ -111,7 +114,7 @@ pub async fn run(
                 false
             }
             _ = tick.tick() => false,
-        };
+        } || unmark;
         m.fence_after_a_pause(Instant::now());
         if renew_due {
             // Whatever the cause, a write lists every session opened so far.
@@ -219,6 +222,12 @@ struct Membership {
     relayed: Relayed,
     /// The warm-up before joining: the Lease carries the mark until it ends.
     warm: WarmUp,
+    /// Whether the last write of the Lease sent carried the warming mark.
+    mark_sent: bool,
+    /// Whether the Lease as last accepted carries it (or none was accepted yet while warming):
+    /// the others count this dispatcher a member only once a write without it is accepted,
+    /// and may serve its keys until then, so it hands out nothing before.
+    mark_accepted: bool,
 }
 
 impl Membership {
@@ -306,6 +315,8 @@ impl Membership {
             owed_asked: None,
             own: Peer::default(),
             relayed: Relayed::default(),
+            mark_sent: warm.warming(),
+            mark_accepted: warm.warming(),
             warm,
         }
     }

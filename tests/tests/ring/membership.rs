@@ -19,11 +19,11 @@ use kube::{
 use kube_dispatch_core::handover::Slice;
 use kube_dispatch_dispatcher::{
     config::LeaseConfig,
-    membership::{self, sessions::LeaseSessions},
+    membership::{self, sessions::LeaseSessions, warm_up::WarmUp},
 };
 use kube_dispatch_proto::{
     Ring,
-    lease::{DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, ring_id},
+    lease::{DRAINED_ANNOTATION, LEASE_LABEL, RELEASED_ANNOTATION, WARMING_ANNOTATION, ring_id},
 };
 use tokio::{
     sync::watch,
@@ -44,17 +44,19 @@ fn join(ns: &TestNamespace, identity: &str) -> Member {
         identity,
         Duration::from_secs(2),
         Duration::from_millis(500),
+        WarmUp::default(),
     )
 }
 
-/// A member with Lease `duration` renewed every `renew_period`. Nothing is ever in flight on
-/// it: it releases each ring it is on as soon as it adopts it, as a dispatcher with idle queues
-/// does.
+/// A member with Lease `duration` renewed every `renew_period`, joining after `warm` ends when
+/// it finds no Lease of its own. Nothing is ever in flight on it: it releases each ring it is
+/// on as soon as it adopts it, as a dispatcher with idle queues does.
 fn join_with(
     ns: &TestNamespace,
     identity: &str,
     duration: Duration,
     renew_period: Duration,
+    warm: WarmUp,
 ) -> Member {
     let empty = Slice::fixed(identity, Ring::new(Vec::<String>::new()));
     let (tx, ring) = watch::channel(Arc::new(empty));
@@ -91,7 +93,7 @@ fn join_with(
         Arc::new(LeaseSessions::new(Duration::from_secs(1))),
         (cancel.clone(), clean),
         Default::default(),
-        Default::default(),
+        warm,
     ));
     Member { ring, cancel, task }
 }
@@ -163,9 +165,9 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
     const DURATION: Duration = Duration::from_secs(90);
     const PROMPT: Duration = Duration::from_secs(5);
     let ns = TestNamespace::create("membership-join").await?;
-    let mut a = join_with(&ns, "dispatcher-0", DURATION, PERIOD);
+    let mut a = join_with(&ns, "dispatcher-0", DURATION, PERIOD, WarmUp::default());
     settles_on(&mut a, &["dispatcher-0"], PROMPT).await;
-    let mut b = join_with(&ns, "dispatcher-1", DURATION, PERIOD);
+    let mut b = join_with(&ns, "dispatcher-1", DURATION, PERIOD, WarmUp::default());
     let both = ["dispatcher-0", "dispatcher-1"];
     let took = settles_on(&mut b, &both, PROMPT).await;
     settles_on(&mut a, &both, PROMPT).await;
@@ -188,7 +190,7 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
         timeout(PROMPT, await_condition(leases.clone(), name, released)).await??;
     }
 
-    let mut c = join_with(&ns, "dispatcher-2", DURATION, PERIOD);
+    let mut c = join_with(&ns, "dispatcher-2", DURATION, PERIOD, WarmUp::default());
     let took = settles_on(&mut c, &all, PROMPT).await;
     for m in [&mut a, &mut b] {
         settles_on(m, &all, PROMPT).await;
@@ -263,5 +265,57 @@ async fn write_lease(
     });
     let apply = PatchParams::apply("kube-dispatch-dispatcher").force();
     leases.patch(name, &apply, &Patch::Apply(&lease)).await?;
+    Ok(())
+}
+
+/// A member warming up to join hands out nothing, even alone in its own view (its gate would
+/// open at once there), and the others do not count it: a member that starts meanwhile serves
+/// the ring of one. Once its warm-up ends, the mark goes at once rather than at the next
+/// renewal (30 s here), and both are served the ring of two within seconds.
+#[tokio::test]
+async fn a_warming_member_serves_nothing_and_joins_once_warm() -> TestResult {
+    const PERIOD: Duration = Duration::from_secs(30);
+    const DURATION: Duration = Duration::from_secs(90);
+    const PROMPT: Duration = Duration::from_secs(5);
+    let ns = TestNamespace::create("membership-warm").await?;
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let warm = WarmUp::new(Duration::from_secs(600));
+    let mut a = join_with(&ns, "dispatcher-0", DURATION, PERIOD, warm.clone());
+    let marked = |l: Option<&Lease>| {
+        l.and_then(|l| l.metadata.annotations.as_ref())
+            .is_some_and(|a| a.get(WARMING_ANNOTATION).is_some_and(|v| v == "true"))
+    };
+    timeout(
+        PROMPT,
+        await_condition(leases.clone(), "dispatcher-0", marked),
+    )
+    .await??;
+    // It has judged a view with itself in it: alone, and serving nothing.
+    members_become(&mut a, &["dispatcher-0"]).await;
+    assert!(
+        !a.ring.borrow().is_settled(),
+        "a warming member served keys"
+    );
+
+    let mut b = join_with(&ns, "dispatcher-1", DURATION, PERIOD, WarmUp::default());
+    settles_on(&mut b, &["dispatcher-1"], PROMPT).await;
+    assert!(
+        !a.ring.borrow().is_settled(),
+        "a warming member served keys"
+    );
+
+    warm.end();
+    let both = ["dispatcher-0", "dispatcher-1"];
+    let took = settles_on(&mut a, &both, PROMPT).await;
+    settles_on(&mut b, &both, PROMPT).await;
+    let lease = leases.get("dispatcher-0").await?;
+    assert!(!marked(Some(&lease)), "the mark outlived the warm-up");
+    println!(
+        "the warmed-up member settled {took:?} after its warm-up ended (renew period {PERIOD:?})"
+    );
+    for m in [a, b] {
+        m.cancel.cancel();
+        m.task.await?;
+    }
     Ok(())
 }
