@@ -21,7 +21,7 @@ test: ## Everything CI checks: versions, fmt, clippy, all tests against a real A
 	@tests/run-tests.sh
 
 .PHONY: test-skew
-test-skew: ## Version skew on the real node: the previous release (deploy/releases) built from its commit, installed with its chart and controllers, upgraded to this tree with helm upgrade while writing (~25 min; needs root): lost 0 and concurrent 0
+test-skew: ## Version skew on the real node: the previous release (deploy/releases) built from its commit, installed with its chart and controllers, upgraded to this tree with helm upgrade while writing, then rolled back to it (~25 min; needs root): lost 0 and concurrent 0
 	@tests/skew.sh
 
 .PHONY: test-matrix

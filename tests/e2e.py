@@ -38,7 +38,9 @@ the tier is installed from that release's tree (its chart, its tls.sh) with its 
 (kube-dispatch:<version>, kube-dispatch-go-hasher:<version>), and so are both example
 controllers, built with that release's SDKs; the phases are the baseline, the tier upgraded to
 this tree with `helm upgrade --reset-then-reuse-values` (image tag dev) while the previous
-release's controllers keep running, and the controller scaled 2 -> 1 on the upgraded tier.
+release's controllers keep running, the controller scaled 2 -> 1 on the upgraded tier, and the
+tier downgraded to the previous release again with `helm rollback` (its chart, values and
+images) under the same controllers.
 
 Each phase ends when every ConfigMap carries the hash of its content again in both
 controllers' annotations, and prints: writes, lost (ConfigMaps whose annotations do not match
@@ -602,12 +604,27 @@ def upgrade():
             "--timeout", "600s")
     kubectl("-n", TIER_NS, "rollout", "status", "deployment/kube-dispatch-loadbalancer",
             "--timeout", "600s")
-    def images(namespace):
-        said = kubectl("-n", namespace, "get", "pods", "-o",
-                       "jsonpath={range .items[*]}{.spec.containers[0].image}{'\\n'}{end}")
-        return ", ".join(sorted(set(said.split())))
     return (f"tier images now: {images(TIER_NS)}; the controllers' still: "
             f"{images(CONTROLLER_NS)}, {images(GO_CONTROLLER_NS)}")
+
+
+def images(namespace):
+    """The images the pods of `namespace` run, sorted, once each."""
+    said = kubectl("-n", namespace, "get", "pods", "-o",
+                   "jsonpath={range .items[*]}{.spec.containers[0].image}{'\\n'}{end}")
+    return ", ".join(sorted(set(said.split())))
+
+
+def downgrade():
+    """`helm rollback` to the release installed first: the previous release's chart, values and
+    images replace every dispatcher and load-balancer pod of this tree, one at a time, while
+    the controllers keep running (a rolling update with both versions on the ring)."""
+    helm("rollback", "kube-dispatch", "1", "--namespace", TIER_NS)
+    kubectl("-n", TIER_NS, "rollout", "status", "statefulset/kube-dispatch-dispatcher",
+            "--timeout", "600s")
+    kubectl("-n", TIER_NS, "rollout", "status", "deployment/kube-dispatch-loadbalancer",
+            "--timeout", "600s")
+    return f"tier images now: {images(TIER_NS)}"
 
 
 def delete_pod():
@@ -875,6 +892,7 @@ def main():
     if FROM_ROOT:
         phase(f"upgrade {FROM_VERSION}", upgrade)
         phase("scale 2 -> 1", scale(1))
+        phase(f"downgrade {FROM_VERSION}", downgrade)
     elif SHORT:
         phase("rolling update", rolling_update)
         phase("SIGKILL", kill_dispatcher)

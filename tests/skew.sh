@@ -4,8 +4,9 @@
 # deploy/image.sh: the tier's image, whose configmap-hasher is built with that release's Rust
 # SDK, and the Go example's, built with that release's Go SDK); then tests/e2e.py installs that
 # release on the real node with its chart, runs both example controllers of that release, and
-# upgrades the tier to this tree with `helm upgrade` while a writer runs, and scales the old
-# Rust controller 2 -> 1 on the new tier: lost 0 and concurrent 0 in every phase, or this fails.
+# upgrades the tier to this tree with `helm upgrade` while a writer runs, scales the old Rust
+# controller 2 -> 1 on the new tier, and downgrades the tier to that release again with
+# `helm rollback`: lost 0 and concurrent 0 in every phase, or this fails.
 #
 # Environment: as tests/e2e.sh (E2E_OBJECTS, E2E_WRITE_RATE, KEEP=1); SKEW_FROM=<version> picks
 # another release of deploy/releases.
