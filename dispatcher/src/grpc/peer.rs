@@ -154,7 +154,7 @@ pub async fn warm_up(
     let started = tokio::time::Instant::now();
     let ask = async {
         let peers = warm.peers().await?;
-        Some(groups_of(&peers, groups.identity(), &credentials).await)
+        Some(groups_of(&peers, &warm, groups.identity(), &credentials).await)
     };
     let needed = tokio::select! {
         () = stop.cancelled() => return,
@@ -199,9 +199,11 @@ pub async fn warm_up(
     warm.end();
 }
 
-/// The groups `peers` serve, each asked until it answers (or says it cannot tell).
+/// The groups `peers` serve, each asked until it answers (or says it cannot tell) or is no
+/// longer a live peer in `warm`'s view (it stopped, or died, meanwhile).
 async fn groups_of(
     peers: &std::collections::BTreeMap<String, String>,
+    warm: &WarmUp,
     identity: &str,
     credentials: &Credentials,
 ) -> std::collections::BTreeSet<GroupId> {
@@ -232,6 +234,7 @@ async fn groups_of(
             }
         }
         pending = unanswered;
+        pending.retain(|(peer, _)| warm.is_peer(peer));
         rounds += 1;
         if !pending.is_empty() {
             tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(2500))).await;

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Instant};
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use kube::{
     Api,
-    api::{DeleteParams, Patch, PatchParams, Preconditions},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
 };
 use kube_dispatch_core::{
     handover::{Handover, Slice},
@@ -47,6 +47,9 @@ pub(super) async fn delete_dead_lease(leases: &Api<Lease>, name: &str, resource_
         }
     }
 }
+
+/// Who writes the dispatcher's Lease, for server-side apply.
+const FIELD_MANAGER: &str = "kube-dispatch-dispatcher";
 
 /// What a renewal writes on the Lease beside its address and ring key.
 struct Marks<'a> {
@@ -127,7 +130,7 @@ async fn write(
             "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
         },
     });
-    let params = PatchParams::apply("kube-dispatch-dispatcher").force();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
     match leases
         .patch(&config.identity, &params, &Patch::Apply(&lease))
         .await
@@ -140,6 +143,32 @@ async fn write(
         Err(e) => {
             warn!(lease = %config.identity, error = %e, "renewing the dispatcher Lease failed");
             Renewal::Failed
+        }
+    }
+}
+
+/// Creates this dispatcher's Lease bare (its name and label; no holder, so no member to anyone)
+/// and returns its resourceVersion, or reads the one there: the first write with marks is then
+/// made over a known version too. Made over none, a write abandoned at its timeout could land
+/// after a later one and put back what that one took off (the warming mark above all); a
+/// create that lands late fails instead. Server-side apply owns every field the renewals write,
+/// the create none of them.
+async fn create_bare(leases: &Api<Lease>, config: &LeaseConfig) -> Option<u128> {
+    let bare = serde_json::json!({
+        "metadata": { "name": config.identity, "labels": { LEASE_LABEL: "true" } },
+    });
+    let bare: Lease = serde_json::from_value(bare).ok()?;
+    match leases.create(&PostParams::default(), &bare).await {
+        Ok(lease) => known(lease_state(&lease).resource_version),
+        Err(kube::Error::Api(s)) if s.code == 409 => leases
+            .get_opt(&config.identity)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| known(lease_state(&l).resource_version)),
+        Err(e) => {
+            warn!(lease = %config.identity, error = %e, "could not create the dispatcher Lease");
+            None
         }
     }
 }
@@ -167,6 +196,13 @@ impl Membership {
     /// carries, over the resourceVersion it last wrote.
     pub(super) async fn renew(&mut self, at: Instant) {
         let config = &self.config;
+        if self.version.is_none() {
+            let created = create_bare(&self.leases, config);
+            self.version = tokio::time::timeout(config.renew_period, created)
+                .await
+                .ok()
+                .flatten();
+        }
         let handover = &mut self.handover;
         let id = self.released.borrow_and_update().clone();
         // While it waits out a member that died, this dispatcher releases no ring: a
@@ -212,7 +248,7 @@ impl Membership {
             Ok(Renewal::Accepted(rv)) => {
                 self.renewals.count("accepted");
                 self.renewed = Some(at);
-                self.mark_accepted = warming;
+                self.unmark_accepted = !warming;
                 self.version = known(rv);
                 self.sessions.written(&listing);
                 renewal_accepted(handover, &self.slice, at + config.duration, Instant::now);
@@ -272,7 +308,8 @@ impl Membership {
                     released: id.as_deref().map(|id| (id, seen)),
                     awaits: None,
                     drained: true,
-                    warming: false,
+                    // Never a member: the others must not count it one as it leaves.
+                    warming: self.mark_accepted,
                     sessions: None,
                     ended: "",
                 },

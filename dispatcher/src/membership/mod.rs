@@ -127,6 +127,12 @@ pub async fn run(
         if judged && m.warm.warming() {
             m.warm.set_peers(m.peer_addresses());
         }
+        // Served from the first view that shows the write without the mark (a judged view
+        // shows this dispatcher's last accepted write): an older one may still show a peer
+        // that unmarked before it as warming, and leave it out of the ring.
+        if judged && m.unmark_accepted {
+            m.mark_accepted = false;
+        }
         m.collect_dead(now).await;
         m.publish(now, judged);
     }
@@ -224,10 +230,14 @@ struct Membership {
     warm: WarmUp,
     /// Whether the last write of the Lease sent carried the warming mark.
     mark_sent: bool,
-    /// Whether the Lease as last accepted carries it (or none was accepted yet while warming):
-    /// the others count this dispatcher a member only once a write without it is accepted,
-    /// and may serve its keys until then, so it hands out nothing before.
+    /// Whether this dispatcher still hands out nothing for its warm-up: until a view judged
+    /// whole and current shows its Lease without the mark. The others count it a member only
+    /// from that write, and may serve its keys until then; and a view from before the write
+    /// may leave out a peer that took its own mark off earlier, which would then count on
+    /// this dispatcher's release.
     mark_accepted: bool,
+    /// Whether the last accepted write of the Lease carried no mark.
+    unmark_accepted: bool,
 }
 
 impl Membership {
@@ -245,14 +255,17 @@ impl Membership {
         let mut version: Option<u128> = None;
         let mut found_none = false;
         // A Lease of ours that is still there was not released: the previous process died.
+        // One still marked warming is as good as none: its process handed nothing out (it
+        // hands out nothing until a write without the mark is accepted, `publish`), and no
+        // other dispatcher counted it a member.
         let predecessor_died = match leases.get_opt(&config.identity).await {
             Ok(found) => {
-                found_none = found.is_none();
-                found.is_some_and(|l| {
-                    let state = lease_state(&l);
-                    version = known(state.resource_version);
-                    !state.holder.is_empty() && !state.drained
-                })
+                let state = found.as_ref().map(lease_state);
+                found_none = state
+                    .as_ref()
+                    .is_none_or(|s| s.warming || s.holder.is_empty());
+                version = state.as_ref().and_then(|s| known(s.resource_version));
+                state.is_some_and(|s| !s.holder.is_empty() && !s.drained && !s.warming)
             }
             Err(e) => {
                 warn!(error = %e, "cannot read this dispatcher's Lease; assuming its previous process died");
@@ -317,6 +330,7 @@ impl Membership {
             relayed: Relayed::default(),
             mark_sent: warm.warming(),
             mark_accepted: warm.warming(),
+            unmark_accepted: false,
             warm,
         }
     }

@@ -78,6 +78,14 @@ impl WarmUp {
         });
     }
 
+    /// Whether `peer` is live in the last whole and current view of the Leases.
+    pub fn is_peer(&self, peer: &str) -> bool {
+        self.peers
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.contains_key(peer))
+    }
+
     /// The live peers and their addresses, once known (or `None` if the warm-up ended first).
     pub async fn peers(&self) -> Option<BTreeMap<String, String>> {
         let mut rx = self.peers.subscribe();

@@ -319,3 +319,87 @@ async fn a_warming_member_serves_nothing_and_joins_once_warm() -> TestResult {
     }
     Ok(())
 }
+
+/// Two members warming up side by side (a fresh install) leave each other out of their rings,
+/// and their warm-ups end together: the one whose mark goes last must see the other as a
+/// member before it serves anything, so that the two never serve a ring of one each at once.
+/// Served on a view from before its own unmarked write, it did (each settled alone).
+#[tokio::test]
+async fn two_members_warming_up_together_never_both_serve_alone() -> TestResult {
+    const PERIOD: Duration = Duration::from_secs(30);
+    const DURATION: Duration = Duration::from_secs(90);
+    let ns = TestNamespace::create("membership-warm-two").await?;
+    let names = ["dispatcher-0", "dispatcher-1"];
+    let warms = [
+        WarmUp::new(Duration::from_secs(600)),
+        WarmUp::new(Duration::from_secs(600)),
+    ];
+    let mut members: Vec<Member> = names
+        .iter()
+        .zip(&warms)
+        .map(|(name, warm)| join_with(&ns, name, DURATION, PERIOD, warm.clone()))
+        .collect();
+    for (m, name) in members.iter_mut().zip(names) {
+        members_become(m, &[name]).await;
+    }
+    // Every slice each publishes from now on: whether it serves a ring of one.
+    let alone: Vec<_> = members
+        .iter()
+        .zip(names)
+        .map(|(m, name)| tokio::spawn(alone_while(m.ring.clone(), name)))
+        .collect();
+    for warm in &warms {
+        warm.end();
+    }
+    for m in members.iter_mut() {
+        settles_on(m, &names, Duration::from_secs(5)).await;
+    }
+    for m in &members {
+        m.cancel.cancel();
+    }
+    let mut spans = Vec::new();
+    for task in alone {
+        spans.push(task.await?);
+    }
+    for a in &spans[0] {
+        for b in &spans[1] {
+            assert!(
+                a.1 <= b.0 || b.1 <= a.0,
+                "both served a ring of one at once: {a:?} and {b:?}"
+            );
+        }
+    }
+    for m in members {
+        m.task.await?;
+    }
+    Ok(())
+}
+
+/// The spans of time in which the slices on `ring` serve a ring of `name` alone, until the
+/// channel closes.
+async fn alone_while(mut ring: watch::Receiver<Arc<Slice>>, name: &str) -> Vec<(Instant, Instant)> {
+    let mut spans = Vec::new();
+    let mut since: Option<Instant> = None;
+    loop {
+        let alone = ring
+            .borrow_and_update()
+            .settled
+            .as_ref()
+            .is_some_and(|s| s.members() == [name]);
+        let now = Instant::now();
+        match (alone, since) {
+            (true, None) => since = Some(now),
+            (false, Some(start)) => {
+                spans.push((start, now));
+                since = None;
+            }
+            _ => {}
+        }
+        if ring.changed().await.is_err() {
+            if let Some(start) = since {
+                spans.push((start, Instant::now()));
+            }
+            return spans;
+        }
+    }
+}

@@ -99,15 +99,7 @@ async fn join_while_lists_are_refused(label: &str, warm_up: Duration) -> TestRes
         .await?;
     stop.cancel();
     let writes = writer.await??;
-    let finals = Journal::finals(&api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(30))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(&journal);
+    assert_finals_reconciled(&api, &journal, Duration::from_secs(30)).await?;
     let worst = |during: bool| {
         journal
             .delays()

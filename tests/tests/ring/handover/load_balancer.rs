@@ -51,15 +51,7 @@ async fn replicas_come_and_go_and_the_load_balancer_fails_over() -> TestResult {
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.cancel();
     writer.await??;
-    let finals = Journal::finals(&api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(30))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(&journal);
+    assert_finals_reconciled(&api, &journal, Duration::from_secs(30)).await?;
     let delays: Vec<Duration> = journal.delays().into_iter().map(|(_, d)| d).collect();
     let worst = delays.iter().max().copied().unwrap_or_default();
     let during_failover = journal

@@ -53,15 +53,7 @@ async fn scaling_dispatchers_3_to_5_to_2_hands_keys_over_without_overlap_or_loss
         .await?;
     stop.cancel();
     let writes = writer.await??;
-    let finals = Journal::finals(&api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(30))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(&journal);
+    let finals = assert_finals_reconciled(&api, &journal, Duration::from_secs(30)).await?;
     println!(
         "{writes} writes of {} objects, {} reconciles ({:.2} per write)",
         finals.len(),

@@ -196,6 +196,23 @@ pub(super) async fn placed(
     }
 }
 
+/// Every final state of `api`'s ConfigMaps is reconciled within `within`, and no two
+/// reconciles of one key overlapped; returns the final resourceVersions.
+pub(super) async fn assert_finals_reconciled(
+    api: &Api<ConfigMap>,
+    journal: &Journal,
+    within: Duration,
+) -> TestResult<BTreeMap<String, u64>> {
+    let finals = Journal::finals(api).await?;
+    let missing = journal.await_reconciled(&finals, within).await;
+    assert!(
+        missing.is_empty(),
+        "final states never reconciled: {missing:?}"
+    );
+    assert_no_overlap(journal);
+    Ok(finals)
+}
+
 pub(super) fn assert_no_overlap(journal: &Journal) {
     let overlaps = journal.overlaps();
     assert!(
@@ -323,15 +340,7 @@ pub(super) async fn taken_over(
     if let Some(d) = victim {
         d.kill();
     }
-    let finals = Journal::finals(api).await?;
-    let missing = journal
-        .await_reconciled(&finals, Duration::from_secs(60))
-        .await;
-    assert!(
-        missing.is_empty(),
-        "final states never reconciled: {missing:?}"
-    );
-    assert_no_overlap(journal);
+    assert_finals_reconciled(api, journal, Duration::from_secs(60)).await?;
     Ok(took)
 }
 
