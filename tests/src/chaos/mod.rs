@@ -40,6 +40,10 @@ const DISPATCHERS: usize = 3;
 /// away in any fault but the one that keeps every replica away past it (a cut of up to 3.5 s,
 /// then reconnect backoff of up to about 6 s).
 const IDLE_GRACE: Duration = Duration::from_secs(12);
+/// `--join-warm-up` of the chaos dispatchers: a dispatcher started without a Lease of its own
+/// (after a drain, or the first time) warms up, its groups made by the replicas the load
+/// balancer places there, while faults run; bounded well inside a run.
+const WARM_UP: Duration = Duration::from_secs(10);
 
 /// What a chaos run does.
 #[derive(Clone, Debug)]

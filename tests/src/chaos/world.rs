@@ -3,9 +3,9 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use kube_dispatch_dispatcher::config::ServeConfig;
+use kube_dispatch_dispatcher::config::{Membership, ServeConfig};
 
-use super::{BOUND, DISPATCHERS, Failure, IDLE_GRACE, checker::start_checker};
+use super::{BOUND, DISPATCHERS, Failure, IDLE_GRACE, WARM_UP, checker::start_checker};
 use crate::{
     TestNamespace,
     dispatcher::{TestDispatcher, lease_membership, test_config},
@@ -46,6 +46,9 @@ impl World {
         let name = format!("dispatcher-{i}");
         let mut config = test_config(&name, &[]);
         config.membership = lease_membership(&self.lease_namespace(), &name, BOUND);
+        if let Membership::Leases(lease) = &mut config.membership {
+            lease.warm_up = WARM_UP;
+        }
         config.settings.limits.max_ttl = BOUND;
         config.settings.queue.max_reconcile_time = BOUND;
         config.drain_timeout = Duration::from_secs(5);
