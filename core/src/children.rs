@@ -442,6 +442,15 @@ impl ChildIndex {
         HeldBody::take(self.bodies.get()?, body())
     }
 
+    /// Whether the watch shows everything it watches to every group it feeds: its stream is
+    /// up, and neither its own list nor one beside it runs, nor is one owed to a group that
+    /// joined.
+    pub fn shows_everything(&self) -> bool {
+        self.joining.load(Ordering::Acquire) == 0
+            && !self.own_list.load(Ordering::Acquire)
+            && !self.side_list.load(Ordering::Acquire)
+    }
+
     /// A group joined the running watch (before its task is told).
     pub fn joined(&self) {
         self.joining.fetch_add(1, Ordering::AcqRel);

@@ -118,8 +118,11 @@ pub struct Group {
     /// requests carry them. Never unset: a replica of an older SDK in the same group ignores
     /// them.
     children_bodies: AtomicBool,
-    /// Set once every watch the group subscribes to has made its first list: it knows every
-    /// key it owns here (a warming dispatcher joins once its peers' groups are listed).
+    /// The indexes of every watch the group subscribes to, once subscribed: it has listed once
+    /// each of them shows everything since (a warming dispatcher joins once its peers' groups
+    /// are listed).
+    watched: Mutex<Option<Vec<Arc<ChildIndex>>>>,
+    /// Set once the group was seen listed: it knows every key it owns here.
     listed: AtomicBool,
     /// What the objects it serves here name at the field paths of its `referenced_by`
     /// subscriptions, both ways: a change to a named object reconciles the objects that name
@@ -182,6 +185,7 @@ impl Group {
             owned: Mutex::default(),
             body_pool,
             children_bodies: AtomicBool::new(false),
+            watched: Mutex::default(),
             listed: AtomicBool::new(false),
             references: Mutex::default(),
             timers_changed: Notify::new(),
@@ -193,15 +197,29 @@ impl Group {
         group
     }
 
-    /// Every watch the group subscribes to has made its first list.
-    pub fn mark_listed(&self) {
-        self.listed
-            .store(true, std::sync::atomic::Ordering::Release);
+    /// The group subscribed to every watch it needs, with their indexes (`watched`).
+    pub fn subscribed(&self, watched: Vec<Arc<ChildIndex>>) {
+        *self.watched.lock().unwrap_or_else(|e| e.into_inner()) = Some(watched);
     }
 
-    /// Whether every watch the group subscribes to has made its first list.
+    /// Whether the group has listed what it owns here: subscribed, and every watch it feeds
+    /// from has shown everything since (its first list done, and the list beside it for this
+    /// group when it joined a running watch). Once true, true for good.
     pub fn is_listed(&self) -> bool {
-        self.listed.load(std::sync::atomic::Ordering::Acquire)
+        use std::sync::atomic::Ordering;
+        if self.listed.load(Ordering::Acquire) {
+            return true;
+        }
+        let listed = self
+            .watched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|w| w.iter().all(|i| i.shows_everything()));
+        if listed {
+            self.listed.store(true, Ordering::Release);
+        }
+        listed
     }
 
     /// Resolves when the group is dropped from the dispatcher (or the dispatcher stops).

@@ -28,6 +28,9 @@ use crate::{group::Group, membership::warm_up::WarmUp, security::Guard, table::G
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
 
+/// How often a warming dispatcher looks again whether its groups have listed.
+const LISTED_RECHECK: Duration = Duration::from_millis(100);
+
 /// How long one peer may take to answer.
 const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest answer accepted: `--max-recent-deletions` keys of up to a few hundred bytes.
@@ -194,6 +197,8 @@ pub async fn warm_up(
             changed = listed.changed() => if changed.is_err() {
                 return;
             },
+            // A watch's lists end without a word to the table: look again.
+            () = tokio::time::sleep(LISTED_RECHECK) => {}
         }
     }
     warm.end();

@@ -172,6 +172,7 @@ impl GroupTable {
     }
 
     pub(super) async fn subscribe_all(&self, group: &Arc<Group>) -> Result<(), SessionError> {
+        let mut watched = Vec::with_capacity(group.spec.subscriptions.len());
         for sub in &group.spec.subscriptions {
             let subscriber = Subscriber {
                 group: group.clone(),
@@ -183,6 +184,9 @@ impl GroupTable {
             let subscribed = self.watches.subscribe(&sub.watch, subscriber).await;
             if let (Ok(index), Some(kind)) = (&subscribed, &sub.owner) {
                 group.owns_from(kind.clone(), index.clone());
+            }
+            if let Ok(index) = &subscribed {
+                watched.push(index.clone());
             }
             // Replaced meanwhile: nothing may keep feeding (and holding bodies for) a group
             // the table no longer knows.
@@ -210,6 +214,7 @@ impl GroupTable {
                 });
             }
         }
+        group.subscribed(watched);
         Ok(())
     }
 

@@ -92,7 +92,7 @@ pub struct GroupTable {
     shutdown: CancellationToken,
     /// The sessions this dispatcher's Lease lists, and the reports of ended sessions.
     lease_sessions: Arc<LeaseSessions>,
-    /// Counts the groups that finished their first lists: a warming dispatcher waits on it.
+    /// Counts the groups that subscribed to their watches: a warming dispatcher waits on it.
     listed: watch::Sender<u64>,
 }
 
@@ -229,19 +229,18 @@ impl GroupTable {
             .collect()
     }
 
-    /// Whether group `id` is here and has made its first lists.
+    /// Whether group `id` is here and has listed what it owns ([`Group::is_listed`]).
     pub fn is_listed(&self, id: &GroupId) -> bool {
         self.groups().get(id).is_some_and(|e| e.group.is_listed())
     }
 
-    /// Changes as groups finish their first lists.
+    /// Changes as groups subscribe to their watches (whose lists may still run then).
     pub fn listed_changes(&self) -> watch::Receiver<u64> {
         self.listed.subscribe()
     }
 
-    /// Group `group` has made its first lists.
-    pub(crate) fn listed(&self, group: &Group) {
-        group.mark_listed();
+    /// A group subscribed to every watch it needs.
+    pub(crate) fn group_subscribed(&self) {
         self.listed.send_modify(|n| *n += 1);
     }
 
