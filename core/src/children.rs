@@ -27,7 +27,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     sync::{
         Arc, Mutex, OnceLock, RwLock, RwLockWriteGuard,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -325,6 +325,8 @@ pub struct ChildIndex {
     side_list: AtomicBool,
     /// Groups joined the running watch that its task has not yet started listing for.
     joining: AtomicUsize,
+    /// Steps of the watch task that ended with the watch showing everything.
+    quiet: AtomicU64,
     /// The slice whose owners the index holds the children of ([`ChildIndex::follow`]): a
     /// reader on another slice (the watch's task has not taken in a ring change yet) may be
     /// missing the children of owners that just came here.
@@ -341,6 +343,7 @@ impl Default for ChildIndex {
             own_list: AtomicBool::new(true),
             side_list: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
+            quiet: AtomicU64::new(0),
             fed: Mutex::new(None),
             bodies: OnceLock::new(),
         }
@@ -449,6 +452,21 @@ impl ChildIndex {
         self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
             && !self.side_list.load(Ordering::Acquire)
+    }
+
+    /// The watch task finished a step: if it shows everything now, says so (see
+    /// [`ChildIndex::quiet_steps`]).
+    pub fn step_done(&self) {
+        if self.shows_everything() {
+            self.quiet.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// How many steps of the watch task ended with the watch showing everything: a group that
+    /// subscribed when this was `n` has been shown everything once it is past `n` (or the
+    /// watch shows everything now), however briefly, whatever joins came after.
+    pub fn quiet_steps(&self) -> u64 {
+        self.quiet.load(Ordering::Acquire)
     }
 
     /// A group joined the running watch (before its task is told).

@@ -118,10 +118,10 @@ pub struct Group {
     /// requests carry them. Never unset: a replica of an older SDK in the same group ignores
     /// them.
     children_bodies: AtomicBool,
-    /// The indexes of every watch the group subscribes to, once subscribed: it has listed once
-    /// each of them shows everything since (a warming dispatcher joins once its peers' groups
-    /// are listed).
-    watched: Mutex<Option<Vec<Arc<ChildIndex>>>>,
+    /// The indexes of every watch the group subscribes to, each with its count of quiet steps
+    /// when the group subscribed, until the group has listed: once each of them has shown
+    /// everything since (a warming dispatcher joins once its peers' groups are listed).
+    watched: Mutex<Option<Vec<Watched>>>,
     /// Set once the group was seen listed: it knows every key it owns here.
     listed: AtomicBool,
     /// What the objects it serves here name at the field paths of its `referenced_by`
@@ -137,6 +137,10 @@ pub struct Group {
     /// From a key becoming ready to its delivery (`workqueue_queue_duration_seconds`).
     pub queue_duration: Histogram,
 }
+
+/// A watch a group feeds from, with its count of quiet steps when the group subscribed
+/// ([`ChildIndex::quiet_steps`]).
+type Watched = (Arc<ChildIndex>, u64);
 
 /// A group's figures at one instant, for metrics.
 #[derive(Clone, Copy, Debug, Default)]
@@ -199,6 +203,13 @@ impl Group {
 
     /// The group subscribed to every watch it needs, with their indexes (`watched`).
     pub fn subscribed(&self, watched: Vec<Arc<ChildIndex>>) {
+        let watched = watched
+            .into_iter()
+            .map(|index| {
+                let since = index.quiet_steps();
+                (index, since)
+            })
+            .collect();
         *self.watched.lock().unwrap_or_else(|e| e.into_inner()) = Some(watched);
     }
 
@@ -210,14 +221,15 @@ impl Group {
         if self.listed.load(Ordering::Acquire) {
             return true;
         }
-        let listed = self
-            .watched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|w| w.iter().all(|i| i.shows_everything()));
+        let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+        let listed = watched.as_ref().is_some_and(|w| {
+            w.iter()
+                .all(|(index, since)| index.quiet_steps() > *since || index.shows_everything())
+        });
         if listed {
             self.listed.store(true, Ordering::Release);
+            // Listed for good: the indexes are the watches' to keep.
+            *watched = None;
         }
         listed
     }

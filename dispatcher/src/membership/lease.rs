@@ -158,7 +158,11 @@ async fn create_bare(leases: &Api<Lease>, config: &LeaseConfig) -> Option<u128> 
         "metadata": { "name": config.identity, "labels": { LEASE_LABEL: "true" } },
     });
     let bare: Lease = serde_json::from_value(bare).ok()?;
-    match leases.create(&PostParams::default(), &bare).await {
+    let post = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match leases.create(&post, &bare).await {
         Ok(lease) => known(lease_state(&lease).resource_version),
         Err(kube::Error::Api(s)) if s.code == 409 => leases
             .get_opt(&config.identity)
@@ -202,6 +206,12 @@ impl Membership {
                 .await
                 .ok()
                 .flatten();
+            if self.version.is_none() {
+                // Written over no version, a write abandoned at its timeout could land after a
+                // later one and undo it (the warming mark above all): try again next period.
+                self.renewals.count("failed");
+                return;
+            }
         }
         let handover = &mut self.handover;
         let id = self.released.borrow_and_update().clone();
@@ -308,8 +318,10 @@ impl Membership {
                     released: id.as_deref().map(|id| (id, seen)),
                     awaits: None,
                     drained: true,
-                    // Never a member: the others must not count it one as it leaves.
-                    warming: self.mark_accepted,
+                    // Never a member if it never sent a write without the mark: the others must
+                    // not count it one as it leaves. Once it sent one, the others may count it
+                    // a member already, and the drained mark is its clean release.
+                    warming: self.mark_sent,
                     sessions: None,
                     ended: "",
                 },

@@ -327,6 +327,7 @@ impl WatchTask {
             self.children
                 .own_list_running(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
             self.children.side_list_running(pass.side.is_some());
+            self.children.step_done();
         }
     }
 
