@@ -151,8 +151,8 @@ async fn write(
 /// and returns its resourceVersion, or reads the one there: the first write with marks is then
 /// made over a known version too. Made over none, a write abandoned at its timeout could land
 /// after a later one and put back what that one took off (the warming mark above all); a
-/// create that lands late fails instead. Server-side apply owns every field the renewals write,
-/// the create none of them.
+/// create that lands late fails instead. Of the fields the renewals write, the create owns only
+/// the label, which every renewal writes too.
 async fn create_bare(leases: &Api<Lease>, config: &LeaseConfig) -> Option<u128> {
     let bare = serde_json::json!({
         "metadata": { "name": config.identity, "labels": { LEASE_LABEL: "true" } },

@@ -255,9 +255,9 @@ impl Membership {
         let mut version: Option<u128> = None;
         let mut found_none = false;
         // A Lease of ours that is still there was not released: the previous process died.
-        // One still marked warming is as good as none: its process handed nothing out (it
-        // hands out nothing until a write without the mark is accepted, `publish`), and no
-        // other dispatcher counted it a member.
+        // One still marked warming, or bare, is as good as none: its process handed nothing
+        // out (nothing is handed out before a view shows the Lease without the mark,
+        // `mark_accepted`), and no other dispatcher counted it a member.
         let predecessor_died = match leases.get_opt(&config.identity).await {
             Ok(found) => {
                 let state = found.as_ref().map(lease_state);
