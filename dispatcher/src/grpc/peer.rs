@@ -172,14 +172,10 @@ pub async fn warm_up(
             None => return,
         },
     };
-    let mut listed = groups.listed_changes();
+    // A watch's lists end without a word to anyone: look again and again.
+    let mut recheck = tokio::time::interval(LISTED_RECHECK);
     loop {
-        let waiting: Vec<String> = needed
-            .iter()
-            .filter(|id| !groups.is_listed(id))
-            .map(ToString::to_string)
-            .collect();
-        if waiting.is_empty() {
+        if needed.iter().all(|id| groups.is_listed(id)) {
             info!(
                 groups = needed.len(),
                 took = ?started.elapsed(),
@@ -191,14 +187,15 @@ pub async fn warm_up(
             () = stop.cancelled() => return,
             () = warm.ended() => return,
             () = tokio::time::sleep_until(warm.until()) => {
+                let waiting: Vec<String> = needed
+                    .iter()
+                    .filter(|id| !groups.is_listed(id))
+                    .map(ToString::to_string)
+                    .collect();
                 warn!(took = ?started.elapsed(), ?waiting, "the warm-up ran out (--join-warm-up) before every group the peers serve was made and listed here: joining the ring; writes to keys of these groups that move here wait for their replicas and lists");
                 break;
             }
-            changed = listed.changed() => if changed.is_err() {
-                return;
-            },
-            // A watch's lists end without a word to the table: look again.
-            () = tokio::time::sleep(LISTED_RECHECK) => {}
+            _ = recheck.tick() => {}
         }
     }
     warm.end();
@@ -213,38 +210,37 @@ async fn groups_of(
     credentials: &Credentials,
 ) -> std::collections::BTreeSet<GroupId> {
     let mut needed = std::collections::BTreeSet::new();
-    let mut pending: Vec<(&String, &String)> = peers.iter().collect();
-    let mut delays = retry_delays();
-    let mut rounds = 0;
-    while !pending.is_empty() {
-        let mut unanswered = Vec::new();
-        for (peer, address) in pending {
-            let request = GroupsRequest {
-                identity: identity.to_owned(),
-            };
-            match ask_groups(credentials, address, request).await {
-                Ok(names) => needed.extend(names.into_iter().map(|g| GroupId {
-                    name: g.name,
-                    owner: Some(g.owner).filter(|o| !o.is_empty()),
-                })),
+    let peers = peers.iter().map(|(p, a)| (p.clone(), a.clone())).collect();
+    let question = |address: String| {
+        let request = GroupsRequest {
+            identity: identity.to_owned(),
+        };
+        async move {
+            match ask_groups(credentials, &address, request).await {
                 Err(e) if e.code() == tonic::Code::Unimplemented => {
-                    info!(%peer, "a peer older than the warm-up names no group: joining without waiting for its groups");
+                    info!(%address, "a peer older than the warm-up names no group: joining without waiting for its groups");
+                    Ok(Vec::new())
                 }
-                Err(e) => {
-                    if rounds == 0 {
-                        warn!(%peer, %address, error = %e, "cannot ask a peer which groups it serves; asking again");
-                    }
-                    unanswered.push((peer, address));
-                }
+                asked => asked,
             }
         }
-        pending = unanswered;
-        pending.retain(|(peer, _)| warm.is_peer(peer));
-        rounds += 1;
-        if !pending.is_empty() {
-            tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(2500))).await;
-        }
-    }
+    };
+    let answered = |names: Vec<GroupName>| {
+        needed.extend(names.into_iter().map(|g| GroupId {
+            name: g.name,
+            owner: Some(g.owner).filter(|o| !o.is_empty()),
+        }));
+    };
+    let still = |peer: &str| warm.is_peer(peer);
+    ask_each(
+        peers,
+        "which groups it serves",
+        question,
+        answered,
+        still,
+        None,
+    )
+    .await;
     needed
 }
 
@@ -271,55 +267,87 @@ pub async fn fetch_recent_deletions(
     let identity = groups.identity().to_owned();
     let members = slice.ring.members().to_vec();
     let give_up = tokio::time::Instant::now() + groups.recent_deletions().window;
-    let mut pending: Vec<(String, String)> = slice
+    let peers = slice
         .peers
         .iter()
         .map(|(peer, address)| (peer.clone(), address.clone()))
         .collect();
     let mut fetched = 0;
-    let mut rounds = 0;
+    let what = format!(
+        "for the deletions it remembers of this dispatcher's keys in group {}",
+        group.id
+    );
+    let question = |address: String| {
+        let request = RecentDeletionsRequest {
+            group: group.id.name.clone(),
+            group_owner: group.id.owner.clone().unwrap_or_default(),
+            identity: identity.clone(),
+            members: members.clone(),
+        };
+        let credentials = &credentials;
+        async move { ask(credentials, &address, request).await }
+    };
+    let answered = |keys: Vec<String>| {
+        fetched += keys.len();
+        group.deleted_in_transit(keys);
+    };
+    let unanswered = tokio::select! {
+        () = group.dropped() => return,
+        left = ask_each(peers, &what, question, answered, |_| true, Some(give_up)) => left,
+    };
+    if !unanswered.is_empty() {
+        let peers: Vec<&str> = unanswered.iter().map(|(p, _)| p.as_str()).collect();
+        warn!(group = %group.id, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
+    }
+    if fetched > 0 {
+        info!(group = %group.id, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
+    }
+}
+
+/// Asks each of `peers` (name, address) with `ask` and hands each answer to `answered`, then
+/// asks again after a backoff ([`retry_delays`]) those that did not answer and that `still`
+/// keeps, until every one has answered or the next try would come at `give_up` or later;
+/// returns those that never answered. Failures of the first round are logged, saying what was
+/// asked.
+async fn ask_each<T, Fut>(
+    mut pending: Vec<(String, String)>,
+    what: &str,
+    ask: impl Fn(String) -> Fut,
+    mut answered: impl FnMut(T),
+    still: impl Fn(&str) -> bool,
+    give_up: Option<tokio::time::Instant>,
+) -> Vec<(String, String)>
+where
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
     let mut delays = retry_delays();
+    let mut rounds = 0;
     while !pending.is_empty() {
         let mut unanswered = Vec::new();
         for (peer, address) in pending {
-            let request = RecentDeletionsRequest {
-                group: group.id.name.clone(),
-                group_owner: group.id.owner.clone().unwrap_or_default(),
-                identity: identity.clone(),
-                members: members.clone(),
-            };
-            match ask(&credentials, &address, request).await {
-                Ok(keys) => {
-                    fetched += keys.len();
-                    group.deleted_in_transit(keys);
-                }
+            match ask(address.clone()).await {
+                Ok(answer) => answered(answer),
                 Err(e) => {
                     if rounds == 0 {
-                        warn!(group = %group.id, %peer, %address, error = %e, "cannot ask a peer for the deletions it remembers of this dispatcher's keys; asking again");
+                        warn!(%peer, %address, error = %e, "cannot ask a peer {what}; asking again");
                     }
                     unanswered.push((peer, address));
                 }
             }
         }
         pending = unanswered;
+        pending.retain(|(peer, _)| still(peer));
+        rounds += 1;
         if pending.is_empty() {
             break;
         }
-        rounds += 1;
         let delay = delays.next().unwrap_or(Duration::from_millis(2500));
-        if tokio::time::Instant::now() + delay >= give_up {
-            let peers: Vec<&str> = pending.iter().map(|(p, _)| p.as_str()).collect();
-            warn!(group = %group.id, ?peers, "peers unreachable for as long as they remember deletions: a deletion made while this group was not served here may be missed");
+        if give_up.is_some_and(|at| tokio::time::Instant::now() + delay >= at) {
             break;
         }
-        tokio::select! {
-            () = group.dropped() => return,
-            () = tokio::time::sleep(delay) => {}
-        }
+        tokio::time::sleep(delay).await;
     }
-    if fetched > 0 {
-        info!(group = %group.id, deletions = fetched, "peers remembered deletions of keys this dispatcher owns: delivering them once the keys are served");
-    }
+    pending
 }
 
 /// Waits between asks of peers that did not answer, until the caller gives up: 200 ms doubling

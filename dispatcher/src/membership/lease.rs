@@ -206,13 +206,13 @@ impl Membership {
                 .await
                 .ok()
                 .flatten();
-            if self.version.is_none() {
-                // Written over no version, a write abandoned at its timeout could land after a
-                // later one and undo it (the warming mark above all): try again next period.
-                self.renewals.count("failed");
-                return;
-            }
         }
+        // Written over no version, a write abandoned at its timeout could land after a later
+        // one and undo it (sessions it took off, the warming mark): try again next period.
+        let Some(version) = self.version else {
+            self.renewals.count("failed");
+            return;
+        };
         let handover = &mut self.handover;
         let id = self.released.borrow_and_update().clone();
         // While it waits out a member that died, this dispatcher releases no ring: a
@@ -224,10 +224,8 @@ impl Membership {
         let seen = self.lease_watch.observations.newest();
         let listing = self.sessions.to_write(at);
         // While its previous process's reconciles may still run, its sessions are not all
-        // the others would have to wait for. Nor does a write made over no known version
-        // list them: it could land after a later one (a request abandoned at its timeout
-        // may still be applied) and take sessions off the Lease.
-        let listed = if handover.holds_for_predecessor(at) || self.version.is_none() {
+        // the others would have to wait for.
+        let listed = if handover.holds_for_predecessor(at) {
             SESSIONS_OVERFLOW
         } else {
             listing.value.as_str()
@@ -251,7 +249,7 @@ impl Membership {
                     sessions: Some(listed),
                     ended: &ended,
                 },
-                self.version,
+                Some(version),
             ),
         );
         match renewal.await {

@@ -92,8 +92,6 @@ pub struct GroupTable {
     shutdown: CancellationToken,
     /// The sessions this dispatcher's Lease lists, and the reports of ended sessions.
     lease_sessions: Arc<LeaseSessions>,
-    /// Counts the groups that subscribed to their watches: a warming dispatcher waits on it.
-    listed: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for GroupTable {
@@ -132,7 +130,6 @@ impl GroupTable {
             draining: CancellationToken::new(),
             shutdown,
             lease_sessions,
-            listed: watch::Sender::new(0),
         })
     }
 
@@ -232,16 +229,6 @@ impl GroupTable {
     /// Whether group `id` is here and has listed what it owns ([`Group::is_listed`]).
     pub fn is_listed(&self, id: &GroupId) -> bool {
         self.groups().get(id).is_some_and(|e| e.group.is_listed())
-    }
-
-    /// Changes as groups subscribe to their watches (whose lists may still run then).
-    pub fn listed_changes(&self) -> watch::Receiver<u64> {
-        self.listed.subscribe()
-    }
-
-    /// A group subscribed to every watch it needs.
-    pub(crate) fn group_subscribed(&self) {
-        self.listed.send_modify(|n| *n += 1);
     }
 
     /// Every group named `name`, whoever it belongs to.

@@ -104,7 +104,6 @@ impl GroupTable {
         }
         if created {
             self.subscribe_all(&group).await?;
-            self.group_subscribed();
         }
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let session_id = format!(
