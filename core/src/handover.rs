@@ -7,7 +7,7 @@
 //! dispatcher adopted the ring, so a release left over from an earlier change never counts),
 //! every member that died has been gone for the bound `T` (or every session it listed on its
 //! Lease is reported ended), and, when this dispatcher's own previous process died, `T` has
-//! passed since it started.
+//! passed since it started (or every session that process listed is reported ended).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -287,10 +287,9 @@ pub struct Handover {
     /// come from later writes.
     adopted_at: u128,
     settled: Option<Arc<Ring>>,
-    /// Members that stopped renewing without releasing.
+    /// Members that stopped renewing without releasing; this dispatcher's own identity while
+    /// it waits out its previous process, which died.
     died: HashMap<String, Died>,
-    /// Nothing is handed out before this (the previous process of this dispatcher died).
-    hold_until: Option<Instant>,
     /// Until when this dispatcher's Lease is current, shared with every slice it publishes.
     lease: Arc<LeaseDeadline>,
 }
@@ -299,8 +298,20 @@ impl Handover {
     /// The gate of dispatcher `identity`, started at `now`; `bound` is `T`, the longest a
     /// reconcile started from a lost dispatcher can still run. When `predecessor_died`, this
     /// identity's Lease was found unreleased at start, so its previous process may have left
-    /// reconciles running: nothing is handed out until `bound` has passed.
+    /// reconciles running: nothing is handed out, and no ring released, until `bound` has
+    /// passed, or every session that process listed is reported ended
+    /// ([`Handover::predecessor_listed`]), as for any member that died.
     pub fn new(identity: &str, bound: Duration, now: Instant, predecessor_died: bool) -> Self {
+        let mut died = HashMap::new();
+        if predecessor_died {
+            died.insert(
+                identity.to_owned(),
+                Died {
+                    at: now,
+                    sessions: None,
+                },
+            );
+        }
         Self {
             identity: identity.to_owned(),
             bound,
@@ -308,10 +319,20 @@ impl Handover {
             ring: Arc::new(Ring::new(Vec::<String>::new())),
             adopted_at: 0,
             settled: None,
-            died: HashMap::new(),
-            hold_until: predecessor_died.then(|| now + bound),
+            died,
             lease: Arc::new(LeaseDeadline::expired(now)),
         }
+    }
+
+    /// The sessions the unreleased Lease of this dispatcher's previous process listed, as found
+    /// at start (`None`: unknown, as when that process itself waited out its own predecessor):
+    /// once each is reported ended, that process handed out nothing that still runs, and the
+    /// wait for it ends before the bound. Nothing changes when no previous process died.
+    pub fn predecessor_listed(mut self, sessions: Option<BTreeSet<u64>>) -> Self {
+        if let Some(died) = self.died.get_mut(&self.identity) {
+            died.sessions = sessions;
+        }
+        self
     }
 
     /// A renewal of this dispatcher's Lease was accepted: its slices hand out keys until
@@ -398,10 +419,16 @@ impl Handover {
                 .sessions
                 .as_ref()
                 .is_some_and(|tags| observations.all_ended(member, tags));
-            if ended {
+            let sessions = died.sessions.as_ref().map_or(0, BTreeSet::len);
+            if ended && *member == self.identity {
+                info!(
+                    sessions,
+                    "every session this dispatcher's previous process may have handed keys to was reported ended: its keys are served without waiting out the bound"
+                );
+            } else if ended {
                 info!(
                     %member,
-                    sessions = died.sessions.as_ref().map_or(0, BTreeSet::len),
+                    sessions,
                     "every session the dispatcher that died may have handed keys to was reported ended: its keys are served without waiting out the bound"
                 );
             }
@@ -418,7 +445,8 @@ impl Handover {
 
     /// The members that died whose sessions are known and that this dispatcher still waits
     /// for, each with the sessions its Lease listed: once each is reported ended, the wait
-    /// ends ([`Handover::judge`]). Replicas holding one are asked to end it and report.
+    /// ends ([`Handover::judge`]). Replicas holding one are asked to end it and report. This
+    /// dispatcher's own identity among them stands for its previous process.
     pub fn awaited(&self) -> impl Iterator<Item = (&str, &BTreeSet<u64>)> {
         self.died
             .iter()
@@ -430,13 +458,17 @@ impl Handover {
     /// it may have handed keys to: its previous process's sessions are not among them, and
     /// their reconciles may still run, so the others must wait out the bound if it dies too.
     pub fn holds_for_predecessor(&self, now: Instant) -> bool {
-        self.hold_until.is_some_and(|until| now < until)
+        self.died
+            .get(&self.identity)
+            .is_some_and(|d| now < d.at + self.bound)
     }
 
-    /// Whether this dispatcher still waits out a member that died, at `now`. While it does, it
-    /// must release no ring: a dispatcher that joins meanwhile (a new member, or one restarted
-    /// with a drained Lease) never saw the dead member (its Lease may be deleted) and waits only
-    /// for the others' releases, so theirs must wait for the bound.
+    /// Whether this dispatcher still waits out a member that died, or its own previous
+    /// process, at `now`. While it does, it must release no ring: a dispatcher that joins
+    /// meanwhile (a new member, or one restarted with a drained Lease) never saw the dead
+    /// member (its Lease may be deleted) and waits only for the others' releases, so theirs
+    /// must wait for the bound; and keys moving from here to it may still be reconciled from
+    /// the previous process.
     pub fn waits_on_dead(&self, now: Instant) -> bool {
         self.died.values().any(|d| now < d.at + self.bound)
     }
@@ -456,9 +488,6 @@ impl Handover {
             info!(members = ?self.ring.members(), ring = %ring_id(&self.ring), "adopted a new ring");
         }
         self.died.retain(|_, d| now < d.at + self.bound);
-        if self.hold_until.is_some_and(|until| now >= until) {
-            self.hold_until = None;
-        }
         if fenced || !self.ring.contains(&self.identity) {
             if self.settled.take().is_some() {
                 info!(
@@ -493,7 +522,7 @@ impl Handover {
     }
 
     fn gate_open(&self, live: &BTreeMap<String, Peer>) -> bool {
-        if self.hold_until.is_some() || !self.died.is_empty() {
+        if !self.died.is_empty() {
             return false;
         }
         let id = ring_id(&self.ring);
@@ -549,11 +578,17 @@ impl Handover {
         }
         let id = ring_id(&self.ring);
         let mut reasons = Vec::new();
-        if self.hold_until.is_some() {
-            reasons.push("this dispatcher's previous process to be over".to_owned());
-        }
-        for name in self.died.keys() {
-            reasons.push(format!("{name} (died) to be gone for {:?}", self.bound));
+        for (name, died) in &self.died {
+            let ended = match &died.sessions {
+                Some(s) => format!(" or its {} listed sessions to be reported ended", s.len()),
+                None => String::new(),
+            };
+            let who = if *name == self.identity {
+                "this dispatcher's previous process (died)".to_owned()
+            } else {
+                format!("{name} (died)")
+            };
+            reasons.push(format!("{who} to be gone for {:?}{ended}", self.bound));
         }
         for (name, peer) in live {
             if *name != self.identity && !self.counts(peer, &id) {

@@ -179,12 +179,15 @@ impl Observations {
 
     /// Whether each of `tags`, sessions of member `name`, is reported ended on a Lease this
     /// process knows ([`LeaseState::ended`]): whichever member a replica told, its Lease carries
-    /// the report to the others.
+    /// the report to the others. A deleted Lease carries nothing: a process that starts later
+    /// never sees it, so every process counts the same reports (what the protocol model
+    /// assumes), at the cost of waiting out the bound when a relaying member's Lease is
+    /// deleted before the wait ends.
     pub fn all_ended(&self, name: &str, tags: &BTreeSet<u64>) -> bool {
         tags.iter().all(|tag| {
-            self.leases
-                .values()
-                .any(|s| s.state.ended.get(name).is_some_and(|e| e.contains(tag)))
+            self.leases.values().any(|s| {
+                s.deleted_at.is_none() && s.state.ended.get(name).is_some_and(|e| e.contains(tag))
+            })
         })
     }
 
@@ -357,7 +360,7 @@ mod tests {
 
     /// The sessions a member listed are known while its Lease is (expired or not), and not once
     /// it was deleted without the drained mark; a report of a session ended counts from any
-    /// Lease, and only for the member it names.
+    /// Lease that is not deleted, and only for the member it names.
     #[test]
     fn published_sessions_and_the_reports_of_their_end() {
         let t0 = Instant::now();
@@ -398,6 +401,11 @@ mod tests {
             o.published_sessions("a"),
             None,
             "deleted undrained: unknown"
+        );
+        o.deleted("c", None, t0 + 2 * SEC);
+        assert!(
+            !o.all_ended("a", &tags),
+            "a deleted Lease carries no report"
         );
     }
 }

@@ -135,10 +135,11 @@ impl Protocol {
             }
             if state.left.reports > 0 && self.config.takeover.reports() {
                 // A replica reports the sessions of a dispatcher the live ones found dead:
-                // modelled as of any dispatcher it ever had a session on, to any other that is up.
+                // modelled as of any dispatcher it ever had a session on, to any that is up
+                // (itself included: a restarted dispatcher asks about its previous process).
                 for d in 0..state.dispatchers.len() {
                     for (x, disp) in state.dispatchers.iter().enumerate() {
-                        if x != d && disp.up {
+                        if disp.up {
                             actions.push(Action::Report(r8, n(d), n(x)));
                         }
                     }

@@ -27,7 +27,9 @@
 //!   that shows its own last renewal ([`Views::Whole`]); [`Views::Partial`] models the older
 //!   code that judged on every event of its Lease watch's first list, and shows its overlap.
 //! - **Restarts and graceful stops**: a restarted dispatcher renews its Lease before its Lease
-//!   watch has listed; it waits `bound` before serving if it finds its Lease still there. A
+//!   watch has listed; if it finds its Lease still there, it waits out its previous process as
+//!   a member that died (below: `bound`, or each session that Lease listed reported) before
+//!   serving, and releases no ring meanwhile. A
 //!   graceful stop, made only with nothing in flight, deletes the Lease with the drained mark
 //!   (the others then drop it at once).
 //! - **Lease deletions** (`core/src/leases.rs`): a Lease deleted without the drained mark (by
@@ -96,7 +98,8 @@
 //!   on its Lease each session it holds and each that keys in flight were handed to, and hands
 //!   a session keys only once a write listing it was answered. A replica may at any time fence
 //!   its session on a dispatcher (cancelling what it handed out) and report it, or its last
-//!   session there, ended to another dispatcher that is up ([`Action::Report`]: a superset of
+//!   session there, ended to a dispatcher that is up, that one itself included (a restarted
+//!   dispatcher asks about its previous process's sessions) ([`Action::Report`]: a superset of
 //!   reporting when a live dispatcher asks), whose next Lease write carries the report. A
 //!   dispatcher that finds a member dead remembers the sessions its Lease listed (none known
 //!   if the Lease was deleted, or written by a process that waits out its previous one; both
@@ -330,7 +333,6 @@ impl Protocol {
             view: vec![0; n],
             missed: 0,
             deaths: 0,
-            hold: 0,
             stale: 0,
             gone: 0,
             tomb: 0,

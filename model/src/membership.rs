@@ -67,7 +67,6 @@ impl Protocol {
                     *awaiting = None;
                 }
             }
-            disp.hold = disp.hold.saturating_sub(1);
             if disp.own_lease == 1 {
                 // Its Lease ran out unrenewed: it fences itself and hands out nothing.
                 disp.own_lease = 0;
@@ -182,7 +181,6 @@ impl Protocol {
         let others = disp.ring & !bit(d);
         let open = disp.own_lease > 0
             && has(disp.ring, d)
-            && disp.hold == 0
             && disp.died.iter().all(|w| *w == 0)
             && disp.settled != Some(disp.ring)
             && disp.fresh & others == others;
@@ -301,7 +299,7 @@ impl Protocol {
             exists: true,
             drained: false,
             sessions: self.listing(disp, d),
-            known: disp.hold == 0,
+            known: disp.died[d] == 0,
             ended: disp.reported,
         };
         if answered {

@@ -92,7 +92,8 @@ pub struct Dispatcher {
     pub fresh: u8,
     /// Members that wrote their Lease since it adopted `ring`.
     pub written: u8,
-    /// Per member: ticks left of the wait for one that died (0: none).
+    /// Per member: ticks left of the wait for one that died (0: none); its own entry, for its
+    /// previous process, which died (`Handover::new` with `predecessor_died`).
     pub died: Vec<u8>,
     /// Per member: ticks left of its Lease's liveness as this dispatcher saw it, from when it
     /// saw it written (`Observations::live`: a Lease first seen on a list counts from then).
@@ -103,8 +104,6 @@ pub struct Dispatcher {
     /// Members whose Lease it saw deleted without the drained mark since it last judged
     /// (`Observations::take_deaths`): they died, even if renewed again meanwhile.
     pub deaths: u8,
-    /// Ticks left before it may hand out anything after a crash of its previous process.
-    pub hold: u8,
     /// Keys whose change it missed while cut off from the API server (a bit each): its queue
     /// holds an older version of them, which the re-list when it is back replaces.
     pub stale: u8,

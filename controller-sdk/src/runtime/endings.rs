@@ -12,6 +12,12 @@
 //! opened on a dispatcher named dead is not fenced: a dead or cut-off dispatcher can list no
 //! new session on its Lease, so it hands it nothing the others wait for.
 //!
+//! A dispatcher restarted after a crash says so in its answers (`previous_process_died`): it
+//! waits for the sessions its previous process listed, which bear the same dispatcher id. Those
+//! this replica ended there are reported as for a dispatcher named dead; the session the answer
+//! came on is the new process's and is not fenced (a replica's sessions with one dispatcher id
+//! follow each other, so the earlier ones have ended by then).
+//!
 //! Bounds: the last [`ENDED_PER_DISPATCHER`] ended sessions of at most [`MAX_KEPT`]
 //! dispatchers, each forgotten after [`KEPT_FOR`]; one list of dispatchers named dead per open
 //! session (at most [`MAX_KEPT`] ids each); a poll reports at most [`MAX_REPORTS_PER_POLL`].
@@ -137,12 +143,13 @@ impl Endings {
     }
 
     /// The last answer on the session with dispatcher `source` named `dead` as dispatchers that
-    /// died: a session open on one of them is fenced.
-    pub(super) fn named_dead(&self, source: &str, dead: &[String]) {
+    /// died, and said whether `source`'s own previous process died (`previous`): a session open
+    /// on one of `dead` is fenced; the sessions ended on all of them are reported.
+    pub(super) fn named_dead(&self, source: &str, dead: &[String], previous: bool) {
         let mut inner = self.inner();
-        let dead: Vec<String> = dead
+        let mut dead: Vec<String> = dead
             .iter()
-            .filter(|id| id.len() <= MAX_ID_BYTES)
+            .filter(|id| id.len() <= MAX_ID_BYTES && *id != source)
             .take(MAX_KEPT)
             .cloned()
             .collect();
@@ -158,6 +165,13 @@ impl Endings {
                 info!(dispatcher = %id, %session, "a live dispatcher found this session's dispatcher dead: ending the session, cancelling what it handed out, to report it ended");
                 fence.cancel();
             }
+        }
+        // Not fenced: the session open there is the answering (new) process's.
+        if previous {
+            if !before.contains(source) && inner.ended.contains_key(source) {
+                report = true;
+            }
+            dead.push(source.to_owned());
         }
         if dead.is_empty() {
             inner.named.remove(source);
@@ -232,7 +246,7 @@ mod tests {
         e.ended("d3", "s3");
         assert!(e.reports().is_empty(), "nobody named dead");
         let mut changes = e.report_changes();
-        e.named_dead("d2", &["d1".to_owned()]);
+        e.named_dead("d2", &["d1".to_owned()], false);
         assert!(on_d1.is_cancelled() && !on_d2.is_cancelled());
         assert!(e.reports().is_empty(), "s1 has not ended yet");
         assert!(!changes.has_changed().unwrap());
@@ -255,7 +269,7 @@ mod tests {
         // dispatcher cannot list it); named again, it is.
         let on_d1_again = e.opened("d1", "s4");
         assert!(!on_d1_again.is_cancelled());
-        e.named_dead("d2", &["d1".to_owned(), "d3".to_owned()]);
+        e.named_dead("d2", &["d1".to_owned(), "d3".to_owned()], false);
         assert!(on_d1_again.is_cancelled());
         assert!(
             changes.has_changed().unwrap(),
@@ -265,7 +279,35 @@ mod tests {
         e.ended("d1", "s4");
         assert_eq!(e.reports().len(), 3, "both of d1's sessions");
         // d2's next answer names nobody: nothing is reported any more.
-        e.named_dead("d2", &[]);
+        e.named_dead("d2", &[], false);
+        assert!(e.reports().is_empty());
+    }
+
+    /// A dispatcher restarted after a crash says its previous process died: the sessions ended
+    /// on its id are reported, and the session its answer came on goes on; a dispatcher naming
+    /// itself among the dead fences nothing either.
+    #[tokio::test]
+    async fn a_restarted_dispatchers_previous_sessions_are_reported_without_fencing_its_new_one() {
+        let e = Endings::default();
+        e.opened("d1", "old");
+        e.ended("d1", "old");
+        let new = e.opened("d1", "new");
+        let changes = e.report_changes();
+        e.named_dead("d1", &["d1".to_owned()], false);
+        assert!(!new.is_cancelled() && e.reports().is_empty());
+        e.named_dead("d1", &[], true);
+        assert!(!new.is_cancelled(), "the new process's session goes on");
+        assert!(changes.has_changed().unwrap(), "reported at once");
+        let reports = e.reports();
+        assert_eq!(
+            reports
+                .iter()
+                .map(|r| (r.dispatcher_id.as_str(), r.session_id.as_str()))
+                .collect::<Vec<_>>(),
+            [("d1", "old")]
+        );
+        // Its wait is over: nothing more to report.
+        e.named_dead("d1", &[], false);
         assert!(e.reports().is_empty());
     }
 
@@ -275,12 +317,12 @@ mod tests {
         let e = Endings::default();
         e.opened("d2", "s2");
         e.ended("d1", "s1");
-        e.named_dead("d2", &["d1".to_owned()]);
+        e.named_dead("d2", &["d1".to_owned()], false);
         assert_eq!(e.reports().len(), 1);
         e.ended("d2", "s2");
         assert!(e.reports().is_empty());
         // An answer of a session that is not open any more names nobody.
-        e.named_dead("d2", &["d1".to_owned()]);
+        e.named_dead("d2", &["d1".to_owned()], false);
         assert!(e.reports().is_empty());
     }
 
@@ -295,7 +337,7 @@ mod tests {
         }
         e.opened("live", "x");
         let names: Vec<String> = (0..=MAX_KEPT).map(|i| format!("d{i}")).collect();
-        e.named_dead("live", &names);
+        e.named_dead("live", &names, false);
         let inner = e.inner();
         assert_eq!(inner.ended.len(), MAX_KEPT);
         assert!(

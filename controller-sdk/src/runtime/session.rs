@@ -58,9 +58,11 @@ pub(super) async fn session<T: Types>(
     // is reported ended once every reconcile it handed out has returned (`endings`).
     let dispatcher_id = opened.dispatcher_id;
     let named_dead = shared.endings.opened(&dispatcher_id, &session_id);
-    shared
-        .endings
-        .named_dead(&dispatcher_id, &opened.dead_dispatchers);
+    shared.endings.named_dead(
+        &dispatcher_id,
+        &opened.dead_dispatchers,
+        opened.previous_process_died,
+    );
     let _live = Live::register(shared, address, &client, &session_id);
     let _open = shared.health.session_opened();
     let _counted = shared.metrics.session_opened(address);
@@ -275,9 +277,11 @@ impl<T: Types> Polls<'_, T> {
             })
             .await?
             .into_inner();
-        self.shared
-            .endings
-            .named_dead(&self.dispatcher_id, &response.dead_dispatchers);
+        self.shared.endings.named_dead(
+            &self.dispatcher_id,
+            &response.dead_dispatchers,
+            response.previous_process_died,
+        );
         let held = response
             .held
             .and_then(|d| Duration::try_from(d).ok())

@@ -271,6 +271,81 @@ fn a_restart_after_a_crash_waits_out_the_previous_process() {
     assert!(h.update(&live, 1, false, t0 + T).is_settled());
 }
 
+/// A restart after a crash whose predecessor's Lease listed its sessions: the wait ends once
+/// each is reported ended on some Lease (here this dispatcher's own, which carries the reports
+/// replicas sent it), not before, and meanwhile no ring is released and the previous process
+/// is awaited as a member that died.
+#[test]
+fn a_restart_after_a_crash_serves_once_the_previous_processs_sessions_are_reported_ended() {
+    let t0 = Instant::now();
+    let mut o = Observations::default();
+    let mut h = Handover::new("d0", T, t0, true).predecessor_listed(Some(BTreeSet::from([7, 8])));
+    o.observe("d0", lease_of("d0", "t1", 1), t0);
+    let (live, _) = h.judge(&mut o, SEC, t0);
+    assert!(!h.update(&live, o.newest(), false, t0).is_settled());
+    assert!(h.holds_for_predecessor(t0) && h.waits_on_dead(t0));
+    assert_eq!(h.releasable(Some("ring".into()), t0), None);
+    let awaited: Vec<(&str, &BTreeSet<u64>)> = h.awaited().collect();
+    assert_eq!(awaited, [("d0", &BTreeSet::from([7, 8]))]);
+    assert!(
+        h.waiting_for(&live)
+            .unwrap()
+            .contains("previous process (died) to be gone for 30s or its 2 listed sessions")
+    );
+    // One of the two reported: still held.
+    o.observe(
+        "d0",
+        LeaseState {
+            ended: ended("d0", &[7]),
+            ..lease_of("d0", "t2", 2)
+        },
+        t0 + SEC,
+    );
+    let (live, _) = h.judge(&mut o, SEC, t0 + SEC);
+    assert!(!h.update(&live, o.newest(), false, t0 + SEC).is_settled());
+    // Both: served, long before the bound.
+    o.observe(
+        "d0",
+        LeaseState {
+            ended: ended("d0", &[7, 8]),
+            ..lease_of("d0", "t3", 3)
+        },
+        t0 + 2 * SEC,
+    );
+    let (live, _) = h.judge(&mut o, SEC, t0 + 2 * SEC);
+    assert!(
+        h.update(&live, o.newest(), false, t0 + 2 * SEC)
+            .is_settled()
+    );
+    assert!(!h.holds_for_predecessor(t0 + 2 * SEC) && !h.waits_on_dead(t0 + 2 * SEC));
+}
+
+/// Sessions listed by a predecessor that did not die change nothing, and a predecessor whose
+/// sessions are unknown is waited out for the whole bound, whatever is reported.
+#[test]
+fn a_predecessors_sessions_count_only_when_it_died_and_they_are_known() {
+    let t0 = Instant::now();
+    let clean = Handover::new("d0", T, t0, false).predecessor_listed(Some(BTreeSet::new()));
+    assert!(!clean.holds_for_predecessor(t0) && clean.awaited().count() == 0);
+    let mut o = Observations::default();
+    let mut h = Handover::new("d0", T, t0, true).predecessor_listed(None);
+    o.observe(
+        "d0",
+        LeaseState {
+            ended: ended("d0", &[7]),
+            ..lease_of("d0", "t1", 1)
+        },
+        t0,
+    );
+    let (live, _) = h.judge(&mut o, SEC, t0 + SEC);
+    assert!(!h.update(&live, o.newest(), false, t0 + SEC).is_settled());
+    assert_eq!(h.awaited().count(), 0);
+    assert!(h.holds_for_predecessor(t0 + T - SEC));
+    o.observe("d0", lease_of("d0", "t2", 2), t0 + T);
+    let (live, _) = h.judge(&mut o, SEC, t0 + T);
+    assert!(h.update(&live, o.newest(), false, t0 + T).is_settled());
+}
+
 #[test]
 fn a_fenced_dispatcher_serves_nothing_and_needs_fresh_releases_after() {
     let now = Instant::now();

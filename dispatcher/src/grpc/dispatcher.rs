@@ -96,6 +96,8 @@ impl DispatcherService {
     /// The answer to an OpenSession that opened `session_id` with `ttl`.
     fn opened(&self, session_id: String, ttl: std::time::Duration) -> OpenSessionResponse {
         let groups = &self.groups;
+        let (dead_dispatchers, previous_process_died) =
+            groups.lease_sessions().named_dead(groups.identity());
         OpenSessionResponse {
             session_id,
             ttl: prost_types::Duration::try_from(ttl).ok(),
@@ -109,7 +111,8 @@ impl DispatcherService {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
-            dead_dispatchers: groups.lease_sessions().dead(),
+            dead_dispatchers,
+            previous_process_died,
         }
     }
 
@@ -489,10 +492,15 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .into_iter()
             .map(|(d, children)| to_wire(&polled.group, d, children))
             .collect();
+        let (dead_dispatchers, previous_process_died) = self
+            .groups
+            .lease_sessions()
+            .named_dead(self.groups.identity());
         Ok(Response::new(PollResponse {
             requests,
             held: prost_types::Duration::try_from(polled.held).ok(),
-            dead_dispatchers: self.groups.lease_sessions().dead(),
+            dead_dispatchers,
+            previous_process_died,
         }))
     }
 

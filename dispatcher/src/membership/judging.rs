@@ -141,7 +141,8 @@ impl Membership {
         // one lists sessions of its own), and only on a view just judged whole and current: a
         // fenced dispatcher names nobody, and one whose view lags (just unfenced, or after a
         // pause, every Lease looks old in it) leaves the list as it was until its watch has
-        // caught up. Never itself.
+        // caught up. Itself only for its previous process, which died (answers say so apart
+        // from the dead members: `LeaseSessions::named_dead`).
         if fenced {
             self.sessions.set_dead(Default::default());
         } else if judged {
@@ -149,7 +150,7 @@ impl Membership {
                 self.handover
                     .awaited()
                     .filter(|(member, _)| {
-                        !self.live.contains_key(*member) && *member != self.config.identity
+                        *member == self.config.identity || !self.live.contains_key(*member)
                     })
                     .map(|(member, tags)| (member.to_owned(), tags.clone()))
                     .collect(),

@@ -258,6 +258,9 @@ impl Membership {
         // One still marked warming, or bare, is as good as none: its process handed nothing
         // out (nothing is handed out before a view shows the Lease without the mark,
         // `mark_accepted`), and no other dispatcher counted it a member.
+        // The sessions that Lease lists are every session the previous process may have
+        // handed keys to: once each is reported ended, its reconciles are over.
+        let mut listed = None;
         let predecessor_died = match leases.get_opt(&config.identity).await {
             Ok(found) => {
                 let state = found.as_ref().map(lease_state);
@@ -265,6 +268,7 @@ impl Membership {
                     .as_ref()
                     .is_none_or(|s| s.warming || s.holder.is_empty());
                 version = state.as_ref().and_then(|s| known(s.resource_version));
+                listed = state.as_ref().and_then(|s| s.sessions.clone());
                 state.is_some_and(|s| !s.holder.is_empty() && !s.drained && !s.warming)
             }
             Err(e) => {
@@ -286,8 +290,9 @@ impl Membership {
         if predecessor_died {
             warn!(
                 lease = %config.identity,
-                wait = ?config.handover_bound,
-                "found this dispatcher's Lease unreleased: its previous process died; handing out nothing until reconciles it started are over"
+                most = ?config.handover_bound,
+                sessions = listed.as_ref().map(|s| s.len()),
+                "found this dispatcher's Lease unreleased: its previous process died; handing out nothing until reconciles it started are over (each session it listed reported ended by its replica, or the bound)"
             );
         }
         let handover = Handover::new(
@@ -296,6 +301,7 @@ impl Membership {
             started,
             predecessor_died,
         )
+        .predecessor_listed(listed)
         .with_ring_key(ring_key);
         let mut renew_tick = tokio::time::interval(config.renew_period);
         renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

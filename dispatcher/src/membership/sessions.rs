@@ -11,8 +11,9 @@
 //! - Replicas report the sessions they held on a dispatcher that died; the membership loop
 //!   takes the reports ([`LeaseSessions::take_reports`]), keeps those of sessions the dead
 //!   member listed, and carries them on the Lease.
-//! - The members whose sessions this dispatcher waits to see ended are told to every replica
-//!   that polls ([`LeaseSessions::dead`]).
+//! - The members whose sessions this dispatcher waits to see ended, and its own previous
+//!   process when it waits for that one's, are told to every replica that polls
+//!   ([`LeaseSessions::named_dead`]).
 //!
 //! Bounds: the listing holds the sessions open (at most `--max-sessions`) and those ended
 //! within the handover bound, at most twice
@@ -157,9 +158,14 @@ impl LeaseSessions {
         });
     }
 
-    /// The members replicas are asked to report their sessions on.
-    pub fn dead(&self) -> Vec<String> {
-        self.dead.borrow().keys().cloned().collect()
+    /// What an answer of dispatcher `identity` names dead: the other members replicas are asked
+    /// to report their sessions on (`dead_dispatchers`), and whether its own previous process
+    /// is one (`previous_process_died`: named apart, since a replica would end its session
+    /// with the new process on finding `identity` among the dead).
+    pub fn named_dead(&self, identity: &str) -> (Vec<String>, bool) {
+        let dead = self.dead.borrow();
+        let others = dead.keys().filter(|m| *m != identity).cloned().collect();
+        (others, dead.contains_key(identity))
     }
 
     /// Changes with [`LeaseSessions::dead`].

@@ -252,8 +252,9 @@ impl Real {
     pub(super) fn restart(&mut self, d: usize, after: &State) {
         let now = self.now();
         // A Lease of its own still there was not released: its previous process died.
-        let predecessor_died = self.leases[d].is_some();
-        let mut process = self.process(d, now, predecessor_died);
+        // The sessions it listed are all its process may have handed keys to.
+        let predecessor = self.leases[d].as_ref().map(|l| l.sessions.clone());
+        let mut process = self.process(d, now, predecessor);
         // Its Lease watch's first list.
         for (x, lease) in self.leases.iter().enumerate() {
             if let Some(state) = lease {

@@ -40,7 +40,7 @@
 //! in the code, to read a divergence.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     sync::Arc,
     time::{Duration, Instant},
@@ -112,10 +112,19 @@ impl GroupState {
 }
 
 impl Process {
-    fn new(identity: &str, bound: Duration, now: Instant, died: bool) -> Self {
+    /// A process of dispatcher `identity` started at `now`; `predecessor`: the sessions its
+    /// previous process's unreleased Lease listed, if that one died (`None` within: unknown).
+    fn new(
+        identity: &str,
+        bound: Duration,
+        now: Instant,
+        predecessor: Option<Option<BTreeSet<u64>>>,
+    ) -> Self {
+        let died = predecessor.is_some();
         Self {
             observations: Observations::default(),
-            handover: Handover::new(identity, bound, now, died),
+            handover: Handover::new(identity, bound, now, died)
+                .predecessor_listed(predecessor.flatten()),
             renewed: None,
             live: BTreeMap::new(),
             slice: None,
@@ -226,7 +235,7 @@ impl Real {
         };
         let now = real.now();
         for d in 0..n {
-            real.processes[d] = Some(real.process(d, now, false));
+            real.processes[d] = Some(real.process(d, now, None));
         }
         // Every Lease written, the full ring adopted, then written again with the ring
         // released: the gate opens on a ring whose every other member released it since.
@@ -245,8 +254,13 @@ impl Real {
         real
     }
 
-    fn process(&self, d: usize, now: Instant, died: bool) -> Process {
-        let mut p = Process::new(&dispatcher_name(d), self.bound, now, died);
+    fn process(
+        &self,
+        d: usize,
+        now: Instant,
+        predecessor: Option<Option<BTreeSet<u64>>>,
+    ) -> Process {
+        let mut p = Process::new(&dispatcher_name(d), self.bound, now, predecessor);
         p.sessions = vec![None; self.replicas];
         // Before its first judgement, a slice with no ring and nothing served, as the model's
         // fresh dispatcher has. (The dispatcher publishes a ring of itself alone, `serve.rs`:

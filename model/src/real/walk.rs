@@ -41,6 +41,8 @@ pub struct Walked {
     /// Members that died whose wait ended before the bound, every session their Lease listed
     /// having been reported ended.
     pub takeovers_by_reports: usize,
+    /// Of those, restarted dispatchers' waits for their own previous process.
+    pub restarts_by_reports: usize,
 }
 
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
@@ -193,18 +195,13 @@ impl Walked {
                 .count();
         }
         // A wait ends early only by reports: ticks count it down one at a time.
-        self.takeovers_by_reports += before
-            .dispatchers
-            .iter()
-            .zip(&next.dispatchers)
-            .map(|(a, b)| {
-                a.died
-                    .iter()
-                    .zip(&b.died)
-                    .filter(|(was, is)| **was > 1 && **is == 0)
-                    .count()
-            })
-            .sum::<usize>();
+        let ended = |a: &crate::Dispatcher, b: &crate::Dispatcher, x: usize| {
+            a.died[x] > 1 && b.died[x] == 0
+        };
+        for (d, (a, b)) in before.dispatchers.iter().zip(&next.dispatchers).enumerate() {
+            self.takeovers_by_reports += (0..a.died.len()).filter(|x| ended(a, b, *x)).count();
+            self.restarts_by_reports += usize::from(ended(a, b, d));
+        }
         self.handovers += before
             .dispatchers
             .iter()

@@ -58,10 +58,13 @@ impl Protocol {
             }
         }
         // A Lease still there was not released: its previous process may have left
-        // reconciles running. None there, it sees nothing to wait for (drained, or
-        // deleted by hand: then the others wait, and withhold their releases).
-        if s.leases[d].exists {
-            disp.hold = t.bound;
+        // reconciles running, waited out as a member that died (until each session its
+        // Lease listed is reported ended, or the bound). None there, it sees nothing to wait
+        // for (drained, or deleted by hand: then the others wait, and withhold their releases).
+        let lease = &s.leases[d];
+        if lease.exists {
+            let listed = lease.known.then_some(lease.sessions);
+            Self::mourn(&mut disp, d, t.bound, listed);
         }
         s.dispatchers[d] = disp;
         self.renew(s, d, true);
@@ -127,15 +130,15 @@ impl Protocol {
         if !lease.exists {
             return None;
         }
-        // What it carried of sessions ended stays true, and readers keep it with the
-        // rest of the deleted Lease (`Observations::deleted`).
+        // What it carried of sessions ended is gone with it: no reader counts a deleted
+        // Lease's reports (`Observations::all_ended`), which a process started later never sees.
         *lease = Lease {
             released: None,
             exists: false,
             drained: false,
             sessions: 0,
             known: false,
-            ended: lease.ended,
+            ended: 0,
         };
         self.show_lease(s, usize::from(d), false);
         // Every dispatcher whose Lease watch runs sees the deletion.

@@ -366,6 +366,7 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
                     total.tombstones += w.tombstones;
                     total.waits_for_group += w.waits_for_group;
                     total.takeovers_by_reports += w.takeovers_by_reports;
+                    total.restarts_by_reports += w.restarts_by_reports;
                 }
                 Err(d) => {
                     panic!("{dispatchers} dispatchers, {groups} groups, seed {seed}: {d}")
@@ -373,7 +374,7 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
             }
         }
         println!(
-            "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports, in lock-step",
+            "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports ({} of them a restarted dispatcher's previous process), in lock-step",
             total.steps,
             total.deletions,
             total.handovers,
@@ -382,9 +383,10 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
             total.deletions_in_transit,
             total.tombstones,
             total.waits_for_group,
-            total.takeovers_by_reports
+            total.takeovers_by_reports,
+            total.restarts_by_reports
         );
-        assert!(total.takeovers_by_reports > 20);
+        assert!(total.takeovers_by_reports > 20 && total.restarts_by_reports > 5);
         assert!(total.deletions > 1000 && total.handovers > 1000 && total.deliveries > 1000);
         assert!(total.object_deletions > 1000 && total.deletions_in_transit > 100);
         assert!(total.tombstones > 20);

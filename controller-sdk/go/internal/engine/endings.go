@@ -26,6 +26,12 @@ import (
 // full id, which only this replica knows). A session opened on a dispatcher named dead is not
 // ended for it: a dead or cut-off dispatcher can list no new session on its Lease.
 //
+// A dispatcher restarted after a crash says so in its answers (previous_process_died): it waits
+// for the sessions its previous process listed, which bear the same dispatcher id. Those this
+// replica ended there are reported as for a dispatcher named dead; the session the answer came
+// on is the new process's and goes on (a replica's sessions with one dispatcher follow each
+// other, so the earlier ones have ended by then).
+//
 // Bounds: the last endedPerDispatcher ended sessions of at most endingsKept dispatchers, each
 // forgotten after endingsKeptFor; one list of dispatchers named dead per open session (at most
 // endingsKept ids each); a call reports at most reportsPerCall.
@@ -132,13 +138,15 @@ func (e *Endings) ended(id, session string) {
 	}
 }
 
-// namedDead records that the last answer on the session with dispatcher source named ids dead:
-// a session open on one of them ends.
-func (e *Endings) namedDead(source string, ids []string) {
+// namedDead records that the last answer on the session with dispatcher source named ids dead,
+// and whether source's own previous process died (previous): a session open on one of ids
+// ends; the sessions ended on all of them are reported. The session open on source is the
+// answering (new) process's and goes on.
+func (e *Endings) namedDead(source string, ids []string, previous bool) {
 	e.mu.Lock()
 	var dead []string
 	for _, id := range ids {
-		if len(id) <= maxIDBytes && len(dead) < endingsKept {
+		if len(id) <= maxIDBytes && id != source && len(dead) < endingsKept {
 			dead = append(dead, id)
 		}
 	}
@@ -151,6 +159,12 @@ func (e *Endings) namedDead(source string, ids []string) {
 			e.log.Info("a live dispatcher found this session's dispatcher dead: ending the session, cancelling what it delivered, to report it ended", "dispatcher", id, "session", o.s.id)
 			o.fail(errNamedDead)
 		}
+	}
+	if previous {
+		if _, ended := e.done[source]; ended && !e.isDead(source) {
+			report = true
+		}
+		dead = append(dead, source)
 	}
 	if len(dead) == 0 {
 		delete(e.named, source)
@@ -209,8 +223,9 @@ func (e *Endings) reports() []*pb.EndedSession {
 	return out
 }
 
-// reportNow sends the reports with an ack of every open session on a dispatcher not named dead;
-// a failed send is left to the next poll, which carries them too.
+// reportNow sends the reports with an ack of every open session on a dispatcher not named dead
+// (or named only for its previous process, by itself); a failed send is left to the next poll,
+// which carries them too.
 func (e *Endings) reportNow() {
 	reports := e.reports()
 	if len(reports) == 0 {
@@ -219,7 +234,7 @@ func (e *Endings) reportNow() {
 	e.mu.Lock()
 	var to []*Session
 	for id, o := range e.open {
-		if !e.isDead(id) {
+		if !e.isDead(id) || slices.Contains(e.named[id], id) {
 			to = append(to, o.s)
 		}
 	}

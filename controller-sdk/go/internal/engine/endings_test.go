@@ -43,7 +43,7 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	if got := e.reports(); len(got) != 0 {
 		t.Fatalf("nobody named dead, yet reports %v", got)
 	}
-	e.namedDead("d2", []string{"d1"})
+	e.namedDead("d2", []string{"d1"}, false)
 	if !errors.Is(context.Cause(onD1), errNamedDead) || onD2.Err() != nil {
 		t.Fatalf("d1's session must end, d2's not: %v, %v", context.Cause(onD1), onD2.Err())
 	}
@@ -69,7 +69,7 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 	if again.Err() != nil {
 		t.Fatal("a session opened on a dispatcher named dead must not end at once")
 	}
-	e.namedDead("d2", []string{"d1", "d3"})
+	e.namedDead("d2", []string{"d1", "d3"}, false)
 	if again.Err() == nil {
 		t.Fatal("a session open on a dispatcher named dead must end")
 	}
@@ -89,9 +89,44 @@ func TestSessionsOnDispatchersNamedDeadAreEndedThenReported(t *testing.T) {
 		t.Fatalf("both of d1's sessions and s3: reports %v", got)
 	}
 	// d2's next answer names nobody: nothing is reported any more.
-	e.namedDead("d2", nil)
+	e.namedDead("d2", nil, false)
 	if got := e.reports(); len(got) != 0 {
 		t.Fatalf("nobody named dead, yet reports %v", got)
+	}
+}
+
+// A dispatcher restarted after a crash says its previous process died: the sessions ended on
+// its id are reported, at once with an ack of the new session, which goes on; a dispatcher
+// naming itself among the dead ends nothing either.
+func TestARestartedDispatchersPreviousSessionsAreReportedWithoutEndingItsNewOne(t *testing.T) {
+	e := NewEndings(logr.Discard())
+	d1 := &ackRecorder{acks: make(chan *pb.AckRequest, 4)}
+	openAt(e, "d1", "old", nil)
+	e.ended("d1", "old")
+	_, onNew := openAt(e, "d1", "new", d1)
+	e.namedDead("d1", []string{"d1"}, false)
+	if onNew.Err() != nil || len(e.reports()) != 0 {
+		t.Fatalf("naming itself dead ends nothing and reports nothing: %v, %v", onNew.Err(), e.reports())
+	}
+	e.namedDead("d1", nil, true)
+	if onNew.Err() != nil {
+		t.Fatal("the new process's session must go on")
+	}
+	got := e.reports()
+	if len(got) != 1 || got[0].GetDispatcherId() != "d1" || got[0].GetSessionId() != "old" {
+		t.Fatalf("reports %v, want d1/old", got)
+	}
+	select {
+	case ack := <-d1.acks:
+		if ack.GetSessionId() != "new" || len(ack.GetEndedSessions()) != 1 || ack.GetEndedSessions()[0].GetSessionId() != "old" {
+			t.Fatalf("ack %v, want new reporting old", ack)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the previous process's session was not reported with an ack")
+	}
+	e.namedDead("d1", nil, false)
+	if got := e.reports(); len(got) != 0 {
+		t.Fatalf("its wait is over, yet reports %v", got)
 	}
 }
 
@@ -107,7 +142,7 @@ func TestWhatEndingsRememberIsBounded(t *testing.T) {
 		e.ended("d64", fmt.Sprintf("s%d", n))
 	}
 	openAt(e, "live", "x", &ackRecorder{acks: make(chan *pb.AckRequest, 4)})
-	e.namedDead("live", names)
+	e.namedDead("live", names, false)
 	if len(e.done) != endingsKept || len(e.named["live"]) != endingsKept {
 		t.Fatalf("kept %d dispatchers' ended sessions and %d named dead, want %d each", len(e.done), len(e.named["live"]), endingsKept)
 	}

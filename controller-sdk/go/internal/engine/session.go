@@ -215,7 +215,7 @@ func (r *Sessions) runSession(ctx context.Context, address string) (opened bool,
 	}
 	dispatcherID := s.dispatcherID
 	r.Endings.opened(dispatcherID, s, nameDead)
-	r.Endings.namedDead(dispatcherID, answer.GetDeadDispatchers())
+	r.Endings.namedDead(dispatcherID, answer.GetDeadDispatchers(), answer.GetPreviousProcessDied())
 	log := r.Log.WithValues("dispatcher", address, "session", s.id)
 	log.Info("session opened", "ttl", ttl.String(), "maxReconcileTime", maxReconcile.String(), "dispatcherVersion", answer.GetDispatcherVersion())
 	defer r.Metrics.SessionOpened(address)()
@@ -297,7 +297,7 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 		if err != nil {
 			return s.renewalError(err)
 		}
-		r.Endings.namedDead(s.dispatcherID, answer.GetDeadDispatchers())
+		r.Endings.namedDead(s.dispatcherID, answer.GetDeadDispatchers(), answer.GetPreviousProcessDied())
 		// The dispatcher cannot have held the poll longer than it took: a larger figure would
 		// move the fence past the dispatcher's own expiry.
 		held := min(max(answer.GetHeld().AsDuration(), 0), time.Since(sent))

@@ -140,6 +140,100 @@ async fn a_stalled_then_killed_dispatchers_keys_wait_for_the_bound_while_a_sessi
     Ok(())
 }
 
+/// A dispatcher is killed (kill -9) while reconciles it handed out run, and started again at
+/// once at the same address, as a StatefulSet restarts its pod: its new process finds its Lease
+/// unreleased, so its previous process may have left reconciles running. It tells the replicas
+/// so; each, once the reconciles of the session it held there have returned, reports that
+/// session ended, and the new process serves the keys once every session its previous process
+/// listed is reported, long before the handover bound (20 s); no reconcile overlaps.
+#[tokio::test]
+async fn a_killed_and_restarted_dispatcher_serves_once_its_previous_sessions_are_reported_ended()
+-> TestResult {
+    let (took, victim) = killed_and_restarted("restart-reported", false).await?;
+    assert!(
+        took < Duration::from_secs(8),
+        "{victim}'s new process served {took:?} after it started: it waited out the bound (20 s) instead of the reports"
+    );
+    Ok(())
+}
+
+/// The same with one session of the killed process held by a client that never reports it:
+/// the new process waits out the handover bound, the fallback for a replica that is silent
+/// (or runs an SDK older than the report).
+#[tokio::test]
+async fn a_killed_and_restarted_dispatcher_waits_out_the_bound_while_a_session_is_unreported()
+-> TestResult {
+    let (took, victim) = killed_and_restarted("restart-silent", true).await?;
+    assert!(
+        took >= RESTART_BOUND - Duration::from_millis(500),
+        "{victim}'s new process served {took:?} after it started, before the bound"
+    );
+    assert!(
+        took <= RESTART_BOUND + Duration::from_secs(10),
+        "it served only {took:?} after it started"
+    );
+    Ok(())
+}
+
+const RESTART_BOUND: Duration = Duration::from_secs(20);
+
+/// Three dispatchers with handover bound [`RESTART_BOUND`], three SDK replicas running 3 s
+/// reconciles; the owner of a key being reconciled is killed and started again at its address,
+/// with `silent` a client's session there that was handed keys and never reports. Checks that
+/// no reconcile overlaps and every final state is reconciled; returns how long after its start
+/// the new process served, and the victim.
+async fn killed_and_restarted(label: &str, silent: bool) -> TestResult<(Duration, String)> {
+    let ns = TestNamespace::create(label).await?;
+    let journal = Journal::default();
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let mut ds = start_settled(ns.name(), 3, RESTART_BOUND).await?;
+    let work = Duration::from_secs(3);
+    let replicas = start_replicas(ns.name(), 3, &lb, &journal, work, TTL)?;
+    placed(&lb, 3, 3, Duration::from_secs(30)).await;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    write_round(&api, 9, 0, &journal).await?;
+    let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
+    let _silent = if silent {
+        let mut session = TestSession::open(
+            &ds[&victim_index],
+            "silent",
+            "silent-0",
+            vec![subscription("v1", "ConfigMap", ns.name())],
+        )
+        .await?;
+        let got = session
+            .collect_until(Duration::from_secs(20), |got| !got.is_empty())
+            .await;
+        assert!(!got.is_empty(), "the silent session is handed keys");
+        Some(session)
+    } else {
+        None
+    };
+    let victim = ds.remove(&victim_index).ok_or("the victim runs")?;
+    let addr = victim.addr.to_string();
+    let running = journal
+        .running()
+        .into_iter()
+        .filter(|r| owner_of_three(&r.key).as_deref() == Some(victim_name.as_str()))
+        .count();
+    assert!(running > 0, "a reconcile of the victim's keys runs");
+    victim.kill();
+    let started = Instant::now();
+    let restarted =
+        TestDispatcher::start_at(config(ns.name(), victim_index, RESTART_BOUND), &addr).await?;
+    ds.insert(victim_index, restarted);
+    settled(&ds, RESTART_BOUND + Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    write_round(&api, 9, 1, &journal).await?;
+    assert_finals_reconciled(&api, &journal, Duration::from_secs(60)).await?;
+    println!(
+        "{victim_name} killed with {running} reconciles of its keys running, restarted at once: its new process served {took:?} after it started (bound {RESTART_BOUND:?}); no overlap; all final states reconciled"
+    );
+    stop_all(replicas, ds, [lb]).await;
+    Ok((took, victim_name))
+}
+
 /// A dispatcher stops answering while reconciles it handed out run, and its Lease is deleted by
 /// hand ([`DeletedLease`]): a Lease deleted without its holder's drained mark is a member that
 /// died, so the survivors take its keys over only once the handover bound has passed, never at

@@ -668,8 +668,10 @@ type OpenSessionResponse struct {
 	Capabilities []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// As PollResponse.dead_dispatchers.
 	DeadDispatchers []string `protobuf:"bytes,7,rep,name=dead_dispatchers,json=deadDispatchers,proto3" json:"dead_dispatchers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// As PollResponse.previous_process_died.
+	PreviousProcessDied bool `protobuf:"varint,8,opt,name=previous_process_died,json=previousProcessDied,proto3" json:"previous_process_died,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *OpenSessionResponse) Reset() {
@@ -751,6 +753,13 @@ func (x *OpenSessionResponse) GetDeadDispatchers() []string {
 	return nil
 }
 
+func (x *OpenSessionResponse) GetPreviousProcessDied() bool {
+	if x != nil {
+		return x.PreviousProcessDied
+	}
+	return false
+}
+
 // Long-poll for reconcile requests.
 type PollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -769,12 +778,13 @@ type PollRequest struct {
 	// `object_json`, so the client reads that object fresh. Whatever the objects' size, no answer
 	// breaks the session. 0: 4 MiB, the default limit of gRPC clients.
 	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
-	// Sessions this replica held on dispatchers named in `dead_dispatchers` of an answer, that
-	// have ended: cancelled, every reconcile they handed out returned, never to be used again.
-	// The dispatcher carries them on its Lease to the others, which take a dead dispatcher's
-	// keys over without waiting out the handover bound once every session it listed is reported
-	// (leases.md, "sessions"). At most 16 are read; a session id that is not one the dead
-	// dispatcher listed is ignored.
+	// Sessions this replica held on dispatchers named in `dead_dispatchers` of an answer (or on
+	// the dispatcher of an answer with `previous_process_died`), that have ended: cancelled,
+	// every reconcile they handed out returned, never to be used again. The dispatcher carries
+	// them on its Lease to the others, which take a dead dispatcher's keys over without waiting
+	// out the handover bound once every session it listed is reported (leases.md, "sessions").
+	// At most 16 are read; a session id that is not one the dead dispatcher (or process) listed
+	// is ignored.
 	EndedSessions []*EndedSession `protobuf:"bytes,6,rep,name=ended_sessions,json=endedSessions,proto3" json:"ended_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -924,8 +934,15 @@ type PollResponse struct {
 	// reports it in `ended_sessions` of its next poll, as it does a session there that has
 	// already ended. A poll held here is answered early when this list changes.
 	DeadDispatchers []string `protobuf:"bytes,3,rep,name=dead_dispatchers,json=deadDispatchers,proto3" json:"dead_dispatchers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// This dispatcher's previous process died (it found its Lease unreleased as it started),
+	// and it hands out nothing until every session that process listed has ended, or the
+	// handover bound has passed. A replica reports the sessions it held on this dispatcher's id
+	// that have ended, in `ended_sessions`, as for a dispatcher in `dead_dispatchers`; the session
+	// this answer came on is the new process's and goes on. A poll held here is answered early
+	// when this changes. A client that ignores it costs the tier the bound after a crash.
+	PreviousProcessDied bool `protobuf:"varint,4,opt,name=previous_process_died,json=previousProcessDied,proto3" json:"previous_process_died,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PollResponse) Reset() {
@@ -977,6 +994,13 @@ func (x *PollResponse) GetDeadDispatchers() []string {
 		return x.DeadDispatchers
 	}
 	return nil
+}
+
+func (x *PollResponse) GetPreviousProcessDied() bool {
+	if x != nil {
+		return x.PreviousProcessDied
+	}
+	return false
 }
 
 // Identifies the object a reconcile request is about.
@@ -1897,7 +1921,7 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\rsubscriptions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.SubscriptionR\rsubscriptions\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
 	"\x06client\x18\x05 \x01(\tR\x06client\x12\"\n" +
-	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xcd\x02\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\x81\x03\n" +
 	"\x13OpenSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12+\n" +
@@ -1906,7 +1930,8 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\x12max_reconcile_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x10maxReconcileTime\x12-\n" +
 	"\x12dispatcher_version\x18\x05 \x01(\tR\x11dispatcherVersion\x12\"\n" +
 	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12)\n" +
-	"\x10dead_dispatchers\x18\a \x03(\tR\x0fdeadDispatchers\"\x89\x02\n" +
+	"\x10dead_dispatchers\x18\a \x03(\tR\x0fdeadDispatchers\x122\n" +
+	"\x15previous_process_died\x18\b \x01(\bR\x13previousProcessDied\"\x89\x02\n" +
 	"\vPollRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
@@ -1918,11 +1943,12 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\fEndedSession\x12#\n" +
 	"\rdispatcher_id\x18\x01 \x01(\tR\fdispatcherId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\xa7\x01\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\xdb\x01\n" +
 	"\fPollResponse\x12=\n" +
 	"\brequests\x18\x01 \x03(\v2!.kubedispatch.v1.ReconcileRequestR\brequests\x12-\n" +
 	"\x04held\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04held\x12)\n" +
-	"\x10dead_dispatchers\x18\x03 \x03(\tR\x0fdeadDispatchers\"\x81\x01\n" +
+	"\x10dead_dispatchers\x18\x03 \x03(\tR\x0fdeadDispatchers\x122\n" +
+	"\x15previous_process_died\x18\x04 \x01(\bR\x13previousProcessDied\"\x81\x01\n" +
 	"\tObjectKey\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
