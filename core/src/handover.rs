@@ -302,16 +302,11 @@ impl Handover {
     /// passed, or every session that process listed is reported ended
     /// ([`Handover::predecessor_listed`]), as for any member that died.
     pub fn new(identity: &str, bound: Duration, now: Instant, predecessor_died: bool) -> Self {
-        let mut died = HashMap::new();
-        if predecessor_died {
-            died.insert(
-                identity.to_owned(),
-                Died {
-                    at: now,
-                    sessions: None,
-                },
-            );
-        }
+        let previous = Died {
+            at: now,
+            sessions: None,
+        };
+        let died = predecessor_died.then(|| (identity.to_owned(), previous));
         Self {
             identity: identity.to_owned(),
             bound,
@@ -319,7 +314,7 @@ impl Handover {
             ring: Arc::new(Ring::new(Vec::<String>::new())),
             adopted_at: 0,
             settled: None,
-            died,
+            died: died.into_iter().collect(),
             lease: Arc::new(LeaseDeadline::expired(now)),
         }
     }
@@ -454,9 +449,7 @@ impl Handover {
     }
 
     /// Whether this dispatcher still waits out its own previous process, at `now` (it found
-    /// its Lease unreleased at start). Meanwhile its Lease must not list its sessions as all
-    /// it may have handed keys to: its previous process's sessions are not among them, and
-    /// their reconciles may still run, so the others must wait out the bound if it dies too.
+    /// its Lease unreleased at start), one of the waits of [`Handover::waits_on_dead`].
     pub fn holds_for_predecessor(&self, now: Instant) -> bool {
         self.died
             .get(&self.identity)
@@ -468,7 +461,9 @@ impl Handover {
     /// meanwhile (a new member, or one restarted with a drained Lease) never saw the dead
     /// member (its Lease may be deleted) and waits only for the others' releases, so theirs
     /// must wait for the bound; and keys moving from here to it may still be reconciled from
-    /// the previous process.
+    /// the previous process. Nor may its Lease list its sessions as all it may have handed keys
+    /// to: were it to die too, one that never saw the death would otherwise end its wait for
+    /// this dispatcher by reports, while the dead one's reconciles still run.
     pub fn waits_on_dead(&self, now: Instant) -> bool {
         self.died.values().any(|d| now < d.at + self.bound)
     }
@@ -579,14 +574,12 @@ impl Handover {
         let id = ring_id(&self.ring);
         let mut reasons = Vec::new();
         for (name, died) in &self.died {
-            let ended = match &died.sessions {
-                Some(s) => format!(" or its {} listed sessions to be reported ended", s.len()),
-                None => String::new(),
-            };
-            let who = if *name == self.identity {
-                "this dispatcher's previous process (died)".to_owned()
-            } else {
-                format!("{name} (died)")
+            let ended = died.sessions.as_ref().map_or(String::new(), |s| {
+                format!(" or its {} listed sessions to be reported ended", s.len())
+            });
+            let who = match *name == self.identity {
+                true => "this dispatcher's previous process (died)".to_owned(),
+                false => format!("{name} (died)"),
             };
             reasons.push(format!("{who} to be gone for {:?}{ended}", self.bound));
         }

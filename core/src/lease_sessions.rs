@@ -94,9 +94,15 @@ impl ListedSessions {
     }
 
     /// The session with tag `tag` ended here at `now` (closed, expired, replaced): it stays
-    /// listed for the handover bound, since what it handed out may still run that long.
-    pub fn ended(&mut self, tag: u64, now: Instant) {
-        if let Some(s) = self.sessions.get_mut(&tag) {
+    /// listed for the handover bound, since what it handed out may still run that long, unless
+    /// it ended `idle` (nothing in flight: nothing it was handed still runs), when the next
+    /// write lists it no more. Were this dispatcher to die, the others would otherwise wait for
+    /// a report of it from a replica that may have no reason to send one (it reconnected
+    /// elsewhere).
+    pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) {
+        if idle {
+            self.sessions.remove(&tag);
+        } else if let Some(s) = self.sessions.get_mut(&tag) {
             s.ended.get_or_insert(now);
         }
         // Sessions opened and ended in a storm (reconnects, a client that churns) would keep
@@ -245,13 +251,20 @@ mod tests {
         let write = l.write(t0);
         l.written(write.through);
         assert!(l.may_hand_out(2) && !l.unwritten());
-        // Ended: listed for the bound, handed nothing more.
-        l.ended(1, t0 + SEC);
+        // Ended with keys in flight: listed for the bound, handed nothing more.
+        l.ended(1, t0 + SEC, false);
         assert!(!l.may_hand_out(1));
         let listed = |l: &mut ListedSessions, at| parse_sessions(&l.write(at).value).unwrap();
         assert_eq!(listed(&mut l, t0 + 10 * SEC), BTreeSet::from([1, 2]));
         assert_eq!(listed(&mut l, t0 + 11 * SEC), BTreeSet::from([2]));
-        assert!(!l.may_hand_out(3), "never opened");
+        // Ended with nothing in flight: listed no more from the next write.
+        l.opened(3);
+        let write = l.write(t0 + 11 * SEC);
+        l.written(write.through);
+        l.ended(3, t0 + 12 * SEC, true);
+        assert!(!l.may_hand_out(3));
+        assert_eq!(listed(&mut l, t0 + 12 * SEC), BTreeSet::from([2]));
+        assert!(!l.may_hand_out(4), "never opened");
         assert!(
             ListedSessions::unlimited().may_hand_out(3),
             "no Lease: no listing"
@@ -279,7 +292,7 @@ mod tests {
         let mut l = ListedSessions::new(10 * SEC);
         for tag in 0..=(2 * MAX_LISTED_SESSIONS) as u64 {
             l.opened(tag);
-            l.ended(tag, t0);
+            l.ended(tag, t0, false);
         }
         assert!(l.len() <= MAX_LISTED_SESSIONS + 1, "{} kept", l.len());
         assert_eq!(parse_sessions(&l.write(t0 + 9 * SEC).value), None);

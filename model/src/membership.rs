@@ -299,7 +299,9 @@ impl Protocol {
             exists: true,
             drained: false,
             sessions: self.listing(disp, d),
-            known: disp.died[d] == 0,
+            // Waiting out a member that died, or its own previous process, it lists
+            // `overflow` (`Handover::waits_on_dead`).
+            known: disp.died.iter().all(|w| *w == 0),
             ended: disp.reported,
         };
         if answered {

@@ -171,7 +171,8 @@ pub struct Lease {
     /// keys to that may still run them.
     pub sessions: u32,
     /// Whether `sessions` is all of them: not while its holder waits out its previous process
-    /// (whose sessions it does not know).
+    /// (whose sessions it does not know) or a member that died (whose reconciles a dispatcher
+    /// that never saw it relies on this one's wait alone to wait out).
     pub known: bool,
     /// Sessions of others reported ended to its holder ([`Protocol::sid`] bits).
     pub ended: u32,

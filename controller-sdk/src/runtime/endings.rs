@@ -15,8 +15,8 @@
 //! A dispatcher restarted after a crash says so in its answers (`previous_process_died`): it
 //! waits for the sessions its previous process listed, which bear the same dispatcher id. Those
 //! this replica ended there are reported as for a dispatcher named dead; the session the answer
-//! came on is the new process's and is not fenced (a replica's sessions with one dispatcher id
-//! follow each other, so the earlier ones have ended by then).
+//! came on is the new process's and is not fenced. A session still held with the previous
+//! process (not yet noticed gone) ends by itself as its calls fail, and is reported then.
 //!
 //! Bounds: the last [`ENDED_PER_DISPATCHER`] ended sessions of at most [`MAX_KEPT`]
 //! dispatchers, each forgotten after [`KEPT_FOR`]; one list of dispatchers named dead per open

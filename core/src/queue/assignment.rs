@@ -95,6 +95,16 @@ impl GroupQueue {
         self.sessions.contains_key(&id)
     }
 
+    /// Whether session `id` has nothing in flight (or is unknown here): each key it was handed
+    /// was acknowledged, which its client does once the reconcile has returned, or ran out its
+    /// delivery, by when its client has cancelled it; so none it was handed still runs, as far
+    /// as this queue hands keys out again.
+    pub fn has_nothing_in_flight(&self, id: SessionId) -> bool {
+        self.sessions
+            .get(&id)
+            .is_none_or(|s| s.in_flight.is_empty())
+    }
+
     pub(super) fn assign(&self, key: &Key) -> Option<SessionId> {
         let replica = self.ring.owner_of_hash(self.prefixes.hash64(key))?;
         self.replica_sessions.get(replica).copied()

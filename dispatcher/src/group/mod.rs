@@ -59,6 +59,16 @@ pub struct SessionSlot {
     pub opener: Option<String>,
 }
 
+/// A session that ended, and whether it had nothing in flight then
+/// ([`GroupQueue::has_nothing_in_flight`]).
+#[derive(Debug)]
+pub struct Ended {
+    /// Its slot.
+    pub slot: Arc<SessionSlot>,
+    /// Nothing it was handed still runs.
+    pub idle: bool,
+}
+
 /// The queue and what the group knows besides it as the ring changes: every decision against
 /// the slice reads and changes both at once.
 #[derive(Debug)]
@@ -73,15 +83,17 @@ struct State {
 
 impl State {
     /// Removes session `id`, whose in-flight keys go to the other sessions at once; wakes it
-    /// (its poll ends) and the sessions given keys. Returns its slot, if it was live.
-    fn remove_session(&mut self, id: SessionId) -> Option<Arc<SessionSlot>> {
+    /// (its poll ends) and the sessions given keys. Returns its slot, if it was live, and
+    /// whether it had nothing in flight ([`GroupQueue::has_nothing_in_flight`]).
+    fn remove_session(&mut self, id: SessionId) -> Option<Ended> {
+        let idle = self.queue.has_nothing_in_flight(id);
         let wake = self.queue.remove_session(id);
         let slot = self.sessions.remove(&id);
         if let Some(slot) = &slot {
             slot.notify.notify_one();
         }
         self.wake(wake);
-        slot
+        slot.map(|slot| Ended { slot, idle })
     }
 
     /// Wakes `sessions` (they have ready keys, or ended).

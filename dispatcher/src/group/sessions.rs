@@ -14,7 +14,7 @@ use kube_dispatch_core::{
 };
 use tokio::{sync::Notify, time::Instant};
 
-use super::{Group, SessionSlot, State, children_of};
+use super::{Ended, Group, SessionSlot, State, children_of};
 #[cfg(doc)]
 use kube_dispatch_core::queue::GroupQueue;
 
@@ -31,7 +31,7 @@ impl Group {
         replica: &str,
         ttl: Duration,
         opener: Option<&str>,
-    ) -> Result<(Arc<SessionSlot>, Vec<Arc<SessionSlot>>), String> {
+    ) -> Result<(Arc<SessionSlot>, Vec<Ended>), String> {
         let slot = Arc::new(SessionSlot {
             notify: Notify::new(),
             expires_at: Mutex::new(Instant::now() + ttl),
@@ -57,18 +57,21 @@ impl Group {
             // second process with its id) may still run what it was handed, so those keys stay
             // in flight until it would have expired.
             let mut wake = Vec::new();
+            let mut idle = HashMap::new();
             for (old, slot) in sessions.iter().filter(|(_, s)| s.replica == replica) {
                 let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
+                idle.insert(*old, queue.has_nothing_in_flight(*old));
                 wake.extend(queue.remove_session_holding(*old, until.into_std()));
             }
             wake.extend(queue.add_session(id, replica));
             let mut replaced = Vec::new();
             for old in before {
                 if !queue.has_session(old)
-                    && let Some(old) = sessions.remove(&old)
+                    && let Some(slot) = sessions.remove(&old)
                 {
-                    old.notify.notify_one();
-                    replaced.push(old);
+                    slot.notify.notify_one();
+                    let idle = idle.get(&old).copied().unwrap_or(false);
+                    replaced.push(Ended { slot, idle });
                 }
             }
             sessions.insert(id, slot.clone());
@@ -82,30 +85,36 @@ impl Group {
     /// Removes a session whose client may still run what it was handed (closed by its
     /// client, or replaced by a newer session of its replica): its in-flight keys stay in flight
     /// until it would have expired, by when its client has fenced itself; see
-    /// [`GroupQueue::remove_session_holding`].
-    pub fn close_session(&self, id: SessionId) {
-        {
+    /// [`GroupQueue::remove_session_holding`]. Returns whether it had nothing in flight (or
+    /// was not live).
+    pub fn close_session(&self, id: SessionId) -> bool {
+        let idle = {
             let mut state = self.state_now();
+            let idle = state.queue.has_nothing_in_flight(id);
             let Some(slot) = state.sessions.remove(&id) else {
-                return;
+                return true;
             };
             let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
             let wake = state.queue.remove_session_holding(id, until.into_std());
             slot.notify.notify_one();
             state.wake(wake);
-        }
+            idle
+        };
         self.timers_changed.notify_one();
+        idle
     }
 
     /// Removes a session that expired (or every session, when draining): its in-flight keys
     /// are re-delivered at once.
-    pub fn remove_session(&self, id: SessionId) {
-        self.state_now().remove_session(id);
+    pub fn remove_session(&self, id: SessionId) -> bool {
+        self.state_now()
+            .remove_session(id)
+            .is_none_or(|ended| ended.idle)
     }
 
     /// Removes the sessions not renewed by `now`, as [`Group::remove_session`] does; returns
-    /// them.
-    pub fn expire_sessions(&self, now: Instant) -> Vec<Arc<SessionSlot>> {
+    /// them, each with whether it had nothing in flight.
+    pub fn expire_sessions(&self, now: Instant) -> Vec<Ended> {
         let mut state = self.state_now();
         let expired: Vec<SessionId> = state
             .sessions

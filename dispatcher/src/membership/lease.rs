@@ -223,9 +223,11 @@ impl Membership {
         let id = handover.releasable(id, at);
         let seen = self.lease_watch.observations.newest();
         let listing = self.sessions.to_write(at);
-        // While its previous process's reconciles may still run, its sessions are not all
-        // the others would have to wait for.
-        let listed = if handover.holds_for_predecessor(at) {
+        // While it waits out a member that died, or its own previous process, its sessions
+        // are not all the others would have to wait for if it died too: that member's
+        // reconciles may still run, and a dispatcher that never saw it die (one that joined
+        // since, or this one's next process) relies on this one's wait alone.
+        let listed = if handover.waits_on_dead(at) {
             SESSIONS_OVERFLOW
         } else {
             listing.value.as_str()

@@ -140,11 +140,12 @@ pub async fn run(
         warn!(lease = %m.config.identity, "leaving the Lease to expire: reconciles were still in flight");
         return;
     }
-    // Nothing of its own is in flight, but its previous process's reconciles may still run
-    // (it found its Lease unreleased): a release would let the others hand its keys out before
-    // the bound, beside them.
-    if m.handover.holds_for_predecessor(Instant::now()) {
-        warn!(lease = %m.config.identity, "leaving the Lease to expire: reconciles its previous process (or term) started may still run");
+    // Nothing of its own is in flight, but its previous process's reconciles, or those of a
+    // member that died, may still run: a release would let the others (one that joined since,
+    // or this dispatcher's next process, never saw that death) hand those keys out before the
+    // bound, beside them.
+    if m.handover.waits_on_dead(Instant::now()) {
+        warn!(lease = %m.config.identity, "leaving the Lease to expire: reconciles its previous process (or term), or a member that died, started may still run");
         return;
     }
     m.release().await;

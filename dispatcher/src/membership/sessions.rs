@@ -88,9 +88,10 @@ impl LeaseSessions {
         }
     }
 
-    /// Session `session_id` ended here at `now` (closed, expired, replaced, drained).
-    pub fn ended(&self, session_id: &str, now: Instant) {
-        self.listed().ended(session_tag(session_id), now);
+    /// Session `session_id` ended here at `now` (closed, expired, replaced, drained), `idle`
+    /// when it had nothing in flight ([`ListedSessions::ended`]).
+    pub fn ended(&self, session_id: &str, now: Instant, idle: bool) {
+        self.listed().ended(session_tag(session_id), now, idle);
     }
 
     /// Whether the session with tag `tag` ([`session_tag`] of its id) may be handed keys: an

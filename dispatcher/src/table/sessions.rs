@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{GroupTable, SessionError, SessionRef};
-use crate::group::{Group, SessionSlot};
+use crate::group::{Ended, Group, SessionSlot};
 
 /// The client of a session being opened, as its OpenSession names it.
 #[derive(Clone, Copy, Debug)]
@@ -62,8 +62,8 @@ impl GroupTable {
         let sessions: Vec<(String, SessionRef)> = self.sessions().drain().collect();
         let now = std::time::Instant::now();
         for (wire_id, s) in sessions {
-            s.group.remove_session(s.id);
-            self.lease_sessions.ended(&wire_id, now);
+            let idle = s.group.remove_session(s.id);
+            self.lease_sessions.ended(&wire_id, now, idle);
         }
     }
 
@@ -124,10 +124,11 @@ impl GroupTable {
         // Listed before anything can hand it keys: it is in no index yet.
         self.lease_sessions.opened(&session_id);
         for old in replaced {
-            info!(session = %old.wire_id, %replica, "session replaced by a newer one of its replica");
-            sessions.remove(&old.wire_id);
+            let wire_id = &old.slot.wire_id;
+            info!(session = %wire_id, %replica, "session replaced by a newer one of its replica");
+            sessions.remove(wire_id);
             self.lease_sessions
-                .ended(&old.wire_id, std::time::Instant::now());
+                .ended(wire_id, std::time::Instant::now(), old.idle);
         }
         sessions.insert(
             session_id.clone(),
@@ -243,10 +244,10 @@ impl GroupTable {
             });
         };
         drop(sessions);
-        self.lease_sessions
-            .ended(session, std::time::Instant::now());
         info!(%session, group = %s.group.id, "session closed: its queued keys go to the others now, what it has in flight once it would have expired");
-        s.group.close_session(s.id);
+        let idle = s.group.close_session(s.id);
+        self.lease_sessions
+            .ended(session, std::time::Instant::now(), idle);
         Ok(())
     }
 
@@ -310,15 +311,15 @@ impl GroupTable {
                 .map(|s| (Arc::as_ptr(&s.group), s.group.clone()))
                 .collect();
             for group in groups.into_values() {
-                for slot in group.expire_sessions(now) {
-                    sessions.remove(&slot.wire_id);
-                    expired.push((group.clone(), slot));
+                for ended in group.expire_sessions(now) {
+                    sessions.remove(&ended.slot.wire_id);
+                    expired.push((group.clone(), ended));
                 }
             }
         }
-        for (group, slot) in expired {
+        for (group, Ended { slot, idle }) in expired {
             self.lease_sessions
-                .ended(&slot.wire_id, std::time::Instant::now());
+                .ended(&slot.wire_id, std::time::Instant::now(), idle);
             self.counters
                 .expired_sessions
                 .fetch_add(1, Ordering::Relaxed);

@@ -78,7 +78,12 @@ impl Protocol {
         s.left.graceful_stops = s.left.graceful_stops.checked_sub(1)?;
         let d = usize::from(d);
         let disp = &s.dispatchers[d];
-        if !disp.up || disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. })) {
+        // Waiting out a member that died (or its previous process), it leaves its Lease to
+        // expire instead (`membership::run`): a crash, as far as the others can tell.
+        if !disp.up
+            || disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. }))
+            || disp.died.iter().any(|w| *w > 0)
+        {
             return None;
         }
         s.dispatchers[d] = self.fresh_dispatcher(false);

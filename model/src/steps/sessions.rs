@@ -38,6 +38,17 @@ impl Protocol {
         s.replicas[ri].generations ^= bit(di);
         let generation = u8::from(has(s.replicas[ri].generations, di));
         let sid = self.sid(ri, di, generation);
+        // Not while a dispatcher still waits for a report of the earlier session with that id
+        // (one a dispatcher that died listed, waited for by the others or by its own next
+        // process): the model's two ids would make the new session stand for it. A real
+        // replica opens its new session first; here it reports the old one first (a report
+        // needs no session), and a new session there would be handed nothing meanwhile.
+        if s.dispatchers
+            .iter()
+            .any(|x| x.died[di] > 0 && x.awaiting[di].is_some_and(|a| a & sid != 0))
+        {
+            return None;
+        }
         s.messages
             .retain(|m| !matches!(*m, Message::Report { session, .. } if 1u32 << session == sid));
         for disp in &mut s.dispatchers {

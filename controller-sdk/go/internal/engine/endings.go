@@ -29,8 +29,8 @@ import (
 // A dispatcher restarted after a crash says so in its answers (previous_process_died): it waits
 // for the sessions its previous process listed, which bear the same dispatcher id. Those this
 // replica ended there are reported as for a dispatcher named dead; the session the answer came
-// on is the new process's and goes on (a replica's sessions with one dispatcher follow each
-// other, so the earlier ones have ended by then).
+// on is the new process's and goes on. A session still held with the previous process (not yet
+// noticed gone) ends by itself as its calls fail, and is reported then.
 //
 // Bounds: the last endedPerDispatcher ended sessions of at most endingsKept dispatchers, each
 // forgotten after endingsKeptFor; one list of dispatchers named dead per open session (at most

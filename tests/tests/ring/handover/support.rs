@@ -9,7 +9,9 @@ pub(super) use kube_dispatch_core::{handover::Slice, queue::KeyState};
 pub(super) use kube_dispatch_dispatcher::config::ServeConfig;
 pub(super) use kube_dispatch_loadbalancer::placement::Placement;
 pub(super) use kube_dispatch_proto::{
-    RequestKey, Ring, lease::RELEASED_ANNOTATION, v1::Subscription,
+    RequestKey, Ring,
+    lease::{RELEASED_ANNOTATION, SESSIONS_ANNOTATION, SESSIONS_OVERFLOW},
+    v1::Subscription,
 };
 pub(super) use kube_dispatch_tests::{
     Cluster, TestNamespace, TestResult,

@@ -938,8 +938,10 @@ type PollResponse struct {
 	// and it hands out nothing until every session that process listed has ended, or the
 	// handover bound has passed. A replica reports the sessions it held on this dispatcher's id
 	// that have ended, in `ended_sessions`, as for a dispatcher in `dead_dispatchers`; the session
-	// this answer came on is the new process's and goes on. A poll held here is answered early
-	// when this changes. A client that ignores it costs the tier the bound after a crash.
+	// this answer came on is the new process's and goes on (one still held with the previous
+	// process ends by itself as its calls fail, and is reported then). A poll held here is
+	// answered early when this changes. A client that ignores it costs the tier the bound after
+	// a crash.
 	PreviousProcessDied bool `protobuf:"varint,4,opt,name=previous_process_died,json=previousProcessDied,proto3" json:"previous_process_died,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
