@@ -95,15 +95,21 @@ impl ListedSessions {
 
     /// The session with tag `tag` ended here at `now` (closed, expired, replaced): it stays
     /// listed for the handover bound, since what it handed out may still run that long, unless
-    /// it ended `idle` (nothing in flight: nothing it was handed still runs), when the next
-    /// write lists it no more. Were this dispatcher to die, the others would otherwise wait for
-    /// a report of it from a replica that may have no reason to send one (it reconnected
-    /// elsewhere).
+    /// it ended `idle` (nothing in flight: each key it was handed acknowledged, or run out,
+    /// the same fence this dispatcher trusts when it hands such a key out again), when the
+    /// next write lists it no more. Were this dispatcher to die, the others would otherwise
+    /// wait for a report of it from a replica that may have no reason to send one (it
+    /// reconnected elsewhere). Only the first end counts: a session ended with keys in flight
+    /// stays listed, whatever a later end of it says.
     pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) {
-        if idle {
-            self.sessions.remove(&tag);
-        } else if let Some(s) = self.sessions.get_mut(&tag) {
-            s.ended.get_or_insert(now);
+        match self.sessions.get_mut(&tag) {
+            Some(s) if idle && s.ended.is_none() => {
+                self.sessions.remove(&tag);
+            }
+            Some(s) => {
+                s.ended.get_or_insert(now);
+            }
+            None => {}
         }
         // Sessions opened and ended in a storm (reconnects, a client that churns) would keep
         // the listing growing for the bound: past twice its bound the oldest ended ones are
@@ -264,6 +270,11 @@ mod tests {
         l.ended(3, t0 + 12 * SEC, true);
         assert!(!l.may_hand_out(3));
         assert_eq!(listed(&mut l, t0 + 12 * SEC), BTreeSet::from([2]));
+        // Ended with keys in flight, then ended again as if idle (a close racing its
+        // replacement): the first end counts.
+        l.ended(2, t0 + 12 * SEC, false);
+        l.ended(2, t0 + 12 * SEC, true);
+        assert_eq!(listed(&mut l, t0 + 13 * SEC), BTreeSet::from([2]));
         assert!(!l.may_hand_out(4), "never opened");
         assert!(
             ListedSessions::unlimited().may_hand_out(3),

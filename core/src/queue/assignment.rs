@@ -97,8 +97,8 @@ impl GroupQueue {
 
     /// Whether session `id` has nothing in flight (or is unknown here): each key it was handed
     /// was acknowledged, which its client does once the reconcile has returned, or ran out its
-    /// delivery, by when its client has cancelled it; so none it was handed still runs, as far
-    /// as this queue hands keys out again.
+    /// delivery, by when its client has cancelled it. What it was handed runs no more on the
+    /// same fence this queue trusts when it hands such a key out again.
     pub fn has_nothing_in_flight(&self, id: SessionId) -> bool {
         self.sessions
             .get(&id)

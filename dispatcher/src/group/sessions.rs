@@ -85,14 +85,14 @@ impl Group {
     /// Removes a session whose client may still run what it was handed (closed by its
     /// client, or replaced by a newer session of its replica): its in-flight keys stay in flight
     /// until it would have expired, by when its client has fenced itself; see
-    /// [`GroupQueue::remove_session_holding`]. Returns whether it had nothing in flight (or
-    /// was not live).
+    /// [`GroupQueue::remove_session_holding`]. Returns whether it had nothing in flight; false
+    /// when it was not live (whatever ended it said so then).
     pub fn close_session(&self, id: SessionId) -> bool {
         let idle = {
             let mut state = self.state_now();
             let idle = state.queue.has_nothing_in_flight(id);
             let Some(slot) = state.sessions.remove(&id) else {
-                return true;
+                return false;
             };
             let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
             let wake = state.queue.remove_session_holding(id, until.into_std());
@@ -105,11 +105,12 @@ impl Group {
     }
 
     /// Removes a session that expired (or every session, when draining): its in-flight keys
-    /// are re-delivered at once.
+    /// are re-delivered at once. Returns whether it had nothing in flight; false when it was
+    /// not live.
     pub fn remove_session(&self, id: SessionId) -> bool {
         self.state_now()
             .remove_session(id)
-            .is_none_or(|ended| ended.idle)
+            .is_some_and(|ended| ended.idle)
     }
 
     /// Removes the sessions not renewed by `now`, as [`Group::remove_session`] does; returns

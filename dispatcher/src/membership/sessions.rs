@@ -169,7 +169,7 @@ impl LeaseSessions {
         (others, dead.contains_key(identity))
     }
 
-    /// Changes with [`LeaseSessions::dead`].
+    /// Changes with [`LeaseSessions::named_dead`].
     pub fn dead_changes(&self) -> watch::Receiver<Arc<Awaited>> {
         self.dead.subscribe()
     }

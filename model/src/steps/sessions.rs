@@ -41,8 +41,9 @@ impl Protocol {
         // Not while a dispatcher still waits for a report of the earlier session with that id
         // (one a dispatcher that died listed, waited for by the others or by its own next
         // process): the model's two ids would make the new session stand for it. A real
-        // replica opens its new session first; here it reports the old one first (a report
-        // needs no session), and a new session there would be handed nothing meanwhile.
+        // replica opens its new session first and reports the old one on it; here only a
+        // report made before the reopen ends that wait early (a report needs no session, and
+        // a new session there would be handed nothing meanwhile).
         if s.dispatchers
             .iter()
             .any(|x| x.died[di] > 0 && x.awaiting[di].is_some_and(|a| a & sid != 0))
