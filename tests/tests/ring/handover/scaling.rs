@@ -196,18 +196,7 @@ async fn killed_and_restarted(label: &str, silent: bool) -> TestResult<(Duration
     write_round(&api, 9, 0, &journal).await?;
     let (victim_index, victim_name) = owner_of_a_running_key(&journal).await?;
     let _silent = if silent {
-        let mut session = TestSession::open(
-            &ds[&victim_index],
-            "silent",
-            "silent-0",
-            vec![subscription("v1", "ConfigMap", ns.name())],
-        )
-        .await?;
-        let got = session
-            .collect_until(Duration::from_secs(20), |got| !got.is_empty())
-            .await;
-        assert!(!got.is_empty(), "the silent session is handed keys");
-        Some(session)
+        Some(silent_session(&ds[&victim_index], ns.name()).await?)
     } else {
         None
     };

@@ -372,6 +372,22 @@ pub(super) async fn owner_of_a_running_key(journal: &Journal) -> TestResult<(usi
     Ok((index, victim))
 }
 
+/// A session on `dispatcher` of a client that never reports it ended (a replica cut off from
+/// the others, an SDK without reports), once it has been handed keys of ConfigMaps in
+/// `namespace`: the dispatcher's Lease lists it.
+pub(super) async fn silent_session(
+    dispatcher: &TestDispatcher,
+    namespace: &str,
+) -> TestResult<TestSession> {
+    let subscriptions = vec![subscription("v1", "ConfigMap", namespace)];
+    let mut session = TestSession::open(dispatcher, "silent", "silent-0", subscriptions).await?;
+    let got = session
+        .collect_until(Duration::from_secs(20), |got| !got.is_empty())
+        .await;
+    assert!(!got.is_empty(), "the silent session is handed keys");
+    Ok(session)
+}
+
 /// A dispatcher stalls (as under SIGSTOP: its connections stay open, nothing answers) while
 /// reconciles it handed out run, with sessions that outlive its Lease, and is then killed with
 /// kill -9. Its keys are taken over once its Lease has expired and every session it listed has
@@ -411,21 +427,7 @@ pub(super) async fn stalled_then_killed(
     // A client that holds a session there and never reports it ended (a replica cut off from
     // the others, an SDK without reports): it is handed keys, so the victim's Lease lists it.
     let _silent = if silent {
-        let mut session = TestSession::open(
-            &ds[&victim_index],
-            "silent",
-            "silent-0",
-            vec![subscription("v1", "ConfigMap", ns.name())],
-        )
-        .await?;
-        let got = session
-            .collect_until(Duration::from_secs(20), |got| !got.is_empty())
-            .await;
-        assert!(
-            !got.is_empty(),
-            "the silent session is handed the victim's keys"
-        );
-        Some(session)
+        Some(silent_session(&ds[&victim_index], ns.name()).await?)
     } else {
         None
     };
