@@ -167,7 +167,8 @@ enum Command {
     },
     /// Brings a drained dispatcher back into the ring without a restart: it rejoins as a
     /// process that starts does (its Lease written again, its keys handed over to it; if its
-    /// drain left reconciles in flight, it hands nothing out until the bound T has passed).
+    /// drain left reconciles in flight, it hands nothing out until their replicas report them
+    /// ended, or the bound T has passed).
     /// kdctl then waits until every dispatcher, it included, serves one ring with it, and says
     /// so. A dispatcher that was not drained is left as it is. A dispatcher drained cleanly has
     /// no Lease: kdctl finds it by its pod in --namespace (it needs `get` on pods there), or

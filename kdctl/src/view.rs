@@ -458,7 +458,7 @@ impl Render for UndrainView {
         }
         let mut out = format!("{} rejoins the ring", self.dispatcher);
         out += if self.holds_for_previous {
-            " (its drain left deliveries in flight: it hands nothing out until the bound T has passed)\n"
+            " (its drain left deliveries in flight: it hands nothing out until their replicas report them ended, or the bound T has passed)\n"
         } else {
             "\n"
         };

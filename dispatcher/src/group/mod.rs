@@ -65,7 +65,7 @@ pub struct SessionSlot {
 pub struct Ended {
     /// Its slot.
     pub slot: Arc<SessionSlot>,
-    /// Nothing it was handed still runs.
+    /// It had nothing in flight: each key it was handed acknowledged, or run out.
     pub idle: bool,
 }
 
