@@ -11,8 +11,9 @@ use kube_dispatch_proto::{
 use serde::de::DeserializeOwned;
 
 use crate::{
-    Action, Error, Health, runtime,
+    Action, DispatcherService, Error, Health, runtime,
     runtime::{Trigger, TriggerStream},
+    targets::Finding,
 };
 
 pub(crate) type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -62,8 +63,9 @@ pub struct Controller<K: Resource> {
     pub(crate) primary: Subscription,
     /// The subscriptions to owned and to named objects.
     pub(crate) owned: Vec<Subscription>,
-    pub(crate) dispatchers: Vec<String>,
-    pub(crate) load_balancer: Option<String>,
+    /// Where the dispatchers are: [`Controller::dispatchers`], [`Controller::load_balancer`]
+    /// and [`Controller::dispatcher_service`].
+    pub(crate) finding: Finding,
     pub(crate) credentials: Credentials,
     pub(crate) concurrency: usize,
     pub(crate) metrics: bool,
@@ -231,8 +233,7 @@ where
                 ..Subscription::default()
             },
             owned: Vec::new(),
-            dispatchers: Vec::new(),
-            load_balancer: None,
+            finding: Finding::default(),
             credentials: Credentials::from_env(),
             concurrency: 16,
             metrics: true,
@@ -373,7 +374,7 @@ where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.dispatchers = addresses.into_iter().map(Into::into).collect();
+        self.finding.dispatchers = addresses.into_iter().map(Into::into).collect();
         self
     }
 
@@ -384,7 +385,20 @@ where
     /// [`DEFAULT_LOAD_BALANCER`](crate::DEFAULT_LOAD_BALANCER).
     #[must_use]
     pub fn load_balancer(mut self, address: impl Into<String>) -> Self {
-        self.load_balancer = Some(address.into());
+        self.finding.load_balancer = Some(address.into());
+        self
+    }
+
+    /// The dispatchers' headless Service, which this replica looks up once it has failed to
+    /// register with the load balancer for 10 s (no load balancer leads), and every 5 s after
+    /// that: it keeps polling the dispatchers assigned last and adds those the Service names,
+    /// so a dispatcher that joins meanwhile is polled too. The next assignment replaces them.
+    /// Without this call, `KD_DISPATCHER_SERVICE` (`host:port`, looked up in DNS) if set; else
+    /// none, and the replica polls only what it was assigned last. Unused with
+    /// [`Self::dispatchers`].
+    #[must_use]
+    pub fn dispatcher_service(mut self, service: DispatcherService) -> Self {
+        self.finding.service = Some(service);
         self
     }
 

@@ -20,6 +20,7 @@
 //! | [`reads`] | what a kube-rs controller read from its reflector store (children, `find`), from the watch cache: the children the request lists by name, else one LIST of a namespace |
 //! | [`finalizer`] | kube-runtime's `finalizer()` with the SDK's [`Action`]: a kube-rs controller with finalizers ports by its imports |
 //! | `targets` | which dispatchers a replica polls: a fixed list, or the load balancer's assignment |
+//! | `discovery` | [`DispatcherService`]: the dispatchers a replica adds from their headless Service while no load balancer answers |
 //! | `runtime` | sessions, long-polls, acks, the reconcile runner and object loading |
 //! | [`metrics`] | the replica's metrics, by controller-runtime's names, served with `/healthz` and `/readyz` on [`Controller::admin_listen`] |
 //! | `fence` | when a replica must count a session as lost, from when its calls were sent |
@@ -32,6 +33,7 @@ mod action;
 pub mod api_requests;
 pub mod children;
 mod controller;
+mod discovery;
 mod error;
 mod fence;
 pub mod finalizer;
@@ -47,6 +49,7 @@ mod targets;
 
 pub use action::Action;
 pub use controller::Controller;
+pub use discovery::{DispatcherService, Lookup};
 pub use error::Error;
 pub use health::Health;
 pub use kube_dispatch_proto::v1::{ObjectPart, PayloadMode};

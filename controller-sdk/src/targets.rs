@@ -10,7 +10,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::reconnect::Reconnects;
+use crate::{
+    discovery::{DispatcherService, Registration, keep_targets},
+    reconnect::Reconnects,
+};
 
 /// The load balancer's address when none is configured: its Service as `deploy/` installs it.
 pub const DEFAULT_LOAD_BALANCER: &str = "kube-dispatch-loadbalancer.kube-dispatch.svc:7071";
@@ -20,21 +23,37 @@ pub const DEFAULT_LOAD_BALANCER: &str = "kube-dispatch-loadbalancer.kube-dispatc
 pub(crate) enum Source {
     /// These, always.
     Fixed(BTreeSet<String>),
-    /// Whatever the load balancer at this address assigns.
-    LoadBalancer(String),
+    /// Whatever the load balancer at this address assigns, and, while none answers, what the
+    /// dispatcher Service names besides, if one is given.
+    LoadBalancer(String, Option<DispatcherService>),
+}
+
+/// What a controller was told about where its dispatchers are.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Finding {
+    /// Polled always, instead of asking a load balancer, when not empty.
+    pub(crate) dispatchers: Vec<String>,
+    pub(crate) load_balancer: Option<String>,
+    /// Looked up while no load balancer answers.
+    pub(crate) service: Option<DispatcherService>,
 }
 
 impl Source {
     /// Fixed dispatchers if any were given, else the load balancer configured, else the one
-    /// named by `KD_LOADBALANCER`, else [`DEFAULT_LOAD_BALANCER`].
-    pub(crate) fn new(dispatchers: Vec<String>, load_balancer: Option<String>) -> Self {
-        if !dispatchers.is_empty() {
-            return Self::Fixed(dispatchers.into_iter().collect());
+    /// named by `KD_LOADBALANCER`, else [`DEFAULT_LOAD_BALANCER`]; with it the dispatcher
+    /// Service configured, else the one named by `KD_DISPATCHER_SERVICE`, else none.
+    pub(crate) fn new(finding: Finding) -> Self {
+        if !finding.dispatchers.is_empty() {
+            return Self::Fixed(finding.dispatchers.into_iter().collect());
         }
-        let address = load_balancer
+        let address = finding
+            .load_balancer
             .or_else(|| std::env::var("KD_LOADBALANCER").ok())
             .unwrap_or_else(|| DEFAULT_LOAD_BALANCER.to_owned());
-        Self::LoadBalancer(address)
+        Self::LoadBalancer(
+            address,
+            finding.service.or_else(DispatcherService::from_env),
+        )
     }
 }
 
@@ -52,13 +71,39 @@ const MAX_REDIRECTS: u32 = 3;
 /// Registers with the load balancer at `address` and publishes each assignment on `targets`,
 /// until `stop`. Follows redirects to the leader (up to [`MAX_REDIRECTS`] in a row, then backs
 /// off and starts again from `address`); when no load balancer can be reached, the last
-/// assignment stays in force (the replica keeps polling what it has) while it retries.
+/// assignment stays in force (the replica keeps polling what it has) while it retries, and the
+/// dispatchers `service` names are added to it after a while (`discovery`).
 pub(crate) async fn follow_load_balancer(
     address: String,
     credentials: Credentials,
     request: RegisterRequest,
+    service: Option<DispatcherService>,
     targets: watch::Sender<BTreeSet<String>>,
     stop: CancellationToken,
+) {
+    let (registration, registered) = watch::channel(Registration::default());
+    tokio::join!(
+        keep_targets(registered, service, &targets, &stop),
+        follow(
+            address,
+            credentials,
+            request,
+            &registration,
+            &targets,
+            &stop
+        ),
+    );
+}
+
+/// The registration loop of [`follow_load_balancer`]: publishes each assignment on
+/// `registration`, naming in each registration the dispatchers polled now (`targets`).
+async fn follow(
+    address: String,
+    credentials: Credentials,
+    request: RegisterRequest,
+    registration: &watch::Sender<Registration>,
+    targets: &watch::Sender<BTreeSet<String>>,
+    stop: &CancellationToken,
 ) {
     // The load balancer's certificate is its own, verified under the name it is dialled by,
     // on its leader too.
@@ -72,11 +117,12 @@ pub(crate) async fn follow_load_balancer(
             &credentials,
             &current,
             &request,
-            &targets,
-            &stop,
+            (registration, targets),
+            stop,
             &mut assigned,
         )
         .await;
+        registration.send_if_modified(|r| std::mem::replace(&mut r.registered, false));
         if stop.is_cancelled() {
             return;
         }
@@ -114,13 +160,17 @@ pub(crate) async fn follow_load_balancer(
     }
 }
 
-/// One registration stream. Returns how it ended; `assigned` is set once it delivers an
+/// One registration stream, naming the dispatchers polled now (`targets`) and publishing each
+/// assignment on `registration`. Returns how it ended; `assigned` is set once it delivers an
 /// assignment (an error after that still leaves it set).
 async fn register(
     credentials: &Credentials,
     address: &str,
     request: &RegisterRequest,
-    targets: &watch::Sender<BTreeSet<String>>,
+    (registration, targets): (
+        &watch::Sender<Registration>,
+        &watch::Sender<BTreeSet<String>>,
+    ),
     stop: &CancellationToken,
     assigned: &mut bool,
 ) -> Result<Ended, tonic::Status> {
@@ -168,7 +218,10 @@ async fn register(
         *assigned = true;
         let set: BTreeSet<String> = assignment.dispatchers.iter().cloned().collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
-        targets.send_replace(set);
+        registration.send_replace(Registration {
+            dispatchers: set,
+            registered: true,
+        });
     }
 }
 
@@ -312,6 +365,7 @@ mod tests {
                 replica_id: "r1".into(),
                 dispatchers: Vec::new(),
             },
+            None,
             targets,
             stop.clone(),
         ));

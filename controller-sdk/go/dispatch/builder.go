@@ -53,6 +53,17 @@ type Options struct {
 	// LoadBalancer is the load balancer's address (host:port). Default: KD_LOADBALANCER, else
 	// DefaultLoadBalancer.
 	LoadBalancer string
+	// DispatcherService is the dispatchers' headless Service (host:port), looked up once
+	// registration with the load balancer has failed for 10 s (no load balancer leads), and
+	// every 5 s after that: the replica keeps polling the dispatchers assigned last and adds
+	// those the Service names, so a dispatcher that joins meanwhile is polled too; the next
+	// assignment replaces them. deploy/ installs it as
+	// kube-dispatch-dispatcher.kube-dispatch.svc:7070. Default: KD_DISPATCHER_SERVICE, else
+	// none (the replica polls only what it was assigned last).
+	DispatcherService string
+	// ResolveDispatchers looks up DispatcherService (default: DNS). For tests, and for
+	// discovery other than DNS.
+	ResolveDispatchers Resolver
 	// Dispatchers, when set, are polled directly instead of asking the load balancer (tests,
 	// a single dispatcher).
 	Dispatchers []string
@@ -328,8 +339,11 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 		credentials:  credentials,
 		loadBalancer: o.LoadBalancer,
 		dispatchers:  o.Dispatchers,
-		requests:     b.requests,
-		everything:   b.everything,
+		// Looked up while no load balancer answers.
+		dispatcherService: o.DispatcherService,
+		resolver:          o.ResolveDispatchers,
+		requests:          b.requests,
+		everything:        b.everything,
 		// Counted in SessionsReady from now on: a manager already running starts the runner
 		// at once.
 		untrack: trackReadiness(metrics),
@@ -394,6 +408,9 @@ func (o Options) withDefaults(name string) (Options, Credentials) {
 	}
 	if o.LoadBalancer == "" {
 		o.LoadBalancer = DefaultLoadBalancer
+	}
+	if o.DispatcherService == "" {
+		o.DispatcherService = strings.TrimSpace(os.Getenv("KD_DISPATCHER_SERVICE"))
 	}
 	if o.SessionTTL == 0 {
 		o.SessionTTL = engine.DefaultTTL
@@ -482,8 +499,11 @@ type runner struct {
 	credentials  Credentials
 	loadBalancer string
 	dispatchers  []string
-	requests     <-chan reconcile.Request
-	everything   <-chan struct{}
+	// dispatcherService and resolver find dispatchers while no load balancer answers.
+	dispatcherService string
+	resolver          Resolver
+	requests          <-chan reconcile.Request
+	everything        <-chan struct{}
 	// untrack takes the controller out of SessionsReady once it stops.
 	untrack func()
 	// elected is the manager's: closed once it leads, at once when it runs no election.

@@ -27,20 +27,19 @@ const (
 // dispatchers to assign, until ctx ends (then it takes its leave, so the load balancer moves
 // this replica's place at once). A standby's answer names the leader, which is dialled
 // instead; after a failure the dispatchers assigned last stay in force while it registers
-// again, from the configured address, with the reconnect backoff.
+// again, from the configured address, with the reconnect backoff, and once it has failed for a
+// while the dispatchers the dispatcher Service names are added to them (discovery).
 func (r *runner) followLoadBalancer(ctx context.Context, address string, assign func([]string)) {
 	credentials := r.credentials.forLoadBalancer(address)
 	var backoff engine.Reconnects
 	current, redirects := address, 0
-	// The dispatchers assigned last, which each registration names: a load balancer that has
-	// just become the leader places this replica there, so a change of leader moves no session.
-	var polled []string
-	follow := func(dispatchers []string) {
-		polled = dispatchers
-		assign(dispatchers)
-	}
+	// What the replica polls, which each registration names: a load balancer that has just
+	// become the leader places this replica there, so a change of leader moves no session.
+	found := newDiscovery(r.Log, r.dispatcherService, r.resolver, assign)
+	go found.run(ctx)
 	for ctx.Err() == nil {
-		leader, assigned, err := r.register(ctx, credentials, current, polled, follow)
+		leader, assigned, err := r.register(ctx, credentials, current, found.polling(), found.assignment)
+		found.failed()
 		if ctx.Err() != nil {
 			return
 		}

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -115,5 +116,42 @@ func TestARegistrationSaysWhichDispatchersTheReplicaPolls(t *testing.T) {
 	defer lb.mu.Unlock()
 	if len(lb.polled[0]) != 0 || !slices.Equal(lb.polled[1], []string{"a:1", "b:2"}) {
 		t.Fatalf("registrations said the replica polls %q, want nothing and then a:1, b:2", lb.polled)
+	}
+}
+
+// No load balancer answers from the start: the replica looks up the dispatcher Service once
+// registration has failed for 10 s and polls what it names.
+func TestAReplicaWithNoLoadBalancerPollsWhatTheServiceNames(t *testing.T) {
+	t.Parallel()
+	// A port nobody listens on.
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreachable := listener.Addr().String()
+	_ = listener.Close()
+	service := &fakeService{names: map[string][]netip.AddrPort{
+		"dispatchers.test:7070": {netip.MustParseAddrPort("127.0.0.1:7070")},
+	}}
+	r := &runner{
+		Sessions:          &engine.Sessions{Log: logr.Discard(), Open: &pb.OpenSessionRequest{Group: "g", ReplicaId: "r"}},
+		dispatcherService: "dispatchers.test:7070",
+		resolver:          service.resolve,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	polled := make(chan []string, 1)
+	started := time.Now()
+	go r.followLoadBalancer(ctx, unreachable, func(p []string) { polled <- p })
+	select {
+	case p := <-polled:
+		if !slices.Equal(p, []string{"127.0.0.1:7070"}) {
+			t.Fatalf("polled %q", p)
+		}
+		if waited := time.Since(started); waited < fallbackAfter {
+			t.Fatalf("the Service was polled after %v", waited)
+		}
+	case <-time.After(fallbackAfter + resolveEvery + 10*time.Second):
+		t.Fatal("the replica never polled what the Service names")
 	}
 }

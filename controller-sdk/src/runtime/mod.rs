@@ -75,8 +75,7 @@ where
         replica_id,
         primary,
         owned,
-        dispatchers,
-        load_balancer,
+        finding,
         credentials,
         concurrency,
         metrics,
@@ -138,7 +137,7 @@ where
     if let Some(signal) = shutdown {
         tokio::spawn(stop_on(signal, health, stop.clone()));
     }
-    let targets = follow_targets(Source::new(dispatchers, load_balancer), &shared, &stop);
+    let targets = follow_targets(Source::new(finding), &shared, &stop);
     if !triggers.is_empty() {
         tokio::spawn(trigger::send_triggers(
             futures::stream::select_all(triggers),
@@ -174,7 +173,7 @@ fn follow_targets<T: shared::Types>(
         Source::Fixed(addresses) => {
             targets_tx.send_replace(addresses);
         }
-        Source::LoadBalancer(address) => {
+        Source::LoadBalancer(address, service) => {
             let (group, replica_id) = (shared.open.group.clone(), shared.open.replica_id.clone());
             info!(load_balancer = %address, group = %group, replica = %replica_id, "registering with the load balancer");
             let hold = shared.outcomes.clone();
@@ -186,6 +185,7 @@ fn follow_targets<T: shared::Types>(
                     replica_id,
                     dispatchers: Vec::new(),
                 },
+                service,
                 targets_tx,
                 stop.clone(),
             );

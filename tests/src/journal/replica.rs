@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube_dispatch_controller::{Action, Controller, Health};
+use kube_dispatch_controller::{Action, Controller, DispatcherService, Health};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -53,6 +53,7 @@ pub struct JournalReplica {
     ttl: Duration,
     concurrency: usize,
     target: Option<Target>,
+    service: Option<DispatcherService>,
 }
 
 #[derive(Clone, Debug)]
@@ -75,12 +76,19 @@ impl JournalReplica {
             ttl: Duration::from_secs(3),
             concurrency: 4,
             target: None,
+            service: None,
         }
     }
 
     /// Registers with the load balancer at `address`.
     pub fn load_balancer(mut self, address: std::net::SocketAddr) -> Self {
         self.target = Some(Target::LoadBalancer(address));
+        self
+    }
+
+    /// Looks up `service` for dispatchers while the load balancer cannot be reached.
+    pub fn dispatcher_service(mut self, service: DispatcherService) -> Self {
+        self.service = Some(service);
         self
     }
 
@@ -127,6 +135,10 @@ impl JournalReplica {
             .concurrency(self.concurrency)
             .session_ttl(self.ttl)
             .credentials(crate::credentials());
+        let controller = match self.service {
+            Some(service) => controller.dispatcher_service(service),
+            None => controller,
+        };
         let controller = match self.target {
             Some(Target::LoadBalancer(address)) => controller.load_balancer(address.to_string()),
             Some(Target::Dispatcher(address)) => controller.dispatchers([address]),

@@ -204,3 +204,99 @@ async fn a_load_balancer_whose_lease_is_taken_stops_leading_at_once() -> TestRes
     lb.stop().await;
     Ok(())
 }
+
+/// The only load balancer is killed (no standby: both of its pods lost), and a dispatcher joins
+/// while none leads. Replicas given the dispatchers' Service look it up once registration has
+/// failed for 10 s and poll the joiner beside what they were assigned, so the keys that move to
+/// it are reconciled with no load balancer to place anyone: every final state reconciled, no two
+/// reconciles of a key at once. (Without the Service, nobody would poll the joiner: its keys
+/// would wait for a load balancer.) The test node has no cluster DNS; the resolver is the
+/// Service's endpoints as the test keeps them.
+#[tokio::test]
+async fn replicas_without_a_load_balancer_poll_a_joining_dispatcher_found_in_the_service()
+-> TestResult {
+    use std::{
+        net::SocketAddr,
+        sync::{Arc, Mutex},
+    };
+
+    use kube_dispatch_controller::DispatcherService;
+
+    let (ns, api) = with_configmaps("lb-none", 0).await?;
+    let journal = Journal::default();
+    let mut ds = start_settled(ns.name(), 2, BOUND).await?;
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let endpoints: Arc<Mutex<Vec<SocketAddr>>> =
+        Arc::new(Mutex::new(ds.values().map(|d| d.addr).collect()));
+    let service = {
+        let endpoints = endpoints.clone();
+        DispatcherService::with_resolver("kube-dispatch-dispatcher.test.svc:7070", move |_| {
+            let now = endpoints.lock().expect("not poisoned").clone();
+            async move { Ok(now) }
+        })
+    };
+    let replicas = (0..2)
+        .map(|i| {
+            JournalReplica::new(ns.name(), GROUP, &format!("replica-{i}"), &journal)
+                .load_balancer(lb.addr)
+                .dispatcher_service(service.clone())
+                .work(Duration::from_millis(10))
+                .ttl(TTL)
+                .isolated()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // One dispatcher each: the Service then adds the other one as well as the joiner.
+    let (before, _) = placed(&lb, 2, 2, Duration::from_secs(30)).await;
+    assert!(before.values().all(|ds| ds.len() == 1), "{before:?}");
+    let (writer, stop) = start_writing(&api, 40, Duration::from_millis(50), &journal).await?;
+
+    lb.kill();
+    let killed = Instant::now();
+    ds.insert(2, start(ns.name(), 2).await?);
+    endpoints.lock().expect("not poisoned").push(ds[&2].addr);
+    // The ring moves without a load balancer: the joiner owns its keys from here on.
+    let joined = settled(&ds, Duration::from_secs(30)).await;
+    let polled_by = |d: &TestDispatcher| -> Vec<String> {
+        d.handles
+            .groups
+            .named(GROUP)
+            .iter()
+            .flat_map(|g| g.replicas())
+            .collect()
+    };
+    eventually(
+        Duration::from_secs(40),
+        "both replicas polling the joiner",
+        || std::future::ready((polled_by(&ds[&2]) == ["replica-0", "replica-1"]).then_some(())),
+    )
+    .await?;
+    let found = killed.elapsed();
+    // Writes go on under the three, with no load balancer.
+    let written = journal.writes_len();
+    journal
+        .await_writes(written, 40, Duration::from_secs(30))
+        .await?;
+    stop.cancel();
+    writer.await??;
+    assert_finals_reconciled(&api, &journal, Duration::from_secs(30)).await?;
+    // The joiner's keys were reconciled, so someone polled it.
+    let owned_by_joiner = Journal::finals(&api)
+        .await?
+        .into_keys()
+        .filter(|key| owner_of_three(key).as_deref() == Some("dispatcher-2"))
+        .count();
+    assert!(owned_by_joiner > 0, "the joiner owns none of the 40 keys");
+    let worst = journal
+        .delays()
+        .into_iter()
+        .filter(|(w, _)| w.at >= killed)
+        .map(|(_, d)| d)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "load balancer killed: the ring of three settled {joined:?} after the join, both replicas polled the joiner {found:?} after the kill (the Service is looked up once registration has failed for 10 s); it owns {owned_by_joiner} of 40 keys; longest write-to-reconcile delay after the kill {worst:?}"
+    );
+    stop_all(replicas, ds, Vec::<TestLoadBalancer>::new()).await;
+    Ok(())
+}
