@@ -34,6 +34,24 @@ pub struct Peer {
     pub awaits: Option<(String, u128)>,
     /// Whether it is still warming up to join ([`LeaseState::warming`]): not a member yet.
     pub warming: bool,
+    /// Its tier capabilities ([`LeaseState::capabilities`]).
+    pub capabilities: BTreeSet<String>,
+}
+
+impl Peer {
+    /// Whether its Lease lists tier capability `capability`
+    /// (`kube_dispatch_proto::capabilities::tier`): a Peer call or Lease mark that needs it is
+    /// used towards this member only then.
+    pub fn lists(&self, capability: &str) -> bool {
+        self.capabilities.contains(capability)
+    }
+}
+
+/// Whether every one of `peers` lists tier capability `capability`: a change to the Leases'
+/// format that a member without it could not follow is made only while this holds (and undone
+/// at the next write once it no longer does). True of no peers at all.
+pub fn all_list<'a>(peers: impl IntoIterator<Item = &'a Peer>, capability: &str) -> bool {
+    peers.into_iter().all(|p| p.lists(capability))
 }
 
 /// A Lease as this process last saw it.
@@ -72,6 +90,9 @@ pub struct LeaseState {
     /// Sessions of members that died which replicas reported to the holder as ended, per member
     /// (`kube_dispatch_proto::lease::ENDED_ANNOTATION`).
     pub ended: BTreeMap<String, BTreeSet<u64>>,
+    /// The holder's tier capabilities (`kube_dispatch_proto::lease::CAPABILITIES_ANNOTATION`);
+    /// empty for a dispatcher of release 0.1.0.
+    pub capabilities: BTreeSet<String>,
 }
 
 /// How long a Lease deleted without being drained is remembered (as a member that died). Longer
@@ -234,6 +255,7 @@ impl Observations {
                         address: s.state.address.clone(),
                         awaits: s.state.awaits.clone(),
                         warming: s.state.warming,
+                        capabilities: s.state.capabilities.clone(),
                     },
                 )
             })
@@ -262,7 +284,29 @@ mod tests {
             warming: false,
             sessions: None,
             ended: BTreeMap::new(),
+            capabilities: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn a_member_lists_what_its_lease_says_and_all_list_needs_every_one() {
+        let mut obs = Observations::default();
+        let t0 = Instant::now();
+        let mut newer = lease("d-0", "r1", 1);
+        newer.capabilities = BTreeSet::from(["peer-groups".to_owned(), "warming".to_owned()]);
+        obs.observe("d-0", newer, t0);
+        // A 0.1.0 dispatcher: no list.
+        obs.observe("d-1", lease("d-1", "r1", 2), t0);
+        let live = obs.live(t0, Duration::ZERO);
+        assert!(live["d-0"].lists("peer-groups"));
+        assert!(!live["d-0"].lists("session-reports"));
+        assert!(!live["d-1"].lists("peer-groups"));
+        assert!(!all_list(live.values(), "warming"));
+        assert!(all_list(
+            live.values().filter(|p| p.lists("warming")),
+            "warming"
+        ));
+        assert!(all_list(std::iter::empty(), "warming"));
     }
 
     #[test]

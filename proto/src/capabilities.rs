@@ -33,6 +33,31 @@ pub const ALL: [&str; 5] = [
     CHILDREN_BODIES,
 ];
 
+/// What a dispatcher reads, writes and serves of the Leases and the Peer service beyond
+/// release 0.1.0's form, listed on its Lease
+/// ([`crate::lease::CAPABILITIES_ANNOTATION`]; `kubedispatch/v1/versions.md`, "Capabilities of
+/// the tier"). A Lease without the list is a 0.1.0 dispatcher's, which has none of them. A
+/// change to the Leases or to Peer that a dispatcher of the previous release could not follow
+/// gets a name here, and is made only towards those whose Lease lists it (a Peer call), or only
+/// while every Lease lists it (a Lease format).
+pub mod tier {
+    /// Writes `kube-dispatch.dev/awaits-release` and reads a release as written for the ring
+    /// a member awaits only when written after it adopted that ring.
+    pub const AWAITS_RELEASE: &str = "awaits-release";
+    /// Writes `kube-dispatch.dev/warming` while it warms up, and counts no Lease so marked a
+    /// member.
+    pub const WARMING: &str = "warming";
+    /// Lists its sessions on its Lease (`kube-dispatch.dev/sessions`), carries replicas'
+    /// reports of ended ones (`kube-dispatch.dev/ended-sessions`), and ends its wait for a
+    /// member that died once every session that member listed is reported ended.
+    pub const SESSION_REPORTS: &str = "session-reports";
+    /// Serves `Peer.Groups`.
+    pub const PEER_GROUPS: &str = "peer-groups";
+
+    /// Every tier capability of this release, in the order they came.
+    pub const ALL: [&str; 4] = [AWAITS_RELEASE, WARMING, SESSION_REPORTS, PEER_GROUPS];
+}
+
 /// Those of `needed` that `offered` lacks, in the order needed.
 pub fn missing<'a>(needed: &[&'a str], offered: &[String]) -> Vec<&'a str> {
     needed

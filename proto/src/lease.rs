@@ -69,6 +69,39 @@ pub const SESSIONS_OVERFLOW: &str = "overflow";
 /// carry a report: a replica tells one dispatcher, and the Lease carries it to the others.
 pub const ENDED_ANNOTATION: &str = "kube-dispatch.dev/ended-sessions";
 
+/// Annotation on a dispatcher's Lease: the tier capabilities its holder has
+/// ([`crate::capabilities::tier`]), separated by `,`. Absent: a dispatcher of release 0.1.0,
+/// which has none. Readers take at most [`MOST_CAPABILITIES`] names of at most 63 bytes each,
+/// and skip any other.
+pub const CAPABILITIES_ANNOTATION: &str = "kube-dispatch.dev/capabilities";
+
+/// Most capabilities a reader takes from one Lease.
+pub const MOST_CAPABILITIES: usize = 64;
+
+/// The value of [`CAPABILITIES_ANNOTATION`] listing `capabilities`.
+pub fn capabilities_value(capabilities: &[&str]) -> String {
+    capabilities.join(",")
+}
+
+/// The capabilities a [`CAPABILITIES_ANNOTATION`] value lists: names of lowercase letters,
+/// digits and `-`, at most 63 bytes each, at most [`MOST_CAPABILITIES`] of them; anything
+/// else is skipped, so a malformed list grants nothing it does not spell out.
+pub fn parse_capabilities(value: &str) -> BTreeSet<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|name| {
+            !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+        .take(MOST_CAPABILITIES)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The tag that stands for a session in the Leases: the first 8 bytes of the SHA-256 of its id,
 /// big-endian. Only the replica that holds a session knows its id, so a report naming the id
 /// proves it came from there; the tag gives the id away to no reader of the Leases.
@@ -227,5 +260,23 @@ mod tests {
     fn a_session_tag_is_the_first_bytes_of_the_sha256_of_its_id() {
         // SHA-256("abc") begins ba7816bf8f01cfea.
         assert_eq!(session_tag("abc"), 0xba78_16bf_8f01_cfea);
+    }
+
+    #[test]
+    fn capabilities_round_trip_and_a_malformed_list_grants_only_what_it_spells_out() {
+        use crate::capabilities::tier;
+        let value = capabilities_value(&tier::ALL);
+        let parsed = parse_capabilities(&value);
+        assert_eq!(parsed.len(), tier::ALL.len());
+        assert!(tier::ALL.iter().all(|c| parsed.contains(*c)));
+        assert!(parse_capabilities("").is_empty());
+        assert_eq!(
+            parse_capabilities("warming, Peer-Groups,peer groups,,x/y,session-reports"),
+            BTreeSet::from(["warming".to_owned(), "session-reports".to_owned()])
+        );
+        let long = "a".repeat(64);
+        assert!(parse_capabilities(&long).is_empty());
+        let many: Vec<String> = (0..200).map(|i| format!("c{i}")).collect();
+        assert_eq!(parse_capabilities(&many.join(",")).len(), MOST_CAPABILITIES);
     }
 }

@@ -146,5 +146,10 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             .get(lease::ENDED_ANNOTATION)
             .map(|v| lease::parse_ended(v))
             .unwrap_or_default(),
+        capabilities: lease
+            .annotations()
+            .get(lease::CAPABILITIES_ANNOTATION)
+            .map(|v| lease::parse_capabilities(v))
+            .unwrap_or_default(),
     }
 }

@@ -19,6 +19,7 @@ fn peers(entries: &[(&str, Option<&Ring>, u128)]) -> BTreeMap<String, Peer> {
                     address: None,
                     awaits: None,
                     warming: false,
+                    capabilities: BTreeSet::new(),
                 },
             )
         })

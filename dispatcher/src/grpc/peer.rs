@@ -23,7 +23,12 @@ use tracing::{info, warn};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kube_dispatch_core::subscription::MAX_FIELD_LEN;
 
-use crate::{group::Group, membership::warm_up::WarmUp, security::Guard, table::GroupTable};
+use crate::{
+    group::Group,
+    membership::warm_up::{WarmPeer, WarmUp},
+    security::Guard,
+    table::GroupTable,
+};
 
 /// Most ring members a request may name.
 const MAX_RING_MEMBERS: usize = 1024;
@@ -202,15 +207,24 @@ pub async fn warm_up(
 }
 
 /// The groups `peers` serve, each asked until it answers (or says it cannot tell) or is no
-/// longer a live peer in `warm`'s view (it stopped, or died, meanwhile).
+/// longer a live peer in `warm`'s view (it stopped, or died, meanwhile). A peer whose Lease does
+/// not list `peer-groups` is an older dispatcher: not asked, it names no group.
 async fn groups_of(
-    peers: &std::collections::BTreeMap<String, String>,
+    peers: &std::collections::BTreeMap<String, WarmPeer>,
     warm: &WarmUp,
     identity: &str,
     credentials: &Credentials,
 ) -> std::collections::BTreeSet<GroupId> {
     let mut needed = std::collections::BTreeSet::new();
-    let peers = peers.iter().map(|(p, a)| (p.clone(), a.clone())).collect();
+    let (asked, older): (Vec<_>, Vec<_>) = peers.iter().partition(|(_, p)| p.serves_groups);
+    if !older.is_empty() {
+        let older: Vec<&String> = older.into_iter().map(|(name, _)| name).collect();
+        info!(peers = ?older, "peers whose Leases do not list peer-groups (older than the warm-up) name no group: not waiting for theirs");
+    }
+    let peers = asked
+        .into_iter()
+        .map(|(name, p)| (name.clone(), p.address.clone()))
+        .collect();
     let question = |address: String| {
         let request = GroupsRequest {
             identity: identity.to_owned(),
@@ -395,4 +409,59 @@ async fn ask_groups(
 ) -> Result<Vec<GroupName>, Status> {
     let mut client = client(credentials, address).await?;
     Ok(client.groups(request).await?.into_inner().groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeMap,
+        sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        },
+        time::Duration,
+    };
+
+    use super::*;
+
+    /// A peer whose Lease does not list `peer-groups` (a dispatcher older than the warm-up) is
+    /// not asked which groups it serves: the warm-up neither dials it nor waits for it. Asked,
+    /// this one (it accepts connections and never answers) would hold the warm-up until it ran
+    /// out.
+    #[tokio::test]
+    async fn a_peer_whose_lease_lists_no_peer_groups_is_not_asked() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let address = listener.local_addr().expect("address").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                held.push(connection);
+            }
+        });
+        let warm = WarmUp::new(Duration::from_secs(600));
+        let peers = BTreeMap::from([(
+            "dispatcher-old".to_owned(),
+            WarmPeer {
+                address,
+                serves_groups: false,
+            },
+        )]);
+        let asked = tokio::time::timeout(
+            Duration::from_secs(5),
+            groups_of(&peers, &warm, "dispatcher-2", &Credentials::plaintext()),
+        )
+        .await;
+        assert_eq!(asked.ok(), Some(Default::default()), "the warm-up waited");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            0,
+            "the older peer was dialled"
+        );
+        silent.abort();
+    }
 }

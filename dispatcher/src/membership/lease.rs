@@ -13,11 +13,12 @@ use kube_dispatch_core::{
     leases::Peer,
 };
 use kube_dispatch_proto::{
-    RingKey,
+    RingKey, capabilities,
     lease::{
-        ADDRESS_ANNOTATION, AWAITS_ANNOTATION, DRAINED_ANNOTATION, ENDED_ANNOTATION, LEASE_LABEL,
-        RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION, RING_KEY_ANNOTATION, SESSIONS_ANNOTATION,
-        SESSIONS_OVERFLOW, WARMING_ANNOTATION, awaits_value,
+        ADDRESS_ANNOTATION, AWAITS_ANNOTATION, CAPABILITIES_ANNOTATION, DRAINED_ANNOTATION,
+        ENDED_ANNOTATION, LEASE_LABEL, RELEASED_AFTER_ANNOTATION, RELEASED_ANNOTATION,
+        RING_KEY_ANNOTATION, SESSIONS_ANNOTATION, SESSIONS_OVERFLOW, WARMING_ANNOTATION,
+        awaits_value, capabilities_value,
     },
 };
 use kube_dispatch_server::leases::lease_state;
@@ -93,6 +94,10 @@ async fn write(
     let mut annotations = serde_json::Map::new();
     annotations.insert(ADDRESS_ANNOTATION.into(), config.address.clone().into());
     annotations.insert(RING_KEY_ANNOTATION.into(), ring_key.as_str().into());
+    annotations.insert(
+        CAPABILITIES_ANNOTATION.into(),
+        capabilities_value(&capabilities::tier::ALL).into(),
+    );
     if marks.drained {
         annotations.insert(DRAINED_ANNOTATION.into(), "true".into());
     }

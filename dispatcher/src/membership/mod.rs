@@ -24,7 +24,7 @@ use kube_dispatch_core::{
     lease_sessions::Relayed,
     leases::Peer,
 };
-use kube_dispatch_proto::RingKey;
+use kube_dispatch_proto::{RingKey, capabilities};
 use kube_dispatch_server::leases::{LeaseWatch, lease_state};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,7 @@ mod lease;
 pub mod sessions;
 pub mod warm_up;
 use sessions::LeaseSessions;
-use warm_up::WarmUp;
+use warm_up::{WarmPeer, WarmUp};
 
 /// Holds this dispatcher's Lease, computes the ring and the handover gate from the Leases, and
 /// publishes what this dispatcher serves on `slice`, until `stop`. The ring the core has
@@ -125,7 +125,7 @@ pub async fn run(
         let now = Instant::now();
         let judged = m.judge(now);
         if judged && m.warm.warming() {
-            m.warm.set_peers(m.peer_addresses());
+            m.warm.set_peers(m.warm_peers());
         }
         // Served from the first view that shows the write without the mark (a judged view
         // shows this dispatcher's last accepted write): an older one may still show a peer
@@ -345,11 +345,17 @@ impl Membership {
 
 impl Membership {
     /// The live members other than this dispatcher that say where they serve.
-    fn peer_addresses(&self) -> BTreeMap<String, String> {
+    fn warm_peers(&self) -> BTreeMap<String, WarmPeer> {
         self.live
             .iter()
             .filter(|(name, _)| **name != self.config.identity)
-            .filter_map(|(name, peer)| Some((name.clone(), peer.address.clone()?)))
+            .filter_map(|(name, peer)| {
+                let peer_at = WarmPeer {
+                    address: peer.address.clone()?,
+                    serves_groups: peer.lists(capabilities::tier::PEER_GROUPS),
+                };
+                Some((name.clone(), peer_at))
+            })
             .collect()
     }
 }

@@ -15,6 +15,16 @@ use std::collections::BTreeMap;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A live peer as the warm-up sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmPeer {
+    /// Where it serves.
+    pub address: String,
+    /// Its Lease lists `peer-groups` (`kube_dispatch_proto::capabilities::tier`): it can say
+    /// which groups it serves. One that does not is an older dispatcher, not asked.
+    pub serves_groups: bool,
+}
+
 /// The warm-up of one dispatcher process, shared by the membership loop (which writes the mark
 /// and knows the peers) and the task that asks the peers and watches the groups.
 #[derive(Clone, Debug)]
@@ -23,7 +33,7 @@ pub struct WarmUp {
     until: Instant,
     /// The live members other than this dispatcher and where they serve, once the membership
     /// loop has judged a whole and current view of the Leases.
-    peers: watch::Sender<Option<BTreeMap<String, String>>>,
+    peers: watch::Sender<Option<BTreeMap<String, WarmPeer>>>,
     /// Cancelled once this dispatcher may join: warmed up, out of time, or never warming.
     done: CancellationToken,
 }
@@ -70,7 +80,7 @@ impl WarmUp {
     }
 
     /// Publishes the live peers of a whole and current view of the Leases.
-    pub(super) fn set_peers(&self, peers: BTreeMap<String, String>) {
+    pub(super) fn set_peers(&self, peers: BTreeMap<String, WarmPeer>) {
         self.peers.send_if_modified(|current| {
             let changed = current.as_ref() != Some(&peers);
             *current = Some(peers);
@@ -86,8 +96,8 @@ impl WarmUp {
             .is_some_and(|p| p.contains_key(peer))
     }
 
-    /// The live peers and their addresses, once known (or `None` if the warm-up ended first).
-    pub async fn peers(&self) -> Option<BTreeMap<String, String>> {
+    /// The live peers, once known (or `None` if the warm-up ended first).
+    pub async fn peers(&self) -> Option<BTreeMap<String, WarmPeer>> {
         let mut rx = self.peers.subscribe();
         tokio::select! {
             () = self.done.cancelled() => None,

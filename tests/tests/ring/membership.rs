@@ -310,6 +310,18 @@ async fn a_warming_member_serves_nothing_and_joins_once_warm() -> TestResult {
     settles_on(&mut b, &both, PROMPT).await;
     let lease = leases.get("dispatcher-0").await?;
     assert!(!marked(Some(&lease)), "the mark outlived the warm-up");
+    // The Lease says what its holder follows, so a newer peer knows to ask it for its groups.
+    let listed = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kube_dispatch_proto::lease::CAPABILITIES_ANNOTATION))
+        .map(|v| kube_dispatch_proto::lease::parse_capabilities(v))
+        .unwrap_or_default();
+    assert!(
+        listed.contains(kube_dispatch_proto::capabilities::tier::PEER_GROUPS),
+        "the Lease lists {listed:?}"
+    );
     println!(
         "the warmed-up member settled {took:?} after its warm-up ended (renew period {PERIOD:?})"
     );
