@@ -5,8 +5,14 @@
 //! replica at a time whoever polls them. So a replica that cannot register (no load balancer
 //! leads: a rolling update of the load balancers, both of its pods lost) may poll dispatchers it
 //! found itself. It keeps the dispatchers assigned last and adds those the Service names, never
-//! dropping one, until an assignment replaces them all; its next registration names them, so a
-//! new leader places the replica where it already polls.
+//! dropping one (at most [`MOST_FOUND`], so a long outage that churns many pod addresses stops
+//! adding), until an assignment replaces them all. Its registrations name only the dispatchers
+//! assigned last, so a new leader keeps what it can of the last placement.
+//!
+//! One dispatcher polled under two spellings would have this replica's two sessions there
+//! replace each other. What an assigned name stands for is not added; a dual-stack Service,
+//! which names each pod by an IPv4 and an IPv6 address, would still be polled twice per pod:
+//! keep the dispatcher Service single-stack, as `deploy/` installs it.
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -20,7 +26,7 @@ use std::{
 
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// How long registration must have failed before a replica looks up the dispatcher Service:
 /// longer than a standby takes to lead after a clean stop, so a rolling update of the load
@@ -33,12 +39,12 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 /// How long one lookup may take before it is abandoned until the next.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Most dispatchers a replica adds from the Service, all lookups together (the load balancer
-/// reads the first 64 a registration names).
+/// Most dispatchers a replica adds from the Service, all lookups together: as many as the load
+/// balancer reads of a registration.
 const MOST_FOUND: usize = 64;
 
-/// What a lookup of the Service returns: the dispatchers' socket addresses.
-pub type Lookup = Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send>>;
+/// What a lookup of a name returns: the socket addresses it stands for.
+type Lookup = Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send>>;
 
 type Resolver = Arc<dyn Fn(&str) -> Lookup + Send + Sync>;
 
@@ -85,6 +91,13 @@ impl DispatcherService {
             .map(|name| Self::dns(name.trim()))
     }
 
+    /// Whether the name is `host:port`, as a lookup needs it.
+    fn has_port(&self) -> bool {
+        self.name
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+    }
+
     /// The socket addresses `name` stands for: itself when it is one, else what the resolver
     /// says within [`RESOLVE_TIMEOUT`].
     async fn lookup(&self, name: &str) -> std::io::Result<Vec<SocketAddr>> {
@@ -110,12 +123,23 @@ impl fmt::Debug for DispatcherService {
     }
 }
 
-/// Where the registration stands: the dispatchers assigned last, and whether a registration
-/// stream that delivered an assignment is open now.
+/// Where the registration stands: the dispatchers assigned last, how many assignments came
+/// (so that one followed at once by a failure is not missed by a reader that sees only the
+/// latest state), and whether a registration stream that delivered an assignment is open now.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Registration {
     pub(crate) dispatchers: BTreeSet<String>,
+    pub(crate) assignments: u64,
     pub(crate) registered: bool,
+}
+
+impl Registration {
+    /// Takes an assignment: the registration works.
+    pub(crate) fn assigned(&mut self, dispatchers: BTreeSet<String>) {
+        self.dispatchers = dispatchers;
+        self.assignments += 1;
+        self.registered = true;
+    }
 }
 
 /// The dispatchers found in the Service beyond those assigned.
@@ -156,27 +180,45 @@ impl Found {
     }
 }
 
+/// A lookup under way: started for the assignment counted `for_assignments`.
+struct Pending {
+    for_assignments: u64,
+    lookup: Pin<Box<dyn Future<Output = Option<Resolved>> + Send>>,
+}
+
+/// What a lookup found: the Service's addresses, and those the assigned names stand for.
+type Resolved = (Vec<SocketAddr>, HashSet<SocketAddr>);
+
 /// Publishes on `targets` what the replica polls: each assignment as it comes, and, while
 /// registration has failed for [`FALLBACK_AFTER`], the dispatchers `service` names besides,
 /// looked up every [`RESOLVE_EVERY`]. Until `stop`, or until the registration ends for good.
+/// A lookup runs beside the rest: an assignment that comes meanwhile is taken at once, and
+/// the lookup's result dropped.
 pub(crate) async fn keep_targets(
     mut registration: watch::Receiver<Registration>,
     service: Option<DispatcherService>,
     targets: &watch::Sender<BTreeSet<String>>,
     stop: &CancellationToken,
 ) {
+    let service = service.filter(|service| {
+        if !service.has_port() {
+            error!(service = %service.name, "the dispatcher Service must be host:port (KD_DISPATCHER_SERVICE); not looked up");
+        }
+        service.has_port()
+    });
     if let Some(service) = &service {
         info!(service = %service.name, after = ?FALLBACK_AFTER, "the dispatcher Service is looked up while no load balancer answers");
     }
     let mut found = Found::default();
+    let mut assignments = 0;
     // Not registered yet: a replica that starts while no load balancer leads finds its
-    // dispatchers too.
+    // dispatchers too. When the Service is looked up next: FALLBACK_AFTER into a failure, then
+    // every RESOLVE_EVERY; never while registered.
     let mut failing_since = Some(Instant::now());
-    // When the Service is looked up next: FALLBACK_AFTER into a failure, then every
-    // RESOLVE_EVERY; never while registered.
     let mut next_lookup = failing_since.map(|since| since + FALLBACK_AFTER);
+    let mut pending: Option<Pending> = None;
     loop {
-        let lookup_at = next_lookup.filter(|_| service.is_some());
+        let lookup_at = next_lookup.filter(|_| service.is_some() && pending.is_none());
         tokio::select! {
             () = stop.cancelled() => return,
             changed = registration.changed() => {
@@ -184,13 +226,21 @@ pub(crate) async fn keep_targets(
                     return;
                 }
                 let now = registration.borrow_and_update().clone();
-                if now.registered {
+                if now.assignments != assignments {
+                    // An assignment, even one that failed since: it replaces what was found,
+                    // and a failure after it waits FALLBACK_AFTER again.
+                    assignments = now.assignments;
+                    pending = None;
                     failing_since = None;
                     next_lookup = None;
                     if !found.0.is_empty() {
-                        info!(found = ?found.0, "registered again: polling what the load balancer assigns, not what the Service named");
+                        info!(found = ?found.0, "assigned again: polling what the load balancer assigns, not what the Service named");
                         found.0.clear();
                     }
+                }
+                if now.registered {
+                    failing_since = None;
+                    next_lookup = None;
                 } else if failing_since.is_none() {
                     let since = Instant::now();
                     failing_since = Some(since);
@@ -200,13 +250,21 @@ pub(crate) async fn keep_targets(
             }
             () = sleep_until(lookup_at) => {
                 next_lookup = Some(Instant::now() + RESOLVE_EVERY);
-                let Some(service) = &service else { continue };
-                let assigned = registration.borrow().dispatchers.clone();
-                let Some(resolved) = resolve(service, &assigned, stop).await else { continue };
-                let (addresses, assigned_as) = resolved;
-                // An assignment that arrived meanwhile wins: it is handled next time round.
+                if let Some(service) = &service {
+                    let assigned = registration.borrow().dispatchers.clone();
+                    pending = Some(Pending {
+                        for_assignments: assignments,
+                        lookup: Box::pin(resolve(service.clone(), assigned)),
+                    });
+                }
+            }
+            resolved = async { pending.as_mut().expect("enabled only while pending").lookup.as_mut().await }, if pending.is_some() => {
+                let started_for = pending.take().map(|p| p.for_assignments);
                 let now = registration.borrow().clone();
-                if now.registered {
+                // A lookup started before the last assignment, or finished after a new one
+                // came (seen next time round), is dropped.
+                let (Some((addresses, assigned_as)), Some(service)) = (resolved, &service) else { continue };
+                if now.registered || now.assignments != assignments || started_for != Some(assignments) {
                     continue;
                 }
                 let added = found.add(&addresses, &now.dispatchers, &assigned_as);
@@ -219,35 +277,27 @@ pub(crate) async fn keep_targets(
     }
 }
 
-/// Looks up `service`, and the addresses the names among `assigned` stand for. `None` when
-/// stopped or when the Service could not be looked up (logged).
-async fn resolve(
-    service: &DispatcherService,
-    assigned: &BTreeSet<String>,
-    stop: &CancellationToken,
-) -> Option<(Vec<SocketAddr>, HashSet<SocketAddr>)> {
-    let lookups = async {
-        let addresses = service.lookup(&service.name).await;
-        let mut assigned_as = HashSet::new();
-        for name in assigned {
-            // A name that cannot be looked up is not polled either; it aliases nothing.
-            if let Ok(resolved) = service.lookup(name).await {
-                assigned_as.extend(resolved);
-            }
-        }
-        (addresses, assigned_as)
-    };
-    let (addresses, assigned_as) = tokio::select! {
-        () = stop.cancelled() => return None,
-        done = lookups => done,
-    };
-    match addresses {
-        Ok(addresses) => Some((addresses, assigned_as)),
+/// Looks up `service`, and the addresses the names among `assigned` stand for. `None` when the
+/// Service could not be looked up (logged). Each lookup is bounded by [`RESOLVE_TIMEOUT`]; a
+/// DNS lookup abandoned then still holds one of the runtime's blocking threads until the
+/// system resolver gives up, and at most one lookup is started every [`RESOLVE_EVERY`].
+async fn resolve(service: DispatcherService, assigned: BTreeSet<String>) -> Option<Resolved> {
+    let addresses = service.lookup(&service.name).await;
+    let addresses = match addresses {
+        Ok(addresses) => addresses,
         Err(error) => {
             warn!(service = %service.name, %error, "cannot look up the dispatcher Service; polling the dispatchers assigned last");
-            None
+            return None;
+        }
+    };
+    let mut assigned_as = HashSet::new();
+    for name in &assigned {
+        // A name that cannot be looked up is not polled either; it aliases nothing.
+        if let Ok(resolved) = service.lookup(name).await {
+            assigned_as.extend(resolved);
         }
     }
+    Some((addresses, assigned_as))
 }
 
 /// Sleeps until `at`, or for ever.
@@ -306,6 +356,17 @@ mod tests {
                 "dispatcher-1.example:7070"
             ])
         );
+    }
+
+    #[test]
+    fn a_service_without_a_port_is_not_looked_up() {
+        assert!(!DispatcherService::dns("kube-dispatch-dispatcher.kube-dispatch.svc").has_port());
+        assert!(!DispatcherService::dns(":7070").has_port());
+        assert!(!DispatcherService::dns("dispatchers:http").has_port());
+        assert!(
+            DispatcherService::dns("kube-dispatch-dispatcher.kube-dispatch.svc:7070").has_port()
+        );
+        assert!(DispatcherService::dns("[::1]:7070").has_port());
     }
 
     #[test]
@@ -376,10 +437,7 @@ mod tests {
         );
 
         // Registered: the assignment is all that is polled, and the Service is left alone.
-        registration.send_replace(Registration {
-            dispatchers: set(&["10.0.0.2:7070"]),
-            registered: true,
-        });
+        registration.send_modify(|r| r.assigned(set(&["10.0.0.2:7070"])));
         let assigned = polled
             .wait_for(|t| t.len() == 1)
             .await
@@ -400,6 +458,94 @@ mod tests {
             .clone();
         assert_eq!(again, set(&["10.0.0.1:7070", "10.0.0.2:7070"]));
         assert!(failed.elapsed() >= FALLBACK_AFTER);
+        stop.cancel();
+        keep.await.expect("ends on stop");
+    }
+
+    /// An assignment followed at once by a failure, which a reader sees as one change, still
+    /// replaces what the Service named, and the failure waits the fallback time again.
+    #[tokio::test(start_paused = true)]
+    async fn an_assignment_that_fails_at_once_still_replaces_what_was_found() {
+        let stop = CancellationToken::new();
+        let asked = Arc::default();
+        let service = service(&["10.0.0.1:7070", "10.0.0.2:7070"], &asked);
+        let (registration, registered) = watch::channel(Registration::default());
+        let (targets, mut polled) = watch::channel(BTreeSet::new());
+        let keep = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                keep_targets(registered, Some(service), &targets, &stop).await;
+            })
+        };
+        polled
+            .wait_for(|t| t.len() == 2)
+            .await
+            .expect("the Service's dispatchers");
+        let assigned_at = Instant::now();
+        registration.send_modify(|r| {
+            r.assigned(set(&["10.0.0.3:7070"]));
+            r.registered = false;
+        });
+        let now = polled
+            .wait_for(|t| !t.contains("10.0.0.1:7070"))
+            .await
+            .expect("published")
+            .clone();
+        assert_eq!(now, set(&["10.0.0.3:7070"]));
+        let again = polled
+            .wait_for(|t| t.len() == 3)
+            .await
+            .expect("published")
+            .clone();
+        assert_eq!(
+            again,
+            set(&["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"])
+        );
+        assert!(assigned_at.elapsed() >= FALLBACK_AFTER);
+        stop.cancel();
+        keep.await.expect("ends on stop");
+    }
+
+    /// A lookup that hangs (DNS down with the load balancer) holds up no assignment, and its
+    /// result, when it comes, is not added once an assignment came meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn an_assignment_is_taken_while_a_lookup_hangs() {
+        let stop = CancellationToken::new();
+        let answer = Arc::new(tokio::sync::Notify::new());
+        let service = {
+            let answer = answer.clone();
+            DispatcherService::with_resolver("dispatchers.test:7070", move |_: &str| {
+                let answer = answer.clone();
+                async move {
+                    answer.notified().await;
+                    Ok(vec![addr("10.0.0.9:7070")])
+                }
+            })
+        };
+        let (registration, registered) = watch::channel(Registration::default());
+        let (targets, mut polled) = watch::channel(BTreeSet::new());
+        let keep = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                keep_targets(registered, Some(service), &targets, &stop).await;
+            })
+        };
+        // The lookup starts at FALLBACK_AFTER and hangs; the assignment comes a second later.
+        tokio::time::sleep(FALLBACK_AFTER + Duration::from_secs(1)).await;
+        let sent = Instant::now();
+        registration.send_modify(|r| r.assigned(set(&["10.0.0.2:7070"])));
+        polled
+            .wait_for(|t| t.contains("10.0.0.2:7070"))
+            .await
+            .expect("published");
+        assert!(
+            sent.elapsed() < Duration::from_millis(10),
+            "held up {:?}",
+            sent.elapsed()
+        );
+        answer.notify_waiters();
+        tokio::time::sleep(RESOLVE_EVERY * 3).await;
+        assert_eq!(*polled.borrow(), set(&["10.0.0.2:7070"]));
         stop.cancel();
         keep.await.expect("ends on stop");
     }

@@ -49,7 +49,7 @@ mod targets;
 
 pub use action::Action;
 pub use controller::Controller;
-pub use discovery::{DispatcherService, Lookup};
+pub use discovery::DispatcherService;
 pub use error::Error;
 pub use health::Health;
 pub use kube_dispatch_proto::v1::{ObjectPart, PayloadMode};

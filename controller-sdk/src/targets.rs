@@ -96,7 +96,8 @@ pub(crate) async fn follow_load_balancer(
 }
 
 /// The registration loop of [`follow_load_balancer`]: publishes each assignment on
-/// `registration`, naming in each registration the dispatchers polled now (`targets`).
+/// `registration`, naming in each registration the dispatchers assigned last (`targets` is what
+/// the replica polls, for its logs).
 async fn follow(
     address: String,
     credentials: Credentials,
@@ -117,7 +118,7 @@ async fn follow(
             &credentials,
             &current,
             &request,
-            (registration, targets),
+            registration,
             stop,
             &mut assigned,
         )
@@ -160,17 +161,14 @@ async fn follow(
     }
 }
 
-/// One registration stream, naming the dispatchers polled now (`targets`) and publishing each
+/// One registration stream, naming the dispatchers assigned last and publishing each
 /// assignment on `registration`. Returns how it ended; `assigned` is set once it delivers an
 /// assignment (an error after that still leaves it set).
 async fn register(
     credentials: &Credentials,
     address: &str,
     request: &RegisterRequest,
-    (registration, targets): (
-        &watch::Sender<Registration>,
-        &watch::Sender<BTreeSet<String>>,
-    ),
+    registration: &watch::Sender<Registration>,
     stop: &CancellationToken,
     assigned: &mut bool,
 ) -> Result<Ended, tonic::Status> {
@@ -190,11 +188,18 @@ async fn register(
     };
     let mut client: LoadBalancerClient<AuthChannel> =
         LoadBalancerClient::with_interceptor(channel, credentials.bearer());
-    // With the dispatchers polled now: a load balancer that has just become the leader places
-    // this replica there, so a change of leader moves no session.
+    // With the dispatchers assigned last: a load balancer that has just become the leader
+    // places this replica there, so a change of leader moves no session. Not those found in the
+    // dispatcher Service meanwhile, which every replica would name: the hint would be lost.
     // (The load balancer reads the first 64.)
     let register = RegisterRequest {
-        dispatchers: targets.borrow().iter().take(64).cloned().collect(),
+        dispatchers: registration
+            .borrow()
+            .dispatchers
+            .iter()
+            .take(64)
+            .cloned()
+            .collect(),
         ..request.clone()
     };
     let mut stream = tokio::select! {
@@ -218,10 +223,7 @@ async fn register(
         *assigned = true;
         let set: BTreeSet<String> = assignment.dispatchers.iter().cloned().collect();
         info!(generation = assignment.generation, dispatchers = ?set, "assigned dispatchers");
-        registration.send_replace(Registration {
-            dispatchers: set,
-            registered: true,
-        });
+        registration.send_modify(|r| r.assigned(set));
     }
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -292,7 +293,10 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	if name == "" {
 		name = strings.ToLower(gvk.Kind)
 	}
-	o, credentials := narrowed.withDefaults(name)
+	o, credentials, err := narrowed.withDefaults(name)
+	if err != nil {
+		return nil, err
+	}
 	subscriptions, err := b.subscriptions(primary, o)
 	if err != nil {
 		return nil, err
@@ -391,8 +395,9 @@ func (b *Builder) cacheScoped() (Options, error) {
 
 // withDefaults is o with what it leaves unset filled in: the group named after the
 // controller, the replica ID, the load balancer from KD_LOADBALANCER, the session TTL; and the
-// credentials it gives, else those the environment says.
-func (o Options) withDefaults(name string) (Options, Credentials) {
+// credentials it gives, else those the environment says. An error for a dispatcher Service
+// that is not host:port.
+func (o Options) withDefaults(name string) (Options, Credentials, error) {
 	if o.Group == "" {
 		o.Group = name
 	}
@@ -412,10 +417,15 @@ func (o Options) withDefaults(name string) (Options, Credentials) {
 	if o.DispatcherService == "" {
 		o.DispatcherService = strings.TrimSpace(os.Getenv("KD_DISPATCHER_SERVICE"))
 	}
+	if o.DispatcherService != "" {
+		if _, _, err := net.SplitHostPort(o.DispatcherService); err != nil {
+			return o, credentials, fmt.Errorf("the dispatcher Service %q (Options.DispatcherService, KD_DISPATCHER_SERVICE) must be host:port: %w", o.DispatcherService, err)
+		}
+	}
 	if o.SessionTTL == 0 {
 		o.SessionTTL = engine.DefaultTTL
 	}
-	return o, credentials
+	return o, credentials, nil
 }
 
 // subscriptions is what the controller's session subscribes to: the primary kind (with its

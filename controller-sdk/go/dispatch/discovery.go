@@ -18,8 +18,14 @@ import (
 // fallbackAfter. Placement by the load balancer is about balance only; the dispatchers keep
 // every key to one replica at a time whoever polls them, so a replica that cannot register may
 // poll dispatchers it found itself. It keeps those assigned last and adds those the Service
-// names, never dropping one, until an assignment replaces them all; its next registration
-// names them, so a new leader places the replica where it already polls.
+// names, never dropping one (at most mostFound, so a long outage that churns many pod
+// addresses stops adding), until an assignment replaces them all. Its registrations name only
+// the dispatchers assigned last, so a new leader keeps what it can of the last placement.
+//
+// One dispatcher polled under two spellings would have this replica's two sessions there
+// replace each other. What an assigned name stands for is not added; a dual-stack Service,
+// which names each pod by an IPv4 and an IPv6 address, would still be polled twice per pod:
+// keep the dispatcher Service single-stack, as deploy/ installs it.
 
 const (
 	// fallbackAfter is how long registration must have failed before the Service is looked
@@ -29,8 +35,8 @@ const (
 	resolveEvery = 5 * time.Second
 	// resolveTimeout bounds one lookup.
 	resolveTimeout = 5 * time.Second
-	// mostFound is the most dispatchers added from the Service, all lookups together (the
-	// load balancer reads the first 64 a registration names).
+	// mostFound is the most dispatchers added from the Service, all lookups together: as many
+	// as the load balancer reads of a registration.
 	mostFound = 64
 )
 
@@ -72,6 +78,9 @@ type discovery struct {
 
 	mu       sync.Mutex
 	assigned []string
+	// assignments counts the assignments taken: a lookup started before the last one is
+	// dropped.
+	assignments uint64
 	// failingSince is when registration last failed; zero while registered.
 	failingSince time.Time
 	// nextLookup is when the Service is looked up next after a first lookup, every
@@ -102,6 +111,7 @@ func (d *discovery) assignment(dispatchers []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.assigned = slices.Clone(dispatchers)
+	d.assignments++
 	d.failingSince, d.nextLookup = time.Time{}, time.Time{}
 	d.wake()
 	if len(d.found) > 0 {
@@ -129,7 +139,17 @@ func (d *discovery) wake() {
 	}
 }
 
-// polling is what the replica polls now, which each registration names.
+// assignedLast is what each registration names: the dispatchers assigned last, so a load
+// balancer that has just become the leader places the replica there and a change of leader
+// moves no session. Not those found in the Service, which every replica would name: the hint
+// would be lost.
+func (d *discovery) assignedLast() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.assigned)
+}
+
+// polling is what the replica polls now.
 func (d *discovery) polling() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -170,10 +190,10 @@ func (d *discovery) run(ctx context.Context) {
 		if stillDue {
 			d.nextLookup = time.Now().Add(d.every)
 		}
-		assigned := slices.Clone(d.assigned)
+		assigned, assignments := slices.Clone(d.assigned), d.assignments
 		d.mu.Unlock()
 		if stillDue {
-			d.lookUp(ctx, assigned)
+			d.lookUp(ctx, assigned, assignments)
 		}
 	}
 }
@@ -190,8 +210,9 @@ func (d *discovery) lookupAtLocked() time.Time {
 	}
 }
 
-// lookUp adds the dispatchers the Service names beyond those assigned.
-func (d *discovery) lookUp(ctx context.Context, assigned []string) {
+// lookUp adds the dispatchers the Service names beyond those assigned, unless an assignment
+// came after the one counted assignments (the lookup began under it).
+func (d *discovery) lookUp(ctx context.Context, assigned []string, assignments uint64) {
 	resolved, err := d.lookup(ctx, d.service)
 	if err != nil {
 		d.log.Info("cannot look up the dispatcher Service; polling the dispatchers assigned last", "service", d.service, "error", err.Error())
@@ -209,8 +230,8 @@ func (d *discovery) lookUp(ctx context.Context, assigned []string) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	// An assignment that arrived meanwhile wins.
-	if d.failingSince.IsZero() {
+	// An assignment that arrived meanwhile wins, even if it failed since.
+	if d.failingSince.IsZero() || d.assignments != assignments {
 		return
 	}
 	var added []string

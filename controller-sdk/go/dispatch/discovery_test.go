@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,7 +64,8 @@ func TestTheServiceIsPolledOnlyWhileRegistrationHasFailedForAWhile(t *testing.T)
 	polled := make(chan []string, 8)
 	started := time.Now()
 	d := newDiscovery(logr.Discard(), "dispatchers.test:7070", service.resolve, func(p []string) { polled <- p })
-	d.after, d.every = 300*time.Millisecond, 50*time.Millisecond
+	// One lookup per failure: the test sees each before the next can start.
+	d.after, d.every = 300*time.Millisecond, time.Hour
 	go d.run(ctx)
 
 	first := published(t, polled, 5*time.Second)
@@ -132,9 +134,47 @@ func TestTheServiceAddsAtMost64Dispatchers(t *testing.T) {
 	}
 	service := &fakeService{names: map[string][]netip.AddrPort{"dispatchers.test:7070": many}}
 	d := newDiscovery(logr.Discard(), "dispatchers.test:7070", service.resolve, func([]string) {})
-	d.lookUp(context.Background(), nil)
-	d.lookUp(context.Background(), nil)
+	d.lookUp(context.Background(), nil, 0)
+	d.lookUp(context.Background(), nil, 0)
 	if got := len(d.polling()); got != mostFound {
 		t.Fatalf("polling %d dispatchers, want %d", got, mostFound)
+	}
+}
+
+// A lookup that began before an assignment is dropped when it returns, even if registration
+// failed again meanwhile: its result would come before the fallback time of the new failure.
+func TestALookupStartedBeforeAnAssignmentIsDropped(t *testing.T) {
+	a := netip.MustParseAddrPort
+	service := &fakeService{names: map[string][]netip.AddrPort{"dispatchers.test:7070": {a("10.0.0.1:7070")}}}
+	var published [][]string
+	d := newDiscovery(logr.Discard(), "dispatchers.test:7070", service.resolve, func(p []string) { published = append(published, p) })
+	d.mu.Lock()
+	assigned, before := slices.Clone(d.assigned), d.assignments
+	d.mu.Unlock()
+	d.assignment([]string{"10.0.0.2:7070"})
+	d.failed()
+	d.lookUp(context.Background(), assigned, before)
+	if got := d.polling(); !slices.Equal(got, []string{"10.0.0.2:7070"}) {
+		t.Fatalf("polling %q after a stale lookup", got)
+	}
+	d.lookUp(context.Background(), []string{"10.0.0.2:7070"}, before+1)
+	if got := d.polling(); !slices.Equal(got, []string{"10.0.0.1:7070", "10.0.0.2:7070"}) {
+		t.Fatalf("polling %q after a current lookup", got)
+	}
+	if got := d.assignedLast(); !slices.Equal(got, []string{"10.0.0.2:7070"}) {
+		t.Fatalf("a registration would name %q, not only the assigned dispatchers", got)
+	}
+}
+
+// A dispatcher Service without a port fails the build, saying what it must be; from the
+// environment too.
+func TestADispatcherServiceMustBeHostAndPort(t *testing.T) {
+	if _, _, err := (Options{DispatcherService: "kube-dispatch-dispatcher.kube-dispatch.svc"}).withDefaults("c"); err == nil || !strings.Contains(err.Error(), "must be host:port") {
+		t.Fatalf("want an error that says it must be host:port, got %v", err)
+	}
+	t.Setenv("KD_DISPATCHER_SERVICE", " kube-dispatch-dispatcher.kube-dispatch.svc:7070 ")
+	o, _, err := (Options{}).withDefaults("c")
+	if err != nil || o.DispatcherService != "kube-dispatch-dispatcher.kube-dispatch.svc:7070" {
+		t.Fatalf("from the environment: %q, %v", o.DispatcherService, err)
 	}
 }

@@ -33,12 +33,11 @@ func (r *runner) followLoadBalancer(ctx context.Context, address string, assign 
 	credentials := r.credentials.forLoadBalancer(address)
 	var backoff engine.Reconnects
 	current, redirects := address, 0
-	// What the replica polls, which each registration names: a load balancer that has just
-	// become the leader places this replica there, so a change of leader moves no session.
+	// What the replica polls; each registration names the dispatchers assigned last.
 	found := newDiscovery(r.Log, r.dispatcherService, r.resolver, assign)
 	go found.run(ctx)
 	for ctx.Err() == nil {
-		leader, assigned, err := r.register(ctx, credentials, current, found.polling(), found.assignment)
+		leader, assigned, err := r.register(ctx, credentials, current, found.assignedLast(), found.assignment)
 		found.failed()
 		if ctx.Err() != nil {
 			return
