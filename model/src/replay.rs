@@ -207,6 +207,9 @@ pub fn translate(fault: &str, dispatchers: usize, replicas: usize) -> Translated
             t.note = Some("idle groups are never dropped in the model");
         }
         ("kill-lb-leader", ..) => t.note = Some("not modelled: placement only"),
+        ("handshake-flood" | "reconnect-storm", ..) => {
+            t.note = Some("not modelled: load only (admission and CPU), no protocol step");
+        }
         ("scale-dispatchers", ..) => t.note = Some("not modelled: a fourth dispatcher"),
         ("restart-apiserver" | "gone-410", ..) => {
             t.steps = vec![all(dispatchers, CutApi), all(dispatchers, HealApi)];

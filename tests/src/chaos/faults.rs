@@ -51,7 +51,8 @@ pub(super) fn killed_owner(what: &str, key: &str) -> bool {
 /// 6 an API-server restart, 7 one past the watchers' resourceVersion (410); 8 to 10 a cut, a
 /// stall and latency between controllers and a dispatcher, 11 to 13 between a dispatcher and
 /// the API server (14 a cut again); 15 and 16 deletion of a live or a stalled dispatcher's
-/// Lease; 17 owners changing in a watch gap; 18 every replica away past the idle grace.
+/// Lease; 17 owners changing in a watch gap; 18 every replica away past the idle grace; 19 a
+/// handshake flood and 20 a reconnect storm on a dispatcher (`super::load`).
 pub(super) async fn inject(
     world: &mut World,
     state: &Mutex<WriterState>,
@@ -122,6 +123,8 @@ pub(super) async fn inject(
         15 | 16 => delete_lease(world, i, hold, kind == 16).await?,
         17 => owners_change_in_a_watch_gap(world, state, rng).await?,
         18 => controllers_away(world, state, rng).await?,
+        19 => super::load::handshake_flood(world, i, hold).await?,
+        20 => super::load::reconnect_storm(world, i, hold).await?,
         _ => network(world, i, kind, hold).await,
     };
     Ok(what)

@@ -21,6 +21,7 @@ use crate::{Cluster, TestNamespace, ensure_widget_crd, faultproxy::FaultProxy, j
 
 mod checker;
 mod faults;
+mod load;
 mod world;
 mod writer;
 
@@ -62,7 +63,7 @@ pub struct Settings {
 }
 
 /// How many kinds of fault `inject` knows.
-pub const FAULT_KINDS: u32 = 19;
+pub const FAULT_KINDS: u32 = 21;
 
 impl Settings {
     /// The short mode: 40 s of faults over 12 objects per kind and namespace, a write every
