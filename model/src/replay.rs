@@ -210,7 +210,9 @@ pub fn translate(fault: &str, dispatchers: usize, replicas: usize) -> Translated
         ("handshake-flood" | "reconnect-storm", ..) => {
             t.note = Some("not modelled: load only (admission and CPU), no protocol step");
         }
-        ("scale-dispatchers", ..) => t.note = Some("not modelled: a fourth dispatcher"),
+        ("scale-dispatchers" | "join-under-apf", ..) => {
+            t.note = Some("not modelled: a fourth dispatcher");
+        }
         ("restart-apiserver" | "gone-410", ..) => {
             t.steps = vec![all(dispatchers, CutApi), all(dispatchers, HealApi)];
         }

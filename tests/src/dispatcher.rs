@@ -97,7 +97,9 @@ impl TestDispatcher {
         Self::start_reaching(config, "127.0.0.1:0", ApiAccess::Token(token), None).await
     }
 
-    async fn start_reaching(
+    /// Starts a dispatcher with `config` on `address`, reaching the API server by `api`, and
+    /// advertising `advertise` (else where it serves) on its Lease.
+    pub async fn start_reaching(
         config: ServeConfig,
         address: &str,
         api: ApiAccess,

@@ -121,3 +121,14 @@ fn service_account(ns: &TestNamespace, name: &str) -> Vec<Subject> {
 pub async fn token(ns: &TestNamespace, name: &str, audience: &str) -> anyhow::Result<String> {
     kdctl::connect::mint_token(&ns.client(), ns.name(), name, audience).await
 }
+
+/// The audience of tokens the test API server takes (its service-account issuer).
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// A token of the test identity ([`crate::TESTER`], bound to cluster-admin) for the API server
+/// itself, made with the admin `client`: what a dispatcher reaching the API server as an
+/// identity priority and fairness can hold back uses (`tokens/tester.token` is for the tier's
+/// audience, which the API server refuses).
+pub async fn tester_api_token(client: &kube::Client) -> anyhow::Result<String> {
+    kdctl::connect::mint_token(client, "kube-dispatch-tests", "tester", API_AUDIENCE).await
+}

@@ -33,6 +33,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod apf;
 pub mod chaos;
 pub mod dispatcher;
 pub mod faultproxy;

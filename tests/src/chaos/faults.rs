@@ -52,7 +52,8 @@ pub(super) fn killed_owner(what: &str, key: &str) -> bool {
 /// stall and latency between controllers and a dispatcher, 11 to 13 between a dispatcher and
 /// the API server (14 a cut again); 15 and 16 deletion of a live or a stalled dispatcher's
 /// Lease; 17 owners changing in a watch gap; 18 every replica away past the idle grace; 19 a
-/// handshake flood and 20 a reconnect storm on a dispatcher (`super::load`).
+/// handshake flood and 20 a reconnect storm on a dispatcher, 21 a fourth dispatcher joining
+/// while its lists are refused (`super::load`).
 pub(super) async fn inject(
     world: &mut World,
     state: &Mutex<WriterState>,
@@ -125,6 +126,7 @@ pub(super) async fn inject(
         18 => controllers_away(world, state, rng).await?,
         19 => super::load::handshake_flood(world, i, hold).await?,
         20 => super::load::reconnect_storm(world, i, hold).await?,
+        21 => super::load::join_under_apf(world, hold).await?,
         _ => network(world, i, kind, hold).await,
     };
     Ok(what)

@@ -1,5 +1,6 @@
 //! The faults that load a dispatcher rather than break anything: a flood of connections that
-//! would hold its door shut, and a reconnect storm of sessions. The replicas of the checked
+//! would hold its door shut, a reconnect storm of sessions, and a join while the API server
+//! refuses the joiner's lists. The replicas of the checked
 //! group must go on through them: nothing lost, nothing reconciled twice at once.
 
 use std::time::Duration;
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Failure, world::World};
 use crate::{
     Cluster,
+    apf::RefusedLists,
     dispatcher::{TestSession, subscription},
     flood,
 };
@@ -129,5 +131,60 @@ pub(super) async fn reconnect_storm(
     }
     Ok(format!(
         "reconnect-storm dispatcher-{i} ({opened} sessions opened at once, {refusals} refusals asked again, {unopened} not opened within 20 s; connected in {connected:.1?}, opened in {all_open:.1?})"
+    ))
+}
+
+/// Fault 21: a dispatcher joins while the API server refuses its identity's lists: the fourth
+/// (stopped first if it runs) starts as the test identity, whose LISTs and WATCHes (a watch
+/// that sends its initial events is today's list) of ConfigMaps and Widgets, in a namespace
+/// or across them (the dispatchers watch by label across namespaces), priority and fairness
+/// refuses with 429
+/// ([`crate::apf::RefusedLists`], in force before it starts) for `hold` (at least 3 s), as it
+/// refuses a tier's lists under pressure. It warms up before it joins, so the others keep serving what moves to it until it
+/// has listed; then its lists go through.
+pub(super) async fn join_under_apf(world: &mut World, hold: Duration) -> Result<String, Failure> {
+    if let Some(d) = world.dispatchers.get_mut(&3).and_then(|s| s.running.take()) {
+        d.stop().await;
+    }
+    let token = crate::identity::tester_api_token(&world.namespaces[0].client())
+        .await
+        .map_err(|e| e.to_string())?;
+    let namespaces: Vec<&str> = world.namespaces.iter().map(|n| n.name()).collect();
+    let subject = serde_json::json!({ "kind": "ServiceAccount", "serviceAccount": {
+        "name": "tester", "namespace": "kube-dispatch-tests" } });
+    let rules = serde_json::json!([
+        { "verbs": ["list", "watch"], "apiGroups": [""], "resources": ["configmaps"], "namespaces": ["*"], "clusterScope": true },
+        { "verbs": ["list", "watch"], "apiGroups": ["test.kube-dispatch.dev"], "resources": ["widgets"], "namespaces": ["*"], "clusterScope": true },
+    ]);
+    let refusal = RefusedLists::install(
+        world.namespaces[0].client(),
+        &format!("kube-dispatch-chaos-refuse-{}", world.namespaces[0].name()),
+        (subject, rules),
+        &token,
+        format!(
+            "/api/v1/namespaces/{}/configmaps?resourceVersion=4000000000&resourceVersionMatch=NotOlderThan",
+            namespaces[0]
+        ),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let probe = format!("/api/v1/namespaces/{}/configmaps?limit=1", namespaces[0]);
+    let in_force = refusal
+        .in_force(&token, &probe, Duration::from_secs(15))
+        .await;
+    let began = tokio::time::Instant::now();
+    let started = world.start_dispatcher_as(3, Some(token)).await;
+    tokio::time::sleep(hold.max(Duration::from_secs(3))).await;
+    let refused = refusal.refused().await;
+    refusal.remove().await.map_err(|e| e.to_string())?;
+    started?;
+    let refusing = if in_force {
+        "refused"
+    } else {
+        "not yet refused"
+    };
+    Ok(format!(
+        "join-under-apf dispatcher-3 (its identity's lists and watches {refusing} for {:.1?}: {refused} refused)",
+        began.elapsed()
     ))
 }

@@ -63,7 +63,7 @@ pub struct Settings {
 }
 
 /// How many kinds of fault `inject` knows.
-pub const FAULT_KINDS: u32 = 21;
+pub const FAULT_KINDS: u32 = 22;
 
 impl Settings {
     /// The short mode: 40 s of faults over 12 objects per kind and namespace, a write every

@@ -10,7 +10,7 @@ use crate::{
     TestNamespace,
     dispatcher::{TestDispatcher, lease_membership, test_config},
     faultproxy::{Fault, FaultProxy},
-    isolated::Isolated,
+    isolated::{ApiAccess, Isolated},
     journal::Journal,
     loadbalancer::TestLoadBalancer,
 };
@@ -57,6 +57,17 @@ impl World {
     }
 
     pub(super) async fn start_dispatcher(&mut self, i: usize) -> Result<(), Failure> {
+        self.start_dispatcher_as(i, None).await
+    }
+
+    /// Starts dispatcher `i`, reaching the API server through its proxy as the admin, or
+    /// directly as `token`'s identity when given (one the API server's priority and fairness
+    /// can hold back).
+    pub(super) async fn start_dispatcher_as(
+        &mut self,
+        i: usize,
+        token: Option<String>,
+    ) -> Result<(), Failure> {
         if !self.dispatchers.contains_key(&i) {
             let slot = DispatcherSlot {
                 running: None,
@@ -69,10 +80,14 @@ impl World {
         let Some(slot) = self.dispatchers.get_mut(&i) else {
             return Ok(());
         };
-        let d = TestDispatcher::start_with(
+        let api = match token {
+            Some(token) => ApiAccess::Token(token),
+            None => ApiAccess::Via(slot.api.addr),
+        };
+        let d = TestDispatcher::start_reaching(
             config,
             "127.0.0.1:0",
-            Some(slot.api.addr),
+            api,
             Some(slot.front.addr.to_string()),
         )
         .await?;

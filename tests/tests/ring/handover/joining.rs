@@ -3,22 +3,15 @@
 //! until then, so no write waits for its list (make before break). Without the warm-up the same
 //! join makes the writes to the keys that move wait as long as the list is held back.
 
-use k8s_openapi::api::{
-    core::v1::ServiceAccount,
-    flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
-    rbac::v1::ClusterRoleBinding,
-};
+use k8s_openapi::api::{core::v1::ServiceAccount, rbac::v1::ClusterRoleBinding};
 use kube::api::PostParams;
 use kube_dispatch_dispatcher::config::Membership;
-use kube_dispatch_tests::TestNamespace;
+use kube_dispatch_tests::{TestNamespace, apf::RefusedLists};
 
 use super::support::*;
 
 /// How long the API server refuses the joining dispatcher's lists once it has refused one.
 const HELD: Duration = Duration::from_secs(8);
-
-/// The audience of tokens the test API server takes (its service-account issuer).
-const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// With the warm-up (the default), the join adds at most a second to the worst write's wait.
 #[tokio::test]
@@ -73,7 +66,7 @@ async fn join_while_lists_are_refused(label: &str, warm_up: Duration) -> TestRes
 
     let joining = Instant::now();
     let token = joiner_identity(&ns).await?;
-    let refusal = RefusedLists::install(&ns, &token).await?;
+    let refusal = refuse_lists(&ns, &token).await?;
     let mut joiner = config(ns.name(), 2, BOUND);
     if let Membership::Leases(lease) = &mut joiner.membership {
         lease.warm_up = warm_up;
@@ -149,114 +142,27 @@ async fn joiner_identity(ns: &TestNamespace) -> TestResult<String> {
             "subjects": [{ "kind": "ServiceAccount", "name": "joiner", "namespace": ns.name() }],
         }))?)
         .await?;
-    Ok(kube_dispatch_tests::identity::token(ns, "joiner", API_AUDIENCE).await?)
+    Ok(kube_dispatch_tests::identity::token(
+        ns,
+        "joiner",
+        kube_dispatch_tests::identity::API_AUDIENCE,
+    )
+    .await?)
 }
 
-/// A priority level with no seat that rejects what it cannot run at once, and a flow schema
-/// that sends it the joiner's lists of ConfigMaps in the test namespace (and nothing else: its
-/// watches, Lease writes and reviews go through). A level with no seat still runs one request
-/// while none runs, so the joiner's identity keeps one running: a list at a resourceVersion the
-/// API server has not reached, which it holds 3 s before answering 504, asked again at once.
-/// The joiner's own lists are refused with 429 meanwhile, but for the millisecond between two.
-struct RefusedLists {
-    client: kube::Client,
-    name: String,
-    occupier: tokio::task::JoinHandle<()>,
-    stop: CancellationToken,
-}
-
-impl RefusedLists {
-    async fn install(ns: &TestNamespace, token: &str) -> TestResult<Self> {
-        let client = ns.client();
-        let name = format!("kube-dispatch-test-refuse-{}", ns.name());
-        Api::<PriorityLevelConfiguration>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "metadata": { "name": name },
-                    "spec": { "type": "Limited", "limited": {
-                        "nominalConcurrencyShares": 0,
-                        "lendablePercent": 0,
-                        "borrowingLimitPercent": 0,
-                        "limitResponse": { "type": "Reject" },
-                    }},
-                }))?,
-            )
-            .await?;
-        Api::<FlowSchema>::all(client.clone())
-            .create(&PostParams::default(), &serde_json::from_value(serde_json::json!({
-                "metadata": { "name": name },
-                "spec": {
-                    "priorityLevelConfiguration": { "name": name },
-                    "matchingPrecedence": 2,
-                    "distinguisherMethod": { "type": "ByUser" },
-                    "rules": [{
-                        "subjects": [{ "kind": "ServiceAccount", "serviceAccount": { "name": "joiner", "namespace": ns.name() } }],
-                        "resourceRules": [{ "verbs": ["list"], "apiGroups": [""], "resources": ["configmaps"], "namespaces": [ns.name()] }],
-                    }],
-                },
-            }))?)
-            .await?;
-        let stop = CancellationToken::new();
-        let occupier = tokio::spawn(occupy(
-            // Each answer is followed at once by the next request, never by a backoff.
-            Cluster::shared().client_with_token(token, false).await?,
-            format!(
-                "/api/v1/namespaces/{}/configmaps?resourceVersion=4000000000&resourceVersionMatch=NotOlderThan",
-                ns.name()
-            ),
-            stop.clone(),
-        ));
-        Ok(Self {
-            client,
-            name,
-            occupier,
-            stop,
-        })
-    }
-
-    /// How many requests the API server has refused at the level: the joiner's lists (the
-    /// occupier's requests run one after the other).
-    async fn refused(&self) -> u64 {
-        let Ok(request) = tonic::codegen::http::Request::get("/metrics").body(Vec::new()) else {
-            return 0;
-        };
-        let metrics = self.client.request_text(request).await.unwrap_or_default();
-        let series = format!(
-            "apiserver_flowcontrol_rejected_requests_total{{flow_schema=\"{}\"",
-            self.name
-        );
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(&series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    }
-
-    /// Lists go through again.
-    async fn remove(self) -> TestResult {
-        self.stop.cancel();
-        self.occupier.await?;
-        let dp = DeleteParams::default();
-        Api::<FlowSchema>::all(self.client.clone())
-            .delete(&self.name, &dp)
-            .await?;
-        Api::<PriorityLevelConfiguration>::all(self.client)
-            .delete(&self.name, &dp)
-            .await?;
-        Ok(())
-    }
-}
-
-/// Asks `path` again and again with `client` until `stop`, whatever the answers.
-async fn occupy(client: kube::Client, path: String, stop: CancellationToken) {
-    while !stop.is_cancelled() {
-        let Ok(request) = tonic::codegen::http::Request::get(&path).body(Vec::new()) else {
-            return;
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = client.request_text(request) => {}
-        }
-    }
+/// The joiner's lists of ConfigMaps in the test namespace refused (`RefusedLists`).
+async fn refuse_lists(ns: &TestNamespace, token: &str) -> TestResult<RefusedLists> {
+    let subject = serde_json::json!({ "kind": "ServiceAccount", "serviceAccount": { "name": "joiner", "namespace": ns.name() } });
+    let rules = serde_json::json!([{ "verbs": ["list"], "apiGroups": [""], "resources": ["configmaps"], "namespaces": [ns.name()] }]);
+    RefusedLists::install(
+        ns.client(),
+        &format!("kube-dispatch-test-refuse-{}", ns.name()),
+        (subject, rules),
+        token,
+        format!(
+            "/api/v1/namespaces/{}/configmaps?resourceVersion=4000000000&resourceVersionMatch=NotOlderThan",
+            ns.name()
+        ),
+    )
+    .await
 }
