@@ -47,6 +47,24 @@ impl RefusedLists {
         token: &str,
         occupy_path: String,
     ) -> TestResult<Self> {
+        let installed =
+            Self::create(&client, name, subject, resource_rules, token, occupy_path).await;
+        if installed.is_err() {
+            // Whatever was made before the failure goes: it would refuse the identity's lists
+            // for every later test on the cluster.
+            delete_both(&client, name).await;
+        }
+        installed
+    }
+
+    async fn create(
+        client: &kube::Client,
+        name: &str,
+        subject: serde_json::Value,
+        resource_rules: serde_json::Value,
+        token: &str,
+        occupy_path: String,
+    ) -> TestResult<Self> {
         Api::<PriorityLevelConfiguration>::all(client.clone())
             .create(
                 &PostParams::default(),
@@ -75,7 +93,7 @@ impl RefusedLists {
                 }))?,
             )
             .await?;
-        let before = rejected(&client, name).await;
+        let before = rejected(client, name).await;
         let stop = CancellationToken::new();
         let occupier = tokio::spawn(occupy(
             // Each answer is followed at once by the next request, never by a backoff.
@@ -84,7 +102,7 @@ impl RefusedLists {
             stop.clone(),
         ));
         Ok(Self {
-            client,
+            client: client.clone(),
             name: name.to_owned(),
             occupier,
             stop,
@@ -121,19 +139,34 @@ impl RefusedLists {
             .saturating_sub(self.before)
     }
 
-    /// Lists go through again.
+    /// Lists go through again: the occupier stops and both objects are deleted (each tried
+    /// whatever became of the other; the first failure is returned).
     pub async fn remove(self) -> TestResult {
         self.stop.cancel();
-        self.occupier.await?;
+        let occupier = self.occupier.await;
         let dp = DeleteParams::default();
-        Api::<FlowSchema>::all(self.client.clone())
+        let schema = Api::<FlowSchema>::all(self.client.clone())
             .delete(&self.name, &dp)
-            .await?;
-        Api::<PriorityLevelConfiguration>::all(self.client)
+            .await;
+        let level = Api::<PriorityLevelConfiguration>::all(self.client)
             .delete(&self.name, &dp)
-            .await?;
+            .await;
+        occupier?;
+        schema?;
+        level?;
         Ok(())
     }
+}
+
+/// Deletes the flow schema and priority level `name`, whichever exist.
+async fn delete_both(client: &kube::Client, name: &str) {
+    let dp = DeleteParams::default();
+    let _ = Api::<FlowSchema>::all(client.clone())
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<PriorityLevelConfiguration>::all(client.clone())
+        .delete(name, &dp)
+        .await;
 }
 
 /// The requests the API server has rejected under flow schema `name`, ever.

@@ -17,25 +17,35 @@ use crate::{
     flood,
 };
 
-/// Loopback addresses a flood comes from (127.0.0.2 on; the replicas use 127.0.0.1).
-const FLOOD_ADDRESSES: u8 = 4;
+/// Loopback addresses a flood comes from (127.0.0.2 on; the replicas use 127.0.0.1): more
+/// than the dispatcher's bound of handshakes at once (256) divided by its bound per address
+/// (8), so the flood fills the whole bound, not only its places for those addresses.
+const FLOOD_ADDRESSES: u8 = 40;
 /// Per address: connections that never start their TLS handshake, and connections that finish
-/// one and never speak. 256 in all: the dispatcher's whole bound of handshakes at once.
-const FLOOD_STALLED: usize = 48;
-const FLOOD_SILENT: usize = 16;
+/// one and never speak. 320 in all.
+const FLOOD_STALLED: usize = 6;
+const FLOOD_SILENT: usize = 2;
+
+/// How long one call of the storm may take: a dispatcher that stops answering (killed by no
+/// other fault, since faults come one at a time, but wedged) does not hold the run.
+const STORM_CALL: Duration = Duration::from_secs(5);
 
 /// Sessions a storm opens at once on one dispatcher, each on a connection of its own: more
 /// than it serves at once (`--max-opening-sessions`, 64), so some are refused with a pushback
 /// and asked again after it, as the SDKs do.
 const STORM_SESSIONS: usize = 150;
 
+/// Refusals installed so far in this process: each gets a name of its own, so one whose removal
+/// failed cannot make the next fail to install.
+static REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The controller group a storm's sessions open in: not the checked one, whose replicas must
 /// go on as before.
 const STORM_GROUP: &str = "chaos-storm";
 
 /// Fault 19: a flood of TCP connections that never start their TLS handshake and TLS
-/// connections that never speak, on dispatcher `i`, each reopened as the dispatcher closes it,
-/// for `hold` (at least 3 s).
+/// connections that never speak, on dispatcher `i`, from [`FLOOD_ADDRESSES`] addresses, each
+/// reopened as the dispatcher closes it, for `hold` (at least 3 s).
 pub(super) async fn handshake_flood(
     world: &World,
     i: usize,
@@ -66,7 +76,8 @@ pub(super) async fn handshake_flood(
 
 /// Fault 20: a reconnect storm on dispatcher `i`: [`STORM_SESSIONS`] sessions of a group of
 /// their own, subscribed to the first namespace's ConfigMaps, opened at once, each asked again
-/// after the dispatcher's pushback when refused, held for `hold`, then closed.
+/// after the dispatcher's pushback when refused, then closed after `hold` (never polled, those
+/// opened first may have expired by then).
 pub(super) async fn reconnect_storm(
     world: &World,
     i: usize,
@@ -89,24 +100,32 @@ pub(super) async fn reconnect_storm(
         let subscriptions = subscriptions.clone();
         opening.spawn(async move {
             let mut refused = 0u32;
+            let replica = format!("storm-{n}");
             loop {
                 let open = TestSession::open_with(
                     client.clone(),
                     STORM_GROUP,
-                    &format!("storm-{n}"),
+                    &replica,
                     subscriptions.clone(),
-                )
-                .await;
-                match open {
-                    Ok(session) => return (Some(session), refused),
-                    Err(status) if tokio::time::Instant::now() < give_up => {
-                        refused += 1;
-                        let wait = kube_dispatch_proto::pushback_of(&status)
-                            .unwrap_or(Duration::from_millis(200));
-                        tokio::time::sleep(wait).await;
-                    }
+                );
+                let status = match tokio::time::timeout(STORM_CALL, open).await {
+                    Ok(Ok(session)) => return (Some(session), refused),
+                    Ok(Err(status)) => status,
                     Err(_) => return (None, refused),
+                };
+                // Refused for now (the opens served at once, or a dispatcher starting): asked
+                // again after the pushback, as the SDKs do; anything else ends this one.
+                let again = matches!(
+                    status.code(),
+                    tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+                );
+                if !again || tokio::time::Instant::now() >= give_up {
+                    return (None, refused);
                 }
+                refused += 1;
+                let wait =
+                    kube_dispatch_proto::pushback_of(&status).unwrap_or(Duration::from_millis(200));
+                tokio::time::sleep(wait).await;
             }
         });
     }
@@ -122,13 +141,17 @@ pub(super) async fn reconnect_storm(
     let all_open = began.elapsed() - connected;
     tokio::time::sleep(hold).await;
     let opened = sessions.len();
+    let mut closing = JoinSet::new();
     for mut session in sessions {
-        let request = CloseSessionRequest {
-            session_id: session.id.clone(),
-        };
-        // A dispatcher that went meanwhile closed them all.
-        let _ = session.client.close_session(request).await;
+        closing.spawn(async move {
+            let request = CloseSessionRequest {
+                session_id: session.id.clone(),
+            };
+            // Unpolled, a session may have expired already; one left open expires in its ttl.
+            let _ = tokio::time::timeout(STORM_CALL, session.client.close_session(request)).await;
+        });
     }
+    while closing.join_next().await.is_some() {}
     Ok(format!(
         "reconnect-storm dispatcher-{i} ({opened} sessions opened at once, {refusals} refusals asked again, {unopened} not opened within 20 s; connected in {connected:.1?}, opened in {all_open:.1?})"
     ))
@@ -141,7 +164,7 @@ pub(super) async fn reconnect_storm(
 /// refuses with 429
 /// ([`crate::apf::RefusedLists`], in force before it starts) for `hold` (at least 3 s), as it
 /// refuses a tier's lists under pressure. It warms up before it joins, so the others keep serving what moves to it until it
-/// has listed; then its lists go through.
+/// has listed; then its lists go through, and it is started again as the others are.
 pub(super) async fn join_under_apf(world: &mut World, hold: Duration) -> Result<String, Failure> {
     if let Some(d) = world.dispatchers.get_mut(&3).and_then(|s| s.running.take()) {
         d.stop().await;
@@ -158,7 +181,11 @@ pub(super) async fn join_under_apf(world: &mut World, hold: Duration) -> Result<
     ]);
     let refusal = RefusedLists::install(
         world.namespaces[0].client(),
-        &format!("kube-dispatch-chaos-refuse-{}", world.namespaces[0].name()),
+        &format!(
+            "kube-dispatch-chaos-refuse-{}-{}",
+            world.namespaces[0].name(),
+            REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ),
         (subject, rules),
         &token,
         format!(
@@ -175,16 +202,22 @@ pub(super) async fn join_under_apf(world: &mut World, hold: Duration) -> Result<
     let began = tokio::time::Instant::now();
     let started = world.start_dispatcher_as(3, Some(token)).await;
     tokio::time::sleep(hold.max(Duration::from_secs(3))).await;
+    let refused_for = began.elapsed();
     let refused = refusal.refused().await;
     refusal.remove().await.map_err(|e| e.to_string())?;
     started?;
+    // Started again as the others are (through its proxy, as the admin): the identity's token
+    // lasts ten minutes, and a long run must not see it fence itself when that runs out.
+    if let Some(d) = world.dispatchers.get_mut(&3).and_then(|s| s.running.take()) {
+        d.stop().await;
+    }
+    world.start_dispatcher(3).await?;
     let refusing = if in_force {
         "refused"
     } else {
         "not yet refused"
     };
     Ok(format!(
-        "join-under-apf dispatcher-3 (its identity's lists and watches {refusing} for {:.1?}: {refused} refused)",
-        began.elapsed()
+        "join-under-apf dispatcher-3 (its identity's lists and watches {refusing} for {refused_for:.1?}: {refused} refused)"
     ))
 }
