@@ -387,6 +387,28 @@ mod tests {
         assert_eq!(found.0.len(), MOST_FOUND);
     }
 
+    /// [`keep_targets`] running with `service` until `stop`: its registration to feed, what it
+    /// publishes, and its task.
+    struct Kept {
+        registration: watch::Sender<Registration>,
+        polled: watch::Receiver<BTreeSet<String>>,
+        keep: tokio::task::JoinHandle<()>,
+    }
+
+    fn kept(service: DispatcherService, stop: &CancellationToken) -> Kept {
+        let (registration, registered) = watch::channel(Registration::default());
+        let (targets, polled) = watch::channel(BTreeSet::new());
+        let stop = stop.clone();
+        let keep = tokio::spawn(async move {
+            keep_targets(registered, Some(service), &targets, &stop).await;
+        });
+        Kept {
+            registration,
+            polled,
+            keep,
+        }
+    }
+
     /// A resolver that names `addresses` and records when it was asked.
     fn service(addresses: &[&str], asked: &Arc<Mutex<Vec<Instant>>>) -> DispatcherService {
         let addresses: Vec<SocketAddr> = addresses.iter().map(|a| addr(a)).collect();
@@ -408,15 +430,12 @@ mod tests {
         let stop = CancellationToken::new();
         let asked = Arc::default();
         let service = service(&["10.0.0.1:7070", "10.0.0.2:7070"], &asked);
-        let (registration, registered) = watch::channel(Registration::default());
-        let (targets, mut polled) = watch::channel(BTreeSet::new());
         let started = Instant::now();
-        let keep = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                keep_targets(registered, Some(service), &targets, &stop).await;
-            })
-        };
+        let Kept {
+            registration,
+            mut polled,
+            keep,
+        } = kept(service, &stop);
         let found = polled
             .wait_for(|t| !t.is_empty())
             .await
@@ -469,14 +488,11 @@ mod tests {
         let stop = CancellationToken::new();
         let asked = Arc::default();
         let service = service(&["10.0.0.1:7070", "10.0.0.2:7070"], &asked);
-        let (registration, registered) = watch::channel(Registration::default());
-        let (targets, mut polled) = watch::channel(BTreeSet::new());
-        let keep = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                keep_targets(registered, Some(service), &targets, &stop).await;
-            })
-        };
+        let Kept {
+            registration,
+            mut polled,
+            keep,
+        } = kept(service, &stop);
         polled
             .wait_for(|t| t.len() == 2)
             .await
@@ -522,14 +538,11 @@ mod tests {
                 }
             })
         };
-        let (registration, registered) = watch::channel(Registration::default());
-        let (targets, mut polled) = watch::channel(BTreeSet::new());
-        let keep = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                keep_targets(registered, Some(service), &targets, &stop).await;
-            })
-        };
+        let Kept {
+            registration,
+            mut polled,
+            keep,
+        } = kept(service, &stop);
         // The lookup starts at FALLBACK_AFTER and hangs; the assignment comes a second later.
         tokio::time::sleep(FALLBACK_AFTER + Duration::from_secs(1)).await;
         let sent = Instant::now();
