@@ -91,6 +91,8 @@ pub struct Injected {
     /// The longest a write made while it was in force (or within a second after) waited for
     /// its reconcile.
     pub recovery: Duration,
+    /// The key of that write, to tell which dispatcher owned what waited.
+    pub slowest: Option<String>,
 }
 
 /// The checker's verdict on a run.
@@ -256,10 +258,11 @@ impl fmt::Display for Report {
         for fault in &self.faults {
             writeln!(
                 f,
-                "    {:<46} held {:>5.1?}  recovery {:>5.1?}",
+                "    {:<46} held {:>5.1?}  recovery {:>5.1?}  {}",
                 fault.what,
                 fault.to.saturating_duration_since(fault.from),
-                fault.recovery
+                fault.recovery,
+                fault.slowest.as_deref().unwrap_or_default()
             )?;
         }
         writeln!(f, "  by kind (count, worst recovery):")?;
@@ -328,17 +331,16 @@ pub async fn run(settings: Settings) -> Result<Report, Failure> {
     let faults = faults
         .into_iter()
         .map(|(what, from, to)| {
-            let recovery = delays
+            let slowest = delays
                 .iter()
                 .filter(|(w, _)| w.at >= from && w.at <= to + Duration::from_secs(1))
-                .map(|(_, d)| *d)
-                .max()
-                .unwrap_or_default();
+                .max_by_key(|(_, d)| *d);
             Injected {
                 what,
                 from,
                 to,
-                recovery,
+                recovery: slowest.map(|(_, d)| *d).unwrap_or_default(),
+                slowest: slowest.map(|(w, _)| w.key.clone()),
             }
         })
         .collect();
