@@ -90,7 +90,6 @@ type discovery struct {
 	// changed wakes run when nextLookup changes.
 	changed chan struct{}
 	found   map[string]struct{}
-	polled  []string
 }
 
 func newDiscovery(log logr.Logger, service string, resolve Resolver, publish func([]string)) *discovery {
@@ -149,11 +148,17 @@ func (d *discovery) assignedLast() []string {
 	return slices.Clone(d.assigned)
 }
 
-// polling is what the replica polls now.
+// polling is what the replica polls now: the dispatchers assigned last and those found.
 func (d *discovery) polling() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return slices.Clone(d.polled)
+	return d.pollingLocked()
+}
+
+func (d *discovery) pollingLocked() []string {
+	polled := append(slices.Clone(d.assigned), d.foundLocked()...)
+	slices.Sort(polled)
+	return slices.Compact(polled)
 }
 
 // run looks up the Service every resolveEvery once registration has failed for
@@ -276,9 +281,5 @@ func (d *discovery) foundLocked() []string {
 
 // publishLocked hands the dispatchers assigned and found to the supervisor.
 func (d *discovery) publishLocked() {
-	polled := append(slices.Clone(d.assigned), d.foundLocked()...)
-	slices.Sort(polled)
-	polled = slices.Compact(polled)
-	d.polled = polled
-	d.publish(slices.Clone(polled))
+	d.publish(d.pollingLocked())
 }
