@@ -142,23 +142,28 @@ impl Ring {
         self.key.place(key)
     }
 
-    /// The points of sorted, distinct `members`.
+    /// The points of sorted, distinct `members`, sorted by point. On a (vanishingly rare)
+    /// collision the member that sorts first keeps the point, so every implementation agrees.
+    /// Each name is hashed from one reused buffer: a ring is rebuilt whenever membership
+    /// changes (a group's replicas as well as the dispatchers), so no point allocates.
     fn virtual_nodes(members: &[String]) -> Vec<VirtualNode> {
-        let mut taken = std::collections::HashSet::new();
         let mut nodes = Vec::with_capacity(members.len() * Self::VIRTUAL_NODES as usize);
+        let (mut name, mut digits) = (Vec::new(), itoa::Buffer::new());
         for (index, member) in members.iter().enumerate() {
             for i in 0..Self::VIRTUAL_NODES {
-                let point = hash64(format!("{member}#{i}").as_bytes());
-                // On a (vanishingly rare) collision the member that sorts first keeps the
-                // point, so every implementation agrees.
-                if taken.insert(point) {
-                    nodes.push(VirtualNode {
-                        point,
-                        member: index,
-                    });
-                }
+                name.clear();
+                name.extend_from_slice(member.as_bytes());
+                name.push(b'#');
+                name.extend_from_slice(digits.format(i).as_bytes());
+                nodes.push(VirtualNode {
+                    point: hash64(&name),
+                    member: index,
+                });
             }
         }
+        // By point, then member: the first of equal points is the one to keep.
+        nodes.sort_unstable_by_key(|n| (n.point, n.member));
+        nodes.dedup_by_key(|n| n.point);
         nodes
     }
 
@@ -192,8 +197,7 @@ impl Ring {
         let Ok(index) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
             return Vec::new();
         };
-        let mut points = Self::virtual_nodes(&self.members);
-        points.sort_unstable_by_key(|n| n.point);
+        let points = Self::virtual_nodes(&self.members);
         if points.iter().all(|n| n.member == index) {
             return vec![(0, 1 << 64)];
         }
@@ -433,6 +437,24 @@ mod tests {
     }
 
     proptest! {
+        /// The points are those keys.md defines, `XXH64("<member>#<i>")`, sorted, each kept by
+        /// the first member (in sorted order) that has it, whatever the spelling of the names.
+        #[test]
+        fn points_are_those_of_the_definition(members in prop::collection::btree_set("[a-zA-Z0-9.#-]{0,12}", 1..6)) {
+            let members: Vec<String> = members.into_iter().collect();
+            let mut expected: BTreeMap<u64, usize> = BTreeMap::new();
+            for (index, member) in members.iter().enumerate() {
+                for i in 0..Ring::VIRTUAL_NODES {
+                    expected.entry(hash64(format!("{member}#{i}").as_bytes())).or_insert(index);
+                }
+            }
+            let points: Vec<(u64, usize)> = Ring::virtual_nodes(&members)
+                .into_iter()
+                .map(|n| (n.point, n.member))
+                .collect();
+            prop_assert_eq!(points, expected.into_iter().collect::<Vec<_>>());
+        }
+
         #[test]
         fn member_order_does_not_matter(members in prop::collection::vec("[a-z0-9-]{1,12}", 1..6), key in any::<u64>()) {
             let forward = Ring::new(members.clone());

@@ -9,13 +9,14 @@ use kube_dispatch_proto::Ring;
 use super::{
     GroupQueue, Lane, Queued, Session, SessionId, dedup,
     keys::{HashSet, Key},
+    lanes::Lanes,
 };
 
 impl GroupQueue {
     /// Adds a session for `replica`. A replica has one session per group: an older session of
     /// the same replica still here is removed first and its in-flight keys are released at once
-    /// (a caller that cannot trust the replica to have stopped them removes it first with
-    /// [`GroupQueue::remove_session_holding`]). Returns the sessions that now have ready keys.
+    /// (a caller that cannot trust the replica to have stopped them passes them to
+    /// [`GroupQueue::add_session_replacing`]). Returns the sessions that now have ready keys.
     pub fn add_session(&mut self, id: SessionId, replica: &str) -> Vec<SessionId> {
         if let Some(old) = self.replica_sessions.get(replica).copied() {
             self.remove_session_inner(old, None);
@@ -29,6 +30,22 @@ impl GroupQueue {
         );
         self.replica_sessions.insert(replica.to_owned(), id);
         self.rebalance()
+    }
+
+    /// Adds a session for `replica` in place of its older sessions `older`, each removed as
+    /// [`GroupQueue::remove_session_holding`] removes it (in flight until its time): one
+    /// rebalance for it all, so a replica that reconnects keeps its ring place and its keys
+    /// never pass through other sessions. Returns the sessions that now have ready keys.
+    pub fn add_session_replacing(
+        &mut self,
+        id: SessionId,
+        replica: &str,
+        older: &[(SessionId, Instant)],
+    ) -> Vec<SessionId> {
+        for &(old, until) in older {
+            self.remove_session_inner(old, Some(until));
+        }
+        self.add_session(id, replica)
     }
 
     /// Removes a session (closed or expired). Its in-flight keys become ready again at once,
@@ -111,26 +128,59 @@ impl GroupQueue {
     }
 
     /// Rebuilds the replica ring and hands every ready key to the session that owns it now,
-    /// in its lane, keeping first-enqueue order; stale places are dropped on the way.
+    /// in its lane, keeping first-enqueue order; stale places are dropped on the way. When the
+    /// sessions' replicas are the ring's members still (a replica's session replaced), the
+    /// ring and every placed key stay: only the unassigned keys are placed.
     pub(super) fn rebalance(&mut self) -> Vec<SessionId> {
+        if self.ring_is_current() {
+            return self.place_unassigned();
+        }
         self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
         let mut all = std::mem::take(&mut self.unassigned);
         for s in self.sessions.values_mut() {
             all.append(std::mem::take(&mut s.ready));
         }
-        let mut wake = Vec::new();
+        let (wake, _) = self.place_all(all);
+        self.stale = 0;
+        wake
+    }
+
+    /// Whether the ring's members are the replicas of the sessions (one session each).
+    pub(super) fn ring_is_current(&self) -> bool {
+        self.ring.members().len() == self.replica_sessions.len()
+            && self
+                .replica_sessions
+                .keys()
+                .all(|replica| self.ring.contains(replica))
+    }
+
+    /// Places the unassigned keys, on a ring that did not change. Each goes to the back of
+    /// its owner's lane, which keeps first-enqueue order: while the ring is unchanged a key is
+    /// unassigned only if its owner's session was just replaced (the new one has no key yet)
+    /// or it was just released from flight (its place is the newest).
+    fn place_unassigned(&mut self) -> Vec<SessionId> {
+        let unassigned = std::mem::take(&mut self.unassigned);
+        let (wake, dropped) = self.place_all(unassigned);
+        self.stale = self.stale.saturating_sub(dropped);
+        wake
+    }
+
+    /// Places each of `lanes`' keys still ready in its lane, once, in first-enqueue order.
+    /// Returns the sessions given keys, and how many stale places were dropped.
+    fn place_all(&mut self, mut lanes: Lanes) -> (Vec<SessionId>, usize) {
+        let (mut wake, mut dropped) = (Vec::new(), 0);
         let mut seen: HashSet<Key> = HashSet::default();
         for lane in [Lane::Live, Lane::Listed] {
-            let mut ready: Vec<Queued> = std::mem::take(all.lane(lane)).into();
+            let mut ready: Vec<Queued> = std::mem::take(lanes.lane(lane)).into();
             ready.sort_unstable_by_key(|q| q.seq);
             for queued in ready {
                 if !self.is_place(lane, &queued) || !seen.insert(queued.key.clone()) {
+                    dropped += 1;
                     continue;
                 }
                 wake.extend(self.place(queued, lane));
             }
         }
-        self.stale = 0;
-        dedup(wake)
+        (dedup(wake), dropped)
     }
 }

@@ -56,14 +56,15 @@ impl Group {
             // The replica's older session: whoever holds it (the replica before a restart, a
             // second process with its id) may still run what it was handed, so those keys stay
             // in flight until it would have expired.
-            let mut wake = Vec::new();
+            let mut older = Vec::new();
             let mut idle = HashMap::new();
             for (old, slot) in sessions.iter().filter(|(_, s)| s.replica == replica) {
                 let until = *slot.expires_at.lock().unwrap_or_else(|e| e.into_inner());
                 idle.insert(*old, queue.has_nothing_in_flight(*old));
-                wake.extend(queue.remove_session_holding(*old, until.into_std()));
+                older.push((*old, until.into_std()));
             }
-            wake.extend(queue.add_session(id, replica));
+            // One step: the replica keeps its place on the group's ring.
+            let wake = queue.add_session_replacing(id, replica, &older);
             let mut replaced = Vec::new();
             for old in before {
                 if !queue.has_session(old)

@@ -158,6 +158,52 @@ fn sessions_keep_their_keys_while_membership_is_stable() {
     assert_eq!(third, expected);
 }
 
+/// A replica whose session is replaced (it reconnected) keeps its place on the ring: its
+/// ready keys go to the new session in their order, its key in flight stays held until the old
+/// session's time, and no other session is woken or loses a key.
+#[test]
+fn a_replaced_session_hands_its_keys_to_its_successor_and_moves_no_other() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.add_session(2, "b");
+    for i in 0..40 {
+        q.change(&format!("k{i}"), change(Reason::Added, 1));
+    }
+    let ready_of = |q: &GroupQueue, id: u64| -> Vec<String> {
+        q.sessions[&id]
+            .ready
+            .iter()
+            .map(|(_, queued)| q.prefixes.text(&queued.key))
+            .collect()
+    };
+    let flying = q.take(1, 1, now);
+    assert_eq!(flying.len(), 1);
+    let (of_a, of_b) = (ready_of(&q, 1), ready_of(&q, 2));
+    assert!(!of_a.is_empty() && !of_b.is_empty(), "{of_a:?} {of_b:?}");
+
+    let held_until = now + Duration::from_secs(5);
+    let woken = q.add_session_replacing(3, "a", &[(1, held_until)]);
+    q.check();
+    assert_eq!(woken, vec![3], "only the new session is woken");
+    assert!(!q.has_session(1));
+    assert_eq!(ready_of(&q, 2), of_b, "the other session keeps its keys");
+    let taken: Vec<String> = q
+        .take(3, 100, now)
+        .iter()
+        .map(|d| d.key.to_string())
+        .collect();
+    assert_eq!(taken, of_a, "the successor has them, in their order");
+
+    // The key in flight comes back only once the old session's time is up.
+    q.advance(held_until - MS);
+    assert!(q.take(3, 10, held_until - MS).is_empty());
+    q.advance(held_until);
+    let back = q.take(3, 10, held_until);
+    assert_eq!(keys(&back), [&*flying[0].key]);
+    q.check();
+}
+
 /// A change the watch's stream shows goes ahead of the keys a list brought, and a listed key
 /// whose object then changes moves ahead with it, delivered once at its new version. A listed
 /// change of a key waiting live leaves it where it is.

@@ -10,6 +10,9 @@ enum Op {
     AddSession(u8),
     RemoveSession(u8),
     CloseSession(u8, u16),
+    /// The replica of a session opens a new one, which replaces it: the old one's keys in
+    /// flight are held for this many ms.
+    Reconnect(u8, u16),
     Take(u8, u8),
     Ack(u8, u8),
     Advance(u16),
@@ -30,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(Op::AddSession),
         1 => (0u8..4).prop_map(Op::RemoveSession),
         1 => (0u8..4, 0u16..5_000).prop_map(|(s, ms)| Op::CloseSession(s, ms)),
+        1 => (0u8..4, 0u16..5_000).prop_map(|(s, ms)| Op::Reconnect(s, ms)),
         3 => (0u8..4, 1u8..5).prop_map(|(s, n)| Op::Take(s, n)),
         3 => (0u8..4, 0u8..3).prop_map(|(s, o)| Op::Ack(s, o)),
         1 => (0u16..20_000).prop_map(Op::Advance),
@@ -56,6 +60,8 @@ proptest! {
         let mut outstanding: HashMap<u64, Vec<DeliveryId>> = HashMap::default();
         // Keys changed since their last delivery started.
         let mut owed: HashSet<String> = HashSet::new();
+        // The session of each replica slot: a reconnect gives it a new one.
+        let mut ids: [u64; 4] = [0, 1, 2, 3];
         for op in ops {
             match op {
                 Op::Change(k, deleted) => {
@@ -67,30 +73,42 @@ proptest! {
                     }
                 }
                 Op::AddSession(s) => {
-                    q.add_session(u64::from(s), &format!("replica-{s}"));
+                    q.add_session(ids[usize::from(s)], &format!("replica-{s}"));
                 }
                 Op::RemoveSession(s) => {
-                    q.remove_session(u64::from(s));
-                    outstanding.remove(&u64::from(s));
+                    q.remove_session(ids[usize::from(s)]);
+                    outstanding.remove(&ids[usize::from(s)]);
                 }
                 Op::CloseSession(s, ms) => {
-                    q.remove_session_holding(u64::from(s), now + Duration::from_millis(u64::from(ms)));
-                    outstanding.remove(&u64::from(s));
+                    q.remove_session_holding(ids[usize::from(s)], now + Duration::from_millis(u64::from(ms)));
+                    outstanding.remove(&ids[usize::from(s)]);
+                }
+                Op::Reconnect(s, ms) => {
+                    let old = ids[usize::from(s)];
+                    let older = if q.has_session(old) {
+                        vec![(old, now + Duration::from_millis(u64::from(ms)))]
+                    } else {
+                        Vec::new()
+                    };
+                    // Ids stay apart per replica: the slot's id plus 4 each time.
+                    ids[usize::from(s)] += 4;
+                    q.add_session_replacing(ids[usize::from(s)], &format!("replica-{s}"), &older);
+                    outstanding.remove(&old);
                 }
                 Op::Take(s, n) => {
-                    for d in q.take(u64::from(s), usize::from(n), now) {
+                    for d in q.take(ids[usize::from(s)], usize::from(n), now) {
                         owed.remove(&*d.key);
-                        outstanding.entry(u64::from(s)).or_default().push(d.id);
+                        outstanding.entry(ids[usize::from(s)]).or_default().push(d.id);
                     }
                 }
                 Op::Ack(s, o) => {
-                    if let Some(id) = outstanding.get_mut(&u64::from(s)).and_then(|v| v.pop()) {
+                    if let Some(id) = outstanding.get_mut(&ids[usize::from(s)]).and_then(|v| v.pop()) {
                         let outcome = match o {
                             0 => Outcome::Success,
                             1 => Outcome::Failure,
                             _ => Outcome::Requeue(Duration::from_millis(50)),
                         };
-                        q.ack(u64::from(s), id, outcome, now);
+                        q.ack(ids[usize::from(s)], id, outcome, now);
                     }
                 }
                 Op::Advance(ms) => {
@@ -110,9 +128,9 @@ proptest! {
                     }
                 }
                 Op::TakeSmall(s) => {
-                    for d in q.take_within(u64::from(s), 3, 300, now) {
+                    for d in q.take_within(ids[usize::from(s)], 3, 300, now) {
                         owed.remove(&*d.key);
-                        outstanding.entry(u64::from(s)).or_default().push(d.id);
+                        outstanding.entry(ids[usize::from(s)]).or_default().push(d.id);
                     }
                 }
                 Op::Forget(n, drain) => {
@@ -126,8 +144,8 @@ proptest! {
         }
         // Work the queue dry with one session; failures and requeues are retried, then done.
         q.add_session(99, "drain");
-        for s in 0..4 {
-            q.remove_session(s);
+        for id in ids {
+            q.remove_session(id);
         }
         for _ in 0..1000 {
             now += Duration::from_secs(2);

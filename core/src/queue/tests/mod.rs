@@ -82,6 +82,14 @@ impl GroupQueue {
     /// to; the other places are stale, and the queue counts at least as many. Returns the
     /// ready keys.
     fn check_lanes(&self) -> HashSet<Key> {
+        let mut replicas: Vec<&str> = self.sessions.values().map(|s| &*s.replica).collect();
+        replicas.sort_unstable();
+        assert_eq!(
+            self.ring.members(),
+            replicas,
+            "the ring of the sessions' replicas"
+        );
+        assert!(self.ring_is_current());
         let mut ready = HashSet::new();
         let mut stale = 0;
         let lanes = self
