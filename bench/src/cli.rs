@@ -244,6 +244,11 @@ pub(crate) struct HostileArgs {
     #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 100, value_parser = positive())]
     pub(crate) writes: usize,
 
+    /// Only these attacks, comma-separated (every attack if not given); the baseline (`none`)
+    /// runs in any case, since every ratio is taken against it.
+    #[arg(long, env = "KD_BENCH_ATTACKS", value_enum, value_delimiter = ',')]
+    pub(crate) attacks: Vec<crate::harness::hostile::Attack>,
+
     /// Where the dispatcher's binary is (--bin-dir), and where it logs.
     #[command(flatten)]
     pub(crate) processes: Processes,

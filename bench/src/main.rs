@@ -252,6 +252,7 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     let results = harness::hostile::run(harness::hostile::Plan {
         repeats: args.repeats,
         writes: args.writes,
+        attacks: harness::hostile::Attack::chosen(&args.attacks),
         dispatcher: args.processes.bin_dir().join("kube-dispatch-dispatcher"),
         logs: args.processes.logs.join("hostile"),
     })

@@ -19,12 +19,14 @@ use kube_dispatch_proto::{
     v1::{CloseSessionRequest, PollRequest, dispatcher_client::DispatcherClient},
 };
 use kube_dispatch_tests::dispatcher::{TestSession, subscription};
-use tokio::{io::AsyncWriteExt, net::TcpStream, task::JoinSet};
+use tokio::{io::AsyncWriteExt, net::TcpStream, runtime::Handle, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::{Attack, Counters, Dispatcher, Fixture, Opens};
 
-/// Starts `attack` on dispatcher `d`, counting its calls in `counters`, until `stop`.
+/// Starts `attack` on dispatcher `d`, counting its calls in `counters`, until `stop`: into
+/// `attackers`, each attacker's tasks on the runtime `on` (threads of their own, as attackers
+/// are pods of their own), what is measured on the caller's.
 pub(super) async fn launch(
     attack: Attack,
     fixture: &Fixture,
@@ -32,7 +34,7 @@ pub(super) async fn launch(
     stop: &CancellationToken,
     counters: Counters,
     opens: &Opens,
-    attackers: &mut JoinSet<anyhow::Result<()>>,
+    (attackers, on): (&mut JoinSet<anyhow::Result<()>>, &Handle),
 ) -> anyhow::Result<()> {
     let endpoint = |c: &Credentials| -> anyhow::Result<tonic::transport::Endpoint> {
         Ok(c.endpoint(&d.grpc.to_string())?)
@@ -40,28 +42,37 @@ pub(super) async fn launch(
     match attack {
         Attack::None => {}
         Attack::IdleAdmin => {
-            attackers.spawn(idle_admin(d.admin, stop.clone(), counters));
+            attackers.spawn_on(idle_admin(d.admin, stop.clone(), counters), on);
         }
         Attack::HealthStreams => {
-            attackers.spawn(health_streams(
-                endpoint(&Credentials::tls(&fixture.ca))?,
-                stop.clone(),
-                counters,
-            ));
+            attackers.spawn_on(
+                health_streams(
+                    endpoint(&Credentials::tls(&fixture.ca))?,
+                    stop.clone(),
+                    counters,
+                ),
+                on,
+            );
         }
         Attack::JunkTokens => {
-            attackers.spawn(junk_tokens(
-                endpoint(&Credentials::tls(&fixture.ca))?,
-                stop.clone(),
-                counters,
-            ));
+            attackers.spawn_on(
+                junk_tokens(
+                    endpoint(&Credentials::tls(&fixture.ca))?,
+                    stop.clone(),
+                    counters,
+                ),
+                on,
+            );
         }
         Attack::Connections => {
-            attackers.spawn(connections(
-                endpoint(&Credentials::tls(&fixture.ca))?,
-                stop.clone(),
-                counters,
-            ));
+            attackers.spawn_on(
+                connections(
+                    endpoint(&Credentials::tls(&fixture.ca))?,
+                    stop.clone(),
+                    counters,
+                ),
+                on,
+            );
         }
         Attack::BodyHog => {
             let channel = endpoint(&fixture.hog)?.connect().await?;
@@ -76,23 +87,29 @@ pub(super) async fn launch(
             .context("the hog's OpenSession")?;
             let api: Api<ConfigMap> =
                 Api::namespaced(fixture.hog_ns.client(), fixture.hog_ns.name());
-            attackers.spawn(body_hog(api, hog, stop.clone(), counters));
+            attackers.spawn_on(body_hog(api, hog, stop.clone(), counters), on);
         }
         Attack::HandshakeFlood => {
             let tls = kube_dispatch_tests::flood::tls_connector(&fixture.ca)
                 .map_err(|e| anyhow::anyhow!("the flood's TLS client: {e}"))?;
-            let mut held = JoinSet::new();
-            kube_dispatch_tests::flood::flood(
-                &mut held,
-                d.grpc,
-                (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
-                &tls,
-                stop,
+            let (grpc, stop_flood) = (d.grpc, stop.clone());
+            attackers.spawn_on(
+                async move {
+                    // Spawned from here, the flood's connections run where the attackers do.
+                    let mut held = JoinSet::new();
+                    kube_dispatch_tests::flood::flood(
+                        &mut held,
+                        grpc,
+                        (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
+                        &tls,
+                        &stop_flood,
+                    );
+                    while held.join_next().await.is_some() {}
+                    Ok(())
+                },
+                on,
             );
-            attackers.spawn(async move {
-                while held.join_next().await.is_some() {}
-                Ok(())
-            });
+            // The new replicas are what is measured: beside the legitimate controller.
             attackers.spawn(new_replicas(
                 (endpoint(&fixture.legit)?, fixture.legit.clone()),
                 fixture.legit_ns.name().to_owned(),
@@ -107,12 +124,10 @@ pub(super) async fn launch(
                 credentials: fixture.storm.clone(),
                 namespace: fixture.storm_ns.name().to_owned(),
             };
-            attackers.spawn(super::storm::run(
-                storm,
-                stop.clone(),
-                counters,
-                opens.clone(),
-            ));
+            attackers.spawn_on(
+                super::storm::run(storm, stop.clone(), counters, opens.clone()),
+                on,
+            );
         }
     }
     Ok(())

@@ -78,15 +78,23 @@ const BODY_POOL: usize = 32 * 1024 * 1024;
 const LOST_AFTER: Duration = Duration::from_secs(10);
 
 /// One attack of the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Attack {
+    /// No attack: the baseline every ratio is taken against, always run.
     None,
+    /// Idle and slow connections to the admin port.
     IdleAdmin,
+    /// Health streams opened without a credential.
     HealthStreams,
+    /// Calls with a new junk token each.
     JunkTokens,
+    /// Every connection one peer may hold, and more attempts.
     Connections,
+    /// Another tenant's group of large objects, never polled.
     BodyHog,
+    /// 1 000 replicas reconnecting, 200 a second.
     ReconnectStorm,
+    /// Stalled TLS handshakes and silent TLS connections, with new replicas timed.
     HandshakeFlood,
 }
 
@@ -148,6 +156,15 @@ impl Attack {
 }
 
 impl Attack {
+    /// The attacks to run of those `asked` (all if none): in the table's order, the baseline
+    /// first.
+    pub(crate) fn chosen(asked: &[Self]) -> Vec<Self> {
+        Self::ALL
+            .into_iter()
+            .filter(|a| *a == Self::None || asked.is_empty() || asked.contains(a))
+            .collect()
+    }
+
     /// How long the attack runs before the writes begin: until it holds what its bound lets
     /// through. None for the reconnect storm, whose first thousand opens (a tier restart) are
     /// the moment to measure.
@@ -182,6 +199,8 @@ pub(crate) struct Plan {
     pub repeats: usize,
     /// Timed writes per run.
     pub writes: usize,
+    /// The attacks to run, in the table's order, the baseline first (always among them).
+    pub attacks: Vec<Attack>,
     /// The dispatcher binary.
     pub dispatcher: PathBuf,
     /// Where the dispatcher's logs go.
@@ -294,13 +313,23 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
         ca,
     };
     std::fs::create_dir_all(&plan.logs)?;
+    // The attackers run on threads of their own, as they would be pods of their own: the
+    // legitimate controller's tasks never queue behind theirs (the machine's cores they share).
+    let attackers = Attackers(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("attackers")
+            .enable_all()
+            .build()?,
+    ));
     let mut runs: Vec<(Attack, Run)> = Vec::new();
     for repeat in 0..plan.repeats {
         // Rotated, so drift on a noisy machine falls on every attack.
-        let mut order = Attack::ALL;
-        order.rotate_left(repeat % Attack::ALL.len());
+        let mut order = plan.attacks.clone();
+        let turn = repeat % order.len();
+        order.rotate_left(turn);
         for attack in order {
-            let run = one_run(&plan, &fixture, attack, repeat).await?;
+            let run = one_run(&plan, &fixture, attack, repeat, attackers.handle()).await?;
             println!(
                 "bench-hostile: run {} {:<32} write to reconcile p50 {:>7.2} ms p99 {:>7.2} ms, lost {}, /healthz p99 {:>6.1} ms, peak RSS {:>6.1} MiB, attack {} made, {} refused",
                 repeat + 1,
@@ -317,6 +346,24 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
         }
     }
     Ok(Results::of(&plan, &runs))
+}
+
+/// The attackers' runtime, shut down without blocking when dropped (in the benchmark's own
+/// runtime, where blocking is not allowed; every attacker has ended with its run by then).
+struct Attackers(Option<tokio::runtime::Runtime>);
+
+impl Attackers {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("taken only when dropped").handle()
+    }
+}
+
+impl Drop for Attackers {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 fn ms(values: &[u64], p: f64) -> f64 {
@@ -401,6 +448,7 @@ async fn one_run(
     fixture: &Fixture,
     attack: Attack,
     repeat: usize,
+    on: &tokio::runtime::Handle,
 ) -> anyhow::Result<Run> {
     let name = format!("hostile-{}-{repeat}", format!("{attack:?}").to_lowercase());
     // Leases of its own: the run ends by killing the dispatcher, whose Lease the next one
@@ -428,7 +476,16 @@ async fn one_run(
     let mut attackers = JoinSet::new();
     let counters = (attempts.clone(), refused.clone());
     let opens: Opens = Arc::default();
-    launch(attack, fixture, &d, &stop, counters, &opens, &mut attackers).await?;
+    launch(
+        attack,
+        fixture,
+        &d,
+        &stop,
+        counters,
+        &opens,
+        (&mut attackers, on),
+    )
+    .await?;
     tokio::time::sleep(attack.warmup()).await;
     let probes = tokio::spawn(probe(d.admin, stop.clone()));
 

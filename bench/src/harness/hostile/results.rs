@@ -15,8 +15,10 @@ impl Results {
             median(rs.iter().map(|r| f(r)).collect()).unwrap_or(f64::NAN)
         };
         let baseline_p99 = med(&of(Attack::None), &|r| ms(&r.deliveries, 0.99));
-        let attacks: Vec<Figures> = Attack::ALL
-            .into_iter()
+        let attacks: Vec<Figures> = plan
+            .attacks
+            .iter()
+            .copied()
             .map(|attack| {
                 let rs = of(attack);
                 let p99 = med(&rs, &|r| ms(&r.deliveries, 0.99));

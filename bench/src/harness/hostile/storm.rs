@@ -6,7 +6,7 @@
 //! [`STORM_RATE`] a second, reconnects: a new connection and an OpenSession (the dispatcher
 //! replaces its old session), asked again after a refusal as the SDKs ask (their backoff, or
 //! the dispatcher's pushback when it gives one); in between, each session polls and
-//! acknowledges what it is given, as a replica does.
+//! acknowledges what it is given, as a replica does (each poll waits as the SDKs' polls wait).
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -37,6 +37,9 @@ const STORM_GROUPS: u64 = 10;
 const STORM_RATE: u64 = 200;
 /// ConfigMaps each group reconciles.
 const STORM_OBJECTS: usize = 1000;
+/// How long each replica's poll waits for a key: what the SDKs ask (a quarter of the session's
+/// ttl, the dispatcher's default of 10 s here; `controller-sdk/src/fence.rs`).
+const REPLICA_POLL_WAIT: Duration = Duration::from_millis(2500);
 /// Loopback addresses the replicas connect from (127.0.0.2 on), ten replicas each.
 const STORM_ADDRESSES: u64 = 100;
 
@@ -162,7 +165,7 @@ pub(super) async fn run(
             // Until the session is replaced (this replica's next reconnect) or the run ends.
             let mut acks: Vec<u64> = Vec::new();
             while !stop.is_cancelled() {
-                match session.poll_acking(&acks, Duration::from_secs(1)).await {
+                match session.poll_acking(&acks, REPLICA_POLL_WAIT).await {
                     Ok(got) => acks = got.iter().map(|r| r.delivery_id).collect(),
                     Err(_) => return,
                 }
