@@ -164,15 +164,20 @@ make_kubelet_client_cert() {
   )
 }
 
-# kube-dispatch's serving certificates, signed by the cluster CA (which tests and the demo trust).
+# kube-dispatch's serving certificates, signed by the cluster CA (which tests and the demo trust):
+# ECDSA P-256 keys, as deploy/ issues them (cert-manager and tls.sh), so that handshakes cost
+# here what they cost there. A certificate of another key kind (from an older checkout) is
+# made again.
 make_dispatch_pki() {
   local name
   for name in kube-dispatch kube-dispatch-next; do
-    [[ -f $pki/$name.crt && -f $pki/$name.key ]] && continue
+    [[ -f $pki/$name.crt && -f $pki/$name.key ]] &&
+      openssl x509 -in "$pki/$name.crt" -noout -text | grep -q 'id-ecPublicKey' && continue
     (
       cd "$pki"
-      openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout "$name.key" -out "$name.csr" 2>/dev/null
-      printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$name" \
+        -keyout "$name.key" -out "$name.csr" 2>/dev/null
+      printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature" \
         "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kube-dispatch" \
         >"$name.ext"
       openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
