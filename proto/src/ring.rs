@@ -88,11 +88,17 @@ pub fn namespace_hash(namespace: &str) -> u64 {
     hasher.finish()
 }
 
-/// An immutable ring over a set of members. Build a new one when membership changes.
+/// An immutable ring over a set of members. Build a new one when membership changes, or
+/// derive one with a member more or less ([`Ring::with_member`], [`Ring::without_member`]),
+/// which computes only that member's points.
 #[derive(Clone)]
 pub struct Ring {
     members: Vec<String>,
     key: RingKey,
+    /// Every member's points, collisions included, sorted by point, then member: what a
+    /// member more or less is merged into or taken from (about 16 bytes a point).
+    points: Vec<VirtualNode>,
+    /// The points that place keys: the first of each point in `points`.
     ring: HashRing<VirtualNode, BuildNoHashHasher<u64>>,
 }
 
@@ -127,9 +133,77 @@ impl Ring {
         let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
         members.sort();
         members.dedup();
+        let mut points: Vec<VirtualNode> = members
+            .iter()
+            .enumerate()
+            .flat_map(|(index, member)| Self::points_of(member, index))
+            .collect();
+        points.sort_unstable_by_key(|n| (n.point, n.member));
+        Self::of_points(members, key, points)
+    }
+
+    /// This ring with `member` on it too (itself if it is already): only the new member's
+    /// points are computed, and merged into the others'.
+    #[must_use]
+    pub fn with_member(self, member: &str) -> Self {
+        let Err(at) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
+            return self;
+        };
+        let (mut members, key) = (self.members, self.key);
+        members.insert(at, member.to_owned());
+        let mut added = Self::points_of(member, at);
+        added.sort_unstable_by_key(|n| n.point);
+        let mut points = Vec::with_capacity(self.points.len() + added.len());
+        let mut added = added.into_iter().peekable();
+        for mut node in self.points {
+            if node.member >= at {
+                node.member += 1;
+            }
+            while let Some(new) =
+                added.next_if(|new| (new.point, new.member) < (node.point, node.member))
+            {
+                points.push(new);
+            }
+            points.push(node);
+        }
+        points.extend(added);
+        Self::of_points(members, key, points)
+    }
+
+    /// This ring without `member` (itself if it is not on it).
+    #[must_use]
+    pub fn without_member(self, member: &str) -> Self {
+        let Ok(at) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
+            return self;
+        };
+        let (mut members, key) = (self.members, self.key);
+        members.remove(at);
+        let mut points = self.points;
+        points.retain(|n| n.member != at);
+        for node in &mut points {
+            if node.member > at {
+                node.member -= 1;
+            }
+        }
+        Self::of_points(members, key, points)
+    }
+
+    /// The ring of sorted, distinct `members` whose points, collisions included, are `points`,
+    /// sorted by point, then member.
+    fn of_points(members: Vec<String>, key: RingKey, points: Vec<VirtualNode>) -> Self {
+        let mut placing = points.clone();
+        // On a (vanishingly rare) collision the member that sorts first keeps the point, so
+        // every implementation agrees.
+        placing.dedup_by_key(|n| n.point);
         let mut ring = HashRing::with_hasher(BuildNoHashHasher::default());
-        ring.batch_add(Self::virtual_nodes(&members));
-        Self { members, key, ring }
+        // Sorted already, which the ring's sort finds in one pass.
+        ring.batch_add(placing);
+        Self {
+            members,
+            key,
+            points,
+            ring,
+        }
     }
 
     /// What places keys on this ring.
@@ -142,29 +216,31 @@ impl Ring {
         self.key.place(key)
     }
 
-    /// The points of sorted, distinct `members`, sorted by point. On a (vanishingly rare)
-    /// collision the member that sorts first keeps the point, so every implementation agrees.
-    /// Each name is hashed from one reused buffer: a ring is rebuilt whenever membership
-    /// changes (a group's replicas as well as the dispatchers), so no point allocates.
-    fn virtual_nodes(members: &[String]) -> Vec<VirtualNode> {
-        let mut nodes = Vec::with_capacity(members.len() * Self::VIRTUAL_NODES as usize);
+    /// The points of `member`, the `index`-th member: `XXH64("<member>#<i>")` for each virtual
+    /// node, each name hashed from one reused buffer (rings are rebuilt whenever membership
+    /// changes, a group's replicas as well as the dispatchers).
+    fn points_of(member: &str, index: usize) -> Vec<VirtualNode> {
         let (mut name, mut digits) = (Vec::new(), itoa::Buffer::new());
-        for (index, member) in members.iter().enumerate() {
-            for i in 0..Self::VIRTUAL_NODES {
+        (0..Self::VIRTUAL_NODES)
+            .map(|i| {
                 name.clear();
                 name.extend_from_slice(member.as_bytes());
                 name.push(b'#');
                 name.extend_from_slice(digits.format(i).as_bytes());
-                nodes.push(VirtualNode {
+                VirtualNode {
                     point: hash64(&name),
                     member: index,
-                });
-            }
-        }
-        // By point, then member: the first of equal points is the one to keep.
-        nodes.sort_unstable_by_key(|n| (n.point, n.member));
-        nodes.dedup_by_key(|n| n.point);
-        nodes
+                }
+            })
+            .collect()
+    }
+
+    /// The points that place keys, sorted: on a collision, the one of the member that sorts
+    /// first.
+    fn placing_points(&self) -> Vec<VirtualNode> {
+        let mut points = self.points.clone();
+        points.dedup_by_key(|n| n.point);
+        points
     }
 
     /// The members, sorted.
@@ -197,7 +273,7 @@ impl Ring {
         let Ok(index) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
             return Vec::new();
         };
-        let points = Self::virtual_nodes(&self.members);
+        let points = self.placing_points();
         if points.iter().all(|n| n.member == index) {
             return vec![(0, 1 << 64)];
         }
@@ -268,8 +344,7 @@ impl Ring {
         let Ok(index) = self.members.binary_search_by(|m| m.as_str().cmp(member)) else {
             return 0.0;
         };
-        let mut points = Self::virtual_nodes(&self.members);
-        points.sort_unstable_by_key(|n| n.point);
+        let points = self.placing_points();
         let Some(last) = points.last().map(|n| n.point) else {
             return 0.0;
         };
@@ -448,11 +523,40 @@ mod tests {
                     expected.entry(hash64(format!("{member}#{i}").as_bytes())).or_insert(index);
                 }
             }
-            let points: Vec<(u64, usize)> = Ring::virtual_nodes(&members)
+            let points: Vec<(u64, usize)> = Ring::new(members.clone())
+                .placing_points()
                 .into_iter()
                 .map(|n| (n.point, n.member))
                 .collect();
             prop_assert_eq!(points, expected.into_iter().collect::<Vec<_>>());
+        }
+
+        /// A ring derived by adding and removing members one at a time is the ring built over
+        /// the members it ends with: the same points, collisions included, and owners.
+        #[test]
+        fn a_ring_changed_a_member_at_a_time_is_the_ring_of_its_members(
+            changes in prop::collection::vec((any::<bool>(), 0u8..8), 1..24),
+            hashes in prop::collection::vec(any::<u64>(), 1..50),
+        ) {
+            let mut ring = Ring::new(Vec::<String>::new());
+            let mut members = std::collections::BTreeSet::new();
+            for (add, n) in changes {
+                let member = format!("replica-{n}");
+                if add {
+                    ring = ring.with_member(&member);
+                    members.insert(member);
+                } else {
+                    ring = ring.without_member(&member);
+                    members.remove(&member);
+                }
+            }
+            let built = Ring::new(members);
+            prop_assert_eq!(ring.members(), built.members());
+            let points = |r: &Ring| r.points.iter().map(|n| (n.point, n.member)).collect::<Vec<_>>();
+            prop_assert_eq!(points(&ring), points(&built));
+            for hash in hashes {
+                prop_assert_eq!(ring.owner_of_hash(hash), built.owner_of_hash(hash));
+            }
         }
 
         #[test]

@@ -12,6 +12,9 @@ use super::{
     lanes::Lanes,
 };
 
+/// Most replicas that join or leave the ring at once one by one; more rebuild it.
+const MOST_CHANGED_ONE_BY_ONE: usize = 4;
+
 impl GroupQueue {
     /// Adds a session for `replica`. A replica has one session per group: an older session of
     /// the same replica still here is removed first and its in-flight keys are released at once
@@ -135,7 +138,7 @@ impl GroupQueue {
         if self.ring_is_current() {
             return self.place_unassigned();
         }
-        self.ring = Ring::new(self.sessions.values().map(|s| s.replica.clone()));
+        self.update_ring();
         let mut all = std::mem::take(&mut self.unassigned);
         for s in self.sessions.values_mut() {
             all.append(std::mem::take(&mut s.ready));
@@ -143,6 +146,31 @@ impl GroupQueue {
         let (wake, _) = self.place_all(all);
         self.stale = 0;
         wake
+    }
+
+    /// Makes the ring the sessions' replicas': a replica more or less computes only its
+    /// points (a storm of new sessions costs each its own), many at once rebuild it.
+    fn update_ring(&mut self) {
+        let gone: Vec<String> = self
+            .ring
+            .members()
+            .iter()
+            .filter(|m| !self.replica_sessions.contains_key(m.as_str()))
+            .cloned()
+            .collect();
+        let new: Vec<String> = self
+            .replica_sessions
+            .keys()
+            .filter(|r| !self.ring.contains(r))
+            .cloned()
+            .collect();
+        let ring = std::mem::replace(&mut self.ring, Ring::new(Vec::<String>::new()));
+        self.ring = if gone.len() + new.len() > MOST_CHANGED_ONE_BY_ONE {
+            Ring::new(self.replica_sessions.keys().cloned())
+        } else {
+            let ring = gone.iter().fold(ring, |r, m| r.without_member(m));
+            new.iter().fold(ring, |r, m| r.with_member(m))
+        };
     }
 
     /// Whether the ring's members are the replicas of the sessions (one session each).
