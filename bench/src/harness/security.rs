@@ -272,7 +272,9 @@ async fn latency_run(
             Duration::from_secs(30),
         )
         .await?;
-        let took = delivered.with_context(|| format!("write {n} was never delivered"))?;
+        let took = delivered
+            .with_context(|| format!("write {n} was never delivered"))?
+            .took;
         #[allow(clippy::cast_possible_truncation)]
         run.deliveries.push(took.as_micros() as u64);
     }
@@ -291,6 +293,16 @@ pub(crate) async fn first_list(session: &mut TestSession) -> anyhow::Result<Vec<
         .collect())
 }
 
+/// One timed write: from sending the patch to the poll that handed the change over, and of that
+/// how long the API server took to answer the patch (the rest is the watch's and the tier's).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timed {
+    /// From the patch to the hand-over.
+    pub(crate) took: Duration,
+    /// From the patch to its answer.
+    pub(crate) answered: Duration,
+}
+
 /// Patches the ConfigMap `probe` to `value` and polls `session` (acknowledging `acks`, which it
 /// leaves holding the last deliveries) until the change is handed over: how long that took, or
 /// `None` when it was not handed over within `give_up`.
@@ -300,7 +312,7 @@ pub(crate) async fn timed_write(
     acks: &mut Vec<u64>,
     value: &str,
     give_up: Duration,
-) -> anyhow::Result<Option<Duration>> {
+) -> anyhow::Result<Option<Timed>> {
     let begun = Instant::now();
     configmaps
         .patch(
@@ -309,6 +321,7 @@ pub(crate) async fn timed_write(
             &Patch::Merge(serde_json::json!({"data": {"n": value}})),
         )
         .await?;
+    let answered = begun.elapsed();
     loop {
         let got = session
             .poll_acking(acks, Duration::from_secs(1).min(give_up))
@@ -316,7 +329,10 @@ pub(crate) async fn timed_write(
             .context("poll")?;
         *acks = got.iter().map(|r| r.delivery_id).collect();
         if !got.is_empty() {
-            return Ok(Some(begun.elapsed()));
+            return Ok(Some(Timed {
+                took: begun.elapsed(),
+                answered,
+            }));
         }
         if begun.elapsed() >= give_up {
             return Ok(None);

@@ -187,12 +187,17 @@ impl GroupTable {
         // once, so that a replica holding a session on one reports it without waiting.
         let mut dead = self.lease_sessions.dead_changes();
         dead.mark_unchanged();
+        // Once listed, a session stays listed until it ends: only a poll of a session not yet
+        // listed follows the writes, so a write does not wake every poll of the dispatcher.
+        let mut unlisted = !self.lease_sessions.may_hand_out(tag);
         let mut deliveries = take();
         while deliveries.is_empty() {
             tokio::select! {
                 () = slot.notify.notified() => {}
                 changed = slice.changed(), if follow_slice => follow_slice = changed.is_ok(),
-                Ok(()) = listed.changed() => {}
+                Ok(()) = listed.changed(), if unlisted => {
+                    unlisted = !self.lease_sessions.may_hand_out(tag);
+                }
                 Ok(()) = dead.changed() => break,
                 () = tokio::time::sleep_until(deadline) => break,
                 () = self.shutdown.cancelled() => break,

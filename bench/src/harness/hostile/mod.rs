@@ -212,6 +212,9 @@ pub(crate) struct Plan {
 struct Run {
     /// Write to reconcile, µs, of the writes handed over.
     deliveries: Vec<u64>,
+    /// Of each, the time after the API server answered the write, µs: the watch's and the
+    /// tier's part, without the write's own round trip.
+    after_answers: Vec<u64>,
     /// Writes not handed over within [`LOST_AFTER`].
     lost: usize,
     /// `/healthz` answer times, µs; a probe with no answer within 1 s counts as 1 s.
@@ -265,6 +268,9 @@ struct Figures {
     p99_ms: f64,
     /// `p99_ms` divided by the baseline's.
     p99_over_baseline: f64,
+    /// From the API server's answer to the write to its hand-over, p99 of each run, ms: the
+    /// write-to-reconcile time without the write's own round trip.
+    after_answer_p99_ms: f64,
     /// Writes not handed over within 10 s, summed over the runs.
     lost: usize,
     /// `/healthz` answer time, p99 of each run, ms.
@@ -500,7 +506,11 @@ async fn one_run(
             .await
             .context("the legitimate controller")?
         {
-            Some(took) => run.deliveries.push(micros(took)),
+            Some(timed) => {
+                run.deliveries.push(micros(timed.took));
+                run.after_answers
+                    .push(micros(timed.took.saturating_sub(timed.answered)));
+            }
             None => run.lost += 1,
         }
     }

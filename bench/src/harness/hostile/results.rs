@@ -29,6 +29,7 @@ impl Results {
                     p50_ms: med(&rs, &|r| ms(&r.deliveries, 0.5)),
                     p99_ms: p99,
                     p99_over_baseline: p99 / baseline_p99,
+                    after_answer_p99_ms: med(&rs, &|r| ms(&r.after_answers, 0.99)),
                     lost: rs.iter().map(|r| r.lost).sum::<usize>(),
                     healthz_p99_ms: med(&rs, &|r| ms(&r.probes, 0.99)),
                     peak_rss_mib: med(&rs, &|r| mib(r.peak_rss)),
@@ -56,18 +57,19 @@ impl Results {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "| attack (median of {} runs, {} writes each) | bound that holds it | write to reconcile p50 (ms) | p99 (ms) | p99 / baseline | lost | `/healthz` p99 (ms) | dispatcher peak RSS (MiB) | attack calls or connections | refused or closed |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| attack (median of {} runs, {} writes each) | bound that holds it | write to reconcile p50 (ms) | p99 (ms) | p99 / baseline | from the write's answer p99 (ms) | lost | `/healthz` p99 (ms) | dispatcher peak RSS (MiB) | attack calls or connections | refused or closed |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             self.repeats, self.writes
         );
         for f in &self.attacks {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
+                "| {} | {} | {:.2} | {:.2} | {:.2}x | {:.2} | {} | {:.1} | {:.1} | {:.0} | {:.0} |",
                 f.attack.name(),
                 f.attack.bound(),
                 f.p50_ms,
                 f.p99_ms,
                 f.p99_over_baseline,
+                f.after_answer_p99_ms,
                 f.lost,
                 f.healthz_p99_ms,
                 f.peak_rss_mib,
