@@ -16,7 +16,6 @@ impl GroupQueue {
     /// ready keys.
     pub fn advance(&mut self, now: Instant) -> Vec<SessionId> {
         let mut wake = Vec::new();
-        let mut released = false;
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;
@@ -36,7 +35,8 @@ impl GroupQueue {
                     // itself by now.
                     if self.held.remove(&key) {
                         self.release(&key);
-                        released = true;
+                        // Placed at once, before the keys that become ready after it.
+                        wake.extend(self.rebalance());
                     // Not acknowledged within the maximum reconcile time: a failure, counted
                     // as expired rather than as an acknowledgement.
                     } else if let Some(&Flight {
@@ -49,9 +49,6 @@ impl GroupQueue {
                 }
                 State::Idle | State::Ready { .. } => {}
             }
-        }
-        if released {
-            wake.extend(self.rebalance());
         }
         dedup(wake)
     }

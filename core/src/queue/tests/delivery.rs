@@ -204,6 +204,25 @@ fn a_replaced_session_hands_its_keys_to_its_successor_and_moves_no_other() {
     q.check();
 }
 
+/// Keys that become ready in one advance of the clock are handed out in the order they became
+/// ready: a key held from a replaced session goes before a retry that falls due after it.
+#[test]
+fn a_held_key_released_before_a_retry_falls_due_goes_first() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    q.change("retried", change(Reason::Added, 1));
+    let failed = q.take(1, 1, now);
+    q.ack(1, failed[0].id, Outcome::Failure, now);
+    let retry_at = q.next_deadline().expect("the retry's timer");
+    q.change("held", change(Reason::Added, 1));
+    assert_eq!(keys(&q.take(1, 1, now)), ["held"]);
+    q.add_session_replacing(2, "a", &[(1, retry_at - MS)]);
+    q.advance(retry_at);
+    q.check();
+    assert_eq!(keys(&q.take(2, 10, retry_at)), ["held", "retried"]);
+}
+
 /// A change the watch's stream shows goes ahead of the keys a list brought, and a listed key
 /// whose object then changes moves ahead with it, delivered once at its new version. A listed
 /// change of a key waiting live leaves it where it is.
