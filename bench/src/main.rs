@@ -261,7 +261,7 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     println!("\n{table}");
     let section = produced(
         args.output.command("make bench-hostile"),
-        "one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it, all on loopback",
+        "one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it on threads of their own, all on loopback",
         &args.processes.bin_dir(),
         &table,
     );

@@ -29,7 +29,11 @@ fn config(dispatchers: usize, variant: Variant, budget: Budget) -> Config {
 const NO_FAULTS: Budget = Budget::NONE;
 
 fn replay(model: &Protocol, path: &[Action]) -> State {
-    let mut s = model.init_states().remove(0);
+    replay_from(model, model.init_states().remove(0), path)
+}
+
+/// [`replay`] from the state `s`.
+fn replay_from(model: &Protocol, mut s: State, path: &[Action]) -> State {
     for (i, a) in path.iter().enumerate() {
         let mut enabled = Vec::new();
         model.actions(&s, &mut enabled);
