@@ -228,6 +228,52 @@ fn a_deletion_of_a_key_held_by_a_handover_in_a_gap_of_its_watch_is_lost() {
     assert!(model.settles(&watched));
 }
 
+/// A lone dispatcher killed while a reconcile it handed out runs, its Lease deleted by hand,
+/// and restarted finds no Lease: no member saw the deletion, so nothing makes it wait, and it
+/// hands the key to another replica while the first still runs it (`dispatcher/HANDOVER.md`,
+/// "A Lease deleted without the mark"). Beside a second dispatcher, which saw the deletion,
+/// the same steps keep the key to one replica.
+#[test]
+fn a_lone_dispatcher_whose_lease_is_deleted_by_hand_while_dead_serves_at_once() {
+    use Action::*;
+    let budget = Budget {
+        dispatcher_crashes: 1,
+        lease_deletions: 1,
+        ..NO_FAULTS
+    };
+    let path = [
+        takes(0, 0).as_slice(),
+        &[Crash(0), DeleteLease(0), Restart(0), Tick],
+        &[Open(1, 0), Poll(1, 0), Arrive(1, 0)],
+    ]
+    .concat();
+    let alone = Protocol::new(config(1, Variant::SendTime, budget));
+    let s = replay(&alone, &path);
+    assert_eq!(running(&s), 1, "replica 0 still reconciles key 0");
+    let handed = replay_from(&alone, s, &[Answer(1, 0, 1), Receive(1, 0)]);
+    assert!(
+        !alone.exclusive(&handed),
+        "the key is kept to one replica after all: the model no longer shows the gap"
+    );
+    let beside = Protocol::new(config(2, Variant::SendTime, budget));
+    assert_eq!(beside.owner(beside.all(), 0), Some(0));
+    let s = replay(&beside, &path);
+    let mut enabled = Vec::new();
+    beside.actions(&s, &mut enabled);
+    assert_eq!(
+        s.dispatchers[0].settled, None,
+        "the restarted dispatcher hands out nothing"
+    );
+    assert!(
+        s.dispatchers[1].died[0] > 0,
+        "the other waits out the one that died"
+    );
+    assert!(
+        !enabled.contains(&Answer(1, 0, 1)),
+        "with a member that saw the deletion, the restarted dispatcher waits: {enabled:?}"
+    );
+}
+
 /// Two controller groups: dispatcher 1 stops, dispatcher 0 takes key 1 and hands it to a
 /// replica of each group; group 0's reconcile ends, group 1's still runs when dispatcher 1
 /// comes back. Dispatcher 0 releases the ring of two only once group 1's delivery is
