@@ -3,6 +3,7 @@
 
 use std::{
     net::SocketAddr,
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -90,25 +91,7 @@ pub(super) async fn launch(
             attackers.spawn_on(body_hog(api, hog, stop.clone(), counters), on);
         }
         Attack::HandshakeFlood => {
-            let tls = kube_dispatch_tests::flood::tls_connector(&fixture.ca)
-                .map_err(|e| anyhow::anyhow!("the flood's TLS client: {e}"))?;
-            let (grpc, stop_flood) = (d.grpc, stop.clone());
-            attackers.spawn_on(
-                async move {
-                    // Spawned from here, the flood's connections run where the attackers do.
-                    let mut held = JoinSet::new();
-                    kube_dispatch_tests::flood::flood(
-                        &mut held,
-                        grpc,
-                        (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
-                        &tls,
-                        &stop_flood,
-                    );
-                    while held.join_next().await.is_some() {}
-                    Ok(())
-                },
-                on,
-            );
+            attackers.spawn_on(flood(d.grpc, fixture.ca.clone(), stop.clone()), on);
             // The new replicas are what is measured: beside the legitimate controller.
             attackers.spawn(new_replicas(
                 (endpoint(&fixture.legit)?, fixture.legit.clone()),
@@ -130,6 +113,23 @@ pub(super) async fn launch(
             );
         }
     }
+    Ok(())
+}
+
+/// Holds the handshake flood on `grpc` (its TLS clients trusting `ca`) until `stop`; spawned
+/// where the attackers run, so its connections run there too.
+async fn flood(grpc: SocketAddr, ca: PathBuf, stop: CancellationToken) -> anyhow::Result<()> {
+    let tls = kube_dispatch_tests::flood::tls_connector(&ca)
+        .map_err(|e| anyhow::anyhow!("the flood's TLS client: {e}"))?;
+    let mut held = JoinSet::new();
+    kube_dispatch_tests::flood::flood(
+        &mut held,
+        grpc,
+        (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
+        &tls,
+        &stop,
+    );
+    while held.join_next().await.is_some() {}
     Ok(())
 }
 

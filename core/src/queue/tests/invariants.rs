@@ -50,118 +50,182 @@ fn prop_key(k: u8) -> String {
     format!("/ConfigMap/ns-{}/k{k}", k % 3)
 }
 
+/// The queue under random operations, with what the test expects of it.
+struct World {
+    now: Instant,
+    q: GroupQueue,
+    /// Deliveries handed out and not yet acknowledged, per session.
+    outstanding: HashMap<u64, Vec<DeliveryId>>,
+    /// Keys changed since their last delivery started.
+    owed: HashSet<String>,
+    /// The session of each replica slot: a reconnect gives it a new one.
+    ids: [u64; 4],
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            now: Instant::now(),
+            q: queue(),
+            outstanding: HashMap::default(),
+            owed: HashSet::new(),
+            ids: [0, 1, 2, 3],
+        }
+    }
+
+    /// Applies `op`; the invariants hold after it.
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Change(k, deleted) => {
+                let reason = if deleted {
+                    Reason::Deleted
+                } else {
+                    Reason::Modified
+                };
+                self.q.change(&prop_key(k), with_body(reason, 1, 20));
+                // A key the ring moved away is its new owner's to reconcile.
+                if !self.q.is_leaving(&prop_key(k)) {
+                    self.owed.insert(prop_key(k));
+                }
+            }
+            Op::AddSession(s) => {
+                self.q
+                    .add_session(self.ids[usize::from(s)], &format!("replica-{s}"));
+            }
+            Op::RemoveSession(s) => {
+                self.q.remove_session(self.ids[usize::from(s)]);
+                self.outstanding.remove(&self.ids[usize::from(s)]);
+            }
+            Op::CloseSession(s, ms) => {
+                self.q.remove_session_holding(
+                    self.ids[usize::from(s)],
+                    self.now + Duration::from_millis(u64::from(ms)),
+                );
+                self.outstanding.remove(&self.ids[usize::from(s)]);
+            }
+            Op::Reconnect(s, ms) => self.reconnect(s, ms),
+            Op::Take(s, n) => {
+                for d in self
+                    .q
+                    .take(self.ids[usize::from(s)], usize::from(n), self.now)
+                {
+                    self.owed.remove(&*d.key);
+                    self.outstanding
+                        .entry(self.ids[usize::from(s)])
+                        .or_default()
+                        .push(d.id);
+                }
+            }
+            Op::Ack(s, o) => self.ack(s, o),
+            Op::Advance(ms) => {
+                self.now += Duration::from_millis(u64::from(ms));
+                self.q.advance(self.now);
+            }
+            Op::Resync(k) => {
+                self.q.resync(&prop_key(k));
+            }
+            Op::Promote(k) => {
+                self.q.promote([prop_key(k).as_str()]);
+            }
+            Op::Listed(k) => {
+                self.q.change_in(
+                    &prop_key(k),
+                    with_body(Reason::Modified, 2, 20),
+                    Lane::Listed,
+                );
+                if !self.q.is_leaving(&prop_key(k)) {
+                    self.owed.insert(prop_key(k));
+                }
+            }
+            Op::TakeSmall(s) => {
+                for d in self
+                    .q
+                    .take_within(self.ids[usize::from(s)], 3, 300, self.now)
+                {
+                    self.owed.remove(&*d.key);
+                    self.outstanding
+                        .entry(self.ids[usize::from(s)])
+                        .or_default()
+                        .push(d.id);
+                }
+            }
+            Op::Forget(n, drain) => {
+                let moved = format!("/ns-{n}/");
+                self.q.forget_where(|key| key.contains(&moved), drain);
+                // Their new owner reconciles them; here they may still be delivered.
+                self.owed.retain(|key| !key.contains(&moved));
+            }
+        }
+        self.q.check();
+    }
+
+    /// The replica of slot `s` opens a new session, which replaces its old one (whose keys in
+    /// flight are held for `ms`).
+    fn reconnect(&mut self, s: u8, ms: u16) {
+        let old = self.ids[usize::from(s)];
+        let older = if self.q.has_session(old) {
+            vec![(old, self.now + Duration::from_millis(u64::from(ms)))]
+        } else {
+            Vec::new()
+        };
+        // Ids stay apart per replica: the slot's id plus 4 each time.
+        self.ids[usize::from(s)] += 4;
+        self.q
+            .add_session_replacing(self.ids[usize::from(s)], &format!("replica-{s}"), &older);
+        self.outstanding.remove(&old);
+    }
+
+    /// Session `s` acknowledges its last delivery: a success (`o` 0), a failure (1) or a
+    /// requeue (else).
+    fn ack(&mut self, s: u8, o: u8) {
+        if let Some(id) = self
+            .outstanding
+            .get_mut(&self.ids[usize::from(s)])
+            .and_then(|v| v.pop())
+        {
+            let outcome = match o {
+                0 => Outcome::Success,
+                1 => Outcome::Failure,
+                _ => Outcome::Requeue(Duration::from_millis(50)),
+            };
+            self.q.ack(self.ids[usize::from(s)], id, outcome, self.now);
+        }
+    }
+
+    /// Works the queue dry with one session: failures and requeues are retried, then done.
+    fn drain(&mut self) {
+        self.q.add_session(99, "drain");
+        for id in self.ids {
+            self.q.remove_session(id);
+        }
+        for _ in 0..1000 {
+            self.now += Duration::from_secs(2);
+            self.q.advance(self.now);
+            let batch = self.q.take(99, 100, self.now);
+            for d in &batch {
+                self.owed.remove(&*d.key);
+                self.q.ack(99, d.id, Outcome::Success, self.now);
+            }
+            self.q.check();
+            if batch.is_empty() && self.q.next_deadline().is_none() {
+                break;
+            }
+        }
+    }
+}
+
 proptest! {
     /// Whatever happens, the invariants hold, and once every session works the queue dry,
     /// every key changed after its last delivery began has been delivered again: nothing lost.
     #[test]
     fn nothing_is_lost_and_invariants_hold(ops in prop::collection::vec(op(), 1..200)) {
-        let mut now = Instant::now();
-        let mut q = queue();
-        let mut outstanding: HashMap<u64, Vec<DeliveryId>> = HashMap::default();
-        // Keys changed since their last delivery started.
-        let mut owed: HashSet<String> = HashSet::new();
-        // The session of each replica slot: a reconnect gives it a new one.
-        let mut ids: [u64; 4] = [0, 1, 2, 3];
+        let mut world = World::new();
         for op in ops {
-            match op {
-                Op::Change(k, deleted) => {
-                    let reason = if deleted { Reason::Deleted } else { Reason::Modified };
-                    q.change(&prop_key(k), with_body(reason, 1, 20));
-                    // A key the ring moved away is its new owner's to reconcile.
-                    if !q.is_leaving(&prop_key(k)) {
-                        owed.insert(prop_key(k));
-                    }
-                }
-                Op::AddSession(s) => {
-                    q.add_session(ids[usize::from(s)], &format!("replica-{s}"));
-                }
-                Op::RemoveSession(s) => {
-                    q.remove_session(ids[usize::from(s)]);
-                    outstanding.remove(&ids[usize::from(s)]);
-                }
-                Op::CloseSession(s, ms) => {
-                    q.remove_session_holding(ids[usize::from(s)], now + Duration::from_millis(u64::from(ms)));
-                    outstanding.remove(&ids[usize::from(s)]);
-                }
-                Op::Reconnect(s, ms) => {
-                    let old = ids[usize::from(s)];
-                    let older = if q.has_session(old) {
-                        vec![(old, now + Duration::from_millis(u64::from(ms)))]
-                    } else {
-                        Vec::new()
-                    };
-                    // Ids stay apart per replica: the slot's id plus 4 each time.
-                    ids[usize::from(s)] += 4;
-                    q.add_session_replacing(ids[usize::from(s)], &format!("replica-{s}"), &older);
-                    outstanding.remove(&old);
-                }
-                Op::Take(s, n) => {
-                    for d in q.take(ids[usize::from(s)], usize::from(n), now) {
-                        owed.remove(&*d.key);
-                        outstanding.entry(ids[usize::from(s)]).or_default().push(d.id);
-                    }
-                }
-                Op::Ack(s, o) => {
-                    if let Some(id) = outstanding.get_mut(&ids[usize::from(s)]).and_then(|v| v.pop()) {
-                        let outcome = match o {
-                            0 => Outcome::Success,
-                            1 => Outcome::Failure,
-                            _ => Outcome::Requeue(Duration::from_millis(50)),
-                        };
-                        q.ack(ids[usize::from(s)], id, outcome, now);
-                    }
-                }
-                Op::Advance(ms) => {
-                    now += Duration::from_millis(u64::from(ms));
-                    q.advance(now);
-                }
-                Op::Resync(k) => {
-                    q.resync(&prop_key(k));
-                }
-                Op::Promote(k) => {
-                    q.promote([prop_key(k).as_str()]);
-                }
-                Op::Listed(k) => {
-                    q.change_in(&prop_key(k), with_body(Reason::Modified, 2, 20), Lane::Listed);
-                    if !q.is_leaving(&prop_key(k)) {
-                        owed.insert(prop_key(k));
-                    }
-                }
-                Op::TakeSmall(s) => {
-                    for d in q.take_within(ids[usize::from(s)], 3, 300, now) {
-                        owed.remove(&*d.key);
-                        outstanding.entry(ids[usize::from(s)]).or_default().push(d.id);
-                    }
-                }
-                Op::Forget(n, drain) => {
-                    let moved = format!("/ns-{n}/");
-                    q.forget_where(|key| key.contains(&moved), drain);
-                    // Their new owner reconciles them; here they may still be delivered.
-                    owed.retain(|key| !key.contains(&moved));
-                }
-            }
-            q.check();
+            world.apply(op);
         }
-        // Work the queue dry with one session; failures and requeues are retried, then done.
-        q.add_session(99, "drain");
-        for id in ids {
-            q.remove_session(id);
-        }
-        for _ in 0..1000 {
-            now += Duration::from_secs(2);
-            q.advance(now);
-            let batch = q.take(99, 100, now);
-            for d in &batch {
-                owed.remove(&*d.key);
-                q.ack(99, d.id, Outcome::Success, now);
-            }
-            q.check();
-            if batch.is_empty() && q.next_deadline().is_none() {
-                break;
-            }
-        }
-        prop_assert!(owed.is_empty(), "changes never delivered: {:?}", owed);
-        prop_assert_eq!(q.ready_len(), 0);
-        prop_assert_eq!(q.body_bytes(), 0);
+        world.drain();
+        prop_assert!(world.owed.is_empty(), "changes never delivered: {:?}", world.owed);
+        prop_assert_eq!(world.q.ready_len(), 0);
+        prop_assert_eq!(world.q.body_bytes(), 0);
     }
 }
