@@ -123,8 +123,7 @@ fn a_deletion_before_a_restarted_dispatchers_group_is_made_is_lost_if_its_peer_r
     };
     // Key 0 is reconciled first, so the deletion is of an object the controllers saw.
     let path = [
-        takes(0, 0).as_slice(),
-        &[Finish(0, 0), AckArrives(0, 0, 0)],
+        reconciled().as_slice(),
         &[Crash(0), Restart(0), Change(0), Delete(0)],
         &[DeleteLease(1), Stop(1), Restart(1), Open(1, 1), Poll(1, 1)],
     ]
@@ -155,9 +154,9 @@ fn a_deletion_while_every_watch_is_broken_is_lost_if_its_owner_dies_before_deliv
     };
     let model = Protocol::new(config(2, Variant::SendTime, budget));
     assert_eq!(model.owner(model.all(), 0), Some(0));
-    let reconciled = [takes(0, 0).as_slice(), &[Finish(0, 0), AckArrives(0, 0, 0)]].concat();
+    let done = reconciled();
     let every_watch_broken = [
-        reconciled.as_slice(),
+        done.as_slice(),
         &[CutApi(0), CutApi(1), Delete(0), HealApi(0), HealApi(1)],
         &[Crash(0), Restart(0)],
     ]
@@ -168,7 +167,7 @@ fn a_deletion_while_every_watch_is_broken_is_lost_if_its_owner_dies_before_deliv
         "the deletion is delivered after all: the model no longer shows the gap"
     );
     let owner_broken = [
-        reconciled.as_slice(),
+        done.as_slice(),
         &[CutApi(0), Delete(0), HealApi(0)],
         &[Crash(0), Restart(0)],
     ]
@@ -195,8 +194,7 @@ fn a_deletion_of_a_key_held_by_a_handover_in_a_gap_of_its_watch_is_lost() {
     };
     let model = Protocol::new(config(2, Variant::SendTime, budget));
     assert_eq!(model.owner(model.all(), 0), Some(0));
-    let reconciled = [takes(0, 0).as_slice(), &[Finish(0, 0), AckArrives(0, 0, 0)]].concat();
-    let mut s = replay(&model, &[reconciled.as_slice(), &[Crash(0)]].concat());
+    let mut s = replay(&model, &[reconciled().as_slice(), &[Crash(0)]].concat());
     // Time passes until dispatcher 1 counts dispatcher 0 gone and owns key 0, which it holds
     // until its handover completes (the dead owner's bound). Replica 0 fences its session on
     // the dead dispatcher when its clock says so, before time passes further.

@@ -49,6 +49,12 @@ fn running(s: &State) -> usize {
     s.replicas.iter().filter(|r| r.running[0].is_some()).count()
 }
 
+/// Replica 0 reconciles key 0 on dispatcher 0 to the end: taken, finished, acknowledged.
+fn reconciled() -> Vec<Action> {
+    use Action::*;
+    [takes(0, 0).as_slice(), &[Finish(0, 0), AckArrives(0, 0, 0)]].concat()
+}
+
 /// Replica `r` opens a session on dispatcher `d`, polls, and starts reconciling key 0.
 fn takes(r: u8, d: u8) -> [Action; 5] {
     use Action::*;
