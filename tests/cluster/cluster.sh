@@ -171,8 +171,8 @@ make_kubelet_client_cert() {
 make_dispatch_pki() {
   local name
   for name in kube-dispatch kube-dispatch-next; do
-    [[ -f $pki/$name.crt && -f $pki/$name.key ]] &&
-      openssl x509 -in "$pki/$name.crt" -noout -text | grep -q 'id-ecPublicKey' && continue
+    [[ -f $pki/$name.crt && -f $pki/$name.key &&
+      $(openssl x509 -in "$pki/$name.crt" -noout -text) == *id-ecPublicKey* ]] && continue
     (
       cd "$pki"
       openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$name" \
