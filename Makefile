@@ -95,7 +95,7 @@ bench-security: ## What TLS and token reviews cost: latency with security off an
 	target/dist/kube-dispatch-bench security
 
 .PHONY: bench-hostile
-bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into its page in bench/results/: REPEATS, WRITES, ATTACKS (e.g. reconnect-storm; the baseline always runs)
+bench-hostile: ## A legitimate controller's write-to-reconcile p50/p99 and losses alone and under each attack of the threat table at its bound, with the dispatcher's peak RSS (~1 min), into its page in bench/results/: REPEATS, WRITES, ATTACKS (e.g. reconnect-storm; the baseline always runs; KD_BENCH_OUT=/tmp/x.md keeps the page)
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
 	target/dist/kube-dispatch-bench hostile $${REPEATS:+--repeats $$REPEATS} $${WRITES:+--writes $$WRITES} $${ATTACKS:+--attacks $$ATTACKS} --command "make bench-hostile$${REPEATS:+ REPEATS=$$REPEATS}$${WRITES:+ WRITES=$$WRITES}$${ATTACKS:+ ATTACKS=$$ATTACKS}"

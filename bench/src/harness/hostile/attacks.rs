@@ -76,19 +76,9 @@ pub(super) async fn launch(
             );
         }
         Attack::BodyHog => {
-            let channel = endpoint(&fixture.hog)?.connect().await?;
-            let client = DispatcherClient::with_interceptor(channel, fixture.hog.bearer());
-            let hog = TestSession::open_with(
-                client,
-                "hog",
-                "hog-0",
-                vec![subscription("v1", "ConfigMap", fixture.hog_ns.name())],
-            )
-            .await
-            .context("the hog's OpenSession")?;
-            let api: Api<ConfigMap> =
-                Api::namespaced(fixture.hog_ns.client(), fixture.hog_ns.name());
-            attackers.spawn_on(body_hog(api, hog, stop.clone(), counters), on);
+            let hog = (endpoint(&fixture.hog)?, fixture.hog.clone());
+            let namespace = fixture.hog_ns.name().to_owned();
+            attackers.spawn_on(body_hog(hog, namespace, stop.clone(), counters), on);
         }
         Attack::HandshakeFlood => {
             attackers.spawn_on(flood(d.grpc, fixture.ca.clone(), stop.clone()), on);
@@ -382,14 +372,30 @@ async fn connections(
     Ok(())
 }
 
-/// Another tenant's group over 40 ConfigMaps of 1000 KiB, rewritten one after another all
-/// along; its session is kept alive with empty acks and never polls.
+/// Another tenant's group over 40 ConfigMaps of 1000 KiB in `namespace`, rewritten one after
+/// another all along; its session (on `endpoint` with `credentials`) is kept alive with empty
+/// acks and never polls. Its connections and its API client are made here, on the attackers'
+/// runtime.
 async fn body_hog(
-    api: Api<ConfigMap>,
-    mut hog: TestSession,
+    (endpoint, credentials): (tonic::transport::Endpoint, Credentials),
+    namespace: String,
     stop: CancellationToken,
     (attempts, _refused): Counters,
 ) -> anyhow::Result<()> {
+    let client =
+        DispatcherClient::with_interceptor(endpoint.connect().await?, credentials.bearer());
+    let mut hog = TestSession::open_with(
+        client,
+        "hog",
+        "hog-0",
+        vec![subscription("v1", "ConfigMap", &namespace)],
+    )
+    .await
+    .context("the hog's OpenSession")?;
+    let api: Api<ConfigMap> = Api::namespaced(
+        kube_dispatch_tests::Cluster::shared().client().await?,
+        &namespace,
+    );
     let mut round = 0u64;
     let mut renewed = Instant::now();
     while !stop.is_cancelled() {
