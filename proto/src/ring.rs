@@ -191,13 +191,9 @@ impl Ring {
     /// The ring of sorted, distinct `members` whose points, collisions included, are `points`,
     /// sorted by point, then member.
     fn of_points(members: Vec<String>, key: RingKey, points: Vec<VirtualNode>) -> Self {
-        let mut placing = points.clone();
-        // On a (vanishingly rare) collision the member that sorts first keeps the point, so
-        // every implementation agrees.
-        placing.dedup_by_key(|n| n.point);
         let mut ring = HashRing::with_hasher(BuildNoHashHasher::default());
         // Sorted already, which the ring's sort finds in one pass.
-        ring.batch_add(placing);
+        ring.batch_add(placing(&points));
         Self {
             members,
             key,
@@ -235,12 +231,9 @@ impl Ring {
             .collect()
     }
 
-    /// The points that place keys, sorted: on a collision, the one of the member that sorts
-    /// first.
+    /// The points that place keys, sorted ([`placing`]).
     fn placing_points(&self) -> Vec<VirtualNode> {
-        let mut points = self.points.clone();
-        points.dedup_by_key(|n| n.point);
-        points
+        placing(&self.points)
     }
 
     /// The members, sorted.
@@ -364,6 +357,15 @@ impl Ring {
         // The arcs sum to 2^64.
         owned as f64 / 18_446_744_073_709_551_616.0
     }
+}
+
+/// Of `points` (every member's, collisions included, sorted by point, then member), those that
+/// place keys: on a (vanishingly rare) collision the member that sorts first keeps the point,
+/// so every implementation agrees.
+fn placing(points: &[VirtualNode]) -> Vec<VirtualNode> {
+    let mut placing = points.to_vec();
+    placing.dedup_by_key(|n| n.point);
+    placing
 }
 
 #[cfg(test)]
