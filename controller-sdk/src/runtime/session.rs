@@ -9,7 +9,7 @@ use kube_dispatch_proto::{
     credentials::AuthChannel,
     v1::{
         AckItem, AckRequest, CloseSessionRequest, OpenSessionResponse, PollRequest, Reason,
-        ReconcileRequest, Requeue, ack_item, dispatcher_client::DispatcherClient,
+        ReconcileRequest, dispatcher_client::DispatcherClient,
     },
 };
 use tokio::{
@@ -209,7 +209,7 @@ impl<T: Types> Polls<'_, T> {
             // carries deliveries it counts as in flight here, and an answer that never arrives
             // leaves them there until the session would have expired (a ttl: seconds in which
             // nobody reconciles those keys). The poll is answered within its wait, and what it
-            // delivers then is handed straight back (below).
+            // delivers then runs here before the session closes (below).
             // Named dead meanwhile: the session is given up, with what the poll may hand out
             // (the others wait for this replica's report before they hand its keys to anyone).
             let named_dead = self.named_dead.clone();
@@ -234,12 +234,12 @@ impl<T: Types> Polls<'_, T> {
                 continue;
             }
             if stop.is_cancelled() {
-                // Stopping: not run here. Requeued, they go to another replica once this
-                // session closes (its running reconciles end first), not when it would have
-                // expired.
-                for request in &requests {
-                    let _ = self.ack_tx.send(not_run_here(request));
-                }
+                // Stopping: what this answer delivered runs here, in the drain that follows,
+                // like every reconcile already running. Handed back, it would reach another
+                // replica only once this session closed (its running reconciles end first),
+                // and without the objects the dispatcher sent here, which that replica would
+                // then read from the API server: a rollout would cost reads.
+                self.spawn_reconciles(requests, delivered);
                 return Ok(());
             }
             self.spawn_reconciles(requests, delivered);
@@ -387,18 +387,6 @@ pub(super) enum Lost {
     /// worked, so the next attempt starts the backoff afresh and follows a restarted
     /// dispatcher within a moment instead of after the delays earlier failures grew.
     Ended(tonic::Status),
-}
-
-/// Acknowledges a delivery this replica will not run, for the dispatcher to deliver again at
-/// once (a requeue after a millisecond), without counting a failure.
-fn not_run_here(request: &ReconcileRequest) -> AckItem {
-    AckItem {
-        delivery_id: request.delivery_id,
-        outcome: Some(ack_item::Outcome::Requeue(Requeue {
-            after: prost_types::Duration::try_from(Duration::from_millis(1)).ok(),
-        })),
-        memo: request.memo.clone(),
-    }
 }
 
 fn not_renewed() -> tonic::Status {

@@ -241,14 +241,15 @@ async fn a_replica_stopping_keeps_its_session_until_its_reconciles_end() -> Test
 }
 
 /// A replica told to stop while the dispatcher's answer to its poll is on its way (here a slow
-/// path, 500 ms each way) still takes that answer and hands what it delivers straight back, so
-/// the dispatcher gives the key to another replica as soon as the session has closed (nothing
-/// else runs on it here). A replica that dropped the poll
-/// left the delivery in flight on its session until the session expired (a ttl), and nobody
-/// reconciled the change meanwhile (8 s in the e2e's rolling update, when the load balancer
-/// moved a dispatcher to another replica).
+/// path, 500 ms each way) still takes that answer and runs what it delivers before its session
+/// closes, as it lets every running reconcile finish: the change is reconciled at once, with
+/// the object the dispatcher sent, and no other replica runs the key meanwhile. A replica that
+/// dropped the poll left the delivery in flight on its session until the session expired (a
+/// ttl), and nobody reconciled the change meanwhile (8 s in the e2e's rolling update, when the
+/// load balancer moved a dispatcher to another replica); one that handed it back sent it to
+/// another replica only once its session closed, without its object, which that replica read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_stopping_with_an_answer_on_its_way_hands_it_back() -> TestResult {
+async fn a_replica_stopping_with_an_answer_on_its_way_runs_it_before_it_closes() -> TestResult {
     const SLOW: Duration = Duration::from_millis(500);
     // Long enough that A's poll (which waits a quarter of it, at most 5 s) is still waiting at
     // the dispatcher when the change comes, and that its expiry is far past the bound below.
@@ -288,34 +289,38 @@ async fn a_replica_stopping_with_an_answer_on_its_way_hands_it_back() -> TestRes
     tokio::time::sleep(SLOW / 2).await;
     stop_a.cancel();
     let stop_b = replica_b(&client, &ns, dispatcher.addr.to_string(), &journal).await;
-    let by_b = reconciled_by(&journal, &key, "replica-b");
-    assert!(
-        until(Duration::from_secs(10), by_b).await,
-        "replica B did not get the change within 10 s: A's delivery was left in flight until its session would expire"
-    );
-    let b = journal
-        .reconciles()
-        .into_iter()
-        .find(|r| r.key == key && r.replica == "replica-b")
-        .ok_or("B's reconcile is missing")?;
-    let after = b.start.saturating_duration_since(written);
-    println!("replica B began the change {after:?} after it was written");
-    // The answer's way to A and A's hand-back on its way to the dispatcher, over a path that
-    // forwards each chunk 500 ms late, one after another (2 to 3 s here), against A's session
-    // expiring 20 s after the answer.
-    assert!(
-        after < A_TTL / 4,
-        "the change reached replica B {after:?} after it was written"
-    );
-    assert_eq!(
+    let changed = || {
         journal
             .reconciles()
-            .iter()
-            .filter(|r| r.key == key && r.replica == "replica-a")
-            .count(),
-        1,
-        "replica A ran the change although it was stopping"
+            .into_iter()
+            .filter(|r| r.key == key && r.replica == "replica-a" && r.end.is_some())
+            .nth(1)
+    };
+    assert!(
+        until(Duration::from_secs(10), || changed().is_some()).await,
+        "replica A did not run the change it had in hand within 10 s: it was left in flight until its session would expire"
     );
+    let a = changed().ok_or("A's second reconcile is missing")?;
+    let after = a.start.saturating_duration_since(written);
+    println!("replica A began the change {after:?} after it was written, while stopping");
+    // The answer's way to A over a path that forwards each chunk 500 ms late, against A's
+    // session expiring 20 s after the answer.
+    assert!(
+        after < A_TTL / 4,
+        "the change was begun {after:?} after it was written"
+    );
+    let a_end = a.end.ok_or("A's reconcile has no end")?;
+    for b in journal
+        .reconciles()
+        .iter()
+        .filter(|r| r.key == key && r.replica == "replica-b")
+    {
+        assert!(
+            b.start >= a_end,
+            "replica B began the key at {:?} while A ran it until {a_end:?}",
+            b.start
+        );
+    }
     stop_b.cancel();
     Ok(())
 }

@@ -611,8 +611,8 @@ async fn a_trigger_is_refused_for_other_kinds_and_past_its_bound_and_adds_no_key
 /// taken for one already told and nothing was delivered: a Mirror on the real node never heard
 /// that its ConfigMap was gone), and a replica that stops as the deletion reaches it hands the
 /// key on to the other replica of the group, whether the deletion answered a poll it still had
-/// waiting (it acknowledges the delivery as a requeue, as the SDKs do with what arrives once
-/// they stop, and closes its session) or arrived after its last poll (queued for it, then its
+/// waiting (it acknowledges the delivery as a requeue, as the Go SDK does with what arrives
+/// once controller-runtime's workers have stopped, and closes its session) or arrived after its last poll (queued for it, then its
 /// session closes).
 #[tokio::test]
 async fn a_named_objects_deletion_reaches_another_replica_when_its_replica_stops() -> TestResult {
