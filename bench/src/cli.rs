@@ -111,6 +111,22 @@ pub(crate) enum Bench {
     /// etcd's CPU, its LIST requests and the bytes it sent. Written into the `shards` section
     /// of `--out`.
     Shards(ShardsArgs),
+
+    /// The events a controller meets every day, each controller in the shape it runs in
+    /// production (`make bench-daily`).
+    ///
+    /// `--objects` ConfigMaps, and each `--shapes`: a kube-rs controller as two replicas with a
+    /// cold standby (kube-lease-manager), controller-runtime as two replicas under its leader
+    /// election with a cold standby and with a warm one (EnableWarmup; both need
+    /// `--controller-runtime`), and the tier (`--dispatchers` dispatchers, the load balancer and
+    /// a standby one, two SDK replicas). Each starts cold, reconciles every object, then meets,
+    /// while `--writes` objects are written in turn every `--write-interval`: a steady window
+    /// (each of them written once), a rollout of its replicas one at a time (new one ready, old
+    /// one sent SIGTERM), and for the tier a rolling upgrade of its dispatchers. Per event: the
+    /// API server's CPU, above what the steady window's rate would have spent in as long, its
+    /// requests on ConfigMaps, and write-to-reconcile p50, p99 and max; `--repeats` runs of each
+    /// shape, medians. Written into the `daily` section of `--out`.
+    Daily(DailyArgs),
 }
 
 /// Where a benchmark writes its results.
@@ -334,6 +350,58 @@ pub(crate) struct ShardsArgs {
     /// Pause between two timed writes.
     #[arg(long, env = "KD_BENCH_WRITE_INTERVAL", value_parser = humantime::parse_duration, default_value = "10ms")]
     pub(crate) write_interval: Duration,
+
+    /// Where the processes' binaries are, and where they log.
+    #[command(flatten)]
+    pub(crate) processes: Processes,
+
+    /// Where the results go.
+    #[command(flatten)]
+    pub(crate) output: Output,
+}
+
+/// The flags of `daily`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DailyArgs {
+    /// ConfigMaps the controllers reconcile (one count).
+    #[arg(long, env = "KD_BENCH_OBJECTS", default_value_t = 10_000, value_parser = positive())]
+    pub(crate) objects: usize,
+
+    /// Size of each object's `config.yaml`, bytes.
+    #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = OBJECT_BYTES)]
+    pub(crate) object_bytes: usize,
+
+    /// The shapes, comma-separated, run in turn (rotating with each repeat).
+    #[arg(
+        long,
+        env = "KD_BENCH_SHAPES",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "kube-rs-standby,controller-runtime-leader,controller-runtime-warm,tier"
+    )]
+    pub(crate) shapes: Vec<crate::harness::run::daily::Shape>,
+
+    /// Runs of each shape; tables show medians.
+    #[arg(long, env = "KD_BENCH_REPEATS", default_value_t = 3, value_parser = positive())]
+    pub(crate) repeats: usize,
+
+    /// Dispatchers in the tier.
+    #[arg(long, env = "KD_BENCH_DISPATCHERS", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub(crate) dispatchers: u16,
+
+    /// Objects the writer changes in turn, spread over them all; the steady window writes each
+    /// once.
+    #[arg(long, env = "KD_BENCH_WRITES", default_value_t = 100, value_parser = positive())]
+    pub(crate) writes: usize,
+
+    /// Pause between two writes.
+    #[arg(long, env = "KD_BENCH_WRITE_INTERVAL", value_parser = humantime::parse_duration, default_value = "100ms")]
+    pub(crate) write_interval: Duration,
+
+    /// The benchmark controller on controller-runtime (Go), for its shapes;
+    /// `bench/controller-runtime/build.sh` builds it and prints its path.
+    #[arg(long, env = "KD_BENCH_CONTROLLER_RUNTIME")]
+    pub(crate) controller_runtime: Option<PathBuf>,
 
     /// Where the processes' binaries are, and where they log.
     #[command(flatten)]

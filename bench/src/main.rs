@@ -1,7 +1,7 @@
 //! `kube-dispatch-bench`: runs the same controller as a kube-rs `Controller` and on
 //! kube-dispatch, on the same objects of a real API server, and prints what each used. Each
 //! benchmark is a subcommand (`compare`, `security`, `hostile`, `metrics`, `ceiling`,
-//! `shards`); run them through `make bench` and the `make bench-*` targets, which build the
+//! `shards`, `daily`); run them through `make bench` and the `make bench-*` targets, which build the
 //! binaries they start as kube-dispatch ships them (cargo's `dist` profile) and the control
 //! plane.
 
@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Parser;
-use cli::{Bench, CeilingArgs, Cli, HostileArgs, MetricsArgs, SecurityArgs, ShardsArgs};
+use cli::{Bench, CeilingArgs, Cli, DailyArgs, HostileArgs, MetricsArgs, SecurityArgs, ShardsArgs};
 use harness::{
     apiserver::ControlPlane,
     objects::{Kind, populate},
@@ -42,6 +42,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Metrics(args) => metrics(args).await,
         Bench::Ceiling(args) => ceiling(args).await,
         Bench::Shards(args) => shards(args).await,
+        Bench::Daily(args) => daily(args).await,
     }
 }
 
@@ -284,4 +285,75 @@ async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
         &table,
     );
     args.output.write("metrics", &section, &results)
+}
+
+/// `daily`: a controller's rollout and the tier's rolling upgrade, each controller in its
+/// production shape, written into the `daily` section.
+async fn daily(args: DailyArgs) -> anyhow::Result<()> {
+    use harness::run::daily::{self, Shape};
+    let needs_go = args.shapes.iter().any(|s| s.is_controller_runtime());
+    anyhow::ensure!(
+        !needs_go || args.controller_runtime.is_some(),
+        "the controller-runtime shapes need --controller-runtime (bench/controller-runtime/build.sh builds it)"
+    );
+    let binaries = args
+        .processes
+        .binaries(args.controller_runtime.clone(), None)?;
+    let plane = Plane::connect().await?;
+    let kind = Kind::ConfigMap;
+    let namespace = objects_namespace(kind.flag(), args.objects, args.object_bytes);
+    populate(
+        &plane.client,
+        kind,
+        &namespace,
+        args.objects,
+        args.object_bytes,
+    )
+    .await?;
+    let setup = Setup {
+        client: &plane.client,
+        kubeconfig: plane.kubeconfig,
+        binaries: &binaries,
+        control_plane: plane.control_plane,
+        kinds: &[kind],
+        namespace: &namespace,
+        objects: args.objects,
+        namespaces: 1,
+        groups: 1,
+        dispatchers: usize::from(args.dispatchers),
+        writes: args.writes,
+        write_interval: args.write_interval,
+        log_dir: &args.processes.logs,
+        ring_key: None,
+        nonce: now_micros(),
+        children: 0,
+        profile_apiserver: false,
+    };
+    let mut runs = Vec::new();
+    let mut shapes: Vec<Shape> = args.shapes.clone();
+    shapes.dedup();
+    for run in 0..args.repeats {
+        for shape in &shapes {
+            println!("bench-daily: run {} of {}: {shape}", run + 1, args.repeats);
+            runs.extend(setup.daily(*shape, run).await?);
+        }
+        shapes.rotate_left(1);
+    }
+    let table = daily::table(&runs);
+    println!("\n{table}");
+    let section = produced(
+        args.output.command("make bench-daily"),
+        &format!(
+            "{} ConfigMaps of {} bytes; {} dispatchers; two replicas of every controller; {} objects written in turn every {}; security off",
+            args.objects,
+            args.object_bytes,
+            args.dispatchers,
+            args.writes,
+            humantime::format_duration(args.write_interval),
+        ),
+        &args.processes.bin_dir(),
+        &table,
+    );
+    args.output
+        .write("daily", &section, &daily::Figures { runs: &runs })
 }

@@ -38,10 +38,20 @@
 //! With `--selector`, the children are selected by it too (they carry their owner's label):
 //! the kube-rs watcher of children with that label selector, the SDK's `owns_labelled`.
 //!
-//! Every reconcile prints `reconcile <unix micros> <namespace>/<name> <resourceVersion>` on
-//! stdout as it starts; logs go to stderr.
+//! With `--leader-elect LEASE` (the kube-rs runtimes), the shape kube-rs controllers run in
+//! production: two or more replicas, one leading through that Lease in `--namespace`, taken and
+//! kept with `kube-lease-manager` (15 s duration, 2 s grace, given up on a clean stop), the
+//! standby cold: it starts its `Controller`, watch and cache only once it leads, and exits if
+//! it stops leading.
+//!
+//! Every process prints `ready` on stdout once its client is built, which is when a readiness
+//! probe of a controller pod first passes, and every reconcile prints
+//! `reconcile <unix micros> <namespace>/<name> <resourceVersion>` as it starts; logs go to
+//! stderr.
 
-use std::{fmt::Debug, io::Write, sync::Arc, time::Duration};
+use std::{fmt::Debug, future::Future, io::Write, pin::Pin, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
 
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
@@ -52,7 +62,9 @@ use kube::{
     runtime::{controller, watcher},
 };
 use kube_dispatch_bench::{ANNOTATION, Content, ReconcileStart, Record, content_hash, now_micros};
+use kube_lease_manager::LeaseManagerBuilder;
 use serde::{Serialize, de::DeserializeOwned};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// The benchmark controller: keeps a content-hash annotation on every object of one namespace.
 #[derive(Parser, Debug)]
@@ -103,6 +115,12 @@ struct Args {
     /// spares the read of an owner whose child changed, for that much memory.
     #[arg(long, env = "KD_BENCH_RECENT_OBJECTS")]
     recent_objects: Option<u64>,
+
+    /// Leads through this Lease in `--namespace` before starting the controller, as one of
+    /// several replicas (the kube-rs runtimes, ConfigMaps or Records without children); the
+    /// replica's identity is `POD_NAME`.
+    #[arg(long, env = "KD_BENCH_LEADER_ELECT", value_name = "LEASE")]
+    leader_elect: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -316,20 +334,73 @@ fn error_policy_dispatch<T, C>(
     kube_dispatch_controller::Action::requeue(Duration::from_secs(1))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs `run` while this replica leads through `lease` (`--leader-elect`): a cold standby until
+/// then, as kube-rs controllers run with `kube-lease-manager`. Gives the Lease up when `run`
+/// ends (on SIGTERM, through the controller's `shutdown_on_signal`) or when SIGTERM comes while
+/// standing by; fails if the Lease is lost while leading, as such a controller exits then.
+async fn lead(
+    client: Client,
+    lease: &str,
+    namespace: &str,
+    run: Pin<Box<dyn Future<Output = ()> + '_>>,
+) -> anyhow::Result<()> {
+    let identity = std::env::var("POD_NAME").context("--leader-elect needs POD_NAME")?;
+    let manager = LeaseManagerBuilder::new(client, lease)
+        .with_namespace(namespace)
+        .with_identity(&identity)
+        .with_duration(LEASE_SECONDS)
+        .with_grace(LEASE_GRACE_SECONDS)
+        .build()
+        .await?;
+    let (mut leading, election) = manager.watch().await;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let led = tokio::select! {
+        changed = leading.wait_for(|leads| *leads) => { changed?; true }
+        _ = terminate.recv() => false,
+    };
+    let outcome = if led {
+        eprintln!("{identity}: leading through the Lease {lease}");
+        tokio::select! {
+            () = run => Ok(()),
+            lost = leading.wait_for(|leads| !*leads) => {
+                lost?;
+                Err(anyhow::anyhow!("{identity}: lost the Lease {lease}"))
+            }
+        }
+    } else {
+        Ok(())
+    };
+    // Dropping the receiver ends the election, which gives the Lease up if held.
+    drop(leading);
+    election.await??;
+    outcome
+}
+
+/// The Lease of `--leader-elect`: controller-runtime's default duration, and a grace of one of
+/// its retry periods.
+const LEASE_SECONDS: u64 = 15;
+const LEASE_GRACE_SECONDS: u64 = 2;
+
+/// Refuses flags that do not go together.
+fn check(args: &Args) -> anyhow::Result<()> {
     let Args {
         runtime,
         kind,
         namespace,
         selector,
-        name,
-        concurrency,
         children,
-        children_from,
-        recent_objects,
-    } = Args::parse();
-    if children > 0 {
+        leader_elect,
+        ..
+    } = args;
+    if leader_elect.is_some() {
+        anyhow::ensure!(
+            matches!(runtime, Runtime::KubeRs | Runtime::KubeRsStreaming)
+                && *children == 0
+                && !namespace.is_empty(),
+            "--leader-elect needs the kube-rs or kube-rs-streaming runtime, a --namespace for its Lease, and no --children"
+        );
+    }
+    if *children > 0 {
         anyhow::ensure!(
             matches!(kind, Kind::Record) && matches!(runtime, Runtime::KubeRs | Runtime::Dispatch),
             "--children needs --kind record and the kube-rs or dispatch runtime"
@@ -341,6 +412,75 @@ async fn main() -> anyhow::Result<()> {
             "the kube-rs-metadata runtime needs --namespace and takes no --selector"
         );
     }
+    Ok(())
+}
+
+/// The controller `args` ask for, to run.
+fn controller(args: &Args, client: Client) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+    let Args {
+        runtime,
+        kind,
+        namespace,
+        selector,
+        name,
+        concurrency,
+        children,
+        children_from,
+        recent_objects,
+        ..
+    } = args;
+    let (runtime, ns, concurrency, children) =
+        (*runtime, namespace.as_str(), *concurrency, *children);
+    match (runtime, kind) {
+        (Runtime::KubeRs, Kind::Record) if children > 0 => Box::pin(run_kube_rs_owners(
+            client,
+            (ns, selector),
+            concurrency,
+            children,
+        )),
+        (Runtime::Dispatch, Kind::Record) if children > 0 => Box::pin(run_dispatch_owners(
+            client,
+            name,
+            (ns, selector),
+            concurrency,
+            (children, *children_from),
+            *recent_objects,
+        )),
+        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::ConfigMap) => {
+            let config = watcher_config(runtime, selector);
+            Box::pin(run_kube_rs::<ConfigMap>(client, ns, config, concurrency))
+        }
+        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::Record) => {
+            let config = watcher_config(runtime, selector);
+            Box::pin(run_kube_rs::<Record>(client, ns, config, concurrency))
+        }
+        (Runtime::KubeRsMetadata, Kind::ConfigMap) => {
+            Box::pin(run_kube_rs_metadata::<ConfigMap>(client, ns, concurrency))
+        }
+        (Runtime::KubeRsMetadata, Kind::Record) => {
+            Box::pin(run_kube_rs_metadata::<Record>(client, ns, concurrency))
+        }
+        (Runtime::Dispatch, Kind::ConfigMap) => Box::pin(run_dispatch::<ConfigMap>(
+            client,
+            name,
+            ns,
+            selector,
+            concurrency,
+        )),
+        (Runtime::Dispatch, Kind::Record) => Box::pin(run_dispatch::<Record>(
+            client,
+            name,
+            ns,
+            selector,
+            concurrency,
+        )),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    check(&args)?;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -349,42 +489,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let client = Client::try_default().await?;
-    let ns = namespace.as_str();
-    match (runtime, kind) {
-        (Runtime::KubeRs, Kind::Record) if children > 0 => {
-            run_kube_rs_owners(client, (ns, &selector), concurrency, children).await;
-        }
-        (Runtime::Dispatch, Kind::Record) if children > 0 => {
-            run_dispatch_owners(
-                client,
-                &name,
-                (ns, &selector),
-                concurrency,
-                (children, children_from),
-                recent_objects,
-            )
-            .await;
-        }
-        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::ConfigMap) => {
-            let config = watcher_config(runtime, &selector);
-            run_kube_rs::<ConfigMap>(client, ns, config, concurrency).await
-        }
-        (Runtime::KubeRs | Runtime::KubeRsStreaming, Kind::Record) => {
-            let config = watcher_config(runtime, &selector);
-            run_kube_rs::<Record>(client, ns, config, concurrency).await
-        }
-        (Runtime::KubeRsMetadata, Kind::ConfigMap) => {
-            run_kube_rs_metadata::<ConfigMap>(client, ns, concurrency).await;
-        }
-        (Runtime::KubeRsMetadata, Kind::Record) => {
-            run_kube_rs_metadata::<Record>(client, ns, concurrency).await;
-        }
-        (Runtime::Dispatch, Kind::ConfigMap) => {
-            run_dispatch::<ConfigMap>(client, &name, ns, &selector, concurrency).await
-        }
-        (Runtime::Dispatch, Kind::Record) => {
-            run_dispatch::<Record>(client, &name, ns, &selector, concurrency).await
-        }
+    println!("ready");
+    let run = controller(&args, client.clone());
+    match &args.leader_elect {
+        Some(lease) => lead(client, lease, &args.namespace, run).await?,
+        None => run.await,
     }
     Ok(())
 }

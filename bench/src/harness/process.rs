@@ -11,7 +11,7 @@ use kube_dispatch_bench::ReconcileStart;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
-    sync::mpsc,
+    sync::{mpsc, watch},
 };
 
 /// Memory and CPU of one process, read just before it is stopped.
@@ -77,12 +77,18 @@ pub(crate) struct Component {
     child: Child,
     pid: u32,
     pub(crate) log: PathBuf,
+    /// Whether it has printed [`READY`] (only followed with `reconciles`).
+    ready: watch::Receiver<bool>,
 }
+
+/// The line a controller prints on stdout once it would pass a readiness probe.
+const READY: &str = "ready";
 
 impl Component {
     /// Starts `program` with `args` and `env` added to the harness's environment. Its stderr
     /// (and its stdout, unless `reconciles` is given) goes to `<log_dir>/<name>.log`. With
-    /// `reconciles`, every [`ReconcileStart`] line on its stdout is sent there.
+    /// `reconciles`, every [`ReconcileStart`] line on its stdout is sent there, and a [`READY`]
+    /// line marks it ready ([`Component::ready`]).
     pub(crate) fn spawn(
         name: &str,
         program: &Path,
@@ -112,11 +118,14 @@ impl Component {
         let pid = child
             .id()
             .with_context(|| format!("{name} exited at once"))?;
+        let (ready_tx, ready) = watch::channel(false);
         if let (Some(tx), Some(stdout)) = (reconciles, child.stdout.take()) {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(start) = line.parse::<ReconcileStart>()
+                    if line == READY {
+                        ready_tx.send_replace(true);
+                    } else if let Ok(start) = line.parse::<ReconcileStart>()
                         && tx.send(start).await.is_err()
                     {
                         break;
@@ -129,7 +138,50 @@ impl Component {
             child,
             pid,
             log,
+            ready,
         })
+    }
+
+    /// Waits until the process says it is ready; fails if it exits first or takes longer
+    /// than `bound`.
+    pub(crate) async fn ready(&mut self, bound: std::time::Duration) -> anyhow::Result<()> {
+        let mut ready = self.ready.clone();
+        let waited = tokio::select! {
+            waited = tokio::time::timeout(bound, ready.wait_for(|r| *r)) => waited,
+            error = self.exited() => return Err(error),
+        };
+        match waited {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => anyhow::bail!(
+                "{} closed its stdout before it was ready; see {}",
+                self.name,
+                self.log.display()
+            ),
+            Err(_) => anyhow::bail!(
+                "{} was not ready within {bound:?}; see {}",
+                self.name,
+                self.log.display()
+            ),
+        }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod, and waits until it has exited, at most `grace`
+    /// (then SIGKILL, as the kubelet does after the grace period): whether it exited in time.
+    pub(crate) async fn terminate(mut self, grace: std::time::Duration) -> bool {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));
+        if let Some(pid) = pid
+            && let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+        {
+            tracing::warn!(component = %self.name, error = %e, "cannot send SIGTERM");
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(_) => true,
+            Err(_) => {
+                tracing::warn!(component = %self.name, ?grace, "did not stop within its grace: killed");
+                self.kill().await;
+                false
+            }
+        }
     }
 
     /// Fails if the process has exited: none of them should before it is killed.

@@ -81,6 +81,8 @@ pub(crate) struct Tier {
     pub(crate) lb_port: u16,
     /// Each dispatcher's admin port (`/metrics`), in the order of `components`.
     pub(crate) dispatcher_admin: Vec<u16>,
+    /// Each dispatcher's environment, to start it again as it was.
+    pub(crate) dispatcher_env: Vec<Vec<(&'static str, String)>>,
 }
 
 /// What one run measured.
@@ -119,6 +121,7 @@ pub(crate) struct RunResult {
 }
 
 pub(crate) const VERBS: [&str; 5] = ["LIST", "WATCH", "GET", "PATCH", "APPLY"];
+pub(crate) mod daily;
 mod measure;
 mod processes;
 mod ready;

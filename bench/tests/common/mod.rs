@@ -87,6 +87,7 @@ pub(crate) enum Mode {
     Metrics,
     Ceiling,
     Shards,
+    Daily,
 }
 
 impl Mode {
@@ -96,6 +97,7 @@ impl Mode {
             Mode::Metrics => "metrics",
             Mode::Ceiling => "ceiling",
             Mode::Shards => "shards",
+            Mode::Daily => "daily",
         }
     }
 }

@@ -43,7 +43,7 @@ pub(super) struct Observations {
 impl Observations {
     /// When every group that reconciles `key`'s kind had started a reconcile of `key` after
     /// `write`; None until then, and if no group follows `key`.
-    fn reconciled_after(&self, key: &str, write: Write) -> Option<u64> {
+    pub(super) fn reconciled_after(&self, key: &str, write: Write) -> Option<u64> {
         let mut latest = None;
         for starts in self.written.iter().filter_map(|group| group.get(key)) {
             let at = starts
@@ -207,7 +207,7 @@ impl Setup<'_> {
     /// Waits until every controller group has reconciled every object: when the first and the
     /// last of those reconciles started (micros). A process that exits meanwhile (an incumbent
     /// giving up on its cache sync, say) fails the run at once rather than at the bound.
-    async fn cold_start(
+    pub(super) async fn cold_start(
         &self,
         variant: Variant,
         started: u64,

@@ -18,6 +18,23 @@ use super::{
 };
 use crate::harness::process::Component;
 
+/// A sender of group `group`'s reconcile lines, which reach `tx` tagged with the group.
+pub(super) fn group_channel(
+    group: usize,
+    tx: &mpsc::Sender<(usize, ReconcileStart)>,
+) -> mpsc::Sender<ReconcileStart> {
+    let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        while let Some(start) = group_rx.recv().await {
+            if tx.send((group, start)).await.is_err() {
+                break;
+            }
+        }
+    });
+    group_tx
+}
+
 impl Setup<'_> {
     /// Starts each controller group's replicas of `variant` (connected to the load balancer on
     /// `lb_port` when on the tier), each reconcile they print sent on `tx` tagged with the group.
@@ -31,16 +48,7 @@ impl Setup<'_> {
         let (program, count, args) = self.replica_command(variant)?;
         let mut replicas = Vec::new();
         for group in 0..self.groups {
-            // Each group's reconcile lines, tagged with the group.
-            let (group_tx, mut group_rx) = mpsc::channel::<ReconcileStart>(1024);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Some(start) = group_rx.recv().await {
-                    if tx.send((group, start)).await.is_err() {
-                        break;
-                    }
-                }
-            });
+            let group_tx = group_channel(group, tx);
             let args = [
                 ["--kind", self.group_kind(group).flag()]
                     .map(str::to_owned)
@@ -49,34 +57,50 @@ impl Setup<'_> {
             ]
             .concat();
             for i in 0..count {
-                let name = if self.groups == 1 {
-                    format!("bench-controller-{i}")
-                } else {
-                    format!("bench-controller-{group}-{i}")
-                };
-                let env = [
-                    ("KUBECONFIG", self.kubeconfig.display().to_string()),
-                    ("POD_NAME", name.clone()),
-                    ("KD_BENCH_NAME", group_name(group)),
-                    ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
-                    ("KD_INSECURE", SECURITY_OFF.to_owned()),
-                    ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
-                ];
-                replicas.push(Component::spawn(
-                    &name,
-                    program,
-                    &args,
-                    &env,
+                replicas.push(self.spawn_replica(
+                    (group, i),
+                    (program, &args),
+                    lb_port,
                     log_dir,
-                    Some(group_tx.clone()),
+                    &group_tx,
                 )?);
             }
         }
         Ok(replicas)
     }
 
+    /// Starts replica `i` of controller group `group`: `program` with `args` (with `--kind`
+    /// already), connected to the load balancer on `lb_port` when on the tier, its reconcile
+    /// lines sent on `group_tx`.
+    pub(super) fn spawn_replica(
+        &self,
+        (group, i): (usize, usize),
+        (program, args): (&Path, &[String]),
+        lb_port: u16,
+        log_dir: &Path,
+        group_tx: &mpsc::Sender<ReconcileStart>,
+    ) -> anyhow::Result<Component> {
+        let name = if self.groups == 1 {
+            format!("bench-controller-{i}")
+        } else {
+            format!("bench-controller-{group}-{i}")
+        };
+        let env = [
+            ("KUBECONFIG", self.kubeconfig.display().to_string()),
+            ("POD_NAME", name.clone()),
+            ("KD_BENCH_NAME", group_name(group)),
+            ("KD_LOADBALANCER", format!("127.0.0.1:{lb_port}")),
+            ("KD_INSECURE", SECURITY_OFF.to_owned()),
+            ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+        ];
+        Component::spawn(&name, program, args, &env, log_dir, Some(group_tx.clone()))
+    }
+
     /// The program, the replicas per group and the arguments of `variant`'s replicas.
-    fn replica_command(&self, variant: Variant) -> anyhow::Result<(&Path, usize, Vec<String>)> {
+    pub(super) fn replica_command(
+        &self,
+        variant: Variant,
+    ) -> anyhow::Result<(&Path, usize, Vec<String>)> {
         let mut args: Vec<String> = Vec::new();
         match self.selector() {
             None => args.extend(["--namespace".to_owned(), self.namespace.to_owned()]),
@@ -166,6 +190,7 @@ impl Setup<'_> {
         let mut ports = free_ports(2 * ids.len() + 2)?.into_iter();
         let mut next_port = || ports.next().context("fewer free ports than asked for");
         let mut dispatcher_admin = Vec::new();
+        let mut dispatcher_env = Vec::new();
         for id in &ids {
             let (port, admin) = (next_port()?, next_port()?);
             dispatcher_admin.push(admin);
@@ -198,39 +223,23 @@ impl Setup<'_> {
                 log_dir,
                 None,
             )?);
+            dispatcher_env.push(env);
         }
         let (lb_port, lb_admin) = (next_port()?, next_port()?);
-        let env = [
-            ("KUBECONFIG", kubeconfig.clone()),
-            ("KD_LISTEN", format!("127.0.0.1:{lb_port}")),
-            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{lb_admin}")),
-            ("KD_NAMESPACE", self.namespace.to_owned()),
-            ("KD_LOG_JSON", "1".to_owned()),
-            ("KD_INSECURE", SECURITY_OFF.to_owned()),
-            ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
-        ];
-        tier.push(Component::spawn(
-            "loadbalancer",
-            &self.binaries.loadbalancer,
-            &[],
-            &env,
-            log_dir,
-            None,
-        )?);
+        tier.push(self.loadbalancer("loadbalancer", (lb_port, lb_admin), log_dir)?);
 
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let mut ticks = tokio::time::interval(Duration::from_millis(50));
         loop {
             ticks.tick().await;
-            let mut ready = load_balancer_ready(lb_admin, ids.len()).await;
-            for admin in &dispatcher_admin {
-                ready = ready && dispatcher_ready(*admin, ids.len()).await;
-            }
-            if ready {
+            if load_balancer_ready(lb_admin, ids.len()).await
+                && dispatchers_ready(&dispatcher_admin).await
+            {
                 return Ok(Tier {
                     components: tier,
                     lb_port,
                     dispatcher_admin,
+                    dispatcher_env,
                 });
             }
             for c in &mut tier {
@@ -244,4 +253,36 @@ impl Setup<'_> {
             }
         }
     }
+}
+
+impl Setup<'_> {
+    /// Starts a load balancer named `name`, serving on `port` and its admin endpoint on
+    /// `admin`.
+    pub(super) fn loadbalancer(
+        &self,
+        name: &str,
+        (port, admin): (u16, u16),
+        log_dir: &Path,
+    ) -> anyhow::Result<Component> {
+        let env = [
+            ("KUBECONFIG", self.kubeconfig.display().to_string()),
+            ("KD_LISTEN", format!("127.0.0.1:{port}")),
+            ("KD_ADMIN_LISTEN", format!("127.0.0.1:{admin}")),
+            ("KD_NAMESPACE", self.namespace.to_owned()),
+            ("KD_LOG_JSON", "1".to_owned()),
+            ("KD_INSECURE", SECURITY_OFF.to_owned()),
+            ("KD_ALLOW_ANONYMOUS", SECURITY_OFF.to_owned()),
+        ];
+        Component::spawn(name, &self.binaries.loadbalancer, &[], &env, log_dir, None)
+    }
+}
+
+/// Every dispatcher whose admin port is in `admins` is ready on a ring of them all.
+pub(super) async fn dispatchers_ready(admins: &[u16]) -> bool {
+    for admin in admins {
+        if !dispatcher_ready(*admin, admins.len()).await {
+            return false;
+        }
+    }
+    true
 }

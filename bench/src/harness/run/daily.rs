@@ -1,0 +1,574 @@
+//! `daily`: the events a controller meets every day, each controller in the shape it runs in
+//! production (`make bench-daily`).
+//!
+//! The shapes: a kube-rs controller as two replicas, the standby cold until it takes the Lease
+//! (`kube-lease-manager`); a controller-runtime controller as two replicas under its leader
+//! election, the standby cold, and again with `EnableWarmup` (the standby fills its cache before
+//! it leads); and the tier: its dispatchers, the load balancer with a standby, and two SDK
+//! replicas. Each starts cold on the scenario's objects and is waited for until it has
+//! reconciled every one; then, while a writer changes the objects at a steady pace, each event
+//! runs in turn:
+//!
+//! - **steady**: nothing happens for a while, the reference for the others;
+//! - **rollout**: every controller replica is replaced, one at a time, as a Deployment's rolling
+//!   update does (the new one started and ready, then the old one sent SIGTERM);
+//! - **tier upgrade** (the tier only): every dispatcher is stopped (SIGTERM) and started again,
+//!   highest ordinal first, each ready before the next, as a StatefulSet's rolling update does.
+//!
+//! An event's window runs from its start until the controller has reconciled a write made after
+//! its last step, every write has been reconciled and the API server is quiet again: what the API
+//! server spent in it, beside what it would have spent in a steady window as long, the requests
+//! on the objects' resource, and the writes' write-to-reconcile times.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams},
+};
+use kube_dispatch_bench::{ReconcileStart, now_micros};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Setup, Tier, Variant,
+    measure::{Observations, Write},
+    processes::{dispatchers_ready, group_channel},
+};
+use crate::harness::{
+    apiserver::request_counts, objects::change_value, process::Component, report::percentile,
+};
+
+/// Controller replicas of every shape.
+const REPLICAS: usize = 2;
+
+/// The Lease the kube-rs replicas lead through (controller-runtime names its own).
+const KUBE_RS_LEASE: &str = "bench-controller-leader";
+
+/// How long a stopped process may take to exit before it is killed: a pod's default
+/// `terminationGracePeriodSeconds`.
+const GRACE: Duration = Duration::from_secs(30);
+
+/// The longest a replica may take to say it is ready, a restarted dispatcher to serve again,
+/// or a controller to reconcile again after an event.
+const BOUND: Duration = Duration::from_secs(120);
+
+/// How a controller runs in production.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Shape {
+    /// kube-rs: two replicas, the one holding the Lease (`kube-lease-manager`) running its
+    /// `Controller`; the standby holds no watch and no cache.
+    KubeRsStandby,
+    /// controller-runtime: two replicas under its leader election; the standby starts its
+    /// controller, sources and cache only once it leads.
+    ControllerRuntimeLeader,
+    /// The same with `EnableWarmup`: the standby lists and watches, filling its cache, before
+    /// it leads.
+    ControllerRuntimeWarm,
+    /// kube-dispatch: the dispatchers, the load balancer and a standby one, and two SDK
+    /// replicas sharing the keys.
+    Tier,
+}
+
+impl Shape {
+    /// The variant whose replicas the shape runs.
+    fn variant(self) -> Variant {
+        match self {
+            Shape::KubeRsStandby => Variant::KubeRs,
+            Shape::ControllerRuntimeLeader | Shape::ControllerRuntimeWarm => {
+                Variant::ControllerRuntime
+            }
+            Shape::Tier => Variant::Dispatch(REPLICAS),
+        }
+    }
+
+    /// The replicas' arguments beyond the variant's.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Shape::KubeRsStandby => &["--leader-elect", KUBE_RS_LEASE],
+            Shape::ControllerRuntimeLeader => &["--leader-elect"],
+            Shape::ControllerRuntimeWarm => &["--leader-elect", "--warmup"],
+            Shape::Tier => &[],
+        }
+    }
+
+    /// The events it meets, in order: the steady window first, which the others are set
+    /// against.
+    fn events(self) -> &'static [Event] {
+        match self {
+            Shape::Tier => &[Event::Steady, Event::Rollout, Event::TierUpgrade],
+            _ => &[Event::Steady, Event::Rollout],
+        }
+    }
+
+    /// Whether it needs the controller-runtime binary.
+    pub(crate) fn is_controller_runtime(self) -> bool {
+        self.variant() == Variant::ControllerRuntime
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Shape::KubeRsStandby => "kube-rs, cold standby",
+            Shape::ControllerRuntimeLeader => "controller-runtime, cold standby",
+            Shape::ControllerRuntimeWarm => "controller-runtime, warm standby",
+            Shape::Tier => "kube-dispatch",
+        }
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What happens to the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Event {
+    /// Nothing: the writes alone, for `steady`.
+    Steady,
+    /// Every controller replica replaced, one at a time.
+    Rollout,
+    /// Every dispatcher restarted, one at a time.
+    TierUpgrade,
+}
+
+impl Event {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Event::Steady => "steady",
+            Event::Rollout => "controller rollout",
+            Event::TierUpgrade => "tier upgrade",
+        }
+    }
+}
+
+/// What one event cost, in one run.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Measured {
+    pub(crate) shape: Shape,
+    pub(crate) event: Event,
+    pub(crate) run: usize,
+    /// From the event's start until the controller had reconciled a write made after its last
+    /// step, and every write before.
+    pub(crate) recovered_s: f64,
+    /// From the event's start until every write was reconciled and the API server quiet.
+    pub(crate) window_s: f64,
+    /// The API server's CPU in the window.
+    pub(crate) apiserver_cpu_s: f64,
+    /// `apiserver_cpu_s` less what the steady window's rate would have spent in as long: what
+    /// the event itself cost (none for the steady window).
+    pub(crate) above_steady_s: Option<f64>,
+    /// Requests on the objects' resource in the window, the writer's PATCHes left out.
+    pub(crate) lists: u64,
+    pub(crate) watches: u64,
+    pub(crate) gets: u64,
+    pub(crate) patches: u64,
+    /// Writes made in the window, and their write-to-reconcile times.
+    pub(crate) writes: usize,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+    /// Resident memory of every process of the shape (replicas; dispatchers and load
+    /// balancers) at the window's end.
+    pub(crate) rss_mib: f64,
+    /// On the steady window only: from starting the shape's processes until every object had
+    /// been reconciled.
+    pub(crate) cold_start_s: Option<f64>,
+}
+
+/// The timed writes: each object's key, when (micros), and what was written.
+type Sent = Mutex<Vec<(String, u64, Write)>>;
+
+/// A shape's processes while its events run.
+struct Running {
+    replicas: Vec<Component>,
+    /// Replicas started so far: the next one's number.
+    started: usize,
+    tier: Option<Tier>,
+    standby_lb: Option<Component>,
+    observed: watch::Receiver<Observations>,
+    group_tx: mpsc::Sender<ReconcileStart>,
+    program: PathBuf,
+    args: Vec<String>,
+    lb_port: u16,
+    log_dir: PathBuf,
+    /// Dispatchers restarted so far, which names their logs.
+    restarts: usize,
+}
+
+impl Setup<'_> {
+    /// Runs `shape` once: its cold start, then each of its events, measured.
+    pub(crate) async fn daily(&self, shape: Shape, run: usize) -> anyhow::Result<Vec<Measured>> {
+        let log_dir = self.log_dir.join(format!(
+            "daily-{}x{}-{shape:?}-{run}",
+            self.kinds_flag(),
+            self.objects
+        ));
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("cannot create {}", log_dir.display()))?;
+        // A leader Lease a killed replica of an earlier run left would hold this run's back
+        // for its whole duration.
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
+        leases
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("cannot clear the Leases of earlier runs")?;
+        let (tier, standby_lb, lb_port) = if shape == Shape::Tier {
+            let tier = self.start_tier(&log_dir, None).await?;
+            let standby = self.spawn_loadbalancer("loadbalancer-standby", &log_dir)?;
+            let port = tier.lb_port;
+            (Some(tier), Some(standby), port)
+        } else {
+            (None, None, 0)
+        };
+        let written = self.written_objects();
+        let (tx, observed, observer) = self.observe(&written);
+        let (program, _, variant_args) = self.replica_command(shape.variant())?;
+        let args = [
+            vec!["--kind".to_owned(), self.group_kind(0).flag().to_owned()],
+            variant_args,
+            shape.args().iter().map(|a| (*a).to_owned()).collect(),
+        ]
+        .concat();
+        let mut running = Running {
+            replicas: Vec::new(),
+            started: 0,
+            tier,
+            standby_lb,
+            observed,
+            group_tx: group_channel(0, &tx),
+            program: program.to_owned(),
+            args,
+            lb_port,
+            log_dir,
+            restarts: 0,
+        };
+        drop(tx);
+        let result = self.events(shape, run, &written, &mut running).await;
+        observer.abort();
+        let tier = running.tier.map(|t| t.components).unwrap_or_default();
+        let all = running
+            .replicas
+            .into_iter()
+            .chain(tier)
+            .chain(running.standby_lb);
+        futures::future::join_all(all.map(Component::kill)).await;
+        result
+    }
+
+    /// The cold start, awaited, then each event of `shape` measured.
+    async fn events(
+        &self,
+        shape: Shape,
+        run: usize,
+        written: &[usize],
+        running: &mut Running,
+    ) -> anyhow::Result<Vec<Measured>> {
+        let begun = now_micros();
+        // One at a time, each ready first: the first leads, as in a fresh install.
+        for _ in 0..REPLICAS {
+            let mut replica = running.spawn_replica(self)?;
+            replica.ready(BOUND).await?;
+            running.replicas.push(replica);
+        }
+        let tier = running
+            .tier
+            .as_mut()
+            .map_or(&mut [][..], |t| &mut t.components[..]);
+        let (_, all) = self
+            .cold_start(
+                shape.variant(),
+                begun,
+                &mut running.observed,
+                &mut running.replicas,
+                tier,
+            )
+            .await?;
+        let cold_start_s = Duration::from_micros(all.saturating_sub(begun)).as_secs_f64();
+        self.control_plane.quiet().await;
+        let mut measured: Vec<Measured> = Vec::new();
+        for event in shape.events() {
+            let steady = measured.iter().find(|m| m.event == Event::Steady);
+            let rate = steady.map(|s| s.apiserver_cpu_s / s.window_s);
+            let mut m = self
+                .event((shape, *event), run, written, running, rate)
+                .await
+                .with_context(|| format!("{shape}: {}", event.name()))?;
+            if *event == Event::Steady {
+                m.cold_start_s = Some(cold_start_s);
+            }
+            measured.push(m);
+        }
+        Ok(measured)
+    }
+
+    /// Runs `event` while the writer writes, and measures it; `rate` is the steady window's
+    /// API-server CPU per second.
+    async fn event(
+        &self,
+        (shape, event): (Shape, Event),
+        run: usize,
+        written: &[usize],
+        running: &mut Running,
+        rate: Option<f64>,
+    ) -> anyhow::Result<Measured> {
+        let requests_before = request_counts(self.client).await?;
+        let cpu_before = self.control_plane.cpu_seconds().0;
+        let begun = Instant::now();
+        let sent: Sent = Mutex::new(Vec::new());
+        let stop = CancellationToken::new();
+        // Unique to the shape too: a write of a value already there changes nothing, and its
+        // reconcile would be one made before it.
+        let label = format!("{}-daily-{run}-{shape:?}-{event:?}", self.nonce);
+        let acting = async {
+            let acted = async {
+                running.act(self, event).await?;
+                let acted = now_micros();
+                recovered(&mut running.observed, &sent, acted).await
+            }
+            .await;
+            stop.cancel();
+            acted
+        };
+        let (wrote, acted) =
+            tokio::join!(self.write_steadily(&label, written, &sent, &stop), acting);
+        wrote?;
+        acted?;
+        let recovered_s = begun.elapsed().as_secs_f64();
+        let sent = sent.into_inner().unwrap_or_else(|e| e.into_inner());
+        let latencies = all_reconciled(&mut running.observed, &sent).await?;
+        self.control_plane.quiet().await;
+        let window_s = begun.elapsed().as_secs_f64();
+        let apiserver_cpu_s = self.control_plane.cpu_seconds().0 - cpu_before;
+        let requests = request_counts(self.client).await?;
+        let rss_mib = running.rss()? as f64 / f64::from(1 << 20);
+        let resource = self.group_kind(0).resource();
+        let count = |verb| requests.since(&requests_before, resource, verb);
+        let ms = |p| percentile(&latencies, p).map_or(0.0, |us| us / 1000.0);
+        Ok(Measured {
+            shape,
+            event,
+            run,
+            recovered_s,
+            window_s,
+            apiserver_cpu_s,
+            above_steady_s: rate
+                .filter(|_| event != Event::Steady)
+                .map(|r| apiserver_cpu_s - r * window_s),
+            lists: count("LIST"),
+            watches: count("WATCH"),
+            gets: count("GET"),
+            patches: count("PATCH").saturating_sub(sent.len() as u64),
+            writes: sent.len(),
+            p50_ms: ms(0.5),
+            p99_ms: ms(0.99),
+            max_ms: ms(1.0),
+            rss_mib,
+            cold_start_s: None,
+        })
+    }
+
+    /// Writes the objects of `written` in turn, one every `write_interval`, until `stop`.
+    async fn write_steadily(
+        &self,
+        label: &str,
+        written: &[usize],
+        sent: &Sent,
+        stop: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut ticks = tokio::time::interval(self.write_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for n in 0.. {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let i = written[n % written.len()];
+            let (namespace, index) = self.place(i);
+            let at = now_micros();
+            let rv = change_value(
+                self.client,
+                self.write_kind(n),
+                &namespace,
+                index,
+                &format!("{label}-{n}"),
+            )
+            .await
+            .with_context(|| format!("write {n} failed"))?;
+            let mut sent = sent.lock().unwrap_or_else(|e| e.into_inner());
+            sent.push((self.key(i), at, Write::Object(rv)));
+        }
+        Ok(())
+    }
+
+    /// Starts a standby load balancer beside the tier's, on ports of its own.
+    fn spawn_loadbalancer(&self, name: &str, log_dir: &Path) -> anyhow::Result<Component> {
+        let ports = super::ready::free_ports(2)?;
+        self.loadbalancer(name, (ports[0], ports[1]), log_dir)
+    }
+}
+
+impl Running {
+    /// Starts the next replica.
+    fn spawn_replica(&mut self, setup: &Setup<'_>) -> anyhow::Result<Component> {
+        let replica = setup.spawn_replica(
+            (0, self.started),
+            (&self.program, &self.args),
+            self.lb_port,
+            &self.log_dir,
+            &self.group_tx,
+        )?;
+        self.started += 1;
+        Ok(replica)
+    }
+
+    /// Resident bytes of every process now.
+    fn rss(&mut self) -> anyhow::Result<u64> {
+        let tier = self
+            .tier
+            .as_mut()
+            .map_or(&mut [][..], |t| &mut t.components[..]);
+        let mut bytes = 0;
+        for c in self
+            .replicas
+            .iter_mut()
+            .chain(tier)
+            .chain(&mut self.standby_lb)
+        {
+            bytes += c.usage()?.rss;
+        }
+        Ok(bytes)
+    }
+
+    /// What `event` does to the processes.
+    async fn act(&mut self, setup: &Setup<'_>, event: Event) -> anyhow::Result<()> {
+        match event {
+            // As long as the writer takes to write each of its objects once.
+            Event::Steady => {
+                let writes = u32::try_from(setup.writes).unwrap_or(u32::MAX);
+                tokio::time::sleep(setup.write_interval * writes).await;
+            }
+            Event::Rollout => {
+                for _ in 0..REPLICAS {
+                    let mut new = self.spawn_replica(setup)?;
+                    new.ready(BOUND).await?;
+                    let old = self.replicas.remove(0);
+                    old.terminate(GRACE).await;
+                    self.replicas.push(new);
+                }
+            }
+            Event::TierUpgrade => {
+                let tier = self.tier.as_mut().context("a tier upgrade needs a tier")?;
+                for i in (0..tier.components.len().min(tier.dispatcher_env.len())).rev() {
+                    let old = tier.components.remove(i);
+                    old.terminate(GRACE).await;
+                    self.restarts += 1;
+                    let new = Component::spawn(
+                        &format!("dispatcher-{i}-restart-{}", self.restarts),
+                        &setup.binaries.dispatcher,
+                        &[],
+                        &tier.dispatcher_env[i],
+                        &self.log_dir,
+                        None,
+                    )?;
+                    tier.components.insert(i, new);
+                    serving(tier).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until every dispatcher of `tier` serves on a ring of them all.
+async fn serving(tier: &mut Tier) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut ticks = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        ticks.tick().await;
+        if dispatchers_ready(&tier.dispatcher_admin).await {
+            return Ok(());
+        }
+        for c in &mut tier.components {
+            c.ensure_running()?;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the dispatchers did not all serve again within {BOUND:?}"
+        );
+    }
+}
+
+/// Waits until the controller has reconciled a write made at `acted` or later, and every write
+/// made before: it works again.
+async fn recovered(
+    observed: &mut watch::Receiver<Observations>,
+    sent: &Sent,
+    acted: u64,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let done = {
+            let o = observed.borrow_and_update();
+            let sent = sent.lock().unwrap_or_else(|e| e.into_inner());
+            let seen =
+                |(key, _, write): &&(String, u64, Write)| o.reconciled_after(key, *write).is_some();
+            sent.iter()
+                .filter(|(_, at, _)| *at >= acted)
+                .any(|w| seen(&w))
+                && sent
+                    .iter()
+                    .filter(|(_, at, _)| *at < acted)
+                    .all(|w| seen(&w))
+        };
+        if done {
+            return Ok(());
+        }
+        tokio::time::timeout_at(deadline, observed.changed())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("the controller did not reconcile again within {BOUND:?}")
+            })?
+            .context("the reconcile observer stopped")?;
+    }
+}
+
+/// Waits until every write of `sent` has been reconciled: their latencies (micros), sorted.
+async fn all_reconciled(
+    observed: &mut watch::Receiver<Observations>,
+    sent: &[(String, u64, Write)],
+) -> anyhow::Result<Vec<u64>> {
+    let o = tokio::time::timeout(
+        BOUND,
+        observed.wait_for(|o| {
+            sent.iter()
+                .all(|(key, _, write)| o.reconciled_after(key, *write).is_some())
+        }),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("some writes were not reconciled within {BOUND:?}"))?
+    .context("the reconcile observer stopped")?;
+    let mut latencies: Vec<u64> = sent
+        .iter()
+        .filter_map(|(key, at, write)| Some(o.reconciled_after(key, *write)?.saturating_sub(*at)))
+        .collect();
+    latencies.sort_unstable();
+    Ok(latencies)
+}
+
+mod report;
+pub(crate) use report::{Figures, table};
+
+#[cfg(test)]
+mod tests;

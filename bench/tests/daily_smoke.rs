@@ -1,0 +1,103 @@
+//! `make bench-daily` at a tiny scale against the real control plane: a kube-rs controller with
+//! a cold standby, controller-runtime with a warm one and the tier each meet a rollout of their
+//! replicas, and the tier a rolling upgrade of its dispatchers, with a writer all along. Every
+//! write is reconciled; a new replica of an incumbent leads and lists again, while the tier's
+//! new replicas read nothing from the API server; restarted dispatchers list what they serve.
+//! A test binary of its own: the API server's request counts are global.
+
+mod common;
+
+use std::{path::Path, process::Command};
+
+use common::{Mode, run_harness};
+use serde_json::Value;
+
+#[test]
+fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_event() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
+        .output()
+        .expect("the controller-runtime build script runs");
+    assert!(
+        built.status.success(),
+        "building the controller-runtime incumbent failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let controller_runtime = String::from_utf8(built.stdout).expect("a path");
+    let run = run_harness(
+        "daily",
+        Mode::Daily,
+        &[
+            "--objects",
+            "200",
+            "--shapes",
+            "kube-rs-standby,controller-runtime-warm,tier",
+            "--repeats",
+            "1",
+            "--writes",
+            "10",
+            "--write-interval",
+            "50ms",
+            "--controller-runtime",
+            controller_runtime.trim(),
+            "--command",
+            "daily smoke test",
+        ],
+    );
+    assert!(
+        run.results
+            .contains("<!-- bench:daily:begin -->\nProduced by `daily smoke test`")
+    );
+    let runs = run.json["runs"].as_array().expect("runs in the figures");
+    let event = |shape: &str, event: &str| -> &Value {
+        runs.iter()
+            .find(|r| r["shape"] == shape && r["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} of {shape} in:\n{:#}", run.json))
+    };
+    let number = |v: &Value, key: &str| -> f64 {
+        v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {key} in {v:#}"))
+    };
+    for (shape, events) in [
+        ("kube-rs-standby", &["steady", "rollout"][..]),
+        ("controller-runtime-warm", &["steady", "rollout"]),
+        ("tier", &["steady", "rollout", "tier-upgrade"]),
+    ] {
+        for name in events {
+            let e = event(shape, name);
+            // The harness fails the run if any write goes unreconciled; each event had some.
+            assert!(number(e, "writes") >= 1.0, "{e:#}");
+            assert!(number(e, "max_ms") > 0.0, "{e:#}");
+            assert!(number(e, "recovered_s") <= number(e, "window_s"), "{e:#}");
+        }
+    }
+    // A new kube-rs replica leads cold: it lists everything again.
+    let kube_rs = event("kube-rs-standby", "rollout");
+    assert!(number(kube_rs, "lists") >= 1.0, "{kube_rs:#}");
+    // The tier's new replicas are served by the dispatchers, which read nothing for them.
+    let tier = event("tier", "rollout");
+    assert_eq!(number(tier, "lists"), 0.0, "{tier:#}");
+    assert_eq!(number(tier, "gets"), 0.0, "{tier:#}");
+    // Each restarted dispatcher lists the keys it serves.
+    let upgrade = event("tier", "tier-upgrade");
+    assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
+    // Replicas started in the rollouts took the lead: one of them logged it.
+    let logs = run.out.join("logs");
+    let led_by_new = |dir: &str, says: &str| {
+        ["bench-controller-2.log", "bench-controller-3.log"]
+            .iter()
+            .any(|log| {
+                std::fs::read_to_string(logs.join(dir).join(log))
+                    .is_ok_and(|text| text.contains(says))
+            })
+    };
+    assert!(led_by_new(
+        "daily-config-mapx200-KubeRsStandby-0",
+        "leading through the Lease"
+    ));
+    assert!(led_by_new(
+        "daily-config-mapx200-ControllerRuntimeWarm-0",
+        "Successfully acquired lease"
+    ));
+}
