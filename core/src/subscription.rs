@@ -169,6 +169,12 @@ impl GroupSpec {
         Self { subscriptions }
     }
 
+    /// Whether keys are queued by changes to other objects than their own: owned ones,
+    /// named ones.
+    pub fn has_related(&self) -> bool {
+        self.subscriptions.iter().any(|s| !s.is_primary())
+    }
+
     /// The subscriptions whose objects those of `resource` name, if `resource` is one the
     /// group reconciles: what its objects name, and where.
     pub fn named_from<'a>(

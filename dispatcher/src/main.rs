@@ -566,6 +566,8 @@ fn queue_config(f: &LimitFlags) -> QueueConfig {
         max_reconcile_time: f.max_reconcile_time,
         body_budget: f.body_budget_bytes,
         memo_budget: f.memo_budget_bytes,
+        // Set for each group by what it subscribes to (`Group::spawn`).
+        keep_delivered_bodies: false,
     }
 }
 

@@ -150,6 +150,7 @@ pub fn config(identity: &str, members: &[&str]) -> ServeConfig {
                 max_reconcile_time: Duration::from_secs(30),
                 body_budget: 16 * 1024 * 1024,
                 memo_budget: 16 * 1024 * 1024,
+                keep_delivered_bodies: false,
             },
             bodies: BodyPool::new(256 * 1024 * 1024),
             memos: BodyPool::new(32 * 1024 * 1024),

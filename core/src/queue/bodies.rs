@@ -1,5 +1,6 @@
-//! Bodies and memos: the object bodies kept for ready keys within the group's budget and the
-//! process's pool, and the memos reconciles leave for their successors.
+//! Bodies and memos: the object bodies kept for ready keys (and, for groups that keep them,
+//! delivered ones) within the group's budget and the process's pool, and the memos reconciles
+//! leave for their successors.
 
 use std::sync::Arc;
 
@@ -95,6 +96,24 @@ impl GroupQueue {
         self.body_bytes -= body.len();
         self.pool.give_back(body.len());
         Some(body)
+    }
+
+    /// The body to deliver with `key`, if `deliver`. Dropped from the queue, unless the group
+    /// keeps delivered bodies ([`super::QueueConfig::keep_delivered_bodies`]) and holds at most
+    /// half its budget (or share) while the pool is at most half full: then it stays, and the
+    /// key's next delivery carries it too, until a change of the key's own object replaces or
+    /// drops it. So a delivery for a change of an owned or named object, which says nothing
+    /// about the key's own, carries the object as the watch last showed it, as a cache would
+    /// have it, and ready keys' bodies keep the other half.
+    pub(super) fn body_to_deliver(&mut self, key: &Key, deliver: bool) -> Option<Arc<[u8]>> {
+        let room = self.config.body_budget.min(self.body_share) / 2;
+        let keep = self.config.keep_delivered_bodies
+            && self.body_bytes <= room
+            && self.pool.used() <= self.pool.capacity() / 2;
+        if keep {
+            return self.bodies.get(key).filter(|_| deliver).cloned();
+        }
+        self.drop_body(key).filter(|_| deliver)
     }
 
     /// Attaches the body of `object` to `key` if it is ready at exactly that version without

@@ -108,11 +108,17 @@ impl GroupQueue {
         let queued = since.map(|since| now.saturating_duration_since(since));
         let listed = lane == Lane::Listed;
         let tombstone = self.tombstones.remove(&key);
+        // A resync carries no body (CONTRACT.md: its controller reads the object fresh), even
+        // one kept from the key's last delivery.
+        let resync = self
+            .entries
+            .get(&key)
+            .is_some_and(|e| e.reason == Reason::Resync);
         // The body and trace go with the key's own state, not with an earlier deletion.
         let (body, trace) = match tombstone {
             Some(_) => (None, None),
             None => (
-                self.drop_body(&key).filter(|_| keep_body),
+                self.body_to_deliver(&key, keep_body && !resync),
                 self.traces.remove(&key),
             ),
         };

@@ -22,8 +22,9 @@
 //!   allocation when the uid and resourceVersion have their usual forms and the name is at most
 //!   23 bytes (the key's `group/kind/namespace/` prefix is interned once per queue, see
 //!   `keys.rs`), plus one timer and one flight record per delayed or in-flight key. Object
-//!   bodies are kept only for ready keys and only within `body_budget` bytes; past it a key is
-//!   delivered without its body. A key moved from the listed lane to the live one leaves its
+//!   bodies are kept for ready keys, and with `keep_delivered_bodies` for delivered ones
+//!   within half of it, only within `body_budget` bytes; past it a key is delivered without
+//!   its body. A key moved from the listed lane to the live one leaves its
 //!   old place behind until it is passed over or the lanes are compacted, which they are in
 //!   one pass as soon as such places outnumber both the ready keys and [`STALE_SLACK`]: the
 //!   lanes hold a place per ready key and at most as many stale ones as there were ready keys
@@ -81,6 +82,11 @@ pub struct QueueConfig {
     /// [`kube_dispatch_proto::MAX_MEMO_BYTES`]; past it a memo is not kept and the key's next
     /// delivery carries none.
     pub memo_budget: usize,
+    /// Whether a delivered body stays with its key for the key's next delivery, within half
+    /// the body budget and while the pool is at most half full: for groups whose keys are
+    /// queued by changes to other objects (owned, named), whose deliveries would otherwise
+    /// carry no body of the key's own object and cost its controller a read.
+    pub keep_delivered_bodies: bool,
 }
 
 impl Default for QueueConfig {
@@ -90,6 +96,7 @@ impl Default for QueueConfig {
             max_reconcile_time: Duration::from_secs(60),
             body_budget: 64 * 1024 * 1024,
             memo_budget: 16 * 1024 * 1024,
+            keep_delivered_bodies: false,
         }
     }
 }

@@ -17,6 +17,7 @@ fn queue() -> GroupQueue {
         max_reconcile_time: Duration::from_secs(30),
         body_budget: 1 << 20,
         memo_budget: 1 << 20,
+        keep_delivered_bodies: false,
     })
 }
 

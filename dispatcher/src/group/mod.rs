@@ -187,6 +187,12 @@ impl Group {
         cancel: CancellationToken,
     ) -> Arc<Self> {
         let transit = Transit::new(&id.to_string(), slice.borrow().clone(), recent_deletions);
+        // A key queued by a change to a child or a named object is delivered with its own
+        // object as the watch last showed it, not read by its controller.
+        let config = QueueConfig {
+            keep_delivered_bodies: spec.has_related(),
+            ..config
+        };
         let body_pool = pools.bodies.clone();
         let group = Arc::new(Self {
             id,

@@ -19,6 +19,7 @@ fn group(cancel: &CancellationToken) -> Arc<Group> {
         max_reconcile_time: Duration::from_secs(30),
         body_budget: 0,
         memo_budget: 1 << 20,
+        keep_delivered_bodies: false,
     };
     let slice = Slice::fixed("d0", kube_dispatch_proto::Ring::new(["d0"]));
     Group::spawn(

@@ -294,3 +294,105 @@ fn memos_take_from_their_own_pool_and_a_dropped_group_gives_them_back() {
     drop(q);
     assert_eq!(pools.memos.used(), 0);
 }
+
+/// A group whose keys are queued by changes to other objects keeps a delivered body with its
+/// key: the delivery for a child's change carries the owner as the watch last showed it, a
+/// retry carries it too, and a change of the owner's own object replaces it. Without the
+/// setting, such a delivery carries no body (the controller reads the object).
+#[test]
+fn a_delivered_body_stays_for_an_owned_change_where_the_group_keeps_them() {
+    for keep in [true, false] {
+        let now = Instant::now();
+        let mut q = GroupQueue::new(QueueConfig {
+            keep_delivered_bodies: keep,
+            ..queue().config
+        });
+        q.add_session(1, "a");
+        q.change("owner", with_body(Reason::Added, 7, 10));
+        let d = q.take(1, 1, now);
+        assert_eq!(d[0].body.as_ref().map(|b| b.len()), Some(10));
+        q.ack(1, d[0].id, Outcome::Success, now);
+        assert_eq!(q.body_bytes(), if keep { 10 } else { 0 });
+        q.check();
+
+        q.change("owner", Change::related(Reason::Owned));
+        let d = q.take(1, 1, now);
+        assert_eq!(
+            (d[0].reason, d[0].resource_version.as_str()),
+            (Reason::Owned, "7")
+        );
+        assert_eq!(
+            d[0].body.as_ref().map(|b| b.len()),
+            keep.then_some(10),
+            "keep: {keep}"
+        );
+        // A failure: the retry carries it as well.
+        q.ack(1, d[0].id, Outcome::Failure, now);
+        let later = now + Duration::from_secs(2);
+        q.advance(later);
+        let d = q.take(1, 1, later);
+        assert_eq!(d[0].reason, Reason::Retry);
+        assert_eq!(d[0].body.is_some(), keep, "keep: {keep}");
+        q.ack(1, d[0].id, Outcome::Success, later);
+
+        // A resync carries no body, even a kept one: its controller reads the object fresh.
+        q.resync("owner");
+        let d = q.take(1, 1, later);
+        assert_eq!((d[0].reason, d[0].body.as_ref()), (Reason::Resync, None));
+        q.ack(1, d[0].id, Outcome::Success, later);
+        // The owner's own change replaces what was kept.
+        q.change("owner", with_body(Reason::Modified, 8, 20));
+        assert_eq!(q.body_bytes(), 20);
+        let d = q.take(1, 1, later);
+        assert_eq!(
+            (
+                d[0].resource_version.as_str(),
+                d[0].body.as_ref().map(|b| b.len())
+            ),
+            ("8", Some(20))
+        );
+        q.ack(1, d[0].id, Outcome::Success, later);
+        q.check();
+        // Deleted, the key and what it kept are forgotten once the deletion is delivered.
+        q.change("owner", change(Reason::Deleted, 9));
+        let d = q.take(1, 1, later);
+        q.ack(1, d[0].id, Outcome::Success, later);
+        assert_eq!((q.len(), q.body_bytes()), (0, 0));
+        q.check();
+    }
+}
+
+/// Delivered bodies take at most half the group's budget, and only while the pool is at most
+/// half full, so that ready keys' bodies always have the other half.
+#[test]
+fn delivered_bodies_are_kept_within_half_the_budget_and_the_pool() {
+    let now = Instant::now();
+    let pool = BodyPool::new(1000);
+    let mut q = GroupQueue::with_pool(
+        QueueConfig {
+            keep_delivered_bodies: true,
+            ..queue().config
+        },
+        pool.clone(),
+    );
+    q.add_session(1, "a");
+    for (i, len) in [30, 30, 30].into_iter().enumerate() {
+        q.change(&format!("k{i}"), with_body(Reason::Added, 1, len));
+    }
+    // 90 of the budget's 100 held: past half, each delivered body goes, until 30 are left.
+    let d = q.take(1, 3, now);
+    assert!(d.iter().all(|d| d.body.is_some()));
+    assert_eq!(q.body_bytes(), 30);
+    assert_eq!(pool.used(), 30);
+    for d in &d {
+        q.ack(1, d.id, Outcome::Success, now);
+    }
+    q.check();
+    // A pool more than half full keeps no delivered body, whatever the group's budget.
+    assert!(pool.take(600));
+    q.change("k3", with_body(Reason::Added, 1, 10));
+    let d = q.take(1, 1, now);
+    assert!(d[0].body.is_some());
+    assert_eq!(q.body_bytes(), 30, "the pool is short of half: not kept");
+    pool.give_back(600);
+}

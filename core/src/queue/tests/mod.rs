@@ -24,6 +24,7 @@ fn queue() -> GroupQueue {
         max_reconcile_time: Duration::from_secs(10),
         body_budget: 100,
         memo_budget: 1000,
+        keep_delivered_bodies: false,
     })
 }
 
