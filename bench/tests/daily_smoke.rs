@@ -7,23 +7,12 @@
 
 mod common;
 
-use std::{path::Path, process::Command};
-
 use common::{Mode, run_harness};
 use serde_json::Value;
 
 #[test]
 fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_event() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
-        .output()
-        .expect("the controller-runtime build script runs");
-    assert!(
-        built.status.success(),
-        "building the controller-runtime incumbent failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let controller_runtime = String::from_utf8(built.stdout).expect("a path");
+    let controller_runtime = common::controller_runtime(false);
     let run = run_harness(
         "daily",
         Mode::Daily,
@@ -39,7 +28,7 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
             "--write-interval",
             "50ms",
             "--controller-runtime",
-            controller_runtime.trim(),
+            &controller_runtime,
             "--command",
             "daily smoke test",
         ],

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::{path::Path, process::Command};
-
 use common::{Mode, bin_dir, figure, run_harness, scenario};
 
 const OBJECTS: u64 = 40;
@@ -36,27 +34,9 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             bin_dir.join(binary).display()
         );
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    // The second incumbent, built with the machine's Go as `make bench` builds it.
-    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
-        .output()
-        .expect("the controller-runtime build script runs");
-    assert!(
-        built.status.success(),
-        "building the controller-runtime incumbent failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let controller_runtime = String::from_utf8(built.stdout).expect("a path");
-    let built = Command::new(root.join("bench/controller-runtime/build.sh"))
-        .arg("dispatch")
-        .output()
-        .expect("the controller-runtime build script runs");
-    assert!(
-        built.status.success(),
-        "building the Go SDK port of the controller-runtime controller failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let ported = String::from_utf8(built.stdout).expect("a path");
+    // The second incumbent and its port to the Go SDK, built as `make bench` builds them.
+    let controller_runtime = common::controller_runtime(false);
+    let ported = common::controller_runtime(true);
     let (objects, writes) = (OBJECTS.to_string(), WRITES.to_string());
     let variants = VARIANTS.join(",");
     let run = run_harness(

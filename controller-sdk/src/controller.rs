@@ -413,7 +413,9 @@ where
     /// (default 1 MiB; 0 keeps none), least recently used out first. A delivery without a body
     /// that names an object at the very version (and uid) a reconcile here was given is handed
     /// that object again instead of reading it: the usual case is the delivery that the
-    /// reconcile's own writes of children cause (reason `OWNED`). A version names one state of
+    /// reconcile's own writes of children cause (reason `OWNED`) when the dispatcher did not
+    /// keep the object's body for it. A delivery for another object's change that names an
+    /// older version of an object a reconcile here wrote since is handed the written one. A version names one state of
     /// one object, so the object is what a read would return unless it changed since the
     /// dispatcher last saw it, and that change is delivered next. Nothing else is served from
     /// it; `kube_dispatch_objects_loaded_total{source="recent"}` counts the reads it saved.

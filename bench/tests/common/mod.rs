@@ -239,3 +239,30 @@ pub(crate) fn run_two_controllers_over_namespaces(
         &[kinds, &spread, &TWO_CONTROLLERS].concat(),
     )
 }
+
+/// The controller-runtime incumbent (or, with `dispatch`, its port to the Go SDK), built with
+/// the machine's Go as `make bench` builds it: its path.
+pub(crate) fn controller_runtime(dispatch: bool) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut build = Command::new(root.join("bench/controller-runtime/build.sh"));
+    if dispatch {
+        build.arg("dispatch");
+    }
+    let built = build
+        .output()
+        .expect("the controller-runtime build script runs");
+    assert!(
+        built.status.success(),
+        "building the controller-runtime {} failed:\n{}",
+        if dispatch {
+            "port to the Go SDK"
+        } else {
+            "incumbent"
+        },
+        String::from_utf8_lossy(&built.stderr)
+    );
+    String::from_utf8(built.stdout)
+        .expect("a path")
+        .trim()
+        .to_owned()
+}

@@ -19,7 +19,8 @@ const recentObjectsMax = 4096
 // PartialObjectMetadata or a typed object keeps less than another type needs): a delivery
 // that names an object at the very version (and uid) a reconcile of the same controller was
 // given, into the same type, is served it again instead of a read. The usual case is the OWNED
-// delivery that a reconcile's own writes of children cause, which carries no body. Bounded by
+// delivery that a reconcile's own writes of children cause, when the dispatcher did not keep
+// the object's body for it (it keeps it within half its body budget). Bounded by
 // their JSON's bytes and by recentObjectsMax, least recently used out first.
 type recentObjects struct {
 	mu     sync.Mutex

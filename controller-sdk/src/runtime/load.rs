@@ -7,10 +7,19 @@ use kube::{
 };
 use std::sync::Arc;
 
-use kube_dispatch_proto::v1::ReconcileRequest;
+use kube_dispatch_proto::v1::{Reason, ReconcileRequest};
 
 use super::shared::{Shared, Types};
 use crate::{Error, metrics::Source, reads::read_at as read};
+
+/// Whether a delivery of this reason is for a change of another object than the key's own (an
+/// owned one, a named one) or of none (a trigger).
+fn of_another_object(reason: i32) -> bool {
+    matches!(
+        Reason::try_from(reason),
+        Ok(Reason::Owned | Reason::Referenced | Reason::Triggered)
+    )
+}
 
 /// A deleted object as JSON from the request alone: type, name, namespace, uid,
 /// resourceVersion and a deletion timestamp.
@@ -86,6 +95,17 @@ pub(super) async fn load<T: Types>(
             .keep(&request.key, (version, uid), object.clone(), json_len);
         object
     };
+    // A delivery for another object's change (a child's, say) names the version the
+    // dispatcher's watch last showed; a reconcile here may have written a newer one since.
+    if of_another_object(request.reason)
+        && let Some(object) =
+            shared
+                .recent
+                .newer(&request.key, &request.resource_version, &request.uid)
+    {
+        shared.metrics.loaded(Source::Recent);
+        return Ok(Some(object));
+    }
     if full && !request.object_json.is_empty() {
         shared.metrics.loaded(Source::Request);
         let object = decode(&request.object_json)?;

@@ -2,10 +2,14 @@
 //! replica already holds needs no read.
 //!
 //! A reconcile that writes an object's children makes the dispatcher deliver the object again
-//! once their changes come back from its watch (reason `OWNED`), and such a delivery carries no
-//! body: the change was a child's, not the object's. Without this, the replica would read the
-//! object from the API server once more for each of them, where a cached controller reads its
-//! cache. The request's `resource_version` is the last one the dispatcher saw for the object:
+//! once their changes come back from its watch (reason `OWNED`). Such a delivery carries the
+//! object as the dispatcher's watch last showed it where the dispatcher could keep it (within
+//! half its body budget; a 0.1.0 dispatcher never does), and otherwise no body: the change was a
+//! child's, not the object's. Without this, the replica would read the object from the API
+//! server once more for each of them, where a cached controller reads its cache. And when the
+//! reconcile also wrote the object itself, the version it wrote, kept here, is newer than the
+//! one the delivery names until the dispatcher's watch shows the write: the newer one is
+//! handed to the reconcile, as a fresh read would have been. The request's `resource_version` is the last one the dispatcher saw for the object:
 //! if this replica reconciled the object at exactly that version, it is the same object (a
 //! resourceVersion names one state of one object), and it is handed to the reconcile again.
 //!
@@ -79,6 +83,21 @@ impl<K> Recent<K> {
         let entry = kept.map.get(key)?;
         (entry.resource_version == resource_version && (uid.is_empty() || entry.uid == uid))
             .then(|| entry.object.clone())
+    }
+
+    /// The object of `key` if the one kept has the uid `uid` and a version newer than
+    /// `resource_version`: a reconcile here wrote it, and the dispatcher's watch has not shown
+    /// that write yet. Versions are compared as the integers they are (Kubernetes 1.35 and
+    /// newer make them comparable); a version that is not one is never newer.
+    pub(crate) fn newer(&self, key: &str, resource_version: &str, uid: &str) -> Option<Arc<K>> {
+        let asked: u64 = resource_version.parse().ok()?;
+        if uid.is_empty() {
+            return None;
+        }
+        let mut kept = self.lock()?;
+        let entry = kept.map.get(key)?;
+        let held: u64 = entry.resource_version.parse().ok()?;
+        (entry.uid == uid && held > asked).then(|| entry.object.clone())
     }
 
     /// Keeps `object` (`json_len` bytes as JSON) for `key` at `resource_version`, with its
@@ -224,6 +243,29 @@ mod tests {
         assert_eq!(recent.get("k", "8", ""), None, "deleted");
         recent.keep("k", ("", "u1"), Arc::new("none"), 100);
         assert_eq!(recent.get("k", "", ""), None, "no version, not kept");
+    }
+
+    /// An object a reconcile here wrote is newer than what a delivery for a child's change
+    /// names until the dispatcher's watch shows the write: handed over then, and only for the
+    /// same object at a version that is newer.
+    #[test]
+    fn an_object_written_here_is_newer_than_a_delivery_that_names_an_older_version() {
+        let recent = Recent::new(1 << 20);
+        recent.keep("k", ("7", "u1"), Arc::new("seven"), 100);
+        recent.update("k", ("8", "u1"), Arc::new("eight, written here"));
+        assert_eq!(
+            recent.newer("k", "7", "u1").as_deref(),
+            Some(&"eight, written here")
+        );
+        assert_eq!(recent.newer("k", "8", "u1"), None, "the same version");
+        assert_eq!(recent.newer("k", "9", "u1"), None, "an older one");
+        assert_eq!(recent.newer("k", "7", "u2"), None, "another object");
+        assert_eq!(recent.newer("k", "7", ""), None, "no uid named");
+        assert_eq!(recent.newer("k", "x", "u1"), None, "not a version");
+        // Numbers, not strings: "10" is newer than "9".
+        recent.update("k", ("10", "u1"), Arc::new("ten"));
+        assert_eq!(recent.newer("k", "9", "u1").as_deref(), Some(&"ten"));
+        assert_eq!(Recent::<&str>::new(0).newer("k", "7", "u1"), None);
     }
 
     #[test]

@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use super::{DeliveryId, GroupQueue, Observed, SessionId, State, compact::Uid, keys::Key};
 
+/// Delivered bodies are kept only while the pool is at most `1 / KEPT_POOL_SHARE` full.
+const KEPT_POOL_SHARE: usize = 4;
+
 impl GroupQueue {
     /// Bytes of object bodies held.
     pub fn body_bytes(&self) -> usize {
@@ -20,22 +23,29 @@ impl GroupQueue {
         share.map_or(0, |share| self.shed_bodies(share))
     }
 
-    /// Drops bodies of ready keys until at most `keep` bytes are held (those keys are then
-    /// delivered without body, and their controllers read the objects fresh); returns the
-    /// bytes given back to the pool.
+    /// Drops bodies until at most `keep` bytes are held, those kept from a delivery of a key
+    /// not ready now first ([`super::QueueConfig::keep_delivered_bodies`]), then those of
+    /// ready keys (which are then delivered without body, and their controllers read the
+    /// objects fresh); returns the bytes given back to the pool.
     pub(super) fn shed_bodies(&mut self, keep: usize) -> usize {
         let mut freed = 0;
         if self.body_bytes <= keep {
             return 0;
         }
         let over = self.body_bytes - keep;
-        self.bodies.retain(|_, body| {
-            if freed >= over {
-                return true;
-            }
-            freed += body.len();
-            false
-        });
+        for ready_too in [false, true] {
+            let entries = &self.entries;
+            self.bodies.retain(|key, body| {
+                let ready = entries
+                    .get(key)
+                    .is_some_and(|e| matches!(e.state, State::Ready { .. }));
+                if freed >= over || (ready && !ready_too) {
+                    return true;
+                }
+                freed += body.len();
+                false
+            });
+        }
         self.body_bytes -= freed;
         self.pool.give_back(freed);
         freed
@@ -100,7 +110,9 @@ impl GroupQueue {
 
     /// The body to deliver with `key`, if `deliver`. Dropped from the queue, unless the group
     /// keeps delivered bodies ([`super::QueueConfig::keep_delivered_bodies`]) and holds at most
-    /// half its budget (or share) while the pool is at most half full: then it stays, and the
+    /// half its budget (or share) while the pool is at most a quarter full (children's bodies,
+    /// [`super::pool::HeldBody`], are taken while it is at most half full: kept bodies leave them a
+    /// quarter at least, whoever keeps them, and are shed first): then it stays, and the
     /// key's next delivery carries it too, until a change of the key's own object replaces or
     /// drops it. So a delivery for a change of an owned or named object, which says nothing
     /// about the key's own, carries the object as the watch last showed it, as a cache would
@@ -109,7 +121,7 @@ impl GroupQueue {
         let room = self.config.body_budget.min(self.body_share) / 2;
         let keep = self.config.keep_delivered_bodies
             && self.body_bytes <= room
-            && self.pool.used() <= self.pool.capacity() / 2;
+            && self.pool.used() <= self.pool.capacity() / KEPT_POOL_SHARE;
         if keep {
             return self.bodies.get(key).filter(|_| deliver).cloned();
         }

@@ -77,15 +77,16 @@ impl GroupQueue {
             self.traces.entry(key.clone()).or_insert(trace);
         }
         let owned = is_related(change.reason);
-        if !change.resource_version.is_empty() {
-            entry.resource_version = Rv::new(&change.resource_version);
-        }
-        if !change.uid.is_empty() {
-            entry.uid = Uid::new(&change.uid);
-        }
         // A change of an owned or a named object, or a trigger, says nothing about the key's own
-        // object: its state and body stay as they were.
+        // object: its version, uid, state and body stay as they were (a body kept from its last
+        // delivery is of that version).
         if !owned {
+            if !change.resource_version.is_empty() {
+                entry.resource_version = Rv::new(&change.resource_version);
+            }
+            if !change.uid.is_empty() {
+                entry.uid = Uid::new(&change.uid);
+            }
             entry.deleted = change.deleted;
             // Replace the body: the latest state is the one worth delivering.
             self.drop_body(&key);

@@ -22,9 +22,9 @@
 //!   allocation when the uid and resourceVersion have their usual forms and the name is at most
 //!   23 bytes (the key's `group/kind/namespace/` prefix is interned once per queue, see
 //!   `keys.rs`), plus one timer and one flight record per delayed or in-flight key. Object
-//!   bodies are kept for ready keys, and with `keep_delivered_bodies` for delivered ones
-//!   within half of it, only within `body_budget` bytes; past it a key is delivered without
-//!   its body. A key moved from the listed lane to the live one leaves its
+//!   bodies are kept for ready keys only within `body_budget` bytes, past which a key is
+//!   delivered without its body; with `keep_delivered_bodies`, delivered bodies stay with
+//!   their keys within half of it. A key moved from the listed lane to the live one leaves its
 //!   old place behind until it is passed over or the lanes are compacted, which they are in
 //!   one pass as soon as such places outnumber both the ready keys and [`STALE_SLACK`]: the
 //!   lanes hold a place per ready key and at most as many stale ones as there were ready keys
@@ -76,7 +76,8 @@ pub struct QueueConfig {
     pub backoff: Backoff,
     /// A delivery not acknowledged within this time is treated as failed and retried.
     pub max_reconcile_time: Duration,
-    /// Most bytes of object bodies held for ready keys; past it keys are delivered without body.
+    /// Most bytes of object bodies held for ready keys (and kept from deliveries, within half
+    /// of it); past it keys are delivered without body.
     pub body_budget: usize,
     /// Most bytes of memos ([`GroupQueue::leave_memo`]) the group keeps, each at most
     /// [`kube_dispatch_proto::MAX_MEMO_BYTES`]; past it a memo is not kept and the key's next
@@ -376,7 +377,8 @@ pub struct GroupQueue {
     /// The timer slot of each key that has one (a delayed key's retry, an in-flight key's
     /// reconcile deadline); kept beside the entries so idle keys pay nothing for it.
     timer_slots: HashMap<Key, (Instant, u64)>,
-    /// Bodies of queued keys, within the budget; beside the entries for the same reason.
+    /// Bodies of queued keys, and of delivered ones where the group keeps them, within the
+    /// budget; beside the entries for the same reason.
     bodies: HashMap<Key, Arc<[u8]>>,
     /// The trace context of the first traced change of each key since its last delivery; empty
     /// unless traces are exported. At most one per key.

@@ -52,7 +52,8 @@ pub struct QueueFigures {
     pub delayed: usize,
     /// Of those, the keys backing off after a failure (the rest wait for a requeue-after).
     pub backing_off: usize,
-    /// Bytes of object bodies held for ready keys.
+    /// Bytes of object bodies held for ready keys, and kept from deliveries
+    /// ([`super::QueueConfig::keep_delivered_bodies`]).
     pub body_bytes: usize,
     /// Bytes of memos kept.
     pub memo_bytes: usize,

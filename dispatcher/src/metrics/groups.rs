@@ -60,7 +60,7 @@ const GAUGES: [Described<FigureOf<usize>>; 12] = [
     ),
     (
         "kube_dispatch_group_body_bytes",
-        "Bytes of object bodies held for ready keys",
+        "Bytes of object bodies held for ready keys, and kept from deliveries in groups with children or named objects",
         |f| f.queue.body_bytes,
     ),
     (

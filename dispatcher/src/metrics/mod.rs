@@ -30,7 +30,7 @@
 //! | `kube_dispatch_group_referrers` | gauge | objects served here that name others at a `referenced_by` field path |
 //! | `kube_dispatch_group_reference_bytes` | gauge | about the bytes of the index of what they name (about 150 per reference) |
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
-//! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys |
+//! | `kube_dispatch_group_body_bytes` | gauge | bytes of object bodies held for ready keys, and kept from deliveries in groups with children or named objects |
 //! | `kube_dispatch_group_memo_bytes` | gauge | bytes of memos acknowledgements left for their keys' next deliveries |
 //! | `kube_dispatch_group_oldest_ready_seconds` | gauge | how long the key ready the longest has waited for delivery (0 with none ready) |
 //! | `kube_dispatch_group_deliveries_total` | counter | deliveries, by `reason` |

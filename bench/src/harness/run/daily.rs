@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Setup, Tier, Variant,
-    measure::{Observations, Write},
+    measure::{Observations, Write, latencies},
     processes::{dispatchers_ready, group_channel},
 };
 use crate::harness::{
@@ -346,7 +346,8 @@ impl Setup<'_> {
         acted?;
         let recovered_s = begun.elapsed().as_secs_f64();
         let sent = sent.into_inner().unwrap_or_else(|e| e.into_inner());
-        let latencies = all_reconciled(&mut running.observed, &sent).await?;
+        let (mut latencies, _) = latencies(&mut running.observed, &sent, BOUND).await?;
+        latencies.sort_unstable();
         self.control_plane.quiet().await;
         let window_s = begun.elapsed().as_secs_f64();
         let apiserver_cpu_s = self.control_plane.cpu_seconds().0 - cpu_before;
@@ -542,29 +543,6 @@ async fn recovered(
             })?
             .context("the reconcile observer stopped")?;
     }
-}
-
-/// Waits until every write of `sent` has been reconciled: their latencies (micros), sorted.
-async fn all_reconciled(
-    observed: &mut watch::Receiver<Observations>,
-    sent: &[(String, u64, Write)],
-) -> anyhow::Result<Vec<u64>> {
-    let o = tokio::time::timeout(
-        BOUND,
-        observed.wait_for(|o| {
-            sent.iter()
-                .all(|(key, _, write)| o.reconciled_after(key, *write).is_some())
-        }),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("some writes were not reconciled within {BOUND:?}"))?
-    .context("the reconcile observer stopped")?;
-    let mut latencies: Vec<u64> = sent
-        .iter()
-        .filter_map(|(key, at, write)| Some(o.reconciled_after(key, *write)?.saturating_sub(*at)))
-        .collect();
-    latencies.sort_unstable();
-    Ok(latencies)
 }
 
 mod report;

@@ -167,7 +167,9 @@ impl Setup<'_> {
         });
 
         let sent = self.timed_writes(variant, run, written).await?;
-        let (latencies_us, reconciles) = latencies(variant, &mut observed, &sent).await?;
+        let (latencies_us, reconciles) = latencies(&mut observed, &sent, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("{variant}"))?;
         // Each write's latency, in the order written, for looking into a percentile.
         let listing: String = sent
             .iter()
@@ -328,23 +330,23 @@ impl Setup<'_> {
     }
 }
 
-/// Waits (60 s at most) until every write in `sent` has been reconciled: each write's latency
-/// (micros, in the order written) and the reconciles started in all.
-async fn latencies(
-    variant: Variant,
+/// Waits (`bound` at most) until every write in `sent` has been reconciled: each write's
+/// latency (micros, in the order written) and the reconciles started in all.
+pub(super) async fn latencies(
     observed: &mut watch::Receiver<Observations>,
-    sent: &Sent,
+    sent: &[(String, u64, Write)],
+    bound: Duration,
 ) -> anyhow::Result<(Vec<u64>, u64)> {
     tokio::time::timeout(
-        Duration::from_secs(60),
+        bound,
         observed.wait_for(|o| {
             sent.iter()
                 .all(|(key, _, write)| o.reconciled_after(key, *write).is_some())
         }),
     )
     .await
-    .map_err(|_| anyhow::anyhow!("{variant}: some writes were not reconciled within 60 s"))?
-    .context("the observer stopped")?;
+    .map_err(|_| anyhow::anyhow!("some writes were not reconciled within {bound:?}"))?
+    .context("the reconcile observer stopped")?;
     let o = observed.borrow();
     let latencies: Vec<u64> = sent
         .iter()

@@ -362,10 +362,11 @@ fn a_delivered_body_stays_for_an_owned_change_where_the_group_keeps_them() {
     }
 }
 
-/// Delivered bodies take at most half the group's budget, and only while the pool is at most
-/// half full, so that ready keys' bodies always have the other half.
+/// Delivered bodies take at most half the group's budget, and only while the pool is at most a
+/// quarter full, so that ready keys' bodies always have the other half of the budget and
+/// children's bodies a quarter of the pool; a group held to a share sheds them first.
 #[test]
-fn delivered_bodies_are_kept_within_half_the_budget_and_the_pool() {
+fn delivered_bodies_are_kept_within_half_the_budget_and_a_quarter_of_the_pool() {
     let now = Instant::now();
     let pool = BodyPool::new(1000);
     let mut q = GroupQueue::with_pool(
@@ -388,11 +389,23 @@ fn delivered_bodies_are_kept_within_half_the_budget_and_the_pool() {
         q.ack(1, d.id, Outcome::Success, now);
     }
     q.check();
-    // A pool more than half full keeps no delivered body, whatever the group's budget.
-    assert!(pool.take(600));
+    // A pool more than a quarter full keeps no delivered body, whatever the group's budget.
+    assert!(pool.take(300));
     q.change("k3", with_body(Reason::Added, 1, 10));
     let d = q.take(1, 1, now);
     assert!(d[0].body.is_some());
-    assert_eq!(q.body_bytes(), 30, "the pool is short of half: not kept");
-    pool.give_back(600);
+    assert_eq!(q.body_bytes(), 30, "the pool is past a quarter: not kept");
+    q.ack(1, d[0].id, Outcome::Success, now);
+    pool.give_back(300);
+    // Held to a share, the group sheds what it kept before the bodies of ready keys.
+    q.change("k4", with_body(Reason::Added, 1, 40));
+    assert_eq!(q.body_bytes(), 70);
+    assert_eq!(q.hold_bodies_to(Some(40)), 30);
+    let d = q.take(1, 1, now);
+    assert_eq!(
+        (d[0].key.as_str(), d[0].body.as_ref().map(|b| b.len())),
+        ("k4", Some(40)),
+        "the ready key kept its body"
+    );
+    q.check();
 }
