@@ -330,8 +330,14 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
         profile_apiserver: false,
     };
     let mut runs = Vec::new();
-    let mut shapes: Vec<Shape> = args.shapes.clone();
-    shapes.dedup();
+    // Each shape once, in the order given: a shape run twice in one repeat would write the
+    // same values again.
+    let mut shapes: Vec<Shape> = Vec::new();
+    for shape in &args.shapes {
+        if !shapes.contains(shape) {
+            shapes.push(*shape);
+        }
+    }
     for run in 0..args.repeats {
         for shape in &shapes {
             println!("bench-daily: run {} of {}: {shape}", run + 1, args.repeats);

@@ -40,12 +40,13 @@
 //!
 //! With `--leader-elect LEASE` (the kube-rs runtimes), the shape kube-rs controllers run in
 //! production: two or more replicas, one leading through that Lease in `--namespace`, taken and
-//! kept with `kube-lease-manager` (15 s duration, 2 s grace, given up on a clean stop), the
+//! kept with `kube-lease-manager` (15 s duration, 5 s grace, given up on a clean stop), the
 //! standby cold: it starts its `Controller`, watch and cache only once it leads, and exits if
 //! it stops leading.
 //!
-//! Every process prints `ready` on stdout once its client is built, which is when a readiness
-//! probe of a controller pod first passes, and every reconcile prints
+//! Every process prints `ready` on stdout once its client is built (with `--leader-elect`,
+//! once it has read the Lease), about when a readiness probe of a controller pod first passes,
+//! and every reconcile prints
 //! `reconcile <unix micros> <namespace>/<name> <resourceVersion>` as it starts; logs go to
 //! stderr.
 
@@ -353,6 +354,8 @@ async fn lead(
         .build()
         .await?;
     let (mut leading, election) = manager.watch().await;
+    // Ready once the Lease has been read, as a pod that is ready has long read it.
+    println!("ready");
     let mut terminate = signal(SignalKind::terminate())?;
     let led = tokio::select! {
         changed = leading.wait_for(|leads| *leads) => { changed?; true }
@@ -376,10 +379,10 @@ async fn lead(
     outcome
 }
 
-/// The Lease of `--leader-elect`: controller-runtime's default duration, and a grace of one of
-/// its retry periods.
+/// The Lease of `--leader-elect`: controller-runtime's default duration, renewed 5 s before it
+/// runs out (`kube-lease-manager`'s default grace), as controller-runtime renews within 10 s.
 const LEASE_SECONDS: u64 = 15;
-const LEASE_GRACE_SECONDS: u64 = 2;
+const LEASE_GRACE_SECONDS: u64 = 5;
 
 /// Refuses flags that do not go together.
 fn check(args: &Args) -> anyhow::Result<()> {
@@ -489,11 +492,13 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let client = Client::try_default().await?;
-    println!("ready");
     let run = controller(&args, client.clone());
     match &args.leader_elect {
         Some(lease) => lead(client, lease, &args.namespace, run).await?,
-        None => run.await,
+        None => {
+            println!("ready");
+            run.await;
+        }
     }
     Ok(())
 }

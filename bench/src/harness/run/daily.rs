@@ -40,10 +40,13 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Setup, Tier, Variant,
     measure::{Observations, Write, latencies},
-    processes::{dispatchers_ready, group_channel},
+    processes::group_channel,
 };
 use crate::harness::{
-    apiserver::request_counts, objects::change_value, process::Component, report::percentile,
+    apiserver::{metrics_text, request_counts, sum_where},
+    objects::change_value,
+    process::Component,
+    report::percentile,
 };
 
 /// Controller replicas of every shape.
@@ -165,12 +168,17 @@ pub(crate) struct Measured {
     pub(crate) window_s: f64,
     /// The API server's CPU in the window.
     pub(crate) apiserver_cpu_s: f64,
-    /// `apiserver_cpu_s` less what the steady window's rate would have spent in as long: what
-    /// the event itself cost (none for the steady window).
+    /// `apiserver_cpu_s` less what the steady window's rates would have spent in as long (its
+    /// rate while writing over `recovered_s`, its rate after over the rest): what the event
+    /// itself cost (none for the steady window).
     pub(crate) above_steady_s: Option<f64>,
-    /// Requests on the objects' resource in the window, the writer's PATCHes left out.
+    /// The API server's CPU from the event's start to `recovered_s`, while the writer wrote.
+    pub(crate) cpu_recovered_s: f64,
+    /// Requests on the objects' resource in the window, the writer's PATCHes left out: LIST
+    /// requests (each page of a paged list), streaming lists (a WATCH with
+    /// `sendInitialEvents`), GETs and PATCHes.
     pub(crate) lists: u64,
-    pub(crate) watches: u64,
+    pub(crate) watch_lists: u64,
     pub(crate) gets: u64,
     pub(crate) patches: u64,
     /// Writes made in the window, and their write-to-reconcile times.
@@ -185,6 +193,37 @@ pub(crate) struct Measured {
     /// been reconciled.
     pub(crate) cold_start_s: Option<f64>,
 }
+
+/// The API server's CPU per second in the steady window: while the writer wrote, and after it
+/// stopped until the API server was quiet.
+#[derive(Clone, Copy, Debug)]
+struct Rates {
+    writing: f64,
+    after: f64,
+}
+
+impl Rates {
+    fn of(steady: &Measured) -> Self {
+        let after_s = steady.window_s - steady.recovered_s;
+        Self {
+            writing: steady.cpu_recovered_s / steady.recovered_s.max(f64::EPSILON),
+            after: if after_s > 0.0 {
+                (steady.apiserver_cpu_s - steady.cpu_recovered_s) / after_s
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// What a window `window_s` long whose writer wrote for `writing_s` would have cost at
+    /// these rates.
+    fn expected(self, writing_s: f64, window_s: f64) -> f64 {
+        self.writing * writing_s + self.after * (window_s - writing_s).max(0.0)
+    }
+}
+
+/// The API server's count of streaming lists, by resource.
+const WATCH_LISTS: &str = "apiserver_watch_list_duration_seconds_count";
 
 /// The timed writes: each object's key, when (micros), and what was written.
 type Sent = Mutex<Vec<(String, u64, Write)>>;
@@ -223,6 +262,9 @@ impl Setup<'_> {
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await
             .context("cannot clear the Leases of earlier runs")?;
+        // The cold start counts from here: the tier's own start (its ring, its load balancer
+        // leading) is part of it, as an incumbent's first Lease is of its.
+        let begun = now_micros();
         let (tier, standby_lb, lb_port) = if shape == Shape::Tier {
             let tier = self.start_tier(&log_dir, None).await?;
             let standby = self.spawn_loadbalancer("loadbalancer-standby", &log_dir)?;
@@ -254,7 +296,9 @@ impl Setup<'_> {
             restarts: 0,
         };
         drop(tx);
-        let result = self.events(shape, run, &written, &mut running).await;
+        let result = self
+            .events((shape, run), begun, &written, &mut running)
+            .await;
         observer.abort();
         let tier = running.tier.map(|t| t.components).unwrap_or_default();
         let all = running
@@ -266,15 +310,14 @@ impl Setup<'_> {
         result
     }
 
-    /// The cold start, awaited, then each event of `shape` measured.
+    /// The cold start begun at `begun` (micros), awaited, then each event of `shape` measured.
     async fn events(
         &self,
-        shape: Shape,
-        run: usize,
+        (shape, run): (Shape, usize),
+        begun: u64,
         written: &[usize],
         running: &mut Running,
     ) -> anyhow::Result<Vec<Measured>> {
-        let begun = now_micros();
         // One at a time, each ready first: the first leads, as in a fresh install.
         for _ in 0..REPLICAS {
             let mut replica = running.spawn_replica(self)?;
@@ -298,10 +341,12 @@ impl Setup<'_> {
         self.control_plane.quiet().await;
         let mut measured: Vec<Measured> = Vec::new();
         for event in shape.events() {
-            let steady = measured.iter().find(|m| m.event == Event::Steady);
-            let rate = steady.map(|s| s.apiserver_cpu_s / s.window_s);
+            let steady = measured
+                .iter()
+                .find(|m| m.event == Event::Steady)
+                .map(Rates::of);
             let mut m = self
-                .event((shape, *event), run, written, running, rate)
+                .event((shape, *event), run, written, running, steady)
                 .await
                 .with_context(|| format!("{shape}: {}", event.name()))?;
             if *event == Event::Steady {
@@ -312,16 +357,17 @@ impl Setup<'_> {
         Ok(measured)
     }
 
-    /// Runs `event` while the writer writes, and measures it; `rate` is the steady window's
-    /// API-server CPU per second.
+    /// Runs `event` while the writer writes, and measures it; `steady` are the steady
+    /// window's rates.
     async fn event(
         &self,
         (shape, event): (Shape, Event),
         run: usize,
         written: &[usize],
         running: &mut Running,
-        rate: Option<f64>,
+        steady: Option<Rates>,
     ) -> anyhow::Result<Measured> {
+        let metrics_before = metrics_text(self.client).await?;
         let requests_before = request_counts(self.client).await?;
         let cpu_before = self.control_plane.cpu_seconds().0;
         let begun = Instant::now();
@@ -340,11 +386,20 @@ impl Setup<'_> {
             stop.cancel();
             acted
         };
-        let (wrote, acted) =
-            tokio::join!(self.write_steadily(&label, written, &sent, &stop), acting);
-        wrote?;
-        acted?;
+        {
+            let mut writes = std::pin::pin!(self.write_steadily(&label, written, &sent, &stop));
+            // A writer that fails ends the event at once: what it waits for would never come.
+            tokio::select! {
+                acted = acting => acted?,
+                wrote = &mut writes => {
+                    wrote?;
+                    anyhow::bail!("the writer stopped before the event ended");
+                }
+            }
+            writes.await?;
+        }
         let recovered_s = begun.elapsed().as_secs_f64();
+        let cpu_recovered_s = self.control_plane.cpu_seconds().0 - cpu_before;
         let sent = sent.into_inner().unwrap_or_else(|e| e.into_inner());
         let (mut latencies, _) = latencies(&mut running.observed, &sent, BOUND).await?;
         latencies.sort_unstable();
@@ -352,9 +407,15 @@ impl Setup<'_> {
         let window_s = begun.elapsed().as_secs_f64();
         let apiserver_cpu_s = self.control_plane.cpu_seconds().0 - cpu_before;
         let requests = request_counts(self.client).await?;
+        let metrics = metrics_text(self.client).await?;
         let rss_mib = running.rss()? as f64 / f64::from(1 << 20);
         let resource = self.group_kind(0).resource();
         let count = |verb| requests.since(&requests_before, resource, verb);
+        // Streaming lists (a WATCH with sendInitialEvents, client-go's default since 1.35)
+        // are counted when their initial list ends; a WATCH only when it closes.
+        let of_resource = format!("resource=\"{resource}\"");
+        let watch_lists = sum_where(&metrics, WATCH_LISTS, &[&of_resource])
+            - sum_where(&metrics_before, WATCH_LISTS, &[&of_resource]);
         let ms = |p| percentile(&latencies, p).map_or(0.0, |us| us / 1000.0);
         Ok(Measured {
             shape,
@@ -363,11 +424,12 @@ impl Setup<'_> {
             recovered_s,
             window_s,
             apiserver_cpu_s,
-            above_steady_s: rate
+            cpu_recovered_s,
+            above_steady_s: steady
                 .filter(|_| event != Event::Steady)
-                .map(|r| apiserver_cpu_s - r * window_s),
+                .map(|r| apiserver_cpu_s - r.expected(recovered_s, window_s)),
             lists: count("LIST"),
-            watches: count("WATCH"),
+            watch_lists: watch_lists.max(0.0).round() as u64,
             gets: count("GET"),
             patches: count("PATCH").saturating_sub(sent.len() as u64),
             writes: sent.len(),
@@ -420,97 +482,6 @@ impl Setup<'_> {
     }
 }
 
-impl Running {
-    /// Starts the next replica.
-    fn spawn_replica(&mut self, setup: &Setup<'_>) -> anyhow::Result<Component> {
-        let replica = setup.spawn_replica(
-            (0, self.started),
-            (&self.program, &self.args),
-            self.lb_port,
-            &self.log_dir,
-            &self.group_tx,
-        )?;
-        self.started += 1;
-        Ok(replica)
-    }
-
-    /// Resident bytes of every process now.
-    fn rss(&mut self) -> anyhow::Result<u64> {
-        let tier = self
-            .tier
-            .as_mut()
-            .map_or(&mut [][..], |t| &mut t.components[..]);
-        let mut bytes = 0;
-        for c in self
-            .replicas
-            .iter_mut()
-            .chain(tier)
-            .chain(&mut self.standby_lb)
-        {
-            bytes += c.usage()?.rss;
-        }
-        Ok(bytes)
-    }
-
-    /// What `event` does to the processes.
-    async fn act(&mut self, setup: &Setup<'_>, event: Event) -> anyhow::Result<()> {
-        match event {
-            // As long as the writer takes to write each of its objects once.
-            Event::Steady => {
-                let writes = u32::try_from(setup.writes).unwrap_or(u32::MAX);
-                tokio::time::sleep(setup.write_interval * writes).await;
-            }
-            Event::Rollout => {
-                for _ in 0..REPLICAS {
-                    let mut new = self.spawn_replica(setup)?;
-                    new.ready(BOUND).await?;
-                    let old = self.replicas.remove(0);
-                    old.terminate(GRACE).await;
-                    self.replicas.push(new);
-                }
-            }
-            Event::TierUpgrade => {
-                let tier = self.tier.as_mut().context("a tier upgrade needs a tier")?;
-                for i in (0..tier.components.len().min(tier.dispatcher_env.len())).rev() {
-                    let old = tier.components.remove(i);
-                    old.terminate(GRACE).await;
-                    self.restarts += 1;
-                    let new = Component::spawn(
-                        &format!("dispatcher-{i}-restart-{}", self.restarts),
-                        &setup.binaries.dispatcher,
-                        &[],
-                        &tier.dispatcher_env[i],
-                        &self.log_dir,
-                        None,
-                    )?;
-                    tier.components.insert(i, new);
-                    serving(tier).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Waits until every dispatcher of `tier` serves on a ring of them all.
-async fn serving(tier: &mut Tier) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + BOUND;
-    let mut ticks = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        ticks.tick().await;
-        if dispatchers_ready(&tier.dispatcher_admin).await {
-            return Ok(());
-        }
-        for c in &mut tier.components {
-            c.ensure_running()?;
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the dispatchers did not all serve again within {BOUND:?}"
-        );
-    }
-}
-
 /// Waits until the controller has reconciled a write made at `acted` or later, and every write
 /// made before: it works again.
 async fn recovered(
@@ -546,6 +517,7 @@ async fn recovered(
 }
 
 mod report;
+mod running;
 pub(crate) use report::{Figures, table};
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ fn events_table(runs: &[Measured]) -> String {
     events.sort_unstable();
     events.dedup();
     let mut out = String::from(
-        "| event | shape | reconciling again after (s) | window (s) | API-server CPU (s) | above steady (s) | LIST / WATCH / GET | writes | write to reconcile p50 / p99 / max (ms) | above steady ÷ the tier's | max ÷ the tier's |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| event | shape | reconciling again after (s) | window (s) | API-server CPU (s) | above steady (s) | LIST / watch-list / GET | writes | write to reconcile p50 / p99 / max (ms) | above steady ÷ the tier's | max ÷ the tier's |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     let fmt =
         |v: Option<f64>, digits: usize| v.map_or("–".to_owned(), |v| format!("{v:.digits$}"));
@@ -111,7 +111,7 @@ fn events_table(runs: &[Measured]) -> String {
                 _ => "–".to_owned(),
             };
             let lists = get(|m| m.lists as f64);
-            let watches = get(|m| m.watches as f64);
+            let watches = get(|m| m.watch_lists as f64);
             let gets = get(|m| m.gets as f64);
             out.push_str(&format!(
                 "| {} | {shape} | {} | {} | {} | {} | {} / {} / {} | {} | {} / {} / {} | {} | {} |\n",

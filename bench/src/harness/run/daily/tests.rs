@@ -9,8 +9,9 @@ fn measured(shape: Shape, event: Event, run: usize, above: Option<f64>, max_ms: 
         window_s: 10.0,
         apiserver_cpu_s: 1.0 + above.unwrap_or(0.0),
         above_steady_s: above,
+        cpu_recovered_s: 0.5,
         lists: 1,
-        watches: 2,
+        watch_lists: 2,
         gets: 3,
         patches: 0,
         writes: 100,
@@ -91,4 +92,24 @@ fn only_the_tier_meets_a_tier_upgrade_and_every_shape_starts_steady() {
     }
     assert_eq!(Shape::Tier.variant(), Variant::Dispatch(REPLICAS));
     assert!(Shape::ControllerRuntimeWarm.args().contains(&"--warmup"));
+}
+
+/// What an event would have cost at the steady window's rates: its rate while its writer
+/// wrote over the event's writing time, and its rate after over the rest.
+#[test]
+fn an_event_is_set_against_the_steady_rates_of_writing_and_of_quiet() {
+    let steady = Measured {
+        recovered_s: 10.0,
+        window_s: 20.0,
+        cpu_recovered_s: 2.0,
+        apiserver_cpu_s: 3.0,
+        ..measured(Shape::Tier, Event::Steady, 0, None, 1.0)
+    };
+    let rates = Rates::of(&steady);
+    assert!((rates.writing - 0.2).abs() < 1e-9, "{rates:?}");
+    assert!((rates.after - 0.1).abs() < 1e-9, "{rates:?}");
+    // 5 s of writing and 10 s of quiet after.
+    assert!((rates.expected(5.0, 15.0) - 2.0).abs() < 1e-9);
+    // A window no longer than its writing has no quiet part.
+    assert!((rates.expected(5.0, 4.0) - 1.0).abs() < 1e-9);
 }

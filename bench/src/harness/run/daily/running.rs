@@ -1,0 +1,110 @@
+//! A shape's processes as its events change them: replicas replaced, dispatchers restarted.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::{BOUND, Event, GRACE, REPLICAS, Running};
+use crate::harness::{
+    process::Component,
+    run::{Setup, Tier, processes::dispatchers_ready},
+};
+
+impl Running {
+    /// Starts the next replica.
+    pub(super) fn spawn_replica(&mut self, setup: &Setup<'_>) -> anyhow::Result<Component> {
+        let replica = setup.spawn_replica(
+            (0, self.started),
+            (&self.program, &self.args),
+            self.lb_port,
+            &self.log_dir,
+            &self.group_tx,
+        )?;
+        self.started += 1;
+        Ok(replica)
+    }
+
+    /// Resident bytes of every process now.
+    pub(super) fn rss(&mut self) -> anyhow::Result<u64> {
+        let tier = self
+            .tier
+            .as_mut()
+            .map_or(&mut [][..], |t| &mut t.components[..]);
+        let mut bytes = 0;
+        for c in self
+            .replicas
+            .iter_mut()
+            .chain(tier)
+            .chain(&mut self.standby_lb)
+        {
+            bytes += c.usage()?.rss;
+        }
+        Ok(bytes)
+    }
+
+    /// What `event` does to the processes.
+    pub(super) async fn act(&mut self, setup: &Setup<'_>, event: Event) -> anyhow::Result<()> {
+        match event {
+            // As long as the writer takes to write each of its objects once.
+            Event::Steady => {
+                let writes = u32::try_from(setup.writes).unwrap_or(u32::MAX);
+                tokio::time::sleep(setup.write_interval * writes).await;
+            }
+            Event::Rollout => {
+                for _ in 0..REPLICAS {
+                    let mut new = self.spawn_replica(setup)?;
+                    new.ready(BOUND).await?;
+                    let old = self.replicas.remove(0);
+                    let name = old.name.clone();
+                    self.replicas.push(new);
+                    anyhow::ensure!(
+                        old.terminate(GRACE).await,
+                        "{name} did not stop within {GRACE:?} of SIGTERM and was killed"
+                    );
+                }
+            }
+            Event::TierUpgrade => {
+                let tier = self.tier.as_mut().context("a tier upgrade needs a tier")?;
+                for i in (0..tier.components.len().min(tier.dispatcher_env.len())).rev() {
+                    let old = tier.components.remove(i);
+                    let name = old.name.clone();
+                    anyhow::ensure!(
+                        old.terminate(GRACE).await,
+                        "{name} did not stop within {GRACE:?} of SIGTERM and was killed"
+                    );
+                    self.restarts += 1;
+                    let new = Component::spawn(
+                        &format!("dispatcher-{i}-restart-{}", self.restarts),
+                        &setup.binaries.dispatcher,
+                        &[],
+                        &tier.dispatcher_env[i],
+                        &self.log_dir,
+                        None,
+                    )?;
+                    tier.components.insert(i, new);
+                    serving(tier).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until every dispatcher of `tier` serves on a ring of them all.
+async fn serving(tier: &mut Tier) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut ticks = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        ticks.tick().await;
+        if dispatchers_ready(&tier.dispatcher_admin).await {
+            return Ok(());
+        }
+        for c in &mut tier.components {
+            c.ensure_running()?;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the dispatchers did not all serve again within {BOUND:?}"
+        );
+    }
+}
