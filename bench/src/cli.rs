@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::{
     OBJECT_BYTES,
     harness::run::Binaries,
-    markdown::{own_dir, write_json, write_section},
+    markdown::{own_dir, produced, write_json, write_section},
 };
 
 mod compare;
@@ -173,6 +173,22 @@ impl Output {
         } else {
             &self.out
         }
+    }
+
+    /// Prints `table`, then writes it into section `name` of its page under the header that
+    /// says how it was produced (`make_target` unless --command says otherwise, `what` ran, with
+    /// the binaries of `bin_dir`), and `figures` into --json if asked for.
+    pub(crate) fn publish(
+        &self,
+        (name, make_target): (&str, &str),
+        what: &str,
+        bin_dir: &Path,
+        table: &str,
+        figures: &impl Serialize,
+    ) -> anyhow::Result<()> {
+        println!("\n{table}");
+        let section = produced(self.command(make_target), what, bin_dir, table);
+        self.write(name, &section, figures)
     }
 
     /// Writes `section` between the markers of `name` in its page, then `figures` into --json

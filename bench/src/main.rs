@@ -25,7 +25,7 @@ use harness::{
 };
 use kube_dispatch_bench::now_micros;
 use kube_dispatch_tests::Cluster;
-use markdown::{own_dir, produced};
+use markdown::own_dir;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -124,9 +124,8 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         })
         .await?;
     let table = harness::ceiling::table(&steps);
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-ceiling"),
+    args.output.publish(
+        ("ceiling", "make bench-ceiling"),
         &format!(
             "{objects} ConfigMaps of {} bytes, one dispatcher, one SDK replica, each rate held {}, at most {} patches in flight, security off",
             args.object_bytes,
@@ -135,10 +134,6 @@ async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
         ),
         &args.processes.bin_dir(),
         &table,
-    );
-    args.output.write(
-        "ceiling",
-        &section,
         &harness::ceiling::Figures { steps: &steps },
     )
 }
@@ -200,9 +195,8 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
         );
     }
     let table = shards::table(&outcomes);
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-shards"),
+    args.output.publish(
+        ("shards", "make bench-shards"),
         &format!(
             "{namespaces} namespaces of {objects} ConfigMaps of {} bytes, {} dispatchers, one SDK replica over every namespace; {} writes {} apart; security off",
             args.object_bytes,
@@ -212,10 +206,6 @@ async fn shards(args: ShardsArgs) -> anyhow::Result<()> {
         ),
         &args.processes.bin_dir(),
         &table,
-    );
-    args.output.write(
-        "shards",
-        &section,
         &shards::Figures {
             outcomes: &outcomes,
         },
@@ -234,17 +224,16 @@ async fn security(args: SecurityArgs) -> anyhow::Result<()> {
     })
     .await?;
     let table = results.table();
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-security"),
+    args.output.publish(
+        ("security", "make bench-security"),
         &format!(
             "one dispatcher in the benchmark's process; {} timed writes and {} OpenSessions per run",
             args.writes, args.opens,
         ),
         &own_dir(),
         &table,
-    );
-    args.output.write("security", &section, &results.figures())
+        &results.figures(),
+    )
 }
 
 /// `hostile`: what each attack costs a legitimate controller, written into the `hostile`
@@ -259,14 +248,13 @@ async fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     })
     .await?;
     let table = results.table();
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-hostile"),
+    args.output.publish(
+        ("hostile", "make bench-hostile"),
         "one dispatcher process, TLS and token reviews on, every bound at its default but the body pool; a legitimate controller in the benchmark's process; the attackers beside it on threads of their own, all on loopback",
         &args.processes.bin_dir(),
         &table,
-    );
-    args.output.write("hostile", &section, &results)
+        &results,
+    )
 }
 
 /// `metrics`: what metrics cost a reconcile, written into the `metrics` section.
@@ -277,14 +265,13 @@ async fn metrics(args: MetricsArgs) -> anyhow::Result<()> {
     })
     .await?;
     let table = results.table();
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-metrics"),
+    args.output.publish(
+        ("metrics", "make bench-metrics"),
         "one dispatcher and one controller replica in the benchmark's process, security off, a reconcile that does nothing",
         &own_dir(),
         &table,
-    );
-    args.output.write("metrics", &section, &results)
+        &results,
+    )
 }
 
 /// `daily`: a controller's rollout and the tier's rolling upgrade, each controller in its
@@ -346,9 +333,8 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
         shapes.rotate_left(1);
     }
     let table = daily::table(&runs);
-    println!("\n{table}");
-    let section = produced(
-        args.output.command("make bench-daily"),
+    args.output.publish(
+        ("daily", "make bench-daily"),
         &format!(
             "{} ConfigMaps of {} bytes; {} dispatchers; two replicas of every controller; {} objects written in turn every {}; security off",
             args.objects,
@@ -359,7 +345,6 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
         ),
         &args.processes.bin_dir(),
         &table,
-    );
-    args.output
-        .write("daily", &section, &daily::Figures { runs: &runs })
+        &daily::Figures { runs: &runs },
+    )
 }
