@@ -151,11 +151,20 @@ impl GroupQueue {
                 if !waiting && object.fingerprint.is_some() && object.fingerprint == e.fingerprint {
                     // Not delivered, but the version moves on (so a re-list showing it again
                     // is no change), and a body held for an older one goes: a later delivery
-                    // (a retry, a resync) names this version, and is read at least as new.
+                    // (a retry, a resync, a child's change) names this version. One kept from
+                    // the key's last delivery is replaced by this version's, within the
+                    // budget and the pool; any other is read at least as new.
                     e.resource_version = Rv::new(&object.resource_version);
                     self.counts.changes_filtered += 1;
-                    if let Some(key) = known {
-                        self.drop_body(&key);
+                    if let Some(key) = known
+                        && self.drop_body(&key).is_some()
+                        && let Some(body) = object.body
+                        && self.body_bytes + body.len()
+                            <= self.config.body_budget.min(self.body_share)
+                        && self.pool.take(body.len())
+                    {
+                        self.body_bytes += body.len();
+                        self.bodies.insert(key, body);
                     }
                     return Vec::new();
                 }

@@ -391,3 +391,49 @@ fn a_change_filter_never_holds_back_a_new_object_of_the_name() {
     );
     assert_eq!(q.take(1, 10, now)[0].reason, Reason::Added);
 }
+
+/// A change the filter skips moves a kept body on to its version: the delivery a child's change
+/// causes next carries the object as it is now, not as it was delivered.
+#[test]
+fn a_filtered_change_moves_a_kept_body_on_to_its_version() {
+    let now = Instant::now();
+    let mut q = GroupQueue::new(QueueConfig {
+        keep_delivered_bodies: true,
+        ..queue().config
+    });
+    q.add_session(1, "a");
+    let key = "/example.com/Site/ns/a";
+    let body = |text: &str| Some(Arc::<[u8]>::from(text.as_bytes()));
+    q.observe(
+        key,
+        Observed {
+            body: body("v1"),
+            ..filtered(1, 7)
+        },
+        1,
+    );
+    let d = q.take(1, 1, now);
+    q.ack(1, d[0].id, Outcome::Success, now);
+    // An annotation written: the filtered parts are as recorded, so nothing is delivered.
+    q.observe(
+        key,
+        Observed {
+            body: body("v2"),
+            ..filtered(2, 7)
+        },
+        1,
+    );
+    assert_eq!(q.take(1, 1, now).len(), 0);
+    q.change(key, Change::related(Reason::Owned));
+    let d = q.take(1, 1, now);
+    assert_eq!(
+        (
+            d[0].reason,
+            d[0].resource_version.as_str(),
+            d[0].body.as_deref()
+        ),
+        (Reason::Owned, "2", Some(&b"v2"[..]))
+    );
+    q.ack(1, d[0].id, Outcome::Success, now);
+    q.check();
+}
