@@ -17,6 +17,15 @@
 // their controller (IndexField, MatchingFields), which the cache serves, or on the tier the Go
 // SDK (dispatch.NewCache) by one LIST of the namespace from the API server's watch cache.
 //
+// With --leader-elect, the shape controller-runtime controllers run in production: two or more
+// replicas, one leading through the Lease "bench-controller-runtime" in the objects' namespace
+// (the manager's defaults: 15 s duration, 10 s renew deadline, 2 s retry), given up on a clean
+// stop (LeaderElectionReleaseOnCancel, which kubebuilder's scaffold leaves commented out: with
+// it a rollout's standby leads after one retry instead of after the Lease runs out), the
+// standby cold unless --warmup (EnableWarmup: it starts its sources, a full cache, before it
+// leads). Every process prints "ready" on stdout once its manager runs what needs no leader
+// (the readiness probe of a controller-runtime pod passes about then).
+//
 // Built by build.sh with the machine's Go at the versions in go.mod.
 package main
 
@@ -215,9 +224,11 @@ func main() {
 	children := flag.Int("children", 0, "ConfigMaps each Record owns and keeps (--kind record, whole-object cache); 0 for none")
 	childrenFrom := flag.String("children-from", "get", "how a reconcile finds its children: get (each read by name) or index (one List through a field index on their controller)")
 	cacheSyncTimeout := flag.Duration("cache-sync-timeout", time.Hour, "how long the cache may take to list before the controller gives up (CacheSyncTimeout)")
+	leaderElect := flag.Bool("leader-elect", false, "run as one of several replicas, the one holding the Lease \"bench-controller-runtime\" in --namespace leading (needs --namespace)")
+	warmup := flag.Bool("warmup", false, "with --leader-elect: the standby starts its sources (a full cache) before it leads (EnableWarmup)")
 	flag.Parse()
-	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--children C [--children-from get|index]] [--cache-sync-timeout D]"
-	if flag.NArg() > 0 || (*kind != "config-map" && *kind != "record") || (*children > 0 && (*kind != "record" || *metadata)) ||
+	usage := "usage: bench-controller-runtime [--namespace NS] [--selector LABELS] [--kind config-map|record] [--metadata] [--concurrency N] [--children C [--children-from get|index]] [--cache-sync-timeout D] [--leader-elect [--warmup]]"
+	if flag.NArg() > 0 || (*leaderElect && *namespace == "") || (*warmup && !*leaderElect) || (*kind != "config-map" && *kind != "record") || (*children > 0 && (*kind != "record" || *metadata)) ||
 		(*childrenFrom != "get" && *childrenFrom != "index") || (*childrenFrom == "index" && *children == 0) {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
@@ -249,9 +260,14 @@ func main() {
 		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		LeaderElection:         false,
-		NewClient:              dispatch.NewClient,
-		NewCache:               dispatch.NewCache,
+		LeaderElection:         *leaderElect,
+		// The Lease is named for the benchmark's controller; a clean stop gives it up at once
+		// (see the package comment).
+		LeaderElectionID:              "bench-controller-runtime",
+		LeaderElectionNamespace:       *namespace,
+		LeaderElectionReleaseOnCancel: true,
+		NewClient:                     dispatch.NewClient,
+		NewCache:                      dispatch.NewCache,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cannot create the manager:", err)
@@ -281,10 +297,15 @@ func main() {
 			// after 2 minutes by default, which 10 controllers listing 100k custom resources
 			// each on a 2-core machine exceeded. Wait as long as kube-rs would.
 			CacheSyncTimeout: *cacheSyncTimeout,
+			EnableWarmup:     warmup,
 		}).
 		Complete(r)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cannot create the controller:", err)
+		os.Exit(1)
+	}
+	if err := mgr.Add(readyLine{}); err != nil {
+		fmt.Fprintln(os.Stderr, "cannot add the ready line:", err)
 		os.Exit(1)
 	}
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
@@ -292,3 +313,15 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// readyLine prints "ready" on stdout when the manager starts what needs no leader, standby or
+// not: the harness starts the next step of a rollout then.
+type readyLine struct{}
+
+func (readyLine) Start(ctx context.Context) error {
+	fmt.Fprintln(os.Stdout, "ready")
+	<-ctx.Done()
+	return nil
+}
+
+func (readyLine) NeedLeaderElection() bool { return false }
