@@ -21,7 +21,7 @@ use cli::{Bench, CeilingArgs, Cli, DailyArgs, HostileArgs, MetricsArgs, Security
 use harness::{
     apiserver::ControlPlane,
     objects::{Kind, populate},
-    run::Setup,
+    run::{Binaries, Setup},
 };
 use kube_dispatch_bench::now_micros;
 use kube_dispatch_tests::Cluster;
@@ -71,6 +71,46 @@ impl Plane {
             root,
         })
     }
+
+    /// `objects` ConfigMaps of `object_bytes` bytes in a namespace of their own, filled once
+    /// (later runs reuse it): the namespace.
+    async fn config_maps(&self, objects: usize, object_bytes: usize) -> anyhow::Result<String> {
+        let kind = Kind::ConfigMap;
+        let namespace = objects_namespace(kind.flag(), objects, object_bytes);
+        populate(&self.client, kind, &namespace, objects, object_bytes).await?;
+        Ok(namespace)
+    }
+
+    /// A run over the `objects` ConfigMaps of `namespace` with one controller, one
+    /// dispatcher, no timed writes of the compare benchmark's and security off: what the
+    /// benchmarks of one namespace change from.
+    fn config_map_setup<'a>(
+        &'a self,
+        binaries: &'a Binaries,
+        namespace: &'a str,
+        objects: usize,
+        log_dir: &'a Path,
+    ) -> Setup<'a> {
+        Setup {
+            client: &self.client,
+            kubeconfig: self.kubeconfig,
+            binaries,
+            control_plane: self.control_plane,
+            kinds: &[Kind::ConfigMap],
+            namespace,
+            objects,
+            namespaces: 1,
+            groups: 1,
+            dispatchers: 1,
+            writes: 0,
+            write_interval: Duration::ZERO,
+            log_dir,
+            ring_key: None,
+            nonce: now_micros(),
+            children: 0,
+            profile_apiserver: false,
+        }
+    }
 }
 
 /// Each object's data unless `--object-bytes` says otherwise.
@@ -92,31 +132,10 @@ fn objects_namespace(flags: &str, objects: usize, object_bytes: usize) -> String
 async fn ceiling(args: CeilingArgs) -> anyhow::Result<()> {
     let binaries = args.processes.binaries(None, None)?;
     let plane = Plane::connect().await?;
-    let nonce = now_micros();
     let objects = args.objects;
-    let kind = Kind::ConfigMap;
-    let namespace = objects_namespace(kind.flag(), objects, args.object_bytes);
-    populate(&plane.client, kind, &namespace, objects, args.object_bytes).await?;
-    let setup = Setup {
-        client: &plane.client,
-        kubeconfig: plane.kubeconfig,
-        binaries: &binaries,
-        control_plane: plane.control_plane,
-        kinds: &[kind],
-        namespace: &namespace,
-        objects,
-        namespaces: 1,
-        groups: 1,
-        dispatchers: 1,
-        writes: 0,
-        // Not used: the ceiling paces its writes by each rate of the plan.
-        write_interval: Duration::ZERO,
-        log_dir: &args.processes.logs,
-        ring_key: None,
-        nonce,
-        children: 0,
-        profile_apiserver: false,
-    };
+    let namespace = plane.config_maps(objects, args.object_bytes).await?;
+    // The ceiling paces its writes by each rate of the plan, not by the setup's.
+    let setup = plane.config_map_setup(&binaries, &namespace, objects, &args.processes.logs);
     let steps = setup
         .ceiling(&harness::ceiling::Plan {
             rates: args.rates.clone(),
@@ -287,34 +306,12 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
         .processes
         .binaries(args.controller_runtime.clone(), None)?;
     let plane = Plane::connect().await?;
-    let kind = Kind::ConfigMap;
-    let namespace = objects_namespace(kind.flag(), args.objects, args.object_bytes);
-    populate(
-        &plane.client,
-        kind,
-        &namespace,
-        args.objects,
-        args.object_bytes,
-    )
-    .await?;
+    let namespace = plane.config_maps(args.objects, args.object_bytes).await?;
     let setup = Setup {
-        client: &plane.client,
-        kubeconfig: plane.kubeconfig,
-        binaries: &binaries,
-        control_plane: plane.control_plane,
-        kinds: &[kind],
-        namespace: &namespace,
-        objects: args.objects,
-        namespaces: 1,
-        groups: 1,
         dispatchers: usize::from(args.dispatchers),
         writes: args.writes,
         write_interval: args.write_interval,
-        log_dir: &args.processes.logs,
-        ring_key: None,
-        nonce: now_micros(),
-        children: 0,
-        profile_apiserver: false,
+        ..plane.config_map_setup(&binaries, &namespace, args.objects, &args.processes.logs)
     };
     let mut runs = Vec::new();
     // Each shape once, in the order given: a shape run twice in one repeat would write the

@@ -98,6 +98,15 @@ pub fn answer_budget(max_bytes: u32, dispatcher_max: usize) -> usize {
         .min(dispatcher_max)
 }
 
+/// Whether a delivery or change of this reason is about another object than the key's own (an
+/// owned one, a named one) or about none (a trigger): it says nothing of the key's own object.
+pub fn is_related(reason: v1::Reason) -> bool {
+    matches!(
+        reason,
+        v1::Reason::Owned | v1::Reason::Referenced | v1::Reason::Triggered
+    )
+}
+
 /// Version 1 of the API, package `kubedispatch.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod v1 {

@@ -12,15 +12,6 @@ use kube_dispatch_proto::v1::{Reason, ReconcileRequest};
 use super::shared::{Shared, Types};
 use crate::{Error, metrics::Source, reads::read_at as read};
 
-/// Whether a delivery of this reason is for a change of another object than the key's own (an
-/// owned one, a named one) or of none (a trigger).
-fn of_another_object(reason: i32) -> bool {
-    matches!(
-        Reason::try_from(reason),
-        Ok(Reason::Owned | Reason::Referenced | Reason::Triggered)
-    )
-}
-
 /// A deleted object as JSON from the request alone: type, name, namespace, uid,
 /// resourceVersion and a deletion timestamp.
 fn tombstone<T: Types>(shared: &Shared<T>, request: &ReconcileRequest) -> Option<Vec<u8>> {
@@ -97,7 +88,7 @@ pub(super) async fn load<T: Types>(
     };
     // A delivery for another object's change (a child's, say) names the version the
     // dispatcher's watch last showed; a reconcile here may have written a newer one since.
-    if of_another_object(request.reason)
+    if Reason::try_from(request.reason).is_ok_and(kube_dispatch_proto::is_related)
         && let Some(object) =
             shared
                 .recent

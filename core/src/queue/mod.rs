@@ -59,6 +59,8 @@ mod timers;
 use compact::{Rv, Uid};
 pub use keys::Key;
 use keys::{HashMap, HashSet, Prefixes};
+/// A change of a related reason leaves the key's own state as it was.
+pub use kube_dispatch_proto::is_related;
 use lanes::Lanes;
 pub use lanes::STALE_SLACK;
 use pool::BodyPool;
@@ -522,15 +524,6 @@ fn merge_reason(state: State, pending: Reason, new: Reason) -> Reason {
         }
         _ => new,
     }
-}
-
-/// Whether a change of this reason is about another object than the key's own (an owned one,
-/// a named one) or about none (a trigger): it leaves the key's own state as it was.
-pub fn is_related(reason: Reason) -> bool {
-    matches!(
-        reason,
-        Reason::Owned | Reason::Referenced | Reason::Triggered
-    )
 }
 
 fn dedup(mut ids: Vec<SessionId>) -> Vec<SessionId> {

@@ -228,30 +228,48 @@ impl Setup<'_> {
         let (lb_port, lb_admin) = (next_port()?, next_port()?);
         tier.push(self.loadbalancer("loadbalancer", (lb_port, lb_admin), log_dir)?);
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let mut ticks = tokio::time::interval(Duration::from_millis(50));
-        loop {
-            ticks.tick().await;
-            if load_balancer_ready(lb_admin, ids.len()).await
+        let ready = async || {
+            load_balancer_ready(lb_admin, ids.len()).await
                 && dispatchers_ready(&dispatcher_admin).await
-            {
-                return Ok(Tier {
-                    components: tier,
-                    lb_port,
-                    dispatcher_admin,
-                    dispatcher_env,
-                });
-            }
-            for c in &mut tier {
-                c.ensure_running()?;
-            }
-            if tokio::time::Instant::now() > deadline {
-                anyhow::bail!(
-                    "the dispatchers and the load balancer were not ready within 60 s; logs in {}",
+        };
+        until_ready(&mut tier, Duration::from_secs(60), ready)
+            .await
+            .with_context(|| {
+                format!(
+                    "waiting for the dispatchers and the load balancer (logs in {})",
                     log_dir.display()
-                );
-            }
+                )
+            })?;
+        Ok(Tier {
+            components: tier,
+            lb_port,
+            dispatcher_admin,
+            dispatcher_env,
+        })
+    }
+}
+
+/// Waits until `ready` says so, asking every 50 ms, failing if one of `components` exits
+/// meanwhile or `bound` passes first.
+pub(super) async fn until_ready(
+    components: &mut [Component],
+    bound: Duration,
+    ready: impl AsyncFn() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut ticks = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        ticks.tick().await;
+        if ready().await {
+            return Ok(());
         }
+        for c in components.iter_mut() {
+            c.ensure_running()?;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() <= deadline,
+            "not ready within {bound:?}"
+        );
     }
 }
 

@@ -1,13 +1,14 @@
 //! A shape's processes as its events change them: replicas replaced, dispatchers restarted.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 
 use super::{BOUND, Event, GRACE, REPLICAS, Running};
 use crate::harness::{
     process::Component,
-    run::{Setup, Tier, processes::dispatchers_ready},
+    run::{
+        Setup, Tier,
+        processes::{dispatchers_ready, until_ready},
+    },
 };
 
 impl Running {
@@ -92,19 +93,10 @@ impl Running {
 
 /// Waits until every dispatcher of `tier` serves on a ring of them all.
 async fn serving(tier: &mut Tier) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + BOUND;
-    let mut ticks = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        ticks.tick().await;
-        if dispatchers_ready(&tier.dispatcher_admin).await {
-            return Ok(());
-        }
-        for c in &mut tier.components {
-            c.ensure_running()?;
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the dispatchers did not all serve again within {BOUND:?}"
-        );
-    }
+    let admins = &tier.dispatcher_admin;
+    until_ready(&mut tier.components, BOUND, async || {
+        dispatchers_ready(admins).await
+    })
+    .await
+    .context("waiting for the dispatchers to serve again after a restart")
 }
