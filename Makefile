@@ -119,10 +119,10 @@ bench-shards: ## Server-side sharding: the ring keyed by namespace against the r
 	target/dist/kube-dispatch-bench shards $${NAMESPACES:+--namespaces $$NAMESPACES} $${OBJECTS:+--objects $$OBJECTS} $${WRITES:+--writes $$WRITES} --command "make bench-shards$${NAMESPACES:+ NAMESPACES=$$NAMESPACES}$${OBJECTS:+ OBJECTS=$$OBJECTS}$${WRITES:+ WRITES=$$WRITES}"
 
 .PHONY: bench-daily
-bench-daily: ## A controller's own rollout and a rolling upgrade of the tier under it, each controller as it runs in production: kube-rs with a cold standby, controller-runtime under leader election with a cold and a warm standby (EnableWarmup), the tier with a standby load balancer and two replicas (~15 min), into its page in bench/results/: OBJECTS, REPEATS, SHAPES
+bench-daily: ## A controller's own rollout and a rolling upgrade of the tier under it, each controller as it runs in production: kube-rs with a cold standby, controller-runtime under leader election with a cold and a warm standby (EnableWarmup), the tier with a standby load balancer and two replicas (~15 min), into its page in bench/results/: OBJECTS, CHILDREN (each object a Record owning that many ConfigMaps), REPEATS, SHAPES
 	$(CARGO) build --profile dist --locked --quiet -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer -p kube-dispatch-bench --bins
 	@tests/cluster/cluster.sh up >/dev/null
-	target/dist/kube-dispatch-bench daily --controller-runtime "$$(bench/controller-runtime/build.sh)" $${OBJECTS:+--objects $$OBJECTS} $${REPEATS:+--repeats $$REPEATS} $${SHAPES:+--shapes $$SHAPES} --command "make bench-daily$${OBJECTS:+ OBJECTS=$$OBJECTS}$${REPEATS:+ REPEATS=$$REPEATS}$${SHAPES:+ SHAPES=$$SHAPES}"
+	target/dist/kube-dispatch-bench daily --controller-runtime "$$(bench/controller-runtime/build.sh)" $${OBJECTS:+--objects $$OBJECTS} $${CHILDREN:+--children $$CHILDREN} $${REPEATS:+--repeats $$REPEATS} $${SHAPES:+--shapes $$SHAPES} --command "make bench-daily$${OBJECTS:+ OBJECTS=$$OBJECTS}$${CHILDREN:+ CHILDREN=$$CHILDREN}$${REPEATS:+ REPEATS=$$REPEATS}$${SHAPES:+ SHAPES=$$SHAPES}"
 
 .PHONY: bench-core
 bench-core: ## Micro-benchmark of the dispatch core (requests/s per core, bytes per key)

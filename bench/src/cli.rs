@@ -379,9 +379,16 @@ pub(crate) struct ShardsArgs {
 /// The flags of `daily`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct DailyArgs {
-    /// ConfigMaps the controllers reconcile (one count).
+    /// Objects the controllers reconcile (one count): ConfigMaps, or with `--children` Records.
     #[arg(long, env = "KD_BENCH_OBJECTS", default_value_t = 10_000, value_parser = positive())]
     pub(crate) objects: usize,
+
+    /// ConfigMaps each object owns and the controller keeps equal to a hash of its owner's data
+    /// (0: none). With children the objects are Records, and the writer changes an owner and a
+    /// child in turn; the controllers find their children as in `compare --children` (the tier
+    /// from its requests).
+    #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
+    pub(crate) children: usize,
 
     /// Size of each object's `config.yaml`, bytes.
     #[arg(long, env = "KD_BENCH_OBJECT_BYTES", default_value_t = OBJECT_BYTES)]

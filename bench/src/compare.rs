@@ -97,11 +97,7 @@ async fn populate_scenario(
     // In one namespace, every kind's objects share it; spread over many, the tier's
     // Leases go beside the first kind's.
     let mut namespace = if args.children > 0 && namespaces == 1 {
-        format!(
-            "kd-bench-{}-{objects}-owning-{}",
-            objects::flags(kinds),
-            args.children
-        )
+        objects::owners_namespace(&objects::flags(kinds), objects, args.children)
     } else if namespaces == 1 {
         objects_namespace(&objects::flags(kinds), objects, args.object_bytes)
     } else {

@@ -81,6 +81,29 @@ impl Plane {
         Ok(namespace)
     }
 
+    /// `objects` Records of `object_bytes` bytes, each owning `children` ConfigMaps as the
+    /// controller keeps them, in a namespace of their own, filled once (the same as
+    /// `compare --children`'s): the namespace.
+    async fn owners(
+        &self,
+        objects: usize,
+        object_bytes: usize,
+        children: usize,
+    ) -> anyhow::Result<String> {
+        harness::objects::install_crd(&self.client).await?;
+        let namespace = harness::objects::owners_namespace(Kind::Record.flag(), objects, children);
+        populate(
+            &self.client,
+            Kind::Record,
+            &namespace,
+            objects,
+            object_bytes,
+        )
+        .await?;
+        harness::objects::populate_children(&self.client, &namespace, objects, children).await?;
+        Ok(namespace)
+    }
+
     /// A run over the `objects` ConfigMaps of `namespace` with one controller, one
     /// dispatcher, no timed writes of the compare benchmark's and security off: what the
     /// benchmarks of one namespace change from.
@@ -306,11 +329,23 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
         .processes
         .binaries(args.controller_runtime.clone(), None)?;
     let plane = Plane::connect().await?;
-    let namespace = plane.config_maps(args.objects, args.object_bytes).await?;
+    let namespace = if args.children > 0 {
+        plane
+            .owners(args.objects, args.object_bytes, args.children)
+            .await?
+    } else {
+        plane.config_maps(args.objects, args.object_bytes).await?
+    };
     let setup = Setup {
         dispatchers: usize::from(args.dispatchers),
         writes: args.writes,
         write_interval: args.write_interval,
+        kinds: if args.children > 0 {
+            &[Kind::Record]
+        } else {
+            &[Kind::ConfigMap]
+        },
+        children: args.children,
         ..plane.config_map_setup(&binaries, &namespace, args.objects, &args.processes.logs)
     };
     let mut runs = Vec::new();
@@ -333,12 +368,23 @@ async fn daily(args: DailyArgs) -> anyhow::Result<()> {
     args.output.publish(
         ("daily", "make bench-daily"),
         &format!(
-            "{} ConfigMaps of {} bytes; {} dispatchers; two replicas of every controller; {} objects written in turn every {}; security off",
+            "{} {} of {} bytes{}; {} dispatchers; two replicas of every controller; {} objects written in turn every {}{}; security off",
             args.objects,
+            if args.children > 0 { "Records" } else { "ConfigMaps" },
             args.object_bytes,
+            if args.children > 0 {
+                format!(" owning {} ConfigMaps each", args.children)
+            } else {
+                String::new()
+            },
             args.dispatchers,
             args.writes,
             humantime::format_duration(args.write_interval),
+            if args.children > 0 {
+                " (an owner, then a child)"
+            } else {
+                ""
+            },
         ),
         &args.processes.bin_dir(),
         &table,

@@ -75,3 +75,58 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
     let upgrade = event("tier", "tier-upgrade");
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
 }
+
+/// The tier with owners and children: a rollout of its replicas reads nothing, and a rolling
+/// upgrade of its dispatchers reads almost nothing one by one (the owners that move come with
+/// their bodies and all their children's; what is left are the few keys a write made ready
+/// during a handover), where it read most of the objects by a GET each before.
+#[test]
+fn owners_and_their_children_move_through_a_tier_upgrade_with_few_reads() {
+    let (owners, children) = (100, 2);
+    let run = run_harness(
+        "daily-owners",
+        Mode::Daily,
+        &[
+            "--objects",
+            &owners.to_string(),
+            "--children",
+            &children.to_string(),
+            "--shapes",
+            "tier",
+            "--repeats",
+            "1",
+            "--writes",
+            "10",
+            "--write-interval",
+            "50ms",
+            "--command",
+            "daily owners smoke test",
+        ],
+    );
+    assert!(
+        run.results
+            .contains("Records of 2048 bytes owning 2 ConfigMaps each")
+    );
+    let runs = run.json["runs"].as_array().expect("runs in the figures");
+    let event = |event: &str| -> &Value {
+        runs.iter()
+            .find(|r| r["shape"] == "tier" && r["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} in:\n{:#}", run.json))
+    };
+    let number = |v: &Value, key: &str| -> f64 {
+        v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {key} in {v:#}"))
+    };
+    let rollout = event("rollout");
+    assert_eq!(number(rollout, "lists"), 0.0, "{rollout:#}");
+    assert_eq!(number(rollout, "gets"), 0.0, "{rollout:#}");
+    let upgrade = event("tier-upgrade");
+    assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
+    let objects = f64::from(owners * (1 + children));
+    assert!(
+        number(upgrade, "gets") <= objects / 10.0,
+        "{} GETs of {objects} objects: {upgrade:#}",
+        number(upgrade, "gets")
+    );
+}

@@ -33,6 +33,7 @@ use std::{
 
 use crate::{
     handover::Slice,
+    key::KeyRef,
     queue::pool::{BodyPool, HeldBody},
     subscription::OwnerKind,
 };
@@ -323,6 +324,12 @@ pub struct ChildIndex {
     /// A list beside the watch is running: children of an owner kind that just joined the
     /// watch, or of keys just moved here, may be missing.
     side_list: AtomicBool,
+    /// While a list beside the watch runs for keys newly served here: the slices followed
+    /// before each change that started or extended it. The children of an owner every one of
+    /// them may serve have been indexed all along, so its requests are complete. Empty when
+    /// none is known (a group joined the watch, or more than [`HELD_THROUGH`] changes came
+    /// while the list ran).
+    held_through: Mutex<Vec<Arc<Slice>>>,
     /// Groups joined the running watch that its task has not yet started listing for.
     joining: AtomicUsize,
     /// Steps of the watch task that ended with the watch showing everything.
@@ -342,6 +349,7 @@ impl Default for ChildIndex {
             children: RwLock::default(),
             own_list: AtomicBool::new(true),
             side_list: AtomicBool::new(false),
+            held_through: Mutex::new(Vec::new()),
             joining: AtomicUsize::new(0),
             quiet: AtomicU64::new(0),
             fed: Mutex::new(None),
@@ -349,6 +357,10 @@ impl Default for ChildIndex {
         }
     }
 }
+
+/// Ring changes a list beside the watch may span and still take the children of owners served
+/// throughout as complete ([`ChildIndex::list_beside_for_more_owners`]); past it, none are.
+const HELD_THROUGH: usize = 4;
 
 /// An owner's children as its request carries them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -425,6 +437,22 @@ impl ChildIndex {
         self.side_list.store(running, Ordering::Release);
     }
 
+    /// The keys served here grow: a list beside the watch starts (or one running is extended)
+    /// to show the children of the owners now served. Called before the index follows the new
+    /// slice: the owners the slice followed until now (and every slice followed since the list
+    /// began) may serve keep complete children.
+    pub fn list_beside_for_more_owners(&self) {
+        let mut held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.side_list.load(Ordering::Acquire) {
+            held.clear();
+        }
+        match self.fed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            Some(fed) if held.len() < HELD_THROUGH => held.push(fed),
+            _ => held.clear(),
+        }
+        self.side_list.store(true, Ordering::Release);
+    }
+
     /// The index holds the children of the owners `slice` lets this dispatcher serve (a list
     /// beside the watch, if it must show more of them, is already marked running).
     pub fn follow(&self, slice: Arc<Slice>) {
@@ -443,6 +471,24 @@ impl ChildIndex {
     /// keeps none costs nothing: `body` runs only when one is kept.
     pub fn hold(&self, body: impl FnOnce() -> Arc<[u8]>) -> Option<HeldBody> {
         HeldBody::take(self.bodies.get()?, body())
+    }
+
+    /// Whether the index holds every child of the owners `slice` lets this dispatcher serve:
+    /// it follows that slice's placement, and the watch shows everything
+    /// ([`ChildIndex::shows_everything`]).
+    pub fn complete_for(&self, slice: &Slice) -> bool {
+        // The slice first: the task marks a list running before it follows a slice the list
+        // is for, so a reader that sees the new slice sees the list running too.
+        self.follows(slice) && self.shows_everything()
+    }
+
+    /// Whether the index follows `slice`'s placement ([`ChildIndex::follow`]).
+    fn follows(&self, slice: &Slice) -> bool {
+        self.fed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|fed| fed.same_placement(slice))
     }
 
     /// Whether the watch shows everything it watches to every group it feeds: its stream is
@@ -477,28 +523,37 @@ impl ChildIndex {
     /// The task took in the groups that joined: it lists beside the watch for them, or its own
     /// list shows them everything.
     pub fn joins_taken(&self) {
+        self.held_through
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.side_list.store(true, Ordering::Release);
         self.joining.store(0, Ordering::Release);
     }
 
     /// The children of `owner`, a request key of `kind`, at most
-    /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all to a reader on
-    /// `slice`.
-    pub fn of(&self, kind: &OwnerKind, owner: &str, slice: &Slice) -> OwnerChildren {
-        // The slice first: the task marks a list running before it follows a slice the list
-        // is for, so a reader that sees the new slice sees the list running too. Then the
-        // flags, before the children: a list that starts after this is taken as complete for
-        // what was read, which it was.
-        let follows = self
-            .fed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|fed| fed.same_placement(slice));
-        let complete = follows
-            && self.joining.load(Ordering::Acquire) == 0
+    /// [`MAX_CHILDREN_PER_REQUEST`], and whether the watch had shown them all: the index holds
+    /// the children of the owners of the slice it follows, so they are complete when that slice
+    /// may serve `owner`, the watch's stream is up, no list of its own runs, no group joined it
+    /// unlisted, and no list beside it runs but for owners the slices it spans all served. A
+    /// reader on a newer slice the watch has not taken in yet is answered for the owners both
+    /// serve, as their children were kept all along.
+    pub fn of(&self, kind: &OwnerKind, owner: &str) -> OwnerChildren {
+        // The flags before the children: a list that starts after this is taken as complete
+        // for what was read, which it was.
+        let key = KeyRef::new(owner);
+        let complete = self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
-            && !self.side_list.load(Ordering::Acquire);
+            && self
+                .fed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|fed| fed.may_serve(key))
+            && (!self.side_list.load(Ordering::Acquire) || {
+                let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
+                !held.is_empty() && held.iter().all(|s| s.may_serve(key))
+            });
         let mut children = self
             .children
             .read()
@@ -515,265 +570,4 @@ impl ChildIndex {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    const OBJ: (&str, &str) = ("uid", "1");
-
-    impl Children {
-        /// Panics unless both directions hold the same children and the bytes add up.
-        fn check(&self) {
-            for k in self.by_kind.values() {
-                let mut inverse: HashMap<&str, Vec<&str>> = HashMap::new();
-                let mut bytes = 0;
-                for (key, c) in &k.by_child {
-                    inverse.entry(&c.owner).or_default().push(key);
-                    bytes += entry_bytes(key, c);
-                }
-                bytes += k.by_owner.keys().map(|o| o.len()).sum::<usize>();
-                assert_eq!(k.bytes, bytes, "the bytes kept as the index changed");
-                assert_eq!(inverse.len(), k.by_owner.len(), "no owner without children");
-                for (owner, mut keys) in inverse {
-                    keys.sort_unstable();
-                    let known: Vec<&str> = k.by_owner[owner].keys().map(|k| &**k).collect();
-                    assert_eq!(keys, known, "children of {owner}");
-                }
-            }
-        }
-    }
-
-    fn kind() -> OwnerKind {
-        OwnerKind {
-            group: "apps".into(),
-            version: "v1".into(),
-            kind: "Deployment".into(),
-        }
-    }
-
-    #[test]
-    fn an_owner_that_loses_a_child_is_told() {
-        let mut c = Children::default();
-        let k = kind();
-        assert_eq!(c.seen(&k, "rs-1", Some("a".into()), 1, false, OBJ), ["a"]);
-        assert_eq!(c.seen(&k, "rs-1", Some("a".into()), 1, false, OBJ), ["a"]);
-        // Adopted by b: both hear of it.
-        assert_eq!(
-            c.seen(&k, "rs-1", Some("b".into()), 1, false, OBJ),
-            ["b", "a"]
-        );
-        // Orphaned: b, which lost it, hears; deleted afterwards: nobody is left to tell.
-        assert_eq!(c.seen(&k, "rs-1", None, 1, false, OBJ), ["b"]);
-        assert!(c.seen(&k, "rs-1", None, 1, true, OBJ).is_empty());
-        assert_eq!(c.len(), 0);
-    }
-
-    #[test]
-    fn a_list_beside_the_watch_never_overrides_it() {
-        let mut c = Children::default();
-        let k = kind();
-        c.seen(&k, "rs-1", Some("b".into()), 1, false, OBJ);
-        c.listed(&k, "rs-1", "a".into(), 1, OBJ);
-        // Deleted: b, which the watch knew, is told, not the list's a.
-        assert_eq!(c.seen(&k, "rs-1", Some("b".into()), 1, true, OBJ), ["b"]);
-        c.seen(&k, "rs-2", Some("b".into()), 1, false, OBJ);
-        c.listed(&k, "rs-2", "a".into(), 1, OBJ);
-        assert_eq!(c.seen(&k, "rs-2", None, 1, false, OBJ), ["b"]);
-    }
-
-    #[test]
-    fn a_relist_tells_the_owners_of_children_it_did_not_show() {
-        let mut c = Children::default();
-        let k = kind();
-        for (child, owner) in [("rs-1", "a"), ("rs-2", "a"), ("rs-3", "b"), ("rs-4", "c")] {
-            c.seen(&k, child, Some(owner.into()), 1, false, OBJ);
-        }
-        // The re-list of epoch 2 shows rs-3 only.
-        c.seen(&k, "rs-3", Some("b".into()), 2, false, OBJ);
-        let told = c.swept(2, |_| true);
-        assert_eq!(told[&k], ["a", "c"]);
-        assert_eq!(c.len(), 1);
-        // A kind nobody subscribes to any more is forgotten.
-        assert!(c.swept(2, |_| false).is_empty());
-        assert_eq!(c.len(), 0);
-    }
-
-    #[test]
-    fn an_owner_is_told_its_children_with_their_uids_and_versions() {
-        let mut c = Children::default();
-        let k = kind();
-        c.seen(&k, "rs-2", Some("a".into()), 1, false, ("u2", "7"));
-        c.seen(&k, "rs-1", Some("a".into()), 1, false, ("u1", "5"));
-        c.seen(&k, "rs-3", Some("b".into()), 1, false, ("u3", "6"));
-        c.seen(&k, "rs-1", Some("a".into()), 1, false, ("u1", "9"));
-        let of_a: Vec<(String, String, String)> = c
-            .of(&k, "a")
-            .into_iter()
-            .map(|k| {
-                (
-                    k.key.to_string(),
-                    k.uid.to_string(),
-                    k.resource_version.to_string(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            of_a,
-            [
-                ("rs-1".into(), "u1".into(), "9".into()),
-                ("rs-2".into(), "u2".into(), "7".into())
-            ]
-        );
-        // Adopted by b: a no longer has it.
-        c.seen(&k, "rs-2", Some("b".into()), 1, false, ("u2", "8"));
-        assert_eq!(c.of(&k, "a").len(), 1);
-        assert_eq!(c.of(&k, "b").len(), 2);
-        assert!(c.of(&k, "nobody").is_empty());
-        c.check();
-    }
-
-    #[test]
-    fn bodies_are_kept_only_once_asked_and_given_back_with_their_children() {
-        let pool = BodyPool::new(1000);
-        let index = ChildIndex::default();
-        let k = kind();
-        let shown = |uid: &'static str, version: &'static str, json: &str| Shown {
-            uid,
-            resource_version: version,
-            body: index.hold(|| Arc::from(json.as_bytes())),
-        };
-        // Seen by the watch's stream, owned by "a".
-        let see = |child: &str, uid: &'static str, version: &'static str, json: &str| {
-            let shown = shown(uid, version, json);
-            index
-                .write()
-                .seen(&k, child, Some("a".into()), 1, false, shown);
-        };
-        assert!(
-            index.hold(|| unreachable!("no body is made")).is_none(),
-            "an index nobody asked keeps none"
-        );
-        index.keep_bodies(&pool);
-        see("cm-1", "u1", "1", r#"{"v":"1"}"#);
-        let listed = shown("u2", "2", r#"{"v":"2"}"#);
-        index.write().listed(&k, "cm-2", "a".into(), 1, listed);
-        assert_eq!(pool.used(), 18);
-        let of = index.read().of(&k, "a");
-        assert_eq!(of[0].body.as_deref(), Some(&br#"{"v":"1"}"#[..]));
-        assert_eq!(of[1].body.as_deref(), Some(&br#"{"v":"2"}"#[..]));
-        // A change replaces the body; a deletion, a lost owner and a forgotten kind give theirs back.
-        see("cm-1", "u1", "10", r#"{"v":"10"}"#);
-        assert_eq!(pool.used(), 19);
-        index.write().seen(&k, "cm-1", None, 1, true, ("u1", "11"));
-        assert_eq!(pool.used(), 9);
-        index.write().retain_owners(|_| false);
-        assert_eq!(pool.used(), 0);
-        see("cm-3", "u3", "1", "{}");
-        index.write().forget(&k);
-        assert_eq!(pool.used(), 0);
-        // Past half the pool, children are indexed without bodies.
-        assert!(index.hold(|| vec![0; 501].into()).is_none());
-        see("cm-4", "u4", "1", "{}");
-        // Indexed before bodies were kept: a list at that very version brings the body, an
-        // older or newer one does not.
-        index
-            .write()
-            .seen(&k, "cm-5", Some("a".into()), 1, false, ("u5", "7"));
-        let listed = shown("u5", "6", "{6}");
-        index.write().listed(&k, "cm-5", "a".into(), 1, listed);
-        let listed = shown("u5", "7", "{7}");
-        index.write().listed(&k, "cm-5", "a".into(), 1, listed);
-        let cm5 = index
-            .read()
-            .of(&k, "a")
-            .into_iter()
-            .find(|c| &*c.key == "cm-5");
-        assert_eq!(cm5.and_then(|c| c.body).as_deref(), Some(&b"{7}"[..]));
-        drop(index);
-        assert_eq!(pool.used(), 0, "dropped with the watch");
-    }
-
-    #[test]
-    fn a_request_too_small_for_the_bodies_leaves_out_the_last_ones_first() {
-        let child = |name: &str, body: usize| KnownChild {
-            key: Arc::from(name),
-            uid: "u".into(),
-            resource_version: "1".into(),
-            body: Some(vec![b'x'; body].into()),
-        };
-        let mut of = OwnerChildren {
-            children: vec![child("a", 100), child("b", 100), child("c", 100)],
-            complete: true,
-            truncated: false,
-        };
-        let all = of.wire_bound();
-        of.fit(all - 1);
-        assert!(of.children[..2].iter().all(|c| c.body.is_some()));
-        assert!(of.children[2].body.is_none());
-        assert!(!of.truncated, "every child is still listed");
-        of.fit(all - 250);
-        assert_eq!(
-            of.children.iter().filter(|c| c.body.is_some()).count(),
-            0,
-            "{of:?}"
-        );
-        assert_eq!(of.children.len(), 3);
-        of.fit(1);
-        assert!(of.truncated && of.children.is_empty());
-    }
-
-    /// What the index may be told, for the property below.
-    #[derive(Clone, Debug)]
-    enum Step {
-        Seen {
-            child: u8,
-            owner: Option<u8>,
-            deleted: bool,
-            rv: u8,
-        },
-        Listed {
-            child: u8,
-            owner: u8,
-        },
-        Swept,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            4 => (0..12u8, proptest::option::of(0..4u8), any::<bool>(), any::<u8>())
-                .prop_map(|(child, owner, deleted, rv)| Step::Seen { child, owner, deleted, rv }),
-            2 => (0..12u8, 0..4u8).prop_map(|(child, owner)| Step::Listed { child, owner }),
-            1 => Just(Step::Swept),
-        ]
-    }
-
-    proptest! {
-        /// Whatever the watch shows, in any order, each child is under exactly the owner it was
-        /// last seen with, each owner lists exactly its children, and the bytes add up.
-        #[test]
-        fn both_directions_always_agree(steps in proptest::collection::vec(step(), 0..80)) {
-            let mut c = Children::default();
-            let k = kind();
-            let mut epoch = 1;
-            for step in steps {
-                match step {
-                    Step::Seen { child, owner, deleted, rv } => {
-                        let rv = rv.to_string();
-                        c.seen(&k, &format!("c{child}"), owner.map(|o| format!("o{o}")), epoch, deleted, ("u", rv.as_str()));
-                    }
-                    Step::Listed { child, owner } => {
-                        c.listed(&k, &format!("c{child}"), format!("o{owner}"), epoch, OBJ);
-                    }
-                    Step::Swept => {
-                        epoch += 1;
-                        c.swept(epoch, |_| true);
-                    }
-                }
-                c.check();
-            }
-            let listed: usize = (0..4).map(|o| c.of(&k, &format!("o{o}")).len()).sum();
-            prop_assert_eq!(listed, c.len());
-        }
-    }
-}
+mod tests;

@@ -175,6 +175,15 @@ impl GroupSpec {
         self.subscriptions.iter().any(|s| !s.is_primary())
     }
 
+    /// Whether a primary subscription watches the objects of `kind`, so that its watch lists
+    /// them itself (an owner kind need not be one).
+    pub fn watches_primary(&self, kind: &OwnerKind) -> bool {
+        self.subscriptions.iter().any(|s| {
+            let r = &s.watch.resource;
+            s.is_primary() && r.group == kind.group && r.kind == kind.kind
+        })
+    }
+
     /// The subscriptions whose objects those of `resource` name, if `resource` is one the
     /// group reconciles: what its objects name, and where.
     pub fn named_from<'a>(

@@ -247,6 +247,30 @@ impl TestSession {
         Ok(Self { client, id })
     }
 
+    /// Opens a session of `replica` in `group` with `subscriptions` whose client says it takes
+    /// `capabilities` (`kube_dispatch_proto::capabilities`).
+    pub async fn open_with_capabilities(
+        dispatcher: &TestDispatcher,
+        group: &str,
+        replica: &str,
+        subscriptions: Vec<Subscription>,
+        capabilities: &[&str],
+    ) -> Result<Self, tonic::Status> {
+        let mut client = dispatcher.client_as(&crate::credentials()).await;
+        let id = client
+            .open_session(OpenSessionRequest {
+                group: group.into(),
+                replica_id: replica.into(),
+                subscriptions,
+                capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .session_id;
+        Ok(Self { client, id })
+    }
+
     /// Opens a session as the identity `credentials` carry.
     pub async fn open_as(
         dispatcher: &TestDispatcher,

@@ -397,10 +397,8 @@ fn check(args: &Args) -> anyhow::Result<()> {
     } = args;
     if leader_elect.is_some() {
         anyhow::ensure!(
-            matches!(runtime, Runtime::KubeRs | Runtime::KubeRsStreaming)
-                && *children == 0
-                && !namespace.is_empty(),
-            "--leader-elect needs the kube-rs or kube-rs-streaming runtime, a --namespace for its Lease, and no --children"
+            matches!(runtime, Runtime::KubeRs | Runtime::KubeRsStreaming) && !namespace.is_empty(),
+            "--leader-elect needs the kube-rs or kube-rs-streaming runtime and a --namespace for its Lease"
         );
     }
     if *children > 0 {

@@ -385,6 +385,12 @@ pub(crate) async fn populate_spread(
     Ok((leases, written))
 }
 
+/// The namespace of `objects` objects of the kinds `flags` names, each owning `children`
+/// ConfigMaps, in one namespace.
+pub(crate) fn owners_namespace(flags: &str, objects: usize, children: usize) -> String {
+    format!("kd-bench-{flags}-{objects}-owning-{children}")
+}
+
 /// Makes each of the Records `0..count` of `namespace` own `children` ConfigMaps as the
 /// controller keeps them ([`desired_child`]), so a controller starting on them finds them up to
 /// date. Children already right are left alone; returns how many had to be written.

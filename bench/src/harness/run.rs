@@ -135,6 +135,17 @@ impl Setup<'_> {
         self.kinds[group % self.kinds.len()]
     }
 
+    /// The resources of the scenario's objects: its kinds', and ConfigMaps for their children.
+    fn resources(&self) -> Vec<&'static str> {
+        let mut resources: Vec<&str> = self.kinds.iter().map(|k| k.resource()).collect();
+        if self.children > 0 {
+            resources.push(Kind::ConfigMap.resource());
+        }
+        resources.sort_unstable();
+        resources.dedup();
+        resources
+    }
+
     /// The kind the `n`th timed write changes: the kinds in turn.
     fn write_kind(&self, n: usize) -> Kind {
         self.kinds[n % self.kinds.len()]
@@ -227,14 +238,9 @@ impl Setup<'_> {
 
         let requests_after = settled_request_counts(self.client).await?;
         let cpu_after = self.control_plane.cpu_seconds();
-        let mut resources: Vec<&str> = self.kinds.iter().map(|k| k.resource()).collect();
-        if self.children > 0 {
-            resources.push(Kind::ConfigMap.resource());
-        }
-        resources.sort_unstable();
-        resources.dedup();
         for verb in VERBS {
-            let mut n: u64 = resources
+            let mut n: u64 = self
+                .resources()
                 .iter()
                 .map(|resource| requests_after.since(&requests_before, resource, verb))
                 .sum();

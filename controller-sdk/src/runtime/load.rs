@@ -113,6 +113,11 @@ pub(super) async fn load<T: Types>(
         return Ok(None);
     };
     shared.metrics.loaded(Source::Read);
+    tracing::debug!(
+        key = request.key,
+        reason = request.reason,
+        "reading the object: its request carries no body"
+    );
     // Through the dynamic API, so one code path serves namespaced and cluster-scoped kinds.
     let resource = ApiResource::erase::<T::K>(&shared.dyntype);
     let api: Api<DynamicObject> = if key.namespace.is_empty() {

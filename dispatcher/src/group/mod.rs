@@ -332,11 +332,7 @@ impl Group {
 
 /// The children of the owner `key` in `owned` (merged over the watches of every owned
 /// subscription its kind maps to, in key order), or `None` if none maps to it.
-fn children_of(
-    owned: &[(OwnerKind, Arc<ChildIndex>)],
-    key: &str,
-    slice: &Slice,
-) -> Option<OwnerChildren> {
+fn children_of(owned: &[(OwnerKind, Arc<ChildIndex>)], key: &str) -> Option<OwnerChildren> {
     if owned.is_empty() {
         return None;
     }
@@ -346,7 +342,7 @@ fn children_of(
         if kind.group != parsed.group || kind.kind != parsed.kind {
             continue;
         }
-        let of = index.of(kind, key, slice);
+        let of = index.of(kind, key);
         found = Some(match found {
             None => of,
             Some(mut all) => {

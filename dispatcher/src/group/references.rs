@@ -5,6 +5,7 @@ use std::sync::{Arc, MutexGuard, atomic::Ordering};
 
 use kube_dispatch_core::{
     children::ChildIndex,
+    handover::Slice,
     key::KeyRef,
     references::References,
     subscription::OwnerKind,
@@ -95,6 +96,17 @@ impl Group {
         if self.takes_children_bodies() {
             index.keep_bodies(&self.body_pool);
         }
+    }
+
+    /// Whether every index its owners' children come from, but `except` (the index of the
+    /// watch asking, whose own list shows its children as it goes), holds every child of the
+    /// owners `slice` serves ([`ChildIndex::complete_for`]).
+    pub fn children_complete(&self, slice: &Slice, except: &ChildIndex) -> bool {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned
+            .iter()
+            .filter(|(_, index)| !std::ptr::eq(Arc::as_ptr(index), except))
+            .all(|(_, index)| index.complete_for(slice))
     }
 
     /// Whether its requests carry children's bodies ([`Group::take_children_bodies`]).

@@ -230,7 +230,7 @@ impl Group {
             // The state lock, then an index's: the fan-out never holds an index while it
             // calls into a group.
             queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
-                let Some(mut of) = children_of(&owned, key, &slice) else {
+                let Some(mut of) = children_of(&owned, key) else {
                     return 0;
                 };
                 if !bodies {

@@ -163,6 +163,18 @@ impl FanOut {
         self.shard.clone()
     }
 
+    /// Whether a group keyed by this watch's objects has owners whose children another watch
+    /// has not all shown yet for the slice current now ([`Group::children_complete`]): an
+    /// owner this watch lists now would be requested without them, and its replica would read
+    /// each.
+    pub(super) fn owners_lack_children(&self) -> bool {
+        let slice = self.slice.borrow().clone();
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        subscribers.iter().any(|s| {
+            matches!(s.keyed(), Keyed::Itself) && !s.group.children_complete(&slice, &self.children)
+        })
+    }
+
     /// Publishes what the watch saw of `obj` (in its stream, or in its own list of `epoch`) to
     /// every subscriber, by the rules of [`super::routing`]. Each group records it under its
     /// lock, against the slice current then ([`kube_dispatch_core::transit::Transit::record`]:
@@ -334,6 +346,12 @@ impl FanOut {
                         .named_object_seen(&text, &version, epoch, false, Origin::List);
                 }
                 Keyed::Itself | Keyed::Referrers => {}
+                // The child is indexed for its owner's requests. The owner is queued for it
+                // only in a group with no primary subscription of the owners: otherwise its
+                // watch of them lists them beside its stream too (waiting for this list,
+                // `WatchTask::waits_for_children`), with their bodies, once their children are
+                // all known here; queued from here, an owner would be delivered without its
+                // body and before its children were all listed, and its replica read both.
                 Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
@@ -352,9 +370,11 @@ impl FanOut {
                                 shown,
                             );
                         }
-                        sub.group.record(GroupEvent::ListedOwned {
-                            key: KeyRef::new(&owner_key),
-                        });
+                        if !sub.group.spec.watches_primary(owner) {
+                            sub.group.record(GroupEvent::ListedOwned {
+                                key: KeyRef::new(&owner_key),
+                            });
+                        }
                     }
                 }
             }

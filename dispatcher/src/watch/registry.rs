@@ -447,7 +447,7 @@ mod tests {
         };
         let children = |index: &ChildIndex| -> Vec<String> {
             index
-                .of(&deployments, "apps/Deployment/ns/d1", &alone().borrow())
+                .of(&deployments, "apps/Deployment/ns/d1")
                 .children
                 .iter()
                 .map(|c| c.key.to_string())
@@ -471,11 +471,7 @@ mod tests {
             .expect("joined")
             .expect("subscribed");
         assert_eq!(children(&index), ["/ConfigMap/ns/c1", "/ConfigMap/ns/c2"]);
-        assert!(
-            index
-                .of(&deployments, "apps/Deployment/ns/d1", &alone().borrow())
-                .complete
-        );
+        assert!(index.of(&deployments, "apps/Deployment/ns/d1").complete);
 
         watches.unsubscribe(&config_maps(), &first.group);
         assert!(

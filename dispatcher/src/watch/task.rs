@@ -140,7 +140,20 @@ struct Pass {
     listed: Option<Option<String>>,
     /// The stream broke and has not shown anything since.
     broken: bool,
+    /// Until when the list beside the stream is not read while the owners it would show lack
+    /// children another watch is still listing ([`WatchTask::waits_for_children`]).
+    side_waits: Option<Instant>,
 }
+
+/// The longest a list beside the stream waits for the children of the owners it shows, which
+/// a list of another watch begun by the same change shows: owners listed before their children
+/// are requested without them, and their replicas read each child from the API server.
+/// Changes the stream shows meanwhile are delivered at once; only the moved-in owners' first
+/// reconcile waits.
+const CHILDREN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often a list beside the stream waiting for children checks on them.
+const CHILDREN_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What woke the watch loop.
 #[expect(
@@ -268,15 +281,18 @@ impl WatchTask {
             side: None,
             listed: Some(None),
             broken: false,
+            side_waits: None,
         };
         self.children.own_list_running(true);
         self.children.side_list_running(false);
         loop {
+            let waiting = self.waits_for_children(&mut pass);
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
                 () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
                 Ok(()) = self.slice.changed() => self.slice_changed(),
-                page = next_page(&mut pass.side) => Step::Page(page),
+                page = next_page(&mut pass.side), if !waiting => Step::Page(page),
+                () = tokio::time::sleep(CHILDREN_CHECK), if waiting => Step::Nothing,
                 () = tokio::time::sleep_until(pass.paused.unwrap_or_else(Instant::now)),
                     if pass.paused.is_some() => {
                     pass.paused = None;
@@ -350,7 +366,7 @@ impl WatchTask {
         }
         // Children of owners now served here are shown by the list beside the stream: until it
         // ends they may be missing, which readers on the new slice are told from now on.
-        self.children.side_list_running(true);
+        self.children.list_beside_for_more_owners();
         self.fan_out.slice_changed(&slice);
         let handover = slice.settled.as_ref().map(|r| r.members())
             != fed.settled.as_ref().map(|r| r.members());
@@ -371,12 +387,32 @@ impl WatchTask {
         };
         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
+        pass.side_waits = Some(Instant::now() + CHILDREN_WAIT);
         pass.side = Some(SideList::start(
             self.api.clone(),
             self.list_params.clone(),
             reach,
             self.list_mode == ListMode::Whole,
         ));
+    }
+
+    /// Whether the list beside the stream must wait before it is read: the owners it would
+    /// show lack children the list of another watch, begun by the same change, has not shown
+    /// yet ([`FanOut::owners_lack_children`]), and it has waited less than [`CHILDREN_WAIT`].
+    /// The list is asked for only once read, so it shows the owners as they are then.
+    fn waits_for_children(&self, pass: &mut Pass) -> bool {
+        let Some(until) = pass.side_waits else {
+            return false;
+        };
+        let waits = pass.side.is_some() && self.fan_out.owners_lack_children();
+        if waits && Instant::now() < until {
+            return true;
+        }
+        if waits {
+            warn!(resource = %describe(&self.key), waited = ?CHILDREN_WAIT, "the owners' children are still being listed: listing the owners now, their replicas read the children they are not sent");
+        }
+        pass.side_waits = None;
+        false
     }
 
     /// A page of the list beside the stream: its objects filled in, and the list stopped once

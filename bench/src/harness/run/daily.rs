@@ -44,7 +44,6 @@ use super::{
 };
 use crate::harness::{
     apiserver::{metrics_text, request_counts, sum_where},
-    objects::change_value,
     process::Component,
     report::percentile,
 };
@@ -409,14 +408,28 @@ impl Setup<'_> {
         let requests = request_counts(self.client).await?;
         let metrics = metrics_text(self.client).await?;
         let rss_mib = running.rss()? as f64 / f64::from(1 << 20);
-        let resource = self.group_kind(0).resource();
-        let count = |verb| requests.since(&requests_before, resource, verb);
+        let resources = self.resources();
+        let count = |verb| -> u64 {
+            resources
+                .iter()
+                .map(|resource| requests.since(&requests_before, resource, verb))
+                .sum()
+        };
         // Streaming lists (a WATCH with sendInitialEvents, client-go's default since 1.35)
         // are counted when their initial list ends; a WATCH only when it closes.
-        let of_resource = format!("resource=\"{resource}\"");
-        let watch_lists = sum_where(&metrics, WATCH_LISTS, &[&of_resource])
-            - sum_where(&metrics_before, WATCH_LISTS, &[&of_resource]);
+        let watch_lists: f64 = resources
+            .iter()
+            .map(|resource| {
+                let of_resource = format!("resource=\"{resource}\"");
+                sum_where(&metrics, WATCH_LISTS, &[&of_resource])
+                    - sum_where(&metrics_before, WATCH_LISTS, &[&of_resource])
+            })
+            .sum();
         let ms = |p| percentile(&latencies, p).map_or(0.0, |us| us / 1000.0);
+        // Every child as its owner says (the controller repaired each child written and
+        // followed each owner), checked after the window so the check's lists are not in it.
+        self.children_repaired(shape.variant()).await?;
+        self.control_plane.quiet().await;
         Ok(Measured {
             shape,
             event,
@@ -458,19 +471,8 @@ impl Setup<'_> {
                 _ = ticks.tick() => {}
             }
             let i = written[n % written.len()];
-            let (namespace, index) = self.place(i);
-            let at = now_micros();
-            let rv = change_value(
-                self.client,
-                self.write_kind(n),
-                &namespace,
-                index,
-                &format!("{label}-{n}"),
-            )
-            .await
-            .with_context(|| format!("write {n} failed"))?;
-            let mut sent = sent.lock().unwrap_or_else(|e| e.into_inner());
-            sent.push((self.key(i), at, Write::Object(rv)));
+            let write = self.write(n, i, &format!("{label}-{n}")).await?;
+            sent.lock().unwrap_or_else(|e| e.into_inner()).push(write);
         }
         Ok(())
     }

@@ -269,29 +269,41 @@ impl Setup<'_> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for (n, i) in written.iter().enumerate() {
             ticks.tick().await;
-            let (namespace, index) = self.place(*i);
             let value = format!("{}-{variant}-{run}-{n}", self.nonce);
-            let at = now_micros();
-            let write = if self.children > 0 && n % 2 == 1 {
-                objects::drift_child(self.client, &namespace, index, n % self.children, &value)
-                    .await
-                    .with_context(|| format!("write {n} (a child) failed"))?;
-                Write::Child(at)
-            } else {
-                let rv = change_value(self.client, self.write_kind(n), &namespace, index, &value)
-                    .await
-                    .with_context(|| format!("write {n} failed"))?;
-                Write::Object(rv)
-            };
-            sent.push((self.key(*i), at, write));
+            sent.push(self.write(n, *i, &value).await?);
         }
         Ok(sent)
+    }
+
+    /// The `n`th write of a series, to object `i`: its value changed to `value` (with
+    /// `children`, every other write changes one of its children instead, which the controller
+    /// repairs). Returns the object's key, when it was written (micros) and what was written.
+    pub(super) async fn write(
+        &self,
+        n: usize,
+        i: usize,
+        value: &str,
+    ) -> anyhow::Result<(String, u64, Write)> {
+        let (namespace, index) = self.place(i);
+        let at = now_micros();
+        let write = if self.children > 0 && n % 2 == 1 {
+            objects::drift_child(self.client, &namespace, index, n % self.children, value)
+                .await
+                .with_context(|| format!("write {n} (a child) failed"))?;
+            Write::Child(at)
+        } else {
+            let rv = change_value(self.client, self.write_kind(n), &namespace, index, value)
+                .await
+                .with_context(|| format!("write {n} failed"))?;
+            Write::Object(rv)
+        };
+        Ok((self.key(i), at, write))
     }
 
     /// With `children`: waits until every child holds what its owner says (the writes to
     /// children repaired, those to owners followed), failing the run after 60 s. Returns the
     /// LIST requests and the API server's CPU that took.
-    async fn children_repaired(&self, variant: Variant) -> anyhow::Result<(u64, f64)> {
+    pub(super) async fn children_repaired(&self, variant: Variant) -> anyhow::Result<(u64, f64)> {
         if self.children == 0 {
             return Ok((0, 0.0));
         }

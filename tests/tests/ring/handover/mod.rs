@@ -7,6 +7,7 @@
 
 mod support;
 
+mod children;
 mod deletions;
 mod held_writes;
 mod joining;
