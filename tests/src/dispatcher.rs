@@ -397,6 +397,19 @@ impl TestSession {
                 session_id: self.id.clone(),
                 acks,
                 ended_sessions: Vec::new(),
+                stopping: false,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Tells the dispatcher this session's replica is stopping (`AckRequest.stopping`).
+    pub async fn stopping(&mut self) -> Result<(), tonic::Status> {
+        self.client
+            .ack(AckRequest {
+                session_id: self.id.clone(),
+                stopping: true,
+                ..AckRequest::default()
             })
             .await?;
         Ok(())

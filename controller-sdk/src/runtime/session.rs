@@ -161,6 +161,25 @@ async fn open<T: Types>(
     Ok((client, opened, sent))
 }
 
+/// Asks the dispatcher to answer the held poll of `session_id` now, as its replica is stopping
+/// (`AckRequest.stopping`); given up at `lost_at`. A dispatcher older than the field answers the
+/// poll when its wait ends, as before.
+async fn release_poll(
+    mut client: DispatcherClient<AuthChannel>,
+    session_id: String,
+    lost_at: Instant,
+) {
+    let ack = client.ack(AckRequest {
+        session_id,
+        acks: Vec::new(),
+        ended_sessions: Vec::new(),
+        stopping: true,
+    });
+    if let Ok(Err(status)) = tokio::time::timeout_at(lost_at, ack).await {
+        debug!(%status, "the dispatcher was not told this replica is stopping; its poll ends when its wait does");
+    }
+}
+
 /// An open session's poll loop and what it handed out.
 struct Polls<'a, T: Types> {
     address: &'a str,
@@ -213,9 +232,23 @@ impl<T: Types> Polls<'_, T> {
             // Named dead meanwhile: the session is given up, with what the poll may hand out
             // (the others wait for this replica's report before they hand its keys to anyone).
             let named_dead = self.named_dead.clone();
-            let answered = tokio::select! {
-                answered = tokio::time::timeout_at(lost_at, self.call(free, wait)) => answered,
-                () = named_dead.cancelled() => return Err(found_dead()),
+            // Told to stop while the poll is held: the dispatcher is asked to answer it now
+            // (`AckRequest.stopping`), so the stop does not wait out the poll's wait.
+            let mut release = Some((self.client.clone(), self.session_id.clone()));
+            let answered = {
+                let call = tokio::time::timeout_at(lost_at, self.call(free, wait));
+                tokio::pin!(call);
+                loop {
+                    tokio::select! {
+                        answered = &mut call => break answered,
+                        () = named_dead.cancelled() => return Err(found_dead()),
+                        () = stop.cancelled(), if release.is_some() => {
+                            if let Some((client, session_id)) = release.take() {
+                                tokio::spawn(release_poll(client, session_id, lost_at));
+                            }
+                        }
+                    }
+                }
             };
             let (requests, held) = match answered {
                 Ok(Ok(answer)) => answer,
@@ -261,6 +294,7 @@ impl<T: Types> Polls<'_, T> {
                     session_id: self.session_id.clone(),
                     acks: Vec::new(),
                     ended_sessions: Vec::new(),
+                    stopping: false,
                 })
                 .await?;
             return Ok((Vec::new(), Duration::ZERO));
@@ -411,6 +445,7 @@ async fn drain(
             session_id: session_id.to_owned(),
             acks: Vec::new(),
             ended_sessions: Vec::new(),
+            stopping: false,
         };
         Box::pin(async move {
             tokio::time::sleep_until(at).await;
@@ -460,6 +495,7 @@ async fn send_reports<T: Types>(
             session_id: session_id.clone(),
             acks: Vec::new(),
             ended_sessions,
+            stopping: false,
         };
         if let Err(status) = client.ack(request).await {
             debug!(session = %session_id, %status, "reporting sessions ended failed; the next poll reports them");
@@ -487,6 +523,7 @@ async fn send_acks(
             session_id: session_id.clone(),
             acks: batch,
             ended_sessions: Vec::new(),
+            stopping: false,
         };
         if let Err(status) = client.ack(request).await {
             debug!(session = %session_id, %status, "ack failed; the dispatcher will retry those keys");

@@ -57,6 +57,8 @@ pub struct SessionSlot {
     pub wire_id: String,
     /// The user that opened it; `None` when authentication is off.
     pub opener: Option<String>,
+    /// Its replica said it is stopping (`AckRequest.stopping`): its polls are answered at once.
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 /// A session that ended, and whether it had nothing in flight then

@@ -39,6 +39,7 @@ impl Group {
             ttl,
             wire_id,
             opener: opener.map(str::to_owned),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         let replaced = {
             let mut state = self.state_now();

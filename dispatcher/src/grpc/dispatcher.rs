@@ -513,7 +513,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let acks = self.parse_acks(&req.acks)?;
         self.ended_sessions(&req.ended_sessions);
         self.groups
-            .ack(&req.session_id, &caller, acks)
+            .ack(&req.session_id, &caller, acks, req.stopping)
             .map_err(status)?;
         Ok(Response::new(AckResponse {}))
     }

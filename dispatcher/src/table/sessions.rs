@@ -162,7 +162,11 @@ impl GroupTable {
         let (group, id, slot) = self.lookup(session, caller)?;
         let received = Instant::now();
         renew(&slot);
-        let wait = wait.min(slot.ttl / 2);
+        let wait = if slot.stopping.load(Ordering::Acquire) {
+            Duration::ZERO
+        } else {
+            wait.min(slot.ttl / 2)
+        };
         self.settle(&group, id, session, acks);
         let deadline = received + wait;
         // `looked` is when the last look at the queue began: the requests' reconcile time and
@@ -209,6 +213,9 @@ impl GroupTable {
             }
             looked = Instant::now();
             deliveries = take();
+            if slot.stopping.load(Ordering::Acquire) {
+                break;
+            }
         }
         if deliveries.is_empty() {
             looked = Instant::now();
@@ -221,16 +228,22 @@ impl GroupTable {
         })
     }
 
-    /// Settles `acks` of `session`, which renews it.
+    /// Settles `acks` of `session`, which renews it. `stopping`: its replica is stopping, so
+    /// its poll held now is answered at once, and its later polls are not held.
     pub fn ack(
         &self,
         session: &str,
         caller: &Caller,
         acks: Vec<Acked>,
+        stopping: bool,
     ) -> Result<(), SessionError> {
         let (group, id, slot) = self.lookup(session, caller)?;
         renew(&slot);
         self.settle(&group, id, session, acks);
+        if stopping && !slot.stopping.swap(true, Ordering::AcqRel) {
+            debug!(%session, "the replica is stopping: its polls are answered at once");
+            slot.notify.notify_one();
+        }
         Ok(())
     }
 

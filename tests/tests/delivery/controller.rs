@@ -257,8 +257,16 @@ async fn replicas_share_keys_without_overlap_and_a_stopped_one_hands_over_at_onc
         journal.overlaps()
     );
 
-    // Stopping a replica closes its session: its keys go to b without waiting for a ttl.
+    // Stopping a replica closes its session: its keys go to b without waiting for a ttl. Its
+    // poll, held by the dispatcher for up to 5 s (the SDK's wait), is answered once it says it
+    // stops (`AckRequest.stopping`): the stop does not wait it out.
+    let stopping = std::time::Instant::now();
     a.shut_down().await?;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(4),
+        "the stop took {:?}",
+        stopping.elapsed()
+    );
     let second: BTreeSet<String> = (0..30).map(|i| format!("second-{i}")).collect();
     create(&api, second.iter().cloned()).await?;
     let by = reconciled(&mut rx, &second).await;

@@ -216,7 +216,8 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
     assert_eq!(held.len(), 1, "A got the ConfigMap");
     let its_own = client_b.poll(poll(&squatter)).await?.into_inner().requests;
     assert_eq!(its_own.len(), 1, "B's group has its own queue");
-    // B tries to ack A's delivery away, and to poll and close A's session.
+    // B tries to ack A's delivery away (saying A's replica stops, too), and to poll and close
+    // A's session.
     let ack = client_b
         .ack(AckRequest {
             session_id: session.clone(),
@@ -226,6 +227,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
                 memo: Vec::new(),
             }],
             ended_sessions: Vec::new(),
+            stopping: true,
         })
         .await
         .expect_err("B acks on A's session");
@@ -249,6 +251,7 @@ async fn a_second_identity_can_neither_squat_join_nor_ack_in_another_group() -> 
                 memo: Vec::new(),
             }],
             ended_sessions: Vec::new(),
+            stopping: false,
         })
         .await?;
     d.stop().await;

@@ -699,6 +699,7 @@ async fn hand_over_on_stop(
             session_id: owner.id.clone(),
             acks: vec![back],
             ended_sessions: Vec::new(),
+            stopping: false,
         };
         owner.client.ack(acks).await?;
     } else {

@@ -291,6 +291,38 @@ async fn an_open_past_the_opens_in_progress_is_refused_at_once_with_a_pushback()
     Ok(())
 }
 
+/// A replica that says it is stopping (`AckRequest.stopping`) has the poll the dispatcher holds
+/// answered at once, and its later polls are not held: its stop need not wait out a wait (20 s
+/// here). The keys stay its own to finish: what is ready is still handed to it.
+#[tokio::test]
+async fn a_stopping_replicas_polls_are_answered_at_once() -> TestResult {
+    let ns = TestNamespace::create("dispatch-stopping").await?;
+    let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
+    let subs = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut s = TestSession::open_for(&d, "g", "r", subs, Duration::from_secs(120)).await?;
+    let wait = Duration::from_secs(20);
+    let mut held = s.clone();
+    let poll = tokio::spawn(async move { held.poll_acking(&[], wait).await });
+    s.stopping().await?;
+    let answered = tokio::time::timeout(wait / 2, poll)
+        .await
+        .expect("the held poll is answered once the replica says it stops")??;
+    assert!(answered.is_empty(), "{answered:?}");
+    let later = tokio::time::timeout(wait / 2, s.poll_acking(&[], wait))
+        .await
+        .expect("a later poll is not held")?;
+    assert!(later.is_empty(), "{later:?}");
+    // What becomes ready is still handed to it.
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    api.create(&PostParams::default(), &configmap("cm-1", "1"))
+        .await?;
+    let got = s.collect_until(TIMEOUT, |got| !got.is_empty()).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].key, cm_key(ns.name(), "cm-1"));
+    d.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestResult {
     let ns = TestNamespace::create("dispatch-idle").await?;

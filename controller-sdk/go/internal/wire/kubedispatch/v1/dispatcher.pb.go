@@ -1616,6 +1616,11 @@ type AckRequest struct {
 	// As PollRequest.ended_sessions: a replica sends them with an ack at once when a session
 	// ends on a dispatcher named dead, rather than wait for its next poll.
 	EndedSessions []*EndedSession `protobuf:"bytes,3,rep,name=ended_sessions,json=endedSessions,proto3" json:"ended_sessions,omitempty"`
+	// The replica is stopping: the poll of this session the dispatcher holds now, if any, is
+	// answered at once with what is ready (it does not wait for more), and so is every later
+	// poll of the session. So a stopping replica need not wait out its poll's wait to close its
+	// session. A dispatcher older than this field holds the poll until its wait ends.
+	Stopping      bool `protobuf:"varint,4,opt,name=stopping,proto3" json:"stopping,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1669,6 +1674,13 @@ func (x *AckRequest) GetEndedSessions() []*EndedSession {
 		return x.EndedSessions
 	}
 	return nil
+}
+
+func (x *AckRequest) GetStopping() bool {
+	if x != nil {
+		return x.Stopping
+	}
+	return false
 }
 
 // Answer to an AckRequest.
@@ -1993,13 +2005,14 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\aFailure\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\":\n" +
 	"\aRequeue\x12/\n" +
-	"\x05after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05after\"\x9f\x01\n" +
+	"\x05after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05after\"\xbb\x01\n" +
 	"\n" +
 	"AckRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04acks\x18\x02 \x03(\v2\x18.kubedispatch.v1.AckItemR\x04acks\x12D\n" +
-	"\x0eended_sessions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.EndedSessionR\rendedSessions\"\r\n" +
+	"\x0eended_sessions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.EndedSessionR\rendedSessions\x12\x1a\n" +
+	"\bstopping\x18\x04 \x01(\bR\bstopping\"\r\n" +
 	"\vAckResponse\"4\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
