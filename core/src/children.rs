@@ -326,10 +326,14 @@ pub struct ChildIndex {
     side_list: AtomicBool,
     /// While a list beside the watch runs for keys newly served here: the slices followed
     /// before each change that started or extended it. The children of an owner every one of
-    /// them may serve have been indexed all along, so its requests are complete. Empty when
-    /// none is known (a group joined the watch, or more than [`HELD_THROUGH`] changes came
-    /// while the list ran).
-    held_through: Mutex<Vec<Arc<Slice>>>,
+    /// them may serve have been indexed all along, so its requests are complete. `None` when
+    /// that is not known until the list ends (a group joined the watch, or more than
+    /// [`HELD_THROUGH`] changes came while the list ran): no owner's are complete meanwhile.
+    held_through: Mutex<Option<Vec<Arc<Slice>>>>,
+    /// The watch's list beside its stream waits for the children of its own objects
+    /// ([`ChildIndex::waits_for_others`]): a watch of those children, whose owners this watch
+    /// indexes (an ownership cycle), does not wait for it in turn.
+    waiting: AtomicBool,
     /// Groups joined the running watch that its task has not yet started listing for.
     joining: AtomicUsize,
     /// Steps of the watch task that ended with the watch showing everything.
@@ -349,7 +353,8 @@ impl Default for ChildIndex {
             children: RwLock::default(),
             own_list: AtomicBool::new(true),
             side_list: AtomicBool::new(false),
-            held_through: Mutex::new(Vec::new()),
+            held_through: Mutex::new(Some(Vec::new())),
+            waiting: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
             quiet: AtomicU64::new(0),
             fed: Mutex::new(None),
@@ -359,7 +364,8 @@ impl Default for ChildIndex {
 }
 
 /// Ring changes a list beside the watch may span and still take the children of owners served
-/// throughout as complete ([`ChildIndex::list_beside_for_more_owners`]); past it, none are.
+/// throughout as complete ([`ChildIndex::list_beside_for_more_owners`]); past it, none are
+/// until the list ends.
 const HELD_THROUGH: usize = 4;
 
 /// An owner's children as its request carries them.
@@ -442,21 +448,43 @@ impl ChildIndex {
     /// slice: the owners the slice followed until now (and every slice followed since the list
     /// began) may serve keep complete children.
     pub fn list_beside_for_more_owners(&self) {
+        // One lock at a time (`of` takes them too).
+        let fed = self.fed.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
         if !self.side_list.load(Ordering::Acquire) {
-            held.clear();
+            *held = Some(Vec::new());
         }
-        match self.fed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            Some(fed) if held.len() < HELD_THROUGH => held.push(fed),
-            _ => held.clear(),
-        }
+        *held = match (held.take(), fed) {
+            (Some(mut slices), Some(fed)) if slices.len() < HELD_THROUGH => {
+                slices.push(fed);
+                Some(slices)
+            }
+            _ => None,
+        };
         self.side_list.store(true, Ordering::Release);
+    }
+
+    /// The watch's list beside its stream waits (`true`) or no longer waits for the children
+    /// of its own objects that other watches list.
+    pub fn waits_for_others(&self, waits: bool) {
+        self.waiting.store(waits, Ordering::Release);
+    }
+
+    /// Whether the watch's list beside its stream waits for other watches' children.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// The index holds the children of the owners `slice` lets this dispatcher serve (a list
     /// beside the watch, if it must show more of them, is already marked running).
+    /// Forgets the children of the owners `slice` may not serve, and follows it: both under the
+    /// index's lock, so that a reader never takes the slice for one whose owners' children
+    /// were forgotten ([`ChildIndex::of`] reads under the same lock).
     pub fn follow(&self, slice: Arc<Slice>) {
+        let mut children = self.write();
+        children.retain_owners(|owner| slice.may_serve(KeyRef::new(owner)));
         *self.fed.lock().unwrap_or_else(|e| e.into_inner()) = Some(slice);
+        drop(children);
     }
 
     /// Keeps the bodies of the children seen from now on, in `pool` while it stays at most half
@@ -523,10 +551,7 @@ impl ChildIndex {
     /// The task took in the groups that joined: it lists beside the watch for them, or its own
     /// list shows them everything.
     pub fn joins_taken(&self) {
-        self.held_through
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        *self.held_through.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.side_list.store(true, Ordering::Release);
         self.joining.store(0, Ordering::Release);
     }
@@ -539,26 +564,29 @@ impl ChildIndex {
     /// reader on a newer slice the watch has not taken in yet is answered for the owners both
     /// serve, as their children were kept all along.
     pub fn of(&self, kind: &OwnerKind, owner: &str) -> OwnerChildren {
-        // The flags before the children: a list that starts after this is taken as complete
-        // for what was read, which it was.
+        // Under the index's lock, which `follow` changes the slice under; the flags before the
+        // children: a list that starts after this is taken as complete for what was read,
+        // which it was.
+        let index = self.read();
         let key = KeyRef::new(owner);
+        // One lock at a time (`list_beside_for_more_owners` takes them too).
+        let followed = self
+            .fed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|fed| fed.may_serve(key));
+        let listed_beside = !self.side_list.load(Ordering::Acquire) || {
+            let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
+            held.as_ref()
+                .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
+        };
         let complete = self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
-            && self
-                .fed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|fed| fed.may_serve(key))
-            && (!self.side_list.load(Ordering::Acquire) || {
-                let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
-                !held.is_empty() && held.iter().all(|s| s.may_serve(key))
-            });
-        let mut children = self
-            .children
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .of(kind, owner);
+            && followed
+            && listed_beside;
+        let mut children = index.of(kind, owner);
+        drop(index);
         let truncated = children.len() > MAX_CHILDREN_PER_REQUEST;
         children.truncate(MAX_CHILDREN_PER_REQUEST);
         OwnerChildren {

@@ -175,12 +175,19 @@ impl GroupSpec {
         self.subscriptions.iter().any(|s| !s.is_primary())
     }
 
-    /// Whether a primary subscription watches the objects of `kind`, so that its watch lists
-    /// them itself (an owner kind need not be one).
-    pub fn watches_primary(&self, kind: &OwnerKind) -> bool {
+    /// Whether a primary subscription watches every object of `kind` that a watch of children
+    /// in `namespace` (empty: all) can name as an owner (owners are in their children's
+    /// namespace): of that kind, in every namespace or that one, with no selector. Its watch then
+    /// lists those owners itself; an owner kind need not be watched so.
+    pub fn lists_owners_of(&self, kind: &OwnerKind, namespace: &str) -> bool {
         self.subscriptions.iter().any(|s| {
-            let r = &s.watch.resource;
-            s.is_primary() && r.group == kind.group && r.kind == kind.kind
+            let (w, r) = (&s.watch, &s.watch.resource);
+            s.is_primary()
+                && r.group == kind.group
+                && r.kind == kind.kind
+                && w.label_selector.is_empty()
+                && w.field_selector.is_empty()
+                && (w.namespace.is_empty() || w.namespace == namespace)
         })
     }
 
@@ -464,6 +471,51 @@ mod tests {
             ttl: None,
             ..Default::default()
         }
+    }
+
+    /// A group's own watch lists the owners a child's list shows only when it selects them
+    /// all: of their kind, in their namespace or every one, with no selector.
+    #[test]
+    fn owners_are_listed_by_a_primary_subscription_that_selects_them_all() {
+        let deployments = OwnerKind {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+        };
+        let primary = |kind: &str, namespace: &str, labels: &str| SubscriptionSpec {
+            watch: WatchKey {
+                resource: ResourceId {
+                    group: "apps".into(),
+                    version: "v1".into(),
+                    kind: kind.into(),
+                    plural: String::new(),
+                    namespaced: true,
+                },
+                namespace: namespace.into(),
+                label_selector: labels.into(),
+                field_selector: String::new(),
+            },
+            payload: Payload::Full,
+            owner: None,
+            named_by: None,
+            changes_of: Parts::ALL_CHANGES,
+        };
+        let lists = |sub: SubscriptionSpec, children_in: &str| {
+            GroupSpec::new(vec![sub]).lists_owners_of(&deployments, children_in)
+        };
+        assert!(lists(primary("Deployment", "", ""), "a"));
+        assert!(lists(primary("Deployment", "", ""), ""));
+        assert!(lists(primary("Deployment", "a", ""), "a"));
+        assert!(!lists(primary("Deployment", "a", ""), "b"));
+        assert!(
+            !lists(primary("Deployment", "a", ""), ""),
+            "children of every namespace"
+        );
+        assert!(!lists(primary("Deployment", "", "tier=web"), "a"));
+        assert!(!lists(primary("StatefulSet", "", ""), "a"));
+        let mut owned = primary("Deployment", "", "");
+        owned.owner = Some(deployments.clone());
+        assert!(!lists(owned, "a"), "not a primary subscription");
     }
 
     #[test]

@@ -161,9 +161,13 @@ async fn open<T: Types>(
     Ok((client, opened, sent))
 }
 
+/// The longest a stopping replica's request to answer its poll is given: past it, the poll
+/// ends with its wait anyway (at most 5 s).
+const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
 /// Asks the dispatcher to answer the held poll of `session_id` now, as its replica is stopping
-/// (`AckRequest.stopping`); given up at `lost_at`. A dispatcher older than the field answers the
-/// poll when its wait ends, as before.
+/// (`AckRequest.stopping`); given up at `lost_at` or after [`RELEASE_BOUND`], whichever comes
+/// first. A dispatcher older than the field answers the poll when its wait ends, as before.
 async fn release_poll(
     mut client: DispatcherClient<AuthChannel>,
     session_id: String,
@@ -175,7 +179,8 @@ async fn release_poll(
         ended_sessions: Vec::new(),
         stopping: true,
     });
-    if let Ok(Err(status)) = tokio::time::timeout_at(lost_at, ack).await {
+    let until = lost_at.min(Instant::now() + RELEASE_BOUND);
+    if let Ok(Err(status)) = tokio::time::timeout_at(until, ack).await {
         debug!(%status, "the dispatcher was not told this replica is stopping; its poll ends when its wait does");
     }
 }

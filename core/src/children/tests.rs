@@ -228,11 +228,21 @@ fn while_a_list_beside_the_watch_runs_the_owners_served_throughout_have_complete
     assert!(!complete(mine));
     index.side_list_running(false);
     assert!(complete(mine));
-    // A list beside the watch spanning more changes than it keeps track of: none complete.
+    // A list beside the watch spanning more changes than it keeps track of: none complete
+    // until it ends, whatever changes come after.
     for _ in 0..=HELD_THROUGH {
         index.list_beside_for_more_owners();
     }
     assert!(!complete(mine));
+    index.list_beside_for_more_owners();
+    assert!(!complete(mine), "still within that list");
+    index.side_list_running(false);
+    assert!(complete(mine));
+    // The same after a group joined: a change while its list runs completes nobody.
+    index.joined();
+    index.joins_taken();
+    index.list_beside_for_more_owners();
+    assert!(!complete(mine), "the joined group's list is still running");
     index.side_list_running(false);
     // The stream broken, or listing again: none complete.
     index.own_list_running(true);

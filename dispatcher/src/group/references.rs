@@ -8,7 +8,7 @@ use kube_dispatch_core::{
     handover::Slice,
     key::KeyRef,
     references::References,
-    subscription::OwnerKind,
+    subscription::{OwnerKind, ResourceId},
     transit::{GroupEvent, Origin},
 };
 
@@ -98,14 +98,26 @@ impl Group {
         }
     }
 
-    /// Whether every index its owners' children come from, but `except` (the index of the
-    /// watch asking, whose own list shows its children as it goes), holds every child of the
-    /// owners `slice` serves ([`ChildIndex::complete_for`]).
-    pub fn children_complete(&self, slice: &Slice, except: &ChildIndex) -> bool {
+    /// Whether every index this group takes the children of owners of `resource` from holds
+    /// every child of the owners `slice` serves ([`ChildIndex::complete_for`]), but `except`
+    /// (the index of the watch asking, whose own list shows its children as it goes) and the
+    /// indexes whose watch itself waits for others (an ownership cycle: neither waits for the
+    /// other).
+    pub fn children_complete(
+        &self,
+        resource: &ResourceId,
+        slice: &Slice,
+        except: &ChildIndex,
+    ) -> bool {
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
         owned
             .iter()
-            .filter(|(_, index)| !std::ptr::eq(Arc::as_ptr(index), except))
+            .filter(|(kind, index)| {
+                kind.group == resource.group
+                    && kind.kind == resource.kind
+                    && !std::ptr::eq(Arc::as_ptr(index), except)
+                    && !index.is_waiting()
+            })
             .all(|(_, index)| index.complete_for(slice))
     }
 

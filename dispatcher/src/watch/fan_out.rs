@@ -170,8 +170,10 @@ impl FanOut {
     pub(super) fn owners_lack_children(&self) -> bool {
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let resource = &self.key.resource;
         subscribers.iter().any(|s| {
-            matches!(s.keyed(), Keyed::Itself) && !s.group.children_complete(&slice, &self.children)
+            matches!(s.keyed(), Keyed::Itself)
+                && !s.group.children_complete(resource, &slice, &self.children)
         })
     }
 
@@ -370,7 +372,7 @@ impl FanOut {
                                 shown,
                             );
                         }
-                        if !sub.group.spec.watches_primary(owner) {
+                        if !sub.group.spec.lists_owners_of(owner, &self.key.namespace) {
                             sub.group.record(GroupEvent::ListedOwned {
                                 key: KeyRef::new(&owner_key),
                             });
@@ -387,9 +389,6 @@ impl FanOut {
     /// The slice changed to `slice`: the children of owners it no longer lets this dispatcher
     /// serve are forgotten (a list beside the stream shows those of owners that come back).
     pub(super) fn slice_changed(&mut self, slice: &Arc<Slice>) {
-        self.children
-            .write()
-            .retain_owners(|owner| slice.may_serve(KeyRef::new(owner)));
         self.children.follow(slice.clone());
         self.followed = slice.clone();
         self.count_children();

@@ -402,16 +402,19 @@ impl WatchTask {
     /// The list is asked for only once read, so it shows the owners as they are then.
     fn waits_for_children(&self, pass: &mut Pass) -> bool {
         let Some(until) = pass.side_waits else {
+            self.children.waits_for_others(false);
             return false;
         };
         let waits = pass.side.is_some() && self.fan_out.owners_lack_children();
         if waits && Instant::now() < until {
+            self.children.waits_for_others(true);
             return true;
         }
         if waits {
             warn!(resource = %describe(&self.key), waited = ?CHILDREN_WAIT, "the owners' children are still being listed: listing the owners now, their replicas read the children they are not sent");
         }
         pass.side_waits = None;
+        self.children.waits_for_others(false);
         false
     }
 
