@@ -476,10 +476,8 @@ impl ChildIndex {
     }
 
     /// The index holds the children of the owners `slice` lets this dispatcher serve (a list
-    /// beside the watch, if it must show more of them, is already marked running).
-    /// Forgets the children of the owners `slice` may not serve, and follows it: both under the
-    /// index's lock, so that a reader never takes the slice for one whose owners' children
-    /// were forgotten ([`ChildIndex::of`] reads under the same lock).
+    /// beside the watch, if it must show more of them, is already marked running): those of
+    /// the others are forgotten under the index's lock, which readers hold ([`ChildIndex::of`]).
     pub fn follow(&self, slice: Arc<Slice>) {
         let mut children = self.write();
         children.retain_owners(|owner| slice.may_serve(KeyRef::new(owner)));
