@@ -253,6 +253,23 @@ func (r *Sessions) runSession(ctx context.Context, address string) (opened bool,
 	return true, nil
 }
 
+// releaseBound is the longest a stopping replica's request to answer its held poll is given:
+// past it, the poll ends with its wait anyway.
+const releaseBound = 5 * time.Second
+
+// releaseOnStop tells the dispatcher, if ctx ends before the poll in flight is answered, that
+// this replica is stopping (AckRequest.stopping): it answers the held poll at once, so the stop
+// does not wait out the poll's wait. A dispatcher older than the field ignores it.
+func (s *Session) releaseOnStop(ctx context.Context, answered <-chan struct{}) {
+	select {
+	case <-answered:
+	case <-ctx.Done():
+		call, cancel := context.WithTimeout(s.named, releaseBound)
+		defer cancel()
+		_, _ = s.client.Ack(call, &pb.AckRequest{SessionId: s.id, Stopping: true})
+	}
+}
+
 // serve polls for work while ctx lasts, asking for no more than the free slots, and renews the
 // session without taking work while every slot is busy. It returns nil when ctx ends, and the
 // reason when the session is lost.
@@ -286,6 +303,8 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 			}
 			continue
 		}
+		answered := make(chan struct{})
+		go s.releaseOnStop(ctx, answered)
 		answer, err := s.client.Poll(call, &pb.PollRequest{
 			SessionId:     s.id,
 			MaxItems:      uint32(min(free, 1<<31)),
@@ -293,6 +312,7 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 			MaxBytes:      maxAnswerBytes,
 			EndedSessions: r.Endings.reports(),
 		})
+		close(answered)
 		cancelCall()
 		if err != nil {
 			return s.renewalError(err)
