@@ -37,24 +37,14 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
         run.results
             .contains("<!-- bench:daily:begin -->\nProduced by `daily smoke test`")
     );
-    let runs = run.json["runs"].as_array().expect("runs in the figures");
-    let event = |shape: &str, event: &str| -> &Value {
-        runs.iter()
-            .find(|r| r["shape"] == shape && r["event"] == event)
-            .unwrap_or_else(|| panic!("no {event} of {shape} in:\n{:#}", run.json))
-    };
-    let number = |v: &Value, key: &str| -> f64 {
-        v[key]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no {key} in {v:#}"))
-    };
+    let met = |shape: &str, name: &str| event(&run.json, shape, name);
     for (shape, events) in [
         ("kube-rs-standby", &["steady", "rollout"][..]),
         ("controller-runtime-warm", &["steady", "rollout"]),
         ("tier", &["steady", "rollout", "tier-upgrade"]),
     ] {
         for name in events {
-            let e = event(shape, name);
+            let e = met(shape, name);
             // The harness fails the run if any write goes unreconciled; each event had some.
             assert!(number(e, "writes") >= 1.0, "{e:#}");
             assert!(number(e, "max_ms") > 0.0, "{e:#}");
@@ -63,16 +53,16 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
     }
     // A new kube-rs replica leads cold: it lists everything again. A new controller-runtime
     // replica warms its cache as a standby, by a streaming list (client-go's WatchListClient).
-    let kube_rs = event("kube-rs-standby", "rollout");
+    let kube_rs = met("kube-rs-standby", "rollout");
     assert!(number(kube_rs, "lists") >= 1.0, "{kube_rs:#}");
-    let warm = event("controller-runtime-warm", "rollout");
+    let warm = met("controller-runtime-warm", "rollout");
     assert!(number(warm, "watch_lists") >= 1.0, "{warm:#}");
     // The tier's new replicas are served by the dispatchers, which read nothing for them.
-    let tier = event("tier", "rollout");
+    let tier = met("tier", "rollout");
     assert_eq!(number(tier, "lists"), 0.0, "{tier:#}");
     assert_eq!(number(tier, "gets"), 0.0, "{tier:#}");
     // Each restarted dispatcher lists the keys it serves.
-    let upgrade = event("tier", "tier-upgrade");
+    let upgrade = met("tier", "tier-upgrade");
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
 }
 
@@ -107,21 +97,10 @@ fn owners_and_their_children_move_through_a_tier_upgrade_with_few_reads() {
         run.results
             .contains("Records of 2048 bytes owning 2 ConfigMaps each")
     );
-    let runs = run.json["runs"].as_array().expect("runs in the figures");
-    let event = |event: &str| -> &Value {
-        runs.iter()
-            .find(|r| r["shape"] == "tier" && r["event"] == event)
-            .unwrap_or_else(|| panic!("no {event} in:\n{:#}", run.json))
-    };
-    let number = |v: &Value, key: &str| -> f64 {
-        v[key]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no {key} in {v:#}"))
-    };
-    let rollout = event("rollout");
+    let rollout = event(&run.json, "tier", "rollout");
     assert_eq!(number(rollout, "lists"), 0.0, "{rollout:#}");
     assert_eq!(number(rollout, "gets"), 0.0, "{rollout:#}");
-    let upgrade = event("tier-upgrade");
+    let upgrade = event(&run.json, "tier", "tier-upgrade");
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
     let objects = f64::from(owners * (1 + children));
     assert!(
@@ -129,4 +108,21 @@ fn owners_and_their_children_move_through_a_tier_upgrade_with_few_reads() {
         "{} GETs of {objects} objects: {upgrade:#}",
         number(upgrade, "gets")
     );
+}
+
+/// The figures of `name` met by `shape` in a run's figures.
+fn event<'a>(figures: &'a Value, shape: &str, name: &str) -> &'a Value {
+    figures["runs"]
+        .as_array()
+        .expect("runs in the figures")
+        .iter()
+        .find(|r| r["shape"] == shape && r["event"] == name)
+        .unwrap_or_else(|| panic!("no {name} of {shape} in:\n{figures:#}"))
+}
+
+/// The figure `key` of an event.
+fn number(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {key} in {v:#}"))
 }

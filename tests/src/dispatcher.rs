@@ -232,19 +232,14 @@ impl TestSession {
         subscriptions: Vec<Subscription>,
         ttl: Duration,
     ) -> Result<Self, tonic::Status> {
-        let mut client = dispatcher.client_as(&crate::credentials()).await;
-        let id = client
-            .open_session(OpenSessionRequest {
-                group: group.into(),
-                replica_id: replica.into(),
-                subscriptions,
-                ttl: prost_types::Duration::try_from(ttl).ok(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .session_id;
-        Ok(Self { client, id })
+        let request = OpenSessionRequest {
+            group: group.into(),
+            replica_id: replica.into(),
+            subscriptions,
+            ttl: prost_types::Duration::try_from(ttl).ok(),
+            ..Default::default()
+        };
+        Self::open_request(dispatcher, request).await
     }
 
     /// Opens a session of `replica` in `group` with `subscriptions` whose client says it takes
@@ -256,18 +251,23 @@ impl TestSession {
         subscriptions: Vec<Subscription>,
         capabilities: &[&str],
     ) -> Result<Self, tonic::Status> {
+        let request = OpenSessionRequest {
+            group: group.into(),
+            replica_id: replica.into(),
+            subscriptions,
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+            ..Default::default()
+        };
+        Self::open_request(dispatcher, request).await
+    }
+
+    /// Opens the session `request` asks for, as the tests' identity.
+    async fn open_request(
+        dispatcher: &TestDispatcher,
+        request: OpenSessionRequest,
+    ) -> Result<Self, tonic::Status> {
         let mut client = dispatcher.client_as(&crate::credentials()).await;
-        let id = client
-            .open_session(OpenSessionRequest {
-                group: group.into(),
-                replica_id: replica.into(),
-                subscriptions,
-                capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .session_id;
+        let id = client.open_session(request).await?.into_inner().session_id;
         Ok(Self { client, id })
     }
 

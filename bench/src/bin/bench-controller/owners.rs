@@ -74,6 +74,7 @@ pub(super) async fn cached_child(
     name: &str,
     known: Option<u64>,
 ) -> Result<Option<ConfigMap>, Error> {
+    tracing::debug!(child = name, ?known, "reading a child from the API server");
     let got = match api.get_with(name, &GetParams::any()).await {
         Ok(c) => Some(c),
         Err(kube::Error::Api(e)) if e.code == 404 => None,
