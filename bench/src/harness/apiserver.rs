@@ -124,8 +124,12 @@ impl RequestCounts {
 /// (and left out by the next read), never left out uncounted. Like the counters themselves,
 /// differences mean something only within one API-server process.
 pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
-    let own = control_plane_requests()?;
+    // The counters first, then the audit log: the API server counts a request before it logs
+    // it, so a control-plane request in the counters is in the log by the time it is read.
+    // The other way round, one that landed in between would be counted but not left out, then
+    // left out at the next reading: a request of the benchmark's own would cancel it.
     let counts = RequestCounts::parse(&metrics_text(client).await?);
+    let own = control_plane_requests()?;
     Ok(counts.less(own.as_ref()))
 }
 

@@ -340,8 +340,9 @@ impl Setup<'_> {
             },
             None => Process::default(),
         };
-        let own = super::apiserver::control_plane_requests()?;
+        // The counters before the audit log ([`super::apiserver::request_counts`] says why).
         let metrics = metrics_text(self.client).await?;
+        let own = super::apiserver::control_plane_requests()?;
         Ok(Snapshot {
             dispatchers,
             controller,
