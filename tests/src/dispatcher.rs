@@ -266,7 +266,15 @@ impl TestSession {
         dispatcher: &TestDispatcher,
         request: OpenSessionRequest,
     ) -> Result<Self, tonic::Status> {
-        let mut client = dispatcher.client_as(&crate::credentials()).await;
+        let client = dispatcher.client_as(&crate::credentials()).await;
+        Self::open_on(client, request).await
+    }
+
+    /// Opens the session `request` asks for through `client`.
+    async fn open_on(
+        mut client: DispatcherClient<AuthChannel>,
+        request: OpenSessionRequest,
+    ) -> Result<Self, tonic::Status> {
         let id = client.open_session(request).await?.into_inner().session_id;
         Ok(Self { client, id })
     }
@@ -285,23 +293,19 @@ impl TestSession {
 
     /// Opens a session through `client` (of any dispatcher, a process of its own included).
     pub async fn open_with(
-        mut client: DispatcherClient<AuthChannel>,
+        client: DispatcherClient<AuthChannel>,
         group: &str,
         replica: &str,
         subscriptions: Vec<Subscription>,
     ) -> Result<Self, tonic::Status> {
-        let id = client
-            .open_session(OpenSessionRequest {
-                group: group.into(),
-                replica_id: replica.into(),
-                subscriptions,
-                ttl: None,
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .session_id;
-        Ok(Self { client, id })
+        let request = OpenSessionRequest {
+            group: group.into(),
+            replica_id: replica.into(),
+            subscriptions,
+            ttl: None,
+            ..Default::default()
+        };
+        Self::open_on(client, request).await
     }
 
     /// Polls once, acknowledging `acks` as successes.

@@ -285,6 +285,7 @@ impl WatchTask {
         };
         self.children.own_list_running(true);
         self.children.side_list_running(false);
+        self.children.waits_for_others(false);
         loop {
             let waiting = self.waits_for_children(&mut pass);
             let step = tokio::select! {
@@ -402,7 +403,6 @@ impl WatchTask {
     /// The list is asked for only once read, so it shows the owners as they are then.
     fn waits_for_children(&self, pass: &mut Pass) -> bool {
         let Some(until) = pass.side_waits else {
-            self.children.waits_for_others(false);
             return false;
         };
         let waits = pass.side.is_some() && self.fan_out.owners_lack_children();
