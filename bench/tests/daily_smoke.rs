@@ -66,7 +66,8 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
 }
 
-/// The tier with owners and children: a rollout of its replicas reads nothing, and a rolling
+/// The tier with owners and children: a rollout of its replicas reads nothing beyond what its
+/// writes cost, and a rolling
 /// upgrade of its dispatchers reads almost nothing one by one (the owners that move come with
 /// their bodies and all their children's; what is left are the few keys a write made ready
 /// during a handover), where it read most of the objects by a GET each before.
@@ -97,9 +98,14 @@ fn owners_and_their_children_move_through_a_tier_upgrade_with_few_reads() {
         run.results
             .contains("Records of 2048 bytes owning 2 ConfigMaps each")
     );
+    // No read of its own; a write of a child may cost its owner's reconcile a read of the
+    // owner (when the dispatcher no longer keeps the owner's body), so at most one per write.
     let rollout = event(&run.json, "tier", "rollout");
     assert_eq!(number(rollout, "lists"), 0.0, "{rollout:#}");
-    assert_eq!(number(rollout, "gets"), 0.0, "{rollout:#}");
+    assert!(
+        number(rollout, "gets") <= number(rollout, "writes"),
+        "{rollout:#}"
+    );
     let upgrade = event(&run.json, "tier", "tier-upgrade");
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
     let objects = f64::from(owners * (1 + children));
