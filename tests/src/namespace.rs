@@ -23,7 +23,18 @@ impl TestNamespace {
     /// Creates a namespace named `kd-<prefix>-<pid>-<n>` on the shared cluster, with an admin
     /// client for it. `prefix` should name the test; it is cut to keep the name valid.
     pub async fn create(prefix: &str) -> Result<Self, FixtureError> {
+        Self::create_where(prefix, |_| true).await
+    }
+
+    /// As [`create`](Self::create), with the first name `accept` takes. A test whose keys must
+    /// fall a certain way on a hash ring (which hashes the namespace too) states that here
+    /// rather than hoping the process id gives it. Fails if none of the next 10 000 names does.
+    pub async fn create_where(
+        prefix: &str,
+        accept: impl Fn(&str) -> bool,
+    ) -> Result<Self, FixtureError> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
+        const TRIES: usize = 10_000;
         let client = Cluster::shared().client().await?;
         let prefix: String = prefix
             .chars()
@@ -36,12 +47,19 @@ impl TestNamespace {
             })
             .take(40)
             .collect();
-        let name = format!(
-            "kd-{}-{}-{}",
-            prefix.trim_matches('-'),
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = prefix.trim_matches('-');
+        let pid = std::process::id();
+        let name = std::iter::repeat_with(|| {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            format!("kd-{prefix}-{pid}-{n}")
+        })
+        .take(TRIES)
+        .find(|name| accept(name))
+        .ok_or_else(|| {
+            FixtureError::Timeout(format!(
+                "no namespace name kd-{prefix}-{pid}-<n> of the next {TRIES} suits the test"
+            ))
+        })?;
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns = Namespace {
             metadata: ObjectMeta {

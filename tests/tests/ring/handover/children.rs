@@ -145,19 +145,20 @@ async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_childre
     };
     use kube_dispatch_tests::widget_ref;
 
-    let ns = TestNamespace::create("children-survivor").await?;
-    let owners = widgets_owning_two(&ns, 16).await?;
-    let key = |owner: &str| format!("test.kube-dispatch.dev/Widget/{}/{owner}", ns.name());
+    const OWNERS: usize = 16;
     let two = Ring::new((0..2).map(name));
-    let moving: Vec<String> = owners
-        .iter()
-        .filter(|o| {
-            let k = RequestKey::new("test.kube-dispatch.dev", "Widget", ns.name(), o.as_str());
-            two.owner(&k) == Some("dispatcher-1")
-        })
-        .map(|o| key(o))
-        .collect();
-    assert!(!moving.is_empty(), "some owner lands on dispatcher-1");
+    // The keys of the owners `w-0..16` that land on dispatcher-1: at least one.
+    let moving = |ns: &str| -> Vec<String> {
+        (0..OWNERS)
+            .map(|i| RequestKey::new("test.kube-dispatch.dev", "Widget", ns, format!("w-{i}")))
+            .filter(|k| two.owner(k) == Some("dispatcher-1"))
+            .map(|k| k.to_string())
+            .collect()
+    };
+    let ns = TestNamespace::create_where("children-survivor", |ns| !moving(ns).is_empty()).await?;
+    let owners = widgets_owning_two(&ns, OWNERS).await?;
+    let key = |owner: &str| format!("test.kube-dispatch.dev/Widget/{}/{owner}", ns.name());
+    let moving = moving(ns.name());
     let subscriptions = || {
         vec![
             Subscription {

@@ -9,13 +9,13 @@ use super::support::*;
 /// it).
 #[tokio::test]
 async fn deletions_in_transit_are_delivered() -> TestResult {
-    let (ns, api) = with_configmaps("deletions-in-transit", 30).await?;
+    let two = Ring::new((0..2).map(name));
+    let moving = |ns: &str| names_owned_by(&two, ns, 30, "dispatcher-1");
+    // Enough keys move to dispatcher-1.
+    let (ns, api) =
+        with_configmaps_where("deletions-in-transit", 30, |ns| moving(ns).len() >= 3).await?;
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
-    let moving = names_owned_by(&Ring::new((0..2).map(name)), ns.name(), 30, "dispatcher-1");
-    assert!(
-        moving.len() >= 3,
-        "enough keys move to dispatcher-1: {moving:?}"
-    );
+    let moving = moving(ns.name());
     let mut ds = BTreeMap::new();
     // The test's raw sessions sit idle while the other one is driven: give them a ttl no
     // loaded machine outlasts (no member dies here, so the longer bound costs nothing).
@@ -100,22 +100,14 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
 /// keys owned elsewhere can tell it.
 #[tokio::test]
 async fn a_deletion_while_its_dispatcher_is_dead_is_delivered_by_the_new_owner() -> TestResult {
-    // Enough objects that, whatever the namespace's random name, some key of dispatcher-1
-    // moves to dispatcher-0 (with 30 it happened that none did).
     const OBJECTS: usize = 60;
-    let (ns, api) = with_configmaps("deleted-while-dead", OBJECTS).await?;
     let three = Ring::new((0..3).map(name));
-    let two = Ring::new([name(0), name(2)]);
-    // Keys of dispatcher-1 that go to dispatcher-0 when it dies.
-    let to_zero = names_owned_by(&two, ns.name(), OBJECTS, "dispatcher-0");
-    let moving: Vec<String> = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-1")
-        .into_iter()
-        .filter(|n| to_zero.contains(n))
-        .collect();
-    assert!(
-        !moving.is_empty(),
-        "a key moves from dispatcher-1 to dispatcher-0"
-    );
+    // Keys of dispatcher-1 that go to dispatcher-0 when it dies: at least one.
+    let (ns, api) = with_configmaps_where("deleted-while-dead", OBJECTS, |ns| {
+        !from_one_to_zero(ns, OBJECTS).is_empty()
+    })
+    .await?;
+    let moving = from_one_to_zero(ns.name(), OBJECTS);
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
@@ -246,10 +238,12 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_even_if_the_first
 /// list starts well after the deletion; a watch that restarted to list would never see it.
 #[tokio::test]
 async fn a_deletion_as_a_handover_completes_is_delivered() -> TestResult {
-    let (ns, api) = with_configmaps("deleted-at-handover", 30).await?;
     let two = Ring::new([name(0), name(1)]);
-    let moving = names_owned_by(&two, ns.name(), 30, "dispatcher-1");
-    assert!(!moving.is_empty(), "a key moves to dispatcher-1");
+    let moving = |ns: &str| names_owned_by(&two, ns, 30, "dispatcher-1");
+    // A key moves to dispatcher-1.
+    let (ns, api) =
+        with_configmaps_where("deleted-at-handover", 30, |ns| !moving(ns).is_empty()).await?;
+    let moving = moving(ns.name());
     let mut ds = start_settled(ns.name(), 1, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;

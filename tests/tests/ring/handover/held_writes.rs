@@ -10,19 +10,12 @@ use super::support::*;
 #[tokio::test]
 async fn a_write_while_a_dead_dispatchers_keys_are_held_is_delivered_first() -> TestResult {
     const OBJECTS: usize = 60;
-    let (ns, api) = with_configmaps("held-write", OBJECTS).await?;
     let three = Ring::new((0..3).map(name));
-    let two = Ring::new([name(0), name(2)]);
-    let to_zero = names_owned_by(&two, ns.name(), OBJECTS, "dispatcher-0");
-    let mut moving: Vec<String> = names_owned_by(&three, ns.name(), OBJECTS, "dispatcher-1")
-        .into_iter()
-        .filter(|n| to_zero.contains(n))
-        .collect();
-    moving.sort();
-    assert!(
-        moving.len() >= 2,
-        "two keys move from dispatcher-1 to dispatcher-0: {moving:?}"
-    );
+    let moving = |ns: &str| from_one_to_zero(ns, OBJECTS);
+    // Two keys move from dispatcher-1 to dispatcher-0.
+    let (ns, api) =
+        with_configmaps_where("held-write", OBJECTS, |ns| moving(ns).len() >= 2).await?;
+    let moving = moving(ns.name());
     let mut ds = start_settled(ns.name(), 3, BOUND).await?;
     let subs = || vec![subscription("v1", "ConfigMap", ns.name())];
     let mut s0 = TestSession::open(&ds[&0], GROUP, "replica-0", subs()).await?;
@@ -84,11 +77,12 @@ async fn a_write_while_a_dead_dispatchers_keys_are_held_is_delivered_first() -> 
 #[tokio::test]
 async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first() -> TestResult {
     const COUNT: usize = 30;
-    let (ns, api) = with_configmaps("kept-write", COUNT).await?;
     let two = Ring::new([name(0), name(1)]);
-    let mut moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
+    let moving = |ns: &str| names_owned_by(&two, ns, COUNT, "dispatcher-1");
+    // Three keys move to dispatcher-1.
+    let (ns, api) = with_configmaps_where("kept-write", COUNT, |ns| moving(ns).len() >= 3).await?;
+    let mut moving = moving(ns.name());
     moving.sort();
-    assert!(moving.len() >= 3, "three keys move to dispatcher-1");
     let key = |name: &str| format!("/ConfigMap/{}/{name}", ns.name());
     // Longer than the test: the key held in flight stays in flight however slow the machine.
     let long = Duration::from_secs(60);
@@ -199,10 +193,11 @@ async fn a_write_while_a_joining_dispatchers_gate_is_closed_is_delivered_first()
 #[tokio::test]
 async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> TestResult {
     const COUNT: usize = 30;
-    let (ns, api) = with_configmaps("flap", COUNT).await?;
     let two = Ring::new([name(0), name(1)]);
-    let moving = names_owned_by(&two, ns.name(), COUNT, "dispatcher-1");
-    assert!(moving.len() >= 2, "two keys move to dispatcher-1");
+    let moving = |ns: &str| names_owned_by(&two, ns, COUNT, "dispatcher-1");
+    // Two keys move to dispatcher-1.
+    let (ns, api) = with_configmaps_where("flap", COUNT, |ns| moving(ns).len() >= 2).await?;
+    let moving = moving(ns.name());
     let (idle, flying) = (&moving[0], &moving[1]);
     // A session and reconcile time longer than the test, so that the key held in flight stays
     // in flight however slow the machine: the bound only delays handovers, and none completes.
@@ -322,10 +317,11 @@ async fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered() -> Te
 async fn a_starting_dispatcher_judges_membership_on_a_whole_view_of_the_leases() -> TestResult {
     const LONG: Duration = Duration::from_secs(20);
     const ROUNDS: usize = 4;
-    let (ns, api) = with_configmaps("whole-view", 10).await?;
     let two = Ring::new([name(0), name(1)]);
-    let moving = names_owned_by(&two, ns.name(), 10, "dispatcher-0");
-    assert!(!moving.is_empty(), "a key goes to dispatcher-0");
+    let moving = |ns: &str| names_owned_by(&two, ns, 10, "dispatcher-0");
+    // A key goes to dispatcher-0.
+    let (ns, api) = with_configmaps_where("whole-view", 10, |ns| !moving(ns).is_empty()).await?;
+    let moving = moving(ns.name());
     let key = format!("/ConfigMap/{}/{}", ns.name(), moving[0]);
     let mut ds = BTreeMap::new();
     ds.insert(1, TestDispatcher::start(config(ns.name(), 1, LONG)).await?);

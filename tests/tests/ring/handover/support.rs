@@ -230,7 +230,18 @@ pub(super) async fn with_configmaps(
     prefix: &str,
     count: usize,
 ) -> TestResult<(TestNamespace, Api<ConfigMap>)> {
-    let ns = TestNamespace::create(prefix).await?;
+    with_configmaps_where(prefix, count, |_| true).await
+}
+
+/// As [`with_configmaps`], in the first namespace whose name `accept` takes: how the keys fall
+/// on a ring depends on the namespace's name, so a test that needs keys to move a certain way
+/// says so here.
+pub(super) async fn with_configmaps_where(
+    prefix: &str,
+    count: usize,
+    accept: impl Fn(&str) -> bool,
+) -> TestResult<(TestNamespace, Api<ConfigMap>)> {
+    let ns = TestNamespace::create_where(prefix, accept).await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     write_round(&api, count, 0, &Journal::default()).await?;
     Ok((ns, api))
@@ -241,10 +252,10 @@ pub(super) async fn with_configmaps(
 pub(super) async fn victim_of_three(
     prefix: &str,
 ) -> TestResult<(TestNamespace, Api<ConfigMap>, Vec<String>)> {
-    let (ns, api) = with_configmaps(prefix, 30).await?;
     let three = Ring::new((0..3).map(name));
-    let of_victim = names_owned_by(&three, ns.name(), 30, "dispatcher-1");
-    assert!(!of_victim.is_empty(), "dispatcher-1 owns a key");
+    let of_victim = |ns: &str| names_owned_by(&three, ns, 30, "dispatcher-1");
+    let (ns, api) = with_configmaps_where(prefix, 30, |ns| !of_victim(ns).is_empty()).await?;
+    let of_victim = of_victim(ns.name());
     Ok((ns, api, of_victim))
 }
 
@@ -259,6 +270,20 @@ pub(super) fn names_owned_by(
         .map(|i| format!("cm-{i}"))
         .filter(|n| ring.owner(&RequestKey::new("", "ConfigMap", namespace, n)) == Some(member))
         .collect()
+}
+
+/// Of ConfigMaps `cm-0..count` in `namespace`, in name order, those dispatcher-1 owns on the
+/// ring of three and dispatcher-0 takes when dispatcher-1 leaves it.
+pub(super) fn from_one_to_zero(namespace: &str, count: usize) -> Vec<String> {
+    let three = Ring::new((0..3).map(name));
+    let two = Ring::new([name(0), name(2)]);
+    let to_zero = names_owned_by(&two, namespace, count, "dispatcher-0");
+    let mut moving: Vec<String> = names_owned_by(&three, namespace, count, "dispatcher-1")
+        .into_iter()
+        .filter(|n| to_zero.contains(n))
+        .collect();
+    moving.sort();
+    moving
 }
 
 /// Opens a session of the group on dispatchers 0, 1 and 2, so the group exists on every one
