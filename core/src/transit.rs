@@ -200,6 +200,11 @@ impl Transit {
             GroupEvent::OwnedChanged { key, origin } => {
                 return self.hold_related(slice, queue, (key, Reason::Owned), origin);
             }
+            GroupEvent::OwnedListed { key } => {
+                if queue.knows_object(key.text()) {
+                    return self.hold_related(slice, queue, (key, Reason::Owned), Origin::List);
+                }
+            }
             GroupEvent::NamedChanged { key, origin } => {
                 return self.hold_related(slice, queue, (key, Reason::Referenced), origin);
             }

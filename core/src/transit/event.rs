@@ -107,6 +107,17 @@ pub enum GroupEvent<'a> {
         /// The owner's request key.
         key: KeyRef<'a>,
     },
+    /// The watch's own list (its first, or a re-list) shows an owned object new or changed
+    /// since the index last saw it, in a group whose primary subscription lists the owners
+    /// itself (`GroupSpec::lists_owners_of`): the owner is queued, as for
+    /// [`GroupEvent::OwnedChanged`], only if the queue knows its object (a re-list: the child
+    /// changed while the watch was away). An owner it does not know yet comes with the owners'
+    /// own list, with its body and, that list waiting for this one, its children complete;
+    /// queued from here it would be delivered without either, and its replica read both.
+    OwnedListed {
+        /// The owner's request key.
+        key: KeyRef<'a>,
+    },
 }
 
 impl<'a> GroupEvent<'a> {

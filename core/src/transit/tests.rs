@@ -429,3 +429,32 @@ fn the_list_beside_the_watch_fills_the_body_of_a_remembered_change() {
     assert_eq!(got.len(), 1);
     assert!(got[0].body.is_some(), "delivered with the listed body");
 }
+
+/// A child shown by its watch's own list queues its owner only if the queue knows the owner's
+/// object (a re-list: the child changed while the watch was away); an owner not known yet is
+/// left to the owners' own list, which brings its body, and is not queued without it.
+#[test]
+fn a_listed_child_queues_only_an_owner_the_queue_knows() {
+    let now = Instant::now();
+    let mut queue = queue();
+    let slice = fixed("d0", &["d0"]);
+    let mut p = Transit::new("g", slice.clone(), REMEMBER);
+    let owner = "/ConfigMap/ns/owner";
+    let listed = || GroupEvent::OwnedListed {
+        key: KeyRef::new(owner),
+    };
+    assert!(p.record(&slice, &mut queue, listed(), now).is_empty());
+    assert!(
+        !queue.contains(owner),
+        "an unknown owner is left to its list"
+    );
+
+    p.record(&slice, &mut queue, exists(owner, 2, 1), now);
+    let first = handed(&mut queue, now);
+    assert_eq!(first.len(), 1, "{first:?}");
+    queue.ack(1, first[0].id, crate::queue::Outcome::Success, now);
+    p.record(&slice, &mut queue, listed(), now);
+    let again = handed(&mut queue, now);
+    assert_eq!(again.len(), 1, "a known owner is queued: {again:?}");
+    assert_eq!(again[0].reason, Reason::Owned);
+}

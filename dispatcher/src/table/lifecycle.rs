@@ -173,7 +173,15 @@ impl GroupTable {
 
     pub(super) async fn subscribe_all(&self, group: &Arc<Group>) -> Result<(), SessionError> {
         let mut watched = Vec::with_capacity(group.spec.subscriptions.len());
-        for sub in &group.spec.subscriptions {
+        // The owned subscriptions first: the group takes their children's indexes before any
+        // watch of owners starts, whose first list then waits for the children's (so a cold
+        // start's owners are requested with their children complete).
+        let (owned, others): (Vec<_>, Vec<_>) = group
+            .spec
+            .subscriptions
+            .iter()
+            .partition(|sub| sub.owner.is_some());
+        for sub in owned.into_iter().chain(others) {
             let subscriber = Subscriber {
                 group: group.clone(),
                 payload: sub.payload,

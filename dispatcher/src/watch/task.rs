@@ -140,16 +140,20 @@ struct Pass {
     listed: Option<Option<String>>,
     /// The stream broke and has not shown anything since.
     broken: bool,
-    /// Until when the list beside the stream is not read while the owners it would show lack
-    /// children another watch is still listing ([`WatchTask::waits_for_children`]).
-    side_waits: Option<Instant>,
+    /// Until when the list beside the stream, or the pass's own list before it starts, is not
+    /// read while the owners it would show lack children another watch is still listing
+    /// ([`WatchTask::waits_for_children`]).
+    waits_until: Option<Instant>,
+    /// The stream has been asked for something: its own list has begun.
+    started: bool,
 }
 
-/// The longest a list beside the stream waits for the children of the owners it shows, which
-/// a list of another watch begun by the same change shows: owners listed before their children
-/// are requested without them, and their replicas read each child from the API server.
-/// Changes the stream shows meanwhile are delivered at once; only the moved-in owners' first
-/// reconcile waits.
+/// The longest a list of owners waits for their children, which a list of another watch
+/// begun by the same change (a ring change, or the watches' start) shows: owners listed before
+/// their children are requested without them, and their replicas read each child from the API
+/// server. For a list beside the stream, changes the stream shows meanwhile are delivered at
+/// once; only the moved-in owners' first reconcile waits. A pass's own list (a cold start)
+/// begins once the wait ends.
 const CHILDREN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How often a list beside the stream waiting for children checks on them.
@@ -281,13 +285,17 @@ impl WatchTask {
             side: None,
             listed: Some(None),
             broken: false,
-            side_waits: None,
+            // The owners this pass lists wait for the children another watch is listing.
+            waits_until: Some(Instant::now() + CHILDREN_WAIT),
+            started: false,
         };
         self.children.own_list_running(true);
         self.children.side_list_running(false);
         self.children.waits_for_others(false);
         loop {
             let waiting = self.waits_for_children(&mut pass);
+            // Before it first asks, the stream is held as the list beside it would be.
+            let held = waiting && !pass.started;
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
                 () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
@@ -299,7 +307,10 @@ impl WatchTask {
                     pass.paused = None;
                     Step::Nothing
                 }
-                event = pass.events.next(), if pass.paused.is_none() => Step::Event(event),
+                event = pass.events.next(), if pass.paused.is_none() && !held => {
+                    pass.started = true;
+                    Step::Event(event)
+                }
             };
             match step {
                 Step::Nothing => {}
@@ -388,7 +399,7 @@ impl WatchTask {
         };
         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-        pass.side_waits = Some(Instant::now() + CHILDREN_WAIT);
+        pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
         pass.side = Some(SideList::start(
             self.api.clone(),
             self.list_params.clone(),
@@ -397,23 +408,27 @@ impl WatchTask {
         ));
     }
 
-    /// Whether the list beside the stream must wait before it is read: the owners it would
-    /// show lack children the list of another watch, begun by the same change, has not shown
-    /// yet ([`FanOut::owners_lack_children`]), and it has waited less than [`CHILDREN_WAIT`].
-    /// The list is asked for only once read, so it shows the owners as they are then.
+    /// Whether the list beside the stream, or the pass's own list before the stream is first
+    /// asked, must wait before it is read: the owners it would show lack children the list of
+    /// another watch, begun by the same change, has not shown yet
+    /// ([`FanOut::owners_lack_children`]), and it has waited less than [`CHILDREN_WAIT`]. A
+    /// list is asked for only once read, so it shows the owners as they are then.
     fn waits_for_children(&self, pass: &mut Pass) -> bool {
-        let Some(until) = pass.side_waits else {
+        let Some(until) = pass.waits_until else {
             return false;
         };
-        let waits = pass.side.is_some() && self.fan_out.owners_lack_children();
+        let waits = (pass.side.is_some() || !pass.started) && self.fan_out.owners_lack_children();
         if waits && Instant::now() < until {
+            if !self.children.is_waiting() {
+                debug!(resource = %describe(&self.key), "the owners' list waits for their children's");
+            }
             self.children.waits_for_others(true);
             return true;
         }
         if waits {
             warn!(resource = %describe(&self.key), waited = ?CHILDREN_WAIT, "the owners' children are still being listed: listing the owners now, their replicas read the children they are not sent");
         }
-        pass.side_waits = None;
+        pass.waits_until = None;
         self.children.waits_for_others(false);
         false
     }

@@ -494,3 +494,45 @@ async fn only_the_children_of_owners_served_here_are_indexed() {
         assert_eq!(shown(&api, o, &two).0, 0, "{o}");
     }
 }
+
+/// A cold start: the watch of owners begins its own list once the watch of their children has
+/// shown them all, so no owner is requested with its children incomplete; and however long
+/// that list takes, it waits at most `CHILDREN_WAIT`.
+#[tokio::test(start_paused = true)]
+async fn the_owners_first_list_waits_for_their_childrens() {
+    use super::CHILDREN_WAIT;
+
+    // ConfigMaps owning children of another watch, whose own list is running.
+    let owners = OwnerKind {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+    };
+    for (listed_after, asked_after) in [
+        (Some(Duration::from_secs(3)), Duration::from_secs(3)),
+        (None, CHILDREN_WAIT),
+    ] {
+        let children = Arc::new(ChildIndex::default());
+        let mut api = Scripted::start(ListMode::Paged);
+        api.member.group.owns_from(owners.clone(), children.clone());
+        let begun = Instant::now();
+        if let Some(after) = listed_after {
+            let children = children.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                children.follow(alone().borrow().clone());
+                children.own_list_running(false);
+            });
+        }
+        let list = api.next().await;
+        assert!(list.is_paged_list(), "{:?}", list.query);
+        let waited = begun.elapsed();
+        assert!(
+            waited >= asked_after && waited < asked_after + Duration::from_millis(100),
+            "children listed after {listed_after:?}: the owners' list was asked for after {waited:?}"
+        );
+        list.list_raw(10, &[object("o1", 5)]);
+        let _stream = api.next().await.open();
+        assert_eq!(api.delivered(), named(&[("o1", false)]));
+    }
+}

@@ -1,5 +1,5 @@
 //! An owner's children across handovers: complete after a join and a restart, and with their
-//! bodies, and the owners' own, when a member leaves.
+//! bodies, and the owners' own, when a member leaves and at a cold start.
 
 use super::support::*;
 
@@ -139,10 +139,7 @@ async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> Tes
 /// before their children were requested with them incomplete).
 #[tokio::test]
 async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_children() -> TestResult {
-    use kube_dispatch_proto::{
-        capabilities::CHILDREN_BODIES,
-        v1::{ChildrenState, ReconcileRequest},
-    };
+    use kube_dispatch_proto::{capabilities::CHILDREN_BODIES, v1::ReconcileRequest};
     use kube_dispatch_tests::widget_ref;
 
     const OWNERS: usize = 16;
@@ -203,25 +200,87 @@ async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_childre
         d.stop().await;
     }
     let got = s0.collect_until(timeout, |got| seen(got, &moving)).await;
-    for k in &moving {
+    assert_whole_at_first(&got, &moving, "on the survivor");
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// A dispatcher's cold start: its watch of the owners lists them once their children's watch
+/// has listed the children, so each owner's first request carries its body and its children
+/// complete, each with its body, and a controller reads none of them (before, the owners' list
+/// ran beside the children's and most owners came with their children incomplete).
+#[tokio::test]
+async fn a_cold_starts_owners_come_with_their_bodies_and_all_their_children() -> TestResult {
+    use kube_dispatch_proto::capabilities::CHILDREN_BODIES;
+    use kube_dispatch_tests::widget_ref;
+
+    const OWNERS: usize = 64;
+    let ns = TestNamespace::create("children-cold-start").await?;
+    let owners = widgets_owning_two(&ns, OWNERS).await?;
+    let keys: Vec<String> = owners
+        .iter()
+        .map(|o| format!("test.kube-dispatch.dev/Widget/{}/{o}", ns.name()))
+        .collect();
+    let subscriptions = vec![
+        Subscription {
+            resource: Some(widget_ref()),
+            namespace: ns.name().to_owned(),
+            ..Default::default()
+        },
+        Subscription {
+            owner: Some(widget_ref()),
+            ..subscription("v1", "ConfigMap", ns.name())
+        },
+    ];
+    let ds = start_settled(ns.name(), 1, BOUND).await?;
+    // The group's first session starts its watches.
+    let mut s0 = TestSession::open_with_capabilities(
+        &ds[&0],
+        "owners",
+        "replica-0",
+        subscriptions,
+        &[CHILDREN_BODIES],
+    )
+    .await?;
+    let got = s0
+        .collect_until(Duration::from_secs(30), |got| {
+            keys.iter().all(|k| got.iter().any(|r| r.key == *k))
+        })
+        .await;
+    assert_whole_at_first(&got, &keys, "at the cold start");
+    stop_all([], ds, []).await;
+    Ok(())
+}
+
+/// That the first request for each of `keys` in `got` carries the owner's body and its two
+/// children, complete and each with its body.
+fn assert_whole_at_first(
+    got: &[kube_dispatch_proto::v1::ReconcileRequest],
+    keys: &[String],
+    when: &str,
+) {
+    use kube_dispatch_proto::v1::ChildrenState;
+
+    for k in keys {
         let first = got
             .iter()
             .find(|r| r.key == *k)
-            .unwrap_or_else(|| panic!("{k} was not reconciled on the survivor: {got:?}"));
-        assert!(!first.object_json.is_empty(), "{k} came without its body");
+            .unwrap_or_else(|| panic!("{k} was not reconciled {when}: {got:?}"));
+        assert!(
+            !first.object_json.is_empty(),
+            "{k} came without its body {when}"
+        );
         assert_eq!(
             first.children_state,
             ChildrenState::Complete as i32,
-            "{k}: {first:?}"
+            "{k} {when}: {first:?}"
         );
-        assert_eq!(first.children.len(), 2, "{k}: {first:?}");
+        assert_eq!(first.children.len(), 2, "{k} {when}: {first:?}");
         assert!(
             first.children.iter().all(|c| !c.object_json.is_empty()),
-            "{k}: a child came without its body"
+            "{k} {when}: a child came without its body"
         );
     }
-    stop_all([], ds, []).await;
-    Ok(())
 }
 
 /// Widgets `w-0..count` in `ns`, each the controller of two ConfigMaps: their names.
