@@ -42,6 +42,7 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use self::refusal::{refuses_streaming, rejection, status_code};
 use super::{
     fan_out::{FanOut, Seen, Subscribers, WatchCounts, describe},
     object::WatchedObject,
@@ -51,6 +52,8 @@ use super::{
     whole_list,
 };
 use crate::config::ListMode;
+
+mod refusal;
 
 /// Why a watch could not serve a subscription.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -569,39 +572,4 @@ fn mark_ready(r: &mut Readiness) -> bool {
     } else {
         false
     }
-}
-
-/// The API server's refusal of a list or watch, if that is what the error is: a client error
-/// (4xx other than 410 Gone, which the watcher recovers from by re-listing).
-fn rejection(e: &watcher::Error) -> Option<(u16, String)> {
-    let status = api_status(e)?;
-    ((400..500).contains(&status.code) && status.code != 410)
-        .then(|| (status.code, status.message.clone()))
-}
-
-/// Whether the API server refused a streaming list, as one without the WatchList feature
-/// does: "sendInitialEvents is forbidden for watch unless the WatchList feature gate is
-/// enabled" (1.27 to 1.33 with the feature off), or, from a server older than the feature,
-/// "resourceVersionMatch is forbidden for watch".
-fn refuses_streaming(e: &watcher::Error) -> bool {
-    rejection(e).is_some_and(|(code, message)| {
-        matches!(code, 400 | 422)
-            && (message.contains("sendInitialEvents") || message.contains("resourceVersionMatch"))
-    })
-}
-
-/// The API server's status in a watch error, if it answered one.
-fn api_status(e: &watcher::Error) -> Option<&kube::core::Status> {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s),
-        watcher::Error::WatchError(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// The HTTP status code of a watch error the API server answered.
-fn status_code(e: &watcher::Error) -> Option<u16> {
-    api_status(e).map(|s| s.code)
 }
