@@ -197,12 +197,13 @@ impl Transit {
                     return queue.change(key.text(), change);
                 }
             }
-            GroupEvent::OwnedChanged { key, origin } => {
-                return self.hold_related(slice, queue, (key, Reason::Owned), origin);
-            }
-            GroupEvent::OwnedListed { key } => {
-                if queue.knows_object(key.text()) {
-                    return self.hold_related(slice, queue, (key, Reason::Owned), Origin::List);
+            GroupEvent::OwnedChanged {
+                key,
+                origin,
+                owners_listed,
+            } => {
+                if !owners_listed || queue.knows_object(key.text()) {
+                    return self.hold_related(slice, queue, (key, Reason::Owned), origin);
                 }
             }
             GroupEvent::NamedChanged { key, origin } => {

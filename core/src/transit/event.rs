@@ -74,6 +74,13 @@ pub enum GroupEvent<'a> {
         key: KeyRef<'a>,
         /// Where the owned object's change was seen.
         origin: Origin,
+        /// The group's primary subscription lists the owners itself
+        /// (`GroupSpec::lists_owners_of`): the owner is queued only if the queue knows its
+        /// object. One it does not know yet comes with the owners' own list, or the list beside
+        /// its stream, with its body and, that list waiting for the children's, its children
+        /// complete; queued from here it would be delivered without either, and its replica
+        /// read both. (Known to exist nowhere, it has nothing to reconcile.)
+        owners_listed: bool,
     },
     /// An object the key's object names at a field path (`crate::references`) was created,
     /// changed or deleted.
@@ -104,17 +111,6 @@ pub enum GroupEvent<'a> {
     /// A list run beside the watch's stream shows an owned object, on the terms of
     /// [`GroupEvent::Listed`]: only for an owner key the queue does not hold.
     ListedOwned {
-        /// The owner's request key.
-        key: KeyRef<'a>,
-    },
-    /// The watch's own list (its first, or a re-list) shows an owned object new or changed
-    /// since the index last saw it, in a group whose primary subscription lists the owners
-    /// itself (`GroupSpec::lists_owners_of`): the owner is queued, as for
-    /// [`GroupEvent::OwnedChanged`], only if the queue knows its object (a re-list: the child
-    /// changed while the watch was away). An owner it does not know yet comes with the owners'
-    /// own list, with its body and, that list waiting for this one, its children complete;
-    /// queued from here it would be delivered without either, and its replica read both.
-    OwnedListed {
         /// The owner's request key.
         key: KeyRef<'a>,
     },

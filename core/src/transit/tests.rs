@@ -357,12 +357,14 @@ fn what_a_list_shows_is_no_change_to_hurry() {
     let owned = GroupEvent::OwnedChanged {
         key: KeyRef::new(&moved[1]),
         origin: Origin::List,
+        owners_listed: false,
     };
     p.record(&during, &mut queue, owned, now);
     assert_eq!(p.figures().held_changes, 0);
     let owned = GroupEvent::OwnedChanged {
         key: KeyRef::new(&moved[1]),
         origin: Origin::Stream,
+        owners_listed: false,
     };
     p.record(&during, &mut queue, owned, now);
     assert_eq!(
@@ -430,31 +432,54 @@ fn the_list_beside_the_watch_fills_the_body_of_a_remembered_change() {
     assert!(got[0].body.is_some(), "delivered with the listed body");
 }
 
-/// A child shown by its watch's own list queues its owner only if the queue knows the owner's
-/// object (a re-list: the child changed while the watch was away); an owner not known yet is
-/// left to the owners' own list, which brings its body, and is not queued without it.
+/// In a group that lists the owners itself, a child's change queues its owner only if the
+/// queue knows the owner's object (a re-list, or the stream, while the owner is served here);
+/// an owner not known yet (its list, or the list beside the stream for owners that just came
+/// here, has not shown it) is left to that list, which brings its body, and is not queued
+/// without it, neither at once nor held to go first once a handover completes.
 #[test]
-fn a_listed_child_queues_only_an_owner_the_queue_knows() {
+fn a_childs_change_queues_only_an_owner_the_queue_knows() {
     let now = Instant::now();
-    let mut queue = queue();
-    let slice = fixed("d0", &["d0"]);
-    let mut p = Transit::new("g", slice.clone(), REMEMBER);
-    let owner = "/ConfigMap/ns/owner";
-    let listed = || GroupEvent::OwnedListed {
-        key: KeyRef::new(owner),
-    };
-    assert!(p.record(&slice, &mut queue, listed(), now).is_empty());
-    assert!(
-        !queue.contains(owner),
-        "an unknown owner is left to its list"
-    );
+    for origin in [Origin::List, Origin::Stream] {
+        let mut queue = queue();
+        let slice = fixed("d0", &["d0"]);
+        let mut p = Transit::new("g", slice.clone(), REMEMBER);
+        let owner = "/ConfigMap/ns/owner";
+        let changed = || GroupEvent::OwnedChanged {
+            key: KeyRef::new(owner),
+            origin,
+            owners_listed: true,
+        };
+        assert!(p.record(&slice, &mut queue, changed(), now).is_empty());
+        assert!(
+            !queue.contains(owner),
+            "{origin:?}: an unknown owner is left to its list"
+        );
 
-    p.record(&slice, &mut queue, exists(owner, 2, 1), now);
-    let first = handed(&mut queue, now);
-    assert_eq!(first.len(), 1, "{first:?}");
-    queue.ack(1, first[0].id, crate::queue::Outcome::Success, now);
-    p.record(&slice, &mut queue, listed(), now);
-    let again = handed(&mut queue, now);
-    assert_eq!(again.len(), 1, "a known owner is queued: {again:?}");
-    assert_eq!(again[0].reason, Reason::Owned);
+        p.record(&slice, &mut queue, exists(owner, 2, 1), now);
+        let first = handed(&mut queue, now);
+        assert_eq!(first.len(), 1, "{first:?}");
+        queue.ack(1, first[0].id, crate::queue::Outcome::Success, now);
+        p.record(&slice, &mut queue, changed(), now);
+        let again = handed(&mut queue, now);
+        assert_eq!(
+            again.len(),
+            1,
+            "{origin:?}: a known owner is queued: {again:?}"
+        );
+        assert_eq!(again[0].reason, Reason::Owned);
+    }
+    // Held by a handover: not remembered to go first either.
+    let mut queue = queue();
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    p.trim(&during, &mut queue, now);
+    let moved = key_of("d1", &["d0", "d1"]);
+    let changed = GroupEvent::OwnedChanged {
+        key: KeyRef::new(&moved),
+        origin: Origin::Stream,
+        owners_listed: true,
+    };
+    p.record(&during, &mut queue, changed, now);
+    assert_eq!(p.figures().held_changes, 0);
 }

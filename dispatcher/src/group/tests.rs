@@ -212,6 +212,7 @@ async fn a_list_beside_the_stream_adds_only_keys_not_known() {
     g.record(GroupEvent::OwnedChanged {
         key: KeyRef::from(&owner),
         origin: Origin::List,
+        owners_listed: false,
     });
     assert_eq!(take_all(&g).len(), 3);
 
@@ -330,6 +331,7 @@ async fn a_kept_key_records_new_versions_while_nothing_is_handed_out() {
     g.record(GroupEvent::OwnedChanged {
         key: KeyRef::from("owner"),
         origin: Origin::List,
+        owners_listed: false,
     });
     assert!(
         take_all(&g).is_empty(),

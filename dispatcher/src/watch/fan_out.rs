@@ -246,16 +246,14 @@ impl FanOut {
                 }
                 Keyed::Owner(owner) => {
                     let tell = owners.iter().find(|(k, _)| *k == owner).map(|(_, t)| t);
-                    // Owners the group's own watch of them lists are left to that list, if the
-                    // group does not know them yet ([`GroupEvent::OwnedListed`]).
-                    let listed_there = origin == Origin::List
-                        && sub.group.spec.lists_owners_of(owner, &self.key.namespace);
+                    // Owners the group's own watch of them lists are left to that watch while the
+                    // group does not know them yet.
+                    let owners_listed = sub.group.spec.lists_owners_of(owner, &self.key.namespace);
                     for key in tell.into_iter().flatten() {
-                        let key = KeyRef::new(key);
-                        sub.group.record(if listed_there {
-                            GroupEvent::OwnedListed { key }
-                        } else {
-                            GroupEvent::OwnedChanged { key, origin }
+                        sub.group.record(GroupEvent::OwnedChanged {
+                            key: KeyRef::new(key),
+                            origin,
+                            owners_listed,
                         });
                     }
                 }
@@ -415,6 +413,7 @@ impl FanOut {
                         sub.group.record(GroupEvent::OwnedChanged {
                             key: KeyRef::new(owner),
                             origin: Origin::List,
+                            owners_listed: false,
                         });
                     }
                 }

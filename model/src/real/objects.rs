@@ -67,6 +67,7 @@ impl Real {
         self.record_on_watches(model, k, |key, _| GroupEvent::OwnedChanged {
             key,
             origin: Origin::Stream,
+            owners_listed: false,
         });
     }
 
