@@ -177,14 +177,16 @@ impl GroupSpec {
 
     /// Whether a primary subscription watches every object of `kind` that a watch of children
     /// in `namespace` (empty: all) can name as an owner (owners are in their children's
-    /// namespace): of that kind, in every namespace or that one, with no selector. Its watch then
-    /// lists those owners itself; an owner kind need not be watched so.
+    /// namespace): of that kind, namespaced, in every namespace or that one, with no selector.
+    /// Its watch then lists those owners itself; an owner kind need not be watched so. (A
+    /// cluster-scoped owner's key is not the one its namespaced children name.)
     pub fn lists_owners_of(&self, kind: &OwnerKind, namespace: &str) -> bool {
         self.subscriptions.iter().any(|s| {
             let (w, r) = (&s.watch, &s.watch.resource);
             s.is_primary()
                 && r.group == kind.group
                 && r.kind == kind.kind
+                && r.namespaced
                 && w.label_selector.is_empty()
                 && w.field_selector.is_empty()
                 && (w.namespace.is_empty() || w.namespace == namespace)
@@ -516,6 +518,12 @@ mod tests {
         let mut owned = primary("Deployment", "", "");
         owned.owner = Some(deployments.clone());
         assert!(!lists(owned, "a"), "not a primary subscription");
+        let mut cluster_scoped = primary("Deployment", "", "");
+        cluster_scoped.watch.resource.namespaced = false;
+        assert!(
+            !lists(cluster_scoped, "a"),
+            "a cluster-scoped owner's key has no namespace"
+        );
     }
 
     #[test]

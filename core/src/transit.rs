@@ -202,7 +202,9 @@ impl Transit {
                 origin,
                 owners_listed,
             } => {
-                if !owners_listed || queue.knows_object(key.text()) {
+                let left_to_list =
+                    owners_listed && slice.serves_key(key) && !queue.knows_object(key.text());
+                if !left_to_list {
                     return self.hold_related(slice, queue, (key, Reason::Owned), origin);
                 }
             }

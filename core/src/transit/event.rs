@@ -75,11 +75,12 @@ pub enum GroupEvent<'a> {
         /// Where the owned object's change was seen.
         origin: Origin,
         /// The group's primary subscription lists the owners itself
-        /// (`GroupSpec::lists_owners_of`): the owner is queued only if the queue knows its
-        /// object. One it does not know yet comes with the owners' own list, or the list beside
-        /// its stream, with its body and, that list waiting for the children's, its children
-        /// complete; queued from here it would be delivered without either, and its replica
-        /// read both. (Known to exist nowhere, it has nothing to reconcile.)
+        /// (`GroupSpec::lists_owners_of`): an owner served here is queued only if the queue
+        /// knows its object. One it does not know yet comes with the owners' own list, or the
+        /// list beside its stream, with its body and, that list waiting for the children's, its
+        /// children complete; queued from here it would be delivered without either, and its
+        /// replica read both. (Known to exist nowhere, it has nothing to reconcile.) An owner a
+        /// handover holds is remembered as before, to go first once it is served.
         owners_listed: bool,
     },
     /// An object the key's object names at a field path (`crate::references`) was created,

@@ -288,8 +288,10 @@ impl WatchTask {
             side: None,
             listed: Some(None),
             broken: false,
-            // The owners this pass lists wait for the children another watch is listing.
-            waits_until: Some(Instant::now() + CHILDREN_WAIT),
+            // The owners the watch's first list shows (a cold start) wait for the children
+            // another watch is listing. A later pass (a re-list, new namespaces after a ring
+            // change) does not hold the stream back: owners this dispatcher kept are changing.
+            waits_until: (self.epoch == 0).then(|| Instant::now() + CHILDREN_WAIT),
             started: false,
         };
         self.children.own_list_running(true);
@@ -395,6 +397,10 @@ impl WatchTask {
 
     /// Starts a list beside the stream, unless the watch's own list will show what it would.
     fn list_beside(&mut self, pass: &mut Pass, why: &'static str, joined: bool) {
+        if !pass.started {
+            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has not been asked for yet");
+            return;
+        }
         let listed = pass.listed.as_ref().map(Option::as_deref);
         let Some(reach) = Reach::of(listed, joined, pass.side.as_ref().map(SideList::reach)) else {
             debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");

@@ -536,3 +536,48 @@ async fn the_owners_first_list_waits_for_their_childrens() {
         assert_eq!(api.delivered(), named(&[("o1", false)]));
     }
 }
+
+/// Keys that come here while the watch's first list is held for the children are left to that
+/// list, which has not been asked for yet: no list beside it is made (it would list every
+/// object a second time), and the first list is held no longer than `CHILDREN_WAIT` from its
+/// pass's start, however many ring changes come meanwhile.
+#[tokio::test(start_paused = true)]
+async fn keys_that_come_here_while_the_first_list_is_held_are_left_to_it() {
+    use super::CHILDREN_WAIT;
+
+    let owners = OwnerKind {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+    };
+    let two = Arc::new(Slice::fixed("d0", Ring::new(["d0", "d1"])));
+    let one = Arc::new(Slice::fixed("d0", Ring::new(["d0"])));
+    let (slice_tx, slice) = watch::channel(two);
+    // Children never listed: the first list waits its longest.
+    let children = Arc::new(ChildIndex::default());
+    let mut api = Scripted::subscribed_on(ListMode::Paged, None, slice);
+    api.member.group.owns_from(owners, children);
+    let begun = Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // d1 left: every key comes here.
+        slice_tx.send_replace(one);
+        // Kept until the test ends: a closed channel is no ring change.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        drop(slice_tx);
+    });
+    let list = api.next().await;
+    assert!(list.is_paged_list(), "{:?}", list.query);
+    let waited = begun.elapsed();
+    assert!(
+        waited >= CHILDREN_WAIT && waited < CHILDREN_WAIT + Duration::from_millis(100),
+        "the first list was asked for after {waited:?}"
+    );
+    list.list_raw(10, &[object("o1", 5)]);
+    let next = api.next().await;
+    assert!(
+        next.watch,
+        "the stream follows its list, with no list beside it: {:?}",
+        next.query
+    );
+}
