@@ -524,13 +524,7 @@ async fn the_owners_first_list_waits_for_their_childrens() {
                 children.own_list_running(false);
             });
         }
-        let list = api.next().await;
-        assert!(list.is_paged_list(), "{:?}", list.query);
-        let waited = begun.elapsed();
-        assert!(
-            waited >= asked_after && waited < asked_after + Duration::from_millis(100),
-            "children listed after {listed_after:?}: the owners' list was asked for after {waited:?}"
-        );
+        let list = first_list_after(&mut api, begun, asked_after).await;
         list.list_raw(10, &[object("o1", 5)]);
         let _stream = api.next().await.open();
         assert_eq!(api.delivered(), named(&[("o1", false)]));
@@ -566,13 +560,7 @@ async fn keys_that_come_here_while_the_first_list_is_held_are_left_to_it() {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         drop(slice_tx);
     });
-    let list = api.next().await;
-    assert!(list.is_paged_list(), "{:?}", list.query);
-    let waited = begun.elapsed();
-    assert!(
-        waited >= CHILDREN_WAIT && waited < CHILDREN_WAIT + Duration::from_millis(100),
-        "the first list was asked for after {waited:?}"
-    );
+    let list = first_list_after(&mut api, begun, CHILDREN_WAIT).await;
     list.list_raw(10, &[object("o1", 5)]);
     let next = api.next().await;
     assert!(
@@ -580,4 +568,21 @@ async fn keys_that_come_here_while_the_first_list_is_held_are_left_to_it() {
         "the stream follows its list, with no list beside it: {:?}",
         next.query
     );
+}
+
+/// The watch's next request, which must be its first list, asked for `after` from `begun`
+/// (within 100 ms).
+async fn first_list_after(
+    api: &mut Scripted,
+    begun: Instant,
+    after: Duration,
+) -> crate::watch::scripted_api::Asked {
+    let list = api.next().await;
+    assert!(list.is_paged_list(), "{:?}", list.query);
+    let waited = begun.elapsed();
+    assert!(
+        waited >= after && waited < after + Duration::from_millis(100),
+        "the owners' first list was asked for after {waited:?}, not {after:?}"
+    );
+    list
 }

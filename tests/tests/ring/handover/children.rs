@@ -140,7 +140,6 @@ async fn an_owners_children_are_complete_after_a_handover_and_a_restart() -> Tes
 #[tokio::test]
 async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_children() -> TestResult {
     use kube_dispatch_proto::{capabilities::CHILDREN_BODIES, v1::ReconcileRequest};
-    use kube_dispatch_tests::widget_ref;
 
     const OWNERS: usize = 16;
     let two = Ring::new((0..2).map(name));
@@ -156,19 +155,7 @@ async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_childre
     let owners = widgets_owning_two(&ns, OWNERS).await?;
     let key = |owner: &str| format!("test.kube-dispatch.dev/Widget/{}/{owner}", ns.name());
     let moving = moving(ns.name());
-    let subscriptions = || {
-        vec![
-            Subscription {
-                resource: Some(widget_ref()),
-                namespace: ns.name().to_owned(),
-                ..Default::default()
-            },
-            Subscription {
-                owner: Some(widget_ref()),
-                ..subscription("v1", "ConfigMap", ns.name())
-            },
-        ]
-    };
+    let subscriptions = || widgets_and_their_configmaps(ns.name());
     let mut ds = start_settled(ns.name(), 2, BOUND).await?;
     let open = async |d: &TestDispatcher, replica: &str| {
         TestSession::open_with_capabilities(
@@ -212,7 +199,6 @@ async fn owners_that_come_to_a_survivor_bring_their_bodies_and_all_their_childre
 #[tokio::test]
 async fn a_cold_starts_owners_come_with_their_bodies_and_all_their_children() -> TestResult {
     use kube_dispatch_proto::capabilities::CHILDREN_BODIES;
-    use kube_dispatch_tests::widget_ref;
 
     const OWNERS: usize = 64;
     let ns = TestNamespace::create("children-cold-start").await?;
@@ -221,17 +207,7 @@ async fn a_cold_starts_owners_come_with_their_bodies_and_all_their_children() ->
         .iter()
         .map(|o| format!("test.kube-dispatch.dev/Widget/{}/{o}", ns.name()))
         .collect();
-    let subscriptions = vec![
-        Subscription {
-            resource: Some(widget_ref()),
-            namespace: ns.name().to_owned(),
-            ..Default::default()
-        },
-        Subscription {
-            owner: Some(widget_ref()),
-            ..subscription("v1", "ConfigMap", ns.name())
-        },
-    ];
+    let subscriptions = widgets_and_their_configmaps(ns.name());
     let ds = start_settled(ns.name(), 1, BOUND).await?;
     // The group's first session starts its watches.
     let mut s0 = TestSession::open_with_capabilities(
@@ -281,6 +257,23 @@ fn assert_whole_at_first(
             "{k} {when}: a child came without its body"
         );
     }
+}
+
+/// A controller of the Widgets in `namespace` that owns ConfigMaps: its subscriptions.
+fn widgets_and_their_configmaps(namespace: &str) -> Vec<Subscription> {
+    use kube_dispatch_tests::widget_ref;
+
+    vec![
+        Subscription {
+            resource: Some(widget_ref()),
+            namespace: namespace.to_owned(),
+            ..Default::default()
+        },
+        Subscription {
+            owner: Some(widget_ref()),
+            ..subscription("v1", "ConfigMap", namespace)
+        },
+    ]
 }
 
 /// Widgets `w-0..count` in `ns`, each the controller of two ConfigMaps: their names.
