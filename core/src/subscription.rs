@@ -116,6 +116,9 @@ pub struct OwnerKind {
     pub version: String,
     /// Kind of the owner.
     pub kind: String,
+    /// Whether the kind is namespaced: an owner's key takes its children's namespace (owners
+    /// of namespaced objects are in their namespace), or none for a cluster-scoped kind.
+    pub namespaced: bool,
 }
 
 /// One resolved subscription.
@@ -176,17 +179,16 @@ impl GroupSpec {
     }
 
     /// Whether a primary subscription watches every object of `kind` that a watch of children
-    /// in `namespace` (empty: all) can name as an owner (owners are in their children's
-    /// namespace): of that kind, namespaced, in every namespace or that one, with no selector.
-    /// Its watch then lists those owners itself; an owner kind need not be watched so. (A
-    /// cluster-scoped owner's key is not the one its namespaced children name.)
+    /// in `namespace` (empty: all) can name as an owner (namespaced owners are in their
+    /// children's namespace): of that kind, in every namespace or that one (any, for a
+    /// cluster-scoped kind), with no selector. Its watch then lists those owners itself; an
+    /// owner kind need not be watched so.
     pub fn lists_owners_of(&self, kind: &OwnerKind, namespace: &str) -> bool {
         self.subscriptions.iter().any(|s| {
             let (w, r) = (&s.watch, &s.watch.resource);
             s.is_primary()
                 && r.group == kind.group
                 && r.kind == kind.kind
-                && r.namespaced
                 && w.label_selector.is_empty()
                 && w.field_selector.is_empty()
                 && (w.namespace.is_empty() || w.namespace == namespace)
@@ -483,6 +485,7 @@ mod tests {
             group: "apps".into(),
             version: "v1".into(),
             kind: "Deployment".into(),
+            namespaced: true,
         };
         let primary = |kind: &str, namespace: &str, labels: &str| SubscriptionSpec {
             watch: WatchKey {
@@ -518,12 +521,10 @@ mod tests {
         let mut owned = primary("Deployment", "", "");
         owned.owner = Some(deployments.clone());
         assert!(!lists(owned, "a"), "not a primary subscription");
+        // A cluster-scoped owner kind, watched as it must be, in no namespace.
         let mut cluster_scoped = primary("Deployment", "", "");
         cluster_scoped.watch.resource.namespaced = false;
-        assert!(
-            !lists(cluster_scoped, "a"),
-            "a cluster-scoped owner's key has no namespace"
-        );
+        assert!(lists(cluster_scoped, "a"));
     }
 
     #[test]

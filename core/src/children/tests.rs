@@ -31,6 +31,7 @@ fn kind() -> OwnerKind {
         group: "apps".into(),
         version: "v1".into(),
         kind: "Deployment".into(),
+        namespaced: true,
     }
 }
 

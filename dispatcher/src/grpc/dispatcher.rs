@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use kube_dispatch_core::{
     ack::{Acked, ack_outcomes},
-    children::OwnerChildren,
-    queue::Delivery,
     references::MAX_GROUP_FIELD_PATHS,
     subscription::{
         self, GroupSpec, InvalidRequest, OwnerKind, ResourceId, SubscriptionSpec, WatchKey,
@@ -15,11 +13,11 @@ use kube_dispatch_core::{
     },
 };
 use kube_dispatch_proto::{
-    MAX_TRIGGER_KEYS, RequestKey,
+    MAX_TRIGGER_KEYS, RequestKey, RingKey,
     v1::{
         self, AckItem, AckRequest, AckResponse, CloseSessionRequest, CloseSessionResponse,
         EndedSession, OpenSessionRequest, OpenSessionResponse, PollRequest, PollResponse,
-        ReconcileRequest, TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
+        TriggerRequest, TriggerResponse, ack_item, dispatcher_server,
     },
 };
 use kube_dispatch_server::auth::Caller;
@@ -36,6 +34,9 @@ use crate::{
         registry::WatchError,
     },
 };
+
+mod wire;
+use wire::to_wire;
 
 /// The gRPC service controllers call.
 #[derive(Debug)]
@@ -159,6 +160,32 @@ impl DispatcherService {
         })
     }
 
+    /// The owner kind `o` names, namespaced or not as discovery says. A kind discovery does
+    /// not serve (yet) is taken as namespaced: no owner of it exists to name. A cluster-scoped
+    /// kind is refused on a ring keyed by namespace: its key has no namespace, so it is served
+    /// by one dispatcher, which watches the children of its own namespaces only.
+    async fn owner_kind(&self, o: &v1::ResourceRef) -> Result<OwnerKind, Status> {
+        let namespaced = match self.resolver.resolve(o).await {
+            Ok(resource) => resource.namespaced,
+            Err(ResolveError::NotFound(_)) => true,
+            Err(e @ ResolveError::Discovery { .. }) => {
+                return Err(Status::unavailable(e.to_string()));
+            }
+        };
+        if !namespaced && self.groups.slice().ring.key() == RingKey::Namespace {
+            return Err(Status::invalid_argument(format!(
+                "the owner kind {}/{} is cluster-scoped: its children in every namespace must reach one dispatcher, which a ring keyed by namespace (--ring-key namespace) does not do; run this controller on a tier whose ring is keyed by name",
+                o.group, o.kind
+            )));
+        }
+        Ok(OwnerKind {
+            group: o.group.clone(),
+            version: o.version.clone(),
+            kind: o.kind.clone(),
+            namespaced,
+        })
+    }
+
     /// The group's subscriptions, resolved by discovery.
     async fn resolve_spec(&self, req: &OpenSessionRequest) -> Result<GroupSpec, Status> {
         let mut subs = Vec::with_capacity(req.subscriptions.len());
@@ -188,11 +215,10 @@ impl DispatcherService {
                 payload: v1::PayloadMode::try_from(sub.payload)
                     .unwrap_or(v1::PayloadMode::Full)
                     .into(),
-                owner: sub.owner.as_ref().map(|o| OwnerKind {
-                    group: o.group.clone(),
-                    version: o.version.clone(),
-                    kind: o.kind.clone(),
-                }),
+                owner: match &sub.owner {
+                    Some(o) => Some(self.owner_kind(o).await?),
+                    None => None,
+                },
                 named_by,
                 changes_of: subscription::changes_of(index, sub).map_err(invalid)?,
             });
@@ -299,79 +325,6 @@ fn status(e: SessionError) -> Status {
             WatchError::Rejected { .. } => Status::failed_precondition(message),
             WatchError::ShuttingDown => Status::unavailable(message),
         },
-    }
-}
-
-/// The wire's name of the object `key` names, at `version`.
-fn object_key(key: RequestKey, version: String) -> v1::ObjectKey {
-    v1::ObjectKey {
-        group: key.group,
-        version,
-        kind: key.kind,
-        namespace: key.namespace,
-        name: key.name,
-    }
-}
-
-/// A delivery as the wire carries it.
-fn to_wire(group: &Group, d: Delivery, children: Option<OwnerChildren>) -> ReconcileRequest {
-    let (children, children_state) = match children {
-        None => (Vec::new(), v1::ChildrenState::Unspecified),
-        Some(of) => {
-            let state = if of.truncated {
-                v1::ChildrenState::Truncated
-            } else if of.complete {
-                v1::ChildrenState::Complete
-            } else {
-                v1::ChildrenState::Incomplete
-            };
-            let children = of
-                .children
-                .into_iter()
-                .map(|c| {
-                    let key = RequestKey::parse(&c.key)
-                        .unwrap_or_else(|_| RequestKey::new("", "", "", &*c.key));
-                    let version = group
-                        .spec
-                        .owned_version_of(&key.group, &key.kind)
-                        .unwrap_or_default()
-                        .to_owned();
-                    v1::OwnedObject {
-                        object: Some(object_key(key, version)),
-                        uid: c.uid.into(),
-                        resource_version: c.resource_version.into(),
-                        object_json: c.body.map(|b| b.to_vec()).unwrap_or_default(),
-                    }
-                })
-                .collect();
-            (children, state)
-        }
-    };
-    let key = RequestKey::parse(&d.key).unwrap_or_else(|_| RequestKey::new("", "", "", &d.key));
-    let version = group
-        .spec
-        .version_of(&key.group, &key.kind)
-        .unwrap_or_default()
-        .to_owned();
-    ReconcileRequest {
-        delivery_id: d.id,
-        key: d.key,
-        object: Some(object_key(key, version)),
-        reason: d.reason as i32,
-        resource_version: d.resource_version,
-        uid: d.uid,
-        object_json: d.body.map(|b| b.to_vec()).unwrap_or_default(),
-        deleted: d.deleted,
-        attempt: d.attempt,
-        traceparent: d.trace.map(|t| t.to_string()).unwrap_or_default(),
-        children,
-        children_state: children_state as i32,
-        memo: d.memo.map(|m| m.to_vec()).unwrap_or_default(),
-        // Keys of the listed lane give way to changes by design: their wait is no latency.
-        waited: d
-            .queued
-            .filter(|_| !d.listed)
-            .and_then(|q| prost_types::Duration::try_from(q).ok()),
     }
 }
 

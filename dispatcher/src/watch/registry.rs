@@ -440,6 +440,7 @@ mod tests {
             group: "apps".into(),
             version: "v1".into(),
             kind: "Deployment".into(),
+            namespaced: true,
         };
         let owned = |member: &Member| Subscriber {
             owner: Some(deployments.clone()),

@@ -80,12 +80,13 @@ pub fn owner_key(obj: &WatchedObject, owner: &OwnerKind) -> Option<RequestKey> {
         .rsplit_once('/')
         .map_or("", |(group, _version)| group);
     (group == owner.group && reference.kind == owner.kind).then(|| {
-        RequestKey::new(
-            group,
-            &reference.kind,
-            obj.namespace().unwrap_or_default(),
-            &reference.name,
-        )
+        // A namespaced owner is in its child's namespace; a cluster-scoped one in none.
+        let namespace = if owner.namespaced {
+            obj.namespace().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        RequestKey::new(group, &reference.kind, namespace, &reference.name)
     })
 }
 
@@ -217,6 +218,7 @@ mod tests {
             group: group.into(),
             version: "v1".into(),
             kind: kind.into(),
+            namespaced: true,
         }
     }
 
@@ -245,6 +247,16 @@ mod tests {
         assert_eq!(
             owner_key(&child, &owner("", "Service")).map(|k| k.to_string()),
             Some("/Service/ns/svc".into())
+        );
+        // A cluster-scoped owner's key has no namespace, whatever its child's.
+        let child = owned_by("example.com/v1", "Cluster", "c1", true);
+        let clusters = OwnerKind {
+            namespaced: false,
+            ..owner("example.com", "Cluster")
+        };
+        assert_eq!(
+            owner_key(&child, &clusters).map(|k| k.to_string()),
+            Some("example.com/Cluster//c1".into())
         );
         // Another kind or group, or an owner that is not the controller, keys nothing.
         let child = owned_by("apps/v1", "ReplicaSet", "rs-1", true);

@@ -2,7 +2,8 @@
 //! namespaces it owns only and delivers every key once, by its owner. Where the server has the
 //! `ShardedListAndWatch` feature gate (1.36 and newer; the local control plane enables it) each
 //! receives nothing else; where it has not (1.35, `KUBERNETES_VERSION=1.35`), the server ignores
-//! the parameter, each receives everything and filters it itself, with the same deliveries.
+//! the parameter, each receives everything and filters it itself, with the same deliveries. A
+//! cluster-scoped owner kind, whose children no one dispatcher sees, is refused.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -136,5 +137,42 @@ async fn a_namespace_ring_watches_only_the_namespaces_each_dispatcher_owns() -> 
     for d in dispatchers {
         d.stop().await;
     }
+    Ok(())
+}
+
+/// On a ring keyed by namespace a cluster-scoped owner kind is refused when the session opens,
+/// with why: its key has no namespace, so one dispatcher serves it, and that one watches the
+/// children of its own namespaces only. A namespaced owner kind is taken.
+#[tokio::test]
+async fn a_cluster_scoped_owner_kind_is_refused_on_a_ring_keyed_by_namespace() -> TestResult {
+    use kube_dispatch_proto::v1::ResourceRef;
+
+    let ns = TestNamespace::create("sharding-cluster-owner").await?;
+    let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
+    config.ring_key = RingKey::Namespace;
+    let d = TestDispatcher::start(config).await?;
+    let owned_by = |group: &str, kind: &str| {
+        vec![Subscription {
+            owner: Some(ResourceRef {
+                group: group.into(),
+                version: "v1".into(),
+                kind: kind.into(),
+                plural: String::new(),
+            }),
+            ..subscription("v1", "ConfigMap", ns.name())
+        }]
+    };
+    let refused = TestSession::open(&d, "namespaces", "r1", owned_by("", "Namespace"))
+        .await
+        .err()
+        .ok_or("a cluster-scoped owner kind was taken")?;
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("cluster-scoped"),
+        "{}",
+        refused.message()
+    );
+    TestSession::open(&d, "services", "r1", owned_by("", "Service")).await?;
+    d.stop().await;
     Ok(())
 }

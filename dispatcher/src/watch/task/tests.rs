@@ -382,6 +382,7 @@ async fn children_are_complete_only_while_the_watch_follows_the_api_server() {
         group: "apps".into(),
         version: "v1".into(),
         kind: "Deployment".into(),
+        namespaced: true,
     };
     let mut api = Scripted::subscribed(ListMode::Paged, Some(deployments.clone()));
     let d1 = |api: &Scripted| {
@@ -435,6 +436,7 @@ async fn only_the_children_of_owners_served_here_are_indexed() {
         group: "apps".into(),
         version: "v1".into(),
         kind: "Deployment".into(),
+        namespaced: true,
     };
     let two = Arc::new(Slice::fixed("d0", Ring::new(["d0", "d1"])));
     let one = Arc::new(Slice::fixed("d0", Ring::new(["d0"])));
@@ -507,6 +509,7 @@ async fn the_owners_first_list_waits_for_their_childrens() {
         group: String::new(),
         version: "v1".into(),
         kind: "ConfigMap".into(),
+        namespaced: true,
     };
     for (listed_after, asked_after) in [
         (Some(Duration::from_secs(3)), Duration::from_secs(3)),
@@ -543,6 +546,7 @@ async fn keys_that_come_here_while_the_first_list_is_held_are_left_to_it() {
         group: String::new(),
         version: "v1".into(),
         kind: "ConfigMap".into(),
+        namespaced: true,
     };
     let two = Arc::new(Slice::fixed("d0", Ring::new(["d0", "d1"])));
     let one = Arc::new(Slice::fixed("d0", Ring::new(["d0"])));

@@ -6,9 +6,11 @@
 //! that loses a child to another owner, or to none, hears of it; keys in flight on a session a
 //! client closes or replaces without acknowledging wait for its fence; a controller back after
 //! the idle grace starts from what exists; a change to an object others name at a field path
-//! reconciles exactly those that name it now.
+//! reconciles exactly those that name it now; a cluster-scoped owner of namespaced children is
+//! delivered under its own key.
 
 mod support;
 
 mod keys;
+mod owners;
 mod related;
