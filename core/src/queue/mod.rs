@@ -97,7 +97,7 @@ impl Default for QueueConfig {
         Self {
             backoff: Backoff::default(),
             max_reconcile_time: Duration::from_secs(60),
-            body_budget: 64 * 1024 * 1024,
+            body_budget: 256 * 1024 * 1024,
             memo_budget: 16 * 1024 * 1024,
             keep_delivered_bodies: false,
         }
