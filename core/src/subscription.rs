@@ -180,8 +180,8 @@ impl GroupSpec {
 
     /// Whether a primary subscription watches every object of `kind` that a watch of children
     /// in `namespace` (empty: all) can name as an owner (namespaced owners are in their
-    /// children's namespace): of that kind, in every namespace or that one (any, for a
-    /// cluster-scoped kind), with no selector. Its watch then lists those owners itself; an
+    /// children's namespace): of that kind and scope, in every namespace or that one (any, for
+    /// a cluster-scoped kind), with no selector. Its watch then lists those owners itself; an
     /// owner kind need not be watched so.
     pub fn lists_owners_of(&self, kind: &OwnerKind, namespace: &str) -> bool {
         self.subscriptions.iter().any(|s| {
@@ -189,6 +189,7 @@ impl GroupSpec {
             s.is_primary()
                 && r.group == kind.group
                 && r.kind == kind.kind
+                && r.namespaced == kind.namespaced
                 && w.label_selector.is_empty()
                 && w.field_selector.is_empty()
                 && (w.namespace.is_empty() || w.namespace == namespace)
@@ -521,10 +522,16 @@ mod tests {
         let mut owned = primary("Deployment", "", "");
         owned.owner = Some(deployments.clone());
         assert!(!lists(owned, "a"), "not a primary subscription");
-        // A cluster-scoped owner kind, watched as it must be, in no namespace.
+        // A cluster-scoped owner kind, watched as it must be, in no namespace; not where the
+        // two disagree on its scope.
         let mut cluster_scoped = primary("Deployment", "", "");
         cluster_scoped.watch.resource.namespaced = false;
-        assert!(lists(cluster_scoped, "a"));
+        assert!(!lists(cluster_scoped.clone(), "a"));
+        let cluster_owners = OwnerKind {
+            namespaced: false,
+            ..deployments.clone()
+        };
+        assert!(GroupSpec::new(vec![cluster_scoped]).lists_owners_of(&cluster_owners, "a"));
     }
 
     #[test]

@@ -174,10 +174,11 @@ struct Args {
     max_message_bytes: usize,
 
     /// Bytes of object bodies a group may hold for queued keys; past it, keys are delivered
-    /// without body and the controller reads the object fresh. By default as much as the pool
-    /// (--max-body-bytes), which groups share evenly once it runs short: a group alone may use
-    /// it, so the keys a dispatcher takes over in a handover (tens of thousands at once, listed
-    /// faster than replicas reconcile them) keep their bodies. Set it lower to cap every group.
+    /// without body and the controller reads the object fresh. By default 256 MiB, the body
+    /// pool's default size (--max-body-bytes), which groups share evenly once it runs short: a
+    /// group alone may use it, so the keys a dispatcher takes over in a handover (tens of
+    /// thousands at once, listed faster than replicas reconcile them) keep their bodies. Set it
+    /// lower to cap every group; raise it with the pool.
     #[arg(long, env = "KD_BODY_BUDGET_BYTES", default_value_t = 256 * 1024 * 1024)]
     body_budget_bytes: usize,
 

@@ -23,7 +23,7 @@ use kube_dispatch_proto::{
 use kube_dispatch_server::auth::Caller;
 use kube_dispatch_telemetry::metrics::Refusals;
 use tonic::{Request, Response, Status};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::{
     group::Group,
@@ -160,23 +160,18 @@ impl DispatcherService {
         })
     }
 
-    /// The owner kind `o` names, namespaced or not as discovery says. A kind discovery does
-    /// not serve (yet) is taken as namespaced: no owner of it exists to name. A cluster-scoped
-    /// kind is refused on a ring keyed by namespace: its key has no namespace, so it is served
-    /// by one dispatcher, which watches the children of its own namespaces only.
+    /// The owner kind `o` names, namespaced or not as discovery says (NOT_FOUND, as for a
+    /// subscription's resource, if discovery does not serve it: the group's keys would depend
+    /// on when its first session opened). On a ring keyed by namespace a cluster-scoped owner's
+    /// key has no namespace, so one dispatcher serves it, and it sees the children of its own
+    /// namespaces only: the session is taken, as before, with a warning.
     async fn owner_kind(&self, o: &v1::ResourceRef) -> Result<OwnerKind, Status> {
-        let namespaced = match self.resolver.resolve(o).await {
-            Ok(resource) => resource.namespaced,
-            Err(ResolveError::NotFound(_)) => true,
-            Err(e @ ResolveError::Discovery { .. }) => {
-                return Err(Status::unavailable(e.to_string()));
-            }
-        };
+        let namespaced = self.resolve(o).await?.namespaced;
         if !namespaced && self.groups.slice().ring.key() == RingKey::Namespace {
-            return Err(Status::invalid_argument(format!(
-                "the owner kind {}/{} is cluster-scoped: its children in every namespace must reach one dispatcher, which a ring keyed by namespace (--ring-key namespace) does not do; run this controller on a tier whose ring is keyed by name",
-                o.group, o.kind
-            )));
+            warn!(
+                owner = %format!("{}/{}", o.group, o.kind),
+                "a cluster-scoped owner kind on a ring keyed by namespace: its owners hear only of children in the namespaces their dispatcher owns; run this controller on a ring keyed by name"
+            );
         }
         Ok(OwnerKind {
             group: o.group.clone(),

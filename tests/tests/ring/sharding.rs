@@ -2,8 +2,8 @@
 //! namespaces it owns only and delivers every key once, by its owner. Where the server has the
 //! `ShardedListAndWatch` feature gate (1.36 and newer; the local control plane enables it) each
 //! receives nothing else; where it has not (1.35, `KUBERNETES_VERSION=1.35`), the server ignores
-//! the parameter, each receives everything and filters it itself, with the same deliveries. A
-//! cluster-scoped owner kind, whose children no one dispatcher sees, is refused.
+//! the parameter, each receives everything and filters it itself, with the same deliveries. Owner
+//! kinds are resolved when a session opens.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -140,14 +140,16 @@ async fn a_namespace_ring_watches_only_the_namespaces_each_dispatcher_owns() -> 
     Ok(())
 }
 
-/// On a ring keyed by namespace a cluster-scoped owner kind is refused when the session opens,
-/// with why: its key has no namespace, so one dispatcher serves it, and that one watches the
-/// children of its own namespaces only. A namespaced owner kind is taken.
+/// An owner kind is resolved when a session opens: one discovery does not serve is refused
+/// with NOT_FOUND, as a subscription's resource is (the group's keys would otherwise depend on
+/// when it first opened); a cluster-scoped one is taken on a ring keyed by namespace, where
+/// such controllers ran before (the dispatcher warns that its owners hear only of children in
+/// the namespaces it owns).
 #[tokio::test]
-async fn a_cluster_scoped_owner_kind_is_refused_on_a_ring_keyed_by_namespace() -> TestResult {
+async fn owner_kinds_are_resolved_when_a_session_opens() -> TestResult {
     use kube_dispatch_proto::v1::ResourceRef;
 
-    let ns = TestNamespace::create("sharding-cluster-owner").await?;
+    let ns = TestNamespace::create("sharding-owner-kinds").await?;
     let mut config = test_config("dispatcher-0", &["dispatcher-0"]);
     config.ring_key = RingKey::Namespace;
     let d = TestDispatcher::start(config).await?;
@@ -162,16 +164,12 @@ async fn a_cluster_scoped_owner_kind_is_refused_on_a_ring_keyed_by_namespace() -
             ..subscription("v1", "ConfigMap", ns.name())
         }]
     };
-    let refused = TestSession::open(&d, "namespaces", "r1", owned_by("", "Namespace"))
+    let refused = TestSession::open(&d, "nothing", "r1", owned_by("example.invalid", "Nothing"))
         .await
         .err()
-        .ok_or("a cluster-scoped owner kind was taken")?;
-    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
-    assert!(
-        refused.message().contains("cluster-scoped"),
-        "{}",
-        refused.message()
-    );
+        .ok_or("an owner kind discovery does not serve was taken")?;
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    TestSession::open(&d, "namespaces", "r1", owned_by("", "Namespace")).await?;
     TestSession::open(&d, "services", "r1", owned_by("", "Service")).await?;
     d.stop().await;
     Ok(())
