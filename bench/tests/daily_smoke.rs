@@ -67,10 +67,10 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
 }
 
 /// The tier with owners and children: a rollout of its replicas reads nothing beyond what its
-/// writes cost, and a rolling
-/// upgrade of its dispatchers reads almost nothing one by one (the owners that move come with
-/// their bodies and all their children's; what is left are the few keys a write made ready
-/// during a handover), where it read most of the objects by a GET each before.
+/// writes cost, and a rolling upgrade of its dispatchers reads almost nothing one by one (the
+/// owners that move come with their bodies and all their children's; what is left are the few
+/// keys a write made ready during a handover), where it read most of the objects by a GET each
+/// before.
 #[test]
 fn owners_and_their_children_move_through_a_tier_upgrade_with_few_reads() {
     let (owners, children) = (100, 2);

@@ -550,19 +550,19 @@ async fn keys_that_come_here_while_the_first_list_is_held_are_left_to_it() {
     };
     let two = Arc::new(Slice::fixed("d0", Ring::new(["d0", "d1"])));
     let one = Arc::new(Slice::fixed("d0", Ring::new(["d0"])));
+    // The test keeps the sender too: a closed channel is no ring change.
     let (slice_tx, slice) = watch::channel(two);
+    let slice_tx = Arc::new(slice_tx);
     // Children never listed: the first list waits its longest.
     let children = Arc::new(ChildIndex::default());
     let mut api = Scripted::subscribed_on(ListMode::Paged, None, slice);
     api.member.group.owns_from(owners, children);
     let begun = Instant::now();
+    let ring_change = slice_tx.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(5)).await;
         // d1 left: every key comes here.
-        slice_tx.send_replace(one);
-        // Kept until the test ends: a closed channel is no ring change.
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        drop(slice_tx);
+        ring_change.send_replace(one);
     });
     let list = first_list_after(&mut api, begun, CHILDREN_WAIT).await;
     list.list_raw(10, &[object("o1", 5)]);
