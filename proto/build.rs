@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
+    // A shared list's body is relayed as it arrives, without a copy per message.
+    config.bytes([".kubedispatch.v1.ListChunk"]);
 
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("kubedispatch_v1_descriptor.bin"))

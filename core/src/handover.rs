@@ -18,11 +18,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_dispatch_proto::{RequestKey, Ring, RingKey, lease::ring_id};
+use kube_dispatch_proto::{RequestKey, Ring, RingKey, capabilities, lease::ring_id};
 
 use crate::{
     key::KeyRef,
-    leases::{Observations, Peer},
+    leases::{Observations, Peer, addresses, listing},
 };
 use tracing::info;
 
@@ -37,6 +37,9 @@ pub struct Slice {
     pub settled: Option<Arc<Ring>>,
     /// The other live members that say where they serve: identity to `host:port`.
     pub peers: Arc<BTreeMap<String, String>>,
+    /// Those of `peers` whose Lease lists the tier capability `peer-lists`: they make one LIST
+    /// for the peers that need the same (`Peer.List`).
+    pub list_sharers: Arc<BTreeSet<String>>,
     /// Until when this dispatcher's own Lease lets it hand out keys, moved forward by each
     /// renewal without publishing a new slice.
     pub lease: Arc<LeaseDeadline>,
@@ -103,6 +106,7 @@ impl Slice {
         Self {
             identity: identity.into(),
             peers: Arc::default(),
+            list_sharers: Arc::default(),
             settled: Some(ring.clone()),
             ring,
             lease: Arc::new(LeaseDeadline::unlimited()),
@@ -496,15 +500,12 @@ impl Handover {
             info!(ring = %ring_id(&self.ring), "handover complete: serving every key this dispatcher owns");
             self.settled = Some(self.ring.clone());
         }
-        let peers = live
-            .iter()
-            .filter(|(name, _)| **name != self.identity)
-            .filter_map(|(name, peer)| Some((name.clone(), peer.address.clone()?)))
-            .collect();
+        let peers = addresses(live, &self.identity);
         Slice {
             identity: self.identity.as_str().into(),
             ring: self.ring.clone(),
             settled: self.settled.clone(),
+            list_sharers: Arc::new(listing(&peers, live, capabilities::tier::PEER_LISTS)),
             peers: Arc::new(peers),
             lease: self.lease.clone(),
         }

@@ -54,6 +54,27 @@ pub fn all_list<'a>(peers: impl IntoIterator<Item = &'a Peer>, capability: &str)
     peers.into_iter().all(|p| p.lists(capability))
 }
 
+/// The members of `live` other than `identity` that say where they serve: name to `host:port`.
+pub fn addresses(live: &BTreeMap<String, Peer>, identity: &str) -> BTreeMap<String, String> {
+    live.iter()
+        .filter(|(name, _)| *name != identity)
+        .filter_map(|(name, peer)| Some((name.clone(), peer.address.clone()?)))
+        .collect()
+}
+
+/// Those of `peers` whose Lease in `live` lists tier capability `capability`.
+pub fn listing(
+    peers: &BTreeMap<String, String>,
+    live: &BTreeMap<String, Peer>,
+    capability: &str,
+) -> BTreeSet<String> {
+    peers
+        .keys()
+        .filter(|name| live.get(*name).is_some_and(|p| p.lists(capability)))
+        .cloned()
+        .collect()
+}
+
 /// A Lease as this process last saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseState {

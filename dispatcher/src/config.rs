@@ -127,6 +127,9 @@ pub struct ServeConfig {
     pub watch_grace: Duration,
     /// How a watch lists what exists: streamed through the watch, or in pages.
     pub list_mode: ListMode,
+    /// Whether the watches' whole lists are shared with the peers that make the same
+    /// (`--share-lists`; `crate::watch::sharing`). Peers' requests are served either way.
+    pub share_lists: bool,
     /// Largest request message accepted, in bytes.
     pub max_message_bytes: usize,
     /// Connections, streams, calls without a credential and deadlines, held at the transport.
@@ -182,6 +185,32 @@ impl LeaseConfig {
     pub fn transit_window(&self) -> Duration {
         self.duration + self.grace + self.renew_period + self.handover_bound
     }
+}
+
+/// The dispatcher's flags of how its watches list.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ListFlags {
+    /// How each watch lists what exists when it starts and after it expires. "whole": one LIST
+    /// without pages, which the API server serves from its watch cache and encodes an object
+    /// at a time (on by default from Kubernetes 1.33), read an object at a time, then WATCH; a
+    /// list cut short or timed out (too large to send within the API server's request timeout,
+    /// 60 s by default: a million objects on a small control plane) is made by streaming from
+    /// then on, or in pages where streaming is refused. "paged": LIST in pages of 500, then
+    /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
+    /// so at 100k objects paging cost it 3× the CPU of whole lists (bench/HISTORY.md, "Lists
+    /// whole"), but it is the way for API servers before 1.33. "stream": one WATCH with
+    /// sendInitialEvents, the least memory while listing, more API-server CPU than paging (a
+    /// server that refuses it is listed in pages instead).
+    #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Whole)]
+    pub list_mode: ListMode,
+
+    /// Share whole lists with the other dispatchers (ring keyed by name, --list-mode whole):
+    /// the dispatcher a LIST's path falls on makes it and streams it to every peer asking for
+    /// the same at about the same time (Peer.List), so the API server encodes each object once
+    /// for the tier. Peers whose Lease lacks peer-lists, or cannot answer: listed alone.
+    /// Peers' requests are served either way. false: each dispatcher lists alone.
+    #[arg(long, env = "KD_SHARE_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub share_lists: bool,
 }
 
 /// How a watch lists what exists when it starts and after it expires.

@@ -9,7 +9,7 @@ use kube_dispatch_core::{
     queue::{QueueConfig, pool::BodyPool},
 };
 use kube_dispatch_dispatcher::{
-    config::{LeaseConfig, Limits, ListMode, Membership, SecurityConfig, ServeConfig, Settings},
+    config::{LeaseConfig, Limits, ListFlags, Membership, SecurityConfig, ServeConfig, Settings},
     serve::serve,
 };
 use kube_dispatch_proto::RingKey;
@@ -207,19 +207,8 @@ struct Args {
     #[arg(long, env = "KD_WATCH_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     watch_grace: Duration,
 
-    /// How each watch lists what exists when it starts and after it expires. "whole": one LIST
-    /// without pages, which the API server serves from its watch cache and encodes an object
-    /// at a time (on by default from Kubernetes 1.33), read an object at a time, then WATCH; a
-    /// list cut short or timed out (too large to send within the API server's request timeout,
-    /// 60 s by default: a million objects on a small control plane) is made by streaming from
-    /// then on, or in pages where streaming is refused. "paged": LIST in pages of 500, then
-    /// WATCH; each page costs the API server a walk of its cache to the end of the resource,
-    /// so at 100k objects paging cost it 3× the CPU of whole lists (bench/HISTORY.md, "Lists
-    /// whole"), but it is the way for API servers before 1.33. "stream": one WATCH with
-    /// sendInitialEvents, the least memory while listing, more API-server CPU than paging (a
-    /// server that refuses it is listed in pages instead).
-    #[arg(long, env = "KD_LIST_MODE", value_enum, default_value_t = ListMode::Whole)]
-    list_mode: ListMode,
+    #[command(flatten)]
+    listing: ListFlags,
 
     /// What places a key on the ring; every dispatcher of the tier must use the same (the ring
     /// id differs, so a mixed tier hands nothing over). "name": the whole key, which spreads
@@ -329,7 +318,7 @@ async fn main() -> anyhow::Result<()> {
         max_reconcile_time,
         max_message_bytes,
         watch_grace,
-        list_mode,
+        listing,
         ring_key,
         drain_timeout,
         log_json,
@@ -382,7 +371,8 @@ async fn main() -> anyhow::Result<()> {
             membership,
             ring_key: ring_key.into(),
             watch_grace,
-            list_mode,
+            list_mode: listing.list_mode,
+            share_lists: listing.share_lists,
             max_message_bytes,
             server: server.limits()?,
             drain_timeout,

@@ -22,7 +22,7 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{
     config::{Membership, ServeConfig},
@@ -36,13 +36,19 @@ use crate::{
     metrics::{GroupTableCollector, RingMetrics},
     security::Guard,
     table::GroupTable,
-    watch::{discovery::Resolver, registry::Watches},
+    watch::{
+        discovery::Resolver,
+        registry::{Listing, Watches},
+        sharing::ListSharing,
+    },
 };
 use kube_dispatch_core::{handover::Slice, recent_deletions::RecentDeletionsConfig};
 
 mod drain;
+mod incoming;
 
 use drain::{Drain, drained};
+use incoming::Incoming;
 
 /// Why a dispatcher could not run.
 #[derive(Debug, thiserror::Error)]
@@ -281,71 +287,6 @@ fn start_table(
     Ok((groups, slice_rx, membership_task))
 }
 
-/// The accepted connections, served by one term after another: the listener and its accept
-/// loop live as long as the process, so a connection accepted while one term winds down is
-/// served by the next. Bounded as the accept loop's channel is.
-struct Incoming(Arc<std::sync::Mutex<Option<IncomingConnections>>>);
-
-type IncomingConnections =
-    tokio::sync::mpsc::Receiver<std::io::Result<kube_dispatch_server::tls::Conn>>;
-
-impl Incoming {
-    fn new(
-        accepted: tokio_stream::wrappers::ReceiverStream<
-            std::io::Result<kube_dispatch_server::tls::Conn>,
-        >,
-    ) -> Self {
-        Self(Arc::new(std::sync::Mutex::new(Some(accepted.into_inner()))))
-    }
-
-    /// The connections for one term's server, handed back when the server lets go of them
-    /// (as it begins to stop), unless `shutdown` by then: the channel then closes, and the
-    /// accept loop lets go of the listener while the server finishes, so that the address can
-    /// be bound again as soon as the dispatcher has stopped.
-    fn stream(&self, shutdown: CancellationToken) -> TermIncoming {
-        let accepted = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if accepted.is_none() {
-            warn!("a term began while the previous one still held the accepted connections");
-        }
-        TermIncoming {
-            accepted,
-            home: self.0.clone(),
-            shutdown,
-        }
-    }
-}
-
-/// One term's share of [`Incoming`].
-struct TermIncoming {
-    accepted: Option<IncomingConnections>,
-    home: Arc<std::sync::Mutex<Option<IncomingConnections>>>,
-    shutdown: CancellationToken,
-}
-
-impl futures::Stream for TermIncoming {
-    type Item = std::io::Result<kube_dispatch_server::tls::Conn>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        match self.accepted.as_mut() {
-            Some(accepted) => accepted.poll_recv(cx),
-            None => std::task::Poll::Ready(None),
-        }
-    }
-}
-
-impl Drop for TermIncoming {
-    fn drop(&mut self) {
-        if let Some(accepted) = self.accepted.take()
-            && !self.shutdown.is_cancelled()
-        {
-            *self.home.lock().unwrap_or_else(|e| e.into_inner()) = Some(accepted);
-        }
-    }
-}
-
 /// grpc.health.v1: `kubedispatch.v1.Dispatcher` is SERVING until the drain (liveness); the
 /// overall status "" is SERVING only while every key this dispatcher owns is served, so a
 /// rolling update waits for each pod's handover before it moves on (readiness). Kept in step
@@ -467,11 +408,22 @@ fn group_table(
     released: watch::Sender<Option<String>>,
     stop: &CancellationToken,
 ) -> (Arc<GroupTable>, Arc<LeaseSessions>) {
+    let sharing = ListSharing::new(
+        client.clone(),
+        &config.settings.identity,
+        config.security.peer_credentials.clone(),
+        slice.clone(),
+    );
+    let listing = Listing {
+        mode: config.list_mode,
+        sharing: Some(sharing),
+        share: config.share_lists,
+    };
     let watches = Watches::new(
         client.clone(),
         slice.clone(),
         config.watch_grace,
-        config.list_mode,
+        listing,
         stop.child_token(),
     );
     // Keys move only when the ring comes from Leases.

@@ -53,9 +53,17 @@ pub mod tier {
     pub const SESSION_REPORTS: &str = "session-reports";
     /// Serves `Peer.Groups`.
     pub const PEER_GROUPS: &str = "peer-groups";
+    /// Serves `Peer.List`: makes one LIST of the API server for the peers that need the same.
+    pub const PEER_LISTS: &str = "peer-lists";
 
     /// Every tier capability of this release, in the order they came.
-    pub const ALL: [&str; 4] = [AWAITS_RELEASE, WARMING, SESSION_REPORTS, PEER_GROUPS];
+    pub const ALL: [&str; 5] = [
+        AWAITS_RELEASE,
+        WARMING,
+        SESSION_REPORTS,
+        PEER_GROUPS,
+        PEER_LISTS,
+    ];
 }
 
 /// Those of `needed` that `offered` lacks, in the order needed.

@@ -164,6 +164,7 @@ pub fn config(identity: &str, members: &[&str]) -> ServeConfig {
         ring_key: Default::default(),
         watch_grace: Duration::from_secs(5),
         list_mode: Default::default(),
+        share_lists: true,
         max_message_bytes: 4 * 1024 * 1024,
         // A test's clients connect from loopback, some a connection per session.
         server: ServerLimits {

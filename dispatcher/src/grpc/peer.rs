@@ -3,8 +3,10 @@
 //! keys it owns (`kube_dispatch_core::recent_deletions`), so a deletion made while it was down,
 //! or before the group existed on it, is still delivered (`HANDOVER.md`, "Deletions in
 //! transit"). A dispatcher warming up to join asks its peers which groups they serve, and
-//! joins once it has made and listed each (`crate::membership::warm_up`). Both sides are here:
-//! the service peers call, and the asking.
+//! joins once it has made and listed each (`crate::membership::warm_up`). Both sides of these
+//! two are here: the service peers call, and the asking. A dispatcher also makes one LIST for
+//! the peers that need the same (`Peer.List`), served here and asked by
+//! `crate::watch::sharing`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,8 +14,8 @@ use kube_dispatch_proto::{
     Ring,
     credentials::{AuthChannel, Credentials},
     v1::{
-        GroupName, GroupsRequest, GroupsResponse, RecentDeletionsRequest, RecentDeletionsResponse,
-        peer_client::PeerClient, peer_server::Peer,
+        GroupName, GroupsRequest, GroupsResponse, ListChunk, ListRequest, RecentDeletionsRequest,
+        RecentDeletionsResponse, peer_client::PeerClient, peer_server::Peer,
     },
 };
 use kube_dispatch_server::auth::{Caller, GroupId};
@@ -57,6 +59,27 @@ impl PeerService {
 
 #[tonic::async_trait]
 impl Peer for PeerService {
+    type ListStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<ListChunk, Status>> + Send + 'static>>;
+
+    async fn list(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        self.guard.may_call_peer(&Caller::of(&request))?;
+        let req = request.into_inner();
+        if req.identity.len() > MAX_FIELD_LEN {
+            return Err(Status::invalid_argument(format!(
+                "identity must be at most {MAX_FIELD_LEN} bytes long"
+            )));
+        }
+        let Some(sharing) = self.groups.sharing() else {
+            return Err(Status::unimplemented("this dispatcher shares no list"));
+        };
+        let parts = sharing.serve(&req.identity, &req.path)?;
+        Ok(Response::new(Box::pin(parts)))
+    }
+
     async fn recent_deletions(
         &self,
         request: Request<RecentDeletionsRequest>,

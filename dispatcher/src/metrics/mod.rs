@@ -58,6 +58,12 @@
 //! | `kube_dispatch_sessions` | gauge | live sessions |
 //! | `kube_dispatch_expired_sessions_total` | counter | sessions that expired (their replica stopped polling) |
 //!
+//! Whole lists shared between the dispatchers (`crate::watch::sharing`), label `how`:
+//!
+//! | metric | type | what |
+//! | --- | --- | --- |
+//! | `kube_dispatch_shared_lists_total` | counter | `made`: LISTs this dispatcher sent to the API server for its own watches and its peers' together; `joined`: requests answered by one of those already under way; `relayed`: peers' requests it answered; `from_peer`: its watches' lists read from a peer; `alone`: its watches' lists made alone, no lister able to share them (a ring keyed by name only) |
+//!
 //! Per watch (labels `resource` and `watch`, bounded by the subscriptions; `watch` is an opaque
 //! id of the namespace and selectors, which a caller chooses and which may name an object, so
 //! they stay off this unauthenticated endpoint: the log line `starting watch` maps one to the
@@ -106,7 +112,10 @@ mod workqueue;
 use crate::{
     group::GroupFigures,
     table::GroupTable,
-    watch::registry::{WatchCounts, WatchFigures},
+    watch::{
+        registry::{WatchCounts, WatchFigures},
+        sharing::SharingCounts,
+    },
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -192,6 +201,7 @@ impl Collector for GroupTableCollector {
             })
             .collect();
         let watches = groups.watch_figures();
+        let sharing = groups.sharing().cloned();
         let table = [
             (
                 "kube_dispatch_groups",
@@ -240,11 +250,40 @@ impl Collector for GroupTableCollector {
             }
         }
         encode_watches(&mut encoder, &watches)?;
+        if let Some(sharing) = &sharing {
+            encode_sharing(&mut encoder, &sharing.counts)?;
+        }
 
         workqueue::encode(&mut encoder, &snapshots)?;
         groups::encode(&mut encoder, &snapshots)?;
         Ok(())
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SharingLabels {
+    how: &'static str,
+}
+
+/// `kube_dispatch_shared_lists_total`, by how each list was had.
+fn encode_sharing(encoder: &mut DescriptorEncoder<'_>, counts: &SharingCounts) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "kube_dispatch_shared_lists",
+        "Whole lists shared between the dispatchers, by how: made here for several readers, joined here, relayed to a peer, read from a peer, or made alone",
+        None,
+        MetricType::Counter,
+    )?;
+    for (how, counter) in [
+        ("made", &counts.made),
+        ("joined", &counts.joined),
+        ("relayed", &counts.relayed),
+        ("from_peer", &counts.from_peers),
+        ("alone", &counts.alone),
+    ] {
+        ConstCounter::new(counter.load(Ordering::Relaxed))
+            .encode(family.encode_family(&SharingLabels { how })?)?;
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

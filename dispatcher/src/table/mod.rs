@@ -181,6 +181,11 @@ impl GroupTable {
         self.watches.figures()
     }
 
+    /// The lists made here for the peers and with them, if any.
+    pub fn sharing(&self) -> Option<&Arc<crate::watch::sharing::ListSharing>> {
+        self.watches.sharing()
+    }
+
     /// Every group held here, idle ones included.
     pub fn all(&self) -> Vec<Arc<Group>> {
         self.groups().values().map(|e| e.group.clone()).collect()

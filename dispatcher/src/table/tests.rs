@@ -17,7 +17,7 @@ use crate::{
     config::{Limits, ListMode, Settings},
     membership::sessions::LeaseSessions,
     watch::{
-        registry::{WatchError, Watches},
+        registry::{Listing, WatchError, Watches},
         scripted_api::{ApiServer, alone, config_maps, object, within},
     },
 };
@@ -31,7 +31,7 @@ fn table(cancel: &CancellationToken) -> (Arc<GroupTable>, ApiServer) {
         client,
         alone(),
         Duration::from_secs(30),
-        ListMode::Paged,
+        Listing::alone(ListMode::Paged),
         cancel.clone(),
     );
     let settings = Settings {

@@ -10,12 +10,15 @@
 //! The list's own fields (`kind`, `apiVersion`, `metadata`, `items`, in whatever order) are
 //! walked here; every value, each object's text included, is read by `serde_json`.
 
-use std::{io, sync::Arc};
+use std::{io, pin::Pin, sync::Arc};
 
 use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::{Deserialize, de::IgnoredAny};
 use serde_json::value::RawValue;
+
+/// The body of a list response, read as it arrives.
+pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
 
 /// Most bytes of one object the reader holds before it gives up on the response. The API
 /// server refuses requests over 3 MiB and etcd values over 1.5 MiB by default; this leaves room

@@ -11,6 +11,8 @@
 //! - `whole_list` and `list_reader`: a watch that lists a first page, then the rest in one
 //!   response, read an object at a time (`--list-mode whole`);
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
+//! - [`sharing`]: on a ring keyed by name, one whole LIST made for every dispatcher that needs
+//!   it (`Peer.List`);
 //! - [`discovery`]: the resources subscriptions name, resolved and remembered.
 
 pub mod discovery;
@@ -22,6 +24,7 @@ pub mod routing;
 #[cfg(test)]
 pub(crate) mod scripted_api;
 mod shard;
+pub mod sharing;
 mod side_list;
 mod task;
 mod whole_list;

@@ -30,6 +30,7 @@ pub use super::fan_out::{Subscriber, WatchCounts, resource_name};
 pub use super::task::WatchError;
 use super::{
     fan_out::describe,
+    sharing::ListSharing,
     task::{Controls, Readiness, WatchTask},
 };
 use crate::{config::ListMode, group::Group};
@@ -59,12 +60,35 @@ struct Running {
     stopping: Option<CancellationToken>,
 }
 
+/// How the watches list what exists.
+#[derive(Debug)]
+pub struct Listing {
+    /// The way (`--list-mode`).
+    pub mode: ListMode,
+    /// The whole lists made here for the peers and with them: served to the peers that ask
+    /// (`Peer.List`) whenever there is one.
+    pub sharing: Option<Arc<ListSharing>>,
+    /// Whether this dispatcher's own watches share their whole lists (`--share-lists`).
+    pub share: bool,
+}
+
+impl Listing {
+    /// Lists made `mode`'s way, each alone.
+    pub fn alone(mode: ListMode) -> Self {
+        Self {
+            mode,
+            sharing: None,
+            share: false,
+        }
+    }
+}
+
 /// All watches of this dispatcher.
 pub struct Watches {
     client: Client,
     slice: watch::Receiver<Arc<Slice>>,
     grace: Duration,
-    list_mode: ListMode,
+    listing: Listing,
     running: Mutex<HashMap<WatchKey, Running>>,
     cancel: CancellationToken,
 }
@@ -79,23 +103,28 @@ impl std::fmt::Debug for Watches {
 
 impl Watches {
     /// Watches that feed the keys of `slice`, re-listing when it changes, each starting with
-    /// a list made the `list_mode` way; a watch with no subscriber is stopped after `grace`.
+    /// a list made as `listing` says; a watch with no subscriber is stopped after `grace`.
     /// Everything stops on `cancel`.
     pub fn new(
         client: Client,
         slice: watch::Receiver<Arc<Slice>>,
         grace: Duration,
-        list_mode: ListMode,
+        listing: Listing,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
             slice,
             grace,
-            list_mode,
+            listing,
             running: Mutex::new(HashMap::new()),
             cancel,
         })
+    }
+
+    /// The lists made here for the peers and with them, if any.
+    pub fn sharing(&self) -> Option<&Arc<ListSharing>> {
+        self.listing.sharing.as_ref()
     }
 
     /// Each running watch's counters.
@@ -177,7 +206,7 @@ impl Watches {
                     let task = WatchTask::new(
                         self.client.clone(),
                         key.clone(),
-                        self.list_mode,
+                        self.listing.mode,
                         self.slice.clone(),
                         Controls {
                             counts: run.counts.clone(),
@@ -185,6 +214,7 @@ impl Watches {
                             joined: run.joined.clone(),
                             readiness: tx,
                             children: run.children.clone(),
+                            sharing: self.listing.sharing.clone().filter(|_| self.listing.share),
                         },
                     );
                     tokio::spawn(task.run(run.cancel.clone()));
@@ -325,7 +355,13 @@ mod tests {
     async fn a_group_that_joins_a_running_watch_is_shown_what_exists_by_a_list_beside_it() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let watches = Watches::new(
+            client,
+            alone(),
+            GRACE,
+            Listing::alone(ListMode::Paged),
+            cancel.clone(),
+        );
         let first = Member::join("first", alone(), &cancel);
         let subscribed = subscribe(&watches, &first);
         api.next().await.list(10, &[("a", 5), ("b", 6)]);
@@ -368,7 +404,13 @@ mod tests {
     async fn a_watch_stops_a_grace_after_its_last_group_leaves() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let watches = Watches::new(
+            client,
+            alone(),
+            GRACE,
+            Listing::alone(ListMode::Paged),
+            cancel.clone(),
+        );
         let member = Member::join("g", alone(), &cancel);
         let subscribed = subscribe(&watches, &member);
         api.next().await.list(10, &[("a", 5)]);
@@ -405,7 +447,13 @@ mod tests {
     async fn a_refused_watch_fails_the_subscription_and_is_forgotten() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let watches = Watches::new(
+            client,
+            alone(),
+            GRACE,
+            Listing::alone(ListMode::Paged),
+            cancel.clone(),
+        );
         let member = Member::join("g", alone(), &cancel);
         let subscribed = subscribe(&watches, &member);
         api.next()
@@ -456,7 +504,13 @@ mod tests {
         };
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(client, alone(), GRACE, ListMode::Paged, cancel.clone());
+        let watches = Watches::new(
+            client,
+            alone(),
+            GRACE,
+            Listing::alone(ListMode::Paged),
+            cancel.clone(),
+        );
         let first = Member::join("first", alone(), &cancel);
         let subscribed = {
             let (watches, sub) = (watches.clone(), owned(&first));

@@ -174,7 +174,7 @@ fn listed_whole(
                         Ok(None) => return None,
                         Err(e) => Err(e),
                     },
-                    None => WholeList::start(&api, &params).await.map(|started| {
+                    None => WholeList::start(&api, &params, None).await.map(|started| {
                         reader = Some(started);
                         None
                     }),

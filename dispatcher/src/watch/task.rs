@@ -48,6 +48,7 @@ use super::{
     object::WatchedObject,
     routing::object_key,
     shard::sharded_client,
+    sharing::ListSharing,
     side_list::{Reach, SideList, next_page},
     whole_list,
 };
@@ -93,6 +94,8 @@ pub(super) struct Controls {
     pub readiness: watch::Sender<Readiness>,
     /// Its index of owned objects, which it keeps.
     pub children: Arc<ChildIndex>,
+    /// How its whole lists are shared with the peers that make the same, if they are.
+    pub sharing: Option<Arc<ListSharing>>,
 }
 
 /// The task of the watch of one [`WatchKey`].
@@ -118,6 +121,9 @@ pub(super) struct WatchTask {
     fan_out: FanOut,
     /// Told when the watch's lists start and end, which say whether it knows every child.
     children: Arc<ChildIndex>,
+    /// How its whole lists are shared ([`super::sharing`]); `None` on a ring keyed by
+    /// namespace, where each dispatcher lists its own namespaces.
+    sharing: Option<Arc<ListSharing>>,
 }
 
 /// What ends a pass of the watch.
@@ -202,11 +208,12 @@ impl WatchTask {
             kind: r.kind.clone(),
             plural: r.plural.clone(),
         };
-        // On a ring keyed by namespace, ask the API server for this dispatcher's namespaces only.
-        let client = if slice.borrow().ring.key() == RingKey::Namespace {
-            sharded_client(client, slice.clone())
+        // On a ring keyed by namespace, ask the API server for this dispatcher's namespaces only;
+        // on a ring keyed by name, every dispatcher lists the same: one lists for all.
+        let (client, sharing) = if slice.borrow().ring.key() == RingKey::Namespace {
+            (sharded_client(client, slice.clone()), None)
         } else {
-            client
+            (client, controls.sharing.clone())
         };
         let api: Api<WatchedObject> = if key.namespace.is_empty() || !r.namespaced {
             Api::all_with(client, &api_resource)
@@ -251,6 +258,7 @@ impl WatchTask {
             epoch: 0,
             fan_out,
             children: controls.children,
+            sharing,
         }
     }
 
@@ -264,6 +272,18 @@ impl WatchTask {
         self.children.own_list_running(true);
     }
 
+    /// The stream of a new pass, listing first the way the watch lists now.
+    fn events(&self) -> BoxStream<'static, watcher::Result<Event<WatchedObject>>> {
+        let (api, config) = (self.api.clone(), self.config.clone());
+        match self.list_mode {
+            ListMode::Whole => {
+                whole_list::watcher(api, self.list_params.clone(), self.sharing.clone()).boxed()
+            }
+            ListMode::Paged => watcher::watcher(api, config).boxed(),
+            ListMode::Stream => watcher::watcher(api, config.streaming_lists()).boxed(),
+        }
+    }
+
     /// Starts the stream and reads it, with the lists beside it, until it must start again.
     async fn pass(&mut self, cancel: &CancellationToken) -> End {
         // The shard the watch asks for from here on; a ring change that changes it starts a
@@ -274,16 +294,7 @@ impl WatchTask {
         }
         self.fan_out.restarted(shard);
         let mut pass = Pass {
-            events: match self.list_mode {
-                ListMode::Whole => {
-                    whole_list::watcher(self.api.clone(), self.list_params.clone()).boxed()
-                }
-                ListMode::Paged => watcher::watcher(self.api.clone(), self.config.clone()).boxed(),
-                ListMode::Stream => {
-                    watcher::watcher(self.api.clone(), self.config.clone().streaming_lists())
-                        .boxed()
-                }
-            },
+            events: self.events(),
             paused: None,
             side: None,
             listed: Some(None),

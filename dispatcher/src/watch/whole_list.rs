@@ -23,10 +23,10 @@
 //! `Apply` and `Delete`; a 410 Gone (or a watch that cannot be resumed) lists again from the
 //! start, any other error is retried from where it was, after the caller's backoff.
 
-use std::{pin::Pin, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use backon::{ExponentialBuilder, Retryable};
-use futures::{AsyncBufRead, Stream, StreamExt, stream::BoxStream};
+use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{
     ResourceExt,
     api::{Api, ListParams, WatchEvent, WatchParams},
@@ -34,16 +34,17 @@ use kube::{
 };
 use tracing::{debug, info, warn};
 
-use super::{list_reader::ListReader, object::WatchedObject};
+use super::{
+    list_reader::{Body, ListReader},
+    object::WatchedObject,
+    sharing::{ListSharing, relay_broke},
+};
 
 /// How long a watch request may run before the API server ends it (kube-runtime's default).
 const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
 /// A watch that has gone quiet this much longer than its timeout is taken for a dead connection.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
-
-/// The body of a list response, read as it arrives.
-pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
 
 /// The objects a whole list's first response holds (see the module docs).
 pub(super) const FIRST_PAGE: u32 = 500;
@@ -67,14 +68,24 @@ struct Source {
     api: Api<WatchedObject>,
     list: ListParams,
     watch: WatchParams,
+    sharing: Option<Arc<ListSharing>>,
+}
+
+impl Source {
+    /// A whole list of what the watch selects, shared if it may be.
+    async fn start(&self) -> kube::Result<WholeList> {
+        WholeList::start(&self.api, &self.list, self.sharing.clone()).await
+    }
 }
 
 /// Watches the objects of `api` that the selectors of `list` match, listing them whole (see
-/// the module docs). Like kube-runtime's `watcher`, the stream never ends: after an error the
-/// next poll recovers, so poll it with a backoff.
+/// the module docs), each LIST shared with the peers that make the same through `sharing`, if
+/// any ([`super::sharing`]). Like kube-runtime's `watcher`, the stream never ends: after an
+/// error the next poll recovers, so poll it with a backoff.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
     list: ListParams,
+    sharing: Option<Arc<ListSharing>>,
 ) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
     // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
     let watch = WatchParams {
@@ -82,7 +93,12 @@ pub(super) fn watcher(
         field_selector: list.field_selector.clone(),
         ..WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS)
     };
-    let source = Source { api, list, watch };
+    let source = Source {
+        api,
+        list,
+        watch,
+        sharing,
+    };
     futures::stream::unfold((source, State::Empty), |(source, mut state)| async move {
         loop {
             let (event, next) = step(&source, state).await;
@@ -97,7 +113,7 @@ pub(super) fn watcher(
 /// One step: the event it yields, if any, and the state after it.
 async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
     match state {
-        State::Empty => match WholeList::start(&source.api, &source.list).await {
+        State::Empty => match source.start().await {
             Ok(reader) => (Some(Ok(Event::Init)), State::Listing(Box::new(reader))),
             Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
@@ -215,10 +231,12 @@ fn seen(
 
 /// Whether `error` says a whole list failed part-way or ran out of time: its response was cut
 /// short or unreadable, or the API server answered that the request timed out (504, or a
-/// `Timeout` status). Errors before any response (the API server unreachable, say) are not.
+/// `Timeout` status). Errors before any response (the API server unreachable, say) are not,
+/// nor is a shared list whose relay broke ([`relay_broke`]: the peer, not the API server,
+/// failed).
 pub(super) fn cut_short(error: &Error) -> bool {
     match error {
-        Error::InitialListFailed(kube::Error::ReadEvents(_)) => true,
+        Error::InitialListFailed(kube::Error::ReadEvents(e)) => !relay_broke(e),
         Error::InitialListFailed(kube::Error::Api(status)) => {
             status.code == 504 || status.reason == "Timeout"
         }
@@ -238,6 +256,7 @@ const REST_WAIT_CAP: Duration = Duration::from_secs(2);
 /// objects read one at a time as they arrive, through the client `api` was made with.
 pub(super) struct WholeList {
     api: Api<WatchedObject>,
+    sharing: Option<Arc<ListSharing>>,
     params: ListParams,
     reader: ListReader<Body>,
     /// The first response's resourceVersion, once it has been read: the list's.
@@ -246,8 +265,12 @@ pub(super) struct WholeList {
 
 impl WholeList {
     /// Starts the list: asks for its first page (whatever `params` says of a limit or where
-    /// to continue).
-    pub(super) async fn start(api: &Api<WatchedObject>, params: &ListParams) -> kube::Result<Self> {
+    /// to continue), each response shared through `sharing` if any.
+    pub(super) async fn start(
+        api: &Api<WatchedObject>,
+        params: &ListParams,
+        sharing: Option<Arc<ListSharing>>,
+    ) -> kube::Result<Self> {
         let params = ListParams {
             limit: None,
             continue_token: None,
@@ -258,8 +281,9 @@ impl WholeList {
             ..params.clone()
         };
         Ok(Self {
-            reader: respond(api, &first).await?,
+            reader: respond(api, sharing.as_deref(), &first).await?,
             api: api.clone(),
+            sharing,
             params,
             snapshot: None,
         })
@@ -286,18 +310,22 @@ impl WholeList {
                 ..self.params.clone()
             };
             debug!(first = FIRST_PAGE, "listing the rest in one response");
-            self.reader = Self::rest(&self.api, &rest).await?;
+            self.reader = Self::rest(&self.api, self.sharing.as_deref(), &rest).await?;
         }
     }
 
     /// The response to `rest`, asked for again after a wait when refused; see
     /// [`REST_ATTEMPTS`].
-    async fn rest(api: &Api<WatchedObject>, rest: &ListParams) -> kube::Result<ListReader<Body>> {
+    async fn rest(
+        api: &Api<WatchedObject>,
+        sharing: Option<&ListSharing>,
+        rest: &ListParams,
+    ) -> kube::Result<ListReader<Body>> {
         let waits = ExponentialBuilder::default()
             .with_min_delay(REST_WAIT)
             .with_max_delay(REST_WAIT_CAP)
             .with_max_times(REST_ATTEMPTS as usize - 1);
-        (|| respond(api, rest))
+        (|| respond(api, sharing, rest))
             .retry(waits)
             .sleep(tokio::time::sleep)
             // An expired `continue` can only be listed again from the start.
@@ -316,13 +344,21 @@ impl WholeList {
     }
 }
 
-/// A list response to `params`, its objects to be read as they arrive.
-async fn respond(api: &Api<WatchedObject>, params: &ListParams) -> kube::Result<ListReader<Body>> {
+/// A list response to `params`, its objects to be read as they arrive: shared through
+/// `sharing` if any, otherwise asked of the API server through `api`'s client.
+async fn respond(
+    api: &Api<WatchedObject>,
+    sharing: Option<&ListSharing>,
+    params: &ListParams,
+) -> kube::Result<ListReader<Body>> {
     let request = kube::core::Request::new(api.resource_url())
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
-    let body = api.clone().into_client().request_stream(request).await?;
-    Ok(ListReader::new(Box::pin(body)))
+    let body = match sharing {
+        Some(sharing) => sharing.respond(request).await?,
+        None => Box::pin(api.clone().into_client().request_stream(request).await?),
+    };
+    Ok(ListReader::new(body))
 }
 
 #[cfg(test)]

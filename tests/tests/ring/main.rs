@@ -1,7 +1,8 @@
 //! The ring: membership from Leases, handovers as dispatchers join, leave, stall and die,
-//! fencing, and the ring keyed by namespace.
+//! fencing, lists shared on a ring keyed by name, and the ring keyed by namespace.
 
 mod fencing;
 mod handover;
+mod lists;
 mod membership;
 mod sharding;

@@ -72,6 +72,7 @@ impl Scripted {
                 joined: Arc::default(),
                 readiness: readiness_tx,
                 children: children.clone(),
+                sharing: None,
             },
         );
         tokio::spawn(task.run(cancel.clone()));

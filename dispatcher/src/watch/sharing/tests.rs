@@ -1,0 +1,232 @@
+use std::sync::Arc;
+
+use futures::AsyncReadExt;
+use kube::api::ListParams;
+use kube_dispatch_core::handover::Slice;
+use kube_dispatch_proto::{Ring, RingKey, credentials::Credentials};
+use tokio::sync::watch;
+
+use super::*;
+use crate::watch::scripted_api::{ApiServer, object};
+
+/// Sharing for `d0`, the only member of a ring keyed by name: it lists everything itself.
+fn alone_on_the_ring() -> (Arc<ListSharing>, ApiServer) {
+    let (client, api) = ApiServer::start();
+    let ring = Ring::with_key(["d0"], RingKey::Name);
+    let (_, slice) = watch::channel(Arc::new(Slice::fixed("d0", ring)));
+    let sharing = ListSharing::new(client, "d0", Credentials::plaintext(), slice);
+    (sharing, api)
+}
+
+/// The first page of a whole list of every ConfigMap.
+fn first_page() -> http::Request<Vec<u8>> {
+    kube::core::Request::new("/api/v1/configmaps")
+        .list(&ListParams::default().limit(500))
+        .expect("a list request")
+}
+
+/// A reader of the first page through `sharing`, started now: its whole body, or its error.
+fn reader(sharing: &Arc<ListSharing>) -> tokio::task::JoinHandle<kube::Result<String>> {
+    let sharing = sharing.clone();
+    tokio::spawn(async move {
+        let mut body = sharing.respond(first_page()).await?;
+        let mut text = String::new();
+        body.read_to_string(&mut text)
+            .await
+            .map_err(kube::Error::ReadEvents)?;
+        Ok(text)
+    })
+}
+
+async fn body_of(reader: tokio::task::JoinHandle<kube::Result<String>>) -> String {
+    reader
+        .await
+        .expect("the reader ran")
+        .expect("the list was read")
+}
+
+/// Three watches that list the same while it is being made read one response: the API server
+/// is asked once, and each reads every object.
+#[tokio::test(start_paused = true)]
+async fn lists_asked_while_one_is_made_share_it() {
+    let (sharing, mut api) = alone_on_the_ring();
+    let readers: Vec<_> = (0..3).map(|_| reader(&sharing)).collect();
+    let asked = api.next().await;
+    assert!(asked.is_whole_list(), "the first page was asked for");
+    asked.list(7, &[("a", 5), ("b", 6)]);
+    let mut bodies = Vec::new();
+    for r in readers {
+        bodies.push(body_of(r).await);
+    }
+    assert!(
+        bodies[0].contains(&object("a", 5)) && bodies[0].contains(&object("b", 6)),
+        "the response holds both objects: {}",
+        bodies[0]
+    );
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "one response for all"
+    );
+    assert!(api.asks_nothing_more().await, "one LIST for three watches");
+    assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 1);
+    assert_eq!(sharing.counts.joined.load(Ordering::Relaxed), 2);
+}
+
+/// A response kept whole is joined for a second after its end, then made again.
+#[tokio::test(start_paused = true)]
+async fn a_small_response_is_joined_for_a_second_after_it_ended() {
+    let (sharing, mut api) = alone_on_the_ring();
+    let first = reader(&sharing);
+    api.next().await.list(7, &[("a", 5)]);
+    let made = body_of(first).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        body_of(reader(&sharing)).await,
+        made,
+        "0.9 s after its end, the list is still joined"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = reader(&sharing);
+    api.next().await.list(8, &[("a", 5), ("c", 8)]);
+    assert!(
+        body_of(late).await.contains(&object("c", 8)),
+        "1.1 s after, a new list is made"
+    );
+    assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 2);
+}
+
+/// The API server's refusal is every reader's error, with its code.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_is_each_readers_error() {
+    let (sharing, mut api) = alone_on_the_ring();
+    let readers: Vec<_> = (0..2).map(|_| reader(&sharing)).collect();
+    api.next()
+        .await
+        .refuse(403, "Forbidden", "configmaps is forbidden");
+    for r in readers {
+        match r.await.expect("the reader ran") {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 403),
+            other => panic!("expected the API server's refusal, got {other:?}"),
+        }
+    }
+}
+
+/// A reader that takes nothing holds the others back a minute at most; it is then left
+/// behind, and its list fails as a broken relay (made again alone), not as a list cut short.
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_takes_nothing_is_left_behind() {
+    let (sharing, mut api) = alone_on_the_ring();
+    let reading = reader(&sharing);
+    let asked = api.next().await;
+    // Joins, takes the first part, then reads nothing.
+    let stalled = {
+        let sharing = sharing.clone();
+        tokio::spawn(async move { sharing.respond(first_page()).await })
+    };
+    tokio::task::yield_now().await;
+    // More parts than a reader may have waiting.
+    let objects: Vec<String> = (0..READER_PARTS * 4)
+        .map(|i| format!("{}{}", "x".repeat(CHUNK_BYTES), i))
+        .collect();
+    let named: Vec<(&str, u64)> = objects.iter().map(|n| (n.as_str(), 1)).collect();
+    let started = Instant::now();
+    asked.list(7, &named);
+    let mut stalled = stalled.await.expect("joined").expect("a response");
+    let body = body_of(reading).await;
+    assert!(body.contains(&object(&objects[objects.len() - 1], 1)));
+    assert!(
+        started.elapsed() >= READER_WAIT,
+        "the reader was held until the stalled one was left behind"
+    );
+    let mut rest = Vec::new();
+    let error = stalled
+        .read_to_end(&mut rest)
+        .await
+        .expect_err("the stalled reader's list fails");
+    assert!(relay_broke(&error), "a broken relay: {error}");
+}
+
+/// A response that broke off at the API server reads as cut short (the watch lists another
+/// way, as it would alone); a relay that ended early does not.
+#[tokio::test]
+async fn a_broken_response_and_a_broken_relay_differ() {
+    let read = |parts: Vec<Part>| async move {
+        let mut body = response(futures::stream::iter(parts).boxed())
+            .await
+            .expect("a response");
+        let mut rest = Vec::new();
+        body.read_to_end(&mut rest).await.map(|_| rest)
+    };
+    let data = || Part::Data(Bytes::from_static(b"{\"items\":["));
+    let broke = read(vec![data(), Part::Broke("reset".into())]).await;
+    assert!(broke.is_err_and(|e| !relay_broke(&e)));
+    let left = read(vec![data()]).await;
+    assert!(left.is_err_and(|e| relay_broke(&e)));
+    let whole = read(vec![
+        data(),
+        Part::Data(Bytes::from_static(b"]}")),
+        Part::End,
+    ])
+    .await;
+    assert_eq!(whole.ok().as_deref(), Some(&b"{\"items\":[]}"[..]));
+}
+
+/// What `Peer.List` sends reads back as the parts it was made of.
+#[tokio::test]
+async fn the_relay_carries_each_kind_of_part() {
+    let refused = Status::failure("no", "Forbidden").with_code(403);
+    let parts = vec![
+        Part::Data(Bytes::from_static(b"abc")),
+        Part::Refused(Arc::new(refused)),
+    ];
+    let back: Vec<Part> = relayed(futures::stream::iter(parts).boxed())
+        .map(part_of)
+        .collect()
+        .await;
+    assert!(matches!(&back[0], Part::Data(d) if &d[..] == b"abc"));
+    assert!(matches!(&back[1], Part::Refused(s) if s.code == 403 && s.reason == "Forbidden"));
+    let broke: Vec<Part> = relayed(futures::stream::iter([Part::Broke("reset".into())]).boxed())
+        .map(part_of)
+        .collect()
+        .await;
+    assert!(matches!(&broke[..], [Part::Broke(m)] if &**m == "reset"));
+    let left: Vec<Part> = relayed(futures::stream::iter([Part::Data(Bytes::new())]).boxed())
+        .map(part_of)
+        .collect()
+        .await;
+    assert!(
+        matches!(&left[..], [Part::Data(_), Part::Failed(_)]),
+        "a relay that ends without its end says so"
+    );
+}
+
+#[test]
+fn peers_may_ask_for_lists_of_collections_only() {
+    for good in [
+        "/api/v1/configmaps?limit=500",
+        "/api/v1/namespaces/team-a/configmaps?labelSelector=app%3Dweb",
+        "/apis/apps/v1/deployments",
+        "/apis/example.com/v1/namespaces/x/widgets?continue=abc",
+        "/api/v1/namespaces",
+    ] {
+        assert!(list_path(good).is_ok(), "{good}");
+    }
+    for bad in [
+        "/api/v1/namespaces/team-a",
+        "/api/v1/namespaces/team-a/pods/p/log",
+        "/api/v1/configmaps?watch=true",
+        "/api/v1/namespaces/a/pods/p/log?follow=true",
+        "/apis/apps/v1/namespaces/x/deployments/d/scale",
+        "/api/v1/../secrets",
+        "/api//v1/configmaps",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(list_path(bad).is_err(), "{bad}");
+    }
+    let long = format!(
+        "/api/v1/configmaps?labelSelector={}",
+        "a".repeat(MAX_PATH_BYTES)
+    );
+    assert!(list_path(&long).is_err());
+}
