@@ -11,9 +11,9 @@ use common::{Mode, bin_dir, figure, run_harness, scenario};
 const OBJECTS: u64 = 40;
 const WRITES: u64 = 10;
 /// Every variant: both incumbents, each with and without a metadata-only cache, and the tier
-/// with the Rust SDK (its dispatchers listing whole, or by streaming) and with
-/// controller-runtime ported to the Go SDK.
-const VARIANTS: [&str; 8] = [
+/// with the Rust SDK (its dispatchers sharing whole lists, each listing whole alone, or by
+/// streaming) and with controller-runtime ported to the Go SDK.
+const VARIANTS: [&str; 9] = [
     "kube-rs",
     "kube-rs-metadata",
     "controller-runtime",
@@ -21,6 +21,7 @@ const VARIANTS: [&str; 8] = [
     "dispatch-1",
     "dispatch-4",
     "dispatch-stream-1",
+    "dispatch-alone-1",
     "go-dispatch-1",
 ];
 
@@ -97,19 +98,19 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             assert!(figure(figures, variant, "first_reconcile_ms") > 0.0);
         }
         // One LIST and one WATCH per watching process: the kube-rs controller, or each of the
-        // three dispatchers whatever the number of replicas (--list-mode whole, the default).
-        // controller-runtime (client-go 1.35 and newer, WatchListClient on by default) and
-        // dispatchers with --list-mode stream list by streaming: one WATCH with
-        // sendInitialEvents and no LIST.
+        // three dispatchers listing alone (--share-lists=false). Dispatchers sharing their
+        // lists (the default) read one LIST made by one of them, as long as they start their
+        // watches within a second of each other (their replica opens its sessions at once):
+        // fewer LISTs than dispatchers, one WATCH each. controller-runtime (client-go 1.35 and
+        // newer, WatchListClient on by default) and dispatchers with --list-mode stream list by
+        // streaming: one WATCH with sendInitialEvents and no LIST.
         for (variant, lists, watches) in [
             ("kube-rs", 1.0, 1.0),
             ("kube-rs-metadata", 1.0, 1.0),
             ("controller-runtime", 0.0, 1.0),
             ("controller-runtime-metadata", 0.0, 1.0),
-            ("dispatch-1", 3.0, 3.0),
-            ("dispatch-4", 3.0, 3.0),
+            ("dispatch-alone-1", 3.0, 3.0),
             ("dispatch-stream-1", 0.0, 3.0),
-            ("go-dispatch-1", 3.0, 3.0),
         ] {
             assert_eq!(
                 figure(figures, variant, "requests_list"),
@@ -119,6 +120,18 @@ fn every_variant_reconciles_everything_and_the_results_are_written() {
             assert_eq!(
                 figure(figures, variant, "requests_watch"),
                 watches,
+                "{kind} {variant}"
+            );
+        }
+        for variant in ["dispatch-1", "dispatch-4", "go-dispatch-1"] {
+            let lists = figure(figures, variant, "requests_list");
+            assert!(
+                (1.0..3.0).contains(&lists),
+                "{kind} {variant}: {lists} LISTs for 3 dispatchers sharing them"
+            );
+            assert_eq!(
+                figure(figures, variant, "requests_watch"),
+                3.0,
                 "{kind} {variant}"
             );
         }

@@ -91,6 +91,8 @@ pub(crate) struct CompareArgs {
     /// need --controller-runtime), dispatch-<replicas> (the dispatchers list each resource
     /// whole, their default, whatever KD_LIST_MODE says), dispatch-paged-<replicas> and
     /// dispatch-stream-<replicas> (they list in pages of 500, or by streaming),
+    /// dispatch-alone-<replicas> (whole lists, each dispatcher making its own: --share-lists
+    /// false),
     /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
     /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
     /// reconcile lists its children instead of reading them from its request). The

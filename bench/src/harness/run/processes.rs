@@ -215,6 +215,10 @@ impl Setup<'_> {
                 "KD_LIST_MODE",
                 list_mode.map_or("whole", ListMode::flag).to_owned(),
             ));
+            env.push((
+                "KD_SHARE_LISTS",
+                list_mode.is_none_or(ListMode::shared).to_string(),
+            ));
             tier.push(Component::spawn(
                 id,
                 &self.binaries.dispatcher,

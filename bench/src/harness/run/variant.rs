@@ -48,6 +48,9 @@ pub(crate) enum ListMode {
     Paged,
     /// One WATCH with `sendInitialEvents`.
     Stream,
+    /// Whole lists, each dispatcher making its own (`--share-lists=false`): the tier before
+    /// lists were shared.
+    Alone,
 }
 
 impl ListMode {
@@ -56,6 +59,21 @@ impl ListMode {
         match self {
             ListMode::Paged => "paged",
             ListMode::Stream => "stream",
+            ListMode::Alone => "whole",
+        }
+    }
+
+    /// The dispatcher's `--share-lists` value (lists in pages or by streaming are never
+    /// shared, whatever it says).
+    pub(crate) fn shared(self) -> bool {
+        self != ListMode::Alone
+    }
+
+    /// Its name in a variant's: `dispatch-<name>-<replicas>`.
+    fn name(self) -> &'static str {
+        match self {
+            ListMode::Alone => "alone",
+            other => other.flag(),
         }
     }
 }
@@ -110,7 +128,7 @@ impl fmt::Display for Variant {
             Variant::Dispatch(n) => write!(f, "dispatch-{n}"),
             Variant::DispatchList(n) => write!(f, "dispatch-list-{n}"),
             Variant::GoDispatch(n) => write!(f, "go-dispatch-{n}"),
-            Variant::DispatchListing(mode, n) => write!(f, "dispatch-{}-{n}", mode.flag()),
+            Variant::DispatchListing(mode, n) => write!(f, "dispatch-{}-{n}", mode.name()),
             Variant::DispatchIndex(n) => write!(f, "dispatch-index-{n}"),
             Variant::ControllerRuntimeIndex => f.write_str("controller-runtime-index"),
             Variant::GoDispatchIndex(n) => write!(f, "go-dispatch-index-{n}"),
@@ -143,12 +161,14 @@ impl std::str::FromStr for Variant {
                     replicas(n).map(|n| Variant::DispatchListing(ListMode::Paged, n))
                 } else if let Some(n) = s.strip_prefix("dispatch-stream-") {
                     replicas(n).map(|n| Variant::DispatchListing(ListMode::Stream, n))
+                } else if let Some(n) = s.strip_prefix("dispatch-alone-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Alone, n))
                 } else {
                     s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, controller-runtime-index, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-list-<replicas 1..=64>, dispatch-index-<replicas 1..=64>, go-dispatch-<replicas 1..=64> or go-dispatch-index-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, controller-runtime-index, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-alone-<replicas 1..=64>, dispatch-list-<replicas 1..=64>, dispatch-index-<replicas 1..=64>, go-dispatch-<replicas 1..=64> or go-dispatch-index-<replicas 1..=64>"
                     )
                 })
             }

@@ -8,6 +8,7 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
         "dispatch-1",
         "dispatch-paged-1",
         "dispatch-stream-4",
+        "dispatch-alone-1",
         "dispatch-list-2",
         "go-dispatch-1",
         "dispatch-index-1",
@@ -21,6 +22,9 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
     assert_eq!(paged.list_mode(), Some(ListMode::Paged));
     assert!(paged.on_tier() && paged.is_sdk_alone());
     assert_eq!("dispatch-1".parse::<Variant>().unwrap().list_mode(), None);
+    let alone: Variant = "dispatch-alone-1".parse().unwrap();
+    assert_eq!(alone.list_mode(), Some(ListMode::Alone));
+    assert!(!ListMode::Alone.shared() && ListMode::Paged.shared());
     assert!(
         !"dispatch-stream-2"
             .parse::<Variant>()
