@@ -20,6 +20,11 @@
 //! reader that takes nothing for [`READER_WAIT`] is left behind (its list fails, and is made
 //! again alone).
 //!
+//! Only a watch's first list is shared (`whole_list`'s `Source::start`): a re-list after a 410
+//! Gone, or a list tried again after one failed part-way, must not be older than what the
+//! watch has shown, or the objects it lacks would be taken for deleted; those are made alone.
+//! A cold start, a restarted dispatcher and a group's first session are first lists.
+//!
 //! Not shared: lists on a ring keyed by namespace (each dispatcher asks for its own namespaces
 //! already), lists in pages or by streaming (`--list-mode`), and lists beside the stream.
 

@@ -72,16 +72,21 @@ struct Source {
 }
 
 impl Source {
-    /// A whole list of what the watch selects, shared if it may be.
-    async fn start(&self) -> kube::Result<WholeList> {
-        WholeList::start(&self.api, &self.list, self.sharing.clone()).await
+    /// A whole list of what the watch selects. Only the watch's first is shared: a list made
+    /// for others may be a moment older than what this watch has shown since (a re-list after
+    /// a 410 Gone, or a list tried again after it failed part-way), and the objects the watch
+    /// had shown that it lacks would be taken for deleted. Later lists are consistent reads of
+    /// the API server, made alone.
+    async fn start(&mut self) -> kube::Result<WholeList> {
+        WholeList::start(&self.api, &self.list, self.sharing.take()).await
     }
 }
 
 /// Watches the objects of `api` that the selectors of `list` match, listing them whole (see
-/// the module docs), each LIST shared with the peers that make the same through `sharing`, if
-/// any ([`super::sharing`]). Like kube-runtime's `watcher`, the stream never ends: after an
-/// error the next poll recovers, so poll it with a backoff.
+/// the module docs), its first list shared with the peers that make the same through
+/// `sharing`, if any ([`super::sharing`]; `Source::start` says why only the first). Like
+/// kube-runtime's `watcher`, the stream never ends: after an error the next poll recovers, so
+/// poll it with a backoff.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
     list: ListParams,
@@ -99,19 +104,22 @@ pub(super) fn watcher(
         watch,
         sharing,
     };
-    futures::stream::unfold((source, State::Empty), |(source, mut state)| async move {
-        loop {
-            let (event, next) = step(&source, state).await;
-            state = next;
-            if let Some(event) = event {
-                return Some((event, (source, state)));
+    futures::stream::unfold(
+        (source, State::Empty),
+        |(mut source, mut state)| async move {
+            loop {
+                let (event, next) = step(&mut source, state).await;
+                state = next;
+                if let Some(event) = event {
+                    return Some((event, (source, state)));
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 /// One step: the event it yields, if any, and the state after it.
-async fn step(source: &Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
+async fn step(source: &mut Source, state: State) -> (Option<Result<Event<WatchedObject>>>, State) {
     match state {
         State::Empty => match source.start().await {
             Ok(reader) => (Some(Ok(Event::Init)), State::Listing(Box::new(reader))),

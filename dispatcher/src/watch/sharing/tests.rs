@@ -12,10 +12,13 @@ use crate::watch::scripted_api::{ApiServer, object};
 /// Sharing for `d0`, the only member of a ring keyed by name: it lists everything itself.
 fn alone_on_the_ring() -> (Arc<ListSharing>, ApiServer) {
     let (client, api) = ApiServer::start();
+    (sharing_through(client), api)
+}
+
+fn sharing_through(client: kube::Client) -> Arc<ListSharing> {
     let ring = Ring::with_key(["d0"], RingKey::Name);
     let (_, slice) = watch::channel(Arc::new(Slice::fixed("d0", ring)));
-    let sharing = ListSharing::new(client, "d0", Credentials::plaintext(), slice);
-    (sharing, api)
+    ListSharing::new(client, "d0", Credentials::plaintext(), slice)
 }
 
 /// The first page of a whole list of every ConfigMap.
@@ -229,4 +232,39 @@ fn peers_may_ask_for_lists_of_collections_only() {
         "a".repeat(MAX_PATH_BYTES)
     );
     assert!(list_path(&long).is_err());
+}
+
+/// A watch's first list is shared; its re-list after a 410 Gone is a LIST of its own, although
+/// the first list's response could still be joined: it may be older than what the stream showed.
+#[tokio::test(start_paused = true)]
+async fn only_a_watchs_first_list_is_shared() {
+    let (client, mut api) = ApiServer::start();
+    let sharing = sharing_through(client.clone());
+    let resource = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+    };
+    let objects = kube::Api::all_with(client, &resource);
+    let mut events =
+        crate::watch::whole_list::watcher(objects, ListParams::default(), Some(sharing.clone()))
+            .boxed();
+    // The watch is polled as its task polls it, errors included.
+    let polled = tokio::spawn(async move { while events.next().await.is_some() {} });
+    api.next().await.list(7, &[("a", 5)]);
+    let watch = api.next().await;
+    assert!(watch.watch, "the watch follows its list");
+    let stream = watch.open();
+    stream.send("ADDED", object("b", 8));
+    stream.gone();
+    let relist = api.next().await;
+    assert!(
+        relist.is_whole_list(),
+        "the re-list is asked of the API server, not joined"
+    );
+    assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 1);
+    assert_eq!(sharing.counts.joined.load(Ordering::Relaxed), 0);
+    polled.abort();
 }
