@@ -14,16 +14,23 @@
 //! capability `peer-lists`, it cannot be reached, it shares as many lists as it may), the
 //! dispatcher lists alone, as before.
 //!
-//! Bounds: at most [`MAX_LISTS`] LISTs shared at once by one dispatcher, each with at most
-//! [`MAX_READERS`] readers, each reader buffering at most [`READER_PARTS`] parts of at most
-//! [`CHUNK_BYTES`], plus the replay: at most 16 × (2 MiB + 8 × 8 × 64 KiB) = 96 MiB in all. A
-//! reader that takes nothing for [`READER_WAIT`] is left behind (its list fails, and is made
-//! again alone).
+//! Bounds: at most [`MAX_LISTS`] LISTs made at once by one dispatcher, each with at most
+//! [`MAX_READERS`] readers, each reader with at most [`READER_PARTS`] parts of at most
+//! [`CHUNK_BYTES`] waiting, plus the start kept for late readers (shared by reference):
+//! 16 × (2 MiB + 8 × 4 × 64 KiB) = 64 MiB; and at most 16 ended responses of at most 2 MiB
+//! kept for [`REUSE`]: 96 MiB in all, besides what HTTP/2 buffers per stream. A reader whose
+//! queue is full keeps the LIST waiting at most [`READER_ALLOWANCE`] in all; past it, it is left
+//! behind (its list fails, and it lists alone). A relayed stream its peer stops reading once the
+//! LIST has ended holds its last parts until its connection ends (`--max-connection-age`).
 //!
-//! Only a watch's first list is shared (`whole_list`'s `Source::start`): a re-list after a 410
-//! Gone, or a list tried again after one failed part-way, must not be older than what the
-//! watch has shown, or the objects it lacks would be taken for deleted; those are made alone.
-//! A cold start, a restarted dispatcher and a group's first session are first lists.
+//! Only a watch's first list is shared, until the watch has shown an object (`whole_list`'s
+//! `Source`, and `WatchTask::events`, which gives sharing to the first pass only): a later
+//! list (a re-list after a 410 Gone, one tried again after it failed part-way, a new pass) must
+//! not be older than what the watch has shown, or the objects it lacks would be taken for
+//! deleted; those are made alone. A cold start, a restarted dispatcher and a group's first
+//! session are first lists. A list whose relay breaks, at the lister or on the way, fails as a
+//! broken relay ([`RelayBroke`]): the watch lists again alone, and learns for itself whether
+//! the API server cuts its lists short.
 //!
 //! Not shared: lists on a ring keyed by namespace (each dispatcher asks for its own namespaces
 //! already), lists in pages or by streaming (`--list-mode`), and lists beside the stream.
@@ -51,6 +58,7 @@ use tokio::{
     sync::{Semaphore, watch},
     time::Instant,
 };
+use tonic::transport::Channel;
 use tracing::{debug, info};
 
 use self::shared::{Joined, Shared, make};
@@ -62,15 +70,18 @@ pub const MAX_LISTS: usize = 16;
 /// Most readers of one shared LIST (this dispatcher's watch and its peers').
 pub const MAX_READERS: usize = 8;
 /// Parts a reader may have waiting.
-const READER_PARTS: usize = 8;
+const READER_PARTS: usize = 4;
 /// Largest part of a response relayed: the chunks of the API server's response are cut to it.
 pub const CHUNK_BYTES: usize = 64 * 1024;
 /// How much of a response is kept for the readers who join after it began.
 pub const REPLAY_BYTES: usize = 2 * 1024 * 1024;
 /// How long after its end a response kept whole may still be joined.
 pub const REUSE: Duration = Duration::from_secs(1);
-/// How long a reader may take nothing before it is left behind.
-const READER_WAIT: Duration = Duration::from_secs(60);
+/// How long in all a reader may keep a LIST waiting (its queue full) before it is left behind.
+const READER_ALLOWANCE: Duration = Duration::from_secs(10);
+/// How long a lister may take to send the first part of its answer: about the API server's
+/// own request timeout, past which it would have cut the LIST.
+const FIRST_PART: Duration = Duration::from_secs(60);
 /// Longest path and query a peer may ask to list.
 pub const MAX_PATH_BYTES: usize = 8 * 1024;
 /// How long a lister that failed to answer is not asked.
@@ -135,6 +146,8 @@ pub struct ListSharing {
     making: Arc<Semaphore>,
     /// Listers that failed to answer, until when they are not asked.
     avoided: Mutex<HashMap<String, Instant>>,
+    /// A channel to each lister asked, by address: its lists share one HTTP/2 connection.
+    channels: Mutex<HashMap<String, Channel>>,
     /// What it has done.
     pub counts: SharingCounts,
 }
@@ -175,6 +188,7 @@ impl ListSharing {
             lists: Mutex::default(),
             making: Arc::new(Semaphore::new(MAX_LISTS)),
             avoided: Mutex::default(),
+            channels: Mutex::default(),
             counts: SharingCounts::default(),
         })
     }
@@ -198,9 +212,14 @@ impl ListSharing {
                     self.counts.from_peers.fetch_add(1, Ordering::Relaxed);
                     return answer;
                 }
+                // A lister sharing as many lists as it may is asked again next time.
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                    debug!(%peer, error = %e, "the peer that lists this for the tier is full: listing alone");
+                }
                 Err(e) => {
-                    info!(%peer, %address, error = %e, "the peer that lists this for the tier cannot answer: listing alone");
+                    info!(%peer, %address, error = %e, "the peer that lists this for the tier cannot answer: listing alone, and not asking it for 30 s");
                     self.avoid(&peer);
+                    self.forget_channel(&address);
                 }
             },
             Lister::Nobody => {}
@@ -292,26 +311,28 @@ impl ListSharing {
         address: &str,
         path: &str,
     ) -> Result<kube::Result<Body>, tonic::Status> {
-        let endpoint = self
-            .credentials
-            .endpoint(address)
-            .map_err(|e| tonic::Status::invalid_argument(format!("bad peer address: {e}")))?
-            .connect_timeout(CONNECT)
-            .http2_keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE)
-            .keep_alive_while_idle(true);
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let mut client = PeerClient::with_interceptor(channel, self.credentials.bearer())
-            .max_decoding_message_size(REPLAY_BYTES);
+        let mut client =
+            PeerClient::with_interceptor(self.channel(address)?, self.credentials.bearer())
+                .max_decoding_message_size(REPLAY_BYTES);
         let request = ListRequest {
             identity: self.identity.clone(),
             path: path.to_owned(),
         };
-        let mut chunks = client.list(request).await?.into_inner();
-        let Some(first) = chunks.message().await? else {
+        let first = tokio::time::timeout(FIRST_PART, async {
+            let mut chunks = client.list(request).await?.into_inner();
+            let first = chunks.message().await?;
+            Ok::<_, tonic::Status>((first, chunks))
+        })
+        .await;
+        let (first, chunks) = match first {
+            Ok(answer) => answer?,
+            Err(_) => {
+                return Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {FIRST_PART:?}"
+                )));
+            }
+        };
+        let Some(first) = first else {
             return Err(tonic::Status::unavailable("the peer sent nothing"));
         };
         let parts = futures::stream::once(async move { Ok(first) })
@@ -325,6 +346,35 @@ impl ListSharing {
                 futures::future::ready((!done).then_some(part))
             });
         Ok(response(parts.boxed()).await)
+    }
+
+    /// The channel to the lister at `address`, connected when first used; one per peer.
+    fn channel(&self, address: &str) -> Result<Channel, tonic::Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        // Only the peers of the current ring: the map holds no more channels than members.
+        let peers = self.slice.borrow().peers.clone();
+        channels.retain(|a, _| peers.values().any(|p| p == a));
+        let channel = self
+            .credentials
+            .endpoint(address)
+            .map_err(|e| tonic::Status::invalid_argument(format!("bad peer address: {e}")))?
+            .connect_timeout(CONNECT)
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        channels.insert(address.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    fn forget_channel(&self, address: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(address);
     }
 }
 
@@ -368,7 +418,14 @@ async fn response(mut parts: BoxStream<'static, Part>) -> kube::Result<Body> {
         match parts.next().await {
             Some(Part::Data(data)) => Some((Ok(data), Some(parts))),
             Some(Part::End) => None,
-            Some(Part::Broke(message)) => Some((Err(io::Error::other(message.to_string())), None)),
+            // Broken at the lister too: the reader lists again alone, and finds out for itself
+            // whether the API server cuts its lists short.
+            Some(Part::Broke(message)) => Some((
+                Err(io::Error::other(RelayBroke(format!(
+                    "the API server's response broke off: {message}"
+                )))),
+                None,
+            )),
             Some(Part::Refused(_) | Part::Failed(_)) | None => Some((
                 Err(io::Error::other(RelayBroke(
                     "the list ended before its end".into(),
@@ -428,6 +485,9 @@ pub fn list_path(path: &str) -> Result<(), tonic::Status> {
     let Ok(parsed) = path.parse::<http::uri::PathAndQuery>() else {
         return invalid("not a path and query");
     };
+    if parsed.path().contains('%') {
+        return invalid("an escaped character in the path");
+    }
     let segments: Vec<&str> = parsed.path().split('/').skip(1).collect();
     if segments
         .iter()
@@ -442,9 +502,9 @@ pub fn list_path(path: &str) -> Result<(), tonic::Status> {
         Some(&"apis") => 3,
         _ => return invalid("not under /api/ or /apis/"),
     };
-    let collection = match segments.len() - prefix {
-        1 => true,
-        3 => segments[prefix] == "namespaces",
+    let collection = match segments.len().checked_sub(prefix) {
+        Some(1) => true,
+        Some(3) => segments[prefix] == "namespaces",
         _ => false,
     };
     if !collection {

@@ -272,13 +272,14 @@ impl WatchTask {
         self.children.own_list_running(true);
     }
 
-    /// The stream of a new pass, listing first the way the watch lists now.
-    fn events(&self) -> BoxStream<'static, watcher::Result<Event<WatchedObject>>> {
+    /// The stream of a new pass, listing first the way the watch lists now; only the first
+    /// pass shares its list ([`super::sharing`]: a later pass's list must not be older than
+    /// what the watch has shown).
+    fn events(&mut self) -> BoxStream<'static, watcher::Result<Event<WatchedObject>>> {
         let (api, config) = (self.api.clone(), self.config.clone());
+        let sharing = self.sharing.take();
         match self.list_mode {
-            ListMode::Whole => {
-                whole_list::watcher(api, self.list_params.clone(), self.sharing.clone()).boxed()
-            }
+            ListMode::Whole => whole_list::watcher(api, self.list_params.clone(), sharing).boxed(),
             ListMode::Paged => watcher::watcher(api, config).boxed(),
             ListMode::Stream => watcher::watcher(api, config.streaming_lists()).boxed(),
         }

@@ -72,13 +72,13 @@ struct Source {
 }
 
 impl Source {
-    /// A whole list of what the watch selects. Only the watch's first is shared: a list made
-    /// for others may be a moment older than what this watch has shown since (a re-list after
-    /// a 410 Gone, or a list tried again after it failed part-way), and the objects the watch
-    /// had shown that it lacks would be taken for deleted. Later lists are consistent reads of
-    /// the API server, made alone.
-    async fn start(&mut self) -> kube::Result<WholeList> {
-        WholeList::start(&self.api, &self.list, self.sharing.take()).await
+    /// A whole list of what the watch selects. It is shared only until the watch has shown an
+    /// object: a list made for others may be a moment older than what the watch has shown
+    /// since (a re-list after a 410 Gone, a list tried again after it failed part-way), and the
+    /// objects the watch had shown that it lacks would be taken for deleted. Later lists are
+    /// consistent reads of the API server, made alone.
+    async fn start(&self) -> kube::Result<WholeList> {
+        WholeList::start(&self.api, &self.list, self.sharing.clone()).await
     }
 }
 
@@ -125,25 +125,7 @@ async fn step(source: &mut Source, state: State) -> (Option<Result<Event<Watched
             Ok(reader) => (Some(Ok(Event::Init)), State::Listing(Box::new(reader))),
             Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
         },
-        State::Listing(mut reader) => match reader.next().await {
-            Ok(Some(text)) => match WatchedObject::from_json(text) {
-                Ok(object) => (Some(Ok(Event::InitApply(object))), State::Listing(reader)),
-                Err(e) => (
-                    Some(Err(Error::InitialListFailed(kube::Error::SerdeError(e)))),
-                    State::Empty,
-                ),
-            },
-            Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
-                Some(rv) => (
-                    Some(Ok(Event::InitDone)),
-                    State::Listed {
-                        resource_version: rv.to_owned(),
-                    },
-                ),
-                None => (Some(Err(Error::NoResourceVersion)), State::Empty),
-            },
-            Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
-        },
+        State::Listing(reader) => listing(source, reader).await,
         State::Listed { resource_version } => {
             match source.api.watch(&source.watch, &resource_version).await {
                 Ok(events) => (
@@ -216,6 +198,39 @@ async fn step(source: &mut Source, state: State) -> (Option<Result<Event<Watched
                 }
             }
         }
+    }
+}
+
+/// The next step of a list being read: an object, or its end.
+async fn listing(
+    source: &mut Source,
+    mut reader: Box<WholeList>,
+) -> (Option<Result<Event<WatchedObject>>>, State) {
+    match reader.next().await {
+        Ok(Some(text)) => match WatchedObject::from_json(text) {
+            Ok(object) => {
+                // Shown: no later list is shared (`Source::start`).
+                source.sharing = None;
+                (Some(Ok(Event::InitApply(object))), State::Listing(reader))
+            }
+            Err(e) => (
+                Some(Err(Error::InitialListFailed(kube::Error::SerdeError(e)))),
+                State::Empty,
+            ),
+        },
+        Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
+            Some(rv) => {
+                // Listed, even if empty: the stream shows objects next.
+                source.sharing = None;
+                let resource_version = rv.to_owned();
+                (
+                    Some(Ok(Event::InitDone)),
+                    State::Listed { resource_version },
+                )
+            }
+            None => (Some(Err(Error::NoResourceVersion)), State::Empty),
+        },
+        Err(e) => (Some(Err(Error::InitialListFailed(e))), State::Empty),
     }
 }
 

@@ -1,7 +1,10 @@
 //! A LIST made once and read by several: its readers, and the start of its response kept for
 //! those who join late ([`super`] says when one may).
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use futures::{AsyncBufRead, AsyncBufReadExt, StreamExt, stream::BoxStream};
@@ -13,7 +16,7 @@ use tokio::{
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
-use super::{CHUNK_BYTES, MAX_READERS, Part, READER_PARTS, READER_WAIT, REPLAY_BYTES, REUSE};
+use super::{CHUNK_BYTES, MAX_READERS, Part, READER_ALLOWANCE, READER_PARTS, REPLAY_BYTES, REUSE};
 
 /// A LIST shared while it is made: its readers, and the start of its response for those who
 /// join late.
@@ -27,9 +30,20 @@ struct SharedState {
     replay: Option<Vec<Bytes>>,
     replay_bytes: usize,
     /// Where the next parts go.
-    readers: Vec<mpsc::Sender<Part>>,
+    readers: Vec<Reader>,
+    /// The id of the next reader.
+    next_reader: u64,
     /// When it ended, and its last part.
     ended: Option<(Instant, Part)>,
+}
+
+/// A reader of a LIST being made: where its parts go, and how long it has kept the LIST
+/// waiting so far (its queue full).
+#[derive(Clone)]
+struct Reader {
+    id: u64,
+    parts: mpsc::Sender<Part>,
+    waited: Duration,
 }
 
 /// What a reader of a shared LIST gets: the parts it missed, then the rest.
@@ -56,6 +70,7 @@ impl Shared {
                 replay: Some(Vec::new()),
                 replay_bytes: 0,
                 readers: Vec::new(),
+                next_reader: 0,
                 ended: None,
             }),
         }
@@ -88,7 +103,13 @@ impl Shared {
             return None;
         }
         let (tx, rx) = mpsc::channel(READER_PARTS);
-        state.readers.push(tx);
+        let id = state.next_reader;
+        state.next_reader += 1;
+        state.readers.push(Reader {
+            id,
+            parts: tx,
+            waited: Duration::ZERO,
+        });
         Some(Joined {
             replay,
             rest: Some(rx),
@@ -97,7 +118,7 @@ impl Shared {
     }
 
     /// Records `data` as sent, and returns the readers to send it to.
-    fn sent(&self, data: &Bytes) -> Vec<mpsc::Sender<Part>> {
+    fn sent(&self, data: &Bytes) -> Vec<Reader> {
         let mut state = self.state();
         state.replay_bytes += data.len();
         let kept = state.replay_bytes <= REPLAY_BYTES;
@@ -105,15 +126,16 @@ impl Shared {
             Some(replay) if kept => replay.push(data.clone()),
             _ => state.replay = None,
         }
-        state.readers.retain(|r| !r.is_closed());
+        state.readers.retain(|r| !r.parts.is_closed());
         state.readers.clone()
     }
 
     /// Records the LIST's end with `last`, and returns the readers to send it to. Only a
-    /// whole response or a refusal is kept to be joined.
-    fn end(&self, last: Part) -> Vec<mpsc::Sender<Part>> {
+    /// whole response is kept to be joined: a refusal (a 429 of the API server's priority and
+    /// fairness, a 503) or a failure is each reader's own, and the next asks again.
+    fn end(&self, last: Part) -> Vec<Reader> {
         let mut state = self.state();
-        if !matches!(last, Part::End | Part::Refused(_)) {
+        if !matches!(last, Part::End) {
             state.replay = None;
         }
         state.ended = Some((Instant::now(), last));
@@ -126,21 +148,41 @@ impl Shared {
         state.replay.is_none() && state.readers.is_empty()
     }
 
-    fn leave_behind(&self, reader: &mpsc::Sender<Part>) {
-        self.state().readers.retain(|r| !r.same_channel(reader));
+    fn leave_behind(&self, id: u64) {
+        self.state().readers.retain(|r| r.id != id);
     }
 
-    /// Sends `part` to each of `readers`, leaving behind those that take nothing for
-    /// [`READER_WAIT`].
-    async fn send(&self, readers: Vec<mpsc::Sender<Part>>, part: Part) {
+    fn waited(&self, id: u64, took: Duration) {
+        if let Some(reader) = self.state().readers.iter_mut().find(|r| r.id == id) {
+            reader.waited += took;
+        }
+    }
+
+    /// Sends `part` to each of `readers`: at once to those with room, then, all at the same
+    /// time, to those whose queue is full, each for what is left of its
+    /// [`READER_ALLOWANCE`]; a reader that uses it up is left behind (its list fails, and it
+    /// lists alone), so no reader holds the others back more than that in all.
+    async fn send(&self, readers: Vec<Reader>, part: Part) {
+        let mut full = Vec::new();
         for reader in readers {
-            match tokio::time::timeout(READER_WAIT, reader.send(part.clone())).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => self.leave_behind(&reader),
-                Err(_) => {
-                    warn!(waited = ?READER_WAIT, "a reader of a shared list took nothing: leaving it behind (it lists again alone)");
-                    self.leave_behind(&reader);
-                }
+            match reader.parts.try_send(part.clone()) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => self.leave_behind(reader.id),
+                Err(mpsc::error::TrySendError::Full(part)) => full.push((reader, part)),
+            }
+        }
+        let waits = full.into_iter().map(|(reader, part)| async move {
+            let started = Instant::now();
+            let left = READER_ALLOWANCE.saturating_sub(reader.waited);
+            let sent = tokio::time::timeout(left, reader.parts.send(part)).await;
+            (reader.id, started.elapsed(), matches!(sent, Ok(Ok(()))))
+        });
+        for (id, took, sent) in futures::future::join_all(waits).await {
+            if sent {
+                self.waited(id, took);
+            } else {
+                warn!(allowance = ?READER_ALLOWANCE, "a reader of a shared list kept it waiting too long: leaving it behind (it lists alone)");
+                self.leave_behind(id);
             }
         }
     }

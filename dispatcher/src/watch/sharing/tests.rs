@@ -98,23 +98,39 @@ async fn a_small_response_is_joined_for_a_second_after_it_ended() {
     assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 2);
 }
 
-/// The API server's refusal is every reader's error, with its code.
+/// The API server's refusal is the error of every reader that joined, with its code, and of
+/// them only.
 #[tokio::test(start_paused = true)]
 async fn a_refusal_is_each_readers_error() {
     let (sharing, mut api) = alone_on_the_ring();
     let readers: Vec<_> = (0..2).map(|_| reader(&sharing)).collect();
     api.next()
         .await
-        .refuse(403, "Forbidden", "configmaps is forbidden");
+        .refuse(429, "TooManyRequests", "too many requests");
     for r in readers {
         match r.await.expect("the reader ran") {
-            Err(kube::Error::Api(status)) => assert_eq!(status.code, 403),
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 429),
             other => panic!("expected the API server's refusal, got {other:?}"),
         }
     }
+    // Not kept: the next reader asks the API server again.
+    let next = reader(&sharing);
+    api.next().await.list(7, &[("a", 5)]);
+    assert!(body_of(next).await.contains(&object("a", 5)));
 }
 
-/// A reader that takes nothing holds the others back a minute at most; it is then left
+/// A response of many parts, for `api`'s next request, with the name of its last object.
+fn many_parts(asked: crate::watch::scripted_api::Asked) -> String {
+    // More parts than a reader may have waiting.
+    let objects: Vec<String> = (0..READER_PARTS * 8)
+        .map(|i| format!("{}{}", "x".repeat(CHUNK_BYTES), i))
+        .collect();
+    let named: Vec<(&str, u64)> = objects.iter().map(|n| (n.as_str(), 1)).collect();
+    asked.list(7, &named);
+    object(&objects[objects.len() - 1], 1)
+}
+
+/// A reader that takes nothing holds the others back for its allowance only; it is then left
 /// behind, and its list fails as a broken relay (made again alone), not as a list cut short.
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_takes_nothing_is_left_behind() {
@@ -127,19 +143,14 @@ async fn a_reader_that_takes_nothing_is_left_behind() {
         tokio::spawn(async move { sharing.respond(first_page()).await })
     };
     tokio::task::yield_now().await;
-    // More parts than a reader may have waiting.
-    let objects: Vec<String> = (0..READER_PARTS * 4)
-        .map(|i| format!("{}{}", "x".repeat(CHUNK_BYTES), i))
-        .collect();
-    let named: Vec<(&str, u64)> = objects.iter().map(|n| (n.as_str(), 1)).collect();
     let started = Instant::now();
-    asked.list(7, &named);
+    let last = many_parts(asked);
     let mut stalled = stalled.await.expect("joined").expect("a response");
-    let body = body_of(reading).await;
-    assert!(body.contains(&object(&objects[objects.len() - 1], 1)));
+    assert!(body_of(reading).await.contains(&last));
+    let held = started.elapsed();
     assert!(
-        started.elapsed() >= READER_WAIT,
-        "the reader was held until the stalled one was left behind"
+        (READER_ALLOWANCE..READER_ALLOWANCE + Duration::from_secs(1)).contains(&held),
+        "the reader was held {held:?}, until the stalled one was left behind"
     );
     let mut rest = Vec::new();
     let error = stalled
@@ -149,10 +160,52 @@ async fn a_reader_that_takes_nothing_is_left_behind() {
     assert!(relay_broke(&error), "a broken relay: {error}");
 }
 
-/// A response that broke off at the API server reads as cut short (the watch lists another
-/// way, as it would alone); a relay that ended early does not.
+/// A reader that takes a part now and then, just often enough never to stall for long at once,
+/// still uses its allowance up: the others are held back about that long in all, not for every
+/// part it was slow to take.
+#[tokio::test(start_paused = true)]
+async fn a_slow_reader_uses_its_allowance_up() {
+    let (sharing, mut api) = alone_on_the_ring();
+    let reading = reader(&sharing);
+    let asked = api.next().await;
+    let slow = {
+        let sharing = sharing.clone();
+        tokio::spawn(async move {
+            let mut body = sharing.respond(first_page()).await?;
+            let mut part = vec![0; CHUNK_BYTES];
+            loop {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if body
+                    .read(&mut part)
+                    .await
+                    .map_err(kube::Error::ReadEvents)?
+                    == 0
+                {
+                    return Ok(());
+                }
+            }
+        })
+    };
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let last = many_parts(asked);
+    assert!(body_of(reading).await.contains(&last));
+    let held = started.elapsed();
+    assert!(
+        held <= READER_ALLOWANCE + Duration::from_secs(3),
+        "the reader was held {held:?}, for each part the slow one took late"
+    );
+    match slow.await.expect("the slow reader ran") {
+        Err(kube::Error::ReadEvents(e)) => assert!(relay_broke(&e), "{e}"),
+        other => panic!("the slow reader was to be left behind: {other:?}"),
+    }
+}
+
+/// A shared list whose response broke off, at the API server or on the way, fails as a broken
+/// relay: the watch lists again alone (and finds out for itself whether the API server cuts its
+/// lists short) rather than every reader giving up whole lists at once.
 #[tokio::test]
-async fn a_broken_response_and_a_broken_relay_differ() {
+async fn a_broken_shared_list_is_listed_again_alone() {
     let read = |parts: Vec<Part>| async move {
         let mut body = response(futures::stream::iter(parts).boxed())
             .await
@@ -162,7 +215,7 @@ async fn a_broken_response_and_a_broken_relay_differ() {
     };
     let data = || Part::Data(Bytes::from_static(b"{\"items\":["));
     let broke = read(vec![data(), Part::Broke("reset".into())]).await;
-    assert!(broke.is_err_and(|e| !relay_broke(&e)));
+    assert!(broke.is_err_and(|e| relay_broke(&e)));
     let left = read(vec![data()]).await;
     assert!(left.is_err_and(|e| relay_broke(&e)));
     let whole = read(vec![
@@ -224,6 +277,9 @@ fn peers_may_ask_for_lists_of_collections_only() {
         "/api//v1/configmaps",
         "/healthz",
         "/metrics",
+        "/api/v1/namespaces/x/pods%2Fp%2Flog",
+        "/api",
+        "/apis/apps",
     ] {
         assert!(list_path(bad).is_err(), "{bad}");
     }
@@ -234,12 +290,9 @@ fn peers_may_ask_for_lists_of_collections_only() {
     assert!(list_path(&long).is_err());
 }
 
-/// A watch's first list is shared; its re-list after a 410 Gone is a LIST of its own, although
-/// the first list's response could still be joined: it may be older than what the stream showed.
-#[tokio::test(start_paused = true)]
-async fn only_a_watchs_first_list_is_shared() {
-    let (client, mut api) = ApiServer::start();
-    let sharing = sharing_through(client.clone());
+/// The whole-list watch of every ConfigMap through `client`, its lists shared through
+/// `sharing`, polled (errors included) until the returned task is aborted.
+fn watching(client: kube::Client, sharing: &Arc<ListSharing>) -> tokio::task::JoinHandle<()> {
     let resource = kube::api::ApiResource {
         group: String::new(),
         version: "v1".into(),
@@ -251,8 +304,16 @@ async fn only_a_watchs_first_list_is_shared() {
     let mut events =
         crate::watch::whole_list::watcher(objects, ListParams::default(), Some(sharing.clone()))
             .boxed();
-    // The watch is polled as its task polls it, errors included.
-    let polled = tokio::spawn(async move { while events.next().await.is_some() {} });
+    tokio::spawn(async move { while events.next().await.is_some() {} })
+}
+
+/// A watch's first list is shared; its re-list after a 410 Gone is a LIST of its own, although
+/// the first list's response could still be joined: it may be older than what the stream showed.
+#[tokio::test(start_paused = true)]
+async fn only_a_watchs_first_list_is_shared() {
+    let (client, mut api) = ApiServer::start();
+    let sharing = sharing_through(client.clone());
+    let polled = watching(client, &sharing);
     api.next().await.list(7, &[("a", 5)]);
     let watch = api.next().await;
     assert!(watch.watch, "the watch follows its list");
@@ -266,5 +327,25 @@ async fn only_a_watchs_first_list_is_shared() {
     );
     assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 1);
     assert_eq!(sharing.counts.joined.load(Ordering::Relaxed), 0);
+    polled.abort();
+}
+
+/// A first list the API server refused is shared when asked again: the watch has shown
+/// nothing yet, and its peers, refused too, ask at the same time.
+#[tokio::test(start_paused = true)]
+async fn a_refused_first_list_is_shared_when_asked_again() {
+    let (client, mut api) = ApiServer::start();
+    let sharing = sharing_through(client.clone());
+    let polled = watching(client, &sharing);
+    api.next()
+        .await
+        .refuse(429, "TooManyRequests", "too many requests");
+    api.next().await.list(7, &[("a", 5)]);
+    assert!(api.next().await.watch, "listed, the watch follows");
+    assert_eq!(
+        sharing.counts.made.load(Ordering::Relaxed),
+        2,
+        "both shared"
+    );
     polled.abort();
 }
