@@ -1,6 +1,6 @@
 //! One LIST of the API server for the tier: on a ring keyed by name every dispatcher watches
 //! every object of its watches, and each would list them itself, so the API server would encode
-//! each object once per dispatcher. Instead, each LIST a watch makes ([`super::whole_list`]) is
+//! each object once per dispatcher. Instead, each LIST a watch makes (`super::whole_list`) is
 //! placed on the ring by its path and query, like a key: the dispatcher it falls on (its
 //! *lister*) makes it, and streams the response to every dispatcher that asks for the same
 //! path while it is young (`Peer.List`, `proto/kubedispatch/v1/peer.proto`). The tier's
@@ -15,11 +15,11 @@
 //! dispatcher lists alone, as before.
 //!
 //! Bounds: at most [`MAX_LISTS`] LISTs made at once by one dispatcher, each with at most
-//! [`MAX_READERS`] readers, each reader with at most [`READER_PARTS`] parts of at most
+//! [`MAX_READERS`] readers, each reader with at most `READER_PARTS` parts of at most
 //! [`CHUNK_BYTES`] waiting, plus the start kept for late readers (shared by reference):
 //! 16 × (2 MiB + 8 × 4 × 64 KiB) = 64 MiB; and at most 16 ended responses of at most 2 MiB
 //! kept for [`REUSE`]: 96 MiB in all, besides what HTTP/2 buffers per stream. A reader whose
-//! queue is full keeps the LIST waiting at most [`READER_ALLOWANCE`] in all; past it, it is left
+//! queue is full keeps the LIST waiting at most `READER_ALLOWANCE` (10 s) in all; past it, it is left
 //! behind (its list fails, and it lists alone). A relayed stream its peer stops reading once the
 //! LIST has ended holds its last parts until its connection ends (`--max-connection-age`).
 //!
@@ -28,9 +28,11 @@
 //! list (a re-list after a 410 Gone, one tried again after it failed part-way, a new pass) must
 //! not be older than what the watch has shown, or the objects it lacks would be taken for
 //! deleted; those are made alone. A cold start, a restarted dispatcher and a group's first
-//! session are first lists. A list whose relay breaks, at the lister or on the way, fails as a
-//! broken relay ([`RelayBroke`]): the watch lists again alone, and learns for itself whether
-//! the API server cuts its lists short.
+//! session are first lists. A list whose relay breaks (the lister gone, this reader left
+//! behind) fails as a broken relay ([`RelayBroke`]): the watch lists again alone. One the API
+//! server cut short at the lister fails as it would have alone (`whole_list::cut_short`: the
+//! watch lists by streaming from then on, as a million objects need on a small control plane):
+//! no reader holds a list back more than its allowance, so the cut is the API server's.
 //!
 //! Not shared: lists on a ring keyed by namespace (each dispatcher asks for its own namespaces
 //! already), lists in pages or by streaming (`--list-mode`), and lists beside the stream.
@@ -418,14 +420,9 @@ async fn response(mut parts: BoxStream<'static, Part>) -> kube::Result<Body> {
         match parts.next().await {
             Some(Part::Data(data)) => Some((Ok(data), Some(parts))),
             Some(Part::End) => None,
-            // Broken at the lister too: the reader lists again alone, and finds out for itself
-            // whether the API server cuts its lists short.
-            Some(Part::Broke(message)) => Some((
-                Err(io::Error::other(RelayBroke(format!(
-                    "the API server's response broke off: {message}"
-                )))),
-                None,
-            )),
+            // The API server cut the response short, as it would have cut this reader's own
+            // (no reader holds a list back more than its allowance): listed another way.
+            Some(Part::Broke(message)) => Some((Err(io::Error::other(message.to_string())), None)),
             Some(Part::Refused(_) | Part::Failed(_)) | None => Some((
                 Err(io::Error::other(RelayBroke(
                     "the list ended before its end".into(),
