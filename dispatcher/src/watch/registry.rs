@@ -330,6 +330,17 @@ mod tests {
 
     const GRACE: Duration = Duration::from_secs(30);
 
+    /// Watches through `client` that list in pages, alone, until `cancel`.
+    fn paged(client: kube::Client, cancel: &CancellationToken) -> Arc<Watches> {
+        Watches::new(
+            client,
+            alone(),
+            GRACE,
+            Listing::alone(ListMode::Paged),
+            cancel.clone(),
+        )
+    }
+
     fn subscriber(member: &Member) -> Subscriber {
         Subscriber {
             group: member.group.clone(),
@@ -355,13 +366,7 @@ mod tests {
     async fn a_group_that_joins_a_running_watch_is_shown_what_exists_by_a_list_beside_it() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(
-            client,
-            alone(),
-            GRACE,
-            Listing::alone(ListMode::Paged),
-            cancel.clone(),
-        );
+        let watches = paged(client, &cancel);
         let first = Member::join("first", alone(), &cancel);
         let subscribed = subscribe(&watches, &first);
         api.next().await.list(10, &[("a", 5), ("b", 6)]);
@@ -404,13 +409,7 @@ mod tests {
     async fn a_watch_stops_a_grace_after_its_last_group_leaves() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(
-            client,
-            alone(),
-            GRACE,
-            Listing::alone(ListMode::Paged),
-            cancel.clone(),
-        );
+        let watches = paged(client, &cancel);
         let member = Member::join("g", alone(), &cancel);
         let subscribed = subscribe(&watches, &member);
         api.next().await.list(10, &[("a", 5)]);
@@ -447,13 +446,7 @@ mod tests {
     async fn a_refused_watch_fails_the_subscription_and_is_forgotten() {
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(
-            client,
-            alone(),
-            GRACE,
-            Listing::alone(ListMode::Paged),
-            cancel.clone(),
-        );
+        let watches = paged(client, &cancel);
         let member = Member::join("g", alone(), &cancel);
         let subscribed = subscribe(&watches, &member);
         api.next()
@@ -504,13 +497,7 @@ mod tests {
         };
         let cancel = CancellationToken::new();
         let (client, mut api) = ApiServer::start();
-        let watches = Watches::new(
-            client,
-            alone(),
-            GRACE,
-            Listing::alone(ListMode::Paged),
-            cancel.clone(),
-        );
+        let watches = paged(client, &cancel);
         let first = Member::join("first", alone(), &cancel);
         let subscribed = {
             let (watches, sub) = (watches.clone(), owned(&first));

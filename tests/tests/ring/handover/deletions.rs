@@ -188,17 +188,14 @@ async fn a_deletion_while_its_dispatcher_restarts_is_delivered_even_if_the_first
         d.kill();
     }
     api.delete(&of_victim[0], &DeleteParams::default()).await?;
-    // Its new process reaches the API server through a proxy, stalled once it has started.
+    // Its new process reaches the API server through a proxy, stalled once it has started. It
+    // lists alone: a list a peer made for it (`--share-lists`) would come by another path.
     let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    let mut restarted = config(ns.name(), 1, BOUND);
+    restarted.share_lists = false;
     ds.insert(
         1,
-        TestDispatcher::start_with(
-            config(ns.name(), 1, BOUND),
-            "127.0.0.1:0",
-            Some(proxy.addr),
-            None,
-        )
-        .await?,
+        TestDispatcher::start_with(restarted, "127.0.0.1:0", Some(proxy.addr), None).await?,
     );
     // Another group, watching the same ConfigMaps through a selector (a watch of its own),
     // has the new process resolve the resource first: the open below then waits only for its
