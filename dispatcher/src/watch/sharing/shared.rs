@@ -33,8 +33,8 @@ struct SharedState {
     readers: Vec<Reader>,
     /// The id of the next reader.
     next_reader: u64,
-    /// When it ended, and its last part.
-    ended: Option<(Instant, Part)>,
+    /// When it ended whole (a LIST that ended otherwise is not kept: `replay` is `None`).
+    ended: Option<Instant>,
 }
 
 /// A reader of a LIST being made: where its parts go, and how long it has kept the LIST
@@ -46,19 +46,19 @@ struct Reader {
     waited: Duration,
 }
 
-/// What a reader of a shared LIST gets: the parts it missed, then the rest.
+/// What a reader of a shared LIST gets: the parts it missed, then the rest (none when it
+/// joined a LIST that had ended whole).
 pub(super) struct Joined {
     replay: Vec<Bytes>,
     rest: Option<mpsc::Receiver<Part>>,
-    last: Option<Part>,
 }
 
 impl Joined {
     pub(super) fn parts(self) -> BoxStream<'static, Part> {
         let replay = futures::stream::iter(self.replay.into_iter().map(Part::Data));
-        match (self.rest, self.last) {
-            (Some(rest), _) => replay.chain(ReceiverStream::new(rest)).boxed(),
-            (None, last) => replay.chain(futures::stream::iter(last)).boxed(),
+        match self.rest {
+            Some(rest) => replay.chain(ReceiverStream::new(rest)).boxed(),
+            None => replay.chain(futures::stream::iter([Part::End])).boxed(),
         }
     }
 }
@@ -82,22 +82,14 @@ impl Shared {
 
     pub(super) fn joinable(&self, now: Instant) -> bool {
         let state = self.state();
-        state.replay.is_some()
-            && state
-                .ended
-                .as_ref()
-                .is_none_or(|(at, _)| now <= *at + REUSE)
+        state.replay.is_some() && state.ended.is_none_or(|at| now <= at + REUSE)
     }
 
     pub(super) fn join(&self, now: Instant) -> Option<Joined> {
         let mut state = self.state();
         let replay = state.replay.clone()?;
-        if let Some((at, last)) = &state.ended {
-            return (now <= *at + REUSE).then(|| Joined {
-                replay,
-                rest: None,
-                last: Some(last.clone()),
-            });
+        if let Some(at) = state.ended {
+            return (now <= at + REUSE).then_some(Joined { replay, rest: None });
         }
         if state.readers.len() >= MAX_READERS {
             return None;
@@ -113,7 +105,6 @@ impl Shared {
         Some(Joined {
             replay,
             rest: Some(rx),
-            last: None,
         })
     }
 
@@ -133,12 +124,12 @@ impl Shared {
     /// Records the LIST's end with `last`, and returns the readers to send it to. Only a
     /// whole response is kept to be joined: a refusal (a 429 of the API server's priority and
     /// fairness, a 503) or a failure is each reader's own, and the next asks again.
-    fn end(&self, last: Part) -> Vec<Reader> {
+    fn end(&self, last: &Part) -> Vec<Reader> {
         let mut state = self.state();
         if !matches!(last, Part::End) {
             state.replay = None;
         }
-        state.ended = Some((Instant::now(), last));
+        state.ended = Some(Instant::now());
         std::mem::take(&mut state.readers)
     }
 
@@ -223,6 +214,6 @@ pub(super) async fn make(
 
 /// Ends `shared` with `last`, and sends it to its readers.
 async fn finish(shared: &Shared, last: Part) {
-    let readers = shared.end(last.clone());
+    let readers = shared.end(&last);
     shared.send(readers, last).await;
 }

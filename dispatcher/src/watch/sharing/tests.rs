@@ -130,6 +130,25 @@ fn many_parts(asked: crate::watch::scripted_api::Asked) -> String {
     object(&objects[objects.len() - 1], 1)
 }
 
+/// A second reader of the first page through `sharing`, whose body `read` reads as it will;
+/// returned once it has joined the LIST the first reader made.
+async fn joined<T, F>(
+    sharing: &Arc<ListSharing>,
+    read: impl FnOnce(Body) -> F + Send + 'static,
+) -> tokio::task::JoinHandle<kube::Result<T>>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = kube::Result<T>> + Send,
+{
+    let task = {
+        let sharing = sharing.clone();
+        tokio::spawn(async move { read(sharing.respond(first_page()).await?).await })
+    };
+    let joins = || sharing.counts.joined.load(Ordering::Relaxed);
+    crate::watch::scripted_api::until("the second reader joined", || joins() == 1).await;
+    task
+}
+
 /// A reader that takes nothing holds the others back for its allowance only; it is then left
 /// behind, and its list fails as a broken relay (made again alone), not as a list cut short.
 #[tokio::test(start_paused = true)]
@@ -137,12 +156,8 @@ async fn a_reader_that_takes_nothing_is_left_behind() {
     let (sharing, mut api) = alone_on_the_ring();
     let reading = reader(&sharing);
     let asked = api.next().await;
-    // Joins, takes the first part, then reads nothing.
-    let stalled = {
-        let sharing = sharing.clone();
-        tokio::spawn(async move { sharing.respond(first_page()).await })
-    };
-    tokio::task::yield_now().await;
+    // Takes the first part, then reads nothing.
+    let stalled = joined(&sharing, |body| async { Ok(body) }).await;
     let started = Instant::now();
     let last = many_parts(asked);
     let mut stalled = stalled.await.expect("joined").expect("a response");
@@ -168,25 +183,21 @@ async fn a_slow_reader_uses_its_allowance_up() {
     let (sharing, mut api) = alone_on_the_ring();
     let reading = reader(&sharing);
     let asked = api.next().await;
-    let slow = {
-        let sharing = sharing.clone();
-        tokio::spawn(async move {
-            let mut body = sharing.respond(first_page()).await?;
-            let mut part = vec![0; CHUNK_BYTES];
-            loop {
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                if body
-                    .read(&mut part)
-                    .await
-                    .map_err(kube::Error::ReadEvents)?
-                    == 0
-                {
-                    return Ok(());
-                }
+    let slow = joined(&sharing, |mut body| async move {
+        let mut part = vec![0; CHUNK_BYTES];
+        loop {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            if body
+                .read(&mut part)
+                .await
+                .map_err(kube::Error::ReadEvents)?
+                == 0
+            {
+                return Ok(());
             }
-        })
-    };
-    tokio::task::yield_now().await;
+        }
+    })
+    .await;
     let started = Instant::now();
     let last = many_parts(asked);
     assert!(body_of(reading).await.contains(&last));
