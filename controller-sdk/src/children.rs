@@ -161,9 +161,11 @@ impl Children {
 /// guarantee for the objects of one resource (KEP-5504); a child whose version is not such an
 /// integer is not recorded, and is read by the next reconcile.
 ///
-/// Each child takes 6 bytes of the memo (a fingerprint of its group, kind and name) and its
-/// version as a LEB128 varint, protobuf's (5 bytes below 34 billion): about 45 fit; past the
-/// memo's bound [`Checked::leave`] fails and the next reconcile reads them all.
+/// Each child takes 6 bytes of the memo (a fingerprint of its group, kind, namespace and name)
+/// and its version as a LEB128 varint, protobuf's (5 bytes below 34 billion): about 45 fit;
+/// past the memo's bound [`Checked::leave`] fails and the next reconcile reads them all. A memo
+/// an older SDK left (format 2, whose fingerprint lacked the namespace) is not read: its
+/// children are read once more.
 ///
 /// ```no_run
 /// # async fn reconcile(owner_generation: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -194,8 +196,10 @@ pub struct Checked {
 const NAME_PRINT: usize = 6;
 
 impl Checked {
-    /// The memo's format: its first byte.
-    const FORMAT: u8 = 2;
+    /// The memo's format: its first byte. Format 2 fingerprinted a child without its
+    /// namespace, so same-named children of a cluster-scoped owner in two namespaces shared one
+    /// record.
+    const FORMAT: u8 = 3;
 
     /// What the last reconcile recorded for `desired`, or nothing if it recorded for another
     /// desired state (or left no memo here, or one in another format).
@@ -229,7 +233,7 @@ impl Checked {
         let Some(version) = resource_version(&child.resource_version) else {
             return false;
         };
-        let print = name_print(&child.group, &child.kind, &child.name);
+        let print = name_print(&child.group, &child.kind, &child.namespace, &child.name);
         self.children
             .iter()
             .any(|(p, recorded)| *p == print && version <= *recorded)
@@ -246,6 +250,7 @@ impl Checked {
         let print = name_print(
             &K::group(&()),
             &K::kind(&()),
+            meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default(),
         );
         match self.children.iter_mut().find(|(p, _)| *p == print) {
@@ -298,9 +303,14 @@ fn fingerprint(parts: &[&[u8]]) -> [u8; 8] {
 }
 
 /// A child's fingerprint in the memo: the first [`NAME_PRINT`] bytes of the fingerprint of its
-/// group, kind and name.
-fn name_print(group: &str, kind: &str, name: &str) -> [u8; NAME_PRINT] {
-    let print = fingerprint(&[group.as_bytes(), kind.as_bytes(), name.as_bytes()]);
+/// group, kind, namespace (empty for a cluster-scoped child) and name.
+fn name_print(group: &str, kind: &str, namespace: &str, name: &str) -> [u8; NAME_PRINT] {
+    let print = fingerprint(&[
+        group.as_bytes(),
+        kind.as_bytes(),
+        namespace.as_bytes(),
+        name.as_bytes(),
+    ]);
     let mut out = [0; NAME_PRINT];
     out.copy_from_slice(&print[..NAME_PRINT]);
     out
@@ -390,7 +400,8 @@ mod tests {
     #[tokio::test]
     async fn the_shared_vectors_hold() {
         use k8s_openapi::{
-            api::apps::v1::Deployment, apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            api::{apps::v1::Deployment, rbac::v1::ClusterRole},
+            apimachinery::pkg::apis::meta::v1::ObjectMeta,
         };
         let vectors: serde_json::Value =
             serde_json::from_str(include_str!("../../proto/testdata/checked_vectors.json"))
@@ -404,6 +415,10 @@ mod tests {
                 let mut checked = Checked::for_desired(case["desired"].as_str().expect("desired"));
                 for child in case["children"].as_array().expect("children") {
                     let metadata = ObjectMeta {
+                        namespace: child["namespace"]
+                            .as_str()
+                            .filter(|ns| !ns.is_empty())
+                            .map(str::to_owned),
                         name: child["name"].as_str().map(str::to_owned),
                         resource_version: child["resource_version"].as_str().map(str::to_owned),
                         ..ObjectMeta::default()
@@ -421,14 +436,46 @@ mod tests {
                             metadata,
                             ..Deployment::default()
                         }),
+                        (Some("rbac.authorization.k8s.io"), Some("ClusterRole")) => {
+                            checked.record(&ClusterRole {
+                                metadata,
+                                ..ClusterRole::default()
+                            });
+                        }
                         other => panic!("{name}: no typed object for {other:?}"),
                     }
                 }
                 checked.leave().expect("the children fit");
             })
             .await;
-            let memo: String = slot.take().iter().map(|b| format!("{b:02x}")).collect();
-            assert_eq!(memo, case["memo_hex"].as_str().expect("memo_hex"), "{name}");
+            let memo = slot.take();
+            let hex: String = memo.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex, case["memo_hex"].as_str().expect("memo_hex"), "{name}");
+            // Read back: each child holds at the version recorded (unless it cannot be
+            // compared), in its own namespace only.
+            let next = crate::memo::Slot::new(memo);
+            next.scope(async {
+                let checked = Checked::for_desired(case["desired"].as_str().expect("desired"));
+                for child in case["children"].as_array().expect("children") {
+                    let text = |field: &str| child[field].as_str().unwrap_or_default().to_owned();
+                    let shown = Child {
+                        group: text("group"),
+                        kind: text("kind"),
+                        namespace: text("namespace"),
+                        name: text("name"),
+                        resource_version: text("resource_version"),
+                        ..Child::default()
+                    };
+                    let comparable = resource_version(&shown.resource_version).is_some();
+                    assert_eq!(checked.holds(&shown), comparable, "{name}: {shown:?}");
+                    let elsewhere = Child {
+                        namespace: format!("{}-other", shown.namespace),
+                        ..shown.clone()
+                    };
+                    assert!(!checked.holds(&elsewhere), "{name}: {elsewhere:?}");
+                }
+            })
+            .await;
         }
     }
 
@@ -437,6 +484,7 @@ mod tests {
         let c = Children::from_request(&request(ChildrenState::Complete)).expect("children");
         let child = c.of::<ConfigMap>().next().expect("a ConfigMap").clone();
         let mut written = ConfigMap::default();
+        written.metadata.namespace = Some(child.namespace.clone());
         written.metadata.name = Some(child.name.clone());
         written.metadata.resource_version = Some(child.resource_version.clone());
         let slot = crate::memo::Slot::new(Vec::new());

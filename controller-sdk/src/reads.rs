@@ -52,7 +52,9 @@ const MAX_CHILD_READS: usize = 64;
 const CHILD_READS_AT_ONCE: usize = 8;
 
 /// The objects of kind `K` that `owner` controls (their controller owner reference names its
-/// uid), whole, from `api`'s namespace.
+/// uid), whole, from `api`'s namespace: a cluster-scoped owner's children may be in several,
+/// and an `Api::all` takes those of every namespace when the request carries all their bodies
+/// (else it fails as its LIST would, below: ask per namespace).
 ///
 /// When the request lists the owner's children completely (the controller `owns` kind `K`)
 /// and some of kind `K`, each is taken from the request when it carries the child's body
@@ -80,27 +82,36 @@ where
     };
     // Listed completely, and some of the kind: read by name. None of the kind listed (the kind
     // may not be an owned one), or more than a LIST costs: one LIST.
+    let in_scope = |c: &&children::Child| api.namespace().is_none_or(|ns| c.namespace == ns);
     let named: Vec<_> = known
         .as_deref()
         .filter(|c| c.is_complete())
-        .map(|c| c.of::<K>().cloned().collect())
+        .map(|c| c.of::<K>().filter(in_scope).cloned().collect())
         .unwrap_or_default();
+    // Read by name: in `api`'s namespace, or for a cluster-scoped kind. An `Api::all` of a
+    // namespaced kind cannot read by name; with a child to read, it goes to the LIST, which
+    // refuses it.
+    let by_name = api.namespace().is_some()
+        || TypeId::of::<K::Scope>() != TypeId::of::<NamespaceResourceScope>();
     if !named.is_empty() && named.len() <= MAX_CHILD_READS {
-        let read: Vec<Option<K>> = futures::stream::iter(named)
-            .map(|child| async move {
-                match child.object::<K>() {
-                    Some(object) => Ok(Some(object)),
-                    None => read_at(api, &child.name, &child.resource_version).await,
-                }
-            })
-            .buffered(CHILD_READS_AT_ONCE)
-            .try_collect()
-            .await?;
-        return Ok(read
-            .into_iter()
-            .flatten()
-            .filter(controlled_by_owner)
-            .collect());
+        let carried: Vec<Option<K>> = named.iter().map(children::Child::object::<K>).collect();
+        if by_name || carried.iter().all(Option::is_some) {
+            let read: Vec<Option<K>> = futures::stream::iter(named.into_iter().zip(carried))
+                .map(|(child, carried)| async move {
+                    match carried {
+                        Some(object) => Ok(Some(object)),
+                        None => read_at(api, &child.name, &child.resource_version).await,
+                    }
+                })
+                .buffered(CHILD_READS_AT_ONCE)
+                .try_collect()
+                .await?;
+            return Ok(read
+                .into_iter()
+                .flatten()
+                .filter(controlled_by_owner)
+                .collect());
+        }
     }
     let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
     let listed = list_not_older(api, &floor).await?;
@@ -204,12 +215,97 @@ fn newest<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
     #[test]
     fn the_floor_is_the_newest_version_known() {
         assert_eq!(newest([Some("7"), None, Some("x")], None), "7");
         assert_eq!(newest([], None), "0");
+    }
+
+    /// A client whose API server answers every GET by `answer(path)` and records the paths.
+    fn answering(answer: fn(&str) -> String) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let path = request.uri().path().to_owned();
+            let body = answer(&path);
+            seen.lock().unwrap().push(path);
+            let response = http::Response::new(kube::client::Body::from(body.into_bytes()));
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        (kube::Client::new(service, "default"), asked)
+    }
+
+    /// A ConfigMap `settings` in `namespace`, controlled by the owner of uid `owner`.
+    fn settings(namespace: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"settings","namespace":"{namespace}","resourceVersion":"40","ownerReferences":[{{"apiVersion":"example.dev/v1","kind":"Tenant","name":"t","uid":"owner","controller":true}}]}}}}"#
+        )
+    }
+
+    /// The children of a cluster-scoped owner: a ConfigMap `settings` in each of two
+    /// namespaces, complete, with their bodies if `bodies`.
+    fn two_namespaces(bodies: bool) -> Option<Children> {
+        let child = |namespace: &str| kube_dispatch_proto::v1::OwnedObject {
+            object: Some(kube_dispatch_proto::v1::ObjectKey {
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: namespace.into(),
+                name: "settings".into(),
+                ..Default::default()
+            }),
+            uid: format!("uid-{namespace}"),
+            resource_version: "40".into(),
+            object_json: if bodies {
+                settings(namespace).into_bytes()
+            } else {
+                Vec::new()
+            },
+        };
+        Children::from_request(&kube_dispatch_proto::v1::ReconcileRequest {
+            children: vec![child("team-a"), child("team-b")],
+            children_state: kube_dispatch_proto::v1::ChildrenState::Complete as i32,
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_cluster_scoped_owners_children_are_read_in_their_own_namespaces() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let mut owner = ConfigMap::default();
+        owner.metadata.uid = Some("owner".into());
+        let namespaces = |maps: Vec<ConfigMap>| -> Vec<String> {
+            maps.into_iter()
+                .filter_map(|m| m.metadata.namespace)
+                .collect()
+        };
+
+        // Namespaced: only that namespace's child, read there by name.
+        let (client, asked) = answering(|path| {
+            assert_eq!(path, "/api/v1/namespaces/team-a/configmaps/settings");
+            settings("team-a")
+        });
+        let api = Api::<ConfigMap>::namespaced(client, "team-a");
+        let read = children::scope(two_namespaces(false), children(&api, &owner)).await;
+        assert_eq!(namespaces(read.expect("read")), ["team-a"]);
+        assert_eq!(asked.lock().unwrap().len(), 1);
+
+        // Across namespaces, with every body carried: both, and no request.
+        let (client, asked) = answering(|path| panic!("no request expected: {path}"));
+        let api = Api::<ConfigMap>::all(client);
+        let read = children::scope(two_namespaces(true), children(&api, &owner)).await;
+        assert_eq!(namespaces(read.expect("taken")), ["team-a", "team-b"]);
+        assert!(asked.lock().unwrap().is_empty());
+
+        // Across namespaces, with a child to read: refused, as its LIST would be, unread.
+        let (client, asked) = answering(|path| panic!("no request expected: {path}"));
+        let api = Api::<ConfigMap>::all(client);
+        let refused = children::scope(two_namespaces(false), children(&api, &owner)).await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert!(asked.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -31,10 +31,11 @@ import (
 // guarantee for the objects of one resource (KEP-5504); a child whose version is not such an
 // integer is not recorded, and is read by the next reconcile.
 //
-// Each child takes 6 bytes of the memo (a fingerprint of its group, kind and name) and its
-// version as a LEB128 varint (5 bytes below 34 billion): about 45 fit; past the memo's bound
-// Leave fails and the next reconcile reads them all. The memo's format is the Rust SDK's
-// (children::Checked), byte for byte.
+// Each child takes 6 bytes of the memo (a fingerprint of its group, kind, namespace and name)
+// and its version as a LEB128 varint (5 bytes below 34 billion): about 45 fit; past the memo's
+// bound Leave fails and the next reconcile reads them all. The memo's format is the Rust SDK's
+// (children::Checked), byte for byte. A memo an older SDK left (format 2, whose fingerprint
+// lacked the namespace) is not read: its children are read once more.
 //
 //	checked := dispatch.CheckedChildren(ctx, strconv.FormatInt(owner.Generation, 10))
 //	if children, complete := dispatch.Children(ctx); complete {
@@ -58,8 +59,10 @@ type checkedChild struct {
 }
 
 const (
-	// checkedFormat is the memo's first byte.
-	checkedFormat = 2
+	// checkedFormat is the memo's first byte. Format 2 fingerprinted a child without its
+	// namespace, so same-named children of a cluster-scoped owner in two namespaces shared one
+	// record.
+	checkedFormat = 3
 	// namePrint is the bytes of a child's fingerprint in the memo.
 	namePrint = 6
 )
@@ -97,7 +100,7 @@ func (c *Checked) Holds(child Child) bool {
 	if !ok {
 		return false
 	}
-	print := childPrint(child.Group, child.Kind, child.Name)
+	print := childPrint(child.Group, child.Kind, child.Namespace, child.Name)
 	for _, recorded := range c.children {
 		if recorded.print == print && version <= recorded.version {
 			return true
@@ -118,7 +121,7 @@ func (c *Checked) Record(scheme *runtime.Scheme, object client.Object) error {
 	if !ok {
 		return nil
 	}
-	print := childPrint(gvk.Group, gvk.Kind, object.GetName())
+	print := childPrint(gvk.Group, gvk.Kind, object.GetNamespace(), object.GetName())
 	for i := range c.children {
 		if c.children[i].print == print {
 			c.children[i].version = max(c.children[i].version, version)
@@ -170,8 +173,8 @@ func fingerprint(parts ...[]byte) [8]byte {
 }
 
 // childPrint is a child's fingerprint in the memo: the first namePrint bytes of the
-// fingerprint of its group, kind and name.
-func childPrint(group, kind, name string) [namePrint]byte {
-	print := fingerprint([]byte(group), []byte(kind), []byte(name))
+// fingerprint of its group, kind, namespace (empty for a cluster-scoped child) and name.
+func childPrint(group, kind, namespace, name string) [namePrint]byte {
+	print := fingerprint([]byte(group), []byte(kind), []byte(namespace), []byte(name))
 	return [namePrint]byte(print[:namePrint])
 }

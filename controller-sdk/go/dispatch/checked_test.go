@@ -28,6 +28,7 @@ func TestCheckedChildrenSharedVectors(t *testing.T) {
 			Children []struct {
 				Group           string `json:"group"`
 				Kind            string `json:"kind"`
+				Namespace       string `json:"namespace"`
 				Name            string `json:"name"`
 				ResourceVersion string `json:"resource_version"`
 			} `json:"children"`
@@ -47,6 +48,7 @@ func TestCheckedChildrenSharedVectors(t *testing.T) {
 			for _, child := range c.Children {
 				object := &unstructured.Unstructured{}
 				object.SetGroupVersionKind(schema.GroupVersionKind{Group: child.Group, Version: "v1", Kind: child.Kind})
+				object.SetNamespace(child.Namespace)
 				object.SetName(child.Name)
 				object.SetResourceVersion(child.ResourceVersion)
 				if err := checked.Record(runtime.NewScheme(), object); err != nil {
@@ -66,9 +68,15 @@ func TestCheckedChildrenSharedVectors(t *testing.T) {
 			next := deliveredContext(&pb.ReconcileRequest{Object: &pb.ObjectKey{Version: "v1", Kind: "Owner", Namespace: "ns", Name: "o"}, Memo: memo})
 			again, other := CheckedChildren(next, c.Desired), CheckedChildren(next, c.Desired+"'")
 			for _, child := range c.Children {
-				shown := Child{Group: child.Group, Version: "v1", Kind: child.Kind, Name: child.Name, ResourceVersion: child.ResourceVersion}
+				shown := Child{Group: child.Group, Version: "v1", Kind: child.Kind, Namespace: child.Namespace, Name: child.Name, ResourceVersion: child.ResourceVersion}
 				if _, comparable := comparableVersion(child.ResourceVersion); again.Holds(shown) != comparable {
 					t.Fatalf("%v held: %v, recorded: %v", shown, again.Holds(shown), comparable)
+				}
+				// Only in its own namespace: a same-named child elsewhere was never recorded.
+				elsewhere := shown
+				elsewhere.Namespace += "-other"
+				if again.Holds(elsewhere) {
+					t.Fatalf("%v held in a namespace never recorded", elsewhere)
 				}
 				if other.Holds(shown) {
 					t.Fatalf("%v held for another desired state", shown)
