@@ -49,25 +49,52 @@ struct RoutingMeta {
     owner_references: Option<Vec<OwnerReference>>,
 }
 
-/// The top level of an object: whether it names its type, and where its metadata is.
+/// The top level of an object: whether it names its type, and where its metadata is. Read in
+/// the same pass that finds where the object ends (`super::list_reader`), so a list's object
+/// is scanned once.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Head<'a> {
+pub(super) struct Head<'a> {
     api_version: Option<IgnoredAny>,
     kind: Option<IgnoredAny>,
     #[serde(borrow)]
     metadata: Option<&'a RawValue>,
 }
 
+impl Head<'_> {
+    /// Where the metadata is in `text`, the object this head was read from (empty when it has
+    /// none), and whether the object names its `apiVersion` and `kind`.
+    pub(super) fn layout(&self, text: &str) -> (Range<usize>, bool, bool) {
+        let metadata = self.metadata.map_or(0..0, |raw| {
+            let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
+            start..start + raw.get().len()
+        });
+        (
+            metadata,
+            self.api_version.is_some(),
+            self.kind.is_some(),
+        )
+    }
+}
+
 impl WatchedObject {
     /// Decodes the routing fields of the object `json`.
     pub fn from_json(json: Arc<str>) -> serde_json::Result<Self> {
         let head: Head<'_> = serde_json::from_str(&json)?;
-        let (meta, metadata) = match head.metadata {
-            Some(raw) => {
-                let m: RoutingMeta = serde_json::from_str(raw.get())?;
-                let start = raw.get().as_ptr() as usize - json.as_ptr() as usize;
-                let meta = ObjectMeta {
+        let layout = head.layout(&json);
+        Self::from_layout(json, layout)
+    }
+
+    /// Decodes the routing fields of the object `json`, whose [`Head::layout`] is known: only
+    /// its metadata is read.
+    pub(super) fn from_layout(
+        json: Arc<str>,
+        (metadata, has_api_version, has_kind): (Range<usize>, bool, bool),
+    ) -> serde_json::Result<Self> {
+        let meta = match json.get(metadata.clone()).filter(|m| !m.is_empty()) {
+            Some(text) => {
+                let m: RoutingMeta = serde_json::from_str(text)?;
+                ObjectMeta {
                     name: m.name,
                     generate_name: m.generate_name,
                     namespace: m.namespace,
@@ -75,12 +102,10 @@ impl WatchedObject {
                     uid: m.uid,
                     owner_references: m.owner_references,
                     ..ObjectMeta::default()
-                };
-                (meta, start..start + raw.get().len())
+                }
             }
-            None => (ObjectMeta::default(), 0..0),
+            None => ObjectMeta::default(),
         };
-        let (has_api_version, has_kind) = (head.api_version.is_some(), head.kind.is_some());
         Ok(Self {
             meta,
             json,

@@ -168,9 +168,7 @@ fn listed_whole(
             loop {
                 let result = match reader.as_mut() {
                     Some(reader) => match reader.next().await {
-                        Ok(Some(text)) => WatchedObject::from_json(text)
-                            .map(Some)
-                            .map_err(kube::Error::SerdeError),
+                        Ok(Some(object)) => Ok(Some(object)),
                         Ok(None) => return None,
                         Err(e) => Err(e),
                     },

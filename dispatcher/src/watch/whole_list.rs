@@ -207,17 +207,11 @@ async fn listing(
     mut reader: Box<WholeList>,
 ) -> (Option<Result<Event<WatchedObject>>>, State) {
     match reader.next().await {
-        Ok(Some(text)) => match WatchedObject::from_json(text) {
-            Ok(object) => {
-                // Shown: no later list is shared (`Source::start`).
-                source.sharing = None;
-                (Some(Ok(Event::InitApply(object))), State::Listing(reader))
-            }
-            Err(e) => (
-                Some(Err(Error::InitialListFailed(kube::Error::SerdeError(e)))),
-                State::Empty,
-            ),
-        },
+        Ok(Some(object)) => {
+            // Shown: no later list is shared (`Source::start`).
+            source.sharing = None;
+            (Some(Ok(Event::InitApply(object))), State::Listing(reader))
+        }
         Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
             Some(rv) => {
                 // Listed, even if empty: the stream shows objects next.
@@ -312,13 +306,13 @@ impl WholeList {
         })
     }
 
-    /// The next object's JSON text, or `None` when the list has ended. An error is final: a
+    /// The next object, or `None` when the list has ended. An error is final: a
     /// response was cut short or unreadable, or the rest of the list was refused (a `continue`
     /// too old to serve is answered with 410 Gone; anything else after [`REST_ATTEMPTS`]).
-    pub(super) async fn next(&mut self) -> kube::Result<Option<Arc<str>>> {
+    pub(super) async fn next(&mut self) -> kube::Result<Option<WatchedObject>> {
         loop {
-            if let Some(text) = self.reader.next().await.map_err(kube::Error::ReadEvents)? {
-                return Ok(Some(text));
+            if let Some(object) = self.reader.next().await.map_err(kube::Error::ReadEvents)? {
+                return Ok(Some(object));
             }
             if self.snapshot.is_none() {
                 self.snapshot = self.reader.resource_version().map(str::to_owned);
