@@ -31,7 +31,7 @@ pub(crate) use trigger::{Trigger, TriggerStream};
 use std::{
     collections::{BTreeSet, HashSet},
     future::Future,
-    sync::{Arc, Mutex, atomic::AtomicUsize},
+    sync::{Arc, Mutex},
 };
 
 use futures::{Stream, StreamExt};
@@ -103,7 +103,7 @@ where
         error_policy: error_policy as ErrorPolicy<Bound<K, Ctx, E, F>>,
         context,
         permits: Arc::new(Semaphore::new(concurrency)),
-        waiting: AtomicUsize::new(0),
+        waiting: Arc::default(),
         running: Mutex::new(HashSet::new()),
         outcomes: tx,
         open: OpenSessionRequest {

@@ -23,14 +23,14 @@ use super::{
 };
 use crate::{Action, Error, metrics::Ended};
 
-/// Runs one delivery, which `arrived` then: waits for a free slot unless it holds `permit`,
+/// Runs one delivery, which `arrived` then: waits for a free slot unless its `slot` holds one,
 /// loads the object and reconciles it, all by `deadline` (`limit` after the delivery); returns
 /// the ack to send (with the memo the reconcile left, or the one it was given), or `None` when
 /// the session was lost, in which case the reconcile has been stopped.
 pub(super) async fn reconcile_one<T: Types>(
     shared: &Shared<T>,
     mut request: ReconcileRequest,
-    permit: Option<OwnedSemaphorePermit>,
+    slot: Slot,
     arrived: Instant,
     deadline: Instant,
     limit: Duration,
@@ -44,12 +44,13 @@ pub(super) async fn reconcile_one<T: Types>(
     // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
     let mut started = None;
     let work = async {
-        let _permit = match permit {
-            Some(permit) => permit,
-            None => {
-                let _waiting = Waiting::new(&shared.waiting);
+        let _permit = match slot {
+            Slot::Taken(permit) => permit,
+            Slot::Waiting(waiting) => {
                 // The semaphore is never closed.
-                shared.permits.clone().acquire_owned().await.ok()?
+                let permit = shared.permits.clone().acquire_owned().await.ok()?;
+                drop(waiting);
+                permit
             }
         };
         let _active = metrics.started(arrived.elapsed(), at_dispatcher);
@@ -110,17 +111,23 @@ pub(super) async fn reconcile_one<T: Types>(
     })
 }
 
-/// Counts a delivery waiting for a free slot while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+/// A delivery's slot: taken when its poll answered, or waited for.
+pub(super) enum Slot {
+    Taken(OwnedSemaphorePermit),
+    Waiting(Waiting),
+}
 
-impl<'a> Waiting<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
+/// Counts a delivery waiting for a free slot while it lives (`Shared::waiting`).
+pub(super) struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    pub(super) fn new(count: &Arc<AtomicUsize>) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
+        Self(count.clone())
     }
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for Waiting {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

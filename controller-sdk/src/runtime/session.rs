@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::{
-    reconcile::reconcile_one,
+    reconcile::{Slot, Waiting, reconcile_one},
     shared::{LiveSession, Shared, Types},
 };
 use crate::fence::Fence;
@@ -215,6 +215,7 @@ impl<T: Types> Polls<'_, T> {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            // The free slots, less the deliveries already waiting for one.
             let free = shared
                 .permits
                 .available_permits()
@@ -228,6 +229,19 @@ impl<T: Types> Polls<'_, T> {
                 return Err(found_dead());
             }
             let wait = self.fence.wait_at(now, round_trip);
+            if free == 0 {
+                // Every slot busy: poll again once one frees, and renew with an empty ack only
+                // if none does before the fence needs it (it was renewed at once before, a
+                // call per poll of a busy replica).
+                let freed = tokio::select! {
+                    freed = tokio::time::timeout(wait, shared.permits.acquire()) => freed.is_ok(),
+                    () = stop.cancelled() => true,
+                    () = self.named_dead.cancelled() => true,
+                };
+                if freed {
+                    continue;
+                }
+            }
             let sent = Instant::now();
             // Not dropped when the session is told to stop: a poll the dispatcher has answered
             // carries deliveries it counts as in flight here, and an answer that never arrives
@@ -263,12 +277,6 @@ impl<T: Types> Polls<'_, T> {
             let delivered = self.fence.renewed(sent, held);
             round_trip = sent.elapsed().saturating_sub(held);
             if free == 0 {
-                // Wait for a free slot, no longer than leaves time to renew before the fence.
-                let wait = self.fence.wait_at(Instant::now(), round_trip);
-                tokio::select! {
-                    _ = tokio::time::timeout(wait, shared.permits.acquire()) => {}
-                    () = stop.cancelled() => {}
-                }
                 continue;
             }
             if stop.is_cancelled() {
@@ -340,7 +348,10 @@ impl<T: Types> Polls<'_, T> {
             // Slots are taken here, before the next poll counts them; a delivery finds none
             // only if another session took them since this poll counted, and then waits in its
             // task.
-            let permit = self.shared.permits.clone().try_acquire_owned().ok();
+            let slot = match self.shared.permits.clone().try_acquire_owned() {
+                Ok(permit) => Slot::Taken(permit),
+                Err(_) => Slot::Waiting(Waiting::new(&self.shared.waiting)),
+            };
             let (shared, ack_tx, lost) =
                 (self.shared.clone(), self.ack_tx.clone(), self.lost.clone());
             let span = info_span!(
@@ -356,8 +367,7 @@ impl<T: Types> Polls<'_, T> {
             self.tasks.spawn(
                 async move {
                     if let Some(ack) =
-                        reconcile_one(&shared, request, permit, arrived, deadline, limit, &lost)
-                            .await
+                        reconcile_one(&shared, request, slot, arrived, deadline, limit, &lost).await
                     {
                         let _ = ack_tx.send(ack);
                     }

@@ -73,9 +73,10 @@ pub(super) struct Shared<T: Types> {
     pub(super) error_policy: ErrorPolicy<T>,
     pub(super) context: Arc<T::Ctx>,
     pub(super) permits: Arc<Semaphore>,
-    /// Deliveries waiting for a free slot (another session took the slots a poll counted on):
-    /// the next poll asks for that many fewer, so deliveries never pile up behind the slots.
-    pub(super) waiting: AtomicUsize,
+    /// Deliveries waiting for a free slot (another session took the slots a poll counted on),
+    /// counted from when their poll answered: the next poll asks for that many fewer, so
+    /// deliveries never pile up behind the slots.
+    pub(super) waiting: Arc<AtomicUsize>,
     /// Keys being reconciled in this replica: never two of one key at once.
     pub(super) running: Mutex<HashSet<String>>,
     pub(super) outcomes: mpsc::Sender<Outcome<T>>,

@@ -376,8 +376,7 @@ mod tests {
             api_version: "v1".into(),
             kind: "ConfigMap".into(),
         };
-        let metadata: Value =
-            serde_json::from_slice(&first.metadata_body(&types)).expect("JSON");
+        let metadata: Value = serde_json::from_slice(&first.metadata_body(&types)).expect("JSON");
         assert_eq!(metadata["metadata"]["name"], "first");
         let full: Value = serde_json::from_slice(&first.full_body(&types)).expect("JSON");
         assert_eq!(full["kind"], "ConfigMap");

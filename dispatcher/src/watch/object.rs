@@ -69,11 +69,7 @@ impl Head<'_> {
             let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
             start..start + raw.get().len()
         });
-        (
-            metadata,
-            self.api_version.is_some(),
-            self.kind.is_some(),
-        )
+        (metadata, self.api_version.is_some(), self.kind.is_some())
     }
 }
 
