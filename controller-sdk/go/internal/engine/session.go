@@ -282,12 +282,19 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 		}
 		wait := f.WaitAt(now, roundTrip)
 		free := r.Queue.free()
-		sent := time.Now()
-		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
-		// its wait, and what it delivers is handed straight back (below) rather than left in
-		// flight until the session would expire.
-		call, cancelCall := context.WithDeadline(s.named, lostAt)
 		if free == 0 {
+			// Every slot is busy: poll again once one frees, and renew with an empty ack only
+			// if none does before the fence needs it (it was renewed at once before, a call
+			// per poll of a busy replica).
+			select {
+			case <-r.Queue.freed:
+				continue
+			case <-ctx.Done():
+				continue
+			case <-time.After(wait):
+			}
+			sent := time.Now()
+			call, cancelCall := context.WithDeadline(s.named, lostAt)
 			_, err := s.client.Ack(call, &pb.AckRequest{SessionId: s.id})
 			cancelCall()
 			if err != nil {
@@ -295,14 +302,13 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 			}
 			f.Renew(sent, 0)
 			roundTrip = time.Since(sent)
-			// Every slot is busy: wait for one, no longer than leaves time to renew.
-			select {
-			case <-r.Queue.freed:
-			case <-time.After(f.WaitAt(time.Now(), roundTrip)):
-			case <-ctx.Done():
-			}
 			continue
 		}
+		sent := time.Now()
+		// Not cancelled by ctx: a poll in flight when the controller stops is answered within
+		// its wait, and what it delivers is handed straight back (below) rather than left in
+		// flight until the session would expire.
+		call, cancelCall := context.WithDeadline(s.named, lostAt)
 		answered := make(chan struct{})
 		go s.releaseOnStop(ctx, answered)
 		answer, err := s.client.Poll(call, &pb.PollRequest{
