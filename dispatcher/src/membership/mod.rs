@@ -81,11 +81,9 @@ pub async fn run(
     )
     .await;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    // When a write wanted for new sessions is due: at most one per SESSION_WRITE_SPACING, so a
-    // storm of opens costs the API server (and every dispatcher's watch of the Leases) a few
-    // writes a second, each listing every session opened meanwhile.
+    // When a write wanted for new sessions is due (`SessionWrites`).
     let mut session_write: Option<tokio::time::Instant> = None;
-    let mut last_write = tokio::time::Instant::now();
+    let mut session_writes = SessionWrites::default();
     loop {
         // In this order: the Leases seen first (a storm of writes never leaves the view
         // behind), then renewals on the period and at once when the released ring changes,
@@ -108,9 +106,12 @@ pub async fn run(
             }
             Ok(()) = m.released.changed() => true,
             // A new session is handed keys once a write lists it.
-            () = tokio::time::sleep_until(session_write.unwrap_or_else(tokio::time::Instant::now)), if session_write.is_some() => true,
+            () = tokio::time::sleep_until(session_write.unwrap_or_else(tokio::time::Instant::now)), if session_write.is_some() => {
+                session_writes.made(tokio::time::Instant::now());
+                true
+            }
             () = m.sessions.write_wanted(), if session_write.is_none() => {
-                session_write = Some(tokio::time::Instant::now().max(last_write + SESSION_WRITE_SPACING));
+                session_write = Some(session_writes.due(tokio::time::Instant::now()));
                 false
             }
             _ = tick.tick() => false,
@@ -119,7 +120,6 @@ pub async fn run(
         if renew_due {
             // Whatever the cause, a write lists every session opened so far.
             session_write = None;
-            last_write = tokio::time::Instant::now();
             m.renew(Instant::now()).await;
         }
         let now = Instant::now();
@@ -183,6 +183,30 @@ impl LeaseRenewals {
 /// period are not held back): a session opened in a storm waits at most this long plus a
 /// write's round trip to be handed keys, and a thousand opens a second cost five writes.
 pub const SESSION_WRITE_SPACING: Duration = Duration::from_millis(200);
+
+/// When the writes of the Lease that new sessions ask for are made: at once, unless one was
+/// made for sessions within [`SESSION_WRITE_SPACING`], so a storm of opens costs the API server
+/// (and every dispatcher's watch of the Leases) a few writes a second, each listing every
+/// session opened meanwhile. Other writes (renewals on the period, ring changes) do not hold
+/// one back: counted, they made a session opened just after one wait the spacing for nothing,
+/// as every replica's first sessions at a cold start of the tier did (about 200 ms).
+#[derive(Debug, Default)]
+struct SessionWrites {
+    last: Option<tokio::time::Instant>,
+}
+
+impl SessionWrites {
+    /// When a write wanted at `now` is due.
+    fn due(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        self.last
+            .map_or(now, |last| now.max(last + SESSION_WRITE_SPACING))
+    }
+
+    /// A write for sessions was made at `now`.
+    fn made(&mut self, now: tokio::time::Instant) {
+        self.last = Some(now);
+    }
+}
 
 /// The membership loop's state: this dispatcher's Lease as last written, the handover gate,
 /// the view of the others' Leases, and what the loop already said or asked for.
@@ -363,4 +387,33 @@ impl Membership {
 /// A resourceVersion read from a Lease, if it is one (`lease_state` reads 0 for none).
 fn known(resource_version: u128) -> Option<u128> {
     (resource_version > 0).then_some(resource_version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_for_sessions_is_made_at_once_unless_one_was_made_for_sessions_just_before() {
+        let start = tokio::time::Instant::now();
+        let mut writes = SessionWrites::default();
+        // The first, whatever was written before for other reasons: at once.
+        assert_eq!(writes.due(start), start);
+        writes.made(start);
+        // Within the spacing of it: when the spacing ends.
+        let soon = start + Duration::from_millis(50);
+        assert_eq!(writes.due(soon), start + SESSION_WRITE_SPACING);
+        // Past it: at once.
+        let later = start + SESSION_WRITE_SPACING + Duration::from_millis(1);
+        assert_eq!(writes.due(later), later);
+        // A storm: one write per spacing at most.
+        let mut at = later;
+        writes.made(at);
+        for _ in 0..10 {
+            let due = writes.due(at + Duration::from_millis(1));
+            assert_eq!(due - at, SESSION_WRITE_SPACING);
+            writes.made(due);
+            at = due;
+        }
+    }
 }
