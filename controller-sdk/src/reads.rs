@@ -60,8 +60,9 @@ const CHILD_READS_AT_ONCE: usize = 8;
 /// and some of kind `K`, each is taken from the request when it carries the child's body
 /// (no read), and otherwise read by name from the API server's watch cache, at least as
 /// new as the version the request shows (a request of a few hundred bytes each, at most
-/// eight at once); a child deleted since is left out. Otherwise (none of the kind listed, more
-/// than 64, or the request does not list them all), one LIST of the namespace from the watch
+/// eight at once); a child deleted since is left out; none when all of the kind are in other
+/// namespaces. Otherwise (none of the kind listed, more than 64 of them with one to read, or the
+/// request does not list them all), one LIST of the namespace from the watch
 /// cache, kept to the owner's children: a read that grows with the namespace. A child this
 /// controller created that the request does not list yet is found by the LIST only: write
 /// children by server-side apply (idempotent), as kube-rs's guide does.
@@ -80,38 +81,45 @@ where
             .iter()
             .any(|r| r.controller == Some(true) && r.uid == uid)
     };
-    // Listed completely, and some of the kind: read by name. None of the kind listed (the kind
-    // may not be an owned one), or more than a LIST costs: one LIST.
-    let in_scope = |c: &&children::Child| api.namespace().is_none_or(|ns| c.namespace == ns);
-    let named: Vec<_> = known
+    // Listed completely, and some of the kind: taken from the request or read by name. None of
+    // the kind listed (the kind may not be an owned one), or more to read than a LIST costs: one
+    // LIST. Some of the kind listed, none in `api`'s namespace: none there.
+    let of_kind: Vec<&children::Child> = known
         .as_deref()
         .filter(|c| c.is_complete())
-        .map(|c| c.of::<K>().filter(in_scope).cloned().collect())
+        .map(|c| c.of::<K>().collect())
         .unwrap_or_default();
+    let named: Vec<children::Child> = of_kind
+        .iter()
+        .filter(|c| api.namespace().is_none_or(|ns| c.namespace == ns))
+        .map(|c| (*c).clone())
+        .collect();
+    if !of_kind.is_empty() && named.is_empty() {
+        return Ok(Vec::new());
+    }
     // Read by name: in `api`'s namespace, or for a cluster-scoped kind. An `Api::all` of a
     // namespaced kind cannot read by name; with a child to read, it goes to the LIST, which
     // refuses it.
     let by_name = api.namespace().is_some()
         || TypeId::of::<K::Scope>() != TypeId::of::<NamespaceResourceScope>();
-    if !named.is_empty() && named.len() <= MAX_CHILD_READS {
-        let carried: Vec<Option<K>> = named.iter().map(children::Child::object::<K>).collect();
-        if by_name || carried.iter().all(Option::is_some) {
-            let read: Vec<Option<K>> = futures::stream::iter(named.into_iter().zip(carried))
-                .map(|(child, carried)| async move {
-                    match carried {
-                        Some(object) => Ok(Some(object)),
-                        None => read_at(api, &child.name, &child.resource_version).await,
-                    }
-                })
-                .buffered(CHILD_READS_AT_ONCE)
-                .try_collect()
-                .await?;
-            return Ok(read
-                .into_iter()
-                .flatten()
-                .filter(controlled_by_owner)
-                .collect());
-        }
+    let carried: Vec<Option<K>> = named.iter().map(children::Child::object::<K>).collect();
+    let to_read = carried.iter().filter(|c| c.is_none()).count();
+    if !named.is_empty() && (to_read == 0 || (by_name && named.len() <= MAX_CHILD_READS)) {
+        let read: Vec<Option<K>> = futures::stream::iter(named.into_iter().zip(carried))
+            .map(|(child, carried)| async move {
+                match carried {
+                    Some(object) => Ok(Some(object)),
+                    None => read_at(api, &child.name, &child.resource_version).await,
+                }
+            })
+            .buffered(CHILD_READS_AT_ONCE)
+            .try_collect()
+            .await?;
+        return Ok(read
+            .into_iter()
+            .flatten()
+            .filter(controlled_by_owner)
+            .collect());
     }
     let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
     let listed = list_not_older(api, &floor).await?;
@@ -292,6 +300,13 @@ mod tests {
         let read = children::scope(two_namespaces(false), children(&api, &owner)).await;
         assert_eq!(namespaces(read.expect("read")), ["team-a"]);
         assert_eq!(asked.lock().unwrap().len(), 1);
+
+        // A namespace where the owner has none of the kind: none, and no request.
+        let (client, asked) = answering(|path| panic!("no request expected: {path}"));
+        let api = Api::<ConfigMap>::namespaced(client, "team-c");
+        let read = children::scope(two_namespaces(false), children(&api, &owner)).await;
+        assert!(read.expect("none").is_empty());
+        assert!(asked.lock().unwrap().is_empty());
 
         // Across namespaces, with every body carried: both, and no request.
         let (client, asked) = answering(|path| panic!("no request expected: {path}"));

@@ -103,6 +103,7 @@ where
         error_policy: error_policy as ErrorPolicy<Bound<K, Ctx, E, F>>,
         context,
         permits: Arc::new(Semaphore::new(concurrency)),
+        slot_freed: tokio::sync::Notify::new(),
         waiting: Arc::default(),
         running: Mutex::new(HashSet::new()),
         outcomes: tx,

@@ -44,14 +44,17 @@ pub(super) async fn reconcile_one<T: Types>(
     // Set once the reconcile starts (a slot is free): the reconcile time counts from then.
     let mut started = None;
     let work = async {
-        let _permit = match slot {
-            Slot::Taken(permit) => permit,
-            Slot::Waiting(waiting) => {
-                // The semaphore is never closed.
-                let permit = shared.permits.clone().acquire_owned().await.ok()?;
-                drop(waiting);
-                permit
-            }
+        let _held = Held {
+            permit: Some(match slot {
+                Slot::Taken(permit) => permit,
+                Slot::Waiting(waiting) => {
+                    // The semaphore is never closed.
+                    let permit = shared.permits.clone().acquire_owned().await.ok()?;
+                    drop(waiting);
+                    permit
+                }
+            }),
+            freed: &shared.slot_freed,
         };
         let _active = metrics.started(arrived.elapsed(), at_dispatcher);
         started = Some(Instant::now());
@@ -109,6 +112,22 @@ pub(super) async fn reconcile_one<T: Types>(
         outcome: Some(outcome),
         memo: memo.take(),
     })
+}
+
+/// A slot a reconcile holds; given back, it tells a session loop waiting for one
+/// (`Shared::slot_freed`).
+struct Held<'a> {
+    permit: Option<OwnedSemaphorePermit>,
+    freed: &'a tokio::sync::Notify,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        // Released first, so the loop told finds the slot free; a notification with no loop
+        // waiting is kept for the next that waits.
+        drop(self.permit.take());
+        self.freed.notify_one();
+    }
 }
 
 /// A delivery's slot: taken when its poll answered, or waited for.

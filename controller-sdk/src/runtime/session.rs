@@ -234,7 +234,7 @@ impl<T: Types> Polls<'_, T> {
                 // if none does before the fence needs it (it was renewed at once before, a
                 // call per poll of a busy replica).
                 let freed = tokio::select! {
-                    freed = tokio::time::timeout(wait, shared.permits.acquire()) => freed.is_ok(),
+                    freed = tokio::time::timeout(wait, shared.slot_freed.notified()) => freed.is_ok(),
                     () = stop.cancelled() => true,
                     () = self.named_dead.cancelled() => true,
                 };

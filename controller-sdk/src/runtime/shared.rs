@@ -73,6 +73,9 @@ pub(super) struct Shared<T: Types> {
     pub(super) error_policy: ErrorPolicy<T>,
     pub(super) context: Arc<T::Ctx>,
     pub(super) permits: Arc<Semaphore>,
+    /// Told when a reconcile gives its slot back (`reconcile::Held`): a session loop whose
+    /// polls wait for a free slot polls again then.
+    pub(super) slot_freed: tokio::sync::Notify,
     /// Deliveries waiting for a free slot (another session took the slots a poll counted on),
     /// counted from when their poll answered: the next poll asks for that many fewer, so
     /// deliveries never pile up behind the slots.

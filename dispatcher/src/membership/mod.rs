@@ -111,7 +111,10 @@ pub async fn run(
                 true
             }
             () = m.sessions.write_wanted(), if session_write.is_none() => {
-                session_write = Some(session_writes.due(tokio::time::Instant::now()));
+                // A write made since the session asked (a renewal) may have listed it.
+                if m.sessions.unwritten() {
+                    session_write = Some(session_writes.due(tokio::time::Instant::now()));
+                }
                 false
             }
             _ = tick.tick() => false,

@@ -110,6 +110,11 @@ impl LeaseSessions {
         self.write.notified().await;
     }
 
+    /// Whether a session waits for a Lease write to list it (one made since it asked may have).
+    pub fn unwritten(&self) -> bool {
+        self.listed().unwritten()
+    }
+
     /// What the next Lease write lists, at `now`.
     pub fn to_write(&self, now: Instant) -> SessionsWrite {
         self.listed().write(now)

@@ -24,6 +24,23 @@ use super::object::{Head, WatchedObject};
 /// The body of a list response, read as it arrives.
 pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
 
+/// Marks a response that is JSON but holds what the dispatcher cannot read (an object whose
+/// metadata is not an object's, a list's metadata of the wrong shape): not a response cut
+/// short, so the list is made again the same way after a backoff, not another way
+/// (`super::whole_list::cut_short`).
+#[derive(Debug, thiserror::Error)]
+#[error("reading a list response: {0}")]
+pub(super) struct Unreadable(String);
+
+/// Whether `error`, met reading a list, is [`Unreadable`].
+pub(super) fn unreadable(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|e| e.is::<Unreadable>())
+}
+
+fn unreadable_error(message: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, Unreadable(message.to_string()))
+}
+
 /// Most bytes of one object the reader holds before it gives up on the response. The API
 /// server refuses requests over 3 MiB and etcd values over 1.5 MiB by default; this leaves room
 /// for any setting of theirs and still bounds what one bad response can make a dispatcher hold.
@@ -111,7 +128,7 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
                     self.want = 1;
                     return WatchedObject::from_layout(text, layout)
                         .map(Some)
-                        .map_err(invalid);
+                        .map_err(unreadable_error);
                 }
                 Step::Read => self.want = 1,
                 Step::End => return Ok(None),
@@ -254,6 +271,8 @@ fn value<'a, T: Deserialize<'a>>(
             Ok((end < input.len() || eof).then_some((v, end)))
         }
         Some(Err(e)) if e.is_eof() => Ok(None),
+        // Valid JSON of another shape than expected.
+        Some(Err(e)) if e.is_data() => Err(unreadable_error(e)),
         Some(Err(e)) => Err(invalid(e)),
     }
 }
@@ -432,6 +451,23 @@ mod tests {
         ] {
             let error = read_all(text.as_bytes(), 4).await.expect_err(text);
             assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_object_it_cannot_read_is_told_from_a_response_cut_short() {
+        for text in [
+            r#"{"items":[{"metadata":7}]}"#,
+            r#"{"items":[{"metadata":{"name":3}}]}"#,
+            r#"{"items":[17]}"#,
+            r#"{"metadata":{"resourceVersion":5},"items":[]}"#,
+        ] {
+            let error = read_all(text.as_bytes(), 4).await.expect_err(text);
+            assert!(unreadable(&error), "{text}: {error}");
+        }
+        for text in [r#"{"items":[{"metadata":{}"#, r#"{"items":[{} {}]}"#] {
+            let error = read_all(text.as_bytes(), 4).await.expect_err(text);
+            assert!(!unreadable(&error), "{text}: {error}");
         }
     }
 

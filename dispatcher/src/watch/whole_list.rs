@@ -35,7 +35,7 @@ use kube::{
 use tracing::{debug, info, warn};
 
 use super::{
-    list_reader::{Body, ListReader},
+    list_reader::{Body, ListReader, unreadable},
     object::WatchedObject,
     sharing::{ListSharing, relay_broke},
 };
@@ -253,7 +253,7 @@ fn seen(
 /// failed).
 pub(super) fn cut_short(error: &Error) -> bool {
     match error {
-        Error::InitialListFailed(kube::Error::ReadEvents(e)) => !relay_broke(e),
+        Error::InitialListFailed(kube::Error::ReadEvents(e)) => !relay_broke(e) && !unreadable(e),
         Error::InitialListFailed(kube::Error::Api(status)) => {
             status.code == 504 || status.reason == "Timeout"
         }
@@ -401,6 +401,15 @@ mod tests {
             "InternalError"
         ))));
         assert!(!cut_short(&Error::WatchFailed(cut())));
+        // Nor is a response that reads as JSON but not as a list of objects.
+        let unreadable = ListReader::new(futures::io::Cursor::new(br#"{"items":[1]}"#.to_vec()));
+        let error = futures::executor::block_on(async {
+            let mut reader = unreadable;
+            reader.next().await.expect_err("not an object")
+        });
+        assert!(!cut_short(&Error::InitialListFailed(
+            kube::Error::ReadEvents(error)
+        )));
         assert!(!cut_short(&Error::NoResourceVersion));
     }
 }

@@ -314,8 +314,16 @@ func (q *Queue) dropSession(s *Session, handBack bool) {
 		}
 		s.track(-1)
 	}
+	dropped := len(q.ready) - len(kept)
 	clear(q.ready[len(kept):])
 	q.ready = kept
+	if dropped > 0 {
+		// Slots the other sessions' polls count on are free again.
+		select {
+		case q.freed <- struct{}{}:
+		default:
+		}
+	}
 	q.cond.Broadcast()
 }
 

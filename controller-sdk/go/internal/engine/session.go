@@ -291,6 +291,8 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 				continue
 			case <-ctx.Done():
 				continue
+			case <-s.named.Done():
+				return s.renewalError(context.Cause(s.named))
 			case <-time.After(wait):
 			}
 			sent := time.Now()
