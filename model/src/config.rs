@@ -217,6 +217,12 @@ pub struct Config {
     /// handover: the dispatcher as it is (`Slice::may_serve_more_than`). Without, a change
     /// made while such a member came and went is never delivered.
     pub relist_returning: bool,
+    /// Whether the group lists the owners itself (`GroupSpec::lists_owners_of`): a change of an
+    /// owned object queues a served key only once the dispatcher knows the key's object, and a
+    /// key it does not know yet is left to the list that shows it (`GroupEvent::OwnedChanged`'s
+    /// `owners_listed`). A change of an object whose owner does not exist asks for no reconcile
+    /// then (nothing shows the owner). Without, every change of an owned object queues the key.
+    pub owners_listed: bool,
     /// Check `settles` too (a fair run from every state with a change pending: the costly part).
     pub liveness: bool,
     /// How the keys of a dispatcher that died are taken over.
@@ -233,7 +239,7 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas in {} groups (made lazily: {}), {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions, {} owned changes",
+            "{} dispatchers, {} replicas in {} groups (made lazily: {}), {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}, owners listed by the group: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions, {} owned changes",
             self.dispatchers,
             self.replicas,
             self.groups,
@@ -245,6 +251,7 @@ impl fmt::Display for Config {
             self.withhold,
             self.closes,
             self.relist_returning,
+            self.owners_listed,
             self.timing,
             b.dispatcher_crashes,
             b.graceful_stops,

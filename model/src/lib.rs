@@ -77,9 +77,10 @@
 //!   dispatcher that records the key queues it without touching what it knows of the key's own
 //!   object (`GroupEvent::OwnedChanged`), and one cut off re-lists. Which owner a child names, and
 //!   the children index that tells old and new owners (`core/src/children.rs`), are
-//!   left to the tests against the API server; so is a group that lists the owners itself
-//!   (`owners_listed`), where a dispatcher that does not know the owner's object leaves it to
-//!   that list (`core/src/transit/tests.rs`).
+//!   left to the tests against the API server. A group that lists the owners itself
+//!   (`Config::owners_listed`) queues a served key only once the dispatcher knows its object,
+//!   and leaves a key it does not know to the list that shows it; a change of an owned object
+//!   whose owner does not exist then asks for no reconcile.
 //!
 //! - **Controller groups** (`Config::groups`): one or two groups subscribe to the same objects;
 //!   each has a queue and a transit of its own at every dispatcher (a key of the model's

@@ -109,6 +109,10 @@ struct Args {
     /// are not listed, and a change made meanwhile is never delivered.
     #[arg(long)]
     returning_unlisted: bool,
+    /// The group lists the owners itself: a change of an owned object queues a served key only
+    /// once the dispatcher knows its object (`GroupEvent::OwnedChanged`'s `owners_listed`).
+    #[arg(long)]
+    owners_listed: bool,
     /// Stop after this many states (0: explore everything within the bounds).
     #[arg(long, default_value_t = 0)]
     max_states: usize,
@@ -199,6 +203,7 @@ fn main() -> anyhow::Result<()> {
             Closes::Hold
         },
         relist_returning: !args.returning_unlisted,
+        owners_listed: args.owners_listed,
         takeover: match args.takeover.as_str() {
             "bound" => Takeover::Bound,
             "unlisted" => Takeover::Unlisted,

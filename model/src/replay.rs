@@ -561,6 +561,7 @@ mod tests {
             deletions,
             withhold: true,
             closes: Closes::Hold,
+            owners_listed: false,
             relist_returning: true,
             liveness: false,
             takeover: Takeover::Bound,

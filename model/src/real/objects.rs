@@ -64,10 +64,11 @@ impl Real {
     /// An object owned by the object of key `k` changes: every dispatcher that reaches the API
     /// server tells the owner's key as `Transit::record` does (`GroupEvent::OwnedChanged`).
     pub(super) fn owned_change(&mut self, k: usize, model: &State) {
+        let owners_listed = self.model.config.owners_listed;
         self.record_on_watches(model, k, |key, _| GroupEvent::OwnedChanged {
             key,
             origin: Origin::Stream,
-            owners_listed: false,
+            owners_listed,
         });
     }
 

@@ -31,7 +31,11 @@ impl Protocol {
     pub(crate) fn step_owned_change(&self, s: &mut State, k: u8) -> Option<()> {
         s.left.owned_changes = s.left.owned_changes.checked_sub(1)?;
         let entries = self.entries_of(usize::from(k));
-        s.pending |= entries;
+        // Where the group lists the owners itself, the change of an owned object whose owner
+        // does not exist asks for no reconcile: nothing shows the owner.
+        if !self.config.owners_listed || has(s.objects, k) {
+            s.pending |= entries;
+        }
         for (d, disp) in s.dispatchers.iter_mut().enumerate() {
             if !disp.up {
                 continue;
@@ -42,6 +46,11 @@ impl Protocol {
                 continue;
             }
             for k in (0..self.entries()).filter(|e| has(entries, *e)) {
+                // Left to the owners' list: a served key whose object it does not know yet.
+                let unknown = disp.keys[k] == Key::Absent || has(disp.objectless, k);
+                if self.config.owners_listed && self.serves(disp, d, k) && unknown {
+                    continue;
+                }
                 if self.records(disp, d, k) {
                     // `GroupEvent::OwnedChanged`: the key's own object is not touched.
                     if disp.keys[k] == Key::Absent {

@@ -98,6 +98,47 @@ fn two_dispatchers_on_deep_paths_never_overlap_and_settle() {
     );
 }
 
+/// A group that lists the owners itself (`owners_listed`): a change of an owned object queues
+/// a served key only once the dispatcher knows the key's object, and leaves an unknown one to
+/// the list that shows it. Nothing overlaps, and every change of an owned object whose owner
+/// exists comes to a reconcile of the owner: with a dispatcher crash around a deletion, and
+/// with a cut from the API server and a graceful stop (without a deletion: a deletion made
+/// while no watch runs is a gap of its own, `dispatcher/HANDOVER.md`); breadth first, then
+/// depth first to 80 steps.
+#[test]
+fn owners_listed_by_their_group_never_overlap_and_settle() {
+    let owners_listed = |budget| Config {
+        owners_listed: true,
+        ..config(2, Variant::SendTime, budget)
+    };
+    let crash = Budget {
+        dispatcher_crashes: 1,
+        changes: 1,
+        deletions: 1,
+        owned_changes: 2,
+        ..NO_FAULTS
+    };
+    let (states, depth) = check_bounded(owners_listed(crash), 1_500_000);
+    println!("owners listed, a crash and a deletion: {states} unique states, depth {depth}");
+    let cut = Budget {
+        graceful_stops: 1,
+        api_cuts: 1,
+        changes: 1,
+        owned_changes: 2,
+        ..NO_FAULTS
+    };
+    let (states, depth) = check_bounded(owners_listed(cut), 1_500_000);
+    println!("owners listed, a cut and a stop: {states} unique states, depth {depth}");
+    for budget in [crash, cut] {
+        let checker = check_deep(owners_listed(budget), 80, 1_500_000);
+        println!(
+            "owners listed, depth first: {} unique states, depth {}",
+            checker.unique_state_count(),
+            checker.max_depth()
+        );
+    }
+}
+
 /// A known gap, found by the checker once groups are made as the dispatcher makes them
 /// (`--lazy-groups`, breadth first, 7.7 million states): dispatcher 0 restarts, and before
 /// any replica opens a session there (so it has no group, and no watch, for the key), the

@@ -19,6 +19,7 @@ fn config(dispatchers: usize, variant: Variant, budget: Budget) -> Config {
         deletions: Deletions::Died,
         withhold: true,
         closes: Closes::Hold,
+        owners_listed: false,
         relist_returning: true,
         liveness: true,
         takeover: Takeover::Bound,

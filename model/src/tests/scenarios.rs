@@ -396,6 +396,45 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
     }
 }
 
+/// The real code's `Transit::record` leaves a key it does not know to the owners' list as the
+/// model does (`owners_listed`): random walks in lock-step, with owned changes, deletions and
+/// restarts.
+#[test]
+fn the_real_code_leaves_unknown_owners_to_their_list_as_the_model_does() {
+    let budget = Budget {
+        dispatcher_crashes: 2,
+        graceful_stops: 1,
+        lease_deletions: 2,
+        changes: 3,
+        deletions: 2,
+        owned_changes: 4,
+        ..NO_FAULTS
+    };
+    let model = Protocol::new(Config {
+        keys: 2,
+        owners_listed: true,
+        liveness: false,
+        takeover: Takeover::Reports,
+        ..config(3, Variant::SendTime, budget)
+    });
+    let mut walked = real::Walked::default();
+    for seed in 0..600 {
+        match real::walk(&model, seed, 120) {
+            Ok(w) => {
+                walked.steps += w.steps;
+                walked.deliveries += w.deliveries;
+                walked.object_deletions += w.object_deletions;
+            }
+            Err(d) => panic!("seed {seed}: {d}"),
+        }
+    }
+    println!(
+        "owners listed: 600 walks, {} steps, {} answers with keys, {} object deletions, in lock-step",
+        walked.steps, walked.deliveries, walked.object_deletions
+    );
+    assert!(walked.deliveries > 300 && walked.object_deletions > 100);
+}
+
 /// The keys of a dispatcher that died are served before the bound once every session its
 /// Lease listed is reported ended: on random paths of up to 60 steps with two crashes (a
 /// dispatcher may die again after a restart), an API cut, lost messages, a replica crash
