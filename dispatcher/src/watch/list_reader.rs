@@ -13,13 +13,13 @@
 //! routing fields are then read ([`WatchedObject::from_layout`]); it was scanned twice before,
 //! about a quarter of a dispatcher's work at a cold start.
 
-use std::{io, ops::Range, pin::Pin, sync::Arc};
+use std::{io, pin::Pin, sync::Arc};
 
 use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::{Deserialize, de::IgnoredAny};
 
-use super::object::{Head, WatchedObject};
+use super::object::{Head, Layout, WatchedObject};
 
 /// The body of a list response, read as it arrives.
 pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
@@ -62,7 +62,7 @@ enum Expect {
 /// What one step over the buffered input found.
 enum Step {
     /// An object of `items`: its text, and where its metadata is ([`Head::layout`]).
-    Object(Arc<str>, (Range<usize>, bool, bool)),
+    Object(Arc<str>, Layout),
     /// Something other than an object was read (a field, a bracket).
     Read,
     /// The list ended.

@@ -61,15 +61,28 @@ pub(super) struct Head<'a> {
     metadata: Option<&'a RawValue>,
 }
 
+/// What a [`Head`] says of the object it was read from.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    /// Where the metadata is in the object's text (empty when it has none).
+    metadata: Range<usize>,
+    /// Whether the object names its `apiVersion` and its `kind`.
+    has_api_version: bool,
+    has_kind: bool,
+}
+
 impl Head<'_> {
-    /// Where the metadata is in `text`, the object this head was read from (empty when it has
-    /// none), and whether the object names its `apiVersion` and `kind`.
-    pub(super) fn layout(&self, text: &str) -> (Range<usize>, bool, bool) {
+    /// The layout of `text`, the object this head was read from.
+    pub(super) fn layout(&self, text: &str) -> Layout {
         let metadata = self.metadata.map_or(0..0, |raw| {
             let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
             start..start + raw.get().len()
         });
-        (metadata, self.api_version.is_some(), self.kind.is_some())
+        Layout {
+            metadata,
+            has_api_version: self.api_version.is_some(),
+            has_kind: self.kind.is_some(),
+        }
     }
 }
 
@@ -85,7 +98,11 @@ impl WatchedObject {
     /// its metadata is read.
     pub(super) fn from_layout(
         json: Arc<str>,
-        (metadata, has_api_version, has_kind): (Range<usize>, bool, bool),
+        Layout {
+            metadata,
+            has_api_version,
+            has_kind,
+        }: Layout,
     ) -> serde_json::Result<Self> {
         let meta = match json.get(metadata.clone()).filter(|m| !m.is_empty()) {
             Some(text) => {

@@ -64,7 +64,7 @@ mod objects;
 mod sessions;
 mod walk;
 
-pub use walk::{Walked, walk};
+pub use walk::{Walked, walk, walks};
 
 /// A tick of the model on the real code's clock.
 pub const TICK: Duration = Duration::from_secs(1);

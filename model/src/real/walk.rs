@@ -45,6 +45,35 @@ pub struct Walked {
     pub restarts_by_reports: usize,
 }
 
+impl std::ops::AddAssign for Walked {
+    fn add_assign(&mut self, w: Self) {
+        self.steps += w.steps;
+        self.deletions += w.deletions;
+        self.handovers += w.handovers;
+        self.deliveries += w.deliveries;
+        self.object_deletions += w.object_deletions;
+        self.deletions_in_transit += w.deletions_in_transit;
+        self.tombstones += w.tombstones;
+        self.waits_for_group += w.waits_for_group;
+        self.takeovers_by_reports += w.takeovers_by_reports;
+        self.restarts_by_reports += w.restarts_by_reports;
+    }
+}
+
+/// A [`walk`] of `steps` steps from each seed of `seeds`, what they reached added up; the
+/// first divergence, with its seed, ends them.
+pub fn walks(
+    model: &Protocol,
+    seeds: std::ops::Range<u64>,
+    steps: usize,
+) -> Result<Walked, (u64, Divergence)> {
+    let mut total = Walked::default();
+    for seed in seeds {
+        total += walk(model, seed, steps).map_err(|d| (seed, d))?;
+    }
+    Ok(total)
+}
+
 /// Walks `steps` random steps of `model` from its initial state (seeded by `seed`), stepping the
 /// real code alongside and comparing after each. Partial Lease views are not taken; API cuts
 /// are not stepped, so a budget with cuts fails the walk. Where the model leaves a choice the

@@ -353,26 +353,9 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
             takeover: Takeover::Reports,
             ..config(dispatchers, Variant::SendTime, budget)
         });
-        let mut total = real::Walked::default();
-        for seed in 0..2000 {
-            match real::walk(&model, seed, 120) {
-                Ok(w) => {
-                    total.steps += w.steps;
-                    total.deletions += w.deletions;
-                    total.handovers += w.handovers;
-                    total.deliveries += w.deliveries;
-                    total.object_deletions += w.object_deletions;
-                    total.deletions_in_transit += w.deletions_in_transit;
-                    total.tombstones += w.tombstones;
-                    total.waits_for_group += w.waits_for_group;
-                    total.takeovers_by_reports += w.takeovers_by_reports;
-                    total.restarts_by_reports += w.restarts_by_reports;
-                }
-                Err(d) => {
-                    panic!("{dispatchers} dispatchers, {groups} groups, seed {seed}: {d}")
-                }
-            }
-        }
+        let total = real::walks(&model, 0..2000, 120).unwrap_or_else(|(seed, d)| {
+            panic!("{dispatchers} dispatchers, {groups} groups, seed {seed}: {d}")
+        });
         println!(
             "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports ({} of them a restarted dispatcher's previous process), in lock-step",
             total.steps,
@@ -417,17 +400,8 @@ fn the_real_code_leaves_unknown_owners_to_their_list_as_the_model_does() {
         takeover: Takeover::Reports,
         ..config(3, Variant::SendTime, budget)
     });
-    let mut walked = real::Walked::default();
-    for seed in 0..600 {
-        match real::walk(&model, seed, 120) {
-            Ok(w) => {
-                walked.steps += w.steps;
-                walked.deliveries += w.deliveries;
-                walked.object_deletions += w.object_deletions;
-            }
-            Err(d) => panic!("seed {seed}: {d}"),
-        }
-    }
+    let walked =
+        real::walks(&model, 0..600, 120).unwrap_or_else(|(seed, d)| panic!("seed {seed}: {d}"));
     println!(
         "owners listed: 600 walks, {} steps, {} answers with keys, {} object deletions, in lock-step",
         walked.steps, walked.deliveries, walked.object_deletions
