@@ -125,17 +125,87 @@ impl RequestCounts {
     }
 }
 
+/// The resource a request's path is about, as `group/plural` (`/secrets`,
+/// `apps/deployments`): after `/api/v1` or `/apis/<group>/<version>`, the plural after
+/// `namespaces/<ns>/`, or the first part (`namespaces` itself for a Namespace). `None` for
+/// discovery.
+pub(crate) fn resource_of(path: &str) -> Option<String> {
+    let mut parts = path.trim_matches('/').split('/');
+    let group = match parts.next() {
+        Some("api") => "",
+        Some("apis") => parts.next()?,
+        _ => return None,
+    };
+    let rest: Vec<&str> = parts.skip(1).collect();
+    let plural = match rest.as_slice() {
+        ["namespaces", _, "status" | "finalize"] => "namespaces",
+        ["namespaces", _, plural, ..] => plural,
+        [plural, ..] if !plural.is_empty() => plural,
+        _ => return None,
+    };
+    Some(format!("{group}/{plural}"))
+}
+
+/// The `metadata.resourceVersion` of an object's JSON, as the number it is.
+fn resource_version_of(json: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(rename = "resourceVersion")]
+        resource_version: String,
+    }
+    serde_json::from_slice::<Object>(json)
+        .ok()?
+        .metadata
+        .resource_version
+        .parse()
+        .ok()
+}
+
 /// `client`, counting each request it sends into `counts` (by [`Verb::of`]; discovery is not
 /// counted). What [`Controller::client`](crate::Controller::client) gives; also for counting a
 /// client of one's own, an incumbent controller's for example, the same way.
+///
+/// A write a reconcile makes through it (create, update, patch, delete) is also noted for
+/// the reconcile's key with the version the API server answered, so that
+/// [`reads::children`](crate::reads::children) lists rather than trust a later request that
+/// does not show it yet.
 pub fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let service = tower::service_fn(move |request: Request<Body>| {
-        if let Some(verb) = Verb::of(&request) {
+        let verb = Verb::of(&request);
+        if let Some(verb) = verb {
             counts.count(verb);
         }
+        let written = matches!(
+            verb,
+            Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete)
+        )
+        .then(|| resource_of(request.uri().path()))
+        .flatten();
         let client = client.clone();
-        async move { client.send(request).await }
+        // Run in the task that sent the request (kube's worker hands this future back to it):
+        // a reconcile's, where it has one.
+        async move {
+            let response = client.send(request).await?;
+            match written {
+                Some(resource)
+                    if response.status().is_success() && crate::own_writes::in_reconcile() =>
+                {
+                    // One object's answer, which the caller reads whole anyway.
+                    let (parts, body) = response.into_parts();
+                    let bytes = body.collect_bytes().await?;
+                    if let Some(version) = resource_version_of(&bytes) {
+                        crate::own_writes::wrote_resource(&resource, version);
+                    }
+                    Ok::<_, kube::Error>(http::Response::from_parts(parts, Body::from(bytes)))
+                }
+                _ => Ok(response),
+            }
+        }
     });
     kube::Client::new(service, namespace)
 }
@@ -205,6 +275,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_request_names_its_resource_by_group_and_plural() {
+        for (path, want) in [
+            ("/api/v1/namespaces/ns/secrets", Some("/secrets")),
+            ("/api/v1/namespaces/ns/secrets/s", Some("/secrets")),
+            (
+                "/apis/apps/v1/namespaces/ns/deployments/d/status",
+                Some("apps/deployments"),
+            ),
+            (
+                "/apis/example.dev/v1/widgets/w",
+                Some("example.dev/widgets"),
+            ),
+            ("/api/v1/namespaces/ns", Some("/namespaces")),
+            ("/api/v1/namespaces/ns/finalize", Some("/namespaces")),
+            ("/api/v1/nodes", Some("/nodes")),
+            ("/api/v1", None),
+            ("/apis/apps/v1", None),
+            ("/version", None),
+        ] {
+            assert_eq!(resource_of(path).as_deref(), want, "{path}");
+        }
+    }
+
     /// Every request the wrapped client sends is counted by its verb.
     #[tokio::test]
     async fn the_client_counts_each_request_by_verb() {
@@ -239,5 +333,39 @@ mod tests {
             "get, list, watch, create, update, patch, delete"
         );
         assert_eq!(counts.total(), 4);
+    }
+
+    /// A reconcile's write is noted for its key at the version the API server answered; a
+    /// read, or a write outside a reconcile, is not.
+    #[tokio::test]
+    async fn a_reconciles_writes_are_noted_with_the_version_answered() {
+        let answer = tower::service_fn(|_: Request<Body>| async move {
+            let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","namespace":"ns","resourceVersion":"77"}}"#;
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(
+                body.as_bytes().to_vec(),
+            )))
+        });
+        let api: Api<ConfigMap> = Api::namespaced(
+            counted(kube::Client::new(answer, "ns"), Arc::default()),
+            "ns",
+        );
+        let written = Arc::new(crate::own_writes::Written::new());
+        let (params, patch) = (PatchParams::apply("t"), Patch::Apply(serde_json::json!({})));
+        let apply = || api.patch("c", &params, &patch);
+        apply().await.expect("outside a reconcile");
+        crate::own_writes::as_reconcile_of("k", written.clone(), async {
+            api.get("c").await.expect("read");
+        })
+        .await;
+        assert_eq!(written.newer_than("k", "/configmaps", 0), None, "a read");
+        let answered = crate::own_writes::as_reconcile_of("k", written.clone(), apply())
+            .await
+            .expect("written");
+        assert_eq!(
+            answered.metadata.resource_version.as_deref(),
+            Some("77"),
+            "the answer reaches the caller whole"
+        );
+        assert_eq!(written.newer_than("k", "/configmaps", 70), Some(77));
     }
 }

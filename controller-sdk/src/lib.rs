@@ -41,6 +41,7 @@ mod from_kube;
 mod health;
 pub mod memo;
 pub mod metrics;
+mod own_writes;
 pub mod precondition;
 pub mod reads;
 mod reconnect;

@@ -276,7 +276,7 @@ where
 /// object, the next delivery of the version it made is handed this without a read.
 fn answered<K: 'static>(written: Result<K, kube::Error>) -> Result<K, kube::Error> {
     if let Ok(object) = &written {
-        crate::runtime::wrote(object);
+        crate::own_writes::wrote(object);
     }
     written
 }

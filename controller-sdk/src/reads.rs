@@ -63,9 +63,12 @@ const CHILD_READS_AT_ONCE: usize = 8;
 /// eight at once); a child deleted since is left out; none when all of the kind are in other
 /// namespaces. Otherwise (none of the kind listed, more than 64 of them with one to read, or the
 /// request does not list them all), one LIST of the namespace from the watch
-/// cache, kept to the owner's children: a read that grows with the namespace. A child this
-/// controller created that the request does not list yet is found by the LIST only: write
-/// children by server-side apply (idempotent), as kube-rs's guide does.
+/// cache, kept to the owner's children: a read that grows with the namespace. So too when a
+/// reconcile of this key here wrote an object of kind `K` (through
+/// [`Controller::client`](crate::Controller::client)) that the request does not show yet,
+/// a LIST at least as new as that write: a child just created is found. One created through
+/// another client, or by another replica, is found by the LIST only: write children by
+/// server-side apply (idempotent), as kube-rs's guide does.
 pub async fn children<K, O>(api: &Api<K>, owner: &O) -> Result<Vec<K>, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
@@ -94,7 +97,19 @@ where
         .filter(|c| api.namespace().is_none_or(|ns| c.namespace == ns))
         .map(|c| (*c).clone())
         .collect();
-    if !of_kind.is_empty() && named.is_empty() {
+    // A write of the kind here for this key that the request does not show yet (the
+    // dispatcher's watch is behind it): what it made may be missing, so one LIST, at least as
+    // new as the write.
+    let shown = of_kind
+        .iter()
+        .filter_map(|c| c.resource_version.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    let written = crate::own_writes::written_newer_than(
+        &format!("{}/{}", K::group(&()), K::plural(&())),
+        shown,
+    );
+    if written.is_none() && !of_kind.is_empty() && named.is_empty() {
         return Ok(Vec::new());
     }
     // Read by name: in `api`'s namespace, or for a cluster-scoped kind. An `Api::all` of a
@@ -104,7 +119,10 @@ where
         || TypeId::of::<K::Scope>() != TypeId::of::<NamespaceResourceScope>();
     let carried: Vec<Option<K>> = named.iter().map(children::Child::object::<K>).collect();
     let to_read = carried.iter().filter(|c| c.is_none()).count();
-    if !named.is_empty() && (to_read == 0 || (by_name && named.len() <= MAX_CHILD_READS)) {
+    if written.is_none()
+        && !named.is_empty()
+        && (to_read == 0 || (by_name && named.len() <= MAX_CHILD_READS))
+    {
         let read: Vec<Option<K>> = futures::stream::iter(named.into_iter().zip(carried))
             .map(|(child, carried)| async move {
                 match carried {
@@ -121,7 +139,11 @@ where
             .filter(controlled_by_owner)
             .collect());
     }
-    let floor = newest([owner.meta().resource_version.as_deref()], known.as_deref());
+    let written = written.map(|v| v.to_string());
+    let floor = newest(
+        [owner.meta().resource_version.as_deref(), written.as_deref()],
+        known.as_deref(),
+    );
     let listed = list_not_older(api, &floor).await?;
     Ok(listed.into_iter().filter(controlled_by_owner).collect())
 }
@@ -238,9 +260,8 @@ mod tests {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let seen = asked.clone();
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let path = request.uri().path().to_owned();
-            let body = answer(&path);
-            seen.lock().unwrap().push(path);
+            let body = answer(request.uri().path());
+            seen.lock().unwrap().push(request.uri().to_string());
             let response = http::Response::new(kube::client::Body::from(body.into_bytes()));
             async move { Ok::<_, std::convert::Infallible>(response) }
         });
@@ -321,6 +342,84 @@ mod tests {
         let refused = children::scope(two_namespaces(false), children(&api, &owner)).await;
         assert!(refused.is_err(), "{refused:?}");
         assert!(asked.lock().unwrap().is_empty());
+    }
+
+    /// A reconcile here created a child its request does not show yet (the dispatcher's watch
+    /// is behind): one LIST at least as new as the write finds it, until a request shows it.
+    #[tokio::test]
+    async fn a_child_written_here_that_the_request_does_not_show_is_listed() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let mut owner = ConfigMap::default();
+        owner.metadata.uid = Some("owner".into());
+        let written = Arc::new(crate::own_writes::Written::new());
+        let request = |version: &str| {
+            let child = kube_dispatch_proto::v1::OwnedObject {
+                object: Some(kube_dispatch_proto::v1::ObjectKey {
+                    version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    namespace: "team-a".into(),
+                    name: "settings".into(),
+                    ..Default::default()
+                }),
+                uid: "uid-settings".into(),
+                resource_version: version.into(),
+                object_json: settings("team-a").into_bytes(),
+            };
+            Children::from_request(&kube_dispatch_proto::v1::ReconcileRequest {
+                children: vec![child],
+                children_state: kube_dispatch_proto::v1::ChildrenState::Complete as i32,
+                ..Default::default()
+            })
+        };
+        let (client, asked) = answering(|path| {
+            assert_eq!(path, "/api/v1/namespaces/team-a/configmaps");
+            let other = settings("team-a").replace(r#""name":"settings""#, r#""name":"more""#);
+            format!(
+                r#"{{"apiVersion":"v1","kind":"ConfigMapList","metadata":{{"resourceVersion":"45"}},"items":[{},{other}]}}"#,
+                settings("team-a")
+            )
+        });
+        let api = Api::<ConfigMap>::namespaced(client, "team-a");
+        let names = |maps: Vec<ConfigMap>| -> Vec<String> {
+            maps.into_iter().filter_map(|m| m.metadata.name).collect()
+        };
+        let read = |version: &'static str| {
+            let written = written.clone();
+            let api = api.clone();
+            let owner = owner.clone();
+            async move {
+                crate::own_writes::as_reconcile_of("/ConfigMap/team-a/t", written, async move {
+                    children::scope(request(version), children(&api, &owner)).await
+                })
+                .await
+            }
+        };
+
+        // Nothing written here: the child is taken from the request.
+        assert_eq!(names(read("40").await.expect("taken")), ["settings"]);
+        assert!(asked.lock().unwrap().is_empty());
+
+        // A child of the kind written at 45, the request showing 40: one LIST, not older.
+        crate::own_writes::as_reconcile_of("/ConfigMap/team-a/t", written.clone(), async {
+            crate::own_writes::wrote_resource("/configmaps", 45);
+        })
+        .await;
+        assert_eq!(
+            names(read("40").await.expect("listed")),
+            ["settings", "more"]
+        );
+        let asked_now = asked.lock().unwrap().clone();
+        assert_eq!(asked_now.len(), 1, "{asked_now:?}");
+        assert!(
+            asked_now[0].contains("resourceVersion=45")
+                && asked_now[0].contains("resourceVersionMatch=NotOlderThan"),
+            "{asked_now:?}"
+        );
+
+        // A request that shows the write: taken from it again, and the write forgotten.
+        assert_eq!(names(read("45").await.expect("taken")), ["settings"]);
+        assert_eq!(names(read("40").await.expect("taken")), ["settings"]);
+        assert_eq!(asked.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -55,7 +56,7 @@ func (c *deliveredClient) childrenByName(ctx context.Context, list client.Object
 	// any child listed: the dispatcher may not have seen them yet. Many: one LIST is cheaper.
 	// A deletion here since the last consistent List: the request may list what it deleted.
 	deleted, _ := c.fresh.deleted.since(deletionScope{kind: kind.GroupKind(), namespace: opts.Namespace})
-	if len(named) == 0 || len(named) > maxChildReads || deleted || c.fresh.own.newest(ownKey(d.Request.GetKey(), kind.GroupKind())) > newest {
+	if len(named) == 0 || len(named) > maxChildReads || deleted || c.fresh.own.newerThan(ownKey(d.Request.GetKey(), kind.GroupKind()), newest) {
 		return false, nil
 	}
 	// Those the request carries are taken from it; the others read at once, at most
@@ -162,14 +163,16 @@ func ownerIndex(probe client.Object, d *engine.Delivery, extract client.IndexerF
 
 // ownWrites are the newest resourceVersions this process's reconciles wrote, by request key:
 // a request older than its key's last write here may not list the children that write made.
+// An entry goes once a request shows its write (newerThan).
 //
-// Bound: ownWritesKept keys; the oldest noted is forgotten first.
+// Bound: ownWritesKept keys; past it the oldest noted is forgotten first, and its key's reads
+// are then as its requests show them, as a cache behind its own writes would be. (A floor
+// for every key not known, as this once kept, stayed high for good: every key's read became a
+// List once a few thousand had written.)
 type ownWrites struct {
 	mu    sync.Mutex
 	by    map[string]uint64
 	order []string
-	// forgotten is the newest version among the keys forgotten: a key not known may have been.
-	forgotten uint64
 }
 
 const ownWritesKept = 4096
@@ -181,8 +184,7 @@ func (w *ownWrites) note(key string, version uint64) {
 		w.by = map[string]uint64{}
 	}
 	if _, known := w.by[key]; !known {
-		if len(w.order) >= ownWritesKept {
-			w.forgotten = max(w.forgotten, w.by[w.order[0]])
+		for len(w.order) >= ownWritesKept {
 			delete(w.by, w.order[0])
 			w.order = w.order[1:]
 		}
@@ -191,13 +193,21 @@ func (w *ownWrites) note(key string, version uint64) {
 	w.by[key] = max(w.by[key], version)
 }
 
-func (w *ownWrites) newest(key string) uint64 {
+// newerThan says whether key's newest write here is newer than shown, the newest its request
+// shows; a write the request shows is forgotten.
+func (w *ownWrites) newerThan(key string, shown uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if v, ok := w.by[key]; ok {
-		return v
+	v, ok := w.by[key]
+	if !ok {
+		return false
 	}
-	return w.forgotten
+	if v > shown {
+		return true
+	}
+	delete(w.by, key)
+	w.order = slices.DeleteFunc(w.order, func(k string) bool { return k == key })
+	return false
 }
 
 // ownKey is where ownWrites keeps a reconcile's writes of one kind: a request's children of a

@@ -239,7 +239,7 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	if err := c.Apply(ctx, corev1ac.ConfigMap("b", "ns")); err != nil {
 		t.Fatal(err)
 	}
-	if floor() != 500 || c.fresh.own.newest(ownKey("/ConfigMap/ns/a", schema.GroupKind{Kind: "ConfigMap"})) != 500 {
+	if own := ownKey("/ConfigMap/ns/a", schema.GroupKind{Kind: "ConfigMap"}); floor() != 500 || !c.fresh.own.newerThan(own, 499) || c.fresh.own.newerThan(own, 500) || c.fresh.own.newerThan(own, 0) {
 		t.Fatalf("after an apply answered at 500: floor %d", floor())
 	}
 
@@ -323,5 +323,26 @@ func TestForgottenDeletionScopesReadConsistentlyOnce(t *testing.T) {
 	d.listed(scope(0), mark)
 	if deleted, _ := d.since(scope(0)); deleted {
 		t.Fatal("a consistent List of the forgotten scope did not count")
+	}
+}
+
+// A key's own writes are kept for at most ownWritesKept keys, the oldest going first; a key
+// not known reads as its requests show it, and one shown is forgotten.
+func TestOwnWritesAreBoundedAndForgottenOnceShown(t *testing.T) {
+	var w ownWrites
+	for i := range ownWritesKept + 1 {
+		w.note(fmt.Sprintf("k%d", i), 5)
+	}
+	if len(w.by) != ownWritesKept || len(w.order) != ownWritesKept {
+		t.Fatalf("kept %d keys, %d in order", len(w.by), len(w.order))
+	}
+	if w.newerThan("k0", 1) {
+		t.Fatal("the oldest key was not forgotten")
+	}
+	if !w.newerThan("k1", 4) || w.newerThan("k1", 5) || w.newerThan("k1", 1) {
+		t.Fatal("a write shown was not forgotten")
+	}
+	if len(w.by) != ownWritesKept-1 || len(w.order) != ownWritesKept-1 {
+		t.Fatalf("after one shown: %d keys, %d in order", len(w.by), len(w.order))
 	}
 }

@@ -57,7 +57,7 @@ pub(super) async fn load<T: Types>(
     };
     let full = shared.full_payload;
     if request.deleted {
-        shared.recent.forget(&request.key);
+        shared.forget(&request.key);
         shared.metrics.loaded(Source::Request);
         if request.object_json.is_empty() || !full {
             // No last state (a deletion found by a re-list, or a payload without bodies): a
@@ -132,7 +132,7 @@ pub(super) async fn load<T: Types>(
             source,
         })?;
     let Some(object) = read else {
-        shared.recent.forget(&request.key);
+        shared.forget(&request.key);
         return Ok(None);
     };
     let json = serde_json::to_vec(&object).map_err(|source| Error::Decode {

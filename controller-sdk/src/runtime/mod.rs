@@ -19,7 +19,6 @@ mod admin;
 mod endings;
 mod load;
 mod recent;
-pub(crate) use recent::wrote;
 mod reconcile;
 mod session;
 mod shared;
@@ -127,6 +126,7 @@ where
             ControllerMetrics::off()
         },
         recent: Arc::new(recent::Recent::new(recent_objects)),
+        written: Arc::new(crate::own_writes::Written::new()),
         live: Mutex::default(),
         session_opened: tokio::sync::Notify::new(),
         endings: endings::Endings::default(),

@@ -32,6 +32,8 @@ use std::{
 use kube::Resource;
 use lru::LruCache;
 
+use crate::own_writes::{OwnWrites, Written};
+
 /// What an entry costs beside its strings and JSON (the map's node, the `Arc`, the strings'
 /// headers), counted against the budget so that many small objects stay within it too.
 const ENTRY_BYTES: usize = 128;
@@ -166,29 +168,11 @@ impl<K> Recent<K> {
     }
 }
 
-/// Whoever keeps the objects of the reconcile running in this task (its controller's
-/// [`Recent`], for its request key).
-pub(crate) trait OwnWrites: Send + Sync {
-    /// The reconcile wrote `object` (of some type), and the API server answered this.
-    fn wrote(&self, object: &dyn Any);
-}
-
-tokio::task_local! {
-    /// The objects kept for the reconcile running in this task.
-    pub(crate) static OWN_WRITES: Arc<dyn OwnWrites>;
-}
-
-/// A reconcile's write answered `object`: if it is the reconcile's own object (its type, and
-/// the uid of the object kept for its key), the object kept for its key becomes this one.
-/// Outside a reconcile, nothing.
-pub(crate) fn wrote<W: Any>(object: &W) {
-    let _ = OWN_WRITES.try_with(|writes| writes.wrote(object));
-}
-
-/// The objects kept for the reconcile of `key`.
+/// The objects kept for the reconcile of `key`, and its writes.
 pub(crate) struct KeepOwn<K> {
     pub(crate) key: String,
     pub(crate) recent: Arc<Recent<K>>,
+    pub(crate) written: Arc<Written>,
 }
 
 impl<K: Resource + Clone + Send + Sync + 'static> OwnWrites for KeepOwn<K> {
@@ -200,6 +184,14 @@ impl<K: Resource + Clone + Send + Sync + 'static> OwnWrites for KeepOwn<K> {
             self.recent
                 .update(&self.key, (version, uid), Arc::new(object.clone()));
         }
+    }
+
+    fn wrote_resource(&self, resource: &str, version: u64) {
+        self.written.note(&self.key, resource, version);
+    }
+
+    fn written_newer_than(&self, resource: &str, shown: u64) -> Option<u64> {
+        self.written.newer_than(&self.key, resource, shown)
     }
 }
 

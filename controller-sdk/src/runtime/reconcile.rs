@@ -18,10 +18,14 @@ use tracing::debug;
 
 use super::{
     load::load,
-    recent::{KeepOwn, OWN_WRITES, OwnWrites},
+    recent::KeepOwn,
     shared::{Outcome, Shared, Types},
 };
-use crate::{Action, Error, metrics::Ended};
+use crate::{
+    Action, Error,
+    metrics::Ended,
+    own_writes::{OWN_WRITES, OwnWrites},
+};
 
 /// Runs one delivery, which `arrived` then: waits for a free slot unless its `slot` holds one,
 /// loads the object and reconciles it, all by `deadline` (`limit` after the delivery); returns
@@ -68,6 +72,7 @@ pub(super) async fn reconcile_one<T: Types>(
         let own: Arc<dyn OwnWrites> = Arc::new(KeepOwn {
             key: key.clone(),
             recent: shared.recent.clone(),
+            written: shared.written.clone(),
         });
         Some(
             crate::metrics::CONTROLLER

@@ -93,6 +93,8 @@ pub(super) struct Shared<T: Types> {
     pub(super) metrics: ControllerMetrics,
     /// The objects reconciled last, for deliveries of a version already held.
     pub(super) recent: Arc<super::recent::Recent<T::K>>,
+    /// What each key's reconciles wrote here, until its requests show it.
+    pub(super) written: Arc<crate::own_writes::Written>,
     /// The open sessions, by dispatcher address: where triggers go (`reconcile_on`). At most
     /// one per assigned dispatcher.
     pub(super) live: Mutex<HashMap<String, LiveSession>>,
@@ -100,6 +102,14 @@ pub(super) struct Shared<T: Types> {
     pub(super) session_opened: tokio::sync::Notify,
     /// Sessions ended on dispatchers that died, and the dispatchers named dead.
     pub(super) endings: super::endings::Endings,
+}
+
+impl<T: Types> Shared<T> {
+    /// Forgets what is kept of `key`'s object and of its writes: the object was deleted.
+    pub(super) fn forget(&self, key: &str) {
+        self.recent.forget(key);
+        self.written.forget(key);
+    }
 }
 
 /// An open session, as a trigger reaches its dispatcher.

@@ -1,7 +1,10 @@
 //! A kube-rs controller that found its children in a reflector store finds them with
 //! `reads::children` instead: exactly its own, those it created included, each taken from its
 //! request where the dispatcher sent the child's body (no read), else read by name from the
-//! watch cache as its request lists them (one GET per child), and one LIST where it lists none.
+//! watch cache as its request lists them (one GET per child), and one LIST where it lists none
+//! or does not show yet a child the controller created (its watch behind the write).
+
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
@@ -12,8 +15,9 @@ use super::support::*;
 const LABEL: &str = "example.kube-dispatch.dev/reads=yes";
 
 /// A reconcile's owner, the children it listed, and how many its request showed, and of those
-/// how many without their bodies.
-type Listed = (String, Vec<String>, Option<(usize, usize)>);
+/// how many without their bodies, and whether its request was older than a child an earlier
+/// reconcile of the owner created.
+type Listed = (String, Vec<String>, Option<(usize, usize)>, bool);
 
 struct Parents {
     client: kube::Client,
@@ -23,29 +27,44 @@ struct Parents {
     listed: Mutex<Vec<Listed>>,
     /// A child created twice: the list had missed it.
     missed: Mutex<Vec<String>>,
+    /// The newest resourceVersion of a child created, by owner.
+    created: Mutex<HashMap<String, u64>>,
 }
 
 async fn reconcile(owner: Arc<ConfigMap>, ctx: Arc<Parents>) -> Result<Action, kube::Error> {
     let name = owner.name_any();
     let secrets: Api<Secret> =
         Api::namespaced(ctx.client.clone(), &owner.namespace().unwrap_or_default());
-    let shown = children::of_this_reconcile()
-        .filter(|c| c.is_complete())
-        .map(|c| {
-            let shown: Vec<_> = c.of::<Secret>().collect();
-            let bare = shown.iter().filter(|c| c.object_json.is_empty()).count();
-            (shown.len(), bare)
-        });
+    let known = children::of_this_reconcile().filter(|c| c.is_complete());
+    let shown = known.as_ref().map(|c| {
+        let shown: Vec<_> = c.of::<Secret>().collect();
+        let bare = shown.iter().filter(|c| c.object_json.is_empty()).count();
+        (shown.len(), bare)
+    });
+    let newest_shown = known
+        .iter()
+        .flat_map(|c| c.of::<Secret>())
+        .filter_map(|c| c.resource_version.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    let behind = ctx
+        .created
+        .lock()
+        .expect("the children created")
+        .get(&name)
+        .is_some_and(|created| *created > newest_shown);
     let mut listed: Vec<String> = reads::children(&secrets, owner.as_ref())
         .await?
         .iter()
         .map(ResourceExt::name_any)
         .collect();
     listed.sort();
-    ctx.listed
-        .lock()
-        .expect("the list of reconciles")
-        .push((name.clone(), listed.clone(), shown));
+    ctx.listed.lock().expect("the list of reconciles").push((
+        name.clone(),
+        listed.clone(),
+        shown,
+        behind,
+    ));
     for suffix in ["a", "b"] {
         let child_name = format!("{name}-{suffix}");
         if listed.contains(&child_name) {
@@ -62,7 +81,10 @@ async fn reconcile(owner: Arc<ConfigMap>, ctx: Arc<Parents>) -> Result<Action, k
                     .push(child_name);
             }
             other => {
-                other?;
+                let version = other?.metadata.resource_version.unwrap_or_default();
+                let mut created = ctx.created.lock().expect("the children created");
+                let newest = created.entry(name.clone()).or_default();
+                *newest = (*newest).max(version.parse().unwrap_or(0));
             }
         }
     }
@@ -92,6 +114,7 @@ async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_th
         client: controller.client(),
         listed: Mutex::default(),
         missed: Mutex::default(),
+        created: Mutex::default(),
     });
     let stream = controller.run(reconcile, error_policy, Arc::clone(&ctx));
     let task = tokio::spawn(stream.for_each(|_| async {}));
@@ -117,8 +140,8 @@ async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_th
                     listed
                         .iter()
                         .rev()
-                        .find(|(owner, _, _)| owner == name)
-                        .filter(|(_, children, _)| *children == want)
+                        .find(|(owner, ..)| owner == name)
+                        .filter(|(_, children, ..)| *children == want)
                         .map(|_| ())
                 }
             },
@@ -127,7 +150,7 @@ async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_th
     }
 
     let listed = ctx.listed.lock().expect("the list of reconciles").clone();
-    for (owner, children, _) in &listed {
+    for (owner, children, ..) in &listed {
         assert!(
             children.iter().all(|c| c.starts_with(&format!("{owner}-"))),
             "{owner} listed {children:?}"
@@ -138,14 +161,7 @@ async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_th
         Vec::<String>::new(),
         "a list missed a child"
     );
-    // A request that lists some children completely: a GET of each it carries without a
-    // body; otherwise one LIST.
-    let shown: usize = listed.iter().filter_map(|(_, _, s)| s.map(|s| s.0)).sum();
-    let gets: usize = listed.iter().filter_map(|(_, _, s)| s.map(|s| s.1)).sum();
-    let lists = listed
-        .iter()
-        .filter(|(_, _, s)| s.unwrap_or_default().0 == 0)
-        .count();
+    let (shown, gets, lists) = reads_expected(&listed);
     assert!(shown > 0, "no reconcile was shown its children: {listed:?}");
     assert!(
         gets < shown,
@@ -172,4 +188,24 @@ async fn children_read_as_from_a_store_cost_no_read_where_the_request_carries_th
     tokio::time::timeout(Duration::from_secs(30), task).await??;
     d.stop().await;
     Ok(())
+}
+
+/// What the reconciles in `listed` should have cost: children shown, GETs and LISTs. A request
+/// that lists some children completely, and shows every child created: a GET of each it
+/// carries without a body; otherwise one LIST.
+fn reads_expected(listed: &[Listed]) -> (usize, usize, usize) {
+    let shown: usize = listed
+        .iter()
+        .filter_map(|(_, _, s, _)| s.map(|s| s.0))
+        .sum();
+    let gets: usize = listed
+        .iter()
+        .filter(|(.., behind)| !behind)
+        .filter_map(|(_, _, s, _)| s.map(|s| s.1))
+        .sum();
+    let lists = listed
+        .iter()
+        .filter(|(_, _, s, behind)| s.unwrap_or_default().0 == 0 || *behind)
+        .count();
+    (shown, gets, lists)
 }
