@@ -41,6 +41,13 @@ pub struct ListedSessions {
     overflow_until: Option<Instant>,
     /// No Lease (a fixed ring): every session may be handed keys at once.
     unlimited: bool,
+    /// Every session opened before this was in a write made (accepted or not yet).
+    made_before: u64,
+    /// Writes made so far: each is numbered.
+    writes: u64,
+    /// A session a write made listed ended idle when this many writes were made: until a later
+    /// one is accepted, the Lease may list it, and a write is wanted at once.
+    unlist: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -56,6 +63,8 @@ pub struct SessionsWrite {
     pub value: String,
     /// Pass to [`ListedSessions::written`] once the write is accepted.
     pub through: u64,
+    /// The write's number among those made.
+    pub number: u64,
 }
 
 impl ListedSessions {
@@ -68,6 +77,9 @@ impl ListedSessions {
             listed_before: 0,
             overflow_until: None,
             unlimited: false,
+            made_before: 0,
+            writes: 0,
+            unlist: None,
         }
     }
 
@@ -97,13 +109,18 @@ impl ListedSessions {
     /// listed for the handover bound, since what it handed out may still run that long, unless
     /// it ended `idle` (nothing in flight: each key it was handed acknowledged, or run out,
     /// the same fence this dispatcher trusts when it hands such a key out again), when the
-    /// next write lists it no more. Were this dispatcher to die, the others would otherwise
-    /// wait for a report of it from a replica that may have no reason to send one (it
-    /// reconnected elsewhere). Only the first end counts: a session ended with keys in flight
-    /// stays listed, whatever a later end of it says.
+    /// next write, wanted at once ([`ListedSessions::unwritten`]), lists it no more. Were this
+    /// dispatcher to die, the others (and its own next process) would otherwise wait for a
+    /// report of it from a replica that may have no reason to send one (it closed the session,
+    /// no longer assigned this dispatcher). Only the first end counts: a session ended with
+    /// keys in flight stays listed, whatever a later end of it says.
     pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) {
         match self.sessions.get_mut(&tag) {
             Some(s) if idle && s.ended.is_none() => {
+                // A write made may list it, accepted or not yet.
+                if s.opened < self.made_before {
+                    self.unlist = Some(self.writes);
+                }
                 self.sessions.remove(&tag);
             }
             Some(s) => {
@@ -139,15 +156,18 @@ impl ListedSessions {
                 .is_some_and(|s| s.opened < self.listed_before && s.ended.is_none())
     }
 
-    /// Whether a session waits for a write to list it.
+    /// Whether the Lease should be written for sessions: one waits for a write to list it, or
+    /// one a write listed ended idle and no write accepted since lists it no more.
     pub fn unwritten(&self) -> bool {
-        !self.unlimited && self.listed_before < self.next
+        !self.unlimited && (self.listed_before < self.next || self.unlist.is_some())
     }
 
     /// What the next Lease write lists at `now`; sessions that ended longer than the bound ago
     /// are listed no more.
     pub fn write(&mut self, now: Instant) -> SessionsWrite {
         let keep = self.keep;
+        self.made_before = self.next;
+        self.writes += 1;
         self.sessions.retain(|_, s| {
             s.ended
                 .is_none_or(|at| now.saturating_duration_since(at) < keep)
@@ -157,13 +177,17 @@ impl ListedSessions {
         SessionsWrite {
             value: sessions_value(&tags, forgot || tags.len() > MAX_LISTED_SESSIONS),
             through: self.next,
+            number: self.writes,
         }
     }
 
-    /// A write made from [`ListedSessions::write`] was accepted: the sessions it listed may be handed
-    /// keys.
-    pub fn written(&mut self, through: u64) {
-        self.listed_before = self.listed_before.max(through);
+    /// A write made from [`ListedSessions::write`] was accepted: the sessions it listed may be
+    /// handed keys, and those that ended idle before it was made are listed no more.
+    pub fn written(&mut self, write: &SessionsWrite) {
+        self.listed_before = self.listed_before.max(write.through);
+        if self.unlist.is_some_and(|made| write.number > made) {
+            self.unlist = None;
+        }
     }
 
     /// Sessions listed, for metrics.
@@ -252,10 +276,10 @@ mod tests {
         let write = l.write(t0);
         assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([1])));
         l.opened(2);
-        l.written(write.through);
+        l.written(&write);
         assert!(l.may_hand_out(1) && !l.may_hand_out(2) && l.unwritten());
         let write = l.write(t0);
-        l.written(write.through);
+        l.written(&write);
         assert!(l.may_hand_out(2) && !l.unwritten());
         // Ended with keys in flight: listed for the bound, handed nothing more.
         l.ended(1, t0 + SEC, false);
@@ -266,10 +290,26 @@ mod tests {
         // Ended with nothing in flight: listed no more from the next write.
         l.opened(3);
         let write = l.write(t0 + 11 * SEC);
-        l.written(write.through);
+        l.written(&write);
+        assert!(!l.unwritten());
         l.ended(3, t0 + 12 * SEC, true);
         assert!(!l.may_hand_out(3));
-        assert_eq!(listed(&mut l, t0 + 12 * SEC), BTreeSet::from([2]));
+        assert!(l.unwritten(), "a write that lists it no more is wanted");
+        let write = l.write(t0 + 12 * SEC);
+        assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([2])));
+        assert!(l.unwritten(), "until that write is accepted");
+        l.written(&write);
+        assert!(!l.unwritten(), "that write lists it no more");
+        // Ended idle while the write that lists it is not yet accepted: another is wanted.
+        l.opened(5);
+        let write = l.write(t0 + 12 * SEC);
+        l.ended(5, t0 + 12 * SEC, true);
+        l.written(&write);
+        assert!(l.unwritten(), "the write accepted lists it");
+        let write = l.write(t0 + 12 * SEC);
+        assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([2])));
+        l.written(&write);
+        assert!(!l.unwritten());
         // Ended with keys in flight, then ended again as if idle (a close racing its
         // replacement): the first end counts.
         l.ended(2, t0 + 12 * SEC, false);
@@ -291,7 +331,7 @@ mod tests {
         }
         let write = l.write(t0);
         assert_eq!(parse_sessions(&write.value), None, "overflow: unknown");
-        l.written(write.through);
+        l.written(&write);
         assert!(l.may_hand_out(0), "an overflowing write lists them all");
     }
 

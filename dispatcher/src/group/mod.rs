@@ -59,6 +59,9 @@ pub struct SessionSlot {
     pub opener: Option<String>,
     /// Its replica said it is stopping (`AckRequest.stopping`): its polls are answered at once.
     pub stopping: std::sync::atomic::AtomicBool,
+    /// The generation of the dispatchers named dead that its last answer carried (the open's,
+    /// then each poll's): a poll that finds another answers at once.
+    pub told_dead: std::sync::atomic::AtomicU64,
 }
 
 /// A session that ended, and whether it had nothing in flight then

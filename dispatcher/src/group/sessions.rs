@@ -40,6 +40,7 @@ impl Group {
             wire_id,
             opener: opener.map(str::to_owned),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            told_dead: std::sync::atomic::AtomicU64::new(0),
         });
         let replaced = {
             let mut state = self.state_now();

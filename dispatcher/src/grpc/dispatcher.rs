@@ -97,8 +97,10 @@ impl DispatcherService {
     /// The answer to an OpenSession that opened `session_id` with `ttl`.
     fn opened(&self, session_id: String, ttl: std::time::Duration) -> OpenSessionResponse {
         let groups = &self.groups;
-        let (dead_dispatchers, previous_process_died) =
-            groups.lease_sessions().named_dead(groups.identity());
+        let (dead_dispatchers, previous_process_died) = groups
+            .lease_sessions()
+            .named_dead()
+            .for_replicas(groups.identity());
         OpenSessionResponse {
             session_id,
             ttl: prost_types::Duration::try_from(ttl).ok(),
@@ -440,10 +442,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .into_iter()
             .map(|(d, children)| to_wire(&polled.group, d, children))
             .collect();
-        let (dead_dispatchers, previous_process_died) = self
-            .groups
-            .lease_sessions()
-            .named_dead(self.groups.identity());
+        // Named as the poll saw them last, which it recorded as told to the session.
+        let (dead_dispatchers, previous_process_died) =
+            polled.named.for_replicas(self.groups.identity());
         Ok(Response::new(PollResponse {
             requests,
             held: prost_types::Duration::try_from(polled.held).ok(),

@@ -142,7 +142,7 @@ impl Membership {
         // fenced dispatcher names nobody, and one whose view lags (just unfenced, or after a
         // pause, every Lease looks old in it) leaves the list as it was until its watch has
         // caught up. Itself only for its previous process, which died (answers say so apart
-        // from the dead members: `LeaseSessions::named_dead`).
+        // from the dead members: `Named::for_replicas`).
         if fenced {
             self.sessions.set_dead(Default::default());
         } else if judged {

@@ -83,12 +83,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     // When a write wanted for new sessions is due (`SessionWrites`).
     let mut session_write: Option<tokio::time::Instant> = None;
-    // A process's first write for sessions waits the spacing from its start, as every write
-    // for sessions did before: made at once, a restarted dispatcher's new process waited out
-    // the handover bound instead of its previous sessions' reports in one run of five
-    // (`a_killed_and_restarted_dispatcher_serves_once_its_previous_sessions_are_reported_ended`;
-    // why is not found yet).
-    let mut session_writes = SessionWrites::started(tokio::time::Instant::now());
+    let mut session_writes = SessionWrites::default();
     loop {
         // In this order: the Leases seen first (a storm of writes never leaves the view
         // behind), then renewals on the period and at once when the released ring changes,
@@ -192,23 +187,18 @@ impl LeaseRenewals {
 /// write's round trip to be handed keys, and a thousand opens a second cost five writes.
 pub const SESSION_WRITE_SPACING: Duration = Duration::from_millis(200);
 
-/// When the writes of the Lease that new sessions ask for are made: at once, unless one was
-/// made for sessions within [`SESSION_WRITE_SPACING`] (or the process started within it), so a
-/// storm of opens costs the API server (and every dispatcher's watch of the Leases) a few
-/// writes a second, each listing every session opened meanwhile. Other writes (renewals on the
-/// period, ring changes) do not hold one back: counted, they made a session opened just after
-/// one wait the spacing for nothing.
+/// When the writes of the Lease that new sessions ask for (or sessions that ended idle, to be
+/// listed no more) are made: at once, a process's first included, unless one was made for
+/// sessions within [`SESSION_WRITE_SPACING`], so a storm of opens costs the API server (and
+/// every dispatcher's watch of the Leases) a few writes a second, each listing every session
+/// opened meanwhile. Other writes (renewals on the period, ring changes) do not hold one back:
+/// counted, they made a session opened just after one wait the spacing for nothing.
 #[derive(Debug, Default)]
 struct SessionWrites {
     last: Option<tokio::time::Instant>,
 }
 
 impl SessionWrites {
-    /// The writes of a process that started at `now`: its first waits the spacing from then.
-    fn started(now: tokio::time::Instant) -> Self {
-        Self { last: Some(now) }
-    }
-
     /// When a write wanted at `now` is due.
     fn due(&self, now: tokio::time::Instant) -> tokio::time::Instant {
         self.last
@@ -410,7 +400,8 @@ mod tests {
     fn a_write_for_sessions_is_made_at_once_unless_one_was_made_for_sessions_just_before() {
         let start = tokio::time::Instant::now();
         let mut writes = SessionWrites::default();
-        // The first, whatever was written before for other reasons: at once.
+        // The first (a process's first too), whatever was written before for other reasons:
+        // at once.
         assert_eq!(writes.due(start), start);
         writes.made(start);
         // Within the spacing of it: when the spacing ends.
@@ -419,10 +410,6 @@ mod tests {
         // Past it: at once.
         let later = start + SESSION_WRITE_SPACING + Duration::from_millis(1);
         assert_eq!(writes.due(later), later);
-        // A process's first: the spacing from its start.
-        let started = SessionWrites::started(start);
-        assert_eq!(started.due(soon), start + SESSION_WRITE_SPACING);
-        assert_eq!(started.due(later), later);
         // A storm: one write per spacing at most.
         let mut at = later;
         writes.made(at);

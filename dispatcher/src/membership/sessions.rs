@@ -48,11 +48,37 @@ pub struct LeaseSessions {
     reports: Mutex<Vec<(String, u64)>>,
     /// The members named dead, each with the sessions it listed: a report of any other is
     /// dropped at once.
-    dead: watch::Sender<Arc<Awaited>>,
+    dead: watch::Sender<Named>,
 }
 
 /// Members that died, each with the sessions its Lease listed.
 pub type Awaited = BTreeMap<String, BTreeSet<u64>>;
+
+/// The members named dead, and how many times that changed: a poll tells whether its
+/// session's last answer named the ones named now.
+#[derive(Clone, Debug, Default)]
+pub struct Named {
+    /// Moves with every change of `awaited`.
+    pub generation: u64,
+    /// The members named dead, each with the sessions it listed.
+    pub awaited: Arc<Awaited>,
+}
+
+impl Named {
+    /// What an answer of dispatcher `identity` names dead: the other members replicas are
+    /// asked to report their sessions on (`dead_dispatchers`), and whether its own previous
+    /// process is one (`previous_process_died`: named apart, since a replica would end its
+    /// session with the new process on finding `identity` among the dead).
+    pub fn for_replicas(&self, identity: &str) -> (Vec<String>, bool) {
+        let others = self
+            .awaited
+            .keys()
+            .filter(|m| *m != identity)
+            .cloned()
+            .collect();
+        (others, self.awaited.contains_key(identity))
+    }
+}
 
 impl LeaseSessions {
     /// Sessions that stay listed for `keep` (the handover bound) after they end.
@@ -71,7 +97,7 @@ impl LeaseSessions {
             listed: watch::channel(0).0,
             write: Notify::new(),
             reports: Mutex::new(Vec::new()),
-            dead: watch::channel(Arc::default()).0,
+            dead: watch::channel(Named::default()).0,
         }
     }
 
@@ -91,7 +117,13 @@ impl LeaseSessions {
     /// Session `session_id` ended here at `now` (closed, expired, replaced, drained), `idle`
     /// when it had nothing in flight ([`ListedSessions::ended`]).
     pub fn ended(&self, session_id: &str, now: Instant, idle: bool) {
-        self.listed().ended(session_tag(session_id), now, idle);
+        let mut listing = self.listed();
+        listing.ended(session_tag(session_id), now, idle);
+        // One a write listed ended idle: the Lease should list it no more soon (spaced as the
+        // writes for new sessions are).
+        if listing.unwritten() {
+            self.write.notify_one();
+        }
     }
 
     /// Whether the session with tag `tag` ([`session_tag`] of its id) may be handed keys: an
@@ -105,12 +137,14 @@ impl LeaseSessions {
         self.listed.subscribe()
     }
 
-    /// Resolves when a session waits for a Lease write to list it.
+    /// Resolves when a session waits for a Lease write to list it, or one a write listed
+    /// ended idle.
     pub async fn write_wanted(&self) {
         self.write.notified().await;
     }
 
-    /// Whether a session waits for a Lease write to list it (one made since it asked may have).
+    /// Whether a session waits for a Lease write to list it, or to list it no more (one made
+    /// since it asked may have).
     pub fn unwritten(&self) -> bool {
         self.listed().unwritten()
     }
@@ -122,7 +156,7 @@ impl LeaseSessions {
 
     /// The write made from `write` was accepted.
     pub fn written(&self, write: &SessionsWrite) {
-        self.listed().written(write.through);
+        self.listed().written(write);
         self.listed.send_modify(|n| *n = write.through);
     }
 
@@ -134,6 +168,7 @@ impl LeaseSessions {
         let listed = self
             .dead
             .borrow()
+            .awaited
             .get(member)
             .is_some_and(|tags| tags.contains(&tag));
         if !listed {
@@ -156,26 +191,22 @@ impl LeaseSessions {
     /// sessions each listed.
     pub fn set_dead(&self, awaited: Awaited) {
         self.dead.send_if_modified(|dead| {
-            let changed = **dead != awaited;
+            let changed = *dead.awaited != awaited;
             if changed {
-                *dead = Arc::new(awaited);
+                dead.awaited = Arc::new(awaited);
+                dead.generation += 1;
             }
             changed
         });
     }
 
-    /// What an answer of dispatcher `identity` names dead: the other members replicas are asked
-    /// to report their sessions on (`dead_dispatchers`), and whether its own previous process
-    /// is one (`previous_process_died`: named apart, since a replica would end its session
-    /// with the new process on finding `identity` among the dead).
-    pub fn named_dead(&self, identity: &str) -> (Vec<String>, bool) {
-        let dead = self.dead.borrow();
-        let others = dead.keys().filter(|m| *m != identity).cloned().collect();
-        (others, dead.contains_key(identity))
+    /// The members named dead now ([`Named::for_replicas`] says what an answer carries).
+    pub fn named_dead(&self) -> Named {
+        self.dead.borrow().clone()
     }
 
     /// Changes with [`LeaseSessions::named_dead`].
-    pub fn dead_changes(&self) -> watch::Receiver<Arc<Awaited>> {
+    pub fn dead_changes(&self) -> watch::Receiver<Named> {
         self.dead.subscribe()
     }
 }

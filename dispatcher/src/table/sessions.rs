@@ -54,6 +54,8 @@ pub struct Polled {
     /// How long the dispatcher held the poll before its last look at the queue: the replica
     /// counts its deadlines from that long after it sent the poll (`controller-sdk` fencing).
     pub held: Duration,
+    /// The dispatchers named dead, as the answer names them (recorded as told the session).
+    pub named: crate::membership::sessions::Named,
 }
 
 impl GroupTable {
@@ -112,7 +114,9 @@ impl GroupTable {
             rand::random::<u64>()
         );
         let user = caller.identity().map(|i| i.username.as_str());
-        let (_, replaced) = group
+        // Read before the open's answer names the dead: a change after it is new to the session.
+        let told_dead = self.lease_sessions.named_dead().generation;
+        let (slot, replaced) = group
             .add_session(id, session_id.clone(), replica, ttl, user)
             .map_err(|holder| SessionError::ReplicaOfAnother {
                 group: group.id.name.clone(),
@@ -120,6 +124,7 @@ impl GroupTable {
                 holder,
                 caller: caller.name().to_owned(),
             })?;
+        slot.told_dead.store(told_dead, Ordering::Release);
         let mut sessions = self.sessions();
         // Listed before anything can hand it keys: it is in no index yet.
         self.lease_sessions.opened(&session_id);
@@ -188,14 +193,17 @@ impl GroupTable {
         // A fixed ring's slice never changes (its sender may be gone).
         let (mut slice, mut follow_slice) = (group.slice_changes(), true);
         // The dispatchers found dead that replicas are asked about: a change is answered at
-        // once, so that a replica holding a session on one reports it without waiting.
+        // once, so that a replica holding a session on one reports it without waiting. So is
+        // one made since the session's last answer, before this poll began to watch: missed,
+        // it left a restarted dispatcher waiting out its handover bound rather than its
+        // previous sessions' reports.
         let mut dead = self.lease_sessions.dead_changes();
-        dead.mark_unchanged();
+        let untold = dead.borrow_and_update().generation != slot.told_dead.load(Ordering::Acquire);
         // Once listed, a session stays listed until it ends: only a poll of a session not yet
         // listed follows the writes, so a write does not wake every poll of the dispatcher.
         let mut unlisted = !self.lease_sessions.may_hand_out(tag);
         let mut deliveries = take();
-        while deliveries.is_empty() {
+        while deliveries.is_empty() && !untold {
             tokio::select! {
                 () = slot.notify.notified() => {}
                 changed = slice.changed(), if follow_slice => follow_slice = changed.is_ok(),
@@ -221,10 +229,13 @@ impl GroupTable {
             looked = Instant::now();
         }
         renew(&slot);
+        let named = dead.borrow().clone();
+        slot.told_dead.store(named.generation, Ordering::Release);
         Ok(Polled {
             group,
             deliveries,
             held: looked.duration_since(received),
+            named,
         })
     }
 

@@ -263,3 +263,46 @@ async fn a_session_of_a_group_whose_watch_failed_still_expires() {
     assert_eq!(table.session_count(), 0, "and expires like any other");
     cancel.cancel();
 }
+
+/// A poll answers at once when the dispatchers named dead changed since its session's last
+/// answer, even when the change came before the poll began to watch for one (between two
+/// polls): the replica must hear of it to report its sessions there. Told once, the next poll
+/// waits as usual.
+#[tokio::test(start_paused = true)]
+async fn a_poll_answers_at_once_when_the_dead_changed_since_its_sessions_last_answer() {
+    let cancel = CancellationToken::new();
+    let (table, mut api) = table(&cancel);
+    let opening = open(&table, "r1");
+    api.next().await.list(10, &[]);
+    let _stream = api.next().await.open();
+    let opened = within("the session opened", opening)
+        .await
+        .expect("joined")
+        .expect("opened");
+    let session = opened.session_id.as_str();
+    let wait = Duration::from_secs(1);
+    let timed_poll = || async {
+        let began = Instant::now();
+        let polled = within(
+            "a poll ended",
+            table.poll(session, &Caller::Anonymous, vec![], wait, 100, usize::MAX),
+        )
+        .await
+        .expect("polled");
+        (began.elapsed(), polled.named.for_replicas("d0"))
+    };
+    let (took, named) = timed_poll().await;
+    assert_eq!((took, named), (wait, (vec![], false)), "nothing to tell");
+
+    // Named between two polls: the next answers at once.
+    table.lease_sessions().set_dead(
+        [("d9".to_owned(), [7].into()), ("d0".to_owned(), [8].into())].into(),
+    );
+    let (took, named) = timed_poll().await;
+    assert_eq!(took, Duration::ZERO, "answered at once");
+    assert_eq!(named, (vec!["d9".to_owned()], true));
+    let (took, named) = timed_poll().await;
+    assert_eq!(took, wait, "told already: the poll waits");
+    assert_eq!(named, (vec!["d9".to_owned()], true));
+    cancel.cancel();
+}

@@ -208,6 +208,18 @@ async fn killed_and_restarted(label: &str, silent: bool) -> TestResult<(Duration
         .filter(|r| owner_of_three(&r.key).as_deref() == Some(victim_name.as_str()))
         .count();
     assert!(running > 0, "a reconcile of the victim's keys runs");
+    // Killed once its Lease lists the sessions open on it and no other: a session a replica
+    // closed with nothing in flight (the replicas' placement still moves as they start) leaves
+    // the Lease with the next write, within 200 ms; killed before that, the new process would
+    // wait for a report that replica, no longer assigned the victim, has no reason to send,
+    // and wait out the bound.
+    let sessions = victim.handles.groups.lease_sessions();
+    eventually(
+        Duration::from_secs(5),
+        format!("{victim_name}'s Lease listing exactly its open sessions"),
+        || async { (!sessions.unwritten()).then_some(()) },
+    )
+    .await?;
     victim.kill();
     let started = Instant::now();
     // The killed runtime lets go of its listener as its tasks drop, a moment later.
