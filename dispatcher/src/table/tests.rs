@@ -295,9 +295,9 @@ async fn a_poll_answers_at_once_when_the_dead_changed_since_its_sessions_last_an
     assert_eq!((took, named), (wait, (vec![], false)), "nothing to tell");
 
     // Named between two polls: the next answers at once.
-    table.lease_sessions().set_dead(
-        [("d9".to_owned(), [7].into()), ("d0".to_owned(), [8].into())].into(),
-    );
+    table
+        .lease_sessions()
+        .set_dead([("d9".to_owned(), [7].into()), ("d0".to_owned(), [8].into())].into());
     let (took, named) = timed_poll().await;
     assert_eq!(took, Duration::ZERO, "answered at once");
     assert_eq!(named, (vec!["d9".to_owned()], true));
