@@ -125,10 +125,11 @@ impl RequestCounts {
     }
 }
 
-/// The resource a request's path is about, as `group/plural` (`/secrets`,
-/// `apps/deployments`): after `/api/v1` or `/apis/<group>/<version>`, the plural after
-/// `namespaces/<ns>/`, or the first part (`namespaces` itself for a Namespace). `None` for
-/// discovery.
+/// The resource a request's path is about and its namespace, as `group/plural/namespace`
+/// (`/secrets/team-a`, `apps/deployments/team-a`, `/nodes/`): after `/api/v1` or
+/// `/apis/<group>/<version>`, the plural after `namespaces/<ns>/`, or the first part
+/// (`namespaces` itself for a Namespace, which is in none). `None` for discovery. What
+/// [`crate::own_writes::resource_key`] makes of a kind and an `Api`'s namespace.
 pub(crate) fn resource_of(path: &str) -> Option<String> {
     let mut parts = path.trim_matches('/').split('/');
     let group = match parts.next() {
@@ -137,17 +138,20 @@ pub(crate) fn resource_of(path: &str) -> Option<String> {
         _ => return None,
     };
     let rest: Vec<&str> = parts.skip(1).collect();
-    let plural = match rest.as_slice() {
-        ["namespaces", _, "status" | "finalize"] => "namespaces",
-        ["namespaces", _, plural, ..] => plural,
-        [plural, ..] if !plural.is_empty() => plural,
+    let (plural, namespace) = match rest.as_slice() {
+        ["namespaces", _, "status" | "finalize"] => ("namespaces", ""),
+        ["namespaces", namespace, plural, ..] => (*plural, *namespace),
+        [plural, ..] if !plural.is_empty() => (*plural, ""),
         _ => return None,
     };
-    Some(format!("{group}/{plural}"))
+    Some(crate::own_writes::resource_key(group, plural, namespace))
 }
 
-/// The `metadata.resourceVersion` of an object's JSON, as the number it is.
-fn resource_version_of(json: &[u8]) -> Option<u64> {
+/// The `metadata.resourceVersion` of an object's JSON, as the number it is, if the object has
+/// a controller (an owner reference with `controller: true`): a child's, which
+/// [`crate::reads::children`] looks for. Other objects a reconcile writes (its own object's
+/// status, Events, objects it does not control) are of no concern to it.
+fn child_version_of(json: &[u8]) -> Option<u64> {
     #[derive(serde::Deserialize)]
     struct Object {
         metadata: Metadata,
@@ -156,23 +160,32 @@ fn resource_version_of(json: &[u8]) -> Option<u64> {
     struct Metadata {
         #[serde(rename = "resourceVersion")]
         resource_version: String,
+        #[serde(rename = "ownerReferences", default)]
+        owner_references: Vec<OwnerReference>,
     }
-    serde_json::from_slice::<Object>(json)
-        .ok()?
-        .metadata
-        .resource_version
-        .parse()
-        .ok()
+    #[derive(serde::Deserialize)]
+    struct OwnerReference {
+        #[serde(default)]
+        controller: Option<bool>,
+    }
+    let metadata = serde_json::from_slice::<Object>(json).ok()?.metadata;
+    metadata
+        .owner_references
+        .iter()
+        .any(|r| r.controller == Some(true))
+        .then(|| metadata.resource_version.parse().ok())
+        .flatten()
 }
 
 /// `client`, counting each request it sends into `counts` (by [`Verb::of`]; discovery is not
 /// counted). What [`Controller::client`](crate::Controller::client) gives; also for counting a
 /// client of one's own, an incumbent controller's for example, the same way.
 ///
-/// A write a reconcile makes through it (create, update, patch, delete) is also noted for
-/// the reconcile's key with the version the API server answered, so that
-/// [`reads::children`](crate::reads::children) lists rather than trust a later request that
-/// does not show it yet.
+/// A write a reconcile makes through it (create, update or patch, not a dry run) of an object
+/// with a controller is also noted for the reconcile's key with the version the API server
+/// answered, so that [`reads::children`](crate::reads::children) lists rather than trust a
+/// later request that does not show it yet. Only writes made in the reconcile's own task are
+/// seen: not those of a task it spawns.
 pub fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let service = tower::service_fn(move |request: Request<Body>| {
@@ -180,12 +193,13 @@ pub fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client
         if let Some(verb) = verb {
             counts.count(verb);
         }
-        let written = matches!(
-            verb,
-            Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete)
-        )
-        .then(|| resource_of(request.uri().path()))
-        .flatten();
+        let dry_run = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with("dryRun=")));
+        let written = (matches!(verb, Some(Verb::Create | Verb::Update | Verb::Patch)) && !dry_run)
+            .then(|| resource_of(request.uri().path()))
+            .flatten();
         let client = client.clone();
         // Run in the task that sent the request (kube's worker hands this future back to it):
         // a reconcile's, where it has one.
@@ -198,7 +212,7 @@ pub fn counted(client: kube::Client, counts: Arc<RequestCounts>) -> kube::Client
                     // One object's answer, which the caller reads whole anyway.
                     let (parts, body) = response.into_parts();
                     let bytes = body.collect_bytes().await?;
-                    if let Some(version) = resource_version_of(&bytes) {
+                    if let Some(version) = child_version_of(&bytes) {
                         crate::own_writes::wrote_resource(&resource, version);
                     }
                     Ok::<_, kube::Error>(http::Response::from_parts(parts, Body::from(bytes)))
@@ -276,21 +290,21 @@ mod tests {
     }
 
     #[test]
-    fn a_request_names_its_resource_by_group_and_plural() {
+    fn a_request_names_its_resource_by_group_plural_and_namespace() {
         for (path, want) in [
-            ("/api/v1/namespaces/ns/secrets", Some("/secrets")),
-            ("/api/v1/namespaces/ns/secrets/s", Some("/secrets")),
+            ("/api/v1/namespaces/ns/secrets", Some("/secrets/ns")),
+            ("/api/v1/namespaces/ns/secrets/s", Some("/secrets/ns")),
             (
                 "/apis/apps/v1/namespaces/ns/deployments/d/status",
-                Some("apps/deployments"),
+                Some("apps/deployments/ns"),
             ),
             (
                 "/apis/example.dev/v1/widgets/w",
-                Some("example.dev/widgets"),
+                Some("example.dev/widgets/"),
             ),
-            ("/api/v1/namespaces/ns", Some("/namespaces")),
-            ("/api/v1/namespaces/ns/finalize", Some("/namespaces")),
-            ("/api/v1/nodes", Some("/nodes")),
+            ("/api/v1/namespaces/ns", Some("/namespaces/")),
+            ("/api/v1/namespaces/ns/finalize", Some("/namespaces/")),
+            ("/api/v1/nodes", Some("/nodes/")),
             ("/api/v1", None),
             ("/apis/apps/v1", None),
             ("/version", None),
@@ -335,15 +349,22 @@ mod tests {
         assert_eq!(counts.total(), 4);
     }
 
-    /// A reconcile's write is noted for its key at the version the API server answered; a
-    /// read, or a write outside a reconcile, is not.
+    /// A reconcile's write of a child (an object with a controller) is noted for its key at
+    /// the version the API server answered; a read, a dry run, a write of an object with no
+    /// controller, or a write outside a reconcile, is not.
     #[tokio::test]
     async fn a_reconciles_writes_are_noted_with_the_version_answered() {
-        let answer = tower::service_fn(|_: Request<Body>| async move {
-            let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","namespace":"ns","resourceVersion":"77"}}"#;
-            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(
-                body.as_bytes().to_vec(),
-            )))
+        let answer = tower::service_fn(|request: Request<Body>| async move {
+            // The object named `orphan` has no controller.
+            let owners = if request.uri().path().ends_with("orphan") {
+                ""
+            } else {
+                r#","ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"o","uid":"u","controller":true}]"#
+            };
+            let body = format!(
+                r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"c","namespace":"ns","resourceVersion":"77"{owners}}}}}"#
+            );
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(body.into_bytes())))
         });
         let api: Api<ConfigMap> = Api::namespaced(
             counted(kube::Client::new(answer, "ns"), Arc::default()),
@@ -355,9 +376,19 @@ mod tests {
         apply().await.expect("outside a reconcile");
         crate::own_writes::as_reconcile_of("k", written.clone(), async {
             api.get("c").await.expect("read");
+            api.patch("c", &PatchParams::apply("t").dry_run(), &patch)
+                .await
+                .expect("a dry run");
+            api.patch("orphan", &params, &patch)
+                .await
+                .expect("no controller");
         })
         .await;
-        assert_eq!(written.newer_than("k", "/configmaps", 0), None, "a read");
+        assert_eq!(
+            written.newer_than("k", "/configmaps/ns", 0),
+            None,
+            "a read, a dry run, an object with no controller"
+        );
         let answered = crate::own_writes::as_reconcile_of("k", written.clone(), apply())
             .await
             .expect("written");
@@ -366,6 +397,6 @@ mod tests {
             Some("77"),
             "the answer reaches the caller whole"
         );
-        assert_eq!(written.newer_than("k", "/configmaps", 70), Some(77));
+        assert_eq!(written.newer_than("k", "/configmaps/ns", 70), Some(77));
     }
 }

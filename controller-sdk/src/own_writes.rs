@@ -16,13 +16,20 @@ use std::{
 
 use lru::LruCache;
 
+/// How [`Written`] names the objects of kind group `group`, plural `plural`, in `namespace`
+/// (empty for a cluster-scoped kind): a request's children in one namespace show nothing of
+/// the writes made in another.
+pub(crate) fn resource_key(group: &str, plural: &str, namespace: &str) -> String {
+    format!("{group}/{plural}/{namespace}")
+}
+
 /// The most keys whose writes [`Written`] remembers.
 const WRITTEN_KEYS: usize = 4096;
 
-/// The newest resourceVersion this process's reconciles of each key wrote, by resource
-/// (`group/plural`): until a request for the key lists children of that resource at least
-/// as new, it may not show what those writes made (the dispatcher's watch has not shown them
-/// yet), and [`crate::reads::children`] lists rather than trusting it.
+/// The newest resourceVersion this process's reconciles of each key wrote of a child, by
+/// resource and namespace ([`resource_key`]): until a request for the key lists children there
+/// at least as new, it may not show what those writes made (the dispatcher's watch has not
+/// shown them yet), and [`crate::reads::children`] lists rather than trusting it.
 ///
 /// Bounded by [`WRITTEN_KEYS`] entries of a key, a resource and a version (some 200 bytes
 /// each); an entry goes once a request shows its write, or its key's object is deleted; past
@@ -83,7 +90,7 @@ impl Written {
 pub(crate) trait OwnWrites: Send + Sync {
     /// The reconcile wrote `object` (of some type), and the API server answered this.
     fn wrote(&self, object: &dyn Any);
-    /// The reconcile wrote an object of `resource` (`group/plural`), answered at `version`.
+    /// The reconcile wrote a child of `resource` ([`resource_key`]), answered at `version`.
     fn wrote_resource(&self, resource: &str, version: u64);
     /// [`Written::newer_than`] for the reconcile's key.
     fn written_newer_than(&self, resource: &str, shown: u64) -> Option<u64>;
@@ -106,7 +113,7 @@ pub(crate) fn in_reconcile() -> bool {
     OWN_WRITES.try_with(|_| ()).is_ok()
 }
 
-/// A reconcile's write of an object of `resource` (`group/plural`) was answered at `version`.
+/// A reconcile's write of a child of `resource` ([`resource_key`]) was answered at `version`.
 /// Outside a reconcile, nothing.
 pub(crate) fn wrote_resource(resource: &str, version: u64) {
     let _ = OWN_WRITES.try_with(|writes| writes.wrote_resource(resource, version));

@@ -100,13 +100,17 @@ where
     // A write of the kind here for this key that the request does not show yet (the
     // dispatcher's watch is behind it): what it made may be missing, so one LIST, at least as
     // new as the write.
-    let shown = of_kind
+    let shown = named
         .iter()
         .filter_map(|c| c.resource_version.parse::<u64>().ok())
         .max()
         .unwrap_or(0);
     let written = crate::own_writes::written_newer_than(
-        &format!("{}/{}", K::group(&()), K::plural(&())),
+        &crate::own_writes::resource_key(
+            &K::group(&()),
+            &K::plural(&()),
+            api.namespace().unwrap_or_default(),
+        ),
         shown,
     );
     if written.is_none() && !of_kind.is_empty() && named.is_empty() {
@@ -401,7 +405,7 @@ mod tests {
 
         // A child of the kind written at 45, the request showing 40: one LIST, not older.
         crate::own_writes::as_reconcile_of("/ConfigMap/team-a/t", written.clone(), async {
-            crate::own_writes::wrote_resource("/configmaps", 45);
+            crate::own_writes::wrote_resource("/configmaps/team-a", 45);
         })
         .await;
         assert_eq!(

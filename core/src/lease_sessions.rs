@@ -115,10 +115,14 @@ impl ListedSessions {
     /// no longer assigned this dispatcher). Only the first end counts: a session ended with
     /// keys in flight stays listed, whatever a later end of it says.
     pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) {
+        // While the Lease says `overflow`, a write would not change it. (A dispatcher that
+        // waits out a member that died writes `overflow` too; its writes for this stay spaced.)
+        let overflowing = self.overflow_until.is_some_and(|until| now < until)
+            || self.sessions.len() > MAX_LISTED_SESSIONS;
         match self.sessions.get_mut(&tag) {
             Some(s) if idle && s.ended.is_none() => {
                 // A write made may list it, accepted or not yet.
-                if s.opened < self.made_before {
+                if s.opened < self.made_before && !overflowing {
                     self.unlist = Some(self.writes);
                 }
                 self.sessions.remove(&tag);

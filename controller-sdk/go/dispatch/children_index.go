@@ -165,10 +165,10 @@ func ownerIndex(probe client.Object, d *engine.Delivery, extract client.IndexerF
 // a request older than its key's last write here may not list the children that write made.
 // An entry goes once a request shows its write (newerThan).
 //
-// Bound: ownWritesKept keys; past it the oldest noted is forgotten first, and its key's reads
-// are then as its requests show them, as a cache behind its own writes would be. (A floor
-// for every key not known, as this once kept, stayed high for good: every key's read became a
-// List once a few thousand had written.)
+// Bound: ownWritesKept keys; past it the least recently noted is forgotten first, and its
+// key's reads are then as its requests show them, as a cache behind its own writes would be.
+// (A floor for every key not known, as this once kept, stayed high for good: every key's read
+// became a List once a few thousand had written.)
 type ownWrites struct {
 	mu    sync.Mutex
 	by    map[string]uint64
@@ -183,13 +183,16 @@ func (w *ownWrites) note(key string, version uint64) {
 	if w.by == nil {
 		w.by = map[string]uint64{}
 	}
-	if _, known := w.by[key]; !known {
+	if _, known := w.by[key]; known {
+		// Noted again: the newest write, forgotten last.
+		w.order = slices.DeleteFunc(w.order, func(k string) bool { return k == key })
+	} else {
 		for len(w.order) >= ownWritesKept {
 			delete(w.by, w.order[0])
 			w.order = w.order[1:]
 		}
-		w.order = append(w.order, key)
 	}
+	w.order = append(w.order, key)
 	w.by[key] = max(w.by[key], version)
 }
 

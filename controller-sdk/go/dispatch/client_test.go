@@ -339,6 +339,12 @@ func TestOwnWritesAreBoundedAndForgottenOnceShown(t *testing.T) {
 	if w.newerThan("k0", 1) {
 		t.Fatal("the oldest key was not forgotten")
 	}
+	// Noted again, k1 is the newest: k2 goes first.
+	w.note("k1", 5)
+	w.note("k-last", 5)
+	if w.newerThan("k2", 1) || !w.newerThan("k1", 4) {
+		t.Fatal("a key noted again was not kept as the newest")
+	}
 	if !w.newerThan("k1", 4) || w.newerThan("k1", 5) || w.newerThan("k1", 1) {
 		t.Fatal("a write shown was not forgotten")
 	}

@@ -8,12 +8,16 @@
 //!   ([`LeaseSessions::write_wanted`]), made at once unless one was made for sessions in the
 //!   last [`super::SESSION_WRITE_SPACING`] (200 ms): a new session waits a Lease round trip, and
 //!   at most that long more in a storm of opens, which the Lease takes in a few writes a second.
+//!   A listed session that ends with nothing in flight asks for a write the same way, so that
+//!   the Lease stops listing it: its replica would never be asked to report it.
 //! - Replicas report the sessions they held on a dispatcher that died; the membership loop
 //!   takes the reports ([`LeaseSessions::take_reports`]), keeps those of sessions the dead
 //!   member listed, and carries them on the Lease.
 //! - The members whose sessions this dispatcher waits to see ended, and its own previous
 //!   process when it waits for that one's, are told to every replica that polls
-//!   ([`LeaseSessions::named_dead`]).
+//!   ([`LeaseSessions::named_dead`]); a poll answers at once when they changed since its
+//!   session's last answer (the change is recorded as told when the answer is built: a poll
+//!   whose answer was lost on the way hears of it with the next change only).
 //!
 //! Bounds: the listing holds the sessions open (at most `--max-sessions`) and those ended
 //! within the handover bound, at most twice

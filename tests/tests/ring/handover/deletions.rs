@@ -49,7 +49,22 @@ async fn deletions_in_transit_are_delivered() -> TestResult {
         [key(&moving[0])]
     );
     api.delete(&moving[1], &DeleteParams::default()).await?;
-    ds.insert(1, TestDispatcher::start(patient(1)).await?);
+    // Queued before the join: seen by dispatcher-0's watch while it still owns the key (seen
+    // after it adopts the ring with dispatcher-1, it is also a deletion remembered for the new
+    // owner, which delivers it too).
+    let d0 = &ds[&0];
+    eventually(
+        Duration::from_secs(10),
+        "dispatcher-0's watch showing the deletion",
+        || async { (d0.watch_total(|c| &c.deleted) >= 1).then_some(()) },
+    )
+    .await?;
+    // The joiner lists alone: a list shared with dispatcher-0 may be one it made before the
+    // deletion (kept for late readers a second after its end), and a watch from it shows the
+    // joiner the deletion again, which it then delivers too (CONTRACT.md, "Deletions").
+    let mut joiner = patient(1);
+    joiner.share_lists = false;
+    ds.insert(1, TestDispatcher::start(joiner).await?);
     let mut s1 = TestSession::open(&ds[&1], GROUP, "replica-1", subs()).await?;
     // dispatcher-1 waits for dispatcher-0's release; meanwhile another moving key is deleted.
     let mut slice1 = ds[&1].handles.slice.clone();
