@@ -168,15 +168,41 @@ pub(crate) fn control_plane_requests() -> anyhow::Result<Option<RequestCounts>> 
     Ok(Some(RequestCounts::audited(&text)))
 }
 
-/// The API server's `/metrics`, as text.
+/// The API server's `/metrics`, as text (each reading [`retried`]).
 pub(crate) async fn metrics_text(client: &Client) -> anyhow::Result<String> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("cannot build the /metrics request")?;
-    client
-        .request_text(request)
-        .await
-        .context("cannot read the API server's /metrics")
+    retried(|| async {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .context("cannot build the /metrics request")?;
+        Ok(client.request_text(request).await?)
+    })
+    .await
+    .context("cannot read the API server's /metrics")
+}
+
+/// The longest one of the harness's own requests between runs may take.
+const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+/// How many times such a request is made before a run fails.
+const REQUEST_ATTEMPTS: usize = 3;
+
+/// `request` made until it succeeds, each attempt within [`REQUEST_DEADLINE`], at most
+/// [`REQUEST_ATTEMPTS`] times: a request on a connection the API server dropped (it restarted,
+/// or stalled under load) would otherwise wait out kube's read timeout (295 s), longer than a
+/// smoke test's deadline. The last attempt's error if none succeeds.
+pub(crate) async fn retried<T, F, Fut>(request: F) -> anyhow::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut last = anyhow::anyhow!("no attempt made");
+    for _ in 0..REQUEST_ATTEMPTS {
+        match tokio::time::timeout(REQUEST_DEADLINE, request()).await {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = anyhow::anyhow!("no answer within {REQUEST_DEADLINE:?}"),
+        }
+    }
+    Err(last)
 }
 
 /// A CPU profile of the kube-apiserver over `seconds` (Go's pprof format, from its

@@ -176,10 +176,14 @@ impl Setup<'_> {
     ) -> anyhow::Result<Tier> {
         // Leases a previous, interrupted run left would hold the new ring back.
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
-        leases
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .context("cannot clear the Leases of earlier runs")?;
+        crate::harness::apiserver::retried(|| async {
+            leases
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await?;
+            Ok(())
+        })
+        .await
+        .context("cannot clear the Leases of earlier runs")?;
         let kubeconfig = self.kubeconfig.display().to_string();
         let mut tier = Vec::new();
         let ids: Vec<String> = (0..self.dispatchers)
