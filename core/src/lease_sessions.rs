@@ -114,16 +114,22 @@ impl ListedSessions {
     /// report of it from a replica that may have no reason to send one (it closed the session,
     /// no longer assigned this dispatcher). Only the first end counts: a session ended with
     /// keys in flight stays listed, whatever a later end of it says.
-    pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) {
+    ///
+    /// Returns, for a session ended idle that a write made may list, the number of writes made
+    /// then: the Lease lists it no more once a write numbered above it is accepted
+    /// ([`SessionsWrite::number`]).
+    pub fn ended(&mut self, tag: u64, now: Instant, idle: bool) -> Option<u64> {
         // While the Lease says `overflow`, a write would not change it. (A dispatcher that
         // waits out a member that died writes `overflow` too; its writes for this stay spaced.)
         let overflowing = self.overflow_until.is_some_and(|until| now < until)
             || self.sessions.len() > MAX_LISTED_SESSIONS;
+        let mut unlisted_after = None;
         match self.sessions.get_mut(&tag) {
             Some(s) if idle && s.ended.is_none() => {
                 // A write made may list it, accepted or not yet.
                 if s.opened < self.made_before && !overflowing {
                     self.unlist = Some(self.writes);
+                    unlisted_after = Some(self.writes);
                 }
                 self.sessions.remove(&tag);
             }
@@ -149,6 +155,13 @@ impl ListedSessions {
             }
             self.overflow_until = Some(now + self.keep);
         }
+        unlisted_after
+    }
+
+    /// While a session that ended idle may still be listed (a write made may list it, and no
+    /// later one is accepted yet): the number of writes made when the last such session ended.
+    pub fn unlisting(&self) -> Option<u64> {
+        self.unlist
     }
 
     /// Whether the session with tag `tag` may be handed keys: an accepted write lists it.
@@ -296,18 +309,26 @@ mod tests {
         let write = l.write(t0 + 11 * SEC);
         l.written(&write);
         assert!(!l.unwritten());
-        l.ended(3, t0 + 12 * SEC, true);
+        let made = l.ended(3, t0 + 12 * SEC, true);
         assert!(!l.may_hand_out(3));
         assert!(l.unwritten(), "a write that lists it no more is wanted");
+        assert_eq!(
+            made,
+            Some(write.number),
+            "listed until a later write is accepted"
+        );
+        assert_eq!(l.unlisting(), made);
         let write = l.write(t0 + 12 * SEC);
         assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([2])));
         assert!(l.unwritten(), "until that write is accepted");
+        assert!(write.number > made.unwrap_or(u64::MAX));
         l.written(&write);
         assert!(!l.unwritten(), "that write lists it no more");
+        assert_eq!(l.unlisting(), None);
         // Ended idle while the write that lists it is not yet accepted: another is wanted.
         l.opened(5);
         let write = l.write(t0 + 12 * SEC);
-        l.ended(5, t0 + 12 * SEC, true);
+        assert_eq!(l.ended(5, t0 + 12 * SEC, true), Some(write.number));
         l.written(&write);
         assert!(l.unwritten(), "the write accepted lists it");
         let write = l.write(t0 + 12 * SEC);
@@ -316,8 +337,12 @@ mod tests {
         assert!(!l.unwritten());
         // Ended with keys in flight, then ended again as if idle (a close racing its
         // replacement): the first end counts.
-        l.ended(2, t0 + 12 * SEC, false);
-        l.ended(2, t0 + 12 * SEC, true);
+        assert_eq!(
+            l.ended(2, t0 + 12 * SEC, false),
+            None,
+            "listed for the bound"
+        );
+        assert_eq!(l.ended(2, t0 + 12 * SEC, true), None);
         assert_eq!(listed(&mut l, t0 + 13 * SEC), BTreeSet::from([2]));
         assert!(!l.may_hand_out(4), "never opened");
         assert!(

@@ -568,6 +568,7 @@ func (r *runner) Start(ctx context.Context) error {
 		go r.Triggers.Follow(ctx, r.requests, r.everything)
 		go r.Triggers.Send(ctx, r.Log)
 	}
+	r.Stopped = ctx
 	s := newSupervisor(ctx, r)
 	if len(r.dispatchers) > 0 {
 		s.assign(r.dispatchers)

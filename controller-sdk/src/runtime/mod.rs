@@ -13,9 +13,11 @@
 //! | `load` | the object of a delivery: its body, a fresh read, or a tombstone |
 //! | `trigger` | `reconcile_on` and `reconcile_all_on`: triggers sent to the open sessions' dispatchers |
 //! | `endings` | sessions on dispatchers that died: fenced when a live one names it dead, then reported ended |
+//! | `close_again` | a close the dispatcher did not confirm (its Lease may still list the session), asked again |
 //! | `admin` | the admin endpoint, shared by the process's controllers that name one address |
 
 mod admin;
+mod close_again;
 mod endings;
 mod load;
 mod recent;
@@ -130,6 +132,7 @@ where
         live: Mutex::default(),
         session_opened: tokio::sync::Notify::new(),
         endings: endings::Endings::default(),
+        closing_again: Default::default(),
     });
     let stop = CancellationToken::new();
     if let Some(address) = admin_listen {

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::{
+    close_again::CloseAgain,
     reconcile::{Slot, Waiting, reconcile_one},
     shared::{LiveSession, Shared, Types},
 };
@@ -37,12 +38,12 @@ pub(super) const MAX_ANSWER_BYTES: u32 = 16 * 1024 * 1024;
 /// that set it was sent (`crate::fence`). A poll asks for no more than the free slots (less
 /// deliveries still waiting for one), and each delivery takes its slot as it arrives; one whose
 /// slot another session took meanwhile waits in its own task, within its deadline, so the loop
-/// never stops renewing.
+/// never stops renewing. A close the dispatcher did not confirm is returned (`close_again`).
 pub(super) async fn session<T: Types>(
     address: &str,
     shared: &Arc<Shared<T>>,
     stop: &CancellationToken,
-) -> Result<(), Lost> {
+) -> Result<Option<CloseAgain>, Lost> {
     let (client, opened, sent) = open(address, shared).await?;
     let session_id = opened.session_id;
     let ttl = opened
@@ -86,6 +87,7 @@ pub(super) async fn session<T: Types>(
         session_id,
         dispatcher_id,
         fence: Fence::new(ttl, max_reconcile, sent),
+        close_again_for: CloseAgain::window(ttl, max_reconcile),
         named_dead,
         ack_tx,
         lost: CancellationToken::new(),
@@ -193,6 +195,8 @@ struct Polls<'a, T: Types> {
     session_id: String,
     dispatcher_id: String,
     fence: Fence,
+    /// How long a close the dispatcher does not confirm is asked again.
+    close_again_for: Duration,
     /// Cancelled when a live dispatcher names this one dead.
     named_dead: CancellationToken,
     ack_tx: mpsc::UnboundedSender<AckItem>,
@@ -379,14 +383,15 @@ impl<T: Types> Polls<'_, T> {
 
     /// Ends the session as `result` says. Drained: every reconcile has ended, so the session
     /// is reported ended, its acks sent, and it is closed so the dispatcher hands this
-    /// replica's keys to others at once. Lost: whatever it handed out may now go to another
-    /// replica, so every reconcile is cancelled and awaited before anything else.
+    /// replica's keys to others at once; a close the dispatcher does not confirm is returned,
+    /// to be asked again. Lost: whatever it handed out may now go to another replica, so every
+    /// reconcile is cancelled and awaited before anything else.
     async fn finish(
         mut self,
         result: Result<(), tonic::Status>,
         acker: JoinHandle<()>,
         reporter: JoinHandle<()>,
-    ) -> Result<(), Lost> {
+    ) -> Result<Option<CloseAgain>, Lost> {
         let Err(status) = result else {
             reporter.abort();
             self.shared
@@ -396,15 +401,14 @@ impl<T: Types> Polls<'_, T> {
             let _ = tokio::time::timeout(Duration::from_secs(5), acker).await;
             // Bounded: a dispatcher that stopped answering must not hold the stop; the session
             // then expires there by itself.
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                self.client.close_session(CloseSessionRequest {
-                    session_id: self.session_id.clone(),
-                }),
-            )
-            .await;
-            info!(dispatcher = %self.address, session = %self.session_id, "session closed");
-            return Ok(());
+            return Ok(CloseAgain {
+                client: self.client.clone(),
+                session_id: self.session_id.clone(),
+                address: self.address.to_owned(),
+                window: self.close_again_for,
+            }
+            .first()
+            .await);
         };
         self.lost.cancel();
         self.tasks.shutdown().await;

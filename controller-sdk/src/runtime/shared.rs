@@ -102,6 +102,9 @@ pub(super) struct Shared<T: Types> {
     pub(super) session_opened: tokio::sync::Notify,
     /// Sessions ended on dispatchers that died, and the dispatchers named dead.
     pub(super) endings: super::endings::Endings,
+    /// Closes the dispatchers did not confirm, asked again (`close_again`), at most
+    /// `close_again::MAX_CLOSING_AGAIN`.
+    pub(super) closing_again: std::sync::atomic::AtomicUsize,
 }
 
 impl<T: Types> Shared<T> {

@@ -44,7 +44,7 @@ pub(super) async fn supervise<T: Types>(
             if !loops.contains_key(&address) {
                 let token = stop.child_token();
                 loops.insert(address.clone(), token.clone());
-                running.spawn(session_loop(address, shared.clone(), token));
+                running.spawn(session_loop(address, shared.clone(), token, stop.clone()));
             }
         }
         while running.try_join_next().is_some() {}
@@ -63,12 +63,23 @@ pub(super) async fn supervise<T: Types>(
 /// which the dispatcher drops the group it made for the refused session.
 const TOO_OLD_RETRY: Duration = Duration::from_secs(300);
 
-/// Keeps one session open on one dispatcher for as long as the controller runs.
-async fn session_loop<T: Types>(address: String, shared: Arc<Shared<T>>, stop: CancellationToken) {
+/// Keeps one session open on one dispatcher until `stop` (the dispatcher is no longer
+/// assigned, or the controller stops); then asks again a close the dispatcher did not confirm
+/// (`close_again`), until the controller stops (`replica`).
+async fn session_loop<T: Types>(
+    address: String,
+    shared: Arc<Shared<T>>,
+    stop: CancellationToken,
+    replica: CancellationToken,
+) {
     let mut reconnects = Reconnects::new();
     while !stop.is_cancelled() {
         match session(&address, &shared, &stop).await {
-            Ok(()) => return,
+            Ok(None) => return,
+            Ok(Some(again)) => {
+                again.run(&shared.closing_again, &replica).await;
+                return;
+            }
             Err(lost) => {
                 let (status, opened, too_old) = match lost {
                     Lost::Unopened(status) => (status, false, false),

@@ -332,6 +332,11 @@ const MAX_ENDED_SESSIONS: usize = 16;
 /// this tier made.
 const MAX_ID_BYTES: usize = 256;
 
+/// Longest a close waits for the Lease write that lists its session no more (writes for
+/// sessions are spaced 200 ms apart); past it the close is answered UNAVAILABLE, and the SDK
+/// asks again.
+const CLOSE_UNLISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[tonic::async_trait]
 impl dispatcher_server::Dispatcher for DispatcherService {
     async fn open_session(
@@ -467,14 +472,48 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         Ok(Response::new(AckResponse {}))
     }
 
+    /// Answered once the Lease lists the session no more (`HANDOVER.md`, "Ending the wait for a
+    /// member that died, by reports"): a replica told the close went through need not report
+    /// the session should this dispatcher die. A close asked again, for a session no longer
+    /// open here, is answered the same way, and a new process whose previous process listed it
+    /// takes it as that session's report.
     async fn close_session(
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
         let caller = Caller::of(&request);
-        self.groups
-            .close(&request.into_inner().session_id, &caller)
-            .map_err(status)?;
+        let session_id = request.into_inner().session_id;
+        let lease = self.groups.lease_sessions();
+        let unlisting = match self.groups.close(&session_id, &caller) {
+            Ok(unlisting) => unlisting,
+            Err(e @ SessionError::NotOpen { .. }) => {
+                if session_id.len() <= MAX_ID_BYTES
+                    && lease.report(self.groups.identity(), &session_id)
+                {
+                    info!(session = %session_id, "a session of this dispatcher's previous process was closed again by its replica: taken as its report");
+                    return Ok(Response::new(CloseSessionResponse {}));
+                }
+                if !lease.judged() {
+                    return Err(Status::unavailable(
+                        "this dispatcher has just started and does not know yet whether its previous process listed the session: close it again",
+                    ));
+                }
+                match lease.unlisting() {
+                    Some(made) => Some(made),
+                    None => return Err(status(e)),
+                }
+            }
+            Err(e) => return Err(status(e)),
+        };
+        if let Some(made) = unlisting
+            && tokio::time::timeout(CLOSE_UNLISTED_WITHIN, lease.unlisted(made))
+                .await
+                .is_err()
+        {
+            return Err(Status::unavailable(format!(
+                "session {session_id} is closed, but this dispatcher's Lease may still list it: no write of the Lease went through within {CLOSE_UNLISTED_WITHIN:?}; close it again"
+            )));
+        }
         Ok(Response::new(CloseSessionResponse {}))
     }
 

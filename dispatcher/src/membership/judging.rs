@@ -146,7 +146,7 @@ impl Membership {
         if fenced {
             self.sessions.set_dead(Default::default());
         } else if judged {
-            self.sessions.set_dead(
+            self.sessions.judged_dead(
                 self.handover
                     .awaited()
                     .filter(|(member, _)| {

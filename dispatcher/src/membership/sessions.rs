@@ -53,6 +53,12 @@ pub struct LeaseSessions {
     /// The members named dead, each with the sessions it listed: a report of any other is
     /// dropped at once.
     dead: watch::Sender<Named>,
+    /// The number of the last accepted write ([`SessionsWrite::number`]): a close waits for
+    /// the write that lists its session no more.
+    accepted: watch::Sender<u64>,
+    /// This process has judged a whole and current view of the Leases once: until then the
+    /// members named dead, its own previous process among them, are not known yet.
+    judged: std::sync::atomic::AtomicBool,
 }
 
 /// Members that died, each with the sessions its Lease listed.
@@ -92,7 +98,11 @@ impl LeaseSessions {
 
     /// No Lease (a fixed ring): sessions are handed keys at once, and nobody dies.
     pub fn unlimited() -> Self {
-        Self::with(ListedSessions::unlimited())
+        let sessions = Self::with(ListedSessions::unlimited());
+        sessions
+            .judged
+            .store(true, std::sync::atomic::Ordering::Release);
+        sessions
     }
 
     fn with(listing: ListedSessions) -> Self {
@@ -102,6 +112,8 @@ impl LeaseSessions {
             write: Notify::new(),
             reports: Mutex::new(Vec::new()),
             dead: watch::channel(Named::default()).0,
+            accepted: watch::channel(0).0,
+            judged: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -119,15 +131,29 @@ impl LeaseSessions {
     }
 
     /// Session `session_id` ended here at `now` (closed, expired, replaced, drained), `idle`
-    /// when it had nothing in flight ([`ListedSessions::ended`]).
-    pub fn ended(&self, session_id: &str, now: Instant, idle: bool) {
+    /// when it had nothing in flight ([`ListedSessions::ended`]). Returns, when the Lease may
+    /// still list it, what to pass to [`LeaseSessions::unlisted`].
+    pub fn ended(&self, session_id: &str, now: Instant, idle: bool) -> Option<u64> {
         let mut listing = self.listed();
-        listing.ended(session_tag(session_id), now, idle);
+        let made = listing.ended(session_tag(session_id), now, idle);
         // One a write listed ended idle: the Lease should list it no more soon (spaced as the
         // writes for new sessions are).
         if listing.unwritten() {
             self.write.notify_one();
         }
+        made
+    }
+
+    /// While a session that ended idle may still be listed: what to pass to
+    /// [`LeaseSessions::unlisted`] to wait until none is.
+    pub fn unlisting(&self) -> Option<u64> {
+        self.listed().unlisting()
+    }
+
+    /// Resolves once a write made after `made` writes is accepted: it lists no session that
+    /// had ended idle by then.
+    pub async fn unlisted(&self, made: u64) {
+        let _ = self.accepted.subscribe().wait_for(|n| *n > made).await;
     }
 
     /// Whether the session with tag `tag` ([`session_tag`] of its id) may be handed keys: an
@@ -162,12 +188,20 @@ impl LeaseSessions {
     pub fn written(&self, write: &SessionsWrite) {
         self.listed().written(write);
         self.listed.send_modify(|n| *n = write.through);
+        self.accepted.send_if_modified(|n| {
+            let newer = write.number > *n;
+            *n = (*n).max(write.number);
+            newer
+        });
     }
 
     /// A replica reports that its session `session_id` on dispatcher `member` has ended. Kept
     /// for the membership loop only if `member` is named dead and listed that session: what
     /// a client sends cannot crowd out the reports that matter.
-    pub fn report(&self, member: &str, session_id: &str) {
+    ///
+    /// Returns whether `member` is named dead and listed it (the report is taken, unless
+    /// [`MAX_PENDING_REPORTS`] wait already).
+    pub fn report(&self, member: &str, session_id: &str) -> bool {
         let tag = session_tag(session_id);
         let listed = self
             .dead
@@ -176,7 +210,7 @@ impl LeaseSessions {
             .get(member)
             .is_some_and(|tags| tags.contains(&tag));
         if !listed {
-            return;
+            return false;
         }
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
         if reports.len() < MAX_PENDING_REPORTS
@@ -184,11 +218,26 @@ impl LeaseSessions {
         {
             reports.push((member.to_owned(), tag));
         }
+        true
     }
 
     /// The reports received since the last call: each a member and a session tag.
     pub fn take_reports(&self) -> Vec<(String, u64)> {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The members that died whose sessions this dispatcher waits to see ended, with the
+    /// sessions each listed, as judged on a whole and current view of the Leases.
+    pub fn judged_dead(&self, awaited: Awaited) {
+        self.set_dead(awaited);
+        self.judged
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this process has judged the Leases once ([`LeaseSessions::judged_dead`]): until
+    /// then a report of a session of its own previous process cannot be told from another.
+    pub fn judged(&self) -> bool {
+        self.judged.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The members that died whose sessions this dispatcher waits to see ended, with the
@@ -212,5 +261,64 @@ impl LeaseSessions {
     /// Changes with [`LeaseSessions::named_dead`].
     pub fn dead_changes(&self) -> watch::Receiver<Named> {
         self.dead.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{pin::pin, time::Duration};
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// A close waits for [`LeaseSessions::unlisted`]: it resolves once a write made after the
+    /// session ended idle is accepted, not with the write that may still list it.
+    #[test]
+    fn a_session_ended_idle_is_unlisted_once_a_later_write_is_accepted() {
+        let now = Instant::now();
+        let l = LeaseSessions::new(Duration::from_secs(10));
+        l.opened("s1");
+        l.opened("s2");
+        let listing = l.to_write(now);
+        let made = l
+            .ended("s1", now, true)
+            .expect("a write made lists it, accepted or not");
+        assert_eq!(l.unlisting(), Some(made));
+        assert_eq!(
+            l.ended("s2", now, false),
+            None,
+            "in flight: listed for the bound"
+        );
+        let mut unlisted = pin!(l.unlisted(made));
+        l.written(&listing);
+        assert!(
+            unlisted.as_mut().now_or_never().is_none(),
+            "the write accepted lists it"
+        );
+        let next = l.to_write(now);
+        l.written(&next);
+        assert!(
+            unlisted.now_or_never().is_some(),
+            "the next lists it no more"
+        );
+        assert_eq!(l.unlisting(), None);
+    }
+
+    /// A repeated close is taken as a report only once the Leases are judged and name the
+    /// previous process dead with that session listed; a fixed ring has nothing to judge.
+    #[test]
+    fn a_report_is_taken_only_for_a_session_a_member_named_dead_listed() {
+        let l = LeaseSessions::new(Duration::from_secs(10));
+        assert!(!l.judged());
+        assert!(!l.report("d0", "s9"), "nobody named dead yet");
+        l.judged_dead([("d0".to_owned(), [session_tag("s9")].into())].into());
+        assert!(l.judged());
+        assert!(!l.report("d0", "s8"), "not listed");
+        assert!(!l.report("d1", "s9"), "not named dead");
+        assert!(l.report("d0", "s9"));
+        assert!(l.report("d0", "s9"), "taken again, carried once");
+        assert_eq!(l.take_reports(), vec![("d0".to_owned(), session_tag("s9"))]);
+        assert!(LeaseSessions::unlimited().judged());
     }
 }

@@ -259,7 +259,10 @@ impl GroupTable {
     }
 
     /// Closes `session`: what it has in flight goes to the group's other sessions at once.
-    pub fn close(&self, session: &str, caller: &Caller) -> Result<(), SessionError> {
+    /// Returns, when it closed with nothing in flight and the Lease may still list it, what to
+    /// pass to [`crate::membership::sessions::LeaseSessions::unlisted`] to wait until it lists it
+    /// no more.
+    pub fn close(&self, session: &str, caller: &Caller) -> Result<Option<u64>, SessionError> {
         let mut sessions = self.sessions();
         let Some(s) = sessions.get(session) else {
             return Err(SessionError::NotOpen {
@@ -275,9 +278,9 @@ impl GroupTable {
         drop(sessions);
         info!(%session, group = %s.group.id, "session closed: its queued keys go to the others now, what it has in flight once it would have expired");
         let idle = s.group.close_session(s.id);
-        self.lease_sessions
-            .ended(session, std::time::Instant::now(), idle);
-        Ok(())
+        Ok(self
+            .lease_sessions
+            .ended(session, std::time::Instant::now(), idle))
     }
 
     /// The group of `session` if `caller` opened it, to check access before a poll.

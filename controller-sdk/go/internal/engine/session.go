@@ -47,6 +47,10 @@ type Sessions struct {
 	Endings  *Endings
 	Metrics  *Metrics
 	Triggers *Triggers
+	// Stopped ends when the controller stops: closes the dispatchers did not confirm are asked
+	// again until then (closeagain.go). Nil: until they are done or their window passes.
+	Stopped context.Context
+	closing closesAgain
 }
 
 // Session is one open session with one dispatcher.
@@ -164,7 +168,13 @@ func (r *Sessions) runSession(ctx context.Context, address string) (opened bool,
 	if err != nil {
 		return false, err
 	}
-	defer func() { _ = conn.Close() }()
+	// Closed on return, unless a close to ask again takes it over (closeAgain).
+	keepConn := false
+	defer func() {
+		if !keepConn {
+			_ = conn.Close()
+		}
+	}()
 	client := pb.NewDispatcherClient(conn)
 	sent := time.Now()
 	openCtx, cancelOpen := context.WithTimeout(ctx, openTimeout)
@@ -245,11 +255,7 @@ func (r *Sessions) runSession(ctx context.Context, address string) (opened bool,
 	case <-acksDone:
 	case <-time.After(5 * time.Second):
 	}
-	closeCtx, cancelClose := context.WithTimeout(context.Background(), callTimeout)
-	_, _ = client.CloseSession(closeCtx, &pb.CloseSessionRequest{SessionId: s.id})
-	cancelClose()
-	s.cancel(context.Canceled)
-	log.Info("session closed")
+	keepConn = r.closeSession(log, conn, s, closeAgainWindow(ttl, maxReconcile))
 	return true, nil
 }
 

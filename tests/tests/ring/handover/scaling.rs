@@ -222,20 +222,7 @@ async fn killed_and_restarted(label: &str, silent: bool) -> TestResult<(Duration
     .await?;
     victim.kill();
     let started = Instant::now();
-    // The killed runtime lets go of its listener as its tasks drop, a moment later.
-    let restarted = loop {
-        let config = config(ns.name(), victim_index, RESTART_BOUND);
-        match TestDispatcher::start_at(config, &addr).await {
-            Ok(d) => break d,
-            Err(e)
-                if started.elapsed() < Duration::from_secs(5)
-                    && e.to_string().contains("in use") =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let restarted = restart_at(ns.name(), victim_index, &addr, RESTART_BOUND, None).await?;
     ds.insert(victim_index, restarted);
     settled(&ds, RESTART_BOUND + Duration::from_secs(20)).await;
     let took = started.elapsed();
@@ -246,6 +233,111 @@ async fn killed_and_restarted(label: &str, silent: bool) -> TestResult<(Duration
     );
     stop_all(replicas, ds, [lb]).await;
     Ok((took, victim_name))
+}
+
+/// A session that ends with nothing in flight leaves the Lease with the dispatcher's next
+/// write, and its replica, which closed it, would have no reason to report it
+/// (`dispatcher/HANDOVER.md`, "Ending the wait for a member that died, by reports"). So a close
+/// is answered once that write is accepted, and a replica asks again a close not confirmed. A
+/// lone dispatcher is killed and started again at its address twice, after such a close each
+/// time:
+///
+/// - the close is answered, and the Lease lists the session no more: the new process serves
+///   at once, with no session of its previous process to wait for;
+/// - its connection to the API server stalls as the session closes: the close is answered
+///   UNAVAILABLE (the Lease may still list it), the client asks again as the SDK does, and the
+///   new process takes that close as the session's report and serves long before the bound.
+#[tokio::test]
+async fn a_close_is_confirmed_once_the_lease_drops_the_session_or_its_next_process_takes_it_as_a_report()
+-> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
+    const CLOSE_BOUND: Duration = Duration::from_secs(10);
+    let ns = TestNamespace::create("close-confirmed").await?;
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    api.create(
+        &Default::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": "cm-0"}}))?,
+    )
+    .await?;
+    let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    let first = config(ns.name(), 0, CLOSE_BOUND);
+    let d = TestDispatcher::start_with(first, "127.0.0.1:0", Some(proxy.addr), None).await?;
+    let mut ds = BTreeMap::from([(0, d)]);
+    let mut proxy = Some(proxy);
+    let mut took = Vec::new();
+    for stalled in [false, true] {
+        settled(&ds, Duration::from_secs(30)).await;
+        let d = &ds[&0];
+        let subscriptions = vec![subscription("v1", "ConfigMap", ns.name())];
+        let mut session = TestSession::open(d, "close", "close-0", subscriptions).await?;
+        // Handed a key: an accepted write lists the session. Every key is acknowledged.
+        let got = session
+            .collect_until(Duration::from_secs(20), |got| !got.is_empty())
+            .await;
+        assert!(!got.is_empty(), "the session is handed the key");
+        let sessions = d.handles.groups.lease_sessions();
+        if stalled {
+            proxy.as_ref().ok_or("the proxy runs")?.set(Fault::Stall);
+        }
+        let close = CloseSessionRequest {
+            session_id: session.id.clone(),
+        };
+        let answer = session.client.close_session(close.clone()).await;
+        if stalled {
+            let status = answer.expect_err("no Lease write goes through: not confirmed");
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+            assert!(sessions.unwritten(), "the Lease may still list the session");
+        } else {
+            answer?;
+            assert!(
+                !sessions.unwritten(),
+                "confirmed: an accepted write lists the session no more"
+            );
+        }
+        let victim = ds.remove(&0).ok_or("the dispatcher runs")?;
+        let addr = victim.addr.to_string();
+        victim.kill();
+        // The stalled write must not reach the API server late: the next process reaches it
+        // directly.
+        let api_via = if stalled {
+            proxy.take();
+            None
+        } else {
+            proxy.as_ref().map(|p| p.addr)
+        };
+        let started = Instant::now();
+        let restarted = restart_at(ns.name(), 0, &addr, CLOSE_BOUND, api_via).await?;
+        ds.insert(0, restarted);
+        if stalled {
+            // As the SDK does (`close_again`): asked again until confirmed; the new process
+            // answers UNAVAILABLE until it knows what its previous process listed.
+            eventually(
+                Duration::from_secs(5),
+                "the new process confirming the close",
+                || {
+                    let (mut client, close) = (session.client.clone(), close.clone());
+                    async move { client.close_session(close).await.ok() }
+                },
+            )
+            .await?;
+        }
+        settled(&ds, CLOSE_BOUND + Duration::from_secs(20)).await;
+        took.push(started.elapsed());
+    }
+    println!(
+        "the new process served {:?} after it started with the close confirmed, {:?} with it confirmed by the new process (bound {CLOSE_BOUND:?})",
+        took[0], took[1]
+    );
+    for (i, took) in took.iter().enumerate() {
+        assert!(
+            *took < CLOSE_BOUND - Duration::from_secs(5),
+            "restart {i}: the new process served only after {took:?}: it waited for the closed session"
+        );
+    }
+    for (_, d) in ds {
+        d.stop().await;
+    }
+    Ok(())
 }
 
 /// A dispatcher stops answering while reconciles it handed out run, and its Lease is deleted by

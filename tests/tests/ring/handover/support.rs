@@ -11,7 +11,7 @@ pub(super) use kube_dispatch_loadbalancer::placement::Placement;
 pub(super) use kube_dispatch_proto::{
     RequestKey, Ring,
     lease::{RELEASED_ANNOTATION, SESSIONS_ANNOTATION, SESSIONS_OVERFLOW},
-    v1::Subscription,
+    v1::{CloseSessionRequest, Subscription},
 };
 pub(super) use kube_dispatch_tests::{
     Cluster, TestNamespace, TestResult,
@@ -47,6 +47,30 @@ pub(super) fn config(namespace: &str, i: usize, bound: Duration) -> ServeConfig 
 
 pub(super) async fn start(namespace: &str, i: usize) -> TestResult<TestDispatcher> {
     Ok(TestDispatcher::start(config(namespace, i, BOUND)).await?)
+}
+
+/// Starts dispatcher `i` again at `address`, where a process of it was killed a moment ago,
+/// reaching the API server through `api` when given: the killed runtime lets go of its
+/// listener as its tasks drop, so the address is tried again while it is in use, for 5 s.
+pub(super) async fn restart_at(
+    namespace: &str,
+    i: usize,
+    address: &str,
+    bound: Duration,
+    api: Option<std::net::SocketAddr>,
+) -> TestResult<TestDispatcher> {
+    let began = Instant::now();
+    loop {
+        match TestDispatcher::start_with(config(namespace, i, bound), address, api, None).await {
+            Ok(d) => return Ok(d),
+            Err(e)
+                if began.elapsed() < Duration::from_secs(5) && e.to_string().contains("in use") =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Starts dispatchers `0..n` with handover bound `bound` and waits until they have settled.

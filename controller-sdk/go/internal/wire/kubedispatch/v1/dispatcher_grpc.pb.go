@@ -56,6 +56,15 @@ type DispatcherClient interface {
 	// (or their maximum reconcile time, if sooner): the dispatcher cannot know the client stopped
 	// them. Acknowledge them first (as the SDK does once its reconciles have ended) and the
 	// handover is immediate.
+	//
+	// A session closed with nothing in flight is answered once the dispatcher's Lease lists it no
+	// more (leases.md, "sessions"): until then, were the dispatcher to die, its next process would
+	// wait for a report of the session, which its replica, having closed it, would never be asked
+	// for. No Lease write within 2 s: UNAVAILABLE, and the replica closes it again (the SDKs do,
+	// backing off, for at least a minute). A close of a session no longer open here is answered
+	// the same way while one may still be listed, and taken as the session's report by a new
+	// process whose previous process listed it (UNAVAILABLE while that process does not know yet
+	// what its previous one listed); otherwise NOT_FOUND.
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 	// Asks for reconciles that no watched change causes (kube-runtime's reconcile_on and
 	// reconcile_all_on): each key named, or every key of the group, that this dispatcher serves
@@ -147,6 +156,15 @@ type DispatcherServer interface {
 	// (or their maximum reconcile time, if sooner): the dispatcher cannot know the client stopped
 	// them. Acknowledge them first (as the SDK does once its reconciles have ended) and the
 	// handover is immediate.
+	//
+	// A session closed with nothing in flight is answered once the dispatcher's Lease lists it no
+	// more (leases.md, "sessions"): until then, were the dispatcher to die, its next process would
+	// wait for a report of the session, which its replica, having closed it, would never be asked
+	// for. No Lease write within 2 s: UNAVAILABLE, and the replica closes it again (the SDKs do,
+	// backing off, for at least a minute). A close of a session no longer open here is answered
+	// the same way while one may still be listed, and taken as the session's report by a new
+	// process whose previous process listed it (UNAVAILABLE while that process does not know yet
+	// what its previous one listed); otherwise NOT_FOUND.
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	// Asks for reconciles that no watched change causes (kube-runtime's reconcile_on and
 	// reconcile_all_on): each key named, or every key of the group, that this dispatcher serves
