@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -236,11 +237,17 @@ func TestEveryWriteMovesTheFloorOfListsByIndex(t *testing.T) {
 	if v, _ := comparableVersion(cm.ResourceVersion); floor() != v || v == 0 {
 		t.Fatalf("after a status write at %s the floor is %d", cm.ResourceVersion, floor())
 	}
-	if err := c.Apply(ctx, corev1ac.ConfigMap("b", "ns")); err != nil {
+	own := ownKey("/ConfigMap/ns/a", schema.GroupKind{Kind: "ConfigMap"})
+	if c.fresh.own.newerThan(own, 0) {
+		t.Fatal("a write of an object with no controller was noted as the key's child")
+	}
+	child := corev1ac.ConfigMap("b", "ns").WithOwnerReferences(metav1ac.OwnerReference().
+		WithAPIVersion("v1").WithKind("ConfigMap").WithName("a").WithUID("uid-a").WithController(true))
+	if err := c.Apply(ctx, child); err != nil {
 		t.Fatal(err)
 	}
-	if own := ownKey("/ConfigMap/ns/a", schema.GroupKind{Kind: "ConfigMap"}); floor() != 500 || !c.fresh.own.newerThan(own, 499) || c.fresh.own.newerThan(own, 500) || c.fresh.own.newerThan(own, 0) {
-		t.Fatalf("after an apply answered at 500: floor %d", floor())
+	if floor() != 500 || !c.fresh.own.newerThan(own, 499) || c.fresh.own.newerThan(own, 500) || c.fresh.own.newerThan(own, 0) {
+		t.Fatalf("after a child's apply answered at 500: floor %d", floor())
 	}
 
 	byName := []wanted{{field: "x", value: "a", extract: func(o client.Object) []string { return []string{o.GetName()} }}}

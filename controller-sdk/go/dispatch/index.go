@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -419,7 +420,8 @@ func raise(value *atomic.Uint64, v uint64) {
 }
 
 // wrote records the version a write returned, for later lists to be at least as new, and,
-// within a reconcile, as the newest write of its kind for the key (ownWrites). A write that
+// within a reconcile, for an object with a controller (a child), as the newest write of its
+// kind for the key (ownWrites), as the Rust SDK does. A write that
 // took the last finalizer off an object being deleted deleted it, at a version newer than the
 // one it answered: it counts as a deletion.
 func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err error) error {
@@ -430,7 +432,7 @@ func (c *deliveredClient) wrote(ctx context.Context, object client.Object, err e
 		_ = c.afterDelete(object, object.GetNamespace(), nil)
 	}
 	if gvk, err := apiutil.GVKForObject(object, c.Scheme()); err == nil {
-		c.noteWrite(ctx, gvk.GroupKind(), object.GetResourceVersion())
+		c.noteWrite(ctx, gvk.GroupKind(), object.GetResourceVersion(), metav1.GetControllerOf(object) != nil)
 	}
 	return nil
 }
@@ -445,25 +447,31 @@ func (c *deliveredClient) applied(ctx context.Context, object runtime.ApplyConfi
 		APIVersion string `json:"apiVersion"`
 		Kind       string `json:"kind"`
 		Metadata   struct {
-			ResourceVersion string `json:"resourceVersion"`
+			ResourceVersion string                  `json:"resourceVersion"`
+			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
 		} `json:"metadata"`
 	}
 	if body, err := json.Marshal(object); err == nil && json.Unmarshal(body, &answer) == nil {
 		if gv, err := schema.ParseGroupVersion(answer.APIVersion); err == nil {
-			c.noteWrite(ctx, gv.WithKind(answer.Kind).GroupKind(), answer.Metadata.ResourceVersion)
+			child := slices.ContainsFunc(answer.Metadata.OwnerReferences, func(r metav1.OwnerReference) bool {
+				return r.Controller != nil && *r.Controller
+			})
+			c.noteWrite(ctx, gv.WithKind(answer.Kind).GroupKind(), answer.Metadata.ResourceVersion, child)
 		}
 	}
 	return nil
 }
 
-// noteWrite moves the process's floor to version, and the key's own writes of kind.
-func (c *deliveredClient) noteWrite(ctx context.Context, kind schema.GroupKind, version string) {
+// noteWrite moves the process's floor to version, and, for a child, the key's own writes of
+// kind: a write of any other object (the owner's status, an object the controller only
+// references) says nothing of the key's children.
+func (c *deliveredClient) noteWrite(ctx context.Context, kind schema.GroupKind, version string, child bool) {
 	v, ok := comparableVersion(version)
 	if !ok {
 		return
 	}
 	raise(&c.fresh.written, v)
-	if d := deliveryFrom(ctx); d != nil {
+	if d := deliveryFrom(ctx); d != nil && child {
 		c.fresh.own.note(ownKey(d.Request.GetKey(), kind), v)
 	}
 }
