@@ -48,6 +48,9 @@ pub struct ListedSessions {
     /// A session a write made listed ended idle when this many writes were made: until a later
     /// one is accepted, the Lease may list it, and a write is wanted at once.
     unlist: Option<u64>,
+    /// The tags of those sessions, at most [`MAX_LISTED_SESSIONS`] (past it a repeated close of
+    /// one is not recognised), cleared with `unlist`.
+    unlisting: BTreeSet<u64>,
 }
 
 #[derive(Debug)]
@@ -80,6 +83,7 @@ impl ListedSessions {
             made_before: 0,
             writes: 0,
             unlist: None,
+            unlisting: BTreeSet::new(),
         }
     }
 
@@ -130,6 +134,9 @@ impl ListedSessions {
                 if s.opened < self.made_before && !overflowing {
                     self.unlist = Some(self.writes);
                     unlisted_after = Some(self.writes);
+                    if self.unlisting.len() < MAX_LISTED_SESSIONS {
+                        self.unlisting.insert(tag);
+                    }
                 }
                 self.sessions.remove(&tag);
             }
@@ -158,10 +165,11 @@ impl ListedSessions {
         unlisted_after
     }
 
-    /// While a session that ended idle may still be listed (a write made may list it, and no
-    /// later one is accepted yet): the number of writes made when the last such session ended.
-    pub fn unlisting(&self) -> Option<u64> {
-        self.unlist
+    /// While the session with tag `tag`, ended idle, may still be listed (a write made may list
+    /// it, and no later one is accepted yet): what [`ListedSessions::ended`] returned for the
+    /// last such session.
+    pub fn unlisting(&self, tag: u64) -> Option<u64> {
+        self.unlist.filter(|_| self.unlisting.contains(&tag))
     }
 
     /// Whether the session with tag `tag` may be handed keys: an accepted write lists it.
@@ -204,6 +212,7 @@ impl ListedSessions {
         self.listed_before = self.listed_before.max(write.through);
         if self.unlist.is_some_and(|made| write.number > made) {
             self.unlist = None;
+            self.unlisting.clear();
         }
     }
 
@@ -317,14 +326,15 @@ mod tests {
             Some(write.number),
             "listed until a later write is accepted"
         );
-        assert_eq!(l.unlisting(), made);
+        assert_eq!(l.unlisting(3), made);
+        assert_eq!(l.unlisting(2), None, "not ended idle");
         let write = l.write(t0 + 12 * SEC);
         assert_eq!(parse_sessions(&write.value), Some(BTreeSet::from([2])));
         assert!(l.unwritten(), "until that write is accepted");
         assert!(write.number > made.unwrap_or(u64::MAX));
         l.written(&write);
         assert!(!l.unwritten(), "that write lists it no more");
-        assert_eq!(l.unlisting(), None);
+        assert_eq!(l.unlisting(3), None);
         // Ended idle while the write that lists it is not yet accepted: another is wanted.
         l.opened(5);
         let write = l.write(t0 + 12 * SEC);

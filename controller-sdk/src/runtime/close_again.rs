@@ -59,8 +59,10 @@ async fn close(
     client: &mut DispatcherClient<AuthChannel>,
     session_id: &str,
 ) -> Option<Result<(), tonic::Status>> {
+    // Closed once drained: every reconcile the session handed out has returned.
     let call = client.close_session(CloseSessionRequest {
         session_id: session_id.to_owned(),
+        reconciles_ended: true,
     });
     tokio::time::timeout(CLOSE_TIMEOUT, call)
         .await
@@ -103,8 +105,8 @@ impl CloseAgain {
     /// Asks again until the close is done ([`done`]), `window` passes or `stop` is cancelled;
     /// counted in `closing` against [`MAX_CLOSING_AGAIN`].
     pub(super) async fn run(self, closing: &AtomicUsize, stop: &CancellationToken) {
-        if closing.fetch_add(1, Ordering::AcqRel) >= MAX_CLOSING_AGAIN {
-            closing.fetch_sub(1, Ordering::AcqRel);
+        let _counted = Counted::in_(closing);
+        if closing.load(Ordering::Acquire) > MAX_CLOSING_AGAIN {
             warn!(dispatcher = %self.address, session = %self.session_id, "the dispatcher did not confirm the close, and {MAX_CLOSING_AGAIN} closes are asked again already: left as answered (should that dispatcher die now, its next process waits out its handover bound)");
             return;
         }
@@ -119,12 +121,27 @@ impl CloseAgain {
             stop,
         )
         .await;
-        closing.fetch_sub(1, Ordering::AcqRel);
         if done_now {
             info!(dispatcher = %self.address, session = %self.session_id, asked, "the close is confirmed: the dispatcher's Lease lists the session no more, or its next process took the close as the session's report");
         } else if !stop.is_cancelled() {
             warn!(dispatcher = %self.address, session = %self.session_id, window = ?self.window, "the dispatcher never confirmed the close: should its next process still wait for the session, it waits out its handover bound");
         }
+    }
+}
+
+/// One close asked again, counted while it lives (however its task ends).
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn in_(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

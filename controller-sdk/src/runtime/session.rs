@@ -147,6 +147,7 @@ async fn open<T: Types>(
             Duration::from_secs(10),
             client.close_session(CloseSessionRequest {
                 session_id: opened.session_id.clone(),
+                ..Default::default()
             }),
         )
         .await;

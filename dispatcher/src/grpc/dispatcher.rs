@@ -35,7 +35,9 @@ use crate::{
     },
 };
 
+mod close;
 mod wire;
+use close::CLOSE_UNLISTED_WITHIN;
 use wire::to_wire;
 
 /// The gRPC service controllers call.
@@ -332,11 +334,6 @@ const MAX_ENDED_SESSIONS: usize = 16;
 /// this tier made.
 const MAX_ID_BYTES: usize = 256;
 
-/// Longest a close waits for the Lease write that lists its session no more (writes for
-/// sessions are spaced 200 ms apart); past it the close is answered UNAVAILABLE, and the SDK
-/// asks again.
-const CLOSE_UNLISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
-
 #[tonic::async_trait]
 impl dispatcher_server::Dispatcher for DispatcherService {
     async fn open_session(
@@ -482,29 +479,14 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
         let caller = Caller::of(&request);
-        let session_id = request.into_inner().session_id;
+        let close = request.into_inner();
         let lease = self.groups.lease_sessions();
-        let unlisting = match self.groups.close(&session_id, &caller) {
+        let unlisting = match self.groups.close(&close.session_id, &caller) {
             Ok(unlisting) => unlisting,
-            Err(e @ SessionError::NotOpen { .. }) => {
-                if session_id.len() <= MAX_ID_BYTES
-                    && lease.report(self.groups.identity(), &session_id)
-                {
-                    info!(session = %session_id, "a session of this dispatcher's previous process was closed again by its replica: taken as its report");
-                    return Ok(Response::new(CloseSessionResponse {}));
-                }
-                if !lease.judged() {
-                    return Err(Status::unavailable(
-                        "this dispatcher has just started and does not know yet whether its previous process listed the session: close it again",
-                    ));
-                }
-                match lease.unlisting() {
-                    Some(made) => Some(made),
-                    None => return Err(status(e)),
-                }
-            }
+            Err(e @ SessionError::NotOpen { .. }) => self.closed_before(&close, e)?,
             Err(e) => return Err(status(e)),
         };
+        let session_id = &close.session_id;
         if let Some(made) = unlisting
             && tokio::time::timeout(CLOSE_UNLISTED_WITHIN, lease.unlisted(made))
                 .await

@@ -144,7 +144,7 @@ impl Membership {
         // caught up. Itself only for its previous process, which died (answers say so apart
         // from the dead members: `Named::for_replicas`).
         if fenced {
-            self.sessions.set_dead(Default::default());
+            self.sessions.fenced();
         } else if judged {
             self.sessions.judged_dead(
                 self.handover

@@ -56,13 +56,24 @@ pub struct LeaseSessions {
     /// The number of the last accepted write ([`SessionsWrite::number`]): a close waits for
     /// the write that lists its session no more.
     accepted: watch::Sender<u64>,
-    /// This process has judged a whole and current view of the Leases once: until then the
-    /// members named dead, its own previous process among them, are not known yet.
+    /// The members named dead are as judged on a whole and current view of the Leases: false
+    /// until the first such view, and while fenced (when none is named).
     judged: std::sync::atomic::AtomicBool,
 }
 
 /// Members that died, each with the sessions its Lease listed.
 pub type Awaited = BTreeMap<String, BTreeSet<u64>>;
+
+/// What became of a report of an ended session ([`LeaseSessions::report`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    /// Taken for the membership loop (or taken already).
+    Taken,
+    /// No member named dead listed that session: dropped.
+    NotAwaited,
+    /// [`MAX_PENDING_REPORTS`] wait already: dropped, to be sent again.
+    Full,
+}
 
 /// The members named dead, and how many times that changed: a poll tells whether its
 /// session's last answer named the ones named now.
@@ -144,10 +155,10 @@ impl LeaseSessions {
         made
     }
 
-    /// While a session that ended idle may still be listed: what to pass to
-    /// [`LeaseSessions::unlisted`] to wait until none is.
-    pub fn unlisting(&self) -> Option<u64> {
-        self.listed().unlisting()
+    /// While session `session_id`, ended idle, may still be listed: what to pass to
+    /// [`LeaseSessions::unlisted`] to wait until it is not.
+    pub fn unlisting(&self, session_id: &str) -> Option<u64> {
+        self.listed().unlisting(session_tag(session_id))
     }
 
     /// Resolves once a write made after `made` writes is accepted: it lists no session that
@@ -198,10 +209,7 @@ impl LeaseSessions {
     /// A replica reports that its session `session_id` on dispatcher `member` has ended. Kept
     /// for the membership loop only if `member` is named dead and listed that session: what
     /// a client sends cannot crowd out the reports that matter.
-    ///
-    /// Returns whether `member` is named dead and listed it (the report is taken, unless
-    /// [`MAX_PENDING_REPORTS`] wait already).
-    pub fn report(&self, member: &str, session_id: &str) -> bool {
+    pub fn report(&self, member: &str, session_id: &str) -> Reported {
         let tag = session_tag(session_id);
         let listed = self
             .dead
@@ -210,15 +218,17 @@ impl LeaseSessions {
             .get(member)
             .is_some_and(|tags| tags.contains(&tag));
         if !listed {
-            return false;
+            return Reported::NotAwaited;
         }
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
-        if reports.len() < MAX_PENDING_REPORTS
-            && !reports.iter().any(|(m, t)| *t == tag && m == member)
-        {
-            reports.push((member.to_owned(), tag));
+        if reports.iter().any(|(m, t)| *t == tag && m == member) {
+            return Reported::Taken;
         }
-        true
+        if reports.len() >= MAX_PENDING_REPORTS {
+            return Reported::Full;
+        }
+        reports.push((member.to_owned(), tag));
+        Reported::Taken
     }
 
     /// The reports received since the last call: each a member and a session tag.
@@ -234,8 +244,16 @@ impl LeaseSessions {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Whether this process has judged the Leases once ([`LeaseSessions::judged_dead`]): until
-    /// then a report of a session of its own previous process cannot be told from another.
+    /// This dispatcher is fenced: it names nobody dead, and cannot carry reports.
+    pub fn fenced(&self) {
+        self.judged
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.set_dead(Awaited::default());
+    }
+
+    /// Whether the members named dead are as judged now ([`LeaseSessions::judged_dead`]):
+    /// otherwise (just started, or fenced) a report of a session of its own previous process
+    /// cannot be told from another.
     pub fn judged(&self) -> bool {
         self.judged.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -284,7 +302,8 @@ mod tests {
         let made = l
             .ended("s1", now, true)
             .expect("a write made lists it, accepted or not");
-        assert_eq!(l.unlisting(), Some(made));
+        assert_eq!(l.unlisting("s1"), Some(made));
+        assert_eq!(l.unlisting("s2"), None, "not ended idle");
         assert_eq!(
             l.ended("s2", now, false),
             None,
@@ -302,7 +321,7 @@ mod tests {
             unlisted.now_or_never().is_some(),
             "the next lists it no more"
         );
-        assert_eq!(l.unlisting(), None);
+        assert_eq!(l.unlisting("s1"), None);
     }
 
     /// A repeated close is taken as a report only once the Leases are judged and name the
@@ -311,14 +330,31 @@ mod tests {
     fn a_report_is_taken_only_for_a_session_a_member_named_dead_listed() {
         let l = LeaseSessions::new(Duration::from_secs(10));
         assert!(!l.judged());
-        assert!(!l.report("d0", "s9"), "nobody named dead yet");
-        l.judged_dead([("d0".to_owned(), [session_tag("s9")].into())].into());
+        assert_eq!(
+            l.report("d0", "s9"),
+            Reported::NotAwaited,
+            "nobody named dead yet"
+        );
+        let mut listed: BTreeSet<u64> = [session_tag("s9")].into();
+        listed.extend((0..MAX_PENDING_REPORTS).map(|i| session_tag(&format!("x{i}"))));
+        l.judged_dead([("d0".to_owned(), listed)].into());
         assert!(l.judged());
-        assert!(!l.report("d0", "s8"), "not listed");
-        assert!(!l.report("d1", "s9"), "not named dead");
-        assert!(l.report("d0", "s9"));
-        assert!(l.report("d0", "s9"), "taken again, carried once");
+        assert_eq!(l.report("d0", "s8"), Reported::NotAwaited, "not listed");
+        assert_eq!(l.report("d1", "s9"), Reported::NotAwaited, "not named dead");
+        assert_eq!(l.report("d0", "s9"), Reported::Taken);
+        assert_eq!(
+            l.report("d0", "s9"),
+            Reported::Taken,
+            "taken again, carried once"
+        );
         assert_eq!(l.take_reports(), vec![("d0".to_owned(), session_tag("s9"))]);
+        for i in 0..MAX_PENDING_REPORTS {
+            assert_eq!(l.report("d0", &format!("x{i}")), Reported::Taken);
+        }
+        assert_eq!(l.report("d0", "s9"), Reported::Full, "to be sent again");
+        l.fenced();
+        assert!(!l.judged(), "fenced: names nobody, carries nothing");
+        assert_eq!(l.report("d0", "x0"), Reported::NotAwaited);
         assert!(LeaseSessions::unlimited().judged());
     }
 }

@@ -146,6 +146,7 @@ pub(super) async fn reconnect_storm(
         closing.spawn(async move {
             let request = CloseSessionRequest {
                 session_id: session.id.clone(),
+                ..Default::default()
             };
             // Unpolled, a session may have expired already; one left open expires in its ttl.
             let _ = tokio::time::timeout(STORM_CALL, session.client.close_session(request)).await;

@@ -174,6 +174,7 @@ async fn new_replicas(
                     .client
                     .close_session(CloseSessionRequest {
                         session_id: session.id.clone(),
+                        ..Default::default()
                     })
                     .await;
             }

@@ -79,7 +79,8 @@ func askUntilDone(ctx context.Context, ask func() error, window, first, most tim
 // gets its next session at once.
 func (r *Sessions) closeSession(log logr.Logger, conn *grpc.ClientConn, s *Session, window time.Duration) (keepConn bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	_, err := s.client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: s.id})
+	// Closed once drained: every reconcile the session handed out has returned.
+	_, err := s.client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: s.id, ReconcilesEnded: true})
 	cancel()
 	s.cancel(context.Canceled)
 	if closeDone(err) {
@@ -110,7 +111,7 @@ func (r *Sessions) closeAgain(conn *grpc.ClientConn, address, id string, window 
 	done, asked := askUntilDone(stopped, func() error {
 		ctx, cancel := context.WithTimeout(stopped, callTimeout)
 		defer cancel()
-		_, err := client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: id})
+		_, err := client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: id, ReconcilesEnded: true})
 		return err
 	}, window, 250*time.Millisecond, 2*time.Second)
 	switch {

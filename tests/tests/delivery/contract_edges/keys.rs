@@ -143,6 +143,7 @@ async fn keys_in_flight_on_a_closed_or_replaced_session_wait_for_its_fence() -> 
                 .client
                 .close_session(CloseSessionRequest {
                     session_id: first.id.clone(),
+                    ..Default::default()
                 })
                 .await?;
             other
@@ -202,6 +203,7 @@ async fn a_controller_back_after_the_idle_grace_starts_from_what_exists() -> Tes
         s.client
             .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
                 session_id: s.id.clone(),
+                ..Default::default()
             })
             .await?;
         let groups = d.handles.groups.clone();

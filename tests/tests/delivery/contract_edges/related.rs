@@ -713,6 +713,7 @@ async fn hand_over_on_stop(
     }
     let close = CloseSessionRequest {
         session_id: owner.id.clone(),
+        ..Default::default()
     };
     owner.client.close_session(close).await?;
     let got = other

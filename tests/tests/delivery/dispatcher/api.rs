@@ -217,6 +217,7 @@ async fn session_limits_answer_resource_exhausted() -> TestResult {
         client
             .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
                 session_id: s.id.clone(),
+                ..Default::default()
             })
             .await?;
     }
@@ -342,6 +343,7 @@ async fn idle_groups_and_their_watches_are_released_after_their_grace() -> TestR
     s.client
         .close_session(kube_dispatch_proto::v1::CloseSessionRequest {
             session_id: s.id.clone(),
+            ..Default::default()
         })
         .await?;
     // Nothing to await but the release itself: check until it happened, within a bound.

@@ -1724,9 +1724,14 @@ func (*AckResponse) Descriptor() ([]byte, []int) {
 type CloseSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session to close.
-	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The caller says every reconcile the session handed it has returned (the SDKs close a
+	// session only then). Only such a close of a session no longer open counts as
+	// the session's report to a new process whose previous process listed it: a session closed
+	// with reconciles still running must be waited out.
+	ReconcilesEnded bool `protobuf:"varint,2,opt,name=reconciles_ended,json=reconcilesEnded,proto3" json:"reconciles_ended,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CloseSessionRequest) Reset() {
@@ -1764,6 +1769,13 @@ func (x *CloseSessionRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *CloseSessionRequest) GetReconcilesEnded() bool {
+	if x != nil {
+		return x.ReconcilesEnded
+	}
+	return false
 }
 
 // Answer to a CloseSessionRequest.
@@ -2013,10 +2025,11 @@ const file_kubedispatch_v1_dispatcher_proto_rawDesc = "" +
 	"\x04acks\x18\x02 \x03(\v2\x18.kubedispatch.v1.AckItemR\x04acks\x12D\n" +
 	"\x0eended_sessions\x18\x03 \x03(\v2\x1d.kubedispatch.v1.EndedSessionR\rendedSessions\x12\x1a\n" +
 	"\bstopping\x18\x04 \x01(\bR\bstopping\"\r\n" +
-	"\vAckResponse\"4\n" +
+	"\vAckResponse\"_\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12)\n" +
+	"\x10reconciles_ended\x18\x02 \x01(\bR\x0freconcilesEnded\"\x16\n" +
 	"\x14CloseSessionResponse\"U\n" +
 	"\x0eTriggerRequest\x12\x1d\n" +
 	"\n" +

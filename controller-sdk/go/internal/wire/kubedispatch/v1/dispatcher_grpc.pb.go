@@ -61,10 +61,12 @@ type DispatcherClient interface {
 	// more (leases.md, "sessions"): until then, were the dispatcher to die, its next process would
 	// wait for a report of the session, which its replica, having closed it, would never be asked
 	// for. No Lease write within 2 s: UNAVAILABLE, and the replica closes it again (the SDKs do,
-	// backing off, for at least a minute). A close of a session no longer open here is answered
-	// the same way while one may still be listed, and taken as the session's report by a new
-	// process whose previous process listed it (UNAVAILABLE while that process does not know yet
-	// what its previous one listed); otherwise NOT_FOUND.
+	// backing off, for at least a minute). While the Lease says `overflow` the close is answered
+	// at once (the others wait out the bound for such a Lease anyway). A close of a session no
+	// longer open here is answered the same way while that session, ended idle, may still be
+	// listed; a new process whose previous process listed it takes it as the session's report
+	// when `reconciles_ended` is set (UNAVAILABLE while that process does not know yet what its
+	// previous one listed, or cannot carry the report now); otherwise NOT_FOUND.
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 	// Asks for reconciles that no watched change causes (kube-runtime's reconcile_on and
 	// reconcile_all_on): each key named, or every key of the group, that this dispatcher serves
@@ -161,10 +163,12 @@ type DispatcherServer interface {
 	// more (leases.md, "sessions"): until then, were the dispatcher to die, its next process would
 	// wait for a report of the session, which its replica, having closed it, would never be asked
 	// for. No Lease write within 2 s: UNAVAILABLE, and the replica closes it again (the SDKs do,
-	// backing off, for at least a minute). A close of a session no longer open here is answered
-	// the same way while one may still be listed, and taken as the session's report by a new
-	// process whose previous process listed it (UNAVAILABLE while that process does not know yet
-	// what its previous one listed); otherwise NOT_FOUND.
+	// backing off, for at least a minute). While the Lease says `overflow` the close is answered
+	// at once (the others wait out the bound for such a Lease anyway). A close of a session no
+	// longer open here is answered the same way while that session, ended idle, may still be
+	// listed; a new process whose previous process listed it takes it as the session's report
+	// when `reconciles_ended` is set (UNAVAILABLE while that process does not know yet what its
+	// previous one listed, or cannot carry the report now); otherwise NOT_FOUND.
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	// Asks for reconciles that no watched change causes (kube-runtime's reconcile_on and
 	// reconcile_all_on): each key named, or every key of the group, that this dispatcher serves
