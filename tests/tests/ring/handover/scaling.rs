@@ -332,6 +332,66 @@ async fn a_close_is_confirmed_once_the_lease_drops_the_session_or_its_next_proce
     Ok(())
 }
 
+/// The same through the SDK: a lone dispatcher's connection to the API server stalls, so its
+/// Lease lapses and the load balancer assigns it to nobody; the replica closes its session
+/// there with nothing in flight, the dispatcher cannot confirm the close, and the replica asks
+/// again (`close_again`). The load balancer then stops, so the replica is not assigned the
+/// dispatcher again (assigned again, it would report the session on its new session there),
+/// and the dispatcher is killed and started again at its address: its next process takes the
+/// repeated close as the session's report and serves long before the bound.
+#[tokio::test]
+async fn a_replica_closes_again_until_the_next_process_takes_the_close_as_a_report() -> TestResult {
+    kube_dispatch_tests::log_to_file_from_env();
+    const CLOSE_BOUND: Duration = Duration::from_secs(20);
+    let ns = TestNamespace::create("close-again").await?;
+    let journal = Journal::default();
+    let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let mut lb = TestLoadBalancer::start(ns.name()).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let proxy = FaultProxy::start(Cluster::shared().apiserver_addr().await?).await?;
+    let first = config(ns.name(), 0, CLOSE_BOUND);
+    let d = TestDispatcher::start_with(first, "127.0.0.1:0", Some(proxy.addr), None).await?;
+    let mut ds = BTreeMap::from([(0, d)]);
+    settled(&ds, Duration::from_secs(30)).await;
+    let replicas = start_replicas(ns.name(), 1, &lb, &journal, Duration::ZERO, TTL)?;
+    write_round(&api, 3, 0, &journal).await?;
+    assert_finals_reconciled(&api, &journal, Duration::from_secs(30)).await?;
+    proxy.set(Fault::Stall);
+    let groups = ds[&0].handles.groups.clone();
+    eventually(
+        Duration::from_secs(20),
+        "the replica closing its session on the dispatcher whose Lease lapsed",
+        || async { (groups.session_count() == 0).then_some(()) },
+    )
+    .await?;
+    assert!(
+        groups.lease_sessions().unwritten(),
+        "no Lease write lists the closed session no more"
+    );
+    lb.stop().await;
+    let victim = ds.remove(&0).ok_or("the dispatcher runs")?;
+    let addr = victim.addr.to_string();
+    victim.kill();
+    drop(proxy);
+    let restarted = restart_at(ns.name(), 0, &addr, CLOSE_BOUND, None).await?;
+    let started = Instant::now();
+    ds.insert(0, restarted);
+    settled(&ds, CLOSE_BOUND + Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    println!("the new process served {took:?} after it started (bound {CLOSE_BOUND:?})");
+    assert!(
+        took < CLOSE_BOUND / 2,
+        "the new process served only after {took:?}: it waited for the session the replica closed"
+    );
+    assert_eq!(
+        ds[&0].handles.groups.session_count(),
+        0,
+        "the replica was not assigned the dispatcher again"
+    );
+    stop_all(replicas, ds, []).await;
+    Ok(())
+}
+
 /// The close of `session` asked again of `restarted`, the next process of the dispatcher that
 /// held it: a close that does not say the session's reconciles ended is NOT_FOUND and leaves
 /// the new process waiting; asked as the SDKs ask it, the close is confirmed.
