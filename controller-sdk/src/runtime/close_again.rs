@@ -105,11 +105,10 @@ impl CloseAgain {
     /// Asks again until the close is done ([`done`]), `window` passes or `stop` is cancelled;
     /// counted in `closing` against [`MAX_CLOSING_AGAIN`].
     pub(super) async fn run(self, closing: &AtomicUsize, stop: &CancellationToken) {
-        let _counted = Counted::in_(closing);
-        if closing.load(Ordering::Acquire) > MAX_CLOSING_AGAIN {
+        let Some(_counted) = Counted::within(closing, MAX_CLOSING_AGAIN) else {
             warn!(dispatcher = %self.address, session = %self.session_id, "the dispatcher did not confirm the close, and {MAX_CLOSING_AGAIN} closes are asked again already: left as answered (should that dispatcher die now, its next process waits out its handover bound)");
             return;
-        }
+        };
         let (client, session_id) = (&self.client, &self.session_id);
         let (done_now, asked) = ask_until_done(
             || {
@@ -133,9 +132,10 @@ impl CloseAgain {
 struct Counted<'a>(&'a AtomicUsize);
 
 impl<'a> Counted<'a> {
-    fn in_(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        Self(count)
+    /// Counted in `count`, unless `most` are counted already.
+    fn within(count: &'a AtomicUsize, most: usize) -> Option<Self> {
+        let counted = Self(count);
+        (count.fetch_add(1, Ordering::AcqRel) < most).then_some(counted)
     }
 }
 
@@ -270,6 +270,16 @@ mod tests {
         )))));
         assert!(!done(Some(&Err(tonic::Status::deadline_exceeded("slow")))));
         assert!(!done(None), "no answer in time");
+    }
+
+    #[test]
+    fn at_most_the_bound_are_asked_again_and_each_gives_its_place_back() {
+        let count = AtomicUsize::new(0);
+        let held: Vec<_> = (0..3).filter_map(|_| Counted::within(&count, 2)).collect();
+        assert_eq!(held.len(), 2, "the third is left as answered");
+        assert_eq!(count.load(Ordering::Acquire), 2);
+        drop(held);
+        assert_eq!(count.load(Ordering::Acquire), 0);
     }
 
     #[test]
