@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,17 +113,6 @@ func kubeconfigVia(t *testing.T, address string) string {
 	return path
 }
 
-// withEnv is env with name set to value, in place of any value it had.
-func withEnv(env []string, name, value string) []string {
-	out := make([]string, 0, len(env)+1)
-	for _, kv := range env {
-		if !strings.HasPrefix(kv, name+"=") {
-			out = append(out, kv)
-		}
-	}
-	return append(out, name+"="+value)
-}
-
 // waitMetric waits, at most within, until the metric at admin is want; it fails the test with
 // what it was otherwise, and returns how long it took.
 func waitMetric(t *testing.T, admin, name string, want float64, within time.Duration) time.Duration {
@@ -160,9 +148,10 @@ func TestAReplicaClosesAgainUntilTheNextProcessTakesTheCloseAsAReport(t *testing
 	}
 	proxy := startStallProxy(t, server.Host)
 	// The dispatcher again, with the longer bound, its API server behind the proxy.
-	direct := withEnv(d.Env, "KD_MAX_RECONCILE_TIME", bound.String())
 	s.tier.Kill(d)
-	d.Env = withEnv(direct, "KUBECONFIG", kubeconfigVia(t, proxy.listener.Addr().String()))
+	d.SetEnv("KD_MAX_RECONCILE_TIME", bound.String())
+	direct := d.Env
+	d.SetEnv("KUBECONFIG", kubeconfigVia(t, proxy.listener.Addr().String()))
 	s.tier.Restart(d)
 	s.tier.WaitReady(1)
 	replica(t, s.config, s.tier, "go-close", "go-0", newLog(), 0)

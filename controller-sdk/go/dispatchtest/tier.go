@@ -333,6 +333,11 @@ func (tier *Tier) Kill(p *Process) {
 // Restart starts p again at the same addresses.
 func (tier *Tier) Restart(p *Process) error { return tier.run(p) }
 
+// SetEnv sets name to value in p's environment (a KD_ flag, say) for its next start: a
+// process Kill stopped and Restart starts again with other settings, as an upgrade that
+// changes a flag would.
+func (p *Process) SetEnv(name, value string) { p.Env = withEnv(p.Env, name, value) }
+
 // Stop stops every process gracefully (SIGTERM), killing those still running after 10 s,
 // removes the logs unless Options.LogDirectory named where they go, and puts back the
 // environment Start changed.
