@@ -90,5 +90,7 @@ for previous in ${E2E_FROM_IMAGES:-}; do
 done
 
 # kdctl runs on this machine against the node's tier at the end, with its kubeconfig alone.
-cargo build -p kube-dispatch-kdctl --bin kdctl --locked --quiet
+# Asked of the whole workspace, as `cargo build --workspace --bins` built it: with `-p` alone
+# cargo would unify fewer features and build the dependencies again.
+cargo build --workspace --bin kdctl --locked --quiet
 KD_CTR=$KD_CTR python3 tests/e2e.py "$kubeconfig" "$KD_KUBECTL" "$KD_NODE_DIR" "$PWD"

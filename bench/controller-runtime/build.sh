@@ -22,6 +22,11 @@ esac
 digest=$(cat "${sources[@]}" | sha256sum | cut -c1-10)
 dir=${KD_CACHE_DIR:-$root/.cache}/bench/$name-$digest
 binary=$dir/bench-$name
+# One build at a time per name: `make test` starts one in the background while the benchmark
+# tests may ask for the same binary; the second waits for the first and finds it built.
+mkdir -p "$(dirname "$dir")"
+exec 9>"$(dirname "$dir")/$name.lock"
+flock 9
 if [[ ! -x $binary ]]; then
   command -v go >/dev/null || {
     echo "controller-runtime/build.sh: go is needed to build bench-$name" >&2
