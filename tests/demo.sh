@@ -27,9 +27,14 @@ finish() {
 trap finish EXIT
 
 say "building the dispatcher, the load balancer, kdctl and the example controller"
-cargo build --quiet --locked -p kube-dispatch-dispatcher -p kube-dispatch-loadbalancer \
-  -p kube-dispatch-kdctl --bins
-cargo build --quiet --locked -p kube-dispatch-controller --example configmap_hasher
+# Built as `make test` builds them, so that either command reuses what the other built: the
+# binaries with the workspace's features (`cargo build --workspace --bins`), the example with
+# its tests' (`cargo test --workspace`), and no incremental state (tests/run-tests.sh). With
+# `-p` alone cargo would unify fewer features and build every dependency once more.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+cargo build --quiet --locked --workspace --bin kube-dispatch-dispatcher \
+  --bin kube-dispatch-loadbalancer --bin kdctl
+cargo build --quiet --locked --workspace --example configmap_hasher
 
 prometheus=$(tests/cluster/prometheus.sh)
 

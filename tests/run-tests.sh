@@ -7,17 +7,28 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Each step's wall time, printed as it ends and summed up at the end, so a slow run says where
-# its minutes went (a fresh machine spends most of them building).
+# its minutes went (a fresh machine spends most of them building), with how busy the machine's
+# CPUs were meanwhile (foreground and background together, from /proc/stat): a step that waited
+# with the CPUs idle is where moving work would help, one that kept them busy is not.
 timings=()
-step_name= step_start=
+step_name= step_start= step_cpu=
+cpu_ticks() { # busy and total ticks of all CPUs since boot
+  local _ user nice system idle iowait irq softirq steal
+  read -r _ user nice system idle iowait irq softirq steal _ </proc/stat
+  echo "$((user + nice + system + irq + softirq + steal)) $((user + nice + system + idle + iowait + irq + softirq + steal))"
+}
 end_step() {
   [[ -n $step_name ]] || return 0
-  timings+=("$(printf '%6d s  %s' $((SECONDS - step_start)) "$step_name")")
+  local busy total busy0 total0 share=0
+  read -r busy total < <(cpu_ticks)
+  read -r busy0 total0 <<<"$step_cpu"
+  ((total > total0)) && share=$((100 * (busy - busy0) / (total - total0)))
+  timings+=("$(printf '%6d s  %3d %% busy  %s' $((SECONDS - step_start)) "$share" "$step_name")")
   step_name=
 }
 step() {
   end_step
-  step_name=$* step_start=$SECONDS
+  step_name=$* step_start=$SECONDS step_cpu=$(cpu_ticks)
   printf '\n==> %s\n' "$*"
 }
 summary() {

@@ -98,8 +98,9 @@ struct Args {
     #[arg(long, env = "POD_IP", hide = true)]
     pod_ip: Option<std::net::IpAddr>,
 
-    /// Kubeconfig to use; in a pod, the in-cluster configuration is used when unset.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig to use; unset, KUBECONFIG (a list of files, merged;
+    /// empty as unset), ~/.kube/config, or in a pod the in-cluster configuration.
+    #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
 
     /// Every key is re-delivered once per interval, spread evenly, without a LIST; 0 disables.

@@ -53,9 +53,9 @@ struct Args {
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
 
-    /// Path to the kubeconfig; defaults to KUBECONFIG, ~/.kube/config or the in-cluster
-    /// configuration.
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    /// Path to the kubeconfig; defaults to KUBECONFIG (a list of files, merged; empty as
+    /// unset), ~/.kube/config or the in-cluster configuration.
+    #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
 
     /// Namespace of the dispatcher Leases (the dispatchers' namespace).

@@ -55,3 +55,31 @@ fn bad_usage_exits_2_and_an_unreachable_cluster_exits_1_with_what_failed() {
         "{err}"
     );
 }
+
+/// KUBECONFIG is read as kubectl reads it: empty, it is unset (a shell's `export KUBECONFIG=`
+/// once made every command a usage error, `--kubeconfig` given or not), and the flag wins.
+#[test]
+fn an_empty_kubeconfig_variable_is_unset_and_the_flag_wins() {
+    let home = std::env::temp_dir().join(format!("kdctl-home-{}", std::process::id()));
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kdctl"))
+            .args(args)
+            .env_remove("KD_TLS_CA_FILE")
+            .env_remove("KD_INSECURE")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("KUBECONFIG", "")
+            .env("HOME", &home)
+            .output()
+            .expect("run kdctl")
+    };
+    // Unset: the next place looked at is ~/.kube/config, which this HOME does not have.
+    let out = run(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(".kube/config"), "{err}");
+    // The flag, with the variable empty beside it.
+    let out = run(&["--kubeconfig", "/nonexistent/flag-kubeconfig", "status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/flag-kubeconfig"), "{err}");
+}

@@ -99,8 +99,9 @@ struct Args {
     #[arg(long, env = "KD_MAX_REGISTRATIONS_PER_IDENTITY", default_value_t = 256)]
     max_registrations_per_identity: usize,
 
-    /// Kubeconfig to use; in a pod, the in-cluster configuration is used when unset.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig to use; unset, KUBECONFIG (a list of files, merged;
+    /// empty as unset), ~/.kube/config, or in a pod the in-cluster configuration.
+    #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
 
     /// Log as JSON lines instead of text (KD_LOG_JSON takes true/false, 1/0, yes/no). The

@@ -13,9 +13,10 @@ pub async fn from_kubeconfig(kubeconfig: Option<&std::path::Path>) -> anyhow::Re
                 .await
                 .with_context(|| format!("invalid kubeconfig {}", path.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig given and no in-cluster configuration found")?,
+        None => kube::Config::infer().await.context(
+            "no usable kubeconfig (--kubeconfig, KUBECONFIG or ~/.kube/config) and no \
+                 in-cluster configuration",
+        )?,
     };
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
