@@ -146,7 +146,7 @@ background go-sdk tests/go-sdk.sh --prebuild
 # The benchmark tests' controller-runtime incumbent and its port to the Go SDK, built here so
 # that the tests run last find them built (a build the tests ask for meanwhile waits for this
 # one): a cold run built them in the foreground, two minutes with the CPU to itself.
-background incumbent-vet bash -c 'cd bench/controller-runtime && go vet ./... && ./build.sh >/dev/null && ./build.sh dispatch >/dev/null'
+background incumbents bash -c 'cd bench/controller-runtime && go vet ./... && ./build.sh >/dev/null && ./build.sh dispatch >/dev/null'
 background helm tests/tools.sh helm
 
 if ! $cluster status >/dev/null 2>&1; then
@@ -160,8 +160,8 @@ await nextest
 await prometheus
 tests/nextest-phases.sh
 
-step "Go controller SDK (tests/go-sdk.sh), and the incumbent's go vet"
-await incumbent-vet
+step "Go controller SDK (tests/go-sdk.sh), and the incumbent's go vet and build"
+await incumbents
 await go-sdk
 tests/go-sdk.sh
 

@@ -8,6 +8,7 @@ fn kdctl(args: &[&str]) -> Output {
         .args(args)
         .env_remove("KD_TLS_CA_FILE")
         .env_remove("KD_INSECURE")
+        .env_remove("KUBERNETES_SERVICE_HOST")
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
         .output()
         .expect("run kdctl")
@@ -57,29 +58,71 @@ fn bad_usage_exits_2_and_an_unreachable_cluster_exits_1_with_what_failed() {
 }
 
 /// KUBECONFIG is read as kubectl reads it: empty, it is unset (a shell's `export KUBECONFIG=`
-/// once made every command a usage error, `--kubeconfig` given or not), and the flag wins.
+/// once made every command a usage error, `--kubeconfig` given or not), a list of files is
+/// merged (it was once read as one path), and the flag wins.
 #[test]
-fn an_empty_kubeconfig_variable_is_unset_and_the_flag_wins() {
+fn kubeconfig_is_read_as_kubectl_reads_it() {
     let home = std::env::temp_dir().join(format!("kdctl-home-{}", std::process::id()));
-    let run = |args: &[&str]| {
+    std::fs::create_dir_all(&home).expect("a scratch HOME");
+    let run = |kubeconfig: &std::ffi::OsStr, args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kdctl"))
             .args(args)
             .env_remove("KD_TLS_CA_FILE")
             .env_remove("KD_INSECURE")
             .env_remove("KUBERNETES_SERVICE_HOST")
-            .env("KUBECONFIG", "")
+            .env("KUBECONFIG", kubeconfig)
             .env("HOME", &home)
             .output()
             .expect("run kdctl")
     };
-    // Unset: the next place looked at is ~/.kube/config, which this HOME does not have.
-    let out = run(&["status"]);
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+
+    // Empty: unset, so the next place looked at is this HOME's ~/.kube/config, which it lacks.
+    let out = run("".as_ref(), &["status"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(".kube/config"), "{err}");
+    let missing = home.join(".kube/config");
+    assert!(
+        stderr(&out).contains(&*missing.to_string_lossy()),
+        "{out:?}"
+    );
+
     // The flag, with the variable empty beside it.
-    let out = run(&["--kubeconfig", "/nonexistent/flag-kubeconfig", "status"]);
+    let out = run(
+        "".as_ref(),
+        &["--kubeconfig", "/nonexistent/flag-kubeconfig", "status"],
+    );
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/nonexistent/flag-kubeconfig"), "{err}");
+    assert!(
+        stderr(&out).contains("/nonexistent/flag-kubeconfig"),
+        "{out:?}"
+    );
+
+    // A list: the context in one file, its cluster and user in another. Merged, kdctl gets as
+    // far as the cluster (nothing listens there), looking for the dispatchers' CA.
+    let (contexts, clusters) = (home.join("contexts.yaml"), home.join("clusters.yaml"));
+    std::fs::write(
+        &contexts,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         contexts: [{name: c, context: {cluster: k, user: u}}]\n",
+    )
+    .expect("write a kubeconfig");
+    std::fs::write(
+        &clusters,
+        "apiVersion: v1\nkind: Config\n\
+         clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n\
+         users: [{name: u, user: {token: t}}]\n",
+    )
+    .expect("write a kubeconfig");
+    let list = std::env::join_paths([&contexts, &clusters]).expect("a path list");
+    let out = run(&list, &["status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(stderr(&out).contains("the tier's CA bundle"), "{out:?}");
+    assert!(stderr(&out).contains("Connection refused"), "{out:?}");
+
+    // A list naming a file that is not there is an error, not a fall back to another config.
+    let list = std::env::join_paths([&contexts, &home.join("absent.yaml")]).expect("a list");
+    let out = run(&list, &["status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(stderr(&out).contains("cannot read KUBECONFIG"), "{out:?}");
+    std::fs::remove_dir_all(&home).ok();
 }
