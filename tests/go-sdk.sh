@@ -17,7 +17,7 @@ root=$(cd ../.. && pwd)
 run_tests() {
   # Built already by `cargo test --workspace --no-run` (make test); nothing to do then. Asked of
   # the whole workspace, as that build was: with `-p` alone cargo would unify fewer features and
-  # build the dependencies again (six minutes of a cold run).
+  # build every dependency again (a cold run did, during this step).
   (cd "$root" && cargo build --workspace --example configmap_hasher --locked --quiet)
   KUBECONFIG="${KUBECONFIG:-${KD_CLUSTER_DIR:-$root/.cluster}/kubeconfig}" \
     KD_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" \

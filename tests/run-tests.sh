@@ -143,9 +143,9 @@ cargo test --workspace --no-run --locked --quiet
 step "Kubernetes binaries (built beside the steps above)"
 await kubernetes
 background go-sdk tests/go-sdk.sh --prebuild
-# The benchmark tests' controller-runtime incumbent and its port to the Go SDK, built here so
-# that the tests run last find them built (a build the tests ask for meanwhile waits for this
-# one): a cold run built them in the foreground, two minutes with the CPU to itself.
+# The benchmark tests' controller-runtime incumbent and its port to the Go SDK, built here on
+# idle CPU rather than in the serial test phase that first asks for them (a build the tests ask
+# for meanwhile waits for this one: bench/controller-runtime/build.sh takes a lock).
 background incumbents bash -c 'cd bench/controller-runtime && go vet ./... && ./build.sh >/dev/null && ./build.sh dispatch >/dev/null'
 background helm tests/tools.sh helm
 

@@ -1,15 +1,24 @@
 //! The `kdctl` binary's contract with scripts: its help, its exit codes and its messages for
 //! bad input, before it reaches any server.
 
-use std::process::{Command, Output};
+use std::{
+    ffi::OsStr,
+    process::{Command, Output},
+};
 
 fn kdctl(args: &[&str]) -> Output {
+    kdctl_with(&[("KUBECONFIG", "/nonexistent/kubeconfig".as_ref())], args)
+}
+
+/// kdctl with none of this machine's settings for it (nor a pod's in-cluster configuration),
+/// and `env` set.
+fn kdctl_with(env: &[(&str, &OsStr)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kdctl"))
         .args(args)
         .env_remove("KD_TLS_CA_FILE")
         .env_remove("KD_INSECURE")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .envs(env.iter().copied())
         .output()
         .expect("run kdctl")
 }
@@ -64,16 +73,11 @@ fn bad_usage_exits_2_and_an_unreachable_cluster_exits_1_with_what_failed() {
 fn kubeconfig_is_read_as_kubectl_reads_it() {
     let home = std::env::temp_dir().join(format!("kdctl-home-{}", std::process::id()));
     std::fs::create_dir_all(&home).expect("a scratch HOME");
-    let run = |kubeconfig: &std::ffi::OsStr, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_kdctl"))
-            .args(args)
-            .env_remove("KD_TLS_CA_FILE")
-            .env_remove("KD_INSECURE")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env("KUBECONFIG", kubeconfig)
-            .env("HOME", &home)
-            .output()
-            .expect("run kdctl")
+    let run = |kubeconfig: &OsStr, args: &[&str]| {
+        kdctl_with(
+            &[("KUBECONFIG", kubeconfig), ("HOME", home.as_os_str())],
+            args,
+        )
     };
     let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
 
