@@ -153,6 +153,10 @@ cluster-down: ## Stop the local control plane; leaves no process or port behind
 cluster-status: ## Say whether the local control plane is running
 	@$(CLUSTER) status
 
+.PHONY: protobuf-table
+protobuf-table: ## Write the dispatcher's table of the Kubernetes types' protobuf and JSON forms (dispatcher/src/watch/protobuf/table.txt) from the k8s.io/api that dispatcher/k8s-protobuf/go.mod pins
+	cd dispatcher/k8s-protobuf && go run . > ../src/watch/protobuf/table.txt
+
 .PHONY: fmt
 fmt: ## Format the Rust code
 	$(CARGO) fmt --all

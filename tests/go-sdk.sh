@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Go controller SDK (controller-sdk/go), as `make test` checks it: formatting, go vet,
-# staticcheck, stubs current with the .proto files, and its tests, the ones against the real
+# staticcheck, stubs current with the .proto files (and the dispatcher's table of Kubernetes
+# types current with its generator, dispatcher/k8s-protobuf), and its tests, the ones against the real
 # API server with real dispatcher and load-balancer binaries (target/debug) and the Rust SDK's
 # example controller beside the Go replicas included.
 # Needs the control plane up (tests/cluster/cluster.sh) and `cargo build --bins` done.
@@ -34,6 +35,7 @@ prebuild() {
   # takes a second where a cold one took half a minute.
   go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
   (cd "$root/bench/controller-runtime-dispatch" && go vet ./...)
+  (cd "$root/dispatcher/k8s-protobuf" && go vet ./... && go build -o /dev/null .)
   # One binary per package with tests, each under a name of its own: packages of one name
   # (the examples' incumbent and ported) would write the same file.
   local out package
@@ -87,4 +89,14 @@ ported=$root/bench/controller-runtime-dispatch
 unformatted=$(gofmt -l "$ported")
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
 (cd "$ported" && go vet ./...)
+# The generator of the dispatcher's table of Kubernetes types: linted, and the table current
+# with the Go types it is made from.
+generator=$root/dispatcher/k8s-protobuf
+unformatted=$(gofmt -l "$generator")
+[[ -z $unformatted ]] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
+(cd "$generator" && go vet ./... && go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...)
+if ! (cd "$generator" && go run .) 2>/dev/null | cmp -s - "$root/dispatcher/src/watch/protobuf/table.txt"; then
+  echo "dispatcher/src/watch/protobuf/table.txt is not what dispatcher/k8s-protobuf writes: run make protobuf-table" >&2
+  exit 1
+fi
 run_tests

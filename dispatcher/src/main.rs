@@ -374,6 +374,7 @@ async fn main() -> anyhow::Result<()> {
             watch_grace,
             list_mode: listing.list_mode,
             share_lists: listing.share_lists,
+            protobuf: listing.protobuf,
             max_message_bytes,
             server: server.limits()?,
             drain_timeout,
@@ -389,8 +390,7 @@ async fn main() -> anyhow::Result<()> {
     .await;
     // Liveness holds until the drain is over.
     admin_stop.cancel();
-    served?;
-    Ok(())
+    Ok(served?)
 }
 
 /// Who may call, and how this dispatcher calls its peers.

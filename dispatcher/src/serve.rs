@@ -418,6 +418,7 @@ fn group_table(
         mode: config.list_mode,
         sharing: Some(sharing),
         share: config.share_lists,
+        protobuf: config.protobuf,
     };
     let watches = Watches::new(
         client.clone(),

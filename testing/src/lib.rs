@@ -165,6 +165,7 @@ pub fn config(identity: &str, members: &[&str]) -> ServeConfig {
         watch_grace: Duration::from_secs(5),
         list_mode: Default::default(),
         share_lists: true,
+        protobuf: true,
         max_message_bytes: 4 * 1024 * 1024,
         // A test's clients connect from loopback, some a connection per session.
         server: ServerLimits {

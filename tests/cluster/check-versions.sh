@@ -2,7 +2,8 @@
 # Checks that the Rust workspace's k8s-openapi feature names the Kubernetes minor that
 # tests/cluster/go.mod pins for the API server (the default, newest minor), so the types the code
 # compiles against match the server it tests on by default; that the controller-runtime incumbent
-# (bench/controller-runtime) uses the same client-go; and that each older minor of the matrix
+# (bench/controller-runtime) uses the same client-go, and the dispatcher's table of types
+# (dispatcher/k8s-protobuf) the same k8s.io/api; and that each older minor of the matrix
 # (tests/cluster/kubernetes/<minor>/go.mod) pins a release of that minor, older than the default.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,6 +23,11 @@ if [[ $client_go != "${KD_KUBERNETES_VERSION/v1./v0.}" ]]; then
   echo "check-versions: tests/cluster/go.mod pins Kubernetes $KD_KUBERNETES_VERSION, so bench/controller-runtime/go.mod must use k8s.io/client-go ${KD_KUBERNETES_VERSION/v1./v0.} (and the controller-runtime release built for it); it says: ${client_go:-nothing}" >&2
   exit 1
 fi
+types=$(awk '$1 == "k8s.io/api" { print $2; exit }' "$KD_ROOT/dispatcher/k8s-protobuf/go.mod")
+if [[ $types != "${KD_KUBERNETES_VERSION/v1./v0.}" ]]; then
+  echo "check-versions: tests/cluster/go.mod pins Kubernetes $KD_KUBERNETES_VERSION, so the dispatcher's table of types must be made from k8s.io/api ${KD_KUBERNETES_VERSION/v1./v0.} (dispatcher/k8s-protobuf/go.mod, then make protobuf-table); it says: ${types:-nothing}" >&2
+  exit 1
+fi
 default_minor=$KD_KUBERNETES_DEFAULT_MINOR
 for dir in "$KD_ROOT"/tests/cluster/kubernetes/*/; do
   minor=$(basename "$dir")
@@ -35,4 +41,4 @@ for dir in "$KD_ROOT"/tests/cluster/kubernetes/*/; do
     exit 1
   fi
 done
-echo "check-versions: Kubernetes $KD_KUBERNETES_VERSION, etcd $KD_ETCD_VERSION, k8s-openapi feature $want, controller-runtime's client-go $client_go; matrix: $KD_KUBERNETES_MINORS"
+echo "check-versions: Kubernetes $KD_KUBERNETES_VERSION, etcd $KD_ETCD_VERSION, k8s-openapi feature $want, controller-runtime's client-go $client_go, the table of types' k8s.io/api $types; matrix: $KD_KUBERNETES_MINORS"

@@ -76,7 +76,7 @@ impl Peer for PeerService {
         let Some(sharing) = self.groups.sharing() else {
             return Err(Status::unimplemented("this dispatcher shares no list"));
         };
-        let parts = sharing.serve(&req.identity, &req.path)?;
+        let parts = sharing.serve(&req.identity, &req.path, req.protobuf)?;
         Ok(Response::new(Box::pin(parts)))
     }
 

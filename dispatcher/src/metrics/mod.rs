@@ -72,6 +72,8 @@
 //! | metric | type | what |
 //! | --- | --- | --- |
 //! | `kube_dispatch_watch_events_total` | counter | objects seen, by `type` (`applied`, `deleted`) |
+//! | `kube_dispatch_watch_protobuf_total` | counter | of the objects seen, those the API server sent in protobuf (`--protobuf`; the rest came in JSON) |
+//! | `kube_dispatch_watch_json_fallbacks_total` | counter | times the watch turned to JSON because the API server sent in protobuf what the dispatcher's table of types does not know (an API server newer than the dispatcher) |
 //! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
 //! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
 //! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from (by retrying; a 410 Gone by listing again at once) |
@@ -299,6 +301,55 @@ struct WatchEventLabels {
     r#type: &'static str,
 }
 
+/// The watches' counters, each a family with a series per watch.
+const WATCH_COUNTERS: [Described<WatchCounter>; 9] = [
+    (
+        "kube_dispatch_watch_protobuf",
+        "Objects seen that the API server sent in protobuf",
+        |c| &c.protobuf,
+    ),
+    (
+        "kube_dispatch_watch_json_fallbacks",
+        "Times the watch turned to JSON because the API server sent in protobuf what the dispatcher's table of types does not know",
+        |c| &c.json_fallbacks,
+    ),
+    (
+        "kube_dispatch_watch_names_left_out",
+        "Objects that named more than 64 others at their group's referenced_by field paths (those past it are not followed)",
+        |c| &c.names_left_out,
+    ),
+    (
+        "kube_dispatch_watch_relists",
+        "Lists of the whole resource by the watch: its first, and after a 410 or an API-server restart",
+        |c| &c.relists,
+    ),
+    (
+        "kube_dispatch_watch_side_lists",
+        "Lists beside the watch for keys newly served here",
+        |c| &c.side_lists,
+    ),
+    (
+        "kube_dispatch_watch_errors",
+        "Errors the watch recovered from, by retrying or, after a 410 Gone, by listing again",
+        |c| &c.errors,
+    ),
+    (
+        "kube_dispatch_watch_gone",
+        "Watch errors that were 410 Gone: the resourceVersion it resumed from had expired",
+        |c| &c.gone,
+    ),
+    (
+        "kube_dispatch_watch_elsewhere",
+        "Objects seen whose keys other dispatchers own",
+        |c| &c.elsewhere,
+    ),
+    (
+        "kube_dispatch_watch_reshards",
+        "Restarts of the watch because the namespaces this dispatcher owns changed",
+        |c| &c.reshards,
+    ),
+];
+
 fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures]) -> fmt::Result {
     let labels = |w: &WatchFigures| WatchLabels {
         resource: w.resource.clone(),
@@ -325,44 +376,7 @@ fn encode_watches(encoder: &mut DescriptorEncoder<'_>, watches: &[WatchFigures])
             }
         }
     }
-    let counters: [Described<WatchCounter>; 7] = [
-        (
-            "kube_dispatch_watch_names_left_out",
-            "Objects that named more than 64 others at their group's referenced_by field paths (those past it are not followed)",
-            |c| &c.names_left_out,
-        ),
-        (
-            "kube_dispatch_watch_relists",
-            "Lists of the whole resource by the watch: its first, and after a 410 or an API-server restart",
-            |c| &c.relists,
-        ),
-        (
-            "kube_dispatch_watch_side_lists",
-            "Lists beside the watch for keys newly served here",
-            |c| &c.side_lists,
-        ),
-        (
-            "kube_dispatch_watch_errors",
-            "Errors the watch recovered from, by retrying or, after a 410 Gone, by listing again",
-            |c| &c.errors,
-        ),
-        (
-            "kube_dispatch_watch_gone",
-            "Watch errors that were 410 Gone: the resourceVersion it resumed from had expired",
-            |c| &c.gone,
-        ),
-        (
-            "kube_dispatch_watch_elsewhere",
-            "Objects seen whose keys other dispatchers own",
-            |c| &c.elsewhere,
-        ),
-        (
-            "kube_dispatch_watch_reshards",
-            "Restarts of the watch because the namespaces this dispatcher owns changed",
-            |c| &c.reshards,
-        ),
-    ];
-    for (name, help, counter) in counters {
+    for (name, help, counter) in WATCH_COUNTERS {
         let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
         for w in watches {
             ConstCounter::new(counter(&w.counts).load(Ordering::Relaxed))

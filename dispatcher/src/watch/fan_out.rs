@@ -104,6 +104,11 @@ pub struct WatchCounts {
     /// Objects that named more than [`kube_dispatch_core::references::MAX_NAMES_PER_OBJECT`]
     /// others at their group's field paths: the names past it are not followed.
     pub names_left_out: AtomicU64,
+    /// Of the objects seen, those the API server sent in protobuf (`super::protobuf`).
+    pub protobuf: AtomicU64,
+    /// Times the watch turned to JSON because the API server sent, in protobuf, what the
+    /// dispatcher's table of types does not know.
+    pub json_fallbacks: AtomicU64,
 }
 
 /// The fan-out of one watch: its subscribers, and what it must remember to tell them.
@@ -194,6 +199,9 @@ impl FanOut {
             &self.counts.applied
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if obj.read_in_protobuf() {
+            self.counts.protobuf.fetch_add(1, Ordering::Relaxed);
+        }
         let slice = self.slice.borrow().clone();
         let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
         let text = object_key(&self.key.resource, obj).to_string();

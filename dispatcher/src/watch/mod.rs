@@ -10,6 +10,8 @@
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - `whole_list` and `list_reader`: a watch that lists a first page, then the rest in one
 //!   response, read an object at a time (`--list-mode whole`);
+//! - [`protobuf`]: built-in objects read in protobuf and handed on in the JSON the API server
+//!   would have written;
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
 //! - [`sharing`]: on a ring keyed by name, one whole LIST made for every dispatcher that needs
 //!   it (`Peer.List`);
@@ -19,6 +21,7 @@ pub mod discovery;
 mod fan_out;
 mod list_reader;
 pub mod object;
+pub mod protobuf;
 pub mod registry;
 pub mod routing;
 #[cfg(test)]

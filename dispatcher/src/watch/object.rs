@@ -34,6 +34,8 @@ pub struct WatchedObject {
     /// Whether `json` has its own `apiVersion` and `kind` (items of a list do not).
     has_api_version: bool,
     has_kind: bool,
+    /// Whether the API server sent it in protobuf, `json` being what it would have sent.
+    protobuf: bool,
 }
 
 /// The metadata fields routing reads; serde skips the others (labels, annotations,
@@ -69,6 +71,18 @@ pub(super) struct Layout {
     /// Whether the object names its `apiVersion` and its `kind`.
     has_api_version: bool,
     has_kind: bool,
+}
+
+impl Layout {
+    /// The layout of an object written with its metadata at `metadata` (empty when it has
+    /// none), and with its `apiVersion` and `kind` when `typed`.
+    pub(super) fn written(metadata: Range<usize>, typed: bool) -> Self {
+        Self {
+            metadata,
+            has_api_version: typed,
+            has_kind: typed,
+        }
+    }
 }
 
 impl Head<'_> {
@@ -125,7 +139,21 @@ impl WatchedObject {
             metadata,
             has_api_version,
             has_kind,
+            protobuf: false,
         })
+    }
+
+    /// Marks the object as sent in protobuf (`super::protobuf`).
+    pub(super) fn sent_in_protobuf(self) -> Self {
+        Self {
+            protobuf: true,
+            ..self
+        }
+    }
+
+    /// Whether the API server sent the object in protobuf.
+    pub fn read_in_protobuf(&self) -> bool {
+        self.protobuf
     }
 
     /// The object as the API server sent it.

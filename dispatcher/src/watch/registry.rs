@@ -70,6 +70,9 @@ pub struct Listing {
     pub sharing: Option<Arc<ListSharing>>,
     /// Whether this dispatcher's own watches share their whole lists (`--share-lists`).
     pub share: bool,
+    /// Whether whole lists and watches of built-in resources are read in protobuf
+    /// (`--protobuf`).
+    pub protobuf: bool,
 }
 
 impl Listing {
@@ -79,6 +82,7 @@ impl Listing {
             mode,
             sharing: None,
             share: false,
+            protobuf: true,
         }
     }
 }
@@ -215,6 +219,7 @@ impl Watches {
                             readiness: tx,
                             children: run.children.clone(),
                             sharing: self.listing.sharing.clone().filter(|_| self.listing.share),
+                            protobuf: self.listing.protobuf,
                         },
                     );
                     tokio::spawn(task.run(run.cancel.clone()));

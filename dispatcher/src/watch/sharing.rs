@@ -64,7 +64,7 @@ use tonic::transport::Channel;
 use tracing::{debug, info};
 
 use self::shared::{Joined, Shared, make};
-use super::list_reader::Body;
+use super::{list_reader::Body, protobuf};
 
 /// Most LISTs one dispatcher shares at once (made and being read); past it, lists are made
 /// alone.
@@ -142,8 +142,8 @@ pub struct ListSharing {
     identity: String,
     credentials: Credentials,
     slice: watch::Receiver<Arc<Slice>>,
-    /// The LISTs that may still be joined, by path and query.
-    lists: Mutex<HashMap<String, Arc<Shared>>>,
+    /// The LISTs that may still be joined, by path and query and whether in protobuf.
+    lists: Mutex<HashMap<(String, bool), Arc<Shared>>>,
     /// A permit per LIST being made.
     making: Arc<Semaphore>,
     /// Listers that failed to answer, until when they are not asked.
@@ -197,19 +197,28 @@ impl ListSharing {
 
     /// The response to `request`, a LIST: shared with the peers that ask for the same one when
     /// a lister can share it, otherwise asked of the API server alone.
+    /// A request that accepts protobuf first is shared only with requests that do too.
     pub async fn respond(&self, request: http::Request<Vec<u8>>) -> kube::Result<Body> {
         let path = request
             .uri()
             .path_and_query()
             .map(|p| p.as_str().to_owned())
             .unwrap_or_default();
+        let protobuf = request
+            .headers()
+            .get(http::header::ACCEPT)
+            .is_some_and(|accept| {
+                accept
+                    .as_bytes()
+                    .starts_with(protobuf::MEDIA_TYPE.as_bytes())
+            });
         match self.lister(&path) {
             Lister::Here => {
-                if let Some(joined) = self.join(&path) {
+                if let Some(joined) = self.join(&path, protobuf) {
                     return response(joined.parts()).await;
                 }
             }
-            Lister::Peer(peer, address) => match self.ask_peer(&address, &path).await {
+            Lister::Peer(peer, address) => match self.ask_peer(&address, &path, protobuf).await {
                 Ok(answer) => {
                     self.counts.from_peers.fetch_add(1, Ordering::Relaxed);
                     return answer;
@@ -227,20 +236,21 @@ impl ListSharing {
             Lister::Nobody => {}
         }
         self.counts.alone.fetch_add(1, Ordering::Relaxed);
-        let body = self.client.request_stream(request).await?;
-        Ok(Box::pin(body))
+        protobuf::send(&self.client, request).await
     }
 
     /// What a peer asking for `path` is streamed: the parts of the LIST it joins, as
     /// `Peer.List` sends them.
+    /// Asked for in protobuf if `protobuf` (a peer of an older release never asks).
     pub fn serve(
         &self,
         peer: &str,
         path: &str,
+        protobuf: bool,
     ) -> Result<impl Stream<Item = Result<ListChunk, tonic::Status>> + Send + 'static, tonic::Status>
     {
         list_path(path)?;
-        let Some(joined) = self.join(path) else {
+        let Some(joined) = self.join(path, protobuf) else {
             return Err(tonic::Status::resource_exhausted(format!(
                 "this dispatcher shares {MAX_LISTS} lists with {MAX_READERS} readers each already: list alone"
             )));
@@ -283,13 +293,14 @@ impl ListSharing {
         }
     }
 
-    /// Joins the LIST of `path` under way here, or starts it; `None` when this dispatcher
-    /// shares as many as it may.
-    fn join(&self, path: &str) -> Option<Joined> {
+    /// Joins the LIST of `path` under way here, in protobuf if `protobuf`, or starts it; `None`
+    /// when this dispatcher shares as many as it may.
+    fn join(&self, path: &str, protobuf: bool) -> Option<Joined> {
+        let key = (path.to_owned(), protobuf);
         let now = Instant::now();
         let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
         lists.retain(|_, shared| shared.joinable(now));
-        if let Some(joined) = lists.get(path).and_then(|shared| shared.join(now)) {
+        if let Some(joined) = lists.get(&key).and_then(|shared| shared.join(now)) {
             self.counts.joined.fetch_add(1, Ordering::Relaxed);
             return Some(joined);
         }
@@ -297,10 +308,14 @@ impl ListSharing {
             return None;
         }
         let permit = self.making.clone().try_acquire_owned().ok()?;
-        let request = http::Request::get(path).body(Vec::new()).ok()?;
+        let mut request = http::Request::get(path);
+        if protobuf {
+            request = request.header(http::header::ACCEPT, protobuf::ACCEPT_LIST);
+        }
+        let request = request.body(Vec::new()).ok()?;
         let shared = Arc::new(Shared::new());
         let joined = shared.join(now)?;
-        lists.insert(path.to_owned(), shared.clone());
+        lists.insert(key, shared.clone());
         self.counts.made.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(make(self.client.clone(), request, shared, permit));
         Some(joined)
@@ -312,6 +327,7 @@ impl ListSharing {
         &self,
         address: &str,
         path: &str,
+        protobuf: bool,
     ) -> Result<kube::Result<Body>, tonic::Status> {
         let mut client =
             PeerClient::with_interceptor(self.channel(address)?, self.credentials.bearer())
@@ -319,6 +335,7 @@ impl ListSharing {
         let request = ListRequest {
             identity: self.identity.clone(),
             path: path.to_owned(),
+            protobuf,
         };
         let first = tokio::time::timeout(FIRST_PART, async {
             let mut chunks = client.list(request).await?.into_inner();

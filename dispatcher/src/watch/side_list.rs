@@ -78,9 +78,10 @@ impl SideList {
         params: ListParams,
         reach: Reach,
         whole: bool,
+        protobuf: bool,
     ) -> Self {
         let pages = if whole {
-            listed_whole(api, params)
+            listed_whole(api, params, protobuf)
         } else {
             paged(api, params)
         };
@@ -160,6 +161,7 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
 fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
+    mut protobuf: bool,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
     futures::stream::unfold((None, retry_delays()), move |(reader, mut delays)| {
         let (api, params) = (api.clone(), params.clone());
@@ -172,7 +174,7 @@ fn listed_whole(
                         Ok(None) => return None,
                         Err(e) => Err(e),
                     },
-                    None => WholeList::start(&api, &params, None).await.map(|started| {
+                    None => WholeList::start(&api, &params, None, protobuf).await.map(|started| {
                         reader = Some(started);
                         None
                     }),
@@ -180,6 +182,11 @@ fn listed_whole(
                 match result {
                     Ok(Some(object)) => return Some((vec![object], (reader, retry_delays()))),
                     Ok(None) => {}
+                    Err(e) if protobuf && super::protobuf::needs_json(&e) => {
+                        warn!(error = %e, "the list beside the watch cannot be read in protobuf; listing in JSON");
+                        protobuf = false;
+                        reader = None;
+                    }
                     Err(e) => {
                         let delay = delays.next().unwrap_or(Duration::from_secs(15));
                         warn!(error = %e, ?delay, "list beside the watch failed; listing again");

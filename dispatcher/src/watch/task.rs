@@ -31,10 +31,7 @@ use kube::{
     runtime::watcher::{self, Event},
 };
 use kube_dispatch_core::{
-    backoff::{Recovery, WatchFailure, WatchRetry},
-    children::ChildIndex,
-    handover::Slice,
-    subscription::WatchKey,
+    backoff::WatchRetry, children::ChildIndex, handover::Slice, subscription::WatchKey,
     transit::Origin,
 };
 use kube_dispatch_proto::RingKey;
@@ -42,7 +39,6 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use self::refusal::{refuses_streaming, rejection, status_code};
 use super::{
     fan_out::{FanOut, Seen, Subscribers, WatchCounts, describe},
     object::WatchedObject,
@@ -54,6 +50,7 @@ use super::{
 };
 use crate::config::ListMode;
 
+mod broken;
 mod refusal;
 
 /// Why a watch could not serve a subscription.
@@ -96,6 +93,8 @@ pub(super) struct Controls {
     pub children: Arc<ChildIndex>,
     /// How its whole lists are shared with the peers that make the same, if they are.
     pub sharing: Option<Arc<ListSharing>>,
+    /// Whether its whole lists and watches may be read in protobuf (`--protobuf`).
+    pub protobuf: bool,
 }
 
 /// The task of the watch of one [`WatchKey`].
@@ -104,6 +103,10 @@ pub(super) struct WatchTask {
     /// How the watch lists now: a whole list cut short makes it [`ListMode::Stream`], a
     /// refused stream [`ListMode::Paged`]; each pass's watcher follows it.
     list_mode: ListMode,
+    /// Whether its whole lists and watches are read in protobuf: a built-in resource the
+    /// dispatcher's table of types knows, until something it reads is not in the table
+    /// (`super::protobuf`); then JSON from the next pass on.
+    protobuf: bool,
     api: Api<WatchedObject>,
     /// The watcher's selectors; its initial list strategy comes from `list_mode`.
     config: watcher::Config,
@@ -234,6 +237,8 @@ impl WatchTask {
             api_version: api_resource.api_version.clone(),
             kind: api_resource.kind.clone(),
         };
+        let protobuf =
+            controls.protobuf && super::protobuf::readable(&api_resource.api_version, &r.kind);
         let fed = slice.borrow().clone();
         let fan_out = FanOut::new(
             key.clone(),
@@ -246,6 +251,7 @@ impl WatchTask {
         Self {
             key,
             list_mode,
+            protobuf,
             api,
             config,
             list_params,
@@ -279,7 +285,9 @@ impl WatchTask {
         let (api, config) = (self.api.clone(), self.config.clone());
         let sharing = self.sharing.take();
         match self.list_mode {
-            ListMode::Whole => whole_list::watcher(api, self.list_params.clone(), sharing).boxed(),
+            ListMode::Whole => {
+                whole_list::watcher(api, self.list_params.clone(), sharing, self.protobuf).boxed()
+            }
             ListMode::Paged => watcher::watcher(api, config).boxed(),
             ListMode::Stream => watcher::watcher(api, config.streaming_lists()).boxed(),
         }
@@ -426,6 +434,7 @@ impl WatchTask {
             self.list_params.clone(),
             reach,
             self.list_mode == ListMode::Whole,
+            self.protobuf,
         ));
     }
 
@@ -524,59 +533,6 @@ impl WatchTask {
             }
         }
         None
-    }
-
-    /// The stream broke with `e`: what [`WatchRetry::recover`] decides; `Some` when it ends the
-    /// pass.
-    fn broken(&mut self, pass: &mut Pass, e: &watcher::Error) -> Option<End> {
-        self.counts.errors.fetch_add(1, Ordering::Relaxed);
-        if status_code(e) == Some(410) {
-            self.counts.gone.fetch_add(1, Ordering::Relaxed);
-        }
-        let failure = self.failure(e);
-        match self.retry.recover(&failure, Instant::now().into_std()) {
-            Recovery::ListInPages => {
-                warn!(resource = %describe(&self.key), error = %e, "the API server does not stream lists; listing in pages instead");
-                self.list_mode = ListMode::Paged;
-                Some(End::Restart)
-            }
-            Recovery::ListByStreaming => {
-                warn!(resource = %describe(&self.key), error = %e, "the list did not arrive whole (too large to list within the API server's request timeout?); listing by streaming instead, or in pages if the server refuses that");
-                self.list_mode = ListMode::Stream;
-                Some(End::Restart)
-            }
-            Recovery::Fail => {
-                let (code, message) = rejection(e).unwrap_or_default();
-                let failed = WatchError::Rejected {
-                    code,
-                    resource: describe(&self.key),
-                    message,
-                };
-                warn!(resource = %describe(&self.key), error = %failed, "watch rejected");
-                let _ = self.readiness.send(Readiness::Failed(failed));
-                Some(End::Stop)
-            }
-            Recovery::ListAgain => {
-                info!(resource = %describe(&self.key), error = %e, "watch expired (410 Gone): listing again at once");
-                None
-            }
-            Recovery::RetryIn(wait) => {
-                warn!(resource = %describe(&self.key), error = %e, retry_in = ?wait, "watch error; retrying");
-                pass.paused = Some(Instant::now() + wait);
-                None
-            }
-        }
-    }
-
-    /// `e` as the recovery policy sees it.
-    fn failure(&self, e: &watcher::Error) -> WatchFailure {
-        let streaming = self.list_mode == ListMode::Stream;
-        WatchFailure {
-            code: status_code(e),
-            streaming_refused: streaming && refuses_streaming(e),
-            whole_list_cut_short: self.list_mode == ListMode::Whole && whole_list::cut_short(e),
-            starting: matches!(*self.readiness.borrow(), Readiness::Starting),
-        }
     }
 }
 

@@ -23,10 +23,10 @@
 //! `Apply` and `Delete`; a 410 Gone (or a watch that cannot be resumed) lists again from the
 //! start, any other error is retried from where it was, after the caller's backoff.
 
-use std::{sync::Arc, time::Duration};
+use std::{io, sync::Arc, time::Duration};
 
 use backon::{ExponentialBuilder, Retryable};
-use futures::{Stream, StreamExt, stream::BoxStream};
+use futures::{AsyncBufReadExt, Stream, StreamExt, stream::BoxStream};
 use kube::{
     ResourceExt,
     api::{Api, ListParams, WatchEvent, WatchParams},
@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 use super::{
     list_reader::{Body, ListReader, unreadable},
     object::WatchedObject,
+    protobuf,
     sharing::{ListSharing, relay_broke},
 };
 
@@ -69,6 +70,8 @@ struct Source {
     list: ListParams,
     watch: WatchParams,
     sharing: Option<Arc<ListSharing>>,
+    /// Whether to list and watch in protobuf (`super::protobuf`).
+    protobuf: bool,
 }
 
 impl Source {
@@ -78,7 +81,22 @@ impl Source {
     /// objects the watch had shown that it lacks would be taken for deleted. Later lists are
     /// consistent reads of the API server, made alone.
     async fn start(&self) -> kube::Result<WholeList> {
-        WholeList::start(&self.api, &self.list, self.sharing.clone()).await
+        WholeList::start(&self.api, &self.list, self.sharing.clone(), self.protobuf).await
+    }
+
+    /// Watches from `resource_version` on, in protobuf or in JSON.
+    async fn watch(
+        &self,
+        resource_version: &str,
+    ) -> kube::Result<BoxStream<'static, kube::Result<WatchEvent<WatchedObject>>>> {
+        if !self.protobuf {
+            return Ok(self.api.watch(&self.watch, resource_version).await?.boxed());
+        }
+        let request = kube::core::Request::new(self.api.resource_url())
+            .watch(&self.watch, resource_version)
+            .map_err(kube::Error::BuildRequest)?;
+        let client = self.api.clone().into_client();
+        Ok(protobuf::watch(&client, request).await?.boxed())
     }
 }
 
@@ -86,11 +104,13 @@ impl Source {
 /// the module docs), its first list shared with the peers that make the same through
 /// `sharing`, if any ([`super::sharing`]; `Source::start` says why only the first). Like
 /// kube-runtime's `watcher`, the stream never ends: after an error the next poll recovers, so
-/// poll it with a backoff.
+/// poll it with a backoff. With `protobuf`, it lists and watches in protobuf
+/// ([`super::protobuf`]).
 pub(super) fn watcher(
     api: Api<WatchedObject>,
     list: ListParams,
     sharing: Option<Arc<ListSharing>>,
+    protobuf: bool,
 ) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
     // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
     let watch = WatchParams {
@@ -103,6 +123,7 @@ pub(super) fn watcher(
         list,
         watch,
         sharing,
+        protobuf,
     };
     futures::stream::unfold(
         (source, State::Empty),
@@ -127,12 +148,12 @@ async fn step(source: &mut Source, state: State) -> (Option<Result<Event<Watched
         },
         State::Listing(reader) => listing(source, reader).await,
         State::Listed { resource_version } => {
-            match source.api.watch(&source.watch, &resource_version).await {
+            match source.watch(&resource_version).await {
                 Ok(events) => (
                     None,
                     State::Watching {
                         resource_version,
-                        events: events.boxed(),
+                        events,
                     },
                 ),
                 Err(e) => {
@@ -275,18 +296,61 @@ pub(super) struct WholeList {
     api: Api<WatchedObject>,
     sharing: Option<Arc<ListSharing>>,
     params: ListParams,
-    reader: ListReader<Body>,
+    protobuf: bool,
+    reader: Reader,
     /// The first response's resourceVersion, once it has been read: the list's.
     snapshot: Option<String>,
 }
 
+/// A list response's reader, for the encoding it came in.
+enum Reader {
+    Json(ListReader<Body>),
+    Protobuf(protobuf::ListReader),
+}
+
+impl Reader {
+    /// A reader of `body`, in the encoding its first byte shows: a list shared by a peer
+    /// comes in whichever encoding the peer asked for (a peer of an older release asks for
+    /// JSON whatever the request said).
+    async fn of(mut body: Body) -> io::Result<Self> {
+        let first = body.fill_buf().await?.first().copied();
+        Ok(if first == Some(protobuf::MAGIC[0]) {
+            Self::Protobuf(protobuf::ListReader::new(body))
+        } else {
+            Self::Json(ListReader::new(body))
+        })
+    }
+
+    async fn next(&mut self) -> io::Result<Option<WatchedObject>> {
+        match self {
+            Self::Json(r) => r.next().await,
+            Self::Protobuf(r) => r.next().await,
+        }
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        match self {
+            Self::Json(r) => r.resource_version(),
+            Self::Protobuf(r) => r.resource_version(),
+        }
+    }
+
+    fn continue_token(&self) -> Option<&str> {
+        match self {
+            Self::Json(r) => r.continue_token(),
+            Self::Protobuf(r) => r.continue_token(),
+        }
+    }
+}
+
 impl WholeList {
     /// Starts the list: asks for its first page (whatever `params` says of a limit or where
-    /// to continue), each response shared through `sharing` if any.
+    /// to continue), each response shared through `sharing` if any, in protobuf if `protobuf`.
     pub(super) async fn start(
         api: &Api<WatchedObject>,
         params: &ListParams,
         sharing: Option<Arc<ListSharing>>,
+        protobuf: bool,
     ) -> kube::Result<Self> {
         let params = ListParams {
             limit: None,
@@ -298,10 +362,11 @@ impl WholeList {
             ..params.clone()
         };
         Ok(Self {
-            reader: respond(api, sharing.as_deref(), &first).await?,
+            reader: respond(api, sharing.as_deref(), &first, protobuf).await?,
             api: api.clone(),
             sharing,
             params,
+            protobuf,
             snapshot: None,
         })
     }
@@ -327,7 +392,8 @@ impl WholeList {
                 ..self.params.clone()
             };
             debug!(first = FIRST_PAGE, "listing the rest in one response");
-            self.reader = Self::rest(&self.api, self.sharing.as_deref(), &rest).await?;
+            self.reader =
+                Self::rest(&self.api, self.sharing.as_deref(), &rest, self.protobuf).await?;
         }
     }
 
@@ -337,12 +403,13 @@ impl WholeList {
         api: &Api<WatchedObject>,
         sharing: Option<&ListSharing>,
         rest: &ListParams,
-    ) -> kube::Result<ListReader<Body>> {
+        protobuf: bool,
+    ) -> kube::Result<Reader> {
         let waits = ExponentialBuilder::default()
             .with_min_delay(REST_WAIT)
             .with_max_delay(REST_WAIT_CAP)
             .with_max_times(REST_ATTEMPTS as usize - 1);
-        (|| respond(api, sharing, rest))
+        (|| respond(api, sharing, rest, protobuf))
             .retry(waits)
             .sleep(tokio::time::sleep)
             // An expired `continue` can only be listed again from the start.
@@ -362,20 +429,26 @@ impl WholeList {
 }
 
 /// A list response to `params`, its objects to be read as they arrive: shared through
-/// `sharing` if any, otherwise asked of the API server through `api`'s client.
+/// `sharing` if any, otherwise asked of the API server through `api`'s client; asked for in
+/// protobuf if `protobuf`.
 async fn respond(
     api: &Api<WatchedObject>,
     sharing: Option<&ListSharing>,
     params: &ListParams,
-) -> kube::Result<ListReader<Body>> {
-    let request = kube::core::Request::new(api.resource_url())
+    protobuf: bool,
+) -> kube::Result<Reader> {
+    let mut request = kube::core::Request::new(api.resource_url())
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
+    if protobuf {
+        let accept = http::HeaderValue::from_static(protobuf::ACCEPT_LIST);
+        request.headers_mut().insert(http::header::ACCEPT, accept);
+    }
     let body = match sharing {
         Some(sharing) => sharing.respond(request).await?,
-        None => Box::pin(api.clone().into_client().request_stream(request).await?),
+        None => protobuf::send(&api.clone().into_client(), request).await?,
     };
-    Ok(ListReader::new(body))
+    Reader::of(body).await.map_err(kube::Error::ReadEvents)
 }
 
 #[cfg(test)]

@@ -8,4 +8,5 @@ mod dispatcher;
 mod finalizers;
 mod ported;
 mod precondition;
+mod protobuf;
 mod traces;

@@ -187,7 +187,7 @@ pub(super) async fn make(
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
 ) {
-    let body = match client.request_stream(request).await {
+    let body = match crate::watch::protobuf::send(&client, request).await {
         Ok(body) => body,
         Err(kube::Error::Api(status)) => {
             return finish(&shared, Part::Refused(Arc::new(*status))).await;

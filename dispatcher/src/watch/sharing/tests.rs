@@ -313,9 +313,13 @@ fn watching(client: kube::Client, sharing: &Arc<ListSharing>) -> tokio::task::Jo
         plural: "configmaps".into(),
     };
     let objects = kube::Api::all_with(client, &resource);
-    let mut events =
-        crate::watch::whole_list::watcher(objects, ListParams::default(), Some(sharing.clone()))
-            .boxed();
+    let mut events = crate::watch::whole_list::watcher(
+        objects,
+        ListParams::default(),
+        Some(sharing.clone()),
+        false,
+    )
+    .boxed();
     tokio::spawn(async move { while events.next().await.is_some() {} })
 }
 

@@ -33,6 +33,17 @@ fn api_status(e: &watcher::Error) -> Option<&kube::core::Status> {
     }
 }
 
+/// Whether a watch error is what the dispatcher's table of types could not read in protobuf
+/// (`crate::watch::protobuf`): only JSON reads it.
+pub(super) fn needs_json(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => crate::watch::protobuf::needs_json(e),
+        _ => false,
+    }
+}
+
 /// The HTTP status code of a watch error the API server answered.
 pub(super) fn status_code(e: &watcher::Error) -> Option<u16> {
     api_status(e).map(|s| s.code)

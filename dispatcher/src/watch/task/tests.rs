@@ -73,6 +73,8 @@ impl Scripted {
                 readiness: readiness_tx,
                 children: children.clone(),
                 sharing: None,
+                // The scripted API server answers in JSON.
+                protobuf: false,
             },
         );
         tokio::spawn(task.run(cancel.clone()));

@@ -1,0 +1,147 @@
+//! Built-in objects read in protobuf (`application/vnd.kubernetes.protobuf`), the encoding
+//! the API server writes at less than half JSON's CPU (`bench/METHOD.md`, "What the API server
+//! spends on the tier's lists"), and handed on in the JSON it would have written.
+//!
+//! Every protobuf message the API server sends starts with the four bytes `k8s\0` and is a
+//! `runtime.Unknown`: the object's `apiVersion` and `kind` beside its bytes. `object` reads
+//! one into a [`WatchedObject`] through the table of types (`table.rs`, made by
+//! `dispatcher/k8s-protobuf`) and the transcoder (`json.rs`).
+
+mod json;
+mod stream;
+pub(crate) mod table;
+#[cfg(test)]
+mod testing;
+
+use prost::encoding::{WireType, decode_key, decode_varint};
+
+pub use self::json::Untranscodable;
+pub(crate) use self::stream::{ACCEPT_LIST, ListReader, send, watch};
+use self::table::Table;
+use super::object::{Layout, WatchedObject};
+
+/// The bytes every protobuf message of the API server starts with.
+pub const MAGIC: &[u8; 4] = b"k8s\0";
+
+/// The media type a request names to be answered in protobuf.
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// A `runtime.Unknown`: an object's type and its bytes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Unknown<'a> {
+    pub api_version: &'a str,
+    pub kind: &'a str,
+    pub raw: &'a [u8],
+}
+
+fn unexpected(what: impl std::fmt::Display) -> Untranscodable {
+    Untranscodable::Unexpected(what.to_string())
+}
+
+/// Length-delimited fields of a message, by number; any other wire type is an error.
+fn fields(mut buf: &[u8]) -> Result<Vec<(u32, &[u8])>, Untranscodable> {
+    let mut found = Vec::new();
+    while !buf.is_empty() {
+        let (number, wire_type) = decode_key(&mut buf).map_err(unexpected)?;
+        if wire_type != WireType::LengthDelimited {
+            return Err(unexpected(format!(
+                "field {number} of wire type {wire_type:?} in an envelope"
+            )));
+        }
+        let len = decode_varint(&mut buf).map_err(unexpected)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= buf.len())
+            .ok_or_else(|| unexpected("a length past the envelope's end"))?;
+        let (value, rest) = buf.split_at(len);
+        found.push((number, value));
+        buf = rest;
+    }
+    Ok(found)
+}
+
+fn text(bytes: &[u8]) -> Result<&str, Untranscodable> {
+    std::str::from_utf8(bytes).map_err(|_| unexpected("a type name that is not UTF-8"))
+}
+
+/// A `runtime.TypeMeta`'s apiVersion and kind.
+fn type_meta(bytes: &[u8]) -> Result<(&str, &str), Untranscodable> {
+    let (mut api_version, mut kind) = ("", "");
+    for (n, v) in fields(bytes)? {
+        match n {
+            1 => api_version = text(v)?,
+            2 => kind = text(v)?,
+            _ => {}
+        }
+    }
+    Ok((api_version, kind))
+}
+
+impl<'a> Unknown<'a> {
+    /// Reads an envelope, its magic included.
+    pub(crate) fn read(message: &'a [u8]) -> Result<Self, Untranscodable> {
+        let body = message
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| unexpected("a message without the protobuf magic"))?;
+        let mut unknown = Self::default();
+        for (number, value) in fields(body)? {
+            match number {
+                1 => (unknown.api_version, unknown.kind) = type_meta(value)?,
+                2 => unknown.raw = value,
+                // contentEncoding and contentType: empty for what the API server sends.
+                3 | 4 if value.is_empty() => {}
+                _ => return Err(unexpected(format!("envelope field {number}"))),
+            }
+        }
+        Ok(unknown)
+    }
+}
+
+/// The type of the kind `kind` of `api_version` in `table`.
+fn kind_type(table: &Table, api_version: &str, kind: &str) -> Result<u32, Untranscodable> {
+    table
+        .kind(api_version, kind)
+        .ok_or_else(|| Untranscodable::UnknownKind(format!("{api_version} {kind}")))
+}
+
+/// Whether the resource of `api_version` and `kind` can be read in protobuf: a built-in type
+/// the table knows.
+pub(crate) fn readable(api_version: &str, kind: &str) -> bool {
+    table::BUILT_IN.kind(api_version, kind).is_some()
+}
+
+/// The Kubernetes release the built-in table of types was made from, for logs.
+pub(crate) fn table_source() -> &'static str {
+    &table::BUILT_IN.source
+}
+
+/// Whether `error`, met reading a list or a watch, is [`Untranscodable`]: only JSON reads what
+/// the API server sent.
+pub(crate) fn needs_json(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::ReadEvents(e) if e.get_ref().is_some_and(|e| e.is::<Untranscodable>()))
+}
+
+/// The JSON the API server would have sent for `message`, a protobuf envelope of an object, a
+/// list or a Status, as the table of types built into this dispatcher reads it.
+pub fn to_json(message: &[u8]) -> Result<String, Untranscodable> {
+    let table = &*table::BUILT_IN;
+    let unknown = Unknown::read(message)?;
+    let ty = kind_type(table, unknown.api_version, unknown.kind)?;
+    let types = Some((unknown.api_version, unknown.kind));
+    json::object(table, ty, unknown.raw, types).map(|(text, _)| text)
+}
+
+/// The object of `message` (an envelope), as the API server would have sent it in JSON.
+pub(crate) fn object(table: &Table, message: &[u8]) -> Result<WatchedObject, Untranscodable> {
+    let unknown = Unknown::read(message)?;
+    let ty = kind_type(table, unknown.api_version, unknown.kind)?;
+    let (json, metadata) = json::object(
+        table,
+        ty,
+        unknown.raw,
+        Some((unknown.api_version, unknown.kind)),
+    )?;
+    WatchedObject::from_layout(json.into(), Layout::written(metadata, true))
+        .map(WatchedObject::sent_in_protobuf)
+        .map_err(|e| unexpected(format!("the JSON written does not read back: {e}")))
+}

@@ -1,0 +1,149 @@
+use std::io;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::{ResourceExt, api::WatchEvent};
+
+use super::*;
+use crate::watch::protobuf::{
+    needs_json,
+    testing::{Msg, config_map, envelope},
+};
+
+/// A body that arrives `chunk` bytes at a time.
+fn body(bytes: Vec<u8>, chunk: usize) -> Body {
+    let chunks: Vec<io::Result<Vec<u8>>> = bytes.chunks(chunk).map(|c| Ok(c.to_vec())).collect();
+    Box::pin(futures::stream::iter(chunks).into_async_read())
+}
+
+/// A ConfigMapList of `items` at resourceVersion 7, continued by `token`.
+fn list(items: &[Msg], token: &str) -> Vec<u8> {
+    let mut list = Msg::default().msg(1, Msg::default().str(2, "7").str(3, token));
+    for item in items {
+        list = list.msg(2, item.clone());
+    }
+    envelope("v1", "ConfigMapList", &list)
+}
+
+async fn read_all(mut reader: ListReader) -> io::Result<(Vec<WatchedObject>, ListReader)> {
+    let mut objects = Vec::new();
+    while let Some(object) = reader.next().await? {
+        objects.push(object);
+    }
+    Ok((objects, reader))
+}
+
+#[tokio::test]
+async fn a_list_is_read_an_item_at_a_time_however_its_bytes_arrive() {
+    let items = [config_map("a", "5", "x"), config_map("b", "6", "y")];
+    let bytes = list(&items, "next");
+    for chunk in [1, 3, 7, bytes.len()] {
+        let (objects, reader) = read_all(ListReader::new(body(bytes.clone(), chunk)))
+            .await
+            .unwrap();
+        let names: Vec<_> = objects.iter().map(|o| o.name_any()).collect();
+        assert_eq!(names, ["a", "b"], "chunks of {chunk}");
+        assert!(objects.iter().all(WatchedObject::read_in_protobuf));
+        let json: serde_json::Value = serde_json::from_str(objects[1].json()).unwrap();
+        assert_eq!(json["data"], serde_json::json!({"k": "y"}));
+        // Items of a list carry no type of their own, as in JSON.
+        assert!(json.get("kind").is_none());
+        assert_eq!(reader.resource_version(), Some("7"));
+        assert_eq!(reader.continue_token(), Some("next"));
+    }
+    let (objects, reader) = read_all(ListReader::new(body(list(&[], ""), 2)))
+        .await
+        .unwrap();
+    assert!(objects.is_empty());
+    assert_eq!(
+        (reader.resource_version(), reader.continue_token()),
+        (Some("7"), None)
+    );
+}
+
+#[tokio::test]
+async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
+    // A field the table does not know: JSON reads it.
+    let newer = config_map("a", "5", "x").str(99, "new");
+    let error = read_all(ListReader::new(body(list(&[newer], ""), 5)))
+        .await
+        .err()
+        .unwrap();
+    assert!(needs_json(&kube::Error::ReadEvents(error)));
+    // Cut short: an error, but not one JSON would read any better.
+    let mut cut = list(&[config_map("a", "5", "x")], "");
+    cut.truncate(cut.len() - 3);
+    let error = read_all(ListReader::new(body(cut, 4))).await.err().unwrap();
+    assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+    assert!(!needs_json(&kube::Error::ReadEvents(error)));
+    // Not protobuf at all.
+    let error = read_all(ListReader::new(body(b"{\"items\":[]}".to_vec(), 4)))
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("magic"), "{error}");
+}
+
+/// A watch frame: the event's length, then the event.
+fn frame(kind: &str, object: Vec<u8>) -> Vec<u8> {
+    let event = Msg::default()
+        .str(1, kind)
+        .msg(2, Msg::default().bytes(1, &object));
+    let mut bytes = (event.0.len() as u32).to_be_bytes().to_vec();
+    bytes.extend_from_slice(&event.0);
+    bytes
+}
+
+#[tokio::test]
+async fn watch_frames_read_as_kube_reads_json_events() {
+    let bookmark = Msg::default().msg(1, Msg::default().str(6, "12"));
+    let status = Msg::default()
+        .str(2, "Failure")
+        .str(3, "too old resource version")
+        .str(4, "Expired")
+        .varint(6, 410);
+    let mut bytes = frame(
+        "ADDED",
+        envelope("v1", "ConfigMap", &config_map("a", "10", "x")),
+    );
+    bytes.extend(frame(
+        "DELETED",
+        envelope("v1", "ConfigMap", &config_map("a", "11", "x")),
+    ));
+    bytes.extend(frame("BOOKMARK", envelope("v1", "ConfigMap", &bookmark)));
+    bytes.extend(frame("ERROR", envelope("v1", "Status", &status)));
+    let read: Vec<_> = events(body(bytes, 3)).try_collect().await.unwrap();
+    match &read[..] {
+        [
+            WatchEvent::Added(added),
+            WatchEvent::Deleted(deleted),
+            WatchEvent::Bookmark(bookmark),
+            WatchEvent::Error(status),
+        ] => {
+            assert_eq!(added.resource_version().as_deref(), Some("10"));
+            let json: serde_json::Value = serde_json::from_str(added.json()).unwrap();
+            assert_eq!(
+                (&json["kind"], &json["apiVersion"]),
+                (&"ConfigMap".into(), &"v1".into())
+            );
+            assert_eq!(deleted.resource_version().as_deref(), Some("11"));
+            assert_eq!(bookmark.metadata.resource_version, "12");
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A frame cut short ends the stream with an error; one the table cannot read says so.
+    let mut cut = frame(
+        "ADDED",
+        envelope("v1", "ConfigMap", &config_map("a", "10", "x")),
+    );
+    cut.truncate(cut.len() - 1);
+    let read: Vec<_> = events(body(cut, 3)).collect().await;
+    assert!(matches!(&read[..], [Err(e)] if !needs_json(e)), "{read:?}");
+    let newer = envelope(
+        "v1",
+        "ConfigMap",
+        &config_map("a", "10", "x").str(99, "new"),
+    );
+    let read: Vec<_> = events(body(frame("MODIFIED", newer), 64)).collect().await;
+    assert!(matches!(&read[..], [Err(e)] if needs_json(e)), "{read:?}");
+}
