@@ -92,7 +92,7 @@ pub(crate) struct CompareArgs {
     /// whole, their default, whatever KD_LIST_MODE says), dispatch-paged-<replicas> and
     /// dispatch-stream-<replicas> (they list in pages of 500, or by streaming),
     /// dispatch-alone-<replicas> (whole lists, each dispatcher making its own: --share-lists
-    /// false),
+    /// false), dispatch-json-<replicas> (built-in resources read in JSON: --protobuf false),
     /// go-dispatch-<replicas> (the controller-runtime controller on the Go SDK: needs
     /// --controller-runtime-dispatch), and with --children dispatch-list-<replicas> (each
     /// reconcile lists its children instead of reading them from its request). The

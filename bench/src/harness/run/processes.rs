@@ -223,6 +223,10 @@ impl Setup<'_> {
                 "KD_SHARE_LISTS",
                 list_mode.is_none_or(ListMode::shared).to_string(),
             ));
+            env.push((
+                "KD_PROTOBUF",
+                list_mode.is_none_or(ListMode::protobuf).to_string(),
+            ));
             tier.push(Component::spawn(
                 id,
                 &self.binaries.dispatcher,

@@ -51,6 +51,9 @@ pub(crate) enum ListMode {
     /// Whole lists, each dispatcher making its own (`--share-lists=false`): the tier before
     /// lists were shared.
     Alone,
+    /// Whole lists and watches in JSON (`--protobuf=false`): the tier before it read built-in
+    /// resources in protobuf.
+    Json,
 }
 
 impl ListMode {
@@ -59,8 +62,13 @@ impl ListMode {
         match self {
             ListMode::Paged => "paged",
             ListMode::Stream => "stream",
-            ListMode::Alone => "whole",
+            ListMode::Alone | ListMode::Json => "whole",
         }
+    }
+
+    /// The dispatcher's `--protobuf` value.
+    pub(crate) fn protobuf(self) -> bool {
+        self != ListMode::Json
     }
 
     /// The dispatcher's `--share-lists` value (lists in pages or by streaming are never
@@ -73,6 +81,7 @@ impl ListMode {
     fn name(self) -> &'static str {
         match self {
             ListMode::Alone => "alone",
+            ListMode::Json => "json",
             other => other.flag(),
         }
     }
@@ -163,12 +172,14 @@ impl std::str::FromStr for Variant {
                     replicas(n).map(|n| Variant::DispatchListing(ListMode::Stream, n))
                 } else if let Some(n) = s.strip_prefix("dispatch-alone-") {
                     replicas(n).map(|n| Variant::DispatchListing(ListMode::Alone, n))
+                } else if let Some(n) = s.strip_prefix("dispatch-json-") {
+                    replicas(n).map(|n| Variant::DispatchListing(ListMode::Json, n))
                 } else {
                     s.strip_prefix("dispatch-").and_then(replicas).map(Variant::Dispatch)
                 }
                 .ok_or_else(|| {
                     format!(
-                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, controller-runtime-index, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-alone-<replicas 1..=64>, dispatch-list-<replicas 1..=64>, dispatch-index-<replicas 1..=64>, go-dispatch-<replicas 1..=64> or go-dispatch-index-<replicas 1..=64>"
+                        "unknown variant {s:?}: expected kube-rs, kube-rs-streaming, kube-rs-metadata, controller-runtime, controller-runtime-metadata, controller-runtime-index, dispatch-<replicas 1..=64>, dispatch-paged-<replicas 1..=64>, dispatch-stream-<replicas 1..=64>, dispatch-alone-<replicas 1..=64>, dispatch-json-<replicas 1..=64>, dispatch-list-<replicas 1..=64>, dispatch-index-<replicas 1..=64>, go-dispatch-<replicas 1..=64> or go-dispatch-index-<replicas 1..=64>"
                     )
                 })
             }

@@ -58,12 +58,12 @@ pub(crate) fn object(
 ) -> Result<(String, Range<usize>)> {
     let mut out = Writer {
         table,
-        out: Vec::with_capacity(bytes.len() + bytes.len() / 4 + 64),
+        out: String::with_capacity(bytes.len() + bytes.len() / 4 + 64),
         metadata: 0..0,
         // The API server makes a list's items an empty slice, never a nil one.
         list: types.is_some_and(|(_, kind)| kind.ends_with("List")),
     };
-    out.out.push(b'{');
+    out.out.push('{');
     let mut first = true;
     if let Some((api_version, kind)) = types {
         out.key(&mut first, "kind");
@@ -72,15 +72,14 @@ pub(crate) fn object(
         out.string(api_version);
     }
     out.fields(ty, bytes, &mut first, true)?;
-    out.out.push(b'}');
+    out.out.push('}');
     let metadata = out.metadata.clone();
-    let text = String::from_utf8(out.out).map_err(|_| unexpected("JSON that is not UTF-8"))?;
-    Ok((text, metadata))
+    Ok((out.out, metadata))
 }
 
 struct Writer<'t> {
     table: &'t Table,
-    out: Vec<u8>,
+    out: String,
     /// Where the top-level object's `metadata` was written.
     metadata: Range<usize>,
     /// Whether the top-level object is a list, whose `items` are `[]` when it has none.
@@ -169,6 +168,14 @@ fn bytes(value: Option<Wire<'_>>) -> Result<Option<&[u8]>> {
     }
 }
 
+/// Bytes as text: Go writes invalid UTF-8 as U+FFFD, as the lossy conversion does.
+fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.into(),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
+}
+
 /// Go's zero `time.Time` (year 1) in Unix seconds.
 const ZERO_TIME_SECONDS: i64 = -62_135_596_800;
 
@@ -186,14 +193,29 @@ fn timestamp(value: Option<Wire<'_>>) -> Result<Option<(i64, i32)>> {
 impl Writer<'_> {
     fn key(&mut self, first: &mut bool, name: &str) {
         if !std::mem::take(first) {
-            self.out.push(b',');
+            self.out.push(',');
         }
         self.string(name);
-        self.out.push(b':');
+        self.out.push(':');
     }
 
     fn string(&mut self, text: &str) {
-        serde_json::to_writer(&mut self.out, text).expect("a string always writes");
+        // Most strings need no escape: checked 64 bytes at a time without a table or an early
+        // exit inside, which the compiler vectorises, and copied whole.
+        let plain = text.as_bytes().chunks(64).all(|chunk| {
+            !chunk.iter().fold(false, |escape, &b| {
+                escape | (b < 0x20) | (b == b'"') | (b == b'\\')
+            })
+        });
+        if plain {
+            self.out.reserve(text.len() + 2);
+            self.out.push('"');
+            self.out.push_str(text);
+            self.out.push('"');
+        } else {
+            self.out
+                .push_str(&serde_json::to_string(text).expect("a string always writes"));
+        }
     }
 
     /// Writes the fields of message `ty` from `bytes` into the object being written.
@@ -238,7 +260,7 @@ impl Writer<'_> {
             Shape::List(element) => {
                 if values.is_empty() && top && self.list && name == "items" {
                     self.key(first, name);
-                    self.out.extend_from_slice(b"[]");
+                    self.out.push_str("[]");
                     return Ok(());
                 }
                 if values.is_empty() {
@@ -293,17 +315,17 @@ impl Writer<'_> {
     fn nil(&mut self, field: &Field, name: &str, first: &mut bool) -> Result<()> {
         if !field.omit_empty {
             self.key(first, name);
-            self.out.extend_from_slice(b"null");
+            self.out.push_str("null");
         }
         Ok(())
     }
 
     fn list(&mut self, element: &Shape, values: &[Wire<'_>]) -> Result<()> {
-        self.out.push(b'[');
+        self.out.push('[');
         let mut first = true;
         let mut item = |w: &mut Self, value: Wire<'_>| {
             if !std::mem::take(&mut first) {
-                w.out.push(b',');
+                w.out.push(',');
             }
             w.value(element, Some(value))
         };
@@ -322,7 +344,7 @@ impl Writer<'_> {
                 _ => item(self, value)?,
             }
         }
-        self.out.push(b']');
+        self.out.push(']');
         Ok(())
     }
 
@@ -338,13 +360,13 @@ impl Writer<'_> {
         pairs.reverse();
         pairs.dedup_by(|a, b| a.0 == b.0);
         pairs.reverse();
-        self.out.push(b'{');
+        self.out.push('{');
         let mut first = true;
         for (key, value) in pairs {
-            self.key(&mut first, &String::from_utf8_lossy(key));
+            self.key(&mut first, &as_text(key));
             self.value(value_shape, value)?;
         }
-        self.out.push(b'}');
+        self.out.push('}');
         Ok(())
     }
 
@@ -355,14 +377,14 @@ impl Writer<'_> {
             Shape::Special(special) => self.special(*special, value),
             Shape::Message(ty) => {
                 let bytes = bytes(value)?.unwrap_or_default();
-                self.out.push(b'{');
+                self.out.push('{');
                 self.fields(*ty, bytes, &mut true, false)?;
-                self.out.push(b'}');
+                self.out.push('}');
                 Ok(())
             }
             Shape::Pointer(inner) => match value {
                 None => {
-                    self.out.extend_from_slice(b"null");
+                    self.out.push_str("null");
                     Ok(())
                 }
                 Some(_) => self.value(inner, value),
@@ -373,7 +395,7 @@ impl Writer<'_> {
                     Some(v) => wrapped_items(&[v])?,
                 };
                 if items.is_empty() {
-                    self.out.extend_from_slice(b"null");
+                    self.out.push_str("null");
                     return Ok(());
                 }
                 self.list(element, &items)
@@ -383,34 +405,29 @@ impl Writer<'_> {
     }
 
     fn scalar(&mut self, scalar: Scalar, value: Option<Wire<'_>>) -> Result<()> {
-        use std::io::Write as _;
+        use std::fmt::Write as _;
         match scalar {
             Scalar::String => {
                 let text = bytes(value)?.unwrap_or_default();
-                self.string(&String::from_utf8_lossy(text));
+                self.string(&as_text(text));
             }
             Scalar::Bool => {
                 let v = varint(value)? != 0;
-                self.out
-                    .extend_from_slice(if v { b"true" } else { b"false" });
+                self.out.push_str(if v { "true" } else { "false" });
             }
             // Go encodes a negative int32 as the varint of its sign extension.
             Scalar::Int32 => {
-                write!(self.out, "{}", varint(value)? as i64 as i32).expect("a Vec takes it")
+                write!(self.out, "{}", varint(value)? as i64 as i32).expect("a String takes it")
             }
-            Scalar::Int64 => write!(self.out, "{}", varint(value)? as i64).expect("a Vec takes it"),
+            Scalar::Int64 => {
+                write!(self.out, "{}", varint(value)? as i64).expect("a String takes it")
+            }
             Scalar::Bytes => match bytes(value)? {
-                None => self.out.extend_from_slice(b"null"),
+                None => self.out.push_str("null"),
                 Some(b) => {
-                    self.out.push(b'"');
-                    let start = self.out.len();
-                    let len = base64::encoded_len(b.len(), true)
-                        .ok_or_else(|| unexpected("bytes too long"))?;
-                    self.out.resize(start + len, 0);
-                    base64::engine::general_purpose::STANDARD
-                        .encode_slice(b, &mut self.out[start..])
-                        .map_err(unexpected)?;
-                    self.out.push(b'"');
+                    self.out.push('"');
+                    base64::engine::general_purpose::STANDARD.encode_string(b, &mut self.out);
+                    self.out.push('"');
                 }
             },
         }
@@ -418,10 +435,10 @@ impl Writer<'_> {
     }
 
     fn special(&mut self, special: Special, value: Option<Wire<'_>>) -> Result<()> {
-        use std::io::Write as _;
+        use std::fmt::Write as _;
         match special {
             Special::Time | Special::MicroTime => match timestamp(value)? {
-                None => self.out.extend_from_slice(b"null"),
+                None => self.out.push_str("null"),
                 Some((seconds, nanos)) => {
                     let micro = special == Special::MicroTime;
                     // Time keeps whole seconds, MicroTime whole microseconds.
@@ -444,7 +461,7 @@ impl Writer<'_> {
                 let fields = numbered(bytes(value)?.unwrap_or_default())?;
                 match bytes(last(&fields, 1))? {
                     None if value.is_none() => self.string("0"),
-                    Some(text) if !text.is_empty() => self.string(&String::from_utf8_lossy(text)),
+                    Some(text) if !text.is_empty() => self.string(&as_text(text)),
                     _ => return Err(unexpected("a quantity without its text")),
                 }
             }
@@ -452,10 +469,10 @@ impl Writer<'_> {
                 let fields = numbered(bytes(value)?.unwrap_or_default())?;
                 match varint(last(&fields, 1))? {
                     0 => write!(self.out, "{}", varint(last(&fields, 2))? as i64 as i32)
-                        .expect("a Vec takes it"),
+                        .expect("a String takes it"),
                     1 => {
                         let text = bytes(last(&fields, 3))?.unwrap_or_default();
-                        self.string(&String::from_utf8_lossy(text));
+                        self.string(&as_text(text));
                     }
                     other => return Err(unexpected(format!("an IntOrString of type {other}"))),
                 }
@@ -463,13 +480,13 @@ impl Writer<'_> {
             Special::RawExtension | Special::FieldsV1 => {
                 let fields = numbered(bytes(value)?.unwrap_or_default())?;
                 match bytes(last(&fields, 1))? {
-                    None => self.out.extend_from_slice(b"null"),
-                    Some([]) if special == Special::FieldsV1 => self.out.extend_from_slice(b"null"),
+                    None => self.out.push_str("null"),
+                    Some([]) if special == Special::FieldsV1 => self.out.push_str("null"),
                     Some(raw) => {
                         // Go writes raw JSON as it is (compacted); anything else it cannot write.
                         let json: &serde_json::value::RawValue = serde_json::from_slice(raw)
                             .map_err(|e| unexpected(format!("raw bytes that are not JSON: {e}")))?;
-                        self.out.extend_from_slice(json.get().as_bytes());
+                        self.out.push_str(json.get());
                     }
                 }
             }

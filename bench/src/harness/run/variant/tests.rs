@@ -9,6 +9,7 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
         "dispatch-paged-1",
         "dispatch-stream-4",
         "dispatch-alone-1",
+        "dispatch-json-1",
         "dispatch-list-2",
         "go-dispatch-1",
         "dispatch-index-1",
@@ -25,6 +26,9 @@ fn a_variant_reads_back_as_it_prints_and_names_its_list_mode() {
     let alone: Variant = "dispatch-alone-1".parse().unwrap();
     assert_eq!(alone.list_mode(), Some(ListMode::Alone));
     assert!(!ListMode::Alone.shared() && ListMode::Paged.shared());
+    let json: Variant = "dispatch-json-1".parse().unwrap();
+    assert_eq!(json.list_mode(), Some(ListMode::Json));
+    assert!(ListMode::Json.shared() && !ListMode::Json.protobuf() && ListMode::Alone.protobuf());
     assert!(
         !"dispatch-stream-2"
             .parse::<Variant>()

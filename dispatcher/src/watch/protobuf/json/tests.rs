@@ -224,3 +224,28 @@ fn raw_fields_must_be_json() {
     let cbor = managed(&[0xd9, 0xd9, 0xf7, 0xa0]);
     assert!(object(&BUILT_IN, ty, &cbor.0, None).is_err());
 }
+
+#[test]
+#[ignore = "a measurement: cargo test --release -- --ignored --nocapture transcoding_speed"]
+fn transcoding_speed() {
+    let data = "x".repeat(2048);
+    let meta = Msg::default()
+        .str(1, "settings-12345")
+        .str(3, "team-a")
+        .str(5, "0b5f0b5f-0b5f-0b5f-0b5f-0b5f0b5f0b5f")
+        .str(6, "424242")
+        .msg(8, Msg::default().varint(1, 1_700_000_000))
+        .msg(11, Msg::default().str(1, "app").str(2, "shop"));
+    let config_map = Msg::default()
+        .msg(1, meta)
+        .msg(2, Msg::default().str(1, "value").str(2, &data));
+    let ty = BUILT_IN.kind("v1", "ConfigMap").unwrap();
+    let start = std::time::Instant::now();
+    let n = 100_000;
+    for _ in 0..n {
+        let (text, _) = object(&BUILT_IN, ty, &config_map.0, None).unwrap();
+        std::hint::black_box(text);
+    }
+    let per = start.elapsed() / n;
+    println!("{per:?} per 2 KiB ConfigMap");
+}
