@@ -34,6 +34,7 @@
 package main
 
 import (
+	"encoding"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -64,8 +65,41 @@ var special = map[reflect.Type]string{
 
 var (
 	jsonMarshaler  = reflect.TypeFor[json.Marshaler]()
+	textMarshaler  = reflect.TypeFor[encoding.TextMarshaler]()
 	protoUnmarshal = reflect.TypeFor[interface{ Unmarshal([]byte) error }]()
+	typeMeta       = reflect.TypeFor[metav1.TypeMeta]()
+	listMeta       = reflect.TypeFor[metav1.ListMeta]()
 )
+
+// marshalsItself says whether encoding/json writes t through a method of t's (or *t's) own.
+func marshalsItself(t reflect.Type) bool {
+	for _, m := range []reflect.Type{jsonMarshaler, textMarshaler} {
+		if t.Implements(m) || reflect.PointerTo(t).Implements(m) {
+			return true
+		}
+	}
+	return false
+}
+
+// embedsTypeMeta says whether struct t carries a TypeMeta of its own, inline.
+func embedsTypeMeta(t reflect.Type) bool {
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Anonymous && f.Type == typeMeta {
+			return true
+		}
+	}
+	return false
+}
+
+// hasListMeta says whether struct t is a list: it has a ListMeta.
+func hasListMeta(t reflect.Type) bool {
+	for i := range t.NumField() {
+		if t.Field(i).Type == listMeta {
+			return true
+		}
+	}
+	return false
+}
 
 type field struct {
 	number  int
@@ -95,8 +129,8 @@ func (w *walker) message(t reflect.Type) *message {
 	m := &message{index: -1}
 	w.types[t] = m
 	w.order = append(w.order, t)
-	if reflect.PointerTo(t).Implements(jsonMarshaler) || t.Implements(jsonMarshaler) {
-		m.err = fmt.Errorf("%v has a JSON marshaller of its own", t)
+	if marshalsItself(t) {
+		m.err = fmt.Errorf("%v has a JSON or text marshaller of its own", t)
 		return m
 	}
 	for i := range t.NumField() {
@@ -158,6 +192,15 @@ func (w *walker) message(t reflect.Type) *message {
 			m.err = fmt.Errorf("%v.%s: omitzero on %v", t, sf.Name, sf.Type)
 			return m
 		}
+		// An object inside another with a TypeMeta of its own (a StatefulSet's claim
+		// templates): the API server's conversion may fill its apiVersion and kind in, which
+		// JSON carries and protobuf does not. A list's items are written without them in both.
+		for _, r := range refs {
+			if embedsTypeMeta(r) && !(name == "items" && hasListMeta(t)) {
+				m.err = fmt.Errorf("%v.%s: an object with a TypeMeta of its own inside another", t, sf.Name)
+				return m
+			}
+		}
 		f.shape, f.typeRef = shape, refs
 		m.fields = append(m.fields, f)
 	}
@@ -169,6 +212,9 @@ func (w *walker) message(t reflect.Type) *message {
 func (w *walker) shape(t reflect.Type, repeated bool) (string, []reflect.Type, error) {
 	if s, ok := special[t]; ok {
 		return s, nil, nil
+	}
+	if t.Kind() != reflect.Pointer && marshalsItself(t) {
+		return "", nil, fmt.Errorf("%v has a JSON or text marshaller of its own", t)
 	}
 	switch t.Kind() {
 	case reflect.Pointer:

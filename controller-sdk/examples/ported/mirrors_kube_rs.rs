@@ -208,6 +208,16 @@ mod tests {
         (cm.annotations().get(MIRRORED_BY).map(String::as_str) == mirror).then_some(())
     }
 
+    /// Deletes the Mirror `name` and waits (at most `within`) until it is gone.
+    async fn delete(mirrors: &Api<Mirror>, name: &str, within: Duration) -> TestResult {
+        mirrors.delete(name, &DeleteParams::default()).await?;
+        eventually(within, format!("{name} gone"), || async {
+            mirrors.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+
     #[tokio::test]
     async fn a_mirror_records_its_configmap_until_it_is_released() -> TestResult {
         let ns = TestNamespace::create("mirrors").await?;
@@ -285,11 +295,7 @@ mod tests {
         })
         .await?;
         // A deleted Mirror unmarks its ConfigMap before it goes.
-        mirrors.delete("a", &DeleteParams::default()).await?;
-        eventually(within, "a gone", || async {
-            mirrors.get_opt("a").await.ok()?.is_none().then_some(())
-        })
-        .await?;
+        delete(&mirrors, "a", within).await?;
         assert!(
             marked(&client, at, "one", None).await.is_some(),
             "one is unmarked before a went"
@@ -298,6 +304,9 @@ mod tests {
             published(&client, at, "a", "Released")
         })
         .await?;
+        // A Mirror whose ConfigMap is gone is released too; none is left holding its finalizer
+        // once the controller stops, which would keep the namespace from being deleted.
+        delete(&mirrors, "b", within).await?;
         stop.cancel();
         controller.await?;
         println!(

@@ -73,7 +73,7 @@
 //! | --- | --- | --- |
 //! | `kube_dispatch_watch_events_total` | counter | objects seen, by `type` (`applied`, `deleted`) |
 //! | `kube_dispatch_watch_protobuf_total` | counter | of the objects seen, those the API server sent in protobuf (`--protobuf`; the rest came in JSON) |
-//! | `kube_dispatch_watch_json_fallbacks_total` | counter | times the watch turned to JSON because the API server sent in protobuf what the dispatcher's table of types does not know (an API server newer than the dispatcher) |
+//! | `kube_dispatch_watch_json_fallbacks_total` | counter | times the watch turned to JSON because what the API server sent in protobuf could not be read through the dispatcher's table of types (a field it does not know: an API server newer than the dispatcher; or a proxy refusing protobuf) |
 //! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
 //! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
 //! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from (by retrying; a 410 Gone by listing again at once) |
@@ -310,7 +310,7 @@ const WATCH_COUNTERS: [Described<WatchCounter>; 9] = [
     ),
     (
         "kube_dispatch_watch_json_fallbacks",
-        "Times the watch turned to JSON because the API server sent in protobuf what the dispatcher's table of types does not know",
+        "Times the watch turned to JSON because what the API server sent in protobuf could not be read through the dispatcher's table of types",
         |c| &c.json_fallbacks,
     ),
     (

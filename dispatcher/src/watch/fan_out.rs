@@ -106,8 +106,8 @@ pub struct WatchCounts {
     pub names_left_out: AtomicU64,
     /// Of the objects seen, those the API server sent in protobuf (`super::protobuf`).
     pub protobuf: AtomicU64,
-    /// Times the watch turned to JSON because the API server sent, in protobuf, what the
-    /// dispatcher's table of types does not know.
+    /// Times the watch turned to JSON because what the API server sent in protobuf could not
+    /// be read through the dispatcher's table of types (or a proxy refused protobuf).
     pub json_fallbacks: AtomicU64,
 }
 

@@ -161,9 +161,12 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
 fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
-    mut protobuf: bool,
+    protobuf: bool,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
-    futures::stream::unfold((None, retry_delays()), move |(reader, mut delays)| {
+    // Whether it still lists in protobuf is carried from one object to the next: once it turns
+    // to JSON, it stays there.
+    let start = (None, retry_delays(), protobuf);
+    futures::stream::unfold(start, move |(reader, mut delays, mut protobuf)| {
         let (api, params) = (api.clone(), params.clone());
         async move {
             let mut reader: Option<WholeList> = reader;
@@ -180,7 +183,9 @@ fn listed_whole(
                     }),
                 };
                 match result {
-                    Ok(Some(object)) => return Some((vec![object], (reader, retry_delays()))),
+                    Ok(Some(object)) => {
+                        return Some((vec![object], (reader, retry_delays(), protobuf)));
+                    }
                     Ok(None) => {}
                     Err(e) if protobuf && super::protobuf::needs_json(&e) => {
                         warn!(error = %e, "the list beside the watch cannot be read in protobuf; listing in JSON");

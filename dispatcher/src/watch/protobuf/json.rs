@@ -13,7 +13,9 @@ use std::ops::Range;
 use base64::Engine as _;
 use prost::encoding::{WireType, decode_key, decode_varint};
 
+use self::go::{as_text, go_duration};
 use super::table::{Field, Scalar, Shape, Special, Table, Type};
+use crate::watch::list_reader::MAX_OBJECT_BYTES;
 
 /// Why an object could not be turned into JSON.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -32,7 +34,14 @@ pub enum Untranscodable {
     /// The bytes are not what the table says the type's encoding is.
     #[error("{0}")]
     Unexpected(String),
+    /// The object is past a bound of the dispatcher's (nesting, size): JSON reads it no better.
+    #[error("{0}")]
+    Bound(String),
 }
+
+/// Most messages nested in one another that an object may hold (serde_json's limit for JSON
+/// text is 128 arrays and objects).
+const MAX_DEPTH: usize = 100;
 
 type Result<T> = std::result::Result<T, Untranscodable>;
 
@@ -60,6 +69,7 @@ pub(crate) fn object(
         table,
         out: String::with_capacity(bytes.len() + bytes.len() / 4 + 64),
         metadata: 0..0,
+        depth: 0,
         // The API server makes a list's items an empty slice, never a nil one.
         list: types.is_some_and(|(_, kind)| kind.ends_with("List")),
     };
@@ -84,6 +94,8 @@ struct Writer<'t> {
     metadata: Range<usize>,
     /// Whether the top-level object is a list, whose `items` are `[]` when it has none.
     list: bool,
+    /// Messages open now.
+    depth: usize,
 }
 
 /// The fields of a message in wire order, each with its index in its type's fields.
@@ -168,14 +180,6 @@ fn bytes(value: Option<Wire<'_>>) -> Result<Option<&[u8]>> {
     }
 }
 
-/// Bytes as text: Go writes invalid UTF-8 as U+FFFD, as the lossy conversion does.
-fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => text.into(),
-        Err(_) => String::from_utf8_lossy(bytes),
-    }
-}
-
 /// Go's zero `time.Time` (year 1) in Unix seconds.
 const ZERO_TIME_SECONDS: i64 = -62_135_596_800;
 
@@ -219,7 +223,25 @@ impl Writer<'_> {
     }
 
     /// Writes the fields of message `ty` from `bytes` into the object being written.
+    /// Bounded in nesting ([`MAX_DEPTH`]) and in what it writes ([`MAX_OBJECT_BYTES`], as the
+    /// JSON reader bounds an object): a message of no bytes is written with every zero field
+    /// its type has, so the JSON may be far larger than the protobuf.
     fn fields(&mut self, ty: u32, bytes: &[u8], first: &mut bool, top: bool) -> Result<()> {
+        if self.depth >= MAX_DEPTH {
+            let error = format!("an object nested past {MAX_DEPTH} messages");
+            return Err(Untranscodable::Bound(error));
+        }
+        if self.out.len() > MAX_OBJECT_BYTES {
+            let error = format!("an object whose JSON is over {MAX_OBJECT_BYTES} bytes");
+            return Err(Untranscodable::Bound(error));
+        }
+        self.depth += 1;
+        let written = self.fields_within(ty, bytes, first, top);
+        self.depth -= 1;
+        written
+    }
+
+    fn fields_within(&mut self, ty: u32, bytes: &[u8], first: &mut bool, top: bool) -> Result<()> {
         let table = self.table;
         let ty = &table.types[ty as usize];
         let found = entries(ty, bytes)?;
@@ -530,43 +552,6 @@ fn wrapped_items<'a>(values: &[Wire<'a>]) -> Result<Vec<Wire<'a>>> {
     Ok(items)
 }
 
-/// Go's `time.Duration.String`: "1h2m3.5s", "1.5ms", "0s".
-pub(super) fn go_duration(nanos: i64) -> String {
-    let negative = nanos < 0;
-    let u = nanos.unsigned_abs();
-    /// `v / 10^prec` and its fraction's digits, without trailing zeros.
-    fn split(v: u64, prec: u32) -> (u64, String) {
-        let scale = 10u64.pow(prec);
-        let fraction = v % scale;
-        if fraction == 0 {
-            return (v / scale, String::new());
-        }
-        let digits = format!("{fraction:0width$}", width = prec as usize);
-        (v / scale, format!(".{}", digits.trim_end_matches('0')))
-    }
-    let text = if u == 0 {
-        "0s".to_owned()
-    } else if u < 1_000_000_000 {
-        let (prec, unit) = if u < 1_000 {
-            (0, "ns")
-        } else if u < 1_000_000 {
-            (3, "µs")
-        } else {
-            (6, "ms")
-        };
-        let (whole, fraction) = split(u, prec);
-        format!("{whole}{fraction}{unit}")
-    } else {
-        let (seconds, fraction) = split(u, 9);
-        let (minutes, hours) = (seconds / 60, seconds / 3600);
-        match (hours, minutes) {
-            (0, 0) => format!("{seconds}{fraction}s"),
-            (0, _) => format!("{minutes}m{}{fraction}s", seconds % 60),
-            _ => format!("{hours}h{}m{}{fraction}s", minutes % 60, seconds % 60),
-        }
-    };
-    if negative { format!("-{text}") } else { text }
-}
-
+mod go;
 #[cfg(test)]
 mod tests;

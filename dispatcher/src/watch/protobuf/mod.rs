@@ -115,10 +115,16 @@ pub(crate) fn table_source() -> &'static str {
     &table::BUILT_IN.source
 }
 
-/// Whether `error`, met reading a list or a watch, is [`Untranscodable`]: only JSON reads what
-/// the API server sent.
+/// Whether `error`, met reading a list or a watch, says the table of types could not read
+/// what the API server sent ([`Untranscodable`], but for a bound of the dispatcher's, which
+/// JSON meets too): JSON reads it.
 pub(crate) fn needs_json(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::ReadEvents(e) if e.get_ref().is_some_and(|e| e.is::<Untranscodable>()))
+    let kube::Error::ReadEvents(e) = error else {
+        return false;
+    };
+    e.get_ref()
+        .and_then(|e| e.downcast_ref::<Untranscodable>())
+        .is_some_and(|e| !matches!(e, Untranscodable::Bound(_)))
 }
 
 /// The JSON the API server would have sent for `message`, a protobuf envelope of an object, a

@@ -55,10 +55,16 @@ pub(crate) async fn send(client: &Client, request: http::Request<Vec<u8>>) -> ku
         } else {
             serde_json::from_slice::<Status>(&bytes).ok()
         };
-        let status = status.unwrap_or_else(|| {
-            let text = String::from_utf8_lossy(&bytes);
-            Status::failure(text.trim(), "Failed to parse error data").with_code(code.as_u16())
-        });
+        // A status without its code (kube's Status reads any JSON object) keeps the HTTP one,
+        // so a 410 Gone is always seen as one.
+        let status = match status {
+            Some(status) if status.code != 0 => status,
+            Some(status) => status.with_code(code.as_u16()),
+            None => {
+                let text = String::from_utf8_lossy(&bytes);
+                Status::failure(text.trim(), "Failed to parse error data").with_code(code.as_u16())
+            }
+        };
         return Err(kube::Error::Api(status.boxed()));
     }
     let body = response
@@ -90,6 +96,10 @@ impl Input {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte().await?.ok_or_else(cut_short)?;
+            // The tenth byte holds the 64th bit only.
+            if shift == 63 && b > 1 {
+                break;
+            }
             value |= u64::from(b & 0x7f) << shift;
             if b < 0x80 {
                 return Ok(value);
@@ -121,7 +131,7 @@ impl Input {
             .ok()
             .filter(|&l| l <= limit)
             .ok_or_else(|| {
-                io_error(Untranscodable::Unexpected(format!(
+                io_error(Untranscodable::Bound(format!(
                     "a value of {len} bytes, over the {limit} a dispatcher reads"
                 )))
             })?;
@@ -270,11 +280,9 @@ impl ListReader {
                 (2, WireType::LengthDelimited) => {
                     let (meta, item) = parts.ok_or_else(|| unexpected("a list before its type"))?;
                     let len = self.input.varint().await?;
-                    self.at = At::List {
-                        end: self.input.read + len,
-                        meta,
-                        item,
-                    };
+                    let end = self.input.read.checked_add(len);
+                    let end = end.ok_or_else(|| unexpected("a list longer than 2^64 bytes"))?;
+                    self.at = At::List { end, meta, item };
                     return Ok(());
                 }
                 (number, _) => return Err(unexpected(format!("envelope field {number}"))),
@@ -321,7 +329,9 @@ async fn frame(body: &mut Body) -> io::Result<Option<WatchEvent<WatchedObject>>>
     }
     let len = u32::from_be_bytes(len) as usize;
     if len > MAX_OBJECT_BYTES {
-        return Err(unexpected(format!("a watch event of {len} bytes")));
+        let error =
+            format!("a watch event of {len} bytes, over the {MAX_OBJECT_BYTES} a dispatcher reads");
+        return Err(io_error(Untranscodable::Bound(error)));
     }
     let mut bytes = vec![0; len];
     body.read_exact(&mut bytes).await?;

@@ -25,9 +25,10 @@ impl WatchTask {
         if status_code(e) == Some(410) {
             self.counts.gone.fetch_add(1, Ordering::Relaxed);
         }
-        if self.protobuf && needs_json(e) {
+        // 406: something in front of the API server that will not answer in protobuf.
+        if self.protobuf && (needs_json(e) || status_code(e) == Some(406)) {
             let table = protobuf::table_source();
-            warn!(resource = %describe(&self.key), error = %e, %table, "the API server sent what this dispatcher's table of types does not know (an API server newer than the dispatcher?); reading the resource in JSON from now on");
+            warn!(resource = %describe(&self.key), error = %e, %table, "could not read the resource in protobuf (a field this dispatcher's table of types does not know: an API server newer than the dispatcher?); reading it in JSON from now on");
             self.protobuf = false;
             self.counts.json_fallbacks.fetch_add(1, Ordering::Relaxed);
             return Some(End::Restart);

@@ -249,3 +249,37 @@ fn transcoding_speed() {
     let per = start.elapsed() / n;
     println!("{per:?} per 2 KiB ConfigMap");
 }
+
+#[test]
+fn bytes_that_are_not_utf8_read_as_go_writes_them() {
+    // Go's encoding/json writes each byte outside valid UTF-8 as U+FFFD: two for a cut
+    // three-byte sequence, where a lossy conversion writes one.
+    let config_map = Msg::default()
+        .msg(1, Msg::default().str(1, "a"))
+        .msg(2, Msg::default().str(1, "k").bytes(2, b"a\xe2\x82b\xff"));
+    let ty = BUILT_IN.kind("v1", "ConfigMap").unwrap();
+    let (text, _) = object(&BUILT_IN, ty, &config_map.0, None).unwrap();
+    let value: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(value["data"]["k"], json!("a\u{fffd}\u{fffd}b\u{fffd}"));
+}
+
+#[test]
+fn an_object_nested_past_the_bound_is_refused_as_a_bound() {
+    // A type that holds a list of itself (a scheduling group template of groups).
+    let (index, field) = BUILT_IN
+        .types
+        .iter()
+        .enumerate()
+        .find_map(|(i, t)| {
+            t.fields.iter().find_map(|f| match &f.shape {
+                Shape::List(inner) if **inner == Shape::Message(i as u32) => Some((i, f.number)),
+                _ => None,
+            })
+        })
+        .expect("a type that holds a list of itself");
+    let nested =
+        |depth: usize| (0..depth).fold(Msg::default(), |inner, _| Msg::default().msg(field, inner));
+    assert!(object(&BUILT_IN, index as u32, &nested(20).0, None).is_ok());
+    let error = object(&BUILT_IN, index as u32, &nested(MAX_DEPTH + 5).0, None).unwrap_err();
+    assert!(matches!(error, Untranscodable::Bound(_)), "{error}");
+}

@@ -24,6 +24,24 @@ fn list(items: &[Msg], token: &str) -> Vec<u8> {
     envelope("v1", "ConfigMapList", &list)
 }
 
+/// An envelope whose list's length is made to cover whatever follows its header (a list built
+/// by hand, then appended to).
+fn relength(envelope: Vec<u8>) -> Vec<u8> {
+    // The envelope: magic, field 1 (types), field 2 (the list) with its length.
+    let types_len = envelope[5] as usize;
+    let list_at = 6 + types_len;
+    assert_eq!(envelope[list_at], 0x12);
+    let mut rest = &envelope[list_at + 1..];
+    let old_len = prost::encoding::decode_varint(&mut rest).unwrap() as usize;
+    let header = envelope.len() - list_at - 1 - rest.len();
+    let body = &envelope[list_at + 1 + header..];
+    assert!(body.len() >= old_len);
+    let mut out = envelope[..=list_at].to_vec();
+    prost::encoding::encode_varint(body.len() as u64, &mut out);
+    out.extend_from_slice(body);
+    out
+}
+
 async fn read_all(mut reader: ListReader) -> io::Result<(Vec<WatchedObject>, ListReader)> {
     let mut objects = Vec::new();
     while let Some(object) = reader.next().await? {
@@ -74,6 +92,16 @@ async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
     cut.truncate(cut.len() - 3);
     let error = read_all(ListReader::new(body(cut, 4))).await.err().unwrap();
     assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+    assert!(!needs_json(&kube::Error::ReadEvents(error)));
+    // An item that says it is larger than a dispatcher reads: past a bound, which JSON meets
+    // too.
+    let mut huge = list(&[], "");
+    huge.extend_from_slice(&[0x12, 0x80, 0x80, 0x80, 0x80, 0x04]); // an item of 1 GiB
+    let error = read_all(ListReader::new(body(relength(huge), 4)))
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("over the"), "{error}");
     assert!(!needs_json(&kube::Error::ReadEvents(error)));
     // Not protobuf at all.
     let error = read_all(ListReader::new(body(b"{\"items\":[]}".to_vec(), 4)))
