@@ -45,13 +45,13 @@ const MAX_DEPTH: usize = 100;
 
 type Result<T> = std::result::Result<T, Untranscodable>;
 
-fn unexpected(what: impl std::fmt::Display) -> Untranscodable {
+pub(super) fn unexpected(what: impl std::fmt::Display) -> Untranscodable {
     Untranscodable::Unexpected(what.to_string())
 }
 
 /// A value as it is on the wire.
 #[derive(Clone, Copy, Debug)]
-enum Wire<'a> {
+pub(super) enum Wire<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
 }
@@ -98,41 +98,27 @@ struct Writer<'t> {
     depth: usize,
 }
 
-/// The fields of a message in wire order, each with its index in its type's fields.
-fn entries<'a>(ty: &Type, mut buf: &'a [u8]) -> Result<Vec<(usize, Wire<'a>)>> {
-    let mut found = Vec::new();
-    while !buf.is_empty() {
-        let (number, wire_type) = decode_key(&mut buf).map_err(unexpected)?;
-        let value = match wire_type {
-            WireType::Varint => Wire::Varint(decode_varint(&mut buf).map_err(unexpected)?),
-            WireType::LengthDelimited => {
-                let len = decode_varint(&mut buf).map_err(unexpected)?;
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| l <= buf.len())
-                    .ok_or_else(|| unexpected("a length past the message's end"))?;
-                let (value, rest) = buf.split_at(len);
-                buf = rest;
-                Wire::Bytes(value)
-            }
-            other => return Err(unexpected(format!("wire type {other:?} in {}", ty.name))),
-        };
-        let index = ty
-            .field(number)
-            .ok_or_else(|| Untranscodable::UnknownField {
+/// The fields of a message in the order JSON writes them, each with its index in its type's
+/// fields (a repeated field keeps its wire order).
+fn entries<'a>(ty: &Type, buf: &'a [u8]) -> Result<Vec<(usize, Wire<'a>)>> {
+    let mut found = numbered(buf)?
+        .into_iter()
+        .map(|(number, value)| match ty.field(number) {
+            Some(index) => Ok((index, value)),
+            None => Err(Untranscodable::UnknownField {
                 ty: ty.name.clone(),
                 number,
-            })?;
-        found.push((index, value));
-    }
-    // In the order JSON writes the fields; a repeated field keeps its wire order.
+            }),
+        })
+        .collect::<Result<Vec<_>>>()?;
     found.sort_by_key(|&(index, _)| index);
     Ok(found)
 }
 
-/// The fields of `bytes`, a message, by their numbers: field 1 (a wrapped list's items, a map
-/// entry's key) and so on. Small messages only: special types, map entries.
-fn numbered(mut buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>> {
+/// The fields of `bytes`, a message, in wire order, by their numbers: field 1 (a wrapped
+/// list's items, a map entry's key) and so on. Varints and length-delimited values only: no
+/// built-in type has another.
+pub(super) fn numbered(mut buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>> {
     let mut found = Vec::new();
     while !buf.is_empty() {
         let (number, wire_type) = decode_key(&mut buf).map_err(unexpected)?;
@@ -148,7 +134,7 @@ fn numbered(mut buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>> {
                 buf = rest;
                 Wire::Bytes(value)
             }
-            other => return Err(unexpected(format!("wire type {other:?}"))),
+            other => return Err(unexpected(format!("field {number} of wire type {other:?}"))),
         };
         found.push((number, value));
     }

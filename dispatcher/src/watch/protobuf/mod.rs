@@ -13,9 +13,8 @@ pub(crate) mod table;
 #[cfg(test)]
 mod testing;
 
-use prost::encoding::{WireType, decode_key, decode_varint};
-
 pub use self::json::Untranscodable;
+use self::json::unexpected;
 pub(crate) use self::stream::{ACCEPT_LIST, ListReader, send, watch};
 use self::table::Table;
 use super::object::{Layout, WatchedObject};
@@ -34,30 +33,17 @@ pub(crate) struct Unknown<'a> {
     pub raw: &'a [u8],
 }
 
-fn unexpected(what: impl std::fmt::Display) -> Untranscodable {
-    Untranscodable::Unexpected(what.to_string())
-}
-
 /// Length-delimited fields of a message, by number; any other wire type is an error.
-fn fields(mut buf: &[u8]) -> Result<Vec<(u32, &[u8])>, Untranscodable> {
-    let mut found = Vec::new();
-    while !buf.is_empty() {
-        let (number, wire_type) = decode_key(&mut buf).map_err(unexpected)?;
-        if wire_type != WireType::LengthDelimited {
-            return Err(unexpected(format!(
-                "field {number} of wire type {wire_type:?} in an envelope"
-            )));
-        }
-        let len = decode_varint(&mut buf).map_err(unexpected)?;
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|&l| l <= buf.len())
-            .ok_or_else(|| unexpected("a length past the envelope's end"))?;
-        let (value, rest) = buf.split_at(len);
-        found.push((number, value));
-        buf = rest;
-    }
-    Ok(found)
+fn fields(buf: &[u8]) -> Result<Vec<(u32, &[u8])>, Untranscodable> {
+    json::numbered(buf)?
+        .into_iter()
+        .map(|(number, value)| match value {
+            json::Wire::Bytes(bytes) => Ok((number, bytes)),
+            json::Wire::Varint(_) => Err(unexpected(format!(
+                "a varint in field {number} of an envelope"
+            ))),
+        })
+        .collect()
 }
 
 fn text(bytes: &[u8]) -> Result<&str, Untranscodable> {
