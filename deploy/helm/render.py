@@ -131,7 +131,7 @@ SOURCES = [
          "    {{- with .Values.monitoring.prometheusRule.labels }}\n"
          "    {{- toYaml . | nindent 4 }}\n"
          "    {{- end }}\n"),
-        (RUNBOOK, "{{ .Values.monitoring.prometheusRule.runbookURL }}", 13),
+        (RUNBOOK, "{{ .Values.monitoring.prometheusRule.runbookURL }}", 14),
     ] + RULE_VALUES),
     ("components/monitoring/podmonitor.yaml", [
         ("  name: kube-dispatch\n", "  name: kube-dispatch\n"

@@ -111,6 +111,11 @@ pub(crate) struct RunResult {
     /// and the API server was quiet again: the lists, watches and reads of a cold start,
     /// before the timed writes.
     pub(crate) apiserver_cpu_cold: f64,
+    /// The part of `apiserver_cpu` spent from then until every timed write's reconcile had
+    /// started: the writes, the watch events they made and the controllers' own requests. The
+    /// rest (but `check`) is stopping every process, and waiting for the API server to count
+    /// their watches as ended.
+    pub(crate) apiserver_cpu_writes: f64,
     pub(crate) etcd_cpu: f64,
     /// Reconciles started, in all.
     pub(crate) reconciles: u64,

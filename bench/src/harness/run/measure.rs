@@ -170,6 +170,8 @@ impl Setup<'_> {
         let (latencies_us, reconciles) = latencies(&mut observed, &sent, Duration::from_secs(60))
             .await
             .with_context(|| format!("{variant}"))?;
+        let apiserver_cpu_writes =
+            self.control_plane.cpu_seconds().0 - apiserver_cpu_before - apiserver_cpu_cold;
         // Each write's latency, in the order written, for looking into a percentile.
         let listing: String = sent
             .iter()
@@ -200,6 +202,7 @@ impl Setup<'_> {
             requests: HashMap::new(),
             apiserver_cpu: 0.0,
             apiserver_cpu_cold,
+            apiserver_cpu_writes,
             etcd_cpu: 0.0,
             reconciles,
             check,

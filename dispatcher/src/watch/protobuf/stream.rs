@@ -18,7 +18,7 @@ use kube::{
     api::WatchEvent,
     core::{Status, watch::Bookmark},
 };
-use prost::encoding::{WireType, decode_key};
+use prost::encoding::WireType;
 
 use super::{
     MAGIC, Untranscodable, json,
@@ -93,9 +93,18 @@ impl Input {
     }
 
     async fn varint(&mut self) -> io::Result<u64> {
+        let first = self.byte().await?.ok_or_else(cut_short)?;
+        self.varint_from(first).await
+    }
+
+    /// A varint whose first byte, `first`, was read already.
+    async fn varint_from(&mut self, first: u8) -> io::Result<u64> {
         let mut value = 0u64;
+        let mut b = first;
         for shift in (0..64).step_by(7) {
-            let b = self.byte().await?.ok_or_else(cut_short)?;
+            if shift > 0 {
+                b = self.byte().await?.ok_or_else(cut_short)?;
+            }
             // The tenth byte holds the 64th bit only.
             if shift == 63 && b > 1 {
                 break;
@@ -115,13 +124,15 @@ impl Input {
         let Some(first) = self.byte().await? else {
             return Ok(None);
         };
-        let mut key = vec![first];
-        while key.last().is_some_and(|b| *b >= 0x80) && key.len() < 5 {
-            key.push(self.byte().await?.ok_or_else(cut_short)?);
-        }
-        decode_key(&mut key.as_slice())
-            .map(Some)
-            .map_err(|e| io_error(Untranscodable::Unexpected(e.to_string())))
+        // A key is a varint of at most 32 bits: the field's number, then 3 bits of wire type.
+        let key = self.varint_from(first).await?;
+        let unexpected = || io_error(Untranscodable::Unexpected(format!("a field key of {key}")));
+        let number = u32::try_from(key >> 3)
+            .ok()
+            .filter(|&n| n > 0 && key <= u64::from(u32::MAX))
+            .ok_or_else(unexpected)?;
+        let wire_type = WireType::try_from(key & 0x07).map_err(|_| unexpected())?;
+        Ok(Some((number, wire_type)))
     }
 
     /// A length-delimited value of at most `limit` bytes.

@@ -103,6 +103,17 @@ async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
         .unwrap();
     assert!(error.to_string().contains("over the"), "{error}");
     assert!(!needs_json(&kube::Error::ReadEvents(error)));
+    // Field keys protobuf does not allow: a field number 0, a key past 32 bits.
+    for key in [&[0x02][..], &[0x82, 0x80, 0x80, 0x80, 0x10]] {
+        let mut bad = list(&[], "");
+        bad.extend_from_slice(key);
+        bad.push(0);
+        let error = read_all(ListReader::new(body(relength(bad), 3)))
+            .await
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("a field key of"), "{error}");
+    }
     // Not protobuf at all.
     let error = read_all(ListReader::new(body(b"{\"items\":[]}".to_vec(), 4)))
         .await
