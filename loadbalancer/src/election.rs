@@ -1,6 +1,7 @@
 //! Leader election on one Lease, and what leading means for the registry.
 
 use std::{
+    pin::Pin,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -81,14 +82,14 @@ impl Election {
         stop: CancellationToken,
     ) -> Result<(), LeaseManagerError> {
         let mut seen = std::pin::pin!(lease_seen(leases.clone(), &self.lease));
-        let mut manager = Some(manager);
+        let mut manager = Some(Current::new(manager));
         // Until when this replica, if it leads, holds the Lease for sure: the last renewal seen
         // (its own election's or the watch's) plus `held_for`.
         let mut held_until = Instant::now();
         // Failures in a row, for the pause before the next attempt.
         let mut failures = 0u32;
         loop {
-            let current = match &manager {
+            let current = match &mut manager {
                 Some(current) => current,
                 None => {
                     let built = tokio::select! {
@@ -96,7 +97,7 @@ impl Election {
                         built = self.build() => built,
                     };
                     match built {
-                        Ok(fresh) => manager.insert(fresh),
+                        Ok(fresh) => manager.insert(Current::new(fresh)),
                         Err(e) => {
                             warn!(error = %e, "cannot read the leader Lease; trying again");
                             failures += 1;
@@ -112,8 +113,9 @@ impl Election {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
-                changed = current.changed() => match changed {
+                changed = &mut current.changed => match changed {
                     Ok(leads) => {
+                        current.again();
                         failures = 0;
                         if leads {
                             held_until = Instant::now() + self.held_for();
@@ -121,6 +123,7 @@ impl Election {
                         elected.send_replace(leads);
                     }
                     Err(e) => {
+                        current.again();
                         warn!(error = %e, lease = %self.lease, leading, "leader election failed; trying again");
                         failures += 1;
                         if leading && Instant::now() >= held_until {
@@ -158,9 +161,44 @@ impl Election {
             }
         }
         match manager {
-            Some(manager) => manager.release().await,
+            Some(current) => {
+                drop(current.changed);
+                current.manager.release().await
+            }
             None => Ok(()),
         }
+    }
+}
+
+/// What the manager says next, as a future.
+type Changed = Pin<Box<dyn Future<Output = Result<bool, LeaseManagerError>> + Send>>;
+
+/// The election's manager and its call of [`LeaseManager::changed`] under way, kept from one turn
+/// of [`Election::run`]'s loop to the next until it returns. Dropped at each event of the Lease
+/// watch, as it was once, the call was cut between a renewal's write and its read of the Lease
+/// back: the manager kept the expiry of the renewal before, which was due again at once, and
+/// the new renewal's own event cut that one too: a leader renewed its Lease about 13 times a
+/// second, for as long as it led.
+struct Current {
+    manager: Arc<LeaseManager>,
+    changed: Changed,
+}
+
+impl Current {
+    fn new(manager: LeaseManager) -> Self {
+        let manager = Arc::new(manager);
+        let changed = Self::call(&manager);
+        Self { manager, changed }
+    }
+
+    fn call(manager: &Arc<LeaseManager>) -> Changed {
+        let manager = manager.clone();
+        Box::pin(async move { manager.changed().await })
+    }
+
+    /// Calls [`LeaseManager::changed`] again, the last call having returned.
+    fn again(&mut self) {
+        self.changed = Self::call(&self.manager);
     }
 }
 

@@ -205,6 +205,55 @@ async fn a_load_balancer_whose_lease_is_taken_stops_leading_at_once() -> TestRes
     Ok(())
 }
 
+/// A leader renews its Lease once a renew period (the Lease duration less the grace), and not
+/// more: the Lease's writes, counted by a watch of it over several periods once the leader's
+/// first renewal is past. (The election once cut its Lease manager's renewal short at the
+/// renewal's own watch event, and the manager renewed again at once, about 13 times a second
+/// for as long as it led.)
+#[tokio::test]
+async fn a_leading_load_balancer_renews_its_lease_once_a_renew_period() -> TestResult {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let ns = TestNamespace::create("lb-renewals").await?;
+    // Renewed every 2 s: 3 s less the test load balancers' grace of 1 s.
+    let mut lb = TestLoadBalancer::start_with_lease(ns.name(), Duration::from_secs(3)).await?;
+    assert!(lb.leads_within(Duration::from_secs(15)).await);
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let config = watcher::Config::default().fields("metadata.name=kube-dispatch-loadbalancer");
+    let mut writes = std::pin::pin!(watcher::watcher(leases, config).applied_objects());
+    let mut renewals = BTreeSet::new();
+    let window = Duration::from_secs(9);
+    let end = Instant::now() + window;
+    // The first event is the Lease as it stands; each one after it, a write.
+    while let Ok(Some(lease)) = tokio::time::timeout_at(end, writes.next()).await {
+        let lease = lease?;
+        assert_eq!(
+            lease.spec.and_then(|s| s.holder_identity),
+            Some(lb.addr.to_string()),
+            "the Lease changed hands"
+        );
+        renewals.insert(lease.metadata.resource_version);
+        assert!(
+            renewals.len() <= 7,
+            "{} writes of the leader Lease within {window:?}, renewed every 2 s: a renewal loop",
+            renewals.len()
+        );
+    }
+    // 9 s at one renewal each 2 s: 4 or 5, and the Lease as it stood at the start.
+    assert!(
+        renewals.len() >= 4,
+        "only {} versions of the Lease within {window:?}: the leader does not renew it every 2 s",
+        renewals.len()
+    );
+    println!(
+        "{} versions of the leader Lease in {window:?}",
+        renewals.len()
+    );
+    lb.stop().await;
+    Ok(())
+}
+
 /// The only load balancer is killed (no standby: both of its pods lost), and a dispatcher joins
 /// while none leads. Replicas given the dispatchers' Service look it up once registration has
 /// failed for 10 s and poll the joiner beside what they were assigned, so the keys that move to
