@@ -2,9 +2,11 @@
 //!
 //! The API server's JSON for a built-in object is Go's `encoding/json` of the object as
 //! protobuf decoded it (its watch cache holds what it decoded from etcd), so the JSON follows
-//! from the bytes and the Go types' tags ([`super::table`]): a field on the wire is written,
-//! a field not on it is Go's zero value, written unless `omitempty` leaves it out; a pointer
-//! on the wire is written even when zero; lists and maps not on the wire are `null`. What the
+//! from the bytes and the Go types' tags ([`super::table`]): a field on the wire is written
+//! (a pointer even when zero), unless `omitempty` leaves out its zero; a pointer, list, map or
+//! bytes not on the wire is Go's nil (`null`, unless `omitempty` leaves it out); any other
+//! field is always on the wire, so one not on it is a field the API server's release does not
+//! have (older than the table), and is not written. What the
 //! table cannot account for (a field number it does not know, a shape the wire contradicts,
 //! raw JSON that is not JSON) is an error, and the caller reads the resource in JSON instead.
 
@@ -292,6 +294,11 @@ impl Writer<'_> {
                 self.key(first, name);
                 self.list(element, &items)
             }
+            // The API server's protobuf always carries these, zero or not (Kubernetes' generated
+            // marshallers write every field that is not a pointer, a list, a map or bytes):
+            // not on the wire, the field is one the server's release does not have (a table
+            // made for a newer release), and its JSON has none either.
+            shape if values.is_empty() && always_on_the_wire(shape) => Ok(()),
             shape => {
                 let value = match values {
                     [] => None,
@@ -500,6 +507,17 @@ impl Writer<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether the API server writes a field of `shape` whatever its value: a string, number,
+/// boolean or message that is not a pointer. A pointer, a list, a map and bytes are left off the
+/// wire when nil.
+fn always_on_the_wire(shape: &Shape) -> bool {
+    match shape {
+        Shape::Scalar(scalar) => *scalar != Scalar::Bytes,
+        Shape::Special(_) | Shape::Message(_) => true,
+        Shape::Pointer(_) | Shape::List(_) | Shape::Map(_) | Shape::Wrapped(_) => false,
     }
 }
 

@@ -83,10 +83,25 @@ fn pointers_are_written_when_set_and_plain_zeros_left_out() {
                     ),
             )
     };
+    // As the API server sends them: the template and the status, structs, are on the wire even
+    // when empty.
+    let template = Msg::default()
+        .msg(
+            number("core/v1.PodTemplateSpec", "metadata"),
+            Msg::default(),
+        )
+        .msg(number("core/v1.PodTemplateSpec", "spec"), Msg::default());
     let deployment = |replicas| {
         Msg::default()
             .msg(1, Msg::default().str(1, "web"))
-            .msg(number("apps/v1.Deployment", "spec"), spec(replicas))
+            .msg(
+                number("apps/v1.Deployment", "spec"),
+                spec(replicas).msg(
+                    number("apps/v1.DeploymentSpec", "template"),
+                    template.clone(),
+                ),
+            )
+            .msg(number("apps/v1.Deployment", "status"), Msg::default())
     };
     let (value, _, _) = transcode("apps/v1", "Deployment", &deployment(Some(0)));
     let spec_json = &value["spec"];
@@ -99,15 +114,25 @@ fn pointers_are_written_when_set_and_plain_zeros_left_out() {
         spec_json["strategy"],
         json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": "25%"}})
     );
-    // The template is a struct: written, with its zero fields, even when absent.
+    // The template is a struct: written even when empty, with what is written of its zero
+    // fields (a nil list without omitempty is null).
     assert_eq!(
         spec_json["template"],
         json!({"metadata": {}, "spec": {"containers": null}})
     );
-    // An absent status is an empty struct.
     assert_eq!(value["status"], json!({}));
     let (without, _, _) = transcode("apps/v1", "Deployment", &deployment(None));
     assert!(without["spec"].get("replicas").is_none());
+    // A struct, string, number or boolean that is not a pointer is always on the wire: one
+    // that is not is a field the API server's release does not have, and its JSON has none
+    // either (a 1.36 server and a CSINode's status, which came in 1.37).
+    let older = Msg::default()
+        .msg(1, Msg::default().str(1, "web"))
+        .msg(number("apps/v1.Deployment", "spec"), Msg::default());
+    let (older, _, _) = transcode("apps/v1", "Deployment", &older);
+    assert_eq!(older["spec"].get("template"), None, "{older}");
+    assert_eq!(older.get("status"), None, "{older}");
+    assert_eq!(older["spec"]["selector"], Value::Null, "{older}");
 }
 
 #[test]
