@@ -204,6 +204,75 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
     Ok(())
 }
 
+/// A serving dispatcher whose replica keeps polling writes its Lease once a renew period (400 ms
+/// for test dispatchers), and not more: the Lease's versions over 4 s, counted by a watch of it
+/// once the dispatcher serves its keys and its session is listed. A write loop (the load
+/// balancer once renewed its own Lease about 13 times a second) would show nowhere else but on
+/// the API server's bill.
+#[tokio::test]
+async fn a_serving_dispatcher_writes_its_lease_once_a_renew_period() -> TestResult {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    use kube_dispatch_tests::dispatcher::{
+        TestDispatcher, TestSession, lease_config, subscription,
+    };
+
+    let ns = TestNamespace::create("membership-renewals").await?;
+    let config = lease_config(ns.name(), "dispatcher-0", Duration::from_secs(30));
+    let d = TestDispatcher::start(config).await?;
+    let mut slice = d.handles.slice.clone();
+    timeout(Duration::from_secs(30), slice.wait_for(|s| s.is_settled())).await??;
+    let subscriptions = vec![subscription("v1", "ConfigMap", ns.name())];
+    let mut session = TestSession::open(&d, "renewals", "replica-0", subscriptions).await?;
+    session.poll_acking(&[], Duration::from_millis(300)).await?;
+
+    let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
+    let config = watcher::Config::default().fields("metadata.name=dispatcher-0");
+    let mut writes = std::pin::pin!(watcher::watcher(leases, config).applied_objects());
+    let window = Duration::from_secs(4);
+    let end = Instant::now() + window;
+    let mut versions = BTreeSet::new();
+    // The replica polls throughout, as replicas do.
+    let polling = async {
+        loop {
+            if let Err(status) = session.poll_acking(&[], Duration::from_millis(300)).await {
+                return status;
+            }
+        }
+    };
+    let mut polling = std::pin::pin!(polling);
+    loop {
+        tokio::select! {
+            status = &mut polling => panic!("the session's poll failed: {status}"),
+            write = tokio::time::timeout_at(end, writes.next()) => match write {
+                Ok(Some(lease)) => {
+                    versions.insert(lease?.metadata.resource_version);
+                    assert!(
+                        versions.len() <= 16,
+                        "{} versions of the dispatcher's Lease within {window:?}, renewed every \
+                         400 ms: a write loop",
+                        versions.len()
+                    );
+                }
+                Ok(None) | Err(_) => break,
+            },
+        }
+    }
+    // 4 s at one renewal each 400 ms: 10, and the Lease as it stood at the start.
+    assert!(
+        versions.len() >= 5,
+        "only {} versions of the dispatcher's Lease within {window:?}: it does not renew every \
+         400 ms",
+        versions.len()
+    );
+    println!(
+        "{} versions of the dispatcher's Lease in {window:?}",
+        versions.len()
+    );
+    d.stop().await;
+    Ok(())
+}
+
 /// A dispatcher that found its Lease unreleased (its previous process, or its previous term
 /// before an undrain, may have reconciles running) does not release its Lease when it stops
 /// within the handover bound, even with nothing of its own in flight: the others would hand
