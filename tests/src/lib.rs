@@ -42,6 +42,7 @@ pub mod http;
 pub mod identity;
 pub mod isolated;
 pub mod journal;
+pub mod leases;
 pub mod loadbalancer;
 mod namespace;
 pub mod prometheus;

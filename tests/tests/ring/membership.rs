@@ -211,10 +211,9 @@ async fn a_joining_member_is_served_without_waiting_for_the_others_renewals() ->
 /// the API server's bill.
 #[tokio::test]
 async fn a_serving_dispatcher_writes_its_lease_once_a_renew_period() -> TestResult {
-    use futures::StreamExt as _;
-    use kube::runtime::{WatchStreamExt as _, watcher};
-    use kube_dispatch_tests::dispatcher::{
-        TestDispatcher, TestSession, lease_config, subscription,
+    use kube_dispatch_tests::{
+        dispatcher::{TestDispatcher, TestSession, lease_config, subscription},
+        leases::lease_versions,
     };
 
     let ns = TestNamespace::create("membership-renewals").await?;
@@ -227,11 +226,7 @@ async fn a_serving_dispatcher_writes_its_lease_once_a_renew_period() -> TestResu
     session.poll_acking(&[], Duration::from_millis(300)).await?;
 
     let leases: Api<Lease> = Api::namespaced(ns.client(), ns.name());
-    let config = watcher::Config::default().fields("metadata.name=dispatcher-0");
-    let mut writes = std::pin::pin!(watcher::watcher(leases, config).applied_objects());
     let window = Duration::from_secs(4);
-    let end = Instant::now() + window;
-    let mut versions = BTreeSet::new();
     // The replica polls throughout, as replicas do.
     let polling = async {
         loop {
@@ -240,25 +235,11 @@ async fn a_serving_dispatcher_writes_its_lease_once_a_renew_period() -> TestResu
             }
         }
     };
-    let mut polling = std::pin::pin!(polling);
-    loop {
-        tokio::select! {
-            status = &mut polling => panic!("the session's poll failed: {status}"),
-            write = tokio::time::timeout_at(end, writes.next()) => match write {
-                Ok(Some(lease)) => {
-                    versions.insert(lease?.metadata.resource_version);
-                    assert!(
-                        versions.len() <= 16,
-                        "{} versions of the dispatcher's Lease within {window:?}, renewed every \
-                         400 ms: a write loop",
-                        versions.len()
-                    );
-                }
-                Ok(None) | Err(_) => break,
-            },
-        }
-    }
-    // 4 s at one renewal each 400 ms: 10, and the Lease as it stood at the start.
+    // 4 s at one renewal each 400 ms: 10, and the Lease as it stood at the start; 16 at most.
+    let versions = tokio::select! {
+        status = polling => panic!("the session's poll failed: {status}"),
+        versions = lease_versions(leases, "dispatcher-0", window, 16) => versions?,
+    };
     assert!(
         versions.len() >= 5,
         "only {} versions of the dispatcher's Lease within {window:?}: it does not renew every \

@@ -124,15 +124,13 @@ impl Input {
         let Some(first) = self.byte().await? else {
             return Ok(None);
         };
-        // A key is a varint of at most 32 bits: the field's number, then 3 bits of wire type.
+        // A key is a varint of at most 32 bits: the field's number (from 1), then 3 bits of
+        // wire type.
         let key = self.varint_from(first).await?;
-        let unexpected = || io_error(Untranscodable::Unexpected(format!("a field key of {key}")));
-        let number = u32::try_from(key >> 3)
-            .ok()
-            .filter(|&n| n > 0 && key <= u64::from(u32::MAX))
-            .ok_or_else(unexpected)?;
-        let wire_type = WireType::try_from(key & 0x07).map_err(|_| unexpected())?;
-        Ok(Some((number, wire_type)))
+        match (u32::try_from(key), WireType::try_from(key & 0x07)) {
+            (Ok(key @ 8..), Ok(wire_type)) => Ok(Some((key >> 3, wire_type))),
+            _ => Err(unexpected(format!("a field key of {key}"))),
+        }
     }
 
     /// A length-delimited value of at most `limit` bytes.

@@ -20,6 +20,7 @@ pub(super) use kube_dispatch_tests::{
     faultproxy::{Fault, FaultProxy},
     isolated::Isolated,
     journal::{Journal, JournalReplica, write_configmaps, write_round},
+    leases::lease_versions,
     loadbalancer::TestLoadBalancer,
 };
 pub(super) use std::{
