@@ -23,11 +23,15 @@
 //! behind (its list fails, and it lists alone). A relayed stream its peer stops reading once the
 //! LIST has ended holds its last parts until its connection ends (`--max-connection-age`).
 //!
-//! Only a watch's first list is shared, until the watch has shown an object (`whole_list`'s
-//! `Source`, and `WatchTask::events`, which gives sharing to the first pass only): a later
-//! list (a re-list after a 410 Gone, one tried again after it failed part-way, a new pass) must
-//! not be older than what the watch has shown, or the objects it lacks would be taken for
-//! deleted; those are made alone. A cold start, a restarted dispatcher and a group's first
+//! A watch's own list is shared only while it is its first, until the watch has shown an object
+//! (`whole_list`'s `Source`, and `WatchTask::events`, which gives sharing to the first pass
+//! only): a later list (a re-list after a 410 Gone, one tried again after it failed part-way, a
+//! new pass) must not be older than what the watch has shown, or the objects it lacks would be
+//! taken for deleted; those are made alone. A list beside the stream (the keys served here grew:
+//! the survivors of a member that drained gain its keys together) is shared when the LIST's
+//! resourceVersion, read before its first object is taken, is at least the stream's position
+//! when the list was asked for (`super::side_list::Beside`); an older one is dropped and the
+//! list made alone (counted as `too_old`). A cold start, a restarted dispatcher and a group's first
 //! session are first lists. A list whose relay breaks (the lister gone, this reader left
 //! behind) fails as a broken relay ([`RelayBroke`]): the watch lists again alone. One the API
 //! server cut short at the lister fails as it would have alone (`whole_list::cut_short`: the
@@ -35,7 +39,7 @@
 //! no reader holds a list back more than its allowance, so the cut is the API server's.
 //!
 //! Not shared: lists on a ring keyed by namespace (each dispatcher asks for its own namespaces
-//! already), lists in pages or by streaming (`--list-mode`), and lists beside the stream.
+//! already) and lists in pages or by streaming (`--list-mode`).
 
 use std::{
     collections::HashMap,
@@ -107,6 +111,9 @@ pub struct SharingCounts {
     pub from_peers: AtomicU64,
     /// This dispatcher's lists made alone: no lister could share them.
     pub alone: AtomicU64,
+    /// Lists beside a watch's stream here that found the list shared with them older than
+    /// what the stream had shown, and were made alone (`super::side_list::Beside`).
+    pub too_old: AtomicU64,
 }
 
 /// One part of a response, as a shared LIST hands it to its readers.

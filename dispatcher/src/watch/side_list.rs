@@ -1,14 +1,22 @@
 //! A list run beside a watch's stream, when the keys served here grow (a handover completes, a
 //! group joins the watch), and the deletions the stream shows meanwhile.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{StreamExt, stream::BoxStream};
 use kube::api::{Api, ListParams};
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::{object::WatchedObject, whole_list::WholeList};
+use super::{
+    object::WatchedObject,
+    sharing::ListSharing,
+    whole_list::{WholeList, reaches},
+};
 
 /// Page size of a list beside the stream (the watcher's own lists use the same).
 const SIDE_LIST_PAGE: u32 = 500;
@@ -70,18 +78,33 @@ impl Reach {
     }
 }
 
+/// A LIST a peer may share with a list beside the stream ([`super::sharing`]): taken only if
+/// its resourceVersion is at least the stream's position when the keys served here grew
+/// (`super::whole_list::Position`), so that it shows every change the stream showed of those keys
+/// before they were served here, and no object the stream had shown deleted. Dispatchers that
+/// gain keys together (the survivors of a member that drains, on a ring keyed by name) then
+/// read one LIST; one that finds the shared list too old lists alone.
+pub(super) struct Beside {
+    /// The tier's sharing of lists.
+    pub sharing: Arc<ListSharing>,
+    /// The stream's position when the list was asked for ([`Position::get`]).
+    pub since: u64,
+}
+
 impl SideList {
     /// Starts listing as far as `reach`: in pages, or if `whole` in one response read an object
-    /// at a time, as the watch's own lists are made.
+    /// at a time, as the watch's own lists are made, and then shared through `beside` if a
+    /// peer's LIST is new enough.
     pub(super) fn start(
         api: Api<WatchedObject>,
         params: ListParams,
         reach: Reach,
         whole: bool,
         protobuf: bool,
+        beside: Option<Beside>,
     ) -> Self {
         let pages = if whole {
-            listed_whole(api, params, protobuf)
+            listed_whole(api, params, protobuf, beside.map(Arc::new))
         } else {
             paged(api, params)
         };
@@ -156,49 +179,86 @@ fn paged(api: Api<WatchedObject>, params: ListParams) -> BoxStream<'static, Vec<
     .boxed()
 }
 
+/// What a list in one response carries from one object to the next.
+struct Whole {
+    reader: Option<WholeList>,
+    delays: ExponentialBackoff,
+    /// Whether it still lists in protobuf: once it turns to JSON, it stays there.
+    protobuf: bool,
+    /// A peer's list it may read, until one was too old or failed: then it lists alone.
+    beside: Option<Arc<Beside>>,
+    /// The reader's list was found new enough, or is this dispatcher's own.
+    checked: bool,
+}
+
+impl Whole {
+    /// The list failed: it starts again after a backoff (at once in JSON when protobuf was
+    /// the reason), alone.
+    async fn failed(&mut self, error: kube::Error) {
+        self.reader = None;
+        self.beside = None;
+        if self.protobuf && super::protobuf::needs_json(&error) {
+            warn!(error = %error, "the list beside the watch cannot be read in protobuf; listing in JSON");
+            self.protobuf = false;
+            return;
+        }
+        let delay = self.delays.next().unwrap_or(Duration::from_secs(15));
+        warn!(error = %error, ?delay, "list beside the watch failed; listing again");
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// A list in one response, its objects handed on one at a time as they arrive; a failure
-/// starts it again after a backoff. Dropping it ends the response.
+/// starts it again after a backoff. Dropping it ends the response. Through `beside`, the
+/// response may be a peer's ([`Beside`]): its resourceVersion is checked before its first
+/// object is taken (or its end is), and a list too old is dropped for one made alone.
 fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
     protobuf: bool,
+    beside: Option<Arc<Beside>>,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
-    // Whether it still lists in protobuf is carried from one object to the next: once it turns
-    // to JSON, it stays there.
-    let start = (None, retry_delays(), protobuf);
-    futures::stream::unfold(start, move |(reader, mut delays, mut protobuf)| {
+    let start = Whole {
+        reader: None,
+        delays: retry_delays(),
+        protobuf,
+        beside,
+        checked: false,
+    };
+    futures::stream::unfold(start, move |mut whole| {
         let (api, params) = (api.clone(), params.clone());
         async move {
-            let mut reader: Option<WholeList> = reader;
             loop {
-                let result = match reader.as_mut() {
-                    Some(reader) => match reader.next().await {
-                        Ok(Some(object)) => Ok(Some(object)),
-                        Ok(None) => return None,
-                        Err(e) => Err(e),
-                    },
-                    None => WholeList::start(&api, &params, None, protobuf).await.map(|started| {
-                        reader = Some(started);
-                        None
-                    }),
+                let Some(reader) = whole.reader.as_mut() else {
+                    let sharing = whole.beside.as_ref().map(|b| b.sharing.clone());
+                    whole.checked = sharing.is_none();
+                    match WholeList::start(&api, &params, sharing, whole.protobuf).await {
+                        Ok(started) => whole.reader = Some(started),
+                        Err(e) => whole.failed(e).await,
+                    }
+                    continue;
                 };
-                match result {
-                    Ok(Some(object)) => {
-                        return Some((vec![object], (reader, retry_delays(), protobuf)));
-                    }
-                    Ok(None) => {}
-                    Err(e) if protobuf && super::protobuf::needs_json(&e) => {
-                        warn!(error = %e, "the list beside the watch cannot be read in protobuf; listing in JSON");
-                        protobuf = false;
-                        reader = None;
-                    }
+                let next = match reader.next().await {
+                    Ok(next) => next,
                     Err(e) => {
-                        let delay = delays.next().unwrap_or(Duration::from_secs(15));
-                        warn!(error = %e, ?delay, "list beside the watch failed; listing again");
-                        tokio::time::sleep(delay).await;
-                        reader = None;
+                        whole.failed(e).await;
+                        continue;
                     }
+                };
+                if !whole.checked {
+                    let at = reader.resource_version_so_far();
+                    if let Some(beside) = whole.beside.as_ref().filter(|b| !reaches(at, b.since)) {
+                        info!(list = ?at, stream = beside.since, "the list the tier shared is older than what this watch had shown: listing beside it alone");
+                        beside.sharing.counts.too_old.fetch_add(1, Ordering::Relaxed);
+                        whole.beside = None;
+                        whole.reader = None;
+                        continue;
+                    }
+                    whole.checked = true;
                 }
+                let object = next?;
+                whole.delays = retry_delays();
+                return Some((vec![object], whole));
             }
         }
     })

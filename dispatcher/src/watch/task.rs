@@ -45,8 +45,8 @@ use super::{
     routing::object_key,
     shard::sharded_client,
     sharing::ListSharing,
-    side_list::{Reach, SideList, next_page},
-    whole_list,
+    side_list::{Beside, Reach, SideList, next_page},
+    whole_list::{self, Position},
 };
 use crate::config::ListMode;
 
@@ -125,8 +125,13 @@ pub(super) struct WatchTask {
     /// Told when the watch's lists start and end, which say whether it knows every child.
     children: Arc<ChildIndex>,
     /// How its whole lists are shared ([`super::sharing`]); `None` on a ring keyed by
-    /// namespace, where each dispatcher lists its own namespaces.
+    /// namespace, where each dispatcher lists its own namespaces. Given to the first pass's
+    /// own list only (`Self::events`).
     sharing: Option<Arc<ListSharing>>,
+    /// The same, for its lists beside the stream, each checked against `position`.
+    side_sharing: Option<Arc<ListSharing>>,
+    /// How far its whole-list stream has shown the API server's objects.
+    position: Arc<Position>,
 }
 
 /// What ends a pass of the watch.
@@ -264,7 +269,9 @@ impl WatchTask {
             epoch: 0,
             fan_out,
             children: controls.children,
+            side_sharing: sharing.clone(),
             sharing,
+            position: Arc::default(),
         }
     }
 
@@ -286,7 +293,15 @@ impl WatchTask {
         let sharing = self.sharing.take();
         match self.list_mode {
             ListMode::Whole => {
-                whole_list::watcher(api, self.list_params.clone(), sharing, self.protobuf).boxed()
+                let position = self.position.clone();
+                whole_list::watcher(
+                    api,
+                    self.list_params.clone(),
+                    sharing,
+                    self.protobuf,
+                    position,
+                )
+                .boxed()
             }
             ListMode::Paged => watcher::watcher(api, config).boxed(),
             ListMode::Stream => watcher::watcher(api, config.streaming_lists()).boxed(),
@@ -429,12 +444,23 @@ impl WatchTask {
         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
         pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
+        // A whole list may be one a peer makes at the same time, if new enough (`Beside`).
+        let whole = self.list_mode == ListMode::Whole;
+        let beside = self
+            .side_sharing
+            .clone()
+            .filter(|_| whole)
+            .map(|sharing| Beside {
+                sharing,
+                since: self.position.get(),
+            });
         pass.side = Some(SideList::start(
             self.api.clone(),
             self.list_params.clone(),
             reach,
-            self.list_mode == ListMode::Whole,
+            whole,
             self.protobuf,
+            beside,
         ));
     }
 

@@ -23,7 +23,14 @@
 //! `Apply` and `Delete`; a 410 Gone (or a watch that cannot be resumed) lists again from the
 //! start, any other error is retried from where it was, after the caller's backoff.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    io,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::{AsyncBufReadExt, Stream, StreamExt, stream::BoxStream};
@@ -72,6 +79,46 @@ struct Source {
     sharing: Option<Arc<ListSharing>>,
     /// Whether to list and watch in protobuf (`super::protobuf`).
     protobuf: bool,
+    /// How far the stream has shown the API server's objects.
+    position: Arc<Position>,
+}
+
+/// How far a watch's stream has shown the API server's objects: the greatest resourceVersion
+/// of a list it has begun to show (known from its first object: the API server writes a list's
+/// metadata before its items) or of an event or bookmark it has shown. A list beside the
+/// stream that a peer shares is taken only if it is at least as new ([`reaches`]):
+/// an older one could show an object whose deletion the stream had shown, or an object as it
+/// was before a change the stream showed while its key was served elsewhere. Resource
+/// versions of one resource are comparable integers (KEP-5504, stable since Kubernetes 1.35);
+/// once one is not, no shared list is new enough, nor is one while nothing has been shown.
+#[derive(Debug, Default)]
+pub(super) struct Position(AtomicU64);
+
+impl Position {
+    /// The stream has shown what the API server had at `resource_version` (`None`: a list
+    /// whose metadata was not read before its first object).
+    fn advance(&self, resource_version: Option<&str>) {
+        let at = resource_version
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        self.0.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// How far the stream has got: 0 while it has shown nothing, `u64::MAX` once a
+    /// resourceVersion it showed was not a number.
+    pub(super) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether a list at `resource_version` shows everything a stream had shown when it was at
+/// `position` ([`Position::get`]), so that a list beside that stream may be that one.
+pub(super) fn reaches(resource_version: Option<&str>, position: u64) -> bool {
+    position != 0
+        && position != u64::MAX
+        && resource_version
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .is_some_and(|rv| rv >= position)
 }
 
 impl Source {
@@ -105,12 +152,13 @@ impl Source {
 /// `sharing`, if any ([`super::sharing`]; `Source::start` says why only the first). Like
 /// kube-runtime's `watcher`, the stream never ends: after an error the next poll recovers, so
 /// poll it with a backoff. With `protobuf`, it lists and watches in protobuf
-/// ([`super::protobuf`]).
+/// ([`super::protobuf`]). It keeps `position` up with what it has shown.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
     list: ListParams,
     sharing: Option<Arc<ListSharing>>,
     protobuf: bool,
+    position: Arc<Position>,
 ) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
     // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
     let watch = WatchParams {
@@ -124,6 +172,7 @@ pub(super) fn watcher(
         watch,
         sharing,
         protobuf,
+        position,
     };
     futures::stream::unfold(
         (source, State::Empty),
@@ -182,16 +231,22 @@ async fn step(source: &mut Source, state: State) -> (Option<Result<Event<Watched
             };
             match event {
                 Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                    seen(object, events, Event::Apply)
+                    seen(&source.position, object, events, Event::Apply)
                 }
-                Some(Ok(WatchEvent::Deleted(object))) => seen(object, events, Event::Delete),
-                Some(Ok(WatchEvent::Bookmark(bookmark))) => (
-                    None,
-                    State::Watching {
-                        resource_version: bookmark.metadata.resource_version,
-                        events,
-                    },
-                ),
+                Some(Ok(WatchEvent::Deleted(object))) => {
+                    seen(&source.position, object, events, Event::Delete)
+                }
+                Some(Ok(WatchEvent::Bookmark(bookmark))) => {
+                    let resource_version = bookmark.metadata.resource_version;
+                    source.position.advance(Some(&resource_version));
+                    (
+                        None,
+                        State::Watching {
+                            resource_version,
+                            events,
+                        },
+                    )
+                }
                 Some(Ok(WatchEvent::Error(status))) => {
                     // 410 Gone: the resourceVersion has expired; only a new list recovers.
                     let next = if status.code == 410 {
@@ -231,12 +286,14 @@ async fn listing(
         Ok(Some(object)) => {
             // Shown: no later list is shared (`Source::start`).
             source.sharing = None;
+            source.position.advance(reader.resource_version_so_far());
             (Some(Ok(Event::InitApply(object))), State::Listing(reader))
         }
         Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
             Some(rv) => {
                 // Listed, even if empty: the stream shows objects next.
                 source.sharing = None;
+                source.position.advance(Some(rv));
                 let resource_version = rv.to_owned();
                 (
                     Some(Ok(Event::InitDone)),
@@ -251,18 +308,22 @@ async fn listing(
 
 /// An object the watch showed: the event, and the watch going on from its resourceVersion.
 fn seen(
+    position: &Position,
     object: WatchedObject,
     events: BoxStream<'static, kube::Result<WatchEvent<WatchedObject>>>,
     event: fn(WatchedObject) -> Event<WatchedObject>,
 ) -> (Option<Result<Event<WatchedObject>>>, State) {
     match object.resource_version().filter(|rv| !rv.is_empty()) {
-        Some(resource_version) => (
-            Some(Ok(event(object))),
-            State::Watching {
-                resource_version,
-                events,
-            },
-        ),
+        Some(resource_version) => {
+            position.advance(Some(&resource_version));
+            (
+                Some(Ok(event(object))),
+                State::Watching {
+                    resource_version,
+                    events,
+                },
+            )
+        }
         None => (Some(Err(Error::NoResourceVersion)), State::Empty),
     }
 }
@@ -418,6 +479,15 @@ impl WholeList {
                 warn!(error = %e, ?wait, "the rest of the list was refused; asking for it again");
             })
             .await
+    }
+
+    /// The list's resourceVersion as far as it has been read: its first response's, known
+    /// once that response's metadata has been read (the API server writes it before the
+    /// items, so by the first object).
+    pub(super) fn resource_version_so_far(&self) -> Option<&str> {
+        self.snapshot
+            .as_deref()
+            .or_else(|| self.reader.resource_version())
     }
 
     /// The list's resourceVersion, once [`Self::next`] has returned `None`: its first

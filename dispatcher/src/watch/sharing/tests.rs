@@ -7,7 +7,10 @@ use kube_dispatch_proto::{Ring, RingKey, credentials::Credentials};
 use tokio::sync::watch;
 
 use super::*;
-use crate::watch::scripted_api::{ApiServer, object};
+use crate::watch::{
+    scripted_api::{ApiServer, object},
+    side_list::SideList,
+};
 
 /// Sharing for `d0`, the only member of a ring keyed by name: it lists everything itself.
 fn alone_on_the_ring() -> (Arc<ListSharing>, ApiServer) {
@@ -305,19 +308,12 @@ fn peers_may_ask_for_lists_of_collections_only() {
 /// The whole-list watch of every ConfigMap through `client`, its lists shared through
 /// `sharing`, polled (errors included) until the returned task is aborted.
 fn watching(client: kube::Client, sharing: &Arc<ListSharing>) -> tokio::task::JoinHandle<()> {
-    let resource = kube::api::ApiResource {
-        group: String::new(),
-        version: "v1".into(),
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-    };
-    let objects = kube::Api::all_with(client, &resource);
     let mut events = crate::watch::whole_list::watcher(
-        objects,
+        config_maps_api(client),
         ListParams::default(),
         Some(sharing.clone()),
         false,
+        Arc::default(),
     )
     .boxed();
     tokio::spawn(async move { while events.next().await.is_some() {} })
@@ -364,4 +360,130 @@ async fn a_refused_first_list_is_shared_when_asked_again() {
         "both shared"
     );
     polled.abort();
+}
+
+/// Every ConfigMap, as the watches of these tests read them.
+fn config_maps_api(client: kube::Client) -> kube::Api<crate::watch::object::WatchedObject> {
+    let resource = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+    };
+    kube::Api::all_with(client, &resource)
+}
+
+/// A whole-list watch's position follows what it shows: a list's resourceVersion from its
+/// first object, each event's, and a bookmark's, from which the watch resumes.
+#[tokio::test(start_paused = true)]
+async fn a_whole_list_watch_knows_how_far_it_has_shown() {
+    use kube::runtime::watcher::Event;
+    let (client, mut api) = ApiServer::start();
+    let position = Arc::new(crate::watch::whole_list::Position::default());
+    let mut events = crate::watch::whole_list::watcher(
+        config_maps_api(client),
+        ListParams::default(),
+        None,
+        false,
+        position.clone(),
+    )
+    .boxed();
+    let (shown, mut read) = tokio::sync::mpsc::unbounded_channel();
+    let polled = tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            let event = event.expect("no error");
+            if shown.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(position.get(), 0, "nothing shown yet");
+    api.next().await.list(7, &[("a", 5)]);
+    assert!(matches!(read.recv().await, Some(Event::Init)));
+    assert!(matches!(read.recv().await, Some(Event::InitApply(_))));
+    assert_eq!(position.get(), 7, "the list's, from its first object");
+    assert!(matches!(read.recv().await, Some(Event::InitDone)));
+    let stream = api.next().await.open();
+    stream.send("ADDED", object("b", 9));
+    assert!(matches!(read.recv().await, Some(Event::Apply(_))));
+    assert_eq!(position.get(), 9, "the event's");
+    stream.send(
+        "BOOKMARK",
+        r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"12"}}"#.into(),
+    );
+    drop(stream);
+    let watch = api.next().await;
+    assert_eq!(
+        watch.param("resourceVersion"),
+        Some("12"),
+        "resumed from the bookmark"
+    );
+    assert_eq!(position.get(), 12, "the bookmark's");
+    let stream = watch.open();
+    stream.send("DELETED", object("a", 13));
+    assert!(matches!(read.recv().await, Some(Event::Delete(_))));
+    assert_eq!(position.get(), 13);
+    polled.abort();
+}
+
+/// The names a list beside the stream shows, to its end.
+async fn listed_beside(mut side: Option<SideList>) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Some(page) = crate::watch::side_list::next_page(&mut side).await {
+        names.extend(page.iter().map(kube::ResourceExt::name_any));
+    }
+    names
+}
+
+/// A list beside the stream reads a LIST the tier shares only if it is at least as new as
+/// what the stream had shown when the list was asked for; an older one is left for a list of
+/// its own.
+#[tokio::test(start_paused = true)]
+async fn a_list_beside_the_stream_is_shared_only_if_new_enough() {
+    use crate::watch::side_list::{Beside, Reach};
+    let (client, mut api) = ApiServer::start();
+    let sharing = sharing_through(client.clone());
+    let side = |since: u64| {
+        SideList::start(
+            config_maps_api(client.clone()),
+            ListParams::default(),
+            Reach::All,
+            true,
+            false,
+            Some(Beside {
+                sharing: sharing.clone(),
+                since,
+            }),
+        )
+    };
+
+    // A LIST at 7 (a peer's, say), whose small response is kept for a second.
+    let early = reader(&sharing);
+    api.next().await.list(7, &[("a", 5), ("b", 6)]);
+    body_of(early).await;
+
+    // The stream had shown 9: the shared list is too old, and the side list lists alone.
+    let listing = tokio::spawn(listed_beside(Some(side(9))));
+    let alone = api.next().await;
+    assert!(alone.is_whole_list(), "a list of its own");
+    alone.list(10, &[("a", 5), ("c", 10)]);
+    assert_eq!(
+        listing.await.expect("listed"),
+        ["a", "c"],
+        "its own list's objects"
+    );
+    assert_eq!(sharing.counts.too_old.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        sharing.counts.joined.load(Ordering::Relaxed),
+        1,
+        "the shared list was joined, and left once its resourceVersion was read"
+    );
+
+    // The stream had shown 7: the list at 7, still kept, is taken, and the API server is asked
+    // nothing.
+    assert_eq!(listed_beside(Some(side(7))).await, ["a", "b"]);
+    assert_eq!(sharing.counts.joined.load(Ordering::Relaxed), 2);
+    assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 1);
+    assert!(api.asks_nothing_more().await, "one LIST for both");
 }
