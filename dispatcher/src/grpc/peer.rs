@@ -76,7 +76,12 @@ impl Peer for PeerService {
         let Some(sharing) = self.groups.sharing() else {
             return Err(Status::unimplemented("this dispatcher shares no list"));
         };
-        let parts = sharing.serve(&req.identity, &req.path, req.protobuf)?;
+        let parts = sharing.serve(
+            &req.identity,
+            &req.path,
+            req.protobuf,
+            req.min_resource_version,
+        )?;
         Ok(Response::new(Box::pin(parts)))
     }
 

@@ -204,8 +204,14 @@ impl ListSharing {
 
     /// The response to `request`, a LIST: shared with the peers that ask for the same one when
     /// a lister can share it, otherwise asked of the API server alone.
-    /// A request that accepts protobuf first is shared only with requests that do too.
-    pub async fn respond(&self, request: http::Request<Vec<u8>>) -> kube::Result<Body> {
+    /// A request that accepts protobuf first is shared only with requests that do too. With
+    /// `min_resource_version` (not 0), a LIST under way whose resourceVersion is known to be
+    /// older is not joined: the lister makes another.
+    pub async fn respond(
+        &self,
+        request: http::Request<Vec<u8>>,
+        min_resource_version: u64,
+    ) -> kube::Result<Body> {
         let path = request
             .uri()
             .path_and_query()
@@ -221,11 +227,14 @@ impl ListSharing {
             });
         match self.lister(&path) {
             Lister::Here => {
-                if let Some(joined) = self.join(&path, protobuf) {
+                if let Some(joined) = self.join(&path, protobuf, min_resource_version) {
                     return response(joined.parts()).await;
                 }
             }
-            Lister::Peer(peer, address) => match self.ask_peer(&address, &path, protobuf).await {
+            Lister::Peer(peer, address) => match self
+                .ask_peer(&address, &path, protobuf, min_resource_version)
+                .await
+            {
                 Ok(answer) => {
                     self.counts.from_peers.fetch_add(1, Ordering::Relaxed);
                     return answer;
@@ -248,16 +257,18 @@ impl ListSharing {
 
     /// What a peer asking for `path` is streamed: the parts of the LIST it joins, as
     /// `Peer.List` sends them.
-    /// Asked for in protobuf if `protobuf` (a peer of an older release never asks).
+    /// Asked for in protobuf if `protobuf` (a peer of an older release never asks), of a
+    /// resourceVersion at least `min_resource_version` when known ([`Self::respond`]).
     pub fn serve(
         &self,
         peer: &str,
         path: &str,
         protobuf: bool,
+        min_resource_version: u64,
     ) -> Result<impl Stream<Item = Result<ListChunk, tonic::Status>> + Send + 'static, tonic::Status>
     {
         list_path(path)?;
-        let Some(joined) = self.join(path, protobuf) else {
+        let Some(joined) = self.join(path, protobuf, min_resource_version) else {
             return Err(tonic::Status::resource_exhausted(format!(
                 "this dispatcher shares {MAX_LISTS} lists with {MAX_READERS} readers each already: list alone"
             )));
@@ -301,17 +312,21 @@ impl ListSharing {
     }
 
     /// Joins the LIST of `path` under way here, in protobuf if `protobuf`, or starts it; `None`
-    /// when this dispatcher shares as many as it may.
-    fn join(&self, path: &str, protobuf: bool) -> Option<Joined> {
+    /// when this dispatcher shares as many as it may. A LIST under way whose resourceVersion is
+    /// known to be older than `min_resource_version` is left to its readers, and another made.
+    fn join(&self, path: &str, protobuf: bool, min_resource_version: u64) -> Option<Joined> {
         let key = (path.to_owned(), protobuf);
         let now = Instant::now();
         let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
         lists.retain(|_, shared| shared.joinable(now));
-        if let Some(joined) = lists.get(&key).and_then(|shared| shared.join(now)) {
+        let under_way = lists
+            .get(&key)
+            .filter(|shared| shared.reaches(min_resource_version));
+        if let Some(joined) = under_way.and_then(|shared| shared.join(now)) {
             self.counts.joined.fetch_add(1, Ordering::Relaxed);
             return Some(joined);
         }
-        if lists.len() >= MAX_LISTS {
+        if !lists.contains_key(&key) && lists.len() >= MAX_LISTS {
             return None;
         }
         let permit = self.making.clone().try_acquire_owned().ok()?;
@@ -335,6 +350,7 @@ impl ListSharing {
         address: &str,
         path: &str,
         protobuf: bool,
+        min_resource_version: u64,
     ) -> Result<kube::Result<Body>, tonic::Status> {
         let mut client =
             PeerClient::with_interceptor(self.channel(address)?, self.credentials.bearer())
@@ -343,6 +359,7 @@ impl ListSharing {
             identity: self.identity.clone(),
             path: path.to_owned(),
             protobuf,
+            min_resource_version,
         };
         let first = tokio::time::timeout(FIRST_PART, async {
             let mut chunks = client.list(request).await?.into_inner();

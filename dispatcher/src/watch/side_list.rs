@@ -189,7 +189,13 @@ struct Whole {
     beside: Option<Arc<Beside>>,
     /// The reader's list was found new enough, or is this dispatcher's own.
     checked: bool,
+    /// Shared lists found too old so far: the lister, which knows their resourceVersion by
+    /// then, makes another for the second try; past [`SHARED_TRIES`], it lists alone.
+    too_old: u8,
 }
+
+/// How many shared lists a list beside the stream tries before it lists alone.
+const SHARED_TRIES: u8 = 2;
 
 impl Whole {
     /// The list failed: it starts again after a backoff (at once in JSON when protobuf was
@@ -224,6 +230,7 @@ fn listed_whole(
         protobuf,
         beside,
         checked: false,
+        too_old: 0,
     };
     futures::stream::unfold(start, move |mut whole| {
         let (api, params) = (api.clone(), params.clone());
@@ -231,8 +238,9 @@ fn listed_whole(
             loop {
                 let Some(reader) = whole.reader.as_mut() else {
                     let sharing = whole.beside.as_ref().map(|b| b.sharing.clone());
+                    let since = whole.beside.as_ref().map_or(0, |b| b.since);
                     whole.checked = sharing.is_none();
-                    match WholeList::start(&api, &params, sharing, whole.protobuf).await {
+                    match WholeList::start(&api, &params, sharing, since, whole.protobuf).await {
                         Ok(started) => whole.reader = Some(started),
                         Err(e) => whole.failed(e).await,
                     }
@@ -248,9 +256,13 @@ fn listed_whole(
                 if !whole.checked {
                     let at = reader.resource_version_so_far();
                     if let Some(beside) = whole.beside.as_ref().filter(|b| !reaches(at, b.since)) {
-                        info!(list = ?at, stream = beside.since, "the list the tier shared is older than what this watch had shown: listing beside it alone");
                         beside.sharing.counts.too_old.fetch_add(1, Ordering::Relaxed);
-                        whole.beside = None;
+                        whole.too_old += 1;
+                        let alone = whole.too_old >= SHARED_TRIES;
+                        info!(list = ?at, stream = beside.since, alone, "the list the tier shared is older than what this watch had shown: asking for another");
+                        if alone {
+                            whole.beside = None;
+                        }
                         whole.reader = None;
                         continue;
                     }

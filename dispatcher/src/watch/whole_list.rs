@@ -27,12 +27,13 @@ use std::{
     io,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
 
 use backon::{ExponentialBuilder, Retryable};
+use bytes::Bytes;
 use futures::{AsyncBufReadExt, Stream, StreamExt, stream::BoxStream};
 use kube::{
     ResourceExt,
@@ -84,30 +85,51 @@ struct Source {
 }
 
 /// How far a watch's stream has shown the API server's objects: the greatest resourceVersion
-/// of a list it has begun to show (known from its first object: the API server writes a list's
-/// metadata before its items) or of an event or bookmark it has shown. A list beside the
-/// stream that a peer shares is taken only if it is at least as new ([`reaches`]):
-/// an older one could show an object whose deletion the stream had shown, or an object as it
-/// was before a change the stream showed while its key was served elsewhere. Resource
-/// versions of one resource are comparable integers (KEP-5504, stable since Kubernetes 1.35);
-/// once one is not, no shared list is new enough, nor is one while nothing has been shown.
+/// of a list it has begun to show (known from its first object when the response has its
+/// metadata first, as the API server writes a built-in type's list) or of an event or bookmark
+/// it has shown. A list beside the stream that a peer shares is taken only if it is at least
+/// as new ([`reaches`]): an older one could show an object whose deletion the stream had shown,
+/// or an object as it was before a change the stream showed while its key was served
+/// elsewhere. Resource versions of one resource are comparable integers (KEP-5504, stable
+/// since Kubernetes 1.35): once one is not, no shared list is new enough; nor is one while
+/// nothing has been shown, or while a list shows objects before its resourceVersion is known
+/// (a custom resource's, its metadata last).
 #[derive(Debug, Default)]
-pub(super) struct Position(AtomicU64);
+pub(super) struct Position {
+    reached: AtomicU64,
+    /// A list is showing objects whose resourceVersion is not known yet.
+    blind: AtomicBool,
+}
 
 impl Position {
-    /// The stream has shown what the API server had at `resource_version` (`None`: a list
-    /// whose metadata was not read before its first object).
-    fn advance(&self, resource_version: Option<&str>) {
-        let at = resource_version
-            .and_then(|rv| rv.parse::<u64>().ok())
-            .unwrap_or(u64::MAX);
-        self.0.fetch_max(at, Ordering::Relaxed);
+    /// The stream has shown what the API server had at `resource_version`.
+    fn advance(&self, resource_version: &str) {
+        let at = resource_version.parse::<u64>().unwrap_or(u64::MAX);
+        self.reached.fetch_max(at, Ordering::Relaxed);
     }
 
-    /// How far the stream has got: 0 while it has shown nothing, `u64::MAX` once a
-    /// resourceVersion it showed was not a number.
+    /// The stream shows an object of a list at `resource_version`, if known yet.
+    fn listing(&self, resource_version: Option<&str>) {
+        match resource_version {
+            Some(rv) => self.advance(rv),
+            None => self.blind.store(true, Ordering::Relaxed),
+        }
+    }
+
+    /// The stream has shown the whole of a list at `resource_version`.
+    fn listed(&self, resource_version: &str) {
+        self.advance(resource_version);
+        self.blind.store(false, Ordering::Relaxed);
+    }
+
+    /// How far the stream has got: 0 while it has shown nothing or shows a list whose
+    /// resourceVersion it does not know yet, `u64::MAX` once a resourceVersion it showed was
+    /// not a number.
     pub(super) fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        if self.blind.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.reached.load(Ordering::Relaxed)
     }
 }
 
@@ -128,7 +150,14 @@ impl Source {
     /// objects the watch had shown that it lacks would be taken for deleted. Later lists are
     /// consistent reads of the API server, made alone.
     async fn start(&self) -> kube::Result<WholeList> {
-        WholeList::start(&self.api, &self.list, self.sharing.clone(), self.protobuf).await
+        WholeList::start(
+            &self.api,
+            &self.list,
+            self.sharing.clone(),
+            0,
+            self.protobuf,
+        )
+        .await
     }
 
     /// Watches from `resource_version` on, in protobuf or in JSON.
@@ -238,7 +267,7 @@ async fn step(source: &mut Source, state: State) -> (Option<Result<Event<Watched
                 }
                 Some(Ok(WatchEvent::Bookmark(bookmark))) => {
                     let resource_version = bookmark.metadata.resource_version;
-                    source.position.advance(Some(&resource_version));
+                    source.position.advance(&resource_version);
                     (
                         None,
                         State::Watching {
@@ -286,14 +315,14 @@ async fn listing(
         Ok(Some(object)) => {
             // Shown: no later list is shared (`Source::start`).
             source.sharing = None;
-            source.position.advance(reader.resource_version_so_far());
+            source.position.listing(reader.resource_version_so_far());
             (Some(Ok(Event::InitApply(object))), State::Listing(reader))
         }
         Ok(None) => match reader.resource_version().filter(|rv| !rv.is_empty()) {
             Some(rv) => {
                 // Listed, even if empty: the stream shows objects next.
                 source.sharing = None;
-                source.position.advance(Some(rv));
+                source.position.listed(rv);
                 let resource_version = rv.to_owned();
                 (
                     Some(Ok(Event::InitDone)),
@@ -315,7 +344,7 @@ fn seen(
 ) -> (Option<Result<Event<WatchedObject>>>, State) {
     match object.resource_version().filter(|rv| !rv.is_empty()) {
         Some(resource_version) => {
-            position.advance(Some(&resource_version));
+            position.advance(&resource_version);
             (
                 Some(Ok(event(object))),
                 State::Watching {
@@ -406,11 +435,14 @@ impl Reader {
 
 impl WholeList {
     /// Starts the list: asks for its first page (whatever `params` says of a limit or where
-    /// to continue), each response shared through `sharing` if any, in protobuf if `protobuf`.
+    /// to continue), each response shared through `sharing` if any (a LIST under way there
+    /// joined only if not known to be older than `min_resource_version`), in protobuf if
+    /// `protobuf`.
     pub(super) async fn start(
         api: &Api<WatchedObject>,
         params: &ListParams,
         sharing: Option<Arc<ListSharing>>,
+        min_resource_version: u64,
         protobuf: bool,
     ) -> kube::Result<Self> {
         let params = ListParams {
@@ -423,7 +455,14 @@ impl WholeList {
             ..params.clone()
         };
         Ok(Self {
-            reader: respond(api, sharing.as_deref(), &first, protobuf).await?,
+            reader: respond(
+                api,
+                sharing.as_deref(),
+                &first,
+                min_resource_version,
+                protobuf,
+            )
+            .await?,
             api: api.clone(),
             sharing,
             params,
@@ -470,7 +509,8 @@ impl WholeList {
             .with_min_delay(REST_WAIT)
             .with_max_delay(REST_WAIT_CAP)
             .with_max_times(REST_ATTEMPTS as usize - 1);
-        (|| respond(api, sharing, rest, protobuf))
+        // The rest is of the first response's snapshot, whichever LIST it joins.
+        (|| respond(api, sharing, rest, 0, protobuf))
             .retry(waits)
             .sleep(tokio::time::sleep)
             // An expired `continue` can only be listed again from the start.
@@ -498,6 +538,18 @@ impl WholeList {
     }
 }
 
+/// The resourceVersion of the list response that begins with `start`, when its metadata comes
+/// before the end of its first object (the API server writes a built-in type's list metadata
+/// first; a custom resource's list, its keys sorted, last) or the response is whole.
+pub(super) async fn resource_version_of(start: Bytes) -> Option<u64> {
+    let mut reader = Reader::of(Box::pin(futures::io::Cursor::new(start)))
+        .await
+        .ok()?;
+    // A response cut short where `start` ends is read as far as it goes.
+    let _ = reader.next().await;
+    reader.resource_version()?.parse().ok()
+}
+
 /// A list response to `params`, its objects to be read as they arrive: shared through
 /// `sharing` if any, otherwise asked of the API server through `api`'s client; asked for in
 /// protobuf if `protobuf`.
@@ -505,6 +557,7 @@ async fn respond(
     api: &Api<WatchedObject>,
     sharing: Option<&ListSharing>,
     params: &ListParams,
+    min_resource_version: u64,
     protobuf: bool,
 ) -> kube::Result<Reader> {
     let mut request = kube::core::Request::new(api.resource_url())
@@ -515,7 +568,7 @@ async fn respond(
         request.headers_mut().insert(http::header::ACCEPT, accept);
     }
     let body = match sharing {
-        Some(sharing) => sharing.respond(request).await?,
+        Some(sharing) => sharing.respond(request, min_resource_version).await?,
         None => protobuf::send(&api.clone().into_client(), request).await?,
     };
     Reader::of(body).await.map_err(kube::Error::ReadEvents)
@@ -554,5 +607,25 @@ mod tests {
             kube::Error::ReadEvents(error)
         )));
         assert!(!cut_short(&Error::NoResourceVersion));
+    }
+
+    #[test]
+    fn a_stream_position_is_unknown_while_a_list_hides_its_resource_version() {
+        let position = Position::default();
+        assert!(!reaches(Some("5"), position.get()), "nothing shown yet");
+        position.listing(Some("7"));
+        assert_eq!(position.get(), 7);
+        assert!(reaches(Some("7"), position.get()) && !reaches(Some("6"), position.get()));
+        assert!(!reaches(None, position.get()) && !reaches(Some("x"), position.get()));
+        // A list whose metadata comes last (a custom resource's): unknown until it ends.
+        position.listing(None);
+        assert_eq!(position.get(), 0);
+        assert!(!reaches(Some("9"), position.get()));
+        position.listed("9");
+        assert_eq!(position.get(), 9);
+        position.advance("8");
+        assert_eq!(position.get(), 9, "it never goes back");
+        position.advance("not-a-number");
+        assert!(!reaches(Some("99"), position.get()), "no longer comparable");
     }
 }

@@ -35,6 +35,8 @@ struct SharedState {
     next_reader: u64,
     /// When it ended whole (a LIST that ended otherwise is not kept: `replay` is `None`).
     ended: Option<Instant>,
+    /// The LIST's resourceVersion, once read from the start of its response.
+    resource_version: Option<u64>,
 }
 
 /// A reader of a LIST being made: where its parts go, and how long it has kept the LIST
@@ -72,6 +74,7 @@ impl Shared {
                 readers: Vec::new(),
                 next_reader: 0,
                 ended: None,
+                resource_version: None,
             }),
         }
     }
@@ -83,6 +86,25 @@ impl Shared {
     pub(super) fn joinable(&self, now: Instant) -> bool {
         let state = self.state();
         state.replay.is_some() && state.ended.is_none_or(|at| now <= at + REUSE)
+    }
+
+    /// Whether it may be joined by a request for a list at least as new as
+    /// `min_resource_version` (0: any): yes unless its resourceVersion is known and older.
+    pub(super) fn reaches(&self, min_resource_version: u64) -> bool {
+        self.state()
+            .resource_version
+            .is_none_or(|rv| rv >= min_resource_version)
+    }
+
+    /// The start of the response, kept for late readers, while its resourceVersion is not
+    /// known yet.
+    fn start_to_read(&self) -> Option<Bytes> {
+        let state = self.state();
+        let replay = state
+            .replay
+            .as_ref()
+            .filter(|_| state.resource_version.is_none())?;
+        Some(Bytes::from(replay.concat()))
     }
 
     pub(super) fn join(&self, now: Instant) -> Option<Joined> {
@@ -203,6 +225,11 @@ pub(super) async fn make(
         };
         body.as_mut().consume(data.len());
         let readers = shared.sent(&data);
+        if let Some(start) = shared.start_to_read()
+            && let Some(rv) = crate::watch::whole_list::resource_version_of(start).await
+        {
+            shared.state().resource_version = Some(rv);
+        }
         if readers.is_empty() && shared.abandoned() {
             debug!("nobody reads a shared list any more: stopping it");
             return;

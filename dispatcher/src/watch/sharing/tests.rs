@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, atomic::AtomicU64};
 
 use futures::AsyncReadExt;
 use kube::api::ListParams;
@@ -35,7 +35,7 @@ fn first_page() -> http::Request<Vec<u8>> {
 fn reader(sharing: &Arc<ListSharing>) -> tokio::task::JoinHandle<kube::Result<String>> {
     let sharing = sharing.clone();
     tokio::spawn(async move {
-        let mut body = sharing.respond(first_page()).await?;
+        let mut body = sharing.respond(first_page(), 0).await?;
         let mut text = String::new();
         body.read_to_string(&mut text)
             .await
@@ -145,7 +145,7 @@ where
 {
     let task = {
         let sharing = sharing.clone();
-        tokio::spawn(async move { read(sharing.respond(first_page()).await?).await })
+        tokio::spawn(async move { read(sharing.respond(first_page(), 0).await?).await })
     };
     let joins = || sharing.counts.joined.load(Ordering::Relaxed);
     crate::watch::scripted_api::until("the second reader joined", || joins() == 1).await;
@@ -436,26 +436,33 @@ async fn listed_beside(mut side: Option<SideList>) -> Vec<String> {
     names
 }
 
+/// A list beside the stream through `sharing`, its stream at `since`.
+fn side_list(client: &kube::Client, sharing: &Arc<ListSharing>, since: u64) -> SideList {
+    use crate::watch::side_list::{Beside, Reach};
+    SideList::start(
+        config_maps_api(client.clone()),
+        ListParams::default(),
+        Reach::All,
+        true,
+        false,
+        Some(Beside {
+            sharing: sharing.clone(),
+            since,
+        }),
+    )
+}
+
 /// A list beside the stream reads a LIST the tier shares only if it is at least as new as
-/// what the stream had shown when the list was asked for; an older one is left for a list of
-/// its own.
+/// what the stream had shown when the list was asked for: the lister, which reads each LIST's
+/// resourceVersion from the start of its response, makes another for it when the one it kept
+/// is older; a LIST joined before its resourceVersion was known, and found older, is left for
+/// another.
 #[tokio::test(start_paused = true)]
 async fn a_list_beside_the_stream_is_shared_only_if_new_enough() {
-    use crate::watch::side_list::{Beside, Reach};
     let (client, mut api) = ApiServer::start();
     let sharing = sharing_through(client.clone());
-    let side = |since: u64| {
-        SideList::start(
-            config_maps_api(client.clone()),
-            ListParams::default(),
-            Reach::All,
-            true,
-            false,
-            Some(Beside {
-                sharing: sharing.clone(),
-                since,
-            }),
-        )
+    let count = |counter: fn(&SharingCounts) -> &AtomicU64| {
+        counter(&sharing.counts).load(Ordering::Relaxed)
     };
 
     // A LIST at 7 (a peer's, say), whose small response is kept for a second.
@@ -463,27 +470,37 @@ async fn a_list_beside_the_stream_is_shared_only_if_new_enough() {
     api.next().await.list(7, &[("a", 5), ("b", 6)]);
     body_of(early).await;
 
-    // The stream had shown 9: the shared list is too old, and the side list lists alone.
-    let listing = tokio::spawn(listed_beside(Some(side(9))));
-    let alone = api.next().await;
-    assert!(alone.is_whole_list(), "a list of its own");
-    alone.list(10, &[("a", 5), ("c", 10)]);
+    // The stream had shown 7: the list at 7 is taken, and the API server is asked nothing.
+    let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 7))));
+    assert_eq!(listing.await.expect("listed"), ["a", "b"]);
+    assert_eq!((count(|c| &c.made), count(|c| &c.joined)), (1, 1));
+
+    // The stream had shown 9: the lister knows the list it kept is at 7, and makes another.
+    let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 9))));
+    let another = api.next().await;
+    assert!(another.is_whole_list(), "another LIST");
+    another.list(10, &[("a", 5), ("c", 10)]);
     assert_eq!(
         listing.await.expect("listed"),
         ["a", "c"],
-        "its own list's objects"
+        "the new list's objects"
     );
-    assert_eq!(sharing.counts.too_old.load(Ordering::Relaxed), 1);
-    assert_eq!(
-        sharing.counts.joined.load(Ordering::Relaxed),
-        1,
-        "the shared list was joined, and left once its resourceVersion was read"
-    );
+    assert_eq!((count(|c| &c.made), count(|c| &c.joined)), (2, 1));
+    assert_eq!(count(|c| &c.too_old), 0);
 
-    // The stream had shown 7: the list at 7, still kept, is taken, and the API server is asked
-    // nothing.
-    assert_eq!(listed_beside(Some(side(7))).await, ["a", "b"]);
-    assert_eq!(sharing.counts.joined.load(Ordering::Relaxed), 2);
-    assert_eq!(sharing.counts.made.load(Ordering::Relaxed), 1);
-    assert!(api.asks_nothing_more().await, "one LIST for both");
+    // A LIST under way whose response has not begun is joined; at 11, older than the stream's
+    // 12, it is left, and the lister, knowing it now, makes another.
+    tokio::time::advance(REUSE * 2).await;
+    let early = reader(&sharing);
+    let in_flight = api.next().await;
+    let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 12))));
+    tokio::task::yield_now().await;
+    in_flight.list(11, &[("a", 5), ("b", 11)]);
+    body_of(early).await;
+    let another = api.next().await;
+    assert!(another.is_whole_list(), "another LIST");
+    another.list(13, &[("a", 5), ("d", 13)]);
+    assert_eq!(listing.await.expect("listed"), ["a", "d"]);
+    assert_eq!(count(|c| &c.too_old), 1, "one shared list found too old");
+    assert!(api.asks_nothing_more().await);
 }
