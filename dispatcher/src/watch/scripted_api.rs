@@ -89,6 +89,17 @@ impl Asked {
         self.respond.send_response(answer(StatusCode::OK, body));
     }
 
+    /// Answers a list of `objects` at `resource_version` as a custom resource's is written,
+    /// its keys sorted: its metadata after its items.
+    pub(crate) fn list_metadata_last(self, resource_version: u64, objects: &[(&str, u64)]) {
+        let items: Vec<String> = objects.iter().map(|(n, rv)| object(n, *rv)).collect();
+        let body = format!(
+            r#"{{"apiVersion":"v1","items":[{}],"kind":"ConfigMapList","metadata":{{"resourceVersion":"{resource_version}"}}}}"#,
+            items.join(",")
+        );
+        self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
     /// Answers a page of a list: `objects` at `resource_version`, the list going on from
     /// `continue_token`.
     pub(crate) fn list_page(

@@ -192,17 +192,42 @@ struct Whole {
     /// Shared lists found too old so far: the lister, which knows their resourceVersion by
     /// then, makes another for the second try; past [`SHARED_TRIES`], it lists alone.
     too_old: u8,
+    /// The objects of a shared list read before its resourceVersion was, and their bytes.
+    held: Vec<WatchedObject>,
+    held_bytes: usize,
+    /// The list has ended (with the objects it held).
+    ended: bool,
 }
+
+/// Most bytes of a shared list's objects held until its resourceVersion is read (the first
+/// response of a custom resource's list, [`super::whole_list::FIRST_PAGE`] objects, ends with
+/// it); past it the list is made alone.
+const HELD_BYTES: usize = 8 << 20;
 
 /// How many shared lists a list beside the stream tries before it lists alone.
 const SHARED_TRIES: u8 = 2;
 
 impl Whole {
+    /// Holds `object` of a shared list until the list's resourceVersion is read; false past
+    /// [`HELD_BYTES`].
+    fn hold(&mut self, object: WatchedObject) -> bool {
+        self.held_bytes += object.json().len();
+        self.held.push(object);
+        self.held_bytes <= HELD_BYTES
+    }
+
+    /// Lists alone from now on.
+    fn alone(&mut self) {
+        self.reader = None;
+        self.beside = None;
+        self.held = Vec::new();
+        self.held_bytes = 0;
+    }
+
     /// The list failed: it starts again after a backoff (at once in JSON when protobuf was
     /// the reason), alone.
     async fn failed(&mut self, error: kube::Error) {
-        self.reader = None;
-        self.beside = None;
+        self.alone();
         if self.protobuf && super::protobuf::needs_json(&error) {
             warn!(error = %error, "the list beside the watch cannot be read in protobuf; listing in JSON");
             self.protobuf = false;
@@ -216,8 +241,10 @@ impl Whole {
 
 /// A list in one response, its objects handed on one at a time as they arrive; a failure
 /// starts it again after a backoff. Dropping it ends the response. Through `beside`, the
-/// response may be a peer's ([`Beside`]): its resourceVersion is checked before its first
-/// object is taken (or its end is), and a list too old is dropped for one made alone.
+/// response may be a peer's ([`Beside`]): its resourceVersion is checked before any of its
+/// objects is taken (a custom resource's JSON list tells it at the end of its first response:
+/// those objects are held until then, at most [`HELD_BYTES`]), and a list too old is dropped
+/// for another ([`SHARED_TRIES`]), then for one made alone.
 fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
@@ -231,10 +258,16 @@ fn listed_whole(
         beside,
         checked: false,
         too_old: 0,
+        held: Vec::new(),
+        held_bytes: 0,
+        ended: false,
     };
     futures::stream::unfold(start, move |mut whole| {
         let (api, params) = (api.clone(), params.clone());
         async move {
+            if whole.ended {
+                return None;
+            }
             loop {
                 let Some(reader) = whole.reader.as_mut() else {
                     let sharing = whole.beside.as_ref().map(|b| b.sharing.clone());
@@ -253,24 +286,50 @@ fn listed_whole(
                         continue;
                     }
                 };
-                if !whole.checked {
-                    let at = reader.resource_version_so_far();
-                    if let Some(beside) = whole.beside.as_ref().filter(|b| !reaches(at, b.since)) {
-                        beside.sharing.counts.too_old.fetch_add(1, Ordering::Relaxed);
-                        whole.too_old += 1;
-                        let alone = whole.too_old >= SHARED_TRIES;
-                        info!(list = ?at, stream = beside.since, alone, "the list the tier shared is older than what this watch had shown: asking for another");
-                        if alone {
-                            whole.beside = None;
-                        }
-                        whole.reader = None;
+                if whole.checked {
+                    whole.delays = retry_delays();
+                    return next.map(|object| (vec![object], whole));
+                }
+                let at = reader.resource_version_so_far();
+                // A custom resource's JSON list tells its resourceVersion at the end of its
+                // first response: its objects wait until then.
+                if at.is_none()
+                    && let Some(object) = next
+                {
+                    if whole.hold(object) {
                         continue;
                     }
-                    whole.checked = true;
+                    warn!(most = HELD_BYTES, "the list the tier shared holds too much before its resourceVersion: listing beside the watch alone");
+                    whole.alone();
+                    continue;
                 }
-                let object = next?;
+                if let Some(beside) = whole.beside.as_ref().filter(|b| !reaches(at, b.since)) {
+                    beside.sharing.counts.too_old.fetch_add(1, Ordering::Relaxed);
+                    whole.too_old += 1;
+                    let alone = whole.too_old >= SHARED_TRIES;
+                    info!(list = ?at, stream = beside.since, alone, "the list the tier shared is older than what this watch had shown: asking for another");
+                    if alone {
+                        whole.alone();
+                    } else {
+                        let beside = whole.beside.take();
+                        whole.alone();
+                        whole.beside = beside;
+                    }
+                    continue;
+                }
+                whole.checked = true;
                 whole.delays = retry_delays();
-                return Some((vec![object], whole));
+                let mut page = std::mem::take(&mut whole.held);
+                whole.held_bytes = 0;
+                match next {
+                    Some(object) => page.push(object),
+                    // Ended: what it held is all of it.
+                    None => whole.ended = true,
+                }
+                if page.is_empty() {
+                    return None;
+                }
+                return Some((page, whole));
             }
         }
     })

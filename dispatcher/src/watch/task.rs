@@ -444,15 +444,12 @@ impl WatchTask {
         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
         pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
-        // A whole list may be one a peer makes at the same time, if new enough (`Beside`),
-        // when read in protobuf: its resourceVersion comes before its objects (a custom
-        // resource's JSON list has it last, too late to check before taking them).
+        // A whole list may be one a peer makes at the same time, if new enough (`Beside`).
         let whole = self.list_mode == ListMode::Whole;
-        let shares = whole && self.protobuf;
         let beside = self
             .side_sharing
             .clone()
-            .filter(|_| shares)
+            .filter(|_| whole)
             .map(|sharing| Beside {
                 sharing,
                 since: self.position.get(),

@@ -538,15 +538,15 @@ impl WholeList {
     }
 }
 
-/// The resourceVersion of the list response that begins with `start`, when its metadata comes
-/// before the end of its first object (the API server writes a built-in type's list metadata
-/// first; a custom resource's list, its keys sorted, last) or the response is whole.
+/// The resourceVersion of the list response that begins with `start`, as far as `start` shows
+/// it: read object by object until it is known, or `start` ends (a built-in type's list has
+/// its metadata first, a custom resource's JSON list, its keys sorted, last).
 pub(super) async fn resource_version_of(start: Bytes) -> Option<u64> {
     let mut reader = Reader::of(Box::pin(futures::io::Cursor::new(start)))
         .await
         .ok()?;
     // A response cut short where `start` ends is read as far as it goes.
-    let _ = reader.next().await;
+    while reader.resource_version().is_none() && matches!(reader.next().await, Ok(Some(_))) {}
     reader.resource_version()?.parse().ok()
 }
 

@@ -96,15 +96,28 @@ impl Shared {
             .is_none_or(|rv| rv >= min_resource_version)
     }
 
-    /// The start of the response, kept for late readers, while its resourceVersion is not
-    /// known yet.
-    fn start_to_read(&self) -> Option<Bytes> {
-        let state = self.state();
-        let replay = state
-            .replay
-            .as_ref()
-            .filter(|_| state.resource_version.is_none())?;
-        Some(Bytes::from(replay.concat()))
+    /// How many parts of the response were kept so far.
+    fn parts_sent(&self) -> usize {
+        self.state().replay.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Reads the LIST's resourceVersion from the start of its response kept for late readers,
+    /// if not known yet.
+    async fn learn_resource_version(&self) {
+        let start = {
+            let state = self.state();
+            let Some(replay) = state
+                .replay
+                .as_ref()
+                .filter(|_| state.resource_version.is_none())
+            else {
+                return;
+            };
+            Bytes::from(replay.concat())
+        };
+        if let Some(rv) = crate::watch::whole_list::resource_version_of(start).await {
+            self.state().resource_version = Some(rv);
+        }
     }
 
     pub(super) fn join(&self, now: Instant) -> Option<Joined> {
@@ -201,6 +214,10 @@ impl Shared {
     }
 }
 
+/// The parts of a response read for its resourceVersion as they come (and then the whole of
+/// it, if kept, once it has ended).
+const LEARN_PARTS: usize = 4;
+
 /// Makes the LIST `request` through `client` and hands its response to the readers of
 /// `shared`, holding `_permit` until it ends.
 pub(super) async fn make(
@@ -225,17 +242,19 @@ pub(super) async fn make(
         };
         body.as_mut().consume(data.len());
         let readers = shared.sent(&data);
-        if let Some(start) = shared.start_to_read()
-            && let Some(rv) = crate::watch::whole_list::resource_version_of(start).await
-        {
-            shared.state().resource_version = Some(rv);
+        // Read from its first parts (a built-in type's list has its metadata first), else
+        // from the whole response once it has ended, if it was kept.
+        if shared.parts_sent() <= LEARN_PARTS {
+            shared.learn_resource_version().await;
         }
+
         if readers.is_empty() && shared.abandoned() {
             debug!("nobody reads a shared list any more: stopping it");
             return;
         }
         shared.send(readers, Part::Data(data)).await;
     }
+    shared.learn_resource_version().await;
     finish(&shared, Part::End).await;
 }
 

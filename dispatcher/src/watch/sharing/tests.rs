@@ -504,3 +504,47 @@ async fn a_list_beside_the_stream_is_shared_only_if_new_enough() {
     assert_eq!(count(|c| &c.too_old), 1, "one shared list found too old");
     assert!(api.asks_nothing_more().await);
 }
+
+/// A list whose resourceVersion comes after its objects (a custom resource's JSON list) is
+/// shared beside the stream all the same: its objects are held until the end of its first
+/// response tells its resourceVersion, then taken if new enough, else dropped for another
+/// LIST, which the lister makes knowing the first one's by then.
+#[tokio::test(start_paused = true)]
+async fn a_list_that_tells_its_resource_version_last_is_held_until_then() {
+    let (client, mut api) = ApiServer::start();
+    let sharing = sharing_through(client.clone());
+    let count = |counter: fn(&SharingCounts) -> &AtomicU64| {
+        counter(&sharing.counts).load(Ordering::Relaxed)
+    };
+
+    let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 9))));
+    api.next()
+        .await
+        .list_metadata_last(10, &[("a", 5), ("b", 6)]);
+    assert_eq!(
+        listing.await.expect("listed"),
+        ["a", "b"],
+        "new enough: taken"
+    );
+    assert_eq!(count(|c| &c.too_old), 0);
+
+    tokio::time::advance(REUSE * 2).await;
+    let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 12))));
+    api.next()
+        .await
+        .list_metadata_last(11, &[("a", 5), ("b", 6)]);
+    let another = api.next().await;
+    assert!(
+        another.is_whole_list(),
+        "another LIST, the first found too old"
+    );
+    another.list_metadata_last(13, &[("a", 5), ("c", 13)]);
+    assert_eq!(
+        listing.await.expect("listed"),
+        ["a", "c"],
+        "only the new list's objects"
+    );
+    assert_eq!(count(|c| &c.too_old), 1);
+    assert_eq!(count(|c| &c.made), 3);
+    assert!(api.asks_nothing_more().await);
+}
