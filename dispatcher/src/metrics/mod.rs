@@ -62,7 +62,7 @@
 //!
 //! | metric | type | what |
 //! | --- | --- | --- |
-//! | `kube_dispatch_shared_lists_total` | counter | `made`: LISTs this dispatcher sent to the API server for its own watches and its peers' together; `joined`: requests answered by one of those already under way; `relayed`: peers' requests it answered; `from_peer`: its watches' lists read from a peer; `alone`: its watches' lists made alone, no lister able to share them (a ring keyed by name only); `too_old`: its lists beside a watch's stream that found the shared list older than the stream had shown, and were made alone |
+//! | `kube_dispatch_shared_lists_total` | counter | `made`: LISTs this dispatcher sent to the API server for its own watches and its peers' together; `joined`: requests answered by one of those already under way; `relayed`: peers' requests it answered; `from_peer`: its watches' lists read from a peer; `alone`: its watches' lists made alone, no lister able to share them (a ring keyed by name only); `too_old`: shared lists that its lists beside a watch's stream found older than the stream had shown, and left (for another, then alone) |
 //!
 //! Per watch (labels `resource` and `watch`, bounded by the subscriptions; `watch` is an opaque
 //! id of the namespace and selectors, which a caller chooses and which may name an object, so
@@ -271,7 +271,7 @@ struct SharingLabels {
 fn encode_sharing(encoder: &mut DescriptorEncoder<'_>, counts: &SharingCounts) -> fmt::Result {
     let mut family = encoder.encode_descriptor(
         "kube_dispatch_shared_lists",
-        "Whole lists shared between the dispatchers, by how: made here for several readers, joined here, relayed to a peer, read from a peer, made alone, or made alone beside a stream newer than the shared list",
+        "Whole lists shared between the dispatchers, by how: made here for several readers, joined here, relayed to a peer, read from a peer, made alone, or left by a list beside a stream newer than it",
         None,
         MetricType::Counter,
     )?;

@@ -111,8 +111,8 @@ pub struct SharingCounts {
     pub from_peers: AtomicU64,
     /// This dispatcher's lists made alone: no lister could share them.
     pub alone: AtomicU64,
-    /// Lists beside a watch's stream here that found the list shared with them older than
-    /// what the stream had shown, and were made alone (`super::side_list::Beside`).
+    /// Shared lists that a list beside a watch's stream here found older than what the
+    /// stream had shown, and left for another (`super::side_list::Beside`).
     pub too_old: AtomicU64,
 }
 

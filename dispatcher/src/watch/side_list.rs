@@ -212,8 +212,11 @@ impl Whole {
     /// [`HELD_BYTES`].
     fn hold(&mut self, object: WatchedObject) -> bool {
         self.held_bytes += object.json().len();
+        if self.held_bytes > HELD_BYTES {
+            return false;
+        }
         self.held.push(object);
-        self.held_bytes <= HELD_BYTES
+        true
     }
 
     /// Lists alone from now on.

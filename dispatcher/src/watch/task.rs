@@ -444,16 +444,16 @@ impl WatchTask {
         self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
         pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
-        // A whole list may be one a peer makes at the same time, if new enough (`Beside`).
+        // A whole list may be one a peer makes at the same time, if new enough (`Beside`):
+        // not while the stream's position is unknown (nothing shown, a list whose
+        // resourceVersion is not read yet) or not a number, when no shared list could be.
         let whole = self.list_mode == ListMode::Whole;
+        let since = self.position.get();
         let beside = self
             .side_sharing
             .clone()
-            .filter(|_| whole)
-            .map(|sharing| Beside {
-                sharing,
-                since: self.position.get(),
-            });
+            .filter(|_| whole && since != 0 && since != u64::MAX)
+            .map(|sharing| Beside { sharing, since });
         pass.side = Some(SideList::start(
             self.api.clone(),
             self.list_params.clone(),

@@ -104,7 +104,7 @@ impl Shared {
     /// Reads the LIST's resourceVersion from the start of its response kept for late readers,
     /// if not known yet.
     async fn learn_resource_version(&self) {
-        let start = {
+        let parts = {
             let state = self.state();
             let Some(replay) = state
                 .replay
@@ -113,8 +113,10 @@ impl Shared {
             else {
                 return;
             };
-            Bytes::from(replay.concat())
+            // Shared by reference: copied out of the lock.
+            replay.clone()
         };
+        let start = Bytes::from(parts.concat());
         if let Some(rv) = crate::watch::whole_list::resource_version_of(start).await {
             self.state().resource_version = Some(rv);
         }
@@ -226,6 +228,13 @@ pub(super) async fn make(
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
 ) {
+    // The rest of a list is joined by its `continue`, which fixes its snapshot: its
+    // resourceVersion is not asked about.
+    let learns = !request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .contains("continue=");
     let body = match crate::watch::protobuf::send(&client, request).await {
         Ok(body) => body,
         Err(kube::Error::Api(status)) => {
@@ -244,7 +253,7 @@ pub(super) async fn make(
         let readers = shared.sent(&data);
         // Read from its first parts (a built-in type's list has its metadata first), else
         // from the whole response once it has ended, if it was kept.
-        if shared.parts_sent() <= LEARN_PARTS {
+        if learns && shared.parts_sent() <= LEARN_PARTS {
             shared.learn_resource_version().await;
         }
 
@@ -254,7 +263,9 @@ pub(super) async fn make(
         }
         shared.send(readers, Part::Data(data)).await;
     }
-    shared.learn_resource_version().await;
+    if learns {
+        shared.learn_resource_version().await;
+    }
     finish(&shared, Part::End).await;
 }
 
