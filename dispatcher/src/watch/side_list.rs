@@ -104,7 +104,7 @@ impl SideList {
         beside: Option<Beside>,
     ) -> Self {
         let pages = if whole {
-            listed_whole(api, params, protobuf, beside.map(Arc::new))
+            listed_whole(api, params, protobuf, beside)
         } else {
             paged(api, params)
         };
@@ -186,7 +186,7 @@ struct Whole {
     /// Whether it still lists in protobuf: once it turns to JSON, it stays there.
     protobuf: bool,
     /// A peer's list it may read, until one was too old or failed: then it lists alone.
-    beside: Option<Arc<Beside>>,
+    beside: Option<Beside>,
     /// The reader's list was found new enough, or is this dispatcher's own.
     checked: bool,
     /// Shared lists found too old so far: the lister, which knows their resourceVersion by
@@ -252,7 +252,7 @@ fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
     protobuf: bool,
-    beside: Option<Arc<Beside>>,
+    beside: Option<Beside>,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
     let start = Whole {
         reader: None,

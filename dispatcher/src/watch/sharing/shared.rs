@@ -96,9 +96,10 @@ impl Shared {
             .is_none_or(|rv| rv >= min_resource_version)
     }
 
-    /// How many parts of the response were kept so far.
+    /// How many parts of the response were kept so far (`usize::MAX` once past the replay:
+    /// nothing is kept to read).
     fn parts_sent(&self) -> usize {
-        self.state().replay.as_ref().map_or(0, Vec::len)
+        self.state().replay.as_ref().map_or(usize::MAX, Vec::len)
     }
 
     /// Reads the LIST's resourceVersion from the start of its response kept for late readers,

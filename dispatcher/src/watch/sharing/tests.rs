@@ -494,7 +494,10 @@ async fn a_list_beside_the_stream_is_shared_only_if_new_enough() {
     let early = reader(&sharing);
     let in_flight = api.next().await;
     let listing = tokio::spawn(listed_beside(Some(side_list(&client, &sharing, 12))));
-    tokio::task::yield_now().await;
+    // Answered once the list beside the stream has joined it.
+    while count(|c| &c.joined) < 2 {
+        tokio::task::yield_now().await;
+    }
     in_flight.list(11, &[("a", 5), ("b", 11)]);
     body_of(early).await;
     let another = api.next().await;
