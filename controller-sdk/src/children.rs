@@ -132,7 +132,8 @@ impl Children {
 
     /// Whether these are every child the watches had shown: no list of theirs was running.
     /// When not, a child may be missing (or one deleted meanwhile still here); the owner is
-    /// delivered again if the list changes them.
+    /// delivered again if the list changes them. Rare: the dispatcher holds an owner up to 5 s
+    /// for such a list to end (CONTRACT.md, "Children").
     pub fn is_complete(&self) -> bool {
         self.complete
     }

@@ -29,6 +29,7 @@ use std::{
         Arc, Mutex, OnceLock, RwLock, RwLockWriteGuard,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
+    time::Instant,
 };
 
 use crate::{
@@ -37,6 +38,9 @@ use crate::{
     queue::pool::{BodyPool, HeldBody},
     subscription::OwnerKind,
 };
+
+mod request;
+pub use request::{MAX_CHILDREN_PER_REQUEST, OwnerChildren};
 
 /// What the index holds of one child: its owner, the epoch of the list or watch that last
 /// showed it, and what an owner's reconcile is told of it.
@@ -302,17 +306,6 @@ impl Children {
     }
 }
 
-/// Most children one reconcile request carries; past it the request says its children were
-/// cut ([`OwnerChildren::truncated`]).
-pub const MAX_CHILDREN_PER_REQUEST: usize = 1000;
-
-/// Bytes a child takes in a request besides its key, uid and resourceVersion (field tags and
-/// lengths, the version and the key's parts, which repeat it).
-const CHILD_WIRE_OVERHEAD: usize = 48;
-
-/// Bytes a child's body takes in a request besides its own: its field's tag and length.
-const BODY_WIRE_OVERHEAD: usize = 8;
-
 /// One watch's index of owned objects, shared by its fan-out, which changes it, and the groups
 /// subscribed to its owned objects, which read an owner's children for its requests.
 #[derive(Debug)]
@@ -338,6 +331,11 @@ pub struct ChildIndex {
     joining: AtomicUsize,
     /// Steps of the watch task that ended with the watch showing everything.
     quiet: AtomicU64,
+    /// When the watch last stopped showing everything (the end of the first step of the task
+    /// that did not): how long its owners' children have been incomplete, which bounds how
+    /// long an owner's delivery waits for them ([`ChildIndex::listing_since`]). `None` while
+    /// it shows everything.
+    listing_since: Mutex<Option<Instant>>,
     /// The slice whose owners the index holds the children of ([`ChildIndex::follow`]): a
     /// reader on another slice (the watch's task has not taken in a ring change yet) may be
     /// missing the children of owners that just came here.
@@ -357,6 +355,7 @@ impl Default for ChildIndex {
             waiting: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
             quiet: AtomicU64::new(0),
+            listing_since: Mutex::new(None),
             fed: Mutex::new(None),
             bodies: OnceLock::new(),
         }
@@ -367,60 +366,6 @@ impl Default for ChildIndex {
 /// throughout as complete ([`ChildIndex::list_beside_for_more_owners`]); past it, none are
 /// until the list ends.
 const HELD_THROUGH: usize = 4;
-
-/// An owner's children as its request carries them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OwnerChildren {
-    /// In key order.
-    pub children: Vec<KnownChild>,
-    /// Whether the watch had shown every child when they were read ([`ChildIndex`]).
-    pub complete: bool,
-    /// Whether more than [`MAX_CHILDREN_PER_REQUEST`] were known, and the rest left out.
-    pub truncated: bool,
-}
-
-impl OwnerChildren {
-    /// Makes them take at most `bytes` in a request: leaves out the last children's bodies
-    /// first (their reconcile reads those children), then the last children (then they are
-    /// truncated).
-    pub fn fit(&mut self, bytes: usize) {
-        let mut total = self.wire_bound();
-        for child in self.children.iter_mut().rev() {
-            if total <= bytes {
-                break;
-            }
-            if let Some(body) = child.body.take() {
-                total -= body.len() + BODY_WIRE_OVERHEAD;
-            }
-        }
-        while self.wire_bound() > bytes && !self.children.is_empty() {
-            let keep = self.children.len() / 2;
-            self.children.truncate(keep);
-            self.truncated = true;
-        }
-    }
-
-    /// Leaves out every child's body (for a group none of whose sessions takes them).
-    pub fn without_bodies(&mut self) {
-        for child in &mut self.children {
-            child.body = None;
-        }
-    }
-
-    /// An upper bound of the bytes they take in a request.
-    pub fn wire_bound(&self) -> usize {
-        self.children
-            .iter()
-            .map(|c| {
-                2 * c.key.len()
-                    + c.uid.len()
-                    + c.resource_version.len()
-                    + CHILD_WIRE_OVERHEAD
-                    + c.body.as_ref().map_or(0, |b| b.len() + BODY_WIRE_OVERHEAD)
-            })
-            .sum()
-    }
-}
 
 impl ChildIndex {
     /// The index, to read its size.
@@ -526,12 +471,40 @@ impl ChildIndex {
             && !self.side_list.load(Ordering::Acquire)
     }
 
-    /// The watch task finished a step: if it shows everything now, says so (see
-    /// [`ChildIndex::quiet_steps`]).
-    pub fn step_done(&self) {
-        if self.shows_everything() {
+    /// The watch task finished a step at `now`: if it shows everything now, says so (see
+    /// [`ChildIndex::quiet_steps`]) and forgets since when it did not; if not, notes `now` as
+    /// that time unless one is known ([`ChildIndex::listing_since`]).
+    pub fn step_done(&self, now: Instant) {
+        let everything = self.shows_everything();
+        if everything {
             self.quiet.fetch_add(1, Ordering::AcqRel);
         }
+        let mut since = self.listing_since.lock().unwrap_or_else(|e| e.into_inner());
+        *since = if everything {
+            None
+        } else {
+            since.or(Some(now))
+        };
+    }
+
+    /// A list that stops the watch showing everything begins at `now` (its own list, one
+    /// beside it, a group's join), unless one already runs: marked before it is marked running,
+    /// so that an owner found incomplete because of it knows since when
+    /// ([`ChildIndex::listing_since`]).
+    pub fn began_listing(&self, now: Instant) {
+        self.listing_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(now);
+    }
+
+    /// Since when the watch has not shown everything (a list of its own, one beside it, or a
+    /// group's join running): `None` while it shows everything, and before its task marked a
+    /// list begun or ended a step. An owner's children found incomplete are being listed
+    /// since then, and a delivery may wait a little for that list to end rather than be made
+    /// with them incomplete, which costs its reconcile reads.
+    pub fn listing_since(&self) -> Option<Instant> {
+        *self.listing_since.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many steps of the watch task ended with the watch showing everything: a group that
@@ -566,7 +539,27 @@ impl ChildIndex {
         // children: a list that starts after this is taken as complete for what was read,
         // which it was.
         let index = self.read();
-        let key = KeyRef::new(owner);
+        let complete = self.complete_flags(KeyRef::new(owner));
+        let mut children = index.of(kind, owner);
+        drop(index);
+        let truncated = children.len() > MAX_CHILDREN_PER_REQUEST;
+        children.truncate(MAX_CHILDREN_PER_REQUEST);
+        OwnerChildren {
+            children,
+            complete,
+            truncated,
+        }
+    }
+
+    /// Whether [`ChildIndex::of`] would find `owner`'s children complete now, without reading
+    /// them: to decide whether its delivery waits for them.
+    pub fn is_complete_for(&self, owner: &str) -> bool {
+        let _index = self.read();
+        self.complete_flags(KeyRef::new(owner))
+    }
+
+    /// The flags [`ChildIndex::of`] reads, under the index's lock.
+    fn complete_flags(&self, key: KeyRef<'_>) -> bool {
         // One lock at a time (`list_beside_for_more_owners` takes them too).
         let followed = self
             .fed
@@ -579,19 +572,10 @@ impl ChildIndex {
             held.as_ref()
                 .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
         };
-        let complete = self.joining.load(Ordering::Acquire) == 0
+        self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
             && followed
-            && listed_beside;
-        let mut children = index.of(kind, owner);
-        drop(index);
-        let truncated = children.len() > MAX_CHILDREN_PER_REQUEST;
-        children.truncate(MAX_CHILDREN_PER_REQUEST);
-        OwnerChildren {
-            children,
-            complete,
-            truncated,
-        }
+            && listed_beside
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Instant;
 use kube_dispatch_proto::v1::Reason;
 
 use super::{
-    AckResult, Delivery, DeliveryId, Flight, GroupQueue, Lane, Outcome, Queued, SessionId, State,
-    keys::Key, later,
+    AckResult, Delivery, DeliveryId, Flight, GroupQueue, Lane, MAX_WAITING_PER_TAKE, Outcome,
+    Queued, SessionId, State, keys::Key, later,
 };
 
 impl GroupQueue {
@@ -28,22 +28,28 @@ impl GroupQueue {
         max_bytes: usize,
         now: Instant,
     ) -> Vec<Delivery> {
-        self.take_within_sized(session, max, max_bytes, now, |_| 0)
+        self.take_within_sized(session, max, max_bytes, now, |_, _| Some(0))
     }
 
-    /// As [`GroupQueue::take_within`], with `extra(key)` more bytes counted for each key: what
-    /// the caller adds to its delivery (an owner's children). A key alone past the bound loses
-    /// its body, not what `extra` counts.
+    /// As [`GroupQueue::take_within`], with `extra(key, waits)` more bytes counted for each key:
+    /// what the caller adds to its delivery (an owner's children). A key alone past the bound
+    /// loses its body, not what `extra` counts. When `waits` is `Some` (when the key became
+    /// ready, or `now` if unknown: the key's own object exists, as a deletion's does not, and it
+    /// is not on its way to another dispatcher), `extra` may answer `None` instead: the key
+    /// stays ready and is not handed out now (an owner whose children are being listed). Such
+    /// keys go back to the end of their lane, so the keys behind them are taken; the take ends
+    /// once it has passed over [`MAX_WAITING_PER_TAKE`] of them.
     pub fn take_within_sized(
         &mut self,
         session: SessionId,
         max: usize,
         max_bytes: usize,
         now: Instant,
-        mut extra: impl FnMut(&str) -> usize,
+        mut extra: impl FnMut(&str, Option<Instant>) -> Option<usize>,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
+        let mut waiting: Vec<(Lane, Queued)> = Vec::new();
         while out.len() < max {
             let Some((lane, queued)) = self.sessions.get_mut(&session).and_then(|s| s.ready.pop())
             else {
@@ -65,7 +71,22 @@ impl GroupQueue {
                 _ => 0,
             };
             let memo_len = self.memos.get(&queued.key).map_or(0, |(_, m)| m.len());
-            let added = extra(&text).saturating_add(memo_len);
+            let waits = (!tombstone
+                && !self.leaving.contains(&queued.key)
+                && self.entries.get(&queued.key).is_some_and(|e| !e.deleted))
+            .then(|| queued.since.unwrap_or(now));
+            let added = match extra(&text, waits) {
+                Some(added) => added,
+                None if waits.is_some() => {
+                    waiting.push((lane, queued));
+                    if waiting.len() >= MAX_WAITING_PER_TAKE {
+                        break;
+                    }
+                    continue;
+                }
+                None => 0,
+            };
+            let added = added.saturating_add(memo_len);
             let size = Delivery::size_bound_of(&text, body_len).saturating_add(added);
             if !out.is_empty() && bytes.saturating_add(size) > max_bytes {
                 // Over the answer's bound: the next answer takes it, first.
@@ -84,6 +105,12 @@ impl GroupQueue {
                 Delivery::size_bound_of(&text, 0).saturating_add(added)
             });
             out.extend(self.hand_out(session, (key, lane), text, since, keep_body, now));
+        }
+        // The keys passed over wait at the end of their lanes, still ready, in their order.
+        if let Some(s) = self.sessions.get_mut(&session) {
+            for (lane, queued) in waiting {
+                s.ready.lane(lane).push_back(queued);
+            }
         }
         // Fewer ready keys now: the stale places stay within their bound of the ready keys.
         self.compact_if_stale();

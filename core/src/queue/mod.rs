@@ -63,6 +63,11 @@ use keys::{HashMap, HashSet, Prefixes};
 pub use kube_dispatch_proto::is_related;
 use lanes::Lanes;
 pub use lanes::STALE_SLACK;
+
+/// Most ready keys one take passes over because its caller says they wait
+/// ([`GroupQueue::take_within_sized`]): the take ends there, so it never looks at more than this
+/// beyond what it hands out; the next take begins with the keys behind them.
+pub const MAX_WAITING_PER_TAKE: usize = 1024;
 use pool::BodyPool;
 pub use status::{KeyState, KeyStatus, QueueCounts, QueueFigures};
 

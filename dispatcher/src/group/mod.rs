@@ -37,6 +37,7 @@ use kube_dispatch_core::{
 mod events;
 mod references;
 mod sessions;
+pub use sessions::Taken;
 
 /// Keys taken per hold of the group's lock when many arrive at once (a trigger of every key, a
 /// named object many objects name), so no single hold is long.
@@ -333,6 +334,45 @@ impl Group {
     pub fn key_count(&self) -> usize {
         self.state().queue.len()
     }
+}
+
+/// How long an owner's delivery waits, at most, for a list that will show its children (the
+/// first list of a watch of them, one beside it for keys just moved here, a re-list, a group's
+/// join) rather than be made with its children incomplete, which its reconcile would read
+/// itself: a GET of each, or a LIST of the namespace. Counted from when that list began
+/// ([`ChildIndex::listing_since`]) and from when the owner became ready, whichever is later
+/// passed first; past it, the owner is delivered with its children incomplete.
+pub const OWNER_WAITS_FOR_CHILDREN: Duration = Duration::from_secs(5);
+
+/// How often a session with owners waiting for their children looks at them again.
+pub const OWNERS_LOOKED_AT_AGAIN: Duration = Duration::from_millis(50);
+
+/// Until when the owner `key`, ready since `ready`, may wait for its children rather than be
+/// delivered now: when they are incomplete (in `owned`, the indexes of every owned subscription
+/// its kind maps to), and every index missing some is listing them since less than
+/// [`OWNER_WAITS_FOR_CHILDREN`] before `now`, and the owner has waited less than that. `None`
+/// when it goes now. Reads the indexes' flags, not the children.
+fn waits_for_children(
+    owned: &[(OwnerKind, Arc<ChildIndex>)],
+    key: &str,
+    ready: std::time::Instant,
+    now: std::time::Instant,
+) -> Option<std::time::Instant> {
+    if owned.is_empty() {
+        return None;
+    }
+    let parsed = kube_dispatch_proto::RequestKey::parse(key).ok()?;
+    let mut until = ready + OWNER_WAITS_FOR_CHILDREN;
+    let mut incomplete = false;
+    for (kind, index) in owned {
+        if kind.group != parsed.group || kind.kind != parsed.kind || index.is_complete_for(key) {
+            continue;
+        }
+        // Incomplete while no list runs (a reader ahead of the watch's slice): nothing to wait for.
+        until = until.min(index.listing_since()? + OWNER_WAITS_FOR_CHILDREN);
+        incomplete = true;
+    }
+    (incomplete && until > now).then_some(until)
 }
 
 /// The children of the owner `key` in `owned` (merged over the watches of every owned

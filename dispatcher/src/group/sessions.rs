@@ -14,7 +14,7 @@ use kube_dispatch_core::{
 };
 use tokio::{sync::Notify, time::Instant};
 
-use super::{Ended, Group, SessionSlot, State, children_of};
+use super::{Ended, Group, SessionSlot, State, children_of, waits_for_children};
 #[cfg(doc)]
 use kube_dispatch_core::queue::GroupQueue;
 
@@ -199,6 +199,7 @@ impl Group {
     #[cfg(test)]
     pub(crate) fn take(&self, session: SessionId, max: usize, max_bytes: usize) -> Vec<Delivery> {
         self.take_with_children(session, max, max_bytes)
+            .deliveries
             .into_iter()
             .map(|(delivery, _)| delivery)
             .collect()
@@ -208,16 +209,16 @@ impl Group {
     /// ([`kube_dispatch_core::queue::GroupQueue::take_within_sized`]), with each owner's
     /// children as the watches of its owned subscriptions know them, read after the key was
     /// taken (so at least as new as the change that queued it), their bytes counted within
-    /// `max_bytes`. `None` for a key of a kind no owned subscription maps to.
-    pub fn take_with_children(
-        &self,
-        session: SessionId,
-        max: usize,
-        max_bytes: usize,
-    ) -> Vec<(Delivery, Option<OwnerChildren>)> {
+    /// `max_bytes`. `None` for a key of a kind no owned subscription maps to. An owner whose
+    /// children are incomplete because a watch is listing them, for less than
+    /// [`super::OWNER_WAITS_FOR_CHILDREN`], stays ready instead (its reconcile would read them
+    /// itself): [`Taken::look_again`] says when.
+    pub fn take_with_children(&self, session: SessionId, max: usize, max_bytes: usize) -> Taken {
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let bodies = self.takes_children_bodies();
         let mut children: HashMap<String, OwnerChildren> = HashMap::new();
+        let now = Self::now();
+        let mut look_again: Option<std::time::Instant> = None;
         let out = {
             // On a queue trimmed to the slice current now: a poll woken by a change of the
             // slice may come before the membership loop has trimmed the groups to it.
@@ -227,13 +228,20 @@ impl Group {
             // While nothing may be handed out, owned keys stay queued (`apply_slice`). The
             // Lease deadline is kept in real time, as the membership loop keeps it.
             if !slice.hands_out(std::time::Instant::now()) {
-                return Vec::new();
+                return Taken::default();
             }
             // The state lock, then an index's: the fan-out never holds an index while it
             // calls into a group.
-            queue.take_within_sized(session, max, max_bytes, Self::now(), |key| {
+            queue.take_within_sized(session, max, max_bytes, now, |key, waits| {
+                if let Some(until) =
+                    waits.and_then(|ready| waits_for_children(&owned, key, ready, now))
+                {
+                    let next = until.min(now + super::OWNERS_LOOKED_AT_AGAIN);
+                    look_again = Some(look_again.map_or(next, |l| l.min(next)));
+                    return None;
+                }
                 let Some(mut of) = children_of(&owned, key) else {
-                    return 0;
+                    return Some(0);
                 };
                 if !bodies {
                     of.without_bodies();
@@ -242,7 +250,7 @@ impl Group {
                 of.fit(max_bytes / 2);
                 let bytes = of.wire_bound();
                 children.insert(key.to_owned(), of);
-                bytes
+                Some(bytes)
             })
         };
         for queued in out.iter().filter_map(|d| d.queued) {
@@ -251,11 +259,25 @@ impl Group {
         if !out.is_empty() {
             self.timers_changed.notify_one();
         }
-        out.into_iter()
-            .map(|d| {
-                let of = children.remove(&d.key);
-                (d, of)
-            })
-            .collect()
+        Taken {
+            deliveries: out
+                .into_iter()
+                .map(|d| {
+                    let of = children.remove(&d.key);
+                    (d, of)
+                })
+                .collect(),
+            look_again,
+        }
     }
+}
+
+/// What a session's take got ([`Group::take_with_children`]).
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The deliveries, each with its owner's children if its kind is an owner's.
+    pub deliveries: Vec<(Delivery, Option<OwnerChildren>)>,
+    /// When to take again for owners left ready because their children are being listed:
+    /// nothing else wakes the session when that list ends.
+    pub look_again: Option<std::time::Instant>,
 }

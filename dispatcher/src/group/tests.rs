@@ -401,3 +401,77 @@ async fn an_unacknowledged_delivery_expires_on_time() {
     );
     cancel.cancel();
 }
+
+/// An owner whose children a watch is listing waits, ready, for that list to end, and is then
+/// handed out with its children complete; a list still running `OWNER_WAITS_FOR_CHILDREN`
+/// after it began holds it no longer: it is handed out with them incomplete. A key of another
+/// kind never waits, nor does an owner's deletion.
+#[tokio::test(start_paused = true)]
+async fn an_owner_waits_a_bounded_time_for_the_list_of_its_children() {
+    let cancel = CancellationToken::new();
+    let g = group(&cancel);
+    g.add_session(1, "s1".into(), "a", Duration::from_secs(600), None)
+        .unwrap();
+    let index = Arc::new(ChildIndex::default());
+    index.follow(g.slice.borrow().clone());
+    let secrets = kube_dispatch_core::subscription::OwnerKind {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Secret".into(),
+        namespaced: true,
+    };
+    g.owns_from(secrets, index.clone());
+    let (owner, other) = ("/Secret/ns/owner", "/ConfigMap/ns/other");
+    let taken = |g: &Group| {
+        let taken = g.take_with_children(1, 10, usize::MAX);
+        let acks = taken
+            .deliveries
+            .iter()
+            .map(|(d, _)| (d.id, Outcome::Success).into())
+            .collect();
+        g.ack(1, acks);
+        let got: Vec<(String, Option<bool>)> = taken
+            .deliveries
+            .iter()
+            .map(|(d, of)| (d.key.clone(), of.as_ref().map(|of| of.complete)))
+            .collect();
+        (got, taken.look_again)
+    };
+
+    // The watch's first list runs: the owner waits, the other key does not.
+    let began = Group::now();
+    index.step_done(began);
+    exists(&g, owner, "1");
+    exists(&g, other, "1");
+    let (got, again) = taken(&g);
+    assert_eq!(got, [(other.to_owned(), None)]);
+    assert_eq!(again, Some(began + OWNERS_LOOKED_AT_AGAIN));
+    // It ends: the owner comes with its children complete, and nothing waits.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    index.own_list_running(false);
+    index.step_done(Group::now());
+    assert_eq!(taken(&g), (vec![(owner.to_owned(), Some(true))], None));
+
+    // A re-list that runs past the bound: the owner waits until then, no longer.
+    index.own_list_running(true);
+    let began = Group::now();
+    index.step_done(began);
+    exists(&g, owner, "2");
+    tokio::time::advance(OWNER_WAITS_FOR_CHILDREN - Duration::from_millis(10)).await;
+    index.step_done(Group::now());
+    let (got, again) = taken(&g);
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(again, Some(began + OWNER_WAITS_FOR_CHILDREN));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    assert_eq!(taken(&g), (vec![(owner.to_owned(), Some(false))], None));
+
+    // A deletion goes at once, while the list still runs.
+    g.record(GroupEvent::Deleted {
+        key: KeyRef::from(owner),
+        change: Change::deletion(),
+    });
+    let (got, _) = taken(&g);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, owner);
+    cancel.cancel();
+}

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{GroupTable, SessionError, SessionRef};
-use crate::group::{Ended, Group, SessionSlot};
+use crate::group::{Ended, Group, SessionSlot, Taken};
 
 /// The client of a session being opened, as its OpenSession names it.
 #[derive(Clone, Copy, Debug)]
@@ -183,7 +183,7 @@ impl GroupTable {
         let tag = session_tag(session);
         let take = || {
             if self.draining.is_cancelled() || !self.lease_sessions.may_hand_out(tag) {
-                Vec::new()
+                Taken::default()
             } else {
                 group.take_with_children(id, max, max_bytes)
             }
@@ -202,10 +202,17 @@ impl GroupTable {
         // Once listed, a session stays listed until it ends: only a poll of a session not yet
         // listed follows the writes, so a write does not wake every poll of the dispatcher.
         let mut unlisted = !self.lease_sessions.may_hand_out(tag);
-        let mut deliveries = take();
+        let Taken {
+            mut deliveries,
+            mut look_again,
+        } = take();
         while deliveries.is_empty() && !untold {
+            // Owners left ready while their children are listed: nothing wakes the poll when
+            // that list ends, so it looks again.
+            let again = look_again.map_or(deadline, |at| deadline.min(at.into()));
             tokio::select! {
                 () = slot.notify.notified() => {}
+                () = tokio::time::sleep_until(again), if look_again.is_some() && again < deadline => {}
                 changed = slice.changed(), if follow_slice => follow_slice = changed.is_ok(),
                 Ok(()) = listed.changed(), if unlisted => {
                     unlisted = !self.lease_sessions.may_hand_out(tag);
@@ -220,7 +227,10 @@ impl GroupTable {
                 });
             }
             looked = Instant::now();
-            deliveries = take();
+            Taken {
+                deliveries,
+                look_again,
+            } = take();
             if slot.stopping.load(Ordering::Acquire) {
                 break;
             }

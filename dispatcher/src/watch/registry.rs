@@ -188,6 +188,8 @@ impl Watches {
                     }
                     // The new group has not seen the objects that exist: the task lists them
                     // beside the stream, unless its own list will show them.
+                    r.children
+                        .began_listing(tokio::time::Instant::now().into_std());
                     r.children.joined();
                     r.joined.notify_one();
                     (r.readiness.clone(), r.children.clone())

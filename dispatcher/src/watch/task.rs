@@ -282,6 +282,7 @@ impl WatchTask {
         self.fan_out.slice_changed(&self.fed);
         while let End::Restart = self.pass(&cancel).await {}
         // Stopped: the index no longer follows the API server.
+        self.children.began_listing(now());
         self.children.own_list_running(true);
     }
 
@@ -329,6 +330,7 @@ impl WatchTask {
             waits_until: (self.epoch == 0).then(|| Instant::now() + CHILDREN_WAIT),
             started: false,
         };
+        self.children.began_listing(now());
         self.children.own_list_running(true);
         self.children.side_list_running(false);
         self.children.waits_for_others(false);
@@ -395,7 +397,7 @@ impl WatchTask {
             self.children
                 .own_list_running(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
             self.children.side_list_running(pass.side.is_some());
-            self.children.step_done();
+            self.children.step_done(now());
         }
     }
 
@@ -406,6 +408,7 @@ impl WatchTask {
         let fed = std::mem::replace(&mut self.fed, slice.clone());
         if slice.shard_selector() != self.fan_out.shard() {
             // Watched anew: the children of the namespaces now owned here come with its list.
+            self.children.began_listing(now());
             self.children.own_list_running(true);
             self.fan_out.slice_changed(&slice);
             self.counts.reshards.fetch_add(1, Ordering::Relaxed);
@@ -418,6 +421,7 @@ impl WatchTask {
         }
         // Children of owners now served here are shown by the list beside the stream: until it
         // ends they may be missing, which readers on the new slice are told from now on.
+        self.children.began_listing(now());
         self.children.list_beside_for_more_owners();
         self.fan_out.slice_changed(&slice);
         let handover = slice.settled.as_ref().map(|r| r.members())
@@ -560,6 +564,12 @@ impl WatchTask {
         }
         None
     }
+}
+
+/// The time the index's marks of lists are kept in: the runtime's clock, as the groups read it
+/// (`Group::now`).
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 #[cfg(test)]

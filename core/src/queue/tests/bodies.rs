@@ -91,13 +91,13 @@ fn what_the_caller_adds_counts_within_the_answers_bytes() {
     }
     let key_bytes = Delivery::size_bound_of("/ConfigMap/ns/o-0", 0);
     let limit = 2 * (key_bytes + 1000);
-    let taken = q.take_within_sized(1, 16, limit, now, |_| 1000);
+    let taken = q.take_within_sized(1, 16, limit, now, |_, _| Some(1000));
     assert_eq!(
         taken.len(),
         2,
         "two keys and their additions fill the answer"
     );
-    let rest = q.take_within_sized(1, 16, limit, now, |_| 0);
+    let rest = q.take_within_sized(1, 16, limit, now, |_, _| Some(0));
     let keys: Vec<&str> = rest.iter().map(|d| d.key.as_str()).collect();
     assert_eq!(keys, ["/ConfigMap/ns/o-2", "/ConfigMap/ns/o-3"]);
     q.check();

@@ -308,3 +308,66 @@ fn places_left_by_moved_keys_are_compacted() {
     assert_eq!(delivered, want);
     assert_eq!((q.ready_len(), q.places()), (0, 0));
 }
+
+/// Keys the caller says wait (owners whose children are being listed) stay ready and are not
+/// handed out, while the keys behind them are; they keep coalescing changes, and are handed
+/// out by the next take that lets them. A deletion never waits.
+#[test]
+fn keys_that_wait_stay_ready_and_the_keys_behind_them_are_taken() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for k in ["owner-1", "other", "owner-2"] {
+        q.change(k, change(Reason::Added, 1));
+    }
+    let waits = |key: &str, waits: Option<Instant>| {
+        (!(waits.is_some() && key.starts_with("owner"))).then_some(0)
+    };
+    let got = q.take_within_sized(1, 10, usize::MAX, now, waits);
+    q.check();
+    assert_eq!(keys(&got), ["other"], "only the key that does not wait");
+    q.change("owner-1", change(Reason::Modified, 2));
+    q.change("owner-2", change(Reason::Deleted, 3));
+    let got = q.take_within_sized(1, 10, usize::MAX, now, waits);
+    q.check();
+    assert_eq!(keys(&got), ["owner-2"], "a deletion does not wait");
+    assert!(got[0].deleted);
+    let got = q.take_within_sized(1, 10, usize::MAX, now, |_, _| Some(0));
+    q.check();
+    assert_eq!(keys(&got), ["owner-1"]);
+    assert_eq!(
+        (got[0].reason, got[0].resource_version.as_str()),
+        (Reason::Added, "2"),
+        "it waited ready: the change joined its delivery"
+    );
+}
+
+/// A take passes over at most `MAX_WAITING_PER_TAKE` keys that wait and ends there; the next
+/// one begins with the keys behind them. A key on its way to another dispatcher (delivered
+/// here first while this one drains) never waits.
+#[test]
+fn a_take_passes_over_a_bounded_number_of_waiting_keys_and_leaving_ones_go() {
+    let now = Instant::now();
+    let mut q = queue();
+    q.add_session(1, "a");
+    for i in 0..MAX_WAITING_PER_TAKE {
+        q.change(&format!("owner-{i:05}"), change(Reason::Added, 1));
+    }
+    q.change("other", change(Reason::Added, 1));
+    let waits = |key: &str, waits: Option<Instant>| {
+        (!(waits.is_some() && key.starts_with("owner"))).then_some(0)
+    };
+    assert!(
+        q.take_within_sized(1, 10, usize::MAX, now, waits)
+            .is_empty(),
+        "the take ends once it passed over the bound"
+    );
+    q.check();
+    let got = q.take_within_sized(1, 10, usize::MAX, now, waits);
+    q.check();
+    assert_eq!(keys(&got), ["other"]);
+    q.forget_where(|key| key == "owner-00007", true);
+    let got = q.take_within_sized(1, 10, usize::MAX, now, waits);
+    q.check();
+    assert_eq!(keys(&got), ["owner-00007"], "a leaving key does not wait");
+}

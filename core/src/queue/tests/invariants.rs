@@ -22,6 +22,9 @@ enum Op {
     Listed(u8),
     /// A take whose bytes fit one key with its body at most.
     TakeSmall(u8),
+    /// A take whose caller says the keys of one namespace wait (owners whose children are
+    /// being listed): they stay ready, the others are handed out.
+    TakeWaiting(u8, u8),
     /// The ring moves the keys of one namespace away (`drain`: ready keys are delivered here
     /// first).
     Forget(u8, bool),
@@ -41,6 +44,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..12).prop_map(Op::Promote),
         2 => (0u8..12).prop_map(Op::Listed),
         1 => (0u8..4).prop_map(Op::TakeSmall),
+        1 => (0u8..4, 0u8..3).prop_map(|(s, n)| Op::TakeWaiting(s, n)),
         1 => (0u8..3, any::<bool>()).prop_map(|(n, d)| Op::Forget(n, d)),
     ]
 }
@@ -109,16 +113,10 @@ impl World {
             }
             Op::Reconnect(s, ms) => self.reconnect(s, ms),
             Op::Take(s, n) => {
-                for d in self
+                let got = self
                     .q
-                    .take(self.ids[usize::from(s)], usize::from(n), self.now)
-                {
-                    self.owed.remove(&*d.key);
-                    self.outstanding
-                        .entry(self.ids[usize::from(s)])
-                        .or_default()
-                        .push(d.id);
-                }
+                    .take(self.ids[usize::from(s)], usize::from(n), self.now);
+                self.handed(s, &got);
             }
             Op::Ack(s, o) => self.ack(s, o),
             Op::Advance(ms) => {
@@ -142,17 +140,12 @@ impl World {
                 }
             }
             Op::TakeSmall(s) => {
-                for d in self
+                let got = self
                     .q
-                    .take_within(self.ids[usize::from(s)], 3, 300, self.now)
-                {
-                    self.owed.remove(&*d.key);
-                    self.outstanding
-                        .entry(self.ids[usize::from(s)])
-                        .or_default()
-                        .push(d.id);
-                }
+                    .take_within(self.ids[usize::from(s)], 3, 300, self.now);
+                self.handed(s, &got);
             }
+            Op::TakeWaiting(s, n) => self.take_waiting(s, n),
             Op::Forget(n, drain) => {
                 let moved = format!("/ns-{n}/");
                 self.q.forget_where(|key| key.contains(&moved), drain);
@@ -161,6 +154,38 @@ impl World {
             }
         }
         self.q.check();
+    }
+
+    /// `got` was handed to the session of slot `s`.
+    fn handed(&mut self, s: u8, got: &[Delivery]) {
+        for d in got {
+            self.owed.remove(&*d.key);
+            self.outstanding
+                .entry(self.ids[usize::from(s)])
+                .or_default()
+                .push(d.id);
+        }
+    }
+
+    /// The session of slot `s` takes, its caller saying the keys of namespace `n` wait: none
+    /// of them is handed out but deletions and keys on their way to another dispatcher.
+    fn take_waiting(&mut self, s: u8, n: u8) {
+        let waits = format!("/ns-{n}/");
+        let got = self.q.take_within_sized(
+            self.ids[usize::from(s)],
+            4,
+            usize::MAX,
+            self.now,
+            |key, may| (!(may.is_some() && key.contains(&waits))).then_some(0),
+        );
+        for d in &got {
+            assert!(
+                d.deleted || !d.key.contains(&waits) || self.q.is_leaving(&d.key),
+                "{} was handed out while it waits",
+                d.key
+            );
+        }
+        self.handed(s, &got);
     }
 
     /// The replica of slot `s` opens a new session, which replaces its old one (whose keys in

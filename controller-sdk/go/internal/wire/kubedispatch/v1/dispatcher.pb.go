@@ -240,7 +240,9 @@ const (
 	// Possibly missing children (or holding some deleted meanwhile): a watch was listing (its
 	// first list, a re-list after a gap, a list for a subscription or keys just added here).
 	// The owner is delivered again once the list ends if anything changed; a reconcile that
-	// must not act on a partial view lists the children itself, or requeues.
+	// must not act on a partial view lists the children itself, or requeues. An owner waits for
+	// such a list to end, up to 5 s, before it is delivered: a list that takes longer, or a
+	// delivery made as a list begins, is sent so (CONTRACT.md, "Children").
 	ChildrenState_CHILDREN_STATE_INCOMPLETE ChildrenState = 2
 	// More than 1000 children: the first 1000 by key are here, the rest are not.
 	ChildrenState_CHILDREN_STATE_TRUNCATED ChildrenState = 3
