@@ -250,6 +250,59 @@ fn while_a_list_beside_the_watch_runs_the_owners_served_throughout_have_complete
     assert!(!complete(mine));
 }
 
+/// A member joins: the owners that move to it are still delivered here until this dispatcher
+/// releases the ring, and their requests show their children complete, as the index kept them
+/// through the slice whose settled ring caught up; they are forgotten once the ring changes.
+#[test]
+fn the_children_of_owners_moving_to_a_member_that_joined_are_kept_until_the_ring_changes() {
+    let index = ChildIndex::default();
+    let k = kind();
+    let slice = |members: &[&str], settled: &[&str]| {
+        let mut slice = Slice::fixed(
+            "d0",
+            kube_dispatch_proto::Ring::new(members.iter().copied()),
+        );
+        slice.settled = Some(Arc::new(kube_dispatch_proto::Ring::new(
+            settled.iter().copied(),
+        )));
+        Arc::new(slice)
+    };
+    let alone = slice(&["d0"], &["d0"]);
+    let joining = slice(&["d0", "d1"], &["d0"]);
+    let joined = slice(&["d0", "d1"], &["d0", "d1"]);
+    let moving = (0..64)
+        .map(|i| format!("apps/Deployment/ns/o{i}"))
+        .find(|o| !joined.may_serve(KeyRef::new(o)))
+        .expect("an owner that moves to d1");
+    index.follow(alone);
+    index.own_list_running(false);
+    index.write().seen(
+        &k,
+        "apps/ReplicaSet/ns/rs",
+        Some(moving.clone()),
+        1,
+        false,
+        OBJ,
+    );
+    let of = |index: &ChildIndex| {
+        let of = index.of(&k, &moving);
+        (of.children.len(), of.complete)
+    };
+    assert_eq!(of(&index), (1, true));
+    index.follow(joining);
+    assert_eq!(of(&index), (1, true), "the settled ring still serves it");
+    index.follow(joined.clone());
+    assert_eq!(
+        of(&index),
+        (1, true),
+        "kept while it may still be delivered here"
+    );
+    index.follow(joined);
+    assert_eq!(of(&index), (1, true), "the ring has not changed");
+    index.follow(slice(&["d0", "d1", "d2"], &["d0", "d1", "d2"]));
+    assert_eq!(of(&index), (0, false), "forgotten once the ring changed");
+}
+
 #[test]
 fn a_request_too_small_for_the_bodies_leaves_out_the_last_ones_first() {
     let child = |name: &str, body: usize| KnownChild {

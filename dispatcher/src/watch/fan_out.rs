@@ -18,7 +18,7 @@ use std::{
 
 use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
-    children::{ChildIndex, Shown},
+    children::{ChildIndex, Shown, still_followed},
     handover::Slice,
     key::KeyRef,
     queue::{Change, Observed},
@@ -130,6 +130,9 @@ pub(super) struct FanOut {
     /// owners this slice lets the dispatcher serve, whatever slice is current when an event
     /// arrives, so that what it pruned and what the list beside the stream shows agree.
     followed: Arc<Slice>,
+    /// The slice followed before it, as the index keeps it (`still_followed`): the children of
+    /// its owners are indexed too.
+    kept: Option<Arc<Slice>>,
 }
 
 impl FanOut {
@@ -154,6 +157,7 @@ impl FanOut {
             unsharded: false,
             children,
             followed,
+            kept: None,
         }
     }
 
@@ -302,7 +306,7 @@ impl FanOut {
             // told it lost a child).
             let now = owner_key(obj, kind)
                 .map(|k| k.to_string())
-                .filter(|k| self.followed.may_serve(KeyRef::new(k)));
+                .filter(|k| self.indexes_children_of(KeyRef::new(k)));
             let body = match (&now, deleted) {
                 (Some(_), false) => self.children.hold(|| bodies.full(obj)),
                 _ => None,
@@ -369,7 +373,7 @@ impl FanOut {
                 Keyed::Owner(owner) => {
                     if let Some(owner_key) = owner_key(obj, owner) {
                         let owner_key = owner_key.to_string();
-                        let served = self.followed.may_serve(KeyRef::new(&owner_key));
+                        let served = self.indexes_children_of(KeyRef::new(&owner_key));
                         if !deleted_since && served {
                             let shown = Shown {
                                 uid: &uid,
@@ -398,10 +402,17 @@ impl FanOut {
         text
     }
 
+    /// Whether the index holds the children of `owner`: the slice it follows may serve it, or
+    /// the one it keeps beside it does.
+    fn indexes_children_of(&self, owner: KeyRef<'_>) -> bool {
+        self.followed.may_serve(owner) || self.kept.as_ref().is_some_and(|k| k.may_serve(owner))
+    }
+
     /// The slice changed to `slice`: the children of owners it no longer lets this dispatcher
     /// serve are forgotten (a list beside the stream shows those of owners that come back).
     pub(super) fn slice_changed(&mut self, slice: &Arc<Slice>) {
         self.children.follow(slice.clone());
+        self.kept = still_followed(&self.followed, self.kept.as_ref(), slice);
         self.followed = slice.clone();
         self.count_children();
     }
