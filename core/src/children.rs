@@ -16,7 +16,7 @@
 //!
 //! Bound: one entry per object of the watch that has a controlling owner of a subscribed kind
 //! whose key this dispatcher may serve, or could before a member joined while the ring has not
-//! changed since ([`still_followed`]) (its key, uid and resourceVersion, with its owner's key
+//! changed since ([`ChildIndex::follow`]) (its key, uid and resourceVersion, with its owner's key
 //! shared among siblings: about [`Children::bytes`] / [`Children::len`], about 300 bytes each),
 //! so it grows with the owners served here, not with every owned object the watch shows;
 //! removed when the object is deleted, loses its owner or is missing from a re-list, and when
@@ -40,25 +40,9 @@ use crate::{
     subscription::OwnerKind,
 };
 
+mod following;
 mod request;
 pub use request::{MAX_CHILDREN_PER_REQUEST, OwnerChildren};
-
-/// The slice whose owners' children an index keeps beside those of `next`, the slice it follows
-/// from now on, having followed `followed` (and kept `kept`): while `next` has the same ring as
-/// `followed` (only its settled ring, its peers or its Lease changed), the slice kept already or
-/// else `followed`. A dispatcher that stops serving keys that move to a member that joined
-/// (its settled ring catching up with its ring) still delivers those of them queued here
-/// before it releases the ring, and their requests show their children as the index kept them
-/// all along; they are forgotten once the ring changes again. `None` then.
-pub fn still_followed(
-    followed: &Arc<Slice>,
-    kept: Option<&Arc<Slice>>,
-    next: &Slice,
-) -> Option<Arc<Slice>> {
-    let same_ring =
-        followed.ring.key() == next.ring.key() && followed.ring.members() == next.ring.members();
-    same_ring.then(|| kept.unwrap_or(followed).clone())
-}
 
 /// What the index holds of one child: its owner, the epoch of the list or watch that last
 /// showed it, and what an owner's reconcile is told of it.
@@ -359,7 +343,7 @@ pub struct ChildIndex {
     /// missing the children of owners that just came here.
     fed: Mutex<Option<Arc<Slice>>>,
     /// The slice followed before `fed` while the ring has not changed since
-    /// ([`still_followed`]): its owners' children are kept too, for the owners on their way out
+    /// (`still_followed`): its owners' children are kept too, for the owners on their way out
     /// that this dispatcher still delivers before it releases the ring.
     kept: Mutex<Option<Arc<Slice>>>,
     /// Where children's bodies are held, once a group that reads this index has a session
@@ -441,26 +425,6 @@ impl ChildIndex {
     /// Whether the watch's list beside its stream waits for other watches' children.
     pub fn is_waiting(&self) -> bool {
         self.waiting.load(Ordering::Acquire)
-    }
-
-    /// The index holds the children of the owners `slice` lets this dispatcher serve, and of
-    /// those the slice before it did while the ring is the same ([`still_followed`]; a list
-    /// beside the watch, if it must show more of them, is already marked running): those of
-    /// the others are forgotten under the index's lock, which readers hold
-    /// ([`ChildIndex::of`]).
-    pub fn follow(&self, slice: Arc<Slice>) {
-        let mut children = self.write();
-        let mut fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        *kept = fed
-            .as_ref()
-            .and_then(|fed| still_followed(fed, kept.as_ref(), &slice));
-        children.retain_owners(|owner| {
-            let key = KeyRef::new(owner);
-            slice.may_serve(key) || kept.as_ref().is_some_and(|k| k.may_serve(key))
-        });
-        *fed = Some(slice);
-        drop((kept, fed, children));
     }
 
     /// Keeps the bodies of the children seen from now on, in `pool` while it stays at most half
@@ -589,32 +553,6 @@ impl ChildIndex {
     pub fn is_complete_for(&self, owner: &str) -> bool {
         let _index = self.read();
         self.complete_flags(KeyRef::new(owner))
-    }
-
-    /// The flags [`ChildIndex::of`] reads, under the index's lock.
-    fn complete_flags(&self, key: KeyRef<'_>) -> bool {
-        // One lock at a time (`list_beside_for_more_owners` takes them too).
-        let followed = self
-            .fed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|fed| fed.may_serve(key))
-            || self
-                .kept
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|kept| kept.may_serve(key));
-        let listed_beside = !self.side_list.load(Ordering::Acquire) || {
-            let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
-            held.as_ref()
-                .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
-        };
-        self.joining.load(Ordering::Acquire) == 0
-            && !self.own_list.load(Ordering::Acquire)
-            && followed
-            && listed_beside
     }
 }
 

@@ -252,55 +252,82 @@ fn while_a_list_beside_the_watch_runs_the_owners_served_throughout_have_complete
 
 /// A member joins: the owners that move to it are still delivered here until this dispatcher
 /// releases the ring, and their requests show their children complete, as the index kept them
-/// through the slice whose settled ring caught up; they are forgotten once the ring changes.
+/// through the slice whose settled ring caught up; they are forgotten once nothing is on its
+/// way out (`forget_kept`) or the ring changes. Never on a ring keyed by namespace, whose watch
+/// stops showing the namespaces that moved.
 #[test]
-fn the_children_of_owners_moving_to_a_member_that_joined_are_kept_until_the_ring_changes() {
-    let index = ChildIndex::default();
+fn the_children_of_owners_moving_to_a_member_that_joined_are_kept_until_released() {
+    use kube_dispatch_proto::{Ring, RingKey};
     let k = kind();
-    let slice = |members: &[&str], settled: &[&str]| {
-        let mut slice = Slice::fixed(
-            "d0",
-            kube_dispatch_proto::Ring::new(members.iter().copied()),
+    for by in [RingKey::Name, RingKey::Namespace] {
+        let index = ChildIndex::default();
+        let slice = |members: &[&str], settled: &[&str]| {
+            let mut slice = Slice::fixed("d0", Ring::with_key(members.iter().copied(), by));
+            slice.settled = Some(Arc::new(Ring::with_key(settled.iter().copied(), by)));
+            Arc::new(slice)
+        };
+        let alone = slice(&["d0"], &["d0"]);
+        let joining = slice(&["d0", "d1"], &["d0"]);
+        let joined = slice(&["d0", "d1"], &["d0", "d1"]);
+        let moving = (0..64)
+            .map(|i| format!("apps/Deployment/ns{i}/o"))
+            .find(|o| !joined.may_serve(KeyRef::new(o)))
+            .expect("an owner that moves to d1");
+        index.follow(alone);
+        index.own_list_running(false);
+        let child = format!("apps/ReplicaSet/{}/rs", &moving[16..]);
+        index
+            .write()
+            .seen(&k, &child, Some(moving.clone()), 1, false, OBJ);
+        let of = |index: &ChildIndex| {
+            let of = index.of(&k, &moving);
+            (of.children.len(), of.complete)
+        };
+        assert_eq!(of(&index), (1, true));
+        let kept = index.follow(joining);
+        assert!(kept.is_none(), "the ring changed");
+        if by == RingKey::Namespace {
+            assert!(!of(&index).1, "its namespace is no longer watched here");
+            assert!(index.follow(joined).is_none());
+            assert_eq!(of(&index), (0, false));
+            continue;
+        }
+        assert_eq!(of(&index), (1, true), "the settled ring still serves it");
+        assert!(index.follow(joined.clone()).is_some());
+        assert_eq!(
+            of(&index),
+            (1, true),
+            "kept while it may still be delivered here"
         );
-        slice.settled = Some(Arc::new(kube_dispatch_proto::Ring::new(
-            settled.iter().copied(),
-        )));
-        Arc::new(slice)
-    };
-    let alone = slice(&["d0"], &["d0"]);
-    let joining = slice(&["d0", "d1"], &["d0"]);
-    let joined = slice(&["d0", "d1"], &["d0", "d1"]);
-    let moving = (0..64)
-        .map(|i| format!("apps/Deployment/ns/o{i}"))
-        .find(|o| !joined.may_serve(KeyRef::new(o)))
-        .expect("an owner that moves to d1");
-    index.follow(alone);
-    index.own_list_running(false);
-    index.write().seen(
-        &k,
-        "apps/ReplicaSet/ns/rs",
-        Some(moving.clone()),
-        1,
-        false,
-        OBJ,
-    );
-    let of = |index: &ChildIndex| {
-        let of = index.of(&k, &moving);
-        (of.children.len(), of.complete)
-    };
-    assert_eq!(of(&index), (1, true));
-    index.follow(joining);
-    assert_eq!(of(&index), (1, true), "the settled ring still serves it");
-    index.follow(joined.clone());
-    assert_eq!(
-        of(&index),
-        (1, true),
-        "kept while it may still be delivered here"
-    );
-    index.follow(joined);
-    assert_eq!(of(&index), (1, true), "the ring has not changed");
-    index.follow(slice(&["d0", "d1", "d2"], &["d0", "d1", "d2"]));
-    assert_eq!(of(&index), (0, false), "forgotten once the ring changed");
+        assert!(
+            index.follow(joined.clone()).is_some(),
+            "the ring has not changed"
+        );
+        assert_eq!(of(&index), (1, true));
+        index.forget_kept();
+        assert_eq!(
+            of(&index),
+            (0, false),
+            "forgotten once nothing is on its way out"
+        );
+        index.follow(joined);
+        assert_eq!(
+            of(&index),
+            (0, false),
+            "the slice before serves it no more either"
+        );
+        index
+            .write()
+            .seen(&k, &child, Some(moving.clone()), 1, false, OBJ);
+        index.follow(slice(&["d0", "d1"], &["d0"]));
+        assert!(
+            index
+                .follow(slice(&["d0", "d1", "d2"], &["d0", "d1", "d2"]))
+                .is_none(),
+            "the ring changed"
+        );
+        assert!(!of(&index).1);
+    }
 }
 
 #[test]

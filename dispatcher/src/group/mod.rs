@@ -330,6 +330,12 @@ impl Group {
         self.state().queue.key_status(key, Self::now())
     }
 
+    /// Whether a key that moved away is still here, queued or in flight: the ring it left is
+    /// not released yet.
+    pub fn has_leaving_keys(&self) -> bool {
+        self.state().queue.any_leaving(|_| true)
+    }
+
     /// Number of keys known.
     pub fn key_count(&self) -> usize {
         self.state().queue.len()

@@ -18,7 +18,7 @@ use std::{
 
 use kube::{ResourceExt, api::TypeMeta};
 use kube_dispatch_core::{
-    children::{ChildIndex, Shown, still_followed},
+    children::{ChildIndex, Shown},
     handover::Slice,
     key::KeyRef,
     queue::{Change, Observed},
@@ -130,10 +130,14 @@ pub(super) struct FanOut {
     /// owners this slice lets the dispatcher serve, whatever slice is current when an event
     /// arrives, so that what it pruned and what the list beside the stream shows agree.
     followed: Arc<Slice>,
-    /// The slice followed before it, as the index keeps it (`still_followed`): the children of
-    /// its owners are indexed too.
+    /// The slice followed before it, as the index keeps it ([`ChildIndex::follow`]): the
+    /// children of its owners are indexed too, until no key is on its way out of here.
     kept: Option<Arc<Slice>>,
+    /// When to look next whether `kept` is still needed ([`FanOut::keeps_owners_no_longer_needed`]).
+    kept_until: Option<std::time::Instant>,
 }
+
+mod kept;
 
 impl FanOut {
     /// The fan-out of the watch of `key`, whose objects are of `types`, to `subscribers`, placing
@@ -158,6 +162,7 @@ impl FanOut {
             children,
             followed,
             kept: None,
+            kept_until: None,
         }
     }
 
@@ -400,21 +405,6 @@ impl FanOut {
         drop(subscribers);
         self.count_children();
         text
-    }
-
-    /// Whether the index holds the children of `owner`: the slice it follows may serve it, or
-    /// the one it keeps beside it does.
-    fn indexes_children_of(&self, owner: KeyRef<'_>) -> bool {
-        self.followed.may_serve(owner) || self.kept.as_ref().is_some_and(|k| k.may_serve(owner))
-    }
-
-    /// The slice changed to `slice`: the children of owners it no longer lets this dispatcher
-    /// serve are forgotten (a list beside the stream shows those of owners that come back).
-    pub(super) fn slice_changed(&mut self, slice: &Arc<Slice>) {
-        self.children.follow(slice.clone());
-        self.kept = still_followed(&self.followed, self.kept.as_ref(), slice);
-        self.followed = slice.clone();
-        self.count_children();
     }
 
     /// The watch's own list of `epoch` ended: queue the deletions it revealed in every group's

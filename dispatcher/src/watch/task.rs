@@ -398,6 +398,11 @@ impl WatchTask {
                 .own_list_running(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
             self.children.side_list_running(pass.side.is_some());
             self.children.step_done(now());
+            // The owners that moved to a member that joined are all delivered or gone: their
+            // children need not be kept any more.
+            if self.fan_out.keeps_owners_no_longer_needed(now()) {
+                self.fan_out.forget_kept();
+            }
         }
     }
 

@@ -1,0 +1,115 @@
+//! Which owners' children the index holds as the slice changes: those of the owners the slice
+//! it follows lets this dispatcher serve, and for a while those of the slice before it, whose
+//! owners moving to a member that joined are still delivered here.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use kube_dispatch_proto::RingKey;
+
+use super::ChildIndex;
+use crate::{handover::Slice, key::KeyRef};
+
+/// The slice whose owners' children an index keeps beside those of `next`, the slice it follows
+/// from now on, having followed `followed` (and kept `kept`): while `next` has the same ring as
+/// `followed` (only its settled ring, its peers or its Lease changed), the slice kept already or
+/// else `followed`. A dispatcher that stops serving keys that move to a member that joined
+/// (its settled ring catching up with its ring) still delivers those of them queued here
+/// before it releases the ring, and their requests show their children as the index kept them
+/// all along; they are forgotten once the ring changes again. `None` then.
+///
+/// Never on a ring keyed by namespace: there the watch asks the API server for this dispatcher's
+/// namespaces only, and the children of the others stop coming.
+fn still_followed(
+    followed: &Arc<Slice>,
+    kept: Option<&Arc<Slice>>,
+    next: &Slice,
+) -> Option<Arc<Slice>> {
+    let same_ring =
+        followed.ring.key() == next.ring.key() && followed.ring.members() == next.ring.members();
+    (same_ring && next.ring.key() != RingKey::Namespace).then(|| kept.unwrap_or(followed).clone())
+}
+
+/// Whether `slice` lets the index hold `owner`'s children: it may serve the owner, and on a ring
+/// keyed by namespace the watch still shows the owner's namespace (it asks only for those this
+/// dispatcher owns on its ring, once it is a member; not those it serves until a handover
+/// completes).
+fn holds_children_of(slice: &Slice, owner: KeyRef<'_>) -> bool {
+    slice.may_serve(owner)
+        && (slice.ring.key() != RingKey::Namespace || !slice.is_member() || slice.owns_key(owner))
+}
+
+impl ChildIndex {
+    /// The index holds the children of the owners `slice` lets this dispatcher serve, and of
+    /// those the slice before it did while the ring is the same (`still_followed`; a list
+    /// beside the watch, if it must show more of them, is already marked running): those of
+    /// the others are forgotten under the index's lock, which readers hold
+    /// ([`ChildIndex::of`]).
+    /// Returns the slice it keeps beside `slice`: the fan-out indexes children for the owners
+    /// of both ([`ChildIndex::holds_children_of`]).
+    pub fn follow(&self, slice: Arc<Slice>) -> Option<Arc<Slice>> {
+        let mut children = self.write();
+        let mut fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        *kept = fed
+            .as_ref()
+            .and_then(|fed| still_followed(fed, kept.as_ref(), &slice));
+        children.retain_owners(|owner| {
+            Self::holds_children_of(&slice, kept.as_ref(), KeyRef::new(owner))
+        });
+        *fed = Some(slice);
+        let kept = kept.clone();
+        drop(fed);
+        drop(children);
+        kept
+    }
+
+    /// Stops keeping the owners of the slice before ([`ChildIndex::follow`]) once no key is on
+    /// its way out of this dispatcher: their children are forgotten.
+    pub fn forget_kept(&self) {
+        let mut children = self.write();
+        let fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.take().is_some()
+            && let Some(fed) = fed.as_ref()
+        {
+            children.retain_owners(|owner| holds_children_of(fed, KeyRef::new(owner)));
+        }
+    }
+
+    /// Whether the index holds the children of `owner` when it follows `followed` and keeps
+    /// `kept` beside it ([`ChildIndex::follow`]): the fan-out indexes a child only for such an
+    /// owner.
+    pub fn holds_children_of(
+        followed: &Slice,
+        kept: Option<&Arc<Slice>>,
+        owner: KeyRef<'_>,
+    ) -> bool {
+        holds_children_of(followed, owner) || kept.is_some_and(|k| holds_children_of(k, owner))
+    }
+
+    /// The flags [`ChildIndex::of`] reads, under the index's lock.
+    pub(super) fn complete_flags(&self, key: KeyRef<'_>) -> bool {
+        // One lock at a time (`list_beside_for_more_owners` takes them too).
+        let followed = self
+            .fed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|fed| holds_children_of(fed, key))
+            || self
+                .kept
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|kept| holds_children_of(kept, key));
+        let listed_beside = !self.side_list.load(Ordering::Acquire) || {
+            let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
+            held.as_ref()
+                .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
+        };
+        self.joining.load(Ordering::Acquire) == 0
+            && !self.own_list.load(Ordering::Acquire)
+            && followed
+            && listed_beside
+    }
+}
