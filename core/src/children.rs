@@ -342,7 +342,7 @@ pub struct ChildIndex {
     /// reader on another slice (the watch's task has not taken in a ring change yet) may be
     /// missing the children of owners that just came here.
     fed: Mutex<Option<Arc<Slice>>>,
-    /// The slice followed before `fed` while the ring has not changed since
+    /// The slice followed before `fed` while no member has left the ring since
     /// (`still_followed`): its owners' children are kept too, for the owners on their way out
     /// that this dispatcher still delivers before it releases the ring.
     kept: Mutex<Option<Arc<Slice>>>,

@@ -10,23 +10,31 @@ use super::ChildIndex;
 use crate::{handover::Slice, key::KeyRef};
 
 /// The slice whose owners' children an index keeps beside those of `next`, the slice it follows
-/// from now on, having followed `followed` (and kept `kept`): while `next` has the same ring as
-/// `followed` (only its settled ring, its peers or its Lease changed), the slice kept already or
-/// else `followed`. A dispatcher that stops serving keys that move to a member that joined
-/// (its settled ring catching up with its ring) still delivers those of them queued here
-/// before it releases the ring, and their requests show their children as the index kept them
-/// all along; they are forgotten once the ring changes again. `None` then.
+/// from now on, having followed `followed` (and kept `kept`): while `next`'s ring has every
+/// member of `followed`'s (members joined; or only its settled ring, its peers or its Lease
+/// changed), the slice kept already or else `followed`. A dispatcher that stops serving keys
+/// that move to a member that joined (its settled ring catching up with its ring) still
+/// delivers those of them queued here before it releases the ring, and their requests show
+/// their children as the index kept them all along. The watch may see the join's two slices as
+/// one (the slice channel keeps the latest), hence members joined, not only the same ring.
+/// `None` once a member leaves: nothing moves away then.
 ///
 /// Never on a ring keyed by namespace: there the watch asks the API server for this dispatcher's
-/// namespaces only, and the children of the others stop coming.
+/// namespaces only, and the children of the others stop coming. Nor from a slice off its ring
+/// (warming up), which may serve every key.
 fn still_followed(
     followed: &Arc<Slice>,
     kept: Option<&Arc<Slice>>,
     next: &Slice,
 ) -> Option<Arc<Slice>> {
-    let same_ring =
-        followed.ring.key() == next.ring.key() && followed.ring.members() == next.ring.members();
-    (same_ring && next.ring.key() != RingKey::Namespace).then(|| kept.unwrap_or(followed).clone())
+    let joined = followed.ring.key() == next.ring.key()
+        && followed
+            .ring
+            .members()
+            .iter()
+            .all(|m| next.ring.members().contains(m));
+    (joined && next.ring.key() != RingKey::Namespace && followed.is_member())
+        .then(|| kept.unwrap_or(followed).clone())
 }
 
 /// Whether `slice` lets the index hold `owner`'s children: it may serve the owner, and on a ring
@@ -40,7 +48,7 @@ fn holds_children_of(slice: &Slice, owner: KeyRef<'_>) -> bool {
 
 impl ChildIndex {
     /// The index holds the children of the owners `slice` lets this dispatcher serve, and of
-    /// those the slice before it did while the ring is the same (`still_followed`; a list
+    /// those the slice before it did while no member left the ring (`still_followed`; a list
     /// beside the watch, if it must show more of them, is already marked running): those of
     /// the others are forgotten under the index's lock, which readers hold
     /// ([`ChildIndex::of`]).

@@ -338,12 +338,16 @@ impl WatchTask {
             let waiting = self.waits_for_children(&mut pass);
             // Before it first asks, the stream is held as the list beside it would be.
             let held = waiting && !pass.started;
+            // When to look whether the owners kept for keys on their way out are still needed.
+            let kept_until = self.fan_out.kept_until().map(Instant::from_std);
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
                 () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
                 Ok(()) = self.slice.changed() => self.slice_changed(),
                 page = next_page(&mut pass.side), if !waiting => Step::Page(page),
                 () = tokio::time::sleep(CHILDREN_CHECK), if waiting => Step::Nothing,
+                () = tokio::time::sleep_until(kept_until.unwrap_or_else(Instant::now)),
+                    if kept_until.is_some() => Step::Nothing,
                 () = tokio::time::sleep_until(pass.paused.unwrap_or_else(Instant::now)),
                     if pass.paused.is_some() => {
                     pass.paused = None;

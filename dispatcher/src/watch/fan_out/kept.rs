@@ -21,7 +21,7 @@ impl FanOut {
 
     /// The slice changed to `slice`: the children of owners it no longer lets this dispatcher
     /// serve are forgotten (a list beside the stream shows those of owners that come back),
-    /// but for those of the slice before while the ring is the same ([`ChildIndex::follow`]).
+    /// but for those of the slice before while no member left the ring ([`ChildIndex::follow`]).
     pub(in crate::watch) fn slice_changed(&mut self, slice: &Arc<Slice>) {
         let kept = self.children.follow(slice.clone());
         self.kept_until = match (&self.kept, &kept) {
@@ -52,6 +52,12 @@ impl FanOut {
             self.kept_until = Some(now + KEPT_LOOKED_AT);
         }
         !leaving
+    }
+
+    /// When [`FanOut::keeps_owners_no_longer_needed`] is next worth asking, if the index keeps
+    /// the owners of the slice before.
+    pub(in crate::watch) fn kept_until(&self) -> Option<std::time::Instant> {
+        self.kept_until
     }
 
     /// Stops keeping the owners of the slice before ([`ChildIndex::forget_kept`]).
