@@ -52,6 +52,7 @@ impl ChildIndex {
     /// beside the watch, if it must show more of them, is already marked running): those of
     /// the others are forgotten under the index's lock, which readers hold
     /// ([`ChildIndex::of`]).
+    ///
     /// Returns the slice it keeps beside `slice`: the fan-out indexes children for the owners
     /// of both ([`ChildIndex::holds_children_of`]).
     pub fn follow(&self, slice: Arc<Slice>) -> Option<Arc<Slice>> {
@@ -97,19 +98,14 @@ impl ChildIndex {
 
     /// The flags [`ChildIndex::of`] reads, under the index's lock.
     pub(super) fn complete_flags(&self, key: KeyRef<'_>) -> bool {
-        // One lock at a time (`list_beside_for_more_owners` takes them too).
-        let followed = self
-            .fed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|fed| holds_children_of(fed, key))
-            || self
-                .kept
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|kept| holds_children_of(kept, key));
+        // `fed`, then `kept`, as `follow` takes them; `held_through` apart
+        // (`list_beside_for_more_owners` takes it with `fed`, one at a time).
+        let followed = {
+            let fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
+            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            fed.as_ref()
+                .is_some_and(|fed| Self::holds_children_of(fed, kept.as_ref(), key))
+        };
         let listed_beside = !self.side_list.load(Ordering::Acquire) || {
             let held = self.held_through.lock().unwrap_or_else(|e| e.into_inner());
             held.as_ref()

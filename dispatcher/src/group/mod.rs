@@ -346,8 +346,8 @@ impl Group {
 /// first list of a watch of them, one beside it for keys just moved here, a re-list, a group's
 /// join) rather than be made with its children incomplete, which its reconcile would read
 /// itself: a GET of each, or a LIST of the namespace. Counted from when that list began
-/// ([`ChildIndex::listing_since`]) and from when the owner became ready, whichever is later
-/// passed first; past it, the owner is delivered with its children incomplete.
+/// ([`ChildIndex::listing_since`]) and from when the owner became ready, whichever bound comes
+/// first; past it, the owner is delivered with its children incomplete.
 pub const OWNER_WAITS_FOR_CHILDREN: Duration = Duration::from_secs(5);
 
 /// How often a session with owners waiting for their children looks at them again.
