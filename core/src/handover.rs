@@ -378,7 +378,9 @@ impl Handover {
     /// live members, and each member of the ring adopted so far that is live no more, with
     /// whether it died: its Lease is still known (expired, or deleted without the drained mark),
     /// so the reconciles it handed out are waited out ([`Handover::died`]). One that is not
-    /// known drained and deleted its Lease: a clean release. A member whose Lease was deleted
+    /// known drained and deleted its Lease: a clean release; so did one whose Lease was
+    /// drained and deleted since the last judgement and is known again only as a new process
+    /// warming up to join under its name ([`Observations::take_releases`]). A member whose Lease was deleted
     /// without the drained mark since the last judgement died too, even if live again (a new
     /// process of it renews): the reconciles of the old one are waited out all the same.
     pub fn judge(
@@ -388,6 +390,7 @@ impl Handover {
         now: Instant,
     ) -> (BTreeMap<String, Peer>, Vec<(String, bool)>) {
         let deaths = observations.take_deaths();
+        let releases = observations.take_releases();
         let mut live = observations.live(now, grace);
         // A dispatcher warming up to join is no member yet: the others keep serving what will
         // move to it until it has listed it (`WARMING_ANNOTATION`). This one counts itself.
@@ -405,7 +408,9 @@ impl Handover {
             .members()
             .iter()
             .filter(|m| !live.contains_key(*m))
-            .map(|m| (m.clone(), observations.knows(m)))
+            // Known again only as a process warming up to join under the same name, it
+            // released all the same: the new process hands out nothing until it joins.
+            .map(|m| (m.clone(), observations.knows(m) && !releases.contains(m)))
             .collect();
         for (member, died) in &gone {
             if *died {

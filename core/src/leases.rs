@@ -131,6 +131,13 @@ pub struct Observations {
     /// reconciles may still run. At most one entry per Lease name seen; emptied by each
     /// judgement.
     deaths: BTreeSet<String>,
+    /// Leases deleted with the drained mark since the last [`Observations::take_releases`],
+    /// unless written since by a holder that is a member (not warming up) or deleted again
+    /// without the mark: a member that left cleanly and whose name a new process, still
+    /// warming up, took again before anyone judged (a quick restart, a judgement delayed by
+    /// a lagging view) is a release, not a member that died. At most one entry per Lease name
+    /// seen; emptied by each judgement.
+    releases: BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -147,6 +154,10 @@ impl Observations {
     /// Records the state of Lease `name` as seen at `now`.
     pub fn observe(&mut self, name: &str, state: LeaseState, now: Instant) {
         self.newest = self.newest.max(state.resource_version);
+        if !state.holder.is_empty() && !state.warming {
+            // A member again: it may hand keys out, so a later absence is no release.
+            self.releases.remove(name);
+        }
         match self.leases.get_mut(name) {
             Some(seen)
                 if seen.state.holder == state.holder
@@ -182,16 +193,24 @@ impl Observations {
         }
         if seen.state.drained {
             self.leases.remove(name);
+            self.releases.insert(name.to_owned());
         } else if seen.deleted_at.is_none() {
             // A death once: a re-list that misses a Lease already mourned is no new one.
             seen.deleted_at = Some(now);
             self.deaths.insert(name.to_owned());
+            self.releases.remove(name);
         }
     }
 
     /// The Leases deleted without the drained mark since the last call, live again or not.
     pub fn take_deaths(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.deaths)
+    }
+
+    /// The Leases deleted with the drained mark since the last call whose name no member has
+    /// written since (a new process still warming up may have): their holders released.
+    pub fn take_releases(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.releases)
     }
 
     /// Forgets the tombstones older than [`TOMBSTONE_TTL`] at `now`.
@@ -421,6 +440,35 @@ mod tests {
         o.relisted(|name| name != "a", t0 + 3 * SEC);
         o.relisted(|name| name != "a", t0 + 4 * SEC);
         assert_eq!(o.take_deaths().len(), 1);
+    }
+
+    /// A Lease drained and deleted is a release until a member (not a process warming up)
+    /// writes it again, or it is deleted again without the mark; taken once.
+    #[test]
+    fn a_drained_lease_is_a_release_until_a_member_writes_it_again() {
+        let t0 = Instant::now();
+        let drained = |name: &str, rv| LeaseState {
+            drained: true,
+            ..lease(name, "t1", rv)
+        };
+        let warming = |name: &str, rv| LeaseState {
+            warming: true,
+            ..lease(name, "t2", rv)
+        };
+        let mut o = Observations::default();
+        for (name, rv) in [("a", 1), ("b", 2), ("c", 3)] {
+            o.observe(name, lease(name, "t1", rv), t0);
+        }
+        for (name, rv) in [("a", 4), ("b", 5), ("c", 6)] {
+            o.deleted(name, Some(drained(name, rv)), t0 + SEC);
+        }
+        o.observe("a", warming("a", 7), t0 + SEC);
+        o.observe("b", lease("b", "t2", 8), t0 + SEC);
+        o.observe("c", warming("c", 9), t0 + SEC);
+        o.deleted("c", None, t0 + 2 * SEC);
+        assert_eq!(o.take_releases().into_iter().collect::<Vec<_>>(), ["a"]);
+        assert!(o.take_releases().is_empty());
+        assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["c"]);
     }
 
     /// The sessions a member listed are known while its Lease is (expired or not), and not once
