@@ -378,11 +378,11 @@ impl Handover {
     /// live members, and each member of the ring adopted so far that is live no more, with
     /// whether it died: its Lease is still known (expired, or deleted without the drained mark),
     /// so the reconciles it handed out are waited out ([`Handover::died`]). One that is not
-    /// known drained and deleted its Lease: a clean release; so did one whose Lease was
-    /// drained and deleted since the last judgement and is known again only as a new process
-    /// warming up to join under its name ([`Observations::take_releases`]). A member whose Lease was deleted
-    /// without the drained mark since the last judgement died too, even if live again (a new
-    /// process of it renews): the reconciles of the old one are waited out all the same.
+    /// known drained and deleted its Lease: a clean release, as is one drained and deleted since
+    /// the last judgement and known again only warming up ([`Observations::take_releases`]). A
+    /// member whose Lease was deleted without the drained mark since the last judgement died
+    /// too, even if live again (a new process of it renews): the reconciles of the old one are
+    /// waited out all the same.
     pub fn judge(
         &mut self,
         observations: &mut Observations,
@@ -408,8 +408,7 @@ impl Handover {
             .members()
             .iter()
             .filter(|m| !live.contains_key(*m))
-            // Known again only as a process warming up to join under the same name, it
-            // released all the same: the new process hands out nothing until it joins.
+            // Released, even if a new process warming up (handing out nothing) wrote it since.
             .map(|m| (m.clone(), observations.knows(m) && !releases.contains(m)))
             .collect();
         for (member, died) in &gone {
