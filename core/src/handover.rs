@@ -378,11 +378,10 @@ impl Handover {
     /// live members, and each member of the ring adopted so far that is live no more, with
     /// whether it died: its Lease is still known (expired, or deleted without the drained mark),
     /// so the reconciles it handed out are waited out ([`Handover::died`]). One that is not
-    /// known drained and deleted its Lease: a clean release, as is one drained and deleted since
-    /// the last judgement and known again only warming up ([`Observations::take_releases`]). A
-    /// member whose Lease was deleted without the drained mark since the last judgement died
-    /// too, even if live again (a new process of it renews): the reconciles of the old one are
-    /// waited out all the same.
+    /// known (or known again only warming up, [`Observations::take_releases`]) drained and
+    /// deleted its Lease: a clean release. A member whose Lease was deleted without the drained
+    /// mark since the last judgement died too, even if live again (a new process of it renews):
+    /// the reconciles of the old one are waited out all the same.
     pub fn judge(
         &mut self,
         observations: &mut Observations,
