@@ -394,27 +394,27 @@ impl Handover {
         // A dispatcher warming up to join is no member yet: the others keep serving what will
         // move to it until it has listed it (`WARMING_ANNOTATION`). This one counts itself.
         live.retain(|member, peer| !peer.warming || *member == self.identity);
-        for member in deaths {
-            // Still gone, it is counted below as it leaves the ring, or was when its Lease
-            // expired (a dead member's Lease deleted by the collector is no new death).
-            if live.contains_key(&member) {
-                info!(%member, "a dispatcher's Lease was deleted without the drained mark and written again: waiting out the reconciles of its previous process");
-                self.died(&member, now);
-            }
+        for member in deaths.iter().filter(|m| live.contains_key(*m)) {
+            // Still gone, it is counted below or was at its expiry (not the collector's delete).
+            info!(%member, "a dispatcher's Lease was deleted without the drained mark and written again: waiting out the reconciles of its previous process");
+            self.died(member, now);
         }
+        // Released, even if a new process warming up wrote it since; died if deleted without
+        // the mark since the last judgement, whatever came after (its Lease then lists others').
+        let died =
+            |m: &String| deaths.contains(m) || observations.knows(m) && !releases.contains(m);
         let gone: Vec<(String, bool)> = self
             .ring
             .members()
             .iter()
             .filter(|m| !live.contains_key(*m))
-            // Released, even if a new process warming up (handing out nothing) wrote it since.
-            .map(|m| (m.clone(), observations.knows(m) && !releases.contains(m)))
+            .map(|m| (m.clone(), died(m)))
             .collect();
-        for (member, died) in &gone {
-            if *died {
-                let sessions = observations.published_sessions(member).cloned();
-                self.died_with(member, now, sessions);
-            }
+        for (member, _) in gone.iter().filter(|(_, died)| *died) {
+            let sessions = observations
+                .published_sessions(member)
+                .filter(|_| !deaths.contains(member));
+            self.died_with(member, now, sessions.cloned());
         }
         self.died.retain(|member, died| {
             let ended = died

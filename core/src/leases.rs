@@ -128,7 +128,8 @@ pub struct Observations {
     /// Leases deleted without the drained mark since the last [`Observations::take_deaths`],
     /// even if written again (or drained and deleted) since: a holder killed, its Lease
     /// deleted and a new process started between two judgements never looks gone, yet its
-    /// reconciles may still run. At most one entry per Lease name seen; emptied by each
+    /// reconciles may still run. So is a Lease released and then shown again by a re-list,
+    /// which may hide such a death. At most one entry per Lease name seen; emptied by each
     /// judgement.
     deaths: BTreeSet<String>,
     /// Leases deleted with the drained mark since the last [`Observations::take_releases`],
@@ -268,6 +269,18 @@ impl Observations {
             .collect();
         for name in gone {
             self.deleted(&name, None, now);
+        }
+        // A Lease released and listed again may hide a process of its name that joined,
+        // handed keys out and died meanwhile: counted as a death, its sessions unknown.
+        let hidden: Vec<String> = self
+            .releases
+            .iter()
+            .filter(|n| listed(n))
+            .cloned()
+            .collect();
+        for name in hidden {
+            self.releases.remove(&name);
+            self.deaths.insert(name);
         }
     }
 
@@ -437,8 +450,8 @@ mod tests {
         assert!(o.take_deaths().is_empty());
         // Deleted again and missed by later re-lists: one death, not one per re-list.
         o.deleted("a", None, t0 + 2 * SEC);
-        o.relisted(|name| name != "a", t0 + 3 * SEC);
-        o.relisted(|name| name != "a", t0 + 4 * SEC);
+        o.relisted(|name| !["a", "b"].contains(&name), t0 + 3 * SEC);
+        o.relisted(|name| !["a", "b"].contains(&name), t0 + 4 * SEC);
         assert_eq!(o.take_deaths().len(), 1);
     }
 

@@ -151,9 +151,9 @@ impl Protocol {
                 Self::mourn(disp, x, t.bound, None);
             }
         }
-        disp.deaths = 0;
+        let deaths = std::mem::take(&mut disp.deaths);
         if live != disp.ring {
-            self.ring_changed(disp, d, live, &leases);
+            self.ring_changed(disp, d, live, &leases, deaths);
         }
         if !has(disp.ring, d) {
             // Off its own ring (its Lease gone from the view): it hands out nothing, and
@@ -219,20 +219,29 @@ impl Protocol {
 
     /// The ring `d` judges changed to `live`: members gone from it that died are waited out,
     /// and its slice is trimmed to the new ring (off its own ring at once if it left it).
-    fn ring_changed(&self, disp: &mut Dispatcher, d: usize, live: u8, leases: &[Lease]) {
+    fn ring_changed(
+        &self,
+        disp: &mut Dispatcher,
+        d: usize,
+        live: u8,
+        leases: &[Lease],
+        deaths: u8,
+    ) {
         let t = self.config.timing;
         let gone = disp.ring & !live;
         for (x, lease) in leases.iter().enumerate() {
             // Only a Lease deleted with the drained mark was released: its holder left
-            // nothing in flight. Expired, or deleted without the mark, its holder died.
+            // nothing in flight. Expired, or deleted without the mark, its holder died, even
+            // if a later process of it drained since (`Handover::judge`).
             let died = match self.config.deletions {
-                Deletions::Died => !lease.drained,
+                Deletions::Died => !lease.drained || has(deaths, x),
                 Deletions::Released => lease.exists,
             };
             if has(gone, x) && died {
-                // Deleted, or written by a process that waits out its previous one, its
-                // Lease lists nothing to go by.
-                let listed = (lease.exists && lease.known).then_some(lease.sessions);
+                // Deleted (since the last judgement, whatever came after), or written by a
+                // process that waits out its previous one, its Lease lists nothing to go by.
+                let known = lease.exists && lease.known && !has(deaths, x);
+                let listed = known.then_some(lease.sessions);
                 Self::mourn(disp, x, t.bound, listed);
             }
         }

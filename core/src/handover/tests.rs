@@ -6,6 +6,8 @@ use crate::leases::{LeaseState, Observations};
 const SEC: Duration = Duration::from_secs(1);
 const T: Duration = Duration::from_secs(30);
 
+mod judging;
+
 fn peers(entries: &[(&str, Option<&Ring>, u128)]) -> BTreeMap<String, Peer> {
     entries
         .iter()
@@ -447,50 +449,6 @@ fn judged_members_that_died_are_waited_out_and_drained_ones_are_not() {
     let (live, _) = h.judge(&mut o, SEC, expired + T);
     h.update(&live, o.newest(), false, expired + T);
     assert!(!h.waits_on_dead(expired + T));
-}
-
-/// A member that drains and deletes its Lease, then restarts and writes it again warming up
-/// to join, all before the next judgement (a quick restart, or a view that lagged over both):
-/// a release, not a death, so nothing waits for the bound. Once a new process of it has joined,
-/// a later absence is judged on its own Lease again.
-#[test]
-fn a_member_that_drained_and_restarted_warming_before_a_judgement_released() {
-    let t0 = Instant::now();
-    let state = |holder: &str, rv: u128, drained: bool, warming: bool| LeaseState {
-        holder: holder.into(),
-        renew_time: format!("t{rv}"),
-        duration: 10 * SEC,
-        resource_version: rv,
-        drained,
-        warming,
-        ..LeaseState::default()
-    };
-    let mut o = Observations::default();
-    for (name, rv) in [("d0", 1), ("d1", 2), ("d2", 3)] {
-        o.observe(name, state(name, rv, false, false), t0);
-    }
-    let mut h = Handover::new("d2", T, t0, false);
-    let (live, _) = h.judge(&mut o, SEC, t0);
-    h.update(&live, o.newest(), false, t0);
-    o.observe("d1", state("d1", 4, true, false), t0 + SEC);
-    o.deleted("d1", Some(state("d1", 5, true, false)), t0 + SEC);
-    o.observe("d1", state("d1", 6, false, true), t0 + SEC);
-    let (live, gone) = h.judge(&mut o, SEC, t0 + SEC);
-    h.update(&live, o.newest(), false, t0 + SEC);
-    assert_eq!(gone, [("d1".to_owned(), false)], "released, not died");
-    assert!(!h.waits_on_dead(t0 + SEC));
-    // The new process joins, then is killed: its Lease expires, and it died.
-    o.observe("d1", state("d1", 7, false, false), t0 + 2 * SEC);
-    let (live, gone) = h.judge(&mut o, SEC, t0 + 2 * SEC);
-    h.update(&live, o.newest(), false, t0 + 2 * SEC);
-    assert!(live.contains_key("d1") && gone.is_empty());
-    let expired = t0 + 2 * SEC + 12 * SEC;
-    for (name, rv) in [("d0", 8), ("d2", 9)] {
-        o.observe(name, state(name, rv, false, false), expired);
-    }
-    let (_, gone) = h.judge(&mut o, SEC, expired);
-    assert_eq!(gone, [("d1".to_owned(), true)]);
-    assert!(h.waits_on_dead(expired));
 }
 
 /// A dispatcher warming up to join is no member for the others, so they keep serving what

@@ -403,3 +403,38 @@ fn two_dispatchers_never_overlap_and_settle() {
     println!("two dispatchers: {states} unique states, depth {depth}");
     assert!(states >= 500_000, "only {states} states explored");
 }
+
+/// Dispatcher 0 crashes while replica 0 reconciles its key; its Lease is deleted by hand, and
+/// a new process of it starts and stops cleanly (its Lease drained and deleted) before
+/// dispatcher 1 judges: the deletion dispatcher 1 saw still counts (`Handover::judge`), so it
+/// waits out the crashed process's reconcile rather than hand the key to another replica.
+#[test]
+fn a_death_seen_before_a_later_process_drained_is_still_waited_out() {
+    use Action::*;
+    let budget = Budget {
+        dispatcher_crashes: 1,
+        graceful_stops: 1,
+        lease_deletions: 1,
+        ..NO_FAULTS
+    };
+    let model = Protocol::new(config(2, Variant::SendTime, budget));
+    assert_eq!(model.owner(model.all(), 0), Some(0));
+    let path = [
+        takes(0, 0).as_slice(),
+        &[Crash(0), DeleteLease(0), Restart(0), Stop(0), Tick],
+    ]
+    .concat();
+    let s = replay(&model, &path);
+    assert_eq!(running(&s), 1, "replica 0 still reconciles key 0");
+    assert!(
+        s.dispatchers[1].died[0] > 0,
+        "dispatcher 1 waits out dispatcher 0"
+    );
+    let s = replay_from(&model, s, &[Open(1, 1), Poll(1, 1), Arrive(1, 1)]);
+    let mut enabled = Vec::new();
+    model.actions(&s, &mut enabled);
+    assert!(
+        !enabled.contains(&Answer(1, 1, 1)),
+        "dispatcher 1 hands key 0 to replica 1 while replica 0 reconciles it: {enabled:?}"
+    );
+}
