@@ -61,9 +61,14 @@ fn a_rollout_costs_the_tier_no_read_and_every_write_is_reconciled_through_each_e
     let tier = met("tier", "rollout");
     assert_eq!(number(tier, "lists"), 0.0, "{tier:#}");
     assert_eq!(number(tier, "gets"), 0.0, "{tier:#}");
-    // Each restarted dispatcher lists the keys it serves.
+    // Each restarted dispatcher lists the keys it serves, and a clean rolling upgrade judges
+    // no dispatcher dead (which would make the keys that move from it wait out the bound).
     let upgrade = met("tier", "tier-upgrade");
     assert!(number(upgrade, "lists") >= 3.0, "{upgrade:#}");
+    for name in ["steady", "rollout", "tier-upgrade"] {
+        let e = met("tier", name);
+        assert_eq!(number(e, "judged_dead"), 0.0, "{e:#}");
+    }
 }
 
 /// The tier with owners and children: a rollout of its replicas reads nothing beyond what its

@@ -113,7 +113,7 @@ pub async fn serve(
         guard,
         connections,
         ring: RingMetrics::new(&config.metrics),
-        renewals: membership::LeaseRenewals::new(&config.metrics),
+        renewals: membership::LeaseMetrics::new(&config.metrics),
         tables: GroupTableCollector::default(),
         local,
     };
@@ -143,7 +143,7 @@ struct Process {
     guard: Arc<Guard>,
     connections: Arc<Connections>,
     ring: RingMetrics,
-    renewals: membership::LeaseRenewals,
+    renewals: membership::LeaseMetrics,
     tables: GroupTableCollector,
     local: Option<std::net::SocketAddr>,
 }
@@ -460,7 +460,7 @@ fn start_membership(
     config: &ServeConfig,
     (client, groups): (Client, &Arc<GroupTable>),
     (slice, released): (watch::Sender<Arc<Slice>>, watch::Receiver<Option<String>>),
-    (lease_sessions, renewals): (Arc<LeaseSessions>, membership::LeaseRenewals),
+    (lease_sessions, renewals): (Arc<LeaseSessions>, membership::LeaseMetrics),
     stop: CancellationToken,
     clean: Arc<AtomicBool>,
 ) -> Option<tokio::task::JoinHandle<()>> {

@@ -67,7 +67,7 @@ pub async fn run(
     released: watch::Receiver<Option<String>>,
     sessions: Arc<LeaseSessions>,
     (stop, clean): (CancellationToken, Arc<AtomicBool>),
-    renewals: LeaseRenewals,
+    renewals: LeaseMetrics,
     warm: WarmUp,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
@@ -159,26 +159,40 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
-/// What became of the writes of this dispatcher's Lease: `kube_dispatch_lease_renewals_total`.
-/// Cheap to clone: clones count together.
+/// What became of the writes of this dispatcher's Lease (`kube_dispatch_lease_renewals_total`),
+/// and the members it judged dead (`kube_dispatch_members_judged_dead_total`). Cheap to clone:
+/// clones count together.
 #[derive(Clone, Debug, Default)]
-pub struct LeaseRenewals(Family<OutcomeLabel, Counter>);
+pub struct LeaseMetrics {
+    renewals: Family<OutcomeLabel, Counter>,
+    judged_dead: Counter,
+}
 
-impl LeaseRenewals {
-    /// Renewals counted in `metrics`.
+impl LeaseMetrics {
+    /// Counted in `metrics`.
     pub fn new(metrics: &Metrics) -> Self {
-        let renewals = Self::default();
+        let counts = Self::default();
         metrics.register(
             "kube_dispatch_lease_renewals",
             "Writes of this dispatcher's Lease, each a renewal, by outcome (accepted, conflict, failed, timeout)",
-            renewals.0.clone(),
+            counts.renewals.clone(),
         );
-        renewals
+        metrics.register(
+            "kube_dispatch_members_judged_dead",
+            "Dispatchers this one judged dead (Lease expired, or deleted without the drained mark): the keys that move from each wait until its reconciles are over, at most the handover bound; a clean rollout judges none",
+            counts.judged_dead.clone(),
+        );
+        counts
     }
 
     /// A write ended with `outcome`.
     pub fn count(&self, outcome: &'static str) {
-        self.0.get_or_create(&OutcomeLabel { outcome }).inc();
+        self.renewals.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// A member was judged dead.
+    pub fn judged_dead(&self) {
+        self.judged_dead.inc();
     }
 }
 
@@ -222,7 +236,7 @@ struct Membership {
     sessions: Arc<LeaseSessions>,
     handover: Handover,
     /// What became of each write of the Lease.
-    renewals: LeaseRenewals,
+    renewals: LeaseMetrics,
     renew_tick: tokio::time::Interval,
     lease_watch: LeaseWatch,
     /// The resourceVersion of this dispatcher's Lease as last known: each write is made only
@@ -277,7 +291,7 @@ impl Membership {
         ring_key: RingKey,
         slice: watch::Sender<Arc<Slice>>,
         released: watch::Receiver<Option<String>>,
-        (sessions, renewals, warm): (Arc<LeaseSessions>, LeaseRenewals, WarmUp),
+        (sessions, renewals, warm): (Arc<LeaseSessions>, LeaseMetrics, WarmUp),
     ) -> Self {
         let started = Instant::now();
         let mut version: Option<u128> = None;

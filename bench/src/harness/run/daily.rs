@@ -191,6 +191,10 @@ pub(crate) struct Measured {
     /// On the steady window only: from starting the shape's processes until every object had
     /// been reconciled.
     pub(crate) cold_start_s: Option<f64>,
+    /// Members the dispatchers judged dead in the window (their `dispatcher judged dead` log
+    /// lines): each makes the keys that move from it wait, up to the handover bound. A clean
+    /// rolling upgrade of the tier judges none.
+    pub(crate) judged_dead: u64,
 }
 
 /// The API server's CPU per second in the steady window: while the writer wrote, and after it
@@ -368,6 +372,7 @@ impl Setup<'_> {
     ) -> anyhow::Result<Measured> {
         let metrics_before = metrics_text(self.client).await?;
         let requests_before = request_counts(self.client).await?;
+        let judged_dead_before = running.judged_dead()?;
         let cpu_before = self.control_plane.cpu_seconds().0;
         let begun = Instant::now();
         let sent: Sent = Mutex::new(Vec::new());
@@ -451,6 +456,7 @@ impl Setup<'_> {
             max_ms: ms(1.0),
             rss_mib,
             cold_start_s: None,
+            judged_dead: running.judged_dead()?.saturating_sub(judged_dead_before),
         })
     }
 

@@ -132,5 +132,24 @@ fn events_table(runs: &[Measured]) -> String {
             ));
         }
     }
+    // Not a median: one member judged dead is a stall of up to the handover bound.
+    let judged: Vec<String> = runs
+        .iter()
+        .filter(|m| m.judged_dead > 0)
+        .map(|m| {
+            format!(
+                "{} in the {} of run {}",
+                m.judged_dead,
+                m.event.name(),
+                m.run + 1
+            )
+        })
+        .collect();
+    if !judged.is_empty() {
+        out.push_str(&format!(
+            "\nDispatchers judged dead (the keys that move from each wait, up to the handover bound): {}.\n",
+            judged.join(", ")
+        ));
+    }
     out
 }

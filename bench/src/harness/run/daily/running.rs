@@ -11,6 +11,9 @@ use crate::harness::{
     },
 };
 
+/// What a dispatcher logs as it judges a member dead.
+const JUDGED_DEAD: &str = "dispatcher judged dead";
+
 impl Running {
     /// Starts the next replica.
     pub(super) fn spawn_replica(&mut self, setup: &Setup<'_>) -> anyhow::Result<Component> {
@@ -41,6 +44,25 @@ impl Running {
             bytes += c.usage()?.rss;
         }
         Ok(bytes)
+    }
+
+    /// The members the dispatchers of this run have judged dead so far, by their logs (each
+    /// process's, restarts included).
+    pub(super) fn judged_dead(&self) -> anyhow::Result<u64> {
+        let mut judged = 0;
+        for entry in std::fs::read_dir(&self.log_dir)? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if name.starts_with("dispatcher-") {
+                let log = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                judged += log.matches(JUDGED_DEAD).count() as u64;
+            }
+        }
+        Ok(judged)
     }
 
     /// What `event` does to the processes.

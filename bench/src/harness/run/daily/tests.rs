@@ -20,6 +20,7 @@ fn measured(shape: Shape, event: Event, run: usize, above: Option<f64>, max_ms: 
         max_ms,
         rss_mib: 100.0,
         cold_start_s: (event == Event::Steady).then_some(2.0),
+        judged_dead: 0,
     }
 }
 
@@ -112,4 +113,22 @@ fn an_event_is_set_against_the_steady_rates_of_writing_and_of_quiet() {
     assert!((rates.expected(5.0, 15.0) - 2.0).abs() < 1e-9);
     // A window no longer than its writing has no quiet part.
     assert!((rates.expected(5.0, 4.0) - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_member_judged_dead_in_any_run_is_named_under_the_table() {
+    let mut upgrade = measured(Shape::Tier, Event::TierUpgrade, 1, Some(1.0), 10.0);
+    let runs = [
+        measured(Shape::Tier, Event::Steady, 0, None, 10.0),
+        measured(Shape::Tier, Event::TierUpgrade, 0, Some(1.0), 10.0),
+        upgrade.clone(),
+    ];
+    assert!(!table(&runs).contains("judged dead"), "{}", table(&runs));
+    upgrade.judged_dead = 1;
+    let runs = [runs[0].clone(), runs[1].clone(), upgrade];
+    let table = table(&runs);
+    assert!(
+        table.contains("judged dead (the keys that move from each wait, up to the handover bound): 1 in the tier upgrade of run 2."),
+        "{table}"
+    );
 }
