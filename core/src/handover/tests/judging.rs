@@ -3,22 +3,22 @@
 
 use super::*;
 
-/// A member that drains and deletes its Lease, then restarts and writes it again warming up
-/// to join, all before the next judgement (a quick restart, or a view that lagged over both):
-/// a release, not a death, so nothing waits for the bound. Once a new process of it has joined,
-/// a later absence is judged on its own Lease again.
-#[test]
-fn a_member_that_drained_and_restarted_warming_before_a_judgement_released() {
-    let t0 = Instant::now();
-    let state = |holder: &str, rv: u128, drained: bool, warming: bool| LeaseState {
+/// Lease of `holder` at resourceVersion `rv` (also its renew time), listing session 9.
+fn state(holder: &str, rv: u128, drained: bool, warming: bool) -> LeaseState {
+    LeaseState {
         holder: holder.into(),
         renew_time: format!("t{rv}"),
         duration: 10 * SEC,
         resource_version: rv,
         drained,
         warming,
+        sessions: Some(BTreeSet::from([9])),
         ..LeaseState::default()
-    };
+    }
+}
+
+/// d2's view at `t0` of a ring of d0, d1 and d2, all live, judged and served.
+fn three_members(t0: Instant) -> (Observations, Handover) {
     let mut o = Observations::default();
     for (name, rv) in [("d0", 1), ("d1", 2), ("d2", 3)] {
         o.observe(name, state(name, rv, false, false), t0);
@@ -26,6 +26,17 @@ fn a_member_that_drained_and_restarted_warming_before_a_judgement_released() {
     let mut h = Handover::new("d2", T, t0, false);
     let (live, _) = h.judge(&mut o, SEC, t0);
     h.update(&live, o.newest(), false, t0);
+    (o, h)
+}
+
+/// A member that drains and deletes its Lease, then restarts and writes it again warming up
+/// to join, all before the next judgement (a quick restart, or a view that lagged over both):
+/// a release, not a death, so nothing waits for the bound. Once a new process of it has joined,
+/// a later absence is judged on its own Lease again.
+#[test]
+fn a_member_that_drained_and_restarted_warming_before_a_judgement_released() {
+    let t0 = Instant::now();
+    let (mut o, mut h) = three_members(t0);
     o.observe("d1", state("d1", 4, true, false), t0 + SEC);
     o.deleted("d1", Some(state("d1", 5, true, false)), t0 + SEC);
     o.observe("d1", state("d1", 6, false, true), t0 + SEC);
@@ -55,23 +66,7 @@ fn a_member_that_drained_and_restarted_warming_before_a_judgement_released() {
 #[test]
 fn a_death_or_a_relist_since_the_last_judgement_outweighs_a_release() {
     let t0 = Instant::now();
-    let state = |holder: &str, rv: u128, drained: bool, warming: bool| LeaseState {
-        holder: holder.into(),
-        renew_time: format!("t{rv}"),
-        duration: 10 * SEC,
-        resource_version: rv,
-        drained,
-        warming,
-        sessions: Some(BTreeSet::from([9])),
-        ..LeaseState::default()
-    };
-    let mut o = Observations::default();
-    for (name, rv) in [("d0", 1), ("d1", 2), ("d2", 3)] {
-        o.observe(name, state(name, rv, false, false), t0);
-    }
-    let mut h = Handover::new("d2", T, t0, false);
-    let (live, _) = h.judge(&mut o, SEC, t0);
-    h.update(&live, o.newest(), false, t0);
+    let (mut o, mut h) = three_members(t0);
     let t1 = t0 + SEC;
     o.deleted("d1", None, t1);
     o.observe("d1", state("d1", 4, false, true), t1);
