@@ -43,7 +43,8 @@ prebuild() {
   for package in $(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
     go test -race -c -o "$out/${package//\//_}.test" "$package" >/dev/null
   done
-  # And without the race detector, as make test's last step runs the release fetch's test.
+  # And without the race detector, as make test runs the release fetch's test
+  # (tests/release-fetch.sh, beside the e2e).
   go test -c -o "$out/dispatchtest.test" ./dispatchtest >/dev/null
   rm -rf "$out"
 }

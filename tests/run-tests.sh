@@ -69,9 +69,22 @@ await() { # name
     exit "$rc"
   fi
 }
-stop_background() {
-  local pid
-  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+stop_background() { # on the way out of a failed run: says what each job left in the background did
+  local name pid rc
+  for name in "${!background[@]}"; do
+    pid=${background[$name]}
+    if kill -0 "$pid" 2>/dev/null; then
+      # Its process group, and the whole session (setsid above): envtest starts its API server
+      # and etcd in process groups of their own.
+      kill -- "-$pid" 2>/dev/null || true
+      pkill -TERM -s "$pid" 2>/dev/null || true
+      echo "run-tests: stopped $name (in the background); its log: $logs/$name.log" >&2
+    else
+      rc=0
+      wait "$pid" || rc=$?
+      ((rc == 0)) || echo "run-tests: $name (in the background) had failed with exit $rc; its log: $logs/$name.log" >&2
+    fi
+  done
 }
 # Clean up first, then say what each step took: printing can fail (a closed pipe after Ctrl-C),
 # and the exit status stays the run's.

@@ -39,9 +39,8 @@ impl Drop for Run {
     }
 }
 
-/// Prints the log lines of every process under `dir` that speak of watches, lists and rings
-/// (at most 80 a process).
-fn print_watch_logs(dir: &Path) {
+/// The log files of every process under `dir`, sorted.
+fn log_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_owned()];
     while let Some(dir) = pending.pop() {
@@ -55,12 +54,33 @@ fn print_watch_logs(dir: &Path) {
         }
     }
     files.sort();
-    for file in files {
+    files
+}
+
+/// Whether a process of `run` logged a line containing `text`.
+pub(crate) fn logged(run: &Run, text: &str) -> bool {
+    log_files(&run.out.join("logs"))
+        .iter()
+        .any(|file| std::fs::read_to_string(file).is_ok_and(|log| log.contains(text)))
+}
+
+/// Prints the log lines of every process under `dir` that speak of watches, lists, rings and
+/// Leases (at most 80 a process).
+fn print_watch_logs(dir: &Path) {
+    for file in log_files(dir) {
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
         eprintln!("--- {}", file.display());
-        let about = ["watch", "list", "ring", "namespaces owned", "handover"];
+        let about = [
+            "watch",
+            "list",
+            "ring",
+            "namespaces owned",
+            "handover",
+            "judged dead",
+            "dispatcher Lease",
+        ];
         for line in text
             .lines()
             .filter(|l| about.iter().any(|a| l.contains(a)))

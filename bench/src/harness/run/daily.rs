@@ -191,9 +191,11 @@ pub(crate) struct Measured {
     /// On the steady window only: from starting the shape's processes until every object had
     /// been reconciled.
     pub(crate) cold_start_s: Option<f64>,
-    /// Members the dispatchers judged dead in the window (their `dispatcher judged dead` log
-    /// lines): each makes the keys that move from it wait, up to the handover bound. A clean
-    /// rolling upgrade of the tier judges none.
+    /// Judgements that a member died, since the last event (the steady window's count from
+    /// the shape's start): each dispatcher's `dispatcher judged dead` log lines (warnings, which
+    /// `RUST_LOG` must keep), one per dispatcher that saw the death. The keys that move from
+    /// a member judged dead wait, up to the handover bound; a clean rolling upgrade of the tier
+    /// makes none.
     pub(crate) judged_dead: u64,
 }
 
@@ -246,6 +248,8 @@ struct Running {
     log_dir: PathBuf,
     /// Dispatchers restarted so far, which names their logs.
     restarts: usize,
+    /// Judgements that a member died counted into events so far.
+    judged_counted: u64,
 }
 
 impl Setup<'_> {
@@ -258,6 +262,15 @@ impl Setup<'_> {
         ));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
+        // The folder is the same for each invocation: logs of an earlier one (restarts are
+        // named by their number) would count again in the members judged dead.
+        for entry in std::fs::read_dir(&log_dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("cannot remove {}", path.display()))?;
+            }
+        }
         // A leader Lease a killed replica of an earlier run left would hold this run's back
         // for its whole duration.
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.namespace);
@@ -297,6 +310,7 @@ impl Setup<'_> {
             lb_port,
             log_dir,
             restarts: 0,
+            judged_counted: 0,
         };
         drop(tx);
         let result = self
@@ -372,7 +386,6 @@ impl Setup<'_> {
     ) -> anyhow::Result<Measured> {
         let metrics_before = metrics_text(self.client).await?;
         let requests_before = request_counts(self.client).await?;
-        let judged_dead_before = running.judged_dead()?;
         let cpu_before = self.control_plane.cpu_seconds().0;
         let begun = Instant::now();
         let sent: Sent = Mutex::new(Vec::new());
@@ -456,7 +469,7 @@ impl Setup<'_> {
             max_ms: ms(1.0),
             rss_mib,
             cold_start_s: None,
-            judged_dead: running.judged_dead()?.saturating_sub(judged_dead_before),
+            judged_dead: running.judged_dead_since_last()?,
         })
     }
 

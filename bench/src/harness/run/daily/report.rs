@@ -147,7 +147,7 @@ fn events_table(runs: &[Measured]) -> String {
         .collect();
     if !judged.is_empty() {
         out.push_str(&format!(
-            "\nDispatchers judged dead (the keys that move from each wait, up to the handover bound): {}.\n",
+            "\nJudgements that a dispatcher died, one per dispatcher that saw it (the keys that move from each wait, up to the handover bound): {}.\n",
             judged.join(", ")
         ));
     }

@@ -46,9 +46,17 @@ impl Running {
         Ok(bytes)
     }
 
-    /// The members the dispatchers of this run have judged dead so far, by their logs (each
-    /// process's, restarts included).
-    pub(super) fn judged_dead(&self) -> anyhow::Result<u64> {
+    /// The judgements that a member died the dispatchers of this run have logged since the
+    /// last call (each process's log, restarts included).
+    pub(super) fn judged_dead_since_last(&mut self) -> anyhow::Result<u64> {
+        let judged = self.judged_dead()?;
+        let since = judged.saturating_sub(self.judged_counted);
+        self.judged_counted = judged;
+        Ok(since)
+    }
+
+    /// The judgements that a member died the dispatchers of this run have logged so far.
+    fn judged_dead(&self) -> anyhow::Result<u64> {
         let mut judged = 0;
         for entry in std::fs::read_dir(&self.log_dir)? {
             let path = entry?.path();

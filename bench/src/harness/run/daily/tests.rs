@@ -123,12 +123,12 @@ fn a_member_judged_dead_in_any_run_is_named_under_the_table() {
         measured(Shape::Tier, Event::TierUpgrade, 0, Some(1.0), 10.0),
         upgrade.clone(),
     ];
-    assert!(!table(&runs).contains("judged dead"), "{}", table(&runs));
+    assert!(!table(&runs).contains("Judgements"), "{}", table(&runs));
     upgrade.judged_dead = 1;
     let runs = [runs[0].clone(), runs[1].clone(), upgrade];
     let table = table(&runs);
     assert!(
-        table.contains("judged dead (the keys that move from each wait, up to the handover bound): 1 in the tier upgrade of run 2."),
+        table.contains("died, one per dispatcher that saw it (the keys that move from each wait, up to the handover bound): 1 in the tier upgrade of run 2."),
         "{table}"
     );
 }
