@@ -113,7 +113,7 @@ pub async fn serve(
         guard,
         connections,
         ring: RingMetrics::new(&config.metrics),
-        renewals: membership::LeaseMetrics::new(&config.metrics),
+        lease_metrics: membership::LeaseMetrics::new(&config.metrics),
         tables: GroupTableCollector::default(),
         local,
     };
@@ -143,7 +143,7 @@ struct Process {
     guard: Arc<Guard>,
     connections: Arc<Connections>,
     ring: RingMetrics,
-    renewals: membership::LeaseMetrics,
+    lease_metrics: membership::LeaseMetrics,
     tables: GroupTableCollector,
     local: Option<std::net::SocketAddr>,
 }
@@ -280,7 +280,7 @@ fn start_table(
         config,
         (client.clone(), &groups),
         (slice_tx, released_rx),
-        (lease_sessions, process.renewals.clone()),
+        (lease_sessions, process.lease_metrics.clone()),
         members_stop.clone(),
         clean.clone(),
     );
@@ -460,7 +460,7 @@ fn start_membership(
     config: &ServeConfig,
     (client, groups): (Client, &Arc<GroupTable>),
     (slice, released): (watch::Sender<Arc<Slice>>, watch::Receiver<Option<String>>),
-    (lease_sessions, renewals): (Arc<LeaseSessions>, membership::LeaseMetrics),
+    (lease_sessions, lease_metrics): (Arc<LeaseSessions>, membership::LeaseMetrics),
     stop: CancellationToken,
     clean: Arc<AtomicBool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -477,7 +477,7 @@ fn start_membership(
                 released,
                 lease_sessions,
                 (stop, clean),
-                renewals,
+                lease_metrics,
                 warm,
             )))
         }

@@ -64,7 +64,7 @@ impl Membership {
         (self.live, gone) = self.handover.judge(observations, config.grace, now);
         for (gone, died) in gone {
             if died {
-                self.renewals.judged_dead();
+                self.lease_metrics.judged_dead();
                 warn!(member = %gone, "dispatcher judged dead (its Lease expired, or was deleted without the drained mark): taking over its keys once reconciles it handed out are over");
                 let rv = observations.state(&gone).map_or(0, |s| s.resource_version);
                 self.dead.insert(gone, (now, rv));

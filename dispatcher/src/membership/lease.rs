@@ -215,7 +215,7 @@ impl Membership {
         // Written over no version, a write abandoned at its timeout could land after a later
         // one and undo it (sessions it took off, the warming mark): try again next period.
         let Some(version) = self.version else {
-            self.renewals.count("failed");
+            self.lease_metrics.count("failed");
             return;
         };
         let handover = &mut self.handover;
@@ -261,7 +261,7 @@ impl Membership {
         );
         match renewal.await {
             Ok(Renewal::Accepted(rv)) => {
-                self.renewals.count("accepted");
+                self.lease_metrics.count("accepted");
                 self.renewed = Some(at);
                 self.unmark_accepted = !warming;
                 self.version = known(rv);
@@ -276,7 +276,7 @@ impl Membership {
                 };
             }
             Ok(Renewal::Conflict) => {
-                self.renewals.count("conflict");
+                self.lease_metrics.count("conflict");
                 // Written meanwhile (an abandoned request applied late, a hand edit): read
                 // its version and write again at once.
                 self.version = match tokio::time::timeout(
@@ -290,9 +290,9 @@ impl Membership {
                 };
                 self.renew_tick.reset_immediately();
             }
-            Ok(Renewal::Failed) => self.renewals.count("failed"),
+            Ok(Renewal::Failed) => self.lease_metrics.count("failed"),
             Err(_) => {
-                self.renewals.count("timeout");
+                self.lease_metrics.count("timeout");
                 warn!(
                 lease = %config.identity,
                 timeout = ?config.renew_period,

@@ -67,7 +67,7 @@ pub async fn run(
     released: watch::Receiver<Option<String>>,
     sessions: Arc<LeaseSessions>,
     (stop, clean): (CancellationToken, Arc<AtomicBool>),
-    renewals: LeaseMetrics,
+    lease_metrics: LeaseMetrics,
     warm: WarmUp,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
@@ -77,7 +77,7 @@ pub async fn run(
         ring_key,
         slice,
         released,
-        (sessions, renewals, warm),
+        (sessions, lease_metrics, warm),
     )
     .await;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -235,8 +235,8 @@ struct Membership {
     released: watch::Receiver<Option<String>>,
     sessions: Arc<LeaseSessions>,
     handover: Handover,
-    /// What became of each write of the Lease.
-    renewals: LeaseMetrics,
+    /// What became of each write of the Lease, and the members judged dead.
+    lease_metrics: LeaseMetrics,
     renew_tick: tokio::time::Interval,
     lease_watch: LeaseWatch,
     /// The resourceVersion of this dispatcher's Lease as last known: each write is made only
@@ -291,7 +291,7 @@ impl Membership {
         ring_key: RingKey,
         slice: watch::Sender<Arc<Slice>>,
         released: watch::Receiver<Option<String>>,
-        (sessions, renewals, warm): (Arc<LeaseSessions>, LeaseMetrics, WarmUp),
+        (sessions, lease_metrics, warm): (Arc<LeaseSessions>, LeaseMetrics, WarmUp),
     ) -> Self {
         let started = Instant::now();
         let mut version: Option<u128> = None;
@@ -359,7 +359,7 @@ impl Membership {
             released,
             sessions,
             handover,
-            renewals,
+            lease_metrics,
             renew_tick,
             lease_watch,
             version,
