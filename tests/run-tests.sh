@@ -47,16 +47,14 @@ stop_cluster() { [[ -z $started ]] || $cluster down >/dev/null 2>&1 || true; }
 # race-enabled tests, and the controller-runtime incumbent's vet and build. The step that needs
 # one waits for it (`await`); its failure fails the run, with its log.
 logs=${CARGO_TARGET_DIR:-target}/make-test
+# shellcheck source=tests/background.sh
+source tests/background.sh
 mkdir -p "$logs"
 declare -A background=()
 background() { # name, command... (at the lowest priority; BACKGROUND_NICE=0 for a normal one)
   local name=$1
   shift
-  # A session of its own (so that it can be stopped as a group) is a scheduling group of its
-  # own where the kernel groups sessions (sched_autogroup): the group's nice value, not only the
-  # processes', must say how much CPU it may take from the foreground's group.
-  setsid bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec nice -n "$0" "$@"' \
-    "${BACKGROUND_NICE:-19}" "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  niced "${BACKGROUND_NICE:-19}" "$@" >"$logs/$name.log" 2>&1 </dev/null &
   background[$name]=$!
 }
 await() { # name
@@ -74,10 +72,9 @@ stop_background() { # on the way out of a failed run: says what each job left in
   for name in "${!background[@]}"; do
     pid=${background[$name]}
     if kill -0 "$pid" 2>/dev/null; then
-      # Its process group, and the whole session (setsid above): envtest starts its API server
-      # and etcd in process groups of their own.
-      kill -- "-$pid" 2>/dev/null || true
-      pkill -TERM -s "$pid" 2>/dev/null || true
+      # Its process group, and the whole session: envtest starts its API server and etcd in
+      # process groups of their own.
+      stop_session "$pid"
       echo "run-tests: stopped $name (in the background); its log: $logs/$name.log" >&2
     else
       rc=0
@@ -168,7 +165,7 @@ if ! $cluster status >/dev/null 2>&1; then
   started=1
 fi
 
-step "cargo nextest: every test, each under its deadline (tests/nextest-phases.sh)"
+step "cargo nextest: every test, each under its deadline, the sets that need an API server to themselves on a second one (tests/nextest-phases.sh)"
 await nextest
 await prometheus
 tests/nextest-phases.sh
