@@ -7,8 +7,8 @@
 #    - the tests that restart the API server or count its requests, one at a time, on a control
 #      plane of their own (<the shared one's folder>-apart, started here and stopped at the end
 #      if it was not running): each needs an API server to itself;
-#    - the protocol model's checks (minutes of CPU each, no API server), at the lowest priority,
-#      on the CPU the others leave idle.
+#    - the protocol model's checks (minutes of CPU each, no API server), at a low priority, on
+#      the CPU the others leave idle (before the background builds of `make test` get it).
 #    The main set's output comes as it runs, the others' after it (their logs stay in
 #    target/nextest-phases/).
 # 2. The attacks on a dispatcher (floods, on purpose), beside themselves only.
@@ -70,7 +70,8 @@ niced 0 bash -c 'KD_CLUSTER_DIR=$0 tests/cluster/cluster.sh up >/dev/null &&
   >"$logs/apart.log" 2>&1 </dev/null &
 jobs[apart]=$!
 if [[ -n $with_model ]]; then
-  niced 19 cargo nextest run --workspace --locked --no-tests=fail -E "$model" \
+  # Above the background builds of `make test` (19), below the tests (0).
+  niced 10 cargo nextest run --workspace --locked --no-tests=fail -E "$model" \
     >"$logs/model.log" 2>&1 </dev/null &
   jobs[model]=$!
 fi
@@ -84,7 +85,7 @@ for name in apart model; do
   unset "jobs[$name]"
   case $name in
     apart) printf '\n==> beside it, on a control plane of their own (%s): the tests that restart the API server or count its requests\n' "${apart_dir#"$PWD"/}" ;;
-    model) printf '\n==> beside it, at the lowest priority: the protocol model\n' ;;
+    model) printf '\n==> beside it, at a low priority: the protocol model\n' ;;
   esac
   cat "$logs/$name.log"
   if ((job_rc != 0)); then

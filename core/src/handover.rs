@@ -356,19 +356,19 @@ impl Handover {
     }
 
     /// As [`Handover::died`], knowing the sessions the member may have handed keys to (`None`:
-    /// unknown): the wait ends early once each is reported ended. A member already waited out
-    /// (a process of it died, a new one came and died too) is waited out for both: the bound
-    /// from the later death, and the sessions of both (unknown if either's are).
+    /// unknown): the wait ends early once each is reported ended. A member still waited out (a
+    /// process of it died, a new one died too within the bound) is waited out for both: the
+    /// bound from the later death, the sessions of both (unknown if either's are).
     fn died_with(&mut self, member: &str, now: Instant, sessions: Option<BTreeSet<u64>>) {
         let died = match self.died.remove(member) {
-            Some(before) => Died {
+            Some(before) if now < before.at + self.bound => Died {
                 at: now.max(before.at),
                 sessions: before.sessions.zip(sessions).map(|(mut a, b)| {
                     a.extend(b);
                     a
                 }),
             },
-            None => Died { at: now, sessions },
+            _ => Died { at: now, sessions },
         };
         self.died.insert(member.to_owned(), died);
     }

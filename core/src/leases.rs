@@ -128,9 +128,9 @@ pub struct Observations {
     /// Leases deleted without the drained mark since the last [`Observations::take_deaths`],
     /// even if written again (or drained and deleted) since: a holder killed, its Lease
     /// deleted and a new process started between two judgements never looks gone, yet its
-    /// reconciles may still run. So is a Lease released and then shown again by a re-list,
-    /// which may hide such a death. At most one entry per Lease name seen; emptied by each
-    /// judgement.
+    /// reconciles may still run. So is a release still pending at a re-list
+    /// ([`Observations::relisted`]), which may hide such a death. At most one entry per Lease
+    /// name seen; emptied by each judgement.
     deaths: BTreeSet<String>,
     /// Leases deleted with the drained mark since the last [`Observations::take_releases`],
     /// unless written since by a holder that is a member (not warming up) or deleted again
@@ -234,7 +234,9 @@ impl Observations {
     /// have done so after a write this process never saw).
     pub fn published_sessions(&self, name: &str) -> Option<&BTreeSet<u64>> {
         let seen = self.leases.get(name)?;
-        if seen.deleted_at.is_some() {
+        // Deleted, or written by a process warming up (a member found dead then is an earlier
+        // process, whose sessions this one's Lease does not list): unknown.
+        if seen.deleted_at.is_some() || seen.state.warming {
             return None;
         }
         seen.state.sessions.as_ref()
@@ -259,8 +261,10 @@ impl Observations {
         self.leases.get(name).map(|s| &s.state)
     }
 
-    /// After a re-list: the Leases for which `listed` is false were deleted while the watch
-    /// was away ([`Observations::deleted`], without their final state).
+    /// After a re-list (each Lease it showed [`Observations::observe`]d first): the Leases for
+    /// which `listed` is false were deleted while the watch was away
+    /// ([`Observations::deleted`], without their final state), and every release still
+    /// pending becomes a death.
     pub fn relisted(&mut self, listed: impl Fn(&str) -> bool, now: Instant) {
         let gone: Vec<String> = self
             .leases
@@ -271,18 +275,13 @@ impl Observations {
         for name in gone {
             self.deleted(&name, None, now);
         }
-        // A Lease released and listed again may hide a process of its name that joined,
-        // handed keys out and died meanwhile: counted as a death, its sessions unknown.
-        let hidden: Vec<String> = self
-            .releases
-            .iter()
-            .filter(|n| listed(n))
-            .cloned()
-            .collect();
-        for name in hidden {
-            self.releases.remove(&name);
-            self.deaths.insert(name);
-        }
+        // A release that no member's write has ended (the re-list showed the Lease warming up,
+        // or not at all) may hide a process of its name that joined, handed keys out and died
+        // while the watch was away (its Lease deleted by hand, say): counted as a death, its
+        // sessions unknown. A Lease this process forgot at its drained deletion is not in the
+        // list above, so this is the only place its death can be found.
+        let hidden = std::mem::take(&mut self.releases);
+        self.deaths.extend(hidden);
     }
 
     /// The newest Lease resourceVersion seen.
@@ -449,6 +448,7 @@ mod tests {
         assert!(o.live(t0 + SEC, SEC).contains_key("a"));
         assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["a"]);
         assert!(o.take_deaths().is_empty());
+        assert_eq!(o.take_releases().into_iter().collect::<Vec<_>>(), ["b"]);
         // Deleted again and missed by later re-lists: one death, not one per re-list.
         o.deleted("a", None, t0 + 2 * SEC);
         o.relisted(|name| !["a", "b"].contains(&name), t0 + 3 * SEC);
@@ -483,6 +483,40 @@ mod tests {
         assert_eq!(o.take_releases().into_iter().collect::<Vec<_>>(), ["a"]);
         assert!(o.take_releases().is_empty());
         assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["c"]);
+        assert_eq!(
+            o.published_sessions("a"),
+            None,
+            "a warming Lease lists no member's"
+        );
+    }
+
+    /// A re-list ends every release pending: one whose Lease it shows warming up, or does not
+    /// show at all (forgotten at its drained deletion), may hide a process that joined, handed
+    /// keys out and died while the watch was away; one it shows written by a member is over.
+    #[test]
+    fn a_relist_turns_every_pending_release_into_a_death() {
+        let t0 = Instant::now();
+        let mut o = Observations::default();
+        for (name, rv) in [("a", 1), ("b", 2), ("c", 3)] {
+            o.observe(name, lease(name, "t1", rv), t0);
+        }
+        for (name, rv) in [("a", 4), ("b", 5), ("c", 6)] {
+            let drained = LeaseState {
+                drained: true,
+                ..lease(name, "t1", rv)
+            };
+            o.deleted(name, Some(drained), t0 + SEC);
+        }
+        let t2 = t0 + 2 * SEC;
+        let warming = LeaseState {
+            warming: true,
+            ..lease("a", "t2", 7)
+        };
+        o.observe("a", warming, t2);
+        o.observe("b", lease("b", "t2", 8), t2);
+        o.relisted(|name| ["a", "b"].contains(&name), t2);
+        assert!(o.take_releases().is_empty());
+        assert_eq!(o.take_deaths().into_iter().collect::<Vec<_>>(), ["a", "c"]);
     }
 
     /// The sessions a member listed are known while its Lease is (expired or not), and not once

@@ -227,6 +227,11 @@ pub struct Config {
     pub liveness: bool,
     /// How the keys of a dispatcher that died are taken over.
     pub takeover: Takeover,
+    /// Whether a restarted dispatcher warms up before it joins, as the dispatcher does: its
+    /// Lease, written marked warming, makes it no member, and [`Action::Warm`] ends the warm-up
+    /// with a member's renewal. Without, it renews as a member at once (a warm-up that ends
+    /// before anyone judges).
+    pub warm_up: bool,
     /// Whether `Model::actions` lists only the actions that lead to a state, for random walks:
     /// stateright's simulation records the index of an action it skipped (no next state) as a
     /// step, so a path through one cannot be replayed. Exhaustive checks skip such actions
@@ -239,7 +244,7 @@ impl fmt::Display for Config {
         let b = self.budget;
         write!(
             f,
-            "{} dispatchers, {} replicas in {} groups (made lazily: {}), {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}, owners listed by the group: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions, {} owned changes",
+            "{} dispatchers, {} replicas in {} groups (made lazily: {}), {} keys, {:?} replica, {:?} Lease views, deleted Leases {:?}, releases withheld while a member is waited out: {}, closed sessions {:?}, keys coming back without a handover listed: {}, owners listed by the group: {}, restarts warm up: {}; timing {:?}; faults: {} dispatcher crashes, {} graceful stops, {} replica crashes, {} API cuts, {} lost renewal answers, {} lost messages, {} changes, {} ticks of drift, {} Lease deletions, {} early CloseSessions, {} deletions, {} owned changes",
             self.dispatchers,
             self.replicas,
             self.groups,
@@ -252,6 +257,7 @@ impl fmt::Display for Config {
             self.closes,
             self.relist_returning,
             self.owners_listed,
+            self.warm_up,
             self.timing,
             b.dispatcher_crashes,
             b.graceful_stops,

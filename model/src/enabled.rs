@@ -43,6 +43,9 @@ impl Protocol {
                 if state.left.dispatcher_crashes > 0 {
                     actions.push(Action::Crash(d8));
                 }
+                if disp.warming && disp.api {
+                    actions.push(Action::Warm(d8));
+                }
                 if state.left.graceful_stops > 0
                     && !disp.keys.iter().any(|k| matches!(k, Key::InFlight { .. }))
                 {

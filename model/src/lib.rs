@@ -29,9 +29,12 @@
 //! - **Restarts and graceful stops**: a restarted dispatcher renews its Lease before its Lease
 //!   watch has listed; if it finds its Lease still there, it waits out its previous process as
 //!   a member that died (below: `bound`, or each session that Lease listed reported) before
-//!   serving, and releases no ring meanwhile. A
-//!   graceful stop, made only with nothing in flight, deletes the Lease with the drained mark
-//!   (the others then drop it at once).
+//!   serving, and releases no ring meanwhile. With [`Config::warm_up`] (the dispatcher as it
+//!   is) it warms up first: its Lease, marked warming, makes it no member, until a step ends
+//!   the warm-up with a member's renewal. A graceful stop, made only with nothing in flight,
+//!   deletes the Lease with the drained mark (the others then drop it at once, and judge it
+//!   released even if a new process of it, warming up, writes the Lease again before they
+//!   judge; a member's write, or a deletion without the mark, ends that).
 //! - **Lease deletions** (`core/src/leases.rs`): a Lease deleted without the drained mark (by
 //!   hand, a cleanup job), of a live, cut-off or dead dispatcher, is a member that died: the
 //!   others wait out `bound`, even if its holder writes it again before they judge, and release
@@ -336,6 +339,8 @@ impl Protocol {
             view: vec![0; n],
             missed: 0,
             deaths: 0,
+            releases: 0,
+            warming: false,
             stale: 0,
             gone: 0,
             tomb: 0,
@@ -374,6 +379,7 @@ impl Protocol {
                 !(lease.drained && !lease.exists && state.dispatchers.iter().any(|x| x.up))
             }
             Action::HealApi(_)
+            | Action::Warm(_)
             | Action::RestartReplica(_)
             | Action::Open(..)
             | Action::Poll(..)

@@ -113,6 +113,11 @@ struct Args {
     /// once the dispatcher knows its object (`GroupEvent::OwnedChanged`'s `owners_listed`).
     #[arg(long)]
     owners_listed: bool,
+    /// A restarted dispatcher renews its Lease as a member at once, instead of warming up first
+    /// (its Lease marked warming, no member, until a step ends the warm-up) as the dispatcher
+    /// does.
+    #[arg(long)]
+    no_warm_up: bool,
     /// Stop after this many states (0: explore everything within the bounds).
     #[arg(long, default_value_t = 0)]
     max_states: usize,
@@ -204,6 +209,7 @@ fn main() -> anyhow::Result<()> {
         },
         relist_returning: !args.returning_unlisted,
         owners_listed: args.owners_listed,
+        warm_up: !args.no_warm_up,
         takeover: match args.takeover.as_str() {
             "bound" => Takeover::Bound,
             "unlisted" => Takeover::Unlisted,

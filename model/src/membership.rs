@@ -94,15 +94,29 @@ impl Protocol {
     }
 
     /// Every dispatcher whose Lease watch runs sees Lease `x` written (`written`) or deleted;
-    /// one cut off will re-list it when it is back.
+    /// one cut off will re-list it when it is back. A Lease marked warming counts as no
+    /// member's but to its writer, which counts itself and hands out nothing (`Handover::judge`,
+    /// fenced while warming); one deleted with the drained mark is a release until a member
+    /// writes it again (`Observations::take_releases`).
     pub(super) fn show_lease(&self, state: &mut State, x: usize, written: bool) {
         let t = self.config.timing;
-        for disp in &mut state.dispatchers {
+        let lease = state.leases[x];
+        let member = written && !lease.warming;
+        for (o, disp) in state.dispatchers.iter_mut().enumerate() {
             if !disp.up {
                 continue;
             }
             if disp.api {
-                disp.view[x] = if written { t.lease + t.grace } else { 0 };
+                disp.view[x] = if member || written && o == x {
+                    t.lease + t.grace
+                } else {
+                    0
+                };
+                if member {
+                    disp.releases &= !bit(x);
+                } else if !written && lease.drained {
+                    disp.releases |= bit(x);
+                }
             } else {
                 disp.missed |= bit(x);
             }
@@ -139,8 +153,9 @@ impl Protocol {
         let peers = Self::remembered(state);
         let disp = &mut state.dispatchers[d];
         let (ring_before, settled_before) = (disp.ring, disp.settled);
-        if disp.own_lease == 0 {
-            // Fenced: releases seen so far may predate what the others did meanwhile.
+        if disp.own_lease == 0 || disp.warming {
+            // Fenced (warming up counts as fenced: it hands out nothing): releases seen so far
+            // may predate what the others did meanwhile.
             disp.fresh = 0;
             disp.written = 0;
         }
@@ -152,8 +167,9 @@ impl Protocol {
             }
         }
         let deaths = std::mem::take(&mut disp.deaths);
+        let releases = std::mem::take(&mut disp.releases);
         if live != disp.ring {
-            self.ring_changed(disp, d, live, &leases, deaths);
+            self.ring_changed(disp, d, live, &leases, (deaths, releases));
         }
         if !has(disp.ring, d) {
             // Off its own ring (its Lease gone from the view): it hands out nothing, and
@@ -180,6 +196,7 @@ impl Protocol {
         }
         let others = disp.ring & !bit(d);
         let open = disp.own_lease > 0
+            && !disp.warming
             && has(disp.ring, d)
             && disp.died.iter().all(|w| *w == 0)
             && disp.settled != Some(disp.ring)
@@ -219,28 +236,32 @@ impl Protocol {
 
     /// The ring `d` judges changed to `live`: members gone from it that died are waited out,
     /// and its slice is trimmed to the new ring (off its own ring at once if it left it).
+    /// `deaths` and `releases` are the Lease deletions without and with the drained mark seen
+    /// since the last judgement.
     fn ring_changed(
         &self,
         disp: &mut Dispatcher,
         d: usize,
         live: u8,
         leases: &[Lease],
-        deaths: u8,
+        (deaths, releases): (u8, u8),
     ) {
         let t = self.config.timing;
         let gone = disp.ring & !live;
         for (x, lease) in leases.iter().enumerate() {
             // Only a Lease deleted with the drained mark was released: its holder left
-            // nothing in flight. Expired, or deleted without the mark, its holder died, even
-            // if a later process of it drained since (`Handover::judge`).
+            // nothing in flight, even if a new process of it, warming up, wrote it again
+            // since. Expired, or deleted without the mark, its holder died, even if a later
+            // process of it drained since (`Handover::judge`).
             let died = match self.config.deletions {
-                Deletions::Died => !lease.drained || has(deaths, x),
+                Deletions::Died => !(lease.drained || has(releases, x)) || has(deaths, x),
                 Deletions::Released => lease.exists,
             };
             if has(gone, x) && died {
                 // Deleted (since the last judgement, whatever came after), or written by a
                 // process that waits out its previous one, its Lease lists nothing to go by.
-                let known = lease.exists && lease.known && !has(deaths, x);
+                // Written warming up, it lists a later process's sessions, not the dead one's.
+                let known = lease.exists && lease.known && !lease.warming && !has(deaths, x);
                 let listed = known.then_some(lease.sessions);
                 Self::mourn(disp, x, t.bound, listed);
             }
@@ -304,9 +325,12 @@ impl Protocol {
         }
         let disp = &state.dispatchers[d];
         state.leases[d] = Lease {
+            // Warming up, it counts itself on its ring and releases as a member would; nobody
+            // counts a release of one that is no member of theirs.
             released,
             exists: true,
             drained: false,
+            warming: disp.warming,
             sessions: self.listing(disp, d),
             // Waiting out a member that died, or its own previous process, it lists
             // `overflow` (`Handover::waits_on_dead`).

@@ -565,6 +565,7 @@ mod tests {
             relist_returning: true,
             liveness: false,
             takeover: Takeover::Bound,
+            warm_up: false,
             enabled_only: false,
         }
     }

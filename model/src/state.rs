@@ -104,6 +104,13 @@ pub struct Dispatcher {
     /// Members whose Lease it saw deleted without the drained mark since it last judged
     /// (`Observations::take_deaths`): they died, even if renewed again meanwhile.
     pub deaths: u8,
+    /// Members whose Lease it saw deleted with the drained mark since it last judged, and
+    /// written since by no member (`Observations::take_releases`): they released, even if a
+    /// new process of theirs, warming up, wrote the Lease again meanwhile.
+    pub releases: u8,
+    /// Its process warms up ([`Config::warm_up`]): its Lease is marked warming, and it is no
+    /// member until [`Action::Warm`].
+    pub warming: bool,
     /// Keys whose change it missed while cut off from the API server (a bit each): its queue
     /// holds an older version of them, which the re-list when it is back replaces.
     pub stale: u8,
@@ -167,6 +174,8 @@ pub struct Lease {
     pub exists: bool,
     /// Deleted by a graceful stop with the drained mark: its holder left nothing in flight.
     pub drained: bool,
+    /// Written by a process warming up to join ([`Config::warm_up`]): not a member's.
+    pub warming: bool,
     /// The sessions it lists ([`Protocol::sid`] bits): every session its holder may have handed
     /// keys to that may still run them.
     pub sessions: u32,
@@ -347,8 +356,11 @@ pub enum Action {
     HealApi(u8),
     /// Dispatcher `d` is killed.
     Crash(u8),
-    /// Dispatcher `d` starts again, and renews its Lease before its Lease watch lists.
+    /// Dispatcher `d` starts again, and renews its Lease before its Lease watch lists (marked
+    /// warming with [`Config::warm_up`]).
     Restart(u8),
+    /// Dispatcher `d`, warming up, is ready: it renews its Lease as a member.
+    Warm(u8),
     /// Dispatcher `d` stops gracefully: it has nothing in flight, and deletes its Lease.
     Stop(u8),
     /// Dispatcher `d`, listing, has seen only the Leases in the mask (its own among them).

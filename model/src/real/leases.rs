@@ -68,6 +68,7 @@ impl Real {
             released_after: released.map(|_| seen),
             resource_version: self.rv,
             drained,
+            warming: written.warming,
             sessions: written.known.then(|| {
                 self.tags(written.sessions)
                     .into_iter()
@@ -119,7 +120,7 @@ impl Real {
             return;
         };
         p.live = p.handover.judge(&mut p.observations, grace, now).0;
-        let fenced = p.renewed.is_none_or(|at| now >= at + duration);
+        let fenced = p.warming || p.renewed.is_none_or(|at| now >= at + duration);
         let slice = Arc::new(
             p.handover
                 .update(&p.live, p.observations.newest(), fenced, now),
@@ -251,10 +252,15 @@ impl Real {
     /// Dispatcher `d` starts again: its Lease watch lists the Leases, then it writes its own.
     pub(super) fn restart(&mut self, d: usize, after: &State) {
         let now = self.now();
-        // A Lease of its own still there was not released: its previous process died.
-        // The sessions it listed are all its process may have handed keys to.
-        let predecessor = self.leases[d].as_ref().map(|l| l.sessions.clone());
+        // A Lease of its own still there was not released: its previous process died (unless
+        // it was marked warming: that process handed nothing out). The sessions it listed are
+        // all its process may have handed keys to.
+        let predecessor = self.leases[d]
+            .as_ref()
+            .filter(|l| !l.warming)
+            .map(|l| l.sessions.clone());
         let mut process = self.process(d, now, predecessor);
+        process.warming = after.dispatchers[d].warming;
         // Its Lease watch's first list.
         for (x, lease) in self.leases.iter().enumerate() {
             if let Some(state) = lease {
@@ -265,6 +271,15 @@ impl Real {
         }
         self.processes[d] = Some(process);
         self.write(d, None, true, &after.leases[d]);
+    }
+
+    /// Dispatcher `d`, warming up, is ready: it renews its Lease without the mark, and its gate
+    /// opens as a member's (`membership::run`).
+    pub(super) fn warm(&mut self, model: &Protocol, d: usize, after: &State) -> Result<(), String> {
+        if let Some(p) = &mut self.processes[d] {
+            p.warming = false;
+        }
+        self.renew(model, d, true, after)
     }
 
     /// Dispatcher `d` stops: the drain's last renewal writes the drained mark, then the Lease

@@ -95,6 +95,9 @@ struct Process {
     answered: Vec<(usize, DeliveryId)>,
     /// Its groups have asked their peers for the deletions they remember of their keys.
     asked: bool,
+    /// Warming up: its Lease is marked warming, and its gate is held as if fenced
+    /// (`membership::publish`).
+    warming: bool,
 }
 
 /// One controller group's state at a dispatcher (`Group`'s): its queue and its transit.
@@ -133,6 +136,7 @@ impl Process {
             deliveries: BTreeMap::new(),
             answered: Vec::new(),
             asked: false,
+            warming: false,
         }
     }
 }
@@ -336,6 +340,7 @@ impl Real {
             }
             Action::Crash(d) => self.processes[usize::from(d)] = None,
             Action::Restart(d) => self.restart(usize::from(d), after),
+            Action::Warm(d) => self.warm(model, usize::from(d), after)?,
             Action::Stop(d) => self.stop(usize::from(d), before),
             Action::DeleteLease(d) => self.delete(usize::from(d), false),
             Action::Change(k) => self.change(usize::from(k), after),

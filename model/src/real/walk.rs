@@ -43,6 +43,11 @@ pub struct Walked {
     pub takeovers_by_reports: usize,
     /// Of those, restarted dispatchers' waits for their own previous process.
     pub restarts_by_reports: usize,
+    /// Restarted dispatchers that warmed up and joined ([`crate::Config::warm_up`]).
+    pub warm_ups: usize,
+    /// Members judged released (dropped from a ring with no wait) while a new process of
+    /// theirs, warming up, had written their Lease again since their drain.
+    pub released_while_warming: usize,
 }
 
 impl std::ops::AddAssign for Walked {
@@ -57,6 +62,8 @@ impl std::ops::AddAssign for Walked {
         self.waits_for_group += w.waits_for_group;
         self.takeovers_by_reports += w.takeovers_by_reports;
         self.restarts_by_reports += w.restarts_by_reports;
+        self.warm_ups += w.warm_ups;
+        self.released_while_warming += w.released_while_warming;
     }
 }
 
@@ -203,6 +210,20 @@ impl Walked {
         }
         if matches!(action, Action::Delete(_)) {
             self.object_deletions += 1;
+        }
+        if matches!(action, Action::Warm(_)) {
+            self.warm_ups += 1;
+        }
+        for (d, (a, b)) in before.dispatchers.iter().zip(&next.dispatchers).enumerate() {
+            let dropped = a.ring & !b.ring;
+            self.released_while_warming += next
+                .leases
+                .iter()
+                .enumerate()
+                .filter(|(x, l)| {
+                    b.up && *x != d && has(dropped, *x) && l.warming && b.died[*x] == 0
+                })
+                .count();
         }
         if let Action::Answer(_, d, keys) = action {
             self.tombstones += usize::from(before.dispatchers[usize::from(d)].tomb & keys != 0);

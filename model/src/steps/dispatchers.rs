@@ -18,13 +18,26 @@ impl Protocol {
         disp.api = true;
         disp.listing = true;
         // The re-list shows what changed meanwhile: a Lease written counts as live from
-        // now; one gone, if known, was deleted without a final state, so not drained.
+        // now (a member's); one gone, if known, was deleted without a final state, so not
+        // drained. A release it saw that no member's write ended (the Lease listed warming
+        // up, or not at all) may hide a process of it that joined, handed keys out and died
+        // meanwhile: a death (`Observations::relisted`).
         for (x, lease) in s.leases.iter().enumerate() {
+            if has(disp.releases, x) {
+                disp.releases &= !bit(x);
+                if !lease.exists || lease.warming {
+                    disp.deaths |= bit(x);
+                }
+            }
             if !has(disp.missed, x) {
                 continue;
             }
             if lease.exists {
-                disp.view[x] = t.lease + t.grace;
+                disp.view[x] = if lease.warming && x != usize::from(d) {
+                    0
+                } else {
+                    t.lease + t.grace
+                };
             } else {
                 if disp.view[x] > 0 || has(disp.ring, x) {
                     disp.deaths |= bit(x);
@@ -51,25 +64,41 @@ impl Protocol {
         let t = self.config.timing;
         let d = usize::from(d);
         let mut disp = self.fresh_dispatcher(true);
-        // Its Lease watch's first list: every Lease there counts as live from now.
+        // Its Lease watch's first list: every member's Lease there counts as live from now.
         for (x, lease) in s.leases.iter().enumerate() {
-            if lease.exists {
+            if lease.exists && !lease.warming {
                 disp.view[x] = t.lease + t.grace;
             }
         }
-        // A Lease still there was not released: its previous process may have left
+        // A member's Lease still there was not released: its previous process may have left
         // reconciles running, waited out as a member that died (until each session its
-        // Lease listed is reported ended, or the bound). None there, it sees nothing to wait
-        // for (drained, or deleted by hand: then the others wait, and withhold their releases).
+        // Lease listed is reported ended, or the bound), and it joins at once. None there, or
+        // one marked warming (its process handed nothing out), it sees nothing to wait for
+        // (drained, or deleted by hand: then the others wait, and withhold their releases),
+        // and warms up first ([`Config::warm_up`]).
         let lease = &s.leases[d];
-        if lease.exists {
+        if lease.exists && !lease.warming {
             let listed = lease.known.then_some(lease.sessions);
             Self::mourn(&mut disp, d, t.bound, listed);
+        } else {
+            disp.warming = self.config.warm_up;
         }
         s.dispatchers[d] = disp;
         self.renew(s, d, true);
         // Its first renewal comes before it has judged anything: it releases no ring.
         s.leases[d].released = None;
+        Some(())
+    }
+
+    /// [`Action::Warm`].
+    pub(crate) fn step_warm(&self, s: &mut State, d: u8) -> Option<()> {
+        let d = usize::from(d);
+        let disp = &mut s.dispatchers[d];
+        if !(disp.up && disp.api && disp.warming) {
+            return None;
+        }
+        disp.warming = false;
+        self.renew(s, d, true);
         Some(())
     }
 
@@ -91,6 +120,7 @@ impl Protocol {
             released: None,
             exists: false,
             drained: true,
+            warming: false,
             sessions: 0,
             known: true,
             ended: 0,
@@ -141,16 +171,19 @@ impl Protocol {
             released: None,
             exists: false,
             drained: false,
+            warming: false,
             sessions: 0,
             known: false,
             ended: 0,
         };
         self.show_lease(s, usize::from(d), false);
-        // Every dispatcher whose Lease watch runs sees the deletion.
+        // Every dispatcher whose Lease watch runs sees the deletion: a death, whatever it saw
+        // before.
         if self.config.deletions == Deletions::Died {
             for disp in &mut s.dispatchers {
                 if disp.up && disp.api {
                     disp.deaths |= bit(d);
+                    disp.releases &= !bit(d);
                 }
             }
         }

@@ -282,7 +282,7 @@ fn a_lone_dispatcher_whose_lease_is_deleted_by_hand_while_dead_serves_at_once() 
     };
     let path = [
         takes(0, 0).as_slice(),
-        &[Crash(0), DeleteLease(0), Restart(0), Tick],
+        &[Crash(0), DeleteLease(0), Restart(0), Warm(0), Tick],
         &[Open(1, 0), Poll(1, 0), Arrive(1, 0)],
     ]
     .concat();
@@ -341,7 +341,7 @@ fn a_ring_is_released_only_once_every_group_has_handed_over() {
         &[Receive(1, 0)],
         &take(0, g0_k1),
         &[Receive(0, 0), Finish(0, g0_k1), AckArrives(0, 0, g0_k1)],
-        &[Restart(1), Tick],
+        &[Restart(1), Warm(1), Tick],
     ]
     .concat();
     let s = replay(&model, &path);
@@ -437,4 +437,36 @@ fn a_death_seen_before_a_later_process_drained_is_still_waited_out() {
         !enabled.contains(&Answer(1, 1, 1)),
         "dispatcher 1 hands key 0 to replica 1 while replica 0 reconciles it: {enabled:?}"
     );
+}
+
+/// Dispatcher 1 stops cleanly (its Lease drained and deleted) and a new process of it starts
+/// warming up, writing its Lease again marked warming, before dispatcher 0 judges: dispatcher 0
+/// judges it released, not dead (`Observations::take_releases`), and serves its keys at once
+/// rather than after the bound. Once the new process has warmed up, the two share the ring
+/// again.
+#[test]
+fn a_drained_member_restarted_warming_up_before_a_judgement_is_released() {
+    use Action::*;
+    let budget = Budget {
+        graceful_stops: 1,
+        ..NO_FAULTS
+    };
+    let model = Protocol::new(config(2, Variant::SendTime, budget));
+    let s = replay(&model, &[Stop(1), Restart(1), Tick]);
+    assert!(s.leases[1].exists && s.leases[1].warming);
+    let d0 = &s.dispatchers[0];
+    assert_eq!(d0.ring, 0b01, "a dispatcher warming up is no member");
+    assert_eq!(
+        d0.died[1], 0,
+        "dispatcher 0 does not wait out dispatcher 1: {d0:#?}"
+    );
+    assert_eq!(d0.settled, Some(0b01), "dispatcher 0 serves every key");
+    assert_eq!(
+        s.dispatchers[1].settled, None,
+        "warming up, it hands out nothing"
+    );
+    let s = replay_from(&model, s, &[Warm(1), Tick, Tick, Tick]);
+    for (d, disp) in s.dispatchers.iter().enumerate() {
+        assert_eq!(disp.settled, Some(0b11), "dispatcher {d}: {disp:#?}");
+    }
 }

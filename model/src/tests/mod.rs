@@ -23,6 +23,7 @@ fn config(dispatchers: usize, variant: Variant, budget: Budget) -> Config {
         relist_returning: true,
         liveness: true,
         takeover: Takeover::Bound,
+        warm_up: true,
         enabled_only: false,
     }
 }

@@ -91,6 +91,7 @@ fn membership_judged_on_a_partial_view_of_the_leases_overlaps_and_on_a_whole_vie
         Answer(0, 1, 1),
         Receive(0, 1),
         Restart(0),
+        Warm(0),
         Glimpse(0, 0b01),
         Open(1, 0),
         Poll(1, 0),
@@ -240,7 +241,7 @@ fn a_dispatcher_restarted_after_its_lease_was_deleted_waits_for_the_others_withh
     };
     let path = [
         takes(0, 0).as_slice(),
-        &[Crash(0), DeleteLease(0), Restart(0), Tick, Tick],
+        &[Crash(0), DeleteLease(0), Restart(0), Warm(0), Tick, Tick],
         &takes(1, 0),
     ]
     .concat();
@@ -303,7 +304,7 @@ fn a_change_while_a_joining_dispatcher_comes_and_goes_is_delivered_only_if_liste
         &[Open(0, 1), Poll(0, 1), Arrive(0, 1), Answer(0, 1, bit(k))],
         &[Receive(0, 1), Finish(0, k), AckArrives(0, 1, k)],
         // Dispatcher 0 comes back; dispatcher 1 sees it and lets k go; k changes; 0 goes.
-        &[Restart(0), Tick, Change(k), Stop(0), Tick],
+        &[Restart(0), Warm(0), Tick, Change(k), Stop(0), Tick],
     ]
     .concat();
     let s = replay(&model, &path);
@@ -351,13 +352,14 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
             replicas,
             liveness: false,
             takeover: Takeover::Reports,
+            warm_up: true,
             ..config(dispatchers, Variant::SendTime, budget)
         });
         let total = real::walks(&model, 0..2000, 120).unwrap_or_else(|(seed, d)| {
             panic!("{dispatchers} dispatchers, {groups} groups, seed {seed}: {d}")
         });
         println!(
-            "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports ({} of them a restarted dispatcher's previous process), in lock-step",
+            "{dispatchers} dispatchers, {replicas} replicas in {groups} groups: 2000 walks, {} steps, {} Lease deletions, {} handovers, {} answers with keys, {} object deletions, {} deletions queued from a transit's memory, {} tombstones handed out, {} releases waiting for another group, {} dead members taken over by reports ({} of them a restarted dispatcher's previous process), {} warm-ups, {} members judged released while a new process warmed up, in lock-step",
             total.steps,
             total.deletions,
             total.handovers,
@@ -367,9 +369,12 @@ fn the_real_code_steps_in_lock_step_with_the_model() {
             total.tombstones,
             total.waits_for_group,
             total.takeovers_by_reports,
-            total.restarts_by_reports
+            total.restarts_by_reports,
+            total.warm_ups,
+            total.released_while_warming
         );
         assert!(total.takeovers_by_reports > 20 && total.restarts_by_reports > 5);
+        assert!(total.warm_ups > 100 && total.released_while_warming > 5);
         assert!(total.deletions > 1000 && total.handovers > 1000 && total.deliveries > 1000);
         assert!(total.object_deletions > 1000 && total.deletions_in_transit > 100);
         assert!(total.tombstones > 20);

@@ -81,3 +81,31 @@ fn a_death_or_a_relist_since_the_last_judgement_outweighs_a_release() {
     assert!(h.waits_on_dead(t1 + T - SEC));
     assert_eq!(h.awaited().count(), 0, "their sessions are unknown");
 }
+
+/// A member waited out once (its Lease deleted without the drained mark and written again)
+/// that dies again after that wait ran out is waited out for the later death alone: by the
+/// sessions its Lease lists, not as unknown ones carried over from the wait that ended.
+#[test]
+fn a_second_death_after_the_first_wait_ran_out_is_judged_on_its_own() {
+    let t0 = Instant::now();
+    let (mut o, mut h) = three_members(t0);
+    let t1 = t0 + SEC;
+    o.deleted("d1", None, t1);
+    o.observe("d1", state("d1", 4, false, false), t1);
+    let (live, _) = h.judge(&mut o, SEC, t1);
+    h.update(&live, o.newest(), false, t1);
+    assert!(
+        h.waits_on_dead(t1) && h.awaited().count() == 0,
+        "unknown sessions"
+    );
+    // The wait runs out; d1's Lease, last written at t1, expires later still.
+    let t2 = t1 + T + 12 * SEC;
+    for (name, rv) in [("d0", 5), ("d2", 6)] {
+        o.observe(name, state(name, rv, false, false), t2);
+    }
+    let (_, gone) = h.judge(&mut o, SEC, t2);
+    assert_eq!(gone, [("d1".to_owned(), true)]);
+    assert!(h.waits_on_dead(t2));
+    let awaited: Vec<_> = h.awaited().collect();
+    assert_eq!(awaited, [("d1", &BTreeSet::from([9]))]);
+}
