@@ -377,11 +377,11 @@ impl Handover {
     /// a member is live while its Lease changed within its duration plus `grace`). Returns the
     /// live members, and each member of the ring adopted so far that is live no more, with
     /// whether it died: its Lease is still known (expired, or deleted without the drained mark),
-    /// so the reconciles it handed out are waited out ([`Handover::died`]). One that is not
-    /// known (or known again only warming up, [`Observations::take_releases`]) drained and
-    /// deleted its Lease: a clean release. A member whose Lease was deleted without the drained
-    /// mark since the last judgement died too, even if live again (a new process of it renews):
-    /// the reconciles of the old one are waited out all the same.
+    /// so the reconciles it handed out are waited out ([`Handover::died`]). One not known (or
+    /// known again only warming up, [`Observations::take_releases`]) drained: a clean release,
+    /// unless a re-list came since. A member whose Lease was deleted without the drained mark
+    /// since the last judgement died too, even if live again (a new process of it renews): the
+    /// reconciles of the old one are waited out all the same.
     pub fn judge(
         &mut self,
         observations: &mut Observations,

@@ -136,9 +136,10 @@ pub struct Observations {
     /// unless written since by a holder that is a member (not warming up) or deleted again
     /// without the mark: a member that left cleanly and whose name a new process, still
     /// warming up, took again before anyone judged (a quick restart, a judgement delayed by
-    /// a lagging view) is a release, not a member that died. At most one entry per Lease name
-    /// seen; emptied by each judgement (a reader that never judges, the load balancer, keeps at
-    /// most that, as with `deaths`).
+    /// a lagging view) is a release, not a member that died; a re-list turns what is left into
+    /// deaths ([`Observations::relisted`]). At most one entry per Lease name seen; emptied by
+    /// each judgement (a reader that never judges, the load balancer, keeps at most that, as
+    /// with `deaths`).
     releases: BTreeSet<String>,
 }
 

@@ -65,7 +65,7 @@ impl Membership {
         for (gone, died) in gone {
             if died {
                 self.lease_metrics.judged_dead();
-                warn!(member = %gone, "dispatcher judged dead (its Lease expired, or was deleted without the drained mark): taking over its keys once reconciles it handed out are over");
+                warn!(member = %gone, "dispatcher judged dead (its Lease expired, was deleted without the drained mark, or a re-list of the Leases could not vouch for its release): taking over its keys once reconciles it handed out are over");
                 let rv = observations.state(&gone).map_or(0, |s| s.resource_version);
                 self.dead.insert(gone, (now, rv));
             } else {
