@@ -101,18 +101,17 @@ impl Protocol {
     pub(super) fn show_lease(&self, state: &mut State, x: usize, written: bool) {
         let t = self.config.timing;
         let lease = state.leases[x];
-        let member = written && !lease.warming;
         for (o, disp) in state.dispatchers.iter_mut().enumerate() {
             if !disp.up {
                 continue;
             }
             if disp.api {
-                disp.view[x] = if member || written && o == x {
+                disp.view[x] = if written && lease.member_to(x, o) {
                     t.lease + t.grace
                 } else {
                     0
                 };
-                if member {
+                if written && !lease.warming {
                     disp.releases &= !bit(x);
                 } else if !written && lease.drained {
                     disp.releases |= bit(x);

@@ -187,6 +187,15 @@ pub struct Lease {
     pub ended: u32,
 }
 
+impl Lease {
+    /// Whether dispatcher `o` counts this Lease, dispatcher `x`'s, as a member's while it
+    /// exists: one marked warming counts only to its writer, which counts itself a member and
+    /// hands out nothing (`Handover::judge`).
+    pub(crate) fn member_to(&self, x: usize, o: usize) -> bool {
+        !self.warming || x == o
+    }
+}
+
 /// A replica's session on one dispatcher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReplicaSession {

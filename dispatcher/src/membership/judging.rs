@@ -66,8 +66,11 @@ impl Membership {
             if died {
                 self.lease_metrics.judged_dead();
                 warn!(member = %gone, "dispatcher judged dead (its Lease expired, was deleted without the drained mark, or a re-list of the Leases could not vouch for its release): taking over its keys once reconciles it handed out are over");
-                let rv = observations.state(&gone).map_or(0, |s| s.resource_version);
-                self.dead.insert(gone, (now, rv));
+                // A Lease this process no longer knows (forgotten at its drained deletion, its
+                // release undone by a re-list) leaves nothing to collect.
+                if let Some(rv) = observations.state(&gone).map(|s| s.resource_version) {
+                    self.dead.insert(gone, (now, rv));
+                }
             } else {
                 info!(member = %gone, "dispatcher drained and released its Lease");
             }

@@ -242,7 +242,8 @@ struct Membership {
     /// The resourceVersion of this dispatcher's Lease as last known: each write is made only
     /// over it (see `renew`).
     version: Option<u128>,
-    /// Members seen to die, when, and their Lease's resourceVersion then.
+    /// Members seen to die whose Lease this process knew, when, and that Lease's
+    /// resourceVersion then (`collect_dead` deletes it once the bound has passed).
     dead: HashMap<String, (Instant, u128)>,
     /// Start of the last renewal the API server accepted.
     renewed: Option<Instant>,

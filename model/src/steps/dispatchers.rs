@@ -33,10 +33,10 @@ impl Protocol {
                 continue;
             }
             if lease.exists {
-                disp.view[x] = if lease.warming && x != usize::from(d) {
-                    0
-                } else {
+                disp.view[x] = if lease.member_to(x, usize::from(d)) {
                     t.lease + t.grace
+                } else {
+                    0
                 };
             } else {
                 if disp.view[x] > 0 || has(disp.ring, x) {
@@ -66,7 +66,7 @@ impl Protocol {
         let mut disp = self.fresh_dispatcher(true);
         // Its Lease watch's first list: every member's Lease there counts as live from now.
         for (x, lease) in s.leases.iter().enumerate() {
-            if lease.exists && !lease.warming {
+            if lease.exists && lease.member_to(x, d) {
                 disp.view[x] = t.lease + t.grace;
             }
         }
