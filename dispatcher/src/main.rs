@@ -360,8 +360,8 @@ async fn main() -> anyhow::Result<()> {
             warm_up: join_warm_up,
         },
     );
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let listener = kube_dispatch_server::bounds::bind(listen)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let (readiness, registry, admin_stop) = start_admin(admin_listen).await?;
     let shutdown = CancellationToken::new();

@@ -141,8 +141,8 @@ async fn main() -> anyhow::Result<()> {
         "--leader-settle must be at most 30s"
     );
     let client = kube_dispatch_server::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    let listener = kube_dispatch_server::bounds::bind(args.listen)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let advertise_address = args.advertise_address.unwrap_or_else(|| match args.pod_ip {
         Some(ip) => std::net::SocketAddr::new(ip, args.listen.port()).to_string(),

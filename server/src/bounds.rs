@@ -4,6 +4,7 @@
 //!
 //! | bound | default | past it |
 //! | --- | --- | --- |
+//! | connections the kernel holds until the server accepts them ([`LISTEN_BACKLOG`]: [`bind`]) | 1024, at most `net.core.somaxconn` | the kernel drops the client's SYN, and the client tries again a second later |
 //! | connections in all ([`ServerLimits::max_connections`]) | 4096 | a new connection is closed at once |
 //! | connections from one peer address ([`ServerLimits::max_connections_per_peer`]) | 128 | that peer's new connection is closed at once |
 //! | TLS handshakes in progress ([`MAX_HANDSHAKES`]), from one peer address ([`MAX_HANDSHAKES_PER_PEER`]) | 256, 8 | the new connection is closed at once: peers that stall handshakes hold at most 8 places each, each for at most 2 s (the TLS module's `HANDSHAKE_TIMEOUT`) |
@@ -22,7 +23,8 @@
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
+    io,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -30,6 +32,30 @@ use std::{
 use tonic::transport::server::Server;
 
 pub use kube_dispatch_telemetry::metrics::Refusals;
+
+/// Most connections the kernel holds for a listener until the server accepts them: a flood
+/// that reconnects thousands of times a second must not fill it while the accept loop takes a
+/// few milliseconds off, or a replica's SYN is dropped and its connection waits a second for
+/// the retry. The kernel holds at most `net.core.somaxconn` (4096 by default since Linux 5.4).
+pub const LISTEN_BACKLOG: i32 = 1024;
+
+/// A listening socket on `address` with [`LISTEN_BACKLOG`], non-blocking, with `SO_REUSEADDR`
+/// (a restarted server binds again while its old connections linger in `TIME_WAIT`): for
+/// `tokio::net::TcpListener::from_std`. Every kube-dispatch server, and the tests' servers,
+/// listen through it.
+pub fn bind(address: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
 
 /// Most TLS handshakes in progress at once on one listener.
 pub const MAX_HANDSHAKES: usize = 256;
@@ -417,5 +443,25 @@ mod tests {
         }
         assert_eq!(connections.open(), 0);
         assert!(connections.open.general.held.lock().unwrap().1.is_empty());
+    }
+
+    /// Past a backlog of 128 (the standard library's), the kernel drops a SYN and the client
+    /// sends it again a second later: 300 connections that the server has not accepted yet are
+    /// all held at once (on a kernel whose `net.core.somaxconn` allows that many).
+    #[test]
+    fn the_listen_backlog_holds_a_burst_the_accept_loop_has_not_taken_yet() {
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok());
+        let burst = somaxconn.map_or(300, |max| max.min(300));
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held: Vec<_> = (0..burst)
+            .map(|i| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connection {i} of {burst} not held: {e}"))
+            })
+            .collect();
+        assert_eq!(held.len(), burst);
     }
 }

@@ -74,22 +74,56 @@ pub async fn hold(
 }
 
 /// From `addresses` loopback addresses (127.0.0.2 on), `stalled` connections each that never
-/// start a handshake and `silent` that finish one and never speak, all held as [`hold`] holds
-/// them, into `flood`.
-pub fn flood(
-    flood: &mut JoinSet<()>,
+/// start a handshake and `silent` that finish one and never speak, each held as [`hold`] holds
+/// it, until `stop` and every holder has ended. Spawn it where the attackers run
+/// ([`Attackers`]): its holders run where it does.
+pub async fn flood(
     server: SocketAddr,
     (addresses, stalled, silent): (u8, usize, usize),
-    tls: &tokio_rustls::TlsConnector,
-    stop: &CancellationToken,
+    tls: tokio_rustls::TlsConnector,
+    stop: CancellationToken,
 ) {
+    let mut held = JoinSet::new();
     for a in 0..addresses {
         let from = Ipv4Addr::new(127, 0, 0, 2 + a);
         for _ in 0..stalled {
-            flood.spawn(hold(server, from, None, stop.clone()));
+            held.spawn(hold(server, from, None, stop.clone()));
         }
         for _ in 0..silent {
-            flood.spawn(hold(server, from, Some(tls.clone()), stop.clone()));
+            held.spawn(hold(server, from, Some(tls.clone()), stop.clone()));
+        }
+    }
+    while held.join_next().await.is_some() {}
+}
+
+/// A runtime of two threads of its own for attackers, as they would be pods of their own: the
+/// tasks of the server they attack, and of the clients timed against it, never queue behind
+/// theirs (the machine's cores they share). Dropped, it shuts down without blocking, as it
+/// must inside another runtime; its tasks should have ended by then.
+#[derive(Debug)]
+pub struct Attackers(Option<tokio::runtime::Runtime>);
+
+impl Attackers {
+    /// Starts the attackers' threads.
+    pub fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("attackers")
+            .enable_all()
+            .build()?;
+        Ok(Self(Some(runtime)))
+    }
+
+    /// Where to spawn an attacker.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("taken only when dropped").handle()
+    }
+}
+
+impl Drop for Attackers {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
         }
     }
 }

@@ -12,21 +12,18 @@ use crate::{Cluster, FixtureError};
 /// Longest a graceful stop may take (a dispatcher's drain included) before the test fails.
 pub const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Binds a listener at `address` (loopback) for a component to serve on; returns it and its
-/// address.
+/// Binds a listener at `address` (loopback) for a component to serve on, as the binaries do
+/// (`kube_dispatch_server::bounds::bind`: its backlog included); returns it and its address.
 pub fn bind(address: &str) -> Result<(std::net::TcpListener, SocketAddr), FixtureError> {
-    let failed = |command: String| {
-        move |e: std::io::Error| FixtureError::Script {
-            command,
-            detail: e.to_string(),
-        }
-    };
-    let listener =
-        std::net::TcpListener::bind(address).map_err(failed(format!("bind {address}")))?;
-    let addr = listener.local_addr().map_err(failed("local_addr".into()))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(failed("set_nonblocking".into()))?;
+    let failed = |command: String| move |detail: String| FixtureError::Script { command, detail };
+    let parsed: SocketAddr = address
+        .parse()
+        .map_err(|e: std::net::AddrParseError| failed(format!("parse {address}"))(e.to_string()))?;
+    let listener = kube_dispatch_server::bounds::bind(parsed)
+        .map_err(|e| failed(format!("bind {address}"))(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| failed("local_addr".into())(e.to_string()))?;
     Ok((listener, addr))
 }
 

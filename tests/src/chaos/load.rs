@@ -57,17 +57,16 @@ pub(super) async fn handshake_flood(
     let tls = flood::tls_connector(&Cluster::shared().dir().join("pki/ca.crt"))
         .map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
-    let mut held = JoinSet::new();
-    flood::flood(
-        &mut held,
+    let held = tokio::spawn(flood::flood(
         d.addr,
         (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
-        &tls,
-        &stop,
-    );
+        tls,
+        stop.clone(),
+    ));
     tokio::time::sleep(hold.max(Duration::from_secs(3))).await;
     stop.cancel();
-    while held.join_next().await.is_some() {}
+    held.await
+        .map_err(|e| format!("the flood's holders: {e}"))?;
     let connections = usize::from(FLOOD_ADDRESSES) * (FLOOD_STALLED + FLOOD_SILENT);
     Ok(format!(
         "handshake-flood dispatcher-{i} ({connections} stalled and silent connections from {FLOOD_ADDRESSES} addresses)"

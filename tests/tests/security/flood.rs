@@ -1,7 +1,9 @@
 //! Floods that would hold the door shut (`proto/kubedispatch/v1/security.md`, "Threats and
 //! bounds"): TLS handshakes that never finish and TLS connections that never speak, from twenty
 //! addresses, each reopened a tenth of a second after the dispatcher closes it. A new replica's
-//! session still opens, and its first poll is answered, within a second.
+//! session still opens, and its first poll is answered, within a second. The flood runs on
+//! threads of its own ([`Attackers`]), as it would from pods of its own: it shares the
+//! machine's cores with the dispatcher, not the dispatcher's runtime.
 
 use std::{
     net::Ipv4Addr,
@@ -12,6 +14,7 @@ use kube_dispatch_telemetry::metrics::Metrics;
 use kube_dispatch_tests::{
     TestResult,
     dispatcher::{TestDispatcher, TestSession, subscription, test_config},
+    flood::Attackers,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -39,23 +42,31 @@ async fn await_refused(metrics: &Metrics, n: u64) {
 }
 
 /// Five replicas in turn, each on a new connection: a session opened and a poll answered,
-/// each within 1 s; the slowest.
+/// each within 1 s; the slowest. A replica that took longer says whether its connection (TCP,
+/// TLS and HTTP/2) was made by then.
 async fn new_replicas(d: &TestDispatcher, metrics: &Metrics) -> TestResult<Duration> {
     let mut slowest = Duration::ZERO;
     for i in 0..5 {
         let started = Instant::now();
-        let opened = tokio::time::timeout(
-            Duration::from_secs(1),
-            TestSession::open(
-                d,
+        let mut connected = None;
+        let opened = tokio::time::timeout(Duration::from_secs(1), async {
+            let client = d.client_as(&kube_dispatch_tests::credentials()).await;
+            connected = Some(started.elapsed());
+            TestSession::open_with(
+                client,
                 "g",
                 &format!("r{i}"),
                 vec![subscription("v1", "ConfigMap", "default")],
-            ),
-        )
+            )
+            .await
+        })
         .await;
-        let mut session =
-            opened.map_err(|_| format!("replica {i}: no session within 1 s of the flood"))??;
+        let mut session = opened.map_err(|_| match connected {
+            Some(after) => format!(
+                "replica {i}: connected after {after:?}, but no session within 1 s of the flood"
+            ),
+            None => format!("replica {i}: not even connected within 1 s of the flood"),
+        })??;
         let polled = session.poll_acking(&[], Duration::from_millis(1)).await;
         assert!(polled.is_ok(), "replica {i}: {polled:?}");
         println!(
@@ -85,20 +96,18 @@ async fn dispatcher() -> TestResult<(TestDispatcher, Metrics)> {
 async fn stalled_handshakes_and_silent_connections_do_not_lock_new_replicas_out() -> TestResult {
     let (d, metrics) = dispatcher().await?;
     let stop = CancellationToken::new();
-    let tls = crate::tls_connector()?;
-    let mut flood = tokio::task::JoinSet::new();
-    kube_dispatch_tests::flood::flood(
-        &mut flood,
+    let attackers = Attackers::start()?;
+    let flood = attackers.handle().spawn(kube_dispatch_tests::flood::flood(
         d.addr,
         (ADDRESSES, STALLED, SILENT),
-        &tls,
-        &stop,
-    );
+        crate::tls_connector()?,
+        stop.clone(),
+    ));
     await_refused(&metrics, 100).await;
     let slowest = new_replicas(&d, &metrics).await?;
     println!("slowest new replica under the flood: {slowest:?}");
     stop.cancel();
-    while flood.join_next().await.is_some() {}
+    flood.await?;
     d.stop().await;
     Ok(())
 }
@@ -117,15 +126,19 @@ async fn a_flood_from_many_addresses_leaves_known_replicas_their_places() -> Tes
     )
     .await?;
     let stop = CancellationToken::new();
+    let attackers = Attackers::start()?;
     let mut flood = tokio::task::JoinSet::new();
     for a in 0..300u16 {
         let [hi, lo] = (a + 256).to_be_bytes();
-        flood.spawn(kube_dispatch_tests::flood::hold(
-            d.addr,
-            Ipv4Addr::new(127, 0, hi, lo),
-            None,
-            stop.clone(),
-        ));
+        flood.spawn_on(
+            kube_dispatch_tests::flood::hold(
+                d.addr,
+                Ipv4Addr::new(127, 0, hi, lo),
+                None,
+                stop.clone(),
+            ),
+            attackers.handle(),
+        );
     }
     await_refused(&metrics, 100).await;
     assert_eq!(refused(&metrics, "handshakes_per_peer"), 0);

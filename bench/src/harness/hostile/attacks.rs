@@ -111,15 +111,13 @@ pub(super) async fn launch(
 async fn flood(grpc: SocketAddr, ca: PathBuf, stop: CancellationToken) -> anyhow::Result<()> {
     let tls = kube_dispatch_tests::flood::tls_connector(&ca)
         .map_err(|e| anyhow::anyhow!("the flood's TLS client: {e}"))?;
-    let mut held = JoinSet::new();
     kube_dispatch_tests::flood::flood(
-        &mut held,
         grpc,
         (FLOOD_ADDRESSES, FLOOD_STALLED, FLOOD_SILENT),
-        &tls,
-        &stop,
-    );
-    while held.join_next().await.is_some() {}
+        tls,
+        stop,
+    )
+    .await;
     Ok(())
 }
 

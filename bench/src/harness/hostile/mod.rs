@@ -319,15 +319,8 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
         ca,
     };
     std::fs::create_dir_all(&plan.logs)?;
-    // The attackers run on threads of their own, as they would be pods of their own: the
-    // legitimate controller's tasks never queue behind theirs (the machine's cores they share).
-    let attackers = Attackers(Some(
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("attackers")
-            .enable_all()
-            .build()?,
-    ));
+    // The attackers run on threads of their own, as they would be pods of their own.
+    let attackers = kube_dispatch_tests::flood::Attackers::start()?;
     let mut runs: Vec<(Attack, Run)> = Vec::new();
     for repeat in 0..plan.repeats {
         // Rotated, so drift on a noisy machine falls on every attack.
@@ -352,24 +345,6 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<Results> {
         }
     }
     Ok(Results::of(&plan, &runs))
-}
-
-/// The attackers' runtime, shut down without blocking when dropped (in the benchmark's own
-/// runtime, where blocking is not allowed; every attacker has ended with its run by then).
-struct Attackers(Option<tokio::runtime::Runtime>);
-
-impl Attackers {
-    fn handle(&self) -> &tokio::runtime::Handle {
-        self.0.as_ref().expect("taken only when dropped").handle()
-    }
-}
-
-impl Drop for Attackers {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_background();
-        }
-    }
 }
 
 fn ms(values: &[u64], p: f64) -> f64 {
