@@ -33,16 +33,20 @@ use tonic::transport::server::Server;
 
 pub use kube_dispatch_telemetry::metrics::Refusals;
 
-/// Most connections the kernel holds for a listener until the server accepts them: a flood
-/// that reconnects thousands of times a second must not fill it while the accept loop takes a
-/// few milliseconds off, or a replica's SYN is dropped and its connection waits a second for
-/// the retry. The kernel holds at most `net.core.somaxconn` (4096 by default since Linux 5.4).
+/// Most connections the kernel holds for a gRPC listener until the server accepts them: a
+/// flood that reconnects thousands of times a second must not fill it while the accept loop
+/// takes a few milliseconds off, or a replica's SYN is dropped and its connection waits a
+/// second for the retry. The kernel holds at most `net.core.somaxconn` (4096 by default since
+/// Linux 5.4).
 pub const LISTEN_BACKLOG: i32 = 1024;
 
 /// A listening socket on `address` with [`LISTEN_BACKLOG`], non-blocking, with `SO_REUSEADDR`
-/// (a restarted server binds again while its old connections linger in `TIME_WAIT`): for
-/// `tokio::net::TcpListener::from_std`. Every kube-dispatch server, and the tests' servers,
-/// listen through it.
+/// (a restarted server binds again while its old connections linger in `TIME_WAIT`; not on
+/// Windows, where it would let another process take the port), as tokio's own bind makes it
+/// but for the backlog (tokio's is the standard library's 128): for
+/// `tokio::net::TcpListener::from_std`. The gRPC listeners of the dispatcher and the load
+/// balancer listen through it, and so do the servers of the tests and of
+/// `kube-dispatch-testing`; the admin listeners (health and metrics) keep tokio's.
 pub fn bind(address: SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
@@ -50,6 +54,7 @@ pub fn bind(address: SocketAddr) -> io::Result<std::net::TcpListener> {
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
+    #[cfg(not(windows))]
     socket.set_reuse_address(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&address.into())?;

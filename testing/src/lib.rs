@@ -69,7 +69,8 @@ impl Tier {
 
     /// Starts a dispatcher with `config`.
     pub async fn start_with(client: kube::Client, config: ServeConfig) -> Result<Self, TierError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = kube_dispatch_server::bounds::bind(([127, 0, 0, 1], 0).into())
+            .and_then(tokio::net::TcpListener::from_std)?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
         let (started, handles) = oneshot::channel();

@@ -75,8 +75,8 @@ pub async fn hold(
 
 /// From `addresses` loopback addresses (127.0.0.2 on), `stalled` connections each that never
 /// start a handshake and `silent` that finish one and never speak, each held as [`hold`] holds
-/// it, until `stop` and every holder has ended. Spawn it where the attackers run
-/// ([`Attackers`]): its holders run where it does.
+/// it, until `stop` and every holder has ended. Its holders run where it is spawned: on
+/// [`Attackers`] when what it attacks is timed on the same machine.
 pub async fn flood(
     server: SocketAddr,
     (addresses, stalled, silent): (u8, usize, usize),
