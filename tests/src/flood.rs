@@ -46,8 +46,13 @@ pub async fn hold(
         if socket.bind(SocketAddr::new(IpAddr::V4(from), 0)).is_err() {
             return;
         }
-        let Ok(tcp) = socket.connect(server).await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let connected = tokio::select! {
+            () = stop.cancelled() => return,
+            connected = socket.connect(server) => connected,
+        };
+        let Ok(tcp) = connected else {
+            stop.run_until_cancelled(tokio::time::sleep(Duration::from_millis(50)))
+                .await;
             continue;
         };
         let mut buf = [0u8; 256];
@@ -69,7 +74,8 @@ pub async fn hold(
             () = stop.cancelled() => return,
             () = read => {}
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.run_until_cancelled(tokio::time::sleep(Duration::from_millis(100)))
+            .await;
     }
 }
 
