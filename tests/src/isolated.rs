@@ -15,15 +15,18 @@ pub const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(12
 /// Binds a listener at `address` (loopback) for a component to serve on, as the binaries do
 /// (`kube_dispatch_server::bounds::bind`: its backlog included); returns it and its address.
 pub fn bind(address: &str) -> Result<(std::net::TcpListener, SocketAddr), FixtureError> {
-    let failed = |command: String| move |detail: String| FixtureError::Script { command, detail };
+    let failed = |command: String, e: &dyn std::fmt::Display| FixtureError::Script {
+        command,
+        detail: e.to_string(),
+    };
     let parsed: SocketAddr = address
         .parse()
-        .map_err(|e: std::net::AddrParseError| failed(format!("parse {address}"))(e.to_string()))?;
+        .map_err(|e| failed(format!("parse {address}"), &e))?;
     let listener = kube_dispatch_server::bounds::bind(parsed)
-        .map_err(|e| failed(format!("bind {address}"))(e.to_string()))?;
+        .map_err(|e| failed(format!("bind {address}"), &e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| failed("local_addr".into())(e.to_string()))?;
+        .map_err(|e| failed("local_addr".into(), &e))?;
     Ok((listener, addr))
 }
 
