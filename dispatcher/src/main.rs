@@ -414,8 +414,10 @@ fn security_config(
 async fn start_admin(
     address: std::net::SocketAddr,
 ) -> anyhow::Result<(Readiness, metrics::Metrics, CancellationToken)> {
-    let admin = tokio::net::TcpListener::bind(address)
-        .await
+    // The kubelet's probes connect anew each time and give up after a second, the time a
+    // dropped SYN costs: the admin port holds a burst of connections as the gRPC port does.
+    let admin = kube_dispatch_server::bounds::bind(address)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("cannot listen on {address} (--admin-listen)"))?;
     let readiness = Readiness::new("starting");
     let stop = CancellationToken::new();

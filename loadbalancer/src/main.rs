@@ -169,8 +169,9 @@ async fn main() -> anyhow::Result<()> {
         group_owners: args.security.group_owners()?,
         metrics: metrics::Metrics::default(),
     };
-    let admin = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
+    // As the dispatcher's: the probes' connections must not wait for a dropped SYN.
+    let admin = kube_dispatch_server::bounds::bind(args.admin_listen)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("cannot listen on {} (--admin-listen)", args.admin_listen))?;
     let admin_stop = CancellationToken::new();
     tokio::spawn(admin::serve(

@@ -44,9 +44,10 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 /// (a restarted server binds again while its old connections linger in `TIME_WAIT`; not on
 /// Windows, where it would let another process take the port), as tokio's own bind makes it
 /// but for the backlog (tokio's is the standard library's 128): for
-/// `tokio::net::TcpListener::from_std`. The gRPC listeners of the dispatcher and the load
-/// balancer listen through it, and so do the servers of the tests and of
-/// `kube-dispatch-testing`; the admin listeners (health and metrics) keep tokio's.
+/// `tokio::net::TcpListener::from_std`. Every listener of the dispatcher and the load
+/// balancer listens through it, the admin ports (probes and metrics) too, whose kubelet probes
+/// give up after a second by default; so do the servers of the tests and of
+/// `kube-dispatch-testing`.
 pub fn bind(address: SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
