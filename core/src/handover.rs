@@ -26,6 +26,9 @@ use crate::{
 };
 use tracing::info;
 
+mod growth;
+use growth::{Keeping, Stretches};
+
 /// The keys a dispatcher serves.
 #[derive(Clone, Debug)]
 pub struct Slice {
@@ -43,6 +46,8 @@ pub struct Slice {
     /// Until when this dispatcher's own Lease lets it hand out keys, moved forward by each
     /// renewal without publishing a new slice.
     pub lease: Arc<LeaseDeadline>,
+    /// Its number, and what the groups kept up with before it ([`Slice::kept_since`]).
+    keeping: Keeping,
 }
 
 /// Until when a dispatcher may hand out keys: its last renewal the API server accepted (counted
@@ -110,6 +115,7 @@ impl Slice {
             settled: Some(ring.clone()),
             ring,
             lease: Arc::new(LeaseDeadline::unlimited()),
+            keeping: Keeping::default(),
         }
     }
 
@@ -123,6 +129,7 @@ impl Slice {
     pub fn closed(&self) -> Self {
         Self {
             settled: None,
+            keeping: Keeping::default(),
             ..self.clone()
         }
     }
@@ -215,33 +222,6 @@ impl Slice {
             }
     }
 
-    /// Whether this slice may serve keys `earlier` did not, so that only a list can show
-    /// what changed in them meanwhile. A dispatcher serves the keys it owns on its ring and on
-    /// its settled ring, which are the keys it owns on the union of both (a key is owned by the
-    /// member nearest to it, and one nearest among two sets of members is nearest among both).
-    /// So the served set grows only when this dispatcher starts serving, or when a member drops
-    /// out of that union: a handover that completes after a member left, or a member that
-    /// joined and left again before any handover to it completed (a dispatcher crashing as it
-    /// starts, a scale-up undone), whose keys come back here without a handover and whose
-    /// changes meanwhile reached no queue (deletions are remembered apart, see `Transit`).
-    /// A member joining, dying or leaving while the handover is pending, or a join completing,
-    /// lists nothing.
-    pub fn may_serve_more_than(&self, earlier: &Slice) -> bool {
-        let Some(settled) = &self.settled else {
-            return false;
-        };
-        let Some(before) = earlier.settled.as_ref().filter(|_| earlier.is_member()) else {
-            return self.is_member();
-        };
-        let now = |m: &String| self.ring.members().contains(m) || settled.members().contains(m);
-        earlier
-            .ring
-            .members()
-            .iter()
-            .chain(before.members())
-            .any(|m| !now(m))
-    }
-
     /// The ring this dispatcher's queues let it publish as released: its ring, when it is on
     /// it and no controller group still holds a key that moved away, queued or in flight.
     /// `moving` answers that per group (`Transit::trim`, which first trims the group's
@@ -296,6 +276,8 @@ pub struct Handover {
     died: HashMap<String, Died>,
     /// Until when this dispatcher's Lease is current, shared with every slice it publishes.
     lease: Arc<LeaseDeadline>,
+    /// Numbers the slices, and follows the stretches in which it handed nothing out.
+    stretches: Stretches,
 }
 
 impl Handover {
@@ -320,6 +302,7 @@ impl Handover {
             settled: None,
             died: died.into_iter().collect(),
             lease: Arc::new(LeaseDeadline::expired(now)),
+            stretches: Stretches::default(),
         }
     }
 
@@ -511,6 +494,9 @@ impl Handover {
             list_sharers: Arc::new(listing(&peers, live, capabilities::tier::PEER_LISTS)),
             peers: Arc::new(peers),
             lease: self.lease.clone(),
+            keeping: self
+                .stretches
+                .next(&self.identity, &self.ring, self.settled.is_none()),
         }
     }
 

@@ -76,6 +76,7 @@
 //! | `kube_dispatch_watch_json_fallbacks_total` | counter | times the watch turned to JSON because what the API server sent in protobuf could not be read through the dispatcher's table of types (a field it does not know: an API server newer than the dispatcher; or a proxy refusing protobuf) |
 //! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
 //! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
+//! | `kube_dispatch_watch_side_lists_spared_total` | counter | lists beside the watch not made when the keys served here grew, since every group had kept up with them: the dispatcher had handed nothing out since the watch's list (warming up to join, waiting out its previous process, fenced) |
 //! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from (by retrying; a 410 Gone by listing again at once) |
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
 //! | `kube_dispatch_watch_elsewhere_total` | counter | objects seen whose keys other dispatchers own: decoded for nothing but a deletion's memory (on a ring keyed by namespace with server-side sharding, near zero) |
@@ -303,7 +304,7 @@ struct WatchEventLabels {
 }
 
 /// The watches' counters, each a family with a series per watch.
-const WATCH_COUNTERS: [Described<WatchCounter>; 9] = [
+const WATCH_COUNTERS: [Described<WatchCounter>; 10] = [
     (
         "kube_dispatch_watch_protobuf",
         "Objects seen that the API server sent in protobuf",
@@ -328,6 +329,11 @@ const WATCH_COUNTERS: [Described<WatchCounter>; 9] = [
         "kube_dispatch_watch_side_lists",
         "Lists beside the watch for keys newly served here",
         |c| &c.side_lists,
+    ),
+    (
+        "kube_dispatch_watch_side_lists_spared",
+        "Lists beside the watch not made when the keys served here grew: the groups had kept up with them",
+        |c| &c.side_lists_spared,
     ),
     (
         "kube_dispatch_watch_errors",

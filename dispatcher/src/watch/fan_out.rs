@@ -88,6 +88,8 @@ pub struct WatchCounts {
     pub relists: AtomicU64,
     /// Lists beside the watch, for keys newly served here.
     pub side_lists: AtomicU64,
+    /// Lists beside the watch not made: the groups had kept up with the keys newly served.
+    pub side_lists_spared: AtomicU64,
     /// Errors the watch recovered from (by retrying, or by listing again at once after a 410 Gone).
     pub errors: AtomicU64,
     /// Of those, 410 Gone: the resourceVersion it resumed from had expired.

@@ -20,7 +20,8 @@
 //! deletion seen since the list began names (see `SideList`). A group that joins while the
 //! watch is still listing gets the rest of that list from the watch itself, so the list beside
 //! it stops once past the greatest key the watch had shown (lists come in key order); none is
-//! made if the watch had shown nothing yet.
+//! made if the watch had shown nothing yet, nor when the groups kept up with the new keys while
+//! the dispatcher handed nothing out ([`Slice::kept_since`]). See `beside`.
 
 use std::sync::{Arc, atomic::Ordering};
 
@@ -37,7 +38,7 @@ use kube_dispatch_core::{
 use kube_dispatch_proto::RingKey;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{
     fan_out::{FanOut, Seen, Subscribers, WatchCounts, describe},
@@ -45,11 +46,12 @@ use super::{
     routing::object_key,
     shard::sharded_client,
     sharing::ListSharing,
-    side_list::{Beside, Reach, SideList, next_page},
+    side_list::{SideList, next_page},
     whole_list::{self, Position},
 };
 use crate::config::ListMode;
 
+mod beside;
 mod broken;
 mod refusal;
 
@@ -115,6 +117,10 @@ pub(super) struct WatchTask {
     /// The slice the watch last fed: a list beside it is needed only when the served set may
     /// grow ([`Slice::may_serve_more_than`]).
     fed: Arc<Slice>,
+    /// The number of the slice fed when the watch's current list began: if every group has
+    /// kept up with the keys served since ([`Slice::kept_since`]), their growth needs no list.
+    /// `None` before, and once a group that joined since was shown objects by a list beside.
+    listed_under: Option<u64>,
     counts: Arc<WatchCounts>,
     joined: Arc<tokio::sync::Notify>,
     readiness: watch::Sender<Readiness>,
@@ -262,6 +268,7 @@ impl WatchTask {
             list_params,
             slice,
             fed,
+            listed_under: None,
             counts: controls.counts,
             joined: controls.joined,
             readiness: controls.readiness,
@@ -410,115 +417,6 @@ impl WatchTask {
         }
     }
 
-    /// The slice changed: a new pass if the namespaces owned here changed, a list beside the
-    /// stream if the keys served here may have grown.
-    fn slice_changed(&mut self) -> Step {
-        let slice = self.slice.borrow_and_update().clone();
-        let fed = std::mem::replace(&mut self.fed, slice.clone());
-        if slice.shard_selector() != self.fan_out.shard() {
-            // Watched anew: the children of the namespaces now owned here come with its list.
-            self.children.began_listing(now());
-            self.children.own_list_running(true);
-            self.fan_out.slice_changed(&slice);
-            self.counts.reshards.fetch_add(1, Ordering::Relaxed);
-            info!(resource = %describe(&self.key), "the namespaces owned here changed: watching them anew");
-            return Step::Reshard;
-        }
-        if !slice.may_serve_more_than(&fed) {
-            self.fan_out.slice_changed(&slice);
-            return Step::Nothing;
-        }
-        // Children of owners now served here are shown by the list beside the stream: until it
-        // ends they may be missing, which readers on the new slice are told from now on.
-        self.children.began_listing(now());
-        self.children.list_beside_for_more_owners();
-        self.fan_out.slice_changed(&slice);
-        let handover = slice.settled.as_ref().map(|r| r.members())
-            != fed.settled.as_ref().map(|r| r.members());
-        let why = if handover {
-            "a handover completed"
-        } else {
-            "keys came back to this dispatcher without a handover (a member left the ring before its handover completed)"
-        };
-        Step::ListBeside { why, joined: false }
-    }
-
-    /// Starts a list beside the stream, unless the watch's own list will show what it would.
-    fn list_beside(&mut self, pass: &mut Pass, why: &'static str, joined: bool) {
-        if !pass.started {
-            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has not been asked for yet");
-            return;
-        }
-        let listed = pass.listed.as_ref().map(Option::as_deref);
-        let Some(reach) = Reach::of(listed, joined, pass.side.as_ref().map(SideList::reach)) else {
-            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
-            return;
-        };
-        self.counts.side_lists.fetch_add(1, Ordering::Relaxed);
-        info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-        pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
-        // A whole list may be one a peer makes at the same time, if new enough (`Beside`):
-        // not while the stream's position is unknown (nothing shown, a list whose
-        // resourceVersion is not read yet) or not a number, when no shared list could be.
-        let whole = self.list_mode == ListMode::Whole;
-        let since = self.position.get();
-        let beside = self
-            .side_sharing
-            .clone()
-            .filter(|_| whole && since != 0 && since != u64::MAX)
-            .map(|sharing| Beside { sharing, since });
-        pass.side = Some(SideList::start(
-            self.api.clone(),
-            self.list_params.clone(),
-            reach,
-            whole,
-            self.protobuf,
-            beside,
-        ));
-    }
-
-    /// Whether the list beside the stream, or the pass's own list before the stream is first
-    /// asked, must wait before it is read: the owners it would show lack children the list of
-    /// another watch, begun by the same change, has not shown yet
-    /// ([`FanOut::owners_lack_children`]), and it has waited less than [`CHILDREN_WAIT`]. A
-    /// list is asked for only once read, so it shows the owners as they are then.
-    fn waits_for_children(&self, pass: &mut Pass) -> bool {
-        let Some(until) = pass.waits_until else {
-            return false;
-        };
-        let waits = (pass.side.is_some() || !pass.started) && self.fan_out.owners_lack_children();
-        if waits && Instant::now() < until {
-            if !self.children.is_waiting() {
-                debug!(resource = %describe(&self.key), "the owners' list waits for their children's");
-            }
-            self.children.waits_for_others(true);
-            return true;
-        }
-        if waits {
-            warn!(resource = %describe(&self.key), waited = ?CHILDREN_WAIT, "the owners' children are still being listed: listing the owners now, their replicas read the children they are not sent");
-        }
-        pass.waits_until = None;
-        self.children.waits_for_others(false);
-        false
-    }
-
-    /// A page of the list beside the stream: its objects filled in, and the list stopped once
-    /// past where it must reach.
-    fn side_page(&mut self, pass: &mut Pass, objects: &[WatchedObject]) {
-        let Some(list) = &pass.side else {
-            return;
-        };
-        let mut past = false;
-        for obj in objects {
-            let key = self.fan_out.fill(obj, self.epoch, list);
-            past |= list.reach().passed(&key);
-        }
-        if past {
-            debug!(resource = %describe(&self.key), "list beside the watch done: it reached where the watch's own list was");
-            pass.side = None;
-        }
-    }
-
     /// An event of the stream; `Some` when it ends the pass.
     fn event(&mut self, pass: &mut Pass, event: Event<WatchedObject>) -> Option<End> {
         // kube-runtime announces a list before asking anything: only what the server showed
@@ -530,6 +428,7 @@ impl WatchTask {
             Event::Init => {
                 self.counts.relists.fetch_add(1, Ordering::Relaxed);
                 self.epoch = self.epoch.wrapping_add(1);
+                self.listed_under = Some(self.fed.number());
                 // The watch re-lists everything itself: a list beside it adds nothing.
                 pass.side = None;
                 pass.listed = Some(None);

@@ -13,7 +13,9 @@ use super::support::*;
 /// How long the API server refuses the joining dispatcher's lists once it has refused one.
 const HELD: Duration = Duration::from_secs(8);
 
-/// With the warm-up (the default), the join adds at most a second to the worst write's wait.
+/// With the warm-up (the default), the join adds at most a second to the worst write's wait;
+/// and the joiner lists once: what its list showed while it warmed up, and every change since,
+/// is what it serves when its gate opens, so it lists nothing beside its watch then.
 #[tokio::test]
 async fn a_join_while_the_joiners_lists_are_refused_makes_no_write_wait_for_them() -> TestResult {
     let waited = join_while_lists_are_refused("warm", Duration::from_secs(60)).await?;
@@ -22,6 +24,11 @@ async fn a_join_while_the_joiners_lists_are_refused_makes_no_write_wait_for_them
         "a write waited {:?} during the join, against {:?} at worst before it",
         waited.during,
         waited.before
+    );
+    assert_eq!(
+        (waited.joiner_side_lists, waited.joiner_spared),
+        (0, 1),
+        "the joiner's lists beside its watch, and those it did not need, as its gate opened"
     );
     Ok(())
 }
@@ -43,6 +50,10 @@ async fn without_a_warm_up_a_join_makes_writes_wait_for_the_joiners_refused_list
 struct Waited {
     before: Duration,
     during: Duration,
+    /// The joiner's lists beside its watch until the end.
+    joiner_side_lists: u64,
+    /// The lists beside its watch it did not make, its groups having kept up.
+    joiner_spared: u64,
 }
 
 /// Two dispatchers serve two replicas while ConfigMaps are written every 25 ms; a third joins
@@ -109,12 +120,16 @@ async fn join_while_lists_are_refused(label: &str, warm_up: Duration) -> TestRes
     let waited = Waited {
         before: worst(false),
         during: worst(true),
+        joiner_side_lists: ds[&2].watch_total(|c| &c.side_lists),
+        joiner_spared: ds[&2].watch_total(|c| &c.side_lists_spared),
     };
     println!(
-        "{label}: {writes} writes; worst wait {:?} before the join, {:?} from its start; the join settled {:?} after it began",
+        "{label}: {writes} writes; worst wait {:?} before the join, {:?} from its start; the join settled {:?} after it began; the joiner listed beside its watch {} times, and spared {}",
         waited.before,
         waited.during,
-        joining.elapsed()
+        joining.elapsed(),
+        waited.joiner_side_lists,
+        waited.joiner_spared,
     );
     stop_all(replicas, ds, [lb]).await;
     Api::<ClusterRoleBinding>::all(ns.client())
