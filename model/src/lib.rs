@@ -50,7 +50,9 @@
 //!   write seen after the adoption, every member that died has been gone for `bound`, and, after
 //!   a crash, `bound` has passed since its restart. Then a list beside its watch queues the
 //!   served keys it does not know; so does a member leaving a ring no handover completed to
-//!   (`Slice::may_serve_more_than`).
+//!   (`Slice::may_serve_more_than`). The real dispatcher spares that list where its groups
+//!   kept up with every served key while it handed nothing out (`Slice::kept_since`); the
+//!   model lists at every growth, and so covers the list, not its sparing.
 //! - **The queue** (`core/src/queue/`): a key is absent, idle, ready or in flight on one
 //!   session; a change while in flight marks it dirty; an ack settles it; an expired session or a
 //!   delivery past `max_reconcile` puts it back. Any session may take any ready key (a superset

@@ -107,6 +107,15 @@ impl Slice {
         self.keeping.number
     }
 
+    /// Whether this slice is the first of a stretch in which the dispatcher is on its ring and
+    /// hands nothing out: published even with the ring and settled ring of the slice before
+    /// (a process's first slice, [`Slice::closed`]), so that a list a watch begins under it
+    /// counts as begun within the stretch.
+    pub fn begins_a_stretch(&self) -> bool {
+        let stretch = self.keeping.stretch.as_ref();
+        stretch.is_some_and(|s| s.since == self.keeping.number)
+    }
+
     /// Whether every group has kept up with every key this slice serves since a list of its
     /// watch began under slice number `listed`, so that the list beside the stream the growth
     /// of the served keys calls for would show nothing new: this slice opens the gate on the
@@ -144,7 +153,12 @@ mod tests {
         let all = ring(&["d0", "d1", "d2"]);
         let first = s.next("d0", &all, true);
         let listed = first.number;
-        s.next("d0", &all, true);
+        let second = s.next("d0", &all, true);
+        let begins = |keeping: &Keeping| opened(&["d0"], keeping.clone()).begins_a_stretch();
+        assert!(
+            begins(&first) && !begins(&second),
+            "only the first slice begins it"
+        );
         let open = opened(&["d0", "d1", "d2"], s.next("d0", &all, false));
         assert!(open.kept_since(listed));
         assert!(

@@ -169,9 +169,12 @@ impl Membership {
             self.waiting = why;
         }
         self.slice.send_if_modified(|current| {
+            // The first slice of a stretch in which nothing is handed out goes out whatever it
+            // looks like: watches that list under it spare their lists when the gate opens.
             let same = current.ring.members() == next.ring.members()
                 && current.settled.as_ref().map(|s| s.members())
-                    == next.settled.as_ref().map(|s| s.members());
+                    == next.settled.as_ref().map(|s| s.members())
+                && !next.begins_a_stretch();
             if !same {
                 *current = Arc::new(next);
             }
