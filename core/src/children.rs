@@ -41,6 +41,7 @@ use crate::{
 };
 
 mod following;
+use following::Grown;
 mod request;
 pub use request::{MAX_CHILDREN_PER_REQUEST, OwnerChildren};
 
@@ -325,6 +326,8 @@ pub struct ChildIndex {
     /// that is not known until the list ends (a group joined the watch, or more than
     /// [`HELD_THROUGH`] changes came while the list ran): no owner's are complete meanwhile.
     held_through: Mutex<Option<Vec<Arc<Slice>>>>,
+    /// The owners it began to hold without a list to show their children ([`Grown`]).
+    grown: Mutex<Grown>,
     /// The watch's list beside its stream waits for the children of its own objects
     /// ([`ChildIndex::waits_for_others`]): a watch of those children, whose owners this watch
     /// indexes (an ownership cycle), does not wait for it in turn.
@@ -358,6 +361,7 @@ impl Default for ChildIndex {
             own_list: AtomicBool::new(true),
             side_list: AtomicBool::new(false),
             held_through: Mutex::new(Some(Vec::new())),
+            grown: Mutex::default(),
             waiting: AtomicBool::new(false),
             joining: AtomicUsize::new(0),
             quiet: AtomicU64::new(0),
@@ -387,12 +391,22 @@ impl ChildIndex {
 
     /// The watch's own list started (`true`) or ended (`false`).
     pub fn own_list_running(&self, running: bool) {
-        self.own_list.store(running, Ordering::Release);
+        let was = self.own_list.swap(running, Ordering::AcqRel);
+        if was != running {
+            let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+            if running {
+                grown.marked(true);
+            } else {
+                grown.ended(true);
+            }
+        }
     }
 
     /// A list beside the watch started (`true`) or ended (`false`).
     pub fn side_list_running(&self, running: bool) {
-        self.side_list.store(running, Ordering::Release);
+        if self.side_list.swap(running, Ordering::AcqRel) && !running {
+            (self.grown.lock().unwrap_or_else(|e| e.into_inner())).ended(false);
+        }
     }
 
     /// The keys served here grow: a list beside the watch starts (or one running is extended)
@@ -413,6 +427,8 @@ impl ChildIndex {
             }
             _ => None,
         };
+        drop(held);
+        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).marked(false);
         self.side_list.store(true, Ordering::Release);
     }
 
@@ -472,6 +488,7 @@ impl ChildIndex {
     /// [`ChildIndex::quiet_steps`]) and forgets since when it did not; if not, notes `now` as
     /// that time unless one is known ([`ChildIndex::listing_since`]).
     pub fn step_done(&self, now: Instant) {
+        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).step_done();
         let everything = self.shows_everything();
         if everything {
             self.quiet.fetch_add(1, Ordering::AcqRel);
@@ -520,6 +537,7 @@ impl ChildIndex {
     /// list shows them everything.
     pub fn joins_taken(&self) {
         *self.held_through.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).marked(false);
         self.side_list.store(true, Ordering::Release);
         self.joining.store(0, Ordering::Release);
     }

@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
+use super::HELD_THROUGH;
+
 use kube_dispatch_proto::RingKey;
 
 use super::ChildIndex;
@@ -46,6 +48,105 @@ fn holds_children_of(slice: &Slice, owner: KeyRef<'_>) -> bool {
         && (slice.ring.key() != RingKey::Namespace || !slice.is_member() || slice.owns_key(owner))
 }
 
+/// Which owners the index began to hold without a list to show their children: a member that
+/// leaves the ring while its handover is pending lets this dispatcher may-serve its keys
+/// ([`Slice::may_serve`]) though it serves no more of them (no list beside the watch is due),
+/// and only the children of those owners that change from then on are indexed. Such an owner's
+/// children are complete only once a list marked after the growth has ended.
+#[derive(Debug)]
+pub(super) struct Grown {
+    /// Lists marked so far: the watch's own, and those beside it (for more owners, for a join).
+    lists: u64,
+    /// A list was marked in the watch task's current step: the `follow` that comes in the same
+    /// step is the change it lists for, and its growth is covered.
+    marked: bool,
+    /// When the running own list and list beside were marked (`lists` then).
+    own_from: u64,
+    side_from: u64,
+    /// Before each growth not yet covered: the slice followed and the one kept, and `lists`
+    /// then. `Err` with the `lists` of the latest growth past [`HELD_THROUGH`]: no owner is
+    /// complete until a list marked since has ended.
+    before: Result<Vec<Before>, u64>,
+}
+
+/// What the index held by before a growth ([`Grown`]): the slice it followed, the one it kept,
+/// and the lists marked until then.
+type Before = (Arc<Slice>, Option<Arc<Slice>>, u64);
+
+impl Default for Grown {
+    fn default() -> Self {
+        Self {
+            lists: 0,
+            marked: false,
+            own_from: 0,
+            side_from: 0,
+            before: Ok(Vec::new()),
+        }
+    }
+}
+
+impl Grown {
+    /// A list is marked: the own list (`own`) or one beside the watch.
+    pub(super) fn marked(&mut self, own: bool) {
+        self.lists += 1;
+        self.marked = true;
+        *(if own {
+            &mut self.own_from
+        } else {
+            &mut self.side_from
+        }) = self.lists;
+    }
+
+    /// The own list (`own`) or the list beside the watch ended: the growths before it was
+    /// marked are covered.
+    pub(super) fn ended(&mut self, own: bool) {
+        let from = if own { self.own_from } else { self.side_from };
+        match &mut self.before {
+            Ok(before) => before.retain(|(_, _, at)| *at >= from),
+            Err(at) if *at < from => self.before = Ok(Vec::new()),
+            Err(_) => {}
+        }
+    }
+
+    /// The watch task's step ended.
+    pub(super) fn step_done(&mut self) {
+        self.marked = false;
+    }
+
+    /// Whether the children of `owner` have been indexed since before every growth not yet
+    /// covered.
+    pub(super) fn covers(&self, owner: KeyRef<'_>) -> bool {
+        self.before.as_ref().is_ok_and(|before| {
+            (before.iter())
+                .all(|(fed, kept, _)| ChildIndex::holds_children_of(fed, kept.as_ref(), owner))
+        })
+    }
+
+    /// The index follows `slice` (keeping `kept`) after `before` (keeping `kept_before`).
+    fn follows(
+        &mut self,
+        (slice, kept): (&Slice, Option<&Arc<Slice>>),
+        (before, kept_before): (&Arc<Slice>, Option<&Arc<Slice>>),
+    ) {
+        let ring_only = slice.ring.key() == RingKey::Namespace;
+        let olds = [Some(before), kept_before];
+        let within = [Some(slice), kept.map(|k| &**k)]
+            .into_iter()
+            .flatten()
+            .all(|n| (olds.iter().flatten()).any(|o| n.may_serve_within(o, ring_only)));
+        if within || self.marked {
+            return;
+        }
+        let lists = self.lists;
+        match &mut self.before {
+            Ok(before_growths) if before_growths.len() < HELD_THROUGH => {
+                before_growths.push((before.clone(), kept_before.cloned(), lists));
+            }
+            _ => self.before = Err(lists),
+        }
+    }
+}
+
 impl ChildIndex {
     /// The index holds the children of the owners `slice` lets this dispatcher serve, and of
     /// those the slice before it did while no member left the ring (`still_followed`; a list
@@ -59,9 +160,14 @@ impl ChildIndex {
         let mut children = self.write();
         let mut fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let kept_before = kept.clone();
         *kept = fed
             .as_ref()
             .and_then(|fed| still_followed(fed, kept.as_ref(), &slice));
+        if let Some(before) = fed.as_ref() {
+            let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+            grown.follows((&slice, kept.as_ref()), (before, kept_before.as_ref()));
+        }
         children.retain_owners(|owner| {
             Self::holds_children_of(&slice, kept.as_ref(), KeyRef::new(owner))
         });
@@ -111,9 +217,11 @@ impl ChildIndex {
             held.as_ref()
                 .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
         };
+        let grown = (self.grown.lock().unwrap_or_else(|e| e.into_inner())).covers(key);
         self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
             && followed
             && listed_beside
+            && grown
     }
 }

@@ -320,8 +320,11 @@ fn the_children_of_owners_moving_to_a_member_that_joined_are_kept_until_released
             (0, false),
             "the slice before serves it no more either"
         );
-        // A member leaves: nothing moves away, nothing is kept.
+        // A member leaves: nothing moves away, nothing is kept; the keys served here grow, and
+        // the watch lists beside its stream (marked before it follows the slice).
+        index.list_beside_for_more_owners();
         assert!(index.follow(alone.clone()).is_none(), "a member left");
+        index.side_list_running(false);
         // The watch may see a join as one slice: kept the same.
         index
             .write()
@@ -412,4 +415,77 @@ proptest! {
         let listed: usize = (0..4).map(|o| c.of(&k, &format!("o{o}")).len()).sum();
         prop_assert_eq!(listed, c.len());
     }
+}
+
+/// A member leaves while its handover is pending: this dispatcher may serve the owners it had
+/// from then on, and indexes their children that change, but no list shows the others until the
+/// handover completes and a list beside the watch runs. Those owners are complete only once a
+/// list marked after they grew has ended: not the list beside that was running already, nor
+/// one that began before. Owners held all along stay complete throughout.
+#[test]
+fn owners_gained_without_a_list_are_complete_only_once_a_list_marked_since_ends() {
+    use kube_dispatch_proto::Ring;
+
+    let index = ChildIndex::default();
+    let k = kind();
+    let slice = |ring: &[&str], settled: &[&str]| {
+        let mut s = Slice::fixed("d0", Ring::new(ring.iter().copied()));
+        s.settled = Some(Arc::new(Ring::new(settled.iter().copied())));
+        Arc::new(s)
+    };
+    let both = slice(&["d0", "d1"], &["d0", "d1"]);
+    let pending = slice(&["d0"], &["d0", "d1"]);
+    let alone = slice(&["d0"], &["d0"]);
+    let owners: Vec<String> = (0..64)
+        .map(|i| format!("apps/Deployment/ns/o{i}"))
+        .collect();
+    let served = |o: &&String| both.may_serve(KeyRef::new(o));
+    let mine = owners.iter().find(served).expect("an owner d0 serves");
+    let theirs = owners.iter().find(|o| !served(o)).expect("one d1 serves");
+    let complete = |owner: &str| index.of(&k, owner).complete;
+    index.follow(both.clone());
+    index.own_list_running(false);
+    index.step_done(Instant::now());
+    assert!(complete(mine) && !complete(theirs));
+
+    // A list beside the watch for another reason is running when d1 leaves.
+    index.list_beside_for_more_owners();
+    index.follow(both.clone());
+    index.step_done(Instant::now());
+    index.follow(pending.clone());
+    index.step_done(Instant::now());
+    assert!(complete(mine), "held all along");
+    assert!(!complete(theirs), "its older children were never listed");
+    index.side_list_running(false);
+    index.step_done(Instant::now());
+    assert!(!complete(theirs), "that list began before it was gained");
+
+    // The handover completes: the list beside it shows them.
+    index.list_beside_for_more_owners();
+    index.follow(alone.clone());
+    index.side_list_running(true);
+    index.step_done(Instant::now());
+    assert!(!complete(theirs), "being listed");
+    assert!(complete(mine));
+    index.side_list_running(false);
+    index.step_done(Instant::now());
+    assert!(complete(theirs), "listed since");
+
+    // Gained while the watch's own list ran (a re-list begun before the growth): still not
+    // complete when that list ends.
+    index.follow(both.clone());
+    index.forget_kept();
+    index.step_done(Instant::now());
+    assert!(!complete(theirs), "d1's again");
+    index.own_list_running(true);
+    index.step_done(Instant::now());
+    index.follow(pending.clone());
+    index.step_done(Instant::now());
+    index.own_list_running(false);
+    index.step_done(Instant::now());
+    assert!(!complete(theirs), "the re-list began before it was gained");
+    assert!(complete(mine));
+    index.own_list_running(true);
+    index.own_list_running(false);
+    assert!(complete(theirs), "a re-list begun since showed them");
 }

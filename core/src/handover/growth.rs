@@ -101,6 +101,29 @@ impl Slice {
             .any(|m| !now(m))
     }
 
+    /// Whether every key this slice may serve ([`Slice::may_serve`]) `other` may serve too;
+    /// with `ring_only`, of the keys each owns on its ring alone. Judged by the members (a key
+    /// owned here among more members is owned here among fewer): false where not certain.
+    pub fn may_serve_within(&self, other: &Slice, ring_only: bool) -> bool {
+        if !other.is_member() {
+            return true;
+        }
+        if !self.is_member() || self.ring.key() != other.ring.key() {
+            return false;
+        }
+        let rings = |s: &Slice| -> Vec<Arc<Ring>> {
+            let settled = s.settled.clone().filter(|_| !ring_only);
+            std::iter::once(s.ring.clone())
+                .chain(settled)
+                .filter(|r| r.contains(&s.identity))
+                .collect()
+        };
+        let theirs = rings(other);
+        rings(self).iter().all(|mine| {
+            (theirs.iter()).any(|their| their.members().iter().all(|m| mine.contains(m)))
+        })
+    }
+
     /// This slice's number: a later slice of the same process has a greater one (0 for a
     /// fixed slice).
     pub fn number(&self) -> u64 {
