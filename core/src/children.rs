@@ -389,16 +389,21 @@ impl ChildIndex {
         self.children.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The watch's own list started (`true`) or ended (`false`).
+    /// The watch does not show everything of its own (`true`: its own list runs, or its
+    /// stream is broken or paused) or does again (`false`).
     pub fn own_list_running(&self, running: bool) {
-        let was = self.own_list.swap(running, Ordering::AcqRel);
-        if was != running {
-            let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
-            if running {
-                grown.marked(true);
-            } else {
-                grown.ended(true);
-            }
+        self.own_list.store(running, Ordering::Release);
+    }
+
+    /// The watch's own list (its first, or a re-list) begins (`true`: asked for from now on)
+    /// or has shown everything (`false`). Only a list counts: a stream that breaks and resumes
+    /// where it was shows no object again ([`Grown`]).
+    pub fn own_list(&self, begins: bool) {
+        let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+        if begins {
+            grown.marked(true);
+        } else {
+            grown.ended(true);
         }
     }
 

@@ -128,23 +128,38 @@ impl Grown {
         (slice, kept): (&Slice, Option<&Arc<Slice>>),
         (before, kept_before): (&Arc<Slice>, Option<&Arc<Slice>>),
     ) {
-        let ring_only = slice.ring.key() == RingKey::Namespace;
-        let olds = [Some(before), kept_before];
-        let within = [Some(slice), kept.map(|k| &**k)]
-            .into_iter()
-            .flatten()
-            .all(|n| (olds.iter().flatten()).any(|o| n.may_serve_within(o, ring_only)));
-        if within || self.marked {
+        if within((slice, kept), (before, kept_before)) || self.marked {
             return;
         }
         let lists = self.lists;
         match &mut self.before {
-            Ok(before_growths) if before_growths.len() < HELD_THROUGH => {
-                before_growths.push((before.clone(), kept_before.cloned(), lists));
+            // One that held no more, gone at the same list's end, says it already: a chain of
+            // growths before the next list (members that die one after the other) keeps one.
+            Ok(growths)
+                if growths.iter().any(|(b, k, at)| {
+                    *at == lists && within((b, k.as_ref()), (before, kept_before))
+                }) => {}
+            Ok(growths) if growths.len() < HELD_THROUGH => {
+                growths.push((before.clone(), kept_before.cloned(), lists));
             }
             _ => self.before = Err(lists),
         }
     }
+}
+
+/// Whether the index holds the children of no owner following `slice` (keeping `kept`) that it
+/// did not following `before` (keeping `kept_before`): judged by the members
+/// ([`Slice::may_serve_within`]), so false where not certain.
+fn within(
+    (slice, kept): (&Slice, Option<&Arc<Slice>>),
+    (before, kept_before): (&Arc<Slice>, Option<&Arc<Slice>>),
+) -> bool {
+    let ring_only = slice.ring.key() == RingKey::Namespace;
+    let olds = [Some(before), kept_before];
+    [Some(slice), kept.map(|k| &**k)]
+        .into_iter()
+        .flatten()
+        .all(|n| (olds.iter().flatten()).any(|o| n.may_serve_within(o, ring_only)))
 }
 
 impl ChildIndex {

@@ -444,6 +444,7 @@ fn owners_gained_without_a_list_are_complete_only_once_a_list_marked_since_ends(
     let theirs = owners.iter().find(|o| !served(o)).expect("one d1 serves");
     let complete = |owner: &str| index.of(&k, owner).complete;
     index.follow(both.clone());
+    index.own_list(false);
     index.own_list_running(false);
     index.step_done(Instant::now());
     assert!(complete(mine) && !complete(theirs));
@@ -477,15 +478,64 @@ fn owners_gained_without_a_list_are_complete_only_once_a_list_marked_since_ends(
     index.forget_kept();
     index.step_done(Instant::now());
     assert!(!complete(theirs), "d1's again");
+    index.own_list(true);
     index.own_list_running(true);
     index.step_done(Instant::now());
     index.follow(pending.clone());
     index.step_done(Instant::now());
+    index.own_list(false);
     index.own_list_running(false);
     index.step_done(Instant::now());
     assert!(!complete(theirs), "the re-list began before it was gained");
     assert!(complete(mine));
+    // A stream that breaks and resumes where it was lists nothing.
     index.own_list_running(true);
+    index.step_done(Instant::now());
     index.own_list_running(false);
+    assert!(
+        !complete(theirs),
+        "a broken stream resumed showed no object again"
+    );
+    index.own_list(true);
+    index.own_list(false);
     assert!(complete(theirs), "a re-list begun since showed them");
+}
+
+/// Members that die one after the other before the next list (each death its own ring change):
+/// the owners held all along stay complete however many there are; those gained are not.
+#[test]
+fn a_chain_of_deaths_before_a_list_keeps_the_owners_held_all_along_complete() {
+    use kube_dispatch_proto::Ring;
+
+    let index = ChildIndex::default();
+    let k = kind();
+    let members = ["d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7"];
+    let slice = |alive: usize| {
+        let mut s = Slice::fixed("d0", Ring::new(members[..alive].iter().copied()));
+        s.settled = Some(Arc::new(Ring::new(members.iter().copied())));
+        Arc::new(s)
+    };
+    let all = Arc::new(Slice::fixed("d0", Ring::new(members.iter().copied())));
+    let owners: Vec<String> = (0..256)
+        .map(|i| format!("apps/Deployment/ns/o{i}"))
+        .collect();
+    let mine = owners
+        .iter()
+        .find(|o| all.may_serve(KeyRef::new(o)))
+        .expect("an owner d0 serves");
+    let gained = owners
+        .iter()
+        .find(|o| !all.may_serve(KeyRef::new(o)) && slice(1).may_serve(KeyRef::new(o)))
+        .expect("an owner d0 gains");
+    index.follow(all.clone());
+    index.own_list(false);
+    index.own_list_running(false);
+    index.step_done(Instant::now());
+    for alive in (1..members.len()).rev() {
+        index.follow(slice(alive));
+        index.step_done(Instant::now());
+    }
+    let complete = |owner: &str| index.of(&k, owner).complete;
+    assert!(complete(mine), "held all along, through 7 deaths");
+    assert!(!complete(gained));
 }

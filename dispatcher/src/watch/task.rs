@@ -429,6 +429,7 @@ impl WatchTask {
                 self.counts.relists.fetch_add(1, Ordering::Relaxed);
                 self.epoch = self.epoch.wrapping_add(1);
                 self.listed_under = Some(self.fed.number());
+                self.children.own_list(true);
                 // The watch re-lists everything itself: a list beside it adds nothing.
                 pass.side = None;
                 pass.listed = Some(None);
@@ -448,6 +449,7 @@ impl WatchTask {
             Event::InitDone => {
                 self.readiness.send_if_modified(mark_ready);
                 pass.listed = None;
+                self.children.own_list(false);
                 self.fan_out.sweep(self.epoch);
                 debug!(resource = %describe(&self.key), epoch = self.epoch, "list done");
             }
