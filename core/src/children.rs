@@ -397,7 +397,8 @@ impl ChildIndex {
 
     /// The watch's own list (its first, or a re-list) begins (`true`: asked for from now on)
     /// or has shown everything (`false`). Only a list counts: a stream that breaks and resumes
-    /// where it was shows no object again ([`Grown`]).
+    /// where it was shows no object again: owners gained with no list due are complete once a
+    /// list marked after they were gained has ended.
     pub fn own_list(&self, begins: bool) {
         let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
         if begins {
