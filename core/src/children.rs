@@ -389,6 +389,11 @@ impl ChildIndex {
         self.children.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// What the index began to hold without a list ([`ChildIndex::own_list`]).
+    fn grown(&self) -> std::sync::MutexGuard<'_, Grown> {
+        self.grown.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The watch does not show everything of its own (`true`: its own list runs, or its
     /// stream is broken or paused) or does again (`false`).
     pub fn own_list_running(&self, running: bool) {
@@ -400,7 +405,7 @@ impl ChildIndex {
     /// where it was shows no object again: owners gained with no list due are complete once a
     /// list marked after they were gained has ended.
     pub fn own_list(&self, begins: bool) {
-        let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+        let mut grown = self.grown();
         if begins {
             grown.marked(true);
         } else {
@@ -411,7 +416,7 @@ impl ChildIndex {
     /// A list beside the watch started (`true`) or ended (`false`).
     pub fn side_list_running(&self, running: bool) {
         if self.side_list.swap(running, Ordering::AcqRel) && !running {
-            (self.grown.lock().unwrap_or_else(|e| e.into_inner())).ended(false);
+            self.grown().ended(false);
         }
     }
 
@@ -434,7 +439,7 @@ impl ChildIndex {
             _ => None,
         };
         drop(held);
-        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).marked(false);
+        self.grown().marked(false);
         self.side_list.store(true, Ordering::Release);
     }
 
@@ -494,7 +499,7 @@ impl ChildIndex {
     /// [`ChildIndex::quiet_steps`]) and forgets since when it did not; if not, notes `now` as
     /// that time unless one is known ([`ChildIndex::listing_since`]).
     pub fn step_done(&self, now: Instant) {
-        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).step_done();
+        self.grown().step_done();
         let everything = self.shows_everything();
         if everything {
             self.quiet.fetch_add(1, Ordering::AcqRel);
@@ -543,7 +548,7 @@ impl ChildIndex {
     /// list shows them everything.
     pub fn joins_taken(&self) {
         *self.held_through.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        (self.grown.lock().unwrap_or_else(|e| e.into_inner())).marked(false);
+        self.grown().marked(false);
         self.side_list.store(true, Ordering::Release);
         self.joining.store(0, Ordering::Release);
     }

@@ -360,8 +360,7 @@ async fn main() -> anyhow::Result<()> {
             warm_up: join_warm_up,
         },
     );
-    let listener = kube_dispatch_server::bounds::bind(listen)
-        .and_then(tokio::net::TcpListener::from_std)
+    let listener = kube_dispatch_server::bounds::listen(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let (readiness, registry, admin_stop) = start_admin(admin_listen).await?;
     let shutdown = CancellationToken::new();
@@ -416,8 +415,7 @@ async fn start_admin(
 ) -> anyhow::Result<(Readiness, metrics::Metrics, CancellationToken)> {
     // The kubelet's probes connect anew each time and give up after a second, the time a
     // dropped SYN costs: the admin port holds a burst of connections as the gRPC port does.
-    let admin = kube_dispatch_server::bounds::bind(address)
-        .and_then(tokio::net::TcpListener::from_std)
+    let admin = kube_dispatch_server::bounds::listen(address)
         .with_context(|| format!("cannot listen on {address} (--admin-listen)"))?;
     let readiness = Readiness::new("starting");
     let stop = CancellationToken::new();

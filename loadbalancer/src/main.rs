@@ -141,8 +141,7 @@ async fn main() -> anyhow::Result<()> {
         "--leader-settle must be at most 30s"
     );
     let client = kube_dispatch_server::client::from_kubeconfig(args.kubeconfig.as_deref()).await?;
-    let listener = kube_dispatch_server::bounds::bind(args.listen)
-        .and_then(tokio::net::TcpListener::from_std)
+    let listener = kube_dispatch_server::bounds::listen(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let advertise_address = args.advertise_address.unwrap_or_else(|| match args.pod_ip {
         Some(ip) => std::net::SocketAddr::new(ip, args.listen.port()).to_string(),
@@ -170,8 +169,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics::Metrics::default(),
     };
     // As the dispatcher's: the probes' connections must not wait for a dropped SYN.
-    let admin = kube_dispatch_server::bounds::bind(args.admin_listen)
-        .and_then(tokio::net::TcpListener::from_std)
+    let admin = kube_dispatch_server::bounds::listen(args.admin_listen)
         .with_context(|| format!("cannot listen on {} (--admin-listen)", args.admin_listen))?;
     let admin_stop = CancellationToken::new();
     tokio::spawn(admin::serve(

@@ -63,6 +63,11 @@ pub fn bind(address: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// [`bind`], as tokio's listener: call within a tokio runtime.
+pub fn listen(address: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+    bind(address).and_then(tokio::net::TcpListener::from_std)
+}
+
 /// Most TLS handshakes in progress at once on one listener.
 pub const MAX_HANDSHAKES: usize = 256;
 /// Most TLS handshakes in progress at once from one peer address: a client has one or two.

@@ -69,8 +69,7 @@ impl Tier {
 
     /// Starts a dispatcher with `config`.
     pub async fn start_with(client: kube::Client, config: ServeConfig) -> Result<Self, TierError> {
-        let listener = kube_dispatch_server::bounds::bind(([127, 0, 0, 1], 0).into())
-            .and_then(tokio::net::TcpListener::from_std)?;
+        let listener = kube_dispatch_server::bounds::listen(([127, 0, 0, 1], 0).into())?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
         let (started, handles) = oneshot::channel();

@@ -4,11 +4,9 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use super::HELD_THROUGH;
-
 use kube_dispatch_proto::RingKey;
 
-use super::ChildIndex;
+use super::{ChildIndex, HELD_THROUGH};
 use crate::{handover::Slice, key::KeyRef};
 
 /// The slice whose owners' children an index keeps beside those of `next`, the slice it follows
@@ -128,7 +126,7 @@ impl Grown {
         (slice, kept): (&Slice, Option<&Arc<Slice>>),
         (before, kept_before): (&Arc<Slice>, Option<&Arc<Slice>>),
     ) {
-        if within((slice, kept), (before, kept_before)) || self.marked {
+        if self.marked || within((slice, kept), (before, kept_before)) {
             return;
         }
         let lists = self.lists;
@@ -180,8 +178,8 @@ impl ChildIndex {
             .as_ref()
             .and_then(|fed| still_followed(fed, kept.as_ref(), &slice));
         if let Some(before) = fed.as_ref() {
-            let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
-            grown.follows((&slice, kept.as_ref()), (before, kept_before.as_ref()));
+            self.grown()
+                .follows((&slice, kept.as_ref()), (before, kept_before.as_ref()));
         }
         children.retain_owners(|owner| {
             Self::holds_children_of(&slice, kept.as_ref(), KeyRef::new(owner))
@@ -232,7 +230,7 @@ impl ChildIndex {
             held.as_ref()
                 .is_some_and(|slices| !slices.is_empty() && slices.iter().all(|s| s.may_serve(key)))
         };
-        let grown = (self.grown.lock().unwrap_or_else(|e| e.into_inner())).covers(key);
+        let grown = self.grown().covers(key);
         self.joining.load(Ordering::Acquire) == 0
             && !self.own_list.load(Ordering::Acquire)
             && followed

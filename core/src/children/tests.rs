@@ -443,54 +443,55 @@ fn owners_gained_without_a_list_are_complete_only_once_a_list_marked_since_ends(
     let mine = owners.iter().find(served).expect("an owner d0 serves");
     let theirs = owners.iter().find(|o| !served(o)).expect("one d1 serves");
     let complete = |owner: &str| index.of(&k, owner).complete;
+    let step = || index.step_done(Instant::now());
     index.follow(both.clone());
     index.own_list(false);
     index.own_list_running(false);
-    index.step_done(Instant::now());
+    step();
     assert!(complete(mine) && !complete(theirs));
 
     // A list beside the watch for another reason is running when d1 leaves.
     index.list_beside_for_more_owners();
     index.follow(both.clone());
-    index.step_done(Instant::now());
+    step();
     index.follow(pending.clone());
-    index.step_done(Instant::now());
+    step();
     assert!(complete(mine), "held all along");
     assert!(!complete(theirs), "its older children were never listed");
     index.side_list_running(false);
-    index.step_done(Instant::now());
+    step();
     assert!(!complete(theirs), "that list began before it was gained");
 
     // The handover completes: the list beside it shows them.
     index.list_beside_for_more_owners();
     index.follow(alone.clone());
     index.side_list_running(true);
-    index.step_done(Instant::now());
+    step();
     assert!(!complete(theirs), "being listed");
     assert!(complete(mine));
     index.side_list_running(false);
-    index.step_done(Instant::now());
+    step();
     assert!(complete(theirs), "listed since");
 
     // Gained while the watch's own list ran (a re-list begun before the growth): still not
     // complete when that list ends.
     index.follow(both.clone());
     index.forget_kept();
-    index.step_done(Instant::now());
+    step();
     assert!(!complete(theirs), "d1's again");
     index.own_list(true);
     index.own_list_running(true);
-    index.step_done(Instant::now());
+    step();
     index.follow(pending.clone());
-    index.step_done(Instant::now());
+    step();
     index.own_list(false);
     index.own_list_running(false);
-    index.step_done(Instant::now());
+    step();
     assert!(!complete(theirs), "the re-list began before it was gained");
     assert!(complete(mine));
     // A stream that breaks and resumes where it was lists nothing.
     index.own_list_running(true);
-    index.step_done(Instant::now());
+    step();
     index.own_list_running(false);
     assert!(
         !complete(theirs),
