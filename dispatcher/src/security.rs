@@ -93,15 +93,18 @@ impl Guard {
                 vec![own.username]
             }
         };
+        // Token and access reviews take their turns, so a reconnect storm cannot make this
+        // dispatcher open a connection to the API server per review.
+        let reviews = kube_dispatch_server::client::with_requests_in_flight(
+            client.clone(),
+            kube_dispatch_server::client::REVIEWS_IN_FLIGHT,
+        );
         Ok(Self {
             authentication: Authentication::Required(Arc::new(Authenticator::new(
-                client.clone(),
+                reviews.clone(),
                 auth_config.clone(),
             ))),
-            authorizer: Some(Authorizer::new(
-                client.clone(),
-                config.authorization.clone(),
-            )),
+            authorizer: Some(Authorizer::new(reviews, config.authorization.clone())),
             peer_users: Some(peer_users),
             peer_credentials: config.peer_credentials.clone(),
         })

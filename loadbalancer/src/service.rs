@@ -113,9 +113,14 @@ pub async fn serve(
     let incoming =
         kube_dispatch_server::tls::incoming(listener, &config.transport, connections.clone())?;
     let authentication = match &config.authentication {
-        Some(auth) => {
-            Authentication::Required(Arc::new(Authenticator::new(client.clone(), auth.clone())))
-        }
+        Some(auth) => Authentication::Required(Arc::new(Authenticator::new(
+            // Reviews take their turns: a reconnect storm opens no connection per review.
+            kube_dispatch_server::client::with_requests_in_flight(
+                client.clone(),
+                kube_dispatch_server::client::REVIEWS_IN_FLIGHT,
+            ),
+            auth.clone(),
+        ))),
         None => Authentication::Anonymous,
     };
     authentication.warn_if_anonymous("load balancer");
