@@ -95,10 +95,7 @@ impl Guard {
         };
         // Token and access reviews take their turns, so a reconnect storm cannot make this
         // dispatcher open a connection to the API server per review.
-        let reviews = kube_dispatch_server::client::with_requests_in_flight(
-            client.clone(),
-            kube_dispatch_server::client::REVIEWS_IN_FLIGHT,
-        );
+        let reviews = kube_dispatch_server::client::for_reviews(client.clone());
         Ok(Self {
             authentication: Authentication::Required(Arc::new(Authenticator::new(
                 reviews.clone(),

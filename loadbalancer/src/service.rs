@@ -115,10 +115,7 @@ pub async fn serve(
     let authentication = match &config.authentication {
         Some(auth) => Authentication::Required(Arc::new(Authenticator::new(
             // Reviews take their turns: a reconnect storm opens no connection per review.
-            kube_dispatch_server::client::with_requests_in_flight(
-                client.clone(),
-                kube_dispatch_server::client::REVIEWS_IN_FLIGHT,
-            ),
+            kube_dispatch_server::client::for_reviews(client.clone()),
             auth.clone(),
         ))),
         None => Authentication::Anonymous,

@@ -51,67 +51,99 @@ pub const REVIEWS_IN_FLIGHT: usize = 16;
 /// every turn.
 pub const TURN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// `client` for token and access reviews: [`with_requests_in_flight`] with
+/// [`REVIEWS_IN_FLIGHT`]. Each process makes one and shares it among its reviewers.
+pub fn for_reviews(client: kube::Client) -> kube::Client {
+    with_requests_in_flight(client, REVIEWS_IN_FLIGHT)
+}
+
 /// `client`, letting at most `most` requests wait for their answer at once, each at most
 /// [`TURN_TIMEOUT`]; the others wait for a turn, first come first served. Clones of the client
 /// returned share the turns.
 pub fn with_requests_in_flight(client: kube::Client, most: usize) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
-    let turns = std::sync::Arc::new(tokio::sync::Semaphore::new(most));
-    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let (client, turns) = (client.clone(), turns.clone());
-        async move {
-            // The semaphore is never closed.
-            let _turn = turns.acquire_owned().await;
-            match tokio::time::timeout(TURN_TIMEOUT, client.send(request)).await {
-                Ok(answered) => answered.map_err(tower::BoxError::from),
-                Err(_) => Err(format!(
-                    "no answer from the API server within {} s",
-                    TURN_TIMEOUT.as_secs()
-                )
-                .into()),
-            }
-        }
-    });
+    let service = tower::ServiceBuilder::new()
+        .concurrency_limit(most)
+        .timeout(TURN_TIMEOUT)
+        .service_fn(move |request: http::Request<kube::client::Body>| {
+            let client = client.clone();
+            async move { client.send(request).await }
+        });
     kube::Client::new(service, namespace)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering::SeqCst},
+    use std::{
+        sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering::SeqCst},
+        },
+        time::Duration,
     };
 
     use kube::client::Body;
+    use tokio::{sync::Semaphore, task::JoinSet};
 
     use super::*;
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn requests_past_the_most_in_flight_wait_their_turn() {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let most_seen = Arc::new(AtomicUsize::new(0));
-        // The API server answers only once the test lets it.
-        let answers = Arc::new(tokio::sync::Semaphore::new(0));
-        let api_server = {
-            let (in_flight, most_seen, answers) =
-                (in_flight.clone(), most_seen.clone(), answers.clone());
-            tower::service_fn(move |_: http::Request<Body>| {
-                let (in_flight, most_seen, answers) =
-                    (in_flight.clone(), most_seen.clone(), answers.clone());
+    /// An API server that answers a request only once the test gives it an answer, counting
+    /// the requests that reached it and those waiting there now.
+    #[derive(Clone)]
+    struct ApiServer {
+        arrived: Arc<AtomicUsize>,
+        in_flight: Arc<AtomicUsize>,
+        most_seen: Arc<AtomicUsize>,
+        answers: Arc<Semaphore>,
+    }
+
+    /// Counts a request in flight until it is answered or given up.
+    struct InFlight(Arc<AtomicUsize>);
+
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, SeqCst);
+        }
+    }
+
+    impl ApiServer {
+        fn new() -> Self {
+            Self {
+                arrived: Arc::default(),
+                in_flight: Arc::default(),
+                most_seen: Arc::default(),
+                answers: Arc::new(Semaphore::new(0)),
+            }
+        }
+
+        fn client(&self) -> kube::Client {
+            let server = self.clone();
+            let service = tower::service_fn(move |_: http::Request<Body>| {
+                let server = server.clone();
                 async move {
-                    let now = in_flight.fetch_add(1, SeqCst) + 1;
-                    most_seen.fetch_max(now, SeqCst);
-                    answers.acquire().await.expect("never closed").forget();
-                    in_flight.fetch_sub(1, SeqCst);
+                    server.arrived.fetch_add(1, SeqCst);
+                    let now = server.in_flight.fetch_add(1, SeqCst) + 1;
+                    let _counted = InFlight(server.in_flight.clone());
+                    server.most_seen.fetch_max(now, SeqCst);
+                    server
+                        .answers
+                        .acquire()
+                        .await
+                        .expect("never closed")
+                        .forget();
                     Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
                 }
-            })
-        };
-        let client = with_requests_in_flight(kube::Client::new(api_server, "default"), 2);
-        let mut calls = tokio::task::JoinSet::new();
-        for _ in 0..5 {
+            });
+            kube::Client::new(service, "default")
+        }
+    }
+
+    /// `calls` requests through `client`, each on a task of its own.
+    fn call(client: &kube::Client, calls: usize) -> JoinSet<Result<http::StatusCode, kube::Error>> {
+        let mut set = JoinSet::new();
+        for _ in 0..calls {
             let client = client.clone();
-            calls.spawn(async move {
+            set.spawn(async move {
                 let request = http::Request::get("/apis/x").body(Body::empty());
                 client
                     .send(request.expect("a request"))
@@ -119,22 +151,70 @@ mod tests {
                     .map(|r| r.status())
             });
         }
-        // On this one thread, every call runs as far as it can before the test goes on.
-        for _ in 0..200 {
-            tokio::task::yield_now().await;
-        }
+        set
+    }
+
+    /// Returns once every task has run as far as it can: with the clock paused, a timer fires
+    /// only when nothing else is ready to run.
+    async fn settled() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn requests_past_the_most_in_flight_wait_their_turn() {
+        let api_server = ApiServer::new();
+        let mut calls = call(&with_requests_in_flight(api_server.client(), 2), 5);
+        settled().await;
         assert_eq!(
-            in_flight.load(SeqCst),
+            api_server.in_flight.load(SeqCst),
             2,
             "two calls reach the API server, three wait"
         );
-        answers.add_permits(5);
+        api_server.answers.add_permits(5);
         while let Some(answered) = calls.join_next().await {
             assert_eq!(
                 answered.expect("a call").expect("an answer"),
                 http::StatusCode::OK
             );
         }
-        assert_eq!(most_seen.load(SeqCst), 2, "never more than two at once");
+        assert_eq!(
+            api_server.most_seen.load(SeqCst),
+            2,
+            "never more than two at once"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_request_unanswered_past_its_deadline_fails_and_gives_its_turn() {
+        let api_server = ApiServer::new();
+        let client = with_requests_in_flight(api_server.client(), 1);
+        let mut first = call(&client, 1);
+        settled().await;
+        let mut second = call(&client, 1);
+        settled().await;
+        assert_eq!(
+            api_server.arrived.load(SeqCst),
+            1,
+            "the second waits its turn"
+        );
+        tokio::time::sleep(TURN_TIMEOUT).await;
+        settled().await;
+        let failed = first
+            .try_join_next()
+            .expect("given up at the deadline")
+            .expect("no panic");
+        assert!(
+            failed.is_err(),
+            "unanswered within {TURN_TIMEOUT:?}: {failed:?}"
+        );
+        settled().await;
+        assert_eq!(
+            api_server.arrived.load(SeqCst),
+            2,
+            "the second had its turn"
+        );
+        api_server.answers.add_permits(1);
+        let answered = second.join_next().await.expect("a call").expect("no panic");
+        assert_eq!(answered.expect("an answer"), http::StatusCode::OK);
     }
 }
