@@ -461,11 +461,11 @@ impl ChildIndex {
         let _ = self.bodies.set(pool.clone());
     }
 
-    /// `body`, held in the pool of [`ChildIndex::keep_bodies`] if the index keeps bodies and
-    /// the pool has room; `None` otherwise. Asked before the body is made, so an index that
-    /// keeps none costs nothing: `body` runs only when one is kept.
-    pub fn hold(&self, body: impl FnOnce() -> Arc<[u8]>) -> Option<HeldBody> {
-        HeldBody::take(self.bodies.get()?, body())
+    /// `body`, held in the pool of [`ChildIndex::keep_bodies`] if the index keeps bodies, the
+    /// pool has room and there is a body; `None` otherwise. Asked before the body is made, so an
+    /// index that keeps none costs nothing: `body` runs only when one is kept.
+    pub fn hold(&self, body: impl FnOnce() -> Option<Arc<[u8]>>) -> Option<HeldBody> {
+        HeldBody::take(self.bodies.get()?, body()?)
     }
 
     /// Whether the index holds every child of the owners `slice` lets this dispatcher serve:

@@ -124,7 +124,7 @@ fn bodies_are_kept_only_once_asked_and_given_back_with_their_children() {
     let shown = |uid: &'static str, version: &'static str, json: &str| Shown {
         uid,
         resource_version: version,
-        body: index.hold(|| Arc::from(json.as_bytes())),
+        body: index.hold(|| Some(Arc::from(json.as_bytes()))),
     };
     // Seen by the watch's stream, owned by "a".
     let see = |child: &str, uid: &'static str, version: &'static str, json: &str| {
@@ -156,7 +156,7 @@ fn bodies_are_kept_only_once_asked_and_given_back_with_their_children() {
     index.write().forget(&k);
     assert_eq!(pool.used(), 0);
     // Past half the pool, children are indexed without bodies.
-    assert!(index.hold(|| vec![0; 501].into()).is_none());
+    assert!(index.hold(|| Some(vec![0; 501].into())).is_none());
     see("cm-4", "u4", "1", "{}");
     // Indexed before bodies were kept: a list at that very version brings the body, an
     // older or newer one does not.

@@ -32,10 +32,14 @@ use tracing::{debug, warn};
 
 use super::{
     object::WatchedObject,
+    protobuf::Untranscodable,
     routing::{Bodies, Place, in_watch, named_keys, object_key, owner_key, place},
     side_list::SideList,
 };
 use crate::group::Group;
+
+/// What publishing an object gives: its request key, or why its JSON cannot be written.
+type Written = Result<String, Untranscodable>;
 
 /// A group's interest in a watch.
 #[derive(Clone, Debug)]
@@ -140,6 +144,7 @@ pub(super) struct FanOut {
 }
 
 mod kept;
+mod written;
 
 impl FanOut {
     /// The fan-out of the watch of `key`, whose objects are of `types`, to `subscribers`, placing
@@ -198,8 +203,8 @@ impl FanOut {
     /// lock, against the slice current then ([`kube_dispatch_core::transit::Transit::record`]:
     /// it remembers deletions of keys a handover holds, recent deletions of keys owned
     /// elsewhere, and changes the stream shows of keys a handover holds). Returns the object's
-    /// request key.
-    pub(super) fn publish(&mut self, obj: &WatchedObject, epoch: u32, seen: Seen) -> String {
+    /// request key, or why its JSON, needed here, cannot be written ([`Self::write_json`]).
+    pub(super) fn publish(&mut self, obj: &WatchedObject, epoch: u32, seen: Seen) -> Written {
         let (deleted, origin) = match seen {
             Seen::Exists(origin) => (false, origin),
             Seen::Deleted => (true, Origin::Stream),
@@ -233,6 +238,7 @@ impl FanOut {
                 );
             }
         }
+        self.write_json(&subscribers, obj, (place, deleted), &text)?;
         let mut bodies = Bodies::new(&self.types);
         // With traces exported, the span of this change, whose context the deliveries it
         // causes carry to the replicas (their reconcile spans are its children).
@@ -284,7 +290,7 @@ impl FanOut {
         }
         drop(subscribers);
         self.count_children();
-        text
+        Ok(text)
     }
 
     /// Records in the index of owned objects what the watch saw of `obj` (key `text`, shown at

@@ -351,7 +351,7 @@ mod tests {
         let mut reader = ListReader::new(body);
         let mut objects = Vec::new();
         while let Some(object) = reader.next().await? {
-            objects.push(serde_json::from_str(object.json()).expect("an object's JSON"));
+            objects.push(serde_json::from_str(object.json().unwrap()).expect("an object's JSON"));
         }
         Ok((objects, reader.resource_version().map(str::to_owned)))
     }
@@ -395,14 +395,15 @@ mod tests {
             api_version: "v1".into(),
             kind: "ConfigMap".into(),
         };
-        let metadata: Value = serde_json::from_slice(&first.metadata_body(&types)).expect("JSON");
+        let metadata: Value =
+            serde_json::from_slice(&first.metadata_body(&types).unwrap()).expect("JSON");
         assert_eq!(metadata["metadata"]["name"], "first");
-        let full: Value = serde_json::from_slice(&first.full_body(&types)).expect("JSON");
+        let full: Value = serde_json::from_slice(&first.full_body(&types).unwrap()).expect("JSON");
         assert_eq!(full["kind"], "ConfigMap");
         assert_eq!(full["data"], object("first")["data"]);
         let second = reader.next().await.expect("read").expect("an object");
         assert_eq!(second.meta().name, None);
-        let full: Value = serde_json::from_slice(&second.full_body(&types)).expect("JSON");
+        let full: Value = serde_json::from_slice(&second.full_body(&types).unwrap()).expect("JSON");
         assert_eq!(full["apiVersion"], "v1");
         assert!(reader.next().await.expect("read").is_none());
         assert_eq!(reader.resource_version(), Some("9"));

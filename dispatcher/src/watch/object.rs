@@ -7,6 +7,8 @@
 //! belongs to another. A [`WatchedObject`] keeps the JSON text the API server sent and decodes
 //! from it only what routing reads: the metadata's name, namespace, resourceVersion, uid and
 //! owner references. A replica's body is that text itself, or its metadata spliced out of it.
+//! An object the API server sent in protobuf keeps its protobuf bytes instead, and its JSON is
+//! written only if something asks for it (`super::protobuf::Encoded`).
 
 use std::{borrow::Cow, num::NonZeroU64, ops::Range, sync::Arc};
 
@@ -21,6 +23,8 @@ use serde::{Deserialize, Deserializer, de::IgnoredAny};
 use serde_json::value::RawValue;
 use xxhash_rust::xxh64::Xxh64;
 
+use super::protobuf::{Encoded, Untranscodable};
+
 /// An object of a watch or list: its JSON text, and the metadata fields routing reads.
 #[derive(Clone, Debug)]
 pub struct WatchedObject {
@@ -28,14 +32,22 @@ pub struct WatchedObject {
     /// is decoded.
     meta: ObjectMeta,
     /// The object as the API server sent it.
-    json: Arc<str>,
-    /// Where `metadata` is in `json` (empty when the object has none).
-    metadata: Range<usize>,
-    /// Whether `json` has its own `apiVersion` and `kind` (items of a list do not).
+    text: Text,
+    /// Whether the object's JSON has its own `apiVersion` and `kind` (items of a list do not).
     has_api_version: bool,
     has_kind: bool,
-    /// Whether the API server sent it in protobuf, `json` being what it would have sent.
-    protobuf: bool,
+}
+
+/// An object as the API server sent it.
+#[derive(Clone, Debug)]
+enum Text {
+    /// In JSON: its text, and where its `metadata` is in it (empty when it has none).
+    Json {
+        json: Arc<str>,
+        metadata: Range<usize>,
+    },
+    /// In protobuf, its JSON written when first asked for.
+    Protobuf(Arc<Encoded>),
 }
 
 /// The metadata fields routing reads; serde skips the others (labels, annotations,
@@ -71,18 +83,6 @@ pub(super) struct Layout {
     /// Whether the object names its `apiVersion` and its `kind`.
     has_api_version: bool,
     has_kind: bool,
-}
-
-impl Layout {
-    /// The layout of an object written with its metadata at `metadata` (empty when it has
-    /// none), and with its `apiVersion` and `kind` when `typed`.
-    pub(super) fn written(metadata: Range<usize>, typed: bool) -> Self {
-        Self {
-            metadata,
-            has_api_version: typed,
-            has_kind: typed,
-        }
-    }
 }
 
 impl Head<'_> {
@@ -135,39 +135,73 @@ impl WatchedObject {
         };
         Ok(Self {
             meta,
-            json,
-            metadata,
+            text: Text::Json { json, metadata },
             has_api_version,
             has_kind,
-            protobuf: false,
         })
     }
 
-    /// Marks the object as sent in protobuf (`super::protobuf`).
-    pub(super) fn sent_in_protobuf(self) -> Self {
+    /// An object the API server sent in protobuf: `meta`, its routing fields, and its bytes,
+    /// whose JSON has its own `apiVersion` and `kind` when `typed`.
+    pub(super) fn from_protobuf(meta: ObjectMeta, encoded: Encoded, typed: bool) -> Self {
         Self {
-            protobuf: true,
-            ..self
+            meta,
+            text: Text::Protobuf(Arc::new(encoded)),
+            has_api_version: typed,
+            has_kind: typed,
         }
     }
 
     /// Whether the API server sent the object in protobuf.
     pub fn read_in_protobuf(&self) -> bool {
-        self.protobuf
+        matches!(self.text, Text::Protobuf(_))
     }
 
-    /// The object as the API server sent it.
-    pub fn json(&self) -> &str {
-        &self.json
-    }
-
-    /// The whole object, with `types` filled in where the API server left them out.
-    pub fn full_body(&self, types: &TypeMeta) -> Arc<[u8]> {
-        if self.has_api_version && self.has_kind {
-            return Arc::from(self.json.clone());
+    /// The object's JSON and where its metadata is in it: as the API server sent it, or as it
+    /// would have sent it, written now if it was not yet; `None` if it cannot be written
+    /// ([`Self::transcoded`] says why).
+    fn written(&self) -> Option<(&Arc<str>, Range<usize>)> {
+        match &self.text {
+            Text::Json { json, metadata } => Some((json, metadata.clone())),
+            Text::Protobuf(encoded) => {
+                let (json, metadata) = encoded.json().as_ref().ok()?;
+                Some((json, metadata.clone()))
+            }
         }
-        let rest = self.json.trim_start().strip_prefix('{').unwrap_or("}");
-        let mut out = Vec::with_capacity(self.json.len() + 64);
+    }
+
+    /// Writes the object's JSON now if the API server sent it in protobuf: what the table of
+    /// types cannot read in it is an error here, not a body left out later.
+    pub fn transcoded(&self) -> Result<(), Untranscodable> {
+        match &self.text {
+            Text::Json { .. } => Ok(()),
+            Text::Protobuf(encoded) => encoded.json().as_ref().map(|_| ()).map_err(Clone::clone),
+        }
+    }
+
+    /// The object as the API server sent it in JSON, or would have; `None` where its protobuf
+    /// cannot be written as JSON ([`Self::transcoded`]).
+    pub fn json(&self) -> Option<&str> {
+        self.written().map(|(json, _)| &**json)
+    }
+
+    /// The bytes the object holds.
+    pub fn held_bytes(&self) -> usize {
+        match &self.text {
+            Text::Json { json, .. } => json.len(),
+            Text::Protobuf(encoded) => encoded.len(),
+        }
+    }
+
+    /// The whole object, with `types` filled in where the API server left them out; `None`
+    /// where its protobuf cannot be written as JSON.
+    pub fn full_body(&self, types: &TypeMeta) -> Option<Arc<[u8]>> {
+        let (json, _) = self.written()?;
+        if self.has_api_version && self.has_kind {
+            return Some(Arc::from(json.clone()));
+        }
+        let rest = json.trim_start().strip_prefix('{').unwrap_or("}");
+        let mut out = Vec::with_capacity(json.len() + 64);
         out.push(b'{');
         let mut fields = Vec::with_capacity(2);
         if !self.has_api_version {
@@ -181,14 +215,14 @@ impl WatchedObject {
             out.push(b',');
         }
         out.extend_from_slice(rest.as_bytes());
-        Arc::from(out)
+        Some(Arc::from(out))
     }
 
     /// What a change filter compares of the object (keys.md, "Change filters"): one hash of
     /// the `parts` of its metadata, read from the JSON text as the API server wrote it (map keys
     /// in order); `None` (every change delivered) for no parts, metadata that does not decode,
     /// or a generation part of an object without one (as kube-runtime's generation predicate
-    /// lets such objects through).
+    /// lets such objects through), or JSON that cannot be written.
     pub fn fingerprint(&self, parts: Parts) -> Option<NonZeroU64> {
         #[derive(Deserialize)]
         struct Compared<'a> {
@@ -201,7 +235,8 @@ impl WatchedObject {
         if parts.is_empty() {
             return None;
         }
-        let metadata = self.json.get(self.metadata.clone()).unwrap_or_default();
+        let (json, metadata) = self.written()?;
+        let metadata = json.get(metadata).unwrap_or_default();
         let compared: Compared<'_> = if metadata.is_empty() {
             Compared {
                 generation: None,
@@ -230,16 +265,18 @@ impl WatchedObject {
         Some(NonZeroU64::new(hash.digest()).unwrap_or(NonZeroU64::MIN))
     }
 
-    /// The object's type and metadata only, for a subscription whose payload is its metadata.
-    pub fn metadata_body(&self, types: &TypeMeta) -> Arc<[u8]> {
-        let metadata = self.json.get(self.metadata.clone()).unwrap_or_default();
+    /// The object's type and metadata only, for a subscription whose payload is its metadata;
+    /// `None` where its protobuf cannot be written as JSON.
+    pub fn metadata_body(&self, types: &TypeMeta) -> Option<Arc<[u8]>> {
+        let (json, metadata) = self.written()?;
+        let metadata = json.get(metadata).unwrap_or_default();
         let metadata = if metadata.is_empty() { "{}" } else { metadata };
         let out = format!(
             "{{{},{},\"metadata\":{metadata}}}",
             field("apiVersion", &types.api_version),
             field("kind", &types.kind)
         );
-        Arc::from(out.into_bytes())
+        Some(Arc::from(out.into_bytes()))
     }
 }
 
@@ -389,7 +426,7 @@ mod tests {
     fn a_full_body_is_the_object_with_its_type_filled_in() {
         // A list item has no apiVersion or kind: both are added, the rest kept as it was.
         let obj = decode(&object());
-        let body: Value = serde_json::from_slice(&obj.full_body(&types())).expect("JSON");
+        let body: Value = serde_json::from_slice(&obj.full_body(&types()).unwrap()).expect("JSON");
         let mut expected = object();
         expected["apiVersion"] = "v1".into();
         expected["kind"] = "ConfigMap".into();
@@ -400,32 +437,34 @@ mod tests {
         typed["apiVersion"] = "v1".into();
         typed["kind"] = "ConfigMap".into();
         let obj = decode(&typed);
-        let body = obj.full_body(&types());
-        assert_eq!(body.as_ptr(), obj.json.as_ptr());
+        let body = obj.full_body(&types()).unwrap();
+        assert_eq!(body.as_ptr(), obj.json().unwrap().as_ptr());
         assert_eq!(serde_json::from_slice::<Value>(&body).expect("JSON"), typed);
 
         // One of the two missing, or an empty object.
         let obj = decode(&json!({ "kind": "ConfigMap", "metadata": { "name": "y" } }));
-        let body: Value = serde_json::from_slice(&obj.full_body(&types())).expect("JSON");
+        let body: Value = serde_json::from_slice(&obj.full_body(&types()).unwrap()).expect("JSON");
         assert_eq!(
             body,
             json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "y" } })
         );
         let obj = decode(&json!({}));
-        let body: Value = serde_json::from_slice(&obj.full_body(&types())).expect("JSON");
+        let body: Value = serde_json::from_slice(&obj.full_body(&types()).unwrap()).expect("JSON");
         assert_eq!(body, json!({ "apiVersion": "v1", "kind": "ConfigMap" }));
     }
 
     #[test]
     fn a_metadata_body_is_the_type_and_the_whole_metadata() {
         let obj = decode(&object());
-        let body: Value = serde_json::from_slice(&obj.metadata_body(&types())).expect("JSON");
+        let body: Value =
+            serde_json::from_slice(&obj.metadata_body(&types()).unwrap()).expect("JSON");
         assert_eq!(
             body,
             json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": object()["metadata"] })
         );
         let obj = decode(&json!({ "data": {} }));
-        let body: Value = serde_json::from_slice(&obj.metadata_body(&types())).expect("JSON");
+        let body: Value =
+            serde_json::from_slice(&obj.metadata_body(&types()).unwrap()).expect("JSON");
         assert_eq!(
             body,
             json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": {} })

@@ -46,7 +46,10 @@ pub fn named_keys(
     let mut keys = Vec::new();
     let mut truncated = false;
     let mut names = Vec::new();
-    let Ok(root) = serde_json::from_str::<&serde_json::value::RawValue>(obj.json()) else {
+    let Some(Ok(root)) = obj
+        .json()
+        .map(serde_json::from_str::<&serde_json::value::RawValue>)
+    else {
         return (keys, truncated);
     };
     for (target, named_by) in spec.named_from(resource) {
@@ -142,12 +145,13 @@ impl<'a> Bodies<'a> {
         }
     }
 
-    /// The whole of `obj`, made once however often it is asked for.
-    pub fn full(&mut self, obj: &WatchedObject) -> Arc<[u8]> {
-        let types = self.types;
-        self.full
-            .get_or_insert_with(|| obj.full_body(types))
-            .clone()
+    /// The whole of `obj`, made once however often it is asked for; `None` where its protobuf
+    /// cannot be written as JSON (its replica reads it).
+    pub fn full(&mut self, obj: &WatchedObject) -> Option<Arc<[u8]>> {
+        if self.full.is_none() {
+            self.full = obj.full_body(self.types);
+        }
+        self.full.clone()
     }
 
     /// The body of `obj` for a subscription with `payload`: none, the whole object, or its type
@@ -156,12 +160,13 @@ impl<'a> Bodies<'a> {
         let types = self.types;
         match payload {
             Payload::KeyOnly => None,
-            Payload::Full => Some(self.full(obj)),
-            Payload::Metadata => Some(
-                self.metadata
-                    .get_or_insert_with(|| obj.metadata_body(types))
-                    .clone(),
-            ),
+            Payload::Full => self.full(obj),
+            Payload::Metadata => {
+                if self.metadata.is_none() {
+                    self.metadata = obj.metadata_body(types);
+                }
+                self.metadata.clone()
+            }
         }
     }
 }

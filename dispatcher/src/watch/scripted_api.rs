@@ -42,6 +42,8 @@ pub(crate) struct Asked {
     pub watch: bool,
     /// Its query parameters.
     pub query: Vec<(String, String)>,
+    /// Its Accept header.
+    pub accept: String,
     respond: mock::SendResponse<Response<ResponseBody>>,
     /// When it arrived.
     pub at: Instant,
@@ -87,6 +89,20 @@ impl Asked {
     pub(crate) fn list_raw(self, resource_version: u64, objects: &[String]) {
         let body = list_json(resource_version, objects);
         self.respond.send_response(answer(StatusCode::OK, body));
+    }
+
+    /// Answers a list in protobuf: `body`, an envelope.
+    pub(crate) fn list_protobuf(self, body: Vec<u8>) {
+        let response = Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", crate::watch::protobuf::MEDIA_TYPE)
+            .body(
+                http_body_util::Full::new(Bytes::from(body))
+                    .map_err(|e| match e {})
+                    .boxed_unsync(),
+            )
+            .expect("a response");
+        self.respond.send_response(response);
     }
 
     /// Answers a list of `objects` at `resource_version` as a custom resource's is written,
@@ -277,8 +293,11 @@ impl ApiServer {
                 (k.to_owned(), v.to_owned())
             })
             .collect::<Vec<_>>();
+        let accept = request.headers().get(http::header::ACCEPT);
+        let accept = accept.and_then(|a| a.to_str().ok()).unwrap_or_default();
         Asked {
             watch: query.iter().any(|(k, v)| k == "watch" && v == "true"),
+            accept: accept.to_owned(),
             query,
             respond,
             at: Instant::now(),

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     object::WatchedObject,
+    protobuf,
     sharing::ListSharing,
     whole_list::{WholeList, reaches},
 };
@@ -211,7 +212,7 @@ impl Whole {
     /// Holds `object` of a shared list until the list's resourceVersion is read; false past
     /// [`HELD_BYTES`].
     fn hold(&mut self, object: WatchedObject) -> bool {
-        self.held_bytes += object.json().len();
+        self.held_bytes += object.held_bytes();
         if self.held_bytes > HELD_BYTES {
             return false;
         }
@@ -282,7 +283,14 @@ fn listed_whole(
                     }
                     continue;
                 };
-                let next = match reader.next().await {
+                // Written as JSON now if read in protobuf: what the table of types cannot
+                // read is the list's error, and the list is made again in JSON.
+                let next = reader.next().await.and_then(|next| {
+                    next.map(|object| object.transcoded().map(|()| object))
+                        .transpose()
+                        .map_err(protobuf::read_error)
+                });
+                let next = match next {
                     Ok(next) => next,
                     Err(e) => {
                         whole.failed(e).await;

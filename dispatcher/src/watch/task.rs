@@ -437,9 +437,13 @@ impl WatchTask {
             }
             Event::InitApply(obj) => {
                 self.readiness.send_if_modified(mark_ready);
-                let key = self
+                let key = match self
                     .fan_out
-                    .publish(&obj, self.epoch, Seen::Exists(Origin::List));
+                    .publish(&obj, self.epoch, Seen::Exists(Origin::List))
+                {
+                    Ok(key) => key,
+                    Err(e) => return Some(self.unwritable(pass, e)),
+                };
                 if let Some(last) = &mut pass.listed
                     && last.as_ref().is_none_or(|last| key > *last)
                 {
@@ -454,15 +458,21 @@ impl WatchTask {
                 debug!(resource = %describe(&self.key), epoch = self.epoch, "list done");
             }
             Event::Apply(obj) => {
-                self.fan_out
-                    .publish(&obj, self.epoch, Seen::Exists(Origin::Stream));
+                let published =
+                    self.fan_out
+                        .publish(&obj, self.epoch, Seen::Exists(Origin::Stream));
+                if let Err(e) = published {
+                    return Some(self.unwritable(pass, e));
+                }
             }
             Event::Delete(obj) => {
                 let remembered = pass
                     .side
                     .as_mut()
                     .is_none_or(|list| list.deleted(object_key(&self.key.resource, &obj).hash64()));
-                self.fan_out.publish(&obj, self.epoch, Seen::Deleted);
+                if let Err(e) = self.fan_out.publish(&obj, self.epoch, Seen::Deleted) {
+                    return Some(self.unwritable(pass, e));
+                }
                 if !remembered {
                     warn!(
                         resource = %describe(&self.key),

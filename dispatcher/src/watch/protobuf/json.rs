@@ -15,12 +15,13 @@ use std::ops::Range;
 use base64::Engine as _;
 use prost::encoding::{WireType, decode_key, decode_varint};
 
-use self::go::{as_text, go_duration};
+pub(super) use self::go::as_text;
+use self::go::go_duration;
 use super::table::{Field, Scalar, Shape, Special, Table, Type};
 use crate::watch::list_reader::MAX_OBJECT_BYTES;
 
 /// Why an object could not be turned into JSON.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Untranscodable {
     /// The object's kind is not in the table: not a built-in type, or newer than the table.
     #[error("{0} is not in this dispatcher's table of types")]
@@ -120,27 +121,48 @@ fn entries<'a>(ty: &Type, buf: &'a [u8]) -> Result<Vec<(usize, Wire<'a>)>> {
 /// The fields of `bytes`, a message, in wire order, by their numbers: field 1 (a wrapped
 /// list's items, a map entry's key) and so on. Varints and length-delimited values only: no
 /// built-in type has another.
-pub(super) fn numbered(mut buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>> {
-    let mut found = Vec::new();
-    while !buf.is_empty() {
-        let (number, wire_type) = decode_key(&mut buf).map_err(unexpected)?;
+pub(super) fn numbered(buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>> {
+    Fields(buf).collect()
+}
+
+/// The fields of a message as [`numbered`] reads them, one at a time; nothing after an error.
+pub(super) struct Fields<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u32, Wire<'a>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let field = self.field();
+        if field.is_err() {
+            self.0 = &[];
+        }
+        Some(field)
+    }
+}
+
+impl<'a> Fields<'a> {
+    fn field(&mut self) -> Result<(u32, Wire<'a>)> {
+        let buf = &mut self.0;
+        let (number, wire_type) = decode_key(buf).map_err(unexpected)?;
         let value = match wire_type {
-            WireType::Varint => Wire::Varint(decode_varint(&mut buf).map_err(unexpected)?),
+            WireType::Varint => Wire::Varint(decode_varint(buf).map_err(unexpected)?),
             WireType::LengthDelimited => {
-                let len = decode_varint(&mut buf).map_err(unexpected)?;
+                let len = decode_varint(buf).map_err(unexpected)?;
                 let len = usize::try_from(len)
                     .ok()
                     .filter(|&l| l <= buf.len())
                     .ok_or_else(|| unexpected("a length past the message's end"))?;
                 let (value, rest) = buf.split_at(len);
-                buf = rest;
+                *buf = rest;
                 Wire::Bytes(value)
             }
             other => return Err(unexpected(format!("field {number} of wire type {other:?}"))),
         };
-        found.push((number, value));
+        Ok((number, value))
     }
-    Ok(found)
 }
 
 /// The last value numbered `number`, as protobuf takes a scalar given twice.

@@ -5,19 +5,24 @@
 //! Every protobuf message the API server sends starts with the four bytes `k8s\0` and is a
 //! `runtime.Unknown`: the object's `apiVersion` and `kind` beside its bytes. `object` reads
 //! one into a [`WatchedObject`] through the table of types (`table.rs`, made by
-//! `dispatcher/k8s-protobuf`) and the transcoder (`json.rs`).
+//! `dispatcher/k8s-protobuf`); the transcoder (`json.rs`) writes its JSON when something asks
+//! for it (`encoded.rs`).
 
+mod encoded;
 mod json;
 mod stream;
 pub(crate) mod table;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
+pub(crate) use self::encoded::Encoded;
 pub use self::json::Untranscodable;
 use self::json::unexpected;
 pub(crate) use self::stream::{ACCEPT_LIST, ListReader, send, watch};
+use bytes::Bytes;
+
 use self::table::Table;
-use super::object::{Layout, WatchedObject};
+use super::object::WatchedObject;
 
 /// The bytes every protobuf message of the API server starts with.
 pub const MAGIC: &[u8; 4] = b"k8s\0";
@@ -113,6 +118,18 @@ pub(crate) fn needs_json(error: &kube::Error) -> bool {
         .is_some_and(|e| !matches!(e, Untranscodable::Bound(_)))
 }
 
+/// An error reading a response, as the watch's errors carry it: [`Untranscodable`] marks what
+/// only JSON can read ([`needs_json`]).
+fn io_error(e: Untranscodable) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+/// `error`, met writing the JSON of an object read in protobuf, as the error of the list or
+/// watch that read it.
+pub(crate) fn read_error(error: Untranscodable) -> kube::Error {
+    kube::Error::ReadEvents(io_error(error))
+}
+
 /// The JSON the API server would have sent for `message`, a protobuf envelope of an object, a
 /// list or a Status, as the table of types built into this dispatcher reads it.
 pub fn to_json(message: &[u8]) -> Result<String, Untranscodable> {
@@ -123,17 +140,14 @@ pub fn to_json(message: &[u8]) -> Result<String, Untranscodable> {
     json::object(table, ty, unknown.raw, types).map(|(text, _)| text)
 }
 
-/// The object of `message` (an envelope), as the API server would have sent it in JSON.
-pub(crate) fn object(table: &Table, message: &[u8]) -> Result<WatchedObject, Untranscodable> {
+/// The object of `message` (an envelope), its JSON written when first asked for.
+pub(crate) fn object(
+    table: &'static Table,
+    message: &Bytes,
+) -> Result<WatchedObject, Untranscodable> {
     let unknown = Unknown::read(message)?;
     let ty = kind_type(table, unknown.api_version, unknown.kind)?;
-    let (json, metadata) = json::object(
-        table,
-        ty,
-        unknown.raw,
-        Some((unknown.api_version, unknown.kind)),
-    )?;
-    WatchedObject::from_layout(json.into(), Layout::written(metadata, true))
-        .map(WatchedObject::sent_in_protobuf)
-        .map_err(|e| unexpected(format!("the JSON written does not read back: {e}")))
+    let types = Some((unknown.api_version, unknown.kind));
+    let (meta, encoded) = Encoded::read(table, ty, message.slice_ref(unknown.raw), types)?;
+    Ok(WatchedObject::from_protobuf(meta, encoded, true))
 }

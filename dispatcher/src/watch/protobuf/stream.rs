@@ -21,24 +21,18 @@ use kube::{
 use prost::encoding::WireType;
 
 use super::{
-    MAGIC, Untranscodable, json,
+    Encoded, MAGIC, Untranscodable, io_error, json,
     table::{BUILT_IN, Shape, Table},
 };
 use crate::watch::{
     list_reader::{Body, MAX_OBJECT_BYTES},
-    object::{Layout, WatchedObject},
+    object::WatchedObject,
 };
 
 /// What a LIST asks for: protobuf, or JSON where the server has no protobuf for the resource.
 pub(crate) const ACCEPT_LIST: &str = "application/vnd.kubernetes.protobuf, application/json";
 /// What a WATCH asks for.
 const ACCEPT_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";
-
-/// An error reading a response, as the watch's errors carry it: [`Untranscodable`] marks what
-/// only JSON can read (`super::untranscodable`).
-fn io_error(e: Untranscodable) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e)
-}
 
 /// Sends `request` through `client` and returns its body as it arrives. An error status is
 /// [`kube::Error::Api`] with the API server's `Status` whatever it was encoded in (kube's own
@@ -237,14 +231,9 @@ impl ListReader {
                         }
                         (2, WireType::LengthDelimited) => {
                             let bytes = self.input.delimited(MAX_OBJECT_BYTES).await?;
-                            let (text, metadata) =
-                                json::object(table, item, &bytes, None).map_err(io_error)?;
-                            return WatchedObject::from_layout(
-                                text.into(),
-                                Layout::written(metadata, false),
-                            )
-                            .map(|object| Some(object.sent_in_protobuf()))
-                            .map_err(unexpected);
+                            let (meta, encoded) =
+                                Encoded::read(table, item, bytes.into(), None).map_err(io_error)?;
+                            return Ok(Some(WatchedObject::from_protobuf(meta, encoded, false)));
                         }
                         (number, _) => return Err(unexpected(format!("list field {number}"))),
                     }
@@ -344,6 +333,7 @@ async fn frame(body: &mut Body) -> io::Result<Option<WatchEvent<WatchedObject>>>
     }
     let mut bytes = vec![0; len];
     body.read_exact(&mut bytes).await?;
+    let bytes = bytes::Bytes::from(bytes);
     let table = &*BUILT_IN;
     let (mut kind, mut object) = (None, None);
     for (number, value) in super::fields(&bytes).map_err(io_error)? {
@@ -357,10 +347,11 @@ async fn frame(body: &mut Body) -> io::Result<Option<WatchEvent<WatchedObject>>>
         }
     }
     let object = object.ok_or_else(|| unexpected("a watch event without its object"))?;
+    let read = || super::object(table, &bytes.slice_ref(object)).map_err(io_error);
     let event = match kind.unwrap_or_default() {
-        "ADDED" => WatchEvent::Added(super::object(table, object).map_err(io_error)?),
-        "MODIFIED" => WatchEvent::Modified(super::object(table, object).map_err(io_error)?),
-        "DELETED" => WatchEvent::Deleted(super::object(table, object).map_err(io_error)?),
+        "ADDED" => WatchEvent::Added(read()?),
+        "MODIFIED" => WatchEvent::Modified(read()?),
+        "DELETED" => WatchEvent::Deleted(read()?),
         "BOOKMARK" => {
             let text = super::to_json(object).map_err(io_error)?;
             WatchEvent::Bookmark(serde_json::from_str::<Bookmark>(&text).map_err(unexpected)?)

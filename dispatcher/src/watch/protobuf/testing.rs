@@ -61,3 +61,12 @@ pub(crate) fn config_map(name: &str, version: &str, data: &str) -> Msg {
         .msg(1, meta)
         .msg(2, Msg::default().str(1, "k").str(2, data))
 }
+
+/// A ConfigMapList of `items` at resourceVersion 7, continued by `token`.
+pub(crate) fn list(items: &[Msg], token: &str) -> Vec<u8> {
+    let mut list = Msg::default().msg(1, Msg::default().str(2, "7").str(3, token));
+    for item in items {
+        list = list.msg(2, item.clone());
+    }
+    envelope("v1", "ConfigMapList", &list)
+}

@@ -14,7 +14,11 @@ use super::{
 };
 use crate::{
     config::ListMode,
-    watch::{fan_out::describe, protobuf, whole_list},
+    watch::{
+        fan_out::describe,
+        protobuf::{self, Untranscodable},
+        whole_list,
+    },
 };
 
 impl WatchTask {
@@ -66,6 +70,14 @@ impl WatchTask {
                 None
             }
         }
+    }
+
+    /// An object read in protobuf whose JSON the table of types cannot write, met publishing
+    /// it: as if reading it had failed, the watch reads the resource in JSON from now on
+    /// ([`Self::broken`]), starting again with a list.
+    pub(super) fn unwritable(&mut self, pass: &mut Pass, e: Untranscodable) -> End {
+        let error = watcher::Error::WatchFailed(protobuf::read_error(e));
+        self.broken(pass, &error).unwrap_or(End::Restart)
     }
 
     /// `e` as the recovery policy sees it.

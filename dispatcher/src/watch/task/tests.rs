@@ -50,6 +50,16 @@ impl Scripted {
         owner: Option<OwnerKind>,
         slice: watch::Receiver<Arc<Slice>>,
     ) -> Self {
+        Self::reading(mode, owner, slice, false)
+    }
+
+    /// As [`Scripted::subscribed_on`], asking for protobuf if `protobuf`.
+    fn reading(
+        mode: ListMode,
+        owner: Option<OwnerKind>,
+        slice: watch::Receiver<Arc<Slice>>,
+        protobuf: bool,
+    ) -> Self {
         let (client, api) = ApiServer::start();
         let cancel = CancellationToken::new();
         let member = Member::join("g", slice.clone(), &cancel);
@@ -73,8 +83,7 @@ impl Scripted {
                 readiness: readiness_tx,
                 children: children.clone(),
                 sharing: None,
-                // The scripted API server answers in JSON.
-                protobuf: false,
+                protobuf,
             },
         );
         tokio::spawn(task.run(cancel.clone()));
@@ -659,5 +668,70 @@ async fn a_gate_that_opens_on_what_the_groups_kept_lists_nothing_beside() {
         };
         let want = if member_left { (1, 0) } else { (0, 1) };
         assert_eq!(counted(&api.counts), want, "member left: {member_left}");
+    }
+}
+
+/// Objects read in protobuf are written as JSON only where a group here needs them: one placed
+/// on another member is not, so a field the table of types does not know in it changes nothing;
+/// placed here, it makes the watch read the resource in JSON from then on, and it is delivered
+/// from the JSON list.
+#[tokio::test(start_paused = true)]
+async fn objects_read_in_protobuf_are_written_as_json_only_where_needed() {
+    use std::sync::atomic::Ordering;
+
+    use kube_dispatch_proto::RequestKey;
+
+    use crate::watch::protobuf::{
+        MEDIA_TYPE,
+        testing::{config_map, list},
+    };
+
+    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
+    let elsewhere = |name: &str| {
+        let key = RequestKey::new("", "ConfigMap", "ns", name).to_string();
+        two.owned_elsewhere(KeyRef::new(&key))
+    };
+    let names: Vec<String> = (0..64).map(|i| format!("o{i}")).collect();
+    let here: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !elsewhere(n))
+        .collect();
+    let there = names
+        .iter()
+        .find(|n| elsewhere(n))
+        .expect("a key placed on d1");
+    for newer in [there.as_str(), here[1]] {
+        let slice = watch::channel(Arc::new(two.clone())).1;
+        let mut api = Scripted::reading(ListMode::Whole, None, slice, true);
+        let first = api.next().await;
+        assert!(
+            first.is_whole_list() && first.accept.starts_with(MEDIA_TYPE),
+            "{first:?}"
+        );
+        let unknown_field = config_map(newer, "6", "y").str(99, "new");
+        first.list_protobuf(list(&[config_map(here[0], "5", "x"), unknown_field], ""));
+        let next = api.next().await;
+        let fallbacks = api.counts.json_fallbacks.load(Ordering::Relaxed);
+        if newer == there {
+            assert!(next.watch && next.accept.contains(MEDIA_TYPE), "{next:?}");
+            assert_eq!(fallbacks, 0);
+            assert_eq!(api.delivered(), named(&[(here[0], false)]));
+            continue;
+        }
+        assert!(
+            next.is_whole_list() && !next.accept.contains(MEDIA_TYPE),
+            "{next:?}"
+        );
+        assert_eq!(fallbacks, 1);
+        next.list(8, &[(here[0], 5), (newer, 6)]);
+        let watch = api.next().await;
+        assert!(
+            watch.watch && !watch.accept.contains(MEDIA_TYPE),
+            "{watch:?}"
+        );
+        let mut delivered = api.delivered();
+        delivered.sort();
+        assert_eq!(delivered, named(&[(here[0], false), (newer, false)]));
     }
 }

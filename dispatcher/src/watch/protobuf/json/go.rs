@@ -2,7 +2,7 @@
 
 /// Bytes as text: Go's `encoding/json` writes each byte that is not part of valid UTF-8 as
 /// U+FFFD.
-pub(super) fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+pub(crate) fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     if let Ok(text) = std::str::from_utf8(bytes) {
         return text.into();
     }

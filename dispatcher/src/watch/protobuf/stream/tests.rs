@@ -5,23 +5,14 @@ use kube::{ResourceExt, api::WatchEvent};
 
 use super::*;
 use crate::watch::protobuf::{
-    needs_json,
-    testing::{Msg, config_map, envelope},
+    needs_json, read_error,
+    testing::{Msg, config_map, envelope, list},
 };
 
 /// A body that arrives `chunk` bytes at a time.
 fn body(bytes: Vec<u8>, chunk: usize) -> Body {
     let chunks: Vec<io::Result<Vec<u8>>> = bytes.chunks(chunk).map(|c| Ok(c.to_vec())).collect();
     Box::pin(futures::stream::iter(chunks).into_async_read())
-}
-
-/// A ConfigMapList of `items` at resourceVersion 7, continued by `token`.
-fn list(items: &[Msg], token: &str) -> Vec<u8> {
-    let mut list = Msg::default().msg(1, Msg::default().str(2, "7").str(3, token));
-    for item in items {
-        list = list.msg(2, item.clone());
-    }
-    envelope("v1", "ConfigMapList", &list)
 }
 
 /// An envelope whose list's length is made to cover whatever follows its header (a list built
@@ -61,7 +52,7 @@ async fn a_list_is_read_an_item_at_a_time_however_its_bytes_arrive() {
         let names: Vec<_> = objects.iter().map(|o| o.name_any()).collect();
         assert_eq!(names, ["a", "b"], "chunks of {chunk}");
         assert!(objects.iter().all(WatchedObject::read_in_protobuf));
-        let json: serde_json::Value = serde_json::from_str(objects[1].json()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(objects[1].json().unwrap()).unwrap();
         assert_eq!(json["data"], serde_json::json!({"k": "y"}));
         // Items of a list carry no type of their own, as in JSON.
         assert!(json.get("kind").is_none());
@@ -80,13 +71,20 @@ async fn a_list_is_read_an_item_at_a_time_however_its_bytes_arrive() {
 
 #[tokio::test]
 async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
-    // A field the table does not know: JSON reads it.
+    // A field the table does not know: the object is read, with its routing fields, and
+    // writing its JSON fails as what JSON reads.
     let newer = config_map("a", "5", "x").str(99, "new");
-    let error = read_all(ListReader::new(body(list(&[newer], ""), 5)))
+    let (objects, _) = read_all(ListReader::new(body(list(&[newer], ""), 5)))
         .await
-        .err()
         .unwrap();
-    assert!(needs_json(&kube::Error::ReadEvents(error)));
+    assert_eq!(objects[0].resource_version().as_deref(), Some("5"));
+    assert_eq!(objects[0].json(), None);
+    let error = objects[0].transcoded().unwrap_err();
+    assert!(
+        matches!(error, Untranscodable::UnknownField { number: 99, .. }),
+        "{error}"
+    );
+    assert!(needs_json(&read_error(error)));
     // Cut short: an error, but not one JSON would read any better.
     let mut cut = list(&[config_map("a", "5", "x")], "");
     cut.truncate(cut.len() - 3);
@@ -159,7 +157,7 @@ async fn watch_frames_read_as_kube_reads_json_events() {
             WatchEvent::Error(status),
         ] => {
             assert_eq!(added.resource_version().as_deref(), Some("10"));
-            let json: serde_json::Value = serde_json::from_str(added.json()).unwrap();
+            let json: serde_json::Value = serde_json::from_str(added.json().unwrap()).unwrap();
             assert_eq!(
                 (&json["kind"], &json["apiVersion"]),
                 (&"ConfigMap".into(), &"v1".into())
@@ -184,5 +182,11 @@ async fn watch_frames_read_as_kube_reads_json_events() {
         &config_map("a", "10", "x").str(99, "new"),
     );
     let read: Vec<_> = events(body(frame("MODIFIED", newer), 64)).collect().await;
-    assert!(matches!(&read[..], [Err(e)] if needs_json(e)), "{read:?}");
+    match &read[..] {
+        [Ok(WatchEvent::Modified(newer))] => {
+            assert_eq!(newer.name_any(), "a");
+            assert!(needs_json(&read_error(newer.transcoded().unwrap_err())));
+        }
+        other => panic!("{other:?}"),
+    }
 }
