@@ -8,12 +8,9 @@
 //! told although the child no longer names it). The group decides, under its lock, what the
 //! event means for its queue ([`crate::group::Group::apply`]).
 
-use std::{
-    num::NonZeroU64,
-    sync::{
-        Arc, RwLock,
-        atomic::{AtomicU64, Ordering},
-    },
+use std::sync::{
+    Arc, RwLock,
+    atomic::{AtomicU64, Ordering},
 };
 
 use kube::{ResourceExt, api::TypeMeta};
@@ -145,6 +142,7 @@ pub(super) struct FanOut {
 
 mod kept;
 mod written;
+use written::Content;
 
 impl FanOut {
     /// The fan-out of the watch of `key`, whose objects are of `types`, to `subscribers`, placing
@@ -209,6 +207,13 @@ impl FanOut {
             Seen::Exists(origin) => (false, origin),
             Seen::Deleted => (true, Origin::Stream),
         };
+        let slice = self.slice.borrow().clone();
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        let text = object_key(&self.key.resource, obj).to_string();
+        let key = KeyRef::new(&text);
+        let place = place(&slice, key);
+        // Before anything is counted or recorded: an error starts the watch again.
+        self.write_json(&subscribers, obj, (place, deleted), &text)?;
         let counter = if deleted {
             &self.counts.deleted
         } else {
@@ -218,11 +223,6 @@ impl FanOut {
         if obj.read_in_protobuf() {
             self.counts.protobuf.fetch_add(1, Ordering::Relaxed);
         }
-        let slice = self.slice.borrow().clone();
-        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
-        let text = object_key(&self.key.resource, obj).to_string();
-        let key = KeyRef::new(&text);
-        let place = place(&slice, key);
         let (uid, version) = (
             obj.uid().unwrap_or_default(),
             obj.resource_version().unwrap_or_default(),
@@ -238,7 +238,6 @@ impl FanOut {
                 );
             }
         }
-        self.write_json(&subscribers, obj, (place, deleted), &text)?;
         let mut bodies = Bodies::new(&self.types);
         // With traces exported, the span of this change, whose context the deliveries it
         // causes carry to the replicas (their reconcile spans are its children).
@@ -454,7 +453,9 @@ impl FanOut {
         epoch: u32,
         indexing: Indexing,
     ) {
-        if group.spec.named_from(&self.key.resource).next().is_none() {
+        // An object whose JSON is past a bound (`Self::write_json`) keeps what it named.
+        let unwritten = indexing != Indexing::Gone && obj.json().is_none();
+        if unwritten || group.spec.named_from(&self.key.resource).next().is_none() {
             return;
         }
         let targets = if indexing == Indexing::Gone {
@@ -499,31 +500,6 @@ pub(super) enum Seen {
     Exists(Origin),
     /// The stream shows it deleted.
     Deleted,
-}
-
-/// What a primary subscription's event carries of an object beyond its key and version.
-#[derive(Default)]
-struct Content {
-    body: Option<Arc<[u8]>>,
-    trace: Option<Arc<str>>,
-    fingerprint: Option<NonZeroU64>,
-}
-
-impl Content {
-    /// What `sub` is told of `obj`: its body (from `bodies`), `trace`, and its change filter's
-    /// hash.
-    fn of(
-        sub: &Subscriber,
-        obj: &WatchedObject,
-        bodies: &mut Bodies<'_>,
-        trace: Option<Arc<str>>,
-    ) -> Self {
-        Self {
-            body: bodies.get(sub.payload, obj),
-            trace,
-            fingerprint: obj.fingerprint(sub.changes_of),
-        }
-    }
 }
 
 /// The event a subscription to the objects themselves (not their owners) gets for the object

@@ -4,14 +4,14 @@
 //!   and selector;
 //! - `task`: one watch's loop, its lists beside the stream and its recovery when broken;
 //! - `fan_out`: one watch's events handed to the groups subscribed to it;
-//! - [`object`]: an object as a watch receives it, its JSON kept and only routing's fields
-//!   decoded;
+//! - [`object`]: an object as a watch receives it, its JSON (or protobuf) kept and only
+//!   routing's fields decoded;
 //! - [`routing`]: the rules that turn one event into request keys, bodies and deletions;
 //! - `side_list`: the list run beside a watch's stream when the keys served here grow;
 //! - `whole_list` and `list_reader`: a watch that lists a first page, then the rest in one
 //!   response, read an object at a time (`--list-mode whole`);
 //! - [`protobuf`]: built-in objects read in protobuf and handed on in the JSON the API server
-//!   would have written;
+//!   would have written, written only for the objects handed on;
 //! - `shard`: on a ring keyed by namespace, the API server's `shardSelector` on the watches;
 //! - [`sharing`]: on a ring keyed by name, one whole LIST made for every dispatcher that needs
 //!   it (`Peer.List`);

@@ -25,7 +25,8 @@ use xxhash_rust::xxh64::Xxh64;
 
 use super::protobuf::{Encoded, Untranscodable};
 
-/// An object of a watch or list: its JSON text, and the metadata fields routing reads.
+/// An object of a watch or list: its JSON text (or its protobuf bytes, the JSON written when
+/// first asked for), and the metadata fields routing reads.
 #[derive(Clone, Debug)]
 pub struct WatchedObject {
     /// Name, generateName, namespace, resourceVersion, uid and ownerReferences; nothing else

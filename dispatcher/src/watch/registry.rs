@@ -5,8 +5,8 @@
 //! Each watch runs as a task of its own (`super::task`), which hands its events to the
 //! subscribed groups (`super::fan_out`). No object is kept once it has been handed on: the
 //! groups' queues are the only index, but for the owner each owned object was last seen with
-//! (`kube_dispatch_core::children`), which tells an owner of a child it lost. Objects are kept as the JSON
-//! text the API server sent, with only routing's fields decoded
+//! (`kube_dispatch_core::children`), which tells an owner of a child it lost. Objects are kept as the API
+//! server sent them, JSON text or protobuf bytes, with only routing's fields decoded
 //! ([`super::object::WatchedObject`]).
 
 use std::{

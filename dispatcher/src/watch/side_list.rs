@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     object::WatchedObject,
-    protobuf,
+    protobuf::{self, Untranscodable},
     sharing::ListSharing,
     whole_list::{WholeList, reaches},
 };
@@ -284,11 +284,14 @@ fn listed_whole(
                     continue;
                 };
                 // Written as JSON now if read in protobuf: what the table of types cannot
-                // read is the list's error, and the list is made again in JSON.
+                // read is the list's error, and the list is made again in JSON; an object past
+                // a bound goes on without its body, as from the stream (`FanOut::write_json`).
                 let next = reader.next().await.and_then(|next| {
-                    next.map(|object| object.transcoded().map(|()| object))
-                        .transpose()
-                        .map_err(protobuf::read_error)
+                    next.map(|object| match object.transcoded() {
+                        Ok(()) | Err(Untranscodable::Bound(_)) => Ok(object),
+                        Err(e) => Err(protobuf::read_error(e)),
+                    })
+                    .transpose()
                 });
                 let next = match next {
                     Ok(next) => next,

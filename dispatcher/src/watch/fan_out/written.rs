@@ -1,7 +1,11 @@
-//! Which objects the fan-out writes as JSON: only those whose JSON publishing reads. An object
+//! What the fan-out reads of an object beyond its routing fields ([`Content`]), and which
+//! objects it writes as JSON for it: only those whose JSON publishing reads. An object
 //! the API server sent in protobuf keeps its protobuf bytes (`crate::watch::protobuf::Encoded`);
 //! one placed elsewhere on the ring and owned by none served here needs its routing fields only,
-//! so two thirds of the objects a dispatcher of a ring of three reads are never written.
+//! so two thirds of the objects a dispatcher of a ring of three reads in its watch's list and
+//! stream are never written (a list beside the stream writes every object it reads).
+
+use std::{num::NonZeroU64, sync::Arc};
 
 use kube_dispatch_core::key::KeyRef;
 use tracing::warn;
@@ -10,8 +14,33 @@ use super::{FanOut, Keyed, Subscriber, describe};
 use crate::watch::{
     object::WatchedObject,
     protobuf::Untranscodable,
-    routing::{Place, owner_key},
+    routing::{Bodies, Place, owner_key},
 };
+
+/// What a primary subscription's event carries of an object beyond its key and version.
+#[derive(Default)]
+pub(super) struct Content {
+    pub(super) body: Option<Arc<[u8]>>,
+    pub(super) trace: Option<Arc<str>>,
+    pub(super) fingerprint: Option<NonZeroU64>,
+}
+
+impl Content {
+    /// What `sub` is told of `obj`: its body (from `bodies`), `trace`, and its change filter's
+    /// hash.
+    pub(super) fn of(
+        sub: &Subscriber,
+        obj: &WatchedObject,
+        bodies: &mut Bodies<'_>,
+        trace: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            body: bodies.get(sub.payload, obj),
+            trace,
+            fingerprint: obj.fingerprint(sub.changes_of),
+        }
+    }
+}
 
 impl FanOut {
     /// Writes the JSON of `obj` (key `key`, placed at `place`, `deleted` or not) now if
@@ -24,7 +53,7 @@ impl FanOut {
         (place, deleted): (Place, bool),
         key: &str,
     ) -> Result<(), Untranscodable> {
-        if !self.needs_json(subscribers, obj, place, deleted) {
+        if !self.reads_json(subscribers, obj, place, deleted) {
             return Ok(());
         }
         match obj.transcoded() {
@@ -40,8 +69,11 @@ impl FanOut {
 
     /// Whether publishing `obj` reads its JSON: its body, change filter or references, for a
     /// group that serves its key here, or its body, for the index of the children of an owner
-    /// this dispatcher may serve.
-    fn needs_json(
+    /// this dispatcher may serve. It may say yes where nothing reads it (a group that asks for
+    /// keys only, an index that keeps no bodies), but never no where something does: that
+    /// would hand an object the table cannot write on without its body, instead of turning
+    /// the watch to JSON.
+    fn reads_json(
         &self,
         subscribers: &[Subscriber],
         obj: &WatchedObject,

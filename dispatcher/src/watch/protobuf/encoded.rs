@@ -93,7 +93,9 @@ impl Encoded {
 /// The fields of the metadata of `raw`, an object of type `ty`, that routing reads: name,
 /// generateName, namespace, resourceVersion, uid and ownerReferences, as the JSON reader reads
 /// them (an empty string is no value, as `omitempty` leaves it out of JSON). Fields the table
-/// does not know are left to [`Encoded::json`] to report.
+/// does not know are left to [`Encoded::json`] to report, and so is what only malformed input
+/// has (a `metadata` given twice: the last is read; an owner reference without its name or
+/// uid: read as empty), which the API server never sends.
 pub(crate) fn routing_meta(
     table: &Table,
     ty: u32,
@@ -220,7 +222,15 @@ mod tests {
             .varint(7, 2)
             .msg(11, Msg::default().str(1, "app").str(2, "web"))
             .msg(13, reference("rs", 1))
-            .msg(13, reference("other", 0).varint(7, 1));
+            .msg(13, reference("other", 0).varint(7, 1))
+            .msg(
+                13,
+                Msg::default()
+                    .str(1, "Node")
+                    .str(3, "n")
+                    .str(4, "u-n")
+                    .str(5, "v1"),
+            );
         let data = Msg::default().str(1, "k").str(2, "v");
         Bytes::from(Msg::default().msg(1, meta).msg(2, data).0)
     }
@@ -247,7 +257,11 @@ mod tests {
                 .collect();
             assert_eq!(
                 flags,
-                [("rs", Some(true), None), ("other", Some(false), Some(true))]
+                [
+                    ("rs", Some(true), None),
+                    ("other", Some(false), Some(true)),
+                    ("n", None, None)
+                ]
             );
             // Written once.
             assert_eq!(encoded.len(), raw.len() + json.len());

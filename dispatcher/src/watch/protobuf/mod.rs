@@ -1,6 +1,7 @@
 //! Built-in objects read in protobuf (`application/vnd.kubernetes.protobuf`), the encoding
 //! the API server writes at less than half JSON's CPU (`bench/METHOD.md`, "What the API server
-//! spends on the tier's lists"), and handed on in the JSON it would have written.
+//! spends on the tier's lists"), and handed on in the JSON it would have written (written only
+//! for the objects a dispatcher hands on, `encoded.rs`).
 //!
 //! Every protobuf message the API server sends starts with the four bytes `k8s\0` and is a
 //! `runtime.Unknown`: the object's `apiVersion` and `kind` beside its bytes. `object` reads

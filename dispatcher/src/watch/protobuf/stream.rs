@@ -206,7 +206,9 @@ impl ListReader {
     }
 
     /// The next object, or `None` when the list has ended. An error is final: the response
-    /// was cut short or holds what the table cannot read ([`Untranscodable`] in the error).
+    /// was cut short or holds what the table cannot read ([`Untranscodable`] in the error). An
+    /// object is read as far as its routing fields; what the table cannot read in the rest of
+    /// it is found when its JSON is written ([`WatchedObject::transcoded`]).
     pub(crate) async fn next(&mut self) -> io::Result<Option<WatchedObject>> {
         // Counted against the task's budget, as the JSON reader's objects are.
         tokio::task::coop::consume_budget().await;

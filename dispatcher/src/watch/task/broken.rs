@@ -76,6 +76,9 @@ impl WatchTask {
     /// it: as if reading it had failed, the watch reads the resource in JSON from now on
     /// ([`Self::broken`]), starting again with a list.
     pub(super) fn unwritable(&mut self, pass: &mut Pass, e: Untranscodable) -> End {
+        // Only a watch reading protobuf has such objects, and the error is never a bound
+        // (`FanOut::write_json`): `broken` turns it to JSON and ends the pass.
+        debug_assert!(self.protobuf && !matches!(e, Untranscodable::Bound(_)));
         let error = watcher::Error::WatchFailed(protobuf::read_error(e));
         self.broken(pass, &error).unwrap_or(End::Restart)
     }
