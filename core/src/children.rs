@@ -461,6 +461,11 @@ impl ChildIndex {
         let _ = self.bodies.set(pool.clone());
     }
 
+    /// Whether the index keeps the bodies of the children it sees ([`ChildIndex::keep_bodies`]).
+    pub fn keeps_bodies(&self) -> bool {
+        self.bodies.get().is_some()
+    }
+
     /// `body`, held in the pool of [`ChildIndex::keep_bodies`] if the index keeps bodies, the
     /// pool has room and there is a body; `None` otherwise. Asked before the body is made, so an
     /// index that keeps none costs nothing: `body` runs only when one is kept.

@@ -454,8 +454,8 @@ impl FanOut {
         indexing: Indexing,
     ) {
         // An object whose JSON is past a bound (`Self::write_json`) keeps what it named.
-        let unwritten = indexing != Indexing::Gone && obj.json().is_none();
-        if unwritten || group.spec.named_from(&self.key.resource).next().is_none() {
+        let names_none = group.spec.named_from(&self.key.resource).next().is_none();
+        if names_none || (indexing != Indexing::Gone && obj.json().is_none()) {
             return;
         }
         let targets = if indexing == Indexing::Gone {

@@ -7,7 +7,7 @@
 
 use std::{num::NonZeroU64, sync::Arc};
 
-use kube_dispatch_core::key::KeyRef;
+use kube_dispatch_core::{key::KeyRef, subscription::Payload};
 use tracing::warn;
 
 use super::{FanOut, Keyed, Subscriber, describe};
@@ -68,11 +68,11 @@ impl FanOut {
     }
 
     /// Whether publishing `obj` reads its JSON: its body, change filter or references, for a
-    /// group that serves its key here, or its body, for the index of the children of an owner
-    /// this dispatcher may serve. It may say yes where nothing reads it (a group that asks for
-    /// keys only, an index that keeps no bodies), but never no where something does: that
-    /// would hand an object the table cannot write on without its body, instead of turning
-    /// the watch to JSON.
+    /// group that serves its key here and asks for one of them, or its body, for an index of
+    /// children that keeps bodies and the children of an owner this dispatcher may serve. It
+    /// may say yes where nothing reads it, but never no where something does: that would hand
+    /// an object the table cannot write on without its body, instead of turning the watch to
+    /// JSON.
     fn reads_json(
         &self,
         subscribers: &[Subscriber],
@@ -81,9 +81,20 @@ impl FanOut {
         deleted: bool,
     ) -> bool {
         subscribers.iter().any(|sub| match sub.keyed() {
-            Keyed::Itself => place == Place::Here,
+            Keyed::Itself => {
+                place == Place::Here
+                    && (sub.payload != Payload::KeyOnly
+                        || !sub.changes_of.is_empty()
+                        || sub
+                            .group
+                            .spec
+                            .named_from(&self.key.resource)
+                            .next()
+                            .is_some())
+            }
             Keyed::Owner(kind) => {
                 !deleted
+                    && self.children.keeps_bodies()
                     && owner_key(obj, kind)
                         .is_some_and(|k| self.indexes_children_of(KeyRef::new(&k.to_string())))
             }

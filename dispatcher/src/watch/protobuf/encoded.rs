@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use super::{
     Untranscodable,
     json::{self, Fields, Wire, as_text, unexpected},
-    table::{Shape, Table},
+    table::{Field, Shape, Table},
 };
 
 /// The JSON of an object and where its `metadata` is in it, or why it could not be written.
@@ -101,24 +101,32 @@ pub(crate) fn routing_meta(
     ty: u32,
     raw: &[u8],
 ) -> Result<ObjectMeta, Untranscodable> {
-    let t = &table.types[ty as usize];
     let mut meta = ObjectMeta::default();
-    for field in Fields(raw) {
-        let (number, value) = field?;
-        let Some(f) = t.field(number).map(|i| &t.fields[i]) else {
-            continue;
-        };
+    for field in known(table, ty, raw) {
+        let (f, value) = field?;
         if f.name.as_deref() == Some("metadata") {
             let Shape::Message(m) = f.shape else {
-                return Err(unexpected(format!(
-                    "{}'s metadata is not a message",
-                    t.name
-                )));
+                let name = &table.types[ty as usize].name;
+                return Err(unexpected(format!("{name}'s metadata is not a message")));
             };
             meta = object_meta(table, m, bytes(value)?)?;
         }
     }
     Ok(meta)
+}
+
+/// The fields of `raw`, a message of type `ty`, that `table` knows, each with its description;
+/// the others are skipped.
+fn known<'a>(
+    table: &'a Table,
+    ty: u32,
+    raw: &'a [u8],
+) -> impl Iterator<Item = Result<(&'a Field, Wire<'a>), Untranscodable>> {
+    let t = &table.types[ty as usize];
+    Fields(raw).filter_map(move |field| match field {
+        Ok((number, value)) => t.field(number).map(|i| Ok((&t.fields[i], value))),
+        Err(e) => Some(Err(e)),
+    })
 }
 
 fn bytes(value: Wire<'_>) -> Result<&[u8], Untranscodable> {
@@ -135,13 +143,9 @@ fn text(value: Wire<'_>) -> Result<Option<String>, Untranscodable> {
 }
 
 fn object_meta(table: &Table, ty: u32, raw: &[u8]) -> Result<ObjectMeta, Untranscodable> {
-    let t = &table.types[ty as usize];
     let mut meta = ObjectMeta::default();
-    for field in Fields(raw) {
-        let (number, value) = field?;
-        let Some(f) = t.field(number).map(|i| &t.fields[i]) else {
-            continue;
-        };
+    for field in known(table, ty, raw) {
+        let (f, value) = field?;
         match f.name.as_deref().unwrap_or_default() {
             "name" => meta.name = text(value)?,
             "generateName" => meta.generate_name = text(value)?,
@@ -167,13 +171,9 @@ fn object_meta(table: &Table, ty: u32, raw: &[u8]) -> Result<ObjectMeta, Untrans
 }
 
 fn owner_reference(table: &Table, ty: u32, raw: &[u8]) -> Result<OwnerReference, Untranscodable> {
-    let t = &table.types[ty as usize];
     let mut reference = OwnerReference::default();
-    for field in Fields(raw) {
-        let (number, value) = field?;
-        let Some(f) = t.field(number).map(|i| &t.fields[i]) else {
-            continue;
-        };
+    for field in known(table, ty, raw) {
+        let (f, value) = field?;
         let flag = || match value {
             Wire::Varint(v) => Ok(Some(v != 0)),
             Wire::Bytes(_) => Err(unexpected("bytes where a bool belongs")),
