@@ -1,8 +1,8 @@
 //! An object read in protobuf whose JSON is written only when something asks for it.
 //!
-//! On a ring keyed by name each dispatcher reads every object and keeps a third. Writing the
-//! JSON of each object it then drops was about a fifth of a dispatcher's CPU at a cold start
-//! (`perf`, 10 000 ConfigMaps). An [`Encoded`] object keeps its protobuf bytes; the fields
+//! On a ring keyed by name each dispatcher reads every object and keeps a third. Not writing the
+//! JSON of the objects it then drops took about a fifth off the CPU spent in a dispatcher's own
+//! code at a cold start (`perf`, 100 000 ConfigMaps; `bench/HISTORY.md`, 2026-12-03 08:23). An [`Encoded`] object keeps its protobuf bytes; the fields
 //! routing reads come from them directly ([`routing_meta`]), and its JSON is written once, the
 //! first time a body, a change filter or a reference needs it.
 //!
