@@ -20,6 +20,7 @@ mod admin;
 mod close_again;
 mod endings;
 mod load;
+mod prefetch;
 mod recent;
 mod reconcile;
 mod session;
@@ -106,6 +107,7 @@ where
         permits: Arc::new(Semaphore::new(concurrency)),
         slot_freed: tokio::sync::Notify::new(),
         waiting: Arc::default(),
+        prefetch: prefetch::Prefetch::new(controller.prefetch.unwrap_or(concurrency), concurrency),
         running: Mutex::new(HashSet::new()),
         outcomes: tx,
         open: OpenSessionRequest {

@@ -107,7 +107,9 @@ pub(super) async fn reconcile_one<T: Types>(
             (ack_item::Outcome::Requeue(_), _) => Ended::RequeueAfter,
             (ack_item::Outcome::Success(_), _) => Ended::Success,
         };
-        metrics.ended(ended, started.elapsed());
+        let took = started.elapsed();
+        metrics.ended(ended, took);
+        shared.prefetch.ended(took);
     }
     if let Some(report) = report {
         let _ = shared.outcomes.send(report).await;

@@ -35,10 +35,10 @@ pub(super) const MAX_ANSWER_BYTES: u32 = 16 * 1024 * 1024;
 /// One session: open, poll until the controller stops (Ok) or the session is lost (Err).
 ///
 /// Every deadline of the session (its fence, each reconcile's limit) counts from when the call
-/// that set it was sent (`crate::fence`). A poll asks for no more than the free slots (less
-/// deliveries still waiting for one), and each delivery takes its slot as it arrives; one whose
-/// slot another session took meanwhile waits in its own task, within its deadline, so the loop
-/// never stops renewing. A close the dispatcher did not confirm is returned (`close_again`).
+/// that set it was sent (`crate::fence`). A poll asks for the free slots and, while reconciles
+/// are quick, a few more (`super::prefetch`), less deliveries still waiting for one; each
+/// delivery takes its slot as it arrives, or waits for one in its own task, within its
+/// deadline, so the loop never stops renewing. A close the dispatcher did not confirm is returned (`close_again`).
 pub(super) async fn session<T: Types>(
     address: &str,
     shared: &Arc<Shared<T>>,
@@ -220,11 +220,12 @@ impl<T: Types> Polls<'_, T> {
             if stop.is_cancelled() {
                 return Ok(());
             }
-            // The free slots, less the deliveries already waiting for one.
-            let free = shared
-                .permits
-                .available_permits()
-                .saturating_sub(shared.waiting.load(Ordering::Relaxed));
+            // The free slots and what may wait ahead, less the deliveries already waiting.
+            let asked = shared.prefetch.ask(
+                shared.permits.available_permits(),
+                shared.waiting.load(Ordering::Relaxed),
+                self.fence.reconcile_limit(),
+            );
             let lost_at = self.fence.lost_at();
             let now = Instant::now();
             if now >= lost_at {
@@ -234,10 +235,10 @@ impl<T: Types> Polls<'_, T> {
                 return Err(found_dead());
             }
             let wait = self.fence.wait_at(now, round_trip);
-            if free == 0 {
-                // Every slot busy: poll again once one frees, and renew with an empty ack only
-                // if none does before the fence needs it (it was renewed at once before, a
-                // call per poll of a busy replica).
+            if asked == 0 {
+                // Every slot busy and enough waiting: poll again once one frees, and renew with
+                // an empty ack only if none does before the fence needs it (it was renewed at
+                // once before, a call per poll of a busy replica).
                 let freed = tokio::select! {
                     freed = tokio::time::timeout(wait, shared.slot_freed.notified()) => freed.is_ok(),
                     () = stop.cancelled() => true,
@@ -260,7 +261,7 @@ impl<T: Types> Polls<'_, T> {
             // (`AckRequest.stopping`), so the stop does not wait out the poll's wait.
             let mut release = Some((self.client.clone(), self.session_id.clone()));
             let answered = {
-                let call = tokio::time::timeout_at(lost_at, self.call(free, wait));
+                let call = tokio::time::timeout_at(lost_at, self.call(asked, wait));
                 tokio::pin!(call);
                 loop {
                     tokio::select! {
@@ -281,7 +282,7 @@ impl<T: Types> Polls<'_, T> {
             };
             let delivered = self.fence.renewed(sent, held);
             round_trip = sent.elapsed().saturating_sub(held);
-            if free == 0 {
+            if asked == 0 {
                 continue;
             }
             if stop.is_cancelled() {
@@ -298,15 +299,15 @@ impl<T: Types> Polls<'_, T> {
         }
     }
 
-    /// One call that renews the session: a poll for at most `free` deliveries, waiting up to
-    /// `wait`, or with no slot free an empty ack, which the dispatcher answers at once.
+    /// One call that renews the session: a poll for at most `asked` deliveries, waiting up to
+    /// `wait`, or with none to ask for an empty ack, which the dispatcher answers at once.
     /// Returns the deliveries and how long the dispatcher held the poll.
     async fn call(
         &mut self,
-        free: usize,
+        asked: usize,
         wait: Duration,
     ) -> Result<(Vec<ReconcileRequest>, Duration), tonic::Status> {
-        if free == 0 {
+        if asked == 0 {
             self.client
                 .ack(AckRequest {
                     session_id: self.session_id.clone(),
@@ -321,7 +322,7 @@ impl<T: Types> Polls<'_, T> {
             .client
             .poll(PollRequest {
                 session_id: self.session_id.clone(),
-                max_items: u32::try_from(free).unwrap_or(u32::MAX),
+                max_items: u32::try_from(asked).unwrap_or(u32::MAX),
                 wait: prost_types::Duration::try_from(wait).ok(),
                 acks: Vec::new(),
                 max_bytes: MAX_ANSWER_BYTES,

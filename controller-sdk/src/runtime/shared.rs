@@ -76,10 +76,12 @@ pub(super) struct Shared<T: Types> {
     /// Told when a reconcile gives its slot back (`reconcile::Held`): a session loop whose
     /// polls wait for a free slot polls again then.
     pub(super) slot_freed: tokio::sync::Notify,
-    /// Deliveries waiting for a free slot (another session took the slots a poll counted on),
-    /// counted from when their poll answered: the next poll asks for that many fewer, so
-    /// deliveries never pile up behind the slots.
+    /// Deliveries waiting for a free slot (asked for ahead, [`super::prefetch`], or another
+    /// session took the slots a poll counted on), counted from when their poll answered: the
+    /// next poll asks for that many fewer, so deliveries never pile up behind the slots.
     pub(super) waiting: Arc<AtomicUsize>,
+    /// How many deliveries a poll asks for beyond the free slots.
+    pub(super) prefetch: super::prefetch::Prefetch,
     /// Keys being reconciled in this replica: never two of one key at once.
     pub(super) running: Mutex<HashSet<String>>,
     pub(super) outcomes: mpsc::Sender<Outcome<T>>,
