@@ -83,6 +83,13 @@ type Options struct {
 	OwnedLabelSelector string
 	// Payload is how much of the object a request carries (default PayloadFull).
 	Payload PayloadMode
+	// Prefetch is the most deliveries a poll asks for beyond the free workers, asked for only
+	// while the replica's reconciles are quick (every one of the last twice
+	// MaxConcurrentReconciles ended within an eighth of the reconcile limit). They wait in the
+	// queue for a worker, their deadline running, so that a worker that frees has work at once
+	// instead of after a round trip to the dispatcher. 0: MaxConcurrentReconciles; negative:
+	// none.
+	Prefetch int
 	// TracerProvider starts each reconcile's span (default: OpenTelemetry's global provider,
 	// which records nothing until the program sets one).
 	TracerProvider trace.TracerProvider
@@ -308,6 +315,9 @@ func (b *Builder) Build(r reconcile.Reconciler) (controller.Controller, error) {
 	}
 	metrics := engine.NewMetrics(o.Group, name)
 	q := engine.NewQueue(options.MaxConcurrentReconciles, metrics)
+	if o.Prefetch != 0 {
+		q.Prefetch(max(o.Prefetch, 0))
+	}
 	tracers := o.TracerProvider
 	if tracers == nil {
 		tracers = otel.GetTracerProvider()

@@ -121,8 +121,9 @@ var ErrFenced = errors.New("kube-dispatch: the session that delivered this reque
 // queue ignores the controller's own Add, AddAfter, AddRateLimited and Forget: a failed or
 // requeued reconcile is reported in its ack, and the dispatcher delivers the key again.
 //
-// Bound: at most slots deliveries per open session (each poll asks for the free slots only,
-// and sessions poll concurrently), so at most slots × assigned dispatchers.
+// Bound: at most slots plus the prefetch deliveries per open session (each poll asks for the
+// free slots and, while reconciles are quick, up to the prefetch more, and sessions poll
+// concurrently), so at most that many × assigned dispatchers.
 type Queue struct {
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -135,6 +136,8 @@ type Queue struct {
 	taken map[types.NamespacedName]*Delivery
 	// freed is signalled (without blocking) whenever a slot frees up.
 	freed chan struct{}
+	// pace is how many deliveries polls ask for beyond the free slots.
+	pace pace
 
 	shuttingDown bool
 	metrics      *Metrics
@@ -147,17 +150,27 @@ func NewQueue(slots int, metrics *Metrics) *Queue {
 		slots:   slots,
 		taken:   make(map[types.NamespacedName]*Delivery),
 		freed:   make(chan struct{}, 1),
+		pace:    newPace(slots, slots),
 		metrics: metrics,
 	}
 	q.cond = sync.NewCond(&q.mu)
 	return q
 }
 
-// free is the number of deliveries a poll may ask for now.
-func (q *Queue) free() int {
+// Prefetch sets the most deliveries a poll asks for beyond the free slots while reconciles
+// are quick (see pace; default: the slots; 0: none).
+func (q *Queue) Prefetch(most int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return max(q.slots-len(q.taken), 0)
+	q.pace = newPace(most, q.slots)
+}
+
+// free is the number of deliveries a poll may ask for now, reconciles being allowed limit
+// each: the free slots, and while reconciles are quick the prefetch, less what already waits.
+func (q *Queue) free(limit time.Duration) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return max(q.slots+q.pace.ahead(limit)-len(q.taken), 0)
 }
 
 // Accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
@@ -237,6 +250,9 @@ func (q *Queue) Get() (reconcile.Request, bool) {
 			d.started = time.Now()
 			return reconcile.Request{NamespacedName: d.Name}, false
 		}
+		if errors.Is(d.Ctx.Err(), context.DeadlineExceeded) {
+			q.pace.reconciled(d.Limit)
+		}
 		q.finishLocked(d, &pb.AckItem{
 			DeliveryId: d.Request.GetDeliveryId(),
 			Outcome:    &pb.AckItem_Failure{Failure: &pb.Failure{Message: "timed out waiting for a worker"}},
@@ -263,7 +279,9 @@ func (q *Queue) Done(item reconcile.Request) {
 func (q *Queue) finishLocked(d *Delivery, outcome *pb.AckItem) {
 	delete(q.taken, d.Name)
 	if d.handedOut {
-		q.metrics.queue.work.Observe(time.Since(d.started).Seconds())
+		took := time.Since(d.started)
+		q.metrics.queue.work.Observe(took.Seconds())
+		q.pace.reconciled(took)
 	}
 	fenced := errors.Is(context.Cause(d.Session.ctx), ErrFenced)
 	d.cancel()

@@ -36,8 +36,8 @@ func TestQueueAcksWhatTheReconcileReturned(t *testing.T) {
 	if len(s.pending) != 1 || s.pending[0].GetDeliveryId() != 2 || s.pending[0].GetFailure() == nil {
 		t.Fatalf("pending acks: %v", s.pending)
 	}
-	if q.free() != 0 {
-		t.Fatalf("free slots: %d", q.free())
+	if q.free(time.Minute) != 0 {
+		t.Fatalf("free slots: %d", q.free(time.Minute))
 	}
 	item, shutdown := q.Get()
 	if shutdown || item.Name != "a" {

@@ -276,8 +276,9 @@ func (s *Session) releaseOnStop(ctx context.Context, answered <-chan struct{}) {
 	}
 }
 
-// serve polls for work while ctx lasts, asking for no more than the free slots, and renews the
-// session without taking work while every slot is busy. It returns nil when ctx ends, and the
+// serve polls for work while ctx lasts, asking for the free slots and, while reconciles are
+// quick, a few more (Queue.free), and renews the session without taking work while there is
+// nothing to ask for. It returns nil when ctx ends, and the
 // reason when the session is lost.
 func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundTrip time.Duration) error {
 	for ctx.Err() == nil {
@@ -287,9 +288,9 @@ func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundT
 			return errNotRenewed
 		}
 		wait := f.WaitAt(now, roundTrip)
-		free := r.Queue.free()
+		free := r.Queue.free(f.ReconcileLimit())
 		if free == 0 {
-			// Every slot is busy: poll again once one frees, and renew with an empty ack only
+			// Every slot is busy and enough wait: poll again once one frees, and renew with an empty ack only
 			// if none does before the fence needs it (it was renewed at once before, a call
 			// per poll of a busy replica).
 			select {
