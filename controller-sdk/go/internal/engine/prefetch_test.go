@@ -14,52 +14,44 @@ func TestPollsAskAheadOnlyWhileReconcilesAreQuick(t *testing.T) {
 	const limit = time.Minute
 	q := NewQueue(1, NewMetrics("test", "prefetch"))
 	s := testSession()
-	reconcile := func(id uint64, name string, took time.Duration) {
-		t.Helper()
+	accept := func(id uint64, name string) {
 		q.Accept(s, []*pb.ReconcileRequest{request(id, name)}, time.Now().Add(limit), limit)
+	}
+	// finish runs the next delivery as a reconcile that took took.
+	finish := func(took time.Duration) {
 		item, _ := q.Get()
 		q.mu.Lock()
 		q.taken[item.NamespacedName].started = time.Now().Add(-took)
 		q.mu.Unlock()
 		q.Done(item)
 	}
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("before any reconcile: %d", got)
+	reconcile := func(id uint64, name string, took time.Duration) {
+		accept(id, name)
+		finish(took)
 	}
+	asks := func(want int, when string) {
+		t.Helper()
+		if got := q.free(limit); got != want {
+			t.Fatalf("%s: a poll asks for %d, want %d", when, got, want)
+		}
+	}
+	asks(1, "before any reconcile")
 	reconcile(1, "a", time.Millisecond)
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("after half a window: %d", got)
-	}
+	asks(1, "after half a window")
 	reconcile(2, "b", time.Millisecond)
-	if got := q.free(limit); got != 2 {
-		t.Fatalf("after a quick window: %d", got)
-	}
+	asks(2, "after a quick window")
 	// One delivery waiting for the worker: one more may still be asked for.
-	q.Accept(s, []*pb.ReconcileRequest{request(3, "c")}, time.Now().Add(limit), limit)
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("with one taken: %d", got)
-	}
-	item, _ := q.Get()
-	q.mu.Lock()
-	q.taken[item.NamespacedName].started = time.Now().Add(-limit/8 - time.Millisecond)
-	q.mu.Unlock()
-	q.Done(item)
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("after a slow reconcile: %d", got)
-	}
+	accept(3, "c")
+	asks(1, "with one taken")
+	finish(limit/8 + time.Millisecond)
+	asks(1, "after a slow reconcile")
 	reconcile(4, "d", time.Millisecond)
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("its window just ended: %d", got)
-	}
+	asks(1, "its window just ended")
 	reconcile(5, "e", time.Millisecond)
 	reconcile(6, "f", time.Millisecond)
-	if got := q.free(limit); got != 2 {
-		t.Fatalf("a quick window since: %d", got)
-	}
+	asks(2, "a quick window since")
 	q.Prefetch(0)
 	reconcile(7, "g", time.Millisecond)
 	reconcile(8, "h", time.Millisecond)
-	if got := q.free(limit); got != 1 {
-		t.Fatalf("turned off: %d", got)
-	}
+	asks(1, "turned off")
 }
