@@ -216,16 +216,27 @@ async fn a_controller_back_after_the_idle_grace_starts_from_what_exists() -> Tes
         }
         api.delete("gone", &DeleteParams::default()).await?;
         let key = |object: &str| format!("/ConfigMap/{}/{object}", ns.name());
-        // Let the watch see the deletion before the controller comes back.
+        // Let the watch see the deletion before the controller comes back. Past the grace no
+        // group of the controller is left to show it: a probe group on the same resource does,
+        // once it holds "kept" (queued: the probe never polls) and no longer holds "gone"
+        // alive.
+        let probe_group = format!("{group}-probe");
+        let probe = if away_longer {
+            Some(TestSession::open(&d, &probe_group, "probe", subs()).await?)
+        } else {
+            None
+        };
+        let watched = if away_longer { &probe_group } else { &group };
         wait_for(TIMEOUT, "the deletion to be seen", || {
-            let seen = groups
-                .all()
-                .iter()
-                .find(|g| g.id.name == group)
-                .is_none_or(|g| g.key_status(&key("gone")).is_none_or(|k| k.deleted));
+            let seen = groups.all().iter().any(|g| {
+                g.id.name == *watched
+                    && (!away_longer || g.key_status(&key("kept")).is_some())
+                    && g.key_status(&key("gone")).is_none_or(|k| k.deleted)
+            });
             std::future::ready(seen)
         })
         .await?;
+        drop(probe);
         let mut back = TestSession::open(&d, &group, "r1", subs()).await?;
         let got = back
             .collect_until(Duration::from_secs(3), |g| g.len() >= 2)
