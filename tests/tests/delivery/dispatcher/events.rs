@@ -165,9 +165,12 @@ async fn updates_while_in_flight_coalesce_into_one_more_delivery() -> TestResult
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     let d = TestDispatcher::start(test_config("dispatcher-0", &["dispatcher-0"])).await?;
     let subs = vec![subscription("v1", "ConfigMap", ns.name())];
-    let mut s = TestSession::open(&d, "g", "r1", subs.clone()).await?;
+    // Neither session is renewed while the hundred updates are written, which on a loaded
+    // machine takes longer than the test dispatcher's default ttl of 3 s: both outlive it.
+    let ttl = Duration::from_secs(60);
+    let mut s = TestSession::open_for(&d, "g", "r1", subs.clone(), ttl).await?;
     // A second group on the same watch tells us when the dispatcher has seen the last update.
-    let mut observer = TestSession::open(&d, "observer", "o1", subs).await?;
+    let mut observer = TestSession::open_for(&d, "observer", "o1", subs, ttl).await?;
 
     api.create(&PostParams::default(), &configmap("hot", "0"))
         .await?;
