@@ -362,10 +362,15 @@ where
 
     /// Most deliveries a poll asks for beyond the free slots (default: the concurrency; 0 for
     /// none), asked for only while the replica's reconciles are quick: every one of the last
-    /// twice-the-concurrency ended within an eighth of the reconcile limit. They wait in the
-    /// replica for a slot, their deadline running, so that a slot that frees has work at once
-    /// instead of after a round trip to the dispatcher; a cold start of quick reconciles then
-    /// runs faster. A slow reconcile turns it off until a window of quick ones has followed.
+    /// twice-the-concurrency held its slot for at most an eighth of the reconcile limit divided
+    /// by the sessions open. They wait in the replica for a slot, their deadline running, so
+    /// that a slot that frees has work at once instead of after a round trip to the dispatcher;
+    /// a cold start of quick reconciles then runs faster. A slow reconcile, or a delivery whose
+    /// deadline passed, turns it off until a window of quick ones has followed. A graceful stop
+    /// runs what waits before it closes the sessions (handed back, those keys would reach
+    /// another replica no sooner, and without their objects), so a stop takes up to that many
+    /// more quick reconciles; with `n` above the concurrency a delivery may wait longer than
+    /// the quarter of its limit the default keeps it within.
     #[must_use]
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);

@@ -84,10 +84,12 @@ type Options struct {
 	Payload PayloadMode
 	// Prefetch is the most deliveries a poll asks for beyond the free workers, asked for only
 	// while the replica's reconciles are quick (every one of the last twice
-	// MaxConcurrentReconciles ended within an eighth of the reconcile limit). They wait in the
-	// queue for a worker, their deadline running, so that a worker that frees has work at once
-	// instead of after a round trip to the dispatcher. 0: MaxConcurrentReconciles; negative:
-	// none.
+	// MaxConcurrentReconciles held its worker for at most an eighth of the reconcile limit
+	// divided by the sessions polling; a delivery whose deadline passed counts as slow). They
+	// wait in the queue for a worker, their deadline running, so that a worker that frees has
+	// work at once instead of after a round trip to the dispatcher; a stop hands them back.
+	// 0 (the zero value): MaxConcurrentReconciles; negative: none. Above the workers, a
+	// delivery may wait longer than the quarter of its limit the default keeps it within.
 	Prefetch int
 	// TracerProvider starts each reconcile's span (default: OpenTelemetry's global provider,
 	// which records nothing until the program sets one).

@@ -100,16 +100,21 @@ pub(super) async fn reconcile_one<T: Types>(
             return None;
         }
     };
+    let timed_out = matches!(report, Some(Err(Error::Timeout { .. })));
     if let Some(started) = started {
         let ended = match (&outcome, &report) {
-            (_, Some(Err(Error::Timeout { .. }))) => Ended::TimedOut,
+            _ if timed_out => Ended::TimedOut,
             (_, Some(Err(_))) | (ack_item::Outcome::Failure(_), _) => Ended::Error,
             (ack_item::Outcome::Requeue(_), _) => Ended::RequeueAfter,
             (ack_item::Outcome::Success(_), _) => Ended::Success,
         };
         let took = started.elapsed();
         metrics.ended(ended, took);
-        shared.prefetch.ended(took);
+        // What asking ahead weighs is how long a slot was held; a delivery whose deadline
+        // passed, while it waited or ran, counts as slow however short its run was.
+        shared.prefetch.ended(if timed_out { limit } else { took });
+    } else if timed_out {
+        shared.prefetch.ended(limit);
     }
     if let Some(report) = report {
         let _ = shared.outcomes.send(report).await;

@@ -225,6 +225,7 @@ impl<T: Types> Polls<'_, T> {
                 shared.permits.available_permits(),
                 shared.waiting.load(Ordering::Relaxed),
                 self.fence.reconcile_limit(),
+                shared.live.lock().unwrap_or_else(|e| e.into_inner()).len(),
             );
             let lost_at = self.fence.lost_at();
             let now = Instant::now();
@@ -351,9 +352,8 @@ impl<T: Types> Polls<'_, T> {
         for request in requests {
             let reason = Reason::try_from(request.reason).unwrap_or(Reason::Unspecified);
             self.shared.metrics.delivered(reason);
-            // Slots are taken here, before the next poll counts them; a delivery finds none
-            // only if another session took them since this poll counted, and then waits in its
-            // task.
+            // Slots are taken here, before the next poll counts them; one asked for ahead, or
+            // whose slot another session took, finds none and waits in its task.
             let slot = match self.shared.permits.clone().try_acquire_owned() {
                 Ok(permit) => Slot::Taken(permit),
                 Err(_) => Slot::Waiting(Waiting::new(&self.shared.waiting)),

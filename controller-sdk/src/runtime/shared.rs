@@ -78,7 +78,8 @@ pub(super) struct Shared<T: Types> {
     pub(super) slot_freed: tokio::sync::Notify,
     /// Deliveries waiting for a free slot (asked for ahead, [`super::prefetch`], or another
     /// session took the slots a poll counted on), counted from when their poll answered: the
-    /// next poll asks for that many fewer, so deliveries never pile up behind the slots.
+    /// next poll asks for that many fewer, so no more wait than the polls of the open sessions
+    /// asked for at once (the bound [`super::prefetch`] gives).
     pub(super) waiting: Arc<AtomicUsize>,
     /// How many deliveries a poll asks for beyond the free slots.
     pub(super) prefetch: super::prefetch::Prefetch,

@@ -10,9 +10,18 @@ import "time"
 // runs at most a thousand reconciles a second however little each costs. Deliveries asked for
 // ahead wait in the queue for a worker instead, their deadline running, and a key waiting here
 // is one no other replica can take; so more is asked for only while every reconcile of the
-// last full window (twice the workers) and of the current one ended within an eighth of the
-// reconcile limit. A slow reconcile, or a delivery that timed out waiting, turns it off until
-// the window it ended in and one more full window of quick ones have passed.
+// last full window (twice the workers) and of the current one held its worker for at most an
+// eighth of the reconcile limit divided by the sessions polling. A slow reconcile, or a
+// delivery whose deadline passed (waiting or running), turns it off until the window it ended
+// in and one more full window of quick ones have passed.
+//
+// The sessions poll at once, one per dispatcher, and each asks for the free workers and the
+// prefetch less what already waits, so when their answers arrive together up to sessions ×
+// (workers + prefetch) deliveries are here: with the prefetch at the workers a delivery waits
+// behind at most 2 × sessions − 1 reconciles per worker, each within limit / (8 × sessions),
+// under a quarter of its limit however many dispatchers the replica polls. What is weighed is
+// how long a worker was held: a delivery refused at once, or a reconcile fenced, counts as
+// what it took.
 type pace struct {
 	most, window int
 	// ended and slowest are the current window's; before is the last full window's slowest,
@@ -37,9 +46,10 @@ func (p *pace) reconciled(took time.Duration) {
 	}
 }
 
-// ahead is how many deliveries may wait for a worker, reconciles being allowed limit each.
-func (p *pace) ahead(limit time.Duration) int {
-	if p.full && max(p.before, p.slowest) <= limit/8 {
+// ahead is how many deliveries may wait for a worker, reconciles being allowed limit each and
+// sessions polling at once.
+func (p *pace) ahead(limit time.Duration, sessions int) int {
+	if p.full && max(p.before, p.slowest) <= limit/time.Duration(8*max(sessions, 1)) {
 		return p.most
 	}
 	return 0

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -54,4 +55,70 @@ func TestPollsAskAheadOnlyWhileReconcilesAreQuick(t *testing.T) {
 	reconcile(7, "g", time.Millisecond)
 	reconcile(8, "h", time.Millisecond)
 	asks(1, "turned off")
+}
+
+// What counts as quick is shared by the sessions polling at once; a delivery whose deadline
+// passed counts as slow, whether it waited for a worker or ran, however short its run.
+func TestAskingAheadWeighsTheSessionsAndTheDeadlines(t *testing.T) {
+	const limit = time.Minute
+	q := NewQueue(1, NewMetrics("test", "prefetch-sessions"))
+	s := testSession()
+	asks := func(want int, when string) {
+		t.Helper()
+		if got := q.free(limit); got != want {
+			t.Fatalf("%s: a poll asks for %d, want %d", when, got, want)
+		}
+	}
+	// quickWindow runs a window of reconciles that took took, each by a deadline of limit.
+	id := uint64(0)
+	quickWindow := func(took time.Duration) {
+		for range 2 {
+			id++
+			q.Accept(s, []*pb.ReconcileRequest{request(id, "w")}, time.Now().Add(limit), limit)
+			item, _ := q.Get()
+			q.mu.Lock()
+			q.taken[item.NamespacedName].started = time.Now().Add(-took)
+			q.mu.Unlock()
+			q.Done(item)
+		}
+	}
+	first := q.serving()
+	quickWindow(limit / 20)
+	asks(2, "one session, a twentieth of the limit")
+	second := q.serving()
+	asks(2, "two sessions, within an eighth of the limit over two")
+	third := q.serving()
+	asks(1, "three sessions: too slow to ask ahead")
+	third()
+	second()
+	quickWindow(time.Millisecond)
+	asks(2, "one session again, a quick window")
+
+	// A delivery whose deadline passed while it ran, after a run of a millisecond (a long
+	// wait for a worker before it).
+	id++
+	q.Accept(s, []*pb.ReconcileRequest{request(id, "late")}, time.Now().Add(limit), limit)
+	item, _ := q.Get()
+	passed, cancel := context.WithDeadline(context.Background(), time.Now())
+	defer cancel()
+	q.mu.Lock()
+	d := q.taken[item.NamespacedName]
+	d.Ctx, d.started = passed, time.Now().Add(-time.Millisecond)
+	q.mu.Unlock()
+	q.Done(item)
+	asks(1, "after a reconcile past its deadline")
+	quickWindow(time.Millisecond)
+	quickWindow(time.Millisecond)
+	asks(2, "two quick windows since")
+
+	// A delivery whose deadline passed while it waited: never handed out, counted as slow.
+	id++
+	q.Accept(s, []*pb.ReconcileRequest{request(id, "waited")}, time.Now(), limit)
+	id++
+	q.Accept(s, []*pb.ReconcileRequest{request(id, "next")}, time.Now().Add(limit), limit)
+	if item, _ := q.Get(); item.Name != "next" {
+		t.Fatalf("handed out %v, want the delivery still within its deadline", item)
+	}
+	asks(0, "after a delivery timed out waiting, with one running")
+	first()
 }

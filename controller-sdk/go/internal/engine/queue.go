@@ -138,6 +138,8 @@ type Queue struct {
 	freed chan struct{}
 	// pace is how many deliveries polls ask for beyond the free slots.
 	pace pace
+	// sessions is how many sessions poll (serving).
+	sessions int
 
 	shuttingDown bool
 	metrics      *Metrics
@@ -170,7 +172,19 @@ func (q *Queue) Prefetch(most int) {
 func (q *Queue) free(limit time.Duration) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return max(q.slots+q.pace.ahead(limit)-len(q.taken), 0)
+	return max(q.slots+q.pace.ahead(limit, q.sessions)-len(q.taken), 0)
+}
+
+// serving counts a session that polls until the function it returns is called.
+func (q *Queue) serving() (done func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.sessions++
+	return func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		q.sessions--
+	}
 }
 
 // Accept takes the requests a poll of s answered, each to be reconciled by deadline (limit
@@ -281,6 +295,10 @@ func (q *Queue) finishLocked(d *Delivery, outcome *pb.AckItem) {
 	if d.handedOut {
 		took := time.Since(d.started)
 		q.metrics.queue.work.Observe(took.Seconds())
+		if errors.Is(d.Ctx.Err(), context.DeadlineExceeded) {
+			// Its deadline passed: slow, however short the run after a long wait.
+			took = d.Limit
+		}
 		q.pace.reconciled(took)
 	}
 	fenced := errors.Is(context.Cause(d.Session.ctx), ErrFenced)

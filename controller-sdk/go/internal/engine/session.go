@@ -281,6 +281,7 @@ func (s *Session) releaseOnStop(ctx context.Context, answered <-chan struct{}) {
 // nothing to ask for. It returns nil when ctx ends, and the
 // reason when the session is lost.
 func (r *Sessions) serve(ctx context.Context, s *Session, f *fence.Fence, roundTrip time.Duration) error {
+	defer r.Queue.serving()()
 	for ctx.Err() == nil {
 		now := time.Now()
 		lostAt := f.LostAt()
