@@ -97,6 +97,12 @@ struct Args {
     #[arg(long, env = "KD_BENCH_CONCURRENCY", default_value_t = 16)]
     concurrency: usize,
 
+    /// Most deliveries the `dispatch` runtime asks for beyond its free slots while its
+    /// reconciles are quick (`Controller::prefetch`; 0 for none); unset: the SDK's default
+    /// (the concurrency). Not used with `--children`.
+    #[arg(long, env = "KD_BENCH_PREFETCH")]
+    prefetch: Option<usize>,
+
     /// ConfigMaps each Record owns and keeps (`--kind record` with `kube-rs` or `dispatch`);
     /// 0 for none.
     #[arg(long, env = "KD_BENCH_CHILDREN", default_value_t = 0)]
@@ -307,19 +313,24 @@ async fn run_dispatch<K: Object>(
     name: &str,
     namespace: &str,
     selector: &str,
-    concurrency: usize,
+    (concurrency, prefetch): (usize, Option<usize>),
 ) {
     let reconcile = |object: Arc<K>, client: Arc<Client>| async move {
         started(object.meta());
         ensure_hash(object.as_ref(), &api_of(&client, object.as_ref())).await?;
         Ok::<_, Error>(kube_dispatch_controller::Action::await_change())
     };
-    let results = kube_dispatch_controller::Controller::<K>::new(client.clone(), name)
+    let mut controller = kube_dispatch_controller::Controller::<K>::new(client.clone(), name)
         .namespace(namespace)
         .labels(selector)
-        .concurrency(concurrency)
-        .shutdown_on_signal()
-        .run(reconcile, error_policy_dispatch, Arc::new(client));
+        .concurrency(concurrency);
+    if let Some(n) = prefetch {
+        controller = controller.prefetch(n);
+    }
+    let results =
+        controller
+            .shutdown_on_signal()
+            .run(reconcile, error_policy_dispatch, Arc::new(client));
     drain(results).await;
 }
 
@@ -425,6 +436,7 @@ fn controller(args: &Args, client: Client) -> Pin<Box<dyn Future<Output = ()> + 
         selector,
         name,
         concurrency,
+        prefetch,
         children,
         children_from,
         recent_objects,
@@ -466,14 +478,14 @@ fn controller(args: &Args, client: Client) -> Pin<Box<dyn Future<Output = ()> + 
             name,
             ns,
             selector,
-            concurrency,
+            (concurrency, *prefetch),
         )),
         (Runtime::Dispatch, Kind::Record) => Box::pin(run_dispatch::<Record>(
             client,
             name,
             ns,
             selector,
-            concurrency,
+            (concurrency, *prefetch),
         )),
     }
 }
