@@ -16,12 +16,13 @@
 //!
 //! Bounds: at most [`MAX_LISTS`] LISTs made at once by one dispatcher, each with at most
 //! [`MAX_READERS`] readers, each reader with at most `READER_PARTS` parts of at most
-//! [`CHUNK_BYTES`] waiting, plus the start kept for late readers (shared by reference):
-//! 16 × (2 MiB + 8 × 4 × 64 KiB) = 64 MiB; and at most 16 ended responses of at most 2 MiB
-//! kept for [`REUSE`]: 96 MiB in all, besides what HTTP/2 buffers per stream. A reader whose
-//! queue is full keeps the LIST waiting at most `READER_ALLOWANCE` (10 s) in all; past it, it is left
-//! behind (its list fails, and it lists alone). A relayed stream its peer stops reading once the
-//! LIST has ended holds its last parts until its connection ends (`--max-connection-age`).
+//! [`CHUNK_BYTES`] waiting, plus the start kept for late readers (shared by reference) and the
+//! part being gathered: 16 × (2 MiB + 8 × 4 × 64 KiB + 64 KiB) = 65 MiB; and at most 16 ended
+//! responses of at most 2 MiB kept for [`REUSE`]: 97 MiB in all, besides what HTTP/2 buffers
+//! per stream. A reader whose queue is full keeps the LIST waiting at most `READER_ALLOWANCE`
+//! (10 s) in all; past it, it is left behind (its list fails, and it lists alone). A relayed
+//! stream its peer stops reading once the LIST has ended holds its last parts until its
+//! connection ends (`--max-connection-age`).
 //!
 //! A watch's own list is shared only while it is its first, until the watch has shown an object
 //! (`whole_list`'s `Source`, and `WatchTask::events`, which gives sharing to the first pass
@@ -77,7 +78,8 @@ pub const MAX_LISTS: usize = 16;
 pub const MAX_READERS: usize = 8;
 /// Parts a reader may have waiting.
 const READER_PARTS: usize = 4;
-/// Largest part of a response relayed: the chunks of the API server's response are cut to it.
+/// Largest part of a response relayed: what the API server's response brings within 2 ms of a
+/// part's first bytes (`shared::gather`), cut to it.
 pub const CHUNK_BYTES: usize = 64 * 1024;
 /// How much of a response is kept for the readers who join after it began.
 pub const REPLAY_BYTES: usize = 2 * 1024 * 1024;

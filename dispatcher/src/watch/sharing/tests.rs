@@ -551,3 +551,59 @@ async fn a_list_that_tells_its_resource_version_last_is_held_until_then() {
     assert_eq!(count(|c| &c.made), 3);
     assert!(api.asks_nothing_more().await);
 }
+
+/// The parts a lister relays: what the response brings within 2 ms of a part's first bytes, at
+/// most [`CHUNK_BYTES`], the rest of a longer chunk beginning the next; bytes read before the
+/// response broke off go out before the error, and the end after the last bytes.
+#[tokio::test(start_paused = true)]
+async fn a_relayed_part_gathers_what_comes_within_2_ms_up_to_its_size() {
+    use futures::TryStreamExt;
+
+    use shared::{Then, gather};
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(16);
+    let body = tokio_stream::wrappers::ReceiverStream::new(rx).into_async_read();
+    let mut body = std::pin::pin!(body);
+    let mut data = Vec::new();
+    for piece in ["aa", "bb", "cc"] {
+        tx.send(Ok(piece.into())).await.expect("read");
+    }
+    let later = tx.clone();
+    let pieces = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        later.send(Ok("dd".into())).await.expect("read");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        later.send(Ok("ee".into())).await.expect("read");
+    });
+    let (part, then) = gather(body.as_mut(), &mut data).await;
+    assert_eq!(&part[..], b"aabbccdd", "what came within 2 ms, in one part");
+    assert!(matches!(then, Then::More), "{then:?}");
+    let (part, then) = gather(body.as_mut(), &mut data).await;
+    assert_eq!(
+        &part[..],
+        b"ee",
+        "what came after the window begins the next part"
+    );
+    assert!(matches!(then, Then::More), "{then:?}");
+    pieces.await.expect("sent");
+
+    tx.send(Ok(vec![7; CHUNK_BYTES + 10])).await.expect("read");
+    let (part, then) = gather(body.as_mut(), &mut data).await;
+    assert_eq!(part.len(), CHUNK_BYTES, "a part holds at most CHUNK_BYTES");
+    assert!(matches!(then, Then::More), "{then:?}");
+    tx.send(Err(std::io::Error::other("cut off")))
+        .await
+        .expect("read");
+    let (part, then) = gather(body.as_mut(), &mut data).await;
+    assert_eq!(part.len(), 10, "the rest of the long chunk");
+    assert!(matches!(then, Then::Broke(_)), "{then:?}");
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(16);
+    let body = tokio_stream::wrappers::ReceiverStream::new(rx).into_async_read();
+    let mut body = std::pin::pin!(body);
+    tx.send(Ok("last".into())).await.expect("read");
+    drop(tx);
+    let (part, then) = gather(body.as_mut(), &mut data).await;
+    assert_eq!(&part[..], b"last");
+    assert!(matches!(then, Then::End), "{then:?}");
+}
