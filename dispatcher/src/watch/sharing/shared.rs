@@ -246,26 +246,22 @@ pub(super) async fn make(
     let mut body = std::pin::pin!(body);
     let mut gathered = Vec::with_capacity(CHUNK_BYTES);
     loop {
+        // Bytes read before the response ended or broke off go out first.
         let (data, then) = gather(body.as_mut(), &mut gathered).await;
-        if data.is_empty() {
-            match then {
-                Then::More => continue,
-                Then::End => break,
-                Then::Broke(e) => return finish(&shared, Part::Broke(e.to_string().into())).await,
+        if !data.is_empty() {
+            let readers = shared.sent(&data);
+            // Read from its first parts (a built-in type's list has its metadata first), else
+            // from the whole response once it has ended, if it was kept.
+            if learns && shared.parts_sent() <= LEARN_PARTS {
+                shared.learn_resource_version().await;
             }
-        }
-        let readers = shared.sent(&data);
-        // Read from its first parts (a built-in type's list has its metadata first), else
-        // from the whole response once it has ended, if it was kept.
-        if learns && shared.parts_sent() <= LEARN_PARTS {
-            shared.learn_resource_version().await;
-        }
 
-        if readers.is_empty() && shared.abandoned() {
-            debug!("nobody reads a shared list any more: stopping it");
-            return;
+            if readers.is_empty() && shared.abandoned() {
+                debug!("nobody reads a shared list any more: stopping it");
+                return;
+            }
+            shared.send(readers, Part::Data(data)).await;
         }
-        shared.send(readers, Part::Data(data)).await;
         match then {
             Then::More => {}
             Then::End => break,
