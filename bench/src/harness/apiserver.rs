@@ -4,6 +4,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::Context as _;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 
 use super::process::cpu_seconds;
@@ -46,9 +47,10 @@ impl RequestCounts {
 
     /// The requests an audit log in JSON lines records (one event a request: the cluster
     /// script's policy keeps only `ResponseComplete`, the stage at which the API server counts
-    /// a request in `apiserver_request_total`), by resource and upper-case verb, subresources
-    /// left out.
-    pub(crate) fn audited(log: &str) -> Self {
+    /// a request in `apiserver_request_total`) whose events were complete before `before`, by
+    /// resource and upper-case verb, subresources left out. An event without a time it was
+    /// complete at is taken as complete.
+    pub(crate) fn audited(log: &str, before: Timestamp) -> Self {
         let mut counts = BTreeMap::new();
         for line in log.lines() {
             let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -56,6 +58,12 @@ impl RequestCounts {
             };
             let object = &event["objectRef"];
             if event["stage"] != "ResponseComplete" || object.get("subresource").is_some() {
+                continue;
+            }
+            let complete = event["stageTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<Timestamp>().ok());
+            if complete.is_some_and(|t| t >= before) {
                 continue;
             }
             let (Some(resource), Some(verb)) =
@@ -117,25 +125,35 @@ impl RequestCounts {
 /// plane's own clients: kube-controller-manager's informers (its garbage collector watches
 /// every resource, its namespace controller lists every resource of a namespace it deletes) and
 /// the API server's loopback ones end their watches every few minutes and watch again, which
-/// would be counted against whatever runs at the time. The cluster script audits those requests
-/// alone (`control-plane-audit.log`, and its one rotated file); a control plane started before
-/// it did is counted whole, with a warning. The audit log is read first: the API server counts
-/// a request before it writes its event, so one that ends between the two reads is counted
-/// (and left out by the next read), never left out uncounted. Like the counters themselves,
-/// differences mean something only within one API-server process.
+/// would be counted against whatever runs at the time; its garbage collector also reads, by a
+/// GET each, the owners of objects that change, for up to half a minute after their kind is new
+/// to it. The cluster script audits those requests alone (`control-plane-audit.log`, and its
+/// one rotated file); a control plane started before it did is counted whole, with a warning.
+/// Like the counters themselves, differences mean something only within one API-server process.
+///
+/// What is left out is what the counters hold: the requests whose audit events were complete
+/// before `/metrics` was asked for (the API server counts a request, then completes its event).
+/// Leaving out whatever the log held when read, after the counters, left out the requests that
+/// ended in between, uncounted: while the garbage collector read owners at 10 to 40 a second,
+/// a reading taken while it did came out several requests short, and the window that began
+/// with it as many long.
 pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
-    // The counters first, then the audit log: the API server counts a request before it logs
-    // it, so a control-plane request in the counters is in the log by the time it is read.
-    // The other way round, one that landed in between would be counted but not left out, then
-    // left out at the next reading: a request of the benchmark's own would cancel it.
-    let counts = RequestCounts::parse(&metrics_text(client).await?);
-    let own = control_plane_requests()?;
-    Ok(counts.less(own.as_ref()))
+    let (metrics, own) = metrics_and_own(client).await?;
+    Ok(RequestCounts::parse(&metrics).less(own.as_ref()))
 }
 
-/// The control plane's own list and watch requests, from its audit log (see
-/// [`request_counts`]); `None` without one.
-pub(crate) fn control_plane_requests() -> anyhow::Result<Option<RequestCounts>> {
+/// The API server's `/metrics`, as text, and the control plane's own requests its counters hold
+/// (see [`request_counts`]); `None` without an audit log.
+pub(crate) async fn metrics_and_own(
+    client: &Client,
+) -> anyhow::Result<(String, Option<RequestCounts>)> {
+    let (asked, metrics) = metrics_asked(client).await?;
+    Ok((metrics, control_plane_requests(asked)?))
+}
+
+/// The control plane's own list, watch and get requests completed before `before`, from its
+/// audit log (see [`request_counts`]); `None` without one.
+fn control_plane_requests(before: Timestamp) -> anyhow::Result<Option<RequestCounts>> {
     let logs = kube_dispatch_tests::Cluster::shared().dir().join("logs");
     let current = logs.join("control-plane-audit.log");
     if !current.exists() {
@@ -165,16 +183,23 @@ pub(crate) fn control_plane_requests() -> anyhow::Result<Option<RequestCounts>> 
             );
         }
     }
-    Ok(Some(RequestCounts::audited(&text)))
+    Ok(Some(RequestCounts::audited(&text, before)))
 }
 
 /// The API server's `/metrics`, as text (each reading [`retried`]).
 pub(crate) async fn metrics_text(client: &Client) -> anyhow::Result<String> {
+    Ok(metrics_asked(client).await?.1)
+}
+
+/// The API server's `/metrics`, as text, and when the attempt that read it asked for it (each
+/// reading [`retried`]).
+async fn metrics_asked(client: &Client) -> anyhow::Result<(Timestamp, String)> {
     retried(|| async {
         let request = http::Request::get("/metrics")
             .body(Vec::new())
             .context("cannot build the /metrics request")?;
-        Ok(client.request_text(request).await?)
+        let asked = Timestamp::now();
+        Ok((asked, client.request_text(request).await?))
     })
     .await
     .context("cannot read the API server's /metrics")
@@ -356,10 +381,39 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
 {"kind":"Event","stage":"ResponseComplete","verb":"watch","user":{"username":"system:kube-controller-manager"},"objectRef":{"resource":"pods","subresource":"status","apiVersion":"v1"}}
 not json
 "#;
-        let without = metrics.less(Some(&RequestCounts::audited(audit)));
+        let without = metrics.less(Some(&RequestCounts::audited(audit, Timestamp::MAX)));
         let none = RequestCounts::default();
         assert_eq!(without.since(&none, "configmaps", "WATCH"), 3);
         assert_eq!(without.since(&none, "configmaps", "LIST"), 3);
         assert_eq!(without.since(&none, "secrets", "LIST"), 0);
+    }
+
+    #[test]
+    fn only_the_requests_complete_before_the_counters_were_asked_for_are_left_out() {
+        let metrics = RequestCounts::parse(
+            r#"apiserver_request_total{code="200",component="apiserver",dry_run="",group="bench.kube-dispatch.dev",resource="records",scope="resource",subresource="",verb="GET",version="v1"} 7
+"#,
+        );
+        let get = |at: &str| {
+            format!(
+                r#"{{"kind":"Event","stage":"ResponseComplete","verb":"get","stageTimestamp":"{at}","user":{{"username":"system:kube-controller-manager"}},"objectRef":{{"resource":"records","name":"obj-000001"}}}}"#
+            )
+        };
+        // The garbage collector read an owner twice before the counters were asked for, and
+        // three times while they were being read: those are not in them yet.
+        let audit = [
+            get("2026-12-04T08:55:09.100000Z"),
+            get("2026-12-04T08:55:09.199999Z"),
+            get("2026-12-04T08:55:09.200000Z"),
+            get("2026-12-04T08:55:09.300000Z"),
+            get("2026-12-04T08:55:09.400000Z"),
+        ]
+        .join("\n");
+        let asked: Timestamp = "2026-12-04T08:55:09.2Z".parse().expect("a time");
+        let without = metrics.less(Some(&RequestCounts::audited(&audit, asked)));
+        assert_eq!(
+            without.since(&RequestCounts::default(), "records", "GET"),
+            5
+        );
     }
 }

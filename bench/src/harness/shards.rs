@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     admin::{counter_sum, scrape},
-    apiserver::{RequestCounts, metrics_text, sum_where},
+    apiserver::{RequestCounts, sum_where},
     ceiling::{Starts, await_reconciled},
     objects::{Kind, change_value},
     process::Component,
@@ -340,9 +340,8 @@ impl Setup<'_> {
             },
             None => Process::default(),
         };
-        // The counters before the audit log ([`super::apiserver::request_counts`] says why).
-        let metrics = metrics_text(self.client).await?;
-        let own = super::apiserver::control_plane_requests()?;
+        // The counters with what of the audit log they hold ([`super::apiserver::request_counts`]).
+        let (metrics, own) = super::apiserver::metrics_and_own(self.client).await?;
         Ok(Snapshot {
             dispatchers,
             controller,
