@@ -4,13 +4,14 @@
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::Context as _;
-use k8s_openapi::jiff::Timestamp;
+use jiff::Timestamp;
 use kube::Client;
 
 use super::process::cpu_seconds;
 
 /// `apiserver_request_total` summed by (resource, verb), status subresources left out, less
-/// the list and watch requests of the control plane's own clients (see [`request_counts`]).
+/// the list, watch and get requests of the control plane's own clients (see
+/// [`request_counts`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct RequestCounts(BTreeMap<(String, String), f64>);
 
@@ -121,8 +122,8 @@ impl RequestCounts {
     }
 }
 
-/// Reads the API server's request counters, less the list and watch requests of the control
-/// plane's own clients: kube-controller-manager's informers (its garbage collector watches
+/// Reads the API server's request counters, less the list, watch and get requests of the
+/// control plane's own clients: kube-controller-manager's informers (its garbage collector watches
 /// every resource, its namespace controller lists every resource of a namespace it deletes) and
 /// the API server's loopback ones end their watches every few minutes and watch again, which
 /// would be counted against whatever runs at the time; its garbage collector also reads, by a
@@ -131,12 +132,15 @@ impl RequestCounts {
 /// one rotated file); a control plane started before it did is counted whole, with a warning.
 /// Like the counters themselves, differences mean something only within one API-server process.
 ///
-/// What is left out is what the counters hold: the requests whose audit events were complete
-/// before `/metrics` was asked for (the API server counts a request, then completes its event).
-/// Leaving out whatever the log held when read, after the counters, left out the requests that
-/// ended in between, uncounted: while the garbage collector read owners at 10 to 40 a second,
-/// a reading taken while it did came out several requests short, and the window that began
-/// with it as many long.
+/// What is left out are the requests whose audit events were complete before `/metrics` was
+/// asked for: the API server counts a request, then completes its event, so each of them is in
+/// the counters. A request that ends while `/metrics` is answered is in them too, but left out
+/// only at the next reading: while the garbage collector reads owners, at 10 to 40 a second, a
+/// reading can come out a request long. Leaving out whatever the log held when read, after the
+/// counters, left out the requests that ended in between uncounted, as many as ended during
+/// the reading's whole round (the counters' answer, their parsing, the log's read): a reading
+/// taken during such a burst came out several requests short, and the window that began with
+/// it as many long.
 pub(crate) async fn request_counts(client: &Client) -> anyhow::Result<RequestCounts> {
     let (metrics, own) = metrics_and_own(client).await?;
     Ok(RequestCounts::parse(&metrics).less(own.as_ref()))
