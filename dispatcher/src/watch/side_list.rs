@@ -9,7 +9,7 @@ use std::{
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{StreamExt, stream::BoxStream};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, TypeMeta};
 use tracing::{info, warn};
 
 use super::{
@@ -94,18 +94,18 @@ pub(super) struct Beside {
 
 impl SideList {
     /// Starts listing as far as `reach`: in pages, or if `whole` in one response read an object
-    /// at a time, as the watch's own lists are made, and then shared through `beside` if a
-    /// peer's LIST is new enough.
+    /// at a time (in protobuf if `protobuf`, each written with `types`), as the watch's own
+    /// lists are made, and then shared through `beside` if a peer's LIST is new enough.
     pub(super) fn start(
         api: Api<WatchedObject>,
         params: ListParams,
         reach: Reach,
         whole: bool,
-        protobuf: bool,
+        reading: (bool, Arc<TypeMeta>),
         beside: Option<Beside>,
     ) -> Self {
         let pages = if whole {
-            listed_whole(api, params, protobuf, beside)
+            listed_whole(api, params, reading, beside)
         } else {
             paged(api, params)
         };
@@ -186,6 +186,8 @@ struct Whole {
     delays: ExponentialBackoff,
     /// Whether it still lists in protobuf: once it turns to JSON, it stays there.
     protobuf: bool,
+    /// The type of the objects, written first in each one's JSON.
+    types: Arc<TypeMeta>,
     /// A peer's list it may read, until one was too old or failed: then it lists alone.
     beside: Option<Beside>,
     /// The reader's list was found new enough, or is this dispatcher's own.
@@ -252,13 +254,14 @@ impl Whole {
 fn listed_whole(
     api: Api<WatchedObject>,
     params: ListParams,
-    protobuf: bool,
+    (protobuf, types): (bool, Arc<TypeMeta>),
     beside: Option<Beside>,
 ) -> BoxStream<'static, Vec<WatchedObject>> {
     let start = Whole {
         reader: None,
         delays: retry_delays(),
         protobuf,
+        types,
         beside,
         checked: false,
         too_old: 0,
@@ -277,7 +280,8 @@ fn listed_whole(
                     let sharing = whole.beside.as_ref().map(|b| b.sharing.clone());
                     let since = whole.beside.as_ref().map_or(0, |b| b.since);
                     whole.checked = sharing.is_none();
-                    match WholeList::start(&api, &params, sharing, since, whole.protobuf).await {
+                    let reading = (whole.protobuf, &whole.types);
+                    match WholeList::start(&api, &params, sharing, since, reading).await {
                         Ok(started) => whole.reader = Some(started),
                         Err(e) => whole.failed(e).await,
                     }

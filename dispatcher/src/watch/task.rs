@@ -109,6 +109,9 @@ pub(super) struct WatchTask {
     /// dispatcher's table of types knows, until something it reads is not in the table
     /// (`super::protobuf`); then JSON from the next pass on.
     protobuf: bool,
+    /// The type of the objects, written first in the JSON of each one listed (the API server
+    /// leaves it out of a built-in type's list items).
+    types: Arc<TypeMeta>,
     api: Api<WatchedObject>,
     /// The watcher's selectors; its initial list strategy comes from `list_mode`.
     config: watcher::Config,
@@ -253,7 +256,7 @@ impl WatchTask {
         let fed = slice.borrow().clone();
         let fan_out = FanOut::new(
             key.clone(),
-            types,
+            types.clone(),
             controls.counts.clone(),
             slice.clone(),
             controls.subscribers,
@@ -263,6 +266,7 @@ impl WatchTask {
             key,
             list_mode,
             protobuf,
+            types: Arc::new(types),
             api,
             config,
             list_params,
@@ -306,7 +310,7 @@ impl WatchTask {
                     api,
                     self.list_params.clone(),
                     sharing,
-                    self.protobuf,
+                    (self.protobuf, self.types.clone()),
                     position,
                 )
                 .boxed()

@@ -37,7 +37,7 @@ use bytes::Bytes;
 use futures::{AsyncBufReadExt, Stream, StreamExt, stream::BoxStream};
 use kube::{
     ResourceExt,
-    api::{Api, ListParams, WatchEvent, WatchParams},
+    api::{Api, ListParams, TypeMeta, WatchEvent, WatchParams},
     runtime::watcher::{Error, Event, Result},
 };
 use tracing::{debug, info, warn};
@@ -80,6 +80,8 @@ struct Source {
     sharing: Option<Arc<ListSharing>>,
     /// Whether to list and watch in protobuf (`super::protobuf`).
     protobuf: bool,
+    /// The type of the objects, written first in each listed one's JSON.
+    types: Arc<TypeMeta>,
     /// How far the stream has shown the API server's objects.
     position: Arc<Position>,
 }
@@ -155,7 +157,7 @@ impl Source {
             &self.list,
             self.sharing.clone(),
             0,
-            self.protobuf,
+            (self.protobuf, &self.types),
         )
         .await
     }
@@ -181,12 +183,13 @@ impl Source {
 /// `sharing`, if any ([`super::sharing`]; `Source::start` says why only the first). Like
 /// kube-runtime's `watcher`, the stream never ends: after an error the next poll recovers, so
 /// poll it with a backoff. With `protobuf`, it lists and watches in protobuf
-/// ([`super::protobuf`]). It keeps `position` up with what it has shown.
+/// ([`super::protobuf`]). Listed objects are written with `types`, their type. It keeps
+/// `position` up with what it has shown.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
     list: ListParams,
     sharing: Option<Arc<ListSharing>>,
-    protobuf: bool,
+    (protobuf, types): (bool, Arc<TypeMeta>),
     position: Arc<Position>,
 ) -> impl Stream<Item = Result<Event<WatchedObject>>> + Send + 'static {
     // Bookmarks are asked for by default: they move the resourceVersion a watch resumes from.
@@ -201,6 +204,7 @@ pub(super) fn watcher(
         watch,
         sharing,
         protobuf,
+        types,
         position,
     };
     futures::stream::unfold(
@@ -387,6 +391,8 @@ pub(super) struct WholeList {
     sharing: Option<Arc<ListSharing>>,
     params: ListParams,
     protobuf: bool,
+    /// The type of the objects, written first in each one's JSON.
+    types: Arc<TypeMeta>,
     reader: Reader,
     /// The first response's resourceVersion, once it has been read: the list's.
     snapshot: Option<String>,
@@ -401,13 +407,13 @@ enum Reader {
 impl Reader {
     /// A reader of `body`, in the encoding its first byte shows: a list shared by a peer
     /// comes in whichever encoding the peer asked for (a peer of an older release asks for
-    /// JSON whatever the request said).
-    async fn of(mut body: Body) -> io::Result<Self> {
+    /// JSON whatever the request said). Its items are written with `types` if given.
+    async fn of(mut body: Body, types: Option<Arc<TypeMeta>>) -> io::Result<Self> {
         let first = body.fill_buf().await?.first().copied();
         Ok(if first == Some(protobuf::MAGIC[0]) {
-            Self::Protobuf(protobuf::ListReader::new(body))
+            Self::Protobuf(protobuf::ListReader::new(body, types))
         } else {
-            Self::Json(ListReader::new(body))
+            Self::Json(ListReader::new(body, types))
         })
     }
 
@@ -437,13 +443,13 @@ impl WholeList {
     /// Starts the list: asks for its first page (whatever `params` says of a limit or where
     /// to continue), each response shared through `sharing` if any (a LIST under way there
     /// joined only if not known to be older than `min_resource_version`), in protobuf if
-    /// `protobuf`.
+    /// `protobuf`; its objects, of `types`, written with it.
     pub(super) async fn start(
         api: &Api<WatchedObject>,
         params: &ListParams,
         sharing: Option<Arc<ListSharing>>,
         min_resource_version: u64,
-        protobuf: bool,
+        (protobuf, types): (bool, &Arc<TypeMeta>),
     ) -> kube::Result<Self> {
         let params = ListParams {
             limit: None,
@@ -460,13 +466,14 @@ impl WholeList {
                 sharing.as_deref(),
                 &first,
                 min_resource_version,
-                protobuf,
+                (protobuf, types),
             )
             .await?,
             api: api.clone(),
             sharing,
             params,
             protobuf,
+            types: types.clone(),
             snapshot: None,
         })
     }
@@ -492,8 +499,8 @@ impl WholeList {
                 ..self.params.clone()
             };
             debug!(first = FIRST_PAGE, "listing the rest in one response");
-            self.reader =
-                Self::rest(&self.api, self.sharing.as_deref(), &rest, self.protobuf).await?;
+            let reading = (self.protobuf, &self.types);
+            self.reader = Self::rest(&self.api, self.sharing.as_deref(), &rest, reading).await?;
         }
     }
 
@@ -503,14 +510,14 @@ impl WholeList {
         api: &Api<WatchedObject>,
         sharing: Option<&ListSharing>,
         rest: &ListParams,
-        protobuf: bool,
+        reading: (bool, &Arc<TypeMeta>),
     ) -> kube::Result<Reader> {
         let waits = ExponentialBuilder::default()
             .with_min_delay(REST_WAIT)
             .with_max_delay(REST_WAIT_CAP)
             .with_max_times(REST_ATTEMPTS as usize - 1);
         // The rest is of the first response's snapshot, whichever LIST it joins.
-        (|| respond(api, sharing, rest, 0, protobuf))
+        (|| respond(api, sharing, rest, 0, reading))
             .retry(waits)
             .sleep(tokio::time::sleep)
             // An expired `continue` can only be listed again from the start.
@@ -542,7 +549,7 @@ impl WholeList {
 /// it: read object by object until it is known, or `start` ends (a built-in type's list has
 /// its metadata first, a custom resource's JSON list, its keys sorted, last).
 pub(super) async fn resource_version_of(start: Bytes) -> Option<u64> {
-    let mut reader = Reader::of(Box::pin(futures::io::Cursor::new(start)))
+    let mut reader = Reader::of(Box::pin(futures::io::Cursor::new(start)), None)
         .await
         .ok()?;
     // A response cut short where `start` ends is read as far as it goes.
@@ -552,13 +559,13 @@ pub(super) async fn resource_version_of(start: Bytes) -> Option<u64> {
 
 /// A list response to `params`, its objects to be read as they arrive: shared through
 /// `sharing` if any, otherwise asked of the API server through `api`'s client; asked for in
-/// protobuf if `protobuf`.
+/// protobuf if `protobuf`; its objects, of `types`, written with it.
 async fn respond(
     api: &Api<WatchedObject>,
     sharing: Option<&ListSharing>,
     params: &ListParams,
     min_resource_version: u64,
-    protobuf: bool,
+    (protobuf, types): (bool, &Arc<TypeMeta>),
 ) -> kube::Result<Reader> {
     let mut request = kube::core::Request::new(api.resource_url())
         .list(params)
@@ -571,7 +578,9 @@ async fn respond(
         Some(sharing) => sharing.respond(request, min_resource_version).await?,
         None => protobuf::send(&api.clone().into_client(), request).await?,
     };
-    Reader::of(body).await.map_err(kube::Error::ReadEvents)
+    Reader::of(body, Some(types.clone()))
+        .await
+        .map_err(kube::Error::ReadEvents)
 }
 
 #[cfg(test)]
@@ -598,7 +607,8 @@ mod tests {
         ))));
         assert!(!cut_short(&Error::WatchFailed(cut())));
         // Nor is a response that reads as JSON but not as a list of objects.
-        let unreadable = ListReader::new(futures::io::Cursor::new(br#"{"items":[1]}"#.to_vec()));
+        let unreadable =
+            ListReader::new(futures::io::Cursor::new(br#"{"items":[1]}"#.to_vec()), None);
         let error = futures::executor::block_on(async {
             let mut reader = unreadable;
             reader.next().await.expect_err("not an object")

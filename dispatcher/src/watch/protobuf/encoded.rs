@@ -19,6 +19,7 @@ use std::{
 
 use bytes::Bytes;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::TypeMeta;
 
 use super::{
     Untranscodable,
@@ -36,9 +37,9 @@ pub(crate) struct Encoded {
     ty: u32,
     /// The object's bytes (the `raw` of its envelope, or an item of a list).
     raw: Bytes,
-    /// The `apiVersion` and `kind` its envelope gave, written first in its JSON; none for the
-    /// items of a list, as in JSON.
-    types: Option<(Box<str>, Box<str>)>,
+    /// The `apiVersion` and `kind` written first in its JSON: its envelope's, or for the items
+    /// of a list the watch's (none where not given, as a list's items have none in JSON).
+    types: Option<Arc<TypeMeta>>,
     json: OnceLock<Written>,
 }
 
@@ -59,10 +60,9 @@ impl Encoded {
         table: &'static Table,
         ty: u32,
         raw: Bytes,
-        types: Option<(&str, &str)>,
+        types: Option<Arc<TypeMeta>>,
     ) -> Result<(ObjectMeta, Self), Untranscodable> {
         let meta = routing_meta(table, ty, &raw)?;
-        let types = types.map(|(api_version, kind)| (api_version.into(), kind.into()));
         let encoded = Self {
             table,
             ty,
@@ -77,7 +77,7 @@ impl Encoded {
     /// it; written at the first call.
     pub(crate) fn json(&self) -> &Written {
         self.json.get_or_init(|| {
-            let types = self.types.as_ref().map(|(a, k)| (&**a, &**k));
+            let types = self.types.as_deref().map(|t| (&*t.api_version, &*t.kind));
             json::object(self.table, self.ty, &self.raw, types)
                 .map(|(text, metadata)| (Arc::from(text), metadata))
         })

@@ -20,7 +20,11 @@ pub(crate) use self::encoded::Encoded;
 pub use self::json::Untranscodable;
 use self::json::unexpected;
 pub(crate) use self::stream::{ACCEPT_LIST, ListReader, send, watch};
+
+use std::sync::Arc;
+
 use bytes::Bytes;
+use kube::api::TypeMeta;
 
 use self::table::Table;
 use super::object::WatchedObject;
@@ -148,7 +152,10 @@ pub(crate) fn object(
 ) -> Result<WatchedObject, Untranscodable> {
     let unknown = Unknown::read(message)?;
     let ty = kind_type(table, unknown.api_version, unknown.kind)?;
-    let types = Some((unknown.api_version, unknown.kind));
-    let (meta, encoded) = Encoded::read(table, ty, message.slice_ref(unknown.raw), types)?;
+    let types = Arc::new(TypeMeta {
+        api_version: unknown.api_version.to_owned(),
+        kind: unknown.kind.to_owned(),
+    });
+    let (meta, encoded) = Encoded::read(table, ty, message.slice_ref(unknown.raw), Some(types))?;
     Ok(WatchedObject::from_protobuf(meta, encoded, true))
 }

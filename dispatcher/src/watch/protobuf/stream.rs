@@ -8,14 +8,14 @@
 //! series of frames, each a 4-byte big-endian length and a `metav1.WatchEvent` (no envelope),
 //! whose object is an envelope in a `runtime.RawExtension`.
 
-use std::io;
+use std::{io, sync::Arc};
 
 use futures::{AsyncBufReadExt, AsyncReadExt, Stream, TryStreamExt};
 use http_body_util::BodyExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::{
     Client,
-    api::WatchEvent,
+    api::{TypeMeta, WatchEvent},
     core::{Status, watch::Bookmark},
 };
 use prost::encoding::WireType;
@@ -182,12 +182,15 @@ pub(crate) struct ListReader {
     at: At,
     resource_version: Option<String>,
     continue_token: Option<String>,
+    /// The type of the items, written first in each one's JSON, if known.
+    types: Option<Arc<TypeMeta>>,
 }
 
 impl ListReader {
-    /// A reader of the list response `body`.
-    pub(crate) fn new(body: Body) -> Self {
+    /// A reader of the list response `body`, whose items are of `types` if known.
+    pub(crate) fn new(body: Body, types: Option<Arc<TypeMeta>>) -> Self {
         Self {
+            types,
             input: Input { body, read: 0 },
             at: At::Start,
             resource_version: None,
@@ -233,9 +236,11 @@ impl ListReader {
                         }
                         (2, WireType::LengthDelimited) => {
                             let bytes = self.input.delimited(MAX_OBJECT_BYTES).await?;
-                            let (meta, encoded) =
-                                Encoded::read(table, item, bytes.into(), None).map_err(io_error)?;
-                            return Ok(Some(WatchedObject::from_protobuf(meta, encoded, false)));
+                            let types = self.types.clone();
+                            let typed = types.is_some();
+                            let (meta, encoded) = Encoded::read(table, item, bytes.into(), types)
+                                .map_err(io_error)?;
+                            return Ok(Some(WatchedObject::from_protobuf(meta, encoded, typed)));
                         }
                         (number, _) => return Err(unexpected(format!("list field {number}"))),
                     }

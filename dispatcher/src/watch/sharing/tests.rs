@@ -312,7 +312,7 @@ fn watching(client: kube::Client, sharing: &Arc<ListSharing>) -> tokio::task::Jo
         config_maps_api(client),
         ListParams::default(),
         Some(sharing.clone()),
-        false,
+        (false, Arc::new(config_map_types())),
         Arc::default(),
     )
     .boxed();
@@ -362,6 +362,14 @@ async fn a_refused_first_list_is_shared_when_asked_again() {
     polled.abort();
 }
 
+/// The type of a ConfigMap.
+fn config_map_types() -> kube::api::TypeMeta {
+    kube::api::TypeMeta {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+    }
+}
+
 /// Every ConfigMap, as the watches of these tests read them.
 fn config_maps_api(client: kube::Client) -> kube::Api<crate::watch::object::WatchedObject> {
     let resource = kube::api::ApiResource {
@@ -385,7 +393,7 @@ async fn a_whole_list_watch_knows_how_far_it_has_shown() {
         config_maps_api(client),
         ListParams::default(),
         None,
-        false,
+        (false, Arc::new(config_map_types())),
         position.clone(),
     )
     .boxed();
@@ -444,7 +452,7 @@ fn side_list(client: &kube::Client, sharing: &Arc<ListSharing>, since: u64) -> S
         ListParams::default(),
         Reach::All,
         true,
-        false,
+        (false, Arc::new(config_map_types())),
         Some(Beside {
             sharing: sharing.clone(),
             since,

@@ -95,7 +95,7 @@ impl WatchTask {
             self.list_params.clone(),
             reach,
             whole,
-            self.protobuf,
+            (self.protobuf, self.types.clone()),
             beside,
         ));
     }

@@ -46,7 +46,7 @@ async fn a_list_is_read_an_item_at_a_time_however_its_bytes_arrive() {
     let items = [config_map("a", "5", "x"), config_map("b", "6", "y")];
     let bytes = list(&items, "next");
     for chunk in [1, 3, 7, bytes.len()] {
-        let (objects, reader) = read_all(ListReader::new(body(bytes.clone(), chunk)))
+        let (objects, reader) = read_all(ListReader::new(body(bytes.clone(), chunk), None))
             .await
             .unwrap();
         let names: Vec<_> = objects.iter().map(|o| o.name_any()).collect();
@@ -56,10 +56,28 @@ async fn a_list_is_read_an_item_at_a_time_however_its_bytes_arrive() {
         assert_eq!(json["data"], serde_json::json!({"k": "y"}));
         // Items of a list carry no type of their own, as in JSON.
         assert!(json.get("kind").is_none());
+        // Read for a watch of their type, each is written with it, as a watch event's object.
+        let types = TypeMeta {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+        };
+        let typed_reader =
+            ListReader::new(body(bytes.clone(), chunk), Some(Arc::new(types.clone())));
+        let (typed_objects, _) = read_all(typed_reader).await.unwrap();
+        let body = typed_objects[1].full_body(&types).unwrap();
+        let text = typed_objects[1].json().unwrap();
+        assert_eq!(body.as_ptr(), text.as_ptr(), "not copied");
+        let typed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (&typed["kind"], &typed["apiVersion"]),
+            (&"ConfigMap".into(), &"v1".into())
+        );
+        assert_eq!(typed["data"], json["data"]);
+        assert_eq!(typed["metadata"], json["metadata"]);
         assert_eq!(reader.resource_version(), Some("7"));
         assert_eq!(reader.continue_token(), Some("next"));
     }
-    let (objects, reader) = read_all(ListReader::new(body(list(&[], ""), 2)))
+    let (objects, reader) = read_all(ListReader::new(body(list(&[], ""), 2), None))
         .await
         .unwrap();
     assert!(objects.is_empty());
@@ -74,7 +92,7 @@ async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
     // A field the table does not know: the object is read, with its routing fields, and
     // writing its JSON fails as what JSON reads.
     let newer = config_map("a", "5", "x").str(99, "new");
-    let (objects, _) = read_all(ListReader::new(body(list(&[newer], ""), 5)))
+    let (objects, _) = read_all(ListReader::new(body(list(&[newer], ""), 5), None))
         .await
         .unwrap();
     assert_eq!(objects[0].resource_version().as_deref(), Some("5"));
@@ -88,14 +106,17 @@ async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
     // Cut short: an error, but not one JSON would read any better.
     let mut cut = list(&[config_map("a", "5", "x")], "");
     cut.truncate(cut.len() - 3);
-    let error = read_all(ListReader::new(body(cut, 4))).await.err().unwrap();
+    let error = read_all(ListReader::new(body(cut, 4), None))
+        .await
+        .err()
+        .unwrap();
     assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
     assert!(!needs_json(&kube::Error::ReadEvents(error)));
     // An item that says it is larger than a dispatcher reads: past a bound, which JSON meets
     // too.
     let mut huge = list(&[], "");
     huge.extend_from_slice(&[0x12, 0x80, 0x80, 0x80, 0x80, 0x04]); // an item of 1 GiB
-    let error = read_all(ListReader::new(body(relength(huge), 4)))
+    let error = read_all(ListReader::new(body(relength(huge), 4), None))
         .await
         .err()
         .unwrap();
@@ -106,14 +127,14 @@ async fn a_list_the_table_cannot_read_or_cut_short_fails_as_such() {
         let mut bad = list(&[], "");
         bad.extend_from_slice(key);
         bad.push(0);
-        let error = read_all(ListReader::new(body(relength(bad), 3)))
+        let error = read_all(ListReader::new(body(relength(bad), 3), None))
             .await
             .err()
             .unwrap();
         assert!(error.to_string().contains("a field key of"), "{error}");
     }
     // Not protobuf at all.
-    let error = read_all(ListReader::new(body(b"{\"items\":[]}".to_vec(), 4)))
+    let error = read_all(ListReader::new(body(b"{\"items\":[]}".to_vec(), 4), None))
         .await
         .err()
         .unwrap();
