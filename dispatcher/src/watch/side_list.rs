@@ -211,6 +211,18 @@ const HELD_BYTES: usize = 8 << 20;
 const SHARED_TRIES: u8 = 2;
 
 impl Whole {
+    /// Starts its list: a peer's through `beside` while it may take one, else its own.
+    async fn start(&mut self, api: &Api<WatchedObject>, params: &ListParams) {
+        let sharing = self.beside.as_ref().map(|b| b.sharing.clone());
+        let since = self.beside.as_ref().map_or(0, |b| b.since);
+        self.checked = sharing.is_none();
+        let reading = (self.protobuf, &self.types);
+        match WholeList::start(api, params, sharing, since, reading).await {
+            Ok(started) => self.reader = Some(started),
+            Err(e) => self.failed(e).await,
+        }
+    }
+
     /// Holds `object` of a shared list until the list's resourceVersion is read; false past
     /// [`HELD_BYTES`].
     fn hold(&mut self, object: WatchedObject) -> bool {
@@ -277,14 +289,7 @@ fn listed_whole(
             }
             loop {
                 let Some(reader) = whole.reader.as_mut() else {
-                    let sharing = whole.beside.as_ref().map(|b| b.sharing.clone());
-                    let since = whole.beside.as_ref().map_or(0, |b| b.since);
-                    whole.checked = sharing.is_none();
-                    let reading = (whole.protobuf, &whole.types);
-                    match WholeList::start(&api, &params, sharing, since, reading).await {
-                        Ok(started) => whole.reader = Some(started),
-                        Err(e) => whole.failed(e).await,
-                    }
+                    whole.start(&api, &params).await;
                     continue;
                 };
                 // Written as JSON now if read in protobuf: what the table of types cannot
