@@ -197,7 +197,7 @@ impl WatchedObject {
 
     /// The whole object, with `types` filled in where the API server left them out; `None`
     /// where its protobuf cannot be written as JSON. The items of a list read with their type
-    /// have it written already ([`typed`]), so their body is their text itself.
+    /// have it written already (`typed`), so their body is their text itself.
     pub fn full_body(&self, types: &TypeMeta) -> Option<Arc<[u8]>> {
         let (json, metadata) = self.written()?;
         if self.has_api_version && self.has_kind {
