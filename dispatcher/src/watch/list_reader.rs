@@ -17,10 +17,9 @@ use std::{io, pin::Pin, sync::Arc};
 
 use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::api::TypeMeta;
 use serde::{Deserialize, de::IgnoredAny};
 
-use super::object::{Head, Layout, WatchedObject, typed};
+use super::object::{Head, Layout, WatchedObject};
 
 /// The body of a list response, read as it arrives.
 pub(super) type Body = Pin<Box<dyn AsyncBufRead + Send>>;
@@ -86,16 +85,12 @@ pub(super) struct ListReader<R> {
     eof: bool,
     resource_version: Option<String>,
     continue_token: Option<String>,
-    /// The type of the items, written first in the text of each that lacks it (as the API
-    /// server leaves it out of a built-in type's), if known.
-    types: Option<Arc<TypeMeta>>,
 }
 
 impl<R: AsyncBufRead + Unpin> ListReader<R> {
-    /// A reader of the list response `body`, whose items are of `types` if known.
-    pub(super) fn new(body: R, types: Option<Arc<TypeMeta>>) -> Self {
+    /// A reader of the list response `body`.
+    pub(super) fn new(body: R) -> Self {
         Self {
-            types,
             body,
             buf: Vec::new(),
             at: 0,
@@ -251,10 +246,7 @@ impl<R: AsyncBufRead + Unpin> ListReader<R> {
                 // Strings serde skipped were not checked as UTF-8.
                 let text = std::str::from_utf8(&input[at..end]).map_err(invalid)?;
                 let layout = head.layout(text);
-                let (text, layout) = match &self.types {
-                    Some(types) => typed(text, layout, types),
-                    None => (Arc::from(text), layout),
-                };
+                let text = Arc::from(text);
                 self.at += end;
                 self.expect = Expect::Item { first: false };
                 Ok(Step::Object(text, layout))
@@ -356,7 +348,7 @@ mod tests {
                 chunk,
             },
         );
-        let mut reader = ListReader::new(body, None);
+        let mut reader = ListReader::new(body);
         let mut objects = Vec::new();
         while let Some(object) = reader.next().await? {
             objects.push(serde_json::from_str(object.json().unwrap()).expect("an object's JSON"));
@@ -393,8 +385,8 @@ mod tests {
             r#"{{"metadata":{{"resourceVersion":"9"}},"items":[{},{{"kind":"ConfigMap","metadata":null}}]}}"#,
             object("first")
         );
-        let body = futures::io::BufReader::with_capacity(3, Cursor::new(text.clone().into_bytes()));
-        let mut reader = ListReader::new(body, None);
+        let body = futures::io::BufReader::with_capacity(3, Cursor::new(text.into_bytes()));
+        let mut reader = ListReader::new(body);
         let first = reader.next().await.expect("read").expect("an object");
         assert_eq!(first.meta().name.as_deref(), Some("first"));
         assert_eq!(first.meta().namespace.as_deref(), Some("a"));
@@ -415,30 +407,6 @@ mod tests {
         assert_eq!(full["apiVersion"], "v1");
         assert!(reader.next().await.expect("read").is_none());
         assert_eq!(reader.resource_version(), Some("9"));
-
-        // Read for a watch of their type, the items are written with it as they are read:
-        // each one's body is its text, not a copy; the rest of it is as it came.
-        let body = futures::io::BufReader::with_capacity(3, Cursor::new(text.into_bytes()));
-        let mut reader = ListReader::new(body, Some(Arc::new(types.clone())));
-        let first = reader.next().await.expect("read").expect("an object");
-        assert_eq!(first.meta().name.as_deref(), Some("first"));
-        let body = first.full_body(&types).unwrap();
-        assert_eq!(body.as_ptr(), first.json().unwrap().as_ptr(), "not copied");
-        let full: Value = serde_json::from_slice(&body).expect("JSON");
-        let mut expected = object("first");
-        expected["apiVersion"] = "v1".into();
-        expected["kind"] = "ConfigMap".into();
-        assert_eq!(full, expected);
-        let metadata: Value =
-            serde_json::from_slice(&first.metadata_body(&types).unwrap()).expect("JSON");
-        assert_eq!(metadata["metadata"], object("first")["metadata"]);
-        let second = reader.next().await.expect("read").expect("an object");
-        let full: Value = serde_json::from_str(second.json().unwrap()).expect("JSON");
-        assert_eq!(
-            full,
-            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": null })
-        );
-        assert!(reader.next().await.expect("read").is_none());
     }
 
     #[tokio::test]
@@ -511,7 +479,7 @@ mod tests {
             "x".repeat(MAX_OBJECT_BYTES + 1)
         );
         let body = futures::io::BufReader::new(Cursor::new(big.into_bytes()));
-        let mut reader = ListReader::new(body, None);
+        let mut reader = ListReader::new(body);
         let Err(error) = reader.next().await else {
             panic!("an object over the bound was taken");
         };

@@ -35,7 +35,7 @@ pub struct WatchedObject {
     /// The object as the API server sent it.
     text: Text,
     /// Whether the object's JSON has its own `apiVersion` and `kind` (the API server leaves
-    /// them out of a built-in type's list items; a watch's lists write them in, [`typed`]).
+    /// them out of a list's items; a watch writes them into its protobuf lists' items).
     has_api_version: bool,
     has_kind: bool,
 }
@@ -196,20 +196,30 @@ impl WatchedObject {
     }
 
     /// The whole object, with `types` filled in where the API server left them out; `None`
-    /// where its protobuf cannot be written as JSON. The items of a list read with their type
-    /// have it written already (`typed`), so their body is their text itself.
+    /// where its protobuf cannot be written as JSON. The items of a protobuf list read with
+    /// their type have it in their JSON already, so their body is that text itself; a JSON
+    /// list's items are copied here with it.
     pub fn full_body(&self, types: &TypeMeta) -> Option<Arc<[u8]>> {
-        let (json, metadata) = self.written()?;
+        let (json, _) = self.written()?;
         if self.has_api_version && self.has_kind {
             return Some(Arc::from(json.clone()));
         }
-        let layout = Layout {
-            metadata,
-            has_api_version: self.has_api_version,
-            has_kind: self.has_kind,
-        };
-        let (out, _) = with_types(json, &layout, types);
-        Some(Arc::from(out.into_bytes()))
+        let rest = json.trim_start().strip_prefix('{').unwrap_or("}");
+        let mut out = Vec::with_capacity(json.len() + 64);
+        out.push(b'{');
+        let mut fields = Vec::with_capacity(2);
+        if !self.has_api_version {
+            fields.push(field("apiVersion", &types.api_version));
+        }
+        if !self.has_kind {
+            fields.push(field("kind", &types.kind));
+        }
+        out.extend_from_slice(fields.join(",").as_bytes());
+        if !rest.trim_start().starts_with('}') {
+            out.push(b',');
+        }
+        out.extend_from_slice(rest.as_bytes());
+        Some(Arc::from(out))
     }
 
     /// What a change filter compares of the object (keys.md, "Change filters"): one hash of
@@ -278,53 +288,6 @@ impl WatchedObject {
 fn field(name: &str, value: &str) -> String {
     let value = serde_json::Value::from(value);
     format!("\"{name}\":{value}")
-}
-
-/// The text of a list's item, `text` (laid out as `layout`), with the `apiVersion` and `kind`
-/// of `types` written first where it lacks them, as the API server writes a watch event's
-/// object: written once as the item is read, so that the body handed to replicas is that text
-/// itself rather than a copy made with them ([`WatchedObject::full_body`]).
-pub(super) fn typed(text: &str, layout: Layout, types: &TypeMeta) -> (Arc<str>, Layout) {
-    if (layout.has_api_version && layout.has_kind) || !text.trim_start().starts_with('{') {
-        return (Arc::from(text), layout);
-    }
-    let (out, layout) = with_types(text, &layout, types);
-    (Arc::from(out), layout)
-}
-
-/// `json` (an object laid out as `layout`) with the `apiVersion` and `kind` of `types` that it
-/// lacks written first, and its layout then.
-fn with_types(json: &str, layout: &Layout, types: &TypeMeta) -> (String, Layout) {
-    let stripped = json.trim_start().strip_prefix('{');
-    let rest = stripped.unwrap_or("}");
-    let mut out = String::with_capacity(rest.len() + 64);
-    out.push('{');
-    let mut fields = Vec::with_capacity(2);
-    if !layout.has_api_version {
-        fields.push(field("apiVersion", &types.api_version));
-    }
-    if !layout.has_kind {
-        fields.push(field("kind", &types.kind));
-    }
-    out.push_str(&fields.join(","));
-    if !rest.trim_start().starts_with('}') {
-        out.push(',');
-    }
-    out.push_str(rest);
-    // `rest` ends both texts, and the metadata is in it.
-    let metadata = if layout.metadata.is_empty() || stripped.is_none() {
-        0..0
-    } else {
-        let shift = out.len() - rest.len();
-        let lead = json.len() - rest.len();
-        layout.metadata.start - lead + shift..layout.metadata.end - lead + shift
-    };
-    let layout = Layout {
-        metadata,
-        has_api_version: true,
-        has_kind: true,
-    };
-    (out, layout)
 }
 
 /// Takes the object's text as it stands in the input, so only from `serde_json` reading text,
@@ -492,51 +455,6 @@ mod tests {
         let obj = decode(&json!({}));
         let body: Value = serde_json::from_slice(&obj.full_body(&types()).unwrap()).expect("JSON");
         assert_eq!(body, json!({ "apiVersion": "v1", "kind": "ConfigMap" }));
-    }
-
-    #[test]
-    fn a_list_item_read_with_its_type_is_its_own_body() {
-        let text = serde_json::to_string(&object()).expect("JSON");
-        let head: Head<'_> = serde_json::from_str(&text).expect("a head");
-        let (typed_text, layout) = typed(&text, head.layout(&text), &types());
-        let obj = WatchedObject::from_layout(typed_text, layout).expect("an object");
-        // The type is written first; the rest, metadata included, is the item's.
-        let mut expected = object();
-        expected["apiVersion"] = "v1".into();
-        expected["kind"] = "ConfigMap".into();
-        let body = obj.full_body(&types()).unwrap();
-        assert_eq!(body.as_ptr(), obj.json().unwrap().as_ptr(), "not copied");
-        assert_eq!(
-            serde_json::from_slice::<Value>(&body).expect("JSON"),
-            expected
-        );
-        assert_eq!(obj.name_any(), "x");
-        assert_eq!(obj.uid().as_deref(), Some("u-1"));
-        let metadata: Value =
-            serde_json::from_slice(&obj.metadata_body(&types()).unwrap()).expect("JSON");
-        assert_eq!(metadata["metadata"], object()["metadata"]);
-        assert_eq!(
-            obj.fingerprint(Parts::LABELS),
-            decode(&object()).fingerprint(Parts::LABELS)
-        );
-
-        // An item that names its type (a custom resource's) is kept as it came; so is one
-        // with only its kind, given the apiVersion it lacks.
-        let text = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y"}}"#;
-        let head: Head<'_> = serde_json::from_str(text).expect("a head");
-        let (kept, _) = typed(text, head.layout(text), &types());
-        assert_eq!(&*kept, text);
-        let text = r#" {"kind":"ConfigMap","metadata":{"name":"z"}}"#;
-        let head: Head<'_> = serde_json::from_str(text).expect("a head");
-        let (half, layout) = typed(text, head.layout(text), &types());
-        assert_eq!(&half[layout.metadata.clone()], r#"{"name":"z"}"#);
-        let obj = WatchedObject::from_layout(half, layout).expect("an object");
-        assert_eq!(obj.name_any(), "z");
-        let body: Value = serde_json::from_slice(&obj.full_body(&types()).unwrap()).expect("JSON");
-        assert_eq!(
-            body,
-            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "z" } })
-        );
     }
 
     #[test]

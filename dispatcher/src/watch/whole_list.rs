@@ -407,13 +407,15 @@ enum Reader {
 impl Reader {
     /// A reader of `body`, in the encoding its first byte shows: a list shared by a peer
     /// comes in whichever encoding the peer asked for (a peer of an older release asks for
-    /// JSON whatever the request said). Its items are written with `types` if given.
+    /// JSON whatever the request said). Items read in protobuf are written with `types` if
+    /// given, when their JSON is written; JSON items stay as they came (written with their type,
+    /// each would be copied as it is read, most of them to be dropped as placed elsewhere).
     async fn of(mut body: Body, types: Option<Arc<TypeMeta>>) -> io::Result<Self> {
         let first = body.fill_buf().await?.first().copied();
         Ok(if first == Some(protobuf::MAGIC[0]) {
             Self::Protobuf(protobuf::ListReader::new(body, types))
         } else {
-            Self::Json(ListReader::new(body, types))
+            Self::Json(ListReader::new(body))
         })
     }
 
@@ -607,8 +609,7 @@ mod tests {
         ))));
         assert!(!cut_short(&Error::WatchFailed(cut())));
         // Nor is a response that reads as JSON but not as a list of objects.
-        let unreadable =
-            ListReader::new(futures::io::Cursor::new(br#"{"items":[1]}"#.to_vec()), None);
+        let unreadable = ListReader::new(futures::io::Cursor::new(br#"{"items":[1]}"#.to_vec()));
         let error = futures::executor::block_on(async {
             let mut reader = unreadable;
             reader.next().await.expect_err("not an object")
