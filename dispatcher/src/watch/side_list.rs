@@ -94,7 +94,7 @@ pub(super) struct Beside {
 
 impl SideList {
     /// Starts listing as far as `reach`: in pages, or if `whole` in one response read an object
-    /// at a time (in protobuf if `protobuf`, each written with `types`), as the watch's own
+    /// at a time (in protobuf if `protobuf`, each protobuf item written with `types`), as the watch's own
     /// lists are made, and then shared through `beside` if a peer's LIST is new enough.
     pub(super) fn start(
         api: Api<WatchedObject>,
@@ -186,7 +186,7 @@ struct Whole {
     delays: ExponentialBackoff,
     /// Whether it still lists in protobuf: once it turns to JSON, it stays there.
     protobuf: bool,
-    /// The type of the objects, written first in each one's JSON.
+    /// The type of the objects, written first in each protobuf item's JSON.
     types: Arc<TypeMeta>,
     /// A peer's list it may read, until one was too old or failed: then it lists alone.
     beside: Option<Beside>,

@@ -109,8 +109,8 @@ pub(super) struct WatchTask {
     /// dispatcher's table of types knows, until something it reads is not in the table
     /// (`super::protobuf`); then JSON from the next pass on.
     protobuf: bool,
-    /// The type of the objects, written first in the JSON of each one listed (the API server
-    /// leaves it out of a built-in type's list items).
+    /// The type of the objects, written first in the JSON of each one listed in protobuf (the
+    /// API server leaves it out of a list's items).
     types: Arc<TypeMeta>,
     api: Api<WatchedObject>,
     /// The watcher's selectors; its initial list strategy comes from `list_mode`.

@@ -80,7 +80,7 @@ struct Source {
     sharing: Option<Arc<ListSharing>>,
     /// Whether to list and watch in protobuf (`super::protobuf`).
     protobuf: bool,
-    /// The type of the objects, written first in each listed one's JSON.
+    /// The type of the objects, written first in each protobuf item's JSON.
     types: Arc<TypeMeta>,
     /// How far the stream has shown the API server's objects.
     position: Arc<Position>,
@@ -183,7 +183,7 @@ impl Source {
 /// `sharing`, if any ([`super::sharing`]; `Source::start` says why only the first). Like
 /// kube-runtime's `watcher`, the stream never ends: after an error the next poll recovers, so
 /// poll it with a backoff. With `protobuf`, it lists and watches in protobuf
-/// ([`super::protobuf`]). Listed objects are written with `types`, their type. It keeps
+/// ([`super::protobuf`]). Objects listed in protobuf are written with `types`, their type. It keeps
 /// `position` up with what it has shown.
 pub(super) fn watcher(
     api: Api<WatchedObject>,
@@ -391,7 +391,7 @@ pub(super) struct WholeList {
     sharing: Option<Arc<ListSharing>>,
     params: ListParams,
     protobuf: bool,
-    /// The type of the objects, written first in each one's JSON.
+    /// The type of the objects, written first in each protobuf item's JSON.
     types: Arc<TypeMeta>,
     reader: Reader,
     /// The first response's resourceVersion, once it has been read: the list's.
@@ -445,7 +445,7 @@ impl WholeList {
     /// Starts the list: asks for its first page (whatever `params` says of a limit or where
     /// to continue), each response shared through `sharing` if any (a LIST under way there
     /// joined only if not known to be older than `min_resource_version`), in protobuf if
-    /// `protobuf`; its objects, of `types`, written with it.
+    /// `protobuf`; its protobuf items, of `types`, written with it.
     pub(super) async fn start(
         api: &Api<WatchedObject>,
         params: &ListParams,
@@ -561,7 +561,7 @@ pub(super) async fn resource_version_of(start: Bytes) -> Option<u64> {
 
 /// A list response to `params`, its objects to be read as they arrive: shared through
 /// `sharing` if any, otherwise asked of the API server through `api`'s client; asked for in
-/// protobuf if `protobuf`; its objects, of `types`, written with it.
+/// protobuf if `protobuf`; its protobuf items, of `types`, written with it.
 async fn respond(
     api: &Api<WatchedObject>,
     sharing: Option<&ListSharing>,
