@@ -117,7 +117,7 @@ pub struct WatchCounts {
 /// The fan-out of one watch: its subscribers, and what it must remember to tell them.
 pub(super) struct FanOut {
     key: WatchKey,
-    types: TypeMeta,
+    types: Arc<TypeMeta>,
     counts: Arc<WatchCounts>,
     slice: watch::Receiver<Arc<Slice>>,
     subscribers: Subscribers,
@@ -145,11 +145,16 @@ mod written;
 use written::Content;
 
 impl FanOut {
+    /// The type of the watch's objects (the API server leaves it out of a list's items).
+    pub(super) fn types(&self) -> &Arc<TypeMeta> {
+        &self.types
+    }
+
     /// The fan-out of the watch of `key`, whose objects are of `types`, to `subscribers`, placing
     /// keys on the slice current when each event arrives.
     pub(super) fn new(
         key: WatchKey,
-        types: TypeMeta,
+        types: Arc<TypeMeta>,
         counts: Arc<WatchCounts>,
         slice: watch::Receiver<Arc<Slice>>,
         subscribers: Subscribers,

@@ -109,9 +109,6 @@ pub(super) struct WatchTask {
     /// dispatcher's table of types knows, until something it reads is not in the table
     /// (`super::protobuf`); then JSON from the next pass on.
     protobuf: bool,
-    /// The type of the objects, written first in the JSON of each one listed in protobuf (the
-    /// API server leaves it out of a list's items).
-    types: Arc<TypeMeta>,
     api: Api<WatchedObject>,
     /// The watcher's selectors; its initial list strategy comes from `list_mode`.
     config: watcher::Config,
@@ -256,7 +253,7 @@ impl WatchTask {
         let fed = slice.borrow().clone();
         let fan_out = FanOut::new(
             key.clone(),
-            types.clone(),
+            Arc::new(types),
             controls.counts.clone(),
             slice.clone(),
             controls.subscribers,
@@ -266,7 +263,6 @@ impl WatchTask {
             key,
             list_mode,
             protobuf,
-            types: Arc::new(types),
             api,
             config,
             list_params,
@@ -310,7 +306,7 @@ impl WatchTask {
                     api,
                     self.list_params.clone(),
                     sharing,
-                    (self.protobuf, self.types.clone()),
+                    (self.protobuf, self.fan_out.types().clone()),
                     position,
                 )
                 .boxed()

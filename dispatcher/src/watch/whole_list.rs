@@ -174,7 +174,9 @@ impl Source {
             .watch(&self.watch, resource_version)
             .map_err(kube::Error::BuildRequest)?;
         let client = self.api.clone().into_client();
-        Ok(protobuf::watch(&client, request).await?.boxed())
+        Ok(protobuf::watch(&client, request, self.types.clone())
+            .await?
+            .boxed())
     }
 }
 

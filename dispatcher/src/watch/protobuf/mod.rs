@@ -145,17 +145,22 @@ pub fn to_json(message: &[u8]) -> Result<String, Untranscodable> {
     json::object(table, ty, unknown.raw, types).map(|(text, _)| text)
 }
 
-/// The object of `message` (an envelope), its JSON written when first asked for.
+/// The object of `message` (an envelope), its JSON written when first asked for; with the
+/// type `watched` (the watch's, shared) when its envelope names that one, as it does.
 pub(crate) fn object(
     table: &'static Table,
     message: &Bytes,
+    watched: Option<&Arc<TypeMeta>>,
 ) -> Result<WatchedObject, Untranscodable> {
     let unknown = Unknown::read(message)?;
     let ty = kind_type(table, unknown.api_version, unknown.kind)?;
-    let types = Arc::new(TypeMeta {
-        api_version: unknown.api_version.to_owned(),
-        kind: unknown.kind.to_owned(),
-    });
+    let types = match watched {
+        Some(t) if t.api_version == unknown.api_version && t.kind == unknown.kind => t.clone(),
+        _ => Arc::new(TypeMeta {
+            api_version: unknown.api_version.to_owned(),
+            kind: unknown.kind.to_owned(),
+        }),
+    };
     let (meta, encoded) = Encoded::read(table, ty, message.slice_ref(unknown.raw), Some(types))?;
     Ok(WatchedObject::from_protobuf(meta, encoded, true))
 }

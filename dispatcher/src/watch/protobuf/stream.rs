@@ -297,36 +297,46 @@ impl ListReader {
 }
 
 /// The events of a watch response in protobuf (see the module docs), as kube's JSON watch
-/// gives them.
+/// gives them; objects of the watch's type `types` share it.
 pub(crate) fn events(
     body: Body,
+    types: Option<Arc<TypeMeta>>,
 ) -> impl Stream<Item = kube::Result<WatchEvent<WatchedObject>>> + Send {
-    futures::stream::unfold(Some(body), |body| async move {
-        let mut body = body?;
-        let event = frame(&mut body).await;
-        match event {
-            Ok(None) => None,
-            Ok(Some(event)) => Some((Ok(event), Some(body))),
-            // Nothing is read past a broken frame.
-            Err(e) => Some((Err(kube::Error::ReadEvents(e)), None)),
+    futures::stream::unfold(Some(body), move |body| {
+        let types = types.clone();
+        async move {
+            let mut body = body?;
+            let event = frame(&mut body, types.as_ref()).await;
+            match event {
+                Ok(None) => None,
+                Ok(Some(event)) => Some((Ok(event), Some(body))),
+                // Nothing is read past a broken frame.
+                Err(e) => Some((Err(kube::Error::ReadEvents(e)), None)),
+            }
         }
     })
 }
 
-/// Starts the watch `request` (made for JSON by kube) in protobuf through `client`.
+/// Starts the watch `request` (made for JSON by kube) in protobuf through `client`, of
+/// objects of `types`.
 pub(crate) async fn watch(
     client: &Client,
     mut request: http::Request<Vec<u8>>,
+    types: Arc<TypeMeta>,
 ) -> kube::Result<impl Stream<Item = kube::Result<WatchEvent<WatchedObject>>> + Send + use<>> {
     request.headers_mut().insert(
         http::header::ACCEPT,
         http::HeaderValue::from_static(ACCEPT_WATCH),
     );
-    Ok(events(send(client, request).await?))
+    Ok(events(send(client, request).await?, Some(types)))
 }
 
-/// The next event of a watch; `None` where the response ends between two.
-async fn frame(body: &mut Body) -> io::Result<Option<WatchEvent<WatchedObject>>> {
+/// The next event of a watch, its object sharing `types` if of that type; `None` where the
+/// response ends between two.
+async fn frame(
+    body: &mut Body,
+    types: Option<&Arc<TypeMeta>>,
+) -> io::Result<Option<WatchEvent<WatchedObject>>> {
     let mut len = [0; 4];
     match body.read(&mut len[..1]).await? {
         0 => return Ok(None),
@@ -354,7 +364,7 @@ async fn frame(body: &mut Body) -> io::Result<Option<WatchEvent<WatchedObject>>>
         }
     }
     let object = object.ok_or_else(|| unexpected("a watch event without its object"))?;
-    let read = || super::object(table, &bytes.slice_ref(object)).map_err(io_error);
+    let read = || super::object(table, &bytes.slice_ref(object), types).map_err(io_error);
     let event = match kind.unwrap_or_default() {
         "ADDED" => WatchEvent::Added(read()?),
         "MODIFIED" => WatchEvent::Modified(read()?),

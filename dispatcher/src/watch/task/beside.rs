@@ -95,7 +95,7 @@ impl WatchTask {
             self.list_params.clone(),
             reach,
             whole,
-            (self.protobuf, self.types.clone()),
+            (self.protobuf, self.fan_out.types().clone()),
             beside,
         ));
     }

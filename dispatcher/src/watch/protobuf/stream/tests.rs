@@ -169,7 +169,21 @@ async fn watch_frames_read_as_kube_reads_json_events() {
     ));
     bytes.extend(frame("BOOKMARK", envelope("v1", "ConfigMap", &bookmark)));
     bytes.extend(frame("ERROR", envelope("v1", "Status", &status)));
-    let read: Vec<_> = events(body(bytes, 3)).try_collect().await.unwrap();
+    // The watch's type is shared by the objects that name it, not copied for each.
+    let types = Arc::new(TypeMeta {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+    });
+    let read: Vec<_> = events(body(bytes, 3), Some(types.clone()))
+        .try_collect()
+        .await
+        .unwrap();
+    // This test's and the added and deleted objects'.
+    assert_eq!(
+        Arc::strong_count(&types),
+        3,
+        "the objects share the watch's type"
+    );
     match &read[..] {
         [
             WatchEvent::Added(added),
@@ -195,14 +209,16 @@ async fn watch_frames_read_as_kube_reads_json_events() {
         envelope("v1", "ConfigMap", &config_map("a", "10", "x")),
     );
     cut.truncate(cut.len() - 1);
-    let read: Vec<_> = events(body(cut, 3)).collect().await;
+    let read: Vec<_> = events(body(cut, 3), None).collect().await;
     assert!(matches!(&read[..], [Err(e)] if !needs_json(e)), "{read:?}");
     let newer = envelope(
         "v1",
         "ConfigMap",
         &config_map("a", "10", "x").str(99, "new"),
     );
-    let read: Vec<_> = events(body(frame("MODIFIED", newer), 64)).collect().await;
+    let read: Vec<_> = events(body(frame("MODIFIED", newer), 64), None)
+        .collect()
+        .await;
     match &read[..] {
         [Ok(WatchEvent::Modified(newer))] => {
             assert_eq!(newer.name_any(), "a");
