@@ -15,6 +15,8 @@ use tracing::{debug, warn};
 
 mod event;
 pub use event::{GroupEvent, Origin};
+mod held_keys;
+use held_keys::HeldKeys;
 
 use crate::{
     handover::Slice,
@@ -58,6 +60,9 @@ pub struct TransitFigures {
     /// Changes of keys a handover holds, to go first when it ends (at most
     /// [`MAX_HELD_CHANGES`]).
     pub held_changes: usize,
+    /// Keys the ring gave this dispatcher whose objects it knows exist but no queue here
+    /// knows yet ([`Transit`]'s `held_keys`).
+    pub held_keys: usize,
 }
 
 /// What one group keeps of keys in transit (see the module's doc). Every method takes the slice current at the call:
@@ -84,6 +89,9 @@ pub struct Transit {
     changed: IndexMap<String, HeldChange, foldhash::fast::RandomState>,
     /// Changes not remembered in `changed` because it was full, for logs.
     changed_overflow: u64,
+    /// The index of held keys: which keys the handover holds exist, for the sweep of a
+    /// re-list to find their deletions ([`Transit::sweep`]).
+    held_keys: HeldKeys,
 }
 
 impl Transit {
@@ -96,6 +104,7 @@ impl Transit {
             recent: RecentDeletions::new(recent),
             changed: IndexMap::default(),
             changed_overflow: 0,
+            held_keys: HeldKeys::default(),
         }
     }
 
@@ -134,14 +143,37 @@ impl Transit {
         self.changed.insert(key.to_owned(), change);
     }
 
-    /// Forgets the changes remembered of keys the re-list of epoch `epoch` did not show
-    /// (`belongs` accepts the keys of its subscription): their objects were deleted while the
-    /// watch was away. Call when a re-list ends, as for [`GroupQueue::sweep`].
-    pub fn sweep(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) {
+    /// What the end of the re-list of epoch `epoch` reveals of the keys `belongs` accepts
+    /// (those of its subscription) that no queue here knows: a key of the index of held keys
+    /// the list did not show was deleted while the watch was away, and its deletion is held
+    /// (or queued, if the key is served now), as if the watch had seen it; changes
+    /// remembered of such keys are forgotten. Call when a re-list ends, after
+    /// [`GroupQueue::sweep`], with `queue` trimmed to `slice`. Returns the sessions to wake.
+    pub fn sweep(
+        &mut self,
+        slice: &Slice,
+        queue: &mut GroupQueue,
+        (epoch, belongs): (u32, impl Fn(&str) -> bool),
+        now: Instant,
+    ) -> Vec<SessionId> {
         self.changed.retain(|key, change| match change {
             HeldChange::Seen { epoch: seen, .. } => *seen == epoch || !belongs(key),
             HeldChange::Queued | HeldChange::Related(_) => true,
         });
+        let mut wake = Vec::new();
+        for key in self.held_keys.swept(epoch, &belongs) {
+            debug!(group = %self.group, key, "a key held by a handover was deleted while the watch was away: its deletion is held");
+            wake.extend(self.record(
+                slice,
+                queue,
+                GroupEvent::Deleted {
+                    key: KeyRef::new(&key),
+                    change: Change::deletion(),
+                },
+                now,
+            ));
+        }
+        wake
     }
 
     /// What `event` means for the group under `slice`: recorded in `queue` if the key is
@@ -170,6 +202,7 @@ impl Transit {
             } => {
                 if self.admits(slice, key, Some(false), now) {
                     self.queued_now(key.text());
+                    self.held_keys.forget(key.text());
                     return queue.observe_in(key.text(), object, epoch, origin.lane());
                 }
                 return self.hold_object(slice, queue, (key, object, epoch), origin);
@@ -183,6 +216,7 @@ impl Transit {
                 self.exists_elsewhere(slice, key);
                 if slice.serves_key(key) {
                     self.queued_now(key.text());
+                    self.held_keys.forget(key.text());
                     return queue.observe_in(key.text(), object, epoch, origin.lane());
                 }
                 return self.hold_object(slice, queue, (key, object, epoch), origin);
@@ -193,6 +227,7 @@ impl Transit {
                 // object's deletion goes first if it is created again.
                 // A change held for the key is superseded: its deletion is held instead.
                 self.changed.swap_remove(key.text());
+                self.held_keys.forget(key.text());
                 if self.admits(slice, key, Some(true), now) || queue.is_leaving(key.text()) {
                     return queue.change(key.text(), change);
                 }
@@ -218,12 +253,16 @@ impl Transit {
             }
             GroupEvent::Listed { key, object, epoch } => {
                 if slice.serves_key(key) {
+                    self.held_keys.forget(key.text());
                     if !queue.knows_object(key.text()) {
                         return queue.observe_in(key.text(), object, epoch, Lane::Listed);
                     }
                     // A change remembered during the handover was queued at this version
                     // without its body: the list brings it.
                     queue.fill_body(key.text(), object);
+                } else {
+                    // The list a handover's start asks for fills the index of held keys.
+                    self.index_held(slice, queue, key, epoch);
                 }
             }
             GroupEvent::ListedOwned { key } => {
@@ -263,12 +302,15 @@ impl Transit {
             } else {
                 self.queued_now(text);
             }
+            self.held_keys.forget(text);
             return queue.observe_in(text, object, epoch, lane);
         }
         if queue.is_leaving(text) {
             self.queued_now(text);
+            self.held_keys.forget(text);
             return queue.observe_in(text, object, epoch, lane);
         }
+        self.index_held(slice, queue, key, epoch);
         if streamed && slice.owns_key(key) {
             self.hold_change(
                 text,
@@ -280,6 +322,16 @@ impl Transit {
             );
         }
         Vec::new()
+    }
+
+    /// The object of `key` exists as of list epoch `epoch`: if this dispatcher owns the key
+    /// and no queue here knows it (the handover holds it), the index of held keys records it,
+    /// so that a re-list that does not show it reveals its deletion.
+    fn index_held(&mut self, slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>, epoch: u32) {
+        let text = key.text();
+        if slice.owns_key(key) && !queue.contains(text) && !Self::keeps(slice, queue, key) {
+            self.held_keys.seen(text, epoch);
+        }
     }
 
     /// An object the object of `key` owns or names changed (`reason`): recorded in `queue` if
@@ -369,6 +421,7 @@ impl Transit {
             held: self.held.len(),
             remembered: self.recent.len(),
             held_changes: self.changed.len(),
+            held_keys: self.held_keys.len(),
         }
     }
 
@@ -475,8 +528,10 @@ impl Transit {
             self.held.remove(&key);
             self.recent.deleted(hash64(key.as_bytes()), &key, now);
         }
-        // Changes of keys that moved away again are their new owner's to deliver.
+        // Changes of keys that moved away again are their new owner's to deliver, and their
+        // objects its to list.
         self.changed.retain(|key, _| slice.owns_str(key));
+        self.held_keys.retain_owned(slice);
         // Keys that moved here may have been deleted while in transit.
         let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
         for key in &moved_in {

@@ -37,6 +37,9 @@ impl Protocol {
                     if state.left.api_cuts > 0 {
                         actions.push(Action::CutApi(d8));
                     }
+                    if self.unindexed_held(disp, d, state.objects) != 0 {
+                        actions.push(Action::IndexHeld(d8));
+                    }
                 } else {
                     actions.push(Action::HealApi(d8));
                 }

@@ -349,6 +349,7 @@ impl Protocol {
             nameless: 0,
             objectless: 0,
             held_deletions: 0,
+            held_index: 0,
             recent: 0,
             groups: if self.config.lazy_groups {
                 0
@@ -381,6 +382,7 @@ impl Protocol {
                 !(lease.drained && !lease.exists && state.dispatchers.iter().any(|x| x.up))
             }
             Action::HealApi(_)
+            | Action::IndexHeld(_)
             | Action::Warm(_)
             | Action::RestartReplica(_)
             | Action::Open(..)

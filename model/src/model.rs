@@ -87,6 +87,7 @@ impl Model for Protocol {
             Action::TickRenewalUnanswered(d) => self.step_tick_renewal_unanswered(&mut s, d)?,
             Action::CutApi(d) => self.step_cut_api(&mut s, d)?,
             Action::HealApi(d) => self.step_heal_api(&mut s, d)?,
+            Action::IndexHeld(d) => self.step_index_held(&mut s, d)?,
             Action::Crash(d) => self.step_crash(&mut s, d)?,
             Action::Restart(d) => self.step_restart(&mut s, d)?,
             Action::Stop(d) => self.step_stop(&mut s, d)?,

@@ -73,6 +73,8 @@ impl Protocol {
         let owned = (0..disp.keys.len())
             .filter(|k| self.owns(disp.ring, *k, d))
             .fold(0u8, |m, k| m | bit(k));
+        // The index of held keys forgets the keys that moved away (their new owner lists them).
+        disp.held_index &= owned;
         let away = disp.held_deletions & !owned;
         disp.held_deletions &= !away;
         disp.recent |= away;
@@ -155,6 +157,7 @@ impl Protocol {
             if self.serves(disp, d, k) && has(objects, self.object(k)) && unknown {
                 disp.objectless &= !bit(k);
                 disp.nameless &= !bit(k);
+                disp.held_index &= !bit(k);
                 Self::queue(&mut disp.keys[k]);
             }
         }
@@ -172,9 +175,13 @@ impl Protocol {
             }
             disp.recent &= !bit(key);
         }
+        if self.indexes_held(disp, d, key) {
+            disp.held_index |= bit(key);
+        }
         if !self.records(disp, d, key) {
             return;
         }
+        disp.held_index &= !bit(key);
         if created && has(disp.gone, key) {
             let pending = match disp.keys[key] {
                 Key::Ready { .. } => true,
@@ -209,6 +216,7 @@ impl Protocol {
     /// the key; held for the end of a handover if it owns it on its ring; remembered if it is
     /// owned elsewhere (and queued too if the key is on its way out).
     pub(super) fn deleted(&self, disp: &mut Dispatcher, d: usize, key: usize, named: bool) {
+        disp.held_index &= !bit(key);
         if self.serves(disp, d, key) {
             Self::queue_deletion(disp, key, named);
             return;
@@ -247,6 +255,34 @@ impl Protocol {
             }
         }
         disp.stale = 0;
+        // The sweep of the index of held keys: a key it knew exists that the list did not
+        // show was deleted meanwhile, as if the watch had seen it (`Transit::sweep`).
+        for k in 0..disp.keys.len() {
+            if has(disp.held_index, k) && !has(objects, self.object(k)) {
+                self.deleted(disp, d, k, false);
+            }
+        }
+    }
+
+    /// The keys `d`, serving, owns on its ring and does not serve, whose objects exist and
+    /// which neither its queue nor its index of held keys knows: what the list a handover's
+    /// start asks for would add to the index ([`crate::Action::IndexHeld`]).
+    pub(crate) fn unindexed_held(&self, disp: &Dispatcher, d: usize, objects: u8) -> u8 {
+        if !disp.up || !disp.api || disp.settled.is_none() {
+            return 0;
+        }
+        let present = self.present(disp);
+        (0..disp.keys.len())
+            .filter(|k| has(present, *k) && !has(disp.held_index, *k))
+            .filter(|k| has(objects, self.object(*k)) && self.indexes_held(disp, d, *k))
+            .fold(0, |m, k| m | bit(k))
+    }
+
+    /// Whether `d`'s index of held keys takes `key` when its watch shows its object: it owns
+    /// the key on its ring, and its queue does not record it ([`Protocol::records`]: not
+    /// served, nor kept while it hands out nothing, nor on its way out).
+    fn indexes_held(&self, disp: &Dispatcher, d: usize, key: usize) -> bool {
+        self.owns(disp.ring, key, d) && !self.records(disp, d, key) && disp.keys[key] == Key::Absent
     }
 
     /// Puts a key back after its delivery ended without an ack (session gone, void).

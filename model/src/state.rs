@@ -130,6 +130,11 @@ pub struct Dispatcher {
     /// Deletions its transit holds for keys it owns on its ring but does not serve yet,
     /// queued once it does (`Transit`'s held deletions).
     pub held_deletions: u8,
+    /// Keys its transit's index of held keys knows exist (a bit each): keys it owns on its
+    /// ring but does not serve, which its queue does not know, shown by the list a handover's
+    /// start asks for ([`Action::IndexHeld`]) or by its watch since. A re-list that does not
+    /// show one reveals its deletion (`Transit`'s `held_keys`, `Transit::sweep`).
+    pub held_index: u8,
     /// Deletions of keys owned elsewhere it remembers, in case they move here (`Transit`'s
     /// recent deletions; the model remembers them for ever).
     pub recent: u8,
@@ -361,6 +366,12 @@ pub enum Action {
     TickRenewalUnanswered(u8),
     /// Dispatcher `d` loses the API server.
     CutApi(u8),
+    /// The list beside the watch of dispatcher `d` that a handover's start asks for (a member
+    /// left its ring while it serves) shows the keys the handover holds, and its index of held
+    /// keys records them (`Slice::may_hold_more_than`). Taken at any time after, or never
+    /// (a cut first): how long that list takes is the window in which a deletion of a held
+    /// key in a gap of the watch is not found.
+    IndexHeld(u8),
     /// Dispatcher `d` reaches the API server again (and re-lists).
     HealApi(u8),
     /// Dispatcher `d` is killed.

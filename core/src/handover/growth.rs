@@ -101,6 +101,34 @@ impl Slice {
             .any(|m| !now(m))
     }
 
+    /// Whether this slice may hold keys (own them on its ring, a handover keeping them from
+    /// being served) that `earlier` neither held nor had indexed, so that only a list can
+    /// show the index of held keys which of them exist (`crate::transit::Transit`): this
+    /// dispatcher serves, a handover is pending, and a member of `earlier`'s ring is not on
+    /// this one (a member died or left: its keys come here), or `earlier` was not serving or
+    /// not on its ring (whatever it indexed then, a queue trimmed to this slice forgets the
+    /// keys it does not serve). A dispatcher that hands nothing out keeps every key it owns
+    /// in its queue instead, and one that serves every key it owns holds none.
+    pub fn may_hold_more_than(&self, earlier: &Slice) -> bool {
+        if !self.holds_keys() {
+            return false;
+        }
+        if earlier.settled.is_none() || !earlier.is_member() {
+            return true;
+        }
+        earlier
+            .ring
+            .members()
+            .iter()
+            .any(|m| !self.ring.contains(m))
+    }
+
+    /// Whether this dispatcher serves while a handover holds keys it owns on its ring (a
+    /// member left it): the keys whose objects its groups index apart from their queues.
+    pub fn holds_keys(&self) -> bool {
+        self.settled.is_some() && self.is_member() && !self.is_settled()
+    }
+
     /// Whether every key this slice may serve ([`Slice::may_serve`]) `other` may serve too;
     /// with `ring_only`, of the keys each owns on its ring alone. Judged by the members (a key
     /// owned here among more members is owned here among fewer): false where not certain.

@@ -316,8 +316,13 @@ fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
     assert_eq!(p.figures().held, 1, "the deletion is held");
     // A re-list (epoch 2) shows the third key only.
     p.record(&during, &mut queue, streamed(&moved[2], 2, 2), now);
-    p.sweep(2, |_| true);
+    p.sweep(&during, &mut queue, (2, |_: &str| true), now);
     assert_eq!(p.figures().held_changes, 1);
+    assert_eq!(
+        p.figures().held,
+        2,
+        "the second key, not shown by the re-list, was deleted while the watch was away"
+    );
     // The ring flaps back: the change is the old owner's again.
     p.trim(&fixed("d0", &["d0", "d1"]), &mut queue, now);
     assert_eq!(p.figures().held_changes, 0);
@@ -482,4 +487,99 @@ fn a_childs_change_queues_only_an_owner_the_queue_knows() {
     };
     p.record(&during, &mut queue, changed, now);
     assert_eq!(p.figures().held_changes, 1);
+}
+
+/// d1 dies and d0 holds its keys until the wait for it ends. The list a handover's start asks
+/// for indexes the held keys; a re-list after a gap of the watch (410 Gone) that does not show
+/// one of them reveals its deletion, which nobody else knows (the old owner is dead), and the
+/// deletion is delivered once the handover completes. A key the index never saw (listed
+/// after the gap began) has no deletion to find: the window that remains.
+#[test]
+fn a_held_key_deleted_in_a_gap_of_the_watch_is_found_by_the_re_list() {
+    let now = Instant::now();
+    let moved = keys_of("d1", &["d0", "d1"], 4);
+    let mut queue = queue();
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.trim(&during, &mut queue, now);
+    // The list beside the stream (epoch 1) shows the first three; the stream shows the
+    // fourth created after it.
+    for key in &moved[..3] {
+        let listed = GroupEvent::Listed {
+            key: KeyRef::new(key),
+            object: seen(2),
+            epoch: 1,
+        };
+        p.record(&during, &mut queue, listed, now);
+    }
+    p.record(&during, &mut queue, streamed(&moved[3], 3, 1), now);
+    assert_eq!(p.figures().held_keys, 4);
+    assert_eq!(taken(&mut queue, now), [], "held: nothing is handed out");
+    // The stream shows the third deleted: held as before, and out of the index.
+    let deleted = GroupEvent::Deleted {
+        key: KeyRef::new(&moved[2]),
+        change: Change::deletion(),
+    };
+    p.record(&during, &mut queue, deleted, now);
+    assert_eq!((p.figures().held, p.figures().held_keys), (1, 3));
+    // The watch cannot resume: its re-list (epoch 2) shows the second and the fourth.
+    for key in [&moved[1], &moved[3]] {
+        p.record(&during, &mut queue, exists(key, 4, 2), now);
+    }
+    p.sweep(&during, &mut queue, (2, |_: &str| true), now);
+    assert_eq!((p.figures().held, p.figures().held_keys), (2, 2));
+    assert_eq!(taken(&mut queue, now), [], "still held");
+    // The handover completes: both deletions go first, then the keys that exist, once the
+    // list beside the stream shows them.
+    let after = fixed("d0", &["d0"]);
+    p.trim(&after, &mut queue, now);
+    for key in [&moved[1], &moved[3]] {
+        let listed = GroupEvent::Listed {
+            key: KeyRef::new(key),
+            object: seen(4),
+            epoch: 2,
+        };
+        p.record(&after, &mut queue, listed, now);
+    }
+    assert_eq!(p.figures().held_keys, 0, "the queue knows them now");
+    let mut got = taken(&mut queue, now);
+    got[..2].sort();
+    let mut expected = vec![(moved[0].clone(), true), (moved[2].clone(), true)];
+    expected.sort();
+    expected.extend([(moved[1].clone(), false), (moved[3].clone(), false)]);
+    assert_eq!(got, expected);
+}
+
+/// The index of held keys keeps only keys a handover holds: a key shown while served, kept
+/// while nothing is handed out, or owned elsewhere is not entered, and an entry goes when the
+/// key moves away again (its new owner lists it) or its sweep is for another subscription.
+#[test]
+fn the_index_of_held_keys_keeps_only_keys_a_handover_holds() {
+    let now = Instant::now();
+    let mine = key_of("d0", &["d0", "d1"]);
+    let theirs = keys_of("d1", &["d0", "d1", "d2"], 1).remove(0);
+    let moved = keys_of("d1", &["d0", "d1"], 2);
+    let mut queue = queue();
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.trim(&during, &mut queue, now);
+    p.record(&during, &mut queue, streamed(&mine, 1, 1), now);
+    for key in &moved {
+        p.record(&during, &mut queue, streamed(key, 1, 1), now);
+    }
+    assert_eq!(p.figures().held_keys, 2, "only the moved keys");
+    // A sweep of another subscription's keys leaves them.
+    p.sweep(&during, &mut queue, (2, |key: &str| key == mine), now);
+    assert_eq!((p.figures().held, p.figures().held_keys), (0, 2));
+    // Fenced: the queue keeps what it owns; a key it shows goes there, out of the index.
+    let fenced = Arc::new(during.closed());
+    p.trim(&fenced, &mut queue, now);
+    p.record(&fenced, &mut queue, streamed(&moved[0], 2, 1), now);
+    assert_eq!(p.figures().held_keys, 1);
+    // The ring flaps back: the moved keys are d1's again, and so is listing them.
+    let back = moving("d0", &["d0", "d1", "d2"], &["d0", "d1"]);
+    p.trim(&back, &mut queue, now);
+    assert_eq!(p.figures().held_keys, 0);
+    p.record(&back, &mut queue, streamed(&theirs, 1, 1), now);
+    assert_eq!(p.figures().held_keys, 0, "a key owned elsewhere");
 }

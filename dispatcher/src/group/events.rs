@@ -85,11 +85,13 @@ impl Group {
         pending
     }
 
-    /// Queues the deletions a finished re-list revealed; see [`GroupQueue::sweep`].
+    /// Queues the deletions a finished re-list revealed, of keys the queue knows
+    /// ([`GroupQueue::sweep`]) and of keys a handover holds ([`Transit::sweep`]).
     pub fn sweep(&self, epoch: u32, belongs: impl Fn(&str) -> bool) {
-        let mut state = self.state_now();
-        let wake = state.queue.sweep(epoch, &belongs);
-        state.transit.sweep(epoch, &belongs);
+        let (mut state, slice, mut wake) = self.current();
+        let State { queue, transit, .. } = &mut *state;
+        wake.extend(queue.sweep(epoch, &belongs));
+        wake.extend(transit.sweep(&slice, queue, (epoch, &belongs), Self::now()));
         state.wake(wake);
         drop(state);
         // The referrers deleted while the watch was away name nothing any more.

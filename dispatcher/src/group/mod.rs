@@ -171,6 +171,8 @@ pub struct GroupFigures {
     pub remembered: usize,
     /// Changes of keys a handover holds, to go first when it ends.
     pub held_changes: usize,
+    /// Keys a handover holds whose objects it knows exist (the index of held keys).
+    pub held_keys: usize,
     /// Live sessions.
     pub sessions: usize,
     /// Objects served here that name others at a field path.
@@ -309,6 +311,7 @@ impl Group {
             held: transit.held,
             remembered: transit.remembered,
             held_changes: transit.held_changes,
+            held_keys: transit.held_keys,
             sessions,
             referrers: references.len(),
             reference_bytes: references.bytes(),

@@ -13,7 +13,7 @@ use super::{
 };
 
 /// The gauges of each group: name, help, and the figure.
-const GAUGES: [Described<FigureOf<usize>>; 12] = [
+const GAUGES: [Described<FigureOf<usize>>; 13] = [
     ("kube_dispatch_group_keys", "Keys indexed", |f| f.queue.keys),
     (
         "kube_dispatch_group_in_flight",
@@ -44,6 +44,11 @@ const GAUGES: [Described<FigureOf<usize>>; 12] = [
         "kube_dispatch_group_held_changes",
         "Changes of keys a handover holds, delivered first when it ends",
         |f| f.held_changes,
+    ),
+    (
+        "kube_dispatch_group_held_keys",
+        "Keys a handover holds whose objects this dispatcher knows exist, so that a re-list shows their deletions",
+        |f| f.held_keys,
     ),
     ("kube_dispatch_group_sessions", "Live sessions", |f| {
         f.sessions

@@ -27,6 +27,7 @@
 //! | `kube_dispatch_group_held_deletions` | gauge | deletions held until a handover completes |
 //! | `kube_dispatch_group_remembered_deletions` | gauge | deletions of keys owned elsewhere, remembered for a handover |
 //! | `kube_dispatch_group_held_changes` | gauge | changes of keys a handover holds, delivered first when it ends (at most 4096) |
+//! | `kube_dispatch_group_held_keys` | gauge | keys a handover holds whose objects this dispatcher knows exist (the index of held keys), so that a re-list after a gap of the watch shows their deletions; at most one per key owned |
 //! | `kube_dispatch_group_referrers` | gauge | objects served here that name others at a `referenced_by` field path |
 //! | `kube_dispatch_group_reference_bytes` | gauge | about the bytes of the index of what they name (about 150 per reference) |
 //! | `kube_dispatch_group_sessions` | gauge | live sessions |
@@ -75,7 +76,7 @@
 //! | `kube_dispatch_watch_protobuf_total` | counter | of the objects seen, those the API server sent in protobuf (`--protobuf`; the rest came in JSON) |
 //! | `kube_dispatch_watch_json_fallbacks_total` | counter | times the watch turned to JSON because what the API server sent in protobuf could not be read through the dispatcher's table of types (a field it does not know: an API server newer than the dispatcher; or a proxy refusing protobuf) |
 //! | `kube_dispatch_watch_relists_total` | counter | lists of the whole resource by the watch: its first, and after a 410 or an API-server restart |
-//! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here |
+//! | `kube_dispatch_watch_side_lists_total` | counter | lists beside the watch for keys newly served here, or newly held by a handover (to index them) |
 //! | `kube_dispatch_watch_side_lists_spared_total` | counter | lists beside the watch not made when the keys served here grew, since every group had kept up with them: the dispatcher had handed nothing out since the watch's list (warming up to join, waiting out its previous process, fenced) |
 //! | `kube_dispatch_watch_errors_total` | counter | errors the watch recovered from (by retrying; a 410 Gone by listing again at once) |
 //! | `kube_dispatch_watch_gone_total` | counter | of those, 410 Gone: the resourceVersion it resumed from had expired |
@@ -327,7 +328,7 @@ const WATCH_COUNTERS: [Described<WatchCounter>; 10] = [
     ),
     (
         "kube_dispatch_watch_side_lists",
-        "Lists beside the watch for keys newly served here",
+        "Lists beside the watch for keys newly served here, or newly held by a handover (to index them)",
         |c| &c.side_lists,
     ),
     (

@@ -121,6 +121,10 @@ pub(super) struct WatchTask {
     /// kept up with the keys served since ([`Slice::kept_since`]), their growth needs no list.
     /// `None` before, and once a group that joined since was shown objects by a list beside.
     listed_under: Option<u64>,
+    /// When to list beside the stream so that the groups index the keys a handover holds, if
+    /// one holds keys they may not know ([`Slice::may_hold_more_than`]): [`HELD_LIST_AFTER`]
+    /// after the ring gave them, unless the handover completes first.
+    index_held_at: Option<Instant>,
     counts: Arc<WatchCounts>,
     joined: Arc<tokio::sync::Notify>,
     readiness: watch::Sender<Readiness>,
@@ -179,6 +183,15 @@ struct Pass {
 /// begins once the wait ends.
 const CHILDREN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a handover that gave this dispatcher keys (a member left or died while it serves)
+/// may hold them before the watch lists beside its stream so that its groups index them
+/// (`dispatcher/HANDOVER.md`, "Deletions in a gap of the watch"). A member that drains hands
+/// its keys over within a few Lease writes, and the gate's opening lists beside the stream
+/// anyway: waiting spares that second list. After a death the wait lasts until the member's
+/// sessions are reported ended or the bound passes, seconds at least, and a deletion of a held
+/// key in a gap of the watch before this list is not found.
+pub(super) const HELD_LIST_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How often a list beside the stream waiting for children checks on them.
 const CHILDREN_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -188,8 +201,13 @@ const CHILDREN_CHECK: std::time::Duration = std::time::Duration::from_millis(20)
     reason = "a value of the loop's stack, moved once; boxing would allocate per event"
 )]
 enum Step {
-    /// List beside the stream, for this reason; `joined` when a group joined the watch.
-    ListBeside { why: &'static str, joined: bool },
+    /// List beside the stream, for this reason; `joined` when a group joined the watch,
+    /// `held` when only to index the keys a handover holds.
+    ListBeside {
+        why: &'static str,
+        joined: bool,
+        held: bool,
+    },
     /// A page of the list beside the stream, or its end.
     Page(Option<Vec<WatchedObject>>),
     /// An event of the stream, or its end.
@@ -269,6 +287,7 @@ impl WatchTask {
             slice,
             fed,
             listed_under: None,
+            index_held_at: None,
             counts: controls.counts,
             joined: controls.joined,
             readiness: controls.readiness,
@@ -345,16 +364,17 @@ impl WatchTask {
             let waiting = self.waits_for_children(&mut pass);
             // Before it first asks, the stream is held as the list beside it would be.
             let held = waiting && !pass.started;
-            // When to look whether the owners kept for keys on their way out are still needed.
+            // When to look at the owners kept for keys on their way out, or to index held keys.
             let kept_until = self.fan_out.kept_until().map(Instant::from_std);
+            let look_at = kept_until.into_iter().chain(self.index_held_at).min();
             let step = tokio::select! {
                 () = cancel.cancelled() => return End::Stop,
-                () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true },
+                () = self.joined.notified() => Step::ListBeside { why: "a group joined the watch", joined: true, held: false },
                 Ok(()) = self.slice.changed() => self.slice_changed(),
                 page = next_page(&mut pass.side), if !waiting => Step::Page(page),
                 () = tokio::time::sleep(CHILDREN_CHECK), if waiting => Step::Nothing,
-                () = tokio::time::sleep_until(kept_until.unwrap_or_else(Instant::now)),
-                    if kept_until.is_some() => Step::Nothing,
+                () = tokio::time::sleep_until(look_at.unwrap_or_else(Instant::now)),
+                    if look_at.is_some() => self.held_list_due(),
                 () = tokio::time::sleep_until(pass.paused.unwrap_or_else(Instant::now)),
                     if pass.paused.is_some() => {
                     pass.paused = None;
@@ -368,11 +388,11 @@ impl WatchTask {
             match step {
                 Step::Nothing => {}
                 Step::Reshard => return End::Restart,
-                Step::ListBeside { why, joined } => {
+                Step::ListBeside { why, joined, held } => {
                     if joined {
                         self.children.joins_taken();
                     }
-                    self.list_beside(&mut pass, why, joined);
+                    self.list_beside(&mut pass, (why, joined, held));
                 }
                 Step::Page(Some(objects)) => self.side_page(&mut pass, &objects),
                 Step::Page(None) => {
@@ -430,8 +450,10 @@ impl WatchTask {
                 self.epoch = self.epoch.wrapping_add(1);
                 self.listed_under = Some(self.fed.number());
                 self.children.own_list(true);
-                // The watch re-lists everything itself: a list beside it adds nothing.
+                // The watch re-lists everything itself: a list beside it adds nothing, nor
+                // one to index the keys a handover holds.
                 pass.side = None;
+                self.index_held_at = None;
                 pass.listed = Some(None);
                 debug!(resource = %describe(&self.key), epoch = self.epoch, "list started");
             }

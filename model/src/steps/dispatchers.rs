@@ -11,6 +11,18 @@ impl Protocol {
         Some(())
     }
 
+    /// [`Action::IndexHeld`].
+    pub(crate) fn step_index_held(&self, s: &mut State, d: u8) -> Option<()> {
+        let objects = s.objects;
+        let disp = &mut s.dispatchers[usize::from(d)];
+        let unindexed = self.unindexed_held(disp, usize::from(d), objects);
+        if unindexed == 0 {
+            return None;
+        }
+        disp.held_index |= unindexed;
+        Some(())
+    }
+
     /// [`Action::HealApi`].
     pub(crate) fn step_heal_api(&self, s: &mut State, d: u8) -> Option<()> {
         let t = self.config.timing;

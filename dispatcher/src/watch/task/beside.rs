@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{CHILDREN_WAIT, Pass, Step, WatchTask, now};
+use super::{CHILDREN_WAIT, HELD_LIST_AFTER, Pass, Step, WatchTask, now};
 use crate::config::ListMode;
 use crate::watch::{
     fan_out::describe,
@@ -21,6 +21,9 @@ impl WatchTask {
     pub(super) fn slice_changed(&mut self) -> Step {
         let slice = self.slice.borrow_and_update().clone();
         let fed = std::mem::replace(&mut self.fed, slice.clone());
+        if !slice.holds_keys() {
+            self.index_held_at = None;
+        }
         if slice.shard_selector() != self.fan_out.shard() {
             // Watched anew: the children of the namespaces now owned here come with its list.
             self.children.began_listing(now());
@@ -32,6 +35,12 @@ impl WatchTask {
         }
         if !slice.may_serve_more_than(&fed) {
             self.fan_out.slice_changed(&slice);
+            if slice.may_hold_more_than(&fed) && self.index_held_at.is_none() {
+                // The groups index the keys the handover holds from a list, so that a re-list
+                // after a gap of the stream shows which of them were deleted; unless the
+                // handover completes first.
+                self.index_held_at = Some(Instant::now() + HELD_LIST_AFTER);
+            }
             return Step::Nothing;
         }
         if self
@@ -59,13 +68,44 @@ impl WatchTask {
         } else {
             "keys came back to this dispatcher without a handover (a member left the ring before its handover completed)"
         };
-        Step::ListBeside { why, joined: false }
+        Step::ListBeside {
+            why,
+            joined: false,
+            held: false,
+        }
+    }
+
+    /// If the time to index the keys a handover holds has come, a list beside the stream,
+    /// provided the handover still holds keys.
+    pub(super) fn held_list_due(&mut self) -> Step {
+        if self.index_held_at.is_none_or(|at| at > Instant::now()) {
+            return Step::Nothing;
+        }
+        self.index_held_at = None;
+        if !self.fed.holds_keys() {
+            return Step::Nothing;
+        }
+        Step::ListBeside {
+            why: "a handover has held keys the ring gave this dispatcher for a while: listing them to index them",
+            joined: false,
+            held: true,
+        }
     }
 
     /// Starts a list beside the stream, unless the watch's own list will show what it would.
-    pub(super) fn list_beside(&mut self, pass: &mut Pass, why: &'static str, joined: bool) {
+    /// `held`: only for the keys a handover holds, to index them, so it does not wait for
+    /// the children's list (nothing it shows is handed out).
+    pub(super) fn list_beside(
+        &mut self,
+        pass: &mut Pass,
+        (why, joined, held): (&'static str, bool, bool),
+    ) {
         if !pass.started {
             debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has not been asked for yet");
+            return;
+        }
+        if held && pass.listed.is_some() {
+            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list shows every key a handover holds");
             return;
         }
         let listed = pass.listed.as_ref().map(Option::as_deref);
@@ -79,7 +119,8 @@ impl WatchTask {
             self.listed_under = None;
         }
         info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-        pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
+        let running = pass.side.is_some() && pass.waits_until.is_some();
+        pass.waits_until = (!held || running).then(|| Instant::now() + CHILDREN_WAIT);
         // A whole list may be one a peer makes at the same time, if new enough (`Beside`):
         // not while the stream's position is unknown (nothing shown, a list whose
         // resourceVersion is not read yet) or not a number, when no shared list could be.

@@ -604,74 +604,6 @@ async fn first_list_after(
     list
 }
 
-/// A dispatcher that handed nothing out while its watch listed (warming up to join) kept every
-/// key it owns, and every change of them: when its gate opens on the ring it listed under, it
-/// serves them without a list beside the stream. Had a member left the ring meanwhile, the keys
-/// that came here from it were not kept, and the gate's opening lists beside the stream.
-#[tokio::test(start_paused = true)]
-async fn a_gate_that_opens_on_what_the_groups_kept_lists_nothing_beside() {
-    use std::{collections::BTreeMap, sync::atomic::Ordering};
-
-    use kube_dispatch_core::{handover::Handover, leases::Peer};
-
-    let live = |names: &[&str]| -> BTreeMap<String, Peer> {
-        names
-            .iter()
-            .map(|n| ((*n).to_owned(), Peer::default()))
-            .collect()
-    };
-    for member_left in [false, true] {
-        let now = std::time::Instant::now();
-        let mut handover = Handover::new("d0", Duration::from_secs(60), now, false);
-        handover.renewed(now + Duration::from_secs(3600));
-        let listed_on = if member_left {
-            live(&["d0", "d1"])
-        } else {
-            live(&["d0"])
-        };
-        let warming = handover.update(&listed_on, 0, true, now);
-        let (slice_tx, slice) = watch::channel(Arc::new(warming));
-        let mut api = Scripted::subscribed_on(ListMode::Paged, None, slice);
-        let list = api.next().await;
-        assert!(list.is_paged_list(), "{:?}", list.query);
-        list.list(10, &[("a", 5), ("b", 6)]);
-        let stream = api.next().await.open();
-        stream.send("MODIFIED", object("a", 11));
-        until("the change is seen", || {
-            api.counts.applied.load(Ordering::Relaxed) >= 3
-        })
-        .await;
-        assert_eq!(api.delivered(), [], "nothing handed out while warming up");
-        if member_left {
-            let without_d1 = handover.update(&live(&["d0"]), 0, true, now);
-            slice_tx.send_replace(Arc::new(without_d1));
-        }
-        let open = handover.update(&live(&["d0"]), 0, false, now);
-        assert!(open.is_settled(), "the gate opens: {open:?}");
-        slice_tx.send_replace(Arc::new(open));
-        if member_left {
-            let beside = api.next().await;
-            assert!(beside.is_paged_list(), "a list beside: {:?}", beside.query);
-            beside.list(12, &[("a", 11), ("b", 6)]);
-        } else {
-            assert!(api.api.asks_nothing_more().await, "no list beside");
-        }
-        let mut got = Vec::new();
-        while got.len() < 2 {
-            api.member.woken().await;
-            got.extend(api.delivered());
-        }
-        got.sort();
-        assert_eq!(got, named(&[("a", false), ("b", false)]));
-        let counted = |c: &WatchCounts| {
-            let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            (load(&c.side_lists), load(&c.side_lists_spared))
-        };
-        let want = if member_left { (1, 0) } else { (0, 1) };
-        assert_eq!(counted(&api.counts), want, "member left: {member_left}");
-    }
-}
-
 /// Objects read in protobuf are written as JSON only where a group here needs them: one placed
 /// on another member is not, nor one placed here for a group that asks for keys only, so a
 /// field the table of types does not know in it changes nothing; placed here for a group that
@@ -745,3 +677,5 @@ async fn objects_read_in_protobuf_are_written_as_json_only_where_needed() {
         assert_eq!(api.delivered(), named(&expected));
     }
 }
+
+mod handover;
