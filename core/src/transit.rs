@@ -324,14 +324,14 @@ impl Transit {
         Vec::new()
     }
 
-    /// The object of `key` exists as of list epoch `epoch`: if this dispatcher owns the key
-    /// and no queue here knows it (the handover holds it), the index of held keys records it,
-    /// so that a re-list that does not show it reveals its deletion.
+    /// The object of `key` exists as of list epoch `epoch`, and no queue here knows it: the
+    /// index of held keys records it if this dispatcher owns the key (the handover holds it),
+    /// so that a re-list that does not show it reveals its deletion, and keeps up with it if it
+    /// knows it already, whoever owns it now (off its own ring the index stays as it was).
     fn index_held(&mut self, slice: &Slice, queue: &GroupQueue, key: KeyRef<'_>, epoch: u32) {
         let text = key.text();
-        if slice.owns_key(key) && !queue.contains(text) && !Self::keeps(slice, queue, key) {
-            self.held_keys.seen(text, epoch);
-        }
+        let held = slice.owns_key(key) && !queue.contains(text) && !Self::keeps(slice, queue, key);
+        self.held_keys.seen(text, epoch, held);
     }
 
     /// An object the object of `key` owns or names changed (`reason`): recorded in `queue` if
@@ -531,7 +531,9 @@ impl Transit {
         // Changes of keys that moved away again are their new owner's to deliver, and their
         // objects its to list.
         self.changed.retain(|key, _| slice.owns_str(key));
-        self.held_keys.retain_owned(slice);
+        if slice.is_member() {
+            self.held_keys.retain_owned(slice);
+        }
         // Keys that moved here may have been deleted while in transit.
         let moved_in = self.recent.take_where(now, |_, key| slice.owns_str(key));
         for key in &moved_in {

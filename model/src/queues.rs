@@ -73,8 +73,11 @@ impl Protocol {
         let owned = (0..disp.keys.len())
             .filter(|k| self.owns(disp.ring, *k, d))
             .fold(0u8, |m, k| m | bit(k));
-        // The index of held keys forgets the keys that moved away (their new owner lists them).
-        disp.held_index &= owned;
+        // The index of held keys forgets the keys that moved away (their new owner lists them);
+        // off its own ring, it stays as it was.
+        if has(disp.ring, d) {
+            disp.held_index &= owned;
+        }
         let away = disp.held_deletions & !owned;
         disp.held_deletions &= !away;
         disp.recent |= away;

@@ -18,13 +18,16 @@ use crate::handover::Slice;
 pub(super) struct HeldKeys(HashMap<String, u32, foldhash::fast::RandomState>);
 
 impl HeldKeys {
-    /// The object of `key` exists as of list epoch `epoch`.
-    pub(super) fn seen(&mut self, key: &str, epoch: u32) {
+    /// The object of `key` exists as of list epoch `epoch`: recorded if the index knows the
+    /// key, or if `held` (a handover holds it); an entry left at an older epoch would be taken
+    /// for a deletion by the next sweep.
+    pub(super) fn seen(&mut self, key: &str, epoch: u32, held: bool) {
         match self.0.get_mut(key) {
             Some(seen) => *seen = epoch,
-            None => {
+            None if held => {
                 self.0.insert(key.to_owned(), epoch);
             }
+            None => {}
         }
     }
 
@@ -48,7 +51,8 @@ impl HeldKeys {
         gone
     }
 
-    /// Forgets the keys `slice` does not own: their new owner lists them.
+    /// Forgets the keys `slice` does not own: their new owner lists them. Call only with a
+    /// slice on its own ring: off it, this dispatcher owns nothing and keeps what it knew.
     pub(super) fn retain_owned(&mut self, slice: &Slice) {
         self.0.retain(|key, _| slice.owns_str(key));
     }

@@ -583,3 +583,36 @@ fn the_index_of_held_keys_keeps_only_keys_a_handover_holds() {
     p.record(&back, &mut queue, streamed(&theirs, 1, 1), now);
     assert_eq!(p.figures().held_keys, 0, "a key owned elsewhere");
 }
+
+/// Off its own ring (cut off long enough that its own Lease looks lapsed to it), a dispatcher
+/// owns nothing and keeps what it knew: the index of held keys keeps its keys, follows what its
+/// watch shows of them, and a re-list's sweep finds only the deletions; nothing that exists is
+/// taken for deleted, and the deletion found is delivered once the key is served here again.
+#[test]
+fn off_its_own_ring_the_index_of_held_keys_keeps_up_with_its_keys() {
+    let now = Instant::now();
+    let moved = keys_of("d1", &["d0", "d1"], 2);
+    let mut queue = queue();
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.trim(&during, &mut queue, now);
+    for key in &moved {
+        p.record(&during, &mut queue, streamed(key, 1, 1), now);
+    }
+    assert_eq!(p.figures().held_keys, 2);
+    let off = Arc::new(Slice::fixed("d0", Ring::new(["d1"])).closed());
+    p.trim(&off, &mut queue, now);
+    assert_eq!(p.figures().held_keys, 2, "kept off its own ring");
+    // The re-list (epoch 2) shows the first only.
+    p.record(&off, &mut queue, exists(&moved[0], 2, 2), now);
+    p.sweep(&off, &mut queue, (2, |_: &str| true), now);
+    assert_eq!(
+        (p.figures().held_keys, p.figures().remembered),
+        (1, 1),
+        "the second's deletion is remembered, the first still known"
+    );
+    // Back on its ring, serving: only the deletion is delivered ahead of the list.
+    let back = fixed("d0", &["d0"]);
+    p.trim(&back, &mut queue, now);
+    assert_eq!(taken(&mut queue, now), [(moved[1].clone(), true)]);
+}

@@ -7,3 +7,4 @@ mod apiserver_restart;
 mod chaos;
 mod dispatcher_restart;
 mod fenced_dispatcher;
+mod held_keys;
