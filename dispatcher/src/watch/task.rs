@@ -159,6 +159,8 @@ struct Pass {
     paused: Option<Instant>,
     /// The list beside the stream, if one runs.
     side: Option<SideList>,
+    /// That list only indexes the keys a handover holds: nothing it shows is handed out.
+    indexes_only: bool,
     /// How far the watch's own list has got: `None` while it is not listing, then the greatest
     /// key it has shown (request keys of one watch sort as the API server lists objects: by
     /// namespace and name, after a prefix they share). A pass lists first, so until its list
@@ -173,6 +175,25 @@ struct Pass {
     waits_until: Option<Instant>,
     /// The stream has been asked for something: its own list has begun.
     started: bool,
+}
+
+impl Pass {
+    /// A pass reading `events`; `first` for the watch's first, a cold start.
+    fn new(events: BoxStream<'static, watcher::Result<Event<WatchedObject>>>, first: bool) -> Self {
+        Pass {
+            events,
+            paused: None,
+            side: None,
+            indexes_only: false,
+            listed: Some(None),
+            broken: false,
+            // The owners the watch's first list shows (a cold start) wait for the children
+            // another watch is listing. A later pass (a re-list, new namespaces after a ring
+            // change) does not hold the stream back: owners this dispatcher kept are changing.
+            waits_until: first.then(|| Instant::now() + CHILDREN_WAIT),
+            started: false,
+        }
+    }
 }
 
 /// The longest a list of owners waits for their children, which a list of another watch
@@ -344,18 +365,7 @@ impl WatchTask {
             debug!(resource = %describe(&self.key), "watching the namespaces this dispatcher owns only (shardSelector)");
         }
         self.fan_out.restarted(shard);
-        let mut pass = Pass {
-            events: self.events(),
-            paused: None,
-            side: None,
-            listed: Some(None),
-            broken: false,
-            // The owners the watch's first list shows (a cold start) wait for the children
-            // another watch is listing. A later pass (a re-list, new namespaces after a ring
-            // change) does not hold the stream back: owners this dispatcher kept are changing.
-            waits_until: (self.epoch == 0).then(|| Instant::now() + CHILDREN_WAIT),
-            started: false,
-        };
+        let mut pass = Pass::new(self.events(), self.epoch == 0);
         self.children.began_listing(now());
         self.children.own_list_running(true);
         self.children.side_list_running(false);
@@ -427,7 +437,8 @@ impl WatchTask {
             // they may be incomplete).
             self.children
                 .own_list_running(pass.listed.is_some() || pass.paused.is_some() || pass.broken);
-            self.children.side_list_running(pass.side.is_some());
+            self.children
+                .side_list_running(pass.side.is_some() && !pass.indexes_only);
             self.children.step_done(now());
             // The owners that moved to a member that joined are all delivered or gone: their
             // children need not be kept any more.

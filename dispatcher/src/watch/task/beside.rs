@@ -104,12 +104,11 @@ impl WatchTask {
             debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has not been asked for yet");
             return;
         }
-        if held && pass.listed.is_some() {
-            debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list shows every key a handover holds");
-            return;
-        }
+        // As for a group that joined, the keys a handover holds are shown by the watch's own
+        // list from where it has got: keys it showed before the ring gave them were not held.
         let listed = pass.listed.as_ref().map(Option::as_deref);
-        let Some(reach) = Reach::of(listed, joined, pass.side.as_ref().map(SideList::reach)) else {
+        let running = pass.side.as_ref().map(SideList::reach);
+        let Some(reach) = Reach::of(listed, joined || held, running) else {
             debug!(resource = %describe(&self.key), why, "no list beside the watch: its own list has shown nothing yet");
             return;
         };
@@ -118,9 +117,19 @@ impl WatchTask {
             // It shows the group that joined only the keys served here.
             self.listed_under = None;
         }
-        info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
-        let running = pass.side.is_some() && pass.waits_until.is_some();
-        pass.waits_until = (!held || running).then(|| Instant::now() + CHILDREN_WAIT);
+        if held {
+            info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys a handover holds");
+        } else {
+            info!(resource = %describe(&self.key), why, ?reach, "listing beside the watch for the keys now served here");
+        }
+        // A list only to index held keys hands nothing out: it waits for no children, and
+        // readers of the children are not told it runs, unless it replaces one that did.
+        pass.indexes_only = held && (pass.side.is_none() || pass.indexes_only);
+        if pass.indexes_only {
+            pass.waits_until = None;
+        } else if !held {
+            pass.waits_until = Some(Instant::now() + CHILDREN_WAIT);
+        }
         // A whole list may be one a peer makes at the same time, if new enough (`Beside`):
         // not while the stream's position is unknown (nothing shown, a list whose
         // resourceVersion is not read yet) or not a number, when no shared list could be.

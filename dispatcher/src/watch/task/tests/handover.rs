@@ -131,6 +131,10 @@ async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_gate_o
         "a list to index them: {:?}",
         beside.query
     );
+    assert!(
+        api.children.shows_everything(),
+        "readers of children are not told a list runs: it hands nothing out"
+    );
     beside.list(12, &all);
     let group = api.member.group.clone();
     until("the held keys are indexed", || {
@@ -201,4 +205,58 @@ async fn a_handover_that_completes_at_once_lists_only_as_its_gate_opens() {
     opening.list(12, &[("a", 5), ("b", 6)]);
     assert!(api.api.asks_nothing_more().await, "no other list");
     assert_eq!(api.counts.side_lists.load(Ordering::Relaxed), 1);
+}
+
+/// The ring gives this dispatcher keys while its watch's own list runs (a re-list after 410
+/// Gone, as after an API-server restart, when deaths are often found too): the keys that list
+/// showed before were not held then, so the list that indexes the held keys reaches up to where
+/// the own list had got, and the own list shows the rest. Every held key ends up indexed.
+#[tokio::test(start_paused = true)]
+async fn a_ring_change_during_the_watchs_own_list_indexes_what_that_list_showed_before_it() {
+    use kube_dispatch_proto::RequestKey;
+
+    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
+    let theirs_on_two = |name: &str| {
+        let key = RequestKey::new("", "ConfigMap", "ns", name).to_string();
+        two.owned_elsewhere(KeyRef::new(&key))
+    };
+    let names: Vec<String> = (0..16).map(|i| format!("o{i:02}")).collect();
+    let all: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 5)).collect();
+    let theirs = names.iter().filter(|n| theirs_on_two(n)).count();
+    let (first, rest) = all.split_at(8);
+    assert!(
+        first.iter().any(|(n, _)| theirs_on_two(n)) && rest.iter().any(|(n, _)| theirs_on_two(n)),
+        "dispatcher-1 owns keys in both halves"
+    );
+    let (slice_tx, slice) = watch::channel(Arc::new(two.clone()));
+    let mut api = Scripted::subscribed_on(ListMode::Paged, None, slice);
+    api.next().await.list(10, &all);
+    let stream = api.next().await.open();
+    stream.gone();
+    let again = api.next().await;
+    assert!(again.is_paged_list(), "listed again: {:?}", again.query);
+    again.list_page(20, first, "more");
+    let rest_asked = api.next().await;
+    assert_eq!(rest_asked.param("continue"), Some("more"));
+    // d1 dies while the re-list runs.
+    let mut held = Slice::fixed("d0", Ring::new(["d0"]));
+    held.settled = Some(two.ring.clone());
+    slice_tx.send_replace(Arc::new(held));
+    let beside = api.next().await;
+    assert!(
+        beside.is_paged_list(),
+        "a list to index them: {:?}",
+        beside.query
+    );
+    assert_eq!(beside.param("continue"), None);
+    beside.list(21, &all);
+    rest_asked.list(20, rest);
+    let group = api.member.group.clone();
+    until("every held key is indexed", || {
+        group.figures().held_keys == theirs
+    })
+    .await;
+    let resumed = api.next().await;
+    assert!(resumed.watch, "the watch resumes: {:?}", resumed.query);
+    assert_eq!(group.figures().held, 0, "nothing taken for deleted");
 }
