@@ -300,14 +300,7 @@ fn a_change_of_a_kept_key_goes_first_when_the_gate_opens() {
 #[test]
 fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
     let now = Instant::now();
-    let moved = keys_of("d1", &["d0", "d1"], 3);
-    let mut queue = queue();
-    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.trim(&during, &mut queue, now);
-    for key in &moved {
-        p.record(&during, &mut queue, streamed(key, 2, 1), now);
-    }
+    let (moved, mut queue, mut p, during) = holding(3, 2, now);
     let deleted = GroupEvent::Deleted {
         key: KeyRef::new(&moved[0]),
         change: Change::deletion(),
@@ -591,14 +584,7 @@ fn the_index_of_held_keys_keeps_only_keys_a_handover_holds() {
 #[test]
 fn off_its_own_ring_the_index_of_held_keys_keeps_up_with_its_keys() {
     let now = Instant::now();
-    let moved = keys_of("d1", &["d0", "d1"], 2);
-    let mut queue = queue();
-    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.trim(&during, &mut queue, now);
-    for key in &moved {
-        p.record(&during, &mut queue, streamed(key, 1, 1), now);
-    }
+    let (moved, mut queue, mut p, _) = holding(2, 1, now);
     assert_eq!(p.figures().held_keys, 2);
     let off = Arc::new(Slice::fixed("d0", Ring::new(["d1"])).closed());
     p.trim(&off, &mut queue, now);
@@ -615,4 +601,19 @@ fn off_its_own_ring_the_index_of_held_keys_keeps_up_with_its_keys() {
     let back = fixed("d0", &["d0"]);
     p.trim(&back, &mut queue, now);
     assert_eq!(taken(&mut queue, now), [(moved[1].clone(), true)]);
+}
+
+/// d1 leaves a ring of d0 and d1, and d0's handover holds `n` of its keys, each shown by the
+/// watch's stream at resourceVersion `rv` in list epoch 1: the keys, d0's queue and transit, and
+/// the slice that holds them.
+fn holding(n: usize, rv: u32, now: Instant) -> (Vec<String>, GroupQueue, Transit, Arc<Slice>) {
+    let moved = keys_of("d1", &["d0", "d1"], n);
+    let mut queue = queue();
+    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
+    let during = moving("d0", &["d0"], &["d0", "d1"]);
+    p.trim(&during, &mut queue, now);
+    for key in &moved {
+        p.record(&during, &mut queue, streamed(key, rv, 1), now);
+    }
+    (moved, queue, p, during)
 }

@@ -1,7 +1,7 @@
 //! A key that moved to a serving dispatcher, held by its handover (the member that owned it
-//! died, and its reconciles are waited out), deleted while that dispatcher's watch is away and
-//! cannot resume (the API server restarted): the re-list shows what exists, not what was
-//! deleted, and the old owner is dead. The dispatcher's index of held keys, filled by the list
+//! died, and its reconciles are waited out), deleted while that dispatcher is cut off from the
+//! API server long enough to drop off its own ring, and its watch cannot resume (the API server
+//! restarted): the re-list shows what exists, not what was deleted, and the old owner is dead. The dispatcher's index of held keys, filled by the list
 //! its handover asked for, knew the key, so the re-list's sweep holds the deletion, delivered
 //! once the handover completes (`dispatcher/HANDOVER.md`, "Deletions in a gap of the watch").
 //!
@@ -25,22 +25,27 @@ use tokio::time::Instant;
 #[tokio::test]
 async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_handover_completes()
 -> TestResult {
-    let ns = TestNamespace::create("held-keys").await?;
+    let ring = Ring::new(["dispatcher-0", "dispatcher-1"]);
+    let keys_of =
+        |ns: &str| -> Vec<String> { (0..10).map(|i| format!("/ConfigMap/{ns}/cm-{i}")).collect() };
+    let owned_by_1 = |keys: &[String]| -> usize {
+        (keys.iter())
+            .filter(|k| ring.owner_of_hash(ring.place(k)) == Some("dispatcher-1"))
+            .count()
+    };
+    // The ring hashes the namespace too: one where each dispatcher owns a few of the keys.
+    let ns = TestNamespace::create_where("held-keys", |ns| {
+        (2..=8).contains(&owned_by_1(&keys_of(ns)))
+    })
+    .await?;
     let api: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     write_round(&api, 10, 0, &Journal::default()).await?;
-    let keys: Vec<String> = (0..10)
-        .map(|i| format!("/ConfigMap/{}/cm-{i}", ns.name()))
-        .collect();
-    let ring = Ring::new(["dispatcher-0", "dispatcher-1"]);
+    let keys = keys_of(ns.name());
     let theirs: Vec<&str> = keys
         .iter()
         .map(String::as_str)
         .filter(|k| ring.owner_of_hash(ring.place(k)) == Some("dispatcher-1"))
         .collect();
-    assert!(
-        theirs.len() >= 2 && theirs.len() <= 8,
-        "dispatcher-1 owns some keys and dispatcher-0 some: {theirs:?}"
-    );
     // A bound long enough that the handover still holds dispatcher-1's keys after the API
     // server's restart: its sessions (a client that never reports them ended) are waited out.
     let bound = Duration::from_secs(20);
@@ -87,7 +92,10 @@ async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_handov
         .await?;
         let indexed_after = died.elapsed();
         let name = gone.rsplit('/').next().unwrap_or_default().to_owned();
+        // Cut off until its own Lease looks lapsed to it: off its own ring, it owns nothing,
+        // and its index of held keys must stay as it was.
         proxy.set(Fault::Cut);
+        tokio::time::timeout(Duration::from_secs(30), slice.wait_for(|s| !s.is_member())).await??;
         api.delete(&name, &DeleteParams::default()).await?;
         Cluster::shared()
             .restart_apiserver_expiring_watches(&ns)

@@ -13,7 +13,7 @@ use crate::{
     config::ListMode,
     watch::{
         fan_out::WatchCounts,
-        scripted_api::{named, object, until},
+        scripted_api::{Asked, named, object, until},
     },
 };
 
@@ -94,18 +94,12 @@ async fn a_gate_that_opens_on_what_the_groups_kept_lists_nothing_beside() {
 async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_gate_opens() {
     use std::sync::atomic::Ordering;
 
-    use kube_dispatch_proto::RequestKey;
-
-    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
-    let theirs_on_two = |name: &str| {
-        let key = RequestKey::new("", "ConfigMap", "ns", name).to_string();
-        two.owned_elsewhere(KeyRef::new(&key))
-    };
-    let names: Vec<String> = (0..16).map(|i| format!("o{i:02}")).collect();
+    let (two, held) = two_then_held();
+    let names = sixteen();
     let (mine, theirs): (Vec<&str>, Vec<&str>) = names
         .iter()
         .map(String::as_str)
-        .partition(|n| !theirs_on_two(n));
+        .partition(|n| !theirs_on(&two, n));
     assert!(mine.len() >= 2 && theirs.len() >= 2, "{mine:?} {theirs:?}");
     let all: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 5)).collect();
     let (slice_tx, slice) = watch::channel(Arc::new(two.clone()));
@@ -116,8 +110,6 @@ async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_gate_o
     assert_eq!(api.delivered(), named(&mine_delivered));
 
     // d1 dies: its keys are d0's on its ring, held until the handover completes.
-    let mut held = Slice::fixed("d0", Ring::new(["d0"]));
-    held.settled = Some(two.ring.clone());
     let died = tokio::time::Instant::now();
     slice_tx.send_replace(Arc::new(held));
     let beside = api.next().await;
@@ -157,15 +149,7 @@ async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_gate_o
     .await;
     assert_eq!(api.delivered(), [], "still held");
 
-    // The handover completes.
-    slice_tx.send_replace(Arc::new(Slice::fixed("d0", Ring::new(["d0"]))));
-    let opening = api.next().await;
-    assert!(
-        opening.is_paged_list(),
-        "the gate's list: {:?}",
-        opening.query
-    );
-    opening.list(22, &after);
+    gate_opens(&slice_tx, &mut api).await.list(22, &after);
     let mut got = Vec::new();
     while got.len() < theirs.len() {
         api.member.woken().await;
@@ -186,23 +170,16 @@ async fn a_held_key_deleted_while_the_watch_is_away_is_delivered_once_the_gate_o
 async fn a_handover_that_completes_at_once_lists_only_as_its_gate_opens() {
     use std::sync::atomic::Ordering;
 
-    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
-    let (slice_tx, slice) = watch::channel(Arc::new(two.clone()));
+    let (two, held) = two_then_held();
+    let (slice_tx, slice) = watch::channel(Arc::new(two));
     let mut api = Scripted::subscribed_on(ListMode::Paged, None, slice);
     api.next().await.list(10, &[("a", 5), ("b", 6)]);
     let _stream = api.next().await.open();
-    let mut held = Slice::fixed("d0", Ring::new(["d0"]));
-    held.settled = Some(two.ring.clone());
     slice_tx.send_replace(Arc::new(held));
     tokio::time::sleep(crate::watch::task::HELD_LIST_AFTER / 2).await;
-    slice_tx.send_replace(Arc::new(Slice::fixed("d0", Ring::new(["d0"]))));
-    let opening = api.next().await;
-    assert!(
-        opening.is_paged_list(),
-        "the gate's list: {:?}",
-        opening.query
-    );
-    opening.list(12, &[("a", 5), ("b", 6)]);
+    gate_opens(&slice_tx, &mut api)
+        .await
+        .list(12, &[("a", 5), ("b", 6)]);
     assert!(api.api.asks_nothing_more().await, "no other list");
     assert_eq!(api.counts.side_lists.load(Ordering::Relaxed), 1);
 }
@@ -213,14 +190,9 @@ async fn a_handover_that_completes_at_once_lists_only_as_its_gate_opens() {
 /// the own list had got, and the own list shows the rest. Every held key ends up indexed.
 #[tokio::test(start_paused = true)]
 async fn a_ring_change_during_the_watchs_own_list_indexes_what_that_list_showed_before_it() {
-    use kube_dispatch_proto::RequestKey;
-
-    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
-    let theirs_on_two = |name: &str| {
-        let key = RequestKey::new("", "ConfigMap", "ns", name).to_string();
-        two.owned_elsewhere(KeyRef::new(&key))
-    };
-    let names: Vec<String> = (0..16).map(|i| format!("o{i:02}")).collect();
+    let (two, held) = two_then_held();
+    let theirs_on_two = |name: &str| theirs_on(&two, name);
+    let names = sixteen();
     let all: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 5)).collect();
     let theirs = names.iter().filter(|n| theirs_on_two(n)).count();
     let (first, rest) = all.split_at(8);
@@ -239,8 +211,6 @@ async fn a_ring_change_during_the_watchs_own_list_indexes_what_that_list_showed_
     let rest_asked = api.next().await;
     assert_eq!(rest_asked.param("continue"), Some("more"));
     // d1 dies while the re-list runs.
-    let mut held = Slice::fixed("d0", Ring::new(["d0"]));
-    held.settled = Some(two.ring.clone());
     slice_tx.send_replace(Arc::new(held));
     let beside = api.next().await;
     assert!(
@@ -259,4 +229,37 @@ async fn a_ring_change_during_the_watchs_own_list_indexes_what_that_list_showed_
     let resumed = api.next().await;
     assert!(resumed.watch, "the watch resumes: {:?}", resumed.query);
     assert_eq!(group.figures().held, 0, "nothing taken for deleted");
+}
+
+/// d0's slice on a ring of d0 and d1, and its slice once d1 died: d1's keys are d0's, held
+/// until the handover completes.
+fn two_then_held() -> (Slice, Slice) {
+    let two = Slice::fixed("d0", Ring::new(["d0", "d1"]));
+    let mut held = Slice::fixed("d0", Ring::new(["d0"]));
+    held.settled = Some(two.ring.clone());
+    (two, held)
+}
+
+/// Whether d1 owns the ConfigMap `name` of namespace `ns` on `two`'s ring.
+fn theirs_on(two: &Slice, name: &str) -> bool {
+    let key = kube_dispatch_proto::RequestKey::new("", "ConfigMap", "ns", name).to_string();
+    two.owned_elsewhere(KeyRef::new(&key))
+}
+
+/// Sixteen ConfigMap names, in the order a list shows them.
+fn sixteen() -> Vec<String> {
+    (0..16).map(|i| format!("o{i:02}")).collect()
+}
+
+/// The handover completes: d0 serves the ring of one, and its watch lists beside its stream
+/// for the keys it now serves; that list's request.
+async fn gate_opens(slice_tx: &watch::Sender<Arc<Slice>>, api: &mut Scripted) -> Asked {
+    slice_tx.send_replace(Arc::new(Slice::fixed("d0", Ring::new(["d0"]))));
+    let opening = api.next().await;
+    assert!(
+        opening.is_paged_list(),
+        "the gate's list: {:?}",
+        opening.query
+    );
+    opening
 }
