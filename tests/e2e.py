@@ -165,7 +165,7 @@ class Watch(threading.Thread):
         self.argv = [KUBECTL, "--kubeconfig", KUBECONFIG, "get", *args, "--watch",
                      "--output-watch-events", "-o", "json"]
         self.lock = threading.Lock()
-        self.stopped = False
+        self.stopped = threading.Event()
         self.restarts = 0
         self.proc = self.start_kubectl()
 
@@ -176,9 +176,14 @@ class Watch(threading.Thread):
     def run(self):
         while True:
             self.read(self.proc)
+            # A second apart, so a watch refused at once (the API server down) does not spin;
+            # the kubectl that ended leaves the list of those to stop on the way out.
+            if self.stopped.wait(1):
+                return
             with self.lock:
-                if self.stopped:
+                if self.stopped.is_set():
                     return
+                BACKGROUND.remove(self.proc)
                 self.restarts += 1
                 say(f"the watch `{' '.join(self.argv[3:])}` ended: started again "
                     f"({self.restarts} so far)")
@@ -199,7 +204,7 @@ class Watch(threading.Thread):
 
     def stop(self):
         with self.lock:
-            self.stopped = True
+            self.stopped.set()
             self.proc.terminate()
 
 

@@ -346,11 +346,7 @@ fn held_changes_are_forgotten_when_they_no_longer_matter_and_bounded() {
 #[test]
 fn what_a_list_shows_is_no_change_to_hurry() {
     let now = Instant::now();
-    let moved = keys_of("d1", &["d0", "d1"], 2);
-    let mut queue = queue();
-    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.trim(&during, &mut queue, now);
+    let (moved, mut queue, mut p, during) = handing_over(2, now);
     p.record(&during, &mut queue, exists(&moved[0], 2, 2), now);
     let owned = GroupEvent::OwnedChanged {
         key: KeyRef::new(&moved[1]),
@@ -485,16 +481,11 @@ fn a_childs_change_queues_only_an_owner_the_queue_knows() {
 /// d1 dies and d0 holds its keys until the wait for it ends. The list a handover's start asks
 /// for indexes the held keys; a re-list after a gap of the watch (410 Gone) that does not show
 /// one of them reveals its deletion, which nobody else knows (the old owner is dead), and the
-/// deletion is delivered once the handover completes. A key the index never saw (listed
-/// after the gap began) has no deletion to find: the window that remains.
+/// deletion is delivered once the handover completes.
 #[test]
 fn a_held_key_deleted_in_a_gap_of_the_watch_is_found_by_the_re_list() {
     let now = Instant::now();
-    let moved = keys_of("d1", &["d0", "d1"], 4);
-    let mut queue = queue();
-    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.trim(&during, &mut queue, now);
+    let (moved, mut queue, mut p, during) = handing_over(4, now);
     // The list beside the stream (epoch 1) shows the first three; the stream shows the
     // fourth created after it.
     for key in &moved[..3] {
@@ -551,11 +542,7 @@ fn the_index_of_held_keys_keeps_only_keys_a_handover_holds() {
     let now = Instant::now();
     let mine = key_of("d0", &["d0", "d1"]);
     let theirs = keys_of("d1", &["d0", "d1", "d2"], 1).remove(0);
-    let moved = keys_of("d1", &["d0", "d1"], 2);
-    let mut queue = queue();
-    let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
-    let during = moving("d0", &["d0"], &["d0", "d1"]);
-    p.trim(&during, &mut queue, now);
+    let (moved, mut queue, mut p, during) = handing_over(2, now);
     p.record(&during, &mut queue, streamed(&mine, 1, 1), now);
     for key in &moved {
         p.record(&during, &mut queue, streamed(key, 1, 1), now);
@@ -607,13 +594,20 @@ fn off_its_own_ring_the_index_of_held_keys_keeps_up_with_its_keys() {
 /// watch's stream at resourceVersion `rv` in list epoch 1: the keys, d0's queue and transit, and
 /// the slice that holds them.
 fn holding(n: usize, rv: u32, now: Instant) -> (Vec<String>, GroupQueue, Transit, Arc<Slice>) {
+    let (moved, mut queue, mut p, during) = handing_over(n, now);
+    for key in &moved {
+        p.record(&during, &mut queue, streamed(key, rv, 1), now);
+    }
+    (moved, queue, p, during)
+}
+
+/// d1 leaves a ring of d0 and d1, and d0's handover holds `n` of its keys, none seen yet: the
+/// keys, d0's queue and transit, and the slice that holds them.
+fn handing_over(n: usize, now: Instant) -> (Vec<String>, GroupQueue, Transit, Arc<Slice>) {
     let moved = keys_of("d1", &["d0", "d1"], n);
     let mut queue = queue();
     let mut p = Transit::new("g", fixed("d0", &["d0", "d1"]), REMEMBER);
     let during = moving("d0", &["d0"], &["d0", "d1"]);
     p.trim(&during, &mut queue, now);
-    for key in &moved {
-        p.record(&during, &mut queue, streamed(key, rv, 1), now);
-    }
     (moved, queue, p, during)
 }

@@ -75,16 +75,13 @@ impl WatchTask {
         }
     }
 
-    /// If the time to index the keys a handover holds has come, a list beside the stream,
-    /// provided the handover still holds keys.
+    /// If the time to index the keys a handover holds has come, a list beside the stream (the
+    /// handover still holds keys: a slice that holds none cancels the time).
     pub(super) fn held_list_due(&mut self) -> Step {
         if self.index_held_at.is_none_or(|at| at > Instant::now()) {
             return Step::Nothing;
         }
         self.index_held_at = None;
-        if !self.fed.holds_keys() {
-            return Step::Nothing;
-        }
         Step::ListBeside {
             why: "a handover has held keys the ring gave this dispatcher for a while: listing them to index them",
             joined: false,
