@@ -144,13 +144,41 @@ class Api:
 
 API = None
 # Every kubectl that runs in the background (watches, log followers): stopped on the way out.
+# Watches start theirs again from their own threads, so the list is changed under its lock, and
+# none is started once the way out has begun (the exit would wait on it for good).
 BACKGROUND = []
+BACKGROUND_LOCK = threading.Lock()
+EXITING = threading.Event()
+
+
+class Exiting(Exception):
+    """No background process is started on the way out."""
 
 
 def background(argv, **kwargs):
-    proc = subprocess.Popen(argv, **kwargs)
-    BACKGROUND.append(proc)
+    with BACKGROUND_LOCK:
+        if EXITING.is_set():
+            raise Exiting()
+        proc = subprocess.Popen(argv, **kwargs)
+        BACKGROUND.append(proc)
     return proc
+
+
+def forget_background(proc):
+    """A background process that has ended, and that nobody needs to stop any more."""
+    with BACKGROUND_LOCK:
+        BACKGROUND.remove(proc)
+
+
+def stop_background():
+    """Stops every background process and waits for each; none starts after this."""
+    with BACKGROUND_LOCK:
+        EXITING.set()
+        procs = list(BACKGROUND)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait()
 
 
 class Watch(threading.Thread):
@@ -183,11 +211,14 @@ class Watch(threading.Thread):
             with self.lock:
                 if self.stopped.is_set():
                     return
-                BACKGROUND.remove(self.proc)
+                forget_background(self.proc)
+                try:
+                    self.proc = self.start_kubectl()
+                except Exiting:
+                    return
                 self.restarts += 1
                 say(f"the watch `{' '.join(self.argv[3:])}` ended: started again "
                     f"({self.restarts} so far)")
-                self.proc = self.start_kubectl()
 
     def read(self, proc):
         decoder, buffer = json.JSONDecoder(), ""
@@ -995,8 +1026,5 @@ if __name__ == "__main__":
     try:
         code = main()
     finally:
-        for proc in BACKGROUND:
-            proc.terminate()
-        for proc in BACKGROUND:
-            proc.wait()
+        stop_background()
     sys.exit(code)

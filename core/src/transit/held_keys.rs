@@ -41,11 +41,10 @@ impl HeldKeys {
     /// Takes out the keys `belongs` accepts that the re-list of epoch `epoch` did not show:
     /// their objects were deleted while the watch was away.
     pub(super) fn swept(&mut self, epoch: u32, belongs: impl Fn(&str) -> bool) -> Vec<String> {
-        (self
-            .0
-            .extract_if(|key, seen| *seen != epoch && belongs(key)))
-        .map(|(key, _)| key)
-        .collect()
+        self.0
+            .extract_if(|key, seen| *seen != epoch && belongs(key))
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// Forgets the keys `slice` does not own: their new owner lists them. Call only with a
